@@ -1,0 +1,109 @@
+"""The `parasim` command line (also `python -m sim`).
+
+    parasim collective --cluster dgx-h100 --nodes 16 --op all_reduce --sizes 1M:4G --json
+    parasim simulate [CONFIG.toml] [--json] [--report step.html] [--trace step.json]
+
+`--json` prints one JSON object on stdout and nothing else. A user's mistake prints one line on
+stderr and exits with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, NoReturn
+
+from tqdm import tqdm
+
+from sim.collectives import Collectives
+from sim.sweep import OPS, format_table, parse_sizes, sweep_row
+from topology.cluster import Cluster
+from topology.config import build_cluster, load_cluster_file
+from topology.presets import PRESETS
+from traces.errors import ConfigError
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a bad flag as a ConfigError (one line, exit 2) instead of usage."""
+
+    def error(self, message: str) -> NoReturn:
+        raise ConfigError(message)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _build_parser()
+    try:
+        args = parser.parse_args(argv)
+        return args.handler(args)
+    except ConfigError as err:
+        print(f"parasim: error: {err}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:
+        return 0
+
+
+def _build_parser() -> _Parser:
+    parser = _Parser(prog="parasim", description="Simulate distributed LLM training steps.")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    col = commands.add_parser("collective", help="nccl-tests-like table for one collective")
+    _cluster_flags(col)
+    col.add_argument("--op", default="all_reduce", choices=OPS)
+    col.add_argument("--sizes", default="1K:1G", help="1M,16M | 1K:8G (doubling) | bytes")
+    col.add_argument("--algo", default="auto", help="auto | ring | tree | hierarchical | rhd | "
+                     "torus | direct")
+    col.add_argument("--channels", type=int, help="rings/trees in parallel (default: one per NIC)")
+    col.add_argument("--ranks", type=int, help="use the first N accelerators (default: all)")
+    col.add_argument("--model", default="flow", choices=("flow", "analytic"))
+    col.add_argument("--json", action="store_true", help="print one JSON object")
+    col.set_defaults(handler=_collective)
+    return parser
+
+
+def _cluster_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--cluster", default="dgx-h100",
+                        help=f"a preset ({', '.join(PRESETS)}) or a TOML file with [cluster]")
+    parser.add_argument("--nodes", type=int, help="servers (default 1, or the file's)")
+    parser.add_argument("--fabric", help="fat-tree | rail | torus (default: the preset's)")
+
+
+def _cluster(args: argparse.Namespace) -> Cluster:
+    overrides: dict[str, Any] = {}
+    if args.nodes is not None:
+        overrides["nodes"] = args.nodes
+    if args.fabric is not None:
+        overrides["fabric"] = args.fabric
+    if args.cluster in PRESETS:
+        return build_cluster(args.cluster, **overrides)
+    if not Path(args.cluster).suffix == ".toml":
+        raise ConfigError(f"--cluster: {args.cluster!r} is neither a preset "
+                          f"({', '.join(PRESETS)}) nor a .toml file")
+    return load_cluster_file(args.cluster, overrides)
+
+
+def _collective(args: argparse.Namespace) -> int:
+    cluster = _cluster(args)
+    sizes = parse_sizes(args.sizes)
+    ranks = args.ranks if args.ranks is not None else cluster.num_devices
+    if not 2 <= ranks <= cluster.num_devices:
+        raise ConfigError(f"--ranks: {ranks} must be between 2 and the cluster's "
+                          f"{cluster.num_devices} accelerators")
+    if args.channels is not None and args.channels < 1:
+        raise ConfigError(f"--channels: {args.channels} must be at least 1")
+    group = tuple(range(ranks))
+    collectives = Collectives(cluster)
+    rows = [
+        sweep_row(cluster, collectives, args.op, group, size, args.algo, args.channels, args.model)
+        for size in tqdm(sizes, desc="sizes", delay=1.0, leave=False, disable=None)
+    ]
+    if args.json:
+        print(json.dumps({"cluster": cluster.name, "op": args.op, "algo": args.algo,
+                          "ranks": ranks, "model": args.model,
+                          "rows": [asdict(r) for r in rows]}))
+    else:
+        print(format_table(cluster, args.op, args.algo, args.model, rows, ranks))
+    return 0

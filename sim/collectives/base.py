@@ -1,0 +1,80 @@
+"""What a collective algorithm produces: phases of flow sets, with bytes as a fraction of S.
+
+A `Lowering` is a tuple of phases run one after another (lock-step: the next phase starts when
+every flow set of the previous one is done). Each phase is a tuple of `(FlowSet, factor)`: every
+flow of the set carries `factor * size_bytes`. Lowerings depend on the group and the cluster
+but not on the size, so they are cached and reused for every size.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from sim.network import FlowSet
+from topology.cluster import Cluster
+from traces.ops import OpKind
+
+Phase = tuple[tuple[FlowSet, float], ...]
+Lowering = tuple[Phase, ...]
+
+AR, RS, AG, BCAST, A2A = (OpKind.ALL_REDUCE, OpKind.REDUCE_SCATTER, OpKind.ALL_GATHER,
+                          OpKind.BROADCAST, OpKind.ALL_TO_ALL)
+
+
+def flowset(cluster: Cluster, routes: Sequence[tuple[int, ...]], latency_s: float) -> FlowSet:
+    """Routes on `cluster` aggregated into one lock-step flow set."""
+    return FlowSet.of(routes, latency_s, cluster.link_capacity)
+
+
+def by_server(cluster: Cluster, group: Sequence[int]) -> list[list[int]]:
+    """Members grouped by server: servers in order of first appearance, members in group order."""
+    servers: dict[int, list[int]] = {}
+    for rank in group:
+        servers.setdefault(cluster.server_of(rank), []).append(rank)
+    return list(servers.values())
+
+
+def uniform(servers: list[list[int]]) -> bool:
+    return len({len(s) for s in servers}) == 1
+
+
+def nic_pin(cluster: Cluster, device: int) -> int | None:
+    """The NIC index nearest `device` (None on fabrics without NICs)."""
+    server = getattr(cluster.fabric, "server", None)
+    if server is None or not server.nics:
+        return None
+    return server.nic_of(device % server.gpus)
+
+
+def default_channels(cluster: Cluster, servers: list[list[int]]) -> int:
+    """Like NCCL across nodes: one ring per NIC the members can drive; one inside a server."""
+    server = getattr(cluster.fabric, "server", None)
+    if len(servers) == 1 or server is None or not server.nics or not uniform(servers):
+        return 1
+    return min(len(servers[0]), server.nics)
+
+
+def hop(cluster: Cluster, a: int, b: int) -> tuple[int, ...]:
+    """Route of one hop; across servers pinned to the receiver's NIC so rails stay aligned."""
+    nic = nic_pin(cluster, b) if cluster.server_of(a) != cluster.server_of(b) else None
+    return cluster.route(a, b, nic)
+
+
+def rotated(servers: list[list[int]], channel: int) -> list[list[int]]:
+    """Each server's members rotated by `channel`: channel c enters every server at member c."""
+    return [s[channel % len(s):] + s[: channel % len(s)] for s in servers]
+
+
+def cycle_latency(cluster: Cluster, routes: Sequence[tuple[int, ...]]) -> float:
+    """Latency for a chunk to travel n-1 hops of a ring: the whole cycle minus its fastest hop."""
+    lats = [cluster.path_latency(r) for r in routes]
+    return sum(lats) - min(lats)
+
+
+def busbw_factor(kind: OpKind, n: int) -> float:
+    """nccl-tests' bus-bandwidth factor: busbw = algbw * factor."""
+    if kind is AR:
+        return 2 * (n - 1) / n
+    if kind in (RS, AG, A2A):
+        return (n - 1) / n
+    return 1.0

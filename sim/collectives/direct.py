@@ -1,0 +1,37 @@
+"""Direct algorithms: all-to-all as every pair at once, and one send/recv.
+
+In all_to_all each rank sends S/n to every other rank (S = its whole send buffer, as
+nccl-tests counts it), all flows in flight together.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from sim.collectives.base import A2A, Lowering, flowset, hop
+from topology.cluster import Cluster
+from traces.ops import OpKind
+
+
+def lower_direct(cluster: Cluster, kind: OpKind, group: Sequence[int],
+                 channels: int | None = None) -> Lowering | None:
+    n = len(group)
+    if kind is not A2A or n < 2:
+        return None
+    routes = [hop(cluster, a, b) for a in group for b in group if a != b]
+    latency = max(cluster.path_latency(r) for r in routes)
+    return (((flowset(cluster, routes, latency), 1.0 / n),),)
+
+
+def lower_p2p(cluster: Cluster, src: int, dst: int) -> Lowering:
+    """One flow from src to dst carrying all S bytes."""
+    route = hop(cluster, src, dst)
+    return (((flowset(cluster, [route], cluster.path_latency(route)), 1.0),),)
+
+
+def lower_sendrecv(cluster: Cluster, group: Sequence[int]) -> Lowering:
+    """nccl-tests' sendrecv: every rank sends S to the next and receives S from the previous."""
+    n = len(group)
+    routes = [hop(cluster, group[i], group[(i + 1) % n]) for i in range(n)]
+    latency = max(cluster.path_latency(r) for r in routes)
+    return (((flowset(cluster, routes, latency), 1.0),),)

@@ -1,0 +1,58 @@
+"""Ring algorithms, pipelined and multi-channel like NCCL's.
+
+Channel c visits the servers in order, entering each at its c-th member, so that with 8
+members per server and 8 NICs every NIC carries one ring. All hops of a ring move at once
+(pipelined chunks); each flow carries its share of the bytes:
+
+    all_reduce       2(n-1)/n * S / channels   (reduce-scatter then all-gather)
+    reduce_scatter    (n-1)/n * S / channels
+    all_gather        (n-1)/n * S / channels
+    broadcast               S / channels       (a chain from the first member)
+
+and the latency is that of the chunk's journey round the ring, once or twice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from sim.collectives.base import (
+    AG,
+    AR,
+    BCAST,
+    RS,
+    Lowering,
+    by_server,
+    cycle_latency,
+    default_channels,
+    flowset,
+    hop,
+    rotated,
+    uniform,
+)
+from topology.cluster import Cluster
+from traces.ops import OpKind
+
+
+def lower_ring(cluster: Cluster, kind: OpKind, group: Sequence[int],
+               channels: int | None = None) -> Lowering | None:
+    if kind not in (AR, RS, AG, BCAST) or len(group) < 2:
+        return None
+    n = len(group)
+    servers = by_server(cluster, group)
+    channels = channels or default_channels(cluster, servers)
+    phase = []
+    for c in range(channels):
+        order = [r for s in rotated(servers, c) for r in s] if uniform(servers) else list(group)
+        if kind is BCAST:
+            root = order.index(group[0])
+            order = order[root:] + order[:root]
+            routes = [hop(cluster, a, b) for a, b in zip(order, order[1:])]
+            latency = sum(cluster.path_latency(r) for r in routes)
+            phase.append((flowset(cluster, routes, latency), 1.0 / channels))
+            continue
+        routes = [hop(cluster, order[i], order[(i + 1) % n]) for i in range(n)]
+        rounds = 2 if kind is AR else 1
+        factor = rounds * (n - 1) / n / channels
+        phase.append((flowset(cluster, routes, rounds * cycle_latency(cluster, routes)), factor))
+    return (tuple(phase),)

@@ -1,0 +1,94 @@
+"""Double binary tree all-reduce, as NCCL runs it across servers.
+
+Between servers, two binary trees each reduce (up) and broadcast (down) half of the data, all
+flows pipelined at once; tree 2 mirrors tree 1 (or shifts it, for an odd count) so that a
+server is interior in at most one of them. Inside a server the members form a chain. Each
+channel does this over its own NIC with 1/channels of the data.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from sim.collectives.base import (
+    AR,
+    Lowering,
+    by_server,
+    default_channels,
+    flowset,
+    hop,
+    rotated,
+    uniform,
+)
+from topology.cluster import Cluster
+from traces.ops import OpKind
+
+
+def inorder_parent(j: int, n: int) -> int | None:
+    """Parent of node j (1-based) in the in-order binary tree over 1..n, or None for the root.
+
+    Node j's height is its number of trailing zero bits. A parent beyond n does not exist, and
+    its place is taken by the child that would have hung under it.
+    """
+    height = (j & -j).bit_length() - 1
+    while True:
+        step = 1 << height
+        up = j + step if (j >> (height + 1)) & 1 == 0 else j - step
+        if up < 1 or (up > n and up - 2 * step < 1):
+            return None
+        if up <= n:
+            return up
+        j, height = up, height + 1
+
+
+def tree_edges(n: int, mirror: bool) -> list[tuple[int, int]]:
+    """(parent, child) edges over positions 0..n-1; `mirror` gives the complementary tree."""
+    def position(i: int) -> int:
+        if not mirror:
+            return i
+        return n - 1 - i if n % 2 == 0 else (i + 1) % n
+
+    edges = []
+    for i in range(n):
+        parent = inorder_parent(i + 1, n)
+        if parent is not None:
+            edges.append((position(parent - 1), position(i)))
+    return edges
+
+
+def tree_depth(edges: list[tuple[int, int]]) -> int:
+    parent = {child: p for p, child in edges}
+    depth = 0
+    for node in parent:
+        d = 0
+        while node in parent:
+            node, d = parent[node], d + 1
+        depth = max(depth, d)
+    return depth
+
+
+def lower_tree(cluster: Cluster, kind: OpKind, group: Sequence[int],
+               channels: int | None = None) -> Lowering | None:
+    if kind is not AR or len(group) < 2:
+        return None
+    servers = by_server(cluster, group)
+    channels = channels or default_channels(cluster, servers)
+    trees = [tree_edges(len(servers), mirror=False), tree_edges(len(servers), mirror=True)]
+    phase = []
+    for c in range(channels):
+        chains = rotated(servers, c) if uniform(servers) else servers
+        inter, intra = [], []
+        for edges in trees:
+            for p, q in edges:
+                inter += [hop(cluster, chains[q][0], chains[p][0]),
+                          hop(cluster, chains[p][0], chains[q][0])]
+            for chain in chains:
+                for a, b in zip(chain, chain[1:]):
+                    intra += [hop(cluster, b, a), hop(cluster, a, b)]
+        depth = max(tree_depth(e) for e in trees)
+        chain_len = max(len(ch) for ch in chains) - 1
+        lat_inter = max((cluster.path_latency(r) for r in inter), default=0.0)
+        lat_intra = max((cluster.path_latency(r) for r in intra), default=0.0)
+        latency = 2 * (depth * lat_inter + chain_len * lat_intra)  # up the tree, then down
+        phase.append((flowset(cluster, inter + intra, latency), 0.5 / channels))
+    return (tuple(phase),)

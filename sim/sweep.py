@@ -1,0 +1,88 @@
+"""`parasim collective`: an nccl-tests-like sweep of one collective over message sizes.
+
+Each size is simulated on its own (nothing else on the network), with the flow model or the
+analytic path. busbw uses nccl-tests' factors, so the numbers compare with theirs directly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import simpy
+
+from sim.collectives import Collectives, Lowering, analytic_time, busbw_factor, run
+from sim.collectives.direct import lower_sendrecv
+from sim.network import Network
+from topology.cluster import Cluster
+from traces.errors import ConfigError
+from traces.ops import COLLECTIVES, OpKind
+from traces.units import parse_size
+
+OPS = (*[str(k) for k in COLLECTIVES], "sendrecv")
+MAX_SIZES = 64
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    size_bytes: int
+    algo: str
+    time_s: float
+    algbw_GBps: float
+    busbw_GBps: float
+
+
+def parse_sizes(text: str) -> list[int]:
+    """'1M,16M' | '1K:8G' (doubling, like nccl-tests -b 1K -e 8G -f 2) | '4096'."""
+    if ":" in text:
+        parts = text.split(":")
+        if len(parts) != 2:
+            raise ConfigError(f"--sizes: {text!r} is not a range (write e.g. 1K:8G)")
+        lo, hi = (parse_size(p, "--sizes") for p in parts)
+        if lo > hi:
+            raise ConfigError(f"--sizes: {text!r} starts above its end")
+        sizes = []
+        while lo <= hi and len(sizes) <= MAX_SIZES:
+            sizes.append(lo)
+            lo *= 2
+    else:
+        sizes = [parse_size(p, "--sizes") for p in text.split(",")]
+    if len(sizes) > MAX_SIZES:
+        raise ConfigError(f"--sizes: {text!r} gives more than {MAX_SIZES} sizes")
+    return sizes
+
+
+def flow_time(cluster: Cluster, lowering: Lowering, size_bytes: float) -> float:
+    """Simulated time of one collective alone on the network (flow model)."""
+    env = simpy.Environment()
+    env.process(run(env, Network(env, cluster.link_capacity), lowering, size_bytes))
+    env.run()
+    return env.now
+
+
+def sweep_row(cluster: Cluster, collectives: Collectives, op: str, group: tuple[int, ...],
+              size: int, algo: str, channels: int | None, model: str) -> Row:
+    if op == "sendrecv":
+        if algo not in ("auto", "direct"):
+            raise ConfigError(f"--algo: sendrecv runs point-to-point only, not {algo}")
+        used, lowering = "direct", lower_sendrecv(cluster, group)
+        factor = 1.0
+    else:
+        kind = OpKind(op)
+        used, lowering = collectives.resolve(kind, group, size, algo, channels)
+        factor = busbw_factor(kind, len(group))
+    seconds = (flow_time if model == "flow" else analytic_time)(cluster, lowering, size)
+    algbw = size / seconds / 1e9
+    return Row(size, used, seconds, algbw, algbw * factor)
+
+
+def format_table(cluster: Cluster, op: str, algo: str, model: str, rows: list[Row],
+                 num_ranks: int) -> str:
+    lines = [
+        f"# parasim collective: {op} on {cluster.name}, {num_ranks} ranks, "
+        f"algo {algo}, {model} model",
+        f"# {'size(B)':>12} {'algo':>13} {'time(us)':>12} {'algbw(GB/s)':>12} {'busbw(GB/s)':>12}",
+    ]
+    for r in rows:
+        lines.append(f"  {r.size_bytes:>12} {r.algo:>13} {r.time_s * 1e6:>12.2f} "
+                     f"{r.algbw_GBps:>12.2f} {r.busbw_GBps:>12.2f}")
+    return "\n".join(lines)

@@ -1,0 +1,117 @@
+"""Benchmark: a 1 GiB all-reduce across 1024 GPUs (128 DGX H100 on rails), flow model.
+
+    python tests/bench/bench_collective.py [--repeat 5]
+
+Each run is a fresh process (so peak RSS is its own): build the cluster, lower the collective,
+run the flow model. Prints medians over the runs: wall time per stage, peak memory, simpy
+events and events per second of engine time. Target: <= 2 s per algorithm on one core.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+SIZE = 2**30
+
+
+def one(algo: str) -> dict[str, float]:
+    t0 = time.perf_counter()
+    import simpy
+
+    from sim.collectives import Collectives, run
+    from sim.network import Network
+    from topology import build_cluster
+    from traces.ops import OpKind
+
+    cluster = build_cluster("dgx-h100", nodes=128, fabric="rail")
+    t1 = time.perf_counter()
+    lowering = Collectives(cluster).lowering(OpKind.ALL_REDUCE, tuple(range(1024)), algo)
+    t2 = time.perf_counter()
+    env = simpy.Environment()
+    env.process(run(env, Network(env, cluster.link_capacity), lowering, SIZE))
+    events = 0
+    while env.peek() != float("inf"):
+        env.step()
+        events += 1
+    t3 = time.perf_counter()
+    return {
+        "build_s": t1 - t0, "lower_s": t2 - t1, "engine_s": t3 - t2, "total_s": t3 - t0,
+        "peak_rss_MiB": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "events": events, "events_per_s": events / (t3 - t2), "simulated_ms": env.now * 1e3,
+        "busbw_GBps": 2 * 1023 / 1024 * SIZE / env.now / 1e9,
+    }
+
+
+def stress() -> dict[str, float]:
+    """Engine rate: 128 servers each run 100 back-to-back 8-GPU all-reduces while every GPU
+    streams sends to the next server over its rail, so re-shares happen all the time."""
+    import simpy
+
+    from sim.collectives import Collectives, run
+    from sim.collectives.direct import lower_p2p
+    from sim.network import Network
+    from topology import build_cluster
+    from traces.ops import OpKind
+
+    cluster = build_cluster("dgx-h100", nodes=128, fabric="rail")
+    col = Collectives(cluster)
+    env = simpy.Environment()
+    net = Network(env, cluster.link_capacity)
+
+    def server(s: int):
+        lowering = col.lowering(OpKind.ALL_REDUCE, tuple(range(8 * s, 8 * s + 8)), "ring")
+        for _ in range(100):
+            yield env.process(run(env, net, lowering, 16 * 2**20))
+
+    def stream(gpu: int):
+        lowering = lower_p2p(cluster, gpu, (gpu + 8) % 1024)
+        for _ in range(20):
+            yield env.process(run(env, net, lowering, 64 * 2**20))
+
+    for s in range(128):
+        env.process(server(s))
+    for gpu in range(1024):
+        env.process(stream(gpu))
+    t0, events = time.perf_counter(), 0
+    while env.peek() != float("inf"):
+        env.step()
+        events += 1
+    seconds = time.perf_counter() - t0
+    return {"events": events, "engine_s": seconds, "events_per_s": events / seconds,
+            "reshares": net.num_reshares}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--one", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.one:
+        print(json.dumps(one(args.one)))
+        return
+    print(f"{'algo':13} {'total s':>8} {'build s':>8} {'lower s':>8} {'engine s':>8} "
+          f"{'peak MiB':>9} {'events':>7} {'events/s':>9} {'sim ms':>8} {'busbw':>7}")
+    for algo in ("ring", "hierarchical"):
+        runs = [json.loads(subprocess.run([sys.executable, __file__, "--one", algo],
+                                          capture_output=True, text=True, check=True).stdout)
+                for _ in range(args.repeat)]
+        med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+        print(f"{algo:13} {med['total_s']:8.3f} {med['build_s']:8.3f} {med['lower_s']:8.3f} "
+              f"{med['engine_s']:8.3f} {med['peak_rss_MiB']:9.1f} {med['events']:7.0f} "
+              f"{med['events_per_s']:9.0f} {med['simulated_ms']:8.3f} {med['busbw_GBps']:7.1f}")
+    print(f"(medians of {args.repeat} fresh processes; busbw in GB/s)")
+    runs = [stress() for _ in range(3)]
+    med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+    print(f"engine stress (12,800 all-reduces + 20,480 rail sends): {med['events']:.0f} events, "
+          f"{med['reshares']:.0f} re-shares in {med['engine_s']:.2f} s = "
+          f"{med['events_per_s']:,.0f} events/s (median of 3)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,138 @@
+"""Collective algorithms against closed forms, physical bounds and each other."""
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sim.collectives import ALGORITHMS, Collectives, analytic_time
+from sim.collectives.base import busbw_factor
+from sim.collectives.tree import tree_edges
+from tests.conftest import timed
+from topology import build_cluster
+from traces.ops import OpKind
+
+AR, RS, AG = OpKind.ALL_REDUCE, OpKind.REDUCE_SCATTER, OpKind.ALL_GATHER
+GiB = 2**30
+
+
+@pytest.mark.parametrize("n", [2, 4, 8])
+@pytest.mark.parametrize("size", [1024, 2**20, GiB])
+def test_ring_on_one_nvswitch_node_matches_the_closed_form(h100, n, size):
+    group = tuple(range(n))
+    bandwidth = 450e9
+    alpha = 2 * h100.link_latency[h100.route(0, 1)[0]]  # GPU -> NVSwitch -> GPU
+    ar = timed(h100, AR, group, size, "ring")
+    assert ar == pytest.approx(2 * (n - 1) / n * size / bandwidth + 2 * (n - 1) * alpha, rel=1e-9)
+    for kind in (RS, AG):
+        t = timed(h100, kind, group, size, "ring")
+        assert t == pytest.approx((n - 1) / n * size / bandwidth + (n - 1) * alpha, rel=1e-9)
+    # The seeds' identity: all-reduce = reduce-scatter + all-gather.
+    rs, ag = timed(h100, RS, group, size, "ring"), timed(h100, AG, group, size, "ring")
+    assert ar == pytest.approx(rs + ag, rel=1e-9)
+
+
+def test_ring_busbw_tends_to_the_nvlink_bandwidth(h100):
+    group = tuple(range(8))
+    busbw = [busbw_factor(AR, 8) * s / timed(h100, AR, group, s, "ring")
+             for s in (2**20, 2**24, 2**28, 2**33)]
+    assert busbw == sorted(busbw)
+    assert busbw[-1] == pytest.approx(450e9, rel=1e-3)
+    assert busbw[-1] <= 450e9
+
+
+def test_two_to_one_oversubscription_halves_cross_leaf_not_intra_leaf_bandwidth():
+    def busbw(nodes_per_leaf, ratio):
+        c = build_cluster("dgx-h100", nodes=2, nodes_per_leaf=nodes_per_leaf,
+                          oversubscription=ratio)
+        return busbw_factor(AR, 16) * GiB / timed(c, AR, tuple(range(16)), GiB, "ring")
+
+    cross = busbw(1, 2.0) / busbw(1, 1.0)  # one server per leaf: the ring crosses the spine
+    assert cross == pytest.approx(0.5, rel=0.02)
+    assert busbw(2, 2.0) == busbw(2, 1.0)  # both servers under one leaf: no uplink in the path
+
+
+def test_across_nodes_multi_channel_and_hierarchical_are_nic_bound_and_beat_one_ring():
+    nic = 50e9
+    c = build_cluster("dgx-h100", nodes=4, fabric="rail")
+    fast_nvlink = build_cluster("dgx-h100", nodes=4, fabric="rail", nvlink_bandwidth="900GB/s")
+    group = tuple(range(32))
+    single = timed(c, AR, group, GiB, "ring", channels=1)
+    factor = busbw_factor(AR, 32)
+    assert factor * GiB / single <= nic  # one ring: one NIC's worth
+    for algo in ("ring", "hierarchical"):
+        t = timed(c, AR, group, GiB, algo)
+        assert factor * GiB / t <= 8 * nic * (1 + 1e-9)  # never above the 8 NICs
+        assert t < single / 3
+    ring = timed(c, AR, group, GiB, "ring")
+    assert factor * GiB / ring == pytest.approx(8 * nic, rel=0.01)
+    assert timed(fast_nvlink, AR, group, GiB, "ring") == pytest.approx(ring, rel=1e-3)
+
+
+def test_per_dimension_rings_beat_one_flat_ring_on_a_torus(tpu):
+    group = tuple(range(64))
+    torus = timed(tpu, AR, group, GiB, "torus")
+    flat = timed(tpu, AR, group, GiB, "ring")
+    assert torus < flat / 3
+    # Full lines along every axis: every flow of the torus algorithm is a single neighbour hop.
+    for phase in Collectives(tpu).lowering(AR, group, "torus"):
+        for flows, _ in phase:
+            assert sum(flows.counts) == 2 * 64  # one hop per member, in both directions
+
+
+def test_torus_time_matches_its_closed_form(tpu):
+    # 3 chunks of S/3, each RS/AG over three axes of 4 chips in both directions:
+    # bytes per flow sum to 2 * 3/4 * (S/3)/2 * (1 + 1/4 + 1/16).
+    size = GiB
+    per_flow = 2 * 0.75 * size / 6 * (1 + 1 / 4 + 1 / 16)
+    latency = 2 * 3 * 3 * 1e-6  # six phases of 3 neighbour hops
+    assert timed(tpu, AR, tuple(range(64)), size, "torus") == pytest.approx(
+        per_flow / 50e9 + latency, rel=1e-9)
+
+
+def test_double_binary_tree_makes_each_server_interior_in_at_most_one_tree():
+    for n in (2, 4, 8, 16, 32):
+        interior = [{p for p, _ in tree_edges(n, mirror)} for mirror in (False, True)]
+        assert not interior[0] & interior[1]
+        for mirror in (False, True):
+            children = [p for p, _ in tree_edges(n, mirror)]
+            assert max(children.count(p) for p in set(children)) <= 2
+            assert len(tree_edges(n, mirror)) == n - 1
+
+
+def test_auto_picks_the_fastest_applicable_algorithm(h100_rail4):
+    col = Collectives(h100_rail4)
+    group = tuple(range(32))
+    for size in (1024, 2**20, GiB):
+        algo, lowering = col.resolve(AR, group, size)
+        times = {a: analytic_time(h100_rail4, col.lowering(AR, group, a), size)
+                 for a in col.applicable(AR, group)}
+        assert times[algo] == min(times.values())
+
+
+CLUSTERS = {
+    "h100x1": build_cluster("dgx-h100", nodes=1),
+    "h100x2-rail": build_cluster("dgx-h100", nodes=2, fabric="rail"),
+    "a100x4-fat-tree-2to1": build_cluster("dgx-a100", nodes=4, nodes_per_leaf=1,
+                                          oversubscription=2.0),
+    "tpu-4x4": build_cluster("tpu-v4", dims=[4, 4]),
+    "tpu-4x4x4": build_cluster("tpu-v4"),
+}
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    name=st.sampled_from(sorted(CLUSTERS)),
+    kind=st.sampled_from([AR, RS, AG, OpKind.BROADCAST, OpKind.ALL_TO_ALL]),
+    algo=st.sampled_from(sorted(ALGORITHMS)),
+    stride=st.sampled_from([1, 2, 4, 8]),
+    count=st.integers(2, 64),
+    size=st.integers(1, 2**32),
+)
+def test_flow_model_equals_analytic_path_when_uncontended(name, kind, algo, stride, count, size):
+    cluster = CLUSTERS[name]
+    group = tuple(range(0, cluster.num_devices, stride))[:count]
+    lowering = Collectives(cluster).lowering(kind, group, algo) if len(group) > 1 else None
+    if lowering is None:
+        return
+    flow = timed(cluster, kind, group, size, algo)
+    assert flow == pytest.approx(analytic_time(cluster, lowering, size), rel=1e-9)

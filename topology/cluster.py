@@ -1,0 +1,92 @@
+"""`Cluster`: the graph, the accelerators in rank order, and routes as tuples of link ids.
+
+Links are directed; each has a dense integer id so the network model can keep per-link state in
+flat lists. Routing is delegated to the fabric (switched or torus) and cached per
+(source, destination, NIC) triple.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import networkx as nx
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Accelerator:
+    """One GPU or chip: what the compute and memory models need to know about it."""
+
+    name: str
+    peak_flops: float
+    """Dense bf16 tensor FLOP/s (no sparsity)."""
+    memory_bytes: float
+    """HBM capacity."""
+    hbm_bandwidth_Bps: float
+
+
+class Fabric(Protocol):
+    """Routing for one family of topologies."""
+
+    kind: str
+
+    def path(self, src: int, dst: int, nic: int | None) -> list[str]:
+        """Graph nodes from accelerator `src` to `dst` (both endpoints included).
+
+        `nic` pins the NIC index used at both ends (one channel of a multi-rail collective);
+        None lets the fabric choose its default.
+        """
+        ...
+
+
+@dataclass(frozen=True, kw_only=True)
+class Cluster:
+    """A built cluster. Constructed by the builders in `topology.config`; never mutated."""
+
+    name: str
+    graph: nx.DiGraph
+    devices: tuple[str, ...]
+    """Accelerator node names; index = global rank."""
+    accelerator: Accelerator
+    devices_per_server: int
+    """Accelerators sharing one server (one NVSwitch domain, or one TPU host)."""
+    fabric: Fabric
+    link_capacity: tuple[float, ...] = field(init=False)
+    link_latency: tuple[float, ...] = field(init=False)
+    link_kind: tuple[str, ...] = field(init=False)
+    link_ends: tuple[tuple[str, str], ...] = field(init=False)
+    _routes: dict[tuple[int, int, int | None], tuple[int, ...]] = field(
+        init=False, default_factory=dict, repr=False, compare=False
+    )
+
+    def __post_init__(self) -> None:
+        edges = sorted(self.graph.edges(data=True), key=lambda e: e[2]["id"])
+        assert [e[2]["id"] for e in edges] == list(range(len(edges))), "link ids must be dense"
+        object.__setattr__(self, "link_capacity", tuple(e[2]["bandwidth"] for e in edges))
+        object.__setattr__(self, "link_latency", tuple(e[2]["latency"] for e in edges))
+        object.__setattr__(self, "link_kind", tuple(e[2]["kind"] for e in edges))
+        object.__setattr__(self, "link_ends", tuple((e[0], e[1]) for e in edges))
+
+    @property
+    def num_devices(self) -> int:
+        return len(self.devices)
+
+    @property
+    def num_servers(self) -> int:
+        return self.num_devices // self.devices_per_server
+
+    def server_of(self, device: int) -> int:
+        return device // self.devices_per_server
+
+    def route(self, src: int, dst: int, nic: int | None = None) -> tuple[int, ...]:
+        """Link ids from accelerator `src` to `dst`; empty when src == dst."""
+        key = (src, dst, nic)
+        cached = self._routes.get(key)
+        if cached is None:
+            nodes = self.fabric.path(src, dst, nic) if src != dst else []
+            cached = tuple(self.graph.edges[u, v]["id"] for u, v in zip(nodes, nodes[1:]))
+            self._routes[key] = cached
+        return cached
+
+    def path_latency(self, links: tuple[int, ...]) -> float:
+        return sum(self.link_latency[link] for link in links)

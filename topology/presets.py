@@ -1,0 +1,122 @@
+"""Node types with public figures. Every number cites where it comes from.
+
+Units are SI: bytes, bytes/s, FLOP/s, seconds. NVLink figures are per GPU *per direction*
+(data sheets quote both directions added). Memory is what `nvidia-smi` reports as total.
+
+Latencies are not on data sheets; they follow NCCL's own cost model (src/graph/tuning.cc,
+`hwLat`, LL protocol): 0.47 us per NVLink ring step, which we split over the two links of a
+GPU->NVSwitch->GPU hop, and 2.7 us per inter-node step, which we split into 1.0 us of PCIe and
+NIC processing at each end and 0.2 us per switch hop (about 130 ns port-to-port on Mellanox
+Quantum switches, plus cable).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from topology.cluster import Accelerator
+from topology.server import ServerSpec
+
+NVLINK_LINK_LATENCY_S = 0.235e-6  # half of NCCL's 0.47 us NVLink ring step
+PCIE_NIC_LATENCY_S = 1.0e-6  # PCIe + NIC, each end of an inter-node hop
+SWITCH_HOP_LATENCY_S = 0.2e-6  # ~130 ns switch port-to-port + cable
+
+A100_80GB = Accelerator(
+    name="A100-SXM4-80GB",
+    peak_flops=312e12,  # A100 data sheet: BF16 tensor core 312 TFLOPS dense (624 sparse)
+    memory_bytes=81920 * 2**20,  # nvidia-smi: 81920 MiB
+    hbm_bandwidth_Bps=2039e9,  # A100 80GB SXM data sheet: 2,039 GB/s HBM2e
+)
+H100_SXM = Accelerator(
+    name="H100-SXM5-80GB",
+    peak_flops=989.4e12,  # H100 SXM data sheet: BF16 1,979 TFLOPS with sparsity, half dense
+    memory_bytes=81559 * 2**20,  # nvidia-smi: 81559 MiB
+    hbm_bandwidth_Bps=3.35e12,  # H100 SXM data sheet: 3.35 TB/s HBM3
+)
+H200_SXM = Accelerator(
+    name="H200-SXM-141GB",
+    peak_flops=989.4e12,  # H200 data sheet: BF16 1,979 TFLOPS with sparsity, half dense
+    memory_bytes=143771 * 2**20,  # nvidia-smi: 143771 MiB (141 GB usable HBM3e)
+    hbm_bandwidth_Bps=4.8e12,  # H200 data sheet: 4.8 TB/s HBM3e
+)
+TPU_V4 = Accelerator(
+    name="TPU-v4",
+    peak_flops=275e12,  # Cloud TPU v4 docs: 275 TFLOPS bf16 per chip
+    memory_bytes=32 * 2**30,  # Cloud TPU v4 docs: 32 GiB HBM2
+    hbm_bandwidth_Bps=1200e9,  # Cloud TPU v4 docs: 1200 GBps
+)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Preset:
+    """A node type and the fabric it usually sits on."""
+
+    name: str
+    accelerator: Accelerator
+    server: ServerSpec
+    fabric: str
+    """Default fabric: 'fat-tree', 'rail' or 'torus'."""
+    switch_radix: int = 0
+    """Ports per fabric switch (sets the default servers per leaf)."""
+    switch_latency_s: float = SWITCH_HOP_LATENCY_S
+    torus_dims: tuple[int, ...] = ()
+    ici_Bps: float = 0.0
+    ici_latency_s: float = 0.0
+
+
+DGX_A100 = Preset(
+    name="dgx-a100",
+    accelerator=A100_80GB,
+    server=ServerSpec(
+        gpus=8,
+        nvlink_Bps=300e9,  # NVLink3: 12 links x 25 GB/s per direction (600 GB/s both ways)
+        nvlink_latency_s=NVLINK_LINK_LATENCY_S,
+        nics=8,  # DGX A100 data sheet: 8x single-port ConnectX-6 for compute traffic
+        nic_Bps=200e9 / 8,  # HDR InfiniBand 200 Gb/s
+        pcie_Bps=32e9,  # PCIe 4.0 x16: 16 GT/s x 16 lanes, 128b/130b -> ~31.5 GB/s per direction
+        pcie_latency_s=PCIE_NIC_LATENCY_S,
+    ),
+    fabric="fat-tree",
+    switch_radix=40,  # Quantum QM8700 HDR switch: 40 ports of 200 Gb/s
+)
+
+DGX_H100 = Preset(
+    name="dgx-h100",
+    accelerator=H100_SXM,
+    server=ServerSpec(
+        gpus=8,
+        nvlink_Bps=450e9,  # NVLink4: 18 links x 25 GB/s per direction (900 GB/s both ways)
+        nvlink_latency_s=NVLINK_LINK_LATENCY_S,
+        nics=8,  # DGX H100 data sheet: 8x single-port ConnectX-7 (OSFP) for compute traffic
+        nic_Bps=400e9 / 8,  # NDR InfiniBand 400 Gb/s
+        pcie_Bps=64e9,  # PCIe 5.0 x16: 32 GT/s x 16 lanes -> ~63 GB/s per direction
+        pcie_latency_s=PCIE_NIC_LATENCY_S,
+    ),
+    fabric="fat-tree",
+    switch_radix=64,  # Quantum-2 QM9700 NDR switch: 64 ports of 400 Gb/s
+)
+
+DGX_H200 = Preset(
+    name="dgx-h200",
+    accelerator=H200_SXM,
+    server=DGX_H100.server,  # DGX H200: same NVLink4 / 8x ConnectX-7 NDR system design
+    fabric="fat-tree",
+    switch_radix=64,  # Quantum-2 QM9700
+)
+
+TPU_V4_POD = Preset(
+    name="tpu-v4",
+    accelerator=TPU_V4,
+    server=ServerSpec(  # a TPU v4 host: 4 chips; chips talk over ICI only
+        gpus=4, nvlink_Bps=0.0, nvlink_latency_s=0.0, nics=0, nic_Bps=0.0, pcie_Bps=0.0,
+        pcie_latency_s=0.0,
+    ),
+    fabric="torus",
+    torus_dims=(4, 4, 4),  # one TPU v4 cube: 4x4x4 chips, the unit the optical switches join
+    # TPU v4 (ISCA'23) and Cloud docs: 6 ICI links per chip at 50 GB/s per direction; consistent
+    # with the docs' 1.1 PB/s all-reduce bandwidth per 4096-chip pod (~270 GB/s per chip).
+    ici_Bps=50e9,
+    ici_latency_s=1.0e-6,  # assumption: not published; order of one NIC-less hop
+)
+
+PRESETS: dict[str, Preset] = {p.name: p for p in (DGX_A100, DGX_H100, DGX_H200, TPU_V4_POD)}

@@ -1,0 +1,94 @@
+"""Ops and traces: the one vocabulary shared by the plan builder, the executor and the simulator.
+
+A `Trace` holds, per rank, an ordered tuple of `Op`s. An op runs on a named stream: ops on one
+stream run in list order, ops on different streams overlap, and `deps` (indices into the same
+rank's list) order ops across streams. Ranks meet only through communication: the k-th
+collective a rank issues on a group matches the k-th that every other member issues on it (as
+NCCL matches calls on a communicator), and the k-th send from a to b matches the k-th recv on b
+from a. A *plan* has no times; a *timed* trace has `start`/`end` (seconds) on every op.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+
+class OpKind(StrEnum):
+    COMPUTE = "compute"
+    ALL_REDUCE = "all_reduce"
+    REDUCE_SCATTER = "reduce_scatter"
+    ALL_GATHER = "all_gather"
+    BROADCAST = "broadcast"
+    ALL_TO_ALL = "all_to_all"
+    SEND = "send"
+    RECV = "recv"
+
+    @property
+    def is_collective(self) -> bool:
+        return self not in (OpKind.COMPUTE, OpKind.SEND, OpKind.RECV)
+
+    @property
+    def is_p2p(self) -> bool:
+        return self in (OpKind.SEND, OpKind.RECV)
+
+
+COLLECTIVES = tuple(k for k in OpKind if k.is_collective)
+
+
+class Phase(StrEnum):
+    FWD = "fwd"
+    BWD = "bwd"
+    OPT = "opt"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Op:
+    """One unit of work on one rank. Fields that do not apply to the kind keep their defaults."""
+
+    kind: OpKind
+    stream: str
+    name: str = ""
+    """Compute: the op class the compute model keys on ('attn', 'mlp', 'head', ...)."""
+    deps: tuple[int, ...] = ()
+    layer: int | None = None
+    microbatch: int | None = None
+    phase: Phase | None = None
+    flops: float = 0.0
+    mem_bytes: float = 0.0
+    """Bytes moved to and from HBM (compute ops)."""
+    group: tuple[int, ...] = ()
+    """Collective: member ranks, in communicator order."""
+    size_bytes: float = 0.0
+    """Collective: the buffer size as nccl-tests counts it; p2p: bytes sent."""
+    dtype: str = "bf16"
+    peer: int | None = None
+    """Send/recv: the other rank."""
+    start: float | None = None
+    end: float | None = None
+
+    @property
+    def duration(self) -> float:
+        assert self.start is not None and self.end is not None, "op is not timed"
+        return self.end - self.start
+
+
+@dataclass(frozen=True, slots=True)
+class Trace:
+    """Ops per rank plus free-form metadata (model, layout, cluster, fold)."""
+
+    ops: Mapping[int, tuple[Op, ...]]
+    meta: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def ranks(self) -> list[int]:
+        return sorted(self.ops)
+
+    @property
+    def timed(self) -> bool:
+        return all(op.end is not None for ops in self.ops.values() for op in ops)
+
+    def num_ops(self) -> int:
+        return sum(len(ops) for ops in self.ops.values())
