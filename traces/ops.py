@@ -5,7 +5,7 @@ stream run in list order, ops on different streams overlap, and `deps` (indices 
 rank's list) order ops across streams. Ranks meet only through communication: the k-th
 collective a rank issues on a group matches the k-th that every other member issues on it (as
 NCCL matches calls on a communicator), and the k-th send from a to b matches the k-th recv on b
-from a. A *plan* has no times; a *timed* trace has `start`/`end` (seconds) on every op.
+from a. from a with the same tag. A *plan* has no times; a *timed* trace has `start`/`end` (seconds) on every op.
 """
 
 from __future__ import annotations
@@ -41,6 +41,8 @@ COLLECTIVES = tuple(k for k in OpKind if k.is_collective)
 class Phase(StrEnum):
     FWD = "fwd"
     BWD = "bwd"
+    RECOMPUTE = "recompute"
+    """A forward pass re-run inside the backward pass (activation recomputation)."""
     OPT = "opt"
 
 
@@ -66,6 +68,8 @@ class Op:
     dtype: str = "bf16"
     peer: int | None = None
     """Send/recv: the other rank."""
+    tag: str = ""
+    """Send/recv: sends match receives per (source, destination, tag), in order."""
     start: float | None = None
     end: float | None = None
 

@@ -1,0 +1,200 @@
+"""Parallel layout: degrees, options, Megatron rank order, groups, and the symmetry folding uses.
+
+Ranks follow Megatron-LM, fastest-varying first: rank = tp + TP*(cp + CP*(dp + DP*pp)).
+With 16 ranks, TP 2, PP 4, DP 2 this gives TP groups [0,1] ... [14,15], DP groups [0,2] [1,3]
+[4,6] ..., and PP groups [0,4,8,12] [1,5,9,13] [2,6,10,14] [3,7,11,15].
+
+Virtual pipeline stage k (0 <= k < PP*VP) holds layers [k*L/(PP*VP), (k+1)*L/(PP*VP)) and
+runs on pipeline rank k % PP as its model chunk k // PP.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import asdict, dataclass
+from enum import StrEnum
+from typing import Any
+
+from traces.errors import ConfigError
+from traces.model import ModelSpec
+
+AXES = ("tp", "cp", "dp", "pp")
+
+
+class Schedule(StrEnum):
+    GPIPE = "gpipe"
+    ONE_F_ONE_B = "1f1b"
+    INTERLEAVED = "interleaved"
+
+
+class Recompute(StrEnum):
+    NONE = "none"
+    SELECTIVE = "selective"
+    FULL = "full"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Layout:
+    """The `[parallel]` table: degrees along each axis and how the step is scheduled."""
+
+    tp: int = 1
+    cp: int = 1
+    pp: int = 1
+    dp: int = 1
+    vp: int = 1
+    """Virtual stages (model chunks) per pipeline rank; > 1 means interleaved 1F1B."""
+    sp: bool = False
+    """Sequence parallelism: norms and dropout split over the TP group along the sequence."""
+    zero: int = 0
+    """0 plain DP all-reduce, 1 sharded optimizer, 2 + gradients, 3 + parameters (FSDP)."""
+    schedule: Schedule = Schedule.ONE_F_ONE_B
+    micro_batch: int = 1
+    global_batch: int = 1
+    recompute: Recompute = Recompute.NONE
+    flash_attention: bool = True
+    bucket_bytes: int = 25 * 2**20
+    """Gradient bucket size for DP / ZeRO-1/2 reductions (PyTorch DDP's 25 MiB)."""
+
+    @property
+    def world(self) -> int:
+        return self.tp * self.cp * self.dp * self.pp
+
+    @property
+    def num_microbatches(self) -> int:
+        return self.global_batch // (self.micro_batch * self.dp)
+
+    @property
+    def num_stages(self) -> int:
+        """Virtual pipeline stages in all."""
+        return self.pp * self.vp
+
+    # --- ranks and groups ---------------------------------------------------------------------
+
+    def rank(self, tp: int = 0, cp: int = 0, dp: int = 0, pp: int = 0) -> int:
+        return tp + self.tp * (cp + self.cp * (dp + self.dp * pp))
+
+    def coords(self, rank: int) -> dict[str, int]:
+        tp, rest = rank % self.tp, rank // self.tp
+        cp, rest = rest % self.cp, rest // self.cp
+        dp, pp = rest % self.dp, rest // self.dp
+        return {"tp": tp, "cp": cp, "dp": dp, "pp": pp}
+
+    def group(self, rank: int, axis: str) -> tuple[int, ...]:
+        """Ranks that share every coordinate of `rank` except `axis`."""
+        c = self.coords(rank)
+        size = getattr(self, axis)
+        return tuple(self.rank(**{**c, axis: i}) for i in range(size))
+
+    def groups(self, axis: str) -> list[tuple[int, ...]]:
+        """All groups along `axis`, ordered by their first rank."""
+        seen = {self.group(r, axis) for r in range(self.world)}
+        return sorted(seen)
+
+    def embedding_group(self, rank: int) -> tuple[int, ...]:
+        """First and last pipeline rank holding the (tied) word embeddings."""
+        c = self.coords(rank)
+        return (self.rank(**{**c, "pp": 0}), self.rank(**{**c, "pp": self.pp - 1}))
+
+    def layers_of_stage(self, model: ModelSpec, stage: int) -> range:
+        per = model.layers // self.num_stages
+        return range(stage * per, (stage + 1) * per)
+
+    # --- symmetry: data-parallel replicas and tensor-parallel peers run the same program -------
+
+    def representatives(self) -> list[int]:
+        """One rank per (cp, pp) coordinate: the one with tp = dp = 0."""
+        return sorted({self.representative(r) for r in range(self.world)})
+
+    def representative(self, rank: int) -> int:
+        c = self.coords(rank)
+        return self.rank(cp=c["cp"], pp=c["pp"])
+
+    def copies(self, group: tuple[int, ...]) -> list[tuple[int, ...]]:
+        """Images of `group` under every (tp, dp) shift that are other sets of ranks than it."""
+        images = []
+        seen = {frozenset(group)}
+        for dtp in range(self.tp):
+            for ddp in range(self.dp):
+                image = tuple(self._shift(r, dtp, ddp) for r in group)
+                if frozenset(image) not in seen:
+                    seen.add(frozenset(image))
+                    images.append(image)
+        return images
+
+    def _shift(self, rank: int, dtp: int, ddp: int) -> int:
+        c = self.coords(rank)
+        return self.rank(tp=(c["tp"] + dtp) % self.tp, cp=c["cp"], dp=(c["dp"] + ddp) % self.dp,
+                         pp=c["pp"])
+
+    # --- validation ---------------------------------------------------------------------------
+
+    def validate(self, model: ModelSpec, *, world: int | None = None,
+                 devices_per_server: int | None = None) -> None:
+        """Raise ConfigError naming the first broken rule; warn if TP groups straddle servers."""
+        for axis in ("tp", "cp", "pp", "dp", "vp", "micro_batch", "global_batch"):
+            value = getattr(self, axis)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError(f"parallel.{axis}: {value!r} must be a positive integer")
+        if self.cp != 1:
+            raise ConfigError(f"parallel.cp: {self.cp} is not supported yet (context parallelism "
+                              "is in the rank order but not in the schedules); use cp = 1")
+        if world is not None and self.world != world:
+            raise ConfigError(f"parallel: tp {self.tp} x cp {self.cp} x pp {self.pp} x "
+                              f"dp {self.dp} = {self.world} ranks, but the cluster has {world} GPUs")
+        if model.hidden % self.tp:
+            raise ConfigError(f"parallel.tp: {self.tp} does not divide model.hidden = "
+                              f"{model.hidden}")
+        if model.heads % self.tp:
+            raise ConfigError(f"parallel.tp: {self.tp} does not divide model.heads = {model.heads}")
+        if model.ffn_hidden % self.tp or model.vocab % self.tp:
+            raise ConfigError(f"parallel.tp: {self.tp} must divide model.ffn_hidden "
+                              f"({model.ffn_hidden}) and model.vocab ({model.vocab})")
+        if model.layers % self.num_stages:
+            raise ConfigError(f"model.layers: {model.layers} is not divisible by pp x vp = "
+                              f"{self.pp} x {self.vp} = {self.num_stages} stages")
+        if self.sp and self.tp == 1:
+            raise ConfigError("parallel.sp: sequence parallelism needs tp > 1 (it splits over "
+                              "the tensor-parallel group)")
+        if self.sp and model.seq_len % self.tp:
+            raise ConfigError(f"parallel.sp: model.seq_len = {model.seq_len} is not divisible "
+                              f"by tp = {self.tp}")
+        if self.zero not in (0, 1, 2, 3) or isinstance(self.zero, bool):
+            raise ConfigError(f"parallel.zero: {self.zero!r} must be 0, 1, 2 or 3")
+        if self.global_batch % (self.micro_batch * self.dp):
+            raise ConfigError(f"parallel.global_batch: {self.global_batch} is not divisible by "
+                              f"micro_batch x dp = {self.micro_batch} x {self.dp}")
+        self._validate_schedule()
+        if devices_per_server is not None:
+            self._validate_placement(devices_per_server)
+        if not isinstance(self.bucket_bytes, int) or self.bucket_bytes < 1:
+            raise ConfigError(f"parallel.bucket_bytes: {self.bucket_bytes!r} must be a positive "
+                              "number of bytes")
+
+    def _validate_schedule(self) -> None:
+        m = self.num_microbatches
+        if self.schedule is Schedule.INTERLEAVED:
+            if self.vp < 2:
+                raise ConfigError(f"parallel.vp: {self.vp}; the interleaved schedule needs "
+                                  "vp >= 2 virtual stages per rank")
+            if m < self.pp:
+                raise ConfigError(f"parallel: {m} micro-batches are fewer than pp = {self.pp}; "
+                                  "interleaved 1F1B needs at least one per stage")
+            if m % self.pp:
+                raise ConfigError(f"parallel: {m} micro-batches are not divisible by "
+                                  f"pp = {self.pp}, as Megatron-LM's interleaved schedule needs")
+        elif self.vp != 1:
+            raise ConfigError(f"parallel.vp: {self.vp} > 1 needs schedule = \"interleaved\", "
+                              f"not {str(self.schedule)!r}")
+
+    def _validate_placement(self, per_server: int) -> None:
+        if self.tp > per_server:
+            raise ConfigError(f"parallel.tp: {self.tp} is larger than a node "
+                              f"({per_server} GPUs); tensor parallelism must stay inside one")
+        if per_server % self.tp:
+            warnings.warn(f"parallel.tp: {self.tp} does not divide the {per_server} GPUs of a "
+                          "node, so some TP groups cross nodes (slow)", stacklevel=3)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["schedule"], out["recompute"] = str(self.schedule), str(self.recompute)
+        return out

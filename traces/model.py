@@ -1,0 +1,150 @@
+"""GPT-style decoder arithmetic: parameters, FLOPs and HBM bytes per op, Megatron's step FLOPs.
+
+Notation follows the Megatron-LM papers: b micro-batch, s sequence, h hidden, a heads,
+l layers, V vocabulary, f MLP width (4h for GPT), t tensor-parallel degree. FLOPs count the
+matrix multiplications only (2 FLOPs per multiply-add), as the papers do:
+
+    attention forward   2bsh*3h (QKV) + 2bs^2h (QK^T) + 2bs^2h (AV) + 2bsh^2 (proj) = 8bsh^2 + 4bs^2h
+    MLP forward         2bsh*f + 2bsf*h                                            = 4bshf
+    logits forward      2bshV
+    backward            twice the forward of the same op
+
+so one step of global batch B without recomputation is 72*B*s*l*h^2*(1 + s/(6h) + V/(12lh))
+FLOPs, and 96*B*s*l*h^2*(1 + s/(6h) + V/(16lh)) with full recomputation (f = 4h).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from traces.errors import ConfigError
+
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelSpec:
+    """A GPT-style decoder: pre-LN blocks of attention and a two-layer MLP."""
+
+    layers: int
+    hidden: int
+    heads: int
+    seq_len: int
+    vocab: int
+    ffn_hidden: int = 0
+    """MLP width f; 0 means 4 * hidden."""
+    dtype: str = "bf16"
+    tied_embeddings: bool = True
+    """Output layer shares the input embedding (Megatron GPT's default)."""
+
+    def __post_init__(self) -> None:
+        for name in ("layers", "hidden", "heads", "seq_len", "vocab"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError(f"model.{name}: {value!r} must be a positive integer")
+        if self.ffn_hidden == 0:
+            object.__setattr__(self, "ffn_hidden", 4 * self.hidden)
+        if self.dtype not in DTYPE_BYTES:
+            raise ConfigError(f"model.dtype: {self.dtype!r} is not one of {', '.join(DTYPE_BYTES)}")
+        if self.hidden % self.heads:
+            raise ConfigError(f"model.hidden: {self.hidden} is not divisible by "
+                              f"model.heads = {self.heads}")
+
+    @property
+    def dtype_bytes(self) -> int:
+        return DTYPE_BYTES[self.dtype]
+
+    # --- parameters -------------------------------------------------------------------------
+
+    def layer_params(self, tp: int = 1) -> float:
+        """Parameters of one block held by one tensor-parallel rank.
+
+        Split by t: QKV (3h^2 + 3h), proj weight h^2, MLP weights 2hf and first bias f.
+        Replicated: the proj and second MLP biases (h each) and two layer norms (2h each).
+        """
+        h, f = self.hidden, self.ffn_hidden
+        return (4 * h * h + 3 * h + 2 * h * f + f) / tp + 6 * h
+
+    def embedding_params(self, tp: int = 1) -> float:
+        """Word embeddings (vocab-parallel) plus learned positions (replicated)."""
+        return self.vocab * self.hidden / tp + self.seq_len * self.hidden
+
+    def head_params(self, tp: int = 1) -> float:
+        """Final layer norm plus the output projection (a copy of the embedding when tied)."""
+        return 2 * self.hidden + self.vocab * self.hidden / tp
+
+    def num_params(self) -> float:
+        """All distinct parameters (a tied output layer counted once)."""
+        head = 2 * self.hidden if self.tied_embeddings else self.head_params()
+        return self.layers * self.layer_params() + self.embedding_params() + head
+
+    # --- FLOPs per micro-batch, per tensor-parallel rank ---------------------------------------
+
+    def attn_flops(self, micro_batch: int, tp: int = 1) -> float:
+        b, s, h = micro_batch, self.seq_len, self.hidden
+        return (8 * b * s * h * h + 4 * b * s * s * h) / tp
+
+    def attn_core_flops(self, micro_batch: int, tp: int = 1) -> float:
+        """QK^T and AV only: what selective recomputation re-runs."""
+        b, s, h = micro_batch, self.seq_len, self.hidden
+        return 4 * b * s * s * h / tp
+
+    def mlp_flops(self, micro_batch: int, tp: int = 1) -> float:
+        return 4 * micro_batch * self.seq_len * self.hidden * self.ffn_hidden / tp
+
+    def head_flops(self, micro_batch: int, tp: int = 1) -> float:
+        return 2 * micro_batch * self.seq_len * self.hidden * self.vocab / tp
+
+    # --- HBM bytes per micro-batch, per tensor-parallel rank (forward; backward moves twice) ----
+
+    def attn_bytes(self, micro_batch: int, tp: int = 1, flash: bool = True) -> float:
+        """Weights read once; block input, QKV, context and output written and read back;
+        without flash attention also the a*s^2 scores and probabilities, written and read."""
+        b, s, h, a, e = micro_batch, self.seq_len, self.hidden, self.heads, self.dtype_bytes
+        weights = (4 * h * h + 3 * h) / tp * e
+        activations = b * s * h * e * (4 + 10 / tp)  # LN + residual, QKV + context + proj, x2 rw
+        scores = 0.0 if flash else 4 * b * a * s * s / tp * e
+        return weights + activations + scores
+
+    def mlp_bytes(self, micro_batch: int, tp: int = 1) -> float:
+        b, s, h, f, e = micro_batch, self.seq_len, self.hidden, self.ffn_hidden, self.dtype_bytes
+        weights = (2 * h * f + f) / tp * e
+        activations = b * s * e * (4 * h + 4 * f / tp)  # LN + residual, f-wide GeLU in and out
+        return weights + activations
+
+    def head_bytes(self, micro_batch: int, tp: int = 1) -> float:
+        """Output weights read, logits written and read by the fp32 cross-entropy."""
+        b, s, h, v, e = micro_batch, self.seq_len, self.hidden, self.vocab, self.dtype_bytes
+        return v * h / tp * e + b * s * v / tp * (e + 2 * 4)
+
+    def embed_bytes(self, micro_batch: int) -> float:
+        """Gather rows of the embedding and add positions: read twice, write once."""
+        return 3 * micro_batch * self.seq_len * self.hidden * self.dtype_bytes
+
+    def activation_bytes(self, micro_batch: int) -> float:
+        """One micro-batch's b*s*h activation tensor (what pipeline stages send)."""
+        return micro_batch * self.seq_len * self.hidden * self.dtype_bytes
+
+
+def model_flops(model: ModelSpec, global_batch: int) -> float:
+    """FLOPs of one step without recomputation: forward plus backward (twice forward)."""
+    per_sample = model.layers * (model.attn_flops(1) + model.mlp_flops(1)) + model.head_flops(1)
+    return 3 * global_batch * per_sample
+
+
+def recompute_flops(model: ModelSpec, global_batch: int, recompute: str) -> float:
+    """Extra forward FLOPs re-run in backward: whole blocks (full) or attention cores
+    (selective); the logits are never recomputed."""
+    if recompute == "full":
+        return global_batch * model.layers * (model.attn_flops(1) + model.mlp_flops(1))
+    if recompute == "selective":
+        return global_batch * model.layers * model.attn_core_flops(1)
+    return 0.0
+
+
+def megatron_step_flops(model: ModelSpec, global_batch: int, full_recompute: bool) -> float:
+    """The Megatron-LM paper's closed form (Narayanan et al., 2021, eq. 3), f = 4h."""
+    B, s, l, h, V = global_batch, model.seq_len, model.layers, model.hidden, model.vocab
+    if full_recompute:
+        return 96 * B * s * l * h * h * (1 + s / (6 * h) + V / (16 * l * h))
+    return 72 * B * s * l * h * h * (1 + s / (6 * h) + V / (12 * l * h))

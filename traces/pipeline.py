@@ -1,0 +1,153 @@
+"""Pipeline schedules as per-rank lists of small actions, with a text form and a validator.
+
+An `Action` is (virtual stage, F or B, micro-batch) and prints as `2F0` or `1B3`. A schedule is
+`dict[pipeline rank, list[Action]]`: the order in which each rank runs its forward and backward
+passes. Generators here emit compute actions only; `traces.workload` lowers them (layers,
+tensor-parallel collectives, sends and receives, gradient reduction) into the plan trace.
+
+    gpipe        all forwards, then all backwards (Huang et al., 2019)
+    1f1b         pp - rank - 1 warm-up forwards, then one forward one backward (PipeDream-Flush)
+    interleaved  Megatron-LM's interleaved 1F1B over vp model chunks per rank
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+from traces.errors import ConfigError
+
+_ACTION = re.compile(r"^(\d+)([FB])(\d+)$")
+
+
+@dataclass(frozen=True, slots=True)
+class Action:
+    stage: int
+    """Virtual stage: chunk * pp + pipeline rank."""
+    kind: Literal["F", "B"]
+    microbatch: int
+
+    def __str__(self) -> str:
+        return f"{self.stage}{self.kind}{self.microbatch}"
+
+    @staticmethod
+    def parse(text: str) -> Action:
+        match = _ACTION.match(text.strip())
+        if not match:
+            raise ConfigError(f"schedule: {text!r} is not an action (write e.g. 2F0 or 1B3)")
+        return Action(int(match[1]), match[2], int(match[3]))  # type: ignore[arg-type]
+
+
+Schedule = dict[int, list[Action]]
+
+
+def gpipe(pp: int, m: int) -> Schedule:
+    return {r: [Action(r, "F", i) for i in range(m)] + [Action(r, "B", i) for i in range(m)]
+            for r in range(pp)}
+
+
+def one_f_one_b(pp: int, m: int) -> Schedule:
+    schedule = {}
+    for r in range(pp):
+        warmup = min(pp - r - 1, m)
+        actions = [Action(r, "F", i) for i in range(warmup)]
+        for i in range(m - warmup):
+            actions += [Action(r, "F", warmup + i), Action(r, "B", i)]
+        actions += [Action(r, "B", i) for i in range(m - warmup, m)]
+        schedule[r] = actions
+    return schedule
+
+
+def interleaved(pp: int, vp: int, m: int) -> Schedule:
+    """Megatron-LM's interleaved 1F1B; m must be a multiple of pp.
+
+    Micro-batches go through the chunks in groups of pp: forward k runs chunk (k // pp) % vp on
+    micro-batch (k // (pp * vp)) * pp + k % pp; backward k the same with chunks in reverse.
+    Rank r warms up with 2(pp - r - 1) + (vp - 1) pp forwards (all of them when m == pp).
+    """
+    assert m % pp == 0, "interleaved 1F1B needs m divisible by pp"
+    total = m * vp
+
+    def order(k: int, backward: bool) -> tuple[int, int]:
+        chunk = (k // pp) % vp
+        return (vp - 1 - chunk if backward else chunk), (k // (pp * vp)) * pp + k % pp
+
+    schedule = {}
+    for r in range(pp):
+        warmup = total if m == pp else min(2 * (pp - r - 1) + (vp - 1) * pp, total)
+
+        def act(k: int, kind: Literal["F", "B"], r: int = r) -> Action:
+            chunk, mb = order(k, kind == "B")
+            return Action(chunk * pp + r, kind, mb)
+
+        actions = [act(k, "F") for k in range(warmup)]
+        for i in range(total - warmup):
+            actions += [act(warmup + i, "F"), act(i, "B")]
+        actions += [act(k, "B") for k in range(total - warmup, total)]
+        schedule[r] = actions
+    return schedule
+
+
+def build_schedule(name: str, pp: int, m: int, vp: int = 1) -> Schedule:
+    """The named schedule, validated."""
+    if name == "gpipe":
+        schedule = gpipe(pp, m)
+    elif name == "1f1b":
+        schedule = one_f_one_b(pp, m)
+    elif name == "interleaved":
+        schedule = interleaved(pp, vp, m)
+    else:
+        raise ConfigError(f"parallel.schedule: {name!r} is not gpipe, 1f1b or interleaved")
+    validate(schedule, pp, m, vp)
+    return schedule
+
+
+def format_schedule(schedule: Schedule, mark: tuple[int, int] | None = None) -> str:
+    """One line per rank; `mark` = (rank, step) is shown in brackets."""
+    lines = []
+    for r in sorted(schedule):
+        cells = [f"[{a}]" if mark == (r, i) else str(a) for i, a in enumerate(schedule[r])]
+        lines.append(f"rank {r}: " + " ".join(cells))
+    return "\n".join(lines)
+
+
+def validate(schedule: Schedule, pp: int, m: int, vp: int = 1) -> None:
+    """Every (stage, micro-batch) forward and backward exactly once, on the stage's rank, and
+    the whole schedule runs to the end when every pass waits for its inputs (no deadlock)."""
+    for r in range(pp):
+        expected = {Action(c * pp + r, k, i) for c in range(vp) for k in "FB" for i in range(m)}
+        actions = schedule.get(r, [])
+        if sorted(map(str, actions)) != sorted(map(str, expected)):
+            missing = sorted(map(str, expected - set(actions)))[:4]
+            raise ConfigError(f"schedule: rank {r} must run each of its stages' F and B once "
+                              f"per micro-batch (missing e.g. {missing})\n"
+                              + format_schedule(schedule))
+    _check_runs_to_completion(schedule, pp * vp)
+
+
+def _check_runs_to_completion(schedule: Schedule, num_stages: int) -> None:
+    """Step the ranks in lock-step rounds; each runs its next action once its inputs exist."""
+    done: set[tuple[int, str, int]] = set()
+    cursor = {r: 0 for r in schedule}
+    while any(cursor[r] < len(schedule[r]) for r in schedule):
+        ready = []
+        for r, actions in schedule.items():
+            if cursor[r] == len(actions):
+                continue
+            a = actions[cursor[r]]
+            if a.kind == "F":
+                need = [(a.stage - 1, "F", a.microbatch)] if a.stage > 0 else []
+            else:
+                need = [(a.stage, "F", a.microbatch)]
+                if a.stage < num_stages - 1:
+                    need.append((a.stage + 1, "B", a.microbatch))
+            if all(n in done for n in need):
+                ready.append((r, a))
+        if not ready:
+            r = min(r for r in schedule if cursor[r] < len(schedule[r]))
+            raise ConfigError("schedule: deadlock, no rank can run its next action\n"
+                              + format_schedule(schedule, mark=(r, cursor[r])))
+        for r, a in ready:
+            done.add((a.stage, a.kind, a.microbatch))
+            cursor[r] += 1
