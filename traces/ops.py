@@ -4,8 +4,9 @@ A `Trace` holds, per rank, an ordered tuple of `Op`s. An op runs on a named stre
 stream run in list order, ops on different streams overlap, and `deps` (indices into the same
 rank's list) order ops across streams. Ranks meet only through communication: the k-th
 collective a rank issues on a group matches the k-th that every other member issues on it (as
-NCCL matches calls on a communicator), and the k-th send from a to b matches the k-th recv on b
-from a. from a with the same tag. A *plan* has no times; a *timed* trace has `start`/`end` (seconds) on every op.
+NCCL matches calls on a communicator), and the k-th send from a to b with a tag matches the k-th
+recv on b from a with that tag. A *plan* has no times; a *timed* trace has `start`/`end`
+(seconds) on every op.
 """
 
 from __future__ import annotations
