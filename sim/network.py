@@ -1,20 +1,27 @@
 """Flow-level network model on simpy: transfers share links by max-min fairness.
 
 A `FlowSet` is a group of routed flows that move in lock-step at one rate (see `sim.maxmin`).
-`Network.transfer(flows, bytes_per_flow)` waits the set's latency, then moves the bytes while
-sharing every link with all other transfers in flight. Whenever a transfer starts or ends, the
-rates of the transfers connected to it through shared links (its *component*) are recomputed;
-transfers elsewhere keep their rates. A link therefore costs `latency + bytes / share`.
+A transfer of a flow set first waits the set's latency, then moves its bytes while sharing
+every link with all other transfers in flight, so a link costs `latency + bytes / share`.
+`Network.run(lowering, size)` runs a collective's phases one after another.
+
+Rates change only when a transfer starts moving or ends, and only for the transfers connected
+to it through shared links (its *component*). Which flow sets share links is worked out once
+per flow set, so a transfer alone on its links (the common case: a tensor-parallel all-reduce
+inside one server) costs one event and no fairness computation.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import simpy
 
 from sim.maxmin import max_min_rates
+
+# A lowering: phases run one after another; in each, (flow set, bytes per flow / size) pairs.
+Lowering = tuple[tuple[tuple["FlowSet", float], ...], ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +42,11 @@ class FlowSet:
         for route in routes:
             for link in route:
                 counts[link] = counts.get(link, 0) + 1
+        return FlowSet.from_counts(counts, latency_s, capacity)
+
+    @staticmethod
+    def from_counts(counts: dict[int, int], latency_s: float,
+                    capacity: Sequence[float]) -> FlowSet:
         links = tuple(sorted(counts))
         per_link = tuple(counts[link] for link in links)
         solo = min((capacity[link] / n for link, n in zip(links, per_link)), default=float("inf"))
@@ -44,9 +56,12 @@ class FlowSet:
 @dataclass(eq=False, slots=True)
 class _Transfer:
     seq: int
-    flows: FlowSet
+    index: int
+    """Dense index of its flow set in the network's registry."""
     remaining: float
-    done: simpy.Event
+    ready_at: float
+    """When its latency has passed and its bytes start to move."""
+    on_done: Callable[[], None]
     rate: float = 0.0
     since: float = 0.0
     version: int = 0
@@ -58,34 +73,88 @@ class Network:
     def __init__(self, env: simpy.Environment, capacity: Sequence[float]) -> None:
         self.env = env
         self.capacity = capacity
-        self._users: dict[int, dict[_Transfer, None]] = {}
+        self._index: dict[int, int] = {}  # id(flow set) -> dense index
+        self._sets: list[FlowSet] = []  # keeps registered flow sets (and their ids) alive
+        self._conflicts: list[list[int]] = []  # flow sets sharing a link, itself included
+        self._by_link: dict[int, list[int]] = {}
+        self._active: list[dict[_Transfer, None]] = []
         self._seq = 0
         self.num_reshares = 0
 
+    def run(self, lowering: Lowering, size_bytes: float) -> simpy.Event:
+        """An event that fires when the lowering's last phase has finished."""
+        done = self.env.event()
+        self._phase(lowering, 0, size_bytes, done)
+        return done
+
     def transfer(self, flows: FlowSet, bytes_per_flow: float) -> simpy.Event:
         """An event that fires when every flow of `flows` has carried `bytes_per_flow`."""
-        self._seq += 1
-        t = _Transfer(self._seq, flows, float(bytes_per_flow), self.env.event())
-        if flows.latency_s > 0:
-            self.env.timeout(flows.latency_s).callbacks.append(lambda _: self._start(t))
-        else:
-            self._start(t)
-        return t.done
+        done = self.env.event()
+        self._start(flows, bytes_per_flow, lambda: done.succeed())
+        return done
 
-    def _start(self, t: _Transfer) -> None:
-        if t.remaining <= 0 or not t.flows.links:
-            t.done.succeed()
+    def _phase(self, lowering: Lowering, k: int, size: float, done: simpy.Event) -> None:
+        if k == len(lowering):
+            done.succeed()
             return
-        t.since = self.env.now
-        shared = False
-        for link in t.flows.links:
-            users = self._users.setdefault(link, {})
-            shared = shared or bool(users)
-            users[t] = None
-        self._reshare(self._component([t]) if shared else [t])
+        pending = [len(lowering[k])]
+
+        def one_done() -> None:
+            pending[0] -= 1
+            if pending[0] == 0:
+                self._phase(lowering, k + 1, size, done)
+
+        for flows, factor in lowering[k]:
+            self._start(flows, factor * size, one_done)
+
+    # --- registry of flow sets and who conflicts with whom --------------------------------
+
+    def _register(self, flows: FlowSet) -> int:
+        index = self._index.get(id(flows))
+        if index is not None:
+            return index
+        index = len(self._sets)
+        self._index[id(flows)] = index
+        self._sets.append(flows)
+        others: set[int] = set()
+        for link in flows.links:
+            users = self._by_link.setdefault(link, [])
+            others.update(users)
+            users.append(index)
+        for j in others:
+            self._conflicts[j].append(index)
+        self._conflicts.append(sorted(others) + [index])
+        self._active.append({})
+        return index
+
+    # --- transfers ----------------------------------------------------------------------
+
+    def _start(self, flows: FlowSet, size: float, on_done: Callable[[], None]) -> None:
+        now = self.env.now
+        if size <= 0 or not flows.links:
+            if flows.latency_s > 0:
+                self.env.timeout(flows.latency_s).callbacks.append(lambda _: on_done())
+            else:
+                on_done()
+            return
+        index = self._register(flows)
+        self._seq += 1
+        t = _Transfer(self._seq, index, float(size), now + flows.latency_s, on_done)
+        active = self._active
+        alone = not any(active[j] for j in self._conflicts[index])
+        active[index][t] = None
+        if alone:  # nobody else on its links: its own bottleneck rate until something changes
+            t.rate, t.since = flows.solo_rate, t.ready_at
+            self._schedule(t, t.ready_at + t.remaining / t.rate - now)
+        else:
+            self._reshare(self._component([t]))
+
+    def _neighbours(self, t: _Transfer) -> Iterable[_Transfer]:
+        for j in self._conflicts[t.index]:
+            yield from self._active[j]
 
     def _component(self, seeds: Iterable[_Transfer]) -> list[_Transfer]:
-        """Transfers reachable from `seeds` through shared links, in start order."""
+        """Active transfers reachable from `seeds` through shared links, in start order."""
         seen: dict[_Transfer, None] = {}
         stack = list(seeds)
         while stack:
@@ -93,42 +162,52 @@ class Network:
             if t in seen:
                 continue
             seen[t] = None
-            for link in t.flows.links:
-                stack.extend(u for u in self._users[link] if u not in seen)
+            stack.extend(u for u in self._neighbours(t) if u not in seen)
         return sorted(seen, key=lambda t: t.seq)
 
     def _reshare(self, component: list[_Transfer]) -> None:
+        """Bring the component's progress up to now and give its moving transfers fair rates;
+        transfers still in their latency wake up when it ends."""
         self.num_reshares += 1
         now = self.env.now
+        moving = []
         for t in component:
-            t.remaining = max(t.remaining - t.rate * (now - t.since), 0.0)
-            t.since = now
-        if len(component) == 1:
-            rates = [component[0].flows.solo_rate]
+            if now > t.since:
+                t.remaining = max(t.remaining - t.rate * (now - t.since), 0.0)
+            t.since = max(now, t.since)
+            if t.ready_at <= now:
+                moving.append(t)
+            else:
+                t.rate, t.since = 0.0, t.ready_at
+                self._schedule(t, t.ready_at - now, wake=True)
+        if not moving:
+            return
+        sets = self._sets
+        if len(moving) == 1:
+            rates = [sets[moving[0].index].solo_rate]
         else:
-            rates = max_min_rates([(t.flows.links, t.flows.counts) for t in component],
+            rates = max_min_rates([(sets[t.index].links, sets[t.index].counts) for t in moving],
                                   self.capacity)
-        for t, rate in zip(component, rates):
-            if rate == t.rate and t.version:
-                continue
+        for t, rate in zip(moving, rates):
             t.rate = rate
-            t.version += 1
-            version = t.version
-            self.env.timeout(t.remaining / rate).callbacks.append(
-                lambda _, t=t, version=version: self._finish(t, version)
-            )
+            self._schedule(t, t.remaining / rate)
+
+    def _schedule(self, t: _Transfer, delay: float, wake: bool = False) -> None:
+        t.version += 1
+        version = t.version
+        callback = self._wake if wake else self._finish
+        self.env.timeout(delay).callbacks.append(lambda _: callback(t, version))
+
+    def _wake(self, t: _Transfer, version: int) -> None:
+        if version == t.version:
+            self._reshare(self._component([t]))
 
     def _finish(self, t: _Transfer, version: int) -> None:
         if version != t.version:
             return  # superseded by a later re-share
-        neighbours: dict[_Transfer, None] = {}
-        for link in t.flows.links:
-            users = self._users[link]
-            del users[t]
-            neighbours.update(users)
-            if not users:
-                del self._users[link]
+        del self._active[t.index][t]
         t.remaining = 0.0
-        t.done.succeed()
+        neighbours = list(self._neighbours(t))
+        t.on_done()
         if neighbours:
             self._reshare(self._component(neighbours))

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import simpy
 
-from sim.collectives import Collectives, Lowering, analytic_time, busbw_factor, run
+from sim.collectives import Collectives, Lowering, analytic_time, busbw_factor
 from sim.collectives.direct import lower_sendrecv
 from sim.network import Network
 from topology.cluster import Cluster
@@ -54,8 +54,8 @@ def parse_sizes(text: str) -> list[int]:
 def flow_time(cluster: Cluster, lowering: Lowering, size_bytes: float) -> float:
     """Simulated time of one collective alone on the network (flow model)."""
     env = simpy.Environment()
-    env.process(run(env, Network(env, cluster.link_capacity), lowering, size_bytes))
-    env.run()
+    done = Network(env, cluster.link_capacity).run(lowering, size_bytes)
+    env.run(until=done)  # superseded completion events may still sit in the queue after it
     return env.now
 
 

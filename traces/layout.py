@@ -55,6 +55,15 @@ class Layout:
     bucket_bytes: int = 25 * 2**20
     """Gradient bucket size for DP / ZeRO-1/2 reductions (PyTorch DDP's 25 MiB)."""
 
+    def __post_init__(self) -> None:
+        for name, enum in (("schedule", Schedule), ("recompute", Recompute)):
+            value = getattr(self, name)
+            try:
+                object.__setattr__(self, name, enum(value))
+            except ValueError:
+                choices = ", ".join(e.value for e in enum)
+                raise ConfigError(f"parallel.{name}: {value!r} is not one of {choices}") from None
+
     @property
     def world(self) -> int:
         return self.tp * self.cp * self.dp * self.pp
@@ -99,6 +108,31 @@ class Layout:
         per = model.layers // self.num_stages
         return range(stage * per, (stage + 1) * per)
 
+    def stages_of_rank(self, pp_rank: int) -> list[int]:
+        """Virtual stages run by pipeline rank `pp_rank`, chunk by chunk."""
+        return [chunk * self.pp + pp_rank for chunk in range(self.vp)]
+
+    def params_on_rank(self, model: ModelSpec, pp_rank: int) -> float:
+        """Parameters one GPU of pipeline rank `pp_rank` holds before ZeRO sharding: its layers,
+        the embeddings on the first stage, the output layer on the last (with tied embeddings
+        and pp > 1 Megatron keeps a copy there and all-reduces its gradient with the first
+        stage)."""
+        stages = self.stages_of_rank(pp_rank)
+        params = sum(len(self.layers_of_stage(model, s)) for s in stages) * model.layer_params(
+            self.tp)
+        if 0 in stages:
+            params += model.embedding_params(self.tp)
+        if self.num_stages - 1 in stages:
+            params += self.head_params_on_rank(model, pp_rank)
+        return params
+
+    def head_params_on_rank(self, model: ModelSpec, pp_rank: int) -> float:
+        """The output layer's parameters on the last stage's rank: just the final norm when the
+        output weights are the embedding tensor itself (tied, and first stage on this rank)."""
+        if model.tied_embeddings and 0 in self.stages_of_rank(pp_rank):
+            return 2 * model.hidden
+        return model.head_params(self.tp)
+
     # --- symmetry: data-parallel replicas and tensor-parallel peers run the same program -------
 
     def representatives(self) -> list[int]:
@@ -140,7 +174,8 @@ class Layout:
                               "is in the rank order but not in the schedules); use cp = 1")
         if world is not None and self.world != world:
             raise ConfigError(f"parallel: tp {self.tp} x cp {self.cp} x pp {self.pp} x "
-                              f"dp {self.dp} = {self.world} ranks, but the cluster has {world} GPUs")
+                              f"dp {self.dp} = {self.world} ranks, but the cluster has "
+                              f"{world} GPUs")
         if model.hidden % self.tp:
             raise ConfigError(f"parallel.tp: {self.tp} does not divide model.hidden = "
                               f"{model.hidden}")
@@ -176,6 +211,9 @@ class Layout:
             if self.vp < 2:
                 raise ConfigError(f"parallel.vp: {self.vp}; the interleaved schedule needs "
                                   "vp >= 2 virtual stages per rank")
+            if self.pp < 2:
+                raise ConfigError(f"parallel.pp: {self.pp}; the interleaved schedule needs "
+                                  "pp >= 2 pipeline ranks")
             if m < self.pp:
                 raise ConfigError(f"parallel: {m} micro-batches are fewer than pp = {self.pp}; "
                                   "interleaved 1F1B needs at least one per stage")

@@ -4,12 +4,14 @@ Notation follows the Megatron-LM papers: b micro-batch, s sequence, h hidden, a 
 l layers, V vocabulary, f MLP width (4h for GPT), t tensor-parallel degree. FLOPs count the
 matrix multiplications only (2 FLOPs per multiply-add), as the papers do:
 
-    attention forward   2bsh*3h (QKV) + 2bs^2h (QK^T) + 2bs^2h (AV) + 2bsh^2 (proj) = 8bsh^2 + 4bs^2h
-    MLP forward         2bsh*f + 2bsf*h                                            = 4bshf
+    attention forward   2bsh*3h (QKV) + 2bs^2h (QK^T) + 2bs^2h (AV) + 2bsh^2 (proj)
+                                                                  = 8bsh^2 + 4bs^2h
+    MLP forward         2bsh*f + 2bsf*h                           = 4bshf
     logits forward      2bshV
     backward            twice the forward of the same op
 
-so one step of global batch B without recomputation is 72*B*s*l*h^2*(1 + s/(6h) + V/(12lh))
+Layer norms, dropouts, residuals and GeLU add no FLOPs but move memory (`norm_bytes`). So one
+step of global batch B without recomputation is 72*B*s*l*h^2*(1 + s/(6h) + V/(12lh))
 FLOPs, and 96*B*s*l*h^2*(1 + s/(6h) + V/(16lh)) with full recomputation (f = 4h).
 """
 
@@ -98,19 +100,28 @@ class ModelSpec:
     # --- HBM bytes per micro-batch, per tensor-parallel rank (forward; backward moves twice) ----
 
     def attn_bytes(self, micro_batch: int, tp: int = 1, flash: bool = True) -> float:
-        """Weights read once; block input, QKV, context and output written and read back;
-        without flash attention also the a*s^2 scores and probabilities, written and read."""
+        """QKV and output projections and the attention core: weights read once; the block input
+        read, QKV written and read, the context written and read, the output written. Without
+        flash attention the a*s^2 scores are also written, softmaxed, dropped out and read."""
         b, s, h, a, e = micro_batch, self.seq_len, self.hidden, self.heads, self.dtype_bytes
         weights = (4 * h * h + 3 * h) / tp * e
-        activations = b * s * h * e * (4 + 10 / tp)  # LN + residual, QKV + context + proj, x2 rw
-        scores = 0.0 if flash else 4 * b * a * s * s / tp * e
+        activations = b * s * h * e * (2 + 8 / tp)
+        scores = 0.0 if flash else 6 * b * a * s * s / tp * e
         return weights + activations + scores
 
     def mlp_bytes(self, micro_batch: int, tp: int = 1) -> float:
+        """The two MLP matmuls: weights read once, input and output read and written, the
+        f-wide hidden written by the first and read by the second."""
         b, s, h, f, e = micro_batch, self.seq_len, self.hidden, self.ffn_hidden, self.dtype_bytes
-        weights = (2 * h * f + f) / tp * e
-        activations = b * s * e * (4 * h + 4 * f / tp)  # LN + residual, f-wide GeLU in and out
-        return weights + activations
+        return (2 * h * f + f) / tp * e + b * s * e * (2 * h + 2 * f / tp)
+
+    def norm_bytes(self, micro_batch: int, tp: int = 1, sp: bool = False) -> float:
+        """The memory-bound rest of a block: two layer norms (read+write), two dropouts
+        (read+write+1-byte mask), two residual adds (2 reads+write) on b*s*h, split over the
+        TP group only with sequence parallelism; GeLU (read+write) on the b*s*f/t hidden."""
+        b, s, h, f, e = micro_batch, self.seq_len, self.hidden, self.ffn_hidden, self.dtype_bytes
+        per_token = (14 * h * e + 2 * h) / (tp if sp else 1) + 2 * f * e / tp
+        return b * s * per_token
 
     def head_bytes(self, micro_batch: int, tp: int = 1) -> float:
         """Output weights read, logits written and read by the fp32 cross-entropy."""
@@ -144,7 +155,7 @@ def recompute_flops(model: ModelSpec, global_batch: int, recompute: str) -> floa
 
 def megatron_step_flops(model: ModelSpec, global_batch: int, full_recompute: bool) -> float:
     """The Megatron-LM paper's closed form (Narayanan et al., 2021, eq. 3), f = 4h."""
-    B, s, l, h, V = global_batch, model.seq_len, model.layers, model.hidden, model.vocab
+    B, s, n, h, V = global_batch, model.seq_len, model.layers, model.hidden, model.vocab
     if full_recompute:
-        return 96 * B * s * l * h * h * (1 + s / (6 * h) + V / (16 * l * h))
-    return 72 * B * s * l * h * h * (1 + s / (6 * h) + V / (12 * l * h))
+        return 96 * B * s * n * h * h * (1 + s / (6 * h) + V / (16 * n * h))
+    return 72 * B * s * n * h * h * (1 + s / (6 * h) + V / (12 * n * h))

@@ -128,6 +128,4 @@ def _phase_time(capacity: Sequence[float], phase: Phase, size_bytes: float) -> f
 def run(env: simpy.Environment, network: Network, lowering: Lowering,
         size_bytes: float) -> Generator[simpy.Event, None, None]:
     """simpy process: the phases one after another, each phase's flow sets together."""
-    for phase in lowering:
-        events = [network.transfer(fs, factor * size_bytes) for fs, factor in phase]
-        yield events[0] if len(events) == 1 else env.all_of(events)
+    yield network.run(lowering, size_bytes)

@@ -15,7 +15,7 @@ from topology.cluster import Cluster
 from traces.ops import OpKind
 
 Phase = tuple[tuple[FlowSet, float], ...]
-Lowering = tuple[Phase, ...]
+Lowering = tuple[Phase, ...]  # the same shape as sim.network.Lowering
 
 AR, RS, AG, BCAST, A2A = (OpKind.ALL_REDUCE, OpKind.REDUCE_SCATTER, OpKind.ALL_GATHER,
                           OpKind.BROADCAST, OpKind.ALL_TO_ALL)

@@ -24,7 +24,7 @@ def one(algo: str) -> dict[str, float]:
     t0 = time.perf_counter()
     import simpy
 
-    from sim.collectives import Collectives, run
+    from sim.collectives import Collectives
     from sim.network import Network
     from topology import build_cluster
     from traces.ops import OpKind
@@ -34,9 +34,9 @@ def one(algo: str) -> dict[str, float]:
     lowering = Collectives(cluster).lowering(OpKind.ALL_REDUCE, tuple(range(1024)), algo)
     t2 = time.perf_counter()
     env = simpy.Environment()
-    env.process(run(env, Network(env, cluster.link_capacity), lowering, SIZE))
+    done = Network(env, cluster.link_capacity).run(lowering, SIZE)
     events = 0
-    while env.peek() != float("inf"):
+    while not done.processed:
         env.step()
         events += 1
     t3 = time.perf_counter()

@@ -43,10 +43,23 @@ def test_transfers_on_disjoint_links_do_not_slow_each_other():
 def test_rates_are_recomputed_only_within_the_shared_component():
     env = simpy.Environment()
     net = Network(env, [1.0, 1.0])
-    net.transfer(FlowSet.of([(0,)], 0.0, [1.0]), 1.0)
+    net.transfer(FlowSet.of([(0,)], 0.0, [1.0, 1.0]), 1.0)
     net.transfer(FlowSet.of([(1,)], 0.0, [1.0, 1.0]), 1.0)
     env.run()
-    assert net.num_reshares == 2  # one per start; ends of a lone transfer re-share nothing
+    assert net.num_reshares == 0  # each alone on its link: its own rate, no fairness to compute
+    net.transfer(FlowSet.of([(0,)], 0.0, [1.0, 1.0]), 1.0)
+    net.transfer(FlowSet.of([(0, 1)], 0.0, [1.0, 1.0]), 1.0)
+    env.run()
+    assert net.num_reshares == 2  # the second start, and the first end freeing bandwidth
+
+
+def test_a_transfer_in_its_latency_takes_no_bandwidth():
+    # B starts at 0 with 1 s of latency; A (no latency) has the link alone until B moves.
+    capacity = [1.0]
+    a, b = FlowSet.of([(0,)], 0.0, capacity), FlowSet.of([(0,)], 1.0, capacity)
+    # A: 1 B alone in [0, 1) -> 1 B left 1 B... A carries 2 B: 1 B alone, then 1 B at 0.5 B/s
+    # until 3 s; B: 1 B from t = 1 at 0.5 B/s until 3 s.
+    assert run_transfers(capacity, [(0.0, a, 2.0), (0.0, b, 1.0)]) == [3.0, 3.0]
 
 
 def test_zero_bytes_cost_only_latency():
