@@ -1,0 +1,190 @@
+"""Per-GPU memory of one training step: model states, stored activations, transient buffers.
+
+Pure arithmetic on a `ModelSpec`, a `Layout` and the pipeline schedule's action lists; bytes
+throughout. Notation: s sequence, b micro-batch, h hidden, a heads, V vocabulary, t tensor-
+parallel degree, Ψ parameters held by the GPU, N data-parallel degree, K optimizer bytes per
+parameter.
+
+Model states (ZeRO, Rajbhandari et al. 2020, §3 and Fig. 1): mixed-precision Adam keeps 2Ψ of
+fp16/bf16 weights, 2Ψ of gradients and KΨ of optimizer state (fp32 master weights, momentum and
+variance: K = 4 + 4 + 4 = 12). ZeRO shards them over the N data-parallel ranks:
+
+    stage 0 (plain DP)   2Ψ + 2Ψ + KΨ          Ψ = 7.5e9, N = 64:  120e9
+    stage 1 (optimizer)  2Ψ + 2Ψ + KΨ/N                            31.40625e9
+    stage 2 (+ grads)    2Ψ + (2 + K)Ψ/N                           16.640625e9
+    stage 3 (+ params)   (2 + 2 + K)Ψ/N                            1.875e9
+
+Ψ on pipeline rank r is what the rank holds after the tensor-parallel split: the layers of its
+virtual stages k = chunk * pp + r, times `model.layer_params(t)`; plus `embedding_params(t)`
+where virtual stage 0 lives; plus `head_params(t)` where the last virtual stage lives (with tied
+embeddings Megatron keeps a copy of the word embeddings there, so they count there too).
+
+Activations of one transformer layer for one micro-batch (Korthikanti et al. 2022, "Reducing
+Activation Recomputation in Large Transformer Models", §4 and Table 2; the seeds' formula). The
+paper assumes 2-byte activations and 1-byte dropout masks; the formulas are kept literal:
+
+    no TP                sbh (34 + 5as/h)               = 34sbh + 5as²b
+    TP, no SP            sbh (10 + 24/t + 5as/(ht))     the 10sbh of norms and dropout replicated
+    TP + SP              sbh (34 + 5as/h) / t           SP splits those along the sequence
+    flash or selective   drop the 5as/h term            the a·s²·b scores, softmax and dropout
+                                                        are never stored (recomputed in backward)
+    full recomputation   2sbh  (2sbh/t with SP)         only the layer input is kept
+
+A stage stores, at its peak, the layers of every (virtual stage, micro-batch) whose forward has
+run and whose backward has not: `peak_in_flight(actions) * layers per virtual stage * per layer`.
+It is derived from the schedule, not assumed: 1F1B gives min(pp - r, m) on rank r, GPipe m.
+
+Transient buffers at that peak (`working_bytes`), the sum of what applies:
+
+    full recomputation   one layer's activations as if not recomputed (the one being re-run)
+    last pipeline rank   fp32 logits of one micro-batch, 4sbV/t (Korthikanti §4.3)
+    ZeRO-3               gathered 2-byte weights of two layers (computing + prefetched),
+                         2 * 2 * layer_params(t), and one layer's unsharded 2-byte gradients
+                         before its reduce-scatter, 2 * layer_params(t)
+
+Try it: python -c "from sim.memory import *; help(stage_memory)"
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from traces.errors import ConfigError
+from traces.layout import Layout, Recompute
+from traces.model import ModelSpec
+from traces.pipeline import Action, build_schedule
+
+ADAM_BYTES_PER_PARAM = 12
+"""fp32 master weights, momentum and variance: 4 + 4 + 4 (ZeRO's K)."""
+LOGITS_BYTES = 4
+"""The cross-entropy reads fp32 logits (Korthikanti et al. 2022, §4.3)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MemoryBreakdown:
+    """Bytes one GPU holds at its peak, by kind."""
+
+    params_bytes: float
+    grads_bytes: float
+    optimizer_bytes: float
+    activations_bytes: float
+    """Stored activations at the schedule's peak (in-flight micro-batches)."""
+    working_bytes: float
+    """Transient buffers at the peak: recomputed layer, logits, ZeRO-3 gathered weights."""
+
+    @property
+    def total_bytes(self) -> float:
+        return (self.params_bytes + self.grads_bytes + self.optimizer_bytes
+                + self.activations_bytes + self.working_bytes)
+
+
+# --- model states -------------------------------------------------------------------------------
+
+def model_state_bytes(num_params: float, dp: int, zero: int,
+                      optimizer_bytes_per_param: float = ADAM_BYTES_PER_PARAM,
+                      param_bytes: float = 2, grad_bytes: float = 2) -> tuple[float, float, float]:
+    """(params, grads, optimizer) bytes per GPU for mixed-precision Adam under ZeRO stage `zero`
+    over `dp` data-parallel ranks (ZeRO paper, Rajbhandari et al. 2020, K = 12):
+    stage 0: 2Ψ + 2Ψ + KΨ; stage 1: 2Ψ + 2Ψ + KΨ/N; stage 2: 2Ψ + (2+K)Ψ/N; stage 3: (2+2+K)Ψ/N."""
+    if zero not in (0, 1, 2, 3) or isinstance(zero, bool):
+        raise ConfigError(f"parallel.zero: {zero!r} must be 0, 1, 2 or 3")
+    if dp < 1:
+        raise ConfigError(f"parallel.dp: {dp!r} must be a positive integer")
+    # Stage z shards the optimizer from z >= 1, the gradients from z >= 2, the weights at z = 3.
+    params = param_bytes * num_params / (dp if zero >= 3 else 1)
+    grads = grad_bytes * num_params / (dp if zero >= 2 else 1)
+    optimizer = optimizer_bytes_per_param * num_params / (dp if zero >= 1 else 1)
+    return params, grads, optimizer
+
+
+def stage_params(model: ModelSpec, layout: Layout, pp_rank: int) -> float:
+    """Parameters held by one GPU of pipeline rank `pp_rank` (after the tensor-parallel split)."""
+    stages = [chunk * layout.pp + pp_rank for chunk in range(layout.vp)]
+    num_layers = sum(len(layout.layers_of_stage(model, k)) for k in stages)
+    params = num_layers * model.layer_params(layout.tp)
+    if 0 in stages:
+        params += model.embedding_params(layout.tp)
+    if layout.num_stages - 1 in stages:
+        # Tied embeddings: Megatron keeps a copy of the word embeddings on the last stage.
+        params += model.head_params(layout.tp)
+    return params
+
+
+# --- activations --------------------------------------------------------------------------------
+
+def activation_bytes_per_layer(model: ModelSpec, layout: Layout) -> float:
+    """Stored activations of one transformer layer for one micro-batch on one GPU.
+
+    Korthikanti et al. 2022, Table 2, with 2-byte activations and 1-byte dropout masks."""
+    s, b, h, a, t = model.seq_len, layout.micro_batch, model.hidden, model.heads, layout.tp
+    sbh = s * b * h
+    if layout.recompute == Recompute.FULL:
+        # Only the layer input, b*s*h in 2 bytes; SP keeps 1/t of the sequence of it.
+        return 2 * sbh / (t if layout.sp else 1)
+    # 34sbh = 24sbh of TP-split matmul inputs, GeLU, Q, K, V... + 10sbh of norms and dropout,
+    # which only SP splits: 34/t with SP, 10 + 24/t without (= 34 when t = 1).
+    pointwise = 34 / t if layout.sp else 10 + 24 / t
+    # 5as^2b = scores 2as^2b + softmax-dropout mask as^2b + dropped-out probabilities 2as^2b,
+    # split over t heads-wise; flash attention and selective recomputation never store them.
+    keeps_scores = not layout.flash_attention and layout.recompute == Recompute.NONE
+    scores = 5 * a * s / (h * t) if keeps_scores else 0.0
+    return sbh * (pointwise + scores)
+
+
+def peak_in_flight(actions: list[Action]) -> int:
+    """Max number of (stage, micro-batch) whose forward is done and backward not yet, along the
+    list: how many micro-batches' activations a rank holds at once."""
+    in_flight: set[tuple[int, int]] = set()
+    peak = 0
+    for action in actions:
+        key = (action.stage, action.microbatch)
+        if action.kind == "F":
+            in_flight.add(key)
+            peak = max(peak, len(in_flight))
+        elif key in in_flight:
+            in_flight.remove(key)
+        else:
+            raise ConfigError(f"schedule: {action} runs before the forward {key[0]}F{key[1]}")
+    return peak
+
+
+# --- per stage ----------------------------------------------------------------------------------
+
+def working_bytes(model: ModelSpec, layout: Layout, pp_rank: int) -> float:
+    """Transient buffers at the peak of pipeline rank `pp_rank` (see the module docstring)."""
+    t, total = layout.tp, 0.0
+    if layout.recompute == Recompute.FULL:
+        # The layer re-run in backward holds all its activations, as if not recomputed.
+        total += activation_bytes_per_layer(model, dataclasses.replace(layout,
+                                                                       recompute=Recompute.NONE))
+    if pp_rank == layout.pp - 1:
+        # fp32 logits of one micro-batch, vocab-parallel: 4 * s * b * V / t.
+        total += LOGITS_BYTES * model.seq_len * layout.micro_batch * model.vocab / t
+    if layout.zero == 3:
+        # Two layers gathered in 2 bytes (computing + prefetched), one layer's 2-byte gradients
+        # before its reduce-scatter: (2 * 2 + 2) * layer_params(t).
+        total += (2 * 2 + 2) * model.layer_params(t)
+    return total
+
+
+def stage_memory(model: ModelSpec, layout: Layout, pp_rank: int,
+                 actions: list[Action]) -> MemoryBreakdown:
+    """Peak bytes on one GPU of pipeline rank `pp_rank` running `actions` (its schedule)."""
+    if not 0 <= pp_rank < layout.pp:
+        raise ConfigError(f"pipeline rank {pp_rank} is outside 0..{layout.pp - 1}")
+    params, grads, optimizer = model_state_bytes(stage_params(model, layout, pp_rank),
+                                                 layout.dp, layout.zero)
+    layers_per_stage = model.layers // layout.num_stages
+    activations = (peak_in_flight(actions) * layers_per_stage
+                   * activation_bytes_per_layer(model, layout))
+    return MemoryBreakdown(params_bytes=params, grads_bytes=grads, optimizer_bytes=optimizer,
+                           activations_bytes=activations,
+                           working_bytes=working_bytes(model, layout, pp_rank))
+
+
+def memory_by_stage(model: ModelSpec, layout: Layout) -> list[MemoryBreakdown]:
+    """One breakdown per pipeline rank, under the layout's own schedule."""
+    layout.validate(model)
+    schedule = build_schedule(str(layout.schedule), layout.pp, layout.num_microbatches, layout.vp)
+    return [stage_memory(model, layout, r, schedule[r]) for r in range(layout.pp)]
