@@ -7,14 +7,18 @@ every link with all other transfers in flight, so a link costs `latency + bytes 
 
 Rates change only when a transfer starts moving or ends, and only for the transfers connected
 to it through shared links (its *component*). Which flow sets share links is worked out once
-per flow set, so a transfer alone on its links (the common case: a tensor-parallel all-reduce
-inside one server) costs one event and no fairness computation.
+per flow set, so a transfer alone on its links costs one event and no fairness computation.
+
+A collective whose phases each have one flow set and which starts with nothing else on any
+of its links runs on the analytic path: one event at its alpha-beta end time (the flow model's
+answer when nothing interferes). If another transfer arrives on its links meanwhile, it is
+turned back into flow transfers at the point it had reached, and shares from then on.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import simpy
 
@@ -54,6 +58,30 @@ class FlowSet:
 
 
 @dataclass(eq=False, slots=True)
+class _Plan:
+    """What `Network.run` keeps per lowering: its flow sets' indices and whom they conflict
+    with (refreshed when new flow sets register), and its analytic time per size."""
+
+    lowering: Lowering
+    indices: tuple[int, ...]
+    conflicts: tuple[int, ...] = ()
+    registry_size: int = -1
+    seconds: dict[float, float] = field(default_factory=dict)
+
+
+@dataclass(eq=False, slots=True)
+class _Job:
+    """A collective on the analytic path: its phase boundaries are known in advance."""
+
+    lowering: Lowering
+    size: float
+    indices: tuple[int, ...]
+    start: float
+    done: simpy.Event
+    live: bool = True
+
+
+@dataclass(eq=False, slots=True)
 class _Transfer:
     seq: int
     index: int
@@ -70,22 +98,89 @@ class _Transfer:
 class Network:
     """All transfers in flight on one cluster's links."""
 
-    def __init__(self, env: simpy.Environment, capacity: Sequence[float]) -> None:
+    def __init__(self, env: simpy.Environment, capacity: Sequence[float], *,
+                 analytic_path: bool = True) -> None:
         self.env = env
         self.capacity = capacity
+        self.analytic_path = analytic_path
         self._index: dict[int, int] = {}  # id(flow set) -> dense index
         self._sets: list[FlowSet] = []  # keeps registered flow sets (and their ids) alive
         self._conflicts: list[list[int]] = []  # flow sets sharing a link, itself included
         self._by_link: dict[int, list[int]] = {}
         self._active: list[dict[_Transfer, None]] = []
+        self._jobs: list[dict[_Job, None]] = []  # analytic-path jobs per flow set
+        self._plans: dict[int, _Plan | None] = {}  # id(lowering) -> plan, None: no fast path
         self._seq = 0
         self.num_reshares = 0
 
     def run(self, lowering: Lowering, size_bytes: float) -> simpy.Event:
         """An event that fires when the lowering's last phase has finished."""
         done = self.env.event()
+        plan = self._plans.get(id(lowering), 0)
+        if plan == 0:
+            plan = self._plan(lowering)
+        if plan is not None and size_bytes > 0:
+            if plan.registry_size != len(self._sets):  # new flow sets may conflict with it
+                plan.conflicts = tuple(sorted({j for i in plan.indices
+                                               for j in self._conflicts[i]}))
+                plan.registry_size = len(self._sets)
+            active, jobs = self._active, self._jobs
+            if not any(active[j] or jobs[j] for j in plan.conflicts):
+                self._analytic(plan, _Job(lowering, size_bytes, plan.indices, self.env.now, done))
+                return done
         self._phase(lowering, 0, size_bytes, done)
         return done
+
+    def _plan(self, lowering: Lowering) -> _Plan | None:
+        plan = None
+        if self.analytic_path and all(len(phase) == 1 for phase in lowering):
+            indices = tuple(self._register(phase[0][0]) for phase in lowering)
+            plan = _Plan(lowering, indices)
+        self._plans[id(lowering)] = plan  # the plan holds the lowering, so its id stays unique
+        return plan
+
+    def _analytic(self, plan: _Plan, job: _Job) -> None:
+        for i in set(job.indices):
+            self._jobs[i][job] = None
+        seconds = plan.seconds.get(job.size)
+        if seconds is None:
+            seconds = sum(flows.latency_s + factor * job.size / flows.solo_rate
+                          for ((flows, factor),) in job.lowering)
+            plan.seconds[job.size] = seconds
+        self.env.timeout(seconds).callbacks.append(lambda _: self._end_analytic(job))
+
+    def _end_analytic(self, job: _Job) -> None:
+        if job.live:
+            self._drop(job)
+            job.done.succeed()
+
+    def _drop(self, job: _Job) -> None:
+        job.live = False
+        for i in job.indices:
+            self._jobs[i].pop(job, None)
+
+    def _to_flows(self, job: _Job) -> None:
+        """Continue an analytic job as flow transfers from where it has got to by now."""
+        self._drop(job)
+        now, t = self.env.now, job.start
+        for k, ((flows, factor),) in enumerate(job.lowering):
+            size = factor * job.size
+            end = t + flows.latency_s + size / flows.solo_rate
+            if end > now or k == len(job.lowering) - 1:
+                break
+            t = end
+        ready = t + flows.latency_s
+        moved = flows.solo_rate * (now - ready) if now > ready else 0.0
+        index = job.indices[k]
+        self._seq += 1
+
+        def phase_done(k: int = k) -> None:
+            self._phase(job.lowering, k + 1, job.size, job.done)
+
+        tr = _Transfer(self._seq, index, max(size - moved, 0.0), ready, phase_done)
+        tr.rate, tr.since = flows.solo_rate, max(now, ready)
+        self._active[index][tr] = None
+        self._schedule(tr, max(tr.since - now, 0.0) + tr.remaining / tr.rate)
 
     def transfer(self, flows: FlowSet, bytes_per_flow: float) -> simpy.Event:
         """An event that fires when every flow of `flows` has carried `bytes_per_flow`."""
@@ -125,6 +220,7 @@ class Network:
             self._conflicts[j].append(index)
         self._conflicts.append(sorted(others) + [index])
         self._active.append({})
+        self._jobs.append({})
         return index
 
     # --- transfers ----------------------------------------------------------------------
@@ -138,6 +234,9 @@ class Network:
                 on_done()
             return
         index = self._register(flows)
+        for j in self._conflicts[index]:
+            for job in list(self._jobs[j]):
+                self._to_flows(job)
         self._seq += 1
         t = _Transfer(self._seq, index, float(size), now + flows.latency_s, on_done)
         active = self._active

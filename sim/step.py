@@ -85,6 +85,15 @@ class Fold:
         return self.layout.copies(group) if self.layout else []
 
 
+@dataclass(frozen=True, slots=True)
+class _Comm:
+    """Precomputed for one communication op: its matching channel, members, lowering."""
+
+    channel: tuple[Any, ...]
+    need: int
+    lowering: Lowering
+
+
 @dataclass(eq=False, slots=True)
 class _Meeting:
     """A collective or a send/recv pair waiting for its members."""
@@ -125,6 +134,7 @@ class _Replay:
         self.meetings: dict[tuple[Any, ...], _Meeting] = {}
         self.issued: dict[tuple[Any, ...], int] = {}
         self.lowered: dict[tuple[Any, ...], tuple[str, Lowering]] = {}
+        self.comm: dict[int, dict[int, _Comm]] = {}
         self.algorithms: dict[str, int] = {}
         self.finished = 0
         self.bar: tqdm | None = None
@@ -147,15 +157,36 @@ class _Replay:
     def _plan_lowerings(self) -> None:
         """Lower every distinct communication once; add the folded copies' flows on the links
         the present ranks use (the copies elsewhere mirror them and need no simulation)."""
-        keys = {self._key(r, op) for r, ops in self.plan.ops.items() for op in ops
-                if op.kind is not OpKind.COMPUTE}
-        base = {key: self._base(key) for key in sorted(keys, key=repr)}
+        keys = {r: {i: self._key(r, op) for i, op in enumerate(ops)
+                    if op.kind is not OpKind.COMPUTE} for r, ops in self.plan.ops.items()}
+        distinct = sorted({k for per_rank in keys.values() for k in per_rank.values()}, key=repr)
+        base = {key: self._base(key) for key in distinct}
         used = {link for _, lowering in base.values() for phase in lowering
                 for flows, _ in phase for link in flows.links}
         for key, (algo, lowering) in base.items():
             copies = [self._copy(key, algo, g) for g in self.fold.copies(key[1])]
             self.lowered[key] = (algo, _augment(lowering, copies, used,
                                                 self.cluster.link_capacity))
+        for rank, per_rank in keys.items():
+            ops = self.plan.ops[rank]
+            self.comm[rank] = {i: self._comm(rank, ops[i], key) for i, key in per_rank.items()}
+            for i, key in per_rank.items():  # count each collective once, at its first member
+                op = ops[i]
+                first = op.kind is OpKind.SEND or (
+                    op.kind.is_collective and self.fold.members(op.group)[0] == rank)
+                if first:
+                    algo = self.lowered[key][0]
+                    self.algorithms[algo] = self.algorithms.get(algo, 0) + 1
+
+    def _comm(self, rank: int, op: Op, key: tuple[Any, ...]) -> _Comm:
+        """Who must meet for this op, on which channel, and what it moves."""
+        if op.kind.is_p2p:
+            return _Comm((key[1], op.tag), 2, self.lowered[key][1])
+        members = self.fold.members(op.group)
+        if rank not in members:
+            raise ConfigError(f"trace: rank {rank} issues {op.kind} on group "
+                              f"{list(op.group)} without being in it")
+        return _Comm((op.group,), len(members), self.lowered[key][1])
 
     def _copy(self, key: tuple[Any, ...], algo: str, group: tuple[int, ...]) -> Lowering:
         kind = key[0]
@@ -186,6 +217,7 @@ class _Replay:
 
     def _stream(self, rank: int, indices: list[int]) -> Generator[simpy.Event, Any, None]:
         ops, ends, events = self.plan.ops[rank], self.ends[rank], self.events[rank]
+        comm = self.comm[rank]
         env = self.env
         for i in indices:
             op = ops[i]
@@ -196,8 +228,7 @@ class _Replay:
                 start = env.now
                 yield env.timeout(self.compute.duration(op))
             else:
-                meeting = yield from self._communicate(rank, op)
-                start = meeting.start
+                start = yield from self._communicate(rank, op, comm[i])
             self.starts[rank][i] = start
             ends[i] = env.now
             event = events.get(i)
@@ -207,47 +238,43 @@ class _Replay:
             if self.finished % 4096 == 0:
                 self.bar.update(self.finished - self.bar.n)
 
-    def _communicate(self, rank: int, op: Op) -> Generator[simpy.Event, Any, _Meeting]:
-        """Join the op's meeting; the last member to arrive runs the transfer for all."""
-        key = self._key(rank, op)
-        if op.kind.is_p2p:
-            channel = (key[1], op.tag)
-            need = 2
-        else:
-            channel = (op.group,)
-            need = len(self.fold.members(op.group))
-            if rank not in self.fold.members(op.group):
-                raise ConfigError(f"trace: rank {rank} issues {op.kind} on group "
-                                  f"{list(op.group)} without being in it")
-        count_key = (*channel, op.kind if op.kind.is_p2p else None, rank)
+    def _communicate(self, rank: int, op: Op, comm: _Comm) -> Generator[simpy.Event, Any, float]:
+        """Join the op's meeting; the last member to arrive runs the transfer for all.
+        Returns when the communication started (all members present)."""
+        if comm.need == 1:  # a folded group: this rank stands for every member
+            start = self.env.now
+            yield from self._move(comm.lowering, op.size_bytes)
+            return start
+        count_key = (*comm.channel, op.kind if op.kind.is_p2p else None, rank)
         seq = self.issued.get(count_key, 0)
         self.issued[count_key] = seq + 1
-        meeting_key = (*channel, seq)
+        meeting_key = (*comm.channel, seq)
         meeting = self.meetings.get(meeting_key)
         if meeting is None:
-            meeting = _Meeting(need, op, self.env.event())
+            meeting = _Meeting(comm.need, op, self.env.event())
             self.meetings[meeting_key] = meeting
         elif (meeting.first.kind.is_p2p != op.kind.is_p2p or not op.kind.is_p2p and (
                 meeting.first.kind is not op.kind or meeting.first.size_bytes != op.size_bytes)):
             raise ConfigError(f"trace: rank {rank} issues {op.kind} of {op.size_bytes:g} B as "
-                              f"call #{seq} on {list(channel[0])}, but another member issued "
-                              f"{meeting.first.kind} of {meeting.first.size_bytes:g} B")
+                              f"call #{seq} on {list(comm.channel[0])}, but another member "
+                              f"issued {meeting.first.kind} of {meeting.first.size_bytes:g} B")
         meeting.arrived += 1
         if meeting.arrived < meeting.need:
             yield meeting.done
-            return meeting
+            return meeting.start
         del self.meetings[meeting_key]
         meeting.start = self.env.now
-        algo, lowering = self.lowered[key]
-        self.algorithms[algo] = self.algorithms.get(algo, 0) + 1
-        if self.network == "ideal":
-            pass  # communication is free: what-if analysis and schedule tests
-        elif self.net is None:
-            yield self.env.timeout(analytic_time(self.cluster, lowering, op.size_bytes))
-        else:
-            yield self.net.run(lowering, op.size_bytes)
+        yield from self._move(comm.lowering, op.size_bytes)
         meeting.done.succeed()
-        return meeting
+        return meeting.start
+
+    def _move(self, lowering: Lowering, size: float) -> Generator[simpy.Event, Any, None]:
+        if self.network == "ideal":
+            return  # communication is free: what-if analysis and schedule tests
+        if self.net is None:
+            yield self.env.timeout(analytic_time(self.cluster, lowering, size))
+        else:
+            yield self.net.run(lowering, size)
 
     def _stuck(self) -> str:
         for rank, ops in self.plan.ops.items():

@@ -47,9 +47,14 @@ class Phase(StrEnum):
     OPT = "opt"
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(slots=True, kw_only=True)
 class Op:
-    """One unit of work on one rank. Fields that do not apply to the kind keep their defaults."""
+    """One unit of work on one rank. Fields that do not apply to the kind keep their defaults.
+
+    A value, never mutated once built (derive timed copies with `dataclasses.replace`). It is
+    not `frozen=True` only for speed: a frozen dataclass's __init__ takes 5.7 us against 1.7 us
+    here, and a 1024-GPU plan builds ~300,000 ops.
+    """
 
     kind: OpKind
     stream: str
