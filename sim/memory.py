@@ -17,7 +17,8 @@ variance: K = 4 + 4 + 4 = 12). ZeRO shards them over the N data-parallel ranks:
 Ψ on pipeline rank r is what the rank holds after the tensor-parallel split: the layers of its
 virtual stages k = chunk * pp + r, times `model.layer_params(t)`; plus `embedding_params(t)`
 where virtual stage 0 lives; plus `head_params(t)` where the last virtual stage lives (with tied
-embeddings Megatron keeps a copy of the word embeddings there, so they count there too).
+embeddings and pp > 1 Megatron keeps a copy of the word embeddings there, so they count there
+too; with pp = 1 they are one tensor). See `Layout.params_on_rank`.
 
 Activations of one transformer layer for one micro-batch (Korthikanti et al. 2022, "Reducing
 Activation Recomputation in Large Transformer Models", §4 and Table 2; the seeds' formula). The
@@ -55,7 +56,7 @@ from traces.layout import Layout, Recompute
 from traces.model import ModelSpec
 from traces.pipeline import Action, build_schedule
 
-ADAM_BYTES_PER_PARAM = 12
+OPTIMIZER_STATE_BYTES = 12
 """fp32 master weights, momentum and variance: 4 + 4 + 4 (ZeRO's K)."""
 LOGITS_BYTES = 4
 """The cross-entropy reads fp32 logits (Korthikanti et al. 2022, §4.3)."""
@@ -82,7 +83,7 @@ class MemoryBreakdown:
 # --- model states -------------------------------------------------------------------------------
 
 def model_state_bytes(num_params: float, dp: int, zero: int,
-                      optimizer_bytes_per_param: float = ADAM_BYTES_PER_PARAM,
+                      optimizer_bytes_per_param: float = OPTIMIZER_STATE_BYTES,
                       param_bytes: float = 2, grad_bytes: float = 2) -> tuple[float, float, float]:
     """(params, grads, optimizer) bytes per GPU for mixed-precision Adam under ZeRO stage `zero`
     over `dp` data-parallel ranks (ZeRO paper, Rajbhandari et al. 2020, K = 12):
@@ -100,15 +101,7 @@ def model_state_bytes(num_params: float, dp: int, zero: int,
 
 def stage_params(model: ModelSpec, layout: Layout, pp_rank: int) -> float:
     """Parameters held by one GPU of pipeline rank `pp_rank` (after the tensor-parallel split)."""
-    stages = [chunk * layout.pp + pp_rank for chunk in range(layout.vp)]
-    num_layers = sum(len(layout.layers_of_stage(model, k)) for k in stages)
-    params = num_layers * model.layer_params(layout.tp)
-    if 0 in stages:
-        params += model.embedding_params(layout.tp)
-    if layout.num_stages - 1 in stages:
-        # Tied embeddings: Megatron keeps a copy of the word embeddings on the last stage.
-        params += model.head_params(layout.tp)
-    return params
+    return layout.params_on_rank(model, pp_rank)
 
 
 # --- activations --------------------------------------------------------------------------------

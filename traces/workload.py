@@ -71,6 +71,7 @@ class _RankPlan:
         self.act_bytes = model.activation_bytes(self.b) / (self.t if layout.sp else 1)
         self.block_bytes = model.activation_bytes(self.b)  # TP collective buffer: b*s*h
         self.last_stage = layout.num_stages - 1
+        self.head_params = layout.head_params_on_rank(model, self.coords["pp"])
         self.compute_ends: dict[tuple[str, int, int], int] = {}  # (phase, layer, mb) -> op
         self.bucket: list[float] = []  # gradient bytes waiting for the next bucket
         self.bucket_sizes: list[float] = []  # all buckets of the step, for ZeRO-1/2 all-gather
@@ -126,7 +127,7 @@ class _RankPlan:
             self.block(layer, mb, Phase.FWD, deps)
             deps = []
         if stage == self.last_stage:
-            deps += self.zero3_gather(self.model.head_params(self.t), mb, Phase.FWD)
+            deps += self.zero3_gather(self.head_params, mb, Phase.FWD)
             self.compute("head", Phase.FWD, self.model.head_flops(self.b, self.t),
                          self.model.head_bytes(self.b, self.t), mb=mb, deps=deps)
         else:
@@ -140,12 +141,11 @@ class _RankPlan:
             deps.append(self.add(kind=OpKind.RECV, stream="recv_next", peer=self.peer(stage + 1),
                                  size_bytes=self.act_bytes, tag="grad", microbatch=mb))
         else:
-            deps += self.zero3_gather(self.model.head_params(self.t), mb, Phase.BWD)
+            deps += self.zero3_gather(self.head_params, mb, Phase.BWD)
             self.compute("head", Phase.BWD, 2 * self.model.head_flops(self.b, self.t),
                          2 * self.model.head_bytes(self.b, self.t), mb=mb, deps=deps)
             deps = []
-            self.grads_ready(self.layout.head_params_on_rank(self.model, self.coords["pp"]), mb,
-                             final)
+            self.grads_ready(self.head_params, mb, final)
         for layer in reversed(self.layout.layers_of_stage(self.model, stage)):
             deps += self.zero3_gather(self.model.layer_params(self.t), mb, Phase.BWD, layer)
             if self.layout.recompute is Recompute.FULL:

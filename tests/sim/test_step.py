@@ -1,0 +1,137 @@
+"""The step replay: stream and collective semantics, contention, folding, determinism."""
+
+import pytest
+
+from sim.compute import ComputeModel
+from sim.profile import default_profile
+from sim.step import simulate
+from topology import build_cluster
+from traces.errors import ConfigError
+from traces.layout import Layout
+from traces.model import ModelSpec
+from traces.ops import Op, OpKind, Trace
+from traces.workload import build
+
+MODEL = ModelSpec(layers=8, hidden=1024, heads=16, seq_len=1024, vocab=32000)
+MiB = 2**20
+
+
+class Fixed:
+    """Compute ops take the seconds in their `flops` field (hand-built traces)."""
+
+    def duration(self, op):
+        return op.flops
+
+
+def compute(seconds, stream="compute", deps=()):
+    return Op(kind=OpKind.COMPUTE, stream=stream, name="x", flops=seconds, deps=deps)
+
+
+def test_a_collective_starts_when_every_member_has_issued_it_and_stalls_only_its_stream(h100):
+    size = 64 * MiB
+    ar = Op(kind=OpKind.ALL_REDUCE, stream="comm", group=(0, 1), size_bytes=size)
+    plan = Trace({
+        0: (compute(1e-3), Op(kind=OpKind.ALL_REDUCE, stream="comm", group=(0, 1),
+                              size_bytes=size, deps=(0,))),
+        1: (ar, compute(5e-4, deps=()), compute(2e-3, stream="other")),
+    })
+    times = simulate(plan, h100, Fixed())
+    alone = simulate(Trace({0: (ar,), 1: (ar,)}), h100, Fixed()).ends[0][0]
+    assert times.starts[0][1] == times.starts[1][0] == 1e-3  # rank 1 waited for rank 0
+    assert times.ends[1][0] == pytest.approx(1e-3 + alone, rel=1e-12)
+    assert times.starts[1][1] == 0.0  # compute of rank 1 is on its own stream: not stalled
+    assert times.ends[1][2] == 2e-3
+
+
+def test_a_dp_all_reduce_and_pipeline_traffic_on_one_nic_slow_each_other():
+    cluster = build_cluster("dgx-h100", nodes=2, fabric="rail")
+    size = 256 * MiB
+    send = Op(kind=OpKind.SEND, stream="pp", peer=8, size_bytes=size, tag="act")
+    recv = Op(kind=OpKind.RECV, stream="pp", peer=0, size_bytes=size, tag="act")
+    ar = Op(kind=OpKind.ALL_REDUCE, stream="dp", group=(0, 8), size_bytes=size)
+    alone = simulate(Trace({0: (send,), 8: (recv,)}), cluster, Fixed()).step_time_s
+    both = simulate(Trace({0: (send, ar), 8: (recv, ar)}), cluster, Fixed()).step_time_s
+    # GPU0's NIC carries the send (S) and the all-reduce's ring hop (S as well, 2(n-1)/n = 1):
+    # sharing the 50 GB/s link, both end at about twice the time of one.
+    assert both == pytest.approx(2 * alone, rel=0.01)
+    assert alone == pytest.approx(size / 50e9, rel=0.01)
+
+
+def test_send_waits_for_its_receive_and_a_missing_partner_is_reported(h100):
+    send = Op(kind=OpKind.SEND, stream="s", peer=1, size_bytes=MiB, tag="t")
+    recv = Op(kind=OpKind.RECV, stream="r", peer=0, size_bytes=MiB, tag="t", deps=(0,))
+    times = simulate(Trace({0: (send,), 1: (compute(1e-3, stream="c"), recv)}), h100, Fixed())
+    assert times.starts[0][0] == times.starts[1][1] == 1e-3
+    with pytest.raises(ConfigError, match="rank 0 op 0 .*send with peer 1"):
+        simulate(Trace({0: (send,), 1: (compute(1e-3),)}), h100, Fixed())
+
+
+def test_mismatched_collectives_are_reported(h100):
+    a = Op(kind=OpKind.ALL_REDUCE, stream="c", group=(0, 1), size_bytes=MiB)
+    b = Op(kind=OpKind.ALL_GATHER, stream="c", group=(0, 1), size_bytes=MiB)
+    with pytest.raises(ConfigError, match="issues all_gather .* another member issued all_reduce"):
+        simulate(Trace({0: (a,), 1: (b,)}), h100, Fixed())
+
+
+def test_measured_ops_keep_their_measured_duration(h100):
+    model = ComputeModel(h100.accelerator, default_profile(h100.accelerator))
+    op = Op(kind=OpKind.COMPUTE, stream="c", name="mlp", flops=1e15, start=2.0, end=2.25)
+    assert simulate(Trace({0: (op,)}), h100, model).ends[0][0] == 0.25
+
+
+LAYOUTS = [
+    Layout(tp=2, pp=2, dp=4, global_batch=16),
+    Layout(tp=4, pp=2, dp=2, zero=1, global_batch=8, recompute="selective"),
+    Layout(tp=2, pp=4, dp=2, vp=2, schedule="interleaved", global_batch=8),
+    Layout(tp=2, pp=2, dp=4, sp=True, zero=3, global_batch=8, recompute="full"),
+    Layout(tp=1, pp=2, dp=8, zero=2, global_batch=16),
+]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS, ids=lambda lay: f"tp{lay.tp}pp{lay.pp}dp{lay.dp}"
+                         f"z{lay.zero}{'sp' if lay.sp else ''}{lay.schedule}")
+@pytest.mark.parametrize("fabric", ["rail", "fat-tree"])
+def test_folded_run_equals_unfolded_run(layout, fabric):
+    cluster = build_cluster("dgx-h100", nodes=2, fabric=fabric)
+    layout.validate(MODEL, world=16, devices_per_server=8)
+    model = ComputeModel(cluster.accelerator, default_profile(cluster.accelerator))
+    full = simulate(build(MODEL, layout), cluster, model)
+    folded = simulate(build(MODEL, layout, ranks=layout.representatives()), cluster, model)
+    assert folded.step_time_s == full.step_time_s
+    for rank in layout.representatives():
+        assert folded.starts[rank] == full.starts[rank]
+        assert folded.ends[rank] == full.ends[rank]
+
+
+def test_folding_keeps_contention_from_the_copies_on_shared_uplinks():
+    # One server per leaf at 2:1: the data-parallel rings of the 8 TP ranks share 4 uplinks.
+    layout = Layout(tp=8, dp=2, global_batch=2)
+
+    def step(ratio, ranks):
+        cluster = build_cluster("dgx-h100", nodes=2, nodes_per_leaf=1, oversubscription=ratio)
+        model = ComputeModel(cluster.accelerator, default_profile(cluster.accelerator))
+        return simulate(build(MODEL, layout, ranks=ranks), cluster, model).step_time_s
+
+    reps = layout.representatives()
+    assert step(2.0, None) > step(1.0, None)  # the uplinks are a bottleneck at 2:1 ...
+    assert step(2.0, reps) == pytest.approx(step(2.0, None), rel=1e-9)  # ... folded too
+    assert step(1.0, reps) == pytest.approx(step(1.0, None), rel=1e-9)
+
+
+def test_simulation_is_deterministic():
+    cluster = build_cluster("dgx-h100", nodes=2, nodes_per_leaf=1, oversubscription=2.0)
+    layout = LAYOUTS[2]
+    model = ComputeModel(cluster.accelerator, default_profile(cluster.accelerator))
+    a = simulate(build(MODEL, layout), cluster, model)
+    b = simulate(build(MODEL, layout), cluster, model)
+    assert a.starts == b.starts and a.ends == b.ends
+
+
+def test_network_models_order_ideal_analytic_flow():
+    cluster = build_cluster("dgx-a100", nodes=2, nodes_per_leaf=1, oversubscription=2.0)
+    layout = Layout(tp=2, pp=2, dp=4, global_batch=16)
+    model = ComputeModel(cluster.accelerator, default_profile(cluster.accelerator))
+    plan = build(MODEL, layout, ranks=layout.representatives())
+    ideal, analytic, flow = (simulate(plan, cluster, model, network=n).step_time_s
+                             for n in ("ideal", "analytic", "flow"))
+    assert ideal < analytic <= flow

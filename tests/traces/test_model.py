@@ -1,0 +1,47 @@
+"""Model arithmetic against the Megatron-LM papers' closed forms."""
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from traces.errors import ConfigError
+from traces.model import ModelSpec, megatron_step_flops, model_flops, recompute_flops
+
+GPT3 = ModelSpec(layers=96, hidden=12288, heads=96, seq_len=2048, vocab=51200)
+
+
+@given(layers=st.integers(1, 128), heads=st.integers(1, 64), head_dim=st.integers(1, 256),
+       seq=st.integers(1, 8192), vocab=st.integers(1, 2**17), batch=st.integers(1, 4096))
+def test_step_flops_equal_megatrons_72_and_96_forms(layers, heads, head_dim, seq, vocab, batch):
+    m = ModelSpec(layers=layers, hidden=heads * head_dim, heads=heads, seq_len=seq, vocab=vocab)
+    assert model_flops(m, batch) == pytest.approx(megatron_step_flops(m, batch, False), rel=1e-12)
+    full = model_flops(m, batch) + recompute_flops(m, batch, "full")
+    assert full == pytest.approx(megatron_step_flops(m, batch, True), rel=1e-12)
+
+
+def test_selective_recompute_reruns_only_the_attention_core():
+    extra = recompute_flops(GPT3, 1536, "selective")
+    assert extra == 1536 * 96 * 4 * 2048**2 * 12288  # 4*b*s^2*h per layer
+    assert recompute_flops(GPT3, 1536, "none") == 0
+
+
+def test_gpt3_has_175_billion_parameters():
+    assert GPT3.layer_params() == 12 * 12288**2 + 13 * 12288  # 12h^2 + 13h with f = 4h
+    assert GPT3.num_params() == pytest.approx(175e9, rel=0.005)
+
+
+def test_tensor_parallel_split_of_a_layer():
+    t = 8
+    per_rank = GPT3.layer_params(t)
+    replicated = 6 * 12288  # two biases and two layer norms stay whole on every rank
+    assert per_rank * t - replicated * (t - 1) == GPT3.layer_params()
+    assert GPT3.attn_flops(1, t) * t == GPT3.attn_flops(1)
+
+
+def test_model_spec_rejects_bad_values():
+    with pytest.raises(ConfigError, match="model.layers: 0 must be a positive integer"):
+        ModelSpec(layers=0, hidden=64, heads=4, seq_len=8, vocab=8)
+    with pytest.raises(ConfigError, match="model.hidden: 100 is not divisible by model.heads"):
+        ModelSpec(layers=1, hidden=100, heads=3, seq_len=8, vocab=8)
+    with pytest.raises(ConfigError, match="model.dtype: 'fp8'"):
+        ModelSpec(layers=1, hidden=64, heads=4, seq_len=8, vocab=8, dtype="fp8")

@@ -1,0 +1,132 @@
+"""The plan builder: communication volumes (seed 002 §4.3.1), FLOPs, matching, folding."""
+
+from collections import Counter
+
+import pytest
+
+from sim.collectives.base import busbw_factor
+from traces.layout import Layout
+from traces.model import ModelSpec, megatron_step_flops
+from traces.ops import OpKind, Phase
+from traces.workload import build
+
+MODEL = ModelSpec(layers=8, hidden=256, heads=8, seq_len=128, vocab=1024)
+
+
+def volume(plan, rank, kinds=None, streams=None):
+    """Bytes a rank sends per step: nccl-tests' bus factor times the buffer size."""
+    total = 0.0
+    for op in plan.ops[rank]:
+        if op.kind.is_collective and (kinds is None or op.kind in kinds) and (
+                streams is None or op.stream in streams):
+            total += busbw_factor(op.kind, len(op.group)) * op.size_bytes
+    return total
+
+
+def dp_volume(zero, dp=8, **kw):
+    layout = Layout(dp=dp, zero=zero, global_batch=dp, **kw)
+    layout.validate(MODEL)
+    return volume(build(MODEL, layout), 0)
+
+
+def test_zero2_reduce_scatter_plus_all_gather_moves_what_dp_all_reduce_moves():
+    dp = dp_volume(0)
+    assert dp > 0
+    assert dp_volume(1) == pytest.approx(dp, rel=1e-12)
+    assert dp_volume(2) == pytest.approx(dp, rel=1e-12)
+
+
+def test_zero3_moves_one_and_a_half_times_dp():
+    assert dp_volume(3) == pytest.approx(1.5 * dp_volume(0), rel=1e-12)
+
+
+def test_sequence_parallel_moves_what_tensor_parallel_moves():
+    def tp_volume(sp):
+        layout = Layout(tp=4, sp=sp, global_batch=2)
+        layout.validate(MODEL)
+        plan = build(MODEL, layout)
+        kinds = Counter(op.kind for op in plan.ops[0] if op.kind.is_collective)
+        return volume(plan, 0), kinds
+
+    tp, tp_kinds = tp_volume(False)
+    sp, sp_kinds = tp_volume(True)
+    assert sp == pytest.approx(tp, rel=1e-12)
+    # per layer and micro-batch: 2 all-reduces forward, 2 backward (Megatron's f and g) ...
+    assert tp_kinds == {OpKind.ALL_REDUCE: 4 * MODEL.layers * 2}
+    # ... each split into an all-gather and a reduce-scatter with SP
+    assert sp_kinds == {OpKind.ALL_GATHER: 4 * MODEL.layers * 2,
+                        OpKind.REDUCE_SCATTER: 4 * MODEL.layers * 2}
+
+
+@pytest.mark.parametrize(("recompute", "full"), [("full", True), ("none", False)])
+def test_compute_ops_add_up_to_megatrons_step_flops(recompute, full):
+    layout = Layout(tp=2, pp=2, dp=2, global_batch=8, recompute=recompute)
+    layout.validate(MODEL)
+    plan = build(MODEL, layout)
+    flops = sum(op.flops for ops in plan.ops.values() for op in ops)
+    assert flops == pytest.approx(megatron_step_flops(MODEL, 8, full), rel=1e-12)
+
+
+def test_pipeline_messages_are_b_s_h_divided_by_tp_with_sp():
+    for sp, expected in ((False, 2 * 128 * 256 * 2), (True, 2 * 128 * 256 * 2 / 4)):
+        layout = Layout(tp=4, pp=2, sp=sp, micro_batch=2, global_batch=4)
+        layout.validate(MODEL)
+        sizes = {op.size_bytes for ops in build(MODEL, layout).ops.values() for op in ops
+                 if op.kind.is_p2p}
+        assert sizes == {expected}
+
+
+@pytest.mark.parametrize("layout", [
+    Layout(tp=2, pp=2, dp=2, global_batch=8),
+    Layout(tp=2, pp=4, dp=1, vp=2, schedule="interleaved", global_batch=8),
+    Layout(pp=2, dp=2, zero=3, global_batch=4, recompute="full"),
+])
+def test_every_send_meets_a_receive_and_groups_agree(layout):
+    layout.validate(MODEL)
+    plan = build(MODEL, layout)
+    sends, recvs = Counter(), Counter()
+    calls: dict[tuple[int, ...], dict[int, list]] = {}
+    for rank, ops in plan.ops.items():
+        for op in ops:
+            if op.kind is OpKind.SEND:
+                sends[(rank, op.peer, op.tag, op.size_bytes)] += 1
+            elif op.kind is OpKind.RECV:
+                recvs[(op.peer, rank, op.tag, op.size_bytes)] += 1
+            elif op.kind.is_collective:
+                calls.setdefault(op.group, {}).setdefault(rank, []).append(
+                    (op.kind, op.size_bytes))
+    assert sends == recvs and sends
+    for group, by_rank in calls.items():
+        assert sorted(by_rank) == sorted(group)  # every member calls on its communicator ...
+        assert len({tuple(c) for c in by_rank.values()}) == 1  # ... the same sequence
+
+
+def test_folded_plan_is_the_representatives_part_of_the_full_plan():
+    layout = Layout(tp=2, pp=2, dp=2, zero=1, global_batch=8)
+    layout.validate(MODEL)
+    full, folded = build(MODEL, layout), build(MODEL, layout, ranks=layout.representatives())
+    assert folded.meta["folded"] and not full.meta["folded"]
+    assert folded.ranks == [0, 4]
+    assert all(folded.ops[r] == full.ops[r] for r in folded.ranks)
+
+
+def test_gradients_are_reduced_once_per_step_for_dp_and_per_micro_batch_for_zero2():
+    def reductions(zero):
+        layout = Layout(dp=2, zero=zero, global_batch=8)  # 4 micro-batches
+        plan = build(MODEL, layout)
+        return [op.microbatch for op in plan.ops[0] if op.stream == "dp"
+                and op.kind is not OpKind.ALL_GATHER]
+
+    assert set(reductions(0)) == {3}  # after the last micro-batch: gradient accumulation
+    assert set(reductions(2)) == {0, 1, 2, 3}
+
+
+def test_zero3_gathers_each_layer_before_forward_and_backward():
+    layout = Layout(dp=2, zero=3, global_batch=2)
+    plan = build(MODEL, layout)
+    gathers = Counter((op.layer, op.phase) for op in plan.ops[0] if op.stream == "zero_ag")
+    for layer in range(MODEL.layers):
+        assert gathers[(layer, Phase.FWD)] == 1 and gathers[(layer, Phase.BWD)] == 1
+    ops = plan.ops[0]
+    first_attn = next(i for i, op in enumerate(ops) if op.name == "attn")
+    assert any(ops[d].stream == "zero_ag" for d in ops[first_attn].deps)  # waits for its gather
