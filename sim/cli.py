@@ -20,11 +20,17 @@ from typing import Any, NoReturn
 from tqdm import tqdm
 
 from sim.collectives import Collectives
+from sim.config import example_path, load_experiment
+from sim.predict import predict, summary_json, summary_text
+from sim.report import write_report
+from sim.step import NETWORKS
 from sim.sweep import OPS, format_table, parse_sizes, sweep_row
 from topology.cluster import Cluster
 from topology.config import build_cluster, load_cluster_file
 from topology.presets import PRESETS
+from traces.chrome import save_chrome
 from traces.errors import ConfigError
+from traces.io import save as save_trace
 
 
 class _Parser(argparse.ArgumentParser):
@@ -61,6 +67,20 @@ def _build_parser() -> _Parser:
     col.add_argument("--model", default="flow", choices=("flow", "analytic"))
     col.add_argument("--json", action="store_true", help="print one JSON object")
     col.set_defaults(handler=_collective)
+
+    simp = commands.add_parser("simulate", help="predict one training step of a config")
+    simp.add_argument("config", nargs="?", help="TOML config (default: the shipped GPT-3 "
+                      "175B on 1024 A100s)")
+    simp.add_argument("--json", action="store_true", help="print one JSON object")
+    simp.add_argument("--report", metavar="HTML", help="write a plotly report")
+    simp.add_argument("--trace", metavar="JSON", help="write the predicted timed trace")
+    simp.add_argument("--chrome", metavar="JSON", help="write a Chrome/Perfetto trace")
+    simp.add_argument("--network", choices=NETWORKS, help="flow (default), analytic, ideal")
+    simp.add_argument("--algo", help="collective algorithm (default auto)")
+    simp.add_argument("--profile", metavar="JSON", help="calibration profile")
+    simp.add_argument("--no-fold", action="store_true",
+                      help="simulate every rank instead of one per pipeline stage")
+    simp.set_defaults(handler=_simulate)
     return parser
 
 
@@ -83,6 +103,34 @@ def _cluster(args: argparse.Namespace) -> Cluster:
         raise ConfigError(f"--cluster: {args.cluster!r} is neither a preset "
                           f"({', '.join(PRESETS)}) nor a .toml file")
     return load_cluster_file(args.cluster, overrides)
+
+
+def _simulate(args: argparse.Namespace) -> int:
+    outputs = [p for p in (args.report, args.trace, args.chrome) if p]
+    for path in outputs:  # fail before the (long) simulation, not after it
+        parent = Path(path).resolve().parent
+        if not parent.is_dir():
+            raise ConfigError(f"output {path}: directory {parent} does not exist")
+    overrides = {k: v for k, v in (("network", args.network), ("algo", args.algo)) if v}
+    if args.profile:
+        overrides["profile"] = str(Path(args.profile).resolve())
+    exp = load_experiment(args.config or example_path(), overrides)
+    for warning in exp.warnings:
+        print(f"parasim: warning: {warning}", file=sys.stderr)
+    summary, times = predict(exp, fold=not args.no_fold, progress=True)
+    if args.trace or args.chrome:
+        timed = times.timed_trace()
+        if args.trace:
+            save_trace(timed, args.trace)
+        if args.chrome:
+            save_chrome(timed, args.chrome)
+    if args.report:
+        write_report(args.report, exp, summary, times)
+    if args.json:
+        print(json.dumps(summary_json(exp, summary)))
+    else:
+        print(summary_text(exp, summary))
+    return 0
 
 
 def _collective(args: argparse.Namespace) -> int:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from topology.cluster import Accelerator
 from traces.errors import ConfigError
+from traces.io import write_text_atomic
 
 VERSION = 1
 
@@ -45,7 +46,7 @@ class Profile:
                 "ops": {k: asdict(v) for k, v in self.ops.items()}}
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.to_json(), indent=1) + "\n")
+        write_text_atomic(path, json.dumps(self.to_json(), indent=1) + "\n")
 
 
 def load_profile(path: str | Path) -> Profile:

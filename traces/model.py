@@ -102,11 +102,11 @@ class ModelSpec:
     def attn_bytes(self, micro_batch: int, tp: int = 1, flash: bool = True) -> float:
         """QKV and output projections and the attention core: weights read once; the block input
         read, QKV written and read, the context written and read, the output written. Without
-        flash attention the a*s^2 scores are also written, softmaxed, dropped out and read."""
+        flash attention QK^T also writes the a*s^2 scores and AV reads the probabilities."""
         b, s, h, a, e = micro_batch, self.seq_len, self.hidden, self.heads, self.dtype_bytes
         weights = (4 * h * h + 3 * h) / tp * e
         activations = b * s * h * e * (2 + 8 / tp)
-        scores = 0.0 if flash else 6 * b * a * s * s / tp * e
+        scores = 0.0 if flash else 2 * b * a * s * s / tp * e
         return weights + activations + scores
 
     def mlp_bytes(self, micro_batch: int, tp: int = 1) -> float:
@@ -115,13 +115,17 @@ class ModelSpec:
         b, s, h, f, e = micro_batch, self.seq_len, self.hidden, self.ffn_hidden, self.dtype_bytes
         return (2 * h * f + f) / tp * e + b * s * e * (2 * h + 2 * f / tp)
 
-    def norm_bytes(self, micro_batch: int, tp: int = 1, sp: bool = False) -> float:
+    def norm_bytes(self, micro_batch: int, tp: int = 1, sp: bool = False,
+                   flash: bool = True) -> float:
         """The memory-bound rest of a block: two layer norms (read+write), two dropouts
         (read+write+1-byte mask), two residual adds (2 reads+write) on b*s*h, split over the
-        TP group only with sequence parallelism; GeLU (read+write) on the b*s*f/t hidden."""
+        TP group only with sequence parallelism; GeLU (read+write) on the b*s*f/t hidden; and
+        without flash attention, softmax (read+write) and dropout (read+write+mask) of the
+        a*s^2/t scores."""
         b, s, h, f, e = micro_batch, self.seq_len, self.hidden, self.ffn_hidden, self.dtype_bytes
         per_token = (14 * h * e + 2 * h) / (tp if sp else 1) + 2 * f * e / tp
-        return b * s * per_token
+        scores = 0.0 if flash else self.heads * s / tp * (4 * e + 1)
+        return b * s * (per_token + scores)
 
     def head_bytes(self, micro_batch: int, tp: int = 1) -> float:
         """Output weights read, logits written and read by the fp32 cross-entropy."""

@@ -11,7 +11,8 @@ Each action of the rank's pipeline schedule (`traces.pipeline`) becomes ops on s
                  (TP: all-reduce after attention and after the MLP, the same in backward;
                  TP+SP: all-gather before and reduce-scatter after each instead)
     recv_prev / send_next    activations between pipeline stages (tag "act")
-    recv_next / send_prev    their gradients (tag "grad")
+    recv_next / send_prev    their gradients (tag "grad"); receives are posted ahead, and the
+                 next pass waits for the previous pass's send (Megatron's blocking p2p)
     dp           gradient buckets (DDP all-reduce, ZeRO-1/2 reduce-scatter), the tied-embedding
                  all-reduce, ZeRO-1/2's parameter all-gather after the optimizer step
     zero_ag / zero_rs        ZeRO-3 (FSDP): per-layer parameter all-gather before forward and
@@ -76,6 +77,7 @@ class _RankPlan:
         self.bucket: list[float] = []  # gradient bytes waiting for the next bucket
         self.bucket_sizes: list[float] = []  # all buckets of the step, for ZeRO-1/2 all-gather
         self.last_on: dict[str, int] = {}
+        self.pending_send: int | None = None
 
     # --- bookkeeping ----------------------------------------------------------------------
 
@@ -114,8 +116,15 @@ class _RankPlan:
         self.optimizer_step()
         return tuple(self.ops)
 
+    def sent(self) -> list[int]:
+        """Megatron-LM's pipeline sends are blocking: the next pass starts once the previous
+        pass's output has been handed over (receives are posted ahead, so this never
+        deadlocks)."""
+        pending, self.pending_send = self.pending_send, None
+        return [] if pending is None else [pending]
+
     def forward(self, stage: int, mb: int) -> None:
-        deps = []
+        deps = self.sent()
         if stage > 0:
             deps.append(self.add(kind=OpKind.RECV, stream="recv_prev", peer=self.peer(stage - 1),
                                  size_bytes=self.act_bytes, tag="act", microbatch=mb))
@@ -131,12 +140,13 @@ class _RankPlan:
             self.compute("head", Phase.FWD, self.model.head_flops(self.b, self.t),
                          self.model.head_bytes(self.b, self.t), mb=mb, deps=deps)
         else:
-            self.add(kind=OpKind.SEND, stream="send_next", peer=self.peer(stage + 1),
-                     size_bytes=self.act_bytes, tag="act", microbatch=mb,
-                     deps=(self.last_on["compute"],))
+            self.pending_send = self.add(
+                kind=OpKind.SEND, stream="send_next", peer=self.peer(stage + 1),
+                size_bytes=self.act_bytes, tag="act", microbatch=mb,
+                deps=(self.last_on["compute"],))
 
     def backward(self, stage: int, mb: int, final: bool) -> None:
-        deps = []
+        deps = self.sent()
         if stage < self.last_stage:
             deps.append(self.add(kind=OpKind.RECV, stream="recv_next", peer=self.peer(stage + 1),
                                  size_bytes=self.act_bytes, tag="grad", microbatch=mb))
@@ -165,9 +175,10 @@ class _RankPlan:
                          deps=deps)
             self.grads_ready(self.model.embedding_params(self.t), mb, final)
         else:
-            self.add(kind=OpKind.SEND, stream="send_prev", peer=self.peer(stage - 1),
-                     size_bytes=self.act_bytes, tag="grad", microbatch=mb,
-                     deps=(self.last_on["compute"],))
+            self.pending_send = self.add(
+                kind=OpKind.SEND, stream="send_prev", peer=self.peer(stage - 1),
+                size_bytes=self.act_bytes, tag="grad", microbatch=mb,
+                deps=(self.last_on["compute"],))
         if final or self.layout.zero == 2:
             self.flush_bucket(mb)  # the rest of this chunk's gradients
 
@@ -181,7 +192,7 @@ class _RankPlan:
                  self.model.attn_bytes(self.b, self.t, flash)),
                 ("mlp", self.model.mlp_flops(self.b, self.t), self.model.mlp_bytes(self.b, self.t))]
         scale = 2.0 if phase is Phase.BWD else 1.0
-        norm_bytes = scale * self.model.norm_bytes(self.b, self.t, self.layout.sp)
+        norm_bytes = scale * self.model.norm_bytes(self.b, self.t, self.layout.sp, flash)
         if phase is Phase.BWD:  # gradients of the norms, dropouts and residuals come first
             self.compute("norm", phase, 0.0, norm_bytes, layer=layer, mb=mb, deps=deps)
             deps = []
@@ -251,7 +262,7 @@ class _RankPlan:
             self.collective(OpKind.ALL_REDUCE, "dp", self.layout.embedding_group(self.rank),
                             self.model.vocab * self.model.hidden / self.t * self.e,
                             phase=Phase.BWD, deps=[self.last_on["compute"]])
-        waits = [self.last_on[s] for s in ("dp", "zero_rs") if s in self.last_on]
+        waits = [self.last_on[s] for s in ("dp", "zero_rs") if s in self.last_on] + self.sent()
         params = self.layout.params_on_rank(self.model, self.coords["pp"])
         shard = self.layout.dp if self.layout.zero >= 1 else 1
         step = self.compute("optimizer", Phase.OPT, 0.0, params / shard * ADAM_BYTES_PER_PARAM,

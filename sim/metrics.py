@@ -1,0 +1,124 @@
+"""Where the step's time goes, and the throughput figures Megatron-LM papers report.
+
+Per rank, over the step [0, T]: `compute_s` is the time some compute op runs; `exposed_comm_s`
+the time some communication moves data while no compute runs (tensor-parallel collectives on
+the compute stream are always exposed; overlapped gradient reductions are not); `idle_s` the
+rest, T - compute - exposed (the pipeline bubble, waiting for other stages).
+
+Model FLOPs count one forward and backward of every matmul (Megatron's 72*B*s*l*h^2*(...) form);
+hardware FLOPs are what the GPUs execute, recomputation included (the 96* form under full
+recomputation). Both are per GPU per second of step time; MFU is the first over dense peak.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sim.memory import MemoryBreakdown
+from sim.step import StepTimes
+from topology.cluster import Cluster
+from traces.layout import Layout
+from traces.model import ModelSpec, model_flops
+from traces.ops import OpKind
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RankTime:
+    rank: int
+    stage: int
+    """Pipeline rank."""
+    compute_s: float
+    exposed_comm_s: float
+    idle_s: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepSummary:
+    step_time_s: float
+    tokens_per_s: float
+    model_tflops_per_gpu: float
+    hardware_tflops_per_gpu: float
+    mfu: float
+    bubble_fraction: float
+    """Mean idle time over the step, a fraction."""
+    exposed_comm_s: float
+    compute_s: float
+    peak_memory_bytes: float
+    fits: bool
+    memory_capacity_bytes: float
+    ranks: list[RankTime]
+    memory_by_stage: list[MemoryBreakdown]
+    algorithms: dict[str, int]
+
+
+def rank_times(times: StepTimes, layout: Layout | None = None) -> list[RankTime]:
+    step = times.step_time_s
+    out = []
+    for rank in times.plan.ranks:
+        compute, comm = [], []
+        for op, start, end in zip(times.plan.ops[rank], times.starts[rank], times.ends[rank]):
+            (compute if op.kind is OpKind.COMPUTE else comm).append((start, end))
+        busy = _length(_union(compute))
+        exposed = _uncovered(_union(comm), _union(compute))
+        stage = layout.coords(rank)["pp"] if layout else 0
+        out.append(RankTime(rank=rank, stage=stage, compute_s=busy, exposed_comm_s=exposed,
+                            idle_s=max(step - busy - exposed, 0.0)))
+    return out
+
+
+def summarize(model: ModelSpec, layout: Layout, cluster: Cluster, times: StepTimes,
+              memory: list[MemoryBreakdown]) -> StepSummary:
+    step = times.step_time_s
+    world = layout.world
+    # A folded plan has one rank per stage standing for tp * dp identical ones.
+    stand_for = world / len(times.plan.ops)
+    hw_flops = stand_for * sum(op.flops for ops in times.plan.ops.values() for op in ops)
+    model_per_gpu = model_flops(model, layout.global_batch) / world / step
+    ranks = rank_times(times, layout)
+    n = len(ranks)
+    peak = max(m.total_bytes for m in memory)
+    return StepSummary(
+        step_time_s=step,
+        tokens_per_s=layout.global_batch * model.seq_len / step,
+        model_tflops_per_gpu=model_per_gpu / 1e12,
+        hardware_tflops_per_gpu=hw_flops / world / step / 1e12,
+        mfu=model_per_gpu / cluster.accelerator.peak_flops,
+        bubble_fraction=sum(r.idle_s for r in ranks) / n / step,
+        exposed_comm_s=sum(r.exposed_comm_s for r in ranks) / n,
+        compute_s=sum(r.compute_s for r in ranks) / n,
+        peak_memory_bytes=peak,
+        fits=peak <= cluster.accelerator.memory_bytes,
+        memory_capacity_bytes=cluster.accelerator.memory_bytes,
+        ranks=ranks,
+        memory_by_stage=memory,
+        algorithms=dict(sorted(times.algorithms.items())),
+    )
+
+
+def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    merged: list[tuple[float, float]] = []
+    for start, end in sorted(intervals):
+        if merged and start <= merged[-1][1]:
+            if end > merged[-1][1]:
+                merged[-1] = (merged[-1][0], end)
+        else:
+            merged.append((start, end))
+    return merged
+
+
+def _length(intervals: list[tuple[float, float]]) -> float:
+    return sum(end - start for start, end in intervals)
+
+
+def _uncovered(spans: list[tuple[float, float]], cover: list[tuple[float, float]]) -> float:
+    """Length of `spans` outside `cover` (both sorted and disjoint)."""
+    total, j = 0.0, 0
+    for start, end in spans:
+        total += end - start
+        while j < len(cover) and cover[j][1] <= start:
+            j += 1
+        k = j
+        while k < len(cover) and cover[k][0] < end:
+            total -= min(end, cover[k][1]) - max(start, cover[k][0])
+            k += 1
+    return total

@@ -1,0 +1,89 @@
+"""`parasim simulate`: build the plan of an experiment, replay it, summarize, format.
+
+    from sim.config import load_experiment, example_path
+    from sim.predict import predict
+    summary, times = predict(load_experiment(example_path()))
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+from sim.compute import ComputeModel
+from sim.config import Experiment
+from sim.memory import memory_by_stage
+from sim.metrics import StepSummary, summarize
+from sim.step import StepTimes, simulate
+from traces.workload import build
+
+GiB = 2**30
+
+
+def predict(exp: Experiment, *, fold: bool = True,
+            progress: bool = False) -> tuple[StepSummary, StepTimes]:
+    """Simulate one step of `exp`; with `fold`, one rank per pipeline stage stands for all."""
+    ranks = exp.layout.representatives() if fold else None
+    plan = build(exp.model, exp.layout, ranks=ranks)
+    plan = type(plan)(plan.ops, {**plan.meta, "experiment": exp.name, "cluster": exp.cluster.name,
+                                 "network": exp.network})
+    times = simulate(plan, exp.cluster, ComputeModel(exp.cluster.accelerator, exp.profile),
+                     network=exp.network, algo=exp.algo, progress=progress)
+    memory = memory_by_stage(exp.model, exp.layout)
+    return summarize(exp.model, exp.layout, exp.cluster, times, memory), times
+
+
+def summary_json(exp: Experiment, s: StepSummary) -> dict[str, Any]:
+    """The `--json` object: the headline figures first, then the detail."""
+    return {
+        "experiment": exp.name,
+        "cluster": exp.cluster.name,
+        "world": exp.layout.world,
+        "layout": exp.layout.to_dict(),
+        "network": exp.network,
+        "step_time_s": s.step_time_s,
+        "tokens_per_s": s.tokens_per_s,
+        "model_tflops_per_gpu": s.model_tflops_per_gpu,
+        "hardware_tflops_per_gpu": s.hardware_tflops_per_gpu,
+        "mfu": s.mfu,
+        "bubble_fraction": s.bubble_fraction,
+        "exposed_comm_s": s.exposed_comm_s,
+        "compute_s": s.compute_s,
+        "peak_memory_bytes": s.peak_memory_bytes,
+        "memory_capacity_bytes": s.memory_capacity_bytes,
+        "fits": s.fits,
+        "memory_by_stage": [{"stage": i, **asdict(m), "total_bytes": m.total_bytes}
+                            for i, m in enumerate(s.memory_by_stage)],
+        "ranks": [asdict(r) for r in s.ranks],
+        "algorithms": s.algorithms,
+    }
+
+
+def summary_text(exp: Experiment, s: StepSummary) -> str:
+    L = exp.layout
+    layout = f"TP {L.tp} · PP {L.pp} · DP {L.dp}" + (f" · VP {L.vp}" if L.vp > 1 else "")
+    extras = [x for x in (f"ZeRO-{L.zero}" if L.zero else "", "SP" if L.sp else "",
+                          f"recompute {L.recompute}" if str(L.recompute) != "none" else "") if x]
+    verdict = "fits" if s.fits else "DOES NOT FIT"
+    lines = [
+        f"parasim: {exp.name} on {exp.cluster.name} ({L.world} GPUs), {layout}"
+        + (f", {', '.join(extras)}" if extras else ""),
+        f"  schedule            {L.schedule}, {L.num_microbatches} micro-batches of "
+        f"{L.micro_batch}, global batch {L.global_batch}",
+        f"  step time           {s.step_time_s:.4g} s",
+        f"  throughput          {s.tokens_per_s:,.0f} tokens/s",
+        f"  model TFLOP/s/GPU   {s.model_tflops_per_gpu:.1f}  (MFU {s.mfu:.1%})",
+        f"  hardware TFLOP/s    {s.hardware_tflops_per_gpu:.1f}  (recomputation included)",
+        f"  compute             {s.compute_s:.4g} s per GPU",
+        f"  exposed comm        {s.exposed_comm_s:.4g} s per GPU",
+        f"  bubble              {s.bubble_fraction:.1%} of the step",
+        f"  peak memory         {s.peak_memory_bytes / GiB:.1f} GiB of "
+        f"{s.memory_capacity_bytes / GiB:.1f} GiB: {verdict}",
+        "  memory by stage (GiB)  params  grads  optim  activ  work  total",
+    ]
+    for i, m in enumerate(s.memory_by_stage):
+        lines.append(f"    stage {i:<3}            {m.params_bytes / GiB:6.1f} "
+                     f"{m.grads_bytes / GiB:6.1f} {m.optimizer_bytes / GiB:6.1f} "
+                     f"{m.activations_bytes / GiB:6.1f} {m.working_bytes / GiB:5.1f} "
+                     f"{m.total_bytes / GiB:6.1f}")
+    return "\n".join(lines)

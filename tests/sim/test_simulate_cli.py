@@ -1,0 +1,146 @@
+"""`parasim simulate`: the summary, --json, output files, and one-line errors (exit 2)."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from sim.cli import main
+from traces.chrome import to_chrome
+from traces.io import load
+from traces.model import ModelSpec, megatron_step_flops
+
+SMALL = """
+[model]
+layers = 4
+hidden = 256
+heads = 16
+seq_len = 128
+vocab = 1024
+
+[parallel]
+tp = 2
+pp = 2
+dp = 4
+global_batch = 16
+recompute = "full"
+
+[cluster]
+preset = "dgx-h100"
+nodes = 2
+fabric = "rail"
+"""
+
+
+@pytest.fixture
+def small(tmp_path):
+    path = tmp_path / "small.toml"
+    path.write_text(SMALL)
+    return path
+
+
+def run_cli(capsys, *argv):
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_json_has_the_promised_fields_and_they_agree(capsys, small):
+    code, out, err = run_cli(capsys, "simulate", small, "--json")
+    assert code == 0 and err == ""
+    r = json.loads(out)
+    for key in ("step_time_s", "tokens_per_s", "model_tflops_per_gpu", "hardware_tflops_per_gpu",
+                "mfu", "bubble_fraction", "exposed_comm_s", "compute_s", "peak_memory_bytes",
+                "memory_by_stage", "fits"):
+        assert key in r
+    model = ModelSpec(layers=4, hidden=256, heads=16, seq_len=128, vocab=1024)
+    step, world = r["step_time_s"], 16
+    assert r["tokens_per_s"] == pytest.approx(16 * 128 / step)
+    assert r["model_tflops_per_gpu"] == pytest.approx(
+        megatron_step_flops(model, 16, False) / world / step / 1e12)
+    assert r["hardware_tflops_per_gpu"] == pytest.approx(
+        megatron_step_flops(model, 16, True) / world / step / 1e12)
+    assert r["mfu"] == pytest.approx(r["model_tflops_per_gpu"] * 1e12 / 989.4e12)
+    assert 0 < r["bubble_fraction"] < 1 and r["fits"] is True
+    assert len(r["memory_by_stage"]) == 2
+    assert r["peak_memory_bytes"] == max(m["total_bytes"] for m in r["memory_by_stage"])
+    for rank in r["ranks"]:  # the step splits into compute, exposed communication and idle
+        assert rank["compute_s"] + rank["exposed_comm_s"] + rank["idle_s"] == pytest.approx(step)
+
+
+def test_two_runs_print_byte_identical_json(small):
+    outs = [subprocess.run([sys.executable, "-m", "sim", "simulate", str(small), "--json"],
+                           capture_output=True, text=True, check=True).stdout for _ in range(2)]
+    assert outs[0] == outs[1]
+
+
+def test_output_files(capsys, small, tmp_path):
+    trace, chrome, report = tmp_path / "t.json", tmp_path / "c.json", tmp_path / "r.html"
+    code, out, _ = run_cli(capsys, "simulate", small, "--trace", trace, "--chrome", chrome,
+                           "--report", report)
+    assert code == 0 and "step time" in out
+    timed = load(trace)
+    assert timed.timed and timed.meta["folded"] and timed.ranks == [0, 8]
+    events = json.loads(chrome.read_text())["traceEvents"]
+    assert len([e for e in events if e["ph"] == "X"]) == timed.num_ops()
+    assert to_chrome(timed)["traceEvents"] == events
+    assert report.read_text().startswith("<")
+
+
+def test_unfolded_and_folded_agree(capsys, small):
+    folded = json.loads(run_cli(capsys, "simulate", small, "--json")[1])
+    full = json.loads(run_cli(capsys, "simulate", small, "--json", "--no-fold")[1])
+    assert full["step_time_s"] == folded["step_time_s"]
+    assert len(full["ranks"]) == 16 and len(folded["ranks"]) == 2
+
+
+def bad(tmp_path, old, new):
+    assert old in SMALL
+    path = tmp_path / "bad.toml"
+    path.write_text(SMALL.replace(old, new))
+    return path
+
+
+@pytest.mark.parametrize(("old", "new", "needle"), [
+    ("vocab = 1024", "vocab = 1024\ncolour = 3", "model.colour: unknown key"),
+    ("[model]", "[model\n", "not valid TOML"),
+    ("[cluster]", "[clusters]", "[clusters]: unknown table"),
+    ("dp = 4", "dp = 2", "= 8 ranks, but the cluster has 16 GPUs"),
+    ("heads = 16", "heads = 16\n", None),  # a valid change: no error
+    ("tp = 2\npp = 2\ndp = 4", "tp = 16\npp = 1\ndp = 1", "tp: 16 is larger than a node"),
+    ("heads = 16", "heads = 1", "parallel.tp: 2 does not divide model.heads = 1"),
+    ("layers = 4", "layers = 3", "model.layers: 3 is not divisible by pp x vp"),
+    ("global_batch = 16", "global_batch = 4\nvp = 2\nschedule = \"interleaved\"",
+     "1 micro-batches are fewer than pp = 2"),
+    ("recompute = \"full\"", "recompute = \"most\"", "parallel.recompute: 'most' is not one of"),
+    ("tp = 2", "tp = 2\nsp = \"yes\"", "parallel.sp: 'yes' must be true or false"),
+    ("nodes = 2", "nodes = 2\nnic_bandwidth = \"fast\"", "cluster.nic_bandwidth: 'fast'"),
+    ("fabric = \"rail\"", "fabric = \"rail\"\n\n[sim]\nnetwork = \"magic\"",
+     "sim.network: 'magic' is not one of"),
+    ("fabric = \"rail\"", "fabric = \"rail\"\n\n[sim]\nspeed = 1", "sim.speed: unknown key"),
+])
+def test_bad_configs_give_one_line_and_exit_2(capsys, tmp_path, old, new, needle):
+    code, out, err = run_cli(capsys, "simulate", bad(tmp_path, old, new), "--json")
+    if needle is None:
+        assert code == 0
+        return
+    assert code == 2 and out == ""
+    assert len(err.strip().splitlines()) == 1 and needle in err
+
+
+@pytest.mark.parametrize(("flags", "needle"), [
+    (["--report", "/no/such/dir/r.html"], "directory /no/such/dir does not exist"),
+    (["--profile", "/no/such/profile.json"], "cannot read /no/such/profile.json"),
+    (["--network", "magic"], "invalid choice: 'magic'"),
+    (["--algo", "magic"], "sim.algo: 'magic' is not auto"),
+])
+def test_bad_flags_give_one_line_and_exit_2(capsys, small, flags, needle):
+    code, out, err = run_cli(capsys, "simulate", small, *flags)
+    assert code == 2 and out == ""
+    assert len(err.strip().splitlines()) == 1 and needle in err
+
+
+def test_missing_config_file(capsys, tmp_path):
+    code, _, err = run_cli(capsys, "simulate", tmp_path / "nope.toml")
+    assert code == 2 and "cannot read" in err
