@@ -22,7 +22,6 @@ from tqdm import tqdm
 from sim.collectives import Collectives
 from sim.config import example_path, load_experiment
 from sim.predict import predict, summary_json, summary_text
-from sim.report import write_report
 from sim.step import NETWORKS
 from sim.sweep import OPS, format_table, parse_sizes, sweep_row
 from topology.cluster import Cluster
@@ -125,6 +124,8 @@ def _simulate(args: argparse.Namespace) -> int:
         if args.chrome:
             save_chrome(timed, args.chrome)
     if args.report:
+        from sim.report import write_report  # plotly loads only when a report is asked for
+
         write_report(args.report, exp, summary, times)
     if args.json:
         print(json.dumps(summary_json(exp, summary)))

@@ -9,6 +9,8 @@ it at that share; subtract what they use everywhere; go on until every group is 
 
 from collections.abc import Sequence
 
+import numpy as np
+
 FlowGroup = tuple[Sequence[int], Sequence[int]]
 
 
@@ -38,3 +40,24 @@ def max_min_rates(groups: Sequence[FlowGroup], capacity: Sequence[float]) -> lis
                 if load[link] == 0:
                     del load[link]
     return rates  # type: ignore[return-value]
+
+
+def max_min_matrix(counts: np.ndarray, capacity: np.ndarray) -> np.ndarray:
+    """The same allocation with numpy, for large components: `counts[l, g]` flows of group g
+    on link l (every row used by some group), `capacity[l]` bytes/s. Returns rates per group."""
+    remaining = capacity.astype(float)
+    rates = np.zeros(counts.shape[1])
+    unfixed = np.ones(counts.shape[1], dtype=bool)
+    load = counts.sum(axis=1).astype(float)
+    while unfixed.any():
+        with np.errstate(divide="ignore", invalid="ignore"):
+            share = np.where(load > 0, remaining / load, np.inf)
+        bottleneck = int(share.argmin())
+        level = max(float(share[bottleneck]), 0.0)
+        fixed = unfixed & (counts[bottleneck] > 0)
+        rates[fixed] = level
+        used = counts[:, fixed].sum(axis=1)
+        remaining -= level * used
+        load -= used
+        unfixed &= ~fixed
+    return rates

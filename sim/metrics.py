@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from sim.memory import MemoryBreakdown
 from sim.step import StepTimes
 from topology.cluster import Cluster
@@ -55,11 +57,11 @@ def rank_times(times: StepTimes, layout: Layout | None = None) -> list[RankTime]
     step = times.step_time_s
     out = []
     for rank in times.plan.ranks:
-        compute, comm = [], []
-        for op, start, end in zip(times.plan.ops[rank], times.starts[rank], times.ends[rank]):
-            (compute if op.kind is OpKind.COMPUTE else comm).append((start, end))
-        busy = _length(_union(compute))
-        exposed = _uncovered(_union(comm), _union(compute))
+        starts, ends = np.array(times.starts[rank]), np.array(times.ends[rank])
+        is_compute = np.array([op.kind is OpKind.COMPUTE for op in times.plan.ops[rank]])
+        busy = _union_length(starts[is_compute], ends[is_compute])
+        # |comm outside compute| = |everything| - |compute|
+        exposed = _union_length(starts, ends) - busy
         stage = layout.coords(rank)["pp"] if layout else 0
         out.append(RankTime(rank=rank, stage=stage, compute_s=busy, exposed_comm_s=exposed,
                             idle_s=max(step - busy - exposed, 0.0)))
@@ -95,30 +97,13 @@ def summarize(model: ModelSpec, layout: Layout, cluster: Cluster, times: StepTim
     )
 
 
-def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    merged: list[tuple[float, float]] = []
-    for start, end in sorted(intervals):
-        if merged and start <= merged[-1][1]:
-            if end > merged[-1][1]:
-                merged[-1] = (merged[-1][0], end)
-        else:
-            merged.append((start, end))
-    return merged
-
-
-def _length(intervals: list[tuple[float, float]]) -> float:
-    return sum(end - start for start, end in intervals)
-
-
-def _uncovered(spans: list[tuple[float, float]], cover: list[tuple[float, float]]) -> float:
-    """Length of `spans` outside `cover` (both sorted and disjoint)."""
-    total, j = 0.0, 0
-    for start, end in spans:
-        total += end - start
-        while j < len(cover) and cover[j][1] <= start:
-            j += 1
-        k = j
-        while k < len(cover) and cover[k][0] < end:
-            total -= min(end, cover[k][1]) - max(start, cover[k][0])
-            k += 1
-    return total
+def _union_length(starts: np.ndarray, ends: np.ndarray) -> float:
+    """Total length covered by the intervals [starts[i], ends[i])."""
+    if not len(starts):
+        return 0.0
+    order = np.argsort(starts, kind="stable")
+    starts, ends = starts[order], ends[order]
+    reach = np.maximum.accumulate(ends)  # furthest end so far
+    # each interval adds what sticks out beyond everything before it
+    before = np.concatenate(([starts[0]], reach[:-1]))
+    return float(np.sum(np.maximum(ends - np.maximum(starts, before), 0.0)))

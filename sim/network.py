@@ -20,9 +20,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
 import simpy
 
-from sim.maxmin import max_min_rates
+from sim.maxmin import max_min_matrix, max_min_rates
 
 # A lowering: phases run one after another; in each, (flow set, bytes per flow / size) pairs.
 Lowering = tuple[tuple[tuple["FlowSet", float], ...], ...]
@@ -110,6 +111,8 @@ class Network:
         self._active: list[dict[_Transfer, None]] = []
         self._jobs: list[dict[_Job, None]] = []  # analytic-path jobs per flow set
         self._plans: dict[int, _Plan | None] = {}  # id(lowering) -> plan, None: no fast path
+        self._matrices: dict[tuple[int, ...], tuple[np.ndarray, np.ndarray]] = {}
+        self._dirty: dict[_Transfer, None] = {}  # to re-share once the current instant is over
         self._seq = 0
         self.num_reshares = 0
 
@@ -246,7 +249,7 @@ class Network:
             t.rate, t.since = flows.solo_rate, t.ready_at
             self._schedule(t, t.ready_at + t.remaining / t.rate - now)
         else:
-            self._reshare(self._component([t]))
+            self._mark([t])
 
     def _neighbours(self, t: _Transfer) -> Iterable[_Transfer]:
         for j in self._conflicts[t.index]:
@@ -281,15 +284,31 @@ class Network:
                 self._schedule(t, t.ready_at - now, wake=True)
         if not moving:
             return
-        sets = self._sets
         if len(moving) == 1:
-            rates = [sets[moving[0].index].solo_rate]
+            rates = [self._sets[moving[0].index].solo_rate]
         else:
-            rates = max_min_rates([(sets[t.index].links, sets[t.index].counts) for t in moving],
-                                  self.capacity)
+            rates = self._rates(tuple(t.index for t in moving))
         for t, rate in zip(moving, rates):
             t.rate = rate
             self._schedule(t, t.remaining / rate)
+
+    def _rates(self, indices: tuple[int, ...]) -> Sequence[float]:
+        """Max-min rates of flow sets moving together. Large components use a link-by-set
+        count matrix, cached per combination (a training step repeats the same few)."""
+        sets = [self._sets[i] for i in indices]
+        if sum(len(fs.links) for fs in sets) < 64:
+            return max_min_rates([(fs.links, fs.counts) for fs in sets], self.capacity)
+        cached = self._matrices.get(indices)
+        if cached is None:
+            links = sorted({link for fs in sets for link in fs.links})
+            row = {link: r for r, link in enumerate(links)}
+            counts = np.zeros((len(links), len(sets)))
+            for g, fs in enumerate(sets):
+                for link, n in zip(fs.links, fs.counts):
+                    counts[row[link], g] = n
+            capacity = np.array([self.capacity[link] for link in links])
+            cached = self._matrices[indices] = (counts, capacity)
+        return max_min_matrix(*cached).tolist()
 
     def _schedule(self, t: _Transfer, delay: float, wake: bool = False) -> None:
         t.version += 1
@@ -297,9 +316,25 @@ class Network:
         callback = self._wake if wake else self._finish
         self.env.timeout(delay).callbacks.append(lambda _: callback(t, version))
 
+    def _mark(self, transfers: Iterable[_Transfer]) -> None:
+        """Re-share these transfers' components once every event of this instant has run, so
+        that the channels of a collective starting or ending together cost one re-share."""
+        if not self._dirty:
+            self.env.timeout(0).callbacks.append(lambda _: self._flush())
+        self._dirty.update(dict.fromkeys(transfers))
+
+    def _flush(self) -> None:
+        dirty, self._dirty = self._dirty, {}
+        done: set[_Transfer] = set()
+        for t in dirty:
+            if t not in done and t in self._active[t.index]:
+                component = self._component([t])
+                done.update(component)
+                self._reshare(component)
+
     def _wake(self, t: _Transfer, version: int) -> None:
         if version == t.version:
-            self._reshare(self._component([t]))
+            self._mark([t])
 
     def _finish(self, t: _Transfer, version: int) -> None:
         if version != t.version:
@@ -309,4 +344,4 @@ class Network:
         neighbours = list(self._neighbours(t))
         t.on_done()
         if neighbours:
-            self._reshare(self._component(neighbours))
+            self._mark(neighbours)

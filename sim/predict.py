@@ -65,8 +65,9 @@ def summary_text(exp: Experiment, s: StepSummary) -> str:
     extras = [x for x in (f"ZeRO-{L.zero}" if L.zero else "", "SP" if L.sp else "",
                           f"recompute {L.recompute}" if str(L.recompute) != "none" else "") if x]
     verdict = "fits" if s.fits else "DOES NOT FIT"
+    devices = "chips" if exp.cluster.fabric.kind == "torus" else "GPUs"
     lines = [
-        f"parasim: {exp.name} on {exp.cluster.name} ({L.world} GPUs), {layout}"
+        f"parasim: {exp.name} on {exp.cluster.name} ({L.world} {devices}), {layout}"
         + (f", {', '.join(extras)}" if extras else ""),
         f"  schedule            {L.schedule}, {L.num_microbatches} micro-batches of "
         f"{L.micro_batch}, global batch {L.global_batch}",

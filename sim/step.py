@@ -167,9 +167,17 @@ class _Replay:
             copies = [self._copy(key, algo, g) for g in self.fold.copies(key[1])]
             self.lowered[key] = (algo, _augment(lowering, copies, used,
                                                 self.cluster.link_capacity))
+        comms: dict[tuple[Any, ...], _Comm] = {}  # one per distinct (key, tag, rank) value
         for rank, per_rank in keys.items():
             ops = self.plan.ops[rank]
-            self.comm[rank] = {i: self._comm(rank, ops[i], key) for i, key in per_rank.items()}
+            table = self.comm[rank] = {}
+            for i, key in per_rank.items():
+                op = ops[i]
+                comm_key = (key, op.tag, rank if op.kind.is_collective else None)
+                comm = comms.get(comm_key)
+                if comm is None:
+                    comm = comms[comm_key] = self._comm(rank, op, key)
+                table[i] = comm
             for i, key in per_rank.items():  # count each collective once, at its first member
                 op = ops[i]
                 first = op.kind is OpKind.SEND or (

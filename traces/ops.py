@@ -29,13 +29,15 @@ class OpKind(StrEnum):
 
     @property
     def is_collective(self) -> bool:
-        return self not in (OpKind.COMPUTE, OpKind.SEND, OpKind.RECV)
+        return self in _COLLECTIVE_SET
 
     @property
     def is_p2p(self) -> bool:
-        return self in (OpKind.SEND, OpKind.RECV)
+        return self in _P2P_SET
 
 
+_P2P_SET = frozenset({OpKind.SEND, OpKind.RECV})
+_COLLECTIVE_SET = frozenset(OpKind) - _P2P_SET - {OpKind.COMPUTE}
 COLLECTIVES = tuple(k for k in OpKind if k.is_collective)
 
 

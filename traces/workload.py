@@ -78,11 +78,24 @@ class _RankPlan:
         self.bucket_sizes: list[float] = []  # all buckets of the step, for ZeRO-1/2 all-gather
         self.last_on: dict[str, int] = {}
         self.pending_send: int | None = None
+        self.block_costs = {phase: self._block_costs(phase) for phase in Phase}
+
+    def _block_costs(self, phase: Phase) -> tuple[list[tuple[str, float, float]], float]:
+        """(name, FLOPs, bytes) of attention and MLP in the order the phase runs them, and the
+        bytes of the memory-bound rest; backward moves and computes twice the forward."""
+        m, b, t, flash = self.model, self.b, self.t, self.layout.flash_attention
+        scale = 2.0 if phase is Phase.BWD else 1.0
+        subs = [("attn", scale * m.attn_flops(b, t), scale * m.attn_bytes(b, t, flash)),
+                ("mlp", scale * m.mlp_flops(b, t), scale * m.mlp_bytes(b, t))]
+        norm = scale * m.norm_bytes(b, t, self.layout.sp, flash)
+        return (subs[::-1] if phase is Phase.BWD else subs), norm
 
     # --- bookkeeping ----------------------------------------------------------------------
 
     def add(self, **fields: object) -> int:
-        op = Op(**fields)  # type: ignore[arg-type]
+        return self.append(Op(**fields))  # type: ignore[arg-type]
+
+    def append(self, op: Op) -> int:
         self.ops.append(op)
         self.last_on[op.stream] = len(self.ops) - 1
         return len(self.ops) - 1
@@ -90,15 +103,16 @@ class _RankPlan:
     def compute(self, name: str, phase: Phase, flops: float, mem_bytes: float, *,
                 layer: int | None = None, mb: int | None = None, deps: list[int] | None = None
                 ) -> int:
-        return self.add(kind=OpKind.COMPUTE, stream="compute", name=name, phase=phase,
-                        flops=flops, mem_bytes=mem_bytes, layer=layer, microbatch=mb,
-                        deps=tuple(deps or ()))
+        return self.append(Op(kind=OpKind.COMPUTE, stream="compute", name=name, phase=phase,
+                              flops=flops, mem_bytes=mem_bytes, layer=layer, microbatch=mb,
+                              deps=tuple(deps) if deps else ()))
 
     def collective(self, kind: OpKind, stream: str, group: tuple[int, ...], size: float, *,
                    layer: int | None = None, mb: int | None = None, phase: Phase | None = None,
                    deps: list[int] | None = None) -> int:
-        return self.add(kind=kind, stream=stream, group=group, size_bytes=size, layer=layer,
-                        microbatch=mb, phase=phase, deps=tuple(deps or ()), dtype=self.model.dtype)
+        return self.append(Op(kind=kind, stream=stream, group=group, size_bytes=size,
+                              layer=layer, microbatch=mb, phase=phase,
+                              deps=tuple(deps) if deps else (), dtype=self.model.dtype))
 
     def peer(self, stage: int) -> int:
         return self.layout.rank(**{**self.coords, "pp": stage % self.layout.pp})
@@ -187,21 +201,16 @@ class _RankPlan:
         """Attention then MLP (reverse order in backward), each with its TP/SP collectives."""
         if gather:
             deps = deps + self.zero3_gather(self.model.layer_params(self.t), mb, phase, layer)
-        flash = self.layout.flash_attention
-        subs = [("attn", self.model.attn_flops(self.b, self.t),
-                 self.model.attn_bytes(self.b, self.t, flash)),
-                ("mlp", self.model.mlp_flops(self.b, self.t), self.model.mlp_bytes(self.b, self.t))]
-        scale = 2.0 if phase is Phase.BWD else 1.0
-        norm_bytes = scale * self.model.norm_bytes(self.b, self.t, self.layout.sp, flash)
+        subs, norm_bytes = self.block_costs[phase]
         if phase is Phase.BWD:  # gradients of the norms, dropouts and residuals come first
             self.compute("norm", phase, 0.0, norm_bytes, layer=layer, mb=mb, deps=deps)
             deps = []
-        for name, flops, mem in (reversed(subs) if phase is Phase.BWD else subs):
+        for name, flops, mem in subs:
             if self.layout.sp:  # gather the sequence shards in, scatter the result out
                 self.collective(OpKind.ALL_GATHER, "compute", self.tp_group, self.block_bytes,
                                 layer=layer, mb=mb, phase=phase, deps=deps)
                 deps = []
-            self.compute(name, phase, scale * flops, scale * mem, layer=layer, mb=mb, deps=deps)
+            self.compute(name, phase, flops, mem, layer=layer, mb=mb, deps=deps)
             deps = []
             if self.t > 1:
                 kind = OpKind.REDUCE_SCATTER if self.layout.sp else OpKind.ALL_REDUCE

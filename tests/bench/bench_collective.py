@@ -20,7 +20,7 @@ import time
 SIZE = 2**30
 
 
-def one(algo: str) -> dict[str, float]:
+def one(algo: str, analytic_path: bool) -> dict[str, float]:
     t0 = time.perf_counter()
     import simpy
 
@@ -34,7 +34,8 @@ def one(algo: str) -> dict[str, float]:
     lowering = Collectives(cluster).lowering(OpKind.ALL_REDUCE, tuple(range(1024)), algo)
     t2 = time.perf_counter()
     env = simpy.Environment()
-    done = Network(env, cluster.link_capacity).run(lowering, SIZE)
+    net = Network(env, cluster.link_capacity, analytic_path=analytic_path)
+    done = net.run(lowering, SIZE)
     events = 0
     while not done.processed:
         env.step()
@@ -44,13 +45,15 @@ def one(algo: str) -> dict[str, float]:
         "build_s": t1 - t0, "lower_s": t2 - t1, "engine_s": t3 - t2, "total_s": t3 - t0,
         "peak_rss_MiB": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "events": events, "events_per_s": events / (t3 - t2), "simulated_ms": env.now * 1e3,
+        "reshares": net.num_reshares,
         "busbw_GBps": 2 * 1023 / 1024 * SIZE / env.now / 1e9,
     }
 
 
 def stress() -> dict[str, float]:
     """Engine rate: 128 servers each run 100 back-to-back 8-GPU all-reduces while every GPU
-    streams sends to the next server over its rail, so re-shares happen all the time."""
+    streams sends to the next server and the one after over its rail; the two streams share
+    the GPU's NIC, so re-shares happen all the time."""
     import simpy
 
     from sim.collectives import Collectives, run
@@ -69,15 +72,16 @@ def stress() -> dict[str, float]:
         for _ in range(100):
             yield env.process(run(env, net, lowering, 16 * 2**20))
 
-    def stream(gpu: int):
-        lowering = lower_p2p(cluster, gpu, (gpu + 8) % 1024)
-        for _ in range(20):
-            yield env.process(run(env, net, lowering, 64 * 2**20))
+    def stream(gpu: int, hop: int):
+        lowering = lower_p2p(cluster, gpu, (gpu + hop) % 1024)
+        for i in range(20):
+            yield env.process(run(env, net, lowering, (64 + 8 * (i % 3)) * 2**20))
 
     for s in range(128):
         env.process(server(s))
     for gpu in range(1024):
-        env.process(stream(gpu))
+        env.process(stream(gpu, 8))
+        env.process(stream(gpu, 16))
     t0, events = time.perf_counter(), 0
     while env.peek() != float("inf"):
         env.step()
@@ -91,24 +95,28 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--one", help=argparse.SUPPRESS)
+    parser.add_argument("--flows-only", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
-        print(json.dumps(one(args.one)))
+        print(json.dumps(one(args.one, analytic_path=not args.flows_only)))
         return
-    print(f"{'algo':13} {'total s':>8} {'build s':>8} {'lower s':>8} {'engine s':>8} "
-          f"{'peak MiB':>9} {'events':>7} {'events/s':>9} {'sim ms':>8} {'busbw':>7}")
+    print(f"{'algo':34} {'total s':>8} {'build s':>8} {'lower s':>8} {'engine s':>8} "
+          f"{'peak MiB':>9} {'events':>7} {'reshares':>8} {'sim ms':>8} {'busbw':>7}")
     for algo in ("ring", "hierarchical"):
-        runs = [json.loads(subprocess.run([sys.executable, __file__, "--one", algo],
-                                          capture_output=True, text=True, check=True).stdout)
-                for _ in range(args.repeat)]
-        med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
-        print(f"{algo:13} {med['total_s']:8.3f} {med['build_s']:8.3f} {med['lower_s']:8.3f} "
-              f"{med['engine_s']:8.3f} {med['peak_rss_MiB']:9.1f} {med['events']:7.0f} "
-              f"{med['events_per_s']:9.0f} {med['simulated_ms']:8.3f} {med['busbw_GBps']:7.1f}")
+        for flows_only in (False, True):
+            argv = [sys.executable, __file__, "--one", algo] + ["--flows-only"] * flows_only
+            runs = [json.loads(subprocess.run(argv, capture_output=True, text=True,
+                                              check=True).stdout) for _ in range(args.repeat)]
+            med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+            name = algo + (" (flows, no shortcut)" if flows_only else "")
+            print(f"{name:34} {med['total_s']:8.3f} {med['build_s']:8.3f} "
+                  f"{med['lower_s']:8.3f} {med['engine_s']:8.3f} {med['peak_rss_MiB']:9.1f} "
+                  f"{med['events']:7.0f} {med['reshares']:8.0f} {med['simulated_ms']:8.3f} "
+                  f"{med['busbw_GBps']:7.1f}")
     print(f"(medians of {args.repeat} fresh processes; busbw in GB/s)")
     runs = [stress() for _ in range(3)]
     med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
-    print(f"engine stress (12,800 all-reduces + 20,480 rail sends): {med['events']:.0f} events, "
+    print(f"engine stress (12,800 all-reduces + 40,960 rail sends): {med['events']:.0f} events, "
           f"{med['reshares']:.0f} re-shares in {med['engine_s']:.2f} s = "
           f"{med['events_per_s']:,.0f} events/s (median of 3)")
 

@@ -1,10 +1,11 @@
 """Max-min fair sharing: textbook allocations and the optimality conditions."""
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.maxmin import max_min_rates
+from sim.maxmin import max_min_matrix, max_min_rates
 
 
 def test_two_flows_on_one_link_get_half_each():
@@ -63,3 +64,16 @@ def test_allocation_is_feasible_and_every_group_has_a_saturated_bottleneck(insta
             and all(r <= rate * (1 + 1e-9) for (ls, _), r in zip(groups, rates) if link in ls)
             for link in links
         )
+
+
+@settings(max_examples=300, deadline=None)
+@given(instances())
+def test_matrix_solver_equals_the_reference(instance):
+    groups, capacity = instance
+    links = sorted({link for ls, _ in groups for link in ls})
+    counts = np.zeros((len(links), len(groups)))
+    for g, (ls, ns) in enumerate(groups):
+        for link, n in zip(ls, ns):
+            counts[links.index(link), g] = n
+    fast = max_min_matrix(counts, np.array([capacity[link] for link in links]))
+    assert list(fast) == pytest.approx(max_min_rates(groups, capacity), rel=1e-9)

@@ -53,9 +53,13 @@ def test_rates_are_recomputed_only_within_the_shared_component():
     env.run()
     assert net.num_reshares == 0  # each alone on its link: its own rate, no fairness to compute
     net.transfer(FlowSet.of([(0,)], 0.0, [1.0, 1.0]), 1.0)
-    net.transfer(FlowSet.of([(0, 1)], 0.0, [1.0, 1.0]), 1.0)
+    net.transfer(FlowSet.of([(0, 1)], 0.0, [1.0, 1.0]), 2.0)
     env.run()
     assert net.num_reshares == 2  # the second start, and the first end freeing bandwidth
+    net.transfer(FlowSet.of([(0,)], 0.0, [1.0, 1.0]), 1.0)
+    net.transfer(FlowSet.of([(0, 1)], 0.0, [1.0, 1.0]), 1.0)
+    env.run()
+    assert net.num_reshares == 3  # both end at once: nothing left to re-share
 
 
 def test_a_transfer_in_its_latency_takes_no_bandwidth():
