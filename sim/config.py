@@ -24,7 +24,7 @@ from sim.profile import Profile, default_profile, load_profile
 from sim.step import NETWORKS
 from topology.cluster import Cluster
 from topology.config import cluster_from_table
-from traces.errors import ConfigError
+from traces.errors import ConfigError, check_keys
 from traces.layout import Layout
 from traces.model import ModelSpec
 from traces.units import parse_size
@@ -85,9 +85,7 @@ def experiment_from_dict(data: Mapping[str, Any], *, name: str = "experiment",
         layout.validate(model, world=cluster.num_devices,
                         devices_per_server=cluster.devices_per_server)
     sim = {**data.get("sim", {}), **(overrides or {})}
-    for key in sim:
-        if key not in SIM_KEYS:
-            raise ConfigError(f"sim.{key}: unknown key (known: {', '.join(SIM_KEYS)})")
+    check_keys(sim, SIM_KEYS, "sim")
     network = sim.get("network", "flow")
     if network not in NETWORKS:
         raise ConfigError(f"sim.network: {network!r} is not one of {', '.join(NETWORKS)}")
@@ -101,10 +99,7 @@ def experiment_from_dict(data: Mapping[str, Any], *, name: str = "experiment",
 
 
 def _keys(table: Mapping[str, Any], where: str, cls: type) -> dict[str, Any]:
-    known = [f.name for f in fields(cls)]
-    for key in table:
-        if key not in known:
-            raise ConfigError(f"{where}.{key}: unknown key (known: {', '.join(known)})")
+    check_keys(table, [f.name for f in fields(cls)], where)
     return dict(table)
 
 

@@ -25,7 +25,7 @@ from topology.fabric import FatTree, FatTreeSpec, Rails
 from topology.presets import PRESETS, Preset
 from topology.server import ServerSpec, add_server
 from topology.torus import Torus, TorusSpec
-from traces.errors import ConfigError
+from traces.errors import ConfigError, check_keys
 from traces.units import parse_bandwidth, parse_size, parse_time
 
 FABRICS = ("fat-tree", "rail", "torus")
@@ -68,9 +68,7 @@ def load_cluster_file(path: str | Path, overrides: Mapping[str, Any] | None = No
 def cluster_from_table(table: Mapping[str, Any], where: str = "cluster") -> Cluster:
     """Validate `table` and build the cluster it describes."""
     fields = _Fields(table, where)
-    for key in table:
-        if key not in KEYS:
-            raise ConfigError(f"{where}.{key}: unknown key (known: {', '.join(KEYS)})")
+    check_keys(table, KEYS, where)
     name = fields.get("preset", "dgx-h100")
     if name not in PRESETS:
         raise ConfigError(f"{where}.preset: {name!r} is not a preset (known: {', '.join(PRESETS)})")

@@ -82,3 +82,19 @@ def test_simulator_imports_no_torch():
     code = ("import sys, sim.cli, sim.collectives, sim.network, topology, traces.ops; "
             "sys.exit('torch' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+@pytest.mark.parametrize(("body", "needle"), [
+    ('[cluster]\npreset = "dgx-h100"\nnodes = 2\nnic_bandwidth = "-1Gb/s"\n',
+     "cluster.nic_bandwidth"),
+    ('[cluster]\npreset = "dgx-h100"\nnodes = 2\nnics_per_node = 0\n', "is not connected"),
+    ('[cluster]\npreset = "tpu-v4"\ndims = [4, 1]\n', "has a dimension < 2"),
+    ('[cluster]\npreset = "dgx-h100"\nspeed = 3\n', "cluster.speed: unknown key"),
+    ('[network]\npreset = "dgx-h100"\n', "has no [cluster] table"),
+])
+def test_bad_cluster_file_gives_one_line_and_exit_2(capsys, tmp_path, body, needle):
+    path = tmp_path / "cluster.toml"
+    path.write_text(body)
+    code, out, err = run_cli(capsys, "collective", "--cluster", str(path), "--sizes", "1M")
+    assert code == 2 and out == ""
+    assert len(err.strip().splitlines()) == 1 and needle in err
