@@ -32,7 +32,8 @@ FABRICS = ("fat-tree", "rail", "torus")
 
 # key -> what it overrides; the order is the order of the error message's list.
 OVERRIDES = (
-    "gpus_per_node", "nvlink_bandwidth", "nvlink_latency", "nics_per_node", "nic_bandwidth",
+    "gpus_per_node", "nvlink_bandwidth", "nvlink_efficiency", "nvlink_latency", "nics_per_node",
+    "nic_bandwidth", "nic_efficiency",
     "pcie_bandwidth", "pcie_latency", "switch_latency", "nodes_per_leaf", "oversubscription",
     "tiers", "leaves_per_pod", "dims", "link_bandwidth", "link_latency", "gpu_peak_tflops",
     "gpu_memory", "hbm_bandwidth",
@@ -89,7 +90,7 @@ def cluster_from_table(table: Mapping[str, Any], where: str = "cluster") -> Clus
         nodes = fields.integer("nodes", 1, minimum=1)
         devices = [gpu for s in range(nodes) for gpu in add_server(builder, s, server)]
         fabric_obj = _switched(preset, fields, server, fabric, nodes)
-        fabric_obj.build(builder, nodes, server.nic_Bps)
+        fabric_obj.build(builder, nodes, server.nic_Bps * server.nic_efficiency)
     _check_connected(builder.graph, devices, where)
     return Cluster(
         name=f"{name} x{len(devices) // server.gpus} {fabric}",
@@ -117,9 +118,11 @@ def _server(preset: Preset, fields: _Fields) -> ServerSpec:
     return ServerSpec(
         gpus=fields.integer("gpus_per_node", base.gpus, minimum=1),
         nvlink_Bps=fields.bandwidth("nvlink_bandwidth", base.nvlink_Bps),
+        nvlink_efficiency=fields.fraction("nvlink_efficiency", base.nvlink_efficiency),
         nvlink_latency_s=fields.time("nvlink_latency", base.nvlink_latency_s),
         nics=fields.integer("nics_per_node", base.nics, minimum=0),
         nic_Bps=fields.bandwidth("nic_bandwidth", base.nic_Bps),
+        nic_efficiency=fields.fraction("nic_efficiency", base.nic_efficiency),
         pcie_Bps=fields.bandwidth("pcie_bandwidth", base.pcie_Bps),
         pcie_latency_s=fields.time("pcie_latency", base.pcie_latency_s),
     )
@@ -203,6 +206,14 @@ class _Fields:
             raise self._bad(key, "must be a number")
         if not value > 0 or value < minimum:
             raise self._bad(key, f"must be a number >= {minimum:g} and > 0")
+        return float(value)
+
+    def fraction(self, key: str, default: float) -> float:
+        if key not in self.table:
+            return default
+        value = self.table[key]
+        if not isinstance(value, int | float) or isinstance(value, bool) or not 0 < value <= 1:
+            raise self._bad(key, "must be a fraction in (0, 1]")
         return float(value)
 
     def choice(self, key: str, default: Any, options: tuple[Any, ...]) -> Any:

@@ -2,6 +2,8 @@
 
 Units are SI: bytes, bytes/s, FLOP/s, seconds. NVLink figures are per GPU *per direction*
 (data sheets quote both directions added). Memory is what `nvidia-smi` reports as total.
+Links carry their line rate times an efficiency for protocol overhead (measured, cited below):
+the graph's `bandwidth` is what data flows can actually use.
 
 Latencies are not on data sheets; they follow NCCL's own cost model (src/graph/tuning.cc,
 `hwLat`, LL protocol): 0.47 us per NVLink ring step, which we split over the two links of a
@@ -18,6 +20,13 @@ from topology.cluster import Accelerator
 from topology.server import ServerSpec
 
 NVLINK_LINK_LATENCY_S = 0.235e-6  # half of NCCL's 0.47 us NVLink ring step
+# NVLink carries ~80% of its line rate as data: "450GB/s is the line rate. With the protocol
+# overhead (~20%) NCCL can get an effective NVLink bandwidth of 370GB/s" (NCCL maintainer,
+# NVIDIA/nccl-tests#212); on A100 NCCL's own model caps bus bandwidth at 235 of 300 GB/s
+# (src/graph/tuning.cc) and nccl-tests users report ~200-230 GB/s (nccl-tests#149, #178).
+NVLINK_EFFICIENCY = 370 / 450
+# InfiniBand: 4 HDR NICs for 8 GPUs peak at 96 GB/s of 100 in nccl-tests (nccl-tests#119).
+IB_EFFICIENCY = 0.96
 PCIE_NIC_LATENCY_S = 1.0e-6  # PCIe + NIC, each end of an inter-node hop
 SWITCH_HOP_LATENCY_S = 0.2e-6  # ~130 ns switch port-to-port + cable
 
@@ -70,9 +79,11 @@ DGX_A100 = Preset(
     server=ServerSpec(
         gpus=8,
         nvlink_Bps=300e9,  # NVLink3: 12 links x 25 GB/s per direction (600 GB/s both ways)
+        nvlink_efficiency=NVLINK_EFFICIENCY,
         nvlink_latency_s=NVLINK_LINK_LATENCY_S,
         nics=8,  # DGX A100 data sheet: 8x single-port ConnectX-6 for compute traffic
         nic_Bps=200e9 / 8,  # HDR InfiniBand 200 Gb/s
+        nic_efficiency=IB_EFFICIENCY,
         pcie_Bps=32e9,  # PCIe 4.0 x16: 16 GT/s x 16 lanes, 128b/130b -> ~31.5 GB/s per direction
         pcie_latency_s=PCIE_NIC_LATENCY_S,
     ),
@@ -86,9 +97,11 @@ DGX_H100 = Preset(
     server=ServerSpec(
         gpus=8,
         nvlink_Bps=450e9,  # NVLink4: 18 links x 25 GB/s per direction (900 GB/s both ways)
+        nvlink_efficiency=NVLINK_EFFICIENCY,
         nvlink_latency_s=NVLINK_LINK_LATENCY_S,
         nics=8,  # DGX H100 data sheet: 8x single-port ConnectX-7 (OSFP) for compute traffic
         nic_Bps=400e9 / 8,  # NDR InfiniBand 400 Gb/s
+        nic_efficiency=IB_EFFICIENCY,
         pcie_Bps=64e9,  # PCIe 5.0 x16: 32 GT/s x 16 lanes -> ~63 GB/s per direction
         pcie_latency_s=PCIE_NIC_LATENCY_S,
     ),

@@ -17,12 +17,16 @@ class ServerSpec:
 
     gpus: int
     nvlink_Bps: float
-    """NVLink bandwidth per GPU, per direction (all of its links together)."""
+    """NVLink line rate per GPU, per direction (all of its links together)."""
+    nvlink_efficiency: float = 1.0
+    """Fraction of the line rate that carries data (NVLink protocol overhead)."""
     nvlink_latency_s: float
     """Latency of one link GPU<->NVSwitch; a GPU-to-GPU hop crosses two."""
     nics: int
     nic_Bps: float
-    """Network port bandwidth per NIC, per direction."""
+    """Network port line rate per NIC, per direction."""
+    nic_efficiency: float = 1.0
+    """Fraction of the port's line rate that carries data."""
     pcie_Bps: float
     """GPU<->NIC PCIe bandwidth per direction."""
     pcie_latency_s: float
@@ -60,7 +64,7 @@ def add_server(builder: GraphBuilder, server: int, spec: ServerSpec) -> list[str
     if spec.gpus > 1:
         switch = builder.node(nvswitch_node(server), "nvswitch", server=server)
         for gpu in gpus:
-            builder.link(gpu, switch, bandwidth=spec.nvlink_Bps,
+            builder.link(gpu, switch, bandwidth=spec.nvlink_Bps * spec.nvlink_efficiency,
                          latency=spec.nvlink_latency_s, kind="nvlink")
     for j in range(spec.nics):
         builder.node(nic_node(server, j), "nic", server=server, local=j)

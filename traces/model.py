@@ -44,6 +44,10 @@ class ModelSpec:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"model.{name}: {value!r} must be a positive integer")
+        if not isinstance(self.ffn_hidden, int) or isinstance(self.ffn_hidden, bool) or \
+                self.ffn_hidden < 0:
+            raise ConfigError(f"model.ffn_hidden: {self.ffn_hidden!r} must be a positive integer "
+                              "(or 0 for 4 * hidden)")
         if self.ffn_hidden == 0:
             object.__setattr__(self, "ffn_hidden", 4 * self.hidden)
         if self.dtype not in DTYPE_BYTES:

@@ -40,7 +40,7 @@ def test_human_table_and_explicit_algorithm(capsys):
     assert code == 0
     assert "busbw(GB/s)" in out.splitlines()[1]
     busbw = float(out.splitlines()[2].split()[-1])
-    seconds = 7 / 8 * 2**30 / 450e9 + 7 * 0.47e-6  # one DGX H100: NVLink, 7 steps of latency
+    seconds = 7 / 8 * 2**30 / 370e9 + 7 * 0.47e-6  # one DGX H100: NVLink, 7 steps of latency
     assert busbw == pytest.approx(7 / 8 * 2**30 / seconds / 1e9, abs=0.006)
 
 

@@ -54,7 +54,7 @@ def test_a_dp_all_reduce_and_pipeline_traffic_on_one_nic_slow_each_other():
     # GPU0's NIC carries the send (S) and the all-reduce's ring hop (S as well, 2(n-1)/n = 1):
     # sharing the 50 GB/s link, both end at about twice the time of one.
     assert both == pytest.approx(2 * alone, rel=0.01)
-    assert alone == pytest.approx(size / 50e9, rel=0.01)
+    assert alone == pytest.approx(size / (50e9 * 0.96), rel=0.01)  # NDR's data rate
 
 
 def test_send_waits_for_its_receive_and_a_missing_partner_is_reported(h100):

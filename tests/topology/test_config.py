@@ -9,8 +9,9 @@ from traces.errors import ConfigError
 
 def test_overrides_replace_preset_fields():
     c = cluster_from_table({"preset": "dgx-a100", "nodes": 2, "nic_bandwidth": "400Gb/s",
-                            "nvlink_bandwidth": "450GB/s", "gpu_memory": "40G"})
-    assert c.graph.edges["n0.nic0", "leaf0"]["bandwidth"] == 50e9
+                            "nvlink_bandwidth": "450GB/s", "nvlink_efficiency": 1.0,
+                            "gpu_memory": "40G"})
+    assert c.graph.edges["n0.nic0", "leaf0"]["bandwidth"] == pytest.approx(50e9 * 0.96)
     assert c.graph.edges["n0.gpu0", "n0.nvswitch"]["bandwidth"] == 450e9
     assert c.accelerator.memory_bytes == 40 * 2**30
     assert c.name == "dgx-a100 x2 fat-tree"
@@ -30,6 +31,7 @@ def test_overrides_replace_preset_fields():
     ({"preset": "dgx-h100", "nodes": 2, "oversubscription": 3}, "oversubscription: 3 must divide"),
     ({"preset": "dgx-h100", "oversubscription": 0.5}, "cluster.oversubscription: 0.5 must be"),
     ({"preset": "dgx-h100", "tiers": 4}, "cluster.tiers: 4 must be one of 2, 3"),
+    ({"preset": "dgx-h100", "nic_efficiency": 1.5}, "cluster.nic_efficiency: 1.5 must be a frac"),
     ({"preset": "tpu-v4", "dims": [4, 1, 4]}, "cluster.dims: [4, 1, 4] has a dimension < 2"),
     ({"preset": "tpu-v4", "dims": [64]}, "must have 2 or 3 dimensions"),
     ({"preset": "tpu-v4", "dims": [4, 4], "nodes": 3}, "cluster.nodes: 3 nodes of 4 chips"),
