@@ -7,7 +7,6 @@ each dimension the short way round; a tie goes the positive way.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from itertools import product
 from math import prod
 
 from topology.builder import GraphBuilder
@@ -79,16 +78,3 @@ class Torus:
                 cur[axis] = (cur[axis] + step) % size
                 nodes.append(chip_node(tuple(cur)))
         return nodes
-
-    def lines(self, axis: int) -> list[list[int]]:
-        """All rings along `axis`: chip indices in coordinate order."""
-        others = [range(d) for i, d in enumerate(self.dims) if i != axis]
-        rings = []
-        for rest in product(*reversed(others)):
-            rest = list(reversed(rest))
-            ring = []
-            for c in range(self.dims[axis]):
-                coord = rest[:axis] + [c] + rest[axis:]
-                ring.append(self.index(tuple(coord)))
-            rings.append(ring)
-        return rings

@@ -65,12 +65,3 @@ def parse_time(text: str | float, field: str = "time") -> float:
     if not value >= 0:
         raise ConfigError(f"{field}: {text!r} must not be negative")
     return value
-
-
-def format_size(size_bytes: float) -> str:
-    """16777216 -> '16M' (powers of 1024; exact multiples only, else plain bytes)."""
-    for power, suffix in ((4, "T"), (3, "G"), (2, "M"), (1, "K")):
-        unit = 1024**power
-        if size_bytes >= unit and size_bytes % unit == 0:
-            return f"{int(size_bytes // unit)}{suffix}"
-    return f"{int(size_bytes)}"
