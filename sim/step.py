@@ -143,9 +143,18 @@ class _Replay:
     # --- communication lowering, with the folded copies' traffic where it matters ------------
 
     def _key(self, rank: int, op: Op) -> tuple[Any, ...]:
+        n = self.cluster.num_devices
         if op.kind.is_p2p:
+            if not isinstance(op.peer, int) or not 0 <= op.peer < n or op.peer == rank:
+                raise ConfigError(f"trace: rank {rank} {op.kind} has peer {op.peer!r}; it must "
+                                  f"be another rank of the {n} on {self.cluster.name}")
             src, dst = (rank, op.peer) if op.kind is OpKind.SEND else (op.peer, rank)
             return (OpKind.SEND, (src, dst), op.size_bytes)
+        if len(op.group) < 2 or not all(0 <= r < n for r in op.group) or \
+                len(set(op.group)) != len(op.group):
+            raise ConfigError(f"trace: rank {rank} {op.kind} on group {list(op.group)}; a group "
+                              f"needs two or more distinct ranks of the {n} on "
+                              f"{self.cluster.name}")
         return (op.kind, op.group, op.size_bytes)
 
     def _base(self, key: tuple[Any, ...]) -> tuple[str, Lowering]:

@@ -73,6 +73,17 @@ def test_mismatched_collectives_are_reported(h100):
         simulate(Trace({0: (a,), 1: (b,)}), h100, Fixed())
 
 
+@pytest.mark.parametrize(("op", "needle"), [
+    (Op(kind=OpKind.SEND, stream="s", size_bytes=1.0), "send has peer None"),
+    (Op(kind=OpKind.RECV, stream="s", peer=99, size_bytes=1.0), "recv has peer 99"),
+    (Op(kind=OpKind.ALL_REDUCE, stream="s", group=(0, 0)), "needs two or more distinct ranks"),
+    (Op(kind=OpKind.ALL_GATHER, stream="s", group=(0, 8)), "needs two or more distinct ranks"),
+])
+def test_malformed_communication_is_a_clear_error(h100, op, needle):
+    with pytest.raises(ConfigError, match=needle):
+        simulate(Trace({0: (op,)}), h100, Fixed())
+
+
 def test_measured_ops_keep_their_measured_duration(h100):
     model = ComputeModel(h100.accelerator, default_profile(h100.accelerator))
     op = Op(kind=OpKind.COMPUTE, stream="c", name="mlp", flops=1e15, start=2.0, end=2.25)
