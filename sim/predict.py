@@ -15,6 +15,7 @@ from sim.config import Experiment
 from sim.memory import memory_by_stage
 from sim.metrics import StepSummary, summarize
 from sim.step import StepTimes, simulate
+from traces.ops import Trace
 from traces.workload import build
 
 GiB = 2**30
@@ -24,9 +25,9 @@ def predict(exp: Experiment, *, fold: bool = True,
             progress: bool = False) -> tuple[StepSummary, StepTimes]:
     """Simulate one step of `exp`; with `fold`, one rank per pipeline stage stands for all."""
     ranks = exp.layout.representatives() if fold else None
-    plan = build(exp.model, exp.layout, ranks=ranks)
-    plan = type(plan)(plan.ops, {**plan.meta, "experiment": exp.name, "cluster": exp.cluster.name,
-                                 "network": exp.network})
+    built = build(exp.model, exp.layout, ranks=ranks)
+    plan = Trace(built.ops, {**built.meta, "experiment": exp.name, "cluster": exp.cluster.name,
+                             "network": exp.network})
     times = simulate(plan, exp.cluster, ComputeModel(exp.cluster.accelerator, exp.profile),
                      network=exp.network, algo=exp.algo, progress=progress)
     memory = memory_by_stage(exp.model, exp.layout)
