@@ -99,11 +99,6 @@ def model_state_bytes(num_params: float, dp: int, zero: int,
     return params, grads, optimizer
 
 
-def stage_params(model: ModelSpec, layout: Layout, pp_rank: int) -> float:
-    """Parameters held by one GPU of pipeline rank `pp_rank` (after the tensor-parallel split)."""
-    return layout.params_on_rank(model, pp_rank)
-
-
 # --- activations --------------------------------------------------------------------------------
 
 def activation_bytes_per_layer(model: ModelSpec, layout: Layout) -> float:
@@ -166,7 +161,7 @@ def stage_memory(model: ModelSpec, layout: Layout, pp_rank: int,
     """Peak bytes on one GPU of pipeline rank `pp_rank` running `actions` (its schedule)."""
     if not 0 <= pp_rank < layout.pp:
         raise ConfigError(f"pipeline rank {pp_rank} is outside 0..{layout.pp - 1}")
-    params, grads, optimizer = model_state_bytes(stage_params(model, layout, pp_rank),
+    params, grads, optimizer = model_state_bytes(layout.params_on_rank(model, pp_rank),
                                                  layout.dp, layout.zero)
     layers_per_stage = model.layers // layout.num_stages
     activations = (peak_in_flight(actions) * layers_per_stage
