@@ -60,27 +60,35 @@ def summary_json(exp: Experiment, s: StepSummary) -> dict[str, Any]:
     }
 
 
+def headline(s: StepSummary) -> list[tuple[str, str]]:
+    """The figures a user looks at first, as (label, value) rows: the text summary and the
+    report's header both show these."""
+    verdict = "fits" if s.fits else "DOES NOT FIT"
+    return [
+        ("step time", f"{s.step_time_s:.4g} s"),
+        ("throughput", f"{s.tokens_per_s:,.0f} tokens/s"),
+        ("model TFLOP/s/GPU", f"{s.model_tflops_per_gpu:.1f}  (MFU {s.mfu:.1%})"),
+        ("hardware TFLOP/s", f"{s.hardware_tflops_per_gpu:.1f}  (recomputation included)"),
+        ("compute", f"{s.compute_s:.4g} s per GPU"),
+        ("exposed comm", f"{s.exposed_comm_s:.4g} s per GPU"),
+        ("bubble", f"{s.bubble_fraction:.1%} of the step"),
+        ("peak memory", f"{s.peak_memory_bytes / GiB:.1f} GiB of "
+                        f"{s.memory_capacity_bytes / GiB:.1f} GiB: {verdict}"),
+    ]
+
+
 def summary_text(exp: Experiment, s: StepSummary) -> str:
     L = exp.layout
     layout = f"TP {L.tp} · PP {L.pp} · DP {L.dp}" + (f" · VP {L.vp}" if L.vp > 1 else "")
     extras = [x for x in (f"ZeRO-{L.zero}" if L.zero else "", "SP" if L.sp else "",
                           f"recompute {L.recompute}" if str(L.recompute) != "none" else "") if x]
-    verdict = "fits" if s.fits else "DOES NOT FIT"
     devices = "chips" if exp.cluster.fabric.kind == "torus" else "GPUs"
     lines = [
         f"parasim: {exp.name} on {exp.cluster.name} ({L.world} {devices}), {layout}"
         + (f", {', '.join(extras)}" if extras else ""),
         f"  schedule            {L.schedule}, {L.num_microbatches} micro-batches of "
         f"{L.micro_batch}, global batch {L.global_batch}",
-        f"  step time           {s.step_time_s:.4g} s",
-        f"  throughput          {s.tokens_per_s:,.0f} tokens/s",
-        f"  model TFLOP/s/GPU   {s.model_tflops_per_gpu:.1f}  (MFU {s.mfu:.1%})",
-        f"  hardware TFLOP/s    {s.hardware_tflops_per_gpu:.1f}  (recomputation included)",
-        f"  compute             {s.compute_s:.4g} s per GPU",
-        f"  exposed comm        {s.exposed_comm_s:.4g} s per GPU",
-        f"  bubble              {s.bubble_fraction:.1%} of the step",
-        f"  peak memory         {s.peak_memory_bytes / GiB:.1f} GiB of "
-        f"{s.memory_capacity_bytes / GiB:.1f} GiB: {verdict}",
+        *(f"  {label:<20}{value}" for label, value in headline(s)),
         "  memory by stage (GiB)  params  grads  optim  activ  work  total",
     ]
     for i, m in enumerate(s.memory_by_stage):

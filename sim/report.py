@@ -34,13 +34,13 @@ import plotly.io as pio
 
 from sim.config import Experiment
 from sim.metrics import StepSummary
+from sim.predict import GiB, headline
 from sim.step import StepTimes
 from traces.errors import ConfigError
 from traces.io import write_text_atomic
 from traces.layout import Layout
 from traces.ops import Op, OpKind, Phase, Trace
 
-GiB = 2**30
 MAX_DEFAULT_RANKS = 16
 TP_LANE = "compute/tp"
 LANE_ORDER = ("compute", TP_LANE, "recv_prev", "send_next", "recv_next", "send_prev", "dp",
@@ -262,18 +262,7 @@ def header_html(exp: Experiment, summary: StepSummary) -> str:
     options = (f"ZeRO-{L.zero}, SP {'on' if L.sp else 'off'}, recompute {L.recompute}, "
                f"schedule {L.schedule}, {L.num_microbatches} micro-batches of {L.micro_batch} "
                f"(global batch {L.global_batch})")
-    verdict = "fits" if s.fits else "does NOT fit"
-    rows = [
-        ("step time", f"{s.step_time_s:.4g} s"),
-        ("throughput", f"{s.tokens_per_s:,.0f} tokens/s"),
-        ("model TFLOP/s per GPU", f"{s.model_tflops_per_gpu:.1f} (MFU {s.mfu:.1%})"),
-        ("hardware TFLOP/s per GPU", f"{s.hardware_tflops_per_gpu:.1f} (recompute included)"),
-        ("bubble", f"{s.bubble_fraction:.1%} of the step"),
-        ("compute", f"{s.compute_s:.4g} s per GPU"),
-        ("exposed communication", f"{s.exposed_comm_s:.4g} s per GPU"),
-        ("peak memory", f"{s.peak_memory_bytes / GiB:.1f} GiB of "
-                        f"{s.memory_capacity_bytes / GiB:.1f} GiB: {verdict}"),
-    ]
+    rows = headline(s)
     table = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>"
                     for k, v in rows)
     lines = [
