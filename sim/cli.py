@@ -19,11 +19,11 @@ from typing import Any, NoReturn
 
 from tqdm import tqdm
 
+from sim.collective_table import OPS, format_table, parse_sizes, sweep_row
 from sim.collectives import Collectives
 from sim.config import example_path, load_experiment
-from sim.predict import predict, summary_json, summary_text
-from sim.step import NETWORKS
-from sim.sweep import OPS, format_table, parse_sizes, sweep_row
+from sim.replay import NETWORKS
+from sim.simulate import predict, summary_json, summary_text
 from topology.cluster import Cluster
 from topology.config import build_cluster, load_cluster_file
 from topology.presets import PRESETS
@@ -116,7 +116,8 @@ def _simulate(args: argparse.Namespace) -> int:
     exp = load_experiment(args.config or example_path(), overrides)
     for warning in exp.warnings:
         print(f"parasim: warning: {warning}", file=sys.stderr)
-    summary, times = predict(exp, fold=not args.no_fold, progress=True)
+    with _ProgressBar("simulate", "op") as bar:
+        summary, times = predict(exp, fold=not args.no_fold, progress=bar.update)
     if args.trace or args.chrome:
         timed = times.timed_trace()
         if args.trace:
@@ -134,6 +135,24 @@ def _simulate(args: argparse.Namespace) -> int:
     return 0
 
 
+class _ProgressBar:
+    """A tqdm bar on stderr, drawn only when stderr is a terminal (never `\r` frames in logs)."""
+
+    def __init__(self, desc: str, unit: str) -> None:
+        self.bar = tqdm(desc=desc, unit=unit, delay=1.0, leave=False, mininterval=0.5,
+                        disable=not sys.stderr.isatty())
+
+    def update(self, done: int, total: int) -> None:
+        self.bar.total = total
+        self.bar.update(done - self.bar.n)
+
+    def __enter__(self) -> _ProgressBar:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.bar.close()
+
+
 def _collective(args: argparse.Namespace) -> int:
     cluster = _cluster(args)
     sizes = parse_sizes(args.sizes)
@@ -147,7 +166,8 @@ def _collective(args: argparse.Namespace) -> int:
     collectives = Collectives(cluster)
     rows = [
         sweep_row(cluster, collectives, args.op, group, size, args.algo, args.channels, args.model)
-        for size in tqdm(sizes, desc="sizes", delay=1.0, leave=False, disable=None)
+        for size in tqdm(sizes, desc="sizes", delay=1.0, leave=False,
+                         disable=not sys.stderr.isatty())
     ]
     if args.json:
         print(json.dumps({"cluster": cluster.name, "op": args.op, "algo": args.algo,

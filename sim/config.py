@@ -21,7 +21,7 @@ from typing import Any
 
 from sim.collectives import ALGORITHMS
 from sim.profile import Profile, default_profile, load_profile
-from sim.step import NETWORKS
+from sim.replay import NETWORKS
 from topology.cluster import Cluster
 from topology.config import cluster_from_table
 from traces.errors import ConfigError, check_keys

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from sim.memory import MemoryBreakdown
-from sim.step import StepTimes
+from sim.replay import StepTimes
 from topology.cluster import Cluster
 from traces.layout import Layout
 from traces.model import ModelSpec, model_flops

@@ -34,8 +34,8 @@ import plotly.io as pio
 
 from sim.config import Experiment
 from sim.metrics import StepSummary
-from sim.predict import GiB, headline
-from sim.step import StepTimes
+from sim.replay import StepTimes
+from sim.simulate import GiB, headline
 from traces.errors import ConfigError
 from traces.io import write_text_atomic
 from traces.layout import Layout

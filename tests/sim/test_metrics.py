@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from sim.metrics import _union_length, rank_times
-from sim.step import StepTimes
+from sim.replay import StepTimes
 from traces.ops import Op, OpKind, Trace
 
 

@@ -17,9 +17,9 @@ import pytest
 import sim.report as report
 from sim.config import Experiment, experiment_from_dict
 from sim.metrics import StepSummary
-from sim.predict import predict
+from sim.replay import StepTimes
 from sim.report import TP_LANE, Bar, coalesce, default_ranks, timeline_bars, write_report
-from sim.step import StepTimes
+from sim.simulate import predict
 from traces.errors import ConfigError
 from traces.ops import OpKind, Trace
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from sim.step import simulate
+from sim.replay import replay
 from topology import build_cluster
 from traces.errors import ConfigError
 from traces.layout import Layout
@@ -65,6 +65,6 @@ def test_bubble_over_ideal_time_is_exactly_p_minus_1_over_v_m(schedule, vp, pp, 
     layout = Layout(pp=pp, vp=vp, schedule=schedule, global_batch=m)
     layout.validate(model)
     cluster = build_cluster("dgx-h100", nodes=1, gpus_per_node=pp)
-    step = simulate(build(model, layout), cluster, UnitCompute(), network="ideal").step_time_s
+    step = replay(build(model, layout), cluster, UnitCompute(), network="ideal").step_time_s
     ideal = m * (model.layers // pp) * 3.0  # per micro-batch: 1 s forward + 2 s backward a layer
     assert (step - ideal) / ideal == pytest.approx((pp - 1) / (vp * m), rel=1e-12)

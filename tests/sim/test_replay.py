@@ -4,7 +4,7 @@ import pytest
 
 from sim.compute import ComputeModel
 from sim.profile import default_profile
-from sim.step import simulate
+from sim.replay import replay
 from topology import build_cluster
 from traces.errors import ConfigError
 from traces.layout import Layout
@@ -35,8 +35,8 @@ def test_a_collective_starts_when_every_member_has_issued_it_and_stalls_only_its
                               size_bytes=size, deps=(0,))),
         1: (ar, compute(5e-4, deps=()), compute(2e-3, stream="other")),
     })
-    times = simulate(plan, h100, Fixed())
-    alone = simulate(Trace({0: (ar,), 1: (ar,)}), h100, Fixed()).ends[0][0]
+    times = replay(plan, h100, Fixed())
+    alone = replay(Trace({0: (ar,), 1: (ar,)}), h100, Fixed()).ends[0][0]
     assert times.starts[0][1] == times.starts[1][0] == 1e-3  # rank 1 waited for rank 0
     assert times.ends[1][0] == pytest.approx(1e-3 + alone, rel=1e-12)
     assert times.starts[1][1] == 0.0  # compute of rank 1 is on its own stream: not stalled
@@ -49,8 +49,8 @@ def test_a_dp_all_reduce_and_pipeline_traffic_on_one_nic_slow_each_other():
     send = Op(kind=OpKind.SEND, stream="pp", peer=8, size_bytes=size, tag="act")
     recv = Op(kind=OpKind.RECV, stream="pp", peer=0, size_bytes=size, tag="act")
     ar = Op(kind=OpKind.ALL_REDUCE, stream="dp", group=(0, 8), size_bytes=size)
-    alone = simulate(Trace({0: (send,), 8: (recv,)}), cluster, Fixed()).step_time_s
-    both = simulate(Trace({0: (send, ar), 8: (recv, ar)}), cluster, Fixed()).step_time_s
+    alone = replay(Trace({0: (send,), 8: (recv,)}), cluster, Fixed()).step_time_s
+    both = replay(Trace({0: (send, ar), 8: (recv, ar)}), cluster, Fixed()).step_time_s
     # GPU0's NIC carries the send (S) and the all-reduce's ring hop (S as well, 2(n-1)/n = 1):
     # sharing the 50 GB/s link, both end at about twice the time of one.
     assert both == pytest.approx(2 * alone, rel=0.01)
@@ -60,17 +60,17 @@ def test_a_dp_all_reduce_and_pipeline_traffic_on_one_nic_slow_each_other():
 def test_send_waits_for_its_receive_and_a_missing_partner_is_reported(h100):
     send = Op(kind=OpKind.SEND, stream="s", peer=1, size_bytes=MiB, tag="t")
     recv = Op(kind=OpKind.RECV, stream="r", peer=0, size_bytes=MiB, tag="t", deps=(0,))
-    times = simulate(Trace({0: (send,), 1: (compute(1e-3, stream="c"), recv)}), h100, Fixed())
+    times = replay(Trace({0: (send,), 1: (compute(1e-3, stream="c"), recv)}), h100, Fixed())
     assert times.starts[0][0] == times.starts[1][1] == 1e-3
     with pytest.raises(ConfigError, match="rank 0 op 0 .*send with peer 1"):
-        simulate(Trace({0: (send,), 1: (compute(1e-3),)}), h100, Fixed())
+        replay(Trace({0: (send,), 1: (compute(1e-3),)}), h100, Fixed())
 
 
 def test_mismatched_collectives_are_reported(h100):
     a = Op(kind=OpKind.ALL_REDUCE, stream="c", group=(0, 1), size_bytes=MiB)
     b = Op(kind=OpKind.ALL_GATHER, stream="c", group=(0, 1), size_bytes=MiB)
     with pytest.raises(ConfigError, match="issues all_gather .* another member issued all_reduce"):
-        simulate(Trace({0: (a,), 1: (b,)}), h100, Fixed())
+        replay(Trace({0: (a,), 1: (b,)}), h100, Fixed())
 
 
 @pytest.mark.parametrize(("op", "needle"), [
@@ -81,13 +81,13 @@ def test_mismatched_collectives_are_reported(h100):
 ])
 def test_malformed_communication_is_a_clear_error(h100, op, needle):
     with pytest.raises(ConfigError, match=needle):
-        simulate(Trace({0: (op,)}), h100, Fixed())
+        replay(Trace({0: (op,)}), h100, Fixed())
 
 
 def test_measured_ops_keep_their_measured_duration(h100):
     model = ComputeModel(h100.accelerator, default_profile(h100.accelerator))
     op = Op(kind=OpKind.COMPUTE, stream="c", name="mlp", flops=1e15, start=2.0, end=2.25)
-    assert simulate(Trace({0: (op,)}), h100, model).ends[0][0] == 0.25
+    assert replay(Trace({0: (op,)}), h100, model).ends[0][0] == 0.25
 
 
 LAYOUTS = [
@@ -106,8 +106,8 @@ def test_folded_run_equals_unfolded_run(layout, fabric):
     cluster = build_cluster("dgx-h100", nodes=2, fabric=fabric)
     layout.validate(MODEL, world=16, devices_per_server=8)
     model = ComputeModel(cluster.accelerator, default_profile(cluster.accelerator))
-    full = simulate(build(MODEL, layout), cluster, model)
-    folded = simulate(build(MODEL, layout, ranks=layout.representatives()), cluster, model)
+    full = replay(build(MODEL, layout), cluster, model)
+    folded = replay(build(MODEL, layout, ranks=layout.representatives()), cluster, model)
     assert folded.step_time_s == full.step_time_s
     for rank in layout.representatives():
         assert folded.starts[rank] == full.starts[rank]
@@ -121,7 +121,7 @@ def test_folding_keeps_contention_from_the_copies_on_shared_uplinks():
     def step(ratio, ranks):
         cluster = build_cluster("dgx-h100", nodes=2, nodes_per_leaf=1, oversubscription=ratio)
         model = ComputeModel(cluster.accelerator, default_profile(cluster.accelerator))
-        return simulate(build(MODEL, layout, ranks=ranks), cluster, model).step_time_s
+        return replay(build(MODEL, layout, ranks=ranks), cluster, model).step_time_s
 
     reps = layout.representatives()
     assert step(2.0, None) > step(1.0, None)  # the uplinks are a bottleneck at 2:1 ...
@@ -133,8 +133,8 @@ def test_simulation_is_deterministic():
     cluster = build_cluster("dgx-h100", nodes=2, nodes_per_leaf=1, oversubscription=2.0)
     layout = LAYOUTS[2]
     model = ComputeModel(cluster.accelerator, default_profile(cluster.accelerator))
-    a = simulate(build(MODEL, layout), cluster, model)
-    b = simulate(build(MODEL, layout), cluster, model)
+    a = replay(build(MODEL, layout), cluster, model)
+    b = replay(build(MODEL, layout), cluster, model)
     assert a.starts == b.starts and a.ends == b.ends
 
 
@@ -143,6 +143,6 @@ def test_network_models_order_ideal_analytic_flow():
     layout = Layout(tp=2, pp=2, dp=4, global_batch=16)
     model = ComputeModel(cluster.accelerator, default_profile(cluster.accelerator))
     plan = build(MODEL, layout, ranks=layout.representatives())
-    ideal, analytic, flow = (simulate(plan, cluster, model, network=n).step_time_s
+    ideal, analytic, flow = (replay(plan, cluster, model, network=n).step_time_s
                              for n in ("ideal", "analytic", "flow"))
     assert ideal < analytic <= flow

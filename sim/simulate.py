@@ -1,7 +1,7 @@
 """`parasim simulate`: build the plan of an experiment, replay it, summarize, format.
 
     from sim.config import load_experiment, example_path
-    from sim.predict import predict
+    from sim.simulate import predict
     summary, times = predict(load_experiment(example_path()))
 """
 
@@ -14,7 +14,7 @@ from sim.compute import ComputeModel
 from sim.config import Experiment
 from sim.memory import memory_by_stage
 from sim.metrics import StepSummary, summarize
-from sim.step import StepTimes, simulate
+from sim.replay import Progress, StepTimes, replay
 from traces.ops import Trace
 from traces.workload import build
 
@@ -22,13 +22,13 @@ GiB = 2**30
 
 
 def predict(exp: Experiment, *, fold: bool = True,
-            progress: bool = False) -> tuple[StepSummary, StepTimes]:
+            progress: Progress | None = None) -> tuple[StepSummary, StepTimes]:
     """Simulate one step of `exp`; with `fold`, one rank per pipeline stage stands for all."""
     ranks = exp.layout.representatives() if fold else None
     built = build(exp.model, exp.layout, ranks=ranks)
     plan = Trace(built.ops, {**built.meta, "experiment": exp.name, "cluster": exp.cluster.name,
                              "network": exp.network})
-    times = simulate(plan, exp.cluster, ComputeModel(exp.cluster.accelerator, exp.profile),
+    times = replay(plan, exp.cluster, ComputeModel(exp.cluster.accelerator, exp.profile),
                      network=exp.network, algo=exp.algo, progress=progress)
     memory = memory_by_stage(exp.model, exp.layout)
     return summarize(exp.model, exp.layout, exp.cluster, times, memory), times

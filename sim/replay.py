@@ -16,12 +16,11 @@ representatives', folded and unfolded runs give identical times.
 
 from __future__ import annotations
 
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, replace
 from typing import Any
 
 import simpy
-from tqdm import tqdm
 
 from sim.collectives import Collectives, Lowering, analytic_time
 from sim.compute import ComputeModel
@@ -30,6 +29,9 @@ from topology.cluster import Cluster
 from traces.errors import ConfigError
 from traces.layout import Layout
 from traces.ops import Op, OpKind, Trace
+
+Progress = Callable[[int, int], None]
+"""Called now and then with (ops finished, ops in all); the command line draws the bar."""
 
 NETWORKS = ("flow", "analytic", "ideal")
 """flow: contended flow model; analytic: each transfer alone (alpha-beta); ideal: free."""
@@ -105,8 +107,8 @@ class _Meeting:
     start: float = 0.0
 
 
-def simulate(plan: Trace, cluster: Cluster, compute: ComputeModel, *, network: str = "flow",
-             algo: str = "auto", progress: bool = False) -> StepTimes:
+def replay(plan: Trace, cluster: Cluster, compute: ComputeModel, *, network: str = "flow",
+             algo: str = "auto", progress: Progress | None = None) -> StepTimes:
     """Time every op of `plan` on `cluster`; `network` is one of NETWORKS."""
     replay = _Replay(plan, cluster, compute, network, algo)
     return replay.run(progress)
@@ -137,7 +139,8 @@ class _Replay:
         self.comm: dict[int, dict[int, _Comm]] = {}
         self.algorithms: dict[str, int] = {}
         self.finished = 0
-        self.bar: tqdm | None = None
+        self.progress: Progress | None = None
+        self.total = 0
         self._plan_lowerings()
 
     # --- communication lowering, with the folded copies' traffic where it matters ------------
@@ -215,10 +218,9 @@ class _Replay:
 
     # --- the run ------------------------------------------------------------------------
 
-    def run(self, progress: bool) -> StepTimes:
-        total = self.plan.num_ops()
-        self.bar = tqdm(total=total, desc="simulate", unit="op", delay=1.0, leave=False,
-                        disable=not progress, mininterval=0.5)
+    def run(self, progress: Progress | None) -> StepTimes:
+        total = self.total = self.plan.num_ops()
+        self.progress = progress
         for rank, ops in self.plan.ops.items():
             streams: dict[str, list[int]] = {}
             for i, op in enumerate(ops):
@@ -226,8 +228,8 @@ class _Replay:
             for indices in streams.values():
                 self.env.process(self._stream(rank, indices))
         self.env.run()
-        self.bar.update(self.finished - self.bar.n)
-        self.bar.close()
+        if progress is not None:
+            progress(self.finished, total)
         if self.finished != total:
             raise ConfigError(self._stuck())
         return StepTimes(self.plan, self.starts, self.ends, self.algorithms)
@@ -252,8 +254,8 @@ class _Replay:
             if event is not None:
                 event.succeed()
             self.finished += 1
-            if self.finished % 4096 == 0:
-                self.bar.update(self.finished - self.bar.n)
+            if self.finished % 4096 == 0 and self.progress is not None:
+                self.progress(self.finished, self.total)
 
     def _communicate(self, rank: int, op: Op, comm: _Comm) -> Generator[simpy.Event, Any, float]:
         """Join the op's meeting; the last member to arrive runs the transfer for all.
