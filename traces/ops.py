@@ -41,6 +41,27 @@ _COLLECTIVE_SET = frozenset(OpKind) - _P2P_SET - {OpKind.COMPUTE}
 COLLECTIVES = tuple(k for k in OpKind if k.is_collective)
 
 
+class Stream(StrEnum):
+    """The streams a plan puts its ops on. A trace read from elsewhere may name others (a
+    profiler's CUDA streams), so `Op.stream` is any string; plans use these.
+
+    compute    layers' kernels, and the tensor-parallel collectives Megatron issues inline
+    recv_prev / send_next    activations between pipeline stages
+    recv_next / send_prev    their gradients
+    dp         gradient buckets, the tied-embedding all-reduce, ZeRO-1/2 parameter all-gathers
+    zero_ag / zero_rs        ZeRO-3 (FSDP) per-layer parameter all-gather, gradient reduce-scatter
+    """
+
+    COMPUTE = "compute"
+    RECV_PREV = "recv_prev"
+    SEND_NEXT = "send_next"
+    RECV_NEXT = "recv_next"
+    SEND_PREV = "send_prev"
+    DP = "dp"
+    ZERO_AG = "zero_ag"
+    ZERO_RS = "zero_rs"
+
+
 class Phase(StrEnum):
     FWD = "fwd"
     BWD = "bwd"
