@@ -54,7 +54,8 @@ def parse_sizes(text: str) -> list[int]:
 def flow_time(cluster: Cluster, lowering: Lowering, size_bytes: float) -> float:
     """Simulated time of one collective alone on the network (flow model)."""
     env = simpy.Environment()
-    done = Network(env, cluster.link_capacity).run(lowering, size_bytes)
+    net = Network(env, cluster.link_capacity)
+    done = net.run(net.register(lowering), size_bytes)
     env.run(until=done)  # superseded completion events may still sit in the queue after it
     return env.now
 

@@ -3,20 +3,41 @@
 A `FlowSet` is a group of routed flows that move in lock-step at one rate (see `sim.maxmin`).
 A transfer of a flow set first waits the set's latency, then moves its bytes while sharing
 every link with all other transfers in flight, so a link costs `latency + bytes / share`.
-`Network.run(lowering, size)` runs a collective's phases one after another.
+A `Lowering` (what `sim.collectives` makes of a collective) is a tuple of *rounds* run one
+after another; a round is a tuple of `(FlowSet, factor)`, every flow of the set carrying
+`factor * size` bytes.
 
-Rates change only when a transfer starts moving or ends, and only for the transfers connected
-to it through shared links (its *component*). Which flow sets share links is worked out once
-per flow set, so a transfer alone on its links costs one event and no fairness computation.
+Alone on the network a flow set takes `FlowSet.solo_time(bytes)` = latency + bytes / its
+bottleneck rate: the one alpha-beta formula of parasim. `solo_time(lowering, ...)` adds up a
+lowering's rounds; algorithm selection, the `analytic` network and the shortcut below use it.
 
-A collective whose phases each have one flow set and which starts with nothing else on any
-of its links runs on the analytic path: one event at its alpha-beta end time (the flow model's
-answer when nothing interferes). If another transfer arrives on its links meanwhile, it is
-turned back into flow transfers at the point it had reached, and shares from then on.
+Use: `handle = net.register(lowering)` once per lowering, then `net.run(handle, size)` per
+collective. Rates change only when a transfer starts moving or ends, and only for the transfers
+connected to it through shared links (its *component*). Which flow sets share links is worked
+out once per flow set, so a transfer alone on its links costs one event and no fairness
+computation. A lowering whose rounds each have one flow set and which starts with nothing else
+on any of its links runs on the analytic path: one event at its `solo_time` end. If another
+transfer arrives on its links meanwhile, it is turned back into flow transfers at the point it
+had reached, and shares from then on.
+
+Caches, and when they are invalidated. Flow sets, lowerings and the capacities (copied at
+construction) are immutable values, so no cached answer goes stale: every cache lives as long
+as the `Network` and only grows.
+  - lowering handles: `register` interns lowerings by value; a handle is the index of its
+    `_Plan` in `_plans`, never reused.
+  - flow-set registry (`_index`: flow set -> dense index; `_by_link`; `_conflicts`): a flow set
+    gets its index the first time a transfer of it starts (or its lowering first runs on the
+    analytic path); it is then appended to the conflict list of every set sharing a link.
+  - `_Plan.index`: a lowering's flow-set indices, filled as they get them.
+  - `_Plan.conflicts`: the union of its flow sets' conflict lists, recomputed whenever the
+    registry has grown since it was last computed (stamp `registry_size`).
+  - `_Plan.seconds`: its analytic time per size.
+  - `_matrices`: the max-min count matrix per tuple of moving flow-set indices.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -25,8 +46,10 @@ import simpy
 
 from sim.maxmin import max_min_matrix, max_min_rates
 
-# A lowering: phases run one after another; in each, (flow set, bytes per flow / size) pairs.
-Lowering = tuple[tuple[tuple["FlowSet", float], ...], ...]
+Round = tuple[tuple["FlowSet", float], ...]
+"""Flow sets moving together, each with its bytes per flow as a fraction of the size."""
+Lowering = tuple[Round, ...]
+"""Rounds run one after another (lock-step: a round starts when the previous one is done)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,17 +77,65 @@ class FlowSet:
                     capacity: Sequence[float]) -> FlowSet:
         links = tuple(sorted(counts))
         per_link = tuple(counts[link] for link in links)
-        solo = min((capacity[link] / n for link, n in zip(links, per_link)), default=float("inf"))
+        solo = min((capacity[link] / n for link, n in zip(links, per_link)), default=math.inf)
+        # Internal invariants (the config layer rejects such input): an infinite latency or a
+        # zero rate would schedule events at infinity, and the re-share would never end.
+        assert math.isfinite(latency_s) and latency_s >= 0, f"latency {latency_s!r} s"
+        assert solo > 0 and (math.isfinite(solo) or not links), f"rate {solo!r} B/s"
         return FlowSet(links, per_link, latency_s, solo)
+
+    def solo_time(self, bytes_per_flow: float) -> float:
+        """Alpha-beta: the latency, then the bytes at the bottleneck rate, nothing else around."""
+        return self.latency_s + bytes_per_flow / self.solo_rate
+
+
+def solo_time(lowering: Lowering, size_bytes: float, capacity: Sequence[float]) -> float:
+    """A lowering alone on the network: its rounds' times added up."""
+    return sum(round_time(rnd, size_bytes, capacity) for rnd in lowering)
+
+
+def round_time(rnd: Round, size_bytes: float, capacity: Sequence[float]) -> float:
+    """A round alone: each flow set waits its latency, then shares links max-min fairly.
+
+    One flow set takes its `solo_time`. Several (the channels of a ring, the chunks of a torus
+    round) are stepped from one start or finish to the next, so a set that starts or ends early
+    hands its bandwidth to the others.
+    """
+    if len(rnd) == 1:
+        flows, factor = rnd[0]
+        return flows.solo_time(factor * size_bytes)
+    waiting = sorted(range(len(rnd)), key=lambda i: rnd[i][0].latency_s)
+    remaining: dict[int, float] = {}
+    now = 0.0
+    while waiting or remaining:
+        active = list(remaining)
+        rates = max_min_rates([(rnd[i][0].links, rnd[i][0].counts) for i in active], capacity)
+        finishes = [now + remaining[i] / rate for i, rate in zip(active, rates)]
+        start = rnd[waiting[0]][0].latency_s if waiting else math.inf
+        step_to = min([start, *finishes])
+        for i, rate, finish in zip(active, rates, finishes):
+            if finish <= step_to:
+                del remaining[i]
+            else:
+                remaining[i] -= rate * (step_to - now)
+        now = step_to
+        while waiting and rnd[waiting[0]][0].latency_s <= now:
+            i = waiting.pop(0)
+            remaining[i] = rnd[i][1] * size_bytes
+    return now
 
 
 @dataclass(eq=False, slots=True)
 class _Plan:
-    """What `Network.run` keeps per lowering: its flow sets' indices and whom they conflict
-    with (refreshed when new flow sets register), and its analytic time per size."""
+    """What the network keeps per registered lowering (see the module's cache rules)."""
 
     lowering: Lowering
-    indices: tuple[int, ...]
+    index: list[list[int]]
+    """Registry index per round and flow set; -1 until the set is first used."""
+    analytic: bool
+    """Every round has one flow set: it may take the analytic path."""
+    indices: tuple[int, ...] = ()
+    """Analytic lowerings: the one flow set's index per round (set at the first run)."""
     conflicts: tuple[int, ...] = ()
     registry_size: int = -1
     seconds: dict[float, float] = field(default_factory=dict)
@@ -72,11 +143,10 @@ class _Plan:
 
 @dataclass(eq=False, slots=True)
 class _Job:
-    """A collective on the analytic path: its phase boundaries are known in advance."""
+    """A collective on the analytic path: its round boundaries are known in advance."""
 
-    lowering: Lowering
+    plan: _Plan
     size: float
-    indices: tuple[int, ...]
     start: float
     done: simpy.Event
     live: bool = True
@@ -102,54 +172,58 @@ class Network:
     def __init__(self, env: simpy.Environment, capacity: Sequence[float], *,
                  analytic_path: bool = True) -> None:
         self.env = env
-        self.capacity = capacity
+        self.capacity = tuple(capacity)
+        assert all(0 < c < math.inf for c in self.capacity), "link capacities must be finite > 0"
         self.analytic_path = analytic_path
-        self._index: dict[int, int] = {}  # id(flow set) -> dense index
-        self._sets: list[FlowSet] = []  # keeps registered flow sets (and their ids) alive
+        self._handles: dict[Lowering, int] = {}
+        self._plans: list[_Plan] = []
+        self._index: dict[FlowSet, int] = {}
+        self._sets: list[FlowSet] = []
         self._conflicts: list[list[int]] = []  # flow sets sharing a link, itself included
         self._by_link: dict[int, list[int]] = {}
         self._active: list[dict[_Transfer, None]] = []
         self._jobs: list[dict[_Job, None]] = []  # analytic-path jobs per flow set
-        self._plans: dict[int, _Plan | None] = {}  # id(lowering) -> plan, None: no fast path
         self._matrices: dict[tuple[int, ...], tuple[np.ndarray, np.ndarray]] = {}
         self._dirty: dict[_Transfer, None] = {}  # to re-share once the current instant is over
         self._seq = 0
         self.num_reshares = 0
 
-    def run(self, lowering: Lowering, size_bytes: float) -> simpy.Event:
-        """An event that fires when the lowering's last phase has finished."""
+    def register(self, lowering: Lowering) -> int:
+        """The handle `run` takes for this lowering (equal lowerings share one)."""
+        handle = self._handles.get(lowering)
+        if handle is None:
+            handle = self._handles[lowering] = len(self._plans)
+            index = [[-1] * len(rnd) for rnd in lowering]
+            analytic = self.analytic_path and all(len(rnd) == 1 for rnd in lowering)
+            self._plans.append(_Plan(lowering, index, analytic))
+        return handle
+
+    def run(self, handle: int, size_bytes: float) -> simpy.Event:
+        """An event that fires when the registered lowering's last round has finished."""
         done = self.env.event()
-        plan = self._plans.get(id(lowering), 0)
-        if plan == 0:
-            plan = self._plan(lowering)
-        if plan is not None and size_bytes > 0:
-            if plan.registry_size != len(self._sets):  # new flow sets may conflict with it
-                plan.conflicts = tuple(sorted({j for i in plan.indices
-                                               for j in self._conflicts[i]}))
-                plan.registry_size = len(self._sets)
-            active, jobs = self._active, self._jobs
-            if not any(active[j] or jobs[j] for j in plan.conflicts):
-                self._analytic(plan, _Job(lowering, size_bytes, plan.indices, self.env.now, done))
-                return done
-        self._phase(lowering, 0, size_bytes, done)
+        plan = self._plans[handle]
+        if plan.analytic:
+            if len(plan.indices) != len(plan.lowering):  # first run: index its flow sets
+                plan.indices = tuple(self._index_of(plan, k, 0) for k in range(len(plan.index)))
+            if size_bytes > 0:
+                if plan.registry_size != len(self._sets):  # new flow sets may conflict with it
+                    plan.conflicts = tuple(sorted({j for i in plan.indices
+                                                   for j in self._conflicts[i]}))
+                    plan.registry_size = len(self._sets)
+                active, jobs = self._active, self._jobs
+                if not any(active[j] or jobs[j] for j in plan.conflicts):
+                    self._analytic(_Job(plan, size_bytes, self.env.now, done))
+                    return done
+        self._round(plan, 0, size_bytes, done)
         return done
 
-    def _plan(self, lowering: Lowering) -> _Plan | None:
-        plan = None
-        if self.analytic_path and all(len(phase) == 1 for phase in lowering):
-            indices = tuple(self._register(phase[0][0]) for phase in lowering)
-            plan = _Plan(lowering, indices)
-        self._plans[id(lowering)] = plan  # the plan holds the lowering, so its id stays unique
-        return plan
-
-    def _analytic(self, plan: _Plan, job: _Job) -> None:
-        for i in set(job.indices):
+    def _analytic(self, job: _Job) -> None:
+        plan = job.plan
+        for i in set(plan.indices):
             self._jobs[i][job] = None
         seconds = plan.seconds.get(job.size)
         if seconds is None:
-            seconds = sum(flows.latency_s + factor * job.size / flows.solo_rate
-                          for ((flows, factor),) in job.lowering)
-            plan.seconds[job.size] = seconds
+            seconds = plan.seconds[job.size] = solo_time(plan.lowering, job.size, self.capacity)
         self.env.timeout(seconds).callbacks.append(lambda _: self._end_analytic(job))
 
     def _end_analytic(self, job: _Job) -> None:
@@ -159,60 +233,59 @@ class Network:
 
     def _drop(self, job: _Job) -> None:
         job.live = False
-        for i in job.indices:
+        for i in job.plan.indices:
             self._jobs[i].pop(job, None)
 
     def _to_flows(self, job: _Job) -> None:
         """Continue an analytic job as flow transfers from where it has got to by now."""
         self._drop(job)
-        now, t = self.env.now, job.start
-        for k, ((flows, factor),) in enumerate(job.lowering):
+        plan, now, t = job.plan, self.env.now, job.start
+        for k, ((flows, factor),) in enumerate(plan.lowering):
             size = factor * job.size
-            end = t + flows.latency_s + size / flows.solo_rate
-            if end > now or k == len(job.lowering) - 1:
+            end = t + flows.solo_time(size)
+            if end > now or k == len(plan.lowering) - 1:
                 break
             t = end
         ready = t + flows.latency_s
         moved = flows.solo_rate * (now - ready) if now > ready else 0.0
-        index = job.indices[k]
         self._seq += 1
 
-        def phase_done(k: int = k) -> None:
-            self._phase(job.lowering, k + 1, job.size, job.done)
+        def round_done(k: int = k) -> None:
+            self._round(plan, k + 1, job.size, job.done)
 
-        tr = _Transfer(self._seq, index, max(size - moved, 0.0), ready, phase_done)
+        tr = _Transfer(self._seq, plan.indices[k], max(size - moved, 0.0), ready, round_done)
         tr.rate, tr.since = flows.solo_rate, max(now, ready)
-        self._active[index][tr] = None
+        self._active[tr.index][tr] = None
         self._schedule(tr, max(tr.since - now, 0.0) + tr.remaining / tr.rate)
 
-    def transfer(self, flows: FlowSet, bytes_per_flow: float) -> simpy.Event:
-        """An event that fires when every flow of `flows` has carried `bytes_per_flow`."""
-        done = self.env.event()
-        self._start(flows, bytes_per_flow, lambda: done.succeed())
-        return done
-
-    def _phase(self, lowering: Lowering, k: int, size: float, done: simpy.Event) -> None:
-        if k == len(lowering):
+    def _round(self, plan: _Plan, k: int, size: float, done: simpy.Event) -> None:
+        if k == len(plan.lowering):
             done.succeed()
             return
-        pending = [len(lowering[k])]
+        rnd = plan.lowering[k]
+        pending = [len(rnd)]
 
         def one_done() -> None:
             pending[0] -= 1
             if pending[0] == 0:
-                self._phase(lowering, k + 1, size, done)
+                self._round(plan, k + 1, size, done)
 
-        for flows, factor in lowering[k]:
-            self._start(flows, factor * size, one_done)
+        for j, (_, factor) in enumerate(rnd):
+            self._start(plan, k, j, factor * size, one_done)
 
     # --- registry of flow sets and who conflicts with whom --------------------------------
 
+    def _index_of(self, plan: _Plan, k: int, j: int) -> int:
+        index = plan.index[k][j]
+        if index < 0:
+            index = plan.index[k][j] = self._register(plan.lowering[k][j][0])
+        return index
+
     def _register(self, flows: FlowSet) -> int:
-        index = self._index.get(id(flows))
+        index = self._index.get(flows)
         if index is not None:
             return index
-        index = len(self._sets)
-        self._index[id(flows)] = index
+        index = self._index[flows] = len(self._sets)
         self._sets.append(flows)
         others: set[int] = set()
         for link in flows.links:
@@ -228,22 +301,25 @@ class Network:
 
     # --- transfers ----------------------------------------------------------------------
 
-    def _start(self, flows: FlowSet, size: float, on_done: Callable[[], None]) -> None:
+    def _start(self, plan: _Plan, k: int, j: int, size: float,
+               on_done: Callable[[], None]) -> None:
+        """Start flow set j of round k of `plan`, each flow carrying `size` bytes."""
         now = self.env.now
+        flows = plan.lowering[k][j][0]
         if size <= 0 or not flows.links:
             if flows.latency_s > 0:
                 self.env.timeout(flows.latency_s).callbacks.append(lambda _: on_done())
             else:
                 on_done()
             return
-        index = self._register(flows)
-        for j in self._conflicts[index]:
-            for job in list(self._jobs[j]):
+        index = self._index_of(plan, k, j)
+        for c in self._conflicts[index]:
+            for job in list(self._jobs[c]):
                 self._to_flows(job)
         self._seq += 1
         t = _Transfer(self._seq, index, float(size), now + flows.latency_s, on_done)
         active = self._active
-        alone = not any(active[j] for j in self._conflicts[index])
+        alone = not any(active[c] for c in self._conflicts[index])
         active[index][t] = None
         if alone:  # nobody else on its links: its own bottleneck rate until something changes
             t.rate, t.since = flows.solo_rate, t.ready_at
@@ -285,7 +361,7 @@ class Network:
         if not moving:
             return
         if len(moving) == 1:
-            rates = [self._sets[moving[0].index].solo_rate]
+            rates: Sequence[float] = [self._sets[moving[0].index].solo_rate]
         else:
             rates = self._rates(tuple(t.index for t in moving))
         for t, rate in zip(moving, rates):

@@ -1,9 +1,10 @@
-"""What a collective algorithm produces: phases of flow sets, with bytes as a fraction of S.
+"""What a collective algorithm produces: rounds of flow sets, with bytes as a fraction of S.
 
-A `Lowering` is a tuple of phases run one after another (lock-step: the next phase starts when
-every flow set of the previous one is done). Each phase is a tuple of `(FlowSet, factor)`: every
-flow of the set carries `factor * size_bytes`. Lowerings depend on the group and the cluster
-but not on the size, so they are cached and reused for every size.
+A `Lowering` (defined in `sim.network`) is a tuple of communication rounds run one after another
+(lock-step: the next round starts when every flow set of the previous one is done). Each `Round`
+is a tuple of `(FlowSet, factor)`: every flow of the set carries `factor * size_bytes`.
+Lowerings depend on the group and the cluster but not on the size, so they are cached and
+reused for every size.
 """
 
 from __future__ import annotations
@@ -11,11 +12,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from sim.network import FlowSet
+from sim.network import Lowering as Lowering  # re-exported for the algorithm modules
+from sim.network import Round as Round
 from topology.cluster import Cluster
 from traces.ops import OpKind
-
-Phase = tuple[tuple[FlowSet, float], ...]
-Lowering = tuple[Phase, ...]  # the same shape as sim.network.Lowering
 
 AR, RS, AG, BCAST, A2A = (OpKind.ALL_REDUCE, OpKind.REDUCE_SCATTER, OpKind.ALL_GATHER,
                           OpKind.BROADCAST, OpKind.ALL_TO_ALL)

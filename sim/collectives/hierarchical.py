@@ -2,7 +2,7 @@
 
 all_reduce: intra-server reduce-scatter -> inter-server all-reduce of S/k among the members
 with the same position (one ring per position, each over its own NIC) -> intra-server
-all-gather. reduce_scatter and all_gather keep the first two and the last two phases.
+all-gather. reduce_scatter and all_gather keep the first two and the last two rounds.
 Needs at least two servers with the same number k >= 2 of members each.
 """
 
@@ -15,7 +15,7 @@ from sim.collectives.base import (
     AR,
     RS,
     Lowering,
-    Phase,
+    Round,
     by_server,
     cycle_latency,
     flowset,
@@ -26,13 +26,14 @@ from topology.cluster import Cluster
 from traces.ops import OpKind
 
 
-def _rings(cluster: Cluster, rings: list[list[int]], factor: float, rounds: int) -> Phase:
-    """Concurrent rings as one flow set; `rounds` 2 for an all-reduce, 1 for RS/AG."""
+def _rings(cluster: Cluster, rings: list[list[int]], factor: float, passes: int) -> Round:
+    """Concurrent rings as one flow set; a chunk goes round `passes` times: 2 for an
+    all-reduce, 1 for RS/AG."""
     routes, latency = [], 0.0
     for ring in rings:
         hops = [hop(cluster, ring[i], ring[(i + 1) % len(ring)]) for i in range(len(ring))]
         routes += hops
-        latency = max(latency, rounds * cycle_latency(cluster, hops))
+        latency = max(latency, passes * cycle_latency(cluster, hops))
     return ((flowset(cluster, routes, latency), factor),)
 
 

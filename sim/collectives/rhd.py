@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from sim.collectives.base import AG, AR, BCAST, RS, Lowering, Phase, flowset, hop
+from sim.collectives.base import AG, AR, BCAST, RS, Lowering, Round, flowset, hop
 from topology.cluster import Cluster
 from traces.ops import OpKind
 
 
-def _round(cluster: Cluster, pairs: list[tuple[int, int]], factor: float) -> Phase:
+def _round(cluster: Cluster, pairs: list[tuple[int, int]], factor: float) -> Round:
     routes = [hop(cluster, a, b) for a, b in pairs]
     latency = max(cluster.path_latency(r) for r in routes)
     return ((flowset(cluster, routes, latency), factor),)
@@ -26,14 +26,14 @@ def lower_rhd(cluster: Cluster, kind: OpKind, group: Sequence[int],
     n = len(group)
     if kind not in (AR, RS, AG, BCAST) or n < 2 or n & (n - 1):
         return None
-    rounds = n.bit_length() - 1
+    num_rounds = n.bit_length() - 1
     if kind is BCAST:
         return tuple(
             _round(cluster, [(group[i], group[i + (1 << r)]) for i in range(1 << r)], 1.0)
-            for r in range(rounds)
+            for r in range(num_rounds)
         )
     halving = []  # distance n/2 first; each rank exchanges half of what it still holds
-    for r in range(rounds):
+    for r in range(num_rounds):
         distance = n >> (r + 1)
         pairs = [(group[i], group[i ^ distance]) for i in range(n)]
         halving.append(_round(cluster, pairs, 1.0 / (2 << r)))

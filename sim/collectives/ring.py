@@ -41,7 +41,7 @@ def lower_ring(cluster: Cluster, kind: OpKind, group: Sequence[int],
     n = len(group)
     servers = by_server(cluster, group)
     channels = channels or default_channels(cluster, servers)
-    phase = []
+    rnd = []  # one round: every channel's ring at once
     for c in range(channels):
         order = [r for s in rotated(servers, c) for r in s] if uniform(servers) else list(group)
         if kind is BCAST:
@@ -49,10 +49,10 @@ def lower_ring(cluster: Cluster, kind: OpKind, group: Sequence[int],
             order = order[root:] + order[:root]
             routes = [hop(cluster, a, b) for a, b in zip(order, order[1:])]
             latency = sum(cluster.path_latency(r) for r in routes)
-            phase.append((flowset(cluster, routes, latency), 1.0 / channels))
+            rnd.append((flowset(cluster, routes, latency), 1.0 / channels))
             continue
         routes = [hop(cluster, order[i], order[(i + 1) % n]) for i in range(n)]
-        rounds = 2 if kind is AR else 1
-        factor = rounds * (n - 1) / n / channels
-        phase.append((flowset(cluster, routes, rounds * cycle_latency(cluster, routes)), factor))
-    return (tuple(phase),)
+        passes = 2 if kind is AR else 1  # reduce-scatter, then all-gather
+        factor = passes * (n - 1) / n / channels
+        rnd.append((flowset(cluster, routes, passes * cycle_latency(cluster, routes)), factor))
+    return (tuple(rnd),)

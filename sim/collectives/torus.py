@@ -2,9 +2,9 @@
 
 The group must be a grid: the product of one set of coordinates per torus axis. With D axes of
 more than one member, the data is cut into D chunks; chunk i reduce-scatters along its axes in
-the rotated order i, i+1, ... so that at every phase each axis carries one chunk. Along an axis,
+the rotated order i, i+1, ... so that in every round each axis carries one chunk. Along an axis,
 every line of members runs a ring in both directions, each direction with half the chunk.
-All-gather retraces the phases backwards; all-reduce is the two. Only neighbour links carry
+All-gather retraces the rounds backwards; all-reduce is the two. Only neighbour links carry
 traffic when the lines span their whole axis.
 """
 
@@ -61,17 +61,17 @@ def lower_torus(cluster: Cluster, kind: OpKind, group: Sequence[int],
         return None
     flows = {a: _axis_flows(cluster, torus, group, a) for a in axes}
     d = len(axes)
-    steps = []  # reduce-scatter steps; step s, chunk i works on axis axes[(i + s) % d]
+    rounds = []  # reduce-scatter rounds; in round s, chunk i works on axis axes[(i + s) % d]
     for s in range(d):
-        phase = []
+        rnd = []
         for i in range(d):
             order = [axes[(i + t) % d] for t in range(s + 1)]
-            held = 1 / d / prod(len(values[a]) for a in order[:-1])  # chunk data before step s
+            held = 1 / d / prod(len(values[a]) for a in order[:-1])  # chunk data before round s
             m = len(values[order[-1]])
-            phase.append((flows[order[-1]], (m - 1) / m * held / 2))
-        steps.append(tuple(phase))
+            rnd.append((flows[order[-1]], (m - 1) / m * held / 2))
+        rounds.append(tuple(rnd))
     if kind is RS:
-        return tuple(steps)
+        return tuple(rounds)
     if kind is AG:
-        return tuple(steps[::-1])
-    return tuple(steps + steps[::-1])
+        return tuple(rounds[::-1])
+    return tuple(rounds + rounds[::-1])

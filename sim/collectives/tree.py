@@ -74,7 +74,7 @@ def lower_tree(cluster: Cluster, kind: OpKind, group: Sequence[int],
     servers = by_server(cluster, group)
     channels = channels or default_channels(cluster, servers)
     trees = [tree_edges(len(servers), mirror=False), tree_edges(len(servers), mirror=True)]
-    phase = []
+    rnd = []  # one round: both trees of every channel at once
     for c in range(channels):
         chains = rotated(servers, c) if uniform(servers) else servers
         inter, intra = [], []
@@ -90,5 +90,5 @@ def lower_tree(cluster: Cluster, kind: OpKind, group: Sequence[int],
         lat_inter = max((cluster.path_latency(r) for r in inter), default=0.0)
         lat_intra = max((cluster.path_latency(r) for r in intra), default=0.0)
         latency = 2 * (depth * lat_inter + chain_len * lat_intra)  # up the tree, then down
-        phase.append((flowset(cluster, inter + intra, latency), 0.5 / channels))
-    return (tuple(phase),)
+        rnd.append((flowset(cluster, inter + intra, latency), 0.5 / channels))
+    return (tuple(rnd),)

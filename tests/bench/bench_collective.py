@@ -3,7 +3,7 @@
     python tests/bench/bench_collective.py [--repeat 5]
 
 Each run is a fresh process (so peak RSS is its own): build the cluster, lower the collective,
-run the flow model. Prints medians over the runs: wall time per stage, peak memory, simpy
+run the flow model. Prints medians over the runs: wall time per part, peak memory, simpy
 events and events per second of engine time. Target: <= 2 s per algorithm on one core.
 """
 
@@ -35,7 +35,7 @@ def one(algo: str, analytic_path: bool) -> dict[str, float]:
     t2 = time.perf_counter()
     env = simpy.Environment()
     net = Network(env, cluster.link_capacity, analytic_path=analytic_path)
-    done = net.run(lowering, SIZE)
+    done = net.run(net.register(lowering), SIZE)
     events = 0
     while not done.processed:
         env.step()
@@ -56,7 +56,7 @@ def stress() -> dict[str, float]:
     the GPU's NIC, so re-shares happen all the time."""
     import simpy
 
-    from sim.collectives import Collectives, run
+    from sim.collectives import Collectives
     from sim.collectives.direct import lower_p2p
     from sim.network import Network
     from topology import build_cluster
@@ -69,13 +69,15 @@ def stress() -> dict[str, float]:
 
     def server(s: int):
         lowering = col.lowering(OpKind.ALL_REDUCE, tuple(range(8 * s, 8 * s + 8)), "ring")
+        assert lowering is not None
+        handle = net.register(lowering)
         for _ in range(100):
-            yield env.process(run(env, net, lowering, 16 * 2**20))
+            yield net.run(handle, 16 * 2**20)
 
     def stream(gpu: int, hop: int):
-        lowering = lower_p2p(cluster, gpu, (gpu + hop) % 1024)
+        handle = net.register(lower_p2p(cluster, gpu, (gpu + hop) % 1024))
         for i in range(20):
-            yield env.process(run(env, net, lowering, (64 + 8 * (i % 3)) * 2**20))
+            yield net.run(handle, (64 + 8 * (i % 3)) * 2**20)
 
     for s in range(128):
         env.process(server(s))

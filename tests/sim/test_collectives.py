@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.collectives import ALGORITHMS, Collectives, analytic_time
+from sim.collectives import Collectives, analytic_time
 from sim.collectives.base import busbw_factor
 from sim.collectives.tree import tree_edges
 from tests.conftest import timed
@@ -75,8 +75,8 @@ def test_per_dimension_rings_beat_one_flat_ring_on_a_torus(tpu):
     flat = timed(tpu, AR, group, GiB, "ring")
     assert torus < flat / 3
     # Full lines along every axis: every flow of the torus algorithm is a single neighbour hop.
-    for phase in Collectives(tpu).lowering(AR, group, "torus"):
-        for flows, _ in phase:
+    for rnd in Collectives(tpu).lowering(AR, group, "torus"):
+        for flows, _ in rnd:
             assert sum(flows.counts) == 2 * 64  # one hop per member, in both directions
 
 
@@ -85,7 +85,7 @@ def test_torus_time_matches_its_closed_form(tpu):
     # bytes per flow sum to 2 * 3/4 * (S/3)/2 * (1 + 1/4 + 1/16).
     size = GiB
     per_flow = 2 * 0.75 * size / 6 * (1 + 1 / 4 + 1 / 16)
-    latency = 2 * 3 * 3 * 1e-6  # six phases of 3 neighbour hops
+    latency = 2 * 3 * 3 * 1e-6  # six rounds of 3 neighbour hops
     assert timed(tpu, AR, tuple(range(64)), size, "torus") == pytest.approx(
         per_flow / 50e9 + latency, rel=1e-9)
 
@@ -120,20 +120,28 @@ CLUSTERS = {
 }
 
 
-@settings(max_examples=150, deadline=None)
-@given(
-    name=st.sampled_from(sorted(CLUSTERS)),
-    kind=st.sampled_from([AR, RS, AG, OpKind.BROADCAST, OpKind.ALL_TO_ALL]),
-    algo=st.sampled_from(sorted(ALGORITHMS)),
-    stride=st.sampled_from([1, 2, 4, 8]),
-    count=st.integers(2, 64),
-    size=st.integers(1, 2**32),
-)
-def test_flow_model_equals_analytic_path_when_uncontended(name, kind, algo, stride, count, size):
+COLLECTIVES = {name: Collectives(cluster) for name, cluster in CLUSTERS.items()}
+STRIDES = (1, 2, 4, 8)
+
+
+@st.composite
+def uncontended_cases(draw):
+    """(cluster name, kind, group, algorithm, size) with an algorithm that applies: a group of
+    2 to 64 members taken at a stride, the algorithm one of those that can run it."""
+    name = draw(st.sampled_from(sorted(CLUSTERS)))
+    n = CLUSTERS[name].num_devices
+    stride = draw(st.sampled_from([s for s in STRIDES if n // s >= 2]))
+    group = tuple(range(0, n, stride))[:draw(st.integers(2, min(64, n // stride)))]
+    kind = draw(st.sampled_from([AR, RS, AG, OpKind.BROADCAST, OpKind.ALL_TO_ALL]))
+    algo = draw(st.sampled_from(COLLECTIVES[name].applicable(kind, group)))
+    return name, kind, group, algo, draw(st.integers(1, 2**32))
+
+
+@settings(max_examples=100, deadline=None)
+@given(uncontended_cases())
+def test_flow_model_equals_analytic_path_when_uncontended(case):
+    name, kind, group, algo, size = case
     cluster = CLUSTERS[name]
-    group = tuple(range(0, cluster.num_devices, stride))[:count]
-    lowering = Collectives(cluster).lowering(kind, group, algo) if len(group) > 1 else None
-    if lowering is None:
-        return
+    lowering = COLLECTIVES[name].lowering(kind, group, algo)
     flow = timed(cluster, kind, group, size, algo)
     assert flow == pytest.approx(analytic_time(cluster, lowering, size), rel=1e-9)

@@ -1,25 +1,28 @@
 """The flow model's dynamics: latency, then bytes at a share that changes as flows come and go."""
 
+import math
+
 import pytest
 import simpy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sim.collectives import Collectives
-from sim.network import FlowSet, Network
+from sim.network import FlowSet, Network, solo_time
 from topology import build_cluster
 from traces.ops import OpKind
 
 
-def run_transfers(capacity, transfers):
-    """transfers: (start_s, FlowSet, bytes); returns each one's finish time."""
-    env = simpy.Environment()
-    net = Network(env, capacity)
+def run_transfers(capacity, transfers, net=None):
+    """transfers: (start_s, FlowSet, bytes); returns each one's finish time. Each runs as a
+    one-round lowering on the flow path (no analytic shortcut)."""
+    net = net or Network(simpy.Environment(), capacity, analytic_path=False)
+    env = net.env
     finish = {}
 
     def one(i, start, flows, size):
         yield env.timeout(start)
-        yield net.transfer(flows, size)
+        yield net.run(net.register((((flows, 1.0),),)), size)
         finish[i] = env.now
 
     for i, (start, flows, size) in enumerate(transfers):
@@ -46,19 +49,14 @@ def test_transfers_on_disjoint_links_do_not_slow_each_other():
 
 
 def test_rates_are_recomputed_only_within_the_shared_component():
-    env = simpy.Environment()
-    net = Network(env, [1.0, 1.0])
-    net.transfer(FlowSet.of([(0,)], 0.0, [1.0, 1.0]), 1.0)
-    net.transfer(FlowSet.of([(1,)], 0.0, [1.0, 1.0]), 1.0)
-    env.run()
+    capacity = [1.0, 1.0]
+    net = Network(simpy.Environment(), capacity, analytic_path=False)
+    a, b, ab = (FlowSet.of([links], 0.0, capacity) for links in [(0,), (1,), (0, 1)])
+    run_transfers(capacity, [(0.0, a, 1.0), (0.0, b, 1.0)], net)
     assert net.num_reshares == 0  # each alone on its link: its own rate, no fairness to compute
-    net.transfer(FlowSet.of([(0,)], 0.0, [1.0, 1.0]), 1.0)
-    net.transfer(FlowSet.of([(0, 1)], 0.0, [1.0, 1.0]), 2.0)
-    env.run()
+    run_transfers(capacity, [(0.0, a, 1.0), (0.0, ab, 2.0)], net)
     assert net.num_reshares == 2  # the second start, and the first end freeing bandwidth
-    net.transfer(FlowSet.of([(0,)], 0.0, [1.0, 1.0]), 1.0)
-    net.transfer(FlowSet.of([(0, 1)], 0.0, [1.0, 1.0]), 1.0)
-    env.run()
+    run_transfers(capacity, [(0.0, a, 1.0), (0.0, ab, 1.0)], net)
     assert net.num_reshares == 3  # both end at once: nothing left to re-share
 
 
@@ -75,13 +73,57 @@ def test_zero_bytes_cost_only_latency():
     assert run_transfers([1.0], [(0.0, FlowSet.of([(0,)], 3e-6, [1.0]), 0.0)]) == [3e-6]
 
 
+def test_alone_a_lowering_takes_its_alpha_beta_time():
+    # Two rounds on a 2 B/s link, 1e-3 s latency each: 1e-3 + 0.5·8/2, then 1e-3 + 0.25·8/2.
+    capacity = [2.0]
+    flows = FlowSet.of([(0,)], 1e-3, capacity)
+    assert flows.solo_time(4.0) == 1e-3 + 4.0 / 2.0
+    lowering = (((flows, 0.5),), ((flows, 0.25),))
+    assert solo_time(lowering, 8.0, capacity) == pytest.approx(2e-3 + 2.0 + 1.0, rel=1e-12)
+    env = simpy.Environment()
+    net = Network(env, capacity)
+    done = net.run(net.register(lowering), 8.0)
+    env.run(until=done)
+    assert env.now == solo_time(lowering, 8.0, capacity)
+
+
+def test_lowerings_are_interned_by_value():
+    capacity = [1.0, 1.0]
+    net = Network(simpy.Environment(), capacity)
+
+    def lowering(link):  # a fresh but equal value on every call
+        return (((FlowSet.of([(link,)], 0.0, capacity), 1.0),),)
+
+    assert net.register(lowering(0)) == net.register(lowering(0)) == 0
+    assert net.register(lowering(1)) == 1
+
+
+@pytest.mark.parametrize("latency", [math.inf, math.nan, -1e-6])
+def test_a_flow_set_never_has_an_unusable_latency(latency):
+    with pytest.raises(AssertionError):
+        FlowSet.of([(0,)], latency, [1.0])
+
+
+@pytest.mark.parametrize("capacity", [math.inf, 0.0, math.nan])
+def test_the_network_never_has_an_unusable_capacity(capacity):
+    with pytest.raises(AssertionError):
+        Network(simpy.Environment(), [1.0, capacity])
+    with pytest.raises(AssertionError):
+        FlowSet.of([(1,)], 0.0, [1.0, capacity])
+
+
+H100 = build_cluster("dgx-h100", nodes=1)
+H100_COLLECTIVES = Collectives(H100)
+
+
 @st.composite
 def collective_mixes(draw):
-    """Collectives on one DGX H100 that overlap in time on shared NVLinks."""
+    """All-reduces on one DGX H100 that overlap in time on shared NVLinks, each with one of
+    the algorithms that apply to its group."""
     jobs = []
     for _ in range(draw(st.integers(2, 6))):
         group = tuple(sorted(draw(st.sets(st.integers(0, 7), min_size=2, max_size=8))))
-        algo = draw(st.sampled_from(["ring", "rhd"]))
+        algo = draw(st.sampled_from(H100_COLLECTIVES.applicable(OpKind.ALL_REDUCE, group)))
         start = draw(st.floats(0.0, 2e-4))
         size = draw(st.integers(1, 2**26))
         jobs.append((group, algo, start, size))
@@ -93,23 +135,17 @@ def collective_mixes(draw):
 def test_analytic_shortcut_is_exact_even_when_interrupted(jobs):
     """Collectives start on the analytic path and fall back to flows when others arrive;
     every finish time equals that of a network that never takes the shortcut."""
-    cluster = build_cluster("dgx-h100", nodes=1)
-    col = Collectives(cluster)
-    plans = []
-    for group, algo, start, size in jobs:
-        lowering = col.lowering(OpKind.ALL_REDUCE, group, algo)
-        if lowering is None:
-            lowering = col.lowering(OpKind.ALL_REDUCE, group, "ring")
-        plans.append((start, lowering, size))
+    plans = [(start, H100_COLLECTIVES.lowering(OpKind.ALL_REDUCE, group, algo), size)
+             for group, algo, start, size in jobs]
 
     def finish_times(shortcut: bool) -> list[float]:
         env = simpy.Environment()
-        net = Network(env, cluster.link_capacity, analytic_path=shortcut)
+        net = Network(env, H100.link_capacity, analytic_path=shortcut)
         finish = {}
 
         def one(i, start, lowering, size):
             yield env.timeout(start)
-            yield net.run(lowering, size)
+            yield net.run(net.register(lowering), size)
             finish[i] = env.now
 
         for i, plan in enumerate(plans):

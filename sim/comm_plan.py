@@ -1,0 +1,302 @@
+"""A plan's communication, lowered before the replay: pure, so a test can call it alone.
+
+    comm = lower_communication(plan, cluster, fold, algo="auto")
+
+Every send/recv and collective of the plan gets a typed key (`TransferKey`, `CollectiveKey`:
+what moves, between whom, how many bytes). Each distinct key is lowered once by
+`sim.collectives` into rounds of flow sets (`Lowered`). Each op gets a `CommOp`: which lowering
+it runs, on which meeting channel (a group's communicator, or a (source, destination, tag)
+pair), which issue counter it advances, and how many members must arrive.
+
+Folding: a plan built for one representative rank per (cp, pp) coordinate (`fold`, the layout
+it was folded with) stands for all its tensor-parallel peers and data-parallel replicas, which
+run the same program. Their traffic is not simulated separately, except where it crosses links
+the representatives use: there the copies' flows are added to the representatives' flow sets,
+so contention on shared links (a fat tree's uplinks) is still felt. On layouts where the
+copies' links are disjoint from the representatives', folded and unfolded runs give identical
+times. A collective whose members all fold onto one present rank needs only that rank.
+
+Bad traces (ranks that do not exist, malformed peers or groups, a rank issuing a collective on
+a group it is not in, a group member with no ops) raise `ConfigError` naming the op.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from sim.collectives import Collectives
+from sim.network import FlowSet, Lowering
+from topology.cluster import Cluster
+from traces.errors import ConfigError
+from traces.layout import Layout
+from traces.ops import OpKind, Trace
+
+
+@dataclass(frozen=True, slots=True)
+class CollectiveKey:
+    """A distinct collective: its kind, its group (communicator order), its size."""
+
+    kind: OpKind
+    group: tuple[int, ...]
+    size_bytes: float
+
+
+@dataclass(frozen=True, slots=True)
+class TransferKey:
+    """A distinct point-to-point transfer; a send and its receive share it."""
+
+    src: int
+    dst: int
+    size_bytes: float
+
+
+CommKey = CollectiveKey | TransferKey
+
+
+@dataclass(frozen=True, slots=True)
+class Lowered:
+    """A distinct communication, lowered: the algorithm that runs it ("p2p" for a transfer)
+    and its rounds, the folded copies' flows on shared links included."""
+
+    key: CommKey
+    algo: str
+    lowering: Lowering
+
+
+@dataclass(frozen=True, slots=True)
+class CollectiveChannel:
+    """Where collectives on one group meet: the k-th call of each member meets the k-th."""
+
+    group: tuple[int, ...]
+
+    @property
+    def ranks(self) -> tuple[int, ...]:
+        return self.group
+
+
+@dataclass(frozen=True, slots=True)
+class TransferChannel:
+    """Where sends from `src` to `dst` with `tag` meet their receives, in order."""
+
+    src: int
+    dst: int
+    tag: str
+
+    @property
+    def ranks(self) -> tuple[int, ...]:
+        return (self.src, self.dst)
+
+
+Channel = CollectiveChannel | TransferChannel
+
+
+@dataclass(frozen=True, slots=True)
+class CommOp:
+    """How one communication op of one rank runs (the fields index into its `CommPlan`)."""
+
+    lowered: int
+    """Its lowering: `CommPlan.lowered[lowered]`."""
+    channel: int
+    """Where it meets its partners: `CommPlan.channels[channel]`."""
+    queue: int
+    """Its issue counter, one per (channel, rank): the k-th call on it joins meeting k."""
+    need: int
+    """How many present ranks must arrive; 1 when the rank stands for the whole group."""
+
+
+@dataclass(frozen=True, slots=True)
+class CommPlan:
+    """Everything the replay needs to know about the plan's communication before it runs."""
+
+    lowered: tuple[Lowered, ...]
+    channels: tuple[Channel, ...]
+    num_queues: int
+    ops: Mapping[int, Mapping[int, CommOp]]
+    """Per rank, per op index (communication ops only)."""
+    algorithms: Mapping[str, int]
+    """How many collectives (and transfers, as "p2p") each algorithm runs, counted once each."""
+
+
+def lower_communication(plan: Trace, cluster: Cluster, fold: Layout | None, *,
+                        algo: str = "auto", collectives: Collectives | None = None) -> CommPlan:
+    """Lower every communication op of `plan` on `cluster`; `fold` is the layout a folded
+    plan was built with (None: the plan holds every rank it runs)."""
+    collectives = collectives or Collectives(cluster)
+    for r in plan.ops:
+        if not 0 <= r < cluster.num_devices:
+            raise ConfigError(f"trace: rank {r} does not exist on {cluster.name} "
+                              f"({cluster.num_devices} accelerators)")
+    keys, key_of = _keys(plan, cluster)
+    lowered = _lower(keys, cluster, collectives, fold, algo)
+    members = _Members(plan, fold)
+    channels: dict[tuple[object, ...], int] = {}
+    queues: dict[tuple[int, int], int] = {}
+    made: dict[tuple[object, ...], tuple[CommOp, str | None]] = {}  # shared by equal ops
+    ops: dict[int, dict[int, CommOp]] = {}
+    algorithms: dict[str, int] = {}
+    for rank, per_op in key_of.items():
+        table = ops[rank] = {}
+        rank_ops = plan.ops[rank]
+        for i, k in per_op.items():
+            op = rank_ops[i]
+            tag = op.tag if op.kind.is_p2p else ""
+            found = made.get((k, tag, rank))
+            if found is None:
+                found = made[(k, tag, rank)] = _comm_op(
+                    rank, op.kind, tag, k, keys[k], lowered[k].algo, members, channels, queues)
+            table[i] = found[0]
+            if found[1] is not None:  # count each collective once, at its first member
+                algorithms[found[1]] = algorithms.get(found[1], 0) + 1
+    by_index = sorted(channels.items(), key=lambda item: item[1])
+    return CommPlan(lowered=tuple(lowered),
+                    channels=tuple(_channel(raw) for raw, _ in by_index),
+                    num_queues=len(queues), ops=ops, algorithms=algorithms)
+
+
+def _comm_op(rank: int, kind: OpKind, tag: str, k: int, key: CommKey, algo: str,
+             members: _Members, channels: dict[tuple[object, ...], int],
+             queues: dict[tuple[int, int], int]) -> tuple[CommOp, str | None]:
+    """The op's CommOp, and the algorithm to count it under if this op counts it."""
+    if isinstance(key, TransferKey):
+        raw: tuple[object, ...] = ("p2p", key.src, key.dst, tag)
+        need, counted = 2, algo if kind is OpKind.SEND else None
+    else:
+        present = members.of(key.group)
+        if rank not in present:
+            raise ConfigError(f"trace: rank {rank} issues {kind} on group "
+                              f"{list(key.group)} without being in it")
+        raw = ("collective", key.group)
+        need, counted = len(present), algo if present[0] == rank else None
+    channel = channels.setdefault(raw, len(channels))
+    queue = queues.setdefault((channel, rank), len(queues))
+    return CommOp(lowered=k, channel=channel, queue=queue, need=need), counted
+
+
+def _channel(raw: tuple[object, ...]) -> Channel:
+    if raw[0] == "p2p":
+        _, src, dst, tag = raw
+        return TransferChannel(src, dst, tag)  # type: ignore[arg-type]
+    return CollectiveChannel(raw[1])  # type: ignore[arg-type]
+
+
+def _keys(plan: Trace, cluster: Cluster) -> tuple[list[CommKey], dict[int, dict[int, int]]]:
+    """Every communication op's key, checked: the distinct keys in order of first use, and
+    per rank, per op index, the index of its key in that list."""
+    n = cluster.num_devices
+    keys: list[CommKey] = []
+    index: dict[tuple[object, ...], int] = {}
+    checked: set[tuple[int, ...]] = set()
+    key_of: dict[int, dict[int, int]] = {}
+    for rank, ops in plan.ops.items():
+        per_op = key_of[rank] = {}
+        for i, op in enumerate(ops):
+            kind = op.kind
+            if kind is OpKind.COMPUTE:
+                continue
+            if kind.is_p2p:
+                peer = op.peer
+                if not isinstance(peer, int) or not 0 <= peer < n or peer == rank:
+                    raise ConfigError(f"trace: rank {rank} {kind} has peer {peer!r}; it must "
+                                      f"be another rank of the {n} on {cluster.name}")
+                src, dst = (rank, peer) if kind is OpKind.SEND else (peer, rank)
+                raw: tuple[object, ...] = (src, dst, op.size_bytes)
+                k = index.get(raw)
+                if k is None:
+                    k = index[raw] = len(keys)
+                    keys.append(TransferKey(src, dst, op.size_bytes))
+            else:
+                group = op.group
+                if group not in checked:
+                    if len(group) < 2 or not all(0 <= r < n for r in group) or \
+                            len(set(group)) != len(group):
+                        raise ConfigError(f"trace: rank {rank} {kind} on group {list(group)}; "
+                                          f"a group needs two or more distinct ranks of the "
+                                          f"{n} on {cluster.name}")
+                    checked.add(group)
+                raw = (kind, group, op.size_bytes)
+                k = index.get(raw)
+                if k is None:
+                    k = index[raw] = len(keys)
+                    keys.append(CollectiveKey(kind, group, op.size_bytes))
+            per_op[i] = k
+    return keys, key_of
+
+
+def _lower(keys: list[CommKey], cluster: Cluster, collectives: Collectives,
+           fold: Layout | None, algo: str) -> list[Lowered]:
+    """Lower every distinct key once; add the folded copies' flows on the links the present
+    ranks use (the copies elsewhere mirror them and need no simulation)."""
+    base: list[tuple[str, Lowering]] = []
+    for key in keys:
+        if isinstance(key, TransferKey):
+            base.append(("p2p", collectives.p2p(key.src, key.dst)))
+        else:
+            base.append(collectives.resolve(key.kind, key.group, key.size_bytes, algo))
+    if fold is None:
+        return [Lowered(key, name, lowering) for key, (name, lowering) in zip(keys, base)]
+    used = {link for _, lowering in base for rnd in lowering for flows, _ in rnd
+            for link in flows.links}
+    lowered = []
+    for key, (name, lowering) in zip(keys, base):
+        if isinstance(key, TransferKey):
+            copies = [collectives.p2p(*pair) for pair in fold.copies((key.src, key.dst))]
+        else:
+            copies = []
+            for group in fold.copies(key.group):
+                copy = collectives.lowering(key.kind, group, name)
+                assert copy is not None, f"{name} applies to a group but not to its copy {group}"
+                copies.append(copy)
+        lowering = with_copies(lowering, copies, used, cluster.link_capacity)
+        lowered.append(Lowered(key, name, lowering))
+    return lowered
+
+
+class _Members:
+    """The present ranks that must issue a collective on a group: under folding, the
+    representatives its members fold onto."""
+
+    def __init__(self, plan: Trace, fold: Layout | None) -> None:
+        self.present = set(plan.ops)
+        self.fold = fold
+        self._cache: dict[tuple[int, ...], tuple[int, ...]] = {}
+
+    def of(self, group: tuple[int, ...]) -> tuple[int, ...]:
+        found = self._cache.get(group)
+        if found is None:
+            fold = self.fold
+            found = tuple(sorted({fold.representative(r) for r in group} if fold else group))
+            missing = [r for r in found if r not in self.present]
+            if missing:
+                raise ConfigError(f"trace: collective group {list(group)} includes rank "
+                                  f"{missing[0]}, which has no ops in the trace")
+            self._cache[group] = found
+        return found
+
+
+def with_copies(lowering: Lowering, copies: list[Lowering], used: set[int],
+                capacity: tuple[float, ...]) -> Lowering:
+    """`lowering` with each copy's flows that cross `used` links added to the matching flow
+    set (copies have the same shape: the same algorithm on a shifted group)."""
+    if not copies:
+        return lowering
+    rounds = []
+    for k, rnd in enumerate(lowering):
+        sets = []
+        for j, (flows, factor) in enumerate(rnd):
+            extra: dict[int, int] = {}
+            for copy in copies:
+                twin = copy[k][j][0]
+                for link, count in zip(twin.links, twin.counts):
+                    if link in used:
+                        extra[link] = extra.get(link, 0) + count
+            sets.append((_merge(flows, extra, capacity), factor) if extra else (flows, factor))
+        rounds.append(tuple(sets))
+    return tuple(rounds)
+
+
+def _merge(flows: FlowSet, extra: dict[int, int], capacity: tuple[float, ...]) -> FlowSet:
+    counts = dict(zip(flows.links, flows.counts))
+    for link, count in extra.items():
+        counts[link] = counts.get(link, 0) + count
+    return FlowSet.from_counts(counts, flows.latency_s, capacity)

@@ -1,0 +1,63 @@
+"""Run-time matching of communication: who waits for whom.
+
+As NCCL matches calls on a communicator, the k-th collective a rank issues on a group meets the
+k-th that every other member issues on it; the k-th send from a to b with a tag meets the k-th
+receive on b from a with that tag. `Meetings.arrive` counts each rank's calls per channel
+(`CommOp.queue`) and gathers the members of call k; the last to arrive gets `last=True` and
+runs the transfer for all, the others wait on the meeting's `done` event.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import simpy
+
+from sim.comm_plan import CommOp, CommPlan
+from traces.errors import ConfigError
+from traces.ops import Op
+
+
+@dataclass(eq=False, slots=True)
+class Meeting:
+    """A collective or a send/recv pair gathering its members."""
+
+    need: int
+    first: Op
+    """The op of the first member to arrive (the others must agree with it)."""
+    done: simpy.Event
+    """Fires when the communication has finished."""
+    arrived: int = 0
+    start: float = 0.0
+    """When the last member arrived and the communication started."""
+
+
+class Meetings:
+    """The meetings of one replay, open and to come."""
+
+    def __init__(self, env: simpy.Environment, comm: CommPlan) -> None:
+        self.env = env
+        self.channels = comm.channels
+        self._issued = [0] * comm.num_queues
+        self._open: dict[tuple[int, int], Meeting] = {}
+
+    def arrive(self, rank: int, op: Op, comm: CommOp) -> tuple[Meeting, bool]:
+        """`rank` issues `op`: the meeting it joins, and whether it completes it."""
+        seq = self._issued[comm.queue]
+        self._issued[comm.queue] = seq + 1
+        key = (comm.channel, seq)
+        meeting = self._open.get(key)
+        if meeting is None:
+            meeting = self._open[key] = Meeting(comm.need, op, self.env.event())
+        elif op.kind.is_collective and (meeting.first.kind is not op.kind
+                                        or meeting.first.size_bytes != op.size_bytes):
+            first = meeting.first
+            raise ConfigError(f"trace: rank {rank} issues {op.kind} of {op.size_bytes:g} B as "
+                              f"call #{seq} on {list(self.channels[comm.channel].ranks)}, but "
+                              f"another member issued {first.kind} of {first.size_bytes:g} B")
+        meeting.arrived += 1
+        if meeting.arrived < meeting.need:
+            return meeting, False
+        del self._open[key]
+        meeting.start = self.env.now
+        return meeting, True
