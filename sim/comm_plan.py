@@ -130,7 +130,7 @@ def lower_communication(plan: Trace, cluster: Cluster, fold: Layout | None, *,
     keys, key_of = _keys(plan, cluster)
     lowered = _lower(keys, cluster, collectives, fold, algo)
     members = _Members(plan, fold)
-    channels: dict[tuple[object, ...], int] = {}
+    channels: dict[Channel, int] = {}  # in order of index
     queues: dict[tuple[int, int], int] = {}
     made: dict[tuple[object, ...], tuple[CommOp, str | None]] = {}  # shared by equal ops
     ops: dict[int, dict[int, CommOp]] = {}
@@ -148,36 +148,28 @@ def lower_communication(plan: Trace, cluster: Cluster, fold: Layout | None, *,
             table[i] = found[0]
             if found[1] is not None:  # count each collective once, at its first member
                 algorithms[found[1]] = algorithms.get(found[1], 0) + 1
-    by_index = sorted(channels.items(), key=lambda item: item[1])
-    return CommPlan(lowered=tuple(lowered),
-                    channels=tuple(_channel(raw) for raw, _ in by_index),
-                    num_queues=len(queues), ops=ops, algorithms=algorithms)
+    return CommPlan(lowered=tuple(lowered), channels=tuple(channels), num_queues=len(queues),
+                    ops=ops, algorithms=algorithms)
 
 
 def _comm_op(rank: int, kind: OpKind, tag: str, k: int, key: CommKey, algo: str,
-             members: _Members, channels: dict[tuple[object, ...], int],
+             members: _Members, channels: dict[Channel, int],
              queues: dict[tuple[int, int], int]) -> tuple[CommOp, str | None]:
     """The op's CommOp, and the algorithm to count it under if this op counts it."""
+    where: Channel
     if isinstance(key, TransferKey):
-        raw: tuple[object, ...] = ("p2p", key.src, key.dst, tag)
+        where = TransferChannel(key.src, key.dst, tag)
         need, counted = 2, algo if kind is OpKind.SEND else None
     else:
         present = members.of(key.group)
         if rank not in present:
             raise ConfigError(f"trace: rank {rank} issues {kind} on group "
                               f"{list(key.group)} without being in it")
-        raw = ("collective", key.group)
+        where = CollectiveChannel(key.group)
         need, counted = len(present), algo if present[0] == rank else None
-    channel = channels.setdefault(raw, len(channels))
+    channel = channels.setdefault(where, len(channels))
     queue = queues.setdefault((channel, rank), len(queues))
     return CommOp(lowered=k, channel=channel, queue=queue, need=need), counted
-
-
-def _channel(raw: tuple[object, ...]) -> Channel:
-    if raw[0] == "p2p":
-        _, src, dst, tag = raw
-        return TransferChannel(src, dst, tag)  # type: ignore[arg-type]
-    return CollectiveChannel(raw[1])  # type: ignore[arg-type]
 
 
 def _keys(plan: Trace, cluster: Cluster) -> tuple[list[CommKey], dict[int, dict[int, int]]]:

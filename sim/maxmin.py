@@ -23,23 +23,21 @@ def max_min_rates(groups: Sequence[FlowGroup], capacity: Sequence[float]) -> lis
             load[link] = load.get(link, 0) + count
             users.setdefault(link, []).append(g)
     remaining = {link: capacity[link] for link in load}
-    rates: list[float | None] = [None] * len(groups)
-    for g, (links, _) in enumerate(groups):
-        if not links:
-            rates[g] = float("inf")
+    fixed = [not links for links, _ in groups]
+    rates = [float("inf") if done else 0.0 for done in fixed]
     while load:
         bottleneck = min(load, key=lambda link: remaining[link] / load[link])
         share = max(remaining[bottleneck] / load[bottleneck], 0.0)
         for g in users[bottleneck]:
-            if rates[g] is not None:
+            if fixed[g]:
                 continue
-            rates[g] = share
+            fixed[g], rates[g] = True, share
             for link, count in zip(*groups[g]):
                 remaining[link] -= count * share
                 load[link] -= count
                 if load[link] == 0:
                     del load[link]
-    return rates  # type: ignore[return-value]
+    return rates
 
 
 def max_min_matrix(counts: np.ndarray, capacity: np.ndarray) -> np.ndarray:

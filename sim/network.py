@@ -91,10 +91,10 @@ class FlowSet:
 
 def solo_time(lowering: Lowering, size_bytes: float, capacity: Sequence[float]) -> float:
     """A lowering alone on the network: its rounds' times added up."""
-    return sum(round_time(rnd, size_bytes, capacity) for rnd in lowering)
+    return sum(_round_time(rnd, size_bytes, capacity) for rnd in lowering)
 
 
-def round_time(rnd: Round, size_bytes: float, capacity: Sequence[float]) -> float:
+def _round_time(rnd: Round, size_bytes: float, capacity: Sequence[float]) -> float:
     """A round alone: each flow set waits its latency, then shares links max-min fairly.
 
     One flow set takes its `solo_time`. Several (the channels of a ring, the chunks of a torus

@@ -4,13 +4,14 @@ import pytest
 
 from sim.compute import ComputeModel
 from sim.profile import default_profile
-from sim.replay import replay
+from sim.replay import plan_fold, replay
 from topology import build_cluster
 from traces.errors import ConfigError
 from traces.layout import Layout
 from traces.model import ModelSpec
 from traces.ops import Op, OpKind, Trace
-from traces.workload import build
+from traces.plan import build
+from traces.plan.meta import fold_meta
 
 MODEL = ModelSpec(layers=8, hidden=1024, heads=16, seq_len=1024, vocab=32000)
 MiB = 2**20
@@ -146,3 +147,21 @@ def test_network_models_order_ideal_analytic_flow():
     ideal, analytic, flow = (replay(plan, cluster, model, network=n).step_time_s
                              for n in ("ideal", "analytic", "flow"))
     assert ideal < analytic <= flow
+
+
+def test_progress_is_reported_as_ops_done_of_ops_in_all(h100):
+    plan = Trace({0: tuple(compute(1e-6) for _ in range(5000)), 1: (compute(1.0, stream="x"),)})
+    calls = []
+    replay(plan, h100, Fixed(), progress=lambda done, total: calls.append((done, total)))
+    assert calls == [(4096, 5001), (5001, 5001)]  # every 4096 ops, and once at the end
+
+
+def test_the_fold_is_read_from_the_plan_meta_old_and_new_spelling():
+    layout = Layout(tp=2, pp=2, dp=4, global_batch=16)
+    assert plan_fold({"fold": fold_meta(layout)}) == layout
+    assert plan_fold({"folded": True, "layout": layout.to_dict()}) == layout
+    assert plan_fold({"layout": layout.to_dict()}) is None  # a plan of every rank
+    with pytest.raises(ConfigError, match="meta.fold"):
+        plan_fold({"fold": {"axes": ["tp"], "layout": {}}})
+    with pytest.raises(ConfigError):
+        plan_fold({"folded": True, "layout": {"tensor": 2}})
