@@ -13,7 +13,7 @@ from dataclasses import fields
 from typing import Any
 
 from traces.errors import ConfigError
-from traces.io import PathLike, write_text_atomic
+from traces.files import PathLike, write_text_atomic
 from traces.ops import Op, OpKind, Trace
 
 # The op fields shown in a slice's details panel when they differ from their defaults.
@@ -36,13 +36,21 @@ def to_chrome(trace: Trace) -> dict[str, Any]:
     return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": dict(trace.meta)}
 
 
-def save_chrome(trace: Trace, path: PathLike) -> None:
-    """Write `to_chrome(trace)` to `path` atomically."""
+def dumps_chrome(trace: Trace) -> str:
+    """The file text of `to_chrome(trace)`: compact JSON, one line."""
     document = to_chrome(trace)
     try:
-        text = json.dumps(document, separators=(",", ":"), allow_nan=False) + "\n"
+        return json.dumps(document, separators=(",", ":"), allow_nan=False) + "\n"
     except (TypeError, ValueError) as exc:
-        raise ConfigError(f"{path}: trace cannot be written as JSON: {exc}") from exc
+        raise ConfigError(f"trace cannot be written as JSON: {exc}") from exc
+
+
+def save_chrome(trace: Trace, path: PathLike) -> None:
+    """Write `to_chrome(trace)` to `path` atomically."""
+    try:
+        text = dumps_chrome(trace)
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from exc
     write_text_atomic(path, text)
 
 

@@ -1,9 +1,10 @@
-"""The one exception type for a user's mistake.
+"""The one exception type for a user's mistake, and how a value appears in its message.
 
 Every package raises `ConfigError` for bad input (a config value, a flag, a file); the CLI turns
 it into one line on stderr and exit status 2. Internal invariants use `assert` instead.
 """
 
+import reprlib
 from collections.abc import Iterable, Sequence
 
 
@@ -11,8 +12,19 @@ class ConfigError(ValueError):
     """Bad user input; the message names the field, the value and the rule."""
 
 
+_SHOW = reprlib.Repr()
+_SHOW.maxlevel, _SHOW.maxstring, _SHOW.maxlong, _SHOW.maxother = 2, 40, 24, 40
+_SHOW.maxlist = _SHOW.maxdict = _SHOW.maxtuple = _SHOW.maxset = 4
+
+
+def show(value: object) -> str:
+    """`repr` for an error line: short, one line, and safe on a 400-digit integer or a table
+    nested 100,000 deep (plain `repr` is long or raises RecursionError)."""
+    return _SHOW.repr(value)
+
+
 def check_keys(table: Iterable[str], known: Sequence[str], where: str) -> None:
     """Reject keys of a config table that are not in `known`, naming the first one."""
     for key in table:
         if key not in known:
-            raise ConfigError(f"{where}.{key}: unknown key (known: {', '.join(known)})")
+            raise ConfigError(f"{where}.{show(key)[1:-1]}: unknown key (known: {', '.join(known)})")

@@ -18,24 +18,23 @@ import contextlib
 import gc
 import json
 import math
-import os
-import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import MISSING, fields
 from enum import StrEnum
 from itertools import compress
 from operator import attrgetter, ne
-from pathlib import Path
 from typing import Any
 
-from traces.errors import ConfigError
-from traces.ops import Op, OpKind, Phase, Trace
+from traces.errors import ConfigError, show
+from traces.files import MAX_TRACE_BYTES, PathLike, parse_json, read_bytes, write_text_atomic
+from traces.ops import COLLECTIVES, Op, OpKind, Phase, Trace
 
 SCHEMA = "parasim.trace"
 VERSION = 1
 SUPPORTED_VERSIONS = (1,)
 
-PathLike = str | os.PathLike[str]
+__all__ = ["PathLike", "SCHEMA", "VERSION", "dumps", "from_json", "load", "save", "to_json",
+           "write_text_atomic"]
 
 _REQUIRED = ("kind", "stream")
 # Optional fields and their defaults, computed once: the per-op loops only compare and copy.
@@ -103,44 +102,6 @@ def save(trace: Trace, path: PathLike) -> None:
     write_text_atomic(path, dumps(trace))
 
 
-def write_text_atomic(path: PathLike, text: str) -> None:
-    """Write to a temporary file beside `path`, then rename it over `path`.
-
-    The rename is atomic on POSIX and Windows, so readers see the old file or the whole new one,
-    never a prefix that might still parse. On any error the temporary file is removed.
-    """
-    target = Path(path)
-    try:
-        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    except OSError as exc:
-        raise ConfigError(f"{target}: cannot write: {exc.strerror or exc}") from exc
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as out:
-            out.write(text)
-            out.flush()
-            os.fsync(out.fileno())
-        # mkstemp creates 0600: keep the mode of the file we replace, else the usual 0644.
-        os.chmod(tmp, _target_mode(target))
-        os.replace(tmp, target)
-    except BaseException as exc:
-        _remove_quietly(tmp)
-        if isinstance(exc, OSError):
-            raise ConfigError(f"{target}: cannot write: {exc.strerror or exc}") from exc
-        raise
-
-
-def _target_mode(target: Path) -> int:
-    try:
-        return target.stat().st_mode & 0o777
-    except OSError:
-        return 0o644
-
-
-def _remove_quietly(path: str) -> None:
-    with contextlib.suppress(OSError):
-        os.unlink(path)
-
-
 # --- reading ---------------------------------------------------------------------------------
 
 class _Bad(Exception):
@@ -155,15 +116,10 @@ class _Bad(Exception):
 def load(path: PathLike) -> Trace:
     """Read and check a trace file; any problem is a `ConfigError` naming the file."""
     source = str(path)
-    try:
-        raw = Path(path).read_bytes()
-    except OSError as exc:
-        raise ConfigError(f"{source}: cannot read: {exc.strerror or exc}") from exc
-    try:
-        with _no_gc():
-            data = json.loads(raw)
-    except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError
-        raise ConfigError(f"{source}: not a JSON file: {exc}") from exc
+    raw = read_bytes(path, limit=MAX_TRACE_BYTES)
+    with _no_gc():
+        data = parse_json(raw, source)
+    del raw
     return from_json(data, source)
 
 
@@ -205,10 +161,15 @@ def _check_header(data: dict[str, Any], source: str) -> None:
                           f"(supported: {supported})")
 
 
+MAX_RANK_DIGITS = 9  # a billion ranks; int() of 5,000 digits would raise a bare ValueError
+
+
 def _rank_key(key: str, source: str) -> int:
     # Canonical decimal only: '01' and '1' would otherwise both name rank 1 and one would be lost.
-    if not (key.isascii() and key.isdigit()) or str(int(key)) != key:
-        raise ConfigError(f"{source}: rank key {key!r} is not a non-negative decimal integer")
+    if not (key.isascii() and key.isdigit() and len(key) <= MAX_RANK_DIGITS) or \
+            str(int(key)) != key:
+        raise ConfigError(f"{source}: rank key {show(key)} is not a non-negative decimal "
+                          f"integer of at most {MAX_RANK_DIGITS} digits")
     return int(key)
 
 
@@ -218,14 +179,14 @@ def _decode_rank(rank: int, raw_ops: object, source: str) -> tuple[Op, ...]:
     decoded = []
     for index, raw in enumerate(raw_ops):
         try:
-            decoded.append(_decode_op(raw, index))
+            decoded.append(_decode_op(raw, index, rank))
         except _Bad as bad:
             where = f"rank {rank}, op {index}" + (f", field {bad.field!r}" if bad.field else "")
             raise ConfigError(f"{source}: {where}: {bad.rule}") from None
     return tuple(decoded)
 
 
-def _decode_op(raw: object, index: int) -> Op:
+def _decode_op(raw: object, index: int, rank: int) -> Op:
     """Check every rule for one op, raising `_Bad` with the rule; build the op."""
     if not isinstance(raw, dict):
         raise _Bad("", f"an op must be an object, got {_show(raw)}")
@@ -234,7 +195,7 @@ def _decode_op(raw: object, index: int) -> Op:
         # Most fields are a plain string, integer or finite float: accept those inline, without
         # a decoder call per field (this loop runs millions of times for a large trace).
         plain = _PLAIN.get(name)
-        if type(value) is plain and (plain is not float or value - value == 0.0):
+        if type(value) is plain and (plain is str or 0 <= value < _INF):  # NaN fails too
             kwargs[name] = value
             continue
         decode = _DECODERS.get(name)
@@ -253,10 +214,28 @@ def _decode_op(raw: object, index: int) -> Op:
         bad = next(dep for dep in deps if not 0 <= dep < index)
         raise _Bad("deps", f"dep {bad} is not an earlier op of this rank "
                            f"(deps point backwards: 0 <= dep < {index})")
+    if kwargs["kind"] is not _COMPUTE or "peer" in kwargs or "group" in kwargs:
+        _check_peers(kwargs, rank)
     start, end = kwargs.get("start"), kwargs.get("end")
     if start is not None or end is not None:
         _check_times(start, end)
     return Op(**kwargs)
+
+
+def _check_peers(kwargs: dict[str, Any], rank: int) -> None:
+    """A send/recv names a peer other than its own rank; a collective a group of distinct
+    ranks. (Negative numbers are refused field by field.)"""
+    kind, peer, group = kwargs["kind"], kwargs.get("peer"), kwargs.get("group")
+    if peer is None:
+        if kind in _P2P:
+            raise _Bad("peer", f"a {kind} needs a peer rank")
+    elif peer == rank:
+        raise _Bad("peer", f"{peer} is this op's own rank (a peer is another rank)")
+    if group:
+        if min(group) < 0 or len(set(group)) != len(group):
+            raise _Bad("group", f"{_show(list(group))} must list distinct ranks >= 0")
+    elif kind in _COLLECTIVE_KINDS:
+        raise _Bad("group", f"a {kind} needs a non-empty group of ranks")
 
 
 def _check_times(start: float | None, end: float | None) -> None:
@@ -272,7 +251,8 @@ def _show(value: object) -> str:
     """A value for an error line, with its JSON type: 'string "1e12"', 'list [2.0]', 'null'."""
     if value is None:
         return "null"
-    text = json.dumps(value) if _is_plain(value) else repr(value)
+    scalar = isinstance(value, str | int | float) and _is_plain(value)
+    text = json.dumps(value) if scalar else show(value)  # containers: bounded, any depth
     kind = {dict: "object", list: "list", str: "string", bool: "boolean"}
     name = kind.get(type(value), type(value).__name__)
     return f"{name} {text[:40] + '...' if len(text) > 40 else text}"
@@ -295,6 +275,8 @@ def _string(value: object) -> str:
 def _integer(value: object) -> int:
     if type(value) is not int:  # bool is an int subclass; 'type is' rejects it
         raise _Bad("", f"must be an integer, got {_show(value)}")
+    if value < 0:
+        raise _Bad("", f"must not be negative, got {_show(value)}")
     return value
 
 
@@ -311,6 +293,8 @@ def _number(value: object) -> float:
         number = math.inf
     if not math.isfinite(number):
         raise _Bad("", f"must be a finite number, got {_show(value)}")
+    if number < 0:
+        raise _Bad("", f"must not be negative, got {_show(value)}")
     return number
 
 
@@ -358,9 +342,13 @@ _DECODERS: dict[str, Callable[[object], Any]] = {
     "start": _optional_number,
     "end": _optional_number,
 }
+_INF = math.inf
+_COMPUTE = OpKind.COMPUTE
+_P2P = frozenset({OpKind.SEND, OpKind.RECV})
+_COLLECTIVE_KINDS = frozenset(COLLECTIVES)
 _INT_ONLY = frozenset({int})  # the element types deps and group may have (bool is not int)
-# Fields whose JSON value already is the Op value when it has this exact type (bool is not int;
-# for floats, inf - inf and nan - nan are nan, so `value - value == 0.0` means finite).
+# Fields whose JSON value already is the Op value when it has this exact type (bool is not int)
+# and, for numbers, is finite and not negative (every count, index and time is >= 0).
 _PLAIN: dict[str, type] = {
     "stream": str, "name": str, "dtype": str, "tag": str, "layer": int, "microbatch": int,
     "peer": int, "flops": float, "mem_bytes": float, "size_bytes": float, "start": float,

@@ -15,10 +15,20 @@ from dataclasses import asdict, dataclass
 from enum import StrEnum
 from typing import Any
 
-from traces.errors import ConfigError
+from traces.errors import ConfigError, show
+from traces.fields import (
+    MAX_ACCELERATORS,
+    check_bool,
+    check_choice,
+    check_int,
+    is_int,
+)
 from traces.model import ModelSpec
+from traces.units import MAX_SIZE_BYTES
 
 AXES = ("tp", "cp", "dp", "pp")
+MAX_VIRTUAL_STAGES = 1024  # model chunks per pipeline rank
+MAX_BATCH = 2**24  # sequences in one step (GPT-3 used 1,536; 16 M is no real run)
 
 
 class Schedule(StrEnum):
@@ -56,13 +66,66 @@ class Layout:
     """Gradient bucket size for DP / ZeRO-1/2 reductions (PyTorch DDP's 25 MiB)."""
 
     def __post_init__(self) -> None:
+        """The rules that need neither the model nor the cluster (see `check_layout`)."""
+        for name in ("tp", "cp", "pp", "dp"):
+            check_int(getattr(self, name), f"parallel.{name}", minimum=1,
+                      maximum=MAX_ACCELERATORS)
+        check_int(self.vp, "parallel.vp", minimum=1, maximum=MAX_VIRTUAL_STAGES)
+        check_int(self.micro_batch, "parallel.micro_batch", minimum=1, maximum=MAX_BATCH)
+        check_int(self.global_batch, "parallel.global_batch", minimum=1, maximum=MAX_BATCH)
+        check_bool(self.sp, "parallel.sp")
+        check_bool(self.flash_attention, "parallel.flash_attention")
+        if self.zero not in (0, 1, 2, 3) or not is_int(self.zero):
+            raise ConfigError(f"parallel.zero: {show(self.zero)} must be 0, 1, 2 or 3")
         for name, enum in (("schedule", Schedule), ("recompute", Recompute)):
             value = getattr(self, name)
-            try:
-                object.__setattr__(self, name, enum(value))
-            except ValueError:
-                choices = ", ".join(e.value for e in enum)
-                raise ConfigError(f"parallel.{name}: {value!r} is not one of {choices}") from None
+            value = str(value) if isinstance(value, enum) else value
+            choices = [str(e) for e in enum]
+            object.__setattr__(self, name, enum(check_choice(value, f"parallel.{name}", choices)))
+        if not is_int(self.bucket_bytes) or not 1 <= self.bucket_bytes <= MAX_SIZE_BYTES:
+            raise ConfigError(f"parallel.bucket_bytes: {show(self.bucket_bytes)} must be from 1 "
+                              f"to {MAX_SIZE_BYTES:,} bytes")
+        if self.cp != 1:
+            raise ConfigError(f"parallel.cp: {self.cp} is not supported yet (context parallelism "
+                              "is in the rank order but not in the schedules); use cp = 1")
+        if self.world > MAX_ACCELERATORS:
+            raise ConfigError(f"parallel: tp {self.tp} x cp {self.cp} x pp {self.pp} x "
+                              f"dp {self.dp} = {self.world:,} ranks, more than the "
+                              f"{MAX_ACCELERATORS:,} parasim simulates")
+        if self.global_batch % (self.micro_batch * self.dp):
+            raise ConfigError(f"parallel.global_batch: {self.global_batch} is not divisible by "
+                              f"micro_batch x dp = {self.micro_batch} x {self.dp}")
+        if self.sp and self.tp == 1:
+            raise ConfigError("parallel.sp: sequence parallelism needs tp > 1 (it splits over "
+                              "the tensor-parallel group)")
+        self._check_schedule()
+
+    def _check_schedule(self) -> None:
+        m = self.num_microbatches
+        if self.schedule is Schedule.INTERLEAVED:
+            if self.vp < 2:
+                raise ConfigError(f"parallel.vp: {self.vp}; the interleaved schedule needs "
+                                  "vp >= 2 virtual stages per rank")
+            if self.pp < 2:
+                raise ConfigError(f"parallel.pp: {self.pp}; the interleaved schedule needs "
+                                  "pp >= 2 pipeline ranks")
+            if m < self.pp:
+                raise ConfigError(f"parallel: {m} micro-batches are fewer than pp = {self.pp}; "
+                                  "interleaved 1F1B needs at least one per stage")
+            if m % self.pp:
+                raise ConfigError(f"parallel: {m} micro-batches are not divisible by "
+                                  f"pp = {self.pp}, as Megatron-LM's interleaved schedule needs")
+        elif self.vp != 1:
+            raise ConfigError(f"parallel.vp: {self.vp} > 1 needs schedule = \"interleaved\", "
+                              f"not {str(self.schedule)!r}")
+
+    def validate(self, model: ModelSpec, *, world: int | None = None,
+                 devices_per_server: int | None = None) -> None:
+        """Deprecated: `check_layout`, with its notes issued as warnings (kept while callers
+        move over; a constructed Layout already obeys its own rules)."""
+        for note in check_layout(model, self, world=world,
+                                 devices_per_server=devices_per_server):
+            warnings.warn(note, stacklevel=2)
 
     @property
     def world(self) -> int:
@@ -160,79 +223,41 @@ class Layout:
         return self.rank(tp=(c["tp"] + dtp) % self.tp, cp=c["cp"], dp=(c["dp"] + ddp) % self.dp,
                          pp=c["pp"])
 
-    # --- validation ---------------------------------------------------------------------------
-
-    def validate(self, model: ModelSpec, *, world: int | None = None,
-                 devices_per_server: int | None = None) -> None:
-        """Raise ConfigError naming the first broken rule; warn if TP groups straddle servers."""
-        for axis in ("tp", "cp", "pp", "dp", "vp", "micro_batch", "global_batch"):
-            value = getattr(self, axis)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ConfigError(f"parallel.{axis}: {value!r} must be a positive integer")
-        if self.cp != 1:
-            raise ConfigError(f"parallel.cp: {self.cp} is not supported yet (context parallelism "
-                              "is in the rank order but not in the schedules); use cp = 1")
-        if world is not None and self.world != world:
-            raise ConfigError(f"parallel: tp {self.tp} x cp {self.cp} x pp {self.pp} x "
-                              f"dp {self.dp} = {self.world} ranks, but the cluster has "
-                              f"{world} GPUs")
-        if model.hidden % self.tp:
-            raise ConfigError(f"parallel.tp: {self.tp} does not divide model.hidden = "
-                              f"{model.hidden}")
-        if model.heads % self.tp:
-            raise ConfigError(f"parallel.tp: {self.tp} does not divide model.heads = {model.heads}")
-        if model.ffn_hidden % self.tp or model.vocab % self.tp:
-            raise ConfigError(f"parallel.tp: {self.tp} must divide model.ffn_hidden "
-                              f"({model.ffn_hidden}) and model.vocab ({model.vocab})")
-        if model.layers % self.num_stages:
-            raise ConfigError(f"model.layers: {model.layers} is not divisible by pp x vp = "
-                              f"{self.pp} x {self.vp} = {self.num_stages} stages")
-        if self.sp and self.tp == 1:
-            raise ConfigError("parallel.sp: sequence parallelism needs tp > 1 (it splits over "
-                              "the tensor-parallel group)")
-        if self.sp and model.seq_len % self.tp:
-            raise ConfigError(f"parallel.sp: model.seq_len = {model.seq_len} is not divisible "
-                              f"by tp = {self.tp}")
-        if self.zero not in (0, 1, 2, 3) or isinstance(self.zero, bool):
-            raise ConfigError(f"parallel.zero: {self.zero!r} must be 0, 1, 2 or 3")
-        if self.global_batch % (self.micro_batch * self.dp):
-            raise ConfigError(f"parallel.global_batch: {self.global_batch} is not divisible by "
-                              f"micro_batch x dp = {self.micro_batch} x {self.dp}")
-        self._validate_schedule()
-        if devices_per_server is not None:
-            self._validate_placement(devices_per_server)
-        if not isinstance(self.bucket_bytes, int) or self.bucket_bytes < 1:
-            raise ConfigError(f"parallel.bucket_bytes: {self.bucket_bytes!r} must be a positive "
-                              "number of bytes")
-
-    def _validate_schedule(self) -> None:
-        m = self.num_microbatches
-        if self.schedule is Schedule.INTERLEAVED:
-            if self.vp < 2:
-                raise ConfigError(f"parallel.vp: {self.vp}; the interleaved schedule needs "
-                                  "vp >= 2 virtual stages per rank")
-            if self.pp < 2:
-                raise ConfigError(f"parallel.pp: {self.pp}; the interleaved schedule needs "
-                                  "pp >= 2 pipeline ranks")
-            if m < self.pp:
-                raise ConfigError(f"parallel: {m} micro-batches are fewer than pp = {self.pp}; "
-                                  "interleaved 1F1B needs at least one per stage")
-            if m % self.pp:
-                raise ConfigError(f"parallel: {m} micro-batches are not divisible by "
-                                  f"pp = {self.pp}, as Megatron-LM's interleaved schedule needs")
-        elif self.vp != 1:
-            raise ConfigError(f"parallel.vp: {self.vp} > 1 needs schedule = \"interleaved\", "
-                              f"not {str(self.schedule)!r}")
-
-    def _validate_placement(self, per_server: int) -> None:
-        if self.tp > per_server:
-            raise ConfigError(f"parallel.tp: {self.tp} is larger than a node "
-                              f"({per_server} GPUs); tensor parallelism must stay inside one")
-        if per_server % self.tp:
-            warnings.warn(f"parallel.tp: {self.tp} does not divide the {per_server} GPUs of a "
-                          "node, so some TP groups cross nodes (slow)", stacklevel=3)
-
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["schedule"], out["recompute"] = str(self.schedule), str(self.recompute)
         return out
+
+
+def check_layout(model: ModelSpec, layout: Layout, *, world: int | None = None,
+                 devices_per_server: int | None = None) -> tuple[str, ...]:
+    """The rules that tie a layout to a model (and to a cluster's `world` size and
+    `devices_per_server`, when given): raise ConfigError naming the first broken one; return
+    notes for combinations that work but are slow (TP groups straddling servers)."""
+    if world is not None and layout.world != world:
+        raise ConfigError(f"parallel: tp {layout.tp} x cp {layout.cp} x pp {layout.pp} x "
+                          f"dp {layout.dp} = {layout.world} ranks, but the cluster has "
+                          f"{world} GPUs")
+    tp = layout.tp
+    if model.hidden % tp:
+        raise ConfigError(f"parallel.tp: {tp} does not divide model.hidden = {model.hidden}")
+    if model.heads % tp:
+        raise ConfigError(f"parallel.tp: {tp} does not divide model.heads = {model.heads}")
+    if model.ffn_hidden % tp or model.vocab % tp:
+        raise ConfigError(f"parallel.tp: {tp} must divide model.ffn_hidden "
+                          f"({model.ffn_hidden}) and model.vocab ({model.vocab})")
+    if model.layers % layout.num_stages:
+        raise ConfigError(f"model.layers: {model.layers} is not divisible by pp x vp = "
+                          f"{layout.pp} x {layout.vp} = {layout.num_stages} stages")
+    if layout.sp and model.seq_len % tp:
+        raise ConfigError(f"parallel.sp: model.seq_len = {model.seq_len} is not divisible "
+                          f"by tp = {tp}")
+    if devices_per_server is None:
+        return ()
+    if tp > devices_per_server:
+        raise ConfigError(f"parallel.tp: {tp} is larger than a node "
+                          f"({devices_per_server} GPUs); tensor parallelism must stay inside one")
+    if devices_per_server % tp:
+        return (f"parallel.tp: {tp} does not divide the {devices_per_server} GPUs of a node, "
+                "so some TP groups cross nodes (slow)",)
+    return ()

@@ -19,9 +19,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from traces.errors import ConfigError
+from traces.errors import ConfigError, show
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+# Upper bounds, far beyond any published model (GPT-3: 96 layers, h 12288, V 51200), that keep
+# every count finite and every plan buildable.
+MAX_DIMS = {"layers": 2**16, "hidden": 2**20, "heads": 2**16, "seq_len": 2**24, "vocab": 2**24,
+            "ffn_hidden": 2**22}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -43,15 +47,21 @@ class ModelSpec:
         for name in ("layers", "hidden", "heads", "seq_len", "vocab"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ConfigError(f"model.{name}: {value!r} must be a positive integer")
+                raise ConfigError(f"model.{name}: {show(value)} must be a positive integer")
+            if value > MAX_DIMS[name]:
+                raise ConfigError(f"model.{name}: {show(value)} is larger than {MAX_DIMS[name]:,}")
         if not isinstance(self.ffn_hidden, int) or isinstance(self.ffn_hidden, bool) or \
-                self.ffn_hidden < 0:
-            raise ConfigError(f"model.ffn_hidden: {self.ffn_hidden!r} must be a positive integer "
-                              "(or 0 for 4 * hidden)")
+                not 0 <= self.ffn_hidden <= MAX_DIMS["ffn_hidden"]:
+            raise ConfigError(f"model.ffn_hidden: {show(self.ffn_hidden)} must be a positive "
+                              f"integer up to {MAX_DIMS['ffn_hidden']:,} (or 0 for 4 * hidden)")
         if self.ffn_hidden == 0:
             object.__setattr__(self, "ffn_hidden", 4 * self.hidden)
-        if self.dtype not in DTYPE_BYTES:
-            raise ConfigError(f"model.dtype: {self.dtype!r} is not one of {', '.join(DTYPE_BYTES)}")
+        if not isinstance(self.dtype, str) or self.dtype not in DTYPE_BYTES:
+            raise ConfigError(f"model.dtype: {show(self.dtype)} is not one of "
+                              f"{', '.join(DTYPE_BYTES)}")
+        if not isinstance(self.tied_embeddings, bool):
+            raise ConfigError(f"model.tied_embeddings: {show(self.tied_embeddings)} must be "
+                              "true or false")
         if self.hidden % self.heads:
             raise ConfigError(f"model.hidden: {self.hidden} is not divisible by "
                               f"model.heads = {self.heads}")

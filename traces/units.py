@@ -2,12 +2,17 @@
 
 Inside parasim everything is SI (bytes, bytes/s, seconds). Sizes follow nccl-tests, where
 K/M/G are powers of 1024; bandwidths follow network and GPU data sheets, where Gb/s and GB/s
-are powers of 1000.
+are powers of 1000. Every parser returns a finite number or raises `ConfigError`: "1e400s",
+`inf` and a 400-digit integer are errors, never an infinity that hangs or poisons a simulation.
 """
 
+import math
 import re
 
-from traces.errors import ConfigError
+from traces.errors import ConfigError, show
+
+MAX_SIZE_BYTES = 2**40
+"""1 TiB: the default bound on a size (a message, a bucket); callers may pass their own."""
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(i?B)?\s*$", re.IGNORECASE)
 _SIZE_POWER = {"": 0, "K": 1, "M": 2, "G": 3, "T": 4}
@@ -18,50 +23,71 @@ _DECIMAL = {"": 1.0, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}
 _TIME = re.compile(r"^\s*(\d+(?:\.\d+)?(?:e[+-]?\d+)?)\s*(ns|us|µs|ms|s)\s*$")
 _SECONDS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0}
 
+_MAX_TEXT = 64  # characters: no honest quantity is longer, and int() of 5,000 digits raises
 
-def parse_size(text: str | int, field: str = "size") -> int:
-    """'16M' -> 16777216 bytes (K/M/G/T are powers of 1024, as in nccl-tests)."""
-    if isinstance(text, int) and not isinstance(text, bool):
-        value = text
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _finite(value: int | float, text: object, field: str) -> float:
+    """`value` as a finite float, or a one-line error (inf, NaN, 10**400)."""
+    try:
+        number = float(value)
+    except OverflowError:  # an integer beyond float range
+        number = math.inf
+    if not math.isfinite(number):
+        raise ConfigError(f"{field}: {show(text)} is not a finite number")
+    return number
+
+
+def _match(pattern: re.Pattern[str], text: object, field: str, what: str) -> re.Match[str]:
+    match = pattern.match(text) if isinstance(text, str) and len(text) <= _MAX_TEXT else None
+    if not match:
+        raise ConfigError(f"{field}: {show(text)} is not {what}")
+    return match
+
+
+def parse_size(text: object, field: str = "size", *, maximum: int = MAX_SIZE_BYTES) -> int:
+    """'16M' -> 16777216 bytes (K/M/G/T are powers of 1024, as in nccl-tests), 1 to `maximum`."""
+    if _is_number(text) and isinstance(text, int):
+        value: float = text
     else:
-        match = _SIZE.match(str(text))
-        if not match:
-            raise ConfigError(f"{field}: {text!r} is not a size (write e.g. 1024, 64K, 16M, 8G)")
-        value = float(match[1]) * 1024 ** _SIZE_POWER[match[2].upper()]
+        match = _match(_SIZE, text, field, "a size (write e.g. 1024, 64K, 16M, 8G)")
+        value = _finite(float(match[1]), text, field) * 1024 ** _SIZE_POWER[match[2].upper()]
         if value != int(value):
-            raise ConfigError(f"{field}: {text!r} is not a whole number of bytes")
-        value = int(value)
+            raise ConfigError(f"{field}: {show(text)} is not a whole number of bytes")
     if value <= 0:
-        raise ConfigError(f"{field}: {text!r} must be a positive number of bytes")
-    return value
+        raise ConfigError(f"{field}: {show(text)} must be a positive number of bytes")
+    if value > maximum:
+        raise ConfigError(f"{field}: {show(text)} is too large (at most {maximum:,} bytes)")
+    return int(value)
 
 
-def parse_bandwidth(text: str | float, field: str = "bandwidth") -> float:
+def parse_bandwidth(text: object, field: str = "bandwidth") -> float:
     """'400Gb/s' -> 5e10 bytes/s, '900GB/s' -> 9e11; a bare number is already bytes/s."""
-    if isinstance(text, int | float) and not isinstance(text, bool):
-        value = float(text)
+    if _is_number(text):
+        assert isinstance(text, int | float)
+        value = _finite(text, text, field)
     else:
-        match = _BANDWIDTH.match(str(text))
-        if not match:
-            raise ConfigError(f"{field}: {text!r} is not a bandwidth "
-                              "(write e.g. 400Gb/s or 450GB/s)")
-        value = float(match[1]) * _DECIMAL[match[2].upper()]
+        match = _match(_BANDWIDTH, text, field,
+                       "a bandwidth (write e.g. 400Gb/s or 450GB/s)")
+        value = _finite(float(match[1]) * _DECIMAL[match[2].upper()], text, field)
         if match[3] == "b":
             value /= 8
     if not value > 0:
-        raise ConfigError(f"{field}: {text!r} must be a positive bandwidth")
+        raise ConfigError(f"{field}: {show(text)} must be a positive bandwidth")
     return value
 
 
-def parse_time(text: str | float, field: str = "time") -> float:
+def parse_time(text: object, field: str = "time") -> float:
     """'2us' -> 2e-6 s; a bare number is already seconds. Zero is allowed, negative is not."""
-    if isinstance(text, int | float) and not isinstance(text, bool):
-        value = float(text)
+    if _is_number(text):
+        assert isinstance(text, int | float)
+        value = _finite(text, text, field)
     else:
-        match = _TIME.match(str(text))
-        if not match:
-            raise ConfigError(f"{field}: {text!r} is not a time (write e.g. 500ns, 2us, 1ms)")
-        value = float(match[1]) * _SECONDS[match[2]]
+        match = _match(_TIME, text, field, "a time (write e.g. 500ns, 2us, 1ms)")
+        value = _finite(float(match[1]) * _SECONDS[match[2]], text, field)
     if not value >= 0:
-        raise ConfigError(f"{field}: {text!r} must not be negative")
+        raise ConfigError(f"{field}: {show(text)} must not be negative")
     return value

@@ -183,7 +183,7 @@ def test_failed_rename_keeps_the_old_file_and_no_temporary(tmp_path, monkeypatch
     def no_rename(src, dst):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr("traces.io.os.replace", no_rename)
+    monkeypatch.setattr("traces.files.os.replace", no_rename)
     with pytest.raises(ConfigError, match="cannot write: No space left on device"):
         write_report(path, exp, *folded)
     assert list(tmp_path.iterdir()) == [path] and path.read_text() == "old report"

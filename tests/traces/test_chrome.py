@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from traces import chrome, io
+from traces import chrome
 from traces.errors import ConfigError
 from traces.ops import Op, OpKind, Phase, Trace
 
@@ -154,7 +154,7 @@ def test_failed_save_chrome_leaves_no_file(tmp_path, monkeypatch):
     def no_space(*args: object) -> None:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(io.os, "replace", no_space)
+    monkeypatch.setattr(os, "replace", no_space)
     with pytest.raises(ConfigError, match=r"step\.json: cannot write: No space left"):
         chrome.save_chrome(step_trace(), tmp_path / "step.json")
     assert os.listdir(tmp_path) == []

@@ -122,26 +122,34 @@ def test_integers_and_nulls_in_a_file_load_as_the_op_values(tmp_path):
 
 _ints = st.integers(min_value=0, max_value=4096)
 _floats = st.floats(allow_nan=False, allow_infinity=False, width=64)
+_counts = st.floats(min_value=0, allow_infinity=False, width=64)  # FLOPs and bytes
 _text = st.text(max_size=8)
 
 
 @st.composite
-def _ops(draw: st.DrawFn, index: int) -> Op:
-    start = draw(st.none() | _floats)
+def _ops(draw: st.DrawFn, index: int, rank: int) -> Op:
+    """Any op the loader accepts: counts >= 0, a peer on send/recv that is another rank, a
+    non-empty group of distinct ranks on a collective."""
+    start = draw(st.none() | _counts)
     end = None if start is None else start + draw(st.floats(0, 1e6))
-    return Op(kind=draw(st.sampled_from(OpKind)), stream=draw(_text), name=draw(_text),
+    kind = draw(st.sampled_from(OpKind))
+    others = _ints.filter(lambda r: r != rank)
+    peer = draw(others) if kind.is_p2p else draw(st.none() | others)
+    group = draw(st.lists(_ints, min_size=1 if kind.is_collective else 0, max_size=4,
+                          unique=True))
+    return Op(kind=kind, stream=draw(_text), name=draw(_text),
               deps=tuple(draw(st.lists(st.integers(0, index - 1), max_size=3))) if index else (),
               layer=draw(st.none() | _ints), microbatch=draw(st.none() | _ints),
-              phase=draw(st.none() | st.sampled_from(Phase)), flops=draw(_floats),
-              mem_bytes=draw(_floats), group=tuple(draw(st.lists(_ints, max_size=4))),
-              size_bytes=draw(_floats), dtype=draw(_text), peer=draw(st.none() | _ints),
-              tag=draw(_text), start=start, end=end)
+              phase=draw(st.none() | st.sampled_from(Phase)), flops=draw(_counts),
+              mem_bytes=draw(_counts), group=tuple(group), size_bytes=draw(_counts),
+              dtype=draw(_text), peer=peer, tag=draw(_text), start=start, end=end)
 
 
 @st.composite
 def _traces(draw: st.DrawFn) -> Trace:
     ranks = draw(st.lists(_ints, max_size=3, unique=True))
-    ops = {rank: tuple(draw(_ops(i)) for i in range(draw(st.integers(0, 4)))) for rank in ranks}
+    ops = {rank: tuple(draw(_ops(i, rank)) for i in range(draw(st.integers(0, 4))))
+           for rank in ranks}
     return Trace(ops=ops, meta={"seed": draw(_text)})
 
 
@@ -288,6 +296,20 @@ BAD_DOCUMENTS = {
     "end alone": (_set_op("1", 2, end=1.0), r"field 'end': start and end must be given together"),
     "end early": (_set_op("1", 2, start=2.0, end=1.5),
                   r"rank 1, op 2, field 'end': end 1\.5 is before start 2\.0"),
+    # issue 6: the loader accepted these, and a 5001-digit key raised a bare ValueError
+    "rank key 5001 digits": (_rank_key("1", "1" * 5001), r"rank key '1111.*of at most 9 digits"),
+    "rank key 10 digits": (_rank_key("1", "1" * 10), r"rank key '1111111111' is not"),
+    "peer negative": (_set_op("0", 1, peer=-1), r"rank 0, op 1, field 'peer': must not be neg"),
+    "peer self": (_set_op("0", 1, peer=0), r"field 'peer': 0 is this op's own rank"),
+    "start negative": (_set_op("1", 2, start=-1.0, end=1.0), r"'start': must not be negative"),
+    "send without peer": (_set_op("1", 2, peer=None), r"rank 1, op 2, field 'peer': a send needs"),
+    "group empty": (_set_op("0", 5, group=[]), r"field 'group': a all_reduce needs a non-empty"),
+    "group negative": (_set_op("0", 5, group=[0, -1]), r"field 'group': list \[0, -1\] must list"),
+    "group duplicate": (_set_op("0", 5, group=[0, 1, 1]), r"'group': list \[0, 1, 1\] must list"),
+    "flops negative": (_set_op("0", 0, flops=-1.0), r"'flops': must not be negative, got float"),
+    "bytes negative": (_set_op("0", 0, mem_bytes=-5), r"'mem_bytes': must not be negative"),
+    "size negative": (_set_op("0", 5, size_bytes=-1e6), r"'size_bytes': must not be negative"),
+    "layer negative": (_set_op("0", 0, layer=-2), r"'layer': must not be negative, got int -2"),
 }
 
 
@@ -350,7 +372,7 @@ def test_failed_serialization_leaves_no_file(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("step", ["fsync", "replace"])
 def test_failed_write_leaves_no_file_and_no_temp_file(tmp_path, monkeypatch, step):
-    monkeypatch.setattr(io.os, step, _boom)
+    monkeypatch.setattr(os, step, _boom)
     with pytest.raises(ConfigError, match=r"t\.json: cannot write: No space left on device"):
         io.save(plan_trace(), tmp_path / "t.json")
     assert os.listdir(tmp_path) == []
@@ -374,7 +396,7 @@ def test_interrupted_write_keeps_the_old_file_whole(tmp_path, monkeypatch):
         handle.write = write
         return handle
 
-    monkeypatch.setattr(io.os, "fdopen", half_then_interrupt)
+    monkeypatch.setattr(os, "fdopen", half_then_interrupt)
     with pytest.raises(KeyboardInterrupt):
         io.save(timed_trace(), path)
     assert path.read_bytes() == before
