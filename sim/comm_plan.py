@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from sim.collectives import Collectives
-from sim.network import FlowSet, Lowering
+from sim.flows import FlowSet, Lowering
 from topology.cluster import Cluster
 from traces.errors import ConfigError
 from traces.layout import Layout

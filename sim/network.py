@@ -1,15 +1,8 @@
 """Flow-level network model on simpy: transfers share links by max-min fairness.
 
-A `FlowSet` is a group of routed flows that move in lock-step at one rate (see `sim.maxmin`).
-A transfer of a flow set first waits the set's latency, then moves its bytes while sharing
-every link with all other transfers in flight, so a link costs `latency + bytes / share`.
-A `Lowering` (what `sim.collectives` makes of a collective) is a tuple of *rounds* run one
-after another; a round is a tuple of `(FlowSet, factor)`, every flow of the set carrying
-`factor * size` bytes.
-
-Alone on the network a flow set takes `FlowSet.solo_time(bytes)` = latency + bytes / its
-bottleneck rate: the one alpha-beta formula of parasim. `solo_time(lowering, ...)` adds up a
-lowering's rounds; algorithm selection, the `analytic` network and the shortcut below use it.
+It moves the values of `sim.flows`: a transfer of a `FlowSet` first waits the set's latency,
+then moves its bytes while sharing every link with all other transfers in flight, so a link
+costs `latency + bytes / share`; a `Lowering` runs its rounds one after another.
 
 Use: `handle = net.register(lowering)` once per lowering, then `net.run(handle, size)` per
 collective. Rates change only when a transfer starts moving or ends, and only for the transfers
@@ -44,85 +37,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import simpy
 
+from sim.flows import FlowSet, Lowering, solo_time
 from sim.maxmin import max_min_matrix, max_min_rates
-
-Round = tuple[tuple["FlowSet", float], ...]
-"""Flow sets moving together, each with its bytes per flow as a fraction of the size."""
-Lowering = tuple[Round, ...]
-"""Rounds run one after another (lock-step: a round starts when the previous one is done)."""
-
-
-@dataclass(frozen=True, slots=True)
-class FlowSet:
-    """Flows moving in lock-step: `counts[k]` flows cross link `links[k]`."""
-
-    links: tuple[int, ...]
-    counts: tuple[int, ...]
-    latency_s: float
-    solo_rate: float
-    """Per-flow rate when nothing else is on the network (bytes/s)."""
-
-    @staticmethod
-    def of(routes: Iterable[Sequence[int]], latency_s: float,
-           capacity: Sequence[float]) -> FlowSet:
-        """Aggregate routes (tuples of link ids) into per-link flow counts."""
-        counts: dict[int, int] = {}
-        for route in routes:
-            for link in route:
-                counts[link] = counts.get(link, 0) + 1
-        return FlowSet.from_counts(counts, latency_s, capacity)
-
-    @staticmethod
-    def from_counts(counts: dict[int, int], latency_s: float,
-                    capacity: Sequence[float]) -> FlowSet:
-        links = tuple(sorted(counts))
-        per_link = tuple(counts[link] for link in links)
-        solo = min((capacity[link] / n for link, n in zip(links, per_link)), default=math.inf)
-        # Internal invariants (the config layer rejects such input): an infinite latency or a
-        # zero rate would schedule events at infinity, and the re-share would never end.
-        assert math.isfinite(latency_s) and latency_s >= 0, f"latency {latency_s!r} s"
-        assert solo > 0 and (math.isfinite(solo) or not links), f"rate {solo!r} B/s"
-        return FlowSet(links, per_link, latency_s, solo)
-
-    def solo_time(self, bytes_per_flow: float) -> float:
-        """Alpha-beta: the latency, then the bytes at the bottleneck rate, nothing else around."""
-        return self.latency_s + bytes_per_flow / self.solo_rate
-
-
-def solo_time(lowering: Lowering, size_bytes: float, capacity: Sequence[float]) -> float:
-    """A lowering alone on the network: its rounds' times added up."""
-    return sum(_round_time(rnd, size_bytes, capacity) for rnd in lowering)
-
-
-def _round_time(rnd: Round, size_bytes: float, capacity: Sequence[float]) -> float:
-    """A round alone: each flow set waits its latency, then shares links max-min fairly.
-
-    One flow set takes its `solo_time`. Several (the channels of a ring, the chunks of a torus
-    round) are stepped from one start or finish to the next, so a set that starts or ends early
-    hands its bandwidth to the others.
-    """
-    if len(rnd) == 1:
-        flows, factor = rnd[0]
-        return flows.solo_time(factor * size_bytes)
-    waiting = sorted(range(len(rnd)), key=lambda i: rnd[i][0].latency_s)
-    remaining: dict[int, float] = {}
-    now = 0.0
-    while waiting or remaining:
-        active = list(remaining)
-        rates = max_min_rates([(rnd[i][0].links, rnd[i][0].counts) for i in active], capacity)
-        finishes = [now + remaining[i] / rate for i, rate in zip(active, rates)]
-        start = rnd[waiting[0]][0].latency_s if waiting else math.inf
-        step_to = min([start, *finishes])
-        for i, rate, finish in zip(active, rates, finishes):
-            if finish <= step_to:
-                del remaining[i]
-            else:
-                remaining[i] -= rate * (step_to - now)
-        now = step_to
-        while waiting and rnd[waiting[0]][0].latency_s <= now:
-            i = waiting.pop(0)
-            remaining[i] = rnd[i][1] * size_bytes
-    return now
 
 
 @dataclass(eq=False, slots=True)

@@ -2,7 +2,7 @@
 
 `Collectives(cluster)` caches lowerings per (op, group, algorithm, channels) and picks the
 algorithm (`auto`: the fastest by `analytic_time`, the alpha-beta time of the lowering alone on
-the network, `sim.network.solo_time`). The flow path is `sim.network.Network.run`.
+the network, `sim.flows.solo_time`). The flow path is `sim.network.Network.run`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from sim.collectives.rhd import lower_rhd
 from sim.collectives.ring import lower_ring
 from sim.collectives.torus import lower_torus
 from sim.collectives.tree import lower_tree
-from sim.network import solo_time
+from sim.flows import solo_time
 from topology.cluster import Cluster
 from traces.errors import ConfigError
 from traces.ops import OpKind
@@ -92,5 +92,5 @@ class Collectives:
 
 
 def analytic_time(cluster: Cluster, lowering: Lowering, size_bytes: float) -> float:
-    """Alpha-beta time with nothing else on the network (`sim.network.solo_time`)."""
+    """Alpha-beta time with nothing else on the network (`sim.flows.solo_time`)."""
     return solo_time(lowering, size_bytes, cluster.link_capacity)

@@ -1,6 +1,6 @@
 """Benchmark: `parasim simulate` wall time and peak memory at 1024 and 4096 GPUs.
 
-    python tests/bench/bench_simulate.py [--repeat 3]
+    python tests/bench/bench_simulate.py [--repeat 5]
 
 Each run is a fresh `python -m sim simulate CONFIG --json` process, so the wall time includes
 start-up, config loading, plan building, the simulation and the memory model, as a user sees
@@ -63,7 +63,7 @@ def one(config: Path) -> tuple[float, float, dict]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--repeat", type=int, default=5)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         for name, change in CASES.items():

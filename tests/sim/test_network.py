@@ -8,7 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sim.collectives import Collectives
-from sim.network import FlowSet, Network, solo_time
+from sim.flows import FlowSet, solo_time
+from sim.network import Network
 from topology import build_cluster
 from traces.ops import OpKind
 
