@@ -40,6 +40,7 @@ from traces.errors import ConfigError
 from traces.io import write_text_atomic
 from traces.layout import Layout
 from traces.ops import Op, OpKind, Phase, Trace
+from traces.plan.meta import read_fold, read_layout
 
 MAX_DEFAULT_RANKS = 16
 TP_LANE = "compute/tp"
@@ -139,14 +140,13 @@ def _lane_key(name: str) -> tuple[int, str]:
 
 
 def plan_layout(plan: Trace) -> Layout | None:
-    layout = plan.meta.get("layout")
-    return Layout(**layout) if isinstance(layout, dict) else None
+    return read_layout(plan.meta)
 
 
 def default_ranks(plan: Trace) -> list[int]:
     """One rank per pipeline stage: a folded plan's ranks, else each stage's lowest rank
     present; without a layout, the first MAX_DEFAULT_RANKS ranks."""
-    if plan.meta.get("folded"):
+    if read_fold(plan.meta) is not None:
         return plan.ranks
     layout = plan_layout(plan)
     if layout is None:

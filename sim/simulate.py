@@ -16,7 +16,7 @@ from sim.memory import memory_by_stage
 from sim.metrics import StepSummary, summarize
 from sim.replay import Progress, StepTimes, replay
 from traces.ops import Trace
-from traces.workload import build
+from traces.plan import build
 
 GiB = 2**30
 

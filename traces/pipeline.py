@@ -2,7 +2,7 @@
 
 An `Action` is (virtual stage, F or B, micro-batch) and prints as `2F0` or `1B3`. A schedule is
 `dict[pipeline rank, list[Action]]`: the order in which each rank runs its forward and backward
-passes. Generators here emit compute actions only; `traces.workload` lowers them (layers,
+passes. Generators here emit compute actions only; `traces.plan` lowers them (layers,
 tensor-parallel collectives, sends and receives, gradient reduction) into the plan trace.
 
     gpipe        all forwards, then all backwards (Huang et al., 2019)

@@ -9,7 +9,7 @@ from traces.layout import Layout
 from traces.model import ModelSpec
 from traces.ops import Phase
 from traces.pipeline import Action, build_schedule, format_schedule, one_f_one_b, validate
-from traces.workload import build
+from traces.plan import build
 
 
 def test_actions_print_and_parse():

@@ -8,7 +8,8 @@ from sim.collectives.base import busbw_factor
 from traces.layout import Layout
 from traces.model import ModelSpec, megatron_step_flops
 from traces.ops import OpKind, Phase
-from traces.workload import build
+from traces.plan import build
+from traces.plan.meta import read_fold
 
 MODEL = ModelSpec(layers=8, hidden=256, heads=8, seq_len=128, vocab=1024)
 
@@ -105,7 +106,7 @@ def test_folded_plan_is_the_representatives_part_of_the_full_plan():
     layout = Layout(tp=2, pp=2, dp=2, zero=1, global_batch=8)
     layout.validate(MODEL)
     full, folded = build(MODEL, layout), build(MODEL, layout, ranks=layout.representatives())
-    assert folded.meta["folded"] and not full.meta["folded"]
+    assert read_fold(folded.meta) == layout and read_fold(full.meta) is None
     assert folded.ranks == [0, 4]
     assert all(folded.ops[r] == full.ops[r] for r in folded.ranks)
 

@@ -1,0 +1,69 @@
+"""The plan builder: a model and a layout to the plan trace both interpreters run.
+
+    from traces.plan import build
+    plan = build(model, layout)                               # every rank
+    plan = build(model, layout, ranks=layout.representatives())  # folded: one per pipeline rank
+
+Each rank's schedule (`traces.pipeline`: a list of actions such as `0F3`, `2B1`) is lowered by
+small passes, each a function over the list of ops being built (`traces.plan.nodes.Node`):
+
+    compute.lower_compute          actions -> compute ops (embedding, layers, output layer)
+    tensor.add_tensor_parallel     TP / SP collectives around attention and the MLP
+    p2p.add_pipeline_p2p           sends and receives between pipeline stages
+    data.add_data_parallel         gradient buckets (DDP, ZeRO-1/2), ZeRO-3 gathers and scatters
+    optimizer.add_optimizer        tied-embedding all-reduce, optimizer step, ZeRO-1/2 gathers
+
+and `nodes.finalize` numbers the result into the rank's op tuple. See docs/plan-ops.md for the
+ops and streams, and each pass's docstring for what it adds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from traces.layout import Layout
+from traces.model import ModelSpec
+from traces.ops import Op, Trace
+from traces.pipeline import build_schedule
+from traces.plan.compute import lower_compute
+from traces.plan.data import add_data_parallel
+from traces.plan.meta import fold_meta
+from traces.plan.nodes import RankContext, finalize
+from traces.plan.optimizer import add_optimizer
+from traces.plan.p2p import add_pipeline_p2p
+from traces.plan.tensor import add_tensor_parallel
+
+__all__ = ["build", "lower_rank"]
+
+
+def build(model: ModelSpec, layout: Layout, ranks: Iterable[int] | None = None) -> Trace:
+    """The plan trace for `ranks` (default: all); the layout must fit the model."""
+    schedule = build_schedule(str(layout.schedule), layout.pp, layout.num_microbatches, layout.vp)
+    chosen = sorted(ranks) if ranks is not None else list(range(layout.world))
+    ops = {r: lower_rank(model, layout, r, schedule[layout.coords(r)["pp"]]) for r in chosen}
+    folded = chosen == layout.representatives() and layout.world > len(chosen)
+    meta: dict[str, Any] = {
+        "model": _model_meta(model),
+        "layout": layout.to_dict(),
+        "world": layout.world,
+    }
+    if folded:
+        meta["fold"] = fold_meta(layout)
+    return Trace(ops, meta)
+
+
+def lower_rank(model: ModelSpec, layout: Layout, rank: int, actions: list) -> tuple[Op, ...]:
+    """One rank's ops: its schedule actions through every pass."""
+    ctx = RankContext(model=model, layout=layout, rank=rank)
+    nodes = lower_compute(ctx, actions)
+    nodes = add_tensor_parallel(ctx, nodes)
+    nodes = add_pipeline_p2p(ctx, actions, nodes)
+    nodes = add_data_parallel(ctx, actions, nodes)
+    nodes = add_optimizer(ctx, nodes)
+    return finalize(nodes)
+
+
+def _model_meta(model: ModelSpec) -> dict[str, object]:
+    return {f: getattr(model, f) for f in ("layers", "hidden", "heads", "seq_len", "vocab",
+                                           "ffn_hidden", "dtype", "tied_embeddings")}

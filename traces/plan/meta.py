@@ -5,8 +5,9 @@ pipeline stage standing for its tensor-parallel peers and data-parallel replicas
 
     "fold": {"axes": ["tp", "dp"], "layout": {...the Layout's fields...}}
 
-`read_fold` turns that back into the `Layout` whose symmetry the replay uses, or raises
-`ConfigError` naming what is wrong, so a foreign or edited trace never escapes as a traceback.
+`read_fold` turns that back into the `Layout` whose symmetry the replay uses, and `read_layout`
+reads the plan's own `layout` entry; both raise `ConfigError` naming what is wrong, so a
+foreign or edited trace never escapes as a traceback.
 """
 
 from __future__ import annotations
@@ -34,10 +35,20 @@ def read_fold(meta: Mapping[str, Any], source: str = "trace") -> Layout | None:
     if not isinstance(fold, dict) or fold.get("axes") != list(FOLD_AXES):
         raise ConfigError(f"{source}: meta.fold must be an object with \"axes\": "
                           f"{list(FOLD_AXES)} and a \"layout\"; got {str(fold)[:60]}")
-    table = fold.get("layout")
+    return _layout(fold.get("layout"), f"{source}: meta.fold.layout")
+
+
+def read_layout(meta: Mapping[str, Any], source: str = "trace") -> Layout | None:
+    """The layout a plan was built for, or None for a trace that does not say (an import)."""
+    if "layout" not in meta:
+        return None
+    return _layout(meta["layout"], f"{source}: meta.layout")
+
+
+def _layout(table: object, where: str) -> Layout:
     if not isinstance(table, dict):
-        raise ConfigError(f"{source}: meta.fold.layout must be an object of the [parallel] keys")
+        raise ConfigError(f"{where} must be an object of the [parallel] keys")
     try:
         return Layout(**table)
     except TypeError as err:  # an unknown or missing key
-        raise ConfigError(f"{source}: meta.fold.layout: {err}") from None
+        raise ConfigError(f"{where}: {err}") from None

@@ -1,0 +1,97 @@
+"""The plan builder's working form: ops under construction with symbolic dependencies.
+
+A rank's plan under construction is a `Program`: one list of `Node`s per schedule action, in
+schedule order, and a last list for the end of the step (the optimizer). Every pass takes a
+program and returns a new one with its own ops inserted. A node wraps the `Op` it will become,
+says which unit of parameters it belongs to (a layer index, `"embed"` or `"head"`), and lists
+the nodes it must wait for (`after`). Positions are only fixed at the end: `finalize` numbers
+the nodes in order and turns `after` into the op's `deps` indices. So a pass inserts an op
+anywhere without renumbering anything, and refers to other ops by the nodes themselves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from traces.layout import Layout
+from traces.model import ModelSpec
+from traces.ops import Op, Stream
+
+Unit = int | str
+"""A unit of parameters: a layer index, or "embed" / "head"."""
+
+
+class Node:
+    """One op of a plan being built (a plain slotted class: a 1024-GPU plan makes ~10^6)."""
+
+    __slots__ = ("op", "unit", "after", "on_compute", "index")
+
+    def __init__(self, op: Op, unit: Unit | None = None, after: list[Node] | None = None) -> None:
+        self.op = op
+        self.unit = unit
+        self.after: list[Node] = [] if after is None else after
+        self.on_compute = op.stream == Stream.COMPUTE
+        self.index = -1
+        """Position in the finished op list (set by `finalize`)."""
+
+
+Program = list[list[Node]]
+"""A rank's nodes: one list per schedule action, then one for the end of the step."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RankContext:
+    """What every pass needs to know about the rank it lowers."""
+
+    model: ModelSpec
+    layout: Layout
+    rank: int
+
+    @property
+    def pp_rank(self) -> int:
+        return self.layout.coords(self.rank)["pp"]
+
+    @property
+    def last_stage(self) -> int:
+        """The last virtual stage of the whole pipeline."""
+        return self.layout.num_stages - 1
+
+    @property
+    def last_microbatch(self) -> int:
+        return self.layout.num_microbatches - 1
+
+    def peer(self, stage: int) -> int:
+        """The rank that runs virtual stage `stage` in this rank's pipeline."""
+        coords = self.layout.coords(self.rank)
+        return self.layout.rank(**{**coords, "pp": stage % self.layout.pp})
+
+    def unit_params(self, unit: Unit) -> float:
+        """Parameters of one unit held by this rank (per TP rank, before ZeRO sharding)."""
+        if unit == "embed":
+            return self.model.embedding_params(self.layout.tp)
+        if unit == "head":
+            return self.layout.head_params_on_rank(self.model, self.pp_rank)
+        return self.model.layer_params(self.layout.tp)
+
+
+def first_compute(nodes: Iterable[Node]) -> Node:
+    return next(n for n in nodes if n.on_compute)
+
+
+def last_compute(nodes: list[Node]) -> Node:
+    return next(n for n in reversed(nodes) if n.on_compute)
+
+
+def finalize(program: Program) -> tuple[Op, ...]:
+    """The ops in program order, with `after` turned into `deps` indices.
+
+    The ops were built by the passes and have not escaped yet, so their `deps` are set in place.
+    """
+    nodes = [node for step in program for node in step]
+    for i, node in enumerate(nodes):
+        node.index = i
+    for node in nodes:
+        if node.after:
+            node.op.deps = tuple(dep.index for dep in node.after)
+    return tuple(node.op for node in nodes)

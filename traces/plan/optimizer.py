@@ -1,0 +1,59 @@
+"""Pass 5: the end of the step — tied-embedding gradients, the optimizer, ZeRO's all-gather.
+
+With tied embeddings and pp > 1 the first and the last pipeline rank each hold the word
+embeddings and all-reduce their gradients (Megatron-LM). The optimizer step waits for every
+gradient reduction and for the last pipeline send; Adam reads and writes fp32 master weights,
+momentum and variance (24 B), reads the bf16 gradient (2 B) and writes the bf16 parameter
+(2 B) per parameter it owns (1/dp of them under ZeRO). ZeRO-1/2 then all-gather the updated
+parameters, in the same slices the gradients were reduce-scattered in.
+"""
+
+from __future__ import annotations
+
+from traces.ops import Op, OpKind, Phase, Stream
+from traces.plan.nodes import Node, Program, RankContext
+
+ADAM_BYTES_PER_PARAM = 28  # 24 B of fp32 state read and written, 2 B gradient, 2 B parameter
+
+
+def add_optimizer(ctx: RankContext, program: Program) -> Program:
+    """Fill the end of the step: the tied-embedding all-reduce, the optimizer step and
+    ZeRO-1/2's gathers (the program's last list)."""
+    model, layout = ctx.model, ctx.layout
+    actions, nodes = program[:-1], [node for step in program[:-1] for node in step]
+    out: list[Node] = []
+    if layout.pp > 1 and model.tied_embeddings and _owns_embeddings(ctx):
+        size = model.vocab * model.hidden / layout.tp * model.dtype_bytes
+        op = Op(kind=OpKind.ALL_REDUCE, stream=Stream.DP, group=layout.embedding_group(ctx.rank),
+                size_bytes=size, phase=Phase.BWD, dtype=model.dtype)
+        out.append(Node(op, "embed", [_last(nodes, Stream.COMPUTE)]))
+    waits = [n for n in (_last(nodes + out, Stream.DP), _last(nodes, Stream.ZERO_RS)) if n]
+    waits += [n for n in (actions[-1] if actions else []) if n.op.kind is OpKind.SEND]
+    shard = layout.dp if layout.zero >= 1 else 1
+    params = layout.params_on_rank(model, ctx.pp_rank)
+    step = Node(Op(kind=OpKind.COMPUTE, stream=Stream.COMPUTE, name="optimizer", phase=Phase.OPT,
+                   mem_bytes=params / shard * ADAM_BYTES_PER_PARAM), None, waits)
+    out.append(step)
+    if layout.zero in (1, 2) and layout.dp > 1:
+        for size in _last_bucket_sizes(ctx, nodes):
+            op = Op(kind=OpKind.ALL_GATHER, stream=Stream.DP, group=layout.group(ctx.rank, "dp"),
+                    size_bytes=size, phase=Phase.OPT, dtype=model.dtype)
+            out.append(Node(op, None, [step]))
+    return [*actions, program[-1] + out]
+
+
+def _owns_embeddings(ctx: RankContext) -> bool:
+    stages = ctx.layout.stages_of_rank(ctx.pp_rank)
+    return 0 in stages or ctx.last_stage in stages
+
+
+def _last(nodes: list[Node], stream: Stream) -> Node | None:
+    """The last node on `stream` (the one every earlier node on it has finished before)."""
+    return next((n for n in reversed(nodes) if n.op.stream == stream), None)
+
+
+def _last_bucket_sizes(ctx: RankContext, nodes: list[Node]) -> list[float]:
+    """Sizes of the gradient buckets reduce-scattered in the last micro-batch's backward."""
+    return [n.op.size_bytes for n in nodes
+            if n.op.stream == Stream.DP and n.op.kind is OpKind.REDUCE_SCATTER
+            and n.op.microbatch == ctx.last_microbatch]
