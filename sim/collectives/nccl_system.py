@@ -1,0 +1,216 @@
+"""What NCCL sees of a machine: nodes, GPUs per node, link rates, and the channel graphs.
+
+NCCL's tuning model does not read link rates directly: at init it searches *graphs* (rings,
+trees, NVLS trees) over its topology and keeps, per algorithm, a number of channels and a
+per-channel bandwidth (`nChannels`, `bwIntra`, `bwInter`). `graphs` reproduces the outcome of
+that search (src/graph/search.cc, NCCL 2.20.3, `ncclTopoCompute`) for the machines parasim
+models: GPUs on one NVSwitch per node, one NIC per GPU or fewer, nodes on InfiniBand.
+
+    sys = NcclSystem(num_nodes=1, gpus_per_node=8, compute_capability=80, nvlinks=12,
+                     nics_per_node=8, nic_Bps=25e9)
+    sys.ring  # Graph(channels=12, bw_intra_Bps=20e9, ...), like NCCL on a DGX A100
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+from sim.collectives.protocols import (
+    GBPS,
+    MAX_SEARCH_CHANNELS,
+    NVLINK_LINE_BPS,
+    NVLINK_LINK_BPS,
+    SPEEDS_INTER,
+    SPEEDS_INTRA,
+)
+from topology.cluster import Cluster
+from traces.errors import ConfigError
+
+
+@dataclass(frozen=True, slots=True)
+class Graph:
+    """One searched graph: `channels` parallel rings (or trees), each at these rates."""
+
+    channels: int
+    bw_intra_Bps: float
+    bw_inter_Bps: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class NcclSystem:
+    """A communicator's view of its machine: the inputs of NCCL's tuning model."""
+
+    num_nodes: int
+    gpus_per_node: int
+    """Ranks per node in the communicator (NCCL's ppn); all nodes alike."""
+    compute_capability: int
+    """80 for A100, 90 for H100/H200 (picks NCCL's per-arch constants)."""
+    nvlinks: int = 0
+    """NVLink links per GPU to the NVSwitch (0: none; GPUs talk over PCIe)."""
+    nics_per_node: int = 0
+    nic_Bps: float = 0.0
+    """Per NIC, per direction, as NCCL rates it (port speed / 8)."""
+    cpu_vendor: str = "intel"
+    """'intel' or 'amd': NCCL's LL caps and network overhead depend on it."""
+    sharp: bool = False
+    """The fabric reduces in the network (InfiniBand SHARP): enables CollNet."""
+
+    def __post_init__(self) -> None:
+        assert self.num_nodes >= 1 and self.gpus_per_node >= 1
+        assert self.compute_capability in NVLINK_LINK_BPS, "NCCL constants known for sm80/sm90"
+
+    @property
+    def num_ranks(self) -> int:
+        return self.num_nodes * self.gpus_per_node
+
+    @property
+    def nvswitch(self) -> bool:
+        return self.nvlinks > 0 and self.gpus_per_node > 1
+
+    @property
+    def nvlink_Bps(self) -> float:
+        """NCCL's NVLink data rate per GPU: links x SMxx_NVLINK_BW (A100 12 x 20 = 240 GB/s)."""
+        return self.nvlinks * NVLINK_LINK_BPS[self.compute_capability]
+
+    @property
+    def arch_index(self) -> int:
+        """The per-arch key of NCCL's tables."""
+        return self.compute_capability
+
+    @property
+    def node_index(self) -> int:
+        """NCCL's index2: 0 for one node, 1 for two, 2 for more."""
+        return min(self.num_nodes, 3) - 1
+
+    @cached_property
+    def ring(self) -> Graph:
+        """Ring graph: NCCL_TOPO_PATTERN_RING."""
+        return self._intra_graph() if self.num_nodes == 1 else self._inter_graph()
+
+    @cached_property
+    def tree(self) -> Graph:
+        """Tree graph. Inside one NVSwitch node the search lands on the ring's answer (a chain
+        through the switch uses each GPU's links as a ring does); across nodes one tree per
+        NIC, like the rings."""
+        return self.ring
+
+    @cached_property
+    def nvls(self) -> Graph | None:
+        """NVLS graph (sm90 with NVSwitch): one channel per GPU as head. Each GPU's link
+        carries (n - 1) channels once and its own twice: (n + 1) x bw <= link, so on H100
+        (370.8 GB/s, n = 8) the search settles at 40 GB/s; `bwInter` is then raised in
+        pass 2 to the top speed below 2 x bwIntra (60)."""
+        if self.compute_capability < 90 or not self.nvswitch:
+            return None
+        n = self.gpus_per_node
+        speeds = SPEEDS_INTRA[90]
+        total = self.nvlink_Bps / GBPS * n / (n - 1)  # non-ring patterns: totalBw * n/(n-1)
+        start = next(s for s in speeds if s * n <= total)  # minChannels = ngpus
+        bw = next(s for s in speeds if s <= start and (n + 1) * s <= self.nvlink_Bps / GBPS)
+        inter = max(s for s in speeds if s < 2 * bw)
+        if self.num_nodes > 1:
+            inter = self._nic_speed()
+        return Graph(n, bw * GBPS, inter * GBPS)
+
+    @cached_property
+    def collnet(self) -> Graph | None:
+        """CollNet graph: one channel per NIC at the NIC's rate (SHARP fabrics only)."""
+        if not self.sharp or self.num_nodes == 1 or not self.nics_per_node:
+            return None
+        speed = self._nic_speed() * GBPS
+        return Graph(self.nics_per_node, speed, speed)
+
+    @property
+    def comm_channels(self) -> int:
+        """Channels a collective may use: the ring graph's, duplicated (ncclTopoPostset in
+        src/graph/connect.cc doubles the search channels; 24 on a DGX A100)."""
+        return min(2 * self.ring.channels, 2 * MAX_SEARCH_CHANNELS)
+
+    def _intra_graph(self) -> Graph:
+        """The search on one NVSwitch node, in closed form.
+
+        Pass 1 tries speeds from the top (`sm80`: 40, 30, 20 GB/s ...; `sm90`: 60, 50, 40 ...)
+        and keeps the best channels x speed, first found on ties, where every channel takes
+        `speed` on each GPU's NVLink. Then `ncclTopoDupChannels` doubles the channels at half
+        the speed when speed >= 25 (on sm90 only if speed >= 50 or channels <= 4). Pass 2
+        raises the speed at fixed channels while it still fits.
+        DGX A100: 240 GB/s -> 6 x 40 -> 12 x 20. DGX H100: 370.8 -> 6 x 60 -> 12 x 30.
+        """
+        if not self.nvswitch:
+            return Graph(1, self.nvlink_Bps or 12 * GBPS, self.nvlink_Bps or 12 * GBPS)
+        cc = self.compute_capability
+        total = self.nvlink_Bps / GBPS
+        speeds = SPEEDS_INTRA[cc]
+        best = (0, 0.0)
+        for speed in speeds:
+            if speed > total:
+                continue
+            if best[0] and speed / best[1] <= 0.49:  # "decrease bw until we find a solution"
+                break
+            channels = min(int(total // speed + 1e-9), MAX_SEARCH_CHANNELS)
+            if channels * speed > best[0] * best[1]:
+                best = (channels, speed)
+            if channels * speed >= total:
+                break
+        channels, speed = best
+        if speed >= 25 and not (cc > 80 and speed < 50 and channels > 4):
+            doubled = min(2 * channels, MAX_SEARCH_CHANNELS)
+            speed /= -(-doubled // channels)
+            channels = doubled
+        faster = [s for s in speeds if s > speed and channels * s <= total]
+        if faster:
+            speed = min(faster)
+        return Graph(channels, speed * GBPS, speed * GBPS)
+
+    def _inter_graph(self) -> Graph:
+        """Rings across nodes: one channel per NIC at the NIC's speed from NCCL's list
+        (HDR 25 GB/s -> 24; NDR 50 GB/s -> 48), the same speed inside the node (the search
+        sets bwIntra = bwInter). No duplication below 25 GB/s, nor on sm90 below 50 with more
+        than 4 channels; NCCL logs 16 channels on 8-NIC DGX H100 clusters (nccl#1453)."""
+        if not self.nics_per_node:
+            raise ConfigError("nccl: nodes without NICs cannot form a multi-node ring")
+        speed = self._nic_speed()
+        channels = min(self.nics_per_node, MAX_SEARCH_CHANNELS)
+        return Graph(channels, speed * GBPS, speed * GBPS)
+
+    def _nic_speed(self) -> float:
+        nic = self.nic_Bps / GBPS
+        return next((s for s in SPEEDS_INTER[self.compute_capability] if s <= nic + 1e-9),
+                    SPEEDS_INTER[self.compute_capability][-1])
+
+
+def compute_capability(accelerator_name: str) -> int:
+    """NCCL's arch key from the accelerator's name (A100 -> 80; H100, H200 -> 90)."""
+    name = accelerator_name.upper()
+    if "H100" in name or "H200" in name or "H800" in name or "H20" in name:
+        return 90
+    if "A100" in name or "A800" in name:
+        return 80
+    raise ConfigError(f"nccl: no NCCL model for accelerator {accelerator_name!r} "
+                      "(known: A100, H100, H200)")
+
+
+def system_for(cluster: Cluster, group: tuple[int, ...], *, sharp: bool = False,
+               cpu_vendor: str | None = None) -> NcclSystem:
+    """NCCL's view of `group` on `cluster` (an NVSwitch/InfiniBand GPU cluster).
+
+    Ranks must spread evenly over their nodes, as NCCL's model assumes. NVLink links per GPU
+    are the line rate over 25 GB/s per link (A100 300 GB/s -> 12, H100 450 GB/s -> 18).
+    """
+    server = getattr(cluster.fabric, "server", None)
+    if server is None:
+        raise ConfigError(f"nccl: {cluster.name} is not a switched GPU cluster")
+    per_node: dict[int, int] = {}
+    for rank in group:
+        per_node[cluster.server_of(rank)] = per_node.get(cluster.server_of(rank), 0) + 1
+    if len(set(per_node.values())) != 1:
+        raise ConfigError(f"nccl: group of {len(group)} has uneven ranks per node "
+                          f"({sorted(per_node.values())})")
+    nvlinks = round(server.nvlink_Bps / NVLINK_LINE_BPS)
+    # DGX A100 pairs its GPUs with AMD EPYC CPUs; DGX H100/H200 with Intel Xeon.
+    vendor = cpu_vendor or ("amd" if "A100" in cluster.accelerator.name.upper() else "intel")
+    return NcclSystem(num_nodes=len(per_node), gpus_per_node=len(group) // len(per_node),
+                      compute_capability=compute_capability(cluster.accelerator.name),
+                      nvlinks=nvlinks, nics_per_node=server.nics,
+                      nic_Bps=server.nic_Bps, cpu_vendor=vendor, sharp=sharp)
