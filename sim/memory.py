@@ -115,7 +115,7 @@ def activation_bytes_per_layer(model: ModelSpec, layout: Layout) -> float:
     pointwise = 34 / t if layout.sp else 10 + 24 / t
     # 5as^2b = scores 2as^2b + softmax-dropout mask as^2b + dropped-out probabilities 2as^2b,
     # split over t heads-wise; flash attention and selective recomputation never store them.
-    keeps_scores = not layout.flash_attention and layout.recompute == Recompute.NONE
+    keeps_scores = model.attention == "unfused" and layout.recompute == Recompute.NONE
     scores = 5 * a * s / (h * t) if keeps_scores else 0.0
     return sbh * (pointwise + scores)
 
@@ -161,8 +161,9 @@ def stage_memory(model: ModelSpec, layout: Layout, pp_rank: int,
     """Peak bytes on one GPU of pipeline rank `pp_rank` running `actions` (its schedule)."""
     if not 0 <= pp_rank < layout.pp:
         raise ConfigError(f"pipeline rank {pp_rank} is outside 0..{layout.pp - 1}")
-    params, grads, optimizer = model_state_bytes(layout.params_on_rank(model, pp_rank),
-                                                 layout.dp, layout.zero)
+    params, grads, optimizer = model_state_bytes(
+        layout.params_on_rank(model, pp_rank), layout.dp, layout.zero,
+        param_bytes=model.dtype_bytes, grad_bytes=4 if layout.fp32_main_grads else model.dtype_bytes)
     layers_per_stage = model.layers // layout.num_stages
     activations = (peak_in_flight(actions) * layers_per_stage
                    * activation_bytes_per_layer(model, layout))
@@ -173,6 +174,5 @@ def stage_memory(model: ModelSpec, layout: Layout, pp_rank: int,
 
 def memory_by_stage(model: ModelSpec, layout: Layout) -> list[MemoryBreakdown]:
     """One breakdown per pipeline rank, under the layout's own schedule."""
-    layout.validate(model)
     schedule = build_schedule(str(layout.schedule), layout.pp, layout.num_microbatches, layout.vp)
     return [stage_memory(model, layout, r, schedule[r]) for r in range(layout.pp)]

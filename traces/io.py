@@ -30,8 +30,8 @@ from traces.files import MAX_TRACE_BYTES, PathLike, parse_json, read_bytes, writ
 from traces.ops import COLLECTIVES, Op, OpKind, Phase, Trace
 
 SCHEMA = "parasim.trace"
-VERSION = 1
-SUPPORTED_VERSIONS = (1,)
+VERSION = 2
+SUPPORTED_VERSIONS = (1, 2)  # version 2 added `gemm` and `span`; a version-1 file has neither
 
 __all__ = ["PathLike", "SCHEMA", "VERSION", "dumps", "from_json", "load", "save", "to_json",
            "write_text_atomic"]
@@ -308,6 +308,13 @@ def _integers(value: object) -> tuple[int, ...]:
     return tuple(value)
 
 
+def _gemm(value: object) -> tuple[int, ...]:
+    shape = _integers(value)
+    if len(shape) != 4 or min(shape) < 1:
+        raise _Bad("", f"must be [batch, M, N, K], four positive integers, got {_show(value)}")
+    return shape
+
+
 def _enum_decoder(enum: type[StrEnum], optional: bool) -> Callable[[object], Any]:
     members = {str(member): member for member in enum}
     expected = ", ".join(members)
@@ -339,6 +346,8 @@ _DECODERS: dict[str, Callable[[object], Any]] = {
     "dtype": _string,
     "peer": _optional_integer,
     "tag": _string,
+    "gemm": _gemm,
+    "span": _optional_integer,
     "start": _optional_number,
     "end": _optional_number,
 }
@@ -351,7 +360,7 @@ _INT_ONLY = frozenset({int})  # the element types deps and group may have (bool 
 # and, for numbers, is finite and not negative (every count, index and time is >= 0).
 _PLAIN: dict[str, type] = {
     "stream": str, "name": str, "dtype": str, "tag": str, "layer": int, "microbatch": int,
-    "peer": int, "flops": float, "mem_bytes": float, "size_bytes": float, "start": float,
+    "peer": int, "span": int, "flops": float, "mem_bytes": float, "size_bytes": float, "start": float,
     "end": float,
 }
 assert set(_DECODERS) == {f.name for f in fields(Op)} >= set(_PLAIN), "every Op field"

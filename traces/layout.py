@@ -29,6 +29,7 @@ from traces.units import MAX_SIZE_BYTES
 AXES = ("tp", "cp", "dp", "pp")
 MAX_VIRTUAL_STAGES = 1024  # model chunks per pipeline rank
 MAX_BATCH = 2**24  # sequences in one step (GPT-3 used 1,536; 16 M is no real run)
+MAX_MICROBATCHES = 2**16  # per pipeline per step; GPT-3 on 1024 A100s ran 192
 
 
 class Schedule(StrEnum):
@@ -61,9 +62,15 @@ class Layout:
     micro_batch: int = 1
     global_batch: int = 1
     recompute: Recompute = Recompute.NONE
-    flash_attention: bool = True
     bucket_bytes: int = 25 * 2**20
     """Gradient bucket size for DP / ZeRO-1/2 reductions (PyTorch DDP's 25 MiB)."""
+    overlap_grad_reduce: bool = True
+    """Reduce each gradient bucket as soon as it is full, during the last backward
+    (Megatron-LM's --overlap-grad-reduce, PyTorch DDP); false: all buckets after the whole
+    backward, as Megatron-LM did in 2021-2022."""
+    fp32_main_grads: bool = False
+    """Accumulate and reduce gradients in fp32 (Megatron-LM's
+    --accumulate-allreduce-grads-in-fp32): 4-byte gradients, which the optimizer then reads."""
 
     def __post_init__(self) -> None:
         """The rules that need neither the model nor the cluster (see `check_layout`)."""
@@ -74,7 +81,8 @@ class Layout:
         check_int(self.micro_batch, "parallel.micro_batch", minimum=1, maximum=MAX_BATCH)
         check_int(self.global_batch, "parallel.global_batch", minimum=1, maximum=MAX_BATCH)
         check_bool(self.sp, "parallel.sp")
-        check_bool(self.flash_attention, "parallel.flash_attention")
+        check_bool(self.overlap_grad_reduce, "parallel.overlap_grad_reduce")
+        check_bool(self.fp32_main_grads, "parallel.fp32_main_grads")
         if self.zero not in (0, 1, 2, 3) or not is_int(self.zero):
             raise ConfigError(f"parallel.zero: {show(self.zero)} must be 0, 1, 2 or 3")
         for name, enum in (("schedule", Schedule), ("recompute", Recompute)):
@@ -95,6 +103,10 @@ class Layout:
         if self.global_batch % (self.micro_batch * self.dp):
             raise ConfigError(f"parallel.global_batch: {self.global_batch} is not divisible by "
                               f"micro_batch x dp = {self.micro_batch} x {self.dp}")
+        if self.num_microbatches > MAX_MICROBATCHES:
+            raise ConfigError(f"parallel.global_batch: {self.global_batch} / (micro_batch x dp "
+                              f"= {self.micro_batch} x {self.dp}) = {self.num_microbatches:,} "
+                              f"micro-batches per step, more than {MAX_MICROBATCHES:,}")
         if self.sp and self.tp == 1:
             raise ConfigError("parallel.sp: sequence parallelism needs tp > 1 (it splits over "
                               "the tensor-parallel group)")

@@ -1,4 +1,4 @@
-"""GPT-style decoder arithmetic: parameters, FLOPs and HBM bytes per op, Megatron's step FLOPs.
+"""GPT-style decoder arithmetic: parameters, closed-form FLOPs, Megatron's step FLOPs.
 
 Notation follows the Megatron-LM papers: b micro-batch, s sequence, h hidden, a heads,
 l layers, V vocabulary, f MLP width (4h for GPT), t tensor-parallel degree. FLOPs count the
@@ -10,9 +10,10 @@ matrix multiplications only (2 FLOPs per multiply-add), as the papers do:
     logits forward      2bshV
     backward            twice the forward of the same op
 
-Layer norms, dropouts, residuals and GeLU add no FLOPs but move memory (`norm_bytes`). So one
-step of global batch B without recomputation is 72*B*s*l*h^2*(1 + s/(6h) + V/(12lh))
-FLOPs, and 96*B*s*l*h^2*(1 + s/(6h) + V/(16lh)) with full recomputation (f = 4h).
+Layer norms, dropouts, residuals and GeLU add no FLOPs but move memory. So one step of global
+batch B without recomputation is 72*B*s*l*h^2*(1 + s/(6h) + V/(12lh)) FLOPs, and
+96*B*s*l*h^2*(1 + s/(6h) + V/(16lh)) with full recomputation (f = 4h). The per-kernel FLOPs
+and HBM bytes the plan carries are in `traces.kernels`; they add up to these forms.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 
 from traces.errors import ConfigError, show
 
+ATTENTIONS = ("flash", "unfused")
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 # Upper bounds, far beyond any published model (GPT-3: 96 layers, h 12288, V 51200), that keep
 # every count finite and every plan buildable.
@@ -42,6 +44,9 @@ class ModelSpec:
     dtype: str = "bf16"
     tied_embeddings: bool = True
     """Output layer shares the input embedding (Megatron GPT's default)."""
+    attention: str = "flash"
+    """The attention core's implementation: "flash" (one fused kernel; scores never stored) or
+    "unfused" (Megatron-LM before 2023: QKᵀ, softmax, dropout and AV over b·a·s² scores)."""
 
     def __post_init__(self) -> None:
         for name in ("layers", "hidden", "heads", "seq_len", "vocab"):
@@ -59,6 +64,9 @@ class ModelSpec:
         if not isinstance(self.dtype, str) or self.dtype not in DTYPE_BYTES:
             raise ConfigError(f"model.dtype: {show(self.dtype)} is not one of "
                               f"{', '.join(DTYPE_BYTES)}")
+        if not isinstance(self.attention, str) or self.attention not in ATTENTIONS:
+            raise ConfigError(f"model.attention: {show(self.attention)} is not one of "
+                              f"{', '.join(ATTENTIONS)}")
         if not isinstance(self.tied_embeddings, bool):
             raise ConfigError(f"model.tied_embeddings: {show(self.tied_embeddings)} must be "
                               "true or false")
@@ -110,45 +118,6 @@ class ModelSpec:
 
     def head_flops(self, micro_batch: int, tp: int = 1) -> float:
         return 2 * micro_batch * self.seq_len * self.hidden * self.vocab / tp
-
-    # --- HBM bytes per micro-batch, per tensor-parallel rank (forward; backward moves twice) ----
-
-    def attn_bytes(self, micro_batch: int, tp: int = 1, flash: bool = True) -> float:
-        """QKV and output projections and the attention core: weights read once; the block input
-        read, QKV written and read, the context written and read, the output written. Without
-        flash attention QK^T also writes the a*s^2 scores and AV reads the probabilities."""
-        b, s, h, a, e = micro_batch, self.seq_len, self.hidden, self.heads, self.dtype_bytes
-        weights = (4 * h * h + 3 * h) / tp * e
-        activations = b * s * h * e * (2 + 8 / tp)
-        scores = 0.0 if flash else 2 * b * a * s * s / tp * e
-        return weights + activations + scores
-
-    def mlp_bytes(self, micro_batch: int, tp: int = 1) -> float:
-        """The two MLP matmuls: weights read once, input and output read and written, the
-        f-wide hidden written by the first and read by the second."""
-        b, s, h, f, e = micro_batch, self.seq_len, self.hidden, self.ffn_hidden, self.dtype_bytes
-        return (2 * h * f + f) / tp * e + b * s * e * (2 * h + 2 * f / tp)
-
-    def norm_bytes(self, micro_batch: int, tp: int = 1, sp: bool = False,
-                   flash: bool = True) -> float:
-        """The memory-bound rest of a block: two layer norms (read+write), two dropouts
-        (read+write+1-byte mask), two residual adds (2 reads+write) on b*s*h, split over the
-        TP group only with sequence parallelism; GeLU (read+write) on the b*s*f/t hidden; and
-        without flash attention, softmax (read+write) and dropout (read+write+mask) of the
-        a*s^2/t scores."""
-        b, s, h, f, e = micro_batch, self.seq_len, self.hidden, self.ffn_hidden, self.dtype_bytes
-        per_token = (14 * h * e + 2 * h) / (tp if sp else 1) + 2 * f * e / tp
-        scores = 0.0 if flash else self.heads * s / tp * (4 * e + 1)
-        return b * s * (per_token + scores)
-
-    def head_bytes(self, micro_batch: int, tp: int = 1) -> float:
-        """Output weights read, logits written and read by the fp32 cross-entropy."""
-        b, s, h, v, e = micro_batch, self.seq_len, self.hidden, self.vocab, self.dtype_bytes
-        return v * h / tp * e + b * s * v / tp * (e + 2 * 4)
-
-    def embed_bytes(self, micro_batch: int) -> float:
-        """Gather rows of the embedding and add positions: read twice, write once."""
-        return 3 * micro_batch * self.seq_len * self.hidden * self.dtype_bytes
 
     def activation_bytes(self, micro_batch: int) -> float:
         """One micro-batch's b*s*h activation tensor (what pipeline stages send)."""

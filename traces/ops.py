@@ -90,6 +90,9 @@ class Op:
     flops: float = 0.0
     mem_bytes: float = 0.0
     """Bytes moved to and from HBM (compute ops)."""
+    gemm: tuple[int, ...] = ()
+    """GEMM ops: (batch, M, N, K) of the forward product; a backward op runs its two
+    gradient GEMMs (M×K×N and K×N×M)."""
     group: tuple[int, ...] = ()
     """Collective: member ranks, in communicator order."""
     size_bytes: float = 0.0
@@ -99,6 +102,9 @@ class Op:
     """Send/recv: the other rank."""
     tag: str = ""
     """Send/recv: sends match receives per (source, destination, tag), in order."""
+    span: int | None = None
+    """Measured ops that one call ran together (a profiler's fused region, an autograd call
+    covering several plan ops) share a span id, and its start and end."""
     start: float | None = None
     end: float | None = None
 

@@ -68,7 +68,8 @@ def _match(message: str) -> str:
     (dict(global_batch=10**400), "parallel.global_batch: 1000000000...00000000000 must be an "
                                  "integer from 1 to 16,777,216"),
     (dict(sp="yes"), "parallel.sp: 'yes' must be true or false"),
-    (dict(flash_attention=1), "parallel.flash_attention: 1 must be true or false"),
+    (dict(overlap_grad_reduce=1), "parallel.overlap_grad_reduce: 1 must be true or false"),
+    (dict(fp32_main_grads="yes"), "parallel.fp32_main_grads: 'yes' must be true or false"),
     (dict(schedule=["1f1b"]), "parallel.schedule: ['1f1b'] is not one of gpipe, 1f1b"),
     (dict(recompute={"a": 1}), "parallel.recompute: {'a': 1} is not one of none"),
     (dict(bucket_bytes=10**400), "parallel.bucket_bytes: 1000000000...00000000000 must be from"),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from traces.layout import Layout
@@ -36,48 +38,70 @@ def added(before: Program, after: Program) -> list[list[Node]]:
     return [[n for n in step if all(n is not m for m in old)] for old, step in zip(before, after)]
 
 
-def test_compute_pass_lowers_each_action_to_its_stage_ops_in_run_order():
+LAYER = ["ln1", "qkv", "flash_attn", "proj", "bda1", "ln2", "fc1", "gelu", "fc2", "bda2"]
+UNFUSED_CORE = ["qk", "softmax", "attn_dropout", "av"]
+HEAD = ["final_ln", "logits", "cross_entropy"]
+
+
+def test_compute_pass_lowers_each_action_to_its_stage_kernels_in_run_order():
     ctx, actions, program = setup(pp=2, global_batch=2)
     assert [str(a) for a in actions] == ["0F0", "0F1", "0B0", "0B1"]
     assert len(program) == len(actions) + 1 and program[-1] == []
-    block = ["attn", "mlp", "norm"]
-    assert names(program[0]) == ["embed", *block, *block]  # stage 0 holds layers 0 and 1
-    assert names(program[2]) == [*block[::-1], *block[::-1], "embed"]
-    assert [n.op.layer for n in program[2]] == [1, 1, 1, 0, 0, 0, None]
-    assert [n.unit for n in program[2]] == [1, 1, 1, 0, 0, 0, "embed"]
+    assert names(program[0]) == ["embed", "pos_embed", *LAYER, *LAYER]  # layers 0 and 1
+    assert names(program[2]) == [*LAYER[::-1], *LAYER[::-1], "pos_embed", "embed"]
+    assert [n.op.layer for n in program[2]] == [1] * 10 + [0] * 10 + [None] * 2
+    assert [n.unit for n in program[2]][-3:] == [0, "embed", "embed"]
     assert all(n.op.microbatch == 1 for n in program[1])
-    attn = program[0][1].op
-    assert attn.flops == MODEL.attn_flops(1) and program[2][2].op.flops == 2 * MODEL.attn_flops(1)
+    qkv = program[0][3].op
+    assert qkv.gemm == (1, 32, 3 * 64, 64) and qkv.flops == 2 * 32 * 3 * 64 * 64
+    assert program[2][-4].op.name == "qkv" and program[2][-4].op.flops == 2 * qkv.flops
     assert all(n.op.stream == Stream.COMPUTE and not n.after for step in program for n in step)
+    _, _, last = setup(rank=1, pp=2, global_batch=2)
+    assert names(last[0])[-3:] == HEAD and names(last[1])[:3] == HEAD[::-1]
 
 
-def test_compute_pass_puts_recomputation_right_before_each_layer_backward():
+def test_compute_pass_recomputes_the_layer_first_or_the_core_where_backward_meets_it():
+    unfused = dataclasses.replace(MODEL, attention="unfused")
     _, _, full = setup(recompute="full")
-    _, _, selective = setup(recompute="selective")
-    backward = names(full[1])  # pp = 1: F0, B0, F1, B1
-    assert backward[:7] == ["head", "attn", "mlp", "norm", "norm", "mlp", "attn"]
-    assert [n.op.phase for n in full[1][1:4]] == [Phase.RECOMPUTE] * 3
-    assert names(selective[1])[:5] == ["head", "attn_core", "norm", "mlp", "attn"]
-    assert selective[1][1].op.flops == MODEL.attn_core_flops(1)
+    backward = full[1]  # pp = 1: F0, B0, F1, B1
+    assert names(backward)[:3 + 20] == HEAD[::-1] + LAYER + LAYER[::-1]
+    assert {n.op.phase for n in backward[3:13]} == {Phase.RECOMPUTE}
+    layout = Layout(recompute="selective", global_batch=2)
+    ctx = RankContext(model=unfused, layout=layout, rank=0)
+    selective = lower_compute(ctx, build_schedule("1f1b", 1, 2)[0])[1]
+    core_backward = UNFUSED_CORE[::-1]
+    expected = ["bda2", "fc2", "gelu", "fc1", "ln2", "bda1", "proj", *UNFUSED_CORE,
+                *core_backward, "qkv", "ln1"]
+    assert names(selective)[3:3 + len(expected)] == expected
+    recomputed = [n.op for n in selective if n.op.phase is Phase.RECOMPUTE]
+    assert sum(op.flops for op in recomputed) == 4 * 32 * 32 * 64 * MODEL.layers  # 4bs²h
 
 
 @pytest.mark.parametrize("sp", [False, True])
-def test_tensor_pass_adds_one_collective_after_each_block_and_a_gather_before_with_sp(sp):
-    ctx, _, program = setup(tp=2, sp=sp)
+def test_tensor_pass_adds_megatron_f_and_g_collectives(sp):
+    ctx, _, program = setup(tp=2, sp=sp, global_batch=1)  # pp = 1: F0, B0
     before = [list(step) for step in program]
     after = add_tensor_parallel(ctx, program)
     new = added(before, after)
-    blocks = MODEL.layers * 2  # attention and MLP per layer
-    assert len(new[0]) == blocks * (2 if sp else 1)
-    kinds = [n.op.kind for n in new[0]]
+    forward, backward = names(after[0]), names(after[1])
+    tp = "tp"
     if sp:
-        assert kinds == [OpKind.ALL_GATHER, OpKind.REDUCE_SCATTER] * blocks
+        assert forward[:6] == ["embed", tp, "pos_embed", "ln1", tp, "qkv"]
+        assert [n.op.kind for n in new[0][:2]] == [OpKind.REDUCE_SCATTER, OpKind.ALL_GATHER]
+        assert backward[-6:] == ["qkv", tp, "ln1", "pos_embed", tp, "embed"]
+        per_layer_fwd = 4  # gather before qkv and fc1, scatter after proj and fc2
     else:
-        assert kinds == [OpKind.ALL_REDUCE] * blocks
-    assert all(n.op.group == (0, 1) and n.op.size_bytes == ACT and n.on_compute for n in new[0])
-    first = after[0][1:4] if not sp else after[0][1:5]  # after the embedding
-    expected = ["all_gather", "attn", "reduce_scatter"] if sp else ["attn", "all_reduce"]
-    assert names(first)[:len(expected)] == expected
+        assert forward[:4] == ["embed", tp, "pos_embed", "ln1"]
+        assert backward[-3:] == ["ln1", "pos_embed", "embed"]
+        per_layer_fwd = 2  # all-reduce after proj and fc2
+    layer_ops = [n for n in new[0] if n.op.layer == 0]
+    assert len(layer_ops) == per_layer_fwd
+    assert all(n.op.group == (0, 1) and n.on_compute for step in new for n in step)
+    ce = [n.op for n in new[0] if n.op.name.startswith("ce_")]
+    assert [(op.name, op.size_bytes, op.dtype) for op in ce] == [
+        ("ce_max", 32 * 4, "fp32"), ("ce_sum", 2 * 32 * 4, "fp32")]
+    assert all(n.op.size_bytes == ACT for step in new for n in step if n.op.name == "tp")
+    assert forward[-4:] == ["logits", "ce_max", "cross_entropy", "ce_sum"]
 
 
 def test_tensor_pass_is_the_identity_without_tensor_parallelism():
@@ -99,7 +123,7 @@ def test_p2p_pass_receives_first_sends_last_and_blocks_on_the_previous_send():
         OpKind.SEND, Stream.SEND_PREV, 0, "grad")
     assert send.after == [b0[-2]] and send.op.size_bytes == ACT
     assert f1[0].op.kind is OpKind.RECV and f1[1].after == [send, f1[0]]
-    assert b1[0].op.name == "head" and b1[0].after == []  # F1 sent nothing: nothing to wait for
+    assert b1[0].op.name == "cross_entropy" and b1[0].after == []  # F1 sent nothing: nothing to wait for
     assert b1[-1].op.kind is OpKind.SEND
 
 
@@ -122,7 +146,8 @@ def test_data_pass_zero3_gathers_before_each_unit_and_scatters_after_its_backwar
     gathers = [n for n in forward if n.op.stream == Stream.ZERO_AG]
     assert [n.unit for n in gathers] == ["embed", 0, 1, 2, 3, "head"]
     layer2 = next(n for n in forward if n.op.stream == Stream.ZERO_AG and n.unit == 2)
-    assert layer2.after == [next(n for n in forward if n.op.name == "norm" and n.unit == 0)]
+    layer0 = [n for n in forward if n.on_compute and n.unit == 0]
+    assert layer2.after == [layer0[-1]] and layer0[-1].op.name == "bda2"
     scatters = [n for n in backward if n.op.stream == Stream.ZERO_RS]
     assert [n.unit for n in scatters] == ["head", 3, 2, 1, 0, "embed"]
     assert scatters[1].op.size_bytes == MODEL.layer_params() * 2

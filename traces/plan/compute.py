@@ -1,14 +1,23 @@
-"""Pass 1: schedule actions to compute ops.
+"""Pass 1: schedule actions to compute ops, one per kernel (`traces.kernels`).
 
-Each action `sFm` / `sBm` of the rank's schedule becomes the compute ops of virtual stage s for
-micro-batch m, in the order a GPU runs them: forward — the embedding on the first stage, each
-layer, the output layer on the last; backward — the output layer, then each layer in reverse
-(its recomputation, if any, right before its backward), then the embedding. Nothing else: the
-later passes add communication around these ops.
+Each action `sFm` / `sBm` of the rank's schedule becomes the kernels of virtual stage s for
+micro-batch m, in the order a GPU runs them: forward — embed and pos_embed on the first stage,
+each layer's kernels, final_ln, logits and cross_entropy on the last; backward — the same in
+reverse, each kernel with its own backward cost, a layer's recomputation right before its
+backward (`full`: the layer's forward kernels, re-run before its backward; `selective`: only the
+attention core, re-run when the backward reaches it, as Megatron-LM's `core_attn`
+recomputation does). Nothing else: the later passes add communication.
 """
 
 from __future__ import annotations
 
+from traces.kernels import (
+    ATTENTION_CORE,
+    Kernel,
+    embedding_kernels,
+    head_kernels,
+    layer_kernels,
+)
 from traces.layout import Recompute
 from traces.ops import Op, OpKind, Phase, Stream
 from traces.pipeline import Action
@@ -17,66 +26,70 @@ from traces.plan.nodes import Node, Program, RankContext, Unit
 
 def lower_compute(ctx: RankContext, actions: list[Action]) -> Program:
     """The compute ops of every action, tagged with their unit; an empty end of the step."""
-    costs = {phase: _block_costs(ctx, phase) for phase in (Phase.FWD, Phase.RECOMPUTE,
-                                                             Phase.BWD)}
-    program = [(_forward if a.kind == "F" else _backward)(ctx, a, costs) for a in actions]
+    kernels = _StageKernels(ctx)
+    program = [kernels.forward(a) if a.kind == "F" else kernels.backward(a) for a in actions]
     return [*program, []]
 
 
-def _forward(ctx: RankContext, action: Action,
-             costs: dict[Phase, list[tuple[str, float, float]]]) -> list[Node]:
-    m, b, t, mb = ctx.model, ctx.layout.micro_batch, ctx.layout.tp, action.microbatch
-    nodes = []
-    if action.stage == 0:
-        nodes.append(_node("embed", "embed", Phase.FWD, 0.0, m.embed_bytes(b), mb))
-    for layer in ctx.layout.layers_of_stage(m, action.stage):
-        nodes += _block(layer, mb, Phase.FWD, costs)
-    if action.stage == ctx.last_stage:
-        nodes.append(_node("head", "head", Phase.FWD, m.head_flops(b, t),
-                           m.head_bytes(b, t), mb))
-    return nodes
+class _StageKernels:
+    """The kernels of a layer, of the embedding and of the output layer for this rank."""
+
+    def __init__(self, ctx: RankContext) -> None:
+        model, layout = ctx.model, ctx.layout
+        b, t, sp = layout.micro_batch, layout.tp, layout.sp
+        g = ctx.grad_bytes
+        self.ctx = ctx
+        self.layer = layer_kernels(model, b, t, sp, g)
+        self.embed = embedding_kernels(model, b, t, sp, g)
+        self.head = head_kernels(model, b, t, sp, g)
+        self.layer_backward = _layer_backward(self.layer, layout.recompute,
+                                              ATTENTION_CORE[model.attention])
+
+    def forward(self, action: Action) -> list[Node]:
+        mb, nodes = action.microbatch, []
+        if action.stage == 0:
+            nodes += _nodes(_run(self.embed, Phase.FWD), "embed", None, mb)
+        for layer in self.ctx.layout.layers_of_stage(self.ctx.model, action.stage):
+            nodes += _nodes(_run(self.layer, Phase.FWD), layer, layer, mb)
+        if action.stage == self.ctx.last_stage:
+            nodes += _nodes(_run(self.head, Phase.FWD), "head", None, mb)
+        return nodes
+
+    def backward(self, action: Action) -> list[Node]:
+        mb, nodes = action.microbatch, []
+        if action.stage == self.ctx.last_stage:
+            nodes += _nodes(_run(self.head[::-1], Phase.BWD), "head", None, mb)
+        for layer in reversed(self.ctx.layout.layers_of_stage(self.ctx.model, action.stage)):
+            nodes += _nodes(self.layer_backward, layer, layer, mb)
+        if action.stage == 0:
+            nodes += _nodes(_run(self.embed[::-1], Phase.BWD), "embed", None, mb)
+        return nodes
 
 
-def _backward(ctx: RankContext, action: Action,
-              costs: dict[Phase, list[tuple[str, float, float]]]) -> list[Node]:
-    m, b, t, mb = ctx.model, ctx.layout.micro_batch, ctx.layout.tp, action.microbatch
-    nodes = []
-    if action.stage == ctx.last_stage:
-        nodes.append(_node("head", "head", Phase.BWD, 2 * m.head_flops(b, t),
-                           2 * m.head_bytes(b, t), mb))
-    for layer in reversed(ctx.layout.layers_of_stage(m, action.stage)):
-        if ctx.layout.recompute is Recompute.FULL:
-            nodes += _block(layer, mb, Phase.RECOMPUTE, costs)
-        elif ctx.layout.recompute is Recompute.SELECTIVE:
-            nodes.append(_node(layer, "attn_core", Phase.RECOMPUTE,
-                               m.attn_core_flops(b, t), 0.0, mb, layer=layer))
-        nodes += _block(layer, mb, Phase.BWD, costs)
-    if action.stage == 0:
-        nodes.append(_node("embed", "embed", Phase.BWD, 0.0, 2 * m.embed_bytes(b), mb))
-    return nodes
+Run = list[tuple[Kernel, Phase]]
 
 
-def _block(layer: int, mb: int, phase: Phase,
-           costs: dict[Phase, list[tuple[str, float, float]]]) -> list[Node]:
-    return [_node(layer, name, phase, flops, mem, mb, layer=layer)
-            for name, flops, mem in costs[phase]]
+def _run(kernels: list[Kernel], phase: Phase) -> Run:
+    return [(k, phase) for k in kernels]
 
 
-def _block_costs(ctx: RankContext, phase: Phase) -> list[tuple[str, float, float]]:
-    """(name, FLOPs, bytes) of a layer's ops in the order the phase runs them: attention, MLP
-    and the memory-bound rest (norms, dropouts, residuals) forward; the rest's gradients
-    first, then MLP and attention backward, which moves and computes twice the forward."""
-    m, b, t, layout = ctx.model, ctx.layout.micro_batch, ctx.layout.tp, ctx.layout
-    flash = layout.flash_attention
-    scale = 2.0 if phase is Phase.BWD else 1.0
-    ops = [("attn", scale * m.attn_flops(b, t), scale * m.attn_bytes(b, t, flash)),
-           ("mlp", scale * m.mlp_flops(b, t), scale * m.mlp_bytes(b, t))]
-    norm = ("norm", 0.0, scale * m.norm_bytes(b, t, layout.sp, flash))
-    return [norm, *ops[::-1]] if phase is Phase.BWD else [*ops, norm]
+def _layer_backward(layer: list[Kernel], recompute: Recompute, core: tuple[str, ...]) -> Run:
+    """A layer's backward kernels with its recomputation: `full` re-runs the whole forward
+    first; `selective` re-runs the attention core when the backward reaches it (where
+    autograd meets the checkpointed core)."""
+    backward = _run(layer[::-1], Phase.BWD)
+    if recompute is Recompute.FULL:
+        return _run(layer, Phase.RECOMPUTE) + backward
+    if recompute is Recompute.SELECTIVE:
+        at = next(i for i, (k, _) in enumerate(backward) if k.name in core)
+        return backward[:at] + _run([k for k in layer if k.name in core],
+                                    Phase.RECOMPUTE) + backward[at:]
+    return backward
 
 
-def _node(unit: Unit, name: str, phase: Phase, flops: float, mem_bytes: float,
-          mb: int, layer: int | None = None) -> Node:
-    op = Op(kind=OpKind.COMPUTE, stream=Stream.COMPUTE, name=name, phase=phase, flops=flops,
-            mem_bytes=mem_bytes, layer=layer, microbatch=mb)
-    return Node(op, unit)
+def _nodes(run: Run, unit: Unit, layer: int | None, mb: int) -> list[Node]:
+    return [Node(Op(kind=OpKind.COMPUTE, stream=Stream.COMPUTE, name=k.name, phase=phase,
+                    flops=k.bwd_flops if phase is Phase.BWD else k.flops,
+                    mem_bytes=k.bwd_bytes if phase is Phase.BWD else k.mem_bytes,
+                    gemm=k.gemm or (), layer=layer, microbatch=mb), unit)
+            for k, phase in run]

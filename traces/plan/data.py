@@ -7,12 +7,22 @@ When gradients are reduced over the DP group:
                    the rest at the end of each model chunk's backward
     ZeRO 2         the same in every micro-batch's backward (gradients stay sharded)
     ZeRO 3         per unit and micro-batch, a reduce-scatter right after the unit's backward
+Without `overlap_grad_reduce` (Megatron-LM before 2023) the same buckets are reduced one after
+another once the whole backward is over (ZeRO 0/1: of the step; ZeRO 2: of the micro-batch);
+FSDP (ZeRO 3) always overlaps.
+
 ZeRO-3 (FSDP) also all-gathers each unit's parameters before its forward and its backward. The
 gather of layer l waits until layer l ∓ (ZERO3_PREFETCH + 1) has finished in the same phase,
 so at most two layers are unsharded at once: one computing, one prefetched.
 
+With sequence parallelism, the parameters every TP rank holds in full (layer norms, the
+row-parallel biases, positions) see only their rank's share of the sequence, so their
+gradients are summed over the TP group (`sp_grads`) before the unit's gradients are reduced.
+
 A unit's gradients are complete after the last op it runs on the compute stream; reductions
-wait for that op, gathers are waited for by the unit's first op on the compute stream.
+wait for that op, gathers are waited for by the unit's first op on the compute stream. Units
+are named in op names as docs/plan-ops.md says: `params` / `grads` for layers (with `layer`
+set), `params.embed`, `grads.head` and so on outside them.
 """
 
 from __future__ import annotations
@@ -26,37 +36,51 @@ ZERO3_PREFETCH = 1  # layers gathered ahead of the one computing (FSDP's forward
 
 def add_data_parallel(ctx: RankContext, actions: list[Action], program: Program) -> Program:
     """Insert ZeRO-3 gathers and gradient reductions; `program[k]` holds `actions[k]`'s ops."""
-    if ctx.layout.dp == 1:
+    layout = ctx.layout
+    if layout.dp == 1 and not (layout.sp and layout.tp > 1):
         return program
     walk = _DataWalk(ctx)
     out = [walk.action(action, nodes) for action, nodes in zip(actions, program)]
-    return [*out, *program[len(actions):]]
+    end = list(program[len(actions)])
+    if walk.deferred:  # no overlap: every bucket once the step's backward is over
+        last = next(n for step in reversed(out) for n in reversed(step) if n.on_compute)
+        end += walk.flush_deferred(last)
+    return [*out, end]
+
+
+def unit_label(kind: str, unit: Unit) -> str:
+    """`params` / `grads` for a layer; `params.embed`, `grads.head` ... outside the layers."""
+    return kind if isinstance(unit, int) else f"{kind}.{unit}"
 
 
 class _DataWalk:
-    """The state a walk over one rank's actions carries: the bucket being filled, and where
-    each layer's compute ended per (phase, layer, micro-batch) for ZeRO-3's prefetch limit."""
+    """The state a walk over one rank's actions carries: the bucket being filled, buckets
+    waiting for the end of the backward, and where each layer's compute ended per (phase,
+    layer, micro-batch) for ZeRO-3's prefetch limit."""
 
     def __init__(self, ctx: RankContext) -> None:
         self.ctx = ctx
-        self.group = ctx.layout.group(ctx.rank, "dp")
-        self.bytes_per_param = ctx.model.dtype_bytes
+        self.dp_group = ctx.layout.group(ctx.rank, "dp")
+        self.tp_group = ctx.layout.group(ctx.rank, "tp")
+        self.zero = ctx.layout.zero if ctx.layout.dp > 1 else 0
         self.bucket: list[float] = []
+        self.deferred: list[float] = []
         self.ends: dict[tuple[Phase, int, int], Node] = {}
 
     def action(self, action: Action, group: list[Node]) -> list[Node]:
-        zero, mb = self.ctx.layout.zero, action.microbatch
+        zero, mb = self.zero, action.microbatch
         phase = Phase.FWD if action.kind == "F" else Phase.BWD
         final = mb == self.ctx.last_microbatch
         reduce_grads = action.kind == "B" and zero != 3 and (final or zero == 2)
-        if zero != 3 and not reduce_grads:
+        gathers = zero == 3 and self.ctx.layout.dp > 1
+        if not (gathers or reduce_grads):
             return group  # gradients accumulate locally in this micro-batch
         on_compute = [node for node in group if node.on_compute]
         firsts, lasts = _unit_bounds(on_compute)
         out: list[Node] = []
         for node in group:
             unit = node.unit
-            if zero == 3 and unit is not None and node in firsts:
+            if gathers and unit is not None and node in firsts:
                 gather = self._gather(unit, mb, phase)
                 out.append(gather)
                 node.after.append(gather)
@@ -64,9 +88,9 @@ class _DataWalk:
             if node.on_compute and node.op.layer is not None and node.op.phase is not None:
                 self.ends[(node.op.phase, node.op.layer, mb)] = node
             if action.kind == "B" and unit is not None and node in lasts:
-                out += self._grads_ready(unit, mb, node, reduce_grads)
+                out += self._grads_ready(unit, mb, node)
         if reduce_grads:
-            out += self._flush(mb, on_compute[-1])
+            out += self._end_of_backward(mb, on_compute[-1])
         return out
 
     def _gather(self, unit: Unit, mb: int, phase: Phase) -> Node:
@@ -77,37 +101,69 @@ class _DataWalk:
             done = self.ends.get((phase, layer + ahead if phase is Phase.BWD else layer - ahead,
                                   mb))
             waits = [done] if done is not None else []
-        size = self.ctx.unit_params(unit) * self.bytes_per_param
-        return Node(self._collective(OpKind.ALL_GATHER, Stream.ZERO_AG, size, layer, mb, phase),
-                    unit, waits)
+        size = self.ctx.unit_params(unit) * self.ctx.model.dtype_bytes
+        op = self._collective(OpKind.ALL_GATHER, Stream.ZERO_AG, unit_label("params", unit),
+                              self.dp_group, size, layer, mb, phase)
+        return Node(op, unit, waits)
 
-    def _grads_ready(self, unit: Unit, mb: int, last: Node, reduce_grads: bool) -> list[Node]:
+    def _grads_ready(self, unit: Unit, mb: int, last: Node) -> list[Node]:
         """A unit's gradients are complete for this micro-batch: reduce them when it is time."""
-        size = self.ctx.unit_params(unit) * self.bytes_per_param
-        if self.ctx.layout.zero == 3:
-            layer = unit if isinstance(unit, int) else None
-            op = self._collective(OpKind.REDUCE_SCATTER, Stream.ZERO_RS, size, layer, mb,
-                                  Phase.BWD)
-            return [Node(op, unit, [last])]
-        if not reduce_grads:
-            return []
+        layer = unit if isinstance(unit, int) else None
+        stream = Stream.ZERO_RS if self.zero == 3 else Stream.DP
+        out = []
+        if self.ctx.layout.sp and self.ctx.layout.tp > 1:
+            size = self.ctx.replicated_params(unit) * self.ctx.grad_bytes
+            op = self._collective(OpKind.ALL_REDUCE, stream, "sp_grads", self.tp_group, size,
+                                  layer, mb, Phase.BWD)
+            out.append(Node(op, unit, [last]))
+        if self.ctx.layout.dp == 1:
+            return out
+        size = self.ctx.unit_params(unit) * self.ctx.grad_bytes
+        if self.zero == 3:
+            op = self._collective(OpKind.REDUCE_SCATTER, stream, unit_label("grads", unit),
+                                  self.dp_group, size, layer, mb, Phase.BWD)
+            return [*out, Node(op, unit, [last])]
         self.bucket.append(size)
         if sum(self.bucket) >= self.ctx.layout.bucket_bytes:
-            return self._flush(mb, last)
-        return []
+            out += self._cut(mb, last)
+        return out
 
-    def _flush(self, mb: int, after: Node) -> list[Node]:
-        if not self.bucket:
+    def _end_of_backward(self, mb: int, last: Node) -> list[Node]:
+        """The rest of this chunk's gradients; without overlap, ZeRO-2's whole micro-batch."""
+        out = self._cut(mb, last)
+        if self.zero == 2 and self.deferred:
+            out += self.flush_deferred(last, mb)
+        return out
+
+    def _cut(self, mb: int, after: Node) -> list[Node]:
+        """Close the bucket being filled: reduce it now, or keep it for the end (no overlap)."""
+        if not self.bucket or self.ctx.layout.dp == 1:
             return []
-        size = sum(self.bucket)
-        self.bucket = []
-        kind = OpKind.ALL_REDUCE if self.ctx.layout.zero == 0 else OpKind.REDUCE_SCATTER
-        return [Node(self._collective(kind, Stream.DP, size, None, mb, Phase.BWD), None, [after])]
+        size, self.bucket = sum(self.bucket), []
+        if not self.ctx.layout.overlap_grad_reduce:
+            self.deferred.append(size)
+            return []
+        return [self._reduce(size, mb, after)]
 
-    def _collective(self, kind: OpKind, stream: Stream, size: float, layer: int | None,
-                    mb: int, phase: Phase) -> Op:
-        return Op(kind=kind, stream=stream, group=self.group, size_bytes=size, layer=layer,
-                  microbatch=mb, phase=phase, dtype=self.ctx.model.dtype)
+    def flush_deferred(self, after: Node, mb: int | None = None) -> list[Node]:
+        """Every bucket kept for the end of the backward, in order."""
+        mb = self.ctx.last_microbatch if mb is None else mb
+        out = [self._reduce(size, mb, after) for size in self.deferred]
+        self.deferred = []
+        return out
+
+    def _reduce(self, size: float, mb: int, after: Node) -> Node:
+        kind = OpKind.ALL_REDUCE if self.zero == 0 else OpKind.REDUCE_SCATTER
+        op = self._collective(kind, Stream.DP, "grads", self.dp_group, size, None, mb, Phase.BWD)
+        return Node(op, None, [after])
+
+    def _collective(self, kind: OpKind, stream: Stream, name: str, group: tuple[int, ...],
+                    size: float, layer: int | None, mb: int, phase: Phase) -> Op:
+        """Parameters move in the model's dtype, gradients in theirs (fp32 main grads)."""
+        grads = not name.startswith("params")
+        dtype = self.ctx.grad_dtype if grads else self.ctx.model.dtype
+        return Op(kind=kind, stream=stream, name=name, group=group, size_bytes=size,
+                  layer=layer, microbatch=mb, phase=phase, dtype=dtype)
 
 
 def _unit_bounds(on_compute: list[Node]) -> tuple[set[Node], set[Node]]:

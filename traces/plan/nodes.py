@@ -58,6 +58,15 @@ class RankContext:
         return self.layout.num_stages - 1
 
     @property
+    def grad_bytes(self) -> int:
+        """Bytes per gradient element: fp32 main gradients, or the model's dtype."""
+        return 4 if self.layout.fp32_main_grads else self.model.dtype_bytes
+
+    @property
+    def grad_dtype(self) -> str:
+        return "fp32" if self.layout.fp32_main_grads else self.model.dtype
+
+    @property
     def last_microbatch(self) -> int:
         return self.layout.num_microbatches - 1
 
@@ -73,6 +82,16 @@ class RankContext:
         if unit == "head":
             return self.layout.head_params_on_rank(self.model, self.pp_rank)
         return self.model.layer_params(self.layout.tp)
+
+    def replicated_params(self, unit: Unit) -> float:
+        """Parameters of one unit that every TP rank holds in full: a layer's two norms and
+        its row-parallel biases (6h), the positions (s·h), the final norm (2h)."""
+        h = self.model.hidden
+        if unit == "embed":
+            return self.model.seq_len * h
+        if unit == "head":
+            return 2 * h
+        return 6 * h
 
 
 def first_compute(nodes: Iterable[Node]) -> Node:

@@ -17,27 +17,31 @@ ADAM_BYTES_PER_PARAM = 28  # 24 B of fp32 state read and written, 2 B gradient, 
 
 
 def add_optimizer(ctx: RankContext, program: Program) -> Program:
-    """Fill the end of the step: the tied-embedding all-reduce, the optimizer step and
-    ZeRO-1/2's gathers (the program's last list)."""
+    """Fill the end of the step (the program's last list, which may already hold gradient
+    reductions): the tied-embedding all-reduce, the optimizer step and ZeRO-1/2's gathers."""
     model, layout = ctx.model, ctx.layout
-    actions, nodes = program[:-1], [node for step in program[:-1] for node in step]
+    actions, nodes = program[:-1], [node for step in program for node in step]
     out: list[Node] = []
     if layout.pp > 1 and model.tied_embeddings and _owns_embeddings(ctx):
-        size = model.vocab * model.hidden / layout.tp * model.dtype_bytes
-        op = Op(kind=OpKind.ALL_REDUCE, stream=Stream.DP, group=layout.embedding_group(ctx.rank),
-                size_bytes=size, phase=Phase.BWD, dtype=model.dtype)
+        size = model.vocab * model.hidden / layout.tp * ctx.grad_bytes
+        op = Op(kind=OpKind.ALL_REDUCE, stream=Stream.DP, name="embedding_grads",
+                group=layout.embedding_group(ctx.rank), size_bytes=size, phase=Phase.BWD,
+                dtype=ctx.grad_dtype)
         out.append(Node(op, "embed", [_last(nodes, Stream.COMPUTE)]))
     waits = [n for n in (_last(nodes + out, Stream.DP), _last(nodes, Stream.ZERO_RS)) if n]
     waits += [n for n in (actions[-1] if actions else []) if n.op.kind is OpKind.SEND]
     shard = layout.dp if layout.zero >= 1 else 1
     params = layout.params_on_rank(model, ctx.pp_rank)
+    per_param = ADAM_BYTES_PER_PARAM + ctx.grad_bytes - model.dtype_bytes  # fp32 grads read
     step = Node(Op(kind=OpKind.COMPUTE, stream=Stream.COMPUTE, name="optimizer", phase=Phase.OPT,
-                   mem_bytes=params / shard * ADAM_BYTES_PER_PARAM), None, waits)
+                   mem_bytes=params / shard * per_param), None, waits)
     out.append(step)
     if layout.zero in (1, 2) and layout.dp > 1:
+        to_params = model.dtype_bytes / ctx.grad_bytes  # the same elements, as parameters
         for size in _last_bucket_sizes(ctx, nodes):
-            op = Op(kind=OpKind.ALL_GATHER, stream=Stream.DP, group=layout.group(ctx.rank, "dp"),
-                    size_bytes=size, phase=Phase.OPT, dtype=model.dtype)
+            op = Op(kind=OpKind.ALL_GATHER, stream=Stream.DP, name="params",
+                    group=layout.group(ctx.rank, "dp"), size_bytes=size * to_params,
+                    phase=Phase.OPT, dtype=model.dtype)
             out.append(Node(op, None, [step]))
     return [*actions, program[-1] + out]
 
@@ -55,5 +59,5 @@ def _last(nodes: list[Node], stream: Stream) -> Node | None:
 def _last_bucket_sizes(ctx: RankContext, nodes: list[Node]) -> list[float]:
     """Sizes of the gradient buckets reduce-scattered in the last micro-batch's backward."""
     return [n.op.size_bytes for n in nodes
-            if n.op.stream == Stream.DP and n.op.kind is OpKind.REDUCE_SCATTER
+            if n.op.name == "grads" and n.op.kind is OpKind.REDUCE_SCATTER
             and n.op.microbatch == ctx.last_microbatch]

@@ -1,46 +1,71 @@
 """Pass 2: tensor- and sequence-parallel collectives, on the compute stream.
 
-Megatron-LM issues these inline, so they sit on the compute stream and the layer waits for
-them. Tensor parallelism all-reduces the partial sums of attention and of the MLP, forward and
-backward; with sequence parallelism each becomes an all-gather of the sequence shards before
-the block and a reduce-scatter after it. Every buffer is the b·s·h activation (nccl-tests'
-convention: the all-gather's output, the reduce-scatter's input).
+Megatron-LM issues these inline, so they sit on the compute stream and the next kernel waits
+for them. Its f and g operators, per kernel (docs/plan-ops.md):
+
+    without SP   forward: all-reduce the partial sums after proj, fc2 and embed
+                 backward: all-reduce the input gradient after qkv, fc1 and logits
+    with SP      forward: all-gather the sequence before qkv, fc1 and logits;
+                          reduce-scatter after proj, fc2 and embed
+                 backward: all-gather the gradient before proj, fc2 and (after pos_embed) embed;
+                           reduce-scatter after qkv, fc1 and logits
+
+Each buffer is the b·s·h activation (nccl-tests' convention: the all-gather's output, the
+reduce-scatter's input). The vocab-parallel cross-entropy adds two small all-reduces forward:
+the max of each token's logits after `logits` (b·s fp32, `ce_max`) and the target logit and
+sum of exponentials after `cross_entropy` (2·b·s fp32, `ce_sum`).
 """
 
 from __future__ import annotations
 
-from traces.ops import Op, OpKind, Stream
+from traces.ops import Op, OpKind, Phase, Stream
 from traces.plan.nodes import Node, Program, RankContext
 
-_BLOCKS = frozenset({"attn", "mlp"})
+# (kernel, phase is backward) -> collectives to put before and after it, without and with SP.
+_AR, _AG, _RS = OpKind.ALL_REDUCE, OpKind.ALL_GATHER, OpKind.REDUCE_SCATTER
+_PLAIN: dict[tuple[str, bool], tuple[tuple[OpKind, ...], tuple[OpKind, ...]]] = {
+    ("proj", False): ((), (_AR,)), ("fc2", False): ((), (_AR,)), ("embed", False): ((), (_AR,)),
+    ("qkv", True): ((), (_AR,)), ("fc1", True): ((), (_AR,)), ("logits", True): ((), (_AR,)),
+}
+_SEQUENCE: dict[tuple[str, bool], tuple[tuple[OpKind, ...], tuple[OpKind, ...]]] = {
+    ("qkv", False): ((_AG,), ()), ("fc1", False): ((_AG,), ()), ("logits", False): ((_AG,), ()),
+    ("proj", False): ((), (_RS,)), ("fc2", False): ((), (_RS,)), ("embed", False): ((), (_RS,)),
+    ("proj", True): ((_AG,), ()), ("fc2", True): ((_AG,), ()), ("embed", True): ((_AG,), ()),
+    ("qkv", True): ((), (_RS,)), ("fc1", True): ((), (_RS,)), ("logits", True): ((), (_RS,)),
+}
+FP32 = 4
 
 
 def add_tensor_parallel(ctx: RankContext, program: Program) -> Program:
-    """Insert the TP/SP collectives around each attention and MLP op."""
+    """Insert the TP/SP collectives around the kernels that need them."""
     layout = ctx.layout
     if layout.tp == 1:
         return program
+    table = _SEQUENCE if layout.sp else _PLAIN
+    b, s = layout.micro_batch, ctx.model.seq_len
+    sizes = {"tp": ctx.model.activation_bytes(b), "ce_max": b * s * FP32,
+             "ce_sum": 2 * b * s * FP32}
     group = layout.group(ctx.rank, "tp")
-    size = ctx.model.activation_bytes(layout.micro_batch)
-    after_kind = OpKind.REDUCE_SCATTER if layout.sp else OpKind.ALL_REDUCE
     out: Program = []
     for nodes in program:
         step: list[Node] = []
         for node in nodes:
-            if node.op.name not in _BLOCKS:
-                step.append(node)
-                continue
-            if layout.sp:
-                step.append(_collective(ctx, node, OpKind.ALL_GATHER, group, size))
+            op = node.op
+            before, after = table.get((op.name, op.phase is Phase.BWD), ((), ()))
+            step += [_collective(ctx, node, kind, "tp", group, sizes["tp"]) for kind in before]
             step.append(node)
-            step.append(_collective(ctx, node, after_kind, group, size))
+            step += [_collective(ctx, node, kind, "tp", group, sizes["tp"]) for kind in after]
+            if op.phase is Phase.FWD and op.name in ("logits", "cross_entropy"):
+                name = "ce_max" if op.name == "logits" else "ce_sum"
+                step.append(_collective(ctx, node, _AR, name, group, sizes[name]))
         out.append(step)
     return out
 
 
-def _collective(ctx: RankContext, beside: Node, kind: OpKind, group: tuple[int, ...],
+def _collective(ctx: RankContext, beside: Node, kind: OpKind, name: str, group: tuple[int, ...],
                 size: float) -> Node:
     op = beside.op
-    return Node(Op(kind=kind, stream=Stream.COMPUTE, group=group, size_bytes=size,
-                   layer=op.layer, microbatch=op.microbatch, phase=op.phase,
-                   dtype=ctx.model.dtype), beside.unit)
+    dtype = "fp32" if name.startswith("ce_") else ctx.model.dtype
+    return Node(Op(kind=kind, stream=Stream.COMPUTE, name=name, group=group, size_bytes=size,
+                   layer=op.layer, microbatch=op.microbatch, phase=op.phase, dtype=dtype),
+                beside.unit)

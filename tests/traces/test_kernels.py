@@ -1,0 +1,137 @@
+"""Kernel-level FLOPs and HBM bytes against hand-derived formulas and Megatron's closed forms."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from traces.kernels import embedding_kernels, head_kernels, layer_kernels
+from traces.layout import Layout
+from traces.model import ModelSpec, megatron_step_flops
+from traces.ops import OpKind
+from traces.plan import build
+
+# b = 2, s = 32, h = 64, a = 4, f = 256, V = 128, bf16.
+FLASH = ModelSpec(layers=2, hidden=64, heads=4, seq_len=32, vocab=128)
+UNFUSED = dataclasses.replace(FLASH, attention="unfused")
+B, S, H, A, F, V, E = 2, 32, 64, 4, 256, 128, 2
+
+
+def by_name(kernels):
+    return {k.name: k for k in kernels}
+
+
+@pytest.mark.parametrize("t", [1, 2, 4])
+@pytest.mark.parametrize("model", [FLASH, UNFUSED])
+def test_layer_gemm_flops_add_up_to_megatrons_24bsh2(model, t):
+    kernels = layer_kernels(model, B, t, sp=False)
+    forward = sum(k.flops for k in kernels)
+    assert forward * t == pytest.approx(24 * B * S * H * H * (1 + S / (6 * H)), rel=1e-12)
+    assert sum(k.bwd_flops for k in kernels) == pytest.approx(2 * forward, rel=1e-12)
+
+
+def test_step_flops_of_a_plan_equal_megatrons_72_and_96_forms():
+    model = ModelSpec(layers=4, hidden=64, heads=4, seq_len=32, vocab=128, attention="unfused")
+    for recompute, full in (("none", False), ("full", True)):
+        layout = Layout(global_batch=4, recompute=recompute)
+        plan = build(model, layout)
+        flops = sum(op.flops for op in plan.ops[0])
+        assert flops == pytest.approx(megatron_step_flops(model, 4, full), rel=1e-12)
+
+
+def test_unfused_gemm_shapes_and_memory_bound_bytes_by_hand():
+    k = by_name(layer_kernels(UNFUSED, B, 2, sp=False))
+    heads, d = B * A // 2, H // A  # 4 heads of 16 per TP rank
+    assert k["qkv"].gemm == (1, B * S, 3 * H // 2, H)
+    assert k["qk"].gemm == (heads, S, S, d) and k["av"].gemm == (heads, S, d, S)
+    assert k["proj"].gemm == (1, B * S, H, H // 2)
+    assert k["fc1"].gemm == (1, B * S, F // 2, H) and k["fc2"].gemm == (1, B * S, H, F // 2)
+    scores = heads * S * S
+    assert k["softmax"].mem_bytes == 2 * scores * E and k["softmax"].bwd_bytes == 3 * scores * E
+    assert k["attn_dropout"].mem_bytes == scores * (2 * E + 1)
+    # qk reads Q and K, writes the scores: 2·b·s·h/t + b·a/t·s² elements.
+    assert k["qk"].mem_bytes == (2 * B * S * H // 2 + scores) * E
+    # Without SP the norms and dropouts see every token on every TP rank.
+    assert k["ln1"].mem_bytes == 2 * B * S * H * E and k["ln1"].bwd_bytes == 3 * B * S * H * E
+    assert k["bda1"].mem_bytes == B * S * H * (3 * E + 1)
+    assert k["gelu"].mem_bytes == 2 * B * S * F // 2 * E
+
+
+def test_sequence_parallelism_shards_norms_and_dropouts_only():
+    plain = by_name(layer_kernels(UNFUSED, B, 2, sp=False))
+    sharded = by_name(layer_kernels(UNFUSED, B, 2, sp=True))
+    for name in ("ln1", "ln2", "bda1", "bda2"):
+        assert sharded[name].mem_bytes * 2 == plain[name].mem_bytes
+    for name in ("qkv", "qk", "softmax", "gelu", "fc2"):
+        assert sharded[name] == plain[name]
+
+
+def test_flash_kernel_reads_qkv_writes_o_and_the_log_sum_exp():
+    (flash,) = [k for k in layer_kernels(FLASH, B, 1, sp=False) if k.name == "flash_attn"]
+    qkvo = 4 * B * S * H * E
+    lse = B * A * S * 4
+    assert flash.flops == 4 * B * S * S * H
+    assert flash.mem_bytes == qkvo + lse
+    assert flash.bwd_bytes == qkvo + lse + 4 * B * S * H * E  # dO read; dQ, dK, dV written
+    unfused = [k.name for k in layer_kernels(UNFUSED, B, 1, sp=False)]
+    assert unfused[2:6] == ["qk", "softmax", "attn_dropout", "av"]
+
+
+def test_gemm_backward_reads_and_writes_each_operand_of_its_two_products():
+    qkv = by_name(layer_kernels(FLASH, B, 1, sp=False))["qkv"]
+    m, n, k = B * S, 3 * H, H
+    forward = (m * k + k * n + m * n) * E
+    assert qkv.mem_bytes == forward
+    # dA = dC·Bᵀ reads dC, B, writes dA; dB = Aᵀ·dC reads A, dC and accumulates dB (r+w).
+    assert qkv.bwd_bytes == (m * n + k * n + m * k) * E + (m * k + m * n) * E + 2 * k * n * E
+    fp32 = by_name(layer_kernels(FLASH, B, 1, sp=False, grad_bytes=4))["qkv"]
+    assert fp32.bwd_bytes - qkv.bwd_bytes == 2 * k * n * (4 - E)
+
+
+def test_outside_the_layers():
+    embed, pos = embedding_kernels(FLASH, B, 2, sp=True)
+    assert embed.mem_bytes == 2 * B * S * H * E
+    assert pos.mem_bytes == B * S // 2 * H * (2 * E + 1) + S // 2 * H * E
+    final_ln, logits, ce = head_kernels(FLASH, B, 2, sp=False)
+    assert logits.gemm == (1, B * S, V // 2, H) and logits.flops == 2 * B * S * H * V / 2
+    assert ce.mem_bytes == B * S * V // 2 * (E + 8) and ce.bwd_bytes == B * S * V // 2 * (4 + E)
+    assert final_ln.mem_bytes == 2 * B * S * H * E
+
+
+def test_sequence_parallel_grads_are_summed_over_tp_before_dp_reduction():
+    model = ModelSpec(layers=2, hidden=64, heads=4, seq_len=32, vocab=128)
+    plan = build(model, Layout(tp=2, sp=True, dp=2, global_batch=2))
+    ops = plan.ops[0]
+    sp = [op for op in ops if op.name == "sp_grads"]
+    assert [op.size_bytes for op in sp] == [2 * 64 * 2, 6 * 64 * 2, 6 * 64 * 2, 32 * 64 * 2]
+    assert all(op.group == (0, 1) and op.kind is OpKind.ALL_REDUCE for op in sp)
+    first_grads = next(i for i, op in enumerate(ops) if op.name == "grads")
+    assert ops.index(sp[0]) < first_grads
+
+
+def test_without_overlap_every_bucket_waits_for_the_end_of_the_backward():
+    model = ModelSpec(layers=4, hidden=64, heads=4, seq_len=32, vocab=128)
+    plain = dict(dp=2, global_batch=4, bucket_bytes=20_000)
+    overlapped = build(model, Layout(**plain)).ops[0]
+    deferred = build(model, Layout(**plain, overlap_grad_reduce=False)).ops[0]
+
+    def buckets(ops):
+        return [(i, op.size_bytes) for i, op in enumerate(ops) if op.name == "grads"]
+
+    assert [s for _, s in buckets(overlapped)] == [s for _, s in buckets(deferred)]
+    last_compute = max(i for i, op in enumerate(deferred)
+                       if op.kind is OpKind.COMPUTE and op.name != "optimizer")
+    assert all(i > last_compute for i, _ in buckets(deferred))
+    assert any(i < max(j for j, op in enumerate(overlapped) if op.kind is OpKind.COMPUTE
+                       and op.name == "embed") for i, _ in buckets(overlapped))
+
+
+def test_fp32_main_grads_reduce_four_bytes_and_gather_two():
+    model = ModelSpec(layers=2, hidden=64, heads=4, seq_len=32, vocab=128)
+    ops = build(model, Layout(dp=2, zero=1, global_batch=2, fp32_main_grads=True)).ops[0]
+    grads = [op for op in ops if op.name == "grads"]
+    params = [op for op in ops if op.name == "params"]
+    assert sum(op.size_bytes for op in grads) == 4 * model.num_params()
+    assert sum(op.size_bytes for op in params) == 2 * model.num_params()
+    assert {op.dtype for op in grads} == {"fp32"} and {op.dtype for op in params} == {"bf16"}

@@ -1,0 +1,154 @@
+"""The kernels of one micro-batch on one GPU: FLOPs and HBM bytes, forward and backward.
+
+A transformer layer runs, forward (docs/plan-ops.md has the contract): ln1, qkv, the attention
+core (flash_attn, or qk, softmax, attn_dropout, av), proj, bda1, ln2, fc1, gelu, fc2, bda2.
+Outside the layers: embed and pos_embed on the first stage, final_ln, logits and cross_entropy
+on the last. Notation: b micro-batch, s sequence, h hidden, a heads, f MLP width, V vocabulary,
+t tensor-parallel degree, e bytes per element (2 for bf16); r = s/t tokens per rank where
+sequence parallelism shards the sequence (SP), else r = s.
+
+FLOPs count matrix products only (2 per multiply-add), as Megatron-LM does, so one layer's
+forward GEMMs add up to
+
+    qkv 6bsh²/t + qk 2bs²h/t + av 2bs²h/t + proj 2bsh²/t + fc1 2bshf/t + fc2 2bshf/t
+      = (8bsh² + 4bshf + 4bs²h)/t  = 24bsh²(1 + s/(6h))/t  with f = 4h
+
+(flash attention runs QKᵀ and AV inside one kernel: the same 4bs²h/t). A GEMM's backward is two
+GEMMs of the forward's size each (input and weight gradient): twice its FLOPs.
+
+HBM bytes: a GEMM reads its two operands and writes its product once (tiles are re-read from
+L2, not HBM); a memory-bound kernel reads and writes each tensor once:
+
+    layer norm      fwd  read x, write y: 2·b·r·h·e      bwd  read x, dy, write dx: 3·b·r·h·e
+    bias-dropout-   fwd  read x and the residual, write y and a 1-byte mask: b·r·h·(3e + 1)
+      add (bda)     bwd  read dy and the mask, write dx: b·r·h·(2e + 1)
+    gelu            fwd  2·b·s·f/t·e                     bwd  read x, dy, write dx: 3·b·s·f/t·e
+    softmax         fwd  read scores, write probabilities: 2·b·a/t·s²·e
+                    bwd  read probabilities and their gradient, write dx: 3·b·a/t·s²·e
+    attn_dropout    fwd  read, write, 1-byte mask: b·a/t·s²·(2e + 1)   bwd  the same
+    flash_attn      fwd  read Q, K, V, write O and the fp32 log-sum-exp (b·a/t·s·4)
+                    bwd  read Q, K, V, O, dO and the log-sum-exp, write dQ, dK, dV
+    cross_entropy   fwd  read the logits (e), write and re-read fp32 softmax: b·s·V/t·(e + 8)
+                    bwd  read the fp32 softmax, write the logits' gradient: b·s·V/t·(4 + e)
+
+Try it: python -c "from traces.kernels import *; from traces.model import ModelSpec as M;
+print(layer_kernels(M(layers=1, hidden=4096, heads=32, seq_len=2048, vocab=1), 1, 1, False))"
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from traces.model import ModelSpec
+
+Gemm = tuple[int, int, int, int]
+"""(batch, M, N, K): batch products of an M×K and a K×N matrix."""
+
+
+@dataclass(frozen=True, slots=True)
+class Kernel:
+    """One kernel's cost for one micro-batch: forward, and its own backward."""
+
+    name: str
+    flops: float
+    mem_bytes: float
+    bwd_flops: float
+    bwd_bytes: float
+    gemm: Gemm | None = None
+
+
+def gemm_kernel(name: str, gemm: Gemm, e: int, grad_bytes: int, weights: bool = True) -> Kernel:
+    """A GEMM and its backward. Forward reads A (M×K) and B (K×N), writes C (M×N). Backward
+    computes dA = dC·Bᵀ (reads dC, B, writes dA) and dB = Aᵀ·dC (reads A, dC, writes dB); a
+    weight gradient (`weights`) is accumulated in `grad_bytes` per element (read and written)."""
+    batch, m, n, k = gemm
+    flops = 2.0 * batch * m * n * k
+    a, b, c = batch * m * k, batch * k * n, batch * m * n
+    forward = (a + b + c) * e
+    db = 2 * b * grad_bytes if weights else b * e
+    backward = (c + b + a) * e + (a + c) * e + db
+    return Kernel(name, flops, forward, 2 * flops, backward, gemm)
+
+
+def memory_kernel(name: str, fwd_bytes: float, bwd_bytes: float) -> Kernel:
+    return Kernel(name, 0.0, fwd_bytes, 0.0, bwd_bytes)
+
+
+def layer_kernels(model: ModelSpec, b: int, t: int, sp: bool,
+                  grad_bytes: int | None = None) -> list[Kernel]:
+    """One layer's kernels in forward order, for one micro-batch on one TP rank."""
+    s, h, f, e = model.seq_len, model.hidden, model.ffn_hidden, model.dtype_bytes
+    g = e if grad_bytes is None else grad_bytes
+    r = s // t if sp else s  # tokens of the norms and dropouts on this rank
+    return [
+        _norm("ln1", b * r * h, e),
+        gemm_kernel("qkv", (1, b * s, 3 * h // t, h), e, g),
+        *attention_kernels(model, b, t),
+        gemm_kernel("proj", (1, b * s, h, h // t), e, g),
+        _bda("bda1", b * r * h, e),
+        _norm("ln2", b * r * h, e),
+        gemm_kernel("fc1", (1, b * s, f // t, h), e, g),
+        memory_kernel("gelu", 2 * b * s * f / t * e, 3 * b * s * f / t * e),
+        gemm_kernel("fc2", (1, b * s, h, f // t), e, g),
+        _bda("bda2", b * r * h, e),
+    ]
+
+
+def attention_kernels(model: ModelSpec, b: int, t: int) -> list[Kernel]:
+    """The attention core: one flash kernel, or Megatron-LM's unfused four."""
+    s, h, a, e = model.seq_len, model.hidden, model.heads, model.dtype_bytes
+    heads = b * a // t
+    d = h // a
+    if model.attention == "flash":
+        flops = 4.0 * heads * s * s * d  # QKᵀ and AV: 2·b·s²·h/t each
+        qkvo = 4 * heads * s * d * e
+        lse = heads * s * 4
+        grads = 4 * heads * s * d * e  # dO read, dQ, dK, dV written
+        return [Kernel("flash_attn", flops, qkvo + lse, 2 * flops, qkvo + lse + grads)]
+    scores = heads * s * s
+    return [
+        gemm_kernel("qk", (heads, s, s, d), e, e, weights=False),
+        memory_kernel("softmax", 2 * scores * e, 3 * scores * e),
+        memory_kernel("attn_dropout", scores * (2 * e + 1), scores * (2 * e + 1)),
+        gemm_kernel("av", (heads, s, d, s), e, e, weights=False),
+    ]
+
+
+def embedding_kernels(model: ModelSpec, b: int, t: int, sp: bool,
+                      grad_bytes: int | None = None) -> list[Kernel]:
+    """First stage: the vocab-parallel lookup (rows read, partial sums written; backward
+    scatter-adds into the gradient table) and the position add with dropout."""
+    s, h, e = model.seq_len, model.hidden, model.dtype_bytes
+    g = e if grad_bytes is None else grad_bytes
+    r = s // t if sp else s
+    return [
+        memory_kernel("embed", 2 * b * s * h * e, b * s * h * (e + 2 * g)),
+        memory_kernel("pos_embed", b * r * h * (2 * e + 1) + r * h * e,
+                      b * r * h * (2 * e + 1) + 2 * r * h * g),
+    ]
+
+
+def head_kernels(model: ModelSpec, b: int, t: int, sp: bool,
+                 grad_bytes: int | None = None) -> list[Kernel]:
+    """Last stage: the final norm, the vocab-parallel logits GEMM, the fp32 cross-entropy."""
+    s, h, v, e = model.seq_len, model.hidden, model.vocab, model.dtype_bytes
+    g = e if grad_bytes is None else grad_bytes
+    r = s // t if sp else s
+    logits = b * s * v // t
+    return [
+        _norm("final_ln", b * r * h, e),
+        gemm_kernel("logits", (1, b * s, v // t, h), e, g),
+        memory_kernel("cross_entropy", logits * (e + 8), logits * (4 + e)),
+    ]
+
+
+def _norm(name: str, elements: int, e: int) -> Kernel:
+    return memory_kernel(name, 2 * elements * e, 3 * elements * e)
+
+
+def _bda(name: str, elements: int, e: int) -> Kernel:
+    return memory_kernel(name, elements * (3 * e + 1), elements * (2 * e + 1))
+
+
+ATTENTION_CORE = {"flash": ("flash_attn",), "unfused": ("qk", "softmax", "attn_dropout", "av")}
+"""What selective recomputation re-runs (Megatron's `core_attn`)."""
