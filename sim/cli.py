@@ -4,13 +4,16 @@
     parasim simulate [CONFIG.toml] [--json] [--report step.html] [--trace step.json]
 
 `--json` prints one JSON object on stdout and nothing else. A user's mistake prints one line on
-stderr and exits with status 2.
+stderr and exits with status 2; Ctrl-C prints one line and exits with 130. Output files are
+checked before the simulation starts and written all or none (`traces.files.Outputs`): a failed
+or interrupted run leaves none of them behind.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from dataclasses import asdict
@@ -19,17 +22,20 @@ from typing import Any, NoReturn
 
 from tqdm import tqdm
 
-from sim.collective_table import OPS, format_table, parse_sizes, sweep_row
-from sim.collectives import Collectives
+from sim.collective_table import MAX_CHANNELS, OPS, format_table, parse_sizes, sweep_row
+from sim.collectives import ALGORITHMS, Collectives
 from sim.config import example_path, load_experiment
 from sim.replay import NETWORKS
 from sim.simulate import predict, summary_json, summary_text
 from topology.cluster import Cluster
-from topology.config import build_cluster, load_cluster_file
+from topology.config import read_cluster, read_cluster_file
 from topology.presets import PRESETS
-from traces.chrome import save_chrome
-from traces.errors import ConfigError
-from traces.io import save as save_trace
+from traces.chrome import dumps_chrome
+from traces.errors import ConfigError, show
+from traces.files import Outputs, check_outputs
+from traces.io import dumps as dumps_trace
+
+ALGOS = ("auto", *ALGORITHMS)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -40,15 +46,51 @@ class _Parser(argparse.ArgumentParser):
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    if sys.stdout is None:  # started with stdout closed (`>&-`): print() would drop everything
+        _error("stdout is closed; parasim prints its results there")
+        return 2
     parser = _build_parser()
     try:
         args = parser.parse_args(argv)
         return args.handler(args)
     except ConfigError as err:
-        print(f"parasim: error: {err}", file=sys.stderr)
+        _error(str(err))
         return 2
-    except BrokenPipeError:
+    except KeyboardInterrupt:
+        _error("interrupted")
+        return 130
+    except BrokenPipeError:  # the reader of our stdout stopped early (`| head`): not an error
+        _silence_stdout()
         return 0
+
+
+def _error(message: str) -> None:
+    if sys.stderr is not None:
+        print(f"parasim: error: {message}", file=sys.stderr)
+
+
+def emit(text: str) -> None:
+    """Print `text` on stdout and flush it now, so a full disk (`> /dev/full`) is one error line
+    here rather than a traceback at exit."""
+    try:
+        print(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        raise
+    except OSError as err:
+        _silence_stdout()
+        raise ConfigError(f"cannot write to stdout: {err.strerror or err}") from None
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null, so the interpreter's final flush of what could not be written
+    neither fails nor prints a second error."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):  # no real file descriptor (tests capture)
+        pass
 
 
 def _build_parser() -> _Parser:
@@ -61,7 +103,8 @@ def _build_parser() -> _Parser:
     col.add_argument("--sizes", default="1K:1G", help="1M,16M | 1K:8G (doubling) | bytes")
     col.add_argument("--algo", default="auto", help="auto | ring | tree | hierarchical | rhd | "
                      "torus | direct")
-    col.add_argument("--channels", type=int, help="rings/trees in parallel (default: one per NIC)")
+    col.add_argument("--channels", type=int, help=f"rings/trees in parallel, 1 to "
+                     f"{MAX_CHANNELS} (default: one per NIC)")
     col.add_argument("--ranks", type=int, help="use the first N accelerators (default: all)")
     col.add_argument("--model", default="flow", choices=("flow", "analytic"))
     col.add_argument("--json", action="store_true", help="print one JSON object")
@@ -97,41 +140,51 @@ def _cluster(args: argparse.Namespace) -> Cluster:
     if args.fabric is not None:
         overrides["fabric"] = args.fabric
     if args.cluster in PRESETS:
-        return build_cluster(args.cluster, **overrides)
-    if not Path(args.cluster).suffix == ".toml":
-        raise ConfigError(f"--cluster: {args.cluster!r} is neither a preset "
+        spec = read_cluster({"preset": args.cluster, **overrides})
+    elif Path(args.cluster).suffix == ".toml":
+        spec = read_cluster_file(args.cluster, overrides)
+    else:
+        raise ConfigError(f"--cluster: {show(args.cluster)} is neither a preset "
                           f"({', '.join(PRESETS)}) nor a .toml file")
-    return load_cluster_file(args.cluster, overrides)
+    return spec.build()
 
 
 def _simulate(args: argparse.Namespace) -> int:
-    outputs = [p for p in (args.report, args.trace, args.chrome) if p]
-    for path in outputs:  # fail before the (long) simulation, not after it
-        parent = Path(path).resolve().parent
-        if not parent.is_dir():
-            raise ConfigError(f"output {path}: directory {parent} does not exist")
-    overrides = {k: v for k, v in (("network", args.network), ("algo", args.algo)) if v}
-    if args.profile:
+    config = Path(args.config) if args.config is not None else example_path()
+    inputs = [config]
+    overrides: dict[str, Any] = {k: v for k, v in (("network", args.network),
+                                                   ("algo", args.algo)) if v is not None}
+    if args.profile is not None:
+        if not args.profile:
+            raise ConfigError("--profile: an empty path names no file")
+        inputs.append(Path(args.profile))
         overrides["profile"] = str(Path(args.profile).resolve())
-    exp = load_experiment(args.config or example_path(), overrides)
+    # Fail before the (long) simulation, not after it.
+    targets = check_outputs({"--trace": args.trace, "--chrome": args.chrome,
+                             "--report": args.report}, inputs=inputs)
+    exp = load_experiment(config, overrides)
     for warning in exp.warnings:
         print(f"parasim: warning: {warning}", file=sys.stderr)
-    with _ProgressBar("simulate", "op") as bar:
-        summary, times = predict(exp, fold=not args.no_fold, progress=bar.update)
-    if args.trace or args.chrome:
-        timed = times.timed_trace()
-        if args.trace:
-            save_trace(timed, args.trace)
-        if args.chrome:
-            save_chrome(timed, args.chrome)
-    if args.report:
-        from sim.report import write_report  # plotly loads only when a report is asked for
+    with Outputs() as outputs:
+        with _ProgressBar("simulate", "op") as bar:
+            summary, times = predict(exp, fold=not args.no_fold, progress=bar.update)
+        if "--trace" in targets or "--chrome" in targets:
+            timed = times.timed_trace()
+            if "--trace" in targets:
+                outputs.write(targets["--trace"], dumps_trace(timed))
+            if "--chrome" in targets:
+                outputs.write(targets["--chrome"], dumps_chrome(timed))
+        if "--report" in targets:
+            from sim.report import render_report  # plotly loads only when a report is asked for
 
-        write_report(args.report, exp, summary, times)
-    if args.json:
-        print(json.dumps(summary_json(exp, summary)))
-    else:
-        print(summary_text(exp, summary))
+            outputs.write(targets["--report"], render_report(exp, summary, times))
+        outputs.commit()
+        text = (json.dumps(summary_json(exp, summary), allow_nan=False) if args.json
+                else summary_text(exp, summary))
+        try:
+            emit(text)
+        except BrokenPipeError:  # the reader stopped early; the files are complete: keep them
+            _silence_stdout()
     return 0
 
 
@@ -140,7 +193,7 @@ class _ProgressBar:
 
     def __init__(self, desc: str, unit: str) -> None:
         self.bar = tqdm(desc=desc, unit=unit, delay=1.0, leave=False, mininterval=0.5,
-                        disable=not sys.stderr.isatty())
+                        disable=sys.stderr is None or not sys.stderr.isatty())
 
     def update(self, done: int, total: int) -> None:
         self.bar.total = total
@@ -154,25 +207,29 @@ class _ProgressBar:
 
 
 def _collective(args: argparse.Namespace) -> int:
-    cluster = _cluster(args)
+    if args.algo not in ALGOS:
+        raise ConfigError(f"--algo: {show(args.algo)} is not an algorithm "
+                          f"(known: {', '.join(ALGOS)})")
+    if args.channels is not None and not 1 <= args.channels <= MAX_CHANNELS:
+        raise ConfigError(f"--channels: {args.channels} must be from 1 to {MAX_CHANNELS} "
+                          "(NCCL's most)")
     sizes = parse_sizes(args.sizes)
+    cluster = _cluster(args)
     ranks = args.ranks if args.ranks is not None else cluster.num_devices
     if not 2 <= ranks <= cluster.num_devices:
         raise ConfigError(f"--ranks: {ranks} must be between 2 and the cluster's "
                           f"{cluster.num_devices} accelerators")
-    if args.channels is not None and args.channels < 1:
-        raise ConfigError(f"--channels: {args.channels} must be at least 1")
     group = tuple(range(ranks))
     collectives = Collectives(cluster)
     rows = [
         sweep_row(cluster, collectives, args.op, group, size, args.algo, args.channels, args.model)
         for size in tqdm(sizes, desc="sizes", delay=1.0, leave=False,
-                         disable=not sys.stderr.isatty())
+                         disable=sys.stderr is None or not sys.stderr.isatty())
     ]
     if args.json:
-        print(json.dumps({"cluster": cluster.name, "op": args.op, "algo": args.algo,
-                          "ranks": ranks, "model": args.model,
-                          "rows": [asdict(r) for r in rows]}))
+        emit(json.dumps({"cluster": cluster.name, "op": args.op, "algo": args.algo,
+                         "ranks": ranks, "model": args.model,
+                         "rows": [asdict(r) for r in rows]}, allow_nan=False))
     else:
-        print(format_table(cluster, args.op, args.algo, args.model, rows, ranks))
+        emit(format_table(cluster, args.op, args.algo, args.model, rows, ranks))
     return 0

@@ -20,6 +20,7 @@ from traces.units import parse_size
 
 OPS = (*[str(k) for k in COLLECTIVES], "sendrecv")
 MAX_SIZES = 64
+MAX_CHANNELS = 64  # NCCL's MAXCHANNELS in src/include/device.h of recent releases (older: 32)
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,7 +33,8 @@ class Row:
 
 
 def parse_sizes(text: str) -> list[int]:
-    """'1M,16M' | '1K:8G' (doubling, like nccl-tests -b 1K -e 8G -f 2) | '4096'."""
+    """'1M,16M' | '1K:8G' (doubling, like nccl-tests -b 1K -e 8G -f 2) | '4096'; each size
+    from 1 byte to 1 TiB (`traces.units.MAX_SIZE_BYTES`)."""
     if ":" in text:
         parts = text.split(":")
         if len(parts) != 2:

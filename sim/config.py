@@ -1,20 +1,21 @@
 """An experiment: a TOML file with [model], [parallel], [cluster] and optional [sim].
 
-    [model]      layers, hidden, heads, seq_len, vocab, ffn_hidden, dtype, tied_embeddings
+    [model]      layers, hidden, heads, seq_len, vocab, ffn_hidden, dtype, tied_embeddings,
+                 attention
     [parallel]   tp, pp, dp, vp, sp, zero, schedule, micro_batch, global_batch, recompute,
-                 flash_attention, bucket_bytes, cp
+                 bucket_bytes, overlap_grad_reduce, fp32_main_grads, cp
     [cluster]    see topology.config
     [sim]        network = "flow" | "analytic" | "ideal", algo = "auto" | ..., profile = "p.json"
 
-Every key is checked; a bad one raises ConfigError naming the table, key, value and rule.
+Every key is checked; a bad one raises ConfigError naming the table, key, value and rule. The
+order matters for big mistakes: the layout is checked against the cluster's size before the
+cluster's graph is built.
 """
 
 from __future__ import annotations
 
-import tomllib
-import warnings
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -23,19 +24,26 @@ from sim.collectives import ALGORITHMS
 from sim.profile import Profile, default_profile, load_profile
 from sim.replay import NETWORKS
 from topology.cluster import Cluster
-from topology.config import cluster_from_table
-from traces.errors import ConfigError, check_keys
-from traces.layout import Layout
+from topology.config import read_cluster
+from traces.errors import ConfigError, show
+from traces.fields import Fields, check_choice
+from traces.files import load_toml
+from traces.layout import Layout, check_layout
 from traces.model import ModelSpec
-from traces.units import parse_size
 
 EXAMPLES = ("gpt3-175b-1024-a100.toml", "llama-7b-zero3-64-h100.toml",
             "gpt-6.7b-tpu-v4-torus.toml")
+TABLES = ("model", "parallel", "cluster", "sim")
+MODEL_KEYS = tuple(f.name for f in fields(ModelSpec))
+PARALLEL_KEYS = tuple(f.name for f in fields(Layout))
 SIM_KEYS = ("network", "algo", "profile")
+ALGOS = ("auto", *ALGORITHMS)
 
 
 @dataclass(frozen=True, kw_only=True)
 class Experiment:
+    """A model, a layout and a cluster that fit together: valid once constructed."""
+
     name: str
     model: ModelSpec
     layout: Layout
@@ -43,7 +51,15 @@ class Experiment:
     network: str = "flow"
     algo: str = "auto"
     profile: Profile
-    warnings: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = field(init=False, default=())
+    """Combinations that work but are slow (TP groups across servers)."""
+
+    def __post_init__(self) -> None:
+        check_choice(self.network, "sim.network", NETWORKS)
+        check_choice(self.algo, "sim.algo", ALGOS)
+        notes = check_layout(self.model, self.layout, world=self.cluster.num_devices,
+                             devices_per_server=self.cluster.devices_per_server)
+        object.__setattr__(self, "warnings", notes)
 
 
 def example_path(name: str = EXAMPLES[0]) -> Path:
@@ -54,12 +70,7 @@ def example_path(name: str = EXAMPLES[0]) -> Path:
 def load_experiment(path: str | Path, overrides: Mapping[str, Any] | None = None) -> Experiment:
     """Read and validate a config file; `overrides` (from flags) replace [sim] keys."""
     path = Path(path)
-    try:
-        data = tomllib.loads(path.read_text())
-    except OSError as err:
-        raise ConfigError(f"{path}: cannot read: {err.strerror}") from None
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
-        raise ConfigError(f"{path}: not valid TOML: {err}") from None
+    data = load_toml(path)
     return experiment_from_dict(data, name=path.stem, base=path.parent, overrides=overrides)
 
 
@@ -67,43 +78,38 @@ def experiment_from_dict(data: Mapping[str, Any], *, name: str = "experiment",
                          base: Path = Path("."),
                          overrides: Mapping[str, Any] | None = None) -> Experiment:
     for table in data:
-        if table not in ("model", "parallel", "cluster", "sim"):
-            raise ConfigError(f"[{table}]: unknown table (known: model, parallel, cluster, sim)")
+        if table not in TABLES:
+            raise ConfigError(f"[{show(table)[1:-1]}]: unknown table "
+                              f"(known: {', '.join(TABLES)})")
     for table in ("model", "parallel", "cluster"):
-        if not isinstance(data.get(table), dict):
+        if table not in data:
             raise ConfigError(f"[{table}]: missing table")
-    model = ModelSpec(**_keys(data["model"], "model", ModelSpec))
-    parallel = dict(data["parallel"])
-    if "bucket_bytes" in parallel:
-        parallel["bucket_bytes"] = parse_size(parallel["bucket_bytes"], "parallel.bucket_bytes")
-    layout = Layout(**_keys(parallel, "parallel", Layout))
-    _check_bools(parallel, "parallel", ("sp", "flash_attention"))
-    _check_bools(data["model"], "model", ("tied_embeddings",))
-    cluster = cluster_from_table(data["cluster"])
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        layout.validate(model, world=cluster.num_devices,
-                        devices_per_server=cluster.devices_per_server)
-    sim = {**data.get("sim", {}), **(overrides or {})}
-    check_keys(sim, SIM_KEYS, "sim")
-    network = sim.get("network", "flow")
-    if network not in NETWORKS:
-        raise ConfigError(f"sim.network: {network!r} is not one of {', '.join(NETWORKS)}")
-    algo = sim.get("algo", "auto")
-    if algo != "auto" and algo not in ALGORITHMS:
-        raise ConfigError(f"sim.algo: {algo!r} is not auto or one of {', '.join(ALGORITHMS)}")
-    profile = (load_profile(base / sim["profile"]) if sim.get("profile")
+    model = ModelSpec(**Fields.of(data["model"], "model").known(MODEL_KEYS).table)
+    layout = read_layout(data["parallel"])
+    spec = read_cluster(data["cluster"])
+    sim = Fields.of({**Fields.of(data.get("sim", {}), "sim").table, **(overrides or {})}, "sim")
+    sim.known(SIM_KEYS)
+    network = sim.choice("network", "flow", NETWORKS)
+    algo = sim.choice("algo", "auto", ALGOS)
+    profile_path = sim.string("profile", "")
+    # Before the graph is built: 10**6 nodes against a 1024-GPU layout is one line, not 12 GB.
+    check_layout(model, layout, world=spec.num_devices,
+                 devices_per_server=spec.devices_per_server)
+    cluster = spec.build()
+    profile = (load_profile(base / profile_path) if profile_path
                else default_profile(cluster.accelerator))
     return Experiment(name=name, model=model, layout=layout, cluster=cluster, network=network,
-                      algo=algo, profile=profile, warnings=tuple(str(w.message) for w in caught))
+                      algo=algo, profile=profile)
 
 
-def _keys(table: Mapping[str, Any], where: str, cls: type) -> dict[str, Any]:
-    check_keys(table, [f.name for f in fields(cls)], where)
-    return dict(table)
-
-
-def _check_bools(table: Mapping[str, Any], where: str, keys: tuple[str, ...]) -> None:
-    for key in keys:
-        if key in table and not isinstance(table[key], bool):
-            raise ConfigError(f"{where}.{key}: {table[key]!r} must be true or false")
+def read_layout(table: object) -> Layout:
+    """The `[parallel]` table: sizes in human units, every other value as `Layout` checks it."""
+    parallel = Fields.of(table, "parallel")
+    if "flash_attention" in parallel:
+        raise ConfigError("parallel.flash_attention: moved to [model] attention = \"flash\" | "
+                          "\"unfused\" (the attention implementation is the model's)")
+    parallel.known(PARALLEL_KEYS)
+    values = dict(parallel.table)
+    if "bucket_bytes" in parallel:
+        values["bucket_bytes"] = parallel.size("bucket_bytes", 0)
+    return Layout(**values)

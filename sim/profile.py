@@ -15,10 +15,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from topology.cluster import Accelerator
-from traces.errors import ConfigError
-from traces.io import write_text_atomic
+from traces.errors import ConfigError, check_keys, show
+from traces.fields import MAX_LATENCY_S, Fields, check_fraction, check_number
+from traces.files import load_json, write_text_atomic
 
 VERSION = 1
+OP_NAMES = ("attn", "mlp", "norm", "head", "embed", "attn_core", "optimizer")
+"""The compute op names a plan holds (`traces.plan.compute`), each a class a profile may cost."""
+PROFILE_KEYS = ("schema", "version", "name", "default", "ops")
+COST_KEYS = ("flops_efficiency", "memory_efficiency", "overhead_s")
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,12 +35,21 @@ class OpCost:
     overhead_s: float = 0.0
     """Fixed time per op (launches, framework)."""
 
+    def __post_init__(self) -> None:
+        check_fraction(self.flops_efficiency, "flops_efficiency")
+        check_fraction(self.memory_efficiency, "memory_efficiency")
+        check_number(self.overhead_s, "overhead_s", minimum=0.0, maximum=MAX_LATENCY_S,
+                     unit=" s")
+
 
 @dataclass(frozen=True, kw_only=True)
 class Profile:
     name: str
     ops: Mapping[str, OpCost] = field(default_factory=dict)
     default: OpCost = OpCost(0.7, 0.8)
+
+    def __post_init__(self) -> None:
+        check_keys(self.ops, OP_NAMES, "profile.ops")  # a typo would silently cost nothing
 
     def cost(self, op_name: str) -> OpCost:
         return self.ops.get(op_name, self.default)
@@ -46,35 +60,43 @@ class Profile:
                 "ops": {k: asdict(v) for k, v in self.ops.items()}}
 
     def save(self, path: str | Path) -> None:
-        write_text_atomic(path, json.dumps(self.to_json(), indent=1) + "\n")
+        write_text_atomic(path, json.dumps(self.to_json(), indent=1, allow_nan=False) + "\n")
 
 
 def load_profile(path: str | Path) -> Profile:
-    try:
-        data = json.loads(Path(path).read_text())
-    except OSError as err:
-        raise ConfigError(f"--profile: cannot read {path}: {err.strerror}") from None
-    except json.JSONDecodeError as err:
-        raise ConfigError(f"--profile: {path} is not JSON: {err}") from None
+    """Read and check a profile file (see `profile_from_json`)."""
+    return profile_from_json(load_json(path, what="--profile"), f"--profile: {path}")
+
+
+def profile_from_json(data: object, source: str = "profile") -> Profile:
+    """A profile from its JSON object; every bad key or value is one ConfigError line."""
     if not isinstance(data, dict) or data.get("schema") != "parasim.profile":
-        raise ConfigError(f"--profile: {path} is not a parasim profile (schema parasim.profile)")
-    if data.get("version") != VERSION:
-        raise ConfigError(f"--profile: {path} has version {data.get('version')!r}; "
+        raise ConfigError(f"{source}: not a parasim profile (schema parasim.profile)")
+    if type(data.get("version")) is not int or data["version"] != VERSION:
+        raise ConfigError(f"{source}: has version {show(data.get('version'))}; "
                           f"this parasim reads version {VERSION}")
+    fields = Fields(data, "profile").known(PROFILE_KEYS)
     try:
-        ops = {k: _cost(v) for k, v in data.get("ops", {}).items()}
-        return Profile(name=str(data.get("name", path)), ops=ops, default=_cost(data["default"]))
-    except (KeyError, TypeError, ValueError) as err:
-        raise ConfigError(f"--profile: {path}: bad op cost ({err})") from None
+        if "default" not in fields:
+            raise ConfigError("profile.default: missing (an object of "
+                              f"{', '.join(COST_KEYS[:2])})")
+        ops = fields.sub("ops").known(OP_NAMES)
+        return Profile(name=fields.string("name", str(source)),
+                       ops={name: _cost(ops.sub(name)) for name in ops.table},
+                       default=_cost(fields.sub("default")))
+    except ConfigError as err:
+        raise ConfigError(f"{source}: {err}") from None
 
 
-def _cost(entry: Mapping[str, float]) -> OpCost:
-    cost = OpCost(float(entry["flops_efficiency"]), float(entry["memory_efficiency"]),
-                  float(entry.get("overhead_s", 0.0)))
-    if not (0 < cost.flops_efficiency <= 1 and 0 < cost.memory_efficiency <= 1
-            and cost.overhead_s >= 0):
-        raise ValueError("efficiencies must be in (0, 1] and overhead_s >= 0")
-    return cost
+def _cost(fields: Fields) -> OpCost:
+    fields.known(COST_KEYS)
+    for key in COST_KEYS[:2]:
+        if key not in fields:
+            raise ConfigError(f"{fields.name(key)}: missing")
+    return OpCost(fields.fraction("flops_efficiency", 1.0),
+                  fields.fraction("memory_efficiency", 1.0),
+                  fields.number("overhead_s", 0.0, minimum=0.0, maximum=MAX_LATENCY_S,
+                                unit=" s"))
 
 
 # Defaults per accelerator. Sources:

@@ -6,14 +6,19 @@
     fabric = "rail"          # fat-tree | rail | torus
     nic_bandwidth = "400Gb/s"
 
-Every bad value raises `ConfigError` naming the field, the value and the rule.
+Reading and building are two steps: `read_cluster(table)` checks every key (type, bounds, that
+it applies to this preset and fabric) and returns a `ClusterSpec` that knows its size without
+building anything, so a caller can compare the accelerator count with a parallel layout before
+a graph of 10**30 nodes is even attempted; `ClusterSpec.build()` makes the graph. Every bad
+value raises `ConfigError` naming the field, the value and the rule.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import tomllib
 from collections.abc import Mapping
+from dataclasses import dataclass
+from math import prod
 from pathlib import Path
 from typing import Any
 
@@ -25,20 +30,79 @@ from topology.fabric import FatTree, FatTreeSpec, Rails
 from topology.presets import PRESETS, Preset
 from topology.server import ServerSpec, add_server
 from topology.torus import Torus, TorusSpec
-from traces.errors import ConfigError, check_keys
-from traces.units import parse_bandwidth, parse_size, parse_time
+from traces.errors import ConfigError, show
+from traces.fields import (
+    MAX_ACCELERATORS,
+    MAX_MEMORY_BYTES,
+    MAX_TFLOPS,
+    MIN_TFLOPS,
+    Fields,
+)
+from traces.files import load_toml
 
 FABRICS = ("fat-tree", "rail", "torus")
+MAX_GPUS_PER_NODE = 1024  # an NVLink domain; NVL72 racks hold 72, NVL576 576
+MAX_NICS_PER_NODE = 1024
+MAX_LEAF_PORTS = 4096  # NIC ports under one leaf switch (real switches have 40-128)
+MAX_OVERSUBSCRIPTION = 64.0
 
-# key -> what it overrides; the order is the order of the error message's list.
-OVERRIDES = (
-    "gpus_per_node", "nvlink_bandwidth", "nvlink_efficiency", "nvlink_latency", "nics_per_node",
-    "nic_bandwidth", "nic_efficiency",
-    "pcie_bandwidth", "pcie_latency", "switch_latency", "nodes_per_leaf", "oversubscription",
-    "tiers", "leaves_per_pod", "dims", "link_bandwidth", "link_latency", "gpu_peak_tflops",
-    "gpu_memory", "hbm_bandwidth",
-)
-KEYS = ("preset", "nodes", "fabric", *OVERRIDES)
+# Keys by what they apply to; the order is the order of the error message's list.
+COMMON_KEYS = ("preset", "nodes", "fabric", "gpus_per_node", "gpu_peak_tflops", "gpu_memory",
+               "hbm_bandwidth")
+SERVER_KEYS = ("nvlink_bandwidth", "nvlink_efficiency", "nvlink_latency", "nics_per_node",
+               "nic_bandwidth", "nic_efficiency", "pcie_bandwidth", "pcie_latency",
+               "switch_latency")
+FAT_TREE_KEYS = ("nodes_per_leaf", "oversubscription", "tiers", "leaves_per_pod")
+TORUS_KEYS = ("dims", "link_bandwidth", "link_latency")
+KEYS = (*COMMON_KEYS, *SERVER_KEYS, *FAT_TREE_KEYS, *TORUS_KEYS)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClusterSpec:
+    """A checked `[cluster]` table: what `build` needs, and the size it will have."""
+
+    preset: str
+    fabric: str
+    nodes: int
+    accelerator: Accelerator
+    server: ServerSpec
+    switch_latency_s: float = 0.0
+    fat_tree: FatTreeSpec | None = None
+    torus: TorusSpec | None = None
+
+    @property
+    def num_devices(self) -> int:
+        return self.nodes * self.server.gpus
+
+    @property
+    def devices_per_server(self) -> int:
+        return self.server.gpus
+
+    def build(self) -> Cluster:
+        """The graph, its devices in rank order and its routing."""
+        builder = GraphBuilder()
+        fabric: FatTree | Rails | Torus
+        if self.torus is not None:
+            fabric = Torus(self.torus)
+            devices = fabric.build(builder)
+        else:
+            devices = [gpu for s in range(self.nodes) for gpu in add_server(builder, s,
+                                                                            self.server)]
+            nic_Bps = self.server.nic_Bps * self.server.nic_efficiency
+            if self.fat_tree is not None:
+                fabric = FatTree(self.server, self.fat_tree, self.nodes)
+            else:
+                fabric = Rails(self.server, self.switch_latency_s)
+            fabric.build(builder, self.nodes, nic_Bps)
+        _check_connected(builder.graph, devices)
+        return Cluster(
+            name=f"{self.preset} x{self.nodes} {self.fabric}",
+            graph=builder.graph,
+            devices=tuple(devices),
+            accelerator=self.accelerator,
+            devices_per_server=self.server.gpus,
+            fabric=fabric,
+        )
 
 
 def build_cluster(preset: str = "dgx-h100", *, nodes: int | None = None,
@@ -52,75 +116,96 @@ def build_cluster(preset: str = "dgx-h100", *, nodes: int | None = None,
     return cluster_from_table(table)
 
 
-def load_cluster_file(path: str | Path, overrides: Mapping[str, Any] | None = None) -> Cluster:
-    """A TOML file with a `[cluster]` table; `overrides` (from flags) win over the file."""
-    try:
-        data = tomllib.loads(Path(path).read_text())
-    except OSError as err:
-        raise ConfigError(f"--cluster: cannot read {path}: {err.strerror}") from None
-    except tomllib.TOMLDecodeError as err:
-        raise ConfigError(f"--cluster: {path} is not valid TOML: {err}") from None
+def read_cluster_file(path: str | Path,
+                      overrides: Mapping[str, Any] | None = None) -> ClusterSpec:
+    """The `[cluster]` table of a TOML file, checked; `overrides` (from flags) win."""
+    data = load_toml(path, what="--cluster")
     table = data.get("cluster")
     if not isinstance(table, dict):
         raise ConfigError(f"--cluster: {path} has no [cluster] table")
-    return cluster_from_table({**table, **(overrides or {})})
+    return read_cluster({**table, **(overrides or {})})
+
+
+def load_cluster_file(path: str | Path, overrides: Mapping[str, Any] | None = None) -> Cluster:
+    """A TOML file with a `[cluster]` table, built; `overrides` (from flags) win."""
+    return read_cluster_file(path, overrides).build()
 
 
 def cluster_from_table(table: Mapping[str, Any], where: str = "cluster") -> Cluster:
-    """Validate `table` and build the cluster it describes."""
-    fields = _Fields(table, where)
-    check_keys(table, KEYS, where)
-    name = fields.get("preset", "dgx-h100")
-    if name not in PRESETS:
-        raise ConfigError(f"{where}.preset: {name!r} is not a preset (known: {', '.join(PRESETS)})")
+    """Check `table` and build the cluster it describes."""
+    return read_cluster(table, where).build()
+
+
+def read_cluster(table: object, where: str = "cluster") -> ClusterSpec:
+    """Check every key of a `[cluster]` table and its size, building nothing."""
+    fields = Fields.of(table, where).known(KEYS)
+    name = fields.table.get("preset", "dgx-h100")
+    if not isinstance(name, str) or name not in PRESETS:
+        raise ConfigError(f"{where}.preset: {show(name)} is not a preset "
+                          f"(known: {', '.join(PRESETS)})")
     preset = PRESETS[name]
-    fabric = fields.get("fabric", preset.fabric)
-    if fabric not in FABRICS:
-        raise ConfigError(f"{where}.fabric: {fabric!r} is not a fabric "
+    fabric = fields.table.get("fabric", preset.fabric)
+    if not isinstance(fabric, str) or fabric not in FABRICS:
+        raise ConfigError(f"{where}.fabric: {show(fabric)} is not a fabric "
                           f"(known: {', '.join(FABRICS)})")
     if (fabric == "torus") != (preset.fabric == "torus"):
         raise ConfigError(f"{where}.fabric: {fabric!r} does not fit preset {name!r}, "
                           f"whose chips sit on a {preset.fabric}")
+    _check_applicable(fields, name, fabric)
     accelerator = _accelerator(preset.accelerator, fields)
-    server = _server(preset, fields)
-    builder = GraphBuilder()
+    gpus = fields.integer("gpus_per_node", preset.server.gpus, minimum=1,
+                          maximum=MAX_GPUS_PER_NODE)
     if fabric == "torus":
-        devices, fabric_obj = _torus(preset, fields, server, builder)
+        return _torus(preset, fields, accelerator, dataclasses.replace(preset.server, gpus=gpus))
+    nodes = fields.integer("nodes", 1, minimum=1, maximum=MAX_ACCELERATORS)
+    _check_size(nodes, gpus, where)
+    server = _server(preset.server, gpus, fields)
+    latency = fields.time("switch_latency", preset.switch_latency_s)
+    fat_tree = _fat_tree(preset, fields, server, latency) if fabric == "fat-tree" else None
+    return ClusterSpec(preset=name, fabric=fabric, nodes=nodes, accelerator=accelerator,
+                       server=server, switch_latency_s=latency, fat_tree=fat_tree)
+
+
+def _check_applicable(fields: Fields, preset: str, fabric: str) -> None:
+    """A key that the preset's fabric does not use is an error, not silently ignored."""
+    if fabric == "torus":
+        unused = (*SERVER_KEYS, *FAT_TREE_KEYS)
     else:
-        nodes = fields.integer("nodes", 1, minimum=1)
-        devices = [gpu for s in range(nodes) for gpu in add_server(builder, s, server)]
-        fabric_obj = _switched(preset, fields, server, fabric, nodes)
-        fabric_obj.build(builder, nodes, server.nic_Bps * server.nic_efficiency)
-    _check_connected(builder.graph, devices, where)
-    return Cluster(
-        name=f"{name} x{len(devices) // server.gpus} {fabric}",
-        graph=builder.graph,
-        devices=tuple(devices),
-        accelerator=accelerator,
-        devices_per_server=server.gpus,
-        fabric=fabric_obj,
-    )
+        unused = TORUS_KEYS if fabric == "fat-tree" else (*FAT_TREE_KEYS, *TORUS_KEYS)
+    for key in unused:
+        if key in fields:
+            scope = ('fabric = "fat-tree"' if key in FAT_TREE_KEYS else
+                     "a torus preset" if key in TORUS_KEYS else "a switched (DGX) preset")
+            raise ConfigError(f"{fields.name(key)}: applies to {scope} only, not to preset "
+                              f"{preset!r} with fabric {fabric!r}")
 
 
-def _accelerator(base: Accelerator, fields: _Fields) -> Accelerator:
+def _check_size(nodes: int, gpus: int, where: str) -> None:
+    if nodes * gpus > MAX_ACCELERATORS:
+        raise ConfigError(f"{where}.nodes: {nodes:,} nodes x {gpus} accelerators = "
+                          f"{nodes * gpus:,}, more than the {MAX_ACCELERATORS:,} parasim "
+                          "simulates")
+
+
+def _accelerator(base: Accelerator, fields: Fields) -> Accelerator:
+    tflops = fields.number("gpu_peak_tflops", base.peak_flops / 1e12, minimum=MIN_TFLOPS,
+                           maximum=MAX_TFLOPS, unit=" TFLOP/s")
     return dataclasses.replace(
         base,
-        peak_flops=fields.positive("gpu_peak_tflops", base.peak_flops / 1e12) * 1e12,
-        memory_bytes=fields.size("gpu_memory", base.memory_bytes),
+        peak_flops=tflops * 1e12,
+        memory_bytes=fields.size("gpu_memory", int(base.memory_bytes),
+                                 maximum=MAX_MEMORY_BYTES),
         hbm_bandwidth_Bps=fields.bandwidth("hbm_bandwidth", base.hbm_bandwidth_Bps),
     )
 
 
-def _server(preset: Preset, fields: _Fields) -> ServerSpec:
-    base = preset.server
-    if preset.fabric == "torus":
-        return dataclasses.replace(base, gpus=fields.integer("gpus_per_node", base.gpus, minimum=1))
+def _server(base: ServerSpec, gpus: int, fields: Fields) -> ServerSpec:
     return ServerSpec(
-        gpus=fields.integer("gpus_per_node", base.gpus, minimum=1),
+        gpus=gpus,
         nvlink_Bps=fields.bandwidth("nvlink_bandwidth", base.nvlink_Bps),
         nvlink_efficiency=fields.fraction("nvlink_efficiency", base.nvlink_efficiency),
         nvlink_latency_s=fields.time("nvlink_latency", base.nvlink_latency_s),
-        nics=fields.integer("nics_per_node", base.nics, minimum=0),
+        nics=fields.integer("nics_per_node", base.nics, minimum=0, maximum=MAX_NICS_PER_NODE),
         nic_Bps=fields.bandwidth("nic_bandwidth", base.nic_Bps),
         nic_efficiency=fields.fraction("nic_efficiency", base.nic_efficiency),
         pcie_Bps=fields.bandwidth("pcie_bandwidth", base.pcie_Bps),
@@ -128,111 +213,55 @@ def _server(preset: Preset, fields: _Fields) -> ServerSpec:
     )
 
 
-def _switched(preset: Preset, fields: _Fields, server: ServerSpec, fabric: str,
-              nodes: int) -> FatTree | Rails:
-    latency = fields.time("switch_latency", preset.switch_latency_s)
-    if fabric == "rail":
-        return Rails(server, latency)
+def _fat_tree(preset: Preset, fields: Fields, server: ServerSpec,
+              latency: float) -> FatTreeSpec:
     default_per_leaf = max(1, (preset.switch_radix // 2) // max(server.nics, 1))
-    spec = FatTreeSpec(
-        nodes_per_leaf=fields.integer("nodes_per_leaf", default_per_leaf, minimum=1),
-        oversubscription=fields.positive("oversubscription", 1.0, minimum=1.0),
+    per_leaf = fields.integer("nodes_per_leaf", default_per_leaf, minimum=1,
+                              maximum=MAX_ACCELERATORS)
+    if per_leaf * server.nics > MAX_LEAF_PORTS:
+        raise ConfigError(f"{fields.name('nodes_per_leaf')}: {per_leaf} nodes x {server.nics} "
+                          f"NICs = {per_leaf * server.nics:,} ports on one leaf, more than "
+                          f"{MAX_LEAF_PORTS:,}")
+    return FatTreeSpec(
+        nodes_per_leaf=per_leaf,
+        oversubscription=fields.number("oversubscription", 1.0, minimum=1.0,
+                                       maximum=MAX_OVERSUBSCRIPTION),
         tiers=fields.choice("tiers", 2, (2, 3)),
-        leaves_per_pod=fields.integer("leaves_per_pod", 0, minimum=1),
+        leaves_per_pod=fields.integer("leaves_per_pod", 0, minimum=1, maximum=MAX_ACCELERATORS),
         link_latency_s=latency,
     )
-    return FatTree(server, spec, nodes)
 
 
-def _torus(preset: Preset, fields: _Fields, server: ServerSpec,
-           builder: GraphBuilder) -> tuple[list[str], Torus]:
-    dims = fields.get("dims", list(preset.torus_dims))
-    if not isinstance(dims, list) or not all(isinstance(d, int) and not isinstance(d, bool)
-                                             for d in dims):
-        raise ConfigError(f"{fields.where}.dims: {dims!r} must be a list of 2 or 3 integers")
-    torus = Torus(TorusSpec(
-        dims=tuple(dims),
+def _torus(preset: Preset, fields: Fields, accelerator: Accelerator,
+           server: ServerSpec) -> ClusterSpec:
+    dims = fields.integers("dims", preset.torus_dims, lengths=(2, 3), minimum=2,
+                           maximum=MAX_ACCELERATORS)
+    chips = prod(dims)
+    shape = "x".join(map(str, dims))
+    if chips > MAX_ACCELERATORS:
+        raise ConfigError(f"{fields.name('dims')}: a {shape} torus holds {chips:,} chips, more "
+                          f"than the {MAX_ACCELERATORS:,} parasim simulates")
+    if chips % server.gpus:
+        raise ConfigError(f"{fields.name('dims')}: {list(dims)} holds {chips} chips, not a "
+                          f"multiple of the {server.gpus} chips per node")
+    nodes = chips // server.gpus
+    if "nodes" in fields:
+        given = fields.integer("nodes", nodes, minimum=1, maximum=MAX_ACCELERATORS)
+        if given != nodes:
+            raise ConfigError(f"{fields.name('nodes')}: {given} nodes of {server.gpus} chips do "
+                              f"not fill the {shape} torus ({chips} chips)")
+    spec = TorusSpec(
+        dims=dims,
         link_Bps=fields.bandwidth("link_bandwidth", preset.ici_Bps),
         link_latency_s=fields.time("link_latency", preset.ici_latency_s),
-    ))
-    if torus.num_chips % server.gpus:
-        raise ConfigError(f"{fields.where}.dims: {dims} holds {torus.num_chips} chips, not a "
-                          f"multiple of the {server.gpus} chips per node")
-    if "nodes" in fields.table:
-        nodes = fields.integer("nodes", 1, minimum=1)
-        if nodes * server.gpus != torus.num_chips:
-            shape = "x".join(map(str, dims))
-            raise ConfigError(f"{fields.where}.nodes: {nodes} nodes of {server.gpus} chips do not "
-                              f"fill the {shape} torus ({torus.num_chips} chips)")
-    return torus.build(builder), torus
+    )
+    return ClusterSpec(preset=preset.name, fabric="torus", nodes=nodes, accelerator=accelerator,
+                       server=server, torus=spec)
 
 
-def _check_connected(graph: nx.DiGraph, devices: list[str], where: str) -> None:
+def _check_connected(graph: nx.DiGraph, devices: list[str], where: str = "cluster") -> None:
     reachable = nx.descendants(graph, devices[0]) | {devices[0]}
     for device in devices:
         if device not in reachable:
             raise ConfigError(f"{where}: {device} is not connected to {devices[0]} "
                               "(servers need nics_per_node >= 1 to reach each other)")
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class _Fields:
-    """Typed, validated reads of one TOML table."""
-
-    table: Mapping[str, Any]
-    where: str
-
-    def get(self, key: str, default: Any) -> Any:
-        return self.table.get(key, default)
-
-    def _bad(self, key: str, rule: str) -> ConfigError:
-        return ConfigError(f"{self.where}.{key}: {self.table[key]!r} {rule}")
-
-    def integer(self, key: str, default: int, *, minimum: int) -> int:
-        if key not in self.table:
-            return default
-        value = self.table[key]
-        if not isinstance(value, int) or isinstance(value, bool):
-            raise self._bad(key, "must be an integer")
-        if value < minimum:
-            raise self._bad(key, f"must be at least {minimum}")
-        return value
-
-    def positive(self, key: str, default: float, *, minimum: float = 0.0) -> float:
-        if key not in self.table:
-            return default
-        value = self.table[key]
-        if not isinstance(value, int | float) or isinstance(value, bool):
-            raise self._bad(key, "must be a number")
-        if not value > 0 or value < minimum:
-            raise self._bad(key, f"must be a number >= {minimum:g} and > 0")
-        return float(value)
-
-    def fraction(self, key: str, default: float) -> float:
-        if key not in self.table:
-            return default
-        value = self.table[key]
-        if not isinstance(value, int | float) or isinstance(value, bool) or not 0 < value <= 1:
-            raise self._bad(key, "must be a fraction in (0, 1]")
-        return float(value)
-
-    def choice(self, key: str, default: Any, options: tuple[Any, ...]) -> Any:
-        value = self.table.get(key, default)
-        if value not in options or isinstance(value, bool):
-            raise self._bad(key, f"must be one of {', '.join(map(str, options))}")
-        return value
-
-    def bandwidth(self, key: str, default: float) -> float:
-        if key not in self.table:
-            return default
-        return parse_bandwidth(self.table[key], f"{self.where}.{key}")
-
-    def time(self, key: str, default: float) -> float:
-        if key not in self.table:
-            return default
-        return parse_time(self.table[key], f"{self.where}.{key}")
-
-    def size(self, key: str, default: float) -> float:
-        if key not in self.table:
-            return default
-        return float(parse_size(self.table[key], f"{self.where}.{key}"))

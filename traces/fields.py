@@ -98,10 +98,13 @@ def check_choice(value: object, name: str, options: Collection[T]) -> T:
 
 
 def check_range(value: float, name: str, *, minimum: float, maximum: float,
-                describe: Callable[[float], str] = "{:g}".format) -> float:
-    """An already-parsed quantity (bytes, bytes/s, s) within [minimum, maximum]."""
+                describe: Callable[[float], str] = "{:g}".format,
+                given: object = None) -> float:
+    """An already-parsed quantity (bytes, bytes/s, s) within [minimum, maximum]; the message
+    shows `given`, what the user wrote, when there is one."""
     if not minimum <= value <= maximum:
-        raise ConfigError(f"{name}: {show(value)} must be from {describe(minimum)} "
+        written = show(value if given is None else given)
+        raise ConfigError(f"{name}: {written} must be from {describe(minimum)} "
                           f"to {describe(maximum)}")
     return value
 
@@ -177,12 +180,13 @@ class Fields:
         """'400Gb/s', '450GB/s' or bytes/s, from 1 MB/s to 100 TB/s."""
         return self._read(key, default, lambda v, n: check_range(
             parse_bandwidth(v, n), n, minimum=MIN_BANDWIDTH_BPS, maximum=MAX_BANDWIDTH_BPS,
-            describe=decimal_rate))
+            describe=decimal_rate, given=v))
 
     def time(self, key: str, default: float, *, maximum: float = MAX_LATENCY_S) -> float:
         """'2us', '1ms' or seconds, from 0 to `maximum` (1 s)."""
         return self._read(key, default, lambda v, n: check_range(
-            parse_time(v, n), n, minimum=0.0, maximum=maximum, describe="{:g} s".format))
+            parse_time(v, n), n, minimum=0.0, maximum=maximum, describe="{:g} s".format,
+            given=v))
 
     def size(self, key: str, default: int, *, maximum: int = MAX_SIZE_BYTES) -> int:
         """'16M', '80G' or bytes, from 1 byte to `maximum`."""

@@ -57,11 +57,11 @@ def test_torus_preset_and_sendrecv(capsys):
     (["collective", "--sizes", "8G:1K"], "starts above its end"),
     (["collective", "--op", "gather"], "invalid choice: 'gather'"),
     (["collective", "--cluster", "dgx-z1"], "neither a preset"),
-    (["collective", "--nodes", "0"], "cluster.nodes: 0 must be at least 1"),
+    (["collective", "--nodes", "0"], "cluster.nodes: 0 must be an integer from 1 to 65,536"),
     (["collective", "--algo", "tree", "--op", "all_gather"], "tree cannot run all_gather"),
     (["collective", "--algo", "magic"], "'magic' is not an algorithm"),
     (["collective", "--ranks", "1"], "--ranks: 1 must be between 2"),
-    (["collective", "--channels", "0"], "--channels: 0 must be at least 1"),
+    (["collective", "--channels", "0"], "--channels: 0 must be from 1 to 64"),
     (["collective", "--nodes", "two"], "invalid int value: 'two'"),
     ([], "required: command"),
 ])
@@ -88,7 +88,7 @@ def test_simulator_imports_no_torch():
     ('[cluster]\npreset = "dgx-h100"\nnodes = 2\nnic_bandwidth = "-1Gb/s"\n',
      "cluster.nic_bandwidth"),
     ('[cluster]\npreset = "dgx-h100"\nnodes = 2\nnics_per_node = 0\n', "is not connected"),
-    ('[cluster]\npreset = "tpu-v4"\ndims = [4, 1]\n', "has a dimension < 2"),
+    ('[cluster]\npreset = "tpu-v4"\ndims = [4, 1]\n', "cluster.dims: [4, 1] must hold integers"),
     ('[cluster]\npreset = "dgx-h100"\nspeed = 3\n', "cluster.speed: unknown key"),
     ('[network]\npreset = "dgx-h100"\n', "has no [cluster] table"),
 ])

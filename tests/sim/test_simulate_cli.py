@@ -131,9 +131,9 @@ def test_bad_configs_give_one_line_and_exit_2(capsys, tmp_path, old, new, needle
 
 @pytest.mark.parametrize(("flags", "needle"), [
     (["--report", "/no/such/dir/r.html"], "directory /no/such/dir does not exist"),
-    (["--profile", "/no/such/profile.json"], "cannot read /no/such/profile.json"),
+    (["--profile", "/no/such/profile.json"], "--profile: /no/such/profile.json: cannot read: No "),
     (["--network", "magic"], "invalid choice: 'magic'"),
-    (["--algo", "magic"], "sim.algo: 'magic' is not auto"),
+    (["--algo", "magic"], "sim.algo: 'magic' is not one of auto, ring"),
 ])
 def test_bad_flags_give_one_line_and_exit_2(capsys, small, flags, needle):
     code, out, err = run_cli(capsys, "simulate", small, *flags)

@@ -1,0 +1,366 @@
+"""Issue 6's list of hostile inputs, one test each: a hostile new user tried ~370 inputs and 66
+broke the rule "one line on stderr and exit 2, never a traceback, a hang, a blow-up or a silent
+wrong answer" (Ctrl-C: one line and exit 130). The sections follow the issue's list.
+
+Most cases run the command line in-process (`sim.cli.main`); the few that need a real process
+(stdout on /dev/full or closed, a real SIGINT) run `python -m sim`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sim.cli import main
+from traces.errors import ConfigError
+from traces.plan.meta import read_fold
+
+SMALL = {
+    "model": {"layers": "4", "hidden": "256", "heads": "16", "seq_len": "128", "vocab": "1024"},
+    "parallel": {"tp": "2", "pp": "2", "dp": "4", "global_batch": "16"},
+    "cluster": {"preset": '"dgx-h100"', "nodes": "2", "fabric": '"rail"'},
+}
+TPU = {
+    "model": {"layers": "4", "hidden": "256", "heads": "16", "seq_len": "128", "vocab": "1024"},
+    "parallel": {"tp": "4", "dp": "4", "global_batch": "16"},
+    "cluster": {"preset": '"tpu-v4"', "dims": "[4, 4]"},
+}
+DIGITS_400 = "1" + "0" * 400
+PROFILE = {"schema": "parasim.profile", "version": 1, "name": "p",
+           "default": {"flops_efficiency": 0.7, "memory_efficiency": 0.8}, "ops": {}}
+
+
+def toml(base: dict[str, dict[str, str]], top: str = "", **edits: dict[str, str | None]) -> str:
+    """`base` with keys replaced, added or (None) removed; values are TOML text."""
+    lines = [top] if top else []
+    for table in dict.fromkeys([*base, *edits]):
+        keys = {**base.get(table, {}), **edits.get(table, {})}
+        lines.append(f"[{table}]")
+        lines += [f"{key} = {value}" for key, value in keys.items() if value is not None]
+    return "\n".join(lines) + "\n"
+
+
+@pytest.fixture
+def write(tmp_path):
+    def write(text: str | bytes, name: str = "c.toml") -> Path:
+        path = tmp_path / name
+        path.write_bytes(text.encode() if isinstance(text, str) else text)
+        return path
+    return write
+
+
+def run(capsys, *argv: object) -> tuple[int, str, str]:
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def refused(capsys, needle: str, *argv: object) -> None:
+    """The command fails with exit 2, nothing on stdout, one line on stderr holding `needle`."""
+    code, out, err = run(capsys, *argv)
+    assert (code, out) == (2, ""), err
+    assert err.startswith("parasim: error: ") and err.count("\n") == 1, err
+    assert needle in err, err
+
+
+def python_m_sim(*argv: object, stdout=subprocess.PIPE) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "sim", *map(str, argv)], stdout=stdout,
+                          stderr=subprocess.PIPE, text=True, timeout=120)
+
+
+# --- Hang, no output -------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("value", "needle"), [
+    ("inf", "cluster.nvlink_latency: inf is not a finite number"),
+    ('"1e400s"', "cluster.nvlink_latency: '1e400s' is not a finite number"),
+])
+def test_infinite_nvlink_latency_is_refused_not_a_hang(capsys, write, value, needle):
+    refused(capsys, needle, "simulate", write(toml(SMALL, cluster={"nvlink_latency": value})))
+
+
+# --- Memory blow-up before the one-line check ------------------------------------------------
+
+@pytest.mark.parametrize(("edits", "needle"), [
+    ({"cluster": {"nodes": "1000000"}}, "cluster.nodes: 1000000 must be an integer from 1 to"),
+    ({"cluster": {"nodes": "1" + "0" * 30}}, "cluster.nodes: 1000000000...00000000000 must be"),
+    ({"cluster": {"gpus_per_node": "10000000"}}, "cluster.gpus_per_node: 10000000 must be"),
+    ({"model": {"layers": "1000000"}}, "model.layers: 1000000 is larger than 65,536"),
+    ({"parallel": {"global_batch": "1000000"}}, "= 250,000 micro-batches per step, more than"),
+])
+def test_sizes_are_checked_before_anything_big_is_built(capsys, write, edits, needle):
+    refused(capsys, needle, "simulate", write(toml(SMALL, **edits)))
+
+
+def test_torus_of_a_million_chips_is_refused_at_once(capsys, write):
+    refused(capsys, "cluster.dims: a 100x100x100 torus holds 1,000,000 chips, more than the "
+            "65,536", "simulate", write(toml(TPU, cluster={"dims": "[100, 100, 100]"})))
+
+
+def test_gpu_count_is_checked_against_the_layout_before_the_graph(capsys, write, monkeypatch):
+    # 4,000 nodes is a legal cluster, but 16 ranks cannot fill it: no graph may be built.
+    def no_build(self):
+        raise AssertionError("the cluster graph was built before the size check")
+
+    monkeypatch.setattr("topology.config.ClusterSpec.build", no_build)
+    refused(capsys, "= 16 ranks, but the cluster has 32000 GPUs", "simulate",
+            write(toml(SMALL, cluster={"nodes": "4000"})))
+
+
+@pytest.mark.parametrize(("argv", "needle"), [
+    (["--nodes", "100000"], "cluster.nodes: 100000 must be an integer from 1 to 65,536"),
+    (["--nodes", "10000"], "cluster.nodes: 10,000 nodes x 8 accelerators = 80,000, more than"),
+    (["--channels", str(10**6)], "--channels: 1000000 must be from 1 to 64"),
+])
+def test_collective_sizes_are_bounded(capsys, argv, needle):
+    refused(capsys, needle, "collective", *argv)
+
+
+# --- Endless reads -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("device", ["/dev/zero", "/dev/urandom"])
+def test_a_device_as_config_or_profile_is_refused_before_reading(capsys, write, device):
+    refused(capsys, f"{device}: not a regular file", "simulate", device)
+    refused(capsys, f"--profile: {device}: not a regular file", "simulate",
+            write(toml(SMALL)), "--profile", device)
+
+
+def test_a_device_behind_a_toml_name_as_cluster_file_is_refused(capsys, tmp_path):
+    link = tmp_path / "zero.toml"
+    link.symlink_to("/dev/zero")
+    refused(capsys, "--cluster: ", "collective", "--cluster", link)
+    refused(capsys, "not a regular file", "collective", "--cluster", link)
+
+
+def test_a_fifo_as_config_does_not_wait_for_a_writer(capsys, tmp_path):
+    fifo = tmp_path / "c.toml"
+    os.mkfifo(fifo)
+    refused(capsys, "c.toml: not a regular file", "simulate", fifo)
+
+
+def test_a_config_larger_than_a_mebibyte_is_refused(capsys, write):
+    refused(capsys, "larger than 1,048,576 bytes", "simulate",
+            write(toml(SMALL) + "# " + "x" * 2**20 + "\n"))
+
+
+# --- Tracebacks --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("top", "edits", "needle"), [
+    ("sim = 5", {}, "sim: 5 must be a table of keys"),
+    ("sim = [1]", {}, "sim: [1] must be a table of keys"),
+    ("", {"model": {"dtype": '["bf16"]'}}, "model.dtype: ['bf16'] is not one of bf16, fp16"),
+    ("", {"cluster": {"preset": '["dgx-h100"]'}}, "cluster.preset: ['dgx-h100'] is not a preset"),
+    ("", {"sim": {"algo": '["ring"]'}}, "sim.algo: ['ring'] is not one of auto, ring"),
+    ("", {"sim": {"profile": "5"}}, "sim.profile: 5 must be a string"),
+    ("", {"sim": {"profile": "true"}}, "sim.profile: True must be a string"),
+    ("", {"parallel": {"bucket_bytes": DIGITS_400}},
+     "parallel.bucket_bytes: 1000000000...00000000000 is too large"),
+    ("", {"cluster": {"gpu_memory": DIGITS_400}},
+     "cluster.gpu_memory: 1000000000...00000000000 is too large"),
+    ("", {"model": {"hidden": DIGITS_400}},
+     "model.hidden: 1000000000...00000000000 is larger than 1,048,576"),
+])
+def test_bad_types_and_huge_numbers_are_one_line(capsys, write, top, edits, needle):
+    refused(capsys, needle, "simulate", write(toml(SMALL, top=top, **edits)))
+
+
+def test_400_digit_sizes_flag(capsys):
+    refused(capsys, "--sizes: '1000000000000", "collective", "--sizes", DIGITS_400)
+
+
+DEEP_TOML = "x = " + "{a = " * 100_000 + "1" + "}" * 100_000 + "\n"
+DEEP_KEY = ".".join(["a"] * 100_000) + " = 1\n"  # a dotted key: tomllib's time grows as depth^3
+DEEP_JSON = "[" * 100_000 + "]" * 100_000
+
+
+@pytest.mark.parametrize(("text", "needle"), [
+    (DEEP_TOML, "not valid TOML: nested too deeply"),
+    (DEEP_KEY, ": keys nested more than 64 deep"),
+])
+def test_a_table_nested_100000_deep_in_a_config_or_cluster_file(capsys, write, text, needle):
+    refused(capsys, needle, "simulate", write(toml(SMALL) + text))
+    refused(capsys, needle, "collective", "--cluster", write("[cluster]\n" + text, "k.toml"))
+
+
+def test_a_profile_nested_100000_deep(capsys, write):
+    refused(capsys, "not a JSON file: nested too deeply", "simulate", write(toml(SMALL)),
+            "--profile", write(DEEP_JSON, "p.json"))
+
+
+def test_files_that_are_not_utf8(capsys, write):
+    latin1 = "[cluster]\npreset = \"dgx-h100\" # caf\xe9\n".encode("latin-1")
+    refused(capsys, "not valid TOML: not UTF-8 text (invalid continuation byte", "collective",
+            "--cluster", write(latin1, "k.toml"))
+    refused(capsys, "--profile: ", "simulate", write(toml(SMALL)), "--profile",
+            write(b"\xff\xfe{}", "p.json"))
+    refused(capsys, "not a JSON file: not UTF-8 text", "simulate", write(toml(SMALL)),
+            "--profile", write(b"\xff\xfe{}", "p.json"))
+
+
+@pytest.mark.parametrize(("ops", "needle"), [
+    ([], "profile.ops: [] must be a table of keys"),
+    ("attn", "profile.ops: 'attn' must be a table of keys"),
+])
+def test_profile_ops_not_a_table(capsys, write, ops, needle):
+    profile = write(json.dumps({**PROFILE, "ops": ops}), "p.json")
+    refused(capsys, needle, "simulate", write(toml(SMALL)), "--profile", profile)
+
+
+def test_stdout_on_a_full_disk_is_one_line(tmp_path):
+    with open("/dev/full", "w") as full:
+        proc = python_m_sim("collective", "--sizes", "1M", "--model", "analytic", stdout=full)
+    assert proc.returncode == 2
+    assert proc.stderr == "parasim: error: cannot write to stdout: No space left on device\n"
+
+
+# --- Silently wrong ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("base", "edits", "needle"), [
+    (SMALL, {"cluster": {"switch_latency": '"1e400s"'}},
+     "cluster.switch_latency: '1e400s' is not a finite number"),
+    (TPU, {"cluster": {"link_latency": "inf"}}, "cluster.link_latency: inf is not a finite"),
+    (SMALL, {"cluster": {"nic_bandwidth": "inf"}}, "cluster.nic_bandwidth: inf is not a finite"),
+    (SMALL, {"cluster": {"nic_bandwidth": '"1e400GB/s"'}}, "'1e400GB/s' is not a finite number"),
+    (SMALL, {"cluster": {"nvlink_bandwidth": "1e-300"}},
+     "cluster.nvlink_bandwidth: 1e-300 must be from 1 MB/s to 100 TB/s"),
+    (SMALL, {"cluster": {"gpu_peak_tflops": "inf"}}, "cluster.gpu_peak_tflops: inf must be at "
+                                                     "least 0.001 TFLOP/s and at most 100000"),
+    (SMALL, {"cluster": {"gpu_peak_tflops": "1e-300"}}, "cluster.gpu_peak_tflops: 1e-300 must"),
+    (SMALL, {"parallel": {"zero": "1.0"}}, "parallel.zero: 1.0 must be 0, 1, 2 or 3"),
+    (SMALL, {"cluster": {"fabric": '"fat-tree"', "tiers": "2.0"}},
+     "cluster.tiers: 2.0 is not one of 2, 3"),
+])
+def test_values_that_gave_silent_wrong_answers(capsys, write, base, edits, needle):
+    refused(capsys, needle, "simulate", write(toml(base, **edits)))
+
+
+@pytest.mark.parametrize(("default", "needle"), [
+    ({"flops_efficiency": 0.7, "memory_efficiency": 0.8, "overhead_s": "Infinity"},
+     "profile.default.overhead_s: inf must be at least 0 s and at most 1 s"),
+    ({"flops_efficiency": 0.7, "memory_efficiency": 0.8, "overhead_s": 1e308},
+     "profile.default.overhead_s: 1e+308 must be at least 0 s"),
+    ({"flops_efficiency": True, "memory_efficiency": 0.8},
+     "profile.default.flops_efficiency: True must be a fraction in (0, 1]"),
+])
+def test_profile_values_that_gave_nan_or_were_taken_as_numbers(capsys, write, default, needle):
+    text = json.dumps({**PROFILE, "default": default}).replace('"Infinity"', "Infinity")
+    refused(capsys, needle, "simulate", write(toml(SMALL)), "--profile", write(text, "p.json"))
+
+
+def test_sizes_beyond_a_tebibyte(capsys):
+    refused(capsys, "--sizes: '99999999999999999999T' is too large", "collective",
+            "--sizes", "99999999999999999999T")
+
+
+# --- Left behind -------------------------------------------------------------------------------
+
+def test_a_failing_later_output_removes_the_earlier_ones(capsys, write, tmp_path, monkeypatch):
+    config = write(toml(SMALL))
+    calls = []
+
+    def disk_full_on_second(fd):
+        calls.append(fd)
+        if len(calls) == 2:
+            raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("traces.files.os.fsync", disk_full_on_second)
+    refused(capsys, "c.json: cannot write: No space left on device", "simulate", config,
+            "--trace", tmp_path / "t.json", "--chrome", tmp_path / "c.json")
+    assert sorted(os.listdir(tmp_path)) == ["c.toml"]  # no trace, no temporary
+
+
+def test_ctrl_c_while_writing_leaves_nothing_and_prints_one_line(write, tmp_path):
+    config = write(toml(SMALL))
+    old = tmp_path / "old.json"
+    old.write_text("from an earlier run")
+    script = (
+        "import os, signal, sys\n"
+        "import sim.cli as cli\n"
+        "real = cli.dumps_chrome\n"
+        "def interrupted(trace):\n"  # Ctrl-C arrives after the trace was written
+        "    os.kill(os.getpid(), signal.SIGINT)\n"
+        "    return real(trace)\n"
+        "cli.dumps_chrome = interrupted\n"
+        "sys.exit(cli.main(sys.argv[1:]))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script, "simulate", str(config), "--trace",
+                           str(tmp_path / "t.json"), "--chrome", str(tmp_path / "c.json")],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 128 + signal.SIGINT == 130
+    assert proc.stderr == "parasim: error: interrupted\n" and proc.stdout == ""
+    assert sorted(os.listdir(tmp_path)) == ["c.toml", "old.json"]
+
+
+# --- Quietly odd -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("flag", "value", "needle"), [
+    ("--trace", "", "--trace: an empty path names no file"),
+    ("--trace", "newdir/", "--trace: 'newdir/' ends with '/', so it names a directory"),
+    ("--chrome", "/dev/null", "--chrome: /dev/null is not a regular file"),
+    ("--report", ".", "--report: . is a directory"),
+    ("--trace", "/no/such/dir/t.json", "--trace: directory /no/such/dir does not exist"),
+    ("--profile", "", "--profile: an empty path names no file"),
+    ("--algo", "", "sim.algo: '' is not one of auto"),
+])
+def test_odd_output_flags_are_errors(capsys, write, flag, value, needle):
+    refused(capsys, needle, "simulate", write(toml(SMALL)), flag, value)
+
+
+def test_an_output_may_not_overwrite_the_config(capsys, write):
+    config = write(toml(SMALL))
+    refused(capsys, "is an input of this run", "simulate", config, "--trace", config)
+    assert config.read_text() == toml(SMALL)
+
+
+def test_two_outputs_may_not_name_one_file(capsys, write, tmp_path):
+    refused(capsys, "--chrome: ", "simulate", write(toml(SMALL)), "--trace",
+            tmp_path / "t.json", "--chrome", tmp_path / "t.json")
+
+
+def test_empty_algo_is_an_error_in_collective_too(capsys):
+    refused(capsys, "--algo: '' is not an algorithm", "collective", "--algo", "")
+
+
+def test_dims_on_a_dgx_preset_is_an_error(capsys, write):
+    refused(capsys, "cluster.dims: applies to a torus preset only, not to preset 'dgx-h100'",
+            "simulate", write(toml(SMALL, cluster={"dims": "[4, 4]"})))
+
+
+def test_unknown_op_names_in_a_profile_are_errors(capsys, write):
+    profile = write(json.dumps({**PROFILE, "ops": {"atn": PROFILE["default"]}}), "p.json")
+    refused(capsys, "profile.ops.atn: unknown key (known: attn, mlp", "simulate",
+            write(toml(SMALL)), "--profile", profile)
+
+
+def test_a_250_character_output_name_works(capsys, write, tmp_path):
+    name = tmp_path / ("t" * 245 + ".json")
+    code, _, err = run(capsys, "simulate", write(toml(SMALL)), "--trace", name)
+    assert code == 0, err
+    assert json.loads(name.read_text())["schema"] == "parasim.trace"
+    assert sorted(os.listdir(tmp_path)) == sorted(["c.toml", name.name])
+
+
+def test_stdout_closed_is_an_error_not_a_silent_success():
+    proc = subprocess.run(f'"{sys.executable}" -m sim collective --sizes 1M >&-', shell=True,
+                          capture_output=False, stderr=subprocess.PIPE, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr == "parasim: error: stdout is closed; parasim prints its results there\n"
+
+
+def test_no_progress_frames_in_a_log(write):
+    proc = python_m_sim("simulate", write(toml(SMALL)), "--json")
+    assert proc.returncode == 0 and proc.stderr == ""  # not a terminal: no bar, no \r frames
+
+
+# --- Trace loader (the list's last item: tests/traces/test_io.py BAD_DOCUMENTS has each rule) ---
+
+def test_a_foreign_fold_layout_is_one_config_error():
+    with pytest.raises(ConfigError, match=r"parallel\.tp: 'x' must be an integer"):
+        read_fold({"fold": {"axes": ["tp", "dp"], "layout": {"tp": "x"}}})
+    with pytest.raises(ConfigError, match=r"parallel\.zero: 1\.0 must be 0, 1, 2 or 3"):
+        read_fold({"fold": {"axes": ["tp", "dp"], "layout": {"zero": 1.0}}})
