@@ -42,7 +42,7 @@ def parse_sizes(text: str) -> list[int]:
         lo, hi = (parse_size(p, "--sizes") for p in parts)
         if lo > hi:
             raise ConfigError(f"--sizes: {text!r} starts above its end")
-        sizes = []
+        sizes: list[int] = []
         while lo <= hi and len(sizes) <= MAX_SIZES:
             sizes.append(lo)
             lo *= 2

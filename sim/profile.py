@@ -2,9 +2,11 @@
 
 A compute op named `attn`, `mlp`, `norm`, `head`, `embed`, `attn_core` or `optimizer` costs
 (`sim.compute`) max(FLOPs / (peak * flops_efficiency), bytes / (HBM * memory_efficiency))
-+ overhead_s. `parasim calibrate` fits these from measured traces; until then each preset
++ overhead_s. Calibration against measured traces will fit these; until then each preset
 accelerator has defaults taken from public kernel benchmarks (cited below), not from any
-end-to-end throughput table.
+end-to-end throughput table. A profile file is JSON, read through `traces.files` and
+`traces.fields`: an unknown op name, an efficiency outside (0, 1] or an overhead that is not a
+finite 0 to 1 s is one error line.
 """
 
 from __future__ import annotations
@@ -20,8 +22,14 @@ from traces.fields import MAX_LATENCY_S, Fields, check_fraction, check_number
 from traces.files import load_json, write_text_atomic
 
 VERSION = 1
-OP_NAMES = ("attn", "mlp", "norm", "head", "embed", "attn_core", "optimizer")
-"""The compute op names a plan holds (`traces.plan.compute`), each a class a profile may cost."""
+KERNEL_NAMES = ("embed", "pos_embed", "ln1", "qkv", "flash_attn", "qk", "softmax",
+                "attn_dropout", "av", "proj", "bda1", "ln2", "fc1", "gelu", "fc2", "bda2",
+                "final_ln", "logits", "cross_entropy", "optimizer")
+"""The compute op names a plan holds (`traces.kernels`, `traces.plan.compute`)."""
+CLASS_NAMES = ("attn", "mlp", "norm", "head", "attn_core")
+"""The op classes of the plans before kernel-level ops, which `DEFAULTS` below still costs."""
+OP_NAMES = (*KERNEL_NAMES, *CLASS_NAMES)
+"""The names a profile may cost; any other is a typo that would silently cost nothing."""
 PROFILE_KEYS = ("schema", "version", "name", "default", "ops")
 COST_KEYS = ("flops_efficiency", "memory_efficiency", "overhead_s")
 

@@ -333,7 +333,7 @@ def test_dims_on_a_dgx_preset_is_an_error(capsys, write):
 
 def test_unknown_op_names_in_a_profile_are_errors(capsys, write):
     profile = write(json.dumps({**PROFILE, "ops": {"atn": PROFILE["default"]}}), "p.json")
-    refused(capsys, "profile.ops.atn: unknown key (known: attn, mlp", "simulate",
+    refused(capsys, "profile.ops.atn: unknown key (known: embed, pos_embed", "simulate",
             write(toml(SMALL)), "--profile", profile)
 
 

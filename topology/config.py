@@ -168,6 +168,7 @@ def read_cluster(table: object, where: str = "cluster") -> ClusterSpec:
 
 def _check_applicable(fields: Fields, preset: str, fabric: str) -> None:
     """A key that the preset's fabric does not use is an error, not silently ignored."""
+    unused: tuple[str, ...]
     if fabric == "torus":
         unused = (*SERVER_KEYS, *FAT_TREE_KEYS)
     else:

@@ -90,16 +90,16 @@ class FatTree(SwitchedFabric):
         if self.spec.tiers == 2:
             for u in range(self.up):
                 spine = builder.node(f"spine{u}", "spine")
-                for leaf in range(self.num_leaves):
-                    uplink(self._leaf_name(leaf), spine)
+                for index in range(self.num_leaves):
+                    uplink(self._leaf_name(index), spine)
             return
         num_pods = -(-self.num_leaves // self.per_pod)
         for pod in range(num_pods):
             for u in range(self.up):
                 agg = builder.node(f"agg{pod}.{u}", "spine")
                 last = min((pod + 1) * self.per_pod, self.num_leaves)
-                for leaf in range(pod * self.per_pod, last):
-                    uplink(self._leaf_name(leaf), agg)
+                for index in range(pod * self.per_pod, last):
+                    uplink(self._leaf_name(index), agg)
         if num_pods == 1:
             return
         for u in range(self.up):

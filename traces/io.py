@@ -190,7 +190,7 @@ def _decode_op(raw: object, index: int, rank: int) -> Op:
     """Check every rule for one op, raising `_Bad` with the rule; build the op."""
     if not isinstance(raw, dict):
         raise _Bad("", f"an op must be an object, got {_show(raw)}")
-    kwargs = {}
+    kwargs: dict[str, Any] = {}
     for name, value in raw.items():
         # Most fields are a plain string, integer or finite float: accept those inline, without
         # a decoder call per field (this loop runs millions of times for a large trace).
@@ -203,8 +203,8 @@ def _decode_op(raw: object, index: int, rank: int) -> Op:
             raise _Bad(name, "unknown op field")
         try:
             kwargs[name] = decode(value)
-        except _Bad as bad:
-            bad.field = name
+        except _Bad as failure:
+            failure.field = name
             raise
     for name in _REQUIRED:
         if name not in kwargs:
@@ -358,9 +358,9 @@ _COLLECTIVE_KINDS = frozenset(COLLECTIVES)
 _INT_ONLY = frozenset({int})  # the element types deps and group may have (bool is not int)
 # Fields whose JSON value already is the Op value when it has this exact type (bool is not int)
 # and, for numbers, is finite and not negative (every count, index and time is >= 0).
-_PLAIN: dict[str, type] = {
+_PLAIN: dict[str, Any] = {
     "stream": str, "name": str, "dtype": str, "tag": str, "layer": int, "microbatch": int,
-    "peer": int, "span": int, "flops": float, "mem_bytes": float, "size_bytes": float, "start": float,
-    "end": float,
+    "peer": int, "span": int, "flops": float, "mem_bytes": float, "size_bytes": float,
+    "start": float, "end": float,
 }
 assert set(_DECODERS) == {f.name for f in fields(Op)} >= set(_PLAIN), "every Op field"
