@@ -1,0 +1,150 @@
+"""The one door to torch.distributed: every collective and send/recv the executor makes.
+
+Each call names its communicator by `GroupKey` (stream, ranks) and may be asynchronous; it
+returns a `Handle` whose `wait()` blocks until the work is done and then runs the caller's
+completion step (copy a reduced shard into place, free a buffer) on the calling thread. With
+`record=True` every call is logged as a `CommCall` (kind, group, bytes as nccl-tests counts
+them, peer, tag), so a test can check that a rank made exactly the plan's communication, in
+order, and nothing else.
+
+Sizes (nccl-tests convention, as the plan's `size_bytes`): all_reduce and broadcast the tensor;
+all_gather the gathered output; reduce_scatter the full input; all_to_all the input; send and
+recv the message.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from executor.groups import GroupKey, Groups
+from traces.ops import OpKind
+
+P2P_TAGS = {"act": 1, "grad": 2}
+_REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}
+# torch >= 2.12 names them *_single; older releases *_tensor.
+_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
+@dataclass(frozen=True, slots=True)
+class CommCall:
+    kind: OpKind
+    group: tuple[int, ...] = ()
+    size_bytes: int = 0
+    peer: int | None = None
+    tag: str = ""
+    reduce: str = ""
+    stream: str = ""
+
+
+class Handle:
+    """An issued call: `wait()` blocks until done, then runs `then` once."""
+
+    __slots__ = ("work", "then", "done")
+
+    def __init__(self, work: dist.Work | None, then: Callable[[], None] | None = None) -> None:
+        self.work, self.then, self.done = work, then, False
+
+    def wait(self) -> None:
+        if self.done:
+            return
+        if self.work is not None:
+            self.work.wait()
+        self.done = True
+        if self.then is not None:
+            self.then()
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+class Comm:
+    """torch.distributed calls for one rank, through its `Groups`, optionally recorded."""
+
+    def __init__(self, groups: Groups, record: bool = False) -> None:
+        self.groups = groups
+        self.record = record
+        self.calls: list[CommCall] = []
+
+    def _log(self, kind: OpKind, key: GroupKey | None, size: int, **extra: object) -> None:
+        if self.record:
+            group, stream = (key[1], key[0]) if key is not None else ((), "")
+            self.calls.append(CommCall(kind, group, size, stream=stream, **extra))  # type: ignore[arg-type]
+
+    # --- collectives ---------------------------------------------------------------------
+
+    def all_reduce(self, tensor: torch.Tensor, key: GroupKey, *, reduce: str = "sum",
+                   async_op: bool = False, then: Callable[[], None] | None = None) -> Handle:
+        """In place."""
+        self._log(OpKind.ALL_REDUCE, key, _nbytes(tensor), reduce=reduce)
+        group = self.groups.get(key)
+        work = None if group is None else dist.all_reduce(
+            tensor, op=_REDUCE_OPS[reduce], group=group, async_op=async_op)
+        return self._handle(work, then)
+
+    def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, key: GroupKey, *,
+                       async_op: bool = False, then: Callable[[], None] | None = None) -> Handle:
+        """Sum `input` over the group; this rank's block (in group order) lands in `output`."""
+        assert input.numel() == output.numel() * len(key[1]), "reduce_scatter sizes"
+        self._log(OpKind.REDUCE_SCATTER, key, _nbytes(input))
+        group = self.groups.get(key)
+        if group is None:
+            output.copy_(input.view_as(output))
+            return self._handle(None, then)
+        work = _reduce_scatter(output, input, group=group, async_op=async_op)
+        return self._handle(work, then)
+
+    def all_gather(self, output: torch.Tensor, input: torch.Tensor, key: GroupKey, *,
+                   async_op: bool = False, then: Callable[[], None] | None = None) -> Handle:
+        """Members' `input`s concatenated in group order into `output`."""
+        assert output.numel() == input.numel() * len(key[1]), "all_gather sizes"
+        self._log(OpKind.ALL_GATHER, key, _nbytes(output))
+        group = self.groups.get(key)
+        if group is None:
+            output.copy_(input.view_as(output))
+            return self._handle(None, then)
+        work = _all_gather(output, input, group=group, async_op=async_op)
+        return self._handle(work, then)
+
+    def broadcast(self, tensor: torch.Tensor, src: int, key: GroupKey, *,
+                  async_op: bool = False, then: Callable[[], None] | None = None) -> Handle:
+        self._log(OpKind.BROADCAST, key, _nbytes(tensor), peer=src)
+        group = self.groups.get(key)
+        work = None if group is None else dist.broadcast(tensor, src, group=group,
+                                                         async_op=async_op)
+        return self._handle(work, then)
+
+    def all_to_all(self, output: torch.Tensor, input: torch.Tensor, key: GroupKey, *,
+                   async_op: bool = False, then: Callable[[], None] | None = None) -> Handle:
+        """Equal blocks: block j of `input` goes to member j; block i of `output` came from i."""
+        self._log(OpKind.ALL_TO_ALL, key, _nbytes(input))
+        group = self.groups.get(key)
+        if group is None:
+            output.copy_(input)
+            return self._handle(None, then)
+        work = dist.all_to_all_single(output, input, group=group, async_op=async_op)
+        return self._handle(work, then)
+
+    # --- point to point ------------------------------------------------------------------
+
+    def send(self, tensor: torch.Tensor, peer: int, tag: str, *,
+             then: Callable[[], None] | None = None) -> Handle:
+        self._log(OpKind.SEND, None, _nbytes(tensor), peer=peer, tag=tag)
+        return self._handle(dist.isend(tensor, peer, tag=P2P_TAGS[tag]), then)
+
+    def recv(self, tensor: torch.Tensor, peer: int, tag: str, *,
+             then: Callable[[], None] | None = None) -> Handle:
+        self._log(OpKind.RECV, None, _nbytes(tensor), peer=peer, tag=tag)
+        return self._handle(dist.irecv(tensor, peer, tag=P2P_TAGS[tag]), then)
+
+    @staticmethod
+    def _handle(work: dist.Work | None, then: Callable[[], None] | None) -> Handle:
+        handle = Handle(work, then)
+        if work is None or work.is_completed():
+            handle.wait()
+        return handle

@@ -1,0 +1,377 @@
+"""Starting the world: spawn one process per rank here, or join a world `torchrun` started.
+
+    spawn(fn, world_size, args)   local processes; gloo on CPU, or NCCL with one GPU per rank
+                                  when CUDA has enough GPUs; returns each rank's fn(ctx, *args)
+    join(fn, args)                under torchrun (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR set)
+
+One timeout bounds every collective (passed to init_process_group: gloo's default is 30
+minutes) and the whole job. A rank that raises or dies ends the job: the parent stops the
+other ranks (SIGTERM, then SIGKILL) and raises `JobFailed`, one line naming the rank and the op
+it was running; the shared record buffers survive for the caller to write partial traces. Ranks
+ignore SIGINT: Ctrl-C reaches the parent, which ends them all. Workers die with their parent
+(PR_SET_PDEATHSIG on Linux) and exit by themselves after the timeout, so nothing is orphaned.
+
+Workers start from a fork server that has imported torch once (a fresh interpreter per rank
+would import it again: ~2 s each).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import datetime
+import multiprocessing as mp
+import os
+import pickle
+import signal
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection, wait
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from executor.recorder import FAILED, H_OP, H_STATE, HEADER
+from traces.errors import ConfigError
+
+MAX_LOCAL_WORLD = 8
+GRACE_S = 3.0  # after a failure: how long the other ranks get to exit on SIGTERM
+TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR")
+# Errors a rank raises because another rank went away: not the cause of a failure.
+_PEER_ERRORS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe",
+                "Socket closed", "DistNetworkError", "connection refused")
+
+
+@dataclass(frozen=True, slots=True)
+class RankContext:
+    """What a worker function gets: who it is, its device, and its shared record buffer."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    backend: str
+    device: torch.device
+    timeout_s: float
+    records: np.ndarray
+    """int64 header (recorder.HEADER) + per-op (start, end) slots; shared with the parent."""
+
+    def running(self, index: int) -> None:
+        """Note the op index this rank is running (named if the rank fails)."""
+        self.records[H_OP] = index
+
+
+@dataclass(frozen=True, slots=True)
+class RankFailure:
+    rank: int
+    op: str
+    error: str
+    cause: bool = True
+    """False for an error the rank got because another rank failed first."""
+
+
+class JobFailed(RuntimeError):
+    """The job ended early; `records` holds every rank's buffer as it was."""
+
+    def __init__(self, message: str, failures: Sequence[RankFailure],
+                 records: dict[int, np.ndarray]) -> None:
+        super().__init__(message)
+        self.failures = list(failures)
+        self.records = records
+
+
+@dataclass(slots=True)
+class _Job:
+    procs: list[Any] = field(default_factory=list)
+    readers: list[Connection] = field(default_factory=list)
+
+
+def pick_backend(world_size: int, backend: str = "auto") -> str:
+    if backend != "auto":
+        return backend
+    if torch.cuda.is_available() and torch.cuda.device_count() >= world_size:
+        return "nccl"
+    return "gloo"
+
+
+def in_torchrun() -> bool:
+    return all(v in os.environ for v in TORCHRUN_VARS)
+
+
+# --- local spawn -------------------------------------------------------------------------------
+
+def spawn(fn: Callable[..., Any], world_size: int, args: tuple = (), *, timeout_s: float = 60.0,
+          backend: str = "auto", record_slots: int = 0,
+          describe: Callable[[int, int], str] | None = None
+          ) -> tuple[list[Any], dict[int, np.ndarray]]:
+    """Run `fn(ctx, *args)` on `world_size` local ranks; returns (results by rank, records).
+
+    `fn` must be importable (a module-level function). `record_slots`: int64 slots per rank
+    for the recorder beyond the header. `describe(rank, op index)` names an op in errors.
+    """
+    if not 1 <= world_size <= MAX_LOCAL_WORLD:
+        raise ConfigError(f"world size {world_size}: a local run spawns 1 to {MAX_LOCAL_WORLD} "
+                          "ranks (use torchrun across hosts)")
+    backend = pick_backend(world_size, backend)
+    ctx = _context()
+    shared = ctx.RawArray("q", world_size * (HEADER + record_slots))
+    flat = np.frombuffer(shared, dtype=np.int64)
+    flat[:] = -1
+    records = {r: flat[r * (HEADER + record_slots):(r + 1) * (HEADER + record_slots)]
+               for r in range(world_size)}
+    for buf in records.values():
+        buf[:HEADER] = 0
+        buf[H_OP] = -1
+    store = tempfile.mkdtemp(prefix="parasim-rdzv-")
+    job = _Job()
+    try:
+        for rank in range(world_size):
+            reader, writer = ctx.Pipe(duplex=False)
+            proc = ctx.Process(target=_worker, daemon=True, name=f"parasim-rank{rank}", args=(
+                rank, world_size, backend, timeout_s, f"file://{store}/store", shared,
+                HEADER + record_slots, writer, fn, args))
+            proc.start()
+            writer.close()
+            job.procs.append(proc)
+            job.readers.append(reader)
+        results = _collect(job, world_size, timeout_s, records, describe)
+    finally:
+        _stop(job)
+        _remove_tree(store)
+    return results, records
+
+
+def _context() -> Any:
+    if sys.platform == "linux":
+        ctx = mp.get_context("forkserver")
+        ctx.set_forkserver_preload(["torch", "torch.distributed", "executor.launch"])
+        return ctx
+    return mp.get_context("spawn")
+
+
+def _collect(job: _Job, world_size: int, timeout_s: float, records: dict[int, np.ndarray],
+             describe: Callable[[int, int], str] | None) -> list[Any]:
+    results: list[Any] = [None] * world_size
+    pending = set(range(world_size))
+    deadline = time.monotonic() + timeout_s
+    failures: list[RankFailure] = []
+    while pending and not failures:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        watched = [job.readers[r] for r in pending] + [job.procs[r].sentinel for r in pending]
+        for ready in wait(watched, timeout=left):
+            rank = _rank_of(job, ready)
+            if rank not in pending:
+                continue
+            message = _read(job.readers[rank])
+            if message is None and job.procs[rank].exitcode is None:
+                continue  # the sentinel fired but the pipe has not closed yet
+            if message is not None and message[0] == "ok":
+                results[rank] = message[1]
+                pending.discard(rank)
+            else:
+                failures.append(_failure(rank, message, job.procs[rank], records, describe))
+                pending.discard(rank)
+    if failures:
+        # Let the other ranks' reports arrive: the cause may be behind a peer's error.
+        failures += _late_failures(job, pending, records, describe)
+        cause = next((f for f in failures if f.cause), failures[0])
+        _mark_failed(records)
+        raise JobFailed(f"rank {cause.rank} failed in {cause.op}: {cause.error}", failures,
+                        records)
+    if pending:
+        _mark_failed(records)
+        where = ", ".join(f"rank {r} in {_op_name(r, records, describe)}" for r in sorted(pending))
+        raise JobFailed(f"job timed out after {timeout_s:g} s ({where})",
+                        [RankFailure(r, _op_name(r, records, describe), "timed out")
+                         for r in sorted(pending)], records)
+    return results
+
+
+def _late_failures(job: _Job, pending: set[int], records: dict[int, np.ndarray],
+                   describe: Callable[[int, int], str] | None) -> list[RankFailure]:
+    late = []
+    end = time.monotonic() + 0.5
+    while pending and time.monotonic() < end:
+        for ready in wait([job.readers[r] for r in pending], timeout=end - time.monotonic()):
+            rank = _rank_of(job, ready)
+            message = _read(job.readers[rank])
+            pending.discard(rank)
+            if message is not None and message[0] == "error":
+                late.append(_failure(rank, message, job.procs[rank], records, describe))
+    return late
+
+
+def _rank_of(job: _Job, ready: object) -> int:
+    for rank, (reader, proc) in enumerate(zip(job.readers, job.procs)):
+        if ready is reader or ready == proc.sentinel:
+            return rank
+    raise AssertionError("wait() returned an object we do not watch")
+
+
+def _send(writer: Connection, message: tuple) -> None:
+    # Plain pickle: Connection.send would share tensors through file descriptors that die with
+    # the sending process.
+    writer.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
+
+
+def _read(reader: Connection) -> tuple | None:
+    try:
+        if reader.poll():
+            return pickle.loads(reader.recv_bytes())
+    except (EOFError, OSError):
+        pass
+    return None
+
+
+def _failure(rank: int, message: tuple | None, proc: Any, records: dict[int, np.ndarray],
+             describe: Callable[[int, int], str] | None) -> RankFailure:
+    if message is not None:  # ("error", op, error text)
+        _, op, error = message
+        return RankFailure(rank, op or _op_name(rank, records, describe), error,
+                           cause=not any(p in error for p in _PEER_ERRORS))
+    proc.join(0.1)
+    code = proc.exitcode
+    how = f"signal {signal.Signals(-code).name}" if code is not None and code < 0 else \
+        f"exit code {code}"
+    return RankFailure(rank, _op_name(rank, records, describe), f"process died ({how})")
+
+
+def _op_name(rank: int, records: dict[int, np.ndarray],
+             describe: Callable[[int, int], str] | None) -> str:
+    index = int(records[rank][H_OP])
+    if index < 0:
+        return "start-up (no op yet)"
+    return f"op {index} ({describe(rank, index)})" if describe else f"op {index}"
+
+
+def _mark_failed(records: dict[int, np.ndarray]) -> None:
+    for buf in records.values():
+        buf[H_STATE] = FAILED
+
+
+def _stop(job: _Job) -> None:
+    """End every rank still running: SIGTERM, then SIGKILL after a grace period."""
+    for proc in job.procs:
+        if proc.is_alive():
+            proc.terminate()
+    end = time.monotonic() + GRACE_S
+    for proc in job.procs:
+        proc.join(max(0.0, end - time.monotonic()))
+        if proc.is_alive():
+            proc.kill()
+            proc.join(1.0)
+    for reader in job.readers:
+        reader.close()
+
+
+def _remove_tree(path: str) -> None:
+    for name in os.listdir(path):
+        with contextlib.suppress(OSError):
+            os.unlink(os.path.join(path, name))
+    with contextlib.suppress(OSError):
+        os.rmdir(path)
+
+
+# --- inside a worker ---------------------------------------------------------------------------
+
+def _worker(rank: int, world_size: int, backend: str, timeout_s: float, init_method: str,
+            shared: Any, stride: int, writer: Connection, fn: Callable[..., Any],
+            args: tuple) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    _die_with_parent()
+    _exit_after(timeout_s + 2 * GRACE_S)
+    records = np.frombuffer(shared, dtype=np.int64)[rank * stride:(rank + 1) * stride]
+    torch.set_num_threads(1)
+    device = torch.device("cpu")
+    if backend == "nccl":
+        torch.cuda.set_device(rank)
+        device = torch.device("cuda", rank)
+    ctx = RankContext(rank, world_size, rank, backend, device, timeout_s, records)
+    try:
+        dist.init_process_group(backend, init_method=init_method, rank=rank,
+                                world_size=world_size,
+                                timeout=datetime.timedelta(seconds=timeout_s))
+        result = fn(ctx, *args)
+        _send(writer, ("ok", result))
+    except BaseException as exc:  # report anything, then leave without waiting on peers
+        records[H_STATE] = FAILED
+        _report(writer, exc)
+        writer.close()
+        os._exit(1)
+    writer.close()
+    dist.destroy_process_group()
+
+
+def _report(writer: Connection, exc: BaseException) -> None:
+    op = getattr(exc, "parasim_op", "")
+    with contextlib.suppress(OSError):
+        _send(writer, ("error", op, describe_error(exc)))
+    if os.environ.get("PARASIM_TRACEBACK"):
+        traceback.print_exception(exc, file=sys.stderr)
+
+
+def describe_error(exc: BaseException) -> str:
+    """'ValueError: first line of the message'."""
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+
+
+def _die_with_parent() -> None:
+    if sys.platform != "linux":
+        return
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+def _exit_after(seconds: float) -> None:
+    """A last resort: a rank outlives the job timeout only if its parent could not end it."""
+    def watchdog() -> None:
+        time.sleep(seconds)
+        os._exit(124)
+    threading.Thread(target=watchdog, daemon=True, name="parasim-watchdog").start()
+
+
+# --- torchrun ------------------------------------------------------------------------------
+
+def join(fn: Callable[..., Any], args: tuple = (), *, timeout_s: float = 60.0,
+         backend: str = "auto", record_slots: int = 0) -> Any:
+    """Run `fn(ctx, *args)` in the world torchrun started (env://). A failure prints one line
+    naming the rank and op on stderr and exits 1 (torchrun then ends the other ranks); the
+    job timeout exits 124."""
+    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ["LOCAL_RANK"])
+    backend = "nccl" if backend == "auto" and torch.cuda.is_available() else \
+        ("gloo" if backend == "auto" else backend)
+    device = torch.device("cpu")
+    if backend == "nccl":
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+    records = np.full(HEADER + record_slots, -1, dtype=np.int64)
+    records[:HEADER] = 0
+    records[H_OP] = -1
+    _exit_after(timeout_s)
+    ctx = RankContext(rank, world_size, local_rank, backend, device, timeout_s, records)
+    dist.init_process_group(backend, init_method="env://", rank=rank, world_size=world_size,
+                            timeout=datetime.timedelta(seconds=timeout_s))
+    try:
+        return fn(ctx, *args)
+    except Exception as exc:
+        records[H_STATE] = FAILED
+        op = getattr(exc, "parasim_op", "") or f"op {int(records[H_OP])}"
+        print(f"parasim: error: rank {rank} failed in {op}: {type(exc).__name__}: {exc}",
+              file=sys.stderr)
+        raise SystemExit(1) from None
+    finally:
+        if dist.is_initialized() and records[H_STATE] != FAILED:
+            dist.destroy_process_group()

@@ -1,0 +1,199 @@
+"""Parameters: units, their tensors per tensor-parallel rank, one seeded initialisation, flat
+buffers.
+
+A rank's parameters are grouped in *units*, the granularity at which ZeRO-3 gathers parameters
+and the plan counts them (docs/plan-ops.md): `head` (final norm, and output weights when the
+rank holds its own), the layers `L<i>`, and `embed` (word embeddings and positions). Listed in
+backward order (head, last layer ... first layer, embed) they tile the rank's flat gradient
+buffer, which gradient buckets cut in order.
+
+Inside a unit, parameters lie in the reverse of their first use in forward (so the last one
+used in forward, whose gradient is ready first, comes first). Every rank builds the same full
+model from one seed — each unit from its own generator, so a rank only makes the units it holds
+— and keeps its tensor-parallel shard:
+
+    column-parallel  qkv (by heads, q/k/v kept apart), fc1, word and output embeddings (rows)
+    row-parallel     proj, fc2 (input columns)
+    replicated       layer norms, proj and fc2 biases, positions (partial gradients under SP)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from traces.layout import Layout
+from traces.model import ModelSpec
+
+EMBED, HEAD = "embed", "head"
+INIT_STD = 0.02  # GPT-2 / Megatron's init_method_std
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def layer_unit(layer: int) -> str:
+    return f"L{layer}"
+
+
+def unit_layer(unit: str) -> int | None:
+    """The layer index of 'L<i>', None for embed / head."""
+    return int(unit[1:]) if unit.startswith("L") else None
+
+
+@dataclass(frozen=True, slots=True)
+class ParamSpec:
+    """One parameter tensor as one tensor-parallel rank holds it."""
+
+    name: str
+    shape: tuple[int, ...]
+    tp_split: bool
+    """Sharded over the TP group (else replicated on every TP rank)."""
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+    @property
+    def sp_partial(self) -> bool:
+        """Replicated parameters used on sequence shards: SP makes their gradients partial."""
+        return not self.tp_split
+
+
+def holds_output_weights(model: ModelSpec, layout: Layout, pp_rank: int) -> bool:
+    """The head unit has its own output weights unless they are the embedding tensor itself
+    (tied embeddings with the first stage on the same rank)."""
+    return not (model.tied_embeddings and 0 in layout.stages_of_rank(pp_rank))
+
+
+def unit_specs(model: ModelSpec, layout: Layout, unit: str, pp_rank: int) -> list[ParamSpec]:
+    """The unit's parameters on one TP rank, in flat order (reverse of first forward use)."""
+    h, f, t, V = model.hidden, model.ffn_hidden, layout.tp, model.vocab
+    if unit == EMBED:
+        forward = [ParamSpec("word", (V // t, h), True),
+                   ParamSpec("pos", (model.seq_len, h), False)]
+    elif unit == HEAD:
+        forward = [ParamSpec("final_ln.weight", (h,), False),
+                   ParamSpec("final_ln.bias", (h,), False)]
+        if holds_output_weights(model, layout, pp_rank):
+            forward.append(ParamSpec("output", (V // t, h), True))
+    else:
+        forward = [
+            ParamSpec("ln1.weight", (h,), False), ParamSpec("ln1.bias", (h,), False),
+            ParamSpec("qkv.weight", (3 * h // t, h), True),
+            ParamSpec("qkv.bias", (3 * h // t,), True),
+            ParamSpec("proj.weight", (h, h // t), True), ParamSpec("proj.bias", (h,), False),
+            ParamSpec("ln2.weight", (h,), False), ParamSpec("ln2.bias", (h,), False),
+            ParamSpec("fc1.weight", (f // t, h), True), ParamSpec("fc1.bias", (f // t,), True),
+            ParamSpec("fc2.weight", (h, f // t), True), ParamSpec("fc2.bias", (h,), False),
+        ]
+    return forward[::-1]
+
+
+def units_of_rank(model: ModelSpec, layout: Layout, pp_rank: int) -> list[str]:
+    """The rank's units in backward order: head, its layers from last to first, embed."""
+    stages = layout.stages_of_rank(pp_rank)
+    layers = sorted((i for s in stages for i in layout.layers_of_stage(model, s)), reverse=True)
+    units = [HEAD] if layout.num_stages - 1 in stages else []
+    units += [layer_unit(i) for i in layers]
+    if 0 in stages:
+        units.append(EMBED)
+    return units
+
+
+def unit_numel(model: ModelSpec, layout: Layout, unit: str, pp_rank: int) -> int:
+    return sum(p.numel for p in unit_specs(model, layout, unit, pp_rank))
+
+
+# --- one seeded full model -------------------------------------------------------------------
+
+def _generator(seed: int, index: int) -> torch.Generator:
+    # One stream per unit: a rank builds only its units, and they equal the reference's.
+    return torch.Generator().manual_seed(seed * 1_000_003 + index)
+
+
+def _normal(shape: tuple[int, ...], gen: torch.Generator, mean: float = 0.0) -> torch.Tensor:
+    return torch.randn(shape, generator=gen) * INIT_STD + mean
+
+
+def init_full_unit(model: ModelSpec, unit: str, seed: int) -> dict[str, torch.Tensor]:
+    """The unit's unsharded fp32 tensors. Biases and norms get noise too, so a bug that drops
+    or misplaces one changes the numbers. `head` always includes `output`: the untied output
+    weights, or with tied embeddings a copy of the word embeddings."""
+    h, f, V = model.hidden, model.ffn_hidden, model.vocab
+    if unit == EMBED:
+        gen = _generator(seed, 0)
+        return {"word": _normal((V, h), gen), "pos": _normal((model.seq_len, h), gen)}
+    if unit == HEAD:
+        gen = _generator(seed, model.layers + 1)
+        out = {"final_ln.weight": _normal((h,), gen, 1.0), "final_ln.bias": _normal((h,), gen)}
+        out["output"] = (_normal((V, h), gen) if not model.tied_embeddings
+                         else init_full_unit(model, EMBED, seed)["word"])
+        return out
+    layer = unit_layer(unit)
+    assert layer is not None and 0 <= layer < model.layers, unit
+    gen = _generator(seed, layer + 1)
+    return {
+        "ln1.weight": _normal((h,), gen, 1.0), "ln1.bias": _normal((h,), gen),
+        "qkv.weight": _normal((3 * h, h), gen), "qkv.bias": _normal((3 * h,), gen),
+        "proj.weight": _normal((h, h), gen), "proj.bias": _normal((h,), gen),
+        "ln2.weight": _normal((h,), gen, 1.0), "ln2.bias": _normal((h,), gen),
+        "fc1.weight": _normal((f, h), gen), "fc1.bias": _normal((f,), gen),
+        "fc2.weight": _normal((h, f), gen), "fc2.bias": _normal((h,), gen),
+    }
+
+
+def tp_shard(model: ModelSpec, name: str, full: torch.Tensor, tp: int, tp_rank: int
+             ) -> torch.Tensor:
+    """One TP rank's piece of a full tensor (a copy); replicated tensors come back whole."""
+    h, a = model.hidden, model.heads
+    if tp == 1:
+        return full.clone()
+    if name in ("qkv.weight", "qkv.bias"):
+        # [3h, ...] as [q|k|v, head, head_dim, ...]: each rank takes its heads of q, k and v.
+        heads = a // tp
+        split = full.reshape(3, a, h // a, *full.shape[1:])
+        return split[:, tp_rank * heads:(tp_rank + 1) * heads].reshape(-1, *full.shape[1:]
+                                                                        ).clone()
+    if name in ("fc1.weight", "fc1.bias", "word", "output"):
+        return full.chunk(tp, dim=0)[tp_rank].clone()
+    if name in ("proj.weight", "fc2.weight"):
+        return full.chunk(tp, dim=1)[tp_rank].clone()
+    return full.clone()
+
+
+# --- flat storage ----------------------------------------------------------------------------
+
+class FlatUnit:
+    """A unit's parameters (or gradients) as views into one flat tensor, in flat order.
+
+    Parameter views are detached leaves that require grad: the kernels use them, autograd
+    returns their gradients, and in-place updates of `flat` show through them.
+    """
+
+    __slots__ = ("specs", "flat", "views", "offsets")
+
+    def __init__(self, specs: list[ParamSpec], flat: torch.Tensor, leaves: bool) -> None:
+        assert flat.numel() == sum(s.numel for s in specs), "flat size matches the specs"
+        self.specs, self.flat = specs, flat
+        self.views: dict[str, torch.Tensor] = {}
+        self.offsets: dict[str, int] = {}
+        offset = 0
+        for spec in specs:
+            view = flat[offset:offset + spec.numel].view(spec.shape)
+            self.views[spec.name] = view.detach().requires_grad_() if leaves else view
+            self.offsets[spec.name] = offset
+            offset += spec.numel
+
+
+def build_unit_params(model: ModelSpec, layout: Layout, unit: str, pp_rank: int, tp_rank: int,
+                      seed: int) -> torch.Tensor:
+    """The unit's flat parameter tensor on one TP rank, in the model dtype."""
+    specs = unit_specs(model, layout, unit, pp_rank)
+    full = init_full_unit(model, unit, seed)
+    parts = [tp_shard(model, s.name, full[s.name], layout.tp, tp_rank).reshape(-1) for s in specs]
+    for spec, part in zip(specs, parts):
+        assert part.numel() == spec.numel, f"{unit}.{spec.name}: shard size"
+    return torch.cat(parts).to(DTYPES[model.dtype])

@@ -1,0 +1,296 @@
+"""One rank's executable model: what each op of docs/plan-ops.md does, as a method.
+
+`RankRuntime` holds the rank's parameters (its TP shard of its stages' units, ZeRO-3: its DP
+shard), gradient buffers, AdamW state, and one `Tape` per micro-batch in flight. The plan
+interpreter calls, per op:
+
+    compute op            compute(name, phase, layer, mb)       (name "optimizer": the step)
+    tp                    tp(phase, prev, following, layer, mb)
+    ce_max / ce_sum       ce_collective(name, mb)
+    grads                 reduce_bucket(index, stream) -> Handle
+    params                gather_bucket(index) (ZeRO-1/2) / gather_unit(unit, stream) (ZeRO-3)
+    sp_grads              sp_grads()
+    embedding_grads       embedding_grads()
+    send / recv           send(boundary, mb, tag, peer) / recv(...) -> Handle
+
+Everything is deterministic given the seed: the same parameters on every rank as in the
+single-process reference (`executor.reference`), and the same data.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from executor import tape as tp_tape
+from executor.comm import Comm, Handle
+from executor.flat import Bucket, FlatLayout, rule_buckets, unit_buckets
+from executor.grads import GradStore
+from executor.groups import GroupKey
+from executor.kernels import KERNELS, KernelContext, ce_loss, slot
+from executor.memory import MemoryMeter
+from executor.optim import AdamW, AdamWConfig, ParamStore
+from executor.params import DTYPES, EMBED, HEAD, holds_output_weights, layer_unit
+from executor.reference import microbatch
+from executor.sites import tp_site
+from executor.tape import ParamRef, Tape
+from traces.errors import ConfigError
+from traces.layout import Layout
+from traces.model import ModelSpec
+from traces.ops import OpKind, Phase, Stream
+
+# ZeRO-3 frees a unit's gathered parameters after its last kernel of a pass.
+_LAST_OF_PASS = {(Phase.FWD, "bda2"), (Phase.FWD, "pos_embed"), (Phase.FWD, "cross_entropy"),
+                 (Phase.BWD, "ln1"), (Phase.BWD, "embed"), (Phase.BWD, "final_ln")}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunOptions:
+    seed: int = 1234
+    dropout: float = 0.0
+    adamw: AdamWConfig = field(default_factory=AdamWConfig)
+
+
+def check_supported(model: ModelSpec, layout: Layout) -> None:
+    """Layouts the executor cannot run exactly; a ConfigError naming the rule."""
+    if layout.cp != 1:
+        raise ConfigError("parallel.cp: the executor does not run context parallelism")
+    if model.tied_embeddings and layout.pp > 1 and layout.zero >= 1 and layout.dp > 1:
+        raise ConfigError("parallel.zero: tied embeddings with pp > 1 need the embedding "
+                          "all-reduce before the DP reduction for ZeRO >= 1 (after a "
+                          "reduce-scatter the two stages' shards of the word embeddings "
+                          "differ); use zero = 0 or model.tied_embeddings = false")
+
+
+class RankRuntime:
+    def __init__(self, model: ModelSpec, layout: Layout, rank: int, comm: Comm,
+                 options: RunOptions, device: torch.device, *,
+                 buckets: list[Bucket] | None = None, meter: MemoryMeter | None = None) -> None:
+        check_supported(model, layout)
+        self.model, self.layout, self.rank, self.comm = model, layout, rank, comm
+        self.options, self.device = options, device
+        self.meter = meter or MemoryMeter()
+        c = layout.coords(rank)
+        self.tp_rank, self.dp_rank, self.pp_rank = c["tp"], c["dp"], c["pp"]
+        self.zero = layout.zero if layout.dp > 1 else 0
+        self.dtype = DTYPES[model.dtype]
+        self.flat = FlatLayout(model, layout, self.pp_rank)
+        self.grad_bytes = 4 if layout.fp32_main_grads else model.dtype_bytes
+        if buckets is None:
+            buckets = unit_buckets(self.flat) if self.zero == 3 else \
+                rule_buckets(self.flat, layout.bucket_bytes, self.grad_bytes)
+        self.buckets = buckets
+        self.params = ParamStore(self.flat, buckets, zero=self.zero, dp=layout.dp,
+                                 dp_rank=self.dp_rank, tp_rank=self.tp_rank, seed=options.seed,
+                                 device=device, meter=self.meter)
+        # Megatron-LM's --accumulate-allreduce-grads-in-fp32: gradients in fp32.
+        grad_dtype = torch.float32 if layout.fp32_main_grads else self.dtype
+        self.grads = GradStore(self.flat, buckets, zero=self.zero, dp=layout.dp,
+                               dp_rank=self.dp_rank, dtype=grad_dtype, device=device,
+                               meter=self.meter)
+        self.optimizer = AdamW(self.params.optimizer_params(), options.adamw, self.meter)
+        self.tp_key: GroupKey = (Stream.COMPUTE, layout.group(rank, "tp"))
+        self.dp_group = layout.group(rank, "dp")
+        self.embedding_key: GroupKey = (Stream.DP, layout.embedding_group(rank))
+        self.tapes: dict[int, Tape] = {}
+        self.losses: dict[int, float] = {}
+        self.step = 0
+        self.tokens_per_mb = model.seq_len * layout.micro_batch
+        self.loss_scale = 1.0 / (self.tokens_per_mb * layout.num_microbatches * layout.dp)
+        self._ctx_base = dict(heads=model.heads // layout.tp, head_dim=model.hidden // model.heads,
+                              tp=layout.tp, tp_rank=self.tp_rank, sp=layout.sp,
+                              vocab_shard=model.vocab // layout.tp, dropout=options.dropout,
+                              seed=options.seed)
+
+    # --- per step and micro-batch ------------------------------------------------------------
+
+    def tape(self, mb: int) -> Tape:
+        t = self.tapes.get(mb)
+        if t is None:
+            t = self.tapes[mb] = Tape(self.meter, self.model.layers)
+            tokens, targets = microbatch(self.model, self.layout, self.options.seed, self.step,
+                                         self.dp_rank, mb)
+            t.put(("D", "tokens"), tokens.to(self.device))
+            t.put(("D", "targets"), targets.to(self.device))
+        return t
+
+    def end_step(self) -> None:
+        """Forget the step's tapes (each should be empty by now) and count the step."""
+        for t in self.tapes.values():
+            t.clear()
+        self.tapes.clear()
+        for unit in self.flat.units:
+            self.params.free_unit(unit)
+        self.step += 1
+
+    def _ctx(self, layer: int | None, mb: int) -> KernelContext:
+        return KernelContext(**self._ctx_base, layer=-1 if layer is None else layer,
+                             microbatch=mb, step=self.step)
+
+    def _unit(self, name: str, layer: int | None) -> str:
+        scope = KERNELS[name].scope
+        if scope == "layer":
+            assert layer is not None, f"{name} needs a layer"
+            return layer_unit(layer)
+        return EMBED if scope == "E" else HEAD
+
+    def _params(self, name: str, layer: int | None) -> list[tuple[ParamRef, torch.Tensor]]:
+        unit = self._unit(name, layer)
+        refs = []
+        for pname in KERNELS[name].params:
+            ref = (unit, pname)
+            if pname == "output" and not holds_output_weights(self.model, self.layout,
+                                                              self.pp_rank):
+                ref = (EMBED, "word")  # tied: the logits use the embedding tensor itself
+            refs.append((ref, self.params.leaf(*ref)))
+        return refs
+
+    # --- compute ops -------------------------------------------------------------------------
+
+    def compute(self, name: str, phase: Phase, layer: int | None, mb: int | None) -> None:
+        if name == "optimizer":
+            self.optimizer_step()
+            return
+        assert mb is not None, f"{name} needs a micro-batch"
+        tape = self.tape(mb)
+        recompute = self.layout.recompute
+        if phase is Phase.BWD:
+            for ref, grad in tp_tape.backward(tape, name, layer):
+                self.grads.accumulate(*ref, grad)
+        else:
+            save = phase is Phase.RECOMPUTE or not tp_tape.recomputed(name, recompute)
+            tp_tape.forward(tape, name, layer, self._ctx(layer, mb), self._params(name, layer),
+                            save=save, recompute=recompute,
+                            recomputing=phase is Phase.RECOMPUTE)
+            if name == "cross_entropy" and self.layout.tp == 1:
+                self._finish_loss(mb)
+        if self.zero == 3 and (phase, name) in _LAST_OF_PASS:
+            self._free_after(name, layer, phase)
+
+    def _free_after(self, name: str, layer: int | None, phase: Phase) -> None:
+        unit = self._unit(name, layer)
+        tied_here = not holds_output_weights(self.model, self.layout, self.pp_rank)
+        if unit == EMBED and tied_here:
+            return  # the logits use the word embeddings too: kept until the step ends
+        self.params.free_unit(unit)
+
+    def _finish_loss(self, mb: int) -> None:
+        """Loss from the TP-summed statistics, and the gradient of the statistics."""
+        tape = self.tapes[mb]
+        stats = tape.acts[("H", "stats")]
+        loss = ce_loss(stats)
+        self.losses[mb] = float(loss.mean())
+        grad = torch.empty_like(stats)
+        grad[0] = -self.loss_scale            # d loss / d target logit
+        grad[1] = self.loss_scale / stats[1]  # d log(sum exp) / d sum exp
+        tape.put_grad(("H", "stats"), grad)
+        tape.release(("H", "stats"))
+
+    # --- tensor parallelism ------------------------------------------------------------------
+
+    def tp(self, phase: Phase, prev: str | None, following: str | None, layer: int | None,
+           mb: int) -> None:
+        site = tp_site(phase, prev, following, self.layout.sp)
+        if site is None:
+            raise ConfigError(f"plan: a tp collective between {prev} and {following} "
+                              f"({phase}) is not a tensor-parallel site of docs/plan-ops.md")
+        tape = self.tape(mb)
+        key = slot(KERNELS[site.kernel], site.slot, layer, self.model.layers)
+        value = (tape.grads if site.grad else tape.acts)[key].contiguous()
+        t = self.layout.tp
+        if site.kind is OpKind.ALL_REDUCE:
+            self.comm.all_reduce(value, self.tp_key)
+            out = value
+        elif site.kind is OpKind.REDUCE_SCATTER:
+            out = value.new_empty((value.shape[0] // t, *value.shape[1:]))
+            self.comm.reduce_scatter(out, value, self.tp_key)
+        else:
+            out = value.new_empty((value.shape[0] * t, *value.shape[1:]))
+            self.comm.all_gather(out, value, self.tp_key)
+        if site.grad:
+            tape.replace_grad(key, out)
+        else:
+            tape.put(key, out)
+
+    def ce_collective(self, name: str, mb: int) -> None:
+        """ce_max: the max over the TP group of the logits' row maxima; ce_sum: the sum of the
+        cross-entropy statistics (then the loss)."""
+        tape = self.tape(mb)
+        if name == "ce_max":
+            self.comm.all_reduce(tape.acts[("H", "lmax")], self.tp_key, reduce="max")
+            return
+        assert name == "ce_sum", name
+        self.comm.all_reduce(tape.acts[("H", "stats")], self.tp_key)
+        self._finish_loss(mb)
+
+    # --- data parallelism and ZeRO -------------------------------------------------------------
+
+    def reduce_bucket(self, index: int, stream: str = Stream.DP, *,
+                      async_op: bool = True) -> Handle:
+        return self.grads.reduce(index, self.comm, (stream, self.dp_group), async_op=async_op)
+
+    def gather_bucket(self, index: int, stream: str = Stream.DP, *,
+                      async_op: bool = True) -> Handle:
+        return self.params.gather_bucket(index, self.comm, (stream, self.dp_group),
+                                         async_op=async_op)
+
+    def gather_unit(self, unit: str, stream: str = Stream.ZERO_AG, *,
+                    async_op: bool = True) -> Handle:
+        return self.params.gather_unit(unit, self.comm, (stream, self.dp_group),
+                                       async_op=async_op)
+
+    def sp_grads(self, unit: str | None = None, stream: str = Stream.DP, *,
+                 async_op: bool = True) -> Handle | None:
+        """With SP, sum the replicated parameters' partial gradients over the TP group: one
+        unit's, before its DP reduction (on the reduction's stream), or, with no unit, the
+        whole rank's once after the DP reduction (docs/plan-ops.md's first wording)."""
+        if unit is None:
+            self.grads.sp_all_reduce(self.comm, self.tp_key)
+            return None
+        key = (stream, self.tp_key[1])
+        return self.grads.sp_unit_all_reduce(unit, self.comm, key, async_op=async_op)
+
+    def embedding_grads(self) -> None:
+        """Tied embeddings across stages: sum the word-embedding gradients of the first stage
+        (embed.word) and the last (head.output) so both copies take the same step."""
+        ref = (EMBED, "word") if EMBED in self.flat.units else (HEAD, "output")
+        assert self.zero == 0 and self.grads.full is not None, "check_supported"
+        a, b = self.flat.param_range[ref]
+        self.comm.all_reduce(self.grads.full[a:b], self.embedding_key)
+
+    def optimizer_step(self) -> None:
+        self.optimizer.step(self.grads.optimizer_grads())
+        self.grads.zero_()
+
+    # --- pipeline ------------------------------------------------------------------------------
+
+    def boundary_shape(self) -> tuple[int, int, int]:
+        s = self.model.seq_len // (self.layout.tp if self.layout.sp else 1)
+        return (s, self.layout.micro_batch, self.model.hidden)
+
+    def send(self, boundary: int, mb: int, tag: str, peer: int) -> Handle:
+        """Send layer `boundary`'s input (tag act) or its gradient (tag grad)."""
+        tape, key = self.tape(mb), (boundary, "x")
+        if tag == "act":
+            return self.comm.send(tape.acts[key], peer, tag, then=lambda: tape.release(key))
+        value = tape.take_grad(key)
+        return self.comm.send(value, peer, tag)
+
+    def recv(self, boundary: int, mb: int, tag: str, peer: int) -> Handle:
+        tape, key = self.tape(mb), (boundary, "x")
+        buf = torch.empty(self.boundary_shape(), dtype=self.dtype, device=self.device)
+        if tag == "act":
+            return self.comm.recv(buf, peer, tag, then=lambda: tape.put(key, buf))
+        return self.comm.recv(buf, peer, tag, then=lambda: tape.put_grad(key, buf))
+
+    # --- inspection ----------------------------------------------------------------------------
+
+    def unit_params(self, unit: str) -> dict[str, torch.Tensor]:
+        """A unit's current parameters on this rank (ZeRO-3: gathers it; collective)."""
+        if self.zero == 3:
+            self.gather_unit(unit, async_op=False)
+            out = self.params.unit_tensors(unit)
+            self.params.free_unit(unit)
+            return out
+        return self.params.unit_tensors(unit)

@@ -1,0 +1,243 @@
+"""Per-micro-batch activations and the autograd state between one kernel's forward and its
+backward, so that every kernel of the plan runs — and is timed — as its own call.
+
+A kernel's forward reads its input slots, cut from any graph, and runs with autograd on; the
+state it leaves (`Saved`) is exactly what its backward needs, and the backward is one engine
+call on the gradients of its outputs that returns the gradients of its inputs (into the tape)
+and of its parameters (to the caller, who adds them to the gradient buffer). Memory follows
+PyTorch's own rules: an input is kept only if autograd saved it (inputs enter through
+`_Source`, which saves nothing), an output's storage lives on in the tape's slot, not in the
+graph (Megatron-LM's `deallocate_output_tensor`).
+
+Recomputation (`Recompute`): `full` runs a layer's forward kernels without saving anything and
+keeps only the layer input; `selective` does so for the attention core and keeps its input
+(the QKV output). The recompute phase then re-runs those kernels with saving on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch.autograd import Variable
+
+from executor.kernels import KERNELS, Kernel, KernelContext, Slot, slot
+from executor.memory import MemoryMeter
+from traces.layout import Recompute
+
+ParamRef = tuple[str, str]
+"""(unit, parameter name)."""
+NON_DIFFERENTIABLE = frozenset({"tokens", "targets", "lmax"})
+
+# Inputs a kernel is the last forward user of: their slots are released after it runs.
+RELEASE_AFTER: dict[str, tuple[str, ...]] = {
+    "qkv": ("a1",), "flash_attn": ("qkv",), "softmax": ("scores",), "attn_dropout": ("probs",),
+    "av": ("probs_d", "qkv"), "proj": ("ctx",), "bda1": ("attn", "x"), "fc1": ("a2",),
+    "gelu": ("h1",), "fc2": ("h2",), "bda2": ("mlp", "y"), "pos_embed": ("emb",),
+    "final_ln": ("xL",), "logits": ("fln",), "cross_entropy": ("logits", "lmax"),
+}
+# What forward keeps for the recompute phase, and what the recompute phase throws away (its
+# consumers are not re-run).
+KEPT_FOR_RECOMPUTE = {Recompute.NONE: frozenset(), Recompute.FULL: frozenset({"x"}),
+                      Recompute.SELECTIVE: frozenset({"qkv"})}
+DROPPED_IN_RECOMPUTE = {Recompute.NONE: frozenset(), Recompute.FULL: frozenset({"x+"}),
+                        Recompute.SELECTIVE: frozenset({"ctx"})}
+CORE_KERNELS = frozenset({"flash_attn", "qk", "softmax", "attn_dropout", "av"})
+LAYER_KERNELS = frozenset({"ln1", "qkv", "proj", "bda1", "ln2", "fc1", "gelu", "fc2",
+                           "bda2"}) | CORE_KERNELS
+
+
+def recomputed(kernel: str, recompute: Recompute) -> bool:
+    """Whether forward skips saving `kernel`'s state because the recompute phase re-runs it."""
+    if recompute is Recompute.FULL:
+        return kernel in LAYER_KERNELS
+    return recompute is Recompute.SELECTIVE and kernel in CORE_KERNELS
+
+
+class _Source(torch.autograd.Function):
+    """Where a kernel's input enters its graph: saves nothing, hands its gradient to `sink`."""
+
+    @staticmethod
+    def forward(ctx, anchor: torch.Tensor, x: torch.Tensor, sink: list) -> torch.Tensor:  # type: ignore[override]
+        ctx.sink = sink
+        return x.detach()
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[None, None, None]:  # type: ignore[override]
+        ctx.sink.append(grad)
+        return None, None, None
+
+
+@dataclass(slots=True)
+class Saved:
+    """One kernel application's autograd state, from its forward to its backward."""
+
+    anchor: torch.Tensor | None
+    sources: list[tuple[Slot, list]]
+    outputs: list[tuple[Slot, torch.Tensor]]
+    params: list[tuple[ParamRef, torch.Tensor]]
+    held: list[int]
+
+
+class Tape:
+    """One micro-batch: activation slots, gradient slots, and saved kernel states."""
+
+    def __init__(self, meter: MemoryMeter, num_layers: int) -> None:
+        self.meter, self.num_layers = meter, num_layers
+        self.acts: dict[Slot, torch.Tensor] = {}
+        self.grads: dict[Slot, torch.Tensor] = {}
+        self.saved: dict[tuple[str, int | None], Saved] = {}
+        self._held: dict[tuple[str, Slot], int] = {}
+        self.loss: torch.Tensor | None = None
+
+    # --- slots ---------------------------------------------------------------------------
+
+    def put(self, key: Slot, value: torch.Tensor) -> None:
+        self._set("a", self.acts, key, value)
+
+    def take(self, key: Slot) -> torch.Tensor:
+        return self._pop("a", self.acts, key)
+
+    def release(self, key: Slot) -> None:
+        if key in self.acts:
+            self._pop("a", self.acts, key)
+
+    def put_grad(self, key: Slot, value: torch.Tensor) -> None:
+        """Add to the slot's gradient (a tensor used by two kernels gets two)."""
+        if key in self.grads:
+            self.grads[key] = self.grads[key] + value
+            self.meter.drop(self._held.pop(("g", key)))
+            self._held[("g", key)] = self.meter.hold(self.grads[key], "activations")
+        else:
+            self._set("g", self.grads, key, value)
+
+    def take_grad(self, key: Slot) -> torch.Tensor:
+        if key not in self.grads:
+            raise RuntimeError(f"no gradient for slot {key}: its consumers' backward has not run")
+        return self._pop("g", self.grads, key)
+
+    def replace_grad(self, key: Slot, value: torch.Tensor) -> None:
+        self._pop("g", self.grads, key)
+        self._set("g", self.grads, key, value)
+
+    def _set(self, tag: str, table: dict, key: Slot, value: torch.Tensor) -> None:
+        if key in table:
+            self._pop(tag, table, key)
+        table[key] = value
+        self._held[(tag, key)] = self.meter.hold(value, "activations")
+
+    def _pop(self, tag: str, table: dict, key: Slot) -> torch.Tensor:
+        value = table.pop(key)
+        self.meter.drop(self._held.pop((tag, key)))
+        return value
+
+    def clear(self) -> None:
+        """Drop everything (end of a step, or a failed one)."""
+        for key in list(self.acts):
+            self.release(key)
+        for key in list(self.grads):
+            self._pop("g", self.grads, key)
+        for state in self.saved.values():
+            for ptr in state.held:
+                self.meter.drop(ptr)
+        self.saved.clear()
+
+
+# --- running one kernel ----------------------------------------------------------------------
+
+def forward(tape: Tape, name: str, layer: int | None, ctx: KernelContext,
+            params: Sequence[tuple[ParamRef, torch.Tensor]], *, save: bool,
+            recompute: Recompute, recomputing: bool = False) -> None:
+    """Run kernel `name` forward on its input slots and put its outputs in the tape.
+
+    `save`: keep the autograd state for its backward. `recomputing`: this is the recompute
+    phase (outputs whose consumers are not re-run are dropped at once)."""
+    kernel = KERNELS[name]
+    in_keys = [slot(kernel, n, layer, tape.num_layers) for n in kernel.inputs]
+    out_keys = [slot(kernel, n, layer, tape.num_layers) for n in kernel.outputs]
+    inputs = [tape.acts[k] for k in in_keys]
+    if save:
+        state, outputs = _forward_saving(tape, kernel, in_keys, out_keys, inputs, ctx, params)
+        key = (name, layer)
+        if key in tape.saved:  # a recompute replaces what the forward saved
+            for ptr in tape.saved.pop(key).held:
+                tape.meter.drop(ptr)
+        tape.saved[key] = state
+    else:
+        with torch.no_grad():
+            outputs = list(kernel.fn(ctx, *inputs, *(p for _, p in params)))
+    kept = KEPT_FOR_RECOMPUTE[recompute] if not recomputing else frozenset()
+    dropped = DROPPED_IN_RECOMPUTE[recompute] if recomputing else frozenset()
+    for out_name, key, value in zip(kernel.outputs, out_keys, outputs):
+        if out_name not in dropped:
+            tape.put(key, value)
+    for in_name in RELEASE_AFTER.get(name, ()):
+        if in_name not in kept:
+            tape.release(slot(kernel, in_name, layer, tape.num_layers))
+
+
+def _forward_saving(tape: Tape, kernel: Kernel, in_keys: list[Slot], out_keys: list[Slot],
+                    inputs: list[torch.Tensor], ctx: KernelContext,
+                    params: Sequence[tuple[ParamRef, torch.Tensor]]
+                    ) -> tuple[Saved, list[torch.Tensor]]:
+    """The forward with autograd on; returns its state and its output values (detached)."""
+    held: list[int] = []
+    packed: set[int] = set()
+    meter = tape.meter
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        held.append(meter.hold(t, "activations"))
+        packed.add(t.untyped_storage().data_ptr())
+        return t
+
+    sources: list[tuple[Slot, list]] = []
+    anchor = None
+    with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, _identity):
+        args = []
+        for key, name, value in zip(in_keys, kernel.inputs, inputs):
+            if name in NON_DIFFERENTIABLE or not value.is_floating_point():
+                args.append(value)
+                continue
+            if anchor is None:
+                anchor = torch.zeros((), requires_grad=True)
+            sink: list = []
+            sources.append((key, sink))
+            args.append(_Source.apply(anchor, value, sink))
+        outs = kernel.fn(ctx, *args, *(p for _, p in params))
+    values = []
+    for out in outs:
+        values.append(out.detach())
+        if out.grad_fn is not None and out._base is None and \
+                out.untyped_storage().data_ptr() not in packed:
+            # The tape's slot keeps the storage; the graph node needs only the shape it recorded
+            # (unless autograd saved the output itself, as softmax does).
+            out.data = torch.empty(0, dtype=out.dtype, device=out.device)
+    return Saved(anchor, sources, list(zip(out_keys, outs)), list(params), held), values
+
+
+def _identity(t: torch.Tensor) -> torch.Tensor:
+    return t
+
+
+def backward(tape: Tape, name: str, layer: int | None) -> list[tuple[ParamRef, torch.Tensor]]:
+    """Run kernel `name`'s backward for this micro-batch: gradients of its outputs from the
+    tape in, gradients of its inputs into the tape; returns its parameters' gradients."""
+    state = tape.saved.pop((name, layer), None)
+    if state is None:
+        raise RuntimeError(f"backward of {name} (layer {layer}) without its forward state")
+    outs, grads = [], []
+    for key, out in state.outputs:
+        if out.requires_grad:
+            outs.append(out)
+            grads.append(tape.take_grad(key))
+    wrt = ([state.anchor] if state.anchor is not None else []) + [p for _, p in state.params]
+    result = Variable._execution_engine.run_backward(  # type: ignore[attr-defined]
+        tuple(outs), tuple(grads), False, False, tuple(wrt), True, False)
+    for ptr in state.held:
+        tape.meter.drop(ptr)
+    for key, sink in state.sources:
+        if sink:
+            tape.put_grad(key, sink[0])
+    offset = 1 if state.anchor is not None else 0
+    return [(ref, g) for (ref, _), g in zip(state.params, result[offset:]) if g is not None]

@@ -1,0 +1,66 @@
+"""Checks of executor results against the single-process reference (test-process side)."""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+import torch
+
+from executor.flat import FlatLayout
+from executor.params import EMBED, HEAD, tp_shard
+from executor.reference import ReferenceRun
+from traces.layout import Layout
+from traces.model import ModelSpec
+
+LOSS_REL = 1e-5
+GRAD_RTOL, GRAD_ATOL = 1e-4, 1e-7
+# With the tests' AdamW eps (workers.ADAMW) an update moves by at most lr/eps = 10 times a
+# gradient's error: ~1e-7 for rounding, ~1e-3 for a wrong gradient.
+PARAM_ATOL = 1e-6
+
+
+def ref_key(model: ModelSpec, unit: str, name: str) -> tuple[str, str]:
+    """The reference's name for a rank's parameter (a tied output layer is the embedding)."""
+    if unit == HEAD and name == "output" and model.tied_embeddings:
+        return (EMBED, "word")
+    return (unit, name)
+
+
+def expected_flat(model: ModelSpec, layout: Layout, rank: int,
+                  tensors: dict[tuple[str, str], torch.Tensor]) -> torch.Tensor:
+    """Full reference tensors cut to one rank's TP shards, in its flat order."""
+    c = layout.coords(rank)
+    flat = FlatLayout(model, layout, c["pp"])
+    parts = [tp_shard(model, s.name, tensors[ref_key(model, u, s.name)], layout.tp, c["tp"])
+             .reshape(-1) for u in flat.units for s in flat.specs[u]]
+    return torch.cat(parts)
+
+
+def check_training(model: ModelSpec, layout: Layout, results: list[dict[str, Any]],
+                   run: ReferenceRun) -> dict[str, float]:
+    """Losses of every step, step-1 reduced gradients and final parameters of every rank
+    equal the reference's; returns the largest deviations seen."""
+    worst = {"loss": 0.0, "grad": 0.0, "param": 0.0}
+    for step, ref_loss in enumerate(run.losses):
+        values = [v for res in results if res["coords"]["pp"] == layout.pp - 1
+                  and res["coords"]["tp"] == 0 for v in res["losses"][step].values()]
+        assert len(values) == layout.dp * layout.num_microbatches
+        loss = statistics.fmean(values)
+        worst["loss"] = max(worst["loss"], abs(loss - ref_loss) / ref_loss)
+        assert abs(loss - ref_loss) <= LOSS_REL * ref_loss, (step, loss, ref_loss)
+    for rank, res in enumerate(results):
+        grads = expected_flat(model, layout, rank, run.first_grads)
+        for (lo, hi), got in zip(res["segments"], res["grads"]):
+            torch.testing.assert_close(got, grads[lo:hi], rtol=GRAD_RTOL, atol=GRAD_ATOL,
+                                       msg=lambda m, r=rank: f"rank {r} gradients: {m}")
+            worst["grad"] = max(worst["grad"], float((got - grads[lo:hi]).abs().max()))
+        tp_rank = res["coords"]["tp"]
+        for unit, tensors in res["params"].items():
+            for name, got in tensors.items():
+                want = tp_shard(model, name, run.params[ref_key(model, unit, name)],
+                                layout.tp, tp_rank)
+                diff = float((got - want).abs().max())
+                worst["param"] = max(worst["param"], diff)
+                assert diff <= PARAM_ATOL, f"rank {rank} {unit}.{name}: off by {diff:.2e}"
+    return worst

@@ -1,0 +1,27 @@
+"""A rank's recorded torch.distributed calls against its plan's communication ops."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from executor.comm import CommCall
+from traces.ops import Op
+
+
+def call_sequences(calls: list[CommCall]) -> dict[tuple, list[tuple[str, int]]]:
+    """Per communicator (stream, group) or p2p channel (peer, tag): (kind, bytes) in order."""
+    out: dict[tuple, list[tuple[str, int]]] = defaultdict(list)
+    for c in calls:
+        key = ("p2p", c.peer, c.tag) if c.kind.is_p2p else (c.stream, c.group)
+        out[key].append((str(c.kind), c.size_bytes))
+    return dict(out)
+
+
+def plan_sequences(ops: tuple[Op, ...]) -> dict[tuple, list[tuple[str, int]]]:
+    out: dict[tuple, list[tuple[str, int]]] = defaultdict(list)
+    for op in ops:
+        if op.kind.is_p2p:
+            out[("p2p", op.peer, op.tag)].append((str(op.kind), round(op.size_bytes)))
+        elif op.kind.is_collective:
+            out[(op.stream, op.group)].append((str(op.kind), round(op.size_bytes)))
+    return dict(out)

@@ -1,0 +1,185 @@
+"""Functions that run inside spawned ranks (importable, so the fork server can start them).
+
+Each takes the RankContext first and loops over several cases in one world, as the CI budget
+asks; results go back to the test process, which checks them against the reference.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from executor.comm import Comm
+from executor.groups import Groups, layout_group_keys
+from executor.kernels import LAYER_FLASH, LAYER_UNFUSED
+from executor.launch import RankContext
+from executor.optim import AdamWConfig
+from executor.params import build_unit_params
+from executor.recorder import align_clocks
+from executor.runtime import RankRuntime, RunOptions
+from tests.executor.drive import Step, _kernels
+from traces.layout import Layout
+from traces.model import ModelSpec
+from traces.ops import Phase
+
+SMALL = dict(layers=2, hidden=32, heads=4, seq_len=16, vocab=64, dtype="fp32")
+# eps well above the gradients' rounding noise: AdamW is then smooth in the gradient (an update
+# moves by at most lr/eps times a gradient's error), so parameters after two steps show any
+# gradient error, a uniform scale included, instead of the sign flips of near-zero gradients.
+ADAMW = AdamWConfig(eps=1e-4)
+OPTIONS = RunOptions(adamw=ADAMW)
+
+
+@dataclass(frozen=True, slots=True)
+class Case:
+    """One configuration to train for `steps` steps."""
+
+    layout: dict[str, Any]
+    model: dict[str, Any] = field(default_factory=dict)
+    steps: int = 2
+    sp_after: bool = False
+    record: bool = False
+
+    def specs(self) -> tuple[ModelSpec, Layout]:
+        return ModelSpec(**{**SMALL, **self.model}), Layout(**self.layout)
+
+
+def _runtime(ctx: RankContext, case: Case, record: bool = False
+             ) -> tuple[RankRuntime, Groups]:
+    model, layout = case.specs()
+    groups = Groups.create(layout_group_keys(layout), ctx.timeout_s)
+    rt = RankRuntime(model, layout, ctx.rank, Comm(groups, record), OPTIONS, ctx.device)
+    return rt, groups
+
+
+def train_cases(ctx: RankContext, cases: list[Case]) -> list[dict[str, Any]]:
+    """Per case: losses per step, reduced gradients of step 1, parameters after the steps,
+    and (when recorded) the communication calls of the steps."""
+    out = []
+    for case in cases:
+        rt, groups = _runtime(ctx, case, case.record)
+        losses, grads = [], None
+        start = time.perf_counter()
+        for _ in range(case.steps):
+            step = Step(rt, case.sp_after)
+            losses.append(step.run())
+            grads = grads if grads is not None else step.reduced_grads
+        seconds = time.perf_counter() - start
+        calls = list(rt.comm.calls)
+        rt.comm.record = False
+        params = {unit: rt.unit_params(unit) for unit in rt.flat.units}
+        out.append({"losses": losses, "grads": grads, "segments": segments(rt),
+                    "params": params, "calls": calls,
+                    "peak": rt.meter.peak_bytes, "seconds": seconds,
+                    "coords": rt.layout.coords(ctx.rank)})
+        groups.destroy()
+    return out
+
+
+def segments(rt: RankRuntime) -> list[tuple[int, int]]:
+    """The flat ranges the optimizer's gradient segments cover."""
+    if rt.grads.shards is None:
+        return [(b.start, b.end) for b in rt.buckets]
+    return list(rt.grads.shards.flat_slice)
+
+
+def layer_case(ctx: RankContext, case: Case, seed: int) -> dict[str, Any]:
+    """One layer forward and backward on given input and output gradient (the same full
+    tensors on every rank; SP ranks take their sequence shard)."""
+    rt, groups = _runtime(ctx, case)
+    model, layout = rt.model, rt.layout
+    gen = torch.Generator().manual_seed(seed)
+    shape = (model.seq_len, layout.micro_batch, model.hidden)
+    x, gy = torch.randn(shape, generator=gen), torch.randn(shape, generator=gen)
+    if layout.sp:
+        x, gy = (t.chunk(layout.tp)[rt.tp_rank].clone() for t in (x, gy))
+    tape = rt.tape(0)
+    tape.put((0, "x"), x)
+    kernels = LAYER_FLASH if model.attention == "flash" else LAYER_UNFUSED
+    _kernels(rt, kernels, Phase.FWD, 0, 0)
+    y = tape.acts[(1, "x")].clone()
+    tape.release((1, "x"))
+    tape.put_grad((1, "x"), gy)
+    _kernels(rt, kernels[::-1], Phase.BWD, 0, 0)
+    gx = tape.take_grad((0, "x"))
+    if layout.sp:
+        rt.sp_grads("L0", async_op=False)
+    assert rt.grads.full is not None
+    grads = {}
+    for spec in rt.flat.specs["L0"]:
+        lo, hi = rt.flat.param_range[("L0", spec.name)]
+        grads[spec.name] = rt.grads.full[lo:hi].view(spec.shape).clone()
+    groups.destroy()
+    return {"y": y, "gx": gx, "grads": grads, "tp_rank": rt.tp_rank}
+
+
+def ce_case(ctx: RankContext, case: Case, seed: int) -> dict[str, Any]:
+    """Vocab-parallel cross-entropy on given full logits and targets."""
+    rt, groups = _runtime(ctx, case)
+    model, layout = rt.model, rt.layout
+    gen = torch.Generator().manual_seed(seed)
+    s, b, V = model.seq_len, layout.micro_batch, model.vocab
+    logits = torch.randn((s, b, V), generator=gen) * 3
+    targets = torch.randint(0, V, (s, b), generator=gen)
+    shard = logits.chunk(layout.tp, dim=-1)[rt.tp_rank].contiguous()
+    tape = rt.tape(0)
+    tape.put(("D", "targets"), targets)
+    tape.put(("H", "logits"), shard)
+    tape.put(("H", "lmax"), shard.amax(dim=-1))
+    if layout.tp > 1:
+        rt.ce_collective("ce_max", 0)
+    rt.compute("cross_entropy", Phase.FWD, None, 0)
+    if layout.tp > 1:
+        rt.ce_collective("ce_sum", 0)
+    rt.compute("cross_entropy", Phase.BWD, None, 0)
+    out = {"loss": rt.losses[0], "glogits": tape.take_grad(("H", "logits")),
+           "scale": rt.loss_scale, "tp_rank": rt.tp_rank}
+    groups.destroy()
+    return out
+
+
+def zero_case(ctx: RankContext, case: Case) -> dict[str, Any]:
+    """Round trips: ZeRO-3 gather/free/gather of every unit equals the unit built whole;
+    ZeRO-1/2 bucket all-gather spreads each rank's slice; a gradient reduce-scatter sums."""
+    rt, groups = _runtime(ctx, case)
+    out: dict[str, Any] = {"dp_rank": rt.dp_rank}
+    if rt.zero == 3:
+        diffs, freed = [], []
+        for unit in rt.flat.units:
+            whole = build_unit_params(rt.model, rt.layout, unit, rt.pp_rank, rt.tp_rank,
+                                      rt.options.seed)
+            for _ in range(2):
+                rt.gather_unit(unit, async_op=False)
+                diffs.append(float((rt.params.units[unit].flat - whole).abs().max()))
+                rt.params.free_unit(unit)
+                freed.append(rt.params.units[unit].flat.untyped_storage().nbytes())
+        out.update(diffs=diffs, freed=freed)
+    else:
+        assert rt.params.shards is not None and rt.params.full is not None
+        for lo, hi in rt.params.shards.flat_slice:
+            rt.params.full[lo:hi] = float(rt.dp_rank + 1)
+        for handle in [rt.gather_bucket(b.index) for b in rt.buckets]:
+            handle.wait()
+        out["full"] = rt.params.full.clone()
+        out["slices"] = [(b.start, b.end) for b in rt.buckets]
+    # Every unit's gradient is (dp rank + 1): the reduced slice is 1 + 2 + ... + dp.
+    for unit in rt.flat.units:
+        for spec in rt.flat.specs[unit]:
+            rt.grads.accumulate(unit, spec.name, torch.full(spec.shape, rt.dp_rank + 1.0))
+    for handle in [rt.reduce_bucket(b.index) for b in rt.buckets]:
+        handle.wait()
+    out["reduced"] = [g.clone() for g in rt.grads.optimizer_grads()]
+    groups.destroy()
+    return out
+
+
+def clock_case(ctx: RankContext) -> tuple[int, str]:
+    return align_clocks(ctx.rank, ctx.world_size, ctx.device)
+
+
+def suite(ctx: RankContext, tasks: list[tuple[str, tuple]]) -> list[Any]:
+    """Run several tasks (names of functions here, with their arguments) in one world."""
+    return [globals()[name](ctx, *args) for name, args in tasks]
