@@ -14,7 +14,7 @@ from sim.collectives import Collectives, Lowering, analytic_time, busbw_factor
 from sim.collectives.direct import lower_sendrecv
 from sim.network import Network
 from topology.cluster import Cluster
-from traces.errors import ConfigError
+from traces.errors import ConfigError, show
 from traces.ops import COLLECTIVES, OpKind
 from traces.units import parse_size
 
@@ -38,18 +38,21 @@ def parse_sizes(text: str) -> list[int]:
     if ":" in text:
         parts = text.split(":")
         if len(parts) != 2:
-            raise ConfigError(f"--sizes: {text!r} is not a range (write e.g. 1K:8G)")
+            raise ConfigError(f"--sizes: {show(text)} is not a range (write e.g. 1K:8G)")
         lo, hi = (parse_size(p, "--sizes") for p in parts)
         if lo > hi:
-            raise ConfigError(f"--sizes: {text!r} starts above its end")
+            raise ConfigError(f"--sizes: {show(text)} starts above its end")
         sizes: list[int] = []
         while lo <= hi and len(sizes) <= MAX_SIZES:
             sizes.append(lo)
             lo *= 2
     else:
-        sizes = [parse_size(p, "--sizes") for p in text.split(",")]
+        parts = text.split(",")
+        if len(parts) > MAX_SIZES:  # before parsing a million of them
+            raise ConfigError(f"--sizes: {len(parts):,} sizes, more than {MAX_SIZES}")
+        sizes = [parse_size(p, "--sizes") for p in parts]
     if len(sizes) > MAX_SIZES:
-        raise ConfigError(f"--sizes: {text!r} gives more than {MAX_SIZES} sizes")
+        raise ConfigError(f"--sizes: {show(text)} gives more than {MAX_SIZES} sizes")
     return sizes
 
 
@@ -83,9 +86,9 @@ def format_table(cluster: Cluster, op: str, algo: str, model: str, rows: list[Ro
     lines = [
         f"# parasim collective: {op} on {cluster.name}, {num_ranks} ranks, "
         f"algo {algo}, {model} model",
-        f"# {'size(B)':>12} {'algo':>13} {'time(us)':>12} {'algbw(GB/s)':>12} {'busbw(GB/s)':>12}",
+        f"# {'size(B)':>12} {'algo':>16} {'time(us)':>12} {'algbw(GB/s)':>12} {'busbw(GB/s)':>12}",
     ]
     for r in rows:
-        lines.append(f"  {r.size_bytes:>12} {r.algo:>13} {r.time_s * 1e6:>12.2f} "
+        lines.append(f"  {r.size_bytes:>12} {r.algo:>16} {r.time_s * 1e6:>12.2f} "
                      f"{r.algbw_GBps:>12.2f} {r.busbw_GBps:>12.2f}")
     return "\n".join(lines)

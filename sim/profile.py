@@ -83,8 +83,9 @@ def profile_from_json(data: object, source: str = "profile") -> Profile:
     if type(data.get("version")) is not int or data["version"] != VERSION:
         raise ConfigError(f"{source}: has version {show(data.get('version'))}; "
                           f"this parasim reads version {VERSION}")
-    fields = Fields(data, "profile").known(PROFILE_KEYS)
+    fields = Fields(data, "profile")
     try:
+        fields.known(PROFILE_KEYS)
         if "default" not in fields:
             raise ConfigError("profile.default: missing (an object of "
                               f"{', '.join(COST_KEYS[:2])})")

@@ -180,7 +180,7 @@ DEEP_JSON = "[" * 100_000 + "]" * 100_000
 
 @pytest.mark.parametrize(("text", "needle"), [
     (DEEP_TOML, "not valid TOML: nested too deeply"),
-    (DEEP_KEY, ": keys nested more than 64 deep"),
+    (DEEP_KEY, ": keys nested more than 16 deep"),
 ])
 def test_a_table_nested_100000_deep_in_a_config_or_cluster_file(capsys, write, text, needle):
     refused(capsys, needle, "simulate", write(toml(SMALL) + text))

@@ -35,9 +35,10 @@ MAX_CONFIG_BYTES = 2**20
 """1 MiB: a config or profile is a few KiB; tomllib takes seconds on 16 MiB of hostile TOML."""
 MAX_TRACE_BYTES = 2 * 2**30
 """2 GiB: a 1024-GPU plan is ~100 MiB of JSON."""
-MAX_KEY_DEPTH = 64
+MAX_KEY_DEPTH = 16
 """Dotted TOML keys nested deeper than this are refused before parsing: tomllib's cost grows
-with the cube of a dotted key's depth (30,000 levels take 20 s)."""
+with the cube of a dotted key's depth (30,000 levels take 20 s; a 1 MiB file of 64-deep keys
+3 s, of 16-deep keys under 2 s). A parasim config nests two deep."""
 _TEMP_PREFIX = ".parasim-"  # temporaries are ".parasim-XXXXXXXX.tmp", whatever the target's name
 
 
@@ -103,7 +104,7 @@ def load_json(path: PathLike, *, what: str | None = None,
 
 
 def load_toml(path: PathLike, *, what: str | None = None) -> dict[str, Any]:
-    """Read and parse a TOML file (see `read_bytes`); keys nested deeper than 64 are refused."""
+    """Read and parse a TOML file (see `read_bytes`); keys nested deeper than 16 are refused."""
     label = _label(path, what)
     text = _text(read_bytes(path, what=what), label, "valid TOML")
     _check_key_depth(text, label)
@@ -120,11 +121,11 @@ _FLOAT = re.compile(r"\d[\d_]*\.\d[\d_]*")
 
 
 def _check_key_depth(text: str, label: str) -> None:
-    """Refuse a line whose dots outside strings and decimals nest keys deeper than 64."""
+    """Refuse a line whose dots outside strings and decimals nest keys deeper than 16."""
     for number, line in enumerate(text.splitlines(), 1):
-        if line.count(".") > MAX_KEY_DEPTH:  # the common case skips the closer look
+        if line.count(".") >= MAX_KEY_DEPTH:  # the common case skips the closer look
             bare = _FLOAT.sub("", _STRING.sub("", line))
-            if bare.count(".") > MAX_KEY_DEPTH:
+            if bare.count(".") >= MAX_KEY_DEPTH:  # n dots join n + 1 keys
                 raise ConfigError(f"{label}: line {number}: keys nested more than "
                                   f"{MAX_KEY_DEPTH} deep")
 
@@ -142,6 +143,13 @@ def check_output(path: str, flag: str, *, inputs: Iterable[PathLike] = ()) -> Pa
                           "give a file name")
     try:
         target = Path(os.path.realpath(path))
+        parent = target.parent
+        if not parent.is_dir():
+            raise ConfigError(f"{flag}: directory {parent} does not exist")
+        limit = _name_max(parent)
+        if len(os.fsencode(target.name)) > limit:
+            raise ConfigError(f"{flag}: file name {target.name[:40]!r}... is longer than the "
+                              f"{limit} bytes this file system allows")
         mode = target.stat().st_mode if target.exists() else None
     except (OSError, ValueError) as err:
         raise ConfigError(f"{flag}: {path}: {getattr(err, 'strerror', None) or err}") from None
@@ -150,15 +158,8 @@ def check_output(path: str, flag: str, *, inputs: Iterable[PathLike] = ()) -> Pa
     if mode is not None and not stat.S_ISREG(mode):
         raise ConfigError(f"{flag}: {path} is not a regular file (a device, pipe or socket); "
                           "parasim writes outputs only to regular files")
-    parent = target.parent
-    if not parent.is_dir():
-        raise ConfigError(f"{flag}: directory {parent} does not exist")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise ConfigError(f"{flag}: directory {parent} is not writable")
-    limit = _name_max(parent)
-    if len(os.fsencode(target.name)) > limit:
-        raise ConfigError(f"{flag}: file name {target.name[:40]!r}... is longer than the "
-                          f"{limit} bytes this file system allows")
     for source in inputs:
         with contextlib.suppress(OSError):
             if target.exists() and os.path.samefile(target, source):
