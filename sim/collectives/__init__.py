@@ -1,8 +1,14 @@
 """Collective algorithms lowered to rounds of flow sets, timed by the flow model or analytically.
 
 `Collectives(cluster)` caches lowerings per (op, group, algorithm, channels) and picks the
-algorithm (`auto`: the fastest by `analytic_time`, the alpha-beta time of the lowering alone on
-the network, `sim.flows.solo_time`). The flow path is `sim.network.Network.run`.
+algorithm. `auto` on an NVSwitch/InfiniBand GPU cluster picks what NCCL would
+(`sim.collectives.nccl`: the lowest predicted time among its algorithms and protocols) and
+returns the flows of that algorithm carrying the protocol's latency and wire bytes
+(`sim.collectives.nccl_plan`), named like NCCL's debug output, e.g. `ring/LL128`; elsewhere
+(a torus; all-to-all, which NCCL runs point-to-point) `auto` is the fastest applicable
+algorithm by `analytic_time`, the alpha-beta time of the lowering alone on the network
+(`sim.flows.solo_time`). Every algorithm stays available by name, without a protocol. The flow
+path is `sim.network.Network.run`.
 """
 
 from __future__ import annotations
@@ -12,6 +18,11 @@ from collections.abc import Callable, Sequence
 from sim.collectives.base import Lowering, busbw_factor
 from sim.collectives.direct import lower_direct, lower_p2p
 from sim.collectives.hierarchical import lower_hierarchical
+from sim.collectives.nccl import NCCL_KINDS, choose
+from sim.collectives.nccl_plan import plan, with_protocol
+from sim.collectives.nccl_system import NcclSystem, system_for
+from sim.collectives.nvls import lower_nvls
+from sim.collectives.protocols import Algo
 from sim.collectives.rhd import lower_rhd
 from sim.collectives.ring import lower_ring
 from sim.collectives.torus import lower_torus
@@ -33,6 +44,14 @@ ALGORITHMS: dict[str, Lower] = {
     "direct": lower_direct,
 }
 
+# The flows each of NCCL's algorithms moves, by parasim's lowerings (NVLS trees and CollNet,
+# whose in-network steps parasim does not model, move a tree's flows). A lowering named after
+# an NCCL choice ("ring/LL128") has the structure of its algorithm's flows.
+STRUCTURE: dict[Algo, str] = {Algo.RING: "ring", Algo.TREE: "tree", Algo.NVLS: "nvls",
+                              Algo.NVLS_TREE: "tree", Algo.COLLNET_DIRECT: "tree",
+                              Algo.COLLNET_CHAIN: "tree"}
+_STRUCTURES: dict[str, Lower] = {**ALGORITHMS, "nvls": lower_nvls}
+
 __all__ = ["ALGORITHMS", "Collectives", "Lowering", "analytic_time", "busbw_factor"]
 
 _Key = tuple[OpKind, tuple[int, ...], str, int | None]
@@ -45,14 +64,60 @@ class Collectives:
         self.cluster = cluster
         self._lowerings: dict[_Key, Lowering | None] = {}
         self._choice: dict[tuple[OpKind, tuple[int, ...], float, int | None], str] = {}
+        self._nccl: dict[tuple[OpKind, tuple[int, ...], float, int | None],
+                         tuple[str, Lowering] | None] = {}
+        self._systems: dict[tuple[int, ...], NcclSystem | None] = {}
 
     def lowering(self, kind: OpKind, group: Sequence[int], algo: str,
                  channels: int | None = None) -> Lowering | None:
-        """The algorithm's rounds for this group, or None where it does not apply."""
+        """The algorithm's rounds for this group, or None where it does not apply. A name
+        from NCCL's choice ("ring/LL128") gives its algorithm's flows, without the protocol
+        (what a folded copy of the group adds to the links)."""
         key: _Key = (kind, tuple(group), algo, channels)
         if key not in self._lowerings:
-            self._lowerings[key] = ALGORITHMS[algo](self.cluster, kind, tuple(group), channels)
+            if "/" in algo:
+                lowering = self._structure(kind, group, Algo(algo.split("/")[0]), channels)
+            else:
+                lowering = ALGORITHMS[algo](self.cluster, kind, tuple(group), channels)
+            self._lowerings[key] = lowering
         return self._lowerings[key]
+
+    def _structure(self, kind: OpKind, group: Sequence[int], algo: Algo,
+                   channels: int | None) -> Lowering | None:
+        """The flows of one of NCCL's algorithms: its parasim lowering, else a ring's."""
+        name = STRUCTURE[algo]
+        lowering = self.lowering(kind, group, name, channels) if name in ALGORITHMS else \
+            _STRUCTURES[name](self.cluster, kind, tuple(group), channels)
+        return lowering if lowering is not None else self.lowering(kind, group, "ring", channels)
+
+    def nccl_system(self, group: Sequence[int]) -> NcclSystem | None:
+        """NCCL's view of `group`, or None where NCCL does not run (no NVSwitch/NIC server,
+        an accelerator without an NCCL model, uneven ranks per node)."""
+        key = tuple(group)
+        if key not in self._systems:
+            try:
+                self._systems[key] = system_for(self.cluster, key) if len(key) > 1 else None
+            except ConfigError:
+                self._systems[key] = None
+        return self._systems[key]
+
+    def nccl(self, kind: OpKind, group: Sequence[int], size_bytes: float,
+             channels: int | None = None) -> tuple[str, Lowering] | None:
+        """NCCL's choice for this collective ("ring/LL128") and its lowering: the algorithm's
+        flows carrying the protocol's latency and wire bytes; None where NCCL has none."""
+        key = (kind, tuple(group), size_bytes, channels)
+        if key not in self._nccl:
+            sys = self.nccl_system(group)
+            found = None
+            if sys is not None and kind in NCCL_KINDS and size_bytes > 0 \
+                    and choose(sys, kind, size_bytes) is not None:
+                p = plan(sys, kind, size_bytes)
+                base = self._structure(kind, group, p.algorithm, channels)
+                assert base is not None, f"no ring for {kind} on {len(group)} ranks"
+                found = (f"{p.algorithm}/{p.protocol}",
+                         with_protocol(base, p, self.cluster.link_capacity))
+            self._nccl[key] = found
+        return self._nccl[key]
 
     def p2p(self, src: int, dst: int) -> Lowering:
         """One send from `src` to `dst`."""
@@ -67,7 +132,12 @@ class Collectives:
 
     def resolve(self, kind: OpKind, group: Sequence[int], size_bytes: float, algo: str = "auto",
                 channels: int | None = None) -> tuple[str, Lowering]:
-        """The algorithm to use (`auto` picks the fastest analytically) and its lowering."""
+        """The algorithm to use and its lowering: `auto` is NCCL's choice where NCCL runs,
+        else the fastest applicable algorithm by analytic time."""
+        if algo == "auto":
+            chosen = self.nccl(kind, group, size_bytes, channels)
+            if chosen is not None:
+                return chosen
         if algo != "auto":
             if algo not in ALGORITHMS:
                 raise ConfigError(f"--algo: {algo!r} is not an algorithm "

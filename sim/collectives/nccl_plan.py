@@ -35,7 +35,8 @@ factor (bytes on the wire per payload byte) and the uncontended closed-form time
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from math import ceil
 
 from sim.collectives.nccl import (
@@ -68,6 +69,7 @@ from sim.collectives.protocols import (
     Algo,
     Proto,
 )
+from sim.flows import Lowering, solo_time
 from traces.errors import ConfigError
 from traces.ops import OpKind
 
@@ -182,14 +184,16 @@ def gpu_bytes_per_payload(kind: OpKind, algo: Algo, n: int) -> float:
     """Payload bytes each GPU sends on its busiest link direction per buffer byte.
 
     Ring all-reduce 2(n-1)/n, reduce-scatter and all-gather (n-1)/n, broadcast 1; a tree
-    all-reduce sends the buffer up and down through the same link: 2; NVLS pushes its
-    share up for the reduction and every other share down: 1 + 1/n (nccl#2140); CollNet 1.
+    all-reduce sends the buffer up and down through the same link: 2. NVLS all-reduce pushes
+    the buffer up for the reduction and its own share once more for the multicast, and pulls
+    every share down: 1 + 1/n each way (nccl#2140); its reduce-scatter pushes the buffer up,
+    its all-gather pulls it down: at most 1. CollNet: 1.
     """
     if algo is Algo.RING:
         return nsteps(kind, n) / n if kind is not BCAST else 1.0
     if algo is Algo.TREE:
         return 2.0
-    if algo in (Algo.NVLS, Algo.NVLS_TREE):
+    if algo in (Algo.NVLS, Algo.NVLS_TREE) and kind is AR:
         return 1 + 1 / n
     return 1.0
 
@@ -261,3 +265,15 @@ def _forced(sys: NcclSystem, kind: OpKind, size_bytes: float, algo: Algo | None,
         if t is not None:
             times[a, proto] = t
     return min(times, key=times.__getitem__) if times else None
+
+
+def with_protocol(base: Lowering, p: NcclPlan, capacity: Sequence[float]) -> Lowering:
+    """`base` (the flows of p's algorithm) carrying p's latency and wire bytes, for the flow
+    model: the first round waits `p.latency_s` instead of the links' latency, and every flow
+    carries `wire_bytes_factor` times its bytes, so that alone on the network the lowering
+    takes `p.time_s` and, shared, it feels contention on the links it really uses."""
+    bare = tuple(tuple((replace(f, latency_s=0.0), factor) for f, factor in rnd) for rnd in base)
+    link_algbw = p.size_bytes / solo_time(bare, p.size_bytes, capacity)
+    scale = p.wire_bytes_factor(link_algbw)
+    return tuple(tuple((replace(f, latency_s=p.latency_s if k == 0 else 0.0), factor * scale)
+                       for f, factor in rnd) for k, rnd in enumerate(base))

@@ -4,7 +4,9 @@ published nccl-tests runs, NCCL's own model, and parasim's NCCL model, with erro
     python tests/bench/bench_nccl.py [--data tests/bench/data/nccl_tests_allreduce.json]
 
 Per size it prints what NCCL picks (algorithm/protocol/channels), NCCL's predicted busbw,
-parasim's, the median of the published runs and each run, and the error against the median.
+parasim's closed form and what `parasim collective` gives (the flow model running the lowering
+`auto` picks), the median of the published runs and each run, and the error of
+`parasim collective` against the median.
 Then the MAPE over the sizes that have measurements: against the median, and against each
 source with the launch style that source used (one process per GPU, or one thread for all
 8 GPUs as `all_reduce_perf -g 8` does). Sources and their provenance are in the data file.
@@ -17,10 +19,13 @@ import json
 import statistics
 from pathlib import Path
 
+from sim.collective_table import sweep_row
+from sim.collectives import Collectives
 from sim.collectives.nccl_plan import LAUNCH_S, LAUNCH_SINGLE_THREAD_S, NcclPlan, plan
 from sim.collectives.nccl_system import NcclSystem, system_for
 from sim.collectives.protocols import Algo
 from topology import build_cluster
+from topology.cluster import Cluster
 from traces.ops import OpKind
 
 DATA = Path(__file__).parent / "data" / "nccl_tests_allreduce.json"
@@ -37,25 +42,29 @@ def mape(errors: list[float]) -> str:
     return f"{100 * statistics.mean(errors):5.1f}%" if errors else "   - "
 
 
-def report(system: str, sys: NcclSystem, sources: list[dict]) -> None:
+def report(system: str, cluster: Cluster, sys: NcclSystem, sources: list[dict]) -> None:
     print(f"\n== {system}: {sys.num_ranks} GPUs, ring {sys.ring.channels} x "
           f"{sys.ring.bw_intra_Bps / 1e9:g} GB/s, {sys.comm_channels} channels"
           + (f", NVLS {sys.nvls.channels} x {sys.nvls.bw_intra_Bps / 1e9:g} GB/s"
              if sys.nvls else ""))
     names = [s["id"] for s in sources]
-    print(f"{'size':>6} {'NCCL picks':>18} {'NCCL':>7} {'parasim':>8} {'median':>7} "
+    collectives = Collectives(cluster)
+    group = tuple(range(cluster.num_devices))
+    print(f"{'size':>6} {'NCCL picks':>18} {'NCCL':>7} {'closed':>7} {'parasim':>8} {'median':>7} "
           f"{'err':>7} {'NCCL err':>8}  " + " ".join(f"{n[-16:]:>16}" for n in names))
     ours_err: list[float] = []
     nccl_err: list[float] = []
     per_source: dict[str, list[float]] = {n: [] for n in names}
     for size in SIZES:
         p = plan(sys, OpKind.ALL_REDUCE, size)
-        nccl, ours = busbw(p, p.nccl_time_s), busbw(p, p.time_s)
+        nccl, closed = busbw(p, p.nccl_time_s), busbw(p, p.time_s)
+        row = sweep_row(cluster, collectives, "all_reduce", group, size, "auto", None, "flow")
+        ours = row.busbw_GBps
         measured = {s["id"]: s["busbw_GBps"][str(size)] for s in sources
                     if str(size) in s["busbw_GBps"]}
         med = statistics.median(measured.values()) if measured else None
         pick = f"{p.algorithm}/{p.protocol}/{p.channels}"
-        line = f"{size >> 20:5d}M {pick:>18} {nccl:7.1f} {ours:8.1f} "
+        line = f"{size >> 20:5d}M {pick:>18} {nccl:7.1f} {closed:7.1f} {ours:8.1f} "
         if med is None:
             print(line + f"{'-':>7}")
             continue
@@ -99,7 +108,7 @@ def main() -> None:
     for system in ("dgx-a100", "dgx-h100"):
         cluster = build_cluster(system, nodes=1)
         sys = system_for(cluster, tuple(range(cluster.num_devices)))
-        report(system, sys, [s for s in data["sources"] if s["system"] == system])
+        report(system, cluster, sys, [s for s in data["sources"] if s["system"] == system])
         if system == "dgx-h100":
             ring_check(sys, [f for f in data["facts"] if f["system"] == system])
 

@@ -11,7 +11,9 @@ import statistics
 from pathlib import Path
 
 import pytest
+import simpy
 
+from sim.collectives import Collectives, analytic_time
 from sim.collectives.nccl import available, bandwidth, channels, choose, latency, nccl_time
 from sim.collectives.nccl_plan import (
     LAUNCH_SINGLE_THREAD_S,
@@ -22,7 +24,10 @@ from sim.collectives.nccl_plan import (
 )
 from sim.collectives.nccl_system import NcclSystem, system_for
 from sim.collectives.protocols import PROTOCOLS, Algo, Proto
+from sim.flows import Lowering
+from sim.network import Network
 from topology import build_cluster
+from topology.cluster import Cluster
 from traces.errors import ConfigError
 from traces.ops import OpKind
 
@@ -233,3 +238,35 @@ def test_published_nccl_tests_within_15_percent(system: str) -> None:
     assert len(ours) >= 6
     assert statistics.mean(ours) <= 0.15
     assert statistics.mean(ours) < statistics.mean(ncclm)
+
+
+def _flow_seconds(cluster: Cluster, lowerings: list[Lowering], size: float) -> float:
+    """Flow model: these lowerings started together; seconds until the last one ends."""
+    env = simpy.Environment()
+    net = Network(env, cluster.link_capacity)
+    done = [net.run(net.register(low), size) for low in lowerings]
+    env.run(until=simpy.AllOf(env, done))
+    return env.now
+
+
+@pytest.mark.parametrize("preset", ["dgx-a100", "dgx-h100"])
+def test_auto_runs_nccls_choice_in_the_flow_model(preset: str) -> None:
+    """`auto` on an NVSwitch node: NCCL's algorithm and protocol, whose flows take the plan's
+    closed-form time alone and share the links with a second collective on them."""
+    cluster = build_cluster(preset, nodes=1)
+    group = tuple(range(8))
+    col = Collectives(cluster)
+    sys = col.nccl_system(group)
+    assert sys is not None
+    for size in (4 * MiB, 16 * MiB, 2**30):
+        p = plan(sys, AR, size)
+        name, lowering = col.resolve(AR, group, size)
+        assert name == f"{p.algorithm}/{p.protocol}"
+        assert analytic_time(cluster, lowering, size) == pytest.approx(p.time_s, rel=1e-9)
+        assert _flow_seconds(cluster, [lowering], size) == pytest.approx(p.time_s, rel=1e-9)
+        # Two at once on the same links: the latency once, the bytes twice.
+        both = _flow_seconds(cluster, [lowering, lowering], size)
+        assert both == pytest.approx(p.latency_s + 2 * (p.time_s - p.latency_s), rel=1e-6)
+    # Named algorithms keep their plain lowerings (no protocol), and torus clusters `auto`.
+    assert col.resolve(AR, group, MiB, "rhd")[0] == "rhd"
+    assert col.nccl(OpKind.ALL_TO_ALL, group, MiB) is None
