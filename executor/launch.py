@@ -46,7 +46,8 @@ GRACE_S = 3.0  # after a failure: how long the other ranks get to exit on SIGTER
 TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR")
 # Errors a rank raises because another rank went away: not the cause of a failure.
 _PEER_ERRORS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe",
-                "Socket closed", "DistNetworkError", "connection refused")
+                "Socket closed", "DistNetworkError", "connection refused", "Timed out waiting",
+                "timed out", "Timeout")
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,8 +183,14 @@ def _collect(job: _Job, world_size: int, timeout_s: float, records: dict[int, np
     if failures:
         # Let the other ranks' reports arrive: the cause may be behind a peer's error.
         failures += _late_failures(job, pending, records, describe)
-        cause = next((f for f in failures if f.cause), failures[0])
         _mark_failed(records)
+        cause = next((f for f in failures if f.cause), None)
+        if cause is None and pending:  # the others gave up waiting on a rank that hangs
+            stuck = min(pending)
+            first = failures[0]
+            raise JobFailed(f"rank {stuck} stopped in {_op_name(stuck, records, describe)} "
+                            f"(rank {first.rank}: {first.error})", failures, records)
+        cause = cause or failures[0]
         raise JobFailed(f"rank {cause.rank} failed in {cause.op}: {cause.error}", failures,
                         records)
     if pending:

@@ -193,7 +193,7 @@ def timed_trace(plan: Trace, records: Mapping[int, np.ndarray], meta: Mapping[st
     memory = {}
     for rank, plan_ops in plan.ops.items():
         buf = records[rank]
-        times = buf[HEADER:].reshape(-1, 2)
+        times = buf[HEADER:].reshape(-1, 2)[:len(plan_ops)]
         assert len(times) == len(plan_ops), f"rank {rank}: records for every plan op"
         offset = int(buf[H_OFFSET])
         timed = []

@@ -6,6 +6,7 @@ asks; results go back to the test process, which checks them against the referen
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -13,17 +14,18 @@ from typing import Any
 import torch
 
 from executor.comm import Comm
-from executor.groups import Groups, layout_group_keys
+from executor.groups import Groups, layout_group_keys, plan_group_keys
 from executor.kernels import LAYER_FLASH, LAYER_UNFUSED
 from executor.launch import RankContext
 from executor.optim import AdamWConfig
 from executor.params import build_unit_params
-from executor.recorder import align_clocks
+from executor.recorder import DONE, H_OFFSET, Recorder, align_clocks
 from executor.runtime import RankRuntime, RunOptions
 from tests.executor.drive import Step, _kernels
+from traces.chrome import event_name
 from traces.layout import Layout
 from traces.model import ModelSpec
-from traces.ops import Phase
+from traces.ops import Op, OpKind, Phase, Trace
 
 SMALL = dict(layers=2, hidden=32, heads=4, seq_len=16, vocab=64, dtype="fp32")
 # eps well above the gradients' rounding noise: AdamW is then smooth in the gradient (an update
@@ -183,3 +185,62 @@ def clock_case(ctx: RankContext) -> tuple[int, str]:
 def suite(ctx: RankContext, tasks: list[tuple[str, tuple]]) -> list[Any]:
     """Run several tasks (names of functions here, with their arguments) in one world."""
     return [globals()[name](ctx, *args) for name, args in tasks]
+
+
+def walk_plan(ctx: RankContext, plan: Trace, fail_at: int | None = None,
+              how: str = "raise") -> list[Any]:
+    """Run the plan's communication for real (tensors of the planned sizes, on the planned
+    groups and streams) and a small matmul per compute op, each op waited on before the next,
+    recording every op; at op `fail_at` on rank 1, raise (or die, or hang)."""
+    layout = Layout(**plan.meta["layout"])
+    groups = Groups.create(plan_group_keys(plan, layout), ctx.timeout_s)
+    comm = Comm(groups, record=True)
+    offset, _ = align_clocks(ctx.rank, ctx.world_size, ctx.device)
+    ctx.records[H_OFFSET] = offset
+    rec = Recorder(ctx.records)
+    rec.reset()
+    a = torch.randn(64, 64)
+    for index, op in enumerate(plan.ops[ctx.rank]):
+        rec.begin(index)
+        if ctx.rank == 1 and index == fail_at:
+            if how == "die":
+                os._exit(3)
+            if how == "hang":
+                time.sleep(3600)
+            error = ValueError("injected fault")
+            error.parasim_op = f"op {index} ({event_name(op)})"  # type: ignore[attr-defined]
+            raise error
+        if op.kind is OpKind.COMPUTE:
+            a = torch.tanh(a @ a)
+        else:
+            _communicate(comm, op)
+        rec.end(index)
+    rec.set_state(DONE)
+    groups.destroy()
+    return comm.calls
+
+
+def _communicate(comm: Comm, op: Op) -> None:
+    n = int(op.size_bytes) // 4  # fp32 elements of the planned buffer
+    key = (op.stream, op.group)
+    if op.kind is OpKind.ALL_REDUCE:
+        comm.all_reduce(torch.ones(n), key)
+    elif op.kind is OpKind.REDUCE_SCATTER:
+        comm.reduce_scatter(torch.empty(n // len(op.group)), torch.ones(n), key)
+    elif op.kind is OpKind.ALL_GATHER:
+        comm.all_gather(torch.empty(n), torch.ones(n // len(op.group)), key)
+    elif op.kind is OpKind.SEND:
+        assert op.peer is not None
+        comm.send(torch.ones(n), op.peer, op.tag).wait()
+    elif op.kind is OpKind.RECV:
+        assert op.peer is not None
+        comm.recv(torch.empty(n), op.peer, op.tag).wait()
+    else:
+        raise AssertionError(f"the walker does not run {op.kind}")
+
+
+def hang(ctx: RankContext, pid_file: str) -> None:
+    """Write this rank's pid, then wait forever (for the Ctrl-C and timeout tests)."""
+    with open(f"{pid_file}.{ctx.rank}", "w") as out:
+        out.write(str(os.getpid()))
+    time.sleep(3600)
