@@ -77,6 +77,7 @@ def load_experiment(path: str | Path, overrides: Mapping[str, Any] | None = None
 def experiment_from_dict(data: Mapping[str, Any], *, name: str = "experiment",
                          base: Path = Path("."),
                          overrides: Mapping[str, Any] | None = None) -> Experiment:
+    """The experiment a parsed config describes; `base` resolves a relative [sim] profile."""
     for table in data:
         if table not in TABLES:
             raise ConfigError(f"[{show(table)[1:-1]}]: unknown table "
@@ -92,6 +93,8 @@ def experiment_from_dict(data: Mapping[str, Any], *, name: str = "experiment",
     network = sim.choice("network", "flow", NETWORKS)
     algo = sim.choice("algo", "auto", ALGOS)
     profile_path = sim.string("profile", "")
+    if "profile" in sim and not profile_path:
+        raise ConfigError("sim.profile: an empty path names no file")
     # Before the graph is built: 10**6 nodes against a 1024-GPU layout is one line, not 12 GB.
     check_layout(model, layout, world=spec.num_devices,
                  devices_per_server=spec.devices_per_server)

@@ -158,6 +158,7 @@ def test_a_config_larger_than_a_mebibyte_is_refused(capsys, write):
     ("", {"sim": {"algo": '["ring"]'}}, "sim.algo: ['ring'] is not one of auto, ring"),
     ("", {"sim": {"profile": "5"}}, "sim.profile: 5 must be a string"),
     ("", {"sim": {"profile": "true"}}, "sim.profile: True must be a string"),
+    ("", {"sim": {"profile": '""'}}, "sim.profile: an empty path names no file"),
     ("", {"parallel": {"bucket_bytes": DIGITS_400}},
      "parallel.bucket_bytes: 1000000000...00000000000 is too large"),
     ("", {"cluster": {"gpu_memory": DIGITS_400}},
