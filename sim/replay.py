@@ -148,24 +148,29 @@ class _Replay:
         Returns when the communication started (all members present)."""
         if comm.need == 1:  # a folded group: this rank stands for every member
             start = self.env.now
-            yield from self._move(comm.lowered, op.size_bytes)
+            moved = self._move(comm.lowered, op.size_bytes)
+            if moved is not None:
+                yield moved
             return start
         meeting, last = self.meetings.arrive(rank, op, comm)
         if not last:
             yield meeting.done
             return meeting.start
-        yield from self._move(comm.lowered, op.size_bytes)
+        moved = self._move(comm.lowered, op.size_bytes)
+        if moved is not None:
+            yield moved
         meeting.done.succeed()
         return meeting.start
 
-    def _move(self, lowered: int, size: float) -> Generator[simpy.Event, Any, None]:
+    def _move(self, lowered: int, size: float) -> simpy.Event | None:
+        """An event that fires when the communication has moved its bytes; None when
+        communication is free (the ideal network: what-if analysis and schedule tests)."""
+        if self.net is not None:
+            return self.net.run(self.handles[lowered], size)
         if self.network == "ideal":
-            return  # communication is free: what-if analysis and schedule tests
-        if self.net is None:
-            lowering = self.comm.lowered[lowered].lowering
-            yield self.env.timeout(analytic_time(self.cluster, lowering, size))
-        else:
-            yield self.net.run(self.handles[lowered], size)
+            return None
+        lowering = self.comm.lowered[lowered].lowering
+        return self.env.timeout(analytic_time(self.cluster, lowering, size))
 
     def _stuck(self) -> str:
         for rank, ops in self.plan.ops.items():
