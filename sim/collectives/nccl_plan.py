@@ -5,10 +5,11 @@ large sizes. Measured nccl-tests runs on 8 A100s are 1.4-1.6x slower than that a
 and a few percent slower at GiB sizes. Three things the prediction leaves out, modelled here
 from NCCL's own mechanics and constants:
 
-1. **Launch**: every call launches a kernel and waits for it; NCCL's baseLat does not count
-   the host. `LAUNCH_S` (one process per GPU, as training runs) and `LAUNCH_SINGLE_THREAD_S`
-   (one thread driving all GPUs, nccl-tests `-g 8`) come from the tiny-size floor of
-   published runs, outside the sizes we score (see the constants).
+1. **Launch**: every call launches a kernel; NCCL's baseLat does not count the host.
+   `LAUNCH_S` (one process per GPU, as training runs: 0, the launch overlaps the previous
+   call) and `LAUNCH_SINGLE_THREAD_S` (one thread driving all GPUs, nccl-tests `-g 8`:
+   15 us, 8 launches in a row) come from the tiny-size floor of published runs, outside the
+   sizes we score (see the constants).
 2. **Pieces**: a channel (one thread block) moves its data through the FIFO in pieces (a
    slice of a chunk: Simple rings 2 MiB chunks in two 1 MiB slices, LL128 576,000 B steps,
    NVLS 128 KiB chunks) and pays a handshake per piece, serially with the copy. NCCL's
@@ -73,14 +74,17 @@ from sim.flows import Lowering, solo_time
 from traces.errors import ConfigError
 from traces.ops import OpKind
 
-# Launch cost of one collective, on top of NCCL's latency (which starts at the kernel).
-# One process per GPU: 8 A100s, NCCL 2.17.1, all_reduce of 1 KiB takes 16.96 us (Azure NDmv4,
-# microsoft/mscclpp docs/performance-ndmv4.md) and 18-25 us from 8 B to 4 KiB (8 A100-80GB,
-# mpirun, public nccl-tests log); NCCL's model says 15.0 us (ring LL: 6.6 + 14 x 0.6):
-# 2.0 and ~8 us more, about 5 us.
+# Launch cost of one collective beyond NCCL's latency and the handshakes of item 2.
+# At tiny sizes a ring all-reduce on 8 GPUs costs NCCL's 15.0 us (ring LL: 6.6 + 14 x 0.6)
+# plus 14 one-piece steps x 0.6 us = 23.4 us here. One process per GPU measures 17.9-25.3 us
+# from 8 B to 4 KiB (8 A100-80GB, mpirun, NCCL from pip: tests/bench/data, a100-thanos-mpi)
+# and 16.96 us at 1 KiB (Azure NDmv4, NCCL 2.17.1, CUDA-graph launches; microsoft/mscclpp
+# docs/performance-ndmv4.md): nothing left for the host, whose launch of the next call
+# overlaps the running one when calls come back to back, as in a training step's stream.
 LAUNCH_S = 0.0 * US
-# One thread launching all 8 GPUs (nccl-tests -g 8): 38-42 us (A100-80GB) and 35-37 us
-# (A100-80GB, NCCL 2.19.3) from 8 B to 4 KiB, public logs: ~23 us over NCCL's 15.0.
+# One thread launching all 8 GPUs (nccl-tests -g 8) launches 8 kernels in a row per call:
+# 38.4-42.1 us (8 A100-80GB) and 34.8-37.2 us (8 A100-80GB, NCCL 2.19.3) from 8 B to 4 KiB,
+# 13-16 us over 23.4: 15 us, about 1.9 us per kernel launch.
 LAUNCH_SINGLE_THREAD_S = 15.0 * US
 
 
