@@ -1,0 +1,173 @@
+"""PyTorch profiler import: torch.profiler's Chrome-trace JSON (kineto) as a parasim `Trace`.
+
+    from traces.kineto import load_kineto
+    trace = load_kineto("rank0.json.gz")      # one rank's file (.json or .json.gz)
+    trace = load_kineto("profiles/")          # a folder of per-rank files
+
+What the trace holds, per rank present:
+
+* **Collectives** (all_reduce, reduce_scatter, all_gather, broadcast, all_to_all) and
+  **send / recv**, each found once however many events record it (see `traces.kineto.rank`):
+  on GPU traces timed by their NCCL kernel, on CPU traces (gloo) by the backend's execution.
+  `name` is the collective's name as the trace spells it ("allreduce", "_allgather_base",
+  "all_to_all"); a barrier is an all_reduce named "barrier" with no payload. `group` holds
+  global ranks: the comms record's process-group ranks, else its group's entry in
+  distributedInfo.pg_config, else the whole world (counted in meta "num_group_assumed").
+  `size_bytes` follows nccl-tests: the buffer (all_reduce, broadcast, all_to_all), all_gather's
+  output, reduce_scatter's input, a send's tensor. **`size_bytes` 0.0 means the trace does not
+  state the size** (counted in meta "num_size_unknown"; a replay keeps the measured duration).
+  `dtype` is parasim's name ("fp32", "bf16", ...), the trace's own spelling if unknown here, or
+  "unknown". `peer` of a send/recv is a global rank.
+* **Compute**: on GPU traces every kernel, memcpy and memset that is not NCCL's (named as the
+  trace names them); on CPU traces the outermost CPU ops holding no communication.
+* **Streams**: a kernel's CUDA stream ("cuda:7"); on CPU traces a host thread ("thread:5713")
+  for compute and "comm:<thread>" for the collectives the backend ran on that thread.
+* **Times**: `start`/`end` in seconds from the earliest event of the file; for a folder, from
+  the earliest event of all files, each file placed by its own clock (baseTimeNanoseconds plus
+  its timestamps: exact for ranks on one host, as good as the hosts' clock sync otherwise).
+* **Deps**: inferred, since kineto records none: the rule in `traces.kineto.deps`.
+* **meta**: "source": "kineto", "world_size", "ranks" (present), "backend",
+  "process_groups" (per rank, from distributedInfo), "files" (per rank), "compute_from"
+  ("gpu" or "cpu"), "num_group_assumed", "num_size_unknown", and "skipped": {why: count} for
+  every event left out that a reader might have expected: events of unknown categories or
+  phases, malformed events, waits, records naming no collective, collectives parasim does not
+  model (gather, scatter, reduce), calls whose NCCL kernel is missing, send/recv without a peer.
+  The host side of a GPU trace (CPU ops, runtime calls, annotations) is read only to describe
+  and link kernels and is not counted there.
+
+Every problem with a file is one `ConfigError` line naming it (`traces.kineto.files`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import os
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from traces.errors import ConfigError
+from traces.kineto import files
+from traces.kineto.deps import dependencies, in_order
+from traces.kineto.events import Events, parse
+from traces.kineto.files import MAX_BYTES
+from traces.kineto.rank import RankContext, RankOps, RawOp, rank_ops
+from traces.ops import Op, OpKind, Trace
+
+__all__ = ["MAX_BYTES", "load_kineto"]
+
+
+@dataclass(frozen=True, slots=True)
+class _RankFile:
+    path: Path
+    rank: int
+    world_size: int | None
+    backend: str | None
+    groups: list[dict[str, Any]]
+    events: Events
+    origin_ns: int
+    """The earliest event, in nanoseconds of the shared clock (base + timestamp)."""
+
+
+def load_kineto(path: str | os.PathLike[str], *, max_bytes: int = MAX_BYTES) -> Trace:
+    """The timed trace of a profiler file or a folder of per-rank files (see module doc)."""
+    with _no_gc():
+        rank_files = [_read_rank(p, max_bytes) for p in files.trace_files(Path(path))]
+        world_size = _world_size(rank_files)
+        zero_ns = min(f.origin_ns for f in rank_files)
+        found = {f.rank: _rank_ops(f, world_size) for f in rank_files}
+        ops = {f.rank: _timed_ops(*found[f.rank][1:], origin_us=f.events.origin_us,
+                                  offset_s=(f.origin_ns - zero_ns) * 1e-9)
+               for f in rank_files}
+    skipped: Counter[str] = Counter()
+    for result, _, _ in found.values():
+        skipped.update(result.skipped)
+    backends = {f.backend for f in rank_files}
+    meta = {
+        "source": "kineto",
+        "world_size": world_size,
+        "ranks": sorted(ops),
+        "backend": backends.pop() if len(backends) == 1 else None,
+        "process_groups": {str(f.rank): f.groups for f in rank_files},
+        "files": {str(f.rank): f.path.name for f in rank_files},
+        "compute_from": "gpu" if all(f.events.device for f in rank_files) else "cpu",
+        "num_group_assumed": sum(r.num_group_assumed for r, _, _ in found.values()),
+        "num_size_unknown": sum(r.num_size_unknown for r, _, _ in found.values()),
+        "skipped": dict(sorted(skipped.items())),
+    }
+    return Trace(ops=ops, meta=meta)
+
+
+@contextlib.contextmanager
+def _no_gc() -> Iterator[None]:
+    """Pause the cyclic GC while a profile is read: it holds millions of acyclic objects (the
+    35 MB JSON of the 8-GPU test trace), which every collection would scan again (that took
+    two thirds of the time)."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _read_rank(path: Path, max_bytes: int) -> _RankFile:
+    document = files.read_document(path, max_bytes)
+    rank = files.rank_of(document, path)
+    world_size = files.world_size_of(document)
+    if world_size is not None and rank >= world_size:
+        raise ConfigError(f"{path}: rank {rank} is outside its world of {world_size} ranks")
+    events = parse(document["traceEvents"])
+    return _RankFile(path=path, rank=rank, world_size=world_size,
+                     backend=files.backend_of(document), groups=files.process_groups(document),
+                     events=events, origin_ns=files.base_time_ns(document)
+                     + round(events.origin_us * 1000))
+
+
+def _rank_ops(rank_file: _RankFile, world_size: int,
+              ) -> tuple[RankOps, list[RawOp], list[tuple[int, ...]]]:
+    """The rank's findings, its ops in list order, and their dependencies."""
+    context = RankContext(rank=rank_file.rank, world_size=world_size,
+                          groups={g["name"]: tuple(g["ranks"]) for g in rank_file.groups})
+    events = rank_file.events
+    found = rank_ops(events, context)
+    ops = in_order(found.ops)
+    return found, ops, dependencies(ops, events.waits, bool(events.device))
+
+
+def _world_size(rank_files: list[_RankFile]) -> int:
+    seen: dict[int, Path] = {}
+    for f in rank_files:
+        if f.rank in seen:
+            raise ConfigError(f"{f.path}: rank {f.rank} again (also in {seen[f.rank].name}); "
+                              "a folder holds one file per rank")
+        seen[f.rank] = f.path
+    sizes = {f.world_size for f in rank_files if f.world_size is not None}
+    if len(sizes) > 1:
+        raise ConfigError(f"{rank_files[0].path.parent}: files of different jobs: world sizes "
+                          f"{sorted(sizes)}")
+    world_size = sizes.pop() if sizes else max(seen) + 1
+    if max(seen) >= world_size:
+        raise ConfigError(f"{seen[max(seen)]}: rank {max(seen)} is outside the world of "
+                          f"{world_size} ranks")
+    return world_size
+
+
+def _timed_ops(ops: list[RawOp], deps: list[tuple[int, ...]], *, origin_us: float,
+               offset_s: float) -> tuple[Op, ...]:
+    """The ops in seconds: from the file's earliest event, plus the file's offset."""
+    return tuple(_op(raw, dep, offset_s + (raw.start - origin_us) * 1e-6,
+                     offset_s + (raw.end - origin_us) * 1e-6) for raw, dep in zip(ops, deps))
+
+
+def _op(raw: RawOp, deps: tuple[int, ...], start: float, end: float) -> Op:
+    if raw.kind == OpKind.COMPUTE:
+        return Op(kind=raw.kind, stream=raw.stream, name=raw.name, deps=deps, start=start,
+                  end=end)
+    return Op(kind=raw.kind, stream=raw.stream, name=raw.name, deps=deps, group=raw.group,
+              size_bytes=raw.size_bytes, dtype=raw.dtype or "unknown", peer=raw.peer,
+              start=start, end=end)

@@ -1,0 +1,149 @@
+"""Reading torch.profiler files: bounded decompression, the format check, and whose rank it is.
+
+Every problem is a `ConfigError` with one line naming the file: not gzip though named .gz, a
+corrupt or truncated gzip, more than `MAX_BYTES` of JSON (a gzip bomb stops there), invalid or
+truncated JSON, a JSON document that is not a profiler trace, an unknown `schemaVersion`.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+import zlib
+from pathlib import Path
+from typing import Any
+
+from traces.errors import ConfigError, show
+
+MAX_BYTES = 2 * 1024**3
+"""2 GiB of JSON, after decompression: far beyond any profile one would replay (the real
+8-GPU trace in tests/data/kineto holds 35 MB), and a bound a gzip bomb cannot pass."""
+
+SCHEMA_VERSIONS = (1,)
+_GZIP_MAGIC = b"\x1f\x8b"
+_RANK_IN_NAME = re.compile(r"rank[_-]?(\d+)", re.IGNORECASE)
+# Event categories torch.profiler writes; a file without schemaVersion must hold one of them.
+_KINETO_CATEGORIES = frozenset({"cpu_op", "user_annotation", "kernel", "cuda_runtime",
+                                "gpu_memcpy", "gpu_memset", "python_function"})
+_SUFFIXES = (".json", ".json.gz")
+
+
+def trace_files(path: Path) -> list[Path]:
+    """`path` itself, or the .json / .json.gz files of a folder (not its subfolders), sorted."""
+    if not path.exists():
+        raise ConfigError(f"{path}: no such file or folder")
+    if not path.is_dir():
+        return [path]
+    files = sorted(p for p in path.iterdir() if p.is_file() and p.name.endswith(_SUFFIXES))
+    if not files:
+        raise ConfigError(f"{path}: no profiler traces in the folder (expected *.json or "
+                          "*.json.gz files, one per rank)")
+    return files
+
+
+def read_document(path: Path, max_bytes: int = MAX_BYTES) -> dict[str, Any]:
+    """The file's JSON object, checked to be a torch.profiler (kineto) trace."""
+    raw = _read_bytes(path, max_bytes)
+    try:
+        document = json.loads(raw)
+    except RecursionError as exc:
+        raise ConfigError(f"{path}: not a profiler trace: JSON nested too deeply") from exc
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
+        raise ConfigError(f"{path}: not valid JSON (truncated or corrupt?): {exc}") from exc
+    check_format(document, str(path))
+    return document
+
+
+def _read_bytes(path: Path, max_bytes: int) -> bytes:
+    zipped = False
+    try:
+        with path.open("rb") as file:
+            zipped = file.read(2) == _GZIP_MAGIC
+            file.seek(0)
+            if zipped:
+                with gzip.GzipFile(fileobj=file) as unzipped:
+                    data = unzipped.read(max_bytes + 1)
+            elif path.name.endswith(".gz"):
+                raise ConfigError(f"{path}: not a gzip file (named .gz, but it does not start "
+                                  "with the gzip magic bytes 1f 8b)")
+            else:
+                data = file.read(max_bytes + 1)
+    except (gzip.BadGzipFile, zlib.error, EOFError) as exc:
+        reason = str(exc) or type(exc).__name__
+        raise ConfigError(f"{path}: corrupt or truncated gzip: {reason}") from exc
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+    if len(data) > max_bytes:
+        what = "decompresses to" if zipped else "holds"
+        raise ConfigError(f"{path}: {what} more than {max_bytes} bytes of JSON; stopped reading "
+                          f"there (the bound on a profiler trace)")
+    return data
+
+
+def check_format(document: object, source: str) -> None:
+    if isinstance(document, dict) and document.get("schema") == "parasim.trace":
+        raise ConfigError(f"{source}: a parasim trace, not a profiler trace: read it with "
+                          "traces.io.load")
+    if not isinstance(document, dict) or not isinstance(document.get("traceEvents"), list):
+        raise ConfigError(f"{source}: not a PyTorch profiler trace: expected a JSON object with "
+                          "a 'traceEvents' list")
+    supported = ", ".join(map(str, SCHEMA_VERSIONS))
+    if "schemaVersion" in document:
+        version = document["schemaVersion"]
+        if type(version) is not int or version not in SCHEMA_VERSIONS:
+            raise ConfigError(f"{source}: unsupported kineto schemaVersion {show(version)} "
+                              f"(supported: {supported})")
+    elif not any(isinstance(e, dict) and e.get("cat") in _KINETO_CATEGORIES
+                 for e in document["traceEvents"]):
+        raise ConfigError(f"{source}: not a PyTorch profiler trace: no 'schemaVersion' and no "
+                          "events of the kinds torch.profiler writes")
+
+
+def distributed_info(document: dict[str, Any]) -> dict[str, Any]:
+    info = document.get("distributedInfo")
+    return info if isinstance(info, dict) else {}
+
+
+def rank_of(document: dict[str, Any], path: Path) -> int:
+    """distributedInfo.rank, else the N of 'rankN' / 'rank_N' / 'rank-N' in the file name."""
+    rank = distributed_info(document).get("rank")
+    if type(rank) is int and rank >= 0:
+        return rank
+    found = _RANK_IN_NAME.findall(path.name)
+    if found:
+        return int(found[-1])
+    raise ConfigError(f"{path}: cannot tell whose rank this is: no distributedInfo.rank in the "
+                      "trace and no 'rankN' in the file name (rename it, e.g. rank0.json)")
+
+
+def world_size_of(document: dict[str, Any]) -> int | None:
+    size = distributed_info(document).get("world_size")
+    return size if type(size) is int and size > 0 else None
+
+
+def backend_of(document: dict[str, Any]) -> str | None:
+    backend = distributed_info(document).get("backend")
+    return backend if isinstance(backend, str) and backend else None
+
+
+def process_groups(document: dict[str, Any]) -> list[dict[str, Any]]:
+    """distributedInfo.pg_config as [{"name", "desc", "ranks"}], malformed entries left out."""
+    groups = []
+    config = distributed_info(document).get("pg_config")
+    for entry in config if isinstance(config, list) else ():
+        if not isinstance(entry, dict):
+            continue
+        name, ranks = entry.get("pg_name"), entry.get("ranks")
+        if (isinstance(name, str) and isinstance(ranks, list) and ranks
+                and all(type(r) is int and r >= 0 for r in ranks)):
+            desc = entry.get("pg_desc")
+            groups.append({"name": name, "desc": desc if isinstance(desc, str) else "",
+                           "ranks": list(ranks)})
+    return groups
+
+
+def base_time_ns(document: dict[str, Any]) -> int:
+    """What event timestamps count from: baseTimeNanoseconds (newer traces), else the epoch."""
+    base = document.get("baseTimeNanoseconds")
+    return base if type(base) is int and base >= 0 else 0
