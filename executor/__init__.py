@@ -1,4 +1,20 @@
 """Real execution of plans with torch.distributed (gloo on CPU, NCCL on GPUs).
 
-Filled in by the executor issue; the simulator never imports this package eagerly.
+The simulator never imports this package eagerly. Its parts, bottom up:
+
+    params       units (head, L<i>, embed), their tensors per TP rank, one seeded init
+    kernels      the kernels of docs/plan-ops.md as torch functions over named slots
+    tape         one micro-batch's slots and each kernel's autograd state: forward, recompute
+                 and backward of one kernel as one call
+    sites        which tensor a plan's `tp` collective acts on
+    flat         the rank's flat parameter order, gradient buckets, DP shards
+    grads        gradient buffers and their DP reduction (ZeRO 0-3), SP gradient sums
+    optim        parameters (whole, or ZeRO-3 shards gathered per unit) and AdamW
+    runtime      RankRuntime: one method per plan op
+    reference    the same model in one process with plain autograd, for the tests
+    groups       a communicator per (stream, group), created in one order everywhere
+    comm         the one door to torch.distributed, recording every call
+    recorder     per-op times, clock alignment, measured traces and their files
+    consistency  the rules a measured trace must obey
+    launch       spawn a local world or join torchrun's; timeouts; faults end the job
 """

@@ -19,7 +19,9 @@ from traces.ops import Trace
 
 def problems(trace: Trace, tolerance_s: float = 0.0, limit: int = 20) -> list[str]:
     out: list[str] = []
-    meetings: dict[tuple, list[tuple[int, float, float]]] = defaultdict(list)
+    # (stream, group, k) -> (rank, start, end) of each member's k-th call on that communicator
+    meetings: dict[tuple[str, tuple[int, ...], int], list[tuple[int, float, float]]] = \
+        defaultdict(list)
     for rank in trace.ranks:
         ops = trace.ops[rank]
         last_end: dict[str, tuple[int, float]] = {}
@@ -41,13 +43,13 @@ def problems(trace: Trace, tolerance_s: float = 0.0, limit: int = 20) -> list[st
                     out.append(f"{where}: starts before its dependency op {dep} ends")
             if op.kind.is_collective:
                 key = (op.stream, op.group)
-                meetings[(*key, seen[key])].append((rank, op.start, op.end))
+                meetings[(op.stream, op.group, seen[key])].append((rank, op.start, op.end))
                 seen[key] += 1
-    for key, members in meetings.items():
+    for (stream, group, k), members in meetings.items():
         latest_start = max(start for _, start, _ in members)
         earliest_end = min(end for _, _, end in members)
         if latest_start > earliest_end + tolerance_s:
             ranks = [r for r, _, _ in members]
-            out.append(f"collective {key[2]} on stream {key[0]} group {list(key[1])}: members "
+            out.append(f"collective {k} on stream {stream} group {list(group)}: members "
                        f"{ranks} do not overlap in time")
     return out[:limit]

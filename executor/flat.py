@@ -14,6 +14,7 @@ and close the last bucket at the end of the stage.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from executor.params import EMBED, HEAD, ParamSpec, layer_unit, unit_specs, units_of_rank
@@ -65,7 +66,7 @@ class FlatLayout:
 
 
 def _buckets(flat: FlatLayout, groups: list[list[str]]) -> list[Bucket]:
-    out = []
+    out: list[Bucket] = []
     for units in groups:
         start, end = flat.unit_range[units[0]][0], flat.unit_range[units[-1]][1]
         out.append(Bucket(len(out), start, end, tuple(units)))
@@ -99,7 +100,8 @@ def unit_buckets(flat: FlatLayout) -> list[Bucket]:
     return _buckets(flat, [[u] for u in flat.units])
 
 
-def sized_buckets(flat: FlatLayout, sizes_bytes: list[float], elem_bytes: int) -> list[Bucket]:
+def sized_buckets(flat: FlatLayout, sizes_bytes: Sequence[float], elem_bytes: int
+                  ) -> list[Bucket]:
     """Buckets of the given sizes (a plan's `grads` ops, in order), which must cut the flat
     order at unit boundaries; a ConfigError says where they do not."""
     groups: list[list[str]] = []

@@ -204,14 +204,20 @@ def _collect(job: _Job, world_size: int, timeout_s: float, records: dict[int, np
 
 def _late_failures(job: _Job, pending: set[int], records: dict[int, np.ndarray],
                    describe: Callable[[int, int], str] | None) -> list[RankFailure]:
+    """Reports (or deaths) of the still-running ranks in the next half second."""
     late = []
     end = time.monotonic() + 0.5
     while pending and time.monotonic() < end:
-        for ready in wait([job.readers[r] for r in pending], timeout=end - time.monotonic()):
+        watched = [job.readers[r] for r in pending] + [job.procs[r].sentinel for r in pending]
+        for ready in wait(watched, timeout=max(0.0, end - time.monotonic())):
             rank = _rank_of(job, ready)
+            if rank not in pending:
+                continue
             message = _read(job.readers[rank])
+            if message is None and job.procs[rank].exitcode is None:
+                continue
             pending.discard(rank)
-            if message is not None and message[0] == "error":
+            if message is None or message[0] == "error":
                 late.append(_failure(rank, message, job.procs[rank], records, describe))
     return late
 

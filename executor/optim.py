@@ -126,7 +126,8 @@ class ParamStore:
             storage.resize_(numel * flat.element_size())
         # Write through a tensor of its own (own version counter): the leaves' saved versions
         # stay what autograd recorded.
-        target = torch.empty(0, dtype=flat.dtype, device=flat.device).set_(storage, 0, (numel,))
+        target = torch.empty(0, dtype=flat.dtype, device=flat.device).set_(
+            storage, 0, (numel,), (1,))
         lo, hi = self.shards.shard_slice[self._unit_index[unit]]
 
         def then() -> None:

@@ -19,11 +19,12 @@ single-process reference (`executor.reference`), and the same data.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import torch
 
-from executor import tape as tp_tape
+from executor import tape as tapes
 from executor.comm import Comm, Handle
 from executor.flat import Bucket, FlatLayout, rule_buckets, unit_buckets
 from executor.grads import GradStore
@@ -98,10 +99,11 @@ class RankRuntime:
         self.step = 0
         self.tokens_per_mb = model.seq_len * layout.micro_batch
         self.loss_scale = 1.0 / (self.tokens_per_mb * layout.num_microbatches * layout.dp)
-        self._ctx_base = dict(heads=model.heads // layout.tp, head_dim=model.hidden // model.heads,
-                              tp=layout.tp, tp_rank=self.tp_rank, sp=layout.sp,
-                              vocab_shard=model.vocab // layout.tp, dropout=options.dropout,
-                              seed=options.seed)
+        self._ctx = KernelContext(heads=model.heads // layout.tp,
+                                  head_dim=model.hidden // model.heads, tp=layout.tp,
+                                  tp_rank=self.tp_rank, sp=layout.sp,
+                                  vocab_shard=model.vocab // layout.tp, dropout=options.dropout,
+                                  seed=options.seed)
 
     # --- per step and micro-batch ------------------------------------------------------------
 
@@ -124,9 +126,9 @@ class RankRuntime:
             self.params.free_unit(unit)
         self.step += 1
 
-    def _ctx(self, layer: int | None, mb: int) -> KernelContext:
-        return KernelContext(**self._ctx_base, layer=-1 if layer is None else layer,
-                             microbatch=mb, step=self.step)
+    def _kernel_context(self, layer: int | None, mb: int) -> KernelContext:
+        return dataclasses.replace(self._ctx, layer=-1 if layer is None else layer,
+                                   microbatch=mb, step=self.step)
 
     def _unit(self, name: str, layer: int | None) -> str:
         scope = KERNELS[name].scope
@@ -156,11 +158,12 @@ class RankRuntime:
         tape = self.tape(mb)
         recompute = self.layout.recompute
         if phase is Phase.BWD:
-            for ref, grad in tp_tape.backward(tape, name, layer):
+            for ref, grad in tapes.backward(tape, name, layer):
                 self.grads.accumulate(*ref, grad)
         else:
-            save = phase is Phase.RECOMPUTE or not tp_tape.recomputed(name, recompute)
-            tp_tape.forward(tape, name, layer, self._ctx(layer, mb), self._params(name, layer),
+            save = phase is Phase.RECOMPUTE or not tapes.recomputed(name, recompute)
+            tapes.forward(tape, name, layer, self._kernel_context(layer, mb),
+                            self._params(name, layer),
                             save=save, recompute=recompute,
                             recomputing=phase is Phase.RECOMPUTE)
             if name == "cross_entropy" and self.layout.tp == 1:

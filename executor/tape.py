@@ -159,19 +159,19 @@ def forward(tape: Tape, name: str, layer: int | None, ctx: KernelContext,
     inputs = [tape.acts[k] for k in in_keys]
     if save:
         state, outputs = _forward_saving(tape, kernel, in_keys, out_keys, inputs, ctx, params)
-        key = (name, layer)
-        if key in tape.saved:  # a recompute replaces what the forward saved
-            for ptr in tape.saved.pop(key).held:
+        saved_key = (name, layer)
+        if saved_key in tape.saved:  # a recompute replaces what the forward saved
+            for ptr in tape.saved.pop(saved_key).held:
                 tape.meter.drop(ptr)
-        tape.saved[key] = state
+        tape.saved[saved_key] = state
     else:
         with torch.no_grad():
             outputs = list(kernel.fn(ctx, *inputs, *(p for _, p in params)))
     kept = KEPT_FOR_RECOMPUTE[recompute] if not recomputing else frozenset()
     dropped = DROPPED_IN_RECOMPUTE[recompute] if recomputing else frozenset()
-    for out_name, key, value in zip(kernel.outputs, out_keys, outputs):
+    for out_name, out_key, value in zip(kernel.outputs, out_keys, outputs):
         if out_name not in dropped:
-            tape.put(key, value)
+            tape.put(out_key, value)
     for in_name in RELEASE_AFTER.get(name, ()):
         if in_name not in kept:
             tape.release(slot(kernel, in_name, layer, tape.num_layers))

@@ -53,7 +53,7 @@ def check_training(model: ModelSpec, layout: Layout, results: list[dict[str, Any
         grads = expected_flat(model, layout, rank, run.first_grads)
         for (lo, hi), got in zip(res["segments"], res["grads"]):
             torch.testing.assert_close(got, grads[lo:hi], rtol=GRAD_RTOL, atol=GRAD_ATOL,
-                                       msg=lambda m, r=rank: f"rank {r} gradients: {m}")
+                                       msg=f"rank {rank} gradients [{lo}, {hi})")
             worst["grad"] = max(worst["grad"], float((got - grads[lo:hi]).abs().max()))
         tp_rank = res["coords"]["tp"]
         for unit, tensors in res["params"].items():

@@ -56,7 +56,8 @@ def test_ctrl_c_ends_every_rank(tmp_path: Path) -> None:
     proc.send_signal(signal.SIGINT)
     proc.wait(timeout=15)
     assert proc.returncode != 0
-    assert b"KeyboardInterrupt" in proc.stderr.read()
+    _, stderr = proc.communicate()
+    assert b"KeyboardInterrupt" in stderr
     deadline = time.monotonic() + 5
     while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
         time.sleep(0.05)

@@ -9,7 +9,7 @@ import torch
 from executor.flat import FlatLayout, Shards, rule_buckets, sized_buckets, unit_buckets
 from executor.params import EMBED, HEAD, init_full_unit, tp_shard, unit_numel, units_of_rank
 from traces.errors import ConfigError
-from traces.layout import Layout
+from traces.layout import Layout, Schedule
 from traces.model import ModelSpec
 from traces.ops import OpKind
 from traces.plan import build
@@ -36,7 +36,7 @@ def test_unit_counts_equal_the_model_arithmetic(tp: int, pp: int, tied: bool) ->
 
 def test_units_in_backward_order_over_virtual_stages() -> None:
     # pp 2, vp 2, 4 layers: rank 0 holds stages 0 (L0) and 2 (L2); rank 1 stages 1 and 3.
-    layout = Layout(pp=2, vp=2, schedule="interleaved", global_batch=2)
+    layout = Layout(pp=2, vp=2, schedule=Schedule.INTERLEAVED, global_batch=2)
     assert units_of_rank(MODEL, layout, 0) == ["L2", "L0", EMBED]
     assert units_of_rank(MODEL, layout, 1) == [HEAD, "L3", "L1"]
 
@@ -77,7 +77,7 @@ def _plan_bucket_sizes(model: ModelSpec, layout: Layout, rank: int) -> list[floa
     Layout(dp=2, global_batch=4, bucket_bytes=30_000),
     Layout(dp=2, zero=1, global_batch=4, bucket_bytes=10_000),
     Layout(dp=2, zero=2, global_batch=2, bucket_bytes=1),
-    Layout(dp=2, pp=2, vp=2, schedule="interleaved", global_batch=8, bucket_bytes=20_000),
+    Layout(dp=2, pp=2, vp=2, schedule=Schedule.INTERLEAVED, global_batch=8, bucket_bytes=20_000),
 ], ids=["ddp", "zero1", "zero2-per-unit", "interleaved"])
 def test_rule_buckets_equal_the_plan_builders(layout: Layout) -> None:
     for rank in range(layout.world):

@@ -15,7 +15,7 @@ from executor.runtime import RankRuntime, RunOptions
 from tests.executor.checks import check_training
 from tests.executor.drive import Step
 from tests.executor.workers import ADAMW, OPTIONS, SMALL, segments
-from traces.layout import Layout
+from traces.layout import Layout, Recompute
 from traces.model import ModelSpec
 
 
@@ -38,7 +38,7 @@ def _train(rt: RankRuntime, steps: int = 2) -> dict:
 @pytest.mark.parametrize("attention", ["flash", "unfused"])
 @pytest.mark.parametrize("recompute", ["none", "selective", "full"])
 def test_kernels_train_as_the_reference(attention: str, recompute: str) -> None:
-    layout = Layout(micro_batch=2, global_batch=4, recompute=recompute)
+    layout = Layout(micro_batch=2, global_batch=4, recompute=Recompute(recompute))
     rt = _runtime(layout, attention=attention)
     result = _train(rt)
     run = train(rt.model, layout.global_batch, 2, OPTIONS.seed, ADAMW)
@@ -61,7 +61,7 @@ def test_recomputation_draws_the_same_dropout_masks(recompute: str) -> None:
     grads = {}
     for mode in ("none", recompute):
         for attention in ("flash", "unfused"):
-            rt = _runtime(Layout(micro_batch=2, global_batch=2, recompute=mode), options,
+            rt = _runtime(Layout(micro_batch=2, global_batch=2, recompute=Recompute(mode)), options,
                           attention=attention)
             step = Step(rt)
             step.run()
@@ -76,7 +76,7 @@ def test_recomputation_draws_the_same_dropout_masks(recompute: str) -> None:
 
 
 def _activation_peak(recompute: str, attention: str = "flash") -> tuple[int, int]:
-    rt = _runtime(Layout(micro_batch=2, global_batch=4, recompute=recompute),
+    rt = _runtime(Layout(micro_batch=2, global_batch=4, recompute=Recompute(recompute)),
                   attention=attention, layers=4, seq_len=32)
     base = rt.meter.live_bytes
     rt.meter.reset_peak()

@@ -49,18 +49,17 @@ SEED = 99
 
 @pytest.fixture(scope="module")
 def world() -> dict:
-    tasks = [("train_cases", (list(TRAIN.values()),))]
+    tasks: list[tuple[str, tuple]] = [("train_cases", (list(TRAIN.values()),))]
     tasks += [("layer_case", (case, SEED)) for case in LAYERS.values()]
     tasks += [("ce_case", (Case(dict(tp=2)), SEED))]
     tasks += [("zero_case", (case,)) for case in ZERO.values()]
     tasks += [("clock_case", ())]
     results, _ = spawn(suite, 2, (tasks,), timeout_s=TIMEOUT_S)
     by_rank = list(zip(*results))  # task -> per-rank results
-    out = {"train": dict(zip(TRAIN, zip(*by_rank[0])))}
-    out["layer"] = dict(zip(LAYERS, by_rank[1:1 + len(LAYERS)]))
     rest = by_rank[1 + len(LAYERS):]
-    out["ce"], out["zero"], out["clock"] = rest[0], dict(zip(ZERO, rest[1:4])), rest[4]
-    return out
+    return {"train": dict(zip(TRAIN, zip(*by_rank[0]))),
+            "layer": dict(zip(LAYERS, by_rank[1:1 + len(LAYERS)])),
+            "ce": rest[0], "zero": dict(zip(ZERO, rest[1:4])), "clock": rest[4]}
 
 
 @pytest.mark.parametrize("name", list(TRAIN))
@@ -94,16 +93,19 @@ def test_tensor_parallel_layer_equals_the_unsharded_layer(world: dict, name: str
     gy = torch.randn(shape, generator=gen)
     y = ref._block(x.transpose(0, 1), "L0").transpose(0, 1)  # the reference is batch-first
     y.backward(gy)
+    assert x.grad is not None
     full = init_full_unit(model, "L0", OPTIONS.seed)
     for res in world["layer"][name]:
         r = res["tp_rank"]
-        want_y, want_gx = y.detach(), x.grad
+        want_y, want_gx = y.detach(), x.grad.detach()
         if layout.sp:  # this rank's sequence shard
             want_y, want_gx = want_y.chunk(layout.tp)[r], want_gx.chunk(layout.tp)[r]
         torch.testing.assert_close(res["y"], want_y, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(res["gx"], want_gx, rtol=1e-5, atol=1e-5)
         for pname, grad in res["grads"].items():
-            want = tp_shard(model, pname, ref.p("L0", pname).grad, layout.tp, r)
+            ref_grad = ref.p("L0", pname).grad
+            assert ref_grad is not None
+            want = tp_shard(model, pname, ref_grad, layout.tp, r)
             assert want.shape == grad.shape == tp_shard(model, pname, full[pname],
                                                         layout.tp, r).shape
             torch.testing.assert_close(grad, want, rtol=1e-4, atol=1e-5, msg=pname)
@@ -118,6 +120,7 @@ def test_vocab_parallel_cross_entropy_equals_torch(world: dict) -> None:
     loss = F.cross_entropy(logits.reshape(-1, V), targets.reshape(-1), reduction="none")
     scale = world["ce"][0]["scale"]
     (loss.sum() * scale).backward()
+    assert logits.grad is not None
     for res in world["ce"]:
         assert math.isclose(res["loss"], float(loss.detach().mean()), rel_tol=1e-6)
         want = logits.grad.chunk(layout.tp, dim=-1)[res["tp_rank"]]

@@ -28,7 +28,7 @@ WORLD8 = {
 
 def _world(cases: dict[str, Case], size: int) -> dict[str, list]:
     results, _ = spawn(train_cases, size, (list(cases.values()),), timeout_s=TIMEOUT_S)
-    return dict(zip(cases, zip(*results)))
+    return {name: list(per_rank) for name, per_rank in zip(cases, zip(*results))}
 
 
 @pytest.fixture(scope="module")
