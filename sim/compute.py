@@ -1,38 +1,80 @@
-"""Compute time of one op: the roofline, with per-op-class efficiency from a profile.
+"""Compute time of one op: GEMMs by shape, streaming kernels by bytes, plus launches.
 
-    time = max(FLOPs / (peak * flops_efficiency), bytes / (HBM bandwidth * memory_efficiency))
-           + overhead
+For a GEMM op (`op.gemm` = (batch, M, N, K)) the library splits the M×N output into tiles, one
+per compute unit at a time (SMs on a GPU), and picks the tile shape that finishes soonest:
 
-A measured op (one that carries start/end, from a real run) keeps its measured duration.
+    tiles  = batch · ⌈M/tm⌉ · ⌈N/tn⌉           (tile quantization: edge tiles do full work)
+    waves  = ⌈tiles / units⌉                   (wave quantization: the last wave runs part-full)
+    t_gemm = waves · 2·tm·tn·K / (peak/units · gemm_efficiency)
+
+so a large GEMM runs at `gemm_efficiency` of peak, and a small, skinny or TP-sharded one
+further from it: 109 tiles on 108 SMs take two waves, twice as long as 108. A backward op
+runs two GEMMs, the input gradient (M, K, N) and the weight gradient (K, N, M). Other ops with
+FLOPs (a flash-attention kernel) run at their kernel's efficiency of peak.
+
+Every op also moves `mem_bytes` through HBM at `memory_efficiency` of its bandwidth. The two
+times combine as (t_compute^p + t_memory^p)^(1/p) (p = `roofline_exponent`): a clearly compute-
+or memory-bound kernel costs its larger time, but one near the ridge point does not hide one
+under the other for free. Each kernel launch adds `launch_overhead_s`. A measured op (one
+with start/end, from a real run) keeps its measured duration.
 """
 
 from __future__ import annotations
 
+from math import ceil
+
 from sim.profile import Profile
 from topology.cluster import Accelerator
-from traces.ops import Op
+from traces.ops import Op, Phase
 
 
 class ComputeModel:
-    """Roofline durations for one accelerator and profile, cached per (name, FLOPs, bytes)."""
+    """Kernel durations for one accelerator and profile, cached per distinct kernel."""
 
     def __init__(self, accelerator: Accelerator, profile: Profile) -> None:
         self.accelerator = accelerator
         self.profile = profile
-        self._cache: dict[tuple[str, float, float], float] = {}
+        self._cache: dict[tuple[object, ...], float] = {}
 
     def duration(self, op: Op) -> float:
         if op.start is not None and op.end is not None:
             return op.end - op.start
-        key = (op.name, op.flops, op.mem_bytes)
+        key = (op.name, op.phase is Phase.BWD, op.flops, op.mem_bytes, op.gemm)
         seconds = self._cache.get(key)
         if seconds is None:
-            seconds = self.roofline(*key)
-            self._cache[key] = seconds
+            seconds = self._cache[key] = self.kernel_time(
+                op.name, op.flops, op.mem_bytes, op.gemm, backward=op.phase is Phase.BWD)
         return seconds
 
-    def roofline(self, name: str, flops: float, mem_bytes: float) -> float:
-        cost = self.profile.cost(name)
+    def kernel_time(self, name: str, flops: float, mem_bytes: float, gemm: tuple[int, ...] = (),
+                    *, backward: bool = False) -> float:
+        """Seconds of one op of kernel `name` (see the module docstring)."""
+        params, override = self.profile.compute, self.profile.kernel(name)
         acc = self.accelerator
-        return max(flops / (acc.peak_flops * cost.flops_efficiency),
-                   mem_bytes / (acc.hbm_bandwidth_Bps * cost.memory_efficiency)) + cost.overhead_s
+        if gemm:
+            batch, m, n, k = gemm
+            shapes = [(batch, m, k, n), (batch, k, n, m)] if backward else [(batch, m, n, k)]
+            efficiency = override.flops_efficiency or params.gemm_efficiency
+            compute = sum(self.gemm_time(shape, efficiency) for shape in shapes)
+            launches = len(shapes)
+        else:
+            efficiency = override.flops_efficiency or params.gemm_efficiency
+            compute = flops / (acc.peak_flops * efficiency)
+            launches = 1
+        memory = mem_bytes / (acc.hbm_bandwidth_Bps *
+                              (override.memory_efficiency or params.memory_efficiency))
+        p = params.roofline_exponent
+        both = (compute ** p + memory ** p) ** (1 / p) if compute and memory else compute + memory
+        overhead = params.launch_overhead_s if override.overhead_s is None else override.overhead_s
+        return both + launches * overhead
+
+    def gemm_time(self, shape: tuple[int, int, int, int], efficiency: float) -> float:
+        """Seconds of one (batch, M, N, K) GEMM with the best tile, by tile and wave count."""
+        batch, m, n, k = shape
+        units = self.accelerator.compute_units
+        per_unit = self.accelerator.peak_flops / units * efficiency
+        best = float("inf")
+        for tm, tn in self.profile.compute.gemm_tiles:
+            waves = ceil(batch * ceil(m / tm) * ceil(n / tn) / units)
+            best = min(best, waves * 2.0 * tm * tn * k / per_unit)
+        return best

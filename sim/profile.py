@@ -1,74 +1,146 @@
-"""Calibration profiles: how close to the roofline each class of op runs, as a JSON file.
+"""Calibration profiles: the parameters of the compute model and of the links, as a JSON file.
 
-A compute op named `attn`, `mlp`, `norm`, `head`, `embed`, `attn_core` or `optimizer` costs
-(`sim.compute`) max(FLOPs / (peak * flops_efficiency), bytes / (HBM * memory_efficiency))
-+ overhead_s. Calibration against measured traces will fit these; until then each preset
-accelerator has defaults taken from public kernel benchmarks (cited below), not from any
-end-to-end throughput table. A profile file is JSON, read through `traces.files` and
-`traces.fields`: an unknown op name, an efficiency outside (0, 1] or an overhead that is not a
-finite 0 to 1 s is one error line.
+    {"schema": "parasim.profile", "version": 2, "name": "...", "calibrated": false,
+     "compute": {"gemm_efficiency": 0.85, "gemm_tiles": [[256, 128], ...],
+                 "memory_efficiency": 0.8, "launch_overhead_s": 3e-6, "roofline_exponent": 2,
+                 "kernels": {"flash_attn": {"flops_efficiency": 0.6}}},
+     "links": {"nvlink": {"bandwidth_Bps": 2.5e11, "latency_s": 2.35e-7}}}
+
+`sim.compute` times kernels with `compute`; `links` (optional) replaces the cluster's figures
+for a class of links (`kind` in the graph) — what `parasim calibrate` measures on the machine
+at hand. Until a profile is calibrated, each preset accelerator has defaults from public
+kernel benchmarks (cited below), never from an end-to-end throughput table. Everything is read
+through `traces.fields`: an unknown key or kernel, an efficiency outside (0, 1], a non-finite
+number, is one error line. Version-1 profiles (per-op-class efficiencies) are refused with a
+line saying so.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from topology.cluster import Accelerator
-from traces.errors import ConfigError, check_keys, show
-from traces.fields import MAX_LATENCY_S, Fields, check_fraction, check_number
+from traces.errors import ConfigError, show
+from traces.fields import (
+    MAX_BANDWIDTH_BPS,
+    MAX_LATENCY_S,
+    MIN_BANDWIDTH_BPS,
+    Fields,
+    check_fraction,
+    check_int,
+    check_number,
+)
 from traces.files import load_json, write_text_atomic
 
-VERSION = 1
+VERSION = 2
 KERNEL_NAMES = ("embed", "pos_embed", "ln1", "qkv", "flash_attn", "qk", "softmax",
                 "attn_dropout", "av", "proj", "bda1", "ln2", "fc1", "gelu", "fc2", "bda2",
                 "final_ln", "logits", "cross_entropy", "optimizer")
 """The compute op names a plan holds (`traces.kernels`, `traces.plan.compute`)."""
-CLASS_NAMES = ("attn", "mlp", "norm", "head", "attn_core")
-"""The op classes of the plans before kernel-level ops, which `DEFAULTS` below still costs."""
-OP_NAMES = (*KERNEL_NAMES, *CLASS_NAMES)
-"""The names a profile may cost; any other is a typo that would silently cost nothing."""
-PROFILE_KEYS = ("schema", "version", "name", "default", "ops")
-COST_KEYS = ("flops_efficiency", "memory_efficiency", "overhead_s")
+Tile = tuple[int, int]
 
 
-@dataclass(frozen=True, slots=True)
-class OpCost:
-    flops_efficiency: float
-    """Achieved fraction of dense peak FLOP/s."""
-    memory_efficiency: float
-    """Achieved fraction of HBM bandwidth."""
-    overhead_s: float = 0.0
-    """Fixed time per op (launches, framework)."""
+@dataclass(frozen=True, slots=True, kw_only=True)
+class KernelCost:
+    """Per-kernel overrides of the compute parameters (None: the general value)."""
+
+    flops_efficiency: float | None = None
+    memory_efficiency: float | None = None
+    overhead_s: float | None = None
 
     def __post_init__(self) -> None:
-        check_fraction(self.flops_efficiency, "flops_efficiency")
-        check_fraction(self.memory_efficiency, "memory_efficiency")
-        check_number(self.overhead_s, "overhead_s", minimum=0.0, maximum=MAX_LATENCY_S,
-                     unit=" s")
+        for name in ("flops_efficiency", "memory_efficiency"):
+            if getattr(self, name) is not None:
+                check_fraction(getattr(self, name), name)
+        if self.overhead_s is not None:
+            check_number(self.overhead_s, "overhead_s", minimum=0.0, maximum=MAX_LATENCY_S)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ComputeParams:
+    """How close to the accelerator's roofs kernels run (see `sim.compute`)."""
+
+    gemm_efficiency: float
+    """Achieved fraction of dense peak FLOP/s of a GEMM whose tiles fill every unit."""
+    gemm_tiles: tuple[Tile, ...] = ((256, 128), (128, 256), (128, 128), (128, 64), (64, 128),
+                                    (64, 64))
+    """Output tiles the GEMM library chooses among (CUTLASS's usual bf16 CTA tiles)."""
+    memory_efficiency: float = 0.8
+    """Achieved fraction of HBM bandwidth of a streaming kernel."""
+    launch_overhead_s: float = 3e-6
+    """Fixed time per kernel launch."""
+    roofline_exponent: float = 2.0
+    """p in (compute^p + memory^p)^(1/p): how a kernel near the ridge point is slower than
+    either roof alone (p = 2: √2 at the ridge; p → ∞ is the bare maximum)."""
+    kernels: Mapping[str, KernelCost] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        check_fraction(self.gemm_efficiency, "compute.gemm_efficiency")
+        check_fraction(self.memory_efficiency, "compute.memory_efficiency")
+        check_number(self.launch_overhead_s, "compute.launch_overhead_s", minimum=0.0,
+                     maximum=MAX_LATENCY_S)
+        check_number(self.roofline_exponent, "compute.roofline_exponent", minimum=1.0,
+                     maximum=64.0)
+        if not self.gemm_tiles:
+            raise ConfigError("compute.gemm_tiles: must list at least one [rows, columns] tile")
+        for tile in self.gemm_tiles:
+            for side in tile:
+                check_int(side, "compute.gemm_tiles", minimum=1, maximum=4096)
+        unknown = sorted(set(self.kernels) - set(KERNEL_NAMES))
+        if unknown:
+            raise ConfigError(f"compute.kernels.{unknown[0]}: unknown kernel (known: "
+                              f"{', '.join(KERNEL_NAMES)})")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LinkParams:
+    """Measured figures of one class of links, replacing the cluster's."""
+
+    bandwidth_Bps: float
+    latency_s: float
+
+    def __post_init__(self) -> None:
+        check_number(self.bandwidth_Bps, "bandwidth_Bps", minimum=MIN_BANDWIDTH_BPS,
+                     maximum=MAX_BANDWIDTH_BPS)
+        check_number(self.latency_s, "latency_s", minimum=0.0, maximum=MAX_LATENCY_S)
 
 
 @dataclass(frozen=True, kw_only=True)
 class Profile:
     name: str
-    ops: Mapping[str, OpCost] = field(default_factory=dict)
-    default: OpCost = OpCost(0.7, 0.8)
+    compute: ComputeParams
+    links: Mapping[str, LinkParams] = field(default_factory=dict)
+    calibrated: bool = False
+    """Fitted from measurements (`parasim calibrate`), or the built-in defaults."""
 
-    def __post_init__(self) -> None:
-        check_keys(self.ops, OP_NAMES, "profile.ops")  # a typo would silently cost nothing
+    def kernel(self, name: str) -> KernelCost:
+        return self.compute.kernels.get(name, _NO_OVERRIDE)
 
-    def cost(self, op_name: str) -> OpCost:
-        return self.ops.get(op_name, self.default)
-
-    def to_json(self) -> dict[str, object]:
+    def to_json(self) -> dict[str, Any]:
+        c = self.compute
+        kernels = {name: {k: v for k, v in (("flops_efficiency", cost.flops_efficiency),
+                                             ("memory_efficiency", cost.memory_efficiency),
+                                             ("overhead_s", cost.overhead_s)) if v is not None}
+                   for name, cost in sorted(c.kernels.items())}
         return {"schema": "parasim.profile", "version": VERSION, "name": self.name,
-                "default": asdict(self.default),
-                "ops": {k: asdict(v) for k, v in self.ops.items()}}
+                "calibrated": self.calibrated,
+                "compute": {"gemm_efficiency": c.gemm_efficiency,
+                            "gemm_tiles": [list(t) for t in c.gemm_tiles],
+                            "memory_efficiency": c.memory_efficiency,
+                            "launch_overhead_s": c.launch_overhead_s,
+                            "roofline_exponent": c.roofline_exponent, "kernels": kernels},
+                "links": {kind: {"bandwidth_Bps": p.bandwidth_Bps, "latency_s": p.latency_s}
+                          for kind, p in sorted(self.links.items())}}
 
     def save(self, path: str | Path) -> None:
         write_text_atomic(path, json.dumps(self.to_json(), indent=1, allow_nan=False) + "\n")
+
+
+_NO_OVERRIDE = KernelCost()
 
 
 def load_profile(path: str | Path) -> Profile:
@@ -80,58 +152,98 @@ def profile_from_json(data: object, source: str = "profile") -> Profile:
     """A profile from its JSON object; every bad key or value is one ConfigError line."""
     if not isinstance(data, dict) or data.get("schema") != "parasim.profile":
         raise ConfigError(f"{source}: not a parasim profile (schema parasim.profile)")
-    if type(data.get("version")) is not int or data["version"] != VERSION:
-        raise ConfigError(f"{source}: has version {show(data.get('version'))}; "
-                          f"this parasim reads version {VERSION}")
-    fields = Fields(data, "profile")
+    version = data.get("version")
+    if version == 1:
+        raise ConfigError(f"{source}: a version-1 profile (per-op-class efficiencies); this "
+                          f"parasim reads version {VERSION} (per-kernel compute parameters): "
+                          "calibrate again with `parasim calibrate`")
+    if type(version) is not int or version != VERSION:
+        raise ConfigError(f"{source}: has version {show(version)}; this parasim reads "
+                          f"version {VERSION}")
     try:
-        fields.known(PROFILE_KEYS)
-        if "default" not in fields:
-            raise ConfigError("profile.default: missing (an object of "
-                              f"{', '.join(COST_KEYS[:2])})")
-        ops = fields.sub("ops").known(OP_NAMES)
+        fields = Fields(data, "profile").known(("schema", "version", "name", "calibrated",
+                                                "compute", "links"))
+        links = fields.sub("links")
         return Profile(name=fields.string("name", str(source)),
-                       ops={name: _cost(ops.sub(name)) for name in ops.table},
-                       default=_cost(fields.sub("default")))
+                       calibrated=fields.boolean("calibrated", False),
+                       compute=_compute(fields.sub("compute")),
+                       links={kind: _link(links.sub(kind)) for kind in links.table})
     except ConfigError as err:
         raise ConfigError(f"{source}: {err}") from None
 
 
-def _cost(fields: Fields) -> OpCost:
-    fields.known(COST_KEYS)
-    for key in COST_KEYS[:2]:
+def _compute(fields: Fields) -> ComputeParams:
+    fields.known(("gemm_efficiency", "gemm_tiles", "memory_efficiency", "launch_overhead_s",
+                  "roofline_exponent", "kernels"))
+    if "gemm_efficiency" not in fields:
+        raise ConfigError(f"{fields.name('gemm_efficiency')}: missing")
+    base = ComputeParams(gemm_efficiency=1.0)
+    tiles = base.gemm_tiles
+    if "gemm_tiles" in fields:
+        raw = fields.table["gemm_tiles"]
+        if not isinstance(raw, list) or not all(isinstance(t, list) and len(t) == 2 for t in raw):
+            raise ConfigError(f"{fields.name('gemm_tiles')}: {show(raw)} must be a list of "
+                              "[rows, columns] pairs")
+        tiles = tuple((t[0], t[1]) for t in raw)
+    kernels = fields.sub("kernels").known(KERNEL_NAMES)
+    return ComputeParams(
+        gemm_efficiency=fields.fraction("gemm_efficiency", 1.0), gemm_tiles=tiles,
+        memory_efficiency=fields.fraction("memory_efficiency", base.memory_efficiency),
+        launch_overhead_s=fields.number("launch_overhead_s", base.launch_overhead_s,
+                                        minimum=0.0, maximum=MAX_LATENCY_S, unit=" s"),
+        roofline_exponent=fields.number("roofline_exponent", base.roofline_exponent,
+                                        minimum=1.0, maximum=64.0),
+        kernels={name: _kernel(kernels.sub(name)) for name in kernels.table})
+
+
+def _kernel(fields: Fields) -> KernelCost:
+    fields.known(("flops_efficiency", "memory_efficiency", "overhead_s"))
+    return KernelCost(
+        flops_efficiency=fields.fraction("flops_efficiency", 1.0)
+        if "flops_efficiency" in fields else None,
+        memory_efficiency=fields.fraction("memory_efficiency", 1.0)
+        if "memory_efficiency" in fields else None,
+        overhead_s=fields.number("overhead_s", 0.0, minimum=0.0, maximum=MAX_LATENCY_S,
+                                 unit=" s") if "overhead_s" in fields else None)
+
+
+def _link(fields: Fields) -> LinkParams:
+    fields.known(("bandwidth_Bps", "latency_s"))
+    for key in ("bandwidth_Bps", "latency_s"):
         if key not in fields:
             raise ConfigError(f"{fields.name(key)}: missing")
-    return OpCost(fields.fraction("flops_efficiency", 1.0),
-                  fields.fraction("memory_efficiency", 1.0),
-                  fields.number("overhead_s", 0.0, minimum=0.0, maximum=MAX_LATENCY_S,
-                                unit=" s"))
+    return LinkParams(bandwidth_Bps=fields.number("bandwidth_Bps", 0.0,
+                                                  minimum=MIN_BANDWIDTH_BPS,
+                                                  maximum=MAX_BANDWIDTH_BPS),
+                      latency_s=fields.number("latency_s", 0.0, minimum=0.0,
+                                              maximum=MAX_LATENCY_S, unit=" s"))
 
 
 # Defaults per accelerator. Sources:
-# - large bf16 GEMMs (the MLP, the logits): cuBLAS reaches ~85% of dense peak on A100 and ~70% on
-#   H100 SXM at Megatron-sized shapes (NVIDIA "Matrix Multiplication Background" guide and
-#   public cuBLAS benchmarks);
-# - attention blocks (QKV/proj GEMMs plus flash attention): FlashAttention-2 (Dao, 2023) reaches
-#   50-73% of A100 peak and ~35-50% of H100 peak; we take 0.65 and 0.50;
-# - memory-bound kernels reach ~80% of HBM bandwidth (STREAM-like copies on HBM2e/HBM3);
-# - TPU v4: PaLM (Chowdhery et al., 2022) ran at 57.8% hardware FLOPs utilisation end to end, so
-#   per-op MXU efficiency is at least that; we take 0.75 for matmuls, 0.6 for attention.
-_GPU_A100 = {"mlp": OpCost(0.85, 0.8), "head": OpCost(0.85, 0.8), "attn": OpCost(0.65, 0.8),
-             "attn_core": OpCost(0.65, 0.8)}
-_GPU_H100 = {"mlp": OpCost(0.70, 0.8), "head": OpCost(0.70, 0.8), "attn": OpCost(0.50, 0.8),
-             "attn_core": OpCost(0.50, 0.8)}
-_TPU_V4 = {"mlp": OpCost(0.75, 0.8), "head": OpCost(0.75, 0.8), "attn": OpCost(0.60, 0.8),
-           "attn_core": OpCost(0.60, 0.8)}
-DEFAULTS: dict[str, Mapping[str, OpCost]] = {
-    "A100-SXM4-80GB": _GPU_A100,
-    "H100-SXM5-80GB": _GPU_H100,
-    "H200-SXM-141GB": _GPU_H100,  # same Hopper compute die as H100
-    "TPU-v4": _TPU_V4,
+# - large bf16 GEMMs: cuBLAS reaches ~85% of dense peak on A100 and ~70% on H100 SXM at
+#   Megatron-sized shapes (NVIDIA "Matrix Multiplication Background" user guide; public cuBLAS
+#   benchmarks); tile and wave quantization on top come from the shape (sim.compute);
+# - flash attention: FlashAttention-2 (Dao, 2023) reaches 50-73% of A100 peak forward and
+#   backward (counting the FLOPs it executes: causal blocks skipped, backward 2.5x forward);
+#   on H100, FlashAttention-2 ~35% and cuDNN/FlashAttention-3 50-75% (Shah et al., 2024): 0.5;
+# - streaming kernels reach ~80% of HBM bandwidth (STREAM-like copies on HBM2e/HBM3);
+# - launches: ~3 us per kernel ("Getting Started with CUDA Graphs", NVIDIA blog, 2019: a few
+#   microseconds per launch, which graphs remove); XLA on TPU fuses: 1 us;
+# - TPU v4: PaLM (Chowdhery et al., 2022) ran at 57.8% hardware FLOPs utilisation end to end,
+#   so matrix units reach at least that per op: 0.75; one 128x128 tile per MXU.
+DEFAULTS: dict[str, ComputeParams] = {
+    "A100-SXM4-80GB": ComputeParams(gemm_efficiency=0.85, kernels={
+        "flash_attn": KernelCost(flops_efficiency=0.6)}),
+    "H100-SXM5-80GB": ComputeParams(gemm_efficiency=0.70, kernels={
+        "flash_attn": KernelCost(flops_efficiency=0.5)}),
+    "TPU-v4": ComputeParams(gemm_efficiency=0.75, gemm_tiles=((128, 128),),
+                            launch_overhead_s=1e-6, kernels={
+                                "flash_attn": KernelCost(flops_efficiency=0.6)}),
 }
+DEFAULTS["H200-SXM-141GB"] = DEFAULTS["H100-SXM5-80GB"]  # the same Hopper compute die
 
 
 def default_profile(accelerator: Accelerator) -> Profile:
-    """The built-in profile for a preset accelerator (generic 0.7 / 0.8 for unknown ones)."""
-    ops = DEFAULTS.get(accelerator.name, {})
-    return Profile(name=f"default-{accelerator.name}", ops=ops, default=OpCost(0.7, 0.8))
+    """The built-in profile for a preset accelerator (generic figures for unknown ones)."""
+    compute = DEFAULTS.get(accelerator.name, ComputeParams(gemm_efficiency=0.7))
+    return Profile(name=f"default-{accelerator.name}", compute=compute)

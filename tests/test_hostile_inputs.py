@@ -32,8 +32,12 @@ TPU = {
     "cluster": {"preset": '"tpu-v4"', "dims": "[4, 4]"},
 }
 DIGITS_400 = "1" + "0" * 400
-PROFILE = {"schema": "parasim.profile", "version": 1, "name": "p",
-           "default": {"flops_efficiency": 0.7, "memory_efficiency": 0.8}, "ops": {}}
+PROFILE = {"schema": "parasim.profile", "version": 2, "name": "p",
+           "compute": {"gemm_efficiency": 0.7, "memory_efficiency": 0.8, "kernels": {}}}
+
+
+def with_compute(**values: object) -> dict:
+    return {**PROFILE, "compute": {**PROFILE["compute"], **values}}
 
 
 def toml(base: dict[str, dict[str, str]], top: str = "", **edits: dict[str, str | None]) -> str:
@@ -204,11 +208,11 @@ def test_files_that_are_not_utf8(capsys, write):
 
 
 @pytest.mark.parametrize(("ops", "needle"), [
-    ([], "profile.ops: [] must be a table of keys"),
-    ("attn", "profile.ops: 'attn' must be a table of keys"),
+    ([], "profile.compute.kernels: [] must be a table of keys"),
+    ("attn", "profile.compute.kernels: 'attn' must be a table of keys"),
 ])
 def test_profile_ops_not_a_table(capsys, write, ops, needle):
-    profile = write(json.dumps({**PROFILE, "ops": ops}), "p.json")
+    profile = write(json.dumps(with_compute(kernels=ops)), "p.json")
     refused(capsys, needle, "simulate", write(toml(SMALL)), "--profile", profile)
 
 
@@ -240,16 +244,16 @@ def test_values_that_gave_silent_wrong_answers(capsys, write, base, edits, needl
     refused(capsys, needle, "simulate", write(toml(base, **edits)))
 
 
-@pytest.mark.parametrize(("default", "needle"), [
-    ({"flops_efficiency": 0.7, "memory_efficiency": 0.8, "overhead_s": "Infinity"},
-     "profile.default.overhead_s: inf must be at least 0 s and at most 1 s"),
-    ({"flops_efficiency": 0.7, "memory_efficiency": 0.8, "overhead_s": 1e308},
-     "profile.default.overhead_s: 1e+308 must be at least 0 s"),
-    ({"flops_efficiency": True, "memory_efficiency": 0.8},
-     "profile.default.flops_efficiency: True must be a fraction in (0, 1]"),
+@pytest.mark.parametrize(("compute", "needle"), [
+    ({"launch_overhead_s": "Infinity"},
+     "profile.compute.launch_overhead_s: inf must be at least 0 s and at most 1 s"),
+    ({"launch_overhead_s": 1e308}, "profile.compute.launch_overhead_s: 1e+308 must be at least"),
+    ({"gemm_efficiency": True}, "profile.compute.gemm_efficiency: True must be a fraction"),
+    ({"kernels": {"fc1": {"overhead_s": "Infinity"}}},
+     "profile.compute.kernels.fc1.overhead_s: inf must be at least 0 s"),
 ])
-def test_profile_values_that_gave_nan_or_were_taken_as_numbers(capsys, write, default, needle):
-    text = json.dumps({**PROFILE, "default": default}).replace('"Infinity"', "Infinity")
+def test_profile_values_that_gave_nan_or_were_taken_as_numbers(capsys, write, compute, needle):
+    text = json.dumps(with_compute(**compute)).replace('"Infinity"', "Infinity")
     refused(capsys, needle, "simulate", write(toml(SMALL)), "--profile", write(text, "p.json"))
 
 
@@ -333,8 +337,10 @@ def test_dims_on_a_dgx_preset_is_an_error(capsys, write):
 
 
 def test_unknown_op_names_in_a_profile_are_errors(capsys, write):
-    profile = write(json.dumps({**PROFILE, "ops": {"atn": PROFILE["default"]}}), "p.json")
-    refused(capsys, "profile.ops.atn: unknown key (known: embed, pos_embed", "simulate",
+    profile = write(json.dumps(with_compute(kernels={"atn": {"flops_efficiency": 0.5}})),
+                    "p.json")
+    refused(capsys, "profile.compute.kernels.atn: unknown key (known: embed, pos_embed",
+            "simulate",
             write(toml(SMALL)), "--profile", profile)
 
 

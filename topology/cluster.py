@@ -23,6 +23,9 @@ class Accelerator:
     memory_bytes: float
     """HBM capacity."""
     hbm_bandwidth_Bps: float
+    compute_units: int = 1
+    """Units that run GEMM tiles in parallel (a GPU's SMs, a TPU's matrix units): a GEMM of
+    fewer tiles than units leaves some idle (wave quantization)."""
 
 
 class Fabric(Protocol):

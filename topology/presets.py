@@ -35,24 +35,28 @@ A100_80GB = Accelerator(
     peak_flops=312e12,  # A100 data sheet: BF16 tensor core 312 TFLOPS dense (624 sparse)
     memory_bytes=81920 * 2**20,  # nvidia-smi: 81920 MiB
     hbm_bandwidth_Bps=2039e9,  # A100 80GB SXM data sheet: 2,039 GB/s HBM2e
+    compute_units=108,  # NVIDIA A100 Tensor Core GPU Architecture whitepaper: 108 SMs
 )
 H100_SXM = Accelerator(
     name="H100-SXM5-80GB",
     peak_flops=989.4e12,  # H100 SXM data sheet: BF16 1,979 TFLOPS with sparsity, half dense
     memory_bytes=81559 * 2**20,  # nvidia-smi: 81559 MiB
     hbm_bandwidth_Bps=3.35e12,  # H100 SXM data sheet: 3.35 TB/s HBM3
+    compute_units=132,  # NVIDIA H100 Tensor Core GPU Architecture whitepaper: 132 SMs (SXM5)
 )
 H200_SXM = Accelerator(
     name="H200-SXM-141GB",
     peak_flops=989.4e12,  # H200 data sheet: BF16 1,979 TFLOPS with sparsity, half dense
     memory_bytes=143771 * 2**20,  # nvidia-smi: 143771 MiB (141 GB usable HBM3e)
     hbm_bandwidth_Bps=4.8e12,  # H200 data sheet: 4.8 TB/s HBM3e
+    compute_units=132,  # the H100 SXM5 die: 132 SMs
 )
 TPU_V4 = Accelerator(
     name="TPU-v4",
     peak_flops=275e12,  # Cloud TPU v4 docs: 275 TFLOPS bf16 per chip
     memory_bytes=32 * 2**30,  # Cloud TPU v4 docs: 32 GiB HBM2
     hbm_bandwidth_Bps=1200e9,  # Cloud TPU v4 docs: 1200 GBps
+    compute_units=8,  # Cloud TPU v4 docs: 2 TensorCores of 4 MXUs (128x128 systolic arrays)
 )
 
 

@@ -1,12 +1,11 @@
 """Experiments and profiles are valid once constructed: the model x layout x cluster rules are
 checked in one place (`Experiment`), profiles through the typed reader."""
 
-import re
 
 import pytest
 
 from sim.config import EXAMPLES, Experiment, example_path, experiment_from_dict, load_experiment
-from sim.profile import OP_NAMES, OpCost, Profile, default_profile, profile_from_json
+from sim.profile import default_profile
 from topology import build_cluster
 from traces.errors import ConfigError
 from traces.layout import Layout
@@ -60,46 +59,3 @@ def test_bucket_bytes_read_in_human_units():
         experiment_from_dict(data)
 
 
-# --- profiles -----------------------------------------------------------------------------------
-
-PROFILE = {"schema": "parasim.profile", "version": 1, "name": "fit",
-           "default": {"flops_efficiency": 0.7, "memory_efficiency": 0.8},
-           "ops": {"fc1": {"flops_efficiency": 0.9, "memory_efficiency": 0.8, "overhead_s": 2e-6}}}
-
-
-def test_a_profile_round_trips_and_costs_by_op_name():
-    profile = profile_from_json(PROFILE)
-    assert profile.cost("fc1") == OpCost(0.9, 0.8, 2e-6)
-    assert profile.cost("qkv") == OpCost(0.7, 0.8)
-    assert profile_from_json(profile.to_json()) == profile
-
-
-@pytest.mark.parametrize(("change", "message"), [
-    ({"version": 2}, "has version 2; this parasim reads version 1"),
-    ({"version": True}, "has version True"),
-    ({"colour": 1}, "profile.colour: unknown key"),
-    ({"name": ["x"]}, "profile.name: ['x'] must be a string"),
-    ({"default": None}, "profile.default: None must be a table of keys"),
-    ({"default": {"flops_efficiency": 0.7}}, "profile.default.memory_efficiency: missing"),
-    ({"default": {"flops_efficiency": 0.7, "memory_efficiency": 0.8, "jitter": 1}},
-     "profile.default.jitter: unknown key"),
-    ({"ops": {"fc1": {"flops_efficiency": 0, "memory_efficiency": 1}}},
-     "profile.ops.fc1.flops_efficiency: 0 must be a fraction in (0, 1]"),
-    ({"ops": {"fc1": {"flops_efficiency": 0.5, "memory_efficiency": 1, "overhead_s": -1}}},
-     "profile.ops.fc1.overhead_s: -1 must be at least 0 s"),
-    ({"ops": {"mlpp": PROFILE["default"]}}, "profile.ops.mlpp: unknown key"),
-])
-def test_bad_profiles_are_one_line(change, message):
-    with pytest.raises(ConfigError, match=re.escape(message)) as caught:
-        profile_from_json({**PROFILE, **change}, "p.json")
-    assert str(caught.value).startswith("p.json: ")
-
-
-def test_op_costs_and_profiles_check_themselves():
-    with pytest.raises(ConfigError, match=r"flops_efficiency: 1\.5 must be a fraction"):
-        OpCost(1.5, 0.5)
-    with pytest.raises(ConfigError, match=r"overhead_s: inf must be at least 0 s"):
-        OpCost(0.5, 0.5, float("inf"))
-    with pytest.raises(ConfigError, match=r"profile\.ops\.atn: unknown key"):
-        Profile(name="p", ops={"atn": OpCost(0.5, 0.5)})
-    assert "flash_attn" in OP_NAMES and "cross_entropy" in OP_NAMES
