@@ -163,7 +163,8 @@ def stage_memory(model: ModelSpec, layout: Layout, pp_rank: int,
         raise ConfigError(f"pipeline rank {pp_rank} is outside 0..{layout.pp - 1}")
     params, grads, optimizer = model_state_bytes(
         layout.params_on_rank(model, pp_rank), layout.dp, layout.zero,
-        param_bytes=model.dtype_bytes, grad_bytes=4 if layout.fp32_main_grads else model.dtype_bytes)
+        param_bytes=model.dtype_bytes,
+        grad_bytes=4 if layout.fp32_main_grads else model.dtype_bytes)
     layers_per_stage = model.layers // layout.num_stages
     activations = (peak_in_flight(actions) * layers_per_stage
                    * activation_bytes_per_layer(model, layout))
