@@ -7,9 +7,13 @@ Layout (one line, compact separators; ranks sorted, op fields in dataclass order
 
 Each op always carries "kind" and "stream" and otherwise only the fields that differ from the
 `Op` defaults, so a 200k-op plan stays small. Enums are written as their values, tuples as lists.
-`load` checks every rule a reader relies on (types, enum values, deps pointing backwards,
-start/end together) and raises `ConfigError` with one line naming the file, rank, op and field.
-`save` writes atomically. Check a file: `python -c "import traces.io as t; t.load('step.json')"`.
+`load` reads a regular file of at most 2 GiB (`traces.files`) and checks every rule a reader
+relies on: types, enum values, numbers finite and not negative (FLOPs, bytes, sizes, layers,
+times), deps pointing backwards, start/end together, a send/recv's peer another rank, a
+collective's group non-empty with distinct ranks, rank keys canonical decimals of at most 9
+digits. (Whether a peer or group member exists is for the replay, which knows the world.)
+Any problem is a `ConfigError` with one line naming the file, rank, op and field. `save` writes
+atomically. Check a file: `python -c "import traces.io as t; t.load('step.json')"`.
 """
 
 from __future__ import annotations
