@@ -18,11 +18,9 @@ atomically. Check a file: `python -c "import traces.io as t; t.load('step.json')
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import json
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import MISSING, fields
 from enum import StrEnum
 from itertools import compress
@@ -31,6 +29,7 @@ from typing import Any
 
 from traces.errors import ConfigError, show
 from traces.files import MAX_TRACE_BYTES, PathLike, parse_json, read_bytes, write_text_atomic
+from traces.nogc import paused_gc
 from traces.ops import COLLECTIVES, Op, OpKind, Phase, Trace
 
 SCHEMA = "parasim.trace"
@@ -51,28 +50,11 @@ _TUPLE_FIELDS = tuple(name for name, default in _OPTIONAL if isinstance(default,
 _ENUM_FIELDS = ("phase",)
 
 
-@contextlib.contextmanager
-def _no_gc() -> Iterator[None]:
-    """Pause the cyclic GC while building 100k+ acyclic objects.
-
-    Every 700 allocations the collector would rescan young objects, and now and then all of
-    them; none of these objects can form a cycle, so that work is pure overhead (about a third
-    of the time on a 250k-op trace).
-    """
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
-
-
 # --- writing ---------------------------------------------------------------------------------
 
 def to_json(trace: Trace) -> dict[str, Any]:
     """The trace as a JSON-able dict (ranks in ascending order, defaults omitted)."""
-    with _no_gc():
+    with paused_gc():
         ranks = {str(rank): [_encode_op(op) for op in trace.ops[rank]]
                  for rank in sorted(trace.ops)}
     return {"schema": SCHEMA, "version": VERSION, "meta": dict(trace.meta), "ranks": ranks}
@@ -121,7 +103,7 @@ def load(path: PathLike) -> Trace:
     """Read and check a trace file; any problem is a `ConfigError` naming the file."""
     source = str(path)
     raw = read_bytes(path, limit=MAX_TRACE_BYTES)
-    with _no_gc():
+    with paused_gc():
         data = parse_json(raw, source)
     del raw
     return from_json(data, source)
@@ -143,7 +125,7 @@ def from_json(data: object, source: str = "trace") -> Trace:
     if unknown:
         raise ConfigError(f"{source}: unknown top-level key {unknown[0]!r}")
     ops = {}
-    with _no_gc():
+    with paused_gc():
         for key, raw_ops in ranks.items():
             rank = _rank_key(key, source)
             ops[rank] = _decode_rank(rank, raw_ops, source)

@@ -24,6 +24,7 @@ from typing import Any
 
 from traces.layout import Layout
 from traces.model import ModelSpec
+from traces.nogc import paused_gc
 from traces.ops import Op, Trace
 from traces.pipeline import build_schedule
 from traces.plan.compute import lower_compute
@@ -41,7 +42,8 @@ def build(model: ModelSpec, layout: Layout, ranks: Iterable[int] | None = None) 
     """The plan trace for `ranks` (default: all); the layout must fit the model."""
     schedule = build_schedule(str(layout.schedule), layout.pp, layout.num_microbatches, layout.vp)
     chosen = sorted(ranks) if ranks is not None else list(range(layout.world))
-    ops = {r: lower_rank(model, layout, r, schedule[layout.coords(r)["pp"]]) for r in chosen}
+    with paused_gc():
+        ops = {r: lower_rank(model, layout, r, schedule[layout.coords(r)["pp"]]) for r in chosen}
     folded = chosen == layout.representatives() and layout.world > len(chosen)
     meta: dict[str, Any] = {
         "model": _model_meta(model),

@@ -11,6 +11,8 @@ recomputation does). Nothing else: the later passes add communication.
 
 from __future__ import annotations
 
+from typing import Any
+
 from traces.kernels import (
     ATTENTION_CORE,
     Kernel,
@@ -39,30 +41,35 @@ class _StageKernels:
         b, t, sp = layout.micro_batch, layout.tp, layout.sp
         g = ctx.grad_bytes
         self.ctx = ctx
-        self.layer = layer_kernels(model, b, t, sp, g)
-        self.embed = embedding_kernels(model, b, t, sp, g)
-        self.head = head_kernels(model, b, t, sp, g)
-        self.layer_backward = _layer_backward(self.layer, layout.recompute,
-                                              ATTENTION_CORE[model.attention])
+        layer = layer_kernels(model, b, t, sp, g)
+        embed = embedding_kernels(model, b, t, sp, g)
+        head = head_kernels(model, b, t, sp, g)
+        self.layer_forward = _fields(_run(layer, Phase.FWD))
+        self.layer_backward = _fields(_layer_backward(layer, layout.recompute,
+                                                      ATTENTION_CORE[model.attention]))
+        self.embed_forward = _fields(_run(embed, Phase.FWD))
+        self.embed_backward = _fields(_run(embed[::-1], Phase.BWD))
+        self.head_forward = _fields(_run(head, Phase.FWD))
+        self.head_backward = _fields(_run(head[::-1], Phase.BWD))
 
     def forward(self, action: Action) -> list[Node]:
         mb, nodes = action.microbatch, []
         if action.stage == 0:
-            nodes += _nodes(_run(self.embed, Phase.FWD), "embed", None, mb)
+            nodes += _nodes(self.embed_forward, "embed", None, mb)
         for layer in self.ctx.layout.layers_of_stage(self.ctx.model, action.stage):
-            nodes += _nodes(_run(self.layer, Phase.FWD), layer, layer, mb)
+            nodes += _nodes(self.layer_forward, layer, layer, mb)
         if action.stage == self.ctx.last_stage:
-            nodes += _nodes(_run(self.head, Phase.FWD), "head", None, mb)
+            nodes += _nodes(self.head_forward, "head", None, mb)
         return nodes
 
     def backward(self, action: Action) -> list[Node]:
         mb, nodes = action.microbatch, []
         if action.stage == self.ctx.last_stage:
-            nodes += _nodes(_run(self.head[::-1], Phase.BWD), "head", None, mb)
+            nodes += _nodes(self.head_backward, "head", None, mb)
         for layer in reversed(self.ctx.layout.layers_of_stage(self.ctx.model, action.stage)):
             nodes += _nodes(self.layer_backward, layer, layer, mb)
         if action.stage == 0:
-            nodes += _nodes(_run(self.embed[::-1], Phase.BWD), "embed", None, mb)
+            nodes += _nodes(self.embed_backward, "embed", None, mb)
         return nodes
 
 
@@ -87,9 +94,14 @@ def _layer_backward(layer: list[Kernel], recompute: Recompute, core: tuple[str, 
     return backward
 
 
-def _nodes(run: Run, unit: Unit, layer: int | None, mb: int) -> list[Node]:
-    return [Node(Op(kind=OpKind.COMPUTE, stream=Stream.COMPUTE, name=k.name, phase=phase,
-                    flops=k.bwd_flops if phase is Phase.BWD else k.flops,
-                    mem_bytes=k.bwd_bytes if phase is Phase.BWD else k.mem_bytes,
-                    gemm=k.gemm or (), layer=layer, microbatch=mb), unit)
-            for k, phase in run]
+def _nodes(run: list[dict[str, Any]], unit: Unit, layer: int | None, mb: int) -> list[Node]:
+    """One node per kernel of `run` (the ops' fields but layer and micro-batch, prepared once:
+    a 1024-GPU plan builds ~10^6 of these)."""
+    return [Node(Op(**fields, layer=layer, microbatch=mb), unit) for fields in run]
+
+
+def _fields(run: Run) -> list[dict[str, Any]]:
+    return [{"kind": OpKind.COMPUTE, "stream": Stream.COMPUTE, "name": k.name, "phase": phase,
+             "flops": k.bwd_flops if phase is Phase.BWD else k.flops,
+             "mem_bytes": k.bwd_bytes if phase is Phase.BWD else k.mem_bytes,
+             "gemm": k.gemm or ()} for k, phase in run]

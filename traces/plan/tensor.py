@@ -41,24 +41,43 @@ def add_tensor_parallel(ctx: RankContext, program: Program) -> Program:
     layout = ctx.layout
     if layout.tp == 1:
         return program
-    table = _SEQUENCE if layout.sp else _PLAIN
     b, s = layout.micro_batch, ctx.model.seq_len
     sizes = {"tp": ctx.model.activation_bytes(b), "ce_max": b * s * FP32,
              "ce_sum": 2 * b * s * FP32}
     group = layout.group(ctx.rank, "tp")
+    where = _placements(layout.sp)
     out: Program = []
     for nodes in program:
         step: list[Node] = []
         for node in nodes:
-            op = node.op
-            before, after = table.get((op.name, op.phase is Phase.BWD), ((), ()))
-            step += [_collective(ctx, node, kind, "tp", group, sizes["tp"]) for kind in before]
+            found = where.get((node.op.name, node.op.phase))
+            if found is None:
+                step.append(node)
+                continue
+            before, after = found
+            step += [_collective(ctx, node, k, name, group, sizes[name]) for k, name in before]
             step.append(node)
-            step += [_collective(ctx, node, kind, "tp", group, sizes["tp"]) for kind in after]
-            if op.phase is Phase.FWD and op.name in ("logits", "cross_entropy"):
-                name = "ce_max" if op.name == "logits" else "ce_sum"
-                step.append(_collective(ctx, node, _AR, name, group, sizes[name]))
+            step += [_collective(ctx, node, k, name, group, sizes[name]) for k, name in after]
         out.append(step)
+    return out
+
+
+Placement = tuple[tuple[tuple[OpKind, str], ...], tuple[tuple[OpKind, str], ...]]
+
+
+def _placements(sp: bool) -> dict[tuple[str, Phase], Placement]:
+    """(kernel, phase) -> the (kind, name) collectives before and after it."""
+    table = _SEQUENCE if sp else _PLAIN
+    out: dict[tuple[str, Phase], Placement] = {}
+    for (name, backward), (before, after) in table.items():
+        phases = (Phase.BWD,) if backward else (Phase.FWD, Phase.RECOMPUTE)
+        for phase in phases:
+            out[(name, phase)] = (tuple((k, "tp") for k in before),
+                                  tuple((k, "tp") for k in after))
+    # The vocab-parallel cross-entropy's reductions (the head is never recomputed).
+    logits_before, logits_after = out.get(("logits", Phase.FWD), ((), ()))
+    out[("logits", Phase.FWD)] = (logits_before, (*logits_after, (_AR, "ce_max")))
+    out[("cross_entropy", Phase.FWD)] = ((), ((_AR, "ce_sum"),))
     return out
 
 
