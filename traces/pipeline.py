@@ -39,15 +39,17 @@ class Action:
         return Action(int(match[1]), match[2], int(match[3]))  # type: ignore[arg-type]
 
 
-Schedule = dict[int, list[Action]]
+ActionSchedule = dict[int, list[Action]]
+"""Per pipeline rank, its actions in run order (the schedule's *name* is `layout.Schedule`)."""
+KINDS: tuple[Literal["F", "B"], ...] = ("F", "B")
 
 
-def gpipe(pp: int, m: int) -> Schedule:
+def gpipe(pp: int, m: int) -> ActionSchedule:
     return {r: [Action(r, "F", i) for i in range(m)] + [Action(r, "B", i) for i in range(m)]
             for r in range(pp)}
 
 
-def one_f_one_b(pp: int, m: int) -> Schedule:
+def one_f_one_b(pp: int, m: int) -> ActionSchedule:
     schedule = {}
     for r in range(pp):
         warmup = min(pp - r - 1, m)
@@ -59,7 +61,7 @@ def one_f_one_b(pp: int, m: int) -> Schedule:
     return schedule
 
 
-def interleaved(pp: int, vp: int, m: int) -> Schedule:
+def interleaved(pp: int, vp: int, m: int) -> ActionSchedule:
     """Megatron-LM's interleaved 1F1B; m must be a multiple of pp.
 
     Micro-batches go through the chunks in groups of pp: forward k runs chunk (k // pp) % vp on
@@ -89,7 +91,7 @@ def interleaved(pp: int, vp: int, m: int) -> Schedule:
     return schedule
 
 
-def build_schedule(name: str, pp: int, m: int, vp: int = 1) -> Schedule:
+def build_schedule(name: str, pp: int, m: int, vp: int = 1) -> ActionSchedule:
     """The named schedule, validated."""
     if name == "gpipe":
         schedule = gpipe(pp, m)
@@ -103,7 +105,7 @@ def build_schedule(name: str, pp: int, m: int, vp: int = 1) -> Schedule:
     return schedule
 
 
-def format_schedule(schedule: Schedule, mark: tuple[int, int] | None = None) -> str:
+def format_schedule(schedule: ActionSchedule, mark: tuple[int, int] | None = None) -> str:
     """One line per rank; `mark` = (rank, step) is shown in brackets."""
     lines = []
     for r in sorted(schedule):
@@ -112,11 +114,11 @@ def format_schedule(schedule: Schedule, mark: tuple[int, int] | None = None) -> 
     return "\n".join(lines)
 
 
-def validate(schedule: Schedule, pp: int, m: int, vp: int = 1) -> None:
+def validate(schedule: ActionSchedule, pp: int, m: int, vp: int = 1) -> None:
     """Every (stage, micro-batch) forward and backward exactly once, on the stage's rank, and
     the whole schedule runs to the end when every pass waits for its inputs (no deadlock)."""
     for r in range(pp):
-        expected = {Action(c * pp + r, k, i) for c in range(vp) for k in "FB" for i in range(m)}
+        expected = {Action(c * pp + r, k, i) for c in range(vp) for k in KINDS for i in range(m)}
         actions = schedule.get(r, [])
         if sorted(map(str, actions)) != sorted(map(str, expected)):
             missing = sorted(map(str, expected - set(actions)))[:4]
@@ -126,7 +128,7 @@ def validate(schedule: Schedule, pp: int, m: int, vp: int = 1) -> None:
     _check_runs_to_completion(schedule, pp * vp)
 
 
-def _check_runs_to_completion(schedule: Schedule, num_stages: int) -> None:
+def _check_runs_to_completion(schedule: ActionSchedule, num_stages: int) -> None:
     """Step the ranks in lock-step rounds; each runs its next action once its inputs exist."""
     done: set[tuple[int, str, int]] = set()
     cursor = {r: 0 for r in schedule}

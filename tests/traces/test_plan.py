@@ -132,3 +132,24 @@ def test_zero3_gathers_each_layer_before_forward_and_backward():
     ops = plan.ops[0]
     first_ln = next(i for i, op in enumerate(ops) if op.name == "ln1")
     assert any(ops[d].stream == "zero_ag" for d in ops[first_ln].deps)  # waits for its gather
+
+
+def test_op_count_estimate_is_within_ten_percent_of_the_built_plan():
+    from traces.plan import count_ops
+
+    model = ModelSpec(layers=32, hidden=256, heads=8, seq_len=64, vocab=1024, attention="unfused")
+    for options in (dict(tp=2, pp=4, recompute="full"), dict(tp=2, sp=True, dp=2, zero=3),
+                    dict(pp=2, vp=2, schedule="interleaved", recompute="selective")):
+        layout = Layout(global_batch=16, **options)
+        built = build(model, layout).num_ops()
+        assert abs(count_ops(model, layout, layout.world) / built - 1) < 0.10
+
+
+def test_a_plan_too_big_to_build_is_one_line_before_anything_is_built():
+    from traces.errors import ConfigError
+    from traces.plan import MAX_PLAN_OPS
+
+    model = ModelSpec(layers=1024, hidden=256, heads=8, seq_len=64, vocab=1024)
+    layout = Layout(pp=8, dp=64, global_batch=65536)  # 1024 micro-batches on 512 ranks
+    with pytest.raises(ConfigError, match=f"more than the {MAX_PLAN_OPS:,} parasim builds"):
+        build(model, layout)

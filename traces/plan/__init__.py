@@ -22,6 +22,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from traces.errors import ConfigError
+from traces.kernels import ATTENTION_CORE, layer_kernels
 from traces.layout import Layout
 from traces.model import ModelSpec
 from traces.nogc import paused_gc
@@ -35,13 +37,23 @@ from traces.plan.optimizer import add_optimizer
 from traces.plan.p2p import add_pipeline_p2p
 from traces.plan.tensor import add_tensor_parallel
 
-__all__ = ["build", "lower_rank"]
+__all__ = ["MAX_PLAN_OPS", "build", "count_ops", "lower_rank"]
+
+MAX_PLAN_OPS = 10_000_000
+"""The most ops parasim builds in one plan (~4 GB of memory; GPT-3 175B folded on 1024 GPUs
+holds 0.84 M, a 1T model folded on 3072 GPUs ~3.5 M)."""
 
 
 def build(model: ModelSpec, layout: Layout, ranks: Iterable[int] | None = None) -> Trace:
-    """The plan trace for `ranks` (default: all); the layout must fit the model."""
-    schedule = build_schedule(str(layout.schedule), layout.pp, layout.num_microbatches, layout.vp)
+    """The plan trace for `ranks` (default: all); the layout must fit the model. Raises
+    ConfigError before building anything when the plan would exceed MAX_PLAN_OPS ops."""
     chosen = sorted(ranks) if ranks is not None else list(range(layout.world))
+    estimate = count_ops(model, layout, len(chosen))
+    if estimate > MAX_PLAN_OPS:
+        raise ConfigError(f"plan: about {estimate:,} ops for {len(chosen):,} ranks, more than "
+                          f"the {MAX_PLAN_OPS:,} parasim builds (fewer micro-batches or layers; "
+                          "simulate folded, one rank per pipeline stage)")
+    schedule = build_schedule(str(layout.schedule), layout.pp, layout.num_microbatches, layout.vp)
     with paused_gc():
         ops = {r: lower_rank(model, layout, r, schedule[layout.coords(r)["pp"]]) for r in chosen}
     folded = chosen == layout.representatives() and layout.world > len(chosen)
@@ -53,6 +65,22 @@ def build(model: ModelSpec, layout: Layout, ranks: Iterable[int] | None = None) 
     if folded:
         meta["fold"] = fold_meta(layout)
     return Trace(ops, meta)
+
+
+def count_ops(model: ModelSpec, layout: Layout, num_ranks: int) -> int:
+    """Ops a plan of `num_ranks` ranks holds, within a few percent, without building it:
+    per layer and micro-batch its kernels forward, backward and recomputed, its TP/SP
+    collectives and ZeRO-3's gathers and scatters; per micro-batch the embedding, the output
+    layer and the pipeline's sends and receives."""
+    kernels = len(layer_kernels(model, 1, 1, False))
+    recomputed = {"none": 0, "selective": len(ATTENTION_CORE[model.attention]),
+                  "full": kernels}[str(layout.recompute)]
+    tp = (4 if layout.sp else 2) * (3 if str(layout.recompute) == "full" else 2)
+    per_layer = 2 * kernels + recomputed + (tp if layout.tp > 1 else 0) + (
+        4 if layout.zero == 3 else 0)
+    layers = model.layers // layout.pp  # per rank, over its model chunks
+    per_microbatch = layers * per_layer + 24
+    return num_ranks * (layout.num_microbatches * per_microbatch + 64)
 
 
 def lower_rank(model: ModelSpec, layout: Layout, rank: int, actions: list) -> tuple[Op, ...]:

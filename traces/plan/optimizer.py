@@ -27,7 +27,9 @@ def add_optimizer(ctx: RankContext, program: Program) -> Program:
         op = Op(kind=OpKind.ALL_REDUCE, stream=Stream.DP, name="embedding_grads",
                 group=layout.embedding_group(ctx.rank), size_bytes=size, phase=Phase.BWD,
                 dtype=ctx.grad_dtype)
-        out.append(Node(op, "embed", [_last(nodes, Stream.COMPUTE)]))
+        last = _last(nodes, Stream.COMPUTE)
+        assert last is not None, "a rank owning the embeddings runs their kernels"
+        out.append(Node(op, "embed", [last]))
     waits = [n for n in (_last(nodes + out, Stream.DP), _last(nodes, Stream.ZERO_RS)) if n]
     waits += [n for n in (actions[-1] if actions else []) if n.op.kind is OpKind.SEND]
     shard = layout.dp if layout.zero >= 1 else 1

@@ -65,10 +65,10 @@ def add_tensor_parallel(ctx: RankContext, program: Program) -> Program:
 Placement = tuple[tuple[tuple[OpKind, str], ...], tuple[tuple[OpKind, str], ...]]
 
 
-def _placements(sp: bool) -> dict[tuple[str, Phase], Placement]:
+def _placements(sp: bool) -> dict[tuple[str, Phase | None], Placement]:
     """(kernel, phase) -> the (kind, name) collectives before and after it."""
     table = _SEQUENCE if sp else _PLAIN
-    out: dict[tuple[str, Phase], Placement] = {}
+    out: dict[tuple[str, Phase | None], Placement] = {}
     for (name, backward), (before, after) in table.items():
         phases = (Phase.BWD,) if backward else (Phase.FWD, Phase.RECOMPUTE)
         for phase in phases:
