@@ -241,6 +241,10 @@ DEFAULTS: dict[str, ComputeParams] = {
                                 "flash_attn": KernelCost(flops_efficiency=0.6)}),
 }
 DEFAULTS["H200-SXM-141GB"] = DEFAULTS["H100-SXM5-80GB"]  # the same Hopper compute die
+# The CPU of `localhost`: no SMs to quantize over (one small tile), about half the core's peak
+# in a BLAS, ~10 us of PyTorch dispatch per eager op; `parasim calibrate` measures all three.
+DEFAULTS["CPU-localhost"] = ComputeParams(gemm_efficiency=0.5, gemm_tiles=((8, 8),),
+                                          memory_efficiency=0.7, launch_overhead_s=10e-6)
 
 
 def default_profile(accelerator: Accelerator) -> Profile:

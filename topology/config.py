@@ -157,7 +157,10 @@ def read_cluster(table: object, where: str = "cluster") -> ClusterSpec:
                           maximum=MAX_GPUS_PER_NODE)
     if fabric == "torus":
         return _torus(preset, fields, accelerator, dataclasses.replace(preset.server, gpus=gpus))
-    nodes = fields.integer("nodes", 1, minimum=1, maximum=MAX_ACCELERATORS)
+    nodes = fields.integer("nodes", 1, minimum=1, maximum=preset.max_nodes or MAX_ACCELERATORS)
+    if preset.max_gpus_per_node:
+        gpus = fields.integer("gpus_per_node", gpus, minimum=1,
+                              maximum=preset.max_gpus_per_node)
     _check_size(nodes, gpus, where)
     server = _server(preset.server, gpus, fields)
     latency = fields.time("switch_latency", preset.switch_latency_s)
@@ -201,7 +204,8 @@ def _accelerator(base: Accelerator, fields: Fields) -> Accelerator:
 
 
 def _server(base: ServerSpec, gpus: int, fields: Fields) -> ServerSpec:
-    return ServerSpec(
+    return dataclasses.replace(
+        base,
         gpus=gpus,
         nvlink_Bps=fields.bandwidth("nvlink_bandwidth", base.nvlink_Bps),
         nvlink_efficiency=fields.fraction("nvlink_efficiency", base.nvlink_efficiency),

@@ -75,6 +75,10 @@ class Preset:
     torus_dims: tuple[int, ...] = ()
     ici_Bps: float = 0.0
     ici_latency_s: float = 0.0
+    max_nodes: int = 0
+    """Most servers the preset can describe (0: no limit)."""
+    max_gpus_per_node: int = 0
+    """Most accelerators per server (0: no limit)."""
 
 
 DGX_A100 = Preset(
@@ -136,4 +140,28 @@ TPU_V4_POD = Preset(
     ici_latency_s=1.0e-6,  # assumption: not published; order of one NIC-less hop
 )
 
-PRESETS: dict[str, Preset] = {p.name: p for p in (DGX_A100, DGX_H100, DGX_H200, TPU_V4_POD)}
+# The machine at hand: up to 8 ranks as processes on one host (whatever its core count),
+# talking gloo over loopback TCP, computing on the CPU in fp32. Rough figures, to be replaced by
+# measured ones (`parasim calibrate` writes a profile whose links and compute parameters
+# override these): one core's AVX2 FMA peak is 2 units x 8 fp32 lanes x 2 FLOPs x ~3 GHz =
+# ~96 GFLOP/s, of which a BLAS reaches about half; DDR4 gives a core ~10 GB/s; gloo over
+# loopback moves ~2 GB/s per pair with tens of microseconds per message.
+CPU_LOCALHOST = Accelerator(
+    name="CPU-localhost",
+    peak_flops=50e9,
+    memory_bytes=3 * 2**30,  # 24 GiB shared by 8 processes
+    hbm_bandwidth_Bps=10e9,
+    compute_units=1,
+)
+LOCALHOST = Preset(
+    name="localhost",
+    accelerator=CPU_LOCALHOST,
+    server=ServerSpec(gpus=8, nvlink_Bps=2e9, nvlink_latency_s=10e-6, nics=0, nic_Bps=0.0,
+                      pcie_Bps=0.0, pcie_latency_s=0.0, link_kind="loopback"),
+    fabric="rail",
+    max_nodes=1,
+    max_gpus_per_node=8,
+)
+
+PRESETS: dict[str, Preset] = {p.name: p for p in (DGX_A100, DGX_H100, DGX_H200, TPU_V4_POD,
+                                                  LOCALHOST)}

@@ -31,6 +31,9 @@ class ServerSpec:
     """GPU<->NIC PCIe bandwidth per direction."""
     pcie_latency_s: float
     """GPU<->NIC latency, NIC processing included."""
+    link_kind: str = "nvlink"
+    """The `kind` of the accelerator<->switch links inside the server ("loopback" for
+    processes on one host): what a profile's measured link figures replace."""
 
     def nic_of(self, gpu: int) -> int:
         """The NIC closest to local GPU `gpu` (GPUs share NICs evenly when there are fewer)."""
@@ -65,7 +68,7 @@ def add_server(builder: GraphBuilder, server: int, spec: ServerSpec) -> list[str
         switch = builder.node(nvswitch_node(server), "nvswitch", server=server)
         for gpu in gpus:
             builder.link(gpu, switch, bandwidth=spec.nvlink_Bps * spec.nvlink_efficiency,
-                         latency=spec.nvlink_latency_s, kind="nvlink")
+                         latency=spec.nvlink_latency_s, kind=spec.link_kind)
     for j in range(spec.nics):
         builder.node(nic_node(server, j), "nic", server=server, local=j)
     for i, gpu in enumerate(gpus):
