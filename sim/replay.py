@@ -24,7 +24,7 @@ from typing import Any, Protocol
 import simpy
 
 from sim.collectives import analytic_time
-from sim.comm_plan import CommOp, CommPlan, lower_communication
+from sim.comm_plan import CommPlan, lower_communication
 from sim.meetings import Meetings
 from sim.network import Network
 from topology.cluster import Cluster
@@ -121,46 +121,41 @@ class _Replay:
         return StepTimes(self.plan, self.starts, self.ends, dict(self.comm.algorithms))
 
     def _stream(self, rank: int, indices: list[int]) -> Generator[simpy.Event, Any, None]:
-        ops, ends, events = self.plan.ops[rank], self.ends[rank], self.events[rank]
+        """One stream of one rank: its ops in order, each after its dependencies. The hot loop
+        of the replay (~1 M ops for GPT-3 on 1024 GPUs), hence the local names."""
+        ops, starts, ends, events = (self.plan.ops[rank], self.starts[rank], self.ends[rank],
+                                     self.events[rank])
         comm = self.comm.ops.get(rank, {})
-        env = self.env
+        env, timeout, duration, move = self.env, self.env.timeout, self.compute.duration, self._move
+        arrive, progress, compute = self.meetings.arrive, self.progress, OpKind.COMPUTE
         for i in indices:
             op = ops[i]
             for d in op.deps:
                 if ends[d] != ends[d]:  # NaN: not finished yet
                     yield events[d]
-            if op.kind is OpKind.COMPUTE:
-                start = env.now
-                yield env.timeout(self.compute.duration(op))
-            else:
-                start = yield from self._communicate(rank, op, comm[i])
-            self.starts[rank][i] = start
+            start = env.now
+            if op.kind is compute:
+                yield timeout(duration(op))
+            elif (c := comm[i]).need == 1:  # a folded group: this rank stands for every member
+                if (moved := move(c.lowered, op.size_bytes)) is not None:
+                    yield moved
+            else:  # join the op's meeting; the last member to arrive runs it for all
+                meeting, last = arrive(rank, op, c)
+                if last:
+                    if (moved := move(c.lowered, op.size_bytes)) is not None:
+                        yield moved
+                    meeting.done.succeed()
+                else:
+                    yield meeting.done
+                start = meeting.start  # when every member was there
+            starts[i] = start
             ends[i] = env.now
             event = events.get(i)
             if event is not None:
                 event.succeed()
             self.finished += 1
-            if self.finished % 4096 == 0 and self.progress is not None:
-                self.progress(self.finished, self.total)
-
-    def _communicate(self, rank: int, op: Op, comm: CommOp) -> Generator[simpy.Event, Any, float]:
-        """Join the op's meeting; the last member to arrive runs the transfer for all.
-        Returns when the communication started (all members present)."""
-        if comm.need == 1:  # a folded group: this rank stands for every member
-            start = self.env.now
-            moved = self._move(comm.lowered, op.size_bytes)
-            if moved is not None:
-                yield moved
-            return start
-        meeting, last = self.meetings.arrive(rank, op, comm)
-        if not last:
-            yield meeting.done
-            return meeting.start
-        moved = self._move(comm.lowered, op.size_bytes)
-        if moved is not None:
-            yield moved
-        meeting.done.succeed()
-        return meeting.start
+            if progress is not None and self.finished % 4096 == 0:
+                progress(self.finished, self.total)
 
     def _move(self, lowered: int, size: float) -> simpy.Event | None:
         """An event that fires when the communication has moved its bytes; None when
