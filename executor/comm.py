@@ -14,6 +14,7 @@ recv the message.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -42,21 +43,65 @@ class CommCall:
 
 
 class Handle:
-    """An issued call: `wait()` blocks until done, then runs `then` once."""
+    """An issued call: `wait()` blocks until done, then runs `then` once (on the caller's
+    thread). `watch(callback)` learns of completion without blocking, after which
+    `finished()` answers without blocking either."""
 
-    __slots__ = ("work", "then", "done")
+    __slots__ = ("work", "then", "done", "_flag", "_waiter")
 
     def __init__(self, work: dist.Work | None, then: Callable[[], None] | None = None) -> None:
         self.work, self.then, self.done = work, then, False
+        self._flag: threading.Event | None = None
+        self._waiter = False
 
     def wait(self) -> None:
         if self.done:
             return
-        if self.work is not None:
+        if self._waiter:
+            # A thread waits on the work already: gloo's send/recv hand their completion to
+            # one waiter only, so a second `work.wait()` would block for ever.
+            assert self._flag is not None
+            self._flag.wait()
+        elif self.work is not None:
             self.work.wait()
         self.done = True
         if self.then is not None:
             self.then()
+
+    def watch(self, callback: Callable[[], None] | None = None) -> None:
+        """Call `callback` (on another thread) as soon as the work completes: from the work's
+        future, or — gloo's reduce-scatter and send/recv have none, and report completion
+        only to `wait` — from a daemon thread that waits on it."""
+        flag = self._flag = threading.Event()
+
+        def fire(_: object = None) -> None:
+            if callback is not None:
+                callback()
+            flag.set()
+
+        if self.work is None or self.done:
+            fire()
+            return
+        try:
+            future = self.work.get_future()
+        except RuntimeError:  # "Work::getFuture not implemented"
+            work = self.work
+
+            def waiter() -> None:
+                work.wait()
+                fire()
+
+            self._waiter = True
+            threading.Thread(target=waiter, daemon=True, name="parasim-wait").start()
+            return
+        future.then(fire)
+
+    def finished(self) -> bool:
+        if self.done or self.work is None:
+            return True
+        if self._flag is not None:
+            return self._flag.is_set()
+        return self.work.is_completed()
 
 
 def _nbytes(t: torch.Tensor) -> int:

@@ -85,6 +85,8 @@ class JobFailed(RuntimeError):
         super().__init__(message)
         self.failures = list(failures)
         self.records = records
+        self.files: list[Any] = []
+        """Partial traces written by whoever caught it (executor.run)."""
 
 
 @dataclass(slots=True)

@@ -101,6 +101,9 @@ class ParamStore:
         meter.hold(self.shard, "params")
         self._unit_index = {b.units[0]: b.index for b in buckets}
         self._held: dict[str, tuple[int, int]] = {}
+        self.users: dict[str, int] = {unit: 0 for unit in flat.units}
+        """Gathers issued for a pass that has not ended yet: the unit is freed at zero, so a
+        gather prefetched for the next pass is never freed under the one still running."""
         for unit in flat.units:
             buf = torch.empty(flat.unit_numel(unit), dtype=self.dtype, device=device)
             self.units[unit] = FlatUnit(flat.specs[unit], buf, leaves=True)
@@ -119,6 +122,7 @@ class ParamStore:
     def gather_unit(self, unit: str, comm: Comm, key: GroupKey, *, async_op: bool) -> Handle:
         """All-gather the unit's parameters from every DP rank's shard."""
         assert self.zero == 3 and self.shards is not None
+        self.users[unit] += 1
         flat = self.units[unit].flat
         storage = flat.untyped_storage()
         numel = flat.numel()
@@ -138,8 +142,20 @@ class ParamStore:
 
         return comm.all_gather(target, self.shard[lo:hi], key, async_op=async_op, then=then)
 
+    def release_unit(self, unit: str) -> None:
+        """A pass over the unit has ended: free it unless another gather is pending."""
+        if self.zero != 3:
+            return
+        self.users[unit] = max(0, self.users[unit] - 1)
+        if self.users[unit] == 0:
+            self.free_unit(unit)
+
     def free_unit(self, unit: str) -> None:
-        if self.zero != 3 or not self.gathered[unit]:
+        """Free the unit's gathered parameters now (end of step)."""
+        if self.zero != 3:
+            return
+        self.users[unit] = 0
+        if not self.gathered[unit]:
             return
         self.units[unit].flat.untyped_storage().resize_(0)
         self.gathered[unit] = False

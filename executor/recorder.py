@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import platform
 import socket
+import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -26,6 +27,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from executor.comm import Handle
 from traces.chrome import save_chrome
 from traces.io import PathLike, load, save
 from traces.ops import Op, Trace
@@ -58,6 +60,7 @@ class Recorder:
         self.cuda = device is not None and device.type == "cuda"
         self._events: dict[tuple[int, int], torch.cuda.Event] = {}
         self._ref: tuple[torch.cuda.Event, int] | None = None
+        self._lock = threading.Lock()
 
     @property
     def num_ops(self) -> int:
@@ -87,18 +90,16 @@ class Recorder:
         else:
             self.times[index, 1] = time.perf_counter_ns()
 
-    def end_on_completion(self, index: int, work: dist.Work | None) -> None:
-        """An asynchronous call ends when its work completes (gloo's future fires on its own
-        thread); on GPU, where the compute stream observes it (after `wait`)."""
-        if work is None or self.cuda:
-            self.end(index)
-            return
-        times = self.times
+    def end_on_completion(self, index: int, handle: Handle) -> None:
+        """An asynchronous call ends when its work completes (`Handle.watch`: the work's
+        future, or a thread waiting on it), in host time on CPU and GPU alike."""
+        handle.watch(lambda: self.settle(index))
 
-        def done(_: object) -> None:
-            times[index, 1] = time.perf_counter_ns()
-
-        work.get_future().then(done)
+    def settle(self, index: int) -> None:
+        """The op has completed: its end is now, unless already noted."""
+        with self._lock:
+            if self.times[index, 1] == NOT_RECORDED:
+                self.times[index, 1] = time.perf_counter_ns()
 
     def _event(self, index: int, which: int) -> None:
         event = torch.cuda.Event(enable_timing=True)

@@ -176,7 +176,7 @@ class RankRuntime:
         tied_here = not holds_output_weights(self.model, self.layout, self.pp_rank)
         if unit == EMBED and tied_here:
             return  # the logits use the word embeddings too: kept until the step ends
-        self.params.free_unit(unit)
+        self.params.release_unit(unit)
 
     def _finish_loss(self, mb: int) -> None:
         """Loss from the TP-summed statistics, and the gradient of the statistics."""
@@ -254,13 +254,14 @@ class RankRuntime:
         key = (stream, self.tp_key[1])
         return self.grads.sp_unit_all_reduce(unit, self.comm, key, async_op=async_op)
 
-    def embedding_grads(self) -> None:
+    def embedding_grads(self, stream: str = Stream.DP, *, async_op: bool = True) -> Handle:
         """Tied embeddings across stages: sum the word-embedding gradients of the first stage
         (embed.word) and the last (head.output) so both copies take the same step."""
         ref = (EMBED, "word") if EMBED in self.flat.units else (HEAD, "output")
         assert self.zero == 0 and self.grads.full is not None, "check_supported"
         a, b = self.flat.param_range[ref]
-        self.comm.all_reduce(self.grads.full[a:b], self.embedding_key)
+        key = (stream, self.embedding_key[1])
+        return self.comm.all_reduce(self.grads.full[a:b], key, async_op=async_op)
 
     def optimizer_step(self) -> None:
         self.optimizer.step(self.grads.optimizer_grads())
@@ -294,6 +295,6 @@ class RankRuntime:
         if self.zero == 3:
             self.gather_unit(unit, async_op=False)
             out = self.params.unit_tensors(unit)
-            self.params.free_unit(unit)
+            self.params.release_unit(unit)
             return out
         return self.params.unit_tensors(unit)

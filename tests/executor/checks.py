@@ -39,8 +39,8 @@ def expected_flat(model: ModelSpec, layout: Layout, rank: int,
 
 def check_training(model: ModelSpec, layout: Layout, results: list[dict[str, Any]],
                    run: ReferenceRun) -> dict[str, float]:
-    """Losses of every step, step-1 reduced gradients and final parameters of every rank
-    equal the reference's; returns the largest deviations seen."""
+    """Losses of every step, step-1 reduced gradients (when the results have them) and final
+    parameters of every rank equal the reference's; returns the largest deviations seen."""
     worst = {"loss": 0.0, "grad": 0.0, "param": 0.0}
     for step, ref_loss in enumerate(run.losses):
         values = [v for res in results if res["coords"]["pp"] == layout.pp - 1
@@ -51,7 +51,7 @@ def check_training(model: ModelSpec, layout: Layout, results: list[dict[str, Any
         assert abs(loss - ref_loss) <= LOSS_REL * ref_loss, (step, loss, ref_loss)
     for rank, res in enumerate(results):
         grads = expected_flat(model, layout, rank, run.first_grads)
-        for (lo, hi), got in zip(res["segments"], res["grads"]):
+        for (lo, hi), got in zip(res.get("segments", ()), res.get("grads") or ()):
             torch.testing.assert_close(got, grads[lo:hi], rtol=GRAD_RTOL, atol=GRAD_ATOL,
                                        msg=f"rank {rank} gradients [{lo}, {hi})")
             worst["grad"] = max(worst["grad"], float((got - grads[lo:hi]).abs().max()))

@@ -134,7 +134,7 @@ class Step:
     def finish(self) -> None:
         rt = self.rt
         if rt.layout.pp > 1 and rt.model.tied_embeddings and (self.first or self.last):
-            rt.embedding_grads()
+            rt.embedding_grads().wait()
         if rt.layout.sp and self.sp_after:
             rt.sp_grads()
         self.reduced_grads = [g.clone() for g in rt.grads.optimizer_grads()]

@@ -9,10 +9,11 @@ from traces.ops import Op
 
 
 def call_sequences(calls: list[CommCall]) -> dict[tuple, list[tuple[str, int]]]:
-    """Per communicator (stream, group) or p2p channel (peer, tag): (kind, bytes) in order."""
+    """Per communicator (stream, group), or per (send | recv, peer, tag) — sends match
+    receives in order per direction and tag: (kind, bytes) in order."""
     out: dict[tuple, list[tuple[str, int]]] = defaultdict(list)
     for c in calls:
-        key = ("p2p", c.peer, c.tag) if c.kind.is_p2p else (c.stream, c.group)
+        key = (str(c.kind), c.peer, c.tag) if c.kind.is_p2p else (c.stream, c.group)
         out[key].append((str(c.kind), c.size_bytes))
     return dict(out)
 
@@ -21,7 +22,7 @@ def plan_sequences(ops: tuple[Op, ...]) -> dict[tuple, list[tuple[str, int]]]:
     out: dict[tuple, list[tuple[str, int]]] = defaultdict(list)
     for op in ops:
         if op.kind.is_p2p:
-            out[("p2p", op.peer, op.tag)].append((str(op.kind), round(op.size_bytes)))
+            out[(str(op.kind), op.peer, op.tag)].append((str(op.kind), round(op.size_bytes)))
         elif op.kind.is_collective:
             out[(op.stream, op.group)].append((str(op.kind), round(op.size_bytes)))
     return dict(out)

@@ -12,20 +12,23 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch.utils.flop_counter import FlopCounterMode
 
 from executor.comm import Comm
 from executor.groups import Groups, layout_group_keys, plan_group_keys
+from executor.interpreter import Interpreter
 from executor.kernels import LAYER_FLASH, LAYER_UNFUSED
 from executor.launch import RankContext
 from executor.optim import AdamWConfig
 from executor.params import build_unit_params
-from executor.recorder import DONE, H_OFFSET, Recorder, align_clocks
+from executor.recorder import DONE, H_OFFSET, Recorder, align_clocks, new_buffer
 from executor.runtime import RankRuntime, RunOptions
 from tests.executor.drive import Step, _kernels
 from traces.chrome import event_name
 from traces.layout import Layout
 from traces.model import ModelSpec
 from traces.ops import Op, OpKind, Phase, Trace
+from traces.plan import build
 
 SMALL = dict(layers=2, hidden=32, heads=4, seq_len=16, vocab=64, dtype="fp32")
 # eps well above the gradients' rounding noise: AdamW is then smooth in the gradient (an update
@@ -244,3 +247,49 @@ def hang(ctx: RankContext, pid_file: str) -> None:
     with open(f"{pid_file}.{ctx.rank}", "w") as out:
         out.write(str(os.getpid()))
     time.sleep(3600)
+
+
+def interpret_cases(ctx: RankContext, cases: list[Case], count_flops: bool = False
+                    ) -> list[dict[str, Any]]:
+    """Per case: the plan interpreter runs `steps` steps of the real plan; losses, parameters
+    after the steps, the first step's calls, the last step's records, and (when asked) the
+    FLOPs torch.utils.flop_counter saw in each op of the first step."""
+    out = []
+    for case in cases:
+        model, layout = case.specs()
+        plan = build(model, layout)
+        groups = Groups.create(plan_group_keys(plan, layout), ctx.timeout_s)
+        comm = Comm(groups, record=True)
+        records = new_buffer(len(plan.ops[ctx.rank]))
+        records[H_OFFSET], _ = align_clocks(ctx.rank, ctx.world_size, ctx.device)
+        recorder = Recorder(records)
+        interp = Interpreter(plan, model, layout, ctx.rank, comm, OPTIONS, ctx.device, recorder)
+        flops: list[float] = []
+        if count_flops:
+            interp.calls = [_counting(call, flops) for call in interp.calls]
+        losses = []
+        for _ in range(case.steps):
+            recorder.reset()
+            interp.step()
+            comm.record = False
+            interp.calls = [getattr(c, "inner", c) for c in interp.calls]
+            losses.append(dict(interp.runtime.losses))
+            interp.runtime.losses.clear()
+        recorder.set_state(DONE)
+        rt = interp.runtime
+        params = {unit: rt.unit_params(unit) for unit in rt.flat.units}
+        out.append({"losses": losses, "params": params, "calls": comm.calls,
+                    "records": records.copy(), "flops": flops,
+                    "coords": layout.coords(ctx.rank)})
+        groups.destroy()
+    return out
+
+
+def _counting(call: Any, flops: list[float]) -> Any:
+    def counted() -> Any:
+        with FlopCounterMode(display=False) as mode:
+            result = call()
+        flops.append(float(mode.get_total_flops()))
+        return result
+    counted.inner = call  # type: ignore[attr-defined]
+    return counted

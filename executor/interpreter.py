@@ -1,0 +1,160 @@
+"""The plan interpreter: one rank runs its plan's ops in order, each as its own timed call.
+
+The program (`executor.program.lower`) says what each op does; the interpreter only keeps the
+plan's two orders:
+
+    dependencies   before an op starts, every op it depends on has finished (an asynchronous
+                   op's handle is waited on)
+    streams        an op on a communication stream is issued once the previous op on that
+                   stream has finished (ops on one stream run in order; gloo runs a group's
+                   calls on two threads, so issue order alone would not keep them apart)
+
+Compute ops and the collectives on the compute stream (Megatron's inline TP ones) run
+synchronously; ops on the other streams are issued asynchronously and their end is taken when
+their work completes. A failing op re-raises with `parasim_op` naming it, which the launcher
+reports.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+
+import torch
+
+from executor.comm import Comm, Handle
+from executor.memory import MemoryMeter
+from executor.program import RankProgram, lower
+from executor.recorder import Recorder
+from executor.runtime import RankRuntime, RunOptions
+from traces.chrome import event_name
+from traces.layout import Layout
+from traces.model import ModelSpec
+from traces.ops import Stream, Trace
+
+WAIT_S = 20e-6  # how often a waiting rank looks again at its queues and calls in flight
+
+
+class Interpreter:
+    """One rank's plan bound to its runtime; `step()` runs the plan once."""
+
+    def __init__(self, plan: Trace, model: ModelSpec, layout: Layout, rank: int, comm: Comm,
+                 options: RunOptions, device: torch.device, recorder: Recorder,
+                 program: RankProgram | None = None) -> None:
+        self.ops = plan.ops[rank]
+        program = program or lower(plan, model, layout, rank)
+        self.runtime = RankRuntime(model, layout, rank, comm, options, device,
+                                   buckets=program.buckets, meter=MemoryMeter())
+        self.recorder = recorder
+        self.cuda = device.type == "cuda"
+        self.calls: list[Callable[[], Handle | None]] = [
+            functools.partial(getattr(self.runtime, call.method), *call.args)
+            for call in program.calls]
+        self.deps = [op.deps for op in self.ops]
+        self.on_compute = [op.stream == Stream.COMPUTE for op in self.ops]
+
+    def step(self) -> None:
+        """Run every op of the plan once (one training step)."""
+        run = _StepRun(self)
+        try:
+            run.all()
+        except Exception as exc:
+            index = run.current
+            if index >= 0 and not hasattr(exc, "parasim_op"):
+                exc.parasim_op = f"op {index} ({event_name(self.ops[index])})"  # type: ignore[attr-defined]
+            raise
+        self.recorder.flush()
+        self.runtime.end_step()
+
+    def peak_bytes(self) -> int:
+        if self.cuda:
+            return torch.cuda.max_memory_allocated()
+        return self.runtime.meter.peak_bytes
+
+
+class _StepRun:
+    """One pass over the ops, with the simulator's semantics: each stream runs its ops in plan
+    order, independently of the others except through dependencies. Compute-stream ops run
+    here, in order, once their dependencies are done; every other stream is a queue (all of
+    its ops, from the start) whose head is issued once its dependencies are done and the
+    stream's previous op has finished. While the compute stream waits, the queues keep
+    moving."""
+
+    def __init__(self, interp: Interpreter) -> None:
+        self.interp = interp
+        n = len(interp.ops)
+        self.handles: list[Handle | None] = [None] * n
+        self.done = [False] * n
+        self.queues: dict[str, deque[int]] = {}
+        for index, op in enumerate(interp.ops):
+            if not interp.on_compute[index]:
+                self.queues.setdefault(op.stream, deque()).append(index)
+        self.inflight: dict[str, int] = {}
+        self.current = -1
+
+    def all(self) -> None:
+        it = self.interp
+        self.advance()
+        for index in range(len(it.ops)):
+            if not it.on_compute[index]:
+                continue
+            self.wait_for(it.deps[index])
+            self.current = index
+            it.recorder.begin(index)
+            it.calls[index]()
+            it.recorder.end(index)
+            self.done[index] = True
+            it.recorder.note_peak(it.peak_bytes())
+            self.advance()
+        self.wait_for(range(len(it.ops)))
+        self.current = -1
+
+    def finished(self, index: int) -> bool:
+        """Whether op `index` is done, completing an asynchronous one that has finished."""
+        if self.done[index]:
+            return True
+        handle = self.handles[index]
+        if handle is None or not handle.finished():
+            return False
+        self.current = index
+        handle.wait()  # runs its completion step here, on this thread
+        self.interp.recorder.settle(index)
+        self.done[index] = True
+        return True
+
+    def advance(self) -> None:
+        """Issue every queue head that may start."""
+        it, moved = self.interp, True
+        while moved:
+            moved = False
+            for stream, queue in self.queues.items():
+                busy = self.inflight.get(stream)
+                if busy is not None and not self.finished(busy):
+                    continue
+                if queue and all(self.finished(d) for d in it.deps[queue[0]]):
+                    index = queue.popleft()
+                    self.current = index
+                    it.recorder.begin(index)
+                    handle = it.calls[index]()
+                    self.handles[index] = handle
+                    if handle is None:
+                        it.recorder.end(index)
+                        self.done[index] = True
+                    else:
+                        it.recorder.end_on_completion(index, handle)
+                    self.inflight[stream] = index
+                    moved = True
+
+    def wait_for(self, indices: Iterable[int]) -> None:
+        for index in indices:
+            while not self.finished(index):
+                self.advance()
+                if self.finished(index):
+                    break
+                handle = self.handles[index]
+                if handle is not None and not any(self.queues.values()):
+                    handle.wait()  # nothing else could move meanwhile: block on it
+                else:
+                    time.sleep(WAIT_S)

@@ -1,0 +1,205 @@
+"""`parasim run`: execute a config's plan for real and write the measured traces.
+
+    from executor.run import run
+    result = run(experiment, "out/", steps=2, warmup=1, timeout=60)
+
+`experiment` is anything with `.model` (ModelSpec) and `.layout` (Layout) — the CLI's loaded
+TOML — or a (model, layout) pair. The plan is built and lowered for every rank first, so a plan
+the executor cannot run is a ConfigError before anything starts. Then the world is spawned here
+(or joined, under torchrun), clocks are aligned, `warmup` steps run unrecorded and `steps`
+recorded ones; the last recorded step is written to `out_dir` (rank<r>.json per rank and a
+merged chrome.json for Perfetto). If a rank fails, the traces recorded so far are written,
+marked incomplete, and `JobFailed` is raised with `.files` set.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from executor.comm import Comm, CommCall
+from executor.groups import Groups, plan_group_keys
+from executor.interpreter import Interpreter
+from executor.launch import JobFailed, RankContext, in_torchrun, join, spawn
+from executor.program import lower
+from executor.recorder import (
+    DONE,
+    H_OFFSET,
+    HEADER,
+    NOT_RECORDED,
+    Recorder,
+    align_clocks,
+    buffer_size,
+    run_meta,
+    timed_trace,
+    write_run,
+)
+from executor.runtime import RunOptions, check_supported
+from traces.chrome import event_name
+from traces.errors import ConfigError
+from traces.layout import Layout
+from traces.model import ModelSpec
+from traces.ops import Trace
+from traces.plan import build
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunResult:
+    trace: Trace
+    """The last recorded step, timed (seconds from its first op)."""
+    files: list[Path]
+    step_seconds: list[float]
+    """Each recorded step, first op start to last op end over all ranks."""
+    losses: list[float]
+    """Mean loss of each recorded step."""
+    peak_memory_bytes: dict[int, int]
+    calls: dict[int, list[CommCall]]
+    """Each rank's torch.distributed calls in the first recorded step (when asked for)."""
+
+
+def specs(experiment: Any) -> tuple[ModelSpec, Layout]:
+    if isinstance(experiment, tuple):
+        model, layout = experiment
+    else:
+        model, layout = experiment.model, experiment.layout
+    return model, layout
+
+
+def run(experiment: Any, out_dir: str | Path, steps: int = 1, warmup: int = 1,
+        timeout: float = 60.0, *, backend: str = "auto", options: RunOptions | None = None,
+        record_calls: bool = False, fault: tuple[int, int] | None = None) -> RunResult | None:
+    """Run the plan for real; see the module docstring. Under torchrun, ranks other than 0
+    get None. `fault` = (rank, op index): that rank raises there in the first recorded step
+    (for testing failure handling)."""
+    if steps < 1 or warmup < 0:
+        raise ConfigError(f"run: steps {steps} must be >= 1 and warmup {warmup} >= 0")
+    model, layout = specs(experiment)
+    check_supported(model, layout)
+    options = options or RunOptions()
+    plan = build(model, layout)
+    for rank in plan.ops:  # every op mapped before anything starts
+        lower(plan, model, layout, rank)
+    plan_group_keys(plan, layout)
+    job = _Job(plan, model, layout, options, steps, warmup, record_calls, str(out_dir), fault)
+    slots = buffer_size(max(len(ops) for ops in plan.ops.values())) - HEADER
+    if in_torchrun():  # every rank runs this; rank 0 writes the run and gets the result
+        mine = join(_rank_main, (job,), timeout_s=timeout, backend=backend,
+                    record_slots=slots)
+        return mine.get("run")
+    try:
+        results, records = spawn(_rank_main, layout.world, (job,), timeout_s=timeout,
+                                 backend=backend, record_slots=slots,
+                                 describe=lambda r, i: event_name(plan.ops[r][i]))
+    except JobFailed as failed:
+        meta = _meta(job, failed.records, backend="", complete=False, error=str(failed))
+        failed.files = write_run(out_dir, timed_trace(plan, failed.records, meta))
+        raise
+    return _result(job, results, records)
+
+
+@dataclass(frozen=True, slots=True)
+class _Job:
+    plan: Trace
+    model: ModelSpec
+    layout: Layout
+    options: RunOptions
+    steps: int
+    warmup: int
+    record_calls: bool
+    out_dir: str
+    fault: tuple[int, int] | None = None
+
+
+def _meta(job: _Job, records: dict[int, np.ndarray], **extra: Any) -> dict[str, Any]:
+    config = {"model": dataclasses.asdict(job.model), "layout": job.layout.to_dict(),
+              "steps": job.steps, "warmup": job.warmup, "seed": job.options.seed,
+              "dropout": job.options.dropout}
+    backend = extra.pop("backend", "")
+    return {**run_meta(backend=backend, world_size=len(records), config=config), **extra}
+
+
+def _result(job: _Job, results: list[dict[str, Any]], records: dict[int, np.ndarray]
+            ) -> RunResult:
+    backend = results[0]["backend"]
+    meta = _meta(job, records, backend=backend, complete=True,
+                 clock=results[0]["clock"], step_seconds=_step_seconds(results))
+    trace = timed_trace(job.plan, records, meta)
+    files = write_run(job.out_dir, trace)
+    losses = []
+    for step in range(job.steps):
+        values = [v for res in results if res["last_stage_tp0"] for v in res["losses"][step]]
+        losses.append(float(np.mean(values)))
+    return RunResult(trace=trace, files=files, step_seconds=meta["step_seconds"],
+                     losses=losses, peak_memory_bytes={r: res["peak"]
+                                                       for r, res in enumerate(results)},
+                     calls={r: res["calls"] for r, res in enumerate(results)})
+
+
+def _step_seconds(results: list[dict[str, Any]]) -> list[float]:
+    spans = [res["spans"] for res in results]
+    return [(max(s[k][1] for s in spans) - min(s[k][0] for s in spans)) / 1e9
+            for k in range(len(spans[0]))]
+
+
+# --- on each rank ----------------------------------------------------------------------------
+
+def _rank_main(ctx: RankContext, job: _Job) -> dict[str, Any]:
+    layout = job.layout
+    groups = Groups.create(plan_group_keys(job.plan, layout), ctx.timeout_s)
+    comm = Comm(groups)
+    offset, method = align_clocks(ctx.rank, ctx.world_size, ctx.device)
+    ctx.records[H_OFFSET] = offset
+    recorder = Recorder(ctx.records, ctx.device)
+    interp = Interpreter(job.plan, job.model, layout, ctx.rank, comm, job.options, ctx.device,
+                         recorder)
+    for _ in range(job.warmup):
+        recorder.reset()
+        interp.step()
+        interp.runtime.losses.clear()
+    if job.fault is not None and job.fault[0] == ctx.rank:
+        interp.calls[job.fault[1]] = _injected_fault
+    spans, losses = [], []
+    for step in range(job.steps):
+        comm.record = job.record_calls and step == 0
+        recorder.reset()
+        if ctx.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        interp.runtime.meter.reset_peak()
+        dist.barrier()
+        interp.step()
+        comm.record = False
+        times = recorder.times[:len(interp.ops)]
+        done = times[times[:, 0] != NOT_RECORDED]
+        spans.append((int(done[:, 0].min()) - offset, int(done[:, 1].max()) - offset))
+        losses.append(list(interp.runtime.losses.values()))
+        interp.runtime.losses.clear()
+    recorder.set_state(DONE)
+    c = layout.coords(ctx.rank)
+    result = {"backend": ctx.backend, "clock": method, "spans": spans, "losses": losses,
+              "last_stage_tp0": c["pp"] == layout.pp - 1 and c["tp"] == 0,
+              "peak": interp.peak_bytes(), "calls": comm.calls}
+    groups.destroy()
+    if in_torchrun():
+        result["run"] = _gather_and_write(ctx, job, result)
+    return result
+
+
+def _injected_fault() -> None:
+    raise ValueError("injected fault")
+
+
+def _gather_and_write(ctx: RankContext, job: _Job, result: dict[str, Any]) -> RunResult | None:
+    """Under torchrun: rank 0 collects every rank's records and writes the run (control
+    traffic after the recorded steps, not through the recorded wrapper)."""
+    gathered: list[Any] = [None] * ctx.world_size
+    dist.gather_object((ctx.records.copy(), result), gathered if ctx.rank == 0 else None, dst=0)
+    if ctx.rank != 0:
+        return None
+    records = {r: rec for r, (rec, _) in enumerate(gathered)}
+    return _result(job, [res for _, res in gathered], records)
