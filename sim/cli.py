@@ -2,6 +2,7 @@
 
     parasim collective --cluster dgx-h100 --nodes 16 --op all_reduce --sizes 1M:4G --json
     parasim simulate [CONFIG.toml] [--json] [--report step.html] [--trace step.json]
+    parasim run [CONFIG.toml] --out DIR [--steps N] [--warmup N] [--timeout S] [--json]
 
 `--json` prints one JSON object on stdout and nothing else. A user's mistake prints one line on
 stderr and exits with status 2; Ctrl-C prints one line and exits with 130. Output files are
@@ -123,6 +124,17 @@ def _build_parser() -> _Parser:
     simp.add_argument("--no-fold", action="store_true",
                       help="simulate every rank instead of one per pipeline stage")
     simp.set_defaults(handler=_simulate)
+
+    run = commands.add_parser("run", help="execute a config's plan for real (needs torch)")
+    run.add_argument("config", nargs="?", help="TOML config (default: the shipped tiny GPT "
+                     "on this machine, gpt-tiny-localhost.toml)")
+    run.add_argument("--out", required=True, metavar="DIR", help="where the traces go")
+    run.add_argument("--steps", type=int, default=1, help="recorded steps (default 1)")
+    run.add_argument("--warmup", type=int, default=1, help="unrecorded steps first (default 1)")
+    run.add_argument("--timeout", type=float, default=60.0,
+                     help="seconds any collective, and the whole job, may take (default 60)")
+    run.add_argument("--json", action="store_true", help="print one JSON object")
+    run.set_defaults(handler=_run)
     return parser
 
 
@@ -185,6 +197,23 @@ def _simulate(args: argparse.Namespace) -> int:
             emit(text)
         except BrokenPipeError:  # the reader stopped early; the files are complete: keep them
             _silence_stdout()
+    return 0
+
+
+def _run(args: argparse.Namespace) -> int:
+    from sim.run_command import RunFailed, check_run_args, execute, summary_text
+
+    config = Path(args.config) if args.config is not None else example_path(
+        "gpt-tiny-localhost.toml")
+    out = check_run_args(args.out, args.steps, args.warmup, args.timeout)
+    exp = load_experiment(config)
+    try:
+        summary = execute(exp, out, args.steps, args.warmup, args.timeout)
+    except RunFailed as err:
+        _error(str(err))
+        return 1
+    if summary is not None:  # rank 0 (or the local launcher) reports
+        emit(json.dumps(summary, allow_nan=False) if args.json else summary_text(summary))
     return 0
 
 

@@ -1,0 +1,85 @@
+"""`parasim run`: execute a config's plan for real with the executor, and summarise the run.
+
+    parasim run sim/examples/gpt-tiny-localhost.toml --out runs/tiny [--steps 2] [--json]
+    torchrun --nproc-per-node 8 -m sim run my.toml --out runs/x      # joins torchrun's world
+
+The executor (and torch) load only here and only when asked for: the simulator installs and
+runs without them. Writes DIR/rank<r>.json (measured traces, parasim's format) and
+DIR/chrome.json (Perfetto). A failed rank is one line naming the rank and the op; the traces
+recorded up to then are written, marked incomplete (`meta.complete = false`).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from typing import Any
+
+from sim.config import Experiment
+from traces.errors import ConfigError
+
+MAX_STEPS = 1000
+
+
+class RunFailed(Exception):
+    """The job started but a rank failed: one line, and the partial traces it left."""
+
+
+def check_run_args(out: str, steps: int, warmup: int, timeout: float) -> Path:
+    """Everything about the flags that can be refused before starting processes."""
+    if importlib.util.find_spec("torch") is None:
+        raise ConfigError("parasim run needs PyTorch: pip install torch==2.13.0 (the CPU "
+                          "build) or pip install 'parasim[executor]'")
+    if not 1 <= steps <= MAX_STEPS:
+        raise ConfigError(f"--steps: {steps} must be from 1 to {MAX_STEPS}")
+    if not 0 <= warmup <= MAX_STEPS:
+        raise ConfigError(f"--warmup: {warmup} must be from 0 to {MAX_STEPS}")
+    if not 1 <= timeout <= 24 * 3600:
+        raise ConfigError(f"--timeout: {timeout:g} must be from 1 s to 24 h")
+    if not out:
+        raise ConfigError("--out: an empty path names no directory")
+    target = Path(out)
+    if target.exists() and not target.is_dir():
+        raise ConfigError(f"--out: {out} exists and is not a directory")
+    return target
+
+
+def execute(exp: Experiment, out: Path, steps: int, warmup: int,
+            timeout: float) -> dict[str, Any] | None:
+    """Run for real; the summary as a JSON-able dict (None on torchrun ranks other than 0)."""
+    from executor.launch import JobFailed
+    from executor.run import run
+
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        result = run(exp, out, steps=steps, warmup=warmup, timeout=timeout)
+    except JobFailed as err:
+        written = ", ".join(str(f) for f in err.files) or "none"
+        raise RunFailed(f"{err} (partial traces, marked incomplete: {written})") from None
+    if result is None:
+        return None
+    meta = result.trace.meta
+    return {
+        "experiment": exp.name,
+        "world": exp.layout.world,
+        "backend": meta.get("backend"),
+        "steps": steps,
+        "step_times_s": result.step_seconds,
+        "step_time_s": result.step_seconds[-1],
+        "losses": result.losses,
+        "peak_memory_bytes": {str(r): b for r, b in sorted(result.peak_memory_bytes.items())},
+        "files": [str(f) for f in result.files],
+    }
+
+
+def summary_text(summary: dict[str, Any]) -> str:
+    peak = max(summary["peak_memory_bytes"].values(), default=0)
+    lines = [
+        f"parasim run: {summary['experiment']}, {summary['world']} ranks "
+        f"({summary['backend']}), {summary['steps']} recorded step(s)",
+        f"  step time           {summary['step_time_s']:.4g} s (measured)",
+        "  loss                " + ", ".join(f"{x:.6g}" for x in summary["losses"]),
+        f"  peak memory         {peak / 2**20:.1f} MiB on the fullest rank",
+        "  traces              " + ", ".join(summary["files"]),
+    ]
+    return "\n".join(lines)
