@@ -20,9 +20,12 @@ HBM bytes: a GEMM reads its two operands and writes its product once (tiles are 
 L2, not HBM); a memory-bound kernel reads and writes each tensor once:
 
     layer norm      fwd  read x, write y: 2·b·r·h·e      bwd  read x, dy, write dx: 3·b·r·h·e
+      (ln1, ln2)         and the residual's gradient: +3·b·r·h·e (see below)
     bias-dropout-   fwd  read x and the residual, write y and a 1-byte mask: b·r·h·(3e + 1)
-      add (bda)     bwd  read dy and the mask, write dx: b·r·h·(2e + 1)
-    gelu            fwd  2·b·s·f/t·e                     bwd  read x, dy, write dx: 3·b·s·f/t·e
+      add (bda)     bwd  read dy and the mask, write dx: b·r·h·(2e + 1); the bias gradient
+                         re-reads dx to sum it over tokens: +b·r·h·e
+    gelu            fwd  2·b·s·f/t·e    bwd  read x, dy, write dx: 3·b·s·f/t·e; the fc1 bias
+                         gradient (Megatron's fused bias-GeLU) sums dx over tokens: +b·s·f/t·e
     softmax         fwd  read scores, write probabilities: 2·b·a/t·s²·e
                     bwd  read probabilities and their gradient, write dx: 3·b·a/t·s²·e
     attn_dropout    fwd  read, write, 1-byte mask: b·a/t·s²·(2e + 1)   bwd  the same
@@ -30,6 +33,17 @@ L2, not HBM); a memory-bound kernel reads and writes each tensor once:
                     bwd  read Q, K, V, O, dO and the log-sum-exp, write dQ, dK, dV
     cross_entropy   fwd  read the logits (e), write and re-read fp32 softmax: b·s·V/t·(e + 8)
                     bwd  read the fp32 softmax, write the logits' gradient: b·s·V/t·(4 + e)
+
+The residual stream: each of a layer's two norms reads a tensor that is also the residual
+added back by the next bda (Megatron's ParallelTransformerLayer: `hidden_states` feeds ln1 and
+bda1, bda1's output feeds ln2 and bda2). Autograd sums the two gradients such a tensor receives
+(the residual's, passed through the bda unchanged, and the norm's dx) in one more elementwise
+kernel: read both, write the sum, 3·b·r·h·e, counted with the norm's backward it follows. The
+final norm's input has one consumer, so final_ln has no such sum. Left out as too small to
+show: the qkv bias's gradient (a reduction over b·s·3h/t, 0.2% of that GEMM's backward) and
+the copies around the unfused core's views (b·s·h/t each).
+
+The optimizer step (`optimizer_bytes_per_param`) is Megatron-LM's mixed-precision one.
 
 Try it: python -c "from traces.kernels import *; from traces.model import ModelSpec as M;
 print(layer_kernels(M(layers=1, hidden=4096, heads=32, seq_len=2048, vocab=1), 1, 1, False))"
@@ -39,7 +53,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from traces.model import ModelSpec
+from traces.model import DTYPE_BYTES, ModelSpec
 
 Gemm = tuple[int, int, int, int]
 """(batch, M, N, K): batch products of an M×K and a K×N matrix."""
@@ -81,14 +95,14 @@ def layer_kernels(model: ModelSpec, b: int, t: int, sp: bool,
     g = e if grad_bytes is None else grad_bytes
     r = s // t if sp else s  # tokens of the norms and dropouts on this rank
     return [
-        _norm("ln1", b * r * h, e),
+        _norm("ln1", b * r * h, e, residual=True),
         gemm_kernel("qkv", (1, b * s, 3 * h // t, h), e, g),
         *attention_kernels(model, b, t),
         gemm_kernel("proj", (1, b * s, h, h // t), e, g),
         _bda("bda1", b * r * h, e),
-        _norm("ln2", b * r * h, e),
+        _norm("ln2", b * r * h, e, residual=True),
         gemm_kernel("fc1", (1, b * s, f // t, h), e, g),
-        memory_kernel("gelu", 2 * b * s * f / t * e, 3 * b * s * f / t * e),
+        memory_kernel("gelu", 2 * b * s * f / t * e, 4 * b * s * f / t * e),
         gemm_kernel("fc2", (1, b * s, h, f // t), e, g),
         _bda("bda2", b * r * h, e),
     ]
@@ -142,12 +156,38 @@ def head_kernels(model: ModelSpec, b: int, t: int, sp: bool,
     ]
 
 
-def _norm(name: str, elements: int, e: int) -> Kernel:
-    return memory_kernel(name, 2 * elements * e, 3 * elements * e)
+def optimizer_bytes_per_param(dtype: str, grad_bytes: int) -> float:
+    """HBM bytes per parameter of one optimizer step: Megatron-LM's mixed-precision step
+    (megatron/optimizer/optimizer.py, `step` of its Float16 optimizer; clip_grads.py), Adam
+    over fp32 main parameters of 16-bit model parameters (a 4-byte model has no copies):
+
+        16-bit gradients to fp32 main gradients      read g, write 4     (none if g = 4)
+        fp16 only: unscale, check for inf/nan        read 4, write 4
+        gradient norm for clipping (l2norm)          read 4
+        Adam (multi_tensor_adam)                     read p, g, m, v; write p, m, v: 28
+        fp32 main parameters to the model's copy     read 4, write e
+        zero the gradient buffer for the next step   write g
+
+    fp16 with 16-bit gradients: 6 + 8 + 4 + 28 + 6 + 2 = 54; bf16 with fp32 gradients
+    (Megatron's rule for bf16): 4 + 28 + 6 + 4 = 42. Clipping's rescale (read and write 4)
+    runs only when the norm exceeds the threshold, so it is not counted."""
+    e = DTYPE_BYTES[dtype]
+    if e >= 4:  # an fp32 model: Adam, the norm and zeroing on the parameters themselves
+        return 28 + 4 + grad_bytes
+    to_main = 0 if grad_bytes >= 4 else grad_bytes + 4
+    unscale = 8 if dtype == "fp16" else 0  # bf16 trains without a loss scale
+    return to_main + unscale + 4 + 28 + (4 + e) + grad_bytes
+
+
+def _norm(name: str, elements: int, e: int, residual: bool = False) -> Kernel:
+    """A layer norm; `residual`: its input is also the residual, whose two gradients
+    autograd sums after the norm's backward (read both, write one)."""
+    return memory_kernel(name, 2 * elements * e, (6 if residual else 3) * elements * e)
 
 
 def _bda(name: str, elements: int, e: int) -> Kernel:
-    return memory_kernel(name, elements * (3 * e + 1), elements * (2 * e + 1))
+    """Bias-dropout-add; backward: dropout's backward, then the bias gradient's sum."""
+    return memory_kernel(name, elements * (3 * e + 1), elements * (3 * e + 1))
 
 
 ATTENTION_CORE = {"flash": ("flash_attn",), "unfused": ("qk", "softmax", "attn_dropout", "av")}

@@ -6,7 +6,12 @@ import dataclasses
 
 import pytest
 
-from traces.kernels import embedding_kernels, head_kernels, layer_kernels
+from traces.kernels import (
+    embedding_kernels,
+    head_kernels,
+    layer_kernels,
+    optimizer_bytes_per_param,
+)
 from traces.layout import Layout
 from traces.model import ModelSpec, megatron_step_flops
 from traces.ops import OpKind
@@ -52,10 +57,16 @@ def test_unfused_gemm_shapes_and_memory_bound_bytes_by_hand():
     assert k["attn_dropout"].mem_bytes == scores * (2 * E + 1)
     # qk reads Q and K, writes the scores: 2·b·s·h/t + b·a/t·s² elements.
     assert k["qk"].mem_bytes == (2 * B * S * H // 2 + scores) * E
-    # Without SP the norms and dropouts see every token on every TP rank.
-    assert k["ln1"].mem_bytes == 2 * B * S * H * E and k["ln1"].bwd_bytes == 3 * B * S * H * E
+    # Without SP the norms and dropouts see every token on every TP rank. A layer's norms'
+    # backward also sums the residual's two gradients (read 2, write 1 more b·s·h).
+    assert k["ln1"].mem_bytes == 2 * B * S * H * E and k["ln1"].bwd_bytes == 6 * B * S * H * E
+    assert k["ln2"].bwd_bytes == 6 * B * S * H * E
+    # bda backward: dropout's backward (dy, mask in; dx out), then the bias gradient re-reads dx.
     assert k["bda1"].mem_bytes == B * S * H * (3 * E + 1)
+    assert k["bda1"].bwd_bytes == B * S * H * (2 * E + 1) + B * S * H * E
+    # GeLU backward: x, dy in, dx out, and the fc1 bias gradient's sum re-reads dx.
     assert k["gelu"].mem_bytes == 2 * B * S * F // 2 * E
+    assert k["gelu"].bwd_bytes == 4 * B * S * F // 2 * E
 
 
 def test_sequence_parallelism_shards_norms_and_dropouts_only():
@@ -97,6 +108,7 @@ def test_outside_the_layers():
     assert logits.gemm == (1, B * S, V // 2, H) and logits.flops == 2 * B * S * H * V / 2
     assert ce.mem_bytes == B * S * V // 2 * (E + 8) and ce.bwd_bytes == B * S * V // 2 * (4 + E)
     assert final_ln.mem_bytes == 2 * B * S * H * E
+    assert final_ln.bwd_bytes == 3 * B * S * H * E  # one consumer: no residual sum
 
 
 def test_sequence_parallel_grads_are_summed_over_tp_before_dp_reduction():
@@ -135,3 +147,21 @@ def test_fp32_main_grads_reduce_four_bytes_and_gather_two():
     assert sum(op.size_bytes for op in grads) == 4 * model.num_params()
     assert sum(op.size_bytes for op in params) == 2 * model.num_params()
     assert {op.dtype for op in grads} == {"fp32"} and {op.dtype for op in params} == {"bf16"}
+
+
+@pytest.mark.parametrize(("dtype", "grad_bytes", "expected"), [
+    ("fp16", 2, 6 + 8 + 4 + 28 + 6 + 2),  # to fp32, unscale, norm, Adam, to fp16, zero
+    ("fp16", 4, 8 + 4 + 28 + 6 + 4),  # fp32 main grads: no copy
+    ("bf16", 2, 6 + 4 + 28 + 6 + 2),  # no loss scale
+    ("bf16", 4, 4 + 28 + 6 + 4),
+    ("fp32", 4, 28 + 4 + 4),  # no main copies at all
+])
+def test_optimizer_bytes_follow_megatrons_mixed_precision_step(dtype, grad_bytes, expected):
+    assert optimizer_bytes_per_param(dtype, grad_bytes) == expected
+
+
+def test_the_plans_optimizer_op_moves_those_bytes_for_its_shard():
+    model = ModelSpec(layers=2, hidden=64, heads=4, seq_len=32, vocab=128, dtype="fp16")
+    layout = Layout(dp=2, zero=1, global_batch=2)
+    step = next(op for op in build(model, layout).ops[0] if op.name == "optimizer")
+    assert step.mem_bytes == layout.params_on_rank(model, 0) / 2 * 54

@@ -13,7 +13,7 @@ from traces.pipeline import build_schedule
 from traces.plan.compute import lower_compute
 from traces.plan.data import add_data_parallel
 from traces.plan.nodes import Node, Program, RankContext, finalize
-from traces.plan.optimizer import ADAM_BYTES_PER_PARAM, add_optimizer
+from traces.plan.optimizer import add_optimizer
 from traces.plan.p2p import add_pipeline_p2p
 from traces.plan.tensor import add_tensor_parallel
 
@@ -165,7 +165,8 @@ def test_optimizer_pass_waits_for_reductions_and_zero1_gathers_the_same_buckets(
     scatters = [n for s in out[:-1] for n in s if n.op.stream == Stream.DP]
     assert step.after == [scatters[-1]]
     params = ctx.layout.params_on_rank(MODEL, 0)
-    assert step.op.mem_bytes == params / 2 * ADAM_BYTES_PER_PARAM
+    # bf16 with bf16 gradients: to fp32 (2 + 4), norm 4, Adam 28, back to bf16 (4 + 2), zero 2
+    assert step.op.mem_bytes == params / 2 * 46
     assert [n.op.size_bytes for n in end[1:]] == [n.op.size_bytes for n in scatters]
     assert all(n.op.kind is OpKind.ALL_GATHER and n.after == [step] for n in end[1:])
 

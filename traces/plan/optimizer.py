@@ -2,18 +2,18 @@
 
 With tied embeddings and pp > 1 the first and the last pipeline rank each hold the word
 embeddings and all-reduce their gradients (Megatron-LM). The optimizer step waits for every
-gradient reduction and for the last pipeline send; Adam reads and writes fp32 master weights,
-momentum and variance (24 B), reads the bf16 gradient (2 B) and writes the bf16 parameter
-(2 B) per parameter it owns (1/dp of them under ZeRO). ZeRO-1/2 then all-gather the updated
+gradient reduction and for the last pipeline send; it moves
+`traces.kernels.optimizer_bytes_per_param` bytes (Megatron-LM's mixed-precision step: gradients
+to fp32, unscale under fp16, the norm, Adam, parameters back to 16 bits, zeroed gradients) per
+parameter it owns (1/dp of them under ZeRO). ZeRO-1/2 then all-gather the updated
 parameters, in the same slices the gradients were reduce-scattered in.
 """
 
 from __future__ import annotations
 
+from traces.kernels import optimizer_bytes_per_param
 from traces.ops import Op, OpKind, Phase, Stream
 from traces.plan.nodes import Node, Program, RankContext
-
-ADAM_BYTES_PER_PARAM = 28  # 24 B of fp32 state read and written, 2 B gradient, 2 B parameter
 
 
 def add_optimizer(ctx: RankContext, program: Program) -> Program:
@@ -34,7 +34,7 @@ def add_optimizer(ctx: RankContext, program: Program) -> Program:
     waits += [n for n in (actions[-1] if actions else []) if n.op.kind is OpKind.SEND]
     shard = layout.dp if layout.zero >= 1 else 1
     params = layout.params_on_rank(model, ctx.pp_rank)
-    per_param = ADAM_BYTES_PER_PARAM + ctx.grad_bytes - model.dtype_bytes  # fp32 grads read
+    per_param = optimizer_bytes_per_param(model.dtype, ctx.grad_bytes)
     step = Node(Op(kind=OpKind.COMPUTE, stream=Stream.COMPUTE, name="optimizer", phase=Phase.OPT,
                    mem_bytes=params / shard * per_param), None, waits)
     out.append(step)
