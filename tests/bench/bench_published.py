@@ -1,0 +1,153 @@
+"""Benchmark: parasim against published Megatron-LM throughputs on DGX-A100 clusters.
+
+    python tests/bench/bench_published.py [--only SUBSTRING] [--max-gpus N]
+
+Every case is a run a paper measured end to end, simulated with `sim.simulate.predict` (the
+same path as `parasim simulate`) at the stated layout on `dgx-a100` nodes (Selene: 8 A100
+80GB, NVSwitch, 8 HDR InfiniBand HCAs per node, as both papers describe):
+
+- Narayanan et al., "Efficient Large-Scale Language Model Training on GPU Clusters Using
+  Megatron-LM", SC'21 (arXiv 2104.04473). Table 1: achieved TFLOP/s per GPU, counted with
+  eq. (3), F = 96·B·s·l·h²·(1 + s/(6h) + V/(16·l·h)) (hardware FLOPs with full recomputation),
+  s = 2048, V = 51200. Micro-batch, interleaving and DDP flavour per row from Megatron-LM's
+  examples/sc21/run_table_1.sh (the scripts that produced the table): `DDP=torch` is PyTorch
+  DDP, which all-reduces gradient buckets during the backward (overlap_grad_reduce), `DDP=local`
+  is Megatron's own, which reduced after the backward in 2021. §5.1 also gives GPT-3 175B on
+  1024 GPUs, batch 1536: 140 TFLOP/s (the layout of the shipped example, TP 8 · PP 16 · DP 8,
+  micro-batch 1, from Megatron-LM's GPT-3 example script).
+- Korthikanti et al., "Reducing Activation Recomputation in Large Transformer Models", MLSys
+  2023 (arXiv 2205.05198). Table 5: iteration time with full recomputation and with the paper's
+  method (sequence parallelism + selective recomputation), for the Table 3 configurations (no
+  data parallelism; interleaved schedule with 3 model chunks for 175B and 530B).
+
+Both papers ran 2021-2022 Megatron-LM: fp16 mixed precision, materialized (unfused) attention,
+tied embeddings. The comparison is in each source's own unit (TFLOP/s by eq. 3, or seconds per
+iteration); the error is parasim's against the published figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from sim.config import experiment_from_dict
+from sim.simulate import predict
+from traces.model import megatron_step_flops
+
+NARAYANAN = "Narayanan et al. 2021, Table 1"
+KORTHIKANTI = "Korthikanti et al. 2022, Table 5"
+
+
+@dataclass(frozen=True, slots=True)
+class Case:
+    name: str
+    source: str
+    model: dict[str, Any]
+    parallel: dict[str, Any]
+    published: float
+    """TFLOP/s per GPU (eq. 3) for Narayanan, seconds per iteration for Korthikanti."""
+    unit: str = "TFLOP/s"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def gpus(self) -> int:
+        p = self.parallel
+        return p["tp"] * p.get("pp", 1) * p.get("dp", 1)
+
+
+def gpt(layers: int, hidden: int, heads: int) -> dict[str, Any]:
+    return {"layers": layers, "hidden": hidden, "heads": heads, "seq_len": 2048,
+            "vocab": 51200, "dtype": "fp16", "attention": "unfused"}
+
+
+def table1(name: str, model: dict[str, Any], tp: int, pp: int, dp: int, mb: int, gb: int,
+           vp: int, torch_ddp: bool, tflops: float) -> Case:
+    parallel = {"tp": tp, "pp": pp, "dp": dp, "micro_batch": mb, "global_batch": gb,
+                "recompute": "full", "overlap_grad_reduce": torch_ddp,
+                "schedule": "interleaved" if vp > 1 else "1f1b", "vp": vp}
+    return Case(name, NARAYANAN, model, parallel, tflops)
+
+
+def table5(name: str, model: dict[str, Any], pp: int, batch: int, mb: int, vp: int,
+           full_s: float, ours_s: float) -> list[Case]:
+    base = {"tp": 8, "pp": pp, "dp": 1, "micro_batch": mb, "global_batch": batch,
+            "schedule": "interleaved" if vp > 1 else "1f1b", "vp": vp}
+    return [Case(f"{name} full recompute", KORTHIKANTI, model,
+                 {**base, "recompute": "full"}, full_s, "s"),
+            Case(f"{name} SP + selective", KORTHIKANTI, model,
+                 {**base, "recompute": "selective", "sp": True}, ours_s, "s")]
+
+
+CASES: list[Case] = [
+    # Narayanan et al. 2021, Table 1 (layout, micro-batch, chunks, DDP: run_table_1.sh)
+    table1("1.7B", gpt(24, 2304, 24), 1, 1, 32, 16, 512, 1, True, 137),
+    table1("3.6B", gpt(30, 3072, 32), 2, 1, 32, 16, 512, 1, True, 138),
+    table1("7.5B", gpt(36, 4096, 32), 4, 1, 32, 16, 512, 1, True, 142),
+    table1("18.4B", gpt(40, 6144, 48), 8, 1, 32, 8, 1024, 1, True, 135),
+    table1("39.1B", gpt(48, 8192, 64), 8, 2, 32, 4, 1536, 1, False, 138),
+    table1("76.1B", gpt(60, 10240, 80), 8, 4, 32, 2, 1792, 3, False, 140),
+    table1("145.6B", gpt(80, 12288, 96), 8, 8, 24, 2, 2304, 2, False, 148),
+    table1("310.1B", gpt(96, 16384, 128), 8, 16, 15, 1, 2160, 2, False, 155),
+    table1("529.6B", gpt(105, 20480, 128), 8, 35, 9, 1, 2520, 3, False, 163),
+    table1("1008B", gpt(128, 25600, 160), 8, 64, 6, 1, 3072, 1, False, 163),
+    # Narayanan et al. 2021, §5.1: GPT-3 on 1024 GPUs (the shipped example's layout)
+    Case("GPT-3 175B, 1024 GPUs", "Narayanan et al. 2021, §5.1", gpt(96, 12288, 96),
+         {"tp": 8, "pp": 16, "dp": 8, "micro_batch": 1, "global_batch": 1536,
+          "recompute": "full", "overlap_grad_reduce": False}, 140),
+    # Korthikanti et al. 2022, Table 5 (configurations of its Table 3)
+    *table5("22B", gpt(48, 6144, 64), 1, 4, 4, 1, 1.42, 1.10),
+    *table5("175B", gpt(96, 12288, 96), 8, 64, 1, 3, 18.13, 13.75),
+    *table5("530B", gpt(105, 20480, 128), 35, 280, 1, 3, 49.05, 37.83),
+    *table5("1T", gpt(128, 25600, 160), 64, 512, 1, 1, 94.42, 71.49),
+]
+
+
+def simulate(case: Case) -> tuple[float, float, float]:
+    """(parasim's figure in the case's unit, its step time, simulation wall seconds)."""
+    exp = experiment_from_dict({"model": case.model, "parallel": case.parallel,
+                                "cluster": {"preset": "dgx-a100", "nodes": case.gpus // 8}},
+                               name=case.name)
+    began = time.perf_counter()
+    summary, _ = predict(exp)
+    wall = time.perf_counter() - began
+    step = summary.step_time_s
+    if case.unit == "s":
+        return step, step, wall
+    flops = megatron_step_flops(exp.model, exp.layout.global_batch, full_recompute=True)
+    return flops / case.gpus / step / 1e12, step, wall
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--only", default="", help="run the cases whose name contains this")
+    parser.add_argument("--max-gpus", type=int, default=4096, help="skip larger cases")
+    args = parser.parse_args()
+    print(f"{'case':28} {'GPUs':>5} {'layout':>22} {'published':>10} {'parasim':>9} "
+          f"{'error':>7} {'step s':>8} {'wall s':>7}  source")
+    errors: dict[str, list[float]] = {}
+    for case in CASES:
+        if args.only not in case.name or case.gpus > args.max_gpus:
+            continue
+        ours, step, wall = simulate(case)
+        error = (ours - case.published) / case.published
+        errors.setdefault(case.source.split(",")[0], []).append(abs(error))
+        p = case.parallel
+        layout = (f"t{p['tp']} p{p.get('pp', 1)} d{p.get('dp', 1)} b{p['micro_batch']}"
+                  + (f" v{p['vp']}" if p.get("vp", 1) > 1 else "")
+                  + f" {p['recompute'][:3]}" + (" sp" if p.get("sp") else ""))
+        unit = " s" if case.unit == "s" else ""
+        print(f"{case.name:28} {case.gpus:5d} {layout:>22} {case.published:8.2f}{unit:2} "
+              f"{ours:7.2f}{unit:2} {100 * error:+6.1f}% {step:8.3f} {wall:7.1f}  "
+              f"{case.source}", flush=True)
+    for source, errs in errors.items():
+        print(f"MAPE {source}: {100 * statistics.mean(errs):.1f}% over {len(errs)} runs")
+    every = [e for errs in errors.values() for e in errs]
+    if every:
+        print(f"MAPE all: {100 * statistics.mean(every):.1f}% over {len(every)} runs")
+
+
+if __name__ == "__main__":
+    main()
