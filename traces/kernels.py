@@ -26,8 +26,10 @@ L2, not HBM); a memory-bound kernel reads and writes each tensor once:
                          re-reads dx to sum it over tokens: +b·r·h·e
     gelu            fwd  2·b·s·f/t·e    bwd  read x, dy, write dx: 3·b·s·f/t·e; the fc1 bias
                          gradient (Megatron's fused bias-GeLU) sums dx over tokens: +b·s·f/t·e
-    softmax         fwd  read scores, write probabilities: 2·b·a/t·s²·e
-                    bwd  read probabilities and their gradient, write dx: 3·b·a/t·s²·e
+    softmax         Megatron's fused causal kernel reads only the unmasked c = (s+1)/(2s) of each
+                    row and writes every element: fwd b·a/t·s²·e·(c + 1); bwd reads the
+                    probabilities and their gradient where unmasked: b·a/t·s²·e·(2c + 1).
+                    Where that kernel does not apply, PyTorch's fp32 path (`softmax_bytes`).
     attn_dropout    fwd  read, write, 1-byte mask: b·a/t·s²·(2e + 1)   bwd  the same
     flash_attn      fwd  read Q, K, V, write O and the fp32 log-sum-exp (b·a/t·s·4)
                     bwd  read Q, K, V, O, dO and the log-sum-exp, write dQ, dK, dV
@@ -122,10 +124,37 @@ def attention_kernels(model: ModelSpec, b: int, t: int) -> list[Kernel]:
     scores = heads * s * s
     return [
         gemm_kernel("qk", (heads, s, s, d), e, e, weights=False),
-        memory_kernel("softmax", 2 * scores * e, 3 * scores * e),
+        memory_kernel("softmax", *softmax_bytes(scores, s, heads, e)),
         memory_kernel("attn_dropout", scores * (2 * e + 1), scores * (2 * e + 1)),
         gemm_kernel("av", (heads, s, d, s), e, e, weights=False),
     ]
+
+
+FUSED_SOFTMAX_MAX_SEQ = 2048
+"""Longest sequence Megatron-LM's fused causal softmax takes (scaled_upper_triang_masked_softmax.h
+asserts softmax_elements <= 2048 in the 2021-2022 releases; later ones raised it to 4096)."""
+
+
+def softmax_bytes(scores: int, s: int, heads: int, e: int) -> tuple[float, float]:
+    """HBM bytes (forward, backward) of the scale-mask-softmax over `scores` = heads·s² scores.
+
+    Megatron-LM's FusedScaleMaskSoftmax runs its fused causal kernel when the input is 16-bit,
+    16 < s <= FUSED_SOFTMAX_MAX_SEQ, s % 4 == 0 and the b·a/t score matrices come in fours
+    (fused_softmax.py, is_kernel_available). That kernel loads only the first i + 1 scores of
+    row i and writes all s (zeros past the diagonal): the unmasked fraction is c = (s+1)/(2s).
+
+    Otherwise it falls back to PyTorch ops in fp32 (softmax_in_fp32, which query-key layer
+    scaling forces), one pass each, per score:
+        forward   to fp32 (e + 4), scale (4 + 4), masked_fill_ (4 + 4), softmax (4 + 4),
+                  back to 16 bits (4 + e)                           = 28 + 2e
+        backward  to fp32 (e + 4), softmax's (read y, dy, write: 12), masked_fill (8),
+                  scale (8), back (4 + e)                           = 32 + 2e
+    (an fp32 model skips the two casts)."""
+    if e < 4 and 16 < s <= FUSED_SOFTMAX_MAX_SEQ and s % 4 == 0 and heads % 4 == 0:
+        c = (s + 1) / (2 * s)
+        return scores * e * (c + 1), scores * e * (2 * c + 1)
+    casts = 2 * (e + 4) if e < 4 else 0
+    return scores * (24 + casts), scores * (28 + casts)
 
 
 def embedding_kernels(model: ModelSpec, b: int, t: int, sp: bool,

@@ -11,6 +11,7 @@ from traces.kernels import (
     head_kernels,
     layer_kernels,
     optimizer_bytes_per_param,
+    softmax_bytes,
 )
 from traces.layout import Layout
 from traces.model import ModelSpec, megatron_step_flops
@@ -53,7 +54,10 @@ def test_unfused_gemm_shapes_and_memory_bound_bytes_by_hand():
     assert k["proj"].gemm == (1, B * S, H, H // 2)
     assert k["fc1"].gemm == (1, B * S, F // 2, H) and k["fc2"].gemm == (1, B * S, H, F // 2)
     scores = heads * S * S
-    assert k["softmax"].mem_bytes == 2 * scores * E and k["softmax"].bwd_bytes == 3 * scores * E
+    # Megatron's fused causal softmax reads only the unmasked (s+1)/(2s) of the scores.
+    c = (S + 1) / (2 * S)
+    assert k["softmax"].mem_bytes == scores * E * (c + 1)
+    assert k["softmax"].bwd_bytes == scores * E * (2 * c + 1)
     assert k["attn_dropout"].mem_bytes == scores * (2 * E + 1)
     # qk reads Q and K, writes the scores: 2·b·s·h/t + b·a/t·s² elements.
     assert k["qk"].mem_bytes == (2 * B * S * H // 2 + scores) * E
@@ -165,3 +169,16 @@ def test_the_plans_optimizer_op_moves_those_bytes_for_its_shard():
     layout = Layout(dp=2, zero=1, global_batch=2)
     step = next(op for op in build(model, layout).ops[0] if op.name == "optimizer")
     assert step.mem_bytes == layout.params_on_rank(model, 0) / 2 * 54
+
+
+def test_softmax_falls_back_to_pytorchs_fp32_path_where_the_fused_kernel_does_not_apply():
+    heads = 4
+    for s in (4096, 2044 + 2):  # longer than the kernel takes; not a multiple of 4
+        scores = heads * s * s
+        assert softmax_bytes(scores, s, heads, 2) == (scores * 36, scores * 40)
+    assert softmax_bytes(3 * 64 * 64, 64, 3, 2) == (3 * 64 * 64 * 36, 3 * 64 * 64 * 40)
+    assert softmax_bytes(64 * 64, 64, 1, 4)[0] == 64 * 64 * 24  # fp32: no casts
+    # at s = 2048 the fused kernel moves ~3 bytes per score forward, ~4 backward: 12x less
+    fwd, bwd = softmax_bytes(4 * 2048 * 2048, 2048, 4, 2)
+    assert fwd / (4 * 2048 * 2048) == pytest.approx(3, abs=0.01)
+    assert bwd / (4 * 2048 * 2048) == pytest.approx(4, abs=0.01)
