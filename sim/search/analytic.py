@@ -1,0 +1,331 @@
+"""The analytic tier of `parasim search`: a layout's step time and memory in closed form.
+
+It shares its parts with the simulator rather than being a second model of the step:
+
+  - which ops run: the plan builder's own ops for one layer, the embedding and the output
+    layer (`sim.search.passes`: a reduced plan of the same layout);
+  - compute: each kernel op timed by the simulator's `ComputeModel` (per-kernel FLOPs and
+    bytes from `traces.kernels`, GEMMs by tile and wave);
+  - communication: each collective lowered by `Collectives.resolve` exactly as the replay
+    lowers it (NCCL's choice under `auto`), timed alone on the network by its alpha-beta time
+    (`sim.collectives.analytic_time`); a pipeline send by `Collectives.p2p`;
+  - memory: `sim.memory.stage_memory` per pipeline rank under the layout's own schedule
+    (`traces.pipeline`'s generators, cached per (schedule, pp, micro-batches, vp)).
+
+The step, in closed form (p pipeline ranks, v virtual stages each, m micro-batches, n = L/(p·v)
+layers per virtual stage):
+
+    f, b      one layer's forward and (recompute +) backward for one micro-batch: compute-
+              stream ops in order (kernels and inline TP/SP collectives), or its ZeRO-3
+              gathers / reduce-scatters where those take longer (they overlap the compute)
+    t_vs      = n·(f + b) + 2·t_send          one virtual stage, one micro-batch, its two sends
+    W_r       = m·v·t_vs + m·(embedding on r = 0) + m·(output layer on r = p-1)
+    T_pipe    = max_r W_r + (p-1)·t_vs        the closed-form bubble: (p-1)/(v·m) of m·v·t_vs
+    end_r     = exposed gradient reduction + tied-embedding all-reduce + optimizer
+                + ZeRO-1/2 parameter all-gather
+    T         = max_r (T_pipe - r·(n·b + t_send) + end_r)   rank r finishes its backward
+                                                            r stages before rank 0
+
+Gradient buckets are the plan's (`passes.gradient_buckets`), each reduced alone on the DP
+group; with `overlap_grad_reduce` they hide behind the last micro-batch's backward (ZeRO-2:
+behind every backward) except the last bucket; without it they all follow the backward.
+
+What it leaves out, and what the DES adds (the search reports the Kendall tau between the
+two orders over the top K, so the user sees how much it matters): contention — every
+transfer here has the network to itself, while in the DES the folded copies of a collective,
+the pipeline sends and the DP reductions share NICs and uplinks max-min fairly; exact
+overlap — the real 1F1B order of sends, receives and reductions, a bucket that waits for the
+DP stream, a pipeline stage waiting for a slow neighbour, unequal stages beyond the first and
+last; and the interleaved schedule's exact warm-up (only its closed-form bubble is here).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from sim.collectives import Collectives, analytic_time
+from sim.compute import ComputeModel
+from sim.memory import MemoryBreakdown, peak_in_flight, stage_memory
+from sim.profile import Profile
+from sim.search.passes import (
+    PassKey,
+    PassOps,
+    Placed,
+    UnitOps,
+    grad_bytes,
+    gradient_buckets,
+    pass_ops,
+)
+from topology.cluster import Cluster
+from traces.layout import Layout
+from traces.model import ModelSpec
+from traces.ops import Op, OpKind
+from traces.pipeline import Action, ActionSchedule, gpipe, interleaved, one_f_one_b
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Estimate:
+    """The analytic tier's verdict on one layout."""
+
+    step_time_s: float
+    compute_s: float
+    """Kernel time of the busiest pipeline rank (recomputation and optimizer included)."""
+    bubble_s: float
+    """The closed-form pipeline bubble, (p-1)·t_vs."""
+    exposed_comm_s: float
+    """The rest of the step: TP/SP collectives, sends, exposed DP/ZeRO communication."""
+    peak_memory_bytes: float
+    fits: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _UnitTime:
+    """One unit's seconds for one micro-batch: on the compute stream (kernels and inline
+    TP/SP collectives) and on the side streams (ZeRO-3 gathers and reduce-scatters), forward
+    and backward; its kernels alone; and its `tail`, the side-stream work its backward leaves
+    in the step's last micro-batch (`UnitOps.final`)."""
+
+    compute_fwd: float
+    side_fwd: float
+    compute_bwd: float
+    side_bwd: float
+    kernels: float
+    tail: float
+
+
+@dataclass(frozen=True, slots=True)
+class _Pass:
+    """A chunk's forward and backward for one micro-batch: each as long as its compute stream
+    or, where the side streams take longer (ZeRO-3 on a slow network), as they; and the tail
+    of its last unit where the compute stream hides the side streams."""
+
+    fwd: float
+    bwd: float
+    kernels: float
+    tail: float
+
+
+class Analytic:
+    """Closed-form estimates of layouts of one model on one cluster (see the module
+    docstring); caches what layouts share, so screening thousands costs seconds."""
+
+    def __init__(self, model: ModelSpec, cluster: Cluster, profile: Profile, *,
+                 network: str = "flow", algo: str = "auto") -> None:
+        self.model, self.cluster = model, cluster
+        self.compute = ComputeModel(cluster.accelerator, profile)
+        self.collectives = Collectives(cluster)
+        self.free_network = network == "ideal"
+        self.algo = algo
+        self._passes: dict[PassKey, PassOps] = {}
+        self._units: dict[tuple[PassKey, int, int], tuple[_UnitTime, _UnitTime, _UnitTime]] = {}
+        self._comm: dict[tuple[OpKind, tuple[int, ...], float], float] = {}
+        self._peaks: dict[tuple[str, int, int, int], tuple[int, ...]] = {}
+        self._groups: dict[tuple[int, int, int, str], tuple[int, ...]] = {}
+        self._bucket_sizes: dict[tuple[int, int, int, int, bool, int], list[float]] = {}
+
+    # --- the estimate --------------------------------------------------------------------------
+
+    def estimate(self, layout: Layout) -> Estimate:
+        """Step time and peak memory of `layout` (valid for this model and cluster)."""
+        ops = self._pass_ops(layout)
+        layer, first, last = self._unit_times(layout, ops)
+        p, v, m = layout.pp, layout.vp, layout.num_microbatches
+        n = self.model.layers // layout.num_stages
+        send = self._send(layout, ops.send_bytes)
+        sends = 2 * send if p > 1 else 0.0
+        t_vs = _stage(n, layer).fwd + _stage(n, layer).bwd + sends
+        bubble = (p - 1) * t_vs
+        ranks = _distinct_ranks(p)
+        # The chunk holding an end of the model: the embedding on rank 0, the output layer on
+        # rank p-1 (both on rank 0 without a pipeline).
+        ends = {r: _stage(n, layer, *([first] if r == 0 else []),
+                          *([last] if r == p - 1 else [])) for r in ranks}
+        per_microbatch = {r: (v - 1) * t_vs + ends[r].fwd + ends[r].bwd + sends for r in ranks}
+        # ZeRO-3: nothing hides the step's first gathers (the embedding's and the first
+        # layer's) before the first kernel can run.
+        start = max(first.side_fwd + layer.side_fwd - first.compute_fwd, 0.0) \
+            if first.side_fwd else 0.0
+        pipe = start + m * max(per_microbatch.values()) + bubble
+        step, compute = 0.0, 0.0
+        for r in ranks:
+            end, optimizer = self._end_of_step(layout, ops, r, (v - 1) * _stage(n, layer).bwd
+                                               + ends[r].bwd, per_microbatch[r])
+            # Rank r's last backward ends r stages before rank 0's; what the last unit of it
+            # leaves on the side streams (the embedding's on rank 0, else a layer's) follows.
+            finished = pipe - r * (_stage(n, layer).bwd + send)
+            step = max(step, finished + ends[r].tail + end)
+            compute = max(compute, m * ((v - 1) * n * layer.kernels + ends[r].kernels)
+                          + optimizer)
+        peak = self.peak_memory(layout)
+        return Estimate(step_time_s=step, compute_s=compute, bubble_s=bubble,
+                        exposed_comm_s=max(step - compute - bubble, 0.0),
+                        peak_memory_bytes=peak,
+                        fits=peak <= self.cluster.accelerator.memory_bytes)
+
+    def _end_of_step(self, layout: Layout, ops: PassOps, r: int, last_backward: float,
+                     microbatch: float) -> tuple[float, float]:
+        """(seconds rank r spends after its last backward, of which the optimizer's kernel):
+        exposed gradient reduction, tied-embedding all-reduce, optimizer, parameter gather."""
+        params = layout.params_on_rank(self.model, r)
+        shard = layout.dp if layout.zero >= 1 else 1
+        optimizer = self.compute.kernel_time("optimizer", 0.0,
+                                             params / shard * ops.optimizer_bytes_per_param)
+        end = optimizer
+        if ops.embedding_grads is not None and r in (0, layout.pp - 1):
+            end += self._collective(OpKind.ALL_REDUCE, self._group(layout, "embedding"),
+                                    ops.embedding_grads)
+        if ops.grad_reduction is None:
+            return end, optimizer
+        buckets = self._buckets(layout, r)
+        dp = self._group(layout, "dp")
+        reductions = [self._collective(ops.grad_reduction, dp, b) for b in buckets]
+        reduce = sum(reductions)
+        m = layout.num_microbatches
+        times = m if ops.reduce_every_microbatch else 1
+        if layout.overlap_grad_reduce:
+            window = last_backward * times
+            tail = reductions[-1]
+        else:  # after each reducing backward: ZeRO-2's run while later micro-batches compute
+            window = (m - 1) * microbatch if ops.reduce_every_microbatch else 0.0
+            tail = reduce
+        end += max(times * reduce - window, tail)
+        if ops.gather_after_optimizer:  # the same slices, as parameters
+            to_params = self.model.dtype_bytes / grad_bytes(self.model, layout)
+            end += sum(self._collective(OpKind.ALL_GATHER, dp, b * to_params) for b in buckets)
+        return end, optimizer
+
+    # --- memory --------------------------------------------------------------------------------
+
+    def memory(self, layout: Layout) -> list[MemoryBreakdown]:
+        """`sim.memory.memory_by_stage`, with each rank's peak of micro-batches in flight
+        taken once per distinct schedule."""
+        peaks = self._in_flight(layout)
+        return [stage_memory(self.model, layout, r, _holding(peaks[r]))
+                for r in range(layout.pp)]
+
+    def peak_memory(self, layout: Layout) -> float:
+        """The largest of `memory(layout)`'s totals, from the ranks that can hold it: the
+        first, the last, and the middle one with the most micro-batches in flight (middle
+        ranks hold the same parameters and buffers)."""
+        peaks = self._in_flight(layout)
+        ranks = {0, layout.pp - 1}
+        if layout.pp > 2:
+            ranks.add(max(range(1, layout.pp - 1), key=lambda r: (peaks[r], -r)))
+        return max(stage_memory(self.model, layout, r, _holding(peaks[r])).total_bytes
+                   for r in sorted(ranks))
+
+    def _in_flight(self, layout: Layout) -> tuple[int, ...]:
+        """Micro-batches each pipeline rank holds at its peak under the layout's schedule."""
+        key = (str(layout.schedule), layout.pp, layout.num_microbatches, layout.vp)
+        peaks = self._peaks.get(key)
+        if peaks is None:
+            schedule = _GENERATORS[key[0]](*key[1:])
+            peaks = self._peaks[key] = tuple(peak_in_flight(schedule[r]) for r in range(key[1]))
+        return peaks
+
+    def _buckets(self, layout: Layout, r: int) -> list[float]:
+        key = (layout.tp, layout.pp, layout.vp, r, layout.fp32_main_grads, layout.bucket_bytes)
+        found = self._bucket_sizes.get(key)
+        if found is None:
+            found = self._bucket_sizes[key] = gradient_buckets(self.model, layout, r)
+        return found
+
+    def _group(self, layout: Layout, axis: str) -> tuple[int, ...]:
+        """Rank 0's group along `axis` (every group along it has the same shape)."""
+        key = (layout.tp, layout.pp, layout.dp, axis)
+        group = self._groups.get(key)
+        if group is None:
+            group = self._groups[key] = (layout.embedding_group(0) if axis == "embedding"
+                                         else layout.group(0, axis))
+        return group
+
+    # --- costs of ops --------------------------------------------------------------------------
+
+    def _pass_ops(self, layout: Layout) -> PassOps:
+        key = PassKey.of(layout)
+        found = self._passes.get(key)
+        if found is None:
+            found = self._passes[key] = pass_ops(self.model, layout)
+        return found
+
+    def _unit_times(self, layout: Layout,
+                    ops: PassOps) -> tuple[_UnitTime, _UnitTime, _UnitTime]:
+        key = (PassKey.of(layout), layout.tp, layout.dp)
+        found = self._units.get(key)
+        if found is None:
+            found = self._units[key] = (self._unit(layout, ops.layer),
+                                        self._unit(layout, ops.first),
+                                        self._unit(layout, ops.last))
+        return found
+
+    def _unit(self, layout: Layout, unit: UnitOps) -> _UnitTime:
+        def total(placed: tuple[Placed, ...]) -> float:
+            return sum(self._op_time(layout, op, axis) for op, axis in placed)
+
+        kernels = sum(self.compute.duration(op) for op, axis in
+                      unit.compute_fwd + unit.compute_bwd if not axis)
+        return _UnitTime(compute_fwd=total(unit.compute_fwd), side_fwd=total(unit.side_fwd),
+                         compute_bwd=total(unit.compute_bwd), side_bwd=total(unit.side_bwd),
+                         kernels=kernels, tail=total(unit.final))
+
+    def _op_time(self, layout: Layout, op: Op, axis: str) -> float:
+        if not axis:
+            return self.compute.duration(op)
+        return self._collective(op.kind, self._group(layout, axis), op.size_bytes)
+
+    def _collective(self, kind: OpKind, group: tuple[int, ...], size: float) -> float:
+        """Alpha-beta seconds of the lowering the replay would use, alone on the network."""
+        key = (kind, group, size)
+        seconds = self._comm.get(key)
+        if seconds is None:
+            if self.free_network or size <= 0 or len(group) < 2:
+                seconds = 0.0
+            else:
+                _, lowering = self.collectives.resolve(kind, group, size, self.algo)
+                seconds = analytic_time(self.cluster, lowering, size)
+            self._comm[key] = seconds
+        return seconds
+
+    def _send(self, layout: Layout, size: float) -> float:
+        """One pipeline send between neighbouring stages (0 without a pipeline)."""
+        if layout.pp == 1 or self.free_network:
+            return 0.0
+        src, dst = layout.rank(pp=0), layout.rank(pp=1)
+        return analytic_time(self.cluster, self.collectives.p2p(src, dst), size)
+
+
+# `traces.pipeline.build_schedule` without its deadlock check, which costs more than the rest
+# of an estimate: the same generators; the simulation validates every plan it runs.
+_GENERATORS: dict[str, Callable[[int, int, int], ActionSchedule]] = {
+    "gpipe": lambda pp, m, vp: gpipe(pp, m),
+    "1f1b": lambda pp, m, vp: one_f_one_b(pp, m),
+    "interleaved": lambda pp, m, vp: interleaved(pp, vp, m),
+}
+
+
+def _stage(n: int, layer: _UnitTime, *ends: _UnitTime) -> _Pass:
+    """A chunk of n layers and the model's `ends` it holds: streams add up over its units
+    (a unit's gather is prefetched during the previous unit's compute), the chunk lasts as
+    long as its busiest stream. Its last unit in backward is the embedding where it holds
+    one (listed first), else a layer."""
+    units = [*ends, *([layer] * n)]
+    compute_fwd = sum(u.compute_fwd for u in units)
+    compute_bwd = sum(u.compute_bwd for u in units)
+    side_bwd = sum(u.side_bwd for u in units)
+    last = ends[0] if ends and ends[0].tail else layer
+    return _Pass(fwd=max(compute_fwd, sum(u.side_fwd for u in units)),
+                 bwd=max(compute_bwd, side_bwd), kernels=sum(u.kernels for u in units),
+                 tail=last.tail if compute_bwd >= side_bwd else 0.0)
+
+
+def _distinct_ranks(pp: int) -> list[int]:
+    """Pipeline ranks that differ: the first, one in the middle, the last (the middle ones
+    hold the same parameters and run the same work)."""
+    return sorted({0, min(1, pp - 1), pp - 1})
+
+
+def _holding(peak: int) -> list[Action]:
+    """A schedule fragment holding `peak` micro-batches in flight: all `stage_memory` reads
+    of a rank's actions is that peak (`peak_in_flight`)."""
+    return [Action(0, "F", i) for i in range(peak)]

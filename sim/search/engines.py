@@ -1,0 +1,179 @@
+"""Where a search's tasks run: this process, local worker processes, or a Ray cluster.
+
+    with open_engine(workers=2) as engine:               # or open_engine(ray="auto")
+        results = engine.map(task, problem, items, done)
+
+`map` runs `task(problem, item)` for every item and returns the results in the items' order,
+whatever order they finish in (`done(index, result)` is called as each one does, for the
+progress bar). A task is a module-level function, so a worker imports it; the problem is a
+small picklable value (`sim.search.problem.Problem`) each worker turns into its context once.
+
+Local workers are `concurrent.futures.ProcessPoolExecutor` processes started by `forkserver`
+(`spawn` where there is none): a clean interpreter each, never a fork of a process holding
+threads. Ray is optional (`pip install 'parasim[ray]'`) and imported only when asked for;
+`--ray auto` joins the cluster `ray start` made on this machine, `--ray HOST:PORT` or
+`ray://HOST:PORT` another one, and a Ray already initialized in this process (a test's
+`ray.init(num_cpus=2)`) is used as it is.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from contextlib import contextmanager
+from typing import Any, Protocol, TypeVar
+
+from sim.search.problem import Problem
+from traces.errors import ConfigError, show
+
+T = TypeVar("T")
+R = TypeVar("R")
+Task = Callable[[Problem, T], R]
+Done = Callable[[int, Any], None]
+MAX_WORKERS = 1024
+
+
+class Engine(Protocol):
+    name: str
+    workers: int
+
+    def map(self, task: Task[T, R], problem: Problem, items: Sequence[T],
+            done: Done | None = None) -> list[R]: ...
+
+    def close(self) -> None: ...
+
+
+def default_workers() -> int:
+    """Every core this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def check_workers(workers: object) -> int:
+    if isinstance(workers, bool) or not isinstance(workers, int) or \
+            not 1 <= workers <= MAX_WORKERS:
+        raise ConfigError(f"--workers: {show(workers)} must be an integer from 1 to "
+                          f"{MAX_WORKERS:,}")
+    return workers
+
+
+class InProcess:
+    """One worker: this process, no start-up cost."""
+
+    name = "in-process"
+    workers = 1
+
+    def map(self, task: Task[T, R], problem: Problem, items: Sequence[T],
+            done: Done | None = None) -> list[R]:
+        results = []
+        for i, item in enumerate(items):
+            results.append(task(problem, item))
+            if done is not None:
+                done(i, results[-1])
+        return results
+
+    def close(self) -> None:
+        pass
+
+
+class Processes:
+    """`workers` local processes."""
+
+    name = "processes"
+
+    def __init__(self, workers: int) -> None:
+        self.workers = workers
+        methods = multiprocessing.get_all_start_methods()
+        method = "forkserver" if "forkserver" in methods else "spawn"
+        self.pool = ProcessPoolExecutor(max_workers=workers,
+                                        mp_context=multiprocessing.get_context(method))
+
+    def map(self, task: Task[T, R], problem: Problem, items: Sequence[T],
+            done: Done | None = None) -> list[R]:
+        futures: dict[Future[R], int] = {self.pool.submit(task, problem, item): i
+                                         for i, item in enumerate(items)}
+        results: list[Any] = [None] * len(items)
+        pending = set(futures)
+        while pending:
+            finished, pending = wait(pending, return_when=FIRST_COMPLETED)
+            for future in sorted(finished, key=futures.__getitem__):
+                i = futures[future]
+                results[i] = future.result()
+                if done is not None:
+                    done(i, results[i])
+        return results
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True, cancel_futures=True)
+
+
+class RayCluster:
+    """Tasks on a Ray cluster; `address` None uses the Ray this process has initialized."""
+
+    name = "ray"
+
+    def __init__(self, address: str | None) -> None:
+        try:
+            import ray  # noqa: PLC0415 (optional: imported only when asked for)
+        except ImportError:
+            raise ConfigError("--ray: Ray is not installed; pip install 'parasim[ray]'") \
+                from None
+        self.ray = ray
+        self.owned = not ray.is_initialized()
+        if self.owned:
+            if not address:
+                raise ConfigError("--ray: give the cluster's address (HOST:PORT, "
+                                  "ray://HOST:PORT) or auto")
+            try:
+                ray.init(address=address, log_to_driver=False)
+            except (ConnectionError, RuntimeError, ValueError) as err:
+                raise ConfigError(f"--ray: cannot join a Ray cluster at {address}: "
+                                  f"{str(err).splitlines()[0] if str(err) else err!r}") \
+                    from None
+        self.workers = max(1, int(ray.cluster_resources().get("CPU", 1)))
+        self._remote: dict[Any, Any] = {}
+
+    def map(self, task: Task[T, R], problem: Problem, items: Sequence[T],
+            done: Done | None = None) -> list[R]:
+        ray = self.ray
+        remote = self._remote.get(task)
+        if remote is None:
+            remote = self._remote[task] = ray.remote(task)
+        shared = ray.put(problem)
+        refs = {remote.remote(shared, item): i for i, item in enumerate(items)}
+        results: list[Any] = [None] * len(items)
+        pending = list(refs)
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1)
+            for ref in ready:
+                i = refs[ref]
+                results[i] = ray.get(ref)
+                if done is not None:
+                    done(i, results[i])
+        return results
+
+    def close(self) -> None:
+        if self.owned:
+            self.ray.shutdown()
+
+
+@contextmanager
+def open_engine(workers: int = 1, ray: str | None = None, *,
+                use_ray: bool = False) -> Iterator[Engine]:
+    """The engine for `workers` local workers (1: this process), or for the Ray cluster at
+    `ray` (`use_ray` with no address: the Ray this process has initialized); closed after."""
+    engine: Engine
+    if ray is not None or use_ray:
+        engine = RayCluster(ray)
+    elif check_workers(workers) == 1:
+        engine = InProcess()
+    else:
+        engine = Processes(workers)
+    try:
+        yield engine
+    finally:
+        engine.close()

@@ -1,0 +1,226 @@
+"""The ops of one layer, of the embedding and of the output layer, as the plan builder makes them.
+
+The analytic tier of `parasim search` must cost what the simulator runs, not a second idea of
+it. So it asks the plan builder itself (`traces.plan.build`) for a *reduced* plan of the same
+layout: the same tensor-parallel degree, micro-batch, SP, recomputation, ZeRO stage and
+gradient precision, but one layer per pipeline stage, at most two stages and two data-parallel
+replicas, and two micro-batches. Its ops are then sorted by what they belong to:
+
+    layer    the ops of one transformer layer for one micro-batch (layer index set): kernels
+             and TP/SP collectives on the compute stream, forward and (recompute +) backward;
+             ZeRO-3's per-layer gathers and gradient reduce-scatters; SP's replicated gradients
+    first    what only the first pipeline stage runs per micro-batch (embedding)
+    last     what only the last stage runs per micro-batch (final norm, logits, cross-entropy)
+
+plus what the step ends with: the kind of the gradient reduction ("grads" on the dp stream),
+whether ZeRO-1/2 gather the parameters after the optimizer, whether gradients are reduced in
+every micro-batch (ZeRO-2) or once, the tied-embedding all-reduce, and the optimizer's HBM
+bytes per parameter it owns. Sizes of collectives outside the layer (gradient buckets) depend
+on the real layer count; `sim.search.analytic` takes only their kinds from here.
+
+A reduced plan has ~100 ops per rank and is built once per `PassKey`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from traces.layout import Layout, Schedule
+from traces.model import ModelSpec
+from traces.ops import Op, OpKind, Phase, Stream
+from traces.plan import build
+from traces.plan.nodes import RankContext
+
+COMM_STREAMS = (Stream.ZERO_AG, Stream.ZERO_RS, Stream.DP)
+
+
+@dataclass(frozen=True, slots=True)
+class PassKey:
+    """What the ops of a layer depend on (besides the model): the reduced plan's cache key."""
+
+    tp: int
+    sp: bool
+    micro_batch: int
+    recompute: str
+    zero: int
+    """The ZeRO stage, 0 where there is no data parallelism (the plan adds nothing then)."""
+    has_dp: bool
+    fp32_main_grads: bool
+    overlap_grad_reduce: bool
+    two_stages: bool
+    """pp > 1: the embedding and the output layer sit on different ranks, and a tied
+    embedding's gradients are all-reduced between them."""
+
+    @staticmethod
+    def of(layout: Layout) -> PassKey:
+        return PassKey(tp=layout.tp, sp=layout.sp, micro_batch=layout.micro_batch,
+                       recompute=str(layout.recompute),
+                       zero=layout.zero if layout.dp > 1 else 0, has_dp=layout.dp > 1,
+                       fp32_main_grads=layout.fp32_main_grads,
+                       overlap_grad_reduce=layout.overlap_grad_reduce,
+                       two_stages=layout.pp > 1)
+
+
+Placed = tuple[Op, str]
+"""An op and the axis of the real layout it runs over: "" (compute), "tp", "dp" or
+"embedding" (the first and the last pipeline stage)."""
+
+
+@dataclass(frozen=True, slots=True)
+class UnitOps:
+    """One unit's ops for one micro-batch: `compute_*` run in order on the compute stream
+    (kernels and inline TP/SP collectives), `side_*` on the data-parallel streams."""
+
+    compute_fwd: tuple[Placed, ...]
+    compute_bwd: tuple[Placed, ...]
+    """Backward kernels, with the recomputed forward where the layout recomputes."""
+    side_fwd: tuple[Placed, ...]
+    side_bwd: tuple[Placed, ...]
+    final: tuple[Placed, ...]
+    """What its backward leaves on the data-parallel streams in the step's last micro-batch
+    (ZeRO-3's reduce-scatter, SP's replicated gradients; not the buckets): exposed when the
+    unit is the last of its rank."""
+
+
+@dataclass(frozen=True, slots=True)
+class PassOps:
+    """A layout's ops by what they belong to, from its reduced plan (module docstring)."""
+
+    layer: UnitOps
+    first: UnitOps
+    """The embedding's ops (on the first stage)."""
+    last: UnitOps
+    """The output layer's ops (on the last stage)."""
+    send_bytes: float
+    """Bytes of one pipeline send (activations forward, their gradients backward)."""
+    grad_reduction: OpKind | None
+    """How bucketed gradients are reduced over DP: all-reduce (ZeRO 0), reduce-scatter
+    (ZeRO 1/2), None (ZeRO-3 reduces per layer; no DP)."""
+    reduce_every_microbatch: bool
+    gather_after_optimizer: bool
+    embedding_grads: float | None
+    """Bytes of the tied embedding's gradient all-reduce between the first and the last
+    stage (None: untied, or one stage holds both)."""
+    optimizer_bytes_per_param: float
+    """HBM bytes the optimizer moves per parameter it updates."""
+
+
+def reduced_layout(layout: Layout) -> Layout:
+    """The layout of the reduced plan: at most two stages of one layer, two replicas, two
+    micro-batches (the second is the last, where ZeRO 0/1 reduce their buckets)."""
+    pp, dp = min(layout.pp, 2), min(layout.dp, 2)
+    return dataclasses.replace(layout, pp=pp, dp=dp, vp=1, schedule=Schedule.ONE_F_ONE_B,
+                               global_batch=2 * layout.micro_batch * dp)
+
+
+def pass_ops(model: ModelSpec, layout: Layout) -> PassOps:
+    """Build the reduced plan of `layout` and sort its ops (see the module docstring)."""
+    small = reduced_layout(layout)
+    reduced_model = dataclasses.replace(model, layers=small.pp)
+    ranks = [small.rank(pp=p) for p in range(small.pp)]
+    plan = build(reduced_model, small, ranks=ranks)
+    first_ops, last_ops = plan.ops[ranks[0]], plan.ops[ranks[-1]]
+    layer = _unit(small, ranks[-1], last_ops, lambda op: op.layer is not None)
+    if small.pp > 1:
+        first = _unit(small, ranks[0], first_ops, _outside_layers)
+        last = _unit(small, ranks[-1], last_ops, _outside_layers)
+    else:
+        embedding, head = _ends_by_position(first_ops)
+        first = _unit(small, ranks[0], embedding, _outside_layers)
+        last = _unit(small, ranks[0], head, _outside_layers)
+    sends = [op.size_bytes for op in first_ops if op.kind is OpKind.SEND]
+    grads = [op for op in first_ops if op.stream == Stream.DP and op.name == "grads"]
+    optimizer = next(op for op in first_ops if op.phase is Phase.OPT and op.name == "optimizer")
+    params = small.params_on_rank(reduced_model, 0) / (small.dp if small.zero >= 1 else 1)
+    return PassOps(
+        layer=layer, first=first, last=last,
+        send_bytes=sends[0] if sends else 0.0,
+        grad_reduction=grads[0].kind if grads else None,
+        reduce_every_microbatch=len({op.microbatch for op in grads}) > 1,
+        gather_after_optimizer=any(op.phase is Phase.OPT and op.kind is OpKind.ALL_GATHER
+                                   for op in first_ops),
+        embedding_grads=next((op.size_bytes for op in first_ops
+                              if op.name == "embedding_grads"), None),
+        optimizer_bytes_per_param=optimizer.mem_bytes / params,
+    )
+
+
+def grad_bytes(model: ModelSpec, layout: Layout) -> int:
+    """Bytes per gradient element, as the plan builder has them."""
+    return RankContext(model=model, layout=layout, rank=0).grad_bytes
+
+
+def gradient_buckets(model: ModelSpec, layout: Layout, pp_rank: int) -> list[float]:
+    """Bytes of each gradient bucket pipeline rank `pp_rank` reduces in a backward, in order:
+    its units' gradients in backward order (per model chunk, the last chunk first: the output
+    layer, the layers in reverse, the embedding) fill a bucket until it holds `bucket_bytes`
+    or the chunk ends (`traces.plan.data`; a test holds the two to the same sizes)."""
+    ctx = RankContext(model=model, layout=layout, rank=layout.rank(pp=pp_rank))
+    buckets: list[float] = []
+    for stage in reversed(layout.stages_of_rank(pp_rank)):
+        units: list[int | str] = ["head"] if stage == layout.num_stages - 1 else []
+        units += list(reversed(layout.layers_of_stage(model, stage)))
+        units += ["embed"] if stage == 0 else []
+        filling = 0.0
+        for unit in units:
+            filling += ctx.unit_params(unit) * ctx.grad_bytes
+            if filling >= layout.bucket_bytes:
+                buckets.append(filling)
+                filling = 0.0
+        if filling:
+            buckets.append(filling)
+    return buckets
+
+
+def _outside_layers(op: Op) -> bool:
+    """Per-micro-batch ops of the embedding or the output layer (not the step's end)."""
+    return op.layer is None and op.microbatch is not None and op.name not in ("grads",
+                                                                              "params")
+
+
+def _unit(small: Layout, rank: int, ops: Sequence[Op],
+          belongs: Callable[[Op], bool]) -> UnitOps:
+    """The ops `belongs` picks, of the first micro-batch, split by stream and direction,
+    each with its axis; and its side-stream ops after the last micro-batch's backward."""
+    mine = [op for op in ops if belongs(op) and not op.kind.is_p2p]
+    first = [op for op in mine if op.microbatch == 0]
+    compute = [(op, _axis(small, rank, op)) for op in first if op.stream == Stream.COMPUTE]
+    side = [(op, _axis(small, rank, op)) for op in first if op.stream in COMM_STREAMS]
+    assert len(compute) + len(side) == len(first), "an op on an unexpected stream"
+    final = [(op, _axis(small, rank, op)) for op in mine
+             if op.microbatch == small.num_microbatches - 1 and op.phase is not Phase.FWD
+             and op.stream in COMM_STREAMS and op.stream != Stream.ZERO_AG]
+    return UnitOps(compute_fwd=tuple(p for p in compute if p[0].phase is Phase.FWD),
+                   compute_bwd=tuple(p for p in compute if p[0].phase is not Phase.FWD),
+                   side_fwd=tuple(p for p in side if p[0].phase is Phase.FWD),
+                   side_bwd=tuple(p for p in side if p[0].phase is not Phase.FWD),
+                   final=tuple(final))
+
+
+def _ends_by_position(ops: Sequence[Op]) -> tuple[list[Op], list[Op]]:
+    """One stage holding both ends: its ops outside the layer, split into the embedding's and
+    the output layer's by where they run. A forward runs the embedding before the layers and
+    the output layer after them; a backward the other way round."""
+    embedding: list[Op] = []
+    head: list[Op] = []
+    for mb in sorted({op.microbatch for op in ops if op.microbatch is not None}):
+        for forward in (True, False):
+            run = [op for op in ops if op.microbatch == mb and (op.phase is Phase.FWD) == forward]
+            at = [i for i, op in enumerate(run) if op.layer is not None]
+            before, after = run[:at[0]], run[at[-1] + 1:]
+            embedding += before if forward else after
+            head += after if forward else before
+    return embedding, head
+
+
+def _axis(small: Layout, rank: int, op: Op) -> str:
+    """The axis of the reduced layout a collective of `rank` runs over; "" for compute."""
+    if op.kind is OpKind.COMPUTE:
+        return ""
+    for axis in ("tp", "dp"):
+        if op.group == small.group(rank, axis):
+            return axis
+    assert op.group == small.embedding_group(rank), f"{op.name} on {op.group}"
+    return "embedding"

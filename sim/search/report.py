@@ -1,0 +1,86 @@
+"""The `--report` page of `parasim search`: step time against peak memory, every candidate.
+
+Each valid candidate is a point at its analytic (peak memory per GPU, step time): blue where it
+fits, grey where it does not; the GPU's memory is the dashed vertical line. The simulated top K
+are drawn again at their simulated step time, each joined to its analytic point by a thin line
+(what the simulation changed), the best is labelled, and the seeds' rule of thumb is a star.
+One self-contained, deterministic HTML file (plotly.js inlined, fixed div id, no timestamps).
+"""
+
+from __future__ import annotations
+
+import html
+
+import plotly.graph_objects as go
+import plotly.io as pio
+
+from sim.search.output import result_text
+from sim.search.run import Ranked, SearchResult, Simulated
+from sim.search.space import describe
+
+GiB = 2**30
+DIV_ID = "parasim-search"
+
+
+def search_figure(r: SearchResult) -> go.Figure:
+    fig = go.Figure()
+    fits = [(c.layout, c.estimate) for c in r.feasible]
+    for name, points, colour in (("fits (analytic)", fits, "#4C78A8"),
+                                 ("does not fit (analytic)", r.infeasible, "#BBBBBB")):
+        fig.add_trace(go.Scattergl(
+            x=[e.peak_memory_bytes / GiB for _, e in points],
+            y=[e.step_time_s for _, e in points], mode="markers", name=name,
+            marker={"size": 5, "color": colour, "opacity": 0.6},
+            text=[describe(lay) for lay, _ in points],
+            hovertemplate="%{text}<br>%{y:.3f} s, %{x:.1f} GiB<extra></extra>"))
+    sims = r.simulated
+    links_x: list[float | None] = []
+    links_y: list[float | None] = []
+    for c in sims:
+        links_x += [c.estimate.peak_memory_bytes / GiB, _sim(c).peak_memory_bytes / GiB, None]
+        links_y += [c.estimate.step_time_s, _sim(c).step_time_s, None]
+    fig.add_trace(go.Scatter(x=links_x, y=links_y, mode="lines", hoverinfo="skip",
+                             line={"color": "#F58518", "width": 1}, showlegend=False))
+    fig.add_trace(go.Scatter(
+        x=[_sim(c).peak_memory_bytes / GiB for c in sims],
+        y=[_sim(c).step_time_s for c in sims], mode="markers",
+        name=f"simulated top {r.top_k}", marker={"size": 9, "color": "#F58518",
+                                                 "line": {"width": 1, "color": "black"}},
+        text=[f"#{i + 1} {describe(c.layout)} (analytic #{c.analytic_rank})"
+              for i, c in enumerate(sims)],
+        hovertemplate="%{text}<br>%{y:.3f} s, %{x:.1f} GiB<extra></extra>"))
+    if r.rule is not None:
+        rule = r.rule
+        fig.add_trace(go.Scatter(
+            x=[_sim(rule).peak_memory_bytes / GiB], y=[_sim(rule).step_time_s],
+            mode="markers", name="rule of thumb (simulated)",
+            marker={"size": 14, "symbol": "star", "color": "#E45756"},
+            text=[describe(rule.layout)],
+            hovertemplate="%{text}<br>%{y:.3f} s, %{x:.1f} GiB<extra></extra>"))
+    best = r.best
+    fig.add_annotation(x=_sim(best).peak_memory_bytes / GiB, y=_sim(best).step_time_s,
+                       text=f"best: {describe(best.layout)}", showarrow=True, arrowhead=2)
+    fig.add_vline(x=r.memory_capacity_bytes / GiB, line={"dash": "dash", "color": "#333"},
+                  annotation_text="GPU memory", annotation_position="top")
+    fig.update_layout(
+        title=f"{r.name}: step time against peak memory per GPU, {r.num_candidates:,} "
+              f"candidates, top {r.top_k} simulated",
+        xaxis_title="peak memory per GPU (GiB)", yaxis_title="step time (s)",
+        yaxis_type="log", template="plotly_white", height=700)
+    return fig
+
+
+def render_search_report(r: SearchResult) -> str:
+    """The whole page: the text summary (without timings: the same search gives the same
+    page), then the figure."""
+    summary = html.escape(result_text(r, timings=False))
+    figure = pio.to_html(search_figure(r), include_plotlyjs=True, full_html=False,
+                         div_id=DIV_ID)
+    return ("<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\">"
+            f"<title>parasim search: {html.escape(r.name)}</title></head>\n<body>\n"
+            f"<pre>{summary}</pre>\n{figure}\n</body></html>\n")
+
+
+def _sim(c: Ranked) -> Simulated:
+    assert c.simulated is not None
+    return c.simulated
