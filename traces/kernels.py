@@ -33,8 +33,11 @@ L2, not HBM); a memory-bound kernel reads and writes each tensor once:
     attn_dropout    fwd  read, write, 1-byte mask: b·a/t·s²·(2e + 1)   bwd  the same
     flash_attn      fwd  read Q, K, V, write O and the fp32 log-sum-exp (b·a/t·s·4)
                     bwd  read Q, K, V, O, dO and the log-sum-exp, write dQ, dK, dV
-    cross_entropy   fwd  read the logits (e), write and re-read fp32 softmax: b·s·V/t·(e + 8)
-                    bwd  read the fp32 softmax, write the logits' gradient: b·s·V/t·(4 + e)
+    cross_entropy   Megatron's vocab-parallel one (mpu/cross_entropy.py) on the logits cast to
+                    fp32, one pass per op: fwd cast (e + 4), max (4), subtract it in place (8),
+                    exp (8), sum (4), divide into the softmax kept for backward (8):
+                    b·s·V/t·(36 + e); bwd scale the softmax by the loss gradient in place (8),
+                    cast back (4 + e): b·s·V/t·(12 + e) (an fp32 model skips the casts)
 
 The residual stream: each of a layer's two norms reads a tensor that is also the residual
 added back by the next bda (Megatron's ParallelTransformerLayer: `hidden_states` feeds ln1 and
@@ -181,7 +184,7 @@ def head_kernels(model: ModelSpec, b: int, t: int, sp: bool,
     return [
         _norm("final_ln", b * r * h, e),
         gemm_kernel("logits", (1, b * s, v // t, h), e, g),
-        memory_kernel("cross_entropy", logits * (e + 8), logits * (4 + e)),
+        memory_kernel("cross_entropy", *cross_entropy_bytes(logits, e)),
     ]
 
 
@@ -206,6 +209,13 @@ def optimizer_bytes_per_param(dtype: str, grad_bytes: int) -> float:
     to_main = 0 if grad_bytes >= 4 else grad_bytes + 4
     unscale = 8 if dtype == "fp16" else 0  # bf16 trains without a loss scale
     return to_main + unscale + 4 + 28 + (4 + e) + grad_bytes
+
+
+def cross_entropy_bytes(logits: int, e: int) -> tuple[float, float]:
+    """HBM bytes (forward, backward) of the vocab-parallel cross-entropy over `logits` values
+    (module docstring): fp32 passes over the logits, plus the casts of a 16-bit model."""
+    cast = e + 4 if e < 4 else 0
+    return logits * (32 + cast), logits * (8 + cast)
 
 
 def _norm(name: str, elements: int, e: int, residual: bool = False) -> Kernel:

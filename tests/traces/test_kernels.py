@@ -110,7 +110,8 @@ def test_outside_the_layers():
     assert pos.mem_bytes == B * S // 2 * H * (2 * E + 1) + S // 2 * H * E
     final_ln, logits, ce = head_kernels(FLASH, B, 2, sp=False)
     assert logits.gemm == (1, B * S, V // 2, H) and logits.flops == 2 * B * S * H * V / 2
-    assert ce.mem_bytes == B * S * V // 2 * (E + 8) and ce.bwd_bytes == B * S * V // 2 * (4 + E)
+    # fp32 passes: cast (E + 4), max 4, subtract 8, exp 8, sum 4, divide 8; back: scale 8, cast
+    assert ce.mem_bytes == B * S * V // 2 * (36 + E) and ce.bwd_bytes == B * S * V // 2 * (12 + E)
     assert final_ln.mem_bytes == 2 * B * S * H * E
     assert final_ln.bwd_bytes == 3 * B * S * H * E  # one consumer: no residual sum
 
