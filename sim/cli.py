@@ -2,6 +2,7 @@
 
     parasim collective --cluster dgx-h100 --nodes 16 --op all_reduce --sizes 1M:4G --json
     parasim simulate [CONFIG.toml] [--json] [--report step.html] [--trace step.json]
+    parasim replay TRACE [--cluster PRESET_OR_TOML] [--nodes N] [--profile P] [--retime] [--json]
     parasim search [CONFIG.toml] [--gpus N] [--top K] [--workers N] [--ray ADDRESS] [--json]
     parasim run [CONFIG.toml] --out DIR [--steps N] [--warmup N] [--timeout S] [--json]
 
@@ -27,6 +28,8 @@ from tqdm import tqdm
 from sim.collective_table import MAX_CHANNELS, OPS, format_table, parse_sizes, sweep_row
 from sim.collectives import ALGORITHMS, Collectives
 from sim.config import example_path, load_experiment
+from sim.profile import default_profile
+from sim.provenance import file_sha256, flags_sha256, provenance
 from sim.replay import NETWORKS
 from sim.simulate import predict, summary_json, summary_text
 from topology.cluster import Cluster
@@ -126,6 +129,12 @@ def _build_parser() -> _Parser:
                       help="simulate every rank instead of one per pipeline stage")
     simp.set_defaults(handler=_simulate)
 
+    from sim import replay_command  # the replay's own flags, beside its code
+
+    rep = commands.add_parser("replay", help="re-simulate a measured or profiler trace")
+    replay_command.add_arguments(rep)
+    rep.set_defaults(handler=_replay)
+
     run = commands.add_parser("run", help="execute a config's plan for real (needs torch)")
     run.add_argument("config", nargs="?", help="TOML config (default: the shipped tiny GPT "
                      "on this machine, gpt-tiny-localhost.toml)")
@@ -199,13 +208,20 @@ def _simulate(args: argparse.Namespace) -> int:
 
             outputs.write(targets["--report"], render_report(exp, summary, times))
         outputs.commit()
-        text = (json.dumps(summary_json(exp, summary), allow_nan=False) if args.json
-                else summary_text(exp, summary))
+        text = (json.dumps({**summary_json(exp, summary),
+                            **provenance(exp.profile, file_sha256(config))}, allow_nan=False)
+                if args.json else summary_text(exp, summary))
         try:
             emit(text)
         except BrokenPipeError:  # the reader stopped early; the files are complete: keep them
             _silence_stdout()
     return 0
+
+
+def _replay(args: argparse.Namespace) -> int:
+    from sim import replay_command
+
+    return replay_command.run(args, emit=emit, progress_bar=_ProgressBar)
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -270,9 +286,16 @@ def _collective(args: argparse.Namespace) -> int:
                          disable=sys.stderr is None or not sys.stderr.isatty())
     ]
     if args.json:
+        # The cluster file's bytes, or for a preset the flags that shaped the table.
+        digest = file_sha256(args.cluster) if args.cluster not in PRESETS else flags_sha256(
+            {"cluster": args.cluster, "nodes": args.nodes, "fabric": args.fabric,
+             "op": args.op, "sizes": sizes, "algo": args.algo, "channels": args.channels,
+             "ranks": ranks, "model": args.model})
         emit(json.dumps({"cluster": cluster.name, "op": args.op, "algo": args.algo,
                          "ranks": ranks, "model": args.model,
-                         "rows": [asdict(r) for r in rows]}, allow_nan=False))
+                         "rows": [asdict(r) for r in rows],
+                         **provenance(default_profile(cluster.accelerator), digest)},
+                        allow_nan=False))
     else:
         emit(format_table(cluster, args.op, args.algo, args.model, rows, ranks))
     return 0

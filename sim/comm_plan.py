@@ -8,16 +8,28 @@ what moves, between whom, how many bytes). Each distinct key is lowered once by
 it runs, on which meeting channel (a group's communicator, or a (source, destination, tag)
 pair), which issue counter it advances, and how many members must arrive.
 
+Partial traces (one rank's profile of a larger job) replay by symmetry: a collective whose
+group has members absent from the trace is still lowered over its whole group (all its flows
+are on the links), but only its present members must issue it; the absent ones mirror a present
+one and arrive when it does. A send or receive whose peer is absent runs its flow alone when
+the present side issues it.
+
+Measured communication of unstated size (`size_bytes` 0 on a timed op: a profiler that did
+not record the size) is not lowered: its key is `measured`, its algorithm `MEASURED`, and the
+replay keeps the op's measured duration.
+
 Folding: a plan built for one representative rank per (cp, pp) coordinate (`fold`, the layout
 it was folded with) stands for all its tensor-parallel peers and data-parallel replicas, which
 run the same program. Their traffic is not simulated separately, except where it crosses links
 the representatives use: there the copies' flows are added to the representatives' flow sets,
 so contention on shared links (a fat tree's uplinks) is still felt. On layouts where the
 copies' links are disjoint from the representatives', folded and unfolded runs give identical
-times. A collective whose members all fold onto one present rank needs only that rank.
+times. A collective whose members all fold onto one present rank needs only that rank. (The
+symmetry of partial traces is the general case: folding names which present rank stands for
+an absent one, and adds the copies' flows.)
 
 Bad traces (ranks that do not exist, malformed peers or groups, a rank issuing a collective on
-a group it is not in, a group member with no ops) raise `ConfigError` naming the op.
+a group it is not in) raise `ConfigError` naming the op.
 """
 
 from __future__ import annotations
@@ -30,16 +42,21 @@ from sim.flows import FlowSet, Lowering
 from topology.cluster import Cluster
 from traces.errors import ConfigError
 from traces.layout import Layout
-from traces.ops import OpKind, Trace
+from traces.ops import Op, OpKind, Trace
+
+MEASURED = "measured"
+"""The algorithm of communication that keeps its measured duration (size not stated)."""
 
 
 @dataclass(frozen=True, slots=True)
 class CollectiveKey:
-    """A distinct collective: its kind, its group (communicator order), its size."""
+    """A distinct collective: its kind, its group (communicator order), its size; `measured`
+    when the trace does not state the size and the op keeps its measured duration."""
 
     kind: OpKind
     group: tuple[int, ...]
     size_bytes: float
+    measured: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +66,7 @@ class TransferKey:
     src: int
     dst: int
     size_bytes: float
+    measured: bool = False
 
 
 CommKey = CollectiveKey | TransferKey
@@ -102,7 +120,8 @@ class CommOp:
     queue: int
     """Its issue counter, one per (channel, rank): the k-th call on it joins meeting k."""
     need: int
-    """How many present ranks must arrive; 1 when the rank stands for the whole group."""
+    """How many present ranks must arrive; 1 when the rank stands for the whole group (or
+    its partners are absent from a partial trace)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,7 +178,9 @@ def _comm_op(rank: int, kind: OpKind, tag: str, k: int, key: CommKey, algo: str,
     where: Channel
     if isinstance(key, TransferKey):
         where = TransferChannel(key.src, key.dst, tag)
-        need, counted = 2, algo if kind is OpKind.SEND else None
+        peer_present = members.has(key.dst if kind is OpKind.SEND else key.src)
+        need = 2 if peer_present else 1  # an absent peer mirrors this side
+        counted = algo if kind is OpKind.SEND or not peer_present else None
     else:
         present = members.of(key.group)
         if rank not in present:
@@ -192,11 +213,12 @@ def _keys(plan: Trace, cluster: Cluster) -> tuple[list[CommKey], dict[int, dict[
                     raise ConfigError(f"trace: rank {rank} {kind} has peer {peer!r}; it must "
                                       f"be another rank of the {n} on {cluster.name}")
                 src, dst = (rank, peer) if kind is OpKind.SEND else (peer, rank)
-                raw: tuple[object, ...] = (src, dst, op.size_bytes)
+                measured = _measured(op)
+                raw: tuple[object, ...] = (src, dst, op.size_bytes, measured)
                 k = index.get(raw)
                 if k is None:
                     k = index[raw] = len(keys)
-                    keys.append(TransferKey(src, dst, op.size_bytes))
+                    keys.append(TransferKey(src, dst, op.size_bytes, measured))
             else:
                 group = op.group
                 if group not in checked:
@@ -206,22 +228,31 @@ def _keys(plan: Trace, cluster: Cluster) -> tuple[list[CommKey], dict[int, dict[
                                           f"a group needs two or more distinct ranks of the "
                                           f"{n} on {cluster.name}")
                     checked.add(group)
-                raw = (kind, group, op.size_bytes)
+                measured = _measured(op)
+                raw = (kind, group, op.size_bytes, measured)
                 k = index.get(raw)
                 if k is None:
                     k = index[raw] = len(keys)
-                    keys.append(CollectiveKey(kind, group, op.size_bytes))
+                    keys.append(CollectiveKey(kind, group, op.size_bytes, measured))
             per_op[i] = k
     return keys, key_of
+
+
+def _measured(op: Op) -> bool:
+    """Communication the trace does not size but has timed: it keeps its measured duration."""
+    return op.size_bytes == 0.0 and op.end is not None
 
 
 def _lower(keys: list[CommKey], cluster: Cluster, collectives: Collectives,
            fold: Layout | None, algo: str) -> list[Lowered]:
     """Lower every distinct key once; add the folded copies' flows on the links the present
-    ranks use (the copies elsewhere mirror them and need no simulation)."""
+    ranks use (the copies elsewhere mirror them and need no simulation). A measured key
+    has no lowering: the replay keeps its op's measured duration."""
     base: list[tuple[str, Lowering]] = []
     for key in keys:
-        if isinstance(key, TransferKey):
+        if key.measured:
+            base.append((MEASURED, ()))
+        elif isinstance(key, TransferKey):
             base.append(("p2p", collectives.p2p(key.src, key.dst)))
         else:
             base.append(collectives.resolve(key.kind, key.group, key.size_bytes, algo))
@@ -231,7 +262,9 @@ def _lower(keys: list[CommKey], cluster: Cluster, collectives: Collectives,
             for link in flows.links}
     lowered = []
     for key, (name, lowering) in zip(keys, base):
-        if isinstance(key, TransferKey):
+        if key.measured:
+            copies = []
+        elif isinstance(key, TransferKey):
             copies = [collectives.p2p(*pair) for pair in fold.copies((key.src, key.dst))]
         else:
             copies = []
@@ -246,23 +279,24 @@ def _lower(keys: list[CommKey], cluster: Cluster, collectives: Collectives,
 
 class _Members:
     """The present ranks that must issue a collective on a group: under folding, the
-    representatives its members fold onto."""
+    representatives its members fold onto; of a partial trace, the members it holds (the
+    absent ones mirror them)."""
 
     def __init__(self, plan: Trace, fold: Layout | None) -> None:
         self.present = set(plan.ops)
         self.fold = fold
         self._cache: dict[tuple[int, ...], tuple[int, ...]] = {}
 
+    def has(self, rank: int) -> bool:
+        """Whether `rank` is in the trace (a send meets a receive of that very rank)."""
+        return rank in self.present
+
     def of(self, group: tuple[int, ...]) -> tuple[int, ...]:
         found = self._cache.get(group)
         if found is None:
-            fold = self.fold
-            found = tuple(sorted({fold.representative(r) for r in group} if fold else group))
-            missing = [r for r in found if r not in self.present]
-            if missing:
-                raise ConfigError(f"trace: collective group {list(group)} includes rank "
-                                  f"{missing[0]}, which has no ops in the trace")
-            self._cache[group] = found
+            fold, present = self.fold, self.present
+            stand_ins = {fold.representative(r) for r in group} if fold else set(group)
+            found = self._cache[group] = tuple(sorted(stand_ins & present))
         return found
 
 

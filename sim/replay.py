@@ -4,7 +4,10 @@
 
 Each rank's ops run on their streams (one simpy process per stream, ops in list order), waiting
 for their `deps`. A collective starts when every member has issued it and stalls only the
-streams that issued it; a send and its receive start together. The parts:
+streams that issued it; a send and its receive start together. Members absent from a partial
+trace mirror the present ones (`sim.comm_plan`). A measured op (start/end) keeps its duration
+where nothing is to be simulated: compute (`sim.compute`), and communication whose size the
+trace does not state. The parts:
 
   - `sim.comm_plan.lower_communication`: the plan's communication lowered before the run (pure;
     folding, described in the plan's meta and read by `plan_fold`, is handled there);
@@ -24,7 +27,7 @@ from typing import Any, Protocol
 import simpy
 
 from sim.collectives import analytic_time
-from sim.comm_plan import CommPlan, lower_communication
+from sim.comm_plan import MEASURED, CommPlan, lower_communication
 from sim.meetings import Meetings
 from sim.network import Network
 from topology.cluster import Cluster
@@ -96,7 +99,9 @@ class _Replay:
         self.network = network
         self.net = Network(self.env, cluster.link_capacity) if network == "flow" else None
         net = self.net
-        self.handles = [net.register(low.lowering) for low in comm.lowered] if net else []
+        # A handle per lowering; -1 for measured communication, which keeps its duration.
+        self.handles = [net.register(low.lowering) if low.algo != MEASURED else -1
+                        for low in comm.lowered] if net else []
         self.meetings = Meetings(self.env, comm)
         self.starts = {r: [float("nan")] * len(ops) for r, ops in plan.ops.items()}
         self.ends = {r: [float("nan")] * len(ops) for r, ops in plan.ops.items()}
@@ -176,13 +181,13 @@ class _Replay:
                 start = times[-2]
             elif op.kind is compute:
                 yield timeout(duration(op))
-            elif (c := comm[i]).need == 1:  # a folded group: this rank stands for every member
-                if (moved := move(c.lowered, op.size_bytes)) is not None:
+            elif (c := comm[i]).need == 1:  # this rank stands for every member (fold, partial)
+                if (moved := move(c.lowered, op)) is not None:
                     yield moved
             else:  # join the op's meeting; the last member to arrive runs it for all
                 meeting, last = arrive(rank, op, c)
                 if last:
-                    if (moved := move(c.lowered, op.size_bytes)) is not None:
+                    if (moved := move(c.lowered, op)) is not None:
                         yield moved
                     meeting.done.succeed()
                 else:
@@ -199,15 +204,19 @@ class _Replay:
                 self.report_at += 4096
                 progress(self.finished, self.total)
 
-    def _move(self, lowered: int, size: float) -> simpy.Event | None:
-        """An event that fires when the communication has moved its bytes; None when
-        communication is free (the ideal network: what-if analysis and schedule tests)."""
-        if self.net is not None:
-            return self.net.run(self.handles[lowered], size)
+    def _move(self, lowered: int, op: Op) -> simpy.Event | None:
+        """An event that fires when the communication of `op` (the last member to arrive) has
+        moved its bytes, or taken its measured duration if the trace does not size it; None
+        when communication is free (the ideal network: what-if analysis and schedule tests)."""
+        if self.net is not None and (handle := self.handles[lowered]) >= 0:
+            return self.net.run(handle, op.size_bytes)
         if self.network == "ideal":
             return None
-        lowering = self.comm.lowered[lowered].lowering
-        return self.env.timeout(analytic_time(self.cluster, lowering, size))
+        low = self.comm.lowered[lowered]
+        if low.algo == MEASURED:
+            assert op.start is not None and op.end is not None, "measured ops are timed"
+            return self.env.timeout(op.end - op.start)
+        return self.env.timeout(analytic_time(self.cluster, low.lowering, op.size_bytes))
 
     def _stuck(self) -> str:
         for rank, ops in self.plan.ops.items():

@@ -1,0 +1,147 @@
+"""The `parasim replay` command: its flags, its output files, its summary (text or --json).
+
+    parasim replay TRACE [--cluster PRESET_OR_TOML] [--nodes N] [--fabric F] [--profile P]
+                   [--retime] [--network flow|analytic|ideal] [--algo A] [--json]
+                   [--trace OUT.json] [--chrome OUT.json]
+
+TRACE is a parasim trace file, a PyTorch-profiler JSON (.json / .json.gz) or a folder of
+per-rank files of either kind (`sim.replay_trace`). Output files are checked before the replay
+and written all or none.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol
+
+from sim.config import ALGOS
+from sim.profile import load_profile
+from sim.provenance import file_sha256, files_sha256, provenance
+from sim.replay import NETWORKS
+from sim.replay_trace import ReplayResult, choose_cluster, load_trace, replay_trace
+from topology.presets import PRESETS
+from traces.chrome import dumps_chrome
+from traces.errors import ConfigError, show
+from traces.files import Outputs, check_outputs
+from traces.io import dumps as dumps_trace
+
+
+class _Bar(Protocol):
+    def update(self, done: int, total: int) -> None: ...
+    def __enter__(self) -> _Bar: ...
+    def __exit__(self, *exc: object) -> None: ...
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("trace", metavar="TRACE", help="a parasim trace, a PyTorch-profiler "
+                        "JSON (.json, .json.gz), or a folder of per-rank files")
+    parser.add_argument("--cluster", help=f"a preset ({', '.join(PRESETS)}) or a TOML file "
+                        "with [cluster] (default: the cluster a parasim trace names)")
+    parser.add_argument("--nodes", type=int, help="servers (default: the cluster's)")
+    parser.add_argument("--fabric", help="fat-tree | rail | torus (default: the cluster's)")
+    parser.add_argument("--profile", metavar="JSON", help="calibration profile")
+    parser.add_argument("--retime", action="store_true", help="time compute ops that carry "
+                        "FLOPs/bytes by the compute model instead of keeping their durations")
+    parser.add_argument("--network", choices=NETWORKS, help="flow (default), analytic, ideal")
+    parser.add_argument("--algo", default="auto", help="collective algorithm (default auto)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--trace", dest="out_trace", metavar="JSON",
+                        help="write the replayed timed trace")
+    parser.add_argument("--chrome", metavar="JSON", help="write a Chrome/Perfetto trace")
+
+
+def run(args: argparse.Namespace, *, emit: Callable[[str], None],
+        progress_bar: Callable[[str, str], _Bar]) -> int:
+    if args.algo not in ALGOS:
+        raise ConfigError(f"--algo: {show(args.algo)} is not an algorithm "
+                          f"(known: {', '.join(ALGOS)})")
+    if args.profile is not None and not args.profile:
+        raise ConfigError("--profile: an empty path names no file")
+    inputs = [*_trace_files(Path(args.trace))] + ([Path(args.profile)] if args.profile else [])
+    targets = check_outputs({"--trace": args.out_trace, "--chrome": args.chrome}, inputs=inputs)
+    profile = load_profile(args.profile) if args.profile else None
+    loaded = load_trace(args.trace)
+    spec = choose_cluster(loaded.trace, args.cluster, nodes=args.nodes, fabric=args.fabric)
+    cluster = spec.build()
+    with Outputs() as outputs:
+        with progress_bar("replay", "op") as bar:
+            result = replay_trace(loaded, cluster, profile, retime=args.retime,
+                                  network=args.network, algo=args.algo, progress=bar.update)
+        if targets:
+            timed = result.times.timed_trace()
+            if "--trace" in targets:
+                outputs.write(targets["--trace"], dumps_trace(timed))
+            if "--chrome" in targets:
+                outputs.write(targets["--chrome"], dumps_chrome(timed))
+        outputs.commit()
+        if args.json:
+            digest = (files_sha256(loaded.files) if loaded.path.is_dir()
+                      else file_sha256(loaded.path))
+            text = json.dumps({**summary_json(result), **provenance(result.profile, digest)},
+                              allow_nan=False)
+        else:
+            text = summary_text(result)
+        try:
+            emit(text)  # inside the block: an error writing stdout removes the outputs
+        except BrokenPipeError:  # the reader stopped early; the files are complete: keep them
+            broken = True
+        else:
+            broken = False
+    if broken:
+        raise BrokenPipeError  # the command line silences stdout and exits 0
+    return 0
+
+
+def _trace_files(path: Path) -> list[Path]:
+    """The files TRACE may read, so that no output overwrites one of them."""
+    if path.is_dir():
+        return sorted(p for p in path.iterdir() if p.is_file())
+    return [path]
+
+
+def summary_json(r: ReplayResult) -> dict[str, Any]:
+    """The `--json` object (without provenance): the headline figures first."""
+    trace = r.loaded.trace
+    return {
+        "trace": str(r.loaded.path),
+        "source": r.loaded.source,
+        "cluster": r.cluster.name,
+        "network": r.network,
+        "algo": r.algo,
+        "step_time_predicted_s": r.step_time_predicted_s,
+        "step_time_measured_s": r.step_time_measured_s,
+        "num_ranks": len(trace.ops),
+        "num_ranks_mirrored": r.num_ranks_mirrored,
+        "ops": {"by_kind": r.op_counts, "by_collective": r.collective_counts},
+        "collective_bytes": r.collective_bytes,
+        "kept_measured": {"compute": r.kept_measured_compute,
+                          "communication": r.kept_measured_comm},
+        "retimed_compute": r.retimed_compute,
+        "algorithms": dict(sorted(r.times.algorithms.items())),
+        "files_skipped": list(r.loaded.skipped_files),
+    }
+
+
+def summary_text(r: ReplayResult) -> str:
+    trace = r.loaded.trace
+    ranks = len(trace.ops)
+    partial = f", {r.num_ranks_mirrored} more mirrored" if r.num_ranks_mirrored else ""
+    lines = [f"parasim replay: {r.loaded.source} trace of {ranks} rank{'s' * (ranks != 1)}"
+             f"{partial} on {r.cluster.name}, profile {r.profile.name}, {r.network} network",
+             f"  {'step time predicted':<24}{r.step_time_predicted_s:.4g} s"]
+    if r.step_time_measured_s is not None:
+        ratio = (f"  (predicted / measured {r.step_time_predicted_s / r.step_time_measured_s:.3g})"
+                 if r.step_time_measured_s > 0 else "")
+        lines.append(f"  {'step time measured':<24}{r.step_time_measured_s:.4g} s{ratio}")
+    kinds = ", ".join(f"{n} {kind}" for kind, n in r.op_counts.items())
+    lines.append(f"  {'ops':<24}{kinds}")
+    for name, n in r.collective_counts.items():
+        lines.append(f"  {'  ' + name:<24}{n} x, {r.collective_bytes[name] / 1e6:,.1f} MB in all")
+    lines.append(f"  {'kept measured':<24}{r.kept_measured_compute} compute ops, "
+                 f"{r.kept_measured_comm} communications of unstated size")
+    if r.retimed_compute:
+        lines.append(f"  {'timed by the model':<24}{r.retimed_compute} compute ops")
+    return "\n".join(lines)

@@ -1,0 +1,304 @@
+"""`parasim replay`: re-simulate a measured or imported trace, on its own cluster or another.
+
+    from sim.replay_trace import choose_cluster, load_trace, replay_trace
+    loaded = load_trace("rank0.json.gz")     # a parasim trace, a profiler JSON, or a folder
+    spec = choose_cluster(loaded.trace, "dgx-a100")
+    result = replay_trace(loaded, spec.build())
+
+What is kept and what is simulated (`sim.replay` does the run):
+
+* Communication is re-simulated on the cluster, except a collective or transfer whose size the
+  trace does not state (`size_bytes` 0 on a timed op, as a profiler may leave it): that keeps
+  its measured duration (counted in `ReplayResult.kept_measured_comm`).
+* Compute ops keep their measured durations; with `retime`, those that carry FLOPs or bytes (a
+  parasim trace's) are timed by the compute model for the cluster's accelerator and the
+  profile instead. A profiler's compute ops carry neither and keep their durations.
+* A partial trace (one rank's file of a larger job) replays by symmetry (`sim.comm_plan`):
+  group members and peers absent from the trace mirror the present ranks.
+
+Reading: a file whose first 64 KiB hold a top-level-looking `"schema":` key is a parasim trace
+(`traces.io`, which names any other schema or an unknown version), anything else a PyTorch
+profiler trace (`traces.kineto`, gzip or not). A folder holding parasim traces (a `parasim
+run` output) is read as their union, its other files (`chrome.json`) left out and listed;
+otherwise it is a folder of per-rank profiler files.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from sim.compute import ComputeModel
+from sim.profile import Profile, default_profile
+from sim.replay import NETWORKS, Progress, StepTimes, plan_fold, replay
+from topology.cluster import Cluster
+from topology.config import FABRICS, ClusterSpec, read_cluster, read_cluster_file
+from topology.presets import PRESETS
+from traces.errors import ConfigError, show
+from traces.io import load as load_parasim
+from traces.kineto import load_kineto
+from traces.ops import Op, OpKind, Trace
+
+SNIFF_BYTES = 65536
+_SCHEMA_KEY = re.compile(rb'"schema"\s*:')
+_GZIP_MAGIC = b"\x1f\x8b"
+_SUFFIXES = (".json", ".json.gz")
+_CLUSTER_NAME = re.compile(r"(\S+) x(\d+) (\S+)")  # Cluster.name: "dgx-a100 x128 fat-tree"
+_CLUSTER_HINT = "give --cluster PRESET_OR_TOML [--nodes N]"
+
+
+@dataclass(frozen=True, slots=True)
+class LoadedTrace:
+    """A trace read from TRACE, and what was read."""
+
+    path: Path
+    """TRACE as given: a file or a folder."""
+    trace: Trace
+    source: str
+    """"parasim" (traces.io) or "kineto" (a PyTorch profiler trace)."""
+    files: tuple[Path, ...]
+    """The files read, for the provenance hash."""
+    skipped_files: tuple[str, ...] = ()
+    """Files of the folder that are not parasim traces, left out beside parasim traces."""
+
+
+def load_trace(path: str | Path) -> LoadedTrace:
+    """TRACE: a parasim trace file, a profiler JSON (.json / .json.gz), or a folder of either."""
+    if not str(path):
+        raise ConfigError("TRACE: an empty path names no file")
+    path = Path(path)
+    if path.is_dir():
+        return _load_folder(path)
+    if not path.exists():
+        raise ConfigError(f"{path}: no such file or folder")
+    if not path.is_file():
+        raise ConfigError(f"{path}: not a regular file (a device, pipe or socket); parasim "
+                          "reads traces only from regular files")
+    if _is_parasim(path):
+        return LoadedTrace(path, load_parasim(path), "parasim", (path,))
+    return LoadedTrace(path, load_kineto(path), "kineto", (path,))
+
+
+def _is_parasim(path: Path) -> bool:
+    """Whether the file announces a schema near its start (a parasim trace, or a parasim file
+    of another kind, which `traces.io` then names); profiler traces never do."""
+    try:
+        with path.open("rb") as file:
+            head = file.read(SNIFF_BYTES)
+    except OSError as err:
+        raise ConfigError(f"{path}: cannot read: {err.strerror or err}") from None
+    return not head.startswith(_GZIP_MAGIC) and _SCHEMA_KEY.search(head) is not None
+
+
+def _load_folder(folder: Path) -> LoadedTrace:
+    files = sorted(p for p in folder.iterdir() if p.is_file() and p.name.endswith(_SUFFIXES))
+    ours = [p for p in files if _is_parasim(p)]
+    if not ours:
+        return LoadedTrace(folder, load_kineto(folder), "kineto", tuple(files))
+    ops: dict[int, tuple[Op, ...]] = {}
+    seen: dict[int, Path] = {}
+    meta: dict[str, Any] = {}
+    for path in ours:
+        part = load_parasim(path)
+        if not meta:
+            meta = dict(part.meta)
+        elif part.meta.get("fold") != meta.get("fold"):
+            raise ConfigError(f"{path}: folded differently from {ours[0].name} (meta.fold); "
+                              "a folder holds the files of one run")
+        for rank, rank_ops in part.ops.items():
+            if rank in seen:
+                raise ConfigError(f"{path}: rank {rank} again (also in {seen[rank].name}); a "
+                                  "folder holds each rank once")
+            seen[rank] = path
+            ops[rank] = rank_ops
+    skipped = tuple(p.name for p in files if p not in ours)
+    return LoadedTrace(folder, Trace(dict(sorted(ops.items())), meta), "parasim", tuple(ours),
+                       skipped)
+
+
+# --- the cluster -------------------------------------------------------------------------------
+
+def cluster_spec(name: str, overrides: dict[str, Any]) -> ClusterSpec:
+    """`--cluster`: a preset or a TOML file with a [cluster] table, checked, not yet built."""
+    if name in PRESETS:
+        return read_cluster({"preset": name, **overrides})
+    if Path(name).suffix == ".toml":
+        return read_cluster_file(name, overrides)
+    raise ConfigError(f"--cluster: {show(name)} is neither a preset ({', '.join(PRESETS)}) "
+                      "nor a .toml file")
+
+
+def choose_cluster(trace: Trace, cluster: str | None = None, *, nodes: int | None = None,
+                   fabric: str | None = None) -> ClusterSpec:
+    """The cluster to replay on: `cluster` (a preset or TOML file), else the one a parasim
+    trace names in its meta if it is a preset's; `nodes` and `fabric` override either. The
+    trace's ranks must fit it."""
+    overrides: dict[str, Any] = {k: v for k, v in (("nodes", nodes), ("fabric", fabric))
+                                 if v is not None}
+    if cluster is not None:
+        spec = cluster_spec(cluster, overrides)
+    else:
+        spec = _own_cluster(trace.meta, overrides)
+    check_fits(trace, spec)
+    return spec
+
+
+def _own_cluster(meta: Any, overrides: dict[str, Any]) -> ClusterSpec:
+    named = meta.get("cluster")
+    if named is None:
+        raise ConfigError(f"trace: names no cluster to replay on (a profiler trace never does); "
+                          f"{_CLUSTER_HINT}")
+    match = _CLUSTER_NAME.fullmatch(named) if isinstance(named, str) else None
+    if match is None or match[1] not in PRESETS or match[3] not in FABRICS:
+        raise ConfigError(f"trace: its cluster {show(named)} is not a preset parasim can "
+                          f"rebuild; {_CLUSTER_HINT}")
+    preset, count, fabric = match[1], int(match[2]), match[3]
+    try:
+        spec = read_cluster({"preset": preset, "nodes": count, "fabric": fabric, **overrides})
+    except ConfigError:  # a torus sizes itself: no `nodes`
+        spec = read_cluster({"preset": preset, "fabric": fabric, **overrides})
+    if "nodes" not in overrides and (spec.nodes, spec.fabric) != (count, fabric):
+        raise ConfigError(f"trace: its cluster {named!r} cannot be rebuilt from preset "
+                          f"{preset!r}; {_CLUSTER_HINT}")
+    return spec
+
+
+def check_fits(trace: Trace, spec: ClusterSpec) -> None:
+    """Every rank the trace names (its own, peers, group members, a profiler's world size)
+    must be an accelerator of the cluster: one line otherwise, before a graph is built."""
+    top, what = -1, ""
+    world = trace.meta.get("world_size")
+    if type(world) is int and world > 0:
+        top, what = world - 1, f"its world of {world} ranks"
+    for rank, ops in trace.ops.items():
+        for op in ops:
+            named = max(rank, op.peer if op.peer is not None else -1, *op.group)
+            if named > top:
+                top, what = named, f"rank {named}"
+    size = spec.num_devices
+    if top >= size:
+        name = f"{spec.preset} x{spec.nodes} {spec.fabric}"
+        hint = ("a larger --cluster" if spec.fabric == "torus" else
+                f"--nodes {-(-(top + 1) // spec.devices_per_server)} or a larger --cluster")
+        raise ConfigError(f"trace: {what} does not fit {name} ({size} accelerators); "
+                          f"give {hint}")
+
+
+# --- the replay --------------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReplayResult:
+    """A replayed trace and what it says."""
+
+    loaded: LoadedTrace
+    cluster: Cluster
+    profile: Profile
+    network: str
+    algo: str
+    times: StepTimes
+    step_time_measured_s: float | None
+    """Max end minus min start over all ops of a timed trace; None if any op is untimed."""
+    num_ranks_mirrored: int
+    """Ranks named as group members or peers but absent from the trace."""
+    op_counts: dict[str, int]
+    """By kind; a collective counts once however many of its members the trace holds."""
+    collective_counts: dict[str, int]
+    """By the name the trace gives (its kind where it gives none), counted once each."""
+    collective_bytes: dict[str, float]
+    """Total `size_bytes` by collective name, each collective once."""
+    kept_measured_compute: int
+    """Compute ops that kept their measured durations."""
+    kept_measured_comm: int
+    """Collectives and transfers of unstated size that kept their measured durations."""
+    retimed_compute: int
+    """Compute ops timed by the compute model (untimed ones, and measured ones with --retime)."""
+
+    @property
+    def step_time_predicted_s(self) -> float:
+        return self.times.step_time_s
+
+
+def replay_trace(loaded: LoadedTrace, cluster: Cluster, profile: Profile | None = None, *,
+                 retime: bool = False, network: str | None = None, algo: str = "auto",
+                 progress: Progress | None = None) -> ReplayResult:
+    """Re-simulate `loaded` on `cluster` (see the module docstring); `network` defaults to the
+    one a parasim trace was simulated with, else the flow model."""
+    trace = loaded.trace
+    if trace.num_ops() == 0:
+        raise ConfigError("trace: holds no ops to replay")
+    profile = profile or default_profile(cluster.accelerator)
+    if network is None:
+        own = trace.meta.get("network")
+        network = own if isinstance(own, str) and own in NETWORKS else "flow"
+    plan, kept, modelled = _compute_times(trace, retime)
+    times = replay(plan, cluster, ComputeModel(cluster.accelerator, profile), network=network,
+                   algo=algo, progress=progress)
+    ops, names, sizes, mirrored = _census(trace)
+    return ReplayResult(
+        loaded=loaded, cluster=cluster, profile=profile, network=network, algo=algo,
+        times=times, step_time_measured_s=_measured_step(trace), num_ranks_mirrored=mirrored,
+        op_counts=ops, collective_counts=names, collective_bytes=sizes,
+        kept_measured_compute=kept, kept_measured_comm=times.algorithms.get("measured", 0),
+        retimed_compute=modelled)
+
+
+def _compute_times(trace: Trace, retime: bool) -> tuple[Trace, int, int]:
+    """The trace to replay (with `retime`, measured compute ops that carry FLOPs or bytes lose
+    their times, so the compute model times them), the compute ops that keep their measured
+    durations, and those the model times."""
+    kept = modelled = 0
+    ops: dict[int, tuple[Op, ...]] = {}
+    for rank, rank_ops in trace.ops.items():
+        out = []
+        for op in rank_ops:
+            if op.kind is OpKind.COMPUTE:
+                if op.end is not None and retime and (op.flops or op.mem_bytes or op.gemm):
+                    op = replace(op, start=None, end=None)
+                if op.end is None:
+                    modelled += 1
+                else:
+                    kept += 1
+            out.append(op)
+        ops[rank] = tuple(out)
+    return (Trace(ops, trace.meta) if retime else trace), kept, modelled
+
+
+def _measured_step(trace: Trace) -> float | None:
+    starts = [op.start for ops in trace.ops.values() for op in ops]
+    ends = [op.end for ops in trace.ops.values() for op in ops]
+    if any(s is None for s in starts) or any(e is None for e in ends):
+        return None
+    return max(e for e in ends if e is not None) - min(s for s in starts if s is not None)
+
+
+def _census(trace: Trace) -> tuple[dict[str, int], dict[str, int], dict[str, float], int]:
+    """Ops by kind, collectives by name and their bytes (a collective counted at the first
+    present rank its group holds, or folds onto), and how many named ranks are absent."""
+    present = set(trace.ops)
+    fold = plan_fold(trace.meta)
+    counter: dict[tuple[int, ...], int] = {}  # group -> the present rank that counts its calls
+    kinds: Counter[str] = Counter()
+    names: Counter[str] = Counter()
+    sizes: dict[str, float] = {}
+    named: set[int] = set()
+    for rank, ops in trace.ops.items():
+        for op in ops:
+            if op.kind.is_collective:
+                named.update(op.group)
+                first = counter.get(op.group)
+                if first is None:
+                    stand_ins = {fold.representative(r) for r in op.group} if fold else op.group
+                    first = counter[op.group] = min(present.intersection(stand_ins), default=rank)
+                if first != rank:
+                    continue
+                name = op.name or str(op.kind)
+                names[name] += 1
+                sizes[name] = sizes.get(name, 0.0) + op.size_bytes
+            elif op.peer is not None:
+                named.add(op.peer)
+            kinds[str(op.kind)] += 1
+    return (dict(sorted(kinds.items())), dict(sorted(names.items())), dict(sorted(sizes.items())),
+            len(named - present))

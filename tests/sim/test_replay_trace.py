@@ -1,0 +1,327 @@
+"""`parasim replay`: simulated traces reproduce themselves, real GPU traces replay, partial
+traces replay by symmetry, measured durations are kept where the trace leaves no choice, and
+bad inputs are one line with exit status 2 and no output file."""
+
+import dataclasses
+import functools
+import json
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from sim.cli import main
+from sim.profile import ComputeParams, Profile
+from sim.replay_trace import LoadedTrace, choose_cluster, load_trace, replay_trace
+from sim.simulate import predict
+from topology import build_cluster
+from traces.errors import ConfigError
+from traces.io import dumps, load, save
+from traces.kineto import load_kineto
+from traces.ops import Op, OpKind, Trace
+
+from .test_simulate_cli import SMALL
+
+KINETO = Path(__file__).parents[1] / "data" / "kineto"
+TWO_RANK = KINETO / "a100-2rank-nccl-rank0.json.gz"
+EIGHT_RANK = KINETO / "a100-8rank-pp-rank3.json.gz"
+MiB = 2**20
+AR = OpKind.ALL_REDUCE
+
+
+@functools.cache
+def kineto(path):
+    return load_kineto(path)
+
+
+def run_cli(capsys, *argv):
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture(scope="module")
+def known(tmp_path_factory):
+    """A small experiment simulated with a profile of known, non-default parameters."""
+    from sim.config import experiment_from_dict
+
+    folder = tmp_path_factory.mktemp("known")
+    profile = folder / "known.json"
+    Profile(name="known", calibrated=True,
+            compute=ComputeParams(gemm_efficiency=0.55, memory_efficiency=0.6,
+                                  launch_overhead_s=7e-6)).save(profile)
+    return experiment_from_dict(tomllib.loads(SMALL), overrides={"profile": str(profile)}), profile
+
+
+def scrambled(trace):
+    """The trace with every communication op's measured time replaced by one second: a replay
+    that re-simulates communication must not see it."""
+    return Trace({r: tuple(op if op.kind is OpKind.COMPUTE else
+                           dataclasses.replace(op, end=op.start + 1.0) for op in ops)
+                  for r, ops in trace.ops.items()}, trace.meta)
+
+
+# --- a simulated trace reproduces its step time ---------------------------------------------
+
+@pytest.mark.parametrize("fold", [True, False])
+@pytest.mark.parametrize("retime", [False, True])
+def test_a_simulated_trace_replays_to_its_own_step_time(tmp_path, known, fold, retime):
+    exp, profile = known
+    _, times = predict(exp, fold=fold)
+    path = tmp_path / "step.json"
+    save(scrambled(times.timed_trace()), path)
+    loaded = load_trace(path)
+    assert loaded.source == "parasim" and ("fold" in loaded.trace.meta) == fold
+    spec = choose_cluster(loaded.trace)  # the cluster the trace names: dgx-h100 x2 rail
+    cluster = spec.build()
+    assert cluster.name == exp.cluster.name
+    result = replay_trace(loaded, cluster, exp.profile, retime=retime)
+    assert result.step_time_predicted_s == pytest.approx(times.step_time_s, rel=1e-9, abs=1e-9)
+    for rank in times.ends:  # op by op, communication included
+        assert result.times.ends[rank] == pytest.approx(times.ends[rank], rel=1e-9, abs=1e-12)
+    compute = sum(op.kind is OpKind.COMPUTE for ops in loaded.trace.ops.values() for op in ops)
+    assert (result.retimed_compute, result.kept_measured_compute) == (
+        (compute, 0) if retime else (0, compute))
+    assert result.kept_measured_comm == 0
+
+
+def test_retiming_uses_the_profile_given(tmp_path, known):
+    exp, profile = known
+    _, times = predict(exp)
+    path = tmp_path / "step.json"
+    save(times.timed_trace(), path)
+    kept = replay_trace(load_trace(path), exp.cluster, None)  # default profile: durations kept
+    retimed = replay_trace(load_trace(path), exp.cluster, None, retime=True)
+    assert kept.step_time_predicted_s == pytest.approx(times.step_time_s, rel=1e-9)
+    # The default H100 profile's GEMMs run at 70% of peak, the known profile's at 55%.
+    assert retimed.step_time_predicted_s < 0.95 * times.step_time_s
+
+
+def test_the_command_line_replays_a_simulated_trace(capsys, tmp_path, known):
+    exp, profile = known
+    _, times = predict(exp)
+    path, out_trace = tmp_path / "step.json", tmp_path / "again.json"
+    save(times.timed_trace(), path)
+    code, out, err = run_cli(capsys, "replay", path, "--profile", profile, "--json",
+                             "--trace", out_trace)
+    assert code == 0 and err == ""
+    r = json.loads(out)
+    assert r["step_time_predicted_s"] == pytest.approx(times.step_time_s, rel=1e-9)
+    assert r["step_time_measured_s"] == pytest.approx(times.step_time_s, rel=1e-12)
+    assert r["num_ranks"] == 2 and r["source"] == "parasim"
+    assert r["cluster"] == "dgx-h100 x2 rail" and r["network"] == "flow"
+    plan_ops = [op for ops in times.plan.ops.values() for op in ops]
+    assert r["ops"]["by_kind"]["compute"] == sum(op.kind is OpKind.COMPUTE for op in plan_ops)
+    assert r["parasim"]["profile"] == {"name": "known", "calibrated": True}
+    assert load(out_trace).timed
+    code, text, _ = run_cli(capsys, "replay", path, "--profile", profile)
+    assert code == 0 and "step time predicted" in text and "step time measured" in text
+
+
+def test_a_run_folder_replays_as_the_union_of_its_rank_files(capsys, tmp_path, known):
+    exp, _ = known
+    _, times = predict(exp, fold=False)
+    timed = times.timed_trace()
+    for rank in timed.ranks:  # as `parasim run` writes it: rank<r>.json and chrome.json
+        save(Trace({rank: timed.ops[rank]}, timed.meta), tmp_path / f"rank{rank}.json")
+    (tmp_path / "chrome.json").write_text('{"traceEvents": []}')
+    code, out, _ = run_cli(capsys, "replay", tmp_path, "--json")
+    r = json.loads(out)
+    assert code == 0 and r["num_ranks"] == 16 and r["files_skipped"] == ["chrome.json"]
+    assert r["step_time_predicted_s"] == pytest.approx(times.step_time_s, rel=1e-9)
+
+
+# --- the real GPU traces -----------------------------------------------------------------------
+
+@pytest.mark.parametrize(("path", "collectives", "mirrored"), [
+    (TWO_RANK, {"allreduce": 15, "broadcast": 6}, 1),
+    (EIGHT_RANK, {"allreduce": 18, "all_to_all": 42}, 7),
+])
+def test_real_gpu_traces_replay_on_dgx_a100(capsys, path, collectives, mirrored):
+    code, out, err = run_cli(capsys, "replay", path, "--cluster", "dgx-a100", "--json")
+    assert code == 0 and err == ""
+    r = json.loads(out)
+    (ops,) = kineto(path).ops.values()
+    assert r["num_ranks"] == 1 and r["num_ranks_mirrored"] == mirrored
+    assert r["ops"]["by_collective"] == collectives  # each NCCL collective once
+    by_kind = {str(k): sum(op.kind is k for op in ops) for k in {op.kind for op in ops}}
+    assert r["ops"]["by_kind"] == dict(sorted(by_kind.items()))
+    assert sum(collectives.values()) == sum(n for k, n in by_kind.items() if k != "compute")
+    assert r["collective_bytes"] == {
+        name: sum(op.size_bytes for op in ops if op.name == name) for name in collectives}
+    assert r["kept_measured"] == {"compute": by_kind["compute"], "communication": 0}
+    assert r["step_time_measured_s"] == pytest.approx(
+        max(op.end for op in ops) - min(op.start for op in ops))
+    # Measured compute durations are kept and a stream runs its ops one after another: the
+    # step is at least the busiest stream's compute.
+    busy: dict[str, float] = {}
+    for op in ops:
+        if op.kind is OpKind.COMPUTE:
+            busy[op.stream] = busy.get(op.stream, 0.0) + op.duration
+    assert max(busy.values()) <= r["step_time_predicted_s"] < float("inf")
+    assert r["cluster"] == "dgx-a100 x1 fat-tree"
+
+
+# --- partial traces, by symmetry ---------------------------------------------------------------
+
+def timed_compute(start, seconds, stream="compute", deps=()):
+    return Op(kind=OpKind.COMPUTE, stream=stream, name="k", start=start, end=start + seconds,
+              deps=deps)
+
+
+def step_of(ops_by_rank, cluster):
+    loaded = LoadedTrace(Path("hand.json"), Trace(ops_by_rank), "parasim", ())
+    return replay_trace(loaded, cluster)
+
+
+def test_one_rank_of_a_two_rank_all_reduce_replays_like_both(h100):
+    ar = Op(kind=AR, stream="comm", group=(0, 1), size_bytes=64 * MiB, deps=(0,),
+            start=1e-3, end=9e-3)
+    rank = (timed_compute(0.0, 1e-3), ar, timed_compute(9e-3, 5e-4, deps=(1,)))
+    both = step_of({0: rank, 1: rank}, h100)
+    alone = step_of({0: rank}, h100)
+    assert alone.times.starts[0] == both.times.starts[0]
+    assert alone.times.ends[0] == both.times.ends[0]
+    assert alone.step_time_predicted_s == both.step_time_predicted_s > 1.5e-3
+    assert alone.num_ranks_mirrored == 1 and both.num_ranks_mirrored == 0
+    assert alone.collective_counts == both.collective_counts == {"all_reduce": 1}
+
+
+def test_a_send_whose_receiver_is_absent_runs_its_flow_alone(h100):
+    send = Op(kind=OpKind.SEND, stream="pp", peer=1, size_bytes=64 * MiB, tag="a")
+    recv = Op(kind=OpKind.RECV, stream="pp", peer=0, size_bytes=64 * MiB, tag="a")
+    both = step_of({0: (send,), 1: (recv,)}, h100)
+    assert step_of({0: (send,)}, h100).step_time_predicted_s == both.step_time_predicted_s
+    assert step_of({1: (recv,)}, h100).step_time_predicted_s == both.step_time_predicted_s
+    assert step_of({1: (recv,)}, h100).times.algorithms == {"p2p": 1}
+
+
+def test_absent_members_arrive_with_the_last_present_one(h100):
+    # Ranks 0 and 1 of a 4-rank all-reduce; rank 1 issues it 2 ms late. The collective is
+    # lowered over all four GPUs: the same time as the full group issuing it together.
+    ar = Op(kind=AR, stream="comm", group=(0, 1, 2, 3), size_bytes=64 * MiB)
+    late = dataclasses.replace(ar, deps=(0,))
+    partial = step_of({0: (ar,), 1: (timed_compute(0.0, 2e-3), late)}, h100)
+    full = step_of({r: (ar,) for r in range(4)}, h100)
+    assert partial.times.starts[0][0] == partial.times.starts[1][1] == 2e-3
+    assert partial.times.ends[0][0] == pytest.approx(2e-3 + full.step_time_predicted_s,
+                                                     rel=1e-12)
+
+
+def test_a_collective_of_unstated_size_keeps_the_last_arrivals_measured_duration(h100):
+    # Rank 1 arrives last (after 2 ms of compute); its kernel measured 3 ms, rank 0's 5 ms
+    # (it waited for rank 1): the replay starts it at 2 ms and keeps rank 1's 3 ms.
+    ar0 = Op(kind=AR, stream="comm", group=(0, 1), start=1e-3, end=6e-3, deps=(0,))
+    ar1 = Op(kind=AR, stream="comm", group=(0, 1), start=2e-3, end=5e-3, deps=(0,))
+    result = step_of({0: (timed_compute(0.0, 1e-3), ar0), 1: (timed_compute(0.0, 2e-3), ar1)},
+                     h100)
+    assert result.times.starts[0][1] == result.times.starts[1][1] == 2e-3
+    assert result.step_time_predicted_s == pytest.approx(5e-3, rel=1e-12)
+    assert result.kept_measured_comm == 1 and result.times.algorithms == {"measured": 1}
+    assert result.step_time_measured_s == pytest.approx(6e-3)
+
+
+# --- bad input: one line, exit 2, no output file -----------------------------------------------
+
+def small_trace():
+    ar = Op(kind=AR, stream="comm", group=(0, 1), size_bytes=MiB, start=0.0, end=1e-3)
+    return Trace({0: (ar,), 1: (ar,)}, {"cluster": "dgx-h100 x1 fat-tree"})
+
+
+def edited(tmp_path, change):
+    data = json.loads(dumps(small_trace()))
+    change(data)
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+def truncated_parasim(tmp_path):
+    path = tmp_path / "cut.json"
+    text = dumps(small_trace())
+    path.write_text(text[:len(text) // 2])
+    return path
+
+
+def truncated_kineto(tmp_path):
+    path = tmp_path / "rank0.json.gz"
+    path.write_bytes(TWO_RANK.read_bytes()[:50_000])
+    return path
+
+
+def bad_kineto_version(tmp_path):
+    path = tmp_path / "rank0.json"
+    path.write_text(json.dumps({"schemaVersion": 99, "traceEvents": [], "distributedInfo": {
+        "rank": 0, "world_size": 2, "backend": "nccl"}}))
+    return path
+
+
+def op_field(field, value):
+    def change(data):
+        op = data["ranks"]["0"][0]
+        if value is None:
+            del op[field]
+        else:
+            op[field] = value
+    return change
+
+
+def send_without_peer(data):
+    data["ranks"]["0"] = [{"kind": "send", "stream": "pp", "size_bytes": 8.0}]
+
+
+def send_to_nobody(data):
+    data["ranks"]["0"] = [{"kind": "send", "stream": "pp", "size_bytes": 8.0, "peer": 99}]
+
+
+@pytest.mark.parametrize(("make", "flags", "needle"), [
+    (truncated_parasim, [], "not a JSON file"),
+    (truncated_kineto, ["--cluster", "dgx-a100"], "corrupt or truncated gzip"),
+    (lambda p: edited(p, lambda d: d.update(version=99)), [],
+     "unsupported trace version int 99 (supported: 1, 2)"),
+    (bad_kineto_version, ["--cluster", "dgx-a100"], "unsupported kineto schemaVersion 99"),
+    (lambda p: edited(p, op_field("group", None)), [], "needs a non-empty group of ranks"),
+    (lambda p: edited(p, send_without_peer), [], "a send needs a peer rank"),
+    (lambda p: edited(p, send_to_nobody), [], "trace: rank 99 does not fit dgx-h100 x1 "
+                                              "fat-tree (8 accelerators); give --nodes 13"),
+    (lambda p: edited(p, op_field("group", [0, 1, 64])), [], "rank 64 does not fit"),
+    (lambda p: edited(p, lambda d: d["meta"].clear()), [], "names no cluster to replay on"),
+    (lambda p: edited(p, lambda d: d["meta"].update(cluster="my lab")), [],
+     "its cluster 'my lab' is not a preset parasim can rebuild; give --cluster"),
+    (lambda p: TWO_RANK, [], "names no cluster to replay on (a profiler trace never does)"),
+    (lambda p: p / "missing.json", [], "missing.json: no such file or folder"),
+    (lambda p: EIGHT_RANK, ["--cluster", "localhost", "--nodes", "1", "--fabric", "rail",
+                            "--algo", "magic"], "--algo: 'magic' is not an algorithm"),
+    (lambda p: edited(p, lambda d: d["ranks"].update({"1": [{"kind": "compute",
+                                                             "stream": "c"}]})), [],
+     "the step cannot finish: rank 0 op 0 (all_reduce on [0, 1]"),
+])
+def test_bad_input_is_one_line_exit_2_and_no_output_file(capsys, tmp_path, make, flags, needle):
+    out_trace = tmp_path / "out" / "replayed.json"
+    out_trace.parent.mkdir()
+    code, out, err = run_cli(capsys, "replay", make(tmp_path), *flags, "--json",
+                             "--trace", out_trace)
+    assert code == 2 and out == ""
+    assert err.startswith("parasim: error: ") and len(err.strip().splitlines()) == 1
+    assert needle in err
+    assert list(out_trace.parent.iterdir()) == []
+
+
+def test_a_rank_that_does_not_fit_names_the_nodes_it_needs():
+    trace = Trace({0: (), 15: (Op(kind=OpKind.COMPUTE, stream="c"),)})
+    with pytest.raises(ConfigError, match="rank 15 does not fit dgx-a100 x1 fat-tree "
+                                          r"\(8 accelerators\); give --nodes 2"):
+        choose_cluster(trace, "dgx-a100")
+    assert choose_cluster(trace, "dgx-a100", nodes=2).num_devices == 16
+    with pytest.raises(ConfigError, match="its world of 16 ranks does not fit dgx-a100 x1 "
+                                          r"fat-tree \(8 accelerators\); give --nodes 2"):
+        choose_cluster(Trace({3: ()}, {"world_size": 16}), "dgx-a100")
+
+
+def test_the_cluster_is_rebuilt_from_the_trace_or_taken_from_flags():
+    trace = Trace({0: ()}, {"cluster": "dgx-h100 x2 rail"})
+    assert choose_cluster(trace).build().name == "dgx-h100 x2 rail"
+    assert choose_cluster(trace, nodes=4).nodes == 4
+    assert choose_cluster(trace, "dgx-a100").build().name == "dgx-a100 x1 fat-tree"
+    torus = Trace({0: ()}, {"cluster": build_cluster("tpu-v4").name})
+    assert choose_cluster(torus).num_devices == 64
