@@ -10,6 +10,7 @@ One self-contained, deterministic HTML file (plotly.js inlined, fixed div id, no
 from __future__ import annotations
 
 import html
+import math
 
 import plotly.graph_objects as go
 import plotly.io as pio
@@ -58,10 +59,14 @@ def search_figure(r: SearchResult) -> go.Figure:
             text=[describe(rule.layout)],
             hovertemplate="%{text}<br>%{y:.3f} s, %{x:.1f} GiB<extra></extra>"))
     best = r.best
-    fig.add_annotation(x=_sim(best).peak_memory_bytes / GiB, y=_sim(best).step_time_s,
-                       text=f"best: {describe(best.layout)}", showarrow=True, arrowhead=2)
+    # On a log axis an annotation's y is the exponent.
+    fig.add_annotation(x=_sim(best).peak_memory_bytes / GiB, y=math.log10(_sim(best).step_time_s),
+                       text=f"best: {describe(best.layout)}", showarrow=True, arrowhead=2,
+                       ax=-80, ay=-50, bgcolor="white")
     fig.add_vline(x=r.memory_capacity_bytes / GiB, line={"dash": "dash", "color": "#333"},
                   annotation_text="GPU memory", annotation_position="top")
+    # Open on the layouts that fit and their near misses; the rest is a zoom-out away.
+    fig.update_xaxes(range=[0, 1.5 * r.memory_capacity_bytes / GiB])
     fig.update_layout(
         title=f"{r.name}: step time against peak memory per GPU, {r.num_candidates:,} "
               f"candidates, top {r.top_k} simulated",

@@ -52,7 +52,8 @@ SEARCH_KEYS = ("tp", "pp", "vp", "micro_batch", "zero", "sp", "recompute", "sche
 MAX_CANDIDATES = 1_000_000
 """The most candidates a search enumerates (GPT-3's default space on 1024 GPUs: ~28,000)."""
 MEMORY_REASON = "memory: the peak per GPU exceeds the accelerator's memory"
-_NUMBER = re.compile(r"\d+(?:[.,]\d+)*")
+_NUMBER = re.compile(r"(?<![\w'\"])\d+(?:[.,]\d+)*(?![\w'\"])")
+"""A number on its own: not the 1 of '1f1b' or of a name such as fc1."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
