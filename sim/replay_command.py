@@ -125,6 +125,14 @@ def summary_json(r: ReplayResult) -> dict[str, Any]:
     }
 
 
+def _bytes(size: float) -> str:
+    """Bytes for a human: 424 B, 212.5 kB, 306.7 MB (decimal, as nccl-tests prints sizes)."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if size >= scale:
+            return f"{size / scale:,.1f} {unit}"
+    return f"{size:g} B"
+
+
 def summary_text(r: ReplayResult) -> str:
     trace = r.loaded.trace
     ranks = len(trace.ops)
@@ -139,9 +147,12 @@ def summary_text(r: ReplayResult) -> str:
     kinds = ", ".join(f"{n} {kind}" for kind, n in r.op_counts.items())
     lines.append(f"  {'ops':<24}{kinds}")
     for name, n in r.collective_counts.items():
-        lines.append(f"  {'  ' + name:<24}{n} x, {r.collective_bytes[name] / 1e6:,.1f} MB in all")
+        lines.append(f"  {'  ' + name:<24}{n} x, {_bytes(r.collective_bytes[name])} in all")
     lines.append(f"  {'kept measured':<24}{r.kept_measured_compute} compute ops, "
                  f"{r.kept_measured_comm} communications of unstated size")
     if r.retimed_compute:
         lines.append(f"  {'timed by the model':<24}{r.retimed_compute} compute ops")
+    if r.loaded.skipped_files:
+        lines.append(f"  {'files left out':<24}{', '.join(r.loaded.skipped_files)} (not parasim "
+                     "traces)")
     return "\n".join(lines)

@@ -149,8 +149,8 @@ def choose_cluster(trace: Trace, cluster: str | None = None, *, nodes: int | Non
 def _own_cluster(meta: Any, overrides: dict[str, Any]) -> ClusterSpec:
     named = meta.get("cluster")
     if named is None:
-        raise ConfigError(f"trace: names no cluster to replay on (a profiler trace never does); "
-                          f"{_CLUSTER_HINT}")
+        raise ConfigError(f"trace: its meta names no cluster to replay on (a profiler trace "
+                          f"or a measured run names none); {_CLUSTER_HINT}")
     match = _CLUSTER_NAME.fullmatch(named) if isinstance(named, str) else None
     if match is None or match[1] not in PRESETS or match[3] not in FABRICS:
         raise ConfigError(f"trace: its cluster {show(named)} is not a preset parasim can "

@@ -162,6 +162,16 @@ def test_real_gpu_traces_replay_on_dgx_a100(capsys, path, collectives, mirrored)
     assert r["cluster"] == "dgx-a100 x1 fat-tree"
 
 
+def test_a_folder_of_profiler_files_replays_like_its_file(capsys, tmp_path):
+    (tmp_path / TWO_RANK.name).write_bytes(TWO_RANK.read_bytes())
+    code, out, _ = run_cli(capsys, "replay", tmp_path, "--cluster", "dgx-a100", "--json")
+    _, alone, _ = run_cli(capsys, "replay", TWO_RANK, "--cluster", "dgx-a100", "--json")
+    folder, single = json.loads(out), json.loads(alone)
+    assert code == 0 and folder["source"] == "kineto"
+    for key in ("step_time_predicted_s", "step_time_measured_s", "ops", "collective_bytes"):
+        assert folder[key] == single[key]
+
+
 # --- partial traces, by symmetry ---------------------------------------------------------------
 
 def timed_compute(start, seconds, stream="compute", deps=()):
@@ -169,9 +179,9 @@ def timed_compute(start, seconds, stream="compute", deps=()):
               deps=deps)
 
 
-def step_of(ops_by_rank, cluster):
+def step_of(ops_by_rank, cluster, network=None):
     loaded = LoadedTrace(Path("hand.json"), Trace(ops_by_rank), "parasim", ())
-    return replay_trace(loaded, cluster)
+    return replay_trace(loaded, cluster, network=network)
 
 
 def test_one_rank_of_a_two_rank_all_reduce_replays_like_both(h100):
@@ -213,12 +223,15 @@ def test_a_collective_of_unstated_size_keeps_the_last_arrivals_measured_duration
     # (it waited for rank 1): the replay starts it at 2 ms and keeps rank 1's 3 ms.
     ar0 = Op(kind=AR, stream="comm", group=(0, 1), start=1e-3, end=6e-3, deps=(0,))
     ar1 = Op(kind=AR, stream="comm", group=(0, 1), start=2e-3, end=5e-3, deps=(0,))
-    result = step_of({0: (timed_compute(0.0, 1e-3), ar0), 1: (timed_compute(0.0, 2e-3), ar1)},
-                     h100)
+    ranks = {0: (timed_compute(0.0, 1e-3), ar0), 1: (timed_compute(0.0, 2e-3), ar1)}
+    result = step_of(ranks, h100)
     assert result.times.starts[0][1] == result.times.starts[1][1] == 2e-3
     assert result.step_time_predicted_s == pytest.approx(5e-3, rel=1e-12)
     assert result.kept_measured_comm == 1 and result.times.algorithms == {"measured": 1}
     assert result.step_time_measured_s == pytest.approx(6e-3)
+    analytic = step_of(ranks, h100, network="analytic")
+    assert analytic.step_time_predicted_s == result.step_time_predicted_s
+    assert step_of(ranks, h100, network="ideal").step_time_predicted_s == 2e-3  # free
 
 
 # --- bad input: one line, exit 2, no output file -----------------------------------------------
@@ -288,7 +301,7 @@ def send_to_nobody(data):
     (lambda p: edited(p, lambda d: d["meta"].clear()), [], "names no cluster to replay on"),
     (lambda p: edited(p, lambda d: d["meta"].update(cluster="my lab")), [],
      "its cluster 'my lab' is not a preset parasim can rebuild; give --cluster"),
-    (lambda p: TWO_RANK, [], "names no cluster to replay on (a profiler trace never does)"),
+    (lambda p: TWO_RANK, [], "its meta names no cluster to replay on (a profiler trace"),
     (lambda p: p / "missing.json", [], "missing.json: no such file or folder"),
     (lambda p: EIGHT_RANK, ["--cluster", "localhost", "--nodes", "1", "--fabric", "rail",
                             "--algo", "magic"], "--algo: 'magic' is not an algorithm"),
