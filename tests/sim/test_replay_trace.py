@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 
 from sim.cli import main
+from sim.collectives import Collectives
+from sim.comm_plan import lower_communication
 from sim.profile import ComputeParams, Profile
 from sim.replay_trace import LoadedTrace, choose_cluster, load_trace, replay_trace
 from sim.simulate import predict
@@ -195,6 +197,14 @@ def test_one_rank_of_a_two_rank_all_reduce_replays_like_both(h100):
     assert alone.step_time_predicted_s == both.step_time_predicted_s > 1.5e-3
     assert alone.num_ranks_mirrored == 1 and both.num_ranks_mirrored == 0
     assert alone.collective_counts == both.collective_counts == {"all_reduce": 1}
+
+
+def test_a_partial_group_is_lowered_whole_and_needs_only_its_present_members(h100):
+    ar = Op(kind=AR, stream="comm", group=(0, 1, 2, 3), size_bytes=64 * MiB)
+    comm = lower_communication(Trace({0: (ar,), 2: (ar,)}), h100, None, algo="ring")
+    assert comm.lowered[0].lowering == Collectives(h100).lowering(AR, (0, 1, 2, 3), "ring")
+    assert comm.ops[0][0].need == comm.ops[2][0].need == 2
+    assert comm.algorithms == {"ring": 1}
 
 
 def test_a_send_whose_receiver_is_absent_runs_its_flow_alone(h100):
