@@ -76,7 +76,7 @@ def span_ms(ops: list[Op]) -> float:
 def show_kernels(ops: list[Op]) -> None:
     for op in ops:
         what = op.kind.value if op.name == "tp" else ""
-        print(f"    {op.phase.value:9} {op.name:13} {what:14} "
+        print(f"    {str(op.phase):9} {op.name:13} {what:14} "
               f"{(op.end - op.start) * 1e6:8.1f} us")  # type: ignore[operator]
 
 
