@@ -44,6 +44,9 @@ class Engine(Protocol):
 
     def close(self) -> None: ...
 
+    def abort(self) -> None:
+        """Stop at once (Ctrl-C, an error): running tasks are not waited for."""
+
 
 def default_workers() -> int:
     """Every core this process may run on."""
@@ -79,6 +82,9 @@ class InProcess:
     def close(self) -> None:
         pass
 
+    def abort(self) -> None:
+        pass
+
 
 class Processes:
     """`workers` local processes."""
@@ -108,6 +114,18 @@ class Processes:
         return results
 
     def close(self) -> None:
+        self.pool.shutdown(wait=True, cancel_futures=True)
+
+    def abort(self) -> None:
+        """Terminate the workers: a queued simulation would otherwise run to its end (seconds)
+        after Ctrl-C. The executor has no public way before Python 3.14
+        (`terminate_workers`), hence its process table."""
+        terminate = getattr(self.pool, "terminate_workers", None)
+        if terminate is not None:
+            terminate()
+        else:
+            for process in list(getattr(self.pool, "_processes", {}).values()):
+                process.terminate()
         self.pool.shutdown(wait=True, cancel_futures=True)
 
 
@@ -160,6 +178,9 @@ class RayCluster:
         if self.owned:
             self.ray.shutdown()
 
+    def abort(self) -> None:
+        self.close()
+
 
 @contextmanager
 def open_engine(workers: int = 1, ray: str | None = None, *,
@@ -175,5 +196,7 @@ def open_engine(workers: int = 1, ray: str | None = None, *,
         engine = Processes(workers)
     try:
         yield engine
-    finally:
-        engine.close()
+    except BaseException:
+        engine.abort()
+        raise
+    engine.close()

@@ -5,6 +5,11 @@ does not depend on the engine or the worker count."""
 import itertools
 import json
 import math
+import os
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 
@@ -141,7 +146,7 @@ def test_ray_gives_the_same_json(capsys, config):
 
 
 def test_without_ray_installed_the_flag_is_one_line(capsys, config, monkeypatch):
-    monkeypatch.setitem(__import__("sys").modules, "ray", None)
+    monkeypatch.setitem(sys.modules, "ray", None)
     code = main(["search", str(config), "--ray", "auto"])
     out, err = capsys.readouterr()
     assert code == 2 and out == ""
@@ -160,3 +165,18 @@ def test_text_and_report(capsys, config, tmp_path):
     assert page.startswith("<!DOCTYPE html>") and 'id="parasim-search"' in page
     assert "simulated top 2" in page and "GPU memory" in page
     assert not math.isnan(float(lines[0].split()[-2]))  # the analytic time column
+
+
+def test_ctrl_c_exits_130_at_once_and_leaves_no_report(tmp_path):
+    """Ctrl-C reaches the command and its workers (one process group): exit 130, one line,
+    no report, no worker left running a queued simulation."""
+    report = tmp_path / "r.html"
+    proc = subprocess.Popen([sys.executable, "-m", "sim", "search", "--workers", "2",
+                             "--report", str(report)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    time.sleep(3)  # the GPT-3 search runs for a minute: it is well under way
+    os.killpg(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and out == ""
+    assert err == "parasim: error: interrupted\n"
+    assert not report.exists() and not list(tmp_path.glob(".parasim-*"))
