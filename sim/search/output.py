@@ -91,9 +91,11 @@ def result_text(r: SearchResult, *, timings: bool = True) -> str:
     ]
     if t:
         lines += [f"  screen         {r.num_candidates:,} candidates in {t['screen_s']:.1f} s "
-                  "(analytic: closed-form bubble, alpha-beta communication)",
+                  f"({t['screen_cpu_s']:.1f} CPU s; analytic: closed-form bubble, alpha-beta "
+                  "communication)",
                   f"  simulated      the best {r.top_k} (and the rule of thumb) in "
-                  f"{t['simulate_s']:.1f} s; {t['wall_s']:.1f} s in all on "
+                  f"{t['simulate_s']:.1f} s ({t['simulate_cpu_s']:.1f} CPU s); "
+                  f"{t['wall_s']:.1f} s in all on "
                   f"{t['workers']:g} worker{'s' if t['workers'] != 1 else ''}"]
     lines += ["", f"  {'#':>3}  {'layout':<44} {'step s':>7} {'tokens/s':>9} {'MFU':>6} "
               f"{'peak GiB':>8} {'bubble':>6} {'comm s':>7}  {'analytic s (#)':>15}"]

@@ -71,6 +71,8 @@ class Simulated:
     compute_s: float
     peak_memory_bytes: float
     fits: bool
+    cpu_s: float = field(default=0.0, compare=False)
+    """CPU seconds the simulation took in its worker (for the timings; not a result)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -114,8 +116,11 @@ class SearchResult:
         return self.simulated[0]
 
 
-def screen_chunk(problem: Problem, tables: list[dict[str, Any]]) -> list[Screened]:
-    """The screen of a chunk of candidates (a task: runs in a worker)."""
+def screen_chunk(problem: Problem,
+                 tables: list[dict[str, Any]]) -> tuple[list[Screened], float]:
+    """The screen of a chunk of candidates, and the CPU seconds it took (a task: runs in a
+    worker)."""
+    cpu = time.process_time()
     ctx = context(problem)
     model, cluster = ctx.base.model, ctx.base.cluster
     out = []
@@ -127,16 +132,18 @@ def screen_chunk(problem: Problem, tables: list[dict[str, Any]]) -> list[Screene
             out.append(Screened(reason=reason_of(err), message=str(err)))
             continue
         out.append(Screened(layout=layout, estimate=ctx.analytic.estimate(layout)))
-    return out
+    return out, time.process_time() - cpu
 
 
 def simulate_one(problem: Problem, layout: Layout) -> Simulated:
     """The full simulation of one layout (a task: runs in a worker)."""
+    cpu = time.process_time()
     s, _ = predict(context(problem).experiment(layout))
     return Simulated(step_time_s=s.step_time_s, tokens_per_s=s.tokens_per_s,
                      model_tflops_per_gpu=s.model_tflops_per_gpu, mfu=s.mfu,
                      bubble_fraction=s.bubble_fraction, exposed_comm_s=s.exposed_comm_s,
-                     compute_s=s.compute_s, peak_memory_bytes=s.peak_memory_bytes, fits=s.fits)
+                     compute_s=s.compute_s, peak_memory_bytes=s.peak_memory_bytes, fits=s.fits,
+                     cpu_s=time.process_time() - cpu)
 
 
 def search(problem: Problem, *, engine: Engine, top_k: int = DEFAULT_TOP,
@@ -147,7 +154,7 @@ def search(problem: Problem, *, engine: Engine, top_k: int = DEFAULT_TOP,
     started = time.perf_counter()
     ctx = context(problem)  # checks the config and the [search] table here, not in a worker
     tables = list(ctx.space.candidates())
-    screened = _screen(engine, problem, tables, progress)
+    screened, screen_cpu = _screen(engine, problem, tables, progress)
     screen_s = time.perf_counter() - started
 
     pruned: Counter[str] = Counter()
@@ -192,19 +199,23 @@ def search(problem: Problem, *, engine: Engine, top_k: int = DEFAULT_TOP,
         rule=_with(rule_ranked, done[rule_ranked.layout]) if rule_ranked else None,
         rule_fits=bool(rule and rule[1]),
         timings={"screen_s": screen_s, "simulate_s": simulate_s,
-                 "wall_s": time.perf_counter() - started, "workers": engine.workers})
+                 "wall_s": time.perf_counter() - started, "workers": engine.workers,
+                 "screen_cpu_s": screen_cpu,
+                 "simulate_cpu_s": sum(sim.cpu_s for _, sim in runs),
+                 "simulate_cpu_max_s": max(sim.cpu_s for _, sim in runs)})
 
 
 def _screen(engine: Engine, problem: Problem, tables: list[dict[str, Any]],
-            progress: Progress | None) -> list[Screened]:
+            progress: Progress | None) -> tuple[list[Screened], float]:
     """Every candidate through `screen_chunk`, in contiguous chunks (neighbours share the
-    analytic model's caches), results in the space's order."""
+    analytic model's caches), results in the space's order; and the CPU seconds in all."""
     size = max(1, math.ceil(len(tables) / (engine.workers * CHUNKS_PER_WORKER)))
     chunks = [tables[i:i + size] for i in range(0, len(tables), size)]
     count, best = 0, math.inf
 
-    def done(_: int, chunk: list[Screened]) -> None:
+    def done(_: int, result: tuple[list[Screened], float]) -> None:
         nonlocal count, best
+        chunk = result[0]
         count += len(chunk)
         best = min([best, *(s.estimate.step_time_s for s in chunk
                             if s.estimate is not None and s.estimate.fits)])
@@ -212,7 +223,7 @@ def _screen(engine: Engine, problem: Problem, tables: list[dict[str, Any]],
             progress("screen", count, len(tables), best if best < math.inf else None)
 
     results = engine.map(screen_chunk, problem, chunks, done)
-    return [s for chunk in results for s in chunk]
+    return [s for chunk, _ in results for s in chunk], sum(cpu for _, cpu in results)
 
 
 def _simulate(engine: Engine, problem: Problem, layouts: list[Layout], ctx: Any,

@@ -3,8 +3,10 @@
     python tests/bench/bench_search.py [--workers 1,2] [--top 16]
 
 For each worker count, one whole search (screen of every candidate, simulation of the top K
-and of the rule of thumb), timed: the space, the analytic screen, the simulations, the wall
-time and the CPU time of this process and its workers; the speed-up over one worker; that the
+and of the rule of thumb), timed: the space, the analytic screen and the simulations (wall and
+CPU seconds, and the longest simulation, which bounds any speed-up), the wall time, the speed-up
+over one worker and the machine's load average (on a shared machine other work takes cores);
+that the
 JSON is the same whatever the worker count; the Kendall tau between the analytic and the
 simulated order. Then the best layout next to Megatron-LM's for this model and size
 (Narayanan et al. 2021, Table 1: TP 8, PP 16, DP 8, micro-batch 1, batch 1536, full
@@ -16,7 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
+import os
 import time
 
 from sim.config import example_path, load_experiment
@@ -33,19 +35,14 @@ from traces.layout import Layout
 MEGATRON_TFLOPS = 138  # per GPU, hardware FLOPs (recomputation included), Narayanan et al. 2021
 
 
-def cpu_seconds() -> float:
-    """CPU time of this process and of its children that have ended (the pool's workers)."""
-    own, kids = (resource.getrusage(who) for who in (resource.RUSAGE_SELF,
-                                                     resource.RUSAGE_CHILDREN))
-    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
-
-
 def timed_search(workers: int, top: int) -> tuple[SearchResult, float, float]:
+    """A whole search from a cold engine: the result, its wall seconds, and the machine's
+    1-minute load average after it (other work on the machine slows it)."""
     problem = problem_from_dict(load_toml(example_path(EXAMPLE)), name="gpt3-search")
-    cpu, wall = cpu_seconds(), time.perf_counter()
+    wall = time.perf_counter()
     with open_engine(workers=workers) as engine:
         result = search(problem, engine=engine, top_k=top)
-    return result, time.perf_counter() - wall, cpu_seconds() - cpu
+    return result, time.perf_counter() - wall, os.getloadavg()[0]
 
 
 def row(name: str, layout: Layout, step: float, tokens: float, tflops: float, mfu: float,
@@ -65,12 +62,14 @@ def main() -> None:
     valid = len(result.feasible) + len(result.infeasible)
     print(f"GPT-3 175B on 1024 A100s, global batch 1536: {result.num_candidates:,} candidates, "
           f"{valid:,} valid layouts, {len(result.feasible):,} fit in 80 GiB")
-    print(f"  {'workers':>7} {'screen s':>9} {'simulate s':>11} {'wall s':>7} {'CPU s':>7} "
-          f"{'speed-up':>8}")
+    print(f"  {'workers':>7} {'screen s':>9} {'(CPU s)':>8} {'simulate s':>11} {'(CPU s)':>8} "
+          f"{'(longest)':>9} {'wall s':>7} {'speed-up':>8} {'load':>5}")
     base_wall = runs[counts[0]][1]
-    for w, (r, wall, cpu) in runs.items():
-        print(f"  {w:>7} {r.timings['screen_s']:9.1f} {r.timings['simulate_s']:11.1f} "
-              f"{wall:7.1f} {cpu:7.1f} {base_wall / wall:8.2f}")
+    for w, (r, wall, load) in runs.items():
+        t = r.timings
+        print(f"  {w:>7} {t['screen_s']:9.1f} {t['screen_cpu_s']:8.1f} {t['simulate_s']:11.1f} "
+              f"{t['simulate_cpu_s']:8.1f} {t['simulate_cpu_max_s']:9.1f} {wall:7.1f} "
+              f"{base_wall / wall:8.2f} {load:5.1f}")
     outputs = {json.dumps(result_json(r)) for r, _, _ in runs.values()}
     print(f"  JSON identical across worker counts: {len(outputs) == 1}")
     pairs = result.top_k * (result.top_k - 1) // 2
