@@ -5,6 +5,8 @@
     parasim replay TRACE [--cluster PRESET_OR_TOML] [--nodes N] [--profile P] [--retime] [--json]
     parasim search [CONFIG.toml] [--gpus N] [--top K] [--workers N] [--ray ADDRESS] [--json]
     parasim run [CONFIG.toml] --out DIR [--steps N] [--warmup N] [--timeout S] [--json]
+    parasim calibrate [DIR...] -o PROFILE.json [--run CLUSTER_OR_CONFIG] [--json]
+    parasim validate [CONFIG.toml] [--profile P] [--report F.html] [--json]
 
 `--json` prints one JSON object on stdout and nothing else. A user's mistake prints one line on
 stderr and exits with status 2; Ctrl-C prints one line and exits with 130. Output files are
@@ -152,6 +154,20 @@ def _build_parser() -> _Parser:
                                 "full simulation of the best, in parallel")
     add_arguments(found)
     found.set_defaults(handler=_search)
+
+    from sim.calibrate import command as calibrate_command  # its flags, beside its code
+
+    cal = commands.add_parser("calibrate", help="fit a profile: measure this machine (--run) "
+                              "or fit recorded traces")
+    calibrate_command.add_arguments(cal)
+    cal.set_defaults(handler=lambda a: calibrate_command.run(a, emit=emit))
+
+    from sim import validate  # its flags, beside its code
+
+    val = commands.add_parser("validate", help="run a config for real, simulate it, compare "
+                              "op by op, step and memory")
+    validate.add_arguments(val)
+    val.set_defaults(handler=lambda a: validate.run(a, emit=emit))
     return parser
 
 

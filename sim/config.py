@@ -6,6 +6,7 @@
                  bucket_bytes, overlap_grad_reduce, fp32_main_grads, cp
     [cluster]    see topology.config
     [sim]        network = "flow" | "analytic" | "ideal", algo = "auto" | ..., profile = "p.json"
+                 (a profile's measured links and roofs replace the cluster's: `Profile.applied_to`)
 
 Every key is checked; a bad one raises ConfigError naming the table, key, value and rule. The
 order matters for big mistakes: the layout is checked against the cluster's size before the
@@ -101,6 +102,7 @@ def experiment_from_dict(data: Mapping[str, Any], *, name: str = "experiment",
     cluster = spec.build()
     profile = (load_profile(base / profile_path) if profile_path
                else default_profile(cluster.accelerator))
+    cluster = profile.applied_to(cluster)  # measured link classes and roofs replace the preset's
     return Experiment(name=name, model=model, layout=layout, cluster=cluster, network=network,
                       algo=algo, profile=profile)
 

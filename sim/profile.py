@@ -4,15 +4,18 @@
      "compute": {"gemm_efficiency": 0.85, "gemm_tiles": [[256, 128], ...],
                  "memory_efficiency": 0.8, "launch_overhead_s": 3e-6, "roofline_exponent": 2,
                  "kernels": {"flash_attn": {"flops_efficiency": 0.6}}},
-     "links": {"nvlink": {"bandwidth_Bps": 2.5e11, "latency_s": 2.35e-7}}}
+     "links": {"nvlink": {"bandwidth_Bps": 2.5e11, "latency_s": 2.35e-7}},
+     "accelerator": {"peak_flops": 7.1e10, "hbm_bandwidth_Bps": 9.5e9}}
 
 `sim.compute` times kernels with `compute`; `links` (optional) replaces the cluster's figures
 for a class of links (`kind` in the graph) — what `parasim calibrate` measures on the machine
-at hand. Until a profile is calibrated, each preset accelerator has defaults from public
-kernel benchmarks (cited below), never from an end-to-end throughput table. Everything is read
-through `traces.fields`: an unknown key or kernel, an efficiency outside (0, 1], a non-finite
-number, is one error line. Version-1 profiles (per-op-class efficiencies) are refused with a
-line saying so.
+at hand; `accelerator` (optional) replaces the accelerator's roofs, for hardware without a data
+sheet figure (the CPU of `localhost`: calibration measures them). `applied_to(cluster)` is the
+cluster with both in place. Until a profile is calibrated, each preset accelerator has defaults
+from public kernel benchmarks (cited below), never from an end-to-end throughput table.
+Everything is read through `traces.fields`: an unknown key or kernel, an efficiency outside
+(0, 1], a non-finite number, is one error line. Version-1 profiles (per-op-class efficiencies)
+are refused with a line saying so.
 """
 
 from __future__ import annotations
@@ -23,12 +26,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from topology.cluster import Accelerator
+from topology.cluster import Accelerator, Cluster
+from topology.override import with_accelerator, with_links
 from traces.errors import ConfigError, show
 from traces.fields import (
     MAX_BANDWIDTH_BPS,
     MAX_LATENCY_S,
+    MAX_TFLOPS,
     MIN_BANDWIDTH_BPS,
+    MIN_TFLOPS,
     Fields,
     check_fraction,
     check_int,
@@ -109,6 +115,20 @@ class LinkParams:
         check_number(self.latency_s, "latency_s", minimum=0.0, maximum=MAX_LATENCY_S)
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AcceleratorRoofs:
+    """Measured roofs replacing the accelerator's data-sheet figures."""
+
+    peak_flops: float
+    hbm_bandwidth_Bps: float
+
+    def __post_init__(self) -> None:
+        check_number(self.peak_flops, "accelerator.peak_flops", minimum=MIN_TFLOPS * 1e12,
+                     maximum=MAX_TFLOPS * 1e12)
+        check_number(self.hbm_bandwidth_Bps, "accelerator.hbm_bandwidth_Bps",
+                     minimum=MIN_BANDWIDTH_BPS, maximum=MAX_BANDWIDTH_BPS)
+
+
 @dataclass(frozen=True, kw_only=True)
 class Profile:
     name: str
@@ -116,6 +136,17 @@ class Profile:
     links: Mapping[str, LinkParams] = field(default_factory=dict)
     calibrated: bool = False
     """Fitted from measurements (`parasim calibrate`), or the built-in defaults."""
+    accelerator: AcceleratorRoofs | None = None
+    """Measured roofs (None: the cluster's accelerator figures stand)."""
+
+    def applied_to(self, cluster: Cluster) -> Cluster:
+        """`cluster` with this profile's measured link classes and roofs in place."""
+        cluster = with_links(cluster, {kind: (p.bandwidth_Bps, p.latency_s)
+                                       for kind, p in self.links.items()})
+        if self.accelerator is None:
+            return cluster
+        return with_accelerator(cluster, peak_flops=self.accelerator.peak_flops,
+                                hbm_bandwidth_Bps=self.accelerator.hbm_bandwidth_Bps)
 
     def kernel(self, name: str) -> KernelCost:
         return self.compute.kernels.get(name, _NO_OVERRIDE)
@@ -126,15 +157,20 @@ class Profile:
                                              ("memory_efficiency", cost.memory_efficiency),
                                              ("overhead_s", cost.overhead_s)) if v is not None}
                    for name, cost in sorted(c.kernels.items())}
-        return {"schema": "parasim.profile", "version": VERSION, "name": self.name,
-                "calibrated": self.calibrated,
-                "compute": {"gemm_efficiency": c.gemm_efficiency,
-                            "gemm_tiles": [list(t) for t in c.gemm_tiles],
-                            "memory_efficiency": c.memory_efficiency,
-                            "launch_overhead_s": c.launch_overhead_s,
-                            "roofline_exponent": c.roofline_exponent, "kernels": kernels},
-                "links": {kind: {"bandwidth_Bps": p.bandwidth_Bps, "latency_s": p.latency_s}
-                          for kind, p in sorted(self.links.items())}}
+        out: dict[str, Any] = {
+            "schema": "parasim.profile", "version": VERSION, "name": self.name,
+            "calibrated": self.calibrated,
+            "compute": {"gemm_efficiency": c.gemm_efficiency,
+                        "gemm_tiles": [list(t) for t in c.gemm_tiles],
+                        "memory_efficiency": c.memory_efficiency,
+                        "launch_overhead_s": c.launch_overhead_s,
+                        "roofline_exponent": c.roofline_exponent, "kernels": kernels},
+            "links": {kind: {"bandwidth_Bps": p.bandwidth_Bps, "latency_s": p.latency_s}
+                      for kind, p in sorted(self.links.items())}}
+        if self.accelerator is not None:
+            out["accelerator"] = {"peak_flops": self.accelerator.peak_flops,
+                                  "hbm_bandwidth_Bps": self.accelerator.hbm_bandwidth_Bps}
+        return out
 
     def save(self, path: str | Path) -> None:
         write_text_atomic(path, json.dumps(self.to_json(), indent=1, allow_nan=False) + "\n")
@@ -162,12 +198,14 @@ def profile_from_json(data: object, source: str = "profile") -> Profile:
                           f"version {VERSION}")
     try:
         fields = Fields(data, "profile").known(("schema", "version", "name", "calibrated",
-                                                "compute", "links"))
+                                                "compute", "links", "accelerator"))
         links = fields.sub("links")
         return Profile(name=fields.string("name", str(source)),
                        calibrated=fields.boolean("calibrated", False),
                        compute=_compute(fields.sub("compute")),
-                       links={kind: _link(links.sub(kind)) for kind in links.table})
+                       links={kind: _link(links.sub(kind)) for kind in links.table},
+                       accelerator=_roofs(fields.sub("accelerator"))
+                       if "accelerator" in fields else None)
     except ConfigError as err:
         raise ConfigError(f"{source}: {err}") from None
 
@@ -217,6 +255,18 @@ def _link(fields: Fields) -> LinkParams:
                                                   maximum=MAX_BANDWIDTH_BPS),
                       latency_s=fields.number("latency_s", 0.0, minimum=0.0,
                                               maximum=MAX_LATENCY_S, unit=" s"))
+
+
+def _roofs(fields: Fields) -> AcceleratorRoofs:
+    fields.known(("peak_flops", "hbm_bandwidth_Bps"))
+    for key in ("peak_flops", "hbm_bandwidth_Bps"):
+        if key not in fields:
+            raise ConfigError(f"{fields.name(key)}: missing")
+    return AcceleratorRoofs(
+        peak_flops=fields.number("peak_flops", 0.0, minimum=MIN_TFLOPS * 1e12,
+                                 maximum=MAX_TFLOPS * 1e12),
+        hbm_bandwidth_Bps=fields.number("hbm_bandwidth_Bps", 0.0, minimum=MIN_BANDWIDTH_BPS,
+                                        maximum=MAX_BANDWIDTH_BPS))
 
 
 # Defaults per accelerator. Sources:

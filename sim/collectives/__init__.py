@@ -5,7 +5,8 @@ algorithm. `auto` on an NVSwitch/InfiniBand GPU cluster picks what NCCL would
 (`sim.collectives.nccl`: the lowest predicted time among its algorithms and protocols) and
 returns the flows of that algorithm carrying the protocol's latency and wire bytes
 (`sim.collectives.nccl_plan`), named like NCCL's debug output, e.g. `ring/LL128`; elsewhere
-(a torus; all-to-all, which NCCL runs point-to-point) `auto` is the fastest applicable
+(a torus; all-to-all, which NCCL runs point-to-point) `auto` is what gloo runs where ranks
+talk gloo (`sim.collectives.gloo`: localhost), else the fastest applicable
 algorithm by `analytic_time`, the alpha-beta time of the lowering alone on the network
 (`sim.flows.solo_time`). Every algorithm stays available by name, without a protocol. The flow
 path is `sim.network.Network.run`.
@@ -17,6 +18,7 @@ from collections.abc import Callable, Sequence
 
 from sim.collectives.base import Lowering, busbw_factor
 from sim.collectives.direct import lower_direct, lower_p2p
+from sim.collectives.gloo import lower_gloo
 from sim.collectives.hierarchical import lower_hierarchical
 from sim.collectives.nccl import NCCL_KINDS, choose
 from sim.collectives.nccl_plan import plan, with_protocol
@@ -42,6 +44,7 @@ ALGORITHMS: dict[str, Lower] = {
     "rhd": lower_rhd,
     "torus": lower_torus,
     "direct": lower_direct,
+    "gloo": lower_gloo,  # only where ranks talk gloo (localhost); `auto` takes it there
 }
 
 # The flows each of NCCL's algorithms moves, by parasim's lowerings (NVLS trees and CollNet,
@@ -138,6 +141,9 @@ class Collectives:
             chosen = self.nccl(kind, group, size_bytes, channels)
             if chosen is not None:
                 return chosen
+            gloo = self.lowering(kind, group, "gloo", channels)
+            if gloo is not None:  # what gloo runs, whatever is fastest (sim.collectives.gloo)
+                return "gloo", gloo
         if algo != "auto":
             if algo not in ALGORITHMS:
                 raise ConfigError(f"--algo: {algo!r} is not an algorithm "

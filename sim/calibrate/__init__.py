@@ -1,0 +1,14 @@
+"""Calibration: measured traces in, a profile of fitted link and compute parameters out.
+
+    parasim calibrate --run localhost -o here.json          # microbenchmarks, then the fit
+    parasim calibrate runs/tiny runs/bench -o here.json     # fit traces already recorded
+
+    observe   timed trace -> communication and compute samples, in the simulator's terms
+    links     latency and bandwidth per link class, least squares on the simulator's lowerings
+    kernels   the compute model's rates, overheads and exponent, least squares on its formula
+    fit       both, into a version-2 profile with `calibrated: true`
+    command   the `parasim calibrate` sub-command (the executor is imported only there, and
+              only for --run)
+
+Nothing is imported here: the command line reads `command`'s flags without loading scipy.
+"""

@@ -1,0 +1,364 @@
+"""`parasim calibrate`: measure this machine (or read traces already measured) and fit a profile.
+
+    parasim calibrate --run localhost -o here.json [--ranks 2] [--sizes 4K:256M] [--json]
+    parasim calibrate --run my-config.toml -o here.json      # its cluster, world and dtype
+    parasim calibrate runs/tiny runs/bench -o here.json [--cluster localhost]
+
+`--run` runs the microbenchmarks (`traces.bench`) with the executor — collective sweeps on every
+group size and send/recv, then compute probes over a grid of shapes — and fits their traces;
+DIRs (folders of rank<r>.json, or trace files) are fitted as they are, and with `--run` too.
+The cluster the fit is made on: the config's, `--cluster`, the `--run` target, or `localhost`
+with as many ranks as the traces hold. Writes a version-2 profile (`calibrated: true`) that
+`simulate`, `replay` and `validate` take with `--profile`; prints the fitted figures with their
+95% intervals and residuals. The executor (and torch) load only for `--run`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import tempfile
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from sim.collective_table import parse_sizes
+from sim.config import Experiment, experiment_from_dict
+from sim.profile import Profile, default_profile
+from topology.cluster import Cluster
+from topology.config import read_cluster
+from topology.presets import PRESETS
+from traces.bench import BenchSpec, Probe, probe_grid
+from traces.errors import ConfigError, show
+from traces.files import Outputs, check_outputs, load_toml
+from traces.io import load
+from traces.ops import Trace
+
+if TYPE_CHECKING:
+    from sim.calibrate.fit import FitReport
+
+DEFAULT_SIZES = "4K:256M"
+DEFAULT_PROBES = "64x32x1,64x32x4,64x128x1,64x128x4,256x32x1,256x32x4,256x128x1,256x128x4"
+MAX_RANKS = 8
+MAX_PROBES = 64
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Target:
+    """What the microbenchmarks run for: a cluster and the world and kernels to time on it."""
+
+    cluster: Cluster
+    world: int
+    dtype: str
+    attention: str
+    profile: Profile
+    """The profile the target already has (its defaults, or its config's)."""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("dirs", nargs="*", metavar="DIR",
+                        help="folders of recorded traces (rank<r>.json) or trace files")
+    parser.add_argument("-o", "--out", required=True, metavar="JSON", help="profile to write")
+    parser.add_argument("--run", metavar="CLUSTER_OR_CONFIG",
+                        help="run the microbenchmarks here first: a preset (localhost), a "
+                        "cluster TOML, or a config (its cluster, world and dtype)")
+    parser.add_argument("--cluster", metavar="CLUSTER_OR_CONFIG",
+                        help="the cluster to fit DIRs on (default: localhost with the traces' "
+                        "ranks)")
+    parser.add_argument("--ranks", type=int, help="ranks for --run on a cluster (default: "
+                        "the cluster's, at most the CPU count and 8)")
+    parser.add_argument("--sizes", default=DEFAULT_SIZES, help="collective sizes (default "
+                        f"{DEFAULT_SIZES}, doubling)")
+    parser.add_argument("--repeats", type=int, default=5, help="calls per size (default 5)")
+    parser.add_argument("--probes", default=DEFAULT_PROBES, metavar="HxSxB,...",
+                        help="compute probes: hidden x sequence x micro-batch (default: a grid "
+                        "of 8)")
+    parser.add_argument("--keep", metavar="DIR", help="keep the microbenchmark traces here")
+    parser.add_argument("--timeout", type=float, default=600.0,
+                        help="seconds the microbenchmarks may take (default 600)")
+    parser.add_argument("--name", help="the profile's name (default: from the output file)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def run(args: argparse.Namespace, *, emit: Callable[[str], None]) -> int:
+    if not args.dirs and args.run is None:
+        raise ConfigError("calibrate: give trace folders to fit, or --run CLUSTER_OR_CONFIG to "
+                          "measure this machine")
+    if args.run is not None and args.cluster is not None:
+        raise ConfigError("--cluster: with --run the cluster is the --run target's")
+    inputs = [f for d in args.dirs for f in _trace_files(Path(d))]
+    targets = check_outputs({"--out": args.out}, inputs=inputs)
+    traces = [read_traces(Path(d)) for d in args.dirs]
+    if args.run is not None:
+        target = resolve_target(args.run, args.ranks)
+        spec = bench_spec(target, parse_sizes(args.sizes), args.repeats,
+                          parse_probes(args.probes, target))
+        traces.append(run_microbenchmarks(spec, args.keep, args.timeout))
+    else:
+        target = _fit_target(args.cluster, traces)
+    from sim.calibrate.fit import fit_profile  # scipy loads only when a fit is made
+
+    name = args.name or Path(args.out).stem
+    profile, report = fit_profile(traces, target.cluster, base=target.profile, name=name)
+    with Outputs() as outputs:
+        outputs.write(targets["--out"], json.dumps(profile.to_json(), indent=1,
+                                                   allow_nan=False) + "\n")
+        outputs.commit()
+        summary = summary_json(profile, report, target, str(targets["--out"]))
+        emit(json.dumps(summary, allow_nan=False) if args.json else summary_text(summary))
+    return 0
+
+
+# --- what to measure --------------------------------------------------------------------------
+
+def resolve_target(name: str, ranks: int | None = None) -> Target:
+    """A preset, a cluster TOML or a config TOML, as a microbenchmark target."""
+    if not name:
+        raise ConfigError("--run: an empty name names no cluster or config")
+    if name in PRESETS:
+        return _cluster_target(read_cluster({"preset": name}), name, ranks)
+    path = Path(name)
+    if path.suffix != ".toml":
+        raise ConfigError(f"--run: {show(name)} is neither a preset ({', '.join(PRESETS)}) "
+                          "nor a .toml cluster or config")
+    data = load_toml(path)
+    if "model" not in data:
+        table = data.get("cluster")
+        if not isinstance(table, dict):
+            raise ConfigError(f"--run: {path} has neither [model] nor [cluster]")
+        return _cluster_target(read_cluster(table), name, ranks)
+    if ranks is not None:
+        raise ConfigError("--ranks: a config's world is its layout's")
+    exp = experiment_from_dict(data, name=path.stem, base=path.parent)
+    return experiment_target(exp)
+
+
+def experiment_target(exp: Experiment) -> Target:
+    """A config's cluster (as its profile leaves it), world and kernels."""
+    if exp.layout.world > MAX_RANKS:
+        raise ConfigError(f"--run: the config's {exp.layout.world} ranks are more than the "
+                          f"{MAX_RANKS} a local run spawns")
+    return Target(cluster=exp.cluster, world=exp.layout.world, dtype=exp.model.dtype,
+                  attention=exp.model.attention, profile=exp.profile)
+
+
+def _cluster_target(spec: Any, name: str, ranks: int | None) -> Target:
+    devices = spec.num_devices
+    if ranks is None:
+        ranks = max(2, min(devices, os.cpu_count() or 1, MAX_RANKS))
+    if not 2 <= ranks <= min(devices, MAX_RANKS):
+        raise ConfigError(f"--ranks: {ranks} must be from 2 to {min(devices, MAX_RANKS)} "
+                          f"(the cluster's accelerators, at most {MAX_RANKS} local ranks)")
+    if spec.preset == "localhost":  # as many ranks as run: the cluster is this host's
+        spec = read_cluster({"preset": "localhost", "gpus_per_node": ranks})
+    cluster = spec.build()
+    return Target(cluster=cluster, world=ranks, dtype="fp32", attention="flash",
+                  profile=default_profile(cluster.accelerator))
+
+
+def _fit_target(cluster: str | None, traces: Sequence[Trace]) -> Target:
+    """The cluster DIRs are fitted on: --cluster (a preset, a cluster TOML or a config), or
+    localhost with as many ranks as the traces hold."""
+    world = max((max(t.ops, default=0) + 1 for t in traces), default=1)
+    name = cluster if cluster is not None else "localhost"
+    if not name:
+        raise ConfigError("--cluster: an empty name names no cluster")
+    if name in PRESETS:
+        spec = read_cluster({"preset": name})
+    elif Path(name).suffix == ".toml":
+        data = load_toml(name, what="--cluster")
+        if "model" in data:
+            target = experiment_target(experiment_from_dict(data, name=Path(name).stem,
+                                                            base=Path(name).parent))
+            spec = None
+        elif isinstance(data.get("cluster"), dict):
+            spec = read_cluster(data["cluster"])
+        else:
+            raise ConfigError(f"--cluster: {name} has neither [model] nor [cluster]")
+    else:
+        raise ConfigError(f"--cluster: {show(name)} is neither a preset "
+                          f"({', '.join(PRESETS)}) nor a .toml cluster or config")
+    if spec is not None:
+        if spec.preset == "localhost" and world <= MAX_RANKS:
+            spec = read_cluster({"preset": "localhost", "gpus_per_node": max(2, world)})
+        built = spec.build()
+        target = Target(cluster=built, world=world, dtype="fp32", attention="flash",
+                        profile=default_profile(built.accelerator))
+    if target.cluster.num_devices < world:
+        raise ConfigError(f"--cluster: {target.cluster.name} has "
+                          f"{target.cluster.num_devices} accelerators but the traces hold "
+                          f"{world} ranks")
+    return target
+
+
+def parse_probes(text: str, target: Target) -> tuple[Probe, ...]:
+    """'HxSxB,...' (hidden x sequence x micro-batch) as probes of the target's kernels."""
+    parts = [p for p in text.split(",") if p]
+    if not parts or len(parts) > MAX_PROBES:
+        raise ConfigError(f"--probes: {show(text)} must list 1 to {MAX_PROBES} HxSxB shapes")
+    probes: list[Probe] = []
+    for part in parts:
+        fields = part.split("x")
+        if len(fields) != 3 or not all(f.isdigit() for f in fields):
+            raise ConfigError(f"--probes: {show(part)} is not HIDDENxSEQxBATCH (e.g. 64x32x1)")
+        h, s, b = (int(f) for f in fields)
+        if not (32 <= h <= 8192 and h % 32 == 0 and 1 <= s <= 8192 and 1 <= b <= 64):
+            raise ConfigError(f"--probes: {part}: hidden must be a multiple of 32 up to 8192, "
+                              "sequence 1 to 8192, micro-batch 1 to 64")
+        probes += probe_grid(target.dtype, target.attention, hidden=(h,), seq_len=(s,),
+                             micro_batch=(b,))
+    return tuple(probes)
+
+
+def bench_spec(target: Target, sizes: Sequence[int], repeats: int,
+               probes: Sequence[Probe]) -> BenchSpec:
+    if not 1 <= repeats <= 100:
+        raise ConfigError(f"--repeats: {repeats} must be from 1 to 100")
+    return BenchSpec(world=target.world, sizes=tuple(sizes), repeats=repeats,
+                     dtype=target.dtype, probes=tuple(probes))
+
+
+def run_microbenchmarks(spec: BenchSpec, keep: str | None, timeout: float) -> Trace:
+    """Run the bench plan with the executor (loaded here, lazily); its timed trace."""
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:
+        raise ConfigError("calibrate --run needs PyTorch: pip install torch==2.13.0 (the CPU "
+                          "build) or pip install 'parasim[executor]'")
+    if not 1 <= timeout <= 24 * 3600:
+        raise ConfigError(f"--timeout: {timeout:g} must be from 1 s to 24 h")
+    from executor.bench import run_bench
+    from executor.launch import JobFailed
+
+    with _trace_dir(keep) as out:
+        try:
+            trace = run_bench(spec, out, timeout=timeout)
+        except JobFailed as err:
+            raise ConfigError(f"calibrate: the microbenchmarks failed: {err}") from None
+    if trace is None:  # a torchrun rank other than 0
+        raise SystemExit(0)
+    return trace
+
+
+@contextlib.contextmanager
+def _trace_dir(keep: str | None) -> Iterator[str]:
+    if keep is not None:
+        if not keep:
+            raise ConfigError("--keep: an empty path names no directory")
+        path = Path(keep)
+        if path.exists() and not path.is_dir():
+            raise ConfigError(f"--keep: {keep} exists and is not a directory")
+        path.mkdir(parents=True, exist_ok=True)
+        yield keep
+        return
+    with tempfile.TemporaryDirectory(prefix="parasim-bench-") as tmp:
+        yield tmp
+
+
+# --- reading traces ---------------------------------------------------------------------------
+
+def _trace_files(path: Path) -> list[Path]:
+    if path.is_dir():
+        return sorted(path.glob("rank*.json"), key=lambda p: (len(p.name), p.name))
+    return [path]
+
+
+def read_traces(path: Path) -> Trace:
+    """A folder's rank<r>.json files as one trace, or one trace file."""
+    if not path.exists():
+        raise ConfigError(f"{path}: no such file or folder")
+    files = _trace_files(path)
+    if not files:
+        raise ConfigError(f"{path}: holds no rank<r>.json trace files")
+    ops: dict[int, Any] = {}
+    meta: dict[str, Any] = {}
+    for file in files:
+        part = load(file)
+        for rank, rank_ops in part.ops.items():
+            if rank in ops:
+                raise ConfigError(f"{file}: rank {rank} is also in another file of {path}")
+            ops[rank] = rank_ops
+        meta = {**part.meta, **meta}
+    return Trace(ops, meta)
+
+
+# --- reporting --------------------------------------------------------------------------------
+
+def summary_json(profile: Profile, report: FitReport, target: Target, out: str
+                 ) -> dict[str, Any]:
+    links = report.links
+    compute = report.compute
+    return {
+        "profile": out,
+        "name": profile.name,
+        "cluster": target.cluster.name,
+        "ranks": target.world,
+        "samples": {"communication": report.num_comm_samples,
+                    "compute": report.num_compute_samples},
+        "links": [] if links is None else [
+            {"kind": e.kind, "latency_s": e.latency_s, "latency_ci_s": list(e.latency_ci_s),
+             "bandwidth_Bps": e.bandwidth_Bps,
+             "bandwidth_ci_Bps": [e.bandwidth_ci_Bps[0], _finite(e.bandwidth_ci_Bps[1])]}
+            for e in links.links],
+        "link_rms_error": None if links is None else links.rms_error,
+        "link_algorithms": {} if links is None else links.algorithms,
+        "link_residuals": [] if links is None else [
+            {"op": r.op, "group_size": r.group_size, "size_bytes": r.size_bytes,
+             "measured_s": r.measured_s, "fitted_s": r.fitted_s, "error": r.error}
+            for r in links.residuals],
+        "compute": None if compute is None else {
+            "rms_error": compute.rms_error, "roofline_exponent": compute.exponent,
+            "memory_rate_Bps": compute.memory_rate, "distinct_kernels": compute.distinct,
+            "kernels": [{"name": k.name, "flops_rate": k.flops_rate,
+                         "memory_rate_Bps": k.memory_rate, "overhead_s": k.overhead_s,
+                         "rate_ci_rel": _finite(k.rel_ci), "samples": k.samples,
+                         "rms_error": k.rms_error} for k in compute.kernels]},
+        "accelerator": None if profile.accelerator is None else {
+            "peak_flops": profile.accelerator.peak_flops,
+            "hbm_bandwidth_Bps": profile.accelerator.hbm_bandwidth_Bps},
+    }
+
+
+def _finite(x: float) -> float | None:
+    return x if math.isfinite(x) else None
+
+
+def summary_text(s: dict[str, Any]) -> str:
+    lines = [f"parasim calibrate: {s['name']} on {s['cluster']} ({s['ranks']} ranks), "
+             f"{s['samples']['communication']} communications and "
+             f"{s['samples']['compute']} kernels timed"]
+    for e in s["links"]:
+        lo, hi = e["bandwidth_ci_Bps"]
+        lines.append(
+            f"  link {e['kind']:<10} latency {e['latency_s'] * 1e6:.2f} us "
+            f"[{e['latency_ci_s'][0] * 1e6:.2f}, {e['latency_ci_s'][1] * 1e6:.2f}]   "
+            f"bandwidth {e['bandwidth_Bps'] / 1e9:.3g} GB/s [{lo / 1e9:.3g}, "
+            f"{'inf' if hi is None else f'{hi / 1e9:.3g}'}]")
+    if s["link_rms_error"] is not None:
+        algos = ", ".join(f"{k} {v}" for k, v in s["link_algorithms"].items())
+        worst = max(s["link_residuals"], key=lambda r: abs(r["error"]))
+        lines.append(f"  links fit: rms error {s['link_rms_error']:.1%} over "
+                     f"{len(s['link_residuals'])} sizes ({algos}); worst {worst['op']} of "
+                     f"{worst['size_bytes']:.0f} B: {worst['error']:+.1%}")
+    c = s["compute"]
+    if c is not None:
+        lines.append(f"  compute fit: rms error {c['rms_error']:.1%} over "
+                     f"{c['distinct_kernels']} kernel shapes, roofline p = "
+                     f"{c['roofline_exponent']:.2f}, memory {c['memory_rate_Bps'] / 1e9:.3g} GB/s")
+        lines.append("    kernel           GFLOP/s   GB/s   overhead us  ±rate   rms")
+        for k in c["kernels"]:
+            rate = f"{k['flops_rate'] / 1e9:9.3g}" if k["flops_rate"] else f"{'':9}"
+            mem = f"{k['memory_rate_Bps'] / 1e9:7.3g}" if k["memory_rate_Bps"] else f"{'':7}"
+            ci = f"{k['rate_ci_rel']:6.1%}" if k["rate_ci_rel"] is not None else "   n/a"
+            lines.append(f"    {k['name']:<15}{rate}{mem}  {k['overhead_s'] * 1e6:10.1f}  {ci}"
+                         f"  {k['rms_error']:5.1%}")
+    if s["accelerator"] is not None:
+        a = s["accelerator"]
+        lines.append(f"  measured roofs: {a['peak_flops'] / 1e9:.3g} GFLOP/s, "
+                     f"{a['hbm_bandwidth_Bps'] / 1e9:.3g} GB/s")
+    lines.append(f"  profile written: {s['profile']}")
+    return "\n".join(lines)

@@ -1,0 +1,225 @@
+"""Fitting the compute model's parameters from compute samples, with `sim.compute`'s own
+formula as the model.
+
+`ComputeModel.kernel_time` gives a kernel of one shape
+
+    t = (C^p + M^p)^(1/p) + launches · overhead
+    C = W / R        W: the GEMMs' work as the tile and wave model counts it (FLOPs rounded up
+                        to whole tiles and waves; the FLOPs of a non-GEMM kernel)
+    M = B / Rm       B: the bytes it moves
+
+with R = peak · efficiency the achieved FLOP rate and Rm = memory bandwidth · efficiency. The
+unknowns fitted are, per kernel class: R (each kernel with FLOPs: the GEMMs, flash attention),
+Rm (each kernel without FLOPs, whose time is its bytes; the others share one Rm, fitted with
+them) and the overhead; and one exponent p for all. W, B and the launch count are taken from
+the model itself (`gemm_work` below runs its tile search), so a fit can only move what the
+simulator would move. The residuals are log(t_model / t_measured) — relative errors, so a 10 µs
+kernel weighs as much as a 10 ms one — on the median of each distinct (kernel, phase, shape),
+solved by `scipy.optimize.least_squares` (trust region, soft-L1 loss against the odd slow
+sample the median lets through); intervals come from its Jacobian.
+
+The profile written from the fit: where the accelerator has data-sheet roofs the efficiencies
+are R / peak and Rm / bandwidth; where it has none (the CPU of `localhost`) or a rate beats
+them, the roofs become the best measured rates (`Profile.accelerator`) and the efficiencies
+are relative to those.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from math import ceil
+
+import numpy as np
+from scipy import optimize
+
+from sim.calibrate.observe import ComputeSample
+from topology.cluster import Accelerator
+from traces.errors import ConfigError
+from traces.fields import MAX_BANDWIDTH_BPS, MAX_TFLOPS, MIN_BANDWIDTH_BPS, MIN_TFLOPS
+
+MIN_OVERHEAD_S = 1e-9
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class KernelEstimate:
+    name: str
+    flops_rate: float | None
+    """Achieved FLOP/s (kernels with FLOPs)."""
+    memory_rate: float | None
+    """Achieved bytes/s (kernels without FLOPs; the others share the common rate)."""
+    overhead_s: float
+    rel_ci: float
+    """95% half-width of the kernel's rate, relative (0.02: ±2%)."""
+    identified: bool
+    """The data pin the rate down (its interval under ±50%, off the physical bounds): a
+    kernel whose time is all overhead at every shape measured says nothing about its rate."""
+    samples: int
+    rms_error: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ComputeFit:
+    kernels: tuple[KernelEstimate, ...]
+    memory_rate: float
+    """The common achieved bytes/s of kernels with FLOPs."""
+    exponent: float
+    rms_error: float
+    distinct: int
+    """Distinct (kernel, phase, shape) points fitted."""
+
+
+def gemm_work(gemm: tuple[int, ...], backward: bool, tiles: Sequence[tuple[int, int]],
+              units: int) -> float:
+    """FLOPs the tile and wave model charges a GEMM op (`ComputeModel.gemm_time` times the
+    per-unit rate): for each product, the best tile's waves · units · 2·tm·tn·K."""
+    batch, m, n, k = gemm
+    shapes = [(batch, m, k, n), (batch, k, n, m)] if backward else [(batch, m, n, k)]
+    work = 0.0
+    for b, mm, nn, kk in shapes:
+        work += min(ceil(b * ceil(mm / tm) * ceil(nn / tn) / units) * 2.0 * tm * tn * kk
+                    for tm, tn in tiles) * units
+    return work
+
+
+@dataclass(frozen=True, slots=True)
+class _Point:
+    name: str
+    work: float
+    bytes: float
+    launches: int
+    seconds: float
+    count: int
+
+
+def _points(samples: Sequence[ComputeSample], tiles: Sequence[tuple[int, int]],
+            units: int) -> list[_Point]:
+    grouped: dict[tuple[object, ...], list[ComputeSample]] = defaultdict(list)
+    for s in samples:
+        grouped[s.key].append(s)
+    points = []
+    for group in grouped.values():
+        s = group[0]
+        seconds = statistics.median(x.seconds for x in group)
+        if seconds <= 0:
+            continue
+        if s.gemm:
+            work, launches = gemm_work(s.gemm, s.backward, tiles, units), 1 + s.backward
+        else:
+            work, launches = s.flops, 1
+        points.append(_Point(s.name, work, s.mem_bytes, launches, seconds, len(group)))
+    return sorted(points, key=lambda p: (p.name, p.work, p.bytes, p.launches))
+
+
+class _Model:
+    """The kernel-time formula over parameter vector x (logs of rates and overheads, then p)."""
+
+    def __init__(self, points: list[_Point], accelerator: Accelerator) -> None:
+        self.points = points
+        self.names = sorted({p.name for p in points})
+        self.flops_kernels = [n for n in self.names
+                              if any(p.work > 0 for p in points if p.name == n)]
+        self.memory_kernels = [n for n in self.names if n not in self.flops_kernels]
+        index = {n: i for i, n in enumerate(self.names)}
+        self.kernel = np.array([index[p.name] for p in points])
+        self.work = np.array([p.work for p in points])
+        self.bytes = np.array([p.bytes for p in points])
+        self.launches = np.array([p.launches for p in points], dtype=float)
+        self.log_t = np.log([p.seconds for p in points])
+        # x = [log R per flops kernel] + [log Rm per memory kernel] + [log Rm common]
+        #     + [log overhead per kernel] + [p]
+        nf, nm, nk = len(self.flops_kernels), len(self.memory_kernels), len(self.names)
+        self.nf, self.nm, self.nk = nf, nm, nk
+        rate_slot = {n: i for i, n in enumerate(self.flops_kernels)}
+        mem_slot = {n: i for i, n in enumerate(self.memory_kernels)}
+        self.rate_of = np.array([rate_slot.get(n, -1) for n in self.names])
+        self.mem_of = np.array([mem_slot.get(n, nm) for n in self.names])
+        """Index among the memory rates (x[nf:nf + nm + 1]); nm is the common rate."""
+        self.x0 = np.concatenate([
+            np.full(nf, math.log(accelerator.peak_flops * 0.5)),
+            np.full(nm + 1, math.log(accelerator.hbm_bandwidth_Bps * 0.5)),
+            np.log(np.maximum(self._overhead_guess(), MIN_OVERHEAD_S)),
+            [2.0]])
+
+    def _overhead_guess(self) -> np.ndarray:
+        """Half the kernel's shortest time: a start the trust region refines."""
+        out = np.full(self.nk, 1e-5)
+        for i, name in enumerate(self.names):
+            times = [p.seconds / p.launches for p in self.points if p.name == name]
+            out[i] = 0.5 * min(times)
+        return out
+
+    def log_times(self, x: np.ndarray) -> np.ndarray:
+        rates = np.exp(x[:self.nf])
+        mems = np.exp(x[self.nf:self.nf + self.nm + 1])
+        overhead = np.exp(x[self.nf + self.nm + 1:self.nf + self.nm + 1 + self.nk])
+        p = x[-1]
+        k = self.kernel
+        rate_index = self.rate_of[k]
+        compute = np.where(rate_index >= 0, self.work / rates[np.maximum(rate_index, 0)], 0.0)
+        memory = self.bytes / mems[self.mem_of[k]]
+        both = np.where((compute > 0) & (memory > 0),
+                        (np.power(compute, p) + np.power(memory, p)) ** (1.0 / p),
+                        compute + memory)
+        return np.log(both + self.launches * overhead[k])
+
+    def residuals(self, x: np.ndarray) -> np.ndarray:
+        return self.log_times(x) - self.log_t
+
+    def bounds(self) -> tuple[np.ndarray, np.ndarray]:
+        """Rates within what parasim accepts as physical, overheads above a nanosecond."""
+        nf, nm, n = self.nf, self.nm, self.nf + self.nm + 1 + self.nk
+        lower = np.concatenate([np.full(n, math.log(MIN_OVERHEAD_S)), [1.0]])
+        upper = np.concatenate([np.full(n, math.log(1.0)), [64.0]])
+        lower[:nf], upper[:nf] = math.log(MIN_TFLOPS * 1e12), math.log(MAX_TFLOPS * 1e12)
+        lower[nf:nf + nm + 1] = math.log(MIN_BANDWIDTH_BPS)
+        upper[nf:nf + nm + 1] = math.log(MAX_BANDWIDTH_BPS)
+        return lower, upper
+
+
+def fit_compute(samples: Sequence[ComputeSample], accelerator: Accelerator,
+                tiles: Sequence[tuple[int, int]]) -> ComputeFit:
+    """Fit the compute model to the samples (see the module docstring)."""
+    points = _points(samples, tiles, accelerator.compute_units)
+    if not points:
+        raise ConfigError("calibrate: the traces hold no timed compute kernels to fit")
+    model = _Model(points, accelerator)
+    lower, upper = model.bounds()
+    x0 = np.clip(model.x0, lower + 1e-9, upper - 1e-9)
+    solved = optimize.least_squares(model.residuals, x0, bounds=(lower, upper),
+                                    loss="soft_l1", f_scale=0.05, x_scale="jac",
+                                    xtol=1e-12, ftol=1e-12, gtol=1e-12, max_nfev=20000)
+    x = solved.x
+    resid = model.residuals(x)
+    ci = _relative_ci(solved.jac, resid)
+    kernels = []
+    nf, nm = model.nf, model.nm
+    for i, name in enumerate(model.names):
+        mine = resid[model.kernel == i]
+        has_flops = model.rate_of[i] >= 0
+        slot = model.rate_of[i] if has_flops else nf + model.mem_of[i]
+        kernels.append(KernelEstimate(
+            name=name,
+            flops_rate=float(math.exp(x[slot])) if has_flops else None,
+            memory_rate=None if has_flops else float(math.exp(x[slot])),
+            overhead_s=float(math.exp(x[nf + nm + 1 + i])),
+            rel_ci=float(ci[slot]), samples=int(mine.size),
+            identified=bool(ci[slot] < 0.5 and lower[slot] + 1e-3 < x[slot] < upper[slot] - 1e-3),
+            rms_error=float(math.sqrt(np.mean(np.expm1(mine) ** 2)))))
+    return ComputeFit(kernels=tuple(kernels), memory_rate=float(math.exp(x[nf + nm])),
+                      exponent=float(x[-1]),
+                      rms_error=float(math.sqrt(np.mean(np.expm1(resid) ** 2))),
+                      distinct=len(points))
+
+
+def _relative_ci(jac: np.ndarray, resid: np.ndarray) -> np.ndarray:
+    """95% half-widths of the log-parameters (≈ relative half-widths of the figures)."""
+    n, p = jac.shape
+    if n <= p:
+        return np.full(p, math.inf)
+    variance = float(resid @ resid) / (n - p)
+    cov = np.linalg.pinv(jac.T @ jac) * variance
+    return 1.96 * np.sqrt(np.maximum(np.diag(cov), 0.0))

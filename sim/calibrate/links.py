@@ -1,0 +1,197 @@
+"""Fitting link classes: latency and bandwidth per link `kind`, from communication samples,
+with the simulator's own lowerings as the design.
+
+For a fixed lowering (the algorithm `auto` picks on the cluster, or a transfer's route), the
+time the simulator gives a communication of S bytes, alone on the network, is
+
+    T = c + Σ_k a_k · latency_k + Σ_k b_k · (1 / bandwidth_k)
+
+where a_k counts the class-k link latencies on its critical path (a ring all-reduce of n ranks
+on localhost crosses 2(n-1) hops of 2 loopback links: a = 4(n-1)) and b_k the bytes that cross
+the busiest class-k link (2(n-1)/n · S for that ring). Rather than restate each algorithm's
+formula, the design is read off the simulator: the same lowering is timed (`analytic_time`,
+which the flow model equals when nothing else is in flight) on copies of the cluster whose
+figures are basis values — every latency 0 and bandwidth unbounded (c: what a protocol adds on
+its own), latency 1 s on class k alone (c + a_k), bandwidth 1 B/s on class k alone (c + b_k).
+The sum is exact when one class is the bottleneck of every flow (one host, one NVLink domain);
+across classes the simulator takes the busiest link, so there it is the usual linearisation.
+
+The system is solved by bounded linear least squares (`scipy.optimize.lsq_linear`) in relative
+terms (each row divided by its measured time, so a 4 KiB message weighs as much as a 256 MiB
+one), on the median of each distinct (op, group, size). Reported: each figure with a 95%
+interval from the residual variance, (AᵀA)⁻¹ and the t quantile, and the residuals by op.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import optimize, stats
+
+from sim.calibrate.observe import CommSample
+from sim.collectives import Collectives, analytic_time
+from sim.flows import Lowering
+from topology.cluster import Cluster
+from topology.override import link_figures, with_links
+from traces.errors import ConfigError
+from traces.fields import MAX_BANDWIDTH_BPS, MAX_LATENCY_S, MIN_BANDWIDTH_BPS
+from traces.ops import OpKind
+
+UNBOUNDED_BPS = 1e300  # a basis bandwidth no flow notices (finite: the network asserts it)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LinkEstimate:
+    kind: str
+    latency_s: float
+    latency_ci_s: tuple[float, float]
+    bandwidth_Bps: float
+    bandwidth_ci_Bps: tuple[float, float]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Residual:
+    """Measured against fitted time of one distinct communication."""
+
+    op: str
+    group_size: int
+    size_bytes: float
+    measured_s: float
+    fitted_s: float
+    samples: int
+
+    @property
+    def error(self) -> float:
+        return (self.fitted_s - self.measured_s) / self.measured_s
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LinkFit:
+    links: tuple[LinkEstimate, ...]
+    residuals: tuple[Residual, ...]
+    algorithms: dict[str, str]
+    """The lowering each op kind was fitted with (e.g. all_reduce -> gloo)."""
+
+    @property
+    def rms_error(self) -> float:
+        errors = [r.error for r in self.residuals]
+        return math.sqrt(statistics.fmean(e * e for e in errors)) if errors else 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class _Row:
+    kind: OpKind
+    group: tuple[int, ...]
+    size: float
+    seconds: float
+    count: int
+
+
+def _rows(samples: Sequence[CommSample]) -> list[_Row]:
+    grouped: dict[tuple[OpKind, tuple[int, ...], float], list[float]] = defaultdict(list)
+    for s in samples:
+        grouped[(s.kind, s.group, s.size_bytes)].append(s.seconds)
+    return [_Row(k, g, size, statistics.median(v), len(v))
+            for (k, g, size), v in sorted(grouped.items(), key=lambda kv: (str(kv[0][0]),
+                                                                             kv[0][1:]))]
+
+
+class _Design:
+    """Times of the rows' lowerings on basis copies of the cluster."""
+
+    def __init__(self, cluster: Cluster, rows: list[_Row], algo: str) -> None:
+        self.cluster, self.rows = cluster, rows
+        chooser = Collectives(cluster)
+        self.names = ["p2p" if r.kind.is_p2p else
+                      chooser.resolve(r.kind, r.group, r.size, algo)[0] for r in rows]
+        used: set[str] = set()
+        for row, name in zip(rows, self.names):
+            for rnd in self._lowering(chooser, row, name):
+                for flows, _ in rnd:
+                    used.update(cluster.link_kind[link] for link in flows.links)
+        self.kinds = sorted(used)
+
+    def _lowering(self, collectives: Collectives, row: _Row, name: str) -> Lowering:
+        if row.kind.is_p2p:
+            return collectives.p2p(*row.group)
+        # An NCCL choice ("ring/LL128") gives its algorithm's flows, its protocol left out.
+        lowering = collectives.lowering(row.kind, row.group, name)
+        assert lowering is not None, f"{name} applies to {row.kind} on {row.group}"
+        return lowering
+
+    def times(self, latency: dict[str, float], bandwidth: dict[str, float]) -> np.ndarray:
+        figures = {k: (bandwidth.get(k, UNBOUNDED_BPS), latency.get(k, 0.0))
+                   for k in set(self.cluster.link_kind)}
+        basis = with_links(self.cluster, figures)
+        collectives = Collectives(basis)
+        return np.array([analytic_time(basis, self._lowering(collectives, row, name), row.size)
+                         for row, name in zip(self.rows, self.names)])
+
+    def matrix(self) -> tuple[np.ndarray, np.ndarray]:
+        """(c, A): times = c + A @ [latency_k..., 1/bandwidth_k...]."""
+        c = self.times({}, {})
+        columns = [self.times({k: 1.0}, {}) - c for k in self.kinds]
+        columns += [self.times({}, {k: 1.0}) - c for k in self.kinds]
+        return c, np.stack(columns, axis=1)
+
+
+def fit_links(samples: Sequence[CommSample], cluster: Cluster, *, algo: str = "auto",
+              confidence: float = 0.95) -> LinkFit:
+    """Latency and bandwidth of every link class the samples' communication crosses."""
+    rows = _rows(samples)
+    if not rows:
+        raise ConfigError("calibrate: the traces hold no timed communication to fit links to")
+    design = _Design(cluster, rows, algo)
+    c, a = design.matrix()
+    measured = np.array([r.seconds for r in rows])
+    k = len(design.kinds)
+    if len(rows) < 2 * k:
+        raise ConfigError(f"calibrate: {len(rows)} distinct communications cannot fit "
+                          f"{2 * k} link figures (sweep more sizes)")
+    start = link_figures(cluster)
+    # Unknowns scaled by the cluster's own figures, so the columns are of one magnitude.
+    scale = np.array([max(start.get(kind, (1e9, 1e-5))[1], 1e-7) for kind in design.kinds]
+                     + [1.0 / start.get(kind, (1e9, 1e-5))[0] for kind in design.kinds])
+    weighted = a * scale / measured[:, None]
+    target = (measured - c) / measured
+    lower = np.concatenate([np.zeros(k), np.full(k, 1 / MAX_BANDWIDTH_BPS)]) / scale
+    upper = np.concatenate([np.full(k, MAX_LATENCY_S), np.full(k, 1 / MIN_BANDWIDTH_BPS)]) / scale
+    solved = optimize.lsq_linear(weighted, target, bounds=(lower, upper), method="bvls",
+                                 tol=1e-14)
+    x = solved.x * scale
+    fitted = c + a @ x
+    half = _half_widths(weighted, target - weighted @ solved.x, confidence) * scale
+    links = []
+    for i, kind in enumerate(design.kinds):
+        lat, inv = x[i], x[k + i]
+        dl, di = half[i], half[k + i]
+        links.append(LinkEstimate(
+            kind=kind, latency_s=float(lat),
+            latency_ci_s=(float(max(0.0, lat - dl)), float(lat + dl)),
+            bandwidth_Bps=float(1 / inv),
+            bandwidth_ci_Bps=(float(1 / (inv + di)),
+                              float(1 / (inv - di)) if inv > di else math.inf)))
+    residuals = tuple(Residual(op=str(r.kind), group_size=len(r.group), size_bytes=r.size,
+                               measured_s=r.seconds, fitted_s=float(f), samples=r.count)
+                      for r, f in zip(rows, fitted))
+    algorithms = {str(r.kind): name for r, name in zip(rows, design.names)}
+    return LinkFit(links=tuple(links), residuals=residuals, algorithms=algorithms)
+
+
+def _half_widths(design: np.ndarray, residual: np.ndarray, confidence: float) -> np.ndarray:
+    """Half-widths of the confidence intervals of a least-squares solution."""
+    n, p = design.shape
+    if n <= p:
+        return np.full(p, math.inf)
+    variance = float(residual @ residual) / (n - p)
+    try:
+        cov = np.linalg.inv(design.T @ design) * variance
+    except np.linalg.LinAlgError:
+        return np.full(p, math.inf)
+    t = float(stats.t.ppf(0.5 + confidence / 2, n - p))
+    return t * np.sqrt(np.maximum(np.diag(cov), 0.0))

@@ -1,0 +1,221 @@
+"""The fit recovers what the simulator was given: microbenchmark plans timed by the replay with
+known link figures and compute parameters, observed and fitted back (within 1%); and the pieces
+it stands on — the gloo lowering, link overrides, profiles that carry roofs."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from sim.calibrate.fit import fit_profile
+from sim.calibrate.kernels import gemm_work
+from sim.calibrate.observe import observe
+from sim.collectives import Collectives, analytic_time
+from sim.compute import ComputeModel
+from sim.config import experiment_from_dict
+from sim.profile import (
+    AcceleratorRoofs,
+    ComputeParams,
+    KernelCost,
+    LinkParams,
+    Profile,
+    default_profile,
+    load_profile,
+    profile_from_json,
+)
+from sim.replay import replay
+from sim.simulate import predict
+from topology import build_cluster
+from topology.cluster import Cluster
+from topology.override import link_figures, with_links
+from traces.bench import BenchSpec, bench_plan, probe_grid, sweep_sizes
+from traces.ops import OpKind
+
+TRUE_LINK = LinkParams(bandwidth_Bps=1.3e9, latency_s=7e-6)
+TRUE_COMPUTE = ComputeParams(
+    gemm_efficiency=0.6, gemm_tiles=((8, 8),), memory_efficiency=0.4, launch_overhead_s=3e-5,
+    roofline_exponent=3.0,
+    kernels={"flash_attn": KernelCost(flops_efficiency=0.3),
+             "ln1": KernelCost(overhead_s=5e-5), "gelu": KernelCost(memory_efficiency=0.25),
+             "optimizer": KernelCost(overhead_s=2e-4)})
+PROBES = probe_grid("fp32", hidden=(64, 256), seq_len=(32, 128), micro_batch=(1, 4),
+                    microbatches=1)
+
+
+def synthesized(world: int, truth: Profile, preset: str = "localhost"):
+    """The microbenchmark plan timed by the replay on a cluster with the true figures."""
+    cluster = build_cluster(preset, gpus_per_node=world)
+    true_cluster = truth.applied_to(cluster)
+    spec = BenchSpec(world=world, sizes=sweep_sizes(4096, 2**20, 4), repeats=1, probes=PROBES)
+    times = replay(bench_plan(spec), true_cluster, ComputeModel(true_cluster.accelerator, truth))
+    return cluster, times.timed_trace()
+
+
+def truth_profile() -> Profile:
+    return Profile(name="truth", compute=TRUE_COMPUTE, links={"loopback": TRUE_LINK})
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_link_figures_are_recovered_within_one_percent(world):
+    cluster, trace = synthesized(world, truth_profile())
+    profile, report = fit_profile([trace], cluster, base=default_profile(cluster.accelerator))
+    fitted = profile.links["loopback"]
+    assert fitted.bandwidth_Bps == pytest.approx(TRUE_LINK.bandwidth_Bps, rel=0.01)
+    assert fitted.latency_s == pytest.approx(TRUE_LINK.latency_s, rel=0.01)
+    (estimate,) = report.links.links
+    lo, hi = estimate.latency_ci_s  # exact data: an interval of (almost) no width around it
+    assert lo * (1 - 1e-9) <= TRUE_LINK.latency_s <= hi * (1 + 1e-9)
+    assert report.links.rms_error < 1e-6
+    # Every op kind was fitted with what gloo runs (the reduce-scatter as an all-reduce).
+    assert set(report.links.algorithms.values()) == {"gloo", "p2p"}
+
+
+def test_compute_parameters_are_recovered_within_one_percent():
+    cluster, trace = synthesized(2, truth_profile())
+    profile, report = fit_profile([trace], cluster, base=default_profile(cluster.accelerator))
+    acc = cluster.accelerator
+    fitted_acc = profile.applied_to(cluster).accelerator
+    model = ComputeModel(fitted_acc, profile)
+    # Achieved rates are what is measurable: peak x efficiency, on either set of roofs.
+    gemm = fitted_acc.peak_flops * (profile.kernel("fc1").flops_efficiency or 0)
+    assert gemm == pytest.approx(acc.peak_flops * 0.6, rel=0.01)
+    flash = fitted_acc.peak_flops * (profile.kernel("flash_attn").flops_efficiency or 0)
+    assert flash == pytest.approx(acc.peak_flops * 0.3, rel=0.01)
+    gelu = fitted_acc.hbm_bandwidth_Bps * (profile.kernel("gelu").memory_efficiency or 0)
+    assert gelu == pytest.approx(acc.hbm_bandwidth_Bps * 0.25, rel=0.01)
+    ln2 = fitted_acc.hbm_bandwidth_Bps * (profile.kernel("ln2").memory_efficiency or 0)
+    assert ln2 == pytest.approx(acc.hbm_bandwidth_Bps * 0.4, rel=0.01)
+    assert profile.compute.roofline_exponent == pytest.approx(3.0, rel=0.01)
+    assert profile.kernel("ln1").overhead_s == pytest.approx(5e-5, rel=0.01)
+    assert profile.kernel("optimizer").overhead_s == pytest.approx(2e-4, rel=0.01)
+    assert profile.kernel("qkv").overhead_s == pytest.approx(3e-5, rel=0.01)
+    # And so the fitted model times every kernel of the plan as the true one did.
+    truth = ComputeModel(truth_profile().applied_to(cluster).accelerator, truth_profile())
+    for op in trace.ops[0]:
+        if op.kind is OpKind.COMPUTE and op.name != "":
+            assert model.kernel_time(op.name, op.flops, op.mem_bytes, op.gemm,
+                                     backward=op.phase == "bwd") == pytest.approx(
+                truth.kernel_time(op.name, op.flops, op.mem_bytes, op.gemm,
+                                  backward=op.phase == "bwd"), rel=0.01)
+    assert report.compute.rms_error < 1e-6
+
+
+def test_data_sheet_roofs_stay_and_efficiencies_are_recovered_directly():
+    """On an accelerator with data-sheet roofs (here the H100's), the fit writes efficiencies
+    against them and no measured roofs."""
+    h100 = build_cluster("dgx-h100").accelerator
+    truth = Profile(name="truth", compute=ComputeParams(
+        gemm_efficiency=0.7, gemm_tiles=((8, 8),), memory_efficiency=0.8,
+        launch_overhead_s=3e-6, roofline_exponent=2.0), links={"loopback": TRUE_LINK})
+    host = build_cluster("localhost", gpus_per_node=2)
+    cluster = Cluster(name=host.name, graph=host.graph, devices=host.devices, accelerator=h100,
+                      devices_per_server=host.devices_per_server, fabric=host.fabric)
+    spec = BenchSpec(world=2, sizes=(4096, 2**20), repeats=1, probes=PROBES)
+    times = replay(bench_plan(spec), with_links(cluster, {"loopback": (1.3e9, 7e-6)}),
+                   ComputeModel(h100, truth))
+    profile, _ = fit_profile([times.timed_trace()], cluster,
+                             base=Profile(name="b", compute=ComputeParams(
+                                 gemm_efficiency=0.5, gemm_tiles=((8, 8),))))
+    assert profile.accelerator is None
+    assert profile.kernel("fc2").flops_efficiency == pytest.approx(0.7, rel=0.01)
+    assert profile.compute.gemm_efficiency == pytest.approx(0.7, rel=0.01)
+
+
+def test_observed_durations_are_the_simulated_ones():
+    """A collective lasts from its last member's arrival; a transfer from both sides' issue."""
+    cluster, trace = synthesized(2, truth_profile())
+    comm, compute = observe(trace)
+    true_cluster = truth_profile().applied_to(cluster)
+    collectives = Collectives(true_cluster)
+    for s in comm:
+        lowering = collectives.p2p(*s.group) if s.kind is OpKind.SEND else \
+            collectives.resolve(s.kind, s.group, s.size_bytes)[1]
+        assert s.seconds == pytest.approx(analytic_time(true_cluster, lowering, s.size_bytes),
+                                          rel=1e-9)
+    assert len(compute) == sum(1 for op in trace.ops[0] + trace.ops[1]
+                               if op.kind is OpKind.COMPUTE and op.name not in ("", "bench"))
+
+
+def test_gemm_work_is_the_compute_models_tile_count():
+    acc = build_cluster("dgx-a100").accelerator
+    model = ComputeModel(acc, default_profile(acc))
+    tiles = model.profile.compute.gemm_tiles
+    for gemm in [(1, 4096, 4096, 4096), (1, 2048, 109 * 128, 512), (8, 128, 128, 64)]:
+        for backward in (False, True):
+            per_unit = acc.peak_flops * model.profile.compute.gemm_efficiency
+            expected = sum(model.gemm_time(s, model.profile.compute.gemm_efficiency)
+                           for s in ([(gemm[0], gemm[1], gemm[3], gemm[2]),
+                                      (gemm[0], gemm[3], gemm[2], gemm[1])] if backward
+                                     else [gemm]))
+            assert gemm_work(gemm, backward, tiles, acc.compute_units) / per_unit == \
+                pytest.approx(expected, rel=1e-12)
+
+
+# --- the pieces ------------------------------------------------------------------------------
+
+def test_gloo_lowering_on_localhost_matches_what_gloo_runs():
+    """Reduce-scatter is an all-reduce of the whole buffer under gloo; 4 ranks run a ring
+    (2(n-1) steps), not the halving/doubling the alpha-beta choice would take."""
+    cluster = with_links(build_cluster("localhost", gpus_per_node=4), {"loopback": (1e9, 1e-5)})
+    c = Collectives(cluster)
+    group, size = (0, 1, 2, 3), 2**20
+    name_rs, rs = c.resolve(OpKind.REDUCE_SCATTER, group, size)
+    name_ar, ar = c.resolve(OpKind.ALL_REDUCE, group, size)
+    assert name_rs == name_ar == "gloo"
+    assert analytic_time(cluster, rs, size) == analytic_time(cluster, ar, size)
+    # ring all-reduce: 2(n-1) hops of two 10 us links, 2(n-1)/n of the bytes at 1 GB/s
+    assert analytic_time(cluster, ar, size) == pytest.approx(2 * 3 * 2e-5 + 1.5 * size / 1e9)
+    assert c.resolve(OpKind.ALL_GATHER, group, size)[0] == "gloo"
+    # On an NVSwitch server nothing changes.
+    assert c.lowering(OpKind.ALL_REDUCE, group, "gloo") is not None
+    assert Collectives(build_cluster("dgx-h100")).lowering(OpKind.ALL_REDUCE, group,
+                                                           "gloo") is None
+
+
+def test_with_links_replaces_only_the_named_class():
+    cluster = build_cluster("dgx-h100", nodes=2)
+    changed = with_links(cluster, {"nvlink": (1e11, 1e-6), "loopback": (1e9, 1e-5)})
+    before, after = link_figures(cluster), link_figures(changed)
+    assert after["nvlink"] == (1e11, 1e-6)
+    assert {k: v for k, v in after.items() if k != "nvlink"} == \
+        {k: v for k, v in before.items() if k != "nvlink"}
+    assert link_figures(cluster) == before  # the original is a value, untouched
+
+
+TINY = {"model": {"layers": 2, "hidden": 64, "heads": 2, "seq_len": 32, "vocab": 128,
+                  "dtype": "fp32"},
+        "parallel": {"dp": 2, "micro_batch": 1, "global_batch": 4},
+        "cluster": {"preset": "localhost", "gpus_per_node": 2}}
+
+
+def test_a_profile_sets_the_clusters_links_and_roofs_for_simulate(tmp_path):
+    compute = ComputeParams(gemm_efficiency=0.5, gemm_tiles=((8, 8),))
+    slow = Profile(name="slow", compute=compute, calibrated=True,
+                   links={"loopback": LinkParams(bandwidth_Bps=1e8, latency_s=1e-3)},
+                   accelerator=AcceleratorRoofs(peak_flops=2e10, hbm_bandwidth_Bps=5e9))
+    path = tmp_path / "slow.json"
+    slow.save(path)
+    assert load_profile(path) == slow
+    exp = experiment_from_dict({**TINY, "sim": {"profile": str(path)}})
+    assert link_figures(exp.cluster)["loopback"] == (1e8, 1e-3)
+    assert exp.cluster.accelerator.peak_flops == 2e10
+    base = experiment_from_dict(TINY)
+    assert predict(exp)[0].step_time_s > predict(base)[0].step_time_s
+    data = slow.to_json()
+    del data["accelerator"]["peak_flops"]
+    with pytest.raises(Exception, match="accelerator.peak_flops: missing"):
+        profile_from_json(data)
+
+
+def test_the_fitted_profile_is_a_valid_version_2_file(tmp_path):
+    cluster, trace = synthesized(2, truth_profile())
+    profile, _ = fit_profile([trace], cluster, base=default_profile(cluster.accelerator),
+                             name="here")
+    path = tmp_path / "here.json"
+    profile.save(path)
+    back = load_profile(path)
+    assert back == profile and back.calibrated and back.name == "here"
+    assert profile.to_json()["version"] == 2
+    assert all(math.isfinite(v) for v in (back.links["loopback"].bandwidth_Bps,
+                                          back.links["loopback"].latency_s))

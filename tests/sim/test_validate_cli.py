@@ -1,0 +1,94 @@
+"""`parasim validate` for real on a tiny config: the --json fields, their consistency with
+`parasim simulate` and the measured run, and the report."""
+
+from __future__ import annotations
+
+import json
+import statistics
+
+import pytest
+
+from sim.cli import main
+from sim.profile import ComputeParams, LinkParams, Profile
+
+CONFIG = """
+[model]
+layers = 2
+hidden = 64
+heads = 2
+seq_len = 32
+vocab = 128
+dtype = "fp32"
+
+[parallel]
+tp = 2
+micro_batch = 1
+global_batch = 2
+
+[cluster]
+preset = "localhost"
+gpus_per_node = 2
+"""
+
+PROFILE = Profile(name="given", calibrated=True,
+                  compute=ComputeParams(gemm_efficiency=0.5, gemm_tiles=((8, 8),),
+                                        launch_overhead_s=5e-5),
+                  links={"loopback": LinkParams(bandwidth_Bps=2e9, latency_s=2e-5)})
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("validate")
+    config, profile = tmp / "tiny.toml", tmp / "given.json"
+    config.write_text(CONFIG)
+    PROFILE.save(profile)
+    return tmp, config, profile
+
+
+def run_json(capsys, *argv):
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    return json.loads(out)
+
+
+def test_json_fields_are_present_and_consistent(files, capsys):
+    tmp, config, profile = files
+    report = tmp / "v.html"
+    v = run_json(capsys, "validate", config, "--profile", profile, "--steps", "2",
+                 "--report", report, "--json")
+    for key in ("step_time_measured_s", "step_time_predicted_s", "step_error",
+                "mape_by_op_class", "peak_memory_measured_bytes", "peak_memory_predicted_bytes"):
+        assert key in v
+    assert v["step_error"] == pytest.approx(
+        (v["step_time_predicted_s"] - v["step_time_measured_s"]) / v["step_time_measured_s"])
+    assert len(v["step_times_measured_s"]) == 2
+    assert v["step_time_measured_s"] == pytest.approx(statistics.median(v["step_times_measured_s"]))
+    assert v["profile"] == {"name": "given", "calibrated": True, "calibrated_here": False}
+    # The prediction is `parasim simulate`'s, unfolded, with the same profile.
+    s = run_json(capsys, "simulate", config, "--profile", profile, "--no-fold", "--json")
+    assert v["step_time_predicted_s"] == pytest.approx(s["step_time_s"], rel=1e-12)
+    assert set(v["peak_memory_predicted_bytes"].values()) == \
+        {m["total_bytes"] for m in s["memory_by_stage"]}
+    assert set(v["peak_memory_measured_bytes"]) == {"0", "1"}
+    assert all(b > 0 for b in v["peak_memory_measured_bytes"].values())
+    # Every class of op the plan holds is compared: kernels by phase, the TP collectives.
+    classes = set(v["mape_by_op_class"])
+    assert {"fc1 fwd", "fc1 bwd", "qkv bwd", "all_reduce tp", "optimizer opt"} <= classes
+    assert all(m >= 0 for m in v["mape_by_op_class"].values())
+    assert sum(c["count"] for c in v["op_classes"]) == v["ops_compared"]
+    page = report.read_text()
+    for part in ("timelines", "scatter", "errors", "memory"):
+        assert f'id="parasim-validate-{part}"' in page
+
+
+def test_without_a_profile_the_microbenchmarks_run_first(files, capsys):
+    tmp, config, _ = files
+    v = run_json(capsys, "validate", config, "--steps", "1", "--sizes", "4K:64K",
+                 "--probes", "64x32x1", "--repeats", "2", "--keep", tmp / "kept", "--json")
+    assert v["profile"]["calibrated_here"] is True
+    assert v["profile"]["name"] == "tiny-microbenchmarks"
+    # The microbenchmarks and the run it validates are kept apart.
+    assert (tmp / "kept" / "bench" / "rank0.json").exists()
+    assert (tmp / "kept" / "run" / "rank0.json").exists()
+    assert v["step_time_predicted_s"] > 0 and v["step_time_measured_s"] > 0

@@ -1,0 +1,198 @@
+"""Microbenchmark plans: what `parasim calibrate --run` times, as a plan both interpreters run.
+
+    spec = BenchSpec(world=2, sizes=sweep_sizes(4 * 2**10, 2**20, 4), probes=probe_grid("fp32"))
+    plan = bench_plan(spec)        # executor.bench runs it; sim.replay can time it too
+
+A bench plan is an ordinary plan trace, so it is recorded, saved and read like any other, and a
+fit reads its timed ops without knowing they came from a benchmark. Each rank's ops are
+sections, one after another (`meta.bench.sections`, with each rank's op range):
+
+    collectives  for each group size (the first g ranks), each collective kind, each size:
+                 `repeats` calls in a row on the compute stream, as nccl-tests loops one size;
+                 then send/recv between ranks 0 and 1 (each transfer waited for before the next)
+    probe        the compute ops of one training step of a one-layer model on one rank (world
+                 1: no communication), run by every rank at once, as in a real run where all
+                 ranks compute together and share the host's cores and memory bandwidth. A grid
+                 of probe shapes (hidden size, sequence, micro-batch) sweeps GEMM shapes and
+                 the sizes of the memory-bound kernels; each op is the plan's own kernel
+
+Sizes follow nccl-tests: all_reduce the buffer, reduce_scatter its input, all_gather its
+output; each is rounded down to a whole number of elements per member.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from traces.errors import ConfigError
+from traces.layout import Layout
+from traces.model import DTYPE_BYTES, ModelSpec
+from traces.ops import Op, OpKind, Stream, Trace
+from traces.plan import build
+
+BENCH_VERSION = 1
+COLLECTIVE_KINDS = (OpKind.ALL_REDUCE, OpKind.REDUCE_SCATTER, OpKind.ALL_GATHER)
+"""The collectives plans use (the executor runs no broadcast or all-to-all)."""
+MAX_BENCH_OPS = 200_000
+MAX_SIZE_BYTES = 2**31
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Probe:
+    """One compute probe: a one-layer model's step on one rank."""
+
+    model: ModelSpec
+    micro_batch: int
+    microbatches: int
+
+    def layout(self) -> Layout:
+        return Layout(micro_batch=self.micro_batch,
+                      global_batch=self.micro_batch * self.microbatches)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"model": dataclasses.asdict(self.model), "micro_batch": self.micro_batch,
+                "microbatches": self.microbatches}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BenchSpec:
+    world: int
+    sizes: tuple[int, ...] = ()
+    """Collective and transfer sizes in bytes (nccl-tests' convention)."""
+    group_sizes: tuple[int, ...] = ()
+    """Members of each swept group (the first g ranks); default: 2, 4, ... and the world."""
+    kinds: tuple[OpKind, ...] = COLLECTIVE_KINDS
+    p2p: bool = True
+    repeats: int = 5
+    dtype: str = "fp32"
+    probes: tuple[Probe, ...] = field(default_factory=tuple)
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.world <= 1024:
+            raise ConfigError(f"bench: world {self.world} must be from 1 to 1024")
+        if not 1 <= self.repeats <= 1000:
+            raise ConfigError(f"bench: repeats {self.repeats} must be from 1 to 1000")
+        for size in self.sizes:
+            if not 1 <= size <= MAX_SIZE_BYTES:
+                raise ConfigError(f"bench: size {size} bytes must be from 1 to 2 GiB")
+        for g in self.groups():
+            if not 2 <= g <= self.world:
+                raise ConfigError(f"bench: group size {g} must be from 2 to the world's "
+                                  f"{self.world}")
+        if self.dtype not in DTYPE_BYTES:
+            raise ConfigError(f"bench: dtype {self.dtype!r} is not one of "
+                              f"{', '.join(DTYPE_BYTES)}")
+
+    def groups(self) -> tuple[int, ...]:
+        if self.group_sizes or self.world < 2:
+            return self.group_sizes
+        sizes = []
+        g = 2
+        while g < self.world:
+            sizes.append(g)
+            g *= 2
+        return (*sizes, self.world)
+
+
+def sweep_sizes(low: int, high: int, factor: int = 2) -> tuple[int, ...]:
+    """low, low·factor, ... up to high (nccl-tests' -b low -e high -f factor)."""
+    if not 1 <= low <= high or factor < 2:
+        raise ConfigError(f"bench sizes: {low}..{high} by x{factor} is not a sweep")
+    sizes = [low]
+    while sizes[-1] * factor <= high:
+        sizes.append(sizes[-1] * factor)
+    return tuple(sizes)
+
+
+def probe_grid(dtype: str, attention: str = "flash", *, hidden: Sequence[int] = (64, 256),
+               seq_len: Sequence[int] = (32, 128), micro_batch: Sequence[int] = (1, 4),
+               head_dim: int = 32, microbatches: int = 4) -> tuple[Probe, ...]:
+    """Probes over a grid of shapes: heads of `head_dim`, a vocabulary of 8·hidden."""
+    probes = []
+    for h in hidden:
+        for s in seq_len:
+            for b in micro_batch:
+                model = ModelSpec(layers=1, hidden=h, heads=max(1, h // head_dim), seq_len=s,
+                                  vocab=8 * h, dtype=dtype, attention=attention)
+                probes.append(Probe(model=model, micro_batch=b, microbatches=microbatches))
+    return tuple(probes)
+
+
+def bench_plan(spec: BenchSpec) -> Trace:
+    """The microbenchmark plan of every rank (see the module docstring)."""
+    ops: dict[int, list[Op]] = {r: [] for r in range(spec.world)}
+    sections: list[dict[str, Any]] = []
+    if spec.sizes and spec.world > 1:
+        sections.append(_section("collectives", ops, lambda: _collectives(spec, ops)))
+    for probe in spec.probes:
+        sections.append({**_section("probe", ops, lambda p=probe: _probe(p, ops)),
+                         **probe.to_json()})
+    total = sum(len(v) for v in ops.values())
+    if total > MAX_BENCH_OPS:
+        raise ConfigError(f"bench: {total:,} ops, more than {MAX_BENCH_OPS:,} (fewer sizes, "
+                          "repeats or probes)")
+    meta = {"bench": {"version": BENCH_VERSION, "sections": sections}, "world": spec.world}
+    return Trace({r: tuple(v) for r, v in ops.items()}, meta)
+
+
+def _section(kind: str, ops: dict[int, list[Op]], fill: Any) -> dict[str, Any]:
+    """Append a section; its first op on each rank waits for the rank's previous op, so
+    sections run one after another on every stream."""
+    starts = {r: len(v) for r, v in ops.items()}
+    fill()
+    for r, v in ops.items():
+        first = starts[r]
+        if 0 < first < len(v) and first - 1 not in v[first].deps:
+            v[first] = dataclasses.replace(v[first], deps=(first - 1, *v[first].deps))
+    return {"kind": kind, "ranges": {str(r): [starts[r], len(v)] for r, v in ops.items()}}
+
+
+def _collectives(spec: BenchSpec, ops: dict[int, list[Op]]) -> None:
+    element = DTYPE_BYTES[spec.dtype]
+    for g in spec.groups():
+        group = tuple(range(g))
+        for kind in spec.kinds:
+            for size in spec.sizes:
+                whole = max(1, size // (g * element)) * g * element
+                for _ in range(spec.repeats):
+                    for r in group:
+                        ops[r].append(Op(kind=kind, stream=Stream.COMPUTE, name="bench",
+                                         group=group, size_bytes=float(whole),
+                                         dtype=spec.dtype))
+    if not spec.p2p:
+        return
+    for size in spec.sizes:
+        size_bytes = float(max(1, size // element) * element)
+        for _ in range(spec.repeats):  # ping-pong: each transfer starts after the previous
+            _transfer(ops, 0, 1, size_bytes, spec.dtype)
+            _transfer(ops, 1, 0, size_bytes, spec.dtype)
+
+
+def _transfer(ops: dict[int, list[Op]], src: int, dst: int, size: float, dtype: str) -> None:
+    """A send and its receive, each after its rank's previous op."""
+    for rank, kind, stream, peer in ((src, OpKind.SEND, Stream.SEND_NEXT, dst),
+                                     (dst, OpKind.RECV, Stream.RECV_PREV, src)):
+        mine = ops[rank]
+        after = (len(mine) - 1,) if mine else ()
+        mine.append(Op(kind=kind, stream=stream, name="bench", peer=peer, tag="act",
+                       size_bytes=size, dtype=dtype, deps=after))
+
+
+def _probe(probe: Probe, ops: dict[int, list[Op]]) -> None:
+    plan = build(probe.model, probe.layout())
+    (mine,) = plan.ops.values()
+    for out in ops.values():
+        shift = len(out)
+        out.extend(dataclasses.replace(op, deps=tuple(d + shift for d in op.deps))
+                   for op in mine)
+
+
+def sections(trace: Trace) -> list[dict[str, Any]]:
+    """The bench sections of a trace's meta ([] for a trace that is not a bench)."""
+    bench = trace.meta.get("bench")
+    if not isinstance(bench, dict) or not isinstance(bench.get("sections"), list):
+        return []
+    return [s for s in bench["sections"] if isinstance(s, dict)]
