@@ -20,7 +20,7 @@ trace does not state. The parts:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator, Mapping
+from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
@@ -81,20 +81,49 @@ def plan_fold(meta: Mapping[str, Any]) -> Layout | None:
 
 
 def replay(plan: Trace, cluster: Cluster, compute: Durations, *, network: str = "flow",
-           algo: str = "auto", progress: Progress | None = None) -> StepTimes:
-    """Time every op of `plan` on `cluster`; `network` is one of NETWORKS."""
+           algo: str = "auto", progress: Progress | None = None,
+           gaps: Mapping[int, Sequence[float]] | None = None) -> StepTimes:
+    """Time every op of `plan` on `cluster`; `network` is one of NETWORKS. `gaps[rank][i]`, if
+    given, is idle time op i waits once it could start (a measured trace's host time between
+    kernel launches, see `host_gaps`)."""
     if network not in NETWORKS:
         raise ConfigError(f"network: {network!r} is not one of {', '.join(NETWORKS)}")
     comm = lower_communication(plan, cluster, plan_fold(plan.meta), algo=algo)
-    return _Replay(plan, cluster, compute, comm, network).run(progress)
+    return _Replay(plan, cluster, compute, comm, network, gaps).run(progress)
+
+
+def host_gaps(trace: Trace, floor_s: float = 1e-9) -> dict[int, list[float]]:
+    """Per rank and op, the idle time a timed trace shows before the op that neither its
+    stream nor its dependencies explain: start − max(end of the op before it on its stream
+    (the step's start for the first), ends of its dependencies). On a GPU that is the host
+    launching late (Python, the framework, a CPU-bound data loader); it stays when the trace
+    is replayed elsewhere. Gaps under `floor_s` (rounding) are 0; an untimed op has none."""
+    gaps: dict[int, list[float]] = {}
+    origin = min((op.start for ops in trace.ops.values() for op in ops if op.start is not None),
+                 default=0.0)  # the step's start: where the replay starts every stream
+    for rank, ops in trace.ops.items():
+        last_on: dict[str, float] = {}
+        out = []
+        for op in ops:
+            if op.start is None or op.end is None:
+                out.append(0.0)
+                continue
+            ready = max([last_on.get(op.stream, origin),
+                         *(ops[d].end for d in op.deps if ops[d].end is not None)])
+            gap = op.start - ready
+            out.append(gap if gap > floor_s else 0.0)
+            last_on[op.stream] = op.end
+        gaps[rank] = out
+    return gaps
 
 
 class _Replay:
     """The event-driven run: one simpy process per (rank, stream)."""
 
     def __init__(self, plan: Trace, cluster: Cluster, compute: Durations, comm: CommPlan,
-                 network: str) -> None:
+                 network: str, gaps: Mapping[int, Sequence[float]] | None = None) -> None:
         self.plan, self.cluster, self.compute, self.comm = plan, cluster, compute, comm
+        self.gaps = gaps or {}
         self.env = simpy.Environment()
         self.network = network
         self.net = Network(self.env, cluster.link_capacity) if network == "flow" else None
@@ -133,6 +162,7 @@ class _Replay:
         ops that follow it on the stream, are compute, wait for nothing, and are not waited
         for before the last of them ends (nobody observes the instants in between)."""
         ops, waited = self.plan.ops[rank], self.events[rank]
+        gaps = self.gaps.get(rank)
         runs: dict[int, int] = {}
         k = 0
         while k < len(indices):
@@ -141,7 +171,8 @@ class _Replay:
             if ops[i].kind is OpKind.COMPUTE:
                 while (j + 1 < len(indices) and indices[j] not in waited
                        and ops[indices[j + 1]].kind is OpKind.COMPUTE
-                       and not ops[indices[j + 1]].deps):
+                       and not ops[indices[j + 1]].deps
+                       and not (gaps and gaps[indices[j + 1]])):
                     j += 1
             if j > k:
                 runs[i] = j - k
@@ -158,6 +189,7 @@ class _Replay:
         comm = self.comm.ops.get(rank, {})
         env, timeout, duration, move = self.env, self.env.timeout, self.compute.duration, self._move
         arrive, progress, compute = self.meetings.arrive, self.progress, OpKind.COMPUTE
+        gaps = self.gaps.get(rank)
         k, count = 0, len(indices)
         while k < count:
             i = indices[k]
@@ -165,6 +197,8 @@ class _Replay:
             for d in op.deps:
                 if ends[d] != ends[d]:  # NaN: not finished yet
                     yield events[d]
+            if gaps and gaps[i]:
+                yield timeout(gaps[i])
             start = env.now
             extra = runs.get(i)
             if extra:  # i and the next `extra` compute ops, back to back

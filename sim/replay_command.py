@@ -45,6 +45,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--profile", metavar="JSON", help="calibration profile")
     parser.add_argument("--retime", action="store_true", help="time compute ops that carry "
                         "FLOPs/bytes by the compute model instead of keeping their durations")
+    parser.add_argument("--no-host-gaps", action="store_true",
+                        help="drop the idle time a measured trace shows between ops that no "
+                        "dependency explains (host launch delays); kept by default")
     parser.add_argument("--network", choices=NETWORKS, help="flow (default), analytic, ideal")
     parser.add_argument("--algo", default="auto", help="collective algorithm (default auto)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
@@ -69,7 +72,8 @@ def run(args: argparse.Namespace, *, emit: Callable[[str], None],
     with Outputs() as outputs:
         with progress_bar("replay", "op") as bar:
             result = replay_trace(loaded, cluster, profile, retime=args.retime,
-                                  network=args.network, algo=args.algo, progress=bar.update)
+                                  network=args.network, algo=args.algo, progress=bar.update,
+                                  host_gaps=not args.no_host_gaps)
         if targets:
             timed = result.times.timed_trace()
             if "--trace" in targets:
@@ -120,6 +124,7 @@ def summary_json(r: ReplayResult) -> dict[str, Any]:
         "kept_measured": {"compute": r.kept_measured_compute,
                           "communication": r.kept_measured_comm},
         "retimed_compute": r.retimed_compute,
+        "host_gaps_s": r.host_gaps_s,
         "algorithms": dict(sorted(r.times.algorithms.items())),
         "files_skipped": list(r.loaded.skipped_files),
     }

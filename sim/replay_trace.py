@@ -10,6 +10,9 @@ What is kept and what is simulated (`sim.replay` does the run):
 * Communication is re-simulated on the cluster, except a collective or transfer whose size the
   trace does not state (`size_bytes` 0 on a timed op, as a profiler may leave it): that keeps
   its measured duration (counted in `ReplayResult.kept_measured_comm`).
+* Idle time the measurement shows before an op that neither its stream nor its dependencies
+  explain (the host launching late: Python, the framework) stays (`sim.replay.host_gaps`):
+  it does not change on another network. `host_gaps=False` drops it.
 * Compute ops keep their measured durations; with `retime`, those that carry FLOPs or bytes (a
   parasim trace's) are timed by the compute model for the cluster's accelerator and the
   profile instead. A profiler's compute ops carry neither and keep their durations.
@@ -34,6 +37,7 @@ from typing import Any
 from sim.compute import ComputeModel
 from sim.profile import Profile, default_profile
 from sim.replay import NETWORKS, Progress, StepTimes, plan_fold, replay
+from sim.replay import host_gaps as measured_gaps
 from topology.cluster import Cluster
 from topology.config import FABRICS, ClusterSpec, read_cluster, read_cluster_file
 from topology.presets import PRESETS
@@ -215,6 +219,8 @@ class ReplayResult:
     """Collectives and transfers of unstated size that kept their measured durations."""
     retimed_compute: int
     """Compute ops timed by the compute model (untimed ones, and measured ones with --retime)."""
+    host_gaps_s: float = 0.0
+    """Idle time kept from the measurement per rank, on average (`sim.replay.host_gaps`)."""
 
     @property
     def step_time_predicted_s(self) -> float:
@@ -223,9 +229,10 @@ class ReplayResult:
 
 def replay_trace(loaded: LoadedTrace, cluster: Cluster, profile: Profile | None = None, *,
                  retime: bool = False, network: str | None = None, algo: str = "auto",
-                 progress: Progress | None = None) -> ReplayResult:
+                 progress: Progress | None = None, host_gaps: bool = True) -> ReplayResult:
     """Re-simulate `loaded` on `cluster` (see the module docstring); `network` defaults to the
-    one a parasim trace was simulated with, else the flow model."""
+    one a parasim trace was simulated with, else the flow model. With `host_gaps`, each op
+    still waits the idle time the measurement shows before it that no dependency explains."""
     trace = loaded.trace
     if trace.num_ops() == 0:
         raise ConfigError("trace: holds no ops to replay")
@@ -234,15 +241,17 @@ def replay_trace(loaded: LoadedTrace, cluster: Cluster, profile: Profile | None 
         own = trace.meta.get("network")
         network = own if isinstance(own, str) and own in NETWORKS else "flow"
     plan, kept, modelled = _compute_times(trace, retime)
+    gaps = measured_gaps(trace) if host_gaps else None
     times = replay(plan, cluster, ComputeModel(cluster.accelerator, profile), network=network,
-                   algo=algo, progress=progress)
+                   algo=algo, progress=progress, gaps=gaps)
     ops, names, sizes, mirrored = _census(trace)
     return ReplayResult(
         loaded=loaded, cluster=cluster, profile=profile, network=network, algo=algo,
         times=times, step_time_measured_s=_measured_step(trace), num_ranks_mirrored=mirrored,
         op_counts=ops, collective_counts=names, collective_bytes=sizes,
         kept_measured_compute=kept, kept_measured_comm=times.algorithms.get("measured", 0),
-        retimed_compute=modelled)
+        retimed_compute=modelled,
+        host_gaps_s=sum(sum(g) for g in gaps.values()) / len(gaps) if gaps else 0.0)
 
 
 def _compute_times(trace: Trace, retime: bool) -> tuple[Trace, int, int]:

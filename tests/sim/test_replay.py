@@ -167,3 +167,19 @@ def test_the_fold_is_read_from_the_plan_meta_old_and_new_spelling():
         plan_fold({"fold": {"axes": ["tp"], "layout": {}}})
     with pytest.raises(ConfigError):
         plan_fold({"folded": True, "layout": {"tensor": 2}})
+
+
+def test_host_gaps_are_the_idle_time_no_stream_or_dependency_explains(h100):
+    from sim.replay import host_gaps
+
+    ops = (Op(kind=OpKind.COMPUTE, stream="c", start=0.0, end=1.0),
+           Op(kind=OpKind.COMPUTE, stream="c", start=1.5, end=2.0),   # 0.5 s after its stream
+           Op(kind=OpKind.COMPUTE, stream="d", start=0.25, end=0.5),  # 0.25 s after the start
+           Op(kind=OpKind.COMPUTE, stream="d", start=3.0, end=4.0, deps=(1,)))  # 1 s after dep
+    assert host_gaps(Trace({0: ops})) == {0: [0.0, 0.5, 0.25, 1.0]}
+    class Measured:
+        def duration(self, op):
+            return op.end - op.start
+
+    times = replay(Trace({0: ops}), h100, Measured(), gaps=host_gaps(Trace({0: ops})))
+    assert times.starts[0] == [0.0, 1.5, 0.25, 3.0]  # measured durations, measured gaps
