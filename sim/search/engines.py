@@ -18,6 +18,7 @@ threads. Ray is optional (`pip install 'parasim[ray]'`) and imported only when a
 
 from __future__ import annotations
 
+import logging
 import multiprocessing
 import os
 from collections.abc import Callable, Iterator, Sequence
@@ -147,7 +148,7 @@ class RayCluster:
                 raise ConfigError("--ray: give the cluster's address (HOST:PORT, "
                                   "ray://HOST:PORT) or auto")
             try:
-                ray.init(address=address, log_to_driver=False)
+                ray.init(address=address, log_to_driver=False, logging_level=logging.ERROR)
             except (ConnectionError, RuntimeError, ValueError) as err:
                 raise ConfigError(f"--ray: cannot join a Ray cluster at {address}: "
                                   f"{str(err).splitlines()[0] if str(err) else err!r}") \
