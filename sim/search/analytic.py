@@ -15,16 +15,21 @@ It shares its parts with the simulator rather than being a second model of the s
 The step, in closed form (p pipeline ranks, v virtual stages each, m micro-batches, n = L/(p·v)
 layers per virtual stage):
 
-    f, b      one layer's forward and (recompute +) backward for one micro-batch: compute-
-              stream ops in order (kernels and inline TP/SP collectives), or its ZeRO-3
-              gathers / reduce-scatters where those take longer (they overlap the compute)
-    t_vs      = n·(f + b) + 2·t_send          one virtual stage, one micro-batch, its two sends
-    W_r       = m·v·t_vs + m·(embedding on r = 0) + m·(output layer on r = p-1)
-    T_pipe    = max_r W_r + (p-1)·t_vs        the closed-form bubble: (p-1)/(v·m) of m·v·t_vs
+    F, B      a chunk's forward and (recompute +) backward for one micro-batch: n layers, plus
+              the embedding or the output layer where the chunk holds one; each as long as its
+              compute stream (kernels and inline TP/SP collectives, in order) or, where they
+              take longer, its side streams (ZeRO-3's gathers, prefetched one unit ahead, and
+              reduce-scatters)
+    t_vs      = F + B + 2·t_send              a chunk of layers only, with its two sends
+    W_r       = (v-1)·t_vs + F_r + B_r + 2·t_send    rank r's work per micro-batch
+    T_pipe    = start + m·max_r W_r + (p-1)·t_vs    the closed-form bubble: (p-1)/(v·m) of
+                                                    m·v·t_vs; start: ZeRO-3's first gathers,
+                                                    which nothing hides
     end_r     = exposed gradient reduction + tied-embedding all-reduce + optimizer
                 + ZeRO-1/2 parameter all-gather
-    T         = max_r (T_pipe - r·(n·b + t_send) + end_r)   rank r finishes its backward
-                                                            r stages before rank 0
+    T         = max_r (T_pipe - r·(B + t_send) + tail_r + end_r)   rank r finishes its
+                backward r stages before rank 0; tail_r: what its last unit's backward leaves
+                on the side streams (ZeRO-3's reduce-scatter, SP's replicated gradients)
 
 Gradient buckets are the plan's (`passes.gradient_buckets`), each reduced alone on the DP
 group; with `overlap_grad_reduce` they hide behind the last micro-batch's backward (ZeRO-2:
