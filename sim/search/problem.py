@@ -41,7 +41,8 @@ class Problem:
     """The config as canonical JSON: a worker's context is cached under it."""
 
     def __post_init__(self) -> None:
-        key = json.dumps([self.data, self.name, self.base], sort_keys=True, default=str)
+        key = json.dumps([self.data, self.search, self.name, self.base], sort_keys=True,
+                         default=str)
         object.__setattr__(self, "key", key)
 
 

@@ -181,3 +181,9 @@ def test_every_raw_candidate_is_enumerated_once():
     keys = list(space.values)
     combos = {tuple(t[k] for k in keys) for t in space.candidates()}
     assert combos == set(itertools.product(*space.values.values()))
+
+
+def test_problems_that_differ_only_in_search_have_their_own_context():
+    first = context(problem_from_dict(small(tp=[8])))
+    second = context(problem_from_dict(small(tp=[4])))
+    assert first.space.values["tp"] == (8,) and second.space.values["tp"] == (4,)
