@@ -200,7 +200,14 @@ class RankRuntime:
                               f"({phase}) is not a tensor-parallel site of docs/plan-ops.md")
         tape = self.tape(mb)
         key = slot(KERNELS[site.kernel], site.slot, layer, self.model.layers)
-        value = (tape.grads if site.grad else tape.acts)[key].contiguous()
+        if site.saved:  # backward: the shard the forward kept, gathered again
+            value = tape.acts[tapes.shard_slot(key)]
+        elif site.kind is OpKind.ALL_GATHER and not site.grad:
+            # forward: the GEMM keeps its input's shard for backward, not the gathered input
+            value = tape.take(key).contiguous()
+            tape.put(tapes.shard_slot(key), value)
+        else:
+            value = (tape.grads if site.grad else tape.acts)[key].contiguous()
         t = self.layout.tp
         if site.kind is OpKind.ALL_REDUCE:
             self.comm.all_reduce(value, self.tp_key)

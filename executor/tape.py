@@ -12,6 +12,13 @@ graph (Megatron-LM's `deallocate_output_tensor`).
 Recomputation (`Recompute`): `full` runs a layer's forward kernels without saving anything and
 keeps only the layer input; `selective` does so for the attention core and keeps its input
 (the QKV output). The recompute phase then re-runs those kernels with saving on.
+
+Sequence parallelism: the column-parallel GEMMs (qkv, fc1, logits) read an input that a `tp`
+all-gather assembled from the sequence shards, and keep only the shard (in the slot
+`shard_slot(key)`), as Megatron-LM's sequence-parallel linear does: autograd's saved copy of
+the gathered input is replaced by a reference to its slot (a saved-tensor hook), the slot is
+released after the forward, and before the backward the `tp` all-gather refills it from the
+shard, which the backward then reads (for the weight gradient) and releases with the shard.
 """
 
 from __future__ import annotations
@@ -43,9 +50,17 @@ KEPT_FOR_RECOMPUTE = {Recompute.NONE: frozenset(), Recompute.FULL: frozenset({"x
                       Recompute.SELECTIVE: frozenset({"qkv"})}
 DROPPED_IN_RECOMPUTE = {Recompute.NONE: frozenset(), Recompute.FULL: frozenset({"x+"}),
                         Recompute.SELECTIVE: frozenset({"ctx"})}
+# Kernels whose input, with SP, is gathered from sequence shards before the forward and
+# gathered again before the backward (only the shard is kept in between).
+GATHERED_INPUT = {"qkv": "a1", "fc1": "a2", "logits": "fln"}
 CORE_KERNELS = frozenset({"flash_attn", "qk", "softmax", "attn_dropout", "av"})
 LAYER_KERNELS = frozenset({"ln1", "qkv", "proj", "bda1", "ln2", "fc1", "gelu", "fc2",
                            "bda2"}) | CORE_KERNELS
+
+
+def shard_slot(key: Slot) -> Slot:
+    """Where the sequence shard of a gathered input waits for the backward."""
+    return (key[0], f"{key[1]}/shard")
 
 
 def recomputed(kernel: str, recompute: Recompute) -> bool:
@@ -78,6 +93,27 @@ class Saved:
     outputs: list[tuple[Slot, torch.Tensor]]
     params: list[tuple[ParamRef, torch.Tensor]]
     held: list[int]
+    gathered: Slot | None = None
+    """SP: the slot of the gathered input the backward reads (refilled by a `tp` all-gather
+    from `shard_slot(gathered)`), released with its shard after the backward."""
+
+
+@dataclass(frozen=True, slots=True)
+class _SlotRef:
+    """What autograd saves instead of a gathered input: where to find it at backward time,
+    and the view of it the kernel saved."""
+
+    tape: Tape
+    key: Slot
+    size: tuple[int, ...]
+    stride: tuple[int, ...]
+    offset: int
+
+    def unpack(self) -> torch.Tensor:
+        value = self.tape.acts.get(self.key)
+        if value is None:
+            raise RuntimeError(f"backward needs slot {self.key}: its tp all-gather has not run")
+        return value.as_strided(self.size, self.stride, self.offset)
 
 
 class Tape:
@@ -157,8 +193,13 @@ def forward(tape: Tape, name: str, layer: int | None, ctx: KernelContext,
     in_keys = [slot(kernel, n, layer, tape.num_layers) for n in kernel.inputs]
     out_keys = [slot(kernel, n, layer, tape.num_layers) for n in kernel.outputs]
     inputs = [tape.acts[k] for k in in_keys]
+    gathered = None
+    if name in GATHERED_INPUT:
+        key = slot(kernel, GATHERED_INPUT[name], layer, tape.num_layers)
+        gathered = key if shard_slot(key) in tape.acts else None
     if save:
-        state, outputs = _forward_saving(tape, kernel, in_keys, out_keys, inputs, ctx, params)
+        state, outputs = _forward_saving(tape, kernel, in_keys, out_keys, inputs, ctx, params,
+                                         gathered)
         saved_key = (name, layer)
         if saved_key in tape.saved:  # a recompute replaces what the forward saved
             for ptr in tape.saved.pop(saved_key).held:
@@ -175,25 +216,33 @@ def forward(tape: Tape, name: str, layer: int | None, ctx: KernelContext,
     for in_name in RELEASE_AFTER.get(name, ()):
         if in_name not in kept:
             tape.release(slot(kernel, in_name, layer, tape.num_layers))
+    if gathered is not None and not save:
+        tape.release(shard_slot(gathered))  # no backward will gather it again
 
 
 def _forward_saving(tape: Tape, kernel: Kernel, in_keys: list[Slot], out_keys: list[Slot],
                     inputs: list[torch.Tensor], ctx: KernelContext,
-                    params: Sequence[tuple[ParamRef, torch.Tensor]]
-                    ) -> tuple[Saved, list[torch.Tensor]]:
-    """The forward with autograd on; returns its state and its output values (detached)."""
+                    params: Sequence[tuple[ParamRef, torch.Tensor]],
+                    gathered: Slot | None = None) -> tuple[Saved, list[torch.Tensor]]:
+    """The forward with autograd on; returns its state and its output values (detached).
+    `gathered`: an input slot autograd must not keep (SP), only refer to."""
     held: list[int] = []
     packed: set[int] = set()
     meter = tape.meter
+    skip = tape.acts[gathered].untyped_storage().data_ptr() if gathered is not None else None
 
-    def pack(t: torch.Tensor) -> torch.Tensor:
+    def pack(t: torch.Tensor) -> torch.Tensor | _SlotRef:
+        ptr = t.untyped_storage().data_ptr()
+        if ptr == skip:
+            assert gathered is not None
+            return _SlotRef(tape, gathered, tuple(t.shape), t.stride(), t.storage_offset())
         held.append(meter.hold(t, "activations"))
-        packed.add(t.untyped_storage().data_ptr())
+        packed.add(ptr)
         return t
 
     sources: list[tuple[Slot, list]] = []
     anchor = None
-    with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, _identity):
+    with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, _unpack):
         args = []
         for key, name, value in zip(in_keys, kernel.inputs, inputs):
             if name in NON_DIFFERENTIABLE or not value.is_floating_point():
@@ -213,11 +262,12 @@ def _forward_saving(tape: Tape, kernel: Kernel, in_keys: list[Slot], out_keys: l
             # The tape's slot keeps the storage; the graph node needs only the shape it recorded
             # (unless autograd saved the output itself, as softmax does).
             out.data = torch.empty(0, dtype=out.dtype, device=out.device)
-    return Saved(anchor, sources, list(zip(out_keys, outs)), list(params), held), values
+    state = Saved(anchor, sources, list(zip(out_keys, outs)), list(params), held, gathered)
+    return state, values
 
 
-def _identity(t: torch.Tensor) -> torch.Tensor:
-    return t
+def _unpack(t: torch.Tensor | _SlotRef) -> torch.Tensor:
+    return t.unpack() if isinstance(t, _SlotRef) else t
 
 
 def backward(tape: Tape, name: str, layer: int | None) -> list[tuple[ParamRef, torch.Tensor]]:
@@ -236,6 +286,9 @@ def backward(tape: Tape, name: str, layer: int | None) -> list[tuple[ParamRef, t
         tuple(outs), tuple(grads), False, False, tuple(wrt), True, False)
     for ptr in state.held:
         tape.meter.drop(ptr)
+    if state.gathered is not None:
+        tape.release(state.gathered)
+        tape.release(shard_slot(state.gathered))
     for key, sink in state.sources:
         if sink:
             tape.put_grad(key, sink[0])

@@ -111,6 +111,26 @@ def test_tensor_parallel_layer_equals_the_unsharded_layer(world: dict, name: str
             torch.testing.assert_close(grad, want, rtol=1e-4, atol=1e-5, msg=pname)
 
 
+@pytest.mark.parametrize("name", ["tp-unfused", "sp-unfused"])
+def test_a_layer_keeps_for_backward_what_megatron_keeps(world: dict, name: str) -> None:
+    """The memory meter after one layer's forward (unfused attention, no dropout: nothing
+    implementation-dependent is saved), in fp32 elements: the layer's input, the inputs of
+    qkv and fc1, the residual y and the output (5 tensors of rows·b·h) and the two layer norms'
+    mean and rstd (4·rows·b), where rows is s, or s/t with SP: Megatron-LM's sequence-parallel
+    qkv and fc1 keep only their input's shard and gather it again in backward; the QKV output
+    (s·b·3h/t), the probabilities (b·a/t·s²), the attention output (s·b·h/t), fc1's and GeLU's
+    outputs (2·s·b·f/t); and the causal mask (s² bytes). After the backward only the data is
+    left."""
+    model, layout = LAYERS[name].specs()
+    s, b, h, t = model.seq_len, layout.micro_batch, model.hidden, layout.tp
+    rows = s // t if layout.sp else s
+    elements = (5 * rows * b * h + 4 * rows * b + s * b * 3 * h // t
+                + b * model.heads // t * s * s + s * b * h // t + 2 * s * b * model.ffn_hidden // t)
+    for res in world["layer"][name]:
+        assert res["held"] - res["data"] == 4 * elements + s * s
+        assert res["left"] == res["data"] and res["slots"] == [("D", "targets"), ("D", "tokens")]
+
+
 def test_vocab_parallel_cross_entropy_equals_torch(world: dict) -> None:
     model, layout = Case(dict(tp=2)).specs()
     gen = torch.Generator().manual_seed(SEED)

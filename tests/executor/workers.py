@@ -93,7 +93,8 @@ def segments(rt: RankRuntime) -> list[tuple[int, int]]:
 
 def layer_case(ctx: RankContext, case: Case, seed: int) -> dict[str, Any]:
     """One layer forward and backward on given input and output gradient (the same full
-    tensors on every rank; SP ranks take their sequence shard)."""
+    tensors on every rank; SP ranks take their sequence shard); the activation bytes the
+    forward leaves for the backward (`held`, with the data's `data`) and those left after it."""
     rt, groups = _runtime(ctx, case)
     model, layout = rt.model, rt.layout
     gen = torch.Generator().manual_seed(seed)
@@ -105,6 +106,7 @@ def layer_case(ctx: RankContext, case: Case, seed: int) -> dict[str, Any]:
     tape.put((0, "x"), x)
     kernels = LAYER_FLASH if model.attention == "flash" else LAYER_UNFUSED
     _kernels(rt, kernels, Phase.FWD, 0, 0)
+    held = rt.meter.live["activations"]  # what the forward leaves for the backward
     y = tape.acts[(1, "x")].clone()
     tape.release((1, "x"))
     tape.put_grad((1, "x"), gy)
@@ -118,7 +120,11 @@ def layer_case(ctx: RankContext, case: Case, seed: int) -> dict[str, Any]:
         lo, hi = rt.flat.param_range[("L0", spec.name)]
         grads[spec.name] = rt.grads.full[lo:hi].view(spec.shape).clone()
     groups.destroy()
-    return {"y": y, "gx": gx, "grads": grads, "tp_rank": rt.tp_rank}
+    data = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+            for t in (tape.acts[("D", "tokens")], tape.acts[("D", "targets")])}
+    return {"y": y, "gx": gx, "grads": grads, "tp_rank": rt.tp_rank, "held": held,
+            "data": sum(data.values()), "left": rt.meter.live["activations"],
+            "slots": sorted(tape.acts)}
 
 
 def ce_case(ctx: RankContext, case: Case, seed: int) -> dict[str, Any]:

@@ -88,14 +88,27 @@ def test_tensor_pass_adds_megatron_f_and_g_collectives(sp):
     if sp:
         assert forward[:6] == ["embed", tp, "pos_embed", "ln1", tp, "qkv"]
         assert [n.op.kind for n in new[0][:2]] == [OpKind.REDUCE_SCATTER, OpKind.ALL_GATHER]
-        assert backward[-6:] == ["qkv", tp, "ln1", "pos_embed", tp, "embed"]
+        # backward: qkv, fc1 and logits all-gather their saved input shard again first
+        assert backward[:6] == ["cross_entropy", tp, "logits", tp, "final_ln", "bda2"]
+        assert backward[-8:] == ["flash_attn", tp, "qkv", tp, "ln1", "pos_embed", tp, "embed"]
+        assert names(after[1])[names(after[1]).index("gelu"):][:5] == [
+            "gelu", tp, "fc1", tp, "ln2"]
         per_layer_fwd = 4  # gather before qkv and fc1, scatter after proj and fc2
+        # in backward order: gather before fc2 (gradient), before fc1 (its input), scatter
+        # after it; the same for proj, qkv
+        per_layer_bwd = [OpKind.ALL_GATHER, OpKind.ALL_GATHER, OpKind.REDUCE_SCATTER] * 2
+        head_bwd = [OpKind.ALL_GATHER, OpKind.REDUCE_SCATTER]
     else:
         assert forward[:4] == ["embed", tp, "pos_embed", "ln1"]
+        assert backward[:5] == ["cross_entropy", "logits", tp, "final_ln", "bda2"]
         assert backward[-3:] == ["ln1", "pos_embed", "embed"]
         per_layer_fwd = 2  # all-reduce after proj and fc2
+        per_layer_bwd = [OpKind.ALL_REDUCE, OpKind.ALL_REDUCE]  # after fc1 and qkv
+        head_bwd = [OpKind.ALL_REDUCE]
     layer_ops = [n for n in new[0] if n.op.layer == 0]
     assert len(layer_ops) == per_layer_fwd
+    assert [n.op.kind for n in new[1] if n.op.layer == 0] == per_layer_bwd
+    assert [n.op.kind for n in new[1] if n.unit == "head" and n.op.name == tp] == head_bwd
     assert all(n.op.group == (0, 1) and n.on_compute for step in new for n in step)
     ce = [n.op for n in new[0] if n.op.name.startswith("ce_")]
     assert [(op.name, op.size_bytes, op.dtype) for op in ce] == [

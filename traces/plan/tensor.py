@@ -8,7 +8,15 @@ for them. Its f and g operators, per kernel (docs/plan-ops.md):
     with SP      forward: all-gather the sequence before qkv, fc1 and logits;
                           reduce-scatter after proj, fc2 and embed
                  backward: all-gather the gradient before proj, fc2 and (after pos_embed) embed;
+                           all-gather the input again before qkv, fc1 and logits;
                            reduce-scatter after qkv, fc1 and logits
+
+With SP the column-parallel GEMMs (qkv, fc1, logits) keep only the sequence shard of their
+input for backward, as Megatron-LM's LinearWithGradAccumulationAndAsyncCommunication does with
+sequence_parallel (megatron/core/tensor_parallel/layers.py): its backward all-gathers the
+saved shard over the TP group again, for the weight gradient, and then reduce-scatters the input
+gradient. So SP saves a 1/t shard instead of the full b·s·h input of each of these GEMMs, and
+its backward moves one b·s·h all-gather more per GEMM than TP alone.
 
 Each buffer is the b·s·h activation (nccl-tests' convention: the all-gather's output, the
 reduce-scatter's input). The vocab-parallel cross-entropy adds two small all-reduces forward:
@@ -31,7 +39,8 @@ _SEQUENCE: dict[tuple[str, bool], tuple[tuple[OpKind, ...], tuple[OpKind, ...]]]
     ("qkv", False): ((_AG,), ()), ("fc1", False): ((_AG,), ()), ("logits", False): ((_AG,), ()),
     ("proj", False): ((), (_RS,)), ("fc2", False): ((), (_RS,)), ("embed", False): ((), (_RS,)),
     ("proj", True): ((_AG,), ()), ("fc2", True): ((_AG,), ()), ("embed", True): ((_AG,), ()),
-    ("qkv", True): ((), (_RS,)), ("fc1", True): ((), (_RS,)), ("logits", True): ((), (_RS,)),
+    ("qkv", True): ((_AG,), (_RS,)), ("fc1", True): ((_AG,), (_RS,)),
+    ("logits", True): ((_AG,), (_RS,)),
 }
 FP32 = 4
 
