@@ -116,8 +116,8 @@ class _Lowering:
             return Call("tp", (op.phase, prev, following, op.layer, mb))
         if name in ("ce_max", "ce_sum"):
             return Call("ce_collective", (name, mb))
-        if name == "sp_grads":
-            return Call("sp_grads", (self._unit_of(i, op), stream), True)
+        if name == "sp_grads" or name.startswith("sp_grads."):
+            return Call("sp_grads", (self._named_unit(i, op), stream), True)
         if name == "embedding_grads":
             return Call("embedding_grads", (), True)
         if name.startswith("grads"):
@@ -138,15 +138,6 @@ class _Lowering:
         following = next((self.ops[j].name for j in range(i + 1, len(self.ops))
                           if self.ops[j].kind is OpKind.COMPUTE), None)
         return prev, following
-
-    def _unit_of(self, i: int, op: Op) -> str:
-        if op.layer is not None:
-            return layer_unit(op.layer)
-        prev = next((self.ops[j] for j in range(i - 1, -1, -1)
-                     if self.ops[j].kind is OpKind.COMPUTE and self.ops[j].name in KERNELS), None)
-        if prev is None:
-            raise self.fail(i, "no kernel before it to say whose gradients these are")
-        return _kernel_unit(prev)
 
     def _named_unit(self, i: int, op: Op) -> str:
         suffix = op.name.partition(".")[2]

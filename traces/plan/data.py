@@ -17,12 +17,13 @@ so at most two layers are unsharded at once: one computing, one prefetched.
 
 With sequence parallelism, the parameters every TP rank holds in full (layer norms, the
 row-parallel biases, positions) see only their rank's share of the sequence, so their
-gradients are summed over the TP group (`sp_grads`) before the unit's gradients are reduced.
+gradients are summed over the TP group (`sp_grads`, `sp_grads.embed`, `sp_grads.head`) before
+the unit's gradients are reduced.
 
 A unit's gradients are complete after the last op it runs on the compute stream; reductions
 wait for that op, gathers are waited for by the unit's first op on the compute stream. Units
-are named in op names as docs/plan-ops.md says: `params` / `grads` for layers (with `layer`
-set), `params.embed`, `grads.head` and so on outside them.
+are named in op names as docs/plan-ops.md says: `params` / `grads` / `sp_grads` for layers
+(with `layer` set), `params.embed`, `grads.head`, `sp_grads.embed` and so on outside them.
 """
 
 from __future__ import annotations
@@ -49,7 +50,8 @@ def add_data_parallel(ctx: RankContext, actions: list[Action], program: Program)
 
 
 def unit_label(kind: str, unit: Unit) -> str:
-    """`params` / `grads` for a layer; `params.embed`, `grads.head` ... outside the layers."""
+    """`params` / `grads` / `sp_grads` for a layer; `params.embed`, `grads.head`,
+    `sp_grads.embed` ... outside the layers."""
     return kind if isinstance(unit, int) else f"{kind}.{unit}"
 
 
@@ -113,8 +115,8 @@ class _DataWalk:
         out = []
         if self.ctx.layout.sp and self.ctx.layout.tp > 1:
             size = self.ctx.replicated_params(unit) * self.ctx.grad_bytes
-            op = self._collective(OpKind.ALL_REDUCE, stream, "sp_grads", self.tp_group, size,
-                                  layer, mb, Phase.BWD)
+            op = self._collective(OpKind.ALL_REDUCE, stream, unit_label("sp_grads", unit),
+                                  self.tp_group, size, layer, mb, Phase.BWD)
             out.append(Node(op, unit, [last]))
         if self.ctx.layout.dp == 1:
             return out
