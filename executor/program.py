@@ -5,15 +5,17 @@ arguments — or raises ConfigError naming the op it cannot run, so a bad plan f
 anything starts. Nothing here touches tensors; `executor.interpreter` binds the calls to a
 runtime and runs them. What the plan leaves implicit is read from the ops around an op:
 
-    tp              the compute ops before and after it (executor.sites)
-    sp_grads        its unit: `layer`, else the unit of the compute op before it
+    tp              the compute ops before and after it (executor.sites); an all-gather
+                    that depends on a receive gathers that receive's TP chunks (pipeline
+                    messages without SP, Megatron-LM's scatter-gather)
+    sp_grads        its unit, from the name (`sp_grads` + layer, `sp_grads.embed`, ...)
     grads, params   ZeRO-3: the unit in the name (`grads` + layer, `grads.embed`, ...);
                     ZeRO 0-2: the k-th bucket of its round (the step for ZeRO 0/1 and for the
                     all-gathers after the optimizer, the micro-batch for ZeRO 2), sized by the
                     plan's own `grads` ops, which must cut the flat order at unit boundaries
-    send / recv     the stage boundary from the nearest compute op of its micro-batch: an
-                    activation travels into the first layer of the receiving stage, a gradient
-                    out of it
+    send / recv     the stage boundary from its `layer` (the layer whose input or output it
+                    carries): an activation received, or a gradient sent back, is layer l's
+                    input; an activation sent on, or a gradient received, its output
 """
 
 from __future__ import annotations
@@ -55,7 +57,6 @@ class _Lowering:
     def __init__(self, ops: tuple[Op, ...], model: ModelSpec, layout: Layout, rank: int) -> None:
         self.ops, self.model, self.layout, self.rank = ops, model, layout, rank
         self.zero = layout.zero if layout.dp > 1 else 0
-        self.per_stage = model.layers // layout.num_stages
         self.flat = FlatLayout(model, layout, layout.coords(rank)["pp"])
         self.buckets = self._buckets()
 
@@ -107,6 +108,8 @@ class _Lowering:
         if not op.kind.is_collective:
             raise self.fail(i, f"cannot run a {op.kind} op")
         name, mb, stream = op.name, op.microbatch, op.stream
+        if name == "tp" and op.kind is OpKind.ALL_GATHER and self._received(op) is not None:
+            return self._gather_received(i, op)
         if name == "tp":
             prev, following = self._neighbours(i)
             assert op.phase is not None
@@ -152,34 +155,28 @@ class _Lowering:
         return next(b.index for b in self.buckets if b.units == (unit,))
 
     def _p2p(self, i: int, op: Op) -> Call:
-        if op.tag not in ("act", "grad") or op.peer is None:
-            raise self.fail(i, "a send/recv needs tag act or grad and a peer")
-        forward = op.kind is OpKind.RECV  # receives look ahead, sends look back
-        stage = self._stage_near(i, op.microbatch, ahead=forward)
-        into_stage = stage * self.per_stage  # the first layer of the stage
-        out_of_stage = (stage + 1) * self.per_stage
-        if op.kind is OpKind.RECV:
-            boundary = into_stage if op.tag == "act" else out_of_stage
-        else:
-            boundary = out_of_stage if op.tag == "act" else into_stage
+        if op.tag not in ("act", "grad") or op.peer is None or op.layer is None:
+            raise self.fail(i, "a send/recv needs tag act or grad, a peer and the layer whose "
+                               "input or output it carries")
         method = "recv" if op.kind is OpKind.RECV else "send"
-        return Call(method, (boundary, op.microbatch, op.tag, op.peer), True)
+        return Call(method, (_boundary(op), op.microbatch, op.tag, op.peer), True)
 
-    def _stage_near(self, i: int, mb: int | None, ahead: bool) -> int:
-        span = range(i + 1, len(self.ops)) if ahead else range(i - 1, -1, -1)
-        for j in span:
-            op = self.ops[j]
-            if op.kind is OpKind.COMPUTE and op.microbatch == mb and op.name in KERNELS:
-                if op.layer is not None:
-                    return op.layer // self.per_stage
-                return 0 if KERNELS[op.name].scope == "E" else self.layout.num_stages - 1
-        raise self.fail(i, f"no kernel of micro-batch {mb} {'after' if ahead else 'before'} it "
-                           "to place the stage boundary")
+    def _received(self, op: Op) -> Op | None:
+        """The receive an op depends on, if any."""
+        return next((self.ops[d] for d in op.deps if self.ops[d].kind is OpKind.RECV), None)
+
+    def _gather_received(self, i: int, op: Op) -> Call:
+        recv = self._received(op)
+        assert recv is not None
+        if self.layout.sp or self.layout.tp == 1 or recv.layer is None:
+            raise self.fail(i, "only a pipeline message received without SP under TP is "
+                               "all-gathered after its receive")
+        return Call("gather_received", (_boundary(recv), recv.microbatch, recv.tag))
 
 
-def _kernel_unit(op: Op) -> str:
-    scope = KERNELS[op.name].scope
-    if scope == "layer":
-        assert op.layer is not None
-        return layer_unit(op.layer)
-    return EMBED if scope == "E" else HEAD
+def _boundary(op: Op) -> int:
+    """The stage boundary a send or receive carries: the index of the layer whose input it is
+    (slot (l, "x"); the gradient of an output is the gradient of the next layer's input)."""
+    assert op.layer is not None
+    into = (op.kind is OpKind.RECV) == (op.tag == "act")
+    return op.layer if into else op.layer + 1

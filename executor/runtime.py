@@ -12,6 +12,8 @@ interpreter calls, per op:
     sp_grads              sp_grads()
     embedding_grads       embedding_grads()
     send / recv           send(boundary, mb, tag, peer) / recv(...) -> Handle
+    tp after a recv       gather_received(boundary, mb, tag)  (no SP: the TP chunks of a
+                          pipeline message)
 
 Everything is deterministic given the seed: the same parameters on every rank as in the
 single-process reference (`executor.reference`), and the same data.
@@ -20,6 +22,7 @@ single-process reference (`executor.reference`), and the same data.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -40,6 +43,12 @@ from traces.errors import ConfigError
 from traces.layout import Layout
 from traces.model import ModelSpec
 from traces.ops import OpKind, Phase, Stream
+
+
+def _received_slot(boundary: int, tag: str) -> tuple[int, str]:
+    """Where a received TP chunk waits for its all-gather."""
+    return (boundary, f"x/{tag} chunk")
+
 
 # ZeRO-3 frees a unit's gathered parameters after its last kernel of a pass.
 _LAST_OF_PASS = {(Phase.FWD, "bda2"), (Phase.FWD, "pos_embed"), (Phase.FWD, "cross_entropy"),
@@ -280,20 +289,53 @@ class RankRuntime:
         s = self.model.seq_len // (self.layout.tp if self.layout.sp else 1)
         return (s, self.layout.micro_batch, self.model.hidden)
 
+    @property
+    def scatter_gather(self) -> bool:
+        """Pipeline messages travel as TP chunks and are all-gathered after the receive
+        (Megatron-LM's scatter_gather_tensors_in_pipeline: under TP, without SP)."""
+        return self.layout.tp > 1 and not self.layout.sp
+
+    def _chunk(self, value: torch.Tensor) -> torch.Tensor:
+        """This TP rank's 1/t of the flattened tensor (a view)."""
+        n = value.numel() // self.layout.tp
+        return value.contiguous().view(-1)[self.tp_rank * n:(self.tp_rank + 1) * n]
+
     def send(self, boundary: int, mb: int, tag: str, peer: int) -> Handle:
-        """Send layer `boundary`'s input (tag act) or its gradient (tag grad)."""
+        """Send layer `boundary`'s input (tag act) or its gradient (tag grad): the whole
+        tensor, or this TP rank's chunk of it (`scatter_gather`)."""
         tape, key = self.tape(mb), (boundary, "x")
+        cut = self._chunk if self.scatter_gather else (lambda t: t)
         if tag == "act":
-            return self.comm.send(tape.acts[key], peer, tag, then=lambda: tape.release(key))
-        value = tape.take_grad(key)
-        return self.comm.send(value, peer, tag)
+            return self.comm.send(cut(tape.acts[key]), peer, tag,
+                                  then=lambda: tape.release(key))
+        return self.comm.send(cut(tape.take_grad(key)), peer, tag)
 
     def recv(self, boundary: int, mb: int, tag: str, peer: int) -> Handle:
+        """Receive layer `boundary`'s input or its gradient; a TP chunk of it waits in
+        `_received_slot` for `gather_received`."""
         tape, key = self.tape(mb), (boundary, "x")
+        if self.scatter_gather:
+            numel = math.prod(self.boundary_shape()) // self.layout.tp
+            chunk = torch.empty(numel, dtype=self.dtype, device=self.device)
+            return self.comm.recv(chunk, peer, tag,
+                                  then=lambda: tape.put(_received_slot(boundary, tag), chunk))
         buf = torch.empty(self.boundary_shape(), dtype=self.dtype, device=self.device)
         if tag == "act":
             return self.comm.recv(buf, peer, tag, then=lambda: tape.put(key, buf))
         return self.comm.recv(buf, peer, tag, then=lambda: tape.put_grad(key, buf))
+
+    def gather_received(self, boundary: int, mb: int, tag: str) -> None:
+        """All-gather the TP chunks of a received message over the TP group (inline, on the
+        compute stream, as Megatron-LM's gather_split_1d_tensor) into the whole tensor."""
+        tape, key = self.tape(mb), (boundary, "x")
+        chunk = tape.take(_received_slot(boundary, tag))
+        flat = torch.empty(chunk.numel() * self.layout.tp, dtype=self.dtype, device=self.device)
+        self.comm.all_gather(flat, chunk, self.tp_key)
+        out = flat.view(self.boundary_shape())
+        if tag == "act":
+            tape.put(key, out)
+        else:
+            tape.put_grad(key, out)
 
     # --- inspection ----------------------------------------------------------------------------
 

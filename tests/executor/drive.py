@@ -84,6 +84,8 @@ class Step:
             _kernels(rt, FIRST_STAGE, Phase.FWD, None, mb)
         else:
             rt.recv(self.layers[0], mb, "act", self.peer(self.stage - 1)).wait()
+            if rt.scatter_gather:
+                rt.gather_received(self.layers[0], mb, "act")
         for layer in self.layers:
             self.gather(layer_unit(layer))
             _kernels(rt, self.layer_kernels, Phase.FWD, layer, mb)
@@ -101,6 +103,8 @@ class Step:
             self.reduced(HEAD, final)
         else:
             rt.recv(self.layers[-1] + 1, mb, "grad", self.peer(self.stage + 1)).wait()
+            if rt.scatter_gather:
+                rt.gather_received(self.layers[-1] + 1, mb, "grad")
         for layer in reversed(self.layers):
             self.gather(layer_unit(layer))
             if rt.layout.recompute is Recompute.FULL:

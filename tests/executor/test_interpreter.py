@@ -37,7 +37,11 @@ WORLD2 = {
     "interleaved": Case(dict(pp=2, vp=2, schedule="interleaved", global_batch=4), model=FOUR),
 }
 WORLD8 = {"tp2-pp2-dp2": Case(dict(tp=2, pp=2, dp=2, sp=True, global_batch=8,
-                                   bucket_bytes=20_000))}
+                                   bucket_bytes=20_000)),
+          # without SP: pipeline messages as TP chunks, all-gathered after each receive
+          "tp2-pp2-dp2-interleaved": Case(dict(tp=2, pp=2, dp=2, vp=2, schedule="interleaved",
+                                               global_batch=8, bucket_bytes=20_000),
+                                          model=FOUR)}
 FLOPS = {"tp-unfused": Case(dict(tp=2, global_batch=2), model=dict(attention="unfused"), steps=1),
          "dp-flash": Case(dict(dp=2, global_batch=2), steps=1)}
 

@@ -19,6 +19,9 @@ WORLD4 = {
     "pp2-dp2-zero2-untied": Case(dict(pp=2, dp=2, zero=2, global_batch=4, schedule="gpipe",
                                       bucket_bytes=10_000),
                                  model=dict(tied_embeddings=False), record=True),
+    # Without SP, pipeline messages travel as TP chunks, all-gathered after each receive.
+    "tp2-pp2-full": Case(dict(tp=2, pp=2, global_batch=4, schedule="gpipe", recompute="full"),
+                         record=True),
 }
 WORLD8 = {
     "tp2-pp2-dp2-sp": Case(dict(tp=2, pp=2, dp=2, sp=True, global_batch=4, schedule="gpipe",

@@ -72,13 +72,46 @@ def test_compute_ops_add_up_to_megatrons_step_flops(recompute, full):
     assert flops == pytest.approx(megatron_step_flops(MODEL, 8, full), rel=1e-12)
 
 
-def test_pipeline_messages_are_b_s_h_divided_by_tp_with_sp():
-    for sp, expected in ((False, 2 * 128 * 256 * 2), (True, 2 * 128 * 256 * 2 / 4)):
-        layout = Layout(tp=4, pp=2, sp=sp, micro_batch=2, global_batch=4)
-        layout.validate(MODEL)
-        sizes = {op.size_bytes for ops in build(MODEL, layout).ops.values() for op in ops
-                 if op.kind.is_p2p}
-        assert sizes == {expected}
+@pytest.mark.parametrize("sp", [False, True])
+def test_pipeline_messages_are_b_s_h_divided_by_tp_and_gathered_without_sp(sp):
+    """Each TP rank sends its 1/t of the activation (Megatron-LM's scatter-gather in the
+    pipeline; with SP its sequence shard); without SP every receive is followed by a `tp`
+    all-gather of the whole b·s·h, which waits for it and which the next kernel waits for."""
+    layout = Layout(tp=4, pp=2, sp=sp, micro_batch=2, global_batch=4)
+    layout.validate(MODEL)
+    plan = build(MODEL, layout)
+    full = 2 * 128 * 256 * 2
+    sizes = {op.size_bytes for ops in plan.ops.values() for op in ops if op.kind.is_p2p}
+    assert sizes == {full / 4}
+    for rank, ops in plan.ops.items():
+        recvs = [i for i, op in enumerate(ops) if op.kind is OpKind.RECV]
+        assert len(recvs) == 2  # two micro-batches: activations in (stage 1) or gradients in
+        for i in recvs:
+            gathers = [j for j, op in enumerate(ops) if i in op.deps and op.name == "tp"]
+            if sp:
+                assert gathers == []
+                continue
+            assert gathers == [i + 1]
+            gather = ops[i + 1]
+            assert (gather.kind, gather.stream, gather.size_bytes, gather.group) == (
+                OpKind.ALL_GATHER, "compute", full, layout.group(rank, "tp"))
+            assert gather.phase is (Phase.FWD if ops[i].tag == "act" else Phase.BWD)
+            assert gather.microbatch == ops[i].microbatch and gather.layer is None
+            first_kernel = next(j for j in range(i + 2, len(ops)) if ops[j].kind == "compute")
+            assert i + 1 in ops[first_kernel].deps
+
+
+def test_sends_and_receives_name_the_layer_whose_input_or_output_they_carry():
+    layout = Layout(pp=2, vp=2, schedule="interleaved", global_batch=4)
+    layout.validate(MODEL)  # 8 layers, 4 stages of 2: rank 0 runs stages 0 and 2
+    plan = build(MODEL, layout)
+    carried = {(rank, str(op.kind), op.tag, op.layer) for rank, ops in plan.ops.items()
+               for op in ops if op.kind.is_p2p}
+    assert carried == {
+        (0, "send", "act", 1), (1, "recv", "act", 2), (1, "send", "act", 3),
+        (0, "recv", "act", 4), (0, "send", "act", 5), (1, "recv", "act", 6),
+        (1, "recv", "grad", 3), (1, "send", "grad", 2), (0, "recv", "grad", 1),
+        (0, "recv", "grad", 5), (0, "send", "grad", 4), (1, "send", "grad", 6)}
 
 
 @pytest.mark.parametrize("layout", [

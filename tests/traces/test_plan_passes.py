@@ -184,6 +184,38 @@ def test_optimizer_pass_waits_for_reductions_and_zero1_gathers_the_same_buckets(
     assert all(n.op.kind is OpKind.ALL_GATHER and n.after == [step] for n in end[1:])
 
 
+@pytest.mark.parametrize("sp", [False, True])
+def test_p2p_pass_sends_one_tp_share_and_gathers_it_after_receiving_without_sp(sp):
+    ctx, actions, program = setup(rank=2, tp=2, pp=2, sp=sp, global_batch=1)  # 1F0 1B0
+    program = add_tensor_parallel(ctx, program)
+    before = [list(step) for step in program]
+    out = add_pipeline_p2p(ctx, actions, program)
+    f0, b0 = (step for step in added(before, out)[:2])
+    recv, send = f0[0], b0[-1]
+    assert (recv.op.kind, recv.op.size_bytes, recv.op.layer) == (OpKind.RECV, ACT / 2, 2)
+    assert (send.op.kind, send.op.size_bytes, send.op.layer) == (OpKind.SEND, ACT / 2, 2)
+    if sp:  # the activation is the rank's sequence shard already
+        assert names(f0) == ["recv"] and names(b0) == ["send"]
+        assert out[0][1].op.name == "ln1" and out[0][1].after == [recv]
+        return
+    gather = f0[1]
+    assert names(f0) == ["recv", "tp"] and names(b0) == ["send"]  # the last stage sends back
+    assert (gather.op.kind, gather.op.stream, gather.op.group, gather.op.size_bytes,
+            gather.op.phase, gather.op.microbatch) == (
+        OpKind.ALL_GATHER, Stream.COMPUTE, (2, 3), ACT, Phase.FWD, 0)
+    assert gather.after == [recv] and gather.unit is None
+    assert out[0][:3] == [recv, gather, out[0][2]] and out[0][2].op.name == "ln1"
+    assert out[0][2].after == [gather]
+    # the first stage gathers the gradient it receives before its backward
+    ctx0, actions0, program0 = setup(rank=0, tp=2, pp=2, sp=sp, global_batch=1)
+    out0 = add_pipeline_p2p(ctx0, actions0, program0)
+    b0_first = out0[1]
+    assert names(b0_first)[:3] == ["recv", "tp", "bda2"]
+    assert b0_first[0].op.tag == "grad" and b0_first[0].op.layer == 1
+    assert b0_first[1].op.phase is Phase.BWD and b0_first[1].after == [out0[0][-1],
+                                                                        b0_first[0]]
+
+
 def test_finalize_numbers_nodes_in_order_and_turns_waits_into_deps():
     ctx, actions, program = setup(pp=2, rank=1)
     ops = finalize(add_pipeline_p2p(ctx, actions, program))

@@ -7,46 +7,76 @@ sends the gradient of its input back. Receives are posted at the start of the ac
 action's first compute op waits for them. Megatron-LM's sends are blocking: the next action
 (and the optimizer step) starts once the previous action's output has been handed over; as
 receives are posted ahead, this never deadlocks.
+
+Each send and receive carries `layer`: the layer of its own stage whose input or output it
+carries (an activation sent on: the output of the stage's last layer; received: the input of
+its first layer; a gradient received: of the last layer's output; sent back: of the first
+layer's input).
+
+Under tensor parallelism every TP rank sends only its 1/t of the activation (or gradient):
+b·s·h/t bytes. With SP the tensor is already the rank's sequence shard. Without SP, Megatron-LM
+(p2p_communication with scatter_gather_tensors_in_pipeline, its default) sends the rank's
+chunk of the flattened tensor and, once received, all-gathers the chunks over the TP group
+(over NVLink, inline on the compute stream): a `tp` all-gather of the b·s·h buffer right
+after each receive, which waits for the receive (and the previous action's send) and which the
+action's first kernel waits for.
 """
 
 from __future__ import annotations
 
-from traces.ops import Op, OpKind, Stream
+from traces.ops import Op, OpKind, Phase, Stream
 from traces.pipeline import Action
 from traces.plan.nodes import Node, Program, RankContext, first_compute, last_compute
 
 # (receive stream, tag, stage offset of the peer) and the same for sends, per action kind.
 _RECV = {"F": (Stream.RECV_PREV, "act", -1), "B": (Stream.RECV_NEXT, "grad", +1)}
 _SEND = {"F": (Stream.SEND_NEXT, "act", +1), "B": (Stream.SEND_PREV, "grad", -1)}
+_PHASE = {"F": Phase.FWD, "B": Phase.BWD}
 
 
 def add_pipeline_p2p(ctx: RankContext, actions: list[Action], program: Program) -> Program:
-    """Insert receives and sends; `program[k]` holds the ops of `actions[k]`."""
-    size = ctx.model.activation_bytes(ctx.layout.micro_batch) / (
-        ctx.layout.tp if ctx.layout.sp else 1)
+    """Insert receives (and, without SP under TP, their all-gathers) and sends;
+    `program[k]` holds the ops of `actions[k]`."""
+    layout = ctx.layout
+    full = ctx.model.activation_bytes(layout.micro_batch)
+    size = full / layout.tp
+    gather = layout.tp > 1 and not layout.sp
+    group = layout.group(ctx.rank, "tp")
     out: Program = []
     pending: Node | None = None  # the previous action's send
     for action, nodes in zip(actions, program):
         kind, stage, mb = action.kind, action.stage, action.microbatch
+        layers = layout.layers_of_stage(ctx.model, stage)
+        first, last = layers[0], layers[-1]
         entry = [] if pending is None else [pending]
         step: list[Node] = []
         stream, tag, offset = _RECV[kind]
         if 0 <= stage + offset <= ctx.last_stage:
-            recv = _p2p(OpKind.RECV, stream, ctx.peer(stage + offset), size, tag, mb)
+            recv = _p2p(OpKind.RECV, stream, ctx.peer(stage + offset), size, tag, mb,
+                        first if kind == "F" else last)
             step.append(recv)
             entry.append(recv)
+            if gather:
+                op = Op(kind=OpKind.ALL_GATHER, stream=Stream.COMPUTE, name="tp", group=group,
+                        size_bytes=full, microbatch=mb, phase=_PHASE[kind],
+                        dtype=ctx.model.dtype)
+                gathered = Node(op, None, entry)
+                step.append(gathered)
+                entry = [gathered]
         first_compute(nodes).after[:0] = entry
         step += nodes
         pending = None
         stream, tag, offset = _SEND[kind]
         if 0 <= stage + offset <= ctx.last_stage:
-            pending = _p2p(OpKind.SEND, stream, ctx.peer(stage + offset), size, tag, mb)
+            pending = _p2p(OpKind.SEND, stream, ctx.peer(stage + offset), size, tag, mb,
+                           last if kind == "F" else first)
             pending.after.append(last_compute(nodes))
             step.append(pending)
         out.append(step)
     return [*out, *program[len(actions):]]
 
 
-def _p2p(kind: OpKind, stream: Stream, peer: int, size: float, tag: str, mb: int) -> Node:
+def _p2p(kind: OpKind, stream: Stream, peer: int, size: float, tag: str, mb: int,
+         layer: int) -> Node:
     return Node(Op(kind=kind, stream=stream, peer=peer, size_bytes=size, tag=tag,
-                   microbatch=mb))
+                   microbatch=mb, layer=layer))
