@@ -34,10 +34,11 @@ from sim.profile import default_profile
 from sim.provenance import file_sha256, flags_sha256, provenance
 from sim.replay import NETWORKS
 from sim.simulate import predict, summary_json, summary_text
+from sim.timeline import annotate
 from topology.cluster import Cluster
 from topology.config import read_cluster, read_cluster_file
 from topology.presets import PRESETS
-from traces.chrome import dumps_chrome
+from traces.chrome import chrome_bytes, dumps_chrome
 from traces.errors import ConfigError, show
 from traces.files import Outputs, check_outputs
 from traces.io import dumps as dumps_trace
@@ -123,7 +124,10 @@ def _build_parser() -> _Parser:
     simp.add_argument("--json", action="store_true", help="print one JSON object")
     simp.add_argument("--report", metavar="HTML", help="write a plotly report")
     simp.add_argument("--trace", metavar="JSON", help="write the predicted timed trace")
-    simp.add_argument("--chrome", metavar="JSON", help="write a Chrome/Perfetto trace")
+    simp.add_argument("--chrome", metavar="JSON", help="write a Chrome/Perfetto trace "
+                      "(gzipped when it ends in .gz)")
+    simp.add_argument("--report-ranks", metavar="R,R", help="ranks whose lanes the report "
+                      "details (default: the first and the last pipeline stage's)")
     simp.add_argument("--network", choices=NETWORKS, help="flow (default), analytic, ideal")
     simp.add_argument("--algo", help="collective algorithm (default auto)")
     simp.add_argument("--profile", metavar="JSON", help="calibration profile")
@@ -207,6 +211,7 @@ def _simulate(args: argparse.Namespace) -> int:
     # Fail before the (long) simulation, not after it.
     targets = check_outputs({"--trace": args.trace, "--chrome": args.chrome,
                              "--report": args.report}, inputs=inputs)
+    report_ranks = _ranks(args.report_ranks)
     exp = load_experiment(config, overrides)
     for warning in exp.warnings:
         print(f"parasim: warning: {warning}", file=sys.stderr)
@@ -214,15 +219,18 @@ def _simulate(args: argparse.Namespace) -> int:
         with _ProgressBar("simulate", "op") as bar:
             summary, times = predict(exp, fold=not args.no_fold, progress=bar.update)
         if "--trace" in targets or "--chrome" in targets:
-            timed = times.timed_trace()
+            devices = "chips" if exp.cluster.fabric.kind == "torus" else "GPUs"
+            timed = annotate(times.timed_trace(), times, exp.model, exp.layout, devices)
             if "--trace" in targets:
                 outputs.write(targets["--trace"], dumps_trace(timed))
             if "--chrome" in targets:
-                outputs.write(targets["--chrome"], dumps_chrome(timed))
+                outputs.write(targets["--chrome"],
+                              chrome_bytes(dumps_chrome(timed), targets["--chrome"]))
         if "--report" in targets:
             from sim.report import render_report  # plotly loads only when a report is asked for
 
-            outputs.write(targets["--report"], render_report(exp, summary, times))
+            outputs.write(targets["--report"], render_report(exp, summary, times,
+                                                             report_ranks))
         outputs.commit()
         text = (json.dumps({**summary_json(exp, summary),
                             **provenance(exp.profile, file_sha256(config))}, allow_nan=False)
@@ -232,6 +240,20 @@ def _simulate(args: argparse.Namespace) -> int:
         except BrokenPipeError:  # the reader stopped early; the files are complete: keep them
             _silence_stdout()
     return 0
+
+
+def _ranks(text: str | None) -> list[int] | None:
+    """--report-ranks: '0,64' -> [0, 64]."""
+    if text is None:
+        return None
+    try:
+        ranks = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise ConfigError(f"--report-ranks: {show(text)} is not a list of ranks (write e.g. "
+                          "0,64)") from None
+    if not ranks or len(ranks) > 64 or min(ranks) < 0:
+        raise ConfigError(f"--report-ranks: {show(text)}: give 1 to 64 ranks, none negative")
+    return ranks
 
 
 def _replay(args: argparse.Namespace) -> int:

@@ -49,6 +49,7 @@ Try it: python -c "from sim.memory import *; help(stage_memory)"
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from traces.errors import ConfigError
@@ -177,3 +178,36 @@ def memory_by_stage(model: ModelSpec, layout: Layout) -> list[MemoryBreakdown]:
     """One breakdown per pipeline rank, under the layout's own schedule."""
     schedule = build_schedule(str(layout.schedule), layout.pp, layout.num_microbatches, layout.vp)
     return [stage_memory(model, layout, r, schedule[r]) for r in range(layout.pp)]
+
+
+def memory_timeline(model: ModelSpec, layout: Layout, pp_rank: int,
+                    timed: Sequence[tuple[Action, float, float]]) -> list[tuple[float, float]]:
+    """Bytes one GPU of pipeline rank `pp_rank` holds over the step, as (time, bytes) points of
+    a step curve (each value holds until the next point), from the same accounting as
+    `stage_memory`: model states throughout; a micro-batch's stored activations
+    (layers per virtual stage * `activation_bytes_per_layer`) from the start of its forward
+    to the end of its backward; `working_bytes` while a pass runs. `timed` holds the rank's
+    (action, start, end) in the order it ran them.
+
+    The curve's highest point is `stage_memory(...).total_bytes` for the same actions: the
+    in-flight count peaks at the end of a forward and stays there until a backward ends, and
+    that backward runs (with its working buffers) at the peak."""
+    base = stage_memory(model, layout, pp_rank, [])  # model states: no activations, no actions
+    states = base.params_bytes + base.grads_bytes + base.optimizer_bytes
+    per_pass = (model.layers // layout.num_stages) * activation_bytes_per_layer(model, layout)
+    work = working_bytes(model, layout, pp_rank)
+    in_flight: set[tuple[int, int]] = set()
+    points = [(0.0, states)]
+    for action, start, end in timed:
+        key = (action.stage, action.microbatch)
+        if action.kind == "F":
+            in_flight.add(key)
+            points += [(start, states + len(in_flight) * per_pass + work),
+                       (end, states + len(in_flight) * per_pass)]
+        elif key in in_flight:
+            points.append((start, states + len(in_flight) * per_pass + work))
+            in_flight.remove(key)
+            points.append((end, states + len(in_flight) * per_pass))
+        else:
+            raise ConfigError(f"schedule: {action} runs before the forward {key[0]}F{key[1]}")
+    return points

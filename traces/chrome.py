@@ -1,38 +1,63 @@
 """Chrome trace-event export of a timed trace, for Perfetto (ui.perfetto.dev) and chrome://tracing.
 
-One complete event ("ph": "X") per op: pid = rank, tid = the op's stream on that rank (numbered
-0, 1, ... in order of first appearance), ts and dur in microseconds, the op's non-default fields
-in args. Metadata events ("ph": "M") name each process "rank N" and each thread after its stream.
-View one: `parasim simulate CONFIG.toml --trace step.json`, then open step.json in ui.perfetto.dev.
+    parasim simulate CONFIG.toml --chrome step.json.gz     # then open it in ui.perfetto.dev
+
+What the file holds:
+
+- one complete event ("ph": "X") per op: pid = rank, tid = the op's stream, ts and dur in
+  microseconds (from whole nanoseconds, so ops that touch still touch), the op's non-default
+  fields in args;
+- threads in a stable order: the plan's streams as `traces.ops.Stream` lists them (compute
+  first), then any other stream by name; each named after its stream;
+- processes named after the rank and, when the trace says so, its pipeline rank and how many
+  devices it stands for: "pp 1 · rank 64 (stands for 64 GPUs: tp 8 × dp 8)" for a folded plan
+  (meta `fold`; the device word is meta `devices`, default "devices");
+- a flow arrow from each send to the receive it matches (the k-th send from a to b with a tag
+  meets the k-th receive on b from a with that tag), both ends present;
+- a counter track per rank, "memory GiB", where the trace carries meta `memory`:
+  {"<rank>": [[time_s, bytes], ...]}, a step curve (`sim.timeline.annotate` writes it from the
+  memory model for a simulated step).
+
+`save_chrome` and `chrome_bytes` gzip the JSON when the path ends in ".gz" (mtime 0, so the
+same trace gives the same bytes).
 """
 
 from __future__ import annotations
 
+import gzip
 import json
+from collections.abc import Mapping
 from dataclasses import fields
+from pathlib import Path
 from typing import Any
 
 from traces.errors import ConfigError
 from traces.files import PathLike, write_text_atomic
-from traces.ops import Op, OpKind, Trace
+from traces.ops import Op, OpKind, Stream, Trace
+from traces.plan.meta import read_fold, read_layout
 
 # The op fields shown in a slice's details panel when they differ from their defaults.
 _ARG_FIELDS = ("layer", "microbatch", "phase", "flops", "mem_bytes", "group", "size_bytes",
                "dtype", "peer", "tag")
 _DEFAULTS = {f.name: f.default for f in fields(Op)}
+STREAM_ORDER = tuple(str(s) for s in Stream)
+GiB = 2**30
 
 
 def to_chrome(trace: Trace) -> dict[str, Any]:
     """The trace as a Chrome trace-event JSON object; raises ConfigError for a plan."""
     _check_timed(trace)
+    names = process_names(trace)
+    memory = _memory(trace.meta)
     events: list[dict[str, Any]] = []
+    tids: dict[int, dict[str, int]] = {}
     for rank in sorted(trace.ops):
         ops = trace.ops[rank]
-        tids: dict[str, int] = {}
-        for op in ops:
-            tids.setdefault(op.stream, len(tids))
-        events += _rank_metadata(rank, tids)
-        events += (_complete_event(op, rank, tids[op.stream]) for op in ops)
+        tids[rank] = stream_ids(op.stream for op in ops)
+        events += _rank_metadata(rank, names[rank], tids[rank])
+        events += (_complete_event(op, rank, tids[rank][op.stream]) for op in ops)
+        events += _counter(rank, memory.get(rank, []))
+    events += _flows(trace, tids)
     return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": dict(trace.meta)}
 
 
@@ -45,13 +70,48 @@ def dumps_chrome(trace: Trace) -> str:
         raise ConfigError(f"trace cannot be written as JSON: {exc}") from exc
 
 
+def chrome_bytes(text: str, path: PathLike) -> str | bytes:
+    """What to write at `path`: the text, gzipped when the path ends in ".gz"."""
+    if str(path).endswith(".gz"):
+        return gzip.compress(text.encode("utf-8"), compresslevel=6, mtime=0)
+    return text
+
+
 def save_chrome(trace: Trace, path: PathLike) -> None:
-    """Write `to_chrome(trace)` to `path` atomically."""
+    """Write `to_chrome(trace)` to `path` atomically (gzipped for a ".gz" path)."""
     try:
         text = dumps_chrome(trace)
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc}") from exc
-    write_text_atomic(path, text)
+    write_text_atomic(path, chrome_bytes(text, Path(path)))
+
+
+def stream_ids(streams: Any) -> dict[str, int]:
+    """Thread ids for the streams present: the plan's in `Stream` order, then others by
+    name, so the same streams get the same ids whatever order their ops come in."""
+    present = set(streams)
+    known = [s for s in STREAM_ORDER if s in present]
+    return {s: i for i, s in enumerate(known + sorted(present - set(known)))}
+
+
+def process_names(trace: Trace) -> dict[int, str]:
+    """'pp 1 · rank 64 (stands for 64 GPUs: tp 8 × dp 8)' for a folded plan's rank, 'rank 5
+    (pp 1, tp 1, dp 0)' where the layout is known, else 'rank 5'."""
+    fold = read_fold(trace.meta)
+    layout = fold or read_layout(trace.meta)
+    devices = str(trace.meta.get("devices", "devices"))
+    names = {}
+    for rank in trace.ops:
+        if layout is None or not 0 <= rank < layout.world:
+            names[rank] = f"rank {rank}"
+            continue
+        c = layout.coords(rank)
+        if fold is not None:
+            names[rank] = (f"pp {c['pp']} · rank {rank} (stands for {fold.tp * fold.dp} "
+                           f"{devices}: tp {fold.tp} × dp {fold.dp})")
+        else:
+            names[rank] = f"rank {rank} (pp {c['pp']}, tp {c['tp']}, dp {c['dp']})"
+    return names
 
 
 def _check_timed(trace: Trace) -> None:
@@ -62,8 +122,8 @@ def _check_timed(trace: Trace) -> None:
                                   "(export a simulated or measured trace, not a plan)")
 
 
-def _rank_metadata(rank: int, tids: dict[str, int]) -> list[dict[str, Any]]:
-    events = [_metadata("process_name", rank, 0, name=f"rank {rank}"),
+def _rank_metadata(rank: int, name: str, tids: dict[str, int]) -> list[dict[str, Any]]:
+    events = [_metadata("process_name", rank, 0, name=name),
               _metadata("process_sort_index", rank, 0, sort_index=rank)]
     for stream, tid in tids.items():
         events.append(_metadata("thread_name", rank, tid, name=stream))
@@ -75,14 +135,64 @@ def _metadata(event: str, pid: int, tid: int, **args: Any) -> dict[str, Any]:
     return {"name": event, "ph": "M", "pid": pid, "tid": tid, "args": args}
 
 
-def _complete_event(op: Op, rank: int, tid: int) -> dict[str, Any]:
-    assert op.start is not None and op.end is not None, "checked by _check_timed"
+def _us(seconds: float) -> float:
     # Whole nanoseconds first, so an op that ends exactly where the next one starts still does
     # after Perfetto rounds ts*1000 and dur*1000 back to integer nanoseconds.
+    return round(seconds * 1e9) / 1000
+
+
+def _complete_event(op: Op, rank: int, tid: int) -> dict[str, Any]:
+    assert op.start is not None and op.end is not None, "checked by _check_timed"
     start_ns, end_ns = round(op.start * 1e9), round(op.end * 1e9)
     return {"name": event_name(op), "cat": str(op.kind), "ph": "X",
             "ts": start_ns / 1000, "dur": (end_ns - start_ns) / 1000,
             "pid": rank, "tid": tid, "args": _args(op)}
+
+
+def _flows(trace: Trace, tids: dict[int, dict[str, int]]) -> list[dict[str, Any]]:
+    """A flow from each send to its receive: "s" inside the send's slice, "f" (binding to
+    the enclosing slice, "bp": "e") inside the receive's, both at the slice's middle so they
+    bind to it and not to a neighbour that touches it."""
+    sends: dict[tuple[int, int, str], list[tuple[int, Op]]] = {}
+    recvs: dict[tuple[int, int, str], list[tuple[int, Op]]] = {}
+    for rank in sorted(trace.ops):
+        for op in trace.ops[rank]:
+            if op.kind is OpKind.SEND and op.peer is not None:
+                sends.setdefault((rank, op.peer, op.tag), []).append((rank, op))
+            elif op.kind is OpKind.RECV and op.peer is not None:
+                recvs.setdefault((op.peer, rank, op.tag), []).append((rank, op))
+    events: list[dict[str, Any]] = []
+    for key in sorted(sends):
+        for (src, send), (dst, recv) in zip(sends[key], recvs.get(key, []), strict=False):
+            flow = {"name": send.tag or "p2p", "cat": "p2p", "id": len(events) // 2}
+            events.append({**flow, "ph": "s", "pid": src, "tid": tids[src][send.stream],
+                           "ts": _middle(send)})
+            events.append({**flow, "ph": "f", "bp": "e", "pid": dst,
+                           "tid": tids[dst][recv.stream], "ts": _middle(recv)})
+    return events
+
+
+def _middle(op: Op) -> float:
+    assert op.start is not None and op.end is not None, "checked by _check_timed"
+    start_ns, end_ns = round(op.start * 1e9), round(op.end * 1e9)
+    return (start_ns + (end_ns - start_ns) // 2) / 1000
+
+
+def _memory(meta: Mapping[str, Any]) -> dict[int, list[tuple[float, float]]]:
+    """meta["memory"] read as {rank: [(time_s, bytes), ...]}; ConfigError when malformed."""
+    table = meta.get("memory")
+    if table is None:
+        return {}
+    try:
+        return {int(rank): [(float(t), float(b)) for t, b in points]
+                for rank, points in table.items()}
+    except (AttributeError, TypeError, ValueError):
+        raise ConfigError("trace: meta.memory must map ranks to [[time_s, bytes], ...]") from None
+
+
+def _counter(rank: int, points: list[tuple[float, float]]) -> list[dict[str, Any]]:
+    return [{"name": "memory", "ph": "C", "pid": rank, "ts": _us(t),
+             "args": {"GiB": round(b / GiB, 6)}} for t, b in points]
 
 
 def event_name(op: Op) -> str:
@@ -93,7 +203,7 @@ def event_name(op: Op) -> str:
     if op.kind == OpKind.RECV:
         return f"recv<-{peer}"
     if op.kind.is_collective:
-        return f"{op.kind} {_binary_size(op.size_bytes)}"
+        return f"{op.kind} {binary_size(op.size_bytes)}"
     parts = [op.name or str(op.kind)]
     if op.phase is not None:
         parts.append(str(op.phase))
@@ -112,10 +222,12 @@ def _args(op: Op) -> dict[str, Any]:
             args[name] = list(value) if isinstance(value, tuple) else value
     if "phase" in args:
         args["phase"] = str(args["phase"])
+    if op.name and op.kind is not OpKind.COMPUTE:
+        args["carries"] = op.name
     return args
 
 
-def _binary_size(size_bytes: float) -> str:
+def binary_size(size_bytes: float) -> str:
     """12582912 -> '12.0MiB' (powers of 1024, as nccl-tests counts buffer sizes)."""
     for power, unit in ((4, "TiB"), (3, "GiB"), (2, "MiB"), (1, "KiB")):
         if size_bytes >= 1024**power:

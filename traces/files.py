@@ -226,8 +226,9 @@ class Outputs:
         self._staged: dict[Path, Path] = {}  # target -> its temporary
         self._written: list[Path] = []
 
-    def write(self, target: PathLike, text: str) -> None:
-        """Write `text` to a new temporary file beside `target`, flushed to disk."""
+    def write(self, target: PathLike, text: str | bytes) -> None:
+        """Write `text` (UTF-8), or bytes as they are, to a new temporary file beside
+        `target`, flushed to disk."""
         target = Path(target)
         try:
             fd, name = tempfile.mkstemp(dir=target.parent, prefix=_TEMP_PREFIX, suffix=".tmp")
@@ -238,8 +239,8 @@ class Outputs:
             _remove_quietly(previous)
         self._staged[target] = Path(name)
         try:
-            with os.fdopen(fd, "w", encoding="utf-8") as out:
-                out.write(text)
+            with os.fdopen(fd, "wb") as out:
+                out.write(text.encode("utf-8") if isinstance(text, str) else text)
                 out.flush()
                 os.fsync(out.fileno())
         except OSError as err:
@@ -278,7 +279,7 @@ class Outputs:
             self.discard()
 
 
-def write_text_atomic(path: PathLike, text: str) -> None:
+def write_text_atomic(path: PathLike, text: str | bytes) -> None:
     """Write one file atomically: readers see the old file or the whole new one, never a
     prefix; on any error (or Ctrl-C) the temporary is removed and the old file is untouched.
     A target that exists and is not a regular file (/dev/null) is refused."""

@@ -5,6 +5,7 @@ processes and threads, valid JSON, plans refused. Run: pytest tests/traces/test_
 from __future__ import annotations
 
 import dataclasses
+import gzip
 import json
 import os
 from typing import Any
@@ -75,16 +76,23 @@ def test_export_is_valid_json_that_round_trips():
     assert json.loads(json.dumps(document, allow_nan=False)) == document
 
 
-def test_streams_become_threads_numbered_by_first_appearance_and_named():
+def test_streams_become_threads_in_a_stable_order_compute_first():
     trace = step_trace()
     document = chrome.to_chrome(trace)
     names = _metadata(document, "thread_name")
-    assert names == {(0, 0): {"name": "compute"}, (0, 1): {"name": "p2p"},
-                     (0, 2): {"name": "dp"}, (5, 0): {"name": "p2p"},
-                     (5, 1): {"name": "compute"}}
+    # the plan's streams in Stream order (compute, ..., dp), then others ("p2p") by name
+    assert names == {(0, 0): {"name": "compute"}, (0, 1): {"name": "dp"},
+                     (0, 2): {"name": "p2p"}, (5, 0): {"name": "compute"},
+                     (5, 1): {"name": "p2p"}}
     ops = [op for rank in sorted(trace.ops) for op in trace.ops[rank]]
     for event, op in zip(_complete(document), ops):
         assert names[event["pid"], event["tid"]]["name"] == op.stream
+
+
+def test_thread_ids_do_not_depend_on_the_order_of_ops():
+    assert chrome.stream_ids(["zero_rs", "p2p", "compute", "send_prev", "dp"]) == \
+        chrome.stream_ids(["dp", "compute", "send_prev", "zero_rs", "p2p"]) == \
+        {"compute": 0, "send_prev": 1, "dp": 2, "zero_rs": 3, "p2p": 4}
 
 
 def test_ranks_become_named_processes():
@@ -100,9 +108,9 @@ def test_event_names_say_what_the_op_is():
 
 
 def test_sizes_in_names_use_binary_units():
-    assert chrome._binary_size(512) == "512B"
-    assert chrome._binary_size(1536) == "1.5KiB"
-    assert chrome._binary_size(3 * 2**30) == "3.0GiB"
+    assert chrome.binary_size(512) == "512B"
+    assert chrome.binary_size(1536) == "1.5KiB"
+    assert chrome.binary_size(3 * 2**30) == "3.0GiB"
 
 
 def test_args_hold_only_the_non_default_fields():
@@ -165,3 +173,89 @@ def test_save_chrome_of_a_plan_writes_nothing(tmp_path):
     with pytest.raises(ConfigError, match="is not timed"):
         chrome.save_chrome(plan, tmp_path / "step.json")
     assert os.listdir(tmp_path) == []
+
+
+# --- what a simulated step adds: names, flows, memory, gzip ----------------------------------
+
+LAYOUT = {"tp": 2, "cp": 1, "pp": 2, "dp": 2, "vp": 1, "sp": False, "zero": 0,
+          "schedule": "1f1b", "micro_batch": 1, "global_batch": 4, "recompute": "none",
+          "bucket_bytes": 26214400, "overlap_grad_reduce": True, "fp32_main_grads": False}
+
+
+def pipeline_trace(meta: dict[str, Any]) -> Trace:
+    """Ranks 0 and 4 (pp 0 and pp 1 of tp 2 x dp 2 x pp 2): two activations sent 0 -> 4, a
+    gradient back, and a send whose receive is not in the trace."""
+    def op(kind: OpKind, stream: str, peer: int, tag: str, start: float, end: float) -> Op:
+        return Op(kind=kind, stream=stream, peer=peer, tag=tag, size_bytes=MiB, start=start,
+                  end=end)
+
+    compute = Op(kind=OpKind.COMPUTE, stream="compute", name="fc1", start=0.0, end=1e-3)
+    rank0 = (compute, op(OpKind.SEND, "send_next", 4, "act", 1e-3, 2e-3),
+             op(OpKind.SEND, "send_next", 4, "act", 2e-3, 3e-3),
+             op(OpKind.RECV, "recv_next", 4, "grad", 5e-3, 6e-3),
+             op(OpKind.SEND, "send_next", 6, "act", 6e-3, 7e-3))
+    rank4 = (op(OpKind.RECV, "recv_prev", 0, "act", 1e-3, 2e-3),
+             op(OpKind.RECV, "recv_prev", 0, "act", 2e-3, 3e-3),
+             op(OpKind.SEND, "send_prev", 0, "grad", 5e-3, 6e-3))
+    return Trace(ops={0: rank0, 4: rank4}, meta=meta)
+
+
+def test_processes_say_their_pipeline_rank_and_what_they_stand_for():
+    folded = pipeline_trace({"layout": LAYOUT, "devices": "GPUs",
+                             "fold": {"axes": ["tp", "dp"], "layout": LAYOUT}})
+    names = _metadata(chrome.to_chrome(folded), "process_name")
+    assert names[0, 0]["name"] == "pp 0 · rank 0 (stands for 4 GPUs: tp 2 × dp 2)"
+    assert names[4, 0]["name"] == "pp 1 · rank 4 (stands for 4 GPUs: tp 2 × dp 2)"
+    unfolded = _metadata(chrome.to_chrome(pipeline_trace({"layout": LAYOUT})), "process_name")
+    assert unfolded[4, 0]["name"] == "rank 4 (pp 1, tp 0, dp 0)"
+
+
+def test_a_flow_arrow_joins_each_send_to_its_receive():
+    document = chrome.to_chrome(pipeline_trace({"layout": LAYOUT}))
+    flows = [e for e in document["traceEvents"] if e["ph"] in ("s", "f")]
+    slices = _complete(document)
+    tids = {(e["pid"], e["tid"]): n["name"] for (e, n) in
+            ((e, e["args"]) for e in document["traceEvents"] if e["name"] == "thread_name")}
+    pairs = {}
+    for e in flows:
+        pairs.setdefault(e["id"], {})[e["ph"]] = e
+    # the k-th send 0 -> 4 "act" meets the k-th receive; the grad goes back; the send to 6
+    # has no receive in the trace, so no arrow
+    assert len(pairs) == 3
+    for pair in pairs.values():
+        start, finish = pair["s"], pair["f"]
+        assert start["cat"] == finish["cat"] == "p2p" and finish["bp"] == "e"
+        # each end sits inside a slice of its thread: the send's and the receive's
+        for end, kind in ((start, "send"), (finish, "recv")):
+            inside = [s for s in slices if s["pid"] == end["pid"] and s["tid"] == end["tid"]
+                      and s["ts"] < end["ts"] < s["ts"] + s["dur"]]
+            assert len(inside) == 1 and inside[0]["name"].startswith(kind)
+        assert tids[start["pid"], start["tid"]].startswith("send")
+    acts = sorted((p["s"]["ts"], p["f"]["ts"]) for p in pairs.values() if p["s"]["name"] == "act")
+    assert acts == [(1500.0, 1500.0), (2500.0, 2500.0)]
+
+
+def test_memory_becomes_a_counter_track_per_rank():
+    memory = {"0": [[0.0, 2**30], [1e-3, 3 * 2**30]], "4": [[0.0, 2**29]]}
+    document = chrome.to_chrome(pipeline_trace({"memory": memory}))
+    counters = [e for e in document["traceEvents"] if e["ph"] == "C"]
+    assert [(e["pid"], e["ts"], e["args"]) for e in counters] == [
+        (0, 0.0, {"GiB": 1.0}), (0, 1000.0, {"GiB": 3.0}), (4, 0.0, {"GiB": 0.5})]
+    assert {e["name"] for e in counters} == {"memory"}
+
+
+def test_malformed_memory_is_a_user_error():
+    with pytest.raises(ConfigError, match=r"meta.memory must map ranks"):
+        chrome.to_chrome(pipeline_trace({"memory": {"0": [1, 2]}}))
+
+
+def test_a_gz_path_gets_gzip_with_the_same_document(tmp_path):
+    trace = pipeline_trace({"layout": LAYOUT})
+    plain, packed = tmp_path / "step.json", tmp_path / "step.json.gz"
+    chrome.save_chrome(trace, plain)
+    chrome.save_chrome(trace, packed)
+    raw = packed.read_bytes()
+    assert raw[:2] == b"\x1f\x8b" and gzip.decompress(raw) == plain.read_bytes()
+    chrome.save_chrome(trace, tmp_path / "again.json.gz")
+    assert (tmp_path / "again.json.gz").read_bytes() == raw  # mtime 0: same bytes
+    assert chrome.chrome_bytes("{}", "a.json") == "{}"

@@ -1,0 +1,84 @@
+"""Memory: over the step per pipeline rank (activations building up through the warm-up and
+freed in the cool-down, from `sim.memory.memory_timeline` at the simulated times), and at the
+peak per stage by kind (`sim.memory.stage_memory`), both against the device's capacity.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import plotly.graph_objects as go
+
+from sim.config import Experiment
+from sim.memory import memory_timeline
+from sim.metrics import StepSummary
+from sim.report.words import Words
+from sim.simulate import GiB
+from sim.timeline import Pass, timed_actions
+
+PALETTE = ("#4C78A8", "#F58518", "#54A24B", "#E45756", "#72B7B2", "#B279A2", "#FF9DA6",
+           "#9D755D", "#BAB0AC", "#EECA3B")
+
+
+def memory_curves(exp: Experiment, passes: dict[int, list[Pass]]
+                  ) -> dict[int, list[tuple[float, float]]]:
+    """Pipeline rank -> (time, bytes) points of its step curve."""
+    return {pp: memory_timeline(exp.model, exp.layout, pp, timed_actions(ps))
+            for pp, ps in passes.items()}
+
+
+def memory_over_time_figure(curves: dict[int, list[tuple[float, float]]], capacity: float,
+                            words: Words, step_s: float) -> go.Figure:
+    """One step line per pipeline rank, its peak marked, the capacity dashed."""
+    fig = go.Figure()
+    peaks_x, peaks_y, peaks_text = [], [], []
+    for i, (pp, points) in enumerate(curves.items()):
+        t = np.array([p[0] for p in points])
+        gib = np.array([p[1] for p in points]) / GiB
+        colour = PALETTE[i % len(PALETTE)]
+        fig.add_trace(go.Scatter(
+            x=t, y=gib.astype(np.float32), mode="lines", line={"shape": "hv", "width": 1.5,
+                                                              "color": colour},
+            name=f"pp {pp}", hovertemplate=f"pp {pp}: %{{y:.2f}} GiB from %{{x:.4f}} s"
+                                           "<extra></extra>"))
+        top = int(np.argmax(gib))
+        peaks_x.append(t[top])
+        peaks_y.append(gib[top])
+        peaks_text.append(f"pp {pp}")
+    fig.add_trace(go.Scatter(x=peaks_x, y=peaks_y, mode="markers", name="peak",
+                             marker={"symbol": "triangle-down", "size": 9, "color": "#C00000"},
+                             text=peaks_text,
+                             hovertemplate="%{text} peak %{y:.2f} GiB at %{x:.4f} s"
+                                           "<extra></extra>"))
+    fig.add_hline(y=capacity / GiB, line={"dash": "dash", "color": "#C00000"},
+                  annotation_text=f"{words.device} memory {capacity / GiB:.1f} GiB",
+                  annotation_position="top left")
+    fig.update_layout(
+        title=(f"Memory of one {words.device} over the step, per pipeline rank: model states, "
+               "stored activations (a micro-batch's from its forward to its backward), "
+               "working buffers while a pass runs"),
+        height=440, yaxis={"title": "GiB", "rangemode": "tozero"},
+        xaxis={"title": "time (s)", "range": [0, step_s] if step_s > 0 else None},
+        hovermode="closest")
+    return fig
+
+
+def memory_by_stage_figure(summary: StepSummary, words: Words) -> go.Figure:
+    """Stacked GiB per pipeline stage at its peak, with the capacity as a dashed line."""
+    x = [f"stage {i}" for i in range(len(summary.memory_by_stage))]
+    fig = go.Figure()
+    for name, attr, colour in (("parameters", "params_bytes", "#4C78A8"),
+                               ("gradients", "grads_bytes", "#F58518"),
+                               ("optimizer state", "optimizer_bytes", "#54A24B"),
+                               ("activations", "activations_bytes", "#B279A2"),
+                               ("working buffers", "working_bytes", "#9D9D9D")):
+        values = [getattr(m, attr) / GiB for m in summary.memory_by_stage]
+        fig.add_trace(go.Bar(name=name, x=x, y=values, marker_color=colour,
+                             hovertemplate="%{x}: %{y:.2f} GiB<extra>" + name + "</extra>"))
+    capacity = summary.memory_capacity_bytes / GiB
+    fig.add_hline(y=capacity, line={"dash": "dash", "color": "#C00000"},
+                  annotation_text=f"{words.device} memory {capacity:.1f} GiB",
+                  annotation_position="top left")
+    fig.update_layout(title=f"Memory per {words.device} at its peak, per pipeline stage",
+                      barmode="stack", height=420, yaxis_title="GiB",
+                      xaxis={"type": "category"})
+    return fig

@@ -1,0 +1,234 @@
+"""The report page: header, the views in reading order, and one self-contained file.
+
+Reading order: the headline figures; the pipeline view; where the time goes (MFU waterfall,
+per-rank breakdown, per-stream and per-collective tables); lanes of the chosen ranks; memory
+over time and at the peak.
+
+Self-contained and small: plotly.js (4.8 MB) and the figures travel deflated and base64-coded
+inside the page (about 2 MB for plotly.js) and `report.js` unpacks them with the browser's
+DecompressionStream, so the page opens offline. Deterministic: fixed div ids, no timestamps,
+zlib at a fixed level; the same inputs give the same bytes.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import zlib
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import plotly.graph_objects as go
+import plotly.io as pio
+from plotly.offline import get_plotlyjs
+
+from sim.config import Experiment
+from sim.metrics import StepSummary
+from sim.replay import StepTimes
+from sim.report.breakdown import (
+    breakdown_figure,
+    collective_table,
+    usage_by_lane,
+    usage_table,
+    waterfall,
+    waterfall_figure,
+)
+from sim.report.collectives import CommIndex, collective_rows
+from sim.report.lanes import lanes_view
+from sim.report.memory_view import (
+    memory_by_stage_figure,
+    memory_curves,
+    memory_over_time_figure,
+)
+from sim.report.pipeline import legend_html, pipeline_view
+from sim.report.words import Words, words_for
+from sim.simulate import headline
+from sim.timeline import lanes, present_stages, rank_ops
+from traces.errors import ConfigError
+from traces.files import write_text_atomic
+from traces.plan.meta import read_fold
+
+DIVS = ("parasim-pipeline", "parasim-waterfall", "parasim-breakdown", "parasim-lanes",
+        "parasim-memory-time", "parasim-memory")
+TIMED = ("parasim-pipeline", "parasim-lanes", "parasim-memory-time")
+"""Figures whose x axis is the step's time: zooming one zooms them all."""
+ZLIB_LEVEL = 9
+
+
+def render_report(exp: Experiment, summary: StepSummary, times: StepTimes,
+                  ranks: list[int] | None = None) -> str:
+    """The whole HTML page as a string (deterministic). `ranks` picks the ranks whose lanes
+    are drawn (default: the first and the last pipeline stage's)."""
+    words = words_for(exp, times)
+    stages = present_stages(times)
+    detail, notes = detail_ranks(times, stages, ranks)
+    comm = CommIndex(exp, times)
+    cols = {rank: rank_ops(times, rank) for rank in times.plan.ranks}
+    rank_lanes = {rank: lanes(c) for rank, c in cols.items()}
+    L = exp.layout
+    pipe = pipeline_view(times, cols, stages, words, (
+        f"Pipeline: {L.schedule}, {L.num_microbatches} micro-batches through {L.pp} "
+        f"stage{'s' if L.pp > 1 else ''}{f' × {L.vp} chunks' if L.vp > 1 else ''}"),
+        "parasim-pipeline")
+    lane_view = lanes_view(times, rank_lanes, detail, words, comm, (
+        "Lanes of " + ", ".join(words.row(r) for r in detail)
+        + ": colour depth is the busy fraction of each bin; zoom in to reach single ops"),
+        "parasim-lanes")
+    figures: dict[str, go.Figure] = {
+        "parasim-pipeline": pipe.figure,
+        "parasim-waterfall": waterfall_figure(waterfall(exp, summary, list(cols.values())), words),
+        "parasim-breakdown": breakdown_figure(summary, words, stages),
+        "parasim-lanes": lane_view.figure,
+        "parasim-memory-time": memory_over_time_figure(
+            memory_curves(exp, pipe.passes), summary.memory_capacity_bytes, words,
+            times.step_time_s),
+        "parasim-memory": memory_by_stage_figure(summary, words),
+    }
+    tables = (usage_table(usage_by_lane(list(rank_lanes.values())), times.step_time_s)
+              + collective_table(collective_rows(times, comm, cols), len(times.plan.ops)))
+    payload = _payload(figures, [pipe.spec.to_json(), lane_view.spec.to_json()])
+    body = _body(exp, summary, words, pipe.bubble_fraction, tables, notes)
+    return ("<!DOCTYPE html>\n<html><head><meta charset='utf-8'>"
+            f"<title>parasim: {html.escape(exp.name)}</title><style>{_STYLE}</style></head>\n"
+            f"<body>\n{body}\n"
+            f"<script id='parasim-plotly' type='application/octet-stream'>{_plotly_b64()}"
+            "</script>\n"
+            f"<script id='parasim-data' type='application/octet-stream'>{payload}</script>\n"
+            f"<script>{_script()}</script>\n</body></html>\n")
+
+
+def write_report(path: str | Path, exp: Experiment, summary: StepSummary, times: StepTimes,
+                 ranks: list[int] | None = None) -> None:
+    """Render the report and write it to `path` atomically."""
+    write_text_atomic(path, render_report(exp, summary, times, ranks))
+
+
+def detail_ranks(times: StepTimes, stages: dict[int, int],
+                 ranks: list[int] | None) -> tuple[list[int], list[str]]:
+    """The plan ranks whose lanes are drawn, and notes on ranks shown by a representative.
+    A rank of a folded plan's layout that was not simulated is shown by the rank standing
+    for it."""
+    if ranks is None:
+        shown = list(stages.values())
+        return list(dict.fromkeys([shown[0], shown[-1]])), []
+    fold = read_fold(times.plan.meta)
+    out, notes = [], []
+    for rank in ranks:
+        if rank in times.plan.ops:
+            out.append(rank)
+        elif fold is not None and 0 <= rank < fold.world:
+            stand_in = fold.representative(rank)
+            notes.append(f"rank {rank} is shown by rank {stand_in}, which stands for it")
+            out.append(stand_in)
+        else:
+            present = times.plan.ranks
+            raise ConfigError(f"report: rank {rank} is not in the simulated plan (ranks "
+                              f"present: {present[:8]}{' ...' if len(present) > 8 else ''})")
+    return list(dict.fromkeys(out)), notes
+
+
+def read_payload(page: str) -> dict[str, Any]:
+    """The figures and lane data a page carries (for tests and the browser benchmark)."""
+    at = page.index("<script id='parasim-data'")
+    start = page.index(">", at) + 1
+    text = page[start:page.index("</script>", start)]
+    return json.loads(zlib.decompress(base64.b64decode(text)))
+
+
+# --- the pieces ---------------------------------------------------------------------------------
+
+def _payload(figures: dict[str, go.Figure], binned: list[dict[str, Any]]) -> str:
+    # plotly's own encoder writes numpy arrays as base64 typed arrays (float64 stays exact)
+    parts = [f"{json.dumps(div)}:{pio.to_json(fig, validate=False, engine='json')}"
+             for div, fig in figures.items()]
+    text = ("{\"figures\":{" + ",".join(parts) + "},\"binned\":"
+            + json.dumps(binned, separators=(",", ":"), allow_nan=False)
+            + ",\"timed\":" + json.dumps(list(TIMED))
+            + ",\"pipeline\":\"parasim-pipeline\"}")
+    return base64.b64encode(zlib.compress(text.encode("utf-8"), ZLIB_LEVEL)).decode("ascii")
+
+
+@lru_cache(maxsize=1)
+def _plotly_b64() -> str:
+    """plotly.js, deflated and base64-coded (computed once per process: ~0.3 s)."""
+    return base64.b64encode(zlib.compress(get_plotlyjs().encode("utf-8"),
+                                          ZLIB_LEVEL)).decode("ascii")
+
+
+@lru_cache(maxsize=1)
+def _script() -> str:
+    return resources.files("sim.report").joinpath("report.js").read_text(encoding="utf-8")
+
+
+def _body(exp: Experiment, summary: StepSummary, words: Words, bubble: float, tables: str,
+          notes: list[str]) -> str:
+    def div(name: str) -> str:
+        return f"<div id='{name}' class='figure'></div>"
+
+    return "\n".join([
+        header_html(exp, summary, words),
+        "<h2>Pipeline</h2>",
+        f"<p class='note'>{legend_html()}</p>",
+        f"<p class='note'>One row per pipeline rank; bar text is the micro-batch where it "
+        f"fits. Grey is idle time (the bubble: {bubble:.1%} of the step, mean over the rows), "
+        "red communication outside the passes (pipeline sends and receives, gradient "
+        "reduction). A bin's colour is as deep as the share of it each kind covers; zooming "
+        "re-bins, and zooms the lanes and the memory curve too.</p>",
+        div("parasim-pipeline"),
+        "<h2>Where the time goes</h2>",
+        div("parasim-waterfall"), div("parasim-breakdown"), tables,
+        "<h2>Lanes</h2>",
+        *(f"<p class='note'>{html.escape(n)}</p>" for n in notes),
+        "<p class='note'>Each row is a stream of one rank (compute: kernels; compute/tp: the "
+        "collectives run inline on the compute stream). A bin's colour is the share of it the "
+        "stream is busy; hover for the numbers, and, zoomed in, the op itself. "
+        "<code>parasim simulate --report-ranks 0,64</code> picks other ranks.</p>",
+        div("parasim-lanes"),
+        "<h2>Memory</h2>",
+        div("parasim-memory-time"), div("parasim-memory"),
+    ])
+
+
+def header_html(exp: Experiment, summary: StepSummary, words: Words) -> str:
+    """Experiment, cluster, layout, the headline figures, and what a row stands for."""
+    L, s, m = exp.layout, summary, exp.model
+    layout = f"TP {L.tp} · PP {L.pp} · DP {L.dp} · VP {L.vp}"
+    options = (f"ZeRO-{L.zero}, SP {'on' if L.sp else 'off'}, recompute {L.recompute}, "
+               f"schedule {L.schedule}, {L.num_microbatches} micro-batches of {L.micro_batch} "
+               f"(global batch {L.global_batch})")
+    rows = [(k.replace("GPU", words.device), v.replace("GPU", words.device))
+            for k, v in headline(s)]
+    table = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>"
+                    for k, v in rows)
+    fold = (f"<p>Folded: each simulated rank stands for the {words.count(words.stands_for)} "
+            f"of its pipeline stage ({html.escape(words.fold)}), which run the same program; "
+            "rows say how many devices they stand for.</p>" if words.stands_for > 1 else "")
+    lines = [
+        f"<h1>parasim: {html.escape(exp.name)}</h1>",
+        f"<p>cluster <b>{html.escape(exp.cluster.name)}</b> ({words.count(L.world)}, "
+        f"{html.escape(exp.cluster.accelerator.name)}), network model "
+        f"{html.escape(exp.network)}, collectives {html.escape(exp.algo)}</p>",
+        f"<p>model: {m.layers} layers, hidden {m.hidden}, {m.heads} heads, sequence "
+        f"{m.seq_len}, vocabulary {m.vocab}, {html.escape(m.dtype)}, attention "
+        f"{html.escape(m.attention)}</p>",
+        f"<p>layout: <b>{layout}</b>; {html.escape(options)}</p>",
+        fold,
+        f"<table>{table}</table>",
+        "<p>collectives run: " + html.escape(", ".join(
+            f"{algo} {count}" for algo, count in s.algorithms.items()) or "none") + "</p>",
+    ]
+    lines += [f"<p class='warn'>warning: {html.escape(w)}</p>" for w in exp.warnings]
+    return "\n".join(line for line in lines if line)
+
+
+_STYLE = ("body{font-family:sans-serif;margin:1.5em;color:#222;max-width:1800px}"
+          "table{border-collapse:collapse}th,td{padding:2px 12px;text-align:left}"
+          "th{font-weight:normal;color:#555}.warn{color:#a60}.note{color:#555;font-size:90%}"
+          "table.grid td,table.grid th{border-bottom:1px solid #ddd;text-align:right}"
+          "table.grid td:first-child,table.grid th:first-child{text-align:left}"
+          "h2{margin-top:1.6em;border-bottom:1px solid #ccc}.figure{min-height:200px}"
+          ".key{display:inline-block;width:1em;height:1em;margin:0 .3em 0 1em;"
+          "vertical-align:middle}")

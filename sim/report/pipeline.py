@@ -1,0 +1,148 @@
+"""The pipeline view: one row per pipeline rank, forward and backward of every micro-batch at
+the simulated times — the 1F1B (or GPipe, or interleaved) diagram of Megatron-LM's and
+PyTorch's docs, with the bubble drawn.
+
+Each row is five layers of bins (`sim.report.binned`, binned by the page's script, re-binned on
+zoom): forward passes, backward passes (recomputation included), the optimizer step,
+communication outside the passes (pipeline sends and receives, gradient reduction) and idle
+time (no op of the rank runs: the bubble, whose total is the step metric). A bin's colour is
+as deep as the share of it the layer covers, so totals are exact at any zoom and the figure
+draws the same few images for 8 micro-batches or 8,000. Each pass is also one invisible hover
+point holding its exact start, end and duration (float64: duration = end - start), and the
+script writes the micro-batch number on passes wide enough to hold it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import plotly.graph_objects as go
+
+from sim.replay import StepTimes
+from sim.report.binned import BinnedSpec
+from sim.report.words import Words
+from sim.timeline import Pass, RankOps, idle_intervals, pipeline_passes, union
+
+LAYERS = {"idle": ("idle (bubble)", "#BDBDBD"),
+          "comm": ("communication outside passes", "#E45756"),
+          "F": ("forward", "#4C78A8"), "B": ("backward (recompute included)", "#F58518"),
+          "O": ("optimizer step", "#54A24B")}
+"""Layer -> (legend label, colour); bottom to top."""
+ROW_PX = 30
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PipelineView:
+    figure: go.Figure
+    spec: BinnedSpec
+    passes: dict[int, list[Pass]]
+    """Pipeline rank -> its passes, in the order they ran."""
+    idle: dict[int, tuple[np.ndarray, np.ndarray]]
+    """Pipeline rank -> its idle intervals (seconds)."""
+    bubble_fraction: float
+    """Idle time drawn, over rows * step time."""
+
+
+def pipeline_view(times: StepTimes, cols: dict[int, RankOps], stages: dict[int, int],
+                  words: Words, title: str, div: str) -> PipelineView:
+    """The figure for `stages` (pipeline rank -> the plan rank drawn for it), top to bottom;
+    `cols` holds the plan ranks' ops as columns."""
+    step = times.step_time_s
+    passes = {pp: pipeline_passes(times, rank, cols[rank]) for pp, rank in stages.items()}
+    idle = {pp: idle_intervals(cols[rank], step) for pp, rank in stages.items()}
+    comm = {pp: _comm_only(step, passes[pp], idle[pp]) for pp in stages}
+    bubble = (sum(float(np.sum(e - s)) for s, e in idle.values()) / (len(stages) * step)
+              if step > 0 else 0.0)
+    spec = BinnedSpec(div=div, step_s=step)
+    fig = go.Figure()
+    rows = list(range(len(stages)))
+    for layer, (label, colour) in LAYERS.items():
+        index = len(fig.data)
+        fig.add_trace(go.Heatmap(
+            y=rows, zmin=0, zmax=1, showscale=False, hoverinfo="skip", name=label,
+            colorscale=[[0, _rgba(colour, 0)], [1, _rgba(colour, 1)]]))
+        for pp in stages:
+            if layer == "idle":
+                s, e = idle[pp]
+            elif layer == "comm":
+                s, e = comm[pp]
+            else:
+                mine = [p for p in passes[pp] if p.kind == layer]
+                s, e = np.array([p.start for p in mine]), np.array([p.end for p in mine])
+            spec.add(index, _ns(s), _ns(e))
+    for kind in ("F", "B", "O"):
+        placed = [(row, p) for row, pp in enumerate(stages) for p in passes[pp]
+                  if p.kind == kind]
+        if placed:
+            fig.add_trace(_hover(kind, LAYERS[kind][0], placed))
+    fig.add_trace(go.Scatter(x=[], y=[], text=[], mode="text", name="micro-batch",
+                             showlegend=False, textfont={"color": "white", "size": 10},
+                             hoverinfo="skip", meta={"labels": True}))
+    ticks = [words.row(rank) for rank in stages.values()]
+    fig.update_layout(
+        title={"text": title}, height=150 + ROW_PX * len(rows), showlegend=False,
+        xaxis={"title": "time (s)", "range": [0, step] if step > 0 else None,
+               "showgrid": False},
+        yaxis={"tickmode": "array", "tickvals": rows, "ticktext": ticks,
+               "range": [len(rows) - 0.5, -0.5], "zeroline": False, "showgrid": False},
+        # white lines between the rows (a heatmap's own ygap draws brick by brick: 5x slower)
+        shapes=[{"type": "line", "xref": "paper", "x0": 0, "x1": 1, "y0": r + 0.5,
+                 "y1": r + 0.5, "line": {"color": "white", "width": 6}} for r in rows[:-1]],
+        margin={"t": 60, "l": 10, "r": 10}, hovermode="closest", plot_bgcolor="white")
+    return PipelineView(figure=fig, spec=spec, passes=passes, idle=idle,
+                        bubble_fraction=bubble)
+
+
+def legend_html() -> str:
+    """The layers' colours, as a line of HTML above the figure."""
+    return " ".join(f"<span class='key' style='background:{colour}'></span>{label}"
+                    for label, colour in LAYERS.values())
+
+
+def _hover(kind: str, label: str, mine: list[tuple[int, Pass]]) -> go.Scatter:
+    """One invisible point per pass at its centre, holding its numbers."""
+    ps = [p for _, p in mine]
+    start = np.array([p.start for p in ps])
+    end = np.array([p.end for p in ps])
+    what = "optimizer step" if kind == "O" else \
+        f"{label.split(' ')[0]} of micro-batch %{{text}}"
+    return go.Scatter(
+        x=(start + end) / 2, y=np.array([row for row, _ in mine], dtype=np.int16),
+        mode="none", hoveron="points", name=label, showlegend=False, meta={"passes": kind},
+        customdata=np.column_stack([start, end, end - start]),
+        text=["" if p.microbatch is None else str(p.microbatch) for p in ps],
+        hovertext=[_details(p) for p in ps],
+        hovertemplate=(f"<b>{what}</b><br>start %{{customdata[0]:.6f}} s, "
+                       "end %{customdata[1]:.6f} s<br>duration %{customdata[2]:.4g} s"
+                       "<br>%{hovertext}<extra></extra>"))
+
+
+def _details(p: Pass) -> str:
+    stage = "" if p.stage is None else f"stage {p.stage}: "
+    text = f"{stage}kernels {_ms(p.compute_s)}, inline collectives {_ms(p.tp_s)}"
+    return text + (f"; recompute {_ms(p.recompute_s)} of the kernels" if p.recompute_s else "")
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.4g} ms"
+
+
+def _ns(seconds: np.ndarray) -> np.ndarray:
+    return np.rint(np.asarray(seconds, float) * 1e9).astype(np.int64)
+
+
+def _rgba(hex_colour: str, alpha: float) -> str:
+    r, g, b = (int(hex_colour[i:i + 2], 16) for i in (1, 3, 5))
+    return f"rgba({r},{g},{b},{alpha})"
+
+
+def _comm_only(step: float, passes: list[Pass],
+               idle: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Busy time of the rank outside its passes: [0, step] minus passes minus idle."""
+    covered_s, covered_e = union(np.concatenate(([p.start for p in passes], idle[0])),
+                                 np.concatenate(([p.end for p in passes], idle[1])))
+    gap_s = np.concatenate(([0.0], covered_e))
+    gap_e = np.concatenate((covered_s, [step]))
+    keep = gap_e > gap_s
+    return gap_s[keep], gap_e[keep]

@@ -1,0 +1,213 @@
+// parasim report: unpack plotly.js and the figures (deflated, base64, inlined so the page
+// works offline), bin the interval rows of the binned figures (sim/report/binned.py), draw,
+// re-bin on zoom, keep the time axes zoomed together, and label the pipeline's passes.
+(async function () {
+  "use strict";
+
+  function bytesOf(b64) {
+    const bin = atob(b64);
+    const bytes = new Uint8Array(bin.length);
+    for (let i = 0; i < bin.length; i++) bytes[i] = bin.charCodeAt(i);
+    return bytes;
+  }
+
+  async function inflate(id) {
+    const bytes = bytesOf(document.getElementById(id).textContent.trim());
+    const stream = new Blob([bytes]).stream().pipeThrough(new DecompressionStream("deflate"));
+    return new TextDecoder().decode(await new Response(stream).arrayBuffer());
+  }
+
+  const TYPES = { f8: Float64Array, f4: Float32Array, u2: Uint16Array, i1: Int8Array,
+    i2: Int16Array, i4: Int32Array, u1: Uint8Array };
+
+  function decode(spec) { // a typed array as plotly.py writes numpy arrays, or a plain list
+    if (Array.isArray(spec)) return spec;
+    return new TYPES[spec.dtype](bytesOf(spec.bdata).buffer);
+  }
+
+  // --- binned figures: busy fraction per bin from each row's intervals (whole ns) ----------
+  function prepare(spec) {
+    for (const trace of spec.traces) {
+      for (const row of trace.rows) {
+        const gap = decode(row.gap), dur = decode(row.dur), n = gap.length;
+        row.s = new Float64Array(n);
+        row.e = new Float64Array(n);
+        row.cum = new Float64Array(n + 1);
+        let t = 0;
+        for (let i = 0; i < n; i++) {
+          row.s[i] = t + gap[i];
+          row.e[i] = row.s[i] + dur[i];
+          t = row.e[i];
+          row.cum[i + 1] = row.cum[i] + dur[i];
+        }
+        row.w = row.what ? decode(row.what) : null;
+      }
+    }
+  }
+
+  function upperBound(values, x) { // the first index whose value is > x
+    let lo = 0, hi = values.length;
+    while (lo < hi) {
+      const mid = (lo + hi) >> 1;
+      if (values[mid] <= x) lo = mid + 1; else hi = mid;
+    }
+    return lo;
+  }
+
+  function busyBefore(row, t) { // intervals ended by t, and the part before t of the next one
+    const i = upperBound(row.e, t);
+    return row.cum[i] + (i < row.s.length ? Math.max(0, t - row.s[i]) : 0);
+  }
+
+  function seconds(ns) {
+    const s = ns / 1e9;
+    if (s >= 1) return s.toPrecision(4) + " s";
+    if (s >= 1e-3) return (s * 1e3).toPrecision(4) + " ms";
+    return (s * 1e6).toPrecision(4) + " µs";
+  }
+
+  function describe(row, what, lo, hi, busy) {
+    let text = (lo / 1e9).toFixed(6) + "–" + (hi / 1e9).toFixed(6) + " s: busy " +
+      (100 * busy).toFixed(busy > 0 && busy < 0.01 ? 2 : 0) + "%";
+    const centre = (lo + hi) / 2, i = upperBound(row.e, centre);
+    if (i < row.s.length && row.s[i] <= centre && row.e[i] - row.s[i] >= hi - lo) {
+      const dur = row.e[i] - row.s[i];
+      text += "<br>" + (row.w ? what[row.w[i]][0] : "kernels, back to back") +
+        "<br>start " + (row.s[i] / 1e9).toFixed(6) + " s, duration " + seconds(dur);
+      if (row.w && dur > 0) text += ", bus bandwidth " +
+        (what[row.w[i]][1] / (dur / 1e9) / 1e9).toFixed(1) + " GB/s";
+    }
+    return text;
+  }
+
+  // x, z (and text where asked) of every binned trace for the range [a, b] seconds
+  function binned(spec, a, b) {
+    const n = spec.bins, lo = a * 1e9, width = (b - a) * 1e9 / n;
+    const x = new Array(n);
+    for (let k = 0; k < n; k++) x[k] = (lo + (k + 0.5) * width) / 1e9;
+    const update = { x: [], z: [], text: [] }, indices = [];
+    for (const trace of spec.traces) {
+      const texts = spec.describe.includes(trace.index);
+      const z = [], text = [];
+      for (const row of trace.rows) {
+        const zr = new Array(n), tr = texts ? new Array(n) : null;
+        let before = busyBefore(row, lo);
+        for (let k = 0; k < n; k++) {
+          const right = lo + (k + 1) * width, next = busyBefore(row, right);
+          zr[k] = (next - before) / width;
+          if (tr) tr[k] = describe(row, spec.what, right - width, right, zr[k]);
+          before = next;
+        }
+        z.push(zr);
+        text.push(tr);
+      }
+      update.x.push(x);
+      update.z.push(z);
+      update.text.push(texts ? text : null);
+      indices.push(trace.index);
+    }
+    return { update, indices };
+  }
+
+  function applyBins(fig, spec, a, b) {
+    const { update, indices } = binned(spec, a, b);
+    indices.forEach((index, j) => {
+      const trace = fig.data[index];
+      trace.x = update.x[j];
+      trace.z = update.z[j];
+      if (update.text[j]) trace.text = update.text[j];
+    });
+  }
+
+  // --- pipeline labels: micro-batch numbers on passes at least 16 px wide ------------------
+  function passData(fig) {
+    return fig.data.filter((t) => t.meta && t.meta.passes)
+      .map((t) => ({ data: decode(t.customdata), rows: decode(t.y), text: t.text }));
+  }
+
+  function labels(div, passes) {
+    const xa = div._fullLayout.xaxis, [a, b] = xa.range, px = xa._length / (b - a);
+    const x = [], y = [], text = [];
+    for (const { data, rows, text: mb } of passes) {
+      for (let i = 0; i < rows.length; i++) {
+        const s = data[3 * i], e = data[3 * i + 1];
+        if (mb[i] === "" || e < a || s > b || (e - s) * px < 16) continue;
+        x.push((Math.max(s, a) + Math.min(e, b)) / 2);
+        y.push(rows[i]);
+        text.push(mb[i]);
+      }
+    }
+    const index = div.data.findIndex((t) => t.meta && t.meta.labels);
+    return Plotly.restyle(div, { x: [x], y: [y], text: [text] }, [index]);
+  }
+
+  // --- draw ---------------------------------------------------------------------------------
+  const [library, data] = await Promise.all([inflate("parasim-plotly"), inflate("parasim-data")]);
+  performance.mark("parasim-unpacked");
+  // As a script of its own (a blob URL) the browser may parse it off the main thread.
+  const url = URL.createObjectURL(new Blob([library], { type: "text/javascript" }));
+  await new Promise((resolve, reject) => {
+    const script = document.createElement("script");
+    script.onload = resolve;
+    script.onerror = () => reject(new Error("plotly.js did not load"));
+    script.src = url;
+    document.head.appendChild(script);
+  });
+  URL.revokeObjectURL(url);
+  performance.mark("parasim-plotly-loaded");
+  const payload = JSON.parse(data);
+  const specs = {};
+  for (const spec of payload.binned) {
+    prepare(spec);
+    applyBins(payload.figures[spec.div], spec, 0, spec.step_s);
+    specs[spec.div] = spec;
+  }
+  const passes = passData(payload.figures[payload.pipeline]);
+  performance.mark("parasim-binned");
+  const config = { displaylogo: false, responsive: true };
+  for (const [id, fig] of Object.entries(payload.figures)) {
+    await Plotly.newPlot(id, fig.data, fig.layout, config);
+    performance.mark("parasim-drawn-" + id);
+  }
+  const pipeline = document.getElementById(payload.pipeline);
+  await labels(pipeline, passes);
+
+  // Zoom one time axis, zoom them all; binned figures re-bin the visible range.
+  const step = payload.binned[0].step_s;
+  const timed = payload.timed.map((id) => document.getElementById(id));
+  const rangeOf = (ev) => {
+    if (ev["xaxis.autorange"]) return [0, step];
+    if ("xaxis.range[0]" in ev) return [ev["xaxis.range[0]"], ev["xaxis.range[1]"]];
+    if (ev["xaxis.range"]) return ev["xaxis.range"];
+    return null;
+  };
+  let syncing = false;
+  async function zoom(source, range) {
+    for (const div of timed) {
+      const layout = { "xaxis.range": [range[0], range[1]] };
+      const spec = specs[div.id];
+      if (spec) {
+        const { update, indices } = binned(spec, range[0], range[1]);
+        await Plotly.update(div, update, layout, indices);
+      } else if (div !== source) {
+        await Plotly.relayout(div, layout);
+      }
+      if (div === pipeline) await labels(pipeline, passes);
+    }
+  }
+  for (const div of timed) {
+    div.on("plotly_relayout", async (ev) => {
+      const range = rangeOf(ev);
+      if (syncing || !range) return;
+      syncing = true;
+      try { await zoom(div, range); } finally { syncing = false; }
+    });
+  }
+  window.parasim = { specs, binned, zoom };
+  document.body.dataset.rendered = "yes";
+})().catch((err) => {
+  document.body.insertAdjacentHTML("afterbegin",
+    "<p class='warn'>This report needs a browser with DecompressionStream (Chrome 80, " +
+    "Firefox 113, Safari 16.4 or later): " + String(err) + "</p>");
+  throw err;
+});

@@ -1,0 +1,55 @@
+"""Words the report uses for devices and rows, following the cluster and the folding.
+
+A folded plan simulates one rank per pipeline stage standing for its tp * dp peers; every row
+drawn for such a rank says how many devices it stands for. Devices are "chips" on a torus (TPU
+pods) and "GPUs" elsewhere.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sim.config import Experiment
+from sim.replay import StepTimes
+from sim.timeline import stands_for
+from traces.layout import Layout
+from traces.plan.meta import read_fold, read_layout
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Words:
+    device: str
+    """"GPU" or "chip"."""
+    devices: str
+    """"GPUs" or "chips"."""
+    stands_for: int
+    """Devices each simulated rank stands for (1 when not folded)."""
+    fold: str
+    """How a folded rank's devices are made: "tp 8 × dp 8"; empty when not folded."""
+    layout: Layout | None
+
+    def count(self, n: int) -> str:
+        """'64 GPUs', '1 chip'."""
+        return f"{n:,} {self.device if n == 1 else self.devices}"
+
+    def row(self, rank: int) -> str:
+        """A row label: 'pp 3 · r192 · 64 GPUs' (folded), 'pp 3 · r192' (not folded)."""
+        head = f"pp {self.layout.coords(rank)['pp']} · r{rank}" if self.layout else f"r{rank}"
+        return f"{head} · {self.count(self.stands_for)}" if self.stands_for > 1 else head
+
+    def row_long(self, rank: int) -> str:
+        """'pipeline rank 3 (rank 192, standing for 64 GPUs: tp 8 × dp 8)'."""
+        head = (f"pipeline rank {self.layout.coords(rank)['pp']} (rank {rank}"
+                if self.layout else f"rank {rank} (")
+        if self.stands_for > 1:
+            return f"{head}, standing for {self.count(self.stands_for)}: {self.fold})"
+        return head + ")"
+
+
+def words_for(exp: Experiment, times: StepTimes) -> Words:
+    torus = exp.cluster.fabric.kind == "torus"
+    fold = read_fold(times.plan.meta)
+    return Words(device="chip" if torus else "GPU", devices="chips" if torus else "GPUs",
+                 stands_for=stands_for(times),
+                 fold=f"tp {fold.tp} × dp {fold.dp}" if fold is not None else "",
+                 layout=read_layout(times.plan.meta))

@@ -1,0 +1,138 @@
+"""Open the shipped examples' reports in headless Chromium: load times, screenshots, errors.
+
+    python tests/bench/bench_report.py [--runs 5] [--out /tmp/reports] [--examples NAME ...]
+
+Needs Debian's `chromium` (apt-get install -y chromium) and node with playwright-core
+(`npm install playwright-core` in some folder; pass it as --node-modules, default
+/tmp/pw/node_modules). For each example it simulates the step, renders the report (timed), and
+loads the page --runs times in a fresh tab, timing from navigation to the moment every figure
+is drawn (the page sets body[data-rendered]); then it zooms the time axes to a tenth of the
+step (timed: the binned figures re-bin) and checks the page's binning against
+`sim.report.binned.binned_z`. It writes step.html, a full-page screenshot and one per figure
+under --out, and prints one row per example: size, render time, load time (median, min, max),
+zoom time, DOM elements, console errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from sim.config import EXAMPLES, example_path, load_experiment
+from sim.report import read_payload, render_report
+from sim.report.binned import binned_z
+from sim.simulate import predict
+
+DRIVER = r"""
+const { chromium } = require('playwright-core');
+(async () => {
+  const [file, outDir, runs, chromiumPath] = process.argv.slice(2);
+  const browser = await chromium.launch({ executablePath: chromiumPath, args: [
+    '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
+    '--disable-background-networking', '--disable-component-update', '--disable-sync'] });
+  const result = { loads: [], marks: [], errors: [] };
+  for (let i = 0; i < Number(runs); i++) {
+    const page = await browser.newPage({ viewport: { width: 1600, height: 1000 } });
+    page.on('console', (m) => { if (m.type() === 'error') result.errors.push(m.text()); });
+    page.on('pageerror', (e) => result.errors.push(String(e)));
+    const t0 = Date.now();
+    await page.goto('file://' + file);
+    await page.waitForFunction(() => document.body.dataset.rendered === 'yes', null,
+                               { timeout: 120000 });
+    result.loads.push((Date.now() - t0) / 1000);
+    result.marks.push(await page.evaluate(() => Object.fromEntries(
+      performance.getEntriesByType('mark').map((m) => [m.name, Math.round(m.startTime)]))));
+    if (i === 0) {
+      result.nodes = await page.evaluate(() => document.getElementsByTagName('*').length);
+      await page.screenshot({ path: outDir + '/page.png', fullPage: true });
+      for (const id of await page.evaluate(() => Array.from(
+          document.querySelectorAll('.figure')).map((d) => d.id))) {
+        await page.locator('#' + id).screenshot({ path: outDir + '/' + id + '.png' });
+      }
+      // zoom every time axis to a tenth of the step around its middle, re-binning
+      result.zoom = await page.evaluate(async () => {
+        const spec = Object.values(window.parasim.specs)[0], T = spec.step_s;
+        const t = performance.now();
+        await window.parasim.zoom(null, [0.45 * T, 0.55 * T]);
+        const seconds = (performance.now() - t) / 1000;
+        const full = window.parasim.binned(spec, 0, T);
+        return { seconds, z: full.update.z[0], indices: full.indices };
+      });
+      await page.waitForTimeout(500);
+      await page.locator('#parasim-pipeline').screenshot({ path: outDir + '/zoomed.png' });
+    }
+    await page.close();
+  }
+  await browser.close();
+  console.log(JSON.stringify(result));
+})().catch((e) => { console.error(e); process.exit(1); });
+"""
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--examples", nargs="*", default=list(EXAMPLES))
+    parser.add_argument("--chromium", default="/usr/bin/chromium")
+    parser.add_argument("--node-modules", type=Path, default=Path("/tmp/pw/node_modules"))
+    args = parser.parse_args()
+    if not (args.node_modules / "playwright-core").is_dir():
+        print(f"no playwright-core under {args.node_modules}: run `npm install playwright-core` "
+              "in a folder and pass its node_modules as --node-modules", file=sys.stderr)
+        return 2
+    out = args.out or Path(tempfile.mkdtemp(prefix="parasim-reports-"))
+    driver = out / "driver.js"
+    out.mkdir(parents=True, exist_ok=True)
+    driver.write_text(DRIVER)
+    print(f"reports and screenshots under {out}")
+    print(f"{'example':<32} {'MB':>5} {'render s':>8} {'load s (median, min-max)':>26} "
+          f"{'zoom s':>7} {'DOM':>6}  errors")
+    for name in args.examples:
+        exp = load_experiment(example_path(name))
+        summary, times = predict(exp)
+        start = time.perf_counter()
+        page = render_report(exp, summary, times)
+        render_s = time.perf_counter() - start
+        folder = out / Path(name).stem
+        folder.mkdir(exist_ok=True)
+        html = folder / "step.html"
+        html.write_text(page, encoding="utf-8")
+        env = {**os.environ, "NODE_PATH": str(args.node_modules)}
+        proc = subprocess.run(["node", str(driver), str(html.resolve()), str(folder),
+                               str(args.runs), args.chromium], capture_output=True, text=True,
+                              env=env, timeout=1200)
+        if proc.returncode != 0:
+            print(f"{name}: the browser run failed:\n{proc.stderr[-2000:]}", file=sys.stderr)
+            return 1
+        result = json.loads(proc.stdout.strip().splitlines()[-1])
+        loads = result["loads"]
+        _check_binning(page, result["zoom"])
+        print(f"{name:<32} {len(page.encode()) / 1e6:>5.2f} {render_s:>8.1f} "
+              f"{statistics.median(loads):>10.2f} ({min(loads):.2f}-{max(loads):.2f})"
+              f"{'':>6} {result['zoom']['seconds']:>7.2f} {result['nodes']:>6}  "
+              f"{len(result['errors'])}{': ' + result['errors'][0] if result['errors'] else ''}")
+        print(f"    marks of the first load (ms): {result['marks'][0]}")
+    return 0
+
+
+def _check_binning(page: str, zoom: dict) -> None:
+    """The page's binning of the first binned trace, over the whole step, against numpy's."""
+    spec = read_payload(page)["binned"][0]
+    rows = spec["traces"][0]["rows"]
+    for row, drawn in zip(rows, zoom["z"], strict=True):
+        expected = binned_z(row, 0.0, spec["step_s"], spec["bins"])
+        assert np.allclose(drawn, expected, atol=1e-9), "page and numpy bin differently"
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
