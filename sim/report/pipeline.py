@@ -7,9 +7,10 @@ zoom): forward passes, backward passes (recomputation included), the optimizer s
 communication outside the passes (pipeline sends and receives, gradient reduction) and idle
 time (no op of the rank runs: the bubble, whose total is the step metric). A bin's colour is
 as deep as the share of it the layer covers, so totals are exact at any zoom and the figure
-draws the same few images for 8 micro-batches or 8,000. Each pass is also one invisible hover
-point holding its exact start, end and duration (float64: duration = end - start), and the
-script writes the micro-batch number on passes wide enough to hold it.
+draws the same few images for 8 micro-batches or 8,000. Each pass is also one point of data
+(drawn as nothing) holding its exact start, end and duration (float64: duration = end -
+start); from these the script writes the hover of an invisible heatmap on top (the pass under
+each bin's centre, at any zoom) and the micro-batch number on passes wide enough to hold it.
 """
 
 from __future__ import annotations
@@ -79,6 +80,10 @@ def pipeline_view(times: StepTimes, cols: dict[int, RankOps], stages: dict[int, 
     fig.add_trace(go.Scatter(x=[], y=[], text=[], mode="text", name="micro-batch",
                              showlegend=False, textfont={"color": "white", "size": 10},
                              hoverinfo="skip", meta={"labels": True}))
+    # on top, invisible: the script writes into each bin the pass under its centre
+    fig.add_trace(go.Heatmap(y=rows, zmin=0, zmax=1, showscale=False, name="hover",
+                             colorscale=[[0, "rgba(0,0,0,0)"], [1, "rgba(0,0,0,0)"]],
+                             hovertemplate="%{text}<extra></extra>", meta={"hover": True}))
     ticks = [words.row(rank) for rank in stages.values()]
     fig.update_layout(
         title={"text": title}, height=150 + ROW_PX * len(rows), showlegend=False,
@@ -100,22 +105,20 @@ def legend_html() -> str:
                     for label, colour in LAYERS.values())
 
 
-def _hover(kind: str, label: str, mine: list[tuple[int, Pass]]) -> go.Scatter:
-    """One invisible point per pass at its centre, holding its numbers."""
-    ps = [p for _, p in mine]
+def _hover(kind: str, label: str, placed: list[tuple[int, Pass]]) -> go.Scatter:
+    """The passes of one kind as data: one point per pass at its centre, drawn as nothing,
+    holding start, end and duration (float64, exact), the micro-batch and the details the
+    page's script shows in the hover and as labels."""
+    ps = [p for _, p in placed]
     start = np.array([p.start for p in ps])
     end = np.array([p.end for p in ps])
-    what = "optimizer step" if kind == "O" else \
-        f"{label.split(' ')[0]} of micro-batch %{{text}}"
+    title = "optimizer step" if kind == "O" else f"{label.split(' ')[0]} of micro-batch"
     return go.Scatter(
-        x=(start + end) / 2, y=np.array([row for row, _ in mine], dtype=np.int16),
-        mode="none", hoveron="points", name=label, showlegend=False, meta={"passes": kind},
+        x=(start + end) / 2, y=np.array([row for row, _ in placed], dtype=np.int16),
+        mode="none", hoverinfo="skip", name=title, showlegend=False, meta={"passes": kind},
         customdata=np.column_stack([start, end, end - start]),
         text=["" if p.microbatch is None else str(p.microbatch) for p in ps],
-        hovertext=[_details(p) for p in ps],
-        hovertemplate=(f"<b>{what}</b><br>start %{{customdata[0]:.6f}} s, "
-                       "end %{customdata[1]:.6f} s<br>duration %{customdata[2]:.4g} s"
-                       "<br>%{hovertext}<extra></extra>"))
+        hovertext=[_details(p) for p in ps])
 
 
 def _details(p: Pass) -> str:

@@ -109,36 +109,90 @@
     return { update, indices };
   }
 
-  function applyBins(fig, spec, a, b) {
-    const { update, indices } = binned(spec, a, b);
-    indices.forEach((index, j) => {
-      const trace = fig.data[index];
-      trace.x = update.x[j];
-      trace.z = update.z[j];
-      if (update.text[j]) trace.text = update.text[j];
-    });
-  }
-
-  // --- pipeline labels: micro-batch numbers on passes at least 16 px wide ------------------
-  function passData(fig) {
-    return fig.data.filter((t) => t.meta && t.meta.passes)
-      .map((t) => ({ data: decode(t.customdata), rows: decode(t.y), text: t.text }));
-  }
-
-  function labels(div, passes) {
-    const xa = div._fullLayout.xaxis, [a, b] = xa.range, px = xa._length / (b - a);
-    const x = [], y = [], text = [];
-    for (const { data, rows, text: mb } of passes) {
-      for (let i = 0; i < rows.length; i++) {
-        const s = data[3 * i], e = data[3 * i + 1];
-        if (mb[i] === "" || e < a || s > b || (e - s) * px < 16) continue;
-        x.push((Math.max(s, a) + Math.min(e, b)) / 2);
-        y.push(rows[i]);
-        text.push(mb[i]);
+  // --- pipeline: the passes per row (from the data traces), hover and labels -------------
+  function passRows(fig) {
+    const rows = fig.layout.yaxis.tickvals.map(() => []);
+    for (const trace of fig.data) {
+      if (!(trace.meta && trace.meta.passes)) continue;
+      const data = decode(trace.customdata), y = decode(trace.y);
+      for (let i = 0; i < y.length; i++) {
+        rows[y[i]].push({
+          s: data[3 * i], e: data[3 * i + 1], d: data[3 * i + 2], mb: trace.text[i],
+          title: trace.name + (trace.text[i] === "" ? "" : " " + trace.text[i]),
+          details: trace.hovertext[i] });
       }
     }
+    rows.forEach((list) => list.sort((p, q) => p.s - q.s));
+    return rows;
+  }
+
+  function passAt(list, t) { // the pass running at t, if any
+    let lo = 0, hi = list.length;
+    while (lo < hi) {
+      const mid = (lo + hi) >> 1;
+      if (list[mid].s <= t) lo = mid + 1; else hi = mid;
+    }
+    return lo > 0 && t < list[lo - 1].e ? list[lo - 1] : null;
+  }
+
+  function inside(row, ns) { // whether an interval of a binned row holds the time ns
+    const i = upperBound(row.e, ns);
+    return i < row.s.length && row.s[i] <= ns;
+  }
+
+  // x, z, text of the invisible hover heatmap: the pass under each bin's centre, or what
+  // the rank does there instead (layers 0 and 1 of the spec: idle, communication)
+  function passHover(rows, spec, a, b) {
+    const n = spec.bins, width = (b - a) / n, x = new Array(n), z = [], text = [];
+    for (let k = 0; k < n; k++) x[k] = a + (k + 0.5) * width;
+    rows.forEach((list, r) => {
+      const zr = new Array(n).fill(0), tr = new Array(n);
+      for (let k = 0; k < n; k++) {
+        const p = passAt(list, x[k]), at = x[k].toFixed(6) + " s: ";
+        if (p) {
+          tr[k] = "<b>" + p.title + "</b><br>start " + p.s.toFixed(6) + " s, end " +
+            p.e.toFixed(6) + " s<br>duration " + seconds(p.d * 1e9) + "<br>" + p.details;
+        } else if (inside(spec.traces[0].rows[r], x[k] * 1e9)) {
+          tr[k] = at + "idle (bubble)";
+        } else if (inside(spec.traces[1].rows[r], x[k] * 1e9)) {
+          tr[k] = at + "communication outside the passes";
+        } else {
+          tr[k] = at + "between passes";
+        }
+      }
+      z.push(zr);
+      text.push(tr);
+    });
+    return { x, z, text };
+  }
+
+  // Micro-batch numbers on the passes at least 16 px wide in the visible range.
+  function labels(div, rows) {
+    const xa = div._fullLayout.xaxis, [a, b] = xa.range, px = xa._length / (b - a);
+    const x = [], y = [], text = [];
+    rows.forEach((list, row) => {
+      for (const p of list) {
+        if (p.mb === "" || p.e < a || p.s > b || (p.e - p.s) * px < 16) continue;
+        x.push((Math.max(p.s, a) + Math.min(p.e, b)) / 2);
+        y.push(row);
+        text.push(p.mb);
+      }
+    });
     const index = div.data.findIndex((t) => t.meta && t.meta.labels);
     return Plotly.restyle(div, { x: [x], y: [y], text: [text] }, [index]);
+  }
+
+  // The update of a binned figure for [a, b], with the pipeline's hover layer.
+  function rebin(fig, spec, a, b) {
+    const { update, indices } = binned(spec, a, b);
+    if (spec.div === payload.pipeline) {
+      const hover = passHover(passes, spec, a, b);
+      update.x.push(hover.x);
+      update.z.push(hover.z);
+      update.text.push(hover.text);
+      indices.push(fig.data.findIndex((t) => t.meta && t.meta.hover));
+    }
+    return { update, indices };
   }
 
   // --- draw ---------------------------------------------------------------------------------
@@ -156,13 +210,17 @@
   URL.revokeObjectURL(url);
   performance.mark("parasim-plotly-loaded");
   const payload = JSON.parse(data);
+  const passes = passRows(payload.figures[payload.pipeline]);
   const specs = {};
   for (const spec of payload.binned) {
     prepare(spec);
-    applyBins(payload.figures[spec.div], spec, 0, spec.step_s);
+    const fig = payload.figures[spec.div], { update, indices } = rebin(fig, spec, 0, spec.step_s);
+    indices.forEach((index, j) => {
+      Object.assign(fig.data[index], { x: update.x[j], z: update.z[j] });
+      if (update.text[j]) fig.data[index].text = update.text[j];
+    });
     specs[spec.div] = spec;
   }
-  const passes = passData(payload.figures[payload.pipeline]);
   performance.mark("parasim-binned");
   const config = { displaylogo: false, responsive: true };
   for (const [id, fig] of Object.entries(payload.figures)) {
@@ -187,7 +245,7 @@
       const layout = { "xaxis.range": [range[0], range[1]] };
       const spec = specs[div.id];
       if (spec) {
-        const { update, indices } = binned(spec, range[0], range[1]);
+        const { update, indices } = rebin(div, spec, range[0], range[1]);
         await Plotly.update(div, update, layout, indices);
       } else if (div !== source) {
         await Plotly.relayout(div, layout);

@@ -2,12 +2,14 @@
 
     python tests/bench/bench_report.py [--runs 5] [--out /tmp/reports] [--examples NAME ...]
 
-Needs Debian's `chromium` (apt-get install -y chromium) and node with playwright-core
-(`npm install playwright-core` in some folder; pass it as --node-modules, default
-/tmp/pw/node_modules). For each example it simulates the step, renders the report (timed), and
-loads the page --runs times in a fresh tab, timing from navigation to the moment every figure
-is drawn (the page sets body[data-rendered]); then it zooms the time axes to a tenth of the
-step (timed: the binned figures re-bin) and checks the page's binning against
+Needs Debian's `chromium` (apt-get install -y chromium) and node with playwright-core:
+`cd /tmp/pw && npm install playwright-core`, then pass --node-modules /tmp/pw/node_modules
+(default: $NODE_PATH, else ./node_modules).
+
+For each example it simulates the step, renders the report (timed), and loads the page
+--runs times in a fresh tab, timing from navigation to the moment every figure is drawn (the
+page sets body[data-rendered]); then it zooms the time axes to a tenth of the step (timed:
+the binned figures re-bin) and checks the page's binning against
 `sim.report.binned.binned_z`. It writes step.html, a full-page screenshot and one per figure
 under --out, and prints one row per example: size, render time, load time (median, min, max),
 zoom time, DOM elements, console errors.
@@ -84,7 +86,8 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--examples", nargs="*", default=list(EXAMPLES))
     parser.add_argument("--chromium", default="/usr/bin/chromium")
-    parser.add_argument("--node-modules", type=Path, default=Path("/tmp/pw/node_modules"))
+    parser.add_argument("--node-modules", type=Path,
+                        default=Path(os.environ.get("NODE_PATH", "node_modules")))
     args = parser.parse_args()
     if not (args.node_modules / "playwright-core").is_dir():
         print(f"no playwright-core under {args.node_modules}: run `npm install playwright-core` "

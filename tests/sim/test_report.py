@@ -118,6 +118,10 @@ def test_hover_duration_is_end_minus_start(pp4):
         assert bar["x"] == (bar["start"] + bar["end"]) / 2
     backward = next(b for b in bars if b["kind"] == "B")
     assert backward["hover"].startswith("stage ") and "kernels" in backward["hover"]
+    # the page's script shows them through an invisible heatmap on top of the view
+    figure = pp4[4]["figures"]["parasim-pipeline"]
+    assert figure["data"][-1]["meta"] == {"hover": True}
+    assert figure["data"][-1]["hovertemplate"] == "%{text}<extra></extra>"
 
 
 def test_the_bubble_drawn_is_the_metric(pp4):
