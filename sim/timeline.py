@@ -1,8 +1,11 @@
 """What a simulated step's timeline holds, read off the timed ops: pipeline passes, idle gaps,
 per-lane busy intervals, and what overlaps what. Pure numpy; the report draws these.
 
-    from sim.timeline import pipeline_passes, idle_intervals, lanes
-    passes = pipeline_passes(times, rank=0)     # F/B per micro-batch and the optimizer step
+    from sim.timeline import rank_ops, pipeline_passes, idle_intervals, lanes
+    cols = rank_ops(times, rank=0)              # the rank's ops as numpy columns, read once
+    passes = pipeline_passes(times, 0, cols)    # F/B per micro-batch and the optimizer step
+    gaps = idle_intervals(cols, times.step_time_s)
+    timed = annotate(times.timed_trace(), times, model, layout, "GPUs")  # + memory over time
 
 A *pass* is one forward or backward of one micro-batch through one virtual stage (an action of
 `traces.pipeline`), or the optimizer step, as the compute stream ran it: from its first op's
@@ -270,13 +273,6 @@ def lanes(cols: RankOps) -> list[Lane]:
 
 def lane_key(name: str) -> tuple[int, str]:
     return (LANE_ORDER.index(name), "") if name in LANE_ORDER else (len(LANE_ORDER), name)
-
-
-def busy_fractions(lane: Lane, edges_ns: np.ndarray) -> np.ndarray:
-    """Busy fraction of the lane in each bin [edges[k], edges[k+1])."""
-    busy = busy_between(lane.starts_ns.astype(float), lane.ends_ns.astype(float),
-                        edges_ns[:-1].astype(float), edges_ns[1:].astype(float))
-    return busy / np.diff(edges_ns).astype(float)
 
 
 # --- per stream: busy, overlapped with compute, exposed -----------------------------------------

@@ -37,14 +37,6 @@ class Words:
         head = f"pp {self.layout.coords(rank)['pp']} · r{rank}" if self.layout else f"r{rank}"
         return f"{head} · {self.count(self.stands_for)}" if self.stands_for > 1 else head
 
-    def row_long(self, rank: int) -> str:
-        """'pipeline rank 3 (rank 192, standing for 64 GPUs: tp 8 × dp 8)'."""
-        head = (f"pipeline rank {self.layout.coords(rank)['pp']} (rank {rank}"
-                if self.layout else f"rank {rank} (")
-        if self.stands_for > 1:
-            return f"{head}, standing for {self.count(self.stands_for)}: {self.fold})"
-        return head + ")"
-
 
 def words_for(exp: Experiment, times: StepTimes) -> Words:
     torus = exp.cluster.fabric.kind == "torus"
