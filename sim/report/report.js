@@ -166,13 +166,14 @@
     return { x, z, text };
   }
 
-  // Micro-batch numbers on the passes at least 16 px wide in the visible range.
+  // Micro-batch numbers on the passes wide enough to hold them in the visible range.
   function labels(div, rows) {
     const xa = div._fullLayout.xaxis, [a, b] = xa.range, px = xa._length / (b - a);
     const x = [], y = [], text = [];
     rows.forEach((list, row) => {
       for (const p of list) {
-        if (p.mb === "" || p.e < a || p.s > b || (p.e - p.s) * px < 16) continue;
+        // about 6 px per digit of 10 px text, and a little room
+        if (p.mb === "" || p.e < a || p.s > b || (p.e - p.s) * px < 4 + 6 * p.mb.length) continue;
         x.push((Math.max(p.s, a) + Math.min(p.e, b)) / 2);
         y.push(row);
         text.push(p.mb);
