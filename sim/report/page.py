@@ -90,7 +90,8 @@ def render_report(exp: Experiment, summary: StepSummary, times: StepTimes,
     tables = (usage_table(usage_by_lane(list(rank_lanes.values())), times.step_time_s)
               + collective_table(collective_rows(times, comm, cols), len(times.plan.ops)))
     payload = _payload(figures, [pipe.spec.to_json(), lane_view.spec.to_json()])
-    body = _body(exp, summary, words, pipe.bubble_fraction, tables, notes)
+    heights = {div: int(fig.layout.height) for div, fig in figures.items()}
+    body = _body(exp, summary, words, pipe.bubble_fraction, tables, notes, heights)
     return ("<!DOCTYPE html>\n<html><head><meta charset='utf-8'>"
             f"<title>parasim: {html.escape(exp.name)}</title><style>{_STYLE}</style></head>\n"
             f"<body>\n{body}\n"
@@ -164,9 +165,11 @@ def _script() -> str:
 
 
 def _body(exp: Experiment, summary: StepSummary, words: Words, bubble: float, tables: str,
-          notes: list[str]) -> str:
+          notes: list[str], heights: dict[str, int]) -> str:
     def div(name: str) -> str:
-        return f"<div id='{name}' class='figure'></div>"
+        # the figure's height on its box: plotly's responsive resizing keeps the box's height
+        # (without it a resized window squeezes every figure to the box's minimum)
+        return f"<div id='{name}' class='figure' style='height:{heights[name]}px'></div>"
 
     return "\n".join([
         header_html(exp, summary, words),
@@ -229,6 +232,6 @@ _STYLE = ("body{font-family:sans-serif;margin:1.5em;color:#222;max-width:1800px}
           "th{font-weight:normal;color:#555}.warn{color:#a60}.note{color:#555;font-size:90%}"
           "table.grid td,table.grid th{border-bottom:1px solid #ddd;text-align:right}"
           "table.grid td:first-child,table.grid th:first-child{text-align:left}"
-          "h2{margin-top:1.6em;border-bottom:1px solid #ccc}.figure{min-height:200px}"
+          "h2{margin-top:1.6em;border-bottom:1px solid #ccc}"
           ".key{display:inline-block;width:1em;height:1em;margin:0 .3em 0 1em;"
           "vertical-align:middle}")
