@@ -235,7 +235,7 @@ def _forward_saving(tape: Tape, kernel: Kernel, in_keys: list[Slot], out_keys: l
         ptr = t.untyped_storage().data_ptr()
         if ptr == skip:
             assert gathered is not None
-            return _SlotRef(tape, gathered, tuple(t.shape), t.stride(), t.storage_offset())
+            return _SlotRef(tape, gathered, tuple(t.shape), t.stride(), int(t.storage_offset()))
         held.append(meter.hold(t, "activations"))
         packed.add(ptr)
         return t
