@@ -75,11 +75,14 @@ def count_ops(model: ModelSpec, layout: Layout, num_ranks: int) -> int:
     kernels = len(layer_kernels(model, 1, 1, False))
     recomputed = {"none": 0, "selective": len(ATTENTION_CORE[model.attention]),
                   "full": kernels}[str(layout.recompute)]
-    tp = (4 if layout.sp else 2) * (3 if str(layout.recompute) == "full" else 2)
+    # TP collectives per layer: forward 2 (SP: 4), again when fully recomputed, backward 2
+    # (SP: 6, the column-parallel inputs re-gathered)
+    forward_tp = 4 if layout.sp else 2
+    tp = forward_tp * (2 if str(layout.recompute) == "full" else 1) + (6 if layout.sp else 2)
     per_layer = 2 * kernels + recomputed + (tp if layout.tp > 1 else 0) + (
         4 if layout.zero == 3 else 0)
     layers = model.layers // layout.pp  # per rank, over its model chunks
-    per_microbatch = layers * per_layer + 24
+    per_microbatch = layers * per_layer + 24 + 2 * layout.vp  # + a gather per receive
     return num_ranks * (layout.num_microbatches * per_microbatch + 64)
 
 
