@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
+import signal
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from contextlib import contextmanager
@@ -97,7 +98,8 @@ class Processes:
         methods = multiprocessing.get_all_start_methods()
         method = "forkserver" if "forkserver" in methods else "spawn"
         self.pool = ProcessPoolExecutor(max_workers=workers,
-                                        mp_context=multiprocessing.get_context(method))
+                                        mp_context=multiprocessing.get_context(method),
+                                        initializer=_leave_ctrl_c_to_the_parent)
 
     def map(self, task: Task[T, R], problem: Problem, items: Sequence[T],
             done: Done | None = None) -> list[R]:
@@ -128,6 +130,13 @@ class Processes:
             for process in list(getattr(self.pool, "_processes", {}).values()):
                 process.terminate()
         self.pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _leave_ctrl_c_to_the_parent() -> None:
+    """A worker ignores SIGINT: Ctrl-C reaches the whole process group, and the parent, which
+    turns it into one line and exit 130, terminates its workers itself (`Processes.abort`);
+    a worker interrupted mid-import would print a traceback."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 class RayCluster:

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -167,6 +168,7 @@ def test_text_and_report(capsys, config, tmp_path):
     assert not math.isnan(float(lines[0].split()[-2]))  # the analytic time column
 
 
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="needs Linux's /proc")
 def test_ctrl_c_exits_130_at_once_and_leaves_no_report(tmp_path):
     """Ctrl-C reaches the command and its workers (one process group): exit 130, one line,
     no report, no worker left running a queued simulation."""
@@ -174,7 +176,14 @@ def test_ctrl_c_exits_130_at_once_and_leaves_no_report(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "sim", "search", "--workers", "2",
                              "--report", str(report)], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
-    time.sleep(3)  # the GPT-3 search runs for a minute: it is well under way
+    # Once it has started its worker processes the search is under way (the GPT-3 search then
+    # runs for a minute); on Linux a process lists its children in /proc.
+    children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children")
+    deadline = time.monotonic() + 60
+    while not (children.exists() and children.read_text().strip()):
+        assert time.monotonic() < deadline and proc.poll() is None, "the search never started"
+        time.sleep(0.1)
+    time.sleep(1)
     os.killpg(proc.pid, signal.SIGINT)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130 and out == ""
