@@ -109,7 +109,7 @@ def host_gaps(trace: Trace, floor_s: float = 1e-9) -> dict[int, list[float]]:
                 out.append(0.0)
                 continue
             ready = max([last_on.get(op.stream, origin),
-                         *(ops[d].end for d in op.deps if ops[d].end is not None)])
+                         *(end for d in op.deps if (end := ops[d].end) is not None)])
             gap = op.start - ready
             out.append(gap if gap > floor_s else 0.0)
             last_on[op.stream] = op.end
