@@ -174,7 +174,7 @@ def stage_memory(model: ModelSpec, layout: Layout, pp_rank: int,
                            working_bytes=working_bytes(model, layout, pp_rank))
 
 
-def memory_by_stage(model: ModelSpec, layout: Layout) -> list[MemoryBreakdown]:
+def memory_by_pp_rank(model: ModelSpec, layout: Layout) -> list[MemoryBreakdown]:
     """One breakdown per pipeline rank, under the layout's own schedule."""
     schedule = build_schedule(str(layout.schedule), layout.pp, layout.num_microbatches, layout.vp)
     return [stage_memory(model, layout, r, schedule[r]) for r in range(layout.pp)]

@@ -27,8 +27,7 @@ from traces.ops import OpKind
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RankTime:
     rank: int
-    stage: int
-    """Pipeline rank."""
+    pp_rank: int
     compute_s: float
     exposed_comm_s: float
     idle_s: float
@@ -49,7 +48,7 @@ class StepSummary:
     fits: bool
     memory_capacity_bytes: float
     ranks: list[RankTime]
-    memory_by_stage: list[MemoryBreakdown]
+    memory_by_pp_rank: list[MemoryBreakdown]
     algorithms: dict[str, int]
 
 
@@ -62,8 +61,8 @@ def rank_times(times: StepTimes, layout: Layout | None = None) -> list[RankTime]
         busy = _union_length(starts[is_compute], ends[is_compute])
         # |comm outside compute| = |everything| - |compute|
         exposed = _union_length(starts, ends) - busy
-        stage = layout.coords(rank)["pp"] if layout else 0
-        out.append(RankTime(rank=rank, stage=stage, compute_s=busy, exposed_comm_s=exposed,
+        pp_rank = layout.coords(rank)["pp"] if layout else 0
+        out.append(RankTime(rank=rank, pp_rank=pp_rank, compute_s=busy, exposed_comm_s=exposed,
                             idle_s=max(step - busy - exposed, 0.0)))
     return out
 
@@ -92,7 +91,7 @@ def summarize(model: ModelSpec, layout: Layout, cluster: Cluster, times: StepTim
         fits=peak <= cluster.accelerator.memory_bytes,
         memory_capacity_bytes=cluster.accelerator.memory_bytes,
         ranks=ranks,
-        memory_by_stage=memory,
+        memory_by_pp_rank=memory,
         algorithms=dict(sorted(times.algorithms.items())),
     )
 

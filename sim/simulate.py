@@ -12,7 +12,7 @@ from typing import Any
 
 from sim.compute import ComputeModel
 from sim.config import Experiment
-from sim.memory import memory_by_stage
+from sim.memory import memory_by_pp_rank
 from sim.metrics import StepSummary, summarize
 from sim.replay import Progress, StepTimes, replay
 from traces.ops import Trace
@@ -30,7 +30,7 @@ def predict(exp: Experiment, *, fold: bool = True,
                              "network": exp.network})
     times = replay(plan, exp.cluster, ComputeModel(exp.cluster.accelerator, exp.profile),
                      network=exp.network, algo=exp.algo, progress=progress)
-    memory = memory_by_stage(exp.model, exp.layout)
+    memory = memory_by_pp_rank(exp.model, exp.layout)
     return summarize(exp.model, exp.layout, exp.cluster, times, memory), times
 
 
@@ -53,8 +53,8 @@ def summary_json(exp: Experiment, s: StepSummary) -> dict[str, Any]:
         "peak_memory_bytes": s.peak_memory_bytes,
         "memory_capacity_bytes": s.memory_capacity_bytes,
         "fits": s.fits,
-        "memory_by_stage": [{"stage": i, **asdict(m), "total_bytes": m.total_bytes}
-                            for i, m in enumerate(s.memory_by_stage)],
+        "memory_by_pp_rank": [{"pp_rank": i, **asdict(m), "total_bytes": m.total_bytes}
+                            for i, m in enumerate(s.memory_by_pp_rank)],
         "ranks": [asdict(r) for r in s.ranks],
         "algorithms": s.algorithms,
     }
@@ -89,10 +89,10 @@ def summary_text(exp: Experiment, s: StepSummary) -> str:
         f"  schedule            {L.schedule}, {L.num_microbatches} micro-batches of "
         f"{L.micro_batch}, global batch {L.global_batch}",
         *(f"  {label:<20}{value}" for label, value in headline(s)),
-        "  memory by stage (GiB)  params  grads  optim  activ  work  total",
+        "  memory by pipeline rank (GiB)  params  grads  optim  activ  work  total",
     ]
-    for i, m in enumerate(s.memory_by_stage):
-        lines.append(f"    stage {i:<3}            {m.params_bytes / GiB:6.1f} "
+    for i, m in enumerate(s.memory_by_pp_rank):
+        lines.append(f"    pp rank {i:<3}                {m.params_bytes / GiB:6.1f} "
                      f"{m.grads_bytes / GiB:6.1f} {m.optimizer_bytes / GiB:6.1f} "
                      f"{m.activations_bytes / GiB:6.1f} {m.working_bytes / GiB:5.1f} "
                      f"{m.total_bytes / GiB:6.1f}")

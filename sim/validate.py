@@ -38,7 +38,7 @@ from sim.calibrate.command import (
 )
 from sim.collective_table import parse_sizes
 from sim.config import Experiment, example_path, load_experiment
-from sim.memory import memory_by_stage
+from sim.memory import memory_by_pp_rank
 from sim.profile import Profile
 from sim.replay import StepTimes
 from sim.simulate import predict
@@ -155,7 +155,7 @@ def validate(exp: Experiment, *, steps: int = 3, warmup: int = 1, timeout: float
     measured, step_times, peaks = _run(exp, steps, warmup, timeout, keep)
     _, times = predict(exp, fold=False)
     comparison = compare(measured, times.timed_trace())
-    stages = memory_by_stage(exp.model, exp.layout)
+    stages = memory_by_pp_rank(exp.model, exp.layout)
     predicted_peaks = {r: stages[exp.layout.coords(r)["pp"]].total_bytes
                        for r in range(exp.layout.world)}
     return Validation(exp=exp, measured=measured, predicted=times, comparison=comparison,

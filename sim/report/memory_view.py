@@ -62,16 +62,16 @@ def memory_over_time_figure(curves: dict[int, list[tuple[float, float]]], capaci
     return fig
 
 
-def memory_by_stage_figure(summary: StepSummary, words: Words) -> go.Figure:
+def memory_by_pp_rank_figure(summary: StepSummary, words: Words) -> go.Figure:
     """Stacked GiB per pipeline stage at its peak, with the capacity as a dashed line."""
-    x = [f"stage {i}" for i in range(len(summary.memory_by_stage))]
+    x = [f"stage {i}" for i in range(len(summary.memory_by_pp_rank))]
     fig = go.Figure()
     for name, attr, colour in (("parameters", "params_bytes", "#4C78A8"),
                                ("gradients", "grads_bytes", "#F58518"),
                                ("optimizer state", "optimizer_bytes", "#54A24B"),
                                ("activations", "activations_bytes", "#B279A2"),
                                ("working buffers", "working_bytes", "#9D9D9D")):
-        values = [getattr(m, attr) / GiB for m in summary.memory_by_stage]
+        values = [getattr(m, attr) / GiB for m in summary.memory_by_pp_rank]
         fig.add_trace(go.Bar(name=name, x=x, y=values, marker_color=colour,
                              hovertemplate="%{x}: %{y:.2f} GiB<extra>" + name + "</extra>"))
     capacity = summary.memory_capacity_bytes / GiB

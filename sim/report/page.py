@@ -39,7 +39,7 @@ from sim.report.breakdown import (
 from sim.report.collectives import CommIndex, collective_rows
 from sim.report.lanes import lanes_view
 from sim.report.memory_view import (
-    memory_by_stage_figure,
+    memory_by_pp_rank_figure,
     memory_curves,
     memory_over_time_figure,
 )
@@ -85,7 +85,7 @@ def render_report(exp: Experiment, summary: StepSummary, times: StepTimes,
         "parasim-memory-time": memory_over_time_figure(
             memory_curves(exp, pipe.passes), summary.memory_capacity_bytes, words,
             times.step_time_s),
-        "parasim-memory": memory_by_stage_figure(summary, words),
+        "parasim-memory": memory_by_pp_rank_figure(summary, words),
     }
     tables = (usage_table(usage_by_lane(list(rank_lanes.values())), times.step_time_s)
               + collective_table(collective_rows(times, comm, cols), len(times.plan.ops)))

@@ -203,7 +203,7 @@ class Analytic:
     # --- memory --------------------------------------------------------------------------------
 
     def memory(self, layout: Layout) -> list[MemoryBreakdown]:
-        """`sim.memory.memory_by_stage`, with each rank's peak of micro-batches in flight
+        """`sim.memory.memory_by_pp_rank`, with each rank's peak of micro-batches in flight
         taken once per distinct schedule."""
         peaks = self._in_flight(layout)
         return [stage_memory(self.model, layout, r, _holding(peaks[r]))

@@ -9,7 +9,7 @@ import pytest
 from sim.memory import (
     MemoryBreakdown,
     activation_bytes_per_layer,
-    memory_by_stage,
+    memory_by_pp_rank,
     model_state_bytes,
     peak_in_flight,
     stage_memory,
@@ -148,7 +148,7 @@ def small_layout(**options) -> Layout:
 
 
 def test_small_stages_by_hand():
-    first, last = memory_by_stage(SMALL, small_layout(zero=1))
+    first, last = memory_by_pp_rank(SMALL, small_layout(zero=1))
     # Rank 0: 2 layers * 25184 + embedding 128*64/2 + 32*64 = 50368 + 6144 = 56512 parameters.
     assert first.params_bytes == 2 * 56512
     assert first.grads_bytes == 2 * 56512
@@ -167,7 +167,7 @@ def test_small_stages_by_hand():
 
 def test_small_stage_with_zero3_full_recompute_and_sp():
     layout = small_layout(zero=3, recompute=Recompute.FULL, sp=True)
-    first, last = memory_by_stage(dataclasses.replace(SMALL, attention="unfused"), layout)
+    first, last = memory_by_pp_rank(dataclasses.replace(SMALL, attention="unfused"), layout)
     s, b, h, a, t, v = 32, 1, 64, 4, 2, 128
     assert first.params_bytes == 2 * 56512 / 2
     assert first.grads_bytes == 2 * 56512 / 2
@@ -181,7 +181,7 @@ def test_small_stage_with_zero3_full_recompute_and_sp():
 
 def test_parameters_add_up_to_the_model_plus_the_tied_copy():
     layout = Layout(pp=4, global_batch=4)
-    params = sum(stage.params_bytes for stage in memory_by_stage(SMALL, layout)) / 2
+    params = sum(stage.params_bytes for stage in memory_by_pp_rank(SMALL, layout)) / 2
     copy = SMALL.vocab * SMALL.hidden  # the last stage's copy of the tied word embeddings
     assert params == SMALL.num_params() + copy
 
@@ -189,7 +189,7 @@ def test_parameters_add_up_to_the_model_plus_the_tied_copy():
 def test_interleaved_stage_holds_its_chunks_layers():
     model = ModelSpec(layers=8, hidden=64, heads=4, seq_len=32, vocab=128)
     layout = Layout(pp=2, vp=2, global_batch=2, schedule=Schedule.INTERLEAVED)
-    first, last = memory_by_stage(model, layout)
+    first, last = memory_by_pp_rank(model, layout)
     # Rank 0 runs stages 0 and 2 (layers 0-1 and 4-5) plus the embedding; rank 1 the head.
     assert first.params_bytes == 2 * (4 * model.layer_params() + model.embedding_params())
     assert last.params_bytes == 2 * (4 * model.layer_params() + model.head_params())
@@ -198,11 +198,11 @@ def test_interleaved_stage_holds_its_chunks_layers():
     assert first.activations_bytes == 4 * 2 * per_layer
 
 
-# --- memory_by_stage --------------------------------------------------------------------------
+# --- memory_by_pp_rank --------------------------------------------------------------------------
 
 def test_memory_by_stage_gpt3_one_f_one_b():
     layout = gpt3_layout(sp=True, recompute=Recompute.SELECTIVE, zero=1)
-    stages = memory_by_stage(GPT3, layout)
+    stages = memory_by_pp_rank(GPT3, layout)
     assert len(stages) == 16
     activations = [stage.activations_bytes for stage in stages]
     assert activations[0] == max(activations)
@@ -213,7 +213,7 @@ def test_memory_by_stage_gpt3_one_f_one_b():
 
 def test_memory_by_stage_gpipe_holds_all_micro_batches_everywhere():
     layout = Layout(pp=2, dp=1, global_batch=6, schedule=Schedule.GPIPE)
-    stages = memory_by_stage(SMALL, layout)
+    stages = memory_by_pp_rank(SMALL, layout)
     per_layer = activation_bytes_per_layer(SMALL, layout)
     assert [s.activations_bytes for s in stages] == [6 * 2 * per_layer] * 2
 
@@ -222,7 +222,7 @@ def test_stage_memory_matches_memory_by_stage():
     layout = small_layout(zero=2)
     schedule = build_schedule("1f1b", 2, 4)
     assert [stage_memory(SMALL, layout, r, schedule[r]) for r in range(2)] == \
-        memory_by_stage(SMALL, layout)
+        memory_by_pp_rank(SMALL, layout)
 
 
 def test_total_is_the_sum_of_the_parts():

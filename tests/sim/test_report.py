@@ -251,7 +251,7 @@ def test_memory_peaks_are_the_memory_model(pp4):
     _, summary, _, page, payload = pp4
     fig = payload["figures"]["parasim-memory-time"]
     peaks = next(t for t in fig["data"] if t.get("name") == "peak")
-    assert np.allclose(typed(peaks["y"]), [m.total_bytes / GiB for m in summary.memory_by_stage],
+    assert np.allclose(typed(peaks["y"]), [m.total_bytes / GiB for m in summary.memory_by_pp_rank],
                        rtol=1e-12)
     capacity = fig["layout"]["annotations"][0]["text"]
     assert capacity == f"GPU memory {summary.memory_capacity_bytes / GiB:.1f} GiB"

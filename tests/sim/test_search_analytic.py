@@ -7,7 +7,7 @@ import pytest
 
 from sim.compute import ComputeModel
 from sim.config import experiment_from_dict
-from sim.memory import memory_by_stage
+from sim.memory import memory_by_pp_rank
 from sim.search.analytic import Analytic
 from sim.search.passes import gradient_buckets
 from sim.simulate import predict
@@ -102,7 +102,7 @@ def test_memory_is_the_memory_model(layout):
     model = ModelSpec(**{**MODEL, "layers": 8}, attention="unfused")
     exp = experiment({"global_batch": 8, "dp": 8})
     analytic = Analytic(model, exp.cluster, exp.profile)
-    expected = memory_by_stage(model, layout)
+    expected = memory_by_pp_rank(model, layout)
     assert analytic.memory(layout) == expected
     assert analytic.peak_memory(layout) == max(m.total_bytes for m in expected)
 

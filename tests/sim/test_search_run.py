@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from sim.cli import main
-from sim.memory import memory_by_stage
+from sim.memory import memory_by_pp_rank
 from sim.search.engines import open_engine
 from sim.search.problem import context, problem_from_dict
 from sim.search.run import search, simulate_one
@@ -41,7 +41,7 @@ def result(problem):
 
 @pytest.fixture(scope="module")
 def independent():
-    """Every candidate judged by hand: the layout's own rules, then `memory_by_stage`."""
+    """Every candidate judged by hand: the layout's own rules, then `memory_by_pp_rank`."""
     model = ModelSpec(**SMALL["model"])
     search_table = SMALL["search"]
     keys = list(search_table)
@@ -56,7 +56,7 @@ def independent():
             invalid += 1
             continue
         valid.append(layout)
-        peak = max(m.total_bytes for m in memory_by_stage(model, layout))
+        peak = max(m.total_bytes for m in memory_by_pp_rank(model, layout))
         if peak <= 16 * GiB:
             fits.append(layout)
     return {"valid": valid, "fits": fits, "invalid": invalid}

@@ -52,7 +52,7 @@ def test_json_has_the_promised_fields_and_they_agree(capsys, small):
     r = json.loads(out)
     for key in ("step_time_s", "tokens_per_s", "model_tflops_per_gpu", "hardware_tflops_per_gpu",
                 "mfu", "bubble_fraction", "exposed_comm_s", "compute_s", "peak_memory_bytes",
-                "memory_by_stage", "fits"):
+                "memory_by_pp_rank", "fits"):
         assert key in r
     model = ModelSpec(layers=4, hidden=256, heads=16, seq_len=128, vocab=1024)
     step, world = r["step_time_s"], 16
@@ -63,8 +63,8 @@ def test_json_has_the_promised_fields_and_they_agree(capsys, small):
         megatron_step_flops(model, 16, True) / world / step / 1e12)
     assert r["mfu"] == pytest.approx(r["model_tflops_per_gpu"] * 1e12 / 989.4e12)
     assert 0 < r["bubble_fraction"] < 1 and r["fits"] is True
-    assert len(r["memory_by_stage"]) == 2
-    assert r["peak_memory_bytes"] == max(m["total_bytes"] for m in r["memory_by_stage"])
+    assert len(r["memory_by_pp_rank"]) == 2
+    assert r["peak_memory_bytes"] == max(m["total_bytes"] for m in r["memory_by_pp_rank"])
     for rank in r["ranks"]:  # the step splits into compute, exposed communication and idle
         assert rank["compute_s"] + rank["exposed_comm_s"] + rank["idle_s"] == pytest.approx(step)
 

@@ -69,7 +69,7 @@ def test_json_fields_are_present_and_consistent(files, capsys):
     s = run_json(capsys, "simulate", config, "--profile", profile, "--no-fold", "--json")
     assert v["step_time_predicted_s"] == pytest.approx(s["step_time_s"], rel=1e-12)
     assert set(v["peak_memory_predicted_bytes"].values()) == \
-        {m["total_bytes"] for m in s["memory_by_stage"]}
+        {m["total_bytes"] for m in s["memory_by_pp_rank"]}
     assert set(v["peak_memory_measured_bytes"]) == {"0", "1"}
     assert all(b > 0 for b in v["peak_memory_measured_bytes"].values())
     # Every class of op the plan holds is compared: kernels by phase, the TP collectives.
