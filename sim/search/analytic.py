@@ -20,14 +20,17 @@ layers per virtual stage):
               compute stream (kernels and inline TP/SP collectives, in order) or, where they
               take longer, its side streams (ZeRO-3's gathers, prefetched one unit ahead, and
               reduce-scatters)
-    t_vs      = F + B + 2·t_send              a chunk of layers only, with its two sends
-    W_r       = (v-1)·t_vs + F_r + B_r + 2·t_send    rank r's work per micro-batch
+    hop       = a pipeline send, and what the receiver runs on the data first (without SP,
+                the all-gather of the TP ranks' chunks)
+    t_vs      = F + B + 2·hop                 a chunk of layers only, one hop each way
+    W_r       = (v-1)·(F + B) + F_r + B_r + h_r·hop    rank r's work per micro-batch, with
+                h_r = 2v hops less one on the first and one on the last stage
     T_pipe    = start + m·max_r W_r + (p-1)·t_vs    the closed-form bubble: (p-1)/(v·m) of
                                                     m·v·t_vs; start: ZeRO-3's first gathers,
                                                     which nothing hides
     end_r     = exposed gradient reduction + tied-embedding all-reduce + optimizer
                 + ZeRO-1/2 parameter all-gather
-    T         = max_r (T_pipe - r·(B + t_send) + tail_r + end_r)   rank r finishes its
+    T         = max_r (T_pipe - r·(B + hop) + tail_r + end_r)   rank r finishes its
                 backward r stages before rank 0; tail_r: what its last unit's backward leaves
                 on the side streams (ZeRO-3's reduce-scatter, SP's replicated gradients)
 
@@ -137,16 +140,21 @@ class Analytic:
         layer, first, last = self._unit_times(layout, ops)
         p, v, m = layout.pp, layout.vp, layout.num_microbatches
         n = self.model.layers // layout.num_stages
-        send = self._send(layout, ops.send_bytes)
-        sends = 2 * send if p > 1 else 0.0
-        t_vs = _stage(n, layer).fwd + _stage(n, layer).bwd + sends
+        # A pipeline hop: the send, and what the receiver runs on the data first.
+        hop = self._send(layout, ops.send_bytes) + sum(
+            self._op_time(layout, op, axis) for op, axis in ops.after_receive)
+        chunk = _stage(n, layer)
+        t_vs = chunk.fwd + chunk.bwd + (2 * hop if p > 1 else 0.0)
         bubble = (p - 1) * t_vs
         ranks = _distinct_ranks(p)
         # The chunk holding an end of the model: the embedding on rank 0, the output layer on
-        # rank p-1 (both on rank 0 without a pipeline).
+        # rank p-1 (both on rank 0 without a pipeline). A chunk hops once forward and once
+        # backward, but the first stage receives nothing forward and the last nothing back.
         ends = {r: _stage(n, layer, *([first] if r == 0 else []),
                           *([last] if r == p - 1 else [])) for r in ranks}
-        per_microbatch = {r: (v - 1) * t_vs + ends[r].fwd + ends[r].bwd + sends for r in ranks}
+        hops = {r: 2 * v - (r == 0) - (r == p - 1) if p > 1 else 0 for r in ranks}
+        per_microbatch = {r: (v - 1) * (chunk.fwd + chunk.bwd) + ends[r].fwd + ends[r].bwd
+                          + hops[r] * hop for r in ranks}
         # ZeRO-3: nothing hides the step's first gathers (the embedding's and the first
         # layer's) before the first kernel can run.
         start = max(first.side_fwd + layer.side_fwd - first.compute_fwd, 0.0) \
@@ -154,11 +162,11 @@ class Analytic:
         pipe = start + m * max(per_microbatch.values()) + bubble
         step, compute = 0.0, 0.0
         for r in ranks:
-            end, optimizer = self._end_of_step(layout, ops, r, (v - 1) * _stage(n, layer).bwd
+            end, optimizer = self._end_of_step(layout, ops, r, (v - 1) * chunk.bwd
                                                + ends[r].bwd, per_microbatch[r])
             # Rank r's last backward ends r stages before rank 0's; what the last unit of it
             # leaves on the side streams (the embedding's on rank 0, else a layer's) follows.
-            finished = pipe - r * (_stage(n, layer).bwd + send)
+            finished = pipe - r * (chunk.bwd + hop)
             step = max(step, finished + ends[r].tail + end)
             compute = max(compute, m * ((v - 1) * n * layer.kernels + ends[r].kernels)
                           + optimizer)

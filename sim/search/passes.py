@@ -95,6 +95,9 @@ class PassOps:
     """The output layer's ops (on the last stage)."""
     send_bytes: float
     """Bytes of one pipeline send (activations forward, their gradients backward)."""
+    after_receive: tuple[Placed, ...]
+    """What the compute stream runs on each pipeline receive before the first kernel (without
+    SP under TP: the all-gather of the TP ranks' chunks)."""
     grad_reduction: OpKind | None
     """How bucketed gradients are reduced over DP: all-reduce (ZeRO 0), reduce-scatter
     (ZeRO 1/2), None (ZeRO-3 reduces per layer; no DP)."""
@@ -121,7 +124,9 @@ def pass_ops(model: ModelSpec, layout: Layout) -> PassOps:
     reduced_model = dataclasses.replace(model, layers=small.pp)
     ranks = [small.rank(pp=p) for p in range(small.pp)]
     plan = build(reduced_model, small, ranks=ranks)
-    first_ops, last_ops = plan.ops[ranks[0]], plan.ops[ranks[-1]]
+    receiving = _after_receive(plan.ops[ranks[-1]])
+    first_ops = _without(plan.ops[ranks[0]], _after_receive(plan.ops[ranks[0]]))
+    last_ops = _without(plan.ops[ranks[-1]], receiving)
     layer = _unit(small, ranks[-1], last_ops, lambda op: op.layer is not None)
     if small.pp > 1:
         first = _unit(small, ranks[0], first_ops, _outside_layers)
@@ -137,6 +142,8 @@ def pass_ops(model: ModelSpec, layout: Layout) -> PassOps:
     return PassOps(
         layer=layer, first=first, last=last,
         send_bytes=sends[0] if sends else 0.0,
+        after_receive=tuple((op, _axis(small, ranks[-1], op)) for op in receiving
+                            if op.microbatch == 0 and op.phase is Phase.FWD),
         grad_reduction=grads[0].kind if grads else None,
         reduce_every_microbatch=len({op.microbatch for op in grads}) > 1,
         gather_after_optimizer=any(op.phase is Phase.OPT and op.kind is OpKind.ALL_GATHER
@@ -172,6 +179,18 @@ def gradient_buckets(model: ModelSpec, layout: Layout, pp_rank: int) -> list[flo
         if filling:
             buckets.append(filling)
     return buckets
+
+
+def _after_receive(ops: Sequence[Op]) -> list[Op]:
+    """Compute-stream ops that wait for a pipeline receive (not kernels: collectives)."""
+    received = {i for i, op in enumerate(ops) if op.kind is OpKind.RECV}
+    return [op for op in ops if op.stream == Stream.COMPUTE and op.kind is not OpKind.COMPUTE
+            and received.intersection(op.deps)]
+
+
+def _without(ops: Sequence[Op], drop: list[Op]) -> list[Op]:
+    gone = {id(op) for op in drop}
+    return [op for op in ops if id(op) not in gone]
 
 
 def _outside_layers(op: Op) -> bool:
