@@ -20,4 +20,6 @@ The simulator never imports this package eagerly. Its parts, bottom up:
     program      a rank's plan lowered to runtime calls, checked before anything runs
     interpreter  runs a rank's program with the plan's stream and dependency semantics
     run          `parasim run`: build, check, launch, record, write (executor.run.run)
+    bench        `parasim calibrate --run`: the microbenchmark plan (traces.bench) through the
+                 same launcher, communicators, interpreter and recorder (executor.bench.run_bench)
 """

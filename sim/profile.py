@@ -4,7 +4,7 @@
      "compute": {"gemm_efficiency": 0.85, "gemm_tiles": [[256, 128], ...],
                  "memory_efficiency": 0.8, "launch_overhead_s": 3e-6, "roofline_exponent": 2,
                  "kernels": {"flash_attn": {"flops_efficiency": 0.6}}},
-     "links": {"nvlink": {"bandwidth_Bps": 2.5e11, "latency_s": 2.35e-7}},
+     "links": {"loopback": {"bandwidth_Bps": 1.4e9, "latency_s": 8e-5, "call_s": 3e-4}},
      "accelerator": {"peak_flops": 7.1e10, "hbm_bandwidth_Bps": 9.5e9}}
 
 `sim.compute` times kernels with `compute`; `links` (optional) replaces the cluster's figures
@@ -108,11 +108,16 @@ class LinkParams:
 
     bandwidth_Bps: float
     latency_s: float
+    call_s: float = 0.0
+    """What a collective call costs the library once, before any message moves, where the
+    ranks are joined by this class (gloo on loopback hands each call to a worker thread and
+    back: `sim.collectives.gloo`); NCCL's launch is its own model's (`nccl_plan`)."""
 
     def __post_init__(self) -> None:
         check_number(self.bandwidth_Bps, "bandwidth_Bps", minimum=MIN_BANDWIDTH_BPS,
                      maximum=MAX_BANDWIDTH_BPS)
         check_number(self.latency_s, "latency_s", minimum=0.0, maximum=MAX_LATENCY_S)
+        check_number(self.call_s, "call_s", minimum=0.0, maximum=MAX_LATENCY_S)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -142,7 +147,8 @@ class Profile:
     def applied_to(self, cluster: Cluster) -> Cluster:
         """`cluster` with this profile's measured link classes and roofs in place."""
         cluster = with_links(cluster, {kind: (p.bandwidth_Bps, p.latency_s)
-                                       for kind, p in self.links.items()})
+                                       for kind, p in self.links.items()},
+                             calls={kind: p.call_s for kind, p in self.links.items()})
         if self.accelerator is None:
             return cluster
         return with_accelerator(cluster, peak_flops=self.accelerator.peak_flops,
@@ -165,7 +171,8 @@ class Profile:
                         "memory_efficiency": c.memory_efficiency,
                         "launch_overhead_s": c.launch_overhead_s,
                         "roofline_exponent": c.roofline_exponent, "kernels": kernels},
-            "links": {kind: {"bandwidth_Bps": p.bandwidth_Bps, "latency_s": p.latency_s}
+            "links": {kind: {"bandwidth_Bps": p.bandwidth_Bps, "latency_s": p.latency_s,
+                             **({"call_s": p.call_s} if p.call_s else {})}
                       for kind, p in sorted(self.links.items())}}
         if self.accelerator is not None:
             out["accelerator"] = {"peak_flops": self.accelerator.peak_flops,
@@ -246,7 +253,7 @@ def _kernel(fields: Fields) -> KernelCost:
 
 
 def _link(fields: Fields) -> LinkParams:
-    fields.known(("bandwidth_Bps", "latency_s"))
+    fields.known(("bandwidth_Bps", "latency_s", "call_s"))
     for key in ("bandwidth_Bps", "latency_s"):
         if key not in fields:
             raise ConfigError(f"{fields.name(key)}: missing")
@@ -254,7 +261,9 @@ def _link(fields: Fields) -> LinkParams:
                                                   minimum=MIN_BANDWIDTH_BPS,
                                                   maximum=MAX_BANDWIDTH_BPS),
                       latency_s=fields.number("latency_s", 0.0, minimum=0.0,
-                                              maximum=MAX_LATENCY_S, unit=" s"))
+                                              maximum=MAX_LATENCY_S, unit=" s"),
+                      call_s=fields.number("call_s", 0.0, minimum=0.0,
+                                           maximum=MAX_LATENCY_S, unit=" s"))
 
 
 def _roofs(fields: Fields) -> AcceleratorRoofs:

@@ -2,12 +2,15 @@
 accelerator's roofs.
 
     cluster = with_links(cluster, {"loopback": (1.6e9, 2.1e-5)})    # (bytes/s, seconds)
+    cluster = with_links(cluster, {}, calls={"loopback": 3e-4})      # per collective call
     cluster = with_accelerator(cluster, peak_flops=7.1e10, hbm_bandwidth_Bps=9e9)
 
 What `parasim calibrate` measures replaces what a preset guessed: every directed link whose
 `kind` is named gets the measured bandwidth (what data flows can use, so no further efficiency
 is applied) and latency; kinds the cluster does not have are left alone (a profile measured on
-a server with NVLink and InfiniBand applies to one node without InfiniBand). The graph is
+a server with NVLink and InfiniBand applies to one node without InfiniBand). `calls` gives a
+class's per-call software cost of a collective (graph attribute `call_s`, by kind: what a
+library pays once per call, before any message moves; `call_cost` reads it). The graph is
 copied, never mutated: a `Cluster` is a value. Bad figures are the caller's to refuse
 (`sim.profile` reads them through `traces.fields`); here they are invariants.
 """
@@ -16,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 from topology.cluster import Cluster
 
@@ -24,15 +27,20 @@ LinkFigures = tuple[float, float]
 """(bandwidth in bytes/s per direction, latency in seconds) of one link."""
 
 
-def with_links(cluster: Cluster, figures: Mapping[str, LinkFigures]) -> Cluster:
-    """`cluster` with every link of each named kind carrying the given figures."""
+def with_links(cluster: Cluster, figures: Mapping[str, LinkFigures],
+               calls: Mapping[str, float] | None = None) -> Cluster:
+    """`cluster` with every link of each named kind carrying the given figures, and the
+    kinds in `calls` costing that much per collective call."""
     present = {kind: value for kind, value in figures.items() if kind in cluster.link_kind}
-    if not present:
+    costs = {kind: s for kind, s in (calls or {}).items() if kind in cluster.link_kind}
+    if not present and not costs:
         return cluster
     for kind, (bandwidth, latency) in present.items():
         assert math.isfinite(bandwidth) and bandwidth > 0, f"{kind}: bandwidth {bandwidth}"
         assert math.isfinite(latency) and latency >= 0, f"{kind}: latency {latency}"
+    assert all(math.isfinite(s) and s >= 0 for s in costs.values()), f"call costs {costs}"
     graph = cluster.graph.copy()
+    graph.graph["call_s"] = {**call_costs(cluster), **costs}
     for _, _, data in graph.edges(data=True):
         found = present.get(data["kind"])
         if found is not None:
@@ -58,6 +66,18 @@ def with_accelerator(cluster: Cluster, *, peak_flops: float | None = None,
     return Cluster(name=cluster.name, graph=cluster.graph, devices=cluster.devices,
                    accelerator=accelerator, devices_per_server=cluster.devices_per_server,
                    fabric=cluster.fabric)
+
+
+def call_costs(cluster: Cluster) -> dict[str, float]:
+    """The per-call cost of collectives by link kind (none: 0)."""
+    return dict(cluster.graph.graph.get("call_s", {}))
+
+
+def call_cost(cluster: Cluster, links: Iterable[int]) -> float:
+    """What one collective call over these links costs before any message moves: the
+    largest per-call cost of their classes."""
+    costs = call_costs(cluster)
+    return max((costs.get(cluster.link_kind[link], 0.0) for link in links), default=0.0)
 
 
 def link_figures(cluster: Cluster) -> dict[str, LinkFigures]:

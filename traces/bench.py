@@ -7,14 +7,19 @@ A bench plan is an ordinary plan trace, so it is recorded, saved and read like a
 fit reads its timed ops without knowing they came from a benchmark. Each rank's ops are
 sections, one after another (`meta.bench.sections`, with each rank's op range):
 
-    collectives  for each group size (the first g ranks), each collective kind, each size:
-                 `repeats` calls in a row on the compute stream, as nccl-tests loops one size;
-                 then send/recv between ranks 0 and 1 (each transfer waited for before the next)
-    probe        the compute ops of one training step of a one-layer model on one rank (world
+    collectives  for each group size (the first g ranks), each collective kind and each
+                 size, one call on the compute stream; then send/recv ping-pong between ranks 0
+                 and 1 (each transfer after the last); the whole sweep `repeats` times
+    probe        the compute ops of one training step of a small model on one rank (world
                  1: no communication), run by every rank at once, as in a real run where all
                  ranks compute together and share the host's cores and memory bandwidth. A grid
                  of probe shapes (hidden size, sequence, micro-batch) sweeps GEMM shapes and
-                 the sizes of the memory-bound kernels; each op is the plan's own kernel
+                 the sizes of the memory-bound kernels; each op is the plan's own kernel. The
+                 grid runs `probe_passes` times
+
+Repetitions are spread in time (the sweep, then the sweep again; not one size many times in a
+row), so that a slow spell of a shared machine falls on some samples of many sizes, which the
+fit's medians drop, rather than on every sample of a few.
 
 Sizes follow nccl-tests: all_reduce the buffer, reduce_scatter its input, all_gather its
 output; each is rounded down to a whole number of elements per member.
@@ -38,6 +43,10 @@ COLLECTIVE_KINDS = (OpKind.ALL_REDUCE, OpKind.REDUCE_SCATTER, OpKind.ALL_GATHER)
 """The collectives plans use (the executor runs no broadcast or all-to-all)."""
 MAX_BENCH_OPS = 200_000
 MAX_SIZE_BYTES = 2**31
+PROBE_LAYERS = 4
+"""Layers of a probe model. A kernel reads its weights after the other layers' kernels have
+run, as in any real model, not from a cache its own last call left warm: with one layer a
+hidden-128 fc1 ran 20-30% faster on a CPU with 1 MiB of L2 per core than in a 4-layer step."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -69,12 +78,17 @@ class BenchSpec:
     repeats: int = 5
     dtype: str = "fp32"
     probes: tuple[Probe, ...] = field(default_factory=tuple)
+    probe_passes: int = 2
+    gap_gemm: tuple[int, int, int] | None = (256, 256, 256)
+    """A GEMM (M, N, K) each member runs before each call (None: calls back to back)."""
 
     def __post_init__(self) -> None:
         if not 1 <= self.world <= 1024:
             raise ConfigError(f"bench: world {self.world} must be from 1 to 1024")
         if not 1 <= self.repeats <= 1000:
             raise ConfigError(f"bench: repeats {self.repeats} must be from 1 to 1000")
+        if not 1 <= self.probe_passes <= 100:
+            raise ConfigError(f"bench: probe passes {self.probe_passes} must be from 1 to 100")
         for size in self.sizes:
             if not 1 <= size <= MAX_SIZE_BYTES:
                 raise ConfigError(f"bench: size {size} bytes must be from 1 to 2 GiB")
@@ -109,14 +123,15 @@ def sweep_sizes(low: int, high: int, factor: int = 2) -> tuple[int, ...]:
 
 def probe_grid(dtype: str, attention: str = "flash", *, hidden: Sequence[int] = (64, 256),
                seq_len: Sequence[int] = (32, 128), micro_batch: Sequence[int] = (1, 4),
-               head_dim: int = 32, microbatches: int = 4) -> tuple[Probe, ...]:
+               head_dim: int = 32, microbatches: int = 2, layers: int = PROBE_LAYERS
+               ) -> tuple[Probe, ...]:
     """Probes over a grid of shapes: heads of `head_dim`, a vocabulary of 8·hidden."""
     probes = []
     for h in hidden:
         for s in seq_len:
             for b in micro_batch:
-                model = ModelSpec(layers=1, hidden=h, heads=max(1, h // head_dim), seq_len=s,
-                                  vocab=8 * h, dtype=dtype, attention=attention)
+                model = ModelSpec(layers=layers, hidden=h, heads=max(1, h // head_dim),
+                                  seq_len=s, vocab=8 * h, dtype=dtype, attention=attention)
                 probes.append(Probe(model=model, micro_batch=b, microbatches=microbatches))
     return tuple(probes)
 
@@ -127,9 +142,10 @@ def bench_plan(spec: BenchSpec) -> Trace:
     sections: list[dict[str, Any]] = []
     if spec.sizes and spec.world > 1:
         sections.append(_section("collectives", ops, lambda: _collectives(spec, ops)))
-    for probe in spec.probes:
-        sections.append({**_section("probe", ops, lambda p=probe: _probe(p, ops)),
-                         **probe.to_json()})
+    for _ in range(spec.probe_passes):
+        for probe in spec.probes:
+            sections.append({**_section("probe", ops, lambda p=probe: _probe(p, ops)),
+                             **probe.to_json()})
     total = sum(len(v) for v in ops.values())
     if total > MAX_BENCH_OPS:
         raise ConfigError(f"bench: {total:,} ops, more than {MAX_BENCH_OPS:,} (fewer sizes, "
@@ -152,27 +168,48 @@ def _section(kind: str, ops: dict[int, list[Op]], fill: Any) -> dict[str, Any]:
 
 def _collectives(spec: BenchSpec, ops: dict[int, list[Op]]) -> None:
     element = DTYPE_BYTES[spec.dtype]
-    for g in spec.groups():
-        group = tuple(range(g))
-        for kind in spec.kinds:
-            for size in spec.sizes:
-                whole = max(1, size // (g * element)) * g * element
-                for _ in range(spec.repeats):
+    gap = _gap_op(spec)
+    for _ in range(spec.repeats):
+        for g in spec.groups():
+            group = tuple(range(g))
+            for kind in spec.kinds:
+                for size in spec.sizes:
+                    whole = max(1, size // (g * element)) * g * element
                     for r in group:
+                        if gap is not None:
+                            ops[r].append(gap)
                         ops[r].append(Op(kind=kind, stream=Stream.COMPUTE, name="bench",
                                          group=group, size_bytes=float(whole),
                                          dtype=spec.dtype))
-    if not spec.p2p:
-        return
-    for size in spec.sizes:
-        size_bytes = float(max(1, size // element) * element)
-        for _ in range(spec.repeats):  # ping-pong: each transfer starts after the previous
-            _transfer(ops, 0, 1, size_bytes, spec.dtype)
-            _transfer(ops, 1, 0, size_bytes, spec.dtype)
+        if not spec.p2p:
+            continue
+        for size in spec.sizes:  # ping-pong: each transfer starts after the previous
+            size_bytes = float(max(1, size // element) * element)
+            _transfer(ops, 0, 1, size_bytes, spec.dtype, gap)
+            _transfer(ops, 1, 0, size_bytes, spec.dtype, gap)
 
 
-def _transfer(ops: dict[int, list[Op]], src: int, dst: int, size: float, dtype: str) -> None:
-    """A send and its receive, each after its rank's previous op."""
+def _gap_op(spec: BenchSpec) -> Op | None:
+    """The kernel before each call: a training step issues its communication between
+    kernels, and on a CPU host that is not what a tight loop of calls measures (a member
+    blocked in a call, or idle, is woken more slowly after a kernel; on this kind of host a
+    64 KiB gloo all-reduce took 0.5 ms back to back and 0.9-3 ms between 1 ms kernels)."""
+    if spec.gap_gemm is None:
+        return None
+    m, n, k = spec.gap_gemm
+    e = DTYPE_BYTES[spec.dtype]
+    return Op(kind=OpKind.COMPUTE, stream=Stream.COMPUTE, name="bench_gemm", gemm=(1, m, n, k),
+              flops=2.0 * m * n * k, mem_bytes=float((m * k + k * n + m * n) * e),
+              dtype=spec.dtype)
+
+
+def _transfer(ops: dict[int, list[Op]], src: int, dst: int, size: float, dtype: str,
+              gap: Op | None) -> None:
+    """A send (after the sender's kernel, if any) and its receive, each after its rank's
+    previous op."""
+    if gap is not None:
+        mine = ops[src]
+        ops[src].append(dataclasses.replace(gap, deps=(len(mine) - 1,) if mine else ()))
     for rank, kind, stream, peer in ((src, OpKind.SEND, Stream.SEND_NEXT, dst),
                                      (dst, OpKind.RECV, Stream.RECV_PREV, src)):
         mine = ops[rank]

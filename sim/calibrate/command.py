@@ -302,7 +302,8 @@ def summary_json(profile: Profile, report: FitReport, target: Target, out: str
         "links": [] if links is None else [
             {"kind": e.kind, "latency_s": e.latency_s, "latency_ci_s": list(e.latency_ci_s),
              "bandwidth_Bps": e.bandwidth_Bps,
-             "bandwidth_ci_Bps": [e.bandwidth_ci_Bps[0], _finite(e.bandwidth_ci_Bps[1])]}
+             "bandwidth_ci_Bps": [e.bandwidth_ci_Bps[0], _finite(e.bandwidth_ci_Bps[1])],
+             "call_s": e.call_s, "call_ci_s": list(e.call_ci_s)}
             for e in links.links],
         "link_rms_error": None if links is None else links.rms_error,
         "link_algorithms": {} if links is None else links.algorithms,
@@ -337,7 +338,9 @@ def summary_text(s: dict[str, Any]) -> str:
             f"  link {e['kind']:<10} latency {e['latency_s'] * 1e6:.2f} us "
             f"[{e['latency_ci_s'][0] * 1e6:.2f}, {e['latency_ci_s'][1] * 1e6:.2f}]   "
             f"bandwidth {e['bandwidth_Bps'] / 1e9:.3g} GB/s [{lo / 1e9:.3g}, "
-            f"{'inf' if hi is None else f'{hi / 1e9:.3g}'}]")
+            f"{'inf' if hi is None else f'{hi / 1e9:.3g}'}]"
+            + (f"   per call {e['call_s'] * 1e6:.1f} us [{e['call_ci_s'][0] * 1e6:.1f}, "
+               f"{e['call_ci_s'][1] * 1e6:.1f}]" if e["call_s"] else ""))
     if s["link_rms_error"] is not None:
         algos = ", ".join(f"{k} {v}" for k, v in s["link_algorithms"].items())
         worst = max(s["link_residuals"], key=lambda r: abs(r["error"]))

@@ -27,7 +27,7 @@ from sim.profile import (
 )
 from topology.cluster import Accelerator, Cluster
 from traces.errors import ConfigError
-from traces.fields import MAX_LATENCY_S
+from traces.fields import MAX_BANDWIDTH_BPS, MAX_LATENCY_S, MAX_TFLOPS
 from traces.ops import Trace
 
 MEASURED_ROOFS = ("CPU-localhost",)
@@ -64,7 +64,7 @@ def fit_profile(traces: Sequence[Trace], cluster: Cluster, *, base: Profile,
     profile = Profile(
         name=name, calibrated=True, compute=params, accelerator=accelerator,
         links={**base.links, **({e.kind: LinkParams(bandwidth_Bps=e.bandwidth_Bps,
-                                                    latency_s=e.latency_s)
+                                                    latency_s=e.latency_s, call_s=e.call_s)
                                  for e in links.links} if links else {})})
     return profile, FitReport(links=links, compute=kernels, num_comm_samples=len(comm),
                               num_compute_samples=len(compute))
@@ -73,13 +73,15 @@ def fit_profile(traces: Sequence[Trace], cluster: Cluster, *, base: Profile,
 def _compute_params(fit: ComputeFit | None, acc: Accelerator, base: ComputeParams
                     ) -> tuple[AcceleratorRoofs | None, ComputeParams]:
     """Efficiencies relative to the roofs: the data sheet's, or measured ones — the best rate
-    the data pin down — where there is no data sheet or a fitted rate beats it. A rate the
-    data leave free (a kernel all overhead at every shape) is set at the roof: its term was
-    negligible wherever it was measured."""
+    the data pin down (else the best fitted) — where there is no data sheet or a fitted rate
+    beats it. A rate above its roof is the roof (efficiency 1): a rate the data leave free
+    went to its bound because its term was negligible wherever it was measured."""
     if fit is None:
         return None, base
-    flops = [k.flops_rate for k in fit.kernels if k.flops_rate is not None and k.identified]
-    memory = [k.memory_rate for k in fit.kernels if k.memory_rate is not None and k.identified]
+    flops = _roof_candidates([(k.flops_rate, k.identified) for k in fit.kernels],
+                             MAX_TFLOPS * 1e12)
+    memory = _roof_candidates([(k.memory_rate, k.identified) for k in fit.kernels]
+                              + [(fit.memory_rate, False)], MAX_BANDWIDTH_BPS)
     peak, hbm = acc.peak_flops, acc.hbm_bandwidth_Bps
     measured = acc.name in MEASURED_ROOFS or max(flops, default=0) > peak or \
         max(memory, default=0) > hbm
@@ -87,14 +89,11 @@ def _compute_params(fit: ComputeFit | None, acc: Accelerator, base: ComputeParam
     if measured:
         peak, hbm = max(flops, default=peak), max(memory, default=hbm)
         roofs = AcceleratorRoofs(peak_flops=peak, hbm_bandwidth_Bps=hbm)
-    gemm = [k.flops_rate / peak for k in fit.kernels
-            if k.flops_rate is not None and k.identified]
+    gemm = [k.flops_rate / peak for k in fit.kernels if k.flops_rate is not None]
     overheads = [k.overhead_s for k in fit.kernels]
     kernels = {k.name: KernelCost(
-        flops_efficiency=_fraction(k.flops_rate / peak if k.identified else 1.0)
-        if k.flops_rate is not None else None,
-        memory_efficiency=_fraction(k.memory_rate / hbm if k.identified else 1.0)
-        if k.memory_rate is not None else None,
+        flops_efficiency=_fraction(k.flops_rate / peak) if k.flops_rate is not None else None,
+        memory_efficiency=_fraction(k.memory_rate / hbm) if k.memory_rate is not None else None,
         overhead_s=min(k.overhead_s, MAX_LATENCY_S)) for k in fit.kernels}
     params = ComputeParams(
         gemm_efficiency=_fraction(statistics.median(gemm)) if gemm else base.gemm_efficiency,
@@ -103,6 +102,12 @@ def _compute_params(fit: ComputeFit | None, acc: Accelerator, base: ComputeParam
         launch_overhead_s=min(statistics.median(overheads), MAX_LATENCY_S),
         roofline_exponent=fit.exponent, kernels=kernels)
     return roofs, params
+
+
+def _roof_candidates(rates: list[tuple[float | None, bool]], bound: float) -> list[float]:
+    """The rates a measured roof may be: those the data pin down, else any off its bound."""
+    known = [r for r, identified in rates if r is not None and identified]
+    return known or [r for r, _ in rates if r is not None and r < 0.999 * bound]
 
 
 def _fraction(value: float) -> float:

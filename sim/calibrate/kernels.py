@@ -14,9 +14,10 @@ Rm (each kernel without FLOPs, whose time is its bytes; the others share one Rm,
 them) and the overhead; and one exponent p for all. W, B and the launch count are taken from
 the model itself (`gemm_work` below runs its tile search), so a fit can only move what the
 simulator would move. The residuals are log(t_model / t_measured) — relative errors, so a 10 µs
-kernel weighs as much as a 10 ms one — on the median of each distinct (kernel, phase, shape),
+kernel weighs as much as a 10 ms one — on the mean of each distinct (kernel, phase, shape)
+(a step is a sum of kernels: their expected time adds up, not their typical one),
 solved by `scipy.optimize.least_squares` (trust region, soft-L1 loss against the odd slow
-sample the median lets through); intervals come from its Jacobian.
+shape a slow spell spoiled); intervals come from its Jacobian.
 
 The profile written from the fit: where the accelerator has data-sheet roofs the efficiencies
 are R / peak and Rm / bandwidth; where it has none (the CPU of `localhost`) or a rate beats
@@ -103,7 +104,7 @@ def _points(samples: Sequence[ComputeSample], tiles: Sequence[tuple[int, int]],
     points = []
     for group in grouped.values():
         s = group[0]
-        seconds = statistics.median(x.seconds for x in group)
+        seconds = statistics.fmean(x.seconds for x in group)
         if seconds <= 0:
             continue
         if s.gemm:

@@ -4,22 +4,28 @@ with the simulator's own lowerings as the design.
 For a fixed lowering (the algorithm `auto` picks on the cluster, or a transfer's route), the
 time the simulator gives a communication of S bytes, alone on the network, is
 
-    T = c + Σ_k a_k · latency_k + Σ_k b_k · (1 / bandwidth_k)
+    T = c + Σ_k a_k · latency_k + Σ_k b_k · (1 / bandwidth_k) + Σ_k d_k · call_k
 
 where a_k counts the class-k link latencies on its critical path (a ring all-reduce of n ranks
-on localhost crosses 2(n-1) hops of 2 loopback links: a = 4(n-1)) and b_k the bytes that cross
-the busiest class-k link (2(n-1)/n · S for that ring). Rather than restate each algorithm's
-formula, the design is read off the simulator: the same lowering is timed (`analytic_time`,
-which the flow model equals when nothing else is in flight) on copies of the cluster whose
-figures are basis values — every latency 0 and bandwidth unbounded (c: what a protocol adds on
-its own), latency 1 s on class k alone (c + a_k), bandwidth 1 B/s on class k alone (c + b_k).
-The sum is exact when one class is the bottleneck of every flow (one host, one NVLink domain);
-across classes the simulator takes the busiest link, so there it is the usual linearisation.
+on localhost crosses 2(n-1) hops of 2 loopback links: a = 4(n-1)), b_k the bytes that cross
+the busiest class-k link (2(n-1)/n · S for that ring) and d_k is 1 where the lowering pays the
+class's per-call cost (gloo's collectives, not its sends: `sim.collectives.gloo`). Rather
+than restate each algorithm's formula, the design is read off the simulator: the same lowering
+is timed (`analytic_time`, which the flow model equals when nothing else is in flight) on
+copies of the cluster whose figures are basis values — every latency and call cost 0 and
+bandwidth unbounded (c: what a protocol adds on its own), latency 1 s on class k alone
+(c + a_k), bandwidth 1 B/s on class k alone (c + b_k), call cost 1 s on class k alone
+(c + d_k). The sum is exact when one class is the bottleneck of every flow (one host, one
+NVLink domain); across classes the simulator takes the busiest link, so there it is the usual
+linearisation.
 
-The system is solved by bounded linear least squares (`scipy.optimize.lsq_linear`) in relative
-terms (each row divided by its measured time, so a 4 KiB message weighs as much as a 256 MiB
-one), on the median of each distinct (op, group, size). Reported: each figure with a 95%
-interval from the residual variance, (AᵀA)⁻¹ and the t quantile, and the residuals by op.
+The system is solved by bounded least squares (`scipy.optimize.least_squares`, soft-L1 loss) in
+relative terms (each row divided by its measured time, so a 4 KiB message weighs as much as a
+256 MiB one), on the mean of each distinct (op, group, size): a step adds its communications
+up, so their expected cost is what predicts it, slow tail included (on a small CPU host a
+blocked rank is sometimes woken milliseconds late; the median would not see it, the step
+does). Reported: each figure with a 95% interval from the residual variance, (AᵀA)⁻¹ and the t
+quantile, and the residuals by op.
 """
 
 from __future__ import annotations
@@ -52,6 +58,9 @@ class LinkEstimate:
     latency_ci_s: tuple[float, float]
     bandwidth_Bps: float
     bandwidth_ci_Bps: tuple[float, float]
+    call_s: float = 0.0
+    """Per collective call, before any message moves (`LinkParams.call_s`)."""
+    call_ci_s: tuple[float, float] = (0.0, 0.0)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -96,7 +105,7 @@ def _rows(samples: Sequence[CommSample]) -> list[_Row]:
     grouped: dict[tuple[OpKind, tuple[int, ...], float], list[float]] = defaultdict(list)
     for s in samples:
         grouped[(s.kind, s.group, s.size_bytes)].append(s.seconds)
-    return [_Row(k, g, size, statistics.median(v), len(v))
+    return [_Row(k, g, size, statistics.fmean(v), len(v))
             for (k, g, size), v in sorted(grouped.items(), key=lambda kv: (str(kv[0][0]),
                                                                              kv[0][1:]))]
 
@@ -124,25 +133,29 @@ class _Design:
         assert lowering is not None, f"{name} applies to {row.kind} on {row.group}"
         return lowering
 
-    def times(self, latency: dict[str, float], bandwidth: dict[str, float]) -> np.ndarray:
+    def times(self, latency: dict[str, float], bandwidth: dict[str, float],
+              call: dict[str, float]) -> np.ndarray:
         figures = {k: (bandwidth.get(k, UNBOUNDED_BPS), latency.get(k, 0.0))
                    for k in set(self.cluster.link_kind)}
-        basis = with_links(self.cluster, figures)
+        basis = with_links(self.cluster, figures,
+                           calls={k: call.get(k, 0.0) for k in set(self.cluster.link_kind)})
         collectives = Collectives(basis)
         return np.array([analytic_time(basis, self._lowering(collectives, row, name), row.size)
                          for row, name in zip(self.rows, self.names)])
 
     def matrix(self) -> tuple[np.ndarray, np.ndarray]:
-        """(c, A): times = c + A @ [latency_k..., 1/bandwidth_k...]."""
-        c = self.times({}, {})
-        columns = [self.times({k: 1.0}, {}) - c for k in self.kinds]
-        columns += [self.times({}, {k: 1.0}) - c for k in self.kinds]
+        """(c, A): times = c + A @ [latency_k..., 1/bandwidth_k..., call_k...]."""
+        c = self.times({}, {}, {})
+        columns = [self.times({k: 1.0}, {}, {}) - c for k in self.kinds]
+        columns += [self.times({}, {k: 1.0}, {}) - c for k in self.kinds]
+        columns += [self.times({}, {}, {k: 1.0}) - c for k in self.kinds]
         return c, np.stack(columns, axis=1)
 
 
 def fit_links(samples: Sequence[CommSample], cluster: Cluster, *, algo: str = "auto",
               confidence: float = 0.95) -> LinkFit:
-    """Latency and bandwidth of every link class the samples' communication crosses."""
+    """Latency, bandwidth and per-call cost of every link class the samples' communication
+    crosses (a call cost only where some lowering pays one: gloo's collectives)."""
     rows = _rows(samples)
     if not rows:
         raise ConfigError("calibrate: the traces hold no timed communication to fit links to")
@@ -150,32 +163,45 @@ def fit_links(samples: Sequence[CommSample], cluster: Cluster, *, algo: str = "a
     c, a = design.matrix()
     measured = np.array([r.seconds for r in rows])
     k = len(design.kinds)
-    if len(rows) < 2 * k:
-        raise ConfigError(f"calibrate: {len(rows)} distinct communications cannot fit "
-                          f"{2 * k} link figures (sweep more sizes)")
     start = link_figures(cluster)
     # Unknowns scaled by the cluster's own figures, so the columns are of one magnitude.
     scale = np.array([max(start.get(kind, (1e9, 1e-5))[1], 1e-7) for kind in design.kinds]
-                     + [1.0 / start.get(kind, (1e9, 1e-5))[0] for kind in design.kinds])
-    weighted = a * scale / measured[:, None]
+                     + [1.0 / start.get(kind, (1e9, 1e-5))[0] for kind in design.kinds]
+                     + [1e-4] * k)
+    lower = np.concatenate([np.zeros(k), np.full(k, 1 / MAX_BANDWIDTH_BPS), np.zeros(k)])
+    upper = np.concatenate([np.full(k, MAX_LATENCY_S), np.full(k, 1 / MIN_BANDWIDTH_BPS),
+                            np.full(k, MAX_LATENCY_S)])
+    # Fit only what some row depends on (no gloo collective: no call cost to fit).
+    free = np.flatnonzero(np.abs(a).max(axis=0) > 0)
+    if len(rows) < len(free):
+        raise ConfigError(f"calibrate: {len(rows)} distinct communications cannot fit "
+                          f"{len(free)} link figures (sweep more sizes)")
+    weighted = a[:, free] * scale[free] / measured[:, None]
     target = (measured - c) / measured
-    lower = np.concatenate([np.zeros(k), np.full(k, 1 / MAX_BANDWIDTH_BPS)]) / scale
-    upper = np.concatenate([np.full(k, MAX_LATENCY_S), np.full(k, 1 / MIN_BANDWIDTH_BPS)]) / scale
-    solved = optimize.lsq_linear(weighted, target, bounds=(lower, upper), method="bvls",
-                                 tol=1e-14)
-    x = solved.x * scale
+    lo, hi = lower[free] / scale[free], upper[free] / scale[free]
+    # Linear in the unknowns; a soft-L1 loss so that the odd size a slow spell spoiled in
+    # every repeat weighs as a 10% error, not as its square.
+    x0 = np.clip(np.ones(len(free)), lo + 1e-12, hi * (1 - 1e-9))
+    solved = optimize.least_squares(lambda z: weighted @ z - target, x0,
+                                    jac=lambda z: weighted, bounds=(lo, hi),
+                                    loss="soft_l1", f_scale=0.1, x_scale="jac",
+                                    xtol=1e-15, ftol=1e-15, gtol=1e-15, max_nfev=10000)
+    x = np.zeros(3 * k)
+    half = np.zeros(3 * k)
+    x[free] = solved.x * scale[free]
+    half[free] = _half_widths(weighted, target - weighted @ solved.x, confidence) * scale[free]
     fitted = c + a @ x
-    half = _half_widths(weighted, target - weighted @ solved.x, confidence) * scale
     links = []
     for i, kind in enumerate(design.kinds):
-        lat, inv = x[i], x[k + i]
-        dl, di = half[i], half[k + i]
+        lat, inv, call = x[i], x[k + i], x[2 * k + i]
+        dl, di, dc = half[i], half[k + i], half[2 * k + i]
         links.append(LinkEstimate(
             kind=kind, latency_s=float(lat),
             latency_ci_s=(float(max(0.0, lat - dl)), float(lat + dl)),
             bandwidth_Bps=float(1 / inv),
             bandwidth_ci_Bps=(float(1 / (inv + di)),
-                              float(1 / (inv - di)) if inv > di else math.inf)))
+                              float(1 / (inv - di)) if inv > di else math.inf),
+            call_s=float(call), call_ci_s=(float(max(0.0, call - dc)), float(call + dc))))
     residuals = tuple(Residual(op=str(r.kind), group_size=len(r.group), size_bytes=r.size,
                                measured_s=r.seconds, fitted_s=float(f), samples=r.count)
                       for r, f in zip(rows, fitted))

@@ -15,6 +15,7 @@ from sim.collectives import Collectives, analytic_time
 from sim.compute import ComputeModel
 from sim.config import experiment_from_dict
 from sim.profile import (
+    KERNEL_NAMES,
     AcceleratorRoofs,
     ComputeParams,
     KernelCost,
@@ -32,7 +33,7 @@ from topology.override import link_figures, with_links
 from traces.bench import BenchSpec, bench_plan, probe_grid, sweep_sizes
 from traces.ops import OpKind
 
-TRUE_LINK = LinkParams(bandwidth_Bps=1.3e9, latency_s=7e-6)
+TRUE_LINK = LinkParams(bandwidth_Bps=1.3e9, latency_s=7e-6, call_s=3e-4)
 TRUE_COMPUTE = ComputeParams(
     gemm_efficiency=0.6, gemm_tiles=((8, 8),), memory_efficiency=0.4, launch_overhead_s=3e-5,
     roofline_exponent=3.0,
@@ -63,6 +64,7 @@ def test_link_figures_are_recovered_within_one_percent(world):
     fitted = profile.links["loopback"]
     assert fitted.bandwidth_Bps == pytest.approx(TRUE_LINK.bandwidth_Bps, rel=0.01)
     assert fitted.latency_s == pytest.approx(TRUE_LINK.latency_s, rel=0.01)
+    assert fitted.call_s == pytest.approx(TRUE_LINK.call_s, rel=0.01)
     (estimate,) = report.links.links
     lo, hi = estimate.latency_ci_s  # exact data: an interval of (almost) no width around it
     assert lo * (1 - 1e-9) <= TRUE_LINK.latency_s <= hi * (1 + 1e-9)
@@ -133,8 +135,9 @@ def test_observed_durations_are_the_simulated_ones():
             collectives.resolve(s.kind, s.group, s.size_bytes)[1]
         assert s.seconds == pytest.approx(analytic_time(true_cluster, lowering, s.size_bytes),
                                           rel=1e-9)
-    assert len(compute) == sum(1 for op in trace.ops[0] + trace.ops[1]
-                               if op.kind is OpKind.COMPUTE and op.name not in ("", "bench"))
+    kernels = [op for op in trace.ops[0] + trace.ops[1]
+               if op.kind is OpKind.COMPUTE and op.name in KERNEL_NAMES]
+    assert len(compute) == len(kernels)  # the GEMMs between calls are not the plan's kernels
 
 
 def test_gemm_work_is_the_compute_models_tile_count():
@@ -166,6 +169,12 @@ def test_gloo_lowering_on_localhost_matches_what_gloo_runs():
     assert analytic_time(cluster, rs, size) == analytic_time(cluster, ar, size)
     # ring all-reduce: 2(n-1) hops of two 10 us links, 2(n-1)/n of the bytes at 1 GB/s
     assert analytic_time(cluster, ar, size) == pytest.approx(2 * 3 * 2e-5 + 1.5 * size / 1e9)
+    # A per-call cost is paid once per collective, not per send.
+    costly = with_links(cluster, {}, calls={"loopback": 3e-4})
+    c2 = Collectives(costly)
+    assert analytic_time(costly, c2.resolve(OpKind.ALL_REDUCE, group, size)[1], size) == \
+        pytest.approx(3e-4 + 2 * 3 * 2e-5 + 1.5 * size / 1e9)
+    assert analytic_time(costly, c2.p2p(0, 1), size) == pytest.approx(2e-5 + size / 1e9)
     assert c.resolve(OpKind.ALL_GATHER, group, size)[0] == "gloo"
     # On an NVSwitch server nothing changes.
     assert c.lowering(OpKind.ALL_REDUCE, group, "gloo") is not None

@@ -1,0 +1,135 @@
+"""Benchmark: calibrate this machine from microbenchmarks only, then predict held-out steps.
+
+    python tests/bench/bench_calibration.py [--runs 5] [--sizes 4K:256M] [--profile P.json]
+
+On the host's CPU with gloo (2 ranks): `parasim calibrate --run localhost` (collective sweeps,
+send/recv, compute probes over a grid of shapes; never a step of the cases below), then each
+held-out full step is run for real (`executor.run`, 2 warm-up steps, `--runs` recorded) and
+predicted by `sim.simulate.predict` with the fitted profile:
+
+    DP 2 · TP 2 · PP 2 1F1B m=4 · PP 2 1F1B m=8 · ZeRO-3 on 2 ranks
+
+all on the tiny GPT of sim/examples/gpt-tiny-localhost.toml (4 layers, hidden 128, fp32, flash
+attention, micro-batch 2). Prints each case's measured step (median of the runs), predicted
+step and error, and the MAPE over the cases; with `--calibrations K` the calibration is
+repeated K times and the medians of the errors are reported too. The load average is printed
+before and after (the machine is shared: quote figures from quiet runs). Target: MAPE <= 15%.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import time
+
+from sim.calibrate.command import DEFAULT_PROBES, bench_spec, parse_probes, resolve_target
+from sim.calibrate.fit import fit_profile
+from sim.collective_table import parse_sizes
+from sim.config import experiment_from_dict
+from sim.profile import Profile, load_profile
+from sim.simulate import predict
+
+MODEL = {"layers": 4, "hidden": 128, "heads": 4, "seq_len": 64, "vocab": 512, "dtype": "fp32",
+         "attention": "flash"}
+CASES = {
+    "DP 2": {"dp": 2, "micro_batch": 2, "global_batch": 8},
+    "TP 2": {"tp": 2, "micro_batch": 2, "global_batch": 8},
+    "PP 2 1F1B m=4": {"pp": 2, "micro_batch": 2, "global_batch": 8, "schedule": "1f1b"},
+    "PP 2 1F1B m=8": {"pp": 2, "micro_batch": 2, "global_batch": 16, "schedule": "1f1b"},
+    "ZeRO-3 DP 2": {"dp": 2, "zero": 3, "micro_batch": 2, "global_batch": 8},
+}
+
+
+def load() -> str:
+    one, five, _ = os.getloadavg()
+    return f"load {one:.2f} (1 min) {five:.2f} (5 min)"
+
+
+def wait_for_quiet(max_load: float, patience_s: float) -> None:
+    """Wait (up to `patience_s`) until the 1-minute load average is under `max_load`: the
+    machine is shared, and another job's processes on our 2 cores are noise, not model."""
+    end = time.monotonic() + patience_s
+    while os.getloadavg()[0] >= max_load and time.monotonic() < end:
+        time.sleep(5)
+
+
+def calibrate(sizes: str, probes: str, repeats: int, keep: str | None) -> Profile:
+    from sim.calibrate.command import run_microbenchmarks
+
+    target = resolve_target("localhost", 2)
+    spec = bench_spec(target, parse_sizes(sizes), repeats, parse_probes(probes, target))
+    start = time.perf_counter()
+    trace = run_microbenchmarks(spec, keep, timeout=1800)
+    profile, report = fit_profile([trace], target.cluster, base=target.profile,
+                                  name="bench-calibration")
+    link = profile.links["loopback"]
+    print(f"calibrated in {time.perf_counter() - start:.0f} s: loopback "
+          f"{link.latency_s * 1e6:.1f} us, {link.bandwidth_Bps / 1e9:.2f} GB/s (links rms "
+          f"{report.links.rms_error:.1%}, compute rms {report.compute.rms_error:.1%})",
+          flush=True)
+    return profile
+
+
+def measure(name: str, runs: int, profile: Profile) -> tuple[float, float]:
+    from executor.run import run
+
+    config = {"model": MODEL, "parallel": CASES[name],
+              "cluster": {"preset": "localhost", "gpus_per_node": 2}}
+    exp = experiment_from_dict(config, name=name)
+    exp = type(exp)(name=exp.name, model=exp.model, layout=exp.layout,
+                    cluster=profile.applied_to(exp.cluster), profile=profile)
+    with tempfile.TemporaryDirectory() as out:
+        result = run(exp, out, steps=runs, warmup=2, timeout=600)
+    assert result is not None
+    measured = statistics.median(result.step_seconds)
+    predicted = predict(exp, fold=False)[0].step_time_s
+    return measured, predicted
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--runs", type=int, default=5, help="recorded steps per case")
+    parser.add_argument("--calibrations", type=int, default=1)
+    parser.add_argument("--sizes", default="4K:256M")
+    parser.add_argument("--probes", default=DEFAULT_PROBES)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--profile", help="use this profile instead of calibrating")
+    parser.add_argument("--keep", help="keep the microbenchmark traces here")
+    parser.add_argument("--cases", default=",".join(CASES))
+    parser.add_argument("--max-load", type=float, default=1.0,
+                        help="wait for the 1-minute load average to fall under this before "
+                        "each measurement (default 1.0)")
+    parser.add_argument("--patience", type=float, default=900.0,
+                        help="longest wait for a quiet machine, in seconds (default 900)")
+    args = parser.parse_args()
+    print(f"parasim calibration benchmark, {os.cpu_count()} CPUs, {load()}", flush=True)
+    names = [c for c in args.cases.split(",") if c]
+    errors: dict[str, list[float]] = {n: [] for n in names}
+    for k in range(args.calibrations):
+        wait_for_quiet(args.max_load, args.patience)
+        profile = load_profile(args.profile) if args.profile else \
+            calibrate(args.sizes, args.probes, args.repeats, args.keep)
+        print(f"{'case':<16}{'measured s':>12}{'predicted s':>13}{'error':>9}   ({load()})")
+        for name in names:
+            wait_for_quiet(args.max_load, args.patience)
+            before = load()
+            measured, predicted = measure(name, args.runs, profile)
+            error = (predicted - measured) / measured
+            errors[name].append(error)
+            print(f"{name:<16}{measured:12.4f}{predicted:13.4f}{error:+9.1%}   (before: "
+                  f"{before})", flush=True)
+        mape = statistics.fmean(abs(errors[n][-1]) for n in names)
+        print(f"MAPE {mape:.1%} (calibration {k + 1} of {args.calibrations}; {load()})\n",
+              flush=True)
+    if args.calibrations > 1:
+        print("medians over the calibrations:")
+        for name in names:
+            print(f"  {name:<16}{statistics.median(errors[name]):+8.1%}")
+        mape = statistics.fmean(abs(statistics.median(errors[n])) for n in names)
+        print(f"  MAPE of the medians {mape:.1%}")
+
+
+if __name__ == "__main__":
+    main()
