@@ -36,6 +36,11 @@ class ComputeModel:
         self.profile = profile
         self._cache: dict[tuple[object, ...], float] = {}
 
+    @property
+    def comm_interference(self) -> float:
+        """How much slower kernels run while their rank communicates (see sim.profile)."""
+        return self.profile.compute.comm_interference
+
     def duration(self, op: Op) -> float:
         if op.start is not None and op.end is not None:
             return op.end - op.start

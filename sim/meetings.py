@@ -9,7 +9,7 @@ runs the transfer for all, the others wait on the meeting's `done` event.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import simpy
 
@@ -28,6 +28,8 @@ class Meeting:
     done: simpy.Event
     """Fires when the communication has finished."""
     arrived: int = 0
+    ranks: list[int] = field(default_factory=list)
+    """The members that have arrived, in order."""
     start: float = 0.0
     """When the last member arrived and the communication started."""
 
@@ -56,6 +58,7 @@ class Meetings:
                               f"call #{seq} on {list(self.channels[comm.channel].ranks)}, but "
                               f"another member issued {first.kind} of {first.size_bytes:g} B")
         meeting.arrived += 1
+        meeting.ranks.append(rank)
         if meeting.arrived < meeting.need:
             return meeting, False
         del self._open[key]

@@ -83,9 +83,15 @@ class ComputeParams:
     """p in (compute^p + memory^p)^(1/p): how a kernel near the ridge point is slower than
     either roof alone (p = 2: √2 at the ridge; p → ∞ is the bare maximum)."""
     kernels: Mapping[str, KernelCost] = field(default_factory=dict)
+    comm_interference: float = 0.0
+    """While a rank has communication in flight, its kernels take (1 + this) times as long:
+    on a CPU, gloo's threads run on the cores the kernels need; on a GPU, NCCL runs on SMs of
+    its own and the kernels barely notice (0)."""
 
     def __post_init__(self) -> None:
         check_fraction(self.gemm_efficiency, "compute.gemm_efficiency")
+        check_number(self.comm_interference, "compute.comm_interference", minimum=0.0,
+                     maximum=10.0)
         check_fraction(self.memory_efficiency, "compute.memory_efficiency")
         check_number(self.launch_overhead_s, "compute.launch_overhead_s", minimum=0.0,
                      maximum=MAX_LATENCY_S)
@@ -170,7 +176,8 @@ class Profile:
                         "gemm_tiles": [list(t) for t in c.gemm_tiles],
                         "memory_efficiency": c.memory_efficiency,
                         "launch_overhead_s": c.launch_overhead_s,
-                        "roofline_exponent": c.roofline_exponent, "kernels": kernels},
+                        "roofline_exponent": c.roofline_exponent,
+                        "comm_interference": c.comm_interference, "kernels": kernels},
             "links": {kind: {"bandwidth_Bps": p.bandwidth_Bps, "latency_s": p.latency_s,
                              **({"call_s": p.call_s} if p.call_s else {})}
                       for kind, p in sorted(self.links.items())}}
@@ -219,7 +226,7 @@ def profile_from_json(data: object, source: str = "profile") -> Profile:
 
 def _compute(fields: Fields) -> ComputeParams:
     fields.known(("gemm_efficiency", "gemm_tiles", "memory_efficiency", "launch_overhead_s",
-                  "roofline_exponent", "kernels"))
+                  "roofline_exponent", "comm_interference", "kernels"))
     if "gemm_efficiency" not in fields:
         raise ConfigError(f"{fields.name('gemm_efficiency')}: missing")
     base = ComputeParams(gemm_efficiency=1.0)
@@ -236,6 +243,8 @@ def _compute(fields: Fields) -> ComputeParams:
         memory_efficiency=fields.fraction("memory_efficiency", base.memory_efficiency),
         launch_overhead_s=fields.number("launch_overhead_s", base.launch_overhead_s,
                                         minimum=0.0, maximum=MAX_LATENCY_S, unit=" s"),
+        comm_interference=fields.number("comm_interference", base.comm_interference,
+                                        minimum=0.0, maximum=10.0),
         roofline_exponent=fields.number("roofline_exponent", base.roofline_exponent,
                                         minimum=1.0, maximum=64.0),
         kernels={name: _kernel(kernels.sub(name)) for name in kernels.table})
@@ -302,8 +311,14 @@ DEFAULTS: dict[str, ComputeParams] = {
 DEFAULTS["H200-SXM-141GB"] = DEFAULTS["H100-SXM5-80GB"]  # the same Hopper compute die
 # The CPU of `localhost`: no SMs to quantize over (one small tile), about half the core's peak
 # in a BLAS, ~10 us of PyTorch dispatch per eager op; `parasim calibrate` measures all three.
+# Ranks are processes with one compute thread each, at least as many as cores (the host runs
+# up to 8 whatever its core count), and gloo moves a rank's data on a thread of its own: while
+# that thread is busy it takes half the core the rank computes on, so kernels run at half
+# speed (interference 1). Measured on the 2-core CI host: kernels 1.3-2x slower while ZeRO-3's
+# gathers are in flight.
 DEFAULTS["CPU-localhost"] = ComputeParams(gemm_efficiency=0.5, gemm_tiles=((8, 8),),
-                                          memory_efficiency=0.7, launch_overhead_s=10e-6)
+                                          memory_efficiency=0.7, launch_overhead_s=10e-6,
+                                          comm_interference=1.0)
 
 
 def default_profile(accelerator: Accelerator) -> Profile:

@@ -15,7 +15,11 @@ trace does not state. The parts:
   - here: the streams, moving communication through the flow model (`sim.network`, where every
     transfer in flight shares the links) and timing compute by the compute model.
 
-`progress(done, total)`, if given, is called now and then; the command line draws the bar.
+A compute model may say its kernels run slower while their rank moves data
+(`comm_interference`: on a CPU, gloo's threads share the cores the kernels run on); a kernel
+(or a run of kernels) that starts while its rank has a transfer in flight takes (1 + it)
+times as long. `progress(done, total)`, if given, is called now and then; the command line
+draws the bar.
 """
 
 from __future__ import annotations
@@ -124,6 +128,10 @@ class _Replay:
                  network: str, gaps: Mapping[int, Sequence[float]] | None = None) -> None:
         self.plan, self.cluster, self.compute, self.comm = plan, cluster, compute, comm
         self.gaps = gaps or {}
+        # Kernels run (1 + interference) times longer while their rank moves data (a CPU's
+        # cores are shared with gloo's threads); `busy[rank]` counts its transfers in flight.
+        self.interference = float(getattr(compute, "comm_interference", 0.0))
+        self.busy = dict.fromkeys(plan.ops, 0)
         self.env = simpy.Environment()
         self.network = network
         self.net = Network(self.env, cluster.link_capacity) if network == "flow" else None
@@ -190,6 +198,7 @@ class _Replay:
         env, timeout, duration, move = self.env, self.env.timeout, self.compute.duration, self._move
         arrive, progress, compute = self.meetings.arrive, self.progress, OpKind.COMPUTE
         gaps = self.gaps.get(rank)
+        busy, slower = self.busy, 1.0 + self.interference
         k, count = 0, len(indices)
         while k < count:
             i = indices[k]
@@ -204,8 +213,9 @@ class _Replay:
             if extra:  # i and the next `extra` compute ops, back to back
                 run = indices[k:k + extra + 1]
                 times = [start]
+                scale = slower if busy[rank] else 1.0
                 for j in run:
-                    times.append(times[-1] + duration(ops[j]))
+                    times.append(times[-1] + duration(ops[j]) * scale)
                 yield timeout(times[-1] - start)
                 for n, j in enumerate(run[:-1]):  # only now: others test ends[] for "done"
                     starts[j], ends[j] = times[n], times[n + 1]
@@ -214,15 +224,21 @@ class _Replay:
                 self.finished += extra
                 start = times[-2]
             elif op.kind is compute:
-                yield timeout(duration(op))
+                yield timeout(duration(op) * (slower if busy[rank] else 1.0))
             elif (c := comm[i]).need == 1:  # this rank stands for every member (fold, partial)
                 if (moved := move(c.lowered, op)) is not None:
+                    busy[rank] += 1
                     yield moved
+                    busy[rank] -= 1
             else:  # join the op's meeting; the last member to arrive runs it for all
                 meeting, last = arrive(rank, op, c)
                 if last:
                     if (moved := move(c.lowered, op)) is not None:
+                        for member in meeting.ranks:
+                            busy[member] += 1
                         yield moved
+                        for member in meeting.ranks:
+                            busy[member] -= 1
                     meeting.done.succeed()
                 else:
                     yield meeting.done

@@ -10,7 +10,6 @@ runs on pipeline rank k % PP as its model chunk k // PP.
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import asdict, dataclass
 from enum import StrEnum
 from typing import Any
@@ -130,14 +129,6 @@ class Layout:
         elif self.vp != 1:
             raise ConfigError(f"parallel.vp: {self.vp} > 1 needs schedule = \"interleaved\", "
                               f"not {str(self.schedule)!r}")
-
-    def validate(self, model: ModelSpec, *, world: int | None = None,
-                 devices_per_server: int | None = None) -> None:
-        """Deprecated: `check_layout`, with its notes issued as warnings (kept while callers
-        move over; a constructed Layout already obeys its own rules)."""
-        for note in check_layout(model, self, world=world,
-                                 devices_per_server=devices_per_server):
-            warnings.warn(note, stacklevel=2)
 
     @property
     def world(self) -> int:

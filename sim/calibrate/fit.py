@@ -100,7 +100,8 @@ def _compute_params(fit: ComputeFit | None, acc: Accelerator, base: ComputeParam
         gemm_tiles=base.gemm_tiles,
         memory_efficiency=_fraction(fit.memory_rate / hbm),
         launch_overhead_s=min(statistics.median(overheads), MAX_LATENCY_S),
-        roofline_exponent=fit.exponent, kernels=kernels)
+        roofline_exponent=fit.exponent, kernels=kernels,
+        comm_interference=base.comm_interference)
     return roofs, params
 
 

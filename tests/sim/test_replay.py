@@ -7,7 +7,7 @@ from sim.profile import default_profile
 from sim.replay import plan_fold, replay
 from topology import build_cluster
 from traces.errors import ConfigError
-from traces.layout import Layout
+from traces.layout import Layout, check_layout
 from traces.model import ModelSpec
 from traces.ops import Op, OpKind, Trace
 from traces.plan import build
@@ -105,7 +105,7 @@ LAYOUTS = [
 @pytest.mark.parametrize("fabric", ["rail", "fat-tree"])
 def test_folded_run_equals_unfolded_run(layout, fabric):
     cluster = build_cluster("dgx-h100", nodes=2, fabric=fabric)
-    layout.validate(MODEL, world=16, devices_per_server=8)
+    check_layout(MODEL, layout, world=16, devices_per_server=8)
     model = ComputeModel(cluster.accelerator, default_profile(cluster.accelerator))
     full = replay(build(MODEL, layout), cluster, model)
     folded = replay(build(MODEL, layout, ranks=layout.representatives()), cluster, model)
@@ -183,3 +183,22 @@ def test_host_gaps_are_the_idle_time_no_stream_or_dependency_explains(h100):
 
     times = replay(Trace({0: ops}), h100, Measured(), gaps=host_gaps(Trace({0: ops})))
     assert times.starts[0] == [0.0, 1.5, 0.25, 3.0]  # measured durations, measured gaps
+
+
+def test_kernels_run_slower_while_their_rank_moves_data_by_the_interference(h100):
+    class Shared(Fixed):
+        comm_interference = 1.0  # a CPU's cores shared with gloo's threads: half speed
+
+    send = Op(kind=OpKind.SEND, stream="s", peer=1, size_bytes=1e9, tag="t")
+    recv = Op(kind=OpKind.RECV, stream="s", peer=0, size_bytes=1e9, tag="t")
+    later = compute(1e-3, stream="c", deps=(1,))  # starts once the transfer is under way
+    plan = Trace({0: (send, compute(1e-9, stream="c"), later),
+                  1: (recv, compute(1e-9, stream="c"), later)})
+    alone = replay(plan, h100, Fixed())
+    shared = replay(plan, h100, Shared())
+    moving = alone.ends[0][0]
+    assert moving > 2e-3  # the transfer outlasts the kernels
+    for rank in (0, 1):  # both ends of the transfer are busy
+        kernel = shared.ends[rank][2] - shared.starts[rank][2]
+        assert kernel == pytest.approx(2 * (alone.ends[rank][2] - alone.starts[rank][2]))
+    assert shared.ends[0][0] == alone.ends[0][0]  # the transfer itself is not slowed

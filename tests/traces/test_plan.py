@@ -5,7 +5,7 @@ from collections import Counter
 import pytest
 
 from sim.collectives.base import busbw_factor
-from traces.layout import Layout
+from traces.layout import Layout, check_layout
 from traces.model import ModelSpec, megatron_step_flops
 from traces.ops import OpKind, Phase
 from traces.plan import build
@@ -26,7 +26,7 @@ def volume(plan, rank, kinds=None, streams=None):
 
 def dp_volume(zero, dp=8, **kw):
     layout = Layout(dp=dp, zero=zero, global_batch=dp, **kw)
-    layout.validate(MODEL)
+    check_layout(MODEL, layout)
     return volume(build(MODEL, layout), 0)
 
 
@@ -66,7 +66,7 @@ def test_sequence_parallel_moves_what_tensor_parallel_moves_plus_the_backward_ga
 @pytest.mark.parametrize(("recompute", "full"), [("full", True), ("none", False)])
 def test_compute_ops_add_up_to_megatrons_step_flops(recompute, full):
     layout = Layout(tp=2, pp=2, dp=2, global_batch=8, recompute=recompute)
-    layout.validate(MODEL)
+    check_layout(MODEL, layout)
     plan = build(MODEL, layout)
     flops = sum(op.flops for ops in plan.ops.values() for op in ops)
     assert flops == pytest.approx(megatron_step_flops(MODEL, 8, full), rel=1e-12)
@@ -78,7 +78,7 @@ def test_pipeline_messages_are_b_s_h_divided_by_tp_and_gathered_without_sp(sp):
     pipeline; with SP its sequence shard); without SP every receive is followed by a `tp`
     all-gather of the whole b·s·h, which waits for it and which the next kernel waits for."""
     layout = Layout(tp=4, pp=2, sp=sp, micro_batch=2, global_batch=4)
-    layout.validate(MODEL)
+    check_layout(MODEL, layout)
     plan = build(MODEL, layout)
     full = 2 * 128 * 256 * 2
     sizes = {op.size_bytes for ops in plan.ops.values() for op in ops if op.kind.is_p2p}
@@ -103,7 +103,7 @@ def test_pipeline_messages_are_b_s_h_divided_by_tp_and_gathered_without_sp(sp):
 
 def test_sends_and_receives_name_the_layer_whose_input_or_output_they_carry():
     layout = Layout(pp=2, vp=2, schedule="interleaved", global_batch=4)
-    layout.validate(MODEL)  # 8 layers, 4 stages of 2: rank 0 runs stages 0 and 2
+    check_layout(MODEL, layout)  # 8 layers, 4 stages of 2: rank 0 runs stages 0 and 2
     plan = build(MODEL, layout)
     carried = {(rank, str(op.kind), op.tag, op.layer) for rank, ops in plan.ops.items()
                for op in ops if op.kind.is_p2p}
@@ -120,7 +120,7 @@ def test_sends_and_receives_name_the_layer_whose_input_or_output_they_carry():
     Layout(pp=2, dp=2, zero=3, global_batch=4, recompute="full"),
 ])
 def test_every_send_meets_a_receive_and_groups_agree(layout):
-    layout.validate(MODEL)
+    check_layout(MODEL, layout)
     plan = build(MODEL, layout)
     sends, recvs = Counter(), Counter()
     calls: dict[tuple[int, ...], dict[int, list]] = {}
@@ -141,7 +141,7 @@ def test_every_send_meets_a_receive_and_groups_agree(layout):
 
 def test_folded_plan_is_the_representatives_part_of_the_full_plan():
     layout = Layout(tp=2, pp=2, dp=2, zero=1, global_batch=8)
-    layout.validate(MODEL)
+    check_layout(MODEL, layout)
     full, folded = build(MODEL, layout), build(MODEL, layout, ranks=layout.representatives())
     assert read_fold(folded.meta) == layout and read_fold(full.meta) is None
     assert folded.ranks == [0, 4]
