@@ -69,6 +69,8 @@ def run(args: argparse.Namespace, *, emit: Callable[[str], None],
     loaded = load_trace(args.trace)
     spec = choose_cluster(loaded.trace, args.cluster, nodes=args.nodes, fabric=args.fabric)
     cluster = spec.build()
+    if profile is not None:  # its measured link classes and roofs replace the preset's
+        cluster = profile.applied_to(cluster)
     with Outputs() as outputs:
         with progress_bar("replay", "op") as bar:
             result = replay_trace(loaded, cluster, profile, retime=args.retime,

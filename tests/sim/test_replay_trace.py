@@ -13,7 +13,7 @@ import pytest
 from sim.cli import main
 from sim.collectives import Collectives
 from sim.comm_plan import lower_communication
-from sim.profile import ComputeParams, Profile
+from sim.profile import ComputeParams, LinkParams, Profile
 from sim.replay_trace import LoadedTrace, choose_cluster, load_trace, replay_trace
 from sim.simulate import predict
 from topology import build_cluster
@@ -348,3 +348,18 @@ def test_the_cluster_is_rebuilt_from_the_trace_or_taken_from_flags():
     assert choose_cluster(trace, "dgx-a100").build().name == "dgx-a100 x1 fat-tree"
     torus = Trace({0: ()}, {"cluster": build_cluster("tpu-v4").name})
     assert choose_cluster(torus).num_devices == 64
+
+
+def test_a_profiles_measured_links_replace_the_clusters_in_a_replay(capsys, tmp_path, known):
+    exp, _ = known
+    _, times = predict(exp)
+    path = tmp_path / "step.json"
+    save(times.timed_trace(), path)
+    slow = tmp_path / "slow.json"
+    Profile(name="slow", compute=ComputeParams(gemm_efficiency=0.7), links={
+        kind: LinkParams(bandwidth_Bps=1e9, latency_s=1e-4) for kind in ("nvlink", "ib", "pcie")
+    }).save(slow)
+    code, out, _ = run_cli(capsys, "replay", path, "--profile", slow, "--json")
+    assert code == 0
+    # 1 GB/s links with 100 us hops instead of NVLink and InfiniBand: far slower communication.
+    assert json.loads(out)["step_time_predicted_s"] > 1.5 * times.step_time_s
