@@ -55,6 +55,7 @@ from traces.kineto.deps import dependencies, in_order
 from traces.kineto.events import Events, parse
 from traces.kineto.files import MAX_BYTES
 from traces.kineto.rank import RankContext, RankOps, RawOp, rank_ops
+from traces.nogc import paused_gc
 from traces.ops import Op, OpKind, Trace
 
 __all__ = ["MAX_BYTES", "load_kineto"]
@@ -74,7 +75,7 @@ class _RankFile:
 
 def load_kineto(path: str | os.PathLike[str], *, max_bytes: int = MAX_BYTES) -> Trace:
     """The timed trace of a profiler file or a folder of per-rank files (see module doc)."""
-    with _no_gc():
+    with paused_gc():
         rank_files = [_read_rank(p, max_bytes) for p in files.trace_files(Path(path))]
         world_size = _world_size(rank_files)
         zero_ns = min(f.origin_ns for f in rank_files)
@@ -99,20 +100,6 @@ def load_kineto(path: str | os.PathLike[str], *, max_bytes: int = MAX_BYTES) -> 
         "skipped": dict(sorted(skipped.items())),
     }
     return Trace(ops=ops, meta=meta)
-
-
-@contextlib.contextmanager
-def _no_gc() -> Iterator[None]:
-    """Pause the cyclic GC while a profile is read: it holds millions of acyclic objects (the
-    35 MB JSON of the 8-GPU test trace), which every collection would scan again (that took
-    two thirds of the time)."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 def _read_rank(path: Path, max_bytes: int) -> _RankFile:
