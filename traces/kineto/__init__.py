@@ -40,11 +40,8 @@ Every problem with a file is one `ConfigError` line naming it (`traces.kineto.fi
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import os
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
