@@ -7,9 +7,8 @@ ZeRO-1/2 shard; ZeRO-3 uses one bucket per unit, so the shard is the d-th slice 
 A rank's shard, bucket after bucket, is one flat tensor: optimizer state and reduced gradients
 live in that order.
 
-Bucket rule when no plan gives the sizes (the one `traces.workload` uses): walk the rank's
-stages in backward order; in each, add units until the bucket holds at least `bucket_bytes`,
-and close the last bucket at the end of the stage.
+When no plan gives the sizes, buckets follow the plan builder's own rule
+(`traces.plan.data.gradient_buckets`).
 """
 
 from __future__ import annotations
@@ -17,10 +16,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from executor.params import EMBED, HEAD, ParamSpec, layer_unit, unit_specs, units_of_rank
+from executor.params import ParamSpec, layer_unit, unit_specs, units_of_rank
 from traces.errors import ConfigError
 from traces.layout import Layout
 from traces.model import ModelSpec
+from traces.plan.data import gradient_buckets
+from traces.plan.nodes import RankContext
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,24 +75,13 @@ def _buckets(flat: FlatLayout, groups: list[list[str]]) -> list[Bucket]:
     return out
 
 
-def rule_buckets(flat: FlatLayout, bucket_bytes: int, elem_bytes: int) -> list[Bucket]:
-    """Buckets by the plan builder's rule (module docstring)."""
-    model, layout = flat.model, flat.layout
-    groups: list[list[str]] = []
-    for stage in sorted(layout.stages_of_rank(flat.pp_rank), reverse=True):
-        units = [HEAD] if stage == layout.num_stages - 1 else []
-        units += [layer_unit(i) for i in reversed(layout.layers_of_stage(model, stage))]
-        units += [EMBED] if stage == 0 else []
-        current: list[str] = []
-        size = 0
-        for unit in units:
-            current.append(unit)
-            size += flat.unit_numel(unit) * elem_bytes
-            if size >= bucket_bytes:
-                groups.append(current)
-                current, size = [], 0
-        if current:
-            groups.append(current)
+def rule_buckets(flat: FlatLayout) -> list[Bucket]:
+    """Buckets by the plan builder's rule (`traces.plan.data.gradient_buckets`)."""
+    layout = flat.layout
+    ctx = RankContext(model=flat.model, layout=layout, rank=layout.rank(pp=flat.pp_rank))
+    # The plan names the units outside the layers "head" and "embed", as HEAD and EMBED.
+    groups = [[u if isinstance(u, str) else layer_unit(u) for u in bucket]
+              for bucket in gradient_buckets(ctx)]
     return _buckets(flat, groups)
 
 

@@ -89,7 +89,7 @@ class RankRuntime:
         self.grad_bytes = 4 if layout.fp32_main_grads else model.dtype_bytes
         if buckets is None:
             buckets = unit_buckets(self.flat) if self.zero == 3 else \
-                rule_buckets(self.flat, layout.bucket_bytes, self.grad_bytes)
+                rule_buckets(self.flat)
         self.buckets = buckets
         self.params = ParamStore(self.flat, buckets, zero=self.zero, dp=layout.dp,
                                  dp_rank=self.dp_rank, tp_rank=self.tp_rank, seed=options.seed,

@@ -31,6 +31,7 @@ from traces.layout import Layout, Schedule
 from traces.model import ModelSpec
 from traces.ops import Op, OpKind, Phase, Stream
 from traces.plan import build
+from traces.plan.data import gradient_buckets as plan_gradient_buckets
 from traces.plan.nodes import RankContext
 
 COMM_STREAMS = (Stream.ZERO_AG, Stream.ZERO_RS, Stream.DP)
@@ -160,25 +161,11 @@ def grad_bytes(model: ModelSpec, layout: Layout) -> int:
 
 
 def gradient_buckets(model: ModelSpec, layout: Layout, pp_rank: int) -> list[float]:
-    """Bytes of each gradient bucket pipeline rank `pp_rank` reduces in a backward, in order:
-    its units' gradients in backward order (per model chunk, the last chunk first: the output
-    layer, the layers in reverse, the embedding) fill a bucket until it holds `bucket_bytes`
-    or the chunk ends (`traces.plan.data`; a test holds the two to the same sizes)."""
+    """Bytes of each gradient bucket pipeline rank `pp_rank` reduces in a backward, in order,
+    by the plan builder's own rule (`traces.plan.data.gradient_buckets`)."""
     ctx = RankContext(model=model, layout=layout, rank=layout.rank(pp=pp_rank))
-    buckets: list[float] = []
-    for stage in reversed(layout.stages_of_rank(pp_rank)):
-        units: list[int | str] = ["head"] if stage == layout.num_stages - 1 else []
-        units += list(reversed(layout.layers_of_stage(model, stage)))
-        units += ["embed"] if stage == 0 else []
-        filling = 0.0
-        for unit in units:
-            filling += ctx.unit_params(unit) * ctx.grad_bytes
-            if filling >= layout.bucket_bytes:
-                buckets.append(filling)
-                filling = 0.0
-        if filling:
-            buckets.append(filling)
-    return buckets
+    return [float(sum(ctx.unit_params(unit) * ctx.grad_bytes for unit in bucket))
+            for bucket in plan_gradient_buckets(ctx)]
 
 
 def _after_receive(ops: Sequence[Op]) -> list[Op]:

@@ -83,9 +83,9 @@ def test_rule_buckets_equal_the_plan_builders(layout: Layout) -> None:
     for rank in range(layout.world):
         pp_rank = layout.coords(rank)["pp"]
         flat = FlatLayout(MODEL, layout, pp_rank)
-        ours = [b.numel * 4 for b in rule_buckets(flat, layout.bucket_bytes, 4)]
+        ours = [b.numel * 4 for b in rule_buckets(flat)]
         assert ours == _plan_bucket_sizes(MODEL, layout, rank)
-        assert sized_buckets(flat, ours, 4) == rule_buckets(flat, layout.bucket_bytes, 4)
+        assert sized_buckets(flat, ours, 4) == rule_buckets(flat)
 
 
 def test_sized_buckets_must_cut_at_unit_boundaries() -> None:

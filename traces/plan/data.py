@@ -49,6 +49,35 @@ def add_data_parallel(ctx: RankContext, actions: list[Action], program: Program)
     return [*out, end]
 
 
+def chunk_units(ctx: RankContext, stage: int) -> list[Unit]:
+    """The units of virtual stage `stage` in the order its backward completes them: the
+    output layer (last stage), the layers in reverse, the embedding (first stage)."""
+    layout, model = ctx.layout, ctx.model
+    head: list[Unit] = ["head"] if stage == layout.num_stages - 1 else []
+    embed: list[Unit] = ["embed"] if stage == 0 else []
+    return [*head, *reversed(layout.layers_of_stage(model, stage)), *embed]
+
+
+def gradient_buckets(ctx: RankContext) -> list[list[Unit]]:
+    """The units of each gradient bucket the rank reduces in a backward, in order (its model
+    chunks last first): units' gradients fill a bucket until it holds `bucket_bytes`, and a
+    chunk's backward closes its last one. The one statement of the rule: the plan builder
+    cuts by it, the executor lays out its buckets and the layout search costs them by it."""
+    buckets: list[list[Unit]] = []
+    for stage in reversed(ctx.layout.stages_of_rank(ctx.pp_rank)):
+        current: list[Unit] = []
+        filled = 0.0
+        for unit in chunk_units(ctx, stage):
+            current.append(unit)
+            filled += ctx.unit_params(unit) * ctx.grad_bytes
+            if filled >= ctx.layout.bucket_bytes:
+                buckets.append(current)
+                current, filled = [], 0.0
+        if current:
+            buckets.append(current)
+    return buckets
+
+
 def unit_label(kind: str, unit: Unit) -> str:
     """`params` / `grads` / `sp_grads` for a layer; `params.embed`, `grads.head`,
     `sp_grads.embed` ... outside the layers."""
@@ -68,6 +97,8 @@ class _DataWalk:
         self.bucket: list[float] = []
         self.deferred: list[float] = []
         self.ends: dict[tuple[Phase, int, int], Node] = {}
+        # Units after which a bucket is full; a chunk's last unit closes one anyway.
+        self.closes = {bucket[-1] for bucket in gradient_buckets(ctx)}
 
     def action(self, action: Action, group: list[Node]) -> list[Node]:
         zero, mb = self.zero, action.microbatch
@@ -126,7 +157,7 @@ class _DataWalk:
                                   self.dp_group, size, layer, mb, Phase.BWD)
             return [*out, Node(op, unit, [last])]
         self.bucket.append(size)
-        if sum(self.bucket) >= self.ctx.layout.bucket_bytes:
+        if unit in self.closes:
             out += self._cut(mb, last)
         return out
 
