@@ -41,6 +41,7 @@ def summary_json(exp: Experiment, s: StepSummary) -> dict[str, Any]:
         "cluster": exp.cluster.name,
         "world": exp.layout.world,
         "layout": exp.layout.to_dict(),
+        "attention": str(exp.model.attention),
         "network": exp.network,
         "step_time_s": s.step_time_s,
         "tokens_per_s": s.tokens_per_s,
@@ -88,6 +89,8 @@ def summary_text(exp: Experiment, s: StepSummary) -> str:
         + (f", {', '.join(extras)}" if extras else ""),
         f"  schedule            {L.schedule}, {L.num_microbatches} micro-batches of "
         f"{L.micro_batch}, global batch {L.global_batch}",
+        f"  attention           {exp.model.attention}"
+        + (" (materialized scores)" if str(exp.model.attention) == "unfused" else ""),
         *(f"  {label:<20}{value}" for label, value in headline(s)),
         "  memory by pipeline rank (GiB)  params  grads  optim  activ  work  total",
     ]

@@ -119,6 +119,12 @@ def bad(tmp_path, old, new):
     ("fabric = \"rail\"", "fabric = \"rail\"\n\n[sim]\nnetwork = \"magic\"",
      "sim.network: 'magic' is not one of"),
     ("fabric = \"rail\"", "fabric = \"rail\"\n\n[sim]\nspeed = 1", "sim.speed: unknown key"),
+    ("vocab = 1024", "vocab = 1024\nattention = \"fast\"", "model.attention: 'fast' is not one of"),
+    ("vocab = 1024", "vocab = 1024\nattention = [\"flash\"]", "model.attention:"),
+    ("tp = 2", "tp = 2\nflash_attention = true", "moved to [model] attention"),
+    ("tp = 2", "tp = 2\noverlap_grad_reduce = 1", "parallel.overlap_grad_reduce: 1 must be true"),
+    ("tp = 2", "tp = 2\nfp32_main_grads = \"no\"", "parallel.fp32_main_grads: 'no' must be true"),
+    ("vocab = 1024", "vocab = 1024\nattention = \"unfused\"", None),
 ])
 def test_bad_configs_give_one_line_and_exit_2(capsys, tmp_path, old, new, needle):
     code, out, err = run_cli(capsys, "simulate", bad(tmp_path, old, new), "--json")

@@ -99,4 +99,5 @@ def lower_rank(model: ModelSpec, layout: Layout, rank: int, actions: list) -> tu
 
 def _model_meta(model: ModelSpec) -> dict[str, object]:
     return {f: getattr(model, f) for f in ("layers", "hidden", "heads", "seq_len", "vocab",
-                                           "ffn_hidden", "dtype", "tied_embeddings")}
+                                           "ffn_hidden", "dtype", "tied_embeddings",
+                                           "attention")}
