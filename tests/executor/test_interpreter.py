@@ -71,7 +71,7 @@ def _check(case: Case, results: list) -> None:
         assert call_sequences(result["calls"]) == plan_sequences(plan.ops[rank]), f"rank {rank}"
     trace = timed_trace(plan, {r: res["records"] for r, res in enumerate(results)}, {})
     assert trace.meta["complete"] is True
-    assert problems(trace) == []
+    assert problems(trace, plan=plan) == []
 
 
 @pytest.mark.parametrize("name", list(WORLD2))
@@ -110,7 +110,7 @@ def test_run_writes_a_trace_perfetto_opens(tmp_path: Path) -> None:
     ref = train(model, layout.global_batch, 3, OPTIONS.seed, ADAMW)
     assert result.losses == pytest.approx(ref.losses[1:], rel=1e-5)  # after one warm-up step
     assert len(result.step_seconds) == 2 and all(s > 0 for s in result.step_seconds)
-    assert problems(result.trace) == []
+    assert problems(result.trace, plan=build(model, layout)) == []
     chrome = json.loads((tmp_path / "chrome.json").read_text())
     assert sum(e["ph"] == "X" for e in chrome["traceEvents"]) == result.trace.num_ops()
     meta = load(tmp_path / "rank0.json").meta

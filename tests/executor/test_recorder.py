@@ -47,7 +47,7 @@ def test_measured_trace_holds_together_and_opens(tmp_path: Path) -> None:
     calls, records = _run(plan)
     trace = timed_trace(plan, records, _meta(plan))
     assert trace.meta["complete"] is True
-    assert problems(trace) == []
+    assert problems(trace, plan=plan) == []
     for rank in trace.ranks:  # the plan's communication, call for call
         assert call_sequences(calls[rank]) == plan_sequences(plan.ops[rank])
     meta = trace.meta
