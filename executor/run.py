@@ -10,10 +10,17 @@ the executor cannot run is a ConfigError before anything starts. Then the world 
 recorded ones; the last recorded step is written to `out_dir` (rank<r>.json per rank and a
 merged chrome.json for Perfetto). If a rank fails, the traces recorded so far are written,
 marked incomplete, and `JobFailed` is raised with `.files` set.
+
+`kernels=True` runs the recorded steps under `torch.profiler` (CPU activity, CUDA too on GPU)
+and each rank writes its profiler trace as `kernels-rank<r>.json` (read by
+`traces.kineto.load_kineto`): the kernels inside each measured op. The recorded op times then
+include the profiler's own overhead. Under torchrun each rank writes to its own host's
+`out_dir`; a failed rank writes none.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
@@ -73,7 +80,8 @@ def specs(experiment: Any) -> tuple[ModelSpec, Layout]:
 
 def run(experiment: Any, out_dir: str | Path, steps: int = 1, warmup: int = 1,
         timeout: float = 60.0, *, backend: str = "auto", options: RunOptions | None = None,
-        record_calls: bool = False, fault: tuple[int, int] | None = None) -> RunResult | None:
+        record_calls: bool = False, fault: tuple[int, int] | None = None,
+        kernels: bool = False) -> RunResult | None:
     """Run the plan for real; see the module docstring. Under torchrun, ranks other than 0
     get None. `fault` = (rank, op index): that rank raises there in the first recorded step
     (for testing failure handling)."""
@@ -86,7 +94,8 @@ def run(experiment: Any, out_dir: str | Path, steps: int = 1, warmup: int = 1,
     for rank in plan.ops:  # every op mapped before anything starts
         lower(plan, model, layout, rank)
     plan_group_keys(plan, layout)
-    job = _Job(plan, model, layout, options, steps, warmup, record_calls, str(out_dir), fault)
+    job = _Job(plan, model, layout, options, steps, warmup, record_calls, str(out_dir), fault,
+               kernels)
     slots = buffer_size(max(len(ops) for ops in plan.ops.values())) - HEADER
     if in_torchrun():  # every rank runs this; rank 0 writes the run and gets the result
         mine = join(_rank_main, (job,), timeout_s=timeout, backend=backend,
@@ -114,6 +123,7 @@ class _Job:
     record_calls: bool
     out_dir: str
     fault: tuple[int, int] | None = None
+    kernels: bool = False
 
 
 def _meta(job: _Job, records: dict[int, np.ndarray], **extra: Any) -> dict[str, Any]:
@@ -131,6 +141,8 @@ def _result(job: _Job, results: list[dict[str, Any]], records: dict[int, np.ndar
                  clock=results[0]["clock"], step_seconds=_step_seconds(results))
     trace = timed_trace(job.plan, records, meta)
     files = write_run(job.out_dir, trace)
+    if job.kernels:
+        files += [kernels_path(job.out_dir, r) for r in sorted(records)]
     losses = []
     for step in range(job.steps):
         values = [v for res in results if res["last_stage_tp0"] for v in res["losses"][step]]
@@ -165,20 +177,26 @@ def _rank_main(ctx: RankContext, job: _Job) -> dict[str, Any]:
     if job.fault is not None and job.fault[0] == ctx.rank:
         interp.calls[job.fault[1]] = _injected_fault
     spans, losses = [], []
-    for step in range(job.steps):
-        comm.record = job.record_calls and step == 0
-        recorder.reset()
-        if ctx.device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats()
-        interp.runtime.meter.reset_peak()
-        dist.barrier()
-        interp.step()
-        comm.record = False
-        times = recorder.times[:len(interp.ops)]
-        done = times[times[:, 0] != NOT_RECORDED]
-        spans.append((int(done[:, 0].min()) - offset, int(done[:, 1].max()) - offset))
-        losses.append(list(interp.runtime.losses.values()))
-        interp.runtime.losses.clear()
+    profiler = _profiler(ctx.device) if job.kernels else contextlib.nullcontext()
+    with profiler:
+        for step in range(job.steps):
+            comm.record = job.record_calls and step == 0
+            recorder.reset()
+            if ctx.device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats()
+            interp.runtime.meter.reset_peak()
+            dist.barrier()
+            interp.step()
+            comm.record = False
+            times = recorder.times[:len(interp.ops)]
+            done = times[times[:, 0] != NOT_RECORDED]
+            spans.append((int(done[:, 0].min()) - offset, int(done[:, 1].max()) - offset))
+            losses.append(list(interp.runtime.losses.values()))
+            interp.runtime.losses.clear()
+    if isinstance(profiler, torch.profiler.profile):
+        path = kernels_path(job.out_dir, ctx.rank)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        profiler.export_chrome_trace(str(path))
     recorder.set_state(DONE)
     c = layout.coords(ctx.rank)
     result = {"backend": ctx.backend, "clock": method, "spans": spans, "losses": losses,
@@ -188,6 +206,18 @@ def _rank_main(ctx: RankContext, job: _Job) -> dict[str, Any]:
     if in_torchrun():
         result["run"] = _gather_and_write(ctx, job, result)
     return result
+
+
+def kernels_path(out_dir: str | Path, rank: int) -> Path:
+    """Where `--kernels` puts a rank's torch.profiler trace."""
+    return Path(out_dir) / f"kernels-rank{rank}.json"
+
+
+def _profiler(device: torch.device) -> torch.profiler.profile:
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    return torch.profiler.profile(activities=activities, record_shapes=True)
 
 
 def _injected_fault() -> None:

@@ -4,7 +4,7 @@
     parasim simulate [CONFIG.toml] [--json] [--report step.html] [--trace step.json]
     parasim replay TRACE [--cluster PRESET_OR_TOML] [--nodes N] [--profile P] [--retime] [--json]
     parasim search [CONFIG.toml] [--gpus N] [--top K] [--workers N] [--ray ADDRESS] [--json]
-    parasim run [CONFIG.toml] --out DIR [--steps N] [--warmup N] [--timeout S] [--json]
+    parasim run [CONFIG.toml] --out DIR [--steps N] [--warmup N] [--timeout S] [--kernels] [--json]
     parasim calibrate [DIR...] -o PROFILE.json [--run CLUSTER_OR_CONFIG] [--json]
     parasim validate [CONFIG.toml] [--profile P] [--report F.html] [--json]
 
@@ -149,6 +149,8 @@ def _build_parser() -> _Parser:
     run.add_argument("--warmup", type=int, default=1, help="unrecorded steps first (default 1)")
     run.add_argument("--timeout", type=float, default=60.0,
                      help="seconds any collective, and the whole job, may take (default 60)")
+    run.add_argument("--kernels", action="store_true", help="also write each rank's "
+                     "torch.profiler trace of the recorded steps (kernels-rank<r>.json)")
     run.add_argument("--json", action="store_true", help="print one JSON object")
     run.set_defaults(handler=_run)
 
@@ -270,7 +272,7 @@ def _run(args: argparse.Namespace) -> int:
     out = check_run_args(args.out, args.steps, args.warmup, args.timeout)
     exp = load_experiment(config)
     try:
-        summary = execute(exp, out, args.steps, args.warmup, args.timeout)
+        summary = execute(exp, out, args.steps, args.warmup, args.timeout, args.kernels)
     except RunFailed as err:
         _error(str(err))
         return 1

@@ -1,16 +1,20 @@
 """`parasim run`: execute a config's plan for real with the executor, and summarise the run.
 
     parasim run sim/examples/gpt-tiny-localhost.toml --out runs/tiny [--steps 2] [--json]
+    parasim run my.toml --out runs/k --kernels     # + kernels-rank<r>.json (torch.profiler)
     torchrun --nproc-per-node 8 -m sim run my.toml --out runs/x      # joins torchrun's world
 
 The executor (and torch) load only here and only when asked for: the simulator installs and
 runs without them. Writes DIR/rank<r>.json (measured traces, parasim's format) and
-DIR/chrome.json (Perfetto). A failed rank is one line naming the rank and the op; the traces
-recorded up to then are written, marked incomplete (`meta.complete = false`).
+DIR/chrome.json (Perfetto), and with --kernels each rank's profiler trace of the recorded
+steps, DIR/kernels-rank<r>.json (`traces.kineto`). A plan the executor refuses is one line
+(exit 2) before anything is written. A failed rank is one line naming the rank and the op;
+the traces recorded up to then are written, marked incomplete (`meta.complete = false`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 from pathlib import Path
 from typing import Any
@@ -44,15 +48,21 @@ def check_run_args(out: str, steps: int, warmup: int, timeout: float) -> Path:
     return target
 
 
-def execute(exp: Experiment, out: Path, steps: int, warmup: int,
-            timeout: float) -> dict[str, Any] | None:
+def execute(exp: Experiment, out: Path, steps: int, warmup: int, timeout: float,
+            kernels: bool = False) -> dict[str, Any] | None:
     """Run for real; the summary as a JSON-able dict (None on torchrun ranks other than 0)."""
     from executor.launch import JobFailed
     from executor.run import run
 
-    out.mkdir(parents=True, exist_ok=True)
+    created = not out.exists()
+    out.mkdir(parents=True, exist_ok=True)  # an unwritable --out fails now, not after the run
     try:
-        result = run(exp, out, steps=steps, warmup=warmup, timeout=timeout)
+        result = run(exp, out, steps=steps, warmup=warmup, timeout=timeout, kernels=kernels)
+    except ConfigError:  # refused before anything started: leave no --out behind
+        if created:
+            with contextlib.suppress(OSError):
+                out.rmdir()
+        raise
     except JobFailed as err:
         written = ", ".join(str(f) for f in err.files) or "none"
         raise RunFailed(f"{err} (partial traces, marked incomplete: {written})") from None

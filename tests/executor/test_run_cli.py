@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 
 import pytest
 
+from executor.recorder import load_run
 from sim.cli import main
-from sim.config import example_path
+from sim.config import example_path, load_experiment
 from traces.io import load
+from traces.kineto import load_kineto
 
 
 def test_the_shipped_cpu_example_runs_and_writes_traces_perfetto_opens(tmp_path, capsys):
@@ -61,3 +64,66 @@ def test_without_torch_run_says_how_to_get_it(tmp_path, capsys, monkeypatch):
                         lambda name, *a: None if name == "torch" else real(name, *a))
     assert main(["run", "--out", str(tmp_path / "o")]) == 2
     assert "parasim run needs PyTorch" in capsys.readouterr().err
+
+
+def _config(tmp_path, parallel: str, model: str = "", ranks: int = 2) -> str:
+    path = tmp_path / "job.toml"
+    path.write_text("[model]\nlayers = 2\nhidden = 32\nheads = 4\nseq_len = 16\nvocab = 64\n"
+                    f"dtype = \"fp32\"\n{model}[parallel]\n{parallel}"
+                    f"[cluster]\npreset = \"localhost\"\ngpus_per_node = {ranks}\n")
+    return str(path)
+
+
+def test_a_plan_the_executor_refuses_is_one_line_and_writes_nothing(tmp_path, capsys):
+    config = _config(tmp_path, "pp = 2\ndp = 2\nzero = 1\nglobal_batch = 4\n",
+                     "tied_embeddings = true\n", ranks=4)
+    out = tmp_path / "o"
+    assert main(["run", config, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("parasim: error: parallel.zero: tied embeddings with pp > 1")
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert not out.exists()
+
+
+def test_a_failing_rank_is_one_line_naming_it(tmp_path, capsys, monkeypatch):
+    import executor.run
+    from traces.plan import build
+
+    config = _config(tmp_path, "dp = 2\nglobal_batch = 4\n")
+    exp = load_experiment(config)
+    fail_at = len(build(exp.model, exp.layout).ops[1]) // 2
+    monkeypatch.setattr(executor.run, "run", functools.partial(executor.run.run,
+                                                                 fault=(1, fail_at)))
+    out = tmp_path / "o"
+    code = main(["run", config, "--out", str(out), "--warmup", "0", "--timeout", "15"])
+    _, err = capsys.readouterr()
+    assert code == 1
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert err.startswith(f"parasim: error: rank 1 failed in op {fail_at} (")
+    assert "ValueError: injected fault" in err and "marked incomplete" in err
+    assert load(out / "rank1.json").meta["complete"] is False
+
+
+def test_kernels_writes_profiler_traces_that_kineto_reads(tmp_path, capsys):
+    config = _config(tmp_path, "dp = 2\nglobal_batch = 4\nbucket_bytes = 20000\n")
+    out = tmp_path / "o"
+    code = main(["run", config, "--out", str(out), "--kernels", "--json", "--timeout", "30"])
+    stdout, stderr = capsys.readouterr()
+    assert code == 0, stderr
+    files = json.loads(stdout)["files"]
+    plan = load(out / "rank0.json")
+    planned = [op for op in plan.ops[0] if op.kind.is_collective]
+    for rank in range(2):
+        path = out / f"kernels-rank{rank}.json"
+        assert str(path) in files
+        trace = load_kineto(path)
+        assert trace.ranks == [rank] and trace.meta["backend"] == "gloo"
+        ops = trace.ops[rank]
+        assert any(op.kind == "compute" for op in ops)
+        # the step's gradient all-reduces, as the plan has them (the barrier before the
+        # step is an all_reduce named "barrier")
+        found = [op for op in ops if op.kind.is_collective and op.name != "barrier"]
+        assert [(op.kind, op.size_bytes) for op in found] == \
+            [(op.kind, op.size_bytes) for op in planned]
+        assert all(op.group == (0, 1) for op in found)
+    assert load_run(out).ranks == [0, 1]  # the parasim traces still load beside them
