@@ -5,6 +5,8 @@
     nodes = 16
     fabric = "rail"          # fat-tree | rail | torus
     nic_bandwidth = "400Gb/s"
+    sharp = true             # the InfiniBand switches reduce in the network (SHARP): NCCL may
+                             # run CollNet across nodes; default false (switched presets only)
 
 Reading and building are two steps: `read_cluster(table)` checks every key (type, bounds, that
 it applies to this preset and fabric) and returns a `ClusterSpec` that knows its size without
@@ -51,7 +53,7 @@ COMMON_KEYS = ("preset", "nodes", "fabric", "gpus_per_node", "gpu_peak_tflops", 
                "hbm_bandwidth")
 SERVER_KEYS = ("nvlink_bandwidth", "nvlink_efficiency", "nvlink_latency", "nics_per_node",
                "nic_bandwidth", "nic_efficiency", "pcie_bandwidth", "pcie_latency",
-               "switch_latency")
+               "switch_latency", "sharp")
 FAT_TREE_KEYS = ("nodes_per_leaf", "oversubscription", "tiers", "leaves_per_pod")
 TORUS_KEYS = ("dims", "link_bandwidth", "link_latency")
 KEYS = (*COMMON_KEYS, *SERVER_KEYS, *FAT_TREE_KEYS, *TORUS_KEYS)
@@ -67,6 +69,8 @@ class ClusterSpec:
     accelerator: Accelerator
     server: ServerSpec
     switch_latency_s: float = 0.0
+    sharp: bool = False
+    """The fabric's switches run SHARP (in-network reduction), so NCCL's CollNet can run."""
     fat_tree: FatTreeSpec | None = None
     torus: TorusSpec | None = None
 
@@ -90,9 +94,9 @@ class ClusterSpec:
                                                                             self.server)]
             nic_Bps = self.server.nic_Bps * self.server.nic_efficiency
             if self.fat_tree is not None:
-                fabric = FatTree(self.server, self.fat_tree, self.nodes)
+                fabric = FatTree(self.server, self.fat_tree, self.nodes, sharp=self.sharp)
             else:
-                fabric = Rails(self.server, self.switch_latency_s)
+                fabric = Rails(self.server, self.switch_latency_s, sharp=self.sharp)
             fabric.build(builder, self.nodes, nic_Bps)
         _check_connected(builder.graph, devices)
         return Cluster(
@@ -166,7 +170,8 @@ def read_cluster(table: object, where: str = "cluster") -> ClusterSpec:
     latency = fields.time("switch_latency", preset.switch_latency_s)
     fat_tree = _fat_tree(preset, fields, server, latency) if fabric == "fat-tree" else None
     return ClusterSpec(preset=name, fabric=fabric, nodes=nodes, accelerator=accelerator,
-                       server=server, switch_latency_s=latency, fat_tree=fat_tree)
+                       server=server, switch_latency_s=latency,
+                       sharp=fields.boolean("sharp", False), fat_tree=fat_tree)
 
 
 def _check_applicable(fields: Fields, preset: str, fabric: str) -> None:

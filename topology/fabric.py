@@ -34,8 +34,9 @@ class SwitchedFabric:
 
     kind = "switched"
 
-    def __init__(self, server: ServerSpec) -> None:
+    def __init__(self, server: ServerSpec, *, sharp: bool = False) -> None:
         self.server = server
+        self.sharp = sharp  # the switches reduce in the network (SHARP): NCCL's CollNet runs
 
     def path(self, src: int, dst: int, nic: int | None) -> list[str]:
         spec = self.server
@@ -65,8 +66,9 @@ class FatTree(SwitchedFabric):
 
     kind = "fat-tree"
 
-    def __init__(self, server: ServerSpec, spec: FatTreeSpec, num_servers: int) -> None:
-        super().__init__(server)
+    def __init__(self, server: ServerSpec, spec: FatTreeSpec, num_servers: int, *,
+                 sharp: bool = False) -> None:
+        super().__init__(server, sharp=sharp)
         self.spec = spec
         self.down = spec.nodes_per_leaf * server.nics
         self.up = uplinks(self.down, spec.oversubscription)
@@ -137,8 +139,9 @@ class Rails(SwitchedFabric):
 
     kind = "rail"
 
-    def __init__(self, server: ServerSpec, link_latency_s: float) -> None:
-        super().__init__(server)
+    def __init__(self, server: ServerSpec, link_latency_s: float, *,
+                 sharp: bool = False) -> None:
+        super().__init__(server, sharp=sharp)
         self.link_latency_s = link_latency_s
 
     def build(self, builder: GraphBuilder, num_servers: int, nic_Bps: float) -> None:

@@ -191,9 +191,11 @@ def compute_capability(accelerator_name: str) -> int:
                       "(known: A100, H100, H200)")
 
 
-def system_for(cluster: Cluster, group: tuple[int, ...], *, sharp: bool = False,
+def system_for(cluster: Cluster, group: tuple[int, ...], *, sharp: bool | None = None,
                cpu_vendor: str | None = None) -> NcclSystem:
     """NCCL's view of `group` on `cluster` (an NVSwitch/InfiniBand GPU cluster).
+
+    `sharp` (CollNet available) defaults to the fabric's `[cluster] sharp` key.
 
     Ranks must spread evenly over their nodes, as NCCL's model assumes. NVLink links per GPU
     are the line rate over 25 GB/s per link (A100 300 GB/s -> 12, H100 450 GB/s -> 18).
@@ -213,4 +215,6 @@ def system_for(cluster: Cluster, group: tuple[int, ...], *, sharp: bool = False,
     return NcclSystem(num_nodes=len(per_node), gpus_per_node=len(group) // len(per_node),
                       compute_capability=compute_capability(cluster.accelerator.name),
                       nvlinks=nvlinks, nics_per_node=server.nics,
-                      nic_Bps=server.nic_Bps, cpu_vendor=vendor, sharp=sharp)
+                      nic_Bps=server.nic_Bps, cpu_vendor=vendor,
+                      sharp=bool(getattr(cluster.fabric, "sharp", False)) if sharp is None
+                      else sharp)

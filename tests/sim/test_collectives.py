@@ -156,3 +156,35 @@ def test_flow_model_equals_analytic_path_when_uncontended(case):
     lowering = COLLECTIVES[name].lowering(kind, group, algo)
     flow = timed(cluster, kind, group, size, algo)
     assert flow == pytest.approx(analytic_time(cluster, lowering, size), rel=1e-9)
+
+
+def test_parasim_collective_prints_nccls_algorithm_and_protocol_per_size(capsys):
+    """`parasim collective` names what NCCL would run at each size, as NCCL_DEBUG=INFO does:
+    on a DGX A100 ring/LL at 1 KiB, ring/LL128 at 8 MiB, ring/Simple at 8 GiB."""
+    from sim.cli import main
+
+    code = main(["collective", "--cluster", "dgx-a100", "--nodes", "1", "--op", "all_reduce",
+                 "--sizes", "1K,8M,8G", "--model", "analytic"])
+    out, err = capsys.readouterr()
+    assert code == 0 and err == ""
+    rows = [line.split() for line in out.splitlines() if not line.startswith("#")]
+    assert [(int(r[0]), r[1]) for r in rows] == [
+        (1024, "ring/LL"), (8 * 2**20, "ring/LL128"), (8 * GiB, "ring/Simple")]
+
+
+def test_sharp_in_a_cluster_file_reaches_the_collectives(capsys, tmp_path):
+    """`[cluster] sharp = true` lets NCCL pick CollNet across nodes; a bad value is one line
+    on stderr and exit status 2."""
+    from sim.cli import main
+
+    path = tmp_path / "sharp.toml"
+    path.write_text('[cluster]\npreset = "dgx-a100"\nnodes = 4\nsharp = true\n')
+    code = main(["collective", "--cluster", str(path), "--op", "all_reduce", "--sizes", "16M",
+                 "--model", "analytic"])
+    out, err = capsys.readouterr()
+    assert code == 0 and "collnet_direct/Simple" in out
+    path.write_text('[cluster]\npreset = "dgx-a100"\nnodes = 4\nsharp = "on"\n')
+    code = main(["collective", "--cluster", str(path), "--sizes", "16M"])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == ""
+    assert err.strip() == "parasim: error: cluster.sharp: 'on' must be true or false"

@@ -14,7 +14,15 @@ import pytest
 import simpy
 
 from sim.collectives import Collectives, analytic_time
-from sim.collectives.nccl import available, bandwidth, channels, choose, latency, nccl_time
+from sim.collectives.nccl import (
+    available,
+    bandwidth,
+    channels,
+    choose,
+    latency,
+    nccl_time,
+    options,
+)
 from sim.collectives.nccl_plan import (
     LAUNCH_SINGLE_THREAD_S,
     NcclPlan,
@@ -141,6 +149,69 @@ def test_no_prediction_exceeds_the_links(preset: str) -> None:
                     sent = p.size_bytes * gpu_bytes_per_payload(kind, algo, sys.num_ranks)
                     rate = sent * p.wire_factor / p.time_s
                     assert rate <= sys.nvlink_Bps <= server.nvlink_Bps, (kind, algo, proto, k)
+
+
+@pytest.mark.parametrize(("preset", "fabric", "nodes", "sharp"), [
+    ("dgx-a100", "fat-tree", 2, False), ("dgx-a100", "rail", 4, True),
+    ("dgx-h100", "fat-tree", 4, True), ("dgx-h100", "rail", 2, False),
+    ("dgx-h100", "rail", 4, False)])
+def test_no_prediction_exceeds_the_links_across_nodes(preset: str, fabric: str, nodes: int,
+                                                      sharp: bool) -> None:
+    """Several nodes: every algorithm and protocol NCCL has there, every collective, 1 KiB to
+    8 GiB. A GPU pushes its bytes over NVLink and its share of the NICs, so no faster than
+    both line rates together; and a node's NICs carry at least what the collective must move
+    between nodes, whatever the algorithm (in-network reduction included): an all-reduce or
+    all-gather brings (nodes - 1)/nodes of the buffer into each node, a reduce-scatter
+    1/nodes, a broadcast all of it."""
+    cluster = build_cluster(preset, nodes=nodes, fabric=fabric, sharp=sharp)
+    sys = system_for(cluster, tuple(range(cluster.num_devices)))
+    server = cluster.fabric.server  # type: ignore[attr-defined]
+    nics_Bps = server.nics * server.nic_Bps
+    per_gpu_Bps = server.nvlink_Bps + nics_Bps / server.gpus
+    into_node = {AR: (nodes - 1) / nodes, AG: (nodes - 1) / nodes, RS: 1 / nodes, BCAST: 1.0}
+    checked = set()
+    for kind in (AR, RS, AG, BCAST):
+        for algo in Algo:
+            for proto in Proto:
+                if not available(sys, kind, algo, proto):
+                    continue
+                checked.add(algo)
+                for k in range(10, 34, 3):
+                    p = plan(sys, kind, 2**k, algo=algo, proto=proto)
+                    sent = p.size_bytes * gpu_bytes_per_payload(kind, algo, sys.num_ranks)
+                    assert sent * p.wire_factor / p.time_s <= per_gpu_Bps, (kind, algo, proto, k)
+                    across = p.size_bytes * into_node[kind]
+                    assert across / p.time_s <= nics_Bps, (kind, algo, proto, k)
+    assert {Algo.RING, Algo.TREE} <= checked
+    assert (Algo.COLLNET_DIRECT in checked) is sharp
+
+
+def test_sharp_key_lets_all_reduce_choose_collnet() -> None:
+    """`[cluster] sharp = true`: NCCL's CollNet joins the choice across nodes and wins where
+    its predicted time is the lowest; without the key it is never considered."""
+    plain = build_cluster("dgx-a100", nodes=4)
+    sharp = build_cluster("dgx-a100", nodes=4, sharp=True)
+    assert plain.fabric.sharp is False and sharp.fabric.sharp is True  # type: ignore[attr-defined]
+    group = tuple(range(32))
+    without, with_sharp = system_for(plain, group), system_for(sharp, group)
+    assert not without.sharp and with_sharp.sharp and with_sharp.collnet is not None
+    size = 16 * MiB
+    times = {k: t for k, t in options(with_sharp, AR, size).items()}
+    best = min(times, key=times.__getitem__)
+    assert best == (Algo.COLLNET_DIRECT, Proto.SIMPLE)
+    others = [t for (a, _), t in times.items()
+              if a not in (Algo.COLLNET_DIRECT, Algo.COLLNET_CHAIN)]
+    assert times[best] < min(others)
+    assert all(a not in (Algo.COLLNET_DIRECT, Algo.COLLNET_CHAIN)
+               for a, _ in options(without, AR, size))
+    name, lowering = Collectives(sharp).resolve(AR, group, size)
+    assert name == "collnet_direct/Simple"
+    assert analytic_time(sharp, lowering, size) == pytest.approx(
+        plan(with_sharp, AR, size).time_s, rel=1e-9)
+    assert Collectives(plain).resolve(AR, group, size)[0].split("/")[0] != "collnet_direct"
+    # One node has no network to reduce in: the key changes nothing there.
+    one = build_cluster("dgx-a100", nodes=1, sharp=True)
+    assert system_for(one, tuple(range(8))).collnet is None
 
 
 def test_mid_sizes_ramp_below_nccls_model(a100: NcclSystem) -> None:

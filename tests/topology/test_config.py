@@ -38,10 +38,19 @@ def test_overrides_replace_preset_fields():
     ({"preset": "tpu-v4", "dims": [4, 1, 4]}, "cluster.dims: [4, 1, 4] must hold integers from 2"),
     ({"preset": "tpu-v4", "dims": [64]}, "cluster.dims: [64] must be a list of 2 or 3 integers"),
     ({"preset": "tpu-v4", "dims": [4, 4], "nodes": 3}, "cluster.nodes: 3 nodes of 4 chips"),
+    ({"preset": "dgx-h100", "sharp": "yes"}, "cluster.sharp: 'yes' must be true or false"),
+    ({"preset": "dgx-h100", "sharp": 1}, "cluster.sharp: 1 must be true or false"),
+    ({"preset": "tpu-v4", "sharp": True}, "cluster.sharp: applies to a switched"),
 ])
 def test_each_bad_value_names_field_value_and_rule(table, message):
     with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
         cluster_from_table(table)
+
+
+def test_sharp_is_a_property_of_the_switched_fabric():
+    assert build_cluster("dgx-h100", nodes=2).fabric.sharp is False
+    for fabric in ("fat-tree", "rail"):
+        assert build_cluster("dgx-h100", nodes=2, fabric=fabric, sharp=True).fabric.sharp
 
 
 def test_toml_file_with_flag_overrides(tmp_path):
