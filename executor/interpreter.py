@@ -143,7 +143,7 @@ class _StepRun:
                         it.recorder.end(index)
                         self.done[index] = True
                     else:
-                        it.recorder.end_on_completion(index, handle)
+                        it.recorder.end_on_completion(index, handle, stream)
                     self.inflight[stream] = index
                     moved = True
 
@@ -154,7 +154,9 @@ class _StepRun:
                 if self.finished(index):
                     break
                 handle = self.handles[index]
-                if handle is not None and not any(self.queues.values()):
-                    handle.wait()  # nothing else could move meanwhile: block on it
+                if handle is not None and (self.interp.cuda or not any(self.queues.values())):
+                    # on GPU, wait() only makes the current stream wait for the work; on CPU
+                    # it blocks, which is right once nothing else could move meanwhile
+                    handle.wait()
                 else:
                     time.sleep(WAIT_S)

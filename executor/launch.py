@@ -98,9 +98,14 @@ class _Job:
 def pick_backend(world_size: int, backend: str = "auto") -> str:
     if backend != "auto":
         return backend
-    if torch.cuda.is_available() and torch.cuda.device_count() >= world_size:
+    if nccl_usable() and torch.cuda.device_count() >= world_size:
         return "nccl"
     return "gloo"
+
+
+def nccl_usable() -> bool:
+    """CUDA present and this torch built with NCCL."""
+    return torch.cuda.is_available() and dist.is_nccl_available()
 
 
 def in_torchrun() -> bool:
@@ -366,8 +371,8 @@ def join(fn: Callable[..., Any], args: tuple = (), *, timeout_s: float = 60.0,
     job timeout exits 124."""
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ["LOCAL_RANK"])
-    backend = "nccl" if backend == "auto" and torch.cuda.is_available() else \
-        ("gloo" if backend == "auto" else backend)
+    if backend == "auto":
+        backend = "nccl" if nccl_usable() else "gloo"
     device = torch.device("cpu")
     if backend == "nccl":
         torch.cuda.set_device(local_rank)

@@ -6,7 +6,10 @@ world is spawned locally the arrays live in shared memory, so the parent can sti
 rank's partial trace when a rank dies; under torchrun each rank owns its array.
 
 Clocks: `time.perf_counter_ns` on CPU (CLOCK_MONOTONIC on Linux: one clock for all processes of
-a host); CUDA events on GPU, resolved against a host timestamp taken at a synchronisation.
+a host); CUDA events on GPU, resolved against a host timestamp taken at a synchronisation. An
+asynchronous NCCL call ends when its work does on the GPU: an event on a side stream (one per
+plan stream) made to wait on the work. (NCCL marks a work's future complete as soon as the work
+is enqueued, so the host-side completion that times gloo's calls would be the issue time.)
 Ranks on other hosts are aligned to rank 0 by ping-pong (Cristian's method: the offset from the
 round with the smallest round trip, error at most half that round trip); ranks that share rank
 0's boot id share its clock and get offset 0. The method and offsets go into the trace's meta.
@@ -59,6 +62,7 @@ class Recorder:
         self.times = buffer[HEADER:].reshape(-1, 2)
         self.cuda = device is not None and device.type == "cuda"
         self._events: dict[tuple[int, int], torch.cuda.Event] = {}
+        self._side: dict[str, torch.cuda.Stream] = {}  # plan stream -> where its ends are noted
         self._ref: tuple[torch.cuda.Event, int] | None = None
         self._lock = threading.Lock()
 
@@ -90,13 +94,24 @@ class Recorder:
         else:
             self.times[index, 1] = time.perf_counter_ns()
 
-    def end_on_completion(self, index: int, handle: Handle) -> None:
-        """An asynchronous call ends when its work completes (`Handle.watch`: the work's
-        future, or a thread waiting on it), in host time on CPU and GPU alike."""
-        handle.watch(lambda: self.settle(index))
+    def end_on_completion(self, index: int, handle: Handle, stream: str = "") -> None:
+        """An asynchronous call ends when its work completes: on CPU in host time
+        (`Handle.watch`: the work's future, or a thread waiting on it); on GPU at an event
+        recorded behind the work on `stream`'s side stream."""
+        if not self.cuda:
+            handle.watch(lambda: self.settle(index))
+            return
+        side = self._side.get(stream)
+        if side is None:
+            side = self._side[stream] = torch.cuda.Stream()
+        with torch.cuda.stream(side):
+            if handle.work is not None and not handle.done:
+                handle.work.wait()  # NCCL: `side` waits for the work (the host does not)
+            self._event(index, 1)
 
     def settle(self, index: int) -> None:
-        """The op has completed: its end is now, unless already noted."""
+        """The op has completed: its end is now, unless already noted (on GPU the end event
+        replaces it at `flush`)."""
         with self._lock:
             if self.times[index, 1] == NOT_RECORDED:
                 self.times[index, 1] = time.perf_counter_ns()

@@ -299,3 +299,44 @@ def _counting(call: Any, flops: list[float]) -> Any:
         return result
     counted.inner = call  # type: ignore[attr-defined]
     return counted
+
+
+def device_case(ctx: RankContext, case: Case) -> dict[str, Any]:
+    """The plan interpreter on this rank's device (NCCL on GPUs), recorded as `executor.run`
+    records: per step the CUDA events pending at the flush, the interpreter's peak memory
+    beside torch.cuda.max_memory_allocated and the meter's own count; losses and parameters
+    (on the CPU) after the steps."""
+    model, layout = case.specs()
+    plan = build(model, layout)
+    groups = Groups.create(plan_group_keys(plan, layout), ctx.timeout_s)
+    comm = Comm(groups)
+    records = new_buffer(len(plan.ops[ctx.rank]))
+    records[H_OFFSET], _ = align_clocks(ctx.rank, ctx.world_size, ctx.device)
+    recorder = Recorder(records, ctx.device)
+    flush, events = recorder.flush, []
+
+    def counted_flush() -> None:
+        events.append(len(recorder._events))
+        flush()
+
+    recorder.flush = counted_flush  # type: ignore[method-assign]
+    interp = Interpreter(plan, model, layout, ctx.rank, comm, OPTIONS, ctx.device, recorder)
+    losses, peaks = [], []
+    for _ in range(case.steps):
+        recorder.reset()
+        if ctx.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        interp.runtime.meter.reset_peak()
+        interp.step()
+        losses.append(dict(interp.runtime.losses))
+        interp.runtime.losses.clear()
+        max_allocated = torch.cuda.max_memory_allocated() if ctx.device.type == "cuda" else -1
+        peaks.append((interp.peak_bytes(), max_allocated, interp.runtime.meter.peak_bytes))
+    recorder.set_state(DONE)
+    rt = interp.runtime
+    params = {unit: {name: t.cpu() for name, t in rt.unit_params(unit).items()}
+              for unit in rt.flat.units}
+    groups.destroy()
+    return {"backend": ctx.backend, "device": str(ctx.device), "events": events,
+            "num_ops": len(plan.ops[ctx.rank]), "peaks": peaks, "losses": losses,
+            "params": params, "records": records.copy(), "coords": layout.coords(ctx.rank)}
