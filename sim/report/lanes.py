@@ -98,7 +98,8 @@ def _what(times: StepTimes, comm: CommIndex, lane: Lane, spec: BinnedSpec,
 
 
 def _tint(hex_colour: str) -> str:
-    """The colour at 12% strength over white."""
+    """The colour at 30% strength over white (at 12% a lane of sends busy 1% of each bin
+    vanished into the grey background)."""
     r, g, b = (int(hex_colour[i:i + 2], 16) for i in (1, 3, 5))
-    mix = [round(255 - 0.12 * (255 - c)) for c in (r, g, b)]
+    mix = [round(255 - 0.30 * (255 - c)) for c in (r, g, b)]
     return f"rgb({mix[0]},{mix[1]},{mix[2]})"

@@ -175,8 +175,10 @@ def _body(exp: Experiment, summary: StepSummary, words: Words, bubble: float, ta
         header_html(exp, summary, words),
         "<h2>Pipeline</h2>",
         f"<p class='note'>{legend_html()}</p>",
-        f"<p class='note'>One row per pipeline rank; bar text is the micro-batch where it "
-        f"fits. Grey is idle time (the bubble: {bubble:.1%} of the step, mean over the rows), "
+        "<p class='note'>One row per pipeline rank; white numbers are the micro-batch of "
+        "the pass they sit in; where passes are too narrow for theirs, every n-th micro-batch "
+        "is written in black over its pass (zoom in for the rest). Grey is idle time (the "
+        f"bubble: {bubble:.1%} of the step, mean over the rows), "
         "red communication outside the passes (pipeline sends and receives, gradient "
         "reduction). A bin's colour is as deep as the share of it each kind covers; zooming "
         "re-bins, and zooms the lanes and the memory curve too.</p>",

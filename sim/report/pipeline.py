@@ -10,7 +10,9 @@ as deep as the share of it the layer covers, so totals are exact at any zoom and
 draws the same few images for 8 micro-batches or 8,000. Each pass is also one point of data
 (drawn as nothing) holding its exact start, end and duration (float64: duration = end -
 start); from these the script writes the hover of an invisible heatmap on top (the pass under
-each bin's centre, at any zoom) and the micro-batch number on passes wide enough to hold it.
+each bin's centre, at any zoom) and the micro-batch numbers: inside the passes wide enough to
+hold them, every n-th micro-batch where they are narrower (`sim.report.labels`; the figure
+carries those of the whole step at a nominal width, the page redoes them at its own).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import plotly.graph_objects as go
 
 from sim.replay import StepTimes
 from sim.report.binned import BinnedSpec
+from sim.report.labels import NOMINAL_PLOT_PX, Bar, label_gap_s, label_plan
 from sim.report.words import Words
 from sim.timeline import Pass, RankOps, idle_intervals, pipeline_passes, union
 
@@ -31,6 +34,8 @@ LAYERS = {"idle": ("idle (bubble)", "#BDBDBD"),
           "O": ("optimizer step", "#54A24B")}
 """Layer -> (legend label, colour); bottom to top."""
 ROW_PX = 30
+LABEL_COLOUR = {True: "white", False: "#1A1A1A"}
+"""A number inside its bar is white; one running over its neighbours is dark."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -77,9 +82,17 @@ def pipeline_view(times: StepTimes, cols: dict[int, RankOps], stages: dict[int, 
                   if p.kind == kind]
         if placed:
             fig.add_trace(_hover(kind, LAYERS[kind][0], placed))
-    fig.add_trace(go.Scatter(x=[], y=[], text=[], mode="text", name="micro-batch",
-                             showlegend=False, textfont={"color": "white", "size": 10},
-                             hoverinfo="skip", meta={"labels": True}))
+    # micro-batch numbers (sim.report.labels): those of the whole step at a nominal width;
+    # the page's script redoes them at its own width and on every zoom
+    bars = bars_of(passes, stages)
+    gap = label_gap_s(bars)
+    plan = label_plan(bars, 0.0, step, NOMINAL_PLOT_PX / step, gap) if step > 0 else []
+    fig.add_trace(go.Scatter(
+        x=[p.x for p in plan], y=[p.row for p in plan], text=[p.text for p in plan],
+        mode="text", name="micro-batch", showlegend=False, hoverinfo="skip",
+        textfont={"color": [LABEL_COLOUR[p.inside] for p in plan], "size": 10},
+        meta={"labels": True, "gap_s": gap, "colours": [LABEL_COLOUR[False],
+                                                        LABEL_COLOUR[True]]}))
     # on top, invisible: the script writes into each bin the pass under its centre
     fig.add_trace(go.Heatmap(y=rows, zmin=0, zmax=1, showscale=False, name="hover",
                              colorscale=[[0, "rgba(0,0,0,0)"], [1, "rgba(0,0,0,0)"]],
@@ -103,6 +116,12 @@ def legend_html() -> str:
     """The layers' colours, as a line of HTML above the figure."""
     return " ".join(f"<span class='key' style='background:{colour}'></span>{label}"
                     for label, colour in LAYERS.values())
+
+
+def bars_of(passes: dict[int, list[Pass]], stages: dict[int, int]) -> list[list[Bar]]:
+    """Per row (top to bottom), its passes as label bars, in start order."""
+    return [sorted((p.start, p.end, "" if p.microbatch is None else str(p.microbatch), p.kind)
+                   for p in passes[pp]) for pp in stages]
 
 
 def _hover(kind: str, label: str, placed: list[tuple[int, Pass]]) -> go.Scatter:

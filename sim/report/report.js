@@ -166,21 +166,49 @@
     return { x, z, text };
   }
 
-  // Micro-batch numbers on the passes wide enough to hold them in the visible range.
+  // Micro-batch numbers for the visible range: the rule of sim/report/labels.py (label_plan)
+  // — inside the passes wide enough to hold them (white), else every n-th micro-batch (dark,
+  // over its neighbours), n in 1, 2, 5, 10, ... so that n micro-batches span two labels.
+  const PAD = 4, DIGIT = 6, GAP = 2;
+  function labelPlan(rows, a, b, px, gap) {
+    let widest = 0;
+    for (const list of rows) for (const p of list) {
+      if (p.mb !== "") widest = Math.max(widest, PAD + DIGIT * p.mb.length);
+    }
+    let n = 1;
+    while (n * gap * px < 2 * (widest + GAP) && n < 1e9) n = String(n)[0] === "2" ? n * 5 / 2 : n * 2;
+    const x = [], y = [], text = [], inside = [];
+    rows.forEach((list, row) => {
+      const cands = [];
+      for (const p of list) {
+        if (p.mb === "" || p.e <= a || p.s >= b) continue; // nothing of it visible
+        const lo = Math.max(p.s, a), hi = Math.min(p.e, b), width = PAD + DIGIT * p.mb.length;
+        const fits = (hi - lo) * px >= width;
+        if (fits || Number(p.mb) % n === 0) cands.push([(lo + hi) / 2, width / 2, p.mb, fits]);
+      }
+      const nextInside = new Array(cands.length + 1).fill(Infinity);
+      for (let i = cands.length - 1; i >= 0; i--) {
+        const [cx, half, , fits] = cands[i];
+        nextInside[i] = fits ? (cx - a) * px - half : nextInside[i + 1];
+      }
+      let right = -Infinity;
+      cands.forEach(([cx, half, mb, fits], i) => {
+        const at = (cx - a) * px;
+        if (!fits && (at - half < right + GAP || at + half + GAP > nextInside[i + 1])) return;
+        x.push(cx); y.push(row); text.push(mb); inside.push(fits);
+        right = at + half;
+      });
+    });
+    return { x, y, text, inside };
+  }
+
   function labels(div, rows) {
     const xa = div._fullLayout.xaxis, [a, b] = xa.range, px = xa._length / (b - a);
-    const x = [], y = [], text = [];
-    rows.forEach((list, row) => {
-      for (const p of list) {
-        // about 6 px per digit of 10 px text, and a little room
-        if (p.mb === "" || p.e < a || p.s > b || (p.e - p.s) * px < 4 + 6 * p.mb.length) continue;
-        x.push((Math.max(p.s, a) + Math.min(p.e, b)) / 2);
-        y.push(row);
-        text.push(p.mb);
-      }
-    });
-    const index = div.data.findIndex((t) => t.meta && t.meta.labels);
-    return Plotly.restyle(div, { x: [x], y: [y], text: [text] }, [index]);
+    const index = div.data.findIndex((t) => t.meta && t.meta.labels), meta = div.data[index].meta;
+    const plan = labelPlan(rows, a, b, px, meta.gap_s);
+    const colour = plan.inside.map((fits) => meta.colours[fits ? 1 : 0]);
+    return Plotly.restyle(div, { x: [plan.x], y: [plan.y], text: [plan.text],
+      "textfont.color": [colour] }, [index]);
   }
 
   // The update of a binned figure for [a, b], with the pipeline's hover layer.
@@ -197,20 +225,20 @@
   }
 
   // --- draw ---------------------------------------------------------------------------------
-  const [library, data] = await Promise.all([inflate("parasim-plotly"), inflate("parasim-data")]);
+  const unpacking = inflate("parasim-data");
+  const library = await inflate("parasim-plotly");
   performance.mark("parasim-unpacked");
-  // As a script of its own (a blob URL) the browser may parse it off the main thread.
+  // As a script of its own (a blob URL) the browser parses and compiles it off the main
+  // thread, while this one decodes and bins the figures' data.
   const url = URL.createObjectURL(new Blob([library], { type: "text/javascript" }));
-  await new Promise((resolve, reject) => {
+  const plotlyLoaded = new Promise((resolve, reject) => {
     const script = document.createElement("script");
     script.onload = resolve;
     script.onerror = () => reject(new Error("plotly.js did not load"));
     script.src = url;
     document.head.appendChild(script);
   });
-  URL.revokeObjectURL(url);
-  performance.mark("parasim-plotly-loaded");
-  const payload = JSON.parse(data);
+  const payload = JSON.parse(await unpacking);
   const passes = passRows(payload.figures[payload.pipeline]);
   const specs = {};
   for (const spec of payload.binned) {
@@ -223,6 +251,9 @@
     specs[spec.div] = spec;
   }
   performance.mark("parasim-binned");
+  await plotlyLoaded;
+  URL.revokeObjectURL(url);
+  performance.mark("parasim-plotly-loaded");
   const config = { displaylogo: false, responsive: true };
   for (const [id, fig] of Object.entries(payload.figures)) {
     await Plotly.newPlot(id, fig.data, fig.layout, config);
@@ -262,7 +293,7 @@
       try { await zoom(div, range); } finally { syncing = false; }
     });
   }
-  window.parasim = { specs, binned, zoom };
+  window.parasim = { specs, binned, zoom, labelPlan, passes };
   document.body.dataset.rendered = "yes";
 })().catch((err) => {
   document.body.insertAdjacentHTML("afterbegin",

@@ -10,14 +10,19 @@ For each example it simulates the step, renders the report (timed), and loads th
 --runs times in a fresh tab, timing from navigation to the moment every figure is drawn (the
 page sets body[data-rendered]); then it zooms the time axes to a tenth of the step (timed:
 the binned figures re-bin) and checks the page's binning against
-`sim.report.binned.binned_z`. It writes step.html, a full-page screenshot and one per figure
-under --out, and prints one row per example: size, render time, load time (median, min, max),
-zoom time, DOM elements, console errors.
+`sim.report.binned.binned_z`, and the pipeline's micro-batch labels (at the default zoom and
+zoomed) against `sim.report.labels.label_plan`; last, it zooms the lanes onto the longest op
+of a communication lane and hovers it with the mouse, printing the hover text (bytes, bus
+bandwidth) next to the bandwidth worked out by hand. It writes step.html, a full-page
+screenshot, one per figure, zoomed.png and hover.png under --out, and prints one row per
+example: size, render time, load time (median, min, max), zoom time, DOM elements, console
+errors.
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import os
 import statistics
@@ -32,10 +37,19 @@ import numpy as np
 from sim.config import EXAMPLES, example_path, load_experiment
 from sim.report import read_payload, render_report
 from sim.report.binned import binned_z
+from sim.report.labels import label_plan
 from sim.simulate import predict
 
 DRIVER = r"""
 const { chromium } = require('playwright-core');
+async function labelsNow(page) { // the pipeline's labels as drawn, and the range and width
+  return page.evaluate(() => {
+    const div = document.getElementById('parasim-pipeline'), xa = div._fullLayout.xaxis;
+    const t = div.data.find((d) => d.meta && d.meta.labels);
+    return { x: Array.from(t.x), y: Array.from(t.y), text: Array.from(t.text),
+             range: xa.range, width: xa._length };
+  });
+}
 (async () => {
   const [file, outDir, runs, chromiumPath] = process.argv.slice(2);
   const browser = await chromium.launch({ executablePath: chromiumPath, args: [
@@ -53,6 +67,7 @@ const { chromium } = require('playwright-core');
     result.loads.push((Date.now() - t0) / 1000);
     result.marks.push(await page.evaluate(() => Object.fromEntries(
       performance.getEntriesByType('mark').map((m) => [m.name, Math.round(m.startTime)]))));
+    if (i === 0) result.labels = await labelsNow(page);
     if (i === 0) {
       result.nodes = await page.evaluate(() => document.getElementsByTagName('*').length);
       await page.screenshot({ path: outDir + '/page.png', fullPage: true });
@@ -71,6 +86,34 @@ const { chromium } = require('playwright-core');
       });
       await page.waitForTimeout(500);
       await page.locator('#parasim-pipeline').screenshot({ path: outDir + '/zoomed.png' });
+      result.zoomedLabels = await labelsNow(page);
+      // hover a communication op with the mouse: the lanes zoomed to the longest op of the
+      // first communication lane, the pointer on its middle
+      const target = await page.evaluate(async () => {
+        const spec = window.parasim.specs['parasim-lanes'];
+        const trace = spec.traces.find((t) => t.rows[0].w);
+        if (!trace) return null;
+        const row = trace.rows[0];
+        let i = 0;
+        for (let j = 1; j < row.s.length; j++) if (row.e[j] - row.s[j] > row.e[i] - row.s[i]) i = j;
+        const s = row.s[i] / 1e9, e = row.e[i] / 1e9, d = e - s;
+        await window.parasim.zoom(null, [s - d, e + d]);
+        const div = document.getElementById('parasim-lanes');
+        const xa = div._fullLayout.xaxis, ya = div._fullLayout.yaxis;
+        div.scrollIntoView();
+        const box = div.getBoundingClientRect();
+        return { x: box.left + xa._offset + xa.l2p((s + e) / 2),
+                 y: box.top + ya._offset + ya.l2p(trace.index), start: row.s[i],
+                 end: row.e[i], what: spec.what[row.w[i]] };
+      });
+      if (target) {
+        await page.mouse.move(target.x, target.y);
+        await page.waitForTimeout(500);
+        target.hover = await page.evaluate(() =>
+          document.querySelector('#parasim-lanes .hoverlayer').textContent);
+        await page.locator('#parasim-lanes').screenshot({ path: outDir + '/hover.png' });
+      }
+      result.hover = target;
     }
     await page.close();
   }
@@ -120,12 +163,61 @@ def main() -> int:
         result = json.loads(proc.stdout.strip().splitlines()[-1])
         loads = result["loads"]
         _check_binning(page, result["zoom"])
+        payload = read_payload(page)
+        drawn = result["labels"]
+        _check_labels(payload, drawn)
+        _check_labels(payload, result["zoomedLabels"])
         print(f"{name:<32} {len(page.encode()) / 1e6:>5.2f} {render_s:>8.1f} "
               f"{statistics.median(loads):>10.2f} ({min(loads):.2f}-{max(loads):.2f})"
               f"{'':>6} {result['zoom']['seconds']:>7.2f} {result['nodes']:>6}  "
               f"{len(result['errors'])}{': ' + result['errors'][0] if result['errors'] else ''}")
         print(f"    marks of the first load (ms): {result['marks'][0]}")
+        print(f"    micro-batch labels at the default zoom ({drawn['width']} px): "
+              f"{len(drawn['text'])}, first row {_first_row(drawn)}; zoomed to a tenth: "
+              f"{len(result['zoomedLabels']['text'])}")
+        hover = result.get("hover")
+        if hover:
+            seconds = (hover["end"] - hover["start"]) / 1e9
+            print(f"    hover on {hover['what'][0]} ({seconds * 1e3:.4g} ms, bus bandwidth "
+                  f"by hand {hover['what'][1] / seconds / 1e9:.1f} GB/s): "
+                  f"{hover['hover']!r}")
     return 0
+
+
+def _check_labels(payload: dict, drawn: dict) -> None:
+    """The page's labels against `sim.report.labels.label_plan` at the page's range and width."""
+    figure = payload["figures"]["parasim-pipeline"]
+    meta = next(t["meta"] for t in figure["data"] if (t.get("meta") or {}).get("labels"))
+    rows: list[list[tuple[float, float, str, str]]] = [[] for _ in figure["layout"]["yaxis"]
+                                                       ["tickvals"]]
+    for trace in figure["data"]:
+        kind = (trace.get("meta") or {}).get("passes")
+        if not kind:
+            continue
+        data, ys = _typed(trace["customdata"]), _typed(trace["y"])
+        for i, row in enumerate(ys):
+            rows[int(row)].append((float(data[i, 0]), float(data[i, 1]), trace["text"][i], kind))
+    for bars in rows:
+        bars.sort()
+    a, b = drawn["range"]
+    plan = label_plan(rows, a, b, drawn["width"] / (b - a), meta["gap_s"])
+    assert [(p.row, p.text) for p in plan] == list(zip(drawn["y"], drawn["text"], strict=True)), \
+        "the page labels other passes than sim.report.labels"
+    assert np.allclose([p.x for p in plan], drawn["x"], rtol=0, atol=1e-9)
+
+
+def _first_row(drawn: dict) -> str:
+    texts = [t for y, t in zip(drawn["y"], drawn["text"], strict=True) if y == 0]
+    return " ".join(texts[:12]) + (" ..." if len(texts) > 12 else "")
+
+
+def _typed(value: object) -> np.ndarray:
+    if not isinstance(value, dict):
+        return np.asarray(value)
+    array = np.frombuffer(base64.b64decode(value["bdata"]), dtype=np.dtype(value["dtype"]))
+    if "shape" in value:
+        array = array.reshape([int(n) for n in str(value["shape"]).split(",")])
+    return array
 
 
 def _check_binning(page: str, zoom: dict) -> None:

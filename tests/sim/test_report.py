@@ -23,6 +23,7 @@ from sim.report import read_payload, render_report, write_report
 from sim.report.binned import NUM_BINS, binned_z, decode_row
 from sim.report.breakdown import waterfall
 from sim.report.collectives import CommIndex, collective_rows
+from sim.report.labels import NOMINAL_PLOT_PX
 from sim.simulate import GiB, predict
 from sim.timeline import rank_ops
 from tests.sim.report_cases import (
@@ -159,15 +160,22 @@ def test_layers_of_a_row_tile_the_step(pp4):
 
 
 def test_shapes_do_not_grow_with_micro_batches():
-    counts, passes = [], []
+    """Beyond the pipeline view's own hover points and micro-batch labels; the labels never
+    overlap, so a row holds at most NOMINAL_PLOT_PX / (10 px + 2 px gap) of them."""
+    counts, passes, labels = [], [], []
     for m in (8, 32):
         exp = experiment(PP4_M8, global_batch=m)
         payload = read_payload(render_report(exp, *predict(exp)))
+        figure = payload["figures"]["parasim-pipeline"]
+        labels.append(len(next(t for t in figure["data"]
+                               if (t.get("meta") or {}).get("labels"))["x"]))
         counts.append(drawn_shapes(payload))
-        passes.append(len(pass_points(payload["figures"]["parasim-pipeline"])))
+        counts[-1]["parasim-pipeline"] -= labels[-1]
+        passes.append(len(pass_points(figure)))
     assert counts[0] == counts[1]
     assert sum(counts[0].values()) < 300
     assert passes == [4 * (2 * 8 + 1), 4 * (2 * 32 + 1)]  # the pipeline view's own
+    assert 0 < labels[0] < labels[1] <= 4 * NOMINAL_PLOT_PX // 12
 
 
 # --- lanes ---------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ import pytest
 from sim.config import example_path, load_experiment
 from sim.report import read_payload, render_report
 from sim.report.binned import decode_row
+from sim.report.labels import NOMINAL_PLOT_PX, label_width_px
 from sim.simulate import predict
 from tests.sim.report_cases import drawn_shapes, lane_name, pass_points
 
@@ -78,3 +79,24 @@ def test_rows_say_what_they_stand_for(gpt3):
     ticks = gpt3[4]["figures"]["parasim-pipeline"]["layout"]["yaxis"]["ticktext"]
     assert ticks[0] == "pp 0 · r0 · 64 GPUs" and ticks[-1] == "pp 15 · r960 · 64 GPUs"
     assert "stands for the 64 GPUs of its pipeline stage (tp 8 × dp 8)" in gpt3[3]
+
+
+def test_micro_batch_labels_at_the_default_zoom(gpt3):
+    """Passes are 2-5 px wide at the default zoom, too narrow for their numbers: every row
+    carries micro-batches 0, 10, ..., 190 (forward and backward), each at the centre of that
+    micro-batch's bar on that row, and no two overlap (sim.report.labels)."""
+    figure = gpt3[4]["figures"]["parasim-pipeline"]
+    trace = next(t for t in figure["data"] if (t.get("meta") or {}).get("labels"))
+    centres = {(p["row"], p["x"]): p["mb"] for p in pass_points(figure)}
+    step = gpt3[2].step_time_s
+    px = NOMINAL_PLOT_PX / step
+    by_row: dict[int, list[tuple[float, str]]] = {}
+    for row, x, text in zip(trace["y"], trace["x"], trace["text"], strict=True):
+        assert centres[row, x] == text  # the number of the bar it sits on
+        by_row.setdefault(row, []).append((x, text))
+    assert sorted(by_row) == list(range(16))
+    for row, labels in by_row.items():
+        assert sorted({int(t) for _, t in labels}) == list(range(0, 192, 10)), row
+        widths = [label_width_px(t) for _, t in labels]
+        for (x0, _), (x1, _), w0, w1 in zip(labels, labels[1:], widths, widths[1:]):
+            assert (x1 - x0) * px >= (w0 + w1) / 2  # in drawing order, none on another
