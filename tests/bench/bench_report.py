@@ -97,7 +97,7 @@ async function labelsNow(page) { // the pipeline's labels as drawn, and the rang
         let i = 0;
         for (let j = 1; j < row.s.length; j++) if (row.e[j] - row.s[j] > row.e[i] - row.s[i]) i = j;
         const s = row.s[i] / 1e9, e = row.e[i] / 1e9, d = e - s;
-        await window.parasim.zoom(null, [s - d, e + d]);
+        await window.parasim.zoom(null, [Math.max(0, s - d), e + d]);
         const div = document.getElementById('parasim-lanes');
         const xa = div._fullLayout.xaxis, ya = div._fullLayout.yaxis;
         div.scrollIntoView();
