@@ -365,10 +365,12 @@ def _exit_after(seconds: float) -> None:
 # --- torchrun ------------------------------------------------------------------------------
 
 def join(fn: Callable[..., Any], args: tuple = (), *, timeout_s: float = 60.0,
-         backend: str = "auto", record_slots: int = 0) -> Any:
+         backend: str = "auto", record_slots: int = 0,
+         on_failure: Callable[[RankContext, str], Sequence[Any]] | None = None) -> Any:
     """Run `fn(ctx, *args)` in the world torchrun started (env://). A failure prints one line
     naming the rank and op on stderr and exits 1 (torchrun then ends the other ranks); the
-    job timeout exits 124."""
+    job timeout exits 124. `on_failure(ctx, message)` runs first, on the failing rank (its
+    records marked failed), and returns the files it wrote, which the line names."""
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ["LOCAL_RANK"])
     if backend == "auto":
@@ -389,8 +391,15 @@ def join(fn: Callable[..., Any], args: tuple = (), *, timeout_s: float = 60.0,
     except Exception as exc:
         records[H_STATE] = FAILED
         op = getattr(exc, "parasim_op", "") or f"op {int(records[H_OP])}"
-        print(f"parasim: error: rank {rank} failed in {op}: {type(exc).__name__}: {exc}",
-              file=sys.stderr)
+        message = f"rank {rank} failed in {op}: {describe_error(exc)}"
+        written = ""
+        if on_failure is not None:
+            try:
+                files = on_failure(ctx, message)
+                written = f" (partial trace, marked incomplete: {', '.join(map(str, files))})"
+            except Exception as also:  # the first error is the one to report
+                written = f" (no partial trace: {describe_error(also)})"
+        print(f"parasim: error: {message}{written}", file=sys.stderr)
         raise SystemExit(1) from None
     finally:
         if dist.is_initialized() and records[H_STATE] != FAILED:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -50,6 +51,7 @@ from executor.recorder import (
 from executor.runtime import RunOptions, check_supported
 from traces.chrome import event_name
 from traces.errors import ConfigError
+from traces.io import save
 from traces.layout import Layout
 from traces.model import ModelSpec
 from traces.ops import Trace
@@ -99,14 +101,14 @@ def run(experiment: Any, out_dir: str | Path, steps: int = 1, warmup: int = 1,
     slots = buffer_size(max(len(ops) for ops in plan.ops.values())) - HEADER
     if in_torchrun():  # every rank runs this; rank 0 writes the run and gets the result
         mine = join(_rank_main, (job,), timeout_s=timeout, backend=backend,
-                    record_slots=slots)
+                    record_slots=slots, on_failure=functools.partial(_write_partial, job))
         return mine.get("run")
     try:
         results, records = spawn(_rank_main, layout.world, (job,), timeout_s=timeout,
                                  backend=backend, record_slots=slots,
                                  describe=lambda r, i: event_name(plan.ops[r][i]))
     except JobFailed as failed:
-        meta = _meta(job, failed.records, backend="", complete=False, error=str(failed))
+        meta = _meta(job, backend="", complete=False, error=str(failed))
         failed.files = write_run(out_dir, timed_trace(plan, failed.records, meta))
         raise
     return _result(job, results, records)
@@ -126,18 +128,18 @@ class _Job:
     kernels: bool = False
 
 
-def _meta(job: _Job, records: dict[int, np.ndarray], **extra: Any) -> dict[str, Any]:
+def _meta(job: _Job, **extra: Any) -> dict[str, Any]:
     config = {"model": dataclasses.asdict(job.model), "layout": job.layout.to_dict(),
               "steps": job.steps, "warmup": job.warmup, "seed": job.options.seed,
               "dropout": job.options.dropout}
     backend = extra.pop("backend", "")
-    return {**run_meta(backend=backend, world_size=len(records), config=config), **extra}
+    return {**run_meta(backend=backend, world_size=job.layout.world, config=config), **extra}
 
 
 def _result(job: _Job, results: list[dict[str, Any]], records: dict[int, np.ndarray]
             ) -> RunResult:
     backend = results[0]["backend"]
-    meta = _meta(job, records, backend=backend, complete=True,
+    meta = _meta(job, backend=backend, complete=True,
                  clock=results[0]["clock"], step_seconds=_step_seconds(results))
     trace = timed_trace(job.plan, records, meta)
     files = write_run(job.out_dir, trace)
@@ -218,6 +220,18 @@ def _profiler(device: torch.device) -> torch.profiler.profile:
     if device.type == "cuda":
         activities.append(torch.profiler.ProfilerActivity.CUDA)
     return torch.profiler.profile(activities=activities, record_shapes=True)
+
+
+def _write_partial(job: _Job, ctx: RankContext, error: str) -> list[Path]:
+    """Under torchrun, a failing rank writes what it recorded: rank<r>.json, marked
+    incomplete, its times from its own first op (no peer is left to align with)."""
+    plan = Trace({ctx.rank: job.plan.ops[ctx.rank]}, job.plan.meta)
+    meta = _meta(job, backend=ctx.backend, complete=False, error=error)
+    trace = timed_trace(plan, {ctx.rank: ctx.records}, meta)
+    path = Path(job.out_dir) / f"rank{ctx.rank}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save(trace, path)
+    return [path]
 
 
 def _injected_fault() -> None:

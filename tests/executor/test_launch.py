@@ -1,5 +1,6 @@
 """Starting and ending worlds: bad sizes are refused up front, Ctrl-C ends every rank, and a
-world that torchrun starts is joined (a failing rank there is named in one line)."""
+world that torchrun starts is joined (a failing rank there is named in one line and writes
+the trace it recorded, marked incomplete)."""
 
 from __future__ import annotations
 
@@ -14,8 +15,11 @@ from pathlib import Path
 import pytest
 
 from executor.launch import spawn
-from tests.executor.workers import hang
+from tests.executor.workers import Case, hang
+from traces.chrome import event_name
 from traces.errors import ConfigError
+from traces.io import load
+from traces.plan import build
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -89,3 +93,33 @@ def test_join_a_torchrun_world_and_name_a_failing_rank(tmp_path: Path) -> None:
     assert proc.returncode != 0
     assert "rank 0 of 2 on gloo: 3" in proc.stdout and "rank 1 of 2 on gloo: 3" in proc.stdout
     assert "parasim: error: rank 1 failed in op 4: RuntimeError: injected" in proc.stderr
+
+
+def test_a_failing_rank_under_torchrun_writes_its_partial_trace(tmp_path: Path) -> None:
+    model, layout = Case(dict(dp=2, global_batch=4)).specs()
+    plan = build(model, layout)
+    fail_at = len(plan.ops[1]) // 2
+    out = tmp_path / "out"
+    script = tmp_path / "job.py"
+    script.write_text(textwrap.dedent(f"""
+        from executor.run import run
+        from tests.executor.workers import OPTIONS, Case
+
+        if __name__ == "__main__":
+            run(Case(dict(dp=2, global_batch=4)).specs(), {str(out)!r}, steps=1, warmup=0,
+                timeout=15, options=OPTIONS, fault=(1, {fail_at}))
+    """))
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+         str(script)], cwd=ROOT, capture_output=True, text=True, timeout=60,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
+    assert proc.returncode != 0
+    line = (f"parasim: error: rank 1 failed in op {fail_at} ({event_name(plan.ops[1][fail_at])})"
+            f": ValueError: injected fault (partial trace, marked incomplete: {out}/rank1.json)")
+    assert line in proc.stderr.splitlines(), proc.stderr
+    trace = load(out / "rank1.json")
+    assert trace.ranks == [1] and trace.meta["complete"] is False
+    assert trace.meta["error"] == line.removeprefix("parasim: error: ").split(" (partial")[0]
+    assert trace.meta["world"] == 2 and trace.meta["backend"] == "gloo"
+    timed = [op.end is not None for op in trace.ops[1]]
+    assert timed == [True] * fail_at + [False] * (len(timed) - fail_at)
