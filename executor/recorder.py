@@ -12,7 +12,8 @@ plan stream) made to wait on the work. (NCCL marks a work's future complete as s
 is enqueued, so the host-side completion that times gloo's calls would be the issue time.)
 Ranks on other hosts are aligned to rank 0 by ping-pong (Cristian's method: the offset from the
 round with the smallest round trip, error at most half that round trip); ranks that share rank
-0's boot id share its clock and get offset 0. The method and offsets go into the trace's meta.
+0's boot id share its clock and get offset 0, error 0. The method, offsets and error bounds go
+into the trace's meta (`clock`, `clock_offsets_ns`, `clock_error_ns`).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from traces.io import PathLike, load, save
 from traces.ops import Op, Trace
 
 HEADER = 8
-H_OP, H_PEAK, H_OFFSET, H_STATE = 0, 1, 2, 3
+H_OP, H_PEAK, H_OFFSET, H_STATE, H_CLOCK_ERROR = 0, 1, 2, 3, 4
 RUNNING, DONE, FAILED = 0, 1, 2
 NOT_RECORDED = -1
 CLOCK_ROUNDS = 8
@@ -150,14 +151,24 @@ def host_key() -> int:
 
 
 def align_clocks(rank: int, world_size: int, device: torch.device) -> tuple[int, str]:
-    """This rank's clock minus rank 0's, in ns, and the method used. Collective over the
-    default group (call on every rank, outside recorded steps)."""
+    """This rank's clock minus rank 0's, in ns, and the method used (`measure_clocks`
+    without the error bound)."""
+    offset, _, method = measure_clocks(rank, world_size, device)
+    return offset, method
+
+
+def measure_clocks(rank: int, world_size: int, device: torch.device) -> tuple[int, int, str]:
+    """This rank's clock minus rank 0's and the bound on that estimate's error, in ns, and the
+    method used. Collective over the default group (call on every rank, outside recorded
+    steps): rank 0 plays `CLOCK_ROUNDS` ping-pongs with each peer, which answers with its
+    time and its host key."""
     if world_size == 1:
-        return 0, "single rank"
+        return 0, 0, "single rank"
     dist.barrier()
     mine = torch.zeros(2, dtype=torch.int64, device=device)
     if rank == 0:
-        offsets = torch.zeros(world_size, dtype=torch.int64, device=device)
+        # per peer: (offset, error bound)
+        estimates = torch.zeros(world_size, 2, dtype=torch.int64, device=device)
         shared = True
         for peer in range(1, world_size):
             best_rtt, best = None, 0
@@ -169,18 +180,21 @@ def align_clocks(rank: int, world_size: int, device: torch.device) -> tuple[int,
                 t2, key = int(mine[0]), int(mine[1])
                 if best_rtt is None or t3 - t1 < best_rtt:
                     best_rtt, best = t3 - t1, t2 - (t1 + t3) // 2
+            assert best_rtt is not None
+            # the peer read its clock between t1 and t3: the offset is best ± rtt/2
             same = key == host_key()
             shared &= same
-            offsets[peer] = 0 if same else best
+            estimates[peer, 0] = 0 if same else best
+            estimates[peer, 1] = 0 if same else (best_rtt + 1) // 2
         for peer in range(1, world_size):
-            dist.send(offsets[peer:peer + 1].clone(), peer)
-        return 0, "shared clock" if shared else "ping-pong (min round trip)"
+            dist.send(estimates[peer].clone(), peer)
+        return 0, 0, "shared clock" if shared else "ping-pong (min round trip)"
     for _ in range(CLOCK_ROUNDS):
         dist.recv(mine, 0)
         dist.send(torch.tensor([time.perf_counter_ns(), host_key()], device=device), 0)
-    offset = torch.zeros(1, dtype=torch.int64, device=device)
-    dist.recv(offset, 0)
-    return int(offset[0]), "aligned to rank 0"
+    estimate = torch.zeros(2, dtype=torch.int64, device=device)
+    dist.recv(estimate, 0)
+    return int(estimate[0]), int(estimate[1]), "aligned to rank 0"
 
 
 # --- traces ----------------------------------------------------------------------------------
@@ -225,7 +239,8 @@ def timed_trace(plan: Trace, records: Mapping[int, np.ndarray], meta: Mapping[st
         ops[rank] = tuple(timed)
         memory[str(rank)] = int(buf[H_PEAK])
     out_meta = {**plan.meta, **meta, "peak_memory_bytes": memory,
-                "clock_offsets_ns": {str(r): int(b[H_OFFSET]) for r, b in records.items()}}
+                "clock_offsets_ns": {str(r): int(b[H_OFFSET]) for r, b in records.items()},
+                "clock_error_ns": {str(r): int(b[H_CLOCK_ERROR]) for r, b in records.items()}}
     out_meta["complete"] = complete and bool(meta.get("complete", True))
     return Trace(ops, out_meta)
 

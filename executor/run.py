@@ -38,12 +38,13 @@ from executor.launch import JobFailed, RankContext, in_torchrun, join, spawn
 from executor.program import lower
 from executor.recorder import (
     DONE,
+    H_CLOCK_ERROR,
     H_OFFSET,
     HEADER,
     NOT_RECORDED,
     Recorder,
-    align_clocks,
     buffer_size,
+    measure_clocks,
     run_meta,
     timed_trace,
     write_run,
@@ -167,8 +168,8 @@ def _rank_main(ctx: RankContext, job: _Job) -> dict[str, Any]:
     layout = job.layout
     groups = Groups.create(plan_group_keys(job.plan, layout), ctx.timeout_s)
     comm = Comm(groups)
-    offset, method = align_clocks(ctx.rank, ctx.world_size, ctx.device)
-    ctx.records[H_OFFSET] = offset
+    offset, error, method = measure_clocks(ctx.rank, ctx.world_size, ctx.device)
+    ctx.records[H_OFFSET], ctx.records[H_CLOCK_ERROR] = offset, error
     recorder = Recorder(ctx.records, ctx.device)
     interp = Interpreter(job.plan, job.model, layout, ctx.rank, comm, job.options, ctx.device,
                          recorder)

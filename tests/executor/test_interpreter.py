@@ -116,6 +116,9 @@ def test_run_writes_a_trace_perfetto_opens(tmp_path: Path) -> None:
     meta = load(tmp_path / "rank0.json").meta
     assert meta["complete"] is True and meta["backend"] == "gloo" and meta["world"] == 2
     assert set(meta["peak_memory_bytes"]) == {"0", "1"}
+    # one host: one clock, no offset and no error
+    assert meta["clock"] == "shared clock"
+    assert meta["clock_offsets_ns"] == meta["clock_error_ns"] == {"0": 0, "1": 0}
 
 
 def test_run_with_a_failing_rank_writes_partial_traces(tmp_path: Path) -> None:

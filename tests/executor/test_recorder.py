@@ -52,7 +52,7 @@ def test_measured_trace_holds_together_and_opens(tmp_path: Path) -> None:
         assert call_sequences(calls[rank]) == plan_sequences(plan.ops[rank])
     meta = trace.meta
     assert {"host", "torch", "backend", "world", "config", "peak_memory_bytes",
-            "clock_offsets_ns"} <= set(meta)
+            "clock_offsets_ns", "clock_error_ns"} <= set(meta)
     paths = write_run(tmp_path, trace)
     back = load_run(tmp_path)
     assert [op.start for op in back.ops[1]] == [op.start for op in trace.ops[1]]

@@ -53,13 +53,14 @@ def world() -> dict:
     tasks += [("layer_case", (case, SEED)) for case in LAYERS.values()]
     tasks += [("ce_case", (Case(dict(tp=2)), SEED))]
     tasks += [("zero_case", (case,)) for case in ZERO.values()]
-    tasks += [("clock_case", ())]
+    tasks += [("clock_case", ()), ("clock_hosts_case", ())]
     results, _ = spawn(suite, 2, (tasks,), timeout_s=TIMEOUT_S)
     by_rank = list(zip(*results))  # task -> per-rank results
     rest = by_rank[1 + len(LAYERS):]
     return {"train": dict(zip(TRAIN, zip(*by_rank[0]))),
             "layer": dict(zip(LAYERS, by_rank[1:1 + len(LAYERS)])),
-            "ce": rest[0], "zero": dict(zip(ZERO, rest[1:4])), "clock": rest[4]}
+            "ce": rest[0], "zero": dict(zip(ZERO, rest[1:4])), "clock": rest[4],
+            "clock_hosts": rest[5]}
 
 
 @pytest.mark.parametrize("name", list(TRAIN))
@@ -168,3 +169,13 @@ def test_zero_shards_round_trip(world: dict, zero: int) -> None:
 
 def test_ranks_on_one_host_share_a_clock(world: dict) -> None:
     assert list(world["clock"]) == [(0, "shared clock"), (0, "aligned to rank 0")]
+
+
+def test_ranks_on_other_hosts_are_aligned_by_ping_pong(world: dict) -> None:
+    """Host keys made to differ: the ping-pong estimates an offset whose error bound (half the
+    best round trip) holds the true one, 0 on this host, and is small on loopback."""
+    (offset0, error0, method0), (offset1, error1, method1) = world["clock_hosts"]
+    assert (offset0, error0, method0) == (0, 0, "ping-pong (min round trip)")
+    assert method1 == "aligned to rank 0"
+    assert 0 < error1 < 10_000_000  # ns: a loopback round trip, even on a loaded machine
+    assert abs(offset1) <= error1

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+import executor.recorder as recording
 from executor.comm import Comm
 from executor.groups import Groups, layout_group_keys, plan_group_keys
 from executor.interpreter import Interpreter
@@ -189,6 +190,16 @@ def zero_case(ctx: RankContext, case: Case) -> dict[str, Any]:
 
 def clock_case(ctx: RankContext) -> tuple[int, str]:
     return align_clocks(ctx.rank, ctx.world_size, ctx.device)
+
+
+def clock_hosts_case(ctx: RankContext) -> tuple[int, int, str]:
+    """measure_clocks as if every rank were on a host of its own (the ping-pong branch)."""
+    real = recording.host_key
+    recording.host_key = lambda: 1000 + ctx.rank
+    try:
+        return recording.measure_clocks(ctx.rank, ctx.world_size, ctx.device)
+    finally:
+        recording.host_key = real
 
 
 def suite(ctx: RankContext, tasks: list[tuple[str, tuple]]) -> list[Any]:
