@@ -107,8 +107,8 @@ class _Shifted:
     def end(self, index: int) -> None:
         self.recorder.end(self.offset + index)
 
-    def end_on_completion(self, index: int, handle: Handle) -> None:
-        self.recorder.end_on_completion(self.offset + index, handle)
+    def end_on_completion(self, index: int, handle: Handle, stream: str = "") -> None:
+        self.recorder.end_on_completion(self.offset + index, handle, stream)
 
     def settle(self, index: int) -> None:
         self.recorder.settle(self.offset + index)
@@ -127,6 +127,7 @@ class _CommSection:
     def __init__(self, ops: tuple[Op, ...], comm: Comm, recorder: _Shifted,
                  device: torch.device) -> None:
         self.ops, self.recorder, self.device = ops, recorder, device
+        self.cuda = device.type == "cuda"  # how `_StepRun` waits (executor.interpreter)
         self.deps = [op.deps for op in ops]
         self.on_compute = [op.stream == Stream.COMPUTE for op in ops]
         largest: dict[str, int] = {}
