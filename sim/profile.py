@@ -5,17 +5,21 @@
                  "memory_efficiency": 0.8, "launch_overhead_s": 3e-6, "roofline_exponent": 2,
                  "kernels": {"flash_attn": {"flops_efficiency": 0.6}}},
      "links": {"loopback": {"bandwidth_Bps": 1.4e9, "latency_s": 8e-5, "call_s": 3e-4}},
-     "accelerator": {"peak_flops": 7.1e10, "hbm_bandwidth_Bps": 9.5e9}}
+     "accelerator": {"peak_flops": 7.1e10, "hbm_bandwidth_Bps": 9.5e9},
+     "measured_on": "CPU-localhost"}
 
 `sim.compute` times kernels with `compute`; `links` (optional) replaces the cluster's figures
 for a class of links (`kind` in the graph) — what `parasim calibrate` measures on the machine
 at hand; `accelerator` (optional) replaces the accelerator's roofs, for hardware without a data
 sheet figure (the CPU of `localhost`: calibration measures them). `applied_to(cluster)` is the
-cluster with both in place. Until a profile is calibrated, each preset accelerator has defaults
-from public kernel benchmarks (cited below), never from an end-to-end throughput table.
-Everything is read through `traces.fields`: an unknown key or kernel, an efficiency outside
-(0, 1], a non-finite number, is one error line. Version-1 profiles (per-op-class efficiencies)
-are refused with a line saying so.
+cluster with both in place; a calibrated profile says which accelerator it was measured on
+(`measured_on`, the cluster's accelerator name) and applies to clusters of that accelerator only:
+a CPU's or an A100's fitted rates, roofs and link classes say nothing about another chip, so
+applying one elsewhere is one error line, never a silent mix. Until a profile is calibrated,
+each preset accelerator has defaults from public kernel benchmarks (cited below), never from
+an end-to-end throughput table. Everything is read through `traces.fields`: an unknown key or
+kernel, an efficiency outside (0, 1], a non-finite number, is one error line. Version-1
+profiles (per-op-class efficiencies) are refused with a line saying so.
 """
 
 from __future__ import annotations
@@ -149,9 +153,29 @@ class Profile:
     """Fitted from measurements (`parasim calibrate`), or the built-in defaults."""
     accelerator: AcceleratorRoofs | None = None
     """Measured roofs (None: the cluster's accelerator figures stand)."""
+    measured_on: str | None = None
+    """The accelerator (`Accelerator.name`) a calibrated profile was measured on."""
+
+    def check_accelerator(self, accelerator: Accelerator) -> None:
+        """One error line unless this profile may time `accelerator`: a calibrated profile's
+        figures are those of the accelerator it was measured on, and of no other."""
+        if not self.calibrated:
+            return
+        if self.measured_on is None:
+            raise ConfigError(f"profile {self.name}: calibrated, but it does not say which "
+                              "accelerator it was measured on (measured_on; written by an "
+                              "older parasim): calibrate again")
+        if self.measured_on != accelerator.name:
+            raise ConfigError(f"profile {self.name} was measured on {self.measured_on}, but "
+                              f"the cluster's accelerators are {accelerator.name}: compute "
+                              "and link figures do not transfer between accelerators; "
+                              f"calibrate on {accelerator.name}, or leave the profile out "
+                              "for its defaults")
 
     def applied_to(self, cluster: Cluster) -> Cluster:
-        """`cluster` with this profile's measured link classes and roofs in place."""
+        """`cluster` with this profile's measured link classes and roofs in place (one error
+        line if the profile was measured on another accelerator: `check_accelerator`)."""
+        self.check_accelerator(cluster.accelerator)
         cluster = with_links(cluster, {kind: (p.bandwidth_Bps, p.latency_s)
                                        for kind, p in self.links.items()},
                              calls={kind: p.call_s for kind, p in self.links.items()})
@@ -184,6 +208,8 @@ class Profile:
         if self.accelerator is not None:
             out["accelerator"] = {"peak_flops": self.accelerator.peak_flops,
                                   "hbm_bandwidth_Bps": self.accelerator.hbm_bandwidth_Bps}
+        if self.measured_on is not None:
+            out["measured_on"] = self.measured_on
         return out
 
     def save(self, path: str | Path) -> None:
@@ -212,14 +238,17 @@ def profile_from_json(data: object, source: str = "profile") -> Profile:
                           f"version {VERSION}")
     try:
         fields = Fields(data, "profile").known(("schema", "version", "name", "calibrated",
-                                                "compute", "links", "accelerator"))
+                                                "compute", "links", "accelerator",
+                                                "measured_on"))
         links = fields.sub("links")
         return Profile(name=fields.string("name", str(source)),
                        calibrated=fields.boolean("calibrated", False),
                        compute=_compute(fields.sub("compute")),
                        links={kind: _link(links.sub(kind)) for kind in links.table},
                        accelerator=_roofs(fields.sub("accelerator"))
-                       if "accelerator" in fields else None)
+                       if "accelerator" in fields else None,
+                       measured_on=fields.string("measured_on", "")
+                       if "measured_on" in fields else None)
     except ConfigError as err:
         raise ConfigError(f"{source}: {err}") from None
 

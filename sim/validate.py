@@ -33,6 +33,7 @@ from sim.calibrate.command import (
     DEFAULT_SIZES,
     bench_spec,
     experiment_target,
+    host_backend,
     parse_probes,
     run_microbenchmarks,
 )
@@ -40,6 +41,7 @@ from sim.collective_table import parse_sizes
 from sim.config import Experiment, example_path, load_experiment
 from sim.memory import memory_by_pp_rank
 from sim.profile import Profile
+from sim.provenance import file_sha256, provenance
 from sim.replay import StepTimes
 from sim.simulate import predict
 from traces.compare import Comparison, compare
@@ -122,13 +124,16 @@ def run(args: argparse.Namespace, *, emit: Callable[[str], None]) -> int:
         raise ConfigError(f"--keep: {args.keep!r} must name a directory")
     exp = load_experiment(config, overrides)
     spec = None
-    if args.profile is None:  # checked before anything runs
+    # Checked before anything runs: this host has the config's devices (a CPU run is no
+    # measurement of an A100 cluster), and the microbenchmarks' flags.
+    backend = host_backend(exp.cluster, exp.layout.world, str(config))
+    if args.profile is None:
         target = experiment_target(exp)
         spec = bench_spec(target, parse_sizes(args.sizes), args.repeats,
                           parse_probes(args.probes, target))
     with Outputs() as outputs:
         result = validate(exp, steps=args.steps, warmup=args.warmup, timeout=args.timeout,
-                          keep=args.keep, bench=spec)
+                          keep=args.keep, bench=spec, backend=backend)
         if "--report" in targets:
             from sim.validate_report import render_validation  # plotly only when asked
 
@@ -140,7 +145,7 @@ def run(args: argparse.Namespace, *, emit: Callable[[str], None]) -> int:
 
 
 def validate(exp: Experiment, *, steps: int = 3, warmup: int = 1, timeout: float = 600.0,
-             keep: str | None = None, bench: Any = None) -> Validation:
+             keep: str | None = None, bench: Any = None, backend: str = "auto") -> Validation:
     """Calibrate (when `bench`, a `traces.bench.BenchSpec`, is given), run, simulate,
     compare."""
     calibrated_here = bench is not None
@@ -148,7 +153,7 @@ def validate(exp: Experiment, *, steps: int = 3, warmup: int = 1, timeout: float
         from sim.calibrate.fit import fit_profile
 
         bench_dir = None if keep is None else str(Path(keep) / "bench")
-        trace = run_microbenchmarks(bench, bench_dir, timeout)
+        trace = run_microbenchmarks(bench, bench_dir, timeout, backend=backend)
         profile, _ = fit_profile([trace], exp.cluster, base=exp.profile,
                                  name=f"{exp.name}-microbenchmarks")
         exp = _with_profile(exp, profile)
@@ -209,17 +214,7 @@ def summary_json(v: Validation, config: Path) -> dict[str, Any]:
         "peak_memory_predicted_bytes": {str(r): b for r, b in
                                         sorted(v.peak_memory_predicted_bytes.items())},
     }
-    provenance = _provenance(v.exp.profile, config)
-    return {**out, **provenance}
-
-
-def _provenance(profile: Profile, config: Path) -> dict[str, Any]:
-    """The provenance entry every --json carries (sim.provenance), where it exists."""
-    if importlib.util.find_spec("sim.provenance") is None:
-        return {}
-    from sim import provenance
-
-    return provenance.provenance(profile, provenance.file_sha256(config))
+    return {**out, **provenance(v.exp.profile, file_sha256(config))}
 
 
 def summary_text(v: Validation) -> str:

@@ -6,11 +6,17 @@
 
 `--run` runs the microbenchmarks (`traces.bench`) with the executor — collective sweeps on every
 group size and send/recv, then compute probes over a grid of shapes — and fits their traces;
-DIRs (folders of rank<r>.json, or trace files) are fitted as they are, and with `--run` too.
+DIRs (parasim trace files, PyTorch-profiler JSON files, .json.gz too, or folders of either, read
+as `parasim replay` reads them) are fitted as they are, and with `--run` too. `--run` refuses a
+cluster whose devices this host does not have (a GPU preset needs CUDA GPUs of its model), and
+DIRs whose traces say they ran on another kind of device (gloo: a CPU; NCCL: GPUs) than the
+cluster's: figures measured on one device are never written as another's.
 The cluster the fit is made on: the config's, `--cluster`, the `--run` target, or `localhost`
 with as many ranks as the traces hold. Writes a version-2 profile (`calibrated: true`) that
 `simulate`, `replay` and `validate` take with `--profile`; prints the fitted figures with their
-95% intervals and residuals. The executor (and torch) load only for `--run`.
+95% intervals and residuals, and a warning line for each figure the data do not pin down
+(the base profile's value kept: `sim.calibrate.fit`). The executor (and torch) load only for
+`--run`.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import contextlib
 import json
 import math
 import os
+import sys
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -35,7 +42,6 @@ from topology.presets import PRESETS
 from traces.bench import BenchSpec, Probe, probe_grid
 from traces.errors import ConfigError, show
 from traces.files import Outputs, check_outputs, load_toml
-from traces.io import load
 from traces.ops import Trace
 
 if TYPE_CHECKING:
@@ -84,6 +90,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 
+def warn(message: str) -> None:
+    """A warning line on stderr (the command line's form)."""
+    if sys.stderr is not None:
+        print(f"parasim: warning: {message}", file=sys.stderr)
+
+
 def run(args: argparse.Namespace, *, emit: Callable[[str], None]) -> int:
     if not args.dirs and args.run is None:
         raise ConfigError("calibrate: give trace folders to fit, or --run CLUSTER_OR_CONFIG to "
@@ -97,13 +109,18 @@ def run(args: argparse.Namespace, *, emit: Callable[[str], None]) -> int:
         target = resolve_target(args.run, args.ranks)
         spec = bench_spec(target, parse_sizes(args.sizes), args.repeats,
                           parse_probes(args.probes, target))
-        traces.append(run_microbenchmarks(spec, args.keep, args.timeout))
+        backend = host_backend(target.cluster, target.world, f"--run {args.run}")
+        traces.append(run_microbenchmarks(spec, args.keep, args.timeout, backend=backend))
     else:
         target = _fit_target(args.cluster, traces)
+    for trace, where in zip(traces, args.dirs):
+        check_measured_on(trace, target, where)
     from sim.calibrate.fit import fit_profile  # scipy loads only when a fit is made
 
     name = args.name or Path(args.out).stem
     profile, report = fit_profile(traces, target.cluster, base=target.profile, name=name)
+    for note in report.unidentified:
+        warn(f"calibrate: {note}")
     with Outputs() as outputs:
         outputs.write(targets["--out"], json.dumps(profile.to_json(), indent=1,
                                                    allow_nan=False) + "\n")
@@ -163,7 +180,8 @@ def _cluster_target(spec: Any, name: str, ranks: int | None) -> Target:
 def _fit_target(cluster: str | None, traces: Sequence[Trace]) -> Target:
     """The cluster DIRs are fitted on: --cluster (a preset, a cluster TOML or a config), or
     localhost with as many ranks as the traces hold."""
-    world = max((max(t.ops, default=0) + 1 for t in traces), default=1)
+    world = max((max(max(t.ops, default=0) + 1, _int(t.meta.get("world_size"))) for t in traces),
+                default=1)
     name = cluster if cluster is not None else "localhost"
     if not name:
         raise ConfigError("--cluster: an empty name names no cluster")
@@ -195,6 +213,10 @@ def _fit_target(cluster: str | None, traces: Sequence[Trace]) -> Target:
     return target
 
 
+def _int(value: object) -> int:
+    return value if type(value) is int else 0
+
+
 def parse_probes(text: str, target: Target) -> tuple[Probe, ...]:
     """'HxSxB,...' (hidden x sequence x micro-batch) as probes of the target's kernels."""
     parts = [p for p in text.split(",") if p]
@@ -222,13 +244,68 @@ def bench_spec(target: Target, sizes: Sequence[int], repeats: int,
                      dtype=target.dtype, probes=tuple(probes))
 
 
-def run_microbenchmarks(spec: BenchSpec, keep: str | None, timeout: float) -> Trace:
-    """Run the bench plan with the executor (loaded here, lazily); its timed trace."""
+CPU_ACCELERATORS = ("CPU-localhost",)
+"""Accelerators whose ranks are processes on this host's CPU (gloo)."""
+CUDA_MODELS = ("A100", "H100", "H200")
+"""GPU models of the presets, as CUDA names them ("NVIDIA A100-SXM4-80GB")."""
+
+
+def _need_torch() -> None:
     import importlib.util
 
     if importlib.util.find_spec("torch") is None:
         raise ConfigError("calibrate --run needs PyTorch: pip install torch==2.13.0 (the CPU "
                           "build) or pip install 'parasim[executor]'")
+
+
+def host_backend(cluster: Cluster, world: int, what: str) -> str:
+    """The backend that runs the target's ranks on the target's devices here: gloo on the CPU
+    for localhost, NCCL on CUDA GPUs of the target's model for a GPU preset. One error line
+    when this host has no such devices: figures measured on other hardware would be written
+    as the target's (an A100 profile of a CPU's gloo timings)."""
+    acc = cluster.accelerator.name
+    if acc in CPU_ACCELERATORS:
+        return "gloo"
+    model = acc.split("-")[0]  # "A100" of "A100-SXM4-80GB"
+    if model not in CUDA_MODELS:  # TPU-v4
+        raise ConfigError(f"{what}: {cluster.name} runs on {acc}, and parasim's "
+                          "executor runs ranks on CUDA GPUs or this host's CPU only; calibrate "
+                          "on the hardware itself from its traces (parasim calibrate DIR)")
+    _need_torch()
+    import torch
+
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if count < world:
+        raise ConfigError(f"{what}: its {world} ranks run on {acc} GPUs and this "
+                          f"host has {count} CUDA GPU{'s' * (count != 1)}: a measurement here "
+                          f"would time this host's devices as {acc}s; run on a host with "
+                          f"{world} {model}s, or use the localhost preset")
+    names = sorted({torch.cuda.get_device_name(i) for i in range(world)})
+    if not all(model in n for n in names):
+        raise ConfigError(f"{what}: its ranks run on {acc} GPUs and this host's are "
+                          f"{', '.join(names)}: a measurement here would time them as "
+                          f"{acc}s; use the preset of these GPUs")
+    return "nccl"
+
+
+def check_measured_on(trace: Trace, target: Target, where: str) -> None:
+    """Traces that say how they were measured (a `parasim run`'s or a profiler's backend)
+    must have run on the kind of device the target's cluster has: gloo on a CPU, NCCL on
+    GPUs."""
+    backend = trace.meta.get("backend")
+    cpu = target.cluster.accelerator.name in CPU_ACCELERATORS
+    if backend == "gloo" and not cpu or backend == "nccl" and cpu:
+        device = "the CPU (gloo)" if backend == "gloo" else "GPUs (NCCL)"
+        raise ConfigError(f"{where}: measured on {device}, which is not "
+                          f"{target.cluster.accelerator.name} of {target.cluster.name}: its "
+                          "figures would be written as another device's; give --cluster "
+                          "for the hardware it ran on")
+
+
+def run_microbenchmarks(spec: BenchSpec, keep: str | None, timeout: float, *,
+                        backend: str = "auto") -> Trace:
+    """Run the bench plan with the executor (loaded here, lazily); its timed trace."""
+    _need_torch()
     if not 1 <= timeout <= 24 * 3600:
         raise ConfigError(f"--timeout: {timeout:g} must be from 1 s to 24 h")
     from executor.bench import run_bench
@@ -236,7 +313,7 @@ def run_microbenchmarks(spec: BenchSpec, keep: str | None, timeout: float) -> Tr
 
     with _trace_dir(keep) as out:
         try:
-            trace = run_bench(spec, out, timeout=timeout)
+            trace = run_bench(spec, out, timeout=timeout, backend=backend)
         except JobFailed as err:
             raise ConfigError(f"calibrate: the microbenchmarks failed: {err}") from None
     if trace is None:  # a torchrun rank other than 0
@@ -263,27 +340,29 @@ def _trace_dir(keep: str | None) -> Iterator[str]:
 
 def _trace_files(path: Path) -> list[Path]:
     if path.is_dir():
-        return sorted(path.glob("rank*.json"), key=lambda p: (len(p.name), p.name))
+        return sorted(p for p in path.iterdir() if p.is_file())
     return [path]
 
 
 def read_traces(path: Path) -> Trace:
-    """A folder's rank<r>.json files as one trace, or one trace file."""
-    if not path.exists():
-        raise ConfigError(f"{path}: no such file or folder")
-    files = _trace_files(path)
-    if not files:
-        raise ConfigError(f"{path}: holds no rank<r>.json trace files")
-    ops: dict[int, Any] = {}
-    meta: dict[str, Any] = {}
-    for file in files:
-        part = load(file)
-        for rank, rank_ops in part.ops.items():
-            if rank in ops:
-                raise ConfigError(f"{file}: rank {rank} is also in another file of {path}")
-            ops[rank] = rank_ops
-        meta = {**part.meta, **meta}
-    return Trace(ops, meta)
+    """A parasim trace file, a PyTorch-profiler JSON (.json / .json.gz), or a folder of
+    either, read as `parasim replay` reads them (`sim.replay_trace.load_trace`). A profiler
+    trace that gives nothing to fit is one error line saying why."""
+    from sim.calibrate.observe import communication, compute
+    from sim.replay_trace import load_trace
+
+    loaded = load_trace(path)
+    trace = loaded.trace
+    if loaded.source == "kineto" and not communication(trace) and not compute(trace):
+        calls = [op for ops in trace.ops.values() for op in ops
+                 if op.kind.is_collective or op.kind.is_p2p]
+        unsized = sum(op.size_bytes <= 0 for op in calls)
+        raise ConfigError(
+            f"{path}: a PyTorch-profiler trace with nothing to fit: of its {len(calls)} "
+            f"collectives and transfers, {unsized} state no size and the rest are not timed "
+            "end to end (a transfer needs its send and its receive), and its compute ops are "
+            "not parasim kernels (they state no FLOPs or bytes)")
+    return trace
 
 
 # --- reporting --------------------------------------------------------------------------------
@@ -317,7 +396,10 @@ def summary_json(profile: Profile, report: FitReport, target: Target, out: str
             "kernels": [{"name": k.name, "flops_rate": k.flops_rate,
                          "memory_rate_Bps": k.memory_rate, "overhead_s": k.overhead_s,
                          "rate_ci_rel": _finite(k.rel_ci), "samples": k.samples,
-                         "rms_error": k.rms_error} for k in compute.kernels]},
+                         "rms_error": k.rms_error, "rate_identified": k.identified,
+                         "overhead_identified": k.overhead_unidentified is None}
+                        for k in compute.kernels]},
+        "unidentified": list(report.unidentified),
         "accelerator": None if profile.accelerator is None else {
             "peak_flops": profile.accelerator.peak_flops,
             "hbm_bandwidth_Bps": profile.accelerator.hbm_bandwidth_Bps},
@@ -352,11 +434,12 @@ def summary_text(s: dict[str, Any]) -> str:
         lines.append(f"  compute fit: rms error {c['rms_error']:.1%} over "
                      f"{c['distinct_kernels']} kernel shapes, roofline p = "
                      f"{c['roofline_exponent']:.2f}, memory {c['memory_rate_Bps'] / 1e9:.3g} GB/s")
-        lines.append("    kernel           GFLOP/s   GB/s   overhead us  ±rate   rms")
+        lines.append("    kernel           GFLOP/s   GB/s   overhead us  ±rate   rms   (free: not "
+                     "pinned down by the data, the base profile's value written)")
         for k in c["kernels"]:
             rate = f"{k['flops_rate'] / 1e9:9.3g}" if k["flops_rate"] else f"{'':9}"
             mem = f"{k['memory_rate_Bps'] / 1e9:7.3g}" if k["memory_rate_Bps"] else f"{'':7}"
-            ci = f"{k['rate_ci_rel']:6.1%}" if k["rate_ci_rel"] is not None else "   n/a"
+            ci = f"{k['rate_ci_rel']:6.1%}" if k["rate_identified"] else "  free"
             lines.append(f"    {k['name']:<15}{rate}{mem}  {k['overhead_s'] * 1e6:10.1f}  {ci}"
                          f"  {k['rms_error']:5.1%}")
     if s["accelerator"] is not None:

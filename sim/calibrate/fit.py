@@ -4,9 +4,12 @@
 
 Traces of any origin count (microbenchmarks, `parasim run`, imported ones): each timed op is a
 sample (`sim.calibrate.observe`). Link classes without samples keep the cluster's figures (none
-are written for them); kernels without samples keep the base profile's general parameters. The
-profile says `calibrated: true` and carries what the fit could not set (the GEMM tiles) from
-`base`.
+are written for them); kernels without samples keep the base profile's general parameters.
+Figures the data do not pin down (`sim.calibrate.links`, `sim.calibrate.kernels`: too few
+points, at a limit of the search, no interval) are not written as calibrated: the base
+profile's value stays, and the report says which and why (`FitReport.unidentified`). The
+profile says `calibrated: true`, `measured_on` the cluster's accelerator, and carries what the
+fit could not set (the GEMM tiles) from `base`.
 """
 
 from __future__ import annotations
@@ -26,8 +29,9 @@ from sim.profile import (
     Profile,
 )
 from topology.cluster import Accelerator, Cluster
+from topology.override import call_costs, link_figures
 from traces.errors import ConfigError
-from traces.fields import MAX_BANDWIDTH_BPS, MAX_LATENCY_S, MAX_TFLOPS
+from traces.fields import MAX_LATENCY_S
 from traces.ops import Trace
 
 MEASURED_ROOFS = ("CPU-localhost",)
@@ -40,11 +44,15 @@ class FitReport:
     compute: ComputeFit | None
     num_comm_samples: int
     num_compute_samples: int
+    unidentified: tuple[str, ...] = ()
+    """One line per figure the data did not pin down (the base profile's value was kept)."""
 
 
 def fit_profile(traces: Sequence[Trace], cluster: Cluster, *, base: Profile,
                 name: str = "calibrated", algo: str = "auto") -> tuple[Profile, FitReport]:
-    """Fit links and compute to the traces' timed ops; the profile and what the fit found."""
+    """Fit links and compute to the traces' timed ops; the profile and what the fit found.
+    Figures the data do not pin down keep the base profile's values (listed in the report);
+    if no figure at all is pinned down, one error line."""
     comm: list[CommSample] = []
     compute: list[ComputeSample] = []
     for trace in traces:
@@ -60,55 +68,120 @@ def fit_profile(traces: Sequence[Trace], cluster: Cluster, *, base: Profile,
     links = fit_links(comm, cluster, algo=algo) if comm else None
     kernels = fit_compute(compute, cluster.accelerator, base.compute.gemm_tiles) \
         if compute else None
-    accelerator, params = _compute_params(kernels, cluster.accelerator, base.compute)
+    notes: list[str] = []
+    link_params, num_links = _link_params(links, cluster, base, notes)
+    accelerator, params, num_compute = _compute_params(kernels, cluster.accelerator, base,
+                                                       notes)
+    if num_links + num_compute == 0:
+        raise ConfigError("calibrate: the traces pin down no figure: "
+                          + "; ".join(notes[:3]) + ("; ..." if len(notes) > 3 else ""))
     profile = Profile(
         name=name, calibrated=True, compute=params, accelerator=accelerator,
-        links={**base.links, **({e.kind: LinkParams(bandwidth_Bps=e.bandwidth_Bps,
-                                                    latency_s=e.latency_s, call_s=e.call_s)
-                                 for e in links.links} if links else {})})
+        links={**base.links, **link_params}, measured_on=cluster.accelerator.name)
     return profile, FitReport(links=links, compute=kernels, num_comm_samples=len(comm),
-                              num_compute_samples=len(compute))
+                              num_compute_samples=len(compute), unidentified=tuple(notes))
 
 
-def _compute_params(fit: ComputeFit | None, acc: Accelerator, base: ComputeParams
-                    ) -> tuple[AcceleratorRoofs | None, ComputeParams]:
-    """Efficiencies relative to the roofs: the data sheet's, or measured ones — the best rate
-    the data pin down (else the best fitted) — where there is no data sheet or a fitted rate
-    beats it. A rate above its roof is the roof (efficiency 1): a rate the data leave free
-    went to its bound because its term was negligible wherever it was measured."""
+_KEPT = "kept the base profile's value"
+
+
+def _link_params(fit: LinkFit | None, cluster: Cluster, base: Profile, notes: list[str]
+                 ) -> tuple[dict[str, LinkParams], int]:
+    """Link classes with their identified figures (the others the base's, else the
+    cluster's), and how many figures were identified."""
     if fit is None:
-        return None, base
-    flops = _roof_candidates([(k.flops_rate, k.identified) for k in fit.kernels],
-                             MAX_TFLOPS * 1e12)
-    memory = _roof_candidates([(k.memory_rate, k.identified) for k in fit.kernels]
-                              + [(fit.memory_rate, False)], MAX_BANDWIDTH_BPS)
-    peak, hbm = acc.peak_flops, acc.hbm_bandwidth_Bps
-    measured = acc.name in MEASURED_ROOFS or max(flops, default=0) > peak or \
-        max(memory, default=0) > hbm
-    roofs = None
-    if measured:
+        return {}, 0
+    figures = link_figures(cluster)
+    out: dict[str, LinkParams] = {}
+    count = 0
+    for e in fit.links:
+        known = base.links.get(e.kind)
+        bw0, lat0 = (known.bandwidth_Bps, known.latency_s) if known else \
+            figures.get(e.kind, (e.bandwidth_Bps, e.latency_s))
+        call0 = known.call_s if known else call_costs(cluster).get(e.kind, 0.0)
+        values = []
+        for what, value, default, reason in (
+                ("latency", e.latency_s, lat0, e.latency_unidentified),
+                ("bandwidth", e.bandwidth_Bps, bw0, e.bandwidth_unidentified),
+                ("call cost", e.call_s, call0, e.call_unidentified)):
+            if reason is None:
+                count += 1
+                values.append(value)
+                continue
+            values.append(default)
+            if not reason.startswith("not measured"):
+                notes.append(f"link {e.kind} {what} not identifiable: {reason}; {_KEPT}")
+        if any(r is None for r in (e.latency_unidentified, e.bandwidth_unidentified,
+                                   e.call_unidentified)):
+            out[e.kind] = LinkParams(latency_s=values[0], bandwidth_Bps=values[1],
+                                     call_s=values[2])
+    return out, count
+
+
+def _compute_params(fit: ComputeFit | None, acc: Accelerator, base_profile: Profile,
+                    notes: list[str]) -> tuple[AcceleratorRoofs | None, ComputeParams, int]:
+    """Efficiencies relative to the roofs: the data sheet's, or measured ones — the best
+    identified rate — where there is no data sheet or an identified rate beats it. A rate
+    above its roof is the roof (efficiency 1). Figures the data do not pin down keep the
+    base's values (a note each); the count of identified figures comes third."""
+    base = base_profile.compute
+    if fit is None:
+        return base_profile.accelerator, base, 0
+    for k in fit.kernels:
+        kind = "FLOP rate" if k.flops_rate is not None else "memory rate"
+        if k.rate_unidentified:
+            notes.append(f"kernel {k.name} {kind} not identifiable: {k.rate_unidentified}; "
+                         f"{_KEPT}")
+        if k.overhead_unidentified:
+            notes.append(f"kernel {k.name} overhead not identifiable: "
+                         f"{k.overhead_unidentified}; {_KEPT}")
+    if fit.memory_rate_unidentified:
+        notes.append(f"compute memory rate not identifiable: {fit.memory_rate_unidentified}; "
+                     f"{_KEPT}")
+    if fit.exponent_unidentified:
+        notes.append(f"roofline exponent not identifiable: {fit.exponent_unidentified}; "
+                     f"{_KEPT}")
+    flops = [k.flops_rate for k in fit.kernels if k.flops_rate is not None and k.identified]
+    memory = [k.memory_rate for k in fit.kernels if k.memory_rate is not None and k.identified]
+    if fit.memory_rate_unidentified is None:
+        memory.append(fit.memory_rate)
+    roofs = base_profile.accelerator
+    peak = roofs.peak_flops if roofs else acc.peak_flops
+    hbm = roofs.hbm_bandwidth_Bps if roofs else acc.hbm_bandwidth_Bps
+    if (acc.name in MEASURED_ROOFS and (flops or memory)) or max(flops, default=0) > peak or \
+            max(memory, default=0) > hbm:
         peak, hbm = max(flops, default=peak), max(memory, default=hbm)
         roofs = AcceleratorRoofs(peak_flops=peak, hbm_bandwidth_Bps=hbm)
-    gemm = [k.flops_rate / peak for k in fit.kernels if k.flops_rate is not None]
-    overheads = [k.overhead_s for k in fit.kernels]
-    kernels = {k.name: KernelCost(
-        flops_efficiency=_fraction(k.flops_rate / peak) if k.flops_rate is not None else None,
-        memory_efficiency=_fraction(k.memory_rate / hbm) if k.memory_rate is not None else None,
-        overhead_s=min(k.overhead_s, MAX_LATENCY_S)) for k in fit.kernels}
+    count = len(flops) + len(memory)
+    kernels = {}
+    for k in fit.kernels:
+        was = base_profile.kernel(k.name)
+        flops_eff, mem_eff = was.flops_efficiency, was.memory_efficiency
+        if k.identified:
+            if k.flops_rate is not None:
+                flops_eff = _fraction(k.flops_rate / peak)
+            if k.memory_rate is not None:
+                mem_eff = _fraction(k.memory_rate / hbm)
+        overhead = was.overhead_s
+        if k.overhead_unidentified is None:
+            overhead = min(k.overhead_s, MAX_LATENCY_S)
+            count += 1
+        kernels[k.name] = KernelCost(flops_efficiency=flops_eff, memory_efficiency=mem_eff,
+                                     overhead_s=overhead)
+    overheads = [k.overhead_s for k in fit.kernels if k.overhead_unidentified is None]
+    exponent = base.roofline_exponent if fit.exponent_unidentified else fit.exponent
+    count += fit.exponent_unidentified is None
     params = ComputeParams(
-        gemm_efficiency=_fraction(statistics.median(gemm)) if gemm else base.gemm_efficiency,
+        gemm_efficiency=_fraction(statistics.median(flops) / peak) if flops
+        else base.gemm_efficiency,
         gemm_tiles=base.gemm_tiles,
-        memory_efficiency=_fraction(fit.memory_rate / hbm),
-        launch_overhead_s=min(statistics.median(overheads), MAX_LATENCY_S),
-        roofline_exponent=fit.exponent, kernels=kernels,
+        memory_efficiency=base.memory_efficiency if fit.memory_rate_unidentified
+        else _fraction(fit.memory_rate / hbm),
+        launch_overhead_s=min(statistics.median(overheads), MAX_LATENCY_S) if overheads
+        else base.launch_overhead_s,
+        roofline_exponent=exponent, kernels=kernels,
         comm_interference=base.comm_interference)
-    return roofs, params
-
-
-def _roof_candidates(rates: list[tuple[float | None, bool]], bound: float) -> list[float]:
-    """The rates a measured roof may be: those the data pin down, else any off its bound."""
-    known = [r for r, identified in rates if r is not None and identified]
-    return known or [r for r, _ in rates if r is not None and r < 0.999 * bound]
+    return roofs, params, count
 
 
 def _fraction(value: float) -> float:

@@ -17,7 +17,14 @@ simulator would move. The residuals are log(t_model / t_measured) — relative e
 kernel weighs as much as a 10 ms one — on the mean of each distinct (kernel, phase, shape)
 (a step is a sum of kernels: their expected time adds up, not their typical one),
 solved by `scipy.optimize.least_squares` (trust region, soft-L1 loss against the odd slow
-shape a slow spell spoiled); intervals come from its Jacobian.
+shape a slow spell spoiled); intervals come from its Jacobian (its singular values: a
+direction the residuals do not see has no interval).
+
+A figure is *identified* when the data pin it down: more distinct points than parameters
+(and more than 2 of its kernel, for the kernel's rate and overhead), off the bounds of the
+search (a rate the data leave free runs to MAX_TFLOPS; an exponent to 64), and a 95% interval
+under ±50%. The rest carry the reason (`KernelEstimate.rate_unidentified`, ...) and are not
+written as calibrated figures (`sim.calibrate.fit` keeps the base profile's).
 
 The profile written from the fit: where the accelerator has data-sheet roofs the efficiencies
 are R / peak and Rm / bandwidth; where it has none (the CPU of `localhost`) or a rate beats
@@ -54,12 +61,19 @@ class KernelEstimate:
     """Achieved bytes/s (kernels without FLOPs; the others share the common rate)."""
     overhead_s: float
     rel_ci: float
-    """95% half-width of the kernel's rate, relative (0.02: ±2%)."""
-    identified: bool
-    """The data pin the rate down (its interval under ±50%, off the physical bounds): a
-    kernel whose time is all overhead at every shape measured says nothing about its rate."""
+    """95% half-width of the kernel's rate, relative (0.02: ±2%; inf: no interval)."""
     samples: int
     rms_error: float
+    rate_unidentified: str | None = None
+    """Why the data do not pin the rate down (None: they do). A kernel whose time is all
+    overhead at every shape measured says nothing about its rate: the fit sends it to its
+    bound, or leaves it free."""
+    overhead_unidentified: str | None = None
+    """Why the data do not pin the overhead down (None: they do)."""
+
+    @property
+    def identified(self) -> bool:
+        return self.rate_unidentified is None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -71,6 +85,16 @@ class ComputeFit:
     rms_error: float
     distinct: int
     """Distinct (kernel, phase, shape) points fitted."""
+    num_parameters: int = 0
+    memory_rate_unidentified: str | None = None
+    exponent_unidentified: str | None = None
+
+
+IDENTIFIED_REL_CI = 0.5
+"""A figure whose 95% interval is wider than ±50% is not pinned down by the data."""
+BOUND_MARGIN = 0.01
+"""A figure within 1% of a bound of its search (in log terms) went there because its term
+never mattered: the bound, not the data, set it."""
 
 
 def gemm_work(gemm: tuple[int, ...], backward: bool, tiles: Sequence[tuple[int, int]],
@@ -195,32 +219,75 @@ def fit_compute(samples: Sequence[ComputeSample], accelerator: Accelerator,
                                     xtol=1e-12, ftol=1e-12, gtol=1e-12, max_nfev=20000)
     x = solved.x
     resid = model.residuals(x)
-    ci = _relative_ci(solved.jac, resid)
+    ci = _half_widths(solved.jac, resid)
+    n, m = len(points), len(x)
+    short = (f"{n} distinct shapes measured for {m} parameters (an interval needs more points "
+             "than parameters)") if n <= m else None
+
+    def why(slot: int, what: str, bounds: tuple[float, float] | None = None) -> str | None:
+        """Why parameter `slot` is not identified (None: it is)."""
+        lo, hi = bounds if bounds is not None else (lower[slot], upper[slot])
+        if short:
+            return short
+        if x[slot] <= lo + BOUND_MARGIN:
+            return f"at the lower bound of its search ({what})"
+        if x[slot] >= hi - BOUND_MARGIN:
+            return f"at the upper bound of its search ({what})"
+        if not math.isfinite(ci[slot]):
+            return "the data do not constrain it (no interval)"
+        if ci[slot] >= IDENTIFIED_REL_CI:
+            return f"its 95% interval is ±{ci[slot]:.0%}"
+        return None
+
     kernels = []
     nf, nm = model.nf, model.nm
     for i, name in enumerate(model.names):
         mine = resid[model.kernel == i]
         has_flops = model.rate_of[i] >= 0
         slot = model.rate_of[i] if has_flops else nf + model.mem_of[i]
+        few = (f"{mine.size} distinct shape{'s' * (mine.size != 1)} of {name} measured for its "
+               "2 parameters (rate and overhead)") if mine.size < 3 else None
+        rate_what = (f"{math.exp(lower[slot]) / 1e12:g} to {math.exp(upper[slot]) / 1e12:g} "
+                     "TFLOP/s" if has_flops else
+                     f"{math.exp(lower[slot]) / 1e9:g} to {math.exp(upper[slot]) / 1e9:g} GB/s")
+        over = nf + nm + 1 + i
         kernels.append(KernelEstimate(
             name=name,
             flops_rate=float(math.exp(x[slot])) if has_flops else None,
             memory_rate=None if has_flops else float(math.exp(x[slot])),
-            overhead_s=float(math.exp(x[nf + nm + 1 + i])),
+            overhead_s=float(math.exp(x[over])),
             rel_ci=float(ci[slot]), samples=int(mine.size),
-            identified=bool(ci[slot] < 0.5 and lower[slot] + 1e-3 < x[slot] < upper[slot] - 1e-3),
+            rate_unidentified=few or why(slot, rate_what),
+            overhead_unidentified=few or why(over, "1 ns to 1 s"),
             rms_error=float(math.sqrt(np.mean(np.expm1(mine) ** 2)))))
-    return ComputeFit(kernels=tuple(kernels), memory_rate=float(math.exp(x[nf + nm])),
+    memory = nf + nm
+    # The exponent's interval is absolute; relative to p it reads like the others'.
+    exponent_ci = ci[-1] / x[-1]
+    exponent_why = why(m - 1, "1 to 64")
+    if exponent_why is None and not exponent_ci < IDENTIFIED_REL_CI:
+        exponent_why = f"its 95% interval is ±{exponent_ci:.0%}"
+    return ComputeFit(kernels=tuple(kernels), memory_rate=float(math.exp(x[memory])),
                       exponent=float(x[-1]),
                       rms_error=float(math.sqrt(np.mean(np.expm1(resid) ** 2))),
-                      distinct=len(points))
+                      distinct=len(points), num_parameters=m,
+                      memory_rate_unidentified=why(memory, f"{math.exp(lower[memory]) / 1e9:g}"
+                                                   f" to {math.exp(upper[memory]) / 1e9:g} GB/s"),
+                      exponent_unidentified=exponent_why)
 
 
-def _relative_ci(jac: np.ndarray, resid: np.ndarray) -> np.ndarray:
-    """95% half-widths of the log-parameters (≈ relative half-widths of the figures)."""
+def _half_widths(jac: np.ndarray, resid: np.ndarray) -> np.ndarray:
+    """95% half-widths of the parameters (of log-figures: ≈ relative half-widths), inf for
+    a parameter the data leave free: too few points, or a direction of the parameter space
+    the residuals do not see (a zero singular value of the Jacobian)."""
     n, p = jac.shape
     if n <= p:
         return np.full(p, math.inf)
     variance = float(resid @ resid) / (n - p)
-    cov = np.linalg.pinv(jac.T @ jac) * variance
-    return 1.96 * np.sqrt(np.maximum(np.diag(cov), 0.0))
+    _, s, vt = np.linalg.svd(jac, full_matrices=False)
+    null = s <= (s.max() if s.size else 0.0) * 1e-10
+    inverse = np.where(null, 0.0, 1.0 / np.where(null, 1.0, s) ** 2)
+    var = (vt.T ** 2) @ inverse * variance
+    half = 1.96 * np.sqrt(np.maximum(var, 0.0))
+    free = (vt[null].T ** 2).sum(axis=1) > 1e-6 if null.any() else np.zeros(p, dtype=bool)
+    half[free] = math.inf
+    return half

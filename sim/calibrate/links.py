@@ -24,7 +24,11 @@ relative terms (each row divided by its measured time, so a 4 KiB message weighs
 256 MiB one), on the mean of each distinct (op, group, size): a step adds its communications
 up, so their expected cost is what predicts it, slow tail included (on a small CPU host a
 blocked rank is sometimes woken milliseconds late; the median would not see it, the step
-does). Reported: each figure with a 95% interval from the residual variance, (AᵀA)⁻¹ and the t
+does). A figure is identified when the data pin it down: more distinct communications than
+figures, off the limits of its search (a bandwidth the data never feel runs to 100 TB/s) and
+with a finite interval; latency and call cost may be 0. The others carry the reason
+(`LinkEstimate.latency_unidentified`, ...) and `sim.calibrate.fit` keeps the base figures for
+them. Reported: each figure with a 95% interval from the residual variance, (AᵀA)⁻¹ and the t
 quantile, and the residuals by op.
 """
 
@@ -48,6 +52,8 @@ from traces.errors import ConfigError
 from traces.fields import MAX_BANDWIDTH_BPS, MAX_LATENCY_S, MIN_BANDWIDTH_BPS
 from traces.ops import OpKind
 
+BOUND_MARGIN = 0.01
+"""A figure within 1% of a limit of its search went there because the data never felt it."""
 UNBOUNDED_BPS = 1e300  # a basis bandwidth no flow notices (finite: the network asserts it)
 
 
@@ -61,6 +67,11 @@ class LinkEstimate:
     call_s: float = 0.0
     """Per collective call, before any message moves (`LinkParams.call_s`)."""
     call_ci_s: tuple[float, float] = (0.0, 0.0)
+    latency_unidentified: str | None = None
+    """Why the data do not pin the latency down (None: they do)."""
+    bandwidth_unidentified: str | None = None
+    call_unidentified: str | None = None
+    """Also set where no lowering measured pays a call cost ("not measured")."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -191,11 +202,36 @@ def fit_links(samples: Sequence[CommSample], cluster: Cluster, *, algo: str = "a
     x[free] = solved.x * scale[free]
     half[free] = _half_widths(weighted, target - weighted @ solved.x, confidence) * scale[free]
     fitted = c + a @ x
+    z = np.zeros(3 * k)
+    z[free] = solved.x
+    zlo, zhi = lower / scale, upper / scale
+    short = (f"{len(rows)} distinct communications measured for {len(free)} link figures (an "
+             "interval needs more)") if len(rows) <= len(free) else None
+
+    def why(j: int, what: str) -> str | None:
+        """Why figure j is not identified. Latency and call cost may be 0 (a physical value
+        the data can choose); the other bounds are the search's limits."""
+        if j not in free:
+            return "not measured (no lowering of the traces pays it)"
+        if short:
+            return short
+        if k <= j < 2 * k and z[j] <= zlo[j] * (1 + BOUND_MARGIN):
+            return f"at the upper bound of its search ({what})"
+        if z[j] >= zhi[j] * (1 - BOUND_MARGIN):
+            return f"at the {'lower' if k <= j < 2 * k else 'upper'} bound of its search ({what})"
+        if not math.isfinite(half[j]):
+            return "the data do not constrain it (no interval)"
+        return None
+
     links = []
     for i, kind in enumerate(design.kinds):
         lat, inv, call = x[i], x[k + i], x[2 * k + i]
         dl, di, dc = half[i], half[k + i], half[2 * k + i]
         links.append(LinkEstimate(
+            latency_unidentified=why(i, f"0 to {MAX_LATENCY_S:g} s"),
+            bandwidth_unidentified=why(k + i, f"{MIN_BANDWIDTH_BPS / 1e9:g} to "
+                                       f"{MAX_BANDWIDTH_BPS / 1e9:g} GB/s"),
+            call_unidentified=why(2 * k + i, f"0 to {MAX_LATENCY_S:g} s"),
             kind=kind, latency_s=float(lat),
             latency_ci_s=(float(max(0.0, lat - dl)), float(lat + dl)),
             bandwidth_Bps=float(1 / inv),

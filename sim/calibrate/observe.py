@@ -7,7 +7,9 @@ Communication (`CommSample`): the simulator starts a collective when its last me
 and ends it for every member at once, and starts a transfer when both its send and its receive
 are issued. So a collective — the k-th call of each member on one (stream, group), matched as
 the replay's meetings match them — lasted from its members' latest start to their mean end; a
-transfer, from the later of its send's and receive's starts to the receive's end.
+transfer, from the later of its send's and receive's starts to the receive's end. In a
+partial trace (one rank's profiler file of a larger job) the members present stand for the
+absent ones, as the replay mirrors them: the collective lasted what the present members saw.
 
 Compute (`ComputeSample`): an op's cost is what it holds its stream for (`traces.compare.
 occupancy`, the rule validation compares by). When the next op on the stream did not wait for
@@ -86,9 +88,11 @@ def communication(trace: Trace) -> list[CommSample]:
             elif op.kind is OpKind.RECV and op.peer is not None:
                 recvs[(op.peer, rank, op.tag)].append(op)
     out = []
+    present = set(trace.ranks)
     for (_, group, _), members in calls.items():
         first = members[0]
-        if len(members) != len(group) or not all(_timed(m) for m in members) or \
+        if len(members) != len(present.intersection(group)) or \
+                not all(_timed(m) for m in members) or \
                 any(m.kind is not first.kind or m.size_bytes != first.size_bytes
                     for m in members):
             continue

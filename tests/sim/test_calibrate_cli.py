@@ -13,6 +13,7 @@ from sim.profile import ComputeParams, LinkParams, Profile, load_profile
 from sim.replay import replay
 from topology import build_cluster
 from traces.bench import BenchSpec, bench_plan, probe_grid
+from traces.errors import ConfigError
 from traces.io import save
 
 TRUTH = Profile(name="truth", compute=ComputeParams(gemm_efficiency=0.5, gemm_tiles=((8, 8),),
@@ -127,3 +128,118 @@ def test_validate_refuses_bad_flags(tmp_path, capsys):
     assert code == 2 and "--steps: 0" in err
     code, _, err = run_cli(capsys, "validate", "--report", tmp_path / "no" / "v.html")
     assert code == 2 and "does not exist" in err
+
+
+# --- profiles belong to the accelerator they were measured on ---------------------------------
+
+def test_run_refuses_a_gpu_cluster_on_a_host_without_its_gpus(tmp_path, capsys):
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("this host has CUDA GPUs")
+    out = tmp_path / "a100.json"
+    code, stdout, err = run_cli(capsys, "calibrate", "--run", "dgx-a100", "-o", out)
+    assert code == 2 and stdout == "" and err.count("\n") == 1
+    assert "A100-SXM4-80GB GPUs and this host has 0 CUDA GPUs" in err
+    assert not out.exists()
+    code, _, err = run_cli(capsys, "calibrate", "--run", "tpu-v4", "-o", out)
+    assert code == 2 and "CUDA GPUs or this host's CPU only" in err and not out.exists()
+
+
+def test_run_needs_gpus_of_the_clusters_model(monkeypatch):
+    torch = pytest.importorskip("torch")
+    from sim.calibrate.command import host_backend
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: "NVIDIA H200")
+    with pytest.raises(ConfigError, match="this host's are NVIDIA H200"):
+        host_backend(build_cluster("dgx-a100"), 2, "--run dgx-a100")
+    assert host_backend(build_cluster("dgx-h200"), 2, "--run dgx-h200") == "nccl"
+    with pytest.raises(ConfigError, match="its 4 ranks run on H200-SXM-141GB GPUs and this host "
+                       "has 2 CUDA GPUs"):
+        host_backend(build_cluster("dgx-h200"), 4, "--run dgx-h200")
+    # localhost always runs on the CPU with gloo, whatever GPUs the host has.
+    assert host_backend(build_cluster("localhost", gpus_per_node=2), 2, "--run localhost") \
+        == "gloo"
+
+
+def test_a_fitted_profile_says_what_it_was_measured_on(recorded, tmp_path, capsys):
+    out = tmp_path / "here.json"
+    assert run_cli(capsys, "calibrate", recorded, "-o", out)[0] == 0
+    assert load_profile(out).measured_on == "CPU-localhost"
+    assert json.loads(out.read_text())["measured_on"] == "CPU-localhost"
+
+
+@pytest.mark.parametrize("command", ["simulate", "replay"])
+def test_a_profile_of_one_accelerator_is_refused_on_another(recorded, tmp_path, capsys,
+                                                            command):
+    out = tmp_path / "here.json"
+    assert run_cli(capsys, "calibrate", recorded, "-o", out)[0] == 0
+    if command == "simulate":
+        argv = ["simulate", "sim/examples/gpt3-175b-1024-a100.toml", "--profile", out, "--json"]
+    else:
+        argv = ["replay", recorded, "--cluster", "dgx-a100", "--profile", out, "--json"]
+    code, stdout, err = run_cli(capsys, *argv)
+    assert code == 2 and stdout == "" and err.count("\n") == 1
+    assert "measured on CPU-localhost" in err and "A100-SXM4-80GB" in err
+    assert "do not transfer between accelerators" in err
+
+
+def test_a_calibrated_profile_that_does_not_say_its_accelerator_is_refused(tmp_path, capsys):
+    old = tmp_path / "old.json"
+    Profile(name="old", calibrated=True, compute=ComputeParams(gemm_efficiency=0.5)).save(old)
+    code, _, err = run_cli(capsys, "simulate", "sim/examples/gpt3-175b-1024-a100.toml",
+                           "--profile", old)
+    assert code == 2 and "does not say which accelerator" in err
+
+
+def test_traces_measured_on_a_cpu_are_not_fitted_as_a_gpu_cluster(recorded, tmp_path, capsys):
+    from traces.io import load
+
+    folder = tmp_path / "gloo"
+    folder.mkdir()
+    for rank in (0, 1):
+        part = load(recorded / f"rank{rank}.json")
+        save(type(part)(part.ops, {**part.meta, "backend": "gloo"}), folder / f"rank{rank}.json")
+    out = tmp_path / "p.json"
+    code, _, err = run_cli(capsys, "calibrate", folder, "--cluster", "dgx-a100", "-o", out)
+    assert code == 2 and "measured on the CPU (gloo)" in err and not out.exists()
+
+
+# --- PyTorch-profiler traces --------------------------------------------------------------------
+
+KINETO = "tests/data/kineto/a100-2rank-nccl-rank0.json.gz"
+
+
+def test_a_profiler_trace_fits_the_link_classes_its_collectives_cross(tmp_path, capsys):
+    out = tmp_path / "a100.json"
+    code, stdout, err = run_cli(capsys, "calibrate", KINETO, "--cluster", "dgx-a100", "-o", out,
+                                "--json")
+    assert code == 0, err
+    summary = json.loads(stdout)
+    assert [e["kind"] for e in summary["links"]] == ["nvlink"]
+    assert summary["samples"]["communication"] > 0 and summary["compute"] is None
+    profile = load_profile(out)
+    assert profile.measured_on == "A100-SXM4-80GB" and "nvlink" in profile.links
+    # An NCCL trace is a GPU's: not fitted as this host's CPU.
+    code, _, err = run_cli(capsys, "calibrate", KINETO, "-o", tmp_path / "cpu.json")
+    assert code == 2 and "measured on GPUs (NCCL)" in err
+
+
+def test_a_profiler_trace_with_nothing_to_fit_is_one_line(tmp_path, capsys):
+    record = {"Collective name": "allreduce", "dtype": "Float", "Process Group Ranks": "[0, 1]"}
+    events = [
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 0, "dur": 40,
+         "args": {}},
+        {"ph": "X", "cat": "cpu_op", "name": "c10d::allreduce_", "pid": 1, "tid": 1, "ts": 50,
+         "dur": 30, "args": {}},
+        {"ph": "X", "cat": "cpu_op", "name": "record_param_comms", "pid": 1, "tid": 1, "ts": 51,
+         "dur": 28, "args": record}]
+    document = {"schemaVersion": 1, "traceEvents": events,
+                "distributedInfo": {"rank": 0, "world_size": 2, "backend": "gloo"}}
+    path = tmp_path / "rank0.json"
+    path.write_text(json.dumps(document))
+    out = tmp_path / "p.json"
+    code, stdout, err = run_cli(capsys, "calibrate", path, "-o", out)
+    assert code == 2 and stdout == "" and err.count("\n") == 1
+    assert "a PyTorch-profiler trace with nothing to fit" in err and not out.exists()

@@ -200,7 +200,7 @@ TINY = {"model": {"layers": 2, "hidden": 64, "heads": 2, "seq_len": 32, "vocab":
 
 def test_a_profile_sets_the_clusters_links_and_roofs_for_simulate(tmp_path):
     compute = ComputeParams(gemm_efficiency=0.5, gemm_tiles=((8, 8),))
-    slow = Profile(name="slow", compute=compute, calibrated=True,
+    slow = Profile(name="slow", compute=compute, calibrated=True, measured_on="CPU-localhost",
                    links={"loopback": LinkParams(bandwidth_Bps=1e8, latency_s=1e-3)},
                    accelerator=AcceleratorRoofs(peak_flops=2e10, hbm_bandwidth_Bps=5e9))
     path = tmp_path / "slow.json"
@@ -228,3 +228,73 @@ def test_the_fitted_profile_is_a_valid_version_2_file(tmp_path):
     assert profile.to_json()["version"] == 2
     assert all(math.isfinite(v) for v in (back.links["loopback"].bandwidth_Bps,
                                           back.links["loopback"].latency_s))
+
+
+# --- figures the data do not pin down -----------------------------------------------------------
+
+def test_a_rate_the_data_never_feel_keeps_the_base_value_and_says_why():
+    """fc1 takes 0.1 ms at every shape: all overhead, its rate left free (the fit drives it
+    towards the search's bound, where the data no longer feel it)."""
+    from sim.calibrate.kernels import fit_compute
+    from sim.calibrate.observe import ComputeSample
+
+    acc = build_cluster("localhost", gpus_per_node=2).accelerator
+    samples = [ComputeSample("fc1", False, 2.0 * m * 64 * 64, 4.0 * m * 64, (1, m, 64, 64),
+                             1e-4) for m in (8, 16, 32, 64, 128)]
+    samples += [ComputeSample("gelu", False, 0.0, b, (), 1e-5 + b / 4e9)
+                for b in (1e4, 1e5, 1e6, 1e7)]
+    fit = fit_compute(samples, acc, ((8, 8),))
+    fc1 = next(k for k in fit.kernels if k.name == "fc1")
+    gelu = next(k for k in fit.kernels if k.name == "gelu")
+    assert fc1.rate_unidentified is not None and fc1.overhead_unidentified is None
+    assert gelu.identified and gelu.memory_rate == pytest.approx(4e9, rel=1e-3)
+    base = default_profile(acc)
+    cluster = build_cluster("localhost", gpus_per_node=2)
+    from sim.calibrate.fit import _compute_params
+
+    notes: list[str] = []
+    roofs, params, count = _compute_params(fit, acc, base, notes)
+    assert count > 0
+    assert params.kernels["fc1"].flops_efficiency is None  # the base's: the general figure
+    assert params.gemm_efficiency == base.compute.gemm_efficiency
+    assert roofs is not None and roofs.peak_flops == acc.peak_flops  # no FLOP roof measured
+    assert any(n.startswith("kernel fc1 FLOP rate not identifiable: ") and
+               n.endswith("kept the base profile's value") for n in notes)
+    assert cluster.accelerator == acc
+
+
+def test_too_few_shapes_keep_every_compute_figure_of_the_base(capsys):
+    """One probe shape: two points per kernel (forward, backward) for its rate and overhead."""
+    cluster = build_cluster("localhost", gpus_per_node=2)
+    spec = BenchSpec(world=2, sizes=sweep_sizes(4096, 2**20, 4), repeats=1,
+                     probes=probe_grid("fp32", hidden=(64,), seq_len=(32,), micro_batch=(1,),
+                                       microbatches=1))
+    truth = truth_profile()
+    true_cluster = truth.applied_to(cluster)
+    trace = replay(bench_plan(spec), true_cluster,
+                   ComputeModel(true_cluster.accelerator, truth)).timed_trace()
+    base = default_profile(cluster.accelerator)
+    profile, report = fit_profile([trace], cluster, base=base)
+    assert profile.compute.kernels == {
+        name: KernelCost() for name in profile.compute.kernels}  # nothing fitted per kernel
+    assert profile.compute.roofline_exponent == base.compute.roofline_exponent
+    assert profile.compute.launch_overhead_s == base.compute.launch_overhead_s
+    assert profile.accelerator is None  # no roof measured
+    assert any("distinct shapes measured for" in n or "of fc1 measured for its 2 parameters"
+               in n for n in report.unidentified)
+    # The links are pinned down: fitted as before.
+    assert profile.links["loopback"].bandwidth_Bps == pytest.approx(1.3e9, rel=0.01)
+
+
+def test_nothing_identifiable_is_one_error_line():
+    from traces.errors import ConfigError
+
+    cluster = build_cluster("localhost", gpus_per_node=2)
+    spec = BenchSpec(world=1, probes=probe_grid("fp32", hidden=(64,), seq_len=(32,),
+                                                micro_batch=(1,), microbatches=1))
+    truth = truth_profile()
+    true_cluster = truth.applied_to(cluster)
+    trace = replay(bench_plan(spec), true_cluster,
+                   ComputeModel(true_cluster.accelerator, truth)).timed_trace()
+    with pytest.raises(ConfigError, match="the traces pin down no figure"):
+        fit_profile([trace], cluster, base=default_profile(cluster.accelerator))

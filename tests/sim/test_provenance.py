@@ -49,10 +49,10 @@ def test_simulate_json_carries_version_profile_and_the_configs_sha256(capsys, sm
 def test_a_calibrated_profile_is_named_and_any_change_to_the_config_changes_the_hash(
         capsys, small, tmp_path):
     profile = tmp_path / "lab.json"
-    Profile(name="lab-a100", calibrated=True,
+    Profile(name="lab-h100", calibrated=True, measured_on="H100-SXM5-80GB",
             compute=ComputeParams(gemm_efficiency=0.6)).save(profile)
     r = run_json(capsys, "simulate", small, "--json", "--profile", profile)
-    assert r["parasim"]["profile"] == {"name": "lab-a100", "calibrated": True}
+    assert r["parasim"]["profile"] == {"name": "lab-h100", "calibrated": True}
     before = r["parasim"]["config_sha256"]
     small.write_text(SMALL + "\n")  # one byte more, the same experiment
     after = run_json(capsys, "simulate", small, "--json", "--profile", profile)

@@ -49,7 +49,7 @@ def known(tmp_path_factory):
 
     folder = tmp_path_factory.mktemp("known")
     profile = folder / "known.json"
-    Profile(name="known", calibrated=True,
+    Profile(name="known", calibrated=True, measured_on="H100-SXM5-80GB",
             compute=ComputeParams(gemm_efficiency=0.55, memory_efficiency=0.6,
                                   launch_overhead_s=7e-6)).save(profile)
     return experiment_from_dict(tomllib.loads(SMALL), overrides={"profile": str(profile)}), profile

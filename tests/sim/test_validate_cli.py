@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import statistics
+from importlib import metadata
 
 import pytest
 
@@ -30,7 +32,7 @@ preset = "localhost"
 gpus_per_node = 2
 """
 
-PROFILE = Profile(name="given", calibrated=True,
+PROFILE = Profile(name="given", calibrated=True, measured_on="CPU-localhost",
                   compute=ComputeParams(gemm_efficiency=0.5, gemm_tiles=((8, 8),),
                                         launch_overhead_s=5e-5),
                   links={"loopback": LinkParams(bandwidth_Bps=2e9, latency_s=2e-5)})
@@ -65,6 +67,10 @@ def test_json_fields_are_present_and_consistent(files, capsys):
     assert len(v["step_times_measured_s"]) == 2
     assert v["step_time_measured_s"] == pytest.approx(statistics.median(v["step_times_measured_s"]))
     assert v["profile"] == {"name": "given", "calibrated": True, "calibrated_here": False}
+    # Provenance, as simulate, collective and replay carry it (tests/sim/test_provenance.py).
+    assert v["parasim"] == {"version": metadata.version("parasim"),
+                            "profile": {"name": "given", "calibrated": True},
+                            "config_sha256": hashlib.sha256(config.read_bytes()).hexdigest()}
     # The prediction is `parasim simulate`'s, unfolded, with the same profile.
     s = run_json(capsys, "simulate", config, "--profile", profile, "--no-fold", "--json")
     assert v["step_time_predicted_s"] == pytest.approx(s["step_time_s"], rel=1e-12)
@@ -88,6 +94,7 @@ def test_without_a_profile_the_microbenchmarks_run_first(files, capsys):
                  "--probes", "64x32x1", "--repeats", "2", "--keep", tmp / "kept", "--json")
     assert v["profile"]["calibrated_here"] is True
     assert v["profile"]["name"] == "tiny-microbenchmarks"
+    assert v["parasim"]["profile"] == {"name": "tiny-microbenchmarks", "calibrated": True}
     # The microbenchmarks and the run it validates are kept apart.
     assert (tmp / "kept" / "bench" / "rank0.json").exists()
     assert (tmp / "kept" / "run" / "rank0.json").exists()
