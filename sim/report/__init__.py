@@ -14,6 +14,21 @@ memory over time and at the peak (`memory_view`). Words follow the cluster and t
 (`words`). What is drawn is read off the timed ops by `sim.timeline`.
 """
 
-from sim.report.page import read_payload, render_report, write_report
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from sim.report.page import read_payload, render_report, write_report
 
 __all__ = ["read_payload", "render_report", "write_report"]
+
+
+def __getattr__(name: str) -> Any:
+    # plotly loads with the page, on first use: `sim.report.words` (which `parasim search`
+    # shares) imports without it
+    if name in __all__:
+        from sim.report import page
+
+        return getattr(page, name)
+    raise AttributeError(f"module 'sim.report' has no attribute {name!r}")

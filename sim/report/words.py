@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from sim.config import Experiment
 from sim.replay import StepTimes
 from sim.timeline import stands_for
+from topology.cluster import Cluster
 from traces.layout import Layout
 from traces.plan.meta import read_fold, read_layout
 
@@ -38,10 +39,16 @@ class Words:
         return f"{head} · {self.count(self.stands_for)}" if self.stands_for > 1 else head
 
 
+def device_words(cluster: Cluster) -> tuple[str, str]:
+    """("chip", "chips") on a torus (TPU pods), ("GPU", "GPUs") elsewhere; `parasim search`
+    uses these too."""
+    return ("chip", "chips") if cluster.fabric.kind == "torus" else ("GPU", "GPUs")
+
+
 def words_for(exp: Experiment, times: StepTimes) -> Words:
-    torus = exp.cluster.fabric.kind == "torus"
+    device, devices = device_words(exp.cluster)
     fold = read_fold(times.plan.meta)
-    return Words(device="chip" if torus else "GPU", devices="chips" if torus else "GPUs",
+    return Words(device=device, devices=devices,
                  stands_for=stands_for(times),
                  fold=f"tp {fold.tp} × dp {fold.dp}" if fold is not None else "",
                  layout=read_layout(times.plan.meta))

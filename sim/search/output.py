@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from sim.search.run import Ranked, SearchResult
-from sim.search.space import describe
+from sim.search.space import MEMORY_REASON, describe
 
 GiB = 2**30
 
@@ -83,11 +83,12 @@ def result_text(r: SearchResult, *, timings: bool = True) -> str:
     t = r.timings if timings else {}
     valid = len(r.feasible) + len(r.infeasible)
     lines = [
-        f"parasim search: {r.name} on {r.cluster} ({r.world} GPUs)",
+        f"parasim search: {r.name} on {r.cluster} ({r.world} {r.devices})",
         f"  space          {r.num_candidates:,} candidates: {valid:,} valid layouts, "
-        f"{len(r.feasible):,} fit in {r.memory_capacity_bytes / GiB:.0f} GiB",
+        f"{len(r.feasible):,} fit in {r.memory_capacity_bytes / GiB:.0f} GiB of {r.device} "
+        "memory",
         f"  pruned         {r.num_candidates - len(r.feasible):,}:",
-        *(f"    {count:>9,}  {reason}" for reason, count in r.pruned.items()),
+        *(f"    {count:>9,}  {_reason(r, reason)}" for reason, count in r.pruned.items()),
     ]
     if t:
         lines += [f"  screen         {r.num_candidates:,} candidates in {t['screen_s']:.1f} s "
@@ -107,6 +108,12 @@ def result_text(r: SearchResult, *, timings: bool = True) -> str:
                   "pairs swapped by the simulation)"]
     lines.append(_rule_text(r))
     return "\n".join(lines)
+
+
+def _reason(r: SearchResult, reason: str) -> str:
+    """A pruning reason in the cluster's words (the JSON keeps the one key)."""
+    return (f"memory: the peak per {r.device} exceeds the accelerator's memory"
+            if reason == MEMORY_REASON else reason)
 
 
 def _line(rank: int | str, c: Ranked) -> str:

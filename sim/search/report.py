@@ -1,7 +1,8 @@
 """The `--report` page of `parasim search`: step time against peak memory, every candidate.
 
-Each valid candidate is a point at its analytic (peak memory per GPU, step time): blue where it
-fits, grey where it does not; the GPU's memory is the dashed vertical line. The simulated top K
+Each valid candidate is a point at its analytic (peak memory per device, step time): blue where
+it fits, grey where it does not; the device's memory is the dashed vertical line (devices are
+named as in the step report: chips on a torus, GPUs elsewhere). The simulated top K
 are drawn again at their simulated step time, each joined to its analytic point by a thin line
 (what the simulation changed), the best is labelled, and the seeds' rule of thumb is a star.
 One self-contained, deterministic HTML file (plotly.js inlined, fixed div id, no timestamps).
@@ -64,13 +65,14 @@ def search_figure(r: SearchResult) -> go.Figure:
                        text=f"best: {describe(best.layout)}", showarrow=True, arrowhead=2,
                        ax=-80, ay=-50, bgcolor="white")
     fig.add_vline(x=r.memory_capacity_bytes / GiB, line={"dash": "dash", "color": "#333"},
-                  annotation_text="GPU memory", annotation_position="top")
+                  annotation_text=f"{r.device} memory", annotation_position="top")
     # Open on the layouts that fit and their near misses; the rest is a zoom-out away.
     fig.update_xaxes(range=[0, 1.5 * r.memory_capacity_bytes / GiB])
     fig.update_layout(
-        title=f"{r.name}: step time against peak memory per GPU, {r.num_candidates:,} "
+        title=f"{r.name}: step time against peak memory per {r.device}, "
+              f"{r.num_candidates:,} "
               f"candidates, top {r.top_k} simulated",
-        xaxis_title="peak memory per GPU (GiB)", yaxis_title="step time (s)",
+        xaxis_title=f"peak memory per {r.device} (GiB)", yaxis_title="step time (s)",
         yaxis_type="log", template="plotly_white", height=700)
     return fig
 

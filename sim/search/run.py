@@ -31,6 +31,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from sim.report.words import device_words
 from sim.search.analytic import Estimate
 from sim.search.engines import Engine
 from sim.search.problem import Problem, context
@@ -108,6 +109,9 @@ class SearchResult:
     """The rule of thumb's layout, estimated and simulated (analytic_rank 0: outside the
     space or does not fit)."""
     rule_fits: bool = True
+    device: str = "GPU"
+    """The cluster's word for a device, as the step report says it ("chip" on a torus)."""
+    devices: str = "GPUs"
     timings: dict[str, float] = field(default_factory=dict)
     """Seconds per tier and worker count: printed, never in the JSON (which must not vary)."""
 
@@ -189,6 +193,7 @@ def search(problem: Problem, *, engine: Engine, top_k: int = DEFAULT_TOP,
                        key=lambda r: (_des(r), layout_key(r.layout)))
     tau, discordant = kendall_tau([r.estimate.step_time_s for r in simulated],
                                   [_des(r) for r in simulated])
+    device, devices = device_words(ctx.base.cluster)
     return SearchResult(
         name=ctx.base.name, cluster=ctx.base.cluster.name, world=ctx.base.cluster.num_devices,
         memory_capacity_bytes=ctx.base.cluster.accelerator.memory_bytes,
@@ -198,6 +203,7 @@ def search(problem: Problem, *, engine: Engine, top_k: int = DEFAULT_TOP,
         kendall_tau=tau, discordant_pairs=discordant,
         rule=_with(rule_ranked, done[rule_ranked.layout]) if rule_ranked else None,
         rule_fits=bool(rule and rule[1]),
+        device=device, devices=devices,
         timings={"screen_s": screen_s, "simulate_s": simulate_s,
                  "wall_s": time.perf_counter() - started, "workers": engine.workers,
                  "screen_cpu_s": screen_cpu,
@@ -274,7 +280,8 @@ def _check_some_fit(total: int, pruned: Counter[str], examples: dict[str, str],
     least = min(est.peak_memory_bytes for _, est in infeasible)
     capacity = ctx.base.cluster.accelerator.memory_bytes
     raise ConfigError(f"search: none of the {len(infeasible):,} valid layouts fits in memory "
-                      f"(the smallest peak is {least / 2**30:.1f} GiB per GPU, the "
+                      f"(the smallest peak is {least / 2**30:.1f} GiB per "
+                      f"{device_words(ctx.base.cluster)[0]}, the "
                       f"accelerator has {capacity / 2**30:.1f} GiB)")
 
 

@@ -48,3 +48,13 @@ def small(**search: Any) -> dict[str, Any]:
     data = copy.deepcopy(SMALL)
     data["search"].update(search)
     return data
+
+
+TPU: dict[str, Any] = {
+    "model": {"layers": 4, "hidden": 256, "heads": 4, "seq_len": 256, "vocab": 1024},
+    "parallel": {"global_batch": 8},
+    "search": {"tp": [1, 2, 4], "pp": [1, 2], "vp": [1], "micro_batch": [1], "zero": [0, 1],
+               "sp": [False], "recompute": ["none"], "schedule": ["1f1b"]},
+    "cluster": {"preset": "tpu-v4", "dims": [2, 2, 2]},
+}
+"""A tiny GPT on 8 TPU v4 chips (a 2 x 2 x 2 torus): 12 candidates, all valid, all fit."""
