@@ -17,9 +17,10 @@ import pytest
 from sim.cli import main
 from sim.memory import memory_by_pp_rank
 from sim.search.engines import open_engine
+from sim.search.output import result_text
 from sim.search.problem import context, problem_from_dict
 from sim.search.run import search, simulate_one
-from sim.search.space import MEMORY_REASON, layout_key
+from sim.search.space import MEMORY_REASON, describe, layout_key
 from tests.sim.search_cases import SMALL, SMALL_TOML
 from traces.errors import ConfigError
 from traces.layout import Layout, check_layout
@@ -160,6 +161,9 @@ def test_text_and_report(capsys, config, tmp_path):
     out, err = capsys.readouterr()
     assert code == 0 and err == ""
     assert "144 candidates" in out and "Kendall tau" in out and "rule of thumb  tp8 " in out
+    assert out.splitlines()[0].endswith("(16 GPUs)")
+    rule = next(line for line in out.splitlines() if line.startswith("  rule of thumb"))
+    assert rule.endswith("slower than the best") and " among the simulated, " in rule
     lines = [line for line in out.splitlines() if line.startswith(("    1  ", "    2  "))]
     assert len(lines) == 2
     page = report.read_text()
@@ -189,3 +193,21 @@ def test_ctrl_c_exits_130_at_once_and_leaves_no_report(tmp_path):
     assert proc.returncode == 130 and out == ""
     assert err == "parasim: error: interrupted\n"
     assert not report.exists() and not list(tmp_path.glob(".parasim-*"))
+
+
+def test_the_rule_of_thumb_line_gives_its_rank_among_the_simulated(result):
+    """Its simulated time placed among the simulated top K by hand: 1 + how many of them are
+    faster, and how much slower than the best it is."""
+    rule = result.rule
+    t = rule.simulated.step_time_s
+    faster = sum(1 for c in result.simulated
+                 if c.simulated.step_time_s < t and c.layout != rule.layout)
+    slower = t / result.best.simulated.step_time_s - 1
+    line = next(x for x in result_text(result).splitlines()
+                if x.startswith("  rule of thumb"))
+    where = (f"analytic rank {rule.analytic_rank:,} of {len(result.feasible):,}"
+             if rule.analytic_rank else "outside the searched space")
+    assert line == (f"  rule of thumb  {describe(rule.layout)}: {where}; simulated {t:.3f} s, "
+                    f"rank {1 + faster} among the simulated, "
+                    + (f"{slower:.1%} slower than the best" if slower > 0 else "the best"))
+    assert faster > 0 and slower > 0  # on this space the rule is not the best
