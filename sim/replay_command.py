@@ -6,13 +6,18 @@
 
 TRACE is a parasim trace file, a PyTorch-profiler JSON (.json / .json.gz) or a folder of
 per-rank files of either kind (`sim.replay_trace`). Output files are checked before the replay
-and written all or none.
+and written all or none. `--json` counts the compute ops timed by the model
+(`retimed_compute`), those that kept their measured durations (`kept_measured_compute`), and
+among those the ones the trace states no FLOPs or bytes for
+(`kept_measured_compute_no_flops_bytes`: a profiler's, which `--retime` cannot re-time, and
+says so on stderr).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
@@ -76,6 +81,12 @@ def run(args: argparse.Namespace, *, emit: Callable[[str], None],
             result = replay_trace(loaded, cluster, profile, retime=args.retime,
                                   network=args.network, algo=args.algo, progress=bar.update,
                                   host_gaps=not args.no_host_gaps)
+        if args.retime and result.uncosted_compute and sys.stderr is not None:
+            print(f"parasim: warning: --retime: {result.uncosted_compute} of "
+                  f"{result.uncosted_compute + result.retimed_compute} compute ops kept their "
+                  "measured durations: the trace states no FLOPs or bytes for them (a "
+                  "profiler's ops carry none), so the compute model cannot time them",
+                  file=sys.stderr)
         if targets:
             timed = result.times.timed_trace()
             if "--trace" in targets:
@@ -126,6 +137,8 @@ def summary_json(r: ReplayResult) -> dict[str, Any]:
         "kept_measured": {"compute": r.kept_measured_compute,
                           "communication": r.kept_measured_comm},
         "retimed_compute": r.retimed_compute,
+        "kept_measured_compute": r.kept_measured_compute,
+        "kept_measured_compute_no_flops_bytes": r.uncosted_compute,
         "host_gaps_s": r.host_gaps_s,
         "algorithms": dict(sorted(r.times.algorithms.items())),
         "files_skipped": list(r.loaded.skipped_files),
@@ -159,6 +172,9 @@ def summary_text(r: ReplayResult) -> str:
                  f"{r.kept_measured_comm} communications of unstated size")
     if r.retimed_compute:
         lines.append(f"  {'timed by the model':<24}{r.retimed_compute} compute ops")
+    if r.uncosted_compute:
+        lines.append(f"  {'':<24}{r.uncosted_compute} measured compute ops state no FLOPs or "
+                     "bytes (only their measured durations can time them)")
     if r.loaded.skipped_files:
         lines.append(f"  {'files left out':<24}{', '.join(r.loaded.skipped_files)} (not parasim "
                      "traces)")

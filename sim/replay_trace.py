@@ -15,7 +15,8 @@ What is kept and what is simulated (`sim.replay` does the run):
   it does not change on another network. `host_gaps=False` drops it.
 * Compute ops keep their measured durations; with `retime`, those that carry FLOPs or bytes (a
   parasim trace's) are timed by the compute model for the cluster's accelerator and the
-  profile instead. A profiler's compute ops carry neither and keep their durations.
+  profile instead. A profiler's compute ops carry neither and keep their durations
+  (`ReplayResult.uncosted_compute` counts them; `parasim replay --retime` says so).
 * A partial trace (one rank's file of a larger job) replays by symmetry (`sim.comm_plan`):
   group members and peers absent from the trace mirror the present ranks.
 
@@ -219,6 +220,9 @@ class ReplayResult:
     """Collectives and transfers of unstated size that kept their measured durations."""
     retimed_compute: int
     """Compute ops timed by the compute model (untimed ones, and measured ones with --retime)."""
+    uncosted_compute: int = 0
+    """Measured compute ops the trace states no FLOPs or bytes for (a profiler's: kineto
+    records none): they keep their measured durations, with `retime` too."""
     host_gaps_s: float = 0.0
     """Idle time kept from the measurement per rank, on average (`sim.replay.host_gaps`)."""
 
@@ -240,7 +244,7 @@ def replay_trace(loaded: LoadedTrace, cluster: Cluster, profile: Profile | None 
     if network is None:
         own = trace.meta.get("network")
         network = own if isinstance(own, str) and own in NETWORKS else "flow"
-    plan, kept, modelled = _compute_times(trace, retime)
+    plan, kept, modelled, uncosted = _compute_times(trace, retime)
     gaps = measured_gaps(trace) if host_gaps else None
     times = replay(plan, cluster, ComputeModel(cluster.accelerator, profile), network=network,
                    algo=algo, progress=progress, gaps=gaps)
@@ -250,21 +254,23 @@ def replay_trace(loaded: LoadedTrace, cluster: Cluster, profile: Profile | None 
         times=times, step_time_measured_s=_measured_step(trace), num_ranks_mirrored=mirrored,
         op_counts=ops, collective_counts=names, collective_bytes=sizes,
         kept_measured_compute=kept, kept_measured_comm=times.algorithms.get("measured", 0),
-        retimed_compute=modelled,
+        retimed_compute=modelled, uncosted_compute=uncosted,
         host_gaps_s=sum(sum(g) for g in gaps.values()) / len(gaps) if gaps else 0.0)
 
 
-def _compute_times(trace: Trace, retime: bool) -> tuple[Trace, int, int]:
+def _compute_times(trace: Trace, retime: bool) -> tuple[Trace, int, int, int]:
     """The trace to replay (with `retime`, measured compute ops that carry FLOPs or bytes lose
     their times, so the compute model times them), the compute ops that keep their measured
-    durations, and those the model times."""
-    kept = modelled = 0
+    durations, those the model times, and the measured ones that state no FLOPs or bytes."""
+    kept = modelled = uncosted = 0
     ops: dict[int, tuple[Op, ...]] = {}
     for rank, rank_ops in trace.ops.items():
         out = []
         for op in rank_ops:
             if op.kind is OpKind.COMPUTE:
-                if op.end is not None and retime and (op.flops or op.mem_bytes or op.gemm):
+                costed = bool(op.flops or op.mem_bytes or op.gemm)
+                uncosted += op.end is not None and not costed
+                if op.end is not None and retime and costed:
                     op = replace(op, start=None, end=None)
                 if op.end is None:
                     modelled += 1
@@ -272,7 +278,7 @@ def _compute_times(trace: Trace, retime: bool) -> tuple[Trace, int, int]:
                     kept += 1
             out.append(op)
         ops[rank] = tuple(out)
-    return (Trace(ops, trace.meta) if retime else trace), kept, modelled
+    return (Trace(ops, trace.meta) if retime else trace), kept, modelled, uncosted
 
 
 def _measured_step(trace: Trace) -> float | None:
@@ -285,8 +291,11 @@ def _measured_step(trace: Trace) -> float | None:
 
 def _census(trace: Trace) -> tuple[dict[str, int], dict[str, int], dict[str, float], int]:
     """Ops by kind, collectives by name and their bytes (a collective counted at the first
-    present rank its group holds, or folds onto), and how many named ranks are absent."""
+    present rank its group holds, or folds onto), and how many named ranks are absent. A
+    profiler's collectives go by parasim's names (all_reduce, not its "allreduce" or
+    "_allgather_base"); its barriers stay "barrier"."""
     present = set(trace.ops)
+    kineto = trace.meta.get("source") == "kineto"
     fold = plan_fold(trace.meta)
     counter: dict[tuple[int, ...], int] = {}  # group -> the present rank that counts its calls
     kinds: Counter[str] = Counter()
@@ -304,6 +313,8 @@ def _census(trace: Trace) -> tuple[dict[str, int], dict[str, int], dict[str, flo
                 if first != rank:
                     continue
                 name = op.name or str(op.kind)
+                if kineto and name != "barrier":
+                    name = str(op.kind)
                 names[name] += 1
                 sizes[name] = sizes.get(name, 0.0) + op.size_bytes
             elif op.peer is not None:

@@ -84,6 +84,7 @@ def test_a_simulated_trace_replays_to_its_own_step_time(tmp_path, known, fold, r
     compute = sum(op.kind is OpKind.COMPUTE for ops in loaded.trace.ops.values() for op in ops)
     assert (result.retimed_compute, result.kept_measured_compute) == (
         (compute, 0) if retime else (0, compute))
+    assert result.uncosted_compute == 0  # a parasim trace states every kernel's cost
     assert result.kept_measured_comm == 0
 
 
@@ -136,8 +137,8 @@ def test_a_run_folder_replays_as_the_union_of_its_rank_files(capsys, tmp_path, k
 # --- the real GPU traces -----------------------------------------------------------------------
 
 @pytest.mark.parametrize(("path", "collectives", "mirrored"), [
-    (TWO_RANK, {"allreduce": 15, "broadcast": 6}, 1),
-    (EIGHT_RANK, {"allreduce": 18, "all_to_all": 42}, 7),
+    (TWO_RANK, {"all_reduce": 15, "broadcast": 6}, 1),
+    (EIGHT_RANK, {"all_reduce": 18, "all_to_all": 42}, 7),
 ])
 def test_real_gpu_traces_replay_on_dgx_a100(capsys, path, collectives, mirrored):
     code, out, err = run_cli(capsys, "replay", path, "--cluster", "dgx-a100", "--json")
@@ -145,12 +146,12 @@ def test_real_gpu_traces_replay_on_dgx_a100(capsys, path, collectives, mirrored)
     r = json.loads(out)
     (ops,) = kineto(path).ops.values()
     assert r["num_ranks"] == 1 and r["num_ranks_mirrored"] == mirrored
-    assert r["ops"]["by_collective"] == collectives  # each NCCL collective once
+    assert r["ops"]["by_collective"] == collectives  # each NCCL collective once, by our names
     by_kind = {str(k): sum(op.kind is k for op in ops) for k in {op.kind for op in ops}}
     assert r["ops"]["by_kind"] == dict(sorted(by_kind.items()))
     assert sum(collectives.values()) == sum(n for k, n in by_kind.items() if k != "compute")
     assert r["collective_bytes"] == {
-        name: sum(op.size_bytes for op in ops if op.name == name) for name in collectives}
+        name: sum(op.size_bytes for op in ops if str(op.kind) == name) for name in collectives}
     assert r["kept_measured"] == {"compute": by_kind["compute"], "communication": 0}
     assert r["step_time_measured_s"] == pytest.approx(
         max(op.end for op in ops) - min(op.start for op in ops))
@@ -162,6 +163,17 @@ def test_real_gpu_traces_replay_on_dgx_a100(capsys, path, collectives, mirrored)
             busy[op.stream] = busy.get(op.stream, 0.0) + op.duration
     assert max(busy.values()) <= r["step_time_predicted_s"] < float("inf")
     assert r["cluster"] == "dgx-a100 x1 fat-tree"
+    # --retime cannot re-time a profiler's compute (no FLOPs or bytes), and says so.
+    code, out, err = run_cli(capsys, "replay", path, "--cluster", "dgx-a100", "--retime",
+                             "--json")
+    retimed = json.loads(out)
+    assert code == 0 and err.count("\n") == 1 and err.startswith("parasim: warning: --retime: ")
+    assert f"{by_kind['compute']} of {by_kind['compute']} compute ops kept their measured" in err
+    assert "states no FLOPs or bytes" in err
+    assert retimed["retimed_compute"] == 0
+    assert retimed["kept_measured_compute"] == by_kind["compute"] == \
+        retimed["kept_measured_compute_no_flops_bytes"]
+    assert retimed["step_time_predicted_s"] == r["step_time_predicted_s"]
 
 
 def test_a_folder_of_profiler_files_replays_like_its_file(capsys, tmp_path):
