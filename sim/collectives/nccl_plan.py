@@ -32,6 +32,31 @@ So, with the (algo, proto, channels) NCCL picks:
 
 `NcclPlan` carries these terms for the flow model: the latency term, the protocol's wire
 factor (bytes on the wire per payload byte) and the uncontended closed-form time.
+
+What the published A100 runs say about these terms (`tests/bench/bench_nccl.py` fits each
+run's own t = a + S / B; nothing here is fitted to them):
+
+* LL128, 2-16 MiB: every run has about NCCL's latency (a = 36-80 us, the -g 8 runs with
+  their launches; NCCL 40.6) but 0.60-0.74 of NCCL's LL128 bus bandwidth (B = 131-164 GB/s
+  against 0.92 x 240 = 221): the "1.4-1.6x optimistic" of NCCL's model is a throughput
+  shortfall of LL128 itself, which NCCL's public model does not explain. It is not the
+  chunking: the kernel rounds a channel's chunk up to nthreads x 30 B (`minChunkSize`,
+  src/collectives/device/all_reduce.h, NCCL 2.18), which costs the busiest channel 1.76x at
+  2-4 MiB but only 1.32x at 8 MiB and 1.10x at 16 MiB, the wrong way round. Item 2's extra
+  pieces are a stand-in for it here: at one loop (below 110 MB) NCCL's latency already
+  charges each of the 2(n-1) steps its hwLat, so the extra pieces add a near-constant
+  ~25 us, which is too slow at 2 MiB (-34% against one process per GPU) and too fast at
+  16 MiB.
+* Simple, 32 MiB and up: B = 0.97-0.98 x NCCL's 240 GB/s in the three runs that go past
+  128 MiB; 28 handshakes (2(n-1) steps x 2
+  slices) per 384 MiB loop at 3.4 us predict 0.97 without fitting. a = 120-320 us is
+  more than NCCL's 56 us and is not yet explained.
+* Launch style: three of the four runs drive all 8 GPUs from one thread (`-g 8`). On the
+  same machine that run is 22-27% slower than one process per GPU at 4-16 MiB and 8-10%
+  at 128-512 MiB, and equal from 1 GiB (a100-thanos): a gap that grows with size is not a
+  launch cost, and parasim does not model it. The median of the runs sits on the `-g 8`
+  side, so errors against it at 4-16 MiB read 6-36%; against the one-process run -18% to
+  +9%.
 """
 
 from __future__ import annotations

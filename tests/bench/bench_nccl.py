@@ -9,7 +9,11 @@ parasim's closed form and what `parasim collective` gives (the flow model runnin
 `parasim collective` against the median.
 Then the MAPE over the sizes that have measurements: against the median, and against each
 source with the launch style that source used (one process per GPU, or one thread for all
-8 GPUs as `all_reduce_perf -g 8` does). Sources and their provenance are in the data file.
+8 GPUs as `all_reduce_perf -g 8` does), with that source's error per size, and over every
+(source, size) point. Last, per source, the line t = a + S / B fitted through its own points in
+the LL128 range (2-16 MiB) and the Simple range (32 MiB and up), next to the bandwidth NCCL's
+model uses there: what each run's marginal bus bandwidth and fixed cost are, independent of
+any model. Sources and their provenance are in the data file.
 """
 
 from __future__ import annotations
@@ -19,8 +23,11 @@ import json
 import statistics
 from pathlib import Path
 
+import numpy as np
+
 from sim.collective_table import sweep_row
 from sim.collectives import Collectives
+from sim.collectives.nccl import latency
 from sim.collectives.nccl_plan import LAUNCH_S, LAUNCH_SINGLE_THREAD_S, NcclPlan, plan
 from sim.collectives.nccl_system import NcclSystem, system_for
 from sim.collectives.protocols import Algo
@@ -82,9 +89,48 @@ def report(system: str, cluster: Cluster, sys: NcclSystem, sources: list[dict]) 
             cells.append(f"{value:16.2f}")
         print(line + " ".join(cells))
     print(f"MAPE vs median of sources: parasim {mape(ours_err)}, NCCL's model {mape(nccl_err)}")
+    points: list[float] = []
     for s in sources:
+        errors = per_source_signed(sys, s)
+        points += [abs(e) for e in errors.values()]
         print(f"  MAPE vs {s['id']:<22} ({s['launch']:>7} launch, NCCL {s['nccl_version']}): "
-              f"{mape(per_source[s['id']])}")
+              f"{mape(per_source[s['id']])}  per size: "
+              + " ".join(f"{size >> 20}M {100 * e:+.0f}%" for size, e in errors.items()))
+    print(f"MAPE over all {len(points)} (source, size) points, each with its launch style: "
+          f"{mape(points)}")
+    marginal(sys, sources)
+
+
+def per_source_signed(sys: NcclSystem, source: dict) -> dict[int, float]:
+    """Signed busbw error of the closed form against one source, with its launch style."""
+    errors = {}
+    for size in SIZES:
+        value = source["busbw_GBps"].get(str(size))
+        if value is not None:
+            p = plan(sys, OpKind.ALL_REDUCE, size, launch_s=LAUNCH[source["launch"]])
+            errors[size] = (busbw(p, p.time_s) - value) / value
+    return errors
+
+
+def marginal(sys: NcclSystem, sources: list[dict]) -> None:
+    """Each run's own t = a + S / B (least squares, B as a bus bandwidth) over the sizes where
+    NCCL runs one protocol, against that protocol's bandwidth in NCCL's model."""
+    n = sys.num_ranks
+    for lo, hi in ((2 << 20, 16 << 20), (32 << 20, 8 << 30)):
+        p = plan(sys, OpKind.ALL_REDUCE, hi)
+        model_bus = (p.size_bytes / (p.nccl_time_s - latency(sys, OpKind.ALL_REDUCE,
+                                                               p.algorithm, p.protocol))
+                     * 2 * (n - 1) / n / 1e9)
+        label = f"{lo >> 20}M-{hi >> 20}M {p.algorithm}/{p.protocol}"
+        for s in sources:
+            pts = [(int(k), int(k) / (v * 1e9 * n / (2 * (n - 1))))
+                   for k, v in s["busbw_GBps"].items() if lo <= int(k) <= hi]
+            if len(pts) < 3:
+                continue
+            slope, intercept = np.polyfit([x for x, _ in pts], [t for _, t in pts], 1)
+            bus = 2 * (n - 1) / n / slope / 1e9
+            print(f"  fit {label:<20} {s['id']:<22} a = {intercept * 1e6:6.1f} us, "
+                  f"B = {bus:5.0f} GB/s bus ({bus / model_bus:.2f} x NCCL's {model_bus:.0f})")
 
 
 def ring_check(sys: NcclSystem, facts: list[dict]) -> None:
