@@ -1,5 +1,5 @@
 """`python -m sim` is the `parasim` command."""
 
-from sim.cli import main
+from sim.entry import main
 
 raise SystemExit(main())

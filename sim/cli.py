@@ -210,11 +210,13 @@ def _simulate(args: argparse.Namespace) -> int:
             raise ConfigError("--profile: an empty path names no file")
         inputs.append(Path(args.profile))
         overrides["profile"] = str(Path(args.profile).resolve())
+    report_ranks = _ranks(args.report_ranks)
+    exp = load_experiment(config, overrides)
+    if exp.profile_path is not None:  # [sim] profile is an input too: never written over
+        inputs.append(exp.profile_path)
     # Fail before the (long) simulation, not after it.
     targets = check_outputs({"--trace": args.trace, "--chrome": args.chrome,
                              "--report": args.report}, inputs=inputs)
-    report_ranks = _ranks(args.report_ranks)
-    exp = load_experiment(config, overrides)
     for warning in exp.warnings:
         print(f"parasim: warning: {warning}", file=sys.stderr)
     with Outputs() as outputs:

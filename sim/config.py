@@ -52,6 +52,8 @@ class Experiment:
     network: str = "flow"
     algo: str = "auto"
     profile: Profile
+    profile_path: Path | None = None
+    """The profile file the config names ([sim] profile or --profile), an input of the run."""
     warnings: tuple[str, ...] = field(init=False, default=())
     """Combinations that work but are slow (TP groups across servers)."""
 
@@ -104,7 +106,8 @@ def experiment_from_dict(data: Mapping[str, Any], *, name: str = "experiment",
                else default_profile(cluster.accelerator))
     cluster = profile.applied_to(cluster)  # measured link classes and roofs replace the preset's
     return Experiment(name=name, model=model, layout=layout, cluster=cluster, network=network,
-                      algo=algo, profile=profile)
+                      algo=algo, profile=profile,
+                      profile_path=base / profile_path if profile_path else None)
 
 
 def read_layout(table: object) -> Layout:

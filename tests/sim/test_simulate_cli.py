@@ -150,3 +150,18 @@ def test_bad_flags_give_one_line_and_exit_2(capsys, small, flags, needle):
 def test_missing_config_file(capsys, tmp_path):
     code, _, err = run_cli(capsys, "simulate", tmp_path / "nope.toml")
     assert code == 2 and "cannot read" in err
+
+
+def test_trace_never_overwrites_the_configs_own_profile(capsys, tmp_path):
+    """[sim] profile is an input of the run, as --profile is: naming it as an output fails."""
+    from sim.profile import default_profile
+    from topology.presets import PRESETS
+
+    profile = tmp_path / "p.json"
+    default_profile(PRESETS["dgx-h100"].accelerator).save(profile)
+    before = profile.read_bytes()
+    config = tmp_path / "c.toml"
+    config.write_text(SMALL + '\n[sim]\nprofile = "p.json"\n')
+    code, out, err = run_cli(capsys, "simulate", config, "--trace", profile)
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
+    assert "p.json" in err and profile.read_bytes() == before
