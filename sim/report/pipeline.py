@@ -34,6 +34,8 @@ LAYERS = {"idle": ("idle (bubble)", "#BDBDBD"),
           "O": ("optimizer step", "#54A24B")}
 """Layer -> (legend label, colour); bottom to top."""
 ROW_PX = 30
+TICK_CHAR_PX, TICK_PAD_PX = 7, 14
+"""Room for the row labels (12 px text: about 5.5 px a character in Chromium's sans-serif)."""
 LABEL_COLOUR = {True: "white", False: "#1A1A1A"}
 """A number inside its bar is white; one running over its neighbours is dark."""
 
@@ -103,11 +105,14 @@ def pipeline_view(times: StepTimes, cols: dict[int, RankOps], stages: dict[int, 
         xaxis={"title": "time (s)", "range": [0, step] if step > 0 else None,
                "showgrid": False},
         yaxis={"tickmode": "array", "tickvals": rows, "ticktext": ticks,
-               "range": [len(rows) - 0.5, -0.5], "zeroline": False, "showgrid": False},
+               "range": [len(rows) - 0.5, -0.5], "zeroline": False, "showgrid": False,
+               "automargin": False},
         # white lines between the rows (a heatmap's own ygap draws brick by brick: 5x slower)
         shapes=[{"type": "line", "xref": "paper", "x0": 0, "x1": 1, "y0": r + 0.5,
                  "y1": r + 0.5, "line": {"color": "white", "width": 6}} for r in rows[:-1]],
-        margin={"t": 60, "l": 10, "r": 10}, hovermode="closest", plot_bgcolor="white")
+        # fixed margins, so the page knows the plot's width before drawing (its labels)
+        margin={"t": 60, "l": TICK_PAD_PX + TICK_CHAR_PX * max(map(len, ticks)),
+                "r": 10}, hovermode="closest", plot_bgcolor="white")
     return PipelineView(figure=fig, spec=spec, passes=passes, idle=idle,
                         bubble_fraction=bubble)
 
