@@ -7,7 +7,7 @@ number would show none until the user zooms. The rule, the same here and in the 
 (`report.js`, `labels`), for a visible range [a, b] at `px_per_s` pixels per second:
 
 1. a pass whose visible part holds its number (`LABEL_PAD_PX + LABEL_DIGIT_PX` per digit) is
-   labelled inside its bar, in white;
+   labelled inside its bar (white on a forward's blue, dark on a backward's orange);
 2. where passes are narrower, every n-th micro-batch is labelled (in dark text, centred on its
    bar and running over its neighbours), n the smallest of 1, 2, 5, 10, 20, 50, ... for which
    n micro-batches span two labels: `n * gap_s * px_per_s >= 2 * (widest + LABEL_GAP_PX)`,
@@ -51,6 +51,12 @@ class Label:
     text: str
     inside: bool
     """True when the number fits inside its bar (rule 1)."""
+    kind: str
+
+    @property
+    def light(self) -> bool:
+        """White text (inside a forward's blue bar); dark everywhere else."""
+        return self.inside and self.kind == "F"
 
 
 def label_width_px(text: str) -> int:
@@ -85,25 +91,25 @@ def label_plan(rows: Sequence[Sequence[Bar]], a: float, b: float, px_per_s: floa
     n = label_stride(gap_s, px_per_s, widest)
     out: list[Label] = []
     for row, bars in enumerate(rows):
-        cands = []  # (x, half width px, text, inside), in start order
-        for s, e, mb, _ in bars:
+        cands = []  # (x, half width px, text, inside, kind), in start order
+        for s, e, mb, kind in bars:
             if mb == "" or e <= a or s >= b:  # nothing of it visible
                 continue
             lo, hi = max(s, a), min(e, b)
             width = label_width_px(mb)
             inside = (hi - lo) * px_per_s >= width
             if inside or int(mb) % n == 0:
-                cands.append(((lo + hi) / 2, width / 2, mb, inside))
+                cands.append(((lo + hi) / 2, width / 2, mb, inside, kind))
         next_inside = [float("inf")] * (len(cands) + 1)  # left edge (px) of the next rule-1
         for i in range(len(cands) - 1, -1, -1):
-            x, half, _, inside = cands[i]
+            x, half, _, inside, _ = cands[i]
             next_inside[i] = (x - a) * px_per_s - half if inside else next_inside[i + 1]
         right = -float("inf")  # right edge (px) of the last kept label
-        for i, (x, half, mb, inside) in enumerate(cands):
+        for i, (x, half, mb, inside, kind) in enumerate(cands):
             at = (x - a) * px_per_s
             if not inside and (at - half < right + LABEL_GAP_PX
                                or at + half + LABEL_GAP_PX > next_inside[i + 1]):
                 continue
-            out.append(Label(row, x, mb, inside))
+            out.append(Label(row, x, mb, inside, kind))
             right = at + half
     return out

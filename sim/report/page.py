@@ -175,9 +175,9 @@ def _body(exp: Experiment, summary: StepSummary, words: Words, bubble: float, ta
         header_html(exp, summary, words),
         "<h2>Pipeline</h2>",
         f"<p class='note'>{legend_html()}</p>",
-        "<p class='note'>One row per pipeline rank; white numbers are the micro-batch of "
-        "the pass they sit in; where passes are too narrow for theirs, every n-th micro-batch "
-        "is written in black over its pass (zoom in for the rest). Grey is idle time (the "
+        "<p class='note'>One row per pipeline rank; a number inside a pass is its "
+        "micro-batch; where passes are too narrow for theirs, every n-th micro-batch is "
+        "written over its pass (zoom in for the rest). Grey is idle time (the "
         f"bubble: {bubble:.1%} of the step, mean over the rows), "
         "red communication outside the passes (pipeline sends and receives, gradient "
         "reduction). A bin's colour is as deep as the share of it each kind covers; zooming "

@@ -37,7 +37,7 @@ ROW_PX = 30
 TICK_CHAR_PX, TICK_PAD_PX = 7, 14
 """Room for the row labels (12 px text: about 5.5 px a character in Chromium's sans-serif)."""
 LABEL_COLOUR = {True: "white", False: "#1A1A1A"}
-"""A number inside its bar is white; one running over its neighbours is dark."""
+"""White inside a forward's blue bar, dark on orange and over neighbours (`Label.light`)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -92,7 +92,7 @@ def pipeline_view(times: StepTimes, cols: dict[int, RankOps], stages: dict[int, 
     fig.add_trace(go.Scatter(
         x=[p.x for p in plan], y=[p.row for p in plan], text=[p.text for p in plan],
         mode="text", name="micro-batch", showlegend=False, hoverinfo="skip",
-        textfont={"color": [LABEL_COLOUR[p.inside] for p in plan], "size": 10},
+        textfont={"color": [LABEL_COLOUR[p.light] for p in plan], "size": 10},
         meta={"labels": True, "gap_s": gap, "colours": [LABEL_COLOUR[False],
                                                         LABEL_COLOUR[True]]}))
     # on top, invisible: the script writes into each bin the pass under its centre

@@ -118,6 +118,7 @@
       for (let i = 0; i < y.length; i++) {
         rows[y[i]].push({
           s: data[3 * i], e: data[3 * i + 1], d: data[3 * i + 2], mb: trace.text[i],
+          kind: trace.meta.passes,
           title: trace.name + (trace.text[i] === "" ? "" : " " + trace.text[i]),
           details: trace.hovertext[i] });
       }
@@ -167,8 +168,8 @@
   }
 
   // Micro-batch numbers for the visible range: the rule of sim/report/labels.py (label_plan)
-  // — inside the passes wide enough to hold them (white), else every n-th micro-batch (dark,
-  // over its neighbours), n in 1, 2, 5, 10, ... so that n micro-batches span two labels.
+  // — inside the passes wide enough to hold them (white on blue, dark on orange), else every
+  // n-th micro-batch (dark, over its neighbours), n in 1, 2, 5, 10, ... so that n micro-batches span two labels.
   const PAD = 4, DIGIT = 6, GAP = 2;
   function labelPlan(rows, a, b, px, gap) {
     let widest = 0;
@@ -177,14 +178,16 @@
     }
     let n = 1;
     while (n * gap * px < 2 * (widest + GAP) && n < 1e9) n = String(n)[0] === "2" ? n * 5 / 2 : n * 2;
-    const x = [], y = [], text = [], inside = [];
+    const x = [], y = [], text = [], light = [];
     rows.forEach((list, row) => {
       const cands = [];
       for (const p of list) {
         if (p.mb === "" || p.e <= a || p.s >= b) continue; // nothing of it visible
         const lo = Math.max(p.s, a), hi = Math.min(p.e, b), width = PAD + DIGIT * p.mb.length;
         const fits = (hi - lo) * px >= width;
-        if (fits || Number(p.mb) % n === 0) cands.push([(lo + hi) / 2, width / 2, p.mb, fits]);
+        if (fits || Number(p.mb) % n === 0) {
+          cands.push([(lo + hi) / 2, width / 2, p.mb, fits, fits && p.kind === "F"]);
+        }
       }
       const nextInside = new Array(cands.length + 1).fill(Infinity);
       for (let i = cands.length - 1; i >= 0; i--) {
@@ -192,21 +195,21 @@
         nextInside[i] = fits ? (cx - a) * px - half : nextInside[i + 1];
       }
       let right = -Infinity;
-      cands.forEach(([cx, half, mb, fits], i) => {
+      cands.forEach(([cx, half, mb, fits, white], i) => {
         const at = (cx - a) * px;
         if (!fits && (at - half < right + GAP || at + half + GAP > nextInside[i + 1])) return;
-        x.push(cx); y.push(row); text.push(mb); inside.push(fits);
+        x.push(cx); y.push(row); text.push(mb); light.push(white);
         right = at + half;
       });
     });
-    return { x, y, text, inside };
+    return { x, y, text, light };
   }
 
   function labels(div, rows) {
     const xa = div._fullLayout.xaxis, [a, b] = xa.range, px = xa._length / (b - a);
     const index = div.data.findIndex((t) => t.meta && t.meta.labels), meta = div.data[index].meta;
     const plan = labelPlan(rows, a, b, px, meta.gap_s);
-    const colour = plan.inside.map((fits) => meta.colours[fits ? 1 : 0]);
+    const colour = plan.light.map((white) => meta.colours[white ? 1 : 0]);
     return Plotly.restyle(div, { x: [plan.x], y: [plan.y], text: [plan.text],
       "textfont.color": [colour] }, [index]);
   }
@@ -266,7 +269,7 @@
     const plan = labelPlan(passes, a, b, (pipeline.clientWidth - m.l - m.r) / (b - a),
       trace.meta.gap_s);
     Object.assign(trace, { x: plan.x, y: plan.y, text: plan.text });
-    trace.textfont.color = plan.inside.map((fits) => trace.meta.colours[fits ? 1 : 0]);
+    trace.textfont.color = plan.light.map((white) => trace.meta.colours[white ? 1 : 0]);
     trace.meta.width = pipeline.clientWidth - m.l - m.r;
   }
   for (const [id, fig] of Object.entries(payload.figures)) {

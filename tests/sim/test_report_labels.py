@@ -77,4 +77,7 @@ def test_small_pipeline_labels_every_pass_inside_its_bar():
     labels, trace = labels_of(figure)
     passes = [p for p in pass_points(figure) if p["mb"] != ""]
     assert sorted(labels) == sorted((p["row"], p["x"], p["mb"]) for p in passes)
-    assert set(trace["textfont"]["color"]) == {"white"}
+    kinds = {(p["row"], p["x"]): p["kind"] for p in passes}
+    # white inside a forward's blue, dark inside a backward's orange
+    assert trace["textfont"]["color"] == ["white" if kinds[row, x] == "F" else "#1A1A1A"
+                                          for row, x, _ in labels]
