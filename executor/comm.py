@@ -47,10 +47,12 @@ class Handle:
     thread). `watch(callback)` learns of completion without blocking, after which
     `finished()` answers without blocking either."""
 
-    __slots__ = ("work", "then", "done", "_flag", "_waiter")
+    __slots__ = ("work", "then", "done", "notify", "_flag", "_waiter")
 
     def __init__(self, work: dist.Work | None, then: Callable[[], None] | None = None) -> None:
         self.work, self.then, self.done = work, then, False
+        self.notify: threading.Event | None = None
+        """Set too when a watched work completes (a waiting interpreter wakes up)."""
         self._flag: threading.Event | None = None
         self._waiter = False
 
@@ -78,6 +80,8 @@ class Handle:
             if callback is not None:
                 callback()
             flag.set()
+            if self.notify is not None:
+                self.notify.set()
 
         if self.work is None or self.done:
             fire()
