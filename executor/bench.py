@@ -9,11 +9,13 @@ The plan (`traces.bench.bench_plan`) is run the way `parasim run` runs a model's
 launcher (spawned ranks or torchrun's), the same communicators per (stream, group) and the one
 door to torch.distributed (`executor.comm`), the same interpreter loop with the plan's stream
 and dependency rules (`executor.interpreter`), the same recorder and clock alignment, and the
-same files (rank<r>.json per rank and chrome.json). A probe section runs a one-layer model's
-step with the executor's own runtime and kernels, so every per-op cost a real run pays (the
-kernel, autograd, the tape, the interpreter's bookkeeping) is in its timings. Sections run one
-after another, each started together on every rank (a barrier, not recorded); every section
-runs `warmup` times unrecorded before the recorded pass.
+same files (rank<r>.json per rank and chrome.json). The interference section (a GEMM alone, and
+beside an asynchronous collective on the dp stream) runs like the collectives, through `Comm`;
+broadcast (from the group's first member) and all-to-all run too. A probe section runs a
+one-layer model's step with the executor's own runtime and kernels, so every per-op cost a real
+run pays (the kernel, autograd, the tape, the interpreter's bookkeeping) is in its timings.
+Sections run one after another, each started together on every rank (a barrier, not
+recorded); every section runs `warmup` times unrecorded before the recorded pass.
 """
 
 from __future__ import annotations
@@ -128,7 +130,9 @@ class _CommSection:
                  device: torch.device) -> None:
         self.ops, self.recorder, self.device = ops, recorder, device
         self.cuda = device.type == "cuda"  # how `_StepRun` waits (executor.interpreter)
-        self.deps = [op.deps for op in ops]
+        # Deps as the section's own indices (ops before it ran in an earlier section).
+        self.deps = [tuple(d - recorder.offset for d in op.deps if d >= recorder.offset)
+                     for op in ops]
         self.on_compute = [op.stream == Stream.COMPUTE for op in ops]
         largest: dict[str, int] = {}
         for op in ops:
@@ -158,12 +162,20 @@ class _CommSection:
         assert a is not None and b is not None
         key: GroupKey = (op.stream, op.group)
         g = len(op.group)
+        # Off the compute stream a call is asynchronous (the interference section's
+        # collective runs beside a kernel); on it, a call returns when done, as the plan's
+        # inline collectives do.
+        async_op = op.stream != Stream.COMPUTE
         if op.kind is OpKind.ALL_REDUCE:
-            return lambda: comm.all_reduce(a[:n], key)
+            return lambda: comm.all_reduce(a[:n], key, async_op=async_op)
         if op.kind is OpKind.REDUCE_SCATTER:
-            return lambda: comm.reduce_scatter(b[:n // g], a[:n], key)
+            return lambda: comm.reduce_scatter(b[:n // g], a[:n], key, async_op=async_op)
         if op.kind is OpKind.ALL_GATHER:
-            return lambda: comm.all_gather(a[:n], b[:n // g], key)
+            return lambda: comm.all_gather(a[:n], b[:n // g], key, async_op=async_op)
+        if op.kind is OpKind.BROADCAST:  # from the first member, as sim.collectives has it
+            return lambda: comm.broadcast(a[:n], op.group[0], key, async_op=async_op)
+        if op.kind is OpKind.ALL_TO_ALL:
+            return lambda: comm.all_to_all(b[:n], a[:n], key, async_op=async_op)
         raise ConfigError(f"bench: the executor does not run {op.kind}")
 
     def step(self) -> None:
@@ -188,7 +200,7 @@ def _rank_main(ctx: RankContext, job: _Job, out_dir: str) -> dict[str, Any]:
     for section in sections(plan):
         start, stop = section["ranges"][str(rank)]
         shifted = _Shifted(recorder, start)
-        if section["kind"] == "collectives":
+        if section["kind"] in ("collectives", "interference"):
             runs.append(_CommSection(ops[start:stop], comm, shifted, ctx.device).step)
             continue
         key = repr(sorted((k, v) for k, v in section.items() if k != "ranges"))

@@ -341,10 +341,10 @@ DEFAULTS["H200-SXM-141GB"] = DEFAULTS["H100-SXM5-80GB"]  # the same Hopper compu
 # The CPU of `localhost`: no SMs to quantize over (one small tile), about half the core's peak
 # in a BLAS, ~10 us of PyTorch dispatch per eager op; `parasim calibrate` measures all three.
 # Ranks are processes with one compute thread each, at least as many as cores (the host runs
-# up to 8 whatever its core count), and gloo moves a rank's data on a thread of its own: while
-# that thread is busy it takes half the core the rank computes on, so kernels run at half
-# speed (interference 1). Measured on the 2-core CI host: kernels 1.3-2x slower while ZeRO-3's
-# gathers are in flight.
+# up to 8 whatever its core count), and gloo moves a rank's data on a thread of its own that
+# shares the rank's cores: comm_interference 1 (kernels at half speed while data moves) is a
+# rough figure for uncalibrated use only — `parasim calibrate --run` measures it (a probe GEMM
+# alone and beside a collective of its rank: traces.bench, sim.calibrate.interference).
 DEFAULTS["CPU-localhost"] = ComputeParams(gemm_efficiency=0.5, gemm_tiles=((8, 8),),
                                           memory_efficiency=0.7, launch_overhead_s=10e-6,
                                           comm_interference=1.0)

@@ -10,6 +10,14 @@ sections, one after another (`meta.bench.sections`, with each rank's op range):
     collectives  for each group size (the first g ranks), each collective kind and each
                  size, one call on the compute stream; then send/recv ping-pong between ranks 0
                  and 1 (each transfer after the last); the whole sweep `repeats` times
+    interference a compute probe (a GEMM) timed alone and timed again while a collective of
+                 its own rank is in flight on the dp stream, as a step's gradient all-reduce
+                 runs beside its backward kernels: INTERFERENCE_REPEATS times, alone then
+                 overlapped, each after a short kernel
+                 (the next probe waits for the collective). The ratio of the two is what
+                 `comm_interference` is (`sim.calibrate.interference` fits it); the
+                 collective (INTERFERENCE_BYTES, all ranks) is long enough that the probe
+                 runs inside it
     probe        the compute ops of one training step of a small model on one rank (world
                  1: no communication), run by every rank at once, as in a real run where all
                  ranks compute together and share the host's cores and memory bandwidth. A grid
@@ -21,8 +29,8 @@ Repetitions are spread in time (the sweep, then the sweep again; not one size ma
 row), so that a slow spell of a shared machine falls on some samples of many sizes, which the
 fit's medians drop, rather than on every sample of a few.
 
-Sizes follow nccl-tests: all_reduce the buffer, reduce_scatter its input, all_gather its
-output; each is rounded down to a whole number of elements per member.
+Sizes follow nccl-tests: all_reduce, broadcast and all_to_all the buffer, reduce_scatter its
+input, all_gather its output; each is rounded down to a whole number of elements per member.
 """
 
 from __future__ import annotations
@@ -40,7 +48,21 @@ from traces.plan import build
 
 BENCH_VERSION = 1
 COLLECTIVE_KINDS = (OpKind.ALL_REDUCE, OpKind.REDUCE_SCATTER, OpKind.ALL_GATHER)
-"""The collectives plans use (the executor runs no broadcast or all-to-all)."""
+"""The collectives plans use."""
+ALL_COLLECTIVE_KINDS = (*COLLECTIVE_KINDS, OpKind.BROADCAST, OpKind.ALL_TO_ALL)
+"""Every collective the executor runs (broadcast from the group's first member)."""
+INTERFERENCE_ALONE = "interference_alone"
+INTERFERENCE_OVERLAPPED = "interference_overlapped"
+INTERFERENCE_COLLECTIVE = "interference"
+INTERFERENCE_SPACER = "interference_spacer"
+"""Op names of the interference section: the probe alone, the probe while the collective is
+in flight, the collective, and the short kernel between the collective's issue and the
+overlapped probe."""
+INTERFERENCE_REPEATS = 16
+"""Probes of each kind (alone, overlapped) the interference section times."""
+INTERFERENCE_BYTES = 16 * 2**20
+"""The collective the overlapped probe runs beside: on gloo over loopback ~10 ms, on NCCL over
+NVLink ~0.1 ms, either longer than the probe GEMM of the section."""
 MAX_BENCH_OPS = 200_000
 MAX_SIZE_BYTES = 2**31
 PROBE_LAYERS = 4
@@ -81,6 +103,8 @@ class BenchSpec:
     probe_passes: int = 2
     gap_gemm: tuple[int, int, int] | None = (256, 256, 256)
     """A GEMM (M, N, K) each member runs before each call (None: calls back to back)."""
+    interference_gemm: tuple[int, int, int] | None = (256, 256, 256)
+    """The probe of the interference section (None: no such section)."""
 
     def __post_init__(self) -> None:
         if not 1 <= self.world <= 1024:
@@ -142,6 +166,8 @@ def bench_plan(spec: BenchSpec) -> Trace:
     sections: list[dict[str, Any]] = []
     if spec.sizes and spec.world > 1:
         sections.append(_section("collectives", ops, lambda: _collectives(spec, ops)))
+    if spec.interference_gemm is not None and spec.world > 1:
+        sections.append(_section("interference", ops, lambda: _interference(spec, ops)))
     for _ in range(spec.probe_passes):
         for probe in spec.probes:
             sections.append({**_section("probe", ops, lambda p=probe: _probe(p, ops)),
@@ -187,6 +213,48 @@ def _collectives(spec: BenchSpec, ops: dict[int, list[Op]]) -> None:
             size_bytes = float(max(1, size // element) * element)
             _transfer(ops, 0, 1, size_bytes, spec.dtype, gap)
             _transfer(ops, 1, 0, size_bytes, spec.dtype, gap)
+
+
+def _interference(spec: BenchSpec, ops: dict[int, list[Op]]) -> None:
+    """Per repeat, on every rank: the probe alone; the collective on the dp stream, then a
+    short kernel and the probe (the interpreter issues every other stream's ready head before
+    it runs a compute op, so the collective is in flight); the next probe waits for the
+    collective."""
+    assert spec.interference_gemm is not None
+    m, n, k = spec.interference_gemm
+    e = DTYPE_BYTES[spec.dtype]
+    probe = Op(kind=OpKind.COMPUTE, stream=Stream.COMPUTE, name=INTERFERENCE_ALONE,
+               gemm=(1, m, n, k), flops=2.0 * m * n * k,
+               mem_bytes=float((m * k + k * n + m * n) * e), dtype=spec.dtype)
+    spacer = Op(kind=OpKind.COMPUTE, stream=Stream.COMPUTE, name=INTERFERENCE_SPACER,
+                gemm=(1, 32, 32, 32), flops=2.0 * 32**3, mem_bytes=3.0 * 32 * 32 * e,
+                dtype=spec.dtype)
+    group = tuple(range(spec.world))
+    size = float(max(1, INTERFERENCE_BYTES // (spec.world * e)) * spec.world * e)
+    for rank in group:
+        mine = ops[rank]
+        collective: int | None = None
+        for repeat in range(INTERFERENCE_REPEATS + 1):  # the last probe waits for the last call
+            # The short kernel before each probe: a probe alone follows a wait for the last
+            # collective, and the first kernel after a wait runs slow (measured: 80-800 us
+            # against 60 us for a 128^3 GEMM); so both kinds of probe follow a kernel.
+            deps = {len(mine) - 1} if mine else set()
+            if collective is not None:
+                deps.add(collective)
+            mine.append(dataclasses.replace(spacer, deps=tuple(sorted(deps))))
+            mine.append(dataclasses.replace(probe, deps=(len(mine) - 1,)))
+            if repeat == INTERFERENCE_REPEATS:
+                break
+            alone = len(mine) - 1
+            mine.append(Op(kind=OpKind.ALL_REDUCE, stream=Stream.DP,
+                           name=INTERFERENCE_COLLECTIVE, group=group, size_bytes=size,
+                           dtype=spec.dtype, deps=(alone,)))
+            collective = len(mine) - 1
+            # The spacer also makes the probe start once the collective is under way (in the
+            # simulator too, where both would start at the same instant).
+            mine.append(dataclasses.replace(spacer, deps=(alone,)))
+            mine.append(dataclasses.replace(probe, name=INTERFERENCE_OVERLAPPED,
+                                            deps=(len(mine) - 1,)))
 
 
 def _gap_op(spec: BenchSpec) -> Op | None:

@@ -8,16 +8,20 @@ are written for them); kernels without samples keep the base profile's general p
 Figures the data do not pin down (`sim.calibrate.links`, `sim.calibrate.kernels`: too few
 points, at a limit of the search, no interval) are not written as calibrated: the base
 profile's value stays, and the report says which and why (`FitReport.unidentified`). The
-profile says `calibrated: true`, `measured_on` the cluster's accelerator, and carries what the
+`comm_interference` is measured by the microbenchmarks' interference probes
+(`sim.calibrate.interference`); traces without them keep the base's. The profile says
+`calibrated: true`, `measured_on` the cluster's accelerator, and carries what the
 fit could not set (the GEMM tiles) from `base`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from sim.calibrate.interference import InterferenceFit, fit_interference
 from sim.calibrate.kernels import ComputeFit, fit_compute
 from sim.calibrate.links import LinkFit, fit_links
 from sim.calibrate.observe import CommSample, ComputeSample, observe
@@ -46,6 +50,7 @@ class FitReport:
     num_compute_samples: int
     unidentified: tuple[str, ...] = ()
     """One line per figure the data did not pin down (the base profile's value was kept)."""
+    interference: InterferenceFit | None = None
 
 
 def fit_profile(traces: Sequence[Trace], cluster: Cluster, *, base: Profile,
@@ -72,6 +77,14 @@ def fit_profile(traces: Sequence[Trace], cluster: Cluster, *, base: Profile,
     link_params, num_links = _link_params(links, cluster, base, notes)
     accelerator, params, num_compute = _compute_params(kernels, cluster.accelerator, base,
                                                        notes)
+    interference = fit_interference(traces)
+    if interference is not None:
+        if interference.unidentified is None:
+            params = dataclasses.replace(params, comm_interference=interference.value)
+            num_compute += 1
+        else:
+            notes.append(f"comm_interference not identifiable: {interference.unidentified}; "
+                         f"{_KEPT}")
     if num_links + num_compute == 0:
         raise ConfigError("calibrate: the traces pin down no figure: "
                           + "; ".join(notes[:3]) + ("; ..." if len(notes) > 3 else ""))
@@ -79,7 +92,8 @@ def fit_profile(traces: Sequence[Trace], cluster: Cluster, *, base: Profile,
         name=name, calibrated=True, compute=params, accelerator=accelerator,
         links={**base.links, **link_params}, measured_on=cluster.accelerator.name)
     return profile, FitReport(links=links, compute=kernels, num_comm_samples=len(comm),
-                              num_compute_samples=len(compute), unidentified=tuple(notes))
+                              num_compute_samples=len(compute), unidentified=tuple(notes),
+                              interference=interference)
 
 
 _KEPT = "kept the base profile's value"

@@ -65,19 +65,25 @@ def wait_for_quiet(max_load: float, patience_s: float) -> None:
 
 
 def calibrate(sizes: str, probes: str, repeats: int, keep: str | None) -> Profile:
-    from sim.calibrate.command import run_microbenchmarks
+    from sim.calibrate.command import host_backend, run_microbenchmarks
 
     target = resolve_target("localhost", 2)
     spec = bench_spec(target, parse_sizes(sizes), repeats, parse_probes(probes, target))
     start = time.perf_counter()
-    trace = run_microbenchmarks(spec, keep, timeout=1800)
+    backend = host_backend(target.cluster, target.world, "--run localhost")  # gloo, CPU
+    trace = run_microbenchmarks(spec, keep, timeout=1800, backend=backend)
     profile, report = fit_profile([trace], target.cluster, base=target.profile,
                                   name="bench-calibration")
     link = profile.links["loopback"]
+    assert report.links is not None and report.compute is not None, "the sweep and probes ran"
     print(f"calibrated in {time.perf_counter() - start:.0f} s: loopback "
           f"{link.latency_s * 1e6:.1f} us, {link.bandwidth_Bps / 1e9:.2f} GB/s (links rms "
-          f"{report.links.rms_error:.1%}, compute rms {report.compute.rms_error:.1%})",
-          flush=True)
+          f"{report.links.rms_error:.1%}, compute rms {report.compute.rms_error:.1%}), "
+          f"comm interference {profile.compute.comm_interference:.3g}"
+          + ("" if report.interference is None or report.interference.unidentified is None
+             else " (not identified: the default's)"), flush=True)
+    for note in report.unidentified:
+        print(f"  not identified: {note}", flush=True)
     return profile
 
 

@@ -1,9 +1,11 @@
 """`parasim calibrate --run`: the microbenchmarks for real on 2 gloo ranks (4 KiB to 1 MiB, a
-few GEMM shapes), through the executor, into a valid calibrated profile."""
+few GEMM shapes, the interference probes), through the executor, into a valid calibrated
+profile. One run and one fit (the fixture's) serve every test."""
 
 from __future__ import annotations
 
-import dataclasses
+import contextlib
+import io
 import json
 
 import pytest
@@ -12,7 +14,16 @@ from executor.consistency import problems
 from executor.recorder import load_run
 from sim.cli import main
 from sim.profile import KERNEL_NAMES, load_profile
-from traces.bench import BenchSpec, bench_plan, probe_grid, sections
+from traces.bench import (
+    INTERFERENCE_ALONE,
+    INTERFERENCE_COLLECTIVE,
+    INTERFERENCE_OVERLAPPED,
+    INTERFERENCE_REPEATS,
+    BenchSpec,
+    bench_plan,
+    probe_grid,
+    sections,
+)
 from traces.ops import OpKind
 
 SIZES = "4K:1M"  # doubling: 9 sizes
@@ -24,20 +35,23 @@ REPEATS = 2
 def calibrated(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("calibrate")
     out, keep = tmp / "here.json", tmp / "bench"
-    code = main(["calibrate", "--run", "localhost", "--ranks", "2", "--sizes", SIZES,
-                 "--probes", PROBES, "--repeats", str(REPEATS), "--keep", str(keep),
-                 "-o", str(out), "--json", "--timeout", "120"])
-    return code, out, keep
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        code = main(["calibrate", "--run", "localhost", "--ranks", "2", "--sizes", SIZES,
+                     "--probes", PROBES, "--repeats", str(REPEATS), "--keep", str(keep),
+                     "-o", str(out), "--json", "--timeout", "120"])
+    assert code == 0, stderr.getvalue()
+    return code, out, keep, json.loads(stdout.getvalue())
 
 
-def test_the_profile_is_valid_and_calibrated(calibrated, capsys):
-    code, out, _ = calibrated
-    assert code == 0, capsys.readouterr().err
+def test_the_profile_is_valid_and_calibrated(calibrated):
+    code, out, _, _ = calibrated
+    assert code == 0
     profile = load_profile(out)
     assert profile.calibrated and profile.to_json()["version"] == 2
     link = profile.links["loopback"]
     assert 1e6 <= link.bandwidth_Bps <= 1e14 and 0 <= link.latency_s <= 1
-    assert profile.accelerator is not None  # the CPU's roofs are measured, not a data sheet's
+    assert profile.measured_on == "CPU-localhost"
     plan_kernels = {op.name for op in bench_plan(BenchSpec(
         world=1, probes=probe_grid("fp32", hidden=(64,), seq_len=(32,),
                                    micro_batch=(1,)))).ops[0]}
@@ -45,31 +59,61 @@ def test_the_profile_is_valid_and_calibrated(calibrated, capsys):
 
 
 def test_every_op_of_the_microbenchmarks_was_recorded_consistently(calibrated):
-    code, _, keep = calibrated
+    code, _, keep, _ = calibrated
     assert code == 0
     trace = load_run(keep)
     assert trace.timed and trace.meta["complete"] is True
     assert problems(trace) == []
     kinds = [s["kind"] for s in sections(trace)]
-    assert kinds == ["collectives"] + ["probe"] * 4  # 2 probes, 2 passes
+    assert kinds == ["collectives", "interference"] + ["probe"] * 4  # 2 probes, 2 passes
     # 3 collectives x 9 sizes x repeats per rank, and a ping-pong of 2 transfers per repeat
     ops0 = trace.ops[0]
-    assert sum(op.kind.is_collective for op in ops0) == 3 * 9 * REPEATS
+    sweep = [op for op in ops0 if op.name != INTERFERENCE_COLLECTIVE]
+    assert sum(op.kind.is_collective for op in sweep) == 3 * 9 * REPEATS
     assert sum(op.kind is OpKind.SEND for op in ops0) == 9 * REPEATS
     assert sum(op.kind is OpKind.RECV for op in ops0) == 9 * REPEATS
 
 
-def test_the_fit_saw_every_measurement(calibrated, capsys):
-    code, out, keep = calibrated
+def test_the_interference_probes_ran_alone_and_beside_a_collective(calibrated):
+    _, _, keep, summary = calibrated
+    trace = load_run(keep)
+    for ops in trace.ops.values():
+        names = [op.name for op in ops]
+        assert names.count(INTERFERENCE_ALONE) == INTERFERENCE_REPEATS + 1
+        assert names.count(INTERFERENCE_OVERLAPPED) == INTERFERENCE_REPEATS
+        calls = [op for op in ops if op.name == INTERFERENCE_COLLECTIVE]
+        assert len(calls) == INTERFERENCE_REPEATS and all(op.stream == "dp" for op in calls)
+        # Each overlapped probe started while its rank's collective was in flight.
+        for op in ops:
+            if op.name == INTERFERENCE_OVERLAPPED:
+                call = max((c for c in calls if c.start <= op.start), key=lambda c: c.start)
+                assert call.start <= op.start < call.end
+    inter = summary["comm_interference"]
+    assert inter["num_alone"] == 2 * (INTERFERENCE_REPEATS + 1)
+    assert inter["num_overlapped"] + inter["num_outlived"] == 2 * INTERFERENCE_REPEATS
+    assert inter["alone_s"] > 0 and inter["overlapped_s"] > 0
+    profile = load_profile(calibrated[1])
+    if inter["identified"]:
+        assert profile.compute.comm_interference == pytest.approx(inter["value"])
+
+
+def test_the_fit_saw_every_measurement(calibrated):
+    code, _, keep, summary = calibrated
     assert code == 0
-    # The same fit from the kept folder (DIR mode) reports what it used.
-    refit = out.with_name("refit.json")
-    assert main(["calibrate", str(keep), "-o", str(refit), "--json"]) == 0
-    summary = json.loads(capsys.readouterr().out)
     trace = load_run(keep)
     meetings = 3 * 9 * REPEATS + 2 * 9 * REPEATS  # one sample per call and per transfer
     assert summary["samples"]["communication"] == meetings
     kernels = sum(op.kind is OpKind.COMPUTE and op.name in KERNEL_NAMES
                   for ops in trace.ops.values() for op in ops)
     assert summary["samples"]["compute"] == kernels
-    assert load_profile(refit) == dataclasses.replace(load_profile(out), name="refit")
+
+
+def test_the_executor_runs_broadcast_and_all_to_all(tmp_path):
+    from executor.bench import run_bench
+
+    spec = BenchSpec(world=2, sizes=(4096, 65536), repeats=1, p2p=False,
+                     kinds=(OpKind.BROADCAST, OpKind.ALL_TO_ALL), interference_gemm=None)
+    trace = run_bench(spec, tmp_path, timeout=60)
+    assert trace is not None and trace.timed and problems(trace) == []
+    kinds = [op.kind for op in trace.ops[0] if op.kind.is_collective]
+    assert kinds == [OpKind.BROADCAST, OpKind.BROADCAST, OpKind.ALL_TO_ALL, OpKind.ALL_TO_ALL]

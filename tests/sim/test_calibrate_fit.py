@@ -298,3 +298,63 @@ def test_nothing_identifiable_is_one_error_line():
                    ComputeModel(true_cluster.accelerator, truth)).timed_trace()
     with pytest.raises(ConfigError, match="the traces pin down no figure"):
         fit_profile([trace], cluster, base=default_profile(cluster.accelerator))
+
+
+# --- comm_interference ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("interference", [0.0, 0.35, 1.7])
+def test_comm_interference_is_recovered_from_the_interference_probes(interference):
+    import dataclasses
+
+    from sim.calibrate.interference import fit_interference
+    from traces.bench import INTERFERENCE_ALONE, INTERFERENCE_OVERLAPPED
+
+    truth = dataclasses.replace(truth_profile(), compute=dataclasses.replace(
+        TRUE_COMPUTE, comm_interference=interference))
+    cluster, trace = synthesized(2, truth)
+    names = [op.name for op in trace.ops[0]]
+    assert names.count(INTERFERENCE_ALONE) == names.count(INTERFERENCE_OVERLAPPED) + 1 > 2
+    fit = fit_interference([trace])
+    assert fit is not None and fit.unidentified is None and fit.num_outlived == 0
+    assert fit.value == pytest.approx(interference, rel=1e-6, abs=1e-9)
+    assert fit.ci[0] <= fit.value <= fit.ci[1]
+    base = default_profile(cluster.accelerator)  # the localhost default: 1, a rough figure
+    profile, report = fit_profile([trace], cluster, base=base)
+    assert profile.compute.comm_interference == pytest.approx(interference, rel=1e-6, abs=1e-9)
+    assert report.interference == fit
+
+
+def _probe_trace(alone: list[float], overlapped: list[float], collective_s: float = 1.0):
+    """Rank 0's probes, each overlapped one inside a collective of `collective_s`."""
+    from traces.bench import (
+        INTERFERENCE_ALONE,
+        INTERFERENCE_COLLECTIVE,
+        INTERFERENCE_OVERLAPPED,
+    )
+    from traces.ops import Op, Stream, Trace
+
+    ops, t = [], 0.0
+    for a, o in zip(alone, overlapped):
+        ops.append(Op(kind=OpKind.COMPUTE, stream=Stream.COMPUTE, name=INTERFERENCE_ALONE,
+                      start=t, end=t + a))
+        t += a
+        ops.append(Op(kind=OpKind.ALL_REDUCE, stream=Stream.DP, name=INTERFERENCE_COLLECTIVE,
+                      group=(0,), size_bytes=8.0, start=t, end=t + collective_s))
+        ops.append(Op(kind=OpKind.COMPUTE, stream=Stream.COMPUTE, name=INTERFERENCE_OVERLAPPED,
+                      start=t + 1e-6, end=t + 1e-6 + o))
+        t += collective_s
+    return Trace({0: tuple(ops)}, {})
+
+
+def test_comm_interference_is_clamped_at_zero_and_needs_its_probes_inside_the_collective():
+    from sim.calibrate.interference import fit_interference
+
+    faster = fit_interference([_probe_trace([1e-3, 1.1e-3, 0.9e-3], [0.8e-3, 0.9e-3, 0.7e-3])])
+    assert faster is not None and faster.value == 0.0 and faster.ci[0] == 0.0
+    noisy = fit_interference([_probe_trace([1e-3, 5e-3, 1e-3], [1e-3, 9e-3, 1e-3])])
+    assert noisy is not None and noisy.unidentified is not None and "interval" in \
+        noisy.unidentified
+    outlived = fit_interference([_probe_trace([1e-3] * 3, [2e-3] * 3, collective_s=1.5e-3)])
+    assert outlived is not None and outlived.num_outlived == 3
+    assert outlived.unidentified is not None and "outlived" in outlived.unidentified
+    assert fit_interference([_probe_trace([], [])]) is None
