@@ -142,6 +142,10 @@ def lower_communication(plan: Trace, cluster: Cluster, fold: Layout | None, *,
     """Lower every communication op of `plan` on `cluster`; `fold` is the layout a folded
     plan was built with (None: the plan holds every rank it runs)."""
     collectives = collectives or Collectives(cluster)
+    if fold is not None and fold.world > cluster.num_devices:
+        raise ConfigError(f"trace: its fold stands for tp {fold.tp} x cp {fold.cp} x pp "
+                          f"{fold.pp} x dp {fold.dp} = {fold.world:,} ranks, more than the "
+                          f"{cluster.num_devices:,} accelerators of {cluster.name}")
     for r in plan.ops:
         if not 0 <= r < cluster.num_devices:
             raise ConfigError(f"trace: rank {r} does not exist on {cluster.name} "

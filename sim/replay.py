@@ -24,7 +24,7 @@ draws the bar.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
@@ -39,7 +39,7 @@ from traces.errors import ConfigError
 from traces.layout import Layout
 from traces.nogc import paused_gc
 from traces.ops import Op, OpKind, Trace
-from traces.plan.meta import FOLD_AXES, read_fold
+from traces.plan.meta import read_fold
 
 Progress = Callable[[int, int], None]
 """Called now and then with (ops finished, ops in all); the command line draws the bar."""
@@ -75,13 +75,11 @@ class StepTimes:
         return Trace(ops, {**self.plan.meta, "timed": True})
 
 
-def plan_fold(meta: Mapping[str, Any]) -> Layout | None:
-    """The layout a folded plan was built with, or None for a plan of every rank."""
-    if "fold" in meta:
-        return read_fold(meta)
-    if meta.get("folded"):  # TODO(lead): drop "folded" once every plan carries "fold"
-        return read_fold({"fold": {"axes": list(FOLD_AXES), "layout": meta.get("layout")}})
-    return None
+def plan_fold(meta: Mapping[str, Any], ranks: Iterable[int] | None = None) -> Layout | None:
+    """The layout a folded plan was built with, or None for a plan of every rank; with the
+    plan's `ranks`, checked to be the fold's representatives (`traces.plan.meta.read_fold`,
+    which also reads version 1's `"folded": true`)."""
+    return read_fold(meta, ranks=ranks)
 
 
 def replay(plan: Trace, cluster: Cluster, compute: Durations, *, network: str = "flow",
@@ -92,7 +90,7 @@ def replay(plan: Trace, cluster: Cluster, compute: Durations, *, network: str = 
     kernel launches, see `host_gaps`)."""
     if network not in NETWORKS:
         raise ConfigError(f"network: {network!r} is not one of {', '.join(NETWORKS)}")
-    comm = lower_communication(plan, cluster, plan_fold(plan.meta), algo=algo)
+    comm = lower_communication(plan, cluster, plan_fold(plan.meta, plan.ops), algo=algo)
     return _Replay(plan, cluster, compute, comm, network, gaps).run(progress)
 
 

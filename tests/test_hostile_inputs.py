@@ -367,7 +367,62 @@ def test_no_progress_frames_in_a_log(write):
 # --- Trace loader (the list's last item: tests/traces/test_io.py BAD_DOCUMENTS has each rule) ---
 
 def test_a_foreign_fold_layout_is_one_config_error():
-    with pytest.raises(ConfigError, match=r"parallel\.tp: 'x' must be an integer"):
-        read_fold({"fold": {"axes": ["tp", "dp"], "layout": {"tp": "x"}}})
-    with pytest.raises(ConfigError, match=r"parallel\.zero: 1\.0 must be 0, 1, 2 or 3"):
-        read_fold({"fold": {"axes": ["tp", "dp"], "layout": {"zero": 1.0}}})
+    def fold(**layout: object) -> dict:
+        return {"fold": {"axes": ["tp", "dp"], "layout": layout}}
+
+    with pytest.raises(ConfigError, match=r"^trace: meta\.fold\.layout\.tp: 'x' must be an "):
+        read_fold(fold(tp="x"))
+    with pytest.raises(ConfigError, match=r"^trace: meta\.fold\.layout\.zero: 1\.0 must be 0, "):
+        read_fold(fold(zero=1.0))
+    with pytest.raises(ConfigError, match=r"^trace: meta\.fold\.layout\.tensor: unknown key"):
+        read_fold(fold(tensor=2))
+    with pytest.raises(ConfigError, match=r"^trace: meta\.fold\.layout: tp 1 x cp 1 x pp 1 x "
+                                          r"dp 4 = 4 ranks, but meta\.world is 16$"):
+        read_fold({**fold(dp=4, global_batch=4), "world": 16})
+    with pytest.raises(ConfigError, match=r"^trace: meta\.fold\.layout: folds onto ranks \[0, 4\] "
+                                          r"\(one per pipeline stage\), but the trace holds ranks "
+                                          r"\[0, 8\]$"):
+        read_fold(fold(tp=2, dp=2, pp=2, global_batch=2), ranks=[8, 0])
+    layout = read_fold(fold(tp=2, dp=4, pp=2, global_batch=16), ranks=[8, 0])
+    assert layout is not None and layout.world == 16
+
+
+def _edited_trace(capsys, write, tmp_path, edit) -> Path:
+    """A folded trace of SMALL (ranks 0 and 8 of 16 on dgx-h100 x2), its meta edited."""
+    trace = tmp_path / "t.json"
+    code, _, err = run(capsys, "simulate", write(toml(SMALL)), "--trace", trace)
+    assert code == 0, err
+    data = json.loads(trace.read_text())
+    edit(data["meta"], data["ranks"])
+    trace.write_text(json.dumps(data))
+    return trace
+
+
+@pytest.mark.parametrize(("edit", "line"), [
+    # the audit's case: a fold of 256 ranks on a 16-GPU cluster (a KeyError traceback before)
+    (lambda meta, ranks: meta["fold"]["layout"].update(dp=64, global_batch=256),
+     "trace: meta.fold.layout: tp 2 x cp 1 x pp 2 x dp 64 = 256 ranks, but meta.world is 16"),
+    # a smaller fold was silently accepted (its representatives 0 and 4 are not the trace's)
+    (lambda meta, ranks: (meta["fold"]["layout"].update(dp=2), meta.update(world=8)),
+     "trace: meta.fold.layout: folds onto ranks [0, 4] (one per pipeline stage), but the trace "
+     "holds ranks [0, 8]"),
+    # consistent, but larger than the cluster: refused before anything is lowered
+    (lambda meta, ranks: (meta["fold"]["layout"].update(pp=1, dp=64, global_batch=256),
+                          meta.update(world=128), ranks.pop("8")),
+     "trace: its fold stands for tp 2 x cp 1 x pp 1 x dp 64 = 128 ranks, more than the 16 "
+     "accelerators of dgx-h100 x2 rail"),
+    (lambda meta, ranks: meta["fold"]["layout"].update(schedule="zigzag"),
+     "trace: meta.fold.layout.schedule: 'zigzag' is not one of gpipe, 1f1b, interleaved"),
+])
+def test_a_fold_that_does_not_fit_the_trace_or_the_cluster_is_one_line(capsys, write, tmp_path,
+                                                                      edit, line):
+    refused(capsys, line, "replay", _edited_trace(capsys, write, tmp_path, edit))
+
+
+def test_a_version_1_plan_marked_folded_is_read_with_its_layout(capsys, write, tmp_path):
+    def old_spelling(meta: dict, ranks: dict) -> None:
+        del meta["fold"]
+        meta["folded"] = True
+
+    code, out, err = run(capsys, "replay", _edited_trace(capsys, write, tmp_path, old_spelling))
+    assert code == 0, err

@@ -161,12 +161,26 @@ def test_progress_is_reported_as_ops_done_of_ops_in_all(h100):
 def test_the_fold_is_read_from_the_plan_meta_old_and_new_spelling():
     layout = Layout(tp=2, pp=2, dp=4, global_batch=16)
     assert plan_fold({"fold": fold_meta(layout)}) == layout
-    assert plan_fold({"folded": True, "layout": layout.to_dict()}) == layout
+    assert plan_fold({"folded": True, "layout": layout.to_dict()}) == layout  # version 1
+    assert plan_fold({"fold": fold_meta(layout), "world": 16}, [0, 8]) == layout
     assert plan_fold({"layout": layout.to_dict()}) is None  # a plan of every rank
     with pytest.raises(ConfigError, match="meta.fold"):
         plan_fold({"fold": {"axes": ["tp"], "layout": {}}})
-    with pytest.raises(ConfigError):
+    with pytest.raises(ConfigError, match=r"^trace: meta\.layout\.tensor: unknown key"):
         plan_fold({"folded": True, "layout": {"tensor": 2}})
+    with pytest.raises(ConfigError, match=r"folds onto ranks \[0, 8\] .* holds ranks \[0\]$"):
+        plan_fold({"fold": fold_meta(layout)}, [0])
+
+
+def test_the_replay_checks_the_fold_against_the_plan_and_the_cluster(h100):
+    layout = Layout(tp=2, pp=2, dp=4, global_batch=16)
+    plan = build(MODEL, layout, ranks=layout.representatives())
+    bad = Trace({0: plan.ops[0]}, plan.meta)  # a stage missing
+    with pytest.raises(ConfigError, match=r"folds onto ranks \[0, 8\]"):
+        replay(bad, h100, Fixed())
+    with pytest.raises(ConfigError, match=r"^trace: its fold stands for tp 2 x cp 1 x pp 2 x "
+                                          r"dp 4 = 16 ranks, more than the 8 accelerators of "):
+        replay(plan, h100, Fixed())
 
 
 def test_host_gaps_are_the_idle_time_no_stream_or_dependency_explains(h100):
