@@ -111,6 +111,7 @@ def pipeline_view(times: StepTimes, cols: dict[int, RankOps], stages: dict[int, 
         shapes=[{"type": "line", "xref": "paper", "x0": 0, "x1": 1, "y0": r + 0.5,
                  "y1": r + 0.5, "line": {"color": "white", "width": 6}} for r in rows[:-1]],
         # fixed margins, so the page knows the plot's width before drawing (its labels)
+        updatemenus=_views(passes, stages, step),
         margin={"t": 60, "l": TICK_PAD_PX + TICK_CHAR_PX * max(map(len, ticks)),
                 "r": 10}, hovermode="closest", plot_bgcolor="white")
     return PipelineView(figure=fig, spec=spec, passes=passes, idle=idle,
@@ -121,6 +122,26 @@ def legend_html() -> str:
     """The layers' colours, as a line of HTML above the figure."""
     return " ".join(f"<span class='key' style='background:{colour}'></span>{label}"
                     for label, colour in LAYERS.values())
+
+
+def _views(passes: dict[int, list[Pass]], stages: dict[int, int],
+           step: float) -> list[dict[str, object]]:
+    """Buttons over the figure that zoom every time axis to the warm-up (from the start to the
+    first stage's first backward: the staircase), the cool-down (from its last forward to the
+    end) or the whole step; none without a pipeline. The page's zoom handler re-bins."""
+    first = passes[next(iter(stages))]
+    backward = [p.start for p in first if p.kind == "B"]
+    forward = [p.end for p in first if p.kind == "F"]
+    if len(stages) < 2 or not backward or not forward or step <= 0:
+        return []
+    warm, cool = min(backward), max(forward)
+    ranges = [("warm-up", [0.0, min(step, 1.05 * warm)]),
+              ("cool-down", [max(0.0, cool - 0.05 * (step - cool)), step]),
+              ("whole step", [0.0, step])]
+    return [{"type": "buttons", "direction": "right", "showactive": False,
+             "x": 1, "xanchor": "right", "y": 1.02, "yanchor": "bottom", "pad": {"r": 0},
+             "buttons": [{"label": label, "method": "relayout", "args": [{"xaxis.range": r}]}
+                         for label, r in ranges]}]
 
 
 def bars_of(passes: dict[int, list[Pass]], stages: dict[int, int]) -> list[list[Bar]]:

@@ -14,7 +14,8 @@ the binned figures re-bin) and checks the page's binning against
 zoomed) against `sim.report.labels.label_plan`; last, it zooms the lanes onto the longest op
 of a communication lane and hovers it with the mouse, printing the hover text (bytes, bus
 bandwidth) next to the bandwidth worked out by hand. It writes step.html, a full-page
-screenshot, one per figure, zoomed.png and hover.png under --out, and prints one row per
+screenshot, one per figure, zoomed.png, hover.png and warmup.png (after the pipeline's
+warm-up button) under --out, and prints one row per
 example: size, render time, load time (median, min, max), zoom time, DOM elements, console
 errors.
 """
@@ -114,6 +115,17 @@ async function labelsNow(page) { // the pipeline's labels as drawn, and the rang
         await page.locator('#parasim-lanes').screenshot({ path: outDir + '/hover.png' });
       }
       result.hover = target;
+      // the pipeline's warm-up button zooms every time axis onto the staircase
+      const button = page.locator('#parasim-pipeline .updatemenu-button', { hasText: 'warm-up' });
+      if (await button.count()) {
+        await page.locator('#parasim-pipeline').scrollIntoViewIfNeeded();
+        await button.click();
+        await page.waitForTimeout(1500);
+        result.warmRanges = await page.evaluate(() => ['parasim-pipeline', 'parasim-lanes',
+          'parasim-memory-time'].map((id) => document.getElementById(id)._fullLayout.xaxis.range));
+        result.warmLabels = await labelsNow(page);
+        await page.locator('#parasim-pipeline').screenshot({ path: outDir + '/warmup.png' });
+      }
     }
     await page.close();
   }
@@ -167,6 +179,10 @@ def main() -> int:
         drawn = result["labels"]
         _check_labels(payload, drawn)
         _check_labels(payload, result["zoomedLabels"])
+        if "warmLabels" in result:
+            _check_labels(payload, result["warmLabels"])
+            ranges = result["warmRanges"]
+            assert all(r == ranges[0] for r in ranges), f"time axes apart: {ranges}"
         print(f"{name:<32} {len(page.encode()) / 1e6:>5.2f} {render_s:>8.1f} "
               f"{statistics.median(loads):>10.2f} ({min(loads):.2f}-{max(loads):.2f})"
               f"{'':>6} {result['zoom']['seconds']:>7.2f} {result['nodes']:>6}  "
@@ -175,6 +191,10 @@ def main() -> int:
         print(f"    micro-batch labels at the default zoom ({drawn['width']} px): "
               f"{len(drawn['text'])}, first row {_first_row(drawn)}; zoomed to a tenth: "
               f"{len(result['zoomedLabels']['text'])}")
+        if "warmLabels" in result:
+            a, b = result["warmRanges"][0]
+            print(f"    warm-up button: every time axis at {a:.3f}-{b:.3f} s, "
+                  f"{len(result['warmLabels']['text'])} labels")
         hover = result.get("hover")
         if hover:
             seconds = (hover["end"] - hover["start"]) / 1e9

@@ -1,5 +1,6 @@
 """Micro-batch labels of the pipeline view (`sim.report.labels`): inside the passes that hold
-their number, every n-th micro-batch where they are too narrow, never two on top of another.
+their number, every n-th micro-batch where they are too narrow, never two on top of another;
+and the view's buttons (warm-up, cool-down, whole step).
 
     pytest tests/sim/test_report_labels.py -q
 
@@ -81,3 +82,27 @@ def test_small_pipeline_labels_every_pass_inside_its_bar():
     # white inside a forward's blue, dark inside a backward's orange
     assert trace["textfont"]["color"] == ["white" if kinds[row, x] == "F" else "#1A1A1A"
                                           for row, x, _ in labels]
+
+
+def test_view_buttons_zoom_to_the_warm_up_and_the_cool_down():
+    """Over the pipeline: warm-up (to the first stage's first backward: the staircase),
+    cool-down (from its last forward), whole step; the page's zoom handler takes the range
+    (tests/bench/bench_report.py clicks warm-up in Chromium)."""
+    exp = experiment(PP4_M8)
+    summary, times = predict(exp)
+    figure = read_payload(render_report(exp, summary, times))["figures"]["parasim-pipeline"]
+    first = [p for p in pass_points(figure) if p["row"] == 0]
+    warm = min(p["start"] for p in first if p["kind"] == "B")
+    cool = max(p["end"] for p in first if p["kind"] == "F")
+    step = times.step_time_s
+    (menu,) = figure["layout"]["updatemenus"]
+    views = {b["label"]: b["args"][0]["xaxis.range"] for b in menu["buttons"]}
+    assert views == {"warm-up": [0.0, pytest.approx(1.05 * warm)],
+                     "cool-down": [pytest.approx(cool - 0.05 * (step - cool)), step],
+                     "whole step": [0.0, step]}
+    assert all(b["method"] == "relayout" for b in menu["buttons"])
+    # one stage has no staircase: no buttons
+    exp = experiment(PP4_M8, pp=1, tp=2, dp=4)
+    summary, times = predict(exp)
+    one = read_payload(render_report(exp, summary, times))["figures"]["parasim-pipeline"]
+    assert not one["layout"].get("updatemenus")
