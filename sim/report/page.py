@@ -181,7 +181,8 @@ def _body(exp: Experiment, summary: StepSummary, words: Words, bubble: float, ta
         f"bubble: {bubble:.1%} of the step, mean over the rows), "
         "red communication outside the passes (pipeline sends and receives, gradient "
         "reduction). A bin's colour is as deep as the share of it each kind covers; zooming "
-        "re-bins, and zooms the lanes and the memory curve too.</p>",
+        "re-bins, and zooms the lanes and the memory curve too; the buttons over it go to "
+        "the warm-up (the staircase), the cool-down, or back to the whole step.</p>",
         div("parasim-pipeline"),
         "<h2>Where the time goes</h2>",
         div("parasim-waterfall"), div("parasim-breakdown"), tables,
