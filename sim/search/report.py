@@ -60,14 +60,17 @@ def search_figure(r: SearchResult) -> go.Figure:
             text=[describe(rule.layout)],
             hovertemplate="%{text}<br>%{y:.3f} s, %{x:.1f} GiB<extra></extra>"))
     best = r.best
-    # On a log axis an annotation's y is the exponent.
-    fig.add_annotation(x=_sim(best).peak_memory_bytes / GiB, y=math.log10(_sim(best).step_time_s),
+    x_max = 1.5 * r.memory_capacity_bytes / GiB
+    best_x = _sim(best).peak_memory_bytes / GiB
+    # On a log axis an annotation's y is the exponent. The label points in from the nearer
+    # edge: to the left of a point on the left it ran off the page.
+    fig.add_annotation(x=best_x, y=math.log10(_sim(best).step_time_s),
                        text=f"best: {describe(best.layout)}", showarrow=True, arrowhead=2,
-                       ax=-80, ay=-50, bgcolor="white")
+                       ax=80 if best_x < x_max / 2 else -80, ay=-50, bgcolor="white")
     fig.add_vline(x=r.memory_capacity_bytes / GiB, line={"dash": "dash", "color": "#333"},
                   annotation_text=f"{r.device} memory", annotation_position="top")
     # Open on the layouts that fit and their near misses; the rest is a zoom-out away.
-    fig.update_xaxes(range=[0, 1.5 * r.memory_capacity_bytes / GiB])
+    fig.update_xaxes(range=[0, x_max])
     fig.update_layout(
         title=f"{r.name}: step time against peak memory per {r.device}, "
               f"{r.num_candidates:,} "
