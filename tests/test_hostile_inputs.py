@@ -19,6 +19,7 @@ import pytest
 
 from sim.cli import main
 from traces.errors import ConfigError
+from traces.files import check_output
 from traces.plan.meta import read_fold
 
 SMALL = {
@@ -314,6 +315,25 @@ def test_ctrl_c_while_writing_leaves_nothing_and_prints_one_line(write, tmp_path
 ])
 def test_odd_output_flags_are_errors(capsys, write, flag, value, needle):
     refused(capsys, needle, "simulate", write(toml(SMALL)), flag, value)
+
+
+def test_an_output_in_a_missing_directory_or_with_a_long_name_is_one_plain_line(capsys, write,
+                                                                              tmp_path):
+    # The whole line: check_output once wrapped its own error ("--trace: P: --trace: ...").
+    long_name = tmp_path / ("x" * 300 + ".json")
+    for path, line in [
+        ("/no/such/dir/t.json", "--trace: directory /no/such/dir does not exist"),
+        (long_name, f"--trace: file name {'x' * 40!r}... is longer than the 255 bytes this "
+                    "file system allows"),
+    ]:
+        code, out, err = run(capsys, "simulate", write(toml(SMALL)), "--trace", path)
+        assert (code, out, err) == (2, "", f"parasim: error: {line}\n")
+        with pytest.raises(ConfigError) as caught:
+            check_output(str(path), "--trace")
+        assert str(caught.value) == line
+    with pytest.raises(ConfigError) as caught:
+        check_output("a\0b", "--trace")
+    assert str(caught.value) == "--trace: a\x00b: embedded null byte"
 
 
 def test_an_output_may_not_overwrite_the_config(capsys, write):

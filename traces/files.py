@@ -141,18 +141,21 @@ def check_output(path: str, flag: str, *, inputs: Iterable[PathLike] = ()) -> Pa
     if path.endswith(("/", os.sep)):
         raise ConfigError(f"{flag}: {path!r} ends with '/', so it names a directory; "
                           "give a file name")
-    try:
+    try:  # only the OS's own errors here: a ConfigError raised inside would be wrapped again
         target = Path(os.path.realpath(path))
         parent = target.parent
-        if not parent.is_dir():
-            raise ConfigError(f"{flag}: directory {parent} does not exist")
-        limit = _name_max(parent)
-        if len(os.fsencode(target.name)) > limit:
-            raise ConfigError(f"{flag}: file name {target.name[:40]!r}... is longer than the "
-                              f"{limit} bytes this file system allows")
-        mode = target.stat().st_mode if target.exists() else None
-    except (OSError, ValueError) as err:
+        parent_is_dir = parent.is_dir()
+        limit = _name_max(parent) if parent_is_dir else 0
+        too_long = len(os.fsencode(target.name)) > limit
+        mode = target.stat().st_mode if parent_is_dir and not too_long and target.exists() \
+            else None
+    except (OSError, ValueError) as err:  # ValueError: a NUL byte in the path
         raise ConfigError(f"{flag}: {path}: {getattr(err, 'strerror', None) or err}") from None
+    if not parent_is_dir:
+        raise ConfigError(f"{flag}: directory {parent} does not exist")
+    if too_long:
+        raise ConfigError(f"{flag}: file name {target.name[:40]!r}... is longer than the "
+                          f"{limit} bytes this file system allows")
     if mode is not None and stat.S_ISDIR(mode):
         raise ConfigError(f"{flag}: {path} is a directory; give a file name")
     if mode is not None and not stat.S_ISREG(mode):
