@@ -389,7 +389,10 @@ def summary_json(profile: Profile, report: FitReport, target: Target, out: str
             {"kind": e.kind, "latency_s": e.latency_s, "latency_ci_s": list(e.latency_ci_s),
              "bandwidth_Bps": e.bandwidth_Bps,
              "bandwidth_ci_Bps": [e.bandwidth_ci_Bps[0], _finite(e.bandwidth_ci_Bps[1])],
-             "call_s": e.call_s, "call_ci_s": list(e.call_ci_s)}
+             "call_s": e.call_s, "call_ci_s": list(e.call_ci_s),
+             "identified": {"latency": e.latency_unidentified is None,
+                            "bandwidth": e.bandwidth_unidentified is None,
+                            "call": e.call_unidentified is None}}
             for e in links.links],
         "link_rms_error": None if links is None else links.rms_error,
         "link_algorithms": {} if links is None else links.algorithms,
@@ -400,6 +403,8 @@ def summary_json(profile: Profile, report: FitReport, target: Target, out: str
         "compute": None if compute is None else {
             "rms_error": compute.rms_error, "roofline_exponent": compute.exponent,
             "memory_rate_Bps": compute.memory_rate, "distinct_kernels": compute.distinct,
+            "identified": {"roofline_exponent": compute.exponent_unidentified is None,
+                           "memory_rate": compute.memory_rate_unidentified is None},
             "kernels": [{"name": k.name, "flops_rate": k.flops_rate,
                          "memory_rate_Bps": k.memory_rate, "overhead_s": k.overhead_s,
                          "rate_ci_rel": _finite(k.rel_ci), "samples": k.samples,
@@ -430,15 +435,19 @@ def summary_text(s: dict[str, Any]) -> str:
     lines = [f"parasim calibrate: {s['name']} on {s['cluster']} ({s['ranks']} ranks), "
              f"{s['samples']['communication']} communications and "
              f"{s['samples']['compute']} kernels timed"]
+    free = " (free: the base's written)"
     for e in s["links"]:
         lo, hi = e["bandwidth_ci_Bps"]
+        ok = e["identified"]
         lines.append(
             f"  link {e['kind']:<10} latency {e['latency_s'] * 1e6:.2f} us "
-            f"[{e['latency_ci_s'][0] * 1e6:.2f}, {e['latency_ci_s'][1] * 1e6:.2f}]   "
+            f"[{e['latency_ci_s'][0] * 1e6:.2f}, {e['latency_ci_s'][1] * 1e6:.2f}]"
+            f"{'' if ok['latency'] else free}   "
             f"bandwidth {e['bandwidth_Bps'] / 1e9:.3g} GB/s [{lo / 1e9:.3g}, "
-            f"{'inf' if hi is None else f'{hi / 1e9:.3g}'}]"
+            f"{'inf' if hi is None else f'{hi / 1e9:.3g}'}]{'' if ok['bandwidth'] else free}"
             + (f"   per call {e['call_s'] * 1e6:.1f} us [{e['call_ci_s'][0] * 1e6:.1f}, "
-               f"{e['call_ci_s'][1] * 1e6:.1f}]" if e["call_s"] else ""))
+               f"{e['call_ci_s'][1] * 1e6:.1f}]{'' if ok['call'] else free}"
+               if e["call_s"] else ""))
     if s["link_rms_error"] is not None:
         algos = ", ".join(f"{k} {v}" for k, v in s["link_algorithms"].items())
         worst = max(s["link_residuals"], key=lambda r: abs(r["error"]))
@@ -447,9 +456,12 @@ def summary_text(s: dict[str, Any]) -> str:
                      f"{worst['size_bytes']:.0f} B: {worst['error']:+.1%}")
     c = s["compute"]
     if c is not None:
+        ok = c["identified"]
         lines.append(f"  compute fit: rms error {c['rms_error']:.1%} over "
                      f"{c['distinct_kernels']} kernel shapes, roofline p = "
-                     f"{c['roofline_exponent']:.2f}, memory {c['memory_rate_Bps'] / 1e9:.3g} GB/s")
+                     f"{c['roofline_exponent']:.2f}{'' if ok['roofline_exponent'] else free}, "
+                     f"memory {c['memory_rate_Bps'] / 1e9:.3g} GB/s"
+                     f"{'' if ok['memory_rate'] else free}")
         lines.append("    kernel           GFLOP/s   GB/s   overhead us  ±rate   rms   (free: not "
                      "pinned down by the data, the base profile's value written)")
         for k in c["kernels"]:

@@ -70,7 +70,8 @@ def fit_profile(traces: Sequence[Trace], cluster: Cluster, *, base: Profile,
         if max(s.group) >= cluster.num_devices:
             raise ConfigError(f"calibrate: the traces use rank {max(s.group)} but the cluster "
                               f"{cluster.name} has {cluster.num_devices} accelerators")
-    links = fit_links(comm, cluster, algo=algo) if comm else None
+    links = fit_links(comm, cluster, algo=algo, base=_base_links(cluster, base)) \
+        if comm else None
     kernels = fit_compute(compute, cluster.accelerator, base.compute.gemm_tiles) \
         if compute else None
     notes: list[str] = []
@@ -99,20 +100,27 @@ def fit_profile(traces: Sequence[Trace], cluster: Cluster, *, base: Profile,
 _KEPT = "kept the base profile's value"
 
 
+def _base_links(cluster: Cluster, base: Profile) -> dict[str, tuple[float, float, float]]:
+    """Each link class's figures before the fit (bandwidth, latency, call cost): the base
+    profile's, else the cluster's."""
+    calls = call_costs(cluster)
+    out = {kind: (bw, lat, calls.get(kind, 0.0)) for kind, (bw, lat) in
+           link_figures(cluster).items()}
+    out.update({kind: (p.bandwidth_Bps, p.latency_s, p.call_s) for kind, p in base.links.items()})
+    return out
+
+
 def _link_params(fit: LinkFit | None, cluster: Cluster, base: Profile, notes: list[str]
                  ) -> tuple[dict[str, LinkParams], int]:
     """Link classes with their identified figures (the others the base's, else the
-    cluster's), and how many figures were identified."""
+    cluster's: `fit_links` held them there), and how many figures were identified."""
     if fit is None:
         return {}, 0
-    figures = link_figures(cluster)
+    figures = _base_links(cluster, base)
     out: dict[str, LinkParams] = {}
     count = 0
     for e in fit.links:
-        known = base.links.get(e.kind)
-        bw0, lat0 = (known.bandwidth_Bps, known.latency_s) if known else \
-            figures.get(e.kind, (e.bandwidth_Bps, e.latency_s))
-        call0 = known.call_s if known else call_costs(cluster).get(e.kind, 0.0)
+        bw0, lat0, call0 = figures.get(e.kind, (e.bandwidth_Bps, e.latency_s, e.call_s))
         values = []
         for what, value, default, reason in (
                 ("latency", e.latency_s, lat0, e.latency_unidentified),

@@ -37,7 +37,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -164,9 +164,12 @@ class _Design:
 
 
 def fit_links(samples: Sequence[CommSample], cluster: Cluster, *, algo: str = "auto",
-              confidence: float = 0.95) -> LinkFit:
+              confidence: float = 0.95,
+              base: Mapping[str, tuple[float, float, float]] | None = None) -> LinkFit:
     """Latency, bandwidth and per-call cost of every link class the samples' communication
-    crosses (a call cost only where some lowering pays one: gloo's collectives)."""
+    crosses (a call cost only where some lowering pays one: gloo's collectives). Figures the
+    data do not pin down are held at `base` (kind -> bandwidth, latency, call cost) where it
+    names their class, and the others fitted again beside them."""
     rows = _rows(samples)
     if not rows:
         raise ConfigError("calibrate: the traces hold no timed communication to fit links to")
@@ -183,55 +186,82 @@ def fit_links(samples: Sequence[CommSample], cluster: Cluster, *, algo: str = "a
     upper = np.concatenate([np.full(k, MAX_LATENCY_S), np.full(k, 1 / MIN_BANDWIDTH_BPS),
                             np.full(k, MAX_LATENCY_S)])
     # Fit only what some row depends on (no gloo collective: no call cost to fit).
-    free = np.flatnonzero(np.abs(a).max(axis=0) > 0)
-    if len(rows) < len(free):
-        raise ConfigError(f"calibrate: {len(rows)} distinct communications cannot fit "
-                          f"{len(free)} link figures (sweep more sizes)")
-    weighted = a[:, free] * scale[free] / measured[:, None]
-    target = (measured - c) / measured
-    lo, hi = lower[free] / scale[free], upper[free] / scale[free]
-    # Linear in the unknowns; a soft-L1 loss so that the odd size a slow spell spoiled in
-    # every repeat weighs as a 10% error, not as its square.
-    x0 = np.clip(np.ones(len(free)), lo + 1e-12, hi * (1 - 1e-9))
-    solved = optimize.least_squares(lambda z: weighted @ z - target, x0,
-                                    jac=lambda z: weighted, bounds=(lo, hi),
-                                    loss="soft_l1", f_scale=0.1, x_scale="jac",
-                                    xtol=1e-15, ftol=1e-15, gtol=1e-15, max_nfev=10000)
-    x = np.zeros(3 * k)
-    half = np.zeros(3 * k)
-    x[free] = solved.x * scale[free]
-    half[free] = _half_widths(weighted, target - weighted @ solved.x, confidence) * scale[free]
-    fitted = c + a @ x
-    z = np.zeros(3 * k)
-    z[free] = solved.x
+    free = [int(j) for j in np.flatnonzero(np.abs(a).max(axis=0) > 0)]
     zlo, zhi = lower / scale, upper / scale
-    short = (f"{len(rows)} distinct communications measured for {len(free)} link figures (an "
-             "interval needs more)") if len(rows) <= len(free) else None
 
-    def why(j: int, what: str) -> str | None:
-        """Why figure j is not identified. Latency and call cost may be 0 (a physical value
-        the data can choose); the other bounds are the search's limits."""
+    def solve(unknown: list[int], fixed: dict[int, float]) -> tuple[np.ndarray, np.ndarray]:
+        """Figures (unscaled) and half-widths with `fixed` figures held at their values."""
+        x = np.zeros(3 * k)
+        half = np.zeros(3 * k)
+        for j, value in fixed.items():
+            x[j] = value
+        target = (measured - c - a @ x) / measured
+        if not unknown:
+            return x, half
+        weighted = a[:, unknown] * scale[unknown] / measured[:, None]
+        lo, hi = zlo[unknown], zhi[unknown]
+        # Linear in the unknowns; a soft-L1 loss so that the odd size a slow spell spoiled in
+        # every repeat weighs as a 10% error, not as its square.
+        x0 = np.clip(np.ones(len(unknown)), lo + 1e-12, hi * (1 - 1e-9))
+        solved = optimize.least_squares(lambda z: weighted @ z - target, x0,
+                                        jac=lambda z: weighted, bounds=(lo, hi),
+                                        loss="soft_l1", f_scale=0.1, x_scale="jac",
+                                        xtol=1e-15, ftol=1e-15, gtol=1e-15, max_nfev=10000)
+        x[unknown] = solved.x * scale[unknown]
+        half[unknown] = _half_widths(weighted, target - weighted @ solved.x,
+                                     confidence) * scale[unknown]
+        return x, half
+
+    def reasons(x: np.ndarray, half: np.ndarray, unknown: list[int]) -> dict[int, str]:
+        """Why each figure of `unknown` is not identified (absent: it is). Latency and call
+        cost may be 0 (a physical value the data can choose); the other bounds are the
+        search's limits."""
+        out: dict[int, str] = {}
+        short = (f"{len(rows)} distinct communications measured for {len(unknown)} link "
+                 "figures (an interval needs more)") if len(rows) <= len(unknown) else None
+        for j in unknown:
+            z = x[j] / scale[j]
+            what = (f"{MIN_BANDWIDTH_BPS / 1e9:g} to {MAX_BANDWIDTH_BPS / 1e9:g} GB/s"
+                    if k <= j < 2 * k else f"0 to {MAX_LATENCY_S:g} s")
+            if short:
+                out[j] = short
+            elif k <= j < 2 * k and z <= zlo[j] * (1 + BOUND_MARGIN):
+                out[j] = f"at the upper bound of its search ({what})"
+            elif z >= zhi[j] * (1 - BOUND_MARGIN):
+                out[j] = (f"at the {'lower' if k <= j < 2 * k else 'upper'} bound of its "
+                          f"search ({what})")
+            elif not math.isfinite(half[j]):
+                out[j] = "the data do not constrain it (no interval)"
+        return out
+
+    x, half = solve(free, {})
+    why = reasons(x, half, free)
+    if why and base is not None:
+        # Hold what the data leave free at the base's figures and fit the rest again, so the
+        # figures written are consistent with each other (a latency fitted beside an
+        # unbounded bandwidth is not the latency beside the base's bandwidth).
+        held = {}
+        for j in why:
+            figures = base.get(design.kinds[j % k])
+            if figures is not None:
+                bw, lat, call = figures
+                held[j] = (lat, 1.0 / bw, call)[j // k]
+        rest = [j for j in free if j not in held]
+        if held and rest:
+            x, half = solve(rest, held)
+            why = {**{j: why[j] for j in held}, **reasons(x, half, rest)}
+    for j in range(3 * k):
         if j not in free:
-            return "not measured (no lowering of the traces pays it)"
-        if short:
-            return short
-        if k <= j < 2 * k and z[j] <= zlo[j] * (1 + BOUND_MARGIN):
-            return f"at the upper bound of its search ({what})"
-        if z[j] >= zhi[j] * (1 - BOUND_MARGIN):
-            return f"at the {'lower' if k <= j < 2 * k else 'upper'} bound of its search ({what})"
-        if not math.isfinite(half[j]):
-            return "the data do not constrain it (no interval)"
-        return None
+            why[j] = "not measured (no lowering of the traces pays it)"
+    fitted = c + a @ x
 
     links = []
     for i, kind in enumerate(design.kinds):
         lat, inv, call = x[i], x[k + i], x[2 * k + i]
         dl, di, dc = half[i], half[k + i], half[2 * k + i]
         links.append(LinkEstimate(
-            latency_unidentified=why(i, f"0 to {MAX_LATENCY_S:g} s"),
-            bandwidth_unidentified=why(k + i, f"{MIN_BANDWIDTH_BPS / 1e9:g} to "
-                                       f"{MAX_BANDWIDTH_BPS / 1e9:g} GB/s"),
-            call_unidentified=why(2 * k + i, f"0 to {MAX_LATENCY_S:g} s"),
+            latency_unidentified=why.get(i), bandwidth_unidentified=why.get(k + i),
+            call_unidentified=why.get(2 * k + i),
             kind=kind, latency_s=float(lat),
             latency_ci_s=(float(max(0.0, lat - dl)), float(lat + dl)),
             bandwidth_Bps=float(1 / inv),

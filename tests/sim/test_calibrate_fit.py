@@ -358,3 +358,24 @@ def test_comm_interference_is_clamped_at_zero_and_needs_its_probes_inside_the_co
     assert outlived is not None and outlived.num_outlived == 3
     assert outlived.unidentified is not None and "outlived" in outlived.unidentified
     assert fit_interference([_probe_trace([], [])]) is None
+
+
+def test_a_bandwidth_at_its_bound_keeps_the_clusters_and_the_rest_is_fitted_beside_it():
+    """Links so fast that no size measured feels the bandwidth: it runs to the search's 100 TB/s
+    bound, so the cluster's figure is kept, and latency and call cost are fitted again with it
+    in place (they absorb what little the kept bandwidth adds)."""
+    import dataclasses
+
+    fast = dataclasses.replace(TRUE_LINK, bandwidth_Bps=1e14)
+    truth = dataclasses.replace(truth_profile(), links={"loopback": fast})
+    cluster, trace = synthesized(2, truth)
+    preset_bw, _ = link_figures(cluster)["loopback"]
+    profile, report = fit_profile([trace], cluster, base=default_profile(cluster.accelerator))
+    link = profile.links["loopback"]
+    assert link.bandwidth_Bps == preset_bw
+    assert any(n.startswith("link loopback bandwidth not identifiable: at the upper bound")
+               for n in report.unidentified)
+    (estimate,) = report.links.links
+    assert estimate.bandwidth_Bps == pytest.approx(preset_bw, rel=1e-12)
+    assert estimate.call_unidentified is None
+    assert link.call_s == pytest.approx(TRUE_LINK.call_s, rel=0.1)
