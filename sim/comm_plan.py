@@ -150,7 +150,8 @@ def lower_communication(plan: Trace, cluster: Cluster, fold: Layout | None, *,
         if not 0 <= r < cluster.num_devices:
             raise ConfigError(f"trace: rank {r} does not exist on {cluster.name} "
                               f"({cluster.num_devices} accelerators)")
-    keys, key_of = _keys(plan, cluster)
+    keys, key_of, transfers = _keys(plan, cluster)
+    _check_transfers(plan, keys, transfers)
     lowered = _lower(keys, cluster, collectives, fold, algo)
     members = _Members(plan, fold)
     channels: dict[Channel, int] = {}  # in order of index
@@ -197,14 +198,17 @@ def _comm_op(rank: int, kind: OpKind, tag: str, k: int, key: CommKey, algo: str,
     return CommOp(lowered=k, channel=channel, queue=queue, need=need), counted
 
 
-def _keys(plan: Trace, cluster: Cluster) -> tuple[list[CommKey], dict[int, dict[int, int]]]:
-    """Every communication op's key, checked: the distinct keys in order of first use, and
-    per rank, per op index, the index of its key in that list."""
+def _keys(plan: Trace, cluster: Cluster) -> tuple[list[CommKey], dict[int, dict[int, int]],
+                                                  list[tuple[int, int, int]]]:
+    """Every communication op's key, checked: the distinct keys in order of first use; per
+    rank, per op index, the index of its key in that list; and (rank, op index, key index)
+    of every send and receive."""
     n = cluster.num_devices
     keys: list[CommKey] = []
     index: dict[tuple[object, ...], int] = {}
     checked: set[tuple[int, ...]] = set()
     key_of: dict[int, dict[int, int]] = {}
+    transfers: list[tuple[int, int, int]] = []
     for rank, ops in plan.ops.items():
         per_op = key_of[rank] = {}
         for i, op in enumerate(ops):
@@ -223,6 +227,7 @@ def _keys(plan: Trace, cluster: Cluster) -> tuple[list[CommKey], dict[int, dict[
                 if k is None:
                     k = index[raw] = len(keys)
                     keys.append(TransferKey(src, dst, op.size_bytes, measured))
+                transfers.append((rank, i, k))
             else:
                 group = op.group
                 if group not in checked:
@@ -239,7 +244,29 @@ def _keys(plan: Trace, cluster: Cluster) -> tuple[list[CommKey], dict[int, dict[
                     k = index[raw] = len(keys)
                     keys.append(CollectiveKey(kind, group, op.size_bytes, measured))
             per_op[i] = k
-    return keys, key_of
+    return keys, key_of, transfers
+
+
+def _check_transfers(plan: Trace, keys: list[CommKey],
+                     transfers: list[tuple[int, int, int]]) -> None:
+    """The k-th send from a to b with a tag meets the k-th receive on b from a with that tag
+    (`sim.meetings`): where the plan holds both and both state their size, it is one size.
+    `transfers` lists (rank, op index, key index) of every send and receive. (`traces.io`
+    checks this on load; a trace built in memory, an import, arrives here unchecked.)"""
+    sends: dict[tuple[int, int, str], list[tuple[int, TransferKey]]] = {}
+    recvs: dict[tuple[int, int, str], list[tuple[int, TransferKey]]] = {}
+    for rank, i, k in transfers:
+        key = keys[k]
+        assert isinstance(key, TransferKey)
+        side = sends if key.src == rank else recvs
+        side.setdefault((key.src, key.dst, plan.ops[rank][i].tag), []).append((i, key))
+    for (src, dst, tag), received in recvs.items():
+        for (i, recv), (j, send) in zip(received, sends.get((src, dst, tag), ())):
+            if recv.size_bytes != send.size_bytes and not (recv.measured or send.measured):
+                raise ConfigError(f"trace: rank {dst}, op {i}: recv of {recv.size_bytes:,.0f} B "
+                                  f"from rank {src} (tag {tag!r}) meets rank {src}'s op {j}, a "
+                                  f"send of {send.size_bytes:,.0f} B; a send and its receive "
+                                  "move the same bytes")
 
 
 def _measured(op: Op) -> bool:

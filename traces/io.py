@@ -10,8 +10,10 @@ Each op always carries "kind" and "stream" and otherwise only the fields that di
 `load` reads a regular file of at most 2 GiB (`traces.files`) and checks every rule a reader
 relies on: types, enum values, numbers finite and not negative (FLOPs, bytes, sizes, layers,
 times), deps pointing backwards, start/end together, a send/recv's peer another rank, a
-collective's group non-empty with distinct ranks, rank keys canonical decimals of at most 9
-digits. (Whether a peer or group member exists is for the replay, which knows the world.)
+collective's group non-empty with distinct ranks and holding the op's own rank, a send and the
+receive it meets (k-th to k-th per source, destination and tag, where the trace holds both)
+of one size, rank keys canonical decimals of at most 9 digits. (Whether a peer or group member
+exists is for the replay, which knows the world.)
 Any problem is a `ConfigError` with one line naming the file, rank, op and field. `save` writes
 atomically. Check a file: `python -c "import traces.io as t; t.load('step.json')"`.
 """
@@ -129,7 +131,33 @@ def from_json(data: object, source: str = "trace") -> Trace:
         for key, raw_ops in ranks.items():
             rank = _rank_key(key, source)
             ops[rank] = _decode_rank(rank, raw_ops, source)
+        _check_pairs(ops, source)
     return Trace(ops=ops, meta=meta)
+
+
+def _check_pairs(ops: dict[int, tuple[Op, ...]], source: str) -> None:
+    """The k-th send from a to b with a tag meets the k-th receive on b from a with that tag
+    (as the replay matches them): where the trace holds both, they move the same bytes."""
+    # (source, destination, tag) -> (op index, size) in issue order; a peer is set (checked)
+    Pairs = dict[tuple[int | None, int | None, str], list[tuple[int, float]]]
+    sends: Pairs = {}
+    recvs: Pairs = {}
+    for rank, rank_ops in ops.items():
+        for index, op in enumerate(rank_ops):
+            kind = op.kind
+            if kind is _SEND:
+                sends.setdefault((rank, op.peer, op.tag), []).append((index, op.size_bytes))
+            elif kind is _RECV:
+                recvs.setdefault((op.peer, rank, op.tag), []).append((index, op.size_bytes))
+    for key, received in recvs.items():
+        src, dst, tag = key
+        for call, ((index, size), (sent_at, sent)) in enumerate(zip(received,
+                                                                     sends.get(key, ()))):
+            if size != sent:
+                raise ConfigError(f"{source}: rank {dst}, op {index}: recv of {size:,.0f} B from "
+                                  f"rank {src} (tag {tag!r}, call #{call}) meets rank {src}'s "
+                                  f"op {sent_at}, a send of {sent:,.0f} B; a send and its "
+                                  "receive move the same bytes")
 
 
 def _check_header(data: dict[str, Any], source: str) -> None:
@@ -220,6 +248,9 @@ def _check_peers(kwargs: dict[str, Any], rank: int) -> None:
     if group:
         if min(group) < 0 or len(set(group)) != len(group):
             raise _Bad("group", f"{_show(list(group))} must list distinct ranks >= 0")
+        if kind in _COLLECTIVE_KINDS and rank not in group:
+            raise _Bad("group", f"{_show(list(group))} does not hold this op's rank {rank} (a "
+                                f"rank issues a collective only on a group it is in)")
     elif kind in _COLLECTIVE_KINDS:
         raise _Bad("group", f"a {kind} needs a non-empty group of ranks")
 
@@ -339,7 +370,8 @@ _DECODERS: dict[str, Callable[[object], Any]] = {
 }
 _INF = math.inf
 _COMPUTE = OpKind.COMPUTE
-_P2P = frozenset({OpKind.SEND, OpKind.RECV})
+_SEND, _RECV = OpKind.SEND, OpKind.RECV
+_P2P = frozenset({_SEND, _RECV})
 _COLLECTIVE_KINDS = frozenset(COLLECTIVES)
 _INT_ONLY = frozenset({int})  # the element types deps and group may have (bool is not int)
 # Fields whose JSON value already is the Op value when it has this exact type (bool is not int)

@@ -94,3 +94,25 @@ def test_copies_on_disjoint_links_leave_the_lowering_unchanged():
 def test_bad_communication_is_a_clear_error(h100, plan, needle):
     with pytest.raises(ConfigError, match=needle):
         lower_communication(plan, h100, None)
+
+
+def _p2p(kind, peer, size, tag="act", timed=False):
+    times = {"start": 0.0, "end": 1e-3} if timed else {}
+    return Op(kind=kind, stream="p2p", peer=peer, size_bytes=size, tag=tag, **times)
+
+
+def test_a_send_and_the_receive_it_meets_must_move_the_same_bytes(h100):
+    send, recv = OpKind.SEND, OpKind.RECV
+    # The second send meets the second receive (k-th to k-th per source, destination, tag).
+    plan = Trace({0: (_p2p(send, 1, MiB), _p2p(send, 1, 2 * MiB), _p2p(send, 1, 5, "x")),
+                  1: (_p2p(recv, 0, 5, "x"), _p2p(recv, 0, MiB), _p2p(recv, 0, 3 * MiB))})
+    with pytest.raises(ConfigError) as caught:
+        lower_communication(plan, h100, None)
+    assert str(caught.value) == ("trace: rank 1, op 2: recv of 3,145,728 B from rank 0 (tag "
+                                 "'act') meets rank 0's op 1, a send of 2,097,152 B; a send and "
+                                 "its receive move the same bytes")
+    # A measured transfer of unstated size (0 B, timed) keeps its duration: no size to compare.
+    unstated = Trace({0: (_p2p(send, 1, 0.0, timed=True),), 1: (_p2p(recv, 0, MiB, timed=True),)})
+    lower_communication(unstated, h100, None)
+    # A partial trace: the receive's sender is absent, nothing to compare it with.
+    lower_communication(Trace({1: (_p2p(recv, 0, MiB),)}), h100, None)

@@ -129,20 +129,28 @@ _text = st.text(max_size=8)
 @st.composite
 def _ops(draw: st.DrawFn, index: int, rank: int) -> Op:
     """Any op the loader accepts: counts >= 0, a peer on send/recv that is another rank, a
-    non-empty group of distinct ranks on a collective."""
+    non-empty group of distinct ranks holding its own on a collective, a send's size that of
+    the receive it meets (a function of source, destination and tag)."""
     start = draw(st.none() | _counts)
     end = None if start is None else start + draw(st.floats(0, 1e6))
     kind = draw(st.sampled_from(OpKind))
     others = _ints.filter(lambda r: r != rank)
     peer = draw(others) if kind.is_p2p else draw(st.none() | others)
-    group = draw(st.lists(_ints, min_size=1 if kind.is_collective else 0, max_size=4,
-                          unique=True))
+    group = draw(st.lists(others, max_size=4, unique=True))
+    if kind.is_collective:
+        group.insert(draw(st.integers(0, len(group))), rank)
+    tag = draw(_text)
+    size = draw(_counts)
+    if kind.is_p2p:
+        assert peer is not None
+        src, dst = (rank, peer) if kind is OpKind.SEND else (peer, rank)
+        size = float((src * 4097 + dst) * 16 + len(tag))
     return Op(kind=kind, stream=draw(_text), name=draw(_text),
               deps=tuple(draw(st.lists(st.integers(0, index - 1), max_size=3))) if index else (),
               layer=draw(st.none() | _ints), microbatch=draw(st.none() | _ints),
               phase=draw(st.none() | st.sampled_from(Phase)), flops=draw(_counts),
-              mem_bytes=draw(_counts), group=tuple(group), size_bytes=draw(_counts),
-              dtype=draw(_text), peer=peer, tag=draw(_text), start=start, end=end)
+              mem_bytes=draw(_counts), group=tuple(group), size_bytes=size,
+              dtype=draw(_text), peer=peer, tag=tag, start=start, end=end)
 
 
 @st.composite
@@ -310,6 +318,19 @@ BAD_DOCUMENTS = {
     "bytes negative": (_set_op("0", 0, mem_bytes=-5), r"'mem_bytes': must not be negative"),
     "size negative": (_set_op("0", 5, size_bytes=-1e6), r"'size_bytes': must not be negative"),
     "layer negative": (_set_op("0", 0, layer=-2), r"'layer': must not be negative, got int -2"),
+    # the audit of issue 6: a collective on a group without its rank, a send and its receive
+    # of different sizes (the replay ran them silently)
+    "group without its rank": (_set_op("1", 0, kind="all_reduce", group=[0, 2], peer=None),
+                               r"rank 1, op 0, field 'group': list \[0, 2\] does not hold this "
+                               r"op's rank 1 \(a rank issues a collective only on a group it is "
+                               r"in\)$"),
+    "recv larger than its send": (_set_op("1", 0, size_bytes=8 * MiB),
+                                  r"rank 1, op 0: recv of 8,388,608 B from rank 0 \(tag "
+                                  r"'act', call #0\) meets rank 0's op 1, a send of 4,194,304 "
+                                  r"B; a send and its receive move the same bytes$"),
+    "send smaller than its recv": (_set_op("1", 2, size_bytes=1.0),
+                                   r"rank 0, op 2: recv of 4,194,304 B from rank 1 \(tag "
+                                   r"'grad', call #0\) meets rank 1's op 2, a send of 1 B"),
 }
 
 
