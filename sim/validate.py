@@ -157,7 +157,7 @@ def validate(exp: Experiment, *, steps: int = 3, warmup: int = 1, timeout: float
         profile, _ = fit_profile([trace], exp.cluster, base=exp.profile,
                                  name=f"{exp.name}-microbenchmarks")
         exp = _with_profile(exp, profile)
-    measured, step_times, peaks = _run(exp, steps, warmup, timeout, keep)
+    measured, step_times, peaks = _run(exp, steps, warmup, timeout, keep, backend)
     _, times = predict(exp, fold=False)
     comparison = compare(measured, times.timed_trace())
     stages = memory_by_pp_rank(exp.model, exp.layout)
@@ -173,8 +173,8 @@ def _with_profile(exp: Experiment, profile: Profile) -> Experiment:
     return dataclasses.replace(exp, profile=profile, cluster=profile.applied_to(exp.cluster))
 
 
-def _run(exp: Experiment, steps: int, warmup: int, timeout: float, keep: str | None
-         ) -> tuple[Trace, list[float], dict[int, int]]:
+def _run(exp: Experiment, steps: int, warmup: int, timeout: float, keep: str | None,
+         backend: str = "auto") -> tuple[Trace, list[float], dict[int, int]]:
     from executor.launch import JobFailed
     from executor.run import run as execute
 
@@ -182,7 +182,8 @@ def _run(exp: Experiment, steps: int, warmup: int, timeout: float, keep: str | N
         out = Path(keep) / "run" if keep is not None else Path(tmp)
         out.mkdir(parents=True, exist_ok=True)
         try:
-            result = execute(exp, out, steps=steps, warmup=warmup, timeout=timeout)
+            result = execute(exp, out, steps=steps, warmup=warmup, timeout=timeout,
+                             backend=backend)
         except JobFailed as err:
             raise ConfigError(f"validate: the run failed: {err}") from None
     if result is None:  # a torchrun rank other than 0

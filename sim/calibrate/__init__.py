@@ -6,7 +6,9 @@
     observe   timed trace -> communication and compute samples, in the simulator's terms
     links     latency and bandwidth per link class, least squares on the simulator's lowerings
     kernels   the compute model's rates, overheads and exponent, least squares on its formula
-    fit       both, into a version-2 profile with `calibrated: true`
+    interference  comm_interference from the probes timed alone and beside a collective
+    fit       all three, into a version-2 profile with `calibrated: true` and `measured_on`;
+              figures the data do not pin down keep the base profile's values, each named
     command   the `parasim calibrate` sub-command (the executor is imported only there, and
               only for --run)
 

@@ -287,6 +287,11 @@ def host_backend(cluster: Cluster, world: int, what: str) -> str:
                           f"host has {count} CUDA GPU{'s' * (count != 1)}: a measurement here "
                           f"would time this host's devices as {acc}s; run on a host with "
                           f"{world} {model}s, or use the localhost preset")
+    import torch.distributed as dist
+
+    if not dist.is_nccl_available():
+        raise ConfigError(f"{what}: its ranks run on {acc} GPUs over NCCL, and this torch is "
+                          "built without NCCL")
     names = sorted({torch.cuda.get_device_name(i) for i in range(world)})
     if not all(model in n for n in names):
         raise ConfigError(f"{what}: its ranks run on {acc} GPUs and this host's are "

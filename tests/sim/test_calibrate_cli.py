@@ -152,6 +152,7 @@ def test_run_needs_gpus_of_the_clusters_model(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: "NVIDIA H200")
+    monkeypatch.setattr(torch.distributed, "is_nccl_available", lambda: True)
     with pytest.raises(ConfigError, match="this host's are NVIDIA H200"):
         host_backend(build_cluster("dgx-a100"), 2, "--run dgx-a100")
     assert host_backend(build_cluster("dgx-h200"), 2, "--run dgx-h200") == "nccl"
