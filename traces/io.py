@@ -137,7 +137,8 @@ def from_json(data: object, source: str = "trace") -> Trace:
 
 def _check_pairs(ops: dict[int, tuple[Op, ...]], source: str) -> None:
     """The k-th send from a to b with a tag meets the k-th receive on b from a with that tag
-    (as the replay matches them): where the trace holds both, they move the same bytes."""
+    (as the replay matches them): where the trace holds both, they move the same bytes. (A
+    timed op of size 0 does not state its size; the replay keeps its measured duration.)"""
     # (source, destination, tag) -> (op index, size) in issue order; a peer is set (checked)
     Pairs = dict[tuple[int | None, int | None, str], list[tuple[int, float]]]
     sends: Pairs = {}
@@ -146,18 +147,23 @@ def _check_pairs(ops: dict[int, tuple[Op, ...]], source: str) -> None:
         for index, op in enumerate(rank_ops):
             kind = op.kind
             if kind is _SEND:
-                sends.setdefault((rank, op.peer, op.tag), []).append((index, op.size_bytes))
+                sends.setdefault((rank, op.peer, op.tag), []).append((index, _stated(op)))
             elif kind is _RECV:
-                recvs.setdefault((op.peer, rank, op.tag), []).append((index, op.size_bytes))
+                recvs.setdefault((op.peer, rank, op.tag), []).append((index, _stated(op)))
     for key, received in recvs.items():
         src, dst, tag = key
         for call, ((index, size), (sent_at, sent)) in enumerate(zip(received,
                                                                      sends.get(key, ()))):
-            if size != sent:
+            if size != sent and size >= 0 and sent >= 0:
                 raise ConfigError(f"{source}: rank {dst}, op {index}: recv of {size:,.0f} B from "
                                   f"rank {src} (tag {tag!r}, call #{call}) meets rank {src}'s "
                                   f"op {sent_at}, a send of {sent:,.0f} B; a send and its "
                                   "receive move the same bytes")
+
+
+def _stated(op: Op) -> float:
+    """The op's size, or -1 where a timed op does not state it (size 0)."""
+    return -1.0 if op.size_bytes == 0.0 and op.end is not None else op.size_bytes
 
 
 def _check_header(data: dict[str, Any], source: str) -> None:

@@ -169,6 +169,14 @@ def test_any_trace_survives_the_json_text_round_trip(trace):
 
 # --- layout and determinism ------------------------------------------------------------------
 
+def test_a_transfer_of_unstated_size_meets_any_receive(tmp_path):
+    timed = {"start": 0.0, "end": 1.0}
+    trace = Trace({0: (Op(kind=OpKind.SEND, stream="p", peer=1, size_bytes=0.0, **timed),),
+                   1: (Op(kind=OpKind.RECV, stream="p", peer=0, size_bytes=MiB, **timed),)})
+    io.save(trace, tmp_path / "t.json")
+    assert io.load(tmp_path / "t.json") == trace
+
+
 def test_file_layout_has_schema_version_meta_and_string_rank_keys(tmp_path):
     io.save(plan_trace(), tmp_path / "p.json")
     document = json.loads((tmp_path / "p.json").read_text())
