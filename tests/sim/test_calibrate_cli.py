@@ -244,3 +244,14 @@ def test_a_profiler_trace_with_nothing_to_fit_is_one_line(tmp_path, capsys):
     code, stdout, err = run_cli(capsys, "calibrate", path, "-o", out)
     assert code == 2 and stdout == "" and err.count("\n") == 1
     assert "a PyTorch-profiler trace with nothing to fit" in err and not out.exists()
+
+
+def test_validate_refuses_a_gpu_config_on_a_host_without_its_gpus(tmp_path, capsys):
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("this host has CUDA GPUs")
+    report = tmp_path / "v.html"
+    code, stdout, err = run_cli(capsys, "validate", "sim/examples/llama-7b-zero3-64-h100.toml",
+                                "--report", report)
+    assert code == 2 and stdout == "" and err.count("\n") == 1
+    assert "H100-SXM5-80GB GPUs and this host has 0 CUDA GPUs" in err and not report.exists()
