@@ -72,7 +72,7 @@ def fit_profile(traces: Sequence[Trace], cluster: Cluster, *, base: Profile,
                               f"{cluster.name} has {cluster.num_devices} accelerators")
     links = fit_links(comm, cluster, algo=algo, base=_base_links(cluster, base)) \
         if comm else None
-    kernels = fit_compute(compute, cluster.accelerator, base.compute.gemm_tiles) \
+    kernels = fit_compute(compute, cluster.accelerator, base.compute.gemm_tiles, base) \
         if compute else None
     notes: list[str] = []
     link_params, num_links = _link_params(links, cluster, base, notes)
@@ -163,10 +163,9 @@ def _compute_params(fit: ComputeFit | None, acc: Accelerator, base_profile: Prof
     if fit.exponent_unidentified:
         notes.append(f"roofline exponent not identifiable: {fit.exponent_unidentified}; "
                      f"{_KEPT}")
-    flops = [k.flops_rate for k in fit.kernels if k.flops_rate is not None and k.identified]
-    memory = [k.memory_rate for k in fit.kernels if k.memory_rate is not None and k.identified]
-    if fit.memory_rate_unidentified is None:
-        memory.append(fit.memory_rate)
+    # Roofs from the rates pinned down within ±50%; efficiencies for every identified rate.
+    flops = [k.flops_rate for k in fit.kernels if k.flops_rate is not None and k.sets_roof]
+    memory = [k.memory_rate for k in fit.kernels if k.memory_rate is not None and k.sets_roof]
     roofs = base_profile.accelerator
     peak = roofs.peak_flops if roofs else acc.peak_flops
     hbm = roofs.hbm_bandwidth_Bps if roofs else acc.hbm_bandwidth_Bps
@@ -174,31 +173,42 @@ def _compute_params(fit: ComputeFit | None, acc: Accelerator, base_profile: Prof
             max(memory, default=0) > hbm:
         peak, hbm = max(flops, default=peak), max(memory, default=hbm)
         roofs = AcceleratorRoofs(peak_flops=peak, hbm_bandwidth_Bps=hbm)
-    count = len(flops) + len(memory)
+    count = int(fit.memory_rate_unidentified is None)
+    # A figure the data leave free was held at the base's (`fit_compute`): written as the
+    # base's where that reads the same (its own override, or the general figure if that does
+    # not move), else as the held value itself (relative to measured roofs).
+    same_roofs = roofs == base_profile.accelerator
+    gemm = [k.flops_rate for k in fit.kernels if k.flops_rate is not None and k.identified]
+    overheads = [k.overhead_s for k in fit.kernels if k.overhead_unidentified is None]
+    moves = {"flops": bool(gemm) or not same_roofs,
+             "memory": fit.memory_rate_unidentified is None or not same_roofs,
+             "overhead": bool(overheads)}
     kernels = {}
     for k in fit.kernels:
         was = base_profile.kernel(k.name)
-        flops_eff, mem_eff = was.flops_efficiency, was.memory_efficiency
+        flops_eff, mem_eff, overhead = was.flops_efficiency, was.memory_efficiency, was.overhead_s
         if k.identified:
-            if k.flops_rate is not None:
-                flops_eff = _fraction(k.flops_rate / peak)
-            if k.memory_rate is not None:
-                mem_eff = _fraction(k.memory_rate / hbm)
-        overhead = was.overhead_s
-        if k.overhead_unidentified is None:
-            overhead = min(k.overhead_s, MAX_LATENCY_S)
             count += 1
+        if k.flops_rate is not None and (k.identified or not same_roofs or
+                                         (flops_eff is None and moves["flops"])):
+            flops_eff = _fraction(k.flops_rate / peak)
+        if k.memory_rate is not None and (k.identified or not same_roofs or
+                                          (mem_eff is None and moves["memory"])):
+            mem_eff = _fraction(k.memory_rate / hbm)
+        if k.overhead_unidentified is None:
+            count += 1
+        if k.overhead_unidentified is None or (overhead is None and moves["overhead"]):
+            overhead = min(k.overhead_s, MAX_LATENCY_S)
         kernels[k.name] = KernelCost(flops_efficiency=flops_eff, memory_efficiency=mem_eff,
                                      overhead_s=overhead)
-    overheads = [k.overhead_s for k in fit.kernels if k.overhead_unidentified is None]
     exponent = base.roofline_exponent if fit.exponent_unidentified else fit.exponent
     count += fit.exponent_unidentified is None
     params = ComputeParams(
-        gemm_efficiency=_fraction(statistics.median(flops) / peak) if flops
+        gemm_efficiency=_fraction(statistics.median(gemm) / peak) if gemm
         else base.gemm_efficiency,
         gemm_tiles=base.gemm_tiles,
-        memory_efficiency=base.memory_efficiency if fit.memory_rate_unidentified
-        else _fraction(fit.memory_rate / hbm),
+        memory_efficiency=base.memory_efficiency
+        if fit.memory_rate_unidentified and same_roofs else _fraction(fit.memory_rate / hbm),
         launch_overhead_s=min(statistics.median(overheads), MAX_LATENCY_S) if overheads
         else base.launch_overhead_s,
         roofline_exponent=exponent, kernels=kernels,

@@ -22,9 +22,12 @@ direction the residuals do not see has no interval).
 
 A figure is *identified* when the data pin it down: more distinct points than parameters
 (and more than 2 of its kernel, for the kernel's rate and overhead), off the bounds of the
-search (a rate the data leave free runs to MAX_TFLOPS; an exponent to 64), and a 95% interval
-under ±50%. The rest carry the reason (`KernelEstimate.rate_unidentified`, ...) and are not
-written as calibrated figures (`sim.calibrate.fit` keeps the base profile's).
+search (a rate the data leave free runs to MAX_TFLOPS; an exponent to 64), and with a 95%
+interval narrower than the search itself (a wide but finite interval stays: a kernel's rate and
+overhead are often collinear over the shapes measured, each loose, their sum — the time at those
+shapes — tight, and replacing one by the base's would break the sum). The rest carry the
+reason (`KernelEstimate.rate_unidentified`, ...) and are not written as calibrated figures
+(`sim.calibrate.fit` keeps the base profile's).
 
 The profile written from the fit: where the accelerator has data-sheet roofs the efficiencies
 are R / peak and Rm / bandwidth; where it has none (the CPU of `localhost`) or a rate beats
@@ -45,6 +48,7 @@ import numpy as np
 from scipy import optimize
 
 from sim.calibrate.observe import ComputeSample
+from sim.profile import Profile
 from topology.cluster import Accelerator
 from traces.errors import ConfigError
 from traces.fields import MAX_BANDWIDTH_BPS, MAX_TFLOPS, MIN_BANDWIDTH_BPS, MIN_TFLOPS
@@ -75,6 +79,11 @@ class KernelEstimate:
     def identified(self) -> bool:
         return self.rate_unidentified is None
 
+    @property
+    def sets_roof(self) -> bool:
+        """Pinned down well enough to be a measured roof: identified, within ±50%."""
+        return self.identified and self.rel_ci < IDENTIFIED_REL_CI
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ComputeFit:
@@ -91,7 +100,7 @@ class ComputeFit:
 
 
 IDENTIFIED_REL_CI = 0.5
-"""A figure whose 95% interval is wider than ±50% is not pinned down by the data."""
+"""Below this 95% half-width (±50%) a rate may set a measured roof (`sim.calibrate.fit`)."""
 BOUND_MARGIN = 0.01
 """A figure within 1% of a bound of its search (in log terms) went there because its term
 never mattered: the bound, not the data, set it."""
@@ -206,38 +215,35 @@ class _Model:
 
 
 def fit_compute(samples: Sequence[ComputeSample], accelerator: Accelerator,
-                tiles: Sequence[tuple[int, int]]) -> ComputeFit:
-    """Fit the compute model to the samples (see the module docstring)."""
+                tiles: Sequence[tuple[int, int]], base: Profile | None = None) -> ComputeFit:
+    """Fit the compute model to the samples (see the module docstring). Parameters the data
+    do not pin down are held at `base`'s values (its rates on its roofs, else the
+    accelerator's) and the others fitted again beside them, so that the figures written
+    agree with each other (an overhead fitted beside an unbounded rate is not the overhead
+    beside the base's rate)."""
     points = _points(samples, tiles, accelerator.compute_units)
     if not points:
         raise ConfigError("calibrate: the traces hold no timed compute kernels to fit")
     model = _Model(points, accelerator)
     lower, upper = model.bounds()
-    x0 = np.clip(model.x0, lower + 1e-9, upper - 1e-9)
-    solved = optimize.least_squares(model.residuals, x0, bounds=(lower, upper),
-                                    loss="soft_l1", f_scale=0.05, x_scale="jac",
-                                    xtol=1e-12, ftol=1e-12, gtol=1e-12, max_nfev=20000)
-    x = solved.x
-    resid = model.residuals(x)
-    ci = _half_widths(solved.jac, resid)
-    n, m = len(points), len(x)
-    short = (f"{n} distinct shapes measured for {m} parameters (an interval needs more points "
-             "than parameters)") if n <= m else None
-
-    def why(slot: int, what: str, bounds: tuple[float, float] | None = None) -> str | None:
-        """Why parameter `slot` is not identified (None: it is)."""
-        lo, hi = bounds if bounds is not None else (lower[slot], upper[slot])
-        if short:
-            return short
-        if x[slot] <= lo + BOUND_MARGIN:
-            return f"at the lower bound of its search ({what})"
-        if x[slot] >= hi - BOUND_MARGIN:
-            return f"at the upper bound of its search ({what})"
-        if not math.isfinite(ci[slot]):
-            return "the data do not constrain it (no interval)"
-        if ci[slot] >= IDENTIFIED_REL_CI:
-            return f"its 95% interval is ±{ci[slot]:.0%}"
-        return None
+    x, resid, ci = _solve(model, lower, upper, {})
+    m = len(x)
+    unknown = list(range(m))
+    reasons = _reasons(model, x, ci, lower, upper, unknown)
+    if reasons and base is not None:
+        held = {slot: _base_value(model, slot, base, accelerator, lower, upper)
+                for slot in reasons}
+        rest = [slot for slot in unknown if slot not in held]
+        if rest:
+            x, resid, ci = _solve(model, lower, upper, held)
+            reasons = {**{s: reasons[s] for s in held},
+                       **_reasons(model, x, ci, lower, upper, rest)}
+        else:  # nothing left to fit: the base's figures, and how far they are off
+            x = x.copy()
+            for slot, value in held.items():
+                x[slot] = value
+            resid = model.residuals(x)
+    why = reasons.get
 
     kernels = []
     nf, nm = model.nf, model.nm
@@ -245,11 +251,6 @@ def fit_compute(samples: Sequence[ComputeSample], accelerator: Accelerator,
         mine = resid[model.kernel == i]
         has_flops = model.rate_of[i] >= 0
         slot = model.rate_of[i] if has_flops else nf + model.mem_of[i]
-        few = (f"{mine.size} distinct shape{'s' * (mine.size != 1)} of {name} measured for its "
-               "2 parameters (rate and overhead)") if mine.size < 3 else None
-        rate_what = (f"{math.exp(lower[slot]) / 1e12:g} to {math.exp(upper[slot]) / 1e12:g} "
-                     "TFLOP/s" if has_flops else
-                     f"{math.exp(lower[slot]) / 1e9:g} to {math.exp(upper[slot]) / 1e9:g} GB/s")
         over = nf + nm + 1 + i
         kernels.append(KernelEstimate(
             name=name,
@@ -257,22 +258,108 @@ def fit_compute(samples: Sequence[ComputeSample], accelerator: Accelerator,
             memory_rate=None if has_flops else float(math.exp(x[slot])),
             overhead_s=float(math.exp(x[over])),
             rel_ci=float(ci[slot]), samples=int(mine.size),
-            rate_unidentified=few or why(slot, rate_what),
-            overhead_unidentified=few or why(over, "1 ns to 1 s"),
+            rate_unidentified=why(slot), overhead_unidentified=why(over),
             rms_error=float(math.sqrt(np.mean(np.expm1(mine) ** 2)))))
     memory = nf + nm
-    # The exponent's interval is absolute; relative to p it reads like the others'.
-    exponent_ci = ci[-1] / x[-1]
-    exponent_why = why(m - 1, "1 to 64")
-    if exponent_why is None and not exponent_ci < IDENTIFIED_REL_CI:
-        exponent_why = f"its 95% interval is ±{exponent_ci:.0%}"
     return ComputeFit(kernels=tuple(kernels), memory_rate=float(math.exp(x[memory])),
                       exponent=float(x[-1]),
                       rms_error=float(math.sqrt(np.mean(np.expm1(resid) ** 2))),
                       distinct=len(points), num_parameters=m,
-                      memory_rate_unidentified=why(memory, f"{math.exp(lower[memory]) / 1e9:g}"
-                                                   f" to {math.exp(upper[memory]) / 1e9:g} GB/s"),
-                      exponent_unidentified=exponent_why)
+                      memory_rate_unidentified=why(memory),
+                      exponent_unidentified=why(m - 1))
+
+
+def _solve(model: _Model, lower: np.ndarray, upper: np.ndarray, held: dict[int, float]
+           ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """x, the residuals and the half-widths (0 for held parameters), `held` fixed."""
+    lo, hi = lower.copy(), upper.copy()
+    for slot, value in held.items():  # a bound pair 1e-10 wide: fixed, to the solver's eyes
+        lo[slot], hi[slot] = value, value + 1e-10
+    x0 = np.clip(model.x0, lo + 1e-11, hi - 1e-11)
+    solved = optimize.least_squares(model.residuals, x0, bounds=(lo, hi),
+                                    loss="soft_l1", f_scale=0.05, x_scale="jac",
+                                    xtol=1e-12, ftol=1e-12, gtol=1e-12, max_nfev=20000)
+    x = solved.x
+    resid = model.residuals(x)
+    free = [s for s in range(len(x)) if s not in held]
+    ci = np.zeros(len(x))
+    ci[free] = _half_widths(solved.jac[:, free], resid)
+    return x, resid, ci
+
+
+def _reasons(model: _Model, x: np.ndarray, ci: np.ndarray, lower: np.ndarray,
+             upper: np.ndarray, unknown: list[int]) -> dict[int, str]:
+    """Why each parameter of `unknown` is not identified (absent: it is)."""
+    n = len(model.points)
+    short = (f"{n} distinct shapes measured for {len(unknown)} parameters (an interval needs "
+             "more points than parameters)") if n <= len(unknown) else None
+    nf, nm = model.nf, model.nm
+    counts = np.bincount(model.kernel, minlength=model.nk)
+    out: dict[int, str] = {}
+    for slot in unknown:
+        lo, hi = lower[slot], upper[slot]
+        if slot < nf + nm + 1:
+            unit, scale = ("TFLOP/s", 1e12) if slot < nf else ("GB/s", 1e9)
+            what = f"{math.exp(lo) / scale:g} to {math.exp(hi) / scale:g} {unit}"
+        elif slot < len(x) - 1:
+            what = "1 ns to 1 s"
+        else:
+            what = f"{lo:g} to {hi:g}"
+        kernel = _kernel_of(model, slot)
+        if short:
+            out[slot] = short
+        elif kernel is not None and int(counts[kernel]) < 3:
+            count = int(counts[kernel])
+            out[slot] = (f"{count} distinct shape{'s' * (count != 1)} of "
+                         f"{model.names[kernel]} measured for its 2 parameters (rate and "
+                         "overhead)")
+        elif x[slot] <= lo + BOUND_MARGIN:
+            out[slot] = f"at the lower bound of its search ({what})"
+        elif x[slot] >= hi - BOUND_MARGIN:
+            out[slot] = f"at the upper bound of its search ({what})"
+        elif not math.isfinite(ci[slot]):
+            out[slot] = "the data do not constrain it (no interval)"
+        elif 2 * ci[slot] >= hi - lo:
+            out[slot] = f"its 95% interval is wider than its whole search ({what})"
+    return out
+
+
+def _kernel_of(model: _Model, slot: int) -> int | None:
+    """The kernel whose own parameter `slot` is (None: a shared one)."""
+    nf, nm = model.nf, model.nm
+    if slot < nf:
+        return model.names.index(model.flops_kernels[slot])
+    if slot < nf + nm:
+        return model.names.index(model.memory_kernels[slot - nf])
+    if nf + nm + 1 <= slot < nf + nm + 1 + model.nk:
+        return slot - (nf + nm + 1)
+    return None
+
+
+def _base_value(model: _Model, slot: int, base: Profile, accelerator: Accelerator,
+                lower: np.ndarray, upper: np.ndarray) -> float:
+    """Parameter `slot` as `base` has it (log rates on base's roofs, else the accelerator's;
+    log overheads; the exponent), inside the search."""
+    nf, nm, c = model.nf, model.nm, base.compute
+    roofs = base.accelerator
+    peak = roofs.peak_flops if roofs else accelerator.peak_flops
+    hbm = roofs.hbm_bandwidth_Bps if roofs else accelerator.hbm_bandwidth_Bps
+    if slot < nf:
+        eff = base.kernel(model.flops_kernels[slot]).flops_efficiency or c.gemm_efficiency
+        value = math.log(eff * peak)
+    elif slot < nf + nm:
+        eff = base.kernel(model.memory_kernels[slot - nf]).memory_efficiency \
+            or c.memory_efficiency
+        value = math.log(eff * hbm)
+    elif slot == nf + nm:
+        value = math.log(c.memory_efficiency * hbm)
+    elif slot < len(model.x0) - 1:
+        overhead = base.kernel(model.names[slot - (nf + nm + 1)]).overhead_s
+        value = math.log(max(overhead if overhead is not None else c.launch_overhead_s,
+                             MIN_OVERHEAD_S))
+    else:
+        value = c.roofline_exponent
+    return float(min(max(value, lower[slot]), upper[slot] - 1e-10))
 
 
 def _half_widths(jac: np.ndarray, resid: np.ndarray) -> np.ndarray:

@@ -243,19 +243,25 @@ def test_a_rate_the_data_never_feel_keeps_the_base_value_and_says_why():
                              1e-4) for m in (8, 16, 32, 64, 128)]
     samples += [ComputeSample("gelu", False, 0.0, b, (), 1e-5 + b / 4e9)
                 for b in (1e4, 1e5, 1e6, 1e7)]
-    fit = fit_compute(samples, acc, ((8, 8),))
+    base = default_profile(acc)
+    free = next(k for k in fit_compute(samples, acc, ((8, 8),)).kernels if k.name == "fc1")
+    assert free.flops_rate > 1e15  # left alone, the fit sends it off towards its bound
+    fit = fit_compute(samples, acc, ((8, 8),), base)
     fc1 = next(k for k in fit.kernels if k.name == "fc1")
     gelu = next(k for k in fit.kernels if k.name == "gelu")
     assert fc1.rate_unidentified is not None and fc1.overhead_unidentified is None
+    # Held at the base's rate (its efficiency on the CPU's default roof), the rest refitted.
+    assert fc1.flops_rate == pytest.approx(base.compute.gemm_efficiency * acc.peak_flops)
     assert gelu.identified and gelu.memory_rate == pytest.approx(4e9, rel=1e-3)
-    base = default_profile(acc)
     cluster = build_cluster("localhost", gpus_per_node=2)
     from sim.calibrate.fit import _compute_params
 
     notes: list[str] = []
     roofs, params, count = _compute_params(fit, acc, base, notes)
     assert count > 0
-    assert params.kernels["fc1"].flops_efficiency is None  # the base's: the general figure
+    # The base's rate, relative to the roofs (the FLOP roof is the default's: none measured).
+    assert params.kernels["fc1"].flops_efficiency == pytest.approx(
+        base.compute.gemm_efficiency)
     assert params.gemm_efficiency == base.compute.gemm_efficiency
     assert roofs is not None and roofs.peak_flops == acc.peak_flops  # no FLOP roof measured
     assert any(n.startswith("kernel fc1 FLOP rate not identifiable: ") and
