@@ -224,6 +224,19 @@ def test_stdout_on_a_full_disk_is_one_line(tmp_path):
     assert proc.stderr == "parasim: error: cannot write to stdout: No space left on device\n"
 
 
+def test_a_number_of_5000_digits_is_named_as_such_not_as_a_python_limit(capsys, write):
+    digits = "1" * 5000  # past Python's 4,300-digit limit on int(): the parser fails inside
+    config = write(toml(SMALL, parallel={"bucket_bytes": digits}))
+    code, out, err = run(capsys, "simulate", config)
+    assert (code, out) == (2, "")
+    assert err == f"parasim: error: {config}: not valid TOML: a number of more than 4,300 digits\n"
+    trace = write('{"schema": "parasim.trace", "version": 2, "ranks": {"0": [{"kind": "compute", '
+                  f'"stream": "c", "flops": {digits}}}]}}}}', "t.json")
+    code, out, err = run(capsys, "replay", trace)
+    assert (code, out) == (2, "")
+    assert err == f"parasim: error: {trace}: not a JSON file: a number of more than 4,300 digits\n"
+
+
 # --- Silently wrong ----------------------------------------------------------------------------
 
 @pytest.mark.parametrize(("base", "edits", "needle"), [

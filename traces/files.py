@@ -20,6 +20,7 @@ import json
 import os
 import re
 import stat
+import sys
 import tempfile
 import tomllib
 from collections.abc import Iterable
@@ -94,7 +95,7 @@ def parse_json(raw: bytes, label: str) -> Any:
     except RecursionError:
         raise ConfigError(f"{label}: not a JSON file: nested too deeply") from None
     except ValueError as err:  # JSONDecodeError, and int() of more than 4,300 digits
-        raise ConfigError(f"{label}: not a JSON file: {err}") from None
+        raise ConfigError(f"{label}: not a JSON file: {_reason(err)}") from None
 
 
 def load_json(path: PathLike, *, what: str | None = None,
@@ -113,7 +114,15 @@ def load_toml(path: PathLike, *, what: str | None = None) -> dict[str, Any]:
     except RecursionError:
         raise ConfigError(f"{label}: not valid TOML: nested too deeply") from None
     except ValueError as err:  # TOMLDecodeError, and int() of more than 4,300 digits
-        raise ConfigError(f"{label}: not valid TOML: {err}") from None
+        raise ConfigError(f"{label}: not valid TOML: {_reason(err)}") from None
+
+
+def _reason(err: ValueError) -> str:
+    """A parser's error for a user: Python's limit on digits converted to an integer is named
+    as what the file holds, not as the `sys` call that would lift it."""
+    if "integer string conversion" in str(err):
+        return f"a number of more than {sys.get_int_max_str_digits():,} digits"
+    return str(err)
 
 
 _STRING = re.compile(r'"(?:[^"\\\n]|\\.)*"|\'[^\'\n]*\'')
