@@ -222,3 +222,58 @@ def test_finalize_numbers_nodes_in_order_and_turns_waits_into_deps():
     recv = next(i for i, op in enumerate(ops) if op.kind is OpKind.RECV)
     assert ops[recv + 1].deps == (recv,)
     assert all(d < i for i, op in enumerate(ops) for d in op.deps)
+
+
+def _summary(node: Node) -> tuple:
+    op = node.op
+    return (op.name, op.kind, op.stream, op.group, op.size_bytes, op.dtype, op.layer,
+            op.microbatch, op.phase, [(w.op.name, w.op.layer) for w in node.after])
+
+
+def test_data_pass_zero2_adds_exactly_one_reduce_scatter_per_bucket_in_every_backward():
+    # Gradients in bf16, backward order: head 128 params (the final norm; the output layer
+    # is the tied embedding) = 256 B, each layer 12h² + 13h = 49,984 params = 99,968 B, the
+    # embedding 128·64 + 32·64 = 10,240 params = 20,480 B. Buckets of 150,000 B close at
+    # head + 3 + 2 = 200,192 B, 1 + 0 = 199,936 B, and the embedding (its chunk's end).
+    ctx, actions, program = setup(dp=2, zero=2, global_batch=4, bucket_bytes=150_000)
+    assert [str(a) for a in actions] == ["0F0", "0B0", "0F1", "0B1"]
+    before = [list(step) for step in program]
+    out = add_data_parallel(ctx, actions, program)
+    new = added(before, out)
+    assert new[0] == new[2] == new[4] == []  # forwards and the step's end: nothing
+    rs, dp, bwd = OpKind.REDUCE_SCATTER, Stream.DP, Phase.BWD
+    for mb, step in ((0, 1), (1, 3)):  # ZeRO-2: every micro-batch's backward reduces
+        assert [_summary(n) for n in new[step]] == [
+            ("grads", rs, dp, (0, 1), 200_192.0, "bf16", None, mb, bwd, [("ln1", 2)]),
+            ("grads", rs, dp, (0, 1), 199_936.0, "bf16", None, mb, bwd, [("ln1", 0)]),
+            ("grads", rs, dp, (0, 1), 20_480.0, "bf16", None, mb, bwd, [("embed", None)]),
+        ]
+        # each right after the op it waits for, the compute ops untouched and in order
+        for node in new[step]:
+            assert out[step][out[step].index(node) - 1] is node.after[0]
+        assert [n for n in out[step] if all(n is not m for m in new[step])] == before[step]
+    assert ctx.layout.params_on_rank(MODEL, 0) * 2 == 200_192 + 199_936 + 20_480
+
+
+def test_optimizer_pass_zero2_adds_exactly_the_step_and_one_gather_per_last_bucket():
+    ctx, actions, program = setup(dp=2, zero=2, global_batch=4, bucket_bytes=150_000)
+    program = add_data_parallel(ctx, actions, program)
+    before = [list(step) for step in program]
+    out = add_optimizer(ctx, program)
+    new = added(before, out)
+    assert new[:-1] == [[], [], [], []]  # only the step's end grows (pp = 1: no tied all-reduce)
+    last_bucket = program[3][-1]  # micro-batch 1's embedding bucket, the last DP op
+    assert _summary(last_bucket)[:2] == ("grads", OpKind.REDUCE_SCATTER)
+    ag, dp, opt = OpKind.ALL_GATHER, Stream.DP, Phase.OPT
+    assert [_summary(n) for n in new[-1]] == [
+        ("optimizer", OpKind.COMPUTE, Stream.COMPUTE, (), 0.0, "bf16", None, None, opt,
+         [("grads", None)]),
+        # the updated bf16 parameters, in the slices micro-batch 1 reduce-scattered
+        ("params", ag, dp, (0, 1), 200_192.0, "bf16", None, None, opt, [("optimizer", None)]),
+        ("params", ag, dp, (0, 1), 199_936.0, "bf16", None, None, opt, [("optimizer", None)]),
+        ("params", ag, dp, (0, 1), 20_480.0, "bf16", None, None, opt, [("optimizer", None)]),
+    ]
+    step = new[-1][0]
+    assert step.after == [last_bucket]
+    # 210,304 params / dp 2 each moving 46 B (to fp32 2 + 4, norm 4, Adam 28, back 4 + 2, zero 2)
+    assert step.op.mem_bytes == 210_304 / 2 * 46 and step.op.flops == 0.0
