@@ -28,8 +28,10 @@ times. A collective whose members all fold onto one present rank needs only that
 symmetry of partial traces is the general case: folding names which present rank stands for
 an absent one, and adds the copies' flows.)
 
-Bad traces (ranks that do not exist, malformed peers or groups, a rank issuing a collective on
-a group it is not in) raise `ConfigError` naming the op.
+Bad traces (ranks that do not exist, a fold standing for more ranks than the cluster has,
+malformed peers or groups, a rank issuing a collective on a group it is not in, a send and the
+receive it meets of different stated sizes) raise `ConfigError` naming the op, before anything
+is lowered.
 """
 
 from __future__ import annotations
