@@ -30,8 +30,7 @@ an absent one, and adds the copies' flows.)
 
 Bad traces (ranks that do not exist, a fold standing for more ranks than the cluster has,
 malformed peers or groups, a rank issuing a collective on a group it is not in, a send and the
-receive it meets of different stated sizes) raise `ConfigError` naming the op, before anything
-is lowered.
+receive it meets of different stated sizes) raise `ConfigError` naming the op.
 """
 
 from __future__ import annotations
