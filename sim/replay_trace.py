@@ -46,6 +46,7 @@ from traces.errors import ConfigError, show
 from traces.io import load as load_parasim
 from traces.kineto import load_kineto
 from traces.ops import Op, OpKind, Trace
+from traces.plan.meta import read_fold
 
 SNIFF_BYTES = 65536
 _SCHEMA_KEY = re.compile(rb'"schema"\s*:')
@@ -178,6 +179,9 @@ def check_fits(trace: Trace, spec: ClusterSpec) -> None:
     world = trace.meta.get("world_size")
     if type(world) is int and world > 0:
         top, what = world - 1, f"its world of {world} ranks"
+    fold = read_fold(trace.meta, ranks=trace.ops)  # a folded plan stands for its whole world
+    if fold is not None and fold.world - 1 > top:
+        top, what = fold.world - 1, f"its fold's world of {fold.world} ranks"
     for rank, ops in trace.ops.items():
         for op in ops:
             named = max(rank, op.peer if op.peer is not None else -1, *op.group)

@@ -119,10 +119,12 @@ def run(args: argparse.Namespace, *, emit: Callable[[str], None]) -> int:
             raise ConfigError("--profile: an empty path names no file")
         inputs.append(Path(args.profile))
         overrides["profile"] = str(Path(args.profile).resolve())
-    targets = check_outputs({"--report": args.report}, inputs=inputs)
     if args.keep is not None and (not args.keep or Path(args.keep).is_file()):
         raise ConfigError(f"--keep: {args.keep!r} must name a directory")
     exp = load_experiment(config, overrides)
+    if exp.profile_path is not None:  # [sim] profile is an input too: never written over
+        inputs.append(exp.profile_path)
+    targets = check_outputs({"--report": args.report}, inputs=inputs)
     spec = None
     # Checked before anything runs: this host has the config's devices (a CPU run is no
     # measurement of an A100 cluster), and the microbenchmarks' flags.

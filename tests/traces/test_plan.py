@@ -189,3 +189,15 @@ def test_a_plan_too_big_to_build_is_one_line_before_anything_is_built():
     layout = Layout(pp=8, dp=64, global_batch=65536)  # 1024 micro-batches on 512 ranks
     with pytest.raises(ConfigError, match=f"more than the {MAX_PLAN_OPS:,} parasim builds"):
         build(model, layout)
+
+
+def test_the_op_limit_suggests_folding_only_when_the_plan_is_not_folded():
+    from traces.errors import ConfigError
+
+    model = ModelSpec(layers=1024, hidden=256, heads=8, seq_len=64, vocab=1024)
+    layout = Layout(pp=8, dp=64, global_batch=65536)
+    with pytest.raises(ConfigError, match="or simulate folded"):
+        build(model, layout)
+    big = Layout(pp=8, dp=64, global_batch=64 * 8 * 4096)  # too big even folded
+    with pytest.raises(ConfigError, match=r"\(fewer micro-batches or layers\)$"):
+        build(model, big, ranks=big.representatives())

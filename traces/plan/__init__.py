@@ -50,9 +50,11 @@ def build(model: ModelSpec, layout: Layout, ranks: Iterable[int] | None = None) 
     chosen = sorted(ranks) if ranks is not None else list(range(layout.world))
     estimate = count_ops(model, layout, len(chosen))
     if estimate > MAX_PLAN_OPS:
+        folding = ("" if len(chosen) <= len(layout.representatives())
+                   else "; or simulate folded, one rank per pipeline stage")
         raise ConfigError(f"plan: about {estimate:,} ops for {len(chosen):,} ranks, more than "
-                          f"the {MAX_PLAN_OPS:,} parasim builds (fewer micro-batches or layers; "
-                          "simulate folded, one rank per pipeline stage)")
+                          f"the {MAX_PLAN_OPS:,} parasim builds (fewer micro-batches or layers"
+                          f"{folding})")
     schedule = build_schedule(str(layout.schedule), layout.pp, layout.num_microbatches, layout.vp)
     with paused_gc():
         ops = {r: lower_rank(model, layout, r, schedule[layout.coords(r)["pp"]]) for r in chosen}
