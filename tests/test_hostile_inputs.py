@@ -439,11 +439,11 @@ def _edited_trace(capsys, write, tmp_path, edit) -> Path:
     (lambda meta, ranks: (meta["fold"]["layout"].update(dp=2), meta.update(world=8)),
      "trace: meta.fold.layout: folds onto ranks [0, 4] (one per pipeline stage), but the trace "
      "holds ranks [0, 8]"),
-    # consistent, but larger than the cluster: refused before anything is lowered
+    # consistent, but larger than the cluster: refused before the cluster's graph is built
     (lambda meta, ranks: (meta["fold"]["layout"].update(pp=1, dp=64, global_batch=256),
                           meta.update(world=128), ranks.pop("8")),
-     "trace: its fold stands for tp 2 x cp 1 x pp 1 x dp 64 = 128 ranks, more than the 16 "
-     "accelerators of dgx-h100 x2 rail"),
+     "trace: its fold's world of 128 ranks does not fit dgx-h100 x2 rail (16 accelerators); "
+     "give --nodes 16 or a larger --cluster"),
     (lambda meta, ranks: meta["fold"]["layout"].update(schedule="zigzag"),
      "trace: meta.fold.layout.schedule: 'zigzag' is not one of gpipe, 1f1b, interleaved"),
 ])
