@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import statistics
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from traces.errors import ConfigError
@@ -125,14 +125,16 @@ def step_time(trace: Trace) -> float:
     return max(ends) - min(starts)
 
 
-def occupancy(ops: Sequence[Op]) -> list[tuple[Op, float]]:
+def occupancy(ops: Sequence[Op], starts: Collection[int] = ()) -> list[tuple[Op, float]]:
     """Each timed compute op of one rank with what it held its stream for (see the module
     docstring); ops in a span are left out."""
-    return [(ops[i], seconds) for i, seconds in held_times(ops).items()]
+    return [(ops[i], seconds) for i, seconds in held_times(ops, starts).items()]
 
 
-def held_times(ops: Sequence[Op]) -> dict[int, float]:
-    """`occupancy` by op index."""
+def held_times(ops: Sequence[Op], starts: Collection[int] = ()) -> dict[int, float]:
+    """`occupancy` by op index. `starts`: indices of ops that something outside the trace
+    held back (a barrier before a microbenchmark's section): the op before one of them held
+    its stream for its own duration and the usual gap, not until it started."""
     by_stream: dict[str, list[int]] = defaultdict(list)
     for i, op in enumerate(ops):
         if _timed(op):
@@ -145,7 +147,8 @@ def held_times(ops: Sequence[Op]) -> dict[int, float]:
             if a.kind is not OpKind.COMPUTE:
                 continue
             a_end, b_start = _time(a, 1), _time(b, 0)
-            waited = any(ops[d].end is None or _time(ops[d], 1) > a_end for d in b.deps)
+            waited = j in starts or \
+                any(ops[d].end is None or _time(ops[d], 1) > a_end for d in b.deps)
             if not waited and b_start >= a_end:
                 gaps.append(b_start - a_end)
                 held[i] = b_start - _time(a, 0)

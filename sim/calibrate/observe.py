@@ -30,7 +30,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from sim.profile import KERNEL_NAMES
-from traces.bench import INTERFERENCE_COLLECTIVE
+from traces.bench import INTERFERENCE_COLLECTIVE, sections
 from traces.compare import occupancy
 from traces.ops import Op, OpKind, Phase, Trace
 
@@ -117,8 +117,16 @@ def communication(trace: Trace) -> list[CommSample]:
 def compute(trace: Trace) -> list[ComputeSample]:
     out = []
     for rank in trace.ranks:
-        for op, seconds in occupancy(trace.ops[rank]):
+        for op, seconds in occupancy(trace.ops[rank], _section_starts(trace, rank)):
             if op.name in KERNELS:
                 out.append(ComputeSample(op.name, op.phase is Phase.BWD, op.flops,
                                          op.mem_bytes, tuple(op.gemm), seconds))
     return out
+
+
+def _section_starts(trace: Trace, rank: int) -> set[int]:
+    """The first op of each microbenchmark section: a barrier starts it, so the time from the
+    previous op to it is the barrier's wait, not the previous kernel's."""
+    ranges = [s["ranges"].get(str(rank)) for s in sections(trace)
+              if isinstance(s.get("ranges"), dict)]
+    return {r[0] for r in ranges if isinstance(r, list) and r and isinstance(r[0], int)}

@@ -74,6 +74,24 @@ def test_a_gap_before_an_op_counts_to_the_op_before(predicted):
     assert held[i + 1] == pytest.approx(ops[i + 1].duration)
 
 
+def test_a_wait_held_back_from_outside_counts_to_no_op(predicted):
+    """Before an op something outside the trace held back (a barrier before a microbenchmark
+    section), the op before it held its stream for its own duration and the usual gap only:
+    the barrier's wait is nobody's kernel time (calibration once fitted it to the optimizer)."""
+    ops = list(predicted.ops[0])
+    i = next(k for k in range(len(ops) - 1) if ops[k].kind is OpKind.COMPUTE
+             and ops[k + 1].kind is OpKind.COMPUTE and ops[k + 1].stream == ops[k].stream
+             and not ops[k + 1].deps)
+    wait = 5e-3
+    measured_ops = [op if k <= i else dataclasses.replace(op, start=op.start + wait,
+                                                          end=op.end + wait)
+                    for k, op in enumerate(ops)]
+    assert held_times(measured_ops)[i] == pytest.approx(ops[i].duration + wait)
+    held = held_times(measured_ops, starts={i + 1})
+    assert held[i] == pytest.approx(ops[i].duration)  # the plan's own ops leave no gaps
+    assert held[i + 1] == pytest.approx(ops[i + 1].duration)
+
+
 def test_a_span_is_one_row_against_the_prediction_over_it(predicted):
     ops = list(predicted.ops[0])
     first, last = ops[0], ops[2]
