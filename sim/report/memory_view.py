@@ -1,6 +1,6 @@
 """Memory: over the step per pipeline rank (activations building up through the warm-up and
 freed in the cool-down, from `sim.memory.memory_timeline` at the simulated times), and at the
-peak per stage by kind (`sim.memory.stage_memory`), both against the device's capacity.
+peak per pipeline rank by kind (`sim.memory.stage_memory`), both against the device's capacity.
 """
 
 from __future__ import annotations
@@ -63,8 +63,8 @@ def memory_over_time_figure(curves: dict[int, list[tuple[float, float]]], capaci
 
 
 def memory_by_pp_rank_figure(summary: StepSummary, words: Words) -> go.Figure:
-    """Stacked GiB per pipeline stage at its peak, with the capacity as a dashed line."""
-    x = [f"stage {i}" for i in range(len(summary.memory_by_pp_rank))]
+    """Stacked GiB per pipeline rank at its peak, with the capacity as a dashed line."""
+    x = [f"pp {i}" for i in range(len(summary.memory_by_pp_rank))]
     fig = go.Figure()
     for name, attr, colour in (("parameters", "params_bytes", "#4C78A8"),
                                ("gradients", "grads_bytes", "#F58518"),
@@ -78,7 +78,7 @@ def memory_by_pp_rank_figure(summary: StepSummary, words: Words) -> go.Figure:
     fig.add_hline(y=capacity, line={"dash": "dash", "color": "#C00000"},
                   annotation_text=f"{words.device} memory {capacity:.1f} GiB",
                   annotation_position="top left")
-    fig.update_layout(title=f"Memory per {words.device} at its peak, per pipeline stage",
+    fig.update_layout(title=f"Memory per {words.device} at its peak, per pipeline rank",
                       barmode="stack", height=420, yaxis_title="GiB",
                       xaxis={"type": "category"})
     return fig
