@@ -59,16 +59,22 @@ def test_a_slower_measurement_shows_as_the_same_error_everywhere(predicted):
         assert k.mape == pytest.approx(0.2) and k.bias == pytest.approx(-0.2)
 
 
-def test_a_gap_before_an_op_counts_to_the_op_before(predicted):
-    """The interpreter's time between two kernels is the earlier kernel's (occupancy)."""
+def _delayed_after_a_kernel(predicted, gap):
+    """Rank 0's ops, the index i of a kernel followed on its stream by a kernel that waits
+    for nothing, and the same ops with everything after i started `gap` later."""
     ops = list(predicted.ops[0])
     i = next(k for k in range(len(ops) - 1) if ops[k].kind is OpKind.COMPUTE
              and ops[k + 1].kind is OpKind.COMPUTE and ops[k + 1].stream == ops[k].stream
              and not ops[k + 1].deps)
-    gap = 1e-3
-    measured_ops = [op if k <= i else dataclasses.replace(op, start=op.start + gap,
+    return ops, i, [op if k <= i else dataclasses.replace(op, start=op.start + gap,
                                                           end=op.end + gap)
                     for k, op in enumerate(ops)]
+
+
+def test_a_gap_before_an_op_counts_to_the_op_before(predicted):
+    """The interpreter's time between two kernels is the earlier kernel's (occupancy)."""
+    gap = 1e-3
+    ops, i, measured_ops = _delayed_after_a_kernel(predicted, gap)
     held = held_times(measured_ops)
     assert held[i] == pytest.approx(ops[i].duration + gap)
     assert held[i + 1] == pytest.approx(ops[i + 1].duration)
@@ -78,14 +84,8 @@ def test_a_wait_held_back_from_outside_counts_to_no_op(predicted):
     """Before an op something outside the trace held back (a barrier before a microbenchmark
     section), the op before it held its stream for its own duration and the usual gap only:
     the barrier's wait is nobody's kernel time (calibration once fitted it to the optimizer)."""
-    ops = list(predicted.ops[0])
-    i = next(k for k in range(len(ops) - 1) if ops[k].kind is OpKind.COMPUTE
-             and ops[k + 1].kind is OpKind.COMPUTE and ops[k + 1].stream == ops[k].stream
-             and not ops[k + 1].deps)
     wait = 5e-3
-    measured_ops = [op if k <= i else dataclasses.replace(op, start=op.start + wait,
-                                                          end=op.end + wait)
-                    for k, op in enumerate(ops)]
+    ops, i, measured_ops = _delayed_after_a_kernel(predicted, wait)
     assert held_times(measured_ops)[i] == pytest.approx(ops[i].duration + wait)
     held = held_times(measured_ops, starts={i + 1})
     assert held[i] == pytest.approx(ops[i].duration)  # the plan's own ops leave no gaps
