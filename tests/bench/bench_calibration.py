@@ -15,9 +15,14 @@ step and error, and the MAPE over the cases; with `--calibrations K` the calibra
 repeated K times and the medians of the errors are reported too. The load average is printed
 before and after (the machine is shared: quote figures from quiet runs). Target: MAPE <= 15%.
 
-Measured on the 2-vCPU CI box (AMD EPYC, KVM; 1-minute load 1.1-1.2 before each case, other
-jobs running), `--calibrations 5`, medians: DP 2 -6.5%, TP 2 -14.9%, PP m=4 -7.6%, PP m=8
--14.7%, ZeRO-3 -49.1%: MAPE 18.6% (an earlier run: -4.9, -11.2, -4.9, -12.2, -43.5; 15.4%).
+Measured on the 2-vCPU CI box (AMD EPYC, KVM; 1-minute load 0.9-1.0 before each case),
+`--calibrations 3`: per calibration MAPE 25.6%, 15.0%, 33.2%; medians DP 2 -16.0%, TP 2
+-14.3%, PP m=4 -20.1%, PP m=8 -18.9%, ZeRO-3 -55.0%: MAPE of the medians 24.9% (a single
+calibration just before: 0.0, -8.0, +6.3, -2.9, -48.9; 13.2%). The same held-out step measured
+in successive calibrations varies by about ±10% (TP 2: 0.183, 0.222, 0.205 s), and most of the
+spread between calibrations is the whole machine running faster or slower between the probes
+and the steps. Before the probes' last kernel stopped absorbing the barrier that starts the
+next section (the optimizer was fitted at 12 ms overhead) DP 2 was predicted +24% slow.
 ZeRO-3 is what the model leaves out: its gathers and reduce-scatters run on gloo's threads on
 the cores the kernels run on (kernels 1.3-2x slower while they are in flight), and the
 executor frees and re-allocates each unit's parameters on the CPU allocator (the last kernel
