@@ -248,8 +248,7 @@ class Lane:
 
 
 def lane_of(op: Op) -> str:
-    return TP_LANE if op.stream == Stream.COMPUTE and op.kind is not OpKind.COMPUTE \
-        else str(op.stream)
+    return TP_LANE if op.inline else str(op.stream)
 
 
 def lanes(cols: RankOps) -> list[Lane]:

@@ -28,7 +28,7 @@ import plotly.graph_objects as go
 import plotly.io as pio
 from plotly.subplots import make_subplots
 
-from traces.ops import Op, OpKind, Stream, Trace
+from traces.ops import Op, OpKind, Trace
 
 if TYPE_CHECKING:
     from sim.validate import Validation
@@ -60,7 +60,7 @@ def _family(op: Op) -> str:
         return "compute"
     if op.kind.is_p2p:
         return "p2p"
-    if op.stream == Stream.COMPUTE:
+    if op.inline:
         return "tp"
     return "dp" if op.kind.is_collective else "other"
 

@@ -113,6 +113,13 @@ class Op:
         assert self.start is not None and self.end is not None, "op is not timed"
         return self.end - self.start
 
+    @property
+    def inline(self) -> bool:
+        """Communication on the compute stream: the tensor- and sequence-parallel collectives
+        (and the gathers after a pipeline receive) Megatron issues between the kernels they
+        join, so the kernels wait for them (`Stream`). The one statement of that rule."""
+        return self.stream == Stream.COMPUTE and self.kind is not OpKind.COMPUTE
+
 
 @dataclass(frozen=True, slots=True)
 class Trace:

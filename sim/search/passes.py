@@ -171,8 +171,7 @@ def gradient_buckets(model: ModelSpec, layout: Layout, pp_rank: int) -> list[flo
 def _after_receive(ops: Sequence[Op]) -> list[Op]:
     """Compute-stream ops that wait for a pipeline receive (not kernels: collectives)."""
     received = {i for i, op in enumerate(ops) if op.kind is OpKind.RECV}
-    return [op for op in ops if op.stream == Stream.COMPUTE and op.kind is not OpKind.COMPUTE
-            and received.intersection(op.deps)]
+    return [op for op in ops if op.inline and received.intersection(op.deps)]
 
 
 def _without(ops: Sequence[Op], drop: list[Op]) -> list[Op]:

@@ -277,3 +277,23 @@ def test_optimizer_pass_zero2_adds_exactly_the_step_and_one_gather_per_last_buck
     assert step.after == [last_bucket]
     # 210,304 params / dp 2 each moving 46 B (to fp32 2 + 4, norm 4, Adam 28, back 4 + 2, zero 2)
     assert step.op.mem_bytes == 210_304 / 2 * 46 and step.op.flops == 0.0
+
+
+def test_inline_communication_is_exactly_the_tensor_parallel_pass_and_the_pipeline_gathers():
+    """Op.inline (what the report's TP lane and validation's 'tp' family read) holds for
+    the collectives the TP/SP pass and the pipeline's after-receive gathers put on the
+    compute stream, and for nothing the data-parallel or pipeline passes put elsewhere."""
+    from traces.layout import Layout
+    from traces.model import ModelSpec
+    from traces.ops import OpKind, Stream
+    from traces.plan import build
+
+    model = ModelSpec(layers=4, hidden=64, heads=4, seq_len=32, vocab=128)
+    layout = Layout(tp=2, pp=2, dp=2, sp=True, global_batch=8)
+    plan = build(model, layout)
+    for ops in plan.ops.values():
+        inline = [op for op in ops if op.inline]
+        assert inline and all(op.kind.is_collective and op.stream == Stream.COMPUTE
+                              and len(op.group) == layout.tp for op in inline)
+        assert not any(op.inline for op in ops if op.kind is OpKind.COMPUTE
+                       or op.stream != Stream.COMPUTE)
