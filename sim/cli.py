@@ -223,7 +223,7 @@ def _simulate(args: argparse.Namespace) -> int:
         with _ProgressBar("simulate", "op") as bar:
             summary, times = predict(exp, fold=not args.no_fold, progress=bar.update)
         if "--trace" in targets or "--chrome" in targets:
-            devices = "chips" if exp.cluster.fabric.kind == "torus" else "GPUs"
+            devices = exp.cluster.device_words[1]
             timed = annotate(times.timed_trace(), times, exp.model, exp.layout, devices)
             if "--trace" in targets:
                 outputs.write(targets["--trace"], dumps_trace(timed))

@@ -83,7 +83,7 @@ def summary_text(exp: Experiment, s: StepSummary) -> str:
     layout = f"TP {L.tp} · PP {L.pp} · DP {L.dp}" + (f" · VP {L.vp}" if L.vp > 1 else "")
     extras = [x for x in (f"ZeRO-{L.zero}" if L.zero else "", "SP" if L.sp else "",
                           f"recompute {L.recompute}" if str(L.recompute) != "none" else "") if x]
-    devices = "chips" if exp.cluster.fabric.kind == "torus" else "GPUs"
+    devices = exp.cluster.device_words[1]
     lines = [
         f"parasim: {exp.name} on {exp.cluster.name} ({L.world} {devices}), {layout}"
         + (f", {', '.join(extras)}" if extras else ""),

@@ -75,6 +75,16 @@ class Cluster:
         return len(self.devices)
 
     @property
+    def device_words(self) -> tuple[str, str]:
+        """What to call one device and several in printed text: chips on a torus (TPU pods),
+        CPU ranks on the local host (processes, not accelerators), GPUs elsewhere."""
+        if self.fabric.kind == "torus":
+            return "chip", "chips"
+        if self.accelerator.name.startswith("CPU"):
+            return "CPU rank", "CPU ranks"
+        return "GPU", "GPUs"
+
+    @property
     def num_servers(self) -> int:
         return self.num_devices // self.devices_per_server
 

@@ -40,9 +40,9 @@ class Words:
 
 
 def device_words(cluster: Cluster) -> tuple[str, str]:
-    """("chip", "chips") on a torus (TPU pods), ("GPU", "GPUs") elsewhere; `parasim search`
-    uses these too."""
-    return ("chip", "chips") if cluster.fabric.kind == "torus" else ("GPU", "GPUs")
+    """The cluster's words for one device and several (`Cluster.device_words`); `parasim
+    search` uses these too."""
+    return cluster.device_words
 
 
 def words_for(exp: Experiment, times: StepTimes) -> Words:

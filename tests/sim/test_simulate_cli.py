@@ -165,3 +165,11 @@ def test_trace_never_overwrites_the_configs_own_profile(capsys, tmp_path):
     code, out, err = run_cli(capsys, "simulate", config, "--trace", profile)
     assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
     assert "p.json" in err and profile.read_bytes() == before
+
+
+def test_the_local_host_is_counted_in_cpu_ranks_not_gpus(capsys):
+    from sim.config import example_path
+
+    code, out, _ = run_cli(capsys, "simulate", example_path("gpt-tiny-localhost.toml"))
+    assert code == 0
+    assert "(4 CPU ranks)" in out.splitlines()[0] and "GPU" not in out.splitlines()[0]
