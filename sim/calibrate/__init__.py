@@ -11,6 +11,7 @@
               figures the data do not pin down keep the base profile's values, each named
     command   the `parasim calibrate` sub-command (the executor is imported only there, and
               only for --run)
+    summary   what the command prints: figures, intervals, residuals (table or --json)
 
 Nothing is imported here: the command line reads `command`'s flags without loading scipy.
 """
