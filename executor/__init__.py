@@ -16,7 +16,8 @@ The simulator never imports this package eagerly. Its parts, bottom up:
     comm         the one door to torch.distributed, recording every call
     recorder     per-op times, clock alignment, measured traces and their files
     consistency  the rules a measured trace must obey
-    launch       spawn a local world or join torchrun's; timeouts; faults end the job
+    launch       spawn a local world; timeouts; faults end the job
+    torchrun     join the world torchrun started (multi-node), with the same timeouts and faults
     program      a rank's plan lowered to runtime calls, checked before anything runs
     interpreter  runs a rank's program with the plan's stream and dependency semantics
     run          `parasim run`: build, check, launch, record, write (executor.run.run)

@@ -32,7 +32,7 @@ import torch.distributed as dist
 from executor.comm import Comm, Handle
 from executor.groups import GroupKey, Groups
 from executor.interpreter import Interpreter, _StepRun
-from executor.launch import JobFailed, RankContext, in_torchrun, join, spawn
+from executor.launch import JobFailed, RankContext, in_torchrun, spawn
 from executor.params import DTYPES
 from executor.recorder import (
     DONE,
@@ -46,6 +46,7 @@ from executor.recorder import (
     write_run,
 )
 from executor.runtime import RunOptions
+from executor.torchrun import join
 from traces.bench import BenchSpec, Probe, bench_plan, sections
 from traces.chrome import event_name
 from traces.errors import ConfigError

@@ -2,7 +2,7 @@
 
     spawn(fn, world_size, args)   local processes; gloo on CPU, or NCCL with one GPU per rank
                                   when CUDA has enough GPUs; returns each rank's fn(ctx, *args)
-    join(fn, args)                under torchrun (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR set)
+    join(fn, args)                under torchrun (`executor.torchrun`)
 
 One timeout bounds every collective (passed to init_process_group: gloo's default is 30
 minutes) and the whole job. A rank that raises or dies ends the job: the parent stops the
@@ -307,7 +307,7 @@ def _worker(rank: int, world_size: int, backend: str, timeout_s: float, init_met
             args: tuple) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     _die_with_parent()
-    _exit_after(timeout_s + 2 * GRACE_S)
+    exit_after(timeout_s + 2 * GRACE_S)
     records = np.frombuffer(shared, dtype=np.int64)[rank * stride:(rank + 1) * stride]
     torch.set_num_threads(1)
     device = torch.device("cpu")
@@ -354,53 +354,9 @@ def _die_with_parent() -> None:
         pass
 
 
-def _exit_after(seconds: float) -> None:
+def exit_after(seconds: float) -> None:
     """A last resort: a rank outlives the job timeout only if its parent could not end it."""
     def watchdog() -> None:
         time.sleep(seconds)
         os._exit(124)
     threading.Thread(target=watchdog, daemon=True, name="parasim-watchdog").start()
-
-
-# --- torchrun ------------------------------------------------------------------------------
-
-def join(fn: Callable[..., Any], args: tuple = (), *, timeout_s: float = 60.0,
-         backend: str = "auto", record_slots: int = 0,
-         on_failure: Callable[[RankContext, str], Sequence[Any]] | None = None) -> Any:
-    """Run `fn(ctx, *args)` in the world torchrun started (env://). A failure prints one line
-    naming the rank and op on stderr and exits 1 (torchrun then ends the other ranks); the
-    job timeout exits 124. `on_failure(ctx, message)` runs first, on the failing rank (its
-    records marked failed), and returns the files it wrote, which the line names."""
-    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    local_rank = int(os.environ["LOCAL_RANK"])
-    if backend == "auto":
-        backend = "nccl" if nccl_usable() else "gloo"
-    device = torch.device("cpu")
-    if backend == "nccl":
-        torch.cuda.set_device(local_rank)
-        device = torch.device("cuda", local_rank)
-    records = np.full(HEADER + record_slots, -1, dtype=np.int64)
-    records[:HEADER] = 0
-    records[H_OP] = -1
-    _exit_after(timeout_s)
-    ctx = RankContext(rank, world_size, local_rank, backend, device, timeout_s, records)
-    dist.init_process_group(backend, init_method="env://", rank=rank, world_size=world_size,
-                            timeout=datetime.timedelta(seconds=timeout_s))
-    try:
-        return fn(ctx, *args)
-    except Exception as exc:
-        records[H_STATE] = FAILED
-        op = getattr(exc, "parasim_op", "") or f"op {int(records[H_OP])}"
-        message = f"rank {rank} failed in {op}: {describe_error(exc)}"
-        written = ""
-        if on_failure is not None:
-            try:
-                files = on_failure(ctx, message)
-                written = f" (partial trace, marked incomplete: {', '.join(map(str, files))})"
-            except Exception as also:  # the first error is the one to report
-                written = f" (no partial trace: {describe_error(also)})"
-        print(f"parasim: error: {message}{written}", file=sys.stderr)
-        raise SystemExit(1) from None
-    finally:
-        if dist.is_initialized() and records[H_STATE] != FAILED:
-            dist.destroy_process_group()

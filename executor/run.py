@@ -34,7 +34,7 @@ import torch.distributed as dist
 from executor.comm import Comm, CommCall
 from executor.groups import Groups, plan_group_keys
 from executor.interpreter import Interpreter
-from executor.launch import JobFailed, RankContext, in_torchrun, join, spawn
+from executor.launch import JobFailed, RankContext, in_torchrun, spawn
 from executor.program import lower
 from executor.recorder import (
     DONE,
@@ -50,6 +50,7 @@ from executor.recorder import (
     write_run,
 )
 from executor.runtime import RunOptions, check_supported
+from executor.torchrun import join
 from traces.chrome import event_name
 from traces.errors import ConfigError
 from traces.io import save

@@ -72,7 +72,7 @@ def test_join_a_torchrun_world_and_name_a_failing_rank(tmp_path: Path) -> None:
     script = tmp_path / "job.py"
     script.write_text(textwrap.dedent("""
         import torch, torch.distributed as dist
-        from executor.launch import join
+        from executor.torchrun import join
 
         def job(ctx):
             total = torch.ones(1) * (ctx.rank + 1)
