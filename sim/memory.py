@@ -43,7 +43,7 @@ Transient buffers at that peak (`working_bytes`), the sum of what applies:
                          2 * 2 * layer_params(t), and one layer's unsharded 2-byte gradients
                          before its reduce-scatter, 2 * layer_params(t)
 
-Try it: python -c "from sim.memory import *; help(stage_memory)"
+Try it: python -c "from sim.memory import *; help(pp_rank_memory)"
 """
 
 from __future__ import annotations
@@ -157,7 +157,7 @@ def working_bytes(model: ModelSpec, layout: Layout, pp_rank: int) -> float:
     return total
 
 
-def stage_memory(model: ModelSpec, layout: Layout, pp_rank: int,
+def pp_rank_memory(model: ModelSpec, layout: Layout, pp_rank: int,
                  actions: list[Action]) -> MemoryBreakdown:
     """Peak bytes on one GPU of pipeline rank `pp_rank` running `actions` (its schedule)."""
     if not 0 <= pp_rank < layout.pp:
@@ -177,22 +177,22 @@ def stage_memory(model: ModelSpec, layout: Layout, pp_rank: int,
 def memory_by_pp_rank(model: ModelSpec, layout: Layout) -> list[MemoryBreakdown]:
     """One breakdown per pipeline rank, under the layout's own schedule."""
     schedule = build_schedule(str(layout.schedule), layout.pp, layout.num_microbatches, layout.vp)
-    return [stage_memory(model, layout, r, schedule[r]) for r in range(layout.pp)]
+    return [pp_rank_memory(model, layout, r, schedule[r]) for r in range(layout.pp)]
 
 
 def memory_timeline(model: ModelSpec, layout: Layout, pp_rank: int,
                     timed: Sequence[tuple[Action, float, float]]) -> list[tuple[float, float]]:
     """Bytes one GPU of pipeline rank `pp_rank` holds over the step, as (time, bytes) points of
     a step curve (each value holds until the next point), from the same accounting as
-    `stage_memory`: model states throughout; a micro-batch's stored activations
+    `pp_rank_memory`: model states throughout; a micro-batch's stored activations
     (layers per virtual stage * `activation_bytes_per_layer`) from the start of its forward
     to the end of its backward; `working_bytes` while a pass runs. `timed` holds the rank's
     (action, start, end) in the order it ran them.
 
-    The curve's highest point is `stage_memory(...).total_bytes` for the same actions: the
+    The curve's highest point is `pp_rank_memory(...).total_bytes` for the same actions: the
     in-flight count peaks at the end of a forward and stays there until a backward ends, and
     that backward runs (with its working buffers) at the peak."""
-    base = stage_memory(model, layout, pp_rank, [])  # model states: no activations, no actions
+    base = pp_rank_memory(model, layout, pp_rank, [])  # model states: no activations, no actions
     states = base.params_bytes + base.grads_bytes + base.optimizer_bytes
     per_pass = (model.layers // layout.num_stages) * activation_bytes_per_layer(model, layout)
     work = working_bytes(model, layout, pp_rank)

@@ -303,9 +303,9 @@ def lane_usage(rank_lanes: Sequence[Lane]) -> list[LaneUsage]:
     return out
 
 
-def present_stages(times: StepTimes) -> dict[int, int]:
+def present_pp_ranks(times: StepTimes) -> dict[int, int]:
     """Pipeline rank -> the plan rank shown for it: every rank of a folded plan, else the
-    lowest rank present of each stage (rank 0 alone without a layout)."""
+    lowest rank present of each pipeline rank (rank 0 alone without a layout)."""
     layout = read_layout(times.plan.meta)
     if layout is None:
         return {0: times.plan.ranks[0]}

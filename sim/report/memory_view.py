@@ -1,6 +1,6 @@
 """Memory: over the step per pipeline rank (activations building up through the warm-up and
 freed in the cool-down, from `sim.memory.memory_timeline` at the simulated times), and at the
-peak per pipeline rank by kind (`sim.memory.stage_memory`), both against the device's capacity.
+peak per pipeline rank by kind (`sim.memory.pp_rank_memory`), both against the device's capacity.
 """
 
 from __future__ import annotations

@@ -46,7 +46,7 @@ from sim.report.memory_view import (
 from sim.report.pipeline import legend_html, pipeline_view
 from sim.report.words import Words, words_for
 from sim.simulate import headline
-from sim.timeline import lanes, present_stages, rank_ops
+from sim.timeline import lanes, present_pp_ranks, rank_ops
 from traces.errors import ConfigError
 from traces.files import write_text_atomic
 from traces.plan.meta import read_fold
@@ -63,7 +63,7 @@ def render_report(exp: Experiment, summary: StepSummary, times: StepTimes,
     """The whole HTML page as a string (deterministic). `ranks` picks the ranks whose lanes
     are drawn (default: the first and the last pipeline stage's)."""
     words = words_for(exp, times)
-    stages = present_stages(times)
+    stages = present_pp_ranks(times)
     detail, notes = detail_ranks(times, stages, ranks)
     comm = CommIndex(exp, times)
     cols = {rank: rank_ops(times, rank) for rank in times.plan.ranks}

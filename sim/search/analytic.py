@@ -9,7 +9,7 @@ It shares its parts with the simulator rather than being a second model of the s
   - communication: each collective lowered by `Collectives.resolve` exactly as the replay
     lowers it (NCCL's choice under `auto`), timed alone on the network by its alpha-beta time
     (`sim.collectives.analytic_time`); a pipeline send by `Collectives.p2p`;
-  - memory: `sim.memory.stage_memory` per pipeline rank under the layout's own schedule
+  - memory: `sim.memory.pp_rank_memory` per pipeline rank under the layout's own schedule
     (`traces.pipeline`'s generators, cached per (schedule, pp, micro-batches, vp)).
 
 The step, in closed form (p pipeline ranks, v virtual stages each, m micro-batches, n = L/(p·v)
@@ -54,7 +54,7 @@ from dataclasses import dataclass
 
 from sim.collectives import Collectives, analytic_time
 from sim.compute import ComputeModel
-from sim.memory import MemoryBreakdown, peak_in_flight, stage_memory
+from sim.memory import MemoryBreakdown, peak_in_flight, pp_rank_memory
 from sim.profile import Profile
 from sim.search.passes import (
     PassKey,
@@ -214,7 +214,7 @@ class Analytic:
         """`sim.memory.memory_by_pp_rank`, with each rank's peak of micro-batches in flight
         taken once per distinct schedule."""
         peaks = self._in_flight(layout)
-        return [stage_memory(self.model, layout, r, _holding(peaks[r]))
+        return [pp_rank_memory(self.model, layout, r, _holding(peaks[r]))
                 for r in range(layout.pp)]
 
     def peak_memory(self, layout: Layout) -> float:
@@ -225,7 +225,7 @@ class Analytic:
         ranks = {0, layout.pp - 1}
         if layout.pp > 2:
             ranks.add(max(range(1, layout.pp - 1), key=lambda r: (peaks[r], -r)))
-        return max(stage_memory(self.model, layout, r, _holding(peaks[r])).total_bytes
+        return max(pp_rank_memory(self.model, layout, r, _holding(peaks[r])).total_bytes
                    for r in sorted(ranks))
 
     def _in_flight(self, layout: Layout) -> tuple[int, ...]:
@@ -339,6 +339,6 @@ def _distinct_ranks(pp: int) -> list[int]:
 
 
 def _holding(peak: int) -> list[Action]:
-    """A schedule fragment holding `peak` micro-batches in flight: all `stage_memory` reads
+    """A schedule fragment holding `peak` micro-batches in flight: all `pp_rank_memory` reads
     of a rank's actions is that peak (`peak_in_flight`)."""
     return [Action(0, "F", i) for i in range(peak)]

@@ -12,7 +12,7 @@ from sim.memory import (
     memory_by_pp_rank,
     model_state_bytes,
     peak_in_flight,
-    stage_memory,
+    pp_rank_memory,
 )
 from traces.errors import ConfigError
 from traces.layout import Layout, Recompute, Schedule
@@ -200,7 +200,7 @@ def test_interleaved_stage_holds_its_chunks_layers():
 
 # --- memory_by_pp_rank --------------------------------------------------------------------------
 
-def test_memory_by_stage_gpt3_one_f_one_b():
+def test_memory_by_pp_rank_gpt3_one_f_one_b():
     layout = gpt3_layout(sp=True, recompute=Recompute.SELECTIVE, zero=1)
     stages = memory_by_pp_rank(GPT3, layout)
     assert len(stages) == 16
@@ -211,17 +211,17 @@ def test_memory_by_stage_gpt3_one_f_one_b():
     assert activations[0] == pytest.approx(16 * 6 * 34 * S * B * H / 8, rel=1e-12)
 
 
-def test_memory_by_stage_gpipe_holds_all_micro_batches_everywhere():
+def test_memory_by_pp_rank_gpipe_holds_all_micro_batches_everywhere():
     layout = Layout(pp=2, dp=1, global_batch=6, schedule=Schedule.GPIPE)
     stages = memory_by_pp_rank(SMALL, layout)
     per_layer = activation_bytes_per_layer(SMALL, layout)
     assert [s.activations_bytes for s in stages] == [6 * 2 * per_layer] * 2
 
 
-def test_stage_memory_matches_memory_by_stage():
+def test_pp_rank_memory_matches_memory_by_pp_rank():
     layout = small_layout(zero=2)
     schedule = build_schedule("1f1b", 2, 4)
-    assert [stage_memory(SMALL, layout, r, schedule[r]) for r in range(2)] == \
+    assert [pp_rank_memory(SMALL, layout, r, schedule[r]) for r in range(2)] == \
         memory_by_pp_rank(SMALL, layout)
 
 

@@ -2,7 +2,7 @@
 
     pytest tests/sim/test_report_memory.py -q
 
-The curve's top must be `stage_memory(...).total_bytes` (the number the memory table and the
+The curve's top must be `pp_rank_memory(...).total_bytes` (the number the memory table and the
 fits verdict use), the activations must rise through the warm-up by one micro-batch's worth per
 forward and fall back to the model states at the end, whatever the schedule.
 """
@@ -12,7 +12,7 @@ import pytest
 from sim.memory import (
     activation_bytes_per_layer,
     memory_timeline,
-    stage_memory,
+    pp_rank_memory,
     working_bytes,
 )
 from traces.errors import ConfigError
@@ -41,7 +41,7 @@ def test_the_top_of_the_curve_is_the_stage_peak(schedule, pp, vp, m, recompute, 
     plan = build_schedule(schedule, pp, m, vp)
     for r in range(pp):
         points = memory_timeline(MODEL, layout, r, unit_times(plan[r]))
-        peak = stage_memory(MODEL, layout, r, plan[r])
+        peak = pp_rank_memory(MODEL, layout, r, plan[r])
         assert max(b for _, b in points) == pytest.approx(peak.total_bytes, rel=1e-12)
         states = peak.params_bytes + peak.grads_bytes + peak.optimizer_bytes
         assert points[0] == (0.0, states) and points[-1][1] == pytest.approx(states)
