@@ -158,7 +158,7 @@ def working_bytes(model: ModelSpec, layout: Layout, pp_rank: int) -> float:
 
 
 def pp_rank_memory(model: ModelSpec, layout: Layout, pp_rank: int,
-                 actions: list[Action]) -> MemoryBreakdown:
+                   actions: list[Action]) -> MemoryBreakdown:
     """Peak bytes on one GPU of pipeline rank `pp_rank` running `actions` (its schedule)."""
     if not 0 <= pp_rank < layout.pp:
         raise ConfigError(f"pipeline rank {pp_rank} is outside 0..{layout.pp - 1}")
