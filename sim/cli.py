@@ -39,7 +39,7 @@ from topology.cluster import Cluster
 from topology.config import read_cluster, read_cluster_file
 from topology.presets import PRESETS
 from traces.chrome import chrome_bytes, dumps_chrome
-from traces.errors import ConfigError, show
+from traces.errors import ConfigError, show, warn
 from traces.files import Outputs, check_outputs
 from traces.io import dumps as dumps_trace
 
@@ -218,7 +218,7 @@ def _simulate(args: argparse.Namespace) -> int:
     targets = check_outputs({"--trace": args.trace, "--chrome": args.chrome,
                              "--report": args.report}, inputs=inputs)
     for warning in exp.warnings:
-        print(f"parasim: warning: {warning}", file=sys.stderr)
+        warn(warning)
     with Outputs() as outputs:
         with _ProgressBar("simulate", "op") as bar:
             summary, times = predict(exp, fold=not args.no_fold, progress=bar.update)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
@@ -29,7 +28,7 @@ from sim.replay import NETWORKS
 from sim.replay_trace import ReplayResult, choose_cluster, load_trace, replay_trace
 from topology.presets import PRESETS
 from traces.chrome import dumps_chrome
-from traces.errors import ConfigError, show
+from traces.errors import ConfigError, show, warn
 from traces.files import Outputs, check_outputs
 from traces.io import dumps as dumps_trace
 
@@ -81,12 +80,11 @@ def run(args: argparse.Namespace, *, emit: Callable[[str], None],
             result = replay_trace(loaded, cluster, profile, retime=args.retime,
                                   network=args.network, algo=args.algo, progress=bar.update,
                                   host_gaps=not args.no_host_gaps)
-        if args.retime and result.uncosted_compute and sys.stderr is not None:
-            print(f"parasim: warning: --retime: {result.uncosted_compute} of "
-                  f"{result.uncosted_compute + result.retimed_compute} compute ops kept their "
-                  "measured durations: the trace states no FLOPs or bytes for them (a "
-                  "profiler's ops carry none), so the compute model cannot time them",
-                  file=sys.stderr)
+        if args.retime and result.uncosted_compute:
+            warn(f"--retime: {result.uncosted_compute} of "
+                 f"{result.uncosted_compute + result.retimed_compute} compute ops kept their "
+                 "measured durations: the trace states no FLOPs or bytes for them (a "
+                 "profiler's ops carry none), so the compute model cannot time them")
         if targets:
             timed = result.times.timed_trace()
             if "--trace" in targets:

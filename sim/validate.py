@@ -45,7 +45,7 @@ from sim.provenance import file_sha256, provenance
 from sim.replay import StepTimes
 from sim.simulate import predict
 from traces.compare import Comparison, compare
-from traces.errors import ConfigError
+from traces.errors import ConfigError, warn
 from traces.files import Outputs, check_outputs
 from traces.ops import Trace
 
@@ -65,6 +65,8 @@ class Validation:
     peak_memory_predicted_bytes: dict[int, float]
     calibrated_here: bool
     """The profile came from this run's microbenchmarks (no --profile)."""
+    calibration_notes: tuple[str, ...] = ()
+    """The figures those microbenchmarks did not pin down (`FitReport.unidentified`)."""
 
     @property
     def step_time_measured_s(self) -> float:
@@ -136,6 +138,8 @@ def run(args: argparse.Namespace, *, emit: Callable[[str], None]) -> int:
     with Outputs() as outputs:
         result = validate(exp, steps=args.steps, warmup=args.warmup, timeout=args.timeout,
                           keep=args.keep, bench=spec, backend=backend)
+        for note in result.calibration_notes:  # as `parasim calibrate` prints them
+            warn(f"calibrate: {note}")
         if "--report" in targets:
             from sim.validate_report import render_validation  # plotly only when asked
 
@@ -151,13 +155,15 @@ def validate(exp: Experiment, *, steps: int = 3, warmup: int = 1, timeout: float
     """Calibrate (when `bench`, a `traces.bench.BenchSpec`, is given), run, simulate,
     compare."""
     calibrated_here = bench is not None
+    notes: tuple[str, ...] = ()
     if bench is not None:
         from sim.calibrate.fit import fit_profile
 
         bench_dir = None if keep is None else str(Path(keep) / "bench")
         trace = run_microbenchmarks(bench, bench_dir, timeout, backend=backend)
-        profile, _ = fit_profile([trace], exp.cluster, base=exp.profile,
-                                 name=f"{exp.name}-microbenchmarks")
+        profile, report = fit_profile([trace], exp.cluster, base=exp.profile,
+                                      name=f"{exp.name}-microbenchmarks")
+        notes = report.unidentified
         exp = _with_profile(exp, profile)
     measured, step_times, peaks = _run(exp, steps, warmup, timeout, keep, backend)
     _, times = predict(exp, fold=False)
@@ -168,7 +174,7 @@ def validate(exp: Experiment, *, steps: int = 3, warmup: int = 1, timeout: float
     return Validation(exp=exp, measured=measured, predicted=times, comparison=comparison,
                       step_times_measured_s=step_times, peak_memory_measured_bytes=peaks,
                       peak_memory_predicted_bytes=predicted_peaks,
-                      calibrated_here=calibrated_here)
+                      calibrated_here=calibrated_here, calibration_notes=notes)
 
 
 def _with_profile(exp: Experiment, profile: Profile) -> Experiment:

@@ -5,11 +5,18 @@ it into one line on stderr and exit status 2. Internal invariants use `assert` i
 """
 
 import reprlib
+import sys
 from collections.abc import Iterable, Sequence
 
 
 class ConfigError(ValueError):
     """Bad user input; the message names the field, the value and the rule."""
+
+
+def warn(message: str) -> None:
+    """One warning line on stderr, as the command line prints them: the run goes on."""
+    if sys.stderr is not None:
+        print(f"parasim: warning: {message}", file=sys.stderr)
 
 
 _SHOW = reprlib.Repr()

@@ -26,7 +26,6 @@ import argparse
 import contextlib
 import json
 import os
-import sys
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -41,7 +40,7 @@ from topology.cluster import Cluster
 from topology.config import read_cluster
 from topology.presets import PRESETS
 from traces.bench import ALL_COLLECTIVE_KINDS, COLLECTIVE_KINDS, BenchSpec, Probe, probe_grid
-from traces.errors import ConfigError, show
+from traces.errors import ConfigError, show, warn
 from traces.files import Outputs, check_outputs, load_toml
 from traces.ops import Trace
 
@@ -89,12 +88,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="seconds the microbenchmarks may take (default 600)")
     parser.add_argument("--name", help="the profile's name (default: from the output file)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
-
-
-def warn(message: str) -> None:
-    """A warning line on stderr (the command line's form)."""
-    if sys.stderr is not None:
-        print(f"parasim: warning: {message}", file=sys.stderr)
 
 
 def run(args: argparse.Namespace, *, emit: Callable[[str], None]) -> int:
