@@ -249,17 +249,20 @@ def write_run(out_dir: PathLike, trace: Trace) -> list[Path]:
     """`rank<r>.json` per rank (traces.io) and `chrome.json`, one Perfetto view of all ranks
     (only the timed ops, so an incomplete run opens too). Returns the paths written."""
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for rank in trace.ranks:
-        path = out / f"rank{rank}.json"
-        save(Trace({rank: trace.ops[rank]}, trace.meta), path)
-        paths.append(path)
+    paths = [write_rank(out, trace, rank) for rank in trace.ranks]
     shown = {r: tuple(dataclasses.replace(op, deps=()) for op in ops if op.end is not None)
              for r, ops in trace.ops.items()}
     chrome = out / "chrome.json"
     save_chrome(Trace(shown, trace.meta), chrome)
     return [*paths, chrome]
+
+
+def write_rank(out_dir: PathLike, trace: Trace, rank: int) -> Path:
+    """`rank<r>.json`: the trace's ops of one rank, with its meta (traces.io)."""
+    path = Path(out_dir) / f"rank{rank}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save(Trace({rank: trace.ops[rank]}, trace.meta), path)
+    return path
 
 
 def load_run(out_dir: PathLike) -> Trace:

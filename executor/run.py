@@ -47,13 +47,13 @@ from executor.recorder import (
     measure_clocks,
     run_meta,
     timed_trace,
+    write_rank,
     write_run,
 )
 from executor.runtime import RunOptions, check_supported
 from executor.torchrun import join
 from traces.chrome import event_name
 from traces.errors import ConfigError
-from traces.io import save
 from traces.layout import Layout
 from traces.model import ModelSpec
 from traces.ops import Trace
@@ -230,10 +230,7 @@ def _write_partial(job: _Job, ctx: RankContext, error: str) -> list[Path]:
     plan = Trace({ctx.rank: job.plan.ops[ctx.rank]}, job.plan.meta)
     meta = _meta(job, backend=ctx.backend, complete=False, error=error)
     trace = timed_trace(plan, {ctx.rank: ctx.records}, meta)
-    path = Path(job.out_dir) / f"rank{ctx.rank}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    save(trace, path)
-    return [path]
+    return [write_rank(job.out_dir, trace, ctx.rank)]
 
 
 def _injected_fault() -> None:

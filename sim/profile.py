@@ -51,6 +51,8 @@ KERNEL_NAMES = ("embed", "pos_embed", "ln1", "qkv", "flash_attn", "qk", "softmax
                 "attn_dropout", "av", "proj", "bda1", "ln2", "fc1", "gelu", "fc2", "bda2",
                 "final_ln", "logits", "cross_entropy", "optimizer")
 """The compute op names a plan holds (`traces.kernels`, `traces.plan.compute`)."""
+MAX_COMM_INTERFERENCE = 10.0
+"""The largest `comm_interference` a profile holds (kernels 11 times slower beside data)."""
 Tile = tuple[int, int]
 
 
@@ -95,7 +97,7 @@ class ComputeParams:
     def __post_init__(self) -> None:
         check_fraction(self.gemm_efficiency, "compute.gemm_efficiency")
         check_number(self.comm_interference, "compute.comm_interference", minimum=0.0,
-                     maximum=10.0)
+                     maximum=MAX_COMM_INTERFERENCE)
         check_fraction(self.memory_efficiency, "compute.memory_efficiency")
         check_number(self.launch_overhead_s, "compute.launch_overhead_s", minimum=0.0,
                      maximum=MAX_LATENCY_S)
@@ -273,7 +275,7 @@ def _compute(fields: Fields) -> ComputeParams:
         launch_overhead_s=fields.number("launch_overhead_s", base.launch_overhead_s,
                                         minimum=0.0, maximum=MAX_LATENCY_S, unit=" s"),
         comm_interference=fields.number("comm_interference", base.comm_interference,
-                                        minimum=0.0, maximum=10.0),
+                                        minimum=0.0, maximum=MAX_COMM_INTERFERENCE),
         roofline_exponent=fields.number("roofline_exponent", base.roofline_exponent,
                                         minimum=1.0, maximum=64.0),
         kernels={name: _kernel(kernels.sub(name)) for name in kernels.table})

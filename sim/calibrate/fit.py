@@ -84,8 +84,7 @@ def fit_profile(traces: Sequence[Trace], cluster: Cluster, *, base: Profile,
             params = dataclasses.replace(params, comm_interference=interference.value)
             num_compute += 1
         else:
-            notes.append(f"comm_interference not identifiable: {interference.unidentified}; "
-                         f"{_KEPT}")
+            _kept(notes, "comm_interference", interference.unidentified)
     if num_links + num_compute == 0:
         raise ConfigError("calibrate: the traces pin down no figure: "
                           + "; ".join(notes[:3]) + ("; ..." if len(notes) > 3 else ""))
@@ -97,7 +96,11 @@ def fit_profile(traces: Sequence[Trace], cluster: Cluster, *, base: Profile,
                               interference=interference)
 
 
-_KEPT = "kept the base profile's value"
+def _kept(notes: list[str], figure: str, reason: str | None) -> None:
+    """Note a figure the data did not pin down (`reason`; None: they did), whose base
+    value the profile keeps."""
+    if reason:
+        notes.append(f"{figure} not identifiable: {reason}; kept the base profile's value")
 
 
 def _base_links(cluster: Cluster, base: Profile) -> dict[str, tuple[float, float, float]]:
@@ -132,7 +135,7 @@ def _link_params(fit: LinkFit | None, cluster: Cluster, base: Profile, notes: li
                 continue
             values.append(default)
             if not reason.startswith("not measured"):
-                notes.append(f"link {e.kind} {what} not identifiable: {reason}; {_KEPT}")
+                _kept(notes, f"link {e.kind} {what}", reason)
         if any(r is None for r in (e.latency_unidentified, e.bandwidth_unidentified,
                                    e.call_unidentified)):
             out[e.kind] = LinkParams(latency_s=values[0], bandwidth_Bps=values[1],
@@ -151,18 +154,10 @@ def _compute_params(fit: ComputeFit | None, acc: Accelerator, base_profile: Prof
         return base_profile.accelerator, base, 0
     for k in fit.kernels:
         kind = "FLOP rate" if k.flops_rate is not None else "memory rate"
-        if k.rate_unidentified:
-            notes.append(f"kernel {k.name} {kind} not identifiable: {k.rate_unidentified}; "
-                         f"{_KEPT}")
-        if k.overhead_unidentified:
-            notes.append(f"kernel {k.name} overhead not identifiable: "
-                         f"{k.overhead_unidentified}; {_KEPT}")
-    if fit.memory_rate_unidentified:
-        notes.append(f"compute memory rate not identifiable: {fit.memory_rate_unidentified}; "
-                     f"{_KEPT}")
-    if fit.exponent_unidentified:
-        notes.append(f"roofline exponent not identifiable: {fit.exponent_unidentified}; "
-                     f"{_KEPT}")
+        _kept(notes, f"kernel {k.name} {kind}", k.rate_unidentified)
+        _kept(notes, f"kernel {k.name} overhead", k.overhead_unidentified)
+    _kept(notes, "compute memory rate", fit.memory_rate_unidentified)
+    _kept(notes, "roofline exponent", fit.exponent_unidentified)
     # Roofs from the rates pinned down within ±50%; efficiencies for every identified rate.
     flops = [k.flops_rate for k in fit.kernels if k.flops_rate is not None and k.sets_roof]
     memory = [k.memory_rate for k in fit.kernels if k.memory_rate is not None and k.sets_roof]

@@ -27,12 +27,11 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from sim.profile import MAX_COMM_INTERFERENCE
 from traces.bench import INTERFERENCE_ALONE, INTERFERENCE_COLLECTIVE, INTERFERENCE_OVERLAPPED
 from traces.ops import Op, Trace
 
 MAX_HALF_WIDTH = 0.5
-MAX_INTERFERENCE = 10.0
-"""The largest `comm_interference` a profile holds (`sim.profile.ComputeParams`)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -106,7 +105,7 @@ def fit_interference(traces: Sequence[Trace]) -> InterferenceFit | None:
     rel_var = (statistics.variance(overlapped) / (len(overlapped) * mo * mo)
                + statistics.variance(alone) / (len(alone) * ma * ma))
     half = 1.96 * ratio * math.sqrt(rel_var)
-    value = min(max(0.0, ratio - 1.0), MAX_INTERFERENCE)
+    value = min(max(0.0, ratio - 1.0), MAX_COMM_INTERFERENCE)
     return InterferenceFit(value=value, ci=(max(0.0, ratio - 1.0 - half),
                                             max(0.0, ratio - 1.0 + half)),
                            alone_s=ma, overlapped_s=mo, num_alone=len(alone),
