@@ -42,6 +42,7 @@ from sim.collectives import Collectives
 from sim.flows import FlowSet, Lowering
 from topology.cluster import Cluster
 from traces.errors import ConfigError
+from traces.io import check_transfer_sizes
 from traces.layout import Layout
 from traces.ops import Op, OpKind, Trace
 
@@ -152,7 +153,7 @@ def lower_communication(plan: Trace, cluster: Cluster, fold: Layout | None, *,
             raise ConfigError(f"trace: rank {r} does not exist on {cluster.name} "
                               f"({cluster.num_devices} accelerators)")
     keys, key_of, transfers = _keys(plan, cluster)
-    _check_transfers(plan, keys, transfers)
+    check_transfer_sizes(transfers, "trace")
     lowered = _lower(keys, cluster, collectives, fold, algo)
     members = _Members(plan, fold)
     channels: dict[Channel, int] = {}  # in order of index
@@ -199,17 +200,17 @@ def _comm_op(rank: int, kind: OpKind, tag: str, k: int, key: CommKey, algo: str,
     return CommOp(lowered=k, channel=channel, queue=queue, need=need), counted
 
 
-def _keys(plan: Trace, cluster: Cluster) -> tuple[list[CommKey], dict[int, dict[int, int]],
-                                                  list[tuple[int, int, int]]]:
+def _keys(plan: Trace, cluster: Cluster
+          ) -> tuple[list[CommKey], dict[int, dict[int, int]], list[tuple[int, int, Op]]]:
     """Every communication op's key, checked: the distinct keys in order of first use; per
-    rank, per op index, the index of its key in that list; and (rank, op index, key index)
-    of every send and receive."""
+    rank, per op index, the index of its key in that list; and (rank, op index, op) of every
+    send and receive."""
     n = cluster.num_devices
     keys: list[CommKey] = []
     index: dict[tuple[object, ...], int] = {}
     checked: set[tuple[int, ...]] = set()
     key_of: dict[int, dict[int, int]] = {}
-    transfers: list[tuple[int, int, int]] = []
+    transfers: list[tuple[int, int, Op]] = []
     for rank, ops in plan.ops.items():
         per_op = key_of[rank] = {}
         for i, op in enumerate(ops):
@@ -228,7 +229,7 @@ def _keys(plan: Trace, cluster: Cluster) -> tuple[list[CommKey], dict[int, dict[
                 if k is None:
                     k = index[raw] = len(keys)
                     keys.append(TransferKey(src, dst, op.size_bytes, measured))
-                transfers.append((rank, i, k))
+                transfers.append((rank, i, op))
             else:
                 group = op.group
                 if group not in checked:
@@ -246,28 +247,6 @@ def _keys(plan: Trace, cluster: Cluster) -> tuple[list[CommKey], dict[int, dict[
                     keys.append(CollectiveKey(kind, group, op.size_bytes, measured))
             per_op[i] = k
     return keys, key_of, transfers
-
-
-def _check_transfers(plan: Trace, keys: list[CommKey],
-                     transfers: list[tuple[int, int, int]]) -> None:
-    """The k-th send from a to b with a tag meets the k-th receive on b from a with that tag
-    (`sim.meetings`): where the plan holds both and both state their size, it is one size.
-    `transfers` lists (rank, op index, key index) of every send and receive. (`traces.io`
-    checks this on load; a trace built in memory, an import, arrives here unchecked.)"""
-    sends: dict[tuple[int, int, str], list[tuple[int, TransferKey]]] = {}
-    recvs: dict[tuple[int, int, str], list[tuple[int, TransferKey]]] = {}
-    for rank, i, k in transfers:
-        key = keys[k]
-        assert isinstance(key, TransferKey)
-        side = sends if key.src == rank else recvs
-        side.setdefault((key.src, key.dst, plan.ops[rank][i].tag), []).append((i, key))
-    for (src, dst, tag), received in recvs.items():
-        for (i, recv), (j, send) in zip(received, sends.get((src, dst, tag), ())):
-            if recv.size_bytes != send.size_bytes and not (recv.measured or send.measured):
-                raise ConfigError(f"trace: rank {dst}, op {i}: recv of {recv.size_bytes:,.0f} B "
-                                  f"from rank {src} (tag {tag!r}) meets rank {src}'s op {j}, a "
-                                  f"send of {send.size_bytes:,.0f} B; a send and its receive "
-                                  "move the same bytes")
 
 
 def _measured(op: Op) -> bool:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import MISSING, fields
 from enum import StrEnum
 from itertools import compress
@@ -131,25 +131,26 @@ def from_json(data: object, source: str = "trace") -> Trace:
         for key, raw_ops in ranks.items():
             rank = _rank_key(key, source)
             ops[rank] = _decode_rank(rank, raw_ops, source)
-        _check_pairs(ops, source)
+        check_transfer_sizes(((rank, i, op) for rank, rank_ops in ops.items()
+                              for i, op in enumerate(rank_ops) if op.kind in _P2P), source)
     return Trace(ops=ops, meta=meta)
 
 
-def _check_pairs(ops: dict[int, tuple[Op, ...]], source: str) -> None:
+def check_transfer_sizes(transfers: Iterable[tuple[int, int, Op]], source: str) -> None:
     """The k-th send from a to b with a tag meets the k-th receive on b from a with that tag
     (as the replay matches them): where the trace holds both, they move the same bytes. (A
-    timed op of size 0 does not state its size; the replay keeps its measured duration.)"""
+    timed op of size 0 does not state its size; the replay keeps its measured duration.)
+    `transfers`: (rank, op index, op) of every send and receive, in each rank's issue order.
+    Loading checks it; the replay's lowering too, for traces built in memory (imports)."""
     # (source, destination, tag) -> (op index, size) in issue order; a peer is set (checked)
     Pairs = dict[tuple[int | None, int | None, str], list[tuple[int, float]]]
     sends: Pairs = {}
     recvs: Pairs = {}
-    for rank, rank_ops in ops.items():
-        for index, op in enumerate(rank_ops):
-            kind = op.kind
-            if kind is _SEND:
-                sends.setdefault((rank, op.peer, op.tag), []).append((index, _stated(op)))
-            elif kind is _RECV:
-                recvs.setdefault((op.peer, rank, op.tag), []).append((index, _stated(op)))
+    for rank, index, op in transfers:
+        if op.kind is _SEND:
+            sends.setdefault((rank, op.peer, op.tag), []).append((index, _stated(op)))
+        else:
+            recvs.setdefault((op.peer, rank, op.tag), []).append((index, _stated(op)))
     for key, received in recvs.items():
         src, dst, tag = key
         for call, ((index, size), (sent_at, sent)) in enumerate(zip(received,

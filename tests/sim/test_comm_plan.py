@@ -109,8 +109,8 @@ def test_a_send_and_the_receive_it_meets_must_move_the_same_bytes(h100):
     with pytest.raises(ConfigError) as caught:
         lower_communication(plan, h100, None)
     assert str(caught.value) == ("trace: rank 1, op 2: recv of 3,145,728 B from rank 0 (tag "
-                                 "'act') meets rank 0's op 1, a send of 2,097,152 B; a send and "
-                                 "its receive move the same bytes")
+                                 "'act', call #1) meets rank 0's op 1, a send of 2,097,152 B; a "
+                                 "send and its receive move the same bytes")
     # A measured transfer of unstated size (0 B, timed) keeps its duration: no size to compare.
     unstated = Trace({0: (_p2p(send, 1, 0.0, timed=True),), 1: (_p2p(recv, 0, MiB, timed=True),)})
     lower_communication(unstated, h100, None)
