@@ -36,11 +36,12 @@ from executor.launch import JobFailed, RankContext, in_torchrun, spawn
 from executor.params import DTYPES
 from executor.recorder import (
     DONE,
+    H_CLOCK_ERROR,
     H_OFFSET,
     HEADER,
     Recorder,
-    align_clocks,
     buffer_size,
+    measure_clocks,
     run_meta,
     timed_trace,
     write_run,
@@ -193,8 +194,8 @@ def _rank_main(ctx: RankContext, job: _Job, out_dir: str) -> dict[str, Any]:
                    if op.kind.is_collective})
     groups = Groups.create(keys, ctx.timeout_s)
     comm = Comm(groups)
-    offset, method = align_clocks(rank, ctx.world_size, ctx.device)
-    ctx.records[H_OFFSET] = offset
+    offset, error, method = measure_clocks(rank, ctx.world_size, ctx.device)
+    ctx.records[H_OFFSET], ctx.records[H_CLOCK_ERROR] = offset, error
     recorder = Recorder(ctx.records, ctx.device)
     runs: list[Callable[[], None]] = []
     probes: dict[str, Interpreter] = {}  # a probe run again (another pass) reuses its model

@@ -150,13 +150,6 @@ def host_key() -> int:
     return int.from_bytes(text.encode()[:16].ljust(16, b"\0")[:8], "little") & (2**62 - 1)
 
 
-def align_clocks(rank: int, world_size: int, device: torch.device) -> tuple[int, str]:
-    """This rank's clock minus rank 0's, in ns, and the method used (`measure_clocks`
-    without the error bound)."""
-    offset, _, method = measure_clocks(rank, world_size, device)
-    return offset, method
-
-
 def measure_clocks(rank: int, world_size: int, device: torch.device) -> tuple[int, int, str]:
     """This rank's clock minus rank 0's and the bound on that estimate's error, in ns, and the
     method used. Collective over the default group (call on every rank, outside recorded

@@ -168,7 +168,7 @@ def test_zero_shards_round_trip(world: dict, zero: int) -> None:
 
 
 def test_ranks_on_one_host_share_a_clock(world: dict) -> None:
-    assert list(world["clock"]) == [(0, "shared clock"), (0, "aligned to rank 0")]
+    assert list(world["clock"]) == [(0, 0, "shared clock"), (0, 0, "aligned to rank 0")]
 
 
 def test_ranks_on_other_hosts_are_aligned_by_ping_pong(world: dict) -> None:

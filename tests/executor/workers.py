@@ -22,7 +22,7 @@ from executor.kernels import LAYER_FLASH, LAYER_UNFUSED
 from executor.launch import RankContext
 from executor.optim import AdamWConfig
 from executor.params import build_unit_params
-from executor.recorder import DONE, H_OFFSET, Recorder, align_clocks, new_buffer
+from executor.recorder import DONE, H_OFFSET, Recorder, measure_clocks, new_buffer
 from executor.runtime import RankRuntime, RunOptions
 from tests.executor.drive import Step, _kernels
 from traces.chrome import event_name
@@ -188,8 +188,8 @@ def zero_case(ctx: RankContext, case: Case) -> dict[str, Any]:
     return out
 
 
-def clock_case(ctx: RankContext) -> tuple[int, str]:
-    return align_clocks(ctx.rank, ctx.world_size, ctx.device)
+def clock_case(ctx: RankContext) -> tuple[int, int, str]:
+    return measure_clocks(ctx.rank, ctx.world_size, ctx.device)
 
 
 def clock_hosts_case(ctx: RankContext) -> tuple[int, int, str]:
@@ -215,7 +215,7 @@ def walk_plan(ctx: RankContext, plan: Trace, fail_at: int | None = None,
     layout = Layout(**plan.meta["layout"])
     groups = Groups.create(plan_group_keys(plan, layout), ctx.timeout_s)
     comm = Comm(groups, record=True)
-    offset, _ = align_clocks(ctx.rank, ctx.world_size, ctx.device)
+    offset, _, _ = measure_clocks(ctx.rank, ctx.world_size, ctx.device)
     ctx.records[H_OFFSET] = offset
     rec = Recorder(ctx.records)
     rec.reset()
@@ -278,7 +278,7 @@ def interpret_cases(ctx: RankContext, cases: list[Case], count_flops: bool = Fal
         groups = Groups.create(plan_group_keys(plan, layout), ctx.timeout_s)
         comm = Comm(groups, record=True)
         records = new_buffer(len(plan.ops[ctx.rank]))
-        records[H_OFFSET], _ = align_clocks(ctx.rank, ctx.world_size, ctx.device)
+        records[H_OFFSET] = measure_clocks(ctx.rank, ctx.world_size, ctx.device)[0]
         recorder = Recorder(records)
         interp = Interpreter(plan, model, layout, ctx.rank, comm, OPTIONS, ctx.device, recorder)
         flops: list[float] = []
@@ -322,7 +322,7 @@ def device_case(ctx: RankContext, case: Case) -> dict[str, Any]:
     groups = Groups.create(plan_group_keys(plan, layout), ctx.timeout_s)
     comm = Comm(groups)
     records = new_buffer(len(plan.ops[ctx.rank]))
-    records[H_OFFSET], _ = align_clocks(ctx.rank, ctx.world_size, ctx.device)
+    records[H_OFFSET] = measure_clocks(ctx.rank, ctx.world_size, ctx.device)[0]
     recorder = Recorder(records, ctx.device)
     flush, events = recorder.flush, []
 
