@@ -10,7 +10,8 @@ where nothing is to be simulated: compute (`sim.compute`), and communication who
 trace does not state. The parts:
 
   - `sim.comm_plan.lower_communication`: the plan's communication lowered before the run (pure;
-    folding, described in the plan's meta and read by `plan_fold`, is handled there);
+    folding, described in the plan's meta and read by `traces.plan.meta.read_fold`, is
+    handled there);
   - `sim.meetings.Meetings`: who waits for whom at run time;
   - here: the streams, moving communication through the flow model (`sim.network`, where every
     transfer in flight shares the links) and timing compute by the compute model.
@@ -24,7 +25,7 @@ draws the bar.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
@@ -36,7 +37,6 @@ from sim.meetings import Meetings
 from sim.network import Network
 from topology.cluster import Cluster
 from traces.errors import ConfigError
-from traces.layout import Layout
 from traces.nogc import paused_gc
 from traces.ops import Op, OpKind, Trace
 from traces.plan.meta import read_fold
@@ -75,13 +75,6 @@ class StepTimes:
         return Trace(ops, {**self.plan.meta, "timed": True})
 
 
-def plan_fold(meta: Mapping[str, Any], ranks: Iterable[int] | None = None) -> Layout | None:
-    """The layout a folded plan was built with, or None for a plan of every rank; with the
-    plan's `ranks`, checked to be the fold's representatives (`traces.plan.meta.read_fold`,
-    which also reads version 1's `"folded": true`)."""
-    return read_fold(meta, ranks=ranks)
-
-
 def replay(plan: Trace, cluster: Cluster, compute: Durations, *, network: str = "flow",
            algo: str = "auto", progress: Progress | None = None,
            gaps: Mapping[int, Sequence[float]] | None = None) -> StepTimes:
@@ -90,7 +83,7 @@ def replay(plan: Trace, cluster: Cluster, compute: Durations, *, network: str = 
     kernel launches, see `host_gaps`)."""
     if network not in NETWORKS:
         raise ConfigError(f"network: {network!r} is not one of {', '.join(NETWORKS)}")
-    comm = lower_communication(plan, cluster, plan_fold(plan.meta, plan.ops), algo=algo)
+    comm = lower_communication(plan, cluster, read_fold(plan.meta, ranks=plan.ops), algo=algo)
     return _Replay(plan, cluster, compute, comm, network, gaps).run(progress)
 
 

@@ -37,7 +37,7 @@ from typing import Any
 
 from sim.compute import ComputeModel
 from sim.profile import Profile, default_profile
-from sim.replay import NETWORKS, Progress, StepTimes, plan_fold, replay
+from sim.replay import NETWORKS, Progress, StepTimes, replay
 from sim.replay import host_gaps as measured_gaps
 from topology.cluster import Cluster
 from topology.config import FABRICS, ClusterSpec, read_cluster, read_cluster_file
@@ -300,7 +300,7 @@ def _census(trace: Trace) -> tuple[dict[str, int], dict[str, int], dict[str, flo
     "_allgather_base"); its barriers stay "barrier"."""
     present = set(trace.ops)
     kineto = trace.meta.get("source") == "kineto"
-    fold = plan_fold(trace.meta)
+    fold = read_fold(trace.meta)
     counter: dict[tuple[int, ...], int] = {}  # group -> the present rank that counts its calls
     kinds: Counter[str] = Counter()
     names: Counter[str] = Counter()

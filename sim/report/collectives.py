@@ -20,10 +20,11 @@ from sim.collectives import Collectives, busbw_factor
 from sim.comm_plan import CommPlan, TransferKey, lower_communication
 from sim.config import Experiment
 from sim.flows import FlowSet, Lowering, solo_time
-from sim.replay import StepTimes, plan_fold
+from sim.replay import StepTimes
 from sim.timeline import RankOps
 from topology.cluster import Cluster
 from traces.ops import Op, OpKind
+from traces.plan.meta import read_fold
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -62,7 +63,7 @@ class CommIndex:
 
     def __init__(self, exp: Experiment, times: StepTimes) -> None:
         plan = times.plan
-        self.plan: CommPlan = lower_communication(plan, exp.cluster, plan_fold(plan.meta),
+        self.plan: CommPlan = lower_communication(plan, exp.cluster, read_fold(plan.meta),
                                                   algo=exp.algo)
         self.cluster = exp.cluster
         self._collectives = Collectives(exp.cluster)

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from sim.config import Experiment
 from sim.replay import StepTimes
 from sim.timeline import stands_for
-from topology.cluster import Cluster
 from traces.layout import Layout
 from traces.plan.meta import read_fold, read_layout
 
@@ -39,14 +38,8 @@ class Words:
         return f"{head} · {self.count(self.stands_for)}" if self.stands_for > 1 else head
 
 
-def device_words(cluster: Cluster) -> tuple[str, str]:
-    """The cluster's words for one device and several (`Cluster.device_words`); `parasim
-    search` uses these too."""
-    return cluster.device_words
-
-
 def words_for(exp: Experiment, times: StepTimes) -> Words:
-    device, devices = device_words(exp.cluster)
+    device, devices = exp.cluster.device_words
     fold = read_fold(times.plan.meta)
     return Words(device=device, devices=devices,
                  stands_for=stands_for(times),

@@ -31,7 +31,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sim.report.words import device_words
 from sim.search.analytic import Estimate
 from sim.search.engines import Engine
 from sim.search.problem import Problem, context
@@ -193,7 +192,7 @@ def search(problem: Problem, *, engine: Engine, top_k: int = DEFAULT_TOP,
                        key=lambda r: (_des(r), layout_key(r.layout)))
     tau, discordant = kendall_tau([r.estimate.step_time_s for r in simulated],
                                   [_des(r) for r in simulated])
-    device, devices = device_words(ctx.base.cluster)
+    device, devices = ctx.base.cluster.device_words
     return SearchResult(
         name=ctx.base.name, cluster=ctx.base.cluster.name, world=ctx.base.cluster.num_devices,
         memory_capacity_bytes=ctx.base.cluster.accelerator.memory_bytes,
@@ -281,7 +280,7 @@ def _check_some_fit(total: int, pruned: Counter[str], examples: dict[str, str],
     capacity = ctx.base.cluster.accelerator.memory_bytes
     raise ConfigError(f"search: none of the {len(infeasible):,} valid layouts fits in memory "
                       f"(the smallest peak is {least / 2**30:.1f} GiB per "
-                      f"{device_words(ctx.base.cluster)[0]}, the "
+                      f"{ctx.base.cluster.device_words[0]}, the "
                       f"accelerator has {capacity / 2**30:.1f} GiB)")
 
 

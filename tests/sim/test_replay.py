@@ -4,14 +4,14 @@ import pytest
 
 from sim.compute import ComputeModel
 from sim.profile import default_profile
-from sim.replay import plan_fold, replay
+from sim.replay import replay
 from topology import build_cluster
 from traces.errors import ConfigError
 from traces.layout import Layout, check_layout
 from traces.model import ModelSpec
 from traces.ops import Op, OpKind, Trace
 from traces.plan import build
-from traces.plan.meta import fold_meta
+from traces.plan.meta import fold_meta, read_fold
 
 MODEL = ModelSpec(layers=8, hidden=1024, heads=16, seq_len=1024, vocab=32000)
 MiB = 2**20
@@ -160,16 +160,16 @@ def test_progress_is_reported_as_ops_done_of_ops_in_all(h100):
 
 def test_the_fold_is_read_from_the_plan_meta_old_and_new_spelling():
     layout = Layout(tp=2, pp=2, dp=4, global_batch=16)
-    assert plan_fold({"fold": fold_meta(layout)}) == layout
-    assert plan_fold({"folded": True, "layout": layout.to_dict()}) == layout  # version 1
-    assert plan_fold({"fold": fold_meta(layout), "world": 16}, [0, 8]) == layout
-    assert plan_fold({"layout": layout.to_dict()}) is None  # a plan of every rank
+    assert read_fold({"fold": fold_meta(layout)}) == layout
+    assert read_fold({"folded": True, "layout": layout.to_dict()}) == layout  # version 1
+    assert read_fold({"fold": fold_meta(layout), "world": 16}, ranks=[0, 8]) == layout
+    assert read_fold({"layout": layout.to_dict()}) is None  # a plan of every rank
     with pytest.raises(ConfigError, match="meta.fold"):
-        plan_fold({"fold": {"axes": ["tp"], "layout": {}}})
+        read_fold({"fold": {"axes": ["tp"], "layout": {}}})
     with pytest.raises(ConfigError, match=r"^trace: meta\.layout\.tensor: unknown key"):
-        plan_fold({"folded": True, "layout": {"tensor": 2}})
+        read_fold({"folded": True, "layout": {"tensor": 2}})
     with pytest.raises(ConfigError, match=r"folds onto ranks \[0, 8\] .* holds ranks \[0\]$"):
-        plan_fold({"fold": fold_meta(layout)}, [0])
+        read_fold({"fold": fold_meta(layout)}, ranks=[0])
 
 
 def test_the_replay_checks_the_fold_against_the_plan_and_the_cluster(h100):

@@ -1,4 +1,4 @@
-"""`parasim search` names devices as the step report does (`sim.report.words.device_words`):
+"""`parasim search` names devices as the step report does (`topology.cluster.Cluster.device_words`):
 chips on a torus, GPUs elsewhere, in the text, the pruning reasons and the --report page.
 
     pytest tests/sim/test_search_words.py -q
