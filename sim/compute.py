@@ -41,6 +41,11 @@ class ComputeModel:
         """How much slower kernels run while their rank communicates (see sim.profile)."""
         return self.profile.compute.comm_interference
 
+    @property
+    def compute_interference(self) -> float:
+        """How much slower data moves while its ranks run kernels (see sim.profile)."""
+        return self.profile.compute.compute_interference
+
     def duration(self, op: Op) -> float:
         if op.start is not None and op.end is not None:
             return op.end - op.start

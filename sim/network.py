@@ -5,8 +5,10 @@ then moves its bytes while sharing every link with all other transfers in flight
 costs `latency + bytes / share`; a `Lowering` runs its rounds one after another.
 
 Use: `handle = net.register(lowering)` once per lowering, then `net.run(handle, size)` per
-collective. Rates change only when a transfer starts moving or ends, and only for the transfers
-connected to it through shared links (its *component*). Which flow sets share links is worked
+collective (`net.run(handle, size, stretch)`: every latency and byte of it `stretch` times as
+long, as when the host that moves it is busy with other work: `sim.replay`). Rates change
+only when a transfer starts moving or ends, and only for the transfers connected to it through
+shared links (its *component*). Which flow sets share links is worked
 out once per flow set, so a transfer alone on its links costs one event and no fairness
 computation. A lowering whose rounds each have one flow set and which starts with nothing else
 on any of its links runs on the analytic path: one event at its `solo_time` end. If another
@@ -65,6 +67,7 @@ class _Job:
     size: float
     start: float
     done: simpy.Event
+    stretch: float = 1.0
     live: bool = True
 
 
@@ -114,8 +117,9 @@ class Network:
             self._plans.append(_Plan(lowering, index, analytic))
         return handle
 
-    def run(self, handle: int, size_bytes: float) -> simpy.Event:
-        """An event that fires when the registered lowering's last round has finished."""
+    def run(self, handle: int, size_bytes: float, stretch: float = 1.0) -> simpy.Event:
+        """An event that fires when the registered lowering's last round has finished (each
+        latency and each byte counted `stretch` times)."""
         done = self.env.event()
         plan = self._plans[handle]
         if plan.analytic:
@@ -128,9 +132,9 @@ class Network:
                     plan.registry_size = len(self._sets)
                 active, jobs = self._active, self._jobs
                 if not any(active[j] or jobs[j] for j in plan.conflicts):
-                    self._analytic(_Job(plan, size_bytes, self.env.now, done))
+                    self._analytic(_Job(plan, size_bytes, self.env.now, done, stretch))
                     return done
-        self._round(plan, 0, size_bytes, done)
+        self._round(plan, 0, size_bytes, done, stretch)
         return done
 
     def _analytic(self, job: _Job) -> None:
@@ -140,7 +144,8 @@ class Network:
         seconds = plan.seconds.get(job.size)
         if seconds is None:
             seconds = plan.seconds[job.size] = solo_time(plan.lowering, job.size, self.capacity)
-        self.env.timeout(seconds).callbacks.append(lambda _: self._end_analytic(job))
+        self.env.timeout(seconds * job.stretch).callbacks.append(
+            lambda _: self._end_analytic(job))
 
     def _end_analytic(self, job: _Job) -> None:
         if job.live:
@@ -155,26 +160,27 @@ class Network:
     def _to_flows(self, job: _Job) -> None:
         """Continue an analytic job as flow transfers from where it has got to by now."""
         self._drop(job)
-        plan, now, t = job.plan, self.env.now, job.start
+        plan, now, t, stretch = job.plan, self.env.now, job.start, job.stretch
         for k, ((flows, factor),) in enumerate(plan.lowering):
-            size = factor * job.size
-            end = t + flows.solo_time(size)
+            size = factor * job.size * stretch
+            end = t + flows.solo_time(size) + flows.latency_s * (stretch - 1.0)
             if end > now or k == len(plan.lowering) - 1:
                 break
             t = end
-        ready = t + flows.latency_s
+        ready = t + flows.latency_s * stretch
         moved = flows.solo_rate * (now - ready) if now > ready else 0.0
         self._seq += 1
 
         def round_done(k: int = k) -> None:
-            self._round(plan, k + 1, job.size, job.done)
+            self._round(plan, k + 1, job.size, job.done, stretch)
 
         tr = _Transfer(self._seq, plan.indices[k], max(size - moved, 0.0), ready, round_done)
         tr.rate, tr.since = flows.solo_rate, max(now, ready)
         self._active[tr.index][tr] = None
         self._schedule(tr, max(tr.since - now, 0.0) + tr.remaining / tr.rate)
 
-    def _round(self, plan: _Plan, k: int, size: float, done: simpy.Event) -> None:
+    def _round(self, plan: _Plan, k: int, size: float, done: simpy.Event,
+               stretch: float = 1.0) -> None:
         if k == len(plan.lowering):
             done.succeed()
             return
@@ -184,10 +190,10 @@ class Network:
         def one_done() -> None:
             pending[0] -= 1
             if pending[0] == 0:
-                self._round(plan, k + 1, size, done)
+                self._round(plan, k + 1, size, done, stretch)
 
         for j, (_, factor) in enumerate(rnd):
-            self._start(plan, k, j, factor * size, one_done)
+            self._start(plan, k, j, factor * size, one_done, stretch)
 
     # --- registry of flow sets and who conflicts with whom --------------------------------
 
@@ -218,13 +224,15 @@ class Network:
     # --- transfers ----------------------------------------------------------------------
 
     def _start(self, plan: _Plan, k: int, j: int, size: float,
-               on_done: Callable[[], None]) -> None:
-        """Start flow set j of round k of `plan`, each flow carrying `size` bytes."""
+               on_done: Callable[[], None], stretch: float = 1.0) -> None:
+        """Start flow set j of round k of `plan`, each flow carrying `size` bytes (latency and
+        bytes `stretch` times over)."""
         now = self.env.now
         flows = plan.lowering[k][j][0]
+        latency, size = flows.latency_s * stretch, size * stretch
         if size <= 0 or not flows.links:
-            if flows.latency_s > 0:
-                self.env.timeout(flows.latency_s).callbacks.append(lambda _: on_done())
+            if latency > 0:
+                self.env.timeout(latency).callbacks.append(lambda _: on_done())
             else:
                 on_done()
             return
@@ -233,7 +241,7 @@ class Network:
             for job in list(self._jobs[c]):
                 self._to_flows(job)
         self._seq += 1
-        t = _Transfer(self._seq, index, float(size), now + flows.latency_s, on_done)
+        t = _Transfer(self._seq, index, float(size), now + latency, on_done)
         active = self._active
         alone = not any(active[c] for c in self._conflicts[index])
         active[index][t] = None

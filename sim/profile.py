@@ -52,7 +52,8 @@ KERNEL_NAMES = ("embed", "pos_embed", "ln1", "qkv", "flash_attn", "qk", "softmax
                 "final_ln", "logits", "cross_entropy", "optimizer")
 """The compute op names a plan holds (`traces.kernels`, `traces.plan.compute`)."""
 MAX_COMM_INTERFERENCE = 10.0
-"""The largest `comm_interference` a profile holds (kernels 11 times slower beside data)."""
+"""The largest `comm_interference` (kernels 11 times slower beside data) or
+`compute_interference` a profile holds."""
 Tile = tuple[int, int]
 
 
@@ -93,10 +94,16 @@ class ComputeParams:
     """While a rank has communication in flight, its kernels take (1 + this) times as long:
     on a CPU, gloo's threads run on the cores the kernels need; on a GPU, NCCL runs on SMs of
     its own and the kernels barely notice (0)."""
+    compute_interference: float = 0.0
+    """The other way round: communication that starts while one of its ranks runs a kernel
+    takes (1 + this) times as long. On a CPU, gloo's threads get the cores only
+    between the kernels' time slices; on a GPU, NCCL's SMs are its own (0)."""
 
     def __post_init__(self) -> None:
         check_fraction(self.gemm_efficiency, "compute.gemm_efficiency")
         check_number(self.comm_interference, "compute.comm_interference", minimum=0.0,
+                     maximum=MAX_COMM_INTERFERENCE)
+        check_number(self.compute_interference, "compute.compute_interference", minimum=0.0,
                      maximum=MAX_COMM_INTERFERENCE)
         check_fraction(self.memory_efficiency, "compute.memory_efficiency")
         check_number(self.launch_overhead_s, "compute.launch_overhead_s", minimum=0.0,
@@ -203,7 +210,8 @@ class Profile:
                         "memory_efficiency": c.memory_efficiency,
                         "launch_overhead_s": c.launch_overhead_s,
                         "roofline_exponent": c.roofline_exponent,
-                        "comm_interference": c.comm_interference, "kernels": kernels},
+                        "comm_interference": c.comm_interference,
+                        "compute_interference": c.compute_interference, "kernels": kernels},
             "links": {kind: {"bandwidth_Bps": p.bandwidth_Bps, "latency_s": p.latency_s,
                              **({"call_s": p.call_s} if p.call_s else {})}
                       for kind, p in sorted(self.links.items())}}
@@ -257,7 +265,8 @@ def profile_from_json(data: object, source: str = "profile") -> Profile:
 
 def _compute(fields: Fields) -> ComputeParams:
     fields.known(("gemm_efficiency", "gemm_tiles", "memory_efficiency", "launch_overhead_s",
-                  "roofline_exponent", "comm_interference", "kernels"))
+                  "roofline_exponent", "comm_interference", "compute_interference",
+                  "kernels"))
     if "gemm_efficiency" not in fields:
         raise ConfigError(f"{fields.name('gemm_efficiency')}: missing")
     base = ComputeParams(gemm_efficiency=1.0)
@@ -276,6 +285,9 @@ def _compute(fields: Fields) -> ComputeParams:
                                         minimum=0.0, maximum=MAX_LATENCY_S, unit=" s"),
         comm_interference=fields.number("comm_interference", base.comm_interference,
                                         minimum=0.0, maximum=MAX_COMM_INTERFERENCE),
+        compute_interference=fields.number("compute_interference",
+                                           base.compute_interference, minimum=0.0,
+                                           maximum=MAX_COMM_INTERFERENCE),
         roofline_exponent=fields.number("roofline_exponent", base.roofline_exponent,
                                         minimum=1.0, maximum=64.0),
         kernels={name: _kernel(kernels.sub(name)) for name in kernels.table})
@@ -344,12 +356,14 @@ DEFAULTS["H200-SXM-141GB"] = DEFAULTS["H100-SXM5-80GB"]  # the same Hopper compu
 # in a BLAS, ~10 us of PyTorch dispatch per eager op; `parasim calibrate` measures all three.
 # Ranks are processes with one compute thread each, at least as many as cores (the host runs
 # up to 8 whatever its core count), and gloo moves a rank's data on a thread of its own that
-# shares the rank's cores: comm_interference 1 (kernels at half speed while data moves) is a
-# rough figure for uncalibrated use only — `parasim calibrate --run` measures it (a probe GEMM
-# alone and beside a collective of its rank: traces.bench, sim.calibrate.interference).
+# shares the rank's cores: comm_interference 1 (kernels at half speed while data moves) and
+# compute_interference 1 (data at half speed while kernels run; 1.1 measured on a 2-vCPU VM
+# with 2 ranks) are rough figures for uncalibrated use only — `parasim calibrate --run`
+# measures both (a probe GEMM and a collective, each alone and beside the other: traces.bench,
+# sim.calibrate.interference).
 DEFAULTS["CPU-localhost"] = ComputeParams(gemm_efficiency=0.5, gemm_tiles=((8, 8),),
                                           memory_efficiency=0.7, launch_overhead_s=10e-6,
-                                          comm_interference=1.0)
+                                          comm_interference=1.0, compute_interference=1.0)
 
 
 def default_profile(accelerator: Accelerator) -> Profile:

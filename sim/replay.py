@@ -19,8 +19,9 @@ trace does not state. The parts:
 A compute model may say its kernels run slower while their rank moves data
 (`comm_interference`: on a CPU, gloo's threads share the cores the kernels run on); a kernel
 (or a run of kernels) that starts while its rank has a transfer in flight takes (1 + it)
-times as long. `progress(done, total)`, if given, is called now and then; the command line
-draws the bar.
+times as long. And the other way round (`compute_interference`): communication that starts
+while one of its ranks runs a kernel takes (1 + it) times as long (each latency and byte).
+`progress(done, total)`, if given, is called now and then; the command line draws the bar.
 """
 
 from __future__ import annotations
@@ -123,6 +124,10 @@ class _Replay:
         # cores are shared with gloo's threads); `busy[rank]` counts its transfers in flight.
         self.interference = float(getattr(compute, "comm_interference", 0.0))
         self.busy = dict.fromkeys(plan.ops, 0)
+        # ... and data moves (1 + slow_comm) times slower while one of its ranks runs a kernel
+        # (its gloo threads get the cores between the kernels' slices); `computing[rank]`.
+        self.slow_comm = float(getattr(compute, "compute_interference", 0.0))
+        self.computing = dict.fromkeys(plan.ops, 0)
         self.env = simpy.Environment()
         self.network = network
         self.net = Network(self.env, cluster.link_capacity) if network == "flow" else None
@@ -190,6 +195,7 @@ class _Replay:
         arrive, progress, compute = self.meetings.arrive, self.progress, OpKind.COMPUTE
         gaps = self.gaps.get(rank)
         busy, slower = self.busy, 1.0 + self.interference
+        computing = self.computing
         k, count = 0, len(indices)
         while k < count:
             i = indices[k]
@@ -207,7 +213,9 @@ class _Replay:
                 scale = slower if busy[rank] else 1.0
                 for j in run:
                     times.append(times[-1] + duration(ops[j]) * scale)
+                computing[rank] += 1
                 yield timeout(times[-1] - start)
+                computing[rank] -= 1
                 for n, j in enumerate(run[:-1]):  # only now: others test ends[] for "done"
                     starts[j], ends[j] = times[n], times[n + 1]
                 k += extra
@@ -215,16 +223,18 @@ class _Replay:
                 self.finished += extra
                 start = times[-2]
             elif op.kind is compute:
+                computing[rank] += 1
                 yield timeout(duration(op) * (slower if busy[rank] else 1.0))
+                computing[rank] -= 1
             elif (c := comm[i]).need == 1:  # this rank stands for every member (fold, partial)
-                if (moved := move(c.lowered, op)) is not None:
+                if (moved := move(c.lowered, op, (rank,))) is not None:
                     busy[rank] += 1
                     yield moved
                     busy[rank] -= 1
             else:  # join the op's meeting; the last member to arrive runs it for all
                 meeting, last = arrive(rank, op, c)
                 if last:
-                    if (moved := move(c.lowered, op)) is not None:
+                    if (moved := move(c.lowered, op, meeting.ranks)) is not None:
                         for member in meeting.ranks:
                             busy[member] += 1
                         yield moved
@@ -245,19 +255,24 @@ class _Replay:
                 self.report_at += 4096
                 progress(self.finished, self.total)
 
-    def _move(self, lowered: int, op: Op) -> simpy.Event | None:
-        """An event that fires when the communication of `op` (the last member to arrive) has
-        moved its bytes, or taken its measured duration if the trace does not size it; None
-        when communication is free (the ideal network: what-if analysis and schedule tests)."""
+    def _move(self, lowered: int, op: Op, ranks: Sequence[int]) -> simpy.Event | None:
+        """An event that fires when the communication of `op` (the last of `ranks` to arrive)
+        has moved its bytes — every latency and byte (1 + compute_interference) times over if
+        one of `ranks` is running a kernel — or taken its measured duration if the trace does
+        not size it; None when communication is free (the ideal network: what-if analysis
+        and schedule tests)."""
+        stretch = 1.0 + self.slow_comm if self.slow_comm and \
+            any(self.computing[r] for r in ranks) else 1.0
         if self.net is not None and (handle := self.handles[lowered]) >= 0:
-            return self.net.run(handle, op.size_bytes)
+            return self.net.run(handle, op.size_bytes, stretch)
         if self.network == "ideal":
             return None
         low = self.comm.lowered[lowered]
         if low.algo == MEASURED:
             assert op.start is not None and op.end is not None, "measured ops are timed"
             return self.env.timeout(op.end - op.start)
-        return self.env.timeout(analytic_time(self.cluster, low.lowering, op.size_bytes))
+        return self.env.timeout(analytic_time(self.cluster, low.lowering, op.size_bytes) *
+                                stretch)
 
     def _stuck(self) -> str:
         for rank, ops in self.plan.ops.items():

@@ -10,14 +10,14 @@ sections, one after another (`meta.bench.sections`, with each rank's op range):
     collectives  for each group size (the first g ranks), each collective kind and each
                  size, one call on the compute stream; then send/recv ping-pong between ranks 0
                  and 1 (each transfer after the last); the whole sweep `repeats` times
-    interference a compute probe (a GEMM) timed alone and timed again while a collective of
-                 its own rank is in flight on the dp stream, as a step's gradient all-reduce
-                 runs beside its backward kernels: INTERFERENCE_REPEATS times, alone then
-                 overlapped, each after a short kernel
-                 (the next probe waits for the collective). The ratio of the two is what
-                 `comm_interference` is (`sim.calibrate.interference` fits it); the
-                 collective (INTERFERENCE_BYTES, all ranks) is long enough that the probe
-                 runs inside it
+    interference a compute probe (a GEMM) and a collective (INTERFERENCE_BYTES, all ranks),
+                 each timed alone, then together: the collective on the dp stream with a
+                 chain of INTERFERENCE_CHAIN probes beside it on the compute stream, as a
+                 step's gradient reduction or ZeRO-3 gather runs beside its kernels;
+                 INTERFERENCE_REPEATS times, each probe after a short kernel. The probes'
+                 ratio (beside / alone) is what `comm_interference` is, the collective's
+                 what `compute_interference` is (`sim.calibrate.interference` fits both);
+                 the chain outlasts the collective
     probe        the compute ops of one training step of a small model on one rank (world
                  1: no communication), run by every rank at once, as in a real run where all
                  ranks compute together and share the host's cores and memory bandwidth. A grid
@@ -54,16 +54,21 @@ ALL_COLLECTIVE_KINDS = (*COLLECTIVE_KINDS, OpKind.BROADCAST, OpKind.ALL_TO_ALL)
 INTERFERENCE_ALONE = "interference_alone"
 INTERFERENCE_OVERLAPPED = "interference_overlapped"
 INTERFERENCE_COLLECTIVE = "interference"
+INTERFERENCE_COLLECTIVE_ALONE = "interference_collective_alone"
 INTERFERENCE_SPACER = "interference_spacer"
-"""Op names of the interference section: the probe alone, the probe while the collective is
-in flight, the collective, and the short kernel between the collective's issue and the
-overlapped probe."""
+"""Op names of the interference section: the probe alone, a probe while the collective is in
+flight, the collective beside the probes, the collective alone, and the short kernel before
+each probe and collective."""
 INTERFERENCE_REPEATS = 16
-"""Probes of each kind (alone, overlapped) the interference section times."""
-INTERFERENCE_BYTES = 64 * 2**20
-"""The collective the overlapped probe runs beside: on gloo over loopback ~50-80 ms, on NCCL over
-NVLink ~0.3 ms, either longer than the probe GEMM of the section (a probe the collective does
-not outlast is left out of the fit, counted)."""
+"""Repeats of the interference section (probe alone, collective alone, both together)."""
+INTERFERENCE_CHAIN = 16
+"""Probes run back to back beside each collective: more than the collective lasts."""
+INTERFERENCE_BYTES = 8 * 2**20
+"""The collective of the interference section, the size of a small model's gradient buckets:
+on gloo over loopback ~10 ms alone (20-30 ms beside kernels), longer than a probe (~3.5 ms on
+a CPU core) and shorter than the chain of probes beside it; a collective the chain does not
+outlast, and a probe the collective does not outlast, are left out of the fit, counted. (On
+NCCL over NVLink ~0.1 ms: there the probes may not fit inside, and the figures stay unfitted.)"""
 MAX_BENCH_OPS = 200_000
 MAX_SIZE_BYTES = 2**31
 PROBE_LAYERS = 4
@@ -219,10 +224,10 @@ def _collectives(spec: BenchSpec, ops: dict[int, list[Op]]) -> None:
 
 
 def _interference(spec: BenchSpec, ops: dict[int, list[Op]]) -> None:
-    """Per repeat, on every rank: the probe alone; the collective on the dp stream, then a
-    short kernel and the probe (the interpreter issues every other stream's ready head before
-    it runs a compute op, so the collective is in flight); the next probe waits for the
-    collective."""
+    """Per repeat, on every rank: the probe alone; the collective alone (the compute stream
+    waits for it); then the collective on the dp stream with a chain of probes beside it (the
+    interpreter issues every other stream's ready head before it runs a compute op, so the
+    collective is in flight); the next repeat waits for the collective."""
     assert spec.interference_gemm is not None
     m, n, k = spec.interference_gemm
     e = DTYPE_BYTES[spec.dtype]
@@ -234,30 +239,34 @@ def _interference(spec: BenchSpec, ops: dict[int, list[Op]]) -> None:
                 dtype=spec.dtype)
     group = tuple(range(spec.world))
     size = float(max(1, INTERFERENCE_BYTES // (spec.world * e)) * spec.world * e)
+    collective = Op(kind=OpKind.ALL_REDUCE, stream=Stream.DP, name=INTERFERENCE_COLLECTIVE,
+                    group=group, size_bytes=size, dtype=spec.dtype)
     for rank in group:
         mine = ops[rank]
-        collective: int | None = None
-        for repeat in range(INTERFERENCE_REPEATS + 1):  # the last probe waits for the last call
+        beside: int | None = None
+        for _ in range(INTERFERENCE_REPEATS):
             # The short kernel before each probe: a probe alone follows a wait for the last
             # collective, and the first kernel after a wait runs slow (measured: 80-800 us
-            # against 60 us for a 128^3 GEMM); so both kinds of probe follow a kernel.
+            # against 60 us for a 128^3 GEMM); so every probe follows a kernel.
             deps = {len(mine) - 1} if mine else set()
-            if collective is not None:
-                deps.add(collective)
+            if beside is not None:
+                deps.add(beside)
             mine.append(dataclasses.replace(spacer, deps=tuple(sorted(deps))))
             mine.append(dataclasses.replace(probe, deps=(len(mine) - 1,)))
-            if repeat == INTERFERENCE_REPEATS:
-                break
-            alone = len(mine) - 1
-            mine.append(Op(kind=OpKind.ALL_REDUCE, stream=Stream.DP,
-                           name=INTERFERENCE_COLLECTIVE, group=group, size_bytes=size,
-                           dtype=spec.dtype, deps=(alone,)))
-            collective = len(mine) - 1
-            # The spacer also makes the probe start once the collective is under way (in the
-            # simulator too, where both would start at the same instant).
-            mine.append(dataclasses.replace(spacer, deps=(alone,)))
-            mine.append(dataclasses.replace(probe, name=INTERFERENCE_OVERLAPPED,
+            mine.append(dataclasses.replace(collective, name=INTERFERENCE_COLLECTIVE_ALONE,
                                             deps=(len(mine) - 1,)))
+            mine.append(dataclasses.replace(spacer, deps=(len(mine) - 1,)))
+            issued = len(mine) - 1
+            mine.append(dataclasses.replace(collective, deps=(issued,)))
+            beside = len(mine) - 1
+            # The spacer also makes the chain start once the collective is under way (in the
+            # simulator too, where both would start at the same instant).
+            mine.append(dataclasses.replace(spacer, deps=(issued,)))
+            for _ in range(INTERFERENCE_CHAIN):
+                mine.append(dataclasses.replace(probe, name=INTERFERENCE_OVERLAPPED,
+                                                deps=(len(mine) - 1,)))
+        assert beside is not None, "INTERFERENCE_REPEATS > 0"
+        mine.append(dataclasses.replace(spacer, deps=(len(mine) - 1, beside)))
 
 
 def _gap_op(spec: BenchSpec) -> Op | None:

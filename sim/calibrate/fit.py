@@ -51,6 +51,9 @@ class FitReport:
     unidentified: tuple[str, ...] = ()
     """One line per figure the data did not pin down (the base profile's value was kept)."""
     interference: InterferenceFit | None = None
+    """comm_interference: kernels beside communication."""
+    compute_interference: InterferenceFit | None = None
+    """compute_interference: communication beside kernels."""
 
 
 def fit_profile(traces: Sequence[Trace], cluster: Cluster, *, base: Profile,
@@ -78,13 +81,16 @@ def fit_profile(traces: Sequence[Trace], cluster: Cluster, *, base: Profile,
     link_params, num_links = _link_params(links, cluster, base, notes)
     accelerator, params, num_compute = _compute_params(kernels, cluster.accelerator, base,
                                                        notes)
-    interference = fit_interference(traces)
-    if interference is not None:
-        if interference.unidentified is None:
-            params = dataclasses.replace(params, comm_interference=interference.value)
+    interference, slow_comm = fit_interference(traces)
+    for figure, found in (("comm_interference", interference),
+                          ("compute_interference", slow_comm)):
+        if found is None:
+            continue
+        if found.unidentified is None:
+            params = dataclasses.replace(params, **{figure: found.value})  # type: ignore[arg-type]
             num_compute += 1
         else:
-            _kept(notes, "comm_interference", interference.unidentified)
+            _kept(notes, figure, found.unidentified)
     if num_links + num_compute == 0:
         raise ConfigError("calibrate: the traces pin down no figure: "
                           + "; ".join(notes[:3]) + ("; ..." if len(notes) > 3 else ""))
@@ -93,7 +99,7 @@ def fit_profile(traces: Sequence[Trace], cluster: Cluster, *, base: Profile,
         links={**base.links, **link_params}, measured_on=cluster.accelerator.name)
     return profile, FitReport(links=links, compute=kernels, num_comm_samples=len(comm),
                               num_compute_samples=len(compute), unidentified=tuple(notes),
-                              interference=interference)
+                              interference=interference, compute_interference=slow_comm)
 
 
 def _kept(notes: list[str], figure: str, reason: str | None) -> None:
@@ -207,7 +213,8 @@ def _compute_params(fit: ComputeFit | None, acc: Accelerator, base_profile: Prof
         launch_overhead_s=min(statistics.median(overheads), MAX_LATENCY_S) if overheads
         else base.launch_overhead_s,
         roofline_exponent=exponent, kernels=kernels,
-        comm_interference=base.comm_interference)
+        comm_interference=base.comm_interference,
+        compute_interference=base.compute_interference)
     return roofs, params, count
 
 

@@ -17,10 +17,10 @@ anything, that is from this op's start to the next one's: the interpreter's book
 between two kernels is paid per op, like a kernel launch on a GPU, and the simulator's launch
 overhead stands for both. Otherwise it is the op's own duration plus the stream's median gap.
 
-The microbenchmarks' interference collectives (`traces.bench`) are no samples: they run beside
-compute on purpose (`sim.calibrate.interference` reads them). Ops without times, ops of a span
-(a profiler's fused region, timed only as a whole), and compute ops that are not kernels of
-the plan are skipped.
+The microbenchmarks' interference collectives (`traces.bench`) are no samples: they time, on
+purpose, what compute beside them does to them (`sim.calibrate.interference` reads them). Ops
+without times, ops of a span (a profiler's fused region, timed only as a whole), and compute
+ops that are not kernels of the plan are skipped.
 """
 
 from __future__ import annotations
@@ -30,11 +30,12 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from sim.profile import KERNEL_NAMES
-from traces.bench import INTERFERENCE_COLLECTIVE, sections
+from traces.bench import INTERFERENCE_COLLECTIVE, INTERFERENCE_COLLECTIVE_ALONE, sections
 from traces.compare import occupancy
 from traces.ops import Op, OpKind, Phase, Trace
 
 KERNELS = frozenset(KERNEL_NAMES)
+_INTERFERENCE = frozenset((INTERFERENCE_COLLECTIVE, INTERFERENCE_COLLECTIVE_ALONE))
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,7 +83,7 @@ def communication(trace: Trace) -> list[CommSample]:
     for rank in trace.ranks:
         count: dict[tuple[str, tuple[int, ...]], int] = defaultdict(int)
         for op in trace.ops[rank]:
-            if op.kind.is_collective and op.name != INTERFERENCE_COLLECTIVE:
+            if op.kind.is_collective and op.name not in _INTERFERENCE:
                 key = (op.stream, op.group)
                 calls[(*key, count[key])].append(op)
                 count[key] += 1

@@ -11,6 +11,7 @@ from sim.profile import Profile
 if TYPE_CHECKING:
     from sim.calibrate.command import Target
     from sim.calibrate.fit import FitReport
+    from sim.calibrate.interference import InterferenceFit
 
 
 def summary_json(profile: Profile, report: FitReport, target: Target, out: str
@@ -51,19 +52,21 @@ def summary_json(profile: Profile, report: FitReport, target: Target, out: str
                          "overhead_identified": k.overhead_unidentified is None}
                         for k in compute.kernels]},
         "unidentified": list(report.unidentified),
-        "comm_interference": None if report.interference is None else {
-            "value": _finite(report.interference.value),
-            "ci": [_finite(x) for x in report.interference.ci],
-            "alone_s": _finite(report.interference.alone_s),
-            "overlapped_s": _finite(report.interference.overlapped_s),
-            "num_alone": report.interference.num_alone,
-            "num_overlapped": report.interference.num_overlapped,
-            "num_outlived": report.interference.num_outlived,
-            "identified": report.interference.unidentified is None},
+        "comm_interference": _interference(report.interference),
+        "compute_interference": _interference(report.compute_interference),
         "accelerator": None if profile.accelerator is None else {
             "peak_flops": profile.accelerator.peak_flops,
             "hbm_bandwidth_Bps": profile.accelerator.hbm_bandwidth_Bps},
     }
+
+
+def _interference(fit: InterferenceFit | None) -> dict[str, Any] | None:
+    if fit is None:
+        return None
+    return {"value": _finite(fit.value), "ci": [_finite(x) for x in fit.ci],
+            "alone_s": _finite(fit.alone_s), "overlapped_s": _finite(fit.overlapped_s),
+            "num_alone": fit.num_alone, "num_overlapped": fit.num_overlapped,
+            "num_outlived": fit.num_outlived, "identified": fit.unidentified is None}
 
 
 def _finite(x: float) -> float | None:
@@ -115,6 +118,12 @@ def summary_text(s: dict[str, Any]) -> str:
                      f"{ci['ci'][1]:.3g}]: a probe took {ci['alone_s'] * 1e6:.1f} us alone, "
                      f"{ci['overlapped_s'] * 1e6:.1f} us beside a collective "
                      f"({ci['num_alone']} and {ci['num_overlapped']} probes)")
+    cc = s["compute_interference"]
+    if cc is not None and cc["identified"]:
+        lines.append(f"  compute interference {cc['value']:.3g} [{cc['ci'][0]:.3g}, "
+                     f"{cc['ci'][1]:.3g}]: a collective took {cc['alone_s'] * 1e6:.1f} us "
+                     f"alone, {cc['overlapped_s'] * 1e6:.1f} us beside kernels "
+                     f"({cc['num_alone']} and {cc['num_overlapped']} calls)")
     if s["accelerator"] is not None:
         a = s["accelerator"]
         lines.append(f"  measured roofs: {a['peak_flops'] / 1e9:.3g} GFLOP/s, "

@@ -16,7 +16,9 @@ from sim.cli import main
 from sim.profile import KERNEL_NAMES, load_profile
 from traces.bench import (
     INTERFERENCE_ALONE,
+    INTERFERENCE_CHAIN,
     INTERFERENCE_COLLECTIVE,
+    INTERFERENCE_COLLECTIVE_ALONE,
     INTERFERENCE_OVERLAPPED,
     INTERFERENCE_REPEATS,
     BenchSpec,
@@ -68,33 +70,45 @@ def test_every_op_of_the_microbenchmarks_was_recorded_consistently(calibrated):
     assert kinds == ["collectives", "interference"] + ["probe"] * 4  # 2 probes, 2 passes
     # 3 collectives x 9 sizes x repeats per rank, and a ping-pong of 2 transfers per repeat
     ops0 = trace.ops[0]
-    sweep = [op for op in ops0 if op.name != INTERFERENCE_COLLECTIVE]
+    sweep = [op for op in ops0
+             if op.name not in (INTERFERENCE_COLLECTIVE, INTERFERENCE_COLLECTIVE_ALONE)]
     assert sum(op.kind.is_collective for op in sweep) == 3 * 9 * REPEATS
     assert sum(op.kind is OpKind.SEND for op in ops0) == 9 * REPEATS
     assert sum(op.kind is OpKind.RECV for op in ops0) == 9 * REPEATS
 
 
-def test_the_interference_probes_ran_alone_and_beside_a_collective(calibrated):
+def test_the_interference_probes_and_collectives_ran_alone_and_beside_each_other(calibrated):
     _, _, keep, summary = calibrated
     trace = load_run(keep)
     for ops in trace.ops.values():
         names = [op.name for op in ops]
-        assert names.count(INTERFERENCE_ALONE) == INTERFERENCE_REPEATS + 1
-        assert names.count(INTERFERENCE_OVERLAPPED) == INTERFERENCE_REPEATS
+        assert names.count(INTERFERENCE_ALONE) == INTERFERENCE_REPEATS
+        assert names.count(INTERFERENCE_OVERLAPPED) == INTERFERENCE_CHAIN * INTERFERENCE_REPEATS
         calls = [op for op in ops if op.name == INTERFERENCE_COLLECTIVE]
-        assert len(calls) == INTERFERENCE_REPEATS and all(op.stream == "dp" for op in calls)
-        # Each overlapped probe started while its rank's collective was in flight.
-        for op in ops:
-            if op.name == INTERFERENCE_OVERLAPPED:
-                call = max((c for c in calls if c.start <= op.start), key=lambda c: c.start)
-                assert call.start <= op.start < call.end
-    inter = summary["comm_interference"]
-    assert inter["num_alone"] == 2 * (INTERFERENCE_REPEATS + 1)
-    assert inter["num_overlapped"] + inter["num_outlived"] == 2 * INTERFERENCE_REPEATS
-    assert inter["alone_s"] > 0 and inter["overlapped_s"] > 0
+        alone = [op for op in ops if op.name == INTERFERENCE_COLLECTIVE_ALONE]
+        assert len(calls) == len(alone) == INTERFERENCE_REPEATS
+        assert all(op.stream == "dp" for op in calls + alone)
+        kernels = [op for op in ops if op.kind is OpKind.COMPUTE]
+        for call in calls:  # the chain's first probe started while the collective was in flight
+            first = min((op for op in kernels if op.name == INTERFERENCE_OVERLAPPED
+                         and op.start >= call.start), key=lambda op: op.start)
+            assert call.start <= first.start < call.end
+        for call in alone:  # and no kernel of its rank ran beside a collective alone
+            assert not any(op.start < call.end and op.end > call.start for op in kernels)
+    for key in ("comm_interference", "compute_interference"):
+        inter = summary[key]
+        assert inter["alone_s"] > 0 and inter["overlapped_s"] > 0
+    probes, colls = summary["comm_interference"], summary["compute_interference"]
+    assert probes["num_alone"] == 2 * INTERFERENCE_REPEATS
+    assert probes["num_overlapped"] + probes["num_outlived"] == \
+        2 * INTERFERENCE_CHAIN * INTERFERENCE_REPEATS
+    assert colls["num_alone"] == INTERFERENCE_REPEATS
+    assert colls["num_overlapped"] + colls["num_outlived"] == INTERFERENCE_REPEATS
     profile = load_profile(calibrated[1])
-    if inter["identified"]:
-        assert profile.compute.comm_interference == pytest.approx(inter["value"])
+    if probes["identified"]:
+        assert profile.compute.comm_interference == pytest.approx(probes["value"])
+    if colls["identified"]:
+        assert profile.compute.compute_interference == pytest.approx(colls["value"])
 
 
 def test_the_fit_saw_every_measurement(calibrated):

@@ -44,11 +44,13 @@ PROBES = probe_grid("fp32", hidden=(64, 256), seq_len=(32, 128), micro_batch=(1,
                     microbatches=1)
 
 
-def synthesized(world: int, truth: Profile, preset: str = "localhost"):
+def synthesized(world: int, truth: Profile, preset: str = "localhost",
+                interference_gemm: tuple[int, int, int] | None = (512, 512, 512)):
     """The microbenchmark plan timed by the replay on a cluster with the true figures."""
     cluster = build_cluster(preset, gpus_per_node=world)
     true_cluster = truth.applied_to(cluster)
-    spec = BenchSpec(world=world, sizes=sweep_sizes(4096, 2**20, 4), repeats=1, probes=PROBES)
+    spec = BenchSpec(world=world, sizes=sweep_sizes(4096, 2**20, 4), repeats=1, probes=PROBES,
+                     interference_gemm=interference_gemm)
     times = replay(bench_plan(spec), true_cluster, ComputeModel(true_cluster.accelerator, truth))
     return cluster, times.timed_trace()
 
@@ -308,26 +310,47 @@ def test_nothing_identifiable_is_one_error_line():
 
 # --- comm_interference ------------------------------------------------------------------------
 
-@pytest.mark.parametrize("interference", [0.0, 0.35, 1.7])
-def test_comm_interference_is_recovered_from_the_interference_probes(interference):
+@pytest.mark.parametrize(("interference", "slow_comm"), [(0.0, 0.0), (0.35, 1.2), (1.7, 0.4)])
+def test_both_interferences_are_recovered_from_the_interference_section(interference,
+                                                                       slow_comm):
+    """Traces the simulator synthesized with known comm_interference (kernels beside data)
+    and compute_interference (data beside kernels) give both back."""
     import dataclasses
 
     from sim.calibrate.interference import fit_interference
-    from traces.bench import INTERFERENCE_ALONE, INTERFERENCE_OVERLAPPED
+    from traces.bench import (
+        INTERFERENCE_ALONE,
+        INTERFERENCE_CHAIN,
+        INTERFERENCE_COLLECTIVE,
+        INTERFERENCE_COLLECTIVE_ALONE,
+        INTERFERENCE_OVERLAPPED,
+        INTERFERENCE_REPEATS,
+    )
 
     truth = dataclasses.replace(truth_profile(), compute=dataclasses.replace(
-        TRUE_COMPUTE, comm_interference=interference))
-    cluster, trace = synthesized(2, truth)
+        TRUE_COMPUTE, comm_interference=interference, compute_interference=slow_comm))
+    # a probe of ~1 ms at the true rate: shorter than the collective, the chain longer
+    cluster, trace = synthesized(2, truth, interference_gemm=(256, 256, 256))
     names = [op.name for op in trace.ops[0]]
-    assert names.count(INTERFERENCE_ALONE) == names.count(INTERFERENCE_OVERLAPPED) + 1 > 2
-    fit = fit_interference([trace])
-    assert fit is not None and fit.unidentified is None and fit.num_outlived == 0
-    assert fit.value == pytest.approx(interference, rel=1e-6, abs=1e-9)
-    assert fit.ci[0] <= fit.value <= fit.ci[1]
+    assert names.count(INTERFERENCE_ALONE) == INTERFERENCE_REPEATS
+    assert names.count(INTERFERENCE_OVERLAPPED) == INTERFERENCE_CHAIN * INTERFERENCE_REPEATS
+    assert names.count(INTERFERENCE_COLLECTIVE) == INTERFERENCE_REPEATS
+    assert names.count(INTERFERENCE_COLLECTIVE_ALONE) == INTERFERENCE_REPEATS
+    kernels, comm = fit_interference([trace])
+    assert kernels is not None and kernels.unidentified is None
+    assert kernels.num_overlapped > 2 and kernels.num_alone == 2 * INTERFERENCE_REPEATS
+    assert kernels.value == pytest.approx(interference, rel=1e-6, abs=1e-9)
+    assert kernels.ci[0] <= kernels.value <= kernels.ci[1]
+    assert comm is not None and comm.unidentified is None and comm.num_outlived == 0
+    assert comm.num_alone == comm.num_overlapped == INTERFERENCE_REPEATS
+    assert comm.value == pytest.approx(slow_comm, rel=1e-6, abs=1e-9)
     base = default_profile(cluster.accelerator)  # the localhost default: 1, a rough figure
     profile, report = fit_profile([trace], cluster, base=base)
-    assert profile.compute.comm_interference == pytest.approx(interference, rel=1e-6, abs=1e-9)
-    assert report.interference == fit
+    assert profile.compute.comm_interference == pytest.approx(interference, rel=1e-6,
+                                                              abs=1e-9)
+    assert profile.compute.compute_interference == pytest.approx(slow_comm, rel=1e-6,
+                                                                 abs=1e-9)
+    assert report.interference == kernels and report.compute_interference == comm
 
 
 def _probe_trace(alone: list[float], overlapped: list[float], collective_s: float = 1.0):
@@ -355,15 +378,15 @@ def _probe_trace(alone: list[float], overlapped: list[float], collective_s: floa
 def test_comm_interference_is_clamped_at_zero_and_needs_its_probes_inside_the_collective():
     from sim.calibrate.interference import fit_interference
 
-    faster = fit_interference([_probe_trace([1e-3, 1.1e-3, 0.9e-3], [0.8e-3, 0.9e-3, 0.7e-3])])
+    faster = fit_interference([_probe_trace([1e-3, 1.1e-3, 0.9e-3], [0.8e-3, 0.9e-3, 0.7e-3])])[0]
     assert faster is not None and faster.value == 0.0 and faster.ci[0] == 0.0
-    noisy = fit_interference([_probe_trace([1e-3, 5e-3, 1e-3], [1e-3, 9e-3, 1e-3])])
+    noisy = fit_interference([_probe_trace([1e-3, 5e-3, 1e-3], [1e-3, 9e-3, 1e-3])])[0]
     assert noisy is not None and noisy.unidentified is not None and "interval" in \
         noisy.unidentified
-    outlived = fit_interference([_probe_trace([1e-3] * 3, [2e-3] * 3, collective_s=1.5e-3)])
+    outlived = fit_interference([_probe_trace([1e-3] * 3, [2e-3] * 3, collective_s=1.5e-3)])[0]
     assert outlived is not None and outlived.num_outlived == 3
-    assert outlived.unidentified is not None and "outlived" in outlived.unidentified
-    assert fit_interference([_probe_trace([], [])]) is None
+    assert outlived.unidentified is not None and "not wholly beside" in outlived.unidentified
+    assert fit_interference([_probe_trace([], [])]) == (None, None)
 
 
 def test_a_bandwidth_at_its_bound_keeps_the_clusters_and_the_rest_is_fitted_beside_it():

@@ -88,6 +88,20 @@ def test_alone_a_lowering_takes_its_alpha_beta_time():
     assert env.now == solo_time(lowering, 8.0, capacity)
 
 
+@pytest.mark.parametrize("shortcut", [True, False])
+def test_a_stretched_lowering_takes_its_time_times_the_stretch(shortcut):
+    """`run(handle, size, stretch)`: every latency and byte `stretch` times over (a busy host,
+    `compute_interference`), on the analytic path and on flows alike."""
+    capacity = [2.0]
+    flows = FlowSet.of([(0,)], 1e-3, capacity)
+    lowering = (((flows, 0.5),), ((flows, 0.25),))
+    env = simpy.Environment()
+    net = Network(env, capacity, analytic_path=shortcut)
+    done = net.run(net.register(lowering), 8.0, 2.5)
+    env.run(until=done)
+    assert env.now == pytest.approx(2.5 * (2e-3 + 2.0 + 1.0), rel=1e-12)
+
+
 def test_lowerings_are_interned_by_value():
     capacity = [1.0, 1.0]
     net = Network(simpy.Environment(), capacity)
@@ -127,7 +141,8 @@ def collective_mixes(draw):
         algo = draw(st.sampled_from(H100_COLLECTIVES.applicable(OpKind.ALL_REDUCE, group)))
         start = draw(st.floats(0.0, 2e-4))
         size = draw(st.integers(1, 2**26))
-        jobs.append((group, algo, start, size))
+        stretch = draw(st.sampled_from((1.0, 1.0, 2.5)))
+        jobs.append((group, algo, start, size, stretch))
     return jobs
 
 
@@ -135,18 +150,19 @@ def collective_mixes(draw):
 @given(collective_mixes())
 def test_analytic_shortcut_is_exact_even_when_interrupted(jobs):
     """Collectives start on the analytic path and fall back to flows when others arrive;
-    every finish time equals that of a network that never takes the shortcut."""
-    plans = [(start, H100_COLLECTIVES.lowering(OpKind.ALL_REDUCE, group, algo), size)
-             for group, algo, start, size in jobs]
+    every finish time equals that of a network that never takes the shortcut, stretched
+    ones (a busy host) included."""
+    plans = [(start, H100_COLLECTIVES.lowering(OpKind.ALL_REDUCE, group, algo), size, stretch)
+             for group, algo, start, size, stretch in jobs]
 
     def finish_times(shortcut: bool) -> list[float]:
         env = simpy.Environment()
         net = Network(env, H100.link_capacity, analytic_path=shortcut)
         finish = {}
 
-        def one(i, start, lowering, size):
+        def one(i, start, lowering, size, stretch):
             yield env.timeout(start)
-            yield net.run(net.register(lowering), size)
+            yield net.run(net.register(lowering), size, stretch)
             finish[i] = env.now
 
         for i, plan in enumerate(plans):
