@@ -15,19 +15,17 @@ step and error, and the MAPE over the cases; with `--calibrations K` the calibra
 repeated K times and the medians of the errors are reported too. The load average is printed
 before and after (the machine is shared: quote figures from quiet runs). Target: MAPE <= 15%.
 
-Measured on the 2-vCPU CI box (AMD EPYC, KVM; 1-minute load 0.9-1.0 before each case),
-`--calibrations 3`: per calibration MAPE 25.6%, 15.0%, 33.2%; medians DP 2 -16.0%, TP 2
--14.3%, PP m=4 -20.1%, PP m=8 -18.9%, ZeRO-3 -55.0%: MAPE of the medians 24.9% (a single
-calibration just before: 0.0, -8.0, +6.3, -2.9, -48.9; 13.2%). The same held-out step measured
-in successive calibrations varies by about ±10% (TP 2: 0.183, 0.222, 0.205 s), and most of the
-spread between calibrations is the whole machine running faster or slower between the probes
-and the steps. Before the probes' last kernel stopped absorbing the barrier that starts the
-next section (the optimizer was fitted at 12 ms overhead) DP 2 was predicted +24% slow.
-ZeRO-3 is what the model leaves out: its gathers and reduce-scatters run on gloo's threads on
-the cores the kernels run on (kernels 1.3-2x slower while they are in flight), and the
-executor frees and re-allocates each unit's parameters on the CPU allocator (the last kernel
-of a layer's backward, which frees it, 8x slower); the simulator overlaps communication with
-compute for free, as a GPU's copy engines do.
+Measured on the 2-vCPU CI box (Intel Xeon, KVM; 1-minute load 0.9-1.0 before each case), 20
+steps per case, `--calibrations 3`: per calibration MAPE 13.5%, 31.0%, 11.6%; medians DP 2
+-6.0%, TP 2 -11.2%, PP m=4 -7.3%, PP m=8 -2.2%, ZeRO-3 -38.2%: MAPE of the medians 13.0%. The
+second calibration came out ~25% fast on every case: most of the spread between calibrations is
+the whole machine running faster or slower between the probes and the steps. With 5 steps per
+case (before) a median often fell on the 1 step in 20 that takes twice as long (PP m=4: -15% to
+-20% on 5 steps, -9% on 60). ZeRO-3 is what the model still leaves out: its gathers run 3-4x
+slower beside the kernels than alone, with a heavy tail (0.9-13.5 ms for one 790 KB gather), and
+the real run waits 40-47 ms a step for them where the simulator, with mean times and
+`compute_interference` (~0.6-1.1 here: a collective beside kernels takes twice as long), exposes
+4 ms. Before `compute_interference` ZeRO-3 read -39% to -55%.
 """
 
 from __future__ import annotations
