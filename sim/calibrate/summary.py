@@ -112,18 +112,15 @@ def summary_text(s: dict[str, Any]) -> str:
             ci = f"{k['rate_ci_rel']:6.1%}" if k["rate_identified"] else "  free"
             lines.append(f"    {k['name']:<15}{rate}{mem}  {k['overhead_s'] * 1e6:10.1f}  {ci}"
                          f"  {k['rms_error']:5.1%}")
-    ci = s["comm_interference"]
-    if ci is not None and ci["identified"]:
-        lines.append(f"  comm interference {ci['value']:.3g} [{ci['ci'][0]:.3g}, "
-                     f"{ci['ci'][1]:.3g}]: a probe took {ci['alone_s'] * 1e6:.1f} us alone, "
-                     f"{ci['overlapped_s'] * 1e6:.1f} us beside a collective "
-                     f"({ci['num_alone']} and {ci['num_overlapped']} probes)")
-    cc = s["compute_interference"]
-    if cc is not None and cc["identified"]:
-        lines.append(f"  compute interference {cc['value']:.3g} [{cc['ci'][0]:.3g}, "
-                     f"{cc['ci'][1]:.3g}]: a collective took {cc['alone_s'] * 1e6:.1f} us "
-                     f"alone, {cc['overlapped_s'] * 1e6:.1f} us beside kernels "
-                     f"({cc['num_alone']} and {cc['num_overlapped']} calls)")
+    for key, what, beside, unit in (
+            ("comm_interference", "a probe", "a collective", "probes"),
+            ("compute_interference", "a collective", "kernels", "calls")):
+        f = s[key]
+        if f is not None and f["identified"]:
+            lines.append(f"  {key.replace('_', ' ')} {f['value']:.3g} [{f['ci'][0]:.3g}, "
+                         f"{f['ci'][1]:.3g}]: {what} took {f['alone_s'] * 1e6:.1f} us alone, "
+                         f"{f['overlapped_s'] * 1e6:.1f} us beside {beside} "
+                         f"({f['num_alone']} and {f['num_overlapped']} {unit})")
     if s["accelerator"] is not None:
         a = s["accelerator"]
         lines.append(f"  measured roofs: {a['peak_flops'] / 1e9:.3g} GFLOP/s, "
