@@ -98,6 +98,10 @@ class ComputeParams:
     """The other way round: communication that starts while one of its ranks runs a kernel
     takes (1 + this) times as long. On a CPU, gloo's threads get the cores only
     between the kernels' time slices; on a GPU, NCCL's SMs are its own (0)."""
+    compute_interference_delay_s: float = 0.0
+    """... and first waits this long, whatever its size: on a CPU, gloo's woken thread waits
+    for the scheduler to give it a core the kernels hold (~2 ms fitted on a 2-vCPU VM); on a
+    GPU, 0."""
 
     def __post_init__(self) -> None:
         check_fraction(self.gemm_efficiency, "compute.gemm_efficiency")
@@ -105,6 +109,8 @@ class ComputeParams:
                      maximum=MAX_COMM_INTERFERENCE)
         check_number(self.compute_interference, "compute.compute_interference", minimum=0.0,
                      maximum=MAX_COMM_INTERFERENCE)
+        check_number(self.compute_interference_delay_s, "compute.compute_interference_delay_s",
+                     minimum=0.0, maximum=MAX_LATENCY_S)
         check_fraction(self.memory_efficiency, "compute.memory_efficiency")
         check_number(self.launch_overhead_s, "compute.launch_overhead_s", minimum=0.0,
                      maximum=MAX_LATENCY_S)
@@ -211,7 +217,9 @@ class Profile:
                         "launch_overhead_s": c.launch_overhead_s,
                         "roofline_exponent": c.roofline_exponent,
                         "comm_interference": c.comm_interference,
-                        "compute_interference": c.compute_interference, "kernels": kernels},
+                        "compute_interference": c.compute_interference,
+                        "compute_interference_delay_s": c.compute_interference_delay_s,
+                        "kernels": kernels},
             "links": {kind: {"bandwidth_Bps": p.bandwidth_Bps, "latency_s": p.latency_s,
                              **({"call_s": p.call_s} if p.call_s else {})}
                       for kind, p in sorted(self.links.items())}}
@@ -266,7 +274,7 @@ def profile_from_json(data: object, source: str = "profile") -> Profile:
 def _compute(fields: Fields) -> ComputeParams:
     fields.known(("gemm_efficiency", "gemm_tiles", "memory_efficiency", "launch_overhead_s",
                   "roofline_exponent", "comm_interference", "compute_interference",
-                  "kernels"))
+                  "compute_interference_delay_s", "kernels"))
     if "gemm_efficiency" not in fields:
         raise ConfigError(f"{fields.name('gemm_efficiency')}: missing")
     base = ComputeParams(gemm_efficiency=1.0)
@@ -288,6 +296,9 @@ def _compute(fields: Fields) -> ComputeParams:
         compute_interference=fields.number("compute_interference",
                                            base.compute_interference, minimum=0.0,
                                            maximum=MAX_COMM_INTERFERENCE),
+        compute_interference_delay_s=fields.number(
+            "compute_interference_delay_s", base.compute_interference_delay_s, minimum=0.0,
+            maximum=MAX_LATENCY_S, unit=" s"),
         roofline_exponent=fields.number("roofline_exponent", base.roofline_exponent,
                                         minimum=1.0, maximum=64.0),
         kernels={name: _kernel(kernels.sub(name)) for name in kernels.table})
@@ -357,13 +368,16 @@ DEFAULTS["H200-SXM-141GB"] = DEFAULTS["H100-SXM5-80GB"]  # the same Hopper compu
 # Ranks are processes with one compute thread each, at least as many as cores (the host runs
 # up to 8 whatever its core count), and gloo moves a rank's data on a thread of its own that
 # shares the rank's cores: comm_interference 1 (kernels at half speed while data moves) and
-# compute_interference 1 (data at half speed while kernels run; 1.1 measured on a 2-vCPU VM
-# with 2 ranks) are rough figures for uncalibrated use only — `parasim calibrate --run`
-# measures both (a probe GEMM and a collective, each alone and beside the other: traces.bench,
-# sim.calibrate.interference).
+# compute_interference 0.6 after a wait of 1.8 ms for a core (data beside kernels: fitted on a
+# 2-vCPU VM with 2 ranks from a 64 KiB and an 8 MiB all-reduce, each alone and issued just
+# before a chain of GEMMs; beside a kernel that runs throughout, 1 KiB-1 MiB took 3-7 ms
+# longer than alone) are rough figures for uncalibrated use only — `parasim calibrate --run`
+# measures all three (a probe GEMM and collectives of two sizes, each alone and beside the
+# other: traces.bench, sim.calibrate.interference).
 DEFAULTS["CPU-localhost"] = ComputeParams(gemm_efficiency=0.5, gemm_tiles=((8, 8),),
                                           memory_efficiency=0.7, launch_overhead_s=10e-6,
-                                          comm_interference=1.0, compute_interference=1.0)
+                                          comm_interference=1.0, compute_interference=0.6,
+                                          compute_interference_delay_s=1.8e-3)
 
 
 def default_profile(accelerator: Accelerator) -> Profile:

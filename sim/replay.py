@@ -20,7 +20,8 @@ A compute model may say its kernels run slower while their rank moves data
 (`comm_interference`: on a CPU, gloo's threads share the cores the kernels run on); a kernel
 (or a run of kernels) that starts while its rank has a transfer in flight takes (1 + it)
 times as long. And the other way round (`compute_interference`): communication that starts
-while one of its ranks runs a kernel takes (1 + it) times as long (each latency and byte).
+while one of its ranks runs a kernel first waits `compute_interference_delay_s` (for a core),
+then takes (1 + it) times as long (each latency and byte).
 `progress(done, total)`, if given, is called now and then; the command line draws the bar.
 """
 
@@ -127,6 +128,7 @@ class _Replay:
         # ... and data moves (1 + slow_comm) times slower while one of its ranks runs a kernel
         # (its gloo threads get the cores between the kernels' slices); `computing[rank]`.
         self.slow_comm = float(getattr(compute, "compute_interference", 0.0))
+        self.comm_wait = float(getattr(compute, "compute_interference_delay_s", 0.0))
         self.computing = dict.fromkeys(plan.ops, 0)
         self.env = simpy.Environment()
         self.network = network
@@ -257,13 +259,16 @@ class _Replay:
 
     def _move(self, lowered: int, op: Op, ranks: Sequence[int]) -> simpy.Event | None:
         """An event that fires when the communication of `op` (the last of `ranks` to arrive)
-        has moved its bytes — every latency and byte (1 + compute_interference) times over if
-        one of `ranks` is running a kernel — or taken its measured duration if the trace does
-        not size it; None when communication is free (the ideal network: what-if analysis
-        and schedule tests)."""
-        stretch = 1.0 + self.slow_comm if self.slow_comm and \
-            any(self.computing[r] for r in ranks) else 1.0
+        has moved its bytes — after a wait of compute_interference_delay_s and every latency
+        and byte (1 + compute_interference) times over if one of `ranks` is running a kernel —
+        or taken its measured duration if the trace does not size it; None when communication
+        is free (the ideal network: what-if analysis and schedule tests)."""
+        stretch, wait = 1.0, 0.0
+        if (self.slow_comm or self.comm_wait) and any(self.computing[r] for r in ranks):
+            stretch, wait = 1.0 + self.slow_comm, self.comm_wait
         if self.net is not None and (handle := self.handles[lowered]) >= 0:
+            if wait:
+                return self.env.process(self._after(wait, handle, op.size_bytes, stretch))
             return self.net.run(handle, op.size_bytes, stretch)
         if self.network == "ideal":
             return None
@@ -271,8 +276,15 @@ class _Replay:
         if low.algo == MEASURED:
             assert op.start is not None and op.end is not None, "measured ops are timed"
             return self.env.timeout(op.end - op.start)
-        return self.env.timeout(analytic_time(self.cluster, low.lowering, op.size_bytes) *
-                                stretch)
+        return self.env.timeout(
+            wait + analytic_time(self.cluster, low.lowering, op.size_bytes) * stretch)
+
+    def _after(self, wait: float, handle: int, size_bytes: float,
+               stretch: float) -> Generator[simpy.Event, Any, None]:
+        """Communication on the flow network that starts `wait` seconds from now."""
+        yield self.env.timeout(wait)
+        assert self.net is not None
+        yield self.net.run(handle, size_bytes, stretch)
 
     def _stuck(self) -> str:
         for rank, ops in self.plan.ops.items():

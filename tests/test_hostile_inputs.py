@@ -263,11 +263,16 @@ def test_values_that_gave_silent_wrong_answers(capsys, write, base, edits, needl
      "profile.compute.launch_overhead_s: inf must be at least 0 s and at most 1 s"),
     ({"launch_overhead_s": 1e308}, "profile.compute.launch_overhead_s: 1e+308 must be at least"),
     ({"gemm_efficiency": True}, "profile.compute.gemm_efficiency: True must be a fraction"),
+    ({"compute_interference_delay_s": -1e-3},
+     "profile.compute.compute_interference_delay_s: -0.001 must be at least 0 s"),
+    ({"compute_interference_delay_s": "NaN"},
+     "profile.compute.compute_interference_delay_s: nan must be at least 0 s"),
     ({"kernels": {"fc1": {"overhead_s": "Infinity"}}},
      "profile.compute.kernels.fc1.overhead_s: inf must be at least 0 s"),
 ])
 def test_profile_values_that_gave_nan_or_were_taken_as_numbers(capsys, write, compute, needle):
-    text = json.dumps(with_compute(**compute)).replace('"Infinity"', "Infinity")
+    text = json.dumps(with_compute(**compute)).replace('"Infinity"', "Infinity").replace(
+        '"NaN"', "NaN")
     refused(capsys, needle, "simulate", write(toml(SMALL)), "--profile", write(text, "p.json"))
 
 

@@ -10,13 +10,14 @@ sections, one after another (`meta.bench.sections`, with each rank's op range):
     collectives  for each group size (the first g ranks), each collective kind and each
                  size, one call on the compute stream; then send/recv ping-pong between ranks 0
                  and 1 (each transfer after the last); the whole sweep `repeats` times
-    interference a compute probe (a GEMM) and a collective (INTERFERENCE_BYTES, all ranks),
-                 each timed alone, then together: the collective on the dp stream with a
-                 chain of INTERFERENCE_CHAIN probes beside it on the compute stream, as a
-                 step's gradient reduction or ZeRO-3 gather runs beside its kernels;
+    interference a compute probe (a GEMM) and collectives of INTERFERENCE_SIZES (all
+                 ranks), each timed alone, then together: each collective on the dp stream
+                 with a chain of probes beside it on the compute stream, as
+                 a step's gradient reduction or ZeRO-3 gather runs beside its kernels;
                  INTERFERENCE_REPEATS times, each probe after a short kernel. The probes'
-                 ratio (beside / alone) is what `comm_interference` is, the collective's
-                 what `compute_interference` is (`sim.calibrate.interference` fits both);
+                 ratio (beside / alone) is what `comm_interference` is; the collectives,
+                 beside against alone at two sizes, give `compute_interference` (the slope)
+                 and its delay (the intercept) (`sim.calibrate.interference` fits them);
                  the chain outlasts the collective
     probe        the compute ops of one training step of a small model on one rank (world
                  1: no communication), run by every rank at once, as in a real run where all
@@ -64,11 +65,20 @@ INTERFERENCE_REPEATS = 16
 INTERFERENCE_CHAIN = 16
 """Probes run back to back beside each collective: more than the collective lasts."""
 INTERFERENCE_BYTES = 8 * 2**20
-"""The collective of the interference section, the size of a small model's gradient buckets:
-on gloo over loopback ~10 ms alone (20-30 ms beside kernels), longer than a probe (~3.5 ms on
-a CPU core) and shorter than the chain of probes beside it; a collective the chain does not
-outlast, and a probe the collective does not outlast, are left out of the fit, counted. (On
-NCCL over NVLink ~0.1 ms: there the probes may not fit inside, and the figures stay unfitted.)"""
+"""The large collective of the interference section, the size of a small model's gradient
+buckets: on gloo over loopback ~10 ms alone (20-30 ms beside kernels), longer than a probe
+(~3.5 ms on a CPU core) and shorter than the chain of probes beside it; a collective the chain
+does not outlast, and a probe the collective does not outlast, are left out of the fit,
+counted. (On NCCL over NVLink ~0.1 ms: there the probes may not fit inside, and the figures
+stay unfitted.)"""
+INTERFERENCE_SMALL_BYTES = 64 * 2**10
+"""The small one: latency-bound (~0.4-1 ms alone on gloo over loopback), so that what it loses
+beside kernels is mostly the wait for a core, not bandwidth."""
+INTERFERENCE_SIZES = (INTERFERENCE_BYTES, INTERFERENCE_SMALL_BYTES)
+INTERFERENCE_SMALL_CALLS = 3
+"""The small collective is timed this many times per repeat (alone, then beside a chain of
+INTERFERENCE_SMALL_CHAIN probes): its wait for a core is noisy (1-8 ms), and cheap to time."""
+INTERFERENCE_SMALL_CHAIN = 4
 MAX_BENCH_OPS = 200_000
 MAX_SIZE_BYTES = 2**31
 PROBE_LAYERS = 4
@@ -224,10 +234,11 @@ def _collectives(spec: BenchSpec, ops: dict[int, list[Op]]) -> None:
 
 
 def _interference(spec: BenchSpec, ops: dict[int, list[Op]]) -> None:
-    """Per repeat, on every rank: the probe alone; the collective alone (the compute stream
-    waits for it); then the collective on the dp stream with a chain of probes beside it (the
-    interpreter issues every other stream's ready head before it runs a compute op, so the
-    collective is in flight); the next repeat waits for the collective."""
+    """Per repeat, on every rank: the probe alone; then the large collective, and the small
+    one INTERFERENCE_SMALL_CALLS times, each alone (the compute stream waits for it), and on
+    the dp stream with a chain of probes beside it (the interpreter issues every other
+    stream's ready head before it runs a compute op, so the collective is in flight); what
+    follows waits for the collective."""
     assert spec.interference_gemm is not None
     m, n, k = spec.interference_gemm
     e = DTYPE_BYTES[spec.dtype]
@@ -238,9 +249,12 @@ def _interference(spec: BenchSpec, ops: dict[int, list[Op]]) -> None:
                 gemm=(1, 32, 32, 32), flops=2.0 * 32**3, mem_bytes=3.0 * 32 * 32 * e,
                 dtype=spec.dtype)
     group = tuple(range(spec.world))
-    size = float(max(1, INTERFERENCE_BYTES // (spec.world * e)) * spec.world * e)
-    collective = Op(kind=OpKind.ALL_REDUCE, stream=Stream.DP, name=INTERFERENCE_COLLECTIVE,
-                    group=group, size_bytes=size, dtype=spec.dtype)
+    large, small = (Op(kind=OpKind.ALL_REDUCE, stream=Stream.DP, name=INTERFERENCE_COLLECTIVE,
+                       group=group, size_bytes=float(max(1, size // (spec.world * e))
+                                                     * spec.world * e), dtype=spec.dtype)
+                    for size in INTERFERENCE_SIZES)
+    timings = [(large, INTERFERENCE_CHAIN)] + \
+        [(small, INTERFERENCE_SMALL_CHAIN)] * INTERFERENCE_SMALL_CALLS
     for rank in group:
         mine = ops[rank]
         beside: int | None = None
@@ -253,18 +267,21 @@ def _interference(spec: BenchSpec, ops: dict[int, list[Op]]) -> None:
                 deps.add(beside)
             mine.append(dataclasses.replace(spacer, deps=tuple(sorted(deps))))
             mine.append(dataclasses.replace(probe, deps=(len(mine) - 1,)))
-            mine.append(dataclasses.replace(collective, name=INTERFERENCE_COLLECTIVE_ALONE,
-                                            deps=(len(mine) - 1,)))
-            mine.append(dataclasses.replace(spacer, deps=(len(mine) - 1,)))
-            issued = len(mine) - 1
-            mine.append(dataclasses.replace(collective, deps=(issued,)))
-            beside = len(mine) - 1
-            # The spacer also makes the chain start once the collective is under way (in the
-            # simulator too, where both would start at the same instant).
-            mine.append(dataclasses.replace(spacer, deps=(issued,)))
-            for _ in range(INTERFERENCE_CHAIN):
-                mine.append(dataclasses.replace(probe, name=INTERFERENCE_OVERLAPPED,
+            for collective, chain in timings:
+                if beside is not None and mine[-1].name == INTERFERENCE_OVERLAPPED:
+                    mine.append(dataclasses.replace(spacer, deps=(len(mine) - 1, beside)))
+                mine.append(dataclasses.replace(collective, name=INTERFERENCE_COLLECTIVE_ALONE,
                                                 deps=(len(mine) - 1,)))
+                mine.append(dataclasses.replace(spacer, deps=(len(mine) - 1,)))
+                issued = len(mine) - 1
+                mine.append(dataclasses.replace(collective, deps=(issued,)))
+                beside = len(mine) - 1
+                # The spacer also makes the chain start once the collective is under way (in
+                # the simulator too, where both would start at the same instant).
+                mine.append(dataclasses.replace(spacer, deps=(issued,)))
+                for _ in range(chain):
+                    mine.append(dataclasses.replace(probe, name=INTERFERENCE_OVERLAPPED,
+                                                    deps=(len(mine) - 1,)))
         assert beside is not None, "INTERFERENCE_REPEATS > 0"
         mine.append(dataclasses.replace(spacer, deps=(len(mine) - 1, beside)))
 

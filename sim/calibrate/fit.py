@@ -54,6 +54,8 @@ class FitReport:
     """comm_interference: kernels beside communication."""
     compute_interference: InterferenceFit | None = None
     """compute_interference: communication beside kernels."""
+    compute_interference_delay: InterferenceFit | None = None
+    """compute_interference_delay_s: communication's wait for a core beside kernels."""
 
 
 def fit_profile(traces: Sequence[Trace], cluster: Cluster, *, base: Profile,
@@ -81,9 +83,11 @@ def fit_profile(traces: Sequence[Trace], cluster: Cluster, *, base: Profile,
     link_params, num_links = _link_params(links, cluster, base, notes)
     accelerator, params, num_compute = _compute_params(kernels, cluster.accelerator, base,
                                                        notes)
-    interference, slow_comm = fit_interference(traces)
+    interference, slow_comm, wait = fit_interference(
+        traces, delay_s=base.compute.compute_interference_delay_s)
     for figure, found in (("comm_interference", interference),
-                          ("compute_interference", slow_comm)):
+                          ("compute_interference", slow_comm),
+                          ("compute_interference_delay_s", wait)):
         if found is None:
             continue
         if found.unidentified is None:
@@ -99,7 +103,8 @@ def fit_profile(traces: Sequence[Trace], cluster: Cluster, *, base: Profile,
         links={**base.links, **link_params}, measured_on=cluster.accelerator.name)
     return profile, FitReport(links=links, compute=kernels, num_comm_samples=len(comm),
                               num_compute_samples=len(compute), unidentified=tuple(notes),
-                              interference=interference, compute_interference=slow_comm)
+                              interference=interference, compute_interference=slow_comm,
+                              compute_interference_delay=wait)
 
 
 def _kept(notes: list[str], figure: str, reason: str | None) -> None:
@@ -214,7 +219,8 @@ def _compute_params(fit: ComputeFit | None, acc: Accelerator, base_profile: Prof
         else base.launch_overhead_s,
         roofline_exponent=exponent, kernels=kernels,
         comm_interference=base.comm_interference,
-        compute_interference=base.compute_interference)
+        compute_interference=base.compute_interference,
+        compute_interference_delay_s=base.compute_interference_delay_s)
     return roofs, params, count
 
 

@@ -1,27 +1,33 @@
 """Fitting the interference of compute and communication on one host, both ways.
 
-    kernels, comm = fit_interference([trace, ...])   # (None, None): no interference section
+    kernels, comm, wait = fit_interference([trace, ...])   # None each: no such samples
 
 The microbenchmarks' interference section (`traces.bench`) times, per repeat, a probe GEMM
-alone, a collective alone, and then the two together: the collective in flight on another
-stream with a chain of probes beside it. The simulator runs a kernel that starts while its
-rank has communication in flight (1 + comm_interference) times as long, and communication that
-starts while one of its ranks runs a kernel (1 + compute_interference) times as long
-(`sim.replay`), so
+alone, and collectives of two sizes alone and then beside a chain of probes (in flight on
+another stream). The simulator runs a kernel that starts while its rank has communication in
+flight (1 + comm_interference) times as long, and communication that starts while one of its
+ranks runs a kernel first waits compute_interference_delay_s, then takes
+(1 + compute_interference) times as long (`sim.replay`), so
 
-    comm_interference    = mean(probes beside) / mean(probes alone) - 1        clamped at 0
-    compute_interference = mean(collective beside) / mean(collective alone) - 1
+    comm_interference = mean(probes beside) / mean(probes alone) - 1            clamped at 0
+    collective beside = delay + (1 + compute_interference) · median(collective alone, its size)
 
-A probe counts beside if it ran wholly inside its rank's collective, a collective if the chain
-of probes outlasted it on every member (the others are left out, counted). A collective lasted,
-as `sim.calibrate.observe` times it, from its members' latest start to their mean end. The
-95% interval is the delta method's on the ratio of two means, each with its standard error:
+the second fitted by least squares over the collectives beside kernels (numpy), against the
+median alone as the simulator's time alone is the links fit's, which is fitted to medians (a
+collective alone has a heavy tail here: 0.6-4 ms for 64 KiB); the first with the delta
+method's interval on a ratio of two means, each with its standard error:
 
     var(r) ≈ r² · (s_o² / (n_o · m_o²) + s_a² / (n_a · m_a²))
 
-A figure without at least 2 samples of each kind has no interval, and one whose interval is
-wider than ±MAX_HALF_WIDTH (for the collective: of its ratio) is not pinned down: it is not
-identified, and the fit keeps the base profile's value.
+A probe counts beside if it ran wholly inside its rank's collective (the others are left out,
+counted); a collective beside kernels always counts, since the chain starts as it does, which
+is the simulator's condition (the chain of the large one outlasts it). A collective lasted,
+as `sim.calibrate.observe` times it, from its members' latest start to their mean end. A
+figure without at least 2 samples of each kind has no interval, and one whose interval is
+wider than ±MAX_HALF_WIDTH (for the collective: of its ratio, or of its time beside) is not
+pinned down: it is not identified, and the fit keeps the base profile's value. Traces of one
+collective size (an older bench) cannot tell the delay from the slowdown: the delay is then
+the base's, and the slowdown is fitted beside it.
 """
 
 from __future__ import annotations
@@ -30,7 +36,10 @@ import math
 import statistics
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+from scipy import stats
 
 from sim.profile import MAX_COMM_INTERFERENCE
 from traces.bench import (
@@ -39,6 +48,7 @@ from traces.bench import (
     INTERFERENCE_COLLECTIVE_ALONE,
     INTERFERENCE_OVERLAPPED,
 )
+from traces.fields import MAX_LATENCY_S
 from traces.ops import Op, Trace
 
 MAX_HALF_WIDTH = 0.5
@@ -47,13 +57,14 @@ MAX_HALF_WIDTH = 0.5
 @dataclass(frozen=True, slots=True, kw_only=True)
 class InterferenceFit:
     value: float
-    """overlapped / alone - 1, at least 0."""
+    """overlapped / alone - 1, at least 0 (for the delay: seconds)."""
     ci: tuple[float, float]
     """Its 95% interval (clamped at 0)."""
     alone_s: float
-    """Mean duration alone (of the probe, or of the collective)."""
+    """Mean duration alone (of the probe; of the collective, the largest size's median, or
+    the mean where one size is fitted; for the delay, the smallest size's median)."""
     overlapped_s: float
-    """Mean duration beside the other."""
+    """Mean duration beside the other (the same size)."""
     num_alone: int
     num_overlapped: int
     num_outlived: int
@@ -67,6 +78,21 @@ class _Samples:
     alone: list[float]
     beside: list[float]
     outlived: int = 0
+    alone_sizes: list[float] = field(default_factory=list)
+    beside_sizes: list[float] = field(default_factory=list)
+    """Per sample, the collective's size (collectives only)."""
+
+    def add(self, other: _Samples) -> None:
+        self.alone += other.alone
+        self.beside += other.beside
+        self.outlived += other.outlived
+        self.alone_sizes += other.alone_sizes
+        self.beside_sizes += other.beside_sizes
+
+    def size(self, size: float) -> _Samples:
+        """The samples of one collective size."""
+        return _Samples([t for t, s in zip(self.alone, self.alone_sizes) if s == size],
+                        [t for t, s in zip(self.beside, self.beside_sizes) if s == size])
 
 
 def probe_samples(trace: Trace) -> _Samples:
@@ -92,11 +118,11 @@ def probe_samples(trace: Trace) -> _Samples:
 
 
 def collective_samples(trace: Trace) -> _Samples:
-    """The collectives alone, and those beside probes that the chain outlasted on every
-    member; each from its members' latest start to their mean end."""
+    """The collectives alone, and beside the chain of probes issued right after them: the
+    simulator's condition (a kernel runs as they start) holds for all of these, however soon
+    they end; each from its members' latest start to their mean end."""
     calls: dict[tuple[str, int], list[Op]] = defaultdict(list)
-    chain_end: dict[tuple[int, int], float] = {}  # (rank, repeat): the chain's last end
-    for rank, ops in trace.ops.items():
+    for ops in trace.ops.values():
         count = dict.fromkeys((INTERFERENCE_COLLECTIVE, INTERFERENCE_COLLECTIVE_ALONE), 0)
         for op in ops:
             if op.start is None or op.end is None or op.span is not None:
@@ -104,36 +130,95 @@ def collective_samples(trace: Trace) -> _Samples:
             if op.name in count and op.kind.is_collective:
                 calls[(op.name, count[op.name])].append(op)
                 count[op.name] += 1
-            elif op.name == INTERFERENCE_OVERLAPPED and count[INTERFERENCE_COLLECTIVE]:
-                chain_end[(rank, count[INTERFERENCE_COLLECTIVE] - 1)] = op.end
     out = _Samples([], [])
-    for (name, k), members in sorted(calls.items()):
+    for (name, _), members in sorted(calls.items()):
         if len(members) != len(members[0].group):
             continue  # a partial trace: the collective's members are not all here
         start = max(m.start for m in members if m.start is not None)
         end = statistics.fmean(m.end for m in members if m.end is not None)
-        if name == INTERFERENCE_COLLECTIVE_ALONE:
-            out.alone.append(end - start)
-        elif all(chain_end.get((r, k), -math.inf) >= m.end
-                 for r, m in zip(members[0].group, members) if m.end is not None):
-            out.beside.append(end - start)
-        else:
-            out.outlived += 1
+        into, sizes = (out.alone, out.alone_sizes) if name == INTERFERENCE_COLLECTIVE_ALONE \
+            else (out.beside, out.beside_sizes)
+        into.append(end - start)
+        sizes.append(members[0].size_bytes)
     return out
 
 
-def fit_interference(traces: Sequence[Trace]
-                     ) -> tuple[InterferenceFit | None, InterferenceFit | None]:
-    """comm_interference (from the probes) and compute_interference (from the collectives);
-    None where the traces hold no such samples."""
+def fit_interference(traces: Sequence[Trace], *, delay_s: float = 0.0
+                     ) -> tuple[InterferenceFit | None, InterferenceFit | None,
+                                InterferenceFit | None]:
+    """comm_interference (from the probes), compute_interference and its delay (from the
+    collectives); None where the traces hold no such samples. `delay_s` is the base's delay,
+    which the slowdown is fitted beside where the traces do not pin the delay down."""
     probes, colls = _Samples([], []), _Samples([], [])
     for trace in traces:
-        for into, got in ((probes, probe_samples(trace)), (colls, collective_samples(trace))):
-            into.alone += got.alone
-            into.beside += got.beside
-            into.outlived += got.outlived
-    return (_ratio(probes, "probes", relative=False),
-            _ratio(colls, "collectives", relative=True))
+        probes.add(probe_samples(trace))
+        colls.add(collective_samples(trace))
+    kernels = _ratio(probes, "probes", relative=False)
+    if not colls.alone and not colls.beside and not colls.outlived:
+        return kernels, None, None
+    sizes = [size for size in sorted(set(colls.beside_sizes))
+             if len(colls.size(size).alone) >= 2 and len(colls.size(size).beside) >= 2]
+    wait: InterferenceFit | None = None
+    held = delay_s
+    if len(sizes) >= 2:
+        slow, wait = _line(colls, sizes)
+        if slow.unidentified is None and wait.unidentified is None:
+            return kernels, slow, wait
+        if wait.unidentified is None:
+            held = wait.value
+    elif colls.beside:
+        wait = InterferenceFit(
+            value=math.nan, ci=(math.nan, math.nan), alone_s=math.nan, overlapped_s=math.nan,
+            num_alone=len(colls.alone), num_overlapped=len(colls.beside),
+            num_outlived=colls.outlived, unidentified="the collectives beside kernels are of "
+            "one size (the wait for a core needs two)")
+    # The slowdown alone: what the largest size loses beside kernels after the delay (the
+    # fitted one, or else the base's).
+    large = colls.size(sizes[-1]) if sizes else colls
+    beside = _ratio(_Samples(large.alone, [t - held for t in large.beside], colls.outlived),
+                    "collectives", relative=True)
+    assert beside is not None, "the collectives have samples"
+    return kernels, replace(beside, overlapped_s=beside.overlapped_s + held), wait
+
+
+def _line(colls: _Samples, sizes: Sequence[float]) -> tuple[InterferenceFit, InterferenceFit]:
+    """beside = delay + (1 + compute_interference) · alone, by least squares over the
+    collectives beside kernels (each against its size's median alone), the delay at least 0
+    and the slope at least 1; 95% intervals from the residuals (Student's t)."""
+    by_size = {size: colls.size(size) for size in sizes}
+    alone = {size: statistics.median(got.alone) for size, got in by_size.items()}
+    x = np.array([alone[size] for size in sizes for _ in by_size[size].beside])
+    y = np.array([t for size in sizes for t in by_size[size].beside])
+    slope, delay = (float(v) for v in np.polyfit(x, y, 1))
+    if delay < 0.0:  # through the origin
+        slope, delay = float(x @ y / (x @ x)), 0.0
+    if slope < 1.0:
+        slope, delay = 1.0, max(0.0, float(np.mean(y - x)))
+    design = np.column_stack([x, np.ones_like(x)])
+    residual = y - design @ np.array([slope, delay])
+    dof = max(1, len(y) - 2)
+    cov = float(residual @ residual) / dof * np.linalg.pinv(design.T @ design)
+    half_slope, half_delay = (float(h) for h in stats.t.ppf(0.975, dof)
+                              * np.sqrt(np.maximum(np.diag(cov), 0.0)))
+    small, large = by_size[sizes[0]], by_size[sizes[-1]]
+    common = dict(num_alone=sum(len(g.alone) for g in by_size.values()), num_overlapped=len(y),
+                  num_outlived=colls.outlived)
+    value = min(float(slope) - 1.0, MAX_COMM_INTERFERENCE)
+    slow = InterferenceFit(
+        value=value, ci=(max(0.0, value - half_slope), value + half_slope),
+        alone_s=alone[sizes[-1]], overlapped_s=statistics.fmean(large.beside),
+        unidentified=None if half_slope <= MAX_HALF_WIDTH * slope else
+        f"{value:.3g} with a 95% interval of ±{half_slope:.3g} ({len(y)} collectives beside "
+        f"kernels, {len(sizes)} sizes)", **common)  # type: ignore[arg-type]
+    beside_small = statistics.fmean(small.beside)
+    delay = min(float(delay), MAX_LATENCY_S)
+    wait = InterferenceFit(
+        value=delay, ci=(max(0.0, delay - half_delay), delay + half_delay),
+        alone_s=alone[sizes[0]], overlapped_s=beside_small,
+        unidentified=None if half_delay <= MAX_HALF_WIDTH * beside_small else
+        f"{delay * 1e3:.3g} ms with a 95% interval of ±{half_delay * 1e3:.3g} ms ({len(y)} "
+        f"collectives beside kernels, {len(sizes)} sizes)", **common)  # type: ignore[arg-type]
+    return slow, wait
 
 
 def _ratio(s: _Samples, what: str, *, relative: bool) -> InterferenceFit | None:

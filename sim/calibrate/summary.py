@@ -54,6 +54,7 @@ def summary_json(profile: Profile, report: FitReport, target: Target, out: str
         "unidentified": list(report.unidentified),
         "comm_interference": _interference(report.interference),
         "compute_interference": _interference(report.compute_interference),
+        "compute_interference_delay": _interference(report.compute_interference_delay),
         "accelerator": None if profile.accelerator is None else {
             "peak_flops": profile.accelerator.peak_flops,
             "hbm_bandwidth_Bps": profile.accelerator.hbm_bandwidth_Bps},
@@ -121,6 +122,12 @@ def summary_text(s: dict[str, Any]) -> str:
                          f"{f['ci'][1]:.3g}]: {what} took {f['alone_s'] * 1e6:.1f} us alone, "
                          f"{f['overlapped_s'] * 1e6:.1f} us beside {beside} "
                          f"({f['num_alone']} and {f['num_overlapped']} {unit})")
+    f = s["compute_interference_delay"]
+    if f is not None and f["identified"]:
+        lines.append(f"  compute interference delay {f['value'] * 1e3:.3g} ms "
+                     f"[{f['ci'][0] * 1e3:.3g}, {f['ci'][1] * 1e3:.3g}]: the smallest "
+                     f"collective took {f['alone_s'] * 1e6:.1f} us alone, "
+                     f"{f['overlapped_s'] * 1e6:.1f} us beside kernels")
     if s["accelerator"] is not None:
         a = s["accelerator"]
         lines.append(f"  measured roofs: {a['peak_flops'] / 1e9:.3g} GFLOP/s, "

@@ -88,6 +88,10 @@ def calibrate(sizes: str, probes: str, repeats: int, keep: str | None) -> Profil
           + f", compute interference {profile.compute.compute_interference:.3g}"
           + ("" if report.compute_interference is None
              or report.compute_interference.unidentified is None
+             else " (not identified: the default's)")
+          + f" after {profile.compute.compute_interference_delay_s * 1e3:.2f} ms"
+          + ("" if report.compute_interference_delay is None
+             or report.compute_interference_delay.unidentified is None
              else " (not identified: the default's)"), flush=True)
     for note in report.unidentified:
         print(f"  not identified: {note}", flush=True)

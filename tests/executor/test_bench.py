@@ -21,6 +21,9 @@ from traces.bench import (
     INTERFERENCE_COLLECTIVE_ALONE,
     INTERFERENCE_OVERLAPPED,
     INTERFERENCE_REPEATS,
+    INTERFERENCE_SIZES,
+    INTERFERENCE_SMALL_CALLS,
+    INTERFERENCE_SMALL_CHAIN,
     BenchSpec,
     bench_plan,
     probe_grid,
@@ -80,35 +83,47 @@ def test_every_op_of_the_microbenchmarks_was_recorded_consistently(calibrated):
 def test_the_interference_probes_and_collectives_ran_alone_and_beside_each_other(calibrated):
     _, _, keep, summary = calibrated
     trace = load_run(keep)
+    per_rank = INTERFERENCE_REPEATS * (1 + INTERFERENCE_SMALL_CALLS)  # alone, and beside
+    chains = INTERFERENCE_REPEATS * (INTERFERENCE_CHAIN
+                                     + INTERFERENCE_SMALL_CALLS * INTERFERENCE_SMALL_CHAIN)
     for ops in trace.ops.values():
         names = [op.name for op in ops]
         assert names.count(INTERFERENCE_ALONE) == INTERFERENCE_REPEATS
-        assert names.count(INTERFERENCE_OVERLAPPED) == INTERFERENCE_CHAIN * INTERFERENCE_REPEATS
+        assert names.count(INTERFERENCE_OVERLAPPED) == chains
         calls = [op for op in ops if op.name == INTERFERENCE_COLLECTIVE]
         alone = [op for op in ops if op.name == INTERFERENCE_COLLECTIVE_ALONE]
-        assert len(calls) == len(alone) == INTERFERENCE_REPEATS
+        assert len(calls) == len(alone) == per_rank
+        assert len({op.size_bytes for op in calls}) == len(INTERFERENCE_SIZES)
         assert all(op.stream == "dp" for op in calls + alone)
         kernels = [op for op in ops if op.kind is OpKind.COMPUTE]
-        for call in calls:  # the chain's first probe started while the collective was in flight
-            first = min((op for op in kernels if op.name == INTERFERENCE_OVERLAPPED
-                         and op.start >= call.start), key=lambda op: op.start)
-            assert call.start <= first.start < call.end
+        for call in calls:  # the large collective: the chain's first probe started while it
+            # was in flight, and its last ended after it; the small one (~1 ms) may end before
+            # the first kernel starts, or outlast the chain
+            large = call.size_bytes == max(INTERFERENCE_SIZES)
+            chain = [op for op in kernels if op.name == INTERFERENCE_OVERLAPPED
+                     and op.start >= call.start][
+                :INTERFERENCE_CHAIN if large else INTERFERENCE_SMALL_CHAIN]
+            assert not large or chain[0].start < call.end < chain[-1].end
         for call in alone:  # and no kernel of its rank ran beside a collective alone
             assert not any(op.start < call.end and op.end > call.start for op in kernels)
-    for key in ("comm_interference", "compute_interference"):
+    for key in ("comm_interference", "compute_interference", "compute_interference_delay"):
         inter = summary[key]
         assert inter["alone_s"] > 0 and inter["overlapped_s"] > 0
     probes, colls = summary["comm_interference"], summary["compute_interference"]
-    assert probes["num_alone"] == 2 * INTERFERENCE_REPEATS
-    assert probes["num_overlapped"] + probes["num_outlived"] == \
-        2 * INTERFERENCE_CHAIN * INTERFERENCE_REPEATS
-    assert colls["num_alone"] == INTERFERENCE_REPEATS
-    assert colls["num_overlapped"] + colls["num_outlived"] == INTERFERENCE_REPEATS
+    wait = summary["compute_interference_delay"]
+    assert probes["num_alone"] == 2 * INTERFERENCE_REPEATS  # on both ranks
+    assert probes["num_overlapped"] + probes["num_outlived"] == 2 * chains
+    # the slope and the delay from both sizes; else the slope from the large size alone
+    used = per_rank if wait["identified"] else INTERFERENCE_REPEATS
+    assert colls["num_alone"] == colls["num_overlapped"] == used
+    assert colls["num_outlived"] == 0
     profile = load_profile(calibrated[1])
     if probes["identified"]:
         assert profile.compute.comm_interference == pytest.approx(probes["value"])
     if colls["identified"]:
         assert profile.compute.compute_interference == pytest.approx(colls["value"])
+    if wait["identified"]:
+        assert profile.compute.compute_interference_delay_s == pytest.approx(wait["value"])
 
 
 def test_the_fit_saw_every_measurement(calibrated):

@@ -310,11 +310,12 @@ def test_nothing_identifiable_is_one_error_line():
 
 # --- comm_interference ------------------------------------------------------------------------
 
-@pytest.mark.parametrize(("interference", "slow_comm"), [(0.0, 0.0), (0.35, 1.2), (1.7, 0.4)])
+@pytest.mark.parametrize(("interference", "slow_comm", "wait"),
+                         [(0.0, 0.0, 0.0), (0.35, 1.2, 4e-3), (1.7, 0.4, 0.0), (0.5, 0.0, 2e-3)])
 def test_both_interferences_are_recovered_from_the_interference_section(interference,
-                                                                       slow_comm):
-    """Traces the simulator synthesized with known comm_interference (kernels beside data)
-    and compute_interference (data beside kernels) give both back."""
+                                                                       slow_comm, wait):
+    """Traces the simulator synthesized with known comm_interference (kernels beside data),
+    compute_interference (data beside kernels) and its delay give all three back."""
     import dataclasses
 
     from sim.calibrate.interference import fit_interference
@@ -325,32 +326,66 @@ def test_both_interferences_are_recovered_from_the_interference_section(interfer
         INTERFERENCE_COLLECTIVE_ALONE,
         INTERFERENCE_OVERLAPPED,
         INTERFERENCE_REPEATS,
+        INTERFERENCE_SMALL_CALLS,
+        INTERFERENCE_SMALL_CHAIN,
     )
 
     truth = dataclasses.replace(truth_profile(), compute=dataclasses.replace(
-        TRUE_COMPUTE, comm_interference=interference, compute_interference=slow_comm))
+        TRUE_COMPUTE, comm_interference=interference, compute_interference=slow_comm,
+        compute_interference_delay_s=wait))
     # a probe of ~1 ms at the true rate: shorter than the collective, the chain longer
     cluster, trace = synthesized(2, truth, interference_gemm=(256, 256, 256))
     names = [op.name for op in trace.ops[0]]
+    calls = INTERFERENCE_REPEATS * (1 + INTERFERENCE_SMALL_CALLS)
     assert names.count(INTERFERENCE_ALONE) == INTERFERENCE_REPEATS
-    assert names.count(INTERFERENCE_OVERLAPPED) == INTERFERENCE_CHAIN * INTERFERENCE_REPEATS
-    assert names.count(INTERFERENCE_COLLECTIVE) == INTERFERENCE_REPEATS
-    assert names.count(INTERFERENCE_COLLECTIVE_ALONE) == INTERFERENCE_REPEATS
-    kernels, comm = fit_interference([trace])
+    assert names.count(INTERFERENCE_OVERLAPPED) == INTERFERENCE_REPEATS * (
+        INTERFERENCE_CHAIN + INTERFERENCE_SMALL_CALLS * INTERFERENCE_SMALL_CHAIN)
+    assert names.count(INTERFERENCE_COLLECTIVE) == calls
+    assert names.count(INTERFERENCE_COLLECTIVE_ALONE) == calls
+    kernels, comm, delay = fit_interference([trace], delay_s=0.25)  # a base it must not keep
     assert kernels is not None and kernels.unidentified is None
     assert kernels.num_overlapped > 2 and kernels.num_alone == 2 * INTERFERENCE_REPEATS
     assert kernels.value == pytest.approx(interference, rel=1e-6, abs=1e-9)
     assert kernels.ci[0] <= kernels.value <= kernels.ci[1]
     assert comm is not None and comm.unidentified is None and comm.num_outlived == 0
-    assert comm.num_alone == comm.num_overlapped == INTERFERENCE_REPEATS
+    assert comm.num_alone == comm.num_overlapped == calls
     assert comm.value == pytest.approx(slow_comm, rel=1e-6, abs=1e-9)
-    base = default_profile(cluster.accelerator)  # the localhost default: 1, a rough figure
+    assert delay is not None and delay.unidentified is None
+    assert delay.value == pytest.approx(wait, rel=1e-6, abs=1e-9)
+    base = default_profile(cluster.accelerator)  # the localhost default: rough figures
     profile, report = fit_profile([trace], cluster, base=base)
     assert profile.compute.comm_interference == pytest.approx(interference, rel=1e-6,
                                                               abs=1e-9)
     assert profile.compute.compute_interference == pytest.approx(slow_comm, rel=1e-6,
                                                                  abs=1e-9)
-    assert report.interference == kernels and report.compute_interference == comm
+    assert profile.compute.compute_interference_delay_s == pytest.approx(wait, rel=1e-6,
+                                                                         abs=1e-9)
+    assert (report.interference, report.compute_interference,
+            report.compute_interference_delay) == (kernels, comm, delay)
+
+
+def test_one_collective_size_keeps_the_base_delay_and_fits_the_slowdown_beside_it():
+    """Traces of an older bench (one collective size) cannot tell the wait from the slowdown:
+    the delay is the base's, unidentified, and the slowdown is fitted beside it exactly."""
+    import dataclasses
+
+    from sim.calibrate.interference import fit_interference
+    from traces.bench import INTERFERENCE_BYTES
+
+    truth = dataclasses.replace(truth_profile(), compute=dataclasses.replace(
+        TRUE_COMPUTE, compute_interference=0.8, compute_interference_delay_s=3e-3))
+    cluster, trace = synthesized(2, truth, interference_gemm=(256, 256, 256))
+    # keep the large size only (each collective with the chain after it)
+    ops = {r: tuple(op for op in ops if not (op.kind.is_collective and op.name.startswith(
+        "interference") and op.size_bytes != INTERFERENCE_BYTES)) for r, ops in
+        trace.ops.items()}
+    one = dataclasses.replace(trace, ops=ops)
+    _, comm, delay = fit_interference([one], delay_s=3e-3)
+    assert delay is not None and delay.unidentified is not None
+    assert "one size" in delay.unidentified
+    assert comm is not None and comm.value == pytest.approx(0.8, rel=1e-6)
+    _, comm, _ = fit_interference([one], delay_s=0.0)  # all of it as slowdown
+    assert comm is not None and comm.value > 0.8
 
 
 def _probe_trace(alone: list[float], overlapped: list[float], collective_s: float = 1.0):
@@ -386,7 +421,7 @@ def test_comm_interference_is_clamped_at_zero_and_needs_its_probes_inside_the_co
     outlived = fit_interference([_probe_trace([1e-3] * 3, [2e-3] * 3, collective_s=1.5e-3)])[0]
     assert outlived is not None and outlived.num_outlived == 3
     assert outlived.unidentified is not None and "not wholly beside" in outlived.unidentified
-    assert fit_interference([_probe_trace([], [])]) == (None, None)
+    assert fit_interference([_probe_trace([], [])]) == (None, None, None)
 
 
 def test_a_bandwidth_at_its_bound_keeps_the_clusters_and_the_rest_is_fitted_beside_it():

@@ -1,5 +1,7 @@
 """The step replay: stream and collective semantics, contention, folding, determinism."""
 
+import dataclasses
+
 import pytest
 
 from sim.compute import ComputeModel
@@ -216,3 +218,24 @@ def test_kernels_run_slower_while_their_rank_moves_data_by_the_interference(h100
         kernel = shared.ends[rank][2] - shared.starts[rank][2]
         assert kernel == pytest.approx(2 * (alone.ends[rank][2] - alone.starts[rank][2]))
     assert shared.ends[0][0] == alone.ends[0][0]  # the transfer itself is not slowed
+
+
+@pytest.mark.parametrize("network", ["flow", "analytic"])
+def test_data_beside_kernels_waits_for_a_core_then_moves_slower(h100, network):
+    """compute_interference and its delay: a collective that starts while its ranks run a
+    kernel ends delay + (1 + it) × its time alone after it starts; one that starts while
+    they idle takes its time alone."""
+    class Busy(Fixed):
+        compute_interference = 1.5
+        compute_interference_delay_s = 2e-3
+
+    ar = Op(kind=OpKind.ALL_REDUCE, stream="comm", group=(0, 1), size_bytes=64 * MiB)
+    beside = Trace({r: (compute(1.0), ar) for r in (0, 1)})  # the kernel is running
+    after = Trace({r: (compute(1.0), dataclasses.replace(ar, deps=(0,))) for r in (0, 1)})
+    alone = replay(beside, h100, Fixed(), network=network)
+    moving = alone.ends[0][1] - alone.starts[0][1]
+    assert 0 < moving < 0.1  # inside the kernel
+    busy = replay(beside, h100, Busy(), network=network)
+    assert busy.ends[0][1] - busy.starts[0][1] == pytest.approx(2e-3 + 2.5 * moving, rel=1e-9)
+    idle = replay(after, h100, Busy(), network=network)
+    assert idle.ends[0][1] - idle.starts[0][1] == pytest.approx(moving, rel=1e-9)
