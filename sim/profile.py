@@ -100,8 +100,8 @@ class ComputeParams:
     between the kernels' time slices; on a GPU, NCCL's SMs are its own (0)."""
     compute_interference_delay_s: float = 0.0
     """... and first waits this long, whatever its size: on a CPU, gloo's woken thread waits
-    for the scheduler to give it a core the kernels hold (~2 ms fitted on a 2-vCPU VM); on a
-    GPU, 0."""
+    for the scheduler to give it a core the kernels hold (0.35 ms fitted on a 2-vCPU VM); on
+    a GPU, 0."""
 
     def __post_init__(self) -> None:
         check_fraction(self.gemm_efficiency, "compute.gemm_efficiency")
@@ -368,16 +368,17 @@ DEFAULTS["H200-SXM-141GB"] = DEFAULTS["H100-SXM5-80GB"]  # the same Hopper compu
 # Ranks are processes with one compute thread each, at least as many as cores (the host runs
 # up to 8 whatever its core count), and gloo moves a rank's data on a thread of its own that
 # shares the rank's cores: comm_interference 1 (kernels at half speed while data moves) and
-# compute_interference 0.6 after a wait of 1.8 ms for a core (data beside kernels: fitted on a
-# 2-vCPU VM with 2 ranks from a 64 KiB and an 8 MiB all-reduce, each alone and issued just
-# before a chain of GEMMs; beside a kernel that runs throughout, 1 KiB-1 MiB took 3-7 ms
-# longer than alone) are rough figures for uncalibrated use only — `parasim calibrate --run`
-# measures all three (a probe GEMM and collectives of two sizes, each alone and beside the
-# other: traces.bench, sim.calibrate.interference).
+# compute_interference 0.6 after a wait of 0.5 ms for a core (data beside kernels: 0.65 after
+# 0.35 ms [0, 1.5] fitted on a 2-vCPU VM with 2 ranks, from a 64 KiB and an 8 MiB all-reduce
+# each alone and issued just before a chain of GEMMs; beside a kernel already running, 1 KiB
+# to 1 MiB took 3-7 ms longer than alone, but the executor issues between kernels) are rough
+# figures for uncalibrated use only — `parasim calibrate --run` measures all three (a probe
+# GEMM and collectives of two sizes, each alone and beside the other: traces.bench,
+# sim.calibrate.interference).
 DEFAULTS["CPU-localhost"] = ComputeParams(gemm_efficiency=0.5, gemm_tiles=((8, 8),),
                                           memory_efficiency=0.7, launch_overhead_s=10e-6,
                                           comm_interference=1.0, compute_interference=0.6,
-                                          compute_interference_delay_s=1.8e-3)
+                                          compute_interference_delay_s=0.5e-3)
 
 
 def default_profile(accelerator: Accelerator) -> Profile:

@@ -10,11 +10,11 @@ ranks runs a kernel first waits compute_interference_delay_s, then takes
 (1 + compute_interference) times as long (`sim.replay`), so
 
     comm_interference = mean(probes beside) / mean(probes alone) - 1            clamped at 0
-    collective beside = delay + (1 + compute_interference) · median(collective alone, its size)
+    collective beside = delay + (1 + compute_interference) · mean(collective alone, its size)
 
 the second fitted by least squares over the collectives beside kernels (numpy), against the
-median alone as the simulator's time alone is the links fit's, which is fitted to medians (a
-collective alone has a heavy tail here: 0.6-4 ms for 64 KiB); the first with the delta
+mean alone, as the links fit's time alone is fitted to means (a step adds its collectives up,
+slow tail included: 0.6-4 ms for a 64 KiB all-reduce alone here); the first with the delta
 method's interval on a ratio of two means, each with its standard error:
 
     var(r) ≈ r² · (s_o² / (n_o · m_o²) + s_a² / (n_a · m_a²))
@@ -61,8 +61,8 @@ class InterferenceFit:
     ci: tuple[float, float]
     """Its 95% interval (clamped at 0)."""
     alone_s: float
-    """Mean duration alone (of the probe; of the collective, the largest size's median, or
-    the mean where one size is fitted; for the delay, the smallest size's median)."""
+    """Mean duration alone (of the probe; of the collective, the largest size; for the delay,
+    the smallest)."""
     overlapped_s: float
     """Mean duration beside the other (the same size)."""
     num_alone: int
@@ -183,10 +183,10 @@ def fit_interference(traces: Sequence[Trace], *, delay_s: float = 0.0
 
 def _line(colls: _Samples, sizes: Sequence[float]) -> tuple[InterferenceFit, InterferenceFit]:
     """beside = delay + (1 + compute_interference) · alone, by least squares over the
-    collectives beside kernels (each against its size's median alone), the delay at least 0
+    collectives beside kernels (each against its size's mean alone), the delay at least 0
     and the slope at least 1; 95% intervals from the residuals (Student's t)."""
     by_size = {size: colls.size(size) for size in sizes}
-    alone = {size: statistics.median(got.alone) for size, got in by_size.items()}
+    alone = {size: statistics.fmean(got.alone) for size, got in by_size.items()}
     x = np.array([alone[size] for size in sizes for _ in by_size[size].beside])
     y = np.array([t for size in sizes for t in by_size[size].beside])
     slope, delay = (float(v) for v in np.polyfit(x, y, 1))
