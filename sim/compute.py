@@ -15,9 +15,8 @@ FLOPs (a flash-attention kernel) run at their kernel's efficiency of peak.
 Every op also moves `mem_bytes` through HBM at `memory_efficiency` of its bandwidth. The two
 times combine as (t_compute^p + t_memory^p)^(1/p) (p = `roofline_exponent`): a clearly compute-
 or memory-bound kernel costs its larger time, but one near the ridge point does not hide one
-under the other for free. Each kernel launch adds `launch_overhead_s` (or, with
-`overhead_per_op`, each op once: a CPU's eager dispatch). A measured op (one with start/end,
-from a real run) keeps its measured duration.
+under the other for free. Each kernel launch adds `launch_overhead_s`. A measured op (one
+with start/end, from a real run) keeps its measured duration.
 """
 
 from __future__ import annotations
@@ -72,7 +71,7 @@ class ComputeModel:
             shapes = [(batch, m, k, n), (batch, k, n, m)] if backward else [(batch, m, n, k)]
             efficiency = override.flops_efficiency or params.gemm_efficiency
             compute = sum(self.gemm_time(shape, efficiency) for shape in shapes)
-            launches = 1 if params.overhead_per_op else len(shapes)
+            launches = len(shapes)
         else:
             efficiency = override.flops_efficiency or params.gemm_efficiency
             compute = flops / (acc.peak_flops * efficiency)

@@ -86,11 +86,6 @@ class ComputeParams:
     """Achieved fraction of HBM bandwidth of a streaming kernel."""
     launch_overhead_s: float = 3e-6
     """Fixed time per kernel launch."""
-    overhead_per_op: bool = False
-    """Pay the fixed overhead (`launch_overhead_s`, a kernel's `overhead_s`) once per op, not
-    once per kernel launch: where the host is the device (eager PyTorch on a CPU), what an op
-    costs beyond its roofline is its dispatch through the framework and autograd, paid once
-    however many GEMMs its backward runs; on a GPU every launch costs (False)."""
     roofline_exponent: float = 2.0
     """p in (compute^p + memory^p)^(1/p): how a kernel near the ridge point is slower than
     either roof alone (p = 2: √2 at the ridge; p → ∞ is the bare maximum)."""
@@ -220,7 +215,6 @@ class Profile:
                         "gemm_tiles": [list(t) for t in c.gemm_tiles],
                         "memory_efficiency": c.memory_efficiency,
                         "launch_overhead_s": c.launch_overhead_s,
-                        "overhead_per_op": c.overhead_per_op,
                         "roofline_exponent": c.roofline_exponent,
                         "comm_interference": c.comm_interference,
                         "compute_interference": c.compute_interference,
@@ -279,8 +273,8 @@ def profile_from_json(data: object, source: str = "profile") -> Profile:
 
 def _compute(fields: Fields) -> ComputeParams:
     fields.known(("gemm_efficiency", "gemm_tiles", "memory_efficiency", "launch_overhead_s",
-                  "overhead_per_op", "roofline_exponent", "comm_interference",
-                  "compute_interference", "compute_interference_delay_s", "kernels"))
+                  "roofline_exponent", "comm_interference", "compute_interference",
+                  "compute_interference_delay_s", "kernels"))
     if "gemm_efficiency" not in fields:
         raise ConfigError(f"{fields.name('gemm_efficiency')}: missing")
     base = ComputeParams(gemm_efficiency=1.0)
@@ -297,7 +291,6 @@ def _compute(fields: Fields) -> ComputeParams:
         memory_efficiency=fields.fraction("memory_efficiency", base.memory_efficiency),
         launch_overhead_s=fields.number("launch_overhead_s", base.launch_overhead_s,
                                         minimum=0.0, maximum=MAX_LATENCY_S, unit=" s"),
-        overhead_per_op=fields.boolean("overhead_per_op", base.overhead_per_op),
         comm_interference=fields.number("comm_interference", base.comm_interference,
                                         minimum=0.0, maximum=MAX_COMM_INTERFERENCE),
         compute_interference=fields.number("compute_interference",
@@ -371,9 +364,7 @@ DEFAULTS: dict[str, ComputeParams] = {
 }
 DEFAULTS["H200-SXM-141GB"] = DEFAULTS["H100-SXM5-80GB"]  # the same Hopper compute die
 # The CPU of `localhost`: no SMs to quantize over (one small tile), about half the core's peak
-# in a BLAS, ~10 us of PyTorch dispatch per eager op, once per op (a backward's two GEMMs are
-# one autograd call; the fit of the probes' kernels with one overhead per launch read forward
-# ops 15-20% fast and backward ones 25-50% slow); `parasim calibrate` measures the figures.
+# in a BLAS, ~10 us of PyTorch dispatch per eager op; `parasim calibrate` measures all three.
 # Ranks are processes with one compute thread each, at least as many as cores (the host runs
 # up to 8 whatever its core count), and gloo moves a rank's data on a thread of its own that
 # shares the rank's cores: comm_interference 1 (kernels at half speed while data moves) and
@@ -386,8 +377,7 @@ DEFAULTS["H200-SXM-141GB"] = DEFAULTS["H100-SXM5-80GB"]  # the same Hopper compu
 # sim.calibrate.interference).
 DEFAULTS["CPU-localhost"] = ComputeParams(gemm_efficiency=0.5, gemm_tiles=((8, 8),),
                                           memory_efficiency=0.7, launch_overhead_s=10e-6,
-                                          overhead_per_op=True, comm_interference=1.0,
-                                          compute_interference=0.6,
+                                          comm_interference=1.0, compute_interference=0.6,
                                           compute_interference_delay_s=0.5e-3)
 
 

@@ -216,7 +216,7 @@ def _compute_params(fit: ComputeFit | None, acc: Accelerator, base_profile: Prof
         memory_efficiency=base.memory_efficiency
         if fit.memory_rate_unidentified and same_roofs else _fraction(fit.memory_rate / hbm),
         launch_overhead_s=min(statistics.median(overheads), MAX_LATENCY_S) if overheads
-        else base.launch_overhead_s, overhead_per_op=base.overhead_per_op,
+        else base.launch_overhead_s,
         roofline_exponent=exponent, kernels=kernels,
         comm_interference=base.comm_interference,
         compute_interference=base.compute_interference,

@@ -3,8 +3,7 @@ formula as the model.
 
 `ComputeModel.kernel_time` gives a kernel of one shape
 
-    t = (C^p + M^p)^(1/p) + launches · overhead      (launches: 1 where the base profile's
-                                                       overhead is per op)
+    t = (C^p + M^p)^(1/p) + launches · overhead
     C = W / R        W: the GEMMs' work as the tile and wave model counts it (FLOPs rounded up
                         to whole tiles and waves; the FLOPs of a non-GEMM kernel)
     M = B / Rm       B: the bytes it moves
@@ -131,9 +130,7 @@ class _Point:
 
 
 def _points(samples: Sequence[ComputeSample], tiles: Sequence[tuple[int, int]],
-            units: int, per_op: bool = False) -> list[_Point]:
-    """The mean time of each distinct (kernel, phase, shape), with its work and launches
-    (`per_op`: one overhead per op, as `ComputeParams.overhead_per_op`)."""
+            units: int) -> list[_Point]:
     grouped: dict[tuple[object, ...], list[ComputeSample]] = defaultdict(list)
     for s in samples:
         grouped[s.key].append(s)
@@ -144,8 +141,7 @@ def _points(samples: Sequence[ComputeSample], tiles: Sequence[tuple[int, int]],
         if seconds <= 0:
             continue
         if s.gemm:
-            work = gemm_work(s.gemm, s.backward, tiles, units)
-            launches = 1 if per_op else 1 + s.backward
+            work, launches = gemm_work(s.gemm, s.backward, tiles, units), 1 + s.backward
         else:
             work, launches = s.flops, 1
         points.append(_Point(s.name, work, s.mem_bytes, launches, seconds, len(group)))
@@ -225,8 +221,7 @@ def fit_compute(samples: Sequence[ComputeSample], accelerator: Accelerator,
     accelerator's) and the others fitted again beside them, so that the figures written
     agree with each other (an overhead fitted beside an unbounded rate is not the overhead
     beside the base's rate)."""
-    points = _points(samples, tiles, accelerator.compute_units,
-                     per_op=base is not None and base.compute.overhead_per_op)
+    points = _points(samples, tiles, accelerator.compute_units)
     if not points:
         raise ConfigError("calibrate: the traces hold no timed compute kernels to fit")
     model = _Model(points, accelerator)

@@ -36,7 +36,7 @@ from traces.ops import OpKind
 TRUE_LINK = LinkParams(bandwidth_Bps=1.3e9, latency_s=7e-6, call_s=3e-4)
 TRUE_COMPUTE = ComputeParams(
     gemm_efficiency=0.6, gemm_tiles=((8, 8),), memory_efficiency=0.4, launch_overhead_s=3e-5,
-    roofline_exponent=3.0, overhead_per_op=True,  # as the localhost base has it
+    roofline_exponent=3.0,
     kernels={"flash_attn": KernelCost(flops_efficiency=0.3),
              "ln1": KernelCost(overhead_s=5e-5), "gelu": KernelCost(memory_efficiency=0.25),
              "optimizer": KernelCost(overhead_s=2e-4)})
@@ -75,21 +75,9 @@ def test_link_figures_are_recovered_within_one_percent(world):
     assert set(report.links.algorithms.values()) == {"gloo", "p2p"}
 
 
-@pytest.mark.parametrize("per_op", [True, False])
-def test_compute_parameters_are_recovered_within_one_percent(per_op):
-    """Whether the overhead is paid per op (the CPU's default) or per launch, the fit (which
-    takes it from its base) gives the true figures back."""
-    import dataclasses
-
-    truth_ = truth_profile()
-    truth_ = dataclasses.replace(truth_, compute=dataclasses.replace(
-        truth_.compute, overhead_per_op=per_op))
-    cluster, trace = synthesized(2, truth_)
-    base = default_profile(cluster.accelerator)
-    base = dataclasses.replace(base, compute=dataclasses.replace(base.compute,
-                                                                 overhead_per_op=per_op))
-    profile, report = fit_profile([trace], cluster, base=base)
-    assert profile.compute.overhead_per_op is per_op
+def test_compute_parameters_are_recovered_within_one_percent():
+    cluster, trace = synthesized(2, truth_profile())
+    profile, report = fit_profile([trace], cluster, base=default_profile(cluster.accelerator))
     acc = cluster.accelerator
     fitted_acc = profile.applied_to(cluster).accelerator
     model = ComputeModel(fitted_acc, profile)
@@ -107,7 +95,7 @@ def test_compute_parameters_are_recovered_within_one_percent(per_op):
     assert profile.kernel("optimizer").overhead_s == pytest.approx(2e-4, rel=0.01)
     assert profile.kernel("qkv").overhead_s == pytest.approx(3e-5, rel=0.01)
     # And so the fitted model times every kernel of the plan as the true one did.
-    truth = ComputeModel(truth_.applied_to(cluster).accelerator, truth_)
+    truth = ComputeModel(truth_profile().applied_to(cluster).accelerator, truth_profile())
     for op in trace.ops[0]:
         if op.kind is OpKind.COMPUTE and op.name != "":
             assert model.kernel_time(op.name, op.flops, op.mem_bytes, op.gemm,

@@ -58,24 +58,6 @@ def test_backward_runs_the_two_gradient_gemms_and_two_launches():
     assert backward == pytest.approx(dgrad + wgrad + 2 * launch, rel=1e-12)
 
 
-def test_with_overhead_per_op_a_backward_pays_it_once():
-    """A CPU's eager dispatch: one overhead per op, however many GEMMs its backward runs."""
-    from topology import build_cluster
-
-    profile = default_profile(A100_80GB)
-    per_op = dataclasses.replace(profile, compute=dataclasses.replace(
-        profile.compute, overhead_per_op=True))
-    model = ComputeModel(A100_80GB, per_op)
-    shape = (1, 4096, 1024, 2048)
-    launch = profile.compute.launch_overhead_s
-    assert model.kernel_time("fc1", 0.0, 0.0, shape, backward=True) == pytest.approx(
-        A100.kernel_time("fc1", 0.0, 0.0, shape, backward=True) - launch, rel=1e-12)
-    assert model.kernel_time("fc1", 0.0, 0.0, shape) == pytest.approx(
-        A100.kernel_time("fc1", 0.0, 0.0, shape), rel=1e-12)
-    assert default_profile(build_cluster("localhost", gpus_per_node=2).accelerator
-                           ).compute.overhead_per_op
-
-
 def test_memory_bound_kernels_cost_bytes_at_achieved_bandwidth_plus_a_launch():
     seconds = A100.kernel_time("ln1", 0.0, 1e9)
     assert seconds == pytest.approx(1e9 / (2039e9 * 0.8) + 3e-6, rel=1e-12)
