@@ -16,16 +16,18 @@ repeated K times and the medians of the errors are reported too. The load averag
 before and after (the machine is shared: quote figures from quiet runs). Target: MAPE <= 15%.
 
 Measured on the 2-vCPU CI box (Intel Xeon, KVM; 1-minute load 0.9-1.0 before each case), 20
-steps per case, `--calibrations 3`: per calibration MAPE 13.5%, 31.0%, 11.6%; medians DP 2
--6.0%, TP 2 -11.2%, PP m=4 -7.3%, PP m=8 -2.2%, ZeRO-3 -38.2%: MAPE of the medians 13.0%. The
-second calibration came out ~25% fast on every case: most of the spread between calibrations is
-the whole machine running faster or slower between the probes and the steps. With 5 steps per
-case (before) a median often fell on the 1 step in 20 that takes twice as long (PP m=4: -15% to
--20% on 5 steps, -9% on 60). ZeRO-3 is what the model still leaves out: its gathers run 3-4x
-slower beside the kernels than alone, with a heavy tail (0.9-13.5 ms for one 790 KB gather), and
-the real run waits 40-47 ms a step for them where the simulator, with mean times and
-`compute_interference` (~0.6-1.1 here: a collective beside kernels takes twice as long), exposes
-4 ms. Before `compute_interference` ZeRO-3 read -39% to -55%.
+steps per case, `--calibrations 5`: per calibration MAPE 10.9%, 8.3%, 22.1%, 11.4%, 12.8%;
+medians DP 2 -5.8%, TP 2 -7.5%, PP m=4 +2.9%, PP m=8 +5.2%, ZeRO-3 -28.0%: MAPE of the medians
+9.9%. Most of the spread between calibrations is the machine: the same case measured minutes
+apart varies by 10-25% (DP 2: 54-81 ms over one hour), and a calibration that ran fast reads
+every case slow. ZeRO-3 is what the model still leaves out: its gathers run 3-4x slower beside
+the kernels than alone, with a heavy tail (0.9-13.5 ms for one 790 KB gather), and the real run
+waits 40-47 ms a step for them where the simulator, with mean times, exposes a few ms. The
+interference section fits communication beside kernels as a wait plus a slowdown
+(`compute_interference_delay_s`, `compute_interference`): here 0-1 ms and 0.5-0.8. Tried and
+left out: one overhead per op instead of per launch (a backward's two GEMMs): the probes fit
+better (compute rms 22-24% against 27-30%) but the held-out steps read 16.4% (DP -15%, TP -17%,
+ZeRO-3 -37%).
 """
 
 from __future__ import annotations
