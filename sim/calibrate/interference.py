@@ -156,12 +156,13 @@ def fit_interference(traces: Sequence[Trace], *, delay_s: float = 0.0
     kernels = _ratio(probes, "probes", relative=False)
     if not colls.alone and not colls.beside and not colls.outlived:
         return kernels, None, None
-    sizes = [size for size in sorted(set(colls.beside_sizes))
-             if len(colls.size(size).alone) >= 2 and len(colls.size(size).beside) >= 2]
+    by_size = {size: got for size in sorted(set(colls.beside_sizes))
+               if len((got := colls.size(size)).alone) >= 2 and len(got.beside) >= 2}
+    sizes = list(by_size)
     wait: InterferenceFit | None = None
     held = delay_s
     if len(sizes) >= 2:
-        slow, wait = _line(colls, sizes)
+        slow, wait = _line(by_size, colls.outlived)
         if slow.unidentified is None and wait.unidentified is None:
             return kernels, slow, wait
         if wait.unidentified is None:
@@ -174,18 +175,20 @@ def fit_interference(traces: Sequence[Trace], *, delay_s: float = 0.0
             "one size (the wait for a core needs two)")
     # The slowdown alone: what the largest size loses beside kernels after the delay (the
     # fitted one, or else the base's).
-    large = colls.size(sizes[-1]) if sizes else colls
+    large = by_size[sizes[-1]] if sizes else colls
     beside = _ratio(_Samples(large.alone, [t - held for t in large.beside], colls.outlived),
                     "collectives", relative=True)
     assert beside is not None, "the collectives have samples"
     return kernels, replace(beside, overlapped_s=beside.overlapped_s + held), wait
 
 
-def _line(colls: _Samples, sizes: Sequence[float]) -> tuple[InterferenceFit, InterferenceFit]:
+def _line(by_size: dict[float, _Samples], outlived: int
+          ) -> tuple[InterferenceFit, InterferenceFit]:
     """beside = delay + (1 + compute_interference) · alone, by least squares over the
-    collectives beside kernels (each against its size's mean alone), the delay at least 0
-    and the slope at least 1; 95% intervals from the residuals (Student's t)."""
-    by_size = {size: colls.size(size) for size in sizes}
+    collectives beside kernels (each against its size's mean alone; sizes ascending), the
+    delay at least 0 and the slope at least 1; 95% intervals from the residuals (Student's
+    t)."""
+    sizes = list(by_size)
     alone = {size: statistics.fmean(got.alone) for size, got in by_size.items()}
     x = np.array([alone[size] for size in sizes for _ in by_size[size].beside])
     y = np.array([t for size in sizes for t in by_size[size].beside])
@@ -202,7 +205,7 @@ def _line(colls: _Samples, sizes: Sequence[float]) -> tuple[InterferenceFit, Int
                               * np.sqrt(np.maximum(np.diag(cov), 0.0)))
     small, large = by_size[sizes[0]], by_size[sizes[-1]]
     common = dict(num_alone=sum(len(g.alone) for g in by_size.values()), num_overlapped=len(y),
-                  num_outlived=colls.outlived)
+                  num_outlived=outlived)
     value = min(float(slope) - 1.0, MAX_COMM_INTERFERENCE)
     slow = InterferenceFit(
         value=value, ci=(max(0.0, value - half_slope), value + half_slope),

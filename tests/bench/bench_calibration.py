@@ -40,6 +40,7 @@ import time
 
 from sim.calibrate.command import DEFAULT_PROBES, bench_spec, parse_probes, resolve_target
 from sim.calibrate.fit import fit_profile
+from sim.calibrate.interference import InterferenceFit
 from sim.collective_table import parse_sizes
 from sim.config import experiment_from_dict
 from sim.profile import Profile, load_profile
@@ -85,19 +86,19 @@ def calibrate(sizes: str, probes: str, repeats: int, keep: str | None) -> Profil
           f"{link.latency_s * 1e6:.1f} us, {link.bandwidth_Bps / 1e9:.2f} GB/s (links rms "
           f"{report.links.rms_error:.1%}, compute rms {report.compute.rms_error:.1%}), "
           f"comm interference {profile.compute.comm_interference:.3g}"
-          + ("" if report.interference is None or report.interference.unidentified is None
-             else " (not identified: the default's)")
+          + _kept(report.interference)
           + f", compute interference {profile.compute.compute_interference:.3g}"
-          + ("" if report.compute_interference is None
-             or report.compute_interference.unidentified is None
-             else " (not identified: the default's)")
+          + _kept(report.compute_interference)
           + f" after {profile.compute.compute_interference_delay_s * 1e3:.2f} ms"
-          + ("" if report.compute_interference_delay is None
-             or report.compute_interference_delay.unidentified is None
-             else " (not identified: the default's)"), flush=True)
+          + _kept(report.compute_interference_delay), flush=True)
     for note in report.unidentified:
         print(f"  not identified: {note}", flush=True)
     return profile
+
+
+def _kept(fit: InterferenceFit | None) -> str:
+    """What follows an interference figure the data did not pin down."""
+    return "" if fit is None or fit.unidentified is None else " (not identified: the default's)"
 
 
 def measure(name: str, runs: int, profile: Profile) -> tuple[float, float]:
