@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from sim.collectives import ALGORITHMS
+from sim.engine.replay import NETWORKS
 from sim.profile import Profile, default_profile, load_profile
-from sim.replay import NETWORKS
 from topology.cluster import Cluster
 from topology.config import read_cluster
 from traces.errors import ConfigError, show

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sim.memory import MemoryBreakdown
-from sim.replay import StepTimes
+from sim.engine.replay import StepTimes
+from sim.models.memory import MemoryBreakdown
 from topology.cluster import Cluster
 from traces.layout import Layout
 from traces.model import ModelSpec, model_flops

@@ -8,7 +8,7 @@
      "accelerator": {"peak_flops": 7.1e10, "hbm_bandwidth_Bps": 9.5e9},
      "measured_on": "CPU-localhost"}
 
-`sim.compute` times kernels with `compute`; `links` (optional) replaces the cluster's figures
+`sim.models.compute` times kernels with `compute`; `links` (optional) replaces the cluster's figures
 for a class of links (`kind` in the graph) — what `parasim calibrate` measures on the machine
 at hand; `accelerator` (optional) replaces the accelerator's roofs, for hardware without a data
 sheet figure (the CPU of `localhost`: calibration measures them). `applied_to(cluster)` is the
@@ -75,7 +75,7 @@ class KernelCost:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ComputeParams:
-    """How close to the accelerator's roofs kernels run (see `sim.compute`)."""
+    """How close to the accelerator's roofs kernels run (see `sim.models.compute`)."""
 
     gemm_efficiency: float
     """Achieved fraction of dense peak FLOP/s of a GEMM whose tiles fill every unit."""
@@ -344,7 +344,7 @@ def _roofs(fields: Fields) -> AcceleratorRoofs:
 # Defaults per accelerator. Sources:
 # - large bf16 GEMMs: cuBLAS reaches ~85% of dense peak on A100 and ~70% on H100 SXM at
 #   Megatron-sized shapes (NVIDIA "Matrix Multiplication Background" user guide; public cuBLAS
-#   benchmarks); tile and wave quantization on top come from the shape (sim.compute);
+#   benchmarks); tile and wave quantization on top come from the shape (sim.models.compute);
 # - flash attention: FlashAttention-2 (Dao, 2023) reaches 50-73% of A100 peak forward and
 #   backward (counting the FLOPs it executes: causal blocks skipped, backward 2.5x forward);
 #   on H100, FlashAttention-2 ~35% and cuDNN/FlashAttention-3 50-75% (Shah et al., 2024): 0.5;

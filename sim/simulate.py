@@ -10,11 +10,11 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
-from sim.compute import ComputeModel
 from sim.config import Experiment
-from sim.memory import memory_by_pp_rank
+from sim.engine.replay import Progress, StepTimes, replay
 from sim.metrics import StepSummary, summarize
-from sim.replay import Progress, StepTimes, replay
+from sim.models.compute import ComputeModel
+from sim.models.memory import memory_by_pp_rank
 from traces.ops import Trace
 from traces.plan import build
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from sim.collective_table import flow_time
 from sim.collectives import Collectives, analytic_time
+from sim.collectives.sweep import flow_time
 from topology import build_cluster
 from topology.cluster import Cluster
 from traces.ops import OpKind

@@ -304,12 +304,12 @@ def test_ctrl_c_while_writing_leaves_nothing_and_prints_one_line(write, tmp_path
     old.write_text("from an earlier run")
     script = (
         "import os, signal, sys\n"
-        "import sim.cli as cli\n"
-        "real = cli.dumps_chrome\n"
+        "import sim.cli as cli, sim.commands.common as common\n"
+        "real = common.dumps_chrome\n"
         "def interrupted(trace):\n"  # Ctrl-C arrives after the trace was written
         "    os.kill(os.getpid(), signal.SIGINT)\n"
         "    return real(trace)\n"
-        "cli.dumps_chrome = interrupted\n"
+        "common.dumps_chrome = interrupted\n"
         "sys.exit(cli.main(sys.argv[1:]))\n"
     )
     proc = subprocess.run([sys.executable, "-c", script, "simulate", str(config), "--trace",

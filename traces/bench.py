@@ -1,7 +1,7 @@
 """Microbenchmark plans: what `parasim calibrate --run` times, as a plan both interpreters run.
 
     spec = BenchSpec(world=2, sizes=sweep_sizes(4 * 2**10, 2**20, 4), probes=probe_grid("fp32"))
-    plan = bench_plan(spec)        # executor.bench runs it; sim.replay can time it too
+    plan = bench_plan(spec)        # executor.bench runs it; sim.engine.replay can time it too
 
 A bench plan is an ordinary plan trace, so it is recorded, saved and read like any other, and a
 fit reads its timed ops without knowing they came from a benchmark. Each rank's ops are

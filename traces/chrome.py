@@ -15,7 +15,8 @@ What the file holds:
 - a flow arrow from each send to the receive it matches (the k-th send from a to b with a tag
   meets the k-th receive on b from a with that tag), both ends present;
 - a counter track per rank, "memory GiB", where the trace carries meta `memory`:
-  {"<rank>": [[time_s, bytes], ...]}, a step curve (`sim.timeline.annotate` writes it from the
+  {"<rank>": [[time_s, bytes], ...]}, a step curve (`sim.report.timeline.annotate` writes it from
+  the
   memory model for a simulated step).
 
 `save_chrome` and `chrome_bytes` gzip the JSON when the path ends in ".gz" (mtime 0, so the

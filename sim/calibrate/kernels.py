@@ -1,4 +1,4 @@
-"""Fitting the compute model's parameters from compute samples, with `sim.compute`'s own
+"""Fitting the compute model's parameters from compute samples, with `sim.models.compute`'s own
 formula as the model.
 
 `ComputeModel.kernel_time` gives a kernel of one shape

@@ -45,7 +45,7 @@ from scipy import optimize, stats
 
 from sim.calibrate.observe import CommSample
 from sim.collectives import Collectives, analytic_time
-from sim.flows import Lowering
+from sim.engine.flows import Lowering
 from topology.cluster import Cluster
 from topology.override import link_figures, with_links
 from traces.errors import ConfigError

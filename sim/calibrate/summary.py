@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING, Any
 from sim.profile import Profile
 
 if TYPE_CHECKING:
-    from sim.calibrate.command import Target
     from sim.calibrate.fit import FitReport
     from sim.calibrate.interference import InterferenceFit
+    from sim.calibrate.microbench import Target
 
 
 def summary_json(profile: Profile, report: FitReport, target: Target, out: str

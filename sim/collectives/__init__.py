@@ -8,8 +8,9 @@ returns the flows of that algorithm carrying the protocol's latency and wire byt
 (a torus; all-to-all, which NCCL runs point-to-point) `auto` is what gloo runs where ranks
 talk gloo (`sim.collectives.gloo`: localhost), else the fastest applicable
 algorithm by `analytic_time`, the alpha-beta time of the lowering alone on the network
-(`sim.flows.solo_time`). Every algorithm stays available by name, without a protocol. The flow
-path is `sim.network.Network.run`.
+(`sim.engine.flows.solo_time`). Every algorithm stays available by name, without a protocol. The
+flow
+path is `sim.engine.network.Network.run`.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from sim.collectives.rhd import lower_rhd
 from sim.collectives.ring import lower_ring
 from sim.collectives.torus import lower_torus
 from sim.collectives.tree import lower_tree
-from sim.flows import solo_time
+from sim.engine.flows import solo_time
 from topology.cluster import Cluster
 from traces.errors import ConfigError
 from traces.ops import OpKind
@@ -168,5 +169,5 @@ class Collectives:
 
 
 def analytic_time(cluster: Cluster, lowering: Lowering, size_bytes: float) -> float:
-    """Alpha-beta time with nothing else on the network (`sim.flows.solo_time`)."""
+    """Alpha-beta time with nothing else on the network (`sim.engine.flows.solo_time`)."""
     return solo_time(lowering, size_bytes, cluster.link_capacity)

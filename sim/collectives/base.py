@@ -1,6 +1,7 @@
 """What a collective algorithm produces: rounds of flow sets, with bytes as a fraction of S.
 
-A `Lowering` (defined in `sim.flows`) is a tuple of communication rounds run one after another
+A `Lowering` (defined in `sim.engine.flows`) is a tuple of communication rounds run one after
+another
 (lock-step: the next round starts when every flow set of the previous one is done). Each `Round`
 is a tuple of `(FlowSet, factor)`: every flow of the set carries `factor * size_bytes`.
 Lowerings depend on the group and the cluster but not on the size, so they are cached and
@@ -11,9 +12,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from sim.flows import FlowSet
-from sim.flows import Lowering as Lowering  # re-exported for the algorithm modules
-from sim.flows import Round as Round
+from sim.engine.flows import FlowSet
+from sim.engine.flows import Lowering as Lowering  # re-exported for the algorithm modules
+from sim.engine.flows import Round as Round
 from topology.cluster import Cluster
 from traces.ops import OpKind
 

@@ -1,62 +1,15 @@
 """What a collective really costs under NCCL: its choice, plus what NCCL's model leaves out.
 
 `sim.collectives.nccl` predicts t = latency + S / bandwidth with bandwidths NCCL calibrated at
-large sizes. Measured nccl-tests runs on 8 A100s are 1.4-1.6x slower than that at 4-16 MiB
-and a few percent slower at GiB sizes. Three things the prediction leaves out, modelled here
-from NCCL's own mechanics and constants:
-
-1. **Launch**: every call launches a kernel; NCCL's baseLat does not count the host.
-   `LAUNCH_S` (one process per GPU, as training runs: 0, the launch overlaps the previous
-   call) and `LAUNCH_SINGLE_THREAD_S` (one thread driving all GPUs, nccl-tests `-g 8`:
-   15 us, 8 launches in a row) come from the tiny-size floor of published runs, outside the
-   sizes we score (see the constants).
-2. **Pieces**: a channel (one thread block) moves its data through the FIFO in pieces (a
-   slice of a chunk: Simple rings 2 MiB chunks in two 1 MiB slices, LL128 576,000 B steps,
-   NVLS 128 KiB chunks) and pays a handshake per piece, serially with the copy. NCCL's
-   bandwidths hold for full pieces. At mid sizes the same bytes go as *more, smaller*
-   pieces: a ring cuts each loop into 2(n-1) steps whatever the size (at 16 MiB a DGX A100
-   channel moves 85 KiB per step, not 576,000 B), and NCCL halves NVLS chunks below 1 GiB.
-   Each extra piece costs the protocol's per-step hardware latency (NCCL's `hwLat`: 0.6 us
-   LL, 1.9 us LL128, 3.4 us Simple on NVLink; NVLS steps are Simple steps, 3.4 us):
-
-       extra = pieces(S) - S / full_piece_bytes          (per channel, >= 0)
-
-3. **Protocol payload**: LL carries 4 data bytes per 8-byte store, so its bandwidth is half
-   the link's, capped by NCCL's own LL ceiling (llMaxBws); NCCL's tuning instead divides by
-   4 (by 3.8 for trees), a fudge that also stood in for piece overhead. Trees drop NCCL's
-   mid-size `treeCorrectionFactor` for the same reason: item 2 models it.
-
-So, with the (algo, proto, channels) NCCL picks:
+large sizes; measured nccl-tests runs are slower at mid sizes. Modelled here from NCCL's own
+mechanics and constants: the kernel launch, the handshake per piece a channel moves beyond
+full pieces, and each protocol's payload per wire byte. With the (algo, proto, channels) NCCL
+picks:
 
     t = launch + latency_nccl + extra x hwLat + S / bandwidth_physical
 
-`NcclPlan` carries these terms for the flow model: the latency term, the protocol's wire
-factor (bytes on the wire per payload byte) and the uncontended closed-form time.
-
-What the published A100 runs say about these terms (`tests/bench/bench_nccl.py` fits each
-run's own t = a + S / B; nothing here is fitted to them):
-
-* LL128, 2-16 MiB: every run has about NCCL's latency (a = 36-80 us, the -g 8 runs with
-  their launches; NCCL 40.6) but 0.60-0.74 of NCCL's LL128 bus bandwidth (B = 131-164 GB/s
-  against 0.92 x 240 = 221): the "1.4-1.6x optimistic" of NCCL's model is a throughput
-  shortfall of LL128 itself, which NCCL's public model does not explain. It is not the
-  chunking: the kernel rounds a channel's chunk up to nthreads x 30 B (`minChunkSize`,
-  src/collectives/device/all_reduce.h, NCCL 2.18), which costs the busiest channel 1.76x at
-  2-4 MiB but only 1.32x at 8 MiB and 1.10x at 16 MiB, the wrong way round. Item 2's extra
-  pieces are a stand-in for it here: at one loop (below 110 MB) NCCL's latency already
-  charges each of the 2(n-1) steps its hwLat, so the extra pieces add a near-constant
-  ~25 us, which is too slow at 2 MiB (-34% against one process per GPU) and too fast at
-  16 MiB.
-* Simple, 32 MiB and up: B = 0.97-0.98 x NCCL's 240 GB/s in the three runs that go past
-  128 MiB; 28 handshakes (2(n-1) steps x 2
-  slices) per 384 MiB loop at 3.4 us predict 0.97 without fitting. a = 120-320 us is
-  more than NCCL's 56 us and is not yet explained.
-* Launch style: three of the four runs drive all 8 GPUs from one thread (`-g 8`). On the
-  same machine that run is 22-27% slower than one process per GPU at 4-16 MiB and 8-10%
-  at 128-512 MiB, and equal from 1 GiB (a100-thanos): a gap that grows with size is not a
-  launch cost, and parasim does not model it. The median of the runs sits on the `-g 8`
-  side, so errors against it at 4-16 MiB read 6-36%; against the one-process run -18% to
-  +9%.
+`NcclPlan` carries these terms for the flow model. The derivation, and what published A100
+runs say about each term, are in docs/nccl-cost.md.
 """
 
 from __future__ import annotations
@@ -95,7 +48,7 @@ from sim.collectives.protocols import (
     Algo,
     Proto,
 )
-from sim.flows import Lowering, solo_time
+from sim.engine.flows import Lowering, solo_time
 from traces.errors import ConfigError
 from traces.ops import OpKind
 

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from math import prod
 
 from sim.collectives.base import AG, AR, RS, Lowering, cycle_latency, flowset, hop
-from sim.flows import FlowSet
+from sim.engine.flows import FlowSet
 from topology.cluster import Cluster
 from topology.torus import Torus
 from traces.ops import OpKind

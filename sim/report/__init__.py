@@ -11,7 +11,7 @@ One self-contained, deterministic file (`page`): the headline figures; the pipel
 time goes (`breakdown`: MFU waterfall, per-rank split, per-stream and per-collective tables,
 `collectives`); the lanes of chosen ranks as busy fractions re-binned on zoom (`lanes`);
 memory over time and at the peak (`memory_view`). Words follow the cluster and the folding
-(`words`). What is drawn is read off the timed ops by `sim.timeline`.
+(`words`). What is drawn is read off the timed ops by `sim.report.timeline`.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from sim.timeline import busy_between
+from sim.report.timeline import busy_between
 
 NUM_BINS = 1200
 """Bins across the visible range: about one per pixel of a wide window."""

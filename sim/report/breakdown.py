@@ -26,8 +26,8 @@ import plotly.graph_objects as go
 from sim.config import Experiment
 from sim.metrics import StepSummary
 from sim.report.collectives import CollectiveRow
+from sim.report.timeline import PHASES, Lane, RankOps, lane_key, lane_usage
 from sim.report.words import Words
-from sim.timeline import PHASES, Lane, RankOps, lane_key, lane_usage
 from traces.chrome import binary_size
 from traces.model import model_flops
 from traces.ops import Phase

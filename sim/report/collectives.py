@@ -2,7 +2,7 @@
 which algorithm and protocol, and the bus bandwidth it achieved against what the links allow.
 
 Rows group the communication ops of the simulated ranks by (what it carries, kind, group size,
-bytes, algorithm). The algorithm is the one the replay ran (`sim.comm_plan`, NCCL-style names
+bytes, algorithm). The algorithm is the one the replay ran (`sim.engine.lowering`, NCCL-style names
 such as `ring/LL128`). Bus bandwidth follows nccl-tests: busbw = factor * bytes / time, factor
 2(n-1)/n for all-reduce, (n-1)/n for reduce-scatter, all-gather and all-to-all, 1 for a send.
 The links' peak is the same algorithm's flows on an idle network with no latency and no
@@ -17,11 +17,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from sim.collectives import Collectives, busbw_factor
-from sim.comm_plan import CommPlan, TransferKey, lower_communication
 from sim.config import Experiment
-from sim.flows import FlowSet, Lowering, solo_time
-from sim.replay import StepTimes
-from sim.timeline import RankOps
+from sim.engine.flows import FlowSet, Lowering, solo_time
+from sim.engine.lowering import CommPlan, TransferKey, lower_communication
+from sim.engine.replay import StepTimes
+from sim.report.timeline import RankOps
 from topology.cluster import Cluster
 from traces.ops import Op, OpKind
 from traces.plan.meta import read_fold

@@ -16,11 +16,11 @@ from dataclasses import dataclass
 import numpy as np
 import plotly.graph_objects as go
 
-from sim.replay import StepTimes
+from sim.engine.replay import StepTimes
 from sim.report.binned import BinnedSpec
 from sim.report.collectives import CommIndex
+from sim.report.timeline import TP_LANE, Lane
 from sim.report.words import Words
-from sim.timeline import TP_LANE, Lane
 from traces.chrome import binary_size
 from traces.ops import Stream
 

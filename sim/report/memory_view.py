@@ -1,6 +1,7 @@
 """Memory: over the step per pipeline rank (activations building up through the warm-up and
-freed in the cool-down, from `sim.memory.memory_timeline` at the simulated times), and at the
-peak per pipeline rank by kind (`sim.memory.pp_rank_memory`), both against the device's capacity.
+freed in the cool-down, from `sim.models.memory.memory_timeline` at the simulated times), and at the
+peak per pipeline rank by kind (`sim.models.memory.pp_rank_memory`), both against the device's
+capacity.
 """
 
 from __future__ import annotations
@@ -9,11 +10,11 @@ import numpy as np
 import plotly.graph_objects as go
 
 from sim.config import Experiment
-from sim.memory import memory_timeline
 from sim.metrics import StepSummary
+from sim.models.memory import memory_timeline
+from sim.report.timeline import Pass, timed_actions
 from sim.report.words import Words
 from sim.simulate import GiB
-from sim.timeline import Pass, timed_actions
 
 PALETTE = ("#4C78A8", "#F58518", "#54A24B", "#E45756", "#72B7B2", "#B279A2", "#FF9DA6",
            "#9D755D", "#BAB0AC", "#EECA3B")

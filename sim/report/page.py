@@ -26,8 +26,8 @@ import plotly.io as pio
 from plotly.offline import get_plotlyjs
 
 from sim.config import Experiment
+from sim.engine.replay import StepTimes
 from sim.metrics import StepSummary
-from sim.replay import StepTimes
 from sim.report.breakdown import (
     breakdown_figure,
     collective_table,
@@ -44,9 +44,9 @@ from sim.report.memory_view import (
     memory_over_time_figure,
 )
 from sim.report.pipeline import legend_html, pipeline_view
+from sim.report.timeline import lanes, present_pp_ranks, rank_ops
 from sim.report.words import Words, words_for
 from sim.simulate import headline
-from sim.timeline import lanes, present_pp_ranks, rank_ops
 from traces.errors import ConfigError
 from traces.files import write_text_atomic
 from traces.plan.meta import read_fold

@@ -22,11 +22,11 @@ from dataclasses import dataclass
 import numpy as np
 import plotly.graph_objects as go
 
-from sim.replay import StepTimes
+from sim.engine.replay import StepTimes
 from sim.report.binned import BinnedSpec
 from sim.report.labels import NOMINAL_PLOT_PX, Bar, label_gap_s, label_plan
+from sim.report.timeline import Pass, RankOps, idle_intervals, pipeline_passes, union
 from sim.report.words import Words
-from sim.timeline import Pass, RankOps, idle_intervals, pipeline_passes, union
 
 LAYERS = {"idle": ("idle (bubble)", "#BDBDBD"),
           "comm": ("communication outside passes", "#E45756"),

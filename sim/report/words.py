@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sim.config import Experiment
-from sim.replay import StepTimes
-from sim.timeline import stands_for
+from sim.engine.replay import StepTimes
+from sim.report.timeline import stands_for
 from traces.layout import Layout
 from traces.plan.meta import read_fold, read_layout
 

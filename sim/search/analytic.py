@@ -9,7 +9,7 @@ It shares its parts with the simulator rather than being a second model of the s
   - communication: each collective lowered by `Collectives.resolve` exactly as the replay
     lowers it (NCCL's choice under `auto`), timed alone on the network by its alpha-beta time
     (`sim.collectives.analytic_time`); a pipeline send by `Collectives.p2p`;
-  - memory: `sim.memory.pp_rank_memory` per pipeline rank under the layout's own schedule
+  - memory: `sim.models.memory.pp_rank_memory` per pipeline rank under the layout's own schedule
     (`traces.pipeline`'s generators, cached per (schedule, pp, micro-batches, vp)).
 
 The step, in closed form (p pipeline ranks, v virtual stages each, m micro-batches, n = L/(p·v)
@@ -53,8 +53,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from sim.collectives import Collectives, analytic_time
-from sim.compute import ComputeModel
-from sim.memory import MemoryBreakdown, peak_in_flight, pp_rank_memory
+from sim.models.compute import ComputeModel
+from sim.models.memory import MemoryBreakdown, peak_in_flight, pp_rank_memory
 from sim.profile import Profile
 from sim.search.passes import (
     PassKey,
@@ -211,7 +211,7 @@ class Analytic:
     # --- memory --------------------------------------------------------------------------------
 
     def memory(self, layout: Layout) -> list[MemoryBreakdown]:
-        """`sim.memory.memory_by_pp_rank`, with each rank's peak of micro-batches in flight
+        """`sim.models.memory.memory_by_pp_rank`, with each rank's peak of micro-batches in flight
         taken once per distinct schedule."""
         peaks = self._in_flight(layout)
         return [pp_rank_memory(self.model, layout, r, _holding(peaks[r]))

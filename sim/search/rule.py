@@ -13,7 +13,7 @@ with the smallest depth that fits; DP = the rest; micro-batches of one sample, s
 batch is accumulated over as many micro-batches as it holds. The rule says nothing of SP,
 recomputation or interleaving: they stay off (1F1B, no recomputation). Keys the config fixes in
 [parallel] are kept. Validity and memory are the project's own (`check_layout`,
-`sim.memory` through the analytic model).
+`sim.models.memory` through the analytic model).
 """
 
 from __future__ import annotations

@@ -38,10 +38,10 @@ import statistics
 import tempfile
 import time
 
-from sim.calibrate.command import DEFAULT_PROBES, bench_spec, parse_probes, resolve_target
 from sim.calibrate.fit import fit_profile
 from sim.calibrate.interference import InterferenceFit
-from sim.collective_table import parse_sizes
+from sim.calibrate.microbench import DEFAULT_PROBES, bench_spec, parse_probes, resolve_target
+from sim.commands.common import parse_sizes
 from sim.config import experiment_from_dict
 from sim.profile import Profile, load_profile
 from sim.simulate import predict
@@ -71,7 +71,7 @@ def wait_for_quiet(max_load: float, patience_s: float) -> None:
 
 
 def calibrate(sizes: str, probes: str, repeats: int, keep: str | None) -> Profile:
-    from sim.calibrate.command import host_backend, run_microbenchmarks
+    from sim.calibrate.microbench import host_backend, run_microbenchmarks
 
     target = resolve_target("localhost", 2)
     spec = bench_spec(target, parse_sizes(sizes), repeats, parse_probes(probes, target))

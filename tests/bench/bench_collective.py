@@ -25,7 +25,7 @@ def one(algo: str, analytic_path: bool) -> dict[str, float]:
     import simpy
 
     from sim.collectives import Collectives
-    from sim.network import Network
+    from sim.engine.network import Network
     from topology import build_cluster
     from traces.ops import OpKind
 
@@ -58,7 +58,7 @@ def stress() -> dict[str, float]:
 
     from sim.collectives import Collectives
     from sim.collectives.direct import lower_p2p
-    from sim.network import Network
+    from sim.engine.network import Network
     from topology import build_cluster
     from traces.ops import OpKind
 

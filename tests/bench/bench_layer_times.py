@@ -11,7 +11,7 @@ precision on Selene (DGX-A100 80GB, NVLink/NVSwitch). 2022 Megatron-LM ran mater
 transformer layer, ms.
 
 How the simulated figure is read: the Table 3 configuration itself (48 layers, one
-micro-batch of 4 on 8 GPUs) is built as a plan and replayed by `sim.replay` on one DGX-A100,
+micro-batch of 4 on 8 GPUs) is built as a plan and replayed by `sim.engine.replay` on one DGX-A100,
 so every kernel is timed by `ComputeModel` and every tensor-parallel collective by the flow
 model over the NVSwitch node with NCCL's protocol. A layer's forward time is the span from the
 start of its first forward op to the end of its last (the `tp` all-reduces, or SP's all-gathers
@@ -26,9 +26,9 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
-from sim.compute import ComputeModel
 from sim.config import experiment_from_dict
-from sim.replay import replay
+from sim.engine.replay import replay
+from sim.models.compute import ComputeModel
 from traces.ops import Op, Phase, Trace
 from traces.plan import build
 

@@ -25,12 +25,12 @@ from pathlib import Path
 
 import numpy as np
 
-from sim.collective_table import sweep_row
 from sim.collectives import Collectives
 from sim.collectives.nccl import latency
 from sim.collectives.nccl_plan import LAUNCH_S, LAUNCH_SINGLE_THREAD_S, NcclPlan, plan
 from sim.collectives.nccl_system import NcclSystem, system_for
 from sim.collectives.protocols import Algo
+from sim.collectives.sweep import sweep_row
 from topology import build_cluster
 from topology.cluster import Cluster
 from traces.ops import OpKind

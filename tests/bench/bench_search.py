@@ -21,8 +21,8 @@ import json
 import os
 import time
 
+from sim.commands.search import EXAMPLE
 from sim.config import example_path, load_experiment
-from sim.search.command import EXAMPLE
 from sim.search.engines import open_engine
 from sim.search.output import result_json
 from sim.search.problem import problem_from_dict

@@ -30,7 +30,7 @@ TP2_PP2_DP2 = {
 
 
 def lane_name(op: Op) -> str:
-    """Written apart from sim.timeline: collectives on the compute stream get their lane."""
+    """Written apart from sim.report.timeline: collectives on the compute stream get their lane."""
     if op.stream == Stream.COMPUTE and op.kind is not OpKind.COMPUTE:
         return "compute/tp"
     return str(op.stream)

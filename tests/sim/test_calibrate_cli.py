@@ -8,9 +8,9 @@ import json
 import pytest
 
 from sim.cli import main
-from sim.compute import ComputeModel
+from sim.engine.replay import replay
+from sim.models.compute import ComputeModel
 from sim.profile import ComputeParams, LinkParams, Profile, load_profile
-from sim.replay import replay
 from topology import build_cluster
 from traces.bench import BenchSpec, bench_plan, probe_grid
 from traces.errors import ConfigError
@@ -147,7 +147,7 @@ def test_run_refuses_a_gpu_cluster_on_a_host_without_its_gpus(tmp_path, capsys):
 
 def test_run_needs_gpus_of_the_clusters_model(monkeypatch):
     torch = pytest.importorskip("torch")
-    from sim.calibrate.command import host_backend
+    from sim.calibrate.microbench import host_backend
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)

@@ -12,8 +12,9 @@ from sim.calibrate.fit import fit_profile
 from sim.calibrate.kernels import gemm_work
 from sim.calibrate.observe import observe
 from sim.collectives import Collectives, analytic_time
-from sim.compute import ComputeModel
 from sim.config import experiment_from_dict
+from sim.engine.replay import replay
+from sim.models.compute import ComputeModel
 from sim.profile import (
     KERNEL_NAMES,
     AcceleratorRoofs,
@@ -25,7 +26,6 @@ from sim.profile import (
     load_profile,
     profile_from_json,
 )
-from sim.replay import replay
 from sim.simulate import predict
 from topology import build_cluster
 from topology.cluster import Cluster

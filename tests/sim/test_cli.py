@@ -79,7 +79,7 @@ def test_python_dash_m_sim_exits_2_without_traceback():
 
 
 def test_simulator_imports_no_torch():
-    code = ("import sys, sim.cli, sim.collectives, sim.network, topology, traces.ops; "
+    code = ("import sys, sim.cli, sim.collectives, sim.engine.network, topology, traces.ops; "
             "sys.exit('torch' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
 

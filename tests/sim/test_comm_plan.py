@@ -3,7 +3,7 @@
 import pytest
 
 from sim.collectives import Collectives
-from sim.comm_plan import (
+from sim.engine.lowering import (
     CollectiveChannel,
     CollectiveKey,
     CommOp,

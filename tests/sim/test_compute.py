@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from sim.compute import ComputeModel
+from sim.models.compute import ComputeModel
 from sim.profile import ComputeParams, KernelCost, Profile, default_profile, profile_from_json
 from topology.presets import A100_80GB
 from traces.errors import ConfigError

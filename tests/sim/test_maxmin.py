@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.maxmin import max_min_matrix, max_min_rates
+from sim.engine.maxmin import max_min_matrix, max_min_rates
 
 
 def test_two_flows_on_one_link_get_half_each():

@@ -3,8 +3,8 @@
 import pytest
 import simpy
 
-from sim.comm_plan import lower_communication
-from sim.meetings import Meetings
+from sim.engine.lowering import lower_communication
+from sim.engine.meetings import Meetings
 from traces.errors import ConfigError
 from traces.ops import Op, OpKind, Trace
 

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from sim.memory import (
+from sim.models.memory import (
     MemoryBreakdown,
     activation_bytes_per_layer,
     memory_by_pp_rank,
@@ -232,5 +232,5 @@ def test_total_is_the_sum_of_the_parts():
 
 
 def test_memory_model_does_not_import_torch():
-    code = "import sys, sim.memory; assert 'torch' not in sys.modules"
+    code = "import sys, sim.models.memory; assert 'torch' not in sys.modules"
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
+from sim.engine.replay import StepTimes
 from sim.metrics import _union_length, rank_times
-from sim.replay import StepTimes
 from traces.ops import Op, OpKind, Trace
 
 

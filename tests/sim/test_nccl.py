@@ -32,8 +32,8 @@ from sim.collectives.nccl_plan import (
 )
 from sim.collectives.nccl_system import NcclSystem, system_for
 from sim.collectives.protocols import PROTOCOLS, Algo, Proto
-from sim.flows import Lowering
-from sim.network import Network
+from sim.engine.flows import Lowering
+from sim.engine.network import Network
 from topology import build_cluster
 from topology.cluster import Cluster
 from traces.errors import ConfigError

@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sim.collectives import Collectives
-from sim.flows import FlowSet, solo_time
-from sim.network import Network
+from sim.engine.flows import FlowSet, solo_time
+from sim.engine.network import Network
 from topology import build_cluster
 from traces.ops import OpKind
 

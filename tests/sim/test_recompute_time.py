@@ -3,8 +3,8 @@ forward kernels (the four unfused ops, or the flash forward), full the whole lay
 
 import pytest
 
-from sim.compute import ComputeModel
 from sim.config import experiment_from_dict
+from sim.models.compute import ComputeModel
 from sim.simulate import predict
 from traces.kernels import ATTENTION_CORE, layer_kernels
 

@@ -4,9 +4,9 @@ import dataclasses
 
 import pytest
 
-from sim.compute import ComputeModel
+from sim.engine.replay import replay
+from sim.models.compute import ComputeModel
 from sim.profile import default_profile
-from sim.replay import replay
 from topology import build_cluster
 from traces.errors import ConfigError
 from traces.layout import Layout, check_layout
@@ -186,7 +186,7 @@ def test_the_replay_checks_the_fold_against_the_plan_and_the_cluster(h100):
 
 
 def test_host_gaps_are_the_idle_time_no_stream_or_dependency_explains(h100):
-    from sim.replay import host_gaps
+    from sim.engine.replay import host_gaps
 
     ops = (Op(kind=OpKind.COMPUTE, stream="c", start=0.0, end=1.0),
            Op(kind=OpKind.COMPUTE, stream="c", start=1.5, end=2.0),   # 0.5 s after its stream

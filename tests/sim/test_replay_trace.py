@@ -12,9 +12,9 @@ import pytest
 
 from sim.cli import main
 from sim.collectives import Collectives
-from sim.comm_plan import lower_communication
+from sim.engine.lowering import lower_communication
+from sim.measured import LoadedTrace, choose_cluster, load_trace, replay_trace
 from sim.profile import ComputeParams, LinkParams, Profile
-from sim.replay_trace import LoadedTrace, choose_cluster, load_trace, replay_trace
 from sim.simulate import predict
 from topology import build_cluster
 from traces.errors import ConfigError

@@ -24,8 +24,8 @@ from sim.report.binned import NUM_BINS, binned_z, decode_row
 from sim.report.breakdown import waterfall
 from sim.report.collectives import CommIndex, collective_rows
 from sim.report.labels import NOMINAL_PLOT_PX
+from sim.report.timeline import rank_ops
 from sim.simulate import GiB, predict
-from sim.timeline import rank_ops
 from tests.sim.report_cases import (
     PP4_M8,
     TP2_PP2_DP2,

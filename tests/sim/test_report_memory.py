@@ -1,4 +1,4 @@
-"""`sim.memory.memory_timeline`: memory over the step from the same accounting as the peak.
+"""`sim.models.memory.memory_timeline`: memory over the step from the same accounting as the peak.
 
     pytest tests/sim/test_report_memory.py -q
 
@@ -9,7 +9,7 @@ forward and fall back to the model states at the end, whatever the schedule.
 
 import pytest
 
-from sim.memory import (
+from sim.models.memory import (
     activation_bytes_per_layer,
     memory_timeline,
     pp_rank_memory,

@@ -1,4 +1,4 @@
-"""`sim.timeline`: passes, idle gaps, lanes and busy time read off a simulated step.
+"""`sim.report.timeline`: passes, idle gaps, lanes and busy time read off a simulated step.
 
     pytest tests/sim/test_report_timeline.py -q
 
@@ -12,8 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sim.metrics import rank_times
-from sim.simulate import predict
-from sim.timeline import (
+from sim.report.timeline import (
     busy_between,
     idle_intervals,
     lane_usage,
@@ -22,6 +21,7 @@ from sim.timeline import (
     rank_ops,
     union,
 )
+from sim.simulate import predict
 from tests.sim.report_cases import PP4_M8, TP2_PP2_DP2, experiment, lane_name
 from traces.pipeline import build_schedule
 from traces.plan.meta import read_layout

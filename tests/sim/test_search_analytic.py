@@ -5,9 +5,9 @@ import itertools
 
 import pytest
 
-from sim.compute import ComputeModel
 from sim.config import experiment_from_dict
-from sim.memory import memory_by_pp_rank
+from sim.models.compute import ComputeModel
+from sim.models.memory import memory_by_pp_rank
 from sim.search.analytic import Analytic
 from sim.search.passes import gradient_buckets
 from sim.simulate import predict

@@ -1,4 +1,4 @@
-"""The progress bar of `parasim search` (`sim.search.command._Progress` over the command
+"""The progress bar of `parasim search` (`sim.commands.search._Progress` over the command
 line's tqdm bar): one bar per tier, candidates done / total, the best step time so far; drawn
 on a terminal only.
 
@@ -10,8 +10,9 @@ import math
 
 import pytest
 
-from sim.cli import _ProgressBar, main
-from sim.search.command import _Progress
+from sim.cli import main
+from sim.commands.common import ProgressBar
+from sim.commands.search import _Progress
 from sim.search.engines import open_engine
 from sim.search.problem import problem_from_dict
 from sim.search.run import search
@@ -84,7 +85,7 @@ def test_a_search_reports_both_tiers_to_the_end():
 def test_on_a_terminal_the_bar_shows_tier_counts_and_best(monkeypatch):
     terminal = Terminal()
     monkeypatch.setattr("sys.stderr", terminal)
-    with _Progress(_ProgressBar) as progress:
+    with _Progress(ProgressBar) as progress:
         progress.update("screen", 144, 144, 2.5)
         bar = progress.bar.bar
         assert not bar.disable and (bar.n, bar.total) == (144, 144)
@@ -98,7 +99,7 @@ def test_on_a_terminal_the_bar_shows_tier_counts_and_best(monkeypatch):
 def test_off_when_stderr_is_not_a_terminal(monkeypatch):
     pipe = io.StringIO()  # isatty() is False
     monkeypatch.setattr("sys.stderr", pipe)
-    with _Progress(_ProgressBar) as progress:
+    with _Progress(ProgressBar) as progress:
         progress.update("screen", 144, 144, 2.5)
         assert progress.bar.bar.disable
         progress.bar.bar.refresh()

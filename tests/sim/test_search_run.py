@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from sim.cli import main
-from sim.memory import memory_by_pp_rank
+from sim.models.memory import memory_by_pp_rank
 from sim.search.engines import open_engine
 from sim.search.output import result_text
 from sim.search.problem import context, problem_from_dict

@@ -2,7 +2,7 @@
 
 import pytest
 
-from sim.replay import replay
+from sim.engine.replay import replay
 from topology import build_cluster
 from traces.errors import ConfigError
 from traces.layout import Layout

@@ -1,51 +1,29 @@
-"""`parasim calibrate`: measure this machine (or read traces already measured) and fit a profile.
+"""Microbenchmarks for calibration: what to measure (a target: cluster, world, kernels), the
+bench spec, the host's backend, running them through the executor, and reading measured traces.
 
-    parasim calibrate --run localhost -o here.json [--ranks 2] [--sizes 4K:256M] [--json]
-    parasim calibrate --run my-config.toml -o here.json      # its cluster, world and dtype
-    parasim calibrate runs/tiny runs/bench -o here.json [--cluster localhost]
-
-`--run` runs the microbenchmarks (`traces.bench`) with the executor — collective sweeps on every
-group size and send/recv, a probe GEMM alone and beside a collective (comm_interference), then
-compute probes over a grid of shapes — and fits their traces;
-DIRs (parasim trace files, PyTorch-profiler JSON files, .json.gz too, or folders of either, read
-as `parasim replay` reads them) are fitted as they are, and with `--run` too. `--run` refuses a
-cluster whose devices this host does not have (a GPU preset needs CUDA GPUs of its model), and
-DIRs whose traces say they ran on another kind of device (gloo: a CPU; NCCL: GPUs) than the
-cluster's: figures measured on one device are never written as another's.
-The cluster the fit is made on: the config's, `--cluster`, the `--run` target, or `localhost`
-with as many ranks as the traces hold. Writes a version-2 profile (`calibrated: true`) that
-`simulate`, `replay` and `validate` take with `--profile`; prints the fitted figures with their
-95% intervals and residuals, and a warning line for each figure the data do not pin down
-(the base profile's value kept: `sim.calibrate.fit`). The executor (and torch) load only for
-`--run`.
+`parasim calibrate` and `parasim validate` both use these (`sim.commands`); the executor (and
+torch) load only when the microbenchmarks run.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import json
 import os
 import tempfile
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from sim.calibrate.summary import summary_json, summary_text
-from sim.collective_table import parse_sizes
 from sim.config import Experiment, experiment_from_dict
 from sim.profile import Profile, default_profile
 from topology.cluster import Cluster
 from topology.config import read_cluster
 from topology.presets import PRESETS
 from traces.bench import ALL_COLLECTIVE_KINDS, COLLECTIVE_KINDS, BenchSpec, Probe, probe_grid
-from traces.errors import ConfigError, show, warn
-from traces.files import Outputs, check_outputs, load_toml
+from traces.errors import ConfigError, show
+from traces.files import load_toml
 from traces.ops import Trace
-
-if TYPE_CHECKING:
-    pass
 
 DEFAULT_SIZES = "4K:256M"
 DEFAULT_PROBES = "64x32x1,64x32x4,64x128x1,64x128x4,256x32x1,256x32x4,256x128x1,256x128x4"
@@ -63,65 +41,6 @@ class Target:
     attention: str
     profile: Profile
     """The profile the target already has (its defaults, or its config's)."""
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("dirs", nargs="*", metavar="DIR",
-                        help="folders of recorded traces (rank<r>.json) or trace files")
-    parser.add_argument("-o", "--out", required=True, metavar="JSON", help="profile to write")
-    parser.add_argument("--run", metavar="CLUSTER_OR_CONFIG",
-                        help="run the microbenchmarks here first: a preset (localhost), a "
-                        "cluster TOML, or a config (its cluster, world and dtype)")
-    parser.add_argument("--cluster", metavar="CLUSTER_OR_CONFIG",
-                        help="the cluster to fit DIRs on (default: localhost with the traces' "
-                        "ranks)")
-    parser.add_argument("--ranks", type=int, help="ranks for --run on a cluster (default: "
-                        "the cluster's, at most the CPU count and 8)")
-    parser.add_argument("--sizes", default=DEFAULT_SIZES, help="collective sizes (default "
-                        f"{DEFAULT_SIZES}, doubling)")
-    parser.add_argument("--repeats", type=int, default=5, help="calls per size (default 5)")
-    parser.add_argument("--probes", default=DEFAULT_PROBES, metavar="HxSxB,...",
-                        help="compute probes: hidden x sequence x micro-batch (default: a grid "
-                        "of 8)")
-    parser.add_argument("--keep", metavar="DIR", help="keep the microbenchmark traces here")
-    parser.add_argument("--timeout", type=float, default=600.0,
-                        help="seconds the microbenchmarks may take (default 600)")
-    parser.add_argument("--name", help="the profile's name (default: from the output file)")
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
-
-
-def run(args: argparse.Namespace, *, emit: Callable[[str], None]) -> int:
-    if not args.dirs and args.run is None:
-        raise ConfigError("calibrate: give trace folders to fit, or --run CLUSTER_OR_CONFIG to "
-                          "measure this machine")
-    if args.run is not None and args.cluster is not None:
-        raise ConfigError("--cluster: with --run the cluster is the --run target's")
-    inputs = [f for d in args.dirs for f in _trace_files(Path(d))]
-    targets = check_outputs({"--out": args.out}, inputs=inputs)
-    traces = [read_traces(Path(d)) for d in args.dirs]
-    if args.run is not None:
-        target = resolve_target(args.run, args.ranks)
-        spec = bench_spec(target, parse_sizes(args.sizes), args.repeats,
-                          parse_probes(args.probes, target))
-        backend = host_backend(target.cluster, target.world, f"--run {args.run}")
-        traces.append(run_microbenchmarks(spec, args.keep, args.timeout, backend=backend))
-    else:
-        target = _fit_target(args.cluster, traces)
-    for trace, where in zip(traces, args.dirs):
-        check_measured_on(trace, target, where)
-    from sim.calibrate.fit import fit_profile  # scipy loads only when a fit is made
-
-    name = args.name or Path(args.out).stem
-    profile, report = fit_profile(traces, target.cluster, base=target.profile, name=name)
-    for note in report.unidentified:
-        warn(f"calibrate: {note}")
-    with Outputs() as outputs:
-        outputs.write(targets["--out"], json.dumps(profile.to_json(), indent=1,
-                                                   allow_nan=False) + "\n")
-        outputs.commit()
-        summary = summary_json(profile, report, target, str(targets["--out"]))
-        emit(json.dumps(summary, allow_nan=False) if args.json else summary_text(summary))
-    return 0
 
 
 # --- what to measure --------------------------------------------------------------------------
@@ -171,7 +90,7 @@ def _cluster_target(spec: Any, name: str, ranks: int | None) -> Target:
                   profile=default_profile(cluster.accelerator))
 
 
-def _fit_target(cluster: str | None, traces: Sequence[Trace]) -> Target:
+def fit_target(cluster: str | None, traces: Sequence[Trace]) -> Target:
     """The cluster DIRs are fitted on: --cluster (a preset, a cluster TOML or a config), or
     localhost with as many ranks as the traces hold."""
     world = max((max(max(t.ops, default=0) + 1, _int(t.meta.get("world_size"))) for t in traces),
@@ -343,18 +262,12 @@ def _trace_dir(keep: str | None) -> Iterator[str]:
 
 # --- reading traces ---------------------------------------------------------------------------
 
-def _trace_files(path: Path) -> list[Path]:
-    if path.is_dir():
-        return sorted(p for p in path.iterdir() if p.is_file())
-    return [path]
-
-
 def read_traces(path: Path) -> Trace:
     """A parasim trace file, a PyTorch-profiler JSON (.json / .json.gz), or a folder of
-    either, read as `parasim replay` reads them (`sim.replay_trace.load_trace`). A profiler
+    either, read as `parasim replay` reads them (`sim.measured.load_trace`). A profiler
     trace that gives nothing to fit is one error line saying why."""
     from sim.calibrate.observe import communication, compute
-    from sim.replay_trace import load_trace
+    from sim.measured import load_trace
 
     loaded = load_trace(path)
     trace = loaded.trace

@@ -5,7 +5,7 @@
                    [--trace OUT.json] [--chrome OUT.json]
 
 TRACE is a parasim trace file, a PyTorch-profiler JSON (.json / .json.gz) or a folder of
-per-rank files of either kind (`sim.replay_trace`). Output files are checked before the replay
+per-rank files of either kind (`sim.measured`). Output files are checked before the replay
 and written all or none. `--json` counts the compute ops timed by the model
 (`retimed_compute`), those that kept their measured durations (`kept_measured_compute`), and
 among those the ones the trace states no FLOPs or bytes for
@@ -17,26 +17,20 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
+from sim.commands.common import ProgressBar, emit, trace_files, write_timed
 from sim.config import ALGOS
+from sim.engine.replay import NETWORKS
+from sim.measured import ReplayResult, choose_cluster, load_trace, replay_trace
 from sim.profile import load_profile
 from sim.provenance import file_sha256, files_sha256, provenance
-from sim.replay import NETWORKS
-from sim.replay_trace import ReplayResult, choose_cluster, load_trace, replay_trace
 from topology.presets import PRESETS
-from traces.chrome import dumps_chrome
 from traces.errors import ConfigError, show, warn
 from traces.files import Outputs, check_outputs
-from traces.io import dumps as dumps_trace
 
-
-class _Bar(Protocol):
-    def update(self, done: int, total: int) -> None: ...
-    def __enter__(self) -> _Bar: ...
-    def __exit__(self, *exc: object) -> None: ...
+HELP = "re-simulate a measured or profiler trace"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -57,17 +51,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--trace", dest="out_trace", metavar="JSON",
                         help="write the replayed timed trace")
-    parser.add_argument("--chrome", metavar="JSON", help="write a Chrome/Perfetto trace")
+    parser.add_argument("--chrome", metavar="JSON", help="write a Chrome/Perfetto trace "
+                        "(gzipped when it ends in .gz)")
 
 
-def run(args: argparse.Namespace, *, emit: Callable[[str], None],
-        progress_bar: Callable[[str, str], _Bar]) -> int:
+def run(args: argparse.Namespace) -> int:
     if args.algo not in ALGOS:
         raise ConfigError(f"--algo: {show(args.algo)} is not an algorithm "
                           f"(known: {', '.join(ALGOS)})")
     if args.profile is not None and not args.profile:
         raise ConfigError("--profile: an empty path names no file")
-    inputs = [*_trace_files(Path(args.trace))] + ([Path(args.profile)] if args.profile else [])
+    inputs = [*trace_files(Path(args.trace))] + ([Path(args.profile)] if args.profile else [])
     targets = check_outputs({"--trace": args.out_trace, "--chrome": args.chrome}, inputs=inputs)
     profile = load_profile(args.profile) if args.profile else None
     loaded = load_trace(args.trace)
@@ -76,7 +70,7 @@ def run(args: argparse.Namespace, *, emit: Callable[[str], None],
     if profile is not None:  # its measured link classes and roofs replace the preset's
         cluster = profile.applied_to(cluster)
     with Outputs() as outputs:
-        with progress_bar("replay", "op") as bar:
+        with ProgressBar("replay", "op") as bar:
             result = replay_trace(loaded, cluster, profile, retime=args.retime,
                                   network=args.network, algo=args.algo, progress=bar.update,
                                   host_gaps=not args.no_host_gaps)
@@ -86,11 +80,7 @@ def run(args: argparse.Namespace, *, emit: Callable[[str], None],
                  "measured durations: the trace states no FLOPs or bytes for them (a "
                  "profiler's ops carry none), so the compute model cannot time them")
         if targets:
-            timed = result.times.timed_trace()
-            if "--trace" in targets:
-                outputs.write(targets["--trace"], dumps_trace(timed))
-            if "--chrome" in targets:
-                outputs.write(targets["--chrome"], dumps_chrome(timed))
+            write_timed(outputs, targets, result.times.timed_trace())
         outputs.commit()
         if args.json:
             digest = (files_sha256(loaded.files) if loaded.path.is_dir()
@@ -108,13 +98,6 @@ def run(args: argparse.Namespace, *, emit: Callable[[str], None],
     if broken:
         raise BrokenPipeError  # the command line silences stdout and exits 0
     return 0
-
-
-def _trace_files(path: Path) -> list[Path]:
-    """The files TRACE may read, so that no output overwrites one of them."""
-    if path.is_dir():
-        return sorted(p for p in path.iterdir() if p.is_file())
-    return [path]
 
 
 def summary_json(r: ReplayResult) -> dict[str, Any]:

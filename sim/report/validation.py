@@ -1,6 +1,6 @@
 """The `parasim validate --report` page: measured against predicted, one self-contained HTML.
 
-    from sim.validate_report import render_validation
+    from sim.report.validation import render_validation
     Path("v.html").write_text(render_validation(validation))
 
 Four figures under the text summary:
@@ -22,16 +22,13 @@ from __future__ import annotations
 import html
 import math
 from collections import defaultdict
-from typing import TYPE_CHECKING
 
 import plotly.graph_objects as go
 import plotly.io as pio
 from plotly.subplots import make_subplots
 
+from sim.validation import Validation, summary_text
 from traces.ops import Op, OpKind, Trace
-
-if TYPE_CHECKING:
-    from sim.validate import Validation
 
 MAX_BARS = 40_000
 """Ops drawn per timeline; beyond this the lanes show the first ones (a validation runs on a
@@ -41,8 +38,6 @@ FAMILY_COLOUR = {"compute": "#4C78A8", "tp": "#E45756", "p2p": "#2E8B85", "dp": 
 
 
 def render_validation(v: Validation) -> str:
-    from sim.validate import summary_text
-
     parts = [pio.to_html(timelines(v), include_plotlyjs=True, full_html=False,
                          div_id="parasim-validate-timelines")]
     for name, figure in (("scatter", scatter(v)), ("errors", error_table(v)),

@@ -1,12 +1,12 @@
 """Flow-level network model on simpy: transfers share links by max-min fairness.
 
-It moves the values of `sim.flows`: a transfer of a `FlowSet` first waits the set's latency,
+It moves the values of `sim.engine.flows`: a transfer of a `FlowSet` first waits the set's latency,
 then moves its bytes while sharing every link with all other transfers in flight, so a link
 costs `latency + bytes / share`; a `Lowering` runs its rounds one after another.
 
 Use: `handle = net.register(lowering)` once per lowering, then `net.run(handle, size)` per
 collective (`net.run(handle, size, stretch)`: every latency and byte of it `stretch` times as
-long, as when the host that moves it is busy with other work: `sim.replay`). Rates change
+long, as when the host that moves it is busy with other work: `sim.engine.replay`). Rates change
 only when a transfer starts moving or ends, and only for the transfers connected to it through
 shared links (its *component*). Which flow sets share links is worked
 out once per flow set, so a transfer alone on its links costs one event and no fairness
@@ -39,8 +39,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import simpy
 
-from sim.flows import FlowSet, Lowering, solo_time
-from sim.maxmin import max_min_matrix, max_min_rates
+from sim.engine.flows import FlowSet, Lowering, solo_time
+from sim.engine.maxmin import max_min_matrix, max_min_rates
 
 
 @dataclass(eq=False, slots=True)

@@ -5,16 +5,16 @@
 Each rank's ops run on their streams (one simpy process per stream, ops in list order), waiting
 for their `deps`. A collective starts when every member has issued it and stalls only the
 streams that issued it; a send and its receive start together. Members absent from a partial
-trace mirror the present ones (`sim.comm_plan`). A measured op (start/end) keeps its duration
-where nothing is to be simulated: compute (`sim.compute`), and communication whose size the
-trace does not state. The parts:
+trace mirror the present ones (`sim.engine.lowering`). A measured op (start/end) keeps its
+duration where nothing is to be simulated: compute (`sim.models.compute`), and communication
+whose size the trace does not state. The parts:
 
-  - `sim.comm_plan.lower_communication`: the plan's communication lowered before the run (pure;
-    folding, described in the plan's meta and read by `traces.plan.meta.read_fold`, is
-    handled there);
-  - `sim.meetings.Meetings`: who waits for whom at run time;
-  - here: the streams, moving communication through the flow model (`sim.network`, where every
-    transfer in flight shares the links) and timing compute by the compute model.
+  - `sim.engine.lowering.lower_communication`: the plan's communication lowered before the
+    run (pure; folding, described in the plan's meta and read by
+    `traces.plan.meta.read_fold`, is handled there);
+  - `sim.engine.meetings.Meetings`: who waits for whom at run time;
+  - here: the streams, moving communication through the flow model (`sim.engine.network`,
+    where every transfer in flight shares the links) and timing compute by the compute model.
 
 A compute model may say its kernels run slower while their rank moves data
 (`comm_interference`: on a CPU, gloo's threads share the cores the kernels run on); a kernel
@@ -34,9 +34,9 @@ from typing import Any, Protocol
 import simpy
 
 from sim.collectives import analytic_time
-from sim.comm_plan import MEASURED, CommPlan, lower_communication
-from sim.meetings import Meetings
-from sim.network import Network
+from sim.engine.lowering import MEASURED, CommPlan, lower_communication
+from sim.engine.meetings import Meetings
+from sim.engine.network import Network
 from topology.cluster import Cluster
 from traces.errors import ConfigError
 from traces.nogc import paused_gc
@@ -51,7 +51,7 @@ NETWORKS = ("flow", "analytic", "ideal")
 
 
 class Durations(Protocol):
-    """What the replay needs of a compute model (`sim.compute.ComputeModel`)."""
+    """What the replay needs of a compute model (`sim.models.compute.ComputeModel`)."""
 
     def duration(self, op: Op) -> float: ...
 

@@ -39,7 +39,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from sim.collectives import Collectives
-from sim.flows import FlowSet, Lowering
+from sim.engine.flows import FlowSet, Lowering
 from topology.cluster import Cluster
 from traces.errors import ConfigError
 from traces.io import check_transfer_sizes

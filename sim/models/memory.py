@@ -43,7 +43,7 @@ Transient buffers at that peak (`working_bytes`), the sum of what applies:
                          2 * 2 * layer_params(t), and one layer's unsharded 2-byte gradients
                          before its reduce-scatter, 2 * layer_params(t)
 
-Try it: python -c "from sim.memory import *; help(pp_rank_memory)"
+Try it: python -c "from sim.models.memory import *; help(pp_rank_memory)"
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Flow sets and lowerings, the values the network moves, and their time alone on the network.
 
-A `FlowSet` is a group of routed flows that move in lock-step at one rate (see `sim.maxmin`):
+A `FlowSet` is a group of routed flows that move in lock-step at one rate (see `sim.engine.maxmin`):
 `counts[k]` of them cross link `links[k]`. A `Lowering` (what `sim.collectives` makes of a
 collective) is a tuple of communication *rounds* run one after another; a `Round` is a tuple of
 `(FlowSet, factor)`, every flow of the set carrying `factor * size` bytes.
@@ -8,7 +8,7 @@ collective) is a tuple of communication *rounds* run one after another; a `Round
 Alone on the network a flow set takes `FlowSet.solo_time(bytes)` = latency + bytes / its
 bottleneck rate: the one alpha-beta formula of parasim. `solo_time(lowering, ...)` adds up a
 lowering's rounds; algorithm selection (`sim.collectives`), the `analytic` network of the replay
-and the flow model's shortcut (`sim.network`) all use it.
+and the flow model's shortcut (`sim.engine.network`) all use it.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from sim.maxmin import max_min_rates
+from sim.engine.maxmin import max_min_rates
 
 Round = tuple[tuple["FlowSet", float], ...]
 """Flow sets moving together, each with its bytes per flow as a fraction of the size."""

@@ -1,4 +1,4 @@
-"""`parasim collective`: an nccl-tests-like sweep of one collective over message sizes.
+"""An nccl-tests-like sweep of one collective over message sizes (`parasim collective`).
 
 Each size is simulated on its own (nothing else on the network), with the flow model or the
 analytic path. busbw uses nccl-tests' factors, so the numbers compare with theirs directly.
@@ -12,14 +12,12 @@ import simpy
 
 from sim.collectives import Collectives, Lowering, analytic_time, busbw_factor
 from sim.collectives.direct import lower_sendrecv
-from sim.network import Network
+from sim.engine.network import Network
 from topology.cluster import Cluster
-from traces.errors import ConfigError, show
+from traces.errors import ConfigError
 from traces.ops import COLLECTIVES, OpKind
-from traces.units import parse_size
 
 OPS = (*[str(k) for k in COLLECTIVES], "sendrecv")
-MAX_SIZES = 64
 MAX_CHANNELS = 64  # NCCL's MAXCHANNELS in src/include/device.h of recent releases (older: 32)
 
 
@@ -30,30 +28,6 @@ class Row:
     time_s: float
     algbw_GBps: float
     busbw_GBps: float
-
-
-def parse_sizes(text: str) -> list[int]:
-    """'1M,16M' | '1K:8G' (doubling, like nccl-tests -b 1K -e 8G -f 2) | '4096'; each size
-    from 1 byte to 1 TiB (`traces.units.MAX_SIZE_BYTES`)."""
-    if ":" in text:
-        parts = text.split(":")
-        if len(parts) != 2:
-            raise ConfigError(f"--sizes: {show(text)} is not a range (write e.g. 1K:8G)")
-        lo, hi = (parse_size(p, "--sizes") for p in parts)
-        if lo > hi:
-            raise ConfigError(f"--sizes: {show(text)} starts above its end")
-        sizes: list[int] = []
-        while lo <= hi and len(sizes) <= MAX_SIZES:
-            sizes.append(lo)
-            lo *= 2
-    else:
-        parts = text.split(",")
-        if len(parts) > MAX_SIZES:  # before parsing a million of them
-            raise ConfigError(f"--sizes: {len(parts):,} sizes, more than {MAX_SIZES}")
-        sizes = [parse_size(p, "--sizes") for p in parts]
-    if len(sizes) > MAX_SIZES:
-        raise ConfigError(f"--sizes: {show(text)} gives more than {MAX_SIZES} sizes")
-    return sizes
 
 
 def flow_time(cluster: Cluster, lowering: Lowering, size_bytes: float) -> float:

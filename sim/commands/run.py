@@ -14,15 +14,47 @@ the traces recorded up to then are written, marked incomplete (`meta.complete = 
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import importlib.util
+import json
 from pathlib import Path
 from typing import Any
 
-from sim.config import Experiment
+from sim.commands.common import config_path, emit, error
+from sim.config import Experiment, example_path, load_experiment
 from traces.errors import ConfigError
 
+HELP = "execute a config's plan for real (needs torch)"
+
 MAX_STEPS = 1000
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("config", nargs="?", help="TOML config (default: the shipped tiny GPT "
+                        "on this machine, gpt-tiny-localhost.toml)")
+    parser.add_argument("--out", required=True, metavar="DIR", help="where the traces go")
+    parser.add_argument("--steps", type=int, default=1, help="recorded steps (default 1)")
+    parser.add_argument("--warmup", type=int, default=1, help="unrecorded steps first (default 1)")
+    parser.add_argument("--timeout", type=float, default=60.0,
+                        help="seconds any collective, and the whole job, may take (default 60)")
+    parser.add_argument("--kernels", action="store_true", help="also write each rank's "
+                        "torch.profiler trace of the recorded steps (kernels-rank<r>.json)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def run(args: argparse.Namespace) -> int:
+    config = config_path(args.config, example_path("gpt-tiny-localhost.toml"))
+    out = check_run_args(args.out, args.steps, args.warmup, args.timeout)
+    exp = load_experiment(config)
+    try:
+        summary = execute(exp, out, args.steps, args.warmup, args.timeout, args.kernels)
+    except RunFailed as err:
+        error(str(err))
+        return 1
+    if summary is not None:  # rank 0 (or the local launcher) reports
+        emit(json.dumps(summary, allow_nan=False) if args.json else summary_text(summary))
+    return 0
 
 
 class RunFailed(Exception):

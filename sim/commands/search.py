@@ -1,5 +1,5 @@
 """`parasim search CONFIG.toml [--gpus N] [--top K] [--workers N] [--ray ADDRESS] [--json]
-[--report F]`: the command line's handler (the parser entry is in `sim.cli`).
+[--report F]`: the command line's handler (its flags and its run; `sim.cli` dispatches).
 
     parasim search                                   # the shipped GPT-3 175B search
     parasim search my.toml --gpus 512 --top 8 --workers 2 --report search.html
@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
+from sim.commands.common import ProgressBar, emit
 from sim.config import example_path
 from sim.search.engines import default_workers, open_engine
 from sim.search.output import result_json, result_text
@@ -26,11 +27,13 @@ from sim.search.problem import problem_from_dict
 from sim.search.run import DEFAULT_TOP, search
 from traces.files import Outputs, check_outputs, load_toml
 
+HELP = "rank layouts: analytic screen of a space, full simulation of the best, in parallel"
 EXAMPLE = "gpt3-175b-1024-a100-search.toml"
 
 
 class Bar(Protocol):
-    """What the command needs of `sim.cli._ProgressBar` (a tqdm bar, drawn on a terminal)."""
+    """What the command needs of `sim.commands.common.ProgressBar` (a tqdm bar, drawn on a
+    terminal)."""
 
     bar: Any
 
@@ -55,15 +58,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--report", metavar="HTML", help="write a plotly report")
 
 
-def run(args: argparse.Namespace, *, emit: Callable[[str], None],
-        progress_bar: Callable[[str, str], Bar]) -> int:
+def run(args: argparse.Namespace) -> int:
     config = Path(args.config) if args.config is not None else example_path(EXAMPLE)
     targets = check_outputs({"--report": args.report}, inputs=[config])
     problem = problem_from_dict(load_toml(config), name=config.stem, base=config.parent,
                                 gpus=args.gpus)
     workers = args.workers if args.workers is not None else default_workers()
     with Outputs() as outputs:
-        with _Progress(progress_bar) as progress, open_engine(workers, args.ray) as engine:
+        with _Progress(ProgressBar) as progress, open_engine(workers, args.ray) as engine:
             result = search(problem, engine=engine, top_k=args.top, progress=progress.update)
         if "--report" in targets:
             from sim.search.report import render_search_report  # plotly only when asked

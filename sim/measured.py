@@ -1,23 +1,23 @@
 """`parasim replay`: re-simulate a measured or imported trace, on its own cluster or another.
 
-    from sim.replay_trace import choose_cluster, load_trace, replay_trace
+    from sim.measured import choose_cluster, load_trace, replay_trace
     loaded = load_trace("rank0.json.gz")     # a parasim trace, a profiler JSON, or a folder
     spec = choose_cluster(loaded.trace, "dgx-a100")
     result = replay_trace(loaded, spec.build())
 
-What is kept and what is simulated (`sim.replay` does the run):
+What is kept and what is simulated (`sim.engine.replay` does the run):
 
 * Communication is re-simulated on the cluster, except a collective or transfer whose size the
   trace does not state (`size_bytes` 0 on a timed op, as a profiler may leave it): that keeps
   its measured duration (counted in `ReplayResult.kept_measured_comm`).
 * Idle time the measurement shows before an op that neither its stream nor its dependencies
-  explain (the host launching late: Python, the framework) stays (`sim.replay.host_gaps`):
+  explain (the host launching late: Python, the framework) stays (`sim.engine.replay.host_gaps`):
   it does not change on another network. `host_gaps=False` drops it.
 * Compute ops keep their measured durations; with `retime`, those that carry FLOPs or bytes (a
   parasim trace's) are timed by the compute model for the cluster's accelerator and the
   profile instead. A profiler's compute ops carry neither and keep their durations
   (`ReplayResult.uncosted_compute` counts them; `parasim replay --retime` says so).
-* A partial trace (one rank's file of a larger job) replays by symmetry (`sim.comm_plan`):
+* A partial trace (one rank's file of a larger job) replays by symmetry (`sim.engine.lowering`):
   group members and peers absent from the trace mirror the present ranks.
 
 Reading: a file whose first 64 KiB hold a top-level-looking `"schema":` key is a parasim trace
@@ -35,10 +35,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from sim.compute import ComputeModel
+from sim.engine.replay import NETWORKS, Progress, StepTimes, replay
+from sim.engine.replay import host_gaps as measured_gaps
+from sim.models.compute import ComputeModel
 from sim.profile import Profile, default_profile
-from sim.replay import NETWORKS, Progress, StepTimes, replay
-from sim.replay import host_gaps as measured_gaps
 from topology.cluster import Cluster
 from topology.config import FABRICS, ClusterSpec, read_cluster, read_cluster_file
 from topology.presets import PRESETS
@@ -228,7 +228,7 @@ class ReplayResult:
     """Measured compute ops the trace states no FLOPs or bytes for (a profiler's: kineto
     records none): they keep their measured durations, with `retime` too."""
     host_gaps_s: float = 0.0
-    """Idle time kept from the measurement per rank, on average (`sim.replay.host_gaps`)."""
+    """Idle time kept from the measurement per rank, on average (`sim.engine.replay.host_gaps`)."""
 
     @property
     def step_time_predicted_s(self) -> float:

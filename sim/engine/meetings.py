@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import simpy
 
-from sim.comm_plan import CommOp, CommPlan
+from sim.engine.lowering import CommOp, CommPlan
 from traces.errors import ConfigError
 from traces.ops import Op
 

@@ -1,7 +1,7 @@
 """What a simulated step's timeline holds, read off the timed ops: pipeline passes, idle gaps,
 per-lane busy intervals, and what overlaps what. Pure numpy; the report draws these.
 
-    from sim.timeline import rank_ops, pipeline_passes, idle_intervals, lanes
+    from sim.report.timeline import rank_ops, pipeline_passes, idle_intervals, lanes
     cols = rank_ops(times, rank=0)              # the rank's ops as numpy columns, read once
     passes = pipeline_passes(times, 0, cols)    # F/B per micro-batch and the optimizer step
     gaps = idle_intervals(cols, times.step_time_s)
@@ -27,8 +27,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sim.memory import memory_timeline
-from sim.replay import StepTimes
+from sim.engine.replay import StepTimes
+from sim.models.memory import memory_timeline
 from traces.layout import Layout
 from traces.model import ModelSpec
 from traces.ops import Op, OpKind, Phase, Stream, Trace
@@ -322,14 +322,14 @@ def stands_for(times: StepTimes) -> int:
 
 
 def timed_actions(passes: Iterable[Pass]) -> list[tuple[Action, float, float]]:
-    """(action, start, end) of the F and B passes, for `sim.memory.memory_timeline`."""
+    """(action, start, end) of the F and B passes, for `sim.models.memory.memory_timeline`."""
     return [(a, p.start, p.end) for p in passes if (a := p.action) is not None]
 
 
 def annotate(trace: Trace, times: StepTimes, model: ModelSpec, layout: Layout,
              devices: str) -> Trace:
     """`trace` (the timed trace of `times`) with what its Chrome export shows beyond the ops:
-    meta `memory`, each rank's bytes over the step from `sim.memory.memory_timeline` at the
+    meta `memory`, each rank's bytes over the step from `sim.models.memory.memory_timeline` at the
     simulated pass times, and meta `devices`, the word for the devices ("GPUs", "chips")."""
     memory = {}
     for rank in times.plan.ranks:

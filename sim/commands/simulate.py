@@ -1,0 +1,100 @@
+"""`parasim simulate`: predict one training step of a config, print it, write what was asked.
+
+    parasim simulate [CONFIG.toml] [--json] [--report step.html] [--trace step.json]
+                     [--chrome step.json.gz] [--network N] [--algo A] [--profile P] [--no-fold]
+
+Output files are checked before the simulation starts and written all or none.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from sim.commands.common import (
+    ProgressBar,
+    config_path,
+    emit,
+    profile_flag,
+    silence_stdout,
+    write_timed,
+)
+from sim.config import example_path, load_experiment
+from sim.engine.replay import NETWORKS
+from sim.provenance import file_sha256, provenance
+from sim.report.timeline import annotate
+from sim.simulate import predict, summary_json, summary_text
+from traces.errors import ConfigError, show, warn
+from traces.files import Outputs, check_outputs
+
+HELP = "predict one training step of a config"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("config", nargs="?", help="TOML config (default: the shipped GPT-3 "
+                        "175B on 1024 A100s)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--report", metavar="HTML", help="write a plotly report")
+    parser.add_argument("--trace", metavar="JSON", help="write the predicted timed trace")
+    parser.add_argument("--chrome", metavar="JSON", help="write a Chrome/Perfetto trace "
+                        "(gzipped when it ends in .gz)")
+    parser.add_argument("--report-ranks", metavar="R,R", help="ranks whose lanes the report "
+                        "details (default: the first and the last pipeline stage's)")
+    parser.add_argument("--network", choices=NETWORKS, help="flow (default), analytic, ideal")
+    parser.add_argument("--algo", help="collective algorithm (default auto)")
+    parser.add_argument("--profile", metavar="JSON", help="calibration profile")
+    parser.add_argument("--no-fold", action="store_true",
+                        help="simulate every rank instead of one per pipeline stage")
+
+
+def run(args: argparse.Namespace) -> int:
+    config = config_path(args.config, example_path())
+    inputs = [config]
+    overrides: dict[str, Any] = {k: v for k, v in (("network", args.network),
+                                                   ("algo", args.algo)) if v is not None}
+    profile_flag(args.profile, inputs, overrides)
+    report_ranks = _ranks(args.report_ranks)
+    exp = load_experiment(config, overrides)
+    if exp.profile_path is not None:  # [sim] profile is an input too: never written over
+        inputs.append(exp.profile_path)
+    # Fail before the (long) simulation, not after it.
+    targets = check_outputs({"--trace": args.trace, "--chrome": args.chrome,
+                             "--report": args.report}, inputs=inputs)
+    for warning in exp.warnings:
+        warn(warning)
+    with Outputs() as outputs:
+        with ProgressBar("simulate", "op") as bar:
+            summary, times = predict(exp, fold=not args.no_fold, progress=bar.update)
+        if "--trace" in targets or "--chrome" in targets:
+            devices = exp.cluster.device_words[1]
+            write_timed(outputs, targets, annotate(times.timed_trace(), times, exp.model,
+                                                   exp.layout, devices))
+        if "--report" in targets:
+            from sim.report import render_report  # plotly loads only when a report is asked for
+
+            outputs.write(targets["--report"], render_report(exp, summary, times,
+                                                             report_ranks))
+        outputs.commit()
+        text = (json.dumps({**summary_json(exp, summary),
+                            **provenance(exp.profile, file_sha256(config))}, allow_nan=False)
+                if args.json else summary_text(exp, summary))
+        try:
+            emit(text)
+        except BrokenPipeError:  # the reader stopped early; the files are complete: keep them
+            silence_stdout()
+    return 0
+
+
+def _ranks(text: str | None) -> list[int] | None:
+    """--report-ranks: '0,64' -> [0, 64]."""
+    if text is None:
+        return None
+    try:
+        ranks = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise ConfigError(f"--report-ranks: {show(text)} is not a list of ranks (write e.g. "
+                          "0,64)") from None
+    if not ranks or len(ranks) > 64 or min(ranks) < 0:
+        raise ConfigError(f"--report-ranks: {show(text)}: give 1 to 64 ranks, none negative")
+    return ranks

@@ -1,0 +1,1 @@
+"""Cost and memory models: how long a kernel takes (`compute`), what a rank holds (`memory`)."""
