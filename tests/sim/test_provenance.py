@@ -12,10 +12,9 @@ from sim.config import experiment_from_dict
 from sim.profile import ComputeParams, Profile
 from sim.provenance import files_sha256, flags_sha256
 from sim.simulate import predict, summary_json
+from tests.sim.commands.test_simulate_cli import SMALL
 from traces.io import save
 from traces.ops import Op, OpKind, Trace
-
-from .test_simulate_cli import SMALL
 
 
 def run_json(capsys, *argv):

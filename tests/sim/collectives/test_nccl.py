@@ -42,7 +42,7 @@ from traces.ops import OpKind
 AR, RS, AG, BCAST = (OpKind.ALL_REDUCE, OpKind.REDUCE_SCATTER, OpKind.ALL_GATHER,
                      OpKind.BROADCAST)
 US, GB, MiB = 1e-6, 1e9, 2**20
-DATA = Path(__file__).parents[1] / "bench" / "data" / "nccl_tests_allreduce.json"
+DATA = Path(__file__).parents[2] / "bench" / "data" / "nccl_tests_allreduce.json"
 
 
 def node(preset: str, nodes: int = 1) -> NcclSystem:

@@ -2,7 +2,7 @@
 their number, every n-th micro-batch where they are too narrow, never two on top of another;
 and the view's buttons (warm-up, cool-down, whole step).
 
-    pytest tests/sim/test_report_labels.py -q
+    pytest tests/sim/report/test_report_labels.py -q
 
 The page's script runs the same rule (report.js `labelPlan`); tests/bench/bench_report.py
 checks, in Chromium, that it labels the same passes at the page's own width and zoom.
@@ -18,7 +18,7 @@ from sim.report.labels import (
     label_width_px,
 )
 from sim.simulate import predict
-from tests.sim.report_cases import PP4_M8, experiment, pass_points
+from tests.sim.report.report_cases import PP4_M8, experiment, pass_points
 
 
 def labels_of(figure):

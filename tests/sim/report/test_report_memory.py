@@ -1,6 +1,6 @@
 """`sim.models.memory.memory_timeline`: memory over the step from the same accounting as the peak.
 
-    pytest tests/sim/test_report_memory.py -q
+    pytest tests/sim/report/test_report_memory.py -q
 
 The curve's top must be `pp_rank_memory(...).total_bytes` (the number the memory table and the
 fits verdict use), the activations must rise through the warm-up by one micro-batch's worth per

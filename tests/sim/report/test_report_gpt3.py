@@ -1,7 +1,7 @@
 """The report of the shipped GPT-3 175B example (1024 A100s, 16 folded ranks): small, few
 shapes, honest lanes, the bubble drawn as measured.
 
-    pytest tests/sim/test_report_gpt3.py -q      # ~20 s: one simulation, one report
+    pytest tests/sim/report/test_report_gpt3.py -q      # ~20 s: one simulation, one report
 
 Load times in a browser are not tested here (no timed assertions): tests/bench/bench_report.py
 opens the page in headless Chromium and prints them.
@@ -15,7 +15,7 @@ from sim.report import read_payload, render_report
 from sim.report.binned import decode_row
 from sim.report.labels import NOMINAL_PLOT_PX, label_width_px
 from sim.simulate import predict
-from tests.sim.report_cases import drawn_shapes, lane_name, pass_points
+from tests.sim.report.report_cases import drawn_shapes, lane_name, pass_points
 
 MB = 1e6
 

@@ -1,6 +1,6 @@
 """`sim.report.timeline`: passes, idle gaps, lanes and busy time read off a simulated step.
 
-    pytest tests/sim/test_report_timeline.py -q
+    pytest tests/sim/report/test_report_timeline.py -q
 
 Interval arithmetic against brute force on random intervals; passes against the schedule
 generators for GPipe, 1F1B and interleaved 1F1B; idle time against `sim.metrics`.
@@ -22,7 +22,7 @@ from sim.report.timeline import (
     union,
 )
 from sim.simulate import predict
-from tests.sim.report_cases import PP4_M8, TP2_PP2_DP2, experiment, lane_name
+from tests.sim.report.report_cases import PP4_M8, TP2_PP2_DP2, experiment, lane_name
 from traces.pipeline import build_schedule
 from traces.plan.meta import read_layout
 

@@ -1,7 +1,7 @@
 """`parasim search` names devices as the step report does (`topology.cluster.Cluster.device_words`):
 chips on a torus, GPUs elsewhere, in the text, the pruning reasons and the --report page.
 
-    pytest tests/sim/test_search_words.py -q
+    pytest tests/sim/search/test_search_words.py -q
 """
 
 import dataclasses
@@ -15,7 +15,7 @@ from sim.search.problem import problem_from_dict
 from sim.search.report import render_search_report, search_figure
 from sim.search.run import search
 from sim.search.space import MEMORY_REASON
-from tests.sim.search_cases import TPU
+from tests.sim.search.search_cases import TPU
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ from sim.cli import main
 from sim.search.problem import context, problem_from_dict
 from sim.search.run import kendall_tau
 from sim.search.space import default_values, describe, layout_key, reason_of, validate
-from tests.sim.search_cases import SMALL_TOML, small
+from tests.sim.search.search_cases import SMALL_TOML, small
 from traces.errors import ConfigError
 from traces.layout import Layout
 from traces.model import ModelSpec

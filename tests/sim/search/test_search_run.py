@@ -21,7 +21,7 @@ from sim.search.output import result_text
 from sim.search.problem import context, problem_from_dict
 from sim.search.run import search, simulate_one
 from sim.search.space import MEMORY_REASON, describe, layout_key
-from tests.sim.search_cases import SMALL, SMALL_TOML
+from tests.sim.search.search_cases import SMALL, SMALL_TOML
 from traces.errors import ConfigError
 from traces.layout import Layout, check_layout
 from traces.model import ModelSpec

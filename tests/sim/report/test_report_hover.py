@@ -3,7 +3,7 @@ the op (what it carries, kind, bytes, group, algorithm), its start and duration,
 bandwidth the script writes (`report.js` `describe`: factor * bytes / duration, factor as
 nccl-tests counts it; 1 for a send or receive, so there it is bytes / duration).
 
-    pytest tests/sim/test_report_hover.py -q
+    pytest tests/sim/report/test_report_hover.py -q
 
 tests/bench/bench_report.py hovers such an op with the mouse in Chromium and prints the text.
 """
@@ -14,7 +14,7 @@ import pytest
 from sim.report import read_payload, render_report
 from sim.report.binned import decode_row
 from sim.simulate import predict
-from tests.sim.report_cases import TP2_PP2_DP2, experiment, lane_name, typed
+from tests.sim.report.report_cases import TP2_PP2_DP2, experiment, lane_name, typed
 from traces.ops import OpKind
 
 KIB, MIB = 1024, 1024**2

@@ -16,13 +16,12 @@ from sim.engine.lowering import lower_communication
 from sim.measured import LoadedTrace, choose_cluster, load_trace, replay_trace
 from sim.profile import ComputeParams, LinkParams, Profile
 from sim.simulate import predict
+from tests.sim.commands.test_simulate_cli import SMALL
 from topology import build_cluster
 from traces.errors import ConfigError
 from traces.io import dumps, load, save
 from traces.kineto import load_kineto
 from traces.ops import Op, OpKind, Trace
-
-from .test_simulate_cli import SMALL
 
 KINETO = Path(__file__).parents[1] / "data" / "kineto"
 TWO_RANK = KINETO / "a100-2rank-nccl-rank0.json.gz"

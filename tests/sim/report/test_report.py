@@ -1,7 +1,7 @@
 """The HTML step report: what it draws is the simulated step, exactly; the page is one
 self-contained, deterministic file written atomically.
 
-    pytest tests/sim/test_report.py -q
+    pytest tests/sim/report/test_report.py -q
 
 Small GPTs on one DGX H100 (`report_cases`): TP 2 x PP 4 with 8 micro-batches under 1F1B (the
 pipeline the issue names), and TP 2 x PP 2 x DP 2 with full recomputation.
@@ -26,7 +26,7 @@ from sim.report.collectives import CommIndex, collective_rows
 from sim.report.labels import NOMINAL_PLOT_PX
 from sim.report.timeline import rank_ops
 from sim.simulate import GiB, predict
-from tests.sim.report_cases import (
+from tests.sim.report.report_cases import (
     PP4_M8,
     TP2_PP2_DP2,
     drawn_shapes,

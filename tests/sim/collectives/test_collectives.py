@@ -112,7 +112,8 @@ def test_auto_picks_the_fastest_applicable_algorithm_on_a_torus():
 
 
 def test_auto_picks_what_nccl_would_on_gpu_clusters(h100_rail4):
-    """On NVSwitch/InfiniBand clusters `auto` is NCCL's choice (tests/sim/test_nccl.py)."""
+    """On NVSwitch/InfiniBand clusters `auto` is NCCL's choice
+    (tests/sim/collectives/test_nccl.py)."""
     col = Collectives(h100_rail4)
     group = tuple(range(32))
     for size in (1024, 2**20, GiB):

@@ -2,7 +2,7 @@
 line's tqdm bar): one bar per tier, candidates done / total, the best step time so far; drawn
 on a terminal only.
 
-    pytest tests/sim/test_search_progress.py -q
+    pytest tests/sim/search/test_search_progress.py -q
 """
 
 import io
@@ -16,7 +16,7 @@ from sim.commands.search import _Progress
 from sim.search.engines import open_engine
 from sim.search.problem import problem_from_dict
 from sim.search.run import search
-from tests.sim.search_cases import SMALL, SMALL_TOML
+from tests.sim.search.search_cases import SMALL, SMALL_TOML
 
 
 class FakeBar:
