@@ -1,38 +1,10 @@
 """Fitting the compute model's parameters from compute samples, with `sim.models.compute`'s own
-formula as the model.
+formula as the model: t = (C^p + M^p)^(1/p) + launches · overhead, C the GEMM work over the
+achieved FLOP rate, M the bytes over the achieved memory rate. Fitted per kernel class by
+`scipy.optimize.least_squares` on relative residuals; a figure the data do not pin down carries
+the reason (`KernelEstimate.rate_unidentified`, ...) and keeps the base profile's value.
 
-`ComputeModel.kernel_time` gives a kernel of one shape
-
-    t = (C^p + M^p)^(1/p) + launches · overhead
-    C = W / R        W: the GEMMs' work as the tile and wave model counts it (FLOPs rounded up
-                        to whole tiles and waves; the FLOPs of a non-GEMM kernel)
-    M = B / Rm       B: the bytes it moves
-
-with R = peak · efficiency the achieved FLOP rate and Rm = memory bandwidth · efficiency. The
-unknowns fitted are, per kernel class: R (each kernel with FLOPs: the GEMMs, flash attention),
-Rm (each kernel without FLOPs, whose time is its bytes; the others share one Rm, fitted with
-them) and the overhead; and one exponent p for all. W, B and the launch count are taken from
-the model itself (`gemm_work` below runs its tile search), so a fit can only move what the
-simulator would move. The residuals are log(t_model / t_measured) — relative errors, so a 10 µs
-kernel weighs as much as a 10 ms one — on the mean of each distinct (kernel, phase, shape)
-(a step is a sum of kernels: their expected time adds up, not their typical one),
-solved by `scipy.optimize.least_squares` (trust region, soft-L1 loss against the odd slow
-shape a slow spell spoiled); intervals come from its Jacobian (its singular values: a
-direction the residuals do not see has no interval).
-
-A figure is *identified* when the data pin it down: more distinct points than parameters
-(and more than 2 of its kernel, for the kernel's rate and overhead), off the bounds of the
-search (a rate the data leave free runs to MAX_TFLOPS; an exponent to 64), and with a 95%
-interval narrower than the search itself (a wide but finite interval stays: a kernel's rate and
-overhead are often collinear over the shapes measured, each loose, their sum — the time at those
-shapes — tight, and replacing one by the base's would break the sum). The rest carry the
-reason (`KernelEstimate.rate_unidentified`, ...) and are not written as calibrated figures
-(`sim.calibrate.fit` keeps the base profile's).
-
-The profile written from the fit: where the accelerator has data-sheet roofs the efficiencies
-are R / peak and Rm / bandwidth; where it has none (the CPU of `localhost`) or a rate beats
-them, the roofs become the best measured rates (`Profile.accelerator`) and the efficiencies
-are relative to those.
+The method in full: docs/calibration.md ("Kernels").
 """
 
 from __future__ import annotations

@@ -1,35 +1,10 @@
-"""Fitting link classes: latency and bandwidth per link `kind`, from communication samples,
-with the simulator's own lowerings as the design.
+"""Fitting link classes: latency and bandwidth per link `kind`, from communication samples, with
+the simulator's own lowerings as the design: T = c + Σ a_k·latency_k + Σ b_k/bandwidth_k +
+Σ d_k·call_k, the coefficients read off the simulator by timing each lowering on basis copies of
+the cluster, solved by bounded least squares in relative terms on each communication's mean.
+A figure the data do not pin down carries the reason (`LinkEstimate.latency_unidentified`, ...).
 
-For a fixed lowering (the algorithm `auto` picks on the cluster, or a transfer's route), the
-time the simulator gives a communication of S bytes, alone on the network, is
-
-    T = c + Σ_k a_k · latency_k + Σ_k b_k · (1 / bandwidth_k) + Σ_k d_k · call_k
-
-where a_k counts the class-k link latencies on its critical path (a ring all-reduce of n ranks
-on localhost crosses 2(n-1) hops of 2 loopback links: a = 4(n-1)), b_k the bytes that cross
-the busiest class-k link (2(n-1)/n · S for that ring) and d_k is 1 where the lowering pays the
-class's per-call cost (gloo's collectives, not its sends: `sim.collectives.gloo`). Rather
-than restate each algorithm's formula, the design is read off the simulator: the same lowering
-is timed (`analytic_time`, which the flow model equals when nothing else is in flight) on
-copies of the cluster whose figures are basis values — every latency and call cost 0 and
-bandwidth unbounded (c: what a protocol adds on its own), latency 1 s on class k alone
-(c + a_k), bandwidth 1 B/s on class k alone (c + b_k), call cost 1 s on class k alone
-(c + d_k). The sum is exact when one class is the bottleneck of every flow (one host, one
-NVLink domain); across classes the simulator takes the busiest link, so there it is the usual
-linearisation.
-
-The system is solved by bounded least squares (`scipy.optimize.least_squares`, soft-L1 loss) in
-relative terms (each row divided by its measured time, so a 4 KiB message weighs as much as a
-256 MiB one), on the mean of each distinct (op, group, size): a step adds its communications
-up, so their expected cost is what predicts it, slow tail included (on a small CPU host a
-blocked rank is sometimes woken milliseconds late; the median would not see it, the step
-does). A figure is identified when the data pin it down: more distinct communications than
-figures, off the limits of its search (a bandwidth the data never feel runs to 100 TB/s) and
-with a finite interval; latency and call cost may be 0. The others carry the reason
-(`LinkEstimate.latency_unidentified`, ...) and `sim.calibrate.fit` keeps the base figures for
-them. Reported: each figure with a 95% interval from the residual variance, (AᵀA)⁻¹ and the t
-quantile, and the residuals by op.
+The method in full: docs/calibration.md ("Links").
 """
 
 from __future__ import annotations

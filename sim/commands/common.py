@@ -104,14 +104,15 @@ def cluster_from_flags(args: argparse.Namespace) -> Cluster:
     return cluster_spec(args.cluster, overrides).build()
 
 
-def profile_flag(path: str | None, inputs: list[Path], overrides: dict[str, Any]) -> None:
-    """--profile: an input (never written over) and the experiment's `[sim] profile`."""
+def profile_flag(path: str | None, inputs: list[Path]) -> str | None:
+    """--profile: checked, added to the inputs (never written over), and resolved, as the
+    experiment's `[sim] profile` takes it; None when not given."""
     if path is None:
-        return
+        return None
     if not path:
         raise ConfigError("--profile: an empty path names no file")
     inputs.append(Path(path))
-    overrides["profile"] = str(Path(path).resolve())
+    return str(Path(path).resolve())
 
 
 def trace_files(path: Path) -> list[Path]:

@@ -20,7 +20,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from sim.commands.common import ProgressBar, emit, trace_files, write_timed
+from sim.commands.common import ProgressBar, emit, profile_flag, trace_files, write_timed
 from sim.config import ALGOS
 from sim.engine.replay import NETWORKS
 from sim.measured import ReplayResult, choose_cluster, load_trace, replay_trace
@@ -59,9 +59,8 @@ def run(args: argparse.Namespace) -> int:
     if args.algo not in ALGOS:
         raise ConfigError(f"--algo: {show(args.algo)} is not an algorithm "
                           f"(known: {', '.join(ALGOS)})")
-    if args.profile is not None and not args.profile:
-        raise ConfigError("--profile: an empty path names no file")
-    inputs = [*trace_files(Path(args.trace))] + ([Path(args.profile)] if args.profile else [])
+    inputs = trace_files(Path(args.trace))
+    profile_flag(args.profile, inputs)
     targets = check_outputs({"--trace": args.out_trace, "--chrome": args.chrome}, inputs=inputs)
     profile = load_profile(args.profile) if args.profile else None
     loaded = load_trace(args.trace)

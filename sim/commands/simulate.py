@@ -53,7 +53,8 @@ def run(args: argparse.Namespace) -> int:
     inputs = [config]
     overrides: dict[str, Any] = {k: v for k, v in (("network", args.network),
                                                    ("algo", args.algo)) if v is not None}
-    profile_flag(args.profile, inputs, overrides)
+    if (profile := profile_flag(args.profile, inputs)) is not None:
+        overrides["profile"] = profile
     report_ranks = _ranks(args.report_ranks)
     exp = load_experiment(config, overrides)
     if exp.profile_path is not None:  # [sim] profile is an input too: never written over

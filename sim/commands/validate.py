@@ -74,7 +74,8 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--timeout: {args.timeout:g} must be from 1 s to 24 h")
     overrides: dict[str, Any] = {}
     inputs = [config]
-    profile_flag(args.profile, inputs, overrides)
+    if (profile := profile_flag(args.profile, inputs)) is not None:
+        overrides["profile"] = profile
     if args.keep is not None and (not args.keep or Path(args.keep).is_file()):
         raise ConfigError(f"--keep: {args.keep!r} must name a directory")
     exp = load_experiment(config, overrides)

@@ -4,38 +4,12 @@
     trace = load_kineto("rank0.json.gz")      # one rank's file (.json or .json.gz)
     trace = load_kineto("profiles/")          # a folder of per-rank files
 
-What the trace holds, per rank present:
+Collectives and sends/receives are found once however many events record them, compute ops are
+the kernels (GPU) or the outermost CPU ops (gloo), dependencies are inferred
+(`traces.kineto.deps`), and everything left out is counted in meta "skipped". Every problem with
+a file is one `ConfigError` line naming it (`traces.kineto.files`).
 
-* **Collectives** (all_reduce, reduce_scatter, all_gather, broadcast, all_to_all) and
-  **send / recv**, each found once however many events record it (see `traces.kineto.rank`):
-  on GPU traces timed by their NCCL kernel, on CPU traces (gloo) by the backend's execution.
-  `name` is the collective's name as the trace spells it ("allreduce", "_allgather_base",
-  "all_to_all"); a barrier is an all_reduce named "barrier" with no payload. `group` holds
-  global ranks: the comms record's process-group ranks, else its group's entry in
-  distributedInfo.pg_config, else the whole world (counted in meta "num_group_assumed").
-  `size_bytes` follows nccl-tests: the buffer (all_reduce, broadcast, all_to_all), all_gather's
-  output, reduce_scatter's input, a send's tensor. **`size_bytes` 0.0 means the trace does not
-  state the size** (counted in meta "num_size_unknown"; a replay keeps the measured duration).
-  `dtype` is parasim's name ("fp32", "bf16", ...), the trace's own spelling if unknown here, or
-  "unknown". `peer` of a send/recv is a global rank.
-* **Compute**: on GPU traces every kernel, memcpy and memset that is not NCCL's (named as the
-  trace names them); on CPU traces the outermost CPU ops holding no communication.
-* **Streams**: a kernel's CUDA stream ("cuda:7"); on CPU traces a host thread ("thread:5713")
-  for compute and "comm:<thread>" for the collectives the backend ran on that thread.
-* **Times**: `start`/`end` in seconds from the earliest event of the file; for a folder, from
-  the earliest event of all files, each file placed by its own clock (baseTimeNanoseconds plus
-  its timestamps: exact for ranks on one host, as good as the hosts' clock sync otherwise).
-* **Deps**: inferred, since kineto records none: the rule in `traces.kineto.deps`.
-* **meta**: "source": "kineto", "world_size", "ranks" (present), "backend",
-  "process_groups" (per rank, from distributedInfo), "files" (per rank), "compute_from"
-  ("gpu" or "cpu"), "num_group_assumed", "num_size_unknown", and "skipped": {why: count} for
-  every event left out that a reader might have expected: events of unknown categories or
-  phases, malformed events, waits, records naming no collective, collectives parasim does not
-  model (gather, scatter, reduce), calls whose NCCL kernel is missing, send/recv without a peer.
-  The host side of a GPU trace (CPU ops, runtime calls, annotations) is read only to describe
-  and link kernels and is not counted there.
-
-Every problem with a file is one `ConfigError` line naming it (`traces.kineto.files`).
+The method in full: docs/kineto-import.md (what each field holds).
 """
 
 from __future__ import annotations
