@@ -18,7 +18,7 @@ variance: K = 4 + 4 + 4 = 12). ZeRO shards them over the N data-parallel ranks:
 virtual stages k = chunk * pp + r, times `model.layer_params(t)`; plus `embedding_params(t)`
 where virtual stage 0 lives; plus `head_params(t)` where the last virtual stage lives (with tied
 embeddings and pp > 1 Megatron keeps a copy of the word embeddings there, so they count there
-too; with pp = 1 they are one tensor). See `Layout.params_on_rank`.
+too; with pp = 1 they are one tensor). See `ModelSpec.params_on_stages`.
 
 Activations of one transformer layer for one micro-batch (Korthikanti et al. 2022, "Reducing
 Activation Recomputation in Large Transformer Models", §4 and Table 2; the seeds' formula). The
@@ -163,7 +163,8 @@ def pp_rank_memory(model: ModelSpec, layout: Layout, pp_rank: int,
     if not 0 <= pp_rank < layout.pp:
         raise ConfigError(f"pipeline rank {pp_rank} is outside 0..{layout.pp - 1}")
     params, grads, optimizer = model_state_bytes(
-        layout.params_on_rank(model, pp_rank), layout.dp, layout.zero,
+        model.params_on_stages(layout.stages_of_rank(pp_rank), layout.num_stages, layout.tp),
+        layout.dp, layout.zero,
         param_bytes=model.dtype_bytes,
         grad_bytes=4 if layout.fp32_main_grads else model.dtype_bytes)
     layers_per_stage = model.layers // layout.num_stages

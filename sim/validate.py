@@ -169,7 +169,7 @@ def validate(exp: Experiment, *, steps: int = 3, warmup: int = 1, timeout: float
     _, times = predict(exp, fold=False)
     comparison = compare(measured, times.timed_trace())
     stages = memory_by_pp_rank(exp.model, exp.layout)
-    predicted_peaks = {r: stages[exp.layout.coords(r)["pp"]].total_bytes
+    predicted_peaks = {r: stages[exp.layout.coords(r).pp].total_bytes
                        for r in range(exp.layout.world)}
     return Validation(exp=exp, measured=measured, predicted=times, comparison=comparison,
                       step_times_measured_s=step_times, peak_memory_measured_bytes=peaks,

@@ -66,7 +66,7 @@ from sim.search.passes import (
     pass_ops,
 )
 from topology.cluster import Cluster
-from traces.layout import Layout
+from traces.layout import Axis, Layout
 from traces.model import ModelSpec
 from traces.ops import Op, OpKind
 from traces.pipeline import Action, ActionSchedule, gpipe, interleaved, one_f_one_b
@@ -180,7 +180,7 @@ class Analytic:
                      microbatch: float) -> tuple[float, float]:
         """(seconds rank r spends after its last backward, of which the optimizer's kernel):
         exposed gradient reduction, tied-embedding all-reduce, optimizer, parameter gather."""
-        params = layout.params_on_rank(self.model, r)
+        params = self.model.params_on_stages(layout.stages_of_rank(r), layout.num_stages, layout.tp)
         shard = layout.dp if layout.zero >= 1 else 1
         optimizer = self.compute.kernel_time("optimizer", 0.0,
                                              params / shard * ops.optimizer_bytes_per_param)
@@ -250,7 +250,7 @@ class Analytic:
         group = self._groups.get(key)
         if group is None:
             group = self._groups[key] = (layout.embedding_group(0) if axis == "embedding"
-                                         else layout.group(0, axis))
+                                         else layout.group(0, Axis(axis)))
         return group
 
     # --- costs of ops --------------------------------------------------------------------------

@@ -5,7 +5,7 @@ from collections import Counter
 import pytest
 
 from sim.collectives.base import busbw_factor
-from traces.layout import Layout, check_layout
+from traces.layout import Axis, Layout, check_layout
 from traces.model import ModelSpec, megatron_step_flops
 from traces.ops import OpKind, Phase
 from traces.plan import build
@@ -94,7 +94,7 @@ def test_pipeline_messages_are_b_s_h_divided_by_tp_and_gathered_without_sp(sp):
             assert gathers == [i + 1]
             gather = ops[i + 1]
             assert (gather.kind, gather.stream, gather.size_bytes, gather.group) == (
-                OpKind.ALL_GATHER, "compute", full, layout.group(rank, "tp"))
+                OpKind.ALL_GATHER, "compute", full, layout.group(rank, Axis.TP))
             assert gather.phase is (Phase.FWD if ops[i].tag == "act" else Phase.BWD)
             assert gather.microbatch == ops[i].microbatch and gather.layer is None
             first_kernel = next(j for j in range(i + 2, len(ops)) if ops[j].kind == "compute")

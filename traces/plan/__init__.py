@@ -57,7 +57,7 @@ def build(model: ModelSpec, layout: Layout, ranks: Iterable[int] | None = None) 
                           f"{folding})")
     schedule = build_schedule(str(layout.schedule), layout.pp, layout.num_microbatches, layout.vp)
     with paused_gc():
-        ops = {r: lower_rank(model, layout, r, schedule[layout.coords(r)["pp"]]) for r in chosen}
+        ops = {r: lower_rank(model, layout, r, schedule[layout.coords(r).pp]) for r in chosen}
     folded = chosen == layout.representatives() and layout.world > len(chosen)
     meta: dict[str, Any] = {
         "model": _model_meta(model),
