@@ -55,7 +55,7 @@ from dataclasses import dataclass
 from traces.errors import ConfigError
 from traces.layout import Layout, Recompute
 from traces.model import ModelSpec
-from traces.pipeline import Action, build_schedule
+from traces.pipeline import Action, ActionSchedule, layout_schedule
 
 OPTIMIZER_STATE_BYTES = 12
 """fp32 master weights, momentum and variance: 4 + 4 + 4 (ZeRO's K)."""
@@ -175,9 +175,12 @@ def pp_rank_memory(model: ModelSpec, layout: Layout, pp_rank: int,
                            working_bytes=working_bytes(model, layout, pp_rank))
 
 
-def memory_by_pp_rank(model: ModelSpec, layout: Layout) -> list[MemoryBreakdown]:
-    """One breakdown per pipeline rank, under the layout's own schedule."""
-    schedule = build_schedule(str(layout.schedule), layout.pp, layout.num_microbatches, layout.vp)
+def memory_by_pp_rank(model: ModelSpec, layout: Layout,
+                      schedule: ActionSchedule | None = None) -> list[MemoryBreakdown]:
+    """One breakdown per pipeline rank, under `schedule` (default: the layout's own; pass the
+    one the plan was built with rather than building it again)."""
+    if schedule is None:
+        schedule = layout_schedule(layout)
     return [pp_rank_memory(model, layout, r, schedule[r]) for r in range(layout.pp)]
 
 

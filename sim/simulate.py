@@ -16,6 +16,7 @@ from sim.memory import memory_by_pp_rank
 from sim.metrics import StepSummary, summarize
 from sim.replay import Progress, StepTimes, replay
 from traces.ops import Trace
+from traces.pipeline import layout_schedule
 from traces.plan import build
 
 GiB = 2**30
@@ -25,12 +26,13 @@ def predict(exp: Experiment, *, fold: bool = True,
             progress: Progress | None = None) -> tuple[StepSummary, StepTimes]:
     """Simulate one step of `exp`; with `fold`, one rank per pipeline stage stands for all."""
     ranks = exp.layout.representatives() if fold else None
-    built = build(exp.model, exp.layout, ranks=ranks)
+    schedule = layout_schedule(exp.layout)  # once: the plan and the memory model run it
+    built = build(exp.model, exp.layout, ranks=ranks, schedule=schedule)
     plan = Trace(built.ops, {**built.meta, "experiment": exp.name, "cluster": exp.cluster.name,
                              "network": exp.network})
     times = replay(plan, exp.cluster, ComputeModel(exp.cluster.accelerator, exp.profile),
                      network=exp.network, algo=exp.algo, progress=progress)
-    memory = memory_by_pp_rank(exp.model, exp.layout)
+    memory = memory_by_pp_rank(exp.model, exp.layout, schedule)
     return summarize(exp.model, exp.layout, exp.cluster, times, memory), times
 
 

@@ -39,7 +39,6 @@ from sim.calibrate.command import (
 )
 from sim.collective_table import parse_sizes
 from sim.config import Experiment, example_path, load_experiment
-from sim.memory import memory_by_pp_rank
 from sim.profile import Profile
 from sim.provenance import file_sha256, provenance
 from sim.replay import StepTimes
@@ -166,9 +165,9 @@ def validate(exp: Experiment, *, steps: int = 3, warmup: int = 1, timeout: float
         notes = report.unidentified
         exp = _with_profile(exp, profile)
     measured, step_times, peaks = _run(exp, steps, warmup, timeout, keep, backend)
-    _, times = predict(exp, fold=False)
+    summary, times = predict(exp, fold=False)
     comparison = compare(measured, times.timed_trace())
-    stages = memory_by_pp_rank(exp.model, exp.layout)
+    stages = summary.memory_by_pp_rank
     predicted_peaks = {r: stages[exp.layout.coords(r).pp].total_bytes
                        for r in range(exp.layout.world)}
     return Validation(exp=exp, measured=measured, predicted=times, comparison=comparison,

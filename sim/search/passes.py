@@ -27,7 +27,7 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from traces.layout import Axis, Layout, Schedule
+from traces.layout import Axis, Layout, Recompute, Schedule
 from traces.model import ModelSpec
 from traces.ops import Op, OpKind, Phase, Stream
 from traces.plan import build
@@ -44,7 +44,7 @@ class PassKey:
     tp: int
     sp: bool
     micro_batch: int
-    recompute: str
+    recompute: Recompute
     zero: int
     """The ZeRO stage, 0 where there is no data parallelism (the plan adds nothing then)."""
     has_dp: bool
@@ -57,7 +57,7 @@ class PassKey:
     @staticmethod
     def of(layout: Layout) -> PassKey:
         return PassKey(tp=layout.tp, sp=layout.sp, micro_batch=layout.micro_batch,
-                       recompute=str(layout.recompute),
+                       recompute=layout.recompute,
                        zero=layout.zero if layout.dp > 1 else 0, has_dp=layout.dp > 1,
                        fp32_main_grads=layout.fp32_main_grads,
                        overlap_grad_reduce=layout.overlap_grad_reduce,

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from traces.layout import Axis, Layout
 from traces.model import ModelSpec
 from traces.ops import Op, Stream
+from traces.plan.budget import OpBudget
 
 Unit = int | str
 """A unit of parameters: a layer index, or "embed" / "head"."""
@@ -47,6 +48,8 @@ class RankContext:
     model: ModelSpec
     layout: Layout
     rank: int
+    budget: OpBudget | None = None
+    """Where the passes account for the ops they add (None: no limit)."""
 
     @property
     def pp_rank(self) -> int:
