@@ -15,6 +15,7 @@ from sim.config import Experiment
 from sim.memory import memory_by_pp_rank
 from sim.metrics import StepSummary, summarize
 from sim.replay import Progress, StepTimes, replay
+from traces.layout import Recompute
 from traces.ops import Trace
 from traces.pipeline import layout_schedule
 from traces.plan import build
@@ -84,7 +85,8 @@ def summary_text(exp: Experiment, s: StepSummary) -> str:
     L = exp.layout
     layout = f"TP {L.tp} · PP {L.pp} · DP {L.dp}" + (f" · VP {L.vp}" if L.vp > 1 else "")
     extras = [x for x in (f"ZeRO-{L.zero}" if L.zero else "", "SP" if L.sp else "",
-                          f"recompute {L.recompute}" if str(L.recompute) != "none" else "") if x]
+                          f"recompute {L.recompute}" if L.recompute is not Recompute.NONE else "")
+              if x]
     devices = exp.cluster.device_words[1]
     lines = [
         f"parasim: {exp.name} on {exp.cluster.name} ({L.world} {devices}), {layout}"
