@@ -16,7 +16,7 @@ from datetime import timedelta
 import torch.distributed as dist
 
 from traces.errors import ConfigError
-from traces.layout import Layout
+from traces.layout import Axis, Layout
 from traces.ops import Stream, Trace
 
 GroupKey = tuple[str, tuple[int, ...]]
@@ -34,7 +34,8 @@ def layout_groups(layout: Layout) -> dict[str, list[tuple[int, ...]]]:
     """The groups collectives may use, by axis: TP, DP, and the tied-embedding pairs."""
     embedding = sorted({layout.embedding_group(r) for r in range(layout.world)}) \
         if layout.pp > 1 else []
-    return {"tp": layout.groups("tp"), "dp": layout.groups("dp"), "embedding": embedding}
+    return {"tp": layout.groups(Axis.TP), "dp": layout.groups(Axis.DP),
+            "embedding": embedding}
 
 
 def layout_group_keys(layout: Layout,

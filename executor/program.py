@@ -57,7 +57,7 @@ class _Lowering:
     def __init__(self, ops: tuple[Op, ...], model: ModelSpec, layout: Layout, rank: int) -> None:
         self.ops, self.model, self.layout, self.rank = ops, model, layout, rank
         self.zero = layout.zero if layout.dp > 1 else 0
-        self.flat = FlatLayout(model, layout, layout.coords(rank)["pp"])
+        self.flat = FlatLayout(model, layout, layout.coords(rank).pp)
         self.buckets = self._buckets()
 
     def fail(self, index: int, rule: str) -> ConfigError:

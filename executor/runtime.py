@@ -40,7 +40,7 @@ from executor.reference import microbatch
 from executor.sites import tp_site
 from executor.tape import ParamRef, Tape
 from traces.errors import ConfigError
-from traces.layout import Layout
+from traces.layout import Axis, Layout
 from traces.model import ModelSpec
 from traces.ops import OpKind, Phase, Stream
 
@@ -82,7 +82,7 @@ class RankRuntime:
         self.options, self.device = options, device
         self.meter = meter or MemoryMeter()
         c = layout.coords(rank)
-        self.tp_rank, self.dp_rank, self.pp_rank = c["tp"], c["dp"], c["pp"]
+        self.tp_rank, self.dp_rank, self.pp_rank = c.tp, c.dp, c.pp
         self.zero = layout.zero if layout.dp > 1 else 0
         self.dtype = DTYPES[model.dtype]
         self.flat = FlatLayout(model, layout, self.pp_rank)
@@ -100,8 +100,8 @@ class RankRuntime:
                                dp_rank=self.dp_rank, dtype=grad_dtype, device=device,
                                meter=self.meter)
         self.optimizer = AdamW(self.params.optimizer_params(), options.adamw, self.meter)
-        self.tp_key: GroupKey = (Stream.COMPUTE, layout.group(rank, "tp"))
-        self.dp_group = layout.group(rank, "dp")
+        self.tp_key: GroupKey = (Stream.COMPUTE, layout.group(rank, Axis.TP))
+        self.dp_group = layout.group(rank, Axis.DP)
         self.embedding_key: GroupKey = (Stream.DP, layout.embedding_group(rank))
         self.tapes: dict[int, Tape] = {}
         self.losses: dict[int, float] = {}

@@ -61,7 +61,7 @@ def rank_times(times: StepTimes, layout: Layout | None = None) -> list[RankTime]
         busy = _union_length(starts[is_compute], ends[is_compute])
         # |comm outside compute| = |everything| - |compute|
         exposed = _union_length(starts, ends) - busy
-        pp_rank = layout.coords(rank)["pp"] if layout else 0
+        pp_rank = layout.coords(rank).pp if layout else 0
         out.append(RankTime(rank=rank, pp_rank=pp_rank, compute_s=busy, exposed_comm_s=exposed,
                             idle_s=max(step - busy - exposed, 0.0)))
     return out

@@ -15,7 +15,9 @@ from sim.engine.replay import Progress, StepTimes, replay
 from sim.metrics import StepSummary, summarize
 from sim.models.compute import ComputeModel
 from sim.models.memory import memory_by_pp_rank
+from traces.layout import Recompute
 from traces.ops import Trace
+from traces.pipeline import layout_schedule
 from traces.plan import build
 
 GiB = 2**30
@@ -25,12 +27,13 @@ def predict(exp: Experiment, *, fold: bool = True,
             progress: Progress | None = None) -> tuple[StepSummary, StepTimes]:
     """Simulate one step of `exp`; with `fold`, one rank per pipeline stage stands for all."""
     ranks = exp.layout.representatives() if fold else None
-    built = build(exp.model, exp.layout, ranks=ranks)
+    schedule = layout_schedule(exp.layout)  # once: the plan and the memory model run it
+    built = build(exp.model, exp.layout, ranks=ranks, schedule=schedule)
     plan = Trace(built.ops, {**built.meta, "experiment": exp.name, "cluster": exp.cluster.name,
                              "network": exp.network})
     times = replay(plan, exp.cluster, ComputeModel(exp.cluster.accelerator, exp.profile),
                      network=exp.network, algo=exp.algo, progress=progress)
-    memory = memory_by_pp_rank(exp.model, exp.layout)
+    memory = memory_by_pp_rank(exp.model, exp.layout, schedule)
     return summarize(exp.model, exp.layout, exp.cluster, times, memory), times
 
 
@@ -82,7 +85,8 @@ def summary_text(exp: Experiment, s: StepSummary) -> str:
     L = exp.layout
     layout = f"TP {L.tp} · PP {L.pp} · DP {L.dp}" + (f" · VP {L.vp}" if L.vp > 1 else "")
     extras = [x for x in (f"ZeRO-{L.zero}" if L.zero else "", "SP" if L.sp else "",
-                          f"recompute {L.recompute}" if str(L.recompute) != "none" else "") if x]
+                          f"recompute {L.recompute}" if L.recompute is not Recompute.NONE else "")
+              if x]
     devices = exp.cluster.device_words[1]
     lines = [
         f"parasim: {exp.name} on {exp.cluster.name} ({L.world} {devices}), {layout}"

@@ -19,7 +19,6 @@ from typing import Any
 from sim.calibrate.microbench import run_microbenchmarks
 from sim.config import Experiment
 from sim.engine.replay import StepTimes
-from sim.models.memory import memory_by_pp_rank
 from sim.profile import Profile
 from sim.provenance import file_sha256, provenance
 from sim.simulate import predict
@@ -74,10 +73,10 @@ def validate(exp: Experiment, *, steps: int = 3, warmup: int = 1, timeout: float
         notes = report.unidentified
         exp = _with_profile(exp, profile)
     measured, step_times, peaks = _run(exp, steps, warmup, timeout, keep, backend)
-    _, times = predict(exp, fold=False)
+    summary, times = predict(exp, fold=False)
     comparison = compare(measured, times.timed_trace())
-    stages = memory_by_pp_rank(exp.model, exp.layout)
-    predicted_peaks = {r: stages[exp.layout.coords(r)["pp"]].total_bytes
+    stages = summary.memory_by_pp_rank
+    predicted_peaks = {r: stages[exp.layout.coords(r).pp].total_bytes
                        for r in range(exp.layout.world)}
     return Validation(exp=exp, measured=measured, predicted=times, comparison=comparison,
                       step_times_measured_s=step_times, peak_memory_measured_bytes=peaks,

@@ -108,10 +108,10 @@ def process_names(trace: Trace) -> dict[int, str]:
             continue
         c = layout.coords(rank)
         if fold is not None:
-            names[rank] = (f"pp {c['pp']} · rank {rank} (stands for {fold.tp * fold.dp} "
+            names[rank] = (f"pp {c.pp} · rank {rank} (stands for {fold.tp * fold.dp} "
                            f"{devices}: tp {fold.tp} × dp {fold.dp})")
         else:
-            names[rank] = f"rank {rank} (pp {c['pp']}, tp {c['tp']}, dp {c['dp']})"
+            names[rank] = f"rank {rank} (pp {c.pp}, tp {c.tp}, dp {c.dp})"
     return names
 
 

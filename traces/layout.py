@@ -1,4 +1,4 @@
-"""Parallel layout: degrees, options, Megatron rank order, groups, and the symmetry folding uses.
+"""Parallel layout: the degrees and options of `[parallel]`, their rules, Megatron's rank order.
 
 Ranks follow Megatron-LM, fastest-varying first: rank = tp + TP*(cp + CP*(dp + DP*pp)).
 With 16 ranks, TP 2, PP 4, DP 2 this gives TP groups [0,1] ... [14,15], DP groups [0,2] [1,3]
@@ -6,11 +6,13 @@ With 16 ranks, TP 2, PP 4, DP 2 this gives TP groups [0,1] ... [14,15], DP group
 
 Virtual pipeline stage k (0 <= k < PP*VP) holds layers [k*L/(PP*VP), (k+1)*L/(PP*VP)) and
 runs on pipeline rank k % PP as its model chunk k // PP.
+
+Parameter counts per rank are the model's (`ModelSpec.params_on_stages`); which shifts of
+ranks map a group onto another (folding's symmetry) is `traces.symmetry`'s.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass
 from enum import StrEnum
 from typing import Any
@@ -26,10 +28,53 @@ from traces.fields import (
 from traces.model import ModelSpec
 from traces.units import MAX_SIZE_BYTES
 
-AXES = ("tp", "cp", "dp", "pp")
 MAX_VIRTUAL_STAGES = 1024  # model chunks per pipeline rank
 MAX_BATCH = 2**24  # sequences in one step (GPT-3 used 1,536; 16 M is no real run)
 MAX_MICROBATCHES = 2**16  # per pipeline per step; GPT-3 on 1024 A100s ran 192
+
+
+class Axis(StrEnum):
+    """A parallel axis, in Megatron's rank order (fastest-varying first)."""
+
+    TP = "tp"
+    CP = "cp"
+    DP = "dp"
+    PP = "pp"
+
+
+@dataclass(frozen=True, slots=True)
+class Coords:
+    """A rank's coordinate along each axis."""
+
+    tp: int
+    cp: int
+    dp: int
+    pp: int
+
+    def along(self, axis: Axis) -> int:
+        match axis:
+            case Axis.TP:
+                return self.tp
+            case Axis.CP:
+                return self.cp
+            case Axis.DP:
+                return self.dp
+            case Axis.PP:
+                return self.pp
+        raise AssertionError(f"not an axis: {axis!r}")
+
+    def moved(self, axis: Axis, value: int) -> Coords:
+        """The same coordinates but `value` along `axis`."""
+        match axis:
+            case Axis.TP:
+                return Coords(tp=value, cp=self.cp, dp=self.dp, pp=self.pp)
+            case Axis.CP:
+                return Coords(tp=self.tp, cp=value, dp=self.dp, pp=self.pp)
+            case Axis.DP:
+                return Coords(tp=self.tp, cp=self.cp, dp=value, pp=self.pp)
+            case Axis.PP:
+                return Coords(tp=self.tp, cp=self.cp, dp=self.dp, pp=value)
+        raise AssertionError(f"not an axis: {axis!r}")
 
 
 class Schedule(StrEnum):
@@ -74,8 +119,8 @@ class Layout:
 
     def __post_init__(self) -> None:
         """The rules that need neither the model nor the cluster (see `check_layout`)."""
-        for name in ("tp", "cp", "pp", "dp"):
-            check_int(getattr(self, name), f"parallel.{name}", minimum=1,
+        for axis in (Axis.TP, Axis.CP, Axis.PP, Axis.DP):
+            check_int(self.degree(axis), f"parallel.{axis}", minimum=1,
                       maximum=MAX_ACCELERATORS)
         check_int(self.vp, "parallel.vp", minimum=1, maximum=MAX_VIRTUAL_STAGES)
         check_int(self.micro_batch, "parallel.micro_batch", minimum=1, maximum=MAX_BATCH)
@@ -146,22 +191,38 @@ class Layout:
 
     # --- ranks and groups ---------------------------------------------------------------------
 
+    def degree(self, axis: Axis) -> int:
+        """The number of ranks along `axis`."""
+        match axis:
+            case Axis.TP:
+                return self.tp
+            case Axis.CP:
+                return self.cp
+            case Axis.DP:
+                return self.dp
+            case Axis.PP:
+                return self.pp
+        raise AssertionError(f"not an axis: {axis!r}")
+
     def rank(self, tp: int = 0, cp: int = 0, dp: int = 0, pp: int = 0) -> int:
         return tp + self.tp * (cp + self.cp * (dp + self.dp * pp))
 
-    def coords(self, rank: int) -> dict[str, int]:
+    def rank_of(self, c: Coords) -> int:
+        """The rank at coordinates `c` (the inverse of `coords`)."""
+        return self.rank(c.tp, c.cp, c.dp, c.pp)
+
+    def coords(self, rank: int) -> Coords:
         tp, rest = rank % self.tp, rank // self.tp
         cp, rest = rest % self.cp, rest // self.cp
         dp, pp = rest % self.dp, rest // self.dp
-        return {"tp": tp, "cp": cp, "dp": dp, "pp": pp}
+        return Coords(tp=tp, cp=cp, dp=dp, pp=pp)
 
-    def group(self, rank: int, axis: str) -> tuple[int, ...]:
+    def group(self, rank: int, axis: Axis) -> tuple[int, ...]:
         """Ranks that share every coordinate of `rank` except `axis`."""
         c = self.coords(rank)
-        size = getattr(self, axis)
-        return tuple(self.rank(**{**c, axis: i}) for i in range(size))
+        return tuple(self.rank_of(c.moved(axis, i)) for i in range(self.degree(axis)))
 
-    def groups(self, axis: str) -> list[tuple[int, ...]]:
+    def groups(self, axis: Axis) -> list[tuple[int, ...]]:
         """All groups along `axis`, ordered by their first rank."""
         seen = {self.group(r, axis) for r in range(self.world)}
         return sorted(seen)
@@ -169,7 +230,7 @@ class Layout:
     def embedding_group(self, rank: int) -> tuple[int, ...]:
         """First and last pipeline rank holding the (tied) word embeddings."""
         c = self.coords(rank)
-        return (self.rank(**{**c, "pp": 0}), self.rank(**{**c, "pp": self.pp - 1}))
+        return (self.rank_of(c.moved(Axis.PP, 0)), self.rank_of(c.moved(Axis.PP, self.pp - 1)))
 
     def layers_of_stage(self, model: ModelSpec, stage: int) -> range:
         per = model.layers // self.num_stages
@@ -179,28 +240,7 @@ class Layout:
         """Virtual stages run by pipeline rank `pp_rank`, chunk by chunk."""
         return [chunk * self.pp + pp_rank for chunk in range(self.vp)]
 
-    def params_on_rank(self, model: ModelSpec, pp_rank: int) -> float:
-        """Parameters one GPU of pipeline rank `pp_rank` holds before ZeRO sharding: its layers,
-        the embeddings on the first stage, the output layer on the last (with tied embeddings
-        and pp > 1 Megatron keeps a copy there and all-reduces its gradient with the first
-        stage)."""
-        stages = self.stages_of_rank(pp_rank)
-        params = sum(len(self.layers_of_stage(model, s)) for s in stages) * model.layer_params(
-            self.tp)
-        if 0 in stages:
-            params += model.embedding_params(self.tp)
-        if self.num_stages - 1 in stages:
-            params += self.head_params_on_rank(model, pp_rank)
-        return params
-
-    def head_params_on_rank(self, model: ModelSpec, pp_rank: int) -> float:
-        """The output layer's parameters on the last stage's rank: just the final norm when the
-        output weights are the embedding tensor itself (tied, and first stage on this rank)."""
-        if model.tied_embeddings and 0 in self.stages_of_rank(pp_rank):
-            return 2 * model.hidden
-        return model.head_params(self.tp)
-
-    # --- symmetry: data-parallel replicas and tensor-parallel peers run the same program -------
+    # --- folding: one rank per (cp, pp) coordinate stands for its TP peers and DP replicas ---
 
     def representatives(self) -> list[int]:
         """One rank per (cp, pp) coordinate: the one with tp = dp = 0."""
@@ -208,123 +248,13 @@ class Layout:
 
     def representative(self, rank: int) -> int:
         c = self.coords(rank)
-        return self.rank(cp=c["cp"], pp=c["pp"])
-
-    def copies(self, group: tuple[int, ...]) -> list[tuple[int, ...]]:
-        """Images of `group` under every (tp, dp) shift that are other sets of ranks than it,
-        each given by the first shift (by tp shift, then dp shift) that yields it. Two shifts
-        yield the same set when they differ by a shift that maps the group onto itself, so one
-        image is built per coset of that stabilizer: O(tp·dp + images · len(group)), where
-        trying every shift would cost tp·dp · len(group) (a DP group of 2,048: 8 M shifts)."""
-        num_tp, num_dp, dp_step = self.tp, self.dp, self.tp * self.cp
-        # rank = base + t + TP·CP·d, with base the rank's (cp, pp) part: what a shift keeps
-        parts = []
-        for r in group:
-            t, d = r % num_tp, (r // dp_step) % num_dp
-            parts.append((r - t - dp_step * d, t, d))
-        cells: dict[tuple[int, int], set[int]] = {}
-        for base, t, d in parts:
-            cells.setdefault((t, d), set()).add(base)
-        names: dict[tuple[int, ...], int] = {(): 0}
-        grid = [[0] * num_dp for _ in range(num_tp)]
-        for (t, d), bases in cells.items():
-            grid[t][d] = names.setdefault(tuple(sorted(bases)), len(names))
-        stabilizer = _periods(grid)
-        taken = bytearray(num_tp * num_dp)  # shifts whose image is the group or already listed
-        images = []
-        for first in [(0, 0), *((dtp, ddp) for dtp in range(num_tp) for ddp in range(num_dp))]:
-            dtp, ddp = first
-            if taken[dtp * num_dp + ddp]:
-                continue
-            for htp, hdp in stabilizer:  # the coset of `first`: every shift giving its image
-                taken[(dtp + htp) % num_tp * num_dp + (ddp + hdp) % num_dp] = 1
-            if first != (0, 0):
-                images.append(tuple(base + (t + dtp) % num_tp + dp_step * ((d + ddp) % num_dp)
-                                    for base, t, d in parts))
-        return images
+        return self.rank(cp=c.cp, pp=c.pp)
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["schedule"], out["recompute"] = str(self.schedule), str(self.recompute)
         return out
 
-
-def _periods(grid: list[list[int]]) -> list[tuple[int, int]]:
-    """Every shift (e, u) with grid[(t + e) % A][(d + u) % B] == grid[t][d] for all t, d (the
-    periods of a labelled A x B torus), in O(A·B) for A <= B (transposed otherwise).
-
-    Row t is a rotation of its class's least rotation C: rot(row t, m_t) = C, with
-    rot(R, m)[d] = R[(d + m) % B], and m_t fixed modulo C's rotation period p. Shifting rows by
-    e and columns by u maps the grid onto itself iff row t + e is in row t's class for every t
-    and u = m_(t+e) - m_t (mod p_t) for every t: one congruence per row, joined by the Chinese
-    remainder theorem."""
-    if len(grid) > len(grid[0]):
-        columns = [list(column) for column in zip(*grid, strict=True)]
-        return [(e, u) for u, e in _periods(columns)]
-    num_rows, width = len(grid), len(grid[0])
-    classes: dict[tuple[int, ...], int] = {}
-    kind, offset, period = [], [], []
-    for row in grid:
-        m = _least_rotation(row)
-        least = tuple(row[m:] + row[:m])
-        kind.append(classes.setdefault(least, len(classes)))
-        offset.append(m)
-        period.append(_rotation_period(least))
-    found = []
-    for e in range(num_rows):
-        if any(kind[(t + e) % num_rows] != kind[t] for t in range(num_rows)):
-            continue
-        residue: int | None = 0
-        modulus = 1  # u = residue (mod modulus): every u, before the first row
-        for t in range(num_rows):
-            residue, modulus = _join(residue, modulus,
-                                     (offset[(t + e) % num_rows] - offset[t]) % period[t],
-                                     period[t])
-            if residue is None:
-                break
-        if residue is not None:
-            found += [(e, u) for u in range(residue, width, modulus)]
-    return found
-
-
-def _least_rotation(row: list[int]) -> int:
-    """The m whose rotation row[m:] + row[:m] is the least (Duval's Lyndon factorization)."""
-    doubled, n = row + row, len(row)
-    i = start = 0
-    while i < n:
-        start, j, k = i, i + 1, i
-        while j < 2 * n and doubled[k] <= doubled[j]:
-            k = i if doubled[k] < doubled[j] else k + 1
-            j += 1
-        while i <= k:
-            i += j - k
-    return start
-
-
-def _rotation_period(row: tuple[int, ...]) -> int:
-    """The least p > 0 with row rotated by p equal to row (it divides len(row)): from the
-    longest proper border (Knuth-Morris-Pratt's prefix function)."""
-    n = len(row)
-    border = [0] * n
-    for i in range(1, n):
-        k = border[i - 1]
-        while k and row[i] != row[k]:
-            k = border[k - 1]
-        border[i] = k + (row[i] == row[k])
-    p = n - border[-1]
-    return p if n % p == 0 else n
-
-
-def _join(r1: int | None, q1: int, r2: int, q2: int) -> tuple[int | None, int]:
-    """The u with u = r1 (mod q1) and u = r2 (mod q2), as (residue, modulus); None if none."""
-    if r1 is None:
-        return None, q1
-    g = math.gcd(q1, q2)
-    if (r2 - r1) % g:
-        return None, q1
-    lcm = q1 // g * q2
-    k = (r2 - r1) // g * pow(q1 // g, -1, q2 // g) % (q2 // g) if q2 // g > 1 else 0
-    return (r1 + q1 * k) % lcm, lcm
 
 
 def check_layout(model: ModelSpec, layout: Layout, *, world: int | None = None,

@@ -18,6 +18,7 @@ and HBM bytes the plan carries are in `traces.kernels`; they add up to these for
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from traces.errors import ConfigError, show
@@ -96,6 +97,27 @@ class ModelSpec:
     def head_params(self, tp: int = 1) -> float:
         """Final layer norm plus the output projection (a copy of the embedding when tied)."""
         return 2 * self.hidden + self.vocab * self.hidden / tp
+
+    def params_on_stages(self, stages: Sequence[int], num_stages: int, tp: int) -> float:
+        """Parameters one GPU holds before ZeRO sharding when it runs virtual stages `stages`
+        of `num_stages` at tensor parallelism `tp`: their layers, the embeddings with stage 0,
+        the output layer with the last stage (with tied embeddings on another GPU, Megatron
+        keeps a copy there and all-reduces its gradient with the first stage)."""
+        per_stage = self.layers // num_stages
+        params = len(stages) * per_stage * self.layer_params(tp)
+        if 0 in stages:
+            params += self.embedding_params(tp)
+        if num_stages - 1 in stages:
+            params += self.head_params_on_stages(stages, tp)
+        return params
+
+    def head_params_on_stages(self, stages: Sequence[int], tp: int) -> float:
+        """The output layer's parameters on the GPU running the last stage among `stages`:
+        just the final norm when the output weights are the embedding tensor itself (tied,
+        and stage 0 on the same GPU)."""
+        if self.tied_embeddings and 0 in stages:
+            return 2 * self.hidden
+        return self.head_params(tp)
 
     def num_params(self) -> float:
         """All distinct parameters (a tied output layer counted once)."""

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from traces.errors import ConfigError
+from traces.layout import Layout
 
 _ACTION = re.compile(r"^(\d+)([FB])(\d+)$")
 
@@ -103,6 +104,11 @@ def build_schedule(name: str, pp: int, m: int, vp: int = 1) -> ActionSchedule:
         raise ConfigError(f"parallel.schedule: {name!r} is not gpipe, 1f1b or interleaved")
     validate(schedule, pp, m, vp)
     return schedule
+
+
+def layout_schedule(layout: Layout) -> ActionSchedule:
+    """The layout's own schedule, validated: what the plan builder and the memory model run."""
+    return build_schedule(layout.schedule, layout.pp, layout.num_microbatches, layout.vp)
 
 
 def format_schedule(schedule: ActionSchedule, mark: tuple[int, int] | None = None) -> str:

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from sim.collectives import Collectives
 from sim.engine.flows import FlowSet, Lowering
 from topology.cluster import Cluster
+from traces import symmetry
 from traces.errors import ConfigError
 from traces.io import check_transfer_sizes
 from traces.layout import Layout
@@ -276,10 +277,10 @@ def _lower(keys: list[CommKey], cluster: Cluster, collectives: Collectives,
         if key.measured:
             copies = []
         elif isinstance(key, TransferKey):
-            copies = [collectives.p2p(*pair) for pair in fold.copies((key.src, key.dst))]
+            copies = [collectives.p2p(*pair) for pair in symmetry.copies(fold, (key.src, key.dst))]
         else:
             copies = []
-            for group in fold.copies(key.group):
+            for group in symmetry.copies(fold, key.group):
                 copy = collectives.lowering(key.kind, group, name)
                 assert copy is not None, f"{name} applies to a group but not to its copy {group}"
                 copies.append(copy)

@@ -18,7 +18,7 @@ variance: K = 4 + 4 + 4 = 12). ZeRO shards them over the N data-parallel ranks:
 virtual stages k = chunk * pp + r, times `model.layer_params(t)`; plus `embedding_params(t)`
 where virtual stage 0 lives; plus `head_params(t)` where the last virtual stage lives (with tied
 embeddings and pp > 1 Megatron keeps a copy of the word embeddings there, so they count there
-too; with pp = 1 they are one tensor). See `Layout.params_on_rank`.
+too; with pp = 1 they are one tensor). See `ModelSpec.params_on_stages`.
 
 Activations of one transformer layer for one micro-batch (Korthikanti et al. 2022, "Reducing
 Activation Recomputation in Large Transformer Models", §4 and Table 2; the seeds' formula). The
@@ -55,7 +55,7 @@ from dataclasses import dataclass
 from traces.errors import ConfigError
 from traces.layout import Layout, Recompute
 from traces.model import ModelSpec
-from traces.pipeline import Action, build_schedule
+from traces.pipeline import Action, ActionSchedule, layout_schedule
 
 OPTIMIZER_STATE_BYTES = 12
 """fp32 master weights, momentum and variance: 4 + 4 + 4 (ZeRO's K)."""
@@ -163,7 +163,8 @@ def pp_rank_memory(model: ModelSpec, layout: Layout, pp_rank: int,
     if not 0 <= pp_rank < layout.pp:
         raise ConfigError(f"pipeline rank {pp_rank} is outside 0..{layout.pp - 1}")
     params, grads, optimizer = model_state_bytes(
-        layout.params_on_rank(model, pp_rank), layout.dp, layout.zero,
+        model.params_on_stages(layout.stages_of_rank(pp_rank), layout.num_stages, layout.tp),
+        layout.dp, layout.zero,
         param_bytes=model.dtype_bytes,
         grad_bytes=4 if layout.fp32_main_grads else model.dtype_bytes)
     layers_per_stage = model.layers // layout.num_stages
@@ -174,9 +175,12 @@ def pp_rank_memory(model: ModelSpec, layout: Layout, pp_rank: int,
                            working_bytes=working_bytes(model, layout, pp_rank))
 
 
-def memory_by_pp_rank(model: ModelSpec, layout: Layout) -> list[MemoryBreakdown]:
-    """One breakdown per pipeline rank, under the layout's own schedule."""
-    schedule = build_schedule(str(layout.schedule), layout.pp, layout.num_microbatches, layout.vp)
+def memory_by_pp_rank(model: ModelSpec, layout: Layout,
+                      schedule: ActionSchedule | None = None) -> list[MemoryBreakdown]:
+    """One breakdown per pipeline rank, under `schedule` (default: the layout's own; pass the
+    one the plan was built with rather than building it again)."""
+    if schedule is None:
+        schedule = layout_schedule(layout)
     return [pp_rank_memory(model, layout, r, schedule[r]) for r in range(layout.pp)]
 
 

@@ -76,7 +76,7 @@ def lanes_view(times: StepTimes, rank_lanes: dict[int, list[Lane]], ranks: list[
 
 
 def _row_label(words: Words, lane: Lane) -> str:
-    where = (f"pp {words.layout.coords(lane.rank)['pp']} r{lane.rank}" if words.layout
+    where = (f"pp {words.layout.coords(lane.rank).pp} r{lane.rank}" if words.layout
              else f"r{lane.rank}")
     return f"{where} · {lane.name}"
 

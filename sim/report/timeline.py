@@ -158,7 +158,7 @@ def pipeline_passes(times: StepTimes, rank: int, cols: RankOps | None = None) ->
     end = np.maximum.reduceat(ends, first)
     pass_stage = np.maximum.reduceat(stage, first)
     counts = np.diff(np.append(first, len(idx)))
-    stages = layout.stages_of_rank(layout.coords(rank)["pp"]) if layout is not None else None
+    stages = layout.stages_of_rank(layout.coords(rank).pp) if layout is not None else None
     passes = []
     for j, i in enumerate(first):
         k = ("F", "B", "O")[kind[i]]
@@ -311,7 +311,7 @@ def present_pp_ranks(times: StepTimes) -> dict[int, int]:
         return {0: times.plan.ranks[0]}
     lowest: dict[int, int] = {}
     for rank in times.plan.ranks:  # ascending: the first seen per stage is the lowest
-        lowest.setdefault(layout.coords(rank)["pp"], rank)
+        lowest.setdefault(layout.coords(rank).pp, rank)
     return dict(sorted(lowest.items()))
 
 
@@ -334,7 +334,7 @@ def annotate(trace: Trace, times: StepTimes, model: ModelSpec, layout: Layout,
     memory = {}
     for rank in times.plan.ranks:
         passes = pipeline_passes(times, rank)
-        points = memory_timeline(model, layout, layout.coords(rank)["pp"], timed_actions(passes))
+        points = memory_timeline(model, layout, layout.coords(rank).pp, timed_actions(passes))
         # a later point at the same time supersedes an earlier one on a step curve
         memory[str(rank)] = [[t, b] for (t, b), nxt in zip(points, [*points[1:], None])
                              if nxt is None or nxt[0] != t]

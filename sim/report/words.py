@@ -34,7 +34,7 @@ class Words:
 
     def row(self, rank: int) -> str:
         """A row label: 'pp 3 · r192 · 64 GPUs' (folded), 'pp 3 · r192' (not folded)."""
-        head = f"pp {self.layout.coords(rank)['pp']} · r{rank}" if self.layout else f"r{rank}"
+        head = f"pp {self.layout.coords(rank).pp} · r{rank}" if self.layout else f"r{rank}"
         return f"{head} · {self.count(self.stands_for)}" if self.stands_for > 1 else head
 
 

@@ -66,7 +66,7 @@ from sim.search.passes import (
     pass_ops,
 )
 from topology.cluster import Cluster
-from traces.layout import Layout
+from traces.layout import Axis, Layout, Schedule
 from traces.model import ModelSpec
 from traces.ops import Op, OpKind
 from traces.pipeline import Action, ActionSchedule, gpipe, interleaved, one_f_one_b
@@ -128,7 +128,7 @@ class Analytic:
         self._passes: dict[PassKey, PassOps] = {}
         self._units: dict[tuple[PassKey, int, int], tuple[_UnitTime, _UnitTime, _UnitTime]] = {}
         self._comm: dict[tuple[OpKind, tuple[int, ...], float], float] = {}
-        self._peaks: dict[tuple[str, int, int, int], tuple[int, ...]] = {}
+        self._peaks: dict[tuple[Schedule, int, int, int], tuple[int, ...]] = {}
         self._groups: dict[tuple[int, int, int, str], tuple[int, ...]] = {}
         self._bucket_sizes: dict[tuple[int, int, int, int, bool, int], list[float]] = {}
 
@@ -176,11 +176,20 @@ class Analytic:
                         peak_memory_bytes=peak,
                         fits=peak <= self.cluster.accelerator.memory_bytes)
 
+    def plan_ops(self, layout: Layout) -> int:
+        """The ops of `layout`'s folded plan to first order (to send the biggest simulations
+        first): every micro-batch through every layer, one layer's ops as the plan builder
+        makes them (its reduced plan)."""
+        layer = self._pass_ops(layout).layer
+        per_layer = sum(map(len, (layer.compute_fwd, layer.compute_bwd, layer.side_fwd,
+                                  layer.side_bwd)))
+        return layout.num_microbatches * self.model.layers * per_layer
+
     def _end_of_step(self, layout: Layout, ops: PassOps, r: int, last_backward: float,
                      microbatch: float) -> tuple[float, float]:
         """(seconds rank r spends after its last backward, of which the optimizer's kernel):
         exposed gradient reduction, tied-embedding all-reduce, optimizer, parameter gather."""
-        params = layout.params_on_rank(self.model, r)
+        params = self.model.params_on_stages(layout.stages_of_rank(r), layout.num_stages, layout.tp)
         shard = layout.dp if layout.zero >= 1 else 1
         optimizer = self.compute.kernel_time("optimizer", 0.0,
                                              params / shard * ops.optimizer_bytes_per_param)
@@ -230,7 +239,7 @@ class Analytic:
 
     def _in_flight(self, layout: Layout) -> tuple[int, ...]:
         """Micro-batches each pipeline rank holds at its peak under the layout's schedule."""
-        key = (str(layout.schedule), layout.pp, layout.num_microbatches, layout.vp)
+        key = (layout.schedule, layout.pp, layout.num_microbatches, layout.vp)
         peaks = self._peaks.get(key)
         if peaks is None:
             schedule = _GENERATORS[key[0]](*key[1:])
@@ -250,7 +259,7 @@ class Analytic:
         group = self._groups.get(key)
         if group is None:
             group = self._groups[key] = (layout.embedding_group(0) if axis == "embedding"
-                                         else layout.group(0, axis))
+                                         else layout.group(0, Axis(axis)))
         return group
 
     # --- costs of ops --------------------------------------------------------------------------
@@ -310,10 +319,10 @@ class Analytic:
 
 # `traces.pipeline.build_schedule` without its deadlock check, which costs more than the rest
 # of an estimate: the same generators; the simulation validates every plan it runs.
-_GENERATORS: dict[str, Callable[[int, int, int], ActionSchedule]] = {
-    "gpipe": lambda pp, m, vp: gpipe(pp, m),
-    "1f1b": lambda pp, m, vp: one_f_one_b(pp, m),
-    "interleaved": lambda pp, m, vp: interleaved(pp, vp, m),
+_GENERATORS: dict[Schedule, Callable[[int, int, int], ActionSchedule]] = {
+    Schedule.GPIPE: lambda pp, m, vp: gpipe(pp, m),
+    Schedule.ONE_F_ONE_B: lambda pp, m, vp: one_f_one_b(pp, m),
+    Schedule.INTERLEAVED: lambda pp, m, vp: interleaved(pp, vp, m),
 }
 
 

@@ -27,7 +27,7 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from traces.layout import Layout, Schedule
+from traces.layout import Axis, Layout, Recompute, Schedule
 from traces.model import ModelSpec
 from traces.ops import Op, OpKind, Phase, Stream
 from traces.plan import build
@@ -44,7 +44,7 @@ class PassKey:
     tp: int
     sp: bool
     micro_batch: int
-    recompute: str
+    recompute: Recompute
     zero: int
     """The ZeRO stage, 0 where there is no data parallelism (the plan adds nothing then)."""
     has_dp: bool
@@ -57,7 +57,7 @@ class PassKey:
     @staticmethod
     def of(layout: Layout) -> PassKey:
         return PassKey(tp=layout.tp, sp=layout.sp, micro_batch=layout.micro_batch,
-                       recompute=str(layout.recompute),
+                       recompute=layout.recompute,
                        zero=layout.zero if layout.dp > 1 else 0, has_dp=layout.dp > 1,
                        fp32_main_grads=layout.fp32_main_grads,
                        overlap_grad_reduce=layout.overlap_grad_reduce,
@@ -139,7 +139,8 @@ def pass_ops(model: ModelSpec, layout: Layout) -> PassOps:
     sends = [op.size_bytes for op in first_ops if op.kind is OpKind.SEND]
     grads = [op for op in first_ops if op.stream == Stream.DP and op.name == "grads"]
     optimizer = next(op for op in first_ops if op.phase is Phase.OPT and op.name == "optimizer")
-    params = small.params_on_rank(reduced_model, 0) / (small.dp if small.zero >= 1 else 1)
+    params = reduced_model.params_on_stages(small.stages_of_rank(0), small.num_stages,
+                                           small.tp) / (small.dp if small.zero >= 1 else 1)
     return PassOps(
         layer=layer, first=first, last=last,
         send_bytes=sends[0] if sends else 0.0,
@@ -224,7 +225,7 @@ def _axis(small: Layout, rank: int, op: Op) -> str:
     """The axis of the reduced layout a collective of `rank` runs over; "" for compute."""
     if op.kind is OpKind.COMPUTE:
         return ""
-    for axis in ("tp", "dp"):
+    for axis in (Axis.TP, Axis.DP):
         if op.group == small.group(rank, axis):
             return axis
     assert op.group == small.embedding_group(rank), f"{op.name} on {op.group}"

@@ -14,7 +14,7 @@ discrete-event simulation of the best K.
 2. Simulate: the best K, plus the seeds' rule-of-thumb layout (`sim.search.rule`) when it is
    not among them, each by `sim.simulate.predict`, the same run `parasim simulate` makes;
    ranked by (simulated step time, layout key). Longest simulations are sent first (plan size
-   by `traces.plan.count_ops`), so two workers finish together.
+   by `Analytic.plan_ops`), so two workers finish together.
 
 Results are identical and identically ordered whatever the engine or worker count: each task
 is a pure function of its inputs, and every order is a sort on values with the layout as the
@@ -39,7 +39,6 @@ from sim.search.space import MEMORY_REASON, layout_key, reason_of, validate
 from sim.simulate import predict
 from traces.errors import ConfigError
 from traces.layout import Layout
-from traces.plan import count_ops
 
 DEFAULT_TOP = 16
 MAX_TOP = 4096
@@ -234,8 +233,7 @@ def _screen(engine: Engine, problem: Problem, tables: list[dict[str, Any]],
 def _simulate(engine: Engine, problem: Problem, layouts: list[Layout], ctx: Any,
               progress: Progress | None) -> list[tuple[Layout, Simulated]]:
     """Simulate `layouts`, the biggest plans first (the list's order does not matter)."""
-    model = ctx.base.model
-    order = sorted(layouts, key=lambda lay: (-count_ops(model, lay, lay.pp), layout_key(lay)))
+    order = sorted(layouts, key=lambda lay: (-ctx.analytic.plan_ops(lay), layout_key(lay)))
     count, best = 0, math.inf
 
     def done(_: int, sim: Simulated) -> None:

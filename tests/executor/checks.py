@@ -31,8 +31,8 @@ def expected_flat(model: ModelSpec, layout: Layout, rank: int,
                   tensors: dict[tuple[str, str], torch.Tensor]) -> torch.Tensor:
     """Full reference tensors cut to one rank's TP shards, in its flat order."""
     c = layout.coords(rank)
-    flat = FlatLayout(model, layout, c["pp"])
-    parts = [tp_shard(model, s.name, tensors[ref_key(model, u, s.name)], layout.tp, c["tp"])
+    flat = FlatLayout(model, layout, c.pp)
+    parts = [tp_shard(model, s.name, tensors[ref_key(model, u, s.name)], layout.tp, c.tp)
              .reshape(-1) for u in flat.units for s in flat.specs[u]]
     return torch.cat(parts)
 
@@ -43,8 +43,8 @@ def check_training(model: ModelSpec, layout: Layout, results: list[dict[str, Any
     parameters of every rank equal the reference's; returns the largest deviations seen."""
     worst = {"loss": 0.0, "grad": 0.0, "param": 0.0}
     for step, ref_loss in enumerate(run.losses):
-        values = [v for res in results if res["coords"]["pp"] == layout.pp - 1
-                  and res["coords"]["tp"] == 0 for v in res["losses"][step].values()]
+        values = [v for res in results if res["coords"].pp == layout.pp - 1
+                  and res["coords"].tp == 0 for v in res["losses"][step].values()]
         assert len(values) == layout.dp * layout.num_microbatches
         loss = statistics.fmean(values)
         worst["loss"] = max(worst["loss"], abs(loss - ref_loss) / ref_loss)
@@ -55,7 +55,7 @@ def check_training(model: ModelSpec, layout: Layout, results: list[dict[str, Any
             torch.testing.assert_close(got, grads[lo:hi], rtol=GRAD_RTOL, atol=GRAD_ATOL,
                                        msg=f"rank {rank} gradients [{lo}, {hi})")
             worst["grad"] = max(worst["grad"], float((got - grads[lo:hi]).abs().max()))
-        tp_rank = res["coords"]["tp"]
+        tp_rank = res["coords"].tp
         for unit, tensors in res["params"].items():
             for name, got in tensors.items():
                 want = tp_shard(model, name, run.params[ref_key(model, unit, name)],

@@ -12,7 +12,7 @@ from executor.kernels import FIRST_STAGE, LAST_STAGE, LAYER_FLASH, LAYER_UNFUSED
 from executor.params import EMBED, HEAD, layer_unit
 from executor.runtime import RankRuntime
 from executor.sites import tp_site
-from traces.layout import Recompute
+from traces.layout import Axis, Recompute
 from traces.ops import Phase, Stream
 
 CORE = {"flash_attn", "qk", "softmax", "attn_dropout", "av"}
@@ -71,7 +71,8 @@ class Step:
         return losses
 
     def peer(self, stage: int) -> int:
-        return self.rt.layout.rank(**{**self.rt.layout.coords(self.rt.rank), "pp": stage})
+        coords = self.rt.layout.coords(self.rt.rank)
+        return self.rt.layout.rank_of(coords.moved(Axis.PP, stage))
 
     def gather(self, unit: str) -> None:
         if self.zero3:

@@ -26,12 +26,13 @@ def test_unit_counts_equal_the_model_arithmetic(tp: int, pp: int, tied: bool) ->
     layout = Layout(tp=tp, pp=pp)
     for pp_rank in range(pp):
         flat = FlatLayout(model, layout, pp_rank)
+        stages = layout.stages_of_rank(pp_rank)
         for unit in flat.units:
             want = (model.embedding_params(tp) if unit == EMBED else
-                    layout.head_params_on_rank(model, pp_rank) if unit == HEAD else
+                    model.head_params_on_stages(stages, tp) if unit == HEAD else
                     model.layer_params(tp))
             assert unit_numel(model, layout, unit, pp_rank) == want, unit
-        assert flat.total == layout.params_on_rank(model, pp_rank)
+        assert flat.total == model.params_on_stages(stages, layout.num_stages, tp)
 
 
 def test_units_in_backward_order_over_virtual_stages() -> None:
@@ -81,7 +82,7 @@ def _plan_bucket_sizes(model: ModelSpec, layout: Layout, rank: int) -> list[floa
 ], ids=["ddp", "zero1", "zero2-per-unit", "interleaved"])
 def test_rule_buckets_equal_the_plan_builders(layout: Layout) -> None:
     for rank in range(layout.world):
-        pp_rank = layout.coords(rank)["pp"]
+        pp_rank = layout.coords(rank).pp
         flat = FlatLayout(MODEL, layout, pp_rank)
         ours = [b.numel * 4 for b in rule_buckets(flat)]
         assert ours == _plan_bucket_sizes(MODEL, layout, rank)

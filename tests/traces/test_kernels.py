@@ -170,7 +170,8 @@ def test_the_plans_optimizer_op_moves_those_bytes_for_its_shard():
     model = ModelSpec(layers=2, hidden=64, heads=4, seq_len=32, vocab=128, dtype="fp16")
     layout = Layout(dp=2, zero=1, global_batch=2)
     step = next(op for op in build(model, layout).ops[0] if op.name == "optimizer")
-    assert step.mem_bytes == layout.params_on_rank(model, 0) / 2 * 54
+    assert step.mem_bytes == model.params_on_stages(layout.stages_of_rank(0), layout.num_stages,
+                                                    layout.tp) / 2 * 54
 
 
 def test_softmax_falls_back_to_pytorchs_fp32_path_where_the_fused_kernel_does_not_apply():

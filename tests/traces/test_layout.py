@@ -1,13 +1,12 @@
-"""Rank layout: Megatron order, the seed's 16-rank groups, folding symmetry, every rule."""
+"""Rank layout: Megatron order, the seed's 16-rank groups, axes and coordinates, every rule."""
 
-import random
+import dataclasses
 import re
-import time
 
 import pytest
 
 from traces.errors import ConfigError
-from traces.layout import Layout, check_layout
+from traces.layout import Axis, Coords, Layout, check_layout
 from traces.model import ModelSpec
 
 MODEL = ModelSpec(layers=16, hidden=1024, heads=16, seq_len=512, vocab=32000)
@@ -15,19 +14,43 @@ MODEL = ModelSpec(layers=16, hidden=1024, heads=16, seq_len=512, vocab=32000)
 
 def test_seed_002_groups_for_16_ranks_tp2_pp4_dp2():
     layout = Layout(tp=2, pp=4, dp=2, global_batch=8)
-    assert layout.groups("tp") == [(0, 1), (2, 3), (4, 5), (6, 7), (8, 9), (10, 11), (12, 13),
+    assert layout.groups(Axis.TP) == [(0, 1), (2, 3), (4, 5), (6, 7), (8, 9), (10, 11), (12, 13),
                                    (14, 15)]
-    assert layout.groups("dp") == [(0, 2), (1, 3), (4, 6), (5, 7), (8, 10), (9, 11), (12, 14),
+    assert layout.groups(Axis.DP) == [(0, 2), (1, 3), (4, 6), (5, 7), (8, 10), (9, 11), (12, 14),
                                    (13, 15)]
-    assert layout.groups("pp") == [(0, 4, 8, 12), (1, 5, 9, 13), (2, 6, 10, 14), (3, 7, 11, 15)]
+    assert layout.groups(Axis.PP) == [(0, 4, 8, 12), (1, 5, 9, 13), (2, 6, 10, 14), (3, 7, 11, 15)]
 
 
 def test_rank_is_tp_plus_tp_times_cp_dp_pp():
     layout = Layout(tp=4, pp=3, dp=5, global_batch=5)
     for rank in range(layout.world):
         c = layout.coords(rank)
-        assert rank == c["tp"] + 4 * (c["cp"] + 1 * (c["dp"] + 5 * c["pp"]))
-        assert layout.rank(**c) == rank
+        assert rank == c.tp + 4 * (c.cp + 1 * (c.dp + 5 * c.pp))
+        assert layout.rank_of(c) == rank
+        assert layout.rank(tp=c.tp, cp=c.cp, dp=c.dp, pp=c.pp) == rank
+
+
+def test_axes_are_an_enum_in_megatron_order_and_coords_a_frozen_value():
+    assert list(Axis) == ["tp", "cp", "dp", "pp"]
+    layout = Layout(tp=2, pp=3, dp=4, global_batch=4)
+    c = layout.coords(19)  # 19 = 1 + 2 * (1 + 4 * 2)
+    assert c == Coords(tp=1, cp=0, dp=1, pp=2)
+    assert [c.along(axis) for axis in Axis] == [1, 0, 1, 2]
+    assert [layout.degree(axis) for axis in Axis] == [2, 1, 4, 3]
+    assert c.moved(Axis.PP, 0) == Coords(tp=1, cp=0, dp=1, pp=0)
+    assert c.moved(Axis.TP, 0) == Coords(tp=0, cp=0, dp=1, pp=2)
+    assert c.moved(Axis.DP, 3) == Coords(tp=1, cp=0, dp=3, pp=2)
+    assert c.moved(Axis.CP, 0) == c
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        c.pp = 0  # type: ignore[misc]
+    # every group along an axis varies that coordinate only, through its whole range
+    for axis in Axis:
+        group = layout.group(19, axis)
+        assert [layout.coords(r).along(axis) for r in group] == list(range(layout.degree(axis)))
+        assert {layout.coords(r).moved(axis, 0) for r in group} == {c.moved(axis, 0)}
+    assert layout.group(19, Axis.DP) == (17, 19, 21, 23)
+    assert layout.group(19, Axis.PP) == (3, 11, 19)
+    assert layout.embedding_group(19) == (3, 19)
 
 
 def test_virtual_stages_interleave_over_pipeline_ranks():
@@ -37,13 +60,10 @@ def test_virtual_stages_interleave_over_pipeline_ranks():
     assert [list(layout.layers_of_stage(MODEL, s)) for s in (0, 4)] == [[0, 1], [8, 9]]
 
 
-def test_representatives_and_their_copies():
+def test_representatives_are_one_rank_per_pipeline_rank():
     layout = Layout(tp=2, pp=4, dp=2, global_batch=8)
     assert layout.representatives() == [0, 4, 8, 12]
     assert layout.representative(15) == 12
-    assert layout.copies((0, 1)) == [(2, 3)]  # the TP group's image in the other replica
-    assert layout.copies((0, 2)) == [(1, 3)]  # the DP group's image for the other TP rank
-    assert sorted(layout.copies((0, 4))) == [(1, 5), (2, 6), (3, 7)]  # a pipeline pair
 
 
 def _match(message: str) -> str:
@@ -119,66 +139,3 @@ def test_tp_groups_straddling_nodes_only_give_a_note():
     assert len(notes) == 1 and "some TP groups cross nodes" in notes[0]
     assert check_layout(model, Layout(tp=2, dp=6, global_batch=6), world=12,
                         devices_per_server=8) == ()
-
-
-def test_params_on_rank_add_up_to_the_model():
-    layout = Layout(tp=1, pp=4, dp=1, global_batch=4)
-    total = sum(layout.params_on_rank(MODEL, r) for r in range(4))
-    # the last stage keeps its own copy of the tied word embeddings (Megatron, pp > 1)
-    assert total == MODEL.num_params() + MODEL.vocab * MODEL.hidden
-    single = Layout(global_batch=1)
-    assert single.params_on_rank(MODEL, 0) == MODEL.num_params()  # pp = 1: one tensor
-
-
-def _copies_by_every_shift(layout: Layout, group: tuple[int, ...]) -> list[tuple[int, ...]]:
-    """The definition `Layout.copies` computes by its stabilizer: try all tp x dp shifts."""
-    def shift(rank: int, dtp: int, ddp: int) -> int:
-        c = layout.coords(rank)
-        return layout.rank(tp=(c["tp"] + dtp) % layout.tp, cp=c["cp"],
-                           dp=(c["dp"] + ddp) % layout.dp, pp=c["pp"])
-
-    images, seen = [], {frozenset(group)}
-    for dtp in range(layout.tp):
-        for ddp in range(layout.dp):
-            image = tuple(shift(r, dtp, ddp) for r in group)
-            if frozenset(image) not in seen:
-                seen.add(frozenset(image))
-                images.append(image)
-    return images
-
-
-def _groups(layout: Layout, rng: random.Random) -> list[tuple[int, ...]]:
-    """The plan's groups, random sets, and random sets made symmetric under a random shift
-    (so the stabilizer is neither everything nor nothing), some reaching past the world."""
-    w = layout.world
-    groups = [g for axis in ("tp", "dp", "pp") for g in layout.groups(axis)]
-    groups += [layout.embedding_group(r) for r in layout.representatives()]
-    for _ in range(12):
-        groups.append(tuple(rng.sample(range(w + 4), rng.randint(1, min(w, 9)))))
-        seed = set(rng.sample(range(w), rng.randint(1, min(w, 4))))
-        dtp, ddp = rng.randrange(layout.tp), rng.randrange(layout.dp)
-        for _ in range(layout.tp * layout.dp):  # close the set under the shift
-            seed |= {layout.rank(tp=(c["tp"] + dtp) % layout.tp, dp=(c["dp"] + ddp) % layout.dp,
-                                 pp=c["pp"]) for c in map(layout.coords, seed)}
-        groups.append(tuple(rng.sample(sorted(seed), len(seed))))
-    return groups
-
-
-@pytest.mark.parametrize("tp", [1, 2, 3, 4, 6])
-@pytest.mark.parametrize("dp", [1, 2, 4, 6, 8])
-@pytest.mark.parametrize("pp", [1, 3])
-def test_copies_equal_the_images_under_every_shift(tp, dp, pp):
-    layout = Layout(tp=tp, dp=dp, pp=pp, global_batch=dp)
-    rng = random.Random(tp * 100 + dp * 10 + pp)
-    for group in _groups(layout, rng):
-        assert layout.copies(group) == _copies_by_every_shift(layout, group), group
-
-
-def test_copies_of_a_2048_way_dp_group_take_one_image_per_tp_shift():
-    layout = Layout(tp=2, pp=2, dp=2048, global_batch=2048)
-    group = layout.group(0, "dp")
-    start = time.perf_counter()
-    images = layout.copies(group)
-    assert time.perf_counter() - start < 1.0  # every shift: 8 M of them, 40 s
-    assert images == [tuple(r + 1 for r in group)]
-    assert len(layout.copies(layout.group(0, "tp"))) == 2047

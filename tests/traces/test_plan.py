@@ -1,14 +1,16 @@
 """The plan builder: communication volumes (seed 002 §4.3.1), FLOPs, matching, folding."""
 
+import dataclasses
+import time
 from collections import Counter
 
 import pytest
 
 from sim.collectives.base import busbw_factor
-from traces.layout import Layout, check_layout
+from traces.layout import Axis, Layout, check_layout
 from traces.model import ModelSpec, megatron_step_flops
 from traces.ops import OpKind, Phase
-from traces.plan import build
+from traces.plan import build, plan_size
 from traces.plan.meta import read_fold
 
 MODEL = ModelSpec(layers=8, hidden=256, heads=8, seq_len=128, vocab=1024)
@@ -94,7 +96,7 @@ def test_pipeline_messages_are_b_s_h_divided_by_tp_and_gathered_without_sp(sp):
             assert gathers == [i + 1]
             gather = ops[i + 1]
             assert (gather.kind, gather.stream, gather.size_bytes, gather.group) == (
-                OpKind.ALL_GATHER, "compute", full, layout.group(rank, "tp"))
+                OpKind.ALL_GATHER, "compute", full, layout.group(rank, Axis.TP))
             assert gather.phase is (Phase.FWD if ops[i].tag == "act" else Phase.BWD)
             assert gather.microbatch == ops[i].microbatch and gather.layer is None
             first_kernel = next(j for j in range(i + 2, len(ops)) if ops[j].kind == "compute")
@@ -170,15 +172,56 @@ def test_zero3_gathers_each_layer_before_forward_and_backward():
     assert any(ops[d].stream == "zero_ag" for d in ops[first_ln].deps)  # waits for its gather
 
 
-def test_op_count_estimate_is_within_ten_percent_of_the_built_plan():
-    from traces.plan import count_ops
+@pytest.mark.parametrize("options", [
+    dict(tp=2, pp=4, recompute="full"),
+    dict(tp=2, sp=True, dp=2, zero=3),
+    dict(pp=2, vp=2, schedule="interleaved", recompute="selective"),
+    dict(tp=2, pp=2, dp=2, vp=2, schedule="interleaved", sp=True, zero=1),
+    dict(pp=4, dp=2, zero=2, overlap_grad_reduce=False),  # TP 1
+    dict(tp=1, pp=1, dp=4, zero=3),
+])
+def test_the_dry_count_is_the_built_plans_op_count_exactly(options):
+    model = ModelSpec(layers=8, hidden=256, heads=8, seq_len=64, vocab=1024, attention="unfused")
+    layout = Layout(global_batch=16, **options)
+    full = build(model, layout)
+    assert plan_size(model, layout) == full.num_ops()
+    folded = layout.representatives()
+    assert plan_size(model, layout, folded) == build(model, layout, folded).num_ops()
+    assert plan_size(model, layout, [1, layout.world - 1]) == sum(
+        len(full.ops[r]) for r in (1, layout.world - 1))
+    # what the count rests on: a rank's op count depends on its pipeline coordinate only
+    by_pp: dict[int, set[int]] = {}
+    for rank, ops in full.ops.items():
+        by_pp.setdefault(layout.coords(rank).pp, set()).add(len(ops))
+    assert all(len(counts) == 1 for counts in by_pp.values()), by_pp
 
-    model = ModelSpec(layers=32, hidden=256, heads=8, seq_len=64, vocab=1024, attention="unfused")
-    for options in (dict(tp=2, pp=4, recompute="full"), dict(tp=2, sp=True, dp=2, zero=3),
-                    dict(pp=2, vp=2, schedule="interleaved", recompute="selective")):
-        layout = Layout(global_batch=16, **options)
-        built = build(model, layout).num_ops()
-        assert abs(count_ops(model, layout, layout.world) / built - 1) < 0.10
+
+def test_a_plan_is_refused_once_its_lowered_ops_stand_for_more_than_the_limit(monkeypatch):
+    import traces.plan as plan
+    from traces.errors import ConfigError
+
+    model = ModelSpec(layers=8, hidden=256, heads=8, seq_len=64, vocab=1024)
+    layout = Layout(tp=2, pp=2, dp=2, global_batch=8)
+    size = plan_size(model, layout)
+    monkeypatch.setattr(plan, "MAX_PLAN_OPS", size)
+    assert build(model, layout).num_ops() == size  # at the limit: built
+    monkeypatch.setattr(plan, "MAX_PLAN_OPS", size - 1)
+    with pytest.raises(ConfigError, match=rf"^plan: at least [\d,]+ ops for 8 ranks, more than "
+                                          rf"the {size - 1:,} parasim builds"):
+        build(model, layout)
+
+
+def test_gpt3_unfolded_on_16384_gpus_is_refused_in_seconds():
+    from sim.config import example_path, load_experiment
+    from traces.errors import ConfigError
+
+    exp = load_experiment(example_path())
+    big = dataclasses.replace(exp.layout, dp=128, global_batch=16 * exp.layout.global_batch)
+    assert big.world == 16384
+    start = time.perf_counter()
+    with pytest.raises(ConfigError, match=r"ops for 16,384 ranks, .* or simulate folded"):
+        build(exp.model, big)
+    assert time.perf_counter() - start < 5.0
 
 
 def test_a_plan_too_big_to_build_is_one_line_before_anything_is_built():

@@ -177,7 +177,8 @@ def test_optimizer_pass_waits_for_reductions_and_zero1_gathers_the_same_buckets(
     assert step.op.name == "optimizer" and step.op.phase is Phase.OPT
     scatters = [n for s in out[:-1] for n in s if n.op.stream == Stream.DP]
     assert step.after == [scatters[-1]]
-    params = ctx.layout.params_on_rank(MODEL, 0)
+    params = MODEL.params_on_stages(ctx.layout.stages_of_rank(0), ctx.layout.num_stages,
+                                    ctx.layout.tp)
     # bf16 with bf16 gradients: to fp32 (2 + 4), norm 4, Adam 28, back to bf16 (4 + 2), zero 2
     assert step.op.mem_bytes == params / 2 * 46
     assert [n.op.size_bytes for n in end[1:]] == [n.op.size_bytes for n in scatters]
@@ -252,7 +253,8 @@ def test_data_pass_zero2_adds_exactly_one_reduce_scatter_per_bucket_in_every_bac
         for node in new[step]:
             assert out[step][out[step].index(node) - 1] is node.after[0]
         assert [n for n in out[step] if all(n is not m for m in new[step])] == before[step]
-    assert ctx.layout.params_on_rank(MODEL, 0) * 2 == 200_192 + 199_936 + 20_480
+    assert MODEL.params_on_stages(ctx.layout.stages_of_rank(0), ctx.layout.num_stages,
+                                  ctx.layout.tp) * 2 == 200_192 + 199_936 + 20_480
 
 
 def test_optimizer_pass_zero2_adds_exactly_the_step_and_one_gather_per_last_bucket():

@@ -15,49 +15,52 @@ small passes, each a function over the list of ops being built (`traces.plan.nod
 
 and `nodes.finalize` numbers the result into the rank's op tuple. See docs/plan-ops.md for the
 ops and streams, and each pass's docstring for what it adds.
+
+A rank's ops depend on its pipeline coordinate only (the others change its groups and peers,
+not how many ops it has). So the builder lowers the first chosen rank of each pipeline
+coordinate first, spending each op on an `OpBudget` once per chosen rank that shares the
+coordinate: the passes count the plan's size themselves, a plan over MAX_PLAN_OPS is refused
+before the rest is built, and the ranks lowered are kept.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
 from traces.errors import ConfigError
-from traces.kernels import ATTENTION_CORE, layer_kernels
 from traces.layout import Layout
 from traces.model import ModelSpec
 from traces.nogc import paused_gc
 from traces.ops import Op, Trace
-from traces.pipeline import build_schedule
-from traces.plan.compute import lower_compute
+from traces.pipeline import Action, ActionSchedule, layout_schedule
+from traces.plan.budget import OpBudget, OverBudget
+from traces.plan.compute import count_compute, lower_compute
 from traces.plan.data import add_data_parallel
 from traces.plan.meta import fold_meta
-from traces.plan.nodes import RankContext, finalize
+from traces.plan.nodes import Program, RankContext, finalize
 from traces.plan.optimizer import add_optimizer
 from traces.plan.p2p import add_pipeline_p2p
 from traces.plan.tensor import add_tensor_parallel
 
-__all__ = ["MAX_PLAN_OPS", "build", "count_ops", "lower_rank"]
+__all__ = ["MAX_PLAN_OPS", "build", "layout_schedule", "lower_rank", "plan_size"]
 
 MAX_PLAN_OPS = 10_000_000
 """The most ops parasim builds in one plan (~4 GB of memory; GPT-3 175B folded on 1024 GPUs
 holds 0.84 M, a 1T model folded on 3072 GPUs ~3.5 M)."""
 
 
-def build(model: ModelSpec, layout: Layout, ranks: Iterable[int] | None = None) -> Trace:
-    """The plan trace for `ranks` (default: all); the layout must fit the model. Raises
-    ConfigError before building anything when the plan would exceed MAX_PLAN_OPS ops."""
+def build(model: ModelSpec, layout: Layout, ranks: Iterable[int] | None = None, *,
+          schedule: ActionSchedule | None = None) -> Trace:
+    """The plan trace for `ranks` (default: all) under `schedule` (default: the layout's own,
+    `layout_schedule`); the layout must fit the model. Raises ConfigError, before building
+    the rest, once the ops lowered so far stand for more than MAX_PLAN_OPS ops of the plan."""
     chosen = sorted(ranks) if ranks is not None else list(range(layout.world))
-    estimate = count_ops(model, layout, len(chosen))
-    if estimate > MAX_PLAN_OPS:
-        folding = ("" if len(chosen) <= len(layout.representatives())
-                   else "; or simulate folded, one rank per pipeline stage")
-        raise ConfigError(f"plan: about {estimate:,} ops for {len(chosen):,} ranks, more than "
-                          f"the {MAX_PLAN_OPS:,} parasim builds (fewer micro-batches or layers"
-                          f"{folding})")
-    schedule = build_schedule(str(layout.schedule), layout.pp, layout.num_microbatches, layout.vp)
+    if schedule is None:
+        schedule = layout_schedule(layout)
     with paused_gc():
-        ops = {r: lower_rank(model, layout, r, schedule[layout.coords(r)["pp"]]) for r in chosen}
+        ops = _lower(model, layout, chosen, schedule)
     folded = chosen == layout.representatives() and layout.world > len(chosen)
     meta: dict[str, Any] = {
         "model": _model_meta(model),
@@ -69,34 +72,84 @@ def build(model: ModelSpec, layout: Layout, ranks: Iterable[int] | None = None) 
     return Trace(ops, meta)
 
 
-def count_ops(model: ModelSpec, layout: Layout, num_ranks: int) -> int:
-    """Ops a plan of `num_ranks` ranks holds, within a few percent, without building it:
-    per layer and micro-batch its kernels forward, backward and recomputed, its TP/SP
-    collectives and ZeRO-3's gathers and scatters; per micro-batch the embedding, the output
-    layer and the pipeline's sends and receives."""
-    kernels = len(layer_kernels(model, 1, 1, False))
-    recomputed = {"none": 0, "selective": len(ATTENTION_CORE[model.attention]),
-                  "full": kernels}[str(layout.recompute)]
-    # TP collectives per layer: forward 2 (SP: 4), again when fully recomputed, backward 2
-    # (SP: 6, the column-parallel inputs re-gathered)
-    forward_tp = 4 if layout.sp else 2
-    tp = forward_tp * (2 if str(layout.recompute) == "full" else 1) + (6 if layout.sp else 2)
-    per_layer = 2 * kernels + recomputed + (tp if layout.tp > 1 else 0) + (
-        4 if layout.zero == 3 else 0)
-    layers = model.layers // layout.pp  # per rank, over its model chunks
-    per_microbatch = layers * per_layer + 24 + 2 * layout.vp  # + a gather per receive
-    return num_ranks * (layout.num_microbatches * per_microbatch + 64)
+def plan_size(model: ModelSpec, layout: Layout, ranks: Iterable[int] | None = None) -> int:
+    """The number of ops `build(model, layout, ranks)` holds, by lowering one rank per
+    pipeline coordinate (a rank's ops depend only on it); ConfigError past MAX_PLAN_OPS."""
+    chosen = sorted(ranks) if ranks is not None else list(range(layout.world))
+    schedule = layout_schedule(layout)
+    with paused_gc():
+        lowered, _ = _lower_representatives(model, layout, chosen, schedule)
+    return sum(len(lowered[first]) * n for first, n in _stand_ins(layout, chosen).items())
 
 
-def lower_rank(model: ModelSpec, layout: Layout, rank: int, actions: list) -> tuple[Op, ...]:
-    """One rank's ops: its schedule actions through every pass."""
-    ctx = RankContext(model=model, layout=layout, rank=rank)
-    nodes = lower_compute(ctx, actions)
-    nodes = add_tensor_parallel(ctx, nodes)
-    nodes = add_pipeline_p2p(ctx, actions, nodes)
-    nodes = add_data_parallel(ctx, actions, nodes)
-    nodes = add_optimizer(ctx, nodes)
+def _lower(model: ModelSpec, layout: Layout, chosen: list[int],
+           schedule: ActionSchedule) -> dict[int, tuple[Op, ...]]:
+    """Every chosen rank's ops: first one per pipeline coordinate against the budget (the
+    plan's size), then the rest."""
+    lowered, spent = _lower_representatives(model, layout, chosen, schedule)
+    assert spent == sum(len(lowered[first]) * n
+                        for first, n in _stand_ins(layout, chosen).items()), \
+        "a pass added ops it did not spend"
+    return {r: lowered[r] if r in lowered else
+            lower_rank(model, layout, r, schedule[layout.coords(r).pp]) for r in chosen}
+
+
+def _stand_ins(layout: Layout, chosen: list[int]) -> dict[int, int]:
+    """The first chosen rank of each (cp, pp) coordinate, and how many chosen ranks share it."""
+    counts = Counter(layout.representative(r) for r in chosen)
+    firsts: dict[int, int] = {}
+    for r in chosen:
+        firsts.setdefault(layout.representative(r), r)
+    return {first: counts[rep] for rep, first in firsts.items()}
+
+
+def _lower_representatives(model: ModelSpec, layout: Layout, chosen: list[int],
+                           schedule: ActionSchedule) -> tuple[dict[int, tuple[Op, ...]], int]:
+    """The ops of the first chosen rank per (cp, pp) coordinate, each op spent on the budget
+    as many times as chosen ranks share its coordinate; and the ops spent (the plan's size)."""
+    budget = OpBudget(MAX_PLAN_OPS)
+    lowered: dict[int, tuple[Op, ...]] = {}
+    stand_ins = _stand_ins(layout, chosen)
+    try:
+        for first, n in stand_ins.items():
+            budget.weight = n
+            lowered[first] = lower_rank(model, layout, first, schedule[layout.coords(first).pp],
+                                        budget)
+    except OverBudget as spent:
+        # The compute ops alone of every chosen rank, counted without building them.
+        compute = sum(n * count_compute(RankContext(model=model, layout=layout, rank=first),
+                                        schedule[layout.coords(first).pp])
+                      for first, n in stand_ins.items())
+        folding = ("" if len(chosen) <= len(layout.representatives())
+                   else "; or simulate folded, one rank per pipeline stage")
+        raise ConfigError(f"plan: at least {max(spent.spent, compute):,} ops for "
+                          f"{len(chosen):,} ranks, more "
+                          f"than the {MAX_PLAN_OPS:,} parasim builds (fewer micro-batches or "
+                          f"layers{folding})") from None
+    return lowered, budget.spent
+
+
+def lower_rank(model: ModelSpec, layout: Layout, rank: int, actions: list[Action],
+               budget: OpBudget | None = None) -> tuple[Op, ...]:
+    """One rank's ops: its schedule actions through every pass, each spending on `budget`
+    what it adds."""
+    ctx = RankContext(model=model, layout=layout, rank=rank, budget=budget)
+    nodes = lower_compute(ctx, actions)  # spends its ops before building them
+    size = _size(nodes)
+    for add in (lambda p: add_tensor_parallel(ctx, p),
+                lambda p: add_pipeline_p2p(ctx, actions, p),
+                lambda p: add_data_parallel(ctx, actions, p),
+                lambda p: add_optimizer(ctx, p)):
+        nodes = add(nodes)
+        if budget is not None:
+            grown = _size(nodes)
+            budget.spend(grown - size)
+            size = grown
     return finalize(nodes)
+
+
+def _size(program: Program) -> int:
+    return sum(map(len, program))
 
 
 def _model_meta(model: ModelSpec) -> dict[str, object]:

@@ -11,6 +11,7 @@ recomputation does). Nothing else: the later passes add communication.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from traces.kernels import (
@@ -27,10 +28,23 @@ from traces.plan.nodes import Node, Program, RankContext, Unit
 
 
 def lower_compute(ctx: RankContext, actions: list[Action]) -> Program:
-    """The compute ops of every action, tagged with their unit; an empty end of the step."""
+    """The compute ops of every action, tagged with their unit; an empty end of the step.
+    Spends them on the context's budget before building any."""
     kernels = _StageKernels(ctx)
-    program = [kernels.forward(a) if a.kind == "F" else kernels.backward(a) for a in actions]
+    if ctx.budget is not None:
+        ctx.budget.spend(sum(kernels.count(a) for a in actions))
+    program = [kernels.nodes(a) for a in actions]
     return [*program, []]
+
+
+def count_compute(ctx: RankContext, actions: list[Action]) -> int:
+    """The number of ops `lower_compute` builds, without building them."""
+    kernels = _StageKernels(ctx)
+    return sum(kernels.count(a) for a in actions)
+
+
+Segment = tuple[list[dict[str, Any]], Sequence[Unit]]
+"""A run of kernels (their op fields) and the units it runs for, one after another."""
 
 
 class _StageKernels:
@@ -52,24 +66,28 @@ class _StageKernels:
         self.head_forward = _fields(_run(head, Phase.FWD))
         self.head_backward = _fields(_run(head[::-1], Phase.BWD))
 
-    def forward(self, action: Action) -> list[Node]:
-        mb, nodes = action.microbatch, []
-        if action.stage == 0:
-            nodes += _nodes(self.embed_forward, "embed", None, mb)
-        for layer in self.ctx.layout.layers_of_stage(self.ctx.model, action.stage):
-            nodes += _nodes(self.layer_forward, layer, layer, mb)
-        if action.stage == self.ctx.last_stage:
-            nodes += _nodes(self.head_forward, "head", None, mb)
-        return nodes
+    def segments(self, action: Action) -> list[Segment]:
+        """What `action` runs, in order: forward — the embedding on the first stage, the
+        layers, the output layer on the last; backward — the same in reverse."""
+        layers = self.ctx.layout.layers_of_stage(self.ctx.model, action.stage)
+        first, last = action.stage == 0, action.stage == self.ctx.last_stage
+        if action.kind == "F":
+            return [*([(self.embed_forward, ("embed",))] if first else []),
+                    (self.layer_forward, layers),
+                    *([(self.head_forward, ("head",))] if last else [])]
+        return [*([(self.head_backward, ("head",))] if last else []),
+                (self.layer_backward, layers[::-1]),
+                *([(self.embed_backward, ("embed",))] if first else [])]
 
-    def backward(self, action: Action) -> list[Node]:
+    def count(self, action: Action) -> int:
+        """The number of ops `nodes(action)` builds."""
+        return sum(len(run) * len(units) for run, units in self.segments(action))
+
+    def nodes(self, action: Action) -> list[Node]:
         mb, nodes = action.microbatch, []
-        if action.stage == self.ctx.last_stage:
-            nodes += _nodes(self.head_backward, "head", None, mb)
-        for layer in reversed(self.ctx.layout.layers_of_stage(self.ctx.model, action.stage)):
-            nodes += _nodes(self.layer_backward, layer, layer, mb)
-        if action.stage == 0:
-            nodes += _nodes(self.embed_backward, "embed", None, mb)
+        for run, units in self.segments(action):
+            for unit in units:
+                nodes += _nodes(run, unit, unit if isinstance(unit, int) else None, mb)
         return nodes
 
 

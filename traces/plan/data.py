@@ -28,6 +28,7 @@ are named in op names as docs/plan-ops.md says: `params` / `grads` / `sp_grads` 
 
 from __future__ import annotations
 
+from traces.layout import Axis
 from traces.ops import Op, OpKind, Phase, Stream
 from traces.pipeline import Action
 from traces.plan.nodes import Node, Program, RankContext, Unit
@@ -91,8 +92,8 @@ class _DataWalk:
 
     def __init__(self, ctx: RankContext) -> None:
         self.ctx = ctx
-        self.dp_group = ctx.layout.group(ctx.rank, "dp")
-        self.tp_group = ctx.layout.group(ctx.rank, "tp")
+        self.dp_group = ctx.layout.group(ctx.rank, Axis.DP)
+        self.tp_group = ctx.layout.group(ctx.rank, Axis.TP)
         self.zero = ctx.layout.zero if ctx.layout.dp > 1 else 0
         self.bucket: list[float] = []
         self.deferred: list[float] = []

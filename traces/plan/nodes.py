@@ -14,9 +14,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from traces.layout import Layout
+from traces.layout import Axis, Layout
 from traces.model import ModelSpec
 from traces.ops import Op, Stream
+from traces.plan.budget import OpBudget
 
 Unit = int | str
 """A unit of parameters: a layer index, or "embed" / "head"."""
@@ -47,10 +48,12 @@ class RankContext:
     model: ModelSpec
     layout: Layout
     rank: int
+    budget: OpBudget | None = None
+    """Where the passes account for the ops they add (None: no limit)."""
 
     @property
     def pp_rank(self) -> int:
-        return self.layout.coords(self.rank)["pp"]
+        return self.layout.coords(self.rank).pp
 
     @property
     def last_stage(self) -> int:
@@ -73,14 +76,15 @@ class RankContext:
     def peer(self, stage: int) -> int:
         """The rank that runs virtual stage `stage` in this rank's pipeline."""
         coords = self.layout.coords(self.rank)
-        return self.layout.rank(**{**coords, "pp": stage % self.layout.pp})
+        return self.layout.rank_of(coords.moved(Axis.PP, stage % self.layout.pp))
 
     def unit_params(self, unit: Unit) -> float:
         """Parameters of one unit held by this rank (per TP rank, before ZeRO sharding)."""
         if unit == "embed":
             return self.model.embedding_params(self.layout.tp)
         if unit == "head":
-            return self.layout.head_params_on_rank(self.model, self.pp_rank)
+            return self.model.head_params_on_stages(
+                self.layout.stages_of_rank(self.pp_rank), self.layout.tp)
         return self.model.layer_params(self.layout.tp)
 
     def replicated_params(self, unit: Unit) -> float:

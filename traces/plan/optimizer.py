@@ -12,6 +12,7 @@ parameters, in the same slices the gradients were reduce-scattered in.
 from __future__ import annotations
 
 from traces.kernels import optimizer_bytes_per_param
+from traces.layout import Axis
 from traces.ops import Op, OpKind, Phase, Stream
 from traces.plan.nodes import Node, Program, RankContext
 
@@ -33,7 +34,8 @@ def add_optimizer(ctx: RankContext, program: Program) -> Program:
     waits = [n for n in (_last(nodes + out, Stream.DP), _last(nodes, Stream.ZERO_RS)) if n]
     waits += [n for n in (actions[-1] if actions else []) if n.op.kind is OpKind.SEND]
     shard = layout.dp if layout.zero >= 1 else 1
-    params = layout.params_on_rank(model, ctx.pp_rank)
+    params = model.params_on_stages(layout.stages_of_rank(ctx.pp_rank), layout.num_stages,
+                                     layout.tp)
     per_param = optimizer_bytes_per_param(model.dtype, ctx.grad_bytes)
     step = Node(Op(kind=OpKind.COMPUTE, stream=Stream.COMPUTE, name="optimizer", phase=Phase.OPT,
                    mem_bytes=params / shard * per_param), None, waits)
@@ -42,7 +44,7 @@ def add_optimizer(ctx: RankContext, program: Program) -> Program:
         to_params = model.dtype_bytes / ctx.grad_bytes  # the same elements, as parameters
         for size in _last_bucket_sizes(ctx, nodes):
             op = Op(kind=OpKind.ALL_GATHER, stream=Stream.DP, name="params",
-                    group=layout.group(ctx.rank, "dp"), size_bytes=size * to_params,
+                    group=layout.group(ctx.rank, Axis.DP), size_bytes=size * to_params,
                     phase=Phase.OPT, dtype=model.dtype)
             out.append(Node(op, None, [step]))
     return [*actions, program[-1] + out]

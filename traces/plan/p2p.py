@@ -24,6 +24,7 @@ action's first kernel waits for.
 
 from __future__ import annotations
 
+from traces.layout import Axis
 from traces.ops import Op, OpKind, Phase, Stream
 from traces.pipeline import Action
 from traces.plan.nodes import Node, Program, RankContext, first_compute, last_compute
@@ -41,7 +42,7 @@ def add_pipeline_p2p(ctx: RankContext, actions: list[Action], program: Program) 
     full = ctx.model.activation_bytes(layout.micro_batch)
     size = full / layout.tp
     gather = layout.tp > 1 and not layout.sp
-    group = layout.group(ctx.rank, "tp")
+    group = layout.group(ctx.rank, Axis.TP)
     out: Program = []
     pending: Node | None = None  # the previous action's send
     for action, nodes in zip(actions, program):

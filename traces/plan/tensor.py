@@ -26,6 +26,7 @@ sum of exponentials after `cross_entropy` (2·b·s fp32, `ce_sum`).
 
 from __future__ import annotations
 
+from traces.layout import Axis
 from traces.ops import Op, OpKind, Phase, Stream
 from traces.plan.nodes import Node, Program, RankContext
 
@@ -53,7 +54,7 @@ def add_tensor_parallel(ctx: RankContext, program: Program) -> Program:
     b, s = layout.micro_batch, ctx.model.seq_len
     sizes = {"tp": ctx.model.activation_bytes(b), "ce_max": b * s * FP32,
              "ce_sum": 2 * b * s * FP32}
-    group = layout.group(ctx.rank, "tp")
+    group = layout.group(ctx.rank, Axis.TP)
     where = _placements(layout.sp)
     out: Program = []
     for nodes in program:

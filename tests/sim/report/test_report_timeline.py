@@ -65,7 +65,7 @@ def test_passes_run_in_the_schedule_order(schedule, extra):
     layout = read_layout(times.plan.meta)
     plan = build_schedule(schedule, 4, 8, extra.get("vp", 1))
     for rank in times.plan.ranks:
-        pp = layout.coords(rank)["pp"]
+        pp = layout.coords(rank).pp
         passes = pipeline_passes(times, rank)
         assert [p.action for p in passes[:-1]] == plan[pp]
         assert passes[-1].kind == "O" and passes[-1].action is None
