@@ -20,9 +20,9 @@ ops and streams, and each pass's docstring for what it adds.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
 
 from traces.errors import ConfigError
+from traces.header import TraceMeta
 from traces.kernels import ATTENTION_CORE, layer_kernels
 from traces.layout import Layout
 from traces.model import ModelSpec
@@ -31,7 +31,6 @@ from traces.ops import Op, Trace
 from traces.pipeline import build_schedule
 from traces.plan.compute import lower_compute
 from traces.plan.data import add_data_parallel
-from traces.plan.meta import fold_meta
 from traces.plan.nodes import RankContext, finalize
 from traces.plan.optimizer import add_optimizer
 from traces.plan.p2p import add_pipeline_p2p
@@ -59,14 +58,8 @@ def build(model: ModelSpec, layout: Layout, ranks: Iterable[int] | None = None) 
     with paused_gc():
         ops = {r: lower_rank(model, layout, r, schedule[layout.coords(r)["pp"]]) for r in chosen}
     folded = chosen == layout.representatives() and layout.world > len(chosen)
-    meta: dict[str, Any] = {
-        "model": _model_meta(model),
-        "layout": layout.to_dict(),
-        "world": layout.world,
-    }
-    if folded:
-        meta["fold"] = fold_meta(layout)
-    return Trace(ops, meta)
+    return Trace(ops, TraceMeta(model=model, layout=layout, world=layout.world,
+                                fold=layout if folded else None))
 
 
 def count_ops(model: ModelSpec, layout: Layout, num_ranks: int) -> int:
@@ -98,8 +91,3 @@ def lower_rank(model: ModelSpec, layout: Layout, rank: int, actions: list) -> tu
     nodes = add_optimizer(ctx, nodes)
     return finalize(nodes)
 
-
-def _model_meta(model: ModelSpec) -> dict[str, object]:
-    return {f: getattr(model, f) for f in ("layers", "hidden", "heads", "seq_len", "vocab",
-                                           "ffn_hidden", "dtype", "tied_embeddings",
-                                           "attention")}
