@@ -3,8 +3,9 @@
     from executor.run import run
     result = run(experiment, "out/", steps=2, warmup=1, timeout=60)
 
-`experiment` is anything with `.model` (ModelSpec) and `.layout` (Layout) — the CLI's loaded
-TOML — or a (model, layout) pair. The plan is built and lowered for every rank first, so a plan
+`experiment` is anything with `.model` (ModelSpec), `.layout` (Layout) and `.cluster` (whose
+`[cluster]` table the traces carry, `meta.cluster_spec`) — the CLI's loaded TOML — or a
+(model, layout) pair. The plan is built and lowered for every rank first, so a plan
 the executor cannot run is a ConfigError before anything starts. Then the world is spawned here
 (or joined, under torchrun), clocks are aligned, `warmup` steps run unrecorded and `steps`
 recorded ones; the last recorded step is written to `out_dir` (rank<r>.json per rank and a
