@@ -51,6 +51,7 @@ from executor.torchrun import join
 from traces.bench import BenchSpec, Probe, bench_plan, sections
 from traces.chrome import event_name
 from traces.errors import ConfigError
+from traces.header import TraceMeta
 from traces.model import ModelSpec
 from traces.ops import Op, OpKind, Stream, Trace
 from traces.plan import build
@@ -91,10 +92,11 @@ def run_bench(spec: BenchSpec, out_dir: str | Path, *, warmup: int = 1, timeout:
     return trace
 
 
-def _meta(job: _Job, backend: str, **extra: Any) -> dict[str, Any]:
+def _meta(job: _Job, backend: str, **extra: Any) -> TraceMeta:
     config = {"bench": {"world": job.spec.world, "repeats": job.spec.repeats,
                         "warmup": job.warmup, "sizes": list(job.spec.sizes)}}
-    return {**run_meta(backend=backend, world_size=job.spec.world, config=config), **extra}
+    return run_meta(job.plan.meta, backend=backend, world_size=job.spec.world, config=config,
+                    **extra)
 
 
 # --- on each rank ----------------------------------------------------------------------------

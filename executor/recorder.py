@@ -33,6 +33,7 @@ import torch.distributed as dist
 
 from executor.comm import Handle
 from traces.chrome import save_chrome
+from traces.header import TraceMeta
 from traces.io import PathLike, load, save
 from traces.ops import Op, Trace
 
@@ -192,18 +193,19 @@ def measure_clocks(rank: int, world_size: int, device: torch.device) -> tuple[in
 
 # --- traces ----------------------------------------------------------------------------------
 
-def run_meta(*, backend: str, world_size: int, config: Mapping[str, Any]) -> dict[str, Any]:
-    """What every measured trace carries: where and how it was measured."""
-    return {"measured": True, "host": socket.gethostname(), "platform": platform.platform(),
-            "torch": torch.__version__, "backend": backend, "world": world_size,
-            "config": dict(config)}
+def run_meta(plan: TraceMeta, *, backend: str, world_size: int, config: Mapping[str, Any],
+             **more: Any) -> TraceMeta:
+    """The plan's header with what every measured trace carries: where and how it was
+    measured (`more`: other `TraceMeta` fields, such as `complete` or `clock`)."""
+    return dataclasses.replace(plan, measured=True, host=socket.gethostname(),
+                               platform=platform.platform(), torch=str(torch.__version__),
+                               backend=backend, world=world_size, config=dict(config), **more)
 
 
-def timed_trace(plan: Trace, records: Mapping[int, np.ndarray], meta: Mapping[str, Any]
-                ) -> Trace:
+def timed_trace(plan: Trace, records: Mapping[int, np.ndarray], meta: TraceMeta) -> Trace:
     """The plan with each recorded op's start and end in seconds on rank 0's clock, from the
-    earliest recorded start; ops not recorded keep no times, and then meta.complete is false.
-    """
+    earliest recorded start, and `meta` (`run_meta` of the plan's) as its header; ops not
+    recorded keep no times, and then meta.complete is false."""
     origin = None
     for buf in records.values():
         times = buf[HEADER:].reshape(-1, 2)
@@ -230,11 +232,12 @@ def timed_trace(plan: Trace, records: Mapping[int, np.ndarray], meta: Mapping[st
                                              end=(end - offset - origin) / 1e9))
         complete &= int(buf[H_STATE]) == DONE
         ops[rank] = tuple(timed)
-        memory[str(rank)] = int(buf[H_PEAK])
-    out_meta = {**plan.meta, **meta, "peak_memory_bytes": memory,
-                "clock_offsets_ns": {str(r): int(b[H_OFFSET]) for r, b in records.items()},
-                "clock_error_ns": {str(r): int(b[H_CLOCK_ERROR]) for r, b in records.items()}}
-    out_meta["complete"] = complete and bool(meta.get("complete", True))
+        memory[rank] = int(buf[H_PEAK])
+    out_meta = dataclasses.replace(
+        meta, peak_memory_bytes=memory,
+        clock_offsets_ns={r: int(b[H_OFFSET]) for r, b in records.items()},
+        clock_error_ns={r: int(b[H_CLOCK_ERROR]) for r, b in records.items()},
+        complete=complete and meta.complete is not False)
     return Trace(ops, out_meta)
 
 
@@ -262,9 +265,9 @@ def load_run(out_dir: PathLike) -> Trace:
     """The per-rank files of a run merged back into one trace."""
     files = sorted(Path(out_dir).glob("rank*.json"), key=lambda p: int(p.stem[4:]))
     ops: dict[int, tuple[Op, ...]] = {}
-    meta: dict[str, Any] = {}
+    meta = TraceMeta()
     for path in files:
         part = load(path)
         ops.update(part.ops)
-        meta = dict(part.meta)
+        meta = part.meta
     return Trace(ops, meta)

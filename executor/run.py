@@ -3,8 +3,9 @@
     from executor.run import run
     result = run(experiment, "out/", steps=2, warmup=1, timeout=60)
 
-`experiment` is anything with `.model` (ModelSpec) and `.layout` (Layout) — the CLI's loaded
-TOML — or a (model, layout) pair. The plan is built and lowered for every rank first, so a plan
+`experiment` is anything with `.model` (ModelSpec), `.layout` (Layout) and `.cluster` (whose
+`[cluster]` table the traces carry, `meta.cluster_spec`) — the CLI's loaded TOML — or a
+(model, layout) pair. The plan is built and lowered for every rank first, so a plan
 the executor cannot run is a ConfigError before anything starts. Then the world is spawned here
 (or joined, under torchrun), clocks are aligned, `warmup` steps run unrecorded and `steps`
 recorded ones; the last recorded step is written to `out_dir` (rank<r>.json per rank and a
@@ -53,7 +54,9 @@ from executor.recorder import (
 from executor.runtime import RunOptions, check_supported
 from executor.torchrun import join
 from traces.chrome import event_name
+from traces.cluster_table import ClusterTable
 from traces.errors import ConfigError
+from traces.header import TraceMeta
 from traces.layout import Layout
 from traces.model import ModelSpec
 from traces.ops import Trace
@@ -82,6 +85,12 @@ def specs(experiment: Any) -> tuple[ModelSpec, Layout]:
     return model, layout
 
 
+def cluster_table(experiment: Any) -> ClusterTable | None:
+    """The `[cluster]` table of the experiment's cluster (None for a (model, layout) pair):
+    the measured traces carry it, so `parasim replay` rebuilds the cluster they ran on."""
+    return None if isinstance(experiment, tuple) else experiment.cluster.table
+
+
 def run(experiment: Any, out_dir: str | Path, steps: int = 1, warmup: int = 1,
         timeout: float = 60.0, *, backend: str = "auto", options: RunOptions | None = None,
         record_calls: bool = False, fault: tuple[int, int] | None = None,
@@ -99,7 +108,7 @@ def run(experiment: Any, out_dir: str | Path, steps: int = 1, warmup: int = 1,
         lower(plan, model, layout, rank)
     plan_group_keys(plan, layout)
     job = _Job(plan, model, layout, options, steps, warmup, record_calls, str(out_dir), fault,
-               kernels)
+               kernels, cluster_table(experiment))
     slots = buffer_size(max(len(ops) for ops in plan.ops.values())) - HEADER
     if in_torchrun():  # every rank runs this; rank 0 writes the run and gets the result
         mine = join(_rank_main, (job,), timeout_s=timeout, backend=backend,
@@ -128,21 +137,23 @@ class _Job:
     out_dir: str
     fault: tuple[int, int] | None = None
     kernels: bool = False
+    cluster: ClusterTable | None = None
 
 
-def _meta(job: _Job, **extra: Any) -> dict[str, Any]:
+def _meta(job: _Job, backend: str, **extra: Any) -> TraceMeta:
     config = {"model": dataclasses.asdict(job.model), "layout": job.layout.to_dict(),
               "steps": job.steps, "warmup": job.warmup, "seed": job.options.seed,
               "dropout": job.options.dropout}
-    backend = extra.pop("backend", "")
-    return {**run_meta(backend=backend, world_size=job.layout.world, config=config), **extra}
+    return run_meta(job.plan.meta, backend=backend, world_size=job.layout.world, config=config,
+                    cluster_spec=job.cluster, **extra)
 
 
 def _result(job: _Job, results: list[dict[str, Any]], records: dict[int, np.ndarray]
             ) -> RunResult:
     backend = results[0]["backend"]
+    step_seconds = _step_seconds(results)
     meta = _meta(job, backend=backend, complete=True,
-                 clock=results[0]["clock"], step_seconds=_step_seconds(results))
+                 clock=results[0]["clock"], step_seconds=tuple(step_seconds))
     trace = timed_trace(job.plan, records, meta)
     files = write_run(job.out_dir, trace)
     if job.kernels:
@@ -151,7 +162,7 @@ def _result(job: _Job, results: list[dict[str, Any]], records: dict[int, np.ndar
     for step in range(job.steps):
         values = [v for res in results if res["last_stage_tp0"] for v in res["losses"][step]]
         losses.append(float(np.mean(values)))
-    return RunResult(trace=trace, files=files, step_seconds=meta["step_seconds"],
+    return RunResult(trace=trace, files=files, step_seconds=step_seconds,
                      losses=losses, peak_memory_bytes={r: res["peak"]
                                                        for r, res in enumerate(results)},
                      calls={r: res["calls"] for r, res in enumerate(results)})

@@ -40,19 +40,18 @@ from sim.engine.replay import host_gaps as measured_gaps
 from sim.models.compute import ComputeModel
 from sim.profile import Profile, default_profile
 from topology.cluster import Cluster
-from topology.config import FABRICS, ClusterSpec, read_cluster, read_cluster_file
+from topology.config import ClusterSpec, read_cluster, read_cluster_file, read_cluster_table
 from topology.presets import PRESETS
 from traces.errors import ConfigError, show
+from traces.header import TraceMeta, check_fold_ranks
 from traces.io import load as load_parasim
 from traces.kineto import load_kineto
 from traces.ops import Op, OpKind, Trace
-from traces.plan.meta import read_fold
 
 SNIFF_BYTES = 65536
 _SCHEMA_KEY = re.compile(rb'"schema"\s*:')
 _GZIP_MAGIC = b"\x1f\x8b"
 _SUFFIXES = (".json", ".json.gz")
-_CLUSTER_NAME = re.compile(r"(\S+) x(\d+) (\S+)")  # Cluster.name: "dgx-a100 x128 fat-tree"
 _CLUSTER_HINT = "give --cluster PRESET_OR_TOML [--nodes N]"
 
 
@@ -106,12 +105,12 @@ def _load_folder(folder: Path) -> LoadedTrace:
         return LoadedTrace(folder, load_kineto(folder), "kineto", tuple(files))
     ops: dict[int, tuple[Op, ...]] = {}
     seen: dict[int, Path] = {}
-    meta: dict[str, Any] = {}
+    meta: TraceMeta | None = None
     for path in ours:
         part = load_parasim(path)
-        if not meta:
-            meta = dict(part.meta)
-        elif part.meta.get("fold") != meta.get("fold"):
+        if meta is None:
+            meta = part.meta
+        elif part.meta.fold != meta.fold:
             raise ConfigError(f"{path}: folded differently from {ours[0].name} (meta.fold); "
                               "a folder holds the files of one run")
         for rank, rank_ops in part.ops.items():
@@ -121,6 +120,7 @@ def _load_folder(folder: Path) -> LoadedTrace:
             seen[rank] = path
             ops[rank] = rank_ops
     skipped = tuple(p.name for p in files if p not in ours)
+    assert meta is not None, "a folder of parasim traces has one"
     return LoadedTrace(folder, Trace(dict(sorted(ops.items())), meta), "parasim", tuple(ours),
                        skipped)
 
@@ -140,8 +140,8 @@ def cluster_spec(name: str, overrides: dict[str, Any]) -> ClusterSpec:
 def choose_cluster(trace: Trace, cluster: str | None = None, *, nodes: int | None = None,
                    fabric: str | None = None) -> ClusterSpec:
     """The cluster to replay on: `cluster` (a preset or TOML file), else the one a parasim
-    trace names in its meta if it is a preset's; `nodes` and `fabric` override either. The
-    trace's ranks must fit it."""
+    trace was simulated or measured on (its meta's `cluster_spec`); `nodes` and `fabric`
+    override either. The trace's ranks must fit it."""
     overrides: dict[str, Any] = {k: v for k, v in (("nodes", nodes), ("fabric", fabric))
                                  if v is not None}
     if cluster is not None:
@@ -152,34 +152,25 @@ def choose_cluster(trace: Trace, cluster: str | None = None, *, nodes: int | Non
     return spec
 
 
-def _own_cluster(meta: Any, overrides: dict[str, Any]) -> ClusterSpec:
-    named = meta.get("cluster")
-    if named is None:
+def _own_cluster(meta: TraceMeta, overrides: dict[str, Any]) -> ClusterSpec:
+    if meta.cluster_spec is not None:
+        return read_cluster_table(meta.cluster_spec, overrides, "trace: meta.cluster_spec")
+    if meta.cluster_name is None:
         raise ConfigError(f"trace: its meta names no cluster to replay on (a profiler trace "
-                          f"or a measured run names none); {_CLUSTER_HINT}")
-    match = _CLUSTER_NAME.fullmatch(named) if isinstance(named, str) else None
-    if match is None or match[1] not in PRESETS or match[3] not in FABRICS:
-        raise ConfigError(f"trace: its cluster {show(named)} is not a preset parasim can "
-                          f"rebuild; {_CLUSTER_HINT}")
-    preset, count, fabric = match[1], int(match[2]), match[3]
-    try:
-        spec = read_cluster({"preset": preset, "nodes": count, "fabric": fabric, **overrides})
-    except ConfigError:  # a torus sizes itself: no `nodes`
-        spec = read_cluster({"preset": preset, "fabric": fabric, **overrides})
-    if "nodes" not in overrides and (spec.nodes, spec.fabric) != (count, fabric):
-        raise ConfigError(f"trace: its cluster {named!r} cannot be rebuilt from preset "
-                          f"{preset!r}; {_CLUSTER_HINT}")
-    return spec
+                          f"names none); {_CLUSTER_HINT}")
+    raise ConfigError(f"trace: its cluster {show(meta.cluster_name)} is not a preset parasim "
+                      f"can rebuild; {_CLUSTER_HINT}")
 
 
 def check_fits(trace: Trace, spec: ClusterSpec) -> None:
     """Every rank the trace names (its own, peers, group members, a profiler's world size)
     must be an accelerator of the cluster: one line otherwise, before a graph is built."""
     top, what = -1, ""
-    world = trace.meta.get("world_size")
-    if type(world) is int and world > 0:
+    world = trace.meta.world_size
+    if world is not None:
         top, what = world - 1, f"its world of {world} ranks"
-    fold = read_fold(trace.meta, ranks=trace.ops)  # a folded plan stands for its whole world
+    fold = trace.meta.fold  # a folded plan stands for its whole world
+    check_fold_ranks(fold, trace.ops)
     if fold is not None and fold.world - 1 > top:
         top, what = fold.world - 1, f"its fold's world of {fold.world} ranks"
     for rank, ops in trace.ops.items():
@@ -246,7 +237,7 @@ def replay_trace(loaded: LoadedTrace, cluster: Cluster, profile: Profile | None 
         raise ConfigError("trace: holds no ops to replay")
     profile = profile or default_profile(cluster.accelerator)
     if network is None:
-        own = trace.meta.get("network")
+        own = trace.meta.network
         network = own if isinstance(own, str) and own in NETWORKS else "flow"
     plan, kept, modelled, uncosted = _compute_times(trace, retime)
     gaps = measured_gaps(trace) if host_gaps else None
@@ -299,8 +290,8 @@ def _census(trace: Trace) -> tuple[dict[str, int], dict[str, int], dict[str, flo
     profiler's collectives go by parasim's names (all_reduce, not its "allreduce" or
     "_allgather_base"); its barriers stay "barrier"."""
     present = set(trace.ops)
-    kineto = trace.meta.get("source") == "kineto"
-    fold = read_fold(trace.meta)
+    kineto = trace.meta.kineto
+    fold = trace.meta.fold
     counter: dict[tuple[int, ...], int] = {}  # group -> the present rank that counts its calls
     kinds: Counter[str] = Counter()
     names: Counter[str] = Counter()

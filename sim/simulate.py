@@ -7,7 +7,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any
 
 from sim.config import Experiment
@@ -29,8 +29,8 @@ def predict(exp: Experiment, *, fold: bool = True,
     ranks = exp.layout.representatives() if fold else None
     schedule = layout_schedule(exp.layout)  # once: the plan and the memory model run it
     built = build(exp.model, exp.layout, ranks=ranks, schedule=schedule)
-    plan = Trace(built.ops, {**built.meta, "experiment": exp.name, "cluster": exp.cluster.name,
-                             "network": exp.network})
+    plan = Trace(built.ops, replace(built.meta, experiment=exp.name, cluster_name=exp.cluster.name,
+                                    cluster_spec=exp.cluster.table, network=exp.network))
     times = replay(plan, exp.cluster, ComputeModel(exp.cluster.accelerator, exp.profile),
                      network=exp.network, algo=exp.algo, progress=progress)
     memory = memory_by_pp_rank(exp.model, exp.layout, schedule)

@@ -20,7 +20,9 @@ import pytest
 from sim.cli import main
 from traces.errors import ConfigError
 from traces.files import check_output
-from traces.plan.meta import read_fold
+from traces.header import check_fold_ranks
+from traces.header_json import meta_from_json
+from traces.io import load
 
 SMALL = {
     "model": {"layers": "4", "hidden": "256", "heads": "16", "seq_len": "128", "vocab": "1024"},
@@ -408,6 +410,12 @@ def test_a_foreign_fold_layout_is_one_config_error():
     def fold(**layout: object) -> dict:
         return {"fold": {"axes": ["tp", "dp"], "layout": layout}}
 
+    def read_fold(raw: dict, ranks: list[int] | None = None):
+        meta = meta_from_json(raw, 3)
+        if ranks is not None:
+            check_fold_ranks(meta.fold, ranks)
+        return meta.fold
+
     with pytest.raises(ConfigError, match=r"^trace: meta\.fold\.layout\.tp: 'x' must be an "):
         read_fold(fold(tp="x"))
     with pytest.raises(ConfigError, match=r"^trace: meta\.fold\.layout\.zero: 1\.0 must be 0, "):
@@ -462,5 +470,10 @@ def test_a_version_1_plan_marked_folded_is_read_with_its_layout(capsys, write, t
         del meta["fold"]
         meta["folded"] = True
 
-    code, out, err = run(capsys, "replay", _edited_trace(capsys, write, tmp_path, old_spelling))
+    path = _edited_trace(capsys, write, tmp_path, old_spelling)
+    meta = load(path).meta
+    assert meta.fold is not None and meta.fold == meta.layout  # read with its own layout
+    assert (meta.fold.tp, meta.fold.pp, meta.fold.dp) == (2, 2, 4) and meta.world == 16
+    code, out, err = run(capsys, "replay", path, "--json")
     assert code == 0, err
+    assert json.loads(out)["num_ranks"] == 2

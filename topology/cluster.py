@@ -12,6 +12,8 @@ from typing import Protocol
 
 import networkx as nx
 
+from traces.cluster_table import ClusterTable
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Accelerator:
@@ -54,6 +56,10 @@ class Cluster:
     devices_per_server: int
     """Accelerators sharing one server (one NVSwitch domain, or one TPU host)."""
     fabric: Fabric
+    table: ClusterTable | None = None
+    """The `[cluster]` table it was built from (`topology.config.read_cluster_table` rebuilds
+    it; a profile's measured links applied on top, `topology.override`, are not in it); None
+    for a cluster built by hand."""
     link_capacity: tuple[float, ...] = field(init=False)
     link_latency: tuple[float, ...] = field(init=False)
     link_kind: tuple[str, ...] = field(init=False)

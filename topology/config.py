@@ -12,7 +12,9 @@ Reading and building are two steps: `read_cluster(table)` checks every key (type
 it applies to this preset and fabric) and returns a `ClusterSpec` that knows its size without
 building anything, so a caller can compare the accelerator count with a parallel layout before
 a graph of 10**30 nodes is even attempted; `ClusterSpec.build()` makes the graph. Every bad
-value raises `ConfigError` naming the field, the value and the rule.
+value raises `ConfigError` naming the field, the value and the rule. The spec and the cluster
+keep the table as a `traces.cluster_table.ClusterTable` (preset, nodes and fabric resolved),
+which a trace carries and `read_cluster_table` reads back into the same spec.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from topology.fabric import FatTree, FatTreeSpec, Rails
 from topology.presets import PRESETS, Preset
 from topology.server import ServerSpec, add_server
 from topology.torus import Torus, TorusSpec
+from traces.cluster_table import ClusterTable
 from traces.errors import ConfigError, show
 from traces.fields import (
     MAX_ACCELERATORS,
@@ -73,6 +76,8 @@ class ClusterSpec:
     """The fabric's switches run SHARP (in-network reduction), so NCCL's CollNet can run."""
     fat_tree: FatTreeSpec | None = None
     torus: TorusSpec | None = None
+    table: ClusterTable | None = None
+    """The table it was read from (`read_cluster` sets it)."""
 
     @property
     def num_devices(self) -> int:
@@ -106,6 +111,7 @@ class ClusterSpec:
             accelerator=self.accelerator,
             devices_per_server=self.server.gpus,
             fabric=fabric,
+            table=self.table,
         )
 
 
@@ -140,9 +146,25 @@ def cluster_from_table(table: Mapping[str, Any], where: str = "cluster") -> Clus
     return read_cluster(table, where).build()
 
 
+def read_cluster_table(table: ClusterTable, overrides: Mapping[str, Any] | None = None,
+                       where: str = "cluster") -> ClusterSpec:
+    """The spec a `ClusterTable` (a trace's `cluster_spec`) describes; `overrides` (from
+    flags) win: `--nodes` and `--fabric` resize or rewire the traced cluster."""
+    return read_cluster({**table.table(), **(overrides or {})}, where)
+
+
 def read_cluster(table: object, where: str = "cluster") -> ClusterSpec:
     """Check every key of a `[cluster]` table and its size, building nothing."""
     fields = Fields.of(table, where).known(KEYS)
+    spec = _read(fields, where)
+    given = tuple(sorted((key, tuple(value) if isinstance(value, list) else value)
+                         for key, value in fields.table.items()
+                         if key not in ("preset", "nodes", "fabric")))
+    return dataclasses.replace(spec, table=ClusterTable(preset=spec.preset, nodes=spec.nodes,
+                                                        fabric=spec.fabric, overrides=given))
+
+
+def _read(fields: Fields, where: str) -> ClusterSpec:
     name = fields.table.get("preset", "dgx-h100")
     if not isinstance(name, str) or name not in PRESETS:
         raise ConfigError(f"{where}.preset: {show(name)} is not a preset "

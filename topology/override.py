@@ -47,7 +47,8 @@ def with_links(cluster: Cluster, figures: Mapping[str, LinkFigures],
             data["bandwidth"], data["latency"] = found
     return Cluster(name=cluster.name, graph=graph, devices=cluster.devices,
                    accelerator=cluster.accelerator,
-                   devices_per_server=cluster.devices_per_server, fabric=cluster.fabric)
+                   devices_per_server=cluster.devices_per_server, fabric=cluster.fabric,
+                   table=cluster.table)
 
 
 def with_accelerator(cluster: Cluster, *, peak_flops: float | None = None,
@@ -65,7 +66,7 @@ def with_accelerator(cluster: Cluster, *, peak_flops: float | None = None,
         return cluster
     return Cluster(name=cluster.name, graph=cluster.graph, devices=cluster.devices,
                    accelerator=accelerator, devices_per_server=cluster.devices_per_server,
-                   fabric=cluster.fabric)
+                   fabric=cluster.fabric, table=cluster.table)
 
 
 def call_costs(cluster: Cluster) -> dict[str, float]:

@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from traces.errors import ConfigError
+from traces.header import TraceMeta
 from traces.layout import Layout
 from traces.model import DTYPE_BYTES, ModelSpec
 from traces.ops import Op, OpKind, Stream, Trace
@@ -194,7 +195,7 @@ def bench_plan(spec: BenchSpec) -> Trace:
     if total > MAX_BENCH_OPS:
         raise ConfigError(f"bench: {total:,} ops, more than {MAX_BENCH_OPS:,} (fewer sizes, "
                           "repeats or probes)")
-    meta = {"bench": {"version": BENCH_VERSION, "sections": sections}, "world": spec.world}
+    meta = TraceMeta(bench={"version": BENCH_VERSION, "sections": sections}, world=spec.world)
     return Trace({r: tuple(v) for r, v in ops.items()}, meta)
 
 
@@ -326,7 +327,7 @@ def _probe(probe: Probe, ops: dict[int, list[Op]]) -> None:
 
 def sections(trace: Trace) -> list[dict[str, Any]]:
     """The bench sections of a trace's meta ([] for a trace that is not a bench)."""
-    bench = trace.meta.get("bench")
-    if not isinstance(bench, dict) or not isinstance(bench.get("sections"), list):
+    bench = trace.meta.bench
+    if bench is None or not isinstance(bench.get("sections"), list):
         return []
     return [s for s in bench["sections"] if isinstance(s, dict)]

@@ -11,7 +11,7 @@ What the file holds:
   first), then any other stream by name; each named after its stream;
 - processes named after the rank and, when the trace says so, its pipeline rank and how many
   devices it stands for: "pp 1 · rank 64 (stands for 64 GPUs: tp 8 × dp 8)" for a folded plan
-  (meta `fold`; the device word is meta `devices`, default "devices");
+  (meta `fold`; the device word is meta `devices`, default "devices"; `traces.header`);
 - a flow arrow from each send to the receive it matches (the k-th send from a to b with a tag
   meets the k-th receive on b from a with that tag), both ends present;
 - a counter track per rank, "memory GiB", where the trace carries meta `memory`:
@@ -27,15 +27,15 @@ from __future__ import annotations
 
 import gzip
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
 from traces.errors import ConfigError
 from traces.files import PathLike, write_text_atomic
+from traces.header_json import meta_to_json
 from traces.ops import Op, OpKind, Stream, Trace
-from traces.plan.meta import read_fold, read_layout
 
 # The op fields shown in a slice's details panel when they differ from their defaults.
 _ARG_FIELDS = ("layer", "microbatch", "phase", "flops", "mem_bytes", "group", "size_bytes",
@@ -49,7 +49,7 @@ def to_chrome(trace: Trace) -> dict[str, Any]:
     """The trace as a Chrome trace-event JSON object; raises ConfigError for a plan."""
     _check_timed(trace)
     names = process_names(trace)
-    memory = _memory(trace.meta)
+    memory = trace.meta.memory or {}
     events: list[dict[str, Any]] = []
     tids: dict[int, dict[str, int]] = {}
     for rank in sorted(trace.ops):
@@ -57,9 +57,9 @@ def to_chrome(trace: Trace) -> dict[str, Any]:
         tids[rank] = stream_ids(op.stream for op in ops)
         events += _rank_metadata(rank, names[rank], tids[rank])
         events += (_complete_event(op, rank, tids[rank][op.stream]) for op in ops)
-        events += _counter(rank, memory.get(rank, []))
+        events += _counter(rank, memory.get(rank, ()))
     events += _flows(trace, tids)
-    return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": dict(trace.meta)}
+    return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": meta_to_json(trace.meta)}
 
 
 def dumps_chrome(trace: Trace) -> str:
@@ -98,9 +98,9 @@ def stream_ids(streams: Any) -> dict[str, int]:
 def process_names(trace: Trace) -> dict[int, str]:
     """'pp 1 · rank 64 (stands for 64 GPUs: tp 8 × dp 8)' for a folded plan's rank, 'rank 5
     (pp 1, tp 1, dp 0)' where the layout is known, else 'rank 5'."""
-    fold = read_fold(trace.meta)
-    layout = fold or read_layout(trace.meta)
-    devices = str(trace.meta.get("devices", "devices"))
+    fold = trace.meta.fold
+    layout = fold or trace.meta.layout
+    devices = trace.meta.devices or "devices"
     names = {}
     for rank in trace.ops:
         if layout is None or not 0 <= rank < layout.world:
@@ -179,19 +179,7 @@ def _middle(op: Op) -> float:
     return (start_ns + (end_ns - start_ns) // 2) / 1000
 
 
-def _memory(meta: Mapping[str, Any]) -> dict[int, list[tuple[float, float]]]:
-    """meta["memory"] read as {rank: [(time_s, bytes), ...]}; ConfigError when malformed."""
-    table = meta.get("memory")
-    if table is None:
-        return {}
-    try:
-        return {int(rank): [(float(t), float(b)) for t, b in points]
-                for rank, points in table.items()}
-    except (AttributeError, TypeError, ValueError):
-        raise ConfigError("trace: meta.memory must map ranks to [[time_s, bytes], ...]") from None
-
-
-def _counter(rank: int, points: list[tuple[float, float]]) -> list[dict[str, Any]]:
+def _counter(rank: int, points: Iterable[tuple[float, float]]) -> list[dict[str, Any]]:
     return [{"name": "memory", "ph": "C", "pid": rank, "ts": _us(t),
              "args": {"GiB": round(b / GiB, 6)}} for t, b in points]
 

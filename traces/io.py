@@ -2,7 +2,7 @@
 
 Layout (one line, compact separators; ranks sorted, op fields in dataclass order):
 
-    {"schema": "parasim.trace", "version": 1, "meta": {...},
+    {"schema": "parasim.trace", "version": 3, "meta": {...},
      "ranks": {"0": [{"kind": "compute", "stream": "compute", "flops": 1e12, ...}, ...], ...}}
 
 Each op always carries "kind" and "stream" and otherwise only the fields that differ from the
@@ -13,7 +13,8 @@ times), deps pointing backwards, start/end together, a send/recv's peer another 
 collective's group non-empty with distinct ranks and holding the op's own rank, a send and the
 receive it meets (k-th to k-th per source, destination and tag, where the trace holds both)
 of one size, rank keys canonical decimals of at most 9 digits. (Whether a peer or group member
-exists is for the replay, which knows the world.)
+exists is for the replay, which knows the world.) The "meta" object is the typed header
+`traces.header.TraceMeta`, converted by `traces.header_json` (which reads older spellings).
 Any problem is a `ConfigError` with one line naming the file, rank, op and field. `save` writes
 atomically. Check a file: `python -c "import traces.io as t; t.load('step.json')"`.
 """
@@ -31,12 +32,15 @@ from typing import Any
 
 from traces.errors import ConfigError, show
 from traces.files import MAX_TRACE_BYTES, PathLike, parse_json, read_bytes, write_text_atomic
+from traces.header_json import meta_from_json, meta_to_json
 from traces.nogc import paused_gc
 from traces.ops import COLLECTIVES, Op, OpKind, Phase, Trace
 
 SCHEMA = "parasim.trace"
-VERSION = 2
-SUPPORTED_VERSIONS = (1, 2)  # version 2 added `gemm` and `span`; a version-1 file has neither
+VERSION = 3
+# version 2 added `gemm` and `span` (a version-1 file has neither); version 3 the meta's
+# `cluster_spec` (older files name their cluster only by its display name)
+SUPPORTED_VERSIONS = (1, 2, 3)
 
 __all__ = ["PathLike", "SCHEMA", "VERSION", "dumps", "from_json", "load", "save", "to_json",
            "write_text_atomic"]
@@ -59,7 +63,8 @@ def to_json(trace: Trace) -> dict[str, Any]:
     with paused_gc():
         ranks = {str(rank): [_encode_op(op) for op in trace.ops[rank]]
                  for rank in sorted(trace.ops)}
-    return {"schema": SCHEMA, "version": VERSION, "meta": dict(trace.meta), "ranks": ranks}
+    return {"schema": SCHEMA, "version": VERSION, "meta": meta_to_json(trace.meta),
+            "ranks": ranks}
 
 
 def _encode_op(op: Op) -> dict[str, Any]:
@@ -115,10 +120,10 @@ def from_json(data: object, source: str = "trace") -> Trace:
     """The inverse of `to_json`, checking every rule; `source` names the input in errors."""
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: expected a JSON object at the top, got {_show(data)}")
-    _check_header(data, source)
-    meta = data.get("meta", {})
-    if not isinstance(meta, dict):
-        raise ConfigError(f"{source}: 'meta' must be an object, got {_show(meta)}")
+    version = _check_header(data, source)
+    raw_meta = data.get("meta", {})
+    if not isinstance(raw_meta, dict):
+        raise ConfigError(f"{source}: 'meta' must be an object, got {_show(raw_meta)}")
     ranks = data.get("ranks")
     if not isinstance(ranks, dict):
         raise ConfigError(f"{source}: 'ranks' must be an object of rank -> op list, "
@@ -126,6 +131,7 @@ def from_json(data: object, source: str = "trace") -> Trace:
     unknown = sorted(set(data) - {"schema", "version", "meta", "ranks"})
     if unknown:
         raise ConfigError(f"{source}: unknown top-level key {unknown[0]!r}")
+    meta = meta_from_json(raw_meta, version)  # errors name "trace: meta.<key>"
     ops = {}
     with paused_gc():
         for key, raw_ops in ranks.items():
@@ -167,7 +173,8 @@ def _stated(op: Op) -> float:
     return -1.0 if op.size_bytes == 0.0 and op.end is not None else op.size_bytes
 
 
-def _check_header(data: dict[str, Any], source: str) -> None:
+def _check_header(data: dict[str, Any], source: str) -> int:
+    """The file's schema version, once the schema and version are checked."""
     schema = data.get("schema")
     if schema != SCHEMA:
         found = "no 'schema'" if "schema" not in data else f"schema {_show(schema)}"
@@ -180,6 +187,7 @@ def _check_header(data: dict[str, Any], source: str) -> None:
     if type(version) is not int or version not in SUPPORTED_VERSIONS:
         raise ConfigError(f"{source}: unsupported trace version {_show(version)} "
                           f"(supported: {supported})")
+    return version
 
 
 MAX_RANK_DIGITS = 9  # a billion ranks; int() of 5,000 digits would raise a bare ValueError

@@ -14,7 +14,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+
+from traces.header import TraceMeta
 
 
 class OpKind(StrEnum):
@@ -123,10 +124,10 @@ class Op:
 
 @dataclass(frozen=True, slots=True)
 class Trace:
-    """Ops per rank plus free-form metadata (model, layout, cluster, fold)."""
+    """Ops per rank plus the typed header (model, layout, fold, cluster: `traces.header`)."""
 
     ops: Mapping[int, tuple[Op, ...]]
-    meta: Mapping[str, Any] = field(default_factory=dict)
+    meta: TraceMeta = field(default_factory=TraceMeta)
 
     @property
     def ranks(self) -> list[int]:

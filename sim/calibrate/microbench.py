@@ -93,7 +93,7 @@ def _cluster_target(spec: Any, name: str, ranks: int | None) -> Target:
 def fit_target(cluster: str | None, traces: Sequence[Trace]) -> Target:
     """The cluster DIRs are fitted on: --cluster (a preset, a cluster TOML or a config), or
     localhost with as many ranks as the traces hold."""
-    world = max((max(max(t.ops, default=0) + 1, _int(t.meta.get("world_size"))) for t in traces),
+    world = max((max(max(t.ops, default=0) + 1, t.meta.world_size or 0) for t in traces),
                 default=1)
     name = cluster if cluster is not None else "localhost"
     if not name:
@@ -124,10 +124,6 @@ def fit_target(cluster: str | None, traces: Sequence[Trace]) -> Target:
                           f"{target.cluster.num_devices} accelerators but the traces hold "
                           f"{world} ranks")
     return target
-
-
-def _int(value: object) -> int:
-    return value if type(value) is int else 0
 
 
 def parse_probes(text: str, target: Target) -> tuple[Probe, ...]:
@@ -216,7 +212,7 @@ def check_measured_on(trace: Trace, target: Target, where: str) -> None:
     """Traces that say how they were measured (a `parasim run`'s or a profiler's backend)
     must have run on the kind of device the target's cluster has: gloo on a CPU, NCCL on
     GPUs."""
-    backend = trace.meta.get("backend")
+    backend = trace.meta.backend
     cpu = target.cluster.accelerator.name in CPU_ACCELERATORS
     if backend == "gloo" and not cpu or backend == "nccl" and cpu:
         device = "the CPU (gloo)" if backend == "gloo" else "GPUs (NCCL)"

@@ -100,11 +100,10 @@ def execute(exp: Experiment, out: Path, steps: int, warmup: int, timeout: float,
         raise RunFailed(f"{err} (partial traces, marked incomplete: {written})") from None
     if result is None:
         return None
-    meta = result.trace.meta
     return {
         "experiment": exp.name,
         "world": exp.layout.world,
-        "backend": meta.get("backend"),
+        "backend": result.trace.meta.backend,
         "steps": steps,
         "step_times_s": result.step_seconds,
         "step_time_s": result.step_seconds[-1],

@@ -10,8 +10,7 @@ duration where nothing is to be simulated: compute (`sim.models.compute`), and c
 whose size the trace does not state. The parts:
 
   - `sim.engine.lowering.lower_communication`: the plan's communication lowered before the
-    run (pure; folding, described in the plan's meta and read by
-    `traces.plan.meta.read_fold`, is handled there);
+    run (pure; folding, the plan's `meta.fold` (`traces.header`), is handled there);
   - `sim.engine.meetings.Meetings`: who waits for whom at run time;
   - here: the streams, moving communication through the flow model (`sim.engine.network`,
     where every transfer in flight shares the links) and timing compute by the compute model.
@@ -39,9 +38,9 @@ from sim.engine.meetings import Meetings
 from sim.engine.network import Network
 from topology.cluster import Cluster
 from traces.errors import ConfigError
+from traces.header import check_fold_ranks
 from traces.nogc import paused_gc
 from traces.ops import Op, OpKind, Trace
-from traces.plan.meta import read_fold
 
 Progress = Callable[[int, int], None]
 """Called now and then with (ops finished, ops in all); the command line draws the bar."""
@@ -74,7 +73,7 @@ class StepTimes:
         ops = {r: tuple(replace(op, start=s, end=e) for op, s, e in
                         zip(self.plan.ops[r], self.starts[r], self.ends[r]))
                for r in self.plan.ranks}
-        return Trace(ops, {**self.plan.meta, "timed": True})
+        return Trace(ops, replace(self.plan.meta, timed=True))
 
 
 def replay(plan: Trace, cluster: Cluster, compute: Durations, *, network: str = "flow",
@@ -85,7 +84,8 @@ def replay(plan: Trace, cluster: Cluster, compute: Durations, *, network: str = 
     kernel launches, see `host_gaps`)."""
     if network not in NETWORKS:
         raise ConfigError(f"network: {network!r} is not one of {', '.join(NETWORKS)}")
-    comm = lower_communication(plan, cluster, read_fold(plan.meta, ranks=plan.ops), algo=algo)
+    check_fold_ranks(plan.meta.fold, plan.ops)
+    comm = lower_communication(plan, cluster, plan.meta.fold, algo=algo)
     return _Replay(plan, cluster, compute, comm, network, gaps).run(progress)
 
 

@@ -24,7 +24,6 @@ from sim.engine.replay import StepTimes
 from sim.report.timeline import RankOps
 from topology.cluster import Cluster
 from traces.ops import Op, OpKind
-from traces.plan.meta import read_fold
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -63,7 +62,7 @@ class CommIndex:
 
     def __init__(self, exp: Experiment, times: StepTimes) -> None:
         plan = times.plan
-        self.plan: CommPlan = lower_communication(plan, exp.cluster, read_fold(plan.meta),
+        self.plan: CommPlan = lower_communication(plan, exp.cluster, plan.meta.fold,
                                                   algo=exp.algo)
         self.cluster = exp.cluster
         self._collectives = Collectives(exp.cluster)

@@ -49,7 +49,6 @@ from sim.report.words import Words, words_for
 from sim.simulate import headline
 from traces.errors import ConfigError
 from traces.files import write_text_atomic
-from traces.plan.meta import read_fold
 
 DIVS = ("parasim-pipeline", "parasim-waterfall", "parasim-breakdown", "parasim-lanes",
         "parasim-memory-time", "parasim-memory")
@@ -115,7 +114,7 @@ def detail_ranks(times: StepTimes, stages: dict[int, int],
     if ranks is None:
         shown = list(stages.values())
         return list(dict.fromkeys([shown[0], shown[-1]])), []
-    fold = read_fold(times.plan.meta)
+    fold = times.plan.meta.fold
     out, notes = [], []
     for rank in ranks:
         if rank in times.plan.ops:

@@ -23,7 +23,7 @@ stay touching after rounding and sums are exact.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -33,7 +33,6 @@ from traces.layout import Layout
 from traces.model import ModelSpec
 from traces.ops import Op, OpKind, Phase, Stream, Trace
 from traces.pipeline import Action
-from traces.plan.meta import read_fold, read_layout
 
 TP_LANE = "compute/tp"
 LANE_ORDER = (str(Stream.COMPUTE), TP_LANE, *(str(s) for s in Stream if s is not Stream.COMPUTE))
@@ -127,11 +126,9 @@ def pipeline_passes(times: StepTimes, rank: int, cols: RankOps | None = None) ->
     the (kind, micro-batch) of the compute stream's ops changes, or where, within one, the
     layers move to another virtual stage."""
     c = cols if cols is not None else rank_ops(times, rank)
-    layout = read_layout(times.plan.meta)
-    model = times.plan.meta.get("model", {})
-    per_stage = (model["layers"] // layout.num_stages
-                 if layout is not None and isinstance(model, dict) and "layers" in model
-                 else None)
+    layout, model = times.plan.meta.layout, times.plan.meta.model
+    per_stage = (model.layers // layout.num_stages
+                 if layout is not None and model is not None else None)
     idx = np.flatnonzero(c.on_compute_stream)
     if not len(idx):
         return []
@@ -306,7 +303,7 @@ def lane_usage(rank_lanes: Sequence[Lane]) -> list[LaneUsage]:
 def present_pp_ranks(times: StepTimes) -> dict[int, int]:
     """Pipeline rank -> the plan rank shown for it: every rank of a folded plan, else the
     lowest rank present of each pipeline rank (rank 0 alone without a layout)."""
-    layout = read_layout(times.plan.meta)
+    layout = times.plan.meta.layout
     if layout is None:
         return {0: times.plan.ranks[0]}
     lowest: dict[int, int] = {}
@@ -317,7 +314,7 @@ def present_pp_ranks(times: StepTimes) -> dict[int, int]:
 
 def stands_for(times: StepTimes) -> int:
     """Devices each rank of the plan stands for: tp * dp when folded, else 1."""
-    fold = read_fold(times.plan.meta)
+    fold = times.plan.meta.fold
     return fold.tp * fold.dp if fold is not None else 1
 
 
@@ -336,6 +333,6 @@ def annotate(trace: Trace, times: StepTimes, model: ModelSpec, layout: Layout,
         passes = pipeline_passes(times, rank)
         points = memory_timeline(model, layout, layout.coords(rank).pp, timed_actions(passes))
         # a later point at the same time supersedes an earlier one on a step curve
-        memory[str(rank)] = [[t, b] for (t, b), nxt in zip(points, [*points[1:], None])
-                             if nxt is None or nxt[0] != t]
-    return Trace(trace.ops, {**trace.meta, "memory": memory, "devices": devices})
+        memory[rank] = tuple((t, b) for (t, b), nxt in zip(points, [*points[1:], None])
+                             if nxt is None or nxt[0] != t)
+    return Trace(trace.ops, replace(trace.meta, memory=memory, devices=devices))

@@ -13,7 +13,6 @@ from sim.config import Experiment
 from sim.engine.replay import StepTimes
 from sim.report.timeline import stands_for
 from traces.layout import Layout
-from traces.plan.meta import read_fold, read_layout
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -40,8 +39,8 @@ class Words:
 
 def words_for(exp: Experiment, times: StepTimes) -> Words:
     device, devices = exp.cluster.device_words
-    fold = read_fold(times.plan.meta)
+    fold = times.plan.meta.fold
     return Words(device=device, devices=devices,
                  stands_for=stands_for(times),
                  fold=f"tp {fold.tp} × dp {fold.dp}" if fold is not None else "",
-                 layout=read_layout(times.plan.meta))
+                 layout=times.plan.meta.layout)

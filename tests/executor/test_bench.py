@@ -67,7 +67,7 @@ def test_every_op_of_the_microbenchmarks_was_recorded_consistently(calibrated):
     code, _, keep, _ = calibrated
     assert code == 0
     trace = load_run(keep)
-    assert trace.timed and trace.meta["complete"] is True
+    assert trace.timed and trace.meta.complete is True
     assert problems(trace) == []
     kinds = [s["kind"] for s in sections(trace)]
     assert kinds == ["collectives", "interference"] + ["probe"] * 4  # 2 probes, 2 passes

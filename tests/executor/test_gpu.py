@@ -71,8 +71,8 @@ def test_dp_on_nccl_trains_as_the_reference_timed_by_cuda_events() -> None:
             assert peak == max_allocated > 0
             assert meter > 0  # the CPU count runs too, but is not what is reported
     plan = build(model, layout)
-    trace = timed_trace(plan, {r: res["records"] for r, res in enumerate(results)}, {})
-    assert trace.meta["complete"] is True
+    trace = timed_trace(plan, {r: res["records"] for r, res in enumerate(results)}, plan.meta)
+    assert trace.meta.complete is True
     found = problems(trace, plan=plan)
     assert all("dependency" in line for line in found), found
     assert _late_dependencies(trace, EVENT_SLACK_S) == []
@@ -84,7 +84,7 @@ def test_run_picks_nccl_and_reports_cuda_peaks(tmp_path: Path) -> None:
                  options=OPTIONS)
     assert result is not None
     meta = result.trace.meta
-    assert meta["backend"] == "nccl" and meta["complete"] is True
+    assert meta.backend == "nccl" and meta.complete is True
     ref = train(model, layout.global_batch, 2, OPTIONS.seed, ADAMW)
     assert result.losses == pytest.approx(ref.losses[1:], rel=LOSS_REL)
     params_bytes = 4 * sum(t.numel() for t in ref.params.values()) // layout.dp

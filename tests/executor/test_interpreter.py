@@ -69,8 +69,8 @@ def _check(case: Case, results: list) -> None:
     plan = build(model, layout)
     for rank, result in enumerate(results):
         assert call_sequences(result["calls"]) == plan_sequences(plan.ops[rank]), f"rank {rank}"
-    trace = timed_trace(plan, {r: res["records"] for r, res in enumerate(results)}, {})
-    assert trace.meta["complete"] is True
+    trace = timed_trace(plan, {r: res["records"] for r, res in enumerate(results)}, plan.meta)
+    assert trace.meta.complete is True
     assert problems(trace, plan=plan) == []
 
 
@@ -114,11 +114,11 @@ def test_run_writes_a_trace_perfetto_opens(tmp_path: Path) -> None:
     chrome = json.loads((tmp_path / "chrome.json").read_text())
     assert sum(e["ph"] == "X" for e in chrome["traceEvents"]) == result.trace.num_ops()
     meta = load(tmp_path / "rank0.json").meta
-    assert meta["complete"] is True and meta["backend"] == "gloo" and meta["world"] == 2
-    assert set(meta["peak_memory_bytes"]) == {"0", "1"}
+    assert meta.complete is True and meta.backend == "gloo" and meta.world == 2
+    assert set(meta.peak_memory_bytes or {}) == {0, 1}
     # one host: one clock, no offset and no error
-    assert meta["clock"] == "shared clock"
-    assert meta["clock_offsets_ns"] == meta["clock_error_ns"] == {"0": 0, "1": 0}
+    assert meta.clock == "shared clock"
+    assert meta.clock_offsets_ns == meta.clock_error_ns == {0: 0, 1: 0}
 
 
 def test_run_with_a_failing_rank_writes_partial_traces(tmp_path: Path) -> None:
@@ -132,5 +132,5 @@ def test_run_with_a_failing_rank_writes_partial_traces(tmp_path: Path) -> None:
     assert time.monotonic() - start < 15
     assert str(info.value).startswith(f"rank 1 failed in op {fail_at} (")
     assert "injected fault" in str(info.value)
-    assert info.value.files and load(tmp_path / "rank1.json").meta["complete"] is False
+    assert info.value.files and load(tmp_path / "rank1.json").meta.complete is False
     json.loads((tmp_path / "chrome.json").read_text())

@@ -118,8 +118,8 @@ def test_a_failing_rank_under_torchrun_writes_its_partial_trace(tmp_path: Path) 
             f": ValueError: injected fault (partial trace, marked incomplete: {out}/rank1.json)")
     assert line in proc.stderr.splitlines(), proc.stderr
     trace = load(out / "rank1.json")
-    assert trace.ranks == [1] and trace.meta["complete"] is False
-    assert trace.meta["error"] == line.removeprefix("parasim: error: ").split(" (partial")[0]
-    assert trace.meta["world"] == 2 and trace.meta["backend"] == "gloo"
+    assert trace.ranks == [1] and trace.meta.complete is False
+    assert trace.meta.error == line.removeprefix("parasim: error: ").split(" (partial")[0]
+    assert trace.meta.world == 2 and trace.meta.backend == "gloo"
     timed = [op.end is not None for op in trace.ops[1]]
     assert timed == [True] * fail_at + [False] * (len(timed) - fail_at)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -17,6 +18,8 @@ from executor.recorder import buffer_size, load_run, run_meta, timed_trace, writ
 from tests.executor.plan_match import call_sequences, plan_sequences
 from tests.executor.workers import SMALL, walk_plan
 from traces.chrome import event_name
+from traces.header import TraceMeta
+from traces.header_json import meta_to_json
 from traces.io import load
 from traces.layout import Layout
 from traces.model import ModelSpec
@@ -37,26 +40,28 @@ def _run(plan: Trace, *args: object, timeout_s: float = TIMEOUT_S) -> tuple[list
                  record_slots=slots, describe=lambda r, i: event_name(plan.ops[r][i]))
 
 
-def _meta(plan: Trace, **extra: object) -> dict:
-    return {**run_meta(backend="gloo", world_size=len(plan.ops),
-                       config={"layout": plan.meta["layout"]}), **extra}
+def _meta(plan: Trace, **extra: Any) -> TraceMeta:
+    assert plan.meta.layout is not None
+    return run_meta(plan.meta, backend="gloo", world_size=len(plan.ops),
+                    config={"layout": plan.meta.layout.to_dict()}, **extra)
 
 
 def test_measured_trace_holds_together_and_opens(tmp_path: Path) -> None:
     plan = _plan(tp=2, sp=True, global_batch=2)
     calls, records = _run(plan)
     trace = timed_trace(plan, records, _meta(plan))
-    assert trace.meta["complete"] is True
+    assert trace.meta.complete is True
     assert problems(trace, plan=plan) == []
     for rank in trace.ranks:  # the plan's communication, call for call
         assert call_sequences(calls[rank]) == plan_sequences(plan.ops[rank])
     meta = trace.meta
     assert {"host", "torch", "backend", "world", "config", "peak_memory_bytes",
-            "clock_offsets_ns", "clock_error_ns"} <= set(meta)
+            "clock_offsets_ns", "clock_error_ns"} <= set(meta_to_json(meta))
+    assert meta.layout == plan.meta.layout  # the plan's header, and the run's
     paths = write_run(tmp_path, trace)
     back = load_run(tmp_path)
     assert [op.start for op in back.ops[1]] == [op.start for op in trace.ops[1]]
-    assert load(paths[0]).meta["complete"] is True
+    assert load(paths[0]).meta.complete is True
     chrome = json.loads((tmp_path / "chrome.json").read_text())
     spans = [e for e in chrome["traceEvents"] if e["ph"] == "X"]
     assert len(spans) == trace.num_ops()
@@ -75,12 +80,12 @@ def test_a_failing_rank_ends_the_job_and_partial_traces_are_written(tmp_path: Pa
     expected = "ValueError: injected fault" if how == "raise" else "process died (exit code 3)"
     assert str(info.value) == f"rank 1 failed in op {fail_at} ({name}): {expected}"
     trace = timed_trace(plan, info.value.records, _meta(plan, error=str(info.value)))
-    assert trace.meta["complete"] is False
+    assert trace.meta.complete is False
     timed = [op.end is not None for op in trace.ops[1]]
     assert timed == [True] * fail_at + [False] * (len(timed) - fail_at)
     assert any(op.end is not None for op in trace.ops[0])
     write_run(tmp_path, trace)
-    assert load(tmp_path / "rank1.json").meta["complete"] is False
+    assert load(tmp_path / "rank1.json").meta.complete is False
     json.loads((tmp_path / "chrome.json").read_text())
 
 

@@ -26,9 +26,14 @@ def test_the_shipped_cpu_example_runs_and_writes_traces_perfetto_opens(tmp_path,
     assert len(summary["losses"]) == 1 and summary["step_time_s"] > 0
     for rank in range(4):
         trace = load(out / f"rank{rank}.json")
-        assert trace.timed and trace.meta.get("complete") is True
+        assert trace.timed and trace.meta.complete is True
     chrome = json.loads((out / "chrome.json").read_text())
     assert {event["ph"] for event in chrome["traceEvents"]} >= {"X", "M"}
+    # the traces carry the cluster they ran on: a replay without --cluster rebuilds it
+    exp = load_experiment(example_path("gpt-tiny-localhost.toml"))
+    assert trace.meta.cluster_spec == exp.cluster.table is not None
+    assert main(["replay", str(out), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["cluster"] == exp.cluster.name
 
 
 @pytest.mark.parametrize(("flags", "message"), [
@@ -101,7 +106,7 @@ def test_a_failing_rank_is_one_line_naming_it(tmp_path, capsys, monkeypatch):
     assert err.count("\n") == 1 and "Traceback" not in err
     assert err.startswith(f"parasim: error: rank 1 failed in op {fail_at} (")
     assert "ValueError: injected fault" in err and "marked incomplete" in err
-    assert load(out / "rank1.json").meta["complete"] is False
+    assert load(out / "rank1.json").meta.complete is False
 
 
 def test_kernels_writes_profiler_traces_that_kineto_reads(tmp_path, capsys):
@@ -117,7 +122,7 @@ def test_kernels_writes_profiler_traces_that_kineto_reads(tmp_path, capsys):
         path = out / f"kernels-rank{rank}.json"
         assert str(path) in files
         trace = load_kineto(path)
-        assert trace.ranks == [rank] and trace.meta["backend"] == "gloo"
+        assert trace.ranks == [rank] and trace.meta.backend == "gloo"
         ops = trace.ops[rank]
         assert any(op.kind == "compute" for op in ops)
         # the step's gradient all-reduces, as the plan has them (the barrier before the

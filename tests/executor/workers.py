@@ -212,7 +212,7 @@ def walk_plan(ctx: RankContext, plan: Trace, fail_at: int | None = None,
     """Run the plan's communication for real (tensors of the planned sizes, on the planned
     groups and streams) and a small matmul per compute op, each op waited on before the next,
     recording every op; at op `fail_at` on rank 1, raise (or die, or hang)."""
-    layout = Layout(**plan.meta["layout"])
+    layout = plan.meta.layout
     groups = Groups.create(plan_group_keys(plan, layout), ctx.timeout_s)
     comm = Comm(groups, record=True)
     offset, _, _ = measure_clocks(ctx.rank, ctx.world_size, ctx.device)

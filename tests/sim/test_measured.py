@@ -18,7 +18,10 @@ from sim.profile import ComputeParams, LinkParams, Profile
 from sim.simulate import predict
 from tests.sim.commands.test_simulate_cli import SMALL
 from topology import build_cluster
+from topology.config import read_cluster
 from traces.errors import ConfigError
+from traces.header import ClusterTable, TraceMeta
+from traces.header_json import meta_from_json
 from traces.io import dumps, load, save
 from traces.kineto import load_kineto
 from traces.ops import Op, OpKind, Trace
@@ -72,7 +75,7 @@ def test_a_simulated_trace_replays_to_its_own_step_time(tmp_path, known, fold, r
     path = tmp_path / "step.json"
     save(scrambled(times.timed_trace()), path)
     loaded = load_trace(path)
-    assert loaded.source == "parasim" and ("fold" in loaded.trace.meta) == fold
+    assert loaded.source == "parasim" and loaded.trace.meta.folded == fold
     spec = choose_cluster(loaded.trace)  # the cluster the trace names: dgx-h100 x2 rail
     cluster = spec.build()
     assert cluster.name == exp.cluster.name
@@ -85,6 +88,34 @@ def test_a_simulated_trace_replays_to_its_own_step_time(tmp_path, known, fold, r
         (compute, 0) if retime else (0, compute))
     assert result.uncosted_compute == 0  # a parasim trace states every kernel's cost
     assert result.kept_measured_comm == 0
+
+
+def test_a_parasim_trace_replays_on_exactly_the_cluster_it_was_simulated_on(capsys, tmp_path):
+    """No --cluster: the trace's `cluster_spec` rebuilds its cluster, overrides included (the
+    display name "dgx-h100 x2 rail" would lose nic_bandwidth and switch_latency)."""
+    from sim.config import experiment_from_dict
+
+    config = tomllib.loads(SMALL)
+    config["cluster"].update(nic_bandwidth="50Gb/s", switch_latency="7us")
+    exp = experiment_from_dict(config)
+    _, times = predict(exp)
+    path = tmp_path / "step.json"
+    save(times.timed_trace(), path)
+    loaded = load_trace(path)
+    assert loaded.trace.meta.cluster_spec == exp.cluster.table
+    rebuilt, simulated = choose_cluster(loaded.trace).build(), read_cluster(config["cluster"])
+    simulated_cluster = simulated.build()
+    assert rebuilt.name == simulated_cluster.name == "dgx-h100 x2 rail"
+    assert (rebuilt.link_capacity, rebuilt.link_latency, rebuilt.link_kind, rebuilt.devices) == (
+        simulated_cluster.link_capacity, simulated_cluster.link_latency,
+        simulated_cluster.link_kind, simulated_cluster.devices)
+    assert rebuilt.link_capacity != build_cluster("dgx-h100", nodes=2, fabric="rail").link_capacity
+    code, out, err = run_cli(capsys, "replay", path, "--json")
+    assert code == 0, err
+    assert json.loads(out)["step_time_predicted_s"] == pytest.approx(times.step_time_s,
+                                                                     rel=1e-9)
+    resized = choose_cluster(loaded.trace, nodes=4)  # --nodes: the same overrides, more nodes
+    assert resized.num_devices == 32 and resized.server.nic_Bps == simulated.server.nic_Bps
 
 
 def test_retiming_uses_the_profile_given(tmp_path, known):
@@ -259,7 +290,9 @@ def test_a_collective_of_unstated_size_keeps_the_last_arrivals_measured_duration
 
 def small_trace():
     ar = Op(kind=AR, stream="comm", group=(0, 1), size_bytes=MiB, start=0.0, end=1e-3)
-    return Trace({0: (ar,), 1: (ar,)}, {"cluster": "dgx-h100 x1 fat-tree"})
+    table = ClusterTable(preset="dgx-h100", nodes=1, fabric="fat-tree")
+    return Trace({0: (ar,), 1: (ar,)}, TraceMeta(cluster_name="dgx-h100 x1 fat-tree",
+                                                 cluster_spec=table))
 
 
 def edited(tmp_path, change):
@@ -312,7 +345,7 @@ def send_to_nobody(data):
     (truncated_parasim, [], "not a JSON file"),
     (truncated_kineto, ["--cluster", "dgx-a100"], "corrupt or truncated gzip"),
     (lambda p: edited(p, lambda d: d.update(version=99)), [],
-     "unsupported trace version int 99 (supported: 1, 2)"),
+     "unsupported trace version int 99 (supported: 1, 2, 3)"),
     (bad_kineto_version, ["--cluster", "dgx-a100"], "unsupported kineto schemaVersion 99"),
     (lambda p: edited(p, op_field("group", None)), [], "needs a non-empty group of ranks"),
     (lambda p: edited(p, send_without_peer), [], "a send needs a peer rank"),
@@ -320,7 +353,8 @@ def send_to_nobody(data):
                                               "fat-tree (8 accelerators); give --nodes 13"),
     (lambda p: edited(p, op_field("group", [0, 1, 64])), [], "rank 64 does not fit"),
     (lambda p: edited(p, lambda d: d["meta"].clear()), [], "names no cluster to replay on"),
-    (lambda p: edited(p, lambda d: d["meta"].update(cluster="my lab")), [],
+    (lambda p: edited(p, lambda d: (d["meta"].update(cluster="my lab"),
+                                    d["meta"].pop("cluster_spec"))), [],
      "its cluster 'my lab' is not a preset parasim can rebuild; give --cluster"),
     (lambda p: TWO_RANK, [], "its meta names no cluster to replay on (a profiler trace"),
     (lambda p: p / "missing.json", [], "missing.json: no such file or folder"),
@@ -349,16 +383,29 @@ def test_a_rank_that_does_not_fit_names_the_nodes_it_needs():
     assert choose_cluster(trace, "dgx-a100", nodes=2).num_devices == 16
     with pytest.raises(ConfigError, match="its world of 16 ranks does not fit dgx-a100 x1 "
                                           r"fat-tree \(8 accelerators\); give --nodes 2"):
-        choose_cluster(Trace({3: ()}, {"world_size": 16}), "dgx-a100")
+        choose_cluster(Trace({3: ()}, TraceMeta(world_size=16)), "dgx-a100")
 
 
 def test_the_cluster_is_rebuilt_from_the_trace_or_taken_from_flags():
-    trace = Trace({0: ()}, {"cluster": "dgx-h100 x2 rail"})
+    trace = Trace({0: ()}, TraceMeta(cluster_spec=build_cluster("dgx-h100", nodes=2,
+                                                                fabric="rail").table))
     assert choose_cluster(trace).build().name == "dgx-h100 x2 rail"
     assert choose_cluster(trace, nodes=4).nodes == 4
     assert choose_cluster(trace, "dgx-a100").build().name == "dgx-a100 x1 fat-tree"
-    torus = Trace({0: ()}, {"cluster": build_cluster("tpu-v4").name})
+    torus = Trace({0: ()}, TraceMeta(cluster_spec=build_cluster("tpu-v4").table))
     assert choose_cluster(torus).num_devices == 64
+    # a version-2 file states its cluster by its display name only: read back on load
+    old = Trace({0: ()}, meta_from_json({"cluster": build_cluster("tpu-v4").name}, 2))
+    assert choose_cluster(old).num_devices == 64
+    named = Trace({0: ()}, TraceMeta(cluster_name="dgx-h100 x2 rail"))  # a label, not a spec
+    with pytest.raises(ConfigError, match="its cluster 'dgx-h100 x2 rail' is not a preset "):
+        choose_cluster(named)
+    bad = Trace({0: ()}, TraceMeta(cluster_spec=ClusterTable(preset="dgx-h100", nodes=2,
+                                                             fabric="rail",
+                                                             overrides=(("dims", (4, 4)),))))
+    with pytest.raises(ConfigError, match=r"^trace: meta\.cluster_spec\.dims: applies to a "
+                                          "torus preset only"):
+        choose_cluster(bad)
 
 
 def test_a_profiles_measured_links_replace_the_clusters_in_a_replay(capsys, tmp_path, known):

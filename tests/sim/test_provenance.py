@@ -13,6 +13,7 @@ from sim.profile import ComputeParams, Profile
 from sim.provenance import files_sha256, flags_sha256
 from sim.simulate import predict, summary_json
 from tests.sim.commands.test_simulate_cli import SMALL
+from traces.header import ClusterTable, TraceMeta
 from traces.io import save
 from traces.ops import Op, OpKind, Trace
 
@@ -83,7 +84,7 @@ def test_collective_hashes_the_canonical_flags_of_a_preset_or_the_cluster_file(
 def test_replay_hashes_the_trace_file_or_the_folders_listing(capsys, tmp_path):
     ar = Op(kind=OpKind.ALL_REDUCE, stream="c", group=(0, 1), size_bytes=2**20,
             start=0.0, end=1e-4)
-    meta = {"cluster": "dgx-h100 x1 fat-tree"}
+    meta = TraceMeta(cluster_spec=ClusterTable(preset="dgx-h100", nodes=1, fabric="fat-tree"))
     save(Trace({0: (ar,), 1: (ar,)}, meta), tmp_path / "both.json")
     r = run_json(capsys, "replay", tmp_path / "both.json", "--json")
     assert r["parasim"]["config_sha256"] == sha256(tmp_path / "both.json")

@@ -14,6 +14,9 @@ import pytest
 
 from traces import chrome
 from traces.errors import ConfigError
+from traces.header import TraceMeta
+from traces.header_json import meta_from_json
+from traces.io import VERSION
 from traces.ops import Op, OpKind, Phase, Trace
 
 MiB = 2**20
@@ -39,7 +42,7 @@ def step_trace() -> Trace:
     ]
     ops = {rank: tuple(dataclasses.replace(op, start=start, end=end) for op, start, end in ops)
            for rank, ops in ((5, rank5), (0, rank0))}
-    return Trace(ops=ops, meta={"model": "gpt-tiny", "pp": 2})
+    return Trace(ops=ops, meta=TraceMeta(experiment="gpt-tiny", extras={"pp": 2}))
 
 
 def _complete(document: dict[str, Any]) -> list[dict[str, Any]]:
@@ -68,7 +71,7 @@ def test_every_event_is_complete_or_metadata():
     document = chrome.to_chrome(step_trace())
     assert {event["ph"] for event in document["traceEvents"]} == {"X", "M"}
     assert document["displayTimeUnit"] == "ms"
-    assert document["otherData"] == {"model": "gpt-tiny", "pp": 2}
+    assert document["otherData"] == {"experiment": "gpt-tiny", "pp": 2}
 
 
 def test_export_is_valid_json_that_round_trips():
@@ -183,8 +186,8 @@ LAYOUT = {"tp": 2, "cp": 1, "pp": 2, "dp": 2, "vp": 1, "sp": False, "zero": 0,
 
 
 def pipeline_trace(meta: dict[str, Any]) -> Trace:
-    """Ranks 0 and 4 (pp 0 and pp 1 of tp 2 x dp 2 x pp 2): two activations sent 0 -> 4, a
-    gradient back, and a send whose receive is not in the trace."""
+    """Ranks 0 and 4 (pp 0 and pp 1 of tp 2 x dp 2 x pp 2), `meta` as a file states it: two
+    activations sent 0 -> 4, a gradient back, and a send whose receive is not in the trace."""
     def op(kind: OpKind, stream: str, peer: int, tag: str, start: float, end: float) -> Op:
         return Op(kind=kind, stream=stream, peer=peer, tag=tag, size_bytes=MiB, start=start,
                   end=end)
@@ -197,7 +200,7 @@ def pipeline_trace(meta: dict[str, Any]) -> Trace:
     rank4 = (op(OpKind.RECV, "recv_prev", 0, "act", 1e-3, 2e-3),
              op(OpKind.RECV, "recv_prev", 0, "act", 2e-3, 3e-3),
              op(OpKind.SEND, "send_prev", 0, "grad", 5e-3, 6e-3))
-    return Trace(ops={0: rank0, 4: rank4}, meta=meta)
+    return Trace(ops={0: rank0, 4: rank4}, meta=meta_from_json(meta, VERSION))
 
 
 def test_processes_say_their_pipeline_rank_and_what_they_stand_for():

@@ -17,6 +17,9 @@ from hypothesis import strategies as st
 
 from traces import io
 from traces.errors import ConfigError
+from traces.header import TraceMeta
+from traces.header_json import meta_to_json
+from traces.layout import Layout
 from traces.ops import Op, OpKind, Phase, Trace
 
 MiB = 2**20
@@ -48,8 +51,8 @@ def plan_trace() -> Trace:
            phase=Phase.FWD, deps=(0,), flops=2e12),
         Op(kind=OpKind.SEND, stream="p2p", deps=(1,), peer=0, size_bytes=4 * MiB, tag="grad"),
     )
-    meta = {"model": "gpt-tiny", "layout": {"tp": 1, "pp": 2}, "ranks": [0, 1], "fold": False,
-            "mfu": 0.41}
+    meta = TraceMeta(experiment="gpt-tiny", layout=Layout(pp=2, global_batch=2), ranks=(0, 1),
+                     extras={"mfu": 0.41})
     return Trace(ops={0: rank0, 1: rank1}, meta=meta)
 
 
@@ -88,7 +91,7 @@ def test_plan_round_trip_is_lossless_and_restores_types():
     assert type(op.deps) is tuple and op.deps == (2, 3)
     assert type(back.ops[0][5].group) is tuple
     assert type(back.ops[0]) is tuple
-    assert isinstance(back.meta["ranks"], list)
+    assert back.meta.ranks == (0, 1) and back.meta.extras == {"mfu": 0.41}
     assert back.ops[0][3].phase is Phase.RECOMPUTE
 
 
@@ -117,7 +120,7 @@ def test_integers_and_nulls_in_a_file_load_as_the_op_values(tmp_path):
     op = trace.ops[3][0]
     assert op == Op(kind=OpKind.COMPUTE, stream="compute", flops=5.0, start=0.0, end=2.0)
     assert type(op.flops) is float and type(op.start) is float
-    assert trace.meta == {}
+    assert trace.meta == TraceMeta()
 
 
 _ints = st.integers(min_value=0, max_value=4096)
@@ -158,7 +161,7 @@ def _traces(draw: st.DrawFn) -> Trace:
     ranks = draw(st.lists(_ints, max_size=3, unique=True))
     ops = {rank: tuple(draw(_ops(i, rank)) for i in range(draw(st.integers(0, 4))))
            for rank in ranks}
-    return Trace(ops=ops, meta={"seed": draw(_text)})
+    return Trace(ops=ops, meta=TraceMeta(extras={"seed": draw(_text)}))
 
 
 @settings(max_examples=60, deadline=None)
@@ -181,8 +184,9 @@ def test_file_layout_has_schema_version_meta_and_string_rank_keys(tmp_path):
     io.save(plan_trace(), tmp_path / "p.json")
     document = json.loads((tmp_path / "p.json").read_text())
     assert list(document) == ["schema", "version", "meta", "ranks"]
-    assert document["schema"] == "parasim.trace" and document["version"] == 2
-    assert document["meta"] == plan_trace().meta
+    assert document["schema"] == "parasim.trace" and document["version"] == 3
+    assert document["meta"] == meta_to_json(plan_trace().meta)
+    assert document["meta"]["ranks"] == [0, 1] and document["meta"]["mfu"] == 0.41
     assert list(document["ranks"]) == ["0", "1"]
     assert document["ranks"]["0"][5] == {"kind": "all_reduce", "stream": "comm", "deps": [4],
                                          "group": [0, 1], "size_bytes": 12 * MiB,
@@ -206,7 +210,7 @@ def test_enums_and_tuples_are_written_as_plain_strings_and_lists():
 
 def test_two_saves_of_equal_traces_are_byte_identical(tmp_path):
     trace = timed_trace()
-    shuffled = Trace(ops={1: trace.ops[1], 0: trace.ops[0]}, meta=dict(trace.meta))
+    shuffled = Trace(ops={1: trace.ops[1], 0: trace.ops[0]}, meta=trace.meta)
     io.save(trace, tmp_path / "a.json")
     io.save(shuffled, tmp_path / "b.json")
     first = (tmp_path / "a.json").read_bytes()
@@ -263,8 +267,9 @@ def _rank_key(old: str, new: str) -> Callable[[dict], None]:
 BAD_DOCUMENTS = {
     "schema missing": (_del("schema"), r"expected schema 'parasim\.trace', found no 'schema'"),
     "schema wrong": (_set("schema", "chrome.trace"), r"found schema string \"chrome\.trace\""),
-    "version newer": (_set("version", 3), r"unsupported trace version int 3 \(supported: 1, 2\)"),
-    "version missing": (_del("version"), r"no trace 'version' \(supported: 1, 2\)"),
+    "version newer": (_set("version", 4), r"unsupported trace version int 4 \(supported: 1, 2, "
+                                          r"3\)"),
+    "version missing": (_del("version"), r"no trace 'version' \(supported: 1, 2, 3\)"),
     "version text": (_set("version", "1"), r"unsupported trace version string \"1\""),
     "version bool": (_set("version", True), r"unsupported trace version boolean true"),
     "meta not object": (_set("meta", [1]), r"'meta' must be an object, got list \[1\]"),

@@ -159,10 +159,10 @@ def test_recorded_groups_peers_and_meta(recorded: Path) -> None:
         assert [op.peer for op in ops if op.kind.is_p2p] == [1 - rank]
         assert ops[-1].name == "barrier"
     meta = trace.meta
-    assert (meta["source"], meta["world_size"], meta["ranks"], meta["backend"]) == (
-        "kineto", 2, [0, 1], "gloo")
-    assert meta["process_groups"]["1"] == [{"name": "0", "desc": "default_pg", "ranks": [0, 1]}]
-    assert (meta["compute_from"], meta["num_group_assumed"], meta["skipped"]) == ("cpu", 0, {})
+    assert (meta.source, meta.world_size, meta.ranks, meta.backend) == (
+        "kineto", 2, (0, 1), "gloo")
+    assert meta.process_groups[1] == [{"name": "0", "desc": "default_pg", "ranks": [0, 1]}]
+    assert (meta.compute_from, meta.num_group_assumed, meta.skipped) == ("cpu", 0, {})
 
 
 def test_recorded_compute_is_counted_once(recorded: Path) -> None:
@@ -238,9 +238,9 @@ def test_two_rank_trace_finds_each_nccl_kernel_once(two_rank: tuple[Trace, dict]
     assert {(op.group, op.stream) for op in ops} == {((0, 1), "cuda:40")}
     assert {op.dtype for op in ops} == {"fp32", "int64"}
     meta = trace.meta
-    assert (meta["world_size"], meta["ranks"], meta["backend"]) == (2, [0], "nccl")
-    assert meta["skipped"] == {"wait for a collective": 6}
-    assert (meta["num_size_unknown"], meta["num_group_assumed"]) == (0, 0)
+    assert (meta.world_size, meta.ranks, meta.backend) == (2, (0,), "nccl")
+    assert meta.skipped == {"wait for a collective": 6}
+    assert (meta.num_size_unknown, meta.num_group_assumed) == (0, 0)
     check_replayable(trace)
 
 
@@ -257,8 +257,8 @@ def test_eight_rank_trace_finds_each_nccl_collective_once(eight_rank: tuple[Trac
     assert Counter(op.kind.value for op in ops) == {"all_to_all": 42, "all_reduce": 18}
     # No group is stated: the whole world, and the meta says so.
     assert {(op.group, op.stream) for op in ops} == {(tuple(range(8)), "cuda:21")}
-    assert trace.meta["num_group_assumed"] == 60 and trace.meta["world_size"] == 8
-    assert trace.meta["skipped"] == {"communication record naming no collective": 42}
+    assert trace.meta.num_group_assumed == 60 and trace.meta.world_size == 8
+    assert trace.meta.skipped == {"communication record naming no collective": 42}
     check_replayable(trace)
 
 
@@ -367,7 +367,7 @@ def test_unknown_events_are_counted_not_guessed(tmp_path: Path) -> None:
               {"ph": "C", "name": "memory", "ts": 3}, {"ph": "X", "cat": "cpu_op", "ts": "3"},
               _host("c10d::gather_", 20, 5), _host("record_param_comms", 30, 1)]
     trace = load_kineto(_write(tmp_path / "rank0.json", _doc(events)))
-    assert trace.meta["skipped"] == {"category mystery": 1, "phase C": 1, "malformed event": 1,
+    assert trace.meta.skipped == {"category mystery": 1, "phase C": 1, "malformed event": 1,
                                      "collective parasim does not model: gather": 1,
                                      "communication record naming no collective": 1}
     assert [op.name for op in trace.ops[0]] == ["aten::mm"]
@@ -382,8 +382,8 @@ def test_nccl_kernels_and_calls_that_lack_their_other_half(tmp_path: Path) -> No
     trace = load_kineto(_write(tmp_path / "rank0.json", _doc(events)))
     [gather] = comms(trace.ops[0])
     assert (gather.kind, gather.size_bytes, gather.group) == (OpKind.ALL_GATHER, 0.0, (0, 1))
-    assert trace.meta["num_size_unknown"] == 1
-    assert trace.meta["skipped"] == {"NCCL kernel of unknown kind": 1,
+    assert trace.meta.num_size_unknown == 1
+    assert trace.meta.skipped == {"NCCL kernel of unknown kind": 1,
                                      "collective call whose NCCL kernel is not in the trace": 1}
 
 

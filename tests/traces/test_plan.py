@@ -11,7 +11,6 @@ from traces.layout import Axis, Layout, check_layout
 from traces.model import ModelSpec, megatron_step_flops
 from traces.ops import OpKind, Phase
 from traces.plan import build, plan_size
-from traces.plan.meta import read_fold
 
 MODEL = ModelSpec(layers=8, hidden=256, heads=8, seq_len=128, vocab=1024)
 
@@ -145,7 +144,7 @@ def test_folded_plan_is_the_representatives_part_of_the_full_plan():
     layout = Layout(tp=2, pp=2, dp=2, zero=1, global_batch=8)
     check_layout(MODEL, layout)
     full, folded = build(MODEL, layout), build(MODEL, layout, ranks=layout.representatives())
-    assert read_fold(folded.meta) == layout and read_fold(full.meta) is None
+    assert folded.meta.fold == layout and full.meta.fold is None
     assert folded.ranks == [0, 4]
     assert all(folded.ops[r] == full.ops[r] for r in folded.ranks)
 

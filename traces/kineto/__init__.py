@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from traces.errors import ConfigError
+from traces.header import TraceMeta
 from traces.kineto import files
 from traces.kineto.deps import dependencies, in_order
 from traces.kineto.events import Events, parse
@@ -58,18 +59,18 @@ def load_kineto(path: str | os.PathLike[str], *, max_bytes: int = MAX_BYTES) -> 
     for result, _, _ in found.values():
         skipped.update(result.skipped)
     backends = {f.backend for f in rank_files}
-    meta = {
-        "source": "kineto",
-        "world_size": world_size,
-        "ranks": sorted(ops),
-        "backend": backends.pop() if len(backends) == 1 else None,
-        "process_groups": {str(f.rank): f.groups for f in rank_files},
-        "files": {str(f.rank): f.path.name for f in rank_files},
-        "compute_from": "gpu" if all(f.events.device for f in rank_files) else "cpu",
-        "num_group_assumed": sum(r.num_group_assumed for r, _, _ in found.values()),
-        "num_size_unknown": sum(r.num_size_unknown for r, _, _ in found.values()),
-        "skipped": dict(sorted(skipped.items())),
-    }
+    meta = TraceMeta(
+        source="kineto",
+        world_size=world_size,
+        ranks=tuple(sorted(ops)),
+        backend=backends.pop() if len(backends) == 1 else None,
+        process_groups={f.rank: f.groups for f in rank_files},
+        files={f.rank: f.path.name for f in rank_files},
+        compute_from="gpu" if all(f.events.device for f in rank_files) else "cpu",
+        num_group_assumed=sum(r.num_group_assumed for r, _, _ in found.values()),
+        num_size_unknown=sum(r.num_size_unknown for r, _, _ in found.values()),
+        skipped=dict(sorted(skipped.items())),
+    )
     return Trace(ops=ops, meta=meta)
 
 

@@ -27,9 +27,9 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable
-from typing import Any
 
 from traces.errors import ConfigError
+from traces.header import TraceMeta
 from traces.layout import Layout
 from traces.model import ModelSpec
 from traces.nogc import paused_gc
@@ -38,7 +38,6 @@ from traces.pipeline import Action, ActionSchedule, layout_schedule
 from traces.plan.budget import OpBudget, OverBudget
 from traces.plan.compute import count_compute, lower_compute
 from traces.plan.data import add_data_parallel
-from traces.plan.meta import fold_meta
 from traces.plan.nodes import Program, RankContext, finalize
 from traces.plan.optimizer import add_optimizer
 from traces.plan.p2p import add_pipeline_p2p
@@ -62,14 +61,8 @@ def build(model: ModelSpec, layout: Layout, ranks: Iterable[int] | None = None, 
     with paused_gc():
         ops = _lower(model, layout, chosen, schedule)
     folded = chosen == layout.representatives() and layout.world > len(chosen)
-    meta: dict[str, Any] = {
-        "model": _model_meta(model),
-        "layout": layout.to_dict(),
-        "world": layout.world,
-    }
-    if folded:
-        meta["fold"] = fold_meta(layout)
-    return Trace(ops, meta)
+    return Trace(ops, TraceMeta(model=model, layout=layout, world=layout.world,
+                                fold=layout if folded else None))
 
 
 def plan_size(model: ModelSpec, layout: Layout, ranks: Iterable[int] | None = None) -> int:
@@ -150,9 +143,3 @@ def lower_rank(model: ModelSpec, layout: Layout, rank: int, actions: list[Action
 
 def _size(program: Program) -> int:
     return sum(map(len, program))
-
-
-def _model_meta(model: ModelSpec) -> dict[str, object]:
-    return {f: getattr(model, f) for f in ("layers", "hidden", "heads", "seq_len", "vocab",
-                                           "ffn_hidden", "dtype", "tied_embeddings",
-                                           "attention")}

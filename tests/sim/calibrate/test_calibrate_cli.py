@@ -3,6 +3,7 @@ one error line, exit 2, and no output file left behind."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -201,7 +202,8 @@ def test_traces_measured_on_a_cpu_are_not_fitted_as_a_gpu_cluster(recorded, tmp_
     folder.mkdir()
     for rank in (0, 1):
         part = load(recorded / f"rank{rank}.json")
-        save(type(part)(part.ops, {**part.meta, "backend": "gloo"}), folder / f"rank{rank}.json")
+        save(type(part)(part.ops, dataclasses.replace(part.meta, backend="gloo")),
+             folder / f"rank{rank}.json")
     out = tmp_path / "p.json"
     code, _, err = run_cli(capsys, "calibrate", folder, "--cluster", "dgx-a100", "-o", out)
     assert code == 2 and "measured on the CPU (gloo)" in err and not out.exists()

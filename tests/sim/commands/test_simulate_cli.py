@@ -81,7 +81,7 @@ def test_output_files(capsys, small, tmp_path):
                            "--report", report)
     assert code == 0 and "step time" in out
     timed = load(trace)
-    assert timed.timed and "fold" in timed.meta and timed.ranks == [0, 8]
+    assert timed.timed and timed.meta.folded and timed.ranks == [0, 8]
     events = json.loads(chrome.read_text())["traceEvents"]
     assert len([e for e in events if e["ph"] == "X"]) == timed.num_ops()
     assert to_chrome(timed)["traceEvents"] == events

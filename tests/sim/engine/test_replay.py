@@ -9,11 +9,12 @@ from sim.models.compute import ComputeModel
 from sim.profile import default_profile
 from topology import build_cluster
 from traces.errors import ConfigError
+from traces.header import check_fold_ranks
+from traces.header_json import meta_from_json
 from traces.layout import Layout, check_layout
 from traces.model import ModelSpec
 from traces.ops import Op, OpKind, Trace
 from traces.plan import build
-from traces.plan.meta import fold_meta, read_fold
 
 MODEL = ModelSpec(layers=8, hidden=1024, heads=16, seq_len=1024, vocab=32000)
 MiB = 2**20
@@ -162,16 +163,18 @@ def test_progress_is_reported_as_ops_done_of_ops_in_all(h100):
 
 def test_the_fold_is_read_from_the_plan_meta_old_and_new_spelling():
     layout = Layout(tp=2, pp=2, dp=4, global_batch=16)
-    assert read_fold({"fold": fold_meta(layout)}) == layout
-    assert read_fold({"folded": True, "layout": layout.to_dict()}) == layout  # version 1
-    assert read_fold({"fold": fold_meta(layout), "world": 16}, ranks=[0, 8]) == layout
-    assert read_fold({"layout": layout.to_dict()}) is None  # a plan of every rank
+    fold = {"axes": ["tp", "dp"], "layout": layout.to_dict()}
+    assert meta_from_json({"fold": fold}, 3).fold == layout
+    assert meta_from_json({"folded": True, "layout": layout.to_dict()}, 1).fold == layout
+    assert meta_from_json({"fold": fold, "world": 16}, 3).fold == layout
+    assert meta_from_json({"layout": layout.to_dict()}, 3).fold is None  # every rank
     with pytest.raises(ConfigError, match="meta.fold"):
-        read_fold({"fold": {"axes": ["tp"], "layout": {}}})
+        meta_from_json({"fold": {"axes": ["tp"], "layout": {}}}, 3)
     with pytest.raises(ConfigError, match=r"^trace: meta\.layout\.tensor: unknown key"):
-        read_fold({"folded": True, "layout": {"tensor": 2}})
+        meta_from_json({"folded": True, "layout": {"tensor": 2}}, 1)
+    check_fold_ranks(layout, [0, 8])
     with pytest.raises(ConfigError, match=r"folds onto ranks \[0, 8\] .* holds ranks \[0\]$"):
-        read_fold({"fold": fold_meta(layout)}, ranks=[0])
+        check_fold_ranks(layout, [0])
 
 
 def test_the_replay_checks_the_fold_against_the_plan_and_the_cluster(h100):

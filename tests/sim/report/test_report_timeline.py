@@ -24,7 +24,6 @@ from sim.report.timeline import (
 from sim.simulate import predict
 from tests.sim.report.report_cases import PP4_M8, TP2_PP2_DP2, experiment, lane_name
 from traces.pipeline import build_schedule
-from traces.plan.meta import read_layout
 
 intervals = st.lists(st.tuples(st.integers(0, 1000), st.integers(0, 60)), max_size=30)
 
@@ -62,7 +61,7 @@ def test_busy_between_is_the_covered_length(raw, windows):
 def test_passes_run_in_the_schedule_order(schedule, extra):
     exp = experiment(PP4_M8, schedule=schedule, **extra)
     _, times = predict(exp)
-    layout = read_layout(times.plan.meta)
+    layout = times.plan.meta.layout
     plan = build_schedule(schedule, 4, 8, extra.get("vp", 1))
     for rank in times.plan.ranks:
         pp = layout.coords(rank).pp
