@@ -10,6 +10,9 @@ import json
 
 import pytest
 
+pytest.importorskip("torch")  # the executor runs on torch
+
+
 from executor.consistency import problems
 from executor.recorder import load_run
 from sim.cli import main

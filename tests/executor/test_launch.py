@@ -14,6 +14,9 @@ from pathlib import Path
 
 import pytest
 
+pytest.importorskip("torch")  # the executor runs on torch
+
+
 from executor.launch import spawn
 from tests.executor.workers import Case, hang
 from traces.chrome import event_name
