@@ -9,7 +9,6 @@ import pytest
 
 pytest.importorskip("torch")  # the executor runs on torch
 
-
 from executor.recorder import load_run
 from sim.cli import main
 from sim.config import example_path, load_experiment

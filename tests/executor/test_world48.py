@@ -7,7 +7,6 @@ import pytest
 
 pytest.importorskip("torch")  # the executor runs on torch
 
-
 from executor.launch import spawn
 from executor.reference import train
 from tests.executor.checks import check_training
