@@ -466,6 +466,10 @@ def test_a_fold_that_does_not_fit_the_trace_or_the_cluster_is_one_line(capsys, w
 
 
 def test_a_version_1_plan_marked_folded_is_read_with_its_layout(capsys, write, tmp_path):
+    """Version 1 said `"folded": true` and was folded with its own `layout`. With one NIC per
+    server the folded copies' pipeline messages share the representatives' NIC, so the fold
+    shows in the step time: the old spelling replays exactly as `fold` does, and slower than
+    the same two ranks read as a plan without a fold (what ignoring the layout would give)."""
     def old_spelling(meta: dict, ranks: dict) -> None:
         del meta["fold"]
         meta["folded"] = True
@@ -477,3 +481,22 @@ def test_a_version_1_plan_marked_folded_is_read_with_its_layout(capsys, write, t
     code, out, err = run(capsys, "replay", path, "--json")
     assert code == 0, err
     assert json.loads(out)["num_ranks"] == 2
+
+    def no_fold(meta: dict, ranks: dict) -> None:
+        del meta["fold"]
+
+    one_nic = write('[cluster]\npreset = "dgx-h100"\nnodes = 2\nnics_per_node = 1\n', "nic.toml")
+
+    def step_s(edit) -> float:
+        trace = _edited_trace(capsys, write, tmp_path, edit)
+        code, out, err = run(capsys, "replay", trace, "--cluster", one_nic, "--json")
+        assert code == 0, err
+        return json.loads(out)["step_time_predicted_s"]
+
+    folded = step_s(lambda meta, ranks: None)
+    assert step_s(old_spelling) == folded
+    assert step_s(no_fold) < folded * 0.99
+    # Its layout is checked as `fold`'s is, under its own name.
+    refused(capsys, "trace: meta.layout: tp 2 x cp 1 x pp 2 x dp 64 = 256 ranks, but meta.world "
+            "is 16", "replay", _edited_trace(capsys, write, tmp_path, lambda meta, ranks: (
+                old_spelling(meta, ranks), meta["layout"].update(dp=64, global_batch=256))))

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+pytest.importorskip("torch")  # the executor runs on torch
+
 from executor.consistency import problems
 from executor.launch import JobFailed, spawn
 from executor.recorder import timed_trace

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+pytest.importorskip("torch")  # the executor runs on torch
+
 from executor.launch import spawn
 from tests.executor.workers import Case, hang
 from traces.chrome import event_name
@@ -40,6 +42,7 @@ def _alive(pid: int) -> bool:
     return not (stat.exists() and stat.read_text().split()[2] == "Z")
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
 def test_ctrl_c_ends_every_rank(tmp_path: Path) -> None:
     pid_file = tmp_path / "pid"
@@ -68,6 +71,7 @@ def test_ctrl_c_ends_every_rank(tmp_path: Path) -> None:
     assert not any(_alive(pid) for pid in pids)
 
 
+@pytest.mark.slow
 def test_join_a_torchrun_world_and_name_a_failing_rank(tmp_path: Path) -> None:
     script = tmp_path / "job.py"
     script.write_text(textwrap.dedent("""
@@ -95,6 +99,7 @@ def test_join_a_torchrun_world_and_name_a_failing_rank(tmp_path: Path) -> None:
     assert "parasim: error: rank 1 failed in op 4: RuntimeError: injected" in proc.stderr
 
 
+@pytest.mark.slow
 def test_a_failing_rank_under_torchrun_writes_its_partial_trace(tmp_path: Path) -> None:
     model, layout = Case(dict(dp=2, global_batch=4)).specs()
     plan = build(model, layout)

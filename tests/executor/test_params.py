@@ -4,6 +4,9 @@ arithmetic, shards reassemble the full tensors, buckets equal the plan builder's
 from __future__ import annotations
 
 import pytest
+
+pytest.importorskip("torch")  # the executor runs on torch
+
 import torch
 
 from executor.flat import FlatLayout, Shards, rule_buckets, sized_buckets, unit_buckets

@@ -8,6 +8,8 @@ import dataclasses
 
 import pytest
 
+pytest.importorskip("torch")  # the executor runs on torch
+
 from executor.program import Call, lower
 from tests.executor.workers import Case
 from traces.errors import ConfigError

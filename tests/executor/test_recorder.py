@@ -12,6 +12,8 @@ from typing import Any
 
 import pytest
 
+pytest.importorskip("torch")  # the executor runs on torch
+
 from executor.consistency import problems
 from executor.launch import JobFailed, spawn
 from executor.recorder import buffer_size, load_run, run_meta, timed_trace, write_run

@@ -4,6 +4,9 @@ train exactly as the single-process reference; recomputation changes memory, not
 from __future__ import annotations
 
 import pytest
+
+pytest.importorskip("torch")  # the executor runs on torch
+
 import torch
 
 from executor.comm import Comm

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+pytest.importorskip("torch")  # the executor runs on torch
+
 from executor.launch import spawn
 from executor.reference import train
 from tests.executor.checks import check_training

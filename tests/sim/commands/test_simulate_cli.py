@@ -1,12 +1,15 @@
 """`parasim simulate`: the summary, --json, output files, and one-line errors (exit 2)."""
 
 import json
+import re
 import subprocess
 import sys
 
 import pytest
 
 from sim.cli import main
+from sim.report import read_payload
+from tests.sim.report.report_cases import typed
 from traces.chrome import to_chrome
 from traces.io import load
 from traces.model import ModelSpec, megatron_step_flops
@@ -85,7 +88,28 @@ def test_output_files(capsys, small, tmp_path):
     events = json.loads(chrome.read_text())["traceEvents"]
     assert len([e for e in events if e["ph"] == "X"]) == timed.num_ops()
     assert to_chrome(timed)["traceEvents"] == events
-    assert report.read_text().startswith("<")
+    check_report(report.read_text(), json.loads(run_cli(capsys, "simulate", small, "--json")[1]))
+
+
+def check_report(page: str, r: dict) -> None:
+    """The page is whole, has a div for each figure it carries, and draws the step --json
+    states: the time axes end at its step time, the breakdown's bars are its ranks' times,
+    and the memory bars add up to its per-stage peaks."""
+    assert page.startswith("<!DOCTYPE html>") and page.rstrip().endswith("</html>")
+    assert "<h1>parasim: small</h1>" in page and f"{r['step_time_s']:.4g} s" in page
+    figures = read_payload(page)["figures"]
+    divs = re.findall(r"<div id='([\w-]+)' class='figure'", page)
+    assert sorted(divs) == sorted(figures) and len(divs) == 6
+    assert all(figure["data"] for figure in figures.values())
+    for div in ("parasim-pipeline", "parasim-lanes", "parasim-memory-time"):
+        assert figures[div]["layout"]["xaxis"]["range"] == [0, r["step_time_s"]]
+    bars = {t["name"]: typed(t["y"]) for t in figures["parasim-breakdown"]["data"]}
+    for key, name in (("compute_s", "compute"), ("exposed_comm_s", "exposed communication"),
+                      ("idle_s", "idle (bubble)")):
+        assert bars[name] == pytest.approx([rank[key] for rank in r["ranks"]], rel=1e-12)
+    memory = sum(typed(t["y"]) for t in figures["parasim-memory"]["data"])
+    assert memory * 2**30 == pytest.approx([m["total_bytes"] for m in r["memory_by_pp_rank"]],
+                                           rel=1e-6)
 
 
 def test_unfolded_and_folded_agree(capsys, small):

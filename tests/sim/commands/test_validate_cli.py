@@ -10,6 +10,8 @@ from importlib import metadata
 
 import pytest
 
+pytest.importorskip("torch")  # validate runs the config for real
+
 from sim.cli import main
 from sim.profile import ComputeParams, LinkParams, Profile
 
@@ -88,6 +90,7 @@ def test_json_fields_are_present_and_consistent(files, capsys):
         assert f'id="parasim-validate-{part}"' in page
 
 
+@pytest.mark.slow
 def test_without_a_profile_the_microbenchmarks_run_first(files, capsys):
     tmp, config, _ = files
     code = main([str(a) for a in ("validate", config, "--steps", "1", "--sizes", "4K:64K",

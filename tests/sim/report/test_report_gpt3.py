@@ -18,6 +18,7 @@ from sim.simulate import predict
 from tests.sim.report.report_cases import drawn_shapes, lane_name, pass_points
 
 MB = 1e6
+pytestmark = pytest.mark.slow  # one 1024-GPU simulation and its report: ~20 s
 
 
 @pytest.fixture(scope="module")

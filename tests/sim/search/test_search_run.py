@@ -74,6 +74,7 @@ def test_pruned_are_exactly_what_the_rules_and_the_memory_model_reject(result, i
     assert len(result.infeasible) > 0 and independent["invalid"] > 0  # both kinds happen
 
 
+@pytest.mark.slow
 def test_the_best_is_the_best_of_simulating_every_candidate(problem, result):
     feasible = [r.layout for r in result.feasible]
     assert result.top_k <= len(feasible) / 10
@@ -135,6 +136,7 @@ def test_one_or_two_workers_give_byte_identical_json(capsys, config):
     assert sum(data["pruned"].values()) == data["candidates"] - data["fit"]
 
 
+@pytest.mark.slow
 def test_ray_gives_the_same_json(capsys, config):
     ray = pytest.importorskip("ray")
     local = run_json(capsys, config, "--workers", "2")
