@@ -181,7 +181,7 @@ def test_file_layout_has_schema_version_meta_and_string_rank_keys(tmp_path):
     io.save(plan_trace(), tmp_path / "p.json")
     document = json.loads((tmp_path / "p.json").read_text())
     assert list(document) == ["schema", "version", "meta", "ranks"]
-    assert document["schema"] == "parasim.trace" and document["version"] == 2
+    assert document["schema"] == "parasim.trace" and document["version"] == 3
     assert document["meta"] == plan_trace().meta
     assert list(document["ranks"]) == ["0", "1"]
     assert document["ranks"]["0"][5] == {"kind": "all_reduce", "stream": "comm", "deps": [4],
@@ -263,8 +263,9 @@ def _rank_key(old: str, new: str) -> Callable[[dict], None]:
 BAD_DOCUMENTS = {
     "schema missing": (_del("schema"), r"expected schema 'parasim\.trace', found no 'schema'"),
     "schema wrong": (_set("schema", "chrome.trace"), r"found schema string \"chrome\.trace\""),
-    "version newer": (_set("version", 3), r"unsupported trace version int 3 \(supported: 1, 2\)"),
-    "version missing": (_del("version"), r"no trace 'version' \(supported: 1, 2\)"),
+    "version newer": (_set("version", 4),
+                      r"unsupported trace version int 4 \(supported: 1, 2, 3\)"),
+    "version missing": (_del("version"), r"no trace 'version' \(supported: 1, 2, 3\)"),
     "version text": (_set("version", "1"), r"unsupported trace version string \"1\""),
     "version bool": (_set("version", True), r"unsupported trace version boolean true"),
     "meta not object": (_set("meta", [1]), r"'meta' must be an object, got list \[1\]"),

@@ -13,17 +13,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from traces.kernels import (
-    ATTENTION_CORE,
-    Kernel,
-    embedding_kernels,
-    head_kernels,
-    layer_kernels,
-)
+from traces.kernels import KernelWork, embedding_kernels, head_kernels, layer_kernels
 from traces.layout import Recompute
 from traces.ops import Op, OpKind, Phase, Stream
 from traces.pipeline import Action
-from traces.plan.nodes import Node, Program, RankContext, Unit
+from traces.plan.nodes import Node, Program, RankContext
+from traces.purpose import ATTENTION_CORE, EMBED, HEAD, Kernel, KernelRun, Unit
 
 
 def lower_compute(ctx: RankContext, actions: list[Action]) -> Program:
@@ -55,32 +50,33 @@ class _StageKernels:
     def forward(self, action: Action) -> list[Node]:
         mb, nodes = action.microbatch, []
         if action.stage == 0:
-            nodes += _nodes(self.embed_forward, "embed", None, mb)
+            nodes += _nodes(self.embed_forward, EMBED, None, mb)
         for layer in self.ctx.layout.layers_of_stage(self.ctx.model, action.stage):
-            nodes += _nodes(self.layer_forward, layer, layer, mb)
+            nodes += _nodes(self.layer_forward, Unit.of_layer(layer), layer, mb)
         if action.stage == self.ctx.last_stage:
-            nodes += _nodes(self.head_forward, "head", None, mb)
+            nodes += _nodes(self.head_forward, HEAD, None, mb)
         return nodes
 
     def backward(self, action: Action) -> list[Node]:
         mb, nodes = action.microbatch, []
         if action.stage == self.ctx.last_stage:
-            nodes += _nodes(self.head_backward, "head", None, mb)
+            nodes += _nodes(self.head_backward, HEAD, None, mb)
         for layer in reversed(self.ctx.layout.layers_of_stage(self.ctx.model, action.stage)):
-            nodes += _nodes(self.layer_backward, layer, layer, mb)
+            nodes += _nodes(self.layer_backward, Unit.of_layer(layer), layer, mb)
         if action.stage == 0:
-            nodes += _nodes(self.embed_backward, "embed", None, mb)
+            nodes += _nodes(self.embed_backward, EMBED, None, mb)
         return nodes
 
 
-Run = list[tuple[Kernel, Phase]]
+Run = list[tuple[KernelWork, Phase]]
 
 
-def _run(kernels: list[Kernel], phase: Phase) -> Run:
+def _run(kernels: list[KernelWork], phase: Phase) -> Run:
     return [(k, phase) for k in kernels]
 
 
-def _layer_backward(layer: list[Kernel], recompute: Recompute, core: tuple[str, ...]) -> Run:
+def _layer_backward(layer: list[KernelWork], recompute: Recompute, core: tuple[Kernel, ...]
+                    ) -> Run:
     """A layer's backward kernels with its recomputation: `full` re-runs the whole forward
     first; `selective` re-runs the attention core when the backward reaches it (where
     autograd meets the checkpointed core)."""
@@ -101,7 +97,8 @@ def _nodes(run: list[dict[str, Any]], unit: Unit, layer: int | None, mb: int) ->
 
 
 def _fields(run: Run) -> list[dict[str, Any]]:
-    return [{"kind": OpKind.COMPUTE, "stream": Stream.COMPUTE, "name": k.name, "phase": phase,
+    return [{"kind": OpKind.COMPUTE, "stream": Stream.COMPUTE, "name": str(k.name),
+             "purpose": KernelRun(k.name), "phase": phase,
              "flops": k.bwd_flops if phase is Phase.BWD else k.flops,
              "mem_bytes": k.bwd_bytes if phase is Phase.BWD else k.mem_bytes,
              "gemm": k.gemm or ()} for k, phase in run]
