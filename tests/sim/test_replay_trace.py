@@ -313,7 +313,7 @@ def send_to_nobody(data):
     (truncated_parasim, [], "not a JSON file"),
     (truncated_kineto, ["--cluster", "dgx-a100"], "corrupt or truncated gzip"),
     (lambda p: edited(p, lambda d: d.update(version=99)), [],
-     "unsupported trace version int 99 (supported: 1, 2)"),
+     "unsupported trace version int 99 (supported: 1, 2, 3)"),
     (bad_kineto_version, ["--cluster", "dgx-a100"], "unsupported kineto schemaVersion 99"),
     (lambda p: edited(p, op_field("group", None)), [], "needs a non-empty group of ranks"),
     (lambda p: edited(p, send_without_peer), [], "a send needs a peer rank"),
