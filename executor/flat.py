@@ -16,12 +16,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from executor.params import ParamSpec, layer_unit, unit_specs, units_of_rank
+from executor.params import ParamSpec, unit_specs, units_of_rank
 from traces.errors import ConfigError
 from traces.layout import Layout
 from traces.model import ModelSpec
 from traces.plan.data import gradient_buckets
 from traces.plan.nodes import RankContext
+from traces.purpose import Unit
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,7 +30,7 @@ class Bucket:
     index: int
     start: int
     end: int
-    units: tuple[str, ...]
+    units: tuple[Unit, ...]
 
     @property
     def numel(self) -> int:
@@ -42,9 +43,9 @@ class FlatLayout:
     def __init__(self, model: ModelSpec, layout: Layout, pp_rank: int) -> None:
         self.model, self.layout, self.pp_rank = model, layout, pp_rank
         self.units = units_of_rank(model, layout, pp_rank)
-        self.specs: dict[str, list[ParamSpec]] = {}
-        self.unit_range: dict[str, tuple[int, int]] = {}
-        self.param_range: dict[tuple[str, str], tuple[int, int]] = {}
+        self.specs: dict[Unit, list[ParamSpec]] = {}
+        self.unit_range: dict[Unit, tuple[int, int]] = {}
+        self.param_range: dict[tuple[Unit, str], tuple[int, int]] = {}
         offset = 0
         for unit in self.units:
             specs = unit_specs(model, layout, unit, pp_rank)
@@ -56,7 +57,7 @@ class FlatLayout:
             self.unit_range[unit] = (start, offset)
         self.total = offset
 
-    def unit_numel(self, unit: str) -> int:
+    def unit_numel(self, unit: Unit) -> int:
         start, end = self.unit_range[unit]
         return end - start
 
@@ -66,7 +67,7 @@ class FlatLayout:
                 if s.sp_partial]
 
 
-def _buckets(flat: FlatLayout, groups: list[list[str]]) -> list[Bucket]:
+def _buckets(flat: FlatLayout, groups: list[list[Unit]]) -> list[Bucket]:
     out: list[Bucket] = []
     for units in groups:
         start, end = flat.unit_range[units[0]][0], flat.unit_range[units[-1]][1]
@@ -79,10 +80,7 @@ def rule_buckets(flat: FlatLayout) -> list[Bucket]:
     """Buckets by the plan builder's rule (`traces.plan.data.gradient_buckets`)."""
     layout = flat.layout
     ctx = RankContext(model=flat.model, layout=layout, rank=layout.rank(pp=flat.pp_rank))
-    # The plan names the units outside the layers "head" and "embed", as HEAD and EMBED.
-    groups = [[u if isinstance(u, str) else layer_unit(u) for u in bucket]
-              for bucket in gradient_buckets(ctx)]
-    return _buckets(flat, groups)
+    return _buckets(flat, gradient_buckets(ctx))
 
 
 def unit_buckets(flat: FlatLayout) -> list[Bucket]:
@@ -94,13 +92,14 @@ def sized_buckets(flat: FlatLayout, sizes_bytes: Sequence[float], elem_bytes: in
                   ) -> list[Bucket]:
     """Buckets of the given sizes (a plan's `grads` ops, in order), which must cut the flat
     order at unit boundaries; a ConfigError says where they do not."""
-    groups: list[list[str]] = []
+    groups: list[list[Unit]] = []
     units = iter(flat.units)
     for index, size in enumerate(sizes_bytes):
         if size % elem_bytes:
             raise ConfigError(f"plan: gradient bucket {index} of {size:g} bytes is not a whole "
                               f"number of {elem_bytes}-byte elements")
-        want, current, got = int(size) // elem_bytes, [], 0
+        want, got = int(size) // elem_bytes, 0
+        current: list[Unit] = []
         while got < want:
             unit = next(units, None)
             if unit is None:
@@ -110,7 +109,7 @@ def sized_buckets(flat: FlatLayout, sizes_bytes: Sequence[float], elem_bytes: in
             got += flat.unit_numel(unit)
         if got != want:
             raise ConfigError(f"plan: gradient bucket {index} ({want} parameters) does not end "
-                              f"at a unit boundary (units {current} hold {got})")
+                              f"at a unit boundary (units {_names(current)} hold {got})")
         groups.append(current)
     if next(units, None) is not None:
         raise ConfigError(f"plan: gradient buckets hold fewer than the rank's {flat.total} "
@@ -118,10 +117,14 @@ def sized_buckets(flat: FlatLayout, sizes_bytes: Sequence[float], elem_bytes: in
     return _buckets(flat, groups)
 
 
+def _names(units: Sequence[Unit]) -> str:
+    return ", ".join(map(str, units))
+
+
 def check_shardable(buckets: list[Bucket], dp: int) -> None:
     for b in buckets:
         if b.numel % dp:
-            raise ConfigError(f"parallel.dp: bucket {b.index} (units {', '.join(b.units)}) holds "
+            raise ConfigError(f"parallel.dp: bucket {b.index} (units {_names(b.units)}) holds "
                               f"{b.numel} parameters, not divisible by dp = {dp}; ZeRO shards "
                               "every bucket in dp equal slices")
 

@@ -17,6 +17,7 @@ from executor.comm import Comm, Handle
 from executor.flat import Bucket, FlatLayout, Shards
 from executor.groups import GroupKey
 from executor.memory import MemoryMeter
+from traces.purpose import Unit
 
 
 class GradStore:
@@ -49,7 +50,7 @@ class GradStore:
             self._transient[bucket.index] = entry
         return entry[0]
 
-    def accumulate(self, unit: str, name: str, grad: torch.Tensor) -> None:
+    def accumulate(self, unit: Unit, name: str, grad: torch.Tensor) -> None:
         bucket = self.bucket_of[unit]
         start, end = self.flat.param_range[(unit, name)]
         view = self.bucket_tensor(bucket)[start - bucket.start:end - bucket.start]
@@ -111,7 +112,7 @@ class GradStore:
         owned = pos >= 0
         return flat_pos.to(self.device), owned.to(self.device), pos[owned].to(self.device)
 
-    def sp_unit_all_reduce(self, unit: str, comm: Comm, key: GroupKey, *,
+    def sp_unit_all_reduce(self, unit: Unit, comm: Comm, key: GroupKey, *,
                            async_op: bool = False) -> Handle:
         """Sum one unit's SP parameters' gradients over the TP group, in its bucket buffer
         before the bucket's DP reduction (exact for every ZeRO stage): one buffer of them."""

@@ -24,6 +24,20 @@ from collections.abc import Callable, Iterable
 
 import torch
 
+from executor.calls import (
+    Call,
+    CeCollective,
+    Compute,
+    EmbeddingAllReduce,
+    GatherBucket,
+    GatherReceived,
+    GatherUnit,
+    OptimizerStep,
+    ReduceBucket,
+    SpAllReduce,
+    TpCollective,
+    Transfer,
+)
 from executor.comm import Comm, Handle
 from executor.memory import MemoryMeter
 from executor.program import RankProgram, lower
@@ -53,9 +67,8 @@ class Interpreter:
                                    buckets=program.buckets, meter=MemoryMeter())
         self.recorder = recorder
         self.cuda = device.type == "cuda"
-        self.calls: list[Callable[[], Handle | None]] = [
-            functools.partial(getattr(self.runtime, call.method), *call.args)
-            for call in program.calls]
+        self.calls: list[Callable[[], Handle | None]] = [bind(self.runtime, call)
+                                                          for call in program.calls]
         self.deps = [op.deps for op in self.ops]
         self.on_compute = [op.stream == Stream.COMPUTE for op in self.ops]
 
@@ -76,6 +89,37 @@ class Interpreter:
         if self.cuda:
             return torch.cuda.max_memory_allocated()
         return self.runtime.meter.peak_bytes
+
+
+def bind(rt: RankRuntime, call: Call) -> Callable[[], Handle | None]:
+    """The runtime operation a call names, with its arguments (one arm per `Call` type)."""
+    p = functools.partial
+    match call:
+        case Compute(kernel=kernel, phase=phase, layer=layer, mb=mb):
+            return p(rt.compute, kernel, phase, layer, mb)
+        case OptimizerStep():
+            return rt.optimizer_step
+        case TpCollective(site=site, layer=layer, mb=mb):
+            return p(rt.tp, site, layer, mb)
+        case CeCollective(stat=stat, mb=mb):
+            return p(rt.ce_collective, stat, mb)
+        case GatherReceived(boundary=boundary, mb=mb, tag=tag):
+            return p(rt.gather_received, boundary, mb, tag)
+        case SpAllReduce(unit=unit, stream=stream):
+            return p(rt.sp_grads, unit, stream)
+        case EmbeddingAllReduce():
+            return rt.embedding_grads
+        case ReduceBucket(index=index, stream=stream):
+            return p(rt.reduce_bucket, index, stream)
+        case GatherBucket(index=index, stream=stream):
+            return p(rt.gather_bucket, index, stream)
+        case GatherUnit(unit=unit, stream=stream):
+            return p(rt.gather_unit, unit, stream)
+        case Transfer(send=True, boundary=boundary, mb=mb, tag=tag, peer=peer):
+            return p(rt.send, boundary, mb, tag, peer)
+        case Transfer(send=False, boundary=boundary, mb=mb, tag=tag, peer=peer):
+            return p(rt.recv, boundary, mb, tag, peer)
+    raise AssertionError(f"no runtime operation for {call!r}")
 
 
 class _StepRun:

@@ -26,6 +26,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from traces.purpose import Kernel
+
 LN_EPS = 1e-5
 Slot = tuple[int | str, str]
 
@@ -50,8 +52,8 @@ class KernelContext:
 
 
 @dataclass(frozen=True, slots=True)
-class Kernel:
-    name: str
+class TorchKernel:
+    name: Kernel
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
     params: tuple[str, ...]
@@ -202,12 +204,12 @@ def ce_loss(stats: torch.Tensor) -> torch.Tensor:
 # --- the table ------------------------------------------------------------------------------
 
 def _k(name: str, inputs: str, outputs: str, params: str, fn: Callable[..., tuple[torch.Tensor,
-       ...]], scope: str = "layer") -> Kernel:
-    return Kernel(name, tuple(inputs.split()), tuple(outputs.split()), tuple(params.split()), fn,
-                  scope)
+       ...]], scope: str = "layer") -> TorchKernel:
+    return TorchKernel(Kernel(name), tuple(inputs.split()), tuple(outputs.split()),
+                       tuple(params.split()), fn, scope)
 
 
-KERNELS: dict[str, Kernel] = {k.name: k for k in (
+KERNELS: dict[Kernel, TorchKernel] = {k.name: k for k in (
     _k("ln1", "x", "a1", "ln1.weight ln1.bias", _ln),
     _k("qkv", "a1", "qkv", "qkv.weight qkv.bias", _linear),
     _k("flash_attn", "qkv", "ctx", "", _flash_attn),
@@ -229,16 +231,10 @@ KERNELS: dict[str, Kernel] = {k.name: k for k in (
     _k("cross_entropy", "logits lmax targets", "stats", "", _cross_entropy, "H"),
 )}
 
-FLASH_CORE = ("flash_attn",)
-UNFUSED_CORE = ("qk", "softmax", "attn_dropout", "av")
-LAYER_FLASH = ("ln1", "qkv", "flash_attn", "proj", "bda1", "ln2", "fc1", "gelu", "fc2", "bda2")
-LAYER_UNFUSED = ("ln1", "qkv", *UNFUSED_CORE, "proj", "bda1", "ln2", "fc1", "gelu", "fc2",
-                 "bda2")
-FIRST_STAGE = ("embed", "pos_embed")
-LAST_STAGE = ("final_ln", "logits", "cross_entropy")
+assert set(KERNELS) == set(Kernel) - {Kernel.OPTIMIZER}, "a torch function per plan kernel"
 
 
-def slot(kernel: Kernel, name: str, layer: int | None, num_layers: int) -> Slot:
+def slot(kernel: TorchKernel, name: str, layer: int | None, num_layers: int) -> Slot:
     """The tape key of one of `kernel`'s input or output names."""
     if name in ("tokens", "targets"):
         return ("D", name)

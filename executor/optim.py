@@ -24,6 +24,7 @@ from executor.flat import Bucket, FlatLayout, Shards
 from executor.groups import GroupKey
 from executor.memory import MemoryMeter
 from executor.params import DTYPES, FlatUnit, build_unit_params
+from traces.purpose import Unit
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -82,8 +83,8 @@ class ParamStore:
         self.dtype = DTYPES[model.dtype]
         whole = torch.cat([build_unit_params(model, layout, u, flat.pp_rank, tp_rank, seed)
                            for u in flat.units]).to(device)
-        self.units: dict[str, FlatUnit] = {}
-        self.gathered: dict[str, bool] = {}
+        self.units: dict[Unit, FlatUnit] = {}
+        self.gathered: dict[Unit, bool] = {}
         self.shards: Shards | None = Shards(buckets, dp, dp_rank) if zero >= 1 else None
         if zero < 3:
             self.full: torch.Tensor | None = whole
@@ -100,8 +101,8 @@ class ParamStore:
         self.shard = torch.cat([whole[a:b] for a, b in self.shards.flat_slice])
         meter.hold(self.shard, "params")
         self._unit_index = {b.units[0]: b.index for b in buckets}
-        self._held: dict[str, tuple[int, int]] = {}
-        self.users: dict[str, int] = {unit: 0 for unit in flat.units}
+        self._held: dict[Unit, tuple[int, int]] = {}
+        self.users: dict[Unit, int] = {unit: 0 for unit in flat.units}
         """Gathers issued for a pass that has not ended yet: the unit is freed at zero, so a
         gather prefetched for the next pass is never freed under the one still running."""
         for unit in flat.units:
@@ -111,7 +112,7 @@ class ParamStore:
             self.gathered[unit] = False
         del whole
 
-    def leaf(self, unit: str, name: str) -> torch.Tensor:
+    def leaf(self, unit: Unit, name: str) -> torch.Tensor:
         if not self.gathered[unit]:
             raise RuntimeError(f"parameters of unit {unit} are not gathered (ZeRO-3): the plan "
                                "must all-gather them before this op")
@@ -119,7 +120,7 @@ class ParamStore:
 
     # --- ZeRO-3 ---------------------------------------------------------------------------
 
-    def gather_unit(self, unit: str, comm: Comm, key: GroupKey, *, async_op: bool) -> Handle:
+    def gather_unit(self, unit: Unit, comm: Comm, key: GroupKey, *, async_op: bool) -> Handle:
         """All-gather the unit's parameters from every DP rank's shard."""
         assert self.zero == 3 and self.shards is not None
         self.users[unit] += 1
@@ -142,7 +143,7 @@ class ParamStore:
 
         return comm.all_gather(target, self.shard[lo:hi], key, async_op=async_op, then=then)
 
-    def release_unit(self, unit: str) -> None:
+    def release_unit(self, unit: Unit) -> None:
         """A pass over the unit has ended: free it unless another gather is pending."""
         if self.zero != 3:
             return
@@ -150,7 +151,7 @@ class ParamStore:
         if self.users[unit] == 0:
             self.free_unit(unit)
 
-    def free_unit(self, unit: str) -> None:
+    def free_unit(self, unit: Unit) -> None:
         """Free the unit's gathered parameters now (end of step)."""
         if self.zero != 3:
             return
@@ -188,6 +189,6 @@ class ParamStore:
         assert self.full is not None
         return [self.full[lo:hi] for lo, hi in self.shards.flat_slice]
 
-    def unit_tensors(self, unit: str) -> dict[str, torch.Tensor]:
+    def unit_tensors(self, unit: Unit) -> dict[str, torch.Tensor]:
         """The unit's current parameters by name (copies; ZeRO-3: from a gathered unit)."""
         return {n: v.detach().clone() for n, v in self.units[unit].views.items()}

@@ -25,19 +25,22 @@ import torch
 
 from traces.layout import Layout
 from traces.model import ModelSpec
+from traces.purpose import EMBED, HEAD, Unit
 
-EMBED, HEAD = "embed", "head"
+__all__ = ["DTYPES", "EMBED", "HEAD", "INIT_STD", "ParamSpec", "Unit", "build_unit_params",
+           "holds_output_weights", "init_full_unit", "layer_unit", "tp_shard", "unit_layer",
+           "unit_numel", "unit_specs", "units_of_rank"]
 INIT_STD = 0.02  # GPT-2 / Megatron's init_method_std
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def layer_unit(layer: int) -> str:
-    return f"L{layer}"
+def layer_unit(layer: int) -> Unit:
+    return Unit.of_layer(layer)
 
 
-def unit_layer(unit: str) -> int | None:
-    """The layer index of 'L<i>', None for embed / head."""
-    return int(unit[1:]) if unit.startswith("L") else None
+def unit_layer(unit: Unit) -> int | None:
+    """The layer index of a layer's unit, None for embed / head."""
+    return unit.layer
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,7 +71,7 @@ def holds_output_weights(model: ModelSpec, layout: Layout, pp_rank: int) -> bool
     return not (model.tied_embeddings and 0 in layout.stages_of_rank(pp_rank))
 
 
-def unit_specs(model: ModelSpec, layout: Layout, unit: str, pp_rank: int) -> list[ParamSpec]:
+def unit_specs(model: ModelSpec, layout: Layout, unit: Unit, pp_rank: int) -> list[ParamSpec]:
     """The unit's parameters on one TP rank, in flat order (reverse of first forward use)."""
     h, f, t, V = model.hidden, model.ffn_hidden, layout.tp, model.vocab
     if unit == EMBED:
@@ -92,7 +95,7 @@ def unit_specs(model: ModelSpec, layout: Layout, unit: str, pp_rank: int) -> lis
     return forward[::-1]
 
 
-def units_of_rank(model: ModelSpec, layout: Layout, pp_rank: int) -> list[str]:
+def units_of_rank(model: ModelSpec, layout: Layout, pp_rank: int) -> list[Unit]:
     """The rank's units in backward order: head, its layers from last to first, embed."""
     stages = layout.stages_of_rank(pp_rank)
     layers = sorted((i for s in stages for i in layout.layers_of_stage(model, s)), reverse=True)
@@ -103,7 +106,7 @@ def units_of_rank(model: ModelSpec, layout: Layout, pp_rank: int) -> list[str]:
     return units
 
 
-def unit_numel(model: ModelSpec, layout: Layout, unit: str, pp_rank: int) -> int:
+def unit_numel(model: ModelSpec, layout: Layout, unit: Unit, pp_rank: int) -> int:
     return sum(p.numel for p in unit_specs(model, layout, unit, pp_rank))
 
 
@@ -118,7 +121,7 @@ def _normal(shape: tuple[int, ...], gen: torch.Generator, mean: float = 0.0) -> 
     return torch.randn(shape, generator=gen) * INIT_STD + mean
 
 
-def init_full_unit(model: ModelSpec, unit: str, seed: int) -> dict[str, torch.Tensor]:
+def init_full_unit(model: ModelSpec, unit: Unit, seed: int) -> dict[str, torch.Tensor]:
     """The unit's unsharded fp32 tensors. Biases and norms get noise too, so a bug that drops
     or misplaces one changes the numbers. `head` always includes `output`: the untied output
     weights, or with tied embeddings a copy of the word embeddings."""
@@ -188,7 +191,7 @@ class FlatUnit:
             offset += spec.numel
 
 
-def build_unit_params(model: ModelSpec, layout: Layout, unit: str, pp_rank: int, tp_rank: int,
+def build_unit_params(model: ModelSpec, layout: Layout, unit: Unit, pp_rank: int, tp_rank: int,
                       seed: int) -> torch.Tensor:
     """The unit's flat parameter tensor on one TP rank, in the model dtype."""
     specs = unit_specs(model, layout, unit, pp_rank)

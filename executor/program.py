@@ -1,46 +1,59 @@
 """A rank's plan lowered to runtime calls: what each op does, decided once, before any step.
 
-`lower(plan, model, layout, rank)` maps every op to a `Call` — a `RankRuntime` method and its
-arguments — or raises ConfigError naming the op it cannot run, so a bad plan fails before
-anything starts. Nothing here touches tensors; `executor.interpreter` binds the calls to a
-runtime and runs them. What the plan leaves implicit is read from the ops around an op:
-
-    tp              the compute ops before and after it (executor.sites); an all-gather
-                    that depends on a receive gathers that receive's TP chunks (pipeline
-                    messages without SP, Megatron-LM's scatter-gather)
-    sp_grads        its unit, from the name (`sp_grads` + layer, `sp_grads.embed`, ...)
-    grads, params   ZeRO-3: the unit in the name (`grads` + layer, `grads.embed`, ...);
-                    ZeRO 0-2: the k-th bucket of its round (the step for ZeRO 0/1 and for the
-                    all-gathers after the optimizer, the micro-batch for ZeRO 2), sized by the
-                    plan's own `grads` ops, which must cut the flat order at unit boundaries
-    send / recv     the stage boundary from its `layer` (the layer whose input or output it
-                    carries): an activation received, or a gradient sent back, is layer l's
-                    input; an activation sent on, or a gradient received, its output
+`lower(plan, model, layout, rank)` maps every op to a `Call` — a typed value naming a
+`RankRuntime` operation and its arguments (`executor.calls`) — by one `match` on the op's
+purpose (`traces.purpose`), or raises ConfigError naming the op it cannot run, so a bad plan
+fails before anything starts. Nothing here touches tensors; `executor.interpreter` binds the
+calls to a runtime and runs them. Besides its purpose, an op gives its phase, layer,
+micro-batch, stream and peer; the gradient buckets are sized by the plan's own `GradBucket`
+ops of their first round (which must cut the flat order at unit boundaries), or, without
+any, one per unit.
 """
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass
 
+from executor.calls import (
+    Call,
+    CeCollective,
+    Compute,
+    EmbeddingAllReduce,
+    GatherBucket,
+    GatherReceived,
+    GatherUnit,
+    OptimizerStep,
+    ReduceBucket,
+    SpAllReduce,
+    TpCollective,
+    Transfer,
+)
 from executor.flat import Bucket, FlatLayout, sized_buckets, unit_buckets
-from executor.kernels import KERNELS
-from executor.params import EMBED, HEAD, layer_unit
-from executor.sites import tp_site
 from traces.chrome import event_name
 from traces.errors import ConfigError
 from traces.layout import Layout
 from traces.model import ModelSpec
 from traces.ops import Op, OpKind, Phase, Trace
+from traces.purpose import (
+    Bench,
+    CrossEntropyStat,
+    EmbeddingGrads,
+    GradBucket,
+    Kernel,
+    KernelRun,
+    MessageGather,
+    ParamGather,
+    PipeMessage,
+    SpGrads,
+    TpSite,
+    Unit,
+    UnitGather,
+    UnitGradReduce,
+)
 
+__all__ = ["Call", "RankProgram", "lower"]
 
-@dataclass(frozen=True, slots=True)
-class Call:
-    """RankRuntime.<method>(*args); `asynchronous`: returns a Handle to wait on."""
-
-    method: str
-    args: tuple
-    asynchronous: bool = False
+_KERNEL_PHASES = (Phase.FWD, Phase.BWD, Phase.RECOMPUTE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,118 +78,95 @@ class _Lowering:
         return ConfigError(f"plan: rank {self.rank} op {index} ({event_name(op)}): {rule}")
 
     def run(self) -> RankProgram:
-        rounds: Counter = Counter()
-        calls = [self._call(i, op, rounds) for i, op in enumerate(self.ops)]
-        return RankProgram(tuple(calls), self.buckets)
-
-    # --- buckets ---------------------------------------------------------------------------
+        return RankProgram(tuple(self._call(i, op) for i, op in enumerate(self.ops)),
+                           self.buckets)
 
     def _buckets(self) -> list[Bucket]:
-        if self.zero == 3:
+        grads = [op for op in self.ops if isinstance(op.purpose, GradBucket)]
+        if self.zero == 3 or not grads:  # ZeRO-3, or dp = 1: one bucket per unit
             return unit_buckets(self.flat)
-        grads = [op for op in self.ops if op.name == "grads"]
-        if not grads:  # dp = 1: one bucket per unit (nothing reduces them)
-            return unit_buckets(self.flat)
-        first = grads[0].microbatch if self.zero == 2 else None
-        sizes = [op.size_bytes for op in grads if self.zero != 2 or op.microbatch == first]
-        return sized_buckets(self.flat, sizes, self._grad_bytes())
+        first = min(op.purpose.round for op in grads)  # type: ignore[union-attr]
+        sizes = sorted((op.purpose.index, op.size_bytes) for op in grads  # type: ignore[union-attr]
+                       if op.purpose.round == first)  # type: ignore[union-attr]
+        return sized_buckets(self.flat, [size for _, size in sizes], self._grad_bytes())
 
     def _grad_bytes(self) -> int:
         return 4 if self.layout.fp32_main_grads else self.model.dtype_bytes
 
-    def _bucket(self, index: int, rounds: Counter, key: tuple) -> int:
-        k = rounds[key]
-        rounds[key] += 1
-        if k >= len(self.buckets):
-            raise self.fail(index, f"more buckets in this round than the {len(self.buckets)} "
-                                   "the plan's first round defines")
-        return k
-
     # --- one op ----------------------------------------------------------------------------
 
-    def _call(self, i: int, op: Op, rounds: Counter) -> Call:
-        if op.kind is OpKind.COMPUTE:
-            if op.name == "optimizer":
-                return Call("optimizer_step", ())
-            if op.name not in KERNELS:
-                raise self.fail(i, f"no kernel named {op.name!r} (docs/plan-ops.md)")
-            if op.phase not in (Phase.FWD, Phase.BWD, Phase.RECOMPUTE):
-                raise self.fail(i, f"phase {op.phase} for a kernel")
-            return Call("compute", (op.name, op.phase, op.layer, op.microbatch))
-        if op.kind.is_p2p:
-            return self._p2p(i, op)
-        if not op.kind.is_collective:
-            raise self.fail(i, f"cannot run a {op.kind} op")
-        name, mb, stream = op.name, op.microbatch, op.stream
-        if name == "tp" and op.kind is OpKind.ALL_GATHER and self._received(op) is not None:
-            return self._gather_received(i, op)
-        if name == "tp":
-            prev, following = self._neighbours(i)
-            assert op.phase is not None
-            if tp_site(op.phase, prev, following, self.layout.sp) is None:
-                raise self.fail(i, f"a tp collective between {prev} and {following} is not a "
-                                   "tensor-parallel site")
-            return Call("tp", (op.phase, prev, following, op.layer, mb))
-        if name in ("ce_max", "ce_sum"):
-            return Call("ce_collective", (name, mb))
-        if name == "sp_grads" or name.startswith("sp_grads."):
-            return Call("sp_grads", (self._named_unit(i, op), stream), True)
-        if name == "embedding_grads":
-            return Call("embedding_grads", (), True)
-        if name.startswith("grads"):
-            if self.zero == 3:
-                return Call("reduce_bucket", (self._unit_bucket(i, op), stream), True)
-            key = ("grads", mb if self.zero == 2 else None)
-            return Call("reduce_bucket", (self._bucket(i, rounds, key), stream), True)
-        if name.startswith("params"):
-            if self.zero == 3:
-                return Call("gather_unit", (self._named_unit(i, op), stream), True)
-            return Call("gather_bucket", (self._bucket(i, rounds, ("params",)), stream), True)
-        raise self.fail(i, f"no collective named {name!r} (docs/plan-ops.md)")
+    def _call(self, i: int, op: Op) -> Call:
+        """The one interpretation of each purpose (a test enumerates them all)."""
+        mb, stream = op.microbatch, op.stream
+        self._check_kind(i, op)
+        match op.purpose:
+            case KernelRun(kernel=Kernel.OPTIMIZER):
+                return OptimizerStep()
+            case KernelRun(kernel=kernel):
+                if op.phase not in _KERNEL_PHASES or mb is None:
+                    raise self.fail(i, f"a kernel runs in phase fwd, bwd or recompute of a "
+                                       f"micro-batch, not {op.phase}")
+                return Compute(kernel, op.phase, op.layer, mb)  # type: ignore[arg-type]
+            case TpSite() as site:
+                return TpCollective(site, op.layer, self._mb(i, mb))
+            case MessageGather(tag=tag, boundary=boundary):
+                if self.layout.sp or self.layout.tp == 1:
+                    raise self.fail(i, "only a pipeline message received without SP under TP "
+                                       "is all-gathered after its receive")
+                return GatherReceived(boundary, self._mb(i, mb), tag)
+            case CrossEntropyStat(stat=stat):
+                return CeCollective(stat, self._mb(i, mb))
+            case SpGrads(unit=unit):
+                return SpAllReduce(self._unit(i, unit), stream)
+            case EmbeddingGrads():
+                return EmbeddingAllReduce()
+            case GradBucket(index=index):
+                return ReduceBucket(self._bucket(i, index), stream)
+            case UnitGradReduce(unit=unit):
+                return ReduceBucket(self._unit_bucket(i, unit), stream)
+            case ParamGather(bucket=index):
+                return GatherBucket(self._bucket(i, index), stream)
+            case UnitGather(unit=unit):
+                return GatherUnit(self._unit(i, unit), stream)
+            case PipeMessage(tag=tag, boundary=boundary):
+                if op.peer is None:
+                    raise self.fail(i, "a send/recv needs a peer")
+                return Transfer(op.kind is OpKind.SEND, boundary, self._mb(i, mb), tag,
+                                op.peer)
+            case Bench():
+                raise self.fail(i, "a microbenchmark op runs in executor.bench, not a plan")
+        raise self.fail(i, f"no interpretation of purpose {op.purpose!r}")
 
-    def _neighbours(self, i: int) -> tuple[str | None, str | None]:
-        """Names of the compute ops just before and after op i (the tp site's kernels)."""
-        prev = next((self.ops[j].name for j in range(i - 1, -1, -1)
-                     if self.ops[j].kind is OpKind.COMPUTE), None)
-        following = next((self.ops[j].name for j in range(i + 1, len(self.ops))
-                          if self.ops[j].kind is OpKind.COMPUTE), None)
-        return prev, following
+    def _check_kind(self, i: int, op: Op) -> None:
+        """The op's kind is the one its purpose implies."""
+        purpose = op.purpose
+        if purpose is None:
+            raise self.fail(i, "an op without a purpose (docs/plan-ops.md) cannot run")
+        if isinstance(purpose, Bench):
+            return  # refused by its arm
+        if isinstance(purpose, KernelRun) != (op.kind is OpKind.COMPUTE):
+            raise self.fail(i, f"a {op.kind} op cannot be a {type(purpose).__name__}")
+        if isinstance(purpose, PipeMessage) != op.kind.is_p2p:
+            raise self.fail(i, f"a {op.kind} op cannot be a {type(purpose).__name__}")
+        if isinstance(purpose, TpSite) and purpose.kind is not op.kind:
+            raise self.fail(i, f"a {op.kind} at a tensor-parallel site of a {purpose.kind}")
 
-    def _named_unit(self, i: int, op: Op) -> str:
-        suffix = op.name.partition(".")[2]
-        if suffix in (EMBED, HEAD):
-            return suffix
-        if suffix or op.layer is None:
-            raise self.fail(i, "a unit is a layer (with `layer` set), embed or head")
-        return layer_unit(op.layer)
+    def _mb(self, i: int, mb: int | None) -> int:
+        if mb is None:
+            raise self.fail(i, "needs its micro-batch")
+        return mb
 
-    def _unit_bucket(self, i: int, op: Op) -> int:
-        unit = self._named_unit(i, op)
+    def _bucket(self, i: int, index: int) -> int:
+        if index >= len(self.buckets):
+            raise self.fail(i, f"bucket {index}: the plan's first round defines "
+                               f"{len(self.buckets)}")
+        return index
+
+    def _unit(self, i: int, unit: Unit) -> Unit:
+        if unit not in self.flat.unit_range:
+            raise self.fail(i, f"unit {unit} is not one of this rank's")
+        return unit
+
+    def _unit_bucket(self, i: int, unit: Unit) -> int:
+        unit = self._unit(i, unit)
         return next(b.index for b in self.buckets if b.units == (unit,))
-
-    def _p2p(self, i: int, op: Op) -> Call:
-        if op.tag not in ("act", "grad") or op.peer is None or op.layer is None:
-            raise self.fail(i, "a send/recv needs tag act or grad, a peer and the layer whose "
-                               "input or output it carries")
-        method = "recv" if op.kind is OpKind.RECV else "send"
-        return Call(method, (_boundary(op), op.microbatch, op.tag, op.peer), True)
-
-    def _received(self, op: Op) -> Op | None:
-        """The receive an op depends on, if any."""
-        return next((self.ops[d] for d in op.deps if self.ops[d].kind is OpKind.RECV), None)
-
-    def _gather_received(self, i: int, op: Op) -> Call:
-        recv = self._received(op)
-        assert recv is not None
-        if self.layout.sp or self.layout.tp == 1 or recv.layer is None:
-            raise self.fail(i, "only a pipeline message received without SP under TP is "
-                               "all-gathered after its receive")
-        return Call("gather_received", (_boundary(recv), recv.microbatch, recv.tag))
-
-
-def _boundary(op: Op) -> int:
-    """The stage boundary a send or receive carries: the index of the layer whose input it is
-    (slot (l, "x"); the gradient of an output is the gradient of the next layer's input)."""
-    assert op.layer is not None
-    into = (op.kind is OpKind.RECV) == (op.tag == "act")
-    return op.layer if into else op.layer + 1

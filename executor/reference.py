@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 from executor.kernels import LN_EPS
 from executor.optim import AdamWConfig
-from executor.params import EMBED, HEAD, init_full_unit, layer_unit
+from executor.params import EMBED, HEAD, Unit, init_full_unit, layer_unit
 from traces.layout import Layout
 from traces.model import ModelSpec
 
@@ -45,7 +45,7 @@ class ReferenceGPT:
 
     def __init__(self, model: ModelSpec, seed: int) -> None:
         self.model = model
-        self.params: dict[tuple[str, str], torch.Tensor] = {}
+        self.params: dict[tuple[Unit, str], torch.Tensor] = {}
         units = [EMBED, *(layer_unit(i) for i in range(model.layers)), HEAD]
         for unit in units:
             for name, tensor in init_full_unit(model, unit, seed).items():
@@ -53,7 +53,7 @@ class ReferenceGPT:
                     continue
                 self.params[(unit, name)] = tensor.clone().requires_grad_()
 
-    def p(self, unit: str, name: str) -> torch.Tensor:
+    def p(self, unit: Unit, name: str) -> torch.Tensor:
         return self.params[(unit, name)]
 
     def loss(self, rows: torch.Tensor) -> torch.Tensor:
@@ -69,7 +69,7 @@ class ReferenceGPT:
         logits = x @ out.t()
         return F.cross_entropy(logits.reshape(-1, m.vocab), targets.reshape(-1))
 
-    def _block(self, x: torch.Tensor, u: str) -> torch.Tensor:
+    def _block(self, x: torch.Tensor, u: Unit) -> torch.Tensor:
         m = self.model
         B, s, h = x.shape
         a, d = m.heads, m.hidden // m.heads
@@ -90,9 +90,9 @@ class ReferenceGPT:
 class ReferenceRun:
     losses: list[float]
     """Loss of each step (before its update)."""
-    params: dict[tuple[str, str], torch.Tensor]
+    params: dict[tuple[Unit, str], torch.Tensor]
     """After the last step."""
-    first_grads: dict[tuple[str, str], torch.Tensor]
+    first_grads: dict[tuple[Unit, str], torch.Tensor]
     """Gradients of the first step."""
 
 

@@ -2,17 +2,18 @@
 
 `RankRuntime` holds the rank's parameters (its TP shard of its stages' units, ZeRO-3: its DP
 shard), gradient buffers, AdamW state, and one `Tape` per micro-batch in flight. The plan
-interpreter calls, per op:
+interpreter calls, per op's purpose (`traces.purpose`, through `executor.calls`):
 
-    compute op            compute(name, phase, layer, mb)       (name "optimizer": the step)
-    tp                    tp(phase, prev, following, layer, mb)
-    ce_max / ce_sum       ce_collective(name, mb)
-    grads                 reduce_bucket(index, stream) -> Handle
-    params                gather_bucket(index) (ZeRO-1/2) / gather_unit(unit, stream) (ZeRO-3)
-    sp_grads              sp_grads()
-    embedding_grads       embedding_grads()
-    send / recv           send(boundary, mb, tag, peer) / recv(...) -> Handle
-    tp after a recv       gather_received(boundary, mb, tag)  (no SP: the TP chunks of a
+    KernelRun             compute(kernel, phase, layer, mb); the optimizer: optimizer_step()
+    TpSite                tp(site, layer, mb)
+    CrossEntropyStat      ce_collective(stat, mb)
+    GradBucket            reduce_bucket(index, stream) -> Handle  (UnitGradReduce: its unit's)
+    ParamGather           gather_bucket(index, stream) (ZeRO-1/2)
+    UnitGather            gather_unit(unit, stream) (ZeRO-3)
+    SpGrads               sp_grads(unit, stream)
+    EmbeddingGrads        embedding_grads()
+    PipeMessage           send(boundary, mb, tag, peer) / recv(...) -> Handle
+    MessageGather         gather_received(boundary, mb, tag)  (no SP: the TP chunks of a
                           pipeline message)
 
 Everything is deterministic given the seed: the same parameters on every rank as in the
@@ -37,22 +38,23 @@ from executor.memory import MemoryMeter
 from executor.optim import AdamW, AdamWConfig, ParamStore
 from executor.params import DTYPES, EMBED, HEAD, holds_output_weights, layer_unit
 from executor.reference import microbatch
-from executor.sites import tp_site
 from executor.tape import ParamRef, Tape
 from traces.errors import ConfigError
 from traces.layout import Axis, Layout
 from traces.model import ModelSpec
 from traces.ops import OpKind, Phase, Stream
+from traces.purpose import Kernel, Stat, Tag, TpSite, Unit
 
 
-def _received_slot(boundary: int, tag: str) -> tuple[int, str]:
+def _received_slot(boundary: int, tag: Tag) -> tuple[int, str]:
     """Where a received TP chunk waits for its all-gather."""
     return (boundary, f"x/{tag} chunk")
 
 
 # ZeRO-3 frees a unit's gathered parameters after its last kernel of a pass.
-_LAST_OF_PASS = {(Phase.FWD, "bda2"), (Phase.FWD, "pos_embed"), (Phase.FWD, "cross_entropy"),
-                 (Phase.BWD, "ln1"), (Phase.BWD, "embed"), (Phase.BWD, "final_ln")}
+_LAST_OF_PASS = {(Phase.FWD, Kernel.BDA2), (Phase.FWD, Kernel.POS_EMBED),
+                 (Phase.FWD, Kernel.CROSS_ENTROPY), (Phase.BWD, Kernel.LN1),
+                 (Phase.BWD, Kernel.EMBED), (Phase.BWD, Kernel.FINAL_LN)}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -139,14 +141,14 @@ class RankRuntime:
         return dataclasses.replace(self._ctx, layer=-1 if layer is None else layer,
                                    microbatch=mb, step=self.step)
 
-    def _unit(self, name: str, layer: int | None) -> str:
+    def _unit(self, name: Kernel, layer: int | None) -> Unit:
         scope = KERNELS[name].scope
         if scope == "layer":
             assert layer is not None, f"{name} needs a layer"
             return layer_unit(layer)
         return EMBED if scope == "E" else HEAD
 
-    def _params(self, name: str, layer: int | None) -> list[tuple[ParamRef, torch.Tensor]]:
+    def _params(self, name: Kernel, layer: int | None) -> list[tuple[ParamRef, torch.Tensor]]:
         unit = self._unit(name, layer)
         refs = []
         for pname in KERNELS[name].params:
@@ -159,11 +161,7 @@ class RankRuntime:
 
     # --- compute ops -------------------------------------------------------------------------
 
-    def compute(self, name: str, phase: Phase, layer: int | None, mb: int | None) -> None:
-        if name == "optimizer":
-            self.optimizer_step()
-            return
-        assert mb is not None, f"{name} needs a micro-batch"
+    def compute(self, name: Kernel, phase: Phase, layer: int | None, mb: int) -> None:
         tape = self.tape(mb)
         recompute = self.layout.recompute
         if phase is Phase.BWD:
@@ -175,12 +173,12 @@ class RankRuntime:
                             self._params(name, layer),
                             save=save, recompute=recompute,
                             recomputing=phase is Phase.RECOMPUTE)
-            if name == "cross_entropy" and self.layout.tp == 1:
+            if name is Kernel.CROSS_ENTROPY and self.layout.tp == 1:
                 self._finish_loss(mb)
         if self.zero == 3 and (phase, name) in _LAST_OF_PASS:
             self._free_after(name, layer, phase)
 
-    def _free_after(self, name: str, layer: int | None, phase: Phase) -> None:
+    def _free_after(self, name: Kernel, layer: int | None, phase: Phase) -> None:
         unit = self._unit(name, layer)
         tied_here = not holds_output_weights(self.model, self.layout, self.pp_rank)
         if unit == EMBED and tied_here:
@@ -201,12 +199,8 @@ class RankRuntime:
 
     # --- tensor parallelism ------------------------------------------------------------------
 
-    def tp(self, phase: Phase, prev: str | None, following: str | None, layer: int | None,
-           mb: int) -> None:
-        site = tp_site(phase, prev, following, self.layout.sp)
-        if site is None:
-            raise ConfigError(f"plan: a tp collective between {prev} and {following} "
-                              f"({phase}) is not a tensor-parallel site of docs/plan-ops.md")
+    def tp(self, site: TpSite, layer: int | None, mb: int) -> None:
+        """The collective at one of Megatron's f/g sites (`traces.plan.tensor.tp_sites`)."""
         tape = self.tape(mb)
         key = slot(KERNELS[site.kernel], site.slot, layer, self.model.layers)
         if site.saved:  # backward: the shard the forward kept, gathered again
@@ -232,14 +226,14 @@ class RankRuntime:
         else:
             tape.put(key, out)
 
-    def ce_collective(self, name: str, mb: int) -> None:
-        """ce_max: the max over the TP group of the logits' row maxima; ce_sum: the sum of the
+    def ce_collective(self, stat: Stat, mb: int) -> None:
+        """max: the max over the TP group of the logits' row maxima; sum: the sum of the
         cross-entropy statistics (then the loss)."""
         tape = self.tape(mb)
-        if name == "ce_max":
+        if stat is Stat.MAX:
             self.comm.all_reduce(tape.acts[("H", "lmax")], self.tp_key, reduce="max")
             return
-        assert name == "ce_sum", name
+        assert stat is Stat.SUM, stat
         self.comm.all_reduce(tape.acts[("H", "stats")], self.tp_key)
         self._finish_loss(mb)
 
@@ -254,12 +248,12 @@ class RankRuntime:
         return self.params.gather_bucket(index, self.comm, (stream, self.dp_group),
                                          async_op=async_op)
 
-    def gather_unit(self, unit: str, stream: str = Stream.ZERO_AG, *,
+    def gather_unit(self, unit: Unit, stream: str = Stream.ZERO_AG, *,
                     async_op: bool = True) -> Handle:
         return self.params.gather_unit(unit, self.comm, (stream, self.dp_group),
                                        async_op=async_op)
 
-    def sp_grads(self, unit: str | None = None, stream: str = Stream.DP, *,
+    def sp_grads(self, unit: Unit | None = None, stream: str = Stream.DP, *,
                  async_op: bool = True) -> Handle | None:
         """With SP, sum the replicated parameters' partial gradients over the TP group: one
         unit's, before its DP reduction (on the reduction's stream), or, with no unit, the
@@ -300,17 +294,17 @@ class RankRuntime:
         n = value.numel() // self.layout.tp
         return value.contiguous().view(-1)[self.tp_rank * n:(self.tp_rank + 1) * n]
 
-    def send(self, boundary: int, mb: int, tag: str, peer: int) -> Handle:
+    def send(self, boundary: int, mb: int, tag: Tag, peer: int) -> Handle:
         """Send layer `boundary`'s input (tag act) or its gradient (tag grad): the whole
         tensor, or this TP rank's chunk of it (`scatter_gather`)."""
         tape, key = self.tape(mb), (boundary, "x")
         cut = self._chunk if self.scatter_gather else (lambda t: t)
-        if tag == "act":
+        if tag == Tag.ACT:
             return self.comm.send(cut(tape.acts[key]), peer, tag,
                                   then=lambda: tape.release(key))
         return self.comm.send(cut(tape.take_grad(key)), peer, tag)
 
-    def recv(self, boundary: int, mb: int, tag: str, peer: int) -> Handle:
+    def recv(self, boundary: int, mb: int, tag: Tag, peer: int) -> Handle:
         """Receive layer `boundary`'s input or its gradient; a TP chunk of it waits in
         `_received_slot` for `gather_received`."""
         tape, key = self.tape(mb), (boundary, "x")
@@ -320,11 +314,11 @@ class RankRuntime:
             return self.comm.recv(chunk, peer, tag,
                                   then=lambda: tape.put(_received_slot(boundary, tag), chunk))
         buf = torch.empty(self.boundary_shape(), dtype=self.dtype, device=self.device)
-        if tag == "act":
+        if tag == Tag.ACT:
             return self.comm.recv(buf, peer, tag, then=lambda: tape.put(key, buf))
         return self.comm.recv(buf, peer, tag, then=lambda: tape.put_grad(key, buf))
 
-    def gather_received(self, boundary: int, mb: int, tag: str) -> None:
+    def gather_received(self, boundary: int, mb: int, tag: Tag) -> None:
         """All-gather the TP chunks of a received message over the TP group (inline, on the
         compute stream, as Megatron-LM's gather_split_1d_tensor) into the whole tensor."""
         tape, key = self.tape(mb), (boundary, "x")
@@ -332,14 +326,14 @@ class RankRuntime:
         flat = torch.empty(chunk.numel() * self.layout.tp, dtype=self.dtype, device=self.device)
         self.comm.all_gather(flat, chunk, self.tp_key)
         out = flat.view(self.boundary_shape())
-        if tag == "act":
+        if tag == Tag.ACT:
             tape.put(key, out)
         else:
             tape.put_grad(key, out)
 
     # --- inspection ----------------------------------------------------------------------------
 
-    def unit_params(self, unit: str) -> dict[str, torch.Tensor]:
+    def unit_params(self, unit: Unit) -> dict[str, torch.Tensor]:
         """A unit's current parameters on this rank (ZeRO-3: gathers it; collective)."""
         if self.zero == 3:
             self.gather_unit(unit, async_op=False)

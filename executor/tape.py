@@ -29,11 +29,12 @@ from dataclasses import dataclass
 import torch
 from torch.autograd import Variable
 
-from executor.kernels import KERNELS, Kernel, KernelContext, Slot, slot
+from executor.kernels import KERNELS, KernelContext, Slot, TorchKernel, slot
 from executor.memory import MemoryMeter
 from traces.layout import Recompute
+from traces.purpose import CORE_KERNELS, LAYER_KERNELS, Kernel, Unit
 
-ParamRef = tuple[str, str]
+ParamRef = tuple[Unit, str]
 """(unit, parameter name)."""
 NON_DIFFERENTIABLE = frozenset({"tokens", "targets", "lmax"})
 
@@ -53,9 +54,6 @@ DROPPED_IN_RECOMPUTE = {Recompute.NONE: frozenset(), Recompute.FULL: frozenset({
 # Kernels whose input, with SP, is gathered from sequence shards before the forward and
 # gathered again before the backward (only the shard is kept in between).
 GATHERED_INPUT = {"qkv": "a1", "fc1": "a2", "logits": "fln"}
-CORE_KERNELS = frozenset({"flash_attn", "qk", "softmax", "attn_dropout", "av"})
-LAYER_KERNELS = frozenset({"ln1", "qkv", "proj", "bda1", "ln2", "fc1", "gelu", "fc2",
-                           "bda2"}) | CORE_KERNELS
 
 
 def shard_slot(key: Slot) -> Slot:
@@ -63,7 +61,7 @@ def shard_slot(key: Slot) -> Slot:
     return (key[0], f"{key[1]}/shard")
 
 
-def recomputed(kernel: str, recompute: Recompute) -> bool:
+def recomputed(kernel: Kernel, recompute: Recompute) -> bool:
     """Whether forward skips saving `kernel`'s state because the recompute phase re-runs it."""
     if recompute is Recompute.FULL:
         return kernel in LAYER_KERNELS
@@ -123,7 +121,7 @@ class Tape:
         self.meter, self.num_layers = meter, num_layers
         self.acts: dict[Slot, torch.Tensor] = {}
         self.grads: dict[Slot, torch.Tensor] = {}
-        self.saved: dict[tuple[str, int | None], Saved] = {}
+        self.saved: dict[tuple[Kernel, int | None], Saved] = {}
         self._held: dict[tuple[str, Slot], int] = {}
         self.loss: torch.Tensor | None = None
 
@@ -182,7 +180,7 @@ class Tape:
 
 # --- running one kernel ----------------------------------------------------------------------
 
-def forward(tape: Tape, name: str, layer: int | None, ctx: KernelContext,
+def forward(tape: Tape, name: Kernel, layer: int | None, ctx: KernelContext,
             params: Sequence[tuple[ParamRef, torch.Tensor]], *, save: bool,
             recompute: Recompute, recomputing: bool = False) -> None:
     """Run kernel `name` forward on its input slots and put its outputs in the tape.
@@ -220,7 +218,7 @@ def forward(tape: Tape, name: str, layer: int | None, ctx: KernelContext,
         tape.release(shard_slot(gathered))  # no backward will gather it again
 
 
-def _forward_saving(tape: Tape, kernel: Kernel, in_keys: list[Slot], out_keys: list[Slot],
+def _forward_saving(tape: Tape, kernel: TorchKernel, in_keys: list[Slot], out_keys: list[Slot],
                     inputs: list[torch.Tensor], ctx: KernelContext,
                     params: Sequence[tuple[ParamRef, torch.Tensor]],
                     gathered: Slot | None = None) -> tuple[Saved, list[torch.Tensor]]:
@@ -270,7 +268,7 @@ def _unpack(t: torch.Tensor | _SlotRef) -> torch.Tensor:
     return t.unpack() if isinstance(t, _SlotRef) else t
 
 
-def backward(tape: Tape, name: str, layer: int | None) -> list[tuple[ParamRef, torch.Tensor]]:
+def backward(tape: Tape, name: Kernel, layer: int | None) -> list[tuple[ParamRef, torch.Tensor]]:
     """Run kernel `name`'s backward for this micro-batch: gradients of its outputs from the
     tape in, gradients of its inputs into the tape; returns its parameters' gradients."""
     state = tape.saved.pop((name, layer), None)

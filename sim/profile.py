@@ -45,12 +45,11 @@ from traces.fields import (
     check_number,
 )
 from traces.files import load_json, write_text_atomic
+from traces.purpose import Kernel
 
 VERSION = 2
-KERNEL_NAMES = ("embed", "pos_embed", "ln1", "qkv", "flash_attn", "qk", "softmax",
-                "attn_dropout", "av", "proj", "bda1", "ln2", "fc1", "gelu", "fc2", "bda2",
-                "final_ln", "logits", "cross_entropy", "optimizer")
-"""The compute op names a plan holds (`traces.kernels`, `traces.plan.compute`)."""
+KERNEL_NAMES = tuple(str(k) for k in Kernel)
+"""The kernels a profile may tune (`traces.purpose.Kernel`)."""
 MAX_COMM_INTERFERENCE = 10.0
 """The largest `comm_interference` (kernels 11 times slower beside data) or
 `compute_interference` a profile holds."""

@@ -47,6 +47,7 @@ from traces.layout import Layout
 from traces.model import DTYPE_BYTES, ModelSpec
 from traces.ops import Op, OpKind, Stream, Trace
 from traces.plan import build
+from traces.purpose import Bench, BenchRole
 
 BENCH_VERSION = 1
 COLLECTIVE_KINDS = (OpKind.ALL_REDUCE, OpKind.REDUCE_SCATTER, OpKind.ALL_GATHER)
@@ -58,9 +59,11 @@ INTERFERENCE_OVERLAPPED = "interference_overlapped"
 INTERFERENCE_COLLECTIVE = "interference"
 INTERFERENCE_COLLECTIVE_ALONE = "interference_collective_alone"
 INTERFERENCE_SPACER = "interference_spacer"
-"""Op names of the interference section: the probe alone, a probe while the collective is in
+"""Op labels of the interference section: the probe alone, a probe while the collective is in
 flight, the collective beside the probes, the collective alone, and the short kernel before
-each probe and collective."""
+each probe and collective (their purposes: `Bench` of a `BenchRole`)."""
+_CALL = Bench(BenchRole.CALL)
+_OVERLAPPED = Bench(BenchRole.PROBE_OVERLAPPED)
 INTERFERENCE_REPEATS = 16
 """Repeats of the interference section (probe alone, collective alone, both together)."""
 INTERFERENCE_CHAIN = 16
@@ -224,7 +227,7 @@ def _collectives(spec: BenchSpec, ops: dict[int, list[Op]]) -> None:
                         if gap is not None:
                             ops[r].append(gap)
                         ops[r].append(Op(kind=kind, stream=Stream.COMPUTE, name="bench",
-                                         group=group, size_bytes=float(whole),
+                                         purpose=_CALL, group=group, size_bytes=float(whole),
                                          dtype=spec.dtype))
         if not spec.p2p:
             continue
@@ -244,15 +247,16 @@ def _interference(spec: BenchSpec, ops: dict[int, list[Op]]) -> None:
     m, n, k = spec.interference_gemm
     e = DTYPE_BYTES[spec.dtype]
     probe = Op(kind=OpKind.COMPUTE, stream=Stream.COMPUTE, name=INTERFERENCE_ALONE,
-               gemm=(1, m, n, k), flops=2.0 * m * n * k,
+               purpose=Bench(BenchRole.PROBE_ALONE), gemm=(1, m, n, k), flops=2.0 * m * n * k,
                mem_bytes=float((m * k + k * n + m * n) * e), dtype=spec.dtype)
     spacer = Op(kind=OpKind.COMPUTE, stream=Stream.COMPUTE, name=INTERFERENCE_SPACER,
-                gemm=(1, 32, 32, 32), flops=2.0 * 32**3, mem_bytes=3.0 * 32 * 32 * e,
-                dtype=spec.dtype)
+                purpose=Bench(BenchRole.SPACER), gemm=(1, 32, 32, 32), flops=2.0 * 32**3,
+                mem_bytes=3.0 * 32 * 32 * e, dtype=spec.dtype)
     group = tuple(range(spec.world))
     large, small = (Op(kind=OpKind.ALL_REDUCE, stream=Stream.DP, name=INTERFERENCE_COLLECTIVE,
-                       group=group, size_bytes=float(max(1, size // (spec.world * e))
-                                                     * spec.world * e), dtype=spec.dtype)
+                       purpose=Bench(BenchRole.COLLECTIVE_BESIDE), group=group,
+                       size_bytes=float(max(1, size // (spec.world * e)) * spec.world * e),
+                       dtype=spec.dtype)
                     for size in INTERFERENCE_SIZES)
     timings = [(large, INTERFERENCE_CHAIN)] + \
         [(small, INTERFERENCE_SMALL_CHAIN)] * INTERFERENCE_SMALL_CALLS
@@ -269,9 +273,10 @@ def _interference(spec: BenchSpec, ops: dict[int, list[Op]]) -> None:
             mine.append(dataclasses.replace(spacer, deps=tuple(sorted(deps))))
             mine.append(dataclasses.replace(probe, deps=(len(mine) - 1,)))
             for collective, chain in timings:
-                if beside is not None and mine[-1].name == INTERFERENCE_OVERLAPPED:
+                if beside is not None and mine[-1].purpose == _OVERLAPPED:
                     mine.append(dataclasses.replace(spacer, deps=(len(mine) - 1, beside)))
                 mine.append(dataclasses.replace(collective, name=INTERFERENCE_COLLECTIVE_ALONE,
+                                                purpose=Bench(BenchRole.COLLECTIVE_ALONE),
                                                 deps=(len(mine) - 1,)))
                 mine.append(dataclasses.replace(spacer, deps=(len(mine) - 1,)))
                 issued = len(mine) - 1
@@ -282,7 +287,7 @@ def _interference(spec: BenchSpec, ops: dict[int, list[Op]]) -> None:
                 mine.append(dataclasses.replace(spacer, deps=(issued,)))
                 for _ in range(chain):
                     mine.append(dataclasses.replace(probe, name=INTERFERENCE_OVERLAPPED,
-                                                    deps=(len(mine) - 1,)))
+                                                    purpose=_OVERLAPPED, deps=(len(mine) - 1,)))
         assert beside is not None, "INTERFERENCE_REPEATS > 0"
         mine.append(dataclasses.replace(spacer, deps=(len(mine) - 1, beside)))
 
@@ -296,7 +301,8 @@ def _gap_op(spec: BenchSpec) -> Op | None:
         return None
     m, n, k = spec.gap_gemm
     e = DTYPE_BYTES[spec.dtype]
-    return Op(kind=OpKind.COMPUTE, stream=Stream.COMPUTE, name="bench_gemm", gemm=(1, m, n, k),
+    return Op(kind=OpKind.COMPUTE, stream=Stream.COMPUTE, name="bench_gemm",
+              purpose=Bench(BenchRole.GAP), gemm=(1, m, n, k),
               flops=2.0 * m * n * k, mem_bytes=float((m * k + k * n + m * n) * e),
               dtype=spec.dtype)
 
@@ -312,8 +318,8 @@ def _transfer(ops: dict[int, list[Op]], src: int, dst: int, size: float, dtype: 
                                      (dst, OpKind.RECV, Stream.RECV_PREV, src)):
         mine = ops[rank]
         after = (len(mine) - 1,) if mine else ()
-        mine.append(Op(kind=kind, stream=stream, name="bench", peer=peer, tag="act",
-                       size_bytes=size, dtype=dtype, deps=after))
+        mine.append(Op(kind=kind, stream=stream, name="bench", purpose=_CALL, peer=peer,
+                       tag="act", size_bytes=size, dtype=dtype, deps=after))
 
 
 def _probe(probe: Probe, ops: dict[int, list[Op]]) -> None:

@@ -3,10 +3,13 @@
 Layout (one line, compact separators; ranks sorted, op fields in dataclass order):
 
     {"schema": "parasim.trace", "version": 3, "meta": {...},
-     "ranks": {"0": [{"kind": "compute", "stream": "compute", "flops": 1e12, ...}, ...], ...}}
+     "ranks": {"0": [{"kind": "compute", "stream": "compute", "name": "qkv",
+                      "purpose": {"type": "kernel", "kernel": "qkv"}, "flops": 1e12, ...}, ...]}}
 
 Each op always carries "kind" and "stream" and otherwise only the fields that differ from the
-`Op` defaults, so a 200k-op plan stays small. Enums are written as their values, tuples as lists.
+`Op` defaults, so a 200k-op plan stays small. Enums are written as their values, tuples as lists,
+a purpose as its object (`traces.purpose_io`). Version 3 added `purpose`: the ops of a version-1
+or -2 file get theirs from their names, in `traces.legacy`, the one place that reads names.
 `load` reads a regular file of at most 2 GiB (`traces.files`) and checks every rule a reader
 relies on: types, enum values, numbers finite and not negative (FLOPs, bytes, sizes, layers,
 times), deps pointing backwards, start/end together, a send/recv's peer another rank, a
@@ -23,27 +26,30 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Iterable
-from dataclasses import MISSING, fields
+from collections.abc import Callable
+from dataclasses import MISSING, fields, replace
 from enum import StrEnum
 from itertools import compress
 from operator import attrgetter, ne
 from typing import Any
 
+from traces import purpose_io
 from traces.errors import ConfigError, show
 from traces.files import MAX_TRACE_BYTES, PathLike, parse_json, read_bytes, write_text_atomic
 from traces.header_json import meta_from_json, meta_to_json
+from traces.legacy import legacy_purposes
 from traces.nogc import paused_gc
 from traces.ops import COLLECTIVES, Op, OpKind, Phase, Trace
+from traces.transfers import check_transfer_sizes
 
 SCHEMA = "parasim.trace"
 VERSION = 3
-# version 2 added `gemm` and `span` (a version-1 file has neither); version 3 the meta's
-# `cluster_spec` (older files name their cluster only by its display name)
+# version 2 added `gemm` and `span` (a version-1 file has neither); version 3 the ops' `purpose`
+# and the meta's `cluster_spec` (older files name their cluster only by its display name)
 SUPPORTED_VERSIONS = (1, 2, 3)
 
-__all__ = ["PathLike", "SCHEMA", "VERSION", "dumps", "from_json", "load", "save", "to_json",
-           "write_text_atomic"]
+__all__ = ["PathLike", "SCHEMA", "VERSION", "check_transfer_sizes", "dumps", "from_json", "load",
+           "save", "to_json", "write_text_atomic"]
 
 _REQUIRED = ("kind", "stream")
 # Optional fields and their defaults, computed once: the per-op loops only compare and copy.
@@ -78,6 +84,8 @@ def _encode_op(op: Op) -> dict[str, Any]:
     for name in _ENUM_FIELDS:
         if name in out:
             out[name] = str(out[name])
+    if "purpose" in out:
+        out["purpose"] = purpose_io.encode(out["purpose"])
     return out
 
 
@@ -137,40 +145,19 @@ def from_json(data: object, source: str = "trace") -> Trace:
         for key, raw_ops in ranks.items():
             rank = _rank_key(key, source)
             ops[rank] = _decode_rank(rank, raw_ops, source)
+            if data["version"] < 3:
+                ops[rank] = _with_legacy_purposes(ops[rank], rank, source)
         check_transfer_sizes(((rank, i, op) for rank, rank_ops in ops.items()
                               for i, op in enumerate(rank_ops) if op.kind in _P2P), source)
     return Trace(ops=ops, meta=meta)
 
 
-def check_transfer_sizes(transfers: Iterable[tuple[int, int, Op]], source: str) -> None:
-    """The k-th send from a to b with a tag meets the k-th receive on b from a with that tag
-    (as the replay matches them): where the trace holds both, they move the same bytes. (A
-    timed op of size 0 does not state its size; the replay keeps its measured duration.)
-    `transfers`: (rank, op index, op) of every send and receive, in each rank's issue order.
-    Loading checks it; the replay's lowering too, for traces built in memory (imports)."""
-    # (source, destination, tag) -> (op index, size) in issue order; a peer is set (checked)
-    Pairs = dict[tuple[int | None, int | None, str], list[tuple[int, float]]]
-    sends: Pairs = {}
-    recvs: Pairs = {}
-    for rank, index, op in transfers:
-        if op.kind is _SEND:
-            sends.setdefault((rank, op.peer, op.tag), []).append((index, _stated(op)))
-        else:
-            recvs.setdefault((op.peer, rank, op.tag), []).append((index, _stated(op)))
-    for key, received in recvs.items():
-        src, dst, tag = key
-        for call, ((index, size), (sent_at, sent)) in enumerate(zip(received,
-                                                                     sends.get(key, ()))):
-            if size != sent and size >= 0 and sent >= 0:
-                raise ConfigError(f"{source}: rank {dst}, op {index}: recv of {size:,.0f} B from "
-                                  f"rank {src} (tag {tag!r}, call #{call}) meets rank {src}'s "
-                                  f"op {sent_at}, a send of {sent:,.0f} B; a send and its "
-                                  "receive move the same bytes")
-
-
-def _stated(op: Op) -> float:
-    """The op's size, or -1 where a timed op does not state it (size 0)."""
-    return -1.0 if op.size_bytes == 0.0 and op.end is not None else op.size_bytes
+def _with_legacy_purposes(ops: tuple[Op, ...], rank: int, source: str) -> tuple[Op, ...]:
+    """A version-1/2 rank's ops with the purposes their names meant (`traces.legacy`)."""
+    if any(op.purpose is not None for op in ops):
+        raise ConfigError(f"{source}: rank {rank}: 'purpose' is a field of trace version 3")
+    return tuple(replace(op, purpose=p) if p is not None else op
+                 for op, p in zip(ops, legacy_purposes(ops)))
 
 
 def _check_header(data: dict[str, Any], source: str) -> int:
@@ -347,6 +334,13 @@ def _gemm(value: object) -> tuple[int, ...]:
     return shape
 
 
+def _purpose(value: object) -> Any:
+    try:
+        return purpose_io.decode(value)
+    except ValueError as err:
+        raise _Bad("", str(err)) from None
+
+
 def _enum_decoder(enum: type[StrEnum], optional: bool) -> Callable[[object], Any]:
     members = {str(member): member for member in enum}
     expected = ", ".join(members)
@@ -367,6 +361,7 @@ _DECODERS: dict[str, Callable[[object], Any]] = {
     "kind": _enum_decoder(OpKind, optional=False),
     "stream": _string,
     "name": _string,
+    "purpose": _purpose,
     "deps": _integers,
     "layer": _optional_integer,
     "microbatch": _optional_integer,

@@ -59,16 +59,22 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from traces.model import DTYPE_BYTES, ModelSpec
+from traces.purpose import ATTENTION_CORE, Kernel
+
+__all__ = ["ATTENTION_CORE", "FUSED_SOFTMAX_MAX_SEQ", "Gemm", "KernelWork", "attention_kernels",
+           "cross_entropy_bytes", "embedding_kernels", "gemm_kernel", "head_kernels",
+           "layer_kernels", "memory_kernel", "optimizer_bytes_per_param", "softmax_bytes"]
+K = Kernel
 
 Gemm = tuple[int, int, int, int]
 """(batch, M, N, K): batch products of an M×K and a K×N matrix."""
 
 
 @dataclass(frozen=True, slots=True)
-class Kernel:
+class KernelWork:
     """One kernel's cost for one micro-batch: forward, and its own backward."""
 
-    name: str
+    name: Kernel
     flops: float
     mem_bytes: float
     bwd_flops: float
@@ -76,7 +82,8 @@ class Kernel:
     gemm: Gemm | None = None
 
 
-def gemm_kernel(name: str, gemm: Gemm, e: int, grad_bytes: int, weights: bool = True) -> Kernel:
+def gemm_kernel(name: Kernel, gemm: Gemm, e: int, grad_bytes: int, weights: bool = True
+                ) -> KernelWork:
     """A GEMM and its backward. Forward reads A (M×K) and B (K×N), writes C (M×N). Backward
     computes dA = dC·Bᵀ (reads dC, B, writes dA) and dB = Aᵀ·dC (reads A, dC, writes dB); a
     weight gradient (`weights`) is accumulated in `grad_bytes` per element (read and written)."""
@@ -86,34 +93,34 @@ def gemm_kernel(name: str, gemm: Gemm, e: int, grad_bytes: int, weights: bool = 
     forward = (a + b + c) * e
     db = 2 * b * grad_bytes if weights else b * e
     backward = (c + b + a) * e + (a + c) * e + db
-    return Kernel(name, flops, forward, 2 * flops, backward, gemm)
+    return KernelWork(name, flops, forward, 2 * flops, backward, gemm)
 
 
-def memory_kernel(name: str, fwd_bytes: float, bwd_bytes: float) -> Kernel:
-    return Kernel(name, 0.0, fwd_bytes, 0.0, bwd_bytes)
+def memory_kernel(name: Kernel, fwd_bytes: float, bwd_bytes: float) -> KernelWork:
+    return KernelWork(name, 0.0, fwd_bytes, 0.0, bwd_bytes)
 
 
 def layer_kernels(model: ModelSpec, b: int, t: int, sp: bool,
-                  grad_bytes: int | None = None) -> list[Kernel]:
+                  grad_bytes: int | None = None) -> list[KernelWork]:
     """One layer's kernels in forward order, for one micro-batch on one TP rank."""
     s, h, f, e = model.seq_len, model.hidden, model.ffn_hidden, model.dtype_bytes
     g = e if grad_bytes is None else grad_bytes
     r = s // t if sp else s  # tokens of the norms and dropouts on this rank
     return [
-        _norm("ln1", b * r * h, e, residual=True),
-        gemm_kernel("qkv", (1, b * s, 3 * h // t, h), e, g),
+        _norm(K.LN1, b * r * h, e, residual=True),
+        gemm_kernel(K.QKV, (1, b * s, 3 * h // t, h), e, g),
         *attention_kernels(model, b, t),
-        gemm_kernel("proj", (1, b * s, h, h // t), e, g),
-        _bda("bda1", b * r * h, e),
-        _norm("ln2", b * r * h, e, residual=True),
-        gemm_kernel("fc1", (1, b * s, f // t, h), e, g),
-        memory_kernel("gelu", 2 * b * s * f / t * e, 4 * b * s * f / t * e),
-        gemm_kernel("fc2", (1, b * s, h, f // t), e, g),
-        _bda("bda2", b * r * h, e),
+        gemm_kernel(K.PROJ, (1, b * s, h, h // t), e, g),
+        _bda(K.BDA1, b * r * h, e),
+        _norm(K.LN2, b * r * h, e, residual=True),
+        gemm_kernel(K.FC1, (1, b * s, f // t, h), e, g),
+        memory_kernel(K.GELU, 2 * b * s * f / t * e, 4 * b * s * f / t * e),
+        gemm_kernel(K.FC2, (1, b * s, h, f // t), e, g),
+        _bda(K.BDA2, b * r * h, e),
     ]
 
 
-def attention_kernels(model: ModelSpec, b: int, t: int) -> list[Kernel]:
+def attention_kernels(model: ModelSpec, b: int, t: int) -> list[KernelWork]:
     """The attention core: one flash kernel, or Megatron-LM's unfused four."""
     s, h, a, e = model.seq_len, model.hidden, model.heads, model.dtype_bytes
     heads = b * a // t
@@ -123,13 +130,13 @@ def attention_kernels(model: ModelSpec, b: int, t: int) -> list[Kernel]:
         qkvo = 4 * heads * s * d * e
         lse = heads * s * 4
         grads = 4 * heads * s * d * e  # dO read, dQ, dK, dV written
-        return [Kernel("flash_attn", flops, qkvo + lse, 2 * flops, qkvo + lse + grads)]
+        return [KernelWork(K.FLASH_ATTN, flops, qkvo + lse, 2 * flops, qkvo + lse + grads)]
     scores = heads * s * s
     return [
-        gemm_kernel("qk", (heads, s, s, d), e, e, weights=False),
-        memory_kernel("softmax", *softmax_bytes(scores, s, heads, e)),
-        memory_kernel("attn_dropout", scores * (2 * e + 1), scores * (2 * e + 1)),
-        gemm_kernel("av", (heads, s, d, s), e, e, weights=False),
+        gemm_kernel(K.QK, (heads, s, s, d), e, e, weights=False),
+        memory_kernel(K.SOFTMAX, *softmax_bytes(scores, s, heads, e)),
+        memory_kernel(K.ATTN_DROPOUT, scores * (2 * e + 1), scores * (2 * e + 1)),
+        gemm_kernel(K.AV, (heads, s, d, s), e, e, weights=False),
     ]
 
 
@@ -161,30 +168,30 @@ def softmax_bytes(scores: int, s: int, heads: int, e: int) -> tuple[float, float
 
 
 def embedding_kernels(model: ModelSpec, b: int, t: int, sp: bool,
-                      grad_bytes: int | None = None) -> list[Kernel]:
+                      grad_bytes: int | None = None) -> list[KernelWork]:
     """First stage: the vocab-parallel lookup (rows read, partial sums written; backward
     scatter-adds into the gradient table) and the position add with dropout."""
     s, h, e = model.seq_len, model.hidden, model.dtype_bytes
     g = e if grad_bytes is None else grad_bytes
     r = s // t if sp else s
     return [
-        memory_kernel("embed", 2 * b * s * h * e, b * s * h * (e + 2 * g)),
-        memory_kernel("pos_embed", b * r * h * (2 * e + 1) + r * h * e,
+        memory_kernel(K.EMBED, 2 * b * s * h * e, b * s * h * (e + 2 * g)),
+        memory_kernel(K.POS_EMBED, b * r * h * (2 * e + 1) + r * h * e,
                       b * r * h * (2 * e + 1) + 2 * r * h * g),
     ]
 
 
 def head_kernels(model: ModelSpec, b: int, t: int, sp: bool,
-                 grad_bytes: int | None = None) -> list[Kernel]:
+                 grad_bytes: int | None = None) -> list[KernelWork]:
     """Last stage: the final norm, the vocab-parallel logits GEMM, the fp32 cross-entropy."""
     s, h, v, e = model.seq_len, model.hidden, model.vocab, model.dtype_bytes
     g = e if grad_bytes is None else grad_bytes
     r = s // t if sp else s
     logits = b * s * v // t
     return [
-        _norm("final_ln", b * r * h, e),
-        gemm_kernel("logits", (1, b * s, v // t, h), e, g),
-        memory_kernel("cross_entropy", *cross_entropy_bytes(logits, e)),
+        _norm(K.FINAL_LN, b * r * h, e),
+        gemm_kernel(K.LOGITS, (1, b * s, v // t, h), e, g),
+        memory_kernel(K.CROSS_ENTROPY, *cross_entropy_bytes(logits, e)),
     ]
 
 
@@ -218,16 +225,12 @@ def cross_entropy_bytes(logits: int, e: int) -> tuple[float, float]:
     return logits * (32 + cast), logits * (8 + cast)
 
 
-def _norm(name: str, elements: int, e: int, residual: bool = False) -> Kernel:
+def _norm(name: Kernel, elements: int, e: int, residual: bool = False) -> KernelWork:
     """A layer norm; `residual`: its input is also the residual, whose two gradients
     autograd sums after the norm's backward (read both, write one)."""
     return memory_kernel(name, 2 * elements * e, (6 if residual else 3) * elements * e)
 
 
-def _bda(name: str, elements: int, e: int) -> Kernel:
+def _bda(name: Kernel, elements: int, e: int) -> KernelWork:
     """Bias-dropout-add; backward: dropout's backward, then the bias gradient's sum."""
     return memory_kernel(name, elements * (3 * e + 1), elements * (3 * e + 1))
-
-
-ATTENTION_CORE = {"flash": ("flash_attn",), "unfused": ("qk", "softmax", "attn_dropout", "av")}
-"""What selective recomputation re-runs (Megatron's `core_attn`)."""

@@ -16,30 +16,10 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from traces.header import TraceMeta
+from traces.kinds import COLLECTIVES, OpKind
+from traces.purpose import Purpose
 
-
-class OpKind(StrEnum):
-    COMPUTE = "compute"
-    ALL_REDUCE = "all_reduce"
-    REDUCE_SCATTER = "reduce_scatter"
-    ALL_GATHER = "all_gather"
-    BROADCAST = "broadcast"
-    ALL_TO_ALL = "all_to_all"
-    SEND = "send"
-    RECV = "recv"
-
-    @property
-    def is_collective(self) -> bool:
-        return self in _COLLECTIVE_SET
-
-    @property
-    def is_p2p(self) -> bool:
-        return self in _P2P_SET
-
-
-_P2P_SET = frozenset({OpKind.SEND, OpKind.RECV})
-_COLLECTIVE_SET = frozenset(OpKind) - _P2P_SET - {OpKind.COMPUTE}
-COLLECTIVES = tuple(k for k in OpKind if k.is_collective)
+__all__ = ["COLLECTIVES", "Op", "OpKind", "Phase", "Purpose", "Stream", "Trace"]
 
 
 class Stream(StrEnum):
@@ -83,7 +63,9 @@ class Op:
     kind: OpKind
     stream: str
     name: str = ""
-    """Compute: the op class the compute model keys on ('attn', 'mlp', 'head', ...)."""
+    """A display label ('qkv', 'tp', 'grads', ...); what the op is for is its `purpose`."""
+    purpose: Purpose | None = None
+    """What the op is for (`traces.purpose`); None for an op imported from elsewhere."""
     deps: tuple[int, ...] = ()
     layer: int | None = None
     microbatch: int | None = None

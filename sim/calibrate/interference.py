@@ -42,14 +42,14 @@ import numpy as np
 from scipy import stats
 
 from sim.profile import MAX_COMM_INTERFERENCE
-from traces.bench import (
-    INTERFERENCE_ALONE,
-    INTERFERENCE_COLLECTIVE,
-    INTERFERENCE_COLLECTIVE_ALONE,
-    INTERFERENCE_OVERLAPPED,
-)
 from traces.fields import MAX_LATENCY_S
 from traces.ops import Op, Trace
+from traces.purpose import Bench, BenchRole
+
+_BESIDE = Bench(BenchRole.COLLECTIVE_BESIDE)
+_ALONE = Bench(BenchRole.COLLECTIVE_ALONE)
+_PROBE_ALONE = Bench(BenchRole.PROBE_ALONE)
+_PROBE_OVERLAPPED = Bench(BenchRole.PROBE_OVERLAPPED)
 
 MAX_HALF_WIDTH = 0.5
 
@@ -103,11 +103,11 @@ def probe_samples(trace: Trace) -> _Samples:
         for op in ops:
             if op.start is None or op.end is None or op.span is not None:
                 continue
-            if op.name == INTERFERENCE_COLLECTIVE and op.kind.is_collective:
+            if op.purpose == _BESIDE and op.kind.is_collective:
                 last = op
-            elif op.name == INTERFERENCE_ALONE:
+            elif op.purpose == _PROBE_ALONE:
                 out.alone.append(op.end - op.start)
-            elif op.name == INTERFERENCE_OVERLAPPED:
+            elif op.purpose == _PROBE_OVERLAPPED:
                 assert last is not None and last.start is not None and last.end is not None, \
                     "an overlapped probe follows its collective"
                 if last.start <= op.start and op.end <= last.end:
@@ -121,22 +121,23 @@ def collective_samples(trace: Trace) -> _Samples:
     """The collectives alone, and beside the chain of probes issued right after them: the
     simulator's condition (a kernel runs as they start) holds for all of these, however soon
     they end; each from its members' latest start to their mean end."""
-    calls: dict[tuple[str, int], list[Op]] = defaultdict(list)
+    calls: dict[tuple[BenchRole, int], list[Op]] = defaultdict(list)
     for ops in trace.ops.values():
-        count = dict.fromkeys((INTERFERENCE_COLLECTIVE, INTERFERENCE_COLLECTIVE_ALONE), 0)
+        count = dict.fromkeys((_BESIDE, _ALONE), 0)
         for op in ops:
             if op.start is None or op.end is None or op.span is not None:
                 continue
-            if op.name in count and op.kind.is_collective:
-                calls[(op.name, count[op.name])].append(op)
-                count[op.name] += 1
+            if op.purpose in count and op.kind.is_collective:
+                assert isinstance(op.purpose, Bench)
+                calls[(op.purpose.role, count[op.purpose])].append(op)
+                count[op.purpose] += 1
     out = _Samples([], [])
-    for (name, _), members in sorted(calls.items()):
+    for (role, _), members in sorted(calls.items()):
         if len(members) != len(members[0].group):
             continue  # a partial trace: the collective's members are not all here
         start = max(m.start for m in members if m.start is not None)
         end = statistics.fmean(m.end for m in members if m.end is not None)
-        into, sizes = (out.alone, out.alone_sizes) if name == INTERFERENCE_COLLECTIVE_ALONE \
+        into, sizes = (out.alone, out.alone_sizes) if role is BenchRole.COLLECTIVE_ALONE \
             else (out.beside, out.beside_sizes)
         into.append(end - start)
         sizes.append(members[0].size_bytes)

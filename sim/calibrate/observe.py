@@ -17,10 +17,11 @@ anything, that is from this op's start to the next one's: the interpreter's book
 between two kernels is paid per op, like a kernel launch on a GPU, and the simulator's launch
 overhead stands for both. Otherwise it is the op's own duration plus the stream's median gap.
 
-The microbenchmarks' interference collectives (`traces.bench`) are no samples: they time, on
-purpose, what compute beside them does to them (`sim.calibrate.interference` reads them). Ops
-without times, ops of a span (a profiler's fused region, timed only as a whole), and compute
-ops that are not kernels of the plan are skipped.
+The microbenchmarks' interference collectives (`traces.bench`, their purpose a `Bench`
+collective) are no samples: they time, on purpose, what compute beside them does to them
+(`sim.calibrate.interference` reads them). Ops without times, ops of a span (a profiler's
+fused region, timed only as a whole), and compute ops that are not kernels of the plan (by
+their purpose; an imported op without one, by its name) are skipped.
 """
 
 from __future__ import annotations
@@ -29,13 +30,14 @@ import statistics
 from collections import defaultdict
 from dataclasses import dataclass
 
-from sim.profile import KERNEL_NAMES
-from traces.bench import INTERFERENCE_COLLECTIVE, INTERFERENCE_COLLECTIVE_ALONE, sections
+from traces.bench import sections
 from traces.compare import occupancy
 from traces.ops import Op, OpKind, Phase, Trace
+from traces.purpose import KERNEL_NAMES, Bench, BenchRole, KernelRun
 
 KERNELS = frozenset(KERNEL_NAMES)
-_INTERFERENCE = frozenset((INTERFERENCE_COLLECTIVE, INTERFERENCE_COLLECTIVE_ALONE))
+_INTERFERENCE = frozenset((Bench(BenchRole.COLLECTIVE_BESIDE),
+                           Bench(BenchRole.COLLECTIVE_ALONE)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,7 +85,7 @@ def communication(trace: Trace) -> list[CommSample]:
     for rank in trace.ranks:
         count: dict[tuple[str, tuple[int, ...]], int] = defaultdict(int)
         for op in trace.ops[rank]:
-            if op.kind.is_collective and op.name not in _INTERFERENCE:
+            if op.kind.is_collective and op.purpose not in _INTERFERENCE:
                 key = (op.stream, op.group)
                 calls[(*key, count[key])].append(op)
                 count[key] += 1
@@ -119,10 +121,19 @@ def compute(trace: Trace) -> list[ComputeSample]:
     out = []
     for rank in trace.ranks:
         for op, seconds in occupancy(trace.ops[rank], _section_starts(trace, rank)):
-            if op.name in KERNELS:
-                out.append(ComputeSample(op.name, op.phase is Phase.BWD, op.flops,
+            kernel = _kernel(op)
+            if kernel is not None:
+                out.append(ComputeSample(kernel, op.phase is Phase.BWD, op.flops,
                                          op.mem_bytes, tuple(op.gemm), seconds))
     return out
+
+
+def _kernel(op: Op) -> str | None:
+    """The plan kernel a compute op ran: its purpose's; an imported op's (no purpose) name if
+    that is one."""
+    if isinstance(op.purpose, KernelRun):
+        return str(op.purpose.kernel)
+    return op.name if op.purpose is None and op.name in KERNELS else None
 
 
 def _section_starts(trace: Trace, rank: int) -> set[int]:

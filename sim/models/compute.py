@@ -16,7 +16,9 @@ Every op also moves `mem_bytes` through HBM at `memory_efficiency` of its bandwi
 times combine as (t_compute^p + t_memory^p)^(1/p) (p = `roofline_exponent`): a clearly compute-
 or memory-bound kernel costs its larger time, but one near the ridge point does not hide one
 under the other for free. Each kernel launch adds `launch_overhead_s`. A measured op (one
-with start/end, from a real run) keeps its measured duration.
+with start/end, from a real run) keeps its measured duration. A plan's op is costed as its
+kernel (its purpose's, `traces.purpose.KernelRun`), which the profile may tune; an op imported
+from elsewhere (no purpose) by its name.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from math import ceil
 from sim.profile import Profile
 from topology.cluster import Accelerator
 from traces.ops import Op, Phase
+from traces.purpose import KernelRun
 
 
 class ComputeModel:
@@ -54,11 +57,14 @@ class ComputeModel:
     def duration(self, op: Op) -> float:
         if op.start is not None and op.end is not None:
             return op.end - op.start
-        key = (op.name, op.phase is Phase.BWD, op.flops, op.mem_bytes, op.gemm)
+        purpose = op.purpose
+        kernel = purpose.kernel if isinstance(purpose, KernelRun) else \
+            op.name if purpose is None else ""
+        key = (kernel, op.phase is Phase.BWD, op.flops, op.mem_bytes, op.gemm)
         seconds = self._cache.get(key)
         if seconds is None:
             seconds = self._cache[key] = self.kernel_time(
-                op.name, op.flops, op.mem_bytes, op.gemm, backward=op.phase is Phase.BWD)
+                kernel, op.flops, op.mem_bytes, op.gemm, backward=op.phase is Phase.BWD)
         return seconds
 
     def kernel_time(self, name: str, flops: float, mem_bytes: float, gemm: tuple[int, ...] = (),

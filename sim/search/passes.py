@@ -12,7 +12,7 @@ replicas, and two micro-batches. Its ops are then sorted by what they belong to:
     first    what only the first pipeline stage runs per micro-batch (embedding)
     last     what only the last stage runs per micro-batch (final norm, logits, cross-entropy)
 
-plus what the step ends with: the kind of the gradient reduction ("grads" on the dp stream),
+plus what the step ends with: the kind of the gradient reduction (its `GradBucket`s),
 whether ZeRO-1/2 gather the parameters after the optimizer, whether gradients are reduced in
 every micro-batch (ZeRO-2) or once, the tied-embedding all-reduce, and the optimizer's HBM
 bytes per parameter it owns. Sizes of collectives outside the layer (gradient buckets) depend
@@ -33,6 +33,7 @@ from traces.ops import Op, OpKind, Phase, Stream
 from traces.plan import build
 from traces.plan.data import gradient_buckets as plan_gradient_buckets
 from traces.plan.nodes import RankContext
+from traces.purpose import EmbeddingGrads, GradBucket, Kernel, KernelRun, ParamGather
 
 COMM_STREAMS = (Stream.ZERO_AG, Stream.ZERO_RS, Stream.DP)
 
@@ -137,8 +138,8 @@ def pass_ops(model: ModelSpec, layout: Layout) -> PassOps:
         first = _unit(small, ranks[0], embedding, _outside_layers)
         last = _unit(small, ranks[0], head, _outside_layers)
     sends = [op.size_bytes for op in first_ops if op.kind is OpKind.SEND]
-    grads = [op for op in first_ops if op.stream == Stream.DP and op.name == "grads"]
-    optimizer = next(op for op in first_ops if op.phase is Phase.OPT and op.name == "optimizer")
+    grads = [op for op in first_ops if isinstance(op.purpose, GradBucket)]
+    optimizer = next(op for op in first_ops if op.purpose == KernelRun(Kernel.OPTIMIZER))
     params = reduced_model.params_on_stages(small.stages_of_rank(0), small.num_stages,
                                            small.tp) / (small.dp if small.zero >= 1 else 1)
     return PassOps(
@@ -148,10 +149,9 @@ def pass_ops(model: ModelSpec, layout: Layout) -> PassOps:
                             if op.microbatch == 0 and op.phase is Phase.FWD),
         grad_reduction=grads[0].kind if grads else None,
         reduce_every_microbatch=len({op.microbatch for op in grads}) > 1,
-        gather_after_optimizer=any(op.phase is Phase.OPT and op.kind is OpKind.ALL_GATHER
-                                   for op in first_ops),
+        gather_after_optimizer=any(isinstance(op.purpose, ParamGather) for op in first_ops),
         embedding_grads=next((op.size_bytes for op in first_ops
-                              if op.name == "embedding_grads"), None),
+                              if isinstance(op.purpose, EmbeddingGrads)), None),
         optimizer_bytes_per_param=optimizer.mem_bytes / params,
     )
 
@@ -182,8 +182,8 @@ def _without(ops: Sequence[Op], drop: list[Op]) -> list[Op]:
 
 def _outside_layers(op: Op) -> bool:
     """Per-micro-batch ops of the embedding or the output layer (not the step's end)."""
-    return op.layer is None and op.microbatch is not None and op.name not in ("grads",
-                                                                              "params")
+    return op.layer is None and op.microbatch is not None and \
+        not isinstance(op.purpose, GradBucket | ParamGather)
 
 
 def _unit(small: Layout, rank: int, ops: Sequence[Op],

@@ -8,32 +8,40 @@ the runtime's ops, in that order, compute what the single-process reference comp
 from __future__ import annotations
 
 from executor.comm import Handle
-from executor.kernels import FIRST_STAGE, LAST_STAGE, LAYER_FLASH, LAYER_UNFUSED
 from executor.params import EMBED, HEAD, layer_unit
 from executor.runtime import RankRuntime
-from executor.sites import tp_site
 from traces.layout import Axis, Recompute
 from traces.ops import Phase, Stream
+from traces.plan.tensor import tp_sites
+from traces.purpose import (
+    CORE_KERNELS,
+    FIRST_STAGE,
+    LAST_STAGE,
+    LAYER_FLASH,
+    LAYER_UNFUSED,
+    Kernel,
+    Stat,
+)
 
-CORE = {"flash_attn", "qk", "softmax", "attn_dropout", "av"}
+CORE = CORE_KERNELS
 
 
-def _kernels(rt: RankRuntime, names: tuple[str, ...] | list[str], phase: Phase,
+def _kernels(rt: RankRuntime, names: tuple[Kernel, ...] | list[Kernel], phase: Phase,
              layer: int | None, mb: int) -> None:
-    """Run kernels in order, with the TP collectives between them where the doc puts them."""
+    """Run kernels in order, with the TP collectives around them where the doc puts them."""
     tp = rt.layout.tp > 1
-    prev = None
-    for name in [*names, None]:
-        if tp and tp_site(phase, prev, name, rt.layout.sp) is not None:
-            rt.tp(phase, prev, name, layer, mb)
-        if name is None:
-            break
+    sites = tp_sites(rt.layout.sp) if tp else {}
+    for name in names:
+        before, after = sites.get((name, phase is Phase.BWD), ((), ()))
+        for site in before:
+            rt.tp(site, layer, mb)
         rt.compute(name, phase, layer, mb)
+        for site in after:
+            rt.tp(site, layer, mb)
         if name == "logits" and phase is Phase.FWD and tp:
-            rt.ce_collective("ce_max", mb)
+            rt.ce_collective(Stat.MAX, mb)
         if name == "cross_entropy" and phase is Phase.FWD and tp:
-            rt.ce_collective("ce_sum", mb)
-        prev = name
+            rt.ce_collective(Stat.SUM, mb)
 
 
 class Step:
@@ -143,7 +151,7 @@ class Step:
         if rt.layout.sp and self.sp_after:
             rt.sp_grads()
         self.reduced_grads = [g.clone() for g in rt.grads.optimizer_grads()]
-        rt.compute("optimizer", Phase.OPT, None, None)
+        rt.optimizer_step()
         if rt.zero in (1, 2):
             for h in [rt.gather_bucket(b.index) for b in rt.buckets]:
                 h.wait()

@@ -10,7 +10,15 @@ pytest.importorskip("torch")  # the executor runs on torch
 import torch
 
 from executor.flat import FlatLayout, Shards, rule_buckets, sized_buckets, unit_buckets
-from executor.params import EMBED, HEAD, init_full_unit, tp_shard, unit_numel, units_of_rank
+from executor.params import (
+    EMBED,
+    HEAD,
+    init_full_unit,
+    layer_unit,
+    tp_shard,
+    unit_numel,
+    units_of_rank,
+)
 from traces.errors import ConfigError
 from traces.layout import Layout, Schedule
 from traces.model import ModelSpec
@@ -41,13 +49,13 @@ def test_unit_counts_equal_the_model_arithmetic(tp: int, pp: int, tied: bool) ->
 def test_units_in_backward_order_over_virtual_stages() -> None:
     # pp 2, vp 2, 4 layers: rank 0 holds stages 0 (L0) and 2 (L2); rank 1 stages 1 and 3.
     layout = Layout(pp=2, vp=2, schedule=Schedule.INTERLEAVED, global_batch=2)
-    assert units_of_rank(MODEL, layout, 0) == ["L2", "L0", EMBED]
-    assert units_of_rank(MODEL, layout, 1) == [HEAD, "L3", "L1"]
+    assert units_of_rank(MODEL, layout, 0) == [layer_unit(2), layer_unit(0), EMBED]
+    assert units_of_rank(MODEL, layout, 1) == [HEAD, layer_unit(3), layer_unit(1)]
 
 
 @pytest.mark.parametrize("tp", [2, 4])
 def test_tensor_parallel_shards_reassemble_the_full_tensors(tp: int) -> None:
-    full = init_full_unit(MODEL, "L1", seed=7)
+    full = init_full_unit(MODEL, layer_unit(1), seed=7)
     shards = {n: [tp_shard(MODEL, n, t, tp, r) for r in range(tp)] for n, t in full.items()}
     h, a = MODEL.hidden, MODEL.heads
     # q, k and v of each rank's heads: stack the ranks' heads back per q/k/v.

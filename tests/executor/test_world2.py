@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from executor.launch import spawn
-from executor.params import init_full_unit, tp_shard
+from executor.params import init_full_unit, layer_unit, tp_shard
 from executor.reference import ReferenceGPT, train
 from tests.executor.checks import GRAD_ATOL, GRAD_RTOL, check_training
 from tests.executor.plan_match import call_sequences, plan_sequences
@@ -95,10 +95,11 @@ def test_tensor_parallel_layer_equals_the_unsharded_layer(world: dict, name: str
     shape = (model.seq_len, layout.micro_batch, model.hidden)
     x = torch.randn(shape, generator=gen).requires_grad_()
     gy = torch.randn(shape, generator=gen)
-    y = ref._block(x.transpose(0, 1), "L0").transpose(0, 1)  # the reference is batch-first
+    # the reference is batch-first
+    y = ref._block(x.transpose(0, 1), layer_unit(0)).transpose(0, 1)
     y.backward(gy)
     assert x.grad is not None
-    full = init_full_unit(model, "L0", OPTIONS.seed)
+    full = init_full_unit(model, layer_unit(0), OPTIONS.seed)
     for res in world["layer"][name]:
         r = res["tp_rank"]
         want_y, want_gx = y.detach(), x.grad.detach()
@@ -107,7 +108,7 @@ def test_tensor_parallel_layer_equals_the_unsharded_layer(world: dict, name: str
         torch.testing.assert_close(res["y"], want_y, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(res["gx"], want_gx, rtol=1e-5, atol=1e-5)
         for pname, grad in res["grads"].items():
-            ref_grad = ref.p("L0", pname).grad
+            ref_grad = ref.p(layer_unit(0), pname).grad
             assert ref_grad is not None
             want = tp_shard(model, pname, ref_grad, layout.tp, r)
             assert want.shape == grad.shape == tp_shard(model, pname, full[pname],

@@ -18,7 +18,6 @@ import executor.recorder as recording
 from executor.comm import Comm
 from executor.groups import Groups, layout_group_keys, plan_group_keys
 from executor.interpreter import Interpreter
-from executor.kernels import LAYER_FLASH, LAYER_UNFUSED
 from executor.launch import RankContext
 from executor.optim import AdamWConfig
 from executor.params import build_unit_params
@@ -30,6 +29,7 @@ from traces.layout import Layout
 from traces.model import ModelSpec
 from traces.ops import Op, OpKind, Phase, Trace
 from traces.plan import build
+from traces.purpose import LAYER_FLASH, LAYER_UNFUSED, Stat, Unit
 
 SMALL = dict(layers=2, hidden=32, heads=4, seq_len=16, vocab=64, dtype="fp32")
 # eps well above the gradients' rounding noise: AdamW is then smooth in the gradient (an update
@@ -114,11 +114,11 @@ def layer_case(ctx: RankContext, case: Case, seed: int) -> dict[str, Any]:
     _kernels(rt, kernels[::-1], Phase.BWD, 0, 0)
     gx = tape.take_grad((0, "x"))
     if layout.sp:
-        rt.sp_grads("L0", async_op=False)
+        rt.sp_grads(Unit.of_layer(0), async_op=False)
     assert rt.grads.full is not None
     grads = {}
-    for spec in rt.flat.specs["L0"]:
-        lo, hi = rt.flat.param_range[("L0", spec.name)]
+    for spec in rt.flat.specs[Unit.of_layer(0)]:
+        lo, hi = rt.flat.param_range[(Unit.of_layer(0), spec.name)]
         grads[spec.name] = rt.grads.full[lo:hi].view(spec.shape).clone()
     groups.destroy()
     data = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
@@ -142,10 +142,10 @@ def ce_case(ctx: RankContext, case: Case, seed: int) -> dict[str, Any]:
     tape.put(("H", "logits"), shard)
     tape.put(("H", "lmax"), shard.amax(dim=-1))
     if layout.tp > 1:
-        rt.ce_collective("ce_max", 0)
+        rt.ce_collective(Stat.MAX, 0)
     rt.compute("cross_entropy", Phase.FWD, None, 0)
     if layout.tp > 1:
-        rt.ce_collective("ce_sum", 0)
+        rt.ce_collective(Stat.SUM, 0)
     rt.compute("cross_entropy", Phase.BWD, None, 0)
     out = {"loss": rt.losses[0], "glogits": tape.take_grad(("H", "logits")),
            "scale": rt.loss_scale, "tp_rank": rt.tp_rank}

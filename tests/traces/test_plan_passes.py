@@ -16,6 +16,8 @@ from traces.plan.nodes import Node, Program, RankContext, finalize
 from traces.plan.optimizer import add_optimizer
 from traces.plan.p2p import add_pipeline_p2p
 from traces.plan.tensor import add_tensor_parallel
+from traces.purpose import HEAD as HEAD_UNIT
+from traces.purpose import Unit
 
 MODEL = ModelSpec(layers=4, hidden=64, heads=4, seq_len=32, vocab=128)
 ACT = 1 * 32 * 64 * 2  # b*s*h in bf16
@@ -50,7 +52,7 @@ def test_compute_pass_lowers_each_action_to_its_stage_kernels_in_run_order():
     assert names(program[0]) == ["embed", "pos_embed", *LAYER, *LAYER]  # layers 0 and 1
     assert names(program[2]) == [*LAYER[::-1], *LAYER[::-1], "pos_embed", "embed"]
     assert [n.op.layer for n in program[2]] == [1] * 10 + [0] * 10 + [None] * 2
-    assert [n.unit for n in program[2]][-3:] == [0, "embed", "embed"]
+    assert [str(n.unit) for n in program[2]][-3:] == ["L0", "embed", "embed"]
     assert all(n.op.microbatch == 1 for n in program[1])
     qkv = program[0][3].op
     assert qkv.gemm == (1, 32, 3 * 64, 64) and qkv.flops == 2 * 32 * 3 * 64 * 64
@@ -108,7 +110,7 @@ def test_tensor_pass_adds_megatron_f_and_g_collectives(sp):
     layer_ops = [n for n in new[0] if n.op.layer == 0]
     assert len(layer_ops) == per_layer_fwd
     assert [n.op.kind for n in new[1] if n.op.layer == 0] == per_layer_bwd
-    assert [n.op.kind for n in new[1] if n.unit == "head" and n.op.name == tp] == head_bwd
+    assert [n.op.kind for n in new[1] if n.unit == HEAD_UNIT and n.op.name == tp] == head_bwd
     assert all(n.op.group == (0, 1) and n.on_compute for step in new for n in step)
     ce = [n.op for n in new[0] if n.op.name.startswith("ce_")]
     assert [(op.name, op.size_bytes, op.dtype) for op in ce] == [
@@ -157,14 +159,15 @@ def test_data_pass_zero3_gathers_before_each_unit_and_scatters_after_its_backwar
     out = add_data_parallel(ctx, actions, program)
     forward, backward = out[0], out[1]
     gathers = [n for n in forward if n.op.stream == Stream.ZERO_AG]
-    assert [n.unit for n in gathers] == ["embed", 0, 1, 2, 3, "head"]
-    layer2 = next(n for n in forward if n.op.stream == Stream.ZERO_AG and n.unit == 2)
-    layer0 = [n for n in forward if n.on_compute and n.unit == 0]
+    assert [str(n.unit) for n in gathers] == ["embed", "L0", "L1", "L2", "L3", "head"]
+    layer2 = next(n for n in forward
+                  if n.op.stream == Stream.ZERO_AG and n.unit == Unit.of_layer(2))
+    layer0 = [n for n in forward if n.on_compute and n.unit == Unit.of_layer(0)]
     assert layer2.after == [layer0[-1]] and layer0[-1].op.name == "bda2"
     scatters = [n for n in backward if n.op.stream == Stream.ZERO_RS]
-    assert [n.unit for n in scatters] == ["head", 3, 2, 1, 0, "embed"]
+    assert [str(n.unit) for n in scatters] == ["head", "L3", "L2", "L1", "L0", "embed"]
     assert scatters[1].op.size_bytes == MODEL.layer_params() * 2
-    unit_first = next(n for n in backward if n.on_compute and n.unit == 3)
+    unit_first = next(n for n in backward if n.on_compute and n.unit == Unit.of_layer(3))
     assert unit_first.after[-1].op.stream == Stream.ZERO_AG
 
 

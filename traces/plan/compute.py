@@ -14,17 +14,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from traces.kernels import (
-    ATTENTION_CORE,
-    Kernel,
-    embedding_kernels,
-    head_kernels,
-    layer_kernels,
-)
+from traces.kernels import KernelWork, embedding_kernels, head_kernels, layer_kernels
 from traces.layout import Recompute
 from traces.ops import Op, OpKind, Phase, Stream
 from traces.pipeline import Action
-from traces.plan.nodes import Node, Program, RankContext, Unit
+from traces.plan.nodes import Node, Program, RankContext
+from traces.purpose import ATTENTION_CORE, EMBED, HEAD, Kernel, KernelRun, Unit
 
 
 def lower_compute(ctx: RankContext, actions: list[Action]) -> Program:
@@ -69,15 +64,16 @@ class _StageKernels:
     def segments(self, action: Action) -> list[Segment]:
         """What `action` runs, in order: forward — the embedding on the first stage, the
         layers, the output layer on the last; backward — the same in reverse."""
-        layers = self.ctx.layout.layers_of_stage(self.ctx.model, action.stage)
+        layers = [Unit.of_layer(layer) for layer in
+                  self.ctx.layout.layers_of_stage(self.ctx.model, action.stage)]
         first, last = action.stage == 0, action.stage == self.ctx.last_stage
         if action.kind == "F":
-            return [*([(self.embed_forward, ("embed",))] if first else []),
+            return [*([(self.embed_forward, (EMBED,))] if first else []),
                     (self.layer_forward, layers),
-                    *([(self.head_forward, ("head",))] if last else [])]
-        return [*([(self.head_backward, ("head",))] if last else []),
+                    *([(self.head_forward, (HEAD,))] if last else [])]
+        return [*([(self.head_backward, (HEAD,))] if last else []),
                 (self.layer_backward, layers[::-1]),
-                *([(self.embed_backward, ("embed",))] if first else [])]
+                *([(self.embed_backward, (EMBED,))] if first else [])]
 
     def count(self, action: Action) -> int:
         """The number of ops `nodes(action)` builds."""
@@ -87,18 +83,19 @@ class _StageKernels:
         mb, nodes = action.microbatch, []
         for run, units in self.segments(action):
             for unit in units:
-                nodes += _nodes(run, unit, unit if isinstance(unit, int) else None, mb)
+                nodes += _nodes(run, unit, unit.layer, mb)
         return nodes
 
 
-Run = list[tuple[Kernel, Phase]]
+Run = list[tuple[KernelWork, Phase]]
 
 
-def _run(kernels: list[Kernel], phase: Phase) -> Run:
+def _run(kernels: list[KernelWork], phase: Phase) -> Run:
     return [(k, phase) for k in kernels]
 
 
-def _layer_backward(layer: list[Kernel], recompute: Recompute, core: tuple[str, ...]) -> Run:
+def _layer_backward(layer: list[KernelWork], recompute: Recompute, core: tuple[Kernel, ...]
+                    ) -> Run:
     """A layer's backward kernels with its recomputation: `full` re-runs the whole forward
     first; `selective` re-runs the attention core when the backward reaches it (where
     autograd meets the checkpointed core)."""
@@ -119,7 +116,8 @@ def _nodes(run: list[dict[str, Any]], unit: Unit, layer: int | None, mb: int) ->
 
 
 def _fields(run: Run) -> list[dict[str, Any]]:
-    return [{"kind": OpKind.COMPUTE, "stream": Stream.COMPUTE, "name": k.name, "phase": phase,
+    return [{"kind": OpKind.COMPUTE, "stream": Stream.COMPUTE, "name": str(k.name),
+             "purpose": KernelRun(k.name), "phase": phase,
              "flops": k.bwd_flops if phase is Phase.BWD else k.flops,
              "mem_bytes": k.bwd_bytes if phase is Phase.BWD else k.mem_bytes,
              "gemm": k.gemm or ()} for k, phase in run]

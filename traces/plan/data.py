@@ -21,9 +21,12 @@ gradients are summed over the TP group (`sp_grads`, `sp_grads.embed`, `sp_grads.
 the unit's gradients are reduced.
 
 A unit's gradients are complete after the last op it runs on the compute stream; reductions
-wait for that op, gathers are waited for by the unit's first op on the compute stream. Units
-are named in op names as docs/plan-ops.md says: `params` / `grads` / `sp_grads` for layers
-(with `layer` set), `params.embed`, `grads.head`, `sp_grads.embed` and so on outside them.
+wait for that op, gathers are waited for by the unit's first op on the compute stream. Each op
+states its purpose (`traces.purpose`): `UnitGather`, `UnitGradReduce` and `SpGrads` name their
+unit, `GradBucket` its index and round (the micro-batch whose backward reduces it), which the
+optimizer pass reads back to gather the same buckets. Their labels, as docs/plan-ops.md shows:
+`params` / `grads` / `sp_grads` for layers (with `layer` set), `params.embed`, `grads.head`,
+`sp_grads.embed` and so on outside them.
 """
 
 from __future__ import annotations
@@ -31,7 +34,18 @@ from __future__ import annotations
 from traces.layout import Axis
 from traces.ops import Op, OpKind, Phase, Stream
 from traces.pipeline import Action
-from traces.plan.nodes import Node, Program, RankContext, Unit
+from traces.plan.nodes import Node, Program, RankContext
+from traces.purpose import (
+    EMBED,
+    HEAD,
+    GradBucket,
+    Part,
+    Purpose,
+    SpGrads,
+    Unit,
+    UnitGather,
+    UnitGradReduce,
+)
 
 ZERO3_PREFETCH = 1  # layers gathered ahead of the one computing (FSDP's forward prefetch)
 
@@ -54,9 +68,10 @@ def chunk_units(ctx: RankContext, stage: int) -> list[Unit]:
     """The units of virtual stage `stage` in the order its backward completes them: the
     output layer (last stage), the layers in reverse, the embedding (first stage)."""
     layout, model = ctx.layout, ctx.model
-    head: list[Unit] = ["head"] if stage == layout.num_stages - 1 else []
-    embed: list[Unit] = ["embed"] if stage == 0 else []
-    return [*head, *reversed(layout.layers_of_stage(model, stage)), *embed]
+    head = [HEAD] if stage == layout.num_stages - 1 else []
+    embed = [EMBED] if stage == 0 else []
+    layers = [Unit.of_layer(layer) for layer in reversed(layout.layers_of_stage(model, stage))]
+    return [*head, *layers, *embed]
 
 
 def gradient_buckets(ctx: RankContext) -> list[list[Unit]]:
@@ -80,9 +95,9 @@ def gradient_buckets(ctx: RankContext) -> list[list[Unit]]:
 
 
 def unit_label(kind: str, unit: Unit) -> str:
-    """`params` / `grads` / `sp_grads` for a layer; `params.embed`, `grads.head`,
-    `sp_grads.embed` ... outside the layers."""
-    return kind if isinstance(unit, int) else f"{kind}.{unit}"
+    """The display label of a unit's op: `params` / `grads` / `sp_grads` for a layer;
+    `params.embed`, `grads.head`, `sp_grads.embed` ... outside the layers."""
+    return kind if unit.part is Part.LAYER else f"{kind}.{unit.part}"
 
 
 class _DataWalk:
@@ -97,6 +112,8 @@ class _DataWalk:
         self.zero = ctx.layout.zero if ctx.layout.dp > 1 else 0
         self.bucket: list[float] = []
         self.deferred: list[float] = []
+        self.reduced: dict[int, int] = {}
+        """Buckets reduced so far per round (micro-batch): the next one's index."""
         self.ends: dict[tuple[Phase, int, int], Node] = {}
         # Units after which a bucket is full; a chunk's last unit closes one anyway.
         self.closes = {bucket[-1] for bucket in gradient_buckets(ctx)}
@@ -129,7 +146,7 @@ class _DataWalk:
 
     def _gather(self, unit: Unit, mb: int, phase: Phase) -> Node:
         waits: list[Node] = []
-        layer = unit if isinstance(unit, int) else None
+        layer = unit.layer
         if layer is not None:
             ahead = ZERO3_PREFETCH + 1
             done = self.ends.get((phase, layer + ahead if phase is Phase.BWD else layer - ahead,
@@ -137,25 +154,26 @@ class _DataWalk:
             waits = [done] if done is not None else []
         size = self.ctx.unit_params(unit) * self.ctx.model.dtype_bytes
         op = self._collective(OpKind.ALL_GATHER, Stream.ZERO_AG, unit_label("params", unit),
-                              self.dp_group, size, layer, mb, phase)
+                              UnitGather(unit), self.dp_group, size, layer, mb, phase)
         return Node(op, unit, waits)
 
     def _grads_ready(self, unit: Unit, mb: int, last: Node) -> list[Node]:
         """A unit's gradients are complete for this micro-batch: reduce them when it is time."""
-        layer = unit if isinstance(unit, int) else None
+        layer = unit.layer
         stream = Stream.ZERO_RS if self.zero == 3 else Stream.DP
         out = []
         if self.ctx.layout.sp and self.ctx.layout.tp > 1:
             size = self.ctx.replicated_params(unit) * self.ctx.grad_bytes
             op = self._collective(OpKind.ALL_REDUCE, stream, unit_label("sp_grads", unit),
-                                  self.tp_group, size, layer, mb, Phase.BWD)
+                                  SpGrads(unit), self.tp_group, size, layer, mb, Phase.BWD)
             out.append(Node(op, unit, [last]))
         if self.ctx.layout.dp == 1:
             return out
         size = self.ctx.unit_params(unit) * self.ctx.grad_bytes
         if self.zero == 3:
             op = self._collective(OpKind.REDUCE_SCATTER, stream, unit_label("grads", unit),
-                                  self.dp_group, size, layer, mb, Phase.BWD)
+                                  UnitGradReduce(unit), self.dp_group, size, layer, mb,
+                                  Phase.BWD)
             return [*out, Node(op, unit, [last])]
         self.bucket.append(size)
         if unit in self.closes:
@@ -188,16 +206,20 @@ class _DataWalk:
 
     def _reduce(self, size: float, mb: int, after: Node) -> Node:
         kind = OpKind.ALL_REDUCE if self.zero == 0 else OpKind.REDUCE_SCATTER
-        op = self._collective(kind, Stream.DP, "grads", self.dp_group, size, None, mb, Phase.BWD)
+        index = self.reduced.get(mb, 0)
+        self.reduced[mb] = index + 1
+        op = self._collective(kind, Stream.DP, "grads", GradBucket(index, mb), self.dp_group,
+                              size, None, mb, Phase.BWD)
         return Node(op, None, [after])
 
-    def _collective(self, kind: OpKind, stream: Stream, name: str, group: tuple[int, ...],
-                    size: float, layer: int | None, mb: int, phase: Phase) -> Op:
+    def _collective(self, kind: OpKind, stream: Stream, name: str, purpose: Purpose,
+                    group: tuple[int, ...], size: float, layer: int | None, mb: int,
+                    phase: Phase) -> Op:
         """Parameters move in the model's dtype, gradients in theirs (fp32 main grads)."""
-        grads = not name.startswith("params")
-        dtype = self.ctx.grad_dtype if grads else self.ctx.model.dtype
-        return Op(kind=kind, stream=stream, name=name, group=group, size_bytes=size,
-                  layer=layer, microbatch=mb, phase=phase, dtype=dtype)
+        params = isinstance(purpose, UnitGather)
+        dtype = self.ctx.model.dtype if params else self.ctx.grad_dtype
+        return Op(kind=kind, stream=stream, name=name, purpose=purpose, group=group,
+                  size_bytes=size, layer=layer, microbatch=mb, phase=phase, dtype=dtype)
 
 
 def _unit_bounds(on_compute: list[Node]) -> tuple[set[Node], set[Node]]:

@@ -3,7 +3,7 @@
 A rank's plan under construction is a `Program`: one list of `Node`s per schedule action, in
 schedule order, and a last list for the end of the step (the optimizer). Every pass takes a
 program and returns a new one with its own ops inserted. A node wraps the `Op` it will become,
-says which unit of parameters it belongs to (a layer index, `"embed"` or `"head"`), and lists
+says which unit of parameters it belongs to (`traces.purpose.Unit`), and lists
 the nodes it must wait for (`after`). Positions are only fixed at the end: `finalize` numbers
 the nodes in order and turns `after` into the op's `deps` indices. So a pass inserts an op
 anywhere without renumbering anything, and refers to other ops by the nodes themselves.
@@ -18,9 +18,7 @@ from traces.layout import Axis, Layout
 from traces.model import ModelSpec
 from traces.ops import Op, Stream
 from traces.plan.budget import OpBudget
-
-Unit = int | str
-"""A unit of parameters: a layer index, or "embed" / "head"."""
+from traces.purpose import Part, Unit
 
 
 class Node:
@@ -80,9 +78,9 @@ class RankContext:
 
     def unit_params(self, unit: Unit) -> float:
         """Parameters of one unit held by this rank (per TP rank, before ZeRO sharding)."""
-        if unit == "embed":
+        if unit.part is Part.EMBED:
             return self.model.embedding_params(self.layout.tp)
-        if unit == "head":
+        if unit.part is Part.HEAD:
             return self.model.head_params_on_stages(
                 self.layout.stages_of_rank(self.pp_rank), self.layout.tp)
         return self.model.layer_params(self.layout.tp)
@@ -91,9 +89,9 @@ class RankContext:
         """Parameters of one unit that every TP rank holds in full: a layer's two norms and
         its row-parallel biases (6h), the positions (s·h), the final norm (2h)."""
         h = self.model.hidden
-        if unit == "embed":
+        if unit.part is Part.EMBED:
             return self.model.seq_len * h
-        if unit == "head":
+        if unit.part is Part.HEAD:
             return 2 * h
         return 6 * h
 

@@ -6,7 +6,8 @@ gradient reduction and for the last pipeline send; it moves
 `traces.kernels.optimizer_bytes_per_param` bytes (Megatron-LM's mixed-precision step: gradients
 to fp32, unscale under fp16, the norm, Adam, parameters back to 16 bits, zeroed gradients) per
 parameter it owns (1/dp of them under ZeRO). ZeRO-1/2 then all-gather the updated
-parameters, in the same slices the gradients were reduce-scattered in.
+parameters, in the same slices the gradients were reduce-scattered in: the data pass's
+`GradBucket`s of the last micro-batch, each gathered as a `ParamGather` of its index.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from traces.kernels import optimizer_bytes_per_param
 from traces.layout import Axis
 from traces.ops import Op, OpKind, Phase, Stream
 from traces.plan.nodes import Node, Program, RankContext
+from traces.purpose import EMBED, EmbeddingGrads, GradBucket, Kernel, KernelRun, ParamGather
 
 
 def add_optimizer(ctx: RankContext, program: Program) -> Program:
@@ -26,26 +28,27 @@ def add_optimizer(ctx: RankContext, program: Program) -> Program:
     if layout.pp > 1 and model.tied_embeddings and _owns_embeddings(ctx):
         size = model.vocab * model.hidden / layout.tp * ctx.grad_bytes
         op = Op(kind=OpKind.ALL_REDUCE, stream=Stream.DP, name="embedding_grads",
-                group=layout.embedding_group(ctx.rank), size_bytes=size, phase=Phase.BWD,
-                dtype=ctx.grad_dtype)
+                purpose=EmbeddingGrads(), group=layout.embedding_group(ctx.rank),
+                size_bytes=size, phase=Phase.BWD, dtype=ctx.grad_dtype)
         last = _last(nodes, Stream.COMPUTE)
         assert last is not None, "a rank owning the embeddings runs their kernels"
-        out.append(Node(op, "embed", [last]))
+        out.append(Node(op, EMBED, [last]))
     waits = [n for n in (_last(nodes + out, Stream.DP), _last(nodes, Stream.ZERO_RS)) if n]
     waits += [n for n in (actions[-1] if actions else []) if n.op.kind is OpKind.SEND]
     shard = layout.dp if layout.zero >= 1 else 1
     params = model.params_on_stages(layout.stages_of_rank(ctx.pp_rank), layout.num_stages,
                                      layout.tp)
     per_param = optimizer_bytes_per_param(model.dtype, ctx.grad_bytes)
-    step = Node(Op(kind=OpKind.COMPUTE, stream=Stream.COMPUTE, name="optimizer", phase=Phase.OPT,
+    step = Node(Op(kind=OpKind.COMPUTE, stream=Stream.COMPUTE, name="optimizer",
+                   purpose=KernelRun(Kernel.OPTIMIZER), phase=Phase.OPT,
                    mem_bytes=params / shard * per_param), None, waits)
     out.append(step)
     if layout.zero in (1, 2) and layout.dp > 1:
         to_params = model.dtype_bytes / ctx.grad_bytes  # the same elements, as parameters
-        for size in _last_bucket_sizes(ctx, nodes):
+        for bucket, size in _last_buckets(ctx, nodes):
             op = Op(kind=OpKind.ALL_GATHER, stream=Stream.DP, name="params",
-                    group=layout.group(ctx.rank, Axis.DP), size_bytes=size * to_params,
-                    phase=Phase.OPT, dtype=model.dtype)
+                    purpose=ParamGather(bucket.index), group=layout.group(ctx.rank, Axis.DP),
+                    size_bytes=size * to_params, phase=Phase.OPT, dtype=model.dtype)
             out.append(Node(op, None, [step]))
     return [*actions, program[-1] + out]
 
@@ -60,8 +63,8 @@ def _last(nodes: list[Node], stream: Stream) -> Node | None:
     return next((n for n in reversed(nodes) if n.op.stream == stream), None)
 
 
-def _last_bucket_sizes(ctx: RankContext, nodes: list[Node]) -> list[float]:
-    """Sizes of the gradient buckets reduce-scattered in the last micro-batch's backward."""
-    return [n.op.size_bytes for n in nodes
-            if n.op.name == "grads" and n.op.kind is OpKind.REDUCE_SCATTER
-            and n.op.microbatch == ctx.last_microbatch]
+def _last_buckets(ctx: RankContext, nodes: list[Node]) -> list[tuple[GradBucket, float]]:
+    """The gradient buckets the data pass reduced in the last micro-batch's backward, with
+    their sizes."""
+    return [(n.op.purpose, n.op.size_bytes) for n in nodes
+            if isinstance(n.op.purpose, GradBucket) and n.op.purpose.round == ctx.last_microbatch]

@@ -11,7 +11,7 @@ receives are posted ahead, this never deadlocks.
 Each send and receive carries `layer`: the layer of its own stage whose input or output it
 carries (an activation sent on: the output of the stage's last layer; received: the input of
 its first layer; a gradient received: of the last layer's output; sent back: of the first
-layer's input).
+layer's input); its purpose (`PipeMessage`) names the boundary: the layer whose input it is.
 
 Under tensor parallelism every TP rank sends only its 1/t of the activation (or gradient):
 b·s·h/t bytes. With SP the tensor is already the rank's sequence shard. Without SP, Megatron-LM
@@ -28,10 +28,11 @@ from traces.layout import Axis
 from traces.ops import Op, OpKind, Phase, Stream
 from traces.pipeline import Action
 from traces.plan.nodes import Node, Program, RankContext, first_compute, last_compute
+from traces.purpose import MessageGather, PipeMessage, Tag
 
 # (receive stream, tag, stage offset of the peer) and the same for sends, per action kind.
-_RECV = {"F": (Stream.RECV_PREV, "act", -1), "B": (Stream.RECV_NEXT, "grad", +1)}
-_SEND = {"F": (Stream.SEND_NEXT, "act", +1), "B": (Stream.SEND_PREV, "grad", -1)}
+_RECV = {"F": (Stream.RECV_PREV, Tag.ACT, -1), "B": (Stream.RECV_NEXT, Tag.GRAD, +1)}
+_SEND = {"F": (Stream.SEND_NEXT, Tag.ACT, +1), "B": (Stream.SEND_PREV, Tag.GRAD, -1)}
 _PHASE = {"F": Phase.FWD, "B": Phase.BWD}
 
 
@@ -53,14 +54,16 @@ def add_pipeline_p2p(ctx: RankContext, actions: list[Action], program: Program) 
         step: list[Node] = []
         stream, tag, offset = _RECV[kind]
         if 0 <= stage + offset <= ctx.last_stage:
+            # an activation in is the first layer's input; a gradient in, of the last's output
+            boundary = first if kind == "F" else last + 1
             recv = _p2p(OpKind.RECV, stream, ctx.peer(stage + offset), size, tag, mb,
-                        first if kind == "F" else last)
+                        first if kind == "F" else last, boundary)
             step.append(recv)
             entry.append(recv)
             if gather:
-                op = Op(kind=OpKind.ALL_GATHER, stream=Stream.COMPUTE, name="tp", group=group,
-                        size_bytes=full, microbatch=mb, phase=_PHASE[kind],
-                        dtype=ctx.model.dtype)
+                op = Op(kind=OpKind.ALL_GATHER, stream=Stream.COMPUTE, name="tp",
+                        purpose=MessageGather(tag, boundary), group=group, size_bytes=full,
+                        microbatch=mb, phase=_PHASE[kind], dtype=ctx.model.dtype)
                 gathered = Node(op, None, entry)
                 step.append(gathered)
                 entry = [gathered]
@@ -69,15 +72,16 @@ def add_pipeline_p2p(ctx: RankContext, actions: list[Action], program: Program) 
         pending = None
         stream, tag, offset = _SEND[kind]
         if 0 <= stage + offset <= ctx.last_stage:
+            # an activation out is the next layer's input; a gradient back, the first's
             pending = _p2p(OpKind.SEND, stream, ctx.peer(stage + offset), size, tag, mb,
-                           last if kind == "F" else first)
+                           last if kind == "F" else first, last + 1 if kind == "F" else first)
             pending.after.append(last_compute(nodes))
             step.append(pending)
         out.append(step)
     return [*out, *program[len(actions):]]
 
 
-def _p2p(kind: OpKind, stream: Stream, peer: int, size: float, tag: str, mb: int,
-         layer: int) -> Node:
-    return Node(Op(kind=kind, stream=stream, peer=peer, size_bytes=size, tag=tag,
-                   microbatch=mb, layer=layer))
+def _p2p(kind: OpKind, stream: Stream, peer: int, size: float, tag: Tag, mb: int,
+         layer: int, boundary: int) -> Node:
+    return Node(Op(kind=kind, stream=stream, purpose=PipeMessage(tag, boundary), peer=peer,
+                   size_bytes=size, tag=str(tag), microbatch=mb, layer=layer))

@@ -1,7 +1,9 @@
 """Pass 2: tensor- and sequence-parallel collectives, on the compute stream.
 
 Megatron-LM issues these inline, so they sit on the compute stream and the next kernel waits
-for them. Its f and g operators, per kernel (docs/plan-ops.md):
+for them. Its f and g operators, per kernel (docs/plan-ops.md), stated once, as the sites
+(`traces.purpose.TpSite`: the kernel whose slot it is, the slot, value or gradient) that
+`tp_sites` lists and the executor interprets:
 
     without SP   forward: all-reduce the partial sums after proj, fc2 and embed
                  backward: all-reduce the input gradient after qkv, fc1 and logits
@@ -29,21 +31,41 @@ from __future__ import annotations
 from traces.layout import Axis
 from traces.ops import Op, OpKind, Phase, Stream
 from traces.plan.nodes import Node, Program, RankContext
+from traces.purpose import CrossEntropyStat, Kernel, KernelRun, Purpose, Stat, TpSite
 
-# (kernel, phase is backward) -> collectives to put before and after it, without and with SP.
+K = Kernel
 _AR, _AG, _RS = OpKind.ALL_REDUCE, OpKind.ALL_GATHER, OpKind.REDUCE_SCATTER
-_PLAIN: dict[tuple[str, bool], tuple[tuple[OpKind, ...], tuple[OpKind, ...]]] = {
-    ("proj", False): ((), (_AR,)), ("fc2", False): ((), (_AR,)), ("embed", False): ((), (_AR,)),
-    ("qkv", True): ((), (_AR,)), ("fc1", True): ((), (_AR,)), ("logits", True): ((), (_AR,)),
-}
-_SEQUENCE: dict[tuple[str, bool], tuple[tuple[OpKind, ...], tuple[OpKind, ...]]] = {
-    ("qkv", False): ((_AG,), ()), ("fc1", False): ((_AG,), ()), ("logits", False): ((_AG,), ()),
-    ("proj", False): ((), (_RS,)), ("fc2", False): ((), (_RS,)), ("embed", False): ((), (_RS,)),
-    ("proj", True): ((_AG,), ()), ("fc2", True): ((_AG,), ()), ("embed", True): ((_AG,), ()),
-    ("qkv", True): ((_AG,), (_RS,)), ("fc1", True): ((_AG,), (_RS,)),
-    ("logits", True): ((_AG,), (_RS,)),
-}
 FP32 = 4
+
+Sites = dict[tuple[Kernel, bool], tuple[tuple[TpSite, ...], tuple[TpSite, ...]]]
+"""(kernel, phase is backward) -> the TP sites just before and just after it."""
+
+
+def tp_sites(sp: bool) -> Sites:
+    """Megatron-LM's f/g sites around each kernel, without or with SP (module docstring)."""
+    if not sp:
+        return {
+            (K.PROJ, False): ((), (TpSite(K.PROJ, "attn", False, _AR),)),
+            (K.FC2, False): ((), (TpSite(K.FC2, "mlp", False, _AR),)),
+            (K.EMBED, False): ((), (TpSite(K.EMBED, "emb", False, _AR),)),
+            (K.QKV, True): ((), (TpSite(K.QKV, "a1", True, _AR),)),
+            (K.FC1, True): ((), (TpSite(K.FC1, "a2", True, _AR),)),
+            (K.LOGITS, True): ((), (TpSite(K.LOGITS, "fln", True, _AR),)),
+        }
+    sites: Sites = {
+        (K.PROJ, False): ((), (TpSite(K.PROJ, "attn", False, _RS),)),
+        (K.FC2, False): ((), (TpSite(K.FC2, "mlp", False, _RS),)),
+        (K.EMBED, False): ((), (TpSite(K.EMBED, "emb", False, _RS),)),
+        (K.PROJ, True): ((TpSite(K.PROJ, "attn", True, _AG),), ()),
+        (K.FC2, True): ((TpSite(K.FC2, "mlp", True, _AG),), ()),
+        # the gradient of pos_embed's input, all-gathered before the lookup's backward
+        (K.EMBED, True): ((TpSite(K.POS_EMBED, "emb", True, _AG),), ()),
+    }
+    for kernel, slot in ((K.QKV, "a1"), (K.FC1, "a2"), (K.LOGITS, "fln")):  # column-parallel
+        sites[(kernel, False)] = ((TpSite(kernel, slot, False, _AG),), ())
+        sites[(kernel, True)] = ((TpSite(kernel, slot, False, _AG, saved=True),),
+                                 (TpSite(kernel, slot, True, _RS),))
+    return sites
 
 
 def add_tensor_parallel(ctx: RankContext, program: Program) -> Program:
@@ -60,41 +82,46 @@ def add_tensor_parallel(ctx: RankContext, program: Program) -> Program:
     for nodes in program:
         step: list[Node] = []
         for node in nodes:
-            found = where.get((node.op.name, node.op.phase))
+            purpose = node.op.purpose
+            found = where.get((purpose.kernel, node.op.phase)) \
+                if isinstance(purpose, KernelRun) else None
             if found is None:
                 step.append(node)
                 continue
             before, after = found
-            step += [_collective(ctx, node, k, name, group, sizes[name]) for k, name in before]
+            step += [_collective(ctx, node, c, group, sizes[c[1]]) for c in before]
             step.append(node)
-            step += [_collective(ctx, node, k, name, group, sizes[name]) for k, name in after]
+            step += [_collective(ctx, node, c, group, sizes[c[1]]) for c in after]
         out.append(step)
     return out
 
 
-Placement = tuple[tuple[tuple[OpKind, str], ...], tuple[tuple[OpKind, str], ...]]
+Collective = tuple[OpKind, str, Purpose]
+"""A collective to insert: its kind, its label and its purpose."""
+Placement = tuple[tuple[Collective, ...], tuple[Collective, ...]]
 
 
-def _placements(sp: bool) -> dict[tuple[str, Phase | None], Placement]:
-    """(kernel, phase) -> the (kind, name) collectives before and after it."""
-    table = _SEQUENCE if sp else _PLAIN
-    out: dict[tuple[str, Phase | None], Placement] = {}
-    for (name, backward), (before, after) in table.items():
+def _placements(sp: bool) -> dict[tuple[Kernel, Phase | None], Placement]:
+    """(kernel, phase) -> the collectives before and after it."""
+    out: dict[tuple[Kernel, Phase | None], Placement] = {}
+    for (kernel, backward), (before, after) in tp_sites(sp).items():
         phases = (Phase.BWD,) if backward else (Phase.FWD, Phase.RECOMPUTE)
         for phase in phases:
-            out[(name, phase)] = (tuple((k, "tp") for k in before),
-                                  tuple((k, "tp") for k in after))
+            out[(kernel, phase)] = (tuple((site.kind, "tp", site) for site in before),
+                                    tuple((site.kind, "tp", site) for site in after))
     # The vocab-parallel cross-entropy's reductions (the head is never recomputed).
-    logits_before, logits_after = out.get(("logits", Phase.FWD), ((), ()))
-    out[("logits", Phase.FWD)] = (logits_before, (*logits_after, (_AR, "ce_max")))
-    out[("cross_entropy", Phase.FWD)] = ((), ((_AR, "ce_sum"),))
+    logits_before, logits_after = out.get((K.LOGITS, Phase.FWD), ((), ()))
+    out[(K.LOGITS, Phase.FWD)] = (logits_before, (*logits_after,
+                                                  (_AR, "ce_max", CrossEntropyStat(Stat.MAX))))
+    out[(K.CROSS_ENTROPY, Phase.FWD)] = ((), ((_AR, "ce_sum", CrossEntropyStat(Stat.SUM)),))
     return out
 
 
-def _collective(ctx: RankContext, beside: Node, kind: OpKind, name: str, group: tuple[int, ...],
+def _collective(ctx: RankContext, beside: Node, collective: Collective, group: tuple[int, ...],
                 size: float) -> Node:
     op = beside.op
-    dtype = "fp32" if name.startswith("ce_") else ctx.model.dtype
-    return Node(Op(kind=kind, stream=Stream.COMPUTE, name=name, group=group, size_bytes=size,
-                   layer=op.layer, microbatch=op.microbatch, phase=op.phase, dtype=dtype),
-                beside.unit)
+    kind, name, purpose = collective
+    dtype = "fp32" if isinstance(purpose, CrossEntropyStat) else ctx.model.dtype
+    return Node(Op(kind=kind, stream=Stream.COMPUTE, name=name, purpose=purpose, group=group,
+                   size_bytes=size, layer=op.layer, microbatch=op.microbatch, phase=op.phase,
+                   dtype=dtype), beside.unit)

@@ -400,16 +400,19 @@ def _probe_trace(alone: list[float], overlapped: list[float], collective_s: floa
         INTERFERENCE_OVERLAPPED,
     )
     from traces.ops import Op, Stream, Trace
+    from traces.purpose import Bench, BenchRole
 
     ops, t = [], 0.0
     for a, o in zip(alone, overlapped):
         ops.append(Op(kind=OpKind.COMPUTE, stream=Stream.COMPUTE, name=INTERFERENCE_ALONE,
-                      start=t, end=t + a))
+                      purpose=Bench(BenchRole.PROBE_ALONE), start=t, end=t + a))
         t += a
         ops.append(Op(kind=OpKind.ALL_REDUCE, stream=Stream.DP, name=INTERFERENCE_COLLECTIVE,
-                      group=(0,), size_bytes=8.0, start=t, end=t + collective_s))
+                      purpose=Bench(BenchRole.COLLECTIVE_BESIDE), group=(0,), size_bytes=8.0,
+                      start=t, end=t + collective_s))
         ops.append(Op(kind=OpKind.COMPUTE, stream=Stream.COMPUTE, name=INTERFERENCE_OVERLAPPED,
-                      start=t + 1e-6, end=t + 1e-6 + o))
+                      purpose=Bench(BenchRole.PROBE_OVERLAPPED), start=t + 1e-6,
+                      end=t + 1e-6 + o))
         t += collective_s
     return Trace({0: tuple(ops)}, {})
 

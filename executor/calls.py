@@ -1,0 +1,90 @@
+"""The runtime calls a plan lowers to: one frozen value per `RankRuntime` operation.
+
+`executor.program` makes them (one per op, from its purpose); `executor.interpreter` binds
+each to the runtime with one `match`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from traces.ops import Phase
+from traces.purpose import Kernel, Stat, Tag, TpSite, Unit
+
+
+@dataclass(frozen=True, slots=True)
+class Compute:
+    kernel: Kernel
+    phase: Phase
+    layer: int | None
+    mb: int
+
+
+@dataclass(frozen=True, slots=True)
+class OptimizerStep:
+    """The optimizer step over the rank's (shard of its) parameters."""
+
+
+@dataclass(frozen=True, slots=True)
+class TpCollective:
+    site: TpSite
+    layer: int | None
+    mb: int
+
+
+@dataclass(frozen=True, slots=True)
+class CeCollective:
+    stat: Stat
+    mb: int
+
+
+@dataclass(frozen=True, slots=True)
+class GatherReceived:
+    boundary: int
+    mb: int
+    tag: Tag
+
+
+@dataclass(frozen=True, slots=True)
+class SpAllReduce:
+    unit: Unit
+    stream: str
+
+
+@dataclass(frozen=True, slots=True)
+class EmbeddingAllReduce:
+    """The tied word embeddings' gradient all-reduce between the first and last stages."""
+
+
+@dataclass(frozen=True, slots=True)
+class ReduceBucket:
+    index: int
+    stream: str
+
+
+@dataclass(frozen=True, slots=True)
+class GatherBucket:
+    index: int
+    stream: str
+
+
+@dataclass(frozen=True, slots=True)
+class GatherUnit:
+    unit: Unit
+    stream: str
+
+
+@dataclass(frozen=True, slots=True)
+class Transfer:
+    """A pipeline send (`send`) or receive of the message at `boundary`."""
+
+    send: bool
+    boundary: int
+    mb: int
+    tag: Tag
+    peer: int
+
+
+Call = (Compute | OptimizerStep | TpCollective | CeCollective | GatherReceived | SpAllReduce
+        | EmbeddingAllReduce | ReduceBucket | GatherBucket | GatherUnit | Transfer)
+CALLS: tuple[type, ...] = Call.__args__  # type: ignore[attr-defined]

@@ -1,0 +1,84 @@
+"""The executor interprets every purpose a plan can hold, by the purpose alone: blanking every
+op's name leaves the lowered calls as they were, and a purpose without an interpretation fails
+here, not in a run (no torch.distributed needed)."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import pytest
+
+from executor.calls import CALLS
+from executor.interpreter import bind
+from executor.program import lower
+from tests.traces.test_purpose import LAYOUTS, MODEL
+from traces.errors import ConfigError
+from traces.layout import Layout
+from traces.model import ModelSpec
+from traces.ops import Op, OpKind, Trace
+from traces.plan import build
+from traces.purpose import PURPOSES, Bench, BenchRole
+
+EXECUTABLE = list(LAYOUTS)
+"""Layouts whose plans hold every purpose but the benchmarks' (tests/traces/test_purpose.py)."""
+
+
+def _specs(name: str) -> tuple[ModelSpec, Layout]:
+    model = MODEL
+    if name == "tied pp":
+        model = dataclasses.replace(MODEL, tied_embeddings=True)
+    if name == "selective unfused":
+        model = dataclasses.replace(MODEL, attention="unfused")
+    return model, Layout(**LAYOUTS[name])
+
+
+def _blank(plan: Trace) -> Trace:
+    return dataclasses.replace(plan, ops={r: tuple(dataclasses.replace(op, name="") for op in ops)
+                                          for r, ops in plan.ops.items()})
+
+
+@pytest.mark.parametrize("name", EXECUTABLE)
+def test_lowering_reads_purposes_not_names(name):
+    model, layout = _specs(name)
+    plan = build(model, layout)
+    blank = _blank(plan)
+    for rank in plan.ops:
+        lowered, unnamed = lower(plan, model, layout, rank), lower(blank, model, layout, rank)
+        assert unnamed.calls == lowered.calls and unnamed.buckets == lowered.buckets
+
+
+def test_every_purpose_a_plan_holds_has_a_call_and_every_call_a_runtime_operation():
+    seen: dict[type, set[type]] = {}
+    for name in EXECUTABLE:
+        model, layout = _specs(name)
+        plan = build(model, layout)
+        for rank, ops in plan.ops.items():
+            for op, call in zip(ops, lower(plan, model, layout, rank).calls):
+                seen.setdefault(type(op.purpose), set()).add(type(call))
+    assert set(seen) == set(PURPOSES) - {Bench}
+    assert set().union(*seen.values()) == set(CALLS)
+
+    class Runtime:  # every operation a bound call may name, recording it
+        def __getattr__(self, method: str):
+            return functools.partial(lambda *args: (method, args))
+
+    for call_type in CALLS:
+        calls = [c for name in EXECUTABLE for c in _calls(name) if type(c) is call_type]
+        bound = bind(Runtime(), calls[0])  # type: ignore[arg-type]
+        assert callable(bound)
+
+
+def _calls(name: str) -> list:
+    model, layout = _specs(name)
+    plan = build(model, layout)
+    return [c for rank in plan.ops for c in lower(plan, model, layout, rank).calls]
+
+
+def test_a_benchmark_op_in_a_plan_is_refused_before_running():
+    model, layout = _specs("tp")
+    plan = build(model, layout)
+    ops = list(plan.ops[0])
+    ops[0] = Op(kind=OpKind.COMPUTE, stream="compute", purpose=Bench(BenchRole.GAP))
+    with pytest.raises(ConfigError, match="rank 0 op 0 .*runs in executor.bench"):
+        lower(dataclasses.replace(plan, ops={**plan.ops, 0: tuple(ops)}), model, layout, 0)
