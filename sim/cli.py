@@ -28,13 +28,13 @@ from typing import Any, NoReturn
 from tqdm import tqdm
 
 from sim.collective_table import MAX_CHANNELS, OPS, format_table, parse_sizes, sweep_row
-from sim.collectives import ALGORITHMS, Collectives
+from sim.collectives import Collectives, parse_algorithm
 from sim.config import example_path, load_experiment
 from sim.profile import default_profile
 from sim.provenance import file_sha256, flags_sha256, provenance
-from sim.replay import NETWORKS
 from sim.simulate import predict, summary_json, summary_text
 from sim.timeline import annotate
+from sim.transport import NETWORK_NAMES, NetworkMode
 from topology.cluster import Cluster
 from topology.config import read_cluster, read_cluster_file
 from topology.presets import PRESETS
@@ -42,8 +42,6 @@ from traces.chrome import chrome_bytes, dumps_chrome
 from traces.errors import ConfigError, show, warn
 from traces.files import Outputs, check_outputs
 from traces.io import dumps as dumps_trace
-
-ALGOS = ("auto", *ALGORITHMS)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -114,7 +112,8 @@ def _build_parser() -> _Parser:
     col.add_argument("--channels", type=int, help=f"rings/trees in parallel, 1 to "
                      f"{MAX_CHANNELS} (default: one per NIC)")
     col.add_argument("--ranks", type=int, help="use the first N accelerators (default: all)")
-    col.add_argument("--model", default="flow", choices=("flow", "analytic"))
+    col.add_argument("--model", default=str(NetworkMode.FLOW),
+                     choices=(str(NetworkMode.FLOW), str(NetworkMode.ANALYTIC)))
     col.add_argument("--json", action="store_true", help="print one JSON object")
     col.set_defaults(handler=_collective)
 
@@ -128,7 +127,8 @@ def _build_parser() -> _Parser:
                       "(gzipped when it ends in .gz)")
     simp.add_argument("--report-ranks", metavar="R,R", help="ranks whose lanes the report "
                       "details (default: the first and the last pipeline stage's)")
-    simp.add_argument("--network", choices=NETWORKS, help="flow (default), analytic, ideal")
+    simp.add_argument("--network", choices=NETWORK_NAMES, help="flow (default), analytic, "
+                      "ideal")
     simp.add_argument("--algo", help="collective algorithm (default auto)")
     simp.add_argument("--profile", metavar="JSON", help="calibration profile")
     simp.add_argument("--no-fold", action="store_true",
@@ -308,9 +308,7 @@ class _ProgressBar:
 
 
 def _collective(args: argparse.Namespace) -> int:
-    if args.algo not in ALGOS:
-        raise ConfigError(f"--algo: {show(args.algo)} is not an algorithm "
-                          f"(known: {', '.join(ALGOS)})")
+    algo, model = parse_algorithm(args.algo), NetworkMode(args.model)
     if args.channels is not None and not 1 <= args.channels <= MAX_CHANNELS:
         raise ConfigError(f"--channels: {args.channels} must be from 1 to {MAX_CHANNELS} "
                           "(NCCL's most)")
@@ -323,7 +321,7 @@ def _collective(args: argparse.Namespace) -> int:
     group = tuple(range(ranks))
     collectives = Collectives(cluster)
     rows = [
-        sweep_row(cluster, collectives, args.op, group, size, args.algo, args.channels, args.model)
+        sweep_row(cluster, collectives, args.op, group, size, algo, args.channels, model)
         for size in tqdm(sizes, desc="sizes", delay=1.0, leave=False,
                          disable=sys.stderr is None or not sys.stderr.isatty())
     ]
@@ -339,5 +337,5 @@ def _collective(args: argparse.Namespace) -> int:
                          **provenance(default_profile(cluster.accelerator), digest)},
                         allow_nan=False))
     else:
-        emit(format_table(cluster, args.op, args.algo, args.model, rows, ranks))
+        emit(format_table(cluster, args.op, algo, model, rows, ranks))
     return 0

@@ -21,14 +21,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-from sim.config import ALGOS
+from sim.collectives import parse_algorithm
 from sim.profile import load_profile
 from sim.provenance import file_sha256, files_sha256, provenance
-from sim.replay import NETWORKS
 from sim.replay_trace import ReplayResult, choose_cluster, load_trace, replay_trace
+from sim.transport import NETWORK_NAMES, NetworkMode
 from topology.presets import PRESETS
 from traces.chrome import dumps_chrome
-from traces.errors import ConfigError, show, warn
+from traces.errors import ConfigError, warn
 from traces.files import Outputs, check_outputs
 from traces.io import dumps as dumps_trace
 
@@ -52,7 +52,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-host-gaps", action="store_true",
                         help="drop the idle time a measured trace shows between ops that no "
                         "dependency explains (host launch delays); kept by default")
-    parser.add_argument("--network", choices=NETWORKS, help="flow (default), analytic, ideal")
+    parser.add_argument("--network", choices=NETWORK_NAMES, help="flow (default), analytic, "
+                        "ideal")
     parser.add_argument("--algo", default="auto", help="collective algorithm (default auto)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--trace", dest="out_trace", metavar="JSON",
@@ -62,9 +63,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace, *, emit: Callable[[str], None],
         progress_bar: Callable[[str, str], _Bar]) -> int:
-    if args.algo not in ALGOS:
-        raise ConfigError(f"--algo: {show(args.algo)} is not an algorithm "
-                          f"(known: {', '.join(ALGOS)})")
+    algo = parse_algorithm(args.algo)
+    network = None if args.network is None else NetworkMode(args.network)
     if args.profile is not None and not args.profile:
         raise ConfigError("--profile: an empty path names no file")
     inputs = [*_trace_files(Path(args.trace))] + ([Path(args.profile)] if args.profile else [])
@@ -78,7 +78,7 @@ def run(args: argparse.Namespace, *, emit: Callable[[str], None],
     with Outputs() as outputs:
         with progress_bar("replay", "op") as bar:
             result = replay_trace(loaded, cluster, profile, retime=args.retime,
-                                  network=args.network, algo=args.algo, progress=bar.update,
+                                  network=network, algo=algo, progress=bar.update,
                                   host_gaps=not args.no_host_gaps)
         if args.retime and result.uncosted_compute:
             warn(f"--retime: {result.uncosted_compute} of "

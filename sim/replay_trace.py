@@ -35,10 +35,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from sim.collectives import Algorithm
 from sim.compute import ComputeModel
+from sim.interference import host_interference
 from sim.profile import Profile, default_profile
-from sim.replay import NETWORKS, Progress, StepTimes, replay
+from sim.replay import Progress, StepTimes, replay
 from sim.replay import host_gaps as measured_gaps
+from sim.transport import NETWORK_NAMES, NetworkMode
 from topology.cluster import Cluster
 from topology.config import FABRICS, ClusterSpec, read_cluster, read_cluster_file
 from topology.presets import PRESETS
@@ -205,8 +208,8 @@ class ReplayResult:
     loaded: LoadedTrace
     cluster: Cluster
     profile: Profile
-    network: str
-    algo: str
+    network: NetworkMode
+    algo: Algorithm
     times: StepTimes
     step_time_measured_s: float | None
     """Max end minus min start over all ops of a timed trace; None if any op is untimed."""
@@ -236,7 +239,8 @@ class ReplayResult:
 
 
 def replay_trace(loaded: LoadedTrace, cluster: Cluster, profile: Profile | None = None, *,
-                 retime: bool = False, network: str | None = None, algo: str = "auto",
+                 retime: bool = False, network: NetworkMode | None = None,
+                 algo: Algorithm = Algorithm.AUTO,
                  progress: Progress | None = None, host_gaps: bool = True) -> ReplayResult:
     """Re-simulate `loaded` on `cluster` (see the module docstring); `network` defaults to the
     one a parasim trace was simulated with, else the flow model. With `host_gaps`, each op
@@ -247,11 +251,13 @@ def replay_trace(loaded: LoadedTrace, cluster: Cluster, profile: Profile | None 
     profile = profile or default_profile(cluster.accelerator)
     if network is None:
         own = trace.meta.get("network")
-        network = own if isinstance(own, str) and own in NETWORKS else "flow"
+        network = NetworkMode(own) if isinstance(own, str) and own in NETWORK_NAMES \
+            else NetworkMode.FLOW
     plan, kept, modelled, uncosted = _compute_times(trace, retime)
     gaps = measured_gaps(trace) if host_gaps else None
-    times = replay(plan, cluster, ComputeModel(cluster.accelerator, profile), network=network,
-                   algo=algo, progress=progress, gaps=gaps)
+    times = replay(plan, cluster, ComputeModel(cluster.accelerator, profile),
+                   interference=host_interference(profile), network=network, algo=algo,
+                   progress=progress, gaps=gaps)
     ops, names, sizes, mirrored = _census(trace)
     return ReplayResult(
         loaded=loaded, cluster=cluster, profile=profile, network=network, algo=algo,

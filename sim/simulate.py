@@ -12,6 +12,7 @@ from typing import Any
 
 from sim.compute import ComputeModel
 from sim.config import Experiment
+from sim.interference import host_interference
 from sim.memory import memory_by_pp_rank
 from sim.metrics import StepSummary, summarize
 from sim.replay import Progress, StepTimes, replay
@@ -27,9 +28,10 @@ def predict(exp: Experiment, *, fold: bool = True,
     ranks = exp.layout.representatives() if fold else None
     built = build(exp.model, exp.layout, ranks=ranks)
     plan = Trace(built.ops, {**built.meta, "experiment": exp.name, "cluster": exp.cluster.name,
-                             "network": exp.network})
+                             "network": str(exp.network)})
     times = replay(plan, exp.cluster, ComputeModel(exp.cluster.accelerator, exp.profile),
-                     network=exp.network, algo=exp.algo, progress=progress)
+                   interference=host_interference(exp.profile), network=exp.network,
+                   algo=exp.algo, progress=progress)
     memory = memory_by_pp_rank(exp.model, exp.layout)
     return summarize(exp.model, exp.layout, exp.cluster, times, memory), times
 
@@ -42,7 +44,7 @@ def summary_json(exp: Experiment, s: StepSummary) -> dict[str, Any]:
         "world": exp.layout.world,
         "layout": exp.layout.to_dict(),
         "attention": str(exp.model.attention),
-        "network": exp.network,
+        "network": str(exp.network),
         "step_time_s": s.step_time_s,
         "tokens_per_s": s.tokens_per_s,
         "model_tflops_per_gpu": s.model_tflops_per_gpu,

@@ -52,7 +52,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sim.collectives import Collectives, analytic_time
+from sim.collectives import Algorithm, Collectives, analytic_time
 from sim.compute import ComputeModel
 from sim.memory import MemoryBreakdown, peak_in_flight, pp_rank_memory
 from sim.profile import Profile
@@ -65,6 +65,7 @@ from sim.search.passes import (
     gradient_buckets,
     pass_ops,
 )
+from sim.transport import NetworkMode
 from topology.cluster import Cluster
 from traces.layout import Layout
 from traces.model import ModelSpec
@@ -119,11 +120,12 @@ class Analytic:
     docstring); caches what layouts share, so screening thousands costs seconds."""
 
     def __init__(self, model: ModelSpec, cluster: Cluster, profile: Profile, *,
-                 network: str = "flow", algo: str = "auto") -> None:
+                 network: NetworkMode = NetworkMode.FLOW,
+                 algo: Algorithm = Algorithm.AUTO) -> None:
         self.model, self.cluster = model, cluster
         self.compute = ComputeModel(cluster.accelerator, profile)
         self.collectives = Collectives(cluster)
-        self.free_network = network == "ideal"
+        self.free_network = network == NetworkMode.IDEAL
         self.algo = algo
         self._passes: dict[PassKey, PassOps] = {}
         self._units: dict[tuple[PassKey, int, int], tuple[_UnitTime, _UnitTime, _UnitTime]] = {}
