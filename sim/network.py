@@ -6,7 +6,7 @@ costs `latency + bytes / share`; a `Lowering` runs its rounds one after another.
 
 Use: `handle = net.register(lowering)` once per lowering, then `net.run(handle, size)` per
 collective (`net.run(handle, size, stretch)`: every latency and byte of it `stretch` times as
-long, as when the host that moves it is busy with other work: `sim.replay`). Rates change
+long, as when the host that moves it is busy with other work: `sim.interference`). Rates change
 only when a transfer starts moving or ends, and only for the transfers connected to it through
 shared links (its *component*). Which flow sets share links is worked
 out once per flow set, so a transfer alone on its links costs one event and no fairness
