@@ -1,6 +1,7 @@
 """Replay a plan (or a measured trace) on a cluster: the discrete-event step simulation.
 
-    times = replay(plan, cluster, ComputeModel(cluster.accelerator, profile))
+    times = replay(plan, cluster, ComputeModel(cluster.accelerator, profile),
+                   interference=host_interference(profile), network=NetworkMode.FLOW)
 
 Each rank's ops run on their streams (one simpy process per stream, ops in list order), waiting
 for their `deps`. A collective starts when every member has issued it and stalls only the
@@ -120,7 +121,7 @@ class _Replay:
     def __init__(self, plan: Trace, cluster: Cluster, compute: Durations,
                  interference: Interference, comm: CommPlan, network: NetworkMode,
                  gaps: Mapping[int, Sequence[float]] | None = None) -> None:
-        self.plan, self.cluster, self.compute, self.comm = plan, cluster, compute, comm
+        self.plan, self.compute, self.comm = plan, compute, comm
         self.gaps = gaps or {}
         self.env = simpy.Environment()
         self.occupancy = Occupancy(self.env, plan.ops, interference,
