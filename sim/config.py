@@ -21,8 +21,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from sim.collectives import ALGORITHMS
-from sim.engine.replay import NETWORKS
+from sim.collectives import ALGORITHM_NAMES, Algorithm
+from sim.engine.transport import NETWORK_NAMES, NetworkMode
 from sim.profile import Profile, default_profile, load_profile
 from topology.cluster import Cluster
 from topology.config import read_cluster
@@ -38,7 +38,6 @@ TABLES = ("model", "parallel", "cluster", "sim")
 MODEL_KEYS = tuple(f.name for f in fields(ModelSpec))
 PARALLEL_KEYS = tuple(f.name for f in fields(Layout))
 SIM_KEYS = ("network", "algo", "profile")
-ALGOS = ("auto", *ALGORITHMS)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -49,8 +48,8 @@ class Experiment:
     model: ModelSpec
     layout: Layout
     cluster: Cluster
-    network: str = "flow"
-    algo: str = "auto"
+    network: NetworkMode = NetworkMode.FLOW
+    algo: Algorithm = Algorithm.AUTO
     profile: Profile
     profile_path: Path | None = None
     """The profile file the config names ([sim] profile or --profile), an input of the run."""
@@ -58,11 +57,19 @@ class Experiment:
     """Combinations that work but are slow (TP groups across servers)."""
 
     def __post_init__(self) -> None:
-        check_choice(self.network, "sim.network", NETWORKS)
-        check_choice(self.algo, "sim.algo", ALGOS)
+        # Checked as the strings they may be (check_choice compares types as well).
+        object.__setattr__(self, "network", NetworkMode(check_choice(
+            _plain(self.network), "sim.network", NETWORK_NAMES)))
+        object.__setattr__(self, "algo", Algorithm(check_choice(
+            _plain(self.algo), "sim.algo", ALGORITHM_NAMES)))
         notes = check_layout(self.model, self.layout, world=self.cluster.num_devices,
                              devices_per_server=self.cluster.devices_per_server)
         object.__setattr__(self, "warnings", notes)
+
+
+def _plain(value: object) -> object:
+    """An enum member as its string; anything else as it is."""
+    return str(value) if isinstance(value, (NetworkMode, Algorithm)) else value
 
 
 def example_path(name: str = EXAMPLES[0]) -> Path:
@@ -93,8 +100,8 @@ def experiment_from_dict(data: Mapping[str, Any], *, name: str = "experiment",
     spec = read_cluster(data["cluster"])
     sim = Fields.of({**Fields.of(data.get("sim", {}), "sim").table, **(overrides or {})}, "sim")
     sim.known(SIM_KEYS)
-    network = sim.choice("network", "flow", NETWORKS)
-    algo = sim.choice("algo", "auto", ALGOS)
+    network = NetworkMode(sim.choice("network", "flow", NETWORK_NAMES))
+    algo = Algorithm(sim.choice("algo", "auto", ALGORITHM_NAMES))
     profile_path = sim.string("profile", "")
     if "profile" in sim and not profile_path:
         raise ConfigError("sim.profile: an empty path names no file")

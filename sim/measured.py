@@ -35,9 +35,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from sim.engine.replay import NETWORKS, Progress, StepTimes, replay
+from sim.collectives import Algorithm
+from sim.engine.replay import Progress, StepTimes, replay
 from sim.engine.replay import host_gaps as measured_gaps
+from sim.engine.transport import NETWORK_NAMES, NetworkMode
 from sim.models.compute import ComputeModel
+from sim.models.interference import host_interference
 from sim.profile import Profile, default_profile
 from topology.cluster import Cluster
 from topology.config import ClusterSpec, read_cluster, read_cluster_file, read_cluster_table
@@ -196,8 +199,8 @@ class ReplayResult:
     loaded: LoadedTrace
     cluster: Cluster
     profile: Profile
-    network: str
-    algo: str
+    network: NetworkMode
+    algo: Algorithm
     times: StepTimes
     step_time_measured_s: float | None
     """Max end minus min start over all ops of a timed trace; None if any op is untimed."""
@@ -227,7 +230,8 @@ class ReplayResult:
 
 
 def replay_trace(loaded: LoadedTrace, cluster: Cluster, profile: Profile | None = None, *,
-                 retime: bool = False, network: str | None = None, algo: str = "auto",
+                 retime: bool = False, network: NetworkMode | None = None,
+                 algo: Algorithm = Algorithm.AUTO,
                  progress: Progress | None = None, host_gaps: bool = True) -> ReplayResult:
     """Re-simulate `loaded` on `cluster` (see the module docstring); `network` defaults to the
     one a parasim trace was simulated with, else the flow model. With `host_gaps`, each op
@@ -238,11 +242,13 @@ def replay_trace(loaded: LoadedTrace, cluster: Cluster, profile: Profile | None 
     profile = profile or default_profile(cluster.accelerator)
     if network is None:
         own = trace.meta.network
-        network = own if isinstance(own, str) and own in NETWORKS else "flow"
+        network = NetworkMode(own) if isinstance(own, str) and own in NETWORK_NAMES \
+            else NetworkMode.FLOW
     plan, kept, modelled, uncosted = _compute_times(trace, retime)
     gaps = measured_gaps(trace) if host_gaps else None
-    times = replay(plan, cluster, ComputeModel(cluster.accelerator, profile), network=network,
-                   algo=algo, progress=progress, gaps=gaps)
+    times = replay(plan, cluster, ComputeModel(cluster.accelerator, profile),
+                   interference=host_interference(profile), network=network, algo=algo,
+                   progress=progress, gaps=gaps)
     ops, names, sizes, mirrored = _census(trace)
     return ReplayResult(
         loaded=loaded, cluster=cluster, profile=profile, network=network, algo=algo,

@@ -14,6 +14,7 @@ from sim.config import Experiment
 from sim.engine.replay import Progress, StepTimes, replay
 from sim.metrics import StepSummary, summarize
 from sim.models.compute import ComputeModel
+from sim.models.interference import host_interference
 from sim.models.memory import memory_by_pp_rank
 from traces.layout import Recompute
 from traces.ops import Trace
@@ -30,9 +31,10 @@ def predict(exp: Experiment, *, fold: bool = True,
     schedule = layout_schedule(exp.layout)  # once: the plan and the memory model run it
     built = build(exp.model, exp.layout, ranks=ranks, schedule=schedule)
     plan = Trace(built.ops, replace(built.meta, experiment=exp.name, cluster_name=exp.cluster.name,
-                                    cluster_spec=exp.cluster.table, network=exp.network))
+                                    cluster_spec=exp.cluster.table, network=str(exp.network)))
     times = replay(plan, exp.cluster, ComputeModel(exp.cluster.accelerator, exp.profile),
-                     network=exp.network, algo=exp.algo, progress=progress)
+                   interference=host_interference(exp.profile), network=exp.network,
+                   algo=exp.algo, progress=progress)
     memory = memory_by_pp_rank(exp.model, exp.layout, schedule)
     return summarize(exp.model, exp.layout, exp.cluster, times, memory), times
 
@@ -45,7 +47,7 @@ def summary_json(exp: Experiment, s: StepSummary) -> dict[str, Any]:
         "world": exp.layout.world,
         "layout": exp.layout.to_dict(),
         "attention": str(exp.model.attention),
-        "network": exp.network,
+        "network": str(exp.network),
         "step_time_s": s.step_time_s,
         "tokens_per_s": s.tokens_per_s,
         "model_tflops_per_gpu": s.model_tflops_per_gpu,

@@ -1,57 +1,18 @@
 """The kernels of one micro-batch on one GPU: FLOPs and HBM bytes, forward and backward.
 
-A transformer layer runs, forward (docs/plan-ops.md has the contract): ln1, qkv, the attention
-core (flash_attn, or qk, softmax, attn_dropout, av), proj, bda1, ln2, fc1, gelu, fc2, bda2.
-Outside the layers: embed and pos_embed on the first stage, final_ln, logits and cross_entropy
-on the last. Notation: b micro-batch, s sequence, h hidden, a heads, f MLP width, V vocabulary,
-t tensor-parallel degree, e bytes per element (2 for bf16); r = s/t tokens per rank where
-sequence parallelism shards the sequence (SP), else r = s.
+A transformer layer runs, forward: ln1, qkv, the attention core (flash_attn, or qk, softmax,
+attn_dropout, av), proj, bda1, ln2, fc1, gelu, fc2, bda2; outside the layers embed and pos_embed
+on the first stage, final_ln, logits and cross_entropy on the last (docs/plan-ops.md has the
+contract). FLOPs count matrix products only (2 per multiply-add), as Megatron-LM does: one
+layer's forward is 24bsh²(1 + s/(6h))/t with f = 4h; a GEMM's backward is twice its FLOPs.
+HBM bytes: a GEMM reads its operands and writes its product once; a memory-bound kernel reads
+and writes each tensor once. The optimizer step (`optimizer_bytes_per_param`) is
+Megatron-LM's mixed-precision one.
 
-FLOPs count matrix products only (2 per multiply-add), as Megatron-LM does, so one layer's
-forward GEMMs add up to
+    python -c "from traces.kernels import *; from traces.model import ModelSpec as M;
+    print(layer_kernels(M(layers=1, hidden=4096, heads=32, seq_len=2048, vocab=1), 1, 1, False))"
 
-    qkv 6bsh²/t + qk 2bs²h/t + av 2bs²h/t + proj 2bsh²/t + fc1 2bshf/t + fc2 2bshf/t
-      = (8bsh² + 4bshf + 4bs²h)/t  = 24bsh²(1 + s/(6h))/t  with f = 4h
-
-(flash attention runs QKᵀ and AV inside one kernel: the same 4bs²h/t). A GEMM's backward is two
-GEMMs of the forward's size each (input and weight gradient): twice its FLOPs.
-
-HBM bytes: a GEMM reads its two operands and writes its product once (tiles are re-read from
-L2, not HBM); a memory-bound kernel reads and writes each tensor once:
-
-    layer norm      fwd  read x, write y: 2·b·r·h·e      bwd  read x, dy, write dx: 3·b·r·h·e
-      (ln1, ln2)         and the residual's gradient: +3·b·r·h·e (see below)
-    bias-dropout-   fwd  read x and the residual, write y and a 1-byte mask: b·r·h·(3e + 1)
-      add (bda)     bwd  read dy and the mask, write dx: b·r·h·(2e + 1); the bias gradient
-                         re-reads dx to sum it over tokens: +b·r·h·e
-    gelu            fwd  2·b·s·f/t·e    bwd  read x, dy, write dx: 3·b·s·f/t·e; the fc1 bias
-                         gradient (Megatron's fused bias-GeLU) sums dx over tokens: +b·s·f/t·e
-    softmax         Megatron's fused causal kernel reads only the unmasked c = (s+1)/(2s) of each
-                    row and writes every element: fwd b·a/t·s²·e·(c + 1); bwd reads the
-                    probabilities and their gradient where unmasked: b·a/t·s²·e·(2c + 1).
-                    Where that kernel does not apply, PyTorch's fp32 path (`softmax_bytes`).
-    attn_dropout    fwd  read, write, 1-byte mask: b·a/t·s²·(2e + 1)   bwd  the same
-    flash_attn      fwd  read Q, K, V, write O and the fp32 log-sum-exp (b·a/t·s·4)
-                    bwd  read Q, K, V, O, dO and the log-sum-exp, write dQ, dK, dV
-    cross_entropy   Megatron's vocab-parallel one (mpu/cross_entropy.py) on the logits cast to
-                    fp32, one pass per op: fwd cast (e + 4), max (4), subtract it in place (8),
-                    exp (8), sum (4), divide into the softmax kept for backward (8):
-                    b·s·V/t·(36 + e); bwd scale the softmax by the loss gradient in place (8),
-                    cast back (4 + e): b·s·V/t·(12 + e) (an fp32 model skips the casts)
-
-The residual stream: each of a layer's two norms reads a tensor that is also the residual
-added back by the next bda (Megatron's ParallelTransformerLayer: `hidden_states` feeds ln1 and
-bda1, bda1's output feeds ln2 and bda2). Autograd sums the two gradients such a tensor receives
-(the residual's, passed through the bda unchanged, and the norm's dx) in one more elementwise
-kernel: read both, write the sum, 3·b·r·h·e, counted with the norm's backward it follows. The
-final norm's input has one consumer, so final_ln has no such sum. Left out as too small to
-show: the qkv bias's gradient (a reduction over b·s·3h/t, 0.2% of that GEMM's backward) and
-the copies around the unfused core's views (b·s·h/t each).
-
-The optimizer step (`optimizer_bytes_per_param`) is Megatron-LM's mixed-precision one.
-
-Try it: python -c "from traces.kernels import *; from traces.model import ModelSpec as M;
-print(layer_kernels(M(layers=1, hidden=4096, heads=32, seq_len=2048, vocab=1), 1, 1, False))"
+The derivation in full: docs/kernel-costs.md.
 """
 
 from __future__ import annotations

@@ -25,6 +25,7 @@ from sim.calibrate.interference import InterferenceFit, fit_interference
 from sim.calibrate.kernels import ComputeFit, fit_compute
 from sim.calibrate.links import LinkFit, fit_links
 from sim.calibrate.observe import CommSample, ComputeSample, observe
+from sim.collectives import Algorithm
 from sim.profile import (
     AcceleratorRoofs,
     ComputeParams,
@@ -59,7 +60,8 @@ class FitReport:
 
 
 def fit_profile(traces: Sequence[Trace], cluster: Cluster, *, base: Profile,
-                name: str = "calibrated", algo: str = "auto") -> tuple[Profile, FitReport]:
+                name: str = "calibrated",
+                algo: Algorithm = Algorithm.AUTO) -> tuple[Profile, FitReport]:
     """Fit links and compute to the traces' timed ops; the profile and what the fit found.
     Figures the data do not pin down keep the base profile's values (listed in the report);
     if no figure at all is pinned down, one error line."""

@@ -7,7 +7,7 @@ alone, and collectives of two sizes alone and then beside a chain of probes (in 
 another stream). The simulator runs a kernel that starts while its rank has communication in
 flight (1 + comm_interference) times as long, and communication that starts while one of its
 ranks runs a kernel first waits compute_interference_delay_s, then takes
-(1 + compute_interference) times as long (`sim.engine.replay`), so
+(1 + compute_interference) times as long (`sim.models.interference`), so
 
     comm_interference = mean(probes beside) / mean(probes alone) - 1            clamped at 0
     collective beside = delay + (1 + compute_interference) · mean(collective alone, its size)

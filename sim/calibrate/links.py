@@ -19,7 +19,7 @@ import numpy as np
 from scipy import optimize, stats
 
 from sim.calibrate.observe import CommSample
-from sim.collectives import Collectives, analytic_time
+from sim.collectives import Algorithm, Collectives, analytic_time
 from sim.engine.flows import Lowering
 from topology.cluster import Cluster
 from topology.override import link_figures, with_links
@@ -99,7 +99,7 @@ def _rows(samples: Sequence[CommSample]) -> list[_Row]:
 class _Design:
     """Times of the rows' lowerings on basis copies of the cluster."""
 
-    def __init__(self, cluster: Cluster, rows: list[_Row], algo: str) -> None:
+    def __init__(self, cluster: Cluster, rows: list[_Row], algo: Algorithm) -> None:
         self.cluster, self.rows = cluster, rows
         chooser = Collectives(cluster)
         self.names = ["p2p" if r.kind.is_p2p else
@@ -138,7 +138,8 @@ class _Design:
         return c, np.stack(columns, axis=1)
 
 
-def fit_links(samples: Sequence[CommSample], cluster: Cluster, *, algo: str = "auto",
+def fit_links(samples: Sequence[CommSample], cluster: Cluster, *,
+              algo: Algorithm = Algorithm.AUTO,
               confidence: float = 0.95,
               base: Mapping[str, tuple[float, float, float]] | None = None) -> LinkFit:
     """Latency, bandwidth and per-call cost of every link class the samples' communication

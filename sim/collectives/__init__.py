@@ -8,16 +8,15 @@ returns the flows of that algorithm carrying the protocol's latency and wire byt
 (a torus; all-to-all, which NCCL runs point-to-point) `auto` is what gloo runs where ranks
 talk gloo (`sim.collectives.gloo`: localhost), else the fastest applicable
 algorithm by `analytic_time`, the alpha-beta time of the lowering alone on the network
-(`sim.engine.flows.solo_time`). Every algorithm stays available by name, without a protocol. The
-flow
-path is `sim.engine.network.Network.run`.
+(`sim.engine.flows.solo_time`). Every algorithm stays available by name (`Algorithm`, parsed from a
+flag by `parse_algorithm`), without a protocol. The flow path is `sim.engine.network.Network.run`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from sim.collectives.base import Lowering, busbw_factor
+from sim.collectives.base import Algorithm, Lowering, busbw_factor
 from sim.collectives.direct import lower_direct, lower_p2p
 from sim.collectives.gloo import lower_gloo
 from sim.collectives.hierarchical import lower_hierarchical
@@ -32,21 +31,22 @@ from sim.collectives.torus import lower_torus
 from sim.collectives.tree import lower_tree
 from sim.engine.flows import solo_time
 from topology.cluster import Cluster
-from traces.errors import ConfigError
+from traces.errors import ConfigError, show
 from traces.ops import OpKind
 
 Lower = Callable[[Cluster, OpKind, Sequence[int], int | None], Lowering | None]
 
-# Order is the tie-break of `auto`: the first of equally fast algorithms wins.
-ALGORITHMS: dict[str, Lower] = {
-    "ring": lower_ring,
-    "tree": lower_tree,
-    "hierarchical": lower_hierarchical,
-    "rhd": lower_rhd,
-    "torus": lower_torus,
-    "direct": lower_direct,
-    "gloo": lower_gloo,  # only where ranks talk gloo (localhost); `auto` takes it there
+# Order is the tie-break of `auto` (`Algorithm`'s): the first of equally fast algorithms wins.
+ALGORITHMS: dict[Algorithm, Lower] = {
+    Algorithm.RING: lower_ring,
+    Algorithm.TREE: lower_tree,
+    Algorithm.HIERARCHICAL: lower_hierarchical,
+    Algorithm.RHD: lower_rhd,
+    Algorithm.TORUS: lower_torus,
+    Algorithm.DIRECT: lower_direct,
+    Algorithm.GLOO: lower_gloo,  # only where ranks talk gloo (localhost); `auto` takes it there
 }
+assert tuple(ALGORITHMS) == tuple(Algorithm)[1:], "one lowering per algorithm, in its order"
 
 # The flows each of NCCL's algorithms moves, by parasim's lowerings (NVLS trees and CollNet,
 # whose in-network steps parasim does not model, move a tree's flows). A lowering named after
@@ -54,9 +54,23 @@ ALGORITHMS: dict[str, Lower] = {
 STRUCTURE: dict[Algo, str] = {Algo.RING: "ring", Algo.TREE: "tree", Algo.NVLS: "nvls",
                               Algo.NVLS_TREE: "tree", Algo.COLLNET_DIRECT: "tree",
                               Algo.COLLNET_CHAIN: "tree"}
-_STRUCTURES: dict[str, Lower] = {**ALGORITHMS, "nvls": lower_nvls}
+_STRUCTURES: dict[str, Lower] = {**{str(a): lower for a, lower in ALGORITHMS.items()},
+                                 "nvls": lower_nvls}
 
-__all__ = ["ALGORITHMS", "Collectives", "Lowering", "analytic_time", "busbw_factor"]
+__all__ = ["ALGORITHMS", "ALGORITHM_NAMES", "Algorithm", "Collectives", "Lowering", "analytic_time",
+           "busbw_factor", "parse_algorithm"]
+
+
+def parse_algorithm(text: str, flag: str = "--algo") -> Algorithm:
+    """The algorithm a flag names, or a ConfigError that lists them."""
+    if text not in ALGORITHM_NAMES:
+        raise ConfigError(f"{flag}: {show(text)} is not an algorithm "
+                          f"(known: {', '.join(ALGORITHM_NAMES)})")
+    return Algorithm(text)
+
+
+ALGORITHM_NAMES = tuple(map(str, Algorithm))
+"""`Algorithm`'s names as plain strings (`traces.fields.check_choice` compares types)."""
 
 _Key = tuple[OpKind, tuple[int, ...], str, int | None]
 
@@ -82,7 +96,7 @@ class Collectives:
             if "/" in algo:
                 lowering = self._structure(kind, group, Algo(algo.split("/")[0]), channels)
             else:
-                lowering = ALGORITHMS[algo](self.cluster, kind, tuple(group), channels)
+                lowering = ALGORITHMS[Algorithm(algo)](self.cluster, kind, tuple(group), channels)
             self._lowerings[key] = lowering
         return self._lowerings[key]
 
@@ -131,21 +145,23 @@ class Collectives:
             lowering = self._lowerings[key] = lower_p2p(self.cluster, src, dst)
         return lowering
 
-    def applicable(self, kind: OpKind, group: Sequence[int]) -> list[str]:
+    def applicable(self, kind: OpKind, group: Sequence[int]) -> list[Algorithm]:
         return [a for a in ALGORITHMS if self.lowering(kind, group, a) is not None]
 
-    def resolve(self, kind: OpKind, group: Sequence[int], size_bytes: float, algo: str = "auto",
+    def resolve(self, kind: OpKind, group: Sequence[int], size_bytes: float,
+                algo: Algorithm = Algorithm.AUTO,
                 channels: int | None = None) -> tuple[str, Lowering]:
-        """The algorithm to use and its lowering: `auto` is NCCL's choice where NCCL runs,
-        else the fastest applicable algorithm by analytic time."""
-        if algo == "auto":
+        """The algorithm to use (its name, or NCCL's choice: "ring/LL128") and its lowering:
+        `auto` is NCCL's choice where NCCL runs, else the fastest applicable algorithm by
+        analytic time."""
+        if algo == Algorithm.AUTO:
             chosen = self.nccl(kind, group, size_bytes, channels)
             if chosen is not None:
                 return chosen
-            gloo = self.lowering(kind, group, "gloo", channels)
+            gloo = self.lowering(kind, group, Algorithm.GLOO, channels)
             if gloo is not None:  # what gloo runs, whatever is fastest (sim.collectives.gloo)
-                return "gloo", gloo
-        if algo != "auto":
+                return str(Algorithm.GLOO), gloo
+        if algo != Algorithm.AUTO:
             if algo not in ALGORITHMS:
                 raise ConfigError(f"--algo: {algo!r} is not an algorithm "
                                   f"(known: auto, {', '.join(ALGORITHMS)})")
@@ -153,7 +169,7 @@ class Collectives:
             if lowering is None:
                 raise ConfigError(f"--algo: {algo} cannot run {kind} on this group of "
                                   f"{len(group)} (try: {', '.join(self.applicable(kind, group))})")
-            return algo, lowering
+            return str(algo), lowering
         key = (kind, tuple(group), size_bytes, channels)
         if key not in self._choice:
             options = {a: low for a in ALGORITHMS
@@ -161,7 +177,7 @@ class Collectives:
             if not options:
                 raise ConfigError(f"no algorithm can run {kind} on a group of {len(group)}")
             times = [analytic_time(self.cluster, low, size_bytes) for low in options.values()]
-            self._choice[key] = list(options)[times.index(min(times))]
+            self._choice[key] = str(list(options)[times.index(min(times))])
         best = self._choice[key]
         lowering = self.lowering(kind, group, best, channels)
         assert lowering is not None

@@ -11,12 +11,30 @@ reused for every size.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from enum import StrEnum
 
 from sim.engine.flows import FlowSet
 from sim.engine.flows import Lowering as Lowering  # re-exported for the algorithm modules
 from sim.engine.flows import Round as Round
 from topology.cluster import Cluster
 from traces.ops import OpKind
+
+
+class Algorithm(StrEnum):
+    """The collective algorithms a user can name (`--algo`, `[sim] algo`); `AUTO` picks one
+    (`sim.collectives.Collectives.resolve`). The order after `AUTO` is the tie-break of
+    `AUTO`: the first of equally fast algorithms wins."""
+
+    AUTO = "auto"
+    RING = "ring"
+    TREE = "tree"
+    HIERARCHICAL = "hierarchical"
+    RHD = "rhd"
+    TORUS = "torus"
+    DIRECT = "direct"
+    GLOO = "gloo"
+    """Only where ranks talk gloo (localhost); `AUTO` takes it there."""
+
 
 AR, RS, AG, BCAST, A2A = (OpKind.ALL_REDUCE, OpKind.REDUCE_SCATTER, OpKind.ALL_GATHER,
                           OpKind.BROADCAST, OpKind.ALL_TO_ALL)

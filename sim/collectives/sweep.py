@@ -10,9 +10,10 @@ from dataclasses import dataclass
 
 import simpy
 
-from sim.collectives import Collectives, Lowering, analytic_time, busbw_factor
+from sim.collectives import Algorithm, Collectives, Lowering, analytic_time, busbw_factor
 from sim.collectives.direct import lower_sendrecv
 from sim.engine.network import Network
+from sim.engine.transport import NetworkMode
 from topology.cluster import Cluster
 from traces.errors import ConfigError
 from traces.ops import COLLECTIVES, OpKind
@@ -40,22 +41,25 @@ def flow_time(cluster: Cluster, lowering: Lowering, size_bytes: float) -> float:
 
 
 def sweep_row(cluster: Cluster, collectives: Collectives, op: str, group: tuple[int, ...],
-              size: int, algo: str, channels: int | None, model: str) -> Row:
+              size: int, algo: Algorithm, channels: int | None, model: NetworkMode) -> Row:
+    """One size of the sweep, alone on the network: by the flow model (`FLOW`) or its
+    alpha-beta time (`ANALYTIC`)."""
     if op == "sendrecv":
-        if algo not in ("auto", "direct"):
+        if algo not in (Algorithm.AUTO, Algorithm.DIRECT):
             raise ConfigError(f"--algo: sendrecv runs point-to-point only, not {algo}")
-        used, lowering = "direct", lower_sendrecv(cluster, group)
+        used, lowering = str(Algorithm.DIRECT), lower_sendrecv(cluster, group)
         factor = 1.0
     else:
         kind = OpKind(op)
         used, lowering = collectives.resolve(kind, group, size, algo, channels)
         factor = busbw_factor(kind, len(group))
-    seconds = (flow_time if model == "flow" else analytic_time)(cluster, lowering, size)
+    assert model in (NetworkMode.FLOW, NetworkMode.ANALYTIC), f"no sweep by {model}"
+    seconds = (flow_time if model == NetworkMode.FLOW else analytic_time)(cluster, lowering, size)
     algbw = size / seconds / 1e9
     return Row(size, used, seconds, algbw, algbw * factor)
 
 
-def format_table(cluster: Cluster, op: str, algo: str, model: str, rows: list[Row],
+def format_table(cluster: Cluster, op: str, algo: Algorithm, model: NetworkMode, rows: list[Row],
                  num_ranks: int) -> str:
     lines = [
         f"# parasim collective: {op} on {cluster.name}, {num_ranks} ranks, "

@@ -12,7 +12,7 @@ import argparse
 import json
 from dataclasses import asdict
 
-from sim.collectives import ALGORITHMS, Collectives
+from sim.collectives import Collectives, parse_algorithm
 from sim.collectives.sweep import MAX_CHANNELS, OPS, format_table, sweep_row
 from sim.commands.common import (
     cluster_flags,
@@ -21,13 +21,13 @@ from sim.commands.common import (
     parse_sizes,
     progress_over,
 )
+from sim.engine.transport import NetworkMode
 from sim.profile import default_profile
 from sim.provenance import file_sha256, flags_sha256, provenance
 from topology.presets import PRESETS
-from traces.errors import ConfigError, show
+from traces.errors import ConfigError
 
 HELP = "nccl-tests-like table for one collective"
-ALGOS = ("auto", *ALGORITHMS)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -39,14 +39,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--channels", type=int, help=f"rings/trees in parallel, 1 to "
                         f"{MAX_CHANNELS} (default: one per NIC)")
     parser.add_argument("--ranks", type=int, help="use the first N accelerators (default: all)")
-    parser.add_argument("--model", default="flow", choices=("flow", "analytic"))
+    parser.add_argument("--model", default=str(NetworkMode.FLOW),
+                        choices=(str(NetworkMode.FLOW), str(NetworkMode.ANALYTIC)))
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.algo not in ALGOS:
-        raise ConfigError(f"--algo: {show(args.algo)} is not an algorithm "
-                          f"(known: {', '.join(ALGOS)})")
+    algo, model = parse_algorithm(args.algo), NetworkMode(args.model)
     if args.channels is not None and not 1 <= args.channels <= MAX_CHANNELS:
         raise ConfigError(f"--channels: {args.channels} must be from 1 to {MAX_CHANNELS} "
                           "(NCCL's most)")
@@ -58,10 +57,10 @@ def run(args: argparse.Namespace) -> int:
                           f"{cluster.num_devices} accelerators")
     group = tuple(range(ranks))
     collectives = Collectives(cluster)
-    rows = [sweep_row(cluster, collectives, args.op, group, size, args.algo, args.channels,
-                      args.model) for size in progress_over(sizes, "sizes")]
+    rows = [sweep_row(cluster, collectives, args.op, group, size, algo, args.channels, model)
+            for size in progress_over(sizes, "sizes")]
     if not args.json:
-        emit(format_table(cluster, args.op, args.algo, args.model, rows, ranks))
+        emit(format_table(cluster, args.op, algo, model, rows, ranks))
         return 0
     # The cluster file's bytes, or for a preset the flags that shaped the table.
     digest = file_sha256(args.cluster) if args.cluster not in PRESETS else flags_sha256(

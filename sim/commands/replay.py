@@ -20,14 +20,14 @@ import json
 from pathlib import Path
 from typing import Any
 
+from sim.collectives import parse_algorithm
 from sim.commands.common import ProgressBar, emit, profile_flag, trace_files, write_timed
-from sim.config import ALGOS
-from sim.engine.replay import NETWORKS
+from sim.engine.transport import NETWORK_NAMES, NetworkMode
 from sim.measured import ReplayResult, choose_cluster, load_trace, replay_trace
 from sim.profile import load_profile
 from sim.provenance import file_sha256, files_sha256, provenance
 from topology.presets import PRESETS
-from traces.errors import ConfigError, show, warn
+from traces.errors import warn
 from traces.files import Outputs, check_outputs
 
 HELP = "re-simulate a measured or profiler trace"
@@ -46,7 +46,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-host-gaps", action="store_true",
                         help="drop the idle time a measured trace shows between ops that no "
                         "dependency explains (host launch delays); kept by default")
-    parser.add_argument("--network", choices=NETWORKS, help="flow (default), analytic, ideal")
+    parser.add_argument("--network", choices=NETWORK_NAMES, help="flow (default), analytic, "
+                        "ideal")
     parser.add_argument("--algo", default="auto", help="collective algorithm (default auto)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--trace", dest="out_trace", metavar="JSON",
@@ -56,9 +57,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.algo not in ALGOS:
-        raise ConfigError(f"--algo: {show(args.algo)} is not an algorithm "
-                          f"(known: {', '.join(ALGOS)})")
+    algo = parse_algorithm(args.algo)
+    network = None if args.network is None else NetworkMode(args.network)
     inputs = trace_files(Path(args.trace))
     profile_flag(args.profile, inputs)
     targets = check_outputs({"--trace": args.out_trace, "--chrome": args.chrome}, inputs=inputs)
@@ -71,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
     with Outputs() as outputs:
         with ProgressBar("replay", "op") as bar:
             result = replay_trace(loaded, cluster, profile, retime=args.retime,
-                                  network=args.network, algo=args.algo, progress=bar.update,
+                                  network=network, algo=algo, progress=bar.update,
                                   host_gaps=not args.no_host_gaps)
         if args.retime and result.uncosted_compute:
             warn(f"--retime: {result.uncosted_compute} of "

@@ -21,7 +21,7 @@ from sim.commands.common import (
     write_timed,
 )
 from sim.config import example_path, load_experiment
-from sim.engine.replay import NETWORKS
+from sim.engine.transport import NETWORK_NAMES
 from sim.provenance import file_sha256, provenance
 from sim.report.timeline import annotate
 from sim.simulate import predict, summary_json, summary_text
@@ -41,7 +41,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "(gzipped when it ends in .gz)")
     parser.add_argument("--report-ranks", metavar="R,R", help="ranks whose lanes the report "
                         "details (default: the first and the last pipeline stage's)")
-    parser.add_argument("--network", choices=NETWORKS, help="flow (default), analytic, ideal")
+    parser.add_argument("--network", choices=NETWORK_NAMES, help="flow (default), analytic, "
+                        "ideal")
     parser.add_argument("--algo", help="collective algorithm (default auto)")
     parser.add_argument("--profile", metavar="JSON", help="calibration profile")
     parser.add_argument("--no-fold", action="store_true",

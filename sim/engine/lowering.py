@@ -1,6 +1,6 @@
 """A plan's communication, lowered before the replay: pure, so a test can call it alone.
 
-    comm = lower_communication(plan, cluster, fold, algo="auto")
+    comm = lower_communication(plan, cluster, fold, algo=Algorithm.AUTO)
 
 Every send/recv and collective of the plan gets a typed key (`TransferKey`, `CollectiveKey`:
 what moves, between whom, how many bytes). Each distinct key is lowered once by
@@ -38,7 +38,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from sim.collectives import Collectives
+from sim.collectives import Algorithm, Collectives
 from sim.engine.flows import FlowSet, Lowering
 from topology.cluster import Cluster
 from traces import symmetry
@@ -141,7 +141,8 @@ class CommPlan:
 
 
 def lower_communication(plan: Trace, cluster: Cluster, fold: Layout | None, *,
-                        algo: str = "auto", collectives: Collectives | None = None) -> CommPlan:
+                        algo: Algorithm = Algorithm.AUTO,
+                        collectives: Collectives | None = None) -> CommPlan:
     """Lower every communication op of `plan` on `cluster`; `fold` is the layout a folded
     plan was built with (None: the plan holds every rank it runs)."""
     collectives = collectives or Collectives(cluster)
@@ -256,7 +257,7 @@ def _measured(op: Op) -> bool:
 
 
 def _lower(keys: list[CommKey], cluster: Cluster, collectives: Collectives,
-           fold: Layout | None, algo: str) -> list[Lowered]:
+           fold: Layout | None, algo: Algorithm) -> list[Lowered]:
     """Lower every distinct key once; add the folded copies' flows on the links the present
     ranks use (the copies elsewhere mirror them and need no simulation). A measured key
     has no lowering: the replay keeps its op's measured duration."""

@@ -6,10 +6,10 @@ costs `latency + bytes / share`; a `Lowering` runs its rounds one after another.
 
 Use: `handle = net.register(lowering)` once per lowering, then `net.run(handle, size)` per
 collective (`net.run(handle, size, stretch)`: every latency and byte of it `stretch` times as
-long, as when the host that moves it is busy with other work: `sim.engine.replay`). Rates change
-only when a transfer starts moving or ends, and only for the transfers connected to it through
-shared links (its *component*). Which flow sets share links is worked
-out once per flow set, so a transfer alone on its links costs one event and no fairness
+long, as when the host that moves it is busy with other work: `sim.models.interference`).
+Rates change only when a transfer starts moving or ends, and only for the transfers connected
+to it through shared links (its *component*). Which flow sets share links is worked out once
+per flow set, so a transfer alone on its links costs one event and no fairness
 computation. A lowering whose rounds each have one flow set and which starts with nothing else
 on any of its links runs on the analytic path: one event at its `solo_time` end. If another
 transfer arrives on its links meanwhile, it is turned back into flow transfers at the point it

@@ -1,6 +1,7 @@
 """Replay a plan (or a measured trace) on a cluster: the discrete-event step simulation.
 
-    times = replay(plan, cluster, ComputeModel(cluster.accelerator, profile))
+    times = replay(plan, cluster, ComputeModel(cluster.accelerator, profile),
+                   interference=host_interference(profile), network=NetworkMode.FLOW)
 
 Each rank's ops run on their streams (one simpy process per stream, ops in list order), waiting
 for their `deps`. A collective starts when every member has issued it and stalls only the
@@ -12,15 +13,14 @@ whose size the trace does not state. The parts:
   - `sim.engine.lowering.lower_communication`: the plan's communication lowered before the
     run (pure; folding, the plan's `meta.fold` (`traces.header`), is handled there);
   - `sim.engine.meetings.Meetings`: who waits for whom at run time;
-  - here: the streams, moving communication through the flow model (`sim.engine.network`,
-    where every transfer in flight shares the links) and timing compute by the compute model.
-
-A compute model may say its kernels run slower while their rank moves data
-(`comm_interference`: on a CPU, gloo's threads share the cores the kernels run on); a kernel
-(or a run of kernels) that starts while its rank has a transfer in flight takes (1 + it)
-times as long. And the other way round (`compute_interference`): communication that starts
-while one of its ranks runs a kernel first waits `compute_interference_delay_s` (for a core),
-then takes (1 + it) times as long (each latency and byte).
+  - `sim.engine.transport`: how communication is timed, one strategy per `NetworkMode` (the
+    flow model `sim.engine.network`, where every transfer in flight shares the links;
+    alpha-beta; free);
+  - `sim.engine.occupancy`: what each rank is doing, for the interference model;
+  - here: the streams, asking the cost models declared below for the time of a kernel
+    (`Durations`, e.g. `sim.models.compute.ComputeModel`) and for how compute and
+    communication on one rank slow each other (`sim.models.interference.Interference`; none
+    by default).
 `progress(done, total)`, if given, is called now and then; the command line draws the bar.
 """
 
@@ -32,10 +32,12 @@ from typing import Any, Protocol
 
 import simpy
 
-from sim.collectives import analytic_time
-from sim.engine.lowering import MEASURED, CommPlan, lower_communication
+from sim.collectives import Algorithm
+from sim.engine.lowering import CommPlan, lower_communication
 from sim.engine.meetings import Meetings
-from sim.engine.network import Network
+from sim.engine.occupancy import Occupancy
+from sim.engine.transport import NETWORK_NAMES, NetworkMode, transport_for
+from sim.models.interference import NO_INTERFERENCE, Interference
 from topology.cluster import Cluster
 from traces.errors import ConfigError
 from traces.header import check_fold_ranks
@@ -45,12 +47,9 @@ from traces.ops import Op, OpKind, Trace
 Progress = Callable[[int, int], None]
 """Called now and then with (ops finished, ops in all); the command line draws the bar."""
 
-NETWORKS = ("flow", "analytic", "ideal")
-"""flow: contended flow model; analytic: each transfer alone (alpha-beta); ideal: free."""
-
 
 class Durations(Protocol):
-    """What the replay needs of a compute model (`sim.models.compute.ComputeModel`)."""
+    """What the replay asks a compute model (`sim.models.compute.ComputeModel`): an op's seconds."""
 
     def duration(self, op: Op) -> float: ...
 
@@ -76,17 +75,21 @@ class StepTimes:
         return Trace(ops, replace(self.plan.meta, timed=True))
 
 
-def replay(plan: Trace, cluster: Cluster, compute: Durations, *, network: str = "flow",
-           algo: str = "auto", progress: Progress | None = None,
+def replay(plan: Trace, cluster: Cluster, compute: Durations, *,
+           interference: Interference = NO_INTERFERENCE,
+           network: NetworkMode = NetworkMode.FLOW, algo: Algorithm = Algorithm.AUTO,
+           progress: Progress | None = None,
            gaps: Mapping[int, Sequence[float]] | None = None) -> StepTimes:
-    """Time every op of `plan` on `cluster`; `network` is one of NETWORKS. `gaps[rank][i]`, if
-    given, is idle time op i waits once it could start (a measured trace's host time between
-    kernel launches, see `host_gaps`)."""
-    if network not in NETWORKS:
-        raise ConfigError(f"network: {network!r} is not one of {', '.join(NETWORKS)}")
+    """Time every op of `plan` on `cluster`, kernels by `compute`, compute and communication
+    on one rank slowing each other by `interference`. `gaps[rank][i]`, if given, is idle time
+    op i waits once it could start (a measured trace's host time between kernel launches, see
+    `host_gaps`)."""
+    if network not in NETWORK_NAMES:  # a string from an untyped caller
+        raise ConfigError(f"network: {network!r} is not one of {', '.join(NETWORK_NAMES)}")
     check_fold_ranks(plan.meta.fold, plan.ops)
     comm = lower_communication(plan, cluster, plan.meta.fold, algo=algo)
-    return _Replay(plan, cluster, compute, comm, network, gaps).run(progress)
+    return _Replay(plan, cluster, compute, interference, comm, NetworkMode(network),
+                   gaps).run(progress)
 
 
 def host_gaps(trace: Trace, floor_s: float = 1e-9) -> dict[int, list[float]]:
@@ -117,26 +120,14 @@ def host_gaps(trace: Trace, floor_s: float = 1e-9) -> dict[int, list[float]]:
 class _Replay:
     """The event-driven run: one simpy process per (rank, stream)."""
 
-    def __init__(self, plan: Trace, cluster: Cluster, compute: Durations, comm: CommPlan,
-                 network: str, gaps: Mapping[int, Sequence[float]] | None = None) -> None:
-        self.plan, self.cluster, self.compute, self.comm = plan, cluster, compute, comm
+    def __init__(self, plan: Trace, cluster: Cluster, compute: Durations,
+                 interference: Interference, comm: CommPlan, network: NetworkMode,
+                 gaps: Mapping[int, Sequence[float]] | None = None) -> None:
+        self.plan, self.compute, self.comm = plan, compute, comm
         self.gaps = gaps or {}
-        # Kernels run (1 + interference) times longer while their rank moves data (a CPU's
-        # cores are shared with gloo's threads); `busy[rank]` counts its transfers in flight.
-        self.interference = float(getattr(compute, "comm_interference", 0.0))
-        self.busy = dict.fromkeys(plan.ops, 0)
-        # ... and data moves (1 + slow_comm) times slower while one of its ranks runs a kernel
-        # (its gloo threads get the cores between the kernels' slices); `computing[rank]`.
-        self.slow_comm = float(getattr(compute, "compute_interference", 0.0))
-        self.comm_wait = float(getattr(compute, "compute_interference_delay_s", 0.0))
-        self.computing = dict.fromkeys(plan.ops, 0)
         self.env = simpy.Environment()
-        self.network = network
-        self.net = Network(self.env, cluster.link_capacity) if network == "flow" else None
-        net = self.net
-        # A handle per lowering; -1 for measured communication, which keeps its duration.
-        self.handles = [net.register(low.lowering) if low.algo != MEASURED else -1
-                        for low in comm.lowered] if net else []
+        self.occupancy = Occupancy(self.env, plan.ops, interference,
+                                   transport_for(network, self.env, cluster, comm))
         self.meetings = Meetings(self.env, comm)
         self.starts = {r: [float("nan")] * len(ops) for r, ops in plan.ops.items()}
         self.ends = {r: [float("nan")] * len(ops) for r, ops in plan.ops.items()}
@@ -189,15 +180,17 @@ class _Replay:
                 runs: dict[int, int]) -> Generator[simpy.Event, Any, None]:
         """One stream of one rank: its ops in order, each after its dependencies; a run of
         compute ops nobody else watches is one timeout. The hot loop of the replay (~1 M ops
-        for GPT-3 on 1024 GPUs), hence the local names."""
+        for GPT-3 on 1024 GPUs), hence the local names. A kernel takes its duration times the
+        rank's `scale` when it starts; `kernel` and `move` give the events to wait on
+        (`sim.engine.occupancy`)."""
         ops, starts, ends, events = (self.plan.ops[rank], self.starts[rank], self.ends[rank],
                                      self.events[rank])
         comm = self.comm.ops.get(rank, {})
-        env, timeout, duration, move = self.env, self.env.timeout, self.compute.duration, self._move
+        env, duration, occupancy = self.env, self.compute.duration, self.occupancy
+        timeout, kernel, move, scale = env.timeout, occupancy.kernel(rank), occupancy.move, \
+            occupancy.scale
         arrive, progress, compute = self.meetings.arrive, self.progress, OpKind.COMPUTE
         gaps = self.gaps.get(rank)
-        busy, slower = self.busy, 1.0 + self.interference
-        computing = self.computing
         k, count = 0, len(indices)
         while k < count:
             i = indices[k]
@@ -212,12 +205,10 @@ class _Replay:
             if extra:  # i and the next `extra` compute ops, back to back
                 run = indices[k:k + extra + 1]
                 times = [start]
-                scale = slower if busy[rank] else 1.0
+                stretch = scale[rank]
                 for j in run:
-                    times.append(times[-1] + duration(ops[j]) * scale)
-                computing[rank] += 1
-                yield timeout(times[-1] - start)
-                computing[rank] -= 1
+                    times.append(times[-1] + duration(ops[j]) * stretch)
+                yield kernel(times[-1] - start)
                 for n, j in enumerate(run[:-1]):  # only now: others test ends[] for "done"
                     starts[j], ends[j] = times[n], times[n + 1]
                 k += extra
@@ -225,23 +216,15 @@ class _Replay:
                 self.finished += extra
                 start = times[-2]
             elif op.kind is compute:
-                computing[rank] += 1
-                yield timeout(duration(op) * (slower if busy[rank] else 1.0))
-                computing[rank] -= 1
+                yield kernel(duration(op) * scale[rank])
             elif (c := comm[i]).need == 1:  # this rank stands for every member (fold, partial)
                 if (moved := move(c.lowered, op, (rank,))) is not None:
-                    busy[rank] += 1
                     yield moved
-                    busy[rank] -= 1
             else:  # join the op's meeting; the last member to arrive runs it for all
                 meeting, last = arrive(rank, op, c)
                 if last:
                     if (moved := move(c.lowered, op, meeting.ranks)) is not None:
-                        for member in meeting.ranks:
-                            busy[member] += 1
                         yield moved
-                        for member in meeting.ranks:
-                            busy[member] -= 1
                     meeting.done.succeed()
                 else:
                     yield meeting.done
@@ -256,35 +239,6 @@ class _Replay:
             if progress is not None and self.finished >= self.report_at:
                 self.report_at += 4096
                 progress(self.finished, self.total)
-
-    def _move(self, lowered: int, op: Op, ranks: Sequence[int]) -> simpy.Event | None:
-        """An event that fires when the communication of `op` (the last of `ranks` to arrive)
-        has moved its bytes — after a wait of compute_interference_delay_s and every latency
-        and byte (1 + compute_interference) times over if one of `ranks` is running a kernel —
-        or taken its measured duration if the trace does not size it; None when communication
-        is free (the ideal network: what-if analysis and schedule tests)."""
-        stretch, wait = 1.0, 0.0
-        if (self.slow_comm or self.comm_wait) and any(self.computing[r] for r in ranks):
-            stretch, wait = 1.0 + self.slow_comm, self.comm_wait
-        if self.net is not None and (handle := self.handles[lowered]) >= 0:
-            if wait:
-                return self.env.process(self._after(wait, handle, op.size_bytes, stretch))
-            return self.net.run(handle, op.size_bytes, stretch)
-        if self.network == "ideal":
-            return None
-        low = self.comm.lowered[lowered]
-        if low.algo == MEASURED:
-            assert op.start is not None and op.end is not None, "measured ops are timed"
-            return self.env.timeout(op.end - op.start)
-        return self.env.timeout(
-            wait + analytic_time(self.cluster, low.lowering, op.size_bytes) * stretch)
-
-    def _after(self, wait: float, handle: int, size_bytes: float,
-               stretch: float) -> Generator[simpy.Event, Any, None]:
-        """Communication on the flow network that starts `wait` seconds from now."""
-        yield self.env.timeout(wait)
-        assert self.net is not None
-        yield self.net.run(handle, size_bytes, stretch)
 
     def _stuck(self) -> str:
         for rank, ops in self.plan.ops.items():

@@ -39,21 +39,6 @@ class ComputeModel:
         self.profile = profile
         self._cache: dict[tuple[object, ...], float] = {}
 
-    @property
-    def comm_interference(self) -> float:
-        """How much slower kernels run while their rank communicates (see sim.profile)."""
-        return self.profile.compute.comm_interference
-
-    @property
-    def compute_interference(self) -> float:
-        """How much slower data moves while its ranks run kernels (see sim.profile)."""
-        return self.profile.compute.compute_interference
-
-    @property
-    def compute_interference_delay_s(self) -> float:
-        """How long data waits to start while its ranks run kernels (see sim.profile)."""
-        return self.profile.compute.compute_interference_delay_s
-
     def duration(self, op: Op) -> float:
         if op.start is not None and op.end is not None:
             return op.end - op.start

@@ -1,49 +1,14 @@
 """Per-GPU memory of one training step: model states, stored activations, transient buffers.
 
 Pure arithmetic on a `ModelSpec`, a `Layout` and the pipeline schedule's action lists; bytes
-throughout. Notation: s sequence, b micro-batch, h hidden, a heads, V vocabulary, t tensor-
-parallel degree, Ψ parameters held by the GPU, N data-parallel degree, K optimizer bytes per
-parameter.
+throughout. Model states as ZeRO shards them (Rajbhandari et al. 2020: 2Ψ + 2Ψ + 12Ψ, divided
+by N as the stage says); activations per layer by Korthikanti et al. 2022 (the seeds'
+34sbh + 5as²b, divided by TP, with SP, flash attention and recomputation), times the
+micro-batches the schedule keeps in flight; transient buffers at that peak.
 
-Model states (ZeRO, Rajbhandari et al. 2020, §3 and Fig. 1): mixed-precision Adam keeps 2Ψ of
-fp16/bf16 weights, 2Ψ of gradients and KΨ of optimizer state (fp32 master weights, momentum and
-variance: K = 4 + 4 + 4 = 12). ZeRO shards them over the N data-parallel ranks:
+    python -c "from sim.models.memory import *; help(pp_rank_memory)"
 
-    stage 0 (plain DP)   2Ψ + 2Ψ + KΨ          Ψ = 7.5e9, N = 64:  120e9
-    stage 1 (optimizer)  2Ψ + 2Ψ + KΨ/N                            31.40625e9
-    stage 2 (+ grads)    2Ψ + (2 + K)Ψ/N                           16.640625e9
-    stage 3 (+ params)   (2 + 2 + K)Ψ/N                            1.875e9
-
-Ψ on pipeline rank r is what the rank holds after the tensor-parallel split: the layers of its
-virtual stages k = chunk * pp + r, times `model.layer_params(t)`; plus `embedding_params(t)`
-where virtual stage 0 lives; plus `head_params(t)` where the last virtual stage lives (with tied
-embeddings and pp > 1 Megatron keeps a copy of the word embeddings there, so they count there
-too; with pp = 1 they are one tensor). See `ModelSpec.params_on_stages`.
-
-Activations of one transformer layer for one micro-batch (Korthikanti et al. 2022, "Reducing
-Activation Recomputation in Large Transformer Models", §4 and Table 2; the seeds' formula). The
-paper assumes 2-byte activations and 1-byte dropout masks; the formulas are kept literal:
-
-    no TP                sbh (34 + 5as/h)               = 34sbh + 5as²b
-    TP, no SP            sbh (10 + 24/t + 5as/(ht))     the 10sbh of norms and dropout replicated
-    TP + SP              sbh (34 + 5as/h) / t           SP splits those along the sequence
-    flash or selective   drop the 5as/h term            the a·s²·b scores, softmax and dropout
-                                                        are never stored (recomputed in backward)
-    full recomputation   2sbh  (2sbh/t with SP)         only the layer input is kept
-
-A stage stores, at its peak, the layers of every (virtual stage, micro-batch) whose forward has
-run and whose backward has not: `peak_in_flight(actions) * layers per virtual stage * per layer`.
-It is derived from the schedule, not assumed: 1F1B gives min(pp - r, m) on rank r, GPipe m.
-
-Transient buffers at that peak (`working_bytes`), the sum of what applies:
-
-    full recomputation   one layer's activations as if not recomputed (the one being re-run)
-    last pipeline rank   fp32 logits of one micro-batch, 4sbV/t (Korthikanti §4.3)
-    ZeRO-3               gathered 2-byte weights of two layers (computing + prefetched),
-                         2 * 2 * layer_params(t), and one layer's unsharded 2-byte gradients
-                         before its reduce-scatter, 2 * layer_params(t)
-
-Try it: python -c "from sim.models.memory import *; help(pp_rank_memory)"
+The derivation in full: docs/memory-model.md.
 """
 
 from __future__ import annotations

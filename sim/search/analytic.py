@@ -1,50 +1,13 @@
 """The analytic tier of `parasim search`: a layout's step time and memory in closed form.
 
-It shares its parts with the simulator rather than being a second model of the step:
+It shares its parts with the simulator rather than being a second model of the step: the plan
+builder's own ops for one layer, the embedding and the output layer (`sim.search.passes`), each
+kernel timed by `ComputeModel`, each collective lowered by `Collectives.resolve` and timed
+alone by its alpha-beta time, memory by `pp_rank_memory`. The step is the closed-form 1F1B
+pipeline (the bubble (p-1)/(v·m)) plus what the end of the step exposes; it leaves out
+contention and the exact overlap the full simulation adds.
 
-  - which ops run: the plan builder's own ops for one layer, the embedding and the output
-    layer (`sim.search.passes`: a reduced plan of the same layout);
-  - compute: each kernel op timed by the simulator's `ComputeModel` (per-kernel FLOPs and
-    bytes from `traces.kernels`, GEMMs by tile and wave);
-  - communication: each collective lowered by `Collectives.resolve` exactly as the replay
-    lowers it (NCCL's choice under `auto`), timed alone on the network by its alpha-beta time
-    (`sim.collectives.analytic_time`); a pipeline send by `Collectives.p2p`;
-  - memory: `sim.models.memory.pp_rank_memory` per pipeline rank under the layout's own schedule
-    (`traces.pipeline`'s generators, cached per (schedule, pp, micro-batches, vp)).
-
-The step, in closed form (p pipeline ranks, v virtual stages each, m micro-batches, n = L/(p·v)
-layers per virtual stage):
-
-    F, B      a chunk's forward and (recompute +) backward for one micro-batch: n layers, plus
-              the embedding or the output layer where the chunk holds one; each as long as its
-              compute stream (kernels and inline TP/SP collectives, in order) or, where they
-              take longer, its side streams (ZeRO-3's gathers, prefetched one unit ahead, and
-              reduce-scatters)
-    hop       = a pipeline send, and what the receiver runs on the data first (without SP,
-                the all-gather of the TP ranks' chunks)
-    t_vs      = F + B + 2·hop                 a chunk of layers only, one hop each way
-    W_r       = (v-1)·(F + B) + F_r + B_r + h_r·hop    rank r's work per micro-batch, with
-                h_r = 2v hops less one on the first and one on the last stage
-    T_pipe    = start + m·max_r W_r + (p-1)·t_vs    the closed-form bubble: (p-1)/(v·m) of
-                                                    m·v·t_vs; start: ZeRO-3's first gathers,
-                                                    which nothing hides
-    end_r     = exposed gradient reduction + tied-embedding all-reduce + optimizer
-                + ZeRO-1/2 parameter all-gather
-    T         = max_r (T_pipe - r·(B + hop) + tail_r + end_r)   rank r finishes its
-                backward r stages before rank 0; tail_r: what its last unit's backward leaves
-                on the side streams (ZeRO-3's reduce-scatter, SP's replicated gradients)
-
-Gradient buckets are the plan's (`passes.gradient_buckets`), each reduced alone on the DP
-group; with `overlap_grad_reduce` they hide behind the last micro-batch's backward (ZeRO-2:
-behind every backward) except the last bucket; without it they all follow the backward.
-
-What it leaves out, and what the DES adds (the search reports the Kendall tau between the
-two orders over the top K, so the user sees how much it matters): contention — every
-transfer here has the network to itself, while in the DES the folded copies of a collective,
-the pipeline sends and the DP reductions share NICs and uplinks max-min fairly; exact
-overlap — the real 1F1B order of sends, receives and reductions, a bucket that waits for the
-DP stream, a pipeline stage waiting for a slow neighbour, unequal stages beyond the first and
-last; and the interleaved schedule's exact warm-up (only its closed-form bubble is here).
+The derivation in full: docs/search-analytic.md.
 """
 
 from __future__ import annotations
@@ -52,7 +15,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sim.collectives import Collectives, analytic_time
+from sim.collectives import Algorithm, Collectives, analytic_time
+from sim.engine.transport import NetworkMode
 from sim.models.compute import ComputeModel
 from sim.models.memory import MemoryBreakdown, peak_in_flight, pp_rank_memory
 from sim.profile import Profile
@@ -119,11 +83,12 @@ class Analytic:
     docstring); caches what layouts share, so screening thousands costs seconds."""
 
     def __init__(self, model: ModelSpec, cluster: Cluster, profile: Profile, *,
-                 network: str = "flow", algo: str = "auto") -> None:
+                 network: NetworkMode = NetworkMode.FLOW,
+                 algo: Algorithm = Algorithm.AUTO) -> None:
         self.model, self.cluster = model, cluster
         self.compute = ComputeModel(cluster.accelerator, profile)
         self.collectives = Collectives(cluster)
-        self.free_network = network == "ideal"
+        self.free_network = network == NetworkMode.IDEAL
         self.algo = algo
         self._passes: dict[PassKey, PassOps] = {}
         self._units: dict[tuple[PassKey, int, int], tuple[_UnitTime, _UnitTime, _UnitTime]] = {}

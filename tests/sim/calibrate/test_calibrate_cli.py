@@ -11,6 +11,7 @@ import pytest
 from sim.cli import main
 from sim.engine.replay import replay
 from sim.models.compute import ComputeModel
+from sim.models.interference import host_interference
 from sim.profile import ComputeParams, LinkParams, Profile, load_profile
 from topology import build_cluster
 from traces.bench import BenchSpec, bench_plan, probe_grid
@@ -29,7 +30,8 @@ def recorded(tmp_path_factory):
     spec = BenchSpec(world=2, sizes=(4096, 65536, 2**20), repeats=1,
                      probes=probe_grid("fp32", hidden=(64,), seq_len=(32, 64),
                                        micro_batch=(1, 2), microbatches=1))
-    trace = replay(bench_plan(spec), cluster, ComputeModel(cluster.accelerator, TRUTH))
+    trace = replay(bench_plan(spec), cluster, ComputeModel(cluster.accelerator, TRUTH),
+                   interference=host_interference(TRUTH))
     timed = trace.timed_trace()
     folder = tmp_path_factory.mktemp("recorded")
     for rank in timed.ranks:

@@ -15,6 +15,7 @@ from sim.collectives import Collectives, analytic_time
 from sim.config import experiment_from_dict
 from sim.engine.replay import replay
 from sim.models.compute import ComputeModel
+from sim.models.interference import host_interference
 from sim.profile import (
     KERNEL_NAMES,
     AcceleratorRoofs,
@@ -51,7 +52,8 @@ def synthesized(world: int, truth: Profile, preset: str = "localhost",
     true_cluster = truth.applied_to(cluster)
     spec = BenchSpec(world=world, sizes=sweep_sizes(4096, 2**20, 4), repeats=1, probes=PROBES,
                      interference_gemm=interference_gemm)
-    times = replay(bench_plan(spec), true_cluster, ComputeModel(true_cluster.accelerator, truth))
+    times = replay(bench_plan(spec), true_cluster, ComputeModel(true_cluster.accelerator, truth),
+                   interference=host_interference(truth))
     return cluster, times.timed_trace()
 
 
@@ -117,7 +119,7 @@ def test_data_sheet_roofs_stay_and_efficiencies_are_recovered_directly():
                       devices_per_server=host.devices_per_server, fabric=host.fabric)
     spec = BenchSpec(world=2, sizes=(4096, 2**20), repeats=1, probes=PROBES)
     times = replay(bench_plan(spec), with_links(cluster, {"loopback": (1.3e9, 7e-6)}),
-                   ComputeModel(h100, truth))
+                   ComputeModel(h100, truth), interference=host_interference(truth))
     profile, _ = fit_profile([times.timed_trace()], cluster,
                              base=Profile(name="b", compute=ComputeParams(
                                  gemm_efficiency=0.5, gemm_tiles=((8, 8),))))
@@ -283,8 +285,8 @@ def test_too_few_shapes_keep_every_compute_figure_of_the_base(capsys):
                                        microbatches=1))
     truth = truth_profile()
     true_cluster = truth.applied_to(cluster)
-    trace = replay(bench_plan(spec), true_cluster,
-                   ComputeModel(true_cluster.accelerator, truth)).timed_trace()
+    trace = replay(bench_plan(spec), true_cluster, ComputeModel(true_cluster.accelerator, truth),
+                   interference=host_interference(truth)).timed_trace()
     base = default_profile(cluster.accelerator)
     profile, report = fit_profile([trace], cluster, base=base)
     assert profile.compute.kernels == {
@@ -306,8 +308,8 @@ def test_nothing_identifiable_is_one_error_line():
                                                 micro_batch=(1,), microbatches=1))
     truth = truth_profile()
     true_cluster = truth.applied_to(cluster)
-    trace = replay(bench_plan(spec), true_cluster,
-                   ComputeModel(true_cluster.accelerator, truth)).timed_trace()
+    trace = replay(bench_plan(spec), true_cluster, ComputeModel(true_cluster.accelerator, truth),
+                   interference=host_interference(truth)).timed_trace()
     with pytest.raises(ConfigError, match="the traces pin down no figure"):
         fit_profile([trace], cluster, base=default_profile(cluster.accelerator))
 

@@ -6,6 +6,7 @@ import pytest
 
 from sim.engine.replay import replay
 from sim.models.compute import ComputeModel
+from sim.models.interference import HostInterference
 from sim.profile import default_profile
 from topology import build_cluster
 from traces.errors import ConfigError
@@ -205,8 +206,8 @@ def test_host_gaps_are_the_idle_time_no_stream_or_dependency_explains(h100):
 
 
 def test_kernels_run_slower_while_their_rank_moves_data_by_the_interference(h100):
-    class Shared(Fixed):
-        comm_interference = 1.0  # a CPU's cores shared with gloo's threads: half speed
+    shared_cores = HostInterference(comm_interference=1.0, compute_interference=0.0,
+                                    compute_interference_delay_s=0.0)  # half speed
 
     send = Op(kind=OpKind.SEND, stream="s", peer=1, size_bytes=1e9, tag="t")
     recv = Op(kind=OpKind.RECV, stream="s", peer=0, size_bytes=1e9, tag="t")
@@ -214,7 +215,7 @@ def test_kernels_run_slower_while_their_rank_moves_data_by_the_interference(h100
     plan = Trace({0: (send, compute(1e-9, stream="c"), later),
                   1: (recv, compute(1e-9, stream="c"), later)})
     alone = replay(plan, h100, Fixed())
-    shared = replay(plan, h100, Shared())
+    shared = replay(plan, h100, Fixed(), interference=shared_cores)
     moving = alone.ends[0][0]
     assert moving > 2e-3  # the transfer outlasts the kernels
     for rank in (0, 1):  # both ends of the transfer are busy
@@ -228,9 +229,8 @@ def test_data_beside_kernels_waits_for_a_core_then_moves_slower(h100, network):
     """compute_interference and its delay: a collective that starts while its ranks run a
     kernel ends delay + (1 + it) × its time alone after it starts; one that starts while
     they idle takes its time alone."""
-    class Busy(Fixed):
-        compute_interference = 1.5
-        compute_interference_delay_s = 2e-3
+    cores = HostInterference(comm_interference=0.0, compute_interference=1.5,
+                             compute_interference_delay_s=2e-3)
 
     ar = Op(kind=OpKind.ALL_REDUCE, stream="comm", group=(0, 1), size_bytes=64 * MiB)
     beside = Trace({r: (compute(1.0), ar) for r in (0, 1)})  # the kernel is running
@@ -238,7 +238,7 @@ def test_data_beside_kernels_waits_for_a_core_then_moves_slower(h100, network):
     alone = replay(beside, h100, Fixed(), network=network)
     moving = alone.ends[0][1] - alone.starts[0][1]
     assert 0 < moving < 0.1  # inside the kernel
-    busy = replay(beside, h100, Busy(), network=network)
+    busy = replay(beside, h100, Fixed(), interference=cores, network=network)
     assert busy.ends[0][1] - busy.starts[0][1] == pytest.approx(2e-3 + 2.5 * moving, rel=1e-9)
-    idle = replay(after, h100, Busy(), network=network)
+    idle = replay(after, h100, Fixed(), interference=cores, network=network)
     assert idle.ends[0][1] - idle.starts[0][1] == pytest.approx(moving, rel=1e-9)

@@ -1,0 +1,92 @@
+"""What each rank is doing at run time, where the interference model (`sim.models.interference`)
+makes it matter: kernels running, transfers in flight. Used by the replay engine
+(`sim.engine.replay`), which asks it for
+
+  - `scale[rank]`: how many times as long a kernel of the rank takes if it starts now
+    (`kernel_stretch` while the rank moves data, else 1);
+  - `kernel(rank)`: the timeout a kernel of the rank waits on (`env.timeout`, or one that
+    marks the rank computing until it fires, where communication notices kernels);
+  - `move(lowered, op, ranks)`: the transport's event for the communication of `op` among
+    `ranks`, waiting `comm_wait_s` and stretched by `comm_stretch` if one of them is
+    computing, and marking them busy until it fires, where kernels notice communication.
+
+With no interference (`NO_INTERFERENCE`) nothing is tracked. A mark is undone by a callback
+on the event, which simpy runs before it resumes the process that waits on it: the rank is
+free again at the same instant, and in the same order, as if the process undid it itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+
+import simpy
+
+from sim.engine.transport import Transport
+from sim.models.interference import Interference, interferes
+from traces.ops import Op
+
+Kernel = Callable[[float], simpy.Event]
+"""A timeout of the given seconds, for a kernel (or a run of kernels)."""
+Move = Callable[[int, Op, Sequence[int]], simpy.Event | None]
+"""(lowering, op, ranks) -> the event of its communication, None when free."""
+
+
+class Occupancy:
+    """Kernels running and transfers in flight per rank, kept as far as they matter."""
+
+    def __init__(self, env: simpy.Environment, ranks: Iterable[int], model: Interference,
+                 transport: Transport) -> None:
+        self.env, self.transport = env, transport
+        self.slows_kernels, self.slows_comm = interferes(model)
+        self.kernel_stretch = model.kernel_stretch
+        self.comm_stretch, self.comm_wait_s = model.comm_stretch, model.comm_wait_s
+        ranks = tuple(ranks)
+        self.scale = dict.fromkeys(ranks, 1.0)
+        """How many times as long a kernel of the rank takes if it starts now."""
+        self.busy = dict.fromkeys(ranks, 0)
+        """Transfers in flight per rank (kept where kernels notice them)."""
+        self.computing = dict.fromkeys(ranks, 0)
+        """Kernels (or runs of kernels) running per rank (kept where communication notices)."""
+        self.move: Move = self._move_beside if self.slows_kernels or self.slows_comm \
+            else self._move_alone
+
+    def kernel(self, rank: int) -> Kernel:
+        """The timeout a kernel of `rank` waits on."""
+        timeout = self.env.timeout
+        if not self.slows_comm:
+            return timeout
+        computing = self.computing
+
+        def done(_: simpy.Event) -> None:
+            computing[rank] -= 1
+
+        def kernel(seconds: float) -> simpy.Event:
+            computing[rank] += 1
+            event = timeout(seconds)
+            event.callbacks.append(done)
+            return event
+
+        return kernel
+
+    def _move_alone(self, lowered: int, op: Op, ranks: Sequence[int]) -> simpy.Event | None:
+        return self.transport.move(lowered, op, 1.0, 0.0)
+
+    def _move_beside(self, lowered: int, op: Op, ranks: Sequence[int]) -> simpy.Event | None:
+        stretch, wait = 1.0, 0.0
+        if self.slows_comm and any(self.computing[r] for r in ranks):
+            stretch, wait = self.comm_stretch, self.comm_wait_s
+        moved = self.transport.move(lowered, op, stretch, wait)
+        if moved is not None and self.slows_kernels:
+            busy, scale = self.busy, self.scale
+            for r in ranks:
+                busy[r] += 1
+                scale[r] = self.kernel_stretch
+
+            def done(_: simpy.Event) -> None:
+                for r in ranks:
+                    busy[r] -= 1
+                    if not busy[r]:
+                        scale[r] = 1.0
+
+            moved.callbacks.append(done)
+        return moved
