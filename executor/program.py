@@ -82,12 +82,12 @@ class _Lowering:
                            self.buckets)
 
     def _buckets(self) -> list[Bucket]:
-        grads = [op for op in self.ops if isinstance(op.purpose, GradBucket)]
+        grads = [(op.purpose, op.size_bytes) for op in self.ops
+                 if isinstance(op.purpose, GradBucket)]
         if self.zero == 3 or not grads:  # ZeRO-3, or dp = 1: one bucket per unit
             return unit_buckets(self.flat)
-        first = min(op.purpose.round for op in grads)  # type: ignore[union-attr]
-        sizes = sorted((op.purpose.index, op.size_bytes) for op in grads  # type: ignore[union-attr]
-                       if op.purpose.round == first)  # type: ignore[union-attr]
+        first = min(bucket.round for bucket, _ in grads)
+        sizes = sorted((bucket.index, size) for bucket, size in grads if bucket.round == first)
         return sized_buckets(self.flat, [size for _, size in sizes], self._grad_bytes())
 
     def _grad_bytes(self) -> int:

@@ -56,6 +56,7 @@ def build(model: ModelSpec, layout: Layout, ranks: Iterable[int] | None = None, 
     `layout_schedule`); the layout must fit the model. Raises ConfigError, before building
     the rest, once the ops lowered so far stand for more than MAX_PLAN_OPS ops of the plan."""
     chosen = sorted(ranks) if ranks is not None else list(range(layout.world))
+    _check_compute(model, layout, chosen)  # before the schedule, which may be big too
     if schedule is None:
         schedule = layout_schedule(layout)
     with paused_gc():
@@ -109,17 +110,30 @@ def _lower_representatives(model: ModelSpec, layout: Layout, chosen: list[int],
             lowered[first] = lower_rank(model, layout, first, schedule[layout.coords(first).pp],
                                         budget)
     except OverBudget as spent:
-        # The compute ops alone of every chosen rank, counted without building them.
-        compute = sum(n * count_compute(RankContext(model=model, layout=layout, rank=first),
-                                        schedule[layout.coords(first).pp])
-                      for first, n in stand_ins.items())
-        folding = ("" if len(chosen) <= len(layout.representatives())
-                   else "; or simulate folded, one rank per pipeline stage")
-        raise ConfigError(f"plan: at least {max(spent.spent, compute):,} ops for "
-                          f"{len(chosen):,} ranks, more "
-                          f"than the {MAX_PLAN_OPS:,} parasim builds (fewer micro-batches or "
-                          f"layers{folding})") from None
+        raise _too_big(max(spent.spent, _compute_size(model, layout, chosen)), layout,
+                       chosen) from None
     return lowered, budget.spent
+
+
+def _compute_size(model: ModelSpec, layout: Layout, chosen: list[int]) -> int:
+    """The compute ops alone of every chosen rank, counted without building them."""
+    return sum(n * count_compute(RankContext(model=model, layout=layout, rank=first))
+               for first, n in _stand_ins(layout, chosen).items())
+
+
+def _check_compute(model: ModelSpec, layout: Layout, chosen: list[int]) -> None:
+    """Refuse a plan whose compute ops alone are past MAX_PLAN_OPS, before anything is built."""
+    compute = _compute_size(model, layout, chosen)
+    if compute > MAX_PLAN_OPS:
+        raise _too_big(compute, layout, chosen)
+
+
+def _too_big(ops: int, layout: Layout, chosen: list[int]) -> ConfigError:
+    folding = ("" if len(chosen) <= len(layout.representatives())
+               else "; or simulate folded, one rank per pipeline stage")
+    return ConfigError(f"plan: at least {ops:,} ops for {len(chosen):,} ranks, more than the "
+                       f"{MAX_PLAN_OPS:,} parasim builds (fewer micro-batches or "
+                       f"layers{folding})")
 
 
 def lower_rank(model: ModelSpec, layout: Layout, rank: int, actions: list[Action],

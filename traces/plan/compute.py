@@ -32,10 +32,14 @@ def lower_compute(ctx: RankContext, actions: list[Action]) -> Program:
     return [*program, []]
 
 
-def count_compute(ctx: RankContext, actions: list[Action]) -> int:
-    """The number of ops `lower_compute` builds, without building them."""
+def count_compute(ctx: RankContext) -> int:
+    """The number of ops `lower_compute` builds for the rank, without its schedule: every
+    pipeline schedule runs each of the rank's virtual stages forward and backward once per
+    micro-batch (`traces.pipeline` validates it), in whatever order."""
     kernels = _StageKernels(ctx)
-    return sum(kernels.count(a) for a in actions)
+    once = sum(kernels.count(Action(stage, kind, 0))
+               for stage in ctx.layout.stages_of_rank(ctx.pp_rank) for kind in ("F", "B"))
+    return ctx.layout.num_microbatches * once
 
 
 Segment = tuple[list[dict[str, Any]], Sequence[Unit]]
@@ -60,12 +64,15 @@ class _StageKernels:
         self.embed_backward = _fields(_run(embed[::-1], Phase.BWD))
         self.head_forward = _fields(_run(head, Phase.FWD))
         self.head_backward = _fields(_run(head[::-1], Phase.BWD))
+        # The layer units of each virtual stage, made once (a plan has ~10^6 actions' worth).
+        self.layers = {stage: tuple(Unit.of_layer(layer)
+                                    for layer in layout.layers_of_stage(model, stage))
+                       for stage in layout.stages_of_rank(ctx.pp_rank)}
 
     def segments(self, action: Action) -> list[Segment]:
         """What `action` runs, in order: forward — the embedding on the first stage, the
         layers, the output layer on the last; backward — the same in reverse."""
-        layers = [Unit.of_layer(layer) for layer in
-                  self.ctx.layout.layers_of_stage(self.ctx.model, action.stage)]
+        layers = self.layers[action.stage]
         first, last = action.stage == 0, action.stage == self.ctx.last_stage
         if action.kind == "F":
             return [*([(self.embed_forward, (EMBED,))] if first else []),
