@@ -52,16 +52,7 @@ class Coords:
     pp: int
 
     def along(self, axis: Axis) -> int:
-        match axis:
-            case Axis.TP:
-                return self.tp
-            case Axis.CP:
-                return self.cp
-            case Axis.DP:
-                return self.dp
-            case Axis.PP:
-                return self.pp
-        raise AssertionError(f"not an axis: {axis!r}")
+        return _along(axis, self.tp, self.cp, self.dp, self.pp)
 
     def moved(self, axis: Axis, value: int) -> Coords:
         """The same coordinates but `value` along `axis`."""
@@ -193,16 +184,7 @@ class Layout:
 
     def degree(self, axis: Axis) -> int:
         """The number of ranks along `axis`."""
-        match axis:
-            case Axis.TP:
-                return self.tp
-            case Axis.CP:
-                return self.cp
-            case Axis.DP:
-                return self.dp
-            case Axis.PP:
-                return self.pp
-        raise AssertionError(f"not an axis: {axis!r}")
+        return _along(axis, self.tp, self.cp, self.dp, self.pp)
 
     def rank(self, tp: int = 0, cp: int = 0, dp: int = 0, pp: int = 0) -> int:
         return tp + self.tp * (cp + self.cp * (dp + self.dp * pp))
@@ -289,3 +271,17 @@ def check_layout(model: ModelSpec, layout: Layout, *, world: int | None = None,
         return (f"parallel.tp: {tp} does not divide the {devices_per_server} GPUs of a node, "
                 "so some TP groups cross nodes (slow)",)
     return ()
+
+
+def _along(axis: Axis, tp: int, cp: int, dp: int, pp: int) -> int:
+    """The one of four per-axis figures (coordinates or degrees) that `axis` names."""
+    match axis:
+        case Axis.TP:
+            return tp
+        case Axis.CP:
+            return cp
+        case Axis.DP:
+            return dp
+        case Axis.PP:
+            return pp
+    raise AssertionError(f"not an axis: {axis!r}")
