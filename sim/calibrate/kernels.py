@@ -276,9 +276,12 @@ def _solve(model: _Model, lower: np.ndarray, upper: np.ndarray, held: dict[int, 
     for slot, value in held.items():  # a bound pair 1e-10 wide: fixed, to the solver's eyes
         lo[slot], hi[slot] = value, value + 1e-10
     x0 = np.clip(model.x0, lo + 1e-11, hi - 1e-11)
+    # A well-posed fit converges in tens of steps. One the data leave free in some direction
+    # (p, a rate no shape feels) creeps along it towards a bound without end: the cap stops
+    # it there, the figures it holds unidentified either way (the second solve starts anew).
     solved = optimize.least_squares(model.residuals, x0, jac=model.jacobian, bounds=(lo, hi),
                                     loss="soft_l1", f_scale=0.05, x_scale="jac",
-                                    xtol=1e-12, ftol=1e-12, gtol=1e-12, max_nfev=20000)
+                                    xtol=1e-12, ftol=1e-12, gtol=1e-12, max_nfev=2000)
     x = solved.x
     resid = model.residuals(x)
     free = [s for s in range(len(x)) if s not in held]
