@@ -158,7 +158,9 @@ class _Model:
             out[i] = 0.5 * min(times)
         return out
 
-    def log_times(self, x: np.ndarray) -> np.ndarray:
+    def _terms(self, x: np.ndarray) -> tuple[np.ndarray, ...]:
+        """At x, per point: C, M, C^p, M^p, (C^p + M^p)^(1/p) (C + M where C or M is 0) and
+        launches · overhead."""
         rates = np.exp(x[:self.nf])
         mems = np.exp(x[self.nf:self.nf + self.nm + 1])
         overhead = np.exp(x[self.nf + self.nm + 1:self.nf + self.nm + 1 + self.nk])
@@ -167,13 +169,39 @@ class _Model:
         rate_index = self.rate_of[k]
         compute = np.where(rate_index >= 0, self.work / rates[np.maximum(rate_index, 0)], 0.0)
         memory = self.bytes / mems[self.mem_of[k]]
-        both = np.where((compute > 0) & (memory > 0),
-                        (np.power(compute, p) + np.power(memory, p)) ** (1.0 / p),
-                        compute + memory)
-        return np.log(both + self.launches * overhead[k])
+        cp, mp = np.power(compute, p), np.power(memory, p)
+        both = np.where((compute > 0) & (memory > 0), (cp + mp) ** (1.0 / p), compute + memory)
+        return compute, memory, cp, mp, both, self.launches * overhead[k]
+
+    def log_times(self, x: np.ndarray) -> np.ndarray:
+        _, _, _, _, both, spent = self._terms(x)
+        return np.log(both + spent)
 
     def residuals(self, x: np.ndarray) -> np.ndarray:
         return self.log_times(x) - self.log_t
+
+    def jacobian(self, x: np.ndarray) -> np.ndarray:
+        """∂residuals/∂x, points by parameters (derived in docs/calibration.md, "Kernels")."""
+        compute, memory, cp, mp, both, spent = self._terms(x)
+        p, t = x[-1], both + spent
+        mixed = (compute > 0) & (memory > 0)  # B = S^(1/p); elsewhere B = C + M
+        s = cp + mp
+        live = mixed & (s > 0)  # S 0: B underflowed to 0, flat in the rates and p
+        safe_s = np.where(live, s, 1.0)
+        wc, wm = np.where(live, cp / safe_s, 0.0), np.where(live, mp / safe_s, 0.0)
+        log_c, log_m = np.log(np.where(live, compute, 1.0)), np.log(np.where(live, memory, 1.0))
+        d_compute = np.where(mixed, both * wc, compute)  # ∂B/∂log C
+        d_memory = np.where(mixed, both * wm, memory)
+        d_p = np.where(live, both / p * (wc * log_c + wm * log_m - np.log(safe_s) / p), 0.0)
+        nf, nm, k = self.nf, self.nm, self.kernel
+        rows, rate = np.arange(len(t)), self.rate_of[k]
+        jac = np.zeros((len(t), len(x)))
+        flops = rate >= 0
+        jac[rows[flops], rate[flops]] = -d_compute[flops] / t[flops]
+        jac[rows, nf + self.mem_of[k]] = -d_memory / t
+        jac[rows, nf + nm + 1 + k] = spent / t
+        jac[:, -1] = d_p / t
+        return jac
 
     def bounds(self) -> tuple[np.ndarray, np.ndarray]:
         """Rates within what parasim accepts as physical, overheads above a nanosecond."""
@@ -248,9 +276,12 @@ def _solve(model: _Model, lower: np.ndarray, upper: np.ndarray, held: dict[int, 
     for slot, value in held.items():  # a bound pair 1e-10 wide: fixed, to the solver's eyes
         lo[slot], hi[slot] = value, value + 1e-10
     x0 = np.clip(model.x0, lo + 1e-11, hi - 1e-11)
-    solved = optimize.least_squares(model.residuals, x0, bounds=(lo, hi),
+    # A well-posed fit converges in tens of steps. One the data leave free in some direction
+    # (p, a rate no shape feels) creeps along it towards a bound without end: the cap stops
+    # it there, the figures it holds unidentified either way (the second solve starts anew).
+    solved = optimize.least_squares(model.residuals, x0, jac=model.jacobian, bounds=(lo, hi),
                                     loss="soft_l1", f_scale=0.05, x_scale="jac",
-                                    xtol=1e-12, ftol=1e-12, gtol=1e-12, max_nfev=20000)
+                                    xtol=1e-12, ftol=1e-12, gtol=1e-12, max_nfev=2000)
     x = solved.x
     resid = model.residuals(x)
     free = [s for s in range(len(x)) if s not in held]
