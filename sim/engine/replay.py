@@ -87,9 +87,12 @@ def replay(plan: Trace, cluster: Cluster, compute: Durations, *,
     if network not in NETWORK_NAMES:  # a string from an untyped caller
         raise ConfigError(f"network: {network!r} is not one of {', '.join(NETWORK_NAMES)}")
     check_fold_ranks(plan.meta.fold, plan.ops)
-    comm = lower_communication(plan, cluster, plan.meta.fold, algo=algo)
-    return _Replay(plan, cluster, compute, interference, comm, NetworkMode(network),
-                   gaps).run(progress)
+    # The lowering, the ~10^6 events and floats of the run and the run itself make no cycles
+    # the collector need find; left on, it rescans the plan's ops again and again.
+    with paused_gc():
+        comm = lower_communication(plan, cluster, plan.meta.fold, algo=algo)
+        return _Replay(plan, cluster, compute, interference, comm, NetworkMode(network),
+                       gaps).run(progress)
 
 
 def host_gaps(trace: Trace, floor_s: float = 1e-9) -> dict[int, list[float]]:
@@ -146,8 +149,7 @@ class _Replay:
                 streams.setdefault(op.stream, []).append(i)
             for indices in streams.values():
                 self.env.process(self._stream(rank, indices, self._runs(rank, indices)))
-        with paused_gc():  # ~10^6 events and floats, none of them in a cycle
-            self.env.run()
+        self.env.run()
         if progress is not None:
             progress(self.finished, self.total)
         if self.finished != self.total:
