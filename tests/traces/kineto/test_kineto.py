@@ -2,7 +2,7 @@
 
 A profile recorded here (DDP and plain collectives on 2 gloo processes), the two real GPU traces
 in tests/data/kineto (read independently here to know what they hold), small hand-written
-traces for the dependency rule, and broken files. Run: pytest tests/traces/test_kineto.py -q
+traces for the dependency rule, and broken files. Run: pytest tests/traces/kineto/test_kineto.py -q
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from traces.kineto import load_kineto
 from traces.kineto.comms import Facts, dtype_name, from_issue, from_record
 from traces.ops import Op, OpKind, Trace
 
-DATA = Path(__file__).parent.parent / "data" / "kineto"
+DATA = Path(__file__).parents[2] / "data" / "kineto"
 TWO_RANK = DATA / "a100-2rank-nccl-rank0.json.gz"
 EIGHT_RANK = DATA / "a100-8rank-pp-rank3.json.gz"
 
@@ -390,7 +390,7 @@ def test_nccl_kernels_and_calls_that_lack_their_other_half(tmp_path: Path) -> No
 def test_traces_does_not_import_torch() -> None:
     code = "import sys, traces.kineto; print('torch' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                            check=True, cwd=Path(__file__).parent.parent.parent)
+                            check=True, cwd=Path(__file__).parents[3])
     assert result.stdout.strip() == "False"
 
 
