@@ -3,35 +3,12 @@
     spec = BenchSpec(world=2, sizes=sweep_sizes(4 * 2**10, 2**20, 4), probes=probe_grid("fp32"))
     plan = bench_plan(spec)        # executor.bench runs it; sim.engine.replay can time it too
 
-A bench plan is an ordinary plan trace, so it is recorded, saved and read like any other, and a
-fit reads its timed ops without knowing they came from a benchmark. Each rank's ops are
-sections, one after another (`meta.bench.sections`, with each rank's op range):
+A bench plan is an ordinary plan trace, in sections one after another (`meta.bench.sections`):
+collective sweeps over every group size and send/recv ping-pong, the interference section (a
+probe GEMM and collectives alone, then beside each other), and compute probes over a grid of
+shapes. Repetitions are spread in time, and sizes follow nccl-tests.
 
-    collectives  for each group size (the first g ranks), each collective kind and each
-                 size, one call on the compute stream; then send/recv ping-pong between ranks 0
-                 and 1 (each transfer after the last); the whole sweep `repeats` times
-    interference a compute probe (a GEMM) and collectives of INTERFERENCE_SIZES (all
-                 ranks), each timed alone, then together: each collective on the dp stream
-                 with a chain of probes beside it on the compute stream, as
-                 a step's gradient reduction or ZeRO-3 gather runs beside its kernels;
-                 INTERFERENCE_REPEATS times, each probe after a short kernel. The probes'
-                 ratio (beside / alone) is what `comm_interference` is; the collectives,
-                 beside against alone at two sizes, give `compute_interference` (the slope)
-                 and its delay (the intercept) (`sim.calibrate.interference` fits them);
-                 the chain outlasts the collective
-    probe        the compute ops of one training step of a small model on one rank (world
-                 1: no communication), run by every rank at once, as in a real run where all
-                 ranks compute together and share the host's cores and memory bandwidth. A grid
-                 of probe shapes (hidden size, sequence, micro-batch) sweeps GEMM shapes and
-                 the sizes of the memory-bound kernels; each op is the plan's own kernel. The
-                 grid runs `probe_passes` times
-
-Repetitions are spread in time (the sweep, then the sweep again; not one size many times in a
-row), so that a slow spell of a shared machine falls on some samples of many sizes, which the
-fit's medians drop, rather than on every sample of a few.
-
-Sizes follow nccl-tests: all_reduce, broadcast and all_to_all the buffer, reduce_scatter its
-input, all_gather its output; each is rounded down to a whole number of elements per member.
+In full: docs/calibration.md ("The microbenchmarks").
 """
 
 from __future__ import annotations

@@ -2,32 +2,13 @@
 
     kernels, comm, wait = fit_interference([trace, ...])   # None each: no such samples
 
-The microbenchmarks' interference section (`traces.bench`) times, per repeat, a probe GEMM
-alone, and collectives of two sizes alone and then beside a chain of probes (in flight on
-another stream). The simulator runs a kernel that starts while its rank has communication in
-flight (1 + comm_interference) times as long, and communication that starts while one of its
-ranks runs a kernel first waits compute_interference_delay_s, then takes
-(1 + compute_interference) times as long (`sim.models.interference`), so
+From the microbenchmarks' interference section (`traces.bench`): comm_interference is the
+probes' mean beside a collective over their mean alone, less 1; a collective beside kernels
+takes delay + (1 + compute_interference) times its mean alone, fitted by least squares over
+both sizes. A figure without enough samples, or with too wide an interval, is not identified
+and keeps the base profile's value (`sim.models.interference` uses them).
 
-    comm_interference = mean(probes beside) / mean(probes alone) - 1            clamped at 0
-    collective beside = delay + (1 + compute_interference) · mean(collective alone, its size)
-
-the second fitted by least squares over the collectives beside kernels (numpy), against the
-mean alone, as the links fit's time alone is fitted to means (a step adds its collectives up,
-slow tail included: 0.6-4 ms for a 64 KiB all-reduce alone here); the first with the delta
-method's interval on a ratio of two means, each with its standard error:
-
-    var(r) ≈ r² · (s_o² / (n_o · m_o²) + s_a² / (n_a · m_a²))
-
-A probe counts beside if it ran wholly inside its rank's collective (the others are left out,
-counted); a collective beside kernels always counts, since the chain starts as it does, which
-is the simulator's condition (the chain of the large one outlasts it). A collective lasted,
-as `sim.calibrate.observe` times it, from its members' latest start to their mean end. A
-figure without at least 2 samples of each kind has no interval, and one whose interval is
-wider than ±MAX_HALF_WIDTH (for the collective: of its ratio, or of its time beside) is not
-pinned down: it is not identified, and the fit keeps the base profile's value. Traces of one
-collective size (an older bench) cannot tell the delay from the slowdown: the delay is then
-the base's, and the slowdown is fitted beside it.
+In full: docs/calibration.md ("Interference").
 """
 
 from __future__ import annotations

@@ -2,35 +2,14 @@
 
     comm = lower_communication(plan, cluster, fold, algo=Algorithm.AUTO)
 
-Every send/recv and collective of the plan gets a typed key (`TransferKey`, `CollectiveKey`:
-what moves, between whom, how many bytes). Each distinct key is lowered once by
-`sim.collectives` into rounds of flow sets (`Lowered`). Each op gets a `CommOp`: which lowering
-it runs, on which meeting channel (a group's communicator, or a (source, destination, tag)
-pair), which issue counter it advances, and how many members must arrive.
+Every send/recv and collective gets a typed key (what moves, between whom, how many bytes);
+each distinct key is lowered once by `sim.collectives` into rounds of flow sets, and each op
+gets a `CommOp` (its lowering, meeting channel, issue counter and how many must arrive).
+Partial traces replay by symmetry, folded plans add their copies' flows where they share the
+representatives' links, measured communication of unstated size keeps its duration, and bad
+traces raise `ConfigError` naming the op.
 
-Partial traces (one rank's profile of a larger job) replay by symmetry: a collective whose
-group has members absent from the trace is still lowered over its whole group (all its flows
-are on the links), but only its present members must issue it; the absent ones mirror a present
-one and arrive when it does. A send or receive whose peer is absent runs its flow alone when
-the present side issues it.
-
-Measured communication of unstated size (`size_bytes` 0 on a timed op: a profiler that did
-not record the size) is not lowered: its key is `measured`, its algorithm `MEASURED`, and the
-replay keeps the op's measured duration.
-
-Folding: a plan built for one representative rank per (cp, pp) coordinate (`fold`, the layout
-it was folded with) stands for all its tensor-parallel peers and data-parallel replicas, which
-run the same program. Their traffic is not simulated separately, except where it crosses links
-the representatives use: there the copies' flows are added to the representatives' flow sets,
-so contention on shared links (a fat tree's uplinks) is still felt. On layouts where the
-copies' links are disjoint from the representatives', folded and unfolded runs give identical
-times. A collective whose members all fold onto one present rank needs only that rank. (The
-symmetry of partial traces is the general case: folding names which present rank stands for
-an absent one, and adds the copies' flows.)
-
-Bad traces (ranks that do not exist, a fold standing for more ranks than the cluster has,
-malformed peers or groups, a rank issuing a collective on a group it is not in, a send and the
-receive it meets of different stated sizes) raise `ConfigError` naming the op.
+In full: docs/engine.md ("Lowering communication").
 """
 
 from __future__ import annotations

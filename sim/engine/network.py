@@ -1,33 +1,17 @@
 """Flow-level network model on simpy: transfers share links by max-min fairness.
 
-It moves the values of `sim.engine.flows`: a transfer of a `FlowSet` first waits the set's latency,
-then moves its bytes while sharing every link with all other transfers in flight, so a link
-costs `latency + bytes / share`; a `Lowering` runs its rounds one after another.
+It moves the values of `sim.engine.flows`: a transfer of a `FlowSet` first waits the set's
+latency, then moves its bytes while sharing every link with all other transfers in flight, so a
+link costs `latency + bytes / share`; a `Lowering` runs its rounds one after another.
 
-Use: `handle = net.register(lowering)` once per lowering, then `net.run(handle, size)` per
-collective (`net.run(handle, size, stretch)`: every latency and byte of it `stretch` times as
-long, as when the host that moves it is busy with other work: `sim.models.interference`).
-Rates change only when a transfer starts moving or ends, and only for the transfers connected
-to it through shared links (its *component*). Which flow sets share links is worked out once
-per flow set, so a transfer alone on its links costs one event and no fairness
-computation. A lowering whose rounds each have one flow set and which starts with nothing else
-on any of its links runs on the analytic path: one event at its `solo_time` end. If another
-transfer arrives on its links meanwhile, it is turned back into flow transfers at the point it
-had reached, and shares from then on.
+    handle = net.register(lowering)       # once per lowering
+    done = net.run(handle, size, stretch) # per collective: an event when its bytes have moved
 
-Caches, and when they are invalidated. Flow sets, lowerings and the capacities (copied at
-construction) are immutable values, so no cached answer goes stale: every cache lives as long
-as the `Network` and only grows.
-  - lowering handles: `register` interns lowerings by value; a handle is the index of its
-    `_Plan` in `_plans`, never reused.
-  - flow-set registry (`_index`: flow set -> dense index; `_by_link`; `_conflicts`): a flow set
-    gets its index the first time a transfer of it starts (or its lowering first runs on the
-    analytic path); it is then appended to the conflict list of every set sharing a link.
-  - `_Plan.index`: a lowering's flow-set indices, filled as they get them.
-  - `_Plan.conflicts`: the union of its flow sets' conflict lists, recomputed whenever the
-    registry has grown since it was last computed (stamp `registry_size`).
-  - `_Plan.seconds`: its analytic time per size.
-  - `_matrices`: the max-min count matrix per tuple of moving flow-set indices.
+Rates change only when a transfer starts or ends, and only for the transfers that share links
+with it; a transfer alone on its links runs on an analytic path (one event) until another
+arrives. Every cache lives as long as the `Network` and only grows.
+
+In full: docs/engine.md ("The flow network").
 """
 
 from __future__ import annotations
