@@ -24,6 +24,7 @@ from typing import NoReturn
 
 from sim.commands import calibrate, collective, replay, run, search, simulate, validate
 from sim.commands.common import error, silence_stdout
+from sim.provenance import parasim_version
 from traces.errors import ConfigError
 
 COMMANDS = {"collective": collective, "simulate": simulate, "replay": replay, "run": run,
@@ -58,6 +59,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _build_parser() -> _Parser:
     parser = _Parser(prog="parasim", description="Simulate distributed LLM training steps.")
+    parser.add_argument("--version", action="version", version=f"parasim {parasim_version()}")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     for name, module in COMMANDS.items():
         module.add_arguments(commands.add_parser(name, help=module.HELP))

@@ -46,6 +46,7 @@ from topology.cluster import Cluster
 from topology.config import ClusterSpec, read_cluster, read_cluster_file, read_cluster_table
 from topology.presets import PRESETS
 from traces.errors import ConfigError, show
+from traces.gzipped import head
 from traces.header import TraceMeta, check_fold_ranks
 from traces.io import load as load_parasim
 from traces.kineto import load_kineto
@@ -53,7 +54,6 @@ from traces.ops import Op, OpKind, Trace
 
 SNIFF_BYTES = 65536
 _SCHEMA_KEY = re.compile(rb'"schema"\s*:')
-_GZIP_MAGIC = b"\x1f\x8b"
 _SUFFIXES = (".json", ".json.gz")
 _CLUSTER_HINT = "give --cluster PRESET_OR_TOML [--nodes N]"
 
@@ -91,14 +91,14 @@ def load_trace(path: str | Path) -> LoadedTrace:
 
 
 def _is_parasim(path: Path) -> bool:
-    """Whether the file announces a schema near its start (a parasim trace, or a parasim file
-    of another kind, which `traces.io` then names); profiler traces never do."""
+    """Whether the file (decompressed, if gzip) announces a schema near its start (a parasim
+    trace, or a parasim file of another kind, which `traces.io` then names); profiler traces
+    never do."""
     try:
-        with path.open("rb") as file:
-            head = file.read(SNIFF_BYTES)
+        start = head(path, SNIFF_BYTES)
     except OSError as err:
         raise ConfigError(f"{path}: cannot read: {err.strerror or err}") from None
-    return not head.startswith(_GZIP_MAGIC) and _SCHEMA_KEY.search(head) is not None
+    return _SCHEMA_KEY.search(start) is not None
 
 
 def _load_folder(folder: Path) -> LoadedTrace:

@@ -19,21 +19,20 @@ What the file holds:
   the
   memory model for a simulated step).
 
-`save_chrome` and `chrome_bytes` gzip the JSON when the path ends in ".gz" (mtime 0, so the
+`save_chrome` gzips the JSON (`traces.gzipped`) when the path ends in ".gz" (mtime 0, so the
 same trace gives the same bytes).
 """
 
 from __future__ import annotations
 
-import gzip
 import json
 from collections.abc import Iterable
 from dataclasses import fields
-from pathlib import Path
 from typing import Any
 
 from traces.errors import ConfigError
 from traces.files import PathLike, write_text_atomic
+from traces.gzipped import text_or_gzip
 from traces.header_json import meta_to_json
 from traces.ops import Op, OpKind, Stream, Trace
 
@@ -71,20 +70,13 @@ def dumps_chrome(trace: Trace) -> str:
         raise ConfigError(f"trace cannot be written as JSON: {exc}") from exc
 
 
-def chrome_bytes(text: str, path: PathLike) -> str | bytes:
-    """What to write at `path`: the text, gzipped when the path ends in ".gz"."""
-    if str(path).endswith(".gz"):
-        return gzip.compress(text.encode("utf-8"), compresslevel=6, mtime=0)
-    return text
-
-
 def save_chrome(trace: Trace, path: PathLike) -> None:
     """Write `to_chrome(trace)` to `path` atomically (gzipped for a ".gz" path)."""
     try:
         text = dumps_chrome(trace)
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc}") from exc
-    write_text_atomic(path, chrome_bytes(text, Path(path)))
+    write_text_atomic(path, text_or_gzip(text, path))
 
 
 def stream_ids(streams: Any) -> dict[str, int]:

@@ -36,6 +36,7 @@ from typing import Any
 from traces import purpose_io
 from traces.errors import ConfigError, show
 from traces.files import MAX_TRACE_BYTES, PathLike, parse_json, read_bytes, write_text_atomic
+from traces.gzipped import gunzip
 from traces.header_json import meta_from_json, meta_to_json
 from traces.legacy import legacy_purposes
 from traces.nogc import paused_gc
@@ -117,7 +118,7 @@ class _Bad(Exception):
 def load(path: PathLike) -> Trace:
     """Read and check a trace file; any problem is a `ConfigError` naming the file."""
     source = str(path)
-    raw = read_bytes(path, limit=MAX_TRACE_BYTES)
+    raw = gunzip(read_bytes(path, limit=MAX_TRACE_BYTES), source, MAX_TRACE_BYTES)
     with paused_gc():
         data = parse_json(raw, source)
     del raw

@@ -15,9 +15,10 @@ from tqdm import tqdm
 from sim.measured import cluster_spec
 from topology.cluster import Cluster
 from topology.presets import PRESETS
-from traces.chrome import chrome_bytes, dumps_chrome
+from traces.chrome import dumps_chrome
 from traces.errors import ConfigError, show
 from traces.files import Outputs
+from traces.gzipped import text_or_gzip
 from traces.io import dumps as dumps_trace
 from traces.ops import Trace
 from traces.units import parse_size
@@ -123,11 +124,11 @@ def trace_files(path: Path) -> list[Path]:
 
 
 def write_timed(outputs: Outputs, targets: dict[str, Path], timed: Trace) -> None:
-    """--trace (parasim's JSON) and --chrome (Perfetto; gzipped when it ends in .gz)."""
+    """--trace (parasim's JSON) and --chrome (Perfetto), each gzipped when it ends in .gz."""
     if "--trace" in targets:
-        outputs.write(targets["--trace"], dumps_trace(timed))
+        outputs.write(targets["--trace"], text_or_gzip(dumps_trace(timed), targets["--trace"]))
     if "--chrome" in targets:
-        outputs.write(targets["--chrome"], chrome_bytes(dumps_chrome(timed), targets["--chrome"]))
+        outputs.write(targets["--chrome"], text_or_gzip(dumps_chrome(timed), targets["--chrome"]))
 
 
 def parse_sizes(text: str) -> list[int]:

@@ -7,21 +7,19 @@ truncated JSON, a JSON document that is not a profiler trace, an unknown `schema
 
 from __future__ import annotations
 
-import gzip
 import json
 import re
-import zlib
 from pathlib import Path
 from typing import Any
 
 from traces.errors import ConfigError, show
+from traces.gzipped import GZIP_MAGIC, gunzip
 
 MAX_BYTES = 2 * 1024**3
 """2 GiB of JSON, after decompression: far beyond any profile one would replay (the real
 8-GPU trace in tests/data/kineto holds 35 MB), and a bound a gzip bomb cannot pass."""
 
 SCHEMA_VERSIONS = (1,)
-_GZIP_MAGIC = b"\x1f\x8b"
 _RANK_IN_NAME = re.compile(r"rank[_-]?(\d+)", re.IGNORECASE)
 # Event categories torch.profiler writes; a file without schemaVersion must hold one of them.
 _KINETO_CATEGORIES = frozenset({"cpu_op", "user_annotation", "kernel", "cuda_runtime",
@@ -56,29 +54,16 @@ def read_document(path: Path, max_bytes: int = MAX_BYTES) -> dict[str, Any]:
 
 
 def _read_bytes(path: Path, max_bytes: int) -> bytes:
-    zipped = False
+    """The file's JSON bytes, decompressed when gzip (`traces.gzipped`), at most `max_bytes`."""
     try:
         with path.open("rb") as file:
-            zipped = file.read(2) == _GZIP_MAGIC
-            file.seek(0)
-            if zipped:
-                with gzip.GzipFile(fileobj=file) as unzipped:
-                    data = unzipped.read(max_bytes + 1)
-            elif path.name.endswith(".gz"):
-                raise ConfigError(f"{path}: not a gzip file (named .gz, but it does not start "
-                                  "with the gzip magic bytes 1f 8b)")
-            else:
-                data = file.read(max_bytes + 1)
-    except (gzip.BadGzipFile, zlib.error, EOFError) as exc:
-        reason = str(exc) or type(exc).__name__
-        raise ConfigError(f"{path}: corrupt or truncated gzip: {reason}") from exc
+            data = file.read(MAX_BYTES + 1)
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from exc
-    if len(data) > max_bytes:
-        what = "decompresses to" if zipped else "holds"
-        raise ConfigError(f"{path}: {what} more than {max_bytes} bytes of JSON; stopped reading "
-                          f"there (the bound on a profiler trace)")
-    return data
+    if not data.startswith(GZIP_MAGIC) and len(data) > max_bytes:
+        raise ConfigError(f"{path}: holds more than {max_bytes} bytes of JSON; stopped reading "
+                          "there (the bound on a profiler trace)")
+    return gunzip(data, str(path), max_bytes, "the bound on a profiler trace")
 
 
 def check_format(document: object, source: str) -> None:

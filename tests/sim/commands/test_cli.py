@@ -98,3 +98,12 @@ def test_bad_cluster_file_gives_one_line_and_exit_2(capsys, tmp_path, body, need
     code, out, err = run_cli(capsys, "collective", "--cluster", str(path), "--sizes", "1M")
     assert code == 2 and out == ""
     assert len(err.strip().splitlines()) == 1 and needle in err
+
+
+def test_version_prints_the_installed_version(capsys):
+    from sim.provenance import parasim_version
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])
+    assert exit_.value.code == 0
+    assert capsys.readouterr().out == f"parasim {parasim_version()}\n"
