@@ -40,6 +40,7 @@ from sim.calibrate.microbench import (
 )
 from sim.calibrate.summary import summary_json, summary_text
 from sim.commands.common import emit, parse_sizes, trace_files
+from sim.provenance import files_sha256, flags_sha256, provenance
 from traces.errors import ConfigError, warn
 from traces.files import Outputs, check_outputs
 
@@ -101,7 +102,16 @@ def run(args: argparse.Namespace) -> int:
                                                    allow_nan=False) + "\n")
         outputs.commit()
         summary = summary_json(profile, report, target, str(targets["--out"]))
-        emit(json.dumps(summary, allow_nan=False) if args.json else summary_text(summary))
+        if args.json:
+            emit(json.dumps({**summary, **provenance(profile, _inputs_sha256(args, inputs))},
+                            allow_nan=False))
+        else:
+            emit(summary_text(summary))
     return 0
 
 
+def _inputs_sha256(args: argparse.Namespace, inputs: list[Path]) -> str:
+    """What the fit came from: the traces' bytes and the flags that chose the measurements."""
+    flags = {k: getattr(args, k) for k in ("run", "cluster", "ranks", "sizes", "repeats",
+                                           "probes")}
+    return flags_sha256({**flags, "traces": files_sha256(inputs) if inputs else None})

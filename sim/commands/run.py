@@ -23,6 +23,7 @@ from typing import Any
 
 from sim.commands.common import config_path, emit, error
 from sim.config import Experiment, example_path, load_experiment
+from sim.provenance import file_sha256, provenance
 from traces.errors import ConfigError
 
 HELP = "execute a config's plan for real (needs torch)"
@@ -53,7 +54,8 @@ def run(args: argparse.Namespace) -> int:
         error(str(err))
         return 1
     if summary is not None:  # rank 0 (or the local launcher) reports
-        emit(json.dumps(summary, allow_nan=False) if args.json else summary_text(summary))
+        emit(json.dumps({**summary, **provenance(exp.profile, file_sha256(config))},
+                        allow_nan=False) if args.json else summary_text(summary))
     return 0
 
 

@@ -21,9 +21,10 @@ from typing import Any, Protocol
 
 from sim.commands.common import ProgressBar, emit
 from sim.config import example_path
+from sim.provenance import file_sha256, provenance
 from sim.search.engines import default_workers, open_engine
 from sim.search.output import result_json, result_text
-from sim.search.problem import problem_from_dict
+from sim.search.problem import context, problem_from_dict
 from sim.search.run import DEFAULT_TOP, search
 from traces.files import Outputs, check_outputs, load_toml
 
@@ -72,8 +73,9 @@ def run(args: argparse.Namespace) -> int:
 
             outputs.write(targets["--report"], render_search_report(result))
         outputs.commit()
-        emit(json.dumps(result_json(result), allow_nan=False) if args.json
-             else result_text(result))
+        emit(json.dumps({**result_json(result),
+                         **provenance(context(problem).base.profile, file_sha256(config))},
+                        allow_nan=False) if args.json else result_text(result))
     return 0
 
 

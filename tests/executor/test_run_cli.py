@@ -12,6 +12,7 @@ pytest.importorskip("torch")  # the executor runs on torch
 from executor.recorder import load_run
 from sim.cli import main
 from sim.config import example_path, load_experiment
+from sim.provenance import file_sha256
 from traces.io import load
 from traces.kineto import load_kineto
 
@@ -25,6 +26,8 @@ def test_the_shipped_cpu_example_runs_and_writes_traces_perfetto_opens(tmp_path,
     summary = json.loads(stdout)
     assert summary["world"] == 4 and summary["backend"] == "gloo"
     assert len(summary["losses"]) == 1 and summary["step_time_s"] > 0
+    assert summary["parasim"]["config_sha256"] == file_sha256(
+        example_path("gpt-tiny-localhost.toml"))
     for rank in range(4):
         trace = load(out / f"rank{rank}.json")
         assert trace.timed and trace.meta.complete is True

@@ -58,6 +58,14 @@ def test_fitting_a_folder_writes_a_calibrated_profile(recorded, tmp_path, capsys
     assert link["bandwidth_Bps"] == pytest.approx(2e9, rel=1e-6)
     assert link["latency_s"] == pytest.approx(1e-5, rel=1e-6)
     assert summary["samples"]["communication"] > 0 and summary["compute"]["kernels"]
+    # Provenance: the profile written, and the traces' bytes with the flags that chose them.
+    assert summary["parasim"]["profile"] == {"name": "p", "calibrated": True}
+    digest = summary["parasim"]["config_sha256"]
+    code, again, _ = run_cli(capsys, "calibrate", recorded, "-o", out, "--json")
+    assert json.loads(again)["parasim"]["config_sha256"] == digest
+    code, other, _ = run_cli(capsys, "calibrate", recorded, "-o", out, "--json",
+                             "--cluster", "localhost")
+    assert json.loads(other)["parasim"]["config_sha256"] != digest
     code, text, _ = run_cli(capsys, "calibrate", recorded, "-o", out)
     assert code == 0 and "link loopback" in text and "profile written" in text
 

@@ -124,6 +124,16 @@ def config(tmp_path):
     return path
 
 
+def test_search_json_carries_provenance(capsys, config):
+    import hashlib
+
+    assert main(["search", str(config), "--json", "--workers", "1"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert list(out)[-1] == "parasim"
+    assert out["parasim"]["config_sha256"] == hashlib.sha256(config.read_bytes()).hexdigest()
+    assert out["parasim"]["profile"]["calibrated"] is False
+
+
 def test_one_or_two_workers_give_byte_identical_json(capsys, config):
     one = run_json(capsys, config, "--workers", "1")
     two = run_json(capsys, config, "--workers", "2")
