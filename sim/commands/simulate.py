@@ -57,6 +57,9 @@ def run(args: argparse.Namespace) -> int:
     if (profile := profile_flag(args.profile, inputs)) is not None:
         overrides["profile"] = profile
     report_ranks = _ranks(args.report_ranks)
+    if report_ranks is not None and args.report is None:
+        raise ConfigError("--report-ranks: it chooses the ranks a report details; give "
+                          "--report HTML too")
     exp = load_experiment(config, overrides)
     if exp.profile_path is not None:  # [sim] profile is an input too: never written over
         inputs.append(exp.profile_path)

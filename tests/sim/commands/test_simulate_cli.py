@@ -197,3 +197,12 @@ def test_the_local_host_is_counted_in_cpu_ranks_not_gpus(capsys):
     code, out, _ = run_cli(capsys, "simulate", example_path("gpt-tiny-localhost.toml"))
     assert code == 0
     assert "(4 CPU ranks)" in out.splitlines()[0] and "GPU" not in out.splitlines()[0]
+
+
+def test_report_ranks_without_a_report_is_one_line(tmp_path, capsys):
+    config = tmp_path / "c.toml"
+    config.write_text(SMALL)
+    assert main(["simulate", str(config), "--report-ranks", "0"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err == ("parasim: error: --report-ranks: it chooses the ranks a report "
+                                 "details; give --report HTML too\n")
