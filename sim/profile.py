@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from topology.cluster import Accelerator, Cluster
+from topology.cluster import LINK_KINDS, Accelerator, Cluster
 from topology.override import with_accelerator, with_links
 from traces.errors import ConfigError, show
 from traces.fields import (
@@ -40,8 +40,9 @@ from traces.fields import (
     MIN_BANDWIDTH_BPS,
     MIN_TFLOPS,
     Fields,
-    check_fraction,
+    check_efficiency,
     check_int,
+    check_line,
     check_number,
 )
 from traces.files import load_json, write_text_atomic
@@ -67,7 +68,7 @@ class KernelCost:
     def __post_init__(self) -> None:
         for name in ("flops_efficiency", "memory_efficiency"):
             if getattr(self, name) is not None:
-                check_fraction(getattr(self, name), name)
+                check_efficiency(getattr(self, name), name)
         if self.overhead_s is not None:
             check_number(self.overhead_s, "overhead_s", minimum=0.0, maximum=MAX_LATENCY_S)
 
@@ -103,14 +104,14 @@ class ComputeParams:
     a GPU, 0."""
 
     def __post_init__(self) -> None:
-        check_fraction(self.gemm_efficiency, "compute.gemm_efficiency")
+        check_efficiency(self.gemm_efficiency, "compute.gemm_efficiency")
         check_number(self.comm_interference, "compute.comm_interference", minimum=0.0,
                      maximum=MAX_COMM_INTERFERENCE)
         check_number(self.compute_interference, "compute.compute_interference", minimum=0.0,
                      maximum=MAX_COMM_INTERFERENCE)
         check_number(self.compute_interference_delay_s, "compute.compute_interference_delay_s",
                      minimum=0.0, maximum=MAX_LATENCY_S)
-        check_fraction(self.memory_efficiency, "compute.memory_efficiency")
+        check_efficiency(self.memory_efficiency, "compute.memory_efficiency")
         check_number(self.launch_overhead_s, "compute.launch_overhead_s", minimum=0.0,
                      maximum=MAX_LATENCY_S)
         check_number(self.roofline_exponent, "compute.roofline_exponent", minimum=1.0,
@@ -169,6 +170,18 @@ class Profile:
     """Measured roofs (None: the cluster's accelerator figures stand)."""
     measured_on: str | None = None
     """The accelerator (`Accelerator.name`) a calibrated profile was measured on."""
+
+    def __post_init__(self) -> None:
+        check_line(self.name, "name")
+        if self.measured_on is not None:
+            check_line(self.measured_on, "measured_on")
+        # A class the cluster at hand lacks is no error (a profile measured on servers with
+        # NVLink and InfiniBand applies to one server without InfiniBand: topology.override);
+        # a class no cluster has is a typo that would silently change the answer.
+        for kind in sorted(self.links):
+            if kind not in LINK_KINDS:
+                raise ConfigError(f"links.{show(kind)[1:-1]}: unknown link class (known: "
+                                  f"{', '.join(LINK_KINDS)})")
 
     def check_accelerator(self, accelerator: Accelerator) -> None:
         """One error line unless this profile may time `accelerator`: a calibrated profile's
@@ -246,7 +259,7 @@ def profile_from_json(data: object, source: str = "profile") -> Profile:
     if not isinstance(data, dict) or data.get("schema") != "parasim.profile":
         raise ConfigError(f"{source}: not a parasim profile (schema parasim.profile)")
     version = data.get("version")
-    if version == 1:
+    if type(version) is int and version == 1:
         raise ConfigError(f"{source}: a version-1 profile (per-op-class efficiencies); this "
                           f"parasim reads version {VERSION} (per-kernel compute parameters): "
                           "calibrate again with `parasim calibrate`")
@@ -258,13 +271,13 @@ def profile_from_json(data: object, source: str = "profile") -> Profile:
                                                 "compute", "links", "accelerator",
                                                 "measured_on"))
         links = fields.sub("links")
-        return Profile(name=fields.string("name", str(source)),
+        return Profile(name=fields.line("name", str(source)),
                        calibrated=fields.boolean("calibrated", False),
                        compute=_compute(fields.sub("compute")),
                        links={kind: _link(links.sub(kind)) for kind in links.table},
                        accelerator=_roofs(fields.sub("accelerator"))
                        if "accelerator" in fields else None,
-                       measured_on=fields.string("measured_on", "")
+                       measured_on=fields.line("measured_on", "")
                        if "measured_on" in fields else None)
     except ConfigError as err:
         raise ConfigError(f"{source}: {err}") from None
@@ -286,8 +299,8 @@ def _compute(fields: Fields) -> ComputeParams:
         tiles = tuple((t[0], t[1]) for t in raw)
     kernels = fields.sub("kernels").known(KERNEL_NAMES)
     return ComputeParams(
-        gemm_efficiency=fields.fraction("gemm_efficiency", 1.0), gemm_tiles=tiles,
-        memory_efficiency=fields.fraction("memory_efficiency", base.memory_efficiency),
+        gemm_efficiency=fields.efficiency("gemm_efficiency", 1.0), gemm_tiles=tiles,
+        memory_efficiency=fields.efficiency("memory_efficiency", base.memory_efficiency),
         launch_overhead_s=fields.number("launch_overhead_s", base.launch_overhead_s,
                                         minimum=0.0, maximum=MAX_LATENCY_S, unit=" s"),
         comm_interference=fields.number("comm_interference", base.comm_interference,
@@ -306,9 +319,9 @@ def _compute(fields: Fields) -> ComputeParams:
 def _kernel(fields: Fields) -> KernelCost:
     fields.known(("flops_efficiency", "memory_efficiency", "overhead_s"))
     return KernelCost(
-        flops_efficiency=fields.fraction("flops_efficiency", 1.0)
+        flops_efficiency=fields.efficiency("flops_efficiency", 1.0)
         if "flops_efficiency" in fields else None,
-        memory_efficiency=fields.fraction("memory_efficiency", 1.0)
+        memory_efficiency=fields.efficiency("memory_efficiency", 1.0)
         if "memory_efficiency" in fields else None,
         overhead_s=fields.number("overhead_s", 0.0, minimum=0.0, maximum=MAX_LATENCY_S,
                                  unit=" s") if "overhead_s" in fields else None)

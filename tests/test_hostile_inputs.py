@@ -264,7 +264,7 @@ def test_values_that_gave_silent_wrong_answers(capsys, write, base, edits, needl
     ({"launch_overhead_s": "Infinity"},
      "profile.compute.launch_overhead_s: inf must be at least 0 s and at most 1 s"),
     ({"launch_overhead_s": 1e308}, "profile.compute.launch_overhead_s: 1e+308 must be at least"),
-    ({"gemm_efficiency": True}, "profile.compute.gemm_efficiency: True must be a fraction"),
+    ({"gemm_efficiency": True}, "profile.compute.gemm_efficiency: True must be an efficiency"),
     ({"compute_interference_delay_s": -1e-3},
      "profile.compute.compute_interference_delay_s: -0.001 must be at least 0 s"),
     ({"compute_interference_delay_s": "NaN"},

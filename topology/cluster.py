@@ -14,6 +14,10 @@ import networkx as nx
 
 from traces.cluster_table import ClusterTable
 
+LINK_KINDS = ("nvlink", "pcie", "ib", "ici", "loopback")
+"""Every class of link (`kind` of an edge) the builders make: NVLink to the switch, PCIe to
+the NIC, InfiniBand, a TPU torus's ICI, and the localhost server's loopback."""
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Accelerator:
@@ -74,6 +78,7 @@ class Cluster:
         object.__setattr__(self, "link_capacity", tuple(e[2]["bandwidth"] for e in edges))
         object.__setattr__(self, "link_latency", tuple(e[2]["latency"] for e in edges))
         object.__setattr__(self, "link_kind", tuple(e[2]["kind"] for e in edges))
+        assert set(self.link_kind) <= set(LINK_KINDS), f"link kinds {set(self.link_kind)}"
         object.__setattr__(self, "link_ends", tuple((e[0], e[1]) for e in edges))
 
     @property

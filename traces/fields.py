@@ -36,6 +36,7 @@ MAX_LATENCY_S = 1.0  # a link or an op overhead of more than a second is a typo
 MIN_TFLOPS = 1e-3  # 1 GFLOP/s
 MAX_TFLOPS = 1e5  # 100 PFLOP/s per accelerator: ~100x an H100's dense bf16
 MAX_MEMORY_BYTES = 100 * 2**40  # 100 TiB per accelerator
+MIN_EFFICIENCY = 1e-6  # a kernel a million times under its roof is a typo, not a measurement
 
 
 def _bad(name: str, value: object, rule: str) -> ConfigError:
@@ -74,6 +75,24 @@ def check_fraction(value: object, name: str) -> float:
     if not isinstance(value, int | float) or isinstance(value, bool) or not 0 < value <= 1:
         raise _bad(name, value, "must be a fraction in (0, 1]")
     return float(value)
+
+
+def check_efficiency(value: object, name: str) -> float:
+    """An efficiency: a fraction in [MIN_EFFICIENCY, 1] (a smaller one makes a kernel's time
+    absurd, or not a number at all)."""
+    if not isinstance(value, int | float) or isinstance(value, bool) \
+            or not MIN_EFFICIENCY <= value <= 1:
+        raise _bad(name, value, f"must be an efficiency in [{MIN_EFFICIENCY:g}, 1] (below "
+                   f"{MIN_EFFICIENCY:g} a kernel runs a million times under its roof)")
+    return float(value)
+
+
+def check_line(value: object, name: str, *, maximum: int = 200) -> str:
+    """A name: one printable line of 1 to `maximum` characters (it is quoted in messages)."""
+    if not isinstance(value, str) or not value or len(value) > maximum \
+            or not value.isprintable():
+        raise _bad(name, value, f"must be one printable line of 1 to {maximum} characters")
+    return value
 
 
 def check_bool(value: object, name: str) -> bool:
@@ -166,6 +185,12 @@ class Fields:
 
     def fraction(self, key: str, default: float) -> float:
         return self._read(key, default, check_fraction)
+
+    def efficiency(self, key: str, default: float) -> float:
+        return self._read(key, default, check_efficiency)
+
+    def line(self, key: str, default: str) -> str:
+        return self._read(key, default, check_line)
 
     def boolean(self, key: str, default: bool) -> bool:
         return self._read(key, default, check_bool)

@@ -36,7 +36,7 @@ from sim.profile import (
 from topology.cluster import Accelerator, Cluster
 from topology.override import call_costs, link_figures
 from traces.errors import ConfigError
-from traces.fields import MAX_LATENCY_S
+from traces.fields import MAX_LATENCY_S, MIN_EFFICIENCY
 from traces.ops import Trace
 
 MEASURED_ROOFS = ("CPU-localhost",)
@@ -227,5 +227,6 @@ def _compute_params(fit: ComputeFit | None, acc: Accelerator, base_profile: Prof
 
 
 def _fraction(value: float) -> float:
-    """An efficiency in (0, 1] (a rate a hair above its roof by rounding is the roof)."""
-    return min(1.0, max(value, 1e-9))
+    """An efficiency in [MIN_EFFICIENCY, 1] (a rate a hair above its roof by rounding is the
+    roof; one a million times under it is the floor a profile may hold)."""
+    return min(1.0, max(value, MIN_EFFICIENCY))

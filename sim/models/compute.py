@@ -23,6 +23,7 @@ from elsewhere (no purpose) by its name.
 
 from __future__ import annotations
 
+import math
 from math import ceil
 
 from sim.profile import Profile
@@ -69,8 +70,7 @@ class ComputeModel:
             launches = 1
         memory = mem_bytes / (acc.hbm_bandwidth_Bps *
                               (override.memory_efficiency or params.memory_efficiency))
-        p = params.roofline_exponent
-        both = (compute ** p + memory ** p) ** (1 / p) if compute and memory else compute + memory
+        both = _roofline(compute, memory, params.roofline_exponent)
         overhead = params.launch_overhead_s if override.overhead_s is None else override.overhead_s
         return both + launches * overhead
 
@@ -84,3 +84,18 @@ class ComputeModel:
             waves = ceil(batch * ceil(m / tm) * ceil(n / tn) / units)
             best = min(best, waves * 2.0 * tm * tn * k / per_unit)
         return best
+
+
+def _roofline(compute: float, memory: float, p: float) -> float:
+    """(compute^p + memory^p)^(1/p), at least the larger of the two: where the powers
+    underflow to 0 or overflow (a large p), the sum is taken relative to the larger."""
+    if not (compute and memory):
+        return compute + memory
+    top = max(compute, memory)
+    try:
+        both = (compute ** p + memory ** p) ** (1 / p)
+    except OverflowError:
+        both = math.inf
+    if math.isfinite(both) and both >= 0.5 * top:
+        return both
+    return top * ((compute / top) ** p + (memory / top) ** p) ** (1 / p)

@@ -103,8 +103,8 @@ def _with(path: str, value: object) -> dict:
     ({**PROFILE, "version": 1}, "a version-1 profile"),
     ({**PROFILE, "version": 3}, "has version 3; this parasim reads version 2"),
     ({**PROFILE, "colour": 1}, "profile.colour: unknown key"),
-    (_with("compute.gemm_efficiency", 1.5), "gemm_efficiency: 1.5 must be a fraction in (0, 1]"),
-    (_with("compute.gemm_efficiency", True), "gemm_efficiency: True must be a fraction"),
+    (_with("compute.gemm_efficiency", 1.5), "gemm_efficiency: 1.5 must be an efficiency in [1e-06, 1]"),
+    (_with("compute.gemm_efficiency", True), "gemm_efficiency: True must be an efficiency"),
     (_with("compute.launch_overhead_s", float("inf")), "launch_overhead_s: inf must be"),
     (_with("compute.gemm_tiles", [[128]]), "must be a list of [rows, columns] pairs"),
     (_with("compute.kernels", {"mlpp": {}}), "profile.compute.kernels.mlpp: unknown key"),
@@ -121,6 +121,6 @@ def test_bad_profiles_are_one_line(data, message):
 def test_profile_values_check_themselves():
     with pytest.raises(ConfigError, match="compute.kernels.atn: unknown kernel"):
         ComputeParams(gemm_efficiency=0.5, kernels={"atn": KernelCost()})
-    with pytest.raises(ConfigError, match="flops_efficiency: 0 must be a fraction"):
+    with pytest.raises(ConfigError, match="flops_efficiency: 0 must be an efficiency"):
         KernelCost(flops_efficiency=0)
     assert dataclasses.replace(default_profile(A100_80GB)).compute.gemm_efficiency == EFF
