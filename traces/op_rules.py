@@ -17,9 +17,10 @@ from traces.plan import MAX_PLAN_OPS
 from traces.units import MAX_OP_BYTES, MAX_OP_FLOPS, MAX_SIZE_BYTES, MAX_STEP_SECONDS
 
 MAX_TRACE_OPS = MAX_PLAN_OPS
-"""10 M ops: a loaded trace holds at most as many ops as `simulate` builds. At ~0.4 kB a
-parsed op and ~0.3 kB an `Op`, the peak of a load stays under ~10 GB (a 30 M-op file ran out of
-memory at 11.7 GB before this bound)."""
+"""10 M ops: a loaded trace holds at most as many ops as `simulate` builds. A load peaks at
+~1.2 kB an op (text, parsed JSON and `Op`s together: 1.0 GB for the 850 k ops of
+gpt3-175b-1024-a100's trace), so the bound keeps a load under ~13 GB; a 30 M-op file, refused
+now in a second, ran out of memory at 11.7 GB after 102 s."""
 
 # The key every op has, as the compact writer and any plain JSON writer spell it. A JSON string
 # cannot hold an unescaped quote, so each occurrence is a key: the count never exceeds the ops
