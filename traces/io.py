@@ -12,7 +12,8 @@ a purpose as its object (`traces.purpose_io`). Version 3 added `purpose`: the op
 or -2 file get theirs from their names, in `traces.legacy`, the one place that reads names.
 `load` reads a regular file of at most 2 GiB (`traces.files`) and checks every rule a reader
 relies on: types, enum values, numbers finite and not negative (FLOPs, bytes, sizes, layers,
-times), deps pointing backwards, start/end together, a send/recv's peer another rank, a
+times) and within physical bounds, sizes 0 or at least a byte, at most `MAX_TRACE_OPS` ops
+(`traces.op_rules`), deps pointing backwards, start/end together, a send/recv's peer another rank, a
 collective's group non-empty with distinct ranks and holding the op's own rank, a send and the
 receive it meets (k-th to k-th per source, destination and tag, where the trace holds both)
 of one size, rank keys canonical decimals of at most 9 digits. (Whether a peer or group member
@@ -33,13 +34,16 @@ from itertools import compress
 from operator import attrgetter, ne
 from typing import Any
 
-from traces import purpose_io
+from traces import op_rules, purpose_io
 from traces.errors import ConfigError, show
 from traces.files import MAX_TRACE_BYTES, PathLike, parse_json, read_bytes, write_text_atomic
 from traces.gzipped import gunzip
 from traces.header_json import meta_from_json, meta_to_json
 from traces.legacy import legacy_purposes
 from traces.nogc import paused_gc
+from traces.op_rules import Bad as _Bad
+from traces.op_rules import check_op_count, check_text_op_count, check_times
+from traces.op_rules import show_json as _show
 from traces.ops import COLLECTIVES, Op, OpKind, Phase, Trace
 from traces.transfers import check_transfer_sizes
 
@@ -106,19 +110,11 @@ def save(trace: Trace, path: PathLike) -> None:
 
 # --- reading ---------------------------------------------------------------------------------
 
-class _Bad(Exception):
-    """A rule broken inside one op; the caller adds the location."""
-
-    def __init__(self, field: str, rule: str) -> None:
-        super().__init__(rule)
-        self.field = field
-        self.rule = rule
-
-
 def load(path: PathLike) -> Trace:
     """Read and check a trace file; any problem is a `ConfigError` naming the file."""
     source = str(path)
     raw = gunzip(read_bytes(path, limit=MAX_TRACE_BYTES), source, MAX_TRACE_BYTES)
+    check_text_op_count(raw, source)  # before parsing: the parsed ops alone outgrow the text
     with paused_gc():
         data = parse_json(raw, source)
     del raw
@@ -141,6 +137,7 @@ def from_json(data: object, source: str = "trace") -> Trace:
     if unknown:
         raise ConfigError(f"{source}: unknown top-level key {unknown[0]!r}")
     meta = meta_from_json(raw_meta, version)  # errors name "trace: meta.<key>"
+    check_op_count(ranks, source)
     ops = {}
     with paused_gc():
         for key, raw_ops in ranks.items():
@@ -212,7 +209,8 @@ def _decode_op(raw: object, index: int, rank: int) -> Op:
         # Most fields are a plain string, integer or finite float: accept those inline, without
         # a decoder call per field (this loop runs millions of times for a large trace).
         plain = _PLAIN.get(name)
-        if type(value) is plain and (plain is str or 0 <= value < _INF):  # NaN fails too
+        # NaN fails the comparison too; the bounds are `traces.op_rules.LIMITS`
+        if type(value) is plain and (plain is str or 0 <= value <= _LIMITS.get(name, _INF)):
             kwargs[name] = value
             continue
         decode = _DECODERS.get(name)
@@ -235,7 +233,7 @@ def _decode_op(raw: object, index: int, rank: int) -> Op:
         _check_peers(kwargs, rank)
     start, end = kwargs.get("start"), kwargs.get("end")
     if start is not None or end is not None:
-        _check_times(start, end)
+        check_times(start, end)
     return Op(**kwargs)
 
 
@@ -258,33 +256,7 @@ def _check_peers(kwargs: dict[str, Any], rank: int) -> None:
         raise _Bad("group", f"a {kind} needs a non-empty group of ranks")
 
 
-def _check_times(start: float | None, end: float | None) -> None:
-    if (start is None) != (end is None):
-        raise _Bad("start" if end is None else "end", "start and end must be given together")
-    if start is not None and end is not None and end < start:
-        raise _Bad("end", f"end {end!r} is before start {start!r}")
-
-
 # --- field decoders: each returns the Op value or raises _Bad with the rule ---------------------
-
-def _show(value: object) -> str:
-    """A value for an error line, with its JSON type: 'string "1e12"', 'list [2.0]', 'null'."""
-    if value is None:
-        return "null"
-    scalar = isinstance(value, str | int | float) and _is_plain(value)
-    text = json.dumps(value) if scalar else show(value)  # containers: bounded, any depth
-    kind = {dict: "object", list: "list", str: "string", bool: "boolean"}
-    name = kind.get(type(value), type(value).__name__)
-    return f"{name} {text[:40] + '...' if len(text) > 40 else text}"
-
-
-def _is_plain(value: object) -> bool:
-    try:
-        json.dumps(value)
-    except (TypeError, ValueError):
-        return False
-    return True
-
 
 def _string(value: object) -> str:
     if type(value) is not str:
@@ -302,24 +274,6 @@ def _integer(value: object) -> int:
 
 def _optional_integer(value: object) -> int | None:
     return None if value is None else _integer(value)
-
-
-def _number(value: object) -> float:
-    if type(value) is not float and type(value) is not int:
-        raise _Bad("", f"must be a number, got {_show(value)}")
-    try:
-        number = float(value)
-    except OverflowError:  # an integer beyond float range
-        number = math.inf
-    if not math.isfinite(number):
-        raise _Bad("", f"must be a finite number, got {_show(value)}")
-    if number < 0:
-        raise _Bad("", f"must not be negative, got {_show(value)}")
-    return number
-
-
-def _optional_number(value: object) -> float | None:
-    return None if value is None else _number(value)
 
 
 def _integers(value: object) -> tuple[int, ...]:
@@ -367,17 +321,17 @@ _DECODERS: dict[str, Callable[[object], Any]] = {
     "layer": _optional_integer,
     "microbatch": _optional_integer,
     "phase": _enum_decoder(Phase, optional=True),
-    "flops": _number,
-    "mem_bytes": _number,
+    "flops": op_rules.flops,
+    "mem_bytes": op_rules.mem_bytes,
     "group": _integers,
-    "size_bytes": _number,
+    "size_bytes": op_rules.size,
     "dtype": _string,
     "peer": _optional_integer,
     "tag": _string,
     "gemm": _gemm,
     "span": _optional_integer,
-    "start": _optional_number,
-    "end": _optional_number,
+    "start": op_rules.time,
+    "end": op_rules.time,
 }
 _INF = math.inf
 _COMPUTE = OpKind.COMPUTE
@@ -386,10 +340,10 @@ _P2P = frozenset({_SEND, _RECV})
 _COLLECTIVE_KINDS = frozenset(COLLECTIVES)
 _INT_ONLY = frozenset({int})  # the element types deps and group may have (bool is not int)
 # Fields whose JSON value already is the Op value when it has this exact type (bool is not int)
-# and, for numbers, is finite and not negative (every count, index and time is >= 0).
+# and, for numbers, is finite, not negative (every count, index and time is >= 0) and in bound.
 _PLAIN: dict[str, Any] = {
     "stream": str, "name": str, "dtype": str, "tag": str, "layer": int, "microbatch": int,
-    "peer": int, "span": int, "flops": float, "mem_bytes": float, "size_bytes": float,
-    "start": float, "end": float,
-}
+    "peer": int, "span": int, "flops": float, "mem_bytes": float, "start": float, "end": float,
+}  # not size_bytes: its rule (0, or 1 byte to 1 TiB) is more than a bound
+_LIMITS = op_rules.LIMITS
 assert set(_DECODERS) == {f.name for f in fields(Op)} >= set(_PLAIN), "every Op field"

@@ -91,3 +91,15 @@ def parse_time(text: object, field: str = "time") -> float:
     if not value >= 0:
         raise ConfigError(f"{field}: {show(text)} must not be negative")
     return value
+
+MAX_STEP_SECONDS = 86_400.0
+"""A day: the bound on a time in a trace (an op's start and end, seconds from the trace's
+origin). No training step runs for a day; a later time is a corrupt or hostile file."""
+
+MAX_OP_FLOPS = 1e22
+"""The bound on one op's FLOPs: a day (`MAX_STEP_SECONDS`) at 1e17 FLOP/s, the fastest
+accelerator a profile may describe (`traces.fields.MAX_TFLOPS`), is 8.6e21."""
+
+MAX_OP_BYTES = 1e19
+"""The bound on the bytes one op moves through memory: a day at 1e14 B/s, the fastest link or
+memory a profile may describe (`traces.fields.MAX_BANDWIDTH_BPS`), is 8.6e18."""

@@ -21,6 +21,7 @@ from traces.header import TraceMeta
 from traces.header_json import meta_to_json
 from traces.layout import Layout
 from traces.ops import Op, OpKind, Phase, Trace
+from traces.units import MAX_OP_BYTES, MAX_OP_FLOPS, MAX_SIZE_BYTES, MAX_STEP_SECONDS
 
 MiB = 2**20
 
@@ -125,7 +126,10 @@ def test_integers_and_nulls_in_a_file_load_as_the_op_values(tmp_path):
 
 _ints = st.integers(min_value=0, max_value=4096)
 _floats = st.floats(allow_nan=False, allow_infinity=False, width=64)
-_counts = st.floats(min_value=0, allow_infinity=False, width=64)  # FLOPs and bytes
+_flops = st.floats(min_value=0, max_value=MAX_OP_FLOPS)
+_bytes = st.floats(min_value=0, max_value=MAX_OP_BYTES)
+_sizes = st.just(0.0) | st.floats(min_value=1, max_value=MAX_SIZE_BYTES)
+_times = st.floats(min_value=0, max_value=MAX_STEP_SECONDS / 2)
 _text = st.text(max_size=8)
 
 
@@ -133,9 +137,9 @@ _text = st.text(max_size=8)
 def _ops(draw: st.DrawFn, index: int, rank: int) -> Op:
     """Any op the loader accepts: counts >= 0, a peer on send/recv that is another rank, a
     non-empty group of distinct ranks holding its own on a collective, a send's size that of
-    the receive it meets (a function of source, destination and tag)."""
-    start = draw(st.none() | _counts)
-    end = None if start is None else start + draw(st.floats(0, 1e6))
+    the receive it meets (a function of source, destination and tag), every number in bound."""
+    start = draw(st.none() | _times)
+    end = None if start is None else start + draw(_times)
     kind = draw(st.sampled_from(OpKind))
     others = _ints.filter(lambda r: r != rank)
     peer = draw(others) if kind.is_p2p else draw(st.none() | others)
@@ -143,7 +147,7 @@ def _ops(draw: st.DrawFn, index: int, rank: int) -> Op:
     if kind.is_collective:
         group.insert(draw(st.integers(0, len(group))), rank)
     tag = draw(_text)
-    size = draw(_counts)
+    size = draw(_sizes)
     if kind.is_p2p:
         assert peer is not None
         src, dst = (rank, peer) if kind is OpKind.SEND else (peer, rank)
@@ -151,8 +155,8 @@ def _ops(draw: st.DrawFn, index: int, rank: int) -> Op:
     return Op(kind=kind, stream=draw(_text), name=draw(_text),
               deps=tuple(draw(st.lists(st.integers(0, index - 1), max_size=3))) if index else (),
               layer=draw(st.none() | _ints), microbatch=draw(st.none() | _ints),
-              phase=draw(st.none() | st.sampled_from(Phase)), flops=draw(_counts),
-              mem_bytes=draw(_counts), group=tuple(group), size_bytes=size,
+              phase=draw(st.none() | st.sampled_from(Phase)), flops=draw(_flops),
+              mem_bytes=draw(_bytes), group=tuple(group), size_bytes=size,
               dtype=draw(_text), peer=peer, tag=tag, start=start, end=end)
 
 
@@ -344,6 +348,23 @@ BAD_DOCUMENTS = {
     "send smaller than its recv": (_set_op("1", 2, size_bytes=1.0),
                                    r"rank 0, op 2: recv of 4,194,304 B from rank 1 \(tag "
                                    r"'grad', call #0\) meets rank 1's op 2, a send of 1 B"),
+    # issue 22 item 4: a subnormal size divided by zero in the NCCL cost, a 1e300 size or a
+    # 1e308 s duration answered 1e288 s; sizes, FLOPs, bytes and times now have physical bounds
+    "size subnormal": (_set_op("0", 5, size_bytes=5e-324),
+                       r"rank 0, op 5, field 'size_bytes': must be 0 \(unstated\) or 1 to "
+                       r"1,099,511,627,776 bytes \(1 TiB\), got float 5e-324$"),
+    "size half a byte": (_set_op("0", 5, size_bytes=0.5), r"'size_bytes': must be 0 \(unstated"),
+    "size 1e300": (_set_op("0", 5, size_bytes=1e300), r"'size_bytes': must be 0 .* got float 1e"),
+    "size past 1 TiB": (_set_op("0", 5, size_bytes=2**40 + 1), r"bytes \(1 TiB\), got int 10995"),
+    "flops past a day": (_set_op("0", 0, flops=1e308),
+                         r"rank 0, op 0, field 'flops': must be at most 1e\+22 \(a day at 1e17 "
+                         r"FLOP/s\), got float 1e\+308$"),
+    "bytes past a day": (_set_op("0", 0, mem_bytes=1e20),
+                         r"field 'mem_bytes': must be at most 1e\+19 bytes \(a day at 1e14"),
+    "end past a day": (_set_op("0", 0, start=0.0, end=1e308),
+                       r"rank 0, op 0, field 'end': must be at most 86,400 s \(a day; a trace's "
+                       r"times count from its start\), got float 1e\+308$"),
+    "start past a day": (_set_op("0", 0, start=1e5, end=1e5), r"'start': must be at most 86,"),
 }
 
 
@@ -357,6 +378,25 @@ def test_bad_file_is_one_config_error_naming_file_and_place(tmp_path, case):
         io.load(path)
     text = str(caught.value)
     assert text.startswith(f"{path}: ") and "\n" not in text
+
+
+def test_a_trace_past_the_op_bound_is_refused_before_its_ops_are_built(tmp_path, monkeypatch):
+    # issue 22 item 4: a 30 M-op file ran out of memory after 102 s; the count is checked on the
+    # text before parsing, and exactly on the parsed ranks (an escaped key evades the first)
+    from traces import op_rules
+    document = _valid()
+    total = sum(len(ops) for ops in document["ranks"].values())
+    path = _dump(tmp_path / "big.json", document)
+    monkeypatch.setattr(op_rules, "MAX_TRACE_OPS", total)
+    assert sum(map(len, io.load(path).ops.values())) == total
+    monkeypatch.setattr(op_rules, "MAX_TRACE_OPS", total - 1)
+    with pytest.raises(ConfigError, match=rf"^{path}: the trace holds at least {total} ops, "
+                                          rf"more than the {total - 1} parasim loads"):
+        io.load(path)
+    escaped = path.read_text().replace('"stream":', '"\\u0073tream":')
+    path.write_text(escaped)
+    with pytest.raises(ConfigError, match=rf"^{path}: the trace holds {total} ops, more than"):
+        io.load(path)
 
 
 @pytest.mark.parametrize(("content", "message"), [
