@@ -14,28 +14,13 @@ import pytest
 
 from sim.cli import main
 from sim.profile import DEFAULTS, KernelCost, LinkParams, Profile, load_profile, profile_from_json
+from tests.sim.commands.test_simulate_cli import SMALL
 from topology.cluster import LINK_KINDS
 from topology.config import build_cluster
 from topology.presets import PRESETS
 from traces.errors import ConfigError, show
 from traces.fields import MIN_EFFICIENCY
 
-CONFIG = """[model]
-layers = 4
-hidden = 256
-heads = 16
-seq_len = 128
-vocab = 1024
-[parallel]
-tp = 2
-pp = 2
-dp = 4
-global_batch = 16
-[cluster]
-preset = "dgx-h100"
-nodes = 2
-fabric = "rail"
-"""
 PROFILE = {"schema": "parasim.profile", "version": 2, "name": "p",
            "compute": {"gemm_efficiency": 0.7, "memory_efficiency": 0.8, "kernels": {}}}
 EFFICIENCY_RULE = (f"must be an efficiency in [{MIN_EFFICIENCY:g}, 1] (below "
@@ -59,7 +44,7 @@ def _profile(tmp_path: Path, **changes: object) -> Path:
 def _refused(capsys, tmp_path: Path, expected: str, profile: Path) -> None:
     """`simulate --profile` exits 2 with nothing on stdout and exactly this one stderr line."""
     config = tmp_path / "c.toml"
-    config.write_text(CONFIG)
+    config.write_text(SMALL)
     code = main(["simulate", str(config), "--profile", str(profile)])
     out, err = capsys.readouterr()
     assert (code, out) == (2, ""), err
@@ -116,7 +101,7 @@ def test_the_floor_itself_loads_and_gives_a_finite_step(capsys, tmp_path):
                                          "memory_efficiency": MIN_EFFICIENCY}
                                      for k in ("flash_attn", "fc1")})
     config = tmp_path / "c.toml"
-    config.write_text(CONFIG)
+    config.write_text(SMALL)
     assert main(["simulate", str(config), "--profile", str(path), "--json"]) == 0
     step = json.loads(capsys.readouterr().out)["step_time_s"]
     assert math.isfinite(step) and step > 0
@@ -141,7 +126,7 @@ def test_a_class_this_cluster_lacks_but_others_have_is_left_alone(capsys, tmp_pa
     has no NVLink): the class is known, so the profile loads and the run succeeds."""
     path = _profile(tmp_path, links={"ici": {"bandwidth_Bps": 1e9, "latency_s": 1e-5}})
     config = tmp_path / "c.toml"
-    config.write_text(CONFIG)
+    config.write_text(SMALL)
     assert main(["simulate", str(config), "--profile", str(path), "--json"]) == 0
 
 
@@ -175,7 +160,7 @@ def test_a_version_is_an_integer(capsys, tmp_path, version, shown):
 
 def test_version_1_is_still_named_as_such(capsys, tmp_path):
     config = tmp_path / "c.toml"
-    config.write_text(CONFIG)
+    config.write_text(SMALL)
     path = _profile(tmp_path, version=1)
     assert main(["simulate", str(config), "--profile", str(path)]) == 2
     assert "a version-1 profile" in capsys.readouterr().err
