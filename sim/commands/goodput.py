@@ -49,13 +49,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _number(flag: str) -> Any:
+    """A finite number (argparse names the flag in its message: "argument --days: ...")."""
     def parse(text: str) -> float:
         try:
             value = float(text)
         except ValueError:
-            raise ConfigError(f"{flag}: {show(text)} is not a number") from None
+            raise argparse.ArgumentTypeError(f"{show(text)} is not a number") from None
         if not math.isfinite(value):
-            raise ConfigError(f"{flag}: {show(text)} is not a finite number")
+            raise argparse.ArgumentTypeError(f"{show(text)} is not a finite number")
         return value
     return parse
 

@@ -9,6 +9,7 @@ from sim.goodput.plan import GoodputPlan
 from sim.goodput.rates import Component
 
 DAY_S = 86_400.0
+INDENT = "\n" + " " * 22
 
 
 def _duration(seconds: float) -> str:
@@ -40,10 +41,10 @@ def goodput_text(p: GoodputPlan, o: Outcome) -> str:
            if p.reliability.async_checkpoint else ""),
         f"  restart             {_duration(p.restart_s)} on average"
         + ("  (set by [reliability] restart)" if r.fixed_s is not None else
-           f"  (detection {_duration(r.detection_s)}, requeue {_duration(r.requeue_s)}, "
+           f"{INDENT}(detection {_duration(r.detection_s)}, requeue {_duration(r.requeue_s)}, "
            f"process groups {_duration(r.pg_init_s)}, load {_duration(r.load_s)}, "
-           f"warm-up {_duration(r.warmup_s)}; repair {_duration(r.repair_s)} without a spare, "
-           f"{p.reliability.spare_nodes} spare nodes)"),
+           f"warm-up {_duration(r.warmup_s)};{INDENT}repair {_duration(r.repair_s)} without "
+           f"a spare, {p.reliability.spare_nodes} spare nodes)"),
         f"  interval            {_duration(p.interval_s)}"
         + (" (set by [reliability])" if p.interval_given else " (Daly's optimum)")
         + f"; Daly {_duration(p.daly_s)}, Young {_duration(p.young_s)}",
