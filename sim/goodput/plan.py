@@ -40,6 +40,7 @@ from sim.goodput.rates import (
 )
 from sim.goodput.settings import Reliability, reliability_or_default
 from sim.metrics import StepSummary
+from sim.models.memory import MemoryBreakdown
 from traces.errors import ConfigError
 
 DAY_S = 86_400.0
@@ -110,6 +111,14 @@ def target_tokens(days: float | None, tokens: float | None, tokens_per_s: float)
 
 def plan_run(exp: Experiment, summary: StepSummary, *, target: float) -> GoodputPlan:
     """Everything the Monte-Carlo and the report need, from one simulated step."""
+    return plan_from(exp, step_time_s=summary.step_time_s, tokens_per_s=summary.tokens_per_s,
+                     memory=summary.memory_by_pp_rank, target=target)
+
+
+def plan_from(exp: Experiment, *, step_time_s: float, tokens_per_s: float,
+              memory: list[MemoryBreakdown], target: float) -> GoodputPlan:
+    """`plan_run` from a step's time, throughput and per-rank memory (what `parasim search`
+    keeps of each simulated layout)."""
     rel = reliability_or_default(exp.reliability)
     cluster = exp.cluster
     counts = component_counts(cluster)
@@ -117,17 +126,17 @@ def plan_run(exp: Experiment, summary: StepSummary, *, target: float) -> Goodput
              Component.SDC: rel.sdc_rate_per_hour}
     per_cause = job_rates(rates, counts)
     mtti = rel.mtti_s if rel.mtti_s is not None else mtti_s(per_cause)
-    size = checkpoint_bytes(exp.layout, summary.memory_by_pp_rank)
+    size = checkpoint_bytes(exp.layout, memory)
     write = (rel.checkpoint_write_s if rel.checkpoint_write_s is not None
              else size / storage_bandwidth(cluster, rel))
     if write >= mtti:
         raise ConfigError(f"reliability.checkpoint_write: {write:,.0f} s is not shorter than "
                           f"the job's mean time to interruption, {mtti:,.0f} s: no checkpoint "
                           "would ever finish (write faster, or fail less)")
-    largest = max(m.params_bytes + m.optimizer_bytes for m in summary.memory_by_pp_rank)
+    largest = max(m.params_bytes + m.optimizer_bytes for m in memory)
     stall = min(write, largest / host_copy_bandwidth(cluster)) if rel.async_checkpoint \
         else write
-    restart = restart_parts(cluster, rel, size_bytes=size, step_time_s=summary.step_time_s)
+    restart = restart_parts(cluster, rel, size_bytes=size, step_time_s=step_time_s)
     causes = _causes(rel, per_cause, restart)
     total = sum(c.rate_per_s for c in causes)
     # Daly's R: the mean over causes; without spares a hardware failure waits for its repair
@@ -138,7 +147,7 @@ def plan_run(exp: Experiment, summary: StepSummary, *, target: float) -> Goodput
     check_interval = rel.sdc_check_interval_s or SDC_CHECK_INTERVAL_S
     check_cost = rel.sdc_check_cost_s if rel.sdc_check_cost_s is not None else SDC_CHECK_COST_S
     checks = rel.sdc_rate_per_hour > 0 or rel.sdc_check_interval_s is not None
-    useful = target / summary.tokens_per_s
+    useful = target / tokens_per_s
     work = useful * (1 + check_cost / check_interval) if checks else useful
     young = young_interval(stall, mtti) if math.isfinite(mtti) else work
     daly = daly_interval(stall, mtti) if math.isfinite(mtti) else work
@@ -153,7 +162,7 @@ def plan_run(exp: Experiment, summary: StepSummary, *, target: float) -> Goodput
                      repair_s=restart.repair_s)
     return GoodputPlan(
         name=exp.name, cluster=cluster.name, world=exp.layout.world, nodes=cluster.num_servers,
-        step_time_s=summary.step_time_s, tokens_per_s=summary.tokens_per_s,
+        step_time_s=step_time_s, tokens_per_s=tokens_per_s,
         target_tokens=target, counts=counts, rates_per_hour=rates, mtti_s=mtti,
         mtti_given=rel.mtti_s is not None, checkpoint_bytes=size, checkpoint_write_s=write,
         stall_s=stall, restart=restart, restart_s=restart_mean, interval_s=interval,

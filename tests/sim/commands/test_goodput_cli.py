@@ -117,3 +117,13 @@ def test_bad_flags_are_one_line(capsys, config, argv, needle):
 def test_a_monte_carlo_too_big_is_refused_before_it_runs(capsys, config):
     refused(capsys, "the Monte-Carlo would draw about", config('mtti = "1min"\n'),
             "--days", 3000)
+
+
+def test_the_shipped_example_is_llama_3_sized_with_spares():
+    from sim.commands.goodput import EXAMPLE
+    from sim.config import example_path, load_experiment
+
+    exp = load_experiment(example_path(EXAMPLE))
+    L = exp.layout
+    assert (L.tp, L.pp, L.dp, exp.model.seq_len, L.world) == (8, 16, 128, 8192, 16384)
+    assert exp.reliability is not None and exp.reliability.spare_nodes == 16
