@@ -119,10 +119,11 @@ def simulate_run(model: RunModel, *, runs: int, seed: int) -> Outcome:
         one = _Run(model, draws, shares, trajectory if i == 0 else None)
         walls[i], counts[i] = one.run()
         for name in names:
-            by_cause[name] += one.count[name] / runs
+            by_cause[name] += one.count[name]  # whole counts: summed exactly, divided once
             lost[name] += one.lost[name] / runs
         lost["checkpoint"] += one.lost["checkpoint"] / runs
     del by_cause["checkpoint"]
+    by_cause = {name: total / runs for name, total in by_cause.items()}
     return Outcome(wall_times_s=walls, interruptions=counts, by_cause=by_cause,
                    lost_s_by_cause=lost, useful_s=model.useful_s, trajectory=trajectory)
 

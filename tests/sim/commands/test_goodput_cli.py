@@ -127,3 +127,15 @@ def test_the_shipped_example_is_llama_3_sized_with_spares():
     L = exp.layout
     assert (L.tp, L.pp, L.dp, exp.model.seq_len, L.world) == (8, 16, 128, 8192, 16384)
     assert exp.reliability is not None and exp.reliability.spare_nodes == 16
+
+
+def test_silent_data_corruption_is_a_cause_and_its_checks_cost(capsys, config):
+    _, plain, _ = run(capsys, config('mtti = "12h"\nruns = 40\n'), "--days", 20, "--json")
+    code, sdc, _ = run(capsys, config("sdc_rate = 2e-3\nruns = 40\n"), "--days", 20, "--json")
+    assert code == 0
+    data = json.loads(sdc)
+    # 16 GPUs x 2e-3 per GPU-hour over ~20 days: ~15 corruptions, next to the fleet causes
+    assert 8 < data["interruptions_by_cause"]["sdc"] < 25
+    assert data["effective_training_fraction"] < 1 - 60 / 3600 + 1e-9  # the checks' 1/60
+    assert json.loads(plain)["interruptions_by_cause"] == {
+        "unattributed": json.loads(plain)["interruptions"]}
