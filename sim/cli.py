@@ -7,6 +7,7 @@
     parasim run [CONFIG.toml] --out DIR [--steps N] [--warmup N] [--timeout S] [--kernels] [--json]
     parasim calibrate [DIR...] -o PROFILE.json [--run CLUSTER_OR_CONFIG] [--json]
     parasim validate [CONFIG.toml] [--profile P] [--report F.html] [--json]
+    parasim goodput [CONFIG.toml] [--days D | --tokens N] [--report F.html] [--json]
 
 Each command is a module of `sim.commands` with the same shape: `HELP`, `add_arguments(parser)`
 and `run(args) -> exit status`. `--json` prints one JSON object on stdout and nothing else. A
@@ -22,13 +23,22 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
-from sim.commands import calibrate, collective, replay, run, search, simulate, validate
+from sim.commands import (
+    calibrate,
+    collective,
+    goodput,
+    replay,
+    run,
+    search,
+    simulate,
+    validate,
+)
 from sim.commands.common import error, silence_stdout
 from sim.provenance import parasim_version
 from traces.errors import ConfigError
 
 COMMANDS = {"collective": collective, "simulate": simulate, "replay": replay, "run": run,
-            "search": search, "calibrate": calibrate, "validate": validate}
+            "search": search, "calibrate": calibrate, "validate": validate, "goodput": goodput}
 
 
 class _Parser(argparse.ArgumentParser):

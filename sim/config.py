@@ -7,6 +7,8 @@
     [cluster]    see topology.config
     [sim]        network = "flow" | "analytic" | "ideal", algo = "auto" | ..., profile = "p.json"
                  (a profile's measured links and roofs replace the cluster's: `Profile.applied_to`)
+    [reliability] failures, checkpoints and restarts of a whole run (`parasim goodput`): see
+                 sim.goodput.settings
 
 Every key is checked; a bad one raises ConfigError naming the table, key, value and rule. The
 order matters for big mistakes: the layout is checked against the cluster's size before the
@@ -23,6 +25,7 @@ from typing import Any
 
 from sim.collectives import ALGORITHM_NAMES, Algorithm
 from sim.engine.transport import NETWORK_NAMES, NetworkMode
+from sim.goodput.settings import Reliability, read_reliability
 from sim.profile import Profile, default_profile, load_profile
 from topology.cluster import Cluster
 from topology.config import read_cluster
@@ -34,7 +37,7 @@ from traces.model import ModelSpec
 
 EXAMPLES = ("gpt3-175b-1024-a100.toml", "llama-7b-zero3-64-h100.toml",
             "gpt-6.7b-tpu-v4-torus.toml", "gpt-tiny-localhost.toml")
-TABLES = ("model", "parallel", "cluster", "sim")
+TABLES = ("model", "parallel", "cluster", "sim", "reliability")
 MODEL_KEYS = tuple(f.name for f in fields(ModelSpec))
 PARALLEL_KEYS = tuple(f.name for f in fields(Layout))
 SIM_KEYS = ("network", "algo", "profile")
@@ -53,6 +56,8 @@ class Experiment:
     profile: Profile
     profile_path: Path | None = None
     """The profile file the config names ([sim] profile or --profile), an input of the run."""
+    reliability: Reliability | None = None
+    """The `[reliability]` table, when the config has one (`parasim goodput` reads it)."""
     warnings: tuple[str, ...] = field(init=False, default=())
     """Combinations that work but are slow (TP groups across servers)."""
 
@@ -105,6 +110,7 @@ def experiment_from_dict(data: Mapping[str, Any], *, name: str = "experiment",
     profile_path = sim.string("profile", "")
     if "profile" in sim and not profile_path:
         raise ConfigError("sim.profile: an empty path names no file")
+    reliability = read_reliability(data["reliability"]) if "reliability" in data else None
     # Before the graph is built: 10**6 nodes against a 1024-GPU layout is one line, not 12 GB.
     check_layout(model, layout, world=spec.num_devices,
                  devices_per_server=spec.devices_per_server)
@@ -113,7 +119,7 @@ def experiment_from_dict(data: Mapping[str, Any], *, name: str = "experiment",
                else default_profile(cluster.accelerator))
     cluster = profile.applied_to(cluster)  # measured link classes and roofs replace the preset's
     return Experiment(name=name, model=model, layout=layout, cluster=cluster, network=network,
-                      algo=algo, profile=profile,
+                      algo=algo, profile=profile, reliability=reliability,
                       profile_path=base / profile_path if profile_path else None)
 
 

@@ -20,8 +20,11 @@ _SIZE_POWER = {"": 0, "K": 1, "M": 2, "G": 3, "T": 4}
 _BANDWIDTH = re.compile(r"^\s*(\d+(?:\.\d+)?(?:e[+-]?\d+)?)\s*([KMGT]?)(b|B)/s\s*$")
 _DECIMAL = {"": 1.0, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}
 
-_TIME = re.compile(r"^\s*(\d+(?:\.\d+)?(?:e[+-]?\d+)?)\s*(ns|us|µs|ms|s)\s*$")
-_SECONDS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0}
+_TIME = re.compile(r"^\s*(\d+(?:\.\d+)?(?:e[+-]?\d+)?)\s*(ns|us|µs|ms|min|s|h|d)\s*$")
+_SECONDS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0,
+            "min": 60.0, "h": 3600.0, "d": 86400.0}
+"""A duration's units: a link's latency in ns or us, a checkpoint's write in s or min, a run's
+mean time to interruption in h or d (`m` is not one: minutes or metres?)."""
 
 _MAX_TEXT = 64  # characters: no honest quantity is longer, and int() of 5,000 digits raises
 
@@ -81,12 +84,13 @@ def parse_bandwidth(text: object, field: str = "bandwidth") -> float:
 
 
 def parse_time(text: object, field: str = "time") -> float:
-    """'2us' -> 2e-6 s; a bare number is already seconds. Zero is allowed, negative is not."""
+    """'2us' -> 2e-6 s, '5min' -> 300 s, '24h', '2d'; a bare number is already seconds. Zero
+    is allowed, negative is not."""
     if _is_number(text):
         assert isinstance(text, int | float)
         value = _finite(text, text, field)
     else:
-        match = _match(_TIME, text, field, "a time (write e.g. 500ns, 2us, 1ms)")
+        match = _match(_TIME, text, field, "a time (write e.g. 500ns, 2us, 1ms, 5min, 24h, 2d)")
         value = _finite(float(match[1]) * _SECONDS[match[2]], text, field)
     if not value >= 0:
         raise ConfigError(f"{field}: {show(text)} must not be negative")

@@ -4,6 +4,7 @@
     parasim search                                   # the shipped GPT-3 175B search
     parasim search my.toml --gpus 512 --top 8 --workers 2 --report search.html
     parasim search my.toml --ray auto --json         # on the Ray cluster of this machine
+    parasim search my.toml --objective goodput       # also ranked by goodput over a run
 
 The report is checked before the search starts and written all or none (`traces.files`);
 progress (candidates done / total, the best step time so far) goes to stderr, only on a
@@ -23,6 +24,7 @@ from sim.commands.common import ProgressBar, emit
 from sim.config import example_path
 from sim.provenance import file_sha256, provenance
 from sim.search.engines import default_workers, open_engine
+from sim.search.goodput import OBJECTIVES, goodput_json, goodput_text, rank_by_goodput
 from sim.search.output import result_json, result_text
 from sim.search.problem import context, problem_from_dict
 from sim.search.run import DEFAULT_TOP, search
@@ -57,6 +59,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="run on a Ray cluster: auto, HOST:PORT or ray://HOST:PORT")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--report", metavar="HTML", help="write a plotly report")
+    parser.add_argument("--objective", choices=OBJECTIVES, default="step_time",
+                        help="rank the simulated layouts by step time (default) or also by "
+                        "goodput: effective tokens/s over a run with failures")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -73,10 +78,20 @@ def run(args: argparse.Namespace) -> int:
 
             outputs.write(targets["--report"], render_search_report(result))
         outputs.commit()
-        emit(json.dumps({**result_json(result),
+        extra_json, extra_text = _objective(args.objective, result, problem)
+        emit(json.dumps({**result_json(result), **extra_json,
                          **provenance(context(problem).base.profile, file_sha256(config))},
-                        allow_nan=False) if args.json else result_text(result))
+                        allow_nan=False) if args.json else result_text(result) + extra_text)
     return 0
+
+
+def _objective(objective: str, result: Any, problem: Any) -> tuple[dict[str, Any], str]:
+    """What `--objective goodput` adds to the output (nothing for step time, so the default
+    output stays as it was)."""
+    if objective != "goodput":
+        return {}, ""
+    rows = rank_by_goodput(result, context(problem))
+    return goodput_json(rows), goodput_text(rows)
 
 
 class _Progress:

@@ -168,3 +168,14 @@ def test_sizes_parse_as_nccl_tests_counts():
     assert parse_size("16M", "s") == 16 * 2**20 and parse_size("1T", "s") == 2**40
     assert parse_size(4096, "s") == 4096
     assert parse_size("2G", "s", maximum=2**31) == 2**31
+
+
+@pytest.mark.parametrize(("text", "seconds"), [
+    ("5min", 300.0), ("24h", 86_400.0), ("2d", 172_800.0), ("1.5 h", 5400.0), ("10ms", 0.01)])
+def test_durations_take_minutes_hours_and_days(text, seconds):
+    assert parse_time(text, "t") == pytest.approx(seconds, rel=1e-15)
+
+
+def test_m_is_not_a_unit_of_time():
+    with raises("t: '5m' is not a time"):
+        parse_time("5m", "t")

@@ -1,0 +1,207 @@
+"""A run's goodput model from a simulated step, and what `parasim goodput` prints.
+
+    summary, _ = predict(exp)
+    run = plan_run(exp, summary, target_tokens=target)
+    outcome = simulate_run(run.model, runs=run.runs, seed=run.seed)
+    goodput_json(run, outcome)
+
+`plan_run` gathers the step time and tokens/s (`sim.simulate.predict`), the per-rank memory
+(`StepSummary.memory_by_pp_rank`, from `sim.models.memory`) for the checkpoint's size, the
+cluster's component counts for the failure rates, the restart's parts, and Daly's interval;
+it checks the values that only make sense together (a write longer than the MTTI).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from sim.config import Experiment
+from sim.goodput.costs import (
+    Restart,
+    checkpoint_bytes,
+    host_copy_bandwidth,
+    restart_parts,
+    storage_bandwidth,
+)
+from sim.goodput.interval import daly_interval, effective_fraction, young_interval
+from sim.goodput.montecarlo import Cause, Outcome, RunModel
+from sim.goodput.rates import (
+    DEFAULT_RATES_PER_HOUR,
+    HARDWARE,
+    Component,
+    Counts,
+    component_counts,
+    job_rates,
+    mtti_s,
+)
+from sim.goodput.settings import Reliability, reliability_or_default
+from sim.metrics import StepSummary
+from sim.models.memory import MemoryBreakdown
+from traces.errors import ConfigError
+
+DAY_S = 86_400.0
+MAX_DAYS = 3650.0
+MAX_TOKENS = 1e16
+"""10 quadrillion tokens: ~700x Llama 3's 15.6T."""
+SDC_CHECK_INTERVAL_S = 3600.0
+SDC_CHECK_COST_S = 60.0
+GIVEN = "unattributed"
+"""The one cause of a run whose MTTI is set directly."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class GoodputPlan:
+    name: str
+    cluster: str
+    world: int
+    nodes: int
+    step_time_s: float
+    tokens_per_s: float
+    target_tokens: float
+    counts: Counts
+    rates_per_hour: dict[Component, float]
+    mtti_s: float
+    mtti_given: bool
+    checkpoint_bytes: float
+    checkpoint_write_s: float
+    stall_s: float
+    restart: Restart
+    restart_s: float
+    """The mean restart over the causes, weighted by rate (what Daly's model takes)."""
+    interval_s: float
+    interval_given: bool
+    young_s: float
+    daly_s: float
+    fraction_at_optimum: float
+    fraction_at_interval: float
+    expected_wall_s: float
+    reliability: Reliability
+    model: RunModel
+
+    @property
+    def runs(self) -> int:
+        return self.reliability.runs
+
+    @property
+    def seed(self) -> int:
+        return self.reliability.seed
+
+
+def target_tokens(days: float | None, tokens: float | None, tokens_per_s: float) -> float:
+    """--tokens N, or --days D: the tokens D days of failure-free training process."""
+    if days is not None and tokens is not None:
+        raise ConfigError("--days, --tokens: give one target, not both")
+    if tokens is not None:
+        if not 0 < tokens <= MAX_TOKENS:  # NaN fails too
+            raise ConfigError(f"--tokens: {tokens:g} must be above 0 and at most "
+                              f"{MAX_TOKENS:g}")
+        if tokens / tokens_per_s > MAX_DAYS * DAY_S:
+            raise ConfigError(f"--tokens: {tokens:g} tokens at {tokens_per_s:,.0f} tokens/s "
+                              f"take more than {MAX_DAYS:g} days of compute")
+        return tokens
+    days = 30.0 if days is None else days
+    if not 0 < days <= MAX_DAYS:
+        raise ConfigError(f"--days: {days:g} must be above 0 and at most {MAX_DAYS:g}")
+    return days * DAY_S * tokens_per_s
+
+
+def plan_run(exp: Experiment, summary: StepSummary, *, target: float) -> GoodputPlan:
+    """Everything the Monte-Carlo and the report need, from one simulated step."""
+    return plan_from(exp, step_time_s=summary.step_time_s, tokens_per_s=summary.tokens_per_s,
+                     memory=summary.memory_by_pp_rank, target=target)
+
+
+def plan_from(exp: Experiment, *, step_time_s: float, tokens_per_s: float,
+              memory: list[MemoryBreakdown], target: float) -> GoodputPlan:
+    """`plan_run` from a step's time, throughput and per-rank memory (what `parasim search`
+    keeps of each simulated layout)."""
+    rel = reliability_or_default(exp.reliability)
+    cluster = exp.cluster
+    counts = component_counts(cluster)
+    rates = {**DEFAULT_RATES_PER_HOUR, **rel.rates_per_hour,
+             Component.SDC: rel.sdc_rate_per_hour}
+    per_cause = job_rates(rates, counts)
+    mtti = rel.mtti_s if rel.mtti_s is not None else mtti_s(per_cause)
+    size = checkpoint_bytes(exp.layout, memory)
+    write = (rel.checkpoint_write_s if rel.checkpoint_write_s is not None
+             else size / storage_bandwidth(cluster, rel))
+    if write >= mtti:
+        raise ConfigError(f"reliability.checkpoint_write: {write:,.0f} s is not shorter than "
+                          f"the job's mean time to interruption, {mtti:,.0f} s: no checkpoint "
+                          "would ever finish (write faster, or fail less)")
+    largest = max(m.params_bytes + m.optimizer_bytes for m in memory)
+    stall = min(write, largest / host_copy_bandwidth(cluster)) if rel.async_checkpoint \
+        else write
+    restart = restart_parts(cluster, rel, size_bytes=size, step_time_s=step_time_s)
+    causes = _causes(rel, per_cause, restart)
+    total = sum(c.rate_per_s for c in causes)
+    # Daly's R: the mean over causes; without spares a hardware failure waits for its repair
+    repair = restart.repair_s if rel.spare_nodes == 0 else 0.0
+    restart_mean = (sum(c.rate_per_s * (c.restart_s + (repair if c.hardware else 0.0))
+                        for c in causes) / total if total
+                    else restart.seconds(waits_for_repair=False))
+    check_interval = rel.sdc_check_interval_s or SDC_CHECK_INTERVAL_S
+    check_cost = rel.sdc_check_cost_s if rel.sdc_check_cost_s is not None else SDC_CHECK_COST_S
+    checks = rel.sdc_rate_per_hour > 0 or rel.sdc_check_interval_s is not None
+    useful = target / tokens_per_s
+    work = useful * (1 + check_cost / check_interval) if checks else useful
+    young = young_interval(stall, mtti) if math.isfinite(mtti) else work
+    daly = daly_interval(stall, mtti) if math.isfinite(mtti) else work
+    drain = write - stall
+    interval = rel.checkpoint_interval_s or max(daly, drain)
+    if interval < drain:
+        raise ConfigError(f"reliability.checkpoint_interval: {interval:,.0f} s is shorter "
+                          f"than the asynchronous write's drain, {drain:,.0f} s: a checkpoint "
+                          "would start before the previous one is written")
+    model = RunModel(useful_s=useful, work_s=work, interval_s=interval, stall_s=stall,
+                     drain_s=drain, causes=causes, spare_nodes=rel.spare_nodes,
+                     repair_s=restart.repair_s)
+    return GoodputPlan(
+        name=exp.name, cluster=cluster.name, world=exp.layout.world, nodes=cluster.num_servers,
+        step_time_s=step_time_s, tokens_per_s=tokens_per_s,
+        target_tokens=target, counts=counts, rates_per_hour=rates, mtti_s=mtti,
+        mtti_given=rel.mtti_s is not None, checkpoint_bytes=size, checkpoint_write_s=write,
+        stall_s=stall, restart=restart, restart_s=restart_mean, interval_s=interval,
+        interval_given=rel.checkpoint_interval_s is not None, young_s=young, daly_s=daly,
+        fraction_at_optimum=useful / work * effective_fraction(work, max(daly, drain), stall,
+                                                               restart_mean, mtti),
+        fraction_at_interval=useful / work * effective_fraction(work, interval, stall,
+                                                                restart_mean, mtti),
+        expected_wall_s=work / effective_fraction(work, interval, stall, restart_mean, mtti),
+        reliability=rel, model=model)
+
+
+def _causes(rel: Reliability, per_cause: dict[Component, float],
+            restart: Restart) -> tuple[Cause, ...]:
+    """The Monte-Carlo's causes: one per component with a rate, or one for a given MTTI."""
+    if rel.mtti_s is not None:
+        return (Cause(GIVEN, 1.0 / rel.mtti_s, restart.seconds(waits_for_repair=False),
+                      False),)
+    delay = (rel.sdc_check_interval_s or SDC_CHECK_INTERVAL_S) / 2  # found at the next check
+    out = []
+    for c, rate in per_cause.items():
+        if rate > 0:
+            base = restart.seconds(waits_for_repair=False) + (delay if c is Component.SDC
+                                                              else 0.0)
+            hardware = c in HARDWARE and restart.fixed_s is None
+            out.append(Cause(str(c), rate, base, hardware))
+    return tuple(out)
+
+
+def goodput_json(run: GoodputPlan, outcome: Outcome) -> dict[str, Any]:
+    """The `--json` object (the issue's fields; provenance is merged by the command)."""
+    p10, p50, p90 = np.percentile(outcome.wall_times_s, [10, 50, 90]).tolist()
+    return {
+        "interruptions": float(np.mean(outcome.interruptions)),
+        "interruptions_by_cause": outcome.by_cause,
+        "effective_training_fraction": outcome.effective_fraction,
+        "checkpoint_interval_s": run.interval_s,
+        "checkpoint_write_s": run.checkpoint_write_s,
+        "restart_s": run.restart_s,
+        "mtti_s": run.mtti_s,
+        "wall_time_s": {"p10": p10, "p50": p50, "p90": p90},
+    }

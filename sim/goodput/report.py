@@ -1,0 +1,120 @@
+"""The `parasim goodput --report` page: the run's progress with its failures and checkpoints,
+the time lost by cause, and the effective fraction against the checkpoint interval.
+
+    parasim goodput CONFIG.toml --report run.html
+
+One self-contained, deterministic HTML file (plotly.js inlined once, fixed div ids, no
+timestamps), built as `parasim search`'s page is: the text summary, then the figures.
+"""
+
+from __future__ import annotations
+
+import html
+
+import numpy as np
+import plotly.graph_objects as go
+import plotly.io as pio
+
+from sim.goodput.interval import effective_fraction
+from sim.goodput.montecarlo import Outcome
+from sim.goodput.plan import GoodputPlan
+from sim.goodput.text import goodput_text
+
+DAY_S = 86_400.0
+DIVS = ("goodput-progress", "goodput-lost", "goodput-interval")
+COLOURS = ("#E45756", "#4C78A8", "#F58518", "#54A24B", "#B279A2", "#9D755D", "#72B7B2",
+           "#EECA3B")
+
+
+def progress_figure(p: GoodputPlan, o: Outcome) -> go.Figure:
+    """Tokens against wall days for the first run, with its failures and checkpoints."""
+    trace = o.trajectory
+    per_s = p.tokens_per_s * p.model.useful_s / p.model.work_s  # tokens per compute second
+    t = np.array([pt[0] for pt in trace.points]) / DAY_S
+    done = np.array([pt[1] for pt in trace.points]) * per_s
+    fig = go.Figure()
+    fig.add_trace(go.Scatter(x=[0, p.model.useful_s / DAY_S], y=[0, p.target_tokens],
+                             mode="lines", name="without failures or checkpoints",
+                             line={"dash": "dot", "color": "#999"}))
+    fig.add_trace(go.Scatter(x=t, y=done, mode="lines", name="run 1 (seed "
+                             f"{p.seed})", line={"color": "#333", "width": 1.5}))
+    if trace.checkpoints:
+        ct = np.array(trace.checkpoints) / DAY_S
+        every = trace.checkpoint_every
+        fig.add_trace(go.Scatter(
+            x=ct, y=np.interp(ct, t, done), mode="markers",
+            name="checkpoints" + (f" (every {every:,}th shown)" if every > 1 else ""),
+            marker={"symbol": "line-ns-open", "size": 6, "color": "#54A24B"},
+            hovertemplate="checkpoint at day %{x:.3f}<extra></extra>"))
+    causes = sorted({f[2] for f in trace.failures})
+    for i, cause in enumerate(causes):
+        hits = [f for f in trace.failures if f[2] == cause]
+        fig.add_trace(go.Scatter(
+            x=[f[0] / DAY_S for f in hits], y=[f[1] * per_s for f in hits], mode="markers",
+            name=f"failure: {cause} ({len(hits)})",
+            marker={"symbol": "x", "size": 7, "color": COLOURS[i % len(COLOURS)]},
+            hovertemplate=f"{cause} at day %{{x:.3f}}<extra></extra>"))
+    fig.update_layout(title=f"Progress of one run: {len(trace.failures):,} interruptions",
+                      xaxis_title="wall time (days)", yaxis_title="tokens trained",
+                      template="plotly_white", height=560)
+    return fig
+
+
+def lost_figure(p: GoodputPlan, o: Outcome) -> go.Figure:
+    """GPU-hours lost per run by cause (mean over the runs): work since the durable
+    checkpoint plus the restart; checkpoint stalls beside them."""
+    rows = sorted(o.lost_s_by_cause.items(), key=lambda kv: kv[1])
+    names = ["checkpoint stalls" if k == "checkpoint" else k for k, _ in rows]
+    hours = [v * p.world / 3600 for _, v in rows]
+    fig = go.Figure(go.Bar(x=hours, y=names, orientation="h", marker={"color": "#4C78A8"},
+                           text=[f"{h:,.0f}" for h in hours], textposition="auto",
+                           hovertemplate="%{y}: %{x:,.0f} GPU-hours<extra></extra>"))
+    fig.update_layout(title=f"Lost GPU-hours by cause (mean of {len(o.wall_times_s)} runs)",
+                      xaxis_title="GPU-hours", template="plotly_white",
+                      height=120 + 40 * len(rows))
+    return fig
+
+
+def interval_figure(p: GoodputPlan, o: Outcome) -> go.Figure:
+    """The analytic effective fraction against the interval, the optimum marked, and the
+    Monte-Carlo's estimate (with its 95% interval) at the interval used."""
+    m = p.model
+    scale = m.useful_s / m.work_s
+    grid = np.geomspace(max(p.daly_s / 30, m.drain_s, 1e-3), p.daly_s * 30, 241)
+
+    def fraction(tau: float) -> float:
+        return scale * effective_fraction(m.work_s, tau, m.stall_s, p.restart_s, p.mtti_s)
+
+    fig = go.Figure()
+    fig.add_trace(go.Scatter(x=grid / 60, y=[fraction(x) for x in grid], mode="lines",
+                             name="expected (Daly's model)", line={"color": "#4C78A8"}))
+    for name, tau, symbol, where in (
+            ("Daly's optimum", max(p.daly_s, m.drain_s), "star", "top center"),
+            ("Young", p.young_s, "diamond", "bottom center")):
+        fig.add_trace(go.Scatter(x=[tau / 60], y=[fraction(tau)], mode="markers+text",
+                                 name=f"{name}: {tau / 60:.3g} min", text=[name],
+                                 textposition=where,
+                                 marker={"symbol": symbol, "size": 13}))
+    low, high = o.fraction_interval()
+    fig.add_trace(go.Scatter(
+        x=[p.interval_s / 60], y=[o.effective_fraction], mode="markers",
+        name=f"Monte-Carlo at {p.interval_s / 60:.3g} min", marker={"size": 9,
+                                                                     "color": "#E45756"},
+        error_y={"type": "data", "symmetric": False, "array": [high - o.effective_fraction],
+                 "arrayminus": [o.effective_fraction - low]}))
+    fig.update_layout(title="Effective training fraction against the checkpoint interval",
+                      xaxis_title="compute between checkpoints (min)", xaxis_type="log",
+                      yaxis_title="effective training fraction", yaxis_tickformat=".1%",
+                      template="plotly_white", height=520)
+    return fig
+
+
+def render_goodput_report(p: GoodputPlan, o: Outcome) -> str:
+    """The whole page as a string (deterministic)."""
+    figures = (progress_figure(p, o), lost_figure(p, o), interval_figure(p, o))
+    parts = [pio.to_html(fig, include_plotlyjs=(i == 0), full_html=False, div_id=div)
+             for i, (div, fig) in enumerate(zip(DIVS, figures))]
+    return ("<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\">"
+            f"<title>parasim goodput: {html.escape(p.name)}</title></head>\n<body>\n"
+            f"<pre>{html.escape(goodput_text(p, o))}</pre>\n" + "\n".join(parts)
+            + "\n</body></html>\n")

@@ -1,0 +1,66 @@
+"""What `parasim goodput` prints without --json: the run, its failures, its checkpoints."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from sim.goodput.montecarlo import Outcome
+from sim.goodput.plan import GoodputPlan
+from sim.goodput.rates import Component
+
+DAY_S = 86_400.0
+INDENT = "\n" + " " * 22
+
+
+def _duration(seconds: float) -> str:
+    if seconds >= 2 * DAY_S:
+        return f"{seconds / DAY_S:.2f} d"
+    if seconds >= 7200:
+        return f"{seconds / 3600:.2f} h"
+    if seconds >= 120:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds:.3g} s"
+
+
+def goodput_text(p: GoodputPlan, o: Outcome) -> str:
+    r = p.restart
+    low, high = o.fraction_interval()
+    p10, p50, p90 = np.percentile(o.wall_times_s, [10, 50, 90]).tolist()
+    where = ("set by [reliability] mtti" if p.mtti_given else
+             "from " + ", ".join(f"{p.counts[c]:,} {c}" for c in Component
+                                 if p.rates_per_hour[c] > 0 and p.counts[c]))
+    lines = [
+        f"parasim goodput: {p.name} on {p.cluster} ({p.world:,} devices, {p.nodes:,} nodes)",
+        f"  step                {p.step_time_s:.4g} s, {p.tokens_per_s:,.0f} tokens/s",
+        f"  target              {p.target_tokens:.4g} tokens = "
+        f"{_duration(p.model.useful_s)} of failure-free compute",
+        f"  MTTI                {_duration(p.mtti_s)} ({where})",
+        f"  checkpoint          {p.checkpoint_bytes / 1e12:.3g} TB, write "
+        f"{_duration(p.checkpoint_write_s)}"
+        + (f", asynchronous: training stalls {_duration(p.stall_s)}"
+           if p.reliability.async_checkpoint else ""),
+        f"  restart             {_duration(p.restart_s)} on average"
+        + ("  (set by [reliability] restart)" if r.fixed_s is not None else
+           f"{INDENT}(detection {_duration(r.detection_s)}, requeue {_duration(r.requeue_s)}, "
+           f"process groups {_duration(r.pg_init_s)}, load {_duration(r.load_s)}, "
+           f"warm-up {_duration(r.warmup_s)};{INDENT}repair {_duration(r.repair_s)} without "
+           f"a spare, {p.reliability.spare_nodes} spare nodes)"),
+        f"  interval            {_duration(p.interval_s)}"
+        + (" (set by [reliability])" if p.interval_given else " (Daly's optimum)")
+        + f"; Daly {_duration(p.daly_s)}, Young {_duration(p.young_s)}",
+        f"  effective fraction  {o.effective_fraction:.2%} simulated (95% CI {low:.2%} to "
+        f"{high:.2%}, {len(o.wall_times_s)} runs, seed {p.seed}); analytic "
+        f"{p.fraction_at_interval:.2%} at this interval, {p.fraction_at_optimum:.2%} at "
+        "the optimum",
+        f"  wall time           p10 {_duration(p10)}, p50 {_duration(p50)}, p90 "
+        f"{_duration(p90)} (analytic mean {_duration(p.expected_wall_s)})",
+        f"  interruptions       {float(np.mean(o.interruptions)):,.1f} on average",
+        "  by cause            interruptions   lost GPU-hours",
+    ]
+    gpus = p.world
+    for name, count in sorted(o.by_cause.items(), key=lambda kv: -kv[1]):
+        lost = o.lost_s_by_cause[name] * gpus / 3600
+        lines.append(f"    {name:<18}{count:>13,.1f}   {lost:>14,.0f}")
+    lines.append(f"    {'checkpoint stalls':<18}{'':>13}   "
+                 f"{o.lost_s_by_cause['checkpoint'] * gpus / 3600:>14,.0f}")
+    return "\n".join(lines)

@@ -1,0 +1,85 @@
+"""`parasim search --objective goodput`: the simulated layouts ranked by effective tokens per
+second over a whole run, beside their step-time ranking.
+
+For each simulated layout: its step time and tokens/s (the simulation's), its checkpoint from
+its own per-rank memory (`sim.models.memory`), and the config's `[reliability]` settings give
+the expected effective training fraction at Daly's optimal interval (`sim.goodput`); effective
+tokens/s = tokens/s x that fraction. A layout whose checkpoint is smaller or cheaper to write
+can win over a slightly faster step. The analytic expectation ranks (no Monte-Carlo per
+layout): it is what the Monte-Carlo converges to.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+from sim.goodput.plan import DAY_S, plan_from
+from sim.models.memory import memory_by_pp_rank
+from sim.search.problem import Context
+from sim.search.run import Ranked, SearchResult
+from sim.search.space import describe, layout_key
+from traces.pipeline import layout_schedule
+
+OBJECTIVES = ("step_time", "goodput")
+RUN_DAYS = 30.0
+"""The run the ranking assumes: 30 days of failure-free training (the last checkpoint
+segment barely moves the fraction)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GoodputRow:
+    candidate: Ranked
+    step_rank: int
+    """1-based, in the search's simulated (step-time) order."""
+    effective_tokens_per_s: float
+    effective_fraction: float
+    mtti_s: float
+    checkpoint_write_s: float
+    interval_s: float
+
+
+def rank_by_goodput(result: SearchResult, ctx: Context) -> list[GoodputRow]:
+    """The simulated top K (the rule of thumb is left out), best goodput first."""
+    base = ctx.base
+    rows = []
+    for i, c in enumerate(result.simulated):
+        assert c.simulated is not None
+        exp = replace(ctx.experiment(c.layout), reliability=base.reliability)
+        memory = memory_by_pp_rank(base.model, c.layout, layout_schedule(c.layout))
+        plan = plan_from(exp, step_time_s=c.simulated.step_time_s,
+                         tokens_per_s=c.simulated.tokens_per_s, memory=memory,
+                         target=RUN_DAYS * DAY_S * c.simulated.tokens_per_s)
+        rows.append(GoodputRow(candidate=c, step_rank=i + 1,
+                               effective_tokens_per_s=c.simulated.tokens_per_s
+                               * plan.fraction_at_optimum,
+                               effective_fraction=plan.fraction_at_optimum,
+                               mtti_s=plan.mtti_s, checkpoint_write_s=plan.checkpoint_write_s,
+                               interval_s=plan.interval_s))
+    return sorted(rows, key=lambda r: (-r.effective_tokens_per_s,
+                                       layout_key(r.candidate.layout)))
+
+
+def goodput_json(rows: list[GoodputRow]) -> dict[str, Any]:
+    """The keys `--objective goodput` adds to the search's JSON."""
+    return {"objective": "goodput", "goodput": [
+        {"rank": i + 1, "layout": r.candidate.layout.to_dict(),
+         "summary": describe(r.candidate.layout), "step_rank": r.step_rank,
+         "effective_tokens_per_s": r.effective_tokens_per_s,
+         "effective_training_fraction": r.effective_fraction,
+         "mtti_s": r.mtti_s, "checkpoint_write_s": r.checkpoint_write_s,
+         "checkpoint_interval_s": r.interval_s}
+        for i, r in enumerate(rows)]}
+
+
+def goodput_text(rows: list[GoodputRow]) -> str:
+    """The table `--objective goodput` adds to the search's text."""
+    lines = ["", "", f"  ranked by goodput over a {RUN_DAYS:g}-day run (Daly's interval, the "
+             "config's [reliability]):",
+             f"  {'#':>3}  {'layout':<44} {'eff. tokens/s':>13} {'fraction':>8} "
+             f"{'write s':>8} {'step #':>6}"]
+    for i, r in enumerate(rows):
+        lines.append(f"  {i + 1:>3}  {describe(r.candidate.layout):<44} "
+                     f"{r.effective_tokens_per_s:>13,.0f} {r.effective_fraction:>8.2%} "
+                     f"{r.checkpoint_write_s:>8.3g} {r.step_rank:>6}")
+    return "\n".join(lines)
