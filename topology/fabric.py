@@ -48,6 +48,9 @@ class SwitchedFabric:
     """Routing shared by switched fabrics: NVSwitch inside a server, NICs between servers."""
 
     kind = "switched"
+    symmetric = True
+    """Whether shifting a flow's ends by whole servers shifts its route (folding relies on
+    it, `sim.engine.lowering`): false where hashing or load picks the uplinks."""
 
     def __init__(self, server: ServerSpec, *, sharp: bool = False) -> None:
         self.server = server
@@ -89,6 +92,7 @@ class FatTree(SwitchedFabric):
         self.up = uplinks(self.down, spec.oversubscription)
         self.num_leaves = -(-num_servers // spec.nodes_per_leaf)
         self.per_pod = spec.leaves_per_pod or self.num_leaves
+        self.symmetric = spec.routing is Routing.DMODK
         self._placed: dict[tuple[str, int], int] = {}
         """Adaptive routing: routes placed per (leaf, uplink), up and down."""
 

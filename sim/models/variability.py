@@ -18,13 +18,18 @@ of the draws of the ranks it waits for, not their mean. Two kinds of wait set th
     pipeline does, so the steady state moves at the pace of the slowest rank of the job,
     `e_world`.
 
-A 1F1B (or GPipe) step's critical path is M micro-batch slots on the bottleneck stage and
-(pp - 1) / vp slots of filling and draining through the others (the bubble), so every rank's
-kernels are stretched by the slot-weighted mean
+A pipeline of stages taking t_p per micro-batch runs a 1F1B (or GPipe) step in
+sum_p t_p + (M - 1) max_p t_p: one slot through every stage (filling and draining), M - 1 more
+on the bottleneck stage. The first part sums members that each wait for their own slowest
+(e_member), the second waits for the slowest of the job (e_world), so every rank's kernels
+are stretched by the slot-weighted mean (pp stages of a slot each; (pp - 1) / vp + 1
+interleaved)
 
-    e = ((pp - 1) / vp * e_member + M * e_world) / ((pp - 1) / vp + M)
+    e = (F * e_member + (M - 1) * e_world) / (F + M - 1),   F = (pp - 1) / vp + 1
 
-(pp = 1: e_world). E[max] of a group is exact for the draw model: with g_n members on node n,
+(pp = 1: e_world: the one stage's M slots all wait for the data-parallel reduction).
+
+E[max] of a group is exact for the draw model: with g_n members on node n,
 P(max <= x) = prod_n [(1 - p) Phi((x - 1) / j)^g_n + p Phi((x / k - 1) / j)^g_n], integrated
 numerically. Its composition across the waits (the formula above) is the approximation; the
 seeded Monte-Carlo of unfolded runs (`sample_speeds`) bounds its error (tests/sim/models).
@@ -93,9 +98,9 @@ def step_stretch(v: Variability, layout: Layout, devices_per_server: int,
     member = [layout.rank(tp=t, cp=k, dp=c.dp, pp=c.pp)
               for t in range(layout.tp) for k in range(layout.cp)]
     e_member = expected_max(v, _per_node(member, devices_per_server))
-    fill = (layout.pp - 1) / layout.vp
-    slots = layout.num_microbatches
-    return (fill * e_member + slots * world) / (fill + slots)
+    fill = (layout.pp - 1) / layout.vp + 1
+    steady = layout.num_microbatches - 1
+    return (fill * e_member + steady * world) / (fill + steady)
 
 
 def expected_speeds(v: Variability, layout: Layout, ranks: Iterable[int],
