@@ -115,6 +115,17 @@ def headline(s: StepSummary) -> list[tuple[str, str]]:
     ]
 
 
+def fleet_lines(exp: Experiment) -> list[str]:
+    """The cluster's departures from the ideal, when it has any: variability and routing."""
+    v = exp.cluster.variability
+    routing = getattr(getattr(exp.cluster.fabric, "spec", None), "routing", None)
+    parts = [] if v.ideal else [f"jitter {v.jitter:g}, slow nodes {v.slow_nodes:g} "
+                                f"x{v.slow_factor:g}"]
+    if routing is not None and routing != "dmodk":
+        parts.append(f"routing {routing}")
+    return [f"  {'fleet':<20}{', '.join(parts)}"] if parts else []
+
+
 def summary_text(exp: Experiment, s: StepSummary) -> str:
     L = exp.layout
     layout = f"TP {L.tp} · PP {L.pp} · DP {L.dp}" + (f" · VP {L.vp}" if L.vp > 1 else "")
@@ -129,6 +140,7 @@ def summary_text(exp: Experiment, s: StepSummary) -> str:
         f"{L.micro_batch}, global batch {L.global_batch}",
         f"  attention           {exp.model.attention}"
         + (" (materialized scores)" if str(exp.model.attention) == "unfused" else ""),
+        *fleet_lines(exp),
         *(f"  {label:<20}{value}" for label, value in headline(s)),
         "  memory by pipeline rank (GiB)  params  grads  optim  activ  work  total",
     ]
