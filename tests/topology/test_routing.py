@@ -117,3 +117,17 @@ def test_bad_routing_is_refused(table, needle):
     with pytest.raises(ConfigError, match=None) as error:
         build_cluster("dgx-h100", nodes=2, **{"fabric": "fat-tree", **table})
     assert needle in str(error.value)
+
+
+def test_bad_routing_on_the_command_line_is_one_line_exit_2(capsys, tmp_path):
+    from sim.cli import main
+
+    path = tmp_path / "c.toml"
+    path.write_text("[model]\nlayers = 4\nhidden = 256\nheads = 16\nseq_len = 128\n"
+                    "vocab = 1024\n[parallel]\ntp = 2\npp = 2\ndp = 4\nglobal_batch = 16\n"
+                    '[cluster]\npreset = "dgx-h100"\nnodes = 2\nrouting = "spray"\n')
+    code = main(["simulate", str(path)])
+    out, err = capsys.readouterr()
+    assert (code, out) == (2, ""), err
+    assert err == ("parasim: error: cluster.routing: 'spray' is not one of dmodk, ecmp, "
+                   "adaptive\n")
