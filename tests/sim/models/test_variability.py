@@ -67,6 +67,7 @@ def test_zero_jitter_is_todays_step_exactly(capsys, tmp_path):
 def test_json_reports_the_variability_share():
     exp = experiment(2, 2, 4, 8, **TYPICAL)
     s, _ = predict(exp)
+    assert predict(exp)[0] == s  # deterministic
     ideal, _ = predict(experiment(2, 2, 4, 8))
     part = summary_json(exp, s)["variability"]
     assert part["step_s"] == pytest.approx(s.step_time_s - ideal.step_time_s, rel=1e-12)
