@@ -249,7 +249,8 @@ def replay_trace(loaded: LoadedTrace, cluster: Cluster, profile: Profile | None 
     gaps = measured_gaps(trace) if host_gaps else None
     times = replay(plan, cluster, ComputeModel(cluster.accelerator, profile),
                    interference=host_interference(profile), network=network, algo=algo,
-                   progress=progress, gaps=gaps, speeds=_speeds(trace, cluster))
+                   progress=progress, gaps=gaps,
+                   speeds=_speeds(trace, cluster) if retime else None)
     ops, names, sizes, mirrored = _census(trace)
     return ReplayResult(
         loaded=loaded, cluster=cluster, profile=profile, network=network, algo=algo,
@@ -261,7 +262,8 @@ def replay_trace(loaded: LoadedTrace, cluster: Cluster, profile: Profile | None 
 
 
 def _speeds(trace: Trace, cluster: Cluster) -> dict[int, float] | None:
-    """The cluster's variability as every rank's expected kernel stretch (None: ideal)."""
+    """The cluster's variability as every rank's expected kernel stretch (None: ideal). Only
+    for a retimed replay: measured kernels already ran at their rank's real speed."""
     v = cluster.variability
     if v.ideal:
         return None
