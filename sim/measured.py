@@ -41,6 +41,7 @@ from sim.engine.replay import host_gaps as measured_gaps
 from sim.engine.transport import NETWORK_NAMES, NetworkMode
 from sim.models.compute import ComputeModel
 from sim.models.interference import host_interference
+from sim.models.variability import expected_speeds
 from sim.profile import Profile, default_profile
 from topology.cluster import Cluster
 from topology.config import ClusterSpec, read_cluster, read_cluster_file, read_cluster_table
@@ -248,7 +249,8 @@ def replay_trace(loaded: LoadedTrace, cluster: Cluster, profile: Profile | None 
     gaps = measured_gaps(trace) if host_gaps else None
     times = replay(plan, cluster, ComputeModel(cluster.accelerator, profile),
                    interference=host_interference(profile), network=network, algo=algo,
-                   progress=progress, gaps=gaps)
+                   progress=progress, gaps=gaps,
+                   speeds=_speeds(trace, cluster) if retime else None)
     ops, names, sizes, mirrored = _census(trace)
     return ReplayResult(
         loaded=loaded, cluster=cluster, profile=profile, network=network, algo=algo,
@@ -257,6 +259,20 @@ def replay_trace(loaded: LoadedTrace, cluster: Cluster, profile: Profile | None 
         kept_measured_compute=kept, kept_measured_comm=times.algorithms.get("measured", 0),
         retimed_compute=modelled, uncosted_compute=uncosted,
         host_gaps_s=sum(sum(g) for g in gaps.values()) / len(gaps) if gaps else 0.0)
+
+
+def _speeds(trace: Trace, cluster: Cluster) -> dict[int, float] | None:
+    """The cluster's variability as every rank's expected kernel stretch (None: ideal). Only
+    for a retimed replay: measured kernels already ran at their rank's real speed."""
+    v = cluster.variability
+    if v.ideal:
+        return None
+    layout = trace.meta.layout
+    if layout is None:
+        raise ConfigError(f"cluster.jitter: {v.jitter:g}, slow_nodes: {v.slow_nodes:g}: "
+                          "variability needs the trace's parallel layout, which it does not "
+                          "state (an imported profile); replay it on an ideal cluster")
+    return expected_speeds(v, layout, trace.ranks, cluster.devices_per_server)
 
 
 def _compute_times(trace: Trace, retime: bool) -> tuple[Trace, int, int, int]:

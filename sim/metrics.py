@@ -50,6 +50,10 @@ class StepSummary:
     ranks: list[RankTime]
     memory_by_pp_rank: list[MemoryBreakdown]
     algorithms: dict[str, int]
+    variability_s: float = 0.0
+    """What per-rank variability adds to the step (`sim.simulate.predict`; 0 when ideal)."""
+    variability_compute_s: float = 0.0
+    """What it adds to the mean compute time (its part of the waterfall's kernel time)."""
 
 
 def rank_times(times: StepTimes, layout: Layout | None = None) -> list[RankTime]:

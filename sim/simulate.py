@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, replace
 from typing import Any
 
@@ -16,6 +17,7 @@ from sim.metrics import StepSummary, summarize
 from sim.models.compute import ComputeModel
 from sim.models.interference import host_interference
 from sim.models.memory import memory_by_pp_rank
+from sim.models.variability import expected_speeds
 from traces.layout import Recompute
 from traces.ops import Trace
 from traces.pipeline import layout_schedule
@@ -24,19 +26,35 @@ from traces.plan import build
 GiB = 2**30
 
 
-def predict(exp: Experiment, *, fold: bool = True,
-            progress: Progress | None = None) -> tuple[StepSummary, StepTimes]:
-    """Simulate one step of `exp`; with `fold`, one rank per pipeline stage stands for all."""
+def predict(exp: Experiment, *, fold: bool = True, progress: Progress | None = None,
+            speeds: Mapping[int, float] | None = None) -> tuple[StepSummary, StepTimes]:
+    """Simulate one step of `exp`; with `fold`, one rank per pipeline stage stands for all.
+    The cluster's variability (`[cluster] jitter`, `slow_nodes`) stretches each rank's kernels
+    by the expected slowest-member factor (`sim.models.variability`); `speeds` (one seeded
+    draw per rank, a Monte-Carlo sample) replaces it. When kernels are stretched, the ideal
+    step is simulated too and the summary's `variability_s` is the difference."""
     ranks = exp.layout.representatives() if fold else None
     schedule = layout_schedule(exp.layout)  # once: the plan and the memory model run it
     built = build(exp.model, exp.layout, ranks=ranks, schedule=schedule)
     plan = Trace(built.ops, replace(built.meta, experiment=exp.name, cluster_name=exp.cluster.name,
                                     cluster_spec=exp.cluster.table, network=str(exp.network)))
-    times = replay(plan, exp.cluster, ComputeModel(exp.cluster.accelerator, exp.profile),
-                   interference=host_interference(exp.profile), network=exp.network,
-                   algo=exp.algo, progress=progress)
+    if speeds is None and not exp.cluster.variability.ideal:
+        speeds = expected_speeds(exp.cluster.variability, exp.layout, plan.ranks,
+                                 exp.cluster.devices_per_server)
+
+    def run(stretch: Mapping[int, float] | None, bar: Progress | None) -> StepTimes:
+        return replay(plan, exp.cluster, ComputeModel(exp.cluster.accelerator, exp.profile),
+                      interference=host_interference(exp.profile), network=exp.network,
+                      algo=exp.algo, progress=bar, speeds=stretch)
+
+    times = run(speeds, progress)
     memory = memory_by_pp_rank(exp.model, exp.layout, schedule)
-    return summarize(exp.model, exp.layout, exp.cluster, times, memory), times
+    summary = summarize(exp.model, exp.layout, exp.cluster, times, memory)
+    if speeds is not None and any(s != 1.0 for s in speeds.values()):
+        ideal = summarize(exp.model, exp.layout, exp.cluster, run(None, None), memory)
+        summary = replace(summary, variability_s=summary.step_time_s - ideal.step_time_s,
+                          variability_compute_s=summary.compute_s - ideal.compute_s)
+    return summary, times
 
 
 def summary_json(exp: Experiment, s: StepSummary) -> dict[str, Any]:
@@ -63,13 +81,26 @@ def summary_json(exp: Experiment, s: StepSummary) -> dict[str, Any]:
                             for i, m in enumerate(s.memory_by_pp_rank)],
         "ranks": [asdict(r) for r in s.ranks],
         "algorithms": s.algorithms,
+        **({} if exp.cluster.variability.ideal else variability_json(exp, s)),
     }
+
+
+def variability_json(exp: Experiment, s: StepSummary) -> dict[str, Any]:
+    """The variability's part of the step (only when the cluster has some)."""
+    v = exp.cluster.variability
+    return {"variability": {"jitter": v.jitter, "slow_nodes": v.slow_nodes,
+                            "slow_factor": v.slow_factor, "step_s": s.variability_s,
+                            "fraction_of_step": s.variability_s / s.step_time_s,
+                            "compute_s": s.variability_compute_s}}
 
 
 def headline(s: StepSummary) -> list[tuple[str, str]]:
     """The figures a user looks at first, as (label, value) rows: the text summary and the
     report's header both show these."""
     verdict = "fits" if s.fits else "DOES NOT FIT"
+    varied = [("variability", f"{s.variability_s:.4g} s  ({s.variability_s / s.step_time_s:.1%}"
+                              " of the step: waiting for the slowest ranks)")] \
+        if s.variability_s else []
     return [
         ("step time", f"{s.step_time_s:.4g} s"),
         ("throughput", f"{s.tokens_per_s:,.0f} tokens/s"),
@@ -78,9 +109,21 @@ def headline(s: StepSummary) -> list[tuple[str, str]]:
         ("compute", f"{s.compute_s:.4g} s per GPU"),
         ("exposed comm", f"{s.exposed_comm_s:.4g} s per GPU"),
         ("bubble", f"{s.bubble_fraction:.1%} of the step"),
+        *varied,
         ("peak memory", f"{s.peak_memory_bytes / GiB:.1f} GiB of "
                         f"{s.memory_capacity_bytes / GiB:.1f} GiB: {verdict}"),
     ]
+
+
+def fleet_lines(exp: Experiment) -> list[str]:
+    """The cluster's departures from the ideal, when it has any: variability and routing."""
+    v = exp.cluster.variability
+    routing = getattr(getattr(exp.cluster.fabric, "spec", None), "routing", None)
+    parts = [] if v.ideal else [f"jitter {v.jitter:g}, slow nodes {v.slow_nodes:g} "
+                                f"x{v.slow_factor:g}"]
+    if routing is not None and routing != "dmodk":
+        parts.append(f"routing {routing}")
+    return [f"  {'fleet':<20}{', '.join(parts)}"] if parts else []
 
 
 def summary_text(exp: Experiment, s: StepSummary) -> str:
@@ -97,6 +140,7 @@ def summary_text(exp: Experiment, s: StepSummary) -> str:
         f"{L.micro_batch}, global batch {L.global_batch}",
         f"  attention           {exp.model.attention}"
         + (" (materialized scores)" if str(exp.model.attention) == "unfused" else ""),
+        *fleet_lines(exp),
         *(f"  {label:<20}{value}" for label, value in headline(s)),
         "  memory by pipeline rank (GiB)  params  grads  optim  activ  work  total",
     ]

@@ -12,6 +12,7 @@ from typing import Protocol
 
 import networkx as nx
 
+from topology.variability import IDEAL, Variability
 from traces.cluster_table import ClusterTable
 
 LINK_KINDS = ("nvlink", "pcie", "ib", "ici", "loopback")
@@ -64,6 +65,8 @@ class Cluster:
     """The `[cluster]` table it was built from (`topology.config.read_cluster_table` rebuilds
     it; a profile's measured links applied on top, `topology.override`, are not in it); None
     for a cluster built by hand."""
+    variability: Variability = IDEAL
+    """How its ranks' compute speed varies per step (`sim.models.variability`)."""
     link_capacity: tuple[float, ...] = field(init=False)
     link_latency: tuple[float, ...] = field(init=False)
     link_kind: tuple[str, ...] = field(init=False)

@@ -34,6 +34,13 @@ from topology.fabric import FatTree, FatTreeSpec, Rails
 from topology.presets import PRESETS, Preset
 from topology.server import ServerSpec, add_server
 from topology.torus import Torus, TorusSpec
+from topology.variability import (
+    IDEAL,
+    MAX_JITTER,
+    MAX_SLOW_FACTOR,
+    Routing,
+    Variability,
+)
 from traces.cluster_table import ClusterTable
 from traces.errors import ConfigError, show
 from traces.fields import (
@@ -53,11 +60,12 @@ MAX_OVERSUBSCRIPTION = 64.0
 
 # Keys by what they apply to; the order is the order of the error message's list.
 COMMON_KEYS = ("preset", "nodes", "fabric", "gpus_per_node", "gpu_peak_tflops", "gpu_memory",
-               "hbm_bandwidth")
+               "hbm_bandwidth", "jitter", "slow_nodes", "slow_factor")
 SERVER_KEYS = ("nvlink_bandwidth", "nvlink_efficiency", "nvlink_latency", "nics_per_node",
                "nic_bandwidth", "nic_efficiency", "pcie_bandwidth", "pcie_latency",
                "switch_latency", "sharp")
-FAT_TREE_KEYS = ("nodes_per_leaf", "oversubscription", "tiers", "leaves_per_pod")
+FAT_TREE_KEYS = ("nodes_per_leaf", "oversubscription", "tiers", "leaves_per_pod", "routing",
+                 "routing_seed")
 TORUS_KEYS = ("dims", "link_bandwidth", "link_latency")
 KEYS = (*COMMON_KEYS, *SERVER_KEYS, *FAT_TREE_KEYS, *TORUS_KEYS)
 
@@ -78,6 +86,7 @@ class ClusterSpec:
     torus: TorusSpec | None = None
     table: ClusterTable | None = None
     """The table it was read from (`read_cluster` sets it)."""
+    variability: Variability = IDEAL
 
     @property
     def num_devices(self) -> int:
@@ -112,6 +121,7 @@ class ClusterSpec:
             devices_per_server=self.server.gpus,
             fabric=fabric,
             table=self.table,
+            variability=self.variability,
         )
 
 
@@ -156,7 +166,7 @@ def read_cluster_table(table: ClusterTable, overrides: Mapping[str, Any] | None 
 def read_cluster(table: object, where: str = "cluster") -> ClusterSpec:
     """Check every key of a `[cluster]` table and its size, building nothing."""
     fields = Fields.of(table, where).known(KEYS)
-    spec = _read(fields, where)
+    spec = dataclasses.replace(_read(fields, where), variability=_variability(fields))
     given = tuple(sorted((key, tuple(value) if isinstance(value, list) else value)
                          for key, value in fields.table.items()
                          if key not in ("preset", "nodes", "fabric")))
@@ -261,6 +271,17 @@ def _fat_tree(preset: Preset, fields: Fields, server: ServerSpec,
         tiers=fields.choice("tiers", 2, (2, 3)),
         leaves_per_pod=fields.integer("leaves_per_pod", 0, minimum=1, maximum=MAX_ACCELERATORS),
         link_latency_s=latency,
+        routing=Routing(fields.choice("routing", "dmodk", tuple(r.value for r in Routing))),
+        routing_seed=fields.integer("routing_seed", 0, minimum=0, maximum=2**63 - 1),
+    )
+
+
+def _variability(fields: Fields) -> Variability:
+    """`jitter`, `slow_nodes`, `slow_factor`: bounded, the ideal by default."""
+    return Variability(
+        jitter=fields.number("jitter", 0.0, minimum=0.0, maximum=MAX_JITTER),
+        slow_nodes=fields.number("slow_nodes", 0.0, minimum=0.0, maximum=1.0),
+        slow_factor=fields.number("slow_factor", 1.0, minimum=1.0, maximum=MAX_SLOW_FACTOR),
     )
 
 

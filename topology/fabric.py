@@ -1,20 +1,32 @@
 """Switched fabrics between servers: a two- or three-tier fat tree and a rail-optimized fabric.
 
-Both route deterministically. The fat tree uses destination-mod-k up-routing (InfiniBand's
-ftree engine does the same): the uplink taken at each tier is picked by the destination NIC's
-index, which spreads shift permutations such as a ring without collisions. Down-routes are
-unique. A rail fabric puts NIC i of every server on rail switch i; traffic between different
+Both route deterministically. The fat tree picks the uplink at each tier by its `routing`
+(`topology.variability.Routing`): by default destination-mod-k (InfiniBand's ftree engine does
+the same): the uplink is picked by the destination NIC's index, which spreads shift
+permutations such as a ring without collisions; `ecmp`: by a seeded hash of the flow's
+RoCEv2 5-tuple (source and destination NIC, UDP source port from the queue pair, destination
+port 4791, UDP), as Ethernet switches spread flows, so two flows may hash onto one uplink and
+share it; `adaptive`: onto the uplink (and downlink) that carries the fewest routes placed so
+far, ties to the destination-mod-k choice, as adaptive routing keeps flows apart. One queue
+pair per connection: NCCL's default (NCCL_IB_QPS_PER_CONNECTION, default 1, NCCL user guide,
+"Environment Variables"); every channel of a collective is its own connection (its own NIC
+index here), so its own hash. Down-routes are unique.
+A rail fabric puts NIC i of every server on rail switch i; traffic between different
 rails first crosses NVLink to the GPU on the destination's rail (NCCL's PXN).
 """
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 from topology.builder import GraphBuilder
 from topology.server import ServerSpec, gpu_node, intra_server_path, nic_node, nvswitch_node
+from topology.variability import Routing
 from traces.errors import ConfigError
 
+ROCE_UDP_PORT = 4791  # RoCEv2's UDP destination port (IANA)
+UDP = 17
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class FatTreeSpec:
@@ -27,12 +39,18 @@ class FatTreeSpec:
     """Leaves per pod in a three-tier tree (0 = all leaves in one pod)."""
     link_latency_s: float
     """Latency of one switch hop (port-to-port plus cable)."""
+    routing: Routing = Routing.DMODK
+    routing_seed: int = 0
+    """Seed of the ECMP hash (switches seed theirs; a different seed, other collisions)."""
 
 
 class SwitchedFabric:
     """Routing shared by switched fabrics: NVSwitch inside a server, NICs between servers."""
 
     kind = "switched"
+    symmetric = True
+    """Whether shifting a flow's ends by whole servers shifts its route (folding relies on
+    it, `sim.engine.lowering`): false where hashing or load picks the uplinks."""
 
     def __init__(self, server: ServerSpec, *, sharp: bool = False) -> None:
         self.server = server
@@ -74,6 +92,9 @@ class FatTree(SwitchedFabric):
         self.up = uplinks(self.down, spec.oversubscription)
         self.num_leaves = -(-num_servers // spec.nodes_per_leaf)
         self.per_pod = spec.leaves_per_pod or self.num_leaves
+        self.symmetric = spec.routing is Routing.DMODK
+        self._placed: dict[tuple[str, int], int] = {}
+        """Adaptive routing: routes placed per (leaf, uplink), up and down."""
 
     def build(self, builder: GraphBuilder, num_servers: int, nic_Bps: float) -> None:
         lat = self.spec.link_latency_s
@@ -123,15 +144,43 @@ class FatTree(SwitchedFabric):
         a, b = nic_node(sa, na), nic_node(sb, nb)
         if la == lb:
             return [a, self._leaf_name(la), b]
-        u = gb % self.up  # destination-mod-k: the uplink is chosen by the destination
+        u, c = self._uplink(ga, gb, la, lb)
         if self.spec.tiers == 2:
             return [a, self._leaf_name(la), f"spine{u}", self._leaf_name(lb), b]
         pa, pb = la // self.per_pod, lb // self.per_pod
         if pa == pb:
             return [a, self._leaf_name(la), f"agg{pa}.{u}", self._leaf_name(lb), b]
-        c = (gb // self.up) % self.per_pod
         return [a, self._leaf_name(la), f"agg{pa}.{u}", f"core{u}.{c}", f"agg{pb}.{u}",
                 self._leaf_name(lb), b]
+
+
+    def _uplink(self, ga: int, gb: int, la: int, lb: int) -> tuple[int, int]:
+        """(uplink index, core index) of a flow from global NIC `ga` on leaf `la` to `gb` on
+        `lb`, by the fabric's routing."""
+        routing, up, per_pod = self.spec.routing, self.up, self.per_pod
+        if routing is Routing.ECMP:
+            h = flow_hash(self.spec.routing_seed, ga, gb)
+            return h % up, (h // up) % per_pod
+        u = gb % up  # destination-mod-k: the uplink is chosen by the destination
+        c = (gb // up) % per_pod
+        if routing is Routing.ADAPTIVE:
+            placed = self._placed
+            u = min(((u + k) % up for k in range(up)),
+                    key=lambda v: placed.get((f"up{la}", v), 0) + placed.get((f"dn{lb}", v), 0))
+            placed[(f"up{la}", u)] = placed.get((f"up{la}", u), 0) + 1
+            placed[(f"dn{lb}", u)] = placed.get((f"dn{lb}", u), 0) + 1
+        return u, c
+
+
+def flow_hash(seed: int, src_nic: int, dst_nic: int) -> int:
+    """A switch's ECMP hash of a RoCEv2 flow's 5-tuple: source and destination NIC (their
+    addresses), the UDP source port (RoCE derives it from the queue pair: one per connection,
+    named by its two ends), the destination port 4791 and the protocol. Seeded, stable across
+    runs and platforms (BLAKE2b, not Python's salted `hash`)."""
+    qp = src_nic * 1_000_003 + dst_nic  # the connection's queue pair number
+    sport = 49152 + qp % 16384  # RoCE's source port range (49152-65535)
+    key = f"{seed}:{src_nic}:{dst_nic}:{sport}:{ROCE_UDP_PORT}:{UDP}".encode()
+    return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little")
 
 
 class Rails(SwitchedFabric):

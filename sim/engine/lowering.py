@@ -250,8 +250,10 @@ def _lower(keys: list[CommKey], cluster: Cluster, collectives: Collectives,
             base.append(collectives.resolve(key.kind, key.group, key.size_bytes, algo))
     if fold is None:
         return [Lowered(key, name, lowering) for key, (name, lowering) in zip(keys, base)]
-    used = {link for _, lowering in base for rnd in lowering for flows, _ in rnd
-            for link in flows.links}
+    used: set[int] | None = {link for _, lowering in base for rnd in lowering
+                             for flows, _ in rnd for link in flows.links}
+    if not getattr(cluster.fabric, "symmetric", True):
+        used = None  # hashed routes: each copy's flows collide where its own hash puts them
     lowered = []
     for key, (name, lowering) in zip(keys, base):
         if key.measured:
@@ -292,10 +294,13 @@ class _Members:
         return found
 
 
-def with_copies(lowering: Lowering, copies: list[Lowering], used: set[int],
+def with_copies(lowering: Lowering, copies: list[Lowering], used: set[int] | None,
                 capacity: tuple[float, ...]) -> Lowering:
-    """`lowering` with each copy's flows that cross `used` links added to the matching flow
-    set (copies have the same shape: the same algorithm on a shifted group)."""
+    """`lowering` with each copy's flows that cross `used` links (None: every link) added to
+    the matching flow set (copies have the same shape: the same algorithm on a shifted
+    group). On a fabric whose routes are not shifts of each other (`symmetric` False: ECMP's
+    hash, adaptive placement) every copy's flows are kept on its own links, so the set moves
+    at the pace of the copy that hashing treats worst."""
     if not copies:
         return lowering
     rounds = []
@@ -306,7 +311,7 @@ def with_copies(lowering: Lowering, copies: list[Lowering], used: set[int],
             for copy in copies:
                 twin = copy[k][j][0]
                 for link, count in zip(twin.links, twin.counts):
-                    if link in used:
+                    if used is None or link in used:
                         extra[link] = extra.get(link, 0) + count
             sets.append((_merge(flows, extra, capacity), factor) if extra else (flows, factor))
         rounds.append(tuple(sets))

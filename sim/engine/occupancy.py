@@ -3,7 +3,8 @@ makes it matter: kernels running, transfers in flight. Used by the replay engine
 (`sim.engine.replay`), which asks it for
 
   - `scale[rank]`: how many times as long a kernel of the rank takes if it starts now
-    (`kernel_stretch` while the rank moves data, else 1);
+    (`kernel_stretch` while the rank moves data, else 1; times the rank's `speeds` stretch,
+    how much slower than the plan the rank runs this step: `sim.models.variability`);
   - `kernel(rank)`: the timeout a kernel of the rank waits on (`env.timeout`, or one that
     marks the rank computing until it fires, where communication notices kernels);
   - `move(lowered, op, ranks)`: the transport's event for the communication of `op` among
@@ -17,7 +18,7 @@ free again at the same instant, and in the same order, as if the process undid i
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import simpy
 
@@ -35,13 +36,15 @@ class Occupancy:
     """Kernels running and transfers in flight per rank, kept as far as they matter."""
 
     def __init__(self, env: simpy.Environment, ranks: Iterable[int], model: Interference,
-                 transport: Transport) -> None:
+                 transport: Transport, speeds: Mapping[int, float] | None = None) -> None:
         self.env, self.transport = env, transport
         self.slows_kernels, self.slows_comm = interferes(model)
         self.kernel_stretch = model.kernel_stretch
         self.comm_stretch, self.comm_wait_s = model.comm_stretch, model.comm_wait_s
         ranks = tuple(ranks)
-        self.scale = dict.fromkeys(ranks, 1.0)
+        self.base = {r: (speeds or {}).get(r, 1.0) for r in ranks}
+        """The rank's kernel stretch for the step when it moves nothing."""
+        self.scale = dict(self.base)
         """How many times as long a kernel of the rank takes if it starts now."""
         self.busy = dict.fromkeys(ranks, 0)
         """Transfers in flight per rank (kept where kernels notice them)."""
@@ -77,16 +80,16 @@ class Occupancy:
             stretch, wait = self.comm_stretch, self.comm_wait_s
         moved = self.transport.move(lowered, op, stretch, wait)
         if moved is not None and self.slows_kernels:
-            busy, scale = self.busy, self.scale
+            busy, scale, base = self.busy, self.scale, self.base
             for r in ranks:
                 busy[r] += 1
-                scale[r] = self.kernel_stretch
+                scale[r] = self.kernel_stretch * base[r]
 
             def done(_: simpy.Event) -> None:
                 for r in ranks:
                     busy[r] -= 1
                     if not busy[r]:
-                        scale[r] = 1.0
+                        scale[r] = base[r]
 
             moved.callbacks.append(done)
         return moved

@@ -79,11 +79,13 @@ def replay(plan: Trace, cluster: Cluster, compute: Durations, *,
            interference: Interference = NO_INTERFERENCE,
            network: NetworkMode = NetworkMode.FLOW, algo: Algorithm = Algorithm.AUTO,
            progress: Progress | None = None,
-           gaps: Mapping[int, Sequence[float]] | None = None) -> StepTimes:
+           gaps: Mapping[int, Sequence[float]] | None = None,
+           speeds: Mapping[int, float] | None = None) -> StepTimes:
     """Time every op of `plan` on `cluster`, kernels by `compute`, compute and communication
     on one rank slowing each other by `interference`. `gaps[rank][i]`, if given, is idle time
     op i waits once it could start (a measured trace's host time between kernel launches, see
-    `host_gaps`)."""
+    `host_gaps`). `speeds[rank]`, if given, stretches every kernel of the rank (per-rank
+    variability, `sim.models.variability`; 1 where absent)."""
     if network not in NETWORK_NAMES:  # a string from an untyped caller
         raise ConfigError(f"network: {network!r} is not one of {', '.join(NETWORK_NAMES)}")
     check_fold_ranks(plan.meta.fold, plan.ops)
@@ -92,7 +94,7 @@ def replay(plan: Trace, cluster: Cluster, compute: Durations, *,
     with paused_gc():
         comm = lower_communication(plan, cluster, plan.meta.fold, algo=algo)
         return _Replay(plan, cluster, compute, interference, comm, NetworkMode(network),
-                       gaps).run(progress)
+                       gaps, speeds).run(progress)
 
 
 def host_gaps(trace: Trace, floor_s: float = 1e-9) -> dict[int, list[float]]:
@@ -125,12 +127,13 @@ class _Replay:
 
     def __init__(self, plan: Trace, cluster: Cluster, compute: Durations,
                  interference: Interference, comm: CommPlan, network: NetworkMode,
-                 gaps: Mapping[int, Sequence[float]] | None = None) -> None:
+                 gaps: Mapping[int, Sequence[float]] | None = None,
+                 speeds: Mapping[int, float] | None = None) -> None:
         self.plan, self.compute, self.comm = plan, compute, comm
         self.gaps = gaps or {}
         self.env = simpy.Environment()
         self.occupancy = Occupancy(self.env, plan.ops, interference,
-                                   transport_for(network, self.env, cluster, comm))
+                                   transport_for(network, self.env, cluster, comm), speeds)
         self.meetings = Meetings(self.env, comm)
         self.starts = {r: [float("nan")] * len(ops) for r, ops in plan.ops.items()}
         self.ends = {r: [float("nan")] * len(ops) for r, ops in plan.ops.items()}

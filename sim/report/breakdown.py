@@ -6,7 +6,9 @@ exposed + idle = T), in fractions of T, from 100% of peak down to MFU:
 
     idle (bubble)                      idle / T                       (= the bubble metric)
     exposed communication              exposed / T
-    kernel efficiency                  (compute - hardware FLOPs / peak) / T
+    variability (slowest ranks)        (compute - ideal compute) / T   (`[cluster] jitter`,
+                                       `slow_nodes`; shown only when the cluster has some)
+    kernel efficiency                  (ideal compute - hardware FLOPs / peak) / T
     recomputation                      recomputed FLOPs / peak / T
     FLOPs beyond the model count       (hardware - recomputed - model FLOPs) / peak / T
     MFU                                model FLOPs / peak / T
@@ -43,10 +45,13 @@ class Waterfall:
     recompute: float
     beyond_model: float
     mfu: float
+    variability: float = 0.0
+    """Kernel time the ranks spend slower than the plan (per-rank variability)."""
 
     def steps(self) -> list[tuple[str, float]]:
+        varied = [("variability (slowest ranks)", self.variability)] if self.variability else []
         return [("idle (bubble)", self.idle), ("exposed communication", self.exposed_comm),
-                ("kernel efficiency", self.kernel_efficiency),
+                *varied, ("kernel efficiency", self.kernel_efficiency),
                 ("recomputation", self.recompute),
                 ("FLOPs beyond the model count", self.beyond_model)]
 
@@ -62,8 +67,10 @@ def waterfall(exp: Experiment, summary: StepSummary, cols: Sequence[RankOps]) ->
     model = model_flops(exp.model, exp.layout.global_batch) / exp.layout.world
     mean = {k: float(np.mean([getattr(r, k) for r in summary.ranks]))
             for k in ("compute_s", "exposed_comm_s", "idle_s")}
+    varied = summary.variability_compute_s
     return Waterfall(idle=mean["idle_s"] / T, exposed_comm=mean["exposed_comm_s"] / T,
-                     kernel_efficiency=(mean["compute_s"] - hardware / peak) / T,
+                     variability=varied / T,
+                     kernel_efficiency=(mean["compute_s"] - varied - hardware / peak) / T,
                      recompute=recomputed / peak / T,
                      beyond_model=(hardware - recomputed - model) / peak / T,
                      mfu=model / peak / T)

@@ -421,3 +421,30 @@ def test_a_profiles_measured_links_replace_the_clusters_in_a_replay(capsys, tmp_
     assert code == 0
     # 1 GB/s links with 100 us hops instead of NVLink and InfiniBand: far slower communication.
     assert json.loads(out)["step_time_predicted_s"] > 1.5 * times.step_time_s
+
+
+def test_a_replay_on_a_varied_cluster_stretches_like_simulate(tmp_path, known):
+    """`[cluster] jitter` applies to a retimed replay as to `simulate`: a plan simulated on the
+    ideal cluster and replayed (retimed) on the varied one takes the varied simulation's step;
+    kept measured kernels are not stretched again."""
+    from sim.config import experiment_from_dict
+
+    exp, _ = known
+    _, times = predict(exp)
+    path = tmp_path / "step.json"
+    save(times.timed_trace(), path)
+    varied = {"preset": "dgx-h100", "nodes": 2, "fabric": "rail", "jitter": 0.03}
+    cluster = read_cluster(varied).build()
+    result = replay_trace(load_trace(path), cluster, exp.profile, retime=True)
+    data = tomllib.loads(SMALL)
+    data["cluster"] = varied
+    expected, _ = predict(experiment_from_dict(data, overrides={"profile": str(known[1])}))
+    assert result.step_time_predicted_s == pytest.approx(expected.step_time_s, rel=1e-9)
+    assert result.step_time_predicted_s > times.step_time_s
+    kept = replay_trace(load_trace(path), cluster, exp.profile)  # measured kernels: as they ran
+    assert kept.step_time_predicted_s == pytest.approx(times.step_time_s, rel=1e-9)
+    bare = dataclasses.replace(load_trace(path).trace.meta, layout=None)
+    loaded = load_trace(path)
+    with pytest.raises(ConfigError, match="variability needs the trace's parallel layout"):
+        replay_trace(dataclasses.replace(loaded, trace=Trace(loaded.trace.ops, bare)), cluster,
+                     retime=True)
