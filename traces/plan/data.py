@@ -217,7 +217,7 @@ class _DataWalk:
                     phase: Phase) -> Op:
         """Parameters move in the model's dtype, gradients in theirs (fp32 main grads)."""
         params = isinstance(purpose, UnitGather)
-        dtype = self.ctx.model.dtype if params else self.ctx.grad_dtype
+        dtype = self.ctx.model.data_dtype if params else self.ctx.grad_dtype
         return Op(kind=kind, stream=stream, name=name, purpose=purpose, group=group,
                   size_bytes=size, layer=layer, microbatch=mb, phase=phase, dtype=dtype)
 

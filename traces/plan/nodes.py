@@ -65,7 +65,7 @@ class RankContext:
 
     @property
     def grad_dtype(self) -> str:
-        return "fp32" if self.layout.fp32_main_grads else self.model.dtype
+        return "fp32" if self.layout.fp32_main_grads else self.model.data_dtype
 
     @property
     def last_microbatch(self) -> int:
