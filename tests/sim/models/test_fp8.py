@@ -160,3 +160,15 @@ def test_fp8_on_an_accelerator_without_it_is_one_line(capsys, tmp_path, preset, 
     code, out, err = simulate(capsys, tmp_path, "fp8", preset, nodes)
     assert (code, out) == (2, "") and err.count("\n") == 1, err
     assert f"model.dtype: \"fp8\" needs FP8 tensor cores, which {name} does not have" in err
+
+
+def test_replaying_an_fp8_plan_on_an_accelerator_without_fp8_is_one_line(capsys, tmp_path):
+    trace = tmp_path / "t.json"
+    path = tmp_path / "c.toml"
+    path.write_text(CONFIG.format(dtype="fp8", preset="dgx-h100", nodes=1, extra=""))
+    assert main(["simulate", str(path), "--trace", str(trace)]) == 0
+    capsys.readouterr()
+    code = main(["replay", str(trace), "--cluster", "dgx-a100", "--retime"])
+    out, err = capsys.readouterr()
+    assert (code, out) == (2, "") and err.count("\n") == 1, err
+    assert "needs FP8 tensor cores, which A100-SXM4-80GB does not have" in err
