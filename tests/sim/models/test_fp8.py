@@ -172,3 +172,11 @@ def test_replaying_an_fp8_plan_on_an_accelerator_without_fp8_is_one_line(capsys,
     out, err = capsys.readouterr()
     assert (code, out) == (2, "") and err.count("\n") == 1, err
     assert "needs FP8 tensor cores, which A100-SXM4-80GB does not have" in err
+
+
+def test_a_folded_fp8_plan_equals_the_unfolded_one(capsys, tmp_path):
+    """The amax all-reduce spans a stage's TP and DP ranks, which folding collapses."""
+    folded = json.loads(simulate(capsys, tmp_path, "fp8")[1])
+    assert main(["simulate", str(tmp_path / "c.toml"), "--json", "--no-fold"]) == 0
+    full = json.loads(capsys.readouterr().out)
+    assert full["step_time_s"] == folded["step_time_s"] and len(full["ranks"]) == 8
