@@ -7,7 +7,9 @@ pipeline stage (Megatron-Core's get_amax_reduction_group) — when each fp8_auto
 after every stage's forward and backward of a micro-batch, on the compute stream (the next kernel
 waits). Each carries 4 bytes per amax: 3 per FP8 GEMM forward, 2 backward. MXFP8 (Blackwell)
 computes each block's scale from its own values: no reduction. Either recipe casts every FP8
-GEMM weight once a step (`fp8_weight_cast`), after the optimizer updated them.
+GEMM weight once a step (`fp8_weight_cast`), after the optimizer updated them. (Under ZeRO-3
+the weights are whole only while gathered, and TE casts them at each use; the plan still
+counts one cast a step, a lower bound there.)
 """
 
 from __future__ import annotations
@@ -50,6 +52,8 @@ def add_fp8(ctx: RankContext, actions: list[Action], program: Program) -> Progra
 
 
 def amax_group(ctx: RankContext) -> tuple[int, ...]:
-    """The ranks of this rank's pipeline stage: its TP, CP and DP peers."""
-    layout, pp = ctx.layout, ctx.pp_rank
-    return tuple(r for r in range(layout.world) if layout.coords(r).pp == pp)
+    """The ranks of this rank's pipeline stage, its TP, CP and DP peers: with PP slowest in the
+    rank order (`traces.layout`), the stage's block of world/pp consecutive ranks."""
+    per_stage = ctx.layout.world // ctx.layout.pp
+    first = ctx.pp_rank * per_stage
+    return tuple(range(first, first + per_stage))
