@@ -59,12 +59,14 @@ def core_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, dropout
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout)
 
 
-def rope_tables(s: int, d: int, device: torch.device, dtype: torch.dtype
+def rope_tables(positions: torch.Tensor, d: int, dtype: torch.dtype
                 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin [s, d] of the angles p·θ^(-2i/d), each frequency over both halves of the
-    head (GPT-NeoX's rotate-half layout, Megatron-Core's default)."""
+    """cos and sin [s, d] of the angles p·θ^(-2i/d) at `positions` (the tokens' indices in
+    the sequence: a context-parallel chunk passes its own), each frequency over both halves of
+    the head (GPT-NeoX's rotate-half layout, Megatron-Core's default)."""
+    device = positions.device
     inv = ROPE_BASE ** (-torch.arange(0, d, 2, dtype=torch.float32, device=device) / d)
-    angles = torch.arange(s, dtype=torch.float32, device=device)[:, None] * inv[None, :]
+    angles = positions.to(torch.float32)[:, None] * inv[None, :]
     both = torch.cat([angles, angles], dim=-1)
     return both.cos().to(dtype), both.sin().to(dtype)
 
@@ -76,11 +78,15 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos[:, None, None, :] + rotated * sin[:, None, None, :]
 
 
-def rope_qkv(qkv: torch.Tensor, heads: int, kv_heads: int) -> torch.Tensor:
-    """The [s, b, ...] qkv with its q and k heads rotated by position (v unchanged)."""
+def rope_qkv(qkv: torch.Tensor, heads: int, kv_heads: int,
+             positions: torch.Tensor | None = None) -> torch.Tensor:
+    """The [s, b, ...] qkv with its q and k heads rotated by position (v unchanged);
+    `positions` default to 0 .. s-1."""
     s, b, width = qkv.shape
     d = width // (heads + 2 * kv_heads)
-    cos, sin = rope_tables(s, d, qkv.device, qkv.dtype)
+    if positions is None:
+        positions = torch.arange(s, device=qkv.device)
+    cos, sin = rope_tables(positions, d, qkv.dtype)
     qk, v = qkv.split([(heads + kv_heads) * d, kv_heads * d], dim=-1)
     rotated = apply_rope(qk.reshape(s, b, heads + kv_heads, d), cos, sin)
     return torch.cat([rotated.reshape(s, b, -1), v], dim=-1)
