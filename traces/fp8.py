@@ -27,9 +27,9 @@ columnwise-quantized one of the same size rather than a transpose; the scales ad
 element; and scales come from each block's own values, so there is no amax reduction.
 With sequence parallelism TE casts the sequence shard and all-gathers it in FP8; here
 communication stays bf16 and the cast is costed over the gathered b·s rows (it sits just
-before the all-gather in the plan). Transformer Engine fuses some casts into the kernel before (the norm in LayerNormLinear, the
-activation in LayerNormMLP); they are counted here as kernels of their own, which costs one bf16
-read of X more than TE's fused kernels.
+before the all-gather in the plan). Transformer Engine fuses some casts into the kernel before
+(the norm in LayerNormLinear, the activation in LayerNormMLP); they are counted here as kernels
+of their own, which costs one bf16 read of X more than TE's fused kernels.
 """
 
 from __future__ import annotations

@@ -24,6 +24,10 @@ from traces.pipeline import Action, ActionSchedule, layout_schedule
 
 OPTIMIZER_STATE_BYTES = 12
 """fp32 master weights, momentum and variance: 4 + 4 + 4 (ZeRO's K)."""
+GELU_MLP_TERM = 16
+"""A GeLU MLP's stored activations per s·b·h: 2·4 (GeLU input) + 2·4 (fc2 input), the paper's
+f = 4h. Kept literal for any `ffn_hidden` (shipped predictions unchanged); 4f/h is the count
+for another width (Llama-2-7B-shaped f = 11008, h = 4096: 10.75 instead of 16)."""
 LOGITS_BYTES = 4
 """The cross-entropy reads fp32 logits (Korthikanti et al. 2022, §4.3)."""
 
@@ -72,16 +76,18 @@ def activation_terms(model: ModelSpec) -> tuple[float, float]:
     whole (norm inputs, the qkv and fc1 inputs, the two dropout masks) and what it splits.
 
     Korthikanti et al. 2022 (Table 2), term by term with 2-byte values and 1-byte masks, for
-    g key/value heads and an MLP of width f:
+    g key/value heads:
         replicated  ln1 and ln2 inputs 2 + 2, qkv input 2, fc1 input 2, masks 1 + 1   = 10
         split       Q 2, K and V 2g/a each, proj input 2                             = 4 + 4g/a
-                    GeLU input 2f/h and fc2 input 2f/h                               = 4f/h
-                    (SwiGLU: gate and up 4f/h, fc2 input 2f/h                        = 6f/h)
-    GPT (g = a, f = 4h): 10 + 24 = 34. Rotary embedding keeps nothing (its backward is the
-    inverse rotation of a fixed table); RMSNorm keeps its input as LayerNorm does; FP8 models
-    are counted at these bf16 sizes."""
-    g_a, f_h = model.kv_heads / model.heads, model.ffn_hidden / model.hidden
-    mlp = (6 if model.ffn == "swiglu" else 4) * f_h
+                    GeLU input 8 and fc2 input 8 (the paper's f = 4h, kept as it is
+                    for every GeLU width: GELU_MLP_TERM)                             = 16
+                    SwiGLU of width f: gate and up 4f/h, fc2 input 2f/h              = 6f/h
+    GPT (g = a): 10 + 24 = 34. Rotary embedding keeps nothing (its backward is the inverse
+    rotation of a fixed table); RMSNorm keeps its input as LayerNorm does; FP8 models are
+    counted at these bf16 sizes. A context-parallel rank holds 1/cp of the sequence: both
+    terms divide by cp."""
+    g_a = model.kv_heads / model.heads
+    mlp = 6 * model.ffn_hidden / model.hidden if model.ffn == "swiglu" else GELU_MLP_TERM
     return 10, 4 + 4 * g_a + mlp
 
 

@@ -14,13 +14,16 @@ D = H // A
 
 
 def llama(kv: int, ffn: str = "swiglu") -> ModelSpec:
+    """SwiGLU of width F; GeLU of the paper's 4h (the memory model counts GeLU at 4h)."""
     return ModelSpec(layers=2, hidden=H, heads=A, kv_heads=kv, seq_len=S, vocab=128, ffn=ffn,
-                     ffn_hidden=F, norm="rmsnorm", position="rope", bias=False)
+                     ffn_hidden=F if ffn == "swiglu" else 4 * H, norm="rmsnorm", position="rope",
+                     bias=False)
 
 
 def hand_count(kv: int, t: int, sp: bool, ffn: str) -> float:
     """Every tensor a layer keeps, in bytes (2 per value, 1 per dropout-mask element)."""
     sb = S * B
+    f = F if ffn == "swiglu" else 4 * H
     whole = sp and t or 1  # what SP splits along the sequence besides what TP splits
     kept = [
         2 * sb * H / whole,            # ln1 input (the residual stream)
@@ -32,8 +35,8 @@ def hand_count(kv: int, t: int, sp: bool, ffn: str) -> float:
         1 * sb * H / whole,            # attention dropout mask
         2 * sb * H / whole,            # ln2 input
         2 * sb * H / whole,            # fc1 input
-        *([2 * sb * F / t] * (2 if ffn == "swiglu" else 1)),  # activation input (gate, up)
-        2 * sb * F / t,                # fc2 input
+        *([2 * sb * f / t] * (2 if ffn == "swiglu" else 1)),  # activation input (gate, up)
+        2 * sb * f / t,                # fc2 input
         1 * sb * H / whole,            # MLP dropout mask
     ]
     return sum(kept)
