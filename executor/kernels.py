@@ -10,23 +10,37 @@ Slots (scope, name): scope is a layer index, "E" (embedding), "H" (head) or "D" 
 reads (i, "x") and writes (i + 1, "x"), so a stage's output and the next stage's input, and
 their gradients, share one key.
 
-    ln1 x->a1  qkv a1->qkv  flash_attn qkv->ctx | qk qkv->scores  softmax ->probs
+    ln1 x->a1  qkv a1->qkv (a1->qkv_raw  rope qkv_raw->qkv with rotary positions)
+    flash_attn qkv->ctx | qk qkv->scores  softmax ->probs
     attn_dropout ->probs_d  av (probs_d, qkv)->ctx  proj ctx->attn  bda1 (attn, x)->y
-    ln2 y->a2  fc1 a2->h1  gelu ->h2  fc2 ->mlp  bda2 (mlp, y)->x+
+    ln2 y->a2  fc1 a2->h1  gelu|swiglu ->h2  fc2 ->mlp  bda2 (mlp, y)->x+
+
+The table depends on the model (`kernel_table`): without biases the linears and the bdas take
+none, RMSNorm has no bias, rotary positions no position table; `KERNELS` is GPT's.
     embed tokens->emb  pos_embed emb->x0  final_ln xL->fln  logits fln->(logits, lmax)
     cross_entropy (logits, lmax, targets)->stats
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cache
 
 import torch
 import torch.nn.functional as F
 
-from traces.purpose import Kernel
+from executor.attention import (
+    causal_mask,
+    core_attention,
+    expand_kv,
+    merge_heads,
+    rope_qkv,
+    scale,
+    split_qkv,
+)
+from traces.model import ModelSpec
+from traces.purpose import FP8_KERNELS, Kernel
 
 LN_EPS = 1e-5
 Slot = tuple[int | str, str]
@@ -39,6 +53,9 @@ class KernelContext:
     heads: int
     """Attention heads on this TP rank (a/t)."""
     head_dim: int
+    kv_heads: int = 0
+    """Key/value heads on this TP rank (g/t); 0: as many as `heads`."""
+    rmsnorm: bool = False
     tp: int
     tp_rank: int
     sp: bool
@@ -85,8 +102,10 @@ def dropout(x: torch.Tensor, p: float, seed: int) -> torch.Tensor:
 
 # --- layer kernels -----------------------------------------------------------------------------
 
-def _ln(ctx: KernelContext, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor
+def _ln(ctx: KernelContext, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None
         ) -> tuple[torch.Tensor]:
+    if ctx.rmsnorm:  # x / sqrt(mean(x²) + ε) · w
+        return (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + LN_EPS) * w,)
     return (F.layer_norm(x, (x.shape[-1],), w, b, LN_EPS),)
 
 
@@ -95,39 +114,28 @@ def _linear(ctx: KernelContext, x: torch.Tensor, w: torch.Tensor, b: torch.Tenso
     return (F.linear(x, w, b),)
 
 
-def _heads(qkv: torch.Tensor, heads: int, which: int) -> torch.Tensor:
-    """q (0), k (1) or v (2) of the [s, b, 3*heads*d] QKV output as [b, heads, s, d]."""
-    s, b, width = qkv.shape
-    return qkv.view(s, b, 3, heads, width // (3 * heads))[:, :, which].permute(1, 2, 0, 3)
+def _qkv(ctx: KernelContext, qkv: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    return split_qkv(qkv, ctx.heads, ctx.kv_heads or ctx.heads)
 
 
-def _merge(ctx_heads: torch.Tensor) -> torch.Tensor:
-    """[b, heads, s, d] -> [s, b, heads*d]."""
-    b, n, s, d = ctx_heads.shape
-    return ctx_heads.permute(2, 0, 1, 3).reshape(s, b, n * d)
+def _rope(ctx: KernelContext, qkv: torch.Tensor) -> tuple[torch.Tensor]:
+    return (rope_qkv(qkv, ctx.heads, ctx.kv_heads or ctx.heads),)
 
 
 def _flash_attn(ctx: KernelContext, qkv: torch.Tensor) -> tuple[torch.Tensor]:
-    q, k, v = (_heads(qkv, ctx.heads, i) for i in range(3))
-    if ctx.dropout == 0.0:
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-    else:  # sdpa draws from the global generator: fork it and seed it for this site
-        devices = [qkv.device] if qkv.is_cuda else []
-        with torch.random.fork_rng(devices=devices):
-            torch.manual_seed(_seed(ctx, "flash_attn", True))
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=ctx.dropout)
-    return (_merge(out),)
+    q, k, v = _qkv(ctx, qkv)
+    seed = _seed(ctx, "flash_attn", True) if ctx.dropout else None
+    return (merge_heads(core_attention(q, k, v, dropout=ctx.dropout, seed=seed)),)
 
 
 def _qk(ctx: KernelContext, qkv: torch.Tensor) -> tuple[torch.Tensor]:
-    q, k = _heads(qkv, ctx.heads, 0), _heads(qkv, ctx.heads, 1)
-    return (q @ k.transpose(-2, -1),)
+    q, k, _ = _qkv(ctx, qkv)
+    return (q @ expand_kv(k, ctx.heads).transpose(-2, -1),)
 
 
 def _softmax(ctx: KernelContext, scores: torch.Tensor) -> tuple[torch.Tensor]:
-    s = scores.shape[-1]
-    mask = torch.ones(s, s, dtype=torch.bool, device=scores.device).triu(1)
-    scaled = scores * (1.0 / math.sqrt(ctx.head_dim))
+    mask = causal_mask(scores.shape[-1], scores.device)
+    scaled = scores * scale(ctx.head_dim)
     return (torch.softmax(scaled.masked_fill(mask, float("-inf")), dim=-1),)
 
 
@@ -136,14 +144,22 @@ def _attn_dropout(ctx: KernelContext, probs: torch.Tensor) -> tuple[torch.Tensor
 
 
 def _av(ctx: KernelContext, probs: torch.Tensor, qkv: torch.Tensor) -> tuple[torch.Tensor]:
-    return (_merge(probs @ _heads(qkv, ctx.heads, 2)),)
+    _, _, v = _qkv(ctx, qkv)
+    return (merge_heads(probs @ expand_kv(v, ctx.heads)),)
 
 
 def _bda(site: str) -> Callable[..., tuple[torch.Tensor]]:
-    def bda(ctx: KernelContext, x: torch.Tensor, residual: torch.Tensor, bias: torch.Tensor
-            ) -> tuple[torch.Tensor]:
-        return (residual + dropout(x + bias, ctx.dropout, _seed(ctx, site, ctx.sp)),)
+    def bda(ctx: KernelContext, x: torch.Tensor, residual: torch.Tensor,
+            bias: torch.Tensor | None = None) -> tuple[torch.Tensor]:
+        x = x if bias is None else x + bias
+        return (residual + dropout(x, ctx.dropout, _seed(ctx, site, ctx.sp)),)
     return bda
+
+
+def _swiglu(ctx: KernelContext, x: torch.Tensor) -> tuple[torch.Tensor]:
+    """silu(gate)·up of fc1's [gate | up] output (this rank's f/t of each)."""
+    gate, up = x.chunk(2, dim=-1)
+    return (F.silu(gate) * up,)
 
 
 def _gelu(ctx: KernelContext, x: torch.Tensor) -> tuple[torch.Tensor]:
@@ -167,10 +183,14 @@ def _embed(ctx: KernelContext, tokens: torch.Tensor, word: torch.Tensor) -> tupl
     return (F.embedding(local, word) * inside.unsqueeze(-1).to(word.dtype),)
 
 
-def _pos_embed(ctx: KernelContext, emb: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor]:
-    s = emb.shape[0]
-    rows = pos[ctx.tp_rank * s:(ctx.tp_rank + 1) * s] if ctx.sp else pos[:s]
-    return (dropout(emb + rows.unsqueeze(1), ctx.dropout, _seed(ctx, "pos_embed", ctx.sp)),)
+def _pos_embed(ctx: KernelContext, emb: torch.Tensor, pos: torch.Tensor | None = None
+               ) -> tuple[torch.Tensor]:
+    """The learned positions added (none with rotary positions), then dropout."""
+    if pos is not None:
+        s = emb.shape[0]
+        rows = pos[ctx.tp_rank * s:(ctx.tp_rank + 1) * s] if ctx.sp else pos[:s]
+        emb = emb + rows.unsqueeze(1)
+    return (dropout(emb, ctx.dropout, _seed(ctx, "pos_embed", ctx.sp)),)
 
 
 def _logits(ctx: KernelContext, x: torch.Tensor, w: torch.Tensor
@@ -209,29 +229,51 @@ def _k(name: str, inputs: str, outputs: str, params: str, fn: Callable[..., tupl
                        tuple(params.split()), fn, scope)
 
 
-KERNELS: dict[Kernel, TorchKernel] = {k.name: k for k in (
-    _k("ln1", "x", "a1", "ln1.weight ln1.bias", _ln),
-    _k("qkv", "a1", "qkv", "qkv.weight qkv.bias", _linear),
-    _k("flash_attn", "qkv", "ctx", "", _flash_attn),
-    _k("qk", "qkv", "scores", "", _qk),
-    _k("softmax", "scores", "probs", "", _softmax),
-    _k("attn_dropout", "probs", "probs_d", "", _attn_dropout),
-    _k("av", "probs_d qkv", "ctx", "", _av),
-    _k("proj", "ctx", "attn", "proj.weight", _linear),
-    _k("bda1", "attn x", "y", "proj.bias", _bda("bda1")),
-    _k("ln2", "y", "a2", "ln2.weight ln2.bias", _ln),
-    _k("fc1", "a2", "h1", "fc1.weight fc1.bias", _linear),
-    _k("gelu", "h1", "h2", "", _gelu),
-    _k("fc2", "h2", "mlp", "fc2.weight", _linear),
-    _k("bda2", "mlp y", "x+", "fc2.bias", _bda("bda2")),
-    _k("embed", "tokens", "emb", "word", _embed, "E"),
-    _k("pos_embed", "emb", "x0", "pos", _pos_embed, "E"),
-    _k("final_ln", "xL", "fln", "final_ln.weight final_ln.bias", _ln, "H"),
-    _k("logits", "fln", "logits lmax", "output", _logits, "H"),
-    _k("cross_entropy", "logits lmax targets", "stats", "", _cross_entropy, "H"),
-)}
+@cache
+def kernel_table(*, bias: bool = True, rmsnorm: bool = False, rope: bool = False
+                 ) -> dict[Kernel, TorchKernel]:
+    """The torch kernels of a model with these options (`table_of` reads them off a model)."""
+    b = "bias" if bias else ""
+    norm_bias = "" if rmsnorm else "bias"
 
-assert set(KERNELS) == set(Kernel) - {Kernel.OPTIMIZER}, "a torch function per plan kernel"
+    def p(*names: str) -> str:
+        return " ".join(n for n in names if not n.endswith("."))
+
+    return {k.name: k for k in (
+        _k("ln1", "x", "a1", p("ln1.weight", f"ln1.{norm_bias}"), _ln),
+        _k("qkv", "a1", "qkv_raw" if rope else "qkv", p("qkv.weight", f"qkv.{b}"), _linear),
+        _k("rope", "qkv_raw", "qkv", "", _rope),
+        _k("flash_attn", "qkv", "ctx", "", _flash_attn),
+        _k("qk", "qkv", "scores", "", _qk),
+        _k("softmax", "scores", "probs", "", _softmax),
+        _k("attn_dropout", "probs", "probs_d", "", _attn_dropout),
+        _k("av", "probs_d qkv", "ctx", "", _av),
+        _k("proj", "ctx", "attn", "proj.weight", _linear),
+        _k("bda1", "attn x", "y", p(f"proj.{b}"), _bda("bda1")),
+        _k("ln2", "y", "a2", p("ln2.weight", f"ln2.{norm_bias}"), _ln),
+        _k("fc1", "a2", "h1", p("fc1.weight", f"fc1.{b}"), _linear),
+        _k("gelu", "h1", "h2", "", _gelu),
+        _k("swiglu", "h1", "h2", "", _swiglu),
+        _k("fc2", "h2", "mlp", "fc2.weight", _linear),
+        _k("bda2", "mlp y", "x+", p(f"fc2.{b}"), _bda("bda2")),
+        _k("embed", "tokens", "emb", "word", _embed, "E"),
+        _k("pos_embed", "emb", "x0", "" if rope else "pos", _pos_embed, "E"),
+        _k("final_ln", "xL", "fln", p("final_ln.weight", f"final_ln.{norm_bias}"), _ln, "H"),
+        _k("logits", "fln", "logits lmax", "output", _logits, "H"),
+        _k("cross_entropy", "logits lmax targets", "stats", "", _cross_entropy, "H"),
+    )}
+
+
+def table_of(model: ModelSpec) -> dict[Kernel, TorchKernel]:
+    return kernel_table(bias=model.bias, rmsnorm=model.norm == "rmsnorm",
+                        rope=model.position == "rope")
+
+
+KERNELS = kernel_table()
+"""GPT's kernels (biases, LayerNorm, learned positions)."""
+
+assert set(KERNELS) == set(Kernel) - {Kernel.OPTIMIZER} - FP8_KERNELS, \
+    "a torch function per plan kernel (FP8 runs on GPUs only)"
 
 
 def slot(kernel: TorchKernel, name: str, layer: int | None, num_layers: int) -> Slot:

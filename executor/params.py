@@ -12,7 +12,9 @@ used in forward, whose gradient is ready first, comes first). Every rank builds 
 model from one seed — each unit from its own generator, so a rank only makes the units it holds
 — and keeps its tensor-parallel shard:
 
-    column-parallel  qkv (by heads, q/k/v kept apart), fc1, word and output embeddings (rows)
+    column-parallel  qkv (by heads: each rank's query heads, then its key and value heads),
+                     fc1 (SwiGLU: each rank's rows of the gate and of the up projection),
+                     word and output embeddings (rows)
     row-parallel     proj, fc2 (input columns)
     replicated       layer norms, proj and fc2 biases, positions (partial gradients under SP)
 """
@@ -28,8 +30,8 @@ from traces.model import ModelSpec
 from traces.purpose import EMBED, HEAD, Unit
 
 __all__ = ["DTYPES", "EMBED", "HEAD", "INIT_STD", "ParamSpec", "Unit", "build_unit_params",
-           "holds_output_weights", "init_full_unit", "layer_unit", "tp_shard", "unit_layer",
-           "unit_numel", "unit_specs", "units_of_rank"]
+           "has_param", "holds_output_weights", "init_full_unit", "layer_unit", "tp_shard",
+           "unit_layer", "unit_numel", "unit_specs", "units_of_rank"]
 INIT_STD = 0.02  # GPT-2 / Megatron's init_method_std
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -83,16 +85,27 @@ def unit_specs(model: ModelSpec, layout: Layout, unit: Unit, pp_rank: int) -> li
         if holds_output_weights(model, layout, pp_rank):
             forward.append(ParamSpec("output", (V // t, h), True))
     else:
+        qkv, f1 = h + 2 * model.kv_width, model.fc1_width
         forward = [
             ParamSpec("ln1.weight", (h,), False), ParamSpec("ln1.bias", (h,), False),
-            ParamSpec("qkv.weight", (3 * h // t, h), True),
-            ParamSpec("qkv.bias", (3 * h // t,), True),
+            ParamSpec("qkv.weight", (qkv // t, h), True),
+            ParamSpec("qkv.bias", (qkv // t,), True),
             ParamSpec("proj.weight", (h, h // t), True), ParamSpec("proj.bias", (h,), False),
             ParamSpec("ln2.weight", (h,), False), ParamSpec("ln2.bias", (h,), False),
-            ParamSpec("fc1.weight", (f // t, h), True), ParamSpec("fc1.bias", (f // t,), True),
+            ParamSpec("fc1.weight", (f1 // t, h), True), ParamSpec("fc1.bias", (f1 // t,), True),
             ParamSpec("fc2.weight", (h, f // t), True), ParamSpec("fc2.bias", (h,), False),
         ]
-    return forward[::-1]
+    return [spec for spec in forward[::-1] if has_param(model, spec.name)]
+
+
+def has_param(model: ModelSpec, name: str) -> bool:
+    """Whether the model has parameter `name`: no linear biases without `bias`, no norm
+    biases with RMSNorm, no position table with rotary positions."""
+    if name in ("qkv.bias", "proj.bias", "fc1.bias", "fc2.bias"):
+        return model.bias
+    if name.endswith("ln.bias") or name in ("ln1.bias", "ln2.bias"):
+        return model.norm == "layernorm"
+    return name != "pos" or model.position == "learned"
 
 
 def units_of_rank(model: ModelSpec, layout: Layout, pp_rank: int) -> list[Unit]:
@@ -128,38 +141,49 @@ def init_full_unit(model: ModelSpec, unit: Unit, seed: int) -> dict[str, torch.T
     h, f, V = model.hidden, model.ffn_hidden, model.vocab
     if unit == EMBED:
         gen = _generator(seed, 0)
-        return {"word": _normal((V, h), gen), "pos": _normal((model.seq_len, h), gen)}
+        return _drawn(model, gen, {"word": ((V, h), 0.0), "pos": ((model.seq_len, h), 0.0)})
     if unit == HEAD:
         gen = _generator(seed, model.layers + 1)
-        out = {"final_ln.weight": _normal((h,), gen, 1.0), "final_ln.bias": _normal((h,), gen)}
+        out = _drawn(model, gen, {"final_ln.weight": ((h,), 1.0), "final_ln.bias": ((h,), 0.0)})
         out["output"] = (_normal((V, h), gen) if not model.tied_embeddings
                          else init_full_unit(model, EMBED, seed)["word"])
         return out
     layer = unit_layer(unit)
     assert layer is not None and 0 <= layer < model.layers, unit
     gen = _generator(seed, layer + 1)
-    return {
-        "ln1.weight": _normal((h,), gen, 1.0), "ln1.bias": _normal((h,), gen),
-        "qkv.weight": _normal((3 * h, h), gen), "qkv.bias": _normal((3 * h,), gen),
-        "proj.weight": _normal((h, h), gen), "proj.bias": _normal((h,), gen),
-        "ln2.weight": _normal((h,), gen, 1.0), "ln2.bias": _normal((h,), gen),
-        "fc1.weight": _normal((f, h), gen), "fc1.bias": _normal((f,), gen),
-        "fc2.weight": _normal((h, f), gen), "fc2.bias": _normal((h,), gen),
-    }
+    qkv, f1 = h + 2 * model.kv_width, model.fc1_width
+    return _drawn(model, gen, {
+        "ln1.weight": ((h,), 1.0), "ln1.bias": ((h,), 0.0),
+        "qkv.weight": ((qkv, h), 0.0), "qkv.bias": ((qkv,), 0.0),
+        "proj.weight": ((h, h), 0.0), "proj.bias": ((h,), 0.0),
+        "ln2.weight": ((h,), 1.0), "ln2.bias": ((h,), 0.0),
+        "fc1.weight": ((f1, h), 0.0), "fc1.bias": ((f1,), 0.0),
+        "fc2.weight": ((h, f), 0.0), "fc2.bias": ((h,), 0.0),
+    })
+
+
+def _drawn(model: ModelSpec, gen: torch.Generator,
+           shapes: dict[str, tuple[tuple[int, ...], float]]) -> dict[str, torch.Tensor]:
+    """The model's parameters among `shapes` (name: shape, mean), drawn in order."""
+    return {name: _normal(shape, gen, mean) for name, (shape, mean) in shapes.items()
+            if has_param(model, name)}
 
 
 def tp_shard(model: ModelSpec, name: str, full: torch.Tensor, tp: int, tp_rank: int
              ) -> torch.Tensor:
     """One TP rank's piece of a full tensor (a copy); replicated tensors come back whole."""
-    h, a = model.hidden, model.heads
+    h, a, g = model.hidden, model.heads, model.kv_heads
     if tp == 1:
         return full.clone()
     if name in ("qkv.weight", "qkv.bias"):
-        # [3h, ...] as [q|k|v, head, head_dim, ...]: each rank takes its heads of q, k and v.
-        heads = a // tp
-        split = full.reshape(3, a, h // a, *full.shape[1:])
-        return split[:, tp_rank * heads:(tp_rank + 1) * heads].reshape(-1, *full.shape[1:]
-                                                                        ).clone()
+        # [(a + 2g)d, ...] as q (a heads), k, v (g heads each): each rank its heads of each.
+        d, rest = h // a, full.shape[1:]
+        parts = full.split([a * d, g * d, g * d])
+        return torch.cat([part.reshape(n, d, *rest).chunk(tp)[tp_rank].reshape(-1, *rest)
+                          for part, n in zip(parts, (a, g, g))]).clone()
+    if name in ("fc1.weight", "fc1.bias") and model.ffn == "swiglu":
+        # [gate | up] of f rows each: each rank its rows of both.
+        return torch.cat([half.chunk(tp)[tp_rank] for half in full.chunk(2)]).clone()
     if name in ("fc1.weight", "fc1.bias", "word", "output"):
         return full.chunk(tp, dim=0)[tp_rank].clone()
     if name in ("proj.weight", "fc2.weight"):

@@ -35,6 +35,7 @@ from traces.layout import Layout
 from traces.model import ModelSpec
 from traces.ops import Op, OpKind, Phase, Trace
 from traces.purpose import (
+    AmaxReduction,
     Bench,
     CrossEntropyStat,
     EmbeddingGrads,
@@ -133,6 +134,9 @@ class _Lowering:
                     raise self.fail(i, "a send/recv needs a peer")
                 return Transfer(op.kind is OpKind.SEND, boundary, self._mb(i, mb), tag,
                                 op.peer)
+            case AmaxReduction():
+                raise self.fail(i, "FP8's amax reduction runs only in an fp8 run, which the "
+                                   "executor refuses (executor.runtime.fp8_refusal)")
             case Bench():
                 raise self.fail(i, "a microbenchmark op runs in executor.bench, not a plan")
         raise self.fail(i, f"no interpretation of purpose {op.purpose!r}")

@@ -1,6 +1,7 @@
-"""The single-process reference: the same GPT unsharded, plain autograd, torch.optim.AdamW.
+"""The single-process reference: the same decoder unsharded, plain autograd, torch.optim.AdamW.
 
-Written independently of the kernels (batch-first, materialized causal attention,
+Written independently of the kernels (batch-first, materialized causal attention with the key
+and value heads indexed per query head, rotary positions by complex multiplication,
 F.cross_entropy), sharing with the executor only the seeded initialisation
 (`params.init_full_unit`) and the synthetic data, so agreement is evidence, not tautology.
 
@@ -60,30 +61,62 @@ class ReferenceGPT:
         """Mean next-token cross-entropy of [B, s + 1] token rows."""
         m = self.model
         tokens, targets = rows[:, :-1], rows[:, 1:]
-        x = F.embedding(tokens, self.p(EMBED, "word")) + self.p(EMBED, "pos")[:m.seq_len]
+        x = F.embedding(tokens, self.p(EMBED, "word"))
+        if m.position == "learned":
+            x = x + self.p(EMBED, "pos")[:m.seq_len]
         for i in range(m.layers):
             x = self._block(x, layer_unit(i))
-        x = F.layer_norm(x, (m.hidden,), self.p(HEAD, "final_ln.weight"),
-                         self.p(HEAD, "final_ln.bias"), LN_EPS)
+        x = self._norm(x, HEAD, "final_ln")
         out = self.p(EMBED, "word") if m.tied_embeddings else self.p(HEAD, "output")
         logits = x @ out.t()
         return F.cross_entropy(logits.reshape(-1, m.vocab), targets.reshape(-1))
 
+    def _bias(self, u: Unit, name: str) -> torch.Tensor | float:
+        return self.p(u, f"{name}.bias") if self.model.bias else 0.0
+
+    def _norm(self, x: torch.Tensor, u: Unit, name: str) -> torch.Tensor:
+        w = self.p(u, f"{name}.weight")
+        if self.model.norm == "rmsnorm":
+            return x / torch.sqrt((x * x).mean(-1, keepdim=True) + LN_EPS) * w
+        return F.layer_norm(x, (x.shape[-1],), w, self.p(u, f"{name}.bias"), LN_EPS)
+
     def _block(self, x: torch.Tensor, u: Unit) -> torch.Tensor:
         m = self.model
         B, s, h = x.shape
-        a, d = m.heads, m.hidden // m.heads
-        y = F.layer_norm(x, (h,), self.p(u, "ln1.weight"), self.p(u, "ln1.bias"), LN_EPS)
-        q, k, v = (y @ self.p(u, "qkv.weight").t() + self.p(u, "qkv.bias")).split(h, dim=-1)
-        q, k, v = (t.reshape(B, s, a, d).transpose(1, 2) for t in (q, k, v))
+        a, g, d = m.heads, m.kv_heads, m.head_dim
+        y = self._norm(x, u, "ln1")
+        qkv = y @ self.p(u, "qkv.weight").t() + self._bias(u, "qkv")
+        q, k, v = qkv.split([a * d, g * d, g * d], dim=-1)
+        q, k, v = q.reshape(B, s, a, d), k.reshape(B, s, g, d), v.reshape(B, s, g, d)
+        if m.position == "rope":
+            q, k = _rotary(q), _rotary(k)
+        group = torch.arange(a) // (a // g)  # the key/value head of each query head
+        q, k, v = q.transpose(1, 2), k[:, :, group].transpose(1, 2), v[:, :, group].transpose(1, 2)
         scores = q @ k.transpose(-2, -1) / math.sqrt(d)
         causal = torch.ones(s, s, dtype=torch.bool).triu(1)
         probs = scores.masked_fill(causal, float("-inf")).softmax(dim=-1)
         ctx = (probs @ v).transpose(1, 2).reshape(B, s, h)
-        x = x + ctx @ self.p(u, "proj.weight").t() + self.p(u, "proj.bias")
-        y = F.layer_norm(x, (h,), self.p(u, "ln2.weight"), self.p(u, "ln2.bias"), LN_EPS)
-        y = F.gelu(y @ self.p(u, "fc1.weight").t() + self.p(u, "fc1.bias"))
-        return x + y @ self.p(u, "fc2.weight").t() + self.p(u, "fc2.bias")
+        x = x + ctx @ self.p(u, "proj.weight").t() + self._bias(u, "proj")
+        y = self._norm(x, u, "ln2")
+        y = y @ self.p(u, "fc1.weight").t() + self._bias(u, "fc1")
+        if m.ffn == "swiglu":
+            gate, up = y[..., :m.ffn_hidden], y[..., m.ffn_hidden:]
+            y = gate * torch.sigmoid(gate) * up
+        else:
+            y = F.gelu(y)
+        return x + y @ self.p(u, "fc2.weight").t() + self._bias(u, "fc2")
+
+
+def _rotary(x: torch.Tensor) -> torch.Tensor:
+    """[B, s, heads, d] rotated by position: the pairs (x_i, x_{i+d/2}) as complex numbers
+    times e^{i·p·θ_i}, θ_i = 10000^(-2i/d) (RoFormer; the rotate-half pairing)."""
+    B, s, n, d = x.shape
+    theta = 10000.0 ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+    turn = torch.polar(torch.ones(s, d // 2, dtype=torch.float64),
+                       torch.arange(s, dtype=torch.float64)[:, None] * theta[None, :])
+    pairs = torch.complex(x[..., :d // 2].double(), x[..., d // 2:].double())
+    rotated = pairs * turn[None, :, None, :]
+    return torch.cat([rotated.real, rotated.imag], dim=-1).to(x.dtype)
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,7 +33,7 @@ from executor.comm import Comm, Handle
 from executor.flat import Bucket, FlatLayout, rule_buckets, unit_buckets
 from executor.grads import GradStore
 from executor.groups import GroupKey
-from executor.kernels import KERNELS, KernelContext, ce_loss, slot
+from executor.kernels import KernelContext, ce_loss, slot, table_of
 from executor.memory import MemoryMeter
 from executor.optim import AdamW, AdamWConfig, ParamStore
 from executor.params import DTYPES, EMBED, HEAD, holds_output_weights, layer_unit
@@ -68,11 +68,23 @@ def check_supported(model: ModelSpec, layout: Layout) -> None:
     """Layouts the executor cannot run exactly; a ConfigError naming the rule."""
     if layout.cp != 1:
         raise ConfigError("parallel.cp: the executor does not run context parallelism")
+    if model.fp8:
+        raise ConfigError(fp8_refusal())
     if model.tied_embeddings and layout.pp > 1 and layout.zero >= 1 and layout.dp > 1:
         raise ConfigError("parallel.zero: tied embeddings with pp > 1 need the embedding "
                           "all-reduce before the DP reduction for ZeRO >= 1 (after a "
                           "reduce-scatter the two stages' shards of the word embeddings "
                           "differ); use zero = 0 or model.tied_embeddings = false")
+
+
+def fp8_refusal() -> str:
+    """Why the executor does not run an fp8 model here: no FP8 GEMMs on a CPU; on a GPU,
+    its FP8 kernels (Transformer Engine's casts, amax reduction) are not written yet."""
+    if not torch.cuda.is_available():
+        return ("model.dtype: \"fp8\" needs FP8 tensor cores (Hopper or Blackwell); this "
+                "run has no GPU, and gloo on CPU computes in fp32, bf16 or fp16 only")
+    return ("model.dtype: \"fp8\": the executor's FP8 kernels (Transformer Engine's casts "
+            "and amax reduction) are not implemented; simulate it, or run bf16")
 
 
 class RankRuntime:
@@ -110,8 +122,11 @@ class RankRuntime:
         self.step = 0
         self.tokens_per_mb = model.seq_len * layout.micro_batch
         self.loss_scale = 1.0 / (self.tokens_per_mb * layout.num_microbatches * layout.dp)
+        self.kernels = table_of(model)
         self._ctx = KernelContext(heads=model.heads // layout.tp,
                                   head_dim=model.hidden // model.heads, tp=layout.tp,
+                                  kv_heads=model.kv_heads // layout.tp,
+                                  rmsnorm=model.norm == "rmsnorm",
                                   tp_rank=self.tp_rank, sp=layout.sp,
                                   vocab_shard=model.vocab // layout.tp, dropout=options.dropout,
                                   seed=options.seed)
@@ -121,7 +136,7 @@ class RankRuntime:
     def tape(self, mb: int) -> Tape:
         t = self.tapes.get(mb)
         if t is None:
-            t = self.tapes[mb] = Tape(self.meter, self.model.layers)
+            t = self.tapes[mb] = Tape(self.meter, self.model.layers, self.kernels)
             tokens, targets = microbatch(self.model, self.layout, self.options.seed, self.step,
                                          self.dp_rank, mb)
             t.put(("D", "tokens"), tokens.to(self.device))
@@ -142,7 +157,7 @@ class RankRuntime:
                                    microbatch=mb, step=self.step)
 
     def _unit(self, name: Kernel, layer: int | None) -> Unit:
-        scope = KERNELS[name].scope
+        scope = self.kernels[name].scope
         if scope == "layer":
             assert layer is not None, f"{name} needs a layer"
             return layer_unit(layer)
@@ -151,7 +166,7 @@ class RankRuntime:
     def _params(self, name: Kernel, layer: int | None) -> list[tuple[ParamRef, torch.Tensor]]:
         unit = self._unit(name, layer)
         refs = []
-        for pname in KERNELS[name].params:
+        for pname in self.kernels[name].params:
             ref = (unit, pname)
             if pname == "output" and not holds_output_weights(self.model, self.layout,
                                                               self.pp_rank):
@@ -202,7 +217,7 @@ class RankRuntime:
     def tp(self, site: TpSite, layer: int | None, mb: int) -> None:
         """The collective at one of Megatron's f/g sites (`traces.plan.tensor.tp_sites`)."""
         tape = self.tape(mb)
-        key = slot(KERNELS[site.kernel], site.slot, layer, self.model.layers)
+        key = slot(self.kernels[site.kernel], site.slot, layer, self.model.layers)
         if site.saved:  # backward: the shard the forward kept, gathered again
             value = tape.acts[tapes.shard_slot(key)]
         elif site.kind is OpKind.ALL_GATHER and not site.grad:

@@ -40,9 +40,10 @@ NON_DIFFERENTIABLE = frozenset({"tokens", "targets", "lmax"})
 
 # Inputs a kernel is the last forward user of: their slots are released after it runs.
 RELEASE_AFTER: dict[str, tuple[str, ...]] = {
-    "qkv": ("a1",), "flash_attn": ("qkv",), "softmax": ("scores",), "attn_dropout": ("probs",),
-    "av": ("probs_d", "qkv"), "proj": ("ctx",), "bda1": ("attn", "x"), "fc1": ("a2",),
-    "gelu": ("h1",), "fc2": ("h2",), "bda2": ("mlp", "y"), "pos_embed": ("emb",),
+    "qkv": ("a1",), "rope": ("qkv_raw",), "flash_attn": ("qkv",), "softmax": ("scores",),
+    "attn_dropout": ("probs",), "av": ("probs_d", "qkv"), "proj": ("ctx",),
+    "bda1": ("attn", "x"), "fc1": ("a2",), "gelu": ("h1",), "swiglu": ("h1",), "fc2": ("h2",),
+    "bda2": ("mlp", "y"), "pos_embed": ("emb",),
     "final_ln": ("xL",), "logits": ("fln",), "cross_entropy": ("logits", "lmax"),
 }
 # What forward keeps for the recompute phase, and what the recompute phase throws away (its
@@ -117,8 +118,11 @@ class _SlotRef:
 class Tape:
     """One micro-batch: activation slots, gradient slots, and saved kernel states."""
 
-    def __init__(self, meter: MemoryMeter, num_layers: int) -> None:
+    def __init__(self, meter: MemoryMeter, num_layers: int,
+                 kernels: dict[Kernel, TorchKernel] = KERNELS) -> None:
         self.meter, self.num_layers = meter, num_layers
+        self.kernels = kernels
+        """The model's torch kernels (`executor.kernels.table_of`)."""
         self.acts: dict[Slot, torch.Tensor] = {}
         self.grads: dict[Slot, torch.Tensor] = {}
         self.saved: dict[tuple[Kernel, int | None], Saved] = {}
@@ -187,7 +191,7 @@ def forward(tape: Tape, name: Kernel, layer: int | None, ctx: KernelContext,
 
     `save`: keep the autograd state for its backward. `recomputing`: this is the recompute
     phase (outputs whose consumers are not re-run are dropped at once)."""
-    kernel = KERNELS[name]
+    kernel = tape.kernels[name]
     in_keys = [slot(kernel, n, layer, tape.num_layers) for n in kernel.inputs]
     out_keys = [slot(kernel, n, layer, tape.num_layers) for n in kernel.outputs]
     inputs = [tape.acts[k] for k in in_keys]

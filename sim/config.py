@@ -1,7 +1,7 @@
 """An experiment: a TOML file with [model], [parallel], [cluster] and optional [sim].
 
     [model]      layers, hidden, heads, seq_len, vocab, ffn_hidden, dtype, tied_embeddings,
-                 attention
+                 attention, kv_heads, ffn, norm, position, bias, fp8_recipe
     [parallel]   tp, pp, dp, vp, sp, zero, schedule, micro_batch, global_batch, recompute,
                  bucket_bytes, overlap_grad_reduce, fp32_main_grads, cp
     [cluster]    see topology.config
@@ -17,6 +17,7 @@ cluster's graph is built.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from importlib import resources
@@ -27,7 +28,7 @@ from sim.collectives import ALGORITHM_NAMES, Algorithm
 from sim.engine.transport import NETWORK_NAMES, NetworkMode
 from sim.goodput.settings import Reliability, read_reliability
 from sim.profile import Profile, default_profile, load_profile
-from topology.cluster import Cluster
+from topology.cluster import Accelerator, Cluster
 from topology.config import read_cluster
 from traces.errors import ConfigError, show
 from traces.fields import Fields, check_choice
@@ -69,7 +70,29 @@ class Experiment:
             _plain(self.algo), "sim.algo", ALGORITHM_NAMES)))
         notes = check_layout(self.model, self.layout, world=self.cluster.num_devices,
                              devices_per_server=self.cluster.devices_per_server)
+        check_fp8(self.model, self.cluster.accelerator)
         object.__setattr__(self, "warnings", notes)
+
+
+def check_fp8(model: ModelSpec, accelerator: Accelerator) -> None:
+    """An fp8 model needs FP8 tensor cores, and MXFP8 needs Blackwell's block scaling."""
+    if not model.fp8:
+        return
+    if accelerator.peak_flops_fp8 <= 0:
+        raise ConfigError(f"model.dtype: \"fp8\" needs FP8 tensor cores, which "
+                          f"{accelerator.name} does not have (Hopper and Blackwell do)")
+    if model.fp8_recipe == "mxfp8" and not accelerator.fp8_block_scaling:
+        raise ConfigError(f"model.fp8_recipe: \"mxfp8\" needs hardware block scaling "
+                          f"(Blackwell), which {accelerator.name} does not have; use \"delayed\"")
+
+
+def resolve_fp8(model: ModelSpec, accelerator: Accelerator, stated: bool) -> ModelSpec:
+    """An fp8 model's recipe, where the config left it out (`stated` false): MXFP8 on an
+    accelerator with block scaling (Blackwell), else delayed scaling."""
+    if model.fp8 and not stated and accelerator.fp8_block_scaling:
+        model = dataclasses.replace(model, fp8_recipe="mxfp8")
+    check_fp8(model, accelerator)
+    return model
 
 
 def _plain(value: object) -> object:
@@ -100,7 +123,8 @@ def experiment_from_dict(data: Mapping[str, Any], *, name: str = "experiment",
     for table in ("model", "parallel", "cluster"):
         if table not in data:
             raise ConfigError(f"[{table}]: missing table")
-    model = ModelSpec(**Fields.of(data["model"], "model").known(MODEL_KEYS).table)
+    model_table = Fields.of(data["model"], "model").known(MODEL_KEYS).table
+    model = ModelSpec(**model_table)
     layout = read_layout(data["parallel"])
     spec = read_cluster(data["cluster"])
     sim = Fields.of({**Fields.of(data.get("sim", {}), "sim").table, **(overrides or {})}, "sim")
@@ -118,6 +142,7 @@ def experiment_from_dict(data: Mapping[str, Any], *, name: str = "experiment",
     profile = (load_profile(base / profile_path) if profile_path
                else default_profile(cluster.accelerator))
     cluster = profile.applied_to(cluster)  # measured link classes and roofs replace the preset's
+    model = resolve_fp8(model, cluster.accelerator, "fp8_recipe" in model_table)
     return Experiment(name=name, model=model, layout=layout, cluster=cluster, network=network,
                       algo=algo, profile=profile, reliability=reliability,
                       profile_path=base / profile_path if profile_path else None)

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from sim.collectives import Algorithm
+from sim.config import check_fp8
 from sim.engine.replay import Progress, StepTimes, replay
 from sim.engine.replay import host_gaps as measured_gaps
 from sim.engine.transport import NETWORK_NAMES, NetworkMode
@@ -240,6 +241,8 @@ def replay_trace(loaded: LoadedTrace, cluster: Cluster, profile: Profile | None 
     trace = loaded.trace
     if trace.num_ops() == 0:
         raise ConfigError("trace: holds no ops to replay")
+    if trace.meta.model is not None:  # an fp8 plan's GEMMs need FP8 tensor cores to re-cost
+        check_fp8(trace.meta.model, cluster.accelerator)
     profile = profile or default_profile(cluster.accelerator)
     if network is None:
         own = trace.meta.network

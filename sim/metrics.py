@@ -7,7 +7,9 @@ rest, T - compute - exposed (the pipeline bubble, waiting for other stages).
 
 Model FLOPs count one forward and backward of every matmul (Megatron's 72*B*s*l*h^2*(...) form);
 hardware FLOPs are what the GPUs execute, recomputation included (the 96* form under full
-recomputation). Both are per GPU per second of step time; MFU is the first over dense peak.
+recomputation). Both are per GPU per second of step time; MFU is the first over the dense peak
+of the run's GEMM precision (`gemm_peak`: an fp8 model against the FP8 peak, as NVIDIA's
+benchmarks report it).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import numpy as np
 
 from sim.engine.replay import StepTimes
 from sim.models.memory import MemoryBreakdown
-from topology.cluster import Cluster
+from topology.cluster import Accelerator, Cluster
 from traces.layout import Layout
 from traces.model import ModelSpec, model_flops
 from traces.ops import OpKind
@@ -87,7 +89,7 @@ def summarize(model: ModelSpec, layout: Layout, cluster: Cluster, times: StepTim
         tokens_per_s=layout.global_batch * model.seq_len / step,
         model_tflops_per_gpu=model_per_gpu / 1e12,
         hardware_tflops_per_gpu=hw_flops / world / step / 1e12,
-        mfu=model_per_gpu / cluster.accelerator.peak_flops,
+        mfu=model_per_gpu / gemm_peak(model, cluster.accelerator),
         bubble_fraction=sum(r.idle_s for r in ranks) / n / step,
         exposed_comm_s=sum(r.exposed_comm_s for r in ranks) / n,
         compute_s=sum(r.compute_s for r in ranks) / n,
@@ -98,6 +100,11 @@ def summarize(model: ModelSpec, layout: Layout, cluster: Cluster, times: StepTim
         memory_by_pp_rank=memory,
         algorithms=dict(sorted(times.algorithms.items())),
     )
+
+
+def gemm_peak(model: ModelSpec, accelerator: Accelerator) -> float:
+    """The dense peak MFU is measured against: FP8's for an fp8 model, else bf16's."""
+    return accelerator.peak_flops_fp8 if model.fp8 else accelerator.peak_flops
 
 
 def _union_length(starts: np.ndarray, ends: np.ndarray) -> float:

@@ -374,7 +374,8 @@ DEFAULTS: dict[str, ComputeParams] = {
                             launch_overhead_s=1e-6, kernels={
                                 "flash_attn": KernelCost(flops_efficiency=0.6)}),
 }
-DEFAULTS["H200-SXM-141GB"] = DEFAULTS["H100-SXM5-80GB"]  # the same Hopper compute die
+for _name in ("H200-SXM-141GB", "B200-SXM-180GB", "GB200-186GB"):  # H200: Hopper's die;
+    DEFAULTS[_name] = DEFAULTS["H100-SXM5-80GB"]  # Blackwell: no public benchmark yet
 # The CPU of `localhost`: no SMs to quantize over (one small tile), about half the core's peak
 # in a BLAS, ~10 us of PyTorch dispatch per eager op; `parasim calibrate` measures all three.
 # Ranks are processes with one compute thread each, at least as many as cores (the host runs

@@ -140,6 +140,9 @@ def summary_text(exp: Experiment, s: StepSummary) -> str:
         f"{L.micro_batch}, global batch {L.global_batch}",
         f"  attention           {exp.model.attention}"
         + (" (materialized scores)" if str(exp.model.attention) == "unfused" else ""),
+        f"  model               {exp.model.summary()}"
+        + (f" ({exp.model.fp8_recipe} scaling; MFU against the FP8 peak)"
+           if exp.model.fp8 else ""),
         *fleet_lines(exp),
         *(f"  {label:<20}{value}" for label, value in headline(s)),
         "  memory by pipeline rank (GiB)  params  grads  optim  activ  work  total",

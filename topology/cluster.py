@@ -33,6 +33,11 @@ class Accelerator:
     compute_units: int = 1
     """Units that run GEMM tiles in parallel (a GPU's SMs, a TPU's matrix units): a GEMM of
     fewer tiles than units leaves some idle (wave quantization)."""
+    peak_flops_fp8: float = 0.0
+    """Dense FP8 tensor FLOP/s (no sparsity); 0 for an accelerator without FP8 (A100, TPU v4)."""
+    fp8_block_scaling: bool = False
+    """FP8 GEMMs with hardware block scales (Blackwell's MXFP8): `traces.fp8` explains what it
+    changes."""
 
 
 class Fabric(Protocol):

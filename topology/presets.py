@@ -43,6 +43,7 @@ H100_SXM = Accelerator(
     memory_bytes=81559 * 2**20,  # nvidia-smi: 81559 MiB
     hbm_bandwidth_Bps=3.35e12,  # H100 SXM data sheet: 3.35 TB/s HBM3
     compute_units=132,  # NVIDIA H100 Tensor Core GPU Architecture whitepaper: 132 SMs (SXM5)
+    peak_flops_fp8=1978.9e12,  # H100 SXM data sheet: FP8 3,958 TFLOPS with sparsity, half dense
 )
 H200_SXM = Accelerator(
     name="H200-SXM-141GB",
@@ -50,6 +51,32 @@ H200_SXM = Accelerator(
     memory_bytes=143771 * 2**20,  # nvidia-smi: 143771 MiB (141 GB usable HBM3e)
     hbm_bandwidth_Bps=4.8e12,  # H200 data sheet: 4.8 TB/s HBM3e
     compute_units=132,  # the H100 SXM5 die: 132 SMs
+    peak_flops_fp8=1978.9e12,  # H200 data sheet: FP8 3,958 TFLOPS with sparsity, half dense
+)
+# Blackwell. Data sheets quote FP8 and BF16 "with sparsity"; dense is half. MXFP8 block scaling
+# is Blackwell's (fifth-generation tensor cores take E8M0 block scales, TE's MXFP8BlockScaling).
+B200 = Accelerator(
+    name="B200-SXM-180GB",
+    # DGX B200 data sheet: 72 PFLOPS FP8 training for 8 GPUs = 9 PF each with sparsity, 4.5 PF
+    # dense; BF16 half of FP8: 2.25 PF dense (NVIDIA Blackwell architecture technical brief).
+    peak_flops=2.25e15,
+    peak_flops_fp8=4.5e15,
+    fp8_block_scaling=True,
+    memory_bytes=180e9,  # DGX B200 data sheet: 1,440 GB HBM3e for 8 GPUs
+    hbm_bandwidth_Bps=8e12,  # DGX B200 data sheet: 64 TB/s HBM3e for 8 GPUs
+    compute_units=148,  # Blackwell architecture technical brief: 148 SMs on B200 (2 dies)
+)
+GB200 = Accelerator(
+    name="GB200-186GB",
+    # GB200 NVL72 spec (nvidia.com/data-center/gb200-nvl72): FP8 720 PFLOPS and FP16/BF16 360
+    # PFLOPS with sparsity for 72 GPUs: 10 and 5 PF each, half of it dense. Clocked higher than
+    # B200 (1.2 kW against 1 kW TDP).
+    peak_flops=2.5e15,
+    peak_flops_fp8=5e15,
+    fp8_block_scaling=True,
+    memory_bytes=186e9,  # GB200 NVL72 spec: 13.4 TB HBM3e for 72 GPUs
+    hbm_bandwidth_Bps=8e12,  # GB200 NVL72 spec: 576 TB/s for 72 GPUs
+    compute_units=148,  # the B200 die pair: 148 SMs
 )
 TPU_V4 = Accelerator(
     name="TPU-v4",
@@ -125,6 +152,49 @@ DGX_H200 = Preset(
     switch_radix=64,  # Quantum-2 QM9700
 )
 
+DGX_B200 = Preset(
+    name="dgx-b200",
+    accelerator=B200,
+    server=ServerSpec(
+        gpus=8,
+        # NVLink 5: 18 links x 50 GB/s per direction (1.8 TB/s both ways; DGX B200 data sheet:
+        # 14.4 TB/s aggregate for 8 GPUs); the same protocol efficiency as NVLink 4 (assumed).
+        nvlink_Bps=900e9,
+        nvlink_efficiency=NVLINK_EFFICIENCY,
+        nvlink_latency_s=NVLINK_LINK_LATENCY_S,
+        nics=8,  # DGX B200 data sheet: 8x single-port ConnectX-7 VPI, up to 400 Gb/s
+        nic_Bps=400e9 / 8,
+        nic_efficiency=IB_EFFICIENCY,
+        pcie_Bps=64e9,  # PCIe 5.0 x16 to the NICs (DGX B200 data sheet)
+        pcie_latency_s=PCIE_NIC_LATENCY_S,
+    ),
+    fabric="fat-tree",
+    switch_radix=64,  # Quantum-2 QM9700 NDR switch: 64 ports of 400 Gb/s
+)
+
+# One GB200 NVL72 rack is one "server": 72 GPUs on one NVLink domain (18 NVLink 5 links per
+# GPU to nine NVLink Switch trays, modelled as one crossbar as the NVSwitches of a DGX are), so
+# TP, CP and EP groups up to 72 stay on NVLink; racks are joined by the InfiniBand fabric, one
+# 400 Gb/s ConnectX-7 per GPU (GB200 NVL72 reference design: four per compute tray of four
+# GPUs). The NVLink hop crosses a switch tray: NCCL's per-step NVLink latency is kept.
+GB200_NVL72 = Preset(
+    name="gb200-nvl72",
+    accelerator=GB200,
+    server=ServerSpec(
+        gpus=72,
+        nvlink_Bps=900e9,  # GB200 NVL72 spec: 130 TB/s for 72 GPUs = 1.8 TB/s each, both ways
+        nvlink_efficiency=NVLINK_EFFICIENCY,
+        nvlink_latency_s=NVLINK_LINK_LATENCY_S,
+        nics=72,
+        nic_Bps=400e9 / 8,
+        nic_efficiency=IB_EFFICIENCY,
+        pcie_Bps=64e9,  # PCIe 5.0 x16 from each GPU's NIC
+        pcie_latency_s=PCIE_NIC_LATENCY_S,
+    ),
+    fabric="fat-tree",
+    switch_radix=64,  # Quantum-2 QM9700 NDR
+)
+
 TPU_V4_POD = Preset(
     name="tpu-v4",
     accelerator=TPU_V4,
@@ -163,5 +233,5 @@ LOCALHOST = Preset(
     max_gpus_per_node=8,
 )
 
-PRESETS: dict[str, Preset] = {p.name: p for p in (DGX_A100, DGX_H100, DGX_H200, TPU_V4_POD,
-                                                  LOCALHOST)}
+PRESETS: dict[str, Preset] = {p.name: p for p in (DGX_A100, DGX_H100, DGX_H200, DGX_B200,
+                                                  GB200_NVL72, TPU_V4_POD, LOCALHOST)}

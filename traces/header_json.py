@@ -31,6 +31,24 @@ __all__ = ["meta_from_json", "meta_to_json"]
 
 _LAYOUT_KEYS = tuple(f.name for f in fields(Layout))
 _MODEL_KEYS = tuple(f.name for f in fields(ModelSpec))
+_OPTIONAL_MODEL_KEYS = {f.name: f.default for f in fields(ModelSpec)
+                        if f.name in ("kv_heads", "ffn", "norm", "position", "bias", "fp8_recipe")}
+"""The Llama-style and FP8 keys (issue 18): written only where they differ from GPT's defaults
+(kv_heads = heads), so a GPT plan's header is what it was and older readers still read it; a
+header without them (any older trace) reads as the defaults."""
+
+
+def _model_json(m: ModelSpec) -> dict[str, Any]:
+    out = {}
+    for key in _MODEL_KEYS:
+        value = getattr(m, key)
+        default = m.heads if key == "kv_heads" else _OPTIONAL_MODEL_KEYS.get(key, _NO_DEFAULT)
+        if value != default or key not in _OPTIONAL_MODEL_KEYS:
+            out[key] = value
+    return out
+
+
+_NO_DEFAULT = object()
 _CLUSTER_KEYS = ("preset", "nodes", "fabric")
 _MAX_RANK_DIGITS = 9
 
@@ -256,7 +274,7 @@ def _cluster_table(value: object, where: str) -> ClusterTable:
 
 # (TraceMeta field, JSON key, reader, writer), in the order the keys are written.
 _FIELDS: tuple[tuple[str, str, Callable[[object, str], Any], Callable[[Any], Any]], ...] = (
-    ("model", "model", _model, lambda m: {f: getattr(m, f) for f in _MODEL_KEYS}),
+    ("model", "model", _model, _model_json),
     ("layout", "layout", _layout, lambda layout: layout.to_dict()),
     ("world", "world", _positive, _same),
     ("fold", "fold", _fold, lambda f: {"axes": list(FOLD_AXES), "layout": f.to_dict()}),

@@ -1,10 +1,12 @@
 """The kernels of one micro-batch on one GPU: FLOPs and HBM bytes, forward and backward.
 
-A transformer layer runs, forward: ln1, qkv, the attention core (flash_attn, or qk, softmax,
-attn_dropout, av), proj, bda1, ln2, fc1, gelu, fc2, bda2; outside the layers embed and pos_embed
-on the first stage, final_ln, logits and cross_entropy on the last (docs/plan-ops.md has the
-contract). FLOPs count matrix products only (2 per multiply-add), as Megatron-LM does: one
-layer's forward is 24bsh²(1 + s/(6h))/t with f = 4h; a GEMM's backward is twice its FLOPs.
+A transformer layer runs, forward: ln1, qkv, rope (rotary positions only), the attention core
+(flash_attn, or qk, softmax, attn_dropout, av), proj, bda1, ln2, fc1, gelu or swiglu, fc2, bda2;
+outside the layers embed and pos_embed on the first stage, final_ln, logits and cross_entropy on
+the last (docs/plan-ops.md has the contract). An fp8 model adds the casts of `traces.fp8`
+around qkv, proj, fc1 and fc2. FLOPs count matrix products only (2 per multiply-add), as
+Megatron-LM does: one layer's forward is 24bsh²(1 + s/(6h))/t with f = 4h; a GEMM's backward
+is twice its FLOPs.
 HBM bytes: a GEMM reads its operands and writes its product once; a memory-bound kernel reads
 and writes each tensor once. The optimizer step (`optimizer_bytes_per_param`) is
 Megatron-LM's mixed-precision one.
@@ -17,88 +19,110 @@ The derivation in full: docs/kernel-costs.md.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
 
+from traces.fp8 import fp8_linear
+from traces.kernel_work import Gemm, KernelWork, gemm_kernel, memory_kernel
 from traces.model import DTYPE_BYTES, ModelSpec
 from traces.purpose import ATTENTION_CORE, Kernel
 
 __all__ = ["ATTENTION_CORE", "FUSED_SOFTMAX_MAX_SEQ", "Gemm", "KernelWork", "attention_kernels",
            "cross_entropy_bytes", "embedding_kernels", "gemm_kernel", "head_kernels",
-           "layer_kernels", "memory_kernel", "optimizer_bytes_per_param", "softmax_bytes"]
+           "layer_kernels", "memory_kernel", "mlp_activation", "optimizer_bytes_per_param",
+           "rope_kernel", "softmax_bytes"]
 K = Kernel
-
-Gemm = tuple[int, int, int, int]
-"""(batch, M, N, K): batch products of an M×K and a K×N matrix."""
-
-
-@dataclass(frozen=True, slots=True)
-class KernelWork:
-    """One kernel's cost for one micro-batch: forward, and its own backward."""
-
-    name: Kernel
-    flops: float
-    mem_bytes: float
-    bwd_flops: float
-    bwd_bytes: float
-    gemm: Gemm | None = None
-
-
-def gemm_kernel(name: Kernel, gemm: Gemm, e: int, grad_bytes: int, weights: bool = True
-                ) -> KernelWork:
-    """A GEMM and its backward. Forward reads A (M×K) and B (K×N), writes C (M×N). Backward
-    computes dA = dC·Bᵀ (reads dC, B, writes dA) and dB = Aᵀ·dC (reads A, dC, writes dB); a
-    weight gradient (`weights`) is accumulated in `grad_bytes` per element (read and written)."""
-    batch, m, n, k = gemm
-    flops = 2.0 * batch * m * n * k
-    a, b, c = batch * m * k, batch * k * n, batch * m * n
-    forward = (a + b + c) * e
-    db = 2 * b * grad_bytes if weights else b * e
-    backward = (c + b + a) * e + (a + c) * e + db
-    return KernelWork(name, flops, forward, 2 * flops, backward, gemm)
-
-
-def memory_kernel(name: Kernel, fwd_bytes: float, bwd_bytes: float) -> KernelWork:
-    return KernelWork(name, 0.0, fwd_bytes, 0.0, bwd_bytes)
-
 
 def layer_kernels(model: ModelSpec, b: int, t: int, sp: bool,
                   grad_bytes: int | None = None) -> list[KernelWork]:
-    """One layer's kernels in forward order, for one micro-batch on one TP rank."""
+    """One layer's kernels in forward order, for one micro-batch on one TP rank.
+
+    qkv's output is q (h/t wide) and k, v (gd/t each): b·s·(h + 2gd)/t; fc1's is f/t, or 2f/t
+    for SwiGLU (Megatron-Core fuses the gate and up projections into one linear_fc1)."""
     s, h, f, e = model.seq_len, model.hidden, model.ffn_hidden, model.dtype_bytes
     g = e if grad_bytes is None else grad_bytes
     r = s // t if sp else s  # tokens of the norms and dropouts on this rank
+    qkv = (h + 2 * model.kv_width) // t
+    linear = fp8_linear if model.fp8 else _linear
     return [
         _norm(K.LN1, b * r * h, e, residual=True),
-        gemm_kernel(K.QKV, (1, b * s, 3 * h // t, h), e, g),
+        *linear(model, K.QKV, (1, b * s, qkv, h), g),
+        *([rope_kernel(model, b, t)] if model.position == "rope" else []),
         *attention_kernels(model, b, t),
-        gemm_kernel(K.PROJ, (1, b * s, h, h // t), e, g),
-        _bda(K.BDA1, b * r * h, e),
+        *linear(model, K.PROJ, (1, b * s, h, h // t), g),
+        _bda(K.BDA1, b * r * h, e, model.bias),
         _norm(K.LN2, b * r * h, e, residual=True),
-        gemm_kernel(K.FC1, (1, b * s, f // t, h), e, g),
-        memory_kernel(K.GELU, 2 * b * s * f / t * e, 4 * b * s * f / t * e),
-        gemm_kernel(K.FC2, (1, b * s, h, f // t), e, g),
-        _bda(K.BDA2, b * r * h, e),
+        *linear(model, K.FC1, (1, b * s, model.fc1_width // t, h), g),
+        mlp_activation(model, b, t),
+        *linear(model, K.FC2, (1, b * s, h, f // t), g),
+        _bda(K.BDA2, b * r * h, e, model.bias),
     ]
+
+
+def _linear(model: ModelSpec, name: Kernel, gemm: Gemm, grad_bytes: int) -> list[KernelWork]:
+    """A linear layer in the model's dtype: one GEMM."""
+    return [gemm_kernel(name, gemm, model.dtype_bytes, grad_bytes)]
+
+
+def mlp_activation(model: ModelSpec, b: int, t: int) -> KernelWork:
+    """The MLP's activation over n = b·s·f/t outputs.
+
+    gelu     fwd read x, write y: 2ne; bwd read x, dy, write dx: 3ne, and with biases the fc1
+             bias gradient (Megatron's fused bias-GeLU) sums dx over tokens: +ne
+    swiglu   fwd read gate and up, write silu(gate)·up: 3ne; bwd read gate, up, dy, write
+             dgate, dup: 5ne, and with biases the fc1 bias gradient over both halves: +2ne"""
+    b_s_f, e = b * model.seq_len * model.ffn_hidden, model.dtype_bytes
+    bias = 1 if model.bias else 0
+    if model.ffn == "swiglu":
+        return memory_kernel(K.SWIGLU, 3 * b_s_f / t * e, (5 + 2 * bias) * b_s_f / t * e)
+    return memory_kernel(K.GELU, 2 * b_s_f / t * e, (3 + bias) * b_s_f / t * e)
+
+
+def rope_kernel(model: ModelSpec, b: int, t: int) -> KernelWork:
+    """Rotary position embedding on q and k (Transformer Engine's fused RoPE): fwd reads the
+    a/t query and g/t key heads of b·s·d each and writes them rotated, and reads the s×d fp32
+    angle table: 2·b·s·(a + g)d/t·e + 4sd; bwd rotates dq and dk back, the same bytes."""
+    s, d, e = model.seq_len, model.head_dim, model.dtype_bytes
+    qk = b * s * (model.heads + model.kv_heads) * d // t
+    both = 2 * qk * e + 4 * s * d
+    return memory_kernel(K.ROPE, both, both)
 
 
 def attention_kernels(model: ModelSpec, b: int, t: int) -> list[KernelWork]:
-    """The attention core: one flash kernel, or Megatron-LM's unfused four."""
-    s, h, a, e = model.seq_len, model.hidden, model.heads, model.dtype_bytes
-    heads = b * a // t
-    d = h // a
+    """The attention core over a/t query heads and g/t key/value heads: one flash kernel, or
+    Megatron-LM's unfused four.
+
+    flash    fwd read Q (a/t heads of b·s·d), K, V (g/t heads each), write O (a/t) and the
+             fp32 log-sum-exp: b·s·d·(2a + 2g)/t·e + 4·b·s·a/t
+             bwd read Q, K, V, O, the log-sum-exp and dO, write dQ, dK, dV: the forward's
+             bytes plus b·s·d·(2a + 2g)/t·e
+    unfused  Megatron's DotProductAttention repeats K and V to all a/t heads before its
+             batched GEMMs (when g < a): qk and av each also copy their g/t heads to a/t
+             (read g, write a: b·s·d·(a + g)/t·e) and sum the gradient back in backward
+             (the same bytes)."""
+    s, a, e = model.seq_len, model.heads, model.dtype_bytes
+    heads, kv = b * a // t, b * model.kv_heads // t
+    d = model.head_dim
     if model.attention == "flash":
         flops = 4.0 * heads * s * s * d  # QKᵀ and AV: 2·b·s²·h/t each
-        qkvo = 4 * heads * s * d * e
+        qkvo = (2 * heads + 2 * kv) * s * d * e
         lse = heads * s * 4
-        grads = 4 * heads * s * d * e  # dO read, dQ, dK, dV written
+        grads = (2 * heads + 2 * kv) * s * d * e  # dO read, dQ, dK, dV written
         return [KernelWork(K.FLASH_ATTN, flops, qkvo + lse, 2 * flops, qkvo + lse + grads)]
     scores = heads * s * s
+    repeat = (heads + kv) * s * d * e if kv < heads else 0
     return [
-        gemm_kernel(K.QK, (heads, s, s, d), e, e, weights=False),
+        _plus(gemm_kernel(K.QK, (heads, s, s, d), e, e, weights=False), repeat),
         memory_kernel(K.SOFTMAX, *softmax_bytes(scores, s, heads, e)),
         memory_kernel(K.ATTN_DROPOUT, scores * (2 * e + 1), scores * (2 * e + 1)),
-        gemm_kernel(K.AV, (heads, s, d, s), e, e, weights=False),
+        _plus(gemm_kernel(K.AV, (heads, s, d, s), e, e, weights=False), repeat),
     ]
+
+
+def _plus(k: KernelWork, extra: float) -> KernelWork:
+    """`k` with `extra` bytes more each way (nothing added when `extra` is 0)."""
+    if not extra:
+        return k
+    return dataclasses.replace(k, mem_bytes=k.mem_bytes + extra, bwd_bytes=k.bwd_bytes + extra)
 
 
 FUSED_SOFTMAX_MAX_SEQ = 2048
@@ -131,14 +155,17 @@ def softmax_bytes(scores: int, s: int, heads: int, e: int) -> tuple[float, float
 def embedding_kernels(model: ModelSpec, b: int, t: int, sp: bool,
                       grad_bytes: int | None = None) -> list[KernelWork]:
     """First stage: the vocab-parallel lookup (rows read, partial sums written; backward
-    scatter-adds into the gradient table) and the position add with dropout."""
+    scatter-adds into the gradient table) and the position add with dropout (read, write, a
+    1-byte mask: b·r·h·(2e + 1); learned positions also read their r×h table, and in backward
+    accumulate its gradient; with rotary positions, only the dropout)."""
     s, h, e = model.seq_len, model.hidden, model.dtype_bytes
     g = e if grad_bytes is None else grad_bytes
     r = s // t if sp else s
+    table = model.position == "learned"
     return [
         memory_kernel(K.EMBED, 2 * b * s * h * e, b * s * h * (e + 2 * g)),
-        memory_kernel(K.POS_EMBED, b * r * h * (2 * e + 1) + r * h * e,
-                      b * r * h * (2 * e + 1) + 2 * r * h * g),
+        memory_kernel(K.POS_EMBED, b * r * h * (2 * e + 1) + (r * h * e if table else 0),
+                      b * r * h * (2 * e + 1) + (2 * r * h * g if table else 0)),
     ]
 
 
@@ -187,11 +214,15 @@ def cross_entropy_bytes(logits: int, e: int) -> tuple[float, float]:
 
 
 def _norm(name: Kernel, elements: int, e: int, residual: bool = False) -> KernelWork:
-    """A layer norm; `residual`: its input is also the residual, whose two gradients
-    autograd sums after the norm's backward (read both, write one)."""
+    """A LayerNorm or RMSNorm (the same traffic: read x and write y; backward read x and dy,
+    write dx; their per-token statistics and h-element weights are too small to count);
+    `residual`: its input is also the residual, whose two gradients autograd sums after the
+    norm's backward (read both, write one)."""
     return memory_kernel(name, 2 * elements * e, (6 if residual else 3) * elements * e)
 
 
-def _bda(name: Kernel, elements: int, e: int) -> KernelWork:
-    """Bias-dropout-add; backward: dropout's backward, then the bias gradient's sum."""
-    return memory_kernel(name, elements * (3 * e + 1), elements * (3 * e + 1))
+def _bda(name: Kernel, elements: int, e: int, bias: bool = True) -> KernelWork:
+    """Bias-dropout-add: fwd read x and the residual, write y and a 1-byte mask: n(3e + 1);
+    bwd dropout's backward n(2e + 1), then the bias gradient's sum re-reads dx (+ne) — none
+    without biases (Megatron's bias_dropout_add with bias None)."""
+    return memory_kernel(name, elements * (3 * e + 1), elements * (2 * e + 1 + (e if bias else 0)))

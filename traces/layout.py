@@ -253,6 +253,9 @@ def check_layout(model: ModelSpec, layout: Layout, *, world: int | None = None,
         raise ConfigError(f"parallel.tp: {tp} does not divide model.hidden = {model.hidden}")
     if model.heads % tp:
         raise ConfigError(f"parallel.tp: {tp} does not divide model.heads = {model.heads}")
+    if model.kv_heads % tp:  # Megatron-Core: each TP rank holds whole query groups
+        raise ConfigError(f"parallel.tp: {tp} does not divide model.kv_heads = "
+                          f"{model.kv_heads} (each TP rank holds whole key/value heads)")
     if model.ffn_hidden % tp or model.vocab % tp:
         raise ConfigError(f"parallel.tp: {tp} must divide model.ffn_hidden "
                           f"({model.ffn_hidden}) and model.vocab ({model.vocab})")

@@ -1,14 +1,25 @@
-"""GPT-style decoder arithmetic: parameters, closed-form FLOPs, Megatron's step FLOPs.
+"""Decoder arithmetic: parameters, closed-form FLOPs, Megatron's step FLOPs.
 
 Notation follows the Megatron-LM papers: b micro-batch, s sequence, h hidden, a heads,
+g kv_heads (key/value heads, = a without grouped-query attention), d = h/a head size,
 l layers, V vocabulary, f MLP width (4h for GPT), t tensor-parallel degree. FLOPs count the
 matrix multiplications only (2 FLOPs per multiply-add), as the papers do:
 
-    attention forward   2bsh*3h (QKV) + 2bs^2h (QK^T) + 2bs^2h (AV) + 2bsh^2 (proj)
-                                                                  = 8bsh^2 + 4bs^2h
-    MLP forward         2bsh*f + 2bsf*h                           = 4bshf
+    attention forward   2bsh*(h + 2gd) (QKV) + 2bs^2h (QK^T) + 2bs^2h (AV) + 2bsh^2 (proj)
+                                          = 8bsh^2 + 4bs^2h when g = a (MHA)
+    MLP forward         2bsh*f + 2bsf*h                           = 4bshf (GeLU)
+                        2bsh*2f + 2bsf*h                          = 6bshf (SwiGLU: gate, up,
+                                                                    down)
     logits forward      2bshV
     backward            twice the forward of the same op
+
+3x these per sample is Megatron-LM's `num_floating_point_operations` (megatron/training/
+training.py): 12bslh^2 * ((1 + g/a + s/h) + f/h * (3/2 if swiglu) + V/(2lh)), full s^2
+attention (no causal halving), so a GPT-shaped model's figures are the papers'.
+
+Llama-style options (`kv_heads`, `ffn = "swiglu"`, `norm = "rmsnorm"`, `position = "rope"`,
+`bias = false`) change the parameter counts below and the kernels of `traces.kernels`;
+`dtype = "fp8"` runs the GEMMs in FP8 (Transformer Engine) and everything else in bf16.
 
 Layer norms, dropouts, residuals and GeLU add no FLOPs but move memory. So one step of global
 batch B without recomputation is 72*B*s*l*h^2*(1 + s/(6h) + V/(12lh)) FLOPs, and
@@ -25,6 +36,16 @@ from traces.errors import ConfigError, show
 
 ATTENTIONS = ("flash", "unfused")
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+"""Bytes per element of the dtypes tensors are stored and communicated in."""
+DTYPES = (*DTYPE_BYTES, "fp8")
+"""`model.dtype` choices: fp8 is Transformer Engine's recipe, GEMMs in FP8 with bf16 storage,
+bf16 communication and bf16 mixed-precision optimizer (its data dtype is bf16)."""
+FFNS = ("gelu", "swiglu")
+NORMS = ("layernorm", "rmsnorm")
+POSITIONS = ("learned", "rope")
+FP8_RECIPES = ("delayed", "mxfp8")
+"""Transformer Engine's FP8 recipes (`traces.fp8`): per-tensor delayed scaling (Hopper) and
+MXFP8 block scaling (Blackwell)."""
 # Upper bounds, far beyond any published model (GPT-3: 96 layers, h 12288, V 51200), that keep
 # every count finite and every plan buildable.
 MAX_DIMS = {"layers": 2**16, "hidden": 2**20, "heads": 2**16, "seq_len": 2**24, "vocab": 2**24,
@@ -33,7 +54,9 @@ MAX_DIMS = {"layers": 2**16, "hidden": 2**20, "heads": 2**16, "seq_len": 2**24, 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ModelSpec:
-    """A GPT-style decoder: pre-LN blocks of attention and a two-layer MLP."""
+    """A decoder of pre-norm blocks: attention and an MLP. GPT-style by default (multi-head
+    attention, GeLU MLP of 4h, LayerNorm, learned positions, biases); Llama-style with
+    `kv_heads`, `ffn = "swiglu"`, `norm = "rmsnorm"`, `position = "rope"`, `bias = False`."""
 
     layers: int
     hidden: int
@@ -48,6 +71,22 @@ class ModelSpec:
     attention: str = "flash"
     """The attention core's implementation: "flash" (one fused kernel; scores never stored) or
     "unfused" (Megatron-LM before 2023: QKᵀ, softmax, dropout and AV over b·a·s² scores)."""
+    kv_heads: int = 0
+    """Key/value heads g (Megatron's num_query_groups): < heads is grouped-query attention,
+    1 multi-query; 0 means heads (multi-head attention). Must divide heads."""
+    ffn: str = "gelu"
+    """The MLP: "gelu" (fc1, GeLU, fc2) or "swiglu" (gate and up projections of width
+    ffn_hidden, silu(gate)·up, down projection; ffn_hidden is then required)."""
+    norm: str = "layernorm"
+    """"layernorm" (weight and bias) or "rmsnorm" (weight only)."""
+    position: str = "learned"
+    """"learned" absolute position embeddings or "rope" (rotary, applied to q and k)."""
+    bias: bool = True
+    """Biases on the linear layers (QKV, proj, fc1, fc2); Llama has none."""
+    fp8_recipe: str = ""
+    """With dtype = "fp8": "delayed" (per-tensor scaling from an amax history, Hopper) or
+    "mxfp8" (block scaling, Blackwell). Left out, the accelerator's (`sim.config`): "delayed"
+    when the model is built on its own."""
 
     def __post_init__(self) -> None:
         for name in ("layers", "hidden", "heads", "seq_len", "vocab"):
@@ -60,11 +99,19 @@ class ModelSpec:
                 not 0 <= self.ffn_hidden <= MAX_DIMS["ffn_hidden"]:
             raise ConfigError(f"model.ffn_hidden: {show(self.ffn_hidden)} must be a positive "
                               f"integer up to {MAX_DIMS['ffn_hidden']:,} (or 0 for 4 * hidden)")
+        for name, choices in (("ffn", FFNS), ("norm", NORMS), ("position", POSITIONS),
+                              ("dtype", DTYPES)):
+            value = getattr(self, name)
+            if not isinstance(value, str) or value not in choices:
+                raise ConfigError(f"model.{name}: {show(value)} is not one of "
+                                  f"{', '.join(choices)}")
         if self.ffn_hidden == 0:
+            if self.ffn == "swiglu":
+                raise ConfigError("model.ffn_hidden: required with ffn = \"swiglu\" (its width "
+                                  "is the model's own, e.g. 28672 for Llama-3-70B)")
             object.__setattr__(self, "ffn_hidden", 4 * self.hidden)
-        if not isinstance(self.dtype, str) or self.dtype not in DTYPE_BYTES:
-            raise ConfigError(f"model.dtype: {show(self.dtype)} is not one of "
-                              f"{', '.join(DTYPE_BYTES)}")
+        if not isinstance(self.bias, bool):
+            raise ConfigError(f"model.bias: {show(self.bias)} must be true or false")
         if not isinstance(self.attention, str) or self.attention not in ATTENTIONS:
             raise ConfigError(f"model.attention: {show(self.attention)} is not one of "
                               f"{', '.join(ATTENTIONS)}")
@@ -74,29 +121,88 @@ class ModelSpec:
         if self.hidden % self.heads:
             raise ConfigError(f"model.hidden: {self.hidden} is not divisible by "
                               f"model.heads = {self.heads}")
+        if self.fp8_recipe not in ("", *FP8_RECIPES) or not isinstance(self.fp8_recipe, str):
+            raise ConfigError(f"model.fp8_recipe: {show(self.fp8_recipe)} is not one of "
+                              f"{', '.join(FP8_RECIPES)}")
+        if self.fp8_recipe and not self.fp8:
+            raise ConfigError(f"model.fp8_recipe: {show(self.fp8_recipe)} applies only with "
+                              f"model.dtype = \"fp8\", not {show(self.dtype)}")
+        if self.fp8 and not self.fp8_recipe:
+            object.__setattr__(self, "fp8_recipe", "delayed")
+        kv = self.kv_heads
+        if not isinstance(kv, int) or isinstance(kv, bool) or not 0 <= kv <= self.heads:
+            raise ConfigError(f"model.kv_heads: {show(kv)} must be an integer from 1 to "
+                              f"model.heads = {self.heads} (or 0 for heads)")
+        if kv == 0:
+            object.__setattr__(self, "kv_heads", self.heads)
+        elif self.heads % kv:
+            raise ConfigError(f"model.kv_heads: {kv} does not divide model.heads = {self.heads}")
 
     @property
     def dtype_bytes(self) -> int:
-        return DTYPE_BYTES[self.dtype]
+        """Bytes of a stored or communicated element (fp8 models keep them in bf16)."""
+        return DTYPE_BYTES[self.data_dtype]
+
+    @property
+    def data_dtype(self) -> str:
+        """The dtype of parameters, activations and communication: bf16 for an fp8 model
+        (Transformer Engine casts only the GEMMs' operands to FP8)."""
+        return "bf16" if self.dtype == "fp8" else self.dtype
+
+    @property
+    def fp8(self) -> bool:
+        return self.dtype == "fp8"
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    @property
+    def kv_width(self) -> int:
+        """g·d: the width of the K (and of the V) projection."""
+        return self.kv_heads * self.head_dim
+
+    @property
+    def fc1_width(self) -> int:
+        """fc1's output width: f, or 2f for SwiGLU (Megatron fuses gate and up in fc1)."""
+        return 2 * self.ffn_hidden if self.ffn == "swiglu" else self.ffn_hidden
+
+    @property
+    def norm_params(self) -> int:
+        """One norm's parameters: weight and bias (2h) for LayerNorm, weight (h) for RMSNorm."""
+        return (2 if self.norm == "layernorm" else 1) * self.hidden
+
+    def summary(self) -> str:
+        """The architecture in a few words, for the simulate summary."""
+        attn = ("MHA" if self.kv_heads == self.heads else
+                "MQA" if self.kv_heads == 1 else f"GQA {self.kv_heads} kv heads")
+        return (f"{attn}, {self.ffn} {self.ffn_hidden}, {self.norm}, {self.position} positions"
+                f", {'biases' if self.bias else 'no biases'}, {self.dtype}")
 
     # --- parameters -------------------------------------------------------------------------
 
     def layer_params(self, tp: int = 1) -> float:
         """Parameters of one block held by one tensor-parallel rank.
 
-        Split by t: QKV (3h^2 + 3h), proj weight h^2, MLP weights 2hf and first bias f.
-        Replicated: the proj and second MLP biases (h each) and two layer norms (2h each).
+        Split by t: QKV weight h(h + 2gd) and bias h + 2gd, proj weight h^2, fc1 weight h·f1
+        and bias f1 (f1 = f, or 2f for SwiGLU's gate and up), fc2 weight fh.
+        Replicated: the proj and fc2 biases (h each) and two norms (2h or h each).
+        GPT (g = a, f1 = f, biases, LayerNorm): (4h^2 + 3h + 2hf + f)/t + 6h.
         """
-        h, f = self.hidden, self.ffn_hidden
-        return (4 * h * h + 3 * h + 2 * h * f + f) / tp + 6 * h
+        h, f, f1, kv = self.hidden, self.ffn_hidden, self.fc1_width, self.kv_width
+        qkv = h + 2 * kv
+        split = h * qkv + h * h + h * f1 + f * h + (qkv + f1 if self.bias else 0)
+        return split / tp + ((2 * h if self.bias else 0) + 2 * self.norm_params)
 
     def embedding_params(self, tp: int = 1) -> float:
-        """Word embeddings (vocab-parallel) plus learned positions (replicated)."""
-        return self.vocab * self.hidden / tp + self.seq_len * self.hidden
+        """Word embeddings (vocab-parallel) plus learned positions (replicated; none with
+        rotary positions)."""
+        positions = self.seq_len * self.hidden if self.position == "learned" else 0
+        return self.vocab * self.hidden / tp + positions
 
     def head_params(self, tp: int = 1) -> float:
-        """Final layer norm plus the output projection (a copy of the embedding when tied)."""
-        return 2 * self.hidden + self.vocab * self.hidden / tp
+        """Final norm plus the output projection (a copy of the embedding when tied)."""
+        return self.norm_params + self.vocab * self.hidden / tp
 
     def params_on_stages(self, stages: Sequence[int], num_stages: int, tp: int) -> float:
         """Parameters one GPU holds before ZeRO sharding when it runs virtual stages `stages`
@@ -116,19 +222,21 @@ class ModelSpec:
         just the final norm when the output weights are the embedding tensor itself (tied,
         and stage 0 on the same GPU)."""
         if self.tied_embeddings and 0 in stages:
-            return 2 * self.hidden
+            return self.norm_params
         return self.head_params(tp)
 
     def num_params(self) -> float:
         """All distinct parameters (a tied output layer counted once)."""
-        head = 2 * self.hidden if self.tied_embeddings else self.head_params()
+        head = self.norm_params if self.tied_embeddings else self.head_params()
         return self.layers * self.layer_params() + self.embedding_params() + head
 
     # --- FLOPs per micro-batch, per tensor-parallel rank ---------------------------------------
 
     def attn_flops(self, micro_batch: int, tp: int = 1) -> float:
+        """QKV 2bsh(h + 2gd), QKᵀ and AV 4bs²h, proj 2bsh² (module docstring)."""
         b, s, h = micro_batch, self.seq_len, self.hidden
-        return (8 * b * s * h * h + 4 * b * s * s * h) / tp
+        qkv = 2 * b * s * h * (h + 2 * self.kv_width)
+        return (qkv + 2 * b * s * h * h + 4 * b * s * s * h) / tp
 
     def attn_core_flops(self, micro_batch: int, tp: int = 1) -> float:
         """QK^T and AV only: what selective recomputation re-runs."""
@@ -136,7 +244,9 @@ class ModelSpec:
         return 4 * b * s * s * h / tp
 
     def mlp_flops(self, micro_batch: int, tp: int = 1) -> float:
-        return 4 * micro_batch * self.seq_len * self.hidden * self.ffn_hidden / tp
+        """fc1 2bsh·f1 plus fc2 2bsfh: 4bshf (GeLU), 6bshf (SwiGLU)."""
+        b, s, h = micro_batch, self.seq_len, self.hidden
+        return 2 * b * s * h * (self.fc1_width + self.ffn_hidden) / tp
 
     def head_flops(self, micro_batch: int, tp: int = 1) -> float:
         return 2 * micro_batch * self.seq_len * self.hidden * self.vocab / tp
@@ -160,6 +270,16 @@ def recompute_flops(model: ModelSpec, global_batch: int, recompute: str) -> floa
     if recompute == "selective":
         return global_batch * model.layers * model.attn_core_flops(1)
     return 0.0
+
+
+def megatron_num_flops(model: ModelSpec, global_batch: int) -> float:
+    """Megatron-LM's `num_floating_point_operations` (megatron/training/training.py), written
+    as it is there, with GQA (num_query_groups = kv_heads) and SwiGLU (gated multiplier 3/2):
+    an independent path to `model_flops`, which sums the same GEMMs kernel by kernel."""
+    B, s, n, h, V = global_batch, model.seq_len, model.layers, model.hidden, model.vocab
+    gated = 3 / 2 if model.ffn == "swiglu" else 1
+    attention = 1 + model.kv_heads / model.heads + s / h
+    return 12 * B * s * n * h * h * (attention + model.ffn_hidden / h * gated + V / (2 * n * h))
 
 
 def megatron_step_flops(model: ModelSpec, global_batch: int, full_recompute: bool) -> float:

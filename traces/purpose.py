@@ -25,7 +25,11 @@ class Kernel(StrEnum):
     EMBED = "embed"
     POS_EMBED = "pos_embed"
     LN1 = "ln1"
+    FP8_CAST = "fp8_cast"
+    """An FP8 GEMM's input cast to FP8 with its second (transposed) copy (`traces.fp8`)."""
     QKV = "qkv"
+    ROPE = "rope"
+    """Rotary position embedding of q and k."""
     FLASH_ATTN = "flash_attn"
     QK = "qk"
     SOFTMAX = "softmax"
@@ -36,12 +40,18 @@ class Kernel(StrEnum):
     LN2 = "ln2"
     FC1 = "fc1"
     GELU = "gelu"
+    SWIGLU = "swiglu"
+    """SwiGLU's gated activation, silu(gate)·up."""
     FC2 = "fc2"
+    FP8_CAST_GRAD = "fp8_cast_grad"
+    """An FP8 GEMM's output gradient cast to FP8 with its second copy (backward only)."""
     BDA2 = "bda2"
     FINAL_LN = "final_ln"
     LOGITS = "logits"
     CROSS_ENTROPY = "cross_entropy"
     OPTIMIZER = "optimizer"
+    FP8_WEIGHT_CAST = "fp8_weight_cast"
+    """The step's cast of the FP8 GEMMs' weights, after the optimizer."""
 
 
 K = Kernel
@@ -51,16 +61,22 @@ ATTENTION_CORE: dict[str, tuple[Kernel, ...]] = {"flash": FLASH_CORE, "unfused":
 """The attention core per `ModelSpec.attention` (what selective recomputation re-runs)."""
 
 
-def layer_kernels(attention: str) -> tuple[Kernel, ...]:
-    """One layer's kernels in forward order."""
-    return (K.LN1, K.QKV, *ATTENTION_CORE[attention], K.PROJ, K.BDA1, K.LN2, K.FC1, K.GELU,
-            K.FC2, K.BDA2)
+FP8_KERNELS = frozenset({K.FP8_CAST, K.FP8_CAST_GRAD, K.FP8_WEIGHT_CAST})
+"""The kernels only an FP8 model runs (the executor runs none: FP8 is GPU-only)."""
+
+
+def layer_kernels(attention: str, *, rope: bool = False, ffn: str = "gelu"
+                  ) -> tuple[Kernel, ...]:
+    """One layer's kernels in forward order (without FP8's casts)."""
+    return (K.LN1, K.QKV, *((K.ROPE,) if rope else ()), *ATTENTION_CORE[attention], K.PROJ,
+            K.BDA1, K.LN2, K.FC1, K.SWIGLU if ffn == "swiglu" else K.GELU, K.FC2, K.BDA2)
 
 
 LAYER_FLASH = layer_kernels("flash")
 LAYER_UNFUSED = layer_kernels("unfused")
 CORE_KERNELS = frozenset(FLASH_CORE + UNFUSED_CORE)
-LAYER_KERNELS = frozenset(LAYER_FLASH + LAYER_UNFUSED)
+LAYER_KERNELS = frozenset(LAYER_FLASH + LAYER_UNFUSED) | {K.ROPE, K.SWIGLU, K.FP8_CAST,
+                                                           K.FP8_CAST_GRAD}
 FIRST_STAGE = (K.EMBED, K.POS_EMBED)
 """The embedding's kernels, forward order (first virtual stage)."""
 LAST_STAGE = (K.FINAL_LN, K.LOGITS, K.CROSS_ENTROPY)
@@ -217,6 +233,12 @@ class PipeMessage:
 
 
 @dataclass(frozen=True, slots=True)
+class AmaxReduction:
+    """FP8 delayed scaling: the all-reduce of a stage pass's amaxes over the stage's TP, CP and
+    DP ranks (Transformer Engine at the end of fp8_autocast; `traces.plan.fp8`)."""
+
+
+@dataclass(frozen=True, slots=True)
 class Bench:
     """An op of the microbenchmarks (traces.bench) that is not a plan kernel."""
 
@@ -224,6 +246,7 @@ class Bench:
 
 
 Purpose = (KernelRun | TpSite | MessageGather | CrossEntropyStat | SpGrads | GradBucket
-           | UnitGather | UnitGradReduce | ParamGather | EmbeddingGrads | PipeMessage | Bench)
+           | UnitGather | UnitGradReduce | ParamGather | EmbeddingGrads | PipeMessage
+           | AmaxReduction | Bench)
 PURPOSES: tuple[type, ...] = Purpose.__args__  # type: ignore[attr-defined]
 """Every purpose type (a test checks each has an interpretation)."""

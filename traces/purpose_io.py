@@ -21,6 +21,7 @@ from traces.purpose import (
     EMBED,
     HEAD,
     PURPOSES,
+    AmaxReduction,
     Bench,
     BenchRole,
     CrossEntropyStat,
@@ -47,7 +48,7 @@ TYPES: dict[str, type] = {
     "cross_entropy": CrossEntropyStat, "sp_grads": SpGrads, "grad_bucket": GradBucket,
     "unit_gather": UnitGather, "unit_grad_reduce": UnitGradReduce,
     "param_gather": ParamGather, "embedding_grads": EmbeddingGrads, "pipe": PipeMessage,
-    "bench": Bench,
+    "amax": AmaxReduction, "bench": Bench,
 }
 assert set(TYPES.values()) == set(PURPOSES), "every purpose has a JSON type"
 _TYPE_OF = {cls: name for name, cls in TYPES.items()}

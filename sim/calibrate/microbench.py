@@ -72,7 +72,7 @@ def experiment_target(exp: Experiment) -> Target:
     if exp.layout.world > MAX_RANKS:
         raise ConfigError(f"--run: the config's {exp.layout.world} ranks are more than the "
                           f"{MAX_RANKS} a local run spawns")
-    return Target(cluster=exp.cluster, world=exp.layout.world, dtype=exp.model.dtype,
+    return Target(cluster=exp.cluster, world=exp.layout.world, dtype=exp.model.data_dtype,
                   attention=exp.model.attention, profile=exp.profile)
 
 

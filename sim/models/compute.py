@@ -7,7 +7,8 @@ per compute unit at a time (SMs on a GPU), and picks the tile shape that finishe
     waves  = ⌈tiles / units⌉                   (wave quantization: the last wave runs part-full)
     t_gemm = waves · 2·tm·tn·K / (peak/units · gemm_efficiency)
 
-so a large GEMM runs at `gemm_efficiency` of peak, and a small, skinny or TP-sharded one
+so a large GEMM runs at `gemm_efficiency` of peak (an FP8 GEMM, `op.dtype` "fp8", of the FP8
+dense peak), and a small, skinny or TP-sharded one
 further from it: 109 tiles on 108 SMs take two waves, twice as long as 108. A backward op
 runs two GEMMs, the input gradient (M, K, N) and the weight gradient (K, N, M). Other ops with
 FLOPs (a flash-attention kernel) run at their kernel's efficiency of peak.
@@ -46,27 +47,31 @@ class ComputeModel:
         purpose = op.purpose
         kernel = purpose.kernel if isinstance(purpose, KernelRun) else \
             op.name if purpose is None else ""
-        key = (kernel, op.phase is Phase.BWD, op.flops, op.mem_bytes, op.gemm)
+        fp8 = op.dtype == "fp8"
+        key = (kernel, op.phase is Phase.BWD, op.flops, op.mem_bytes, op.gemm, fp8)
         seconds = self._cache.get(key)
         if seconds is None:
             seconds = self._cache[key] = self.kernel_time(
-                kernel, op.flops, op.mem_bytes, op.gemm, backward=op.phase is Phase.BWD)
+                kernel, op.flops, op.mem_bytes, op.gemm, backward=op.phase is Phase.BWD,
+                fp8=fp8)
         return seconds
 
     def kernel_time(self, name: str, flops: float, mem_bytes: float, gemm: tuple[int, ...] = (),
-                    *, backward: bool = False) -> float:
-        """Seconds of one op of kernel `name` (see the module docstring)."""
+                    *, backward: bool = False, fp8: bool = False) -> float:
+        """Seconds of one op of kernel `name` (see the module docstring); `fp8`: a GEMM on FP8
+        operands, against the accelerator's FP8 dense peak (at the same efficiency)."""
         params, override = self.profile.compute, self.profile.kernel(name)
         acc = self.accelerator
+        peak = self.peak(fp8)
         if gemm:
             batch, m, n, k = gemm
             shapes = [(batch, m, k, n), (batch, k, n, m)] if backward else [(batch, m, n, k)]
             efficiency = override.flops_efficiency or params.gemm_efficiency
-            compute = sum(self.gemm_time(shape, efficiency) for shape in shapes)
+            compute = sum(self.gemm_time(shape, efficiency, peak) for shape in shapes)
             launches = len(shapes)
         else:
             efficiency = override.flops_efficiency or params.gemm_efficiency
-            compute = flops / (acc.peak_flops * efficiency)
+            compute = flops / (peak * efficiency)
             launches = 1
         memory = mem_bytes / (acc.hbm_bandwidth_Bps *
                               (override.memory_efficiency or params.memory_efficiency))
@@ -74,11 +79,20 @@ class ComputeModel:
         overhead = params.launch_overhead_s if override.overhead_s is None else override.overhead_s
         return both + launches * overhead
 
-    def gemm_time(self, shape: tuple[int, int, int, int], efficiency: float) -> float:
-        """Seconds of one (batch, M, N, K) GEMM with the best tile, by tile and wave count."""
+    def peak(self, fp8: bool = False) -> float:
+        """The dense peak of the GEMMs' precision: FP8 or the bf16 `peak_flops`."""
+        if fp8:
+            assert self.accelerator.peak_flops_fp8 > 0, f"{self.accelerator.name} has no FP8"
+            return self.accelerator.peak_flops_fp8
+        return self.accelerator.peak_flops
+
+    def gemm_time(self, shape: tuple[int, int, int, int], efficiency: float,
+                  peak: float | None = None) -> float:
+        """Seconds of one (batch, M, N, K) GEMM with the best tile, by tile and wave count, at
+        `peak` FLOP/s (default: the bf16 peak)."""
         batch, m, n, k = shape
         units = self.accelerator.compute_units
-        per_unit = self.accelerator.peak_flops / units * efficiency
+        per_unit = (self.accelerator.peak_flops if peak is None else peak) / units * efficiency
         best = float("inf")
         for tm, tn in self.profile.compute.gemm_tiles:
             waves = ceil(batch * ceil(m / tm) * ceil(n / tn) / units)

@@ -24,6 +24,10 @@ from traces.pipeline import Action, ActionSchedule, layout_schedule
 
 OPTIMIZER_STATE_BYTES = 12
 """fp32 master weights, momentum and variance: 4 + 4 + 4 (ZeRO's K)."""
+GELU_MLP_TERM = 16
+"""A GeLU MLP's stored activations per s·b·h: 2·4 (GeLU input) + 2·4 (fc2 input), the paper's
+f = 4h. Kept literal for any `ffn_hidden` (shipped predictions unchanged); 4f/h is the count
+for another width (Llama-2-7B-shaped f = 11008, h = 4096: 10.75 instead of 16)."""
 LOGITS_BYTES = 4
 """The cross-entropy reads fp32 logits (Korthikanti et al. 2022, §4.3)."""
 
@@ -67,10 +71,31 @@ def model_state_bytes(num_params: float, dp: int, zero: int,
 
 # --- activations --------------------------------------------------------------------------------
 
+def activation_terms(model: ModelSpec) -> tuple[float, float]:
+    """(replicated, split) stored activations of one layer per s·b·h, in bytes: what TP leaves
+    whole (norm inputs, the qkv and fc1 inputs, the two dropout masks) and what it splits.
+
+    Korthikanti et al. 2022 (Table 2), term by term with 2-byte values and 1-byte masks, for
+    g key/value heads:
+        replicated  ln1 and ln2 inputs 2 + 2, qkv input 2, fc1 input 2, masks 1 + 1   = 10
+        split       Q 2, K and V 2g/a each, proj input 2                             = 4 + 4g/a
+                    GeLU input 8 and fc2 input 8 (the paper's f = 4h, kept as it is
+                    for every GeLU width: GELU_MLP_TERM)                             = 16
+                    SwiGLU of width f: gate and up 4f/h, fc2 input 2f/h              = 6f/h
+    GPT (g = a): 10 + 24 = 34. Rotary embedding keeps nothing (its backward is the inverse
+    rotation of a fixed table); RMSNorm keeps its input as LayerNorm does; FP8 models are
+    counted at these bf16 sizes. A context-parallel rank holds 1/cp of the sequence: both
+    terms divide by cp."""
+    g_a = model.kv_heads / model.heads
+    mlp = 6 * model.ffn_hidden / model.hidden if model.ffn == "swiglu" else GELU_MLP_TERM
+    return 10, 4 + 4 * g_a + mlp
+
+
 def activation_bytes_per_layer(model: ModelSpec, layout: Layout) -> float:
     """Stored activations of one transformer layer for one micro-batch on one GPU.
 
-    Korthikanti et al. 2022, Table 2, with 2-byte activations and 1-byte dropout masks."""
+    Korthikanti et al. 2022, Table 2, with 2-byte activations and 1-byte dropout masks, as
+    `activation_terms` generalizes it to GQA and SwiGLU."""
     s, b, h, a, t = model.seq_len, layout.micro_batch, model.hidden, model.heads, layout.tp
     sbh = s * b * h
     if layout.recompute == Recompute.FULL:
@@ -78,7 +103,8 @@ def activation_bytes_per_layer(model: ModelSpec, layout: Layout) -> float:
         return 2 * sbh / (t if layout.sp else 1)
     # 34sbh = 24sbh of TP-split matmul inputs, GeLU, Q, K, V... + 10sbh of norms and dropout,
     # which only SP splits: 34/t with SP, 10 + 24/t without (= 34 when t = 1).
-    pointwise = 34 / t if layout.sp else 10 + 24 / t
+    replicated, split = activation_terms(model)
+    pointwise = (replicated + split) / t if layout.sp else replicated + split / t
     # 5as^2b = scores 2as^2b + softmax-dropout mask as^2b + dropped-out probabilities 2as^2b,
     # split over t heads-wise; flash attention and selective recomputation never store them.
     keeps_scores = model.attention == "unfused" and layout.recompute == Recompute.NONE

@@ -26,7 +26,7 @@ import numpy as np
 import plotly.graph_objects as go
 
 from sim.config import Experiment
-from sim.metrics import StepSummary
+from sim.metrics import StepSummary, gemm_peak
 from sim.report.collectives import CollectiveRow
 from sim.report.timeline import PHASES, Lane, RankOps, lane_key, lane_usage
 from sim.report.words import Words
@@ -60,7 +60,7 @@ def waterfall(exp: Experiment, summary: StepSummary, cols: Sequence[RankOps]) ->
     """`cols`: every simulated rank's ops (each is one GPU's program; a folded rank stands
     for identical ones)."""
     T, n = summary.step_time_s, len(cols)
-    peak = exp.cluster.accelerator.peak_flops
+    peak = gemm_peak(exp.model, exp.cluster.accelerator)  # the peak MFU is measured against
     recompute = PHASES.index(Phase.RECOMPUTE)
     hardware = sum(float(c.flops.sum()) for c in cols) / n
     recomputed = sum(float(c.flops[c.phase == recompute].sum()) for c in cols) / n

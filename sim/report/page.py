@@ -218,7 +218,7 @@ def header_html(exp: Experiment, summary: StepSummary, words: Words) -> str:
         f"{html.escape(exp.network)}, collectives {html.escape(exp.algo)}</p>",
         f"<p>model: {m.layers} layers, hidden {m.hidden}, {m.heads} heads, sequence "
         f"{m.seq_len}, vocabulary {m.vocab}, {html.escape(m.dtype)}, attention "
-        f"{html.escape(m.attention)}</p>",
+        f"{html.escape(m.attention)}; {html.escape(m.summary())}</p>",
         f"<p>layout: <b>{layout}</b>; {html.escape(options)}</p>",
         fold,
         f"<table>{table}</table>",

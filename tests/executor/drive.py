@@ -17,10 +17,9 @@ from traces.purpose import (
     CORE_KERNELS,
     FIRST_STAGE,
     LAST_STAGE,
-    LAYER_FLASH,
-    LAYER_UNFUSED,
     Kernel,
     Stat,
+    layer_kernels,
 )
 
 CORE = CORE_KERNELS
@@ -59,7 +58,8 @@ class Step:
         self.stage = rt.pp_rank
         self.layers = list(lay.layers_of_stage(model, self.stage))
         self.first, self.last = self.stage == 0, self.stage == lay.pp - 1
-        self.layer_kernels = LAYER_FLASH if model.attention == "flash" else LAYER_UNFUSED
+        self.layer_kernels = layer_kernels(model.attention, rope=model.position == "rope",
+                                           ffn=model.ffn)
         self.zero3 = rt.zero == 3
         self.closing = {b.units[-1]: b.index for b in rt.buckets}
 
@@ -137,7 +137,8 @@ class Step:
         if not (self.zero3 or final or rt.zero == 2):
             return
         stream = Stream.ZERO_RS if self.zero3 else Stream.DP
-        if rt.layout.sp and not self.sp_after:
+        replicated = any(spec.sp_partial for spec in rt.flat.specs[unit])  # rope: embed has none
+        if rt.layout.sp and not self.sp_after and replicated:
             handle = rt.sp_grads(unit, stream)
             assert handle is not None
             handle.wait()  # the bucket's reduction reads what it writes

@@ -20,7 +20,7 @@ from executor.reference import train
 from executor.run import run
 from tests.executor.checks import check_training
 from tests.executor.plan_match import call_sequences, plan_sequences
-from tests.executor.workers import ADAMW, OPTIONS, Case, interpret_cases
+from tests.executor.workers import ADAMW, LLAMA, OPTIONS, Case, interpret_cases
 from traces.io import load
 from traces.plan import build
 
@@ -37,6 +37,11 @@ WORLD2 = {
     "gpipe": Case(dict(pp=2, global_batch=4, schedule="gpipe")),
     "1f1b-full": Case(dict(pp=2, global_batch=4, recompute="full")),
     "interleaved": Case(dict(pp=2, vp=2, schedule="interleaved", global_batch=4), model=FOUR),
+    "llama-tp": Case(dict(tp=2, global_batch=2), model=LLAMA),
+    "llama-tp-sp-unfused-full": Case(dict(tp=2, sp=True, global_batch=2, recompute="full"),
+                                     model=dict(LLAMA, attention="unfused")),
+    "llama-mqa-1f1b-selective": Case(dict(pp=2, global_batch=4, recompute="selective"),
+                                     model=dict(LLAMA, kv_heads=1, tied_embeddings=False)),
 }
 WORLD8 = {"tp2-pp2-dp2": Case(dict(tp=2, pp=2, dp=2, sp=True, global_batch=8,
                                    bucket_bytes=20_000)),
@@ -45,7 +50,9 @@ WORLD8 = {"tp2-pp2-dp2": Case(dict(tp=2, pp=2, dp=2, sp=True, global_batch=8,
                                                global_batch=8, bucket_bytes=20_000),
                                           model=FOUR)}
 FLOPS = {"tp-unfused": Case(dict(tp=2, global_batch=2), model=dict(attention="unfused"), steps=1),
-         "dp-flash": Case(dict(dp=2, global_batch=2), steps=1)}
+         "dp-flash": Case(dict(dp=2, global_batch=2), steps=1),
+         "llama-tp-unfused": Case(dict(tp=2, global_batch=2),
+                                  model=dict(LLAMA, attention="unfused"), steps=1)}
 
 
 def _world(cases: dict[str, Case], size: int, count_flops: bool = False) -> dict[str, list]:

@@ -1,4 +1,5 @@
-"""Two gloo ranks, one world for every case: DP with ZeRO 0-3, TP, TP+SP and a two-stage
+"""Two gloo ranks, one world for every case: DP with ZeRO 0-3, TP, TP+SP, Llama blocks (GQA,
+SwiGLU, RMSNorm, RoPE, no biases) under TP and a two-stage
 pipeline train as the single-process reference; a TP layer and the vocab-parallel
 cross-entropy equal the unsharded ones; ZeRO shards round-trip; each rank's communication is
 its plan's, call for call."""
@@ -19,7 +20,7 @@ from executor.params import init_full_unit, layer_unit, tp_shard
 from executor.reference import ReferenceGPT, train
 from tests.executor.checks import GRAD_ATOL, GRAD_RTOL, check_training
 from tests.executor.plan_match import call_sequences, plan_sequences
-from tests.executor.workers import ADAMW, OPTIONS, Case, suite
+from tests.executor.workers import ADAMW, LLAMA, OPTIONS, Case, suite
 from traces.plan import build
 
 TIMEOUT_S = 15 * 4  # one world runs every case below
@@ -40,6 +41,9 @@ TRAIN = {
     "gpipe-untied-selective": Case(dict(pp=2, global_batch=4, schedule="gpipe",
                                         recompute="selective"),
                                    model=dict(tied_embeddings=False)),
+    "llama-tp": Case(dict(tp=2, global_batch=2, schedule="gpipe"), model=LLAMA, record=True),
+    "llama-mha-tp-sp-biases": Case(dict(tp=2, sp=True, global_batch=2, schedule="gpipe"),
+                                   model=dict(LLAMA, kv_heads=4, bias=True), record=True),
 }
 LAYERS = {name: Case(layout, model=dict(layers=1, attention=attention))
           for name, layout, attention in [

@@ -11,7 +11,7 @@ from executor.launch import spawn
 from executor.reference import train
 from tests.executor.checks import check_training
 from tests.executor.plan_match import call_sequences, plan_sequences
-from tests.executor.workers import ADAMW, OPTIONS, Case, train_cases
+from tests.executor.workers import ADAMW, LLAMA, OPTIONS, Case, train_cases
 from traces.plan import build
 
 TIMEOUT_S = 60
@@ -24,6 +24,9 @@ WORLD4 = {
     # Without SP, pipeline messages travel as TP chunks, all-gathered after each receive.
     "tp2-pp2-full": Case(dict(tp=2, pp=2, global_batch=4, schedule="gpipe", recompute="full"),
                          record=True),
+    "llama-tp2-dp2-sp-zero1": Case(dict(tp=2, dp=2, sp=True, zero=1, global_batch=4,
+                                        schedule="gpipe", bucket_bytes=10_000),
+                                   model=LLAMA, record=True),
 }
 WORLD8 = {
     "tp2-pp2-dp2-sp": Case(dict(tp=2, pp=2, dp=2, sp=True, global_batch=4, schedule="gpipe",

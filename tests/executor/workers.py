@@ -29,9 +29,12 @@ from traces.layout import Layout
 from traces.model import ModelSpec
 from traces.ops import Op, OpKind, Phase, Trace
 from traces.plan import build
-from traces.purpose import LAYER_FLASH, LAYER_UNFUSED, Stat, Unit
+from traces.purpose import Stat, Unit, layer_kernels
 
 SMALL = dict(layers=2, hidden=32, heads=4, seq_len=16, vocab=64, dtype="fp32")
+LLAMA = dict(kv_heads=2, ffn="swiglu", ffn_hidden=48, norm="rmsnorm", position="rope",
+             bias=False)
+"""SMALL as a Llama block: GQA (2 key/value heads of 4), SwiGLU, RMSNorm, RoPE, no biases."""
 # eps well above the gradients' rounding noise: AdamW is then smooth in the gradient (an update
 # moves by at most lr/eps times a gradient's error), so parameters after two steps show any
 # gradient error, a uniform scale included, instead of the sign flips of near-zero gradients.
@@ -105,7 +108,7 @@ def layer_case(ctx: RankContext, case: Case, seed: int) -> dict[str, Any]:
         x, gy = (t.chunk(layout.tp)[rt.tp_rank].clone() for t in (x, gy))
     tape = rt.tape(0)
     tape.put((0, "x"), x)
-    kernels = LAYER_FLASH if model.attention == "flash" else LAYER_UNFUSED
+    kernels = layer_kernels(model.attention, rope=model.position == "rope", ffn=model.ffn)
     _kernels(rt, kernels, Phase.FWD, 0, 0)
     held = rt.meter.live["activations"]  # what the forward leaves for the backward
     y = tape.acts[(1, "x")].clone()

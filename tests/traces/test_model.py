@@ -81,5 +81,5 @@ def test_model_spec_rejects_bad_values():
         ModelSpec(layers=1, hidden=100, heads=3, seq_len=8, vocab=8)
     with pytest.raises(ConfigError, match="model.ffn_hidden: -4 must be a positive integer"):
         ModelSpec(layers=1, hidden=64, heads=4, seq_len=8, vocab=8, ffn_hidden=-4)
-    with pytest.raises(ConfigError, match="model.dtype: 'fp8'"):
-        ModelSpec(layers=1, hidden=64, heads=4, seq_len=8, vocab=8, dtype="fp8")
+    with pytest.raises(ConfigError, match="model.dtype: 'fp4'"):
+        ModelSpec(layers=1, hidden=64, heads=4, seq_len=8, vocab=8, dtype="fp4")

@@ -44,7 +44,10 @@ LAYOUTS = {
     "zero3 sp": dict(tp=2, sp=True, dp=2, zero=3, global_batch=4),
     "tied pp": dict(pp=2, dp=2, global_batch=4),
     "selective unfused": dict(tp=2, recompute="selective", global_batch=2),
+    "llama fp8": dict(tp=2, dp=2, global_batch=4),
 }
+LLAMA = dict(kv_heads=2, ffn="swiglu", ffn_hidden=96, norm="rmsnorm", position="rope",
+             bias=False)
 
 
 def _plan(name: str) -> Trace:
@@ -53,6 +56,8 @@ def _plan(name: str) -> Trace:
         model = dataclasses.replace(MODEL, tied_embeddings=True)
     if name == "selective unfused":
         model = dataclasses.replace(MODEL, attention="unfused")
+    if name == "llama fp8":
+        model = dataclasses.replace(MODEL, **LLAMA, dtype="fp8")
     return build(model, Layout(**LAYOUTS[name]))
 
 
@@ -71,6 +76,9 @@ def test_every_kernel_list_derives_from_the_kernel_enumeration():
         model = dataclasses.replace(MODEL, attention=attention)
         assert tuple(k.name for k in layer_kernels(model, 1, 2, False)) == \
             kernel_order(attention)
+        llama = dataclasses.replace(model, **LLAMA)
+        assert tuple(k.name for k in layer_kernels(llama, 1, 2, False)) == \
+            kernel_order(attention, rope=True, ffn="swiglu")
     assert tuple(k.name for k in embedding_kernels(MODEL, 1, 1, False)) == FIRST_STAGE
     assert tuple(k.name for k in head_kernels(MODEL, 1, 1, False)) == LAST_STAGE
     from sim.profile import KERNEL_NAMES
@@ -104,7 +112,8 @@ def test_a_version_3_file_keeps_every_purpose(name):
     assert back.ops == plan.ops
 
 
-@pytest.mark.parametrize("name", LAYOUTS)
+# Version-2 files predate FP8 (their writer refused dtype "fp8"): no amax reduction to recover.
+@pytest.mark.parametrize("name", [name for name in LAYOUTS if name != "llama fp8"])
 def test_a_version_2_file_loads_with_the_purposes_of_a_freshly_built_plan(name):
     plan = _plan(name)
     old = io.from_json(_as_version_2(plan))

@@ -12,6 +12,7 @@ small passes, each a function over the list of ops being built (`traces.plan.nod
     p2p.add_pipeline_p2p           sends and receives between pipeline stages
     data.add_data_parallel         gradient buckets (DDP, ZeRO-1/2), ZeRO-3 gathers and scatters
     optimizer.add_optimizer        tied-embedding all-reduce, optimizer step, ZeRO-1/2 gathers
+    fp8.add_fp8                    FP8: amax reductions (delayed scaling), the weights' cast
 
 and `nodes.finalize` numbers the result into the rank's op tuple. See docs/plan-ops.md for the
 ops and streams, and each pass's docstring for what it adds.
@@ -38,6 +39,7 @@ from traces.pipeline import Action, ActionSchedule, layout_schedule
 from traces.plan.budget import OpBudget, OverBudget
 from traces.plan.compute import count_compute, lower_compute
 from traces.plan.data import add_data_parallel
+from traces.plan.fp8 import add_fp8
 from traces.plan.nodes import Program, RankContext, finalize
 from traces.plan.optimizer import add_optimizer
 from traces.plan.p2p import add_pipeline_p2p
@@ -146,7 +148,8 @@ def lower_rank(model: ModelSpec, layout: Layout, rank: int, actions: list[Action
     for add in (lambda p: add_tensor_parallel(ctx, p),
                 lambda p: add_pipeline_p2p(ctx, actions, p),
                 lambda p: add_data_parallel(ctx, actions, p),
-                lambda p: add_optimizer(ctx, p)):
+                lambda p: add_optimizer(ctx, p),
+                lambda p: add_fp8(ctx, actions, p)):
         nodes = add(nodes)
         if budget is not None:
             grown = _size(nodes)

@@ -98,7 +98,10 @@ Run = list[tuple[KernelWork, Phase]]
 
 
 def _run(kernels: list[KernelWork], phase: Phase) -> Run:
-    return [(k, phase) for k in kernels]
+    """The kernels that do work in `phase` (an FP8 cast runs in one phase only)."""
+    backward = phase is Phase.BWD
+    return [(k, phase) for k in kernels
+            if (k.bwd_flops or k.bwd_bytes if backward else k.flops or k.mem_bytes)]
 
 
 def _layer_backward(layer: list[KernelWork], recompute: Recompute, core: tuple[Kernel, ...]
@@ -127,4 +130,4 @@ def _fields(run: Run) -> list[dict[str, Any]]:
              "purpose": KernelRun(k.name), "phase": phase,
              "flops": k.bwd_flops if phase is Phase.BWD else k.flops,
              "mem_bytes": k.bwd_bytes if phase is Phase.BWD else k.mem_bytes,
-             "gemm": k.gemm or ()} for k, phase in run]
+             "gemm": k.gemm or (), **({"dtype": "fp8"} if k.fp8 else {})} for k, phase in run]

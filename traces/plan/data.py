@@ -162,7 +162,7 @@ class _DataWalk:
         layer = unit.layer
         stream = Stream.ZERO_RS if self.zero == 3 else Stream.DP
         out = []
-        if self.ctx.layout.sp and self.ctx.layout.tp > 1:
+        if self.ctx.layout.sp and self.ctx.layout.tp > 1 and self.ctx.replicated_params(unit):
             size = self.ctx.replicated_params(unit) * self.ctx.grad_bytes
             op = self._collective(OpKind.ALL_REDUCE, stream, unit_label("sp_grads", unit),
                                   SpGrads(unit), self.tp_group, size, layer, mb, Phase.BWD)
@@ -217,7 +217,7 @@ class _DataWalk:
                     phase: Phase) -> Op:
         """Parameters move in the model's dtype, gradients in theirs (fp32 main grads)."""
         params = isinstance(purpose, UnitGather)
-        dtype = self.ctx.model.dtype if params else self.ctx.grad_dtype
+        dtype = self.ctx.model.data_dtype if params else self.ctx.grad_dtype
         return Op(kind=kind, stream=stream, name=name, purpose=purpose, group=group,
                   size_bytes=size, layer=layer, microbatch=mb, phase=phase, dtype=dtype)
 

@@ -65,7 +65,7 @@ class RankContext:
 
     @property
     def grad_dtype(self) -> str:
-        return "fp32" if self.layout.fp32_main_grads else self.model.dtype
+        return "fp32" if self.layout.fp32_main_grads else self.model.data_dtype
 
     @property
     def last_microbatch(self) -> int:
@@ -87,13 +87,14 @@ class RankContext:
 
     def replicated_params(self, unit: Unit) -> float:
         """Parameters of one unit that every TP rank holds in full: a layer's two norms and
-        its row-parallel biases (6h), the positions (s·h), the final norm (2h)."""
-        h = self.model.hidden
+        its row-parallel biases (GPT: 6h), learned positions (s·h; none with rotary ones),
+        the final norm (2h, RMSNorm h)."""
+        m = self.model
         if unit.part is Part.EMBED:
-            return self.model.seq_len * h
+            return m.seq_len * m.hidden if m.position == "learned" else 0
         if unit.part is Part.HEAD:
-            return 2 * h
-        return 6 * h
+            return m.norm_params
+        return (2 * m.hidden if m.bias else 0) + 2 * m.norm_params
 
 
 def first_compute(nodes: Iterable[Node]) -> Node:

@@ -38,7 +38,7 @@ def add_optimizer(ctx: RankContext, program: Program) -> Program:
     shard = layout.dp if layout.zero >= 1 else 1
     params = model.params_on_stages(layout.stages_of_rank(ctx.pp_rank), layout.num_stages,
                                      layout.tp)
-    per_param = optimizer_bytes_per_param(model.dtype, ctx.grad_bytes)
+    per_param = optimizer_bytes_per_param(model.data_dtype, ctx.grad_bytes)
     step = Node(Op(kind=OpKind.COMPUTE, stream=Stream.COMPUTE, name="optimizer",
                    purpose=KernelRun(Kernel.OPTIMIZER), phase=Phase.OPT,
                    mem_bytes=params / shard * per_param), None, waits)
@@ -48,7 +48,7 @@ def add_optimizer(ctx: RankContext, program: Program) -> Program:
         for bucket, size in _last_buckets(ctx, nodes):
             op = Op(kind=OpKind.ALL_GATHER, stream=Stream.DP, name="params",
                     purpose=ParamGather(bucket.index), group=layout.group(ctx.rank, Axis.DP),
-                    size_bytes=size * to_params, phase=Phase.OPT, dtype=model.dtype)
+                    size_bytes=size * to_params, phase=Phase.OPT, dtype=model.data_dtype)
             out.append(Node(op, None, [step]))
     return [*actions, program[-1] + out]
 

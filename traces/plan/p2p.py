@@ -63,7 +63,7 @@ def add_pipeline_p2p(ctx: RankContext, actions: list[Action], program: Program) 
             if gather:
                 op = Op(kind=OpKind.ALL_GATHER, stream=Stream.COMPUTE, name="tp",
                         purpose=MessageGather(tag, boundary), group=group, size_bytes=full,
-                        microbatch=mb, phase=_PHASE[kind], dtype=ctx.model.dtype)
+                        microbatch=mb, phase=_PHASE[kind], dtype=ctx.model.data_dtype)
                 gathered = Node(op, None, entry)
                 step.append(gathered)
                 entry = [gathered]

@@ -121,7 +121,7 @@ def _collective(ctx: RankContext, beside: Node, collective: Collective, group: t
                 size: float) -> Node:
     op = beside.op
     kind, name, purpose = collective
-    dtype = "fp32" if isinstance(purpose, CrossEntropyStat) else ctx.model.dtype
+    dtype = "fp32" if isinstance(purpose, CrossEntropyStat) else ctx.model.data_dtype
     return Node(Op(kind=kind, stream=Stream.COMPUTE, name=name, purpose=purpose, group=group,
                    size_bytes=size, layer=op.layer, microbatch=op.microbatch, phase=op.phase,
                    dtype=dtype), beside.unit)
