@@ -80,7 +80,12 @@ def _match(message: str) -> str:
     (dict(dp=4, micro_batch=2, global_batch=12), "global_batch: 12 is not divisible"),
     (dict(sp=True, global_batch=1), "sequence parallelism needs tp > 1"),
     (dict(zero=4, global_batch=1), "parallel.zero: 4 must be 0, 1, 2 or 3"),
-    (dict(cp=2, global_batch=1), "parallel.cp: 2 is not supported"),
+    (dict(cp=2, cp_comm="ring", global_batch=1), "parallel.cp_comm: 'ring' is not one of p2p"),
+    (dict(pp=4, pp_first_layers=-1), "parallel.pp_first_layers: -1 must be"),
+    (dict(pp=1, pp_last_layers=3), "parallel.pp_last_layers: 3 needs pp >= 2"),
+    (dict(pp=2, vp=2, schedule="interleaved", global_batch=2, pp_first_layers=3),
+     "parallel.pp_first_layers: 3 is not divisible by vp = 2"),
+    (dict(pp=2, pp_first_layers=True), "parallel.pp_first_layers: True must be"),
     # issue 6: floats and bools are not integers, lists are not choices, sizes are bounded
     (dict(zero=1.0), "parallel.zero: 1.0 must be 0, 1, 2 or 3"),
     (dict(zero=True), "parallel.zero: True must be 0, 1, 2 or 3"),
