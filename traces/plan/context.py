@@ -129,13 +129,13 @@ class _Ring:
             both = 0 < i < self.cp - 1
             size, to, source, tag = (2 if both else 1) * self.kv, self.prev, self.next, \
                 TAG_BACKWARD
-        fields = {"purpose": CpRing(i, backward), "size_bytes": size, "tag": tag,
-                  "layer": op.layer, "microbatch": op.microbatch, "phase": op.phase,
-                  "dtype": self.ctx.model.dtype, "name": tag}
-        send = Node(Op(kind=OpKind.SEND, stream=Stream.CP_SEND, peer=to, **fields),
-                    core.unit, after)
-        recv = Node(Op(kind=OpKind.RECV, stream=Stream.CP_RECV, peer=source, **fields),
-                    core.unit)
+        def message(kind: OpKind, stream: Stream, peer: int) -> Op:
+            return Op(kind=kind, stream=stream, name=tag, purpose=CpRing(i, backward),
+                      peer=peer, size_bytes=size, tag=tag, layer=op.layer,
+                      microbatch=op.microbatch, phase=op.phase, dtype=self.ctx.model.dtype)
+
+        send = Node(message(OpKind.SEND, Stream.CP_SEND, to), core.unit, after)
+        recv = Node(message(OpKind.RECV, Stream.CP_RECV, source), core.unit)
         return send, recv
 
     # --- all-gather ----------------------------------------------------------------------
