@@ -107,13 +107,12 @@ class _Ring:
         step: Node | None = None
         messages = self.cp if backward else self.cp - 1
         for i in range(self.cp):
+            recv_next: Node | None = recv
             if i < messages:
                 send_after = [before] if i == 0 and before is not None else \
                     [n for n in (recv, step if backward else None) if n is not None]
                 send, recv_next = self._message(core, i, backward, send_after)
                 out += [send, recv_next]
-            else:
-                recv_next = recv
             step = Node(dataclasses.replace(core.op), core.unit,
                         [recv] if recv is not None else list(core.after))
             out.append(step)
