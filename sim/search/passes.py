@@ -54,12 +54,15 @@ class PassKey:
     two_stages: bool
     """pp > 1: the embedding and the output layer sit on different ranks, and a tied
     embedding's gradients are all-reduced between them."""
+    cp: int = 1
+    cp_comm: str = "p2p"
 
     @staticmethod
     def of(layout: Layout) -> PassKey:
         return PassKey(tp=layout.tp, sp=layout.sp, micro_batch=layout.micro_batch,
                        recompute=layout.recompute,
-                       zero=layout.zero if layout.dp > 1 else 0, has_dp=layout.dp > 1,
+                       zero=layout.zero if layout.data_degree > 1 else 0,
+                       has_dp=layout.data_degree > 1, cp=layout.cp, cp_comm=str(layout.cp_comm),
                        fp32_main_grads=layout.fp32_main_grads,
                        overlap_grad_reduce=layout.overlap_grad_reduce,
                        two_stages=layout.pp > 1)
@@ -141,7 +144,8 @@ def pass_ops(model: ModelSpec, layout: Layout) -> PassOps:
     grads = [op for op in first_ops if isinstance(op.purpose, GradBucket)]
     optimizer = next(op for op in first_ops if op.purpose == KernelRun(Kernel.OPTIMIZER))
     params = reduced_model.params_on_stages(small.stages_of_rank(0), small.num_stages,
-                                           small.tp) / (small.dp if small.zero >= 1 else 1)
+                                           small.tp) / (small.data_degree if small.zero >= 1
+                                                        else 1)
     return PassOps(
         layer=layer, first=first, last=last,
         send_bytes=sends[0] if sends else 0.0,
@@ -225,8 +229,10 @@ def _axis(small: Layout, rank: int, op: Op) -> str:
     """The axis of the reduced layout a collective of `rank` runs over; "" for compute."""
     if op.kind is OpKind.COMPUTE:
         return ""
-    for axis in (Axis.TP, Axis.DP):
+    for axis in (Axis.TP, Axis.CP, Axis.DP):
         if op.group == small.group(rank, axis):
             return axis
+    if op.group == small.data_group(rank):  # gradients and ZeRO over DP x CP
+        return "dp"
     assert op.group == small.embedding_group(rank), f"{op.name} on {op.group}"
     return "embedding"
