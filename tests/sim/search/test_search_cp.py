@@ -49,5 +49,5 @@ def test_a_cp_layout_is_estimated_and_holds_less_memory_than_dp():
     with_cp = ctx.analytic.estimate(Layout(tp=8, cp=2, sp=True, global_batch=8))
     # the same GPUs as DP instead: each holds a whole sequence
     without = ctx.analytic.estimate(Layout(tp=8, dp=2, sp=True, global_batch=8))
-    assert 0 < with_cp.step_time_s and 0 < without.step_time_s
+    assert with_cp.step_time_s > 0 and without.step_time_s > 0
     assert with_cp.peak_memory_bytes < without.peak_memory_bytes
