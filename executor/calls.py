@@ -103,6 +103,7 @@ class CpMessage:
     send: bool
     step: int
     backward: bool
+    phase: Phase
     layer: int
     mb: int
     peer: int

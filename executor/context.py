@@ -40,8 +40,9 @@ from traces.layout import Axis, CpComm, Layout
 from traces.ops import Phase, Stream
 from traces.purpose import Kernel
 
-Key = tuple[int, int]
-"""(micro-batch, layer)."""
+Key = tuple[int, ...]
+"""(micro-batch, layer) of a backward; (micro-batch, layer, pass) of a forward, pass 0 the
+forward and 1 its recomputation (a late send of one must not read the other)."""
 
 
 def local_tokens(rows: torch.Tensor, cp: int, cp_rank: int) -> torch.Tensor:
@@ -77,6 +78,10 @@ class _Backward:
     """This rank's dK/dV contribution at each step."""
     gathered: torch.Tensor | None = None
     """all_gather: every rank's dK/dV, to reduce-scatter."""
+    delivered: bool = False
+    last_sent: bool = False
+    """p2p: the state lives until both its gradient went to the tape and its last message
+    (which reads it) was sent."""
 
 
 class CpAttention:
@@ -165,20 +170,24 @@ class CpAttention:
     def end_forward(self, key: Key, keep: bool) -> None:
         """The forward is over: keep what the backward needs (or nothing, when a recompute
         will run it again)."""
-        state = self.forwards.pop(key)
+        state = self.forwards[key]  # kept: a send of the ring may still be to come
         if keep:
             last = self.arrived.get((key, False, self.cp - 2))
-            self.backwards[key] = _Backward(q=state.q, own=state.own, out=state.out,
-                                            lse=state.lse, last=last)
+            self.backwards[key[:2]] = _Backward(q=state.q, own=state.own, out=state.out,
+                                                lse=state.lse, last=last)
 
     def message(self, key: Key, step: int, backward: bool, send: bool, peer: int,
                 tag: str) -> Handle:
         """Send or receive ring message `step`. A receive is posted ahead of everything
         (its op waits for nothing): what it brings waits in `arrived` until it is used."""
         if send:
-            payload = self._backward_payload(key, step) if backward else \
-                self._forward_block(key, step)
-            return self.comm.send(payload, peer, tag)
+            if not backward:
+                return self.comm.send(self._forward_block(key, step), peer, tag)
+            handle = self.comm.send(self._backward_payload(key, step), peer, tag)
+            if step == self.cp - 1:
+                self.backwards[key].last_sent = True
+                self._forget_if_done(key)
+            return handle
         rows = self._rows(step) if backward else 2
         buf = torch.empty((rows, *self.block_shape[1:]), dtype=self.dtype, device=self.device)
 
@@ -226,8 +235,24 @@ class CpAttention:
         others) is in, the QKV slot's gradient goes to the tape."""
         bwd = self.backwards.get(key)
         last = self.cp - 1
-        if bwd is not None and last in bwd.mine and self._partial(key, last) is not None:
+        if bwd is not None and not bwd.delivered and last in bwd.mine and \
+                self._partial(key, last) is not None:
             self.deliver(key, self.take_grads(key))
+            bwd.delivered = True
+            self._forget_if_done(key)
+
+    def _forget_if_done(self, key: Key) -> None:
+        """Drop a finished backward's state and what the ring brought for it."""
+        bwd = self.backwards[key]
+        if bwd.delivered and bwd.last_sent:
+            self._forget(key)
+
+    def _forget(self, key: Key) -> None:
+        self.backwards.pop(key, None)
+        for fkey in [k for k in self.forwards if k[:2] == key]:
+            del self.forwards[fkey]
+        for arrival in [a for a in self.arrived if a[0][:2] == key]:
+            del self.arrived[arrival]
 
     def backward_step(self, key: Key, step: int, dctx: torch.Tensor | None,
                       ctx: KernelContext, gathered: bool) -> None:
@@ -246,21 +271,17 @@ class CpAttention:
         self._deliver_if_done(key)
 
     def take_grads(self, key: Key) -> torch.Tensor:
-        """The QKV slot's gradient [s, b, 3·heads·d] once the backward is complete; what the
-        ring brought for `key` is dropped."""
-        dkv = self.backwards[key].gathered
-        if dkv is None:
-            dkv = self._accumulated(key, self.cp - 1)
-        bwd = self.backwards.pop(key)
+        """The QKV slot's gradient [s, b, 3·heads·d] once the backward is complete."""
+        bwd = self.backwards[key]
+        dkv = bwd.gathered if bwd.gathered is not None else self._accumulated(key, self.cp - 1)
         assert bwd.dq is not None
-        for arrival in [a for a in self.arrived if a[0] == key]:
-            del self.arrived[arrival]
         return qkv_of(bwd.dq, dkv[0], dkv[1])
 
     # --- all_gather mode -----------------------------------------------------------------
 
     def gather(self, key: Key, backward: bool, qkv: torch.Tensor | None,
                ctx: KernelContext) -> None:
+        """`key`: the backward's, or the forward pass's."""
         """All-gather every CP rank's K/V (forward: from the QKV slot; backward: from the
         K/V the forward kept)."""
         if backward:
@@ -284,6 +305,7 @@ class CpAttention:
         self.comm.reduce_scatter(mine, blocks, self.key)
         bwd.gathered = mine
         self.deliver(key, self.take_grads(key))
+        self._forget(key)
 
 
 def _expand(kv: torch.Tensor, heads: int) -> torch.Tensor:
@@ -333,7 +355,7 @@ class CpRank:
 
     def attend(self, tape: Tape, phase: Phase, layer: int, mb: int, step: int,
                ctx: KernelContext) -> None:
-        key, attention = (mb, layer), self.attention
+        key, attention = _key(mb, layer, phase), self.attention
         if phase is Phase.BWD:
             dctx = tape.take_grad((layer, "ctx")) if step == 0 else None
             attention.backward_step(key, step, dctx, ctx, self.gathered)
@@ -351,9 +373,9 @@ class CpRank:
         if recomputing or "qkv" not in KEPT_FOR_RECOMPUTE[recompute]:
             tape.release((layer, "qkv"))
 
-    def message(self, tape: Tape, send: bool, step: int, backward: bool, layer: int, mb: int,
-                peer: int, tag: str, ctx: KernelContext) -> Handle:
-        key = (mb, layer)
+    def message(self, tape: Tape, phase: Phase, send: bool, step: int, backward: bool,
+                layer: int, mb: int, peer: int, tag: str, ctx: KernelContext) -> Handle:
+        key = _key(mb, layer, phase)
         if send and not backward and step == 0 and key not in self.attention.forwards:
             # the ring's first send waits only for the QKV GEMM: it starts the pass
             self.attention.begin_forward(key, tape.acts[(layer, "qkv")], ctx)
@@ -361,10 +383,17 @@ class CpRank:
 
     def exchange(self, tape: Tape, grad: bool, phase: Phase, layer: int, mb: int,
                  ctx: KernelContext) -> None:
-        key = (mb, layer)
+        key = _key(mb, layer, phase)
         if grad:
             self.attention.reduce_scatter(key)
             return
         backward = phase is Phase.BWD
         self.attention.gather(key, backward, None if backward else tape.acts[(layer, "qkv")],
                               ctx)
+
+
+def _key(mb: int, layer: int, phase: Phase) -> Key:
+    """A backward's key, or a forward pass's (module docstring of `Key`)."""
+    if phase is Phase.BWD:
+        return (mb, layer)
+    return (mb, layer, int(phase is Phase.RECOMPUTE))

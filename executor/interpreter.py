@@ -120,9 +120,9 @@ def bind(rt: RankRuntime, call: Call) -> Callable[[], Handle | None]:
             return p(rt.gather_unit, unit, stream)
         case CpAttend(phase=phase, layer=layer, mb=mb, step=step):
             return p(rt.cp_attend, phase, layer, mb, step)
-        case CpMessage(send=send, step=step, backward=backward, layer=layer, mb=mb, peer=peer,
-                       tag=tag):
-            return p(rt.cp_message, send, step, backward, layer, mb, peer, tag)
+        case CpMessage(send=send, step=step, backward=backward, phase=phase, layer=layer, mb=mb,
+                       peer=peer, tag=tag):
+            return p(rt.cp_message, phase, send, step, backward, layer, mb, peer, tag)
         case CpExchange(grad=grad, phase=phase, layer=layer, mb=mb):
             return p(rt.cp_exchange, grad, phase, layer, mb)
         case Transfer(send=True, boundary=boundary, mb=mb, tag=tag, peer=peer):

@@ -117,10 +117,10 @@ class _Lowering:
                     return self._cp_step(i, op)
                 return Compute(kernel, op.phase, op.layer, mb)  # type: ignore[arg-type]
             case CpRing(step=step, backward=backward):
-                if op.peer is None or self.layout.cp == 1:
-                    raise self.fail(i, "a CP ring message needs cp > 1 and a peer")
-                return CpMessage(op.kind is OpKind.SEND, step, backward, self._layer(i, op),
-                                 self._mb(i, mb), op.peer, op.tag)
+                if op.peer is None or self.layout.cp == 1 or op.phase is None:
+                    raise self.fail(i, "a CP ring message needs cp > 1, a peer and a phase")
+                return CpMessage(op.kind is OpKind.SEND, step, backward, op.phase,
+                                 self._layer(i, op), self._mb(i, mb), op.peer, op.tag)
             case CpGather(grad=grad):
                 if self.layout.cp == 1 or op.phase is None:
                     raise self.fail(i, "a CP all-gather needs cp > 1 and a phase")

@@ -260,10 +260,10 @@ class RankRuntime:
         assert self.cp is not None, "CP ops in a plan without cp"
         self.cp.attend(self.tape(mb), phase, layer, mb, step, self._kernel_context(layer, mb))
 
-    def cp_message(self, send: bool, step: int, backward: bool, layer: int, mb: int, peer: int,
-                   tag: str) -> Handle:
+    def cp_message(self, phase: Phase, send: bool, step: int, backward: bool, layer: int,
+                   mb: int, peer: int, tag: str) -> Handle:
         assert self.cp is not None, "CP ops in a plan without cp"
-        return self.cp.message(self.tape(mb), send, step, backward, layer, mb, peer, tag,
+        return self.cp.message(self.tape(mb), phase, send, step, backward, layer, mb, peer, tag,
                                self._kernel_context(layer, mb))
 
     def cp_exchange(self, grad: bool, phase: Phase, layer: int, mb: int) -> None:
