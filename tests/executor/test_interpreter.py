@@ -37,6 +37,12 @@ WORLD2 = {
     "gpipe": Case(dict(pp=2, global_batch=4, schedule="gpipe")),
     "1f1b-full": Case(dict(pp=2, global_batch=4, recompute="full")),
     "interleaved": Case(dict(pp=2, vp=2, schedule="interleaved", global_batch=4), model=FOUR),
+    # Lighter first stage: 1 layer on pipeline rank 0, 3 on rank 1 (pp_first_layers).
+    "1f1b-uneven": Case(dict(pp=2, global_batch=4, pp_first_layers=1), model=FOUR),
+    # Context parallelism: Transformer Engine's ring, and Llama 3's all-gather (issue 18).
+    "cp2-ring-full": Case(dict(cp=2, global_batch=2, recompute="full")),
+    "cp2-gather-selective": Case(dict(cp=2, cp_comm="all_gather", global_batch=4,
+                                      recompute="selective")),
 }
 WORLD8 = {"tp2-pp2-dp2": Case(dict(tp=2, pp=2, dp=2, sp=True, global_batch=8,
                                    bucket_bytes=20_000)),
