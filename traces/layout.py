@@ -4,15 +4,11 @@ Ranks follow Megatron-LM, fastest-varying first: rank = tp + TP*(cp + CP*(dp + D
 With 16 ranks, TP 2, PP 4, DP 2 this gives TP groups [0,1] ... [14,15], DP groups [0,2] [1,3]
 [4,6] ..., and PP groups [0,4,8,12] [1,5,9,13] [2,6,10,14] [3,7,11,15].
 
-Virtual pipeline stage k (0 <= k < PP*VP) runs on pipeline rank k % PP as its model chunk
-k // PP and holds the next run of consecutive layers: L/(PP*VP) of them, or, with
-`pp_first_layers` / `pp_last_layers` (Megatron-Core's --decoder-first/last-pipeline-num-layers),
-pp_first_layers/VP on each chunk of the first pipeline rank, pp_last_layers/VP on each chunk of
-the last and the remaining layers split evenly over the chunks of the ranks between, as
-Megatron-Core's get_num_layers_to_build and its layer offsets do (each count must divide).
-
-Context parallelism (`cp`, Megatron-Core with Transformer Engine's context-parallel attention)
-is `traces.context`'s; here only its rules.
+Virtual stage k (0 <= k < PP*VP) runs on pipeline rank k % PP as its chunk k // PP and holds
+the next L/(PP*VP) layers; with `pp_first_layers` / `pp_last_layers` (Megatron-Core's
+--decoder-first/last-pipeline-num-layers) each chunk of the first (last) rank holds that count
+/ VP and the other ranks' chunks split the rest evenly, as Megatron-Core's
+get_num_layers_to_build and layer offsets do. Context parallelism: `traces.plan.context`.
 
 Parameter counts per rank are the model's (`ModelSpec.params_on_stages`); which shifts of
 ranks map a group onto another (folding's symmetry) is `traces.symmetry`'s.
@@ -311,17 +307,14 @@ class Layout:
         return self.rank(cp=c.cp, pp=c.pp)
 
     def to_dict(self) -> dict[str, Any]:
-        """The fields as plain values; the CP exchange only with cp > 1 and the uneven split's
-        counts only when set (so a layout without them reads as it always has)."""
+        """The fields as plain values; cp_comm only with cp > 1, the uneven split's counts
+        only when set (so a layout without them reads as it always has)."""
         out = asdict(self)
         out["schedule"], out["recompute"] = str(self.schedule), str(self.recompute)
         out["cp_comm"] = str(self.cp_comm)
-        if self.cp == 1:
-            del out["cp_comm"]
-        for name in ("pp_first_layers", "pp_last_layers"):
-            if not out[name]:
-                del out[name]
-        return out
+        gone = ["cp_comm"] * (self.cp == 1) + [k for k in ("pp_first_layers",
+                                                          "pp_last_layers") if not out[k]]
+        return {k: v for k, v in out.items() if k not in gone}
 
 
 

@@ -144,3 +144,35 @@ def test_tp_groups_straddling_nodes_only_give_a_note():
     assert len(notes) == 1 and "some TP groups cross nodes" in notes[0]
     assert check_layout(model, Layout(tp=2, dp=6, global_batch=6), world=12,
                         devices_per_server=8) == ()
+
+
+def test_126_layers_run_on_16_stages_with_lighter_ends():
+    model = ModelSpec(layers=126, hidden=64, heads=4, seq_len=64, vocab=64)
+    layout = Layout(pp=16, pp_first_layers=7, pp_last_layers=7)
+    check_layout(model, layout)
+    assert [len(layout.layers_of_stage(model, k)) for k in range(16)] == [7] + [8] * 14 + [7]
+    assert [layout.layers_of_stage(model, k)[0] for k in (0, 1, 15)] == [0, 7, 119]
+
+
+@pytest.mark.parametrize(("first", "last"), [(2, 2), (4, 0), (0, 2)])
+def test_uneven_interleaved_stages_follow_megatron_cores_layer_offsets(first, last):
+    """megatron/core/transformer/transformer_block.py, get_num_layers_to_build and the
+    offset of (pipeline rank p, virtual rank v) with an uneven first/last stage: chunks of
+    first/vp and last/vp layers on the end ranks, the rest split evenly over the others."""
+    pp, vp = 4, 2
+    middle_ranks = pp - (first > 0) - (last > 0)
+    model = ModelSpec(layers=first + last + 2 * vp * middle_ranks, hidden=64, heads=4,
+                      seq_len=64, vocab=64)
+    layout = Layout(pp=pp, vp=vp, schedule="interleaved", global_batch=4,
+                    pp_first_layers=first, pp_last_layers=last)
+    check_layout(model, layout)
+    f, l, m = first // vp, last // vp, 2  # noqa: E741 - Megatron's names
+    per_rank = [f if p == 0 and first else l if p == pp - 1 and last else m for p in range(pp)]
+    total = sum(per_rank)  # layers in one virtual chunk of every rank
+    for v in range(vp):
+        for p in range(pp):
+            offset = v * total + sum(per_rank[:p])
+            assert layout.layers_of_stage(model, v * pp + p) == range(offset,
+                                                                      offset + per_rank[p])
+    covered = [i for k in range(pp * vp) for i in layout.layers_of_stage(model, k)]
+    assert sorted(covered) == list(range(model.layers))
