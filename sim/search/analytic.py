@@ -6,8 +6,8 @@ kernel timed by `ComputeModel`, each collective lowered by `Collectives.resolve`
 alone by its alpha-beta time, memory by `pp_rank_memory`. The step is the closed-form 1F1B
 pipeline (the bubble (p-1)/(v·m)) plus what the end of the step exposes; it leaves out
 contention and the exact overlap the full simulation adds. Context parallelism's all-gathers
-are timed as the inline collectives they are; its p2p ring is taken as hidden behind the
-attention steps, as Transformer Engine means it to be (the full simulation times it). An
+are timed as the inline collectives they are; of its p2p ring, what each message takes beyond
+the attention step beside it. An
 uneven pipeline's end ranks run their own layer counts; its bubble stays the even one's.
 
 The derivation in full: docs/search-analytic.md.
@@ -15,6 +15,7 @@ The derivation in full: docs/search-analytic.md.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -35,8 +36,9 @@ from sim.search.passes import (
 from topology.cluster import Cluster
 from traces.layout import Axis, Layout, Schedule
 from traces.model import ModelSpec
-from traces.ops import Op, OpKind
+from traces.ops import Op, OpKind, Phase
 from traces.pipeline import Action, ActionSchedule, gpipe, interleaved, one_f_one_b
+from traces.purpose import Kernel, KernelRun
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -251,10 +253,36 @@ class Analytic:
         key = (PassKey.of(layout), layout.tp, layout.cp, layout.dp)
         found = self._units.get(key)
         if found is None:
-            found = self._units[key] = (self._unit(layout, ops.layer),
-                                        self._unit(layout, ops.first),
+            layer = self._unit(layout, ops.layer)
+            if ops.cp_ring:
+                layer = self._with_ring(layout, ops, layer)
+            found = self._units[key] = (layer, self._unit(layout, ops.first),
                                         self._unit(layout, ops.last))
         return found
+
+    def _with_ring(self, layout: Layout, ops: PassOps, layer: _UnitTime) -> _UnitTime:
+        """A layer with what its CP ring leaves exposed: each message beyond the ring step
+        it runs beside (a forward step waits for the block before it; the backward's last
+        message, for qkv's backward), alone on the network."""
+        steps = {phase: next(self.compute.duration(op) for op, axis in placed
+                             if op.purpose == KernelRun(Kernel.FLASH_ATTN)
+                             and op.phase is phase)
+                 for phase, placed in ((Phase.FWD, ops.layer.compute_fwd),
+                                       (Phase.BWD, ops.layer.compute_bwd))}
+        exposed = {Phase.FWD: 0.0, Phase.BWD: 0.0, Phase.RECOMPUTE: 0.0}
+        for phase, size in ops.cp_ring:
+            step = steps[Phase.BWD if phase is Phase.BWD else Phase.FWD]
+            exposed[phase] += max(self._cp_send(layout, size) - step, 0.0)
+        return dataclasses.replace(
+            layer, compute_fwd=layer.compute_fwd + exposed[Phase.FWD],
+            compute_bwd=layer.compute_bwd + exposed[Phase.BWD] + exposed[Phase.RECOMPUTE])
+
+    def _cp_send(self, layout: Layout, size: float) -> float:
+        """One CP ring message between neighbouring CP ranks."""
+        if self.free_network:
+            return 0.0
+        src, dst = layout.rank(cp=0), layout.rank(cp=1)
+        return analytic_time(self.cluster, self.collectives.p2p(src, dst), size)
 
     def _unit(self, layout: Layout, unit: UnitOps) -> _UnitTime:
         def total(placed: tuple[Placed, ...]) -> float:

@@ -33,7 +33,7 @@ from traces.ops import Op, OpKind, Phase, Stream
 from traces.plan import build
 from traces.plan.data import gradient_buckets as plan_gradient_buckets
 from traces.plan.nodes import RankContext
-from traces.purpose import EmbeddingGrads, GradBucket, Kernel, KernelRun, ParamGather
+from traces.purpose import CpRing, EmbeddingGrads, GradBucket, Kernel, KernelRun, ParamGather
 
 COMM_STREAMS = (Stream.ZERO_AG, Stream.ZERO_RS, Stream.DP)
 
@@ -113,6 +113,9 @@ class PassOps:
     stage (None: untied, or one stage holds both)."""
     optimizer_bytes_per_param: float
     """HBM bytes the optimizer moves per parameter it updates."""
+    cp_ring: tuple[tuple[Phase, float], ...] = ()
+    """Context parallelism's p2p ring: (phase, bytes) of one layer's sends in one
+    micro-batch, forward and backward (none without CP or with the all-gather)."""
 
 
 def reduced_layout(layout: Layout) -> Layout:
@@ -157,7 +160,15 @@ def pass_ops(model: ModelSpec, layout: Layout) -> PassOps:
         embedding_grads=next((op.size_bytes for op in first_ops
                               if isinstance(op.purpose, EmbeddingGrads)), None),
         optimizer_bytes_per_param=optimizer.mem_bytes / params,
+        cp_ring=tuple((op.phase, op.size_bytes) for op in last_ops  # type: ignore[misc]
+                      if isinstance(op.purpose, CpRing) and op.kind is OpKind.SEND
+                      and op.microbatch == 0 and op.layer == last_ops_layer(last_ops)),
     )
+
+
+def last_ops_layer(ops: Sequence[Op]) -> int | None:
+    """The first layer index among `ops` (the reduced plan's layer on that rank)."""
+    return next((op.layer for op in ops if op.layer is not None), None)
 
 
 def grad_bytes(model: ModelSpec, layout: Layout) -> int:

@@ -3,8 +3,11 @@ thumb's CP step right after TP (the seeds' TP → CP → PP → DP), CP layouts 
 
 from __future__ import annotations
 
+import pytest
+
 from sim.search.problem import context, problem_from_dict
 from sim.search.rule import rule_of_thumb
+from sim.search.run import simulate_one
 from sim.search.space import default_values
 from traces.layout import Layout
 from traces.model import ModelSpec
@@ -51,3 +54,14 @@ def test_a_cp_layout_is_estimated_and_holds_less_memory_than_dp():
     without = ctx.analytic.estimate(Layout(tp=8, dp=2, sp=True, global_batch=8))
     assert with_cp.step_time_s > 0 and without.step_time_s > 0
     assert with_cp.peak_memory_bytes < without.peak_memory_bytes
+
+
+@pytest.mark.parametrize("comm", ["p2p", "all_gather"])
+def test_the_analytic_tier_agrees_with_the_simulation_on_a_cp_layout(comm):
+    """The ring's exposed messages (p2p) and the inline gathers (all_gather) in closed form,
+    against the full simulation of the same layout (measured: within 2%)."""
+    problem = problem_from_dict(LONG)
+    layout = Layout(tp=8, cp=2, sp=True, global_batch=8, cp_comm=comm)
+    estimate = context(problem).analytic.estimate(layout).step_time_s
+    simulated = simulate_one(problem, layout).step_time_s
+    assert estimate == pytest.approx(simulated, rel=0.05)
