@@ -85,6 +85,42 @@ class Transfer:
     peer: int
 
 
+@dataclass(frozen=True, slots=True)
+class CpAttend:
+    """Context parallelism: step `step` of a layer's attention core (p2p: one ring step;
+    all_gather: the only one)."""
+
+    phase: Phase
+    layer: int
+    mb: int
+    step: int
+
+
+@dataclass(frozen=True, slots=True)
+class CpMessage:
+    """A send (`send`) or receive of the CP ring's message `step`."""
+
+    send: bool
+    step: int
+    backward: bool
+    phase: Phase
+    layer: int
+    mb: int
+    peer: int
+    tag: str
+
+
+@dataclass(frozen=True, slots=True)
+class CpExchange:
+    """all_gather CP: the K/V all-gather (`grad` false) or the dK/dV reduce-scatter."""
+
+    grad: bool
+    phase: Phase
+    layer: int
+    mb: int
+
+
 Call = (Compute | OptimizerStep | TpCollective | CeCollective | GatherReceived | SpAllReduce
-        | EmbeddingAllReduce | ReduceBucket | GatherBucket | GatherUnit | Transfer)
+        | EmbeddingAllReduce | ReduceBucket | GatherBucket | GatherUnit | Transfer | CpAttend
+        | CpMessage | CpExchange)
 CALLS: tuple[type, ...] = Call.__args__  # type: ignore[attr-defined]

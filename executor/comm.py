@@ -24,7 +24,7 @@ import torch.distributed as dist
 from executor.groups import GroupKey, Groups
 from traces.ops import OpKind
 
-P2P_TAGS = {"act": 1, "grad": 2}
+P2P_TAGS = {"act": 1, "grad": 2, "cp": 3, "cp_grad": 4}  # pipeline; CP ring (traces.plan.context)
 _REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}
 # torch >= 2.12 names them *_single; older releases *_tensor.
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor

@@ -27,15 +27,18 @@ STREAMS_BY_AXIS: Mapping[str, tuple[str, ...]] = {
     "tp": (Stream.COMPUTE, Stream.DP, Stream.ZERO_RS),  # sp_grads ride with the reductions
     "dp": (Stream.DP, Stream.ZERO_AG, Stream.ZERO_RS),
     "embedding": (Stream.DP,),
+    "cp": (Stream.COMPUTE,),  # all_gather CP's K/V gathers and dK/dV reduce-scatters
 }
 
 
 def layout_groups(layout: Layout) -> dict[str, list[tuple[int, ...]]]:
-    """The groups collectives may use, by axis: TP, DP, and the tied-embedding pairs."""
+    """The groups collectives may use, by axis: TP, DP (DP x CP under context parallelism),
+    CP, and the tied-embedding pairs."""
     embedding = sorted({layout.embedding_group(r) for r in range(layout.world)}) \
         if layout.pp > 1 else []
-    return {"tp": layout.groups(Axis.TP), "dp": layout.groups(Axis.DP),
-            "embedding": embedding}
+    data = sorted({layout.data_group(r) for r in range(layout.world)})
+    return {"tp": layout.groups(Axis.TP), "dp": data, "embedding": embedding,
+            "cp": layout.groups(Axis.CP) if layout.cp > 1 else []}
 
 
 def layout_group_keys(layout: Layout,
@@ -60,7 +63,7 @@ def plan_group_keys(plan: Trace, layout: Layout) -> list[GroupKey]:
                 continue
             if op.group not in known or rank not in op.group:
                 raise ConfigError(f"plan: rank {rank} op {index} ({op.name or op.kind}): group "
-                                  f"{list(op.group)} is not a TP, DP or embedding group of "
+                                  f"{list(op.group)} is not a TP, CP, DP or embedding group of "
                                   "this rank in the layout")
             keys.add((op.stream, op.group))
     return sorted(keys)

@@ -28,6 +28,9 @@ from executor.calls import (
     Call,
     CeCollective,
     Compute,
+    CpAttend,
+    CpExchange,
+    CpMessage,
     EmbeddingAllReduce,
     GatherBucket,
     GatherReceived,
@@ -115,6 +118,13 @@ def bind(rt: RankRuntime, call: Call) -> Callable[[], Handle | None]:
             return p(rt.gather_bucket, index, stream)
         case GatherUnit(unit=unit, stream=stream):
             return p(rt.gather_unit, unit, stream)
+        case CpAttend(phase=phase, layer=layer, mb=mb, step=step):
+            return p(rt.cp_attend, phase, layer, mb, step)
+        case CpMessage(send=send, step=step, backward=backward, phase=phase, layer=layer, mb=mb,
+                       peer=peer, tag=tag):
+            return p(rt.cp_message, phase, send, step, backward, layer, mb, peer, tag)
+        case CpExchange(grad=grad, phase=phase, layer=layer, mb=mb):
+            return p(rt.cp_exchange, grad, phase, layer, mb)
         case Transfer(send=True, boundary=boundary, mb=mb, tag=tag, peer=peer):
             return p(rt.send, boundary, mb, tag, peer)
         case Transfer(send=False, boundary=boundary, mb=mb, tag=tag, peer=peer):

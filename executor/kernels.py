@@ -62,6 +62,10 @@ class KernelContext:
     vocab_shard: int
     """Rows of the vocabulary on this rank (V/t); this rank's rows start at tp_rank * it."""
     dropout: float = 0.0
+    cp: int = 1
+    """Context parallelism: the rank holds chunks cp_rank and 2·cp − 1 − cp_rank of the
+    sequence (`local_positions`)."""
+    cp_rank: int = 0
     seed: int = 0
     layer: int = -1
     microbatch: int = 0
@@ -119,7 +123,10 @@ def _qkv(ctx: KernelContext, qkv: torch.Tensor) -> tuple[torch.Tensor, ...]:
 
 
 def _rope(ctx: KernelContext, qkv: torch.Tensor) -> tuple[torch.Tensor]:
-    return (rope_qkv(qkv, ctx.heads, ctx.kv_heads or ctx.heads),)
+    """Rotary positions at the tokens' global positions (under CP, the rank's two chunks)."""
+    positions = local_positions(qkv.shape[0] * ctx.cp, ctx.cp, ctx.cp_rank) \
+        if ctx.cp > 1 else None
+    return (rope_qkv(qkv, ctx.heads, ctx.kv_heads or ctx.heads, positions),)
 
 
 def _flash_attn(ctx: KernelContext, qkv: torch.Tensor) -> tuple[torch.Tensor]:
@@ -183,12 +190,33 @@ def _embed(ctx: KernelContext, tokens: torch.Tensor, word: torch.Tensor) -> tupl
     return (F.embedding(local, word) * inside.unsqueeze(-1).to(word.dtype),)
 
 
+def local_positions(seq_len: int, cp: int, cp_rank: int) -> torch.Tensor:
+    """Global positions of CP rank `cp_rank`'s tokens: chunks cp_rank and 2·cp − 1 − cp_rank
+    of the 2·cp chunks of a `seq_len` sequence, in that order (Megatron-Core's
+    get_batch_on_this_cp_rank)."""
+    c = seq_len // (2 * cp)
+    first = torch.arange(cp_rank * c, (cp_rank + 1) * c)
+    second = torch.arange((2 * cp - 1 - cp_rank) * c, (2 * cp - cp_rank) * c)
+    return torch.cat([first, second])
+
+
+def token_positions(ctx: KernelContext, s: int) -> torch.Tensor:
+    """Global positions of the `s` tokens this rank's tensor holds (with SP, its shard of
+    the CP rank's tokens); rotary embeddings take the same positions."""
+    local = s * ctx.tp if ctx.sp else s
+    positions = local_positions(local * ctx.cp, ctx.cp, ctx.cp_rank)
+    return positions[ctx.tp_rank * s:(ctx.tp_rank + 1) * s] if ctx.sp else positions
+
+
 def _pos_embed(ctx: KernelContext, emb: torch.Tensor, pos: torch.Tensor | None = None
                ) -> tuple[torch.Tensor]:
     """The learned positions added (none with rotary positions), then dropout."""
     if pos is not None:
         s = emb.shape[0]
-        rows = pos[ctx.tp_rank * s:(ctx.tp_rank + 1) * s] if ctx.sp else pos[:s]
+        if ctx.cp > 1:
+            rows = pos[token_positions(ctx, s).to(pos.device)]
+        else:
+            rows = pos[ctx.tp_rank * s:(ctx.tp_rank + 1) * s] if ctx.sp else pos[:s]
         emb = emb + rows.unsqueeze(1)
     return (dropout(emb, ctx.dropout, _seed(ctx, "pos_embed", ctx.sp)),)
 

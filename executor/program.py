@@ -18,6 +18,9 @@ from executor.calls import (
     Call,
     CeCollective,
     Compute,
+    CpAttend,
+    CpExchange,
+    CpMessage,
     EmbeddingAllReduce,
     GatherBucket,
     GatherReceived,
@@ -37,6 +40,8 @@ from traces.ops import Op, OpKind, Phase, Trace
 from traces.purpose import (
     AmaxReduction,
     Bench,
+    CpGather,
+    CpRing,
     CrossEntropyStat,
     EmbeddingGrads,
     GradBucket,
@@ -70,9 +75,11 @@ def lower(plan: Trace, model: ModelSpec, layout: Layout, rank: int) -> RankProgr
 class _Lowering:
     def __init__(self, ops: tuple[Op, ...], model: ModelSpec, layout: Layout, rank: int) -> None:
         self.ops, self.model, self.layout, self.rank = ops, model, layout, rank
-        self.zero = layout.zero if layout.dp > 1 else 0
+        self.zero = layout.zero if layout.data_degree > 1 else 0
         self.flat = FlatLayout(model, layout, layout.coords(rank).pp)
         self.buckets = self._buckets()
+        self.cp_steps: dict[tuple[Phase, int | None, int | None], int] = {}
+        """Context parallelism: the attention core's steps seen so far per pass and layer."""
 
     def fail(self, index: int, rule: str) -> ConfigError:
         op = self.ops[index]
@@ -107,7 +114,18 @@ class _Lowering:
                 if op.phase not in _KERNEL_PHASES or mb is None:
                     raise self.fail(i, f"a kernel runs in phase fwd, bwd or recompute of a "
                                        f"micro-batch, not {op.phase}")
+                if kernel is Kernel.FLASH_ATTN and self.layout.cp > 1:
+                    return self._cp_step(i, op)
                 return Compute(kernel, op.phase, op.layer, mb)  # type: ignore[arg-type]
+            case CpRing(step=step, backward=backward):
+                if op.peer is None or self.layout.cp == 1 or op.phase is None:
+                    raise self.fail(i, "a CP ring message needs cp > 1, a peer and a phase")
+                return CpMessage(op.kind is OpKind.SEND, step, backward, op.phase,
+                                 self._layer(i, op), self._mb(i, mb), op.peer, op.tag)
+            case CpGather(grad=grad):
+                if self.layout.cp == 1 or op.phase is None:
+                    raise self.fail(i, "a CP all-gather needs cp > 1 and a phase")
+                return CpExchange(grad, op.phase, self._layer(i, op), self._mb(i, mb))
             case TpSite() as site:
                 return TpCollective(site, op.layer, self._mb(i, mb))
             case MessageGather(tag=tag, boundary=boundary):
@@ -150,10 +168,23 @@ class _Lowering:
             return  # refused by its arm
         if isinstance(purpose, KernelRun) != (op.kind is OpKind.COMPUTE):
             raise self.fail(i, f"a {op.kind} op cannot be a {type(purpose).__name__}")
-        if isinstance(purpose, PipeMessage) != op.kind.is_p2p:
+        if isinstance(purpose, PipeMessage | CpRing) != op.kind.is_p2p:
             raise self.fail(i, f"a {op.kind} op cannot be a {type(purpose).__name__}")
         if isinstance(purpose, TpSite) and purpose.kind is not op.kind:
             raise self.fail(i, f"a {op.kind} at a tensor-parallel site of a {purpose.kind}")
+
+    def _cp_step(self, i: int, op: Op) -> CpAttend:
+        """The attention core's ring step: its index among the pass's core ops, in order."""
+        assert op.phase is not None
+        key = (op.phase, op.layer, op.microbatch)
+        step = self.cp_steps.get(key, 0)
+        self.cp_steps[key] = step + 1
+        return CpAttend(op.phase, self._layer(i, op), self._mb(i, op.microbatch), step)
+
+    def _layer(self, i: int, op: Op) -> int:
+        if op.layer is None:
+            raise self.fail(i, "needs its layer")
+        return op.layer
 
     def _mb(self, i: int, mb: int | None) -> int:
         if mb is None:

@@ -15,6 +15,11 @@ interpreter calls, per op's purpose (`traces.purpose`, through `executor.calls`)
     PipeMessage           send(boundary, mb, tag, peer) / recv(...) -> Handle
     MessageGather         gather_received(boundary, mb, tag)  (no SP: the TP chunks of a
                           pipeline message)
+    CpRing, CpGather      cp_message(...) -> Handle, cp_exchange(...); the attention core under
+                          CP: cp_attend(phase, layer, mb, step) (executor.context)
+
+Under context parallelism a micro-batch's tape holds the rank's s/cp tokens (chunks cp_rank
+and 2·cp − 1 − cp_rank), gradients are reduced and ZeRO shards over DP x CP.
 
 Everything is deterministic given the seed: the same parameters on every rank as in the
 single-process reference (`executor.reference`), and the same data.
@@ -30,6 +35,7 @@ import torch
 
 from executor import tape as tapes
 from executor.comm import Comm, Handle
+from executor.context import CpRank, local_tokens
 from executor.flat import Bucket, FlatLayout, rule_buckets, unit_buckets
 from executor.grads import GradStore
 from executor.groups import GroupKey
@@ -66,8 +72,6 @@ class RunOptions:
 
 def check_supported(model: ModelSpec, layout: Layout) -> None:
     """Layouts the executor cannot run exactly; a ConfigError naming the rule."""
-    if layout.cp != 1:
-        raise ConfigError("parallel.cp: the executor does not run context parallelism")
     if model.fp8:
         raise ConfigError(fp8_refusal())
     if model.tied_embeddings and layout.pp > 1 and layout.zero >= 1 and layout.dp > 1:
@@ -92,12 +96,17 @@ class RankRuntime:
                  options: RunOptions, device: torch.device, *,
                  buckets: list[Bucket] | None = None, meter: MemoryMeter | None = None) -> None:
         check_supported(model, layout)
+        if layout.cp > 1 and options.dropout:
+            raise ConfigError("parallel.cp: the executor runs context parallelism without "
+                              "dropout (its ring attention has none); use dropout = 0")
         self.model, self.layout, self.rank, self.comm = model, layout, rank, comm
         self.options, self.device = options, device
         self.meter = meter or MemoryMeter()
         c = layout.coords(rank)
         self.tp_rank, self.dp_rank, self.pp_rank = c.tp, c.dp, c.pp
-        self.zero = layout.zero if layout.dp > 1 else 0
+        self.zero = layout.zero if layout.data_degree > 1 else 0
+        self.dp_group = layout.data_group(rank)  # DP x CP: what gradients are reduced over
+        shard = self.dp_group.index(rank)
         self.dtype = DTYPES[model.dtype]
         self.flat = FlatLayout(model, layout, self.pp_rank)
         self.grad_bytes = 4 if layout.fp32_main_grads else model.dtype_bytes
@@ -105,17 +114,16 @@ class RankRuntime:
             buckets = unit_buckets(self.flat) if self.zero == 3 else \
                 rule_buckets(self.flat)
         self.buckets = buckets
-        self.params = ParamStore(self.flat, buckets, zero=self.zero, dp=layout.dp,
-                                 dp_rank=self.dp_rank, tp_rank=self.tp_rank, seed=options.seed,
+        self.params = ParamStore(self.flat, buckets, zero=self.zero, dp=layout.data_degree,
+                                 dp_rank=shard, tp_rank=self.tp_rank, seed=options.seed,
                                  device=device, meter=self.meter)
         # Megatron-LM's --accumulate-allreduce-grads-in-fp32: gradients in fp32.
         grad_dtype = torch.float32 if layout.fp32_main_grads else self.dtype
-        self.grads = GradStore(self.flat, buckets, zero=self.zero, dp=layout.dp,
-                               dp_rank=self.dp_rank, dtype=grad_dtype, device=device,
+        self.grads = GradStore(self.flat, buckets, zero=self.zero, dp=layout.data_degree,
+                               dp_rank=shard, dtype=grad_dtype, device=device,
                                meter=self.meter)
         self.optimizer = AdamW(self.params.optimizer_params(), options.adamw, self.meter)
         self.tp_key: GroupKey = (Stream.COMPUTE, layout.group(rank, Axis.TP))
-        self.dp_group = layout.group(rank, Axis.DP)
         self.embedding_key: GroupKey = (Stream.DP, layout.embedding_group(rank))
         self.tapes: dict[int, Tape] = {}
         self.losses: dict[int, float] = {}
@@ -129,7 +137,13 @@ class RankRuntime:
                                   rmsnorm=model.norm == "rmsnorm",
                                   tp_rank=self.tp_rank, sp=layout.sp,
                                   vocab_shard=model.vocab // layout.tp, dropout=options.dropout,
-                                  seed=options.seed)
+                                  seed=options.seed, cp=layout.cp, cp_rank=c.cp)
+        self.cp: CpRank | None = None
+        if layout.cp > 1:  # one K/V block: [2, b, kv heads / t, s / cp, d]
+            block = (2, layout.micro_batch, model.kv_heads // layout.tp,
+                     model.seq_len // layout.cp, model.hidden // model.heads)
+            self.cp = CpRank(layout, rank, comm, self.tapes, block_shape=block,
+                             seq_len=model.seq_len, dtype=self.dtype, device=device)
 
     # --- per step and micro-batch ------------------------------------------------------------
 
@@ -139,6 +153,9 @@ class RankRuntime:
             t = self.tapes[mb] = Tape(self.meter, self.model.layers, self.kernels)
             tokens, targets = microbatch(self.model, self.layout, self.options.seed, self.step,
                                          self.dp_rank, mb)
+            if self.layout.cp > 1:
+                cp, rank = self.layout.cp, self._ctx.cp_rank
+                tokens, targets = local_tokens(tokens, cp, rank), local_tokens(targets, cp, rank)
             t.put(("D", "tokens"), tokens.to(self.device))
             t.put(("D", "targets"), targets.to(self.device))
         return t
@@ -252,6 +269,22 @@ class RankRuntime:
         self.comm.all_reduce(tape.acts[("H", "stats")], self.tp_key)
         self._finish_loss(mb)
 
+    # --- context parallelism (executor.context) ------------------------------------------------
+
+    def cp_attend(self, phase: Phase, layer: int, mb: int, step: int) -> None:
+        assert self.cp is not None, "CP ops in a plan without cp"
+        self.cp.attend(self.tape(mb), phase, layer, mb, step, self._kernel_context(layer, mb))
+
+    def cp_message(self, phase: Phase, send: bool, step: int, backward: bool, layer: int,
+                   mb: int, peer: int, tag: str) -> Handle:
+        assert self.cp is not None, "CP ops in a plan without cp"
+        return self.cp.message(self.tape(mb), phase, send, step, backward, layer, mb, peer, tag,
+                               self._kernel_context(layer, mb))
+
+    def cp_exchange(self, grad: bool, phase: Phase, layer: int, mb: int) -> None:
+        assert self.cp is not None, "CP ops in a plan without cp"
+        self.cp.exchange(self.tape(mb), grad, phase, layer, mb, self._kernel_context(layer, mb))
+
     # --- data parallelism and ZeRO -------------------------------------------------------------
 
     def reduce_bucket(self, index: int, stream: str = Stream.DP, *,
@@ -295,7 +328,7 @@ class RankRuntime:
     # --- pipeline ------------------------------------------------------------------------------
 
     def boundary_shape(self) -> tuple[int, int, int]:
-        s = self.model.seq_len // (self.layout.tp if self.layout.sp else 1)
+        s = self.model.seq_len // self.layout.cp // (self.layout.tp if self.layout.sp else 1)
         return (s, self.layout.micro_batch, self.model.hidden)
 
     @property

@@ -124,11 +124,22 @@ def fleet_lines(exp: Experiment) -> list[str]:
     if routing is not None and routing != "dmodk":
         parts.append(f"routing {routing}")
     return [f"  {'fleet':<20}{', '.join(parts)}"] if parts else []
+def _stage_layers(exp: Experiment) -> str:
+    """'7 · 8 x 14 · 7 per pipeline rank' (first, middle, last), with VP chunks noted."""
+    L, model = exp.layout, exp.model
+    counts = [L.layers_of_rank(model, r) for r in range(L.pp)]
+    middle = counts[1:-1]
+    parts = [str(counts[0]), *([f"{middle[0]} x {len(middle)}"] if middle else []),
+             str(counts[-1])]
+    chunks = f", {L.vp} chunks each" if L.vp > 1 else ""
+    return (f"{' · '.join(parts)} per pipeline rank (pp_first_layers {L.pp_first_layers}, "
+            f"pp_last_layers {L.pp_last_layers}{chunks})")
 
 
 def summary_text(exp: Experiment, s: StepSummary) -> str:
     L = exp.layout
-    layout = f"TP {L.tp} · PP {L.pp} · DP {L.dp}" + (f" · VP {L.vp}" if L.vp > 1 else "")
+    cp = f" · CP {L.cp} ({L.cp_comm})" if L.cp > 1 else ""
+    layout = f"TP {L.tp}{cp} · PP {L.pp} · DP {L.dp}" + (f" · VP {L.vp}" if L.vp > 1 else "")
     extras = [x for x in (f"ZeRO-{L.zero}" if L.zero else "", "SP" if L.sp else "",
                           f"recompute {L.recompute}" if L.recompute is not Recompute.NONE else "")
               if x]
@@ -138,6 +149,7 @@ def summary_text(exp: Experiment, s: StepSummary) -> str:
         + (f", {', '.join(extras)}" if extras else ""),
         f"  schedule            {L.schedule}, {L.num_microbatches} micro-batches of "
         f"{L.micro_batch}, global batch {L.global_batch}",
+        *([f"  pipeline layers     {_stage_layers(exp)}"] if L.uneven else []),
         f"  attention           {exp.model.attention}"
         + (" (materialized scores)" if str(exp.model.attention) == "unfused" else ""),
         f"  model               {exp.model.summary()}"

@@ -4,8 +4,11 @@ Ranks follow Megatron-LM, fastest-varying first: rank = tp + TP*(cp + CP*(dp + D
 With 16 ranks, TP 2, PP 4, DP 2 this gives TP groups [0,1] ... [14,15], DP groups [0,2] [1,3]
 [4,6] ..., and PP groups [0,4,8,12] [1,5,9,13] [2,6,10,14] [3,7,11,15].
 
-Virtual pipeline stage k (0 <= k < PP*VP) holds layers [k*L/(PP*VP), (k+1)*L/(PP*VP)) and
-runs on pipeline rank k % PP as its model chunk k // PP.
+Virtual stage k (0 <= k < PP*VP) runs on pipeline rank k % PP as its chunk k // PP and holds
+the next L/(PP*VP) layers; with `pp_first_layers` / `pp_last_layers` (Megatron-Core's
+--decoder-first/last-pipeline-num-layers) each chunk of the first (last) rank holds that count
+/ VP and the other ranks' chunks split the rest evenly, as Megatron-Core's
+get_num_layers_to_build and layer offsets do. Context parallelism: `traces.plan.context`.
 
 Parameter counts per rank are the model's (`ModelSpec.params_on_stages`); which shifts of
 ranks map a group onto another (folding's symmetry) is `traces.symmetry`'s.
@@ -30,6 +33,7 @@ from traces.units import MAX_SIZE_BYTES
 
 MAX_VIRTUAL_STAGES = 1024  # model chunks per pipeline rank
 MAX_BATCH = 2**24  # sequences in one step (GPT-3 used 1,536; 16 M is no real run)
+MAX_LAYERS = 2**16  # as model.layers (traces.model.MAX_DIMS)
 MAX_MICROBATCHES = 2**16  # per pipeline per step; GPT-3 on 1024 A100s ran 192
 
 
@@ -74,6 +78,15 @@ class Schedule(StrEnum):
     INTERLEAVED = "interleaved"
 
 
+class CpComm(StrEnum):
+    """How context-parallel attention sees the other ranks' keys and values."""
+
+    P2P = "p2p"
+    """A ring of K/V exchanges overlapped with attention (Transformer Engine's default)."""
+    ALL_GATHER = "all_gather"
+    """An all-gather of K/V before attention, a reduce-scatter of dK/dV after (Llama 3)."""
+
+
 class Recompute(StrEnum):
     NONE = "none"
     SELECTIVE = "selective"
@@ -107,6 +120,12 @@ class Layout:
     fp32_main_grads: bool = False
     """Accumulate and reduce gradients in fp32 (Megatron-LM's
     --accumulate-allreduce-grads-in-fp32): 4-byte gradients, which the optimizer then reads."""
+    cp_comm: CpComm = CpComm.P2P
+    """Context parallelism's K/V exchange (Megatron-Core's --cp-comm-type p2p | all_gather)."""
+    pp_first_layers: int = 0
+    """Layers of the first pipeline rank (--decoder-first-pipeline-num-layers); 0: even."""
+    pp_last_layers: int = 0
+    """Layers of the last pipeline rank (--decoder-last-pipeline-num-layers); 0: even."""
 
     def __post_init__(self) -> None:
         """The rules that need neither the model nor the cluster (see `check_layout`)."""
@@ -121,7 +140,8 @@ class Layout:
         check_bool(self.fp32_main_grads, "parallel.fp32_main_grads")
         if self.zero not in (0, 1, 2, 3) or not is_int(self.zero):
             raise ConfigError(f"parallel.zero: {show(self.zero)} must be 0, 1, 2 or 3")
-        for name, enum in (("schedule", Schedule), ("recompute", Recompute)):
+        for name, enum in (("schedule", Schedule), ("recompute", Recompute),
+                           ("cp_comm", CpComm)):
             value = getattr(self, name)
             value = str(value) if isinstance(value, enum) else value
             choices = [str(e) for e in enum]
@@ -129,9 +149,6 @@ class Layout:
         if not is_int(self.bucket_bytes) or not 1 <= self.bucket_bytes <= MAX_SIZE_BYTES:
             raise ConfigError(f"parallel.bucket_bytes: {show(self.bucket_bytes)} must be from 1 "
                               f"to {MAX_SIZE_BYTES:,} bytes")
-        if self.cp != 1:
-            raise ConfigError(f"parallel.cp: {self.cp} is not supported yet (context parallelism "
-                              "is in the rank order but not in the schedules); use cp = 1")
         if self.world > MAX_ACCELERATORS:
             raise ConfigError(f"parallel: tp {self.tp} x cp {self.cp} x pp {self.pp} x "
                               f"dp {self.dp} = {self.world:,} ranks, more than the "
@@ -147,6 +164,21 @@ class Layout:
             raise ConfigError("parallel.sp: sequence parallelism needs tp > 1 (it splits over "
                               "the tensor-parallel group)")
         self._check_schedule()
+        self._check_uneven()
+
+    def _check_uneven(self) -> None:
+        """pp_first_layers / pp_last_layers: counts of whole layers per chunk of their rank."""
+        for name in ("pp_first_layers", "pp_last_layers"):
+            check_int(getattr(self, name), f"parallel.{name}", minimum=0,
+                      maximum=MAX_LAYERS)
+            value = getattr(self, name)
+            if value and self.pp < 2:
+                raise ConfigError(f"parallel.{name}: {value} needs pp >= 2 (with one pipeline "
+                                  "rank there is no first or last stage to lighten)")
+            if value % self.vp:
+                raise ConfigError(f"parallel.{name}: {value} is not divisible by vp = "
+                                  f"{self.vp} (each model chunk of the rank takes {name}/vp "
+                                  "layers, as in Megatron-Core)")
 
     def _check_schedule(self) -> None:
         m = self.num_microbatches
@@ -209,14 +241,56 @@ class Layout:
         seen = {self.group(r, axis) for r in range(self.world)}
         return sorted(seen)
 
+    @property
+    def data_degree(self) -> int:
+        """Ranks that hold the same parameters: DP x CP (Megatron-Core reduces gradients and
+        shards the distributed optimizer over its data-parallel-with-context-parallel group)."""
+        return self.dp * self.cp
+
+    def data_group(self, rank: int) -> tuple[int, ...]:
+        """The DP x CP group of `rank` (its DP group when cp = 1), in rank order."""
+        if self.cp == 1:
+            return self.group(rank, Axis.DP)
+        c = self.coords(rank)
+        return tuple(sorted(self.rank(tp=c.tp, cp=k, dp=d, pp=c.pp)
+                            for d in range(self.dp) for k in range(self.cp)))
+
     def embedding_group(self, rank: int) -> tuple[int, ...]:
         """First and last pipeline rank holding the (tied) word embeddings."""
         c = self.coords(rank)
         return (self.rank_of(c.moved(Axis.PP, 0)), self.rank_of(c.moved(Axis.PP, self.pp - 1)))
 
+    @property
+    def uneven(self) -> bool:
+        return bool(self.pp_first_layers or self.pp_last_layers)
+
+    def layers_per_chunk(self, model: ModelSpec, pp_rank: int) -> int:
+        """Layers of each model chunk (virtual stage) of pipeline rank `pp_rank`."""
+        if not self.uneven:
+            return model.layers // self.num_stages
+        if pp_rank == 0 and self.pp_first_layers:
+            return self.pp_first_layers // self.vp
+        if pp_rank == self.pp - 1 and self.pp_last_layers:
+            return self.pp_last_layers // self.vp
+        middle, ranks = self._middle(model)
+        return middle // (self.vp * ranks)
+
+    def _middle(self, model: ModelSpec) -> tuple[int, int]:
+        """The layers not on a lightened first or last rank, and the ranks they split over."""
+        ranks = self.pp - (self.pp_first_layers > 0) - (self.pp_last_layers > 0)
+        return model.layers - self.pp_first_layers - self.pp_last_layers, ranks
+
     def layers_of_stage(self, model: ModelSpec, stage: int) -> range:
-        per = model.layers // self.num_stages
-        return range(stage * per, (stage + 1) * per)
+        """The layers of virtual stage `stage` (module docstring): stages in order hold
+        consecutive runs, each as long as its rank's chunks."""
+        chunk, pp_rank = divmod(stage, self.pp)
+        per_chunk = [self.layers_per_chunk(model, p) for p in range(self.pp)]
+        start = chunk * sum(per_chunk) + sum(per_chunk[:pp_rank])
+        return range(start, start + per_chunk[pp_rank])
+
+    def layers_of_rank(self, model: ModelSpec, pp_rank: int) -> int:
+        """How many layers pipeline rank `pp_rank` holds over all its chunks."""
+        return self.vp * self.layers_per_chunk(model, pp_rank)
 
     def stages_of_rank(self, pp_rank: int) -> list[int]:
         """Virtual stages run by pipeline rank `pp_rank`, chunk by chunk."""
@@ -233,9 +307,14 @@ class Layout:
         return self.rank(cp=c.cp, pp=c.pp)
 
     def to_dict(self) -> dict[str, Any]:
+        """The fields as plain values; cp_comm only with cp > 1, the uneven split's counts
+        only when set (so a layout without them reads as it always has)."""
         out = asdict(self)
         out["schedule"], out["recompute"] = str(self.schedule), str(self.recompute)
-        return out
+        out["cp_comm"] = str(self.cp_comm)
+        gone = ["cp_comm"] * (self.cp == 1) + [k for k in ("pp_first_layers",
+                                                          "pp_last_layers") if not out[k]]
+        return {k: v for k, v in out.items() if k not in gone}
 
 
 
@@ -259,12 +338,8 @@ def check_layout(model: ModelSpec, layout: Layout, *, world: int | None = None,
     if model.ffn_hidden % tp or model.vocab % tp:
         raise ConfigError(f"parallel.tp: {tp} must divide model.ffn_hidden "
                           f"({model.ffn_hidden}) and model.vocab ({model.vocab})")
-    if model.layers % layout.num_stages:
-        raise ConfigError(f"model.layers: {model.layers} is not divisible by pp x vp = "
-                          f"{layout.pp} x {layout.vp} = {layout.num_stages} stages")
-    if layout.sp and model.seq_len % tp:
-        raise ConfigError(f"parallel.sp: model.seq_len = {model.seq_len} is not divisible "
-                          f"by tp = {tp}")
+    _check_stages(model, layout)
+    _check_context(model, layout)
     if devices_per_server is None:
         return ()
     if tp > devices_per_server:
@@ -274,6 +349,41 @@ def check_layout(model: ModelSpec, layout: Layout, *, world: int | None = None,
         return (f"parallel.tp: {tp} does not divide the {devices_per_server} GPUs of a node, "
                 "so some TP groups cross nodes (slow)",)
     return ()
+
+
+def _check_stages(model: ModelSpec, layout: Layout) -> None:
+    """Every virtual stage holds a whole, positive number of layers."""
+    if not layout.uneven:
+        if model.layers % layout.num_stages:
+            raise ConfigError(f"model.layers: {model.layers} is not divisible by pp x vp = "
+                              f"{layout.pp} x {layout.vp} = {layout.num_stages} stages")
+        return
+    middle, ranks = layout._middle(model)
+    split = (f"model.layers {model.layers} - parallel.pp_first_layers "
+             f"{layout.pp_first_layers} - parallel.pp_last_layers {layout.pp_last_layers}")
+    if middle < 0 or (ranks == 0 and middle):
+        raise ConfigError(f"parallel.pp_first_layers, parallel.pp_last_layers: {split} = "
+                          f"{middle} layers are left for the {ranks} other pipeline ranks")
+    if ranks and (middle == 0 or middle % (ranks * layout.vp)):
+        raise ConfigError(f"parallel.pp_first_layers, parallel.pp_last_layers: {split} = "
+                          f"{middle} layers do not split evenly into at least one per chunk "
+                          f"over the other {ranks} pipeline ranks x vp {layout.vp}")
+
+
+def _check_context(model: ModelSpec, layout: Layout) -> None:
+    """CP's sequence split (2·cp chunks) and SP's split of a CP rank's tokens."""
+    cp, tp = layout.cp, layout.tp
+    if cp > 1 and model.seq_len % (2 * cp):
+        raise ConfigError(f"parallel.cp: model.seq_len = {model.seq_len} is not divisible by "
+                          f"2 x cp = {2 * cp} (the sequence is split into 2·cp chunks, two "
+                          "per rank, so causal attention balances)")
+    if cp > 1 and model.attention != "flash":
+        raise ConfigError(f"parallel.cp: {cp} needs model.attention = \"flash\" (Transformer "
+                          "Engine's context-parallel attention is a fused kernel)")
+    if layout.sp and (model.seq_len // cp) % tp:
+        tokens = f"model.seq_len / cp = {model.seq_len // cp}" if cp > 1 else \
+            f"model.seq_len = {model.seq_len}"
+        raise ConfigError(f"parallel.sp: {tokens} is not divisible by tp = {tp}")
 
 
 def _along(axis: Axis, tp: int, cp: int, dp: int, pp: int) -> int:

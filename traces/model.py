@@ -204,13 +204,16 @@ class ModelSpec:
         """Final norm plus the output projection (a copy of the embedding when tied)."""
         return self.norm_params + self.vocab * self.hidden / tp
 
-    def params_on_stages(self, stages: Sequence[int], num_stages: int, tp: int) -> float:
+    def params_on_stages(self, stages: Sequence[int], num_stages: int, tp: int,
+                         num_layers: int | None = None) -> float:
         """Parameters one GPU holds before ZeRO sharding when it runs virtual stages `stages`
-        of `num_stages` at tensor parallelism `tp`: their layers, the embeddings with stage 0,
-        the output layer with the last stage (with tied embeddings on another GPU, Megatron
-        keeps a copy there and all-reduces its gradient with the first stage)."""
-        per_stage = self.layers // num_stages
-        params = len(stages) * per_stage * self.layer_params(tp)
+        of `num_stages` at tensor parallelism `tp`: their layers (`num_layers` of them, or
+        an even share), the embeddings with stage 0, the output layer with the last stage
+        (with tied embeddings on another GPU, Megatron keeps a copy there and all-reduces its
+        gradient with the first stage)."""
+        if num_layers is None:
+            num_layers = len(stages) * (self.layers // num_stages)
+        params = num_layers * self.layer_params(tp)
         if 0 in stages:
             params += self.embedding_params(tp)
         if num_stages - 1 in stages:

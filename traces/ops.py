@@ -31,6 +31,7 @@ class Stream(StrEnum):
     recv_next / send_prev    their gradients
     dp         gradient buckets, the tied-embedding all-reduce, ZeRO-1/2 parameter all-gathers
     zero_ag / zero_rs        ZeRO-3 (FSDP) per-layer parameter all-gather, gradient reduce-scatter
+    cp_send / cp_recv        context parallelism's ring of K/V (and dK/dV) messages
     """
 
     COMPUTE = "compute"
@@ -41,6 +42,8 @@ class Stream(StrEnum):
     DP = "dp"
     ZERO_AG = "zero_ag"
     ZERO_RS = "zero_rs"
+    CP_SEND = "cp_send"
+    CP_RECV = "cp_recv"
 
 
 class Phase(StrEnum):

@@ -239,6 +239,28 @@ class AmaxReduction:
 
 
 @dataclass(frozen=True, slots=True)
+class CpRing:
+    """Context parallelism, cp_comm = "p2p": message `step` of a layer's ring
+    (traces.plan.context). Forward (`backward` false): the K/V block the rank holds, sent on
+    to the next CP rank while attention runs on it. Backward: the K/V block and the dK/dV
+    accumulated for it so far, sent to the previous CP rank (step 0: K/V only; the last
+    step: dK/dV only), as Transformer Engine's AttnFuncWithCPAndKVP2P."""
+
+    step: int
+    backward: bool
+
+
+@dataclass(frozen=True, slots=True)
+class CpGather:
+    """Context parallelism, cp_comm = "all_gather": the all-gather of K/V over the CP group
+    before attention (`grad` false; forward, and again in backward), or the reduce-scatter
+    of dK/dV after attention's backward (`grad` true), as Transformer Engine's
+    AttnFuncWithCPAndKVAllGather (the Llama 3 paper's all-gather CP)."""
+
+    grad: bool
+
+
+@dataclass(frozen=True, slots=True)
 class Bench:
     """An op of the microbenchmarks (traces.bench) that is not a plan kernel."""
 
@@ -247,6 +269,6 @@ class Bench:
 
 Purpose = (KernelRun | TpSite | MessageGather | CrossEntropyStat | SpGrads | GradBucket
            | UnitGather | UnitGradReduce | ParamGather | EmbeddingGrads | PipeMessage
-           | AmaxReduction | Bench)
+           | AmaxReduction | CpRing | CpGather | Bench)
 PURPOSES: tuple[type, ...] = Purpose.__args__  # type: ignore[attr-defined]
 """Every purpose type (a test checks each has an interpretation)."""

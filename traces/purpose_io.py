@@ -24,6 +24,8 @@ from traces.purpose import (
     AmaxReduction,
     Bench,
     BenchRole,
+    CpGather,
+    CpRing,
     CrossEntropyStat,
     EmbeddingGrads,
     GradBucket,
@@ -48,7 +50,7 @@ TYPES: dict[str, type] = {
     "cross_entropy": CrossEntropyStat, "sp_grads": SpGrads, "grad_bucket": GradBucket,
     "unit_gather": UnitGather, "unit_grad_reduce": UnitGradReduce,
     "param_gather": ParamGather, "embedding_grads": EmbeddingGrads, "pipe": PipeMessage,
-    "amax": AmaxReduction, "bench": Bench,
+    "amax": AmaxReduction, "cp_ring": CpRing, "cp_gather": CpGather, "bench": Bench,
 }
 assert set(TYPES.values()) == set(PURPOSES), "every purpose has a JSON type"
 _TYPE_OF = {cls: name for name, cls in TYPES.items()}

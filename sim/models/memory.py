@@ -3,8 +3,11 @@
 Pure arithmetic on a `ModelSpec`, a `Layout` and the pipeline schedule's action lists; bytes
 throughout. Model states as ZeRO shards them (Rajbhandari et al. 2020: 2Ψ + 2Ψ + 12Ψ, divided
 by N as the stage says); activations per layer by Korthikanti et al. 2022 (the seeds'
-34sbh + 5as²b, divided by TP, with SP, flash attention and recomputation), times the
-micro-batches the schedule keeps in flight; transient buffers at that peak.
+34sbh + 5as²b, divided by TP, with SP, flash attention and recomputation; under context
+parallelism s is the rank's s/cp tokens, and ZeRO shards over DP x CP), times the
+micro-batches the schedule keeps in flight; transient buffers at that peak (not counted: CP's
+K/V exchange buffers, two K/V blocks of b·(s/cp) tokens in p2p, the gathered K/V of one layer
+in all_gather, a few MB against the activations' GB).
 
     python -c "from sim.models.memory import *; help(pp_rank_memory)"
 
@@ -97,6 +100,7 @@ def activation_bytes_per_layer(model: ModelSpec, layout: Layout) -> float:
     Korthikanti et al. 2022, Table 2, with 2-byte activations and 1-byte dropout masks, as
     `activation_terms` generalizes it to GQA and SwiGLU."""
     s, b, h, a, t = model.seq_len, layout.micro_batch, model.hidden, model.heads, layout.tp
+    s //= layout.cp  # CP: a rank holds 2 of the 2·cp chunks of the sequence (only flash, no s²)
     sbh = s * b * h
     if layout.recompute == Recompute.FULL:
         # Only the layer input, b*s*h in 2 bytes; SP keeps 1/t of the sequence of it.
@@ -140,7 +144,7 @@ def working_bytes(model: ModelSpec, layout: Layout, pp_rank: int) -> float:
                                                                        recompute=Recompute.NONE))
     if pp_rank == layout.pp - 1:
         # fp32 logits of one micro-batch, vocab-parallel: 4 * s * b * V / t.
-        total += LOGITS_BYTES * model.seq_len * layout.micro_batch * model.vocab / t
+        total += LOGITS_BYTES * model.seq_len // layout.cp * layout.micro_batch * model.vocab / t
     if layout.zero == 3:
         # Two layers gathered in 2 bytes (computing + prefetched), one layer's 2-byte gradients
         # before its reduce-scatter: (2 * 2 + 2) * layer_params(t).
@@ -154,11 +158,12 @@ def pp_rank_memory(model: ModelSpec, layout: Layout, pp_rank: int,
     if not 0 <= pp_rank < layout.pp:
         raise ConfigError(f"pipeline rank {pp_rank} is outside 0..{layout.pp - 1}")
     params, grads, optimizer = model_state_bytes(
-        model.params_on_stages(layout.stages_of_rank(pp_rank), layout.num_stages, layout.tp),
-        layout.dp, layout.zero,
+        model.params_on_stages(layout.stages_of_rank(pp_rank), layout.num_stages, layout.tp,
+                               layout.layers_of_rank(model, pp_rank)),
+        layout.data_degree, layout.zero,  # ZeRO shards over DP x CP
         param_bytes=model.dtype_bytes,
         grad_bytes=4 if layout.fp32_main_grads else model.dtype_bytes)
-    layers_per_stage = model.layers // layout.num_stages
+    layers_per_stage = layout.layers_per_chunk(model, pp_rank)
     activations = (peak_in_flight(actions) * layers_per_stage
                    * activation_bytes_per_layer(model, layout))
     return MemoryBreakdown(params_bytes=params, grads_bytes=grads, optimizer_bytes=optimizer,
@@ -189,7 +194,7 @@ def memory_timeline(model: ModelSpec, layout: Layout, pp_rank: int,
     that backward runs (with its working buffers) at the peak."""
     base = pp_rank_memory(model, layout, pp_rank, [])  # model states: no activations, no actions
     states = base.params_bytes + base.grads_bytes + base.optimizer_bytes
-    per_pass = (model.layers // layout.num_stages) * activation_bytes_per_layer(model, layout)
+    per_pass = layout.layers_per_chunk(model, pp_rank) * activation_bytes_per_layer(model, layout)
     work = working_bytes(model, layout, pp_rank)
     in_flight: set[tuple[int, int]] = set()
     points = [(0.0, states)]

@@ -127,8 +127,10 @@ def pipeline_passes(times: StepTimes, rank: int, cols: RankOps | None = None) ->
     layers move to another virtual stage."""
     c = cols if cols is not None else rank_ops(times, rank)
     layout, model = times.plan.meta.layout, times.plan.meta.model
-    per_stage = (model.layers // layout.num_stages
-                 if layout is not None and model is not None else None)
+    # each layer's virtual stage (uneven stages too: pp_first_layers, pp_last_layers)
+    of_layer = (np.array([k for k in range(layout.num_stages)
+                          for _ in layout.layers_of_stage(model, k)], dtype=np.int64)
+                if layout is not None and model is not None else None)
     idx = np.flatnonzero(c.on_compute_stream)
     if not len(idx):
         return []
@@ -137,8 +139,8 @@ def pipeline_passes(times: StepTimes, rank: int, cols: RankOps | None = None) ->
     kind = np.select([phase == 0, (phase == 1) | (phase == 2)], [0, 1], 2)
     kind[mb < 0] = 2
     mb = np.where(kind == 2, -1, mb)
-    stage = (np.where(layer >= 0, layer // per_stage, -1) if per_stage
-             else np.full(len(idx), -1))
+    stage = (np.where(layer >= 0, of_layer[np.clip(layer, 0, len(of_layer) - 1)], -1)
+             if of_layer is not None else np.full(len(idx), -1))
     new = np.ones(len(idx), dtype=bool)
     new[1:] = (kind[1:] != kind[:-1]) | (mb[1:] != mb[:-1])
     segment = np.cumsum(new)

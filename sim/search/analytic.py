@@ -5,13 +5,17 @@ builder's own ops for one layer, the embedding and the output layer (`sim.search
 kernel timed by `ComputeModel`, each collective lowered by `Collectives.resolve` and timed
 alone by its alpha-beta time, memory by `pp_rank_memory`. The step is the closed-form 1F1B
 pipeline (the bubble (p-1)/(v·m)) plus what the end of the step exposes; it leaves out
-contention and the exact overlap the full simulation adds.
+contention and the exact overlap the full simulation adds. Context parallelism's all-gathers
+are timed as the inline collectives they are; of its p2p ring, what each message takes beyond
+the attention step beside it. An
+uneven pipeline's end ranks run their own layer counts; its bubble stays the even one's.
 
 The derivation in full: docs/search-analytic.md.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -32,8 +36,9 @@ from sim.search.passes import (
 from topology.cluster import Cluster
 from traces.layout import Axis, Layout, Schedule
 from traces.model import ModelSpec
-from traces.ops import Op, OpKind
+from traces.ops import Op, OpKind, Phase
 from traces.pipeline import Action, ActionSchedule, gpipe, interleaved, one_f_one_b
+from traces.purpose import Kernel, KernelRun
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -91,11 +96,12 @@ class Analytic:
         self.free_network = network == NetworkMode.IDEAL
         self.algo = algo
         self._passes: dict[PassKey, PassOps] = {}
-        self._units: dict[tuple[PassKey, int, int], tuple[_UnitTime, _UnitTime, _UnitTime]] = {}
+        self._units: dict[tuple[PassKey, int, int, int],
+                          tuple[_UnitTime, _UnitTime, _UnitTime]] = {}
         self._comm: dict[tuple[OpKind, tuple[int, ...], float], float] = {}
         self._peaks: dict[tuple[Schedule, int, int, int], tuple[int, ...]] = {}
-        self._groups: dict[tuple[int, int, int, str], tuple[int, ...]] = {}
-        self._bucket_sizes: dict[tuple[int, int, int, int, bool, int], list[float]] = {}
+        self._groups: dict[tuple[int, int, int, int, str], tuple[int, ...]] = {}
+        self._bucket_sizes: dict[tuple[int, ...], list[float]] = {}
 
     # --- the estimate --------------------------------------------------------------------------
 
@@ -104,7 +110,7 @@ class Analytic:
         ops = self._pass_ops(layout)
         layer, first, last = self._unit_times(layout, ops)
         p, v, m = layout.pp, layout.vp, layout.num_microbatches
-        n = self.model.layers // layout.num_stages
+        n = layout.layers_per_chunk(self.model, min(1, p - 1))  # a middle rank's chunk
         # A pipeline hop: the send, and what the receiver runs on the data first.
         hop = self._send(layout, ops.send_bytes) + sum(
             self._op_time(layout, op, axis) for op, axis in ops.after_receive)
@@ -115,10 +121,12 @@ class Analytic:
         # The chunk holding an end of the model: the embedding on rank 0, the output layer on
         # rank p-1 (both on rank 0 without a pipeline). A chunk hops once forward and once
         # backward, but the first stage receives nothing forward and the last nothing back.
-        ends = {r: _stage(n, layer, *([first] if r == 0 else []),
-                          *([last] if r == p - 1 else [])) for r in ranks}
+        ends = {r: _stage(layout.layers_per_chunk(self.model, r), layer,
+                          *([first] if r == 0 else []), *([last] if r == p - 1 else []))
+                for r in ranks}
         hops = {r: 2 * v - (r == 0) - (r == p - 1) if p > 1 else 0 for r in ranks}
-        per_microbatch = {r: (v - 1) * (chunk.fwd + chunk.bwd) + ends[r].fwd + ends[r].bwd
+        own = {r: _stage(layout.layers_per_chunk(self.model, r), layer) for r in ranks}
+        per_microbatch = {r: (v - 1) * (own[r].fwd + own[r].bwd) + ends[r].fwd + ends[r].bwd
                           + hops[r] * hop for r in ranks}
         # ZeRO-3: nothing hides the step's first gathers (the embedding's and the first
         # layer's) before the first kernel can run.
@@ -127,13 +135,14 @@ class Analytic:
         pipe = start + m * max(per_microbatch.values()) + bubble
         step, compute = 0.0, 0.0
         for r in ranks:
-            end, optimizer = self._end_of_step(layout, ops, r, (v - 1) * chunk.bwd
+            end, optimizer = self._end_of_step(layout, ops, r, (v - 1) * own[r].bwd
                                                + ends[r].bwd, per_microbatch[r])
             # Rank r's last backward ends r stages before rank 0's; what the last unit of it
             # leaves on the side streams (the embedding's on rank 0, else a layer's) follows.
             finished = pipe - r * (chunk.bwd + hop)
             step = max(step, finished + ends[r].tail + end)
-            compute = max(compute, m * ((v - 1) * n * layer.kernels + ends[r].kernels)
+            compute = max(compute, m * ((v - 1) * layout.layers_per_chunk(self.model, r)
+                                        * layer.kernels + ends[r].kernels)
                           + optimizer)
         peak = self.peak_memory(layout)
         return Estimate(step_time_s=step, compute_s=compute, bubble_s=bubble,
@@ -154,8 +163,9 @@ class Analytic:
                      microbatch: float) -> tuple[float, float]:
         """(seconds rank r spends after its last backward, of which the optimizer's kernel):
         exposed gradient reduction, tied-embedding all-reduce, optimizer, parameter gather."""
-        params = self.model.params_on_stages(layout.stages_of_rank(r), layout.num_stages, layout.tp)
-        shard = layout.dp if layout.zero >= 1 else 1
+        params = self.model.params_on_stages(layout.stages_of_rank(r), layout.num_stages,
+                                             layout.tp, layout.layers_of_rank(self.model, r))
+        shard = layout.data_degree if layout.zero >= 1 else 1
         optimizer = self.compute.kernel_time("optimizer", 0.0,
                                              params / shard * ops.optimizer_bytes_per_param)
         end = optimizer
@@ -212,7 +222,8 @@ class Analytic:
         return peaks
 
     def _buckets(self, layout: Layout, r: int) -> list[float]:
-        key = (layout.tp, layout.pp, layout.vp, r, layout.fp32_main_grads, layout.bucket_bytes)
+        key = (layout.tp, layout.pp, layout.vp, r, layout.fp32_main_grads, layout.bucket_bytes,
+               layout.pp_first_layers, layout.pp_last_layers)
         found = self._bucket_sizes.get(key)
         if found is None:
             found = self._bucket_sizes[key] = gradient_buckets(self.model, layout, r)
@@ -220,10 +231,11 @@ class Analytic:
 
     def _group(self, layout: Layout, axis: str) -> tuple[int, ...]:
         """Rank 0's group along `axis` (every group along it has the same shape)."""
-        key = (layout.tp, layout.pp, layout.dp, axis)
+        key = (layout.tp, layout.cp, layout.pp, layout.dp, axis)
         group = self._groups.get(key)
         if group is None:
             group = self._groups[key] = (layout.embedding_group(0) if axis == "embedding"
+                                         else layout.data_group(0) if axis == "dp"
                                          else layout.group(0, Axis(axis)))
         return group
 
@@ -238,13 +250,39 @@ class Analytic:
 
     def _unit_times(self, layout: Layout,
                     ops: PassOps) -> tuple[_UnitTime, _UnitTime, _UnitTime]:
-        key = (PassKey.of(layout), layout.tp, layout.dp)
+        key = (PassKey.of(layout), layout.tp, layout.cp, layout.dp)
         found = self._units.get(key)
         if found is None:
-            found = self._units[key] = (self._unit(layout, ops.layer),
-                                        self._unit(layout, ops.first),
+            layer = self._unit(layout, ops.layer)
+            if ops.cp_ring:
+                layer = self._with_ring(layout, ops, layer)
+            found = self._units[key] = (layer, self._unit(layout, ops.first),
                                         self._unit(layout, ops.last))
         return found
+
+    def _with_ring(self, layout: Layout, ops: PassOps, layer: _UnitTime) -> _UnitTime:
+        """A layer with what its CP ring leaves exposed: each message beyond the ring step
+        it runs beside (a forward step waits for the block before it; the backward's last
+        message, for qkv's backward), alone on the network."""
+        steps = {phase: next(self.compute.duration(op) for op, axis in placed
+                             if op.purpose == KernelRun(Kernel.FLASH_ATTN)
+                             and op.phase is phase)
+                 for phase, placed in ((Phase.FWD, ops.layer.compute_fwd),
+                                       (Phase.BWD, ops.layer.compute_bwd))}
+        exposed = {Phase.FWD: 0.0, Phase.BWD: 0.0, Phase.RECOMPUTE: 0.0}
+        for phase, size in ops.cp_ring:
+            step = steps[Phase.BWD if phase is Phase.BWD else Phase.FWD]
+            exposed[phase] += max(self._cp_send(layout, size) - step, 0.0)
+        return dataclasses.replace(
+            layer, compute_fwd=layer.compute_fwd + exposed[Phase.FWD],
+            compute_bwd=layer.compute_bwd + exposed[Phase.BWD] + exposed[Phase.RECOMPUTE])
+
+    def _cp_send(self, layout: Layout, size: float) -> float:
+        """One CP ring message between neighbouring CP ranks."""
+        if self.free_network:
+            return 0.0
+        src, dst = layout.rank(cp=0), layout.rank(cp=1)
+        return analytic_time(self.cluster, self.collectives.p2p(src, dst), size)
 
     def _unit(self, layout: Layout, unit: UnitOps) -> _UnitTime:
         def total(placed: tuple[Placed, ...]) -> float:

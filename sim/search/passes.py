@@ -33,7 +33,7 @@ from traces.ops import Op, OpKind, Phase, Stream
 from traces.plan import build
 from traces.plan.data import gradient_buckets as plan_gradient_buckets
 from traces.plan.nodes import RankContext
-from traces.purpose import EmbeddingGrads, GradBucket, Kernel, KernelRun, ParamGather
+from traces.purpose import CpRing, EmbeddingGrads, GradBucket, Kernel, KernelRun, ParamGather
 
 COMM_STREAMS = (Stream.ZERO_AG, Stream.ZERO_RS, Stream.DP)
 
@@ -54,12 +54,15 @@ class PassKey:
     two_stages: bool
     """pp > 1: the embedding and the output layer sit on different ranks, and a tied
     embedding's gradients are all-reduced between them."""
+    cp: int = 1
+    cp_comm: str = "p2p"
 
     @staticmethod
     def of(layout: Layout) -> PassKey:
         return PassKey(tp=layout.tp, sp=layout.sp, micro_batch=layout.micro_batch,
                        recompute=layout.recompute,
-                       zero=layout.zero if layout.dp > 1 else 0, has_dp=layout.dp > 1,
+                       zero=layout.zero if layout.data_degree > 1 else 0,
+                       has_dp=layout.data_degree > 1, cp=layout.cp, cp_comm=str(layout.cp_comm),
                        fp32_main_grads=layout.fp32_main_grads,
                        overlap_grad_reduce=layout.overlap_grad_reduce,
                        two_stages=layout.pp > 1)
@@ -110,6 +113,9 @@ class PassOps:
     stage (None: untied, or one stage holds both)."""
     optimizer_bytes_per_param: float
     """HBM bytes the optimizer moves per parameter it updates."""
+    cp_ring: tuple[tuple[Phase, float], ...] = ()
+    """Context parallelism's p2p ring: (phase, bytes) of one layer's sends in one
+    micro-batch, forward and backward (none without CP or with the all-gather)."""
 
 
 def reduced_layout(layout: Layout) -> Layout:
@@ -141,7 +147,8 @@ def pass_ops(model: ModelSpec, layout: Layout) -> PassOps:
     grads = [op for op in first_ops if isinstance(op.purpose, GradBucket)]
     optimizer = next(op for op in first_ops if op.purpose == KernelRun(Kernel.OPTIMIZER))
     params = reduced_model.params_on_stages(small.stages_of_rank(0), small.num_stages,
-                                           small.tp) / (small.dp if small.zero >= 1 else 1)
+                                           small.tp) / (small.data_degree if small.zero >= 1
+                                                        else 1)
     return PassOps(
         layer=layer, first=first, last=last,
         send_bytes=sends[0] if sends else 0.0,
@@ -153,7 +160,15 @@ def pass_ops(model: ModelSpec, layout: Layout) -> PassOps:
         embedding_grads=next((op.size_bytes for op in first_ops
                               if isinstance(op.purpose, EmbeddingGrads)), None),
         optimizer_bytes_per_param=optimizer.mem_bytes / params,
+        cp_ring=tuple((op.phase, op.size_bytes) for op in last_ops  # type: ignore[misc]
+                      if isinstance(op.purpose, CpRing) and op.kind is OpKind.SEND
+                      and op.microbatch == 0 and op.layer == last_ops_layer(last_ops)),
     )
+
+
+def last_ops_layer(ops: Sequence[Op]) -> int | None:
+    """The first layer index among `ops` (the reduced plan's layer on that rank)."""
+    return next((op.layer for op in ops if op.layer is not None), None)
 
 
 def grad_bytes(model: ModelSpec, layout: Layout) -> int:
@@ -225,8 +240,10 @@ def _axis(small: Layout, rank: int, op: Op) -> str:
     """The axis of the reduced layout a collective of `rank` runs over; "" for compute."""
     if op.kind is OpKind.COMPUTE:
         return ""
-    for axis in (Axis.TP, Axis.DP):
+    for axis in (Axis.TP, Axis.CP, Axis.DP):
         if op.group == small.group(rank, axis):
             return axis
+    if op.group == small.data_group(rank):  # gradients and ZeRO over DP x CP
+        return "dp"
     assert op.group == small.embedding_group(rank), f"{op.name} on {op.group}"
     return "embedding"

@@ -9,13 +9,16 @@
     recompute = ["selective", "full"]
 
 A candidate is one value per searched key; `dp` is never searched: it is what is left of the
-GPUs, world / (tp·pp) (or the value fixed in [parallel]). Candidates are enumerated in a fixed
+GPUs, world / (tp·cp·pp) (or the value fixed in [parallel]). Candidates are enumerated in a fixed
 order (keys as in SEARCH_KEYS, values as listed), so every run sees the same list.
 
-Defaults (`default_values`): tp in powers of two up to a node, pp the divisors of the layer
-count, vp 1, 2 and 4, micro-batches 1, 2, 4 and 8, ZeRO 0-3, SP off and on, every
-recomputation mode, and the 1F1B and interleaved schedules (GPipe runs what 1F1B runs with more
-memory in flight; list it to compare).
+Defaults (`default_values`): tp in powers of two up to a node, cp 1 and, for sequences of 8K
+tokens or more, the powers of two up to a node that leave each rank at least 4K tokens
+(`CP_MIN_TOKENS`: context parallelism pays for its K/V exchange only on long sequences, where
+Llama 3 and Megatron-LM's long-context recipes use it), pp the divisors of the layer count,
+vp 1, 2 and 4, micro-batches 1, 2, 4 and 8, ZeRO 0-3, SP off and on, every recomputation mode,
+and the 1F1B and interleaved schedules (GPipe runs what 1F1B runs with more memory in flight;
+list it to compare).
 
 Pruning is the layout's own validation, never a copy of its rules: each candidate's [parallel]
 table goes through `sim.config.read_layout` (the `Layout` constructor) and
@@ -47,8 +50,10 @@ from traces.layout import (
 )
 from traces.model import ModelSpec
 
-SEARCH_KEYS = ("tp", "pp", "vp", "micro_batch", "zero", "sp", "recompute", "schedule")
+SEARCH_KEYS = ("tp", "cp", "pp", "vp", "micro_batch", "zero", "sp", "recompute", "schedule")
 """The keys a [search] table may list, in the order candidates are enumerated."""
+CP_MIN_TOKENS = 4096
+"""The fewest tokens per CP rank a default search gives context parallelism (module docstring)."""
 MAX_CANDIDATES = 1_000_000
 """The most candidates a search enumerates (GPT-3's default space on 1024 GPUs: ~28,000)."""
 MEMORY_REASON = "memory: the peak per GPU exceeds the accelerator's memory"
@@ -77,7 +82,8 @@ class Space:
             table = {**self.fixed, **dict(zip(keys, combo))}
             if "dp" not in self.fixed:
                 # What is left of the GPUs; a remainder makes check_layout reject the world.
-                table["dp"] = max(1, self.world // (table.get("tp", 1) * table.get("pp", 1)))
+                split = table.get("tp", 1) * table.get("cp", 1) * table.get("pp", 1)
+                table["dp"] = max(1, self.world // split)
             yield table
 
 
@@ -94,7 +100,7 @@ def read_space(search: object, parallel: object, *, model: ModelSpec, world: int
     for key in table.table:
         if key == "dp":
             raise ConfigError("search.dp: dp is not searched; it is what is left of the GPUs, "
-                              "world / (tp x pp)")
+                              "world / (tp x cp x pp)")
         if key not in SEARCH_KEYS:
             raise ConfigError(f"search.{show(key)[1:-1]}: unknown key "
                               f"(known: {', '.join(SEARCH_KEYS)})")
@@ -118,8 +124,10 @@ def read_space(search: object, parallel: object, *, model: ModelSpec, world: int
 def default_values(model: ModelSpec, devices_per_server: int) -> dict[str, tuple[Any, ...]]:
     """Candidate values of the keys a [search] table leaves out (module docstring)."""
     node = [2**k for k in range(devices_per_server.bit_length()) if 2**k <= devices_per_server]
+    cps = [cp for cp in node if cp > 1 and model.seq_len // cp >= CP_MIN_TOKENS]
     return {
         "tp": tuple(node),
+        "cp": (1, *cps),
         "pp": tuple(d for d in range(1, model.layers + 1) if model.layers % d == 0),
         "vp": (1, 2, 4),
         "micro_batch": (1, 2, 4, 8),
@@ -139,7 +147,7 @@ def _candidates(value: object, key: str) -> tuple[Any, ...]:
     out: list[int | bool | str] = []
     for i, item in enumerate(value):
         where = f"{name}[{i}]"
-        if key in ("tp", "pp"):
+        if key in ("tp", "cp", "pp"):
             out.append(check_int(item, where, minimum=1, maximum=MAX_ACCELERATORS))
         elif key == "vp":
             out.append(check_int(item, where, minimum=1, maximum=MAX_VIRTUAL_STAGES))
@@ -181,8 +189,12 @@ def layout_key(layout: Layout) -> tuple[Any, ...]:
 
 
 def describe(layout: Layout) -> str:
-    """One short line: 'tp8 pp16 dp8 mb1 z0 full 1f1b' (vp and sp only where they apply)."""
-    parts = [f"tp{layout.tp}", f"pp{layout.pp}", f"dp{layout.dp}"]
+    """One short line: 'tp8 pp16 dp8 mb1 z0 full 1f1b' (cp, vp and sp only where they
+    apply)."""
+    parts = [f"tp{layout.tp}", *([f"cp{layout.cp}"] if layout.cp > 1 else []),
+             f"pp{layout.pp}", f"dp{layout.dp}"]
+    if layout.cp > 1:
+        parts.append(str(layout.cp_comm))
     if layout.vp > 1:
         parts.append(f"vp{layout.vp}")
     parts += [f"mb{layout.micro_batch}", f"z{layout.zero}"]

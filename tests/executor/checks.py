@@ -43,9 +43,15 @@ def check_training(model: ModelSpec, layout: Layout, results: list[dict[str, Any
     parameters of every rank equal the reference's; returns the largest deviations seen."""
     worst = {"loss": 0.0, "grad": 0.0, "param": 0.0}
     for step, ref_loss in enumerate(run.losses):
-        values = [v for res in results if res["coords"].pp == layout.pp - 1
-                  and res["coords"].tp == 0 for v in res["losses"][step].values()]
-        assert len(values) == layout.dp * layout.num_microbatches
+        # per (DP replica, micro-batch), the mean over its CP ranks (each holds s/cp tokens)
+        by_sequence: dict[tuple[int, int], list[float]] = {}
+        for res in results:
+            if res["coords"].pp == layout.pp - 1 and res["coords"].tp == 0:
+                for mb, v in res["losses"][step].items():
+                    by_sequence.setdefault((res["coords"].dp, mb), []).append(v)
+        assert len(by_sequence) == layout.dp * layout.num_microbatches
+        assert all(len(v) == layout.cp for v in by_sequence.values())
+        values = [statistics.fmean(v) for v in by_sequence.values()]
         loss = statistics.fmean(values)
         worst["loss"] = max(worst["loss"], abs(loss - ref_loss) / ref_loss)
         assert abs(loss - ref_loss) <= LOSS_REL * ref_loss, (step, loss, ref_loss)

@@ -42,6 +42,15 @@ WORLD2 = {
                                      model=dict(LLAMA, attention="unfused")),
     "llama-mqa-1f1b-selective": Case(dict(pp=2, global_batch=4, recompute="selective"),
                                      model=dict(LLAMA, kv_heads=1, tied_embeddings=False)),
+    # Lighter first stage: 1 layer on pipeline rank 0, 3 on rank 1 (pp_first_layers).
+    "1f1b-uneven": Case(dict(pp=2, global_batch=4, pp_first_layers=1), model=FOUR),
+    # Context parallelism: Transformer Engine's ring, and Llama 3's all-gather (issue 18).
+    "cp2-ring-full": Case(dict(cp=2, global_batch=2, recompute="full")),
+    "cp2-gather-selective": Case(dict(cp=2, cp_comm="all_gather", global_batch=4,
+                                      recompute="selective")),
+    "llama-cp2-ring": Case(dict(cp=2, global_batch=2), model=LLAMA),
+    "llama-mqa-cp2-gather": Case(dict(cp=2, cp_comm="all_gather", global_batch=2),
+                                 model=dict(LLAMA, kv_heads=1)),
 }
 WORLD8 = {"tp2-pp2-dp2": Case(dict(tp=2, pp=2, dp=2, sp=True, global_batch=8,
                                    bucket_bytes=20_000)),

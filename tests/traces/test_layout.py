@@ -80,7 +80,12 @@ def _match(message: str) -> str:
     (dict(dp=4, micro_batch=2, global_batch=12), "global_batch: 12 is not divisible"),
     (dict(sp=True, global_batch=1), "sequence parallelism needs tp > 1"),
     (dict(zero=4, global_batch=1), "parallel.zero: 4 must be 0, 1, 2 or 3"),
-    (dict(cp=2, global_batch=1), "parallel.cp: 2 is not supported"),
+    (dict(cp=2, cp_comm="ring", global_batch=1), "parallel.cp_comm: 'ring' is not one of p2p"),
+    (dict(pp=4, pp_first_layers=-1), "parallel.pp_first_layers: -1 must be"),
+    (dict(pp=1, pp_last_layers=3), "parallel.pp_last_layers: 3 needs pp >= 2"),
+    (dict(pp=2, vp=2, schedule="interleaved", global_batch=2, pp_first_layers=3),
+     "parallel.pp_first_layers: 3 is not divisible by vp = 2"),
+    (dict(pp=2, pp_first_layers=True), "parallel.pp_first_layers: True must be"),
     # issue 6: floats and bools are not integers, lists are not choices, sizes are bounded
     (dict(zero=1.0), "parallel.zero: 1.0 must be 0, 1, 2 or 3"),
     (dict(zero=True), "parallel.zero: True must be 0, 1, 2 or 3"),
@@ -139,3 +144,35 @@ def test_tp_groups_straddling_nodes_only_give_a_note():
     assert len(notes) == 1 and "some TP groups cross nodes" in notes[0]
     assert check_layout(model, Layout(tp=2, dp=6, global_batch=6), world=12,
                         devices_per_server=8) == ()
+
+
+def test_126_layers_run_on_16_stages_with_lighter_ends():
+    model = ModelSpec(layers=126, hidden=64, heads=4, seq_len=64, vocab=64)
+    layout = Layout(pp=16, pp_first_layers=7, pp_last_layers=7)
+    check_layout(model, layout)
+    assert [len(layout.layers_of_stage(model, k)) for k in range(16)] == [7] + [8] * 14 + [7]
+    assert [layout.layers_of_stage(model, k)[0] for k in (0, 1, 15)] == [0, 7, 119]
+
+
+@pytest.mark.parametrize(("first", "last"), [(2, 2), (4, 0), (0, 2)])
+def test_uneven_interleaved_stages_follow_megatron_cores_layer_offsets(first, last):
+    """megatron/core/transformer/transformer_block.py, get_num_layers_to_build and the
+    offset of (pipeline rank p, virtual rank v) with an uneven first/last stage: chunks of
+    first/vp and last/vp layers on the end ranks, the rest split evenly over the others."""
+    pp, vp = 4, 2
+    middle_ranks = pp - (first > 0) - (last > 0)
+    model = ModelSpec(layers=first + last + 2 * vp * middle_ranks, hidden=64, heads=4,
+                      seq_len=64, vocab=64)
+    layout = Layout(pp=pp, vp=vp, schedule="interleaved", global_batch=4,
+                    pp_first_layers=first, pp_last_layers=last)
+    check_layout(model, layout)
+    f, l, m = first // vp, last // vp, 2  # noqa: E741 - Megatron's names
+    per_rank = [f if p == 0 and first else l if p == pp - 1 and last else m for p in range(pp)]
+    total = sum(per_rank)  # layers in one virtual chunk of every rank
+    for v in range(vp):
+        for p in range(pp):
+            offset = v * total + sum(per_rank[:p])
+            assert layout.layers_of_stage(model, v * pp + p) == range(offset,
+                                                                      offset + per_rank[p])
+    covered = [i for k in range(pp * vp) for i in layout.layers_of_stage(model, k)]
+    assert sorted(covered) == list(range(model.layers))

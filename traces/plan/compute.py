@@ -50,7 +50,7 @@ class _StageKernels:
     """The kernels of a layer, of the embedding and of the output layer for this rank."""
 
     def __init__(self, ctx: RankContext) -> None:
-        model, layout = ctx.model, ctx.layout
+        model, layout = ctx.local_model, ctx.layout  # CP: the rank's s/cp tokens
         b, t, sp = layout.micro_batch, layout.tp, layout.sp
         g = ctx.grad_bytes
         self.ctx = ctx

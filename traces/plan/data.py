@@ -1,6 +1,7 @@
 """Pass 4: data parallelism — gradient buckets (DDP, ZeRO-1/2) and ZeRO-3's gathers.
 
-When gradients are reduced over the DP group:
+When gradients are reduced over the DP group (DP x CP under context parallelism, as
+Megatron-Core's data-parallel group with context parallelism; ZeRO shards over it too):
     ZeRO 0 and 1   once, in the last micro-batch's backward (gradient accumulation): units'
                    gradients fill 25 MiB buckets in backward order; a full bucket is reduced
                    (all-reduce for ZeRO 0, reduce-scatter for ZeRO 1) as soon as it is full,
@@ -53,7 +54,7 @@ ZERO3_PREFETCH = 1  # layers gathered ahead of the one computing (FSDP's forward
 def add_data_parallel(ctx: RankContext, actions: list[Action], program: Program) -> Program:
     """Insert ZeRO-3 gathers and gradient reductions; `program[k]` holds `actions[k]`'s ops."""
     layout = ctx.layout
-    if layout.dp == 1 and not (layout.sp and layout.tp > 1):
+    if layout.data_degree == 1 and not (layout.sp and layout.tp > 1):
         return program
     walk = _DataWalk(ctx)
     out = [walk.action(action, nodes) for action, nodes in zip(actions, program)]
@@ -107,9 +108,9 @@ class _DataWalk:
 
     def __init__(self, ctx: RankContext) -> None:
         self.ctx = ctx
-        self.dp_group = ctx.layout.group(ctx.rank, Axis.DP)
+        self.dp_group = ctx.layout.data_group(ctx.rank)  # DP x CP
         self.tp_group = ctx.layout.group(ctx.rank, Axis.TP)
-        self.zero = ctx.layout.zero if ctx.layout.dp > 1 else 0
+        self.zero = ctx.layout.zero if ctx.layout.data_degree > 1 else 0
         self.bucket: list[float] = []
         self.deferred: list[float] = []
         self.reduced: dict[int, int] = {}
@@ -123,7 +124,7 @@ class _DataWalk:
         phase = Phase.FWD if action.kind == "F" else Phase.BWD
         final = mb == self.ctx.last_microbatch
         reduce_grads = action.kind == "B" and zero != 3 and (final or zero == 2)
-        gathers = zero == 3 and self.ctx.layout.dp > 1
+        gathers = zero == 3 and self.ctx.layout.data_degree > 1
         if not (gathers or reduce_grads):
             return group  # gradients accumulate locally in this micro-batch
         on_compute = [node for node in group if node.on_compute]
@@ -167,7 +168,7 @@ class _DataWalk:
             op = self._collective(OpKind.ALL_REDUCE, stream, unit_label("sp_grads", unit),
                                   SpGrads(unit), self.tp_group, size, layer, mb, Phase.BWD)
             out.append(Node(op, unit, [last]))
-        if self.ctx.layout.dp == 1:
+        if self.ctx.layout.data_degree == 1:
             return out
         size = self.ctx.unit_params(unit) * self.ctx.grad_bytes
         if self.zero == 3:
@@ -189,7 +190,7 @@ class _DataWalk:
 
     def _cut(self, mb: int, after: Node) -> list[Node]:
         """Close the bucket being filled: reduce it now, or keep it for the end (no overlap)."""
-        if not self.bucket or self.ctx.layout.dp == 1:
+        if not self.bucket or self.ctx.layout.data_degree == 1:
             return []
         size, self.bucket = sum(self.bucket), []
         if not self.ctx.layout.overlap_grad_reduce:

@@ -11,6 +11,7 @@ anywhere without renumbering anything, and refers to other ops by the nodes them
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -48,6 +49,14 @@ class RankContext:
     rank: int
     budget: OpBudget | None = None
     """Where the passes account for the ops they add (None: no limit)."""
+
+    @property
+    def local_model(self) -> ModelSpec:
+        """The model as one CP rank's kernels see it: seq_len / cp tokens (two of the 2·cp
+        chunks, `traces.plan.context`); the model itself when cp = 1."""
+        if self.layout.cp == 1:
+            return self.model
+        return dataclasses.replace(self.model, seq_len=self.model.seq_len // self.layout.cp)
 
     @property
     def pp_rank(self) -> int:

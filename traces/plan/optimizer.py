@@ -13,7 +13,6 @@ parameters, in the same slices the gradients were reduce-scattered in: the data 
 from __future__ import annotations
 
 from traces.kernels import optimizer_bytes_per_param
-from traces.layout import Axis
 from traces.ops import Op, OpKind, Phase, Stream
 from traces.plan.nodes import Node, Program, RankContext
 from traces.purpose import EMBED, EmbeddingGrads, GradBucket, Kernel, KernelRun, ParamGather
@@ -35,19 +34,19 @@ def add_optimizer(ctx: RankContext, program: Program) -> Program:
         out.append(Node(op, EMBED, [last]))
     waits = [n for n in (_last(nodes + out, Stream.DP), _last(nodes, Stream.ZERO_RS)) if n]
     waits += [n for n in (actions[-1] if actions else []) if n.op.kind is OpKind.SEND]
-    shard = layout.dp if layout.zero >= 1 else 1
+    shard = layout.data_degree if layout.zero >= 1 else 1
     params = model.params_on_stages(layout.stages_of_rank(ctx.pp_rank), layout.num_stages,
-                                     layout.tp)
+                                     layout.tp, layout.layers_of_rank(model, ctx.pp_rank))
     per_param = optimizer_bytes_per_param(model.data_dtype, ctx.grad_bytes)
     step = Node(Op(kind=OpKind.COMPUTE, stream=Stream.COMPUTE, name="optimizer",
                    purpose=KernelRun(Kernel.OPTIMIZER), phase=Phase.OPT,
                    mem_bytes=params / shard * per_param), None, waits)
     out.append(step)
-    if layout.zero in (1, 2) and layout.dp > 1:
+    if layout.zero in (1, 2) and layout.data_degree > 1:
         to_params = model.dtype_bytes / ctx.grad_bytes  # the same elements, as parameters
         for bucket, size in _last_buckets(ctx, nodes):
             op = Op(kind=OpKind.ALL_GATHER, stream=Stream.DP, name="params",
-                    purpose=ParamGather(bucket.index), group=layout.group(ctx.rank, Axis.DP),
+                    purpose=ParamGather(bucket.index), group=layout.data_group(ctx.rank),
                     size_bytes=size * to_params, phase=Phase.OPT, dtype=model.data_dtype)
             out.append(Node(op, None, [step]))
     return [*actions, program[-1] + out]

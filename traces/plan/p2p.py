@@ -40,7 +40,7 @@ def add_pipeline_p2p(ctx: RankContext, actions: list[Action], program: Program) 
     """Insert receives (and, without SP under TP, their all-gathers) and sends;
     `program[k]` holds the ops of `actions[k]`."""
     layout = ctx.layout
-    full = ctx.model.activation_bytes(layout.micro_batch)
+    full = ctx.local_model.activation_bytes(layout.micro_batch)  # CP: s/cp tokens
     size = full / layout.tp
     gather = layout.tp > 1 and not layout.sp
     group = layout.group(ctx.rank, Axis.TP)

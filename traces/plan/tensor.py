@@ -73,8 +73,8 @@ def add_tensor_parallel(ctx: RankContext, program: Program) -> Program:
     layout = ctx.layout
     if layout.tp == 1:
         return program
-    b, s = layout.micro_batch, ctx.model.seq_len
-    sizes = {"tp": ctx.model.activation_bytes(b), "ce_max": b * s * FP32,
+    b, s = layout.micro_batch, ctx.local_model.seq_len  # CP: the rank's s/cp tokens
+    sizes = {"tp": ctx.local_model.activation_bytes(b), "ce_max": b * s * FP32,
              "ce_sum": 2 * b * s * FP32}
     group = layout.group(ctx.rank, Axis.TP)
     where = _placements(layout.sp)

@@ -101,11 +101,15 @@ LAYOUTS = [
     Layout(tp=2, pp=4, dp=2, vp=2, schedule="interleaved", global_batch=8),
     Layout(tp=2, pp=2, dp=4, sp=True, zero=3, global_batch=8, recompute="full"),
     Layout(tp=1, pp=2, dp=8, zero=2, global_batch=16),
+    Layout(tp=2, cp=2, pp=2, dp=2, global_batch=8, recompute="selective"),
+    Layout(tp=2, cp=2, pp=2, dp=2, cp_comm="all_gather", zero=1, sp=True, global_batch=8),
+    Layout(tp=2, pp=4, dp=2, pp_first_layers=1, pp_last_layers=1, global_batch=8),
 ]
 
 
-@pytest.mark.parametrize("layout", LAYOUTS, ids=lambda lay: f"tp{lay.tp}pp{lay.pp}dp{lay.dp}"
-                         f"z{lay.zero}{'sp' if lay.sp else ''}{lay.schedule}")
+@pytest.mark.parametrize("layout", LAYOUTS, ids=lambda lay: f"tp{lay.tp}cp{lay.cp}pp{lay.pp}"
+                         f"dp{lay.dp}z{lay.zero}{'sp' if lay.sp else ''}{lay.schedule}"
+                         f"{lay.cp_comm if lay.cp > 1 else ''}{'uneven' if lay.uneven else ''}")
 @pytest.mark.parametrize("fabric", ["rail", "fat-tree"])
 def test_folded_run_equals_unfolded_run(layout, fabric):
     cluster = build_cluster("dgx-h100", nodes=2, fabric=fabric)

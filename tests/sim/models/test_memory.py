@@ -234,3 +234,36 @@ def test_total_is_the_sum_of_the_parts():
 def test_memory_model_does_not_import_torch():
     code = "import sys, sim.models.memory; assert 'torch' not in sys.modules"
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
+
+
+# --- context parallelism and uneven stages ----------------------------------------------------
+
+def test_cp_activations_are_a_hand_count_on_s_over_cp_tokens():
+    # SMALL with flash attention, no TP: 34·s·b·h on the rank's s/cp = 32/2 = 16 tokens
+    # (2 of the 4 chunks), 34 * 16 * 1 * 64 = 34,816 bytes; with TP 2 and SP, a half of it.
+    assert activation_bytes_per_layer(SMALL, Layout(cp=2)) == 34 * 16 * 1 * 64 == 34_816
+    assert activation_bytes_per_layer(SMALL, Layout(cp=2, tp=2, sp=True)) == 17_408
+    for cp in (2, 4, 8):  # cp divides it exactly (flash: no s² term left)
+        for options in ({}, {"tp": 2, "sp": True}, {"recompute": "full"}):
+            assert activation_bytes_per_layer(SMALL, Layout(cp=cp, **options)) * cp == \
+                activation_bytes_per_layer(SMALL, Layout(**options))
+
+
+def test_cp_shards_zero_over_dp_times_cp_and_the_logits_over_cp():
+    cp2 = pp_rank_memory(SMALL, Layout(cp=2, dp=2, zero=1, global_batch=2), 0,
+                         [Action(0, "F", 0)])
+    dp4 = pp_rank_memory(SMALL, Layout(dp=4, zero=1, global_batch=4), 0, [Action(0, "F", 0)])
+    assert cp2.optimizer_bytes == dp4.optimizer_bytes  # 12Ψ / (dp·cp)
+    # the fp32 logits of the rank's tokens: 4 · (32/2) · 1 · 128 bytes
+    assert cp2.working_bytes == 4 * 16 * 128
+
+
+def test_uneven_stages_hold_their_own_layers():
+    model = dataclasses.replace(SMALL, layers=10)
+    layout = Layout(pp=4, dp=1, global_batch=4, pp_first_layers=1, pp_last_layers=1)
+    memory = memory_by_pp_rank(model, layout)
+    per_layer = activation_bytes_per_layer(model, layout)
+    schedule = build_schedule("1f1b", 4, 4)
+    for r, n in enumerate((1, 4, 4, 1)):
+        assert memory[r].activations_bytes == peak_in_flight(schedule[r]) * n * per_layer
+    assert memory[1].params_bytes == 2 * 4 * model.layer_params(1)  # 2 bytes, 4 layers

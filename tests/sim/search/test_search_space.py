@@ -98,7 +98,7 @@ def test_kendall_tau_closed_forms_and_scipy():
 # --- a bad [search] table: one line naming the field and the rule, exit 2 ------------------------
 
 BAD_SEARCH = [
-    ("foo = [1]", r"search\.foo: unknown key \(known: tp, pp, vp, micro_batch, zero, sp, "
+    ("foo = [1]", r"search\.foo: unknown key \(known: tp, cp, pp, vp, micro_batch, zero, sp, "
                   r"recompute, schedule\)"),
     ("tp = []", r"search\.tp: \[\] must be a non-empty list of candidate values"),
     ("tp = 8", r"search\.tp: 8 must be a non-empty list of candidate values"),

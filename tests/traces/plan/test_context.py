@@ -1,0 +1,143 @@
+"""Context parallelism in the plan: Transformer Engine's ring (and all-gather) per rank and
+layer, the attention core divided by cp, the rest on s/cp tokens, gradients over DP x CP."""
+
+import dataclasses
+
+import pytest
+
+from traces.kernels import attention_kernels
+from traces.layout import Axis, Layout, check_layout
+from traces.model import ModelSpec
+from traces.ops import OpKind, Phase, Stream
+from traces.plan import build
+from traces.purpose import CpGather, CpRing, GradBucket, Kernel, KernelRun
+
+MODEL = ModelSpec(layers=2, hidden=64, heads=4, seq_len=96, vocab=128)
+E = 2  # bf16
+
+
+def _plan(**options):
+    layout = Layout(**{"global_batch": 1, **options})
+    check_layout(MODEL, layout)
+    return layout, build(MODEL, layout)
+
+
+def _of_layer(ops, phase, layer=0, mb=0):
+    return [op for op in ops if op.layer == layer and op.microbatch == mb and op.phase is phase]
+
+
+def _kv_block(b, cp, t):
+    """One K/V block by hand: b·(s/cp) tokens x (K and V: 2h/t) x 2 bytes."""
+    return b * (MODEL.seq_len // cp) * 2 * MODEL.hidden // t * E
+
+
+@pytest.mark.parametrize("cp", [2, 3, 4])
+@pytest.mark.parametrize("tp", [1, 2])
+def test_the_ring_sends_cp_minus_1_blocks_forward_and_cp_messages_backward(cp, tp):
+    if MODEL.seq_len % (2 * cp):
+        pytest.skip("seq_len must split into 2·cp chunks")
+    layout, plan = _plan(cp=cp, tp=tp)
+    kv = _kv_block(1, cp, tp)
+    for rank, ops in plan.ops.items():
+        group = layout.group(rank, Axis.CP)
+        me = group.index(rank)
+        nxt, prev = group[(me + 1) % cp], group[(me - 1) % cp]
+        fwd = [op for op in _of_layer(ops, Phase.FWD) if isinstance(op.purpose, CpRing)]
+        sends = [op for op in fwd if op.kind is OpKind.SEND]
+        recvs = [op for op in fwd if op.kind is OpKind.RECV]
+        assert [op.size_bytes for op in sends] == [kv] * (cp - 1)
+        assert [op.size_bytes for op in recvs] == [kv] * (cp - 1)
+        assert {op.peer for op in sends} == {nxt} and {op.peer for op in recvs} == {prev}
+        assert {op.stream for op in sends} == {Stream.CP_SEND}
+        bwd = [op for op in _of_layer(ops, Phase.BWD) if isinstance(op.purpose, CpRing)]
+        sends = [op for op in bwd if op.kind is OpKind.SEND]
+        # cp messages: K/V, then K/V + dK/dV, ..., then dK/dV: (cp-1)·K/V + (cp-1)·dK/dV
+        assert len(sends) == cp
+        assert [op.size_bytes for op in sends] == [kv] + [2 * kv] * (cp - 2) + [kv]
+        assert sum(op.size_bytes for op in sends) == 2 * (cp - 1) * kv
+        assert {op.peer for op in sends} == {prev}  # backward runs the ring the other way
+        assert [op.purpose.step for op in sends] == list(range(cp))
+
+
+def test_each_ring_step_waits_for_the_block_before_it_and_qkv_backward_for_the_last():
+    layout, plan = _plan(cp=3)
+    ops = plan.ops[0]
+    index = {id(op): i for i, op in enumerate(ops)}
+    for phase in (Phase.FWD, Phase.BWD):
+        layer = _of_layer(ops, phase)
+        steps = [op for op in layer if op.purpose == KernelRun(Kernel.FLASH_ATTN)]
+        recvs = [op for op in layer if isinstance(op.purpose, CpRing)
+                 and op.kind is OpKind.RECV]
+        assert len(steps) == 3
+        for step, recv in zip(steps[1:], recvs):
+            assert index[id(recv)] in step.deps
+    qkv_backward = next(op for op in _of_layer(ops, Phase.BWD)
+                        if op.purpose == KernelRun(Kernel.QKV))
+    last_recv = [op for op in _of_layer(ops, Phase.BWD) if op.kind is OpKind.RECV][-1]
+    assert index[id(last_recv)] in qkv_backward.deps  # its own dK/dV came round
+
+
+@pytest.mark.parametrize("comm", ["p2p", "all_gather"])
+def test_the_attention_core_is_divided_by_cp_and_every_other_kernel_sees_s_over_cp(comm):
+    b, cp, t = 1, 2, 2
+    _, plan = _plan(cp=cp, tp=t, cp_comm=comm)
+    _, whole = _plan(tp=t)
+    ops, alone = plan.ops[0], whole.ops[0]
+    d, a, s = MODEL.hidden // MODEL.heads, MODEL.heads // t, MODEL.seq_len
+    core = sum(op.flops for op in _of_layer(ops, Phase.FWD)
+               if op.purpose == KernelRun(Kernel.FLASH_ATTN))
+    assert core == 4 * b * a * s * s * d / cp  # full s², as Megatron counts it, over cp
+    for kernel in (Kernel.QKV, Kernel.FC1, Kernel.LN1, Kernel.BDA2):
+        mine = next(op for op in _of_layer(ops, Phase.FWD) if op.purpose == KernelRun(kernel))
+        ref = next(op for op in _of_layer(alone, Phase.FWD) if op.purpose == KernelRun(kernel))
+        assert mine.flops == ref.flops / cp
+        if mine.gemm:  # M (tokens) divides, the weight operand does not
+            assert mine.gemm[1] == ref.gemm[1] // cp and mine.gemm[2:] == ref.gemm[2:]
+        else:
+            assert mine.mem_bytes == ref.mem_bytes / cp
+    # a ring step is the flash kernel of s/cp queries on s/cp keys
+    local = dataclasses.replace(MODEL, seq_len=s // cp)
+    if comm == "p2p":
+        step = next(op for op in _of_layer(ops, Phase.FWD)
+                    if op.purpose == KernelRun(Kernel.FLASH_ATTN))
+        assert step.flops == attention_kernels(local, b, t)[0].flops
+
+
+def test_all_gather_mode_gathers_forward_and_again_backward_and_reduce_scatters_dkv():
+    cp, t = 2, 2
+    layout, plan = _plan(cp=cp, tp=t, cp_comm="all_gather")
+    kv = _kv_block(1, cp, t)
+    for rank, ops in plan.ops.items():
+        group = layout.group(rank, Axis.CP)
+        fwd = [op for op in _of_layer(ops, Phase.FWD) if isinstance(op.purpose, CpGather)]
+        bwd = [op for op in _of_layer(ops, Phase.BWD) if isinstance(op.purpose, CpGather)]
+        assert [(op.kind, op.size_bytes, op.group) for op in fwd] == \
+            [(OpKind.ALL_GATHER, cp * kv, group)]
+        assert [(op.kind, op.purpose.grad) for op in bwd] == \
+            [(OpKind.ALL_GATHER, False), (OpKind.REDUCE_SCATTER, True)]
+        assert all(op.size_bytes == cp * kv and op.stream == Stream.COMPUTE for op in bwd)
+        assert not any(op.kind.is_p2p for op in ops)
+
+
+def test_gradients_are_reduced_over_dp_times_cp():
+    layout, plan = _plan(tp=2, cp=2, dp=2, global_batch=2)
+    for rank, ops in plan.ops.items():
+        c = layout.coords(rank)
+        expected = tuple(sorted(layout.rank(tp=c.tp, cp=k, dp=d, pp=c.pp)
+                                for k in range(2) for d in range(2)))
+        groups = {op.group for op in ops if isinstance(op.purpose, GradBucket)}
+        assert groups == {expected}
+        assert layout.data_group(rank) == expected
+
+
+def test_cp_rules_are_one_line_naming_the_field():
+    from traces.errors import ConfigError
+    with pytest.raises(ConfigError, match=r"parallel.cp: model.seq_len = 96 is not divisible "
+                                          r"by 2 x cp = 10"):
+        check_layout(MODEL, Layout(cp=5))
+    with pytest.raises(ConfigError, match=r"parallel.cp: 2 needs model.attention = \"flash\""):
+        check_layout(dataclasses.replace(MODEL, attention="unfused"), Layout(cp=2))
+    with pytest.raises(ConfigError, match=r"parallel.sp: model.seq_len / cp = 48 is not "
+                                          r"divisible by tp = 32"):
+        check_layout(ModelSpec(layers=2, hidden=64, heads=32, seq_len=96, vocab=128),
+                     Layout(cp=2, tp=32, sp=True))

@@ -1,0 +1,160 @@
+"""Pass 2b: context parallelism — attention over the whole sequence from s/cp tokens a rank.
+
+Megatron-Core with Transformer Engine's context-parallel attention: the sequence is cut into
+2·cp chunks and CP rank i holds chunks i and 2·cp − 1 − i, so that under the causal mask every
+rank has the same attention work (the early chunk sees few keys, the late one many). Every
+kernel but the attention core runs on the rank's s/cp tokens (`RankContext.local_model`:
+compute, TP and pipeline sizes all shrink by cp); the attention core needs every rank's keys
+and values, and this pass brings them (`cp_comm`):
+
+    p2p (default; TE's AttnFuncWithCPAndKVP2P)
+        forward (and recompute): cp ring steps; step i attends the rank's queries to the K/V
+        block it holds while that block goes on to the next CP rank and the next one comes in
+        from the previous: cp − 1 sends and receives of one K/V block (b·(s/cp)·2·kv_width/t
+        elements), step i + 1 waiting for receive i. Each step is one flash kernel of s/cp
+        queries against s/cp keys: 4·b·(a/t)·(s/cp)²·d FLOPs, so the cp steps do
+        4·b·(a/t)·s²·d/cp, the whole core divided by cp (full s², no causal halving, as
+        everywhere in parasim).
+        backward: the ring runs the other way (to the previous rank), in the forward's reverse
+        order, the diagonal block last: cp messages, the first carrying K/V only, the middle
+        ones K/V and the dK/dV accumulated for that block so far, the last dK/dV only —
+        (cp − 1) K/V and (cp − 1) dK/dV in all; step m waits for message m − 1, message m
+        for step m − 1 (its dK/dV), and the kernel after the core (qkv's backward) for the
+        last message (the rank's own dK/dV).
+    all_gather (the Llama 3 paper §3.3.2; TE's AttnFuncWithCPAndKVAllGather)
+        forward: one all-gather of K/V over the CP group (inline, the kernels wait), then one
+        kernel of s/cp queries against all s keys (cp times a ring step's FLOPs, reading the
+        other cp − 1 blocks too). backward: K/V gathered again (TE keeps only the rank's own
+        K/V for backward), the kernel's backward (reading the gathered K/V, writing dK/dV for
+        all of it), and a reduce-scatter of dK/dV over the CP group.
+
+Sizes follow nccl-tests: an all-gather's output, a reduce-scatter's input (cp · one block).
+K/V's width per TP rank is the QKV GEMM's output width less the queries' h/t, so grouped-query
+attention's narrower K/V carry through. Gradients are then reduced over DP × CP
+(`traces.plan.data`), as Megatron-Core's data-parallel group with context parallelism.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from traces.kernels import layer_kernels
+from traces.layout import Axis, CpComm
+from traces.ops import Op, OpKind, Phase, Stream
+from traces.plan.nodes import Node, Program, RankContext
+from traces.purpose import CpGather, CpRing, Kernel, KernelRun
+
+_CORE = KernelRun(Kernel.FLASH_ATTN)
+TAG_FORWARD, TAG_BACKWARD = "cp", "cp_grad"
+
+
+def kv_block_bytes(ctx: RankContext) -> float:
+    """Bytes of one K/V block: b·(s/cp) tokens x K and V's width on this TP rank (the QKV
+    GEMM's N less the queries' h/t), in the model's dtype."""
+    model, layout = ctx.local_model, ctx.layout
+    kernels = layer_kernels(model, layout.micro_batch, layout.tp, layout.sp, ctx.grad_bytes)
+    qkv = next(k.gemm for k in kernels if k.name is Kernel.QKV)
+    assert qkv is not None, "the QKV projection is a GEMM"
+    _, tokens, width, _ = qkv
+    return tokens * (width - model.hidden // layout.tp) * model.dtype_bytes
+
+
+def add_context_parallel(ctx: RankContext, program: Program) -> Program:
+    """Replace each attention core by its CP form (module docstring)."""
+    if ctx.layout.cp == 1:
+        return program
+    ring = _Ring(ctx)
+    return [ring.step(nodes) for nodes in program]
+
+
+class _Ring:
+    def __init__(self, ctx: RankContext) -> None:
+        layout = ctx.layout
+        self.ctx, self.cp = ctx, layout.cp
+        self.kv = kv_block_bytes(ctx)
+        group = layout.group(ctx.rank, Axis.CP)
+        self.group = group
+        me = group.index(ctx.rank)
+        self.next, self.prev = group[(me + 1) % self.cp], group[(me - 1) % self.cp]
+        self.p2p = layout.cp_comm is CpComm.P2P
+
+    def step(self, nodes: list[Node]) -> list[Node]:
+        out: list[Node] = []
+        waiting: list[Node] = []  # what the next compute op must wait for
+        for node in nodes:
+            if node.op.purpose != _CORE:
+                if waiting and node.on_compute:
+                    node.after[:0] = waiting
+                    waiting = []
+                out.append(node)
+                continue
+            before = next((n for n in reversed(out) if n.on_compute), None)
+            if self.p2p:
+                made, waiting = self._ring(node, before)
+            else:
+                made = self._gathered(node)
+            out += made
+        assert not waiting, "a backward ring is followed by its qkv backward"
+        return out
+
+    # --- p2p -------------------------------------------------------------------------------
+
+    def _ring(self, core: Node, before: Node | None) -> tuple[list[Node], list[Node]]:
+        """The ring of one core; and what the kernel after it waits for."""
+        backward = core.op.phase is Phase.BWD
+        out: list[Node] = []
+        recv: Node | None = None
+        step: Node | None = None
+        messages = self.cp if backward else self.cp - 1
+        for i in range(self.cp):
+            recv_next: Node | None = recv
+            if i < messages:
+                send_after = [before] if i == 0 and before is not None else \
+                    [n for n in (recv, step if backward else None) if n is not None]
+                send, recv_next = self._message(core, i, backward, send_after)
+                out += [send, recv_next]
+            step = Node(dataclasses.replace(core.op), core.unit,
+                        [recv] if recv is not None else list(core.after))
+            out.append(step)
+            recv = recv_next
+        return out, ([recv] if backward and recv is not None else [])
+
+    def _message(self, core: Node, i: int, backward: bool, after: list[Node]
+                 ) -> tuple[Node, Node]:
+        op = core.op
+        if not backward:
+            size, to, source, tag = self.kv, self.next, self.prev, TAG_FORWARD
+        else:  # K/V at the first message, dK/dV at the last, both between
+            both = 0 < i < self.cp - 1
+            size, to, source, tag = (2 if both else 1) * self.kv, self.prev, self.next, \
+                TAG_BACKWARD
+        def message(kind: OpKind, stream: Stream, peer: int) -> Op:
+            return Op(kind=kind, stream=stream, name=tag, purpose=CpRing(i, backward),
+                      peer=peer, size_bytes=size, tag=tag, layer=op.layer,
+                      microbatch=op.microbatch, phase=op.phase, dtype=self.ctx.model.dtype)
+
+        send = Node(message(OpKind.SEND, Stream.CP_SEND, to), core.unit, after)
+        recv = Node(message(OpKind.RECV, Stream.CP_RECV, source), core.unit)
+        return send, recv
+
+    # --- all-gather ----------------------------------------------------------------------
+
+    def _gathered(self, core: Node) -> list[Node]:
+        """All-gather K/V, the core over the whole sequence, and in backward the
+        reduce-scatter of dK/dV."""
+        op, cp, kv = core.op, self.cp, self.kv
+        backward = op.phase is Phase.BWD
+        others = (cp - 1) * kv  # the other ranks' K/V, read (and, backward, their dK/dV written)
+        wide = dataclasses.replace(op, flops=op.flops * cp,
+                                   mem_bytes=op.mem_bytes + (2 if backward else 1) * others)
+        out = [self._collective(op, OpKind.ALL_GATHER, CpGather(False), core),
+               Node(wide, core.unit, core.after)]
+        if backward:
+            out.append(self._collective(op, OpKind.REDUCE_SCATTER, CpGather(True), core))
+        return out
+
+    def _collective(self, op: Op, kind: OpKind, purpose: CpGather, core: Node) -> Node:
+        return Node(Op(kind=kind, stream=Stream.COMPUTE, name="cp", purpose=purpose,
+                       group=self.group, size_bytes=self.cp * self.kv, layer=op.layer,
+                       microbatch=op.microbatch, phase=op.phase, dtype=self.ctx.model.dtype),
+                    core.unit)
