@@ -45,11 +45,11 @@ from sim.profile import Profile, default_profile
 from topology.cluster import Cluster
 from topology.config import ClusterSpec, read_cluster, read_cluster_file, read_cluster_table
 from topology.presets import PRESETS
-from traces.errors import ConfigError, show
+from traces.errors import ConfigError, show, warn
 from traces.gzipped import head
 from traces.header import TraceMeta, check_fold_ranks
 from traces.io import load as load_parasim
-from traces.kineto import load_kineto
+from traces.kineto import dropped, load_kineto
 from traces.ops import Op, OpKind, Trace
 
 SNIFF_BYTES = 65536
@@ -87,7 +87,17 @@ def load_trace(path: str | Path) -> LoadedTrace:
                           "reads traces only from regular files")
     if _is_parasim(path):
         return LoadedTrace(path, load_parasim(path), "parasim", (path,))
-    return LoadedTrace(path, load_kineto(path), "kineto", (path,))
+    return _warned(LoadedTrace(path, load_kineto(path), "kineto", (path,)))
+
+
+def _warned(loaded: LoadedTrace) -> LoadedTrace:
+    """A profiler import, after one warning line counting the events it left out (and why)."""
+    lost = dropped(loaded.trace.meta.skipped)
+    if lost:
+        reasons = ", ".join(f"{n} {why}" for why, n in lost.items())
+        warn(f"{loaded.path}: left out {sum(lost.values())} events parasim cannot use: "
+             f"{reasons}")
+    return loaded
 
 
 def _is_parasim(path: Path) -> bool:
@@ -105,7 +115,7 @@ def _load_folder(folder: Path) -> LoadedTrace:
     files = sorted(p for p in folder.iterdir() if p.is_file() and p.name.endswith(_SUFFIXES))
     ours = [p for p in files if _is_parasim(p)]
     if not ours:
-        return LoadedTrace(folder, load_kineto(folder), "kineto", tuple(files))
+        return _warned(LoadedTrace(folder, load_kineto(folder), "kineto", tuple(files)))
     ops: dict[int, tuple[Op, ...]] = {}
     seen: dict[int, Path] = {}
     meta: TraceMeta | None = None

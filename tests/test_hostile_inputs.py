@@ -500,3 +500,45 @@ def test_a_version_1_plan_marked_folded_is_read_with_its_layout(capsys, write, t
     refused(capsys, "trace: meta.layout: tp 2 x cp 1 x pp 2 x dp 64 = 256 ranks, but meta.world "
             "is 16", "replay", _edited_trace(capsys, write, tmp_path, lambda meta, ranks: (
                 old_spelling(meta, ranks), meta["layout"].update(dp=64, global_batch=256))))
+
+
+# --- Issue 22: what a hostile user found, second round -----------------------------------------
+
+def _kineto(*events: dict, **info: object) -> str:
+    mm = {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 0, "dur": 10}
+    return json.dumps({"schemaVersion": 1, "traceEvents": [mm, *events],
+                       "distributedInfo": {"rank": 0, "world_size": 2, **info}})
+
+
+@pytest.mark.parametrize(("event", "info", "needle"), [
+    ({"ph": "X", "cat": "cpu_op", "name": "x", "pid": 1, "tid": [1], "ts": 0, "dur": 1}, {},
+     "traceEvents[1] ('x'): tid [1] is not an integer or a string"),
+    ({"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": 0, "dur": -1}, {},
+     "traceEvents[1] ('k'): dur -1 is negative"),
+    ({"ph": {}, "name": "x"}, {}, "ph {} is not a string"),
+    ({"ph": "M", "name": "x"}, {"world_size": 0}, "distributedInfo.world_size 0 is not a world"),
+    ({"ph": "M", "name": "x"}, {"pg_config": [{"pg_name": "0", "ranks": [0, 3]}]},
+     "group '0' names rank 3, outside the world of 2 ranks"),
+])
+def test_kineto_malformed_event_is_one_line_naming_it(capsys, write, event, info, needle):
+    refused(capsys, needle, "replay", write(_kineto(event, **info), "rank0.json"))
+
+
+def test_kineto_events_left_out_are_counted_in_a_warning_and_in_json(capsys, write):
+    gather = {"ph": "X", "cat": "cpu_op", "name": "c10d::gather_", "pid": 1, "tid": 1, "ts": 20,
+              "dur": 5}
+    path = write(_kineto(gather, {**gather, "ts": 40}, {"ph": "B", "name": "b", "ts": 1}),
+                 "rank0.json")
+    code, out, err = run(capsys, "replay", path, "--cluster", "localhost", "--json")
+    assert code == 0, err
+    assert err == (f"parasim: warning: {path}: left out 3 events parasim cannot use: "
+                   "2 collective parasim does not model: gather, 1 phase B\n")
+    assert json.loads(out)["events_left_out"] == {
+        "collective parasim does not model: gather": 2, "phase B": 1}
+
+
+def test_kineto_trace_with_nothing_usable_is_an_error(capsys, write):
+    text = json.dumps({"schemaVersion": 1, "traceEvents": [{"ph": "C", "name": "m", "ts": 0}],
+                       "distributedInfo": {"rank": 0, "world_size": 1}})
+    refused(capsys, "nothing parasim can use: no compute op and no collective (left out: 1 "
+            "phase C)", "replay", write(text, "rank0.json"))

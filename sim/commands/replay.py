@@ -29,6 +29,7 @@ from sim.provenance import file_sha256, files_sha256, provenance
 from topology.presets import PRESETS
 from traces.errors import warn
 from traces.files import Outputs, check_outputs
+from traces.kineto import dropped
 
 HELP = "re-simulate a measured or profiler trace"
 
@@ -122,6 +123,7 @@ def summary_json(r: ReplayResult) -> dict[str, Any]:
         "host_gaps_s": r.host_gaps_s,
         "algorithms": dict(sorted(r.times.algorithms.items())),
         "files_skipped": list(r.loaded.skipped_files),
+        "events_left_out": dropped(trace.meta.skipped),
     }
 
 
