@@ -11,7 +11,8 @@
 Each command is a module of `sim.commands` with the same shape: `HELP`, `add_arguments(parser)`
 and `run(args) -> exit status`. `--json` prints one JSON object on stdout and nothing else. A
 user's mistake prints one line on stderr and exits with status 2; Ctrl-C prints one line and
-exits with 130. Output files are checked before the work starts and written all or none
+exits with 130 (SIGTERM: one line, 143, cleaned up alike: `sim.entry`). Output files are
+checked before the work starts and written all or none
 (`traces.files.Outputs`). Only `run`, `calibrate --run` and `validate` reach the executor, lazily.
 """
 
@@ -24,6 +25,7 @@ from typing import NoReturn
 
 from sim.commands import calibrate, collective, replay, run, search, simulate, validate
 from sim.commands.common import error, silence_stdout
+from sim.entry import Terminated
 from sim.provenance import parasim_version
 from traces.errors import ConfigError
 
@@ -49,6 +51,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as err:
         error(str(err))
         return 2
+    except Terminated as err:  # SIGTERM, SIGHUP (`sim.entry`): cleaned up as Ctrl-C is
+        error(f"terminated by {err.name}")
+        return 128 + err.signum
     except KeyboardInterrupt:
         error("interrupted")
         return 130

@@ -73,20 +73,23 @@ class LoadedTrace:
     """Files of the folder that are not parasim traces, left out beside parasim traces."""
 
 
-def load_trace(path: str | Path) -> LoadedTrace:
-    """TRACE: a parasim trace file, a profiler JSON (.json / .json.gz), or a folder of either."""
+def load_trace(path: str | Path, *, allow_incomplete: bool = False) -> LoadedTrace:
+    """TRACE: a parasim trace file, a profiler JSON (.json / .json.gz), or a folder of either.
+    A parasim trace of a failed run (meta.complete false) is refused unless `allow_incomplete`
+    (`--allow-incomplete`): its last ops never ran, and its times stop mid-step."""
     if not str(path):
         raise ConfigError("TRACE: an empty path names no file")
     path = Path(path)
     if path.is_dir():
-        return _load_folder(path)
+        return _load_folder(path, allow_incomplete)
     if not path.exists():
         raise ConfigError(f"{path}: no such file or folder")
     if not path.is_file():
         raise ConfigError(f"{path}: not a regular file (a device, pipe or socket); parasim "
                           "reads traces only from regular files")
     if _is_parasim(path):
-        return LoadedTrace(path, load_parasim(path), "parasim", (path,))
+        return LoadedTrace(path, _complete(path, load_parasim(path), allow_incomplete),
+                           "parasim", (path,))
     return _warned(LoadedTrace(path, load_kineto(path), "kineto", (path,)))
 
 
@@ -111,7 +114,15 @@ def _is_parasim(path: Path) -> bool:
     return _SCHEMA_KEY.search(start) is not None
 
 
-def _load_folder(folder: Path) -> LoadedTrace:
+def _complete(path: Path, trace: Trace, allow: bool) -> Trace:
+    if trace.meta.complete is False and not allow:
+        why = (trace.meta.error or "no reason recorded").splitlines()[0]
+        raise ConfigError(f"{path}: a trace of a run that failed (meta.complete false: "
+                          f"{show(why)}); give --allow-incomplete to read it anyway")
+    return trace
+
+
+def _load_folder(folder: Path, allow_incomplete: bool) -> LoadedTrace:
     files = sorted(p for p in folder.iterdir() if p.is_file() and p.name.endswith(_SUFFIXES))
     ours = [p for p in files if _is_parasim(p)]
     if not ours:
@@ -120,7 +131,7 @@ def _load_folder(folder: Path) -> LoadedTrace:
     seen: dict[int, Path] = {}
     meta: TraceMeta | None = None
     for path in ours:
-        part = load_parasim(path)
+        part = _complete(path, load_parasim(path), allow_incomplete)
         if meta is None:
             meta = part.meta
         elif part.meta.fold != meta.fold:

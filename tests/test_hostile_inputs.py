@@ -542,3 +542,189 @@ def test_kineto_trace_with_nothing_usable_is_an_error(capsys, write):
                        "distributedInfo": {"rank": 0, "world_size": 1}})
     refused(capsys, "nothing parasim can use: no compute op and no collective (left out: 1 "
             "phase C)", "replay", write(text, "rank0.json"))
+
+
+# --- A run's output folder: checked first, written whole (items 6, 7, 8, 14) -----------------
+
+TINY_LOCAL = ("[model]\nlayers = 1\nhidden = 32\nheads = 4\nseq_len = 16\nvocab = 64\n"
+              'dtype = "fp32"\n[parallel]\ndp = 2\nglobal_batch = 2\n'
+              '[cluster]\npreset = "localhost"\ngpus_per_node = 2\n')
+# Each command that writes a folder of a run: its argv before the folder flag, and the flag.
+FOLDER_COMMANDS = [("run", "{config}", "--out"), ("validate", "{config}", "--keep"),
+                   ("calibrate", "--run", "localhost", "--ranks", "2", "-o", "{tmp}/p.json",
+                    "--keep")]
+
+
+def _folder_argv(command: tuple[str, ...], config: Path, folder: object) -> list[str]:
+    return [a.format(config=config, tmp=config.parent) for a in command] + [str(folder)]
+
+
+def _no_stage_left(*folders: Path) -> None:
+    for folder in folders:
+        assert not [p for p in folder.iterdir() if p.name.startswith(".parasim-")], folder
+
+
+@pytest.fixture
+def tiny(write) -> Path:
+    pytest.importorskip("torch")
+    return write(TINY_LOCAL, "tiny.toml")
+
+
+@pytest.mark.parametrize("command", FOLDER_COMMANDS, ids=lambda c: c[0])
+@pytest.mark.parametrize(("make", "needle"), [
+    (lambda tmp: Path("/proc/parasim-out"), "cannot write /proc/parasim-out: No such file"),
+    (lambda tmp: _symlink(tmp / "dangling", tmp / "absent"), "dangling is a symlink to "),
+    (lambda tmp: _symlink(tmp / "loop", tmp / "loop"), "Too many levels of symbolic links"),
+    (lambda tmp: _touch(tmp / "file"), "file exists and is not a directory"),
+    (lambda tmp: _touch(tmp / "file") / "below", "Not a directory"),
+    (lambda tmp: _touch(tmp / "other" / "notes.txt").parent,
+     "holds files that are not a parasim run's (notes.txt); give a new or empty directory"),
+])
+def test_a_folder_that_cannot_be_the_runs_is_one_line(capsys, tiny, tmp_path, command, make,
+                                                      needle):
+    refused(capsys, needle, *_folder_argv(command, tiny, make(tmp_path)))
+    _no_stage_left(tmp_path)
+
+
+def _symlink(link: Path, to: Path) -> Path:
+    link.symlink_to(to)
+    return link
+
+
+def _touch(path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("x")
+    return path
+
+
+@pytest.mark.parametrize("command", FOLDER_COMMANDS, ids=lambda c: c[0])
+@pytest.mark.parametrize(("flag", "free", "needle"), [
+    (os.ST_RDONLY, 10**6, "is on a read-only file system"),
+    (0, 3, "has 0.0 MiB free, less than the 64 MiB a run needs"),
+])
+def test_a_read_only_or_full_disk_is_refused_before_measuring(capsys, tiny, tmp_path,
+                                                              monkeypatch, command, flag, free,
+                                                              needle):
+    import traces.outdir
+
+    def statvfs(path):
+        return type("S", (), {"f_flag": flag, "f_bavail": free, "f_frsize": 4096})()
+
+    monkeypatch.setattr(traces.outdir.os, "statvfs", statvfs)
+    refused(capsys, needle, *_folder_argv(command, tiny, tmp_path / "o"))
+    _no_stage_left(tmp_path)
+
+
+def test_a_run_may_not_write_over_its_inputs(capsys, write, tmp_path, monkeypatch):
+    pytest.importorskip("torch")
+    config = write(TINY_LOCAL, "job.toml")
+    monkeypatch.chdir(tmp_path)
+    refused(capsys, f"--out: . holds {config}, an input of this run; write the run to another "
+            "directory", "run", config, "--out", ".", "--force")
+    # an input named as a run's file, in --out: the profile the config names
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "rank0.json").write_text(json.dumps(PROFILE))
+    with_profile = write(TINY_LOCAL + '[sim]\nprofile = "sub/rank0.json"\n', "p.toml")
+    refused(capsys, "sub/rank0.json, an input of this run", "run", with_profile, "--out", "sub",
+            "--force")
+    refused(capsys, "sub/rank0.json, an input of this run", "validate", with_profile, "--keep",
+            "sub")
+    # calibrate DIR --run ... --keep DIR
+    refused(capsys, "--keep: sub holds sub, an input of this run", "calibrate", "sub", "--run",
+            "localhost", "--ranks", "2", "-o", tmp_path / "q.json", "--keep", "sub")
+
+
+def test_a_folder_holding_another_run_is_refused_naming_it_and_the_way_to_replace_it(
+        capsys, tiny, tmp_path):
+    old = tmp_path / "old"
+    for name in ("rank0.json", "rank1.json", "rank2.json", "rank3.json", "chrome.json"):
+        _touch(old / name)
+    refused(capsys, "--out: " + str(old) + " holds another run (chrome.json, rank0.json, "
+            "rank1.json, rank2.json and 1 more); give --force to replace it, or a new "
+            "directory", "run", tiny, "--out", old)
+    refused(capsys, "--keep: " + str(old) + " holds another run", "validate", tiny, "--keep",
+            old)
+    assert sorted(p.name for p in old.iterdir())[0] == "chrome.json"  # untouched
+
+
+def test_a_forced_run_replaces_the_old_set_whole():
+    import tempfile
+
+    from traces.outdir import StagedDir
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "o"
+        for rank in range(4):
+            _touch(out / f"rank{rank}.json")
+        staged = StagedDir.check("--out", str(out), force=True)
+        for rank in range(2):
+            (staged.path / f"rank{rank}.json").write_text("new")
+        assert len(list(out.iterdir())) == 4  # nothing moves before commit
+        staged.commit()
+        assert sorted(p.name for p in out.iterdir()) == ["rank0.json", "rank1.json"]
+        _no_stage_left(Path(tmp))
+
+
+def test_two_runs_into_one_folder_at_once_leave_one_set_and_one_line(tmp_path):
+    from traces.outdir import StagedDir
+
+    out = tmp_path / "o"
+    first = StagedDir.check("--out", str(out))
+    second = StagedDir.check("--out", str(out))  # both checked before either wrote
+    for staged, text in ((first, "first"), (second, "second")):
+        (staged.path / "rank0.json").write_text(text)
+    first.commit()
+    with pytest.raises(ConfigError, match="could not take this run's files .* Nothing of this "
+                       "run was kept"):
+        second.commit()
+    assert (out / "rank0.json").read_text() == "first"
+    _no_stage_left(tmp_path)
+
+
+@pytest.mark.parametrize("fails", ["chrome.json", "rank1.json"])
+def test_a_write_failing_mid_run_keeps_nothing(capsys, tiny, tmp_path, monkeypatch, fails):
+    import errno
+
+    import executor.run
+
+    def run(exp, out_dir, **kwargs):
+        for name in ("rank0.json", "rank1.json", "chrome.json"):
+            if name == fails:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            (Path(out_dir) / name).write_text("{}")
+
+    monkeypatch.setattr(executor.run, "run", run)
+    out = tmp_path / "o"
+    code, stdout, err = run_(capsys, "run", tiny, "--out", out)
+    assert (code, stdout) == (1, ""), err
+    assert err == (f"parasim: error: --out: cannot write the run's traces to {out}: No space "
+                   "left on device; nothing was kept\n")
+    assert not out.exists()
+    _no_stage_left(tmp_path)
+
+
+run_ = run
+
+
+# --- Every signal ends a command cleanly (items 9, 12, 13: the class is `sim.entry`) -----------
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+def test_sigterm_while_writing_leaves_nothing_and_prints_one_line(write, tmp_path, signum):
+    config = write(toml(SMALL))
+    script = (
+        "import os, sys\n"
+        "import sim.commands.common as common\n"
+        "from sim.entry import main\n"
+        "real = common.dumps_chrome\n"
+        "def signalled(trace):\n"  # the signal arrives after the trace's temporary was written
+        f"    os.kill(os.getpid(), {int(signum)})\n"
+        "    return real(trace)\n"
+        "common.dumps_chrome = signalled\n"
+        "sys.exit(main())\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script, "simulate", str(config), "--trace",
+                           str(tmp_path / "t.json"), "--chrome", str(tmp_path / "c.json")],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 128 + signum
+    assert proc.stderr == f"parasim: error: terminated by {signal.Signals(signum).name}\n"
+    assert sorted(os.listdir(tmp_path)) == ["c.toml"]  # no trace, no hidden temporary

@@ -50,6 +50,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--network", choices=NETWORK_NAMES, help="flow (default), analytic, "
                         "ideal")
     parser.add_argument("--algo", default="auto", help="collective algorithm (default auto)")
+    parser.add_argument("--allow-incomplete", action="store_true",
+                        help="replay traces of a failed run too (marked incomplete: "
+                        "meta.complete false); refused by default")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--trace", dest="out_trace", metavar="JSON",
                         help="write the replayed timed trace")
@@ -64,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
     profile_flag(args.profile, inputs)
     targets = check_outputs({"--trace": args.out_trace, "--chrome": args.chrome}, inputs=inputs)
     profile = load_profile(args.profile) if args.profile else None
-    loaded = load_trace(args.trace)
+    loaded = load_trace(args.trace, allow_incomplete=args.allow_incomplete)
     spec = choose_cluster(loaded.trace, args.cluster, nodes=args.nodes, fabric=args.fabric)
     cluster = spec.build()
     if profile is not None:  # its measured link classes and roofs replace the preset's

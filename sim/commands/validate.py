@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-from pathlib import Path
 from typing import Any
 
 from sim.calibrate.microbench import (
@@ -36,6 +35,7 @@ from sim.config import example_path, load_experiment
 from sim.validation import summary_json, summary_text, validate
 from traces.errors import ConfigError, warn
 from traces.files import Outputs, check_outputs
+from traces.outdir import StagedDir, kept
 
 HELP = "run a config for real, simulate it, compare op by op, step and memory"
 MAX_STEPS = 100
@@ -76,8 +76,6 @@ def run(args: argparse.Namespace) -> int:
     inputs = [config]
     if (profile := profile_flag(args.profile, inputs)) is not None:
         overrides["profile"] = profile
-    if args.keep is not None and (not args.keep or Path(args.keep).is_file()):
-        raise ConfigError(f"--keep: {args.keep!r} must name a directory")
     exp = load_experiment(config, overrides)
     if exp.profile_path is not None:  # [sim] profile is an input too: never written over
         inputs.append(exp.profile_path)
@@ -90,9 +88,11 @@ def run(args: argparse.Namespace) -> int:
         target = experiment_target(exp)
         spec = bench_spec(target, parse_sizes(args.sizes), args.repeats,
                           parse_probes(args.probes, target))
-    with Outputs() as outputs:
+    keep = (None if args.keep is None
+            else StagedDir.check("--keep", args.keep, inputs=inputs, force_flag=""))
+    with Outputs() as outputs, kept(keep) as keep_dir:
         result = validate(exp, steps=args.steps, warmup=args.warmup, timeout=args.timeout,
-                          keep=args.keep, bench=spec, backend=backend)
+                          keep=keep_dir, bench=spec, backend=backend)
         for note in result.calibration_notes:  # as `parasim calibrate` prints them
             warn(f"calibrate: {note}")
         if "--report" in targets:
