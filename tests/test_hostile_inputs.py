@@ -728,3 +728,31 @@ def test_sigterm_while_writing_leaves_nothing_and_prints_one_line(write, tmp_pat
     assert proc.returncode == 128 + signum
     assert proc.stderr == f"parasim: error: terminated by {signal.Signals(signum).name}\n"
     assert sorted(os.listdir(tmp_path)) == ["c.toml"]  # no trace, no hidden temporary
+
+
+# --- torchrun's environment, checked before anything starts (item 11) -------------------------
+
+TORCHRUN_ENV = {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": "29500"}
+
+
+@pytest.mark.parametrize(("edits", "needle"), [
+    ({"WORLD_SIZE": "4", "RANK": "3"}, "torchrun: WORLD_SIZE 4 but the config's layout has 2 "
+     "ranks"),
+    ({"RANK": "abc"}, "torchrun: RANK='abc' must be an integer from 0 to"),
+    ({"RANK": "-1"}, "torchrun: RANK='-1' must be an integer"),
+    ({"RANK": "2"}, "RANK 2 / LOCAL_RANK 0 lie outside the world of WORLD_SIZE 2"),
+    ({"WORLD_SIZE": "0"}, "WORLD_SIZE 0 holds no rank"),
+    ({"MASTER_PORT": None}, "torchrun: MASTER_PORT is not set"),
+    ({"MASTER_PORT": "99999"}, "torchrun: MASTER_PORT='99999' must be an integer from 1 to"),
+    ({"MASTER_ADDR": ""}, "torchrun: MASTER_ADDR is empty"),
+])
+def test_a_torchrun_environment_that_cannot_work_is_one_line(capsys, tiny, tmp_path,
+                                                             monkeypatch, edits, needle):
+    for name, value in {**TORCHRUN_ENV, **edits}.items():
+        if value is None:
+            monkeypatch.delenv(name, raising=False)
+        else:
+            monkeypatch.setenv(name, value)
+    refused(capsys, needle, "run", tiny, "--out", tmp_path / "o")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tiny.toml"]  # nothing made

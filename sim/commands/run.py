@@ -53,6 +53,7 @@ def run(args: argparse.Namespace) -> int:
     config = config_path(args.config, example_path("gpt-tiny-localhost.toml"))
     check_run_args(args.out, args.steps, args.warmup, args.timeout)
     exp = load_experiment(config)
+    check_torchrun(exp.layout.world)
     inputs = [config, *([exp.profile_path] if exp.profile_path else [])]
     staged = StagedDir.check("--out", args.out, inputs=inputs, force=args.force)
     try:
@@ -83,6 +84,17 @@ def check_run_args(out: str, steps: int, warmup: int, timeout: float) -> None:
         raise ConfigError(f"--timeout: {timeout:g} must be from 1 s to 24 h")
     if not out:
         raise ConfigError("--out: an empty path names no directory")
+
+
+def check_torchrun(world: int) -> None:
+    """Under torchrun: its environment and world, before anything starts
+    (`executor.torchrun.check_env`)."""
+    from executor.launch import in_torchrun
+
+    if in_torchrun():
+        from executor.torchrun import check_env
+
+        check_env(world)
 
 
 def execute(exp: Experiment, staged: StagedDir, steps: int, warmup: int, timeout: float,
