@@ -27,7 +27,7 @@ from sim.commands import calibrate, collective, replay, run, search, simulate, v
 from sim.commands.common import error, silence_stdout
 from sim.entry import Terminated
 from sim.provenance import parasim_version
-from traces.errors import ConfigError
+from traces.errors import ConfigError, Fault
 
 COMMANDS = {"collective": collective, "simulate": simulate, "replay": replay, "run": run,
             "search": search, "calibrate": calibrate, "validate": validate}
@@ -51,6 +51,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as err:
         error(str(err))
         return 2
+    except Fault as err:
+        error(str(err))
+        return 1
     except Terminated as err:  # SIGTERM, SIGHUP (`sim.entry`): cleaned up as Ctrl-C is
         error(f"terminated by {err.name}")
         return 128 + err.signum

@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -756,3 +757,65 @@ def test_a_torchrun_environment_that_cannot_work_is_one_line(capsys, tiny, tmp_p
             monkeypatch.setenv(name, value)
     refused(capsys, needle, "run", tiny, "--out", tmp_path / "o")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["tiny.toml"]  # nothing made
+
+
+# --- search's workers (item 12) ----------------------------------------------------------------
+
+def test_more_search_workers_than_the_host_holds_is_refused_naming_it(capsys, monkeypatch):
+    from sim.search import engines
+
+    cores = engines.cores()
+    refused(capsys, f"--workers: 1024 is more than this host holds: {cores} cores, ",
+            "search", "--workers", "1024")
+    monkeypatch.setattr(engines, "cores", lambda: 16)
+    monkeypatch.setattr(engines, "available_memory", lambda: 100 * 2**20)
+    refused(capsys, "--workers: 2 is more than this host holds: 16 cores, 0.1 GiB available "
+            "memory (64 MiB a worker); give at most 1", "search", "--workers", "2")
+    assert engines.default_workers() == 1
+
+
+def _die(problem: object, item: object) -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def test_a_killed_search_worker_is_one_line_not_a_traceback():
+    from sim.search.engines import open_engine
+    from traces.errors import Fault
+
+    with (pytest.raises(Fault, match=r"search: a worker process died \(.*\); the search "
+                        "stopped"), open_engine(workers=2) as engine):
+        engine.map(_die, None, [1, 2])
+
+
+def _descendants(pid: int) -> set[int]:
+    found: set[int] = set()
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        for child in (task / "children").read_text().split():
+            found |= {int(child)} | _descendants(int(child))
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="needs Linux's /proc")
+def test_sigterm_to_a_search_ends_its_workers_and_prints_one_line(tmp_path):
+    proc = subprocess.Popen([sys.executable, "-m", "sim", "search", "--workers", "2"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while len(_descendants(proc.pid)) < 3:  # the fork server and two workers
+        assert time.monotonic() < deadline and proc.poll() is None, "the search never started"
+        time.sleep(0.1)
+    workers = _descendants(proc.pid)
+    proc.send_signal(signal.SIGTERM)  # the parent alone, as `kill PID` does
+    out, err = proc.communicate(timeout=30)
+    assert (proc.returncode, out) == (143, "")
+    assert err == "parasim: error: terminated by SIGTERM\n"
+    deadline = time.monotonic() + 10
+    while any(Path(f"/proc/{p}").exists() and "Z" not in _state(p) for p in workers):
+        assert time.monotonic() < deadline, "a worker outlived the search by 10 s"
+        time.sleep(0.1)
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "Z"
