@@ -819,3 +819,80 @@ def _state(pid: int) -> str:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except OSError:
         return "Z"
+
+
+# --- Faults of a real run: one 2-rank world, one step, short timeouts (item 9) ---------------
+
+FAULTY_RUN = (
+    "import functools, sys\n"
+    "import executor.run as r\n"
+    "from sim.entry import main\n"
+    "fault = tuple(int(x) for x in sys.argv.pop(1).split(','))\n"
+    "r.run = functools.partial(r.run, fault=fault)\n"
+    "sys.exit(main())\n"
+)
+
+
+def _faulty_run(tmp_path: Path, config: Path, fault: str, *flags: str) -> subprocess.Popen:
+    """`parasim run` whose rank sends itself a signal in its first recorded step (`fault`:
+    "rank,op,signal"); its temporary folders (the rendezvous) go under tmp_path/tmp."""
+    (tmp_path / "tmp").mkdir(exist_ok=True)
+    return subprocess.Popen(
+        [sys.executable, "-c", FAULTY_RUN, fault, "run", str(config), "--out",
+         str(tmp_path / "o"), "--warmup", "0", *flags], stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, env={**os.environ, "TMPDIR": str(tmp_path / "tmp")})
+
+
+def _op_of(config: Path) -> int:
+    from sim.config import load_experiment
+    from traces.plan import build
+
+    exp = load_experiment(config)
+    return len(build(exp.model, exp.layout).ops[1]) // 2
+
+
+def _left(tmp_path: Path) -> list[str]:
+    return sorted(p.name for p in (tmp_path / "tmp").iterdir())
+
+
+def test_a_rank_killed_by_sigkill_is_one_line_naming_it(tiny, tmp_path):
+    started = time.monotonic()
+    proc = _faulty_run(tmp_path, tiny, f"1,{_op_of(tiny)},{int(signal.SIGKILL)}",
+                       "--timeout", "20")
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1 and out == ""
+    assert err.count("\n") == 1 and "Traceback" not in err, err  # no survivor's thread
+    assert err.startswith("parasim: error: rank 1 failed in op "), err
+    assert "process died (signal SIGKILL)" in err and "marked incomplete" in err
+    assert time.monotonic() - started < 40
+    assert _left(tmp_path) == []  # the rendezvous folder is gone
+
+
+def test_a_stopped_rank_is_named_and_every_rank_ends(tiny, tmp_path):
+    proc = _faulty_run(tmp_path, tiny, f"1,{_op_of(tiny)},{int(signal.SIGSTOP)}",
+                       "--timeout", "4")
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1 and err.count("\n") == 1, err
+    assert "rank 1 in op " in err and "is stopped (SIGSTOP or a debugger)" in err, err
+    assert "rank 0 in" not in err, err
+    assert _left(tmp_path) == []
+
+
+def test_sigterm_to_a_run_ends_every_rank_and_removes_the_rendezvous(tiny, tmp_path):
+    proc = _faulty_run(tmp_path, tiny, f"1,{_op_of(tiny)},{int(signal.SIGSTOP)}",
+                       "--timeout", "30")
+    deadline = time.monotonic() + 60
+    while not any(_state(p) == "T" for p in _descendants(proc.pid)):  # rank 1 has stopped
+        assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
+        time.sleep(0.1)
+    ranks = _descendants(proc.pid)
+    started = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=20)
+    assert (proc.returncode, out, err) == (143, "", "parasim: error: terminated by SIGTERM\n")
+    assert time.monotonic() - started < 10
+    deadline = time.monotonic() + 5
+    while any(_state(p) != "Z" for p in ranks):
+        assert time.monotonic() < deadline, "a rank outlived its parent by 5 s"
+        time.sleep(0.1)
+    assert _left(tmp_path) == [] and not (tmp_path / "o").exists()
