@@ -160,6 +160,10 @@ def spawn(fn: Callable[..., Any], world_size: int, args: tuple = (), *, timeout_
 
 
 def _context() -> Any:
+    # kineto (torch.profiler, `run --kernels`) logs each profiler start and stop on stderr
+    # ("USDT: ... profiler_start") at level 5, its highest; 6 silences it. Read when the ranks'
+    # fork server imports torch, so set before it starts.
+    os.environ.setdefault("KINETO_LOG_LEVEL", "6")
     if sys.platform == "linux":
         ctx = mp.get_context("forkserver")
         ctx.set_forkserver_preload(["torch", "torch.distributed", "executor.launch"])

@@ -109,7 +109,8 @@ def experiment_from_dict(data: Mapping[str, Any], *, name: str = "experiment",
     check_layout(model, layout, world=spec.num_devices,
                  devices_per_server=spec.devices_per_server)
     cluster = spec.build()
-    profile = (load_profile(base / profile_path) if profile_path
+    where = "--profile" if "profile" in (overrides or {}) else "sim.profile"
+    profile = (load_profile(base / profile_path, where) if profile_path
                else default_profile(cluster.accelerator))
     cluster = profile.applied_to(cluster)  # measured link classes and roofs replace the preset's
     return Experiment(name=name, model=model, layout=layout, cluster=cluster, network=network,

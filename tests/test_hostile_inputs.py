@@ -899,3 +899,26 @@ def test_sigterm_to_a_run_ends_every_rank_and_removes_the_rendezvous(tiny, tmp_p
         assert time.monotonic() < deadline, "a rank outlived its parent by 5 s"
         time.sleep(0.1)
     assert _left(tmp_path) == [] and not (tmp_path / "o").exists()
+
+
+# --- Smaller ones (item 14) ----------------------------------------------------------------------
+
+def test_sharp_on_a_cluster_without_switches_is_refused(capsys, write):
+    local = {**SMALL, "cluster": {"preset": '"localhost"', "gpus_per_node": "8"},
+             "parallel": {"tp": "2", "dp": "4", "global_batch": "16"}}
+    refused(capsys, "cluster.sharp: true needs servers whose NICs reach InfiniBand switches; "
+            "preset 'localhost' has no NICs", "simulate",
+            write(toml(local, cluster={"sharp": "true"})))
+
+
+@pytest.mark.parametrize(("sim", "needle"), [
+    ('profile = "absent.json"', "sim.profile: "),
+    ('algo = "bogus"', "sim.algo: 'bogus' is not one of"),
+])
+def test_config_errors_name_the_config_field_not_a_flag(capsys, write, sim, needle):
+    refused(capsys, needle, "simulate", write(toml(SMALL) + f"[sim]\n{sim}\n"))
+
+
+def test_a_gpu_count_beyond_the_simulator_is_named_as_the_flag(capsys):
+    refused(capsys, "--gpus: 800,000,000 is more than the 65,536 accelerators", "search",
+            "--gpus", "800000000")
