@@ -224,7 +224,8 @@ class ReplayResult:
     algo: Algorithm
     times: StepTimes
     step_time_measured_s: float | None
-    """Max end minus min start over all ops of a timed trace; None if any op is untimed."""
+    """Max end minus min start over all ops of a measured trace (a run's, a profiler's); None
+    if any op is untimed, or the trace's times are a prediction (`simulate --trace`)."""
     num_ranks_mirrored: int
     """Ranks named as group members or peers but absent from the trace."""
     op_counts: dict[str, int]
@@ -244,6 +245,12 @@ class ReplayResult:
     records none): they keep their measured durations, with `retime` too."""
     host_gaps_s: float = 0.0
     """Idle time kept from the measurement per rank, on average (`sim.engine.replay.host_gaps`)."""
+    step_time_in_trace_s: float | None = None
+    """The trace's own span, measured or predicted."""
+    trace_predicted: bool = False
+    """The trace's times are simulate's prediction, not a measurement: it names the network
+    model that timed it (`meta.network`), and no run stamped it (`meta.complete`,
+    `meta.clock`)."""
 
     @property
     def step_time_predicted_s(self) -> float:
@@ -271,9 +278,13 @@ def replay_trace(loaded: LoadedTrace, cluster: Cluster, profile: Profile | None 
                    interference=host_interference(profile), network=network, algo=algo,
                    progress=progress, gaps=gaps)
     ops, names, sizes, mirrored = _census(trace)
+    predicted = (loaded.source == "parasim" and trace.meta.network is not None
+                 and trace.meta.complete is None and trace.meta.clock is None)
+    span = _measured_step(trace)
     return ReplayResult(
         loaded=loaded, cluster=cluster, profile=profile, network=network, algo=algo,
-        times=times, step_time_measured_s=_measured_step(trace), num_ranks_mirrored=mirrored,
+        times=times, step_time_measured_s=None if predicted else span,
+        step_time_in_trace_s=span, trace_predicted=predicted, num_ranks_mirrored=mirrored,
         op_counts=ops, collective_counts=names, collective_bytes=sizes,
         kept_measured_compute=kept, kept_measured_comm=times.algorithms.get("measured", 0),
         retimed_compute=modelled, uncosted_compute=uncosted,

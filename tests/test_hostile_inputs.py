@@ -922,3 +922,16 @@ def test_config_errors_name_the_config_field_not_a_flag(capsys, write, sim, need
 def test_a_gpu_count_beyond_the_simulator_is_named_as_the_flag(capsys):
     refused(capsys, "--gpus: 800,000,000 is more than the 65,536 accelerators", "search",
             "--gpus", "800000000")
+
+
+def test_replaying_simulates_own_trace_calls_its_times_predicted(capsys, tmp_path):
+    from sim.config import example_path
+
+    trace = tmp_path / "t.json"
+    assert run(capsys, "simulate", example_path("gpt-tiny-localhost.toml"), "--trace",
+               trace)[0] == 0
+    code, out, err = run(capsys, "replay", trace, "--json")
+    assert code == 0, err
+    r = json.loads(out)
+    assert r["step_time_measured_s"] is None and r["trace_times"] == "predicted"
+    assert r["step_time_in_trace_s"] > 0

@@ -114,6 +114,8 @@ def summary_json(r: ReplayResult) -> dict[str, Any]:
         "algo": r.algo,
         "step_time_predicted_s": r.step_time_predicted_s,
         "step_time_measured_s": r.step_time_measured_s,
+        "step_time_in_trace_s": r.step_time_in_trace_s,
+        "trace_times": "predicted" if r.trace_predicted else "measured",
         "num_ranks": len(trace.ops),
         "num_ranks_mirrored": r.num_ranks_mirrored,
         "ops": {"by_kind": r.op_counts, "by_collective": r.collective_counts},
@@ -149,6 +151,9 @@ def summary_text(r: ReplayResult) -> str:
         ratio = (f"  (predicted / measured {r.step_time_predicted_s / r.step_time_measured_s:.3g})"
                  if r.step_time_measured_s > 0 else "")
         lines.append(f"  {'step time measured':<24}{r.step_time_measured_s:.4g} s{ratio}")
+    elif r.trace_predicted and r.step_time_in_trace_s is not None:
+        lines.append(f"  {'step time in the trace':<24}{r.step_time_in_trace_s:.4g} s "
+                     "(simulate's prediction, not a measurement)")
     kinds = ", ".join(f"{n} {kind}" for kind, n in r.op_counts.items())
     lines.append(f"  {'ops':<24}{kinds}")
     for name, n in r.collective_counts.items():
