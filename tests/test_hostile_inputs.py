@@ -935,3 +935,9 @@ def test_replaying_simulates_own_trace_calls_its_times_predicted(capsys, tmp_pat
     r = json.loads(out)
     assert r["step_time_measured_s"] is None and r["trace_times"] == "predicted"
     assert r["step_time_in_trace_s"] > 0
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "11", "nan"])
+def test_max_error_out_of_range_is_one_line(capsys, tiny, value):
+    refused(capsys, f"--max-error: {float(value):g} must be a fraction above 0", "validate",
+            tiny, "--max-error", value)
