@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import statistics
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -58,12 +59,14 @@ class Validation:
 
 
 def validate(exp: Experiment, *, steps: int = 3, warmup: int = 1, timeout: float = 600.0,
-             keep: str | None = None, bench: Any = None, backend: str = "auto") -> Validation:
+             keep: str | None = None, bench: Any = None, backend: str = "auto",
+             phase: Callable[[str], None] = lambda name: None) -> Validation:
     """Calibrate (when `bench`, a `traces.bench.BenchSpec`, is given), run, simulate,
-    compare."""
+    compare; `phase(name)` is told as each begins (the command's progress)."""
     calibrated_here = bench is not None
     notes: tuple[str, ...] = ()
     if bench is not None:
+        phase("microbenchmarks")
         from sim.calibrate.fit import fit_profile
 
         bench_dir = None if keep is None else str(Path(keep) / "bench")
@@ -72,8 +75,11 @@ def validate(exp: Experiment, *, steps: int = 3, warmup: int = 1, timeout: float
                                       name=f"{exp.name}-microbenchmarks")
         notes = report.unidentified
         exp = _with_profile(exp, profile)
+    phase(f"run ({warmup} + {steps} steps)")
     measured, step_times, peaks = _run(exp, steps, warmup, timeout, keep, backend)
+    phase("simulate")
     summary, times = predict(exp, fold=False)
+    phase("compare")
     comparison = compare(measured, times.timed_trace())
     stages = summary.memory_by_pp_rank
     predicted_peaks = {r: stages[exp.layout.coords(r).pp].total_bytes

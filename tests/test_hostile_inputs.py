@@ -941,3 +941,22 @@ def test_replaying_simulates_own_trace_calls_its_times_predicted(capsys, tmp_pat
 def test_max_error_out_of_range_is_one_line(capsys, tiny, value):
     refused(capsys, f"--max-error: {float(value):g} must be a fraction above 0", "validate",
             tiny, "--max-error", value)
+
+
+# --- Progress on long steps, on a terminal only (item 15) ----------------------------------------
+
+def test_phases_are_drawn_on_a_terminal_and_never_in_a_log(capsys, monkeypatch):
+    import sim.commands.common as common
+
+    with common.Phases("validate", 2) as phase:  # stderr is not a terminal here
+        phase("run")
+        time.sleep(1.1)
+        phase("simulate")
+    assert capsys.readouterr().err == ""
+    monkeypatch.setattr(common, "_hidden", lambda: False)
+    with common.Phases("validate", 2) as phase:
+        phase("run (1 + 3 steps)")
+        time.sleep(1.1)  # a bar shows after its first second
+        phase("simulate")
+    err = capsys.readouterr().err
+    assert "validate: 1/2 done, simulate [00:01]" in err, err

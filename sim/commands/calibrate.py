@@ -39,7 +39,7 @@ from sim.calibrate.microbench import (
     run_microbenchmarks,
 )
 from sim.calibrate.summary import summary_json, summary_text
-from sim.commands.common import emit, parse_sizes, trace_files
+from sim.commands.common import Phases, emit, parse_sizes, trace_files
 from sim.provenance import files_sha256, flags_sha256, provenance
 from traces.errors import ConfigError, warn
 from traces.files import Outputs, check_outputs
@@ -90,9 +90,11 @@ def run(args: argparse.Namespace) -> int:
     keep = (None if args.keep is None  # checked before minutes of measuring
             else StagedDir.check("--keep", args.keep, inputs=[*args.dirs, *inputs],
                                  force_flag=""))
-    with kept(keep) as keep_dir:
+    with kept(keep) as keep_dir, Phases("calibrate", 1 + (args.run is not None)) as phase:
+        phase("reading traces")
         traces = [read_traces(Path(d), args.allow_incomplete) for d in args.dirs]
         if args.run is not None:
+            phase("microbenchmarks")
             target = resolve_target(args.run, args.ranks)
             spec = bench_spec(target, parse_sizes(args.sizes), args.repeats,
                               parse_probes(args.probes, target))

@@ -31,7 +31,14 @@ from sim.calibrate.microbench import (
     host_backend,
     parse_probes,
 )
-from sim.commands.common import config_path, emit, error, parse_sizes, profile_flag
+from sim.commands.common import (
+    Phases,
+    config_path,
+    emit,
+    error,
+    parse_sizes,
+    profile_flag,
+)
 from sim.config import example_path, load_experiment
 from sim.validation import summary_json, summary_text, validate
 from traces.errors import ConfigError, warn
@@ -102,8 +109,9 @@ def run(args: argparse.Namespace) -> int:
     keep = (None if args.keep is None
             else StagedDir.check("--keep", args.keep, inputs=inputs, force_flag=""))
     with Outputs() as outputs, kept(keep) as keep_dir:
-        result = validate(exp, steps=args.steps, warmup=args.warmup, timeout=args.timeout,
-                          keep=keep_dir, bench=spec, backend=backend)
+        with Phases("validate", 3 + (spec is not None)) as phase:
+            result = validate(exp, steps=args.steps, warmup=args.warmup, timeout=args.timeout,
+                              keep=keep_dir, bench=spec, backend=backend, phase=phase)
         for note in result.calibration_notes:  # as `parasim calibrate` prints them
             warn(f"calibrate: {note}")
         if "--report" in targets:
