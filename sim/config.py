@@ -33,7 +33,8 @@ from traces.layout import Layout, check_layout
 from traces.model import ModelSpec
 
 EXAMPLES = ("gpt3-175b-1024-a100.toml", "llama-7b-zero3-64-h100.toml",
-            "gpt-6.7b-tpu-v4-torus.toml", "gpt-tiny-localhost.toml")
+            "gpt-6.7b-tpu-v4-torus.toml", "gpt-tiny-localhost.toml",
+            "gpt-tiny-2rank-localhost.toml")
 TABLES = ("model", "parallel", "cluster", "sim")
 MODEL_KEYS = tuple(f.name for f in fields(ModelSpec))
 PARALLEL_KEYS = tuple(f.name for f in fields(Layout))
