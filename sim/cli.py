@@ -25,9 +25,8 @@ from typing import NoReturn
 
 from sim.commands import calibrate, collective, replay, run, search, simulate, validate
 from sim.commands.common import error, silence_stdout
-from sim.entry import Terminated
 from sim.provenance import parasim_version
-from traces.errors import ConfigError, Fault
+from traces.errors import ConfigError, Fault, Terminated
 
 COMMANDS = {"collective": collective, "simulate": simulate, "replay": replay, "run": run,
             "search": search, "calibrate": calibrate, "validate": validate}

@@ -13,17 +13,7 @@ import signal
 import sys
 from types import FrameType
 
-
-class Terminated(KeyboardInterrupt):
-    """A signal asked the command to end (`signum`)."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signum)
-        self.signum = signum
-
-    @property
-    def name(self) -> str:
-        return signal.Signals(self.signum).name
+from traces.errors import Terminated
 
 
 def _terminate(signum: int, frame: FrameType | None) -> None:

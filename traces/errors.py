@@ -14,6 +14,21 @@ class ConfigError(ValueError):
     """Bad user input; the message names the field, the value and the rule."""
 
 
+class Terminated(KeyboardInterrupt):
+    """A signal (SIGTERM, SIGHUP) asked the command to end: raised in the main thread by
+    `sim.entry`'s handler, and cleaned up after as Ctrl-C is."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+    @property
+    def name(self) -> str:
+        import signal
+
+        return signal.Signals(self.signum).name
+
+
 class Fault(RuntimeError):
     """A fault of the machine, not of the input (a worker killed, a disk gone): the CLI prints
     the message as one line and exits 1."""
