@@ -8,8 +8,12 @@ One timeout bounds every collective (passed to init_process_group: gloo's defaul
 minutes) and the whole job. A rank that raises or dies ends the job: the parent stops the
 other ranks (SIGTERM, then SIGKILL) and raises `JobFailed`, one line naming the rank and the op
 it was running; the shared record buffers survive for the caller to write partial traces. Ranks
-ignore SIGINT: Ctrl-C reaches the parent, which ends them all. Workers die with their parent
+ignore SIGINT: Ctrl-C reaches the parent, which ends them all (SIGTERM too: `sim.entry` makes it
+a KeyboardInterrupt), and removes the rendezvous folder. Workers die with their parent
 (PR_SET_PDEATHSIG on Linux) and exit by themselves after the timeout, so nothing is orphaned.
+A rank's own threads never print tracebacks (a peer's death breaks their waits too): the
+parent's one line names the cause. A rank that stopped (SIGSTOP, a debugger) is named as such
+when the job times out.
 
 Workers start from a fork server that has imported torch once (a fresh interpreter per rank
 would import it again: ~2 s each).
@@ -156,6 +160,10 @@ def spawn(fn: Callable[..., Any], world_size: int, args: tuple = (), *, timeout_
 
 
 def _context() -> Any:
+    # kineto (torch.profiler, `run --kernels`) logs each profiler start and stop on stderr
+    # ("USDT: ... profiler_start") at level 5, its highest; 6 silences it. Read when the ranks'
+    # fork server imports torch, so set before it starts.
+    os.environ.setdefault("KINETO_LOG_LEVEL", "6")
     if sys.platform == "linux":
         ctx = mp.get_context("forkserver")
         ctx.set_forkserver_preload(["torch", "torch.distributed", "executor.launch"])
@@ -193,7 +201,7 @@ def _collect(job: _Job, world_size: int, timeout_s: float, records: dict[int, np
         _mark_failed(records)
         cause = next((f for f in failures if f.cause), None)
         if cause is None and pending:  # the others gave up waiting on a rank that hangs
-            stuck = min(pending)
+            stuck = min(_stopped(job, pending) or pending)
             first = failures[0]
             raise JobFailed(f"rank {stuck} stopped in {_op_name(stuck, records, describe)} "
                             f"(rank {first.rank}: {first.error})", failures, records)
@@ -202,6 +210,14 @@ def _collect(job: _Job, world_size: int, timeout_s: float, records: dict[int, np
                         records)
     if pending:
         _mark_failed(records)
+        stopped = _stopped(job, pending)
+        if stopped:
+            where = ", ".join(f"rank {r} in {_op_name(r, records, describe)}" for r in stopped)
+            raise JobFailed(f"job timed out after {timeout_s:g} s: {where} "
+                            f"{'is' if len(stopped) == 1 else 'are'} stopped (SIGSTOP or a "
+                            "debugger); the others waited on it",
+                            [RankFailure(r, _op_name(r, records, describe), "stopped")
+                             for r in stopped], records)
         where = ", ".join(f"rank {r} in {_op_name(r, records, describe)}" for r in sorted(pending))
         raise JobFailed(f"job timed out after {timeout_s:g} s ({where})",
                         [RankFailure(r, _op_name(r, records, describe), "timed out")
@@ -227,6 +243,20 @@ def _late_failures(job: _Job, pending: set[int], records: dict[int, np.ndarray],
             if message is None or message[0] == "error":
                 late.append(_failure(rank, message, job.procs[rank], records, describe))
     return late
+
+
+def _stopped(job: _Job, ranks: set[int]) -> list[int]:
+    """Of `ranks`, those whose process is stopped (state T or t in /proc: Linux only)."""
+    stopped = []
+    for rank in sorted(ranks):
+        try:
+            with open(f"/proc/{job.procs[rank].pid}/stat") as stat:
+                state = stat.read().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if state in ("T", "t"):
+            stopped.append(rank)
+    return stopped
 
 
 def _rank_of(job: _Job, ready: object) -> int:
@@ -306,6 +336,8 @@ def _worker(rank: int, world_size: int, backend: str, timeout_s: float, init_met
             shared: Any, stride: int, writer: Connection, fn: Callable[..., Any],
             args: tuple) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    if not os.environ.get("PARASIM_TRACEBACK"):  # the parent's line names the cause
+        threading.excepthook = _quiet_thread
     _die_with_parent()
     exit_after(timeout_s + 2 * GRACE_S)
     records = np.frombuffer(shared, dtype=np.int64)[rank * stride:(rank + 1) * stride]
@@ -328,6 +360,10 @@ def _worker(rank: int, world_size: int, backend: str, timeout_s: float, init_met
         os._exit(1)
     writer.close()
     dist.destroy_process_group()
+
+
+def _quiet_thread(args: threading.ExceptHookArgs) -> None:
+    """A thread's uncaught error, on a rank: not printed (a wait broken by a dead peer)."""
 
 
 def _report(writer: Connection, exc: BaseException) -> None:

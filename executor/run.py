@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -93,11 +94,11 @@ def cluster_table(experiment: Any) -> ClusterTable | None:
 
 def run(experiment: Any, out_dir: str | Path, steps: int = 1, warmup: int = 1,
         timeout: float = 60.0, *, backend: str = "auto", options: RunOptions | None = None,
-        record_calls: bool = False, fault: tuple[int, int] | None = None,
+        record_calls: bool = False, fault: tuple[int, ...] | None = None,
         kernels: bool = False) -> RunResult | None:
     """Run the plan for real; see the module docstring. Under torchrun, ranks other than 0
-    get None. `fault` = (rank, op index): that rank raises there in the first recorded step
-    (for testing failure handling)."""
+    get None. `fault` = (rank, op index[, signal number]): that rank raises there in the first
+    recorded step, or sends itself the signal (SIGKILL, SIGSTOP: for testing fault handling)."""
     if steps < 1 or warmup < 0:
         raise ConfigError(f"run: steps {steps} must be >= 1 and warmup {warmup} >= 0")
     model, layout = specs(experiment)
@@ -135,7 +136,7 @@ class _Job:
     warmup: int
     record_calls: bool
     out_dir: str
-    fault: tuple[int, int] | None = None
+    fault: tuple[int, ...] | None = None
     kernels: bool = False
     cluster: ClusterTable | None = None
 
@@ -190,7 +191,7 @@ def _rank_main(ctx: RankContext, job: _Job) -> dict[str, Any]:
         interp.step()
         interp.runtime.losses.clear()
     if job.fault is not None and job.fault[0] == ctx.rank:
-        interp.calls[job.fault[1]] = _injected_fault
+        interp.calls[job.fault[1]] = functools.partial(_injected_fault, *job.fault[2:])
     spans, losses = [], []
     profiler = _profiler(ctx.device) if job.kernels else contextlib.nullcontext()
     with profiler:
@@ -244,7 +245,9 @@ def _write_partial(job: _Job, ctx: RankContext, error: str) -> list[Path]:
     return [write_rank(job.out_dir, trace, ctx.rank)]
 
 
-def _injected_fault() -> None:
+def _injected_fault(signum: int | None = None) -> None:
+    if signum is not None:
+        os.kill(os.getpid(), signum)
     raise ValueError("injected fault")
 
 

@@ -2,6 +2,11 @@
 runs need nothing else. The same timeouts and failure lines as `executor.launch.spawn`.
 
     join(fn, args)    fn(ctx, *args) on this rank, in the env:// world
+
+`check_env(world)` refuses, before anything starts, an environment torchrun would not have made
+(RANK=abc, a rank outside WORLD_SIZE, MASTER_PORT unset) or a world other than the config's:
+one `ConfigError` line each, where init_process_group would raise a traceback or wait until
+the timeout.
 """
 
 from __future__ import annotations
@@ -18,6 +23,40 @@ import torch.distributed as dist
 
 from executor.launch import RankContext, describe_error, exit_after, nccl_usable
 from executor.recorder import FAILED, H_OP, H_STATE, HEADER
+from traces.errors import ConfigError, show
+
+_MAX_WORLD = 1 << 20
+
+
+def check_env(world: int | None = None) -> tuple[int, int, int]:
+    """(RANK, WORLD_SIZE, LOCAL_RANK) from the environment, checked (see the module doc);
+    `world`: the ranks the config's layout needs."""
+    rank, size, local = (_env_int(name, 0, _MAX_WORLD)
+                         for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
+    if size < 1:
+        raise ConfigError("torchrun: WORLD_SIZE 0 holds no rank")
+    if rank >= size or local >= size:
+        raise ConfigError(f"torchrun: RANK {rank} / LOCAL_RANK {local} lie outside the world "
+                          f"of WORLD_SIZE {size}")
+    if not os.environ.get("MASTER_ADDR"):
+        raise ConfigError("torchrun: MASTER_ADDR is empty; it names the host of rank 0")
+    if "MASTER_PORT" not in os.environ:
+        raise ConfigError("torchrun: MASTER_PORT is not set; rank 0 listens there (torchrun "
+                          "sets it: start the job with torchrun, or export MASTER_PORT)")
+    _env_int("MASTER_PORT", 1, 65535)
+    if world is not None and size != world:
+        raise ConfigError(f"torchrun: WORLD_SIZE {size} but the config's layout has {world} "
+                          f"ranks (tp x pp x dp x cp); start torchrun with {world} processes "
+                          "in all")
+    return rank, size, local
+
+
+def _env_int(name: str, low: int, high: int) -> int:
+    raw = os.environ.get(name, "")
+    if not raw.isdecimal() or len(raw) > 9 or not low <= int(raw) <= high:
+        raise ConfigError(f"torchrun: {name}={show(raw)} must be an integer from {low} to "
+                          f"{high:,}")
+    return int(raw)
 
 
 def join(fn: Callable[..., Any], args: tuple = (), *, timeout_s: float = 60.0,
@@ -27,8 +66,7 @@ def join(fn: Callable[..., Any], args: tuple = (), *, timeout_s: float = 60.0,
     naming the rank and op on stderr and exits 1 (torchrun then ends the other ranks); the
     job timeout exits 124. `on_failure(ctx, message)` runs first, on the failing rank (its
     records marked failed), and returns the files it wrote, which the line names."""
-    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    local_rank = int(os.environ["LOCAL_RANK"])
+    rank, world_size, local_rank = check_env()
     if backend == "auto":
         backend = "nccl" if nccl_usable() else "gloo"
     device = torch.device("cpu")

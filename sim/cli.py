@@ -12,7 +12,8 @@
 Each command is a module of `sim.commands` with the same shape: `HELP`, `add_arguments(parser)`
 and `run(args) -> exit status`. `--json` prints one JSON object on stdout and nothing else. A
 user's mistake prints one line on stderr and exits with status 2; Ctrl-C prints one line and
-exits with 130. Output files are checked before the work starts and written all or none
+exits with 130 (SIGTERM: one line, 143, cleaned up alike: `sim.entry`). Output files are
+checked before the work starts and written all or none
 (`traces.files.Outputs`). Only `run`, `calibrate --run` and `validate` reach the executor, lazily.
 """
 
@@ -35,7 +36,7 @@ from sim.commands import (
 )
 from sim.commands.common import error, silence_stdout
 from sim.provenance import parasim_version
-from traces.errors import ConfigError
+from traces.errors import ConfigError, Fault, Terminated
 
 COMMANDS = {"collective": collective, "simulate": simulate, "replay": replay, "run": run,
             "search": search, "calibrate": calibrate, "validate": validate, "goodput": goodput}
@@ -59,6 +60,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as err:
         error(str(err))
         return 2
+    except Fault as err:
+        error(str(err))
+        return 1
+    except Terminated as err:  # SIGTERM, SIGHUP (`sim.entry`): cleaned up as Ctrl-C is
+        error(f"terminated by {err.name}")
+        return 128 + err.signum
     except KeyboardInterrupt:
         error("interrupted")
         return 130

@@ -37,8 +37,9 @@ from traces.layout import Layout, check_layout
 from traces.model import ModelSpec
 
 EXAMPLES = ("gpt3-175b-1024-a100.toml", "llama-7b-zero3-64-h100.toml",
-            "gpt-6.7b-tpu-v4-torus.toml", "gpt-tiny-localhost.toml", "llama3-70b-h100.toml",
-            "llama3-8b-128k-h100.toml", "llama3-405b-16k-h100-goodput.toml")
+            "gpt-6.7b-tpu-v4-torus.toml", "gpt-tiny-localhost.toml",
+            "gpt-tiny-2rank-localhost.toml", "llama3-70b-h100.toml", "llama3-8b-128k-h100.toml",
+            "llama3-405b-16k-h100-goodput.toml")
 TABLES = ("model", "parallel", "cluster", "sim", "reliability")
 MODEL_KEYS = tuple(f.name for f in fields(ModelSpec))
 PARALLEL_KEYS = tuple(f.name for f in fields(Layout))
@@ -140,7 +141,8 @@ def experiment_from_dict(data: Mapping[str, Any], *, name: str = "experiment",
     check_layout(model, layout, world=spec.num_devices,
                  devices_per_server=spec.devices_per_server)
     cluster = spec.build()
-    profile = (load_profile(base / profile_path) if profile_path
+    where = "--profile" if "profile" in (overrides or {}) else "sim.profile"
+    profile = (load_profile(base / profile_path, where) if profile_path
                else default_profile(cluster.accelerator))
     cluster = profile.applied_to(cluster)  # measured link classes and roofs replace the preset's
     model = resolve_fp8(model, cluster.accelerator, "fp8_recipe" in model_table)

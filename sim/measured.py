@@ -47,11 +47,11 @@ from sim.profile import Profile, default_profile
 from topology.cluster import Cluster
 from topology.config import ClusterSpec, read_cluster, read_cluster_file, read_cluster_table
 from topology.presets import PRESETS
-from traces.errors import ConfigError, show
+from traces.errors import ConfigError, show, warn
 from traces.gzipped import head
 from traces.header import TraceMeta, check_fold_ranks
 from traces.io import load as load_parasim
-from traces.kineto import load_kineto
+from traces.kineto import dropped, load_kineto
 from traces.ops import Op, OpKind, Trace
 
 SNIFF_BYTES = 65536
@@ -75,21 +75,34 @@ class LoadedTrace:
     """Files of the folder that are not parasim traces, left out beside parasim traces."""
 
 
-def load_trace(path: str | Path) -> LoadedTrace:
-    """TRACE: a parasim trace file, a profiler JSON (.json / .json.gz), or a folder of either."""
+def load_trace(path: str | Path, *, allow_incomplete: bool = False) -> LoadedTrace:
+    """TRACE: a parasim trace file, a profiler JSON (.json / .json.gz), or a folder of either.
+    A parasim trace of a failed run (meta.complete false) is refused unless `allow_incomplete`
+    (`--allow-incomplete`): its last ops never ran, and its times stop mid-step."""
     if not str(path):
         raise ConfigError("TRACE: an empty path names no file")
     path = Path(path)
     if path.is_dir():
-        return _load_folder(path)
+        return _load_folder(path, allow_incomplete)
     if not path.exists():
         raise ConfigError(f"{path}: no such file or folder")
     if not path.is_file():
         raise ConfigError(f"{path}: not a regular file (a device, pipe or socket); parasim "
                           "reads traces only from regular files")
     if _is_parasim(path):
-        return LoadedTrace(path, load_parasim(path), "parasim", (path,))
-    return LoadedTrace(path, load_kineto(path), "kineto", (path,))
+        return LoadedTrace(path, _complete(path, load_parasim(path), allow_incomplete),
+                           "parasim", (path,))
+    return _warned(LoadedTrace(path, load_kineto(path), "kineto", (path,)))
+
+
+def _warned(loaded: LoadedTrace) -> LoadedTrace:
+    """A profiler import, after one warning line counting the events it left out (and why)."""
+    lost = dropped(loaded.trace.meta.skipped)
+    if lost:
+        reasons = ", ".join(f"{n} {why}" for why, n in lost.items())
+        warn(f"{loaded.path}: left out {sum(lost.values())} events parasim cannot use: "
+             f"{reasons}")
+    return loaded
 
 
 def _is_parasim(path: Path) -> bool:
@@ -103,16 +116,24 @@ def _is_parasim(path: Path) -> bool:
     return _SCHEMA_KEY.search(start) is not None
 
 
-def _load_folder(folder: Path) -> LoadedTrace:
+def _complete(path: Path, trace: Trace, allow: bool) -> Trace:
+    if trace.meta.complete is False and not allow:
+        why = (trace.meta.error or "no reason recorded").splitlines()[0]
+        raise ConfigError(f"{path}: a trace of a run that failed (meta.complete false: "
+                          f"{show(why)}); give --allow-incomplete to read it anyway")
+    return trace
+
+
+def _load_folder(folder: Path, allow_incomplete: bool) -> LoadedTrace:
     files = sorted(p for p in folder.iterdir() if p.is_file() and p.name.endswith(_SUFFIXES))
     ours = [p for p in files if _is_parasim(p)]
     if not ours:
-        return LoadedTrace(folder, load_kineto(folder), "kineto", tuple(files))
+        return _warned(LoadedTrace(folder, load_kineto(folder), "kineto", tuple(files)))
     ops: dict[int, tuple[Op, ...]] = {}
     seen: dict[int, Path] = {}
     meta: TraceMeta | None = None
     for path in ours:
-        part = load_parasim(path)
+        part = _complete(path, load_parasim(path), allow_incomplete)
         if meta is None:
             meta = part.meta
         elif part.meta.fold != meta.fold:
@@ -205,7 +226,8 @@ class ReplayResult:
     algo: Algorithm
     times: StepTimes
     step_time_measured_s: float | None
-    """Max end minus min start over all ops of a timed trace; None if any op is untimed."""
+    """Max end minus min start over all ops of a measured trace (a run's, a profiler's); None
+    if any op is untimed, or the trace's times are a prediction (`simulate --trace`)."""
     num_ranks_mirrored: int
     """Ranks named as group members or peers but absent from the trace."""
     op_counts: dict[str, int]
@@ -225,6 +247,12 @@ class ReplayResult:
     records none): they keep their measured durations, with `retime` too."""
     host_gaps_s: float = 0.0
     """Idle time kept from the measurement per rank, on average (`sim.engine.replay.host_gaps`)."""
+    step_time_in_trace_s: float | None = None
+    """The trace's own span, measured or predicted."""
+    trace_predicted: bool = False
+    """The trace's times are simulate's prediction, not a measurement: it names the network
+    model that timed it (`meta.network`), and no run stamped it (`meta.complete`,
+    `meta.clock`)."""
 
     @property
     def step_time_predicted_s(self) -> float:
@@ -255,9 +283,13 @@ def replay_trace(loaded: LoadedTrace, cluster: Cluster, profile: Profile | None 
                    progress=progress, gaps=gaps,
                    speeds=_speeds(trace, cluster) if retime else None)
     ops, names, sizes, mirrored = _census(trace)
+    predicted = (loaded.source == "parasim" and trace.meta.network is not None
+                 and trace.meta.complete is None and trace.meta.clock is None)
+    span = _measured_step(trace)
     return ReplayResult(
         loaded=loaded, cluster=cluster, profile=profile, network=network, algo=algo,
-        times=times, step_time_measured_s=_measured_step(trace), num_ranks_mirrored=mirrored,
+        times=times, step_time_measured_s=None if predicted else span,
+        step_time_in_trace_s=span, trace_predicted=predicted, num_ranks_mirrored=mirrored,
         op_counts=ops, collective_counts=names, collective_bytes=sizes,
         kept_measured_compute=kept, kept_measured_comm=times.algorithms.get("measured", 0),
         retimed_compute=modelled, uncosted_compute=uncosted,

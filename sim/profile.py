@@ -249,9 +249,10 @@ class Profile:
 _NO_OVERRIDE = KernelCost()
 
 
-def load_profile(path: str | Path) -> Profile:
-    """Read and check a profile file (see `profile_from_json`)."""
-    return profile_from_json(load_json(path, what="--profile"), f"--profile: {path}")
+def load_profile(path: str | Path, what: str = "--profile") -> Profile:
+    """Read and check a profile file (see `profile_from_json`); `what` names where it was
+    given in errors (the flag, or a config's "sim.profile")."""
+    return profile_from_json(load_json(path, what=what), f"{what}: {path}")
 
 
 def profile_from_json(data: object, source: str = "profile") -> Profile:

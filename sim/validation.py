@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import statistics
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -58,12 +59,14 @@ class Validation:
 
 
 def validate(exp: Experiment, *, steps: int = 3, warmup: int = 1, timeout: float = 600.0,
-             keep: str | None = None, bench: Any = None, backend: str = "auto") -> Validation:
+             keep: str | None = None, bench: Any = None, backend: str = "auto",
+             phase: Callable[[str], None] = lambda name: None) -> Validation:
     """Calibrate (when `bench`, a `traces.bench.BenchSpec`, is given), run, simulate,
-    compare."""
+    compare; `phase(name)` is told as each begins (the command's progress)."""
     calibrated_here = bench is not None
     notes: tuple[str, ...] = ()
     if bench is not None:
+        phase("microbenchmarks")
         from sim.calibrate.fit import fit_profile
 
         bench_dir = None if keep is None else str(Path(keep) / "bench")
@@ -72,8 +75,11 @@ def validate(exp: Experiment, *, steps: int = 3, warmup: int = 1, timeout: float
                                       name=f"{exp.name}-microbenchmarks")
         notes = report.unidentified
         exp = _with_profile(exp, profile)
+    phase(f"run ({warmup} + {steps} steps)")
     measured, step_times, peaks = _run(exp, steps, warmup, timeout, keep, backend)
+    phase("simulate")
     summary, times = predict(exp, fold=False)
+    phase("compare")
     comparison = compare(measured, times.timed_trace())
     stages = summary.memory_by_pp_rank
     predicted_peaks = {r: stages[exp.layout.coords(r).pp].total_bytes
@@ -125,6 +131,8 @@ def summary_json(v: Validation, config: Path) -> dict[str, Any]:
                         "predicted_s": k.predicted_s, "mape": k.mape, "bias": k.bias}
                        for k in c.classes],
         "ops_compared": len(c.rows),
+        "step_time_measured_spread_s": spread(v.step_times_measured_s),
+        "op_abs_error": op_abs_error(c),
         "peak_memory_measured_bytes": {str(r): b for r, b in
                                        sorted(v.peak_memory_measured_bytes.items())},
         "peak_memory_predicted_bytes": {str(r): b for r, b in
@@ -142,8 +150,18 @@ def summary_text(v: Validation) -> str:
         f"  step time      measured {v.step_time_measured_s:.4g} s (median of "
         f"{len(v.step_times_measured_s)}), predicted {v.step_time_predicted_s:.4g} s: "
         f"{v.step_error:+.1%}",
-        "  op class                      ops   measured s  predicted s    MAPE    bias",
     ]
+    low, high = min(v.step_times_measured_s), max(v.step_times_measured_s)
+    lines.append(f"  {'measured steps':<15}min {low:.4g} s, median "
+                 f"{v.step_time_measured_s:.4g} s, max {high:.4g} s (spread "
+                 f"{(high - low) / v.step_time_measured_s:.1%} of the median)")
+    errors = op_abs_error(c)
+    if errors:
+        lines.append(f"  {'op errors':<15}|predicted - measured| / measured over "
+                     f"{len(c.rows):,} ops: median {errors['median']:.1%}, 90th percentile "
+                     f"{errors['p90']:.1%} (the step's error sums them: over- and "
+                     "under-predictions cancel there)")
+    lines.append("  op class                      ops   measured s  predicted s    MAPE    bias")
     for k in sorted(c.classes, key=lambda k: -k.measured_s):
         lines.append(f"    {k.op_class:<26}{k.count:5d}  {k.measured_s:11.4g}  "
                      f"{k.predicted_s:11.4g}  {k.mape:6.1%}  {k.bias:+6.1%}")
@@ -152,3 +170,18 @@ def summary_text(v: Validation) -> str:
         lines.append(f"    {'':16}{r:6d}  {v.peak_memory_measured_bytes[r] / 2**20:8.1f}  "
                      f"{v.peak_memory_predicted_bytes[r] / 2**20:8.1f}")
     return "\n".join(lines)
+
+
+def spread(times: list[float]) -> dict[str, float]:
+    """The measured steps' min, median and max: how far one step can be from another."""
+    return {"min": min(times), "median": statistics.median(times), "max": max(times)}
+
+
+def op_abs_error(c: Comparison) -> dict[str, float]:
+    """The median and 90th percentile of the ops' |error|, which no sum can cancel ({} when no
+    op was compared)."""
+    errors = sorted(abs(r.error) for r in c.rows if r.measured_s > 0)
+    if not errors:
+        return {}
+    return {"median": statistics.median(errors),
+            "p90": errors[min(len(errors) - 1, int(0.9 * len(errors)))]}

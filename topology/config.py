@@ -201,9 +201,12 @@ def _read(fields: Fields, where: str) -> ClusterSpec:
     server = _server(preset.server, gpus, fields)
     latency = fields.time("switch_latency", preset.switch_latency_s)
     fat_tree = _fat_tree(preset, fields, server, latency) if fabric == "fat-tree" else None
+    sharp = fields.boolean("sharp", False)
+    if sharp and not server.nics:  # SHARP reduces in InfiniBand switches: none to reduce in
+        raise ConfigError(f"{fields.name('sharp')}: true needs servers whose NICs reach "
+                          f"InfiniBand switches; preset {name!r} has no NICs")
     return ClusterSpec(preset=name, fabric=fabric, nodes=nodes, accelerator=accelerator,
-                       server=server, switch_latency_s=latency,
-                       sharp=fields.boolean("sharp", False), fat_tree=fat_tree)
+                       server=server, switch_latency_s=latency, sharp=sharp, fat_tree=fat_tree)
 
 
 def _check_applicable(fields: Fields, preset: str, fabric: str) -> None:

@@ -1,7 +1,8 @@
 """The one exception type for a user's mistake, and how a value appears in its message.
 
 Every package raises `ConfigError` for bad input (a config value, a flag, a file); the CLI turns
-it into one line on stderr and exit status 2. Internal invariants use `assert` instead.
+it into one line on stderr and exit status 2 (a `Fault`: exit 1). Internal invariants use
+`assert` instead.
 """
 
 import reprlib
@@ -11,6 +12,26 @@ from collections.abc import Iterable, Sequence
 
 class ConfigError(ValueError):
     """Bad user input; the message names the field, the value and the rule."""
+
+
+class Terminated(KeyboardInterrupt):
+    """A signal (SIGTERM, SIGHUP) asked the command to end: raised in the main thread by
+    `sim.entry`'s handler, and cleaned up after as Ctrl-C is."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+    @property
+    def name(self) -> str:
+        import signal
+
+        return signal.Signals(self.signum).name
+
+
+class Fault(RuntimeError):
+    """A fault of the machine, not of the input (a worker killed, a disk gone): the CLI prints
+    the message as one line and exits 1."""
 
 
 def warn(message: str) -> None:

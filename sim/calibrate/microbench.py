@@ -258,14 +258,14 @@ def _trace_dir(keep: str | None) -> Iterator[str]:
 
 # --- reading traces ---------------------------------------------------------------------------
 
-def read_traces(path: Path) -> Trace:
+def read_traces(path: Path, allow_incomplete: bool = False) -> Trace:
     """A parasim trace file, a PyTorch-profiler JSON (.json / .json.gz), or a folder of
     either, read as `parasim replay` reads them (`sim.measured.load_trace`). A profiler
     trace that gives nothing to fit is one error line saying why."""
     from sim.calibrate.observe import communication, compute
     from sim.measured import load_trace
 
-    loaded = load_trace(path)
+    loaded = load_trace(path, allow_incomplete=allow_incomplete)
     trace = loaded.trace
     if loaded.source == "kineto" and not communication(trace) and not compute(trace):
         calls = [op for ops in trace.ops.values() for op in ops

@@ -39,10 +39,11 @@ from sim.calibrate.microbench import (
     run_microbenchmarks,
 )
 from sim.calibrate.summary import summary_json, summary_text
-from sim.commands.common import emit, parse_sizes, trace_files
+from sim.commands.common import Phases, emit, parse_sizes, trace_files
 from sim.provenance import files_sha256, flags_sha256, provenance
 from traces.errors import ConfigError, warn
 from traces.files import Outputs, check_outputs
+from traces.outdir import StagedDir, kept
 
 HELP = "fit a profile: measure this machine (--run) or fit recorded traces"
 
@@ -69,6 +70,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout", type=float, default=600.0,
                         help="seconds the microbenchmarks may take (default 600)")
     parser.add_argument("--name", help="the profile's name (default: from the output file)")
+    parser.add_argument("--allow-incomplete", action="store_true",
+                        help="fit traces of a failed run too (marked incomplete: meta.complete "
+                        "false); refused by default")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -80,15 +84,24 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--cluster: with --run the cluster is the --run target's")
     inputs = [f for d in args.dirs for f in trace_files(Path(d))]
     targets = check_outputs({"--out": args.out}, inputs=inputs)
-    traces = [read_traces(Path(d)) for d in args.dirs]
-    if args.run is not None:
-        target = resolve_target(args.run, args.ranks)
-        spec = bench_spec(target, parse_sizes(args.sizes), args.repeats,
-                          parse_probes(args.probes, target))
-        backend = host_backend(target.cluster, target.world, f"--run {args.run}")
-        traces.append(run_microbenchmarks(spec, args.keep, args.timeout, backend=backend))
-    else:
-        target = fit_target(args.cluster, traces)
+    if args.keep is not None and args.run is None:
+        raise ConfigError("--keep: keeps the traces --run measures; without --run there are "
+                          "none")
+    keep = (None if args.keep is None  # checked before minutes of measuring
+            else StagedDir.check("--keep", args.keep, inputs=[*args.dirs, *inputs],
+                                 force_flag=""))
+    with kept(keep) as keep_dir, Phases("calibrate", 1 + (args.run is not None)) as phase:
+        phase("reading traces")
+        traces = [read_traces(Path(d), args.allow_incomplete) for d in args.dirs]
+        if args.run is not None:
+            phase("microbenchmarks")
+            target = resolve_target(args.run, args.ranks)
+            spec = bench_spec(target, parse_sizes(args.sizes), args.repeats,
+                              parse_probes(args.probes, target))
+            backend = host_backend(target.cluster, target.world, f"--run {args.run}")
+            traces.append(run_microbenchmarks(spec, keep_dir, args.timeout, backend=backend))
+        else:
+            target = fit_target(args.cluster, traces)
     for trace, where in zip(traces, args.dirs):
         check_measured_on(trace, target, where)
     from sim.calibrate.fit import fit_profile  # scipy loads only when a fit is made

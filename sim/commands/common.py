@@ -79,6 +79,32 @@ class ProgressBar:
         self.bar.close()
 
 
+class Phases:
+    """One bar over a command's named phases (validate: microbenchmarks, run, simulate), on
+    stderr and only on a terminal: which phase runs now, how many are done, the time spent.
+
+        with Phases("validate", 4) as phase:
+            phase("microbenchmarks"); ...; phase("run"); ...
+    """
+
+    def __init__(self, desc: str, total: int) -> None:
+        self.bar = tqdm(total=total, desc=desc, delay=1.0, leave=False, disable=_hidden(),
+                        bar_format="{desc}: {n}/{total} done{postfix} [{elapsed}]")
+        self.started = False
+
+    def __call__(self, name: str) -> None:
+        if self.started:
+            self.bar.update(1)
+        self.started = True
+        self.bar.set_postfix_str(name)
+
+    def __enter__(self) -> Phases:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.bar.close()
+
+
 def progress_over(items: list[Any], desc: str) -> Any:
     """`items`, iterated under a bar of their own (tqdm, on a terminal only)."""
     return tqdm(items, desc=desc, delay=1.0, leave=False, disable=_hidden())
@@ -124,11 +150,14 @@ def trace_files(path: Path) -> list[Path]:
 
 
 def write_timed(outputs: Outputs, targets: dict[str, Path], timed: Trace) -> None:
-    """--trace (parasim's JSON) and --chrome (Perfetto), each gzipped when it ends in .gz."""
-    if "--trace" in targets:
-        outputs.write(targets["--trace"], text_or_gzip(dumps_trace(timed), targets["--trace"]))
-    if "--chrome" in targets:
-        outputs.write(targets["--chrome"], text_or_gzip(dumps_chrome(timed), targets["--chrome"]))
+    """--trace (parasim's JSON) and --chrome (Perfetto), each gzipped when it ends in .gz
+    (a phase bar on a terminal: a large step's files take tens of seconds)."""
+    flags = [f for f in ("--trace", "--chrome") if f in targets]
+    with Phases("writing", len(flags)) as phase:
+        for flag in flags:
+            phase(f"{flag} {targets[flag].name}")
+            dumps = dumps_trace if flag == "--trace" else dumps_chrome
+            outputs.write(targets[flag], text_or_gzip(dumps(timed), targets[flag]))
 
 
 def parse_sizes(text: str) -> list[int]:

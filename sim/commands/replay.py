@@ -29,6 +29,7 @@ from sim.provenance import file_sha256, files_sha256, provenance
 from topology.presets import PRESETS
 from traces.errors import warn
 from traces.files import Outputs, check_outputs
+from traces.kineto import dropped
 
 HELP = "re-simulate a measured or profiler trace"
 
@@ -49,6 +50,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--network", choices=NETWORK_NAMES, help="flow (default), analytic, "
                         "ideal")
     parser.add_argument("--algo", default="auto", help="collective algorithm (default auto)")
+    parser.add_argument("--allow-incomplete", action="store_true",
+                        help="replay traces of a failed run too (marked incomplete: "
+                        "meta.complete false); refused by default")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--trace", dest="out_trace", metavar="JSON",
                         help="write the replayed timed trace")
@@ -63,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
     profile_flag(args.profile, inputs)
     targets = check_outputs({"--trace": args.out_trace, "--chrome": args.chrome}, inputs=inputs)
     profile = load_profile(args.profile) if args.profile else None
-    loaded = load_trace(args.trace)
+    loaded = load_trace(args.trace, allow_incomplete=args.allow_incomplete)
     spec = choose_cluster(loaded.trace, args.cluster, nodes=args.nodes, fabric=args.fabric)
     cluster = spec.build()
     if profile is not None:  # its measured link classes and roofs replace the preset's
@@ -110,6 +114,8 @@ def summary_json(r: ReplayResult) -> dict[str, Any]:
         "algo": r.algo,
         "step_time_predicted_s": r.step_time_predicted_s,
         "step_time_measured_s": r.step_time_measured_s,
+        "step_time_in_trace_s": r.step_time_in_trace_s,
+        "trace_times": "predicted" if r.trace_predicted else "measured",
         "num_ranks": len(trace.ops),
         "num_ranks_mirrored": r.num_ranks_mirrored,
         "ops": {"by_kind": r.op_counts, "by_collective": r.collective_counts},
@@ -122,6 +128,7 @@ def summary_json(r: ReplayResult) -> dict[str, Any]:
         "host_gaps_s": r.host_gaps_s,
         "algorithms": dict(sorted(r.times.algorithms.items())),
         "files_skipped": list(r.loaded.skipped_files),
+        "events_left_out": dropped(trace.meta.skipped),
     }
 
 
@@ -144,6 +151,9 @@ def summary_text(r: ReplayResult) -> str:
         ratio = (f"  (predicted / measured {r.step_time_predicted_s / r.step_time_measured_s:.3g})"
                  if r.step_time_measured_s > 0 else "")
         lines.append(f"  {'step time measured':<24}{r.step_time_measured_s:.4g} s{ratio}")
+    elif r.trace_predicted and r.step_time_in_trace_s is not None:
+        lines.append(f"  {'step time in the trace':<24}{r.step_time_in_trace_s:.4g} s "
+                     "(simulate's prediction, not a measurement)")
     kinds = ", ".join(f"{n} {kind}" for kind, n in r.op_counts.items())
     lines.append(f"  {'ops':<24}{kinds}")
     for name, n in r.collective_counts.items():

@@ -10,12 +10,15 @@ DIR/chrome.json (Perfetto), and with --kernels each rank's profiler trace of the
 steps, DIR/kernels-rank<r>.json (`traces.kineto`). A plan the executor refuses is one line
 (exit 2) before anything is written. A failed rank is one line naming the rank and the op;
 the traces recorded up to then are written, marked incomplete (`meta.complete = false`).
+A run's files are one set (`traces.outdir`): written to a hidden folder beside DIR and moved in
+whole, so a failed write or a killed run leaves nothing; DIR must be new or empty, or hold an
+older run (`--force` replaces it), and may not hold the run's own inputs. Under torchrun the
+ranks write DIR itself (they have no one folder to agree on), after the same checks.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib.util
 import json
 from pathlib import Path
@@ -25,6 +28,7 @@ from sim.commands.common import config_path, emit, error
 from sim.config import Experiment, example_path, load_experiment
 from sim.provenance import file_sha256, provenance
 from traces.errors import ConfigError
+from traces.outdir import StagedDir
 
 HELP = "execute a config's plan for real (needs torch)"
 
@@ -41,15 +45,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="seconds any collective, and the whole job, may take (default 60)")
     parser.add_argument("--kernels", action="store_true", help="also write each rank's "
                         "torch.profiler trace of the recorded steps (kernels-rank<r>.json)")
+    parser.add_argument("--force", action="store_true", help="replace an older run in DIR")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 
 def run(args: argparse.Namespace) -> int:
     config = config_path(args.config, example_path("gpt-tiny-localhost.toml"))
-    out = check_run_args(args.out, args.steps, args.warmup, args.timeout)
+    check_run_args(args.out, args.steps, args.warmup, args.timeout)
     exp = load_experiment(config)
+    check_torchrun(exp.layout.world)
+    inputs = [config, *([exp.profile_path] if exp.profile_path else [])]
+    staged = StagedDir.check("--out", args.out, inputs=inputs, force=args.force)
     try:
-        summary = execute(exp, out, args.steps, args.warmup, args.timeout, args.kernels)
+        summary = execute(exp, staged, args.steps, args.warmup, args.timeout, args.kernels)
     except RunFailed as err:
         error(str(err))
         return 1
@@ -63,7 +71,7 @@ class RunFailed(Exception):
     """The job started but a rank failed: one line, and the partial traces it left."""
 
 
-def check_run_args(out: str, steps: int, warmup: int, timeout: float) -> Path:
+def check_run_args(out: str, steps: int, warmup: int, timeout: float) -> None:
     """Everything about the flags that can be refused before starting processes."""
     if importlib.util.find_spec("torch") is None:
         raise ConfigError("parasim run needs PyTorch: pip install torch==2.13.0 (the CPU "
@@ -76,32 +84,47 @@ def check_run_args(out: str, steps: int, warmup: int, timeout: float) -> Path:
         raise ConfigError(f"--timeout: {timeout:g} must be from 1 s to 24 h")
     if not out:
         raise ConfigError("--out: an empty path names no directory")
-    target = Path(out)
-    if target.exists() and not target.is_dir():
-        raise ConfigError(f"--out: {out} exists and is not a directory")
-    return target
 
 
-def execute(exp: Experiment, out: Path, steps: int, warmup: int, timeout: float,
+def check_torchrun(world: int) -> None:
+    """Under torchrun: its environment and world, before anything starts
+    (`executor.torchrun.check_env`)."""
+    from executor.launch import in_torchrun
+
+    if in_torchrun():
+        from executor.torchrun import check_env
+
+        check_env(world)
+
+
+def execute(exp: Experiment, staged: StagedDir, steps: int, warmup: int, timeout: float,
             kernels: bool = False) -> dict[str, Any] | None:
-    """Run for real; the summary as a JSON-able dict (None on torchrun ranks other than 0)."""
-    from executor.launch import JobFailed
+    """Run for real into `staged`, then move it in whole; the summary as a JSON-able dict
+    (None on torchrun ranks other than 0)."""
+    from executor.launch import JobFailed, in_torchrun
     from executor.run import run
 
-    created = not out.exists()
-    out.mkdir(parents=True, exist_ok=True)  # an unwritable --out fails now, not after the run
+    torchrun = in_torchrun()
+    if torchrun:  # every rank writes: the target itself, made now
+        staged.discard()
+        staged.target.mkdir(parents=True, exist_ok=True)
+    out = staged.target if torchrun else staged.path
     try:
         result = run(exp, out, steps=steps, warmup=warmup, timeout=timeout, kernels=kernels)
-    except ConfigError:  # refused before anything started: leave no --out behind
-        if created:
-            with contextlib.suppress(OSError):
-                out.rmdir()
-        raise
     except JobFailed as err:
-        written = ", ".join(str(f) for f in err.files) or "none"
+        written = ", ".join(str(_moved(f, staged, torchrun)) for f in err.files) or "none"
+        _commit(staged, torchrun, bool(err.files))
         raise RunFailed(f"{err} (partial traces, marked incomplete: {written})") from None
+    except OSError as err:  # the disk filled, a file could not be written: keep nothing
+        staged.discard()
+        raise RunFailed(f"--out: cannot write the run's traces to {staged.target}: "
+                        f"{err.strerror or err}; nothing was kept") from None
+    except BaseException:  # refused, interrupted, terminated: leave nothing behind
+        staged.discard()
+        raise
     if result is None:
         return None
+    _commit(staged, torchrun, True)
     return {
         "experiment": exp.name,
         "world": exp.layout.world,
@@ -111,8 +134,22 @@ def execute(exp: Experiment, out: Path, steps: int, warmup: int, timeout: float,
         "step_time_s": result.step_seconds[-1],
         "losses": result.losses,
         "peak_memory_bytes": {str(r): b for r, b in sorted(result.peak_memory_bytes.items())},
-        "files": [str(f) for f in result.files],
+        "files": [str(_moved(f, staged, torchrun)) for f in result.files],
     }
+
+
+def _commit(staged: StagedDir, torchrun: bool, wrote: bool) -> None:
+    if torchrun:
+        return
+    if wrote:
+        staged.commit()
+    else:
+        staged.discard()
+
+
+def _moved(path: Path, staged: StagedDir, torchrun: bool) -> Path:
+    """Where a file written to the hidden folder lies once moved in."""
+    return path if torchrun else staged.target / Path(path).relative_to(staged.path)
 
 
 def summary_text(summary: dict[str, Any]) -> str:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-from pathlib import Path
+import os
 from typing import Any
 
 from sim.calibrate.microbench import (
@@ -31,11 +31,19 @@ from sim.calibrate.microbench import (
     host_backend,
     parse_probes,
 )
-from sim.commands.common import config_path, emit, parse_sizes, profile_flag
+from sim.commands.common import (
+    Phases,
+    config_path,
+    emit,
+    error,
+    parse_sizes,
+    profile_flag,
+)
 from sim.config import example_path, load_experiment
 from sim.validation import summary_json, summary_text, validate
 from traces.errors import ConfigError, warn
 from traces.files import Outputs, check_outputs
+from traces.outdir import StagedDir, kept
 
 HELP = "run a config for real, simulate it, compare op by op, step and memory"
 MAX_STEPS = 100
@@ -53,6 +61,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout", type=float, default=600.0,
                         help="seconds the run (and the microbenchmarks) may take (default 600)")
     parser.add_argument("--keep", metavar="DIR", help="keep the measured traces here")
+    parser.add_argument("--max-error", type=float, metavar="FRACTION",
+                        help="exit 1 when |step error| exceeds this (0.25: 25%%), for CI")
     parser.add_argument("--sizes", default=DEFAULT_SIZES,
                         help=f"microbenchmark sizes without --profile (default {DEFAULT_SIZES})")
     parser.add_argument("--repeats", type=int, default=5, help="microbenchmark calls per size")
@@ -72,12 +82,13 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--warmup: {args.warmup} must be from 0 to {MAX_STEPS}")
     if not 1 <= args.timeout <= 24 * 3600:
         raise ConfigError(f"--timeout: {args.timeout:g} must be from 1 s to 24 h")
+    if args.max_error is not None and not 0 < args.max_error <= 10:
+        raise ConfigError(f"--max-error: {args.max_error:g} must be a fraction above 0 and at "
+                          "most 10 (0.25 is 25%)")
     overrides: dict[str, Any] = {}
     inputs = [config]
     if (profile := profile_flag(args.profile, inputs)) is not None:
         overrides["profile"] = profile
-    if args.keep is not None and (not args.keep or Path(args.keep).is_file()):
-        raise ConfigError(f"--keep: {args.keep!r} must name a directory")
     exp = load_experiment(config, overrides)
     if exp.profile_path is not None:  # [sim] profile is an input too: never written over
         inputs.append(exp.profile_path)
@@ -86,13 +97,21 @@ def run(args: argparse.Namespace) -> int:
     # Checked before anything runs: this host has the config's devices (a CPU run is no
     # measurement of an A100 cluster), and the microbenchmarks' flags.
     backend = host_backend(exp.cluster, exp.layout.world, str(config))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    if backend == "gloo" and cores and exp.layout.world > cores:
+        warn(f"validate: the run's {exp.layout.world} ranks share this host's {cores} cores: "
+             "each waits for a core, so its measured steps swing and the error with them "
+             "(a config of at most as many ranks as cores measures well)")
     if args.profile is None:
         target = experiment_target(exp)
         spec = bench_spec(target, parse_sizes(args.sizes), args.repeats,
                           parse_probes(args.probes, target))
-    with Outputs() as outputs:
-        result = validate(exp, steps=args.steps, warmup=args.warmup, timeout=args.timeout,
-                          keep=args.keep, bench=spec, backend=backend)
+    keep = (None if args.keep is None
+            else StagedDir.check("--keep", args.keep, inputs=inputs, force_flag=""))
+    with Outputs() as outputs, kept(keep) as keep_dir:
+        with Phases("validate", 3 + (spec is not None)) as phase:
+            result = validate(exp, steps=args.steps, warmup=args.warmup, timeout=args.timeout,
+                              keep=keep_dir, bench=spec, backend=backend, phase=phase)
         for note in result.calibration_notes:  # as `parasim calibrate` prints them
             warn(f"calibrate: {note}")
         if "--report" in targets:
@@ -102,6 +121,10 @@ def run(args: argparse.Namespace) -> int:
         outputs.commit()
         emit(json.dumps(summary_json(result, config), allow_nan=False) if args.json
              else summary_text(result))
+    if args.max_error is not None and abs(result.step_error) > args.max_error:
+        error(f"validate: step error {result.step_error:+.1%} is beyond --max-error "
+              f"{args.max_error:.1%}")
+        return 1
     return 0
 
 

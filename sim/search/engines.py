@@ -24,11 +24,12 @@ import os
 import signal
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager
 from typing import Any, Protocol, TypeVar
 
 from sim.search.problem import Problem
-from traces.errors import ConfigError, show
+from traces.errors import ConfigError, Fault, show
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -51,19 +52,51 @@ class Engine(Protocol):
 
 
 def default_workers() -> int:
-    """Every core this process may run on."""
+    """Every core this process may run on, as many as the available memory holds."""
+    memory = available_memory()
+    return min(cores(), max(1, memory // WORKER_BYTES) if memory is not None else cores())
+
+
+def cores() -> int:
+    """The cores this process may run on."""
     try:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         return os.cpu_count() or 1
 
 
+WORKER_BYTES = 64 * 2**20
+"""What a local worker holds: 49 MiB resident once it has imported the simulator (measured,
+Python 3.11, numpy + simpy + networkx), more while it simulates."""
+
+
 def check_workers(workers: object) -> int:
+    """`--workers`: from 1 to what this host holds, its cores and its available memory at
+    `WORKER_BYTES` a worker (more would only thrash, or end in the OOM killer)."""
     if isinstance(workers, bool) or not isinstance(workers, int) or \
             not 1 <= workers <= MAX_WORKERS:
         raise ConfigError(f"--workers: {show(workers)} must be an integer from 1 to "
                           f"{MAX_WORKERS:,}")
+    most = default_workers()
+    if workers > most:
+        memory = available_memory()
+        room = "" if memory is None else f", {memory / 2**30:.1f} GiB available memory " \
+            f"({WORKER_BYTES // 2**20} MiB a worker)"
+        raise ConfigError(f"--workers: {workers} is more than this host holds: {cores()} "
+                          f"cores{room}; give at most {most}")
     return workers
+
+
+def available_memory() -> int | None:
+    """MemAvailable of /proc/meminfo in bytes (None where there is none)."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
 
 
 class InProcess:
@@ -111,7 +144,11 @@ class Processes:
             finished, pending = wait(pending, return_when=FIRST_COMPLETED)
             for future in sorted(finished, key=futures.__getitem__):
                 i = futures[future]
-                results[i] = future.result()
+                try:
+                    results[i] = future.result()
+                except BrokenProcessPool:
+                    raise Fault(f"search: a worker process died ({_deaths(self.pool)}); "
+                                "the search stopped") from None
                 if done is not None:
                     done(i, results[i])
         return results
@@ -123,13 +160,33 @@ class Processes:
         """Terminate the workers: a queued simulation would otherwise run to its end (seconds)
         after Ctrl-C. The executor has no public way before Python 3.14
         (`terminate_workers`), hence its process table."""
+        processes = list(getattr(self.pool, "_processes", {}).values())
         terminate = getattr(self.pool, "terminate_workers", None)
         if terminate is not None:
             terminate()
         else:
-            for process in list(getattr(self.pool, "_processes", {}).values()):
+            for process in processes:
                 process.terminate()
-        self.pool.shutdown(wait=True, cancel_futures=True)
+        # Joined here, each within seconds: a signal that interrupted the pool's own
+        # bookkeeping may leave shutdown(wait=True) waiting forever.
+        for process in processes:
+            process.join(2.0)
+            if process.is_alive():
+                process.kill()
+                process.join(1.0)
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _deaths(pool: ProcessPoolExecutor) -> str:
+    """How the pool's dead workers ended: 'killed by SIGKILL', 'exit code 1'."""
+    how = []
+    for process in list(getattr(pool, "_processes", {}).values()):
+        code = process.exitcode
+        if code is not None and code < 0:
+            how.append(f"killed by {signal.Signals(-code).name}")
+        elif code:
+            how.append(f"exit code {code}")
+    return ", ".join(sorted(set(how))) or "it was ended from outside"
 
 
 def _leave_ctrl_c_to_the_parent() -> None:

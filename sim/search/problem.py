@@ -24,7 +24,7 @@ from sim.search.analytic import Analytic
 from sim.search.space import Space, read_space
 from topology.config import read_cluster
 from traces.errors import ConfigError, show
-from traces.fields import Fields
+from traces.fields import MAX_ACCELERATORS, Fields
 from traces.layout import Layout
 
 
@@ -60,6 +60,9 @@ def problem_from_dict(data: Mapping[str, Any], *, name: str = "search", base: Pa
         if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1 or gpus % per_node:
             raise ConfigError(f"--gpus: {show(gpus)} must be a positive multiple of the "
                               f"{per_node} GPUs of a node")
+        if gpus > MAX_ACCELERATORS:  # named as the flag, not as the nodes it sets
+            raise ConfigError(f"--gpus: {gpus:,} is more than the {MAX_ACCELERATORS:,} "
+                              "accelerators parasim simulates")
         tables["cluster"] = {**cluster, "nodes": gpus // per_node}
     return Problem(data=tables, search=dict(search), name=name, base=str(base))
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,7 +31,17 @@ from traces.kineto.rank import RankContext, RankOps, RawOp, rank_ops
 from traces.nogc import paused_gc
 from traces.ops import Op, OpKind, Trace
 
-__all__ = ["MAX_BYTES", "load_kineto"]
+__all__ = ["MAX_BYTES", "dropped", "load_kineto"]
+
+STATES_NOTHING = frozenset({"wait for a collective", "communication record naming no collective"})
+"""Reasons in meta "skipped" that lose nothing: the event is no op of its own."""
+
+
+def dropped(skipped: Mapping[str, int] | None) -> dict[str, int]:
+    """Of a trace's meta "skipped", the events left out that did state work parasim cannot
+    use (an unknown category or phase, a collective it does not model, a kernel without its
+    call): what a warning must count."""
+    return {why: n for why, n in (skipped or {}).items() if why not in STATES_NOTHING}
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,12 +88,13 @@ def load_kineto(path: str | os.PathLike[str], *, max_bytes: int = MAX_BYTES) -> 
 def _read_rank(path: Path, max_bytes: int) -> _RankFile:
     document = files.read_document(path, max_bytes)
     rank = files.rank_of(document, path)
-    world_size = files.world_size_of(document)
+    world_size = files.world_size_of(document, path)
     if world_size is not None and rank >= world_size:
         raise ConfigError(f"{path}: rank {rank} is outside its world of {world_size} ranks")
-    events = parse(document["traceEvents"])
+    events = parse(document["traceEvents"], str(path))
     return _RankFile(path=path, rank=rank, world_size=world_size,
-                     backend=files.backend_of(document), groups=files.process_groups(document),
+                     backend=files.backend_of(document),
+                     groups=files.process_groups(document, path),
                      events=events, origin_ns=files.base_time_ns(document)
                      + round(events.origin_us * 1000))
 
@@ -90,12 +102,23 @@ def _read_rank(path: Path, max_bytes: int) -> _RankFile:
 def _rank_ops(rank_file: _RankFile, world_size: int,
               ) -> tuple[RankOps, list[RawOp], list[tuple[int, ...]]]:
     """The rank's findings, its ops in list order, and their dependencies."""
+    files.check_groups(rank_file.groups, world_size, rank_file.path)
     context = RankContext(rank=rank_file.rank, world_size=world_size,
-                          groups={g["name"]: tuple(g["ranks"]) for g in rank_file.groups})
+                          groups={g["name"]: tuple(g["ranks"]) for g in rank_file.groups},
+                          source=str(rank_file.path))
     events = rank_file.events
     found = rank_ops(events, context)
+    if not found.ops:
+        raise ConfigError(f"{rank_file.path}: nothing parasim can use: no compute op and no "
+                          f"collective{_left_out(found.skipped)}")
     ops = in_order(found.ops)
     return found, ops, dependencies(ops, events.waits, bool(events.device))
+
+
+def _left_out(skipped: Counter[str]) -> str:
+    if not skipped:
+        return ""
+    return " (left out: " + ", ".join(f"{n} {why}" for why, n in sorted(skipped.items())) + ")"
 
 
 def _world_size(rank_files: list[_RankFile]) -> int:

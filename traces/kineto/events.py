@@ -5,7 +5,9 @@ Kineto writes flat "complete" events ("ph": "X", ts and dur in microseconds). Ho
 `gpu_memcpy`, `gpu_memset`) sit on a CUDA stream and name, in args.correlation, the runtime
 call (`cudaLaunchKernel`, ...) that launched them. Here each host event learns its parent, the
 outermost communication event it lies in (`root`), and whether it holds one; each device event
-learns its launch. Events of categories nobody reads are counted in `skipped`, never guessed at.
+learns its launch. Events of categories nobody reads are counted in `skipped`, never guessed at;
+a malformed event (a field of the wrong type, a time that is not a finite number, a negative
+duration) is a `ConfigError` naming it: the file is broken, and what it says cannot be trusted.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
+from traces.errors import ConfigError, show
 from traces.kineto.comms import is_nccl_kernel
 
 CPU_OP = "cpu_op"
@@ -101,27 +104,23 @@ class Events:
     skipped: Counter[str] = field(default_factory=Counter)
 
 
-def parse(raw_events: list[Any]) -> Events:
+def parse(raw_events: list[Any], source: str = "trace") -> Events:
+    """The events of `source` (named in errors), parsed (see the module doc)."""
     host_raw: list[tuple[str, str, Hashable, float, float, dict[str, Any]]] = []
     runtime: dict[int, tuple[str, Hashable, float, float, dict[str, Any]]] = {}
     waits: dict[Hashable, list[float]] = {}
     device_raw: list[tuple[dict[str, Any], float, float, str, str, str]] = []
     skipped: Counter[str] = Counter()
     origin = math.inf
-    for raw in raw_events:
-        if type(raw) is not dict:
-            skipped["malformed event"] += 1
-            continue
+    for index, raw in enumerate(raw_events):
+        _check(raw, index, source)
         phase = raw.get("ph")
         if phase != "X":
             if phase not in _STRUCTURE_PHASES:
                 skipped[f"phase {phase}"] += 1
             continue
-        cat, name = raw.get("cat"), raw.get("name")
-        ts, dur = _number(raw.get("ts")), _number(raw.get("dur"))
-        if ts is None or dur is None or dur < 0 or not isinstance(name, str):
-            skipped["malformed event"] += 1
-            continue
+        cat, name = raw.get("cat"), raw["name"]
+        ts, dur = float(raw["ts"]), float(raw["dur"])
         if cat == "Trace":
             continue
         if ts < origin:
@@ -156,11 +155,44 @@ def parse(raw_events: list[Any]) -> Events:
     return Events(host, device, waits, origin if origin < math.inf else 0.0, skipped)
 
 
-def _number(value: object) -> float | None:
-    """A finite JSON number (bool is not one), else None."""
-    if type(value) is float:
-        return value if math.isfinite(value) else None
-    return float(value) if type(value) is int else None
+def _check(raw: object, index: int, source: str) -> None:
+    """Raise a `ConfigError` naming the event when it is malformed; a complete ("X") event
+    needs a string name, finite ts and dur (dur >= 0) and an object of args."""
+    where = f"{source}: traceEvents[{index}]"
+    if type(raw) is not dict:
+        raise ConfigError(f"{where}: {show(raw)} is not a JSON object")
+    where += f" ({show(raw['name'])})" if isinstance(raw.get("name"), str) else ""
+    if type(raw.get("ph")) is not str:
+        raise ConfigError(f"{where}: ph {show(raw.get('ph'))} is not a string")
+    for key, types in (("cat", (str,)), ("pid", (int, str)), ("tid", (int, str))):
+        if key in raw and type(raw[key]) not in types:
+            raise ConfigError(f"{where}: {key} {show(raw[key])} is not "
+                              f"{' or '.join(_TYPE_NAMES[t] for t in types)}")
+    if raw["ph"] != "X":
+        return
+    if type(raw.get("name")) is not str:
+        raise ConfigError(f"{where}: name {show(raw.get('name'))} is not a string")
+    for key in ("ts", "dur"):
+        value = raw.get(key)
+        if not _finite(value):
+            raise ConfigError(f"{where}: {key} {show(value)} is not a finite number")
+        if key == "dur" and raw["dur"] < 0:
+            raise ConfigError(f"{where}: dur {show(value)} is negative (a duration is >= 0)")
+    if "args" in raw and type(raw["args"]) is not dict:
+        raise ConfigError(f"{where}: args {show(raw['args'])} is not a JSON object")
+
+
+_TYPE_NAMES = {str: "a string", int: "an integer"}
+_MAX_US = 1e300
+"""Microseconds beyond any clock: a larger time is not a measurement (and float() of a
+longer integer overflows)."""
+
+
+def _finite(value: object) -> bool:
+    """A finite JSON number within `_MAX_US` (bool is not one)."""
+    if type(value) is int:
+        return abs(value) < _MAX_US
+    return type(value) is float and math.isfinite(value) and abs(value) < _MAX_US
 
 
 def _link(device_raw: list[tuple[dict[str, Any], float, float, str, str, str]],

@@ -20,6 +20,8 @@ MAX_BYTES = 2 * 1024**3
 8-GPU trace in tests/data/kineto holds 35 MB), and a bound a gzip bomb cannot pass."""
 
 SCHEMA_VERSIONS = (1,)
+_MAX_RANKS = 1 << 20
+"""More ranks than any job has run (the simulator's own bound is 65,536 accelerators)."""
 _RANK_IN_NAME = re.compile(r"rank[_-]?(\d+)", re.IGNORECASE)
 # Event categories torch.profiler writes; a file without schemaVersion must hold one of them.
 _KINETO_CATEGORIES = frozenset({"cpu_op", "user_annotation", "kernel", "cuda_runtime",
@@ -93,7 +95,10 @@ def distributed_info(document: dict[str, Any]) -> dict[str, Any]:
 def rank_of(document: dict[str, Any], path: Path) -> int:
     """distributedInfo.rank, else the N of 'rankN' / 'rank_N' / 'rank-N' in the file name."""
     rank = distributed_info(document).get("rank")
-    if type(rank) is int and rank >= 0:
+    if rank is not None:
+        if type(rank) is not int or not 0 <= rank < _MAX_RANKS:
+            raise ConfigError(f"{path}: distributedInfo.rank {show(rank)} is not a rank (an "
+                              f"integer from 0 to {_MAX_RANKS - 1:,})")
         return rank
     found = _RANK_IN_NAME.findall(path.name)
     if found:
@@ -102,9 +107,12 @@ def rank_of(document: dict[str, Any], path: Path) -> int:
                       "trace and no 'rankN' in the file name (rename it, e.g. rank0.json)")
 
 
-def world_size_of(document: dict[str, Any]) -> int | None:
+def world_size_of(document: dict[str, Any], path: Path) -> int | None:
     size = distributed_info(document).get("world_size")
-    return size if type(size) is int and size > 0 else None
+    if size is not None and (type(size) is not int or not 1 <= size <= _MAX_RANKS):
+        raise ConfigError(f"{path}: distributedInfo.world_size {show(size)} is not a world size "
+                          f"(an integer from 1 to {_MAX_RANKS:,})")
+    return size
 
 
 def backend_of(document: dict[str, Any]) -> str | None:
@@ -112,20 +120,36 @@ def backend_of(document: dict[str, Any]) -> str | None:
     return backend if isinstance(backend, str) and backend else None
 
 
-def process_groups(document: dict[str, Any]) -> list[dict[str, Any]]:
-    """distributedInfo.pg_config as [{"name", "desc", "ranks"}], malformed entries left out."""
+def process_groups(document: dict[str, Any], path: Path) -> list[dict[str, Any]]:
+    """distributedInfo.pg_config as [{"name", "desc", "ranks"}]; a malformed entry (no name,
+    ranks that are not distinct ranks) is a `ConfigError` naming it."""
     groups = []
     config = distributed_info(document).get("pg_config")
-    for entry in config if isinstance(config, list) else ():
-        if not isinstance(entry, dict):
-            continue
-        name, ranks = entry.get("pg_name"), entry.get("ranks")
-        if (isinstance(name, str) and isinstance(ranks, list) and ranks
-                and all(type(r) is int and r >= 0 for r in ranks)):
-            desc = entry.get("pg_desc")
-            groups.append({"name": name, "desc": desc if isinstance(desc, str) else "",
-                           "ranks": list(ranks)})
+    if config is not None and not isinstance(config, list):
+        raise ConfigError(f"{path}: distributedInfo.pg_config {show(config)} is not a list")
+    for index, entry in enumerate(config or ()):
+        where = f"{path}: distributedInfo.pg_config[{index}]"
+        if not isinstance(entry, dict) or not isinstance(entry.get("pg_name"), str):
+            raise ConfigError(f"{where}: {show(entry)} is not a group (an object with a string "
+                              "pg_name and its ranks)")
+        ranks = entry.get("ranks")
+        if (not isinstance(ranks, list) or not ranks or len(set(map(repr, ranks))) != len(ranks)
+                or not all(type(r) is int and 0 <= r < _MAX_RANKS for r in ranks)):
+            raise ConfigError(f"{where} ({show(entry['pg_name'])}): ranks {show(ranks)} are not "
+                              "distinct ranks")
+        desc = entry.get("pg_desc")
+        groups.append({"name": entry["pg_name"], "desc": desc if isinstance(desc, str) else "",
+                       "ranks": list(ranks)})
     return groups
+
+
+def check_groups(groups: list[dict[str, Any]], world_size: int, path: Path) -> None:
+    """Every group's ranks lie in the world of `world_size` ranks."""
+    for group in groups:
+        if max(group["ranks"]) >= world_size:
+            raise ConfigError(f"{path}: distributedInfo.pg_config group {show(group['name'])} "
+                              f"names rank {max(group['ranks'])}, outside the world of "
+                              f"{world_size} ranks")
 
 
 def base_time_ns(document: dict[str, Any]) -> int:

@@ -24,6 +24,7 @@ from collections import Counter, deque
 from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field
 
+from traces.errors import ConfigError, show
 from traces.kineto import comms
 from traces.kineto.comms import BARRIER, WAIT, Facts
 from traces.kineto.events import BACKEND, CPU_OP, ISSUE, RECORD, DeviceEvent, Events, HostEvent
@@ -59,6 +60,8 @@ class RankContext:
     world_size: int
     groups: dict[str, tuple[int, ...]]
     """Process groups by name (distributedInfo.pg_config)."""
+    source: str = "trace"
+    """The file, for errors."""
 
 
 @dataclass(slots=True)
@@ -214,7 +217,7 @@ def _add(out: RankOps, context: RankContext, facts: Facts, *, stream: str, start
     if facts.kind == "":
         out.skipped[f"collective parasim does not model: {facts.name}"] += 1
         return
-    group, assumed = _group(facts, context)
+    group, assumed = _group(facts, context, f"{what} {show(facts.name)} at ts {start:g} us")
     if group is None:
         out.skipped["collective whose stated group does not hold this rank"] += 1
         return
@@ -235,10 +238,16 @@ def _add(out: RankOps, context: RankContext, facts: Facts, *, stream: str, start
     out.ops.append(op)
 
 
-def _group(facts: Facts, context: RankContext) -> tuple[tuple[int, ...] | None, bool]:
-    """The group's global ranks, and whether it was assumed (the whole world)."""
+def _group(facts: Facts, context: RankContext, event: str,
+           ) -> tuple[tuple[int, ...] | None, bool]:
+    """The group's global ranks, and whether it was assumed (the whole world); None when the
+    group does not hold this rank. A stated group naming ranks outside the world, or one rank
+    twice, is a `ConfigError`."""
     if facts.group is not None:
         group = facts.group
+        if len(set(group)) != len(group) or max(group) >= context.world_size:
+            raise ConfigError(f"{context.source}: {event}: Process Group Ranks {show(list(group))} "
+                              f"are not distinct ranks of the world of {context.world_size}")
     elif facts.pg_name is not None and facts.pg_name in context.groups:
         group = context.groups[facts.pg_name]
     elif len(context.groups) == 1:  # the rank belongs to one group only: it must be that one

@@ -85,6 +85,10 @@ def test_json_fields_are_present_and_consistent(files, capsys):
     assert {"fc1 fwd", "fc1 bwd", "qkv bwd", "all_reduce tp", "optimizer opt"} <= classes
     assert all(m >= 0 for m in v["mape_by_op_class"].values())
     assert sum(c["count"] for c in v["op_classes"]) == v["ops_compared"]
+    spread = v["step_time_measured_spread_s"]  # issue 22, item 17: the noise, told
+    assert spread == {"min": min(v["step_times_measured_s"]),
+                      "median": v["step_time_measured_s"], "max": max(v["step_times_measured_s"])}
+    assert 0 <= v["op_abs_error"]["median"] <= v["op_abs_error"]["p90"]
     page = report.read_text()
     for part in ("timelines", "scatter", "errors", "memory"):
         assert f'id="parasim-validate-{part}"' in page
@@ -110,3 +114,19 @@ def test_without_a_profile_the_microbenchmarks_run_first(files, capsys):
     assert (tmp / "kept" / "bench" / "rank0.json").exists()
     assert (tmp / "kept" / "run" / "rank0.json").exists()
     assert v["step_time_predicted_s"] > 0 and v["step_time_measured_s"] > 0
+
+
+def test_max_error_exits_1_and_a_crowded_host_is_warned_of(files, capsys, monkeypatch):
+    """--max-error for CI: the summary still printed, then one line and exit 1; more ranks
+    than cores: a warning first (issue 22, item 17)."""
+    tmp, config, profile = files
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0})
+    code = main([str(a) for a in ("validate", config, "--profile", profile, "--steps", "1",
+                                  "--max-error", "1e-9")])
+    out, err = capsys.readouterr()
+    assert code == 1 and "measured steps min " in out and "op errors" in out
+    warning, failure = err.splitlines()
+    assert warning.startswith("parasim: warning: validate: the run's 2 ranks share this host's "
+                              "1 cores")
+    assert failure.startswith("parasim: error: validate: step error ") and \
+        failure.endswith("is beyond --max-error 0.0%")

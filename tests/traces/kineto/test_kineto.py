@@ -364,10 +364,10 @@ def test_folder_aligns_ranks_on_their_clocks(tmp_path: Path) -> None:
 
 def test_unknown_events_are_counted_not_guessed(tmp_path: Path) -> None:
     events = [_host("aten::mm", 0, 10), _host("x", 0, 1, cat="mystery"),
-              {"ph": "C", "name": "memory", "ts": 3}, {"ph": "X", "cat": "cpu_op", "ts": "3"},
+              {"ph": "C", "name": "memory", "ts": 3},
               _host("c10d::gather_", 20, 5), _host("record_param_comms", 30, 1)]
     trace = load_kineto(_write(tmp_path / "rank0.json", _doc(events)))
-    assert trace.meta.skipped == {"category mystery": 1, "phase C": 1, "malformed event": 1,
+    assert trace.meta.skipped == {"category mystery": 1, "phase C": 1,
                                      "collective parasim does not model: gather": 1,
                                      "communication record naming no collective": 1}
     assert [op.name for op in trace.ops[0]] == ["aten::mm"]
@@ -448,7 +448,8 @@ def test_broken_files_give_one_line(tmp_path: Path) -> None:
 
 def test_gzip_bomb_stops_at_the_bound(tmp_path: Path) -> None:
     # 5 MB of JSON in a 5 KB gzip; read with a 1 MiB bound.
-    bomb = b'{"schemaVersion": 1, "traceEvents": [' + b" " * 5_000_000 + b"]}"
+    event = json.dumps(_host("aten::mm", 0, 10)).encode()
+    bomb = b'{"schemaVersion": 1, "traceEvents": [' + event + b" " * 5_000_000 + b"]}"
     (tmp_path / "rank0.json.gz").write_bytes(gzip.compress(bomb))
     assert "more than 1048576 bytes" in _error(tmp_path / "rank0.json.gz", max_bytes=2**20)
     assert load_kineto(tmp_path / "rank0.json.gz", max_bytes=2**23).ranks == [0]
@@ -459,3 +460,71 @@ def test_folder_errors(tmp_path: Path) -> None:
     for name in ("a.json", "b.json"):
         _write(tmp_path / name, _doc([_host("aten::mm", 0, 10)]))
     assert "rank 0 again" in _error(tmp_path)
+
+
+# --- malformed events are errors; well-formed ones parasim cannot use are counted (issue 22) ----
+
+_MM = _host("aten::mm", 0, 10)
+
+
+@pytest.mark.parametrize(("event", "needle"), [
+    ({**_MM, "tid": [1]}, "traceEvents[1] ('aten::mm'): tid [1] is not an integer or a string"),
+    ({**_MM, "pid": {"a": 1}}, "pid {'a': 1} is not an integer or a string"),
+    ({**_MM, "cat": ["cpu_op"]}, "cat ['cpu_op'] is not a string"),
+    ({**_MM, "ph": ["X"]}, "ph ['X'] is not a string"),
+    ({**_MM, "ph": None}, "ph None is not a string"),
+    ({**_MM, "tid": True}, "tid True is not an integer or a string"),
+    ({**_MM, "dur": -3}, "dur -3 is negative"),
+    ({**_MM, "ts": "3"}, "ts '3' is not a finite number"),
+    ({**_MM, "ts": 10**400}, "ts 1000000000"),
+    ({**_MM, "dur": None}, "dur None is not a finite number"),
+    ({**_MM, "name": 7}, "name 7 is not a string"),
+    ({**_MM, "args": [1]}, "args [1] is not a JSON object"),
+    ([1, 2], "traceEvents[1]: [1, 2] is not a JSON object"),
+    ({"ph": "M", "name": "thread_name", "tid": [[1]]}, "tid [[1]] is not"),
+])
+def test_a_malformed_event_makes_the_file_an_error_naming_it(tmp_path, event, needle):
+    message = _error(_write(tmp_path / "rank0.json", _doc([_MM, event])))
+    assert needle in message, message
+
+
+@pytest.mark.parametrize(("info", "needle"), [
+    ({"world_size": 0}, "distributedInfo.world_size 0 is not a world size"),
+    ({"world_size": "2"}, "distributedInfo.world_size '2' is not a world size"),
+    ({"rank": -1}, "distributedInfo.rank -1 is not a rank"),
+    ({"pg_config": [{"pg_name": "0", "ranks": [0, 5]}]},
+     "group '0' names rank 5, outside the world of 2 ranks"),
+    ({"pg_config": [{"pg_name": "0", "ranks": [0, 0]}]}, "ranks [0, 0] are not distinct"),
+    ({"pg_config": [{"ranks": [0]}]}, "pg_config[0]: {'ranks': [0]} is not a group"),
+    ({"pg_config": "0,1"}, "pg_config '0,1' is not a list"),
+])
+def test_impossible_distributed_info_is_an_error(tmp_path, info, needle):
+    document = _doc([_MM])
+    document["distributedInfo"].update(info)
+    assert needle in _error(_write(tmp_path / "rank0.json", document))
+
+
+def test_a_record_naming_ranks_outside_the_world_is_an_error(tmp_path):
+    record = _host("record_param_comms", 20, 5, **{"Collective name": "allreduce",
+                                                   "Process Group Ranks": "[0, 7]"})
+    message = _error(_write(tmp_path / "rank0.json", _doc([_MM, _host("c10d::allreduce_", 20, 5),
+                                                          record])))
+    assert "[0, 7] are not distinct ranks of the world of 2" in message, message
+
+
+def test_a_trace_with_nothing_usable_is_an_error(tmp_path):
+    events = [_host("c10d::gather_", 20, 5), {"ph": "C", "name": "memory", "ts": 3}]
+    message = _error(_write(tmp_path / "rank0.json", _doc(events)))
+    assert "nothing parasim can use" in message
+    assert "1 collective parasim does not model: gather, 1 phase C" in message
+    assert "nothing parasim can use" in _error(_write(tmp_path / "rank0.json", _doc([])))
+
+
+def test_what_is_left_out_is_counted_by_reason(tmp_path):
+    from traces.kineto import dropped
+
+    events = [_MM, _host("c10d::gather_", 20, 5), _host("c10d::gather_", 30, 5),
+              _host("x", 0, 1, cat="mystery"), _host("record_param_comms", 40, 1)]
+    trace = load_kineto(_write(tmp_path / "rank0.json", _doc(events)))
+    assert dropped(trace.meta.skipped) == {"category mystery": 1,
+                                           "collective parasim does not model: gather": 2}
