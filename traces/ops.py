@@ -31,6 +31,7 @@ class Stream(StrEnum):
     recv_next / send_prev    their gradients
     dp         gradient buckets, the tied-embedding all-reduce, ZeRO-1/2 parameter all-gathers
     zero_ag / zero_rs        ZeRO-3 (FSDP) per-layer parameter all-gather, gradient reduce-scatter
+    tp_comm    with tp_comm_overlap: the chunked TP collectives beside the GEMM chunks
     """
 
     COMPUTE = "compute"
@@ -41,6 +42,7 @@ class Stream(StrEnum):
     DP = "dp"
     ZERO_AG = "zero_ag"
     ZERO_RS = "zero_rs"
+    TP_COMM = "tp_comm"
 
 
 class Phase(StrEnum):

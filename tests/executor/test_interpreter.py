@@ -37,6 +37,11 @@ WORLD2 = {
     "gpipe": Case(dict(pp=2, global_batch=4, schedule="gpipe")),
     "1f1b-full": Case(dict(pp=2, global_batch=4, recompute="full")),
     "interleaved": Case(dict(pp=2, vp=2, schedule="interleaved", global_batch=4), model=FOUR),
+    # issue 20: Megatron-Core's overlaps, their chunked collectives asynchronous on side streams
+    "tp-sp-comm-overlap-full": Case(dict(tp=2, sp=True, global_batch=2, recompute="full",
+                                         tp_comm_overlap=True)),
+    "zero1-param-gather-overlap": Case(dict(dp=2, zero=1, global_batch=4, bucket_bytes=20_000,
+                                            overlap_param_gather=True)),
 }
 WORLD8 = {"tp2-pp2-dp2": Case(dict(tp=2, pp=2, dp=2, sp=True, global_batch=8,
                                    bucket_bytes=20_000)),
