@@ -16,7 +16,7 @@ from sim.metrics import StepSummary, summarize
 from sim.models.compute import ComputeModel
 from sim.models.interference import host_interference
 from sim.models.memory import memory_by_pp_rank
-from traces.layout import Recompute
+from traces.layout import Layout, Recompute
 from traces.ops import Trace
 from traces.pipeline import layout_schedule
 from traces.plan import build
@@ -83,6 +83,16 @@ def headline(s: StepSummary) -> list[tuple[str, str]]:
     ]
 
 
+def _overlaps(layout: Layout) -> list[str]:
+    """The overlaps line, where Megatron-Core's overlaps beyond the gradient buckets' are on."""
+    names = [name for name, on in (
+        ("TP communication beside the GEMMs (--tp-comm-overlap)",
+         layout.tp_comm_overlap and layout.sp),
+        ("parameter gathers beside the forward (--overlap-param-gather)",
+         layout.overlap_param_gather and layout.zero in (1, 2) and layout.dp > 1)) if on]
+    return [f"  overlaps            {'; '.join(names)}"] if names else []
+
+
 def summary_text(exp: Experiment, s: StepSummary) -> str:
     L = exp.layout
     layout = f"TP {L.tp} · PP {L.pp} · DP {L.dp}" + (f" · VP {L.vp}" if L.vp > 1 else "")
@@ -97,6 +107,7 @@ def summary_text(exp: Experiment, s: StepSummary) -> str:
         f"{L.micro_batch}, global batch {L.global_batch}",
         f"  attention           {exp.model.attention}"
         + (" (materialized scores)" if str(exp.model.attention) == "unfused" else ""),
+        *_overlaps(L),
         *(f"  {label:<20}{value}" for label, value in headline(s)),
         "  memory by pipeline rank (GiB)  params  grads  optim  activ  work  total",
     ]

@@ -39,6 +39,7 @@ model's, from `GemmChunk.comm_sms`.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from traces.ops import Op, OpKind, Phase, Stream
@@ -187,3 +188,40 @@ def _kernel(node: Node) -> Kernel:
     purpose = node.op.purpose
     assert isinstance(purpose, KernelRun) and purpose.kernel in OVERLAPPED, purpose
     return purpose.kernel
+
+
+def in_region(op: Op) -> bool:
+    """Whether `op` belongs to an overlapped region (a GEMM or a collective chunk)."""
+    return isinstance(op.purpose, GemmChunk | TpChunk)
+
+
+def region_seconds(ops: Sequence[Op], seconds: Callable[[Op], float]) -> float:
+    """The length of one region (its ops in plan order, `seconds` each op's time alone) from
+    its launch to its last op's end, by the dependencies `overlap_region` states: the
+    closed forms of the module docstring, for any chunk times. The layout search's."""
+    gemms: list[tuple[GemmChunk, float]] = []
+    comms: list[float] = []
+    methods: set[OverlapMethod] = set()
+    for op in ops:
+        if isinstance(op.purpose, GemmChunk):
+            gemms.append((op.purpose, seconds(op)))
+        elif isinstance(op.purpose, TpChunk):
+            comms.append(seconds(op))
+            methods.add(op.purpose.method)
+    (method,) = methods
+    if method is OverlapMethod.BULK:
+        (ag, rs), (dgrad, wgrad) = comms, [t for _, t in gemms]
+        return max(ag, dgrad) + max(rs, wgrad)
+    if method is OverlapMethod.RING:  # GEMM chunk k (k >= 1) waits for exchange k
+        times = [t for chunk, t in gemms if chunk.part is not GemmPart.WGRAD]
+        tail = sum(t for chunk, t in gemms if chunk.part is GemmPart.WGRAD)
+        gemm_end, comm_end = times[0], 0.0
+        for g, c in zip(times[1:], comms):
+            comm_end += c
+            gemm_end = max(gemm_end, comm_end) + g
+        return gemm_end + tail
+    gemm_end = comm_end = 0.0
+    for (_, g), c in zip(gemms, comms):  # pipeline: chunk k's reduce-scatter after its GEMM
+        gemm_end += g
+        comm_end = max(comm_end, gemm_end) + c
+    return max(gemm_end, comm_end)

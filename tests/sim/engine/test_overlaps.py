@@ -18,6 +18,7 @@ from traces.layout import Layout
 from traces.model import ModelSpec
 from traces.ops import Op, Stream
 from traces.plan import build
+from traces.plan.overlap import region_seconds
 from traces.purpose import GemmChunk, OverlapMethod, ParamGather, TpChunk
 
 MODEL = ModelSpec(layers=2, hidden=2048, heads=16, seq_len=2048, vocab=32000)
@@ -83,6 +84,11 @@ def test_each_overlapped_region_and_the_step_follow_the_closed_form(h100, recomp
         end = max(times.ends[0][i] for i in region)
         closed = _closed_form(ops, region, times)
         assert end - start == pytest.approx(closed, rel=1e-9, abs=1e-12), region
+        # the layout search's statement of the same closed form
+        searched = region_seconds([ops[i] for i in region],
+                                  lambda op: times.ends[0][ops.index(op)]
+                                  - times.starts[0][ops.index(op)])
+        assert searched == pytest.approx(closed, rel=1e-12)
         total += closed
         methods |= {ops[i].purpose.method for i in region if isinstance(ops[i].purpose,
                                                                          TpChunk)}
