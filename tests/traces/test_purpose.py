@@ -170,3 +170,10 @@ def test_purpose_is_a_union_of_frozen_values():
         params = cls.__dataclass_params__
         assert params.frozen and hasattr(cls, "__slots__"), cls
     assert set(Purpose.__args__) == set(PURPOSES)  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("name", sorted(OVERLAPS))
+def test_a_file_keeps_the_overlaps_layout(name):
+    plan = _plan(name)
+    back = io.from_json(json.loads(io.dumps(plan)))
+    assert back.meta.layout == plan.meta.layout and back.ops == plan.ops
