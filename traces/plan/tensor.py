@@ -99,7 +99,7 @@ def add_tensor_parallel(ctx: RankContext, program: Program) -> Program:
                 step += region.nodes
                 join = region.join
                 continue
-            found = where.get(key) if key is not None else None  # type: ignore[arg-type]
+            found = where.get(key) if key is not None else None
             if found is None:
                 step.append(node)
                 continue
