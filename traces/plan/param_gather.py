@@ -17,6 +17,15 @@ A plan is one step in steady state, so the gathers of the previous step's update
                       waits for the compute op before that use), after gather j (stream order)
 
 Each gather sits right after the op it waits for, so dependencies point backwards.
+
+Where Megatron-Core differs, left as it is: it chains the buckets of each model chunk (each a
+DDP instance) separately, the first of chunks 0 and 1 dispatched when their first forward
+waits for it, and those of chunks 2 and up by the interleaved schedule at the same time on
+every pipeline stage (`align_param_gather`, Megatron-LM's default); here one chain runs
+through all the rank's buckets in order of first use, its first dispatched when the step
+begins (the steady state of older Megatron-Core, which dispatched it in zero_grad). Buckets
+are whole units (a layer of GPT-3 175B at tp 8 is 453 MB), so a chain can run one layer ahead
+only: with a pipeline its gathers can cost more than they hide.
 """
 
 from __future__ import annotations
