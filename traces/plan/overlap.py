@@ -41,6 +41,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
 
 from traces.ops import Op, OpKind, Phase, Stream
 from traces.plan.nodes import Node
@@ -153,10 +155,23 @@ def _bulk(node: Node, gather: TpSite, scatter: TpSite, where: Where) -> Region:
 
 
 def _gemm(node: Node, part: GemmPart, index: int, count: int, sms: int) -> Node:
-    """Chunk `index` of `count` of one product of `node`'s GEMM: tokens (M) split as evenly as
-    integers go; FLOPs and HBM bytes in proportion (the backward's halves to each product)."""
+    """Chunk `index` of `count` of one product of `node`'s GEMM (`_gemm_fields`)."""
     op = node.op
-    batch, m, n, k = op.gemm
+    fields = _gemm_fields(op.name, op.purpose, op.phase, op.flops, op.mem_bytes, op.gemm,  # type: ignore[arg-type]
+                          part, index, count, sms)
+    return Node(Op(**fields, layer=op.layer, microbatch=op.microbatch), node.unit)
+
+
+@lru_cache(maxsize=1 << 16)  # distinct chunks of the plans of a long search, bounded
+def _gemm_fields(name: str, purpose: KernelRun, phase: Phase, flops: float, mem_bytes: float,
+                 gemm: tuple[int, ...], part: GemmPart, index: int, count: int,
+                 sms: int) -> dict[str, Any]:
+    """The chunk op's fields but layer and micro-batch, made once per distinct chunk (a
+    GPT-3 plan at tp 8 makes ~10^6 chunks of a few hundred kinds): tokens (M) split as
+    evenly as integers go; FLOPs and HBM bytes in proportion (the backward's halves to each
+    product)."""
+    assert purpose.kernel in OVERLAPPED, purpose
+    batch, m, n, k = gemm
     rows = m // count + (1 if index < m % count else 0)
     share = rows / m
     if part is GemmPart.FPROP:
@@ -166,28 +181,26 @@ def _gemm(node: Node, part: GemmPart, index: int, count: int, sms: int) -> Node:
     else:
         assert count == 1, "the weight gradient reduces over every token: one chunk"
         shape, fraction = (batch, k, n, m), 0.5
-    chunk = Op(kind=OpKind.COMPUTE, stream=Stream.COMPUTE, name=op.name,
-               purpose=GemmChunk(_kernel(node), part, index, count, sms), layer=op.layer,
-               microbatch=op.microbatch, phase=op.phase, flops=op.flops * fraction,
-               mem_bytes=op.mem_bytes * fraction, gemm=shape)
-    return Node(chunk, node.unit)
+    return {"kind": OpKind.COMPUTE, "stream": Stream.COMPUTE, "name": name,
+            "purpose": GemmChunk(purpose.kernel, part, index, count, sms), "phase": phase,
+            "flops": flops * fraction, "mem_bytes": mem_bytes * fraction, "gemm": shape}
 
 
 def _comm(node: Node, site: TpSite, index: int, count: int, method: OverlapMethod,
           size: float, group: tuple[int, ...], after: list[Node]) -> Node:
     op = node.op
+    fields = _comm_fields(site, index, count, method, size, group, op.phase, op.dtype)  # type: ignore[arg-type]
+    return Node(Op(**fields, layer=op.layer, microbatch=op.microbatch), node.unit, list(after))
+
+
+@lru_cache(maxsize=1 << 16)  # distinct chunks of the plans of a long search, bounded
+def _comm_fields(site: TpSite, index: int, count: int, method: OverlapMethod, size: float,
+                 group: tuple[int, ...], phase: Phase, dtype: str) -> dict[str, Any]:
+    """A collective chunk's fields but layer and micro-batch, made once per distinct chunk."""
     purpose = TpChunk(site.kernel, site.slot, site.grad, site.kind, site.saved, index, count,
                       method)
-    chunk = Op(kind=site.kind, stream=Stream.TP_COMM, name="tp", purpose=purpose, group=group,
-               size_bytes=size, layer=op.layer, microbatch=op.microbatch, phase=op.phase,
-               dtype=op.dtype)
-    return Node(chunk, node.unit, list(after))
-
-
-def _kernel(node: Node) -> Kernel:
-    purpose = node.op.purpose
-    assert isinstance(purpose, KernelRun) and purpose.kernel in OVERLAPPED, purpose
-    return purpose.kernel
+    return {"kind": site.kind, "stream": Stream.TP_COMM, "name": "tp", "purpose": purpose,
+            "group": group, "size_bytes": size, "phase": phase, "dtype": dtype}
 
 
 def in_region(op: Op) -> bool:
