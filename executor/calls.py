@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from traces.ops import Phase
-from traces.purpose import Kernel, Stat, Tag, TpSite, Unit
+from traces.purpose import GemmPart, Kernel, Stat, Tag, TpChunk, TpSite, Unit
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +30,29 @@ class TpCollective:
     site: TpSite
     layer: int | None
     mb: int
+
+
+@dataclass(frozen=True, slots=True)
+class ComputeChunk:
+    """tp_comm_overlap: one chunk of one product of a GEMM kernel (`traces.purpose.GemmChunk`)."""
+
+    kernel: Kernel
+    phase: Phase
+    part: GemmPart
+    index: int
+    count: int
+    layer: int | None
+    mb: int
+
+
+@dataclass(frozen=True, slots=True)
+class TpChunkCollective:
+    """tp_comm_overlap: one chunk of a TP collective, asynchronous on its stream."""
+
+    chunk: TpChunk
+    layer: int | None
+    mb: int
+    stream: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,5 +145,5 @@ class CpExchange:
 
 Call = (Compute | OptimizerStep | TpCollective | CeCollective | GatherReceived | SpAllReduce
         | EmbeddingAllReduce | ReduceBucket | GatherBucket | GatherUnit | Transfer | CpAttend
-        | CpMessage | CpExchange)
+        | CpMessage | CpExchange | ComputeChunk | TpChunkCollective)
 CALLS: tuple[type, ...] = Call.__args__  # type: ignore[attr-defined]

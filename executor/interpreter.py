@@ -28,6 +28,7 @@ from executor.calls import (
     Call,
     CeCollective,
     Compute,
+    ComputeChunk,
     CpAttend,
     CpExchange,
     CpMessage,
@@ -38,6 +39,7 @@ from executor.calls import (
     OptimizerStep,
     ReduceBucket,
     SpAllReduce,
+    TpChunkCollective,
     TpCollective,
     Transfer,
 )
@@ -72,7 +74,7 @@ class Interpreter:
         self.cuda = device.type == "cuda"
         self.calls: list[Callable[[], Handle | None]] = [bind(self.runtime, call)
                                                           for call in program.calls]
-        self.deps = [op.deps for op in self.ops]
+        self.deps = [op.deps + program.waits.get(i, ()) for i, op in enumerate(self.ops)]
         self.on_compute = [op.stream == Stream.COMPUTE for op in self.ops]
 
     def step(self) -> None:
@@ -104,6 +106,11 @@ def bind(rt: RankRuntime, call: Call) -> Callable[[], Handle | None]:
             return rt.optimizer_step
         case TpCollective(site=site, layer=layer, mb=mb):
             return p(rt.tp, site, layer, mb)
+        case ComputeChunk(kernel=kernel, phase=phase, part=part, index=index, count=count,
+                          layer=layer, mb=mb):
+            return p(rt.gemm_chunk, kernel, phase, part, index, count, layer, mb)
+        case TpChunkCollective(chunk=chunk, layer=layer, mb=mb, stream=stream):
+            return p(rt.tp_chunk, chunk, layer, mb, stream)
         case CeCollective(stat=stat, mb=mb):
             return p(rt.ce_collective, stat, mb)
         case GatherReceived(boundary=boundary, mb=mb, tag=tag):

@@ -12,12 +12,13 @@ any, one per unit.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from executor.calls import (
     Call,
     CeCollective,
     Compute,
+    ComputeChunk,
     CpAttend,
     CpExchange,
     CpMessage,
@@ -28,6 +29,7 @@ from executor.calls import (
     OptimizerStep,
     ReduceBucket,
     SpAllReduce,
+    TpChunkCollective,
     TpCollective,
     Transfer,
 )
@@ -44,6 +46,8 @@ from traces.purpose import (
     CpRing,
     CrossEntropyStat,
     EmbeddingGrads,
+    GemmChunk,
+    GemmPart,
     GradBucket,
     Kernel,
     KernelRun,
@@ -51,6 +55,7 @@ from traces.purpose import (
     ParamGather,
     PipeMessage,
     SpGrads,
+    TpChunk,
     TpSite,
     Unit,
     UnitGather,
@@ -66,6 +71,11 @@ _KERNEL_PHASES = (Phase.FWD, Phase.BWD, Phase.RECOMPUTE)
 class RankProgram:
     calls: tuple[Call, ...]
     buckets: list[Bucket]
+    waits: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    """Ops that wait for more than the plan says, and for which: with tp_comm_overlap, the
+    bulk input gradient of qkv and fc1 runs the kernel's whole backward (autograd computes a
+    kernel's input and weight gradients in one call), so it waits for the all-gather the
+    weight gradient reads."""
 
 
 def lower(plan: Trace, model: ModelSpec, layout: Layout, rank: int) -> RankProgram:
@@ -87,7 +97,23 @@ class _Lowering:
 
     def run(self) -> RankProgram:
         return RankProgram(tuple(self._call(i, op) for i, op in enumerate(self.ops)),
-                           self.buckets)
+                           self.buckets, self._waits())
+
+    def _waits(self) -> dict[int, tuple[int, ...]]:
+        """The bulk input gradients' extra wait (`RankProgram.waits`): for the saved input's
+        all-gather of the same kernel, layer and micro-batch before it."""
+        gathers: dict[tuple[Kernel, int | None, int | None], int] = {}
+        out: dict[int, tuple[int, ...]] = {}
+        for i, op in enumerate(self.ops):
+            match op.purpose:
+                case TpChunk(saved=True, kernel=kernel):
+                    gathers[(kernel, op.layer, op.microbatch)] = i
+                case GemmChunk(part=GemmPart.DGRAD, count=1, kernel=kernel):
+                    found = gathers.get((kernel, op.layer, op.microbatch))
+                    if found is None:
+                        raise self.fail(i, "a bulk input gradient follows its input's gather")
+                    out[i] = (found,)
+        return out
 
     def _buckets(self) -> list[Bucket]:
         grads = [(op.purpose, op.size_bytes) for op in self.ops
@@ -126,6 +152,16 @@ class _Lowering:
                 if self.layout.cp == 1 or op.phase is None:
                     raise self.fail(i, "a CP all-gather needs cp > 1 and a phase")
                 return CpExchange(grad, op.phase, self._layer(i, op), self._mb(i, mb))
+            case GemmChunk(kernel=kernel, part=part, index=index, count=count):
+                if op.phase not in _KERNEL_PHASES or mb is None or not 0 <= index < count:
+                    raise self.fail(i, "a GEMM chunk runs in phase fwd, bwd or recompute of a "
+                                       "micro-batch, its index below its count")
+                return ComputeChunk(kernel, op.phase, part, index, count, op.layer, mb)  # type: ignore[arg-type]
+            case TpChunk() as chunk:
+                if not self.layout.sp or not 0 <= chunk.index < chunk.count:
+                    raise self.fail(i, "a TP chunk is sequence-parallel, its index below its "
+                                       "count")
+                return TpChunkCollective(chunk, op.layer, self._mb(i, mb), stream)
             case TpSite() as site:
                 return TpCollective(site, op.layer, self._mb(i, mb))
             case MessageGather(tag=tag, boundary=boundary):
@@ -166,11 +202,11 @@ class _Lowering:
             raise self.fail(i, "an op without a purpose (docs/plan-ops.md) cannot run")
         if isinstance(purpose, Bench):
             return  # refused by its arm
-        if isinstance(purpose, KernelRun) != (op.kind is OpKind.COMPUTE):
+        if isinstance(purpose, KernelRun | GemmChunk) != (op.kind is OpKind.COMPUTE):
             raise self.fail(i, f"a {op.kind} op cannot be a {type(purpose).__name__}")
         if isinstance(purpose, PipeMessage | CpRing) != op.kind.is_p2p:
             raise self.fail(i, f"a {op.kind} op cannot be a {type(purpose).__name__}")
-        if isinstance(purpose, TpSite) and purpose.kind is not op.kind:
+        if isinstance(purpose, TpSite | TpChunk) and purpose.kind is not op.kind:
             raise self.fail(i, f"a {op.kind} at a tensor-parallel site of a {purpose.kind}")
 
     def _cp_step(self, i: int, op: Op) -> CpAttend:

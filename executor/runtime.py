@@ -6,6 +6,8 @@ interpreter calls, per op's purpose (`traces.purpose`, through `executor.calls`)
 
     KernelRun             compute(kernel, phase, layer, mb); the optimizer: optimizer_step()
     TpSite                tp(site, layer, mb)
+    TpChunk               tp_chunk(chunk, layer, mb, stream) -> Handle  (tp_comm_overlap;
+                          executor.overlap); GemmChunk: gemm_chunk(...), the kernel at one chunk
     CrossEntropyStat      ce_collective(stat, mb)
     GradBucket            reduce_bucket(index, stream) -> Handle  (UnitGradReduce: its unit's)
     ParamGather           gather_bucket(index, stream) (ZeRO-1/2)
@@ -42,6 +44,7 @@ from executor.groups import GroupKey
 from executor.kernels import KernelContext, ce_loss, slot, table_of
 from executor.memory import MemoryMeter
 from executor.optim import AdamW, AdamWConfig, ParamStore
+from executor.overlap import ChunkedTp, run_at
 from executor.params import DTYPES, EMBED, HEAD, holds_output_weights, layer_unit
 from executor.reference import microbatch
 from executor.tape import ParamRef, Tape
@@ -49,7 +52,7 @@ from traces.errors import ConfigError
 from traces.layout import Axis, Layout
 from traces.model import ModelSpec
 from traces.ops import OpKind, Phase, Stream
-from traces.purpose import Kernel, Stat, Tag, TpSite, Unit
+from traces.purpose import GemmPart, Kernel, Stat, Tag, TpChunk, TpSite, Unit
 
 
 def _received_slot(boundary: int, tag: Tag) -> tuple[int, str]:
@@ -125,6 +128,10 @@ class RankRuntime:
         self.optimizer = AdamW(self.params.optimizer_params(), options.adamw, self.meter)
         self.tp_key: GroupKey = (Stream.COMPUTE, layout.group(rank, Axis.TP))
         self.embedding_key: GroupKey = (Stream.DP, layout.embedding_group(rank))
+        self.chunked = ChunkedTp(comm, layout.tp, model.layers)
+        self.stale: set[int] = set()
+        """overlap_param_gather: buckets whose parameters the last step updated and no gather
+        has brought in yet (the next step's forward would)."""
         self.tapes: dict[int, Tape] = {}
         self.losses: dict[int, float] = {}
         self.step = 0
@@ -258,6 +265,16 @@ class RankRuntime:
         else:
             tape.put(key, out)
 
+    def gemm_chunk(self, name: Kernel, phase: Phase, part: GemmPart, index: int, count: int,
+                   layer: int | None, mb: int) -> None:
+        """A chunk of an overlapped GEMM: the whole kernel at the chunk `run_at` names."""
+        if run_at(name, part, index, count):
+            self.compute(name, phase, layer, mb)
+
+    def tp_chunk(self, chunk: TpChunk, layer: int | None, mb: int, stream: str) -> Handle:
+        """A chunk of a TP collective, asynchronous on `stream` (`executor.overlap`)."""
+        return self.chunked.issue(self.tape(mb), mb, chunk, layer, (stream, self.tp_key[1]))
+
     def ce_collective(self, stat: Stat, mb: int) -> None:
         """max: the max over the TP group of the logits' row maxima; sum: the sum of the
         cross-entropy statistics (then the loss)."""
@@ -293,6 +310,7 @@ class RankRuntime:
 
     def gather_bucket(self, index: int, stream: str = Stream.DP, *,
                       async_op: bool = True) -> Handle:
+        self.stale.discard(index)
         return self.params.gather_bucket(index, self.comm, (stream, self.dp_group),
                                          async_op=async_op)
 
@@ -324,6 +342,8 @@ class RankRuntime:
     def optimizer_step(self) -> None:
         self.optimizer.step(self.grads.optimizer_grads())
         self.grads.zero_()
+        if self.layout.overlap_param_gather and self.zero in (1, 2):
+            self.stale = set(range(len(self.buckets)))
 
     # --- pipeline ------------------------------------------------------------------------------
 
@@ -388,4 +408,6 @@ class RankRuntime:
             out = self.params.unit_tensors(unit)
             self.params.release_unit(unit)
             return out
+        for index in sorted(self.stale):  # as Megatron-Core's forced param sync before a save
+            self.gather_bucket(index, async_op=False)
         return self.params.unit_tensors(unit)

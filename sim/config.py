@@ -3,7 +3,8 @@
     [model]      layers, hidden, heads, seq_len, vocab, ffn_hidden, dtype, tied_embeddings,
                  attention, kv_heads, ffn, norm, position, bias, fp8_recipe
     [parallel]   tp, pp, dp, vp, sp, zero, schedule, micro_batch, global_batch, recompute,
-                 bucket_bytes, overlap_grad_reduce, fp32_main_grads, cp
+                 bucket_bytes, overlap_grad_reduce, fp32_main_grads, tp_comm_overlap,
+                 overlap_param_gather, cp
     [cluster]    see topology.config
     [sim]        network = "flow" | "analytic" | "ideal", algo = "auto" | ..., profile = "p.json"
                  (a profile's measured links and roofs replace the cluster's: `Profile.applied_to`)

@@ -18,7 +18,7 @@ from sim.models.compute import ComputeModel
 from sim.models.interference import host_interference
 from sim.models.memory import memory_by_pp_rank
 from sim.models.variability import expected_speeds
-from traces.layout import Recompute
+from traces.layout import Layout, Recompute
 from traces.ops import Trace
 from traces.pipeline import layout_schedule
 from traces.plan import build
@@ -124,6 +124,8 @@ def fleet_lines(exp: Experiment) -> list[str]:
     if routing is not None and routing != "dmodk":
         parts.append(f"routing {routing}")
     return [f"  {'fleet':<20}{', '.join(parts)}"] if parts else []
+
+
 def _stage_layers(exp: Experiment) -> str:
     """'7 · 8 x 14 · 7 per pipeline rank' (first, middle, last), with VP chunks noted."""
     L, model = exp.layout, exp.model
@@ -134,6 +136,17 @@ def _stage_layers(exp: Experiment) -> str:
     chunks = f", {L.vp} chunks each" if L.vp > 1 else ""
     return (f"{' · '.join(parts)} per pipeline rank (pp_first_layers {L.pp_first_layers}, "
             f"pp_last_layers {L.pp_last_layers}{chunks})")
+
+
+def _overlaps(layout: Layout) -> list[str]:
+    """The overlaps line, where Megatron-Core's overlaps beyond the gradient buckets' are on."""
+    names = [name for name, on in (
+        ("TP communication beside the GEMMs (--tp-comm-overlap)",
+         layout.tp_comm_overlap and layout.sp),
+        ("parameter gathers beside the forward (--overlap-param-gather)",
+         layout.overlap_param_gather and layout.zero in (1, 2)
+         and layout.data_degree > 1)) if on]
+    return [f"  overlaps            {'; '.join(names)}"] if names else []
 
 
 def summary_text(exp: Experiment, s: StepSummary) -> str:
@@ -156,6 +169,7 @@ def summary_text(exp: Experiment, s: StepSummary) -> str:
         + (f" ({exp.model.fp8_recipe} scaling; MFU against the FP8 peak)"
            if exp.model.fp8 else ""),
         *fleet_lines(exp),
+        *_overlaps(L),
         *(f"  {label:<20}{value}" for label, value in headline(s)),
         "  memory by pipeline rank (GiB)  params  grads  optim  activ  work  total",
     ]

@@ -37,6 +37,11 @@ MAX_LAYERS = 2**16  # as model.layers (traces.model.MAX_DIMS)
 MAX_MICROBATCHES = 2**16  # per pipeline per step; GPT-3 on 1024 A100s ran 192
 
 
+OMITTED_WHEN_FALSE = ("tp_comm_overlap", "overlap_param_gather", "pp_first_layers",
+                      "pp_last_layers")
+"""Options left out of `Layout.to_dict` while off or 0 (their default)."""
+
+
 class Axis(StrEnum):
     """A parallel axis, in Megatron's rank order (fastest-varying first)."""
 
@@ -126,6 +131,14 @@ class Layout:
     """Layers of the first pipeline rank (--decoder-first-pipeline-num-layers); 0: even."""
     pp_last_layers: int = 0
     """Layers of the last pipeline rank (--decoder-last-pipeline-num-layers); 0: even."""
+    tp_comm_overlap: bool = False
+    """Megatron-LM's --tp-comm-overlap: Transformer Engine's userbuffer overlap of the SP
+    all-gathers and reduce-scatters of each layer's qkv, proj, fc1 and fc2 with the GEMMs that
+    consume or produce them (`traces.plan.overlap`); needs sp at tp > 1; nothing at tp = 1."""
+    overlap_param_gather: bool = False
+    """Megatron-LM's --overlap-param-gather: ZeRO-1/2's parameter all-gathers issued per bucket
+    and overlapped with the next step's forward (`traces.plan.optimizer`); nothing with ZeRO 0
+    or 3 (ZeRO-3's per-unit gathers prefetch already) or dp = 1."""
 
     def __post_init__(self) -> None:
         """The rules that need neither the model nor the cluster (see `check_layout`)."""
@@ -138,6 +151,8 @@ class Layout:
         check_bool(self.sp, "parallel.sp")
         check_bool(self.overlap_grad_reduce, "parallel.overlap_grad_reduce")
         check_bool(self.fp32_main_grads, "parallel.fp32_main_grads")
+        check_bool(self.tp_comm_overlap, "parallel.tp_comm_overlap")
+        check_bool(self.overlap_param_gather, "parallel.overlap_param_gather")
         if self.zero not in (0, 1, 2, 3) or not is_int(self.zero):
             raise ConfigError(f"parallel.zero: {show(self.zero)} must be 0, 1, 2 or 3")
         for name, enum in (("schedule", Schedule), ("recompute", Recompute),
@@ -163,6 +178,10 @@ class Layout:
         if self.sp and self.tp == 1:
             raise ConfigError("parallel.sp: sequence parallelism needs tp > 1 (it splits over "
                               "the tensor-parallel group)")
+        if self.tp_comm_overlap and self.tp > 1 and not self.sp:
+            raise ConfigError("parallel.tp_comm_overlap: true at tp = "
+                              f"{self.tp} needs sp = true (Megatron-Core overlaps the "
+                              "sequence-parallel all-gathers and reduce-scatters)")
         self._check_schedule()
         self._check_uneven()
 
@@ -307,14 +326,17 @@ class Layout:
         return self.rank(cp=c.cp, pp=c.pp)
 
     def to_dict(self) -> dict[str, Any]:
-        """The fields as plain values; cp_comm only with cp > 1, the uneven split's counts
-        only when set (so a layout without them reads as it always has)."""
+        """The fields as plain values; cp_comm only with cp > 1, the uneven split's counts and
+        the overlaps only when set (so a layout without them reads as it always has)."""
         out = asdict(self)
         out["schedule"], out["recompute"] = str(self.schedule), str(self.recompute)
         out["cp_comm"] = str(self.cp_comm)
-        gone = ["cp_comm"] * (self.cp == 1) + [k for k in ("pp_first_layers",
-                                                          "pp_last_layers") if not out[k]]
-        return {k: v for k, v in out.items() if k not in gone}
+        if self.cp == 1:
+            del out["cp_comm"]
+        for name in OMITTED_WHEN_FALSE:  # files and --json from before the key stay the same
+            if not out[name]:
+                del out[name]
+        return out
 
 
 

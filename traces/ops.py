@@ -32,6 +32,7 @@ class Stream(StrEnum):
     dp         gradient buckets, the tied-embedding all-reduce, ZeRO-1/2 parameter all-gathers
     zero_ag / zero_rs        ZeRO-3 (FSDP) per-layer parameter all-gather, gradient reduce-scatter
     cp_send / cp_recv        context parallelism's ring of K/V (and dK/dV) messages
+    tp_comm                  with tp_comm_overlap: the chunked TP collectives beside the GEMM chunks
     """
 
     COMPUTE = "compute"
@@ -44,6 +45,7 @@ class Stream(StrEnum):
     ZERO_RS = "zero_rs"
     CP_SEND = "cp_send"
     CP_RECV = "cp_recv"
+    TP_COMM = "tp_comm"
 
 
 class Phase(StrEnum):

@@ -167,6 +167,65 @@ class TpSite:
     """An all-gather of the sequence shard the kernel's forward kept, for its backward."""
 
 
+class GemmPart(StrEnum):
+    """Which product of a GEMM kernel an op runs (`GemmChunk`)."""
+
+    FPROP = "fprop"
+    """The forward product (forward or recomputed)."""
+    DGRAD = "dgrad"
+    """Backward: the input gradient (M, K, N)."""
+    WGRAD = "wgrad"
+    """Backward: the weight gradient (K, N, M)."""
+
+
+class OverlapMethod(StrEnum):
+    """Transformer Engine's userbuffer overlap methods (`traces.plan.overlap`)."""
+
+    RING = "ring_exchange"
+    """The all-gather as t - 1 exchanges, each beside the GEMM chunk of the shard before."""
+    PIPELINE = "pipeline"
+    """The GEMM in chunks, each chunk's reduce-scatter beside the next chunk's GEMM."""
+    BULK = "bulk"
+    """One whole collective beside one whole GEMM that does not need it."""
+
+
+@dataclass(frozen=True, slots=True)
+class GemmChunk:
+    """With tp_comm_overlap: chunk `index` of `count` (along the tokens) of one product of a
+    GEMM kernel, run while a TP collective's chunk (`TpChunk`) moves on the tp_comm stream."""
+
+    kernel: Kernel
+    part: GemmPart
+    index: int
+    count: int
+    comm_sms: int
+    """SMs the communication beside this chunk holds, which the GEMM does without (TE's
+    num_sm with set_sm_margin; 0: none, or the copy engines move it): the interference
+    model's hook."""
+
+
+@dataclass(frozen=True, slots=True)
+class TpChunk:
+    """With tp_comm_overlap: chunk `index` of `count` of the TP collective at a site
+    (`TpSite`'s fields), on the tp_comm stream beside the GEMM chunks (`GemmChunk`). Ring
+    exchange: chunk k (1..t-1) all-gathers piece k - 1 of t - 1 of every rank's shard (chunk 0
+    is the rank's own shard, no call); pipeline: chunk k reduce-scatters piece k of n of
+    every rank's block; bulk: one chunk, the whole collective."""
+
+    kernel: Kernel
+    slot: str
+    grad: bool
+    kind: OpKind
+    saved: bool
+    index: int
+    count: int
+    method: OverlapMethod
+
+    @property
+    def site(self) -> TpSite:
+        return TpSite(self.kernel, self.slot, self.grad, self.kind, self.saved)
+
+
 @dataclass(frozen=True, slots=True)
 class MessageGather:
     """Without SP under TP: the all-gather of a received pipeline message's TP chunks."""
@@ -269,6 +328,6 @@ class Bench:
 
 Purpose = (KernelRun | TpSite | MessageGather | CrossEntropyStat | SpGrads | GradBucket
            | UnitGather | UnitGradReduce | ParamGather | EmbeddingGrads | PipeMessage
-           | AmaxReduction | CpRing | CpGather | Bench)
+           | AmaxReduction | CpRing | CpGather | Bench | GemmChunk | TpChunk)
 PURPOSES: tuple[type, ...] = Purpose.__args__  # type: ignore[attr-defined]
 """Every purpose type (a test checks each has an interpretation)."""

@@ -28,10 +28,13 @@ from traces.purpose import (
     CpRing,
     CrossEntropyStat,
     EmbeddingGrads,
+    GemmChunk,
+    GemmPart,
     GradBucket,
     Kernel,
     KernelRun,
     MessageGather,
+    OverlapMethod,
     ParamGather,
     Part,
     PipeMessage,
@@ -39,6 +42,7 @@ from traces.purpose import (
     SpGrads,
     Stat,
     Tag,
+    TpChunk,
     TpSite,
     Unit,
     UnitGather,
@@ -51,11 +55,13 @@ TYPES: dict[str, type] = {
     "unit_gather": UnitGather, "unit_grad_reduce": UnitGradReduce,
     "param_gather": ParamGather, "embedding_grads": EmbeddingGrads, "pipe": PipeMessage,
     "amax": AmaxReduction, "cp_ring": CpRing, "cp_gather": CpGather, "bench": Bench,
+    "gemm_chunk": GemmChunk, "tp_chunk": TpChunk,
 }
 assert set(TYPES.values()) == set(PURPOSES), "every purpose has a JSON type"
 _TYPE_OF = {cls: name for name, cls in TYPES.items()}
 _ENUMS: dict[str, type[StrEnum]] = {"Kernel": Kernel, "OpKind": OpKind, "Tag": Tag,
-                                    "Stat": Stat, "BenchRole": BenchRole}
+                                    "Stat": Stat, "BenchRole": BenchRole,
+                                    "GemmPart": GemmPart, "OverlapMethod": OverlapMethod}
 _FIELDS = {cls: tuple((f.name, str(f.type)) for f in fields(cls)) for cls in PURPOSES}
 _UNITS = {"embed": EMBED, "head": HEAD}
 
@@ -104,7 +110,7 @@ def _decode(value: dict[str, Any]) -> Purpose:
     args = {}
     for name, kind in specs:
         if name not in value:
-            if name == "saved":  # TpSite's only defaulted field
+            if name == "saved" and cls is TpSite:  # TpSite's only defaulted field
                 continue
             raise ValueError(f"purpose type {value['type']!r} needs {name!r}")
         args[name] = _field(value[name], kind, name)

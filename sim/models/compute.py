@@ -19,7 +19,8 @@ or memory-bound kernel costs its larger time, but one near the ridge point does 
 under the other for free. Each kernel launch adds `launch_overhead_s`. A measured op (one
 with start/end, from a real run) keeps its measured duration. A plan's op is costed as its
 kernel (its purpose's, `traces.purpose.KernelRun`), which the profile may tune; an op imported
-from elsewhere (no purpose) by its name.
+from elsewhere (no purpose) by its name. A GEMM chunk of tp_comm_overlap (`GemmChunk`, in any
+phase) is one GEMM of its own shape: a fraction of the tokens of one product.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from math import ceil
 from sim.profile import Profile
 from topology.cluster import Accelerator
 from traces.ops import Op, Phase
-from traces.purpose import KernelRun
+from traces.purpose import GemmChunk, KernelRun
 
 
 class ComputeModel:
@@ -45,15 +46,16 @@ class ComputeModel:
         if op.start is not None and op.end is not None:
             return op.end - op.start
         purpose = op.purpose
-        kernel = purpose.kernel if isinstance(purpose, KernelRun) else \
+        kernel = purpose.kernel if isinstance(purpose, (KernelRun, GemmChunk)) else \
             op.name if purpose is None else ""
         fp8 = op.dtype == "fp8"
-        key = (kernel, op.phase is Phase.BWD, op.flops, op.mem_bytes, op.gemm, fp8)
+        # A GEMM chunk (tp_comm_overlap) is one product, its `gemm` that product's shape.
+        backward = op.phase is Phase.BWD and not isinstance(purpose, GemmChunk)
+        key = (kernel, backward, op.flops, op.mem_bytes, op.gemm, fp8)
         seconds = self._cache.get(key)
         if seconds is None:
             seconds = self._cache[key] = self.kernel_time(
-                kernel, op.flops, op.mem_bytes, op.gemm, backward=op.phase is Phase.BWD,
-                fp8=fp8)
+                kernel, op.flops, op.mem_bytes, op.gemm, backward=backward, fp8=fp8)
         return seconds
 
     def kernel_time(self, name: str, flops: float, mem_bytes: float, gemm: tuple[int, ...] = (),

@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
+from itertools import groupby
 
 from sim.collectives import Algorithm, Collectives, analytic_time
 from sim.engine.transport import NetworkMode
@@ -38,6 +39,7 @@ from traces.layout import Axis, Layout, Schedule
 from traces.model import ModelSpec
 from traces.ops import Op, OpKind, Phase
 from traces.pipeline import Action, ActionSchedule, gpipe, interleaved, one_f_one_b
+from traces.plan.overlap import in_region, region_seconds
 from traces.purpose import Kernel, KernelRun
 
 
@@ -286,7 +288,17 @@ class Analytic:
 
     def _unit(self, layout: Layout, unit: UnitOps) -> _UnitTime:
         def total(placed: tuple[Placed, ...]) -> float:
-            return sum(self._op_time(layout, op, axis) for op, axis in placed)
+            """Ops in order; each tp_comm_overlap region by its closed form."""
+            axes = {id(op): axis for op, axis in placed}
+            out = 0.0
+            for overlapped, run in groupby(placed, key=lambda p: _region_key(p[0])):
+                ops = [op for op, _ in run]
+                if overlapped is None:
+                    out += sum(self._op_time(layout, op, axes[id(op)]) for op in ops)
+                else:
+                    out += region_seconds(ops, lambda op: self._op_time(layout, op,
+                                                                        axes[id(op)]))
+            return out
 
         kernels = sum(self.compute.duration(op) for op, axis in
                       unit.compute_fwd + unit.compute_bwd if not axis)
@@ -327,6 +339,14 @@ _GENERATORS: dict[Schedule, Callable[[int, int, int], ActionSchedule]] = {
     Schedule.ONE_F_ONE_B: lambda pp, m, vp: one_f_one_b(pp, m),
     Schedule.INTERLEAVED: lambda pp, m, vp: interleaved(pp, vp, m),
 }
+
+
+def _region_key(op: Op) -> tuple[object, ...] | None:
+    """Ops of one tp_comm_overlap region share a key (kernel, layer, micro-batch, phase);
+    every other op has none."""
+    if not in_region(op):
+        return None
+    return (getattr(op.purpose, "kernel", None), op.layer, op.microbatch, op.phase)
 
 
 def _stage(n: int, layer: _UnitTime, *ends: _UnitTime) -> _Pass:

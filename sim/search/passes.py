@@ -51,6 +51,8 @@ class PassKey:
     has_dp: bool
     fp32_main_grads: bool
     overlap_grad_reduce: bool
+    tp_comm_overlap: bool
+    overlap_param_gather: bool
     two_stages: bool
     """pp > 1: the embedding and the output layer sit on different ranks, and a tied
     embedding's gradients are all-reduced between them."""
@@ -65,6 +67,8 @@ class PassKey:
                        has_dp=layout.data_degree > 1, cp=layout.cp, cp_comm=str(layout.cp_comm),
                        fp32_main_grads=layout.fp32_main_grads,
                        overlap_grad_reduce=layout.overlap_grad_reduce,
+                       tp_comm_overlap=layout.tp_comm_overlap and layout.sp,
+                       overlap_param_gather=layout.overlap_param_gather,
                        two_stages=layout.pp > 1)
 
 
@@ -76,7 +80,8 @@ Placed = tuple[Op, str]
 @dataclass(frozen=True, slots=True)
 class UnitOps:
     """One unit's ops for one micro-batch: `compute_*` run in order on the compute stream
-    (kernels and inline TP/SP collectives), `side_*` on the data-parallel streams."""
+    (kernels and inline TP/SP collectives, and with tp_comm_overlap each overlapped region's
+    GEMM and collective chunks, in plan order), `side_*` on the data-parallel streams."""
 
     compute_fwd: tuple[Placed, ...]
     compute_bwd: tuple[Placed, ...]
@@ -156,7 +161,9 @@ def pass_ops(model: ModelSpec, layout: Layout) -> PassOps:
                             if op.microbatch == 0 and op.phase is Phase.FWD),
         grad_reduction=grads[0].kind if grads else None,
         reduce_every_microbatch=len({op.microbatch for op in grads}) > 1,
-        gather_after_optimizer=any(isinstance(op.purpose, ParamGather) for op in first_ops),
+        # overlap_param_gather: beside the next forward (what of it is exposed is left out)
+        gather_after_optimizer=not layout.overlap_param_gather and any(
+            isinstance(op.purpose, ParamGather) for op in first_ops),
         embedding_grads=next((op.size_bytes for op in first_ops
                               if isinstance(op.purpose, EmbeddingGrads)), None),
         optimizer_bytes_per_param=optimizer.mem_bytes / params,
@@ -207,7 +214,8 @@ def _unit(small: Layout, rank: int, ops: Sequence[Op],
     each with its axis; and its side-stream ops after the last micro-batch's backward."""
     mine = [op for op in ops if belongs(op) and not op.kind.is_p2p]
     first = [op for op in mine if op.microbatch == 0]
-    compute = [(op, _axis(small, rank, op)) for op in first if op.stream == Stream.COMPUTE]
+    compute = [(op, _axis(small, rank, op)) for op in first
+               if op.stream in (Stream.COMPUTE, Stream.TP_COMM)]
     side = [(op, _axis(small, rank, op)) for op in first if op.stream in COMM_STREAMS]
     assert len(compute) + len(side) == len(first), "an op on an unexpected stream"
     final = [(op, _axis(small, rank, op)) for op in mine

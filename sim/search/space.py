@@ -189,8 +189,8 @@ def layout_key(layout: Layout) -> tuple[Any, ...]:
 
 
 def describe(layout: Layout) -> str:
-    """One short line: 'tp8 pp16 dp8 mb1 z0 full 1f1b' (cp, vp and sp only where they
-    apply)."""
+    """One short line: 'tp8 pp16 dp8 mb1 z0 full 1f1b' (cp, vp, sp and the overlaps, as
+    'tp-overlap' and 'param-overlap', only where they apply)."""
     parts = [f"tp{layout.tp}", *([f"cp{layout.cp}"] if layout.cp > 1 else []),
              f"pp{layout.pp}", f"dp{layout.dp}"]
     if layout.cp > 1:
@@ -201,4 +201,6 @@ def describe(layout: Layout) -> str:
     if layout.sp:
         parts.append("sp")
     parts += [str(layout.recompute), str(layout.schedule)]
+    parts += [name for name, on in (("tp-overlap", layout.tp_comm_overlap and layout.sp),
+                                    ("param-overlap", layout.overlap_param_gather)) if on]
     return " ".join(parts)

@@ -51,13 +51,23 @@ WORLD2 = {
     "llama-cp2-ring": Case(dict(cp=2, global_batch=2), model=LLAMA),
     "llama-mqa-cp2-gather": Case(dict(cp=2, cp_comm="all_gather", global_batch=2),
                                  model=dict(LLAMA, kv_heads=1)),
+    # issue 20: Megatron-Core's overlaps, their chunked collectives asynchronous on side streams
+    "tp-sp-comm-overlap-full": Case(dict(tp=2, sp=True, global_batch=2, recompute="full",
+                                         tp_comm_overlap=True)),
+    "zero1-param-gather-overlap": Case(dict(dp=2, zero=1, global_batch=4, bucket_bytes=20_000,
+                                            overlap_param_gather=True)),
 }
 WORLD8 = {"tp2-pp2-dp2": Case(dict(tp=2, pp=2, dp=2, sp=True, global_batch=8,
                                    bucket_bytes=20_000)),
           # without SP: pipeline messages as TP chunks, all-gathered after each receive
           "tp2-pp2-dp2-interleaved": Case(dict(tp=2, pp=2, dp=2, vp=2, schedule="interleaved",
                                                global_batch=8, bucket_bytes=20_000),
-                                          model=FOUR)}
+                                          model=FOUR),
+          # issue 20: both of Megatron-Core's overlaps with a pipeline and ZeRO-1
+          "tp2-pp2-dp2-overlaps": Case(dict(tp=2, pp=2, dp=2, sp=True, zero=1, global_batch=8,
+                                            bucket_bytes=20_000, tp_comm_overlap=True,
+                                            overlap_param_gather=True),
+                                       model=dict(tied_embeddings=False))}
 FLOPS = {"tp-unfused": Case(dict(tp=2, global_batch=2), model=dict(attention="unfused"), steps=1),
          "dp-flash": Case(dict(dp=2, global_batch=2), steps=1),
          "llama-tp-unfused": Case(dict(tp=2, global_batch=2),

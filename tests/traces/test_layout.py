@@ -97,6 +97,11 @@ def _match(message: str) -> str:
     (dict(sp="yes"), "parallel.sp: 'yes' must be true or false"),
     (dict(overlap_grad_reduce=1), "parallel.overlap_grad_reduce: 1 must be true or false"),
     (dict(fp32_main_grads="yes"), "parallel.fp32_main_grads: 'yes' must be true or false"),
+    (dict(tp_comm_overlap=1), "parallel.tp_comm_overlap: 1 must be true or false"),
+    (dict(overlap_param_gather="true"),
+     "parallel.overlap_param_gather: 'true' must be true or false"),
+    (dict(tp=2, tp_comm_overlap=True), "parallel.tp_comm_overlap: true at tp = 2 needs sp = "
+                                       "true"),
     (dict(schedule=["1f1b"]), "parallel.schedule: ['1f1b'] is not one of gpipe, 1f1b"),
     (dict(recompute={"a": 1}), "parallel.recompute: {'a': 1} is not one of none"),
     (dict(bucket_bytes=10**400), "parallel.bucket_bytes: 1000000000...00000000000 must be from"),
@@ -176,3 +181,11 @@ def test_uneven_interleaved_stages_follow_megatron_cores_layer_offsets(first, la
                                                                       offset + per_rank[p])
     covered = [i for k in range(pp * vp) for i in layout.layers_of_stage(model, k)]
     assert sorted(covered) == list(range(model.layers))
+def test_the_overlaps_are_accepted_where_they_change_nothing_and_left_out_of_files_when_off():
+    assert Layout(tp_comm_overlap=True).tp_comm_overlap  # tp = 1: nothing to overlap
+    assert Layout(zero=0, dp=2, global_batch=2, overlap_param_gather=True).overlap_param_gather
+    assert "tp_comm_overlap" not in Layout().to_dict()
+    assert "overlap_param_gather" not in Layout().to_dict()
+    on = Layout(tp=2, sp=True, tp_comm_overlap=True, overlap_param_gather=True).to_dict()
+    assert on["tp_comm_overlap"] and on["overlap_param_gather"]
+    assert Layout(**on) == Layout(tp=2, sp=True, tp_comm_overlap=True, overlap_param_gather=True)

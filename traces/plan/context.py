@@ -64,7 +64,12 @@ def add_context_parallel(ctx: RankContext, program: Program) -> Program:
     if ctx.layout.cp == 1:
         return program
     ring = _Ring(ctx)
-    return [ring.step(nodes) for nodes in program]
+    out = [ring.step(nodes) for nodes in program]
+    for nodes in out:  # what waited for a replaced core (an overlapped proj's chunks) waits
+        for node in nodes:  # for the last op of its CP form
+            if any(id(n) in ring.replaced for n in node.after):
+                node.after = [ring.replaced.get(id(n), n) for n in node.after]
+    return out
 
 
 class _Ring:
@@ -77,6 +82,8 @@ class _Ring:
         me = group.index(ctx.rank)
         self.next, self.prev = group[(me + 1) % self.cp], group[(me - 1) % self.cp]
         self.p2p = layout.cp_comm is CpComm.P2P
+        self.replaced: dict[int, Node] = {}
+        """id of each replaced attention core -> the last op of its CP form."""
 
     def step(self, nodes: list[Node]) -> list[Node]:
         out: list[Node] = []
@@ -93,6 +100,7 @@ class _Ring:
                 made, waiting = self._ring(node, before)
             else:
                 made = self._gathered(node)
+            self.replaced[id(node)] = made[-1]
             out += made
         assert not waiting, "a backward ring is followed by its qkv backward"
         return out

@@ -124,5 +124,6 @@ def finalize(program: Program) -> tuple[Op, ...]:
         node.index = i
     for node in nodes:
         if node.after:
-            node.op.deps = tuple(dep.index for dep in node.after)
+            deps = node.op.deps = tuple(dep.index for dep in node.after)
+            assert min(deps) >= 0, f"{node.op.name} waits for an op a pass left out of the plan"
     return tuple(node.op for node in nodes)

@@ -7,15 +7,27 @@ gradient reduction and for the last pipeline send; it moves
 to fp32, unscale under fp16, the norm, Adam, parameters back to 16 bits, zeroed gradients) per
 parameter it owns (1/dp of them under ZeRO). ZeRO-1/2 then all-gather the updated
 parameters, in the same slices the gradients were reduce-scattered in: the data pass's
-`GradBucket`s of the last micro-batch, each gathered as a `ParamGather` of its index.
+`GradBucket`s of the last micro-batch, each gathered as a `ParamGather` of its index; with
+overlap_param_gather, at the start of the step instead, beside the forward
+(`traces.plan.param_gather`).
 """
 
 from __future__ import annotations
 
 from traces.kernels import optimizer_bytes_per_param
 from traces.ops import Op, OpKind, Phase, Stream
+from traces.plan.data import gradient_buckets
 from traces.plan.nodes import Node, Program, RankContext
-from traces.purpose import EMBED, EmbeddingGrads, GradBucket, Kernel, KernelRun, ParamGather
+from traces.plan.param_gather import gathers_before_forward
+from traces.purpose import (
+    EMBED,
+    EmbeddingGrads,
+    GradBucket,
+    Kernel,
+    KernelRun,
+    ParamGather,
+    Unit,
+)
 
 
 def add_optimizer(ctx: RankContext, program: Program) -> Program:
@@ -42,13 +54,18 @@ def add_optimizer(ctx: RankContext, program: Program) -> Program:
                    purpose=KernelRun(Kernel.OPTIMIZER), phase=Phase.OPT,
                    mem_bytes=params / shard * per_param), None, waits)
     out.append(step)
+    gathers: list[tuple[Op, list[Unit]]] = []
     if layout.zero in (1, 2) and layout.data_degree > 1:
         to_params = model.dtype_bytes / ctx.grad_bytes  # the same elements, as parameters
+        units = gradient_buckets(ctx)
         for bucket, size in _last_buckets(ctx, nodes):
             op = Op(kind=OpKind.ALL_GATHER, stream=Stream.DP, name="params",
                     purpose=ParamGather(bucket.index), group=layout.data_group(ctx.rank),
                     size_bytes=size * to_params, phase=Phase.OPT, dtype=model.data_dtype)
-            out.append(Node(op, None, [step]))
+            gathers.append((op, units[bucket.index]))
+    if layout.overlap_param_gather and gathers:  # the last step's, beside this forward
+        return gathers_before_forward([*actions, program[-1] + out], gathers)
+    out += [Node(op, None, [step]) for op, _ in gathers]
     return [*actions, program[-1] + out]
 
 

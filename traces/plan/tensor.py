@@ -21,9 +21,11 @@ gradient. So SP saves a 1/t shard instead of the full b·s·h input of each of t
 its backward moves one b·s·h all-gather more per GEMM than TP alone.
 
 Each buffer is the b·s·h activation (nccl-tests' convention: the all-gather's output, the
-reduce-scatter's input). The vocab-parallel cross-entropy adds two small all-reduces forward:
-the max of each token's logits after `logits` (b·s fp32, `ce_max`) and the target logit and
-sum of exponentials after `cross_entropy` (2·b·s fp32, `ce_sum`).
+reduce-scatter's input). With tp_comm_overlap, the sites of qkv, proj, fc1 and fc2 are
+overlapped with their GEMMs instead (`traces.plan.overlap`). The vocab-parallel
+cross-entropy adds two small all-reduces forward: the max of each token's logits after
+`logits` (b·s fp32, `ce_max`) and the target logit and sum of exponentials after
+`cross_entropy` (2·b·s fp32, `ce_sum`).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from __future__ import annotations
 from traces.layout import Axis
 from traces.ops import Op, OpKind, Phase, Stream
 from traces.plan.nodes import Node, Program, RankContext
+from traces.plan.overlap import OVERLAPPED, Where, overlap_region
 from traces.purpose import CrossEntropyStat, Kernel, KernelRun, Purpose, Stat, TpSite
 
 K = Kernel
@@ -78,13 +81,25 @@ def add_tensor_parallel(ctx: RankContext, program: Program) -> Program:
              "ce_sum": 2 * b * s * FP32}
     group = layout.group(ctx.rank, Axis.TP)
     where = _placements(layout.sp)
+    overlap = _overlapped(layout.sp, layout.tp_comm_overlap)
     out: Program = []
     for nodes in program:
         step: list[Node] = []
+        join: Node | None = None  # an overlapped collective the next compute op waits for
         for node in nodes:
             purpose = node.op.purpose
-            found = where.get((purpose.kernel, node.op.phase)) \
-                if isinstance(purpose, KernelRun) else None
+            key = (purpose.kernel, node.op.phase) if isinstance(purpose, KernelRun) else None
+            if join is not None and node.on_compute:
+                node.after.append(join)
+                join = None
+            if key in overlap:
+                launch = next(n for n in reversed(step) if n.on_compute)
+                region = overlap_region(node, *overlap[key],
+                                        Where(group=group, size=sizes["tp"], launch=launch))
+                step += region.nodes
+                join = region.join
+                continue
+            found = where.get(key) if key is not None else None
             if found is None:
                 step.append(node)
                 continue
@@ -92,7 +107,22 @@ def add_tensor_parallel(ctx: RankContext, program: Program) -> Program:
             step += [_collective(ctx, node, c, group, sizes[c[1]]) for c in before]
             step.append(node)
             step += [_collective(ctx, node, c, group, sizes[c[1]]) for c in after]
+        assert join is None, "an overlapped kernel ends an action"
         out.append(step)
+    return out
+
+
+def _overlapped(sp: bool, tp_comm_overlap: bool
+                ) -> dict[tuple[Kernel, Phase], tuple[tuple[TpSite, ...], tuple[TpSite, ...]]]:
+    """(kernel, phase) -> the TP sites before and after it that tp_comm_overlap overlaps with
+    its GEMM (`traces.plan.overlap`); empty without it."""
+    if not (sp and tp_comm_overlap):
+        return {}
+    out = {}
+    for (kernel, backward), sites in tp_sites(sp).items():
+        if kernel in OVERLAPPED:
+            for phase in (Phase.BWD,) if backward else (Phase.FWD, Phase.RECOMPUTE):
+                out[(kernel, phase)] = sites
     return out
 
 

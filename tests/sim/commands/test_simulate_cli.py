@@ -149,6 +149,13 @@ def bad(tmp_path, old, new):
     ("tp = 2", "tp = 2\noverlap_grad_reduce = 1", "parallel.overlap_grad_reduce: 1 must be true"),
     ("tp = 2", "tp = 2\nfp32_main_grads = \"no\"", "parallel.fp32_main_grads: 'no' must be true"),
     ("vocab = 1024", "vocab = 1024\nattention = \"unfused\"", None),
+    ("tp = 2", "tp = 2\ntp_comm_overlap = true",
+     "parallel.tp_comm_overlap: true at tp = 2 needs sp = true"),
+    ("tp = 2", "tp = 2\ntp_comm_overlap = \"yes\"",
+     "parallel.tp_comm_overlap: 'yes' must be true"),
+    ("tp = 2", "tp = 2\noverlap_param_gather = 0",
+     "parallel.overlap_param_gather: 0 must be true"),
+    ("tp = 2", "tp = 2\nsp = true\ntp_comm_overlap = true\noverlap_param_gather = true", None),
 ])
 def test_bad_configs_give_one_line_and_exit_2(capsys, tmp_path, old, new, needle):
     code, out, err = run_cli(capsys, "simulate", bad(tmp_path, old, new), "--json")

@@ -141,3 +141,18 @@ def test_cp_rules_are_one_line_naming_the_field():
                                           r"divisible by tp = 32"):
         check_layout(ModelSpec(layers=2, hidden=64, heads=32, seq_len=96, vocab=128),
                      Layout(cp=2, tp=32, sp=True))
+
+
+@pytest.mark.parametrize("comm", ["p2p", "all_gather"])
+def test_an_overlapped_proj_waits_for_the_last_op_of_the_cp_attention(comm):
+    """tp_comm_overlap's proj chunks waited for the attention core the CP pass replaces (a
+    dangling wait deadlocked the step): they wait for the last op of its CP form."""
+    _, plan = _plan(tp=2, cp=2, sp=True, tp_comm_overlap=True, cp_comm=comm)
+    ops = plan.ops[0]
+    assert all(0 <= d < i for i, op in enumerate(ops) for d in op.deps)
+    fwd = [i for i, op in enumerate(ops) if op.layer == 0 and op.microbatch == 0
+           and op.phase is Phase.FWD]
+    last_core = max(i for i in fwd if ops[i].purpose == KernelRun(Kernel.FLASH_ATTN))
+    proj_scatter = next(i for i in fwd if i > last_core and ops[i].stream == Stream.TP_COMM)
+    assert ops[proj_scatter].kind is OpKind.REDUCE_SCATTER
+    assert last_core in ops[proj_scatter].deps

@@ -1,0 +1,146 @@
+"""Megatron-Core's overlaps on a contention-free network (the analytic network: every transfer
+alone on its links): each overlapped region of tp_comm_overlap ends where its closed form says,
+the step is the rest of the compute stream plus those regions, and overlap_param_gather's step
+is the step without it less its gathers plus the forward's waits for them."""
+
+from __future__ import annotations
+
+import dataclasses
+from itertools import groupby
+
+import pytest
+
+from sim.engine.replay import StepTimes, replay
+from sim.engine.transport import NetworkMode
+from sim.models.compute import ComputeModel
+from sim.profile import default_profile
+from traces.layout import Layout
+from traces.model import ModelSpec
+from traces.ops import Op, Stream
+from traces.plan import build
+from traces.plan.overlap import region_seconds
+from traces.purpose import GemmChunk, OverlapMethod, ParamGather, TpChunk
+
+MODEL = ModelSpec(layers=2, hidden=2048, heads=16, seq_len=2048, vocab=32000)
+OVERLAP = dict(tp=8, sp=True, global_batch=2, tp_comm_overlap=True)
+
+
+def _replay(h100, model: ModelSpec, layout: Layout) -> StepTimes:
+    plan = build(model, layout)
+    compute = ComputeModel(h100.accelerator, default_profile(h100.accelerator))
+    return replay(plan, h100, compute, network=NetworkMode.ANALYTIC)
+
+
+def _regions(ops: tuple[Op, ...]) -> list[list[int]]:
+    """The indices of each overlapped kernel's ops: its GEMM and collective chunks."""
+    key = [(op.layer, op.microbatch, op.phase, op.purpose.kernel)
+           if isinstance(op.purpose, GemmChunk | TpChunk) else None for op in ops]
+    out, i = [], 0
+    for k, run in groupby(range(len(ops)), key=lambda j: key[j]):
+        indices = list(run)
+        if k is not None:
+            out.append(indices)
+        i += len(indices)
+    return out
+
+
+def _closed_form(ops: tuple[Op, ...], region: list[int], times: StepTimes) -> float:
+    """The region's length from its chunks' durations (traces.plan.overlap's docstring)."""
+    def seconds(i: int) -> float:
+        return times.ends[0][i] - times.starts[0][i]
+
+    gemms = [seconds(i) for i in region if isinstance(ops[i].purpose, GemmChunk)]
+    comms = [seconds(i) for i in region if isinstance(ops[i].purpose, TpChunk)]
+    method = next(ops[i].purpose.method for i in region if isinstance(ops[i].purpose, TpChunk))
+    if method is OverlapMethod.BULK:  # [ag, dgrad, rs, wgrad]
+        ag, rs = comms
+        dgrad, wgrad = gemms
+        return max(ag, dgrad) + max(rs, wgrad)
+    if method is OverlapMethod.RING:  # t GEMM chunks (a weight gradient after, in backward)
+        wgrad = gemms.pop() if len(gemms) > len(comms) + 1 else 0.0
+        t, g, c = len(gemms), gemms[0], comms[0]
+        assert gemms == pytest.approx([g] * t, rel=1e-12), "even chunks"
+        assert comms == pytest.approx([c] * (t - 1), rel=1e-12)
+        return max(t * g, g + (t - 1) * c) + wgrad
+    n, g, c = len(gemms), gemms[0], comms[0]  # pipeline
+    assert gemms == pytest.approx([g] * n, rel=1e-12)
+    assert comms == pytest.approx([c] * n, rel=1e-12)
+    return max(n * g + c, g + n * c)
+
+
+@pytest.mark.parametrize("recompute", ["none", "full"])
+def test_each_overlapped_region_and_the_step_follow_the_closed_form(h100, recompute):
+    times = _replay(h100, MODEL, Layout(**OVERLAP, recompute=recompute))
+    ops = times.plan.ops[0]
+    regions = _regions(ops)
+    assert {ops[r[0]].purpose.kernel for r in regions} == {"qkv", "proj", "fc1", "fc2"}
+    assert len(regions) == 4 * MODEL.layers * (3 if recompute == "full" else 2) * 2
+    inside = set()
+    total = 0.0
+    methods = set()
+    for region in regions:
+        inside.update(region)
+        start = times.ends[0][region[0] - 1]  # the compute op before: where TE launches
+        end = max(times.ends[0][i] for i in region)
+        closed = _closed_form(ops, region, times)
+        assert end - start == pytest.approx(closed, rel=1e-9, abs=1e-12), region
+        # the layout search's statement of the same closed form
+        searched = region_seconds([ops[i] for i in region],
+                                  lambda op: times.ends[0][ops.index(op)]
+                                  - times.starts[0][ops.index(op)])
+        assert searched == pytest.approx(closed, rel=1e-12)
+        total += closed
+        methods |= {ops[i].purpose.method for i in region if isinstance(ops[i].purpose,
+                                                                         TpChunk)}
+    assert methods == set(OverlapMethod)
+    on_compute = [i for i, op in enumerate(ops) if op.stream == Stream.COMPUTE]
+    rest = sum(times.ends[0][i] - times.starts[0][i] for i in on_compute if i not in inside)
+    # the optimizer waits for the last SP gradient all-reduce (not a TP overlap's)
+    step, before = on_compute[-1], on_compute[-2]
+    sp_grads = times.starts[0][step] - times.ends[0][before]
+    assert times.step_time_s == pytest.approx(rest + total + sp_grads, rel=1e-9)
+
+
+def test_the_overlap_hides_communication_at_scale_and_changes_nothing_at_tp_1(h100):
+    """At 8192 x 4096 a chunk's GEMM outlasts its collective, and the overlap wins; at the
+    small MODEL the t - 1 exchanges' latencies and the chunks' launches cost more than they
+    hide (TE's small shapes do not gain either)."""
+    big = ModelSpec(layers=2, hidden=8192, heads=64, seq_len=4096, vocab=32000)
+    inline = _replay(h100, big, Layout(**{**OVERLAP, "tp_comm_overlap": False}))
+    overlapped = _replay(h100, big, Layout(**OVERLAP))
+    assert overlapped.step_time_s < 0.9 * inline.step_time_s
+    small_inline = _replay(h100, MODEL, Layout(**{**OVERLAP, "tp_comm_overlap": False}))
+    assert _replay(h100, MODEL, Layout(**OVERLAP)).step_time_s > small_inline.step_time_s
+    single = ModelSpec(**{**dataclasses.asdict(MODEL), "layers": 2})
+    plain = build(single, Layout(dp=8, global_batch=8))
+    accepted = build(single, Layout(dp=8, global_batch=8, tp_comm_overlap=True))
+    assert accepted.ops == plain.ops
+
+
+def test_the_parameter_gathers_hide_under_the_forward_but_its_waits(h100):
+    layout = dict(tp=4, sp=True, dp=2, zero=1, global_batch=4, bucket_bytes=20 * 2**20)
+    after = _replay(h100, MODEL, Layout(**layout))
+    before = _replay(h100, MODEL, Layout(**layout, overlap_param_gather=True))
+    ops = before.plan.ops[0]
+    gathers = [i for i, op in enumerate(ops) if isinstance(op.purpose, ParamGather)]
+    assert len(gathers) >= 3
+    # each gather's first forward use waits for it; what it waits is the exposed part
+    waits = 0.0
+    compute = [i for i, op in enumerate(ops) if op.stream == Stream.COMPUTE]
+    for previous, i in zip([None, *compute], compute):
+        if any(d in gathers for d in ops[i].deps):
+            ready = 0.0 if previous is None else before.ends[0][previous]
+            waits += before.starts[0][i] - ready
+    end_gathers = sum(after.ends[0][i] - after.starts[0][i]
+                      for i, op in enumerate(after.plan.ops[0])
+                      if isinstance(op.purpose, ParamGather))
+    assert waits > 0  # the first bucket's gather is exposed
+    assert before.step_time_s == pytest.approx(after.step_time_s - end_gathers + waits,
+                                               rel=1e-9)
+    assert before.step_time_s < after.step_time_s
+    zero0 = dict(layout, zero=0)
+    assert build(MODEL, Layout(**zero0, overlap_param_gather=True)).ops == \
+        build(MODEL, Layout(**zero0)).ops
+    zero3 = dict(layout, zero=3)
+    assert build(MODEL, Layout(**zero3, overlap_param_gather=True)).ops == \
+        build(MODEL, Layout(**zero3)).ops

@@ -1,0 +1,240 @@
+"""tp_comm_overlap: Transformer Engine's userbuffer overlap of the SP collectives with the GEMMs.
+
+Megatron-LM's --tp-comm-overlap hands each transformer layer's four TP GEMMs to Transformer
+Engine, whose `initialize_ub` (transformer_engine/pytorch/module/base.py) overlaps the
+sequence-parallel all-gather or reduce-scatter with the GEMM that consumes or produces it,
+with these default methods (`get_default_config`):
+
+    qkv, fc1 fprop     ring_exchange  the input all-gathered as t - 1 exchanges with the ring
+                                      neighbours, each beside the GEMM of the shard before
+                                      (the rank's own shard first, beside no wait); num_splits
+                                      = t; num_sm 1 and use_ce: the copy engines move it
+    proj, fc2 fprop    pipeline       the GEMM in num_splits = 4 chunks of the tokens, each
+                                      chunk's reduce-scatter beside the next chunk's GEMM;
+                                      num_sm 16 with set_sm_margin: the GEMM runs on 16 SMs fewer
+    proj, fc2 dgrad    ring_exchange  the output gradient all-gathered beside the input-gradient
+                                      GEMM's chunks; the weight gradient then, on the whole
+    qkv, fc1 dgrad     bulk           the all-gather of the saved input shard (for the weight
+                                      gradient) beside the whole input-gradient GEMM
+    qkv, fc1 wgrad     bulk           the reduce-scatter of that input gradient beside the
+                                      whole weight-gradient GEMM (num_sm 16, set_sm_margin)
+
+The output layer (logits) and the embedding are not TE layers: their collectives stay inline.
+Each region becomes typed ops: `GemmChunk`s on the compute stream (the kernel's products cut
+along the tokens, each costed as its own GEMM) and `TpChunk`s on the `tp_comm` stream, whose
+dependencies state the method: a ring chunk k's GEMM waits for exchange k; a pipeline chunk's
+reduce-scatter waits for its GEMM; the bulk weight gradient waits for the gather, the bulk
+reduce-scatter for the input gradient. Every collective of a region waits for the compute op
+before the region (where TE launches it), and the op after the region waits for the last one.
+So on an uncontended network, with g a GEMM chunk's time and c a collective chunk's:
+
+    ring (t chunks)        max(t·g, g + (t - 1)·c)
+    pipeline (n chunks)    max(n·g + c, g + n·c)
+    bulk                   max(AG, dgrad) + max(RS, wgrad)
+
+The engine needs nothing new (streams and dependencies); the compute model costs a chunk by
+its GEMM shape. What a chunk loses to the SMs its communication holds is the interference
+model's, from `GemmChunk.comm_sms`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+from traces.ops import Op, OpKind, Phase, Stream
+from traces.plan.nodes import Node
+from traces.purpose import (
+    GemmChunk,
+    GemmPart,
+    Kernel,
+    KernelRun,
+    OverlapMethod,
+    TpChunk,
+    TpSite,
+)
+
+K = Kernel
+OVERLAPPED = frozenset({K.QKV, K.PROJ, K.FC1, K.FC2})
+"""The kernels whose TP collectives Transformer Engine overlaps (the layers' linear layers)."""
+# TE's get_default_config: num_splits 4 for pipeline (t for ring exchange); num_sm 16 with
+# set_sm_margin for pipeline and bulk (the GEMM runs on that many SMs fewer); ring exchange
+# num_sm 1, use_ce, no margin (the copy engines move the data).
+PIPELINE_SPLITS = 4
+PIPELINE_SMS = 16
+BULK_SMS = 16
+RING_SMS = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Where:
+    """What a region's collectives need besides the kernel: the rank's TP group (and so t),
+    the b·s·h buffer of nccl-tests' size, and the compute op before the region."""
+
+    group: tuple[int, ...]
+    size: float
+    launch: Node
+
+    @property
+    def tp(self) -> int:
+        return len(self.group)
+
+
+class Region:
+    """The ops of one overlapped kernel: its nodes in order, and the collective the next
+    compute op must wait for (None: nothing left in flight)."""
+
+    __slots__ = ("nodes", "join")
+
+    def __init__(self) -> None:
+        self.nodes: list[Node] = []
+        self.join: Node | None = None
+
+
+def overlap_region(node: Node, before: tuple[TpSite, ...], after: tuple[TpSite, ...],
+                   where: Where) -> Region:
+    """The overlapped ops replacing `node` (a qkv, proj, fc1 or fc2 op) and its TP collectives
+    `before` and `after` (`traces.plan.tensor.tp_sites` with SP)."""
+    backward = node.op.phase is Phase.BWD
+    if not backward and before:  # qkv, fc1 fprop: ring-exchange all-gather
+        return _ring(node, before[0], where, GemmPart.FPROP)
+    if not backward:  # proj, fc2 fprop: pipelined reduce-scatter
+        return _pipeline(node, after[0], where)
+    if not after:  # proj, fc2 backward: ring-exchange all-gather of the output gradient
+        region = _ring(node, before[0], where, GemmPart.DGRAD)
+        region.nodes.append(_gemm(node, GemmPart.WGRAD, 0, 1, 0))
+        return region
+    return _bulk(node, before[0], after[0], where)  # qkv, fc1 backward
+
+
+def _ring(node: Node, site: TpSite, where: Where, part: GemmPart) -> Region:
+    """GEMM chunk 0 on the rank's own shard; exchange k (1..t-1) moves one shard per rank
+    (an all-gather of 1/(t-1) of every shard: size / (t-1) gathered), GEMM chunk k waits
+    for it."""
+    region, tp = Region(), where.tp
+    previous = where.launch
+    for k in range(tp):
+        gemm = _gemm(node, part, k, tp, RING_SMS)
+        if k:
+            comm = _comm(node, site, k, tp, OverlapMethod.RING, where.size / (tp - 1),
+                         where.group, [previous])
+            previous = comm
+            gemm.after.append(comm)
+            region.nodes.append(comm)
+        region.nodes.append(gemm)
+    return region
+
+
+def _pipeline(node: Node, site: TpSite, where: Where) -> Region:
+    """GEMM chunk k, then its reduce-scatter (size / n of the buffer) beside chunk k + 1."""
+    region = Region()
+    n = PIPELINE_SPLITS
+    for k in range(n):
+        gemm = _gemm(node, GemmPart.FPROP, k, n, PIPELINE_SMS)
+        comm = _comm(node, site, k, n, OverlapMethod.PIPELINE, where.size / n, where.group,
+                     [where.launch, gemm])
+        region.nodes += [gemm, comm]
+        region.join = comm
+    return region
+
+
+def _bulk(node: Node, gather: TpSite, scatter: TpSite, where: Where) -> Region:
+    """The saved input's all-gather beside the input gradient; the input gradient's
+    reduce-scatter beside the weight gradient, which waits for the gather."""
+    region = Region()
+    ag = _comm(node, gather, 0, 1, OverlapMethod.BULK, where.size, where.group, [where.launch])
+    dgrad = _gemm(node, GemmPart.DGRAD, 0, 1, BULK_SMS)
+    rs = _comm(node, scatter, 0, 1, OverlapMethod.BULK, where.size, where.group, [dgrad])
+    wgrad = _gemm(node, GemmPart.WGRAD, 0, 1, BULK_SMS)
+    wgrad.after.append(ag)
+    region.nodes += [ag, dgrad, rs, wgrad]
+    region.join = rs
+    return region
+
+
+def _gemm(node: Node, part: GemmPart, index: int, count: int, sms: int) -> Node:
+    """Chunk `index` of `count` of one product of `node`'s GEMM (`_gemm_fields`)."""
+    op = node.op
+    fields = _gemm_fields(op.name, op.purpose, op.phase, op.flops, op.mem_bytes, op.gemm,  # type: ignore[arg-type]
+                          part, index, count, sms)
+    return Node(Op(**fields, layer=op.layer, microbatch=op.microbatch), node.unit)
+
+
+@lru_cache(maxsize=1 << 16)  # distinct chunks of the plans of a long search, bounded
+def _gemm_fields(name: str, purpose: KernelRun, phase: Phase, flops: float, mem_bytes: float,
+                 gemm: tuple[int, ...], part: GemmPart, index: int, count: int,
+                 sms: int) -> dict[str, Any]:
+    """The chunk op's fields but layer and micro-batch, made once per distinct chunk (a
+    GPT-3 plan at tp 8 makes ~10^6 chunks of a few hundred kinds): tokens (M) split as
+    evenly as integers go; FLOPs and HBM bytes in proportion (the backward's halves to each
+    product)."""
+    assert purpose.kernel in OVERLAPPED, purpose
+    batch, m, n, k = gemm
+    rows = m // count + (1 if index < m % count else 0)
+    share = rows / m
+    if part is GemmPart.FPROP:
+        shape, fraction = (batch, rows, n, k), share
+    elif part is GemmPart.DGRAD:
+        shape, fraction = (batch, rows, k, n), share / 2
+    else:
+        assert count == 1, "the weight gradient reduces over every token: one chunk"
+        shape, fraction = (batch, k, n, m), 0.5
+    return {"kind": OpKind.COMPUTE, "stream": Stream.COMPUTE, "name": name,
+            "purpose": GemmChunk(purpose.kernel, part, index, count, sms), "phase": phase,
+            "flops": flops * fraction, "mem_bytes": mem_bytes * fraction, "gemm": shape}
+
+
+def _comm(node: Node, site: TpSite, index: int, count: int, method: OverlapMethod,
+          size: float, group: tuple[int, ...], after: list[Node]) -> Node:
+    op = node.op
+    fields = _comm_fields(site, index, count, method, size, group, op.phase, op.dtype)  # type: ignore[arg-type]
+    return Node(Op(**fields, layer=op.layer, microbatch=op.microbatch), node.unit, list(after))
+
+
+@lru_cache(maxsize=1 << 16)  # distinct chunks of the plans of a long search, bounded
+def _comm_fields(site: TpSite, index: int, count: int, method: OverlapMethod, size: float,
+                 group: tuple[int, ...], phase: Phase, dtype: str) -> dict[str, Any]:
+    """A collective chunk's fields but layer and micro-batch, made once per distinct chunk."""
+    purpose = TpChunk(site.kernel, site.slot, site.grad, site.kind, site.saved, index, count,
+                      method)
+    return {"kind": site.kind, "stream": Stream.TP_COMM, "name": "tp", "purpose": purpose,
+            "group": group, "size_bytes": size, "phase": phase, "dtype": dtype}
+
+
+def in_region(op: Op) -> bool:
+    """Whether `op` belongs to an overlapped region (a GEMM or a collective chunk)."""
+    return isinstance(op.purpose, GemmChunk | TpChunk)
+
+
+def region_seconds(ops: Sequence[Op], seconds: Callable[[Op], float]) -> float:
+    """The length of one region (its ops in plan order, `seconds` each op's time alone) from
+    its launch to its last op's end, by the dependencies `overlap_region` states: the
+    closed forms of the module docstring, for any chunk times. The layout search's."""
+    gemms: list[tuple[GemmChunk, float]] = []
+    comms: list[float] = []
+    methods: set[OverlapMethod] = set()
+    for op in ops:
+        if isinstance(op.purpose, GemmChunk):
+            gemms.append((op.purpose, seconds(op)))
+        elif isinstance(op.purpose, TpChunk):
+            comms.append(seconds(op))
+            methods.add(op.purpose.method)
+    (method,) = methods
+    if method is OverlapMethod.BULK:
+        (ag, rs), (dgrad, wgrad) = comms, [t for _, t in gemms]
+        return max(ag, dgrad) + max(rs, wgrad)
+    if method is OverlapMethod.RING:  # GEMM chunk k (k >= 1) waits for exchange k
+        times = [t for chunk, t in gemms if chunk.part is not GemmPart.WGRAD]
+        tail = sum(t for chunk, t in gemms if chunk.part is GemmPart.WGRAD)
+        gemm_end, comm_end = times[0], 0.0
+        for g, c in zip(times[1:], comms):
+            comm_end += c
+            gemm_end = max(gemm_end, comm_end) + g
+        return gemm_end + tail
+    gemm_end = comm_end = 0.0
+    for (_, g), c in zip(gemms, comms):  # pipeline: chunk k's reduce-scatter after its GEMM
+        gemm_end += g
+        comm_end = max(comm_end, gemm_end) + c
+    return max(gemm_end, comm_end)
