@@ -64,7 +64,7 @@ class Loop(simpy.Environment):
         queue = self._queue
         while queue:
             self._now, _, _, event = heappop(queue)
-            callbacks, event.callbacks = event.callbacks, None
+            callbacks, event.callbacks = event.callbacks, None  # type: ignore[assignment]
             for callback in callbacks:
                 callback(event)
             if not event._ok and not hasattr(event, "_defused"):
