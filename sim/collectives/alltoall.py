@@ -16,7 +16,8 @@ gives every link's count in closed form from a few sums over the members:
   - three tiers, pod aggregation u to core (u, c) and back: the same with pods for leaves,
     receivers grouped by (u, c).
 
-So its cost grows with the links, not the pairs. It applies to groups that hold the same
+So its cost grows with the links, not the pairs. It applies to destination-mod-k routing
+(not to hashed or adaptive uplinks: a fabric whose `symmetric` is false) and to groups that hold the same
 local GPUs in every server they touch (what an expert- or data-parallel group over whole nodes
 does); others are routed pair by pair. The result is the very `FlowSet` pair-by-pair routing
 builds: the same integer counts, and the latency of the longest route, found among one server
@@ -35,10 +36,15 @@ from sim.engine.flows import FlowSet
 from topology.cluster import Cluster
 from topology.fabric import FatTree, Rails
 from topology.server import ServerSpec, gpu_node, nic_node, nvswitch_node
+from traces.errors import ConfigError
 
 AGGREGATE_FROM = 2
 """Groups of at least this many ranks are counted by class (every size: the result is the
 same `FlowSet`)."""
+
+MAX_ROUTED_PAIRS = 1 << 20
+"""The most flows routed one by one (1,025 ranks; ~12 us a route here, so ~13 s): above it,
+a group that cannot be counted by class is refused before its routes are built."""
 
 
 def all_to_all_flows(cluster: Cluster, group: Sequence[int]) -> FlowSet | None:
@@ -46,6 +52,8 @@ def all_to_all_flows(cluster: Cluster, group: Sequence[int]) -> FlowSet | None:
     where the fabric or the group has no such structure (route pair by pair then)."""
     fabric = cluster.fabric
     if not isinstance(fabric, FatTree | Rails) or len(group) < AGGREGATE_FROM:
+        return None
+    if not getattr(fabric, "symmetric", True):  # hashed or adaptive uplinks: no closed form
         return None
     spec = fabric.server
     if spec.gpus != cluster.devices_per_server or spec.nics == 0:
@@ -81,12 +89,12 @@ class _Counts:
     """Flows per link id, added by the link's end nodes."""
 
     def __init__(self, cluster: Cluster) -> None:
-        self.edges = cluster.graph.edges
+        self.link = cluster.link
         self.by_link: dict[int, int] = {}
 
     def add(self, u: str, v: str, flows: int) -> None:
         if flows:
-            link = self.edges[u, v]["id"]
+            link = self.link(u, v)
             self.by_link[link] = self.by_link.get(link, 0) + flows
 
 
@@ -197,6 +205,12 @@ def _representatives(cluster: Cluster, servers: dict[int, list[int]]) -> list[tu
 def enumerated(cluster: Cluster, group: Sequence[int]) -> FlowSet:
     """The same flow set routed pair by pair (what `lower_direct` did for every group; the
     reference the tests compare with)."""
+    pairs = len(group) * (len(group) - 1)
+    if pairs > MAX_ROUTED_PAIRS:
+        raise ConfigError(f"all_to_all: {len(group):,} ranks make {pairs:,} flows to route one "
+                          f"by one, more than the {MAX_ROUTED_PAIRS:,} parasim routes (it counts "
+                          f"them by class on a fat tree or rails, over the same GPUs of every "
+                          f"server)")
     routes = [hop(cluster, a, b) for a in group for b in group if a != b]
     latency = max(cluster.path_latency(r) for r in routes)
     return flowset(cluster, routes, latency)
