@@ -7,6 +7,7 @@ import pytest
 from sim.collectives.alltoall import all_to_all_flows, enumerated
 from sim.collectives.direct import lower_direct
 from topology.config import build_cluster
+from traces.errors import ConfigError
 from traces.ops import OpKind
 
 FABRICS = [
@@ -63,3 +64,10 @@ def test_uneven_groups_are_routed_pair_by_pair() -> None:
 def test_a_torus_is_routed_pair_by_pair() -> None:
     cluster = build_cluster("tpu-v4", nodes=16)
     assert all_to_all_flows(cluster, list(range(8))) is None
+
+
+def test_routing_pair_by_pair_is_bounded() -> None:
+    cluster = build_cluster("dgx-h100", nodes=129)
+    uneven = tuple(range(1026))  # 128 whole servers and two GPUs of the 129th
+    with pytest.raises(ConfigError, match=r"1,026 ranks make 1,051,650 flows .* 1,048,576"):
+        lower_direct(cluster, OpKind.ALL_TO_ALL, uneven)
