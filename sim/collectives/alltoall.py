@@ -20,11 +20,11 @@ So its cost grows with the links, not the pairs. It applies to destination-mod-k
 (not to hashed or adaptive uplinks: a fabric whose `symmetric` is false) and to groups that
 hold the same local GPUs in every server they touch (what an expert- or data-parallel group
 over whole nodes does); others are routed pair by pair. The result is the very `FlowSet`
-pair-by-pair routing builds: the same integer counts, and the latency of the longest route, found among one server
-pair per relation (the same server, leaf, pod, or none) whose routes have every shape the
-group's routes have (links of one kind share one latency: `topology.override` sets them per
-kind). tests/sim/collectives/test_alltoall.py checks equality against `lower_direct`'s
-enumeration.
+pair-by-pair routing builds: the same integer counts, and the latency of the longest route,
+found among one server pair per relation (the same server, leaf, pod, or none) whose routes
+have every shape the group's routes have (links of one kind share one latency:
+`topology.override` sets them per kind). tests/sim/collectives/test_alltoall.py checks
+equality against pair-by-pair routing.
 """
 
 from __future__ import annotations
