@@ -79,6 +79,8 @@ class Cluster:
     _routes: dict[tuple[int, int, int | None], tuple[int, ...]] = field(
         init=False, default_factory=dict, repr=False, compare=False
     )
+    _link_ids: dict[tuple[str, str], int] = field(init=False, repr=False, compare=False)
+    """Link id by (from node, to node): what `route` looks up per hop, without networkx."""
 
     def __post_init__(self) -> None:
         edges = sorted(self.graph.edges(data=True), key=lambda e: e[2]["id"])
@@ -88,6 +90,7 @@ class Cluster:
         object.__setattr__(self, "link_kind", tuple(e[2]["kind"] for e in edges))
         assert set(self.link_kind) <= set(LINK_KINDS), f"link kinds {set(self.link_kind)}"
         object.__setattr__(self, "link_ends", tuple((e[0], e[1]) for e in edges))
+        object.__setattr__(self, "_link_ids", {ends: i for i, ends in enumerate(self.link_ends)})
 
     @property
     def num_devices(self) -> int:
@@ -116,9 +119,14 @@ class Cluster:
         cached = self._routes.get(key)
         if cached is None:
             nodes = self.fabric.path(src, dst, nic) if src != dst else []
-            cached = tuple(self.graph.edges[u, v]["id"] for u, v in zip(nodes, nodes[1:]))
+            ids = self._link_ids
+            cached = tuple([ids[u, v] for u, v in zip(nodes, nodes[1:])])
             self._routes[key] = cached
         return cached
 
+    def link(self, src: str, dst: str) -> int:
+        """The id of the directed link between two graph nodes."""
+        return self._link_ids[src, dst]
+
     def path_latency(self, links: tuple[int, ...]) -> float:
-        return sum(self.link_latency[link] for link in links)
+        return sum(map(self.link_latency.__getitem__, links))  # in order, as a loop would

@@ -1,13 +1,15 @@
 """Direct algorithms: all-to-all as every pair at once, and one send/recv.
 
 In all_to_all each rank sends S/n to every other rank (S = its whole send buffer, as
-nccl-tests counts it), all flows in flight together.
+nccl-tests counts it), all flows in flight together: on a switched fabric counted per link
+by class (`sim.collectives.alltoall`), elsewhere routed pair by pair.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+from sim.collectives.alltoall import all_to_all_flows, enumerated
 from sim.collectives.base import A2A, Lowering, flowset, hop
 from topology.cluster import Cluster
 from traces.ops import OpKind
@@ -18,9 +20,8 @@ def lower_direct(cluster: Cluster, kind: OpKind, group: Sequence[int],
     n = len(group)
     if kind is not A2A or n < 2:
         return None
-    routes = [hop(cluster, a, b) for a in group for b in group if a != b]
-    latency = max(cluster.path_latency(r) for r in routes)
-    return (((flowset(cluster, routes, latency), 1.0 / n),),)
+    flows = all_to_all_flows(cluster, group) or enumerated(cluster, group)
+    return (((flows, 1.0 / n),),)
 
 
 def lower_p2p(cluster: Cluster, src: int, dst: int) -> Lowering:

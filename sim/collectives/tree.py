@@ -77,14 +77,14 @@ def lower_tree(cluster: Cluster, kind: OpKind, group: Sequence[int],
     rnd = []  # one round: both trees of every channel at once
     for c in range(channels):
         chains = rotated(servers, c) if uniform(servers) else servers
-        inter, intra = [], []
+        inter = []
         for edges in trees:
             for p, q in edges:
                 inter += [hop(cluster, chains[q][0], chains[p][0]),
                           hop(cluster, chains[p][0], chains[q][0])]
-            for chain in chains:
-                for a, b in zip(chain, chain[1:]):
-                    intra += [hop(cluster, b, a), hop(cluster, a, b)]
+        chain_hops = [route for chain in chains for a, b in zip(chain, chain[1:])
+                      for route in (hop(cluster, b, a), hop(cluster, a, b))]
+        intra = chain_hops * len(trees)  # each tree runs the same chains inside the servers
         depth = max(tree_depth(e) for e in trees)
         chain_len = max(len(ch) for ch in chains) - 1
         lat_inter = max((cluster.path_latency(r) for r in inter), default=0.0)

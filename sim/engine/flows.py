@@ -14,8 +14,10 @@ and the flow model's shortcut (`sim.engine.network`) all use it.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import chain
 
 from sim.engine.maxmin import max_min_rates
 
@@ -39,14 +41,10 @@ class FlowSet:
     def of(routes: Iterable[Sequence[int]], latency_s: float,
            capacity: Sequence[float]) -> FlowSet:
         """Aggregate routes (tuples of link ids) into per-link flow counts."""
-        counts: dict[int, int] = {}
-        for route in routes:
-            for link in route:
-                counts[link] = counts.get(link, 0) + 1
-        return FlowSet.from_counts(counts, latency_s, capacity)
+        return FlowSet.from_counts(Counter(chain.from_iterable(routes)), latency_s, capacity)
 
     @staticmethod
-    def from_counts(counts: dict[int, int], latency_s: float,
+    def from_counts(counts: Mapping[int, int], latency_s: float,
                     capacity: Sequence[float]) -> FlowSet:
         links = tuple(sorted(counts))
         per_link = tuple(counts[link] for link in links)

@@ -33,6 +33,7 @@ from typing import Any, Protocol
 import simpy
 
 from sim.collectives import Algorithm
+from sim.engine.loop import Loop
 from sim.engine.lowering import CommPlan, lower_communication
 from sim.engine.meetings import Meetings
 from sim.engine.occupancy import Occupancy
@@ -131,7 +132,7 @@ class _Replay:
                  speeds: Mapping[int, float] | None = None) -> None:
         self.plan, self.compute, self.comm = plan, compute, comm
         self.gaps = gaps or {}
-        self.env = simpy.Environment()
+        self.env = Loop()
         self.occupancy = Occupancy(self.env, plan.ops, interference,
                                    transport_for(network, self.env, cluster, comm), speeds)
         self.meetings = Meetings(self.env, comm)
@@ -151,7 +152,7 @@ class _Replay:
             for i, op in enumerate(ops):
                 streams.setdefault(op.stream, []).append(i)
             for indices in streams.values():
-                self.env.process(self._stream(rank, indices, self._runs(rank, indices)))
+                self.env.start(self._stream(rank, indices, self._runs(rank, indices)))
         self.env.run()
         if progress is not None:
             progress(self.finished, self.total)

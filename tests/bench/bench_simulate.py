@@ -1,4 +1,4 @@
-"""Benchmark: `parasim simulate` wall time and peak memory at 1024 and 4096 GPUs.
+"""Benchmark: `parasim simulate` wall time and peak memory at 1024, 4096 and 16,384 GPUs.
 
     python tests/bench/bench_simulate.py [--repeat 5]
 
@@ -6,6 +6,7 @@ Each run is a fresh `python -m sim simulate CONFIG --json` process, so the wall 
 start-up, config loading, plan building, the simulation and the memory model, as a user sees
 it; peak RSS is the child's. Prints medians over the runs and the predicted figures.
 Targets: GPT-3 175B on 1024 A100 (TP 8 · PP 16 · DP 8) <= 10 s; a 4096-GPU layout <= 60 s.
+Every row of issue 23's table (collectives and the search too): `bench_scale.py`.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from sim.config import example_path
 CASES = {
     "gpt3-175b 1024 A100 TP8 PP16 DP8 (example)": None,
     "gpt3-175b 4096 A100 TP8 PP16 DP32": {"nodes": 512, "dp": 32, "global_batch": 6144},
+    # issue 23's second row: the example's layout on 16,384 GPUs, its global batch kept
+    "gpt3-175b 16384 A100 TP8 PP16 DP128": {"nodes": 2048, "dp": 128, "global_batch": 1536},
 }
 
 
