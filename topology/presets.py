@@ -36,6 +36,12 @@ A100_80GB = Accelerator(
     memory_bytes=81920 * 2**20,  # nvidia-smi: 81920 MiB
     hbm_bandwidth_Bps=2039e9,  # A100 80GB SXM data sheet: 2,039 GB/s HBM2e
     compute_units=108,  # NVIDIA A100 Tensor Core GPU Architecture whitepaper: 108 SMs
+    # 108 SMs x 2048 dense FLOP/clk x 1410 MHz boost = 312 TFLOP/s (the whitepaper's count)
+    peak_clock_MHz=1410,
+    # NVIDIA's HPL Rpeak for A100 systems uses 1305 MHz, "the clock that can be sustained at a
+    # GPU's power limit while running HPL" (G. Lockwood, "Peak FLOPS", glennklockwood.com):
+    # sustained 312 x 1305/1410 = 288.8 TFLOP/s
+    sustained_clock_MHz=1305,
 )
 H100_SXM = Accelerator(
     name="H100-SXM5-80GB",
@@ -43,6 +49,13 @@ H100_SXM = Accelerator(
     memory_bytes=81559 * 2**20,  # nvidia-smi: 81559 MiB
     hbm_bandwidth_Bps=3.35e12,  # H100 SXM data sheet: 3.35 TB/s HBM3
     compute_units=132,  # NVIDIA H100 Tensor Core GPU Architecture whitepaper: 132 SMs (SXM5)
+    # 132 SMs x 4096 dense FLOP/clk x 1830 MHz = 989.4 TFLOP/s (Lockwood, "H100": 1.83 GHz for
+    # low precision, 1.98 GHz boost)
+    peak_clock_MHz=1830,
+    # mamf-finder's sustained (MSMF) run on 8 H200s, every GPU busy, 700 W: the saturated SM
+    # clock 1405-1527 MHz, ~1440-1465 alone (stas00/ml-engineering, compute/accelerator/
+    # benchmarks); the H100 SXM is the same die at the same 700 W: 989.4 x 1450/1830 = 784
+    sustained_clock_MHz=1450,
 )
 H200_SXM = Accelerator(
     name="H200-SXM-141GB",
@@ -50,6 +63,8 @@ H200_SXM = Accelerator(
     memory_bytes=143771 * 2**20,  # nvidia-smi: 143771 MiB (141 GB usable HBM3e)
     hbm_bandwidth_Bps=4.8e12,  # H200 data sheet: 4.8 TB/s HBM3e
     compute_units=132,  # the H100 SXM5 die: 132 SMs
+    peak_clock_MHz=1830,  # as H100 SXM: 989.4 TFLOP/s at 1830 MHz
+    sustained_clock_MHz=1450,  # measured on H200 (mamf-finder MSMF, 8 GPUs busy): see H100
 )
 TPU_V4 = Accelerator(
     name="TPU-v4",
@@ -57,6 +72,10 @@ TPU_V4 = Accelerator(
     memory_bytes=32 * 2**30,  # Cloud TPU v4 docs: 32 GiB HBM2
     hbm_bandwidth_Bps=1200e9,  # Cloud TPU v4 docs: 1200 GBps
     compute_units=8,  # Cloud TPU v4 docs: 2 TensorCores of 4 MXUs (128x128 systolic arrays)
+    # TPU v4 (Jouppi et al., ISCA'23, Table 1): one clock, 1050 MHz, no boost above it:
+    # 8 MXUs x 128x128 x 2 FLOPs x 1050 MHz = 275 TFLOP/s, and sustained at the same clock
+    peak_clock_MHz=1050,
+    sustained_clock_MHz=1050,  # the one clock: a TPU has no boost to fall back from
 )
 
 

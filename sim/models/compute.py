@@ -5,20 +5,22 @@ per compute unit at a time (SMs on a GPU), and picks the tile shape that finishe
 
     tiles  = batch · ⌈M/tm⌉ · ⌈N/tn⌉           (tile quantization: edge tiles do full work)
     waves  = ⌈tiles / units⌉                   (wave quantization: the last wave runs part-full)
-    t_gemm = waves · 2·tm·tn·K / (peak/units · gemm_efficiency)
+    t_gemm = waves · 2·tm·tn·K / (sustained/units · gemm_efficiency)
 
-so a large GEMM runs at `gemm_efficiency` of peak, and a small, skinny or TP-sharded one
+where `sustained` is the accelerator's roof at the clock it holds at its power limit
+(`Accelerator.sustained_flops`, docs/sustained-rates.md), so a large GEMM runs at
+`gemm_efficiency` of it, and a small, skinny or TP-sharded one
 further from it: 109 tiles on 108 SMs take two waves, twice as long as 108. A backward op
 runs two GEMMs, the input gradient (M, K, N) and the weight gradient (K, N, M). Other ops with
-FLOPs (a flash-attention kernel) run at their kernel's efficiency of peak.
+FLOPs (a flash-attention kernel) run at their kernel's efficiency of the same roof.
 
-Every op also moves `mem_bytes` through HBM at `memory_efficiency` of its bandwidth. The two
-times combine as (t_compute^p + t_memory^p)^(1/p) (p = `roofline_exponent`): a clearly compute-
-or memory-bound kernel costs its larger time, but one near the ridge point does not hide one
-under the other for free. Each kernel launch adds `launch_overhead_s`. A measured op (one
-with start/end, from a real run) keeps its measured duration. A plan's op is costed as its
-kernel (its purpose's, `traces.purpose.KernelRun`), which the profile may tune; an op imported
-from elsewhere (no purpose) by its name.
+Every op also moves `mem_bytes` through HBM at `memory_efficiency` of its sustained
+bandwidth. The two times combine as (t_compute^p + t_memory^p)^(1/p) (p =
+`roofline_exponent`): a clearly compute- or memory-bound kernel costs its larger time, but one
+near the ridge point does not hide one under the other for free. Each kernel launch adds
+`launch_overhead_s`. A measured op (one with start/end, from a real run) keeps its measured
+duration. A plan's op is costed as its kernel (its purpose's, `traces.purpose.KernelRun`),
+which the profile may tune; an op imported from elsewhere (no purpose) by its name.
 """
 
 from __future__ import annotations
@@ -66,9 +68,9 @@ class ComputeModel:
             launches = len(shapes)
         else:
             efficiency = override.flops_efficiency or params.gemm_efficiency
-            compute = flops / (acc.peak_flops * efficiency)
+            compute = flops / (acc.sustained_flops * efficiency)
             launches = 1
-        memory = mem_bytes / (acc.hbm_bandwidth_Bps *
+        memory = mem_bytes / (acc.sustained_hbm_Bps *
                               (override.memory_efficiency or params.memory_efficiency))
         both = _roofline(compute, memory, params.roofline_exponent)
         overhead = params.launch_overhead_s if override.overhead_s is None else override.overhead_s
@@ -78,7 +80,7 @@ class ComputeModel:
         """Seconds of one (batch, M, N, K) GEMM with the best tile, by tile and wave count."""
         batch, m, n, k = shape
         units = self.accelerator.compute_units
-        per_unit = self.accelerator.peak_flops / units * efficiency
+        per_unit = self.accelerator.sustained_flops / units * efficiency
         best = float("inf")
         for tm, tn in self.profile.compute.gemm_tiles:
             waves = ceil(batch * ceil(m / tm) * ceil(n / tn) / units)
