@@ -32,9 +32,11 @@ from executor.calls import (
     GatherBucket,
     GatherReceived,
     GatherUnit,
+    GradStatAllReduce,
     OptimizerStep,
     ReduceBucket,
     SpAllReduce,
+    StepKernel,
     TpCollective,
     Transfer,
 )
@@ -99,6 +101,10 @@ def bind(rt: RankRuntime, call: Call) -> Callable[[], Handle | None]:
             return p(rt.compute, kernel, phase, layer, mb)
         case OptimizerStep():
             return rt.optimizer_step
+        case StepKernel(kernel=kernel):
+            return p(rt.step_kernel, kernel)
+        case GradStatAllReduce(stat=stat, group=group, stream=stream):
+            return p(rt.grad_stat, stat, group, stream)
         case TpCollective(site=site, layer=layer, mb=mb):
             return p(rt.tp, site, layer, mb)
         case CeCollective(stat=stat, mb=mb):

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from traces.purpose import Kernel
+from traces.purpose import STEP_KERNELS, Kernel
 
 LN_EPS = 1e-5
 Slot = tuple[int | str, str]
@@ -231,7 +231,7 @@ KERNELS: dict[Kernel, TorchKernel] = {k.name: k for k in (
     _k("cross_entropy", "logits lmax targets", "stats", "", _cross_entropy, "H"),
 )}
 
-assert set(KERNELS) == set(Kernel) - {Kernel.OPTIMIZER}, "a torch function per plan kernel"
+assert set(KERNELS) == set(Kernel) - set(STEP_KERNELS), "a torch function per plan kernel"
 
 
 def slot(kernel: TorchKernel, name: str, layer: int | None, num_layers: int) -> Slot:

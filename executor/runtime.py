@@ -4,7 +4,9 @@
 shard), gradient buffers, AdamW state, and one `Tape` per micro-batch in flight. The plan
 interpreter calls, per op's purpose (`traces.purpose`, through `executor.calls`):
 
-    KernelRun             compute(kernel, phase, layer, mb); the optimizer: optimizer_step()
+    KernelRun             compute(kernel, phase, layer, mb); the step's end: step_kernel(
+                          kernel) (norm, clip, fp16's check), optimizer_step()
+    GradStat              grad_stat(stat, group, stream)
     TpSite                tp(site, layer, mb)
     CrossEntropyStat      ce_collective(stat, mb)
     GradBucket            reduce_bucket(index, stream) -> Handle  (UnitGradReduce: its unit's)
@@ -29,6 +31,7 @@ from dataclasses import dataclass, field
 import torch
 
 from executor import tape as tapes
+from executor.clip import GradClip
 from executor.comm import Comm, Handle
 from executor.flat import Bucket, FlatLayout, rule_buckets, unit_buckets
 from executor.grads import GradStore
@@ -43,7 +46,7 @@ from traces.errors import ConfigError
 from traces.layout import Axis, Layout
 from traces.model import ModelSpec
 from traces.ops import OpKind, Phase, Stream
-from traces.purpose import Kernel, Stat, Tag, TpSite, Unit
+from traces.purpose import Kernel, Stat, StepStat, Tag, TpSite, Unit
 
 
 def _received_slot(boundary: int, tag: Tag) -> tuple[int, str]:
@@ -62,6 +65,8 @@ class RunOptions:
     seed: int = 1234
     dropout: float = 0.0
     adamw: AdamWConfig = field(default_factory=AdamWConfig)
+    clip_grad: float = 1.0
+    """Clip the gradients to this global norm (Megatron-LM's --clip-grad, 1.0 by default)."""
 
 
 def check_supported(model: ModelSpec, layout: Layout) -> None:
@@ -102,6 +107,11 @@ class RankRuntime:
                                dp_rank=self.dp_rank, dtype=grad_dtype, device=device,
                                meter=self.meter)
         self.optimizer = AdamW(self.params.optimizer_params(), options.adamw, self.meter)
+        self.clip = GradClip(self.flat, buckets, self.grads.shards, tp_rank=self.tp_rank,
+                             tied=model.tied_embeddings, max_norm=options.clip_grad,
+                             device=device)
+        self.grad_norm = 0.0
+        """The global gradient norm of the last step (before clipping)."""
         self.tp_key: GroupKey = (Stream.COMPUTE, layout.group(rank, Axis.TP))
         self.dp_group = layout.group(rank, Axis.DP)
         self.embedding_key: GroupKey = (Stream.DP, layout.embedding_group(rank))
@@ -273,8 +283,29 @@ class RankRuntime:
         key = (stream, self.embedding_key[1])
         return self.comm.all_reduce(self.grads.full[a:b], key, async_op=async_op)
 
+    def step_kernel(self, kernel: Kernel) -> None:
+        """One kernel of the step's end before the optimizer (`executor.clip`)."""
+        grads = self.grads.optimizer_grads()
+        if kernel is Kernel.GRAD_UNSCALE:
+            self.clip.check_inf(grads)  # the executor's loss is unscaled: only the check
+        elif kernel is Kernel.GRAD_NORM:
+            self.clip.square_sum(grads)
+        else:
+            assert kernel is Kernel.GRAD_CLIP, kernel
+            self.grad_norm = self.clip.clip(grads)
+
+    def grad_stat(self, stat: StepStat, group: tuple[int, ...], stream: str = Stream.DP
+                  ) -> Handle:
+        """All-reduce a step statistic over the ranks holding distinct gradients: the found-
+        inf flag (max) or the squares' sum (sum)."""
+        if stat is StepStat.FOUND_INF:
+            return self.comm.all_reduce(self.clip.found_inf, (stream, group), reduce="max")
+        return self.comm.all_reduce(self.clip.norm_sq, (stream, group))
+
     def optimizer_step(self) -> None:
-        self.optimizer.step(self.grads.optimizer_grads())
+        if not self.clip.skip:  # fp16: a non-finite gradient somewhere skips the step
+            self.optimizer.step(self.grads.optimizer_grads())
+        self.clip.found_inf.zero_()
         self.grads.zero_()
 
     # --- pipeline ------------------------------------------------------------------------------

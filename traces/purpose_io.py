@@ -26,6 +26,7 @@ from traces.purpose import (
     CrossEntropyStat,
     EmbeddingGrads,
     GradBucket,
+    GradStat,
     Kernel,
     KernelRun,
     MessageGather,
@@ -35,6 +36,7 @@ from traces.purpose import (
     Purpose,
     SpGrads,
     Stat,
+    StepStat,
     Tag,
     TpSite,
     Unit,
@@ -46,13 +48,14 @@ TYPES: dict[str, type] = {
     "kernel": KernelRun, "tp": TpSite, "message_gather": MessageGather,
     "cross_entropy": CrossEntropyStat, "sp_grads": SpGrads, "grad_bucket": GradBucket,
     "unit_gather": UnitGather, "unit_grad_reduce": UnitGradReduce,
-    "param_gather": ParamGather, "embedding_grads": EmbeddingGrads, "pipe": PipeMessage,
+    "param_gather": ParamGather, "embedding_grads": EmbeddingGrads, "grad_stat": GradStat,
+    "pipe": PipeMessage,
     "bench": Bench,
 }
 assert set(TYPES.values()) == set(PURPOSES), "every purpose has a JSON type"
 _TYPE_OF = {cls: name for name, cls in TYPES.items()}
 _ENUMS: dict[str, type[StrEnum]] = {"Kernel": Kernel, "OpKind": OpKind, "Tag": Tag,
-                                    "Stat": Stat, "BenchRole": BenchRole}
+                                    "Stat": Stat, "StepStat": StepStat, "BenchRole": BenchRole}
 _FIELDS = {cls: tuple((f.name, str(f.type)) for f in fields(cls)) for cls in PURPOSES}
 _UNITS = {"embed": EMBED, "head": HEAD}
 

@@ -33,7 +33,7 @@ from traces.ops import Op, OpKind, Phase, Stream
 from traces.plan import build
 from traces.plan.data import gradient_buckets as plan_gradient_buckets
 from traces.plan.nodes import RankContext
-from traces.purpose import EmbeddingGrads, GradBucket, Kernel, KernelRun, ParamGather
+from traces.purpose import STEP_KERNELS, EmbeddingGrads, GradBucket, KernelRun, ParamGather
 
 COMM_STREAMS = (Stream.ZERO_AG, Stream.ZERO_RS, Stream.DP)
 
@@ -109,7 +109,8 @@ class PassOps:
     """Bytes of the tied embedding's gradient all-reduce between the first and the last
     stage (None: untied, or one stage holds both)."""
     optimizer_bytes_per_param: float
-    """HBM bytes the optimizer moves per parameter it updates."""
+    """HBM bytes the end of the step moves per parameter it updates (its kernels: the norm,
+    the clip, fp16's unscale, the optimizer; the statistics' 4-byte all-reduces left out)."""
 
 
 def reduced_layout(layout: Layout) -> Layout:
@@ -139,7 +140,8 @@ def pass_ops(model: ModelSpec, layout: Layout) -> PassOps:
         last = _unit(small, ranks[0], head, _outside_layers)
     sends = [op.size_bytes for op in first_ops if op.kind is OpKind.SEND]
     grads = [op for op in first_ops if isinstance(op.purpose, GradBucket)]
-    optimizer = next(op for op in first_ops if op.purpose == KernelRun(Kernel.OPTIMIZER))
+    step_end = [op for op in first_ops if isinstance(op.purpose, KernelRun)
+                and op.purpose.kernel in STEP_KERNELS]
     params = reduced_model.params_on_stages(small.stages_of_rank(0), small.num_stages,
                                            small.tp) / (small.dp if small.zero >= 1 else 1)
     return PassOps(
@@ -152,7 +154,7 @@ def pass_ops(model: ModelSpec, layout: Layout) -> PassOps:
         gather_after_optimizer=any(isinstance(op.purpose, ParamGather) for op in first_ops),
         embedding_grads=next((op.size_bytes for op in first_ops
                               if isinstance(op.purpose, EmbeddingGrads)), None),
-        optimizer_bytes_per_param=optimizer.mem_bytes / params,
+        optimizer_bytes_per_param=sum(op.mem_bytes for op in step_end) / params,
     )
 
 

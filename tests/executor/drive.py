@@ -12,6 +12,7 @@ from executor.params import EMBED, HEAD, layer_unit
 from executor.runtime import RankRuntime
 from traces.layout import Axis, Recompute
 from traces.ops import Phase, Stream
+from traces.plan.optimizer import grad_stats_group
 from traces.plan.tensor import tp_sites
 from traces.purpose import (
     CORE_KERNELS,
@@ -19,8 +20,10 @@ from traces.purpose import (
     LAST_STAGE,
     LAYER_FLASH,
     LAYER_UNFUSED,
+    STEP_KERNELS,
     Kernel,
     Stat,
+    StepStat,
 )
 
 CORE = CORE_KERNELS
@@ -151,6 +154,14 @@ class Step:
         if rt.layout.sp and self.sp_after:
             rt.sp_grads()
         self.reduced_grads = [g.clone() for g in rt.grads.optimizer_grads()]
+        group = grad_stats_group(rt.layout, rt.rank)
+        for kernel in STEP_KERNELS[:-1]:  # the plan's step end (traces.plan.optimizer)
+            if kernel is Kernel.GRAD_UNSCALE and rt.model.dtype != "fp16":
+                continue
+            rt.step_kernel(kernel)
+            stat = {Kernel.GRAD_UNSCALE: StepStat.FOUND_INF, Kernel.GRAD_NORM: StepStat.NORM}
+            if kernel in stat and len(group) > 1:
+                rt.grad_stat(stat[kernel], group).wait()
         rt.optimizer_step()
         if rt.zero in (1, 2):
             for h in [rt.gather_bucket(b.index) for b in rt.buckets]:

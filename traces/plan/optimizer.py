@@ -1,22 +1,46 @@
-"""Pass 5: the end of the step — tied-embedding gradients, the optimizer, ZeRO's all-gather.
+"""Pass 5: the end of the step — tied-embedding gradients, clipping, the optimizer, ZeRO's
+all-gather.
 
 With tied embeddings and pp > 1 the first and the last pipeline rank each hold the word
-embeddings and all-reduce their gradients (Megatron-LM). The optimizer step waits for every
-gradient reduction and for the last pipeline send; it moves
-`traces.kernels.optimizer_bytes_per_param` bytes (Megatron-LM's mixed-precision step: gradients
-to fp32, unscale under fp16, the norm, Adam, parameters back to 16 bits, zeroed gradients) per
-parameter it owns (1/dp of them under ZeRO). ZeRO-1/2 then all-gather the updated
+embeddings and all-reduce their gradients (Megatron-LM). The end of the step waits for every
+gradient reduction and for the last pipeline send, then runs in this order, as Megatron-LM's
+optimizer step does (megatron/optimizer/optimizer.py, clip_grads.py), the kernels on the
+compute stream, the statistics' all-reduces on the DP stream with the next kernel waiting:
+
+    grad_unscale        fp16 only: unscale the main gradients, check them for inf/NaN
+    found_inf           fp16 only: all-reduce (max) of that check   GradStat(FOUND_INF)
+    grad_norm           the sum of squares of the rank's gradients
+    grad_norm (reduce)  all-reduce (sum) of it                        GradStat(NORM)
+    grad_clip           scale the gradients by min(1, clip / norm)
+    optimizer           Adam, parameters back to 16 bits, zeroed gradients
+
+each kernel moving `traces.kernels.step_kernel_bytes` per parameter it owns (1/dp of them
+under ZeRO). The two statistics are one fp32 number each, all-reduced over
+`grad_stats_group`: the ranks that hold distinct gradients (the model-parallel ranks, and the
+DP ranks too where ZeRO shards the gradients). ZeRO-1/2 then all-gather the updated
 parameters, in the same slices the gradients were reduce-scattered in: the data pass's
 `GradBucket`s of the last micro-batch, each gathered as a `ParamGather` of its index.
 """
 
 from __future__ import annotations
 
-from traces.kernels import optimizer_bytes_per_param
-from traces.layout import Axis
+from traces.kernels import step_kernel_bytes
+from traces.layout import Axis, Layout
 from traces.ops import Op, OpKind, Phase, Stream
 from traces.plan.nodes import Node, Program, RankContext
-from traces.purpose import EMBED, EmbeddingGrads, GradBucket, Kernel, KernelRun, ParamGather
+from traces.purpose import (
+    EMBED,
+    EmbeddingGrads,
+    GradBucket,
+    GradStat,
+    Kernel,
+    KernelRun,
+    ParamGather,
+    StepStat,
+)
+
+STAT_BYTES = 4.0
+"""One fp32 number per statistic."""
 
 
 def add_optimizer(ctx: RankContext, program: Program) -> Program:
@@ -38,11 +62,20 @@ def add_optimizer(ctx: RankContext, program: Program) -> Program:
     shard = layout.dp if layout.zero >= 1 else 1
     params = model.params_on_stages(layout.stages_of_rank(ctx.pp_rank), layout.num_stages,
                                      layout.tp)
-    per_param = optimizer_bytes_per_param(model.dtype, ctx.grad_bytes)
-    step = Node(Op(kind=OpKind.COMPUTE, stream=Stream.COMPUTE, name="optimizer",
-                   purpose=KernelRun(Kernel.OPTIMIZER), phase=Phase.OPT,
-                   mem_bytes=params / shard * per_param), None, waits)
-    out.append(step)
+    group = grad_stats_group(layout, ctx.rank)
+    after = waits
+    for kernel, per_param in step_kernel_bytes(model.dtype, ctx.grad_bytes):
+        step = Node(Op(kind=OpKind.COMPUTE, stream=Stream.COMPUTE, name=str(kernel),
+                       purpose=KernelRun(kernel), phase=Phase.OPT,
+                       mem_bytes=params / shard * per_param), None, after)
+        out.append(step)
+        stat = _STAT_AFTER.get(kernel)
+        if stat is not None and len(group) > 1:
+            step = Node(Op(kind=OpKind.ALL_REDUCE, stream=Stream.DP, name=str(stat),
+                           purpose=GradStat(stat), group=group, size_bytes=STAT_BYTES,
+                           phase=Phase.OPT, dtype="fp32"), None, [step])
+            out.append(step)
+        after = [step]
     if layout.zero in (1, 2) and layout.dp > 1:
         to_params = model.dtype_bytes / ctx.grad_bytes  # the same elements, as parameters
         for bucket, size in _last_buckets(ctx, nodes):
@@ -51,6 +84,20 @@ def add_optimizer(ctx: RankContext, program: Program) -> Program:
                     size_bytes=size * to_params, phase=Phase.OPT, dtype=model.dtype)
             out.append(Node(op, None, [step]))
     return [*actions, program[-1] + out]
+
+
+_STAT_AFTER = {Kernel.GRAD_UNSCALE: StepStat.FOUND_INF, Kernel.GRAD_NORM: StepStat.NORM}
+
+
+def grad_stats_group(layout: Layout, rank: int) -> tuple[int, ...]:
+    """The ranks whose gradients together make the step's: those of `rank`'s model replica
+    (its TP and PP ranks, Megatron's model-parallel group), or every rank where ZeRO shards
+    the gradients over DP (the distributed optimizer's norm covers every shard)."""
+    c = layout.coords(rank)
+    if layout.zero >= 1 and layout.dp > 1:
+        return tuple(range(layout.world))
+    return tuple(sorted(layout.rank(tp=t, cp=c.cp, dp=c.dp, pp=p)
+                        for t in range(layout.tp) for p in range(layout.pp)))
 
 
 def _owns_embeddings(ctx: RankContext) -> bool:
