@@ -40,7 +40,7 @@ from sim.engine.replay import Progress, StepTimes, replay
 from sim.engine.replay import host_gaps as measured_gaps
 from sim.engine.transport import NETWORK_NAMES, NetworkMode
 from sim.models.compute import ComputeModel
-from sim.models.interference import host_interference
+from sim.models.sharing import interference_for
 from sim.profile import Profile, default_profile
 from topology.cluster import Cluster
 from topology.config import ClusterSpec, read_cluster, read_cluster_file, read_cluster_table
@@ -246,8 +246,10 @@ def replay_trace(loaded: LoadedTrace, cluster: Cluster, profile: Profile | None 
             else NetworkMode.FLOW
     plan, kept, modelled, uncosted = _compute_times(trace, retime)
     gaps = measured_gaps(trace) if host_gaps else None
-    times = replay(plan, cluster, ComputeModel(cluster.accelerator, profile),
-                   interference=host_interference(profile), network=network, algo=algo,
+    compute = ComputeModel(cluster.accelerator, profile)
+    times = replay(plan, cluster, compute,
+                   interference=interference_for(cluster, profile, compute), network=network,
+                   algo=algo,
                    progress=progress, gaps=gaps)
     ops, names, sizes, mirrored = _census(trace)
     return ReplayResult(

@@ -14,8 +14,8 @@ from sim.config import Experiment
 from sim.engine.replay import Progress, StepTimes, replay
 from sim.metrics import StepSummary, summarize
 from sim.models.compute import ComputeModel
-from sim.models.interference import host_interference
 from sim.models.memory import memory_by_pp_rank
+from sim.models.sharing import interference_for
 from traces.layout import Recompute
 from traces.ops import Trace
 from traces.pipeline import layout_schedule
@@ -32,8 +32,10 @@ def predict(exp: Experiment, *, fold: bool = True,
     built = build(exp.model, exp.layout, ranks=ranks, schedule=schedule)
     plan = Trace(built.ops, replace(built.meta, experiment=exp.name, cluster_name=exp.cluster.name,
                                     cluster_spec=exp.cluster.table, network=str(exp.network)))
-    times = replay(plan, exp.cluster, ComputeModel(exp.cluster.accelerator, exp.profile),
-                   interference=host_interference(exp.profile), network=exp.network,
+    compute = ComputeModel(exp.cluster.accelerator, exp.profile)
+    times = replay(plan, exp.cluster, compute,
+                   interference=interference_for(exp.cluster, exp.profile, compute),
+                   network=exp.network,
                    algo=exp.algo, progress=progress)
     memory = memory_by_pp_rank(exp.model, exp.layout, schedule)
     return summarize(exp.model, exp.layout, exp.cluster, times, memory), times

@@ -3,7 +3,8 @@ makes it matter: kernels running, transfers in flight. Used by the replay engine
 (`sim.engine.replay`), which asks it for
 
   - `scale[rank]`: how many times as long a kernel of the rank takes if it starts now
-    (`kernel_stretch` while the rank moves data, else 1);
+    (`kernel_stretch` while the rank moves data, else 1), or, where the model's stretch
+    depends on the kernel (`per_kernel`), `stretch(rank, op)`;
   - `kernel(rank)`: the timeout a kernel of the rank waits on (`env.timeout`, or one that
     marks the rank computing until it fires, where communication notices kernels);
   - `move(lowered, op, ranks)`: the transport's event for the communication of `op` among
@@ -39,6 +40,8 @@ class Occupancy:
         self.env, self.transport = env, transport
         self.slows_kernels, self.slows_comm = interferes(model)
         self.kernel_stretch = model.kernel_stretch
+        self.per_kernel = self.slows_kernels and model.per_kernel
+        self._kernel_scale = model.kernel_scale
         self.comm_stretch, self.comm_wait_s = model.comm_stretch, model.comm_wait_s
         ranks = tuple(ranks)
         self.scale = dict.fromkeys(ranks, 1.0)
@@ -49,6 +52,10 @@ class Occupancy:
         """Kernels (or runs of kernels) running per rank (kept where communication notices)."""
         self.move: Move = self._move_beside if self.slows_kernels or self.slows_comm \
             else self._move_alone
+
+    def stretch(self, rank: int, op: Op) -> float:
+        """How many times as long compute op `op` of `rank` takes if it starts now."""
+        return self._kernel_scale(op) if self.busy[rank] else 1.0
 
     def kernel(self, rank: int) -> Kernel:
         """The timeout a kernel of `rank` waits on."""

@@ -191,6 +191,7 @@ class _Replay:
         env, duration, occupancy = self.env, self.compute.duration, self.occupancy
         timeout, kernel, move, scale = env.timeout, occupancy.kernel(rank), occupancy.move, \
             occupancy.scale
+        stretch_of = occupancy.stretch if occupancy.per_kernel else None
         arrive, progress, compute = self.meetings.arrive, self.progress, OpKind.COMPUTE
         gaps = self.gaps.get(rank)
         k, count = 0, len(indices)
@@ -209,7 +210,8 @@ class _Replay:
                 times = [start]
                 stretch = scale[rank]
                 for j in run:
-                    times.append(times[-1] + duration(ops[j]) * stretch)
+                    times.append(times[-1] + duration(ops[j]) * (
+                        stretch if stretch_of is None else stretch_of(rank, ops[j])))
                 yield kernel(times[-1] - start)
                 for n, j in enumerate(run[:-1]):  # only now: others test ends[] for "done"
                     starts[j], ends[j] = times[n], times[n + 1]
@@ -218,7 +220,8 @@ class _Replay:
                 self.finished += extra
                 start = times[-2]
             elif op.kind is compute:
-                yield kernel(duration(op) * scale[rank])
+                yield kernel(duration(op) * (
+                    scale[rank] if stretch_of is None else stretch_of(rank, op)))
             elif (c := comm[i]).need == 1:  # this rank stands for every member (fold, partial)
                 if (moved := move(c.lowered, op, (rank,))) is not None:
                     yield moved

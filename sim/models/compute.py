@@ -55,32 +55,56 @@ class ComputeModel:
                 kernel, op.flops, op.mem_bytes, op.gemm, backward=op.phase is Phase.BWD)
         return seconds
 
+    def shared_duration(self, op: Op, units: int, hbm_fraction: float) -> float:
+        """`duration(op)` on `units` of the accelerator's compute units and `hbm_fraction` of
+        its HBM bandwidth: the op beside communication that holds the rest
+        (`sim.models.interference.GpuInterference`). A measured op keeps its duration."""
+        if op.start is not None and op.end is not None:
+            return op.end - op.start
+        purpose = op.purpose
+        kernel = purpose.kernel if isinstance(purpose, KernelRun) else \
+            op.name if purpose is None else ""
+        key = (kernel, op.phase is Phase.BWD, op.flops, op.mem_bytes, op.gemm, units,
+               hbm_fraction)
+        seconds = self._cache.get(key)
+        if seconds is None:
+            seconds = self._cache[key] = self.kernel_time(
+                kernel, op.flops, op.mem_bytes, op.gemm, backward=op.phase is Phase.BWD,
+                units=units, hbm_fraction=hbm_fraction)
+        return seconds
+
     def kernel_time(self, name: str, flops: float, mem_bytes: float, gemm: tuple[int, ...] = (),
-                    *, backward: bool = False) -> float:
-        """Seconds of one op of kernel `name` (see the module docstring)."""
+                    *, backward: bool = False, units: int | None = None,
+                    hbm_fraction: float = 1.0) -> float:
+        """Seconds of one op of kernel `name` (see the module docstring); `units` and
+        `hbm_fraction`: on part of the accelerator (`shared_duration`)."""
         params, override = self.profile.compute, self.profile.kernel(name)
         acc = self.accelerator
         if gemm:
             batch, m, n, k = gemm
             shapes = [(batch, m, k, n), (batch, k, n, m)] if backward else [(batch, m, n, k)]
             efficiency = override.flops_efficiency or params.gemm_efficiency
-            compute = sum(self.gemm_time(shape, efficiency) for shape in shapes)
+            compute = sum(self.gemm_time(shape, efficiency, units) for shape in shapes)
             launches = len(shapes)
         else:
             efficiency = override.flops_efficiency or params.gemm_efficiency
             compute = flops / (acc.sustained_flops * efficiency)
+            if units is not None:  # a streaming kernel's FLOPs spread over fewer units
+                compute *= acc.compute_units / units
             launches = 1
-        memory = mem_bytes / (acc.sustained_hbm_Bps *
+        memory = mem_bytes / (acc.sustained_hbm_Bps * hbm_fraction *
                               (override.memory_efficiency or params.memory_efficiency))
         both = _roofline(compute, memory, params.roofline_exponent)
         overhead = params.launch_overhead_s if override.overhead_s is None else override.overhead_s
         return both + launches * overhead
 
-    def gemm_time(self, shape: tuple[int, int, int, int], efficiency: float) -> float:
-        """Seconds of one (batch, M, N, K) GEMM with the best tile, by tile and wave count."""
+    def gemm_time(self, shape: tuple[int, int, int, int], efficiency: float,
+                  units: int | None = None) -> float:
+        """Seconds of one (batch, M, N, K) GEMM with the best tile, by tile and wave count;
+        `units`: on that many of the accelerator's compute units (each at its own rate)."""
         batch, m, n, k = shape
-        units = self.accelerator.compute_units
-        per_unit = self.accelerator.sustained_flops / units * efficiency
+        per_unit = self.accelerator.sustained_flops / self.accelerator.compute_units * efficiency
+        units = self.accelerator.compute_units if units is None else units
         best = float("inf")
         for tm, tn in self.profile.compute.gemm_tiles:
             waves = ceil(batch * ceil(m / tm) * ceil(n / tn) / units)
