@@ -28,7 +28,7 @@ STREAMS_BY_AXIS: Mapping[str, tuple[str, ...]] = {
     "tp": (Stream.COMPUTE, Stream.DP, Stream.ZERO_RS),  # sp_grads ride with the reductions
     "dp": (Stream.DP, Stream.ZERO_AG, Stream.ZERO_RS),
     "embedding": (Stream.DP,),
-    "grad_stats": (Stream.DP,),  # the step's end: found-inf and the norm
+    "grad_stats": (Stream.COMPUTE,),  # the step's end: found-inf and the norm
 }
 
 

@@ -294,7 +294,7 @@ class RankRuntime:
             assert kernel is Kernel.GRAD_CLIP, kernel
             self.grad_norm = self.clip.clip(grads)
 
-    def grad_stat(self, stat: StepStat, group: tuple[int, ...], stream: str = Stream.DP
+    def grad_stat(self, stat: StepStat, group: tuple[int, ...], stream: str = Stream.COMPUTE
                   ) -> Handle:
         """All-reduce a step statistic over the ranks holding distinct gradients: the found-
         inf flag (max) or the squares' sum (sum)."""

@@ -33,7 +33,14 @@ from traces.ops import Op, OpKind, Phase, Stream
 from traces.plan import build
 from traces.plan.data import gradient_buckets as plan_gradient_buckets
 from traces.plan.nodes import RankContext
-from traces.purpose import STEP_KERNELS, EmbeddingGrads, GradBucket, KernelRun, ParamGather
+from traces.purpose import (
+    STEP_KERNELS,
+    EmbeddingGrads,
+    GradBucket,
+    GradStat,
+    KernelRun,
+    ParamGather,
+)
 
 COMM_STREAMS = (Stream.ZERO_AG, Stream.ZERO_RS, Stream.DP)
 
@@ -108,9 +115,11 @@ class PassOps:
     embedding_grads: float | None
     """Bytes of the tied embedding's gradient all-reduce between the first and the last
     stage (None: untied, or one stage holds both)."""
-    optimizer_bytes_per_param: float
-    """HBM bytes the end of the step moves per parameter it updates (its kernels: the norm,
-    the clip, fp16's unscale, the optimizer; the statistics' 4-byte all-reduces left out)."""
+    step_kernels: tuple[tuple[str, float], ...]
+    """The end of the step's kernels in order (fp16's unscale, the norm, the clip, the
+    optimizer), each with the HBM bytes it moves per parameter the rank updates."""
+    step_stats: tuple[float, ...]
+    """Bytes of each gradient statistic's all-reduce (over `grad_stats_group`)."""
 
 
 def reduced_layout(layout: Layout) -> Layout:
@@ -154,7 +163,9 @@ def pass_ops(model: ModelSpec, layout: Layout) -> PassOps:
         gather_after_optimizer=any(isinstance(op.purpose, ParamGather) for op in first_ops),
         embedding_grads=next((op.size_bytes for op in first_ops
                               if isinstance(op.purpose, EmbeddingGrads)), None),
-        optimizer_bytes_per_param=sum(op.mem_bytes for op in step_end) / params,
+        step_kernels=tuple((str(op.purpose.kernel), op.mem_bytes / params)  # type: ignore
+                           for op in step_end),
+        step_stats=tuple(op.size_bytes for op in first_ops if isinstance(op.purpose, GradStat)),
     )
 
 

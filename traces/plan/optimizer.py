@@ -3,9 +3,9 @@ all-gather.
 
 With tied embeddings and pp > 1 the first and the last pipeline rank each hold the word
 embeddings and all-reduce their gradients (Megatron-LM). The end of the step waits for every
-gradient reduction and for the last pipeline send, then runs in this order, as Megatron-LM's
-optimizer step does (megatron/optimizer/optimizer.py, clip_grads.py), the kernels on the
-compute stream, the statistics' all-reduces on the DP stream with the next kernel waiting:
+gradient reduction and for the last pipeline send, then runs in this order on the compute
+stream, as Megatron-LM's optimizer step does (megatron/optimizer/optimizer.py, clip_grads.py:
+the statistics' all-reduces are blocking calls between the kernels):
 
     grad_unscale        fp16 only: unscale the main gradients, check them for inf/NaN
     found_inf           fp16 only: all-reduce (max) of that check   GradStat(FOUND_INF)
@@ -71,7 +71,7 @@ def add_optimizer(ctx: RankContext, program: Program) -> Program:
         out.append(step)
         stat = _STAT_AFTER.get(kernel)
         if stat is not None and len(group) > 1:
-            step = Node(Op(kind=OpKind.ALL_REDUCE, stream=Stream.DP, name=str(stat),
+            step = Node(Op(kind=OpKind.ALL_REDUCE, stream=Stream.COMPUTE, name=str(stat),
                            purpose=GradStat(stat), group=group, size_bytes=STAT_BYTES,
                            phase=Phase.OPT, dtype="fp32"), None, [step])
             out.append(step)

@@ -282,7 +282,8 @@ def test_optimizer_pass_zero2_adds_exactly_the_step_and_one_gather_per_last_buck
     c, ar = OpKind.COMPUTE, OpKind.ALL_REDUCE
     assert [_summary(n) for n in new[-1]] == [
         ("grad_norm", c, Stream.COMPUTE, (), 0.0, "bf16", None, None, opt, [("grads", None)]),
-        ("norm", ar, dp, (0, 1), 4.0, "fp32", None, None, opt, [("grad_norm", None)]),
+        ("norm", ar, Stream.COMPUTE, (0, 1), 4.0, "fp32", None, None, opt,
+         [("grad_norm", None)]),
         ("grad_clip", c, Stream.COMPUTE, (), 0.0, "bf16", None, None, opt, [("norm", None)]),
         ("optimizer", c, Stream.COMPUTE, (), 0.0, "bf16", None, None, opt,
          [("grad_clip", None)]),
@@ -300,11 +301,13 @@ def test_optimizer_pass_zero2_adds_exactly_the_step_and_one_gather_per_last_buck
 def test_inline_communication_is_exactly_the_tensor_parallel_pass_and_the_pipeline_gathers():
     """Op.inline (what the report's TP lane and validation's 'tp' family read) holds for
     the collectives the TP/SP pass and the pipeline's after-receive gathers put on the
-    compute stream, and for nothing the data-parallel or pipeline passes put elsewhere."""
+    compute stream, the step end's gradient statistic, and for nothing the data-parallel or
+    pipeline passes put elsewhere."""
     from traces.layout import Layout
     from traces.model import ModelSpec
     from traces.ops import OpKind, Stream
     from traces.plan import build
+    from traces.purpose import GradStat
 
     model = ModelSpec(layers=4, hidden=64, heads=4, seq_len=32, vocab=128)
     layout = Layout(tp=2, pp=2, dp=2, sp=True, global_batch=8)
@@ -312,6 +315,10 @@ def test_inline_communication_is_exactly_the_tensor_parallel_pass_and_the_pipeli
     for ops in plan.ops.values():
         inline = [op for op in ops if op.inline]
         assert inline and all(op.kind.is_collective and op.stream == Stream.COMPUTE
-                              and len(op.group) == layout.tp for op in inline)
+                              and (len(op.group) == layout.tp
+                                   or isinstance(op.purpose, GradStat)) for op in inline)
+        # the step end's statistic (bf16: the norm only), over every rank (ZeRO 0: TP x PP)
+        stats = [op for op in inline if isinstance(op.purpose, GradStat)]
+        assert [len(op.group) for op in stats] == [layout.tp * layout.pp]
         assert not any(op.inline for op in ops if op.kind is OpKind.COMPUTE
                        or op.stream != Stream.COMPUTE)
