@@ -3,8 +3,9 @@ makes it matter: kernels running, transfers in flight. Used by the replay engine
 (`sim.engine.replay`), which asks it for
 
   - `scale[rank]`: how many times as long a kernel of the rank takes if it starts now
-    (`kernel_stretch` while the rank moves data, else 1), or, where the model's stretch
-    depends on the kernel (`per_kernel`), `stretch(rank, op)`;
+    (`kernel_stretch` while the rank moves data, else 1); where the model's stretch depends
+    on the kernel (`per_kernel`), a kernel that starts while it is not 1 takes
+    `kernel_scale(op)` instead;
   - `kernel(rank)`: the timeout a kernel of the rank waits on (`env.timeout`, or one that
     marks the rank computing until it fires, where communication notices kernels);
   - `move(lowered, op, ranks)`: the transport's event for the communication of `op` among
@@ -41,7 +42,9 @@ class Occupancy:
         self.slows_kernels, self.slows_comm = interferes(model)
         self.kernel_stretch = model.kernel_stretch
         self.per_kernel = self.slows_kernels and model.per_kernel
-        self._kernel_scale = model.kernel_scale
+        self.kernel_scale = model.kernel_scale
+        """Where `per_kernel`: a kernel's stretch while `scale[rank]` is not 1."""
+        assert not self.per_kernel or self.kernel_stretch != 1.0, "scale marks the busy ranks"
         self.comm_stretch, self.comm_wait_s = model.comm_stretch, model.comm_wait_s
         ranks = tuple(ranks)
         self.scale = dict.fromkeys(ranks, 1.0)
@@ -52,10 +55,6 @@ class Occupancy:
         """Kernels (or runs of kernels) running per rank (kept where communication notices)."""
         self.move: Move = self._move_beside if self.slows_kernels or self.slows_comm \
             else self._move_alone
-
-    def stretch(self, rank: int, op: Op) -> float:
-        """How many times as long compute op `op` of `rank` takes if it starts now."""
-        return self._kernel_scale(op) if self.busy[rank] else 1.0
 
     def kernel(self, rank: int) -> Kernel:
         """The timeout a kernel of `rank` waits on."""

@@ -191,7 +191,8 @@ class _Replay:
         env, duration, occupancy = self.env, self.compute.duration, self.occupancy
         timeout, kernel, move, scale = env.timeout, occupancy.kernel(rank), occupancy.move, \
             occupancy.scale
-        stretch_of = occupancy.stretch if occupancy.per_kernel else None
+        # where the stretch depends on the kernel, `scale` only says the rank moves data
+        kernel_scale = occupancy.kernel_scale if occupancy.per_kernel else None
         arrive, progress, compute = self.meetings.arrive, self.progress, OpKind.COMPUTE
         gaps = self.gaps.get(rank)
         k, count = 0, len(indices)
@@ -209,9 +210,12 @@ class _Replay:
                 run = indices[k:k + extra + 1]
                 times = [start]
                 stretch = scale[rank]
-                for j in run:
-                    times.append(times[-1] + duration(ops[j]) * (
-                        stretch if stretch_of is None else stretch_of(rank, ops[j])))
+                if kernel_scale is None or stretch == 1.0:
+                    for j in run:
+                        times.append(times[-1] + duration(ops[j]) * stretch)
+                else:
+                    for j in run:
+                        times.append(times[-1] + duration(ops[j]) * kernel_scale(ops[j]))
                 yield kernel(times[-1] - start)
                 for n, j in enumerate(run[:-1]):  # only now: others test ends[] for "done"
                     starts[j], ends[j] = times[n], times[n + 1]
@@ -220,8 +224,10 @@ class _Replay:
                 self.finished += extra
                 start = times[-2]
             elif op.kind is compute:
-                yield kernel(duration(op) * (
-                    scale[rank] if stretch_of is None else stretch_of(rank, op)))
+                stretch = scale[rank]
+                if kernel_scale is not None and stretch != 1.0:
+                    stretch = kernel_scale(op)
+                yield kernel(duration(op) * stretch)
             elif (c := comm[i]).need == 1:  # this rank stands for every member (fold, partial)
                 if (moved := move(c.lowered, op, (rank,))) is not None:
                     yield moved
