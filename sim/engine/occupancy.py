@@ -82,7 +82,9 @@ class Occupancy:
         if self.slows_comm and any(self.computing[r] for r in ranks):
             stretch, wait = self.comm_stretch, self.comm_wait_s
         moved = self.transport.move(lowered, op, stretch, wait)
-        if moved is not None and self.slows_kernels:
+        # an inline collective holds its ranks' compute streams: no kernel of theirs starts
+        # while it moves, so it need not mark them (the same times, without the bookkeeping)
+        if moved is not None and self.slows_kernels and not op.inline:
             busy, scale = self.busy, self.scale
             for r in ranks:
                 busy[r] += 1
