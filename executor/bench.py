@@ -33,6 +33,7 @@ from executor.comm import Comm, Handle
 from executor.groups import GroupKey, Groups
 from executor.interpreter import Interpreter, _StepRun
 from executor.launch import JobFailed, RankContext, in_torchrun, spawn
+from executor.options import RunOptions
 from executor.params import DTYPES
 from executor.recorder import (
     DONE,
@@ -46,7 +47,6 @@ from executor.recorder import (
     timed_trace,
     write_run,
 )
-from executor.runtime import RunOptions
 from executor.torchrun import join
 from traces.bench import BenchSpec, Probe, bench_plan, sections
 from traces.chrome import event_name

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from traces.ops import Phase
-from traces.purpose import GemmPart, Kernel, Stat, Tag, TpChunk, TpSite, Unit
+from traces.purpose import GemmPart, Kernel, Stat, StepStat, Tag, TpChunk, TpSite, Unit
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,6 +23,22 @@ class Compute:
 @dataclass(frozen=True, slots=True)
 class OptimizerStep:
     """The optimizer step over the rank's (shard of its) parameters."""
+
+
+@dataclass(frozen=True, slots=True)
+class StepKernel:
+    """A kernel of the step's end before the optimizer: the norm, the clip, fp16's check."""
+
+    kernel: Kernel
+
+
+@dataclass(frozen=True, slots=True)
+class GradStatAllReduce:
+    """The all-reduce of a step statistic of the gradients over `group`."""
+
+    stat: StepStat
+    group: tuple[int, ...]
+    stream: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,7 +159,8 @@ class CpExchange:
     mb: int
 
 
-Call = (Compute | OptimizerStep | TpCollective | CeCollective | GatherReceived | SpAllReduce
-        | EmbeddingAllReduce | ReduceBucket | GatherBucket | GatherUnit | Transfer | CpAttend
-        | CpMessage | CpExchange | ComputeChunk | TpChunkCollective)
+Call = (Compute | StepKernel | GradStatAllReduce | OptimizerStep | TpCollective | CeCollective
+        | GatherReceived | SpAllReduce | EmbeddingAllReduce | ReduceBucket | GatherBucket
+        | GatherUnit | Transfer | CpAttend | CpMessage | CpExchange | ComputeChunk
+        | TpChunkCollective)
 CALLS: tuple[type, ...] = Call.__args__  # type: ignore[attr-defined]

@@ -331,11 +331,9 @@ def heads_of_context(ctx: torch.Tensor, heads: int) -> torch.Tensor:
 
 
 def qkv_of(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """q [b, heads, s, d], k and v [b, groups, s, d] -> the [s, b, (heads + 2·groups)·d]
-    layout of the QKV slot (`split_qkv`'s inverse)."""
-    b, _, s, _ = q.shape
-    return torch.cat([t.permute(2, 0, 1, 3).reshape(s, b, -1) for t in (q, k, v)],
-                     dim=-1).contiguous()
+    """q [b, heads, s, d], k and v [b, groups, s, d] -> the QKV slot (`split_qkv` inverted)."""
+    s, b = q.shape[2], q.shape[0]
+    return torch.cat([t.permute(2, 0, 1, 3).reshape(s, b, -1) for t in (q, k, v)], -1).contiguous()
 
 
 class CpRank:

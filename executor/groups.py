@@ -18,6 +18,7 @@ import torch.distributed as dist
 from traces.errors import ConfigError
 from traces.layout import Axis, Layout
 from traces.ops import Stream, Trace
+from traces.plan.optimizer import grad_stats_group
 
 GroupKey = tuple[str, tuple[int, ...]]
 """(stream, member ranks in communicator order)."""
@@ -28,17 +29,20 @@ STREAMS_BY_AXIS: Mapping[str, tuple[str, ...]] = {
     "dp": (Stream.DP, Stream.ZERO_AG, Stream.ZERO_RS),
     "embedding": (Stream.DP,),
     "cp": (Stream.COMPUTE,),  # all_gather CP's K/V gathers and dK/dV reduce-scatters
+    "grad_stats": (Stream.COMPUTE,),  # the step's end: found-inf and the norm
 }
 
 
 def layout_groups(layout: Layout) -> dict[str, list[tuple[int, ...]]]:
     """The groups collectives may use, by axis: TP, DP (DP x CP under context parallelism),
-    CP, and the tied-embedding pairs."""
+    CP, the tied-embedding pairs, and the ranks the gradient statistics are reduced over
+    (`grad_stats_group`)."""
     embedding = sorted({layout.embedding_group(r) for r in range(layout.world)}) \
         if layout.pp > 1 else []
     data = sorted({layout.data_group(r) for r in range(layout.world)})
+    stats = sorted({grad_stats_group(layout, r) for r in range(layout.world)})
     return {"tp": layout.groups(Axis.TP), "dp": data, "embedding": embedding,
-            "cp": layout.groups(Axis.CP) if layout.cp > 1 else []}
+            "cp": layout.groups(Axis.CP) if layout.cp > 1 else [], "grad_stats": stats}
 
 
 def layout_group_keys(layout: Layout,
@@ -63,7 +67,8 @@ def plan_group_keys(plan: Trace, layout: Layout) -> list[GroupKey]:
                 continue
             if op.group not in known or rank not in op.group:
                 raise ConfigError(f"plan: rank {rank} op {index} ({op.name or op.kind}): group "
-                                  f"{list(op.group)} is not a TP, CP, DP or embedding group of "
+                                  f"{list(op.group)} is not a TP, CP, DP, embedding or "
+                                  "gradient statistics group of "
                                   "this rank in the layout")
             keys.add((op.stream, op.group))
     return sorted(keys)

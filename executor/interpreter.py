@@ -36,18 +36,21 @@ from executor.calls import (
     GatherBucket,
     GatherReceived,
     GatherUnit,
+    GradStatAllReduce,
     OptimizerStep,
     ReduceBucket,
     SpAllReduce,
+    StepKernel,
     TpChunkCollective,
     TpCollective,
     Transfer,
 )
 from executor.comm import Comm, Handle
 from executor.memory import MemoryMeter
+from executor.options import RunOptions
 from executor.program import RankProgram, lower
 from executor.recorder import Recorder
-from executor.runtime import RankRuntime, RunOptions
+from executor.runtime import RankRuntime
 from traces.chrome import event_name
 from traces.layout import Layout
 from traces.model import ModelSpec
@@ -104,6 +107,10 @@ def bind(rt: RankRuntime, call: Call) -> Callable[[], Handle | None]:
             return p(rt.compute, kernel, phase, layer, mb)
         case OptimizerStep():
             return rt.optimizer_step
+        case StepKernel(kernel=kernel):
+            return p(rt.step_kernel, kernel)
+        case GradStatAllReduce(stat=stat, group=group, stream=stream):
+            return p(rt.grad_stat, stat, group, stream)
         case TpCollective(site=site, layer=layer, mb=mb):
             return p(rt.tp, site, layer, mb)
         case ComputeChunk(kernel=kernel, phase=phase, part=part, index=index, count=count,
@@ -114,7 +121,7 @@ def bind(rt: RankRuntime, call: Call) -> Callable[[], Handle | None]:
         case CeCollective(stat=stat, mb=mb):
             return p(rt.ce_collective, stat, mb)
         case GatherReceived(boundary=boundary, mb=mb, tag=tag):
-            return p(rt.gather_received, boundary, mb, tag)
+            return p(rt.pipe.gather_received, boundary, mb, tag)
         case SpAllReduce(unit=unit, stream=stream):
             return p(rt.sp_grads, unit, stream)
         case EmbeddingAllReduce():
@@ -133,9 +140,9 @@ def bind(rt: RankRuntime, call: Call) -> Callable[[], Handle | None]:
         case CpExchange(grad=grad, phase=phase, layer=layer, mb=mb):
             return p(rt.cp_exchange, grad, phase, layer, mb)
         case Transfer(send=True, boundary=boundary, mb=mb, tag=tag, peer=peer):
-            return p(rt.send, boundary, mb, tag, peer)
+            return p(rt.pipe.send, boundary, mb, tag, peer)
         case Transfer(send=False, boundary=boundary, mb=mb, tag=tag, peer=peer):
-            return p(rt.recv, boundary, mb, tag, peer)
+            return p(rt.pipe.recv, boundary, mb, tag, peer)
     raise AssertionError(f"no runtime operation for {call!r}")
 
 

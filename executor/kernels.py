@@ -40,7 +40,7 @@ from executor.attention import (
     split_qkv,
 )
 from traces.model import ModelSpec
-from traces.purpose import FP8_KERNELS, Kernel
+from traces.purpose import FP8_KERNELS, STEP_KERNELS, Kernel
 
 LN_EPS = 1e-5
 Slot = tuple[int | str, str]
@@ -300,7 +300,7 @@ def table_of(model: ModelSpec) -> dict[Kernel, TorchKernel]:
 KERNELS = kernel_table()
 """GPT's kernels (biases, LayerNorm, learned positions)."""
 
-assert set(KERNELS) == set(Kernel) - {Kernel.OPTIMIZER} - FP8_KERNELS, \
+assert set(KERNELS) == set(Kernel) - set(STEP_KERNELS) - FP8_KERNELS, \
     "a torch function per plan kernel (FP8 runs on GPUs only)"
 
 

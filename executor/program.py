@@ -26,9 +26,11 @@ from executor.calls import (
     GatherBucket,
     GatherReceived,
     GatherUnit,
+    GradStatAllReduce,
     OptimizerStep,
     ReduceBucket,
     SpAllReduce,
+    StepKernel,
     TpChunkCollective,
     TpCollective,
     Transfer,
@@ -40,6 +42,7 @@ from traces.layout import Layout
 from traces.model import ModelSpec
 from traces.ops import Op, OpKind, Phase, Trace
 from traces.purpose import (
+    STEP_KERNELS,
     AmaxReduction,
     Bench,
     CpGather,
@@ -49,6 +52,7 @@ from traces.purpose import (
     GemmChunk,
     GemmPart,
     GradBucket,
+    GradStat,
     Kernel,
     KernelRun,
     MessageGather,
@@ -136,6 +140,10 @@ class _Lowering:
         match op.purpose:
             case KernelRun(kernel=Kernel.OPTIMIZER):
                 return OptimizerStep()
+            case KernelRun(kernel=kernel) if kernel in STEP_KERNELS:
+                return StepKernel(kernel)
+            case GradStat(stat=stat):
+                return GradStatAllReduce(stat, op.group, stream)
             case KernelRun(kernel=kernel):
                 if op.phase not in _KERNEL_PHASES or mb is None:
                     raise self.fail(i, f"a kernel runs in phase fwd, bwd or recompute of a "

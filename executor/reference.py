@@ -126,24 +126,32 @@ class ReferenceRun:
     params: dict[tuple[Unit, str], torch.Tensor]
     """After the last step."""
     first_grads: dict[tuple[Unit, str], torch.Tensor]
-    """Gradients of the first step."""
+    """Gradients of the first step (before clipping)."""
+    grad_norms: list[float]
+    """Each step's global gradient norm before clipping (empty when not clipped)."""
 
 
 def train(model: ModelSpec, global_batch: int, steps: int, seed: int,
-          adamw: AdamWConfig | None = None) -> ReferenceRun:
-    """Train the reference for `steps` AdamW steps (fp32)."""
+          adamw: AdamWConfig | None = None, clip_grad: float | None = 1.0) -> ReferenceRun:
+    """Train the reference for `steps` AdamW steps (fp32), the gradients clipped to a global
+    norm of `clip_grad` by torch.nn.utils.clip_grad_norm_ (None: not clipped)."""
     assert model.dtype == "fp32", "the reference runs in fp32"
     c = adamw or AdamWConfig()
     ref = ReferenceGPT(model, seed)
     opt = torch.optim.AdamW(list(ref.params.values()), lr=c.lr, betas=(c.beta1, c.beta2),
                             eps=c.eps, weight_decay=c.weight_decay, foreach=False)
-    losses, first = [], {}
+    losses, first, norms = [], {}, []
     for step in range(steps):
         opt.zero_grad()
         loss = ref.loss(batch(model, global_batch, seed, step))
         loss.backward()
         if step == 0:
             first = {k: v.grad.clone() for k, v in ref.params.items() if v.grad is not None}
+        if clip_grad is not None:
+            norms.append(float(torch.nn.utils.clip_grad_norm_(
+                [p for p in ref.params.values() if p.grad is not None], clip_grad,
+                foreach=False)))
         opt.step()
         losses.append(float(loss.detach()))
-    return ReferenceRun(losses, {k: v.detach().clone() for k, v in ref.params.items()}, first)
+    return ReferenceRun(losses, {k: v.detach().clone() for k, v in ref.params.items()}, first,
+                        norms)

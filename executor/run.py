@@ -37,6 +37,7 @@ from executor.comm import Comm, CommCall
 from executor.groups import Groups, plan_group_keys
 from executor.interpreter import Interpreter
 from executor.launch import JobFailed, RankContext, in_torchrun, spawn
+from executor.options import RunOptions, check_supported
 from executor.program import lower
 from executor.recorder import (
     DONE,
@@ -52,7 +53,6 @@ from executor.recorder import (
     write_rank,
     write_run,
 )
-from executor.runtime import RunOptions, check_supported
 from executor.torchrun import join
 from traces.chrome import event_name
 from traces.cluster_table import ClusterTable

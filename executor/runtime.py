@@ -4,7 +4,9 @@
 shard), gradient buffers, AdamW state, and one `Tape` per micro-batch in flight. The plan
 interpreter calls, per op's purpose (`traces.purpose`, through `executor.calls`):
 
-    KernelRun             compute(kernel, phase, layer, mb); the optimizer: optimizer_step()
+    KernelRun             compute(kernel, phase, layer, mb); the step's end: step_kernel(
+                          kernel) (norm, clip, fp16's check), optimizer_step()
+    GradStat              grad_stat(stat, group, stream)
     TpSite                tp(site, layer, mb)
     TpChunk               tp_chunk(chunk, layer, mb, stream) -> Handle  (tp_comm_overlap;
                           executor.overlap); GemmChunk: gemm_chunk(...), the kernel at one chunk
@@ -14,9 +16,9 @@ interpreter calls, per op's purpose (`traces.purpose`, through `executor.calls`)
     UnitGather            gather_unit(unit, stream) (ZeRO-3)
     SpGrads               sp_grads(unit, stream)
     EmbeddingGrads        embedding_grads()
-    PipeMessage           send(boundary, mb, tag, peer) / recv(...) -> Handle
-    MessageGather         gather_received(boundary, mb, tag)  (no SP: the TP chunks of a
-                          pipeline message)
+    PipeMessage           pipe.send(boundary, mb, tag, peer) / pipe.recv(...) -> Handle
+    MessageGather         pipe.gather_received(boundary, mb, tag)  (no SP: the TP chunks of a
+                          pipeline message; executor.pipe)
     CpRing, CpGather      cp_message(...) -> Handle, cp_exchange(...); the attention core under
                           CP: cp_attend(phase, layer, mb, step) (executor.context)
 
@@ -30,12 +32,11 @@ single-process reference (`executor.reference`), and the same data.
 from __future__ import annotations
 
 import dataclasses
-import math
-from dataclasses import dataclass, field
 
 import torch
 
 from executor import tape as tapes
+from executor.clip import GradClip
 from executor.comm import Comm, Handle
 from executor.context import CpRank, local_tokens
 from executor.flat import Bucket, FlatLayout, rule_buckets, unit_buckets
@@ -43,22 +44,17 @@ from executor.grads import GradStore
 from executor.groups import GroupKey
 from executor.kernels import KernelContext, ce_loss, slot, table_of
 from executor.memory import MemoryMeter
-from executor.optim import AdamW, AdamWConfig, ParamStore
+from executor.optim import AdamW, ParamStore
+from executor.options import RunOptions, check_supported
 from executor.overlap import ChunkedTp, run_at
 from executor.params import DTYPES, EMBED, HEAD, holds_output_weights, layer_unit
+from executor.pipe import PipeMessages
 from executor.reference import microbatch
 from executor.tape import ParamRef, Tape
-from traces.errors import ConfigError
 from traces.layout import Axis, Layout
 from traces.model import ModelSpec
 from traces.ops import OpKind, Phase, Stream
-from traces.purpose import GemmPart, Kernel, Stat, Tag, TpChunk, TpSite, Unit
-
-
-def _received_slot(boundary: int, tag: Tag) -> tuple[int, str]:
-    """Where a received TP chunk waits for its all-gather."""
-    return (boundary, f"x/{tag} chunk")
-
+from traces.purpose import GemmPart, Kernel, Stat, StepStat, TpChunk, TpSite, Unit
 
 # ZeRO-3 frees a unit's gathered parameters after its last kernel of a pass.
 _LAST_OF_PASS = {(Phase.FWD, Kernel.BDA2), (Phase.FWD, Kernel.POS_EMBED),
@@ -66,42 +62,11 @@ _LAST_OF_PASS = {(Phase.FWD, Kernel.BDA2), (Phase.FWD, Kernel.POS_EMBED),
                  (Phase.BWD, Kernel.EMBED), (Phase.BWD, Kernel.FINAL_LN)}
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class RunOptions:
-    seed: int = 1234
-    dropout: float = 0.0
-    adamw: AdamWConfig = field(default_factory=AdamWConfig)
-
-
-def check_supported(model: ModelSpec, layout: Layout) -> None:
-    """Layouts the executor cannot run exactly; a ConfigError naming the rule."""
-    if model.fp8:
-        raise ConfigError(fp8_refusal())
-    if model.tied_embeddings and layout.pp > 1 and layout.zero >= 1 and layout.dp > 1:
-        raise ConfigError("parallel.zero: tied embeddings with pp > 1 need the embedding "
-                          "all-reduce before the DP reduction for ZeRO >= 1 (after a "
-                          "reduce-scatter the two stages' shards of the word embeddings "
-                          "differ); use zero = 0 or model.tied_embeddings = false")
-
-
-def fp8_refusal() -> str:
-    """Why the executor does not run an fp8 model here: no FP8 GEMMs on a CPU; on a GPU,
-    its FP8 kernels (Transformer Engine's casts, amax reduction) are not written yet."""
-    if not torch.cuda.is_available():
-        return ("model.dtype: \"fp8\" needs FP8 tensor cores (Hopper or Blackwell); this "
-                "run has no GPU, and gloo on CPU computes in fp32, bf16 or fp16 only")
-    return ("model.dtype: \"fp8\": the executor's FP8 kernels (Transformer Engine's casts "
-            "and amax reduction) are not implemented; simulate it, or run bf16")
-
-
 class RankRuntime:
     def __init__(self, model: ModelSpec, layout: Layout, rank: int, comm: Comm,
                  options: RunOptions, device: torch.device, *,
                  buckets: list[Bucket] | None = None, meter: MemoryMeter | None = None) -> None:
-        check_supported(model, layout)
-        if layout.cp > 1 and options.dropout:
-            raise ConfigError("parallel.cp: the executor runs context parallelism without "
-                              "dropout (its ring attention has none); use dropout = 0")
+        check_supported(model, layout, options)
         self.model, self.layout, self.rank, self.comm = model, layout, rank, comm
         self.options, self.device = options, device
         self.meter = meter or MemoryMeter()
@@ -126,6 +91,11 @@ class RankRuntime:
                                dp_rank=shard, dtype=grad_dtype, device=device,
                                meter=self.meter)
         self.optimizer = AdamW(self.params.optimizer_params(), options.adamw, self.meter)
+        self.clip = GradClip(self.flat, buckets, self.grads.shards, tp_rank=self.tp_rank,
+                             tied=model.tied_embeddings, max_norm=options.clip_grad,
+                             device=device)
+        self.grad_norm = 0.0
+        """The global gradient norm of the last step (before clipping)."""
         self.tp_key: GroupKey = (Stream.COMPUTE, layout.group(rank, Axis.TP))
         self.embedding_key: GroupKey = (Stream.DP, layout.embedding_group(rank))
         self.chunked = ChunkedTp(comm, layout.tp, model.layers)
@@ -151,6 +121,8 @@ class RankRuntime:
                      model.seq_len // layout.cp, model.hidden // model.heads)
             self.cp = CpRank(layout, rank, comm, self.tapes, block_shape=block,
                              seq_len=model.seq_len, dtype=self.dtype, device=device)
+        self.pipe = PipeMessages(model, layout, comm, self.tape, tp_rank=self.tp_rank,
+                                 tp_key=self.tp_key, dtype=self.dtype, device=device)
 
     # --- per step and micro-batch ------------------------------------------------------------
 
@@ -339,65 +311,32 @@ class RankRuntime:
         key = (stream, self.embedding_key[1])
         return self.comm.all_reduce(self.grads.full[a:b], key, async_op=async_op)
 
+    def step_kernel(self, kernel: Kernel) -> None:
+        """One kernel of the step's end before the optimizer (`executor.clip`)."""
+        grads = self.grads.optimizer_grads()
+        if kernel is Kernel.GRAD_UNSCALE:
+            self.clip.check_inf(grads)  # the executor's loss is unscaled: only the check
+        elif kernel is Kernel.GRAD_NORM:
+            self.clip.square_sum(grads)
+        else:
+            assert kernel is Kernel.GRAD_CLIP, kernel
+            self.grad_norm = self.clip.clip(grads)
+
+    def grad_stat(self, stat: StepStat, group: tuple[int, ...], stream: str = Stream.COMPUTE
+                  ) -> Handle:
+        """All-reduce a step statistic over the ranks holding distinct gradients: the found-
+        inf flag (max) or the squares' sum (sum)."""
+        if stat is StepStat.FOUND_INF:
+            return self.comm.all_reduce(self.clip.found_inf, (stream, group), reduce="max")
+        return self.comm.all_reduce(self.clip.norm_sq, (stream, group))
+
     def optimizer_step(self) -> None:
-        self.optimizer.step(self.grads.optimizer_grads())
+        if not self.clip.skip:  # fp16: a non-finite gradient somewhere skips the step
+            self.optimizer.step(self.grads.optimizer_grads())
+        self.clip.found_inf.zero_()
         self.grads.zero_()
         if self.layout.overlap_param_gather and self.zero in (1, 2):
             self.stale = set(range(len(self.buckets)))
-
-    # --- pipeline ------------------------------------------------------------------------------
-
-    def boundary_shape(self) -> tuple[int, int, int]:
-        s = self.model.seq_len // self.layout.cp // (self.layout.tp if self.layout.sp else 1)
-        return (s, self.layout.micro_batch, self.model.hidden)
-
-    @property
-    def scatter_gather(self) -> bool:
-        """Pipeline messages travel as TP chunks and are all-gathered after the receive
-        (Megatron-LM's scatter_gather_tensors_in_pipeline: under TP, without SP)."""
-        return self.layout.tp > 1 and not self.layout.sp
-
-    def _chunk(self, value: torch.Tensor) -> torch.Tensor:
-        """This TP rank's 1/t of the flattened tensor (a view)."""
-        n = value.numel() // self.layout.tp
-        return value.contiguous().view(-1)[self.tp_rank * n:(self.tp_rank + 1) * n]
-
-    def send(self, boundary: int, mb: int, tag: Tag, peer: int) -> Handle:
-        """Send layer `boundary`'s input (tag act) or its gradient (tag grad): the whole
-        tensor, or this TP rank's chunk of it (`scatter_gather`)."""
-        tape, key = self.tape(mb), (boundary, "x")
-        cut = self._chunk if self.scatter_gather else (lambda t: t)
-        if tag == Tag.ACT:
-            return self.comm.send(cut(tape.acts[key]), peer, tag,
-                                  then=lambda: tape.release(key))
-        return self.comm.send(cut(tape.take_grad(key)), peer, tag)
-
-    def recv(self, boundary: int, mb: int, tag: Tag, peer: int) -> Handle:
-        """Receive layer `boundary`'s input or its gradient; a TP chunk of it waits in
-        `_received_slot` for `gather_received`."""
-        tape, key = self.tape(mb), (boundary, "x")
-        if self.scatter_gather:
-            numel = math.prod(self.boundary_shape()) // self.layout.tp
-            chunk = torch.empty(numel, dtype=self.dtype, device=self.device)
-            return self.comm.recv(chunk, peer, tag,
-                                  then=lambda: tape.put(_received_slot(boundary, tag), chunk))
-        buf = torch.empty(self.boundary_shape(), dtype=self.dtype, device=self.device)
-        if tag == Tag.ACT:
-            return self.comm.recv(buf, peer, tag, then=lambda: tape.put(key, buf))
-        return self.comm.recv(buf, peer, tag, then=lambda: tape.put_grad(key, buf))
-
-    def gather_received(self, boundary: int, mb: int, tag: Tag) -> None:
-        """All-gather the TP chunks of a received message over the TP group (inline, on the
-        compute stream, as Megatron-LM's gather_split_1d_tensor) into the whole tensor."""
-        tape, key = self.tape(mb), (boundary, "x")
-        chunk = tape.take(_received_slot(boundary, tag))
-        flat = torch.empty(chunk.numel() * self.layout.tp, dtype=self.dtype, device=self.device)
-        self.comm.all_gather(flat, chunk, self.tp_key)
-        out = flat.view(self.boundary_shape())
-        if tag == Tag.ACT:
-            tape.put(key, out)
-        else:
-            tape.put_grad(key, out)
 
     # --- inspection ----------------------------------------------------------------------------
 

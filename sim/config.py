@@ -34,7 +34,8 @@ from topology.config import read_cluster
 from traces.errors import ConfigError, show
 from traces.fields import Fields, check_choice
 from traces.files import load_toml
-from traces.layout import Layout, check_layout
+from traces.layout import Layout
+from traces.layout_rules import check_layout
 from traces.model import ModelSpec
 
 EXAMPLES = ("gpt3-175b-1024-a100.toml", "llama-7b-zero3-64-h100.toml",

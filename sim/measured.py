@@ -41,7 +41,7 @@ from sim.engine.replay import Progress, StepTimes, replay
 from sim.engine.replay import host_gaps as measured_gaps
 from sim.engine.transport import NETWORK_NAMES, NetworkMode
 from sim.models.compute import ComputeModel
-from sim.models.interference import host_interference
+from sim.models.sharing import interference_for
 from sim.models.variability import expected_speeds
 from sim.profile import Profile, default_profile
 from topology.cluster import Cluster
@@ -278,9 +278,10 @@ def replay_trace(loaded: LoadedTrace, cluster: Cluster, profile: Profile | None 
             else NetworkMode.FLOW
     plan, kept, modelled, uncosted = _compute_times(trace, retime)
     gaps = measured_gaps(trace) if host_gaps else None
-    times = replay(plan, cluster, ComputeModel(cluster.accelerator, profile),
-                   interference=host_interference(profile), network=network, algo=algo,
-                   progress=progress, gaps=gaps,
+    compute = ComputeModel(cluster.accelerator, profile)
+    times = replay(plan, cluster, compute,
+                   interference=interference_for(cluster, profile, compute), network=network,
+                   algo=algo, progress=progress, gaps=gaps,
                    speeds=_speeds(trace, cluster) if retime else None)
     ops, names, sizes, mirrored = _census(trace)
     predicted = (loaded.source == "parasim" and trace.meta.network is not None

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sim.models import rates
 from topology.cluster import LINK_KINDS, Accelerator, Cluster
 from topology.override import with_accelerator, with_links
 from traces.errors import ConfigError, show
@@ -78,12 +79,14 @@ class ComputeParams:
     """How close to the accelerator's roofs kernels run (see `sim.models.compute`)."""
 
     gemm_efficiency: float
-    """Achieved fraction of dense peak FLOP/s of a GEMM whose tiles fill every unit."""
+    """Achieved fraction of the sustained FLOP/s (`Accelerator.sustained_flops`: the roof at
+    the clock held at the power limit) of a GEMM whose tiles fill every unit."""
     gemm_tiles: tuple[Tile, ...] = ((256, 128), (128, 256), (128, 128), (128, 64), (64, 128),
                                     (64, 64))
     """Output tiles the GEMM library chooses among (CUTLASS's usual bf16 CTA tiles)."""
     memory_efficiency: float = 0.8
-    """Achieved fraction of HBM bandwidth of a streaming kernel."""
+    """Achieved fraction of sustained HBM bandwidth (`Accelerator.sustained_hbm_Bps`) of a
+    streaming kernel."""
     launch_overhead_s: float = 3e-6
     """Fixed time per kernel launch."""
     roofline_exponent: float = 2.0
@@ -354,40 +357,36 @@ def _roofs(fields: Fields) -> AcceleratorRoofs:
                                         maximum=MAX_BANDWIDTH_BPS))
 
 
-# Defaults per accelerator. Sources:
-# - large bf16 GEMMs: cuBLAS reaches ~85% of dense peak on A100 and ~70% on H100 SXM at
-#   Megatron-sized shapes (NVIDIA "Matrix Multiplication Background" user guide; public cuBLAS
-#   benchmarks); tile and wave quantization on top come from the shape (sim.models.compute);
-# - flash attention: FlashAttention-2 (Dao, 2023) reaches 50-73% of A100 peak forward and
-#   backward (counting the FLOPs it executes: causal blocks skipped, backward 2.5x forward);
-#   on H100, FlashAttention-2 ~35% and cuDNN/FlashAttention-3 50-75% (Shah et al., 2024): 0.5;
-# - streaming kernels reach ~80% of HBM bandwidth (STREAM-like copies on HBM2e/HBM3);
-# - launches: ~3 us per kernel ("Getting Started with CUDA Graphs", NVIDIA blog, 2019: a few
-#   microseconds per launch, which graphs remove); XLA on TPU fuses: 1 us;
-# - TPU v4: PaLM (Chowdhery et al., 2022) ran at 57.8% hardware FLOPs utilisation end to end,
-#   so matrix units reach at least that per op: 0.75; one 128x128 tile per MXU.
+# Defaults per accelerator: efficiencies relative to the sustained roof, each derived from a
+# public GEMM benchmark at a known clock by the one rule of `sim.models.rates` (cited there);
+# streaming kernels reach ~80% of HBM bandwidth (STREAM-like copies on HBM2e/HBM3), whose clock
+# the power limit leaves alone; launches: ~3 us per kernel ("Getting Started with CUDA Graphs",
+# NVIDIA blog, 2019: a few microseconds per launch, which graphs remove); XLA on TPU fuses: 1 us;
+# TPU v4 runs one clock (sustained = peak): PaLM (Chowdhery et al., 2022) ran at 57.8% hardware
+# FLOPs utilisation end to end, so matrix units reach at least that per op: 0.75; one 128x128
+# tile per MXU.
 DEFAULTS: dict[str, ComputeParams] = {
-    "A100-SXM4-80GB": ComputeParams(gemm_efficiency=0.85, kernels={
-        "flash_attn": KernelCost(flops_efficiency=0.6)}),
-    "H100-SXM5-80GB": ComputeParams(gemm_efficiency=0.70, kernels={
-        "flash_attn": KernelCost(flops_efficiency=0.5)}),
+    "A100-SXM4-80GB": ComputeParams(gemm_efficiency=rates.A100.gemm, kernels={
+        "flash_attn": KernelCost(flops_efficiency=rates.A100.flash_attn)}),
+    "H100-SXM5-80GB": ComputeParams(gemm_efficiency=rates.H100.gemm, kernels={
+        "flash_attn": KernelCost(flops_efficiency=rates.H100.flash_attn)}),
     "TPU-v4": ComputeParams(gemm_efficiency=0.75, gemm_tiles=((128, 128),),
                             launch_overhead_s=1e-6, kernels={
                                 "flash_attn": KernelCost(flops_efficiency=0.6)}),
 }
-for _name in ("H200-SXM-141GB", "B200-SXM-180GB", "GB200-186GB"):  # H200: Hopper's die;
-    DEFAULTS[_name] = DEFAULTS["H100-SXM5-80GB"]  # Blackwell: no public benchmark yet
+DEFAULTS["B200-SXM-180GB"] = ComputeParams(gemm_efficiency=rates.B200.gemm, kernels={
+    "flash_attn": KernelCost(flops_efficiency=rates.B200.flash_attn)})
+DEFAULTS["H200-SXM-141GB"] = DEFAULTS["H100-SXM5-80GB"]  # Hopper's die
+DEFAULTS["GB200-186GB"] = DEFAULTS["B200-SXM-180GB"]  # B200's die pair
 # The CPU of `localhost`: no SMs to quantize over (one small tile), about half the core's peak
-# in a BLAS, ~10 us of PyTorch dispatch per eager op; `parasim calibrate` measures all three.
-# Ranks are processes with one compute thread each, at least as many as cores (the host runs
-# up to 8 whatever its core count), and gloo moves a rank's data on a thread of its own that
-# shares the rank's cores: comm_interference 1 (kernels at half speed while data moves) and
-# compute_interference 0.6 after a wait of 0.5 ms for a core (data beside kernels: 0.65 after
-# 0.35 ms [0, 1.5] fitted on a 2-vCPU VM with 2 ranks, from a 64 KiB and an 8 MiB all-reduce
-# each alone and issued just before a chain of GEMMs; beside a kernel already running, 1 KiB
-# to 1 MiB took 3-7 ms longer than alone, but the executor issues between kernels) are rough
-# figures for uncalibrated use only — `parasim calibrate --run` measures all three (a probe
-# GEMM and collectives of two sizes, each alone and beside the other: traces.bench,
+# in a BLAS, ~10 us of PyTorch dispatch per eager op. Ranks are processes with one compute
+# thread each, at least as many as cores (the host runs up to 8 whatever its cores), and gloo
+# moves a rank's data on a thread that shares the rank's cores: comm_interference 1 (kernels
+# at half speed while data moves) and compute_interference 0.6 after a 0.5 ms wait for a core
+# (0.65 after 0.35 ms [0, 1.5] fitted on a 2-vCPU VM with 2 ranks, from a 64 KiB and an 8 MiB
+# all-reduce each alone and issued just before a chain of GEMMs; beside a running kernel, 1 KiB
+# to 1 MiB took 3-7 ms longer, but the executor issues between kernels): rough figures for
+# uncalibrated use only, which `parasim calibrate --run` measures (traces.bench,
 # sim.calibrate.interference).
 DEFAULTS["CPU-localhost"] = ComputeParams(gemm_efficiency=0.5, gemm_tiles=((8, 8),),
                                           memory_efficiency=0.7, launch_overhead_s=10e-6,

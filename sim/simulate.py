@@ -15,8 +15,8 @@ from sim.config import Experiment
 from sim.engine.replay import Progress, StepTimes, replay
 from sim.metrics import StepSummary, summarize
 from sim.models.compute import ComputeModel
-from sim.models.interference import host_interference
 from sim.models.memory import memory_by_pp_rank
+from sim.models.sharing import interference_for
 from sim.models.variability import expected_speeds
 from traces.layout import Layout, Recompute
 from traces.ops import Trace
@@ -41,11 +41,12 @@ def predict(exp: Experiment, *, fold: bool = True, progress: Progress | None = N
     if speeds is None and not exp.cluster.variability.ideal:
         speeds = expected_speeds(exp.cluster.variability, exp.layout, plan.ranks,
                                  exp.cluster.devices_per_server)
+    compute = ComputeModel(exp.cluster.accelerator, exp.profile)
+    interference = interference_for(exp.cluster, exp.profile, compute)
 
     def run(stretch: Mapping[int, float] | None, bar: Progress | None) -> StepTimes:
-        return replay(plan, exp.cluster, ComputeModel(exp.cluster.accelerator, exp.profile),
-                      interference=host_interference(exp.profile), network=exp.network,
-                      algo=exp.algo, progress=bar, speeds=stretch)
+        return replay(plan, exp.cluster, compute, interference=interference,
+                      network=exp.network, algo=exp.algo, progress=bar, speeds=stretch)
 
     times = run(speeds, progress)
     memory = memory_by_pp_rank(exp.model, exp.layout, schedule)

@@ -38,6 +38,34 @@ class Accelerator:
     fp8_block_scaling: bool = False
     """FP8 GEMMs with hardware block scales (Blackwell's MXFP8): `traces.fp8` explains what it
     changes."""
+    peak_clock_MHz: float = 0.0
+    """The clock `peak_flops` is counted at (the data sheet's); 0: no clock figure, and the
+    sustained rate is the peak."""
+    sustained_clock_MHz: float = 0.0
+    """The clock the chip holds through hours of back-to-back GEMMs at its power limit
+    (measured: below the boost clock a short benchmark sees); 0: the peak clock."""
+
+    @property
+    def sustained_flops(self) -> float:
+        """Dense FLOP/s at the sustained clock: `peak_flops · sustained / peak clock`, the
+        roof the compute model's efficiencies are relative to (docs/sustained-rates.md)."""
+        if not (self.peak_clock_MHz and self.sustained_clock_MHz):
+            return self.peak_flops
+        return self.peak_flops * self.sustained_clock_MHz / self.peak_clock_MHz
+
+    @property
+    def sustained_flops_fp8(self) -> float:
+        """Dense FP8 FLOP/s at the sustained clock, as `sustained_flops`."""
+        if not (self.peak_clock_MHz and self.sustained_clock_MHz):
+            return self.peak_flops_fp8
+        return self.peak_flops_fp8 * self.sustained_clock_MHz / self.peak_clock_MHz
+
+    @property
+    def sustained_hbm_Bps(self) -> float:
+        """HBM bandwidth under sustained load: the data sheet's, since the power limit lowers
+        the SM clock, not the memory clock (HBM runs at its one fixed clock: `nvidia-smi`
+        cannot lock A100's memory clock, 1215 MHz)."""
+        return self.hbm_bandwidth_Bps
 
 
 class Fabric(Protocol):

@@ -58,7 +58,9 @@ def with_accelerator(cluster: Cluster, *, peak_flops: float | None = None,
     accelerator = cluster.accelerator
     if peak_flops is not None:
         assert math.isfinite(peak_flops) and peak_flops > 0, f"peak {peak_flops}"
-        accelerator = dataclasses.replace(accelerator, peak_flops=peak_flops)
+        # a measured roof is the rate the chip ran at while measured: no clock scaling
+        accelerator = dataclasses.replace(accelerator, peak_flops=peak_flops,
+                                          peak_clock_MHz=0.0, sustained_clock_MHz=0.0)
     if hbm_bandwidth_Bps is not None:
         assert math.isfinite(hbm_bandwidth_Bps) and hbm_bandwidth_Bps > 0
         accelerator = dataclasses.replace(accelerator, hbm_bandwidth_Bps=hbm_bandwidth_Bps)

@@ -36,6 +36,12 @@ A100_80GB = Accelerator(
     memory_bytes=81920 * 2**20,  # nvidia-smi: 81920 MiB
     hbm_bandwidth_Bps=2039e9,  # A100 80GB SXM data sheet: 2,039 GB/s HBM2e
     compute_units=108,  # NVIDIA A100 Tensor Core GPU Architecture whitepaper: 108 SMs
+    # 108 SMs x 2048 dense FLOP/clk x 1410 MHz boost = 312 TFLOP/s (the whitepaper's count)
+    peak_clock_MHz=1410,
+    # NVIDIA's HPL Rpeak for A100 systems uses 1305 MHz, "the clock that can be sustained at a
+    # GPU's power limit while running HPL" (G. Lockwood, "Peak FLOPS", glennklockwood.com):
+    # sustained 312 x 1305/1410 = 288.8 TFLOP/s
+    sustained_clock_MHz=1305,
 )
 H100_SXM = Accelerator(
     name="H100-SXM5-80GB",
@@ -44,6 +50,13 @@ H100_SXM = Accelerator(
     hbm_bandwidth_Bps=3.35e12,  # H100 SXM data sheet: 3.35 TB/s HBM3
     compute_units=132,  # NVIDIA H100 Tensor Core GPU Architecture whitepaper: 132 SMs (SXM5)
     peak_flops_fp8=1978.9e12,  # H100 SXM data sheet: FP8 3,958 TFLOPS with sparsity, half dense
+    # 132 SMs x 4096 dense FLOP/clk x 1830 MHz = 989.4 TFLOP/s (Lockwood, "H100": 1.83 GHz for
+    # low precision, 1.98 GHz boost)
+    peak_clock_MHz=1830,
+    # mamf-finder's sustained (MSMF) run on 8 H200s, every GPU busy, 700 W: the saturated SM
+    # clock 1405-1527 MHz, ~1440-1465 alone (stas00/ml-engineering, compute/accelerator/
+    # benchmarks); the H100 SXM is the same die at the same 700 W: 989.4 x 1450/1830 = 784
+    sustained_clock_MHz=1450,
 )
 H200_SXM = Accelerator(
     name="H200-SXM-141GB",
@@ -52,9 +65,17 @@ H200_SXM = Accelerator(
     hbm_bandwidth_Bps=4.8e12,  # H200 data sheet: 4.8 TB/s HBM3e
     compute_units=132,  # the H100 SXM5 die: 132 SMs
     peak_flops_fp8=1978.9e12,  # H200 data sheet: FP8 3,958 TFLOPS with sparsity, half dense
+    peak_clock_MHz=1830,  # as H100 SXM: 989.4 TFLOP/s at 1830 MHz
+    sustained_clock_MHz=1450,  # measured on H200 (mamf-finder MSMF, 8 GPUs busy): see H100
 )
 # Blackwell. Data sheets quote FP8 and BF16 "with sparsity"; dense is half. MXFP8 block scaling
 # is Blackwell's (fifth-generation tensor cores take E8M0 block scales, TE's MXFP8BlockScaling).
+# Tensor clocks: B200 1.86 GHz, GB200 2.06 GHz (hmc-tech.com's B200 and GB200 spec tables):
+# 148 SMs x 8192 dense BF16 FLOP/clk x 1860 MHz = 2.255 PF, x 2062 MHz = 2.5 PF, the data
+# sheets' dense figures.
+B200_SUSTAINED_RATIO = 1365 / 1860
+"""mamf-finder's sustained (MSMF) run on 8 busy B200s held the SM clock at 1316-1410 MHz,
+1426 TFLOP/s (stas00/ml-engineering, compute/accelerator/benchmarks): 1365 of 1860 MHz."""
 B200 = Accelerator(
     name="B200-SXM-180GB",
     # DGX B200 data sheet: 72 PFLOPS FP8 training for 8 GPUs = 9 PF each with sparsity, 4.5 PF
@@ -65,6 +86,8 @@ B200 = Accelerator(
     memory_bytes=180e9,  # DGX B200 data sheet: 1,440 GB HBM3e for 8 GPUs
     hbm_bandwidth_Bps=8e12,  # DGX B200 data sheet: 64 TB/s HBM3e for 8 GPUs
     compute_units=148,  # Blackwell architecture technical brief: 148 SMs on B200 (2 dies)
+    peak_clock_MHz=1860,  # the tensor clock (hmc-tech.com B200 spec table), see above
+    sustained_clock_MHz=1365,  # B200_SUSTAINED_RATIO's measurement (sim.models.rates.B200)
 )
 GB200 = Accelerator(
     name="GB200-186GB",
@@ -77,6 +100,9 @@ GB200 = Accelerator(
     memory_bytes=186e9,  # GB200 NVL72 spec: 13.4 TB HBM3e for 72 GPUs
     hbm_bandwidth_Bps=8e12,  # GB200 NVL72 spec: 576 TB/s for 72 GPUs
     compute_units=148,  # the B200 die pair: 148 SMs
+    peak_clock_MHz=2062,  # the tensor clock (hmc-tech.com GB200 spec table), see above
+    # no published soak measurement of GB200: an assumption, B200's measured sustained ratio
+    sustained_clock_MHz=round(2062 * B200_SUSTAINED_RATIO),
 )
 TPU_V4 = Accelerator(
     name="TPU-v4",
@@ -84,6 +110,10 @@ TPU_V4 = Accelerator(
     memory_bytes=32 * 2**30,  # Cloud TPU v4 docs: 32 GiB HBM2
     hbm_bandwidth_Bps=1200e9,  # Cloud TPU v4 docs: 1200 GBps
     compute_units=8,  # Cloud TPU v4 docs: 2 TensorCores of 4 MXUs (128x128 systolic arrays)
+    # TPU v4 (Jouppi et al., ISCA'23, Table 1): one clock, 1050 MHz, no boost above it:
+    # 8 MXUs x 128x128 x 2 FLOPs x 1050 MHz = 275 TFLOP/s, and sustained at the same clock
+    peak_clock_MHz=1050,
+    sustained_clock_MHz=1050,  # the one clock: a TPU has no boost to fall back from
 )
 
 

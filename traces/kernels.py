@@ -29,7 +29,7 @@ from traces.purpose import ATTENTION_CORE, Kernel
 __all__ = ["ATTENTION_CORE", "FUSED_SOFTMAX_MAX_SEQ", "Gemm", "KernelWork", "attention_kernels",
            "cross_entropy_bytes", "embedding_kernels", "gemm_kernel", "head_kernels",
            "layer_kernels", "memory_kernel", "mlp_activation", "optimizer_bytes_per_param",
-           "rope_kernel", "softmax_bytes"]
+           "rope_kernel", "softmax_bytes", "step_kernel_bytes"]
 K = Kernel
 
 def layer_kernels(model: ModelSpec, b: int, t: int, sp: bool,
@@ -183,27 +183,39 @@ def head_kernels(model: ModelSpec, b: int, t: int, sp: bool,
     ]
 
 
-def optimizer_bytes_per_param(dtype: str, grad_bytes: int) -> float:
-    """HBM bytes per parameter of one optimizer step: Megatron-LM's mixed-precision step
-    (megatron/optimizer/optimizer.py, `step` of its Float16 optimizer; clip_grads.py), Adam
-    over fp32 main parameters of 16-bit model parameters (a 4-byte model has no copies):
+def step_kernel_bytes(dtype: str, grad_bytes: int) -> tuple[tuple[Kernel, float], ...]:
+    """HBM bytes per parameter of each kernel at the end of the step, in order: Megatron-LM's
+    mixed-precision step (megatron/optimizer/optimizer.py, `step` of its Float16 optimizer;
+    clip_grads.py), Adam over fp32 main parameters of 16-bit model parameters (a 4-byte model
+    has no copies):
 
-        16-bit gradients to fp32 main gradients      read g, write 4     (none if g = 4)
-        fp16 only: unscale, check for inf/nan        read 4, write 4
-        gradient norm for clipping (l2norm)          read 4
-        Adam (multi_tensor_adam)                     read p, g, m, v; write p, m, v: 28
-        fp32 main parameters to the model's copy     read 4, write e
-        zero the gradient buffer for the next step   write g
+        grad_unscale  fp16 only: unscale, check for inf/nan   read 4, write 4
+        grad_norm     sum of squares for clipping (l2norm)    read 4
+        grad_clip     scale by min(1, clip / norm)            read 4, write 4
+        optimizer     16-bit gradients to fp32 main ones      read g, write 4  (none if g = 4)
+                      Adam (multi_tensor_adam)                read p, g, m, v; write p, m, v: 28
+                      fp32 main parameters to the model's     read 4, write e
+                      zero the gradient buffer                write g
 
-    fp16 with 16-bit gradients: 6 + 8 + 4 + 28 + 6 + 2 = 54; bf16 with fp32 gradients
-    (Megatron's rule for bf16): 4 + 28 + 6 + 4 = 42. Clipping's rescale (read and write 4)
-    runs only when the norm exceeds the threshold, so it is not counted."""
+    (the main gradients' copy runs first in Megatron; it is counted with the optimizer's
+    kernel, whose time is what matters). Megatron skips the clip's scale when the norm is
+    below the threshold; torch's clip_grad_norm_ always multiplies by the clamped factor, and
+    so does the plan. fp16 with 16-bit gradients: 8 + 4 + 8 + (6 + 28 + 6 + 2) = 62; bf16 with
+    fp32 gradients (Megatron's rule for bf16): 4 + 8 + (28 + 6 + 4) = 50; fp32: 4 + 8 + 32."""
     e = DTYPE_BYTES[dtype]
     if e >= 4:  # an fp32 model: Adam, the norm and zeroing on the parameters themselves
-        return 28 + 4 + grad_bytes
-    to_main = 0 if grad_bytes >= 4 else grad_bytes + 4
-    unscale = 8 if dtype == "fp16" else 0  # bf16 trains without a loss scale
-    return to_main + unscale + 4 + 28 + (4 + e) + grad_bytes
+        adam = 28 + grad_bytes
+    else:
+        to_main = 0 if grad_bytes >= 4 else grad_bytes + 4
+        adam = to_main + 28 + (4 + e) + grad_bytes
+    unscale = ((Kernel.GRAD_UNSCALE, 8.0),) if dtype == "fp16" else ()  # bf16: no loss scale
+    return (*unscale, (Kernel.GRAD_NORM, 4.0), (Kernel.GRAD_CLIP, 8.0),
+            (Kernel.OPTIMIZER, float(adam)))
+
+
+def optimizer_bytes_per_param(dtype: str, grad_bytes: int) -> float:
+    """HBM bytes per parameter of the whole end of the step (`step_kernel_bytes` summed)."""
+    return sum(b for _, b in step_kernel_bytes(dtype, grad_bytes))
 
 
 def cross_entropy_bytes(logits: int, e: int) -> tuple[float, float]:

@@ -35,6 +35,7 @@ from traces.purpose import (
     CrossEntropyStat,
     EmbeddingGrads,
     GradBucket,
+    GradStat,
     Kernel,
     KernelRun,
     MessageGather,
@@ -43,6 +44,7 @@ from traces.purpose import (
     Purpose,
     SpGrads,
     Stat,
+    StepStat,
     Tag,
     TpSite,
     Unit,
@@ -57,6 +59,7 @@ _BENCH = {"bench": BenchRole.CALL, "bench_gemm": BenchRole.GAP,
           INTERFERENCE_COLLECTIVE: BenchRole.COLLECTIVE_BESIDE,
           INTERFERENCE_COLLECTIVE_ALONE: BenchRole.COLLECTIVE_ALONE}
 _UNITS = {"embed": EMBED, "head": HEAD}
+_STATS = frozenset(str(s) for s in StepStat)
 _SITES = {sp: tp_sites(sp) for sp in (False, True)}
 
 
@@ -93,6 +96,8 @@ def legacy_purposes(ops: Sequence[Op]) -> list[Purpose | None]:
             purpose = CrossEntropyStat(Stat.MAX if op.name == "ce_max" else Stat.SUM)
         elif op.name == "embedding_grads":
             purpose = EmbeddingGrads()
+        elif op.name in _STATS and op.phase is Phase.OPT:
+            purpose = GradStat(StepStat(op.name))
         elif base == "sp_grads" and unit is not None:
             purpose = SpGrads(unit)
         elif op.name == "grads" and op.layer is None:

@@ -105,7 +105,8 @@ class Op:
     def inline(self) -> bool:
         """Communication on the compute stream: the tensor- and sequence-parallel collectives
         (and the gathers after a pipeline receive) Megatron issues between the kernels they
-        join, so the kernels wait for them (`Stream`). The one statement of that rule."""
+        join, so the kernels wait for them (`Stream`), and the step end's gradient
+        statistics (`GradStat`). The one statement of that rule."""
         return self.stream == Stream.COMPUTE and self.kind is not OpKind.COMPUTE
 
 

@@ -49,6 +49,12 @@ class Kernel(StrEnum):
     FINAL_LN = "final_ln"
     LOGITS = "logits"
     CROSS_ENTROPY = "cross_entropy"
+    GRAD_UNSCALE = "grad_unscale"
+    """fp16: unscale the main gradients and check them for inf/NaN (once per step)."""
+    GRAD_NORM = "grad_norm"
+    """The sum of squares of the rank's (shard of) gradients, for clipping."""
+    GRAD_CLIP = "grad_clip"
+    """Scale the gradients by min(1, clip / norm) (torch's clip_grad_norm_)."""
     OPTIMIZER = "optimizer"
     FP8_WEIGHT_CAST = "fp8_weight_cast"
     """The step's cast of the FP8 GEMMs' weights, after the optimizer."""
@@ -82,6 +88,8 @@ FIRST_STAGE = (K.EMBED, K.POS_EMBED)
 LAST_STAGE = (K.FINAL_LN, K.LOGITS, K.CROSS_ENTROPY)
 """The output layer's kernels, forward order (last virtual stage)."""
 KERNEL_NAMES = tuple(str(k) for k in Kernel)
+STEP_KERNELS = (K.GRAD_UNSCALE, K.GRAD_NORM, K.GRAD_CLIP, K.OPTIMIZER)
+"""The kernels of the end of the step (phase opt), in order; once per step, not per layer."""
 
 
 class Part(StrEnum):
@@ -128,6 +136,16 @@ class Stat(StrEnum):
     """The max of each token's logits (after `logits`)."""
     SUM = "sum"
     """The target logit and the sum of exponentials (after `cross_entropy`)."""
+
+
+class StepStat(StrEnum):
+    """A statistic of the whole step's gradients, all-reduced over the ranks holding distinct
+    gradients (`traces.plan.optimizer.grad_stats_group`)."""
+
+    FOUND_INF = "found_inf"
+    """fp16: whether any gradient is inf or NaN (a max; the step is skipped if so)."""
+    NORM = "norm"
+    """The gradients' sum of squares (a sum), for clipping by the global norm."""
 
 
 class BenchRole(StrEnum):
@@ -282,6 +300,14 @@ class EmbeddingGrads:
 
 
 @dataclass(frozen=True, slots=True)
+class GradStat:
+    """The end of the step: the all-reduce of one `StepStat` of the gradients (Megatron-LM's
+    clip_grad_norm_fp32 and found-inf check)."""
+
+    stat: StepStat
+
+
+@dataclass(frozen=True, slots=True)
 class PipeMessage:
     """A pipeline send or receive: activations (tag act) or their gradients (grad) at stage
     `boundary`, the index of the layer whose input it is (a gradient of layer l's output is
@@ -327,7 +353,7 @@ class Bench:
 
 
 Purpose = (KernelRun | TpSite | MessageGather | CrossEntropyStat | SpGrads | GradBucket
-           | UnitGather | UnitGradReduce | ParamGather | EmbeddingGrads | PipeMessage
+           | UnitGather | UnitGradReduce | ParamGather | EmbeddingGrads | GradStat | PipeMessage
            | AmaxReduction | CpRing | CpGather | Bench | GemmChunk | TpChunk)
 PURPOSES: tuple[type, ...] = Purpose.__args__  # type: ignore[attr-defined]
 """Every purpose type (a test checks each has an interpretation)."""

@@ -31,6 +31,7 @@ from traces.purpose import (
     GemmChunk,
     GemmPart,
     GradBucket,
+    GradStat,
     Kernel,
     KernelRun,
     MessageGather,
@@ -41,6 +42,7 @@ from traces.purpose import (
     Purpose,
     SpGrads,
     Stat,
+    StepStat,
     Tag,
     TpChunk,
     TpSite,
@@ -53,14 +55,14 @@ TYPES: dict[str, type] = {
     "kernel": KernelRun, "tp": TpSite, "message_gather": MessageGather,
     "cross_entropy": CrossEntropyStat, "sp_grads": SpGrads, "grad_bucket": GradBucket,
     "unit_gather": UnitGather, "unit_grad_reduce": UnitGradReduce,
-    "param_gather": ParamGather, "embedding_grads": EmbeddingGrads, "pipe": PipeMessage,
-    "amax": AmaxReduction, "cp_ring": CpRing, "cp_gather": CpGather, "bench": Bench,
-    "gemm_chunk": GemmChunk, "tp_chunk": TpChunk,
+    "param_gather": ParamGather, "embedding_grads": EmbeddingGrads, "grad_stat": GradStat,
+    "pipe": PipeMessage, "amax": AmaxReduction, "cp_ring": CpRing, "cp_gather": CpGather,
+    "bench": Bench, "gemm_chunk": GemmChunk, "tp_chunk": TpChunk,
 }
 assert set(TYPES.values()) == set(PURPOSES), "every purpose has a JSON type"
 _TYPE_OF = {cls: name for name, cls in TYPES.items()}
 _ENUMS: dict[str, type[StrEnum]] = {"Kernel": Kernel, "OpKind": OpKind, "Tag": Tag,
-                                    "Stat": Stat, "BenchRole": BenchRole,
+                                    "Stat": Stat, "StepStat": StepStat, "BenchRole": BenchRole,
                                     "GemmPart": GemmPart, "OverlapMethod": OverlapMethod}
 _FIELDS = {cls: tuple((f.name, str(f.type)) for f in fields(cls)) for cls in PURPOSES}
 _UNITS = {"embed": EMBED, "head": HEAD}

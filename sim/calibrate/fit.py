@@ -175,8 +175,8 @@ def _compute_params(fit: ComputeFit | None, acc: Accelerator, base_profile: Prof
     flops = [k.flops_rate for k in fit.kernels if k.flops_rate is not None and k.sets_roof]
     memory = [k.memory_rate for k in fit.kernels if k.memory_rate is not None and k.sets_roof]
     roofs = base_profile.accelerator
-    peak = roofs.peak_flops if roofs else acc.peak_flops
-    hbm = roofs.hbm_bandwidth_Bps if roofs else acc.hbm_bandwidth_Bps
+    peak = roofs.peak_flops if roofs else acc.sustained_flops
+    hbm = roofs.hbm_bandwidth_Bps if roofs else acc.sustained_hbm_Bps
     if (acc.name in MEASURED_ROOFS and (flops or memory)) or max(flops, default=0) > peak or \
             max(memory, default=0) > hbm:
         peak, hbm = max(flops, default=peak), max(memory, default=hbm)

@@ -145,8 +145,8 @@ class _Model:
         self.mem_of = np.array([mem_slot.get(n, nm) for n in self.names])
         """Index among the memory rates (x[nf:nf + nm + 1]); nm is the common rate."""
         self.x0 = np.concatenate([
-            np.full(nf, math.log(accelerator.peak_flops * 0.5)),
-            np.full(nm + 1, math.log(accelerator.hbm_bandwidth_Bps * 0.5)),
+            np.full(nf, math.log(accelerator.sustained_flops * 0.5)),
+            np.full(nm + 1, math.log(accelerator.sustained_hbm_Bps * 0.5)),
             np.log(np.maximum(self._overhead_guess(), MIN_OVERHEAD_S)),
             [2.0]])
 
@@ -345,8 +345,8 @@ def _base_value(model: _Model, slot: int, base: Profile, accelerator: Accelerato
     log overheads; the exponent), inside the search."""
     nf, nm, c = model.nf, model.nm, base.compute
     roofs = base.accelerator
-    peak = roofs.peak_flops if roofs else accelerator.peak_flops
-    hbm = roofs.hbm_bandwidth_Bps if roofs else accelerator.hbm_bandwidth_Bps
+    peak = roofs.peak_flops if roofs else accelerator.sustained_flops
+    hbm = roofs.hbm_bandwidth_Bps if roofs else accelerator.sustained_hbm_Bps
     if slot < nf:
         eff = base.kernel(model.flops_kernels[slot]).flops_efficiency or c.gemm_efficiency
         value = math.log(eff * peak)

@@ -4,7 +4,9 @@ makes it matter: kernels running, transfers in flight. Used by the replay engine
 
   - `scale[rank]`: how many times as long a kernel of the rank takes if it starts now
     (`kernel_stretch` while the rank moves data, else 1; times the rank's `speeds` stretch,
-    how much slower than the plan the rank runs this step: `sim.models.variability`);
+    how much slower than the plan the rank runs this step: `sim.models.variability`); where
+    the model's stretch depends on the kernel (`per_kernel`), a kernel that starts while the
+    rank moves data (`busy`) takes `kernel_scale(op)` times the rank's stretch instead;
   - `kernel(rank)`: the timeout a kernel of the rank waits on (`env.timeout`, or one that
     marks the rank computing until it fires, where communication notices kernels);
   - `move(lowered, op, ranks)`: the transport's event for the communication of `op` among
@@ -40,6 +42,9 @@ class Occupancy:
         self.env, self.transport = env, transport
         self.slows_kernels, self.slows_comm = interferes(model)
         self.kernel_stretch = model.kernel_stretch
+        self.per_kernel = self.slows_kernels and model.per_kernel
+        self.kernel_scale = model.kernel_scale
+        """Where `per_kernel`: a kernel's stretch while its rank is `busy`."""
         self.comm_stretch, self.comm_wait_s = model.comm_stretch, model.comm_wait_s
         ranks = tuple(ranks)
         self.base = {r: (speeds or {}).get(r, 1.0) for r in ranks}
@@ -79,7 +84,9 @@ class Occupancy:
         if self.slows_comm and any(self.computing[r] for r in ranks):
             stretch, wait = self.comm_stretch, self.comm_wait_s
         moved = self.transport.move(lowered, op, stretch, wait)
-        if moved is not None and self.slows_kernels:
+        # an inline collective holds its ranks' compute streams: no kernel of theirs starts
+        # while it moves, so it need not mark them (the same times, without the bookkeeping)
+        if moved is not None and self.slows_kernels and not op.inline:
             busy, scale, base = self.busy, self.scale, self.base
             for r in ranks:
                 busy[r] += 1

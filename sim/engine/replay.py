@@ -195,6 +195,10 @@ class _Replay:
         env, duration, occupancy = self.env, self.compute.duration, self.occupancy
         timeout, kernel, move, scale = env.timeout, occupancy.kernel(rank), occupancy.move, \
             occupancy.scale
+        # where the stretch depends on the kernel, it is the kernel's while the rank moves
+        # data (`busy`), times the rank's own (`base`)
+        kernel_scale = occupancy.kernel_scale if occupancy.per_kernel else None
+        busy, base = occupancy.busy, occupancy.base[rank]
         arrive, progress, compute = self.meetings.arrive, self.progress, OpKind.COMPUTE
         gaps = self.gaps.get(rank)
         k, count = 0, len(indices)
@@ -211,9 +215,13 @@ class _Replay:
             if extra:  # i and the next `extra` compute ops, back to back
                 run = indices[k:k + extra + 1]
                 times = [start]
-                stretch = scale[rank]
-                for j in run:
-                    times.append(times[-1] + duration(ops[j]) * stretch)
+                if kernel_scale is None or not busy[rank]:
+                    stretch = scale[rank]
+                    for j in run:
+                        times.append(times[-1] + duration(ops[j]) * stretch)
+                else:
+                    for j in run:
+                        times.append(times[-1] + duration(ops[j]) * kernel_scale(ops[j]) * base)
                 yield kernel(times[-1] - start)
                 for n, j in enumerate(run[:-1]):  # only now: others test ends[] for "done"
                     starts[j], ends[j] = times[n], times[n + 1]
@@ -222,7 +230,10 @@ class _Replay:
                 self.finished += extra
                 start = times[-2]
             elif op.kind is compute:
-                yield kernel(duration(op) * scale[rank])
+                if kernel_scale is None or not busy[rank]:
+                    yield kernel(duration(op) * scale[rank])
+                else:
+                    yield kernel(duration(op) * kernel_scale(op) * base)
             elif (c := comm[i]).need == 1:  # this rank stands for every member (fold, partial)
                 if (moved := move(c.lowered, op, (rank,))) is not None:
                     yield moved

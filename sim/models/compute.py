@@ -5,22 +5,25 @@ per compute unit at a time (SMs on a GPU), and picks the tile shape that finishe
 
     tiles  = batch · ⌈M/tm⌉ · ⌈N/tn⌉           (tile quantization: edge tiles do full work)
     waves  = ⌈tiles / units⌉                   (wave quantization: the last wave runs part-full)
-    t_gemm = waves · 2·tm·tn·K / (peak/units · gemm_efficiency)
+    t_gemm = waves · 2·tm·tn·K / (sustained/units · gemm_efficiency)
 
-so a large GEMM runs at `gemm_efficiency` of peak (an FP8 GEMM, `op.dtype` "fp8", of the FP8
-dense peak), and a small, skinny or TP-sharded one
+where `sustained` is the accelerator's roof at the clock it holds at its power limit
+(`Accelerator.sustained_flops`, docs/sustained-rates.md; an FP8 GEMM, `op.dtype` "fp8", the
+FP8 roof at that clock), so a large GEMM runs at `gemm_efficiency` of it, and a small, skinny
+or TP-sharded one
 further from it: 109 tiles on 108 SMs take two waves, twice as long as 108. A backward op
 runs two GEMMs, the input gradient (M, K, N) and the weight gradient (K, N, M). Other ops with
-FLOPs (a flash-attention kernel) run at their kernel's efficiency of peak.
+FLOPs (a flash-attention kernel) run at their kernel's efficiency of the same roof.
 
-Every op also moves `mem_bytes` through HBM at `memory_efficiency` of its bandwidth. The two
-times combine as (t_compute^p + t_memory^p)^(1/p) (p = `roofline_exponent`): a clearly compute-
-or memory-bound kernel costs its larger time, but one near the ridge point does not hide one
-under the other for free. Each kernel launch adds `launch_overhead_s`. A measured op (one
-with start/end, from a real run) keeps its measured duration. A plan's op is costed as its
-kernel (its purpose's, `traces.purpose.KernelRun`), which the profile may tune; an op imported
-from elsewhere (no purpose) by its name. A GEMM chunk of tp_comm_overlap (`GemmChunk`, in any
-phase) is one GEMM of its own shape: a fraction of the tokens of one product.
+Every op also moves `mem_bytes` through HBM at `memory_efficiency` of its sustained
+bandwidth. The two times combine as (t_compute^p + t_memory^p)^(1/p) (p =
+`roofline_exponent`): a clearly compute- or memory-bound kernel costs its larger time, but one
+near the ridge point does not hide one under the other for free. Each kernel launch adds
+`launch_overhead_s`. A measured op (one with start/end, from a real run) keeps its measured
+duration. A plan's op is costed as its kernel (its purpose's, `traces.purpose.KernelRun`),
+which the profile may tune; an op imported from elsewhere (no purpose) by its name. A GEMM
+chunk of tp_comm_overlap (`GemmChunk`, in any phase) is one GEMM of its own shape: a fraction
+of the tokens of one product.
 """
 
 from __future__ import annotations
@@ -58,10 +61,31 @@ class ComputeModel:
                 kernel, op.flops, op.mem_bytes, op.gemm, backward=backward, fp8=fp8)
         return seconds
 
+    def shared_duration(self, op: Op, units: int, hbm_fraction: float) -> float:
+        """`duration(op)` on `units` of the accelerator's compute units and `hbm_fraction` of
+        its HBM bandwidth: the op beside communication that holds the rest
+        (`sim.models.interference.GpuInterference`). A measured op keeps its duration."""
+        if op.start is not None and op.end is not None:
+            return op.end - op.start
+        purpose = op.purpose
+        kernel = purpose.kernel if isinstance(purpose, (KernelRun, GemmChunk)) else \
+            op.name if purpose is None else ""
+        fp8 = op.dtype == "fp8"
+        backward = op.phase is Phase.BWD and not isinstance(purpose, GemmChunk)
+        key = (kernel, backward, op.flops, op.mem_bytes, op.gemm, fp8, units, hbm_fraction)
+        seconds = self._cache.get(key)
+        if seconds is None:
+            seconds = self._cache[key] = self.kernel_time(
+                kernel, op.flops, op.mem_bytes, op.gemm, backward=backward, fp8=fp8,
+                units=units, hbm_fraction=hbm_fraction)
+        return seconds
+
     def kernel_time(self, name: str, flops: float, mem_bytes: float, gemm: tuple[int, ...] = (),
-                    *, backward: bool = False, fp8: bool = False) -> float:
+                    *, backward: bool = False, fp8: bool = False, units: int | None = None,
+                    hbm_fraction: float = 1.0) -> float:
         """Seconds of one op of kernel `name` (see the module docstring); `fp8`: a GEMM on FP8
-        operands, against the accelerator's FP8 dense peak (at the same efficiency)."""
+        operands, against the FP8 roof (at the same efficiency); `units` and `hbm_fraction`:
+        on part of the accelerator (`shared_duration`)."""
         params, override = self.profile.compute, self.profile.kernel(name)
         acc = self.accelerator
         peak = self.peak(fp8)
@@ -69,32 +93,36 @@ class ComputeModel:
             batch, m, n, k = gemm
             shapes = [(batch, m, k, n), (batch, k, n, m)] if backward else [(batch, m, n, k)]
             efficiency = override.flops_efficiency or params.gemm_efficiency
-            compute = sum(self.gemm_time(shape, efficiency, peak) for shape in shapes)
+            compute = sum(self.gemm_time(shape, efficiency, peak, units) for shape in shapes)
             launches = len(shapes)
         else:
             efficiency = override.flops_efficiency or params.gemm_efficiency
             compute = flops / (peak * efficiency)
+            if units is not None:  # a streaming kernel's FLOPs spread over fewer units
+                compute *= acc.compute_units / units
             launches = 1
-        memory = mem_bytes / (acc.hbm_bandwidth_Bps *
+        memory = mem_bytes / (acc.sustained_hbm_Bps * hbm_fraction *
                               (override.memory_efficiency or params.memory_efficiency))
         both = _roofline(compute, memory, params.roofline_exponent)
         overhead = params.launch_overhead_s if override.overhead_s is None else override.overhead_s
         return both + launches * overhead
 
     def peak(self, fp8: bool = False) -> float:
-        """The dense peak of the GEMMs' precision: FP8 or the bf16 `peak_flops`."""
+        """The sustained roof of the GEMMs' precision: FP8 or bf16 (`Accelerator`)."""
         if fp8:
             assert self.accelerator.peak_flops_fp8 > 0, f"{self.accelerator.name} has no FP8"
-            return self.accelerator.peak_flops_fp8
-        return self.accelerator.peak_flops
+            return self.accelerator.sustained_flops_fp8
+        return self.accelerator.sustained_flops
 
     def gemm_time(self, shape: tuple[int, int, int, int], efficiency: float,
-                  peak: float | None = None) -> float:
+                  peak: float | None = None, units: int | None = None) -> float:
         """Seconds of one (batch, M, N, K) GEMM with the best tile, by tile and wave count, at
-        `peak` FLOP/s (default: the bf16 peak)."""
+        `peak` FLOP/s (default: the bf16 sustained roof); `units`: on that many of the
+        accelerator's compute units (each at its own rate)."""
         batch, m, n, k = shape
-        units = self.accelerator.compute_units
-        per_unit = (self.accelerator.peak_flops if peak is None else peak) / units * efficiency
+        roof = self.accelerator.sustained_flops if peak is None else peak
+        per_unit = roof / self.accelerator.compute_units * efficiency
+        units = self.accelerator.compute_units if units is None else units
         best = float("inf")
         for tm, tn in self.profile.compute.gemm_tiles:
             waves = ceil(batch * ceil(m / tm) * ceil(n / tn) / units)

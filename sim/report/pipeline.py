@@ -77,7 +77,10 @@ def pipeline_view(times: StepTimes, cols: dict[int, RankOps], stages: dict[int, 
                 s, e = comm[pp]
             else:
                 mine = [p for p in passes[pp] if p.kind == layer]
-                s, e = np.array([p.start for p in mine]), np.array([p.end for p in mine])
+                # a wait inside a pass (the optimizer's, for the other stages' gradient norm)
+                # is drawn as the idle time it is
+                s, e = _minus((np.array([p.start for p in mine]),
+                               np.array([p.end for p in mine])), idle[pp])
             spec.add(index, _ns(s), _ns(e))
     for kind in ("F", "B", "O"):
         placed = [(row, p) for row, pp in enumerate(stages) for p in passes[pp]
@@ -183,6 +186,26 @@ def _ns(seconds: np.ndarray) -> np.ndarray:
 def _rgba(hex_colour: str, alpha: float) -> str:
     r, g, b = (int(hex_colour[i:i + 2], 16) for i in (1, 3, 5))
     return f"rgba({r},{g},{b},{alpha})"
+
+
+def _minus(intervals: tuple[np.ndarray, np.ndarray],
+           holes: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Sorted, disjoint `intervals` with the sorted, disjoint `holes` cut out."""
+    starts: list[float] = []
+    ends: list[float] = []
+    for s, e in zip(*intervals):
+        cur = float(s)
+        for hs, he in zip(*holes):
+            if he <= cur or hs >= e:
+                continue
+            if hs > cur:
+                starts.append(cur)
+                ends.append(float(hs))
+            cur = max(cur, float(he))
+        if cur < e:
+            starts.append(cur)
+            ends.append(float(e))
+    return np.array(starts, dtype=float), np.array(ends, dtype=float)
 
 
 def _comm_only(step: float, passes: list[Pass],

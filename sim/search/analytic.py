@@ -39,6 +39,7 @@ from traces.layout import Axis, Layout, Schedule
 from traces.model import ModelSpec
 from traces.ops import Op, OpKind, Phase
 from traces.pipeline import Action, ActionSchedule, gpipe, interleaved, one_f_one_b
+from traces.plan.optimizer import grad_stats_group
 from traces.plan.overlap import in_region, region_seconds
 from traces.purpose import Kernel, KernelRun
 
@@ -102,7 +103,7 @@ class Analytic:
                           tuple[_UnitTime, _UnitTime, _UnitTime]] = {}
         self._comm: dict[tuple[OpKind, tuple[int, ...], float], float] = {}
         self._peaks: dict[tuple[Schedule, int, int, int], tuple[int, ...]] = {}
-        self._groups: dict[tuple[int, int, int, int, str], tuple[int, ...]] = {}
+        self._groups: dict[tuple[int, int, int, int, bool, str], tuple[int, ...]] = {}
         self._bucket_sizes: dict[tuple[int, ...], list[float]] = {}
 
     # --- the estimate --------------------------------------------------------------------------
@@ -163,14 +164,17 @@ class Analytic:
 
     def _end_of_step(self, layout: Layout, ops: PassOps, r: int, last_backward: float,
                      microbatch: float) -> tuple[float, float]:
-        """(seconds rank r spends after its last backward, of which the optimizer's kernel):
-        exposed gradient reduction, tied-embedding all-reduce, optimizer, parameter gather."""
+        """(seconds rank r spends after its last backward, of which the step end's kernels):
+        exposed gradient reduction, tied-embedding all-reduce, the norm, its all-reduce, the
+        clip, the optimizer, parameter gather."""
         params = self.model.params_on_stages(layout.stages_of_rank(r), layout.num_stages,
                                              layout.tp, layout.layers_of_rank(self.model, r))
         shard = layout.data_degree if layout.zero >= 1 else 1
-        optimizer = self.compute.kernel_time("optimizer", 0.0,
-                                             params / shard * ops.optimizer_bytes_per_param)
-        end = optimizer
+        optimizer = sum(self.compute.kernel_time(kernel, 0.0, params / shard * per_param)
+                        for kernel, per_param in ops.step_kernels)
+        end = optimizer + sum(self._collective(OpKind.ALL_REDUCE,
+                                               self._group(layout, "grad_stats"), size)
+                              for size in ops.step_stats)
         if ops.embedding_grads is not None and r in (0, layout.pp - 1):
             end += self._collective(OpKind.ALL_REDUCE, self._group(layout, "embedding"),
                                     ops.embedding_grads)
@@ -233,12 +237,15 @@ class Analytic:
 
     def _group(self, layout: Layout, axis: str) -> tuple[int, ...]:
         """Rank 0's group along `axis` (every group along it has the same shape)."""
-        key = (layout.tp, layout.cp, layout.pp, layout.dp, axis)
+        key = (layout.tp, layout.cp, layout.pp, layout.dp,
+               layout.zero >= 1 and axis == "grad_stats", axis)
         group = self._groups.get(key)
         if group is None:
-            group = self._groups[key] = (layout.embedding_group(0) if axis == "embedding"
-                                         else layout.data_group(0) if axis == "dp"
-                                         else layout.group(0, Axis(axis)))
+            group = self._groups[key] = (
+                layout.embedding_group(0) if axis == "embedding" else
+                grad_stats_group(layout, 0) if axis == "grad_stats" else
+                layout.data_group(0) if axis == "dp" else
+                layout.group(0, Axis(axis)))
         return group
 
     # --- costs of ops --------------------------------------------------------------------------

@@ -33,7 +33,15 @@ from traces.ops import Op, OpKind, Phase, Stream
 from traces.plan import build
 from traces.plan.data import gradient_buckets as plan_gradient_buckets
 from traces.plan.nodes import RankContext
-from traces.purpose import CpRing, EmbeddingGrads, GradBucket, Kernel, KernelRun, ParamGather
+from traces.purpose import (
+    STEP_KERNELS,
+    CpRing,
+    EmbeddingGrads,
+    GradBucket,
+    GradStat,
+    KernelRun,
+    ParamGather,
+)
 
 COMM_STREAMS = (Stream.ZERO_AG, Stream.ZERO_RS, Stream.DP)
 
@@ -116,8 +124,11 @@ class PassOps:
     embedding_grads: float | None
     """Bytes of the tied embedding's gradient all-reduce between the first and the last
     stage (None: untied, or one stage holds both)."""
-    optimizer_bytes_per_param: float
-    """HBM bytes the optimizer moves per parameter it updates."""
+    step_kernels: tuple[tuple[str, float], ...]
+    """The end of the step's kernels in order (fp16's unscale, the norm, the clip, the
+    optimizer), each with the HBM bytes it moves per parameter the rank updates."""
+    step_stats: tuple[float, ...]
+    """Bytes of each gradient statistic's all-reduce (over `grad_stats_group`)."""
     cp_ring: tuple[tuple[Phase, float], ...] = ()
     """Context parallelism's p2p ring: (phase, bytes) of one layer's sends in one
     micro-batch, forward and backward (none without CP or with the all-gather)."""
@@ -150,7 +161,8 @@ def pass_ops(model: ModelSpec, layout: Layout) -> PassOps:
         last = _unit(small, ranks[0], head, _outside_layers)
     sends = [op.size_bytes for op in first_ops if op.kind is OpKind.SEND]
     grads = [op for op in first_ops if isinstance(op.purpose, GradBucket)]
-    optimizer = next(op for op in first_ops if op.purpose == KernelRun(Kernel.OPTIMIZER))
+    step_end = [op for op in first_ops if isinstance(op.purpose, KernelRun)
+                and op.purpose.kernel in STEP_KERNELS]
     params = reduced_model.params_on_stages(small.stages_of_rank(0), small.num_stages,
                                            small.tp) / (small.data_degree if small.zero >= 1
                                                         else 1)
@@ -166,7 +178,9 @@ def pass_ops(model: ModelSpec, layout: Layout) -> PassOps:
             isinstance(op.purpose, ParamGather) for op in first_ops),
         embedding_grads=next((op.size_bytes for op in first_ops
                               if isinstance(op.purpose, EmbeddingGrads)), None),
-        optimizer_bytes_per_param=optimizer.mem_bytes / params,
+        step_kernels=tuple((str(op.purpose.kernel), op.mem_bytes / params)  # type: ignore
+                           for op in step_end),
+        step_stats=tuple(op.size_bytes for op in first_ops if isinstance(op.purpose, GradStat)),
         cp_ring=tuple((op.phase, op.size_bytes) for op in last_ops  # type: ignore[misc]
                       if isinstance(op.purpose, CpRing) and op.kind is OpKind.SEND
                       and op.microbatch == 0 and op.layer == last_ops_layer(last_ops)),

@@ -22,7 +22,7 @@ list it to compare).
 
 Pruning is the layout's own validation, never a copy of its rules: each candidate's [parallel]
 table goes through `sim.config.read_layout` (the `Layout` constructor) and
-`traces.layout.check_layout` against the model and the cluster; the first rule it breaks is
+`traces.layout_rules.check_layout` against the model and the cluster; the first rule it breaks is
 its reason, counted with its numbers blanked (`reason_of`), so "model.layers: 96 is not
 divisible by pp x vp = 32 x 2 = 64 stages" counts as "model.layers: N is not divisible by pp x
 vp = N x N = N stages".
@@ -46,8 +46,8 @@ from traces.layout import (
     Layout,
     Recompute,
     Schedule,
-    check_layout,
 )
+from traces.layout_rules import check_layout
 from traces.model import ModelSpec
 
 SEARCH_KEYS = ("tp", "cp", "pp", "vp", "micro_batch", "zero", "sp", "recompute", "schedule")

@@ -23,9 +23,9 @@ from executor.groups import Groups, plan_group_keys
 from executor.interpreter import Interpreter
 from executor.launch import RankContext, spawn
 from executor.optim import AdamWConfig
+from executor.options import RunOptions
 from executor.recorder import Recorder, new_buffer
 from executor.reference import ReferenceGPT, batch
-from executor.runtime import RunOptions
 from traces.layout import Layout
 from traces.model import ModelSpec
 from traces.plan import build

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from sim.config import experiment_from_dict
 from sim.engine.replay import replay
 from sim.models.compute import ComputeModel
-from sim.models.interference import host_interference
+from sim.models.sharing import interference_for
 from traces.ops import Op, Phase, Trace
 from traces.plan import build
 
@@ -62,9 +62,9 @@ def layer_ops(sp: bool, recompute: str, layer: int) -> tuple[list[Op], list[Op]]
                                 "parallel": {**PARALLEL_22B, "sp": sp, "recompute": recompute},
                                 "cluster": {"preset": "dgx-a100", "nodes": 1}})
     built = build(exp.model, exp.layout)
-    times = replay(Trace(built.ops, built.meta), exp.cluster,
-                   ComputeModel(exp.cluster.accelerator, exp.profile),
-                   interference=host_interference(exp.profile))
+    compute = ComputeModel(exp.cluster.accelerator, exp.profile)
+    times = replay(Trace(built.ops, built.meta), exp.cluster, compute,
+                   interference=interference_for(exp.cluster, exp.profile, compute))
     ops = times.timed_trace().ops[0]
     mine = [op for op in ops if op.layer == layer]
     return ([op for op in mine if op.phase is Phase.FWD],

@@ -20,6 +20,12 @@ same path as `parasim simulate`) at the stated layout on `dgx-a100` nodes (Selen
   method (sequence parallelism + selective recomputation), for the Table 3 configurations (no
   data parallelism; interleaved schedule with 3 model chunks for 175B and 530B).
 
+- Korthikanti et al. 2022, Table 4: the 22B model's per-layer forward and backward times on
+  one DGX-A100 (`bench_layer_times.py`, whose rows this prints too, unless --no-layers).
+
+Besides each source's MAPE it prints the trend across Table 1's sizes (the published and the
+simulated TFLOP/s from the smallest model to the largest, and their correlation).
+
 Both papers ran 2021-2022 Megatron-LM: fp16 mixed precision, materialized (unfused) attention,
 tied embeddings. The comparison is in each source's own unit (TFLOP/s by eq. 3, or seconds per
 iteration); the error is parasim's against the published figure.
@@ -124,16 +130,22 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--only", default="", help="run the cases whose name contains this")
     parser.add_argument("--max-gpus", type=int, default=4096, help="skip larger cases")
+    parser.add_argument("--no-layers", action="store_true", help="skip Table 4's layers")
     args = parser.parse_args()
     print(f"{'case':28} {'GPUs':>5} {'layout':>22} {'published':>10} {'parasim':>9} "
           f"{'error':>7} {'step s':>8} {'wall s':>7}  source")
     errors: dict[str, list[float]] = {}
+    trend: list[tuple[float, float]] = []
     for case in CASES:
         if args.only not in case.name or case.gpus > args.max_gpus:
             continue
         ours, step, wall = simulate(case)
         error = (ours - case.published) / case.published
-        errors.setdefault(case.source.split(",")[0], []).append(abs(error))
+        errors.setdefault(case.source.split(",")[0] + (
+            ", Table 1" if case.source == NARAYANAN else ", Table 5" if case.source ==
+            KORTHIKANTI else ", §5.1"), []).append(abs(error))
+        if case.source == NARAYANAN:
+            trend.append((case.published, ours))
         p = case.parallel
         layout = (f"t{p['tp']} p{p.get('pp', 1)} d{p.get('dp', 1)} b{p['micro_batch']}"
                   + (f" v{p['vp']}" if p.get("vp", 1) > 1 else "")
@@ -142,11 +154,36 @@ def main() -> None:
         print(f"{case.name:28} {case.gpus:5d} {layout:>22} {case.published:8.2f}{unit:2} "
               f"{ours:7.2f}{unit:2} {100 * error:+6.1f}% {step:8.3f} {wall:7.1f}  "
               f"{case.source}", flush=True)
+    if not args.no_layers and not args.only:
+        errors.update(table_4())
     for source, errs in errors.items():
-        print(f"MAPE {source}: {100 * statistics.mean(errs):.1f}% over {len(errs)} runs")
-    every = [e for errs in errors.values() for e in errs]
-    if every:
-        print(f"MAPE all: {100 * statistics.mean(every):.1f}% over {len(every)} runs")
+        print(f"MAPE {source}: {100 * statistics.mean(errs):.1f}% over {len(errs)} figures")
+    if len(trend) > 2:
+        published, ours = zip(*trend)
+        print(f"trend over Table 1's {len(trend)} sizes: published {published[0]:.0f} -> "
+              f"{published[-1]:.0f} TFLOP/s ({100 * (published[-1] / published[0] - 1):+.0f}%), "
+              f"parasim {ours[0]:.0f} -> {ours[-1]:.0f} ({100 * (ours[-1] / ours[0] - 1):+.0f}%), "
+              f"correlation {statistics.correlation(published, ours):.2f}")
+
+
+def table_4() -> dict[str, list[float]]:
+    """Korthikanti et al. 2022 Table 4 (bench_layer_times): print each row's per-layer
+    forward and backward against the paper; the absolute errors per pass."""
+    from bench_layer_times import TABLE_4, layer_ops, span_ms
+
+    out: dict[str, list[float]] = {"Korthikanti et al. 2022, Table 4 forward": [],
+                                   "Korthikanti et al. 2022, Table 4 backward": []}
+    print("Korthikanti et al. 2022, Table 4: 22B, one DGX-A100, layer 24, ms")
+    for row in TABLE_4:
+        fwd_ops, bwd_ops = layer_ops(row.sp, row.recompute, 24)
+        cells = []
+        for key, ours, theirs in (("forward", span_ms(fwd_ops), row.forward_ms),
+                                  ("backward", span_ms(bwd_ops), row.backward_ms)):
+            error = (ours - theirs) / theirs
+            out[f"Korthikanti et al. 2022, Table 4 {key}"].append(abs(error))
+            cells.append(f"{key} {ours:5.2f} (paper {theirs:4.1f}, {100 * error:+5.1f}%)")
+        print(f"  {row.name:22} " + "  ".join(cells), flush=True)
+    return out
 
 
 if __name__ == "__main__":

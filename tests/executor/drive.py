@@ -12,13 +12,16 @@ from executor.params import EMBED, HEAD, layer_unit
 from executor.runtime import RankRuntime
 from traces.layout import Axis, Recompute
 from traces.ops import Phase, Stream
+from traces.plan.optimizer import grad_stats_group
 from traces.plan.tensor import tp_sites
 from traces.purpose import (
     CORE_KERNELS,
     FIRST_STAGE,
     LAST_STAGE,
+    STEP_KERNELS,
     Kernel,
     Stat,
+    StepStat,
     layer_kernels,
 )
 
@@ -92,9 +95,9 @@ class Step:
             self.gather(EMBED)
             _kernels(rt, FIRST_STAGE, Phase.FWD, None, mb)
         else:
-            rt.recv(self.layers[0], mb, "act", self.peer(self.stage - 1)).wait()
-            if rt.scatter_gather:
-                rt.gather_received(self.layers[0], mb, "act")
+            rt.pipe.recv(self.layers[0], mb, "act", self.peer(self.stage - 1)).wait()
+            if rt.pipe.scatter_gather:
+                rt.pipe.gather_received(self.layers[0], mb, "act")
         for layer in self.layers:
             self.gather(layer_unit(layer))
             _kernels(rt, self.layer_kernels, Phase.FWD, layer, mb)
@@ -102,7 +105,8 @@ class Step:
             self.gather(HEAD)
             _kernels(rt, LAST_STAGE, Phase.FWD, None, mb)
         else:
-            self.handles.append(rt.send(self.layers[-1] + 1, mb, "act", self.peer(self.stage + 1)))
+            self.handles.append(rt.pipe.send(self.layers[-1] + 1, mb, "act",
+                                             self.peer(self.stage + 1)))
 
     def backward(self, mb: int, final: bool) -> None:
         rt = self.rt
@@ -111,9 +115,9 @@ class Step:
             _kernels(rt, LAST_STAGE[::-1], Phase.BWD, None, mb)
             self.reduced(HEAD, final)
         else:
-            rt.recv(self.layers[-1] + 1, mb, "grad", self.peer(self.stage + 1)).wait()
-            if rt.scatter_gather:
-                rt.gather_received(self.layers[-1] + 1, mb, "grad")
+            rt.pipe.recv(self.layers[-1] + 1, mb, "grad", self.peer(self.stage + 1)).wait()
+            if rt.pipe.scatter_gather:
+                rt.pipe.gather_received(self.layers[-1] + 1, mb, "grad")
         for layer in reversed(self.layers):
             self.gather(layer_unit(layer))
             if rt.layout.recompute is Recompute.FULL:
@@ -128,7 +132,7 @@ class Step:
             _kernels(rt, FIRST_STAGE[::-1], Phase.BWD, None, mb)
             self.reduced(EMBED, final)
         else:
-            self.handles.append(rt.send(self.layers[0], mb, "grad", self.peer(self.stage - 1)))
+            self.handles.append(rt.pipe.send(self.layers[0], mb, "grad", self.peer(self.stage - 1)))
 
     def reduced(self, unit: str, final: bool) -> None:
         """A unit's gradients for this micro-batch are complete: reduce them if it is time
@@ -152,6 +156,14 @@ class Step:
         if rt.layout.sp and self.sp_after:
             rt.sp_grads()
         self.reduced_grads = [g.clone() for g in rt.grads.optimizer_grads()]
+        group = grad_stats_group(rt.layout, rt.rank)
+        for kernel in STEP_KERNELS[:-1]:  # the plan's step end (traces.plan.optimizer)
+            if kernel is Kernel.GRAD_UNSCALE and rt.model.dtype != "fp16":
+                continue
+            rt.step_kernel(kernel)
+            stat = {Kernel.GRAD_UNSCALE: StepStat.FOUND_INF, Kernel.GRAD_NORM: StepStat.NORM}
+            if kernel in stat and len(group) > 1:
+                rt.grad_stat(stat[kernel], group).wait()
         rt.optimizer_step()
         if rt.zero in (1, 2):
             for h in [rt.gather_bucket(b.index) for b in rt.buckets]:

@@ -64,6 +64,8 @@ def test_every_purpose_a_plan_holds_has_a_call_and_every_call_a_runtime_operatio
 
     class Runtime:  # every operation a bound call may name, recording it
         def __getattr__(self, method: str):
+            if method == "pipe":  # the pipeline messages' own operations (executor.pipe)
+                return Runtime()
             return functools.partial(lambda *args: (method, args))
 
     for call_type in CALLS:

@@ -133,7 +133,7 @@ def test_kernels_writes_profiler_traces_that_kineto_reads(tmp_path, capfd):
 
 def test_fp8_on_cpu_is_one_line_and_writes_nothing(tmp_path, capsys):
     """At the config (the localhost 'accelerator' has no FP8) and in the executor itself."""
-    from executor.runtime import check_supported
+    from executor.options import check_supported
     from traces.errors import ConfigError
     from traces.layout import Layout
     from traces.model import ModelSpec

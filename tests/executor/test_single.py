@@ -13,8 +13,9 @@ from executor.comm import Comm
 from executor.groups import Groups
 from executor.memory import MemoryMeter
 from executor.optim import AdamW, AdamWConfig
+from executor.options import RunOptions
 from executor.reference import train
-from executor.runtime import RankRuntime, RunOptions
+from executor.runtime import RankRuntime
 from tests.executor.checks import check_training
 from tests.executor.drive import Step
 from tests.executor.workers import ADAMW, OPTIONS, SMALL, segments

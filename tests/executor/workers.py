@@ -20,9 +20,10 @@ from executor.groups import Groups, layout_group_keys, plan_group_keys
 from executor.interpreter import Interpreter
 from executor.launch import RankContext
 from executor.optim import AdamWConfig
+from executor.options import RunOptions
 from executor.params import build_unit_params
 from executor.recorder import DONE, H_OFFSET, Recorder, measure_clocks, new_buffer
-from executor.runtime import RankRuntime, RunOptions
+from executor.runtime import RankRuntime
 from tests.executor.drive import Step, _kernels
 from traces.chrome import event_name
 from traces.layout import Layout

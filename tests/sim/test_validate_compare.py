@@ -42,8 +42,9 @@ def test_every_op_is_one_row_collectives_and_transfers_once(predicted):
     result = compare(predicted, predicted)
     compute = sum(1 for ops in predicted.ops.values() for op in ops
                   if op.kind is OpKind.COMPUTE)
-    calls = sum(1 for ops in predicted.ops.values() for op in ops
-                if op.kind.is_collective) // 2  # TP pairs: one row per call
+    # one row per call: a TP pair's two ops, the step end's norm over all four ranks
+    calls = round(sum(1 / len(op.group) for ops in predicted.ops.values() for op in ops
+                      if op.kind.is_collective))
     sends = sum(1 for ops in predicted.ops.values() for op in ops if op.kind is OpKind.SEND)
     assert len(result.rows) == compute + calls + sends
 

@@ -12,11 +12,13 @@ from traces.kernels import (
     layer_kernels,
     optimizer_bytes_per_param,
     softmax_bytes,
+    step_kernel_bytes,
 )
 from traces.layout import Layout
 from traces.model import ModelSpec, megatron_step_flops
-from traces.ops import OpKind
+from traces.ops import OpKind, Phase
 from traces.plan import build
+from traces.purpose import GradStat, Kernel, StepStat
 
 # b = 2, s = 32, h = 64, a = 4, f = 256, V = 128, bf16.
 FLASH = ModelSpec(layers=2, hidden=64, heads=4, seq_len=32, vocab=128)
@@ -139,7 +141,7 @@ def test_without_overlap_every_bucket_waits_for_the_end_of_the_backward():
 
     assert [s for _, s in buckets(overlapped)] == [s for _, s in buckets(deferred)]
     last_compute = max(i for i, op in enumerate(deferred)
-                       if op.kind is OpKind.COMPUTE and op.name != "optimizer")
+                       if op.kind is OpKind.COMPUTE and op.phase is not Phase.OPT)
     assert all(i > last_compute for i, _ in buckets(deferred))
     assert any(i < max(j for j, op in enumerate(overlapped) if op.kind is OpKind.COMPUTE
                        and op.name == "embed") for i, _ in buckets(overlapped))
@@ -156,22 +158,32 @@ def test_fp32_main_grads_reduce_four_bytes_and_gather_two():
 
 
 @pytest.mark.parametrize(("dtype", "grad_bytes", "expected"), [
-    ("fp16", 2, 6 + 8 + 4 + 28 + 6 + 2),  # to fp32, unscale, norm, Adam, to fp16, zero
-    ("fp16", 4, 8 + 4 + 28 + 6 + 4),  # fp32 main grads: no copy
-    ("bf16", 2, 6 + 4 + 28 + 6 + 2),  # no loss scale
-    ("bf16", 4, 4 + 28 + 6 + 4),
-    ("fp32", 4, 28 + 4 + 4),  # no main copies at all
+    ("fp16", 2, 8 + 4 + 8 + 6 + 28 + 6 + 2),  # unscale, norm, clip; to fp32, Adam, to fp16, zero
+    ("fp16", 4, 8 + 4 + 8 + 28 + 6 + 4),  # fp32 main grads: no copy
+    ("bf16", 2, 4 + 8 + 6 + 28 + 6 + 2),  # no loss scale
+    ("bf16", 4, 4 + 8 + 28 + 6 + 4),
+    ("fp32", 4, 4 + 8 + 28 + 4),  # no main copies at all
 ])
 def test_optimizer_bytes_follow_megatrons_mixed_precision_step(dtype, grad_bytes, expected):
     assert optimizer_bytes_per_param(dtype, grad_bytes) == expected
+    kernels = [k for k, _ in step_kernel_bytes(dtype, grad_bytes)]
+    assert kernels == ([Kernel.GRAD_UNSCALE] if dtype == "fp16" else []) + [
+        Kernel.GRAD_NORM, Kernel.GRAD_CLIP, Kernel.OPTIMIZER]
 
 
 def test_the_plans_optimizer_op_moves_those_bytes_for_its_shard():
     model = ModelSpec(layers=2, hidden=64, heads=4, seq_len=32, vocab=128, dtype="fp16")
     layout = Layout(dp=2, zero=1, global_batch=2)
-    step = next(op for op in build(model, layout).ops[0] if op.name == "optimizer")
-    assert step.mem_bytes == model.params_on_stages(layout.stages_of_rank(0), layout.num_stages,
-                                                    layout.tp) / 2 * 54
+    ops = build(model, layout).ops[0]
+    steps = [op for op in ops if op.phase is Phase.OPT and op.kind is OpKind.COMPUTE]
+    assert [op.name for op in steps] == ["grad_unscale", "grad_norm", "grad_clip", "optimizer"]
+    shard = model.params_on_stages(layout.stages_of_rank(0), layout.num_stages, layout.tp) / 2
+    assert [op.mem_bytes for op in steps] == [shard * 8, shard * 4, shard * 8, shard * 42]
+    # fp16: the found-inf check and the norm, one fp32 each, all-reduced over every rank
+    stats = [op for op in ops if isinstance(op.purpose, GradStat)]
+    assert [(op.purpose.stat, op.kind, op.group, op.size_bytes) for op in stats] == [
+        (StepStat.FOUND_INF, OpKind.ALL_REDUCE, (0, 1), 4.0),
+        (StepStat.NORM, OpKind.ALL_REDUCE, (0, 1), 4.0)]
 
 
 def test_softmax_falls_back_to_pytorchs_fp32_path_where_the_fused_kernel_does_not_apply():

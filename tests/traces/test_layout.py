@@ -6,7 +6,8 @@ import re
 import pytest
 
 from traces.errors import ConfigError
-from traces.layout import Axis, Coords, Layout, check_layout
+from traces.layout import Axis, Coords, Layout
+from traces.layout_rules import check_layout
 from traces.model import ModelSpec
 
 MODEL = ModelSpec(layers=16, hidden=1024, heads=16, seq_len=512, vocab=32000)

@@ -11,7 +11,8 @@ import pytest
 
 from traces.errors import ConfigError
 from traces.kernels import embedding_kernels, layer_kernels
-from traces.layout import Layout, check_layout
+from traces.layout import Layout
+from traces.layout_rules import check_layout
 from traces.model import ModelSpec, megatron_num_flops, megatron_step_flops, model_flops
 from traces.purpose import Kernel as K
 

@@ -1,11 +1,23 @@
-"""Pass 5: the end of the step — tied-embedding gradients, the optimizer, ZeRO's all-gather.
+"""Pass 5: the end of the step — tied-embedding gradients, clipping, the optimizer, ZeRO's
+all-gather.
 
 With tied embeddings and pp > 1 the first and the last pipeline rank each hold the word
-embeddings and all-reduce their gradients (Megatron-LM). The optimizer step waits for every
-gradient reduction and for the last pipeline send; it moves
-`traces.kernels.optimizer_bytes_per_param` bytes (Megatron-LM's mixed-precision step: gradients
-to fp32, unscale under fp16, the norm, Adam, parameters back to 16 bits, zeroed gradients) per
-parameter it owns (1/dp of them under ZeRO). ZeRO-1/2 then all-gather the updated
+embeddings and all-reduce their gradients (Megatron-LM). The end of the step waits for every
+gradient reduction and for the last pipeline send, then runs in this order on the compute
+stream, as Megatron-LM's optimizer step does (megatron/optimizer/optimizer.py, clip_grads.py:
+the statistics' all-reduces are blocking calls between the kernels):
+
+    grad_unscale        fp16 only: unscale the main gradients, check them for inf/NaN
+    found_inf           fp16 only: all-reduce (max) of that check   GradStat(FOUND_INF)
+    grad_norm           the sum of squares of the rank's gradients
+    grad_norm (reduce)  all-reduce (sum) of it                        GradStat(NORM)
+    grad_clip           scale the gradients by min(1, clip / norm)
+    optimizer           Adam, parameters back to 16 bits, zeroed gradients
+
+each kernel moving `traces.kernels.step_kernel_bytes` per parameter it owns (1/dp of them
+under ZeRO). The two statistics are one fp32 number each, all-reduced over
+`grad_stats_group`: the ranks that hold distinct gradients (the model-parallel ranks, and the
+DP ranks too where ZeRO shards the gradients). ZeRO-1/2 then all-gather the updated
 parameters, in the same slices the gradients were reduce-scattered in: the data pass's
 `GradBucket`s of the last micro-batch, each gathered as a `ParamGather` of its index; with
 overlap_param_gather, at the start of the step instead, beside the forward
@@ -14,7 +26,8 @@ overlap_param_gather, at the start of the step instead, beside the forward
 
 from __future__ import annotations
 
-from traces.kernels import optimizer_bytes_per_param
+from traces.kernels import step_kernel_bytes
+from traces.layout import Layout
 from traces.ops import Op, OpKind, Phase, Stream
 from traces.plan.data import gradient_buckets
 from traces.plan.nodes import Node, Program, RankContext
@@ -23,11 +36,16 @@ from traces.purpose import (
     EMBED,
     EmbeddingGrads,
     GradBucket,
+    GradStat,
     Kernel,
     KernelRun,
     ParamGather,
+    StepStat,
     Unit,
 )
+
+STAT_BYTES = 4.0
+"""One fp32 number per statistic."""
 
 
 def add_optimizer(ctx: RankContext, program: Program) -> Program:
@@ -49,11 +67,20 @@ def add_optimizer(ctx: RankContext, program: Program) -> Program:
     shard = layout.data_degree if layout.zero >= 1 else 1
     params = model.params_on_stages(layout.stages_of_rank(ctx.pp_rank), layout.num_stages,
                                      layout.tp, layout.layers_of_rank(model, ctx.pp_rank))
-    per_param = optimizer_bytes_per_param(model.data_dtype, ctx.grad_bytes)
-    step = Node(Op(kind=OpKind.COMPUTE, stream=Stream.COMPUTE, name="optimizer",
-                   purpose=KernelRun(Kernel.OPTIMIZER), phase=Phase.OPT,
-                   mem_bytes=params / shard * per_param), None, waits)
-    out.append(step)
+    group = grad_stats_group(layout, ctx.rank)
+    after = waits
+    for kernel, per_param in step_kernel_bytes(model.data_dtype, ctx.grad_bytes):
+        step = Node(Op(kind=OpKind.COMPUTE, stream=Stream.COMPUTE, name=str(kernel),
+                       purpose=KernelRun(kernel), phase=Phase.OPT,
+                       mem_bytes=params / shard * per_param), None, after)
+        out.append(step)
+        stat = _STAT_AFTER.get(kernel)
+        if stat is not None and len(group) > 1:
+            step = Node(Op(kind=OpKind.ALL_REDUCE, stream=Stream.COMPUTE, name=str(stat),
+                           purpose=GradStat(stat), group=group, size_bytes=STAT_BYTES,
+                           phase=Phase.OPT, dtype="fp32"), None, [step])
+            out.append(step)
+        after = [step]
     gathers: list[tuple[Op, list[Unit]]] = []
     if layout.zero in (1, 2) and layout.data_degree > 1:
         to_params = model.dtype_bytes / ctx.grad_bytes  # the same elements, as parameters
@@ -67,6 +94,20 @@ def add_optimizer(ctx: RankContext, program: Program) -> Program:
         return gathers_before_forward([*actions, program[-1] + out], gathers)
     out += [Node(op, None, [step]) for op, _ in gathers]
     return [*actions, program[-1] + out]
+
+
+_STAT_AFTER = {Kernel.GRAD_UNSCALE: StepStat.FOUND_INF, Kernel.GRAD_NORM: StepStat.NORM}
+
+
+def grad_stats_group(layout: Layout, rank: int) -> tuple[int, ...]:
+    """The ranks whose gradients together make the step's: those of `rank`'s model replica
+    (its TP and PP ranks, Megatron's model-parallel group), or every rank where ZeRO shards
+    the gradients over DP (x CP) (the distributed optimizer's norm covers every shard)."""
+    c = layout.coords(rank)
+    if layout.zero >= 1 and layout.data_degree > 1:
+        return tuple(range(layout.world))
+    return tuple(sorted(layout.rank(tp=t, cp=c.cp, dp=c.dp, pp=p)
+                        for t in range(layout.tp) for p in range(layout.pp)))
 
 
 def _owns_embeddings(ctx: RankContext) -> bool:

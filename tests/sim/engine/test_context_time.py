@@ -7,7 +7,8 @@ import pytest
 
 from sim.engine.replay import replay
 from sim.engine.transport import NetworkMode
-from traces.layout import Layout, check_layout
+from traces.layout import Layout
+from traces.layout_rules import check_layout
 from traces.model import ModelSpec
 from traces.ops import OpKind, Phase, Trace
 from traces.plan import build

@@ -12,7 +12,8 @@ from topology import build_cluster
 from traces.errors import ConfigError
 from traces.header import check_fold_ranks
 from traces.header_json import meta_from_json
-from traces.layout import Layout, check_layout
+from traces.layout import Layout
+from traces.layout_rules import check_layout
 from traces.model import ModelSpec
 from traces.ops import Op, OpKind, Trace
 from traces.plan import build

@@ -90,10 +90,12 @@ def test_with_megatron_cores_overlaps_the_estimate_stays_close(parallel, within)
 
 def test_zero3_misses_what_its_streams_contend_for():
     """ZeRO-3's gathers and reduce-scatters run at once on the same links in the simulation
-    and slow each other; the estimate times each alone (7% short here), which is what the
-    simulation of the top K is for."""
+    and slow each other, and the kernels beside them run on the SMs and HBM bandwidth NCCL
+    leaves (sim.models.interference.GpuInterference); the estimate times each alone (7% short
+    before the GPU interference of issue 20, 17% with it), which is what the simulation of
+    the top K is for."""
     estimate, summary = both(experiment({"global_batch": 16, "dp": 8, "zero": 3}))
-    assert 0.85 * summary.step_time_s < estimate.step_time_s < summary.step_time_s
+    assert 0.8 * summary.step_time_s < estimate.step_time_s < summary.step_time_s
 
 
 def test_across_nodes_the_estimate_stays_close():

@@ -23,7 +23,8 @@ from sim.search.run import search, simulate_one
 from sim.search.space import MEMORY_REASON, describe, layout_key
 from tests.sim.search.search_cases import SMALL, SMALL_TOML
 from traces.errors import ConfigError
-from traces.layout import Layout, check_layout
+from traces.layout import Layout
+from traces.layout_rules import check_layout
 from traces.model import ModelSpec
 
 GiB = 2**30

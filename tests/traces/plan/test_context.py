@@ -6,7 +6,8 @@ import dataclasses
 import pytest
 
 from traces.kernels import attention_kernels
-from traces.layout import Axis, Layout, check_layout
+from traces.layout import Axis, Layout
+from traces.layout_rules import check_layout
 from traces.model import ModelSpec
 from traces.ops import OpKind, Phase, Stream
 from traces.plan import build

@@ -7,20 +7,25 @@ from collections import Counter
 import pytest
 
 from sim.collectives.base import busbw_factor
-from traces.layout import Axis, Layout, check_layout
+from traces.layout import Axis, Layout
+from traces.layout_rules import check_layout
 from traces.model import ModelSpec, megatron_step_flops
 from traces.ops import OpKind, Phase
 from traces.plan import build, plan_size
+from traces.purpose import GradStat
 
 MODEL = ModelSpec(layers=8, hidden=256, heads=8, seq_len=128, vocab=1024)
 
 
 def volume(plan, rank, kinds=None, streams=None):
-    """Bytes a rank sends per step: nccl-tests' bus factor times the buffer size."""
+    """Bytes a rank sends per step: nccl-tests' bus factor times the buffer size; the step
+    end's gradient statistics left out (4-byte all-reduces over every rank under ZeRO, over
+    the model-parallel ranks without)."""
     total = 0.0
     for op in plan.ops[rank]:
         if op.kind.is_collective and (kinds is None or op.kind in kinds) and (
-                streams is None or op.stream in streams):
+                streams is None or op.stream in streams) and not isinstance(op.purpose,
+                                                                             GradStat):
             total += busbw_factor(op.kind, len(op.group)) * op.size_bytes
     return total
 
@@ -154,7 +159,7 @@ def test_gradients_are_reduced_once_per_step_for_dp_and_per_micro_batch_for_zero
         layout = Layout(dp=2, zero=zero, global_batch=8)  # 4 micro-batches
         plan = build(MODEL, layout)
         return [op.microbatch for op in plan.ops[0] if op.stream == "dp"
-                and op.kind is not OpKind.ALL_GATHER]
+                and op.kind is not OpKind.ALL_GATHER and not isinstance(op.purpose, GradStat)]
 
     assert set(reductions(0)) == {3}  # after the last micro-batch: gradient accumulation
     assert set(reductions(2)) == {0, 1, 2, 3}

@@ -176,16 +176,25 @@ def test_optimizer_pass_waits_for_reductions_and_zero1_gathers_the_same_buckets(
     program = add_data_parallel(ctx, actions, program)
     out = add_optimizer(ctx, program)
     end = out[-1]
-    step = end[0]
-    assert step.op.name == "optimizer" and step.op.phase is Phase.OPT
+    # the step's end: the norm, its all-reduce over every rank (ZeRO shards the gradients),
+    # the clip's scale, the optimizer, then the gathers
+    assert [n.op.name for n in end[:4]] == ["grad_norm", "norm", "grad_clip", "optimizer"]
+    first, step = end[0], end[3]
+    assert all(n.op.phase is Phase.OPT for n in end)
     scatters = [n for s in out[:-1] for n in s if n.op.stream == Stream.DP]
-    assert step.after == [scatters[-1]]
+    assert first.after == [scatters[-1]]
+    assert [n.after for n in end[1:4]] == [[end[0]], [end[1]], [end[2]]]
     params = MODEL.params_on_stages(ctx.layout.stages_of_rank(0), ctx.layout.num_stages,
                                     ctx.layout.tp)
-    # bf16 with bf16 gradients: to fp32 (2 + 4), norm 4, Adam 28, back to bf16 (4 + 2), zero 2
-    assert step.op.mem_bytes == params / 2 * 46
-    assert [n.op.size_bytes for n in end[1:]] == [n.op.size_bytes for n in scatters]
-    assert all(n.op.kind is OpKind.ALL_GATHER and n.after == [step] for n in end[1:])
+    # bf16 with bf16 gradients: the norm reads 4, the clip reads and writes 4; the optimizer:
+    # to fp32 (2 + 4), Adam 28, back to bf16 (4 + 2), zero 2
+    assert [n.op.mem_bytes for n in end[:4]] == [params / 2 * 4, 0.0, params / 2 * 8,
+                                                 params / 2 * 42]
+    assert (end[1].op.kind, end[1].op.group, end[1].op.size_bytes, end[1].op.dtype) == \
+        (OpKind.ALL_REDUCE, (0, 1), 4.0, "fp32")
+    gathers = end[4:]
+    assert [n.op.size_bytes for n in gathers] == [n.op.size_bytes for n in scatters]
+    assert all(n.op.kind is OpKind.ALL_GATHER and n.after == [step] for n in gathers)
 
 
 @pytest.mark.parametrize("sp", [False, True])
@@ -270,28 +279,35 @@ def test_optimizer_pass_zero2_adds_exactly_the_step_and_one_gather_per_last_buck
     last_bucket = program[3][-1]  # micro-batch 1's embedding bucket, the last DP op
     assert _summary(last_bucket)[:2] == ("grads", OpKind.REDUCE_SCATTER)
     ag, dp, opt = OpKind.ALL_GATHER, Stream.DP, Phase.OPT
+    c, ar = OpKind.COMPUTE, OpKind.ALL_REDUCE
     assert [_summary(n) for n in new[-1]] == [
-        ("optimizer", OpKind.COMPUTE, Stream.COMPUTE, (), 0.0, "bf16", None, None, opt,
-         [("grads", None)]),
+        ("grad_norm", c, Stream.COMPUTE, (), 0.0, "bf16", None, None, opt, [("grads", None)]),
+        ("norm", ar, Stream.COMPUTE, (0, 1), 4.0, "fp32", None, None, opt,
+         [("grad_norm", None)]),
+        ("grad_clip", c, Stream.COMPUTE, (), 0.0, "bf16", None, None, opt, [("norm", None)]),
+        ("optimizer", c, Stream.COMPUTE, (), 0.0, "bf16", None, None, opt,
+         [("grad_clip", None)]),
         # the updated bf16 parameters, in the slices micro-batch 1 reduce-scattered
         ("params", ag, dp, (0, 1), 200_192.0, "bf16", None, None, opt, [("optimizer", None)]),
         ("params", ag, dp, (0, 1), 199_936.0, "bf16", None, None, opt, [("optimizer", None)]),
         ("params", ag, dp, (0, 1), 20_480.0, "bf16", None, None, opt, [("optimizer", None)]),
     ]
-    step = new[-1][0]
-    assert step.after == [last_bucket]
-    # 210,304 params / dp 2 each moving 46 B (to fp32 2 + 4, norm 4, Adam 28, back 4 + 2, zero 2)
-    assert step.op.mem_bytes == 210_304 / 2 * 46 and step.op.flops == 0.0
+    assert new[-1][0].after == [last_bucket]
+    step = new[-1][3]
+    # 210,304 params / dp 2 each moving 42 B (to fp32 2 + 4, Adam 28, back 4 + 2, zero 2)
+    assert step.op.mem_bytes == 210_304 / 2 * 42 and step.op.flops == 0.0
 
 
 def test_inline_communication_is_exactly_the_tensor_parallel_pass_and_the_pipeline_gathers():
     """Op.inline (what the report's TP lane and validation's 'tp' family read) holds for
     the collectives the TP/SP pass and the pipeline's after-receive gathers put on the
-    compute stream, and for nothing the data-parallel or pipeline passes put elsewhere."""
+    compute stream, the step end's gradient statistic, and for nothing the data-parallel or
+    pipeline passes put elsewhere."""
     from traces.layout import Layout
     from traces.model import ModelSpec
     from traces.ops import OpKind, Stream
     from traces.plan import build
+    from traces.purpose import GradStat
 
     model = ModelSpec(layers=4, hidden=64, heads=4, seq_len=32, vocab=128)
     layout = Layout(tp=2, pp=2, dp=2, sp=True, global_batch=8)
@@ -299,6 +315,10 @@ def test_inline_communication_is_exactly_the_tensor_parallel_pass_and_the_pipeli
     for ops in plan.ops.values():
         inline = [op for op in ops if op.inline]
         assert inline and all(op.kind.is_collective and op.stream == Stream.COMPUTE
-                              and len(op.group) == layout.tp for op in inline)
+                              and (len(op.group) == layout.tp
+                                   or isinstance(op.purpose, GradStat)) for op in inline)
+        # the step end's statistic (bf16: the norm only), over every rank (ZeRO 0: TP x PP)
+        stats = [op for op in inline if isinstance(op.purpose, GradStat)]
+        assert [len(op.group) for op in stats] == [layout.tp * layout.pp]
         assert not any(op.inline for op in ops if op.kind is OpKind.COMPUTE
                        or op.stream != Stream.COMPUTE)

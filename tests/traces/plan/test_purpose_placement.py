@@ -10,6 +10,7 @@ from traces.layout import Axis, Layout
 from traces.ops import Op, OpKind, Phase, Stream
 from traces.plan.tensor import tp_sites
 from traces.purpose import (
+    STEP_KERNELS,
     CrossEntropyStat,
     EmbeddingGrads,
     GradBucket,
@@ -174,7 +175,7 @@ def test_tied_embedding_gradients_are_all_reduced_between_the_end_stages_before_
     for rank, ops in plan.ops.items():
         found = [i for i, op in enumerate(ops) if isinstance(op.purpose, EmbeddingGrads)]
         (i,) = found
-        step = next(j for j, op in enumerate(ops) if op.purpose == KernelRun(Kernel.OPTIMIZER))
+        step = next(j for j, op in enumerate(ops) if op.purpose == KernelRun(STEP_KERNELS[1]))
         assert i in ops[step].deps and ops[i].group == layout.embedding_group(rank)
         assert ops[i].stream == Stream.DP
         assert ops[i].size_bytes == MODEL.vocab * MODEL.hidden * 2  # bf16 gradients

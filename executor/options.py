@@ -1,0 +1,47 @@
+"""What a run may ask of the executor (`RunOptions`) and what it refuses to run
+(`check_supported`): layouts it cannot run exactly, FP8 without its kernels."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from executor.optim import AdamWConfig
+from traces.errors import ConfigError
+from traces.layout import Layout
+from traces.model import ModelSpec
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunOptions:
+    seed: int = 1234
+    dropout: float = 0.0
+    adamw: AdamWConfig = field(default_factory=AdamWConfig)
+    clip_grad: float = 1.0
+    """Clip the gradients to this global norm (Megatron-LM's --clip-grad, 1.0 by default)."""
+
+
+def check_supported(model: ModelSpec, layout: Layout, options: RunOptions | None = None
+                    ) -> None:
+    """Layouts the executor cannot run exactly; a ConfigError naming the rule."""
+    if model.fp8:
+        raise ConfigError(fp8_refusal())
+    if layout.cp > 1 and options is not None and options.dropout:
+        raise ConfigError("parallel.cp: the executor runs context parallelism without "
+                          "dropout (its ring attention has none); use dropout = 0")
+    if model.tied_embeddings and layout.pp > 1 and layout.zero >= 1 and layout.dp > 1:
+        raise ConfigError("parallel.zero: tied embeddings with pp > 1 need the embedding "
+                          "all-reduce before the DP reduction for ZeRO >= 1 (after a "
+                          "reduce-scatter the two stages' shards of the word embeddings "
+                          "differ); use zero = 0 or model.tied_embeddings = false")
+
+
+def fp8_refusal() -> str:
+    """Why the executor does not run an fp8 model here: no FP8 GEMMs on a CPU; on a GPU,
+    its FP8 kernels (Transformer Engine's casts, amax reduction) are not written yet."""
+    if not torch.cuda.is_available():
+        return ("model.dtype: \"fp8\" needs FP8 tensor cores (Hopper or Blackwell); this "
+                "run has no GPU, and gloo on CPU computes in fp32, bf16 or fp16 only")
+    return ("model.dtype: \"fp8\": the executor's FP8 kernels (Transformer Engine's casts "
+            "and amax reduction) are not implemented; simulate it, or run bf16")
