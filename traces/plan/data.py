@@ -163,8 +163,9 @@ class _DataWalk:
         layer = unit.layer
         stream = Stream.ZERO_RS if self.zero == 3 else Stream.DP
         out = []
-        if self.ctx.layout.sp and self.ctx.layout.tp > 1 and self.ctx.replicated_params(unit):
-            size = self.ctx.replicated_params(unit) * self.ctx.grad_bytes
+        partial = self.ctx.tp_partial_params(unit)
+        if partial:
+            size = partial * self.ctx.grad_bytes
             op = self._collective(OpKind.ALL_REDUCE, stream, unit_label("sp_grads", unit),
                                   SpGrads(unit), self.tp_group, size, layer, mb, Phase.BWD)
             out.append(Node(op, unit, [last]))

@@ -7,6 +7,11 @@ for them. Its f and g operators, per kernel (docs/plan-ops.md), stated once, as 
 
     without SP   forward: all-reduce the partial sums after proj, fc2 and embed
                  backward: all-reduce the input gradient after qkv, fc1 and logits
+    Latent attention (`traces.mla`) keeps qkv's sites on its first GEMM, mla_down: the
+    down-projection is replicated and runs on the whole (with SP, gathered) ln1 output, and
+    each rank back-propagates its heads' share through it, so ln1's output gradient is
+    partial, summed where qkv's is; the replicated weights' partial gradients are summed over
+    TP with SP's (`traces.plan.nodes.RankContext.tp_partial_params`).
     with SP      forward: all-gather the sequence before qkv, fc1 and logits;
                           reduce-scatter after proj, fc2 and embed
                  backward: all-gather the gradient before proj, fc2 and (after pos_embed) embed;
@@ -49,6 +54,7 @@ def tp_sites(sp: bool) -> Sites:
             (K.FC2, False): ((), (TpSite(K.FC2, "mlp", False, _AR),)),
             (K.EMBED, False): ((), (TpSite(K.EMBED, "emb", False, _AR),)),
             (K.QKV, True): ((), (TpSite(K.QKV, "a1", True, _AR),)),
+            (K.MLA_DOWN, True): ((), (TpSite(K.MLA_DOWN, "a1", True, _AR),)),
             (K.FC1, True): ((), (TpSite(K.FC1, "a2", True, _AR),)),
             (K.LOGITS, True): ((), (TpSite(K.LOGITS, "fln", True, _AR),)),
         }
@@ -61,7 +67,8 @@ def tp_sites(sp: bool) -> Sites:
         # the gradient of pos_embed's input, all-gathered before the lookup's backward
         (K.EMBED, True): ((TpSite(K.POS_EMBED, "emb", True, _AG),), ()),
     }
-    for kernel, slot in ((K.QKV, "a1"), (K.FC1, "a2"), (K.LOGITS, "fln")):  # column-parallel
+    for kernel, slot in ((K.QKV, "a1"), (K.MLA_DOWN, "a1"), (K.FC1, "a2"),
+                         (K.LOGITS, "fln")):  # column-parallel
         sites[(kernel, False)] = ((TpSite(kernel, slot, False, _AG),), ())
         sites[(kernel, True)] = ((TpSite(kernel, slot, False, _AG, saved=True),),
                                  (TpSite(kernel, slot, True, _RS),))
