@@ -39,7 +39,7 @@ from executor.context import CpRank, local_tokens
 from executor.flat import Bucket, FlatLayout, rule_buckets, unit_buckets
 from executor.grads import GradStore
 from executor.groups import GroupKey
-from executor.kernels import KernelContext, ce_loss, slot, table_of
+from executor.kernels import KernelContext, ce_loss, mla_fields, slot, table_of
 from executor.memory import MemoryMeter
 from executor.optim import AdamW, AdamWConfig, ParamStore
 from executor.params import DTYPES, EMBED, HEAD, holds_output_weights, layer_unit
@@ -74,6 +74,9 @@ def check_supported(model: ModelSpec, layout: Layout) -> None:
     """Layouts the executor cannot run exactly; a ConfigError naming the rule."""
     if model.fp8:
         raise ConfigError(fp8_refusal())
+    if model.mla and (layout.sp or layout.cp > 1):
+        raise ConfigError("parallel.sp: latent attention runs in the executor without SP and "
+                          "CP (its gathered latents are not written yet); simulate it")
     if model.tied_embeddings and layout.pp > 1 and layout.zero >= 1 and layout.dp > 1:
         raise ConfigError("parallel.zero: tied embeddings with pp > 1 need the embedding "
                           "all-reduce before the DP reduction for ZeRO >= 1 (after a "
@@ -131,8 +134,8 @@ class RankRuntime:
         self.tokens_per_mb = model.seq_len * layout.micro_batch
         self.loss_scale = 1.0 / (self.tokens_per_mb * layout.num_microbatches * layout.dp)
         self.kernels = table_of(model)
-        self._ctx = KernelContext(heads=model.heads // layout.tp,
-                                  head_dim=model.hidden // model.heads, tp=layout.tp,
+        self._ctx = KernelContext(heads=model.heads // layout.tp, **mla_fields(model),
+                                  tp=layout.tp,
                                   kv_heads=model.kv_heads // layout.tp,
                                   rmsnorm=model.norm == "rmsnorm",
                                   tp_rank=self.tp_rank, sp=layout.sp,

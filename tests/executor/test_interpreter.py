@@ -20,7 +20,7 @@ from executor.reference import train
 from executor.run import run
 from tests.executor.checks import check_training
 from tests.executor.plan_match import call_sequences, plan_sequences
-from tests.executor.workers import ADAMW, LLAMA, OPTIONS, Case, interpret_cases
+from tests.executor.workers import ADAMW, LLAMA, MLA, OPTIONS, Case, interpret_cases
 from traces.io import load
 from traces.plan import build
 
@@ -51,6 +51,10 @@ WORLD2 = {
     "llama-cp2-ring": Case(dict(cp=2, global_batch=2), model=LLAMA),
     "llama-mqa-cp2-gather": Case(dict(cp=2, cp_comm="all_gather", global_batch=2),
                                  model=dict(LLAMA, kv_heads=1)),
+    # Latent attention (issue 19): TP splits its heads, its down-projection is replicated.
+    "mla-tp": Case(dict(tp=2, global_batch=2), model=MLA),
+    "mla-tp-qproj-unfused-selective": Case(dict(tp=2, global_batch=2, recompute="selective"),
+                                           model=dict(MLA, q_lora_rank=0, attention="unfused")),
 }
 WORLD8 = {"tp2-pp2-dp2": Case(dict(tp=2, pp=2, dp=2, sp=True, global_batch=8,
                                    bucket_bytes=20_000)),

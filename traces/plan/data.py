@@ -54,7 +54,7 @@ ZERO3_PREFETCH = 1  # layers gathered ahead of the one computing (FSDP's forward
 def add_data_parallel(ctx: RankContext, actions: list[Action], program: Program) -> Program:
     """Insert ZeRO-3 gathers and gradient reductions; `program[k]` holds `actions[k]`'s ops."""
     layout = ctx.layout
-    if layout.data_degree == 1 and not (layout.sp and layout.tp > 1):
+    if layout.data_degree == 1 and not (layout.tp > 1 and (layout.sp or ctx.model.mla)):
         return program
     walk = _DataWalk(ctx)
     out = [walk.action(action, nodes) for action, nodes in zip(actions, program)]

@@ -58,7 +58,7 @@ def test_tp_sums_the_replicated_projections_partial_gradients(sp):
     the plan all-reduces its (and the latent norms') gradients over TP, with SP's norms."""
     from traces.plan import build
     model = mla()
-    layout = Layout(tp=2, dp=2, sp=sp, global_batch=4, micro_batch=1)
+    layout = Layout(tp=2, sp=sp, global_batch=2, micro_batch=1)
     plan = build(model, layout)
     down = H * (QR + KR + R) + QR + KR
     want = (down + (2 * H if sp else 0)) * 2  # bf16 gradients; SP adds ln1 and ln2 (h each)
