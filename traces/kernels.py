@@ -45,7 +45,7 @@ def layer_kernels(model: ModelSpec, b: int, t: int, sp: bool,
     r = s // t if sp else s  # tokens of the norms and dropouts on this rank
     qkv = (h + 2 * model.kv_width) // t
     linear = fp8_linear if model.fp8 else _linear
-    projections = mla_kernels(model, b, t, g) if model.mla else \
+    projections = mla_kernels(model, b, t, g, r) if model.mla else \
         linear(model, K.QKV, (1, b * s, qkv, h), g)
     return [
         _norm(K.LN1, b * r * h, e, residual=True),
@@ -67,19 +67,22 @@ def _linear(model: ModelSpec, name: Kernel, gemm: Gemm, grad_bytes: int) -> list
     return [gemm_kernel(name, gemm, model.dtype_bytes, grad_bytes)]
 
 
-def mla_kernels(model: ModelSpec, b: int, t: int, grad_bytes: int) -> list[KernelWork]:
-    """Latent attention's projections (`traces.mla`), n = b·s tokens, in place of qkv:
+def mla_kernels(model: ModelSpec, b: int, t: int, grad_bytes: int, rows: int
+                ) -> list[KernelWork]:
+    """Latent attention's projections (`traces.mla`), n = b·s tokens, in place of qkv; the
+    down-projection and the norms run on n_r = b·`rows` tokens (s, or with SP the rank's s/t:
+    Megatron-Core's duplicated down-projection takes the sequence shard):
 
-    mla_down     GEMM (1, n, q_r + k_r + r, h), replicated: every TP rank runs it in full
-    latent_norm  RMSNorm of c_q and c_kv, n·(q_r + k_r) elements: fwd read and write
-                 2n(q_r + k_r)e, bwd read x and dy, write dx 3n(q_r + k_r)e
+    mla_down     GEMM (1, n_r, q_r + k_r + r, h), replicated: every TP rank runs it in full
+    latent_norm  RMSNorm of c_q and c_kv, n_r·(q_r + k_r) elements: fwd read and write
+                 2n_r(q_r + k_r)e, bwd read x and dy, write dx 3n_r(q_r + k_r)e
     q_up         GEMM (1, n, a(d + r)/t, q_r), or (1, n, a(d + r)/t, h) reading x itself
     kv_up        GEMM (1, n, a(d + d_v)/t, k_r)
     Each GEMM's bytes and backward are `gemm_kernel`'s."""
     n, e, a = b * model.seq_len, model.dtype_bytes, model.heads
-    latents = n * (model.q_lora_rank + model.kv_lora_rank)
+    latents = b * rows * (model.q_lora_rank + model.kv_lora_rank)
     return [
-        gemm_kernel(K.MLA_DOWN, (1, n, down_width(model), model.hidden), e, grad_bytes),
+        gemm_kernel(K.MLA_DOWN, (1, b * rows, down_width(model), model.hidden), e, grad_bytes),
         memory_kernel(K.LATENT_NORM, 2 * latents * e, 3 * latents * e),
         gemm_kernel(K.Q_UP, (1, n, a * qk_dim(model) // t, q_in(model)), e, grad_bytes),
         gemm_kernel(K.KV_UP, (1, n, a * (model.head_dim + model.v_head_dim) // t,

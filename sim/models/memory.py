@@ -98,10 +98,11 @@ def activation_terms(model: ModelSpec) -> tuple[float, float]:
 
 
 def latent_term(model: ModelSpec) -> float:
-    """Latent attention's stored latents per s·b·h, in bytes, which neither TP nor SP splits
-    (the down-projection runs in full on every TP rank): c_q and c_kv as the norms' inputs and
-    again, normalized, as the up-projections' inputs, 2 bytes each: 4(q_r + k_r)/h. Without
-    query compression q_up reads ln1's output, already counted. 0 without MLA."""
+    """Latent attention's stored latents per s·b·h, in bytes, which TP does not split (the
+    down-projection runs in full on every TP rank; SP keeps sequence shards of them, and the
+    up-projections, like qkv, keep their gathered input's shard): c_q and c_kv as the norms'
+    inputs and again, normalized, as the up-projections' inputs, 2 bytes each: 4(q_r + k_r)/h.
+    Without query compression q_up reads ln1's output, already counted. 0 without MLA."""
     return 4 * (model.q_lora_rank + model.kv_lora_rank) / model.hidden if model.mla else 0.0
 
 
@@ -120,8 +121,8 @@ def activation_bytes_per_layer(model: ModelSpec, layout: Layout) -> float:
     # which only SP splits: 34/t with SP, 10 + 24/t without (= 34 when t = 1).
     replicated, split = activation_terms(model)
     pointwise = (replicated + split) / t if layout.sp else replicated + split / t
-    if model.mla:
-        pointwise += latent_term(model)
+    if model.mla:  # SP: the down-projection's outputs are sequence shards too
+        pointwise += latent_term(model) / (t if layout.sp else 1)
     # 5as^2b = scores 2as^2b + softmax-dropout mask as^2b + dropped-out probabilities 2as^2b,
     # split over t heads-wise; flash attention and selective recomputation never store them.
     keeps_scores = model.attention == "unfused" and layout.recompute == Recompute.NONE

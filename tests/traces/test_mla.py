@@ -221,3 +221,15 @@ def test_cli_bad_mla_values_are_one_line_exit_2(tmp_path, capsys, extra, field):
     assert code == 2
     lines = out.err.strip().splitlines()
     assert len(lines) == 1 and f"model.{field}" in lines[0], out.err
+
+
+def test_with_sp_the_down_projection_and_norms_run_on_the_sequence_shard():
+    """Megatron-Core's duplicated down-projection takes the SP shard; the up-projections the
+    gathered latents (whole sequence)."""
+    b, t = 2, 2
+    ks = {k.name: k for k in layer_kernels(small(), b, t, True)}
+    n, shard = b * S, b * S // t
+    assert ks[K.MLA_DOWN].gemm == (1, shard, QR + KR + R, H)
+    assert ks[K.LATENT_NORM].mem_bytes == 2 * shard * (QR + KR) * 2
+    assert ks[K.Q_UP].gemm == (1, n, A * (D + R) // t, QR)
+    assert ks[K.KV_UP].gemm == (1, n, A * (D + DV) // t, KR)

@@ -28,8 +28,8 @@ def hand_count(qr: int, t: int, sp: bool) -> float:
     kept = [
         2 * sb * H / whole,            # ln1 input
         2 * sb * H / whole,            # mla_down input (ln1 output; q_up's too when qr = 0)
-        2 * sb * (qr + KR),            # c_q, c_kv: the latent norms' input (every TP rank)
-        2 * sb * (qr + KR),            # normalized c_q, c_kv: the up-projections' input
+        2 * sb * (qr + KR) / whole,    # c_q, c_kv: the latent norms' input (every TP rank)
+        2 * sb * (qr + KR) / whole,    # normalized c_q, c_kv: the up-projections' input
         2 * sb * A * (D + R) / t,      # Q (rotated), full size
         2 * sb * A * (D + R) / t,      # K = [k_nope | k_pe] per head, full size
         2 * sb * A * DV / t,           # V
@@ -68,3 +68,28 @@ def test_tp_sums_the_replicated_projections_partial_gradients(sp):
     # ln1's output gradient is summed after mla_down's backward, as after qkv's.
     names = [op.name for op in plan.ops[0]]
     assert "mla_down" in names and "qkv" not in names
+
+
+@pytest.mark.parametrize("qr", [QR, 0])
+@pytest.mark.parametrize("sp", [False, True])
+def test_tp_collectives_of_a_latent_attention_layer(qr, sp):
+    """One layer's TP collectives on rank 0, in order: without SP qkv's (an all-reduce of
+    ln1's output gradient after mla_down's backward); with SP the latents [c_q | c_kv | k_pe]
+    are gathered (b·s·(q_r + k_r + r)) instead of h, and ln1's output only for q_up when the
+    query is not compressed. Then the TP sum of the replicated weights' gradients."""
+    from traces.plan import build
+    plan = build(mla(qr), Layout(tp=2, sp=sp, global_batch=1, micro_batch=1))
+    tp, lat = S * H * 2, S * (qr + KR + R) * 2
+    down = H * (qr + KR + R) + qr + KR
+    fwd_b = [("fwd", "tp", tp)], [("bwd", "tp", tp)]
+    if not sp:
+        want = [*fwd_b[0] * 2, *fwd_b[1] * 2, ("bwd", "sp_grads", down * 2)]
+    else:
+        q_proj = qr == 0  # q_up gathers ln1's output (fwd), again and reduce-scatters (bwd)
+        want = [("fwd", "tp_latent", lat), *[("fwd", "tp", tp)] * (4 if q_proj else 3),
+                *[("bwd", "tp", tp)] * 4, ("bwd", "tp_latent", lat),
+                *([("bwd", "tp", tp)] * 2 if q_proj else []), ("bwd", "tp_latent", lat),
+                ("bwd", "sp_grads", (down + 2 * H) * 2)]
+    got = [(str(o.phase), o.name, o.size_bytes) for o in plan.ops[0]
+           if o.layer == 0 and o.microbatch == 0 and o.kind != "compute"]
+    assert got == want
