@@ -29,6 +29,16 @@ def split_qkv(qkv: torch.Tensor, heads: int, kv_heads: int
                  for t in (q, k, v))
 
 
+def split_mla_qkv(qkv: torch.Tensor, heads: int, qk_dim: int, v_dim: int
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Latent attention's [s, b, heads·(2·qk_dim + v_dim)] slot (`executor.kernels._mla_rope`
+    writes it) as q, k [b, heads, s, qk_dim] and v [b, heads, s, v_dim]."""
+    s, b, _ = qkv.shape
+    q, k, v = qkv.split([heads * qk_dim, heads * qk_dim, heads * v_dim], dim=-1)
+    return tuple(t.reshape(s, b, heads, -1).permute(1, 2, 0, 3)  # type: ignore[return-value]
+                 for t in (q, k, v))
+
+
 def merge_heads(ctx_heads: torch.Tensor) -> torch.Tensor:
     """[b, heads, s, d] -> [s, b, heads*d]."""
     b, n, s, d = ctx_heads.shape

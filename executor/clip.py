@@ -23,7 +23,7 @@ def counted_mask(flat: FlatLayout, tp_rank: int, tied: bool) -> torch.Tensor:
     """Over the rank's flat parameters: those its norm counts (module docstring)."""
     mask = torch.ones(flat.total, dtype=torch.bool)
     if tp_rank != 0:
-        for a, b in flat.sp_ranges():
+        for a, b in flat.replicated_ranges():
             mask[a:b] = False
     if tied and (HEAD, "output") in flat.param_range and EMBED not in flat.units:
         a, b = flat.param_range[(HEAD, "output")]

@@ -37,6 +37,11 @@ class Bucket:
         return self.end - self.start
 
 
+TP_PARTIAL = frozenset({"mla_down.weight", "q_norm.weight", "kv_norm.weight"})
+"""Latent attention's replicated tensors: each TP rank back-propagates only its heads' share
+into them, so their gradients are summed over TP even without SP (`traces.plan.nodes`)."""
+
+
 class FlatLayout:
     """Where each unit and parameter of one rank lies in its flat buffers."""
 
@@ -61,10 +66,16 @@ class FlatLayout:
         start, end = self.unit_range[unit]
         return end - start
 
-    def sp_ranges(self) -> list[tuple[int, int]]:
-        """Flat ranges of the parameters every TP rank holds whole (partial under SP)."""
+    def replicated_ranges(self) -> list[tuple[int, int]]:
+        """Flat ranges of the parameters every TP rank holds whole (the same on each)."""
         return [self.param_range[(u, s.name)] for u in self.units for s in self.specs[u]
                 if s.sp_partial]
+
+    def sp_ranges(self) -> list[tuple[int, int]]:
+        """Flat ranges of the parameters every TP rank holds whole whose gradient is partial:
+        under SP all of them; without, latent attention's replicated projection and norms."""
+        return [self.param_range[(u, s.name)] for u in self.units for s in self.specs[u]
+                if s.sp_partial and (self.layout.sp or s.name in TP_PARTIAL)]
 
 
 def _buckets(flat: FlatLayout, groups: list[list[Unit]]) -> list[Bucket]:

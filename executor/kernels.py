@@ -11,6 +11,8 @@ reads (i, "x") and writes (i + 1, "x"), so a stage's output and the next stage's
 their gradients, share one key.
 
     ln1 x->a1  qkv a1->qkv (a1->qkv_raw  rope qkv_raw->qkv with rotary positions)
+    latent attention instead: mla_down a1->lat  latent_norm lat->latn  q_up latn (or a1)->q_raw
+    kv_up latn->kv  rope (q_raw, kv, latn)->qkv, qkv = [q | k | v] of a/t heads each
     flash_attn qkv->ctx | qk qkv->scores  softmax ->probs
     attn_dropout ->probs_d  av (probs_d, qkv)->ctx  proj ctx->attn  bda1 (attn, x)->y
     ln2 y->a2  fc1 a2->h1  gelu|swiglu ->h2  fc2 ->mlp  bda2 (mlp, y)->x+
@@ -31,12 +33,15 @@ import torch
 import torch.nn.functional as F
 
 from executor.attention import (
+    apply_rope,
     causal_mask,
     core_attention,
     expand_kv,
     merge_heads,
     rope_qkv,
+    rope_tables,
     scale,
+    split_mla_qkv,
     split_qkv,
 )
 from traces.model import ModelSpec
@@ -70,6 +75,21 @@ class KernelContext:
     layer: int = -1
     microbatch: int = 0
     step: int = 0
+    q_lora: int = 0
+    """Latent attention (`traces.mla`): q_lora_rank, kv_lora_rank, the rotary and value head
+    widths; `v_dim` 0 without it. `head_dim` is then a query/key head's d + r."""
+    kv_lora: int = 0
+    rope_dim: int = 0
+    v_dim: int = 0
+
+
+def mla_fields(model: ModelSpec) -> dict[str, int]:
+    """The context's head widths for `model`: d (d + r with latent attention) and MLA's."""
+    if not model.mla:
+        return {"head_dim": model.head_dim}
+    return {"head_dim": model.head_dim + model.qk_rope_head_dim, "q_lora": model.q_lora_rank,
+            "kv_lora": model.kv_lora_rank, "rope_dim": model.qk_rope_head_dim,
+            "v_dim": model.v_head_dim}
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,7 +139,49 @@ def _linear(ctx: KernelContext, x: torch.Tensor, w: torch.Tensor, b: torch.Tenso
 
 
 def _qkv(ctx: KernelContext, qkv: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    if ctx.v_dim:
+        return split_mla_qkv(qkv, ctx.heads, ctx.head_dim, ctx.v_dim)
     return split_qkv(qkv, ctx.heads, ctx.kv_heads or ctx.heads)
+
+
+# --- latent attention (traces.mla) -------------------------------------------------------------
+
+def _rms(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + LN_EPS) * w
+
+
+def _latent_norm(ctx: KernelContext, lat: torch.Tensor, *weights: torch.Tensor
+                 ) -> tuple[torch.Tensor]:
+    """[c_q | c_kv | k_pe] with c_q and c_kv RMS-normalized (k_pe as it is)."""
+    qr, kr = ctx.q_lora, ctx.kv_lora
+    c_q, c_kv, k_pe = lat.split([qr, kr, ctx.rope_dim], dim=-1)
+    parts = [_rms(c_q, weights[0])] if qr else []
+    return (torch.cat([*parts, _rms(c_kv, weights[-1]), k_pe], dim=-1),)
+
+
+def _q_up(ctx: KernelContext, x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor]:
+    """This rank's a/t query heads of d + r, from c_q (or from ln1's output itself)."""
+    return (F.linear(x[..., :ctx.q_lora] if ctx.q_lora else x, w),)
+
+
+def _kv_up(ctx: KernelContext, latn: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor]:
+    """This rank's a/t heads of [k_nope (d) | v (d_v)], from c_kv."""
+    return (F.linear(latn[..., ctx.q_lora:ctx.q_lora + ctx.kv_lora], w),)
+
+
+def _mla_rope(ctx: KernelContext, q_raw: torch.Tensor, kv: torch.Tensor, latn: torch.Tensor
+              ) -> tuple[torch.Tensor]:
+    """q's rotary dims and the shared k_pe rotated, k = [k_nope | k_pe] per head, written as
+    one [s, b, heads·(2(d + r) + d_v)] slot for the core."""
+    s, b, _ = q_raw.shape
+    r, dq, dv, n = ctx.rope_dim, ctx.head_dim, ctx.v_dim, ctx.heads
+    cos, sin = rope_tables(torch.arange(s, device=q_raw.device), r, q_raw.dtype)
+    q_nope, q_pe = q_raw.reshape(s, b, n, dq).split([dq - r, r], dim=-1)
+    k_nope, v = kv.reshape(s, b, n, dq - r + dv).split([dq - r, dv], dim=-1)
+    k_pe = apply_rope(latn[..., -r:].reshape(s, b, 1, r), cos, sin).expand(s, b, n, r)
+    q = torch.cat([q_nope, apply_rope(q_pe, cos, sin)], dim=-1)
+    k = torch.cat([k_nope, k_pe], dim=-1)
+    return (torch.cat([t.reshape(s, b, -1) for t in (q, k, v)], dim=-1),)
 
 
 def _rope(ctx: KernelContext, qkv: torch.Tensor) -> tuple[torch.Tensor]:
@@ -258,9 +320,10 @@ def _k(name: str, inputs: str, outputs: str, params: str, fn: Callable[..., tupl
 
 
 @cache
-def kernel_table(*, bias: bool = True, rmsnorm: bool = False, rope: bool = False
-                 ) -> dict[Kernel, TorchKernel]:
-    """The torch kernels of a model with these options (`table_of` reads them off a model)."""
+def kernel_table(*, bias: bool = True, rmsnorm: bool = False, rope: bool = False,
+                 mla: bool = False, q_lora: bool = False) -> dict[Kernel, TorchKernel]:
+    """The torch kernels of a model with these options (`table_of` reads them off a model);
+    `mla`: latent attention's rope, `q_lora`: its query compressed (q_up reads c_q)."""
     b = "bias" if bias else ""
     norm_bias = "" if rmsnorm else "bias"
 
@@ -270,7 +333,13 @@ def kernel_table(*, bias: bool = True, rmsnorm: bool = False, rope: bool = False
     return {k.name: k for k in (
         _k("ln1", "x", "a1", p("ln1.weight", f"ln1.{norm_bias}"), _ln),
         _k("qkv", "a1", "qkv_raw" if rope else "qkv", p("qkv.weight", f"qkv.{b}"), _linear),
-        _k("rope", "qkv_raw", "qkv", "", _rope),
+        _k("rope", "qkv_raw", "qkv", "", _rope) if not mla else
+        _k("rope", "q_raw kv latn", "qkv", "", _mla_rope),
+        _k("mla_down", "a1", "lat", "mla_down.weight", _linear),
+        _k("latent_norm", "lat", "latn", p("q_norm.weight" if q_lora else ".",
+                                            "kv_norm.weight"), _latent_norm),
+        _k("q_up", "latn" if q_lora else "a1", "q_raw", "q_up.weight", _q_up),
+        _k("kv_up", "latn", "kv", "kv_up.weight", _kv_up),
         _k("flash_attn", "qkv", "ctx", "", _flash_attn),
         _k("qk", "qkv", "scores", "", _qk),
         _k("softmax", "scores", "probs", "", _softmax),
@@ -294,7 +363,8 @@ def kernel_table(*, bias: bool = True, rmsnorm: bool = False, rope: bool = False
 
 def table_of(model: ModelSpec) -> dict[Kernel, TorchKernel]:
     return kernel_table(bias=model.bias, rmsnorm=model.norm == "rmsnorm",
-                        rope=model.position == "rope")
+                        rope=model.position == "rope", mla=model.mla,
+                        q_lora=model.q_lora_rank > 0)
 
 
 KERNELS = kernel_table()

@@ -27,6 +27,9 @@ def check_supported(model: ModelSpec, layout: Layout, options: RunOptions | None
     """Layouts the executor cannot run exactly; a ConfigError naming the rule."""
     if model.fp8:
         raise ConfigError(fp8_refusal())
+    if model.mla and (layout.sp or layout.cp > 1):
+        raise ConfigError("parallel.sp: latent attention runs in the executor without SP and "
+                          "CP (its gathered latents are not written yet); simulate it")
     if layout.cp > 1 and options is not None and options.dropout:
         raise ConfigError("parallel.cp: the executor runs context parallelism without "
                           "dropout (its ring attention has none); use dropout = 0")

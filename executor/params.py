@@ -17,6 +17,11 @@ model from one seed — each unit from its own generator, so a rank only makes t
                      word and output embeddings (rows)
     row-parallel     proj, fc2 (input columns)
     replicated       layer norms, proj and fc2 biases, positions (partial gradients under SP)
+
+Latent attention (`traces.mla`) has mla_down.weight, q_norm.weight (with q_lora_rank),
+kv_norm.weight (replicated: their gradients are partial over TP, each rank back-propagating its
+heads), q_up.weight and kv_up.weight (column-parallel by heads) and proj.weight of a·d_v
+columns (row-parallel) in place of qkv and its bias.
 """
 
 from __future__ import annotations
@@ -86,16 +91,35 @@ def unit_specs(model: ModelSpec, layout: Layout, unit: Unit, pp_rank: int) -> li
             forward.append(ParamSpec("output", (V // t, h), True))
     else:
         qkv, f1 = h + 2 * model.kv_width, model.fc1_width
+        attention = [ParamSpec(name, (shape[0] // t if split else shape[0], *shape[1:]), split)
+                     for name, shape, split in _mla_shapes(model)] if model.mla else [
+            ParamSpec("qkv.weight", (qkv // t, h), True),
+            ParamSpec("qkv.bias", (qkv // t,), True)]
         forward = [
             ParamSpec("ln1.weight", (h,), False), ParamSpec("ln1.bias", (h,), False),
-            ParamSpec("qkv.weight", (qkv // t, h), True),
-            ParamSpec("qkv.bias", (qkv // t,), True),
-            ParamSpec("proj.weight", (h, h // t), True), ParamSpec("proj.bias", (h,), False),
+            *attention,
+            ParamSpec("proj.weight", (h, model.heads * _v_dim(model) // t), True),
+            ParamSpec("proj.bias", (h,), False),
             ParamSpec("ln2.weight", (h,), False), ParamSpec("ln2.bias", (h,), False),
             ParamSpec("fc1.weight", (f1 // t, h), True), ParamSpec("fc1.bias", (f1 // t,), True),
             ParamSpec("fc2.weight", (h, f // t), True), ParamSpec("fc2.bias", (h,), False),
         ]
     return [spec for spec in forward[::-1] if has_param(model, spec.name)]
+
+
+def _mla_shapes(model: ModelSpec) -> list[tuple[str, tuple[int, ...], bool]]:
+    """Latent attention's tensors before proj, in forward order: (name, full shape, split
+    over TP by rows)."""
+    h, a, qr, kr = model.hidden, model.heads, model.q_lora_rank, model.kv_lora_rank
+    d, r = model.head_dim, model.qk_rope_head_dim
+    norm_q = [("q_norm.weight", (qr,), False)] if qr else []
+    return [("mla_down.weight", (qr + kr + r, h), False), *norm_q,
+            ("kv_norm.weight", (kr,), False), ("q_up.weight", (a * (d + r), qr or h), True),
+            ("kv_up.weight", (a * (d + model.v_head_dim), kr), True)]
+
+
+def _v_dim(model: ModelSpec) -> int:
+    return model.v_head_dim if model.mla else model.head_dim
 
 
 def has_param(model: ModelSpec, name: str) -> bool:
@@ -152,10 +176,12 @@ def init_full_unit(model: ModelSpec, unit: Unit, seed: int) -> dict[str, torch.T
     assert layer is not None and 0 <= layer < model.layers, unit
     gen = _generator(seed, layer + 1)
     qkv, f1 = h + 2 * model.kv_width, model.fc1_width
+    attention = {name: (shape, 1.0 if name.endswith("norm.weight") else 0.0)
+                 for name, shape, _ in _mla_shapes(model)} if model.mla else {
+        "qkv.weight": ((qkv, h), 0.0), "qkv.bias": ((qkv,), 0.0)}
     return _drawn(model, gen, {
-        "ln1.weight": ((h,), 1.0), "ln1.bias": ((h,), 0.0),
-        "qkv.weight": ((qkv, h), 0.0), "qkv.bias": ((qkv,), 0.0),
-        "proj.weight": ((h, h), 0.0), "proj.bias": ((h,), 0.0),
+        "ln1.weight": ((h,), 1.0), "ln1.bias": ((h,), 0.0), **attention,
+        "proj.weight": ((h, model.heads * _v_dim(model)), 0.0), "proj.bias": ((h,), 0.0),
         "ln2.weight": ((h,), 1.0), "ln2.bias": ((h,), 0.0),
         "fc1.weight": ((f1, h), 0.0), "fc1.bias": ((f1,), 0.0),
         "fc2.weight": ((h, f), 0.0), "fc2.bias": ((h,), 0.0),
@@ -184,7 +210,8 @@ def tp_shard(model: ModelSpec, name: str, full: torch.Tensor, tp: int, tp_rank: 
     if name in ("fc1.weight", "fc1.bias") and model.ffn == "swiglu":
         # [gate | up] of f rows each: each rank its rows of both.
         return torch.cat([half.chunk(tp)[tp_rank] for half in full.chunk(2)]).clone()
-    if name in ("fc1.weight", "fc1.bias", "word", "output"):
+    if name in ("fc1.weight", "fc1.bias", "word", "output", "q_up.weight", "kv_up.weight"):
+        # (q_up and kv_up: rows grouped by head, so each rank its a/t heads' rows)
         return full.chunk(tp, dim=0)[tp_rank].clone()
     if name in ("proj.weight", "fc2.weight"):
         return full.chunk(tp, dim=1)[tp_rank].clone()

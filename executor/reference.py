@@ -80,11 +80,38 @@ class ReferenceGPT:
             return x / torch.sqrt((x * x).mean(-1, keepdim=True) + LN_EPS) * w
         return F.layer_norm(x, (x.shape[-1],), w, self.p(u, f"{name}.bias"), LN_EPS)
 
+    def _mla(self, y: torch.Tensor, u: Unit) -> torch.Tensor:
+        """Latent attention (`traces.mla`), batch-first and unsharded: [B, s, a·d_v]."""
+        m = self.model
+        B, s, _ = y.shape
+        a, d, r, dv = m.heads, m.head_dim, m.qk_rope_head_dim, m.v_head_dim
+        qr, kr = m.q_lora_rank, m.kv_lora_rank
+        down = y @ self.p(u, "mla_down.weight").t()
+        c_q, c_kv, k_pe = down[..., :qr], down[..., qr:qr + kr], down[..., qr + kr:]
+        q_in = self._rms(c_q, self.p(u, "q_norm.weight")) if qr else y
+        q = (q_in @ self.p(u, "q_up.weight").t()).reshape(B, s, a, d + r)
+        kv = (self._rms(c_kv, self.p(u, "kv_norm.weight")) @ self.p(u, "kv_up.weight").t())
+        kv = kv.reshape(B, s, a, d + dv)
+        q = torch.cat([q[..., :d], _rotary(q[..., d:])], dim=-1)
+        k_rot = _rotary(k_pe.reshape(B, s, 1, r)).expand(B, s, a, r)
+        k = torch.cat([kv[..., :d], k_rot], dim=-1)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), kv[..., d:].transpose(1, 2)
+        scores = q @ k.transpose(-2, -1) / math.sqrt(d + r)
+        causal = torch.ones(s, s, dtype=torch.bool).triu(1)
+        probs = scores.masked_fill(causal, float("-inf")).softmax(dim=-1)
+        return (probs @ v).transpose(1, 2).reshape(B, s, a * dv)
+
+    @staticmethod
+    def _rms(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return x / torch.sqrt((x * x).mean(-1, keepdim=True) + LN_EPS) * w
+
     def _block(self, x: torch.Tensor, u: Unit) -> torch.Tensor:
         m = self.model
         B, s, h = x.shape
         a, g, d = m.heads, m.kv_heads, m.head_dim
         y = self._norm(x, u, "ln1")
+        if m.mla:
+            return self._mlp(x + self._mla(y, u) @ self.p(u, "proj.weight").t(), u)
         qkv = y @ self.p(u, "qkv.weight").t() + self._bias(u, "qkv")
         q, k, v = qkv.split([a * d, g * d, g * d], dim=-1)
         q, k, v = q.reshape(B, s, a, d), k.reshape(B, s, g, d), v.reshape(B, s, g, d)
@@ -96,7 +123,10 @@ class ReferenceGPT:
         causal = torch.ones(s, s, dtype=torch.bool).triu(1)
         probs = scores.masked_fill(causal, float("-inf")).softmax(dim=-1)
         ctx = (probs @ v).transpose(1, 2).reshape(B, s, h)
-        x = x + ctx @ self.p(u, "proj.weight").t() + self._bias(u, "proj")
+        return self._mlp(x + ctx @ self.p(u, "proj.weight").t() + self._bias(u, "proj"), u)
+
+    def _mlp(self, x: torch.Tensor, u: Unit) -> torch.Tensor:
+        m = self.model
         y = self._norm(x, u, "ln2")
         y = y @ self.p(u, "fc1.weight").t() + self._bias(u, "fc1")
         if m.ffn == "swiglu":

@@ -42,7 +42,7 @@ from executor.context import CpRank, local_tokens
 from executor.flat import Bucket, FlatLayout, rule_buckets, unit_buckets
 from executor.grads import GradStore
 from executor.groups import GroupKey
-from executor.kernels import KernelContext, ce_loss, slot, table_of
+from executor.kernels import KernelContext, ce_loss, mla_fields, slot, table_of
 from executor.memory import MemoryMeter
 from executor.optim import AdamW, ParamStore
 from executor.options import RunOptions, check_supported
@@ -108,8 +108,8 @@ class RankRuntime:
         self.tokens_per_mb = model.seq_len * layout.micro_batch
         self.loss_scale = 1.0 / (self.tokens_per_mb * layout.num_microbatches * layout.dp)
         self.kernels = table_of(model)
-        self._ctx = KernelContext(heads=model.heads // layout.tp,
-                                  head_dim=model.hidden // model.heads, tp=layout.tp,
+        self._ctx = KernelContext(heads=model.heads // layout.tp, **mla_fields(model),
+                                  tp=layout.tp,
                                   kv_heads=model.kv_heads // layout.tp,
                                   rmsnorm=model.norm == "rmsnorm",
                                   tp_rank=self.tp_rank, sp=layout.sp,

@@ -40,10 +40,12 @@ NON_DIFFERENTIABLE = frozenset({"tokens", "targets", "lmax"})
 
 # Inputs a kernel is the last forward user of: their slots are released after it runs.
 RELEASE_AFTER: dict[str, tuple[str, ...]] = {
-    "qkv": ("a1",), "rope": ("qkv_raw",), "flash_attn": ("qkv",), "softmax": ("scores",),
+    "qkv": ("a1",), "rope": ("qkv_raw", "q_raw", "kv", "latn"), "flash_attn": ("qkv",),
+    "softmax": ("scores",),
     "attn_dropout": ("probs",), "av": ("probs_d", "qkv"), "proj": ("ctx",),
     "bda1": ("attn", "x"), "fc1": ("a2",), "gelu": ("h1",), "swiglu": ("h1",), "fc2": ("h2",),
     "bda2": ("mlp", "y"), "pos_embed": ("emb",),
+    "latent_norm": ("lat",), "q_up": ("a1",),
     "final_ln": ("xL",), "logits": ("fln",), "cross_entropy": ("logits", "lmax"),
 }
 # What forward keeps for the recompute phase, and what the recompute phase throws away (its

@@ -25,6 +25,7 @@ from typing import Any
 from traces.errors import ConfigError, check_keys, show
 from traces.header import FOLD_AXES, ClusterTable, TableValue, TraceMeta
 from traces.layout import Layout
+from traces.mla import MLA_KEYS
 from traces.model import ModelSpec
 
 __all__ = ["meta_from_json", "meta_to_json"]
@@ -32,17 +33,20 @@ __all__ = ["meta_from_json", "meta_to_json"]
 _LAYOUT_KEYS = tuple(f.name for f in fields(Layout))
 _MODEL_KEYS = tuple(f.name for f in fields(ModelSpec))
 _OPTIONAL_MODEL_KEYS = {f.name: f.default for f in fields(ModelSpec)
-                        if f.name in ("kv_heads", "ffn", "norm", "position", "bias", "fp8_recipe")}
-"""The Llama-style and FP8 keys (issue 18): written only where they differ from GPT's defaults
-(kv_heads = heads), so a GPT plan's header is what it was and older readers still read it; a
-header without them (any older trace) reads as the defaults."""
+                        if f.name in ("kv_heads", "ffn", "norm", "position", "bias", "fp8_recipe",
+                                      "head_dim", *MLA_KEYS)}
+"""The Llama-style, FP8 and latent-attention keys (issues 18, 19): written only where they
+differ from GPT's defaults (kv_heads = heads, head_dim = hidden / heads), so a GPT plan's header
+is what it was and older readers still read it; a header without them (any older trace) reads
+as the defaults."""
 
 
 def _model_json(m: ModelSpec) -> dict[str, Any]:
     out = {}
     for key in _MODEL_KEYS:
         value = getattr(m, key)
-        default = m.heads if key == "kv_heads" else _OPTIONAL_MODEL_KEYS.get(key, _NO_DEFAULT)
+        default = m.heads if key == "kv_heads" else m.hidden // m.heads if key == "head_dim" \
+            else _OPTIONAL_MODEL_KEYS.get(key, _NO_DEFAULT)
         if value != default or key not in _OPTIONAL_MODEL_KEYS:
             out[key] = value
     return out

@@ -1,6 +1,7 @@
 """The kernels of one micro-batch on one GPU: FLOPs and HBM bytes, forward and backward.
 
-A transformer layer runs, forward: ln1, qkv, rope (rotary positions only), the attention core
+A transformer layer runs, forward: ln1, qkv (latent attention: mla_down, latent_norm, q_up,
+kv_up), rope (rotary positions only), the attention core
 (flash_attn, or qk, softmax, attn_dropout, av), proj, bda1, ln2, fc1, gelu or swiglu, fc2, bda2;
 outside the layers embed and pos_embed on the first stage, final_ln, logits and cross_entropy on
 the last (docs/plan-ops.md has the contract). An fp8 model adds the casts of `traces.fp8`
@@ -23,6 +24,7 @@ import dataclasses
 
 from traces.fp8 import fp8_linear
 from traces.kernel_work import Gemm, KernelWork, gemm_kernel, memory_kernel
+from traces.mla import down_width, q_in, qk_dim, v_dim
 from traces.model import DTYPE_BYTES, ModelSpec
 from traces.purpose import ATTENTION_CORE, Kernel
 
@@ -43,12 +45,14 @@ def layer_kernels(model: ModelSpec, b: int, t: int, sp: bool,
     r = s // t if sp else s  # tokens of the norms and dropouts on this rank
     qkv = (h + 2 * model.kv_width) // t
     linear = fp8_linear if model.fp8 else _linear
+    projections = mla_kernels(model, b, t, g, r) if model.mla else \
+        linear(model, K.QKV, (1, b * s, qkv, h), g)
     return [
         _norm(K.LN1, b * r * h, e, residual=True),
-        *linear(model, K.QKV, (1, b * s, qkv, h), g),
+        *projections,
         *([rope_kernel(model, b, t)] if model.position == "rope" else []),
         *attention_kernels(model, b, t),
-        *linear(model, K.PROJ, (1, b * s, h, h // t), g),
+        *linear(model, K.PROJ, (1, b * s, h, model.heads * v_dim(model) // t), g),
         _bda(K.BDA1, b * r * h, e, model.bias),
         _norm(K.LN2, b * r * h, e, residual=True),
         *linear(model, K.FC1, (1, b * s, model.fc1_width // t, h), g),
@@ -61,6 +65,29 @@ def layer_kernels(model: ModelSpec, b: int, t: int, sp: bool,
 def _linear(model: ModelSpec, name: Kernel, gemm: Gemm, grad_bytes: int) -> list[KernelWork]:
     """A linear layer in the model's dtype: one GEMM."""
     return [gemm_kernel(name, gemm, model.dtype_bytes, grad_bytes)]
+
+
+def mla_kernels(model: ModelSpec, b: int, t: int, grad_bytes: int, rows: int
+                ) -> list[KernelWork]:
+    """Latent attention's projections (`traces.mla`), n = b·s tokens, in place of qkv; the
+    down-projection and the norms run on n_r = b·`rows` tokens (s, or with SP the rank's s/t:
+    Megatron-Core's duplicated down-projection takes the sequence shard):
+
+    mla_down     GEMM (1, n_r, q_r + k_r + r, h), replicated: every TP rank runs it in full
+    latent_norm  RMSNorm of c_q and c_kv, n_r·(q_r + k_r) elements: fwd read and write
+                 2n_r(q_r + k_r)e, bwd read x and dy, write dx 3n_r(q_r + k_r)e
+    q_up         GEMM (1, n, a(d + r)/t, q_r), or (1, n, a(d + r)/t, h) reading x itself
+    kv_up        GEMM (1, n, a(d + d_v)/t, k_r)
+    Each GEMM's bytes and backward are `gemm_kernel`'s."""
+    n, e, a = b * model.seq_len, model.dtype_bytes, model.heads
+    latents = b * rows * (model.q_lora_rank + model.kv_lora_rank)
+    return [
+        gemm_kernel(K.MLA_DOWN, (1, b * rows, down_width(model), model.hidden), e, grad_bytes),
+        memory_kernel(K.LATENT_NORM, 2 * latents * e, 3 * latents * e),
+        gemm_kernel(K.Q_UP, (1, n, a * qk_dim(model) // t, q_in(model)), e, grad_bytes),
+        gemm_kernel(K.KV_UP, (1, n, a * (model.head_dim + model.v_head_dim) // t,
+                              model.kv_lora_rank), e, grad_bytes),
+    ]
 
 
 def mlp_activation(model: ModelSpec, b: int, t: int) -> KernelWork:
@@ -82,8 +109,21 @@ def rope_kernel(model: ModelSpec, b: int, t: int) -> KernelWork:
     a/t query and g/t key heads of b·s·d each and writes them rotated, and reads the s×d fp32
     angle table: 2·b·s·(a + g)d/t·e + 4sd; bwd rotates dq and dk back, the same bytes."""
     s, d, e = model.seq_len, model.head_dim, model.dtype_bytes
+    if model.mla:
+        return _mla_rope(model, b, t)
     qk = b * s * (model.heads + model.kv_heads) * d // t
     both = 2 * qk * e + 4 * s * d
+    return memory_kernel(K.ROPE, both, both)
+
+
+def _mla_rope(model: ModelSpec, b: int, t: int) -> KernelWork:
+    """Latent attention's rotary part, fused with the assembly of q and k as Megatron-Core's
+    fused_apply_mla_rope_for_q/_kv do: per token, fwd reads q (a/t heads of d + r), k_nope
+    (a/t of d) and the shared k_pe (r), writes q rotated and k = [k_nope | rotated k_pe] (a/t
+    of d + r each), and reads the s×r fp32 angle table: b·s·(a/t·(4d + 3r) + r)·e + 4sr;
+    bwd the same bytes (dq and dk in, dq, dk_nope and dk_pe summed over heads out)."""
+    s, d, r, e = model.seq_len, model.head_dim, model.qk_rope_head_dim, model.dtype_bytes
+    both = b * s * (model.heads * (4 * d + 3 * r) // t + r) * e + 4 * s * r
     return memory_kernel(K.ROPE, both, both)
 
 
@@ -102,6 +142,8 @@ def attention_kernels(model: ModelSpec, b: int, t: int) -> list[KernelWork]:
     s, a, e = model.seq_len, model.heads, model.dtype_bytes
     heads, kv = b * a // t, b * model.kv_heads // t
     d = model.head_dim
+    if model.mla:
+        return _mla_core(model, heads, s, e)
     if model.attention == "flash":
         flops = 4.0 * heads * s * s * d  # QKᵀ and AV: 2·b·s²·h/t each
         qkvo = (2 * heads + 2 * kv) * s * d * e
@@ -115,6 +157,27 @@ def attention_kernels(model: ModelSpec, b: int, t: int) -> list[KernelWork]:
         memory_kernel(K.SOFTMAX, *softmax_bytes(scores, s, heads, e)),
         memory_kernel(K.ATTN_DROPOUT, scores * (2 * e + 1), scores * (2 * e + 1)),
         _plus(gemm_kernel(K.AV, (heads, s, d, s), e, e, weights=False), repeat),
+    ]
+
+
+def _mla_core(model: ModelSpec, heads: int, s: int, e: int) -> list[KernelWork]:
+    """Latent attention's core over `heads` = b·a/t heads: q and k of d_qk = d + r, v and o of
+    d_v, all full size. flash: QKᵀ 2·s²·d_qk and AV 2·s²·d_v FLOPs a head; fwd read q, k, v,
+    write o and the fp32 log-sum-exp: heads·s·(2d_qk + 2d_v)·e + 4·heads·s; bwd the forward's
+    bytes plus dO read and dQ, dK, dV written: heads·s·(2d_qk + 2d_v)·e. unfused: qk
+    (heads, s, s, d_qk) and av (heads, s, d_v, s) GEMMs around the softmax and dropout."""
+    dq, dv = qk_dim(model), v_dim(model)
+    if model.attention == "flash":
+        flops = 2.0 * heads * s * s * (dq + dv)
+        qkvo = heads * s * (2 * dq + 2 * dv) * e
+        lse = heads * s * 4
+        return [KernelWork(K.FLASH_ATTN, flops, qkvo + lse, 2 * flops, 2 * qkvo + lse)]
+    scores = heads * s * s
+    return [
+        gemm_kernel(K.QK, (heads, s, s, dq), e, e, weights=False),
+        memory_kernel(K.SOFTMAX, *softmax_bytes(scores, s, heads, e)),
+        memory_kernel(K.ATTN_DROPOUT, scores * (2 * e + 1), scores * (2 * e + 1)),
+        gemm_kernel(K.AV, (heads, s, dv, s), e, e, weights=False),
     ]
 
 

@@ -28,6 +28,9 @@ def check_layout(model: ModelSpec, layout: Layout, *, world: int | None = None,
     if model.ffn_hidden % tp or model.vocab % tp:
         raise ConfigError(f"parallel.tp: {tp} must divide model.ffn_hidden "
                           f"({model.ffn_hidden}) and model.vocab ({model.vocab})")
+    if model.mla and layout.tp_comm_overlap and layout.tp > 1:
+        raise ConfigError("parallel.tp_comm_overlap: Transformer Engine's overlap of latent "
+                          "attention (model.kv_lora_rank) is not modelled; set it false")
     _check_stages(model, layout)
     _check_context(model, layout)
     if devices_per_server is None:

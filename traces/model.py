@@ -20,6 +20,8 @@ attention (no causal halving), so a GPT-shaped model's figures are the papers'.
 Llama-style options (`kv_heads`, `ffn = "swiglu"`, `norm = "rmsnorm"`, `position = "rope"`,
 `bias = false`) change the parameter counts below and the kernels of `traces.kernels`;
 `dtype = "fp8"` runs the GEMMs in FP8 (Transformer Engine) and everything else in bf16.
+`kv_lora_rank` selects multi-head latent attention (DeepSeek-V2/V3), whose arithmetic is in
+`traces.mla`.
 
 Layer norms, dropouts, residuals and GeLU add no FLOPs but move memory. So one step of global
 batch B without recomputation is 72*B*s*l*h^2*(1 + s/(6h) + V/(12lh)) FLOPs, and
@@ -32,6 +34,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from traces import mla
 from traces.errors import ConfigError, show
 
 ATTENTIONS = ("flash", "unfused")
@@ -87,6 +90,17 @@ class ModelSpec:
     """With dtype = "fp8": "delayed" (per-tensor scaling from an amax history, Hopper) or
     "mxfp8" (block scaling, Blackwell). Left out, the accelerator's (`sim.config`): "delayed"
     when the model is built on its own."""
+    head_dim: int = 0
+    """A head's width d; 0 means hidden / heads. With latent attention it is DeepSeek's
+    qk_nope_head_dim (a query/key head is head_dim + qk_rope_head_dim wide)."""
+    q_lora_rank: int = 0
+    """Latent attention: the compressed query's width; 0 projects the query directly."""
+    kv_lora_rank: int = 0
+    """Latent attention's compressed key/value width c_KV; > 0 selects MLA (`traces.mla`)."""
+    qk_rope_head_dim: int = 0
+    """Latent attention: the rotary part of each query/key head (k's shared by all heads)."""
+    v_head_dim: int = 0
+    """Latent attention: a value head's width; 0 means head_dim."""
 
     def __post_init__(self) -> None:
         for name in ("layers", "hidden", "heads", "seq_len", "vocab"):
@@ -137,6 +151,7 @@ class ModelSpec:
             object.__setattr__(self, "kv_heads", self.heads)
         elif self.heads % kv:
             raise ConfigError(f"model.kv_heads: {kv} does not divide model.heads = {self.heads}")
+        mla.check_mla(self)
 
     @property
     def dtype_bytes(self) -> int:
@@ -154,8 +169,9 @@ class ModelSpec:
         return self.dtype == "fp8"
 
     @property
-    def head_dim(self) -> int:
-        return self.hidden // self.heads
+    def mla(self) -> bool:
+        """Multi-head latent attention (`traces.mla`)."""
+        return self.kv_lora_rank > 0
 
     @property
     def kv_width(self) -> int:
@@ -176,6 +192,9 @@ class ModelSpec:
         """The architecture in a few words, for the simulate summary."""
         attn = ("MHA" if self.kv_heads == self.heads else
                 "MQA" if self.kv_heads == 1 else f"GQA {self.kv_heads} kv heads")
+        if self.mla:
+            attn = (f"MLA q_lora {self.q_lora_rank or 'none'}, kv_lora {self.kv_lora_rank}, "
+                    f"heads {self.head_dim}+{self.qk_rope_head_dim} rope, v {self.v_head_dim}")
         return (f"{attn}, {self.ffn} {self.ffn_hidden}, {self.norm}, {self.position} positions"
                 f", {'biases' if self.bias else 'no biases'}, {self.dtype}")
 
@@ -188,11 +207,23 @@ class ModelSpec:
         and bias f1 (f1 = f, or 2f for SwiGLU's gate and up), fc2 weight fh.
         Replicated: the proj and fc2 biases (h each) and two norms (2h or h each).
         GPT (g = a, f1 = f, biases, LayerNorm): (4h^2 + 3h + 2hf + f)/t + 6h.
+        Latent attention: `traces.mla.mla_params` in place of QKV and proj.
         """
         h, f, f1, kv = self.hidden, self.ffn_hidden, self.fc1_width, self.kv_width
+        if self.mla:
+            attn, replicated = mla.mla_params(self)
+            return (attn + h * f1 + f * h) / tp + (replicated + 2 * self.norm_params)
         qkv = h + 2 * kv
         split = h * qkv + h * h + h * f1 + f * h + (qkv + f1 if self.bias else 0)
         return split / tp + ((2 * h if self.bias else 0) + 2 * self.norm_params)
+
+    def attn_params(self) -> int:
+        """One layer's attention parameters without ln1 (QKV and proj with their biases, or
+        latent attention's projections and norms)."""
+        if self.mla:
+            return sum(mla.mla_params(self))
+        qkv = self.hidden + 2 * self.kv_width
+        return self.hidden * qkv + self.hidden ** 2 + (qkv + self.hidden if self.bias else 0)
 
     def embedding_params(self, tp: int = 1) -> float:
         """Word embeddings (vocab-parallel) plus learned positions (replicated; none with
@@ -236,13 +267,18 @@ class ModelSpec:
     # --- FLOPs per micro-batch, per tensor-parallel rank ---------------------------------------
 
     def attn_flops(self, micro_batch: int, tp: int = 1) -> float:
-        """QKV 2bsh(h + 2gd), QKᵀ and AV 4bs²h, proj 2bsh² (module docstring)."""
+        """QKV 2bsh(h + 2gd), QKᵀ and AV 4bs²h, proj 2bsh² (module docstring); latent
+        attention's in `traces.mla.mla_flops`."""
+        if self.mla:
+            return mla.mla_flops(self, micro_batch, tp)
         b, s, h = micro_batch, self.seq_len, self.hidden
         qkv = 2 * b * s * h * (h + 2 * self.kv_width)
         return (qkv + 2 * b * s * h * h + 4 * b * s * s * h) / tp
 
     def attn_core_flops(self, micro_batch: int, tp: int = 1) -> float:
         """QK^T and AV only: what selective recomputation re-runs."""
+        if self.mla:
+            return mla.mla_core_flops(self, micro_batch, tp)
         b, s, h = micro_batch, self.seq_len, self.hidden
         return 4 * b * s * s * h / tp
 
@@ -278,9 +314,13 @@ def recompute_flops(model: ModelSpec, global_batch: int, recompute: str) -> floa
 def megatron_num_flops(model: ModelSpec, global_batch: int) -> float:
     """Megatron-LM's `num_floating_point_operations` (megatron/training/training.py), written
     as it is there, with GQA (num_query_groups = kv_heads) and SwiGLU (gated multiplier 3/2):
-    an independent path to `model_flops`, which sums the same GEMMs kernel by kernel."""
+    an independent path to `model_flops`, which sums the same GEMMs kernel by kernel. Its MLA
+    branch (`traces.mla.megatron_mla_term`) counts the latent norms and a causal core."""
     B, s, n, h, V = global_batch, model.seq_len, model.layers, model.hidden, model.vocab
     gated = 3 / 2 if model.ffn == "swiglu" else 1
+    if model.mla:
+        mlp_logits = 12 * B * s * n * h * h * (model.ffn_hidden / h * gated + V / (2 * n * h))
+        return 6 * B * s * n * mla.megatron_mla_term(model) + mlp_logits
     attention = 1 + model.kv_heads / model.heads + s / h
     return 12 * B * s * n * h * h * (attention + model.ffn_hidden / h * gated + V / (2 * n * h))
 

@@ -28,6 +28,14 @@ class Kernel(StrEnum):
     FP8_CAST = "fp8_cast"
     """An FP8 GEMM's input cast to FP8 with its second (transposed) copy (`traces.fp8`)."""
     QKV = "qkv"
+    MLA_DOWN = "mla_down"
+    """Latent attention's fused down-projection h -> c_q, c_kv and the shared rotary key."""
+    LATENT_NORM = "latent_norm"
+    """Latent attention's RMSNorms of c_q and c_kv."""
+    Q_UP = "q_up"
+    """Latent attention's query projection: c_q (or x) -> a/t heads of d + r."""
+    KV_UP = "kv_up"
+    """Latent attention's key/value up-projection: c_kv -> a/t heads of k_nope and v."""
     ROPE = "rope"
     """Rotary position embedding of q and k."""
     FLASH_ATTN = "flash_attn"
@@ -71,18 +79,25 @@ FP8_KERNELS = frozenset({K.FP8_CAST, K.FP8_CAST_GRAD, K.FP8_WEIGHT_CAST})
 """The kernels only an FP8 model runs (the executor runs none: FP8 is GPU-only)."""
 
 
-def layer_kernels(attention: str, *, rope: bool = False, ffn: str = "gelu"
+MLA_PROJECTIONS = (K.MLA_DOWN, K.LATENT_NORM, K.Q_UP, K.KV_UP)
+"""Latent attention's projections in forward order, in place of qkv (`traces.mla`)."""
+
+
+def layer_kernels(attention: str, *, rope: bool = False, ffn: str = "gelu", mla: bool = False
                   ) -> tuple[Kernel, ...]:
-    """One layer's kernels in forward order (without FP8's casts)."""
-    return (K.LN1, K.QKV, *((K.ROPE,) if rope else ()), *ATTENTION_CORE[attention], K.PROJ,
-            K.BDA1, K.LN2, K.FC1, K.SWIGLU if ffn == "swiglu" else K.GELU, K.FC2, K.BDA2)
+    """One layer's kernels in forward order (without FP8's casts); `mla` (latent attention,
+    which always has rope) replaces qkv by its projections."""
+    projections = MLA_PROJECTIONS if mla else (K.QKV,)
+    return (K.LN1, *projections, *((K.ROPE,) if rope or mla else ()), *ATTENTION_CORE[attention],
+            K.PROJ, K.BDA1, K.LN2, K.FC1, K.SWIGLU if ffn == "swiglu" else K.GELU, K.FC2,
+            K.BDA2)
 
 
 LAYER_FLASH = layer_kernels("flash")
 LAYER_UNFUSED = layer_kernels("unfused")
 CORE_KERNELS = frozenset(FLASH_CORE + UNFUSED_CORE)
-LAYER_KERNELS = frozenset(LAYER_FLASH + LAYER_UNFUSED) | {K.ROPE, K.SWIGLU, K.FP8_CAST,
-                                                           K.FP8_CAST_GRAD}
+LAYER_KERNELS = frozenset(LAYER_FLASH + LAYER_UNFUSED + MLA_PROJECTIONS) | {
+    K.ROPE, K.SWIGLU, K.FP8_CAST, K.FP8_CAST_GRAD}
 FIRST_STAGE = (K.EMBED, K.POS_EMBED)
 """The embedding's kernels, forward order (first virtual stage)."""
 LAST_STAGE = (K.FINAL_LN, K.LOGITS, K.CROSS_ENTROPY)

@@ -89,16 +89,28 @@ def activation_terms(model: ModelSpec) -> tuple[float, float]:
     rotation of a fixed table); RMSNorm keeps its input as LayerNorm does; FP8 models are
     counted at these bf16 sizes. A context-parallel rank holds 1/cp of the sequence: both
     terms divide by cp."""
-    g_a = model.kv_heads / model.heads
     mlp = 6 * model.ffn_hidden / model.hidden if model.ffn == "swiglu" else GELU_MLP_TERM
+    if model.mla:  # Q, K of a(d + r) and V, O of a·d_v, 2 bytes each: all full size
+        a, d, r, dv = model.heads, model.head_dim, model.qk_rope_head_dim, model.v_head_dim
+        return 10, 4 * a * (d + r + dv) / model.hidden + mlp
+    g_a = model.kv_heads / model.heads
     return 10, 4 + 4 * g_a + mlp
+
+
+def latent_term(model: ModelSpec) -> float:
+    """Latent attention's stored latents per s·b·h, in bytes, which TP does not split (the
+    down-projection runs in full on every TP rank; SP keeps sequence shards of them, and the
+    up-projections, like qkv, keep their gathered input's shard): c_q and c_kv as the norms'
+    inputs and again, normalized, as the up-projections' inputs, 2 bytes each: 4(q_r + k_r)/h.
+    Without query compression q_up reads ln1's output, already counted. 0 without MLA."""
+    return 4 * (model.q_lora_rank + model.kv_lora_rank) / model.hidden if model.mla else 0.0
 
 
 def activation_bytes_per_layer(model: ModelSpec, layout: Layout) -> float:
     """Stored activations of one transformer layer for one micro-batch on one GPU.
 
     Korthikanti et al. 2022, Table 2, with 2-byte activations and 1-byte dropout masks, as
-    `activation_terms` generalizes it to GQA and SwiGLU."""
+    `activation_terms` generalizes it to GQA, SwiGLU and latent attention (`latent_term`)."""
     s, b, h, a, t = model.seq_len, layout.micro_batch, model.hidden, model.heads, layout.tp
     s //= layout.cp  # CP: a rank holds 2 of the 2·cp chunks of the sequence (only flash, no s²)
     sbh = s * b * h
@@ -109,6 +121,8 @@ def activation_bytes_per_layer(model: ModelSpec, layout: Layout) -> float:
     # which only SP splits: 34/t with SP, 10 + 24/t without (= 34 when t = 1).
     replicated, split = activation_terms(model)
     pointwise = (replicated + split) / t if layout.sp else replicated + split / t
+    if model.mla:  # SP: the down-projection's outputs are sequence shards too
+        pointwise += latent_term(model) / (t if layout.sp else 1)
     # 5as^2b = scores 2as^2b + softmax-dropout mask as^2b + dropped-out probabilities 2as^2b,
     # split over t heads-wise; flash attention and selective recomputation never store them.
     keeps_scores = model.attention == "unfused" and layout.recompute == Recompute.NONE

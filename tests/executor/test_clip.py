@@ -94,7 +94,7 @@ def test_fp16_found_inf_skips_the_step() -> None:
 def test_the_norm_counts_tp_replicated_parameters_and_tied_copies_once() -> None:
     tp = Layout(tp=2, global_batch=1)
     flat = FlatLayout(MODEL, tp, 0)
-    replicated = sum(b - a for a, b in flat.sp_ranges())
+    replicated = sum(b - a for a, b in flat.replicated_ranges())
     assert replicated > 0
     assert int(counted_mask(flat, 0, True).sum()) == flat.total
     assert int(counted_mask(flat, 1, True).sum()) == flat.total - replicated

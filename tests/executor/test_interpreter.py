@@ -20,7 +20,7 @@ from executor.reference import train
 from executor.run import run
 from tests.executor.checks import check_training
 from tests.executor.plan_match import call_sequences, plan_sequences
-from tests.executor.workers import ADAMW, LLAMA, OPTIONS, Case, interpret_cases
+from tests.executor.workers import ADAMW, LLAMA, MLA, OPTIONS, Case, interpret_cases
 from traces.io import load
 from traces.plan import build
 
@@ -56,6 +56,10 @@ WORLD2 = {
                                          tp_comm_overlap=True)),
     "zero1-param-gather-overlap": Case(dict(dp=2, zero=1, global_batch=4, bucket_bytes=20_000,
                                             overlap_param_gather=True)),
+    # Latent attention (issue 19): TP splits its heads, its down-projection is replicated.
+    "mla-tp": Case(dict(tp=2, global_batch=2), model=MLA),
+    "mla-tp-qproj-unfused-selective": Case(dict(tp=2, global_batch=2, recompute="selective"),
+                                           model=dict(MLA, q_lora_rank=0, attention="unfused")),
 }
 WORLD8 = {"tp2-pp2-dp2": Case(dict(tp=2, pp=2, dp=2, sp=True, global_batch=8,
                                    bucket_bytes=20_000)),

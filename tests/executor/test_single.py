@@ -18,7 +18,7 @@ from executor.reference import train
 from executor.runtime import RankRuntime
 from tests.executor.checks import check_training
 from tests.executor.drive import Step
-from tests.executor.workers import ADAMW, OPTIONS, SMALL, segments
+from tests.executor.workers import ADAMW, MLA, OPTIONS, SMALL, segments
 from traces.layout import Layout, Recompute
 from traces.model import ModelSpec
 
@@ -47,6 +47,19 @@ def test_kernels_train_as_the_reference(attention: str, recompute: str) -> None:
     result = _train(rt)
     run = train(rt.model, layout.global_batch, 2, OPTIONS.seed, ADAMW)
     worst = check_training(rt.model, layout, [result], run)
+    assert worst["loss"] < 1e-6
+
+
+@pytest.mark.parametrize(("attention", "recompute", "q_lora"), [
+    ("flash", "none", 16), ("unfused", "selective", 16), ("flash", "full", 0)])
+def test_latent_attention_trains_as_the_reference(attention: str, recompute: str,
+                                                   q_lora: int) -> None:
+    """MLA (issue 19): the executor's mla_down, latent_norm, q_up, kv_up and rope kernels
+    against the reference's own MLA block, fp32, two steps."""
+    layout = Layout(micro_batch=2, global_batch=4, recompute=Recompute(recompute))
+    rt = _runtime(layout, **{**MLA, "q_lora_rank": q_lora, "attention": attention})
+    run = train(rt.model, layout.global_batch, 2, OPTIONS.seed, ADAMW)
+    worst = check_training(rt.model, layout, [_train(rt)], run)
     assert worst["loss"] < 1e-6
 
 

@@ -36,6 +36,10 @@ SMALL = dict(layers=2, hidden=32, heads=4, seq_len=16, vocab=64, dtype="fp32")
 LLAMA = dict(kv_heads=2, ffn="swiglu", ffn_hidden=48, norm="rmsnorm", position="rope",
              bias=False)
 """SMALL as a Llama block: GQA (2 key/value heads of 4), SwiGLU, RMSNorm, RoPE, no biases."""
+MLA = dict(kv_lora_rank=12, q_lora_rank=16, head_dim=6, qk_rope_head_dim=4, v_head_dim=10,
+           ffn="swiglu", ffn_hidden=48, norm="rmsnorm", position="rope", bias=False)
+"""SMALL with latent attention (issue 19): 4 heads of 6 + 4 rope dims, values of 10, c_KV of
+12, c_q of 16 (q_lora_rank 0: the query projected directly)."""
 # eps well above the gradients' rounding noise: AdamW is then smooth in the gradient (an update
 # moves by at most lr/eps times a gradient's error), so parameters after two steps show any
 # gradient error, a uniform scale included, instead of the sign flips of near-zero gradients.
@@ -109,7 +113,8 @@ def layer_case(ctx: RankContext, case: Case, seed: int) -> dict[str, Any]:
         x, gy = (t.chunk(layout.tp)[rt.tp_rank].clone() for t in (x, gy))
     tape = rt.tape(0)
     tape.put((0, "x"), x)
-    kernels = layer_kernels(model.attention, rope=model.position == "rope", ffn=model.ffn)
+    kernels = layer_kernels(model.attention, rope=model.position == "rope", ffn=model.ffn,
+                            mla=model.mla)
     _kernels(rt, kernels, Phase.FWD, 0, 0)
     held = rt.meter.live["activations"]  # what the forward leaves for the backward
     y = tape.acts[(1, "x")].clone()

@@ -40,6 +40,7 @@ import dataclasses
 
 from traces.kernels import layer_kernels
 from traces.layout import Axis, CpComm
+from traces.mla import qk_dim, v_dim
 from traces.ops import Op, OpKind, Phase, Stream
 from traces.plan.nodes import Node, Program, RankContext
 from traces.purpose import CpGather, CpRing, Kernel, KernelRun
@@ -50,8 +51,13 @@ TAG_FORWARD, TAG_BACKWARD = "cp", "cp_grad"
 
 def kv_block_bytes(ctx: RankContext) -> float:
     """Bytes of one K/V block: b·(s/cp) tokens x K and V's width on this TP rank (the QKV
-    GEMM's N less the queries' h/t), in the model's dtype."""
+    GEMM's N less the queries' h/t), in the model's dtype. Latent attention's core takes the
+    up-projected K and V: a/t heads of d + r and of d_v (`traces.mla`)."""
     model, layout = ctx.local_model, ctx.layout
+    if model.mla:
+        tokens = layout.micro_batch * model.seq_len
+        width = model.heads // layout.tp * (qk_dim(model) + v_dim(model))
+        return tokens * width * model.dtype_bytes
     kernels = layer_kernels(model, layout.micro_batch, layout.tp, layout.sp, ctx.grad_bytes)
     qkv = next(k.gemm for k in kernels if k.name is Kernel.QKV)
     assert qkv is not None, "the QKV projection is a GEMM"

@@ -64,7 +64,7 @@ ZERO3_PREFETCH = 1  # layers gathered ahead of the one computing (FSDP's forward
 def add_data_parallel(ctx: RankContext, actions: list[Action], program: Program) -> Program:
     """Insert ZeRO-3 gathers and gradient reductions; `program[k]` holds `actions[k]`'s ops."""
     layout = ctx.layout
-    if layout.data_degree == 1 and not (layout.sp and layout.tp > 1):
+    if layout.data_degree == 1 and not (layout.tp > 1 and (layout.sp or ctx.model.mla)):
         return program
     walk = _DataWalk(ctx)
     out = [walk.action(action, nodes) for action, nodes in zip(actions, program)]
@@ -173,8 +173,9 @@ class _DataWalk:
         layer = unit.layer
         stream = Stream.ZERO_RS if self.zero == 3 else Stream.DP
         out = []
-        if self.ctx.layout.sp and self.ctx.layout.tp > 1 and self.ctx.replicated_params(unit):
-            size = self.ctx.replicated_params(unit) * self.ctx.grad_bytes
+        partial = self.ctx.tp_partial_params(unit)
+        if partial:
+            size = partial * self.ctx.grad_bytes
             op = self._collective(OpKind.ALL_REDUCE, stream, unit_label("sp_grads", unit),
                                   SpGrads(unit), self.tp_group, size, layer, mb, Phase.BWD)
             out.append(Node(op, unit, [last]))

@@ -15,6 +15,7 @@ import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from traces import mla
 from traces.layout import Axis, Layout
 from traces.model import ModelSpec
 from traces.ops import Op, Stream
@@ -96,14 +97,29 @@ class RankContext:
 
     def replicated_params(self, unit: Unit) -> float:
         """Parameters of one unit that every TP rank holds in full: a layer's two norms and
-        its row-parallel biases (GPT: 6h), learned positions (s·h; none with rotary ones),
+        its row-parallel biases (GPT: 6h), latent attention's down-projection and latent norms
+        (`traces.mla`), learned positions (s·h; none with rotary ones),
         the final norm (2h, RMSNorm h)."""
         m = self.model
         if unit.part is Part.EMBED:
             return m.seq_len * m.hidden if m.position == "learned" else 0
         if unit.part is Part.HEAD:
             return m.norm_params
-        return (2 * m.hidden if m.bias else 0) + 2 * m.norm_params
+        latent = mla.mla_params(m)[1] if m.mla else 0
+        return (2 * m.hidden if m.bias else 0) + 2 * m.norm_params + latent
+
+    def tp_partial_params(self, unit: Unit) -> float:
+        """Parameters of one unit whose gradient each TP rank holds only in part, summed over
+        the TP group before the DP reduction (`SpGrads`): with SP, every replicated one (each
+        rank saw its sequence shard); without, latent attention's down-projection and latent
+        norms (each rank back-propagates only its heads' share into them)."""
+        if self.layout.tp == 1:
+            return 0
+        if self.layout.sp:
+            return self.replicated_params(unit)
+        if unit.part is Part.LAYER and self.model.mla:
+            return mla.mla_params(self.model)[1]
+        return 0
 
 
 def first_compute(nodes: Iterable[Node]) -> Node:

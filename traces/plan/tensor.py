@@ -7,6 +7,13 @@ for them. Its f and g operators, per kernel (docs/plan-ops.md), stated once, as 
 
     without SP   forward: all-reduce the partial sums after proj, fc2 and embed
                  backward: all-reduce the input gradient after qkv, fc1 and logits
+    Latent attention (`traces.mla`) without SP keeps qkv's sites on its first GEMM, mla_down:
+    the down-projection is replicated and runs on the whole ln1 output, and each rank
+    back-propagates its heads' share through it, so ln1's output gradient is partial, summed
+    where qkv's is; the replicated weights' partial gradients are summed over TP
+    (`traces.plan.nodes.RankContext.tp_partial_params`). With SP, as Megatron-Core runs it, the
+    down-projection and latent norms run on the rank's sequence shard and the up-projections
+    gather the latents instead of h (`mla_sp_sites`: b·s·(q_r + k_r + r), label "tp_latent").
     with SP      forward: all-gather the sequence before qkv, fc1 and logits;
                           reduce-scatter after proj, fc2 and embed
                  backward: all-gather the gradient before proj, fc2 and (after pos_embed) embed;
@@ -31,6 +38,7 @@ cross-entropy adds two small all-reduces forward: the max of each token's logits
 from __future__ import annotations
 
 from traces.layout import Axis
+from traces.mla import down_width
 from traces.ops import Op, OpKind, Phase, Stream
 from traces.plan.nodes import Node, Program, RankContext
 from traces.plan.overlap import OVERLAPPED, Where, overlap_region
@@ -52,6 +60,7 @@ def tp_sites(sp: bool) -> Sites:
             (K.FC2, False): ((), (TpSite(K.FC2, "mlp", False, _AR),)),
             (K.EMBED, False): ((), (TpSite(K.EMBED, "emb", False, _AR),)),
             (K.QKV, True): ((), (TpSite(K.QKV, "a1", True, _AR),)),
+            (K.MLA_DOWN, True): ((), (TpSite(K.MLA_DOWN, "a1", True, _AR),)),
             (K.FC1, True): ((), (TpSite(K.FC1, "a2", True, _AR),)),
             (K.LOGITS, True): ((), (TpSite(K.LOGITS, "fln", True, _AR),)),
         }
@@ -64,10 +73,32 @@ def tp_sites(sp: bool) -> Sites:
         # the gradient of pos_embed's input, all-gathered before the lookup's backward
         (K.EMBED, True): ((TpSite(K.POS_EMBED, "emb", True, _AG),), ()),
     }
-    for kernel, slot in ((K.QKV, "a1"), (K.FC1, "a2"), (K.LOGITS, "fln")):  # column-parallel
+    for kernel, slot in ((K.QKV, "a1"), (K.MLA_DOWN, "a1"), (K.FC1, "a2"),
+                         (K.LOGITS, "fln")):  # column-parallel
         sites[(kernel, False)] = ((TpSite(kernel, slot, False, _AG),), ())
         sites[(kernel, True)] = ((TpSite(kernel, slot, False, _AG, saved=True),),
                                  (TpSite(kernel, slot, True, _RS),))
+    return sites
+
+
+def mla_sp_sites(q_proj: bool) -> Sites:
+    """Latent attention's sites with SP, in place of mla_down's: all-gather the normalized
+    latents [c_q | c_kv | k_pe] after latent_norm, again (the kept shard) before kv_up's
+    backward, reduce-scatter their gradient after q_up's (the last of their consumers in
+    backward); `q_proj` (no query compression): q_up reads ln1's output itself, gathered
+    as qkv's is."""
+    after_q: tuple[TpSite, ...] = (TpSite(K.Q_UP, "latn", True, _RS),)
+    sites: Sites = {
+        (K.MLA_DOWN, False): ((), ()), (K.MLA_DOWN, True): ((), ()),
+        (K.LATENT_NORM, False): ((), (TpSite(K.LATENT_NORM, "latn", False, _AG),)),
+        (K.KV_UP, True): ((TpSite(K.KV_UP, "latn", False, _AG, saved=True),), ()),
+    }
+    if q_proj:
+        sites[(K.Q_UP, False)] = ((TpSite(K.Q_UP, "a1", False, _AG),), ())
+        sites[(K.Q_UP, True)] = ((TpSite(K.Q_UP, "a1", False, _AG, saved=True),),
+                                 (TpSite(K.Q_UP, "a1", True, _RS), *after_q))
+    else:
+        sites[(K.Q_UP, True)] = ((), after_q)
     return sites
 
 
@@ -77,10 +108,12 @@ def add_tensor_parallel(ctx: RankContext, program: Program) -> Program:
     if layout.tp == 1:
         return program
     b, s = layout.micro_batch, ctx.local_model.seq_len  # CP: the rank's s/cp tokens
-    sizes = {"tp": ctx.local_model.activation_bytes(b), "ce_max": b * s * FP32,
-             "ce_sum": 2 * b * s * FP32}
+    model = ctx.local_model
+    sizes = {"tp": model.activation_bytes(b), "ce_max": b * s * FP32,
+             "ce_sum": 2 * b * s * FP32,
+             "tp_latent": b * s * down_width(model) * model.dtype_bytes}
     group = layout.group(ctx.rank, Axis.TP)
-    where = _placements(layout.sp)
+    where = _placements(layout.sp, model.q_lora_rank == 0 if model.mla and layout.sp else None)
     overlap = _overlapped(layout.sp, layout.tp_comm_overlap)
     out: Program = []
     for nodes in program:
@@ -131,14 +164,21 @@ Collective = tuple[OpKind, str, Purpose]
 Placement = tuple[tuple[Collective, ...], tuple[Collective, ...]]
 
 
-def _placements(sp: bool) -> dict[tuple[Kernel, Phase | None], Placement]:
-    """(kernel, phase) -> the collectives before and after it."""
+def _placements(sp: bool, mla_q_proj: bool | None = None
+                ) -> dict[tuple[Kernel, Phase | None], Placement]:
+    """(kernel, phase) -> the collectives before and after it; `mla_q_proj` not None: latent
+    attention with SP (`mla_sp_sites`)."""
     out: dict[tuple[Kernel, Phase | None], Placement] = {}
-    for (kernel, backward), (before, after) in tp_sites(sp).items():
+    sites = tp_sites(sp) if mla_q_proj is None else {**tp_sites(sp), **mla_sp_sites(mla_q_proj)}
+
+    def label(site: TpSite) -> str:
+        return "tp_latent" if site.slot == "latn" else "tp"
+
+    for (kernel, backward), (before, after) in sites.items():
         phases = (Phase.BWD,) if backward else (Phase.FWD, Phase.RECOMPUTE)
         for phase in phases:
-            out[(kernel, phase)] = (tuple((site.kind, "tp", site) for site in before),
-                                    tuple((site.kind, "tp", site) for site in after))
+            out[(kernel, phase)] = (tuple((site.kind, label(site), site) for site in before),
+                                    tuple((site.kind, label(site), site) for site in after))
     # The vocab-parallel cross-entropy's reductions (the head is never recomputed).
     logits_before, logits_after = out.get((K.LOGITS, Phase.FWD), ((), ()))
     out[(K.LOGITS, Phase.FWD)] = (logits_before, (*logits_after,
