@@ -19,6 +19,7 @@ from sim.models.interference import host_interference
 from sim.models.memory import memory_by_pp_rank
 from sim.models.variability import expected_speeds
 from traces.layout import Recompute
+from traces.moe import skewed_experts
 from traces.ops import Trace
 from traces.pipeline import layout_schedule
 from traces.plan import build
@@ -33,6 +34,9 @@ def predict(exp: Experiment, *, fold: bool = True, progress: Progress | None = N
     by the expected slowest-member factor (`sim.models.variability`); `speeds` (one seeded
     draw per rank, a Monte-Carlo sample) replaces it. When kernels are stretched, the ideal
     step is simulated too and the summary's `variability_s` is the difference."""
+    # Skewed routing gives each EP rank its own expert work: simulate them all (folding by
+    # identity, which would keep one rank per distinct EP load, is the scale issue's).
+    fold = fold and not skewed_experts(exp.model, exp.layout)
     ranks = exp.layout.representatives() if fold else None
     schedule = layout_schedule(exp.layout)  # once: the plan and the memory model run it
     built = build(exp.model, exp.layout, ranks=ranks, schedule=schedule)

@@ -26,16 +26,18 @@ from traces.errors import ConfigError, check_keys, show
 from traces.header import FOLD_AXES, ClusterTable, TableValue, TraceMeta
 from traces.layout import Layout
 from traces.model import ModelSpec
+from traces.moe_spec import MOE_KEYS
 
 __all__ = ["meta_from_json", "meta_to_json"]
 
 _LAYOUT_KEYS = tuple(f.name for f in fields(Layout))
 _MODEL_KEYS = tuple(f.name for f in fields(ModelSpec))
 _OPTIONAL_MODEL_KEYS = {f.name: f.default for f in fields(ModelSpec)
-                        if f.name in ("kv_heads", "ffn", "norm", "position", "bias", "fp8_recipe")}
+                        if f.name in ("kv_heads", "ffn", "norm", "position", "bias", "fp8_recipe",
+                                      *MOE_KEYS)}
 """The Llama-style and FP8 keys (issue 18): written only where they differ from GPT's defaults
 (kv_heads = heads), so a GPT plan's header is what it was and older readers still read it; a
-header without them (any older trace) reads as the defaults."""
+header without them (any older trace) reads as the defaults; the MoE keys (issue 19) alike."""
 
 
 def _model_json(m: ModelSpec) -> dict[str, Any]:

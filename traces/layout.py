@@ -16,11 +16,12 @@ ranks map a group onto another (folding's symmetry) is `traces.symmetry`'s.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from enum import StrEnum
 from typing import Any
 
 from traces.errors import ConfigError, show
+from traces.expert_grid import check_expert_grid, check_experts
 from traces.fields import (
     MAX_ACCELERATORS,
     check_bool,
@@ -60,16 +61,7 @@ class Coords:
 
     def moved(self, axis: Axis, value: int) -> Coords:
         """The same coordinates but `value` along `axis`."""
-        match axis:
-            case Axis.TP:
-                return Coords(tp=value, cp=self.cp, dp=self.dp, pp=self.pp)
-            case Axis.CP:
-                return Coords(tp=self.tp, cp=value, dp=self.dp, pp=self.pp)
-            case Axis.DP:
-                return Coords(tp=self.tp, cp=self.cp, dp=value, pp=self.pp)
-            case Axis.PP:
-                return Coords(tp=self.tp, cp=self.cp, dp=self.dp, pp=value)
-        raise AssertionError(f"not an axis: {axis!r}")
+        return replace(self, **{str(axis): value})
 
 
 class Schedule(StrEnum):
@@ -126,6 +118,10 @@ class Layout:
     """Layers of the first pipeline rank (--decoder-first-pipeline-num-layers); 0: even."""
     pp_last_layers: int = 0
     """Layers of the last pipeline rank (--decoder-last-pipeline-num-layers); 0: even."""
+    ep: int = 1
+    """Expert parallelism over each stage's TP·CP·DP ranks (`traces.experts`)."""
+    etp: int = 1
+    """Expert tensor parallelism (Megatron-Core's --expert-tensor-parallel-size)."""
 
     def __post_init__(self) -> None:
         """The rules that need neither the model nor the cluster (see `check_layout`)."""
@@ -165,6 +161,7 @@ class Layout:
                               "the tensor-parallel group)")
         self._check_schedule()
         self._check_uneven()
+        check_expert_grid(self)
 
     def _check_uneven(self) -> None:
         """pp_first_layers / pp_last_layers: counts of whole layers per chunk of their rank."""
@@ -314,8 +311,8 @@ class Layout:
         out["cp_comm"] = str(self.cp_comm)
         gone = ["cp_comm"] * (self.cp == 1) + [k for k in ("pp_first_layers",
                                                           "pp_last_layers") if not out[k]]
+        gone += [k for k in ("ep", "etp") if out[k] == 1]
         return {k: v for k, v in out.items() if k not in gone}
-
 
 
 def check_layout(model: ModelSpec, layout: Layout, *, world: int | None = None,
@@ -340,6 +337,7 @@ def check_layout(model: ModelSpec, layout: Layout, *, world: int | None = None,
                           f"({model.ffn_hidden}) and model.vocab ({model.vocab})")
     _check_stages(model, layout)
     _check_context(model, layout)
+    check_experts(model, layout)
     if devices_per_server is None:
         return ()
     if tp > devices_per_server:

@@ -29,10 +29,11 @@ and HBM bytes the plan carries are in `traces.kernels`; they add up to these for
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from traces.errors import ConfigError, show
+from traces.moe_spec import check_moe, expert_params, is_moe_layer, moe_mlp_params, num_moe_layers
 
 ATTENTIONS = ("flash", "unfused")
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
@@ -87,6 +88,24 @@ class ModelSpec:
     """With dtype = "fp8": "delayed" (per-tensor scaling from an amax history, Hopper) or
     "mxfp8" (block scaling, Blackwell). Left out, the accelerator's (`sim.config`): "delayed"
     when the model is built on its own."""
+    # Mixture of experts (`traces.moe`): experts > 0 makes every layer from dense_layers on an
+    # MoE layer; the rules are `traces.moe.check_moe`'s.
+    experts: int = 0
+    """Routed experts per MoE layer; 0: a dense model."""
+    top_k: int = 0
+    """Experts each token visits (required with experts)."""
+    moe_ffn_hidden: int = 0
+    """Width of each routed (and shared) expert's MLP; 0 means ffn_hidden."""
+    shared_experts: int = 0
+    """Always-on experts of moe_ffn_hidden width (DeepSeek's shared experts)."""
+    dense_layers: int = 0
+    """The first layers keep a dense MLP of ffn_hidden (DeepSeek-V3: 3)."""
+    capacity_factor: float = 0.0
+    """Tokens an expert accepts relative to the balanced share; 0: dropless."""
+    routing_skew: float = 0.0
+    """0: balanced routing; > 0: expert popularity Zipf-distributed with this exponent."""
+    routing_seed: int = 0
+    """Seed of each MoE layer's permutation of expert popularity."""
 
     def __post_init__(self) -> None:
         for name in ("layers", "hidden", "heads", "seq_len", "vocab"):
@@ -137,6 +156,7 @@ class ModelSpec:
             object.__setattr__(self, "kv_heads", self.heads)
         elif self.heads % kv:
             raise ConfigError(f"model.kv_heads: {kv} does not divide model.heads = {self.heads}")
+        check_moe(self)
 
     @property
     def dtype_bytes(self) -> int:
@@ -181,18 +201,29 @@ class ModelSpec:
 
     # --- parameters -------------------------------------------------------------------------
 
-    def layer_params(self, tp: int = 1) -> float:
+    def layer_params(self, tp: int = 1, layer: int | None = None, ep: int = 1,
+                     etp: int = 1) -> float:
         """Parameters of one block held by one tensor-parallel rank.
 
         Split by t: QKV weight h(h + 2gd) and bias h + 2gd, proj weight h^2, fc1 weight h·f1
         and bias f1 (f1 = f, or 2f for SwiGLU's gate and up), fc2 weight fh.
         Replicated: the proj and fc2 biases (h each) and two norms (2h or h each).
         GPT (g = a, f1 = f, biases, LayerNorm): (4h^2 + 3h + 2hf + f)/t + 6h.
-        """
+        An MoE `layer` (`traces.moe_spec.moe_mlp_params`) has the router, shared experts and
+        E/ep routed experts split by etp in place of fc1 and fc2 (and the fc2 bias)."""
         h, f, f1, kv = self.hidden, self.ffn_hidden, self.fc1_width, self.kv_width
         qkv = h + 2 * kv
+        if layer is not None and is_moe_layer(self, layer):
+            attn = h * qkv + h * h + (qkv if self.bias else 0)
+            return (attn / tp + (h if self.bias else 0) + 2 * self.norm_params
+                    + moe_mlp_params(self, tp, ep, etp))
         split = h * qkv + h * h + h * f1 + f * h + (qkv + f1 if self.bias else 0)
         return split / tp + ((2 * h if self.bias else 0) + 2 * self.norm_params)
+
+    def layers_params(self, layers: Iterable[int], tp: int = 1, ep: int = 1,
+                      etp: int = 1) -> float:
+        """`layer_params` summed over `layers` (dense and MoE alike)."""
+        return sum(self.layer_params(tp, layer, ep, etp) for layer in layers)
 
     def embedding_params(self, tp: int = 1) -> float:
         """Word embeddings (vocab-parallel) plus learned positions (replicated; none with
@@ -205,15 +236,20 @@ class ModelSpec:
         return self.norm_params + self.vocab * self.hidden / tp
 
     def params_on_stages(self, stages: Sequence[int], num_stages: int, tp: int,
-                         num_layers: int | None = None) -> float:
+                         num_layers: int | None = None, *, layers: Iterable[int] | None = None,
+                         ep: int = 1, etp: int = 1) -> float:
         """Parameters one GPU holds before ZeRO sharding when it runs virtual stages `stages`
         of `num_stages` at tensor parallelism `tp`: their layers (`num_layers` of them, or
         an even share), the embeddings with stage 0, the output layer with the last stage
         (with tied embeddings on another GPU, Megatron keeps a copy there and all-reduces its
-        gradient with the first stage)."""
+        gradient with the first stage). An MoE model's per-layer counts need `layers`, the
+        layer indices, and its expert degrees `ep`, `etp`."""
         if num_layers is None:
             num_layers = len(stages) * (self.layers // num_stages)
-        params = num_layers * self.layer_params(tp)
+        if layers is not None and self.experts:
+            params = self.layers_params(layers, tp, ep, etp)
+        else:
+            params = num_layers * self.layer_params(tp)
         if 0 in stages:
             params += self.embedding_params(tp)
         if num_stages - 1 in stages:
@@ -231,7 +267,12 @@ class ModelSpec:
     def num_params(self) -> float:
         """All distinct parameters (a tied output layer counted once)."""
         head = self.norm_params if self.tied_embeddings else self.head_params()
-        return self.layers * self.layer_params() + self.embedding_params() + head
+        return self.layers_params(range(self.layers)) + self.embedding_params() + head
+
+    def active_params(self) -> float:
+        """Parameters a token runs through: an MoE model's top-k of its routed experts."""
+        inactive = (self.experts - self.top_k) * expert_params(self) * num_moe_layers(self)
+        return self.num_params() - inactive
 
     # --- FLOPs per micro-batch, per tensor-parallel rank ---------------------------------------
 
@@ -246,10 +287,20 @@ class ModelSpec:
         b, s, h = micro_batch, self.seq_len, self.hidden
         return 4 * b * s * s * h / tp
 
-    def mlp_flops(self, micro_batch: int, tp: int = 1) -> float:
-        """fc1 2bsh·f1 plus fc2 2bsfh: 4bshf (GeLU), 6bshf (SwiGLU)."""
+    def mlp_flops(self, micro_batch: int, tp: int = 1, layer: int | None = None) -> float:
+        """fc1 2bsh·f1 plus fc2 2bsfh: 4bshf (GeLU), 6bshf (SwiGLU). An MoE `layer`: the same
+        with f = (top_k + shared_experts)·moe_ffn_hidden, the activated experts only
+        (Megatron-LM's num_floating_point_operations; the router's 2bshE is not counted)."""
         b, s, h = micro_batch, self.seq_len, self.hidden
+        if layer is not None and is_moe_layer(self, layer):
+            f = (self.top_k + self.shared_experts) * self.moe_ffn_hidden
+            f1 = 2 * f if self.ffn == "swiglu" else f
+            return 2 * b * s * h * (f1 + f) / tp
         return 2 * b * s * h * (self.fc1_width + self.ffn_hidden) / tp
+
+    def mlps_flops(self, micro_batch: int) -> float:
+        """`mlp_flops` over every layer."""
+        return sum(self.mlp_flops(micro_batch, 1, layer) for layer in range(self.layers))
 
     def head_flops(self, micro_batch: int, tp: int = 1) -> float:
         return 2 * micro_batch * self.seq_len * self.hidden * self.vocab / tp
@@ -261,7 +312,7 @@ class ModelSpec:
 
 def model_flops(model: ModelSpec, global_batch: int) -> float:
     """FLOPs of one step without recomputation: forward plus backward (twice forward)."""
-    per_sample = model.layers * (model.attn_flops(1) + model.mlp_flops(1)) + model.head_flops(1)
+    per_sample = model.layers * model.attn_flops(1) + model.mlps_flops(1) + model.head_flops(1)
     return 3 * global_batch * per_sample
 
 
@@ -269,7 +320,7 @@ def recompute_flops(model: ModelSpec, global_batch: int, recompute: str) -> floa
     """Extra forward FLOPs re-run in backward: whole blocks (full) or attention cores
     (selective); the logits are never recomputed."""
     if recompute == "full":
-        return global_batch * model.layers * (model.attn_flops(1) + model.mlp_flops(1))
+        return global_batch * (model.layers * model.attn_flops(1) + model.mlps_flops(1))
     if recompute == "selective":
         return global_batch * model.layers * model.attn_core_flops(1)
     return 0.0
@@ -282,7 +333,12 @@ def megatron_num_flops(model: ModelSpec, global_batch: int) -> float:
     B, s, n, h, V = global_batch, model.seq_len, model.layers, model.hidden, model.vocab
     gated = 3 / 2 if model.ffn == "swiglu" else 1
     attention = 1 + model.kv_heads / model.heads + s / h
-    return 12 * B * s * n * h * h * (attention + model.ffn_hidden / h * gated + V / (2 * n * h))
+    # Its MoE branch: dense layers at ffn_hidden, MoE layers at moe_ffn_hidden x top_k routed
+    # plus the shared experts' width, each weighted by its share of the layers.
+    moe = num_moe_layers(model)
+    ffn = (model.ffn_hidden * (n - moe) + (model.top_k + model.shared_experts)
+           * model.moe_ffn_hidden * moe) / n
+    return 12 * B * s * n * h * h * (attention + ffn / h * gated + V / (2 * n * h))
 
 
 def megatron_step_flops(model: ModelSpec, global_batch: int, full_recompute: bool) -> float:

@@ -43,6 +43,20 @@ class Kernel(StrEnum):
     SWIGLU = "swiglu"
     """SwiGLU's gated activation, silu(gate)·up."""
     FC2 = "fc2"
+    ROUTER = "router"
+    """MoE: the router's logits GEMM (`traces.moe`)."""
+    TOPK = "topk"
+    """MoE: softmax over the experts and the top-k pick."""
+    AUX_LOSS = "aux_loss"
+    """MoE: the load-balancing loss over the router's scores."""
+    PERMUTE = "permute"
+    """MoE: tokens copied into expert order (one row per kept assignment)."""
+    EXPERT_FC1 = "expert_fc1"
+    """MoE: the routed experts' fc1 as grouped GEMMs (M = tokens an expert got)."""
+    EXPERT_ACT = "expert_act"
+    EXPERT_FC2 = "expert_fc2"
+    UNPERMUTE = "unpermute"
+    """MoE: the experts' outputs weighted by their probabilities back into token order."""
     FP8_CAST_GRAD = "fp8_cast_grad"
     """An FP8 GEMM's output gradient cast to FP8 with its second copy (backward only)."""
     BDA2 = "bda2"
@@ -57,6 +71,8 @@ class Kernel(StrEnum):
 K = Kernel
 FLASH_CORE = (K.FLASH_ATTN,)
 UNFUSED_CORE = (K.QK, K.SOFTMAX, K.ATTN_DROPOUT, K.AV)
+MOE = (K.ROUTER, K.TOPK, K.AUX_LOSS, K.PERMUTE, K.EXPERT_FC1, K.EXPERT_ACT, K.EXPERT_FC2,
+       K.UNPERMUTE)
 ATTENTION_CORE: dict[str, tuple[Kernel, ...]] = {"flash": FLASH_CORE, "unfused": UNFUSED_CORE}
 """The attention core per `ModelSpec.attention` (what selective recomputation re-runs)."""
 
@@ -75,7 +91,7 @@ def layer_kernels(attention: str, *, rope: bool = False, ffn: str = "gelu"
 LAYER_FLASH = layer_kernels("flash")
 LAYER_UNFUSED = layer_kernels("unfused")
 CORE_KERNELS = frozenset(FLASH_CORE + UNFUSED_CORE)
-LAYER_KERNELS = frozenset(LAYER_FLASH + LAYER_UNFUSED) | {K.ROPE, K.SWIGLU, K.FP8_CAST,
+LAYER_KERNELS = frozenset(LAYER_FLASH + LAYER_UNFUSED) | {K.ROPE, K.SWIGLU, K.FP8_CAST, *MOE,
                                                            K.FP8_CAST_GRAD}
 FIRST_STAGE = (K.EMBED, K.POS_EMBED)
 """The embedding's kernels, forward order (first virtual stage)."""
@@ -260,6 +276,34 @@ class CpGather:
     grad: bool
 
 
+class MoeStep(StrEnum):
+    """Which of an MoE layer's two exchanges (traces.plan.experts)."""
+
+    DISPATCH = "dispatch"
+    """Tokens to the EP ranks holding their experts (after permute)."""
+    COMBINE = "combine"
+    """The experts' outputs back to the tokens' ranks (after expert_fc2)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ExpertAllToAll:
+    """MoE with EP > 1: a layer's dispatch or combine all-to-all over its EP group; `grad`:
+    the same exchange of the gradients, reversed, in backward."""
+
+    step: MoeStep
+    grad: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ExpertTp:
+    """MoE with ETP > 1: after the dispatch, the all-gather of the received tokens over the
+    ETP group (`step` dispatch), and before the combine the reduce-scatter of the experts'
+    partial outputs (`step` combine); `grad`: their backward counterparts."""
+
+    step: MoeStep
+    grad: bool
+
+
 @dataclass(frozen=True, slots=True)
 class Bench:
     """An op of the microbenchmarks (traces.bench) that is not a plan kernel."""
@@ -269,6 +313,6 @@ class Bench:
 
 Purpose = (KernelRun | TpSite | MessageGather | CrossEntropyStat | SpGrads | GradBucket
            | UnitGather | UnitGradReduce | ParamGather | EmbeddingGrads | PipeMessage
-           | AmaxReduction | CpRing | CpGather | Bench)
+           | AmaxReduction | CpRing | CpGather | ExpertAllToAll | ExpertTp | Bench)
 PURPOSES: tuple[type, ...] = Purpose.__args__  # type: ignore[attr-defined]
 """Every purpose type (a test checks each has an interpretation)."""

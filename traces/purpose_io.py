@@ -28,10 +28,13 @@ from traces.purpose import (
     CpRing,
     CrossEntropyStat,
     EmbeddingGrads,
+    ExpertAllToAll,
+    ExpertTp,
     GradBucket,
     Kernel,
     KernelRun,
     MessageGather,
+    MoeStep,
     ParamGather,
     Part,
     PipeMessage,
@@ -51,11 +54,12 @@ TYPES: dict[str, type] = {
     "unit_gather": UnitGather, "unit_grad_reduce": UnitGradReduce,
     "param_gather": ParamGather, "embedding_grads": EmbeddingGrads, "pipe": PipeMessage,
     "amax": AmaxReduction, "cp_ring": CpRing, "cp_gather": CpGather, "bench": Bench,
+    "expert_all_to_all": ExpertAllToAll, "expert_tp": ExpertTp,
 }
 assert set(TYPES.values()) == set(PURPOSES), "every purpose has a JSON type"
 _TYPE_OF = {cls: name for name, cls in TYPES.items()}
 _ENUMS: dict[str, type[StrEnum]] = {"Kernel": Kernel, "OpKind": OpKind, "Tag": Tag,
-                                    "Stat": Stat, "BenchRole": BenchRole}
+                                    "Stat": Stat, "BenchRole": BenchRole, "MoeStep": MoeStep}
 _FIELDS = {cls: tuple((f.name, str(f.type)) for f in fields(cls)) for cls in PURPOSES}
 _UNITS = {"embed": EMBED, "head": HEAD}
 

@@ -47,7 +47,10 @@ LAYOUTS = {
     "llama fp8": dict(tp=2, dp=2, global_batch=4),
     "cp ring": dict(cp=2, dp=2, recompute="selective", global_batch=2),
     "tp cp gather": dict(tp=2, cp=2, cp_comm="all_gather", global_batch=1),
+    "moe ep etp": dict(tp=2, sp=True, dp=2, ep=2, etp=2, global_batch=4),
 }
+MOE = dict(ffn="swiglu", ffn_hidden=96, experts=4, top_k=2, moe_ffn_hidden=32,
+           shared_experts=1, dense_layers=1)
 LLAMA = dict(kv_heads=2, ffn="swiglu", ffn_hidden=96, norm="rmsnorm", position="rope",
              bias=False)
 
@@ -60,6 +63,8 @@ def _plan(name: str) -> Trace:
         model = dataclasses.replace(MODEL, attention="unfused")
     if name == "llama fp8":
         model = dataclasses.replace(MODEL, **LLAMA, dtype="fp8")
+    if name == "moe ep etp":
+        model = dataclasses.replace(MODEL, **MOE)
     return build(model, Layout(**LAYOUTS[name]))
 
 
@@ -115,8 +120,9 @@ def test_a_version_3_file_keeps_every_purpose(name):
 
 
 # Version-2 files predate FP8 (their writer refused dtype "fp8": no amax reduction to recover)
-# and CP (no v2 had it).
-@pytest.mark.parametrize("name", [n for n in LAYOUTS if n != "llama fp8" and "cp" not in n])
+# and CP and MoE (no v2 had them).
+@pytest.mark.parametrize("name", [n for n in LAYOUTS if n != "llama fp8" and "cp" not in n
+                                  and "moe" not in n])
 def test_a_version_2_file_loads_with_the_purposes_of_a_freshly_built_plan(name):
     plan = _plan(name)
     old = io.from_json(_as_version_2(plan))
