@@ -38,6 +38,8 @@ class Layout(Protocol):
     def etp(self) -> int: ...
     @property
     def sp(self) -> bool: ...
+    @property
+    def zero(self) -> int: ...
 
 
 def check_expert_grid(layout: Layout) -> None:
@@ -65,6 +67,9 @@ def check_experts(model: ModelSpec, layout: Layout) -> None:
     if model.moe_ffn_hidden % layout.etp:
         raise ConfigError(f"parallel.etp: {layout.etp} does not divide model.moe_ffn_hidden "
                           f"= {model.moe_ffn_hidden}")
+    if layout.zero == 3:
+        raise ConfigError("parallel.zero: 3 (FSDP) with model.experts is not modelled (use "
+                          "ZeRO 1, DeepSeek-V3's distributed optimizer, or 2)")
     if layout.tp > 1 and not layout.sp:
         raise ConfigError(f"parallel.sp: an MoE model at tp {layout.tp} needs sp = true "
                           "(Megatron-Core requires sequence parallelism with MoE and TP)")

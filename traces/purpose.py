@@ -305,6 +305,14 @@ class ExpertTp:
 
 
 @dataclass(frozen=True, slots=True)
+class ExpertGrads:
+    """MoE: the reduction of one layer's routed-expert gradients over the expert-data-parallel
+    group (all-reduce, or reduce-scatter under ZeRO 1/2), in the last micro-batch's backward."""
+
+    unit: Unit
+
+
+@dataclass(frozen=True, slots=True)
 class Bench:
     """An op of the microbenchmarks (traces.bench) that is not a plan kernel."""
 
@@ -313,6 +321,7 @@ class Bench:
 
 Purpose = (KernelRun | TpSite | MessageGather | CrossEntropyStat | SpGrads | GradBucket
            | UnitGather | UnitGradReduce | ParamGather | EmbeddingGrads | PipeMessage
-           | AmaxReduction | CpRing | CpGather | ExpertAllToAll | ExpertTp | Bench)
+           | AmaxReduction | CpRing | CpGather | ExpertAllToAll | ExpertTp | ExpertGrads
+           | Bench)
 PURPOSES: tuple[type, ...] = Purpose.__args__  # type: ignore[attr-defined]
 """Every purpose type (a test checks each has an interpretation)."""

@@ -29,6 +29,7 @@ from traces.purpose import (
     CrossEntropyStat,
     EmbeddingGrads,
     ExpertAllToAll,
+    ExpertGrads,
     ExpertTp,
     GradBucket,
     Kernel,
@@ -54,7 +55,7 @@ TYPES: dict[str, type] = {
     "unit_gather": UnitGather, "unit_grad_reduce": UnitGradReduce,
     "param_gather": ParamGather, "embedding_grads": EmbeddingGrads, "pipe": PipeMessage,
     "amax": AmaxReduction, "cp_ring": CpRing, "cp_gather": CpGather, "bench": Bench,
-    "expert_all_to_all": ExpertAllToAll, "expert_tp": ExpertTp,
+    "expert_all_to_all": ExpertAllToAll, "expert_tp": ExpertTp, "expert_grads": ExpertGrads,
 }
 assert set(TYPES.values()) == set(PURPOSES), "every purpose has a JSON type"
 _TYPE_OF = {cls: name for name, cls in TYPES.items()}

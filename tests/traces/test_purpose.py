@@ -48,6 +48,7 @@ LAYOUTS = {
     "cp ring": dict(cp=2, dp=2, recompute="selective", global_batch=2),
     "tp cp gather": dict(tp=2, cp=2, cp_comm="all_gather", global_batch=1),
     "moe ep etp": dict(tp=2, sp=True, dp=2, ep=2, etp=2, global_batch=4),
+    "moe ep zero1": dict(tp=2, sp=True, dp=2, ep=2, zero=1, global_batch=4),
 }
 MOE = dict(ffn="swiglu", ffn_hidden=96, experts=4, top_k=2, moe_ffn_hidden=32,
            shared_experts=1, dense_layers=1)
@@ -63,7 +64,7 @@ def _plan(name: str) -> Trace:
         model = dataclasses.replace(MODEL, attention="unfused")
     if name == "llama fp8":
         model = dataclasses.replace(MODEL, **LLAMA, dtype="fp8")
-    if name == "moe ep etp":
+    if name.startswith("moe"):
         model = dataclasses.replace(MODEL, **MOE)
     return build(model, Layout(**LAYOUTS[name]))
 

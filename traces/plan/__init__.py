@@ -13,6 +13,7 @@ small passes, each a function over the list of ops being built (`traces.plan.nod
     context.add_context_parallel   CP: the attention core's K/V ring (or all-gather)
     p2p.add_pipeline_p2p           sends and receives between pipeline stages
     data.add_data_parallel         gradient buckets (DDP, ZeRO-1/2), ZeRO-3 gathers and scatters
+    experts.add_expert_grads       MoE: routed experts' gradients over expert-DP
     optimizer.add_optimizer        tied-embedding all-reduce, optimizer step, ZeRO-1/2 gathers
     fp8.add_fp8                    FP8: amax reductions (delayed scaling), the weights' cast
 
@@ -42,7 +43,7 @@ from traces.plan.budget import OpBudget, OverBudget
 from traces.plan.compute import count_compute, lower_compute
 from traces.plan.context import add_context_parallel
 from traces.plan.data import add_data_parallel
-from traces.plan.experts import add_expert_parallel
+from traces.plan.experts import add_expert_grads, add_expert_parallel
 from traces.plan.fp8 import add_fp8
 from traces.plan.nodes import Program, RankContext, finalize
 from traces.plan.optimizer import add_optimizer
@@ -154,6 +155,7 @@ def lower_rank(model: ModelSpec, layout: Layout, rank: int, actions: list[Action
                 lambda p: add_context_parallel(ctx, p),
                 lambda p: add_pipeline_p2p(ctx, actions, p),
                 lambda p: add_data_parallel(ctx, actions, p),
+                lambda p: add_expert_grads(ctx, actions, p),
                 lambda p: add_optimizer(ctx, p),
                 lambda p: add_fp8(ctx, actions, p)):
         nodes = add(nodes)

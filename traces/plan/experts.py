@@ -15,16 +15,28 @@ lowering sends S/n to each peer). Under skewed routing the per-destination sizes
 `traces.moe.dispatch_matrix`'s; the rows are equal, so every rank's buffer is the same A·h·e and
 the skew shows where it costs most, in the busiest EP rank's expert GEMMs, which the combine
 waits for. The ETP collectives move the R·h·e tokens the rank's experts process.
+
+`add_expert_grads` (after the data pass) reduces the routed experts' gradients over the
+expert-data-parallel group; the data pass reduces the rest of an MoE layer over DP x CP.
 """
 
 from __future__ import annotations
 
-from traces.expert_grid import ep_coord, ep_group, etp_group
+from traces.expert_grid import ep_coord, ep_group, etp_group, expert_data_group
 from traces.moe import ExpertShard, local_expert_tokens, rank_tokens
 from traces.moe_spec import expert_counts, is_moe_layer
 from traces.ops import Op, OpKind, Phase, Stream
+from traces.pipeline import Action
 from traces.plan.nodes import Node, Program, RankContext
-from traces.purpose import ExpertAllToAll, ExpertTp, Kernel, KernelRun, MoeStep, Purpose
+from traces.purpose import (
+    ExpertAllToAll,
+    ExpertGrads,
+    ExpertTp,
+    Kernel,
+    KernelRun,
+    MoeStep,
+    Purpose,
+)
 
 K = Kernel
 _A2A, _AG, _RS = OpKind.ALL_TO_ALL, OpKind.ALL_GATHER, OpKind.REDUCE_SCATTER
@@ -79,6 +91,39 @@ def add_expert_parallel(ctx: RankContext, program: Program) -> Program:
             step += [*before, node, *after]
         out.append(step)
     return out
+
+
+def add_expert_grads(ctx: RankContext, actions: list[Action], program: Program) -> Program:
+    """Reduce each MoE layer's routed-expert gradients over the expert-data-parallel group
+    right after the layer's last backward op of the last micro-batch (ZeRO 0: all-reduce;
+    1/2: reduce-scatter), on the DP stream, as Megatron-Core's expert data-parallel
+    gradient buffers do."""
+    layout = ctx.layout
+    group = expert_data_group(layout, ctx.rank)
+    if not ctx.model.experts or len(group) == 1:
+        return program
+    kind = OpKind.ALL_REDUCE if layout.zero == 0 else OpKind.REDUCE_SCATTER
+    out: Program = []
+    for action, nodes in zip(actions, program, strict=False):
+        if action.kind != "B" or action.microbatch != ctx.last_microbatch:
+            out.append(nodes)
+            continue
+        last = {node.op.layer: i for i, node in enumerate(nodes)
+                if node.on_compute and node.op.layer is not None}
+        step: list[Node] = []
+        for i, node in enumerate(nodes):
+            step.append(node)
+            layer = node.op.layer
+            if layer is None or last.get(layer) != i or not is_moe_layer(ctx.model, layer):
+                continue
+            assert node.unit is not None
+            step.append(Node(Op(kind=kind, stream=Stream.DP, name="expert_grads",
+                                purpose=ExpertGrads(node.unit), group=group,
+                                size_bytes=ctx.expert_params(layer) * ctx.grad_bytes,
+                                layer=layer, microbatch=node.op.microbatch, phase=Phase.BWD,
+                                dtype=ctx.grad_dtype), node.unit, [node]))
+        out.append(step)
+    return [*out, *program[len(actions):]]
 
 
 def _op(beside: Node, exchange: Exchange, group: tuple[int, ...], size: float,
