@@ -196,8 +196,15 @@ class ModelSpec:
         """The architecture in a few words, for the simulate summary."""
         attn = ("MHA" if self.kv_heads == self.heads else
                 "MQA" if self.kv_heads == 1 else f"GQA {self.kv_heads} kv heads")
+        moe = ""
+        if self.experts:
+            skew = f", skew {self.routing_skew:g}" if self.routing_skew else ""
+            cap = f", capacity {self.capacity_factor:g}" if self.capacity_factor else ", dropless"
+            moe = (f", MoE {self.experts} experts top-{self.top_k} of {self.moe_ffn_hidden}"
+                   f" + {self.shared_experts} shared, {self.dense_layers} dense layers"
+                   f"{cap}{skew}")
         return (f"{attn}, {self.ffn} {self.ffn_hidden}, {self.norm}, {self.position} positions"
-                f", {'biases' if self.bias else 'no biases'}, {self.dtype}")
+                f", {'biases' if self.bias else 'no biases'}, {self.dtype}{moe}")
 
     # --- parameters -------------------------------------------------------------------------
 
