@@ -44,6 +44,9 @@ from traces.purpose import (
     CpRing,
     CrossEntropyStat,
     EmbeddingGrads,
+    ExpertAllToAll,
+    ExpertGrads,
+    ExpertTp,
     GradBucket,
     Kernel,
     KernelRun,
@@ -157,6 +160,9 @@ class _Lowering:
                                    "executor refuses (executor.runtime.fp8_refusal)")
             case Bench():
                 raise self.fail(i, "a microbenchmark op runs in executor.bench, not a plan")
+            case ExpertAllToAll() | ExpertTp() | ExpertGrads():
+                raise self.fail(i, "MoE's exchanges run only in an MoE run, which the executor "
+                                   "refuses (executor.runtime.check_supported)")
         raise self.fail(i, f"no interpretation of purpose {op.purpose!r}")
 
     def _check_kind(self, i: int, op: Op) -> None:

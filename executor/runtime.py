@@ -74,6 +74,10 @@ def check_supported(model: ModelSpec, layout: Layout) -> None:
     """Layouts the executor cannot run exactly; a ConfigError naming the rule."""
     if model.fp8:
         raise ConfigError(fp8_refusal())
+    if model.experts:
+        raise ConfigError(f"model.experts: {model.experts}: the executor's MoE layers (router, "
+                          "dispatch and combine all-to-alls, grouped experts) are not "
+                          "implemented yet; simulate it")
     if model.tied_embeddings and layout.pp > 1 and layout.zero >= 1 and layout.dp > 1:
         raise ConfigError("parallel.zero: tied embeddings with pp > 1 need the embedding "
                           "all-reduce before the DP reduction for ZeRO >= 1 (after a "
