@@ -145,9 +145,12 @@ def working_bytes(model: ModelSpec, layout: Layout, pp_rank: int) -> float:
     """Transient buffers at the peak of pipeline rank `pp_rank` (see the module docstring)."""
     t, total = layout.tp, 0.0
     if layout.recompute == Recompute.FULL:
-        # The layer re-run in backward holds all its activations, as if not recomputed.
-        total += activation_bytes_per_layer(model, dataclasses.replace(layout,
-                                                                       recompute=Recompute.NONE))
+        # The layer re-run in backward holds all its activations, as if not recomputed
+        # (an MoE model: its largest layer, with the busiest EP rank's routed tokens).
+        kept = dataclasses.replace(layout, recompute=Recompute.NONE)
+        total += activation_bytes_per_layer(model, kept) + max(
+            (moe_activation_delta(model, kept, layer)
+             for layer in rank_layers(model, layout, pp_rank)), default=0.0)
     if pp_rank == layout.pp - 1:
         # fp32 logits of one micro-batch, vocab-parallel: 4 * s * b * V / t.
         total += LOGITS_BYTES * model.seq_len // layout.cp * layout.micro_batch * model.vocab / t
