@@ -34,6 +34,7 @@ from sim.search.passes import (
     pass_ops,
 )
 from topology.cluster import Cluster
+from traces.expert_grid import ep_group, etp_group, expert_data_group
 from traces.layout import Axis, Layout, Schedule
 from traces.model import ModelSpec
 from traces.ops import Op, OpKind, Phase
@@ -100,7 +101,7 @@ class Analytic:
                           tuple[_UnitTime, _UnitTime, _UnitTime]] = {}
         self._comm: dict[tuple[OpKind, tuple[int, ...], float], float] = {}
         self._peaks: dict[tuple[Schedule, int, int, int], tuple[int, ...]] = {}
-        self._groups: dict[tuple[int, int, int, int, str], tuple[int, ...]] = {}
+        self._groups: dict[tuple[int | str, ...], tuple[int, ...]] = {}
         self._bucket_sizes: dict[tuple[int, ...], list[float]] = {}
 
     # --- the estimate --------------------------------------------------------------------------
@@ -231,11 +232,13 @@ class Analytic:
 
     def _group(self, layout: Layout, axis: str) -> tuple[int, ...]:
         """Rank 0's group along `axis` (every group along it has the same shape)."""
-        key = (layout.tp, layout.cp, layout.pp, layout.dp, axis)
+        key = (layout.tp, layout.cp, layout.pp, layout.dp, layout.ep, layout.etp, axis)
         group = self._groups.get(key)
         if group is None:
             group = self._groups[key] = (layout.embedding_group(0) if axis == "embedding"
                                          else layout.data_group(0) if axis == "dp"
+                                         else _EXPERT_GROUPS[axis](layout, 0)
+                                         if axis in _EXPERT_GROUPS
                                          else layout.group(0, Axis(axis)))
         return group
 
@@ -348,6 +351,10 @@ def _distinct_ranks(pp: int) -> list[int]:
     """Pipeline ranks that differ: the first, one in the middle, the last (the middle ones
     hold the same parameters and run the same work)."""
     return sorted({0, min(1, pp - 1), pp - 1})
+
+
+_EXPERT_GROUPS = {"ep": ep_group, "etp": etp_group, "edp": expert_data_group}
+"""MoE's axes (`sim.search.passes._axis`): the expert grid's groups of a rank."""
 
 
 def _holding(peak: int) -> list[Action]:
