@@ -21,6 +21,13 @@ Llama-style options (`kv_heads`, `ffn = "swiglu"`, `norm = "rmsnorm"`, `position
 `bias = false`) change the parameter counts below and the kernels of `traces.kernels`;
 `dtype = "fp8"` runs the GEMMs in FP8 (Transformer Engine) and everything else in bf16.
 
+Mixture of experts (`experts` E, `top_k` k, `shared_experts` S, `moe_ffn_hidden` f_e, the
+first `dense_layers` dense): model FLOPs count the activated experts only, as Megatron-LM's MoE
+branch of num_floating_point_operations does: an MoE layer's MLP forward is
+2bsh·(k + S)·(f1_e + f_e) (6bsh(k + S)f_e with SwiGLU), the router's 2bshE and dropped tokens
+left out, so the step is 12Bsnh^2·((1 + g/a + s/h) + F/h·(3/2 if swiglu) + V/(2nh)) with
+F = ((n - n_moe)·f + n_moe·(k + S)·f_e)/n. Parameters: `traces.moe_spec`.
+
 Layer norms, dropouts, residuals and GeLU add no FLOPs but move memory. So one step of global
 batch B without recomputation is 72*B*s*l*h^2*(1 + s/(6h) + V/(12lh)) FLOPs, and
 96*B*s*l*h^2*(1 + s/(6h) + V/(16lh)) with full recomputation (f = 4h). The per-kernel FLOPs
