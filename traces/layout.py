@@ -16,7 +16,7 @@ ranks map a group onto another (folding's symmetry) is `traces.symmetry`'s.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from enum import StrEnum
 from typing import Any
 
@@ -61,7 +61,8 @@ class Coords:
 
     def moved(self, axis: Axis, value: int) -> Coords:
         """The same coordinates but `value` along `axis`."""
-        return replace(self, **{str(axis): value})
+        c = {"tp": self.tp, "cp": self.cp, "dp": self.dp, "pp": self.pp, str(axis): value}
+        return Coords(**c)
 
 
 class Schedule(StrEnum):
