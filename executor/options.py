@@ -27,6 +27,10 @@ def check_supported(model: ModelSpec, layout: Layout, options: RunOptions | None
     """Layouts the executor cannot run exactly; a ConfigError naming the rule."""
     if model.fp8:
         raise ConfigError(fp8_refusal())
+    if model.experts:
+        raise ConfigError(f"model.experts: {model.experts}: the executor's MoE layers (router, "
+                          "dispatch and combine all-to-alls, grouped experts) are not "
+                          "implemented yet; simulate it")
     if model.mla and (layout.sp or layout.cp > 1):
         raise ConfigError("parallel.sp: latent attention runs in the executor without SP and "
                           "CP (its gathered latents are not written yet); simulate it")

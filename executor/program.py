@@ -38,17 +38,20 @@ from executor.calls import (
 from executor.flat import Bucket, FlatLayout, sized_buckets, unit_buckets
 from traces.chrome import event_name
 from traces.errors import ConfigError
+from traces.kernel_groups import STEP_KERNELS
 from traces.layout import Layout
 from traces.model import ModelSpec
 from traces.ops import Op, OpKind, Phase, Trace
 from traces.purpose import (
-    STEP_KERNELS,
     AmaxReduction,
     Bench,
     CpGather,
     CpRing,
     CrossEntropyStat,
     EmbeddingGrads,
+    ExpertAllToAll,
+    ExpertGrads,
+    ExpertTp,
     GemmChunk,
     GemmPart,
     GradBucket,
@@ -201,6 +204,9 @@ class _Lowering:
                                    "executor refuses (executor.runtime.fp8_refusal)")
             case Bench():
                 raise self.fail(i, "a microbenchmark op runs in executor.bench, not a plan")
+            case ExpertAllToAll() | ExpertTp() | ExpertGrads():
+                raise self.fail(i, "MoE's exchanges run only in an MoE run, which the executor "
+                                   "refuses (executor.runtime.check_supported)")
         raise self.fail(i, f"no interpretation of purpose {op.purpose!r}")
 
     def _check_kind(self, i: int, op: Op) -> None:

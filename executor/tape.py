@@ -31,8 +31,9 @@ from torch.autograd import Variable
 
 from executor.kernels import KERNELS, KernelContext, Slot, TorchKernel, slot
 from executor.memory import MemoryMeter
+from traces.kernel_groups import CORE_KERNELS, LAYER_KERNELS
 from traces.layout import Recompute
-from traces.purpose import CORE_KERNELS, LAYER_KERNELS, Kernel, Unit
+from traces.purpose import Kernel, Unit
 
 ParamRef = tuple[Unit, str]
 """(unit, parameter name)."""

@@ -22,8 +22,9 @@ from sim.engine.replay import StepTimes
 from sim.models.memory import MemoryBreakdown
 from topology.cluster import Accelerator, Cluster
 from traces.layout import Layout
-from traces.model import ModelSpec, model_flops
+from traces.model import ModelSpec
 from traces.ops import OpKind
+from traces.step_flops import model_flops
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

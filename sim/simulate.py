@@ -19,6 +19,7 @@ from sim.models.memory import memory_by_pp_rank
 from sim.models.sharing import interference_for
 from sim.models.variability import expected_speeds
 from traces.layout import Layout, Recompute
+from traces.moe import skewed_experts
 from traces.ops import Trace
 from traces.pipeline import layout_schedule
 from traces.plan import build
@@ -33,6 +34,9 @@ def predict(exp: Experiment, *, fold: bool = True, progress: Progress | None = N
     by the expected slowest-member factor (`sim.models.variability`); `speeds` (one seeded
     draw per rank, a Monte-Carlo sample) replaces it. When kernels are stretched, the ideal
     step is simulated too and the summary's `variability_s` is the difference."""
+    # Skewed routing gives each EP rank its own expert work: simulate them all (folding by
+    # identity, which would keep one rank per distinct EP load, is the scale issue's).
+    fold = fold and not skewed_experts(exp.model, exp.layout)
     ranks = exp.layout.representatives() if fold else None
     schedule = layout_schedule(exp.layout)  # once: the plan and the memory model run it
     built = build(exp.model, exp.layout, ranks=ranks, schedule=schedule)
@@ -154,6 +158,8 @@ def summary_text(exp: Experiment, s: StepSummary) -> str:
     L = exp.layout
     cp = f" · CP {L.cp} ({L.cp_comm})" if L.cp > 1 else ""
     layout = f"TP {L.tp}{cp} · PP {L.pp} · DP {L.dp}" + (f" · VP {L.vp}" if L.vp > 1 else "")
+    if L.ep > 1 or L.etp > 1:
+        layout += f" · EP {L.ep}" + (f" · ETP {L.etp}" if L.etp > 1 else "")
     extras = [x for x in (f"ZeRO-{L.zero}" if L.zero else "", "SP" if L.sp else "",
                           f"recompute {L.recompute}" if L.recompute is not Recompute.NONE else "")
               if x]

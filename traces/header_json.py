@@ -27,6 +27,7 @@ from traces.header import FOLD_AXES, ClusterTable, TableValue, TraceMeta
 from traces.layout import Layout
 from traces.mla import MLA_KEYS
 from traces.model import ModelSpec
+from traces.moe_spec import MOE_KEYS
 
 __all__ = ["meta_from_json", "meta_to_json"]
 
@@ -34,11 +35,11 @@ _LAYOUT_KEYS = tuple(f.name for f in fields(Layout))
 _MODEL_KEYS = tuple(f.name for f in fields(ModelSpec))
 _OPTIONAL_MODEL_KEYS = {f.name: f.default for f in fields(ModelSpec)
                         if f.name in ("kv_heads", "ffn", "norm", "position", "bias", "fp8_recipe",
-                                      "head_dim", *MLA_KEYS)}
-"""The Llama-style, FP8 and latent-attention keys (issues 18, 19): written only where they
-differ from GPT's defaults (kv_heads = heads, head_dim = hidden / heads), so a GPT plan's header
-is what it was and older readers still read it; a header without them (any older trace) reads
-as the defaults."""
+                                      "head_dim", *MLA_KEYS, *MOE_KEYS)}
+"""The Llama-style, FP8, latent-attention and MoE keys (issues 18, 19): written only where they
+differ from GPT's defaults (kv_heads = heads, head_dim = hidden / heads, no experts), so a GPT
+plan's header is what it was and older readers still read it; a header without them (any
+older trace) reads as the defaults."""
 
 
 def _model_json(m: ModelSpec) -> dict[str, Any]:

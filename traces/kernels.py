@@ -23,10 +23,11 @@ from __future__ import annotations
 import dataclasses
 
 from traces.fp8 import fp8_linear
+from traces.kernel_groups import ATTENTION_CORE
 from traces.kernel_work import Gemm, KernelWork, gemm_kernel, memory_kernel
 from traces.mla import down_width, q_in, qk_dim, v_dim
 from traces.model import DTYPE_BYTES, ModelSpec
-from traces.purpose import ATTENTION_CORE, Kernel
+from traces.purpose import Kernel
 
 __all__ = ["ATTENTION_CORE", "FUSED_SOFTMAX_MAX_SEQ", "Gemm", "KernelWork", "attention_kernels",
            "cross_entropy_bytes", "embedding_kernels", "gemm_kernel", "head_kernels",

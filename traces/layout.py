@@ -22,6 +22,7 @@ from enum import StrEnum
 from typing import Any
 
 from traces.errors import ConfigError, show
+from traces.expert_grid import check_expert_grid
 from traces.fields import (
     MAX_ACCELERATORS,
     check_bool,
@@ -66,16 +67,8 @@ class Coords:
 
     def moved(self, axis: Axis, value: int) -> Coords:
         """The same coordinates but `value` along `axis`."""
-        match axis:
-            case Axis.TP:
-                return Coords(tp=value, cp=self.cp, dp=self.dp, pp=self.pp)
-            case Axis.CP:
-                return Coords(tp=self.tp, cp=value, dp=self.dp, pp=self.pp)
-            case Axis.DP:
-                return Coords(tp=self.tp, cp=self.cp, dp=value, pp=self.pp)
-            case Axis.PP:
-                return Coords(tp=self.tp, cp=self.cp, dp=self.dp, pp=value)
-        raise AssertionError(f"not an axis: {axis!r}")
+        c = {"tp": self.tp, "cp": self.cp, "dp": self.dp, "pp": self.pp, str(axis): value}
+        return Coords(**c)
 
 
 class Schedule(StrEnum):
@@ -140,6 +133,10 @@ class Layout:
     """Megatron-LM's --overlap-param-gather: ZeRO-1/2's parameter all-gathers issued per bucket
     and overlapped with the next step's forward (`traces.plan.optimizer`); nothing with ZeRO 0
     or 3 (ZeRO-3's per-unit gathers prefetch already) or dp = 1."""
+    ep: int = 1
+    """Expert parallelism over each stage's TP·CP·DP ranks (`traces.experts`)."""
+    etp: int = 1
+    """Expert tensor parallelism (Megatron-Core's --expert-tensor-parallel-size)."""
 
     def __post_init__(self) -> None:
         """The rules that need neither the model nor the cluster (see `check_layout`)."""
@@ -185,6 +182,7 @@ class Layout:
                               "sequence-parallel all-gathers and reduce-scatters)")
         self._check_schedule()
         self._check_uneven()
+        check_expert_grid(self)
 
     def _check_uneven(self) -> None:
         """pp_first_layers / pp_last_layers: counts of whole layers per chunk of their rank."""
@@ -336,6 +334,9 @@ class Layout:
             del out["cp_comm"]
         for name in OMITTED_WHEN_FALSE:  # files and --json from before the key stay the same
             if not out[name]:
+                del out[name]
+        for name in ("ep", "etp"):
+            if out[name] == 1:
                 del out[name]
         return out
 

@@ -1,9 +1,11 @@
 """The rules that tie a parallel layout to a model and a cluster: TP dividing the model's
-widths, whole layers per (virtual) stage, CP's sequence split, TP inside one node."""
+widths, whole layers per (virtual) stage, CP's sequence split, the expert grid, TP inside one
+node."""
 
 from __future__ import annotations
 
 from traces.errors import ConfigError
+from traces.expert_grid import check_experts
 from traces.layout import Layout
 from traces.model import ModelSpec
 
@@ -33,6 +35,7 @@ def check_layout(model: ModelSpec, layout: Layout, *, world: int | None = None,
                           "attention (model.kv_lora_rank) is not modelled; set it false")
     _check_stages(model, layout)
     _check_context(model, layout)
+    check_experts(model, layout)
     if devices_per_server is None:
         return ()
     if tp > devices_per_server:

@@ -24,12 +24,12 @@ from traces.bench import (
     INTERFERENCE_OVERLAPPED,
     INTERFERENCE_SPACER,
 )
+from traces.kernel_groups import KERNEL_NAMES
 from traces.ops import Op, OpKind, Phase
 from traces.plan.tensor import tp_sites
 from traces.purpose import (
     EMBED,
     HEAD,
-    KERNEL_NAMES,
     Bench,
     BenchRole,
     CrossEntropyStat,

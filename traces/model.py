@@ -23,6 +23,13 @@ Llama-style options (`kv_heads`, `ffn = "swiglu"`, `norm = "rmsnorm"`, `position
 `kv_lora_rank` selects multi-head latent attention (DeepSeek-V2/V3), whose arithmetic is in
 `traces.mla`.
 
+Mixture of experts (`experts` E, `top_k` k, `shared_experts` S, `moe_ffn_hidden` f_e, the
+first `dense_layers` dense): model FLOPs count the activated experts only, as Megatron-LM's MoE
+branch of num_floating_point_operations does: an MoE layer's MLP forward is
+2bsh·(k + S)·(f1_e + f_e) (6bsh(k + S)f_e with SwiGLU), the router's 2bshE and dropped tokens
+left out, so the step is 12Bsnh^2·((1 + g/a + s/h) + F/h·(3/2 if swiglu) + V/(2nh)) with
+F = ((n - n_moe)·f + n_moe·(k + S)·f_e)/n. Parameters: `traces.moe_spec`.
+
 Layer norms, dropouts, residuals and GeLU add no FLOPs but move memory. So one step of global
 batch B without recomputation is 72*B*s*l*h^2*(1 + s/(6h) + V/(12lh)) FLOPs, and
 96*B*s*l*h^2*(1 + s/(6h) + V/(16lh)) with full recomputation (f = 4h). The per-kernel FLOPs
@@ -31,11 +38,12 @@ and HBM bytes the plan carries are in `traces.kernels`; they add up to these for
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from traces import mla
 from traces.errors import ConfigError, show
+from traces.moe_spec import check_moe, expert_params, is_moe_layer, moe_mlp_params, num_moe_layers
 
 ATTENTIONS = ("flash", "unfused")
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
@@ -101,6 +109,24 @@ class ModelSpec:
     """Latent attention: the rotary part of each query/key head (k's shared by all heads)."""
     v_head_dim: int = 0
     """Latent attention: a value head's width; 0 means head_dim."""
+    # Mixture of experts (`traces.moe`): experts > 0 makes every layer from dense_layers on an
+    # MoE layer; the rules are `traces.moe.check_moe`'s.
+    experts: int = 0
+    """Routed experts per MoE layer; 0: a dense model."""
+    top_k: int = 0
+    """Experts each token visits (required with experts)."""
+    moe_ffn_hidden: int = 0
+    """Width of each routed (and shared) expert's MLP; 0 means ffn_hidden."""
+    shared_experts: int = 0
+    """Always-on experts of moe_ffn_hidden width (DeepSeek's shared experts)."""
+    dense_layers: int = 0
+    """The first layers keep a dense MLP of ffn_hidden (DeepSeek-V3: 3)."""
+    capacity_factor: float = 0.0
+    """Tokens an expert accepts relative to the balanced share; 0: dropless."""
+    routing_skew: float = 0.0
+    """0: balanced routing; > 0: expert popularity Zipf-distributed with this exponent."""
+    routing_seed: int = 0
+    """Seed of each MoE layer's permutation of expert popularity."""
 
     def __post_init__(self) -> None:
         for name in ("layers", "hidden", "heads", "seq_len", "vocab"):
@@ -152,6 +178,7 @@ class ModelSpec:
         elif self.heads % kv:
             raise ConfigError(f"model.kv_heads: {kv} does not divide model.heads = {self.heads}")
         mla.check_mla(self)
+        check_moe(self)
 
     @property
     def dtype_bytes(self) -> int:
@@ -195,25 +222,42 @@ class ModelSpec:
         if self.mla:
             attn = (f"MLA q_lora {self.q_lora_rank or 'none'}, kv_lora {self.kv_lora_rank}, "
                     f"heads {self.head_dim}+{self.qk_rope_head_dim} rope, v {self.v_head_dim}")
+        moe = ""
+        if self.experts:
+            skew = f", skew {self.routing_skew:g}" if self.routing_skew else ""
+            cap = f", capacity {self.capacity_factor:g}" if self.capacity_factor else ", dropless"
+            moe = (f", MoE {self.experts} experts top-{self.top_k} of {self.moe_ffn_hidden}"
+                   f" + {self.shared_experts} shared, {self.dense_layers} dense layers"
+                   f"{cap}{skew}")
         return (f"{attn}, {self.ffn} {self.ffn_hidden}, {self.norm}, {self.position} positions"
-                f", {'biases' if self.bias else 'no biases'}, {self.dtype}")
+                f", {'biases' if self.bias else 'no biases'}, {self.dtype}{moe}")
 
     # --- parameters -------------------------------------------------------------------------
 
-    def layer_params(self, tp: int = 1) -> float:
+    def layer_params(self, tp: int = 1, layer: int | None = None, ep: int = 1,
+                     etp: int = 1) -> float:
         """Parameters of one block held by one tensor-parallel rank.
 
         Split by t: QKV weight h(h + 2gd) and bias h + 2gd, proj weight h^2, fc1 weight h·f1
         and bias f1 (f1 = f, or 2f for SwiGLU's gate and up), fc2 weight fh.
         Replicated: the proj and fc2 biases (h each) and two norms (2h or h each).
         GPT (g = a, f1 = f, biases, LayerNorm): (4h^2 + 3h + 2hf + f)/t + 6h.
-        Latent attention: `traces.mla.mla_params` in place of QKV and proj.
-        """
+        Latent attention: `traces.mla.mla_params` in place of QKV and proj. An MoE `layer`
+        (`traces.moe_spec.moe_mlp_params`) has the router, shared experts and E/ep routed
+        experts split by etp in place of fc1 and fc2 (and the fc2 bias)."""
         h, f, f1, kv = self.hidden, self.ffn_hidden, self.fc1_width, self.kv_width
+        moe = layer is not None and is_moe_layer(self, layer)
         if self.mla:
             attn, replicated = mla.mla_params(self)
+            if moe:
+                return (attn / tp + replicated + 2 * self.norm_params
+                        + moe_mlp_params(self, tp, ep, etp))
             return (attn + h * f1 + f * h) / tp + (replicated + 2 * self.norm_params)
         qkv = h + 2 * kv
+        if moe:
+            attn = h * qkv + h * h + (qkv if self.bias else 0)
+            return (attn / tp + (h if self.bias else 0) + 2 * self.norm_params
+                    + moe_mlp_params(self, tp, ep, etp))
         split = h * qkv + h * h + h * f1 + f * h + (qkv + f1 if self.bias else 0)
         return split / tp + ((2 * h if self.bias else 0) + 2 * self.norm_params)
 
@@ -224,6 +268,11 @@ class ModelSpec:
             return sum(mla.mla_params(self))
         qkv = self.hidden + 2 * self.kv_width
         return self.hidden * qkv + self.hidden ** 2 + (qkv + self.hidden if self.bias else 0)
+
+    def layers_params(self, layers: Iterable[int], tp: int = 1, ep: int = 1,
+                      etp: int = 1) -> float:
+        """`layer_params` summed over `layers` (dense and MoE alike)."""
+        return sum(self.layer_params(tp, layer, ep, etp) for layer in layers)
 
     def embedding_params(self, tp: int = 1) -> float:
         """Word embeddings (vocab-parallel) plus learned positions (replicated; none with
@@ -236,15 +285,20 @@ class ModelSpec:
         return self.norm_params + self.vocab * self.hidden / tp
 
     def params_on_stages(self, stages: Sequence[int], num_stages: int, tp: int,
-                         num_layers: int | None = None) -> float:
+                         num_layers: int | None = None, *, layers: Iterable[int] | None = None,
+                         ep: int = 1, etp: int = 1) -> float:
         """Parameters one GPU holds before ZeRO sharding when it runs virtual stages `stages`
         of `num_stages` at tensor parallelism `tp`: their layers (`num_layers` of them, or
         an even share), the embeddings with stage 0, the output layer with the last stage
         (with tied embeddings on another GPU, Megatron keeps a copy there and all-reduces its
-        gradient with the first stage)."""
+        gradient with the first stage). An MoE model's per-layer counts need `layers`, the
+        layer indices, and its expert degrees `ep`, `etp`."""
         if num_layers is None:
             num_layers = len(stages) * (self.layers // num_stages)
-        params = num_layers * self.layer_params(tp)
+        if layers is not None and self.experts:
+            params = self.layers_params(layers, tp, ep, etp)
+        else:
+            params = num_layers * self.layer_params(tp)
         if 0 in stages:
             params += self.embedding_params(tp)
         if num_stages - 1 in stages:
@@ -262,7 +316,12 @@ class ModelSpec:
     def num_params(self) -> float:
         """All distinct parameters (a tied output layer counted once)."""
         head = self.norm_params if self.tied_embeddings else self.head_params()
-        return self.layers * self.layer_params() + self.embedding_params() + head
+        return self.layers_params(range(self.layers)) + self.embedding_params() + head
+
+    def active_params(self) -> float:
+        """Parameters a token runs through: an MoE model's top-k of its routed experts."""
+        inactive = (self.experts - self.top_k) * expert_params(self) * num_moe_layers(self)
+        return self.num_params() - inactive
 
     # --- FLOPs per micro-batch, per tensor-parallel rank ---------------------------------------
 
@@ -282,10 +341,20 @@ class ModelSpec:
         b, s, h = micro_batch, self.seq_len, self.hidden
         return 4 * b * s * s * h / tp
 
-    def mlp_flops(self, micro_batch: int, tp: int = 1) -> float:
-        """fc1 2bsh·f1 plus fc2 2bsfh: 4bshf (GeLU), 6bshf (SwiGLU)."""
+    def mlp_flops(self, micro_batch: int, tp: int = 1, layer: int | None = None) -> float:
+        """fc1 2bsh·f1 plus fc2 2bsfh: 4bshf (GeLU), 6bshf (SwiGLU). An MoE `layer`: the same
+        with f = (top_k + shared_experts)·moe_ffn_hidden, the activated experts only
+        (Megatron-LM's num_floating_point_operations; the router's 2bshE is not counted)."""
         b, s, h = micro_batch, self.seq_len, self.hidden
+        if layer is not None and is_moe_layer(self, layer):
+            f = (self.top_k + self.shared_experts) * self.moe_ffn_hidden
+            f1 = 2 * f if self.ffn == "swiglu" else f
+            return 2 * b * s * h * (f1 + f) / tp
         return 2 * b * s * h * (self.fc1_width + self.ffn_hidden) / tp
+
+    def mlps_flops(self, micro_batch: int) -> float:
+        """`mlp_flops` over every layer."""
+        return sum(self.mlp_flops(micro_batch, 1, layer) for layer in range(self.layers))
 
     def head_flops(self, micro_batch: int, tp: int = 1) -> float:
         return 2 * micro_batch * self.seq_len * self.hidden * self.vocab / tp
@@ -293,41 +362,3 @@ class ModelSpec:
     def activation_bytes(self, micro_batch: int) -> float:
         """One micro-batch's b*s*h activation tensor (what pipeline stages send)."""
         return micro_batch * self.seq_len * self.hidden * self.dtype_bytes
-
-
-def model_flops(model: ModelSpec, global_batch: int) -> float:
-    """FLOPs of one step without recomputation: forward plus backward (twice forward)."""
-    per_sample = model.layers * (model.attn_flops(1) + model.mlp_flops(1)) + model.head_flops(1)
-    return 3 * global_batch * per_sample
-
-
-def recompute_flops(model: ModelSpec, global_batch: int, recompute: str) -> float:
-    """Extra forward FLOPs re-run in backward: whole blocks (full) or attention cores
-    (selective); the logits are never recomputed."""
-    if recompute == "full":
-        return global_batch * model.layers * (model.attn_flops(1) + model.mlp_flops(1))
-    if recompute == "selective":
-        return global_batch * model.layers * model.attn_core_flops(1)
-    return 0.0
-
-
-def megatron_num_flops(model: ModelSpec, global_batch: int) -> float:
-    """Megatron-LM's `num_floating_point_operations` (megatron/training/training.py), written
-    as it is there, with GQA (num_query_groups = kv_heads) and SwiGLU (gated multiplier 3/2):
-    an independent path to `model_flops`, which sums the same GEMMs kernel by kernel. Its MLA
-    branch (`traces.mla.megatron_mla_term`) counts the latent norms and a causal core."""
-    B, s, n, h, V = global_batch, model.seq_len, model.layers, model.hidden, model.vocab
-    gated = 3 / 2 if model.ffn == "swiglu" else 1
-    if model.mla:
-        mlp_logits = 12 * B * s * n * h * h * (model.ffn_hidden / h * gated + V / (2 * n * h))
-        return 6 * B * s * n * mla.megatron_mla_term(model) + mlp_logits
-    attention = 1 + model.kv_heads / model.heads + s / h
-    return 12 * B * s * n * h * h * (attention + model.ffn_hidden / h * gated + V / (2 * n * h))
-
-
-def megatron_step_flops(model: ModelSpec, global_batch: int, full_recompute: bool) -> float:
-    """The Megatron-LM paper's closed form (Narayanan et al., 2021, eq. 3), f = 4h."""
-    B, s, n, h, V = global_batch, model.seq_len, model.layers, model.hidden, model.vocab
-    if full_recompute:
-        return 96 * B * s * n * h * h * (1 + s / (6 * h) + V / (16 * n * h))
-    return 72 * B * s * n * h * h * (1 + s / (6 * h) + V / (12 * n * h))

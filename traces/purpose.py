@@ -51,6 +51,20 @@ class Kernel(StrEnum):
     SWIGLU = "swiglu"
     """SwiGLU's gated activation, silu(gate)·up."""
     FC2 = "fc2"
+    ROUTER = "router"
+    """MoE: the router's logits GEMM (`traces.moe`)."""
+    TOPK = "topk"
+    """MoE: softmax over the experts and the top-k pick."""
+    AUX_LOSS = "aux_loss"
+    """MoE: the load-balancing loss over the router's scores."""
+    PERMUTE = "permute"
+    """MoE: tokens copied into expert order (one row per kept assignment)."""
+    EXPERT_FC1 = "expert_fc1"
+    """MoE: the routed experts' fc1 as grouped GEMMs (M = tokens an expert got)."""
+    EXPERT_ACT = "expert_act"
+    EXPERT_FC2 = "expert_fc2"
+    UNPERMUTE = "unpermute"
+    """MoE: the experts' outputs weighted by their probabilities back into token order."""
     FP8_CAST_GRAD = "fp8_cast_grad"
     """An FP8 GEMM's output gradient cast to FP8 with its second copy (backward only)."""
     BDA2 = "bda2"
@@ -66,45 +80,6 @@ class Kernel(StrEnum):
     OPTIMIZER = "optimizer"
     FP8_WEIGHT_CAST = "fp8_weight_cast"
     """The step's cast of the FP8 GEMMs' weights, after the optimizer."""
-
-
-K = Kernel
-FLASH_CORE = (K.FLASH_ATTN,)
-UNFUSED_CORE = (K.QK, K.SOFTMAX, K.ATTN_DROPOUT, K.AV)
-ATTENTION_CORE: dict[str, tuple[Kernel, ...]] = {"flash": FLASH_CORE, "unfused": UNFUSED_CORE}
-"""The attention core per `ModelSpec.attention` (what selective recomputation re-runs)."""
-
-
-FP8_KERNELS = frozenset({K.FP8_CAST, K.FP8_CAST_GRAD, K.FP8_WEIGHT_CAST})
-"""The kernels only an FP8 model runs (the executor runs none: FP8 is GPU-only)."""
-
-
-MLA_PROJECTIONS = (K.MLA_DOWN, K.LATENT_NORM, K.Q_UP, K.KV_UP)
-"""Latent attention's projections in forward order, in place of qkv (`traces.mla`)."""
-
-
-def layer_kernels(attention: str, *, rope: bool = False, ffn: str = "gelu", mla: bool = False
-                  ) -> tuple[Kernel, ...]:
-    """One layer's kernels in forward order (without FP8's casts); `mla` (latent attention,
-    which always has rope) replaces qkv by its projections."""
-    projections = MLA_PROJECTIONS if mla else (K.QKV,)
-    return (K.LN1, *projections, *((K.ROPE,) if rope or mla else ()), *ATTENTION_CORE[attention],
-            K.PROJ, K.BDA1, K.LN2, K.FC1, K.SWIGLU if ffn == "swiglu" else K.GELU, K.FC2,
-            K.BDA2)
-
-
-LAYER_FLASH = layer_kernels("flash")
-LAYER_UNFUSED = layer_kernels("unfused")
-CORE_KERNELS = frozenset(FLASH_CORE + UNFUSED_CORE)
-LAYER_KERNELS = frozenset(LAYER_FLASH + LAYER_UNFUSED + MLA_PROJECTIONS) | {
-    K.ROPE, K.SWIGLU, K.FP8_CAST, K.FP8_CAST_GRAD}
-FIRST_STAGE = (K.EMBED, K.POS_EMBED)
-"""The embedding's kernels, forward order (first virtual stage)."""
-LAST_STAGE = (K.FINAL_LN, K.LOGITS, K.CROSS_ENTROPY)
-"""The output layer's kernels, forward order (last virtual stage)."""
-KERNEL_NAMES = tuple(str(k) for k in Kernel)
-STEP_KERNELS = (K.GRAD_UNSCALE, K.GRAD_NORM, K.GRAD_CLIP, K.OPTIMIZER)
-"""The kernels of the end of the step (phase opt), in order; once per step, not per layer."""
 
 
 class Part(StrEnum):
@@ -360,6 +335,42 @@ class CpGather:
     grad: bool
 
 
+class MoeStep(StrEnum):
+    """Which of an MoE layer's two exchanges (traces.plan.experts)."""
+
+    DISPATCH = "dispatch"
+    """Tokens to the EP ranks holding their experts (after permute)."""
+    COMBINE = "combine"
+    """The experts' outputs back to the tokens' ranks (after expert_fc2)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ExpertAllToAll:
+    """MoE with EP > 1: a layer's dispatch or combine all-to-all over its EP group; `grad`:
+    the same exchange of the gradients, reversed, in backward."""
+
+    step: MoeStep
+    grad: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ExpertTp:
+    """MoE with ETP > 1: after the dispatch, the all-gather of the received tokens over the
+    ETP group (`step` dispatch), and before the combine the reduce-scatter of the experts'
+    partial outputs (`step` combine); `grad`: their backward counterparts."""
+
+    step: MoeStep
+    grad: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ExpertGrads:
+    """MoE: the reduction of one layer's routed-expert gradients over the expert-data-parallel
+    group (all-reduce, or reduce-scatter under ZeRO 1/2), in the last micro-batch's backward."""
+
+    unit: Unit
+
+
 @dataclass(frozen=True, slots=True)
 class Bench:
     """An op of the microbenchmarks (traces.bench) that is not a plan kernel."""
@@ -369,6 +380,7 @@ class Bench:
 
 Purpose = (KernelRun | TpSite | MessageGather | CrossEntropyStat | SpGrads | GradBucket
            | UnitGather | UnitGradReduce | ParamGather | EmbeddingGrads | GradStat | PipeMessage
-           | AmaxReduction | CpRing | CpGather | Bench | GemmChunk | TpChunk)
+           | AmaxReduction | CpRing | CpGather | Bench | GemmChunk | TpChunk | ExpertAllToAll
+           | ExpertTp | ExpertGrads)
 PURPOSES: tuple[type, ...] = Purpose.__args__  # type: ignore[attr-defined]
 """Every purpose type (a test checks each has an interpretation)."""

@@ -28,6 +28,9 @@ from traces.purpose import (
     CpRing,
     CrossEntropyStat,
     EmbeddingGrads,
+    ExpertAllToAll,
+    ExpertGrads,
+    ExpertTp,
     GemmChunk,
     GemmPart,
     GradBucket,
@@ -35,6 +38,7 @@ from traces.purpose import (
     Kernel,
     KernelRun,
     MessageGather,
+    MoeStep,
     OverlapMethod,
     ParamGather,
     Part,
@@ -58,12 +62,14 @@ TYPES: dict[str, type] = {
     "param_gather": ParamGather, "embedding_grads": EmbeddingGrads, "grad_stat": GradStat,
     "pipe": PipeMessage, "amax": AmaxReduction, "cp_ring": CpRing, "cp_gather": CpGather,
     "bench": Bench, "gemm_chunk": GemmChunk, "tp_chunk": TpChunk,
+    "expert_all_to_all": ExpertAllToAll, "expert_tp": ExpertTp, "expert_grads": ExpertGrads,
 }
 assert set(TYPES.values()) == set(PURPOSES), "every purpose has a JSON type"
 _TYPE_OF = {cls: name for name, cls in TYPES.items()}
 _ENUMS: dict[str, type[StrEnum]] = {"Kernel": Kernel, "OpKind": OpKind, "Tag": Tag,
                                     "Stat": Stat, "StepStat": StepStat, "BenchRole": BenchRole,
-                                    "GemmPart": GemmPart, "OverlapMethod": OverlapMethod}
+                                    "GemmPart": GemmPart, "OverlapMethod": OverlapMethod,
+                                    "MoeStep": MoeStep}
 _FIELDS = {cls: tuple((f.name, str(f.type)) for f in fields(cls)) for cls in PURPOSES}
 _UNITS = {"embed": EMBED, "head": HEAD}
 

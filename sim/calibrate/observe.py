@@ -32,8 +32,9 @@ from dataclasses import dataclass
 
 from traces.bench import sections
 from traces.compare import occupancy
+from traces.kernel_groups import KERNEL_NAMES
 from traces.ops import Op, OpKind, Phase, Trace
-from traces.purpose import KERNEL_NAMES, Bench, BenchRole, KernelRun
+from traces.purpose import Bench, BenchRole, KernelRun
 
 KERNELS = frozenset(KERNEL_NAMES)
 _INTERFERENCE = frozenset((Bench(BenchRole.COLLECTIVE_BESIDE),

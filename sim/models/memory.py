@@ -20,6 +20,12 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from sim.models.moe_memory import (
+    expert_params_on_rank,
+    expert_shards,
+    moe_activation_delta,
+    rank_layers,
+)
 from traces.errors import ConfigError
 from traces.layout import Layout, Recompute
 from traces.model import ModelSpec
@@ -153,9 +159,12 @@ def working_bytes(model: ModelSpec, layout: Layout, pp_rank: int) -> float:
     """Transient buffers at the peak of pipeline rank `pp_rank` (see the module docstring)."""
     t, total = layout.tp, 0.0
     if layout.recompute == Recompute.FULL:
-        # The layer re-run in backward holds all its activations, as if not recomputed.
-        total += activation_bytes_per_layer(model, dataclasses.replace(layout,
-                                                                       recompute=Recompute.NONE))
+        # The layer re-run in backward holds all its activations, as if not recomputed
+        # (an MoE model: its largest layer, with the busiest EP rank's routed tokens).
+        kept = dataclasses.replace(layout, recompute=Recompute.NONE)
+        total += activation_bytes_per_layer(model, kept) + max(
+            (moe_activation_delta(model, kept, layer)
+             for layer in rank_layers(model, layout, pp_rank)), default=0.0)
     if pp_rank == layout.pp - 1:
         # fp32 logits of one micro-batch, vocab-parallel: 4 * s * b * V / t.
         total += LOGITS_BYTES * model.seq_len // layout.cp * layout.micro_batch * model.vocab / t
@@ -171,18 +180,40 @@ def pp_rank_memory(model: ModelSpec, layout: Layout, pp_rank: int,
     """Peak bytes on one GPU of pipeline rank `pp_rank` running `actions` (its schedule)."""
     if not 0 <= pp_rank < layout.pp:
         raise ConfigError(f"pipeline rank {pp_rank} is outside 0..{layout.pp - 1}")
-    params, grads, optimizer = model_state_bytes(
-        model.params_on_stages(layout.stages_of_rank(pp_rank), layout.num_stages, layout.tp,
-                               layout.layers_of_rank(model, pp_rank)),
-        layout.data_degree, layout.zero,  # ZeRO shards over DP x CP
-        param_bytes=model.dtype_bytes,
-        grad_bytes=4 if layout.fp32_main_grads else model.dtype_bytes)
-    layers_per_stage = layout.layers_per_chunk(model, pp_rank)
-    activations = (peak_in_flight(actions) * layers_per_stage
-                   * activation_bytes_per_layer(model, layout))
+    params, grads, optimizer = _states(model, layout, pp_rank)
+    activations = peak_in_flight(actions) * _per_pass(model, layout, pp_rank)
     return MemoryBreakdown(params_bytes=params, grads_bytes=grads, optimizer_bytes=optimizer,
                            activations_bytes=activations,
                            working_bytes=working_bytes(model, layout, pp_rank))
+
+
+def _states(model: ModelSpec, layout: Layout, pp_rank: int) -> tuple[float, float, float]:
+    """(params, grads, optimizer) bytes: ZeRO shards the dense states over DP x CP and an MoE
+    model's routed experts over their expert-data-parallel group (`sim.models.moe_memory`)."""
+    grad_bytes = 4 if layout.fp32_main_grads else model.dtype_bytes
+    total = model.params_on_stages(layout.stages_of_rank(pp_rank), layout.num_stages, layout.tp,
+                                   layout.layers_of_rank(model, pp_rank),
+                                   layers=rank_layers(model, layout, pp_rank), ep=layout.ep,
+                                   etp=layout.etp)
+    experts = expert_params_on_rank(model, layout, pp_rank) if model.experts else 0.0
+    dense = model_state_bytes(total - experts, layout.data_degree, layout.zero,
+                              param_bytes=model.dtype_bytes, grad_bytes=grad_bytes)
+    if not experts:
+        return dense
+    routed = model_state_bytes(experts, expert_shards(layout), layout.zero,
+                               param_bytes=model.dtype_bytes, grad_bytes=grad_bytes)
+    return dense[0] + routed[0], dense[1] + routed[1], dense[2] + routed[2]
+
+
+def _per_pass(model: ModelSpec, layout: Layout, pp_rank: int) -> float:
+    """Stored activations of one forward pass of a chunk of `pp_rank`: its layers' (an MoE
+    model's, averaged over the rank's chunks)."""
+    per_layer = activation_bytes_per_layer(model, layout)
+    if not model.experts:
+        return layout.layers_per_chunk(model, pp_rank) * per_layer
+    layers = rank_layers(model, layout, pp_rank)
+    return sum(per_layer + moe_activation_delta(model, layout, layer)
+               for layer in layers) / layout.vp
 
 
 def memory_by_pp_rank(model: ModelSpec, layout: Layout,
@@ -208,7 +239,7 @@ def memory_timeline(model: ModelSpec, layout: Layout, pp_rank: int,
     that backward runs (with its working buffers) at the peak."""
     base = pp_rank_memory(model, layout, pp_rank, [])  # model states: no activations, no actions
     states = base.params_bytes + base.grads_bytes + base.optimizer_bytes
-    per_pass = layout.layers_per_chunk(model, pp_rank) * activation_bytes_per_layer(model, layout)
+    per_pass = _per_pass(model, layout, pp_rank)
     work = working_bytes(model, layout, pp_rank)
     in_flight: set[tuple[int, int]] = set()
     points = [(0.0, states)]

@@ -31,8 +31,8 @@ from sim.report.collectives import CollectiveRow
 from sim.report.timeline import PHASES, Lane, RankOps, lane_key, lane_usage
 from sim.report.words import Words
 from traces.chrome import binary_size
-from traces.model import model_flops
 from traces.ops import Phase
+from traces.step_flops import model_flops
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -35,6 +35,7 @@ from sim.search.passes import (
     pass_ops,
 )
 from topology.cluster import Cluster
+from traces.expert_grid import ep_group, etp_group, expert_data_group
 from traces.layout import Axis, Layout, Schedule
 from traces.model import ModelSpec
 from traces.ops import Op, OpKind, Phase
@@ -103,7 +104,7 @@ class Analytic:
                           tuple[_UnitTime, _UnitTime, _UnitTime]] = {}
         self._comm: dict[tuple[OpKind, tuple[int, ...], float], float] = {}
         self._peaks: dict[tuple[Schedule, int, int, int], tuple[int, ...]] = {}
-        self._groups: dict[tuple[int, int, int, int, bool, str], tuple[int, ...]] = {}
+        self._groups: dict[tuple[int | str | bool, ...], tuple[int, ...]] = {}
         self._bucket_sizes: dict[tuple[int, ...], list[float]] = {}
 
     # --- the estimate --------------------------------------------------------------------------
@@ -237,7 +238,7 @@ class Analytic:
 
     def _group(self, layout: Layout, axis: str) -> tuple[int, ...]:
         """Rank 0's group along `axis` (every group along it has the same shape)."""
-        key = (layout.tp, layout.cp, layout.pp, layout.dp,
+        key = (layout.tp, layout.cp, layout.pp, layout.dp, layout.ep, layout.etp,
                layout.zero >= 1 and axis == "grad_stats", axis)
         group = self._groups.get(key)
         if group is None:
@@ -245,6 +246,7 @@ class Analytic:
                 layout.embedding_group(0) if axis == "embedding" else
                 grad_stats_group(layout, 0) if axis == "grad_stats" else
                 layout.data_group(0) if axis == "dp" else
+                _EXPERT_GROUPS[axis](layout, 0) if axis in _EXPERT_GROUPS else
                 layout.group(0, Axis(axis)))
         return group
 
@@ -375,6 +377,10 @@ def _distinct_ranks(pp: int) -> list[int]:
     """Pipeline ranks that differ: the first, one in the middle, the last (the middle ones
     hold the same parameters and run the same work)."""
     return sorted({0, min(1, pp - 1), pp - 1})
+
+
+_EXPERT_GROUPS = {"ep": ep_group, "etp": etp_group, "edp": expert_data_group}
+"""MoE's axes (`sim.search.passes._axis`): the expert grid's groups of a rank."""
 
 
 def _holding(peak: int) -> list[Action]:

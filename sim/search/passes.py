@@ -24,24 +24,19 @@ A reduced plan has ~100 ops per rank and is built once per `PassKey`.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from traces.expert_grid import ep_group, etp_group, expert_data_degree, expert_data_group
+from traces.kernel_groups import STEP_KERNELS
 from traces.layout import Axis, Layout, Recompute, Schedule
 from traces.model import ModelSpec
 from traces.ops import Op, OpKind, Phase, Stream
 from traces.plan import build
 from traces.plan.data import gradient_buckets as plan_gradient_buckets
 from traces.plan.nodes import RankContext
-from traces.purpose import (
-    STEP_KERNELS,
-    CpRing,
-    EmbeddingGrads,
-    GradBucket,
-    GradStat,
-    KernelRun,
-    ParamGather,
-)
+from traces.purpose import CpRing, EmbeddingGrads, GradBucket, GradStat, KernelRun, ParamGather
 
 COMM_STREAMS = (Stream.ZERO_AG, Stream.ZERO_RS, Stream.DP)
 
@@ -66,6 +61,9 @@ class PassKey:
     embedding's gradients are all-reduced between them."""
     cp: int = 1
     cp_comm: str = "p2p"
+    ep: int = 1
+    etp: int = 1
+    expert_dp: bool = False
 
     @staticmethod
     def of(layout: Layout) -> PassKey:
@@ -73,6 +71,8 @@ class PassKey:
                        recompute=layout.recompute,
                        zero=layout.zero if layout.data_degree > 1 else 0,
                        has_dp=layout.data_degree > 1, cp=layout.cp, cp_comm=str(layout.cp_comm),
+                       ep=layout.ep, etp=layout.etp,
+                       expert_dp=layout.ep * layout.etp > 1 and expert_data_degree(layout) > 1,
                        fp32_main_grads=layout.fp32_main_grads,
                        overlap_grad_reduce=layout.overlap_grad_reduce,
                        tp_comm_overlap=layout.tp_comm_overlap and layout.sp,
@@ -138,6 +138,10 @@ def reduced_layout(layout: Layout) -> Layout:
     """The layout of the reduced plan: at most two stages of one layer, two replicas, two
     micro-batches (the second is the last, where ZeRO 0/1 reduce their buckets)."""
     pp, dp = min(layout.pp, 2), min(layout.dp, 2)
+    if layout.ep * layout.etp > 1:  # the expert grid still folds over tp·cp·dp, with an
+        # expert-DP group of 2 where the layout has one
+        need = layout.ep * layout.etp * (2 if expert_data_degree(layout) > 1 else 1)
+        dp = max(dp, need // math.gcd(need, layout.tp * layout.cp))
     return dataclasses.replace(layout, pp=pp, dp=dp, vp=1, schedule=Schedule.ONE_F_ONE_B,
                                global_batch=2 * layout.micro_batch * dp)
 
@@ -145,7 +149,8 @@ def reduced_layout(layout: Layout) -> Layout:
 def pass_ops(model: ModelSpec, layout: Layout) -> PassOps:
     """Build the reduced plan of `layout` and sort its ops (see the module docstring)."""
     small = reduced_layout(layout)
-    reduced_model = dataclasses.replace(model, layers=small.pp)
+    # one layer a stage; an MoE model's is an MoE layer (they are most of its layers)
+    reduced_model = dataclasses.replace(model, layers=small.pp, dense_layers=0)
     ranks = [small.rank(pp=p) for p in range(small.pp)]
     plan = build(reduced_model, small, ranks=ranks)
     receiving = _after_receive(plan.ops[ranks[-1]])
@@ -267,5 +272,8 @@ def _axis(small: Layout, rank: int, op: Op) -> str:
             return axis
     if op.group == small.data_group(rank):  # gradients and ZeRO over DP x CP
         return "dp"
+    for name, group in (("ep", ep_group), ("etp", etp_group), ("edp", expert_data_group)):
+        if op.group == group(small, rank):  # MoE's all-to-alls, ETP, expert gradients
+            return name
     assert op.group == small.embedding_group(rank), f"{op.name} on {op.group}"
     return "embedding"

@@ -12,8 +12,10 @@ A candidate is one value per searched key; `dp` is never searched: it is what is
 GPUs, world / (tp·cp·pp) (or the value fixed in [parallel]). Candidates are enumerated in a fixed
 order (keys as in SEARCH_KEYS, values as listed), so every run sees the same list.
 
-Defaults (`default_values`): tp in powers of two up to a node, cp 1 and, for sequences of 8K
-tokens or more, the powers of two up to a node that leave each rank at least 4K tokens
+Defaults (`default_values`): tp in powers of two up to a node, for an MoE model ep in the
+powers of two that divide its experts and etp 1 (a dense model searches neither), cp 1
+and, for sequences of 8K tokens or more, the powers of two up to a node that leave each rank
+at least 4K tokens
 (`CP_MIN_TOKENS`: context parallelism pays for its K/V exchange only on long sequences, where
 Llama 3 and Megatron-LM's long-context recipes use it), pp the divisors of the layer count,
 vp 1, 2 and 4, micro-batches 1, 2, 4 and 8, ZeRO 0-3, SP off and on, every recomputation mode,
@@ -50,7 +52,8 @@ from traces.layout import (
 from traces.layout_rules import check_layout
 from traces.model import ModelSpec
 
-SEARCH_KEYS = ("tp", "cp", "pp", "vp", "micro_batch", "zero", "sp", "recompute", "schedule")
+SEARCH_KEYS = ("tp", "cp", "pp", "vp", "micro_batch", "zero", "sp", "recompute", "schedule",
+               "ep", "etp")
 """The keys a [search] table may list, in the order candidates are enumerated."""
 CP_MIN_TOKENS = 4096
 """The fewest tokens per CP rank a default search gives context parallelism (module docstring)."""
@@ -112,7 +115,7 @@ def read_space(search: object, parallel: object, *, model: ModelSpec, world: int
     for key in SEARCH_KEYS:
         if key in table:
             values[key] = _candidates(table.table[key], key)
-        elif key not in fixed:
+        elif key not in fixed and key in defaults:
             values[key] = defaults[key]
     space = Space(fixed=dict(fixed.table), values=values, world=world)
     if space.size > MAX_CANDIDATES:
@@ -135,6 +138,10 @@ def default_values(model: ModelSpec, devices_per_server: int) -> dict[str, tuple
         "sp": (False, True),
         "recompute": tuple(str(r) for r in Recompute),
         "schedule": (str(Schedule.ONE_F_ONE_B), str(Schedule.INTERLEAVED)),
+        # An MoE model's expert parallelism: powers of two dividing the experts (the layout's
+        # rules prune those that do not divide tp·cp·dp); ETP 1 (Megatron-Core's default).
+        **({"ep": tuple(2**k for k in range(model.experts.bit_length())
+                        if model.experts % 2**k == 0), "etp": (1,)} if model.experts else {}),
     }
 
 
@@ -147,7 +154,7 @@ def _candidates(value: object, key: str) -> tuple[Any, ...]:
     out: list[int | bool | str] = []
     for i, item in enumerate(value):
         where = f"{name}[{i}]"
-        if key in ("tp", "cp", "pp"):
+        if key in ("tp", "cp", "pp", "ep", "etp"):
             out.append(check_int(item, where, minimum=1, maximum=MAX_ACCELERATORS))
         elif key == "vp":
             out.append(check_int(item, where, minimum=1, maximum=MAX_VIRTUAL_STAGES))
@@ -197,6 +204,8 @@ def describe(layout: Layout) -> str:
         parts.append(str(layout.cp_comm))
     if layout.vp > 1:
         parts.append(f"vp{layout.vp}")
+    if layout.ep > 1 or layout.etp > 1:
+        parts += [f"ep{layout.ep}", *([f"etp{layout.etp}"] if layout.etp > 1 else [])]
     parts += [f"mb{layout.micro_batch}", f"z{layout.zero}"]
     if layout.sp:
         parts.append("sp")

@@ -41,7 +41,7 @@ from typing import Any
 
 from sim.config import experiment_from_dict
 from sim.simulate import predict
-from traces.model import megatron_step_flops
+from traces.step_flops import megatron_step_flops
 
 NARAYANAN = "Narayanan et al. 2021, Table 1"
 KORTHIKANTI = "Korthikanti et al. 2022, Table 5"

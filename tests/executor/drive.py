@@ -10,20 +10,12 @@ from __future__ import annotations
 from executor.comm import Handle
 from executor.params import EMBED, HEAD, layer_unit
 from executor.runtime import RankRuntime
+from traces.kernel_groups import CORE_KERNELS, FIRST_STAGE, LAST_STAGE, STEP_KERNELS, layer_kernels
 from traces.layout import Axis, Recompute
 from traces.ops import Phase, Stream
 from traces.plan.optimizer import grad_stats_group
 from traces.plan.tensor import tp_sites
-from traces.purpose import (
-    CORE_KERNELS,
-    FIRST_STAGE,
-    LAST_STAGE,
-    STEP_KERNELS,
-    Kernel,
-    Stat,
-    StepStat,
-    layer_kernels,
-)
+from traces.purpose import Kernel, Stat, StepStat
 
 CORE = CORE_KERNELS
 

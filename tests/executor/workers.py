@@ -26,11 +26,12 @@ from executor.recorder import DONE, H_OFFSET, Recorder, measure_clocks, new_buff
 from executor.runtime import RankRuntime
 from tests.executor.drive import Step, _kernels
 from traces.chrome import event_name
+from traces.kernel_groups import layer_kernels
 from traces.layout import Layout
 from traces.model import ModelSpec
 from traces.ops import Op, OpKind, Phase, Trace
 from traces.plan import build
-from traces.purpose import Stat, Unit, layer_kernels
+from traces.purpose import Stat, Unit
 
 SMALL = dict(layers=2, hidden=32, heads=4, seq_len=16, vocab=64, dtype="fp32")
 LLAMA = dict(kv_heads=2, ffn="swiglu", ffn_hidden=48, norm="rmsnorm", position="rope",

@@ -15,10 +15,11 @@ from traces.kernels import (
     step_kernel_bytes,
 )
 from traces.layout import Layout
-from traces.model import ModelSpec, megatron_step_flops
+from traces.model import ModelSpec
 from traces.ops import OpKind, Phase
 from traces.plan import build
 from traces.purpose import GradStat, Kernel, StepStat
+from traces.step_flops import megatron_step_flops
 
 # b = 2, s = 32, h = 64, a = 4, f = 256, V = 128, bf16.
 FLASH = ModelSpec(layers=2, hidden=64, heads=4, seq_len=32, vocab=128)

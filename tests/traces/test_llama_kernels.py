@@ -13,8 +13,9 @@ from traces.errors import ConfigError
 from traces.kernels import embedding_kernels, layer_kernels
 from traces.layout import Layout
 from traces.layout_rules import check_layout
-from traces.model import ModelSpec, megatron_num_flops, megatron_step_flops, model_flops
+from traces.model import ModelSpec
 from traces.purpose import Kernel as K
+from traces.step_flops import megatron_num_flops, megatron_step_flops, model_flops
 
 B, E = 2, 2  # micro-batch, bf16 bytes
 H, A, S, F, V, D = 64, 4, 32, 96, 128, 16  # hidden, heads, seq, SwiGLU width, vocab, head dim

@@ -12,8 +12,9 @@ from traces.header import TraceMeta
 from traces.header_json import meta_from_json, meta_to_json
 from traces.io import VERSION
 from traces.kernels import layer_kernels
-from traces.model import ModelSpec, megatron_num_flops, model_flops
+from traces.model import ModelSpec
 from traces.purpose import Kernel as K
+from traces.step_flops import megatron_num_flops, model_flops
 
 # A small MLA model: h 64, a 4, q_r 32, k_r 16, d 16, r 8, d_v 12.
 H, A, QR, KR, D, R, DV, S, F = 64, 4, 32, 16, 16, 8, 12, 32, 96

@@ -6,7 +6,8 @@ from hypothesis import strategies as st
 
 from traces.errors import ConfigError
 from traces.layout import Layout
-from traces.model import ModelSpec, megatron_step_flops, model_flops, recompute_flops
+from traces.model import ModelSpec
+from traces.step_flops import megatron_step_flops, model_flops, recompute_flops
 
 GPT3 = ModelSpec(layers=96, hidden=12288, heads=96, seq_len=2048, vocab=51200)
 

@@ -12,22 +12,14 @@ import pytest
 from traces import io
 from traces.bench import BenchSpec, bench_plan, probe_grid
 from traces.errors import ConfigError
+from traces.kernel_groups import FIRST_STAGE, LAST_STAGE
+from traces.kernel_groups import layer_kernels as kernel_order
 from traces.kernels import embedding_kernels, head_kernels, layer_kernels
 from traces.layout import Layout
 from traces.model import ModelSpec
 from traces.ops import OpKind, Trace
 from traces.plan import build
-from traces.purpose import (
-    FIRST_STAGE,
-    LAST_STAGE,
-    PURPOSES,
-    Bench,
-    GemmChunk,
-    Kernel,
-    KernelRun,
-    Purpose,
-)
-from traces.purpose import layer_kernels as kernel_order
+from traces.purpose import PURPOSES, Bench, GemmChunk, Kernel, KernelRun, Purpose
 from traces.purpose_io import TYPES, decode, encode
 
 MODEL = ModelSpec(layers=4, hidden=64, heads=4, seq_len=32, vocab=128)
@@ -52,7 +44,11 @@ LAYOUTS = {
                             tp_comm_overlap=True),
     "zero2 param gather overlap": dict(dp=2, zero=2, bucket_bytes=40_000, global_batch=4,
                                        overlap_param_gather=True),
+    "moe ep etp": dict(tp=2, sp=True, dp=2, ep=2, etp=2, global_batch=4),
+    "moe ep zero1": dict(tp=2, sp=True, dp=2, ep=2, zero=1, global_batch=4),
 }
+MOE = dict(ffn="swiglu", ffn_hidden=96, experts=4, top_k=2, moe_ffn_hidden=32,
+           shared_experts=1, dense_layers=1)
 LLAMA = dict(kv_heads=2, ffn="swiglu", ffn_hidden=96, norm="rmsnorm", position="rope",
              bias=False)
 OVERLAPS = {"tp comm overlap", "zero2 param gather overlap"}
@@ -68,6 +64,8 @@ def _plan(name: str) -> Trace:
         model = dataclasses.replace(MODEL, attention="unfused")
     if name == "llama fp8":
         model = dataclasses.replace(MODEL, **LLAMA, dtype="fp8")
+    if name.startswith("moe"):
+        model = dataclasses.replace(MODEL, **MOE)
     return build(model, Layout(**LAYOUTS[name]))
 
 
@@ -124,9 +122,10 @@ def test_a_version_3_file_keeps_every_purpose(name):
 
 
 # Version-2 files predate FP8 (their writer refused dtype "fp8": no amax reduction to recover),
-# CP (no v2 had it) and the overlaps.
+# CP and MoE (no v2 had them) and the overlaps.
 @pytest.mark.parametrize("name", sorted(n for n in set(LAYOUTS) - OVERLAPS
-                                        if n != "llama fp8" and "cp" not in n))
+                                        if n != "llama fp8" and "cp" not in n
+                                        and "moe" not in n))
 def test_a_version_2_file_loads_with_the_purposes_of_a_freshly_built_plan(name):
     plan = _plan(name)
     old = io.from_json(_as_version_2(plan))

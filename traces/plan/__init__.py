@@ -9,9 +9,11 @@ small passes, each a function over the list of ops being built (`traces.plan.nod
 
     compute.lower_compute          actions -> compute ops (embedding, layers, output layer)
     tensor.add_tensor_parallel     TP / SP collectives around attention and the MLP
+    experts.add_expert_parallel    MoE: the EP all-to-alls (and ETP collectives) per layer
     context.add_context_parallel   CP: the attention core's K/V ring (or all-gather)
     p2p.add_pipeline_p2p           sends and receives between pipeline stages
     data.add_data_parallel         gradient buckets (DDP, ZeRO-1/2), ZeRO-3 gathers and scatters
+    experts.add_expert_grads       MoE: routed experts' gradients over expert-DP
     optimizer.add_optimizer        tied-embedding all-reduce, optimizer step, ZeRO-1/2 gathers
     fp8.add_fp8                    FP8: amax reductions (delayed scaling), the weights' cast
 
@@ -41,6 +43,7 @@ from traces.plan.budget import OpBudget, OverBudget
 from traces.plan.compute import count_compute, lower_compute
 from traces.plan.context import add_context_parallel
 from traces.plan.data import add_data_parallel
+from traces.plan.experts import add_expert_grads, add_expert_parallel
 from traces.plan.fp8 import add_fp8
 from traces.plan.nodes import Program, RankContext, finalize
 from traces.plan.optimizer import add_optimizer
@@ -148,9 +151,11 @@ def lower_rank(model: ModelSpec, layout: Layout, rank: int, actions: list[Action
     nodes = lower_compute(ctx, actions)  # spends its ops before building them
     size = _size(nodes)
     for add in (lambda p: add_tensor_parallel(ctx, p),
+                lambda p: add_expert_parallel(ctx, p),
                 lambda p: add_context_parallel(ctx, p),
                 lambda p: add_pipeline_p2p(ctx, actions, p),
                 lambda p: add_data_parallel(ctx, actions, p),
+                lambda p: add_expert_grads(ctx, actions, p),
                 lambda p: add_optimizer(ctx, p),
                 lambda p: add_fp8(ctx, actions, p)):
         nodes = add(nodes)

@@ -14,12 +14,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from traces.kernels import KernelWork, embedding_kernels, head_kernels, layer_kernels
+from traces.expert_grid import ep_coord
+from traces.kernel_groups import ATTENTION_CORE
+from traces.kernels import KernelWork, embedding_kernels, head_kernels
 from traces.layout import Recompute
+from traces.moe import ExpertShard, moe_layer_kernels
+from traces.moe_spec import is_moe_layer
 from traces.ops import Op, OpKind, Phase, Stream
 from traces.pipeline import Action
 from traces.plan.nodes import Node, Program, RankContext
-from traces.purpose import ATTENTION_CORE, EMBED, HEAD, Kernel, KernelRun, Unit
+from traces.purpose import EMBED, HEAD, Kernel, KernelRun, Unit
 
 
 def lower_compute(ctx: RankContext, actions: list[Action]) -> Program:
@@ -54,32 +58,39 @@ class _StageKernels:
         b, t, sp = layout.micro_batch, layout.tp, layout.sp
         g = ctx.grad_bytes
         self.ctx = ctx
-        layer = layer_kernels(model, b, t, sp, g)
         embed = embedding_kernels(model, b, t, sp, g)
         head = head_kernels(model, b, t, sp, g)
-        self.layer_forward = _fields(_run(layer, Phase.FWD))
-        self.layer_backward = _fields(_layer_backward(layer, layout.recompute,
-                                                      ATTENTION_CORE[model.attention]))
+        # One kernel list per distinct kind of layer: dense, MoE (per layer with skewed routing).
+        self.runs: dict[object, tuple[list[dict[str, Any]], list[dict[str, Any]]]] = {}
+        self.keys: dict[int, object] = {}
+        shard = ExpertShard(ep=layout.ep, etp=layout.etp, ep_rank=ep_coord(layout, ctx.rank))
+        for stage in layout.stages_of_rank(ctx.pp_rank):
+            for index in layout.layers_of_stage(model, stage):
+                moe = is_moe_layer(model, index)
+                key = self.keys[index] = (moe, index if moe and model.routing_skew else None)
+                if key not in self.runs:
+                    layer = moe_layer_kernels(model, b, t, sp, index, shard, g)
+                    self.runs[key] = (_fields(_run(layer, Phase.FWD)), _fields(_layer_backward(
+                        layer, layout.recompute, ATTENTION_CORE[model.attention])))
         self.embed_forward = _fields(_run(embed, Phase.FWD))
         self.embed_backward = _fields(_run(embed[::-1], Phase.BWD))
         self.head_forward = _fields(_run(head, Phase.FWD))
         self.head_backward = _fields(_run(head[::-1], Phase.BWD))
         # The layer units of each virtual stage, made once (a plan has ~10^6 actions' worth).
-        self.layers = {stage: tuple(Unit.of_layer(layer)
-                                    for layer in layout.layers_of_stage(model, stage))
+        self.layers = {stage: _by_kind(layout.layers_of_stage(model, stage), self.keys)
                        for stage in layout.stages_of_rank(ctx.pp_rank)}
 
     def segments(self, action: Action) -> list[Segment]:
         """What `action` runs, in order: forward — the embedding on the first stage, the
         layers, the output layer on the last; backward — the same in reverse."""
-        layers = self.layers[action.stage]
+        runs = self.layers[action.stage]
         first, last = action.stage == 0, action.stage == self.ctx.last_stage
         if action.kind == "F":
             return [*([(self.embed_forward, (EMBED,))] if first else []),
-                    (self.layer_forward, layers),
+                    *((self.runs[key][0], units) for key, units in runs),
                     *([(self.head_forward, (HEAD,))] if last else [])]
         return [*([(self.head_backward, (HEAD,))] if last else []),
-                (self.layer_backward, layers[::-1]),
+                *((self.runs[key][1], units[::-1]) for key, units in runs[::-1]),
                 *([(self.embed_backward, (EMBED,))] if first else [])]
 
     def count(self, action: Action) -> int:
@@ -95,6 +106,17 @@ class _StageKernels:
 
 
 Run = list[tuple[KernelWork, Phase]]
+
+
+def _by_kind(layers: range, keys: dict[int, object]) -> list[tuple[object, tuple[Unit, ...]]]:
+    """Consecutive layers with the same kernels, as (their kind, their units)."""
+    out: list[tuple[object, tuple[Unit, ...]]] = []
+    for index in layers:
+        if out and out[-1][0] == keys[index]:
+            out[-1] = (keys[index], (*out[-1][1], Unit.of_layer(index)))
+        else:
+            out.append((keys[index], (Unit.of_layer(index),)))
+    return out
 
 
 def _run(kernels: list[KernelWork], phase: Phase) -> Run:

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from traces import mla
 from traces.layout import Axis, Layout
 from traces.model import ModelSpec
+from traces.moe_spec import expert_params as moe_expert_params
+from traces.moe_spec import is_moe_layer
 from traces.ops import Op, Stream
 from traces.plan.budget import OpBudget
 from traces.purpose import Part, Unit
@@ -87,13 +89,26 @@ class RankContext:
         return self.layout.rank_of(coords.moved(Axis.PP, stage % self.layout.pp))
 
     def unit_params(self, unit: Unit) -> float:
-        """Parameters of one unit held by this rank (per TP rank, before ZeRO sharding)."""
+        """Parameters of one unit held by this rank (per TP rank, before ZeRO sharding), but an
+        MoE layer's routed experts (`expert_params`)."""
         if unit.part is Part.EMBED:
             return self.model.embedding_params(self.layout.tp)
         if unit.part is Part.HEAD:
             return self.model.head_params_on_stages(
                 self.layout.stages_of_rank(self.pp_rank), self.layout.tp)
+        if self.model.experts and unit.layer is not None:  # the experts' own: `expert_params`
+            layout = self.layout
+            return self.model.layer_params(layout.tp, unit.layer, layout.ep, layout.etp) - \
+                self.expert_params(unit.layer)
         return self.model.layer_params(self.layout.tp)
+
+    def expert_params(self, layer: int) -> float:
+        """The routed experts' parameters of `layer` on this rank (0 for a dense layer): E/EP
+        experts split by ETP; reduced over the expert-data-parallel group."""
+        if not is_moe_layer(self.model, layer):
+            return 0.0
+        m, layout = self.model, self.layout
+        return m.experts / layout.ep * moe_expert_params(m) / layout.etp
 
     def replicated_params(self, unit: Unit) -> float:
         """Parameters of one unit that every TP rank holds in full: a layer's two norms and

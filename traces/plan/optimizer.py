@@ -26,6 +26,7 @@ overlap_param_gather, at the start of the step instead, beside the forward
 
 from __future__ import annotations
 
+from traces.expert_grid import expert_data_degree
 from traces.kernels import step_kernel_bytes
 from traces.layout import Layout
 from traces.ops import Op, OpKind, Phase, Stream
@@ -65,8 +66,15 @@ def add_optimizer(ctx: RankContext, program: Program) -> Program:
     waits = [n for n in (_last(nodes + out, Stream.DP), _last(nodes, Stream.ZERO_RS)) if n]
     waits += [n for n in (actions[-1] if actions else []) if n.op.kind is OpKind.SEND]
     shard = layout.data_degree if layout.zero >= 1 else 1
+    layers = [layer for stage in layout.stages_of_rank(ctx.pp_rank)
+              for layer in layout.layers_of_stage(model, stage)]
     params = model.params_on_stages(layout.stages_of_rank(ctx.pp_rank), layout.num_stages,
-                                     layout.tp, layout.layers_of_rank(model, ctx.pp_rank))
+                                     layout.tp, layout.layers_of_rank(model, ctx.pp_rank),
+                                     layers=layers, ep=layout.ep, etp=layout.etp)
+    if model.experts:  # the routed experts' states shard over the expert-DP group
+        experts = sum(ctx.expert_params(layer) for layer in layers)
+        expert_shard = expert_data_degree(layout) if layout.zero >= 1 else 1
+        params = (params - experts) + experts * shard / expert_shard
     group = grad_stats_group(layout, ctx.rank)
     after = waits
     for kernel, per_param in step_kernel_bytes(model.data_dtype, ctx.grad_bytes):

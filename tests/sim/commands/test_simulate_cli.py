@@ -12,7 +12,8 @@ from sim.report import read_payload
 from tests.sim.report.report_cases import typed
 from traces.chrome import to_chrome
 from traces.io import load
-from traces.model import ModelSpec, megatron_step_flops
+from traces.model import ModelSpec
+from traces.step_flops import megatron_step_flops
 
 SMALL = """
 [model]

@@ -99,7 +99,7 @@ def test_kendall_tau_closed_forms_and_scipy():
 
 BAD_SEARCH = [
     ("foo = [1]", r"search\.foo: unknown key \(known: tp, cp, pp, vp, micro_batch, zero, sp, "
-                  r"recompute, schedule\)"),
+                  r"recompute, schedule, ep, etp\)"),
     ("tp = []", r"search\.tp: \[\] must be a non-empty list of candidate values"),
     ("tp = 8", r"search\.tp: 8 must be a non-empty list of candidate values"),
     ('tp = ["8"]', r"search\.tp\[0\]: '8' must be an integer"),

@@ -9,10 +9,11 @@ import pytest
 from sim.collectives.base import busbw_factor
 from traces.layout import Axis, Layout
 from traces.layout_rules import check_layout
-from traces.model import ModelSpec, megatron_step_flops
+from traces.model import ModelSpec
 from traces.ops import OpKind, Phase
 from traces.plan import build, plan_size
 from traces.purpose import GradStat
+from traces.step_flops import megatron_step_flops
 
 MODEL = ModelSpec(layers=8, hidden=256, heads=8, seq_len=128, vocab=1024)
 

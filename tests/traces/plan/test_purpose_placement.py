@@ -6,11 +6,11 @@ from __future__ import annotations
 import dataclasses
 
 from tests.traces.test_purpose import LAYOUTS, MODEL, _plan
+from traces.kernel_groups import STEP_KERNELS
 from traces.layout import Axis, Layout
 from traces.ops import Op, OpKind, Phase, Stream
 from traces.plan.tensor import tp_sites
 from traces.purpose import (
-    STEP_KERNELS,
     CrossEntropyStat,
     EmbeddingGrads,
     GradBucket,

@@ -1,0 +1,75 @@
+"""An MoE model's memory beyond the dense model's: experts sharded by EP, routing buffers.
+
+    expert_params_on_rank   the routed experts a GPU of pipeline rank p holds: per MoE layer
+                            E/EP experts, each split by ETP (`traces.moe_spec.expert_params`);
+                            their optimizer states shard over the expert-data-parallel group
+                            (TP·CP·DP / (ETP·EP) ranks), not the whole DP group
+    moe_activation_delta    stored activations of an MoE layer minus the dense layer's, for one
+                            micro-batch, on the busiest EP rank (skewed routing): the dense MLP's
+                            term (6f/h·sbh for SwiGLU, 16·sbh for GeLU, split by TP) goes; in
+                            come the shared experts as a SwiGLU (GeLU) MLP of width S·f_moe
+                            (6·S·f_moe/h, split by TP), and per routed token the expert's fc1
+                            input h, its activation input (2f or f) and fc2 input f over ETP:
+                            R·(h + 3f/etp)·e for SwiGLU (R·(h + 2f/etp)·e GeLU); the permutation
+                            buffers: the combined expert outputs A·h·e that unpermute's
+                            backward reads, the router's fp32 scores T·E·4 and the 1-byte
+                            routing map T·E (A kept assignments of the rank's T tokens, R the
+                            tokens its experts process, `traces.moe`)
+"""
+
+from __future__ import annotations
+
+from traces.expert_grid import expert_data_degree
+from traces.layout import Layout, Recompute
+from traces.model import ModelSpec
+from traces.moe import ExpertShard, local_expert_tokens, rank_tokens
+from traces.moe_spec import expert_counts, expert_params, is_moe_layer
+
+GELU_MLP_TERM = 16  # as sim.models.memory's
+
+
+def rank_layers(model: ModelSpec, layout: Layout, pp_rank: int) -> list[int]:
+    """The layer indices pipeline rank `pp_rank` holds over all its chunks."""
+    return [layer for stage in layout.stages_of_rank(pp_rank)
+            for layer in layout.layers_of_stage(model, stage)]
+
+
+def expert_params_on_rank(model: ModelSpec, layout: Layout, pp_rank: int) -> float:
+    moe = sum(is_moe_layer(model, layer) for layer in rank_layers(model, layout, pp_rank))
+    return moe * model.experts / layout.ep * expert_params(model) / layout.etp
+
+
+def expert_shards(layout: Layout) -> int:
+    """Ranks over which ZeRO shards the experts' states: the expert-data-parallel group."""
+    return expert_data_degree(layout)
+
+
+def moe_activation_delta(model: ModelSpec, layout: Layout, layer: int) -> float:
+    """Module docstring; 0 for a dense layer, and under full recomputation (only the layer's
+    input is kept, as for a dense layer)."""
+    if not is_moe_layer(model, layer) or layout.recompute is Recompute.FULL:
+        return 0.0
+    b, t, e, h = layout.micro_batch, layout.tp, model.dtype_bytes, model.hidden
+    s = model.seq_len // layout.cp
+    sbh = s * b * h
+    swiglu = model.ffn == "swiglu"
+    dense = 6 * model.ffn_hidden / h if swiglu else GELU_MLP_TERM
+    f_shared = model.shared_experts * model.moe_ffn_hidden
+    shared = (6 if swiglu else 4) * f_shared / h
+    local = model.seq_len // layout.cp
+    shaped = model if layout.cp == 1 else _with_seq(model, local)
+    tokens = rank_tokens(shaped, b, t)
+    kept = sum(expert_counts(model, layer, tokens))
+    f = model.moe_ffn_hidden / layout.etp
+    per_token = h + (3 if swiglu else 2) * f
+    received = max(sum(local_expert_tokens(model, layer, tokens,
+                                           ExpertShard(ep=layout.ep, etp=layout.etp,
+                                                       ep_rank=r)))
+                   for r in range(layout.ep))
+    routed = received * per_token * e + kept * h * e + tokens * model.experts * (4 + 1)
+    return sbh * (shared - dense) / t + routed
+
+
+def _with_seq(model: ModelSpec, seq_len: int) -> ModelSpec:
+    import dataclasses
+    return dataclasses.replace(model, seq_len=seq_len)

@@ -1,0 +1,112 @@
+"""Expert parallelism on Megatron-Core's parallel folding: the experts' own grid of ranks.
+
+Attention keeps its TP·CP·DP grid; the experts fold over the same n = TP·CP·DP ranks of each
+pipeline stage in a grid of their own, ordered ETP fastest, then EP, then expert-DP
+(Megatron-Core's RankGenerator with order "tp-ep-dp-pp" and tp = etp). A rank's index in its
+stage, i = tp + TP·(cp + CP·dp), gives
+
+    etp coordinate  i mod ETP
+    ep coordinate   (i div ETP) mod EP
+    edp coordinate  i div (ETP·EP)            over n / (ETP·EP) expert-data-parallel ranks
+
+so ETP·EP must divide n, and at ETP 1 an EP group is EP consecutive ranks (at TP 2, EP 64 spans
+8 nodes of 8 GPUs, not 16). Expert gradients are reduced over the expert-DP group, dense ones
+over the whole DP (x CP) group.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from traces.errors import ConfigError
+from traces.fields import MAX_ACCELERATORS, check_int
+from traces.model import ModelSpec
+
+
+class Layout(Protocol):
+    """The degrees of `traces.layout.Layout` the grid reads (it imports this module)."""
+
+    @property
+    def tp(self) -> int: ...
+    @property
+    def cp(self) -> int: ...
+    @property
+    def dp(self) -> int: ...
+    @property
+    def ep(self) -> int: ...
+    @property
+    def etp(self) -> int: ...
+    @property
+    def sp(self) -> bool: ...
+    @property
+    def zero(self) -> int: ...
+
+
+def check_expert_grid(layout: Layout) -> None:
+    """ep and etp are positive and ETP·EP divides each stage's TP·CP·DP ranks."""
+    for name in ("ep", "etp"):
+        check_int(getattr(layout, name), f"parallel.{name}", minimum=1,
+                  maximum=MAX_ACCELERATORS)
+    n = layout.tp * layout.cp * layout.dp
+    if n % (layout.ep * layout.etp):
+        raise ConfigError(f"parallel.ep: etp {layout.etp} x ep {layout.ep} = "
+                          f"{layout.etp * layout.ep} does not divide tp x cp x dp = {n}, the "
+                          "ranks of a stage the experts fold over")
+
+
+def check_experts(model: ModelSpec, layout: Layout) -> None:
+    """The rules that tie the expert grid to the model."""
+    if not model.experts:
+        if layout.ep > 1 or layout.etp > 1:
+            raise ConfigError(f"parallel.ep: ep {layout.ep}, etp {layout.etp} need "
+                              "model.experts > 0")
+        return
+    if model.experts % layout.ep:
+        raise ConfigError(f"parallel.ep: {layout.ep} does not divide model.experts = "
+                          f"{model.experts}")
+    if model.moe_ffn_hidden % layout.etp:
+        raise ConfigError(f"parallel.etp: {layout.etp} does not divide model.moe_ffn_hidden "
+                          f"= {model.moe_ffn_hidden}")
+    if layout.zero == 3:
+        raise ConfigError("parallel.zero: 3 (FSDP) with model.experts is not modelled (use "
+                          "ZeRO 1, DeepSeek-V3's distributed optimizer, or 2)")
+    if layout.tp > 1 and not layout.sp:
+        raise ConfigError(f"parallel.sp: an MoE model at tp {layout.tp} needs sp = true "
+                          "(Megatron-Core requires sequence parallelism with MoE and TP)")
+
+
+def stage_index(layout: Layout, rank: int) -> int:
+    """The rank's index among its stage's TP·CP·DP ranks."""
+    return rank % (layout.tp * layout.cp * layout.dp)
+
+
+def ep_coord(layout: Layout, rank: int) -> int:
+    return (stage_index(layout, rank) // layout.etp) % layout.ep
+
+
+def _members(layout: Layout, rank: int, stride: int, count: int) -> tuple[int, ...]:
+    """The `count` ranks of the stage that differ from `rank` only in the coordinate whose
+    step in the stage index is `stride`."""
+    i = stage_index(layout, rank)
+    base = rank - i
+    coord = (i // stride) % count
+    first = i - coord * stride
+    return tuple(base + first + k * stride for k in range(count))
+
+
+def ep_group(layout: Layout, rank: int) -> tuple[int, ...]:
+    """The EP group: the all-to-alls' members, in EP order."""
+    return _members(layout, rank, layout.etp, layout.ep)
+
+
+def etp_group(layout: Layout, rank: int) -> tuple[int, ...]:
+    return _members(layout, rank, 1, layout.etp)
+
+
+def expert_data_degree(layout: Layout) -> int:
+    """Ranks that hold the same experts: TP·CP·DP / (ETP·EP)."""
+    return layout.tp * layout.cp * layout.dp // (layout.etp * layout.ep)
+
+
+def expert_data_group(layout: Layout, rank: int) -> tuple[int, ...]:
+    return _members(layout, rank, layout.etp * layout.ep, expert_data_degree(layout))

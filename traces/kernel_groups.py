@@ -1,0 +1,47 @@
+"""The plan's kernels in groups: a layer's in forward order (per attention, FFN and latent
+attention), the attention cores, the embedding's and the output layer's, FP8's and MoE's
+kernels and the end of the step's. The kernels themselves are `traces.purpose.Kernel`."""
+
+from __future__ import annotations
+
+from traces.purpose import Kernel
+
+K = Kernel
+FLASH_CORE = (K.FLASH_ATTN,)
+UNFUSED_CORE = (K.QK, K.SOFTMAX, K.ATTN_DROPOUT, K.AV)
+MOE = (K.ROUTER, K.TOPK, K.AUX_LOSS, K.PERMUTE, K.EXPERT_FC1, K.EXPERT_ACT, K.EXPERT_FC2,
+       K.UNPERMUTE)
+ATTENTION_CORE: dict[str, tuple[Kernel, ...]] = {"flash": FLASH_CORE, "unfused": UNFUSED_CORE}
+"""The attention core per `ModelSpec.attention` (what selective recomputation re-runs)."""
+
+
+FP8_KERNELS = frozenset({K.FP8_CAST, K.FP8_CAST_GRAD, K.FP8_WEIGHT_CAST})
+"""The kernels only an FP8 model runs (the executor runs none: FP8 is GPU-only)."""
+
+
+MLA_PROJECTIONS = (K.MLA_DOWN, K.LATENT_NORM, K.Q_UP, K.KV_UP)
+"""Latent attention's projections in forward order, in place of qkv (`traces.mla`)."""
+
+
+def layer_kernels(attention: str, *, rope: bool = False, ffn: str = "gelu", mla: bool = False
+                  ) -> tuple[Kernel, ...]:
+    """One layer's kernels in forward order (without FP8's casts); `mla` (latent attention,
+    which always has rope) replaces qkv by its projections."""
+    projections = MLA_PROJECTIONS if mla else (K.QKV,)
+    return (K.LN1, *projections, *((K.ROPE,) if rope or mla else ()), *ATTENTION_CORE[attention],
+            K.PROJ, K.BDA1, K.LN2, K.FC1, K.SWIGLU if ffn == "swiglu" else K.GELU, K.FC2,
+            K.BDA2)
+
+
+LAYER_FLASH = layer_kernels("flash")
+LAYER_UNFUSED = layer_kernels("unfused")
+CORE_KERNELS = frozenset(FLASH_CORE + UNFUSED_CORE)
+LAYER_KERNELS = frozenset(LAYER_FLASH + LAYER_UNFUSED + MLA_PROJECTIONS) | {
+    K.ROPE, K.SWIGLU, K.FP8_CAST, K.FP8_CAST_GRAD, *MOE}
+FIRST_STAGE = (K.EMBED, K.POS_EMBED)
+"""The embedding's kernels, forward order (first virtual stage)."""
+LAST_STAGE = (K.FINAL_LN, K.LOGITS, K.CROSS_ENTROPY)
+"""The output layer's kernels, forward order (last virtual stage)."""
+KERNEL_NAMES = tuple(str(k) for k in Kernel)
+STEP_KERNELS = (K.GRAD_UNSCALE, K.GRAD_NORM, K.GRAD_CLIP, K.OPTIMIZER)
+"""The kernels of the end of the step (phase opt), in order; once per step, not per layer."""

@@ -1,0 +1,151 @@
+"""An MoE layer's kernels for one micro-batch on one rank: FLOPs and HBM bytes.
+
+An MoE layer (`traces.moe_spec.is_moe_layer`) is the dense layer's attention and ln2, then, in
+place of fc1, the activation and fc2 (Megatron-Core's MoELayer, all-to-all token dispatcher):
+
+    router      logits of T tokens over E experts: GEMM (1, T, E, h)
+    topk        softmax and top-k: fwd read T·E·e logits, write T·E·4 scores and T·k·8 probs
+                and indices; bwd read T·k·4 dprobs and the scores, write T·E·e dlogits
+    aux_loss    the load-balancing loss Σ_e f_e·P_e: fwd read the T·E·4 scores, bwd write
+                their gradient T·E·4
+    permute     fwd read T·h·e tokens and the T·E·1 routing map, write A·h·e (one row per
+                kept assignment, A = Σ_e counts[e]); bwd read A·h·e, write T·h·e
+    [dispatch all-to-all over the EP group; with ETP > 1 an all-gather over the ETP group]
+    expert_fc1  grouped GEMMs (n, M, f1/etp, h), one op per distinct M: the n local experts
+                that got M = EP·ETP·counts[e] tokens each (tile and wave quantization then
+                follow the tokens per expert: few tokens run far from peak)
+    expert_act  the activation over R·f/etp values, R = Σ_local M (as `mlp_activation`)
+    expert_fc2  grouped GEMMs (n, M, h, f/etp)
+    [with ETP > 1 a reduce-scatter; the combine all-to-all]
+    unpermute   fwd read A·h·e and A·4 probs, write T·h·e; bwd read T·h·e dY and A·h·e,
+                write A·h·e and A·4 dprobs
+    fc1, act, fc2 of the shared experts: a dense MLP of width S·moe_ffn_hidden split by TP
+                (Megatron's SharedExpertMLP, with the dense MLP's SP collectives); none if S = 0
+
+T is the rank's tokens, b·s/t (MoE with TP runs with SP), counts are `expert_counts(model,
+layer, T)`. The router GEMM's 2·T·h·E FLOPs are real work but not model FLOPs (Megatron-LM's
+num_floating_point_operations leaves them out); dropped tokens do no expert work. FP8 runs the
+expert GEMMs at the FP8 rate without their casts' bytes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+
+from traces.kernel_work import KernelWork, gemm_kernel, memory_kernel
+from traces.kernels import layer_kernels
+from traces.layout import Layout
+from traces.model import ModelSpec
+from traces.moe_spec import expert_counts, is_moe_layer
+from traces.purpose import Kernel
+
+K = Kernel
+FP32 = 4
+INDEX_BYTES = 4  # int32 expert indices
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class ExpertShard:
+    """Where a rank sits in the expert grid (`traces.expert_grid`)."""
+
+    ep: int = 1
+    etp: int = 1
+    ep_rank: int = 0
+
+
+def skewed_experts(m: ModelSpec, layout: Layout) -> bool:
+    """Skewed routing over EP > 1: the EP ranks of a stage run different expert work."""
+    return m.experts > 0 and m.routing_skew > 0 and layout.ep > 1
+
+
+def rank_tokens(model: ModelSpec, b: int, t: int) -> int:
+    """T: the tokens one rank routes per micro-batch (the SP shard with TP)."""
+    return b * model.seq_len // t
+
+
+def local_expert_tokens(model: ModelSpec, layer: int, tokens: int, shard: ExpertShard
+                        ) -> tuple[int, ...]:
+    """Tokens each of the rank's E/EP experts processes: every one of the EP·ETP ranks that
+    send to it routes its `tokens` alike, so EP·ETP·counts[e]."""
+    per = model.experts // shard.ep
+    counts = expert_counts(model, layer, tokens)
+    first = shard.ep_rank * per
+    return tuple(shard.ep * shard.etp * c for c in counts[first:first + per])
+
+
+def dispatch_tokens(model: ModelSpec, layer: int, tokens: int, ep: int) -> tuple[int, ...]:
+    """Tokens one rank sends to each EP rank in layer `layer`'s dispatch (and receives back in
+    its combine): the counts of the experts that EP rank holds."""
+    per = model.experts // ep
+    counts = expert_counts(model, layer, tokens)
+    return tuple(sum(counts[d * per:(d + 1) * per]) for d in range(ep))
+
+
+def dispatch_matrix(model: ModelSpec, layer: int, tokens: int, ep: int) -> list[list[float]]:
+    """Bytes EP rank i sends EP rank j in layer `layer`'s dispatch: tokens × h × e (every
+    source routes alike, so the rows are equal)."""
+    row = [n * model.hidden * model.dtype_bytes
+           for n in dispatch_tokens(model, layer, tokens, ep)]
+    return [list(row) for _ in range(ep)]
+
+
+def moe_layer_kernels(model: ModelSpec, b: int, t: int, sp: bool, layer: int,
+                      shard: ExpertShard, grad_bytes: int | None = None) -> list[KernelWork]:
+    """Layer `layer`'s kernels in forward order (module docstring); a dense layer's own
+    `layer_kernels` when it is not an MoE layer."""
+    if not is_moe_layer(model, layer):
+        return layer_kernels(model, b, t, sp, grad_bytes)
+    g = model.dtype_bytes if grad_bytes is None else grad_bytes
+    shared = model.shared_experts * model.moe_ffn_hidden
+    dense = layer_kernels(dataclasses.replace(model, ffn_hidden=shared or model.ffn_hidden),
+                          b, t, sp, grad_bytes)
+    at = next(i for i, k in enumerate(dense) if k.name is K.LN2) + 1
+    mlp = [k for k in dense[at:] if k.name is not K.BDA2]
+    tokens = rank_tokens(model, b, t)
+    routed = routed_kernels(model, layer, tokens, shard, g)
+    return [*dense[:at], *routed, *(mlp if shared else []), dense[-1]]
+
+
+def routed_kernels(model: ModelSpec, layer: int, tokens: int, shard: ExpertShard,
+                   grad_bytes: int) -> list[KernelWork]:
+    """Router to unpermute for one rank's `tokens` (module docstring)."""
+    T, E, k, h, e = tokens, model.experts, model.top_k, model.hidden, model.dtype_bytes
+    kept = sum(expert_counts(model, layer, T))  # A
+    f = model.moe_ffn_hidden // shard.etp
+    f1 = 2 * f if model.ffn == "swiglu" else f
+    local = local_expert_tokens(model, layer, T, shard)
+    received = sum(local)
+    scores = T * E * FP32
+    out = [
+        gemm_kernel(K.ROUTER, (1, T, E, h), e, grad_bytes),
+        memory_kernel(K.TOPK, T * E * e + scores + T * k * (FP32 + INDEX_BYTES),
+                      T * k * FP32 + scores + T * E * e),
+        memory_kernel(K.AUX_LOSS, scores, scores),
+        memory_kernel(K.PERMUTE, T * h * e + T * E + kept * h * e, (kept + T) * h * e),
+        *_grouped(K.EXPERT_FC1, local, f1, h, model, grad_bytes),
+        _expert_activation(model, received, f),
+        *_grouped(K.EXPERT_FC2, local, h, f, model, grad_bytes),
+        memory_kernel(K.UNPERMUTE, kept * (h * e + FP32) + T * h * e,
+                      T * h * e + kept * h * e + kept * (h * e + FP32)),
+    ]
+    return out
+
+
+def _grouped(name: Kernel, local: tuple[int, ...], n: int, k: int, model: ModelSpec,
+             grad_bytes: int) -> list[KernelWork]:
+    """One grouped GEMM (n_experts, M, n, k) per distinct token count M > 0, largest M first."""
+    out = []
+    for m, experts in sorted(Counter(c for c in local if c).items(), reverse=True):
+        work = gemm_kernel(name, (experts, m, n, k), model.dtype_bytes, grad_bytes)
+        out.append(dataclasses.replace(work, fp8=model.fp8))
+    return out
+
+
+def _expert_activation(model: ModelSpec, received: int, f: int) -> KernelWork:
+    """`mlp_activation`'s bytes over n = received·f values: SwiGLU 3ne forward and
+    (5 + 2·bias)ne backward, GeLU 2ne and (3 + bias)ne."""
+    n, e, bias = received * f, model.dtype_bytes, 1 if model.bias else 0
+    if model.ffn == "swiglu":
+        return memory_kernel(K.EXPERT_ACT, 3 * n * e, (5 + 2 * bias) * n * e)
+    return memory_kernel(K.EXPERT_ACT, 2 * n * e, (3 + bias) * n * e)

@@ -1,0 +1,135 @@
+"""Pass 2b: expert parallelism — each MoE layer's dispatch and combine all-to-alls.
+
+On the compute stream (Megatron-Core's MoEAlltoAllTokenDispatcher blocks on them), per MoE
+layer (`traces.moe` lists the kernels):
+
+    forward     permute, dispatch all-to-all, [ETP all-gather], expert_fc1 ... expert_fc2,
+                [ETP reduce-scatter], combine all-to-all, unpermute
+    backward    unpermute, combine's all-to-all of the gradients, [ETP all-gather],
+                expert_fc2 ... expert_fc1, [ETP reduce-scatter], dispatch's all-to-all of
+                the gradients, permute
+
+An all-to-all runs over the rank's EP group (`traces.expert_grid.ep_group`) with the rank's
+whole send buffer, A·h·e bytes for its A kept token assignments (nccl-tests' size: today's
+lowering sends S/n to each peer). Under skewed routing the per-destination sizes are
+`traces.moe.dispatch_matrix`'s; the rows are equal, so every rank's buffer is the same A·h·e and
+the skew shows where it costs most, in the busiest EP rank's expert GEMMs, which the combine
+waits for. The ETP collectives move the R·h·e tokens the rank's experts process.
+
+`add_expert_grads` (after the data pass) reduces the routed experts' gradients over the
+expert-data-parallel group; the data pass reduces the rest of an MoE layer over DP x CP.
+"""
+
+from __future__ import annotations
+
+from traces.expert_grid import ep_coord, ep_group, etp_group, expert_data_group
+from traces.moe import ExpertShard, local_expert_tokens, rank_tokens
+from traces.moe_spec import expert_counts, is_moe_layer
+from traces.ops import Op, OpKind, Phase, Stream
+from traces.pipeline import Action
+from traces.plan.nodes import Node, Program, RankContext
+from traces.purpose import (
+    ExpertAllToAll,
+    ExpertGrads,
+    ExpertTp,
+    Kernel,
+    KernelRun,
+    MoeStep,
+    Purpose,
+)
+
+K = Kernel
+_A2A, _AG, _RS = OpKind.ALL_TO_ALL, OpKind.ALL_GATHER, OpKind.REDUCE_SCATTER
+D, C = MoeStep.DISPATCH, MoeStep.COMBINE
+Exchange = tuple[OpKind, Purpose, bool]
+"""A collective to insert: its kind, its purpose, over the EP (true) or the ETP group."""
+
+# (kernel, backward) -> the exchanges right before and right after it (module docstring)
+_SITES: dict[tuple[Kernel, bool], tuple[tuple[Exchange, ...], tuple[Exchange, ...]]] = {
+    (K.PERMUTE, False): ((), ((_A2A, ExpertAllToAll(D, False), True),
+                              (_AG, ExpertTp(D, False), False))),
+    (K.UNPERMUTE, False): (((_RS, ExpertTp(C, False), False),
+                            (_A2A, ExpertAllToAll(C, False), True)), ()),
+    (K.UNPERMUTE, True): ((), ((_A2A, ExpertAllToAll(C, True), True),
+                               (_AG, ExpertTp(C, True), False))),
+    (K.PERMUTE, True): (((_RS, ExpertTp(D, True), False),
+                         (_A2A, ExpertAllToAll(D, True), True)), ()),
+}
+
+
+def add_expert_parallel(ctx: RankContext, program: Program) -> Program:
+    """Insert the EP all-to-alls (and ETP collectives) around each MoE layer's experts."""
+    layout, model = ctx.layout, ctx.local_model
+    if not model.experts or (layout.ep == 1 and layout.etp == 1):
+        return program
+    groups = {True: ep_group(layout, ctx.rank), False: etp_group(layout, ctx.rank)}
+    shard = ExpertShard(ep=layout.ep, etp=layout.etp, ep_rank=ep_coord(layout, ctx.rank))
+    tokens = rank_tokens(model, layout.micro_batch, layout.tp)
+    row = model.hidden * model.dtype_bytes
+    sizes: dict[int, tuple[float, float]] = {}
+
+    def size(layer: int, ep: bool) -> float:
+        if layer not in sizes:
+            sizes[layer] = (sum(expert_counts(model, layer, tokens)) * row,
+                            sum(local_expert_tokens(model, layer, tokens, shard)) * row)
+        return sizes[layer][0 if ep else 1]
+
+    out: Program = []
+    for nodes in program:
+        step: list[Node] = []
+        for node in nodes:
+            op, purpose = node.op, node.op.purpose
+            found = _SITES.get((purpose.kernel, op.phase is Phase.BWD)) \
+                if isinstance(purpose, KernelRun) and op.layer is not None \
+                and is_moe_layer(model, op.layer) else None
+            if found is None or op.layer is None:
+                step.append(node)
+                continue
+            layer = op.layer
+            before, after = ([_op(node, x, groups[x[2]], size(layer, x[2]), model.data_dtype)
+                              for x in side if len(groups[x[2]]) > 1] for side in found)
+            step += [*before, node, *after]
+        out.append(step)
+    return out
+
+
+def add_expert_grads(ctx: RankContext, actions: list[Action], program: Program) -> Program:
+    """Reduce each MoE layer's routed-expert gradients over the expert-data-parallel group
+    right after the layer's last backward op of the last micro-batch (ZeRO 0: all-reduce;
+    1/2: reduce-scatter), on the DP stream, as Megatron-Core's expert data-parallel
+    gradient buffers do."""
+    layout = ctx.layout
+    group = expert_data_group(layout, ctx.rank)
+    if not ctx.model.experts or len(group) == 1:
+        return program
+    kind = OpKind.ALL_REDUCE if layout.zero == 0 else OpKind.REDUCE_SCATTER
+    out: Program = []
+    for action, nodes in zip(actions, program, strict=False):
+        if action.kind != "B" or action.microbatch != ctx.last_microbatch:
+            out.append(nodes)
+            continue
+        last = {node.op.layer: i for i, node in enumerate(nodes)
+                if node.on_compute and node.op.layer is not None}
+        step: list[Node] = []
+        for i, node in enumerate(nodes):
+            step.append(node)
+            layer = node.op.layer
+            if layer is None or last.get(layer) != i or not is_moe_layer(ctx.model, layer):
+                continue
+            assert node.unit is not None
+            step.append(Node(Op(kind=kind, stream=Stream.DP, name="expert_grads",
+                                purpose=ExpertGrads(node.unit), group=group,
+                                size_bytes=ctx.expert_params(layer) * ctx.grad_bytes,
+                                layer=layer, microbatch=node.op.microbatch, phase=Phase.BWD,
+                                dtype=ctx.grad_dtype), node.unit, [node]))
+        out.append(step)
+    return [*out, *program[len(actions):]]
+
+
+def _op(beside: Node, exchange: Exchange, group: tuple[int, ...], size: float,
+        dtype: str) -> Node:
+    kind, purpose, ep = exchange
+    op = beside.op
+    return Node(Op(kind=kind, stream=Stream.COMPUTE, name="ep" if ep else "etp",
+                   purpose=purpose, group=group, size_bytes=size, layer=op.layer,
+                   microbatch=op.microbatch, phase=op.phase, dtype=dtype), beside.unit)

@@ -1,0 +1,51 @@
+"""A whole step's FLOPs: the kernels' sum (`model_flops`, what MFU counts), what
+recomputation adds, Megatron-LM's `num_floating_point_operations` (an independent path to the
+same count) and the Megatron-LM paper's closed form. The per-layer counts are `ModelSpec`'s."""
+
+from __future__ import annotations
+
+from traces import mla
+from traces.model import ModelSpec
+from traces.moe_spec import num_moe_layers
+
+
+def model_flops(model: ModelSpec, global_batch: int) -> float:
+    """FLOPs of one step without recomputation: forward plus backward (twice forward)."""
+    per_sample = model.layers * model.attn_flops(1) + model.mlps_flops(1) + model.head_flops(1)
+    return 3 * global_batch * per_sample
+
+
+def recompute_flops(model: ModelSpec, global_batch: int, recompute: str) -> float:
+    """Extra forward FLOPs re-run in backward: whole blocks (full) or attention cores
+    (selective); the logits are never recomputed."""
+    if recompute == "full":
+        return global_batch * (model.layers * model.attn_flops(1) + model.mlps_flops(1))
+    if recompute == "selective":
+        return global_batch * model.layers * model.attn_core_flops(1)
+    return 0.0
+
+
+def megatron_num_flops(model: ModelSpec, global_batch: int) -> float:
+    """Megatron-LM's `num_floating_point_operations` (megatron/training/training.py), written
+    as it is there, with GQA (num_query_groups = kv_heads) and SwiGLU (gated multiplier 3/2):
+    an independent path to `model_flops`, which sums the same GEMMs kernel by kernel. Its MLA
+    branch (`traces.mla.megatron_mla_term`) counts the latent norms and a causal core."""
+    B, s, n, h, V = global_batch, model.seq_len, model.layers, model.hidden, model.vocab
+    gated = 3 / 2 if model.ffn == "swiglu" else 1
+    # Its MoE branch: dense layers at ffn_hidden, MoE layers at moe_ffn_hidden x top_k routed
+    # plus the shared experts' width, each weighted by its share of the layers.
+    moe = num_moe_layers(model)
+    ffn = (model.ffn_hidden * (n - moe) + (model.top_k + model.shared_experts)
+           * model.moe_ffn_hidden * moe) / n
+    mlp_logits = 12 * B * s * n * h * h * (ffn / h * gated + V / (2 * n * h))
+    if model.mla:
+        return 6 * B * s * n * mla.megatron_mla_term(model) + mlp_logits
+    return 12 * B * s * n * h * h * (1 + model.kv_heads / model.heads + s / h) + mlp_logits
+
+
+def megatron_step_flops(model: ModelSpec, global_batch: int, full_recompute: bool) -> float:
+    """The Megatron-LM paper's closed form (Narayanan et al., 2021, eq. 3), f = 4h."""
+    B, s, n, h, V = global_batch, model.seq_len, model.layers, model.hidden, model.vocab
+    if full_recompute:
+        return 96 * B * s * n * h * h * (1 + s / (6 * h) + V / (16 * n * h))
+    return 72 * B * s * n * h * h * (1 + s / (6 * h) + V / (12 * n * h))
