@@ -51,6 +51,8 @@ from traces.purpose import Kernel
 VERSION = 2
 KERNEL_NAMES = tuple(str(k) for k in Kernel)
 """The kernels a profile may tune (`traces.purpose.Kernel`)."""
+MAX_MEASURED_RANKS = 1 << 20
+"""The most ranks a profile may say it was measured with (a million: beyond any cluster)."""
 MAX_COMM_INTERFERENCE = 10.0
 """The largest `comm_interference` (kernels 11 times slower beside data) or
 `compute_interference` a profile holds."""
@@ -170,9 +172,16 @@ class Profile:
     """Measured roofs (None: the cluster's accelerator figures stand)."""
     measured_on: str | None = None
     """The accelerator (`Accelerator.name`) a calibrated profile was measured on."""
+    measured_ranks: int | None = None
+    """Ranks of the runs it was fitted to (the most of any trace; None: not recorded, as in
+    profiles of older parasims). `validate` compares it with its run's: ranks sharing a
+    host's cores time links and kernels differently at another count."""
 
     def __post_init__(self) -> None:
         check_line(self.name, "name")
+        if self.measured_ranks is not None:
+            check_int(self.measured_ranks, "measured_ranks", minimum=1,
+                      maximum=MAX_MEASURED_RANKS)
         if self.measured_on is not None:
             check_line(self.measured_on, "measured_on")
         # A class the cluster at hand lacks is no error (a profile measured on servers with
@@ -240,6 +249,8 @@ class Profile:
                                   "hbm_bandwidth_Bps": self.accelerator.hbm_bandwidth_Bps}
         if self.measured_on is not None:
             out["measured_on"] = self.measured_on
+        if self.measured_ranks is not None:
+            out["measured_ranks"] = self.measured_ranks
         return out
 
     def save(self, path: str | Path) -> None:
@@ -270,7 +281,7 @@ def profile_from_json(data: object, source: str = "profile") -> Profile:
     try:
         fields = Fields(data, "profile").known(("schema", "version", "name", "calibrated",
                                                 "compute", "links", "accelerator",
-                                                "measured_on"))
+                                                "measured_on", "measured_ranks"))
         links = fields.sub("links")
         return Profile(name=fields.line("name", str(source)),
                        calibrated=fields.boolean("calibrated", False),
@@ -279,7 +290,10 @@ def profile_from_json(data: object, source: str = "profile") -> Profile:
                        accelerator=_roofs(fields.sub("accelerator"))
                        if "accelerator" in fields else None,
                        measured_on=fields.line("measured_on", "")
-                       if "measured_on" in fields else None)
+                       if "measured_on" in fields else None,
+                       measured_ranks=fields.integer("measured_ranks", 1, minimum=1,
+                                                     maximum=MAX_MEASURED_RANKS)
+                       if "measured_ranks" in fields else None)
     except ConfigError as err:
         raise ConfigError(f"{source}: {err}") from None
 
