@@ -10,7 +10,9 @@ other ranks (SIGTERM, then SIGKILL) and raises `JobFailed`, one line naming the 
 it was running; the shared record buffers survive for the caller to write partial traces. Ranks
 ignore SIGINT: Ctrl-C reaches the parent, which ends them all (SIGTERM too: `sim.entry` makes it
 a KeyboardInterrupt), and removes the rendezvous folder. Workers die with their parent
-(PR_SET_PDEATHSIG on Linux) and exit by themselves after the timeout, so nothing is orphaned.
+(PR_SET_PDEATHSIG on Linux) and with the launcher itself (`exit_with`: their parent is the fork
+server, which outlives a `kill -9`ed launcher while they live), and exit by themselves after the
+timeout, so nothing is orphaned.
 A rank's own threads never print tracebacks (a peer's death breaks their waits too): the
 parent's one line names the cause. A rank that stopped (SIGSTOP, a debugger) is named as such
 when the job times out.
@@ -27,6 +29,7 @@ import datetime
 import multiprocessing as mp
 import os
 import pickle
+import select
 import signal
 import sys
 import tempfile
@@ -147,7 +150,7 @@ def spawn(fn: Callable[..., Any], world_size: int, args: tuple = (), *, timeout_
             reader, writer = ctx.Pipe(duplex=False)
             proc = ctx.Process(target=_worker, daemon=True, name=f"parasim-rank{rank}", args=(
                 rank, world_size, backend, timeout_s, f"file://{store}/store", shared,
-                HEADER + record_slots, writer, fn, args))
+                HEADER + record_slots, writer, fn, args, os.getpid()))
             proc.start()
             writer.close()
             job.procs.append(proc)
@@ -334,11 +337,12 @@ def _remove_tree(path: str) -> None:
 
 def _worker(rank: int, world_size: int, backend: str, timeout_s: float, init_method: str,
             shared: Any, stride: int, writer: Connection, fn: Callable[..., Any],
-            args: tuple) -> None:
+            args: tuple, launcher: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     if not os.environ.get("PARASIM_TRACEBACK"):  # the parent's line names the cause
         threading.excepthook = _quiet_thread
     _die_with_parent()
+    exit_with(launcher, os.path.dirname(init_method.removeprefix("file://")))
     exit_after(timeout_s + 2 * GRACE_S)
     records = np.frombuffer(shared, dtype=np.int64)[rank * stride:(rank + 1) * stride]
     torch.set_num_threads(1)
@@ -388,6 +392,66 @@ def _die_with_parent() -> None:
         libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except OSError:
         pass
+
+
+PARENT_GONE = 129
+"""A rank's exit status when the process that launched it is gone (128 + SIGHUP's 1)."""
+POLL_S = 0.25
+
+
+def exit_with(launcher: int, store: str | None = None) -> None:
+    """End this rank, its sibling ranks and the rendezvous folder `store` within POLL_S of
+    `launcher`'s death, however it died (`kill -9`).
+
+    PR_SET_PDEATHSIG alone is not enough: a rank's parent is the fork server, which lives
+    while any of its children hold its liveness pipe (multiprocessing hands each one the
+    write end), so after the launcher's `kill -9` the ranks waited for the fork server and
+    the fork server for them, until the job timeout. A pidfd (Linux 5.3) becomes readable
+    when the launcher exits; elsewhere the rank polls for it. The first rank to see it ends
+    its siblings too (the fork server's other children: one fork server per launcher, so
+    they are this job's ranks), stopped ones included, which could not see it themselves."""
+    server = os.getppid()
+
+    def gone() -> bool:
+        try:
+            os.kill(launcher, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:  # alive, another user's
+            return False
+        return False
+
+    def end() -> None:
+        if server != launcher and os.getppid() == server:  # still the fork server's child
+            for sibling in _children(server) - {os.getpid()}:
+                with contextlib.suppress(OSError):
+                    os.kill(sibling, signal.SIGKILL)
+        if store is not None:
+            with contextlib.suppress(OSError):
+                _remove_tree(store)
+        os._exit(PARENT_GONE)
+
+    def watch() -> None:
+        pidfd = None
+        with contextlib.suppress(OSError, AttributeError):
+            pidfd = os.pidfd_open(launcher)
+        if pidfd is not None:
+            select.select([pidfd], [], [])
+            end()
+        while not gone():
+            time.sleep(POLL_S)
+        end()
+    threading.Thread(target=watch, daemon=True, name="parasim-parent").start()
+
+
+def _children(pid: int) -> set[int]:
+    """`pid`'s children (Linux's /proc; none found elsewhere)."""
+    found: set[int] = set()
+    with contextlib.suppress(OSError):
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children") as file:
+                found |= {int(c) for c in file.read().split()}
+    return found
 
 
 def exit_after(seconds: float) -> None:
