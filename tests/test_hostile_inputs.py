@@ -8,8 +8,8 @@ Most cases run the command line in-process (`sim.cli.main`); the few that need a
 
 from __future__ import annotations
 
-import json
 import contextlib
+import json
 import os
 import signal
 import subprocess
