@@ -24,12 +24,10 @@ would import it again: ~2 s each).
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import datetime
 import multiprocessing as mp
 import os
 import pickle
-import select
 import signal
 import sys
 import tempfile
@@ -45,6 +43,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from executor.lifeline import die_with_parent, exit_with, remove_tree
 from executor.recorder import FAILED, H_OP, H_STATE, HEADER
 from traces.errors import ConfigError
 
@@ -158,7 +157,7 @@ def spawn(fn: Callable[..., Any], world_size: int, args: tuple = (), *, timeout_
         results = _collect(job, world_size, timeout_s, records, describe)
     finally:
         _stop(job)
-        _remove_tree(store)
+        remove_tree(store)
     return results, records
 
 
@@ -325,14 +324,6 @@ def _stop(job: _Job) -> None:
         reader.close()
 
 
-def _remove_tree(path: str) -> None:
-    for name in os.listdir(path):
-        with contextlib.suppress(OSError):
-            os.unlink(os.path.join(path, name))
-    with contextlib.suppress(OSError):
-        os.rmdir(path)
-
-
 # --- inside a worker ---------------------------------------------------------------------------
 
 def _worker(rank: int, world_size: int, backend: str, timeout_s: float, init_method: str,
@@ -341,7 +332,7 @@ def _worker(rank: int, world_size: int, backend: str, timeout_s: float, init_met
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     if not os.environ.get("PARASIM_TRACEBACK"):  # the parent's line names the cause
         threading.excepthook = _quiet_thread
-    _die_with_parent()
+    die_with_parent()
     exit_with(launcher, os.path.dirname(init_method.removeprefix("file://")))
     exit_after(timeout_s + 2 * GRACE_S)
     records = np.frombuffer(shared, dtype=np.int64)[rank * stride:(rank + 1) * stride]
@@ -382,76 +373,6 @@ def describe_error(exc: BaseException) -> str:
     """'ValueError: first line of the message'."""
     lines = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
-
-
-def _die_with_parent() -> None:
-    if sys.platform != "linux":
-        return
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
-
-
-PARENT_GONE = 129
-"""A rank's exit status when the process that launched it is gone (128 + SIGHUP's 1)."""
-POLL_S = 0.25
-
-
-def exit_with(launcher: int, store: str | None = None) -> None:
-    """End this rank, its sibling ranks and the rendezvous folder `store` within POLL_S of
-    `launcher`'s death, however it died (`kill -9`).
-
-    PR_SET_PDEATHSIG alone is not enough: a rank's parent is the fork server, which lives
-    while any of its children hold its liveness pipe (multiprocessing hands each one the
-    write end), so after the launcher's `kill -9` the ranks waited for the fork server and
-    the fork server for them, until the job timeout. A pidfd (Linux 5.3) becomes readable
-    when the launcher exits; elsewhere the rank polls for it. The first rank to see it ends
-    its siblings too (the fork server's other children: one fork server per launcher, so
-    they are this job's ranks), stopped ones included, which could not see it themselves."""
-    server = os.getppid()
-
-    def gone() -> bool:
-        try:
-            os.kill(launcher, 0)
-        except ProcessLookupError:
-            return True
-        except PermissionError:  # alive, another user's
-            return False
-        return False
-
-    def end() -> None:
-        if server != launcher and os.getppid() == server:  # still the fork server's child
-            for sibling in _children(server) - {os.getpid()}:
-                with contextlib.suppress(OSError):
-                    os.kill(sibling, signal.SIGKILL)
-        if store is not None:
-            with contextlib.suppress(OSError):
-                _remove_tree(store)
-        os._exit(PARENT_GONE)
-
-    def watch() -> None:
-        pidfd = None
-        with contextlib.suppress(OSError, AttributeError):
-            pidfd = os.pidfd_open(launcher)
-        if pidfd is not None:
-            select.select([pidfd], [], [])
-            end()
-        while not gone():
-            time.sleep(POLL_S)
-        end()
-    threading.Thread(target=watch, daemon=True, name="parasim-parent").start()
-
-
-def _children(pid: int) -> set[int]:
-    """`pid`'s children (Linux's /proc; none found elsewhere)."""
-    found: set[int] = set()
-    with contextlib.suppress(OSError):
-        for task in os.listdir(f"/proc/{pid}/task"):
-            with open(f"/proc/{pid}/task/{task}/children") as file:
-                found |= {int(c) for c in file.read().split()}
-    return found
 
 
 def exit_after(seconds: float) -> None:
