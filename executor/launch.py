@@ -10,7 +10,9 @@ other ranks (SIGTERM, then SIGKILL) and raises `JobFailed`, one line naming the 
 it was running; the shared record buffers survive for the caller to write partial traces. Ranks
 ignore SIGINT: Ctrl-C reaches the parent, which ends them all (SIGTERM too: `sim.entry` makes it
 a KeyboardInterrupt), and removes the rendezvous folder. Workers die with their parent
-(PR_SET_PDEATHSIG on Linux) and exit by themselves after the timeout, so nothing is orphaned.
+(PR_SET_PDEATHSIG on Linux) and with the launcher itself (`exit_with`: their parent is the fork
+server, which outlives a `kill -9`ed launcher while they live), and exit by themselves after the
+timeout, so nothing is orphaned.
 A rank's own threads never print tracebacks (a peer's death breaks their waits too): the
 parent's one line names the cause. A rank that stopped (SIGSTOP, a debugger) is named as such
 when the job times out.
@@ -22,7 +24,6 @@ would import it again: ~2 s each).
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import datetime
 import multiprocessing as mp
 import os
@@ -42,6 +43,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from executor.lifeline import die_with_parent, exit_with, remove_tree
 from executor.recorder import FAILED, H_OP, H_STATE, HEADER
 from traces.errors import ConfigError
 
@@ -147,7 +149,7 @@ def spawn(fn: Callable[..., Any], world_size: int, args: tuple = (), *, timeout_
             reader, writer = ctx.Pipe(duplex=False)
             proc = ctx.Process(target=_worker, daemon=True, name=f"parasim-rank{rank}", args=(
                 rank, world_size, backend, timeout_s, f"file://{store}/store", shared,
-                HEADER + record_slots, writer, fn, args))
+                HEADER + record_slots, writer, fn, args, os.getpid()))
             proc.start()
             writer.close()
             job.procs.append(proc)
@@ -155,7 +157,7 @@ def spawn(fn: Callable[..., Any], world_size: int, args: tuple = (), *, timeout_
         results = _collect(job, world_size, timeout_s, records, describe)
     finally:
         _stop(job)
-        _remove_tree(store)
+        remove_tree(store)
     return results, records
 
 
@@ -322,23 +324,16 @@ def _stop(job: _Job) -> None:
         reader.close()
 
 
-def _remove_tree(path: str) -> None:
-    for name in os.listdir(path):
-        with contextlib.suppress(OSError):
-            os.unlink(os.path.join(path, name))
-    with contextlib.suppress(OSError):
-        os.rmdir(path)
-
-
 # --- inside a worker ---------------------------------------------------------------------------
 
 def _worker(rank: int, world_size: int, backend: str, timeout_s: float, init_method: str,
             shared: Any, stride: int, writer: Connection, fn: Callable[..., Any],
-            args: tuple) -> None:
+            args: tuple, launcher: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     if not os.environ.get("PARASIM_TRACEBACK"):  # the parent's line names the cause
         threading.excepthook = _quiet_thread
-    _die_with_parent()
+    die_with_parent()
+    exit_with(launcher, os.path.dirname(init_method.removeprefix("file://")))
     exit_after(timeout_s + 2 * GRACE_S)
     records = np.frombuffer(shared, dtype=np.int64)[rank * stride:(rank + 1) * stride]
     torch.set_num_threads(1)
@@ -378,16 +373,6 @@ def describe_error(exc: BaseException) -> str:
     """'ValueError: first line of the message'."""
     lines = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
-
-
-def _die_with_parent() -> None:
-    if sys.platform != "linux":
-        return
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
 
 
 def exit_after(seconds: float) -> None:

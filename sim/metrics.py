@@ -108,6 +108,12 @@ def gemm_peak(model: ModelSpec, accelerator: Accelerator) -> float:
     return accelerator.peak_flops_fp8 if model.fp8 else accelerator.peak_flops
 
 
+def gemm_precision(model: ModelSpec) -> str:
+    """The precision `gemm_peak` is the peak of, as the report labels it: "fp8" for an fp8
+    model, else the model's dtype ("bf16", "fp32" on the CPU)."""
+    return "fp8" if model.fp8 else model.dtype
+
+
 def _union_length(starts: np.ndarray, ends: np.ndarray) -> float:
     """Total length covered by the intervals [starts[i], ends[i])."""
     if not len(starts):

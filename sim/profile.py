@@ -6,20 +6,16 @@
                  "kernels": {"flash_attn": {"flops_efficiency": 0.6}}},
      "links": {"loopback": {"bandwidth_Bps": 1.4e9, "latency_s": 8e-5, "call_s": 3e-4}},
      "accelerator": {"peak_flops": 7.1e10, "hbm_bandwidth_Bps": 9.5e9},
-     "measured_on": "CPU-localhost"}
+     "measured_on": "CPU-localhost", "measured_ranks": 4}
 
-`sim.models.compute` times kernels with `compute`; `links` (optional) replaces the cluster's figures
-for a class of links (`kind` in the graph) — what `parasim calibrate` measures on the machine
-at hand; `accelerator` (optional) replaces the accelerator's roofs, for hardware without a data
-sheet figure (the CPU of `localhost`: calibration measures them). `applied_to(cluster)` is the
-cluster with both in place; a calibrated profile says which accelerator it was measured on
-(`measured_on`, the cluster's accelerator name) and applies to clusters of that accelerator only:
-a CPU's or an A100's fitted rates, roofs and link classes say nothing about another chip, so
-applying one elsewhere is one error line, never a silent mix. Until a profile is calibrated,
-each preset accelerator has defaults from public kernel benchmarks (cited below), never from
-an end-to-end throughput table. Everything is read through `traces.fields`: an unknown key or
-kernel, an efficiency outside (0, 1], a non-finite number, is one error line. Version-1
-profiles (per-op-class efficiencies) are refused with a line saying so.
+`sim.models.compute` times kernels with `compute`; `links` (optional) replaces the cluster's
+figures for a class of links, as `parasim calibrate` measures them; `accelerator` (optional) the
+roofs (the CPU of `localhost` has no data sheet); `applied_to(cluster)` puts both in place. A
+calibrated profile names the accelerator it was measured on (`measured_on`: it applies to that
+one only, else one error line) and its ranks (`measured_ranks`: `validate` compares its run's).
+Uncalibrated, presets have defaults from public kernel benchmarks (cited below), never from an
+end-to-end table. Read through `traces.fields`: an unknown key or kernel, an efficiency outside
+(0, 1], a non-finite number is one error line; version-1 profiles are refused saying so.
 """
 
 from __future__ import annotations
@@ -173,6 +169,8 @@ class Profile:
     """Measured roofs (None: the cluster's accelerator figures stand)."""
     measured_on: str | None = None
     """The accelerator (`Accelerator.name`) a calibrated profile was measured on."""
+    measured_ranks: int | None = None
+    """Ranks of the runs it was fitted to (None: not recorded, by an older parasim)."""
 
     def __post_init__(self) -> None:
         check_line(self.name, "name")
@@ -241,9 +239,8 @@ class Profile:
         if self.accelerator is not None:
             out["accelerator"] = {"peak_flops": self.accelerator.peak_flops,
                                   "hbm_bandwidth_Bps": self.accelerator.hbm_bandwidth_Bps}
-        if self.measured_on is not None:
-            out["measured_on"] = self.measured_on
-        return out
+        return {**out, **{k: v for k in ("measured_on", "measured_ranks")
+                          if (v := getattr(self, k)) is not None}}
 
     def save(self, path: str | Path) -> None:
         write_text_atomic(path, json.dumps(self.to_json(), indent=1, allow_nan=False) + "\n")
@@ -273,7 +270,7 @@ def profile_from_json(data: object, source: str = "profile") -> Profile:
     try:
         fields = Fields(data, "profile").known(("schema", "version", "name", "calibrated",
                                                 "compute", "links", "accelerator",
-                                                "measured_on"))
+                                                "measured_on", "measured_ranks"))
         links = fields.sub("links")
         return Profile(name=fields.line("name", str(source)),
                        calibrated=fields.boolean("calibrated", False),
@@ -282,7 +279,9 @@ def profile_from_json(data: object, source: str = "profile") -> Profile:
                        accelerator=_roofs(fields.sub("accelerator"))
                        if "accelerator" in fields else None,
                        measured_on=fields.line("measured_on", "")
-                       if "measured_on" in fields else None)
+                       if "measured_on" in fields else None,
+                       measured_ranks=fields.integer("measured_ranks", 0, minimum=1,
+                                                     maximum=1 << 20) or None)
     except ConfigError as err:
         raise ConfigError(f"{source}: {err}") from None
 
@@ -322,13 +321,11 @@ def _compute(fields: Fields) -> ComputeParams:
 
 def _kernel(fields: Fields) -> KernelCost:
     fields.known(("flops_efficiency", "memory_efficiency", "overhead_s"))
-    return KernelCost(
-        flops_efficiency=fields.efficiency("flops_efficiency", 1.0)
-        if "flops_efficiency" in fields else None,
-        memory_efficiency=fields.efficiency("memory_efficiency", 1.0)
-        if "memory_efficiency" in fields else None,
-        overhead_s=fields.number("overhead_s", 0.0, minimum=0.0, maximum=MAX_LATENCY_S,
-                                 unit=" s") if "overhead_s" in fields else None)
+    efficiencies = {k: fields.efficiency(k, 1.0) for k in ("flops_efficiency",
+                                                          "memory_efficiency") if k in fields}
+    return KernelCost(**efficiencies, overhead_s=fields.number(
+        "overhead_s", 0.0, minimum=0.0, maximum=MAX_LATENCY_S, unit=" s")
+        if "overhead_s" in fields else None)
 
 
 def _link(fields: Fields) -> LinkParams:

@@ -109,15 +109,43 @@ def headline(s: StepSummary) -> list[tuple[str, str]]:
     return [
         ("step time", f"{s.step_time_s:.4g} s"),
         ("throughput", f"{s.tokens_per_s:,.0f} tokens/s"),
-        ("model TFLOP/s/GPU", f"{s.model_tflops_per_gpu:.1f}  (MFU {s.mfu:.1%})"),
-        ("hardware TFLOP/s", f"{s.hardware_tflops_per_gpu:.1f}  (recomputation included)"),
+        (f"model {rate_unit(s.model_tflops_per_gpu)}/GPU",
+         f"{rate_value(s.model_tflops_per_gpu)}  (MFU {s.mfu:.1%})"),
+        (f"hardware {rate_unit(s.hardware_tflops_per_gpu)}",
+         f"{rate_value(s.hardware_tflops_per_gpu)}  (recomputation included)"),
         ("compute", f"{s.compute_s:.4g} s per GPU"),
         ("exposed comm", f"{s.exposed_comm_s:.4g} s per GPU"),
         ("bubble", f"{s.bubble_fraction:.1%} of the step"),
         *varied,
-        ("peak memory", f"{s.peak_memory_bytes / GiB:.1f} GiB of "
-                        f"{s.memory_capacity_bytes / GiB:.1f} GiB: {verdict}"),
+        ("peak memory", f"{size_text(s.peak_memory_bytes)} of "
+                        f"{size_text(s.memory_capacity_bytes)}: {verdict}"),
     ]
+
+
+RATE_UNITS = ((1.0, "TFLOP/s"), (1e-3, "GFLOP/s"), (0.0, "MFLOP/s"))
+"""TFLOP/s thresholds of each unit: the largest that shows the rate as 1 or more."""
+
+
+def rate_unit(tflops: float) -> str:
+    """The unit a rate of `tflops` TFLOP/s is shown in: TFLOP/s from 1 up (the GPU
+    clusters' figures read as always), GFLOP/s or MFLOP/s below (a CPU run's 0.0 said
+    nothing)."""
+    return next(unit for floor, unit in RATE_UNITS if tflops >= floor)
+
+
+def rate_value(tflops: float) -> str:
+    """`tflops` in `rate_unit(tflops)`, one decimal: 124.4, 35.2 (GFLOP/s)."""
+    scale = {"TFLOP/s": 1.0, "GFLOP/s": 1e3, "MFLOP/s": 1e6}[rate_unit(tflops)]
+    return f"{tflops * scale:.1f}"
+
+
+def size_text(nbytes: float) -> str:
+    """A memory size in GiB from 1 GiB up (as always), else MiB, else KiB: '26.8 GiB',
+    '12.3 MiB'."""
+    for unit, size in (("GiB", GiB), ("MiB", 2**20)):
+        if nbytes >= size:
+            return f"{nbytes / size:.1f} {unit}"
+    return f"{nbytes / 2**10:.1f} KiB"
 
 
 def fleet_lines(exp: Experiment) -> list[str]:
@@ -178,11 +206,14 @@ def summary_text(exp: Experiment, s: StepSummary) -> str:
         *fleet_lines(exp),
         *_overlaps(L),
         *(f"  {label:<20}{value}" for label, value in headline(s)),
-        "  memory by pipeline rank (GiB)  params  grads  optim  activ  work  total",
     ]
+    # the table's unit from its largest figure: GiB for a GPU's, MiB for a tiny CPU run's
+    unit = size_text(max((m.total_bytes for m in s.memory_by_pp_rank), default=GiB))[-3:]
+    size = GiB if unit == "GiB" else 2**20 if unit == "MiB" else 2**10
+    lines.append(f"  memory by pipeline rank ({unit})  params  grads  optim  activ  work  total")
     for i, m in enumerate(s.memory_by_pp_rank):
-        lines.append(f"    pp rank {i:<3}                {m.params_bytes / GiB:6.1f} "
-                     f"{m.grads_bytes / GiB:6.1f} {m.optimizer_bytes / GiB:6.1f} "
-                     f"{m.activations_bytes / GiB:6.1f} {m.working_bytes / GiB:5.1f} "
-                     f"{m.total_bytes / GiB:6.1f}")
+        lines.append(f"    pp rank {i:<3}                {m.params_bytes / size:6.1f} "
+                     f"{m.grads_bytes / size:6.1f} {m.optimizer_bytes / size:6.1f} "
+                     f"{m.activations_bytes / size:6.1f} {m.working_bytes / size:5.1f} "
+                     f"{m.total_bytes / size:6.1f}")
     return "\n".join(lines)

@@ -114,6 +114,22 @@ def _run(exp: Experiment, steps: int, warmup: int, timeout: float, keep: str | N
 
 # --- output ---------------------------------------------------------------------------------
 
+def ranks_note(profile: Profile, world: int) -> str | None:
+    """What a calibrated profile's rank count says about a run of `world` ranks: the same
+    count, another one (its figures were measured under another share of the host's cores
+    and links), or not recorded; None for an uncalibrated profile (measured nowhere)."""
+    if not profile.calibrated:
+        return None
+    if profile.measured_ranks is None:
+        return (f"the profile {profile.name} does not record how many ranks it was measured "
+                f"with (an older parasim wrote it); this run has {world}")
+    if profile.measured_ranks == world:
+        return f"the profile was measured with {world} ranks, as this run has"
+    return (f"the profile was measured with {profile.measured_ranks} ranks, this run has "
+            f"{world}: figures measured under another share of the host's cores and links "
+            "may not carry over (calibrate with as many ranks as the run)")
+
+
 def summary_json(v: Validation, config: Path) -> dict[str, Any]:
     c = v.comparison
     out: dict[str, Any] = {
@@ -122,6 +138,7 @@ def summary_json(v: Validation, config: Path) -> dict[str, Any]:
         "world": v.exp.layout.world,
         "profile": {"name": v.exp.profile.name, "calibrated": v.exp.profile.calibrated,
                     "calibrated_here": v.calibrated_here},
+        "profile_ranks": v.exp.profile.measured_ranks,
         "step_time_measured_s": v.step_time_measured_s,
         "step_time_predicted_s": v.step_time_predicted_s,
         "step_error": v.step_error,
@@ -151,6 +168,8 @@ def summary_text(v: Validation) -> str:
         f"{len(v.step_times_measured_s)}), predicted {v.step_time_predicted_s:.4g} s: "
         f"{v.step_error:+.1%}",
     ]
+    if (note := ranks_note(v.exp.profile, v.exp.layout.world)) is not None:
+        lines.append(f"  {'profile ranks':<15}{note}")
     low, high = min(v.step_times_measured_s), max(v.step_times_measured_s)
     lines.append(f"  {'measured steps':<15}min {low:.4g} s, median "
                  f"{v.step_time_measured_s:.4g} s, max {high:.4g} s (spread "

@@ -8,6 +8,7 @@ Most cases run the command line in-process (`sim.cli.main`); the few that need a
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -899,6 +900,38 @@ def test_sigterm_to_a_run_ends_every_rank_and_removes_the_rendezvous(tiny, tmp_p
         assert time.monotonic() < deadline, "a rank outlived its parent by 5 s"
         time.sleep(0.1)
     assert _left(tmp_path) == [] and not (tmp_path / "o").exists()
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="needs Linux's /proc")
+def test_sigkill_to_a_run_leaves_no_rank_behind(tiny, tmp_path):
+    """`kill -9` of the parent: it can end nothing, so the ranks must notice it gone and end
+    within seconds, not at their 30 s timeout: the running rank, the stopped one (which can
+    notice nothing: its sibling ends it), the fork server and multiprocessing's resource
+    tracker (`executor.launch.exit_with`)."""
+    proc = _faulty_run(tmp_path, tiny, f"1,{_op_of(tiny)},{int(signal.SIGSTOP)}",
+                       "--timeout", "30")
+    deadline = time.monotonic() + 60
+    while not any(_state(p) == "T" for p in _descendants(proc.pid)):  # rank 1 has stopped
+        assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
+        time.sleep(0.1)
+    ranks = _descendants(proc.pid)
+    assert len(ranks) >= 3  # the fork server and both ranks
+    proc.kill()
+    assert proc.wait(timeout=10) == -signal.SIGKILL  # not communicate: ranks hold the pipes
+    deadline = time.monotonic() + 5
+    try:
+        while alive := [p for p in ranks if _state(p) != "Z"]:
+            assert time.monotonic() < deadline, (
+                f"{[(p, _state(p)) for p in alive]} outlived a killed parent by 5 s")
+            time.sleep(0.1)
+        # the rendezvous too (multiprocessing's own pymp- folder, its fork server's socket,
+        # only the launcher's exit removes)
+        assert [n for n in _left(tmp_path) if not n.startswith("pymp-")] == []
+    finally:
+        for p in ranks:  # whatever the verdict, nothing of the test's own left running
+            with contextlib.suppress(OSError):
+                os.kill(p, signal.SIGKILL)
+        proc.communicate(timeout=10)
 
 
 # --- Smaller ones (item 14) ----------------------------------------------------------------------

@@ -102,7 +102,8 @@ def fit_profile(traces: Sequence[Trace], cluster: Cluster, *, base: Profile,
                           + "; ".join(notes[:3]) + ("; ..." if len(notes) > 3 else ""))
     profile = Profile(
         name=name, calibrated=True, compute=params, accelerator=accelerator,
-        links={**base.links, **link_params}, measured_on=cluster.accelerator.name)
+        links={**base.links, **link_params}, measured_on=cluster.accelerator.name,
+        measured_ranks=len({r for t in traces for r in t.ranks}))  # per-rank files: all
     return profile, FitReport(links=links, compute=kernels, num_comm_samples=len(comm),
                               num_compute_samples=len(compute), unidentified=tuple(notes),
                               interference=interference, compute_interference=slow_comm,

@@ -9,14 +9,17 @@ returns the flows of that algorithm carrying the protocol's latency and wire byt
 talk gloo (`sim.collectives.gloo`: localhost), else the fastest applicable
 algorithm by `analytic_time`, the alpha-beta time of the lowering alone on the network
 (`sim.engine.flows.solo_time`). Every algorithm stays available by name (`Algorithm`, parsed from a
-flag by `parse_algorithm`), without a protocol. The flow path is `sim.engine.network.Network.run`.
+flag by `parse_algorithm`), without a protocol, except `ring` and `tree` where NCCL runs: those
+are NCCL's (its best protocol for that algorithm, named `ring/Simple` as `auto` names it, so one
+label never gives two times); parasim's own flow-level ring and tree at the links' full rate stay
+reachable as `ring_flows` and `tree_flows`. The flow path is `sim.engine.network.Network.run`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from sim.collectives.base import Algorithm, Lowering, busbw_factor
+from sim.collectives.base import FLOWS_OF, NCCL_NAMED, Algorithm, Lowering, busbw_factor
 from sim.collectives.direct import lower_direct, lower_p2p
 from sim.collectives.gloo import lower_gloo
 from sim.collectives.hierarchical import lower_hierarchical
@@ -45,7 +48,11 @@ ALGORITHMS: dict[Algorithm, Lower] = {
     Algorithm.TORUS: lower_torus,
     Algorithm.DIRECT: lower_direct,
     Algorithm.GLOO: lower_gloo,  # only where ranks talk gloo (localhost); `auto` takes it there
+    Algorithm.RING_FLOWS: lower_ring,  # `ring` where NCCL runs is NCCL's; these stay parasim's
+    Algorithm.TREE_FLOWS: lower_tree,
 }
+CHOICES = tuple(a for a in ALGORITHMS if a not in FLOWS_OF)
+"""What `auto` chooses among off NCCL (the _FLOWS names are the same lowerings again)."""
 assert tuple(ALGORITHMS) == tuple(Algorithm)[1:], "one lowering per algorithm, in its order"
 
 # The flows each of NCCL's algorithms moves, by parasim's lowerings (NVLS trees and CollNet,
@@ -82,7 +89,7 @@ class Collectives:
         self.cluster = cluster
         self._lowerings: dict[_Key, Lowering | None] = {}
         self._choice: dict[tuple[OpKind, tuple[int, ...], float, int | None], str] = {}
-        self._nccl: dict[tuple[OpKind, tuple[int, ...], float, int | None],
+        self._nccl: dict[tuple[OpKind, tuple[int, ...], float, int | None, Algo | None],
                          tuple[str, Lowering] | None] = {}
         self._systems: dict[tuple[int, ...], NcclSystem | None] = {}
 
@@ -120,16 +127,19 @@ class Collectives:
         return self._systems[key]
 
     def nccl(self, kind: OpKind, group: Sequence[int], size_bytes: float,
-             channels: int | None = None) -> tuple[str, Lowering] | None:
-        """NCCL's choice for this collective ("ring/LL128") and its lowering: the algorithm's
-        flows carrying the protocol's latency and wire bytes; None where NCCL has none."""
-        key = (kind, tuple(group), size_bytes, channels)
+             channels: int | None = None, algo: Algo | None = None
+             ) -> tuple[str, Lowering] | None:
+        """NCCL's choice for this collective ("ring/LL128"), among `algo`'s protocols when
+        given (like NCCL_ALGO), and its lowering: the algorithm's flows carrying the
+        protocol's latency and wire bytes; None where NCCL has none."""
+        key = (kind, tuple(group), size_bytes, channels, algo)
         if key not in self._nccl:
             sys = self.nccl_system(group)
             found = None
+            only = (algo,) if algo is not None else None
             if sys is not None and kind in NCCL_KINDS and size_bytes > 0 \
-                    and choose(sys, kind, size_bytes) is not None:
-                p = plan(sys, kind, size_bytes)
+                    and choose(sys, kind, size_bytes, only) is not None:
+                p = plan(sys, kind, size_bytes, algo=algo)
                 base = self._structure(kind, group, p.algorithm, channels)
                 assert base is not None, f"no ring for {kind} on {len(group)} ranks"
                 found = (f"{p.algorithm}/{p.protocol}",
@@ -146,7 +156,7 @@ class Collectives:
         return lowering
 
     def applicable(self, kind: OpKind, group: Sequence[int]) -> list[Algorithm]:
-        return [a for a in ALGORITHMS if self.lowering(kind, group, a) is not None]
+        return [a for a in CHOICES if self.lowering(kind, group, a) is not None]
 
     def resolve(self, kind: OpKind, group: Sequence[int], size_bytes: float,
                 algo: Algorithm = Algorithm.AUTO,
@@ -161,6 +171,10 @@ class Collectives:
             gloo = self.lowering(kind, group, Algorithm.GLOO, channels)
             if gloo is not None:  # what gloo runs, whatever is fastest (sim.collectives.gloo)
                 return str(Algorithm.GLOO), gloo
+        if algo in NCCL_NAMED:  # NCCL's ring (tree) where NCCL runs, as `auto` names it
+            chosen = self.nccl(kind, group, size_bytes, channels, Algo(NCCL_NAMED[algo]))
+            if chosen is not None:
+                return chosen
         if algo != Algorithm.AUTO:
             if algo not in ALGORITHMS:
                 raise ConfigError(f"--algo: {algo!r} is not an algorithm "
@@ -172,7 +186,7 @@ class Collectives:
             return str(algo), lowering
         key = (kind, tuple(group), size_bytes, channels)
         if key not in self._choice:
-            options = {a: low for a in ALGORITHMS
+            options = {a: low for a in CHOICES
                        if (low := self.lowering(kind, group, a, channels)) is not None}
             if not options:
                 raise ConfigError(f"no algorithm can run {kind} on a group of {len(group)}")

@@ -34,6 +34,18 @@ class Algorithm(StrEnum):
     DIRECT = "direct"
     GLOO = "gloo"
     """Only where ranks talk gloo (localhost); `AUTO` takes it there."""
+    RING_FLOWS = "ring_flows"
+    """parasim's own flow-level ring at the links' full rate, without NCCL's protocol and
+    channel ceilings. Where NCCL runs, `ring` is NCCL's ring (named `ring/<protocol>`, as
+    `auto` names it, so one label never gives two times); elsewhere the two are one."""
+    TREE_FLOWS = "tree_flows"
+    """The same for `tree`: parasim's flow-level double binary tree."""
+
+
+NCCL_NAMED = {Algorithm.RING: "ring", Algorithm.TREE: "tree"}
+"""Algorithms a user names that, where NCCL runs, are NCCL's (`sim.collectives.protocols.Algo`
+values); the `_FLOWS` ones are parasim's flows of the same shape."""
+FLOWS_OF = {Algorithm.RING_FLOWS: Algorithm.RING, Algorithm.TREE_FLOWS: Algorithm.TREE}
 
 
 AR, RS, AG, BCAST, A2A = (OpKind.ALL_REDUCE, OpKind.REDUCE_SCATTER, OpKind.ALL_GATHER,

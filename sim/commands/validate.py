@@ -40,7 +40,7 @@ from sim.commands.common import (
     profile_flag,
 )
 from sim.config import example_path, load_experiment
-from sim.validation import summary_json, summary_text, validate
+from sim.validation import ranks_note, summary_json, summary_text, validate
 from traces.errors import ConfigError, warn
 from traces.files import Outputs, check_outputs
 from traces.outdir import StagedDir, kept
@@ -102,6 +102,9 @@ def run(args: argparse.Namespace) -> int:
         warn(f"validate: the run's {exp.layout.world} ranks share this host's {cores} cores: "
              "each waits for a core, so its measured steps swing and the error with them "
              "(a config of at most as many ranks as cores measures well)")
+    note = ranks_note(exp.profile, exp.layout.world)
+    if note is not None and exp.profile.measured_ranks not in (None, exp.layout.world):
+        warn(f"validate: {note}")  # before the run: the user may stop and calibrate again
     if args.profile is None:
         target = experiment_target(exp)
         spec = bench_spec(target, parse_sizes(args.sizes), args.repeats,

@@ -140,6 +140,13 @@ class _Replay:
         self.ends = {r: [float("nan")] * len(ops) for r, ops in plan.ops.items()}
         self.events = {r: {d: self.env.event() for op in ops for d in op.deps}
                        for r, ops in plan.ops.items()}
+        # Kernels that keep a trace's duration: it holds whatever slowed them (a measured
+        # run's real interference, or the stretch `simulate` gave the kernel it wrote), so the
+        # rank's scale never stretches them again (replaying simulate's own trace doubled
+        # the kernels it had stretched: 8% on the tiny example). Ranks with none: no entry.
+        self.kept = {r: kept for r, ops in plan.ops.items()
+                     if any(kept := [op.kind is OpKind.COMPUTE and op.end is not None
+                                     for op in ops])}
         self.finished = 0
         self.report_at = 4096  # the next op count to call `progress` at
         self.total = plan.num_ops()
@@ -201,6 +208,7 @@ class _Replay:
         busy, base = occupancy.busy, occupancy.base[rank]
         arrive, progress, compute = self.meetings.arrive, self.progress, OpKind.COMPUTE
         gaps = self.gaps.get(rank)
+        kept = self.kept.get(rank)
         k, count = 0, len(indices)
         while k < count:
             i = indices[k]
@@ -218,10 +226,12 @@ class _Replay:
                 if kernel_scale is None or not busy[rank]:
                     stretch = scale[rank]
                     for j in run:
-                        times.append(times[-1] + duration(ops[j]) * stretch)
+                        times.append(times[-1] + duration(ops[j]) * (
+                            1.0 if kept and kept[j] else stretch))
                 else:
                     for j in run:
-                        times.append(times[-1] + duration(ops[j]) * kernel_scale(ops[j]) * base)
+                        times.append(times[-1] + duration(ops[j]) * (
+                            1.0 if kept and kept[j] else kernel_scale(ops[j]) * base))
                 yield kernel(times[-1] - start)
                 for n, j in enumerate(run[:-1]):  # only now: others test ends[] for "done"
                     starts[j], ends[j] = times[n], times[n + 1]
@@ -230,7 +240,9 @@ class _Replay:
                 self.finished += extra
                 start = times[-2]
             elif op.kind is compute:
-                if kernel_scale is None or not busy[rank]:
+                if kept and kept[i]:  # its trace's duration holds its stretch already
+                    yield kernel(duration(op))
+                elif kernel_scale is None or not busy[rank]:
                     yield kernel(duration(op) * scale[rank])
                 else:
                     yield kernel(duration(op) * kernel_scale(op) * base)

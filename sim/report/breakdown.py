@@ -76,9 +76,10 @@ def waterfall(exp: Experiment, summary: StepSummary, cols: Sequence[RankOps]) ->
                      mfu=model / peak / T)
 
 
-def waterfall_figure(w: Waterfall, words: Words) -> go.Figure:
+def waterfall_figure(w: Waterfall, words: Words, precision: str = "bf16") -> go.Figure:
+    """`precision`: what the peak is the dense peak of (`metrics.gemm_precision`)."""
     steps = w.steps()
-    labels = [f"peak ({words.device} dense bf16)"] + [name for name, _ in steps] + ["MFU"]
+    labels = [f"peak ({words.device} dense {precision})"] + [name for name, _ in steps] + ["MFU"]
     values = [1.0] + [-v for _, v in steps] + [0.0]
     fig = go.Figure(go.Waterfall(
         orientation="v", x=labels, y=values,

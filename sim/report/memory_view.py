@@ -29,16 +29,20 @@ def memory_curves(exp: Experiment, passes: dict[int, list[Pass]]
 
 def memory_over_time_figure(curves: dict[int, list[tuple[float, float]]], capacity: float,
                             words: Words, step_s: float) -> go.Figure:
-    """One step line per pipeline rank, its peak marked, the capacity dashed."""
+    """A step line per pipeline rank, its peak marked, the capacity dashed. Beyond
+    MAX_LINES ranks the `shown_pp_ranks` are drawn and the others wait in the legend (one
+    click away), each peak still marked."""
     fig = go.Figure()
     peaks_x, peaks_y, peaks_text = [], [], []
-    for i, (pp, points) in enumerate(curves.items()):
+    shown = shown_pp_ranks(curves)
+    for pp, points in curves.items():
         t = np.array([p[0] for p in points])
         gib = np.array([p[1] for p in points]) / GiB
-        colour = PALETTE[i % len(PALETTE)]
+        colour = PALETTE[shown.index(pp) % len(PALETTE)] if pp in shown else "#BBBBBB"
         fig.add_trace(go.Scatter(
             x=t, y=gib.astype(np.float32), mode="lines", line={"shape": "hv", "width": 1.5,
                                                               "color": colour},
+            visible=True if pp in shown else "legendonly",
             name=f"pp {pp}", hovertemplate=f"pp {pp}: %{{y:.2f}} GiB from %{{x:.4f}} s"
                                            "<extra></extra>"))
         top = int(np.argmax(gib))
@@ -56,11 +60,30 @@ def memory_over_time_figure(curves: dict[int, list[tuple[float, float]]], capaci
     fig.update_layout(
         title=(f"Memory of one {words.device} over the step, per pipeline rank: model states, "
                "stored activations (a micro-batch's from its forward to its backward), "
-               "working buffers while a pass runs"),
+               "working buffers while a pass runs"
+               + (f"<br><sup>pp {', '.join(map(str, shown))} drawn (first, middle, last, "
+                  "highest peak); click the legend for the others</sup>"
+                  if len(shown) < len(curves) else "")),
         height=440, yaxis={"title": "GiB", "rangemode": "tozero"},
         xaxis={"title": "time (s)", "range": [0, step_s] if step_s > 0 else None},
         hovermode="closest")
     return fig
+
+
+MAX_LINES = 4
+"""Memory curves drawn at once; more overlap into a tangle (GPT-3's 16 stages)."""
+
+
+def shown_pp_ranks(curves: dict[int, list[tuple[float, float]]]) -> list[int]:
+    """The pipeline ranks drawn at first: all up to MAX_LINES, else the first, the middle,
+    the last and the one with the highest peak (the first stage's, usually: it holds the
+    most micro-batches' activations), in pipeline order."""
+    ranks = list(curves)
+    if len(ranks) <= MAX_LINES:
+        return ranks
+    top = max(ranks, key=lambda pp: (max(b for _, b in curves[pp]), -pp))
+    picks = {ranks[0], ranks[len(ranks) // 2], ranks[-1], top}
+    return sorted(picks)
 
 
 def memory_by_pp_rank_figure(summary: StepSummary, words: Words) -> go.Figure:

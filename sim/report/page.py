@@ -27,7 +27,7 @@ from plotly.offline import get_plotlyjs
 
 from sim.config import Experiment
 from sim.engine.replay import StepTimes
-from sim.metrics import StepSummary
+from sim.metrics import StepSummary, gemm_precision
 from sim.report.breakdown import (
     breakdown_figure,
     collective_table,
@@ -78,7 +78,8 @@ def render_report(exp: Experiment, summary: StepSummary, times: StepTimes,
         "parasim-lanes")
     figures: dict[str, go.Figure] = {
         "parasim-pipeline": pipe.figure,
-        "parasim-waterfall": waterfall_figure(waterfall(exp, summary, list(cols.values())), words),
+        "parasim-waterfall": waterfall_figure(waterfall(exp, summary, list(cols.values())), words,
+                                              gemm_precision(exp.model)),
         "parasim-breakdown": breakdown_figure(summary, words, stages),
         "parasim-lanes": lane_view.figure,
         "parasim-memory-time": memory_over_time_figure(
@@ -90,7 +91,8 @@ def render_report(exp: Experiment, summary: StepSummary, times: StepTimes,
               + collective_table(collective_rows(times, comm, cols), len(times.plan.ops)))
     payload = _payload(figures, [pipe.spec.to_json(), lane_view.spec.to_json()])
     heights = {div: int(fig.layout.height) for div, fig in figures.items()}
-    body = _body(exp, summary, words, pipe.bubble_fraction, tables, notes, heights)
+    body = _body(exp, summary, words, pipe.bubble_fraction, tables, notes, heights,
+                 hint_ranks(times, detail))
     return ("<!DOCTYPE html>\n<html><head><meta charset='utf-8'>"
             f"<title>parasim: {html.escape(exp.name)}</title><style>{_STYLE}</style></head>\n"
             f"<body>\n{body}\n"
@@ -130,6 +132,16 @@ def detail_ranks(times: StepTimes, stages: dict[int, int],
     return list(dict.fromkeys(out)), notes
 
 
+def hint_ranks(times: StepTimes, shown: list[int]) -> list[int]:
+    """Two ranks of this run for the page's `--report-ranks` hint: the first and the last
+    not drawn already (each one `detail_ranks` accepts)."""
+    layout, fold = times.plan.meta.layout, times.plan.meta.fold
+    world = fold.world if fold is not None else layout.world if layout is not None else 0
+    every = list(range(world)) if world else list(times.plan.ranks)
+    other = [r for r in every if r not in shown] or every
+    return list(dict.fromkeys([other[0], other[-1]]))
+
+
 def read_payload(page: str) -> dict[str, Any]:
     """The figures and lane data a page carries (for tests and the browser benchmark)."""
     at = page.index("<script id='parasim-data'")
@@ -164,7 +176,7 @@ def _script() -> str:
 
 
 def _body(exp: Experiment, summary: StepSummary, words: Words, bubble: float, tables: str,
-          notes: list[str], heights: dict[str, int]) -> str:
+          notes: list[str], heights: dict[str, int], hint: list[int]) -> str:
     def div(name: str) -> str:
         # the figure's height on its box: plotly's responsive resizing keeps the box's height
         # (without it a resized window squeezes every figure to the box's minimum)
@@ -190,7 +202,8 @@ def _body(exp: Experiment, summary: StepSummary, words: Words, bubble: float, ta
         "<p class='note'>Each row is a stream of one rank (compute: kernels; compute/tp: the "
         "collectives run inline on the compute stream). A bin's colour is the share of it the "
         "stream is busy; hover for the numbers, and, zoomed in, the op itself. "
-        "<code>parasim simulate --report-ranks 0,64</code> picks other ranks.</p>",
+        f"<code>parasim simulate --report-ranks {','.join(map(str, hint))}</code> picks "
+        "other ranks.</p>",
         div("parasim-lanes"),
         "<h2>Memory</h2>",
         div("parasim-memory-time"), div("parasim-memory"),

@@ -37,16 +37,25 @@ FAMILY_COLOUR = {"compute": "#4C78A8", "tp": "#E45756", "p2p": "#2E8B85", "dp": 
                  "other": "#7F7F7F"}
 
 
+COLOURS = ("#4C78A8", "#F58518", "#54A24B", "#E45756", "#72B7B2", "#B279A2", "#FF9DA6",
+           "#9D755D", "#EECA3B", "#1F3A93", "#8C564B", "#17BECF")
+SYMBOLS = ("circle", "square", "diamond", "triangle-up", "x", "star")
+"""The scatter's op classes take a (colour, symbol) pair each: 72 distinct, where the 10
+colours of plotly's default cycle repeated over a validation's ~37 classes."""
+
+
 def render_validation(v: Validation) -> str:
     parts = [pio.to_html(timelines(v), include_plotlyjs=True, full_html=False,
-                         div_id="parasim-validate-timelines")]
-    for name, figure in (("scatter", scatter(v)), ("errors", error_table(v)),
-                         ("memory", memory(v))):
-        parts.append(pio.to_html(figure, include_plotlyjs=False, full_html=False,
-                                 div_id=f"parasim-validate-{name}"))
+                         div_id="parasim-validate-timelines"),
+             pio.to_html(scatter(v), include_plotlyjs=False, full_html=False,
+                         div_id="parasim-validate-scatter"),
+             f"<div id=\"parasim-validate-errors\">{error_table(v)}</div>",
+             pio.to_html(memory(v), include_plotlyjs=False, full_html=False,
+                         div_id="parasim-validate-memory")]
     body = "\n".join(parts)
     return ("<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\">"
-            f"<title>parasim validate: {html.escape(v.exp.name)}</title></head>\n<body>\n"
+            f"<title>parasim validate: {html.escape(v.exp.name)}</title><style>{_STYLE}"
+            "</style></head>\n<body>\n"
             f"<pre>{html.escape(summary_text(v))}</pre>\n{body}\n</body></html>\n")
 
 
@@ -60,9 +69,34 @@ def _family(op: Op) -> str:
     return "dp" if op.kind.is_collective else "other"
 
 
+def transfer_starts(trace: Trace) -> dict[tuple[int, int], float]:
+    """(rank, index) of each receive with its send -> when the transfer can begin: both
+    posted (as `traces.compare` times a transfer). A measured receive runs from its posting,
+    waiting for the sender; the simulated one from the data's first byte; drawn from here,
+    both show the transfer."""
+    sends: dict[tuple[int, int, str], list[Op]] = defaultdict(list)
+    recvs: dict[tuple[int, int, str], list[tuple[int, Op]]] = defaultdict(list)
+    for rank in trace.ranks:
+        for i, op in enumerate(trace.ops[rank]):
+            if op.peer is None or op.start is None:
+                continue
+            if op.kind is OpKind.SEND:
+                sends[(rank, op.peer, op.tag)].append(op)
+            elif op.kind is OpKind.RECV:
+                recvs[(op.peer, rank, op.tag)].append((i, op))
+    out = {}
+    for (src, dst, tag), posted in recvs.items():
+        for send, (i, recv) in zip(sends.get((src, dst, tag), []), posted):
+            if send.start is not None and recv.start is not None:
+                out[(dst, i)] = max(send.start, recv.start)
+    return out
+
+
 def _bars(trace: Trace) -> dict[str, tuple[list[float], list[float], list[str], list[str]]]:
-    """Per op family: starts, durations, lanes and hover texts."""
+    """Per op family: starts, durations, lanes and hover texts; a receive from when its
+    transfer can begin (`transfer_starts`)."""
     origin = min(op.start for ops in trace.ops.values() for op in ops if op.start is not None)
+    begins = transfer_starts(trace)
     out: dict[str, tuple[list[float], list[float], list[str], list[str]]] = defaultdict(
         lambda: ([], [], [], []))
     drawn = 0
@@ -71,12 +105,15 @@ def _bars(trace: Trace) -> dict[str, tuple[list[float], list[float], list[str], 
             if op.start is None or op.end is None or drawn >= MAX_BARS:
                 continue
             starts, widths, lanes, texts = out[_family(op)]
-            starts.append((op.start - origin) * 1e3)
-            widths.append((op.end - op.start) * 1e3)
+            begin = min(begins.get((rank, i), op.start), op.end)
+            starts.append((begin - origin) * 1e3)
+            widths.append((op.end - begin) * 1e3)
             lanes.append(f"rank {rank} {op.stream}")
             what = op.name if op.kind is OpKind.COMPUTE else f"{op.kind} {op.name}".strip()
+            waited = (f"; posted {(begin - op.start) * 1e6:.1f} us before the send"
+                      if begin > op.start else "")
             texts.append(f"rank {rank} op {i}: {what} {op.phase or ''}<br>"
-                         f"{(op.end - op.start) * 1e6:.1f} us")
+                         f"{(op.end - begin) * 1e6:.1f} us{waited}")
             drawn += 1
     return out
 
@@ -104,9 +141,11 @@ def scatter(v: Validation) -> go.Figure:
     for row in v.comparison.rows:
         by_class[row.op_class].append((row.measured_s * 1e6, row.predicted_s * 1e6))
     values = [x for pts in by_class.values() for p in pts for x in p if x > 0]
-    for name, pts in sorted(by_class.items()):
+    for i, (name, pts) in enumerate(sorted(by_class.items())):
+        colour, symbol = class_marker(i)
         fig.add_trace(go.Scatter(x=[p[0] for p in pts], y=[p[1] for p in pts], mode="markers",
-                                 name=name, marker={"size": 6, "opacity": 0.7}))
+                                 name=name, marker={"size": 7, "opacity": 0.75,
+                                                    "color": colour, "symbol": symbol}))
     if values:
         lo, hi = min(values) / 1.5, max(values) * 1.5
         fig.add_trace(go.Scatter(x=[lo, hi], y=[lo, hi], mode="lines", name="y = x",
@@ -117,24 +156,34 @@ def scatter(v: Validation) -> go.Figure:
     return fig
 
 
-def error_table(v: Validation) -> go.Figure:
+def class_marker(i: int) -> tuple[str, str]:
+    """The i-th op class's (colour, symbol): every colour in circles, then in squares, ...;
+    distinct for len(COLOURS) * len(SYMBOLS) classes, cycling beyond."""
+    return COLOURS[i % len(COLOURS)], SYMBOLS[(i // len(COLOURS)) % len(SYMBOLS)]
+
+
+def error_table(v: Validation) -> str:
+    """The per-class errors and the step, as an HTML table (every row shown: a plotly table
+    of fixed height cut the classes off)."""
     classes = sorted(v.comparison.classes, key=lambda k: -k.measured_s)
-    cells = [
-        ["step", *[k.op_class for k in classes]],
-        ["", *[str(k.count) for k in classes]],
-        [f"{v.step_time_measured_s * 1e3:.3f}", *[f"{k.measured_s * 1e3:.3f}" for k in classes]],
-        [f"{v.step_time_predicted_s * 1e3:.3f}",
-         *[f"{k.predicted_s * 1e3:.3f}" for k in classes]],
-        [f"{abs(v.step_error):.1%}", *[f"{k.mape:.1%}" for k in classes]],
-        [f"{v.step_error:+.1%}", *[f"{k.bias:+.1%}" for k in classes]],
-    ]
-    fig = go.Figure(go.Table(
-        header={"values": ["op class", "ops", "measured (ms)", "predicted (ms)", "MAPE",
-                           "bias"], "align": "left"},
-        cells={"values": cells, "align": "left"}))
-    fig.update_layout(title="errors: per op class (summed times) and the step",
-                      height=120 + 22 * (len(classes) + 1), template="plotly_white")
-    return fig
+    rows = [("step", "", v.step_time_measured_s, v.step_time_predicted_s, abs(v.step_error),
+             v.step_error)]
+    rows += [(k.op_class, str(k.count), k.measured_s, k.predicted_s, k.mape, k.bias)
+             for k in classes]
+    head = "".join(f"<th>{h}</th>" for h in ("op class", "ops", "measured (ms)",
+                                            "predicted (ms)", "MAPE", "bias"))
+    body = "".join(
+        f"<tr><td>{html.escape(name)}</td><td>{count}</td><td>{measured * 1e3:.3f}</td>"
+        f"<td>{predicted * 1e3:.3f}</td><td>{mape:.1%}</td><td>{bias:+.1%}</td></tr>"
+        for name, count, measured, predicted, mape, bias in rows)
+    return ("<h3>errors: per op class (summed times) and the step</h3>"
+            f"<table class=\"grid\"><tr>{head}</tr>{body}</table>")
+
+
+_STYLE = ("body{font-family:sans-serif}table.grid{border-collapse:collapse;margin:1em 4em}"
+          "table.grid td,table.grid th{border-bottom:1px solid #ddd;padding:2px 12px;"
+          "text-align:right}table.grid td:first-child,table.grid th:first-child{"
+          "text-align:left}")
 
 
 def memory(v: Validation) -> go.Figure:

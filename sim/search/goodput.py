@@ -74,12 +74,13 @@ def goodput_json(rows: list[GoodputRow]) -> dict[str, Any]:
 
 def goodput_text(rows: list[GoodputRow]) -> str:
     """The table `--objective goodput` adds to the search's text."""
+    width = max([len("layout"), *(len(describe(r.candidate.layout)) for r in rows)])
     lines = ["", "", f"  ranked by goodput over a {RUN_DAYS:g}-day run (Daly's interval, the "
              "config's [reliability]):",
-             f"  {'#':>3}  {'layout':<44} {'eff. tokens/s':>13} {'fraction':>8} "
+             f"  {'#':>3}  {'layout':<{width}} {'eff. tokens/s':>13} {'fraction':>8} "
              f"{'write s':>8} {'step #':>6}"]
     for i, r in enumerate(rows):
-        lines.append(f"  {i + 1:>3}  {describe(r.candidate.layout):<44} "
+        lines.append(f"  {i + 1:>3}  {describe(r.candidate.layout):<{width}} "
                      f"{r.effective_tokens_per_s:>13,.0f} {r.effective_fraction:>8.2%} "
                      f"{r.checkpoint_write_s:>8.3g} {r.step_rank:>6}")
     return "\n".join(lines)

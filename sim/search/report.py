@@ -22,6 +22,8 @@ from sim.search.space import describe
 
 GiB = 2**30
 DIV_ID = "parasim-search"
+LABEL_DROP = 60
+"""Pixels the best's label sits below its point."""
 
 
 def search_figure(r: SearchResult) -> go.Figure:
@@ -60,17 +62,23 @@ def search_figure(r: SearchResult) -> go.Figure:
             text=[describe(rule.layout)],
             hovertemplate="%{text}<br>%{y:.3f} s, %{x:.1f} GiB<extra></extra>"))
     best = r.best
-    x_max = 1.5 * r.memory_capacity_bytes / GiB
-    best_x = _sim(best).peak_memory_bytes / GiB
-    # On a log axis an annotation's y is the exponent. The label points in from the nearer
-    # edge: to the left of a point on the left it ran off the page.
+    xs, ys = _extent(r)
+    x_lo, x_hi = math.log10(min(xs)) - 0.05, math.log10(max(xs)) + 0.05
+    best_x = math.log10(_sim(best).peak_memory_bytes / GiB)
+    # On a log axis an annotation's x and y are exponents. The label points in from the
+    # nearer edge (to the left of a point on the left it ran off the page) and down: every
+    # other simulated point, the rule of thumb's star among them, is slower, so above it.
     fig.add_annotation(x=best_x, y=math.log10(_sim(best).step_time_s),
                        text=f"best: {describe(best.layout)}", showarrow=True, arrowhead=2,
-                       ax=80 if best_x < x_max / 2 else -80, ay=-50, bgcolor="white")
+                       ax=80 if best_x < (x_lo + x_hi) / 2 else -80, ay=LABEL_DROP,
+                       bgcolor="white")
     fig.add_vline(x=r.memory_capacity_bytes / GiB, line={"dash": "dash", "color": "#333"},
                   annotation_text=f"{r.device} memory", annotation_position="top")
-    # Open on the layouts that fit and their near misses; the rest is a zoom-out away.
-    fig.update_xaxes(range=[0, x_max])
+    # Every candidate in view (a linear axis stopped at 1.5x the memory, cutting the rest
+    # off; one reaching the largest squeezed the layouts that fit into a sliver), and room
+    # under the lowest point for the best's label.
+    fig.update_xaxes(type="log", range=[x_lo, x_hi])
+    fig.update_yaxes(range=[math.log10(min(ys)) - 0.12, math.log10(max(ys)) + 0.04])
     fig.update_layout(
         title=f"{r.name}: step time against peak memory per {r.device}, "
               f"{r.num_candidates:,} "
@@ -89,6 +97,15 @@ def render_search_report(r: SearchResult) -> str:
     return ("<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\">"
             f"<title>parasim search: {html.escape(r.name)}</title></head>\n<body>\n"
             f"<pre>{summary}</pre>\n{figure}\n</body></html>\n")
+
+
+def _extent(r: SearchResult) -> tuple[list[float], list[float]]:
+    """Every drawn point's (GiB, seconds): candidates, simulated, rule of thumb."""
+    pairs = [(e.peak_memory_bytes, e.step_time_s)
+             for e in [c.estimate for c in r.feasible] + [e for _, e in r.infeasible]]
+    pairs += [(_sim(c).peak_memory_bytes, _sim(c).step_time_s)
+              for c in r.simulated + ([r.rule] if r.rule is not None else [])]
+    return [b / GiB for b, _ in pairs], [t for _, t in pairs]
 
 
 def _sim(c: Ranked) -> Simulated:

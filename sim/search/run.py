@@ -110,6 +110,8 @@ class SearchResult:
     device: str = "GPU"
     """The cluster's word for a device, as the step report says it ("chip" on a torus)."""
     devices: str = "GPUs"
+    examples: dict[str, str] = field(default_factory=dict)
+    """Reason -> the first pruned candidate's own message (its numbers; text only)."""
     timings: dict[str, float] = field(default_factory=dict)
     """Seconds per tier and worker count: printed, never in the JSON (which must not vary)."""
 
@@ -201,7 +203,7 @@ def search(problem: Problem, *, engine: Engine, top_k: int = DEFAULT_TOP,
         kendall_tau=tau, discordant_pairs=discordant,
         rule=_with(rule_ranked, done[rule_ranked.layout]) if rule_ranked else None,
         rule_fits=bool(rule and rule[1]),
-        device=device, devices=devices,
+        device=device, devices=devices, examples=examples,
         timings={"screen_s": screen_s, "simulate_s": simulate_s,
                  "wall_s": time.perf_counter() - started, "workers": engine.workers,
                  "screen_cpu_s": screen_cpu,

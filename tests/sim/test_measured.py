@@ -245,10 +245,10 @@ def test_one_rank_of_a_two_rank_all_reduce_replays_like_both(h100):
 
 def test_a_partial_group_is_lowered_whole_and_needs_only_its_present_members(h100):
     ar = Op(kind=AR, stream="comm", group=(0, 1, 2, 3), size_bytes=64 * MiB)
-    comm = lower_communication(Trace({0: (ar,), 2: (ar,)}), h100, None, algo="ring")
+    comm = lower_communication(Trace({0: (ar,), 2: (ar,)}), h100, None, algo="ring_flows")
     assert comm.lowered[0].lowering == Collectives(h100).lowering(AR, (0, 1, 2, 3), "ring")
     assert comm.ops[0][0].need == comm.ops[2][0].need == 2
-    assert comm.algorithms == {"ring": 1}
+    assert comm.algorithms == {"ring_flows": 1}
 
 
 def test_a_send_whose_receiver_is_absent_runs_its_flow_alone(h100):

@@ -182,6 +182,8 @@ def test_a_fitted_profile_says_what_it_was_measured_on(recorded, tmp_path, capsy
     assert run_cli(capsys, "calibrate", recorded, "-o", out)[0] == 0
     assert load_profile(out).measured_on == "CPU-localhost"
     assert json.loads(out.read_text())["measured_on"] == "CPU-localhost"
+    # one file per rank: the ranks of them all (issue 22, item 17: validate compares them)
+    assert load_profile(out).measured_ranks == 2
 
 
 @pytest.mark.parametrize("command", ["simulate", "replay"])

@@ -169,7 +169,7 @@ def test_parasim_collective_prints_nccls_algorithm_and_protocol_per_size(capsys)
     out, err = capsys.readouterr()
     assert code == 0 and err == ""
     rows = [line.split() for line in out.splitlines() if not line.startswith("#")]
-    assert [(int(r[0]), r[1]) for r in rows] == [
+    assert [(int(r[0]), r[-1]) for r in rows] == [  # size first, the algorithm last
         (1024, "ring/LL"), (8 * 2**20, "ring/LL128"), (8 * GiB, "ring/Simple")]
 
 

@@ -29,10 +29,10 @@ def test_equal_ops_share_one_key_and_one_lowering_and_count_once(h100):
     recv = Op(kind=OpKind.RECV, stream="r", peer=0, size_bytes=2 * MiB, tag="act")
     plan = Trace({0: (all_reduce((0, 1)), send, all_reduce((0, 1))),
                   1: (all_reduce((0, 1)), recv, all_reduce((0, 1)))})
-    comm = lower_communication(plan, h100, None, algo="ring")
+    comm = lower_communication(plan, h100, None, algo="ring_flows")  # parasim's own ring
     assert [low.key for low in comm.lowered] == [CollectiveKey(AR, (0, 1), MiB),
                                                  TransferKey(0, 1, 2 * MiB)]
-    assert [low.algo for low in comm.lowered] == ["ring", "p2p"]
+    assert [low.algo for low in comm.lowered] == ["ring_flows", "p2p"]
     col = Collectives(h100)
     assert comm.lowered[0].lowering == col.lowering(AR, (0, 1), "ring")  # no fold: unchanged
     assert comm.lowered[1].lowering == col.p2p(0, 1)
@@ -44,7 +44,7 @@ def test_equal_ops_share_one_key_and_one_lowering_and_count_once(h100):
     assert comm.ops[1][0] == CommOp(lowered=0, channel=0, queue=2, need=2)
     assert comm.ops[0][1] == CommOp(lowered=1, channel=1, queue=1, need=2)
     assert comm.ops[1][1] == CommOp(lowered=1, channel=1, queue=3, need=2)
-    assert comm.algorithms == {"ring": 2, "p2p": 1}  # each collective and send counted once
+    assert comm.algorithms == {"ring_flows": 2, "p2p": 1}  # each collective and send counted once
 
 
 def test_folded_copies_add_their_flows_on_the_links_the_representative_uses():
@@ -80,7 +80,7 @@ def test_copies_on_disjoint_links_leave_the_lowering_unchanged():
     cluster = build_cluster("dgx-h100", nodes=2, fabric="rail")
     fold = Layout(tp=2, dp=4, pp=2, global_batch=4)  # representatives 0 (pp 0) and 8 (pp 1)
     plan = Trace({0: (all_reduce((0, 2, 4, 6)),), 8: (all_reduce((8, 10, 12, 14)),)})
-    comm = lower_communication(plan, cluster, fold, algo="ring")
+    comm = lower_communication(plan, cluster, fold, algo="ring_flows")
     col = Collectives(cluster)
     assert comm.lowered[0].lowering == col.lowering(AR, (0, 2, 4, 6), "ring")
     assert comm.lowered[1].lowering == col.lowering(AR, (8, 10, 12, 14), "ring")

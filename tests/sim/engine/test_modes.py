@@ -19,7 +19,7 @@ TINY = example_path("gpt-tiny-localhost.toml")
 def test_the_names_are_the_enums_values_as_plain_strings():
     assert NETWORK_NAMES == ("flow", "analytic", "ideal")
     assert ALGORITHM_NAMES == ("auto", "ring", "tree", "hierarchical", "rhd", "torus",
-                               "direct", "gloo")
+                               "direct", "gloo", "ring_flows", "tree_flows")
     assert all(type(n) is str for n in (*NETWORK_NAMES, *ALGORITHM_NAMES))
     # every algorithm but auto has a lowering, in the enum's order (auto's tie-break)
     assert list(ALGORITHMS) == list(Algorithm)[1:]
@@ -30,7 +30,7 @@ def test_an_algorithm_flag_is_parsed_or_refused_with_the_list():
     with pytest.raises(ConfigError) as err:
         parse_algorithm("bogus")
     assert str(err.value) == ("--algo: 'bogus' is not an algorithm (known: auto, ring, tree, "
-                              "hierarchical, rhd, torus, direct, gloo)")
+                              "hierarchical, rhd, torus, direct, gloo, ring_flows, tree_flows)")
 
 
 def test_a_configs_sim_table_gives_enum_members():
@@ -44,7 +44,8 @@ def test_a_configs_sim_table_gives_enum_members():
     ({"network": "fast"}, "sim.network: 'fast' is not one of flow, analytic, ideal"),
     ({"network": 1}, "sim.network: 1 is not one of flow, analytic, ideal"),
     ({"algo": "ring/LL128"}, "sim.algo: 'ring/LL128' is not one of auto, ring, tree, "
-                             "hierarchical, rhd, torus, direct, gloo"),
+                             "hierarchical, rhd, torus, direct, gloo, ring_flows, "
+                             "tree_flows"),
 ])
 def test_a_bad_mode_or_algorithm_in_a_config_is_todays_message(overrides, message):
     with pytest.raises(ConfigError) as err:
@@ -81,8 +82,11 @@ def _seconds(transport, op):
 
 
 def test_a_resolved_algorithm_is_a_plain_name(h100):
+    name, _ = Collectives(h100).resolve(OpKind.ALL_REDUCE, range(8), 2.0**20,
+                                        Algorithm.TREE_FLOWS)
+    assert type(name) is str and name == "tree_flows"
     name, _ = Collectives(h100).resolve(OpKind.ALL_REDUCE, range(8), 2.0**20, Algorithm.TREE)
-    assert type(name) is str and name == "tree"
+    assert type(name) is str and name.startswith("tree/")  # NCCL's tree where NCCL runs
 
 
 def test_the_collective_commands_flags_keep_their_messages(capsys):
