@@ -4,7 +4,8 @@
 
 Every send/recv and collective gets a typed key (what moves, between whom, how many bytes);
 each distinct key is lowered once by `sim.collectives` into rounds of flow sets, and each op
-gets a `CommOp` (its lowering, meeting channel, issue counter and how many must arrive).
+gets a `CommOp` (its lowering, meeting channel, issue counter and how many must arrive) and a
+call number: its place among the rank's calls on that channel in program order.
 Partial traces replay by symmetry, folded plans add their copies' flows where they share the
 representatives' links, measured communication of unstated size keeps its duration, and bad
 traces raise `ConfigError` naming the op.
@@ -14,6 +15,7 @@ In full: docs/engine.md ("Lowering communication").
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -100,7 +102,7 @@ class CommOp:
     channel: int
     """Where it meets its partners: `CommPlan.channels[channel]`."""
     queue: int
-    """Its issue counter, one per (channel, rank): the k-th call on it joins meeting k."""
+    """Its issue counter, one per (channel, rank), which numbers the calls (`CommPlan.calls`)."""
     need: int
     """How many present ranks must arrive; 1 when the rank stands for the whole group (or
     its partners are absent from a partial trace)."""
@@ -115,6 +117,11 @@ class CommPlan:
     num_queues: int
     ops: Mapping[int, Mapping[int, CommOp]]
     """Per rank, per op index (communication ops only)."""
+    calls: Mapping[int, array[int]]
+    """Per rank, per op index, the op's call number k on its channel: its place among the
+    rank's calls there in program order (the order the rank issues them, as NCCL numbers
+    them), whichever stream reaches it first; call k meets the other members' call k. (0 for
+    compute. Not in `CommOp`: equal ops share one.)"""
     algorithms: Mapping[str, int]
     """How many collectives (and transfers, as "p2p") each algorithm runs, counted once each."""
 
@@ -141,10 +148,13 @@ def lower_communication(plan: Trace, cluster: Cluster, fold: Layout | None, *,
     queues: dict[tuple[int, int], int] = {}
     made: dict[tuple[object, ...], tuple[CommOp, str | None]] = {}  # shared by equal ops
     ops: dict[int, dict[int, CommOp]] = {}
+    calls: dict[int, array[int]] = {}
+    issued: list[int] = []  # per queue, the calls numbered so far
     algorithms: dict[str, int] = {}
-    for rank, per_op in key_of.items():
+    for rank, per_op in key_of.items():  # per_op in op order: program order
         table = ops[rank] = {}
         rank_ops = plan.ops[rank]
+        numbers = calls[rank] = array("i", bytes(4 * len(rank_ops)))
         for i, k in per_op.items():
             op = rank_ops[i]
             tag = op.tag if op.kind.is_p2p else ""
@@ -153,10 +163,15 @@ def lower_communication(plan: Trace, cluster: Cluster, fold: Layout | None, *,
                 found = made[(k, tag, rank)] = _comm_op(
                     rank, op.kind, tag, k, keys[k], lowered[k].algo, members, channels, queues)
             table[i] = found[0]
+            queue = found[0].queue
+            if queue == len(issued):
+                issued.append(0)
+            numbers[i] = issued[queue]
+            issued[queue] += 1
             if found[1] is not None:  # count each collective once, at its first member
                 algorithms[found[1]] = algorithms.get(found[1], 0) + 1
     return CommPlan(lowered=tuple(lowered), channels=tuple(channels), num_queues=len(queues),
-                    ops=ops, algorithms=algorithms)
+                    ops=ops, calls=calls, algorithms=algorithms)
 
 
 def _comm_op(rank: int, kind: OpKind, tag: str, k: int, key: CommKey, algo: str,

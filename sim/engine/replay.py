@@ -26,6 +26,7 @@ whose size the trace does not state. The parts:
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
@@ -191,7 +192,7 @@ class _Replay:
         (`sim.engine.occupancy`)."""
         ops, starts, ends, events = (self.plan.ops[rank], self.starts[rank], self.ends[rank],
                                      self.events[rank])
-        comm = self.comm.ops.get(rank, {})
+        comm, calls = self.comm.ops.get(rank, {}), self.comm.calls.get(rank, array("i"))
         env, duration, occupancy = self.env, self.compute.duration, self.occupancy
         timeout, kernel, move, scale = env.timeout, occupancy.kernel(rank), occupancy.move, \
             occupancy.scale
@@ -227,7 +228,7 @@ class _Replay:
                 if (moved := move(c.lowered, op, (rank,))) is not None:
                     yield moved
             else:  # join the op's meeting; the last member to arrive runs it for all
-                meeting, last = arrive(rank, op, c)
+                meeting, last = arrive(rank, op, c, calls[i])
                 if last:
                     if (moved := move(c.lowered, op, meeting.ranks)) is not None:
                         yield moved
