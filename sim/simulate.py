@@ -18,6 +18,7 @@ from sim.models.compute import ComputeModel
 from sim.models.interference import host_interference
 from sim.models.memory import memory_by_pp_rank
 from sim.models.variability import expected_speeds
+from traces.identity import partition
 from traces.layout import Layout, Recompute
 from traces.ops import Trace
 from traces.pipeline import layout_schedule
@@ -31,9 +32,15 @@ def predict(exp: Experiment, *, fold: bool = True, progress: Progress | None = N
     """Simulate one step of `exp`; with `fold`, one rank per pipeline stage stands for all.
     The cluster's variability (`[cluster] jitter`, `slow_nodes`) stretches each rank's kernels
     by the expected slowest-member factor (`sim.models.variability`); `speeds` (one seeded
-    draw per rank, a Monte-Carlo sample) replaces it. When kernels are stretched, the ideal
-    step is simulated too and the summary's `variability_s` is the difference."""
-    ranks = exp.layout.representatives() if fold else None
+    draw per rank, a Monte-Carlo sample) replaces it; folded, the ranks then fold by identity
+    (`traces.identity`): one rank per class of equal speed and equal peers, so a named slow node
+    folds apart from the rest and the run equals the unfolded one. When kernels are stretched,
+    the ideal step is simulated too and the summary's `variability_s` is the difference."""
+    draw = speeds
+    classes = partition(exp.layout, key=lambda r: draw.get(r, 1.0)) \
+        if fold and draw is not None else None
+    ranks = (classes.representatives() if classes else exp.layout.representatives()) \
+        if fold else None
     schedule = layout_schedule(exp.layout)  # once: the plan and the memory model run it
     built = build(exp.model, exp.layout, ranks=ranks, schedule=schedule)
     plan = Trace(built.ops, replace(built.meta, experiment=exp.name, cluster_name=exp.cluster.name,
@@ -45,7 +52,7 @@ def predict(exp: Experiment, *, fold: bool = True, progress: Progress | None = N
     def run(stretch: Mapping[int, float] | None, bar: Progress | None) -> StepTimes:
         return replay(plan, exp.cluster, ComputeModel(exp.cluster.accelerator, exp.profile),
                       interference=host_interference(exp.profile), network=exp.network,
-                      algo=exp.algo, progress=bar, speeds=stretch)
+                      algo=exp.algo, progress=bar, speeds=stretch, fold=classes)
 
     times = run(speeds, progress)
     memory = memory_by_pp_rank(exp.model, exp.layout, schedule)

@@ -24,6 +24,7 @@ from sim.engine.flows import FlowSet, Lowering
 from topology.cluster import Cluster
 from traces import symmetry
 from traces.errors import ConfigError
+from traces.identity import Partition, partition
 from traces.io import check_transfer_sizes
 from traces.layout import Layout
 from traces.ops import Op, OpKind, Trace
@@ -126,15 +127,19 @@ class CommPlan:
     """How many collectives (and transfers, as "p2p") each algorithm runs, counted once each."""
 
 
-def lower_communication(plan: Trace, cluster: Cluster, fold: Layout | None, *,
+def lower_communication(plan: Trace, cluster: Cluster, fold: Layout | Partition | None, *,
                         algo: Algorithm = Algorithm.AUTO,
                         collectives: Collectives | None = None) -> CommPlan:
     """Lower every communication op of `plan` on `cluster`; `fold` is the layout a folded
-    plan was built with (None: the plan holds every rank it runs)."""
+    plan was built with (one rank per (cp, pp)), or the classes of a fold by identity
+    (`traces.identity`); None: the plan holds every rank it runs."""
     collectives = collectives or Collectives(cluster)
+    if isinstance(fold, Layout):
+        fold = partition(fold)
     if fold is not None and fold.world > cluster.num_devices:
-        raise ConfigError(f"trace: its fold stands for tp {fold.tp} x cp {fold.cp} x pp "
-                          f"{fold.pp} x dp {fold.dp} = {fold.world:,} ranks, more than the "
+        f = fold.layout
+        raise ConfigError(f"trace: its fold stands for tp {f.tp} x cp {f.cp} x pp "
+                          f"{f.pp} x dp {f.dp} = {f.world:,} ranks, more than the "
                           f"{cluster.num_devices:,} accelerators of {cluster.name}")
     for r in plan.ops:
         if not 0 <= r < cluster.num_devices:
@@ -251,7 +256,7 @@ def _measured(op: Op) -> bool:
 
 
 def _lower(keys: list[CommKey], cluster: Cluster, collectives: Collectives,
-           fold: Layout | None, algo: Algorithm) -> list[Lowered]:
+           fold: Partition | None, algo: Algorithm) -> list[Lowered]:
     """Lower every distinct key once; add the folded copies' flows on the links the present
     ranks use (the copies elsewhere mirror them and need no simulation). A measured key
     has no lowering: the replay keeps its op's measured duration."""
@@ -269,15 +274,17 @@ def _lower(keys: list[CommKey], cluster: Cluster, collectives: Collectives,
                              for flows, _ in rnd for link in flows.links}
     if not getattr(cluster.fabric, "symmetric", True):
         used = None  # hashed routes: each copy's flows collide where its own hash puts them
+    layout, classes = fold.layout, fold.rep_of or None
     lowered = []
     for key, (name, lowering) in zip(keys, base):
         if key.measured:
             copies = []
         elif isinstance(key, TransferKey):
-            copies = [collectives.p2p(*pair) for pair in symmetry.copies(fold, (key.src, key.dst))]
+            copies = [collectives.p2p(*pair)
+                      for pair in symmetry.copies(layout, (key.src, key.dst), classes)]
         else:
             copies = []
-            for group in symmetry.copies(fold, key.group):
+            for group in symmetry.copies(layout, key.group, classes):
                 copy = collectives.lowering(key.kind, group, name)
                 assert copy is not None, f"{name} applies to a group but not to its copy {group}"
                 copies.append(copy)
@@ -291,7 +298,7 @@ class _Members:
     representatives its members fold onto; of a partial trace, the members it holds (the
     absent ones mirror them)."""
 
-    def __init__(self, plan: Trace, fold: Layout | None) -> None:
+    def __init__(self, plan: Trace, fold: Partition | None) -> None:
         self.present = set(plan.ops)
         self.fold = fold
         self._cache: dict[tuple[int, ...], tuple[int, ...]] = {}
