@@ -56,9 +56,10 @@ def predict(exp: Experiment, *, fold: bool = True, progress: Progress | None = N
 
     times = run(speeds, progress)
     memory = memory_by_pp_rank(exp.model, exp.layout, schedule)
-    summary = summarize(exp.model, exp.layout, exp.cluster, times, memory)
+    sizes = classes.class_sizes() if classes else None
+    summary = summarize(exp.model, exp.layout, exp.cluster, times, memory, sizes)
     if speeds is not None and any(s != 1.0 for s in speeds.values()):
-        ideal = summarize(exp.model, exp.layout, exp.cluster, run(None, None), memory)
+        ideal = summarize(exp.model, exp.layout, exp.cluster, run(None, None), memory, sizes)
         summary = replace(summary, variability_s=summary.step_time_s - ideal.step_time_s,
                           variability_compute_s=summary.compute_s - ideal.compute_s)
     return summary, times

@@ -33,6 +33,10 @@ def test_a_slow_node_folded_by_identity_equals_the_unfolded_run(tp, pp, dp, zero
     assert folded.step_time_s == unfolded.step_time_s
     for r in classes:
         assert reps.starts[r] == every.starts[r] and reps.ends[r] == every.ends[r]
+    for name in ("compute_s", "exposed_comm_s", "bubble_fraction", "hardware_tflops_per_gpu",
+                 "variability_s"):  # class-weighted means: the same sums in another order
+        assert getattr(folded, name) == pytest.approx(getattr(unfolded, name), rel=1e-9,
+                                                      abs=1e-15), name
     # the plan holds (and the op cap counts) the representatives' ops only
     assert reps.plan.num_ops() == sum(len(every.plan.ops[r]) for r in classes)
 
