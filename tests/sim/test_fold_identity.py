@@ -4,7 +4,11 @@ into its own classes and every representative's ops start and end exactly as unf
 import pytest
 
 from sim.config import experiment_from_dict
+from sim.engine.replay import replay
+from sim.models.compute import ComputeModel
 from sim.simulate import predict
+from traces.identity import partition
+from traces.plan import build
 
 
 def experiment(tp: int, pp: int, dp: int, zero: int = 0):
@@ -51,3 +55,12 @@ def test_equal_speeds_fold_as_today(tp, pp, dp):
     assert sorted(new.plan.ops) == exp.layout.representatives()
     assert folded.step_time_s == today.step_time_s == unfolded.step_time_s
     assert new.ends == old.ends
+
+
+def test_every_rank_its_own_class_is_the_unfolded_replay():
+    exp = experiment(2, 2, 4)
+    plan = build(exp.model, exp.layout)
+    compute = ComputeModel(exp.cluster.accelerator, exp.profile)
+    singletons = partition(exp.layout, key=lambda r: r)
+    alone = replay(plan, exp.cluster, compute, fold=singletons)
+    assert alone.ends == replay(plan, exp.cluster, compute).ends
