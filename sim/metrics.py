@@ -14,6 +14,7 @@ benchmarks report it).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -75,15 +76,29 @@ def rank_times(times: StepTimes, layout: Layout | None = None) -> list[RankTime]
 
 
 def summarize(model: ModelSpec, layout: Layout, cluster: Cluster, times: StepTimes,
-              memory: list[MemoryBreakdown]) -> StepSummary:
+              memory: list[MemoryBreakdown],
+              stand_for: Mapping[int, int] | None = None) -> StepSummary:
+    """The step's figures; `stand_for[rank]`, if given, is how many ranks each plan rank
+    stands for (a fold by identity, `traces.identity`), else they share the world evenly."""
     step = times.step_time_s
     world = layout.world
-    # A folded plan has one rank per stage standing for tp * dp identical ones.
-    stand_for = world / len(times.plan.ops)
-    hw_flops = stand_for * sum(op.flops for ops in times.plan.ops.values() for op in ops)
-    model_per_gpu = model_flops(model, layout.global_batch) / world / step
     ranks = rank_times(times, layout)
-    n = len(ranks)
+    if stand_for is None:
+        # A folded plan has one rank per stage standing for tp * dp identical ones.
+        share = world / len(times.plan.ops)
+        hw_flops = share * sum(op.flops for ops in times.plan.ops.values() for op in ops)
+        n = len(ranks)
+        idle = sum(r.idle_s for r in ranks) / n
+        exposed = sum(r.exposed_comm_s for r in ranks) / n
+        busy = sum(r.compute_s for r in ranks) / n
+    else:
+        assert sum(stand_for[r.rank] for r in ranks) == world, "the classes cover the world"
+        hw_flops = sum(stand_for[r] * sum(op.flops for op in ops)
+                       for r, ops in times.plan.ops.items())
+        idle = sum(stand_for[r.rank] * r.idle_s for r in ranks) / world
+        exposed = sum(stand_for[r.rank] * r.exposed_comm_s for r in ranks) / world
+        busy = sum(stand_for[r.rank] * r.compute_s for r in ranks) / world
+    model_per_gpu = model_flops(model, layout.global_batch) / world / step
     peak = max(m.total_bytes for m in memory)
     return StepSummary(
         step_time_s=step,
@@ -91,9 +106,9 @@ def summarize(model: ModelSpec, layout: Layout, cluster: Cluster, times: StepTim
         model_tflops_per_gpu=model_per_gpu / 1e12,
         hardware_tflops_per_gpu=hw_flops / world / step / 1e12,
         mfu=model_per_gpu / gemm_peak(model, cluster.accelerator),
-        bubble_fraction=sum(r.idle_s for r in ranks) / n / step,
-        exposed_comm_s=sum(r.exposed_comm_s for r in ranks) / n,
-        compute_s=sum(r.compute_s for r in ranks) / n,
+        bubble_fraction=idle / step,
+        exposed_comm_s=exposed,
+        compute_s=busy,
         peak_memory_bytes=peak,
         fits=peak <= cluster.accelerator.memory_bytes,
         memory_capacity_bytes=cluster.accelerator.memory_bytes,

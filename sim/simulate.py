@@ -18,6 +18,7 @@ from sim.models.compute import ComputeModel
 from sim.models.memory import memory_by_pp_rank
 from sim.models.sharing import interference_for
 from sim.models.variability import expected_speeds
+from traces.identity import partition
 from traces.layout import Layout, Recompute
 from traces.moe import skewed_experts
 from traces.ops import Trace
@@ -32,12 +33,18 @@ def predict(exp: Experiment, *, fold: bool = True, progress: Progress | None = N
     """Simulate one step of `exp`; with `fold`, one rank per pipeline stage stands for all.
     The cluster's variability (`[cluster] jitter`, `slow_nodes`) stretches each rank's kernels
     by the expected slowest-member factor (`sim.models.variability`); `speeds` (one seeded
-    draw per rank, a Monte-Carlo sample) replaces it. When kernels are stretched, the ideal
-    step is simulated too and the summary's `variability_s` is the difference."""
-    # Skewed routing gives each EP rank its own expert work: simulate them all (folding by
-    # identity, which would keep one rank per distinct EP load, is the scale issue's).
+    draw per rank, a Monte-Carlo sample) replaces it; folded, the ranks then fold by identity
+    (`traces.identity`): one rank per class of equal speed and equal peers, so a named slow node
+    folds apart from the rest and the run equals the unfolded one. When kernels are stretched,
+    the ideal step is simulated too and the summary's `variability_s` is the difference."""
+    # Skewed routing gives each EP rank its own expert work: simulate them all (an identity
+    # key of expert loads would keep one rank per distinct EP load; not written yet).
     fold = fold and not skewed_experts(exp.model, exp.layout)
-    ranks = exp.layout.representatives() if fold else None
+    draw = speeds
+    classes = partition(exp.layout, key=lambda r: draw.get(r, 1.0)) \
+        if fold and draw is not None else None
+    ranks = (classes.representatives() if classes else exp.layout.representatives()) \
+        if fold else None
     schedule = layout_schedule(exp.layout)  # once: the plan and the memory model run it
     built = build(exp.model, exp.layout, ranks=ranks, schedule=schedule)
     plan = Trace(built.ops, replace(built.meta, experiment=exp.name, cluster_name=exp.cluster.name,
@@ -50,13 +57,15 @@ def predict(exp: Experiment, *, fold: bool = True, progress: Progress | None = N
 
     def run(stretch: Mapping[int, float] | None, bar: Progress | None) -> StepTimes:
         return replay(plan, exp.cluster, compute, interference=interference,
-                      network=exp.network, algo=exp.algo, progress=bar, speeds=stretch)
+                      network=exp.network, algo=exp.algo, progress=bar, speeds=stretch,
+                      fold=classes)
 
     times = run(speeds, progress)
     memory = memory_by_pp_rank(exp.model, exp.layout, schedule)
-    summary = summarize(exp.model, exp.layout, exp.cluster, times, memory)
+    sizes = classes.class_sizes() if classes else None
+    summary = summarize(exp.model, exp.layout, exp.cluster, times, memory, sizes)
     if speeds is not None and any(s != 1.0 for s in speeds.values()):
-        ideal = summarize(exp.model, exp.layout, exp.cluster, run(None, None), memory)
+        ideal = summarize(exp.model, exp.layout, exp.cluster, run(None, None), memory, sizes)
         summary = replace(summary, variability_s=summary.step_time_s - ideal.step_time_s,
                           variability_compute_s=summary.compute_s - ideal.compute_s)
     return summary, times

@@ -4,22 +4,32 @@ A folded plan holds one rank per (cp, pp) coordinate; its TP peers and DP replic
 same program on shifted ranks. `copies` lists the other groups a representative's group
 stands for: one image per coset of the group's stabilizer among the tp x dp shifts, found
 from the periods of a labelled torus (least rotations, rotation periods and the Chinese
-remainder theorem) rather than by trying every shift.
+remainder theorem) rather than by trying every shift. Folded by identity (`traces.identity`:
+ranks in classes, say a slow node's apart), a copy is an image under a shift that keeps every
+member of the group in its class (`copies(..., rep_of=...)`): the slow class's groups stand
+for the slow ranks' groups only.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 from traces.layout import Layout
 
 
-def copies(layout: Layout, group: tuple[int, ...]) -> list[tuple[int, ...]]:
+def copies(layout: Layout, group: tuple[int, ...],
+           rep_of: Sequence[int] | None = None) -> list[tuple[int, ...]]:
     """Images of `group` under every (tp, dp) shift of `layout` that are other sets of ranks
     than it, each given by the first shift (by tp shift, then dp shift) that yields it. Two shifts
     yield the same set when they differ by a shift that maps the group onto itself, so one
     image is built per coset of that stabilizer: O(tp·dp + images · len(group)), where
-    trying every shift would cost tp·dp · len(group) (a DP group of 2,048: 8 M shifts)."""
+    trying every shift would cost tp·dp · len(group) (a DP group of 2,048: 8 M shifts).
+    With `rep_of` (each rank's class representative), only the shifts that map every member
+    into its own class count, and they are tried one by one (a fold by identity, kept for
+    layouts that are not uniform)."""
+    if rep_of is not None:
+        return _class_copies(layout, group, rep_of)
     num_tp, num_dp, dp_step = layout.tp, layout.dp, layout.tp * layout.cp
     # rank = base + t + TP·CP·d, with base the rank's (cp, pp) part: what a shift keeps
     parts = []
@@ -46,6 +56,29 @@ def copies(layout: Layout, group: tuple[int, ...]) -> list[tuple[int, ...]]:
             images.append(tuple(base + (t + dtp) % num_tp + dp_step * ((d + ddp) % num_dp)
                                 for base, t, d in parts))
     return images
+
+def _class_copies(layout: Layout, group: tuple[int, ...],
+                  rep_of: Sequence[int]) -> list[tuple[int, ...]]:
+    """`copies` by the shifts that keep each member in its class, tried in the same order."""
+    num_tp, num_dp, dp_step = layout.tp, layout.dp, layout.tp * layout.cp
+    parts = []
+    for r in group:
+        t, d = r % num_tp, (r // dp_step) % num_dp
+        parts.append((r - t - dp_step * d, t, d))
+    seen = {frozenset(group)}
+    images = []
+    for dtp in range(num_tp):
+        for ddp in range(num_dp):
+            image = tuple(base + (t + dtp) % num_tp + dp_step * ((d + ddp) % num_dp)
+                          for base, t, d in parts)
+            if any(rep_of[a] != rep_of[b] for a, b in zip(group, image, strict=True)):
+                continue
+            as_set = frozenset(image)
+            if as_set not in seen:
+                seen.add(as_set)
+                images.append(image)
+    return images
+
 
 def _periods(grid: list[list[int]]) -> list[tuple[int, int]]:
     """Every shift (e, u) with grid[(t + e) % A][(d + u) % B] == grid[t][d] for all t, d (the

@@ -4,7 +4,8 @@
 
 Every send/recv and collective gets a typed key (what moves, between whom, how many bytes);
 each distinct key is lowered once by `sim.collectives` into rounds of flow sets, and each op
-gets a `CommOp` (its lowering, meeting channel, issue counter and how many must arrive).
+gets a `CommOp` (its lowering, meeting channel, issue counter and how many must arrive) and a
+call number: its place among the rank's calls on that channel in program order.
 Partial traces replay by symmetry, folded plans add their copies' flows where they share the
 representatives' links, measured communication of unstated size keeps its duration, and bad
 traces raise `ConfigError` naming the op.
@@ -14,6 +15,7 @@ In full: docs/engine.md ("Lowering communication").
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -22,6 +24,7 @@ from sim.engine.flows import FlowSet, Lowering
 from topology.cluster import Cluster
 from traces import symmetry
 from traces.errors import ConfigError
+from traces.identity import Partition, partition
 from traces.io import check_transfer_sizes
 from traces.layout import Layout
 from traces.ops import Op, OpKind, Trace
@@ -100,7 +103,7 @@ class CommOp:
     channel: int
     """Where it meets its partners: `CommPlan.channels[channel]`."""
     queue: int
-    """Its issue counter, one per (channel, rank): the k-th call on it joins meeting k."""
+    """Its issue counter, one per (channel, rank), which numbers the calls (`CommPlan.calls`)."""
     need: int
     """How many present ranks must arrive; 1 when the rank stands for the whole group (or
     its partners are absent from a partial trace)."""
@@ -115,19 +118,28 @@ class CommPlan:
     num_queues: int
     ops: Mapping[int, Mapping[int, CommOp]]
     """Per rank, per op index (communication ops only)."""
+    calls: Mapping[int, array[int]]
+    """Per rank, per op index, the op's call number k on its channel: its place among the
+    rank's calls there in program order (the order the rank issues them, as NCCL numbers
+    them), whichever stream reaches it first; call k meets the other members' call k. (0 for
+    compute. Not in `CommOp`: equal ops share one.)"""
     algorithms: Mapping[str, int]
     """How many collectives (and transfers, as "p2p") each algorithm runs, counted once each."""
 
 
-def lower_communication(plan: Trace, cluster: Cluster, fold: Layout | None, *,
+def lower_communication(plan: Trace, cluster: Cluster, fold: Layout | Partition | None, *,
                         algo: Algorithm = Algorithm.AUTO,
                         collectives: Collectives | None = None) -> CommPlan:
     """Lower every communication op of `plan` on `cluster`; `fold` is the layout a folded
-    plan was built with (None: the plan holds every rank it runs)."""
+    plan was built with (one rank per (cp, pp)), or the classes of a fold by identity
+    (`traces.identity`); None: the plan holds every rank it runs."""
     collectives = collectives or Collectives(cluster)
+    if isinstance(fold, Layout):
+        fold = partition(fold)
     if fold is not None and fold.world > cluster.num_devices:
-        raise ConfigError(f"trace: its fold stands for tp {fold.tp} x cp {fold.cp} x pp "
-                          f"{fold.pp} x dp {fold.dp} = {fold.world:,} ranks, more than the "
+        f = fold.layout
+        raise ConfigError(f"trace: its fold stands for tp {f.tp} x cp {f.cp} x pp "
+                          f"{f.pp} x dp {f.dp} = {f.world:,} ranks, more than the "
                           f"{cluster.num_devices:,} accelerators of {cluster.name}")
     for r in plan.ops:
         if not 0 <= r < cluster.num_devices:
@@ -141,10 +153,13 @@ def lower_communication(plan: Trace, cluster: Cluster, fold: Layout | None, *,
     queues: dict[tuple[int, int], int] = {}
     made: dict[tuple[object, ...], tuple[CommOp, str | None]] = {}  # shared by equal ops
     ops: dict[int, dict[int, CommOp]] = {}
+    calls: dict[int, array[int]] = {}
+    issued: list[int] = []  # per queue, the calls numbered so far
     algorithms: dict[str, int] = {}
-    for rank, per_op in key_of.items():
+    for rank, per_op in key_of.items():  # per_op in op order: program order
         table = ops[rank] = {}
         rank_ops = plan.ops[rank]
+        numbers = calls[rank] = array("i", bytes(4 * len(rank_ops)))
         for i, k in per_op.items():
             op = rank_ops[i]
             tag = op.tag if op.kind.is_p2p else ""
@@ -153,10 +168,15 @@ def lower_communication(plan: Trace, cluster: Cluster, fold: Layout | None, *,
                 found = made[(k, tag, rank)] = _comm_op(
                     rank, op.kind, tag, k, keys[k], lowered[k].algo, members, channels, queues)
             table[i] = found[0]
+            queue = found[0].queue
+            if queue == len(issued):
+                issued.append(0)
+            numbers[i] = issued[queue]
+            issued[queue] += 1
             if found[1] is not None:  # count each collective once, at its first member
                 algorithms[found[1]] = algorithms.get(found[1], 0) + 1
     return CommPlan(lowered=tuple(lowered), channels=tuple(channels), num_queues=len(queues),
-                    ops=ops, algorithms=algorithms)
+                    ops=ops, calls=calls, algorithms=algorithms)
 
 
 def _comm_op(rank: int, kind: OpKind, tag: str, k: int, key: CommKey, algo: str,
@@ -236,7 +256,7 @@ def _measured(op: Op) -> bool:
 
 
 def _lower(keys: list[CommKey], cluster: Cluster, collectives: Collectives,
-           fold: Layout | None, algo: Algorithm) -> list[Lowered]:
+           fold: Partition | None, algo: Algorithm) -> list[Lowered]:
     """Lower every distinct key once; add the folded copies' flows on the links the present
     ranks use (the copies elsewhere mirror them and need no simulation). A measured key
     has no lowering: the replay keeps its op's measured duration."""
@@ -254,15 +274,17 @@ def _lower(keys: list[CommKey], cluster: Cluster, collectives: Collectives,
                              for flows, _ in rnd for link in flows.links}
     if not getattr(cluster.fabric, "symmetric", True):
         used = None  # hashed routes: each copy's flows collide where its own hash puts them
+    layout, classes = fold.layout, fold.rep_of or None
     lowered = []
     for key, (name, lowering) in zip(keys, base):
         if key.measured:
             copies = []
         elif isinstance(key, TransferKey):
-            copies = [collectives.p2p(*pair) for pair in symmetry.copies(fold, (key.src, key.dst))]
+            copies = [collectives.p2p(*pair)
+                      for pair in symmetry.copies(layout, (key.src, key.dst), classes)]
         else:
             copies = []
-            for group in symmetry.copies(fold, key.group):
+            for group in symmetry.copies(layout, key.group, classes):
                 copy = collectives.lowering(key.kind, group, name)
                 assert copy is not None, f"{name} applies to a group but not to its copy {group}"
                 copies.append(copy)
@@ -276,7 +298,7 @@ class _Members:
     representatives its members fold onto; of a partial trace, the members it holds (the
     absent ones mirror them)."""
 
-    def __init__(self, plan: Trace, fold: Layout | None) -> None:
+    def __init__(self, plan: Trace, fold: Partition | None) -> None:
         self.present = set(plan.ops)
         self.fold = fold
         self._cache: dict[tuple[int, ...], tuple[int, ...]] = {}

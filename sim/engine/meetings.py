@@ -2,9 +2,13 @@
 
 As NCCL matches calls on a communicator, the k-th collective a rank issues on a group meets the
 k-th that every other member issues on it; the k-th send from a to b with a tag meets the k-th
-receive on b from a with that tag. `Meetings.arrive` counts each rank's calls per channel
-(`CommOp.queue`) and gathers the members of call k; the last to arrive gets `last=True` and
-runs the transfer for all, the others wait on the meeting's `done` event.
+receive on b from a with that tag. "Issues" is program order: k is the call's place among the
+rank's calls on the channel in its op list (`CommPlan.calls`, numbered in lowering), not the
+order its streams happen to reach them, which a slow rank with two streams on one group (ZeRO-3's
+gathers and reductions) may change. `Meetings.arrive` gathers the members of call k; the last to
+arrive gets `last=True` and runs the transfer for all, the others wait on the meeting's `done`
+event. A stream that reaches call k+1 before another stream of its rank has reached call k does
+not wait for it (docs/engine.md, "Meetings").
 """
 
 from __future__ import annotations
@@ -40,13 +44,11 @@ class Meetings:
     def __init__(self, env: simpy.Environment, comm: CommPlan) -> None:
         self.env = env
         self.channels = comm.channels
-        self._issued = [0] * comm.num_queues
         self._open: dict[tuple[int, int], Meeting] = {}
 
-    def arrive(self, rank: int, op: Op, comm: CommOp) -> tuple[Meeting, bool]:
-        """`rank` issues `op`: the meeting it joins, and whether it completes it."""
-        seq = self._issued[comm.queue]
-        self._issued[comm.queue] = seq + 1
+    def arrive(self, rank: int, op: Op, comm: CommOp, seq: int) -> tuple[Meeting, bool]:
+        """`rank` issues `op`, its call number `seq` on the op's channel: the meeting it joins,
+        and whether it completes it."""
         key = (comm.channel, seq)
         meeting = self._open.get(key)
         if meeting is None:

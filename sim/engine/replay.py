@@ -26,6 +26,7 @@ whose size the trace does not state. The parts:
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
@@ -42,6 +43,7 @@ from sim.models.interference import NO_INTERFERENCE, Interference
 from topology.cluster import Cluster
 from traces.errors import ConfigError
 from traces.header import check_fold_ranks
+from traces.identity import Partition
 from traces.nogc import paused_gc
 from traces.ops import Op, OpKind, Trace
 
@@ -81,19 +83,25 @@ def replay(plan: Trace, cluster: Cluster, compute: Durations, *,
            network: NetworkMode = NetworkMode.FLOW, algo: Algorithm = Algorithm.AUTO,
            progress: Progress | None = None,
            gaps: Mapping[int, Sequence[float]] | None = None,
-           speeds: Mapping[int, float] | None = None) -> StepTimes:
+           speeds: Mapping[int, float] | None = None,
+           fold: Partition | None = None) -> StepTimes:
     """Time every op of `plan` on `cluster`, kernels by `compute`, compute and communication
     on one rank slowing each other by `interference`. `gaps[rank][i]`, if given, is idle time
     op i waits once it could start (a measured trace's host time between kernel launches, see
     `host_gaps`). `speeds[rank]`, if given, stretches every kernel of the rank (per-rank
-    variability, `sim.models.variability`; 1 where absent)."""
+    variability, `sim.models.variability`; 1 where absent). `fold`, if given, is the plan's
+    fold by identity (`traces.identity`): the plan holds its representatives, each standing
+    for its class (in place of `meta.fold`'s one rank per (cp, pp))."""
     if network not in NETWORK_NAMES:  # a string from an untyped caller
         raise ConfigError(f"network: {network!r} is not one of {', '.join(NETWORK_NAMES)}")
-    check_fold_ranks(plan.meta.fold, plan.ops)
+    if fold is None:
+        check_fold_ranks(plan.meta.fold, plan.ops)
+    else:
+        assert sorted(plan.ops) == fold.representatives(), "the plan holds the fold's classes"
     # The lowering, the ~10^6 events and floats of the run and the run itself make no cycles
     # the collector need find; left on, it rescans the plan's ops again and again.
     with paused_gc():
-        comm = lower_communication(plan, cluster, plan.meta.fold, algo=algo)
+        comm = lower_communication(plan, cluster, fold or plan.meta.fold, algo=algo)
         return _Replay(plan, cluster, compute, interference, comm, NetworkMode(network),
                        gaps, speeds).run(progress)
 
@@ -198,7 +206,7 @@ class _Replay:
         (`sim.engine.occupancy`)."""
         ops, starts, ends, events = (self.plan.ops[rank], self.starts[rank], self.ends[rank],
                                      self.events[rank])
-        comm = self.comm.ops.get(rank, {})
+        comm, calls = self.comm.ops.get(rank, {}), self.comm.calls.get(rank, array("i"))
         env, duration, occupancy = self.env, self.compute.duration, self.occupancy
         timeout, kernel, move, scale = env.timeout, occupancy.kernel(rank), occupancy.move, \
             occupancy.scale
@@ -250,7 +258,7 @@ class _Replay:
                 if (moved := move(c.lowered, op, (rank,))) is not None:
                     yield moved
             else:  # join the op's meeting; the last member to arrive runs it for all
-                meeting, last = arrive(rank, op, c)
+                meeting, last = arrive(rank, op, c, calls[i])
                 if last:
                     if (moved := move(c.lowered, op, meeting.ranks)) is not None:
                         yield moved

@@ -45,6 +45,21 @@ def test_equal_ops_share_one_key_and_one_lowering_and_count_once(h100):
     assert comm.ops[0][1] == CommOp(lowered=1, channel=1, queue=1, need=2)
     assert comm.ops[1][1] == CommOp(lowered=1, channel=1, queue=3, need=2)
     assert comm.algorithms == {"ring_flows": 2, "p2p": 1}  # each collective and send counted once
+    # Call numbers, per rank and op, in program order on each channel (shared CommOps, own
+    # numbers): the all-reduces are calls 0 and 1 of the group, the transfer call 0 of its.
+    assert list(comm.calls[0]) == list(comm.calls[1]) == [0, 0, 1]
+
+
+def test_calls_are_numbered_in_program_order_across_the_streams_of_a_group(h100):
+    def op(kind, stream, size):
+        return Op(kind=kind, stream=stream, group=(0, 1), size_bytes=size)
+
+    gather, scatter = OpKind.ALL_GATHER, OpKind.REDUCE_SCATTER
+    program = (op(gather, "zero_ag", MiB), op(scatter, "zero_rs", 2 * MiB),
+               Op(kind=OpKind.COMPUTE, stream="compute", name="x"), op(gather, "zero_ag", MiB))
+    comm = lower_communication(Trace({0: program, 1: program}), h100, None)
+    assert comm.ops[0][0] is comm.ops[0][3]  # equal ops share their CommOp ...
+    assert list(comm.calls[0]) == [0, 1, 0, 2]  # ... not their call number (compute: 0)
 
 
 def test_folded_copies_add_their_flows_on_the_links_the_representative_uses():

@@ -20,13 +20,14 @@ def test_the_kth_collective_of_each_member_meet_and_the_last_to_arrive_runs_it(h
     comm = lower_communication(plan, h100, None)
     env = simpy.Environment()
     meetings = Meetings(env, comm)
-    first, last = meetings.arrive(0, plan.ops[0][0], comm.ops[0][0])
-    second, _ = meetings.arrive(0, plan.ops[0][1], comm.ops[0][1])  # rank 0 runs ahead
+    first, last = meetings.arrive(0, plan.ops[0][0], comm.ops[0][0], comm.calls[0][0])
+    # rank 0 runs ahead
+    second, _ = meetings.arrive(0, plan.ops[0][1], comm.ops[0][1], comm.calls[0][1])
     assert not last and second is not first
     env.run(until=1.5)
-    joined, last = meetings.arrive(1, plan.ops[1][0], comm.ops[1][0])
+    joined, last = meetings.arrive(1, plan.ops[1][0], comm.ops[1][0], comm.calls[1][0])
     assert joined is first and last and first.start == 1.5
-    joined, last = meetings.arrive(1, plan.ops[1][1], comm.ops[1][1])
+    joined, last = meetings.arrive(1, plan.ops[1][1], comm.ops[1][1], comm.calls[1][1])
     assert joined is second and last
 
 
@@ -40,8 +41,10 @@ def test_receives_match_sends_by_tag_not_by_arrival(h100):
     plan = Trace({0: (send("a"), send("b")), 1: (recv("b"), recv("a"))})
     comm = lower_communication(plan, h100, None)
     meetings = Meetings(simpy.Environment(), comm)
-    sent = [meetings.arrive(0, op, comm.ops[0][i])[0] for i, op in enumerate(plan.ops[0])]
-    got = [meetings.arrive(1, op, comm.ops[1][i]) for i, op in enumerate(plan.ops[1])]
+    sent = [meetings.arrive(0, op, comm.ops[0][i], comm.calls[0][i])[0]
+            for i, op in enumerate(plan.ops[0])]
+    got = [meetings.arrive(1, op, comm.ops[1][i], comm.calls[1][i])
+           for i, op in enumerate(plan.ops[1])]
     assert got == [(sent[1], True), (sent[0], True)]
 
 
@@ -49,7 +52,7 @@ def test_members_that_disagree_on_a_call_are_reported(h100):
     plan = Trace({0: (ar(),), 1: (ar(kind=OpKind.ALL_GATHER),)})
     comm = lower_communication(plan, h100, None)
     meetings = Meetings(simpy.Environment(), comm)
-    meetings.arrive(0, plan.ops[0][0], comm.ops[0][0])
+    meetings.arrive(0, plan.ops[0][0], comm.ops[0][0], comm.calls[0][0])
     with pytest.raises(ConfigError, match=r"rank 1 issues all_gather of 1.04858e\+06 B as call "
                                           r"#0 on \[0, 1\], but another member issued all_reduce"):
-        meetings.arrive(1, plan.ops[1][0], comm.ops[1][0])
+        meetings.arrive(1, plan.ops[1][0], comm.ops[1][0], comm.calls[1][0])

@@ -49,6 +49,25 @@ def test_a_collective_starts_when_every_member_has_issued_it_and_stalls_only_its
     assert times.ends[1][2] == 2e-3
 
 
+def test_calls_meet_in_program_order_whichever_stream_reaches_its_call_first(h100):
+    # ZeRO-3's shape: a gather and a reduction on one group from two streams. Rank 1's gather
+    # stream is busy, so its reduction (call 1) is reached first; it meets rank 0's call 1,
+    # and does not wait for call 0 (the executor's communicators are per stream and group).
+    def op(kind, stream, deps=()):
+        return Op(kind=kind, stream=stream, group=(0, 1), size_bytes=MiB, deps=deps)
+
+    gather, scatter = OpKind.ALL_GATHER, OpKind.REDUCE_SCATTER
+    plan = Trace({
+        0: (op(gather, "zero_ag"), op(scatter, "zero_rs")),
+        1: (compute(1e-3, stream="zero_ag"), op(gather, "zero_ag"), op(scatter, "zero_rs")),
+    })
+    times = replay(plan, h100, Fixed())
+    assert times.starts[0][1] == times.starts[1][2] == 0.0  # the reductions, at once
+    assert times.starts[0][0] == times.starts[1][1] == 1e-3  # the gathers, when rank 1 is there
+    alone = replay(Trace({0: plan.ops[0][:1], 1: plan.ops[0][:1]}), h100, Fixed()).step_time_s
+    assert times.ends[1][1] == pytest.approx(1e-3 + alone, rel=1e-12)
+
+
 def test_a_dp_all_reduce_and_pipeline_traffic_on_one_nic_slow_each_other():
     cluster = build_cluster("dgx-h100", nodes=2, fabric="rail")
     size = 256 * MiB

@@ -1,0 +1,116 @@
+"""Folding by identity: which ranks run alike, decided from the layout's inputs, not assumed.
+
+    fold = partition(layout)                          # today's fold: one rank per (cp, pp)
+    fold = partition(layout, key=speeds.__getitem__)  # a named slow node folds apart
+    fold = partition(layout, key=lambda r: r)         # every rank its own class: unfolded
+
+A rank's identity starts from its key: its (pp, cp) coordinate (its program), plus whatever
+`key(rank)` returns (its device's speed class; later its expert loads, its network position).
+Ranks that start alike may still run differently, because they meet different peers: a fast
+rank whose TP peer or pipeline neighbour is slow waits for it. So the classes are refined until
+they are *equitable* (colour refinement): two ranks stay in one class only if, for every group
+they communicate in (TP, CP, DP x CP, their pipeline), the classes of that group's members are
+the same multiset (the pipeline: the same sequence by stage). Ranks of one equitable class see
+the same arrivals at every meeting and so run the same step; one representative (the least
+rank) is simulated per class, a meeting needs one arrival per representative present, and the
+flows of the groups the representatives do not hold are added as copies where they share links
+(`traces.symmetry.copies`, by the shifts that keep every member in its class).
+
+The refinement costs O(rounds x (world x groups per rank)); without a key the (cp, pp) classes
+are already equitable (every tp x dp shift maps the layout onto itself) and none is done.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
+
+from traces.layout import Axis, Layout
+
+IdentityKey = Callable[[int], Hashable]
+"""What sets a rank apart beyond its (cp, pp) coordinate; equal keys (and peers) fold together."""
+
+
+@dataclass(frozen=True, slots=True)
+class Partition:
+    """The ranks of `layout` in classes; `rep_of[r]` is the representative (least rank) of r's
+    class. Empty `rep_of`: the uniform fold, one class per (cp, pp) (`Layout.representative`),
+    whose copies `traces.symmetry` finds fast."""
+
+    layout: Layout
+    rep_of: tuple[int, ...] = ()
+
+    @property
+    def uniform(self) -> bool:
+        return not self.rep_of
+
+    @property
+    def world(self) -> int:
+        return self.layout.world
+
+    def representative(self, rank: int) -> int:
+        return self.rep_of[rank] if self.rep_of else self.layout.representative(rank)
+
+    def representatives(self) -> list[int]:
+        return sorted(set(self.rep_of)) if self.rep_of else self.layout.representatives()
+
+    def class_sizes(self) -> dict[int, int]:
+        """Per representative, how many ranks it stands for."""
+        sizes: dict[int, int] = {}
+        for r in range(self.world):
+            rep = self.representative(r)
+            sizes[rep] = sizes.get(rep, 0) + 1
+        return sizes
+
+    @property
+    def folds(self) -> bool:
+        """Whether some representative stands for other ranks (False: every rank its own)."""
+        return len(self.representatives()) < self.world
+
+
+def partition(layout: Layout, key: IdentityKey | None = None) -> Partition:
+    """The coarsest equitable partition of `layout`'s ranks refining (pp, cp, key(rank))."""
+    if key is None:
+        return Partition(layout)
+    world = layout.world
+    start = [(layout.coords(r).pp, layout.coords(r).cp, key(r)) for r in range(world)]
+    labels = _labels(start)
+    groups = _groups(layout)
+    while True:
+        signature = [(labels[r], *(_view(labels, group, ordered)
+                                   for group, ordered in (g[r] for g in groups)))
+                     for r in range(world)]
+        refined = _labels(signature)
+        if max(refined) == max(labels):  # no class split: equitable
+            break
+        labels = refined
+    first: dict[int, int] = {}
+    return Partition(layout, tuple(first.setdefault(label, r) for r, label in enumerate(labels)))
+
+
+def _labels(values: Sequence[Hashable]) -> list[int]:
+    """Dense labels, 0 for the first distinct value met, 1 for the next, ..."""
+    names: dict[Hashable, int] = {}
+    return [names.setdefault(v, len(names)) for v in values]
+
+
+def _view(labels: list[int], group: tuple[int, ...], ordered: bool) -> tuple[int, ...]:
+    """What a member sees of its group: its members' classes, by position (a pipeline's
+    stages) or as a multiset (a collective's members)."""
+    seen = [labels[r] for r in group]
+    return tuple(seen) if ordered else tuple(sorted(seen))
+
+
+def _groups(layout: Layout) -> list[list[tuple[tuple[int, ...], bool]]]:
+    """Per axis a rank communicates on, per rank: (its group there, whether order matters)."""
+    out = []
+    axes = [(Axis.TP, False), (Axis.CP, False), (Axis.PP, True)]
+    for axis, ordered in axes:
+        if layout.degree(axis) > 1:
+            out.append([(layout.group(r, axis), ordered) for r in range(layout.world)])
+    if layout.data_degree > 1:
+        out.append([(layout.data_group(r), False) for r in range(layout.world)])
+    return out
+
+
+__all__ = ["IdentityKey", "Partition", "partition"]
