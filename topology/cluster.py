@@ -81,6 +81,9 @@ class Cluster:
     )
     _link_ids: dict[tuple[str, str], int] = field(init=False, repr=False, compare=False)
     """Link id by (from node, to node): what `route` looks up per hop, without networkx."""
+    memo: dict[str, object] = field(init=False, default_factory=dict, repr=False,
+                                    compare=False)
+    """What other modules derive from the cluster once (`topology.links.link_index`)."""
 
     def __post_init__(self) -> None:
         edges = sorted(self.graph.edges(data=True), key=lambda e: e[2]["id"])

@@ -10,13 +10,18 @@ reused for every size.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Mapping, Sequence
 from enum import StrEnum
+from itertools import chain
+
+import numpy as np
 
 from sim.engine.flows import FlowSet
 from sim.engine.flows import Lowering as Lowering  # re-exported for the algorithm modules
 from sim.engine.flows import Round as Round
 from topology.cluster import Cluster
+from topology.links import link_counts, link_index, route_latencies
 from traces.ops import OpKind
 
 
@@ -77,6 +82,28 @@ def hop(cluster: Cluster, a: int, b: int) -> tuple[int, ...]:
     """Route of one hop; across servers pinned to the receiver's NIC so rails stay aligned."""
     nic = nic_pin(cluster, b) if cluster.server_of(a) != cluster.server_of(b) else None
     return cluster.route(a, b, nic)
+
+
+def hops(cluster: Cluster, a: Sequence[int], b: Sequence[int]
+         ) -> tuple[Mapping[int, int], list[float]]:
+    """Flows per link of `hop(cluster, a[k], b[k])` for every k, and each route's latency
+    (`cluster.path_latency`): by link arithmetic where the fabric allows (`topology.links`,
+    the same integers and floats), else hop by hop."""
+    index = link_index(cluster)
+    if index is None:
+        routes = [hop(cluster, x, y) for x, y in zip(a, b, strict=True)]
+        return Counter(chain.from_iterable(routes)), [cluster.path_latency(r) for r in routes]
+    rows = index.hop_links(np.asarray(a, dtype=np.int64), np.asarray(b, dtype=np.int64))
+    return link_counts(rows), route_latencies(cluster, rows)
+
+
+def add_counts(*parts: tuple[Mapping[int, int], int]) -> dict[int, int]:
+    """Per-link counts added up, each part `times` over: (counts, times) pairs."""
+    total: dict[int, int] = {}
+    for counts, times in parts:
+        for link, n in counts.items():
+            total[link] = total.get(link, 0) + n * times
+    return total
 
 
 def rotated(servers: list[list[int]], channel: int) -> list[list[int]]:

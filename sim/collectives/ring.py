@@ -23,13 +23,12 @@ from sim.collectives.base import (
     RS,
     Lowering,
     by_server,
-    cycle_latency,
     default_channels,
-    flowset,
-    hop,
+    hops,
     rotated,
     uniform,
 )
+from sim.engine.flows import FlowSet
 from topology.cluster import Cluster
 from traces.ops import OpKind
 
@@ -47,12 +46,14 @@ def lower_ring(cluster: Cluster, kind: OpKind, group: Sequence[int],
         if kind is BCAST:
             root = order.index(group[0])
             order = order[root:] + order[:root]
-            routes = [hop(cluster, a, b) for a, b in zip(order, order[1:])]
-            latency = sum(cluster.path_latency(r) for r in routes)
-            rnd.append((flowset(cluster, routes, latency), 1.0 / channels))
+            counts, lats = hops(cluster, order[:-1], order[1:])
+            latency = sum(lats)
+            rnd.append((FlowSet.from_counts(counts, latency, cluster.link_capacity),
+                        1.0 / channels))
             continue
-        routes = [hop(cluster, order[i], order[(i + 1) % n]) for i in range(n)]
+        counts, lats = hops(cluster, order, order[1:] + order[:1])
         passes = 2 if kind is AR else 1  # reduce-scatter, then all-gather
         factor = passes * (n - 1) / n / channels
-        rnd.append((flowset(cluster, routes, passes * cycle_latency(cluster, routes)), factor))
+        cycle = sum(lats) - min(lats)  # `cycle_latency`: n-1 hops of the ring
+        rnd.append((FlowSet.from_counts(counts, passes * cycle, cluster.link_capacity), factor))
     return (tuple(rnd),)
