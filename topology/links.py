@@ -18,6 +18,7 @@ tests/topology/test_links.py checks every hop of small clusters against `Cluster
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -114,12 +115,9 @@ class LinkIndex:
                     total += 2 * self.up * self.per_pod * self.pods
         if total != len(cluster.link_capacity):
             return False
-        try:
-            return all(cluster.link(*ends) == want for ends, want in checks)
-        except KeyError:
-            return False
+        return all(cluster.link_ends[want] == ends for ends, want in checks)
 
-    def _leaf_up(self, leaf: int | np.ndarray, u: int | np.ndarray) -> int | np.ndarray:
+    def _leaf_up(self, leaf: Any, u: Any) -> Any:
         """Id of leaf -> spine (or pod aggregation) `u`; +1 is the way down."""
         if self.tiers == 2:
             return self.tier_base + 2 * (u * self.leaves + leaf)
@@ -128,8 +126,7 @@ class LinkIndex:
         return self.tier_base + 2 * (pod * self.up * self.per_pod + u * size
                                      + leaf - pod * self.per_pod)
 
-    def _core_up(self, u: int | np.ndarray, c: int | np.ndarray,
-                 pod: int | np.ndarray) -> int | np.ndarray:
+    def _core_up(self, u: Any, c: Any, pod: Any) -> Any:
         """Id of aggregation (pod, u) -> core (u, c); +1 is the way down."""
         return self.core_base + 2 * ((u * self.per_pod + c) * self.pods + pod)
 
@@ -209,9 +206,10 @@ def route_latencies(cluster: Cluster, rows: np.ndarray) -> list[float]:
     figures are the very floats route by route gives."""
     key = "latency_codes"
     if key not in cluster.memo:
-        values, codes = np.unique(np.asarray(cluster.link_latency, dtype=float),
-                                  return_inverse=True)
-        cluster.memo[key] = (values.tolist(), np.append(codes, len(values)).astype(np.int64))
+        values = sorted(set(cluster.link_latency))
+        codes = np.searchsorted(np.asarray(values, dtype=float),
+                                np.asarray(cluster.link_latency, dtype=float))
+        cluster.memo[key] = (values, np.append(codes, len(values)).astype(np.int64))
     values, codes = cluster.memo[key]  # type: ignore[misc]
     base = len(values) + 1  # the last code: no link (padding)
     if base ** WIDTH >= 1 << 62:
@@ -230,11 +228,24 @@ def route_latencies(cluster: Cluster, rows: np.ndarray) -> list[float]:
     return np.asarray(sums, dtype=float)[inverse].tolist()
 
 
-def link_counts(rows: np.ndarray) -> dict[int, int]:
-    """Flows per link id over the rows of `hop_links`."""
-    ids = rows[rows >= 0]
-    if not len(ids):
-        return {}
-    counts = np.bincount(ids)
-    used = np.flatnonzero(counts)
-    return dict(zip(used.tolist(), counts[used].tolist(), strict=True))
+def link_counts(ids: np.ndarray, weights: np.ndarray | None = None
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct link ids (sorted; -1, no link, left out) among `ids` (the rows of
+    `hop_links`, or ids with their `weights`) and the flows on each: by sorting, in
+    proportion to the hops, not to the cluster."""
+    flat, order = ids.ravel(), None
+    keep = flat >= 0
+    flat = flat[keep]
+    if weights is None:
+        flat = np.sort(flat)
+    else:
+        order = np.argsort(flat, kind="stable")
+        flat = flat[order]
+    if not len(flat):
+        return flat, np.zeros(0, dtype=np.int64)
+    starts = np.flatnonzero(np.concatenate(([True], flat[1:] != flat[:-1])))
+    if weights is None:
+        counts = np.diff(np.append(starts, len(flat)))
+    else:
+        counts = np.add.reduceat(weights.ravel()[keep][order], starts)
+    return flat[starts], counts.astype(np.int64)

@@ -11,7 +11,7 @@ reused for every size.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Sequence
 from enum import StrEnum
 from itertools import chain
 
@@ -84,26 +84,40 @@ def hop(cluster: Cluster, a: int, b: int) -> tuple[int, ...]:
     return cluster.route(a, b, nic)
 
 
-def hops(cluster: Cluster, a: Sequence[int], b: Sequence[int]
-         ) -> tuple[Mapping[int, int], list[float]]:
-    """Flows per link of `hop(cluster, a[k], b[k])` for every k, and each route's latency
-    (`cluster.path_latency`): by link arithmetic where the fabric allows (`topology.links`,
-    the same integers and floats), else hop by hop."""
+Hops = tuple[Sequence[int] | np.ndarray, Sequence[int] | np.ndarray, int]
+"""Hops `hop(cluster, a[k], b[k])` for every k, each `times` over: (a, b, times)."""
+
+
+def hops_flowset(cluster: Cluster, parts: Sequence[Hops],
+                 latency: Callable[[list[list[float]]], float]) -> FlowSet:
+    """The flow set of every part's hops (each flow `times` over), its latency `latency` of
+    each part's route latencies (`cluster.path_latency`, in hop order): by link arithmetic
+    where the fabric allows (`topology.links`: the same integers and floats), else hop by
+    hop."""
     index = link_index(cluster)
+    capacity = cluster.link_capacity
     if index is None:
-        routes = [hop(cluster, x, y) for x, y in zip(a, b, strict=True)]
-        return Counter(chain.from_iterable(routes)), [cluster.path_latency(r) for r in routes]
-    rows = index.hop_links(np.asarray(a, dtype=np.int64), np.asarray(b, dtype=np.int64))
-    return link_counts(rows), route_latencies(cluster, rows)
-
-
-def add_counts(*parts: tuple[Mapping[int, int], int]) -> dict[int, int]:
-    """Per-link counts added up, each part `times` over: (counts, times) pairs."""
-    total: dict[int, int] = {}
-    for counts, times in parts:
-        for link, n in counts.items():
-            total[link] = total.get(link, 0) + n * times
-    return total
+        counts: Counter[int] = Counter()
+        lats = []
+        for a, b, times in parts:
+            routes = [hop(cluster, int(x), int(y)) for x, y in zip(a, b, strict=True)]
+            for _ in range(times):
+                counts.update(chain.from_iterable(routes))
+            lats.append([cluster.path_latency(r) for r in routes])
+        return FlowSet.from_counts(counts, latency(lats), capacity)
+    ids, weights, lats = [], [], []
+    for a, b, times in parts:
+        rows = index.hop_links(np.asarray(a, dtype=np.int64), np.asarray(b, dtype=np.int64))
+        used, flows = link_counts(rows)
+        ids.append(used)
+        weights.append(flows * times)
+        lats.append(route_latencies(cluster, rows))
+    used, flows = link_counts(np.concatenate(ids), np.concatenate(weights))
+    if "capacity" not in cluster.memo:
+        cluster.memo["capacity"] = np.asarray(capacity, dtype=float)
+    array = cluster.memo["capacity"]
+    assert isinstance(array, np.ndarray)
+    return FlowSet.from_arrays(used, flows, latency(lats), array)
 
 
 def rotated(servers: list[list[int]], channel: int) -> list[list[int]]:

@@ -15,6 +15,7 @@ and the latency is that of the chunk's journey round the ring, once or twice.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
 
 from sim.collectives.base import (
     AG,
@@ -24,13 +25,17 @@ from sim.collectives.base import (
     Lowering,
     by_server,
     default_channels,
-    hops,
+    hops_flowset,
     rotated,
     uniform,
 )
-from sim.engine.flows import FlowSet
 from topology.cluster import Cluster
 from traces.ops import OpKind
+
+
+def _cycle(passes: int, lats: list[list[float]]) -> float:
+    """`passes` times a chunk's journey of n-1 hops: the cycle minus its fastest hop."""
+    return passes * (sum(lats[0]) - min(lats[0]))
 
 
 def lower_ring(cluster: Cluster, kind: OpKind, group: Sequence[int],
@@ -46,14 +51,13 @@ def lower_ring(cluster: Cluster, kind: OpKind, group: Sequence[int],
         if kind is BCAST:
             root = order.index(group[0])
             order = order[root:] + order[:root]
-            counts, lats = hops(cluster, order[:-1], order[1:])
-            latency = sum(lats)
-            rnd.append((FlowSet.from_counts(counts, latency, cluster.link_capacity),
-                        1.0 / channels))
+            chain = hops_flowset(cluster, [(order[:-1], order[1:], 1)],
+                                 lambda lats: sum(lats[0]))
+            rnd.append((chain, 1.0 / channels))
             continue
-        counts, lats = hops(cluster, order, order[1:] + order[:1])
         passes = 2 if kind is AR else 1  # reduce-scatter, then all-gather
         factor = passes * (n - 1) / n / channels
-        cycle = sum(lats) - min(lats)  # `cycle_latency`: n-1 hops of the ring
-        rnd.append((FlowSet.from_counts(counts, passes * cycle, cluster.link_capacity), factor))
+        ring = hops_flowset(cluster, [(order, order[1:] + order[:1], 1)],
+                            partial(_cycle, passes))
+        rnd.append((ring, factor))
     return (tuple(rnd),)

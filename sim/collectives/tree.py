@@ -15,14 +15,12 @@ import numpy as np
 from sim.collectives.base import (
     AR,
     Lowering,
-    add_counts,
     by_server,
     default_channels,
-    hops,
+    hops_flowset,
     rotated,
     uniform,
 )
-from sim.engine.flows import FlowSet
 from topology.cluster import Cluster
 from traces.ops import OpKind
 
@@ -84,16 +82,18 @@ def lower_tree(cluster: Cluster, kind: OpKind, group: Sequence[int],
         chains = rotated(servers, c) if uniform(servers) else servers
         heads = np.array([chain[0] for chain in chains], dtype=np.int64)
         parents, children = heads[edges[:, 0]], heads[edges[:, 1]]
-        inter, inter_lats = hops(cluster, np.concatenate([children, parents]),
-                                 np.concatenate([parents, children]))
         links = [(a, b) for chain in chains for a, b in zip(chain, chain[1:])]
-        intra, intra_lats = hops(cluster, [b for a, b in links] + [a for a, b in links],
-                                 [a for a, b in links] + [b for a, b in links])
         chain_len = max(len(ch) for ch in chains) - 1
-        lat_inter = max(inter_lats, default=0.0)
-        lat_intra = max(intra_lats, default=0.0)
-        latency = 2 * (depth * lat_inter + chain_len * lat_intra)  # up the tree, then down
+
+        def latency(lats: list[list[float]], chain_len: int = chain_len) -> float:
+            lat_inter = max(lats[0], default=0.0)
+            lat_intra = max(lats[1], default=0.0)
+            return 2 * (depth * lat_inter + chain_len * lat_intra)  # up the tree, then down
+
         # each tree runs the same chains inside the servers
-        counts = add_counts((inter, 1), (intra, len(trees)))
-        rnd.append((FlowSet.from_counts(counts, latency, cluster.link_capacity), 0.5 / channels))
+        flows = hops_flowset(cluster, [
+            (np.concatenate([children, parents]), np.concatenate([parents, children]), 1),
+            ([b for a, b in links] + [a for a, b in links],
+             [a for a, b in links] + [b for a, b in links], len(trees))], latency)
+        rnd.append((flows, 0.5 / channels))
     return (tuple(rnd),)
