@@ -57,7 +57,8 @@ class LinkIndex:
     nic_of: np.ndarray
     """NIC index of each local GPU."""
     owner: np.ndarray
-    """The first local GPU wired to each NIC (`ServerSpec.owner_of` when the GPU is not)."""
+    """The first local GPU wired to each NIC (`ServerSpec.owner_of` when the GPU is not); -1
+    for a NIC no GPU is wired to (more NICs than GPUs: hops never pin to it)."""
 
     @staticmethod
     def of(cluster: Cluster) -> LinkIndex | None:
@@ -85,7 +86,8 @@ class LinkIndex:
             leaves=leaves, per_pod=per_pod, pods=pods, tiers=tree.spec.tiers if tree else 1,
             tier_base=tier_base, core_base=tier_base + 2 * leaves * up,
             nic_of=np.array([spec.nic_of(i) for i in range(g)], dtype=np.int64),
-            owner=np.array([spec.owner_of(j, prefer=0) for j in range(nics)], dtype=np.int64))
+            owner=np.array([next((i for i in range(g) if spec.nic_of(i) == j), -1)
+                            for j in range(nics)], dtype=np.int64))
         return index if index._agrees(cluster) else None
 
     def _agrees(self, cluster: Cluster) -> bool:

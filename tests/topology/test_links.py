@@ -18,6 +18,8 @@ CASES = [
     {"nodes": 4, "fabric": "rail"},
     {"nodes": 3, "fabric": "fat-tree", "nodes_per_leaf": 1, "nics_per_node": 2},
     {"nodes": 3, "fabric": "rail", "nics_per_node": 4},
+    {"nodes": 3, "fabric": "fat-tree", "nodes_per_leaf": 1, "gpus_per_node": 2},
+    {"nodes": 3, "fabric": "rail", "gpus_per_node": 2},
     {"nodes": 4, "fabric": "fat-tree", "nodes_per_leaf": 1, "gpus_per_node": 1,
      "nics_per_node": 1},
 ]
