@@ -108,7 +108,7 @@ def test_sizes_are_checked_before_anything_big_is_built(capsys, write, edits, ne
 
 def test_torus_of_a_million_chips_is_refused_at_once(capsys, write):
     refused(capsys, "cluster.dims: a 100x100x100 torus holds 1,000,000 chips, more than the "
-            "65,536", "simulate", write(toml(TPU, cluster={"dims": "[100, 100, 100]"})))
+            "131,072", "simulate", write(toml(TPU, cluster={"dims": "[100, 100, 100]"})))
 
 
 def test_gpu_count_is_checked_against_the_layout_before_the_graph(capsys, write, monkeypatch):
@@ -122,8 +122,8 @@ def test_gpu_count_is_checked_against_the_layout_before_the_graph(capsys, write,
 
 
 @pytest.mark.parametrize(("argv", "needle"), [
-    (["--nodes", "100000"], "cluster.nodes: 100000 must be an integer from 1 to 65,536"),
-    (["--nodes", "10000"], "cluster.nodes: 10,000 nodes x 8 accelerators = 80,000, more than"),
+    (["--nodes", "200000"], "cluster.nodes: 200000 must be an integer from 1 to 131,072"),
+    (["--nodes", "20000"], "cluster.nodes: 20,000 nodes x 8 accelerators = 160,000, more than"),
     (["--channels", str(10**6)], "--channels: 1000000 must be from 1 to 64"),
 ])
 def test_collective_sizes_are_bounded(capsys, argv, needle):
@@ -953,7 +953,7 @@ def test_config_errors_name_the_config_field_not_a_flag(capsys, write, sim, need
 
 
 def test_a_gpu_count_beyond_the_simulator_is_named_as_the_flag(capsys):
-    refused(capsys, "--gpus: 800,000,000 is more than the 65,536 accelerators", "search",
+    refused(capsys, "--gpus: 800,000,000 is more than the 131,072 accelerators", "search",
             "--gpus", "800000000")
 
 

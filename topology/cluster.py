@@ -2,7 +2,10 @@
 
 Links are directed; each has a dense integer id so the network model can keep per-link state in
 flat lists. Routing is delegated to the fabric (switched or torus) and cached per
-(source, destination, NIC) triple.
+(source, destination, NIC) triple. A cluster is made from a `networkx.DiGraph` or from the
+`GraphBuilder` that records one (`source`); `graph` is that graph, built from the builder's
+record the first time something asks for it (the flat link lists are all the network model
+and the arithmetic routes of `topology.links` need).
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from typing import Protocol
 
 import networkx as nx
 
+from topology.builder import GraphBuilder
 from topology.variability import IDEAL, Variability
 from traces.cluster_table import ClusterTable
 
@@ -87,7 +91,8 @@ class Cluster:
     """A built cluster. Constructed by the builders in `topology.config`; never mutated."""
 
     name: str
-    graph: nx.DiGraph
+    source: nx.DiGraph | GraphBuilder
+    """The graph, or the builder that records it (`graph` builds it on first use)."""
     devices: tuple[str, ...]
     """Accelerator node names; index = global rank."""
     accelerator: Accelerator
@@ -107,18 +112,46 @@ class Cluster:
     _routes: dict[tuple[int, int, int | None], tuple[int, ...]] = field(
         init=False, default_factory=dict, repr=False, compare=False
     )
-    _link_ids: dict[tuple[str, str], int] = field(init=False, repr=False, compare=False)
-    """Link id by (from node, to node): what `route` looks up per hop, without networkx."""
+    memo: dict[str, object] = field(init=False, default_factory=dict, repr=False,
+                                    compare=False)
+    """What is derived from the cluster once: its graph from a builder, the link ids by end
+    nodes, `topology.links.link_index`."""
 
     def __post_init__(self) -> None:
-        edges = sorted(self.graph.edges(data=True), key=lambda e: e[2]["id"])
-        assert [e[2]["id"] for e in edges] == list(range(len(edges))), "link ids must be dense"
-        object.__setattr__(self, "link_capacity", tuple(e[2]["bandwidth"] for e in edges))
-        object.__setattr__(self, "link_latency", tuple(e[2]["latency"] for e in edges))
-        object.__setattr__(self, "link_kind", tuple(e[2]["kind"] for e in edges))
+        source = self.source
+        if isinstance(source, GraphBuilder):
+            capacity, latency, kind = source.bandwidth, source.latency, source.kind
+            ends: list[tuple[str, str]] | tuple[tuple[str, str], ...] = source.ends
+        else:
+            edges = sorted(source.edges(data=True), key=lambda e: e[2]["id"])
+            assert [e[2]["id"] for e in edges] == list(range(len(edges))), \
+                "link ids must be dense"
+            capacity = [e[2]["bandwidth"] for e in edges]
+            latency = [e[2]["latency"] for e in edges]
+            kind = [e[2]["kind"] for e in edges]
+            ends = [(e[0], e[1]) for e in edges]
+        object.__setattr__(self, "link_capacity", tuple(capacity))
+        object.__setattr__(self, "link_latency", tuple(latency))
+        object.__setattr__(self, "link_kind", tuple(kind))
         assert set(self.link_kind) <= set(LINK_KINDS), f"link kinds {set(self.link_kind)}"
-        object.__setattr__(self, "link_ends", tuple((e[0], e[1]) for e in edges))
-        object.__setattr__(self, "_link_ids", {ends: i for i, ends in enumerate(self.link_ends)})
+        object.__setattr__(self, "link_ends", tuple(ends))
+
+    @property
+    def graph(self) -> nx.DiGraph:
+        """The cluster's graph (built from its builder's record on first use)."""
+        if isinstance(self.source, nx.DiGraph):
+            return self.source
+        return self.source.graph()
+
+    @property
+    def _link_ids(self) -> dict[tuple[str, str], int]:
+        """Link id by (from node, to node): what `route` looks up per hop, without networkx
+        (made on first use)."""
+        ids = self.memo.get("link_ids")
+        if ids is None:
+            ids = self.memo["link_ids"] = {ends: i for i, ends in enumerate(self.link_ends)}
+        assert isinstance(ids, dict)
+        return ids
 
     @property
     def num_devices(self) -> int:

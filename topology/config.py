@@ -112,10 +112,13 @@ class ClusterSpec:
             else:
                 fabric = Rails(self.server, self.switch_latency_s, sharp=self.sharp)
             fabric.build(builder, self.nodes, nic_Bps)
-        _check_connected(builder.graph, devices)
+        if self.torus is not None:
+            _check_connected(builder.graph(), devices)
+        elif self.nodes > 1 and not self.server.nics:  # servers reach each other by NICs only
+            _not_connected(devices[self.server.gpus], devices[0])
         return Cluster(
             name=f"{self.preset} x{self.nodes} {self.fabric}",
-            graph=builder.graph,
+            source=builder,
             devices=tuple(devices),
             accelerator=self.accelerator,
             devices_per_server=self.server.gpus,
@@ -319,5 +322,9 @@ def _check_connected(graph: nx.DiGraph, devices: list[str], where: str = "cluste
     reachable = nx.descendants(graph, devices[0]) | {devices[0]}
     for device in devices:
         if device not in reachable:
-            raise ConfigError(f"{where}: {device} is not connected to {devices[0]} "
-                              "(servers need nics_per_node >= 1 to reach each other)")
+            _not_connected(device, devices[0], where)
+
+
+def _not_connected(device: str, first: str, where: str = "cluster") -> None:
+    raise ConfigError(f"{where}: {device} is not connected to {first} "
+                      "(servers need nics_per_node >= 1 to reach each other)")

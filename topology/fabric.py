@@ -105,7 +105,7 @@ class FatTree(SwitchedFabric):
         for s in range(num_servers):
             for j in range(self.server.nics):
                 leaf = self._leaf_name(self._leaf(s * self.server.nics + j))
-                if leaf not in builder.graph:
+                if leaf not in builder.nodes:
                     builder.node(leaf, "leaf")
                 uplink(nic_node(s, j), leaf)
         if self.num_leaves == 1:

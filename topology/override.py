@@ -45,7 +45,7 @@ def with_links(cluster: Cluster, figures: Mapping[str, LinkFigures],
         found = present.get(data["kind"])
         if found is not None:
             data["bandwidth"], data["latency"] = found
-    return Cluster(name=cluster.name, graph=graph, devices=cluster.devices,
+    return Cluster(name=cluster.name, source=graph, devices=cluster.devices,
                    accelerator=cluster.accelerator,
                    devices_per_server=cluster.devices_per_server, fabric=cluster.fabric,
                    table=cluster.table)
@@ -66,7 +66,7 @@ def with_accelerator(cluster: Cluster, *, peak_flops: float | None = None,
         accelerator = dataclasses.replace(accelerator, hbm_bandwidth_Bps=hbm_bandwidth_Bps)
     if accelerator is cluster.accelerator:
         return cluster
-    return Cluster(name=cluster.name, graph=cluster.graph, devices=cluster.devices,
+    return Cluster(name=cluster.name, source=cluster.source, devices=cluster.devices,
                    accelerator=accelerator, devices_per_server=cluster.devices_per_server,
                    fabric=cluster.fabric, table=cluster.table)
 

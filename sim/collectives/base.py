@@ -10,13 +10,18 @@ reused for every size.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Callable, Sequence
 from enum import StrEnum
+from itertools import chain
+
+import numpy as np
 
 from sim.engine.flows import FlowSet
 from sim.engine.flows import Lowering as Lowering  # re-exported for the algorithm modules
 from sim.engine.flows import Round as Round
 from topology.cluster import Cluster
+from topology.links import link_counts, link_index, route_latencies
 from traces.ops import OpKind
 
 
@@ -89,6 +94,42 @@ def hop(cluster: Cluster, a: int, b: int) -> tuple[int, ...]:
     """Route of one hop; across servers pinned to the receiver's NIC so rails stay aligned."""
     nic = nic_pin(cluster, b) if cluster.server_of(a) != cluster.server_of(b) else None
     return cluster.route(a, b, nic)
+
+
+Hops = tuple[Sequence[int] | np.ndarray, Sequence[int] | np.ndarray, int]
+"""Hops `hop(cluster, a[k], b[k])` for every k, each `times` over: (a, b, times)."""
+
+
+def hops_flowset(cluster: Cluster, parts: Sequence[Hops],
+                 latency: Callable[[list[list[float]]], float]) -> FlowSet:
+    """The flow set of every part's hops (each flow `times` over), its latency `latency` of
+    each part's route latencies (`cluster.path_latency`, in hop order): by link arithmetic
+    where the fabric allows (`topology.links`: the same integers and floats), else hop by
+    hop."""
+    index = link_index(cluster)
+    capacity = cluster.link_capacity
+    if index is None:
+        counts: Counter[int] = Counter()
+        lats = []
+        for a, b, times in parts:
+            routes = [hop(cluster, int(x), int(y)) for x, y in zip(a, b, strict=True)]
+            for _ in range(times):
+                counts.update(chain.from_iterable(routes))
+            lats.append([cluster.path_latency(r) for r in routes])
+        return FlowSet.from_counts(counts, latency(lats), capacity)
+    ids, weights, lats = [], [], []
+    for a, b, times in parts:
+        rows = index.hop_links(np.asarray(a, dtype=np.int64), np.asarray(b, dtype=np.int64))
+        used, flows = link_counts(rows)
+        ids.append(used)
+        weights.append(flows * times)
+        lats.append(route_latencies(cluster, rows))
+    used, flows = link_counts(np.concatenate(ids), np.concatenate(weights))
+    if "capacity" not in cluster.memo:
+        cluster.memo["capacity"] = np.asarray(capacity, dtype=float)
+    array = cluster.memo["capacity"]
+    assert isinstance(array, np.ndarray)
+    return FlowSet.from_arrays(used, flows, latency(lats), array)
 
 
 def rotated(servers: list[list[int]], channel: int) -> list[list[int]]:

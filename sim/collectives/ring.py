@@ -15,6 +15,7 @@ and the latency is that of the chunk's journey round the ring, once or twice.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
 
 from sim.collectives.base import (
     AG,
@@ -23,15 +24,18 @@ from sim.collectives.base import (
     RS,
     Lowering,
     by_server,
-    cycle_latency,
     default_channels,
-    flowset,
-    hop,
+    hops_flowset,
     rotated,
     uniform,
 )
 from topology.cluster import Cluster
 from traces.ops import OpKind
+
+
+def _cycle(passes: int, lats: list[list[float]]) -> float:
+    """`passes` times a chunk's journey of n-1 hops: the cycle minus its fastest hop."""
+    return passes * (sum(lats[0]) - min(lats[0]))
 
 
 def lower_ring(cluster: Cluster, kind: OpKind, group: Sequence[int],
@@ -47,12 +51,13 @@ def lower_ring(cluster: Cluster, kind: OpKind, group: Sequence[int],
         if kind is BCAST:
             root = order.index(group[0])
             order = order[root:] + order[:root]
-            routes = [hop(cluster, a, b) for a, b in zip(order, order[1:])]
-            latency = sum(cluster.path_latency(r) for r in routes)
-            rnd.append((flowset(cluster, routes, latency), 1.0 / channels))
+            chain = hops_flowset(cluster, [(order[:-1], order[1:], 1)],
+                                 lambda lats: sum(lats[0]))
+            rnd.append((chain, 1.0 / channels))
             continue
-        routes = [hop(cluster, order[i], order[(i + 1) % n]) for i in range(n)]
         passes = 2 if kind is AR else 1  # reduce-scatter, then all-gather
         factor = passes * (n - 1) / n / channels
-        rnd.append((flowset(cluster, routes, passes * cycle_latency(cluster, routes)), factor))
+        ring = hops_flowset(cluster, [(order, order[1:] + order[:1], 1)],
+                            partial(_cycle, passes))
+        rnd.append((ring, factor))
     return (tuple(rnd),)

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
+
 from sim.collectives.base import (
     AR,
     Lowering,
     by_server,
     default_channels,
-    flowset,
-    hop,
+    hops_flowset,
     rotated,
     uniform,
 )
@@ -74,21 +75,25 @@ def lower_tree(cluster: Cluster, kind: OpKind, group: Sequence[int],
     servers = by_server(cluster, group)
     channels = channels or default_channels(cluster, servers)
     trees = [tree_edges(len(servers), mirror=False), tree_edges(len(servers), mirror=True)]
+    depth = max(tree_depth(e) for e in trees)
+    edges = np.array([e for t in trees for e in t], dtype=np.int64).reshape(-1, 2)
     rnd = []  # one round: both trees of every channel at once
     for c in range(channels):
         chains = rotated(servers, c) if uniform(servers) else servers
-        inter = []
-        for edges in trees:
-            for p, q in edges:
-                inter += [hop(cluster, chains[q][0], chains[p][0]),
-                          hop(cluster, chains[p][0], chains[q][0])]
-        chain_hops = [route for chain in chains for a, b in zip(chain, chain[1:])
-                      for route in (hop(cluster, b, a), hop(cluster, a, b))]
-        intra = chain_hops * len(trees)  # each tree runs the same chains inside the servers
-        depth = max(tree_depth(e) for e in trees)
+        heads = np.array([chain[0] for chain in chains], dtype=np.int64)
+        parents, children = heads[edges[:, 0]], heads[edges[:, 1]]
+        links = [(a, b) for chain in chains for a, b in zip(chain, chain[1:])]
         chain_len = max(len(ch) for ch in chains) - 1
-        lat_inter = max((cluster.path_latency(r) for r in inter), default=0.0)
-        lat_intra = max((cluster.path_latency(r) for r in intra), default=0.0)
-        latency = 2 * (depth * lat_inter + chain_len * lat_intra)  # up the tree, then down
-        rnd.append((flowset(cluster, inter + intra, latency), 0.5 / channels))
+
+        def latency(lats: list[list[float]], chain_len: int = chain_len) -> float:
+            lat_inter = max(lats[0], default=0.0)
+            lat_intra = max(lats[1], default=0.0)
+            return 2 * (depth * lat_inter + chain_len * lat_intra)  # up the tree, then down
+
+        # each tree runs the same chains inside the servers
+        flows = hops_flowset(cluster, [
+            (np.concatenate([children, parents]), np.concatenate([parents, children]), 1),
+            ([b for a, b in links] + [a for a, b in links],
+             [a for a, b in links] + [b for a, b in links], len(trees))], latency)
+        rnd.append((flows, 0.5 / channels))
     return (tuple(rnd),)

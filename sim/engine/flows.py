@@ -19,6 +19,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import chain
 
+import numpy as np
+
 from sim.engine.maxmin import max_min_rates
 
 Round = tuple[tuple["FlowSet", float], ...]
@@ -54,6 +56,18 @@ class FlowSet:
         assert math.isfinite(latency_s) and latency_s >= 0, f"latency {latency_s!r} s"
         assert solo > 0 and (math.isfinite(solo) or not links), f"rate {solo!r} B/s"
         return FlowSet(links, per_link, latency_s, solo)
+
+    @staticmethod
+    def from_arrays(links: np.ndarray, counts: np.ndarray, latency_s: float,
+                    capacity: Sequence[float] | np.ndarray) -> FlowSet:
+        """`from_counts` of `counts[k]` flows on each of the sorted `links[k]` (numpy): the
+        same value, the same integers, the same divisions and their minimum."""
+        assert (counts > 0).all(), "every link listed carries flows"
+        solo = float((np.asarray(capacity, dtype=float)[links] / counts).min()) if len(links) \
+            else math.inf
+        assert math.isfinite(latency_s) and latency_s >= 0, f"latency {latency_s!r} s"
+        assert solo > 0 and (math.isfinite(solo) or not len(links)), f"rate {solo!r} B/s"
+        return FlowSet(tuple(links.tolist()), tuple(counts.tolist()), latency_s, solo)
 
     def solo_time(self, bytes_per_flow: float) -> float:
         """Alpha-beta: the latency, then the bytes at the bottleneck rate, nothing else around."""

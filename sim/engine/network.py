@@ -26,6 +26,11 @@ import simpy
 from sim.engine.flows import FlowSet, Lowering, solo_time
 from sim.engine.maxmin import max_min_matrix, max_min_rates
 
+WIDE_SET = 4096
+"""Links from which a flow set (a collective over thousands of servers) is registered as a
+whole, its links in one frozenset, not in every link's list of users: the sets it conflicts
+with are the same, found without a million list appends."""
+
 
 @dataclass(eq=False, slots=True)
 class _Plan:
@@ -84,6 +89,8 @@ class Network:
         self._sets: list[FlowSet] = []
         self._conflicts: list[list[int]] = []  # flow sets sharing a link, itself included
         self._by_link: dict[int, list[int]] = {}
+        """Flow sets by link, but for the wide ones (`WIDE_SET`), kept in `_wide`."""
+        self._wide: list[tuple[int, frozenset[int]]] = []
         self._active: list[dict[_Transfer, None]] = []
         self._jobs: list[dict[_Job, None]] = []  # analytic-path jobs per flow set
         self._matrices: dict[tuple[int, ...], tuple[np.ndarray, np.ndarray]] = {}
@@ -193,11 +200,19 @@ class Network:
             return index
         index = self._index[flows] = len(self._sets)
         self._sets.append(flows)
-        others: set[int] = set()
-        for link in flows.links:
-            users = self._by_link.setdefault(link, [])
-            others.update(users)
-            users.append(index)
+        by_link = self._by_link
+        others = {j for j, links in self._wide if not links.isdisjoint(flows.links)}
+        if len(flows.links) > WIDE_SET:  # kept apart: its links are not listed one by one
+            for link in flows.links:
+                users = by_link.get(link)
+                if users:
+                    others.update(users)
+            self._wide.append((index, frozenset(flows.links)))
+        else:
+            for link in flows.links:
+                users = by_link.setdefault(link, [])
+                others.update(users)
+                users.append(index)
         for j in others:
             self._conflicts[j].append(index)
         self._conflicts.append(sorted(others) + [index])
@@ -284,13 +299,13 @@ class Network:
             return max_min_rates([(fs.links, fs.counts) for fs in sets], self.capacity)
         cached = self._matrices.get(indices)
         if cached is None:
-            links = sorted({link for fs in sets for link in fs.links})
-            row = {link: r for r, link in enumerate(links)}
+            ids = [np.asarray(fs.links, dtype=np.int64) for fs in sets]
+            every = np.sort(np.concatenate(ids))  # sorted and distinct, as np.unique (sorting
+            links = every[np.concatenate(([True], every[1:] != every[:-1]))]  # beats hashing)
             counts = np.zeros((len(links), len(sets)))
             for g, fs in enumerate(sets):
-                for link, n in zip(fs.links, fs.counts):
-                    counts[row[link], g] = n
-            capacity = np.array([self.capacity[link] for link in links])
+                counts[np.searchsorted(links, ids[g]), g] = fs.counts
+            capacity = np.asarray(self.capacity, dtype=float)[links]
             cached = self._matrices[indices] = (counts, capacity)
         return max_min_matrix(*cached).tolist()
 

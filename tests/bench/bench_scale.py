@@ -32,6 +32,8 @@ LARGEST = 3
 ROWS: list[tuple[str, list[str], bool]] = [
     ("GPT-3 175B / 1024 A100 step (example, folded)", ["simulate", EXAMPLE, "--json"], False),
     ("same layout, 16,384 GPUs (DP 128)", ["simulate", "{big}", "--json"], False),
+    ("GPT-3 175B, TP 8 x PP 16 x DP 1024 (131,072 GPUs, batch 16,384)",
+     ["simulate", "{huge}", "--json"], True),
     ("same, unfolded (every rank)", ["simulate", EXAMPLE, "--json", "--no-fold"], False),
     ("all-reduce 1 GiB, 65,536 H100", ["collective", "--cluster", "dgx-h100", "--nodes", "8192",
                                        "--op", "all_reduce", "--sizes", "1G", "--json"], True),
@@ -56,6 +58,16 @@ except SystemExit as exit:
 print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr)
 sys.exit(code)
 """
+
+
+def huge_config(folder: Path) -> str:
+    """The example at DP 1024 (16,384 nodes, 131,072 GPUs), global batch 16,384."""
+    text = Path(EXAMPLE).read_text().replace("nodes = 128", "nodes = 16384")
+    text = text.replace("dp = 8", "dp = 1024").replace("global_batch = 1536",
+                                                      "global_batch = 16384")
+    path = folder / "gpt3-131072.toml"
+    path.write_text(text)
+    return str(path)
 
 
 def big_config(folder: Path) -> str:
@@ -96,11 +108,11 @@ def main() -> None:
     parser.add_argument("--only", help="rows whose name contains this")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        big = big_config(Path(tmp))
+        big, huge = big_config(Path(tmp)), huge_config(Path(tmp))
         for name, command, large in ROWS:
             if args.only and args.only not in name:
                 continue
-            command = [big if c == "{big}" else c for c in command]
+            command = [{"{big}": big, "{huge}": huge}.get(c, c) for c in command]
             runs = []
             for _ in range(min(args.repeat, LARGEST) if large else args.repeat):
                 runs.append(one(command, args.timeout))

@@ -92,7 +92,7 @@ def _match(message: str) -> str:
     (dict(zero=True), "parallel.zero: True must be 0, 1, 2 or 3"),
     (dict(tp=2.0), "parallel.tp: 2.0 must be an integer"),
     (dict(pp=True), "parallel.pp: True must be an integer"),
-    (dict(dp=0), "parallel.dp: 0 must be an integer from 1 to 65,536"),
+    (dict(dp=0), "parallel.dp: 0 must be an integer from 1 to 131,072"),
     (dict(global_batch=10**400), "parallel.global_batch: 1000000000...00000000000 must be an "
                                  "integer from 1 to 16,777,216"),
     (dict(sp="yes"), "parallel.sp: 'yes' must be true or false"),
@@ -107,7 +107,7 @@ def _match(message: str) -> str:
     (dict(recompute={"a": 1}), "parallel.recompute: {'a': 1} is not one of none"),
     (dict(bucket_bytes=10**400), "parallel.bucket_bytes: 1000000000...00000000000 must be from"),
     (dict(bucket_bytes=0), "parallel.bucket_bytes: 0 must be from 1 to"),
-    (dict(tp=8, pp=64, dp=256, global_batch=256), "= 131,072 ranks, more than the 65,536"),
+    (dict(tp=8, pp=64, dp=512, global_batch=512), "= 262,144 ranks, more than the 131,072"),
 ])
 def test_a_layout_obeys_its_own_rules_once_constructed(options, message):
     with pytest.raises(ConfigError, match=_match(message)):

@@ -115,7 +115,7 @@ def test_data_sheet_roofs_stay_and_efficiencies_are_recovered_directly():
         gemm_efficiency=0.7, gemm_tiles=((8, 8),), memory_efficiency=0.8,
         launch_overhead_s=3e-6, roofline_exponent=2.0), links={"loopback": TRUE_LINK})
     host = build_cluster("localhost", gpus_per_node=2)
-    cluster = Cluster(name=host.name, graph=host.graph, devices=host.devices, accelerator=h100,
+    cluster = Cluster(name=host.name, source=host.source, devices=host.devices, accelerator=h100,
                       devices_per_server=host.devices_per_server, fabric=host.fabric)
     spec = BenchSpec(world=2, sizes=(4096, 2**20), repeats=1, probes=PROBES)
     times = replay(bench_plan(spec), with_links(cluster, {"loopback": (1.3e9, 7e-6)}),

@@ -61,7 +61,7 @@ def test_torus_preset_and_sendrecv(capsys):
     (["collective", "--sizes", "8G:1K"], "starts above its end"),
     (["collective", "--op", "gather"], "invalid choice: 'gather'"),
     (["collective", "--cluster", "dgx-z1"], "neither a preset"),
-    (["collective", "--nodes", "0"], "cluster.nodes: 0 must be an integer from 1 to 65,536"),
+    (["collective", "--nodes", "0"], "cluster.nodes: 0 must be an integer from 1 to 131,072"),
     (["collective", "--algo", "tree", "--op", "all_gather"], "tree cannot run all_gather"),
     (["collective", "--algo", "magic"], "'magic' is not an algorithm"),
     (["collective", "--ranks", "1"], "--ranks: 1 must be between 2"),

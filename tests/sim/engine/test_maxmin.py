@@ -77,3 +77,21 @@ def test_matrix_solver_equals_the_reference(instance):
             counts[links.index(link), g] = n
     fast = max_min_matrix(counts, np.array([capacity[link] for link in links]))
     assert list(fast) == pytest.approx(max_min_rates(groups, capacity), rel=1e-9)
+
+
+def test_arrays_give_the_dict_form_floats(monkeypatch) -> None:
+    """The array form (large groups) equals the dict form float for float, ties included."""
+    import random
+
+    from sim.engine import maxmin
+
+    monkeypatch.setattr(maxmin, "ARRAY_FROM", 10**9)  # max_min_rates: the dict form
+    rng = random.Random(7)
+    capacity = [rng.choice((1e9, 2.5e10, 5e10, 4.5e11)) for _ in range(3000)]
+    for trial in range(6):
+        groups = []
+        for _ in range(rng.randint(1, 9)):
+            links = sorted(rng.sample(range(3000), rng.randint(0, 2500)))
+            groups.append((tuple(links), tuple(rng.randint(1, 40) for _ in links)))
+        want = maxmin.max_min_rates(groups, capacity)
+        assert maxmin._on_arrays(groups, capacity) == want, trial
