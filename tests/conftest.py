@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from sim.collectives import Collectives, analytic_time
@@ -35,3 +37,13 @@ def timed(cluster: Cluster, kind: OpKind, group: tuple[int, ...], size: float, a
     lowering = Collectives(cluster).lowering(kind, group, algo, channels)
     assert lowering is not None, f"{algo} does not apply"
     return (flow_time if model == "flow" else analytic_time)(cluster, lowering, size)
+
+
+@pytest.fixture
+def write(tmp_path):
+    """Write a config (or any file, text or bytes) into the test's folder; its path."""
+    def write(text: str | bytes, name: str = "c.toml") -> Path:
+        path = tmp_path / name
+        path.write_bytes(text.encode() if isinstance(text, str) else text)
+        return path
+    return write

@@ -55,15 +55,6 @@ def toml(base: dict[str, dict[str, str]], top: str = "", **edits: dict[str, str 
     return "\n".join(lines) + "\n"
 
 
-@pytest.fixture
-def write(tmp_path):
-    def write(text: str | bytes, name: str = "c.toml") -> Path:
-        path = tmp_path / name
-        path.write_bytes(text.encode() if isinstance(text, str) else text)
-        return path
-    return write
-
-
 def run(capsys, *argv: object) -> tuple[int, str, str]:
     code = main([str(a) for a in argv])
     out, err = capsys.readouterr()

@@ -48,17 +48,11 @@ class ComputeModel:
     def duration(self, op: Op) -> float:
         if op.start is not None and op.end is not None:
             return op.end - op.start
-        purpose = op.purpose
-        kernel = purpose.kernel if isinstance(purpose, (KernelRun, GemmChunk)) else \
-            op.name if purpose is None else ""
-        fp8 = op.dtype == "fp8"
-        # A GEMM chunk (tp_comm_overlap) is one product, its `gemm` that product's shape.
-        backward = op.phase is Phase.BWD and not isinstance(purpose, GemmChunk)
-        key = (kernel, backward, op.flops, op.mem_bytes, op.gemm, fp8)
+        key = _kernel_key(op)
         seconds = self._cache.get(key)
         if seconds is None:
             seconds = self._cache[key] = self.kernel_time(
-                kernel, op.flops, op.mem_bytes, op.gemm, backward=backward, fp8=fp8)
+                key[0], op.flops, op.mem_bytes, op.gemm, backward=key[1], fp8=key[5])
         return seconds
 
     def shared_duration(self, op: Op, units: int, hbm_fraction: float) -> float:
@@ -67,16 +61,11 @@ class ComputeModel:
         (`sim.models.interference.GpuInterference`). A measured op keeps its duration."""
         if op.start is not None and op.end is not None:
             return op.end - op.start
-        purpose = op.purpose
-        kernel = purpose.kernel if isinstance(purpose, (KernelRun, GemmChunk)) else \
-            op.name if purpose is None else ""
-        fp8 = op.dtype == "fp8"
-        backward = op.phase is Phase.BWD and not isinstance(purpose, GemmChunk)
-        key = (kernel, backward, op.flops, op.mem_bytes, op.gemm, fp8, units, hbm_fraction)
+        key = (*_kernel_key(op), units, hbm_fraction)
         seconds = self._cache.get(key)
         if seconds is None:
             seconds = self._cache[key] = self.kernel_time(
-                kernel, op.flops, op.mem_bytes, op.gemm, backward=backward, fp8=fp8,
+                key[0], op.flops, op.mem_bytes, op.gemm, backward=key[1], fp8=key[5],
                 units=units, hbm_fraction=hbm_fraction)
         return seconds
 
@@ -128,6 +117,17 @@ class ComputeModel:
             waves = ceil(batch * ceil(m / tm) * ceil(n / tn) / units)
             best = min(best, waves * 2.0 * tm * tn * k / per_unit)
         return best
+
+
+def _kernel_key(op: Op) -> tuple[str, bool, float, float, tuple[int, ...], bool]:
+    """What an op's duration depends on: its kernel (its purpose's, else its name), whether
+    it is a backward (a GEMM chunk of tp_comm_overlap is one product whatever its phase), its
+    FLOPs, bytes and GEMM shape, and whether it runs in FP8."""
+    purpose = op.purpose
+    kernel = purpose.kernel if isinstance(purpose, (KernelRun, GemmChunk)) else \
+        op.name if purpose is None else ""
+    backward = op.phase is Phase.BWD and not isinstance(purpose, GemmChunk)
+    return (kernel, backward, op.flops, op.mem_bytes, op.gemm, op.dtype == "fp8")
 
 
 def _roofline(compute: float, memory: float, p: float) -> float:

@@ -9,16 +9,6 @@ import pytest
 
 from tests.test_hostile_inputs import SMALL, refused, run, toml
 
-
-@pytest.fixture
-def write(tmp_path):
-    def write(text: str) -> object:
-        path = tmp_path / "c.toml"
-        path.write_text(text)
-        return path
-    return write
-
-
 MOE = {**SMALL, "model": {**SMALL["model"], "ffn": '"swiglu"', "ffn_hidden": "512",
                           "experts": "8", "top_k": "2", "moe_ffn_hidden": "128",
                           "shared_experts": "1", "dense_layers": "1"},

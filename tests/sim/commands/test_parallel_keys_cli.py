@@ -9,16 +9,6 @@ import pytest
 
 from tests.test_hostile_inputs import SMALL, refused, run, toml
 
-
-@pytest.fixture
-def write(tmp_path):
-    def write(text: str) -> object:
-        path = tmp_path / "c.toml"
-        path.write_text(text)
-        return path
-    return write
-
-
 CP = {**SMALL, "model": {**SMALL["model"], "seq_len": "256"},
       "parallel": {"tp": "2", "cp": "2", "pp": "2", "dp": "2", "global_batch": "16"}}
 
