@@ -41,7 +41,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Any
 
 from traces.ops import Op, OpKind, Phase, Stream
@@ -54,6 +53,7 @@ from traces.purpose import (
     OverlapMethod,
     TpChunk,
     TpSite,
+    Unit,
 )
 
 K = Kernel
@@ -68,18 +68,23 @@ BULK_SMS = 16
 RING_SMS = 0
 
 
+LAUNCH = -1
+"""In a template's dependencies: the compute op before the region (where TE launches it)."""
+
+Entry = tuple[dict[str, Any], tuple[int, ...]]
+"""One op of a region: its fields but layer and micro-batch, and what it waits for (indices of
+earlier ops of the region, or LAUNCH)."""
+
+
 @dataclass(frozen=True, slots=True)
-class Where:
-    """What a region's collectives need besides the kernel: the rank's TP group (and so t),
-    the b·s·h buffer of nccl-tests' size, and the compute op before the region."""
+class Template:
+    """The ops of one overlapped kernel, made once per distinct kernel op and instantiated per
+    layer and micro-batch (a GPT-3 plan at tp 8 overlaps ~10^5 kernels of a few dozen kinds):
+    its entries in order, and the index of the collective the next compute op must wait for
+    (None: nothing left in flight)."""
 
-    group: tuple[int, ...]
-    size: float
-    launch: Node
-
-    @property
-    def tp(self) -> int:
-        return len(self.group)
+    entries: tuple[Entry, ...]
+    join: int | None = None
 
 
 class Region:
@@ -88,90 +93,89 @@ class Region:
 
     __slots__ = ("nodes", "join")
 
-    def __init__(self) -> None:
-        self.nodes: list[Node] = []
-        self.join: Node | None = None
+    def __init__(self, template: Template, layer: int | None, microbatch: int | None,
+                 unit: Unit | None, launch: Node) -> None:
+        nodes: list[Node] = []
+        for fields, deps in template.entries:
+            nodes.append(Node(Op(**fields, layer=layer, microbatch=microbatch), unit,
+                              [launch if d == LAUNCH else nodes[d] for d in deps]))
+        self.nodes = nodes
+        self.join = None if template.join is None else nodes[template.join]
 
 
-def overlap_region(node: Node, before: tuple[TpSite, ...], after: tuple[TpSite, ...],
-                   where: Where) -> Region:
-    """The overlapped ops replacing `node` (a qkv, proj, fc1 or fc2 op) and its TP collectives
-    `before` and `after` (`traces.plan.tensor.tp_sites` with SP)."""
-    backward = node.op.phase is Phase.BWD
+def overlap_region(node: Node, template: Template, launch: Node) -> Region:
+    """The overlapped ops replacing `node`, by `template` (`overlap_template` of its op)."""
+    op = node.op
+    return Region(template, op.layer, op.microbatch, node.unit, launch)
+
+
+def overlap_template(op: Op, before: tuple[TpSite, ...], after: tuple[TpSite, ...],
+                     group: tuple[int, ...], size: float) -> Template:
+    """The overlapped ops replacing `op` (a qkv, proj, fc1 or fc2 op) and its TP collectives
+    `before` and `after` (`traces.plan.tensor.tp_sites` with SP), over the rank's TP `group`
+    (and so t), `size` the b·s·h buffer of nccl-tests' size. Depends on `op`'s fields but its
+    layer and micro-batch only."""
+    entries: list[Entry] = []
+    backward = op.phase is Phase.BWD
     if not backward and before:  # qkv, fc1 fprop: ring-exchange all-gather
-        return _ring(node, before[0], where, GemmPart.FPROP)
+        _ring(op, before[0], group, size, GemmPart.FPROP, entries)
+        return Template(tuple(entries))
     if not backward:  # proj, fc2 fprop: pipelined reduce-scatter
-        return _pipeline(node, after[0], where)
+        return _pipeline(op, after[0], group, size, entries)
     if not after:  # proj, fc2 backward: ring-exchange all-gather of the output gradient
-        region = _ring(node, before[0], where, GemmPart.DGRAD)
-        region.nodes.append(_gemm(node, GemmPart.WGRAD, 0, 1, 0))
-        return region
-    return _bulk(node, before[0], after[0], where)  # qkv, fc1 backward
+        _ring(op, before[0], group, size, GemmPart.DGRAD, entries)
+        entries.append((_gemm(op, GemmPart.WGRAD, 0, 1, 0), ()))
+        return Template(tuple(entries))
+    return _bulk(op, before[0], after[0], group, size, entries)  # qkv, fc1 backward
 
 
-def _ring(node: Node, site: TpSite, where: Where, part: GemmPart) -> Region:
+def _ring(op: Op, site: TpSite, group: tuple[int, ...], size: float, part: GemmPart,
+          entries: list[Entry]) -> None:
     """GEMM chunk 0 on the rank's own shard; exchange k (1..t-1) moves one shard per rank
     (an all-gather of 1/(t-1) of every shard: size / (t-1) gathered), GEMM chunk k waits
     for it."""
-    region, tp = Region(), where.tp
-    previous = where.launch
+    tp = len(group)
+    previous = LAUNCH
     for k in range(tp):
-        gemm = _gemm(node, part, k, tp, RING_SMS)
+        gemm = _gemm(op, part, k, tp, RING_SMS)
         if k:
-            comm = _comm(node, site, k, tp, OverlapMethod.RING, where.size / (tp - 1),
-                         where.group, [previous])
-            previous = comm
-            gemm.after.append(comm)
-            region.nodes.append(comm)
-        region.nodes.append(gemm)
-    return region
+            entries.append((_comm(op, site, k, tp, OverlapMethod.RING, size / (tp - 1), group),
+                            (previous,)))
+            previous = len(entries) - 1
+            entries.append((gemm, (previous,)))
+        else:
+            entries.append((gemm, ()))
 
 
-def _pipeline(node: Node, site: TpSite, where: Where) -> Region:
+def _pipeline(op: Op, site: TpSite, group: tuple[int, ...], size: float,
+              entries: list[Entry]) -> Template:
     """GEMM chunk k, then its reduce-scatter (size / n of the buffer) beside chunk k + 1."""
-    region = Region()
     n = PIPELINE_SPLITS
     for k in range(n):
-        gemm = _gemm(node, GemmPart.FPROP, k, n, PIPELINE_SMS)
-        comm = _comm(node, site, k, n, OverlapMethod.PIPELINE, where.size / n, where.group,
-                     [where.launch, gemm])
-        region.nodes += [gemm, comm]
-        region.join = comm
-    return region
+        entries.append((_gemm(op, GemmPart.FPROP, k, n, PIPELINE_SMS), ()))
+        entries.append((_comm(op, site, k, n, OverlapMethod.PIPELINE, size / n, group),
+                        (LAUNCH, len(entries) - 1)))
+    return Template(tuple(entries), len(entries) - 1)
 
 
-def _bulk(node: Node, gather: TpSite, scatter: TpSite, where: Where) -> Region:
+def _bulk(op: Op, gather: TpSite, scatter: TpSite, group: tuple[int, ...], size: float,
+          entries: list[Entry]) -> Template:
     """The saved input's all-gather beside the input gradient; the input gradient's
     reduce-scatter beside the weight gradient, which waits for the gather."""
-    region = Region()
-    ag = _comm(node, gather, 0, 1, OverlapMethod.BULK, where.size, where.group, [where.launch])
-    dgrad = _gemm(node, GemmPart.DGRAD, 0, 1, BULK_SMS)
-    rs = _comm(node, scatter, 0, 1, OverlapMethod.BULK, where.size, where.group, [dgrad])
-    wgrad = _gemm(node, GemmPart.WGRAD, 0, 1, BULK_SMS)
-    wgrad.after.append(ag)
-    region.nodes += [ag, dgrad, rs, wgrad]
-    region.join = rs
-    return region
+    entries += [(_comm(op, gather, 0, 1, OverlapMethod.BULK, size, group), (LAUNCH,)),
+                (_gemm(op, GemmPart.DGRAD, 0, 1, BULK_SMS), ()),
+                (_comm(op, scatter, 0, 1, OverlapMethod.BULK, size, group), (1,)),
+                (_gemm(op, GemmPart.WGRAD, 0, 1, BULK_SMS), (0,))]
+    return Template(tuple(entries), 2)
 
 
-def _gemm(node: Node, part: GemmPart, index: int, count: int, sms: int) -> Node:
-    """Chunk `index` of `count` of one product of `node`'s GEMM (`_gemm_fields`)."""
-    op = node.op
-    fields = _gemm_fields(op.name, op.purpose, op.phase, op.flops, op.mem_bytes, op.gemm,  # type: ignore[arg-type]
-                          part, index, count, sms)
-    return Node(Op(**fields, layer=op.layer, microbatch=op.microbatch), node.unit)
-
-
-@lru_cache(maxsize=1 << 16)  # distinct chunks of the plans of a long search, bounded
-def _gemm_fields(name: str, purpose: KernelRun, phase: Phase, flops: float, mem_bytes: float,
-                 gemm: tuple[int, ...], part: GemmPart, index: int, count: int,
-                 sms: int) -> dict[str, Any]:
-    """The chunk op's fields but layer and micro-batch, made once per distinct chunk (a
-    GPT-3 plan at tp 8 makes ~10^6 chunks of a few hundred kinds): tokens (M) split as
-    evenly as integers go; FLOPs and HBM bytes in proportion (the backward's halves to each
-    product)."""
-    assert purpose.kernel in OVERLAPPED, purpose
-    batch, m, n, k = gemm
+def _gemm(op: Op, part: GemmPart, index: int, count: int, sms: int) -> dict[str, Any]:
+    """Chunk `index` of `count` of one product of `op`'s GEMM, its fields but layer and
+    micro-batch: tokens (M) split as evenly as integers go; FLOPs and HBM bytes in proportion
+    (the backward's halves to each product)."""
+    purpose = op.purpose
+    assert isinstance(purpose, KernelRun) and purpose.kernel in OVERLAPPED, purpose
+    batch, m, n, k = op.gemm
     rows = m // count + (1 if index < m % count else 0)
     share = rows / m
     if part is GemmPart.FPROP:
@@ -181,26 +185,18 @@ def _gemm_fields(name: str, purpose: KernelRun, phase: Phase, flops: float, mem_
     else:
         assert count == 1, "the weight gradient reduces over every token: one chunk"
         shape, fraction = (batch, k, n, m), 0.5
-    return {"kind": OpKind.COMPUTE, "stream": Stream.COMPUTE, "name": name,
-            "purpose": GemmChunk(purpose.kernel, part, index, count, sms), "phase": phase,
-            "flops": flops * fraction, "mem_bytes": mem_bytes * fraction, "gemm": shape}
+    return {"kind": OpKind.COMPUTE, "stream": Stream.COMPUTE, "name": op.name,
+            "purpose": GemmChunk(purpose.kernel, part, index, count, sms), "phase": op.phase,
+            "flops": op.flops * fraction, "mem_bytes": op.mem_bytes * fraction, "gemm": shape}
 
 
-def _comm(node: Node, site: TpSite, index: int, count: int, method: OverlapMethod,
-          size: float, group: tuple[int, ...], after: list[Node]) -> Node:
-    op = node.op
-    fields = _comm_fields(site, index, count, method, size, group, op.phase, op.dtype)  # type: ignore[arg-type]
-    return Node(Op(**fields, layer=op.layer, microbatch=op.microbatch), node.unit, list(after))
-
-
-@lru_cache(maxsize=1 << 16)  # distinct chunks of the plans of a long search, bounded
-def _comm_fields(site: TpSite, index: int, count: int, method: OverlapMethod, size: float,
-                 group: tuple[int, ...], phase: Phase, dtype: str) -> dict[str, Any]:
-    """A collective chunk's fields but layer and micro-batch, made once per distinct chunk."""
+def _comm(op: Op, site: TpSite, index: int, count: int, method: OverlapMethod, size: float,
+          group: tuple[int, ...]) -> dict[str, Any]:
+    """A collective chunk's fields but layer and micro-batch."""
     purpose = TpChunk(site.kernel, site.slot, site.grad, site.kind, site.saved, index, count,
                       method)
     return {"kind": site.kind, "stream": Stream.TP_COMM, "name": "tp", "purpose": purpose,
-            "group": group, "size_bytes": size, "phase": phase, "dtype": dtype}
+            "group": group, "size_bytes": size, "phase": op.phase, "dtype": op.dtype}
 
 
 def in_region(op: Op) -> bool:

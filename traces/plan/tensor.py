@@ -37,11 +37,13 @@ cross-entropy adds two small all-reduces forward: the max of each token's logits
 
 from __future__ import annotations
 
+from typing import Any
+
 from traces.layout import Axis
 from traces.mla import down_width
 from traces.ops import Op, OpKind, Phase, Stream
 from traces.plan.nodes import Node, Program, RankContext
-from traces.plan.overlap import OVERLAPPED, Where, overlap_region
+from traces.plan.overlap import OVERLAPPED, Template, overlap_region, overlap_template
 from traces.purpose import CrossEntropyStat, Kernel, KernelRun, Purpose, Stat, TpSite
 
 K = Kernel
@@ -113,33 +115,50 @@ def add_tensor_parallel(ctx: RankContext, program: Program) -> Program:
              "ce_sum": 2 * b * s * FP32,
              "tp_latent": b * s * down_width(model) * model.dtype_bytes}
     group = layout.group(ctx.rank, Axis.TP)
-    where = _placements(layout.sp, model.q_lora_rank == 0 if model.mla and layout.sp else None)
-    overlap = _overlapped(layout.sp, layout.tp_comm_overlap)
+    # (kernel, phase) -> the fields of the collectives before and after it, or (None, sites)
+    # where tp_comm_overlap overlaps them with the kernel's GEMM (`traces.plan.overlap`)
+    where: dict[tuple[Kernel, Phase | None], tuple[Any, Any]] = {
+        key: (tuple(_fields(ctx, c, group, sizes[c[1]]) for c in before),
+              tuple(_fields(ctx, c, group, sizes[c[1]]) for c in after))
+        for key, (before, after) in _placements(
+            layout.sp, model.q_lora_rank == 0 if model.mla and layout.sp else None).items()}
+    where.update({key: (None, sites)
+                  for key, sites in _overlapped(layout.sp, layout.tp_comm_overlap).items()})
+    templates: dict[tuple[Any, ...], Template] = {}  # one per distinct overlapped kernel op
     out: Program = []
     for nodes in program:
         step: list[Node] = []
         join: Node | None = None  # an overlapped collective the next compute op waits for
         for node in nodes:
-            purpose = node.op.purpose
-            key = (purpose.kernel, node.op.phase) if isinstance(purpose, KernelRun) else None
+            op = node.op
+            purpose = op.purpose
             if join is not None and node.on_compute:
                 node.after.append(join)
                 join = None
-            if key in overlap:
-                launch = next(n for n in reversed(step) if n.on_compute)
-                region = overlap_region(node, *overlap[key],
-                                        Where(group=group, size=sizes["tp"], launch=launch))
-                step += region.nodes
-                join = region.join
-                continue
-            found = where.get(key) if key is not None else None
+            found = where.get((purpose.kernel, op.phase)) \
+                if isinstance(purpose, KernelRun) else None
             if found is None:
                 step.append(node)
                 continue
             before, after = found
-            step += [_collective(ctx, node, c, group, sizes[c[1]]) for c in before]
+            if before is None:  # overlapped
+                key = (purpose.kernel, op.phase, op.name, op.flops, op.mem_bytes, op.gemm,
+                       op.dtype)
+                template = templates.get(key)
+                if template is None:
+                    template = templates[key] = overlap_template(op, *after, group,
+                                                                 sizes["tp"])
+                launch = next(n for n in reversed(step) if n.on_compute)
+                region = overlap_region(node, template, launch)
+                step += region.nodes
+                join = region.join
+                continue
+            layer, mb, phase, unit = op.layer, op.microbatch, op.phase, node.unit
+            for fields in before:
+                step.append(Node(Op(**fields, layer=layer, microbatch=mb, phase=phase), unit))
             step.append(node)
-            step += [_collective(ctx, node, c, group, sizes[c[1]]) for c in after]
+            for fields in after:
+                step.append(Node(Op(**fields, layer=layer, microbatch=mb, phase=phase), unit))
         assert join is None, "an overlapped kernel ends an action"
         out.append(step)
     return out
@@ -187,11 +206,10 @@ def _placements(sp: bool, mla_q_proj: bool | None = None
     return out
 
 
-def _collective(ctx: RankContext, beside: Node, collective: Collective, group: tuple[int, ...],
-                size: float) -> Node:
-    op = beside.op
+def _fields(ctx: RankContext, collective: Collective, group: tuple[int, ...],
+            size: float) -> dict[str, Any]:
+    """An inline collective's fields but layer, micro-batch and phase (the kernel's beside)."""
     kind, name, purpose = collective
     dtype = "fp32" if isinstance(purpose, CrossEntropyStat) else ctx.model.data_dtype
-    return Node(Op(kind=kind, stream=Stream.COMPUTE, name=name, purpose=purpose, group=group,
-                   size_bytes=size, layer=op.layer, microbatch=op.microbatch, phase=op.phase,
-                   dtype=dtype), beside.unit)
+    return {"kind": kind, "stream": Stream.COMPUTE, "name": name, "purpose": purpose,
+            "group": group, "size_bytes": size, "dtype": dtype}
