@@ -14,6 +14,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass
+from itertools import chain
+from operator import attrgetter
 
 from traces import mla
 from traces.layout import Axis, Layout
@@ -34,10 +36,12 @@ class Node:
         self.op = op
         self.unit = unit
         self.after: list[Node] = [] if after is None else after
-        self.on_compute = op.stream == Stream.COMPUTE
+        self.on_compute = op.stream == _COMPUTE
         self.index = -1
         """Position in the finished op list (set by `finalize`)."""
 
+
+_COMPUTE = Stream.COMPUTE
 
 Program = list[list[Node]]
 """A rank's nodes: one list per schedule action, then one for the end of the step."""
@@ -150,11 +154,15 @@ def finalize(program: Program) -> tuple[Op, ...]:
 
     The ops were built by the passes and have not escaped yet, so their `deps` are set in place.
     """
-    nodes = [node for step in program for node in step]
+    nodes = list(chain.from_iterable(program))
     for i, node in enumerate(nodes):
         node.index = i
     for node in nodes:
         if node.after:
-            deps = node.op.deps = tuple(dep.index for dep in node.after)
+            deps = node.op.deps = tuple(map(_INDEX, node.after))
             assert min(deps) >= 0, f"{node.op.name} waits for an op a pass left out of the plan"
-    return tuple(node.op for node in nodes)
+    return tuple(map(_OP, nodes))
+
+
+_INDEX = attrgetter("index")
+_OP = attrgetter("op")

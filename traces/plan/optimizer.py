@@ -26,6 +26,8 @@ overlap_param_gather, at the start of the step instead, beside the forward
 
 from __future__ import annotations
 
+from operator import attrgetter
+
 from traces.expert_grid import expert_data_degree
 from traces.kernels import step_kernel_bytes
 from traces.layout import Layout
@@ -54,16 +56,19 @@ def add_optimizer(ctx: RankContext, program: Program) -> Program:
     reductions): the tied-embedding all-reduce, the optimizer step and ZeRO-1/2's gathers."""
     model, layout = ctx.model, ctx.layout
     actions, nodes = program[:-1], [node for step in program for node in step]
+    newest = list(map(_STREAM, reversed(nodes)))  # the nodes' streams, last first
     out: list[Node] = []
     if layout.pp > 1 and model.tied_embeddings and _owns_embeddings(ctx):
         size = model.vocab * model.hidden / layout.tp * ctx.grad_bytes
         op = Op(kind=OpKind.ALL_REDUCE, stream=Stream.DP, name="embedding_grads",
                 purpose=EmbeddingGrads(), group=layout.embedding_group(ctx.rank),
                 size_bytes=size, phase=Phase.BWD, dtype=ctx.grad_dtype)
-        last = _last(nodes, Stream.COMPUTE)
+        last = _last(nodes, newest, Stream.COMPUTE)
         assert last is not None, "a rank owning the embeddings runs their kernels"
         out.append(Node(op, EMBED, [last]))
-    waits = [n for n in (_last(nodes + out, Stream.DP), _last(nodes, Stream.ZERO_RS)) if n]
+    dp = _last(out, list(map(_STREAM, reversed(out))), Stream.DP) or \
+        _last(nodes, newest, Stream.DP)
+    waits = [n for n in (dp, _last(nodes, newest, Stream.ZERO_RS)) if n]
     waits += [n for n in (actions[-1] if actions else []) if n.op.kind is OpKind.SEND]
     shard = layout.data_degree if layout.zero >= 1 else 1
     layers = [layer for stage in layout.stages_of_rank(ctx.pp_rank)
@@ -123,9 +128,16 @@ def _owns_embeddings(ctx: RankContext) -> bool:
     return 0 in stages or ctx.last_stage in stages
 
 
-def _last(nodes: list[Node], stream: Stream) -> Node | None:
-    """The last node on `stream` (the one every earlier node on it has finished before)."""
-    return next((n for n in reversed(nodes) if n.op.stream == stream), None)
+def _last(nodes: list[Node], newest: list[str], stream: Stream) -> Node | None:
+    """The last node on `stream` (the one every earlier node on it has finished before);
+    `newest` holds the nodes' streams in reverse order (searched at C speed: ~10^6 nodes)."""
+    try:
+        return nodes[len(nodes) - 1 - newest.index(stream)]
+    except ValueError:
+        return None
+
+
+_STREAM = attrgetter("op.stream")
 
 
 def _last_buckets(ctx: RankContext, nodes: list[Node]) -> list[tuple[GradBucket, float]]:

@@ -46,17 +46,21 @@ def add_pipeline_p2p(ctx: RankContext, actions: list[Action], program: Program) 
     group = layout.group(ctx.rank, Axis.TP)
     out: Program = []
     pending: Node | None = None  # the previous action's send
+    ends: dict[int, tuple[int, int]] = {}  # stage -> its first and last layer
+    peers: dict[int, int] = {}  # stage -> the rank that runs it
     for action, nodes in zip(actions, program):
         kind, stage, mb = action.kind, action.stage, action.microbatch
-        layers = layout.layers_of_stage(ctx.model, stage)
-        first, last = layers[0], layers[-1]
+        if stage not in ends:
+            layers = layout.layers_of_stage(ctx.model, stage)
+            ends[stage] = layers[0], layers[-1]
+        first, last = ends[stage]
         entry = [] if pending is None else [pending]
         step: list[Node] = []
         stream, tag, offset = _RECV[kind]
         if 0 <= stage + offset <= ctx.last_stage:
             # an activation in is the first layer's input; a gradient in, of the last's output
             boundary = first if kind == "F" else last + 1
-            recv = _p2p(OpKind.RECV, stream, ctx.peer(stage + offset), size, tag, mb,
+            recv = _p2p(OpKind.RECV, stream, _peer(ctx, peers, stage + offset), size, tag, mb,
                         first if kind == "F" else last, boundary)
             step.append(recv)
             entry.append(recv)
@@ -73,12 +77,19 @@ def add_pipeline_p2p(ctx: RankContext, actions: list[Action], program: Program) 
         stream, tag, offset = _SEND[kind]
         if 0 <= stage + offset <= ctx.last_stage:
             # an activation out is the next layer's input; a gradient back, the first's
-            pending = _p2p(OpKind.SEND, stream, ctx.peer(stage + offset), size, tag, mb,
+            pending = _p2p(OpKind.SEND, stream, _peer(ctx, peers, stage + offset), size, tag, mb,
                            last if kind == "F" else first, last + 1 if kind == "F" else first)
             pending.after.append(last_compute(nodes))
             step.append(pending)
         out.append(step)
     return [*out, *program[len(actions):]]
+
+
+def _peer(ctx: RankContext, peers: dict[int, int], stage: int) -> int:
+    """`ctx.peer(stage)`, found once per stage."""
+    if stage not in peers:
+        peers[stage] = ctx.peer(stage)
+    return peers[stage]
 
 
 def _p2p(kind: OpKind, stream: Stream, peer: int, size: float, tag: Tag, mb: int,
