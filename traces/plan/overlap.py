@@ -68,12 +68,13 @@ BULK_SMS = 16
 RING_SMS = 0
 
 
-LAUNCH = -1
-"""In a template's dependencies: the compute op before the region (where TE launches it)."""
+LAUNCH = 0
+"""In a template's dependencies: the compute op before the region (where TE launches it);
+k + 1 names the region's op k."""
 
 Entry = tuple[dict[str, Any], tuple[int, ...]]
-"""One op of a region: its fields but layer and micro-batch, and what it waits for (indices of
-earlier ops of the region, or LAUNCH)."""
+"""One op of a region: its fields but layer and micro-batch, and what it waits for (LAUNCH, or
+k + 1 for the region's earlier op k)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,12 +96,12 @@ class Region:
 
     def __init__(self, template: Template, layer: int | None, microbatch: int | None,
                  unit: Unit | None, launch: Node) -> None:
-        nodes: list[Node] = []
+        pool = [launch]  # what each dependency of the template names
         for fields, deps in template.entries:
-            nodes.append(Node(Op(**fields, layer=layer, microbatch=microbatch), unit,
-                              [launch if d == LAUNCH else nodes[d] for d in deps]))
-        self.nodes = nodes
-        self.join = None if template.join is None else nodes[template.join]
+            pool.append(Node(Op(**fields, layer=layer, microbatch=microbatch), unit,
+                             list(map(pool.__getitem__, deps))))
+        self.nodes = pool[1:]
+        self.join = None if template.join is None else pool[template.join + 1]
 
 
 def overlap_region(node: Node, template: Template, launch: Node) -> Region:
@@ -141,7 +142,7 @@ def _ring(op: Op, site: TpSite, group: tuple[int, ...], size: float, part: GemmP
         if k:
             entries.append((_comm(op, site, k, tp, OverlapMethod.RING, size / (tp - 1), group),
                             (previous,)))
-            previous = len(entries) - 1
+            previous = len(entries)  # the exchange just added
             entries.append((gemm, (previous,)))
         else:
             entries.append((gemm, ()))
@@ -154,7 +155,7 @@ def _pipeline(op: Op, site: TpSite, group: tuple[int, ...], size: float,
     for k in range(n):
         entries.append((_gemm(op, GemmPart.FPROP, k, n, PIPELINE_SMS), ()))
         entries.append((_comm(op, site, k, n, OverlapMethod.PIPELINE, size / n, group),
-                        (LAUNCH, len(entries) - 1)))
+                        (LAUNCH, len(entries))))  # the GEMM chunk just added
     return Template(tuple(entries), len(entries) - 1)
 
 
@@ -164,8 +165,8 @@ def _bulk(op: Op, gather: TpSite, scatter: TpSite, group: tuple[int, ...], size:
     reduce-scatter beside the weight gradient, which waits for the gather."""
     entries += [(_comm(op, gather, 0, 1, OverlapMethod.BULK, size, group), (LAUNCH,)),
                 (_gemm(op, GemmPart.DGRAD, 0, 1, BULK_SMS), ()),
-                (_comm(op, scatter, 0, 1, OverlapMethod.BULK, size, group), (1,)),
-                (_gemm(op, GemmPart.WGRAD, 0, 1, BULK_SMS), (0,))]
+                (_comm(op, scatter, 0, 1, OverlapMethod.BULK, size, group), (2,)),  # dgrad
+                (_gemm(op, GemmPart.WGRAD, 0, 1, BULK_SMS), (1,))]  # after the gather
     return Template(tuple(entries), 2)
 
 

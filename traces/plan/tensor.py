@@ -37,6 +37,7 @@ cross-entropy adds two small all-reduces forward: the max of each token's logits
 
 from __future__ import annotations
 
+from operator import attrgetter
 from typing import Any
 
 from traces.layout import Axis
@@ -125,43 +126,93 @@ def add_tensor_parallel(ctx: RankContext, program: Program) -> Program:
     where.update({key: (None, sites)
                   for key, sites in _overlapped(layout.sp, layout.tp_comm_overlap).items()})
     templates: dict[tuple[Any, ...], Template] = {}  # one per distinct overlapped kernel op
+    recipes: dict[int, list[tuple[list[Any], list[Step]]]] = {}  # by the action's length
     out: Program = []
     for nodes in program:
-        step: list[Node] = []
-        join: Node | None = None  # an overlapped collective the next compute op waits for
-        for node in nodes:
-            op = node.op
-            purpose = op.purpose
-            if join is not None and node.on_compute:
-                node.after.append(join)
-                join = None
-            found = where.get((purpose.kernel, op.phase)) \
-                if isinstance(purpose, KernelRun) else None
-            if found is None:
-                step.append(node)
-                continue
-            before, after = found
-            if before is None:  # overlapped
-                key = (purpose.kernel, op.phase, op.name, op.flops, op.mem_bytes, op.gemm,
-                       op.dtype)
-                template = templates.get(key)
-                if template is None:
-                    template = templates[key] = overlap_template(op, *after, group,
-                                                                 sizes["tp"])
-                launch = next(n for n in reversed(step) if n.on_compute)
-                region = overlap_region(node, template, launch)
-                step += region.nodes
-                join = region.join
-                continue
-            layer, mb, phase, unit = op.layer, op.microbatch, op.phase, node.unit
-            for fields in before:
+        signature = list(map(_SIGNATURE, nodes))
+        known = recipes.setdefault(len(nodes), [])
+        recipe = next((r for sig, r in known if sig == signature), None)
+        if recipe is None:
+            recipe = _recipe(signature, where)
+            known.append((signature, recipe))
+        out.append(_splice(nodes, recipe, templates, group, sizes["tp"]))
+    return out
+
+
+Step = tuple[int, int, Any, Any]
+"""One step of a recipe: (what, position, and two arguments), below."""
+_COPY, _AROUND, _REGION, _JOIN = range(4)
+_SIGNATURE = attrgetter("op.purpose", "op.phase", "on_compute")
+"""What decides the collectives around a node: its kernel and phase (the purpose's), and
+whether the next overlapped collective's join may land on it."""
+
+
+def _recipe(signature: list[Any], where: dict[tuple[Kernel, Phase | None], tuple[Any, Any]]
+            ) -> list[Step]:
+    """How to insert the collectives into an action whose nodes have `signature`, made once
+    per distinct signature (the actions of one stage and direction share it): copy runs of
+    nodes that need nothing (`_COPY`, from, to), put inline collectives `_AROUND` a node
+    (their fields before and after it), replace a node by its overlapped `_REGION` (its
+    sites), and hand the last region's collective (`_JOIN`) to the next compute node."""
+    recipe: list[Step] = []
+    start, pending = 0, False  # the first node not copied yet; a region since a compute node
+    for i, (purpose, phase, on_compute) in enumerate(signature):
+        if pending and on_compute:
+            recipe.append((_JOIN, i, None, None))
+            pending = False
+        found = where.get((purpose.kernel, phase)) if isinstance(purpose, KernelRun) else None
+        if found is None:
+            continue
+        if start < i:
+            recipe.append((_COPY, start, i, None))
+        start = i + 1
+        before, after = found
+        if before is None:
+            recipe.append((_REGION, i, after, None))
+            pending = True
+        else:
+            recipe.append((_AROUND, i, before, after))
+    if start < len(signature):
+        recipe.append((_COPY, start, len(signature), None))
+    return recipe
+
+
+def _splice(nodes: list[Node], recipe: list[Step], templates: dict[tuple[Any, ...], Template],
+            group: tuple[int, ...], size: float) -> list[Node]:
+    """The action's nodes with its collectives, by `recipe` (`_recipe` of its signature)."""
+    step: list[Node] = []
+    join: Node | None = None  # an overlapped collective the next compute op waits for
+    for what, i, first, second in recipe:
+        if what == _COPY:
+            step += nodes[i:first]
+        elif what == _AROUND:
+            node = nodes[i]
+            op, unit = node.op, node.unit
+            layer, mb, phase = op.layer, op.microbatch, op.phase
+            for fields in first:
                 step.append(Node(Op(**fields, layer=layer, microbatch=mb, phase=phase), unit))
             step.append(node)
-            for fields in after:
+            for fields in second:
                 step.append(Node(Op(**fields, layer=layer, microbatch=mb, phase=phase), unit))
-        assert join is None, "an overlapped kernel ends an action"
-        out.append(step)
-    return out
+        elif what == _REGION:
+            node = nodes[i]
+            op = node.op
+            key = (op.purpose.kernel, op.phase, op.name, op.flops, op.mem_bytes,  # type: ignore[union-attr]
+                   op.gemm, op.dtype)
+            template = templates.get(key)
+            if template is None:
+                sites_before, sites_after = first
+                template = templates[key] = overlap_template(op, sites_before, sites_after,
+                                                             group, size)
+            launch = next(n for n in reversed(step) if n.on_compute)
+            region = overlap_region(node, template, launch)
+            step += region.nodes
+            join = region.join
+        elif join is not None:  # _JOIN
+            nodes[i].after.append(join)
+            join = None
+    assert join is None, "an overlapped kernel ends an action"
+    return step
 
 
 def _overlapped(sp: bool, tp_comm_overlap: bool
