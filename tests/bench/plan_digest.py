@@ -64,22 +64,23 @@ def config(example: str, change: dict[str, dict[str, Any]]) -> dict[str, Any]:
     return data
 
 
-def plan_lines(name: str) -> tuple[Iterator[str], float, int]:
-    """The case's ops as lines (rank, index, repr), the build's seconds and its op count."""
+def plan_lines(name: str) -> tuple[Iterator[str], float, float, int]:
+    """The case's ops as lines (rank, index, repr), the build's wall and CPU seconds and its
+    op count."""
     example, change, folded = CASES[name]
     exp = experiment_from_dict(config(example, change), name=name)
     ranks = exp.layout.representatives() if folded else None
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     plan = build(exp.model, exp.layout, ranks=ranks)
-    seconds = time.perf_counter() - t0
+    seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
     lines = (f"{rank} {i} {op!r}\n" for rank in plan.ranks for i, op in enumerate(plan.ops[rank]))
-    return lines, seconds, plan.num_ops()
+    return lines, seconds, cpu, plan.num_ops()
 
 
 def dump(folder: Path, only: list[str]) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     for name in only or CASES:
-        lines, seconds, ops = plan_lines(name)
+        lines, seconds, _, ops = plan_lines(name)
         digest = hashlib.sha256()
         with gzip.open(folder / f"{name}.ops.gz", "wt", compresslevel=1) as f:
             for line in lines:

@@ -160,7 +160,7 @@ def finalize(program: Program) -> tuple[Op, ...]:
     for node in nodes:
         if node.after:
             deps = node.op.deps = tuple(map(_INDEX, node.after))
-            assert min(deps) >= 0, f"{node.op.name} waits for an op a pass left out of the plan"
+            assert -1 not in deps, f"{node.op.name} waits for an op a pass left out of the plan"
     return tuple(map(_OP, nodes))
 
 
