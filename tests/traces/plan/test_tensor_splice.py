@@ -3,6 +3,8 @@ its ops equal those of the rule applied node by node (the pass as it was written
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from traces.layout import Axis, Layout
@@ -67,7 +69,7 @@ def _inline(ctx: RankContext, beside: Node, collective: tuple, group: tuple[int,
                    microbatch=op.microbatch, phase=op.phase), beside.unit)
 
 
-def programs(model: ModelSpec, **parallel: object) -> tuple[RankContext, Program, Program]:
+def programs(model: ModelSpec, **parallel: Any) -> tuple[RankContext, Program, Program]:
     """A rank's context and two separately lowered copies of its compute program (the passes
     change the nodes they are given)."""
     layout = Layout(**{"global_batch": 4, **parallel})
