@@ -158,8 +158,10 @@ def finalize(program: Program) -> tuple[Op, ...]:
     for i, node in enumerate(nodes):
         node.index = i
     for node in nodes:
-        if node.after:
-            deps = node.op.deps = tuple(map(_INDEX, node.after))
+        after = node.after
+        if after:  # most wait for one op: that tuple made inline
+            deps = node.op.deps = (after[0].index,) if len(after) == 1 else \
+                tuple(map(_INDEX, after))
             assert -1 not in deps, f"{node.op.name} waits for an op a pass left out of the plan"
     return tuple(map(_OP, nodes))
 

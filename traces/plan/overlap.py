@@ -97,9 +97,10 @@ class Region:
     def __init__(self, template: Template, layer: int | None, microbatch: int | None,
                  unit: Unit | None, launch: Node) -> None:
         pool = [launch]  # what each dependency of the template names
-        for fields, deps in template.entries:
-            pool.append(Node(Op(**fields, layer=layer, microbatch=microbatch), unit,
-                             list(map(pool.__getitem__, deps))))
+        for fields, deps in template.entries:  # ~10^6 of these: the common cases inline
+            after = [] if not deps else [pool[deps[0]]] if len(deps) == 1 else \
+                list(map(pool.__getitem__, deps))
+            pool.append(Node(Op(**fields, layer=layer, microbatch=microbatch), unit, after))
         self.nodes = pool[1:]
         self.join = None if template.join is None else pool[template.join + 1]
 
