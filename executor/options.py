@@ -54,8 +54,6 @@ def check_moe_supported(model: ModelSpec, layout: Layout) -> None:
         (layout.zero >= 1 and layout.data_degree > 1,
          f"parallel.zero: {layout.zero} with dp x cp > 1: the executor keeps MoE optimizer "
          "states whole (ZeRO 0)"),
-        (layout.pp > 1, f"parallel.pp: {layout.pp}: the executor runs MoE models in one "
-                        "pipeline stage; use pp = 1"),
         (layout.cp > 1, f"parallel.cp: {layout.cp}: the executor runs MoE models without "
                         "context parallelism; use cp = 1"),
         (layout.recompute == "full", "parallel.recompute: \"full\": the executor does not "

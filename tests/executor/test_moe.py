@@ -29,7 +29,7 @@ from traces.expert_grid import ep_coord, ep_group
 from traces.layout import Layout
 from traces.model import ModelSpec
 from traces.moe import dispatch_matrix, rank_tokens
-from traces.moe_spec import expert_counts
+from traces.moe_spec import expert_counts, is_moe_layer
 from traces.ops import OpKind, Trace
 from traces.plan import build
 from traces.purpose import ExpertAllToAll, MoeStep, SpGrads
@@ -59,6 +59,8 @@ WORLD4 = {
     "ep2-tp2-sp-dp2-skew-capacity": Case(dict(tp=2, sp=True, ep=2, dp=2, global_batch=4),
                                          model=dict(SKEW, capacity_factor=1.0)),
     "ep4-dp4-skew": Case(dict(ep=4, dp=4, global_batch=4), model=dict(SKEW, routing_skew=2.0)),
+    # MoE layers on both stages (1 dense, 3 MoE), tied embeddings across them
+    "ep2-pp2-dp2-skew": Case(dict(pp=2, dp=2, ep=2, global_batch=4), model=dict(SKEW, layers=4)),
 }
 CASES = {**WORLD2, **WORLD4}
 
@@ -85,7 +87,9 @@ def test_training_equals_the_reference(worlds: dict, name: str) -> None:
         assert res["grad_norm"] == pytest.approx(run.grad_norms[-1], rel=1e-5)
     experts = [n for res in results for t in res["params"].values() for n in t
                if n.startswith("experts.")]
-    assert len(experts) == 2 * layout.world, "every rank's experts were compared"
+    moe = [layer for res in results for layer in layout.layers_of_stage(model, res["coords"].pp)
+           if is_moe_layer(model, layer)]
+    assert len(experts) == 2 * len(moe), "every rank's experts were compared"
     plan = build(model, layout)
     trace = timed_trace(plan, {r: res["records"] for r, res in enumerate(results)}, plan.meta)
     assert trace.meta.complete is True
@@ -106,8 +110,8 @@ def test_calls_are_the_plans_and_all_to_alls_move_the_routed_tokens(worlds: dict
         assert call_sequences(res["calls"]) == want, f"rank {rank}"
         if not skewed:  # balanced: the plan's own sizes are the real ones
             assert call_sequences(res["calls"]) == plan_sequences(plan.ops[rank])
-        _check_splits(model, layout, rank, [c for c in res["calls"]
-                                            if c.kind is OpKind.ALL_TO_ALL])
+        _check_splits(model, layout, plan, rank, [c for c in res["calls"]
+                                                  if c.kind is OpKind.ALL_TO_ALL])
 
 
 def _real_sizes(plan: Trace, model: ModelSpec, layout: Layout, rank: int) -> tuple:
@@ -131,18 +135,22 @@ def _real_sizes(plan: Trace, model: ModelSpec, layout: Layout, rank: int) -> tup
     return tuple(ops)
 
 
-def _check_splits(model: ModelSpec, layout: Layout, rank: int, calls: list[CommCall]) -> None:
-    """Per MoE layer and micro-batch the four all-to-alls, forward then backward: the
-    dispatch sends row i of the plan's byte matrix, the combine sends back column i; the
-    gradients retrace them."""
+def _check_splits(model: ModelSpec, layout: Layout, plan: Trace, rank: int,
+                  calls: list[CommCall]) -> None:
+    """The plan's all-to-alls in order: a dispatch sends row i of the plan's byte matrix of
+    its layer, a combine sends back column i; their gradients retrace them."""
     tokens = rank_tokens(model, layout.micro_batch, layout.tp)
     i = ep_coord(layout, rank)
-    layer = model.dense_layers  # the one MoE layer
-    matrix = dispatch_matrix(model, layer, tokens, layout.ep)
-    row, column = tuple(round(x) for x in matrix[i]), tuple(round(r[i]) for r in matrix)
-    per_mb = [row, column, row, column]  # dispatch, combine; combine grad, dispatch grad
-    assert [c.splits for c in calls] == per_mb * layout.num_microbatches
-    assert sum(row) == sum(expert_counts(model, layer, tokens)) * model.hidden * 4
+    want = []
+    for op in plan.ops[rank]:
+        if isinstance(op.purpose, ExpertAllToAll):
+            assert op.layer is not None
+            matrix = dispatch_matrix(model, op.layer, tokens, layout.ep)
+            row, column = tuple(round(x) for x in matrix[i]), tuple(round(r[i]) for r in matrix)
+            sends_tokens = (op.purpose.step is MoeStep.DISPATCH) != op.purpose.grad
+            want.append(row if sends_tokens else column)
+            assert sum(row) == sum(expert_counts(model, op.layer, tokens)) * model.hidden * 4
+    assert want and [c.splits for c in calls] == want
 
 
 # --- routing, no processes --------------------------------------------------------------------
@@ -219,7 +227,6 @@ def test_the_norms_group_spans_every_rank_with_ep() -> None:
     (dict(bias=True), dict(ep=2, dp=2), "model.bias: true"),
     (dict(), dict(ep=2, dp=2, zero=1), "parallel.zero: 1 with dp x cp > 1"),
     (dict(), dict(ep=2, tp=2, sp=True, etp=2, dp=2), "parallel.etp: 2"),
-    (dict(), dict(ep=2, pp=2, dp=2), "parallel.pp: 2"),
     (dict(), dict(ep=2, cp=2), "parallel.cp: 2"),
     (dict(), dict(ep=2, dp=2, recompute="full"), "parallel.recompute: \"full\""),
     (dict(), dict(ep=2, tp=2, sp=True, tp_comm_overlap=True), "parallel.tp_comm_overlap"),
