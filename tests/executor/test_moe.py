@@ -32,7 +32,7 @@ from traces.moe import dispatch_matrix, rank_tokens
 from traces.moe_spec import expert_counts, is_moe_layer
 from traces.ops import OpKind, Trace
 from traces.plan import build
-from traces.purpose import ExpertAllToAll, MoeStep, SpGrads
+from traces.purpose import ExpertAllToAll, Kernel, KernelRun, MoeStep, SpGrads
 
 TIMEOUT_S = 120
 MOE = dict(LLAMA, experts=4, top_k=2, moe_ffn_hidden=24, dense_layers=1)
@@ -65,14 +65,15 @@ WORLD4 = {
 CASES = {**WORLD2, **WORLD4}
 
 
-def _world(cases: dict[str, Case], size: int) -> dict[str, list]:
-    results, _ = spawn(interpret_cases, size, (list(cases.values()),), timeout_s=TIMEOUT_S)
+def _world(cases: dict[str, Case], size: int, count_flops: bool = False) -> dict[str, list]:
+    results, _ = spawn(interpret_cases, size, (list(cases.values()), count_flops),
+                       timeout_s=TIMEOUT_S)
     return {name: list(per_rank) for name, per_rank in zip(cases, zip(*results))}
 
 
 @pytest.fixture(scope="module")
 def worlds() -> dict[str, list]:
-    return {**_world(WORLD2, 2), **_world(WORLD4, 4)}
+    return {**_world(WORLD2, 2, count_flops=True), **_world(WORLD4, 4)}
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -151,6 +152,34 @@ def _check_splits(model: ModelSpec, layout: Layout, plan: Trace, rank: int,
             want.append(row if sends_tokens else column)
             assert sum(row) == sum(expert_counts(model, op.layer, tokens)) * model.hidden * 4
     assert want and [c.splits for c in calls] == want
+
+
+@pytest.mark.parametrize("name", list(WORLD2))
+def test_the_router_and_the_experts_do_the_plans_flops(worlds: dict, name: str) -> None:
+    """torch.utils.flop_counter around each op of the first step: the router's GEMM and the
+    dense GEMMs do their planned FLOPs; a grouped GEMM's ops (one per distinct token count)
+    together do what the first of them does, the whole grouped GEMM; no other op any."""
+    model, layout = CASES[name].specs()
+    plan = build(model, layout)
+    grouped = (Kernel.EXPERT_FC1, Kernel.EXPERT_FC2)
+    for rank, res in enumerate(worlds[name]):
+        counted = dict(zip(range(len(plan.ops[rank])), res["flops"]))
+        first: dict[tuple, int] = {}
+        planned: dict[tuple, float] = {}
+        for index, op in enumerate(plan.ops[rank]):
+            if op.name == "flash_attn" or op.kind != "compute":
+                continue
+            key = (op.name, op.phase, op.layer, op.microbatch)
+            if isinstance(op.purpose, KernelRun) and op.purpose.kernel in grouped:
+                first.setdefault(key, index)
+                planned[key] = planned.get(key, 0.0) + op.flops
+                if first[key] != index:
+                    assert counted[index] == 0.0, (name, rank, index)
+                continue
+            assert counted[index] == (op.flops if op.gemm else 0.0), (name, rank, index, op.name)
+        assert planned, "the plan has grouped GEMMs"
+        for key, index in first.items():
+            assert counted[index] == planned[key] > 0, (name, rank, key)
 
 
 # --- routing, no processes --------------------------------------------------------------------
