@@ -49,6 +49,9 @@ WORLD2 = {
                                            recompute="selective"), model=SKEW),
     "ep2-tp2-sp-capacity": Case(dict(tp=2, sp=True, ep=2, global_batch=2),
                                 model=dict(MOE, capacity_factor=0.5)),
+    # full recomputation re-runs the MoE layer, its exchanges included, before its backward
+    "ep2-dp2-skew-full": Case(dict(ep=2, dp=2, global_batch=4, recompute="full"),
+                              model=dict(SKEW, capacity_factor=1.0)),
     "mla-ep2-dp2": Case(dict(ep=2, dp=2, global_batch=4),
                         model=dict(MLA, **{k: MOE[k] for k in ("experts", "top_k",
                                                                "moe_ffn_hidden",
@@ -257,7 +260,6 @@ def test_the_norms_group_spans_every_rank_with_ep() -> None:
     (dict(), dict(ep=2, dp=2, zero=1), "parallel.zero: 1 with dp x cp > 1"),
     (dict(), dict(ep=2, tp=2, sp=True, etp=2, dp=2), "parallel.etp: 2"),
     (dict(), dict(ep=2, cp=2), "parallel.cp: 2"),
-    (dict(), dict(ep=2, dp=2, recompute="full"), "parallel.recompute: \"full\""),
     (dict(), dict(ep=2, tp=2, sp=True, tp_comm_overlap=True), "parallel.tp_comm_overlap"),
 ])
 def test_what_the_executor_does_not_run_is_one_line(model: dict, layout: dict,
