@@ -56,8 +56,6 @@ def check_moe_supported(model: ModelSpec, layout: Layout) -> None:
          "states whole (ZeRO 0)"),
         (layout.cp > 1, f"parallel.cp: {layout.cp}: the executor runs MoE models without "
                         "context parallelism; use cp = 1"),
-        (layout.tp_comm_overlap, "parallel.tp_comm_overlap: true: the executor does not "
-                                 "overlap TP communication in MoE models; use false"),
     ]
     for refused, message in rules:
         if refused:
