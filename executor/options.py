@@ -10,6 +10,7 @@ import torch
 
 from executor.optim import AdamWConfig
 from traces.errors import ConfigError
+from traces.expert_grid import expert_data_degree
 from traces.layout import Layout
 from traces.model import ModelSpec
 
@@ -51,9 +52,10 @@ def check_moe_supported(model: ModelSpec, layout: Layout) -> None:
         (model.shared_experts > 0, f"model.shared_experts: {model.shared_experts}: the "
                                    "executor runs routed experts only; use 0"),
         (model.bias, "model.bias: true: the executor's MoE layers have no biases; use false"),
-        (layout.zero >= 1 and layout.data_degree > 1,
-         f"parallel.zero: {layout.zero} with dp x cp > 1: the executor keeps MoE optimizer "
-         "states whole (ZeRO 0)"),
+        (layout.zero >= 1 and expert_data_degree(layout) > 1,
+         f"parallel.zero: {layout.zero} with an expert-DP degree of "
+         f"{expert_data_degree(layout)}: the executor keeps the experts' optimizer states "
+         "whole (the plan gathers no sharded experts back); use zero = 0 or ep = tp x cp x dp"),
         (layout.cp > 1, f"parallel.cp: {layout.cp}: the executor runs MoE models without "
                         "context parallelism; use cp = 1"),
     ]

@@ -1,8 +1,10 @@
 """MoE in the executor (issue 19, item 5): EP all-to-alls on gloo, the plan's routing, capacity
 dropping; training equals the single-process reference for EP 2 and EP 2 x TP 2 (SP), with
-and without capacity dropping, balanced and skewed; every call is the plan's, and each
-all-to-all moves the routed tokens (its splits are `traces.moe.dispatch_matrix`'s rows and
-columns). Two spawned worlds (2 and 4 ranks) run every case."""
+and without capacity dropping, balanced and skewed (also EP 4, latent attention, GeLU experts,
+ZeRO 1, pipeline stages, full and selective recomputation, TP overlap), the gradient norm
+included; every call is the plan's, and each all-to-all moves the routed tokens (its splits
+are `traces.moe.dispatch_matrix`'s rows and columns); the experts do the plan's FLOPs. Two
+spawned worlds (2 and 4 ranks) run every case."""
 
 from __future__ import annotations
 
@@ -43,6 +45,8 @@ WORLD2 = {
     # skewed and capped: the popular experts drop tokens, the EP splits are uneven
     "ep2-dp2-skew-capacity": Case(dict(ep=2, dp=2, global_batch=4),
                                   model=dict(SKEW, capacity_factor=1.0)),
+    # ZeRO 1 shards the dense states over DP; each expert lives on one rank (expert-DP 1)
+    "ep2-dp2-zero1-skew": Case(dict(ep=2, dp=2, zero=1, global_batch=4), model=SKEW),
     "ep2-dp2-gelu-skew-2mb": Case(dict(ep=2, dp=2, micro_batch=2, global_batch=8),
                                   model=dict(SKEW, ffn="gelu", ffn_hidden=64)),
     "ep2-tp2-sp-skew-selective": Case(dict(tp=2, sp=True, ep=2, global_batch=2,
@@ -261,7 +265,7 @@ def test_the_norms_group_spans_every_rank_with_ep() -> None:
 @pytest.mark.parametrize("model, layout, message", [
     (dict(shared_experts=1), dict(ep=2, dp=2), "model.shared_experts: 1"),
     (dict(bias=True), dict(ep=2, dp=2), "model.bias: true"),
-    (dict(), dict(ep=2, dp=2, zero=1), "parallel.zero: 1 with dp x cp > 1"),
+    (dict(), dict(ep=2, dp=4, zero=1), "parallel.zero: 1 with an expert-DP degree of 2"),
     (dict(), dict(ep=2, tp=2, sp=True, etp=2, dp=2), "parallel.etp: 2"),
     (dict(), dict(ep=2, cp=2), "parallel.cp: 2"),
 ])
