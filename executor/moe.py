@@ -49,7 +49,7 @@ K = Kernel
 def moe_kernels(model: ModelSpec, layout: Layout, rank: int) -> dict[Kernel, TorchKernel]:
     """The MoE kernels of `model` on `rank` (module docstring)."""
     ep, ep_rank, batch = layout.ep, ep_coord(layout, rank), layout.micro_batch
-    tokens = rank_tokens(model, batch, layout.tp)
+    tokens = routed_tokens(model, layout)
 
     def routing(ctx: KernelContext, rows: int = tokens) -> Routing:
         assert rows == tokens, f"an MoE kernel on {rows} tokens, not the rank's {tokens}"
@@ -123,6 +123,12 @@ def _linear(ctx: KernelContext, x: torch.Tensor, w: torch.Tensor) -> tuple[torch
     return (F.linear(x, w),)
 
 
+def routed_tokens(model: ModelSpec, layout: Layout) -> int:
+    """T: the tokens one rank routes per micro-batch, b·s/(cp·t) (the plan's
+    `traces.moe.rank_tokens` of its CP rank's s/cp)."""
+    return rank_tokens(model, layout.micro_batch, layout.tp) // layout.cp
+
+
 class MoeExchange:
     """One rank's dispatch and combine all-to-alls (module docstring)."""
 
@@ -130,7 +136,7 @@ class MoeExchange:
         self.model, self.comm, self.ep = model, comm, layout.ep
         self.ep_rank = ep_coord(layout, rank)
         self.key = (str(Stream.COMPUTE), ep_group(layout, rank))
-        self.tokens = rank_tokens(model, layout.micro_batch, layout.tp)
+        self.tokens = routed_tokens(model, layout)
 
     def all_to_all(self, tape: Tape, step: MoeStep, grad: bool, layer: int) -> None:
         r = route(self.model, layer, self.tokens)

@@ -56,8 +56,6 @@ def check_moe_supported(model: ModelSpec, layout: Layout) -> None:
          f"parallel.zero: {layout.zero} with an expert-DP degree of "
          f"{expert_data_degree(layout)}: the executor keeps the experts' optimizer states "
          "whole (the plan gathers no sharded experts back); use zero = 0 or ep = tp x cp x dp"),
-        (layout.cp > 1, f"parallel.cp: {layout.cp}: the executor runs MoE models without "
-                        "context parallelism; use cp = 1"),
     ]
     for refused, message in rules:
         if refused:

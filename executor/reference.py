@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from executor.kernels import LN_EPS
+from executor.kernels import LN_EPS, local_positions
 from executor.optim import AdamWConfig
 from executor.params import EMBED, HEAD, Unit, init_full_unit, layer_unit
 from executor.routing import route
@@ -175,17 +175,19 @@ class ReferenceGPT:
 
 def routing_groups(layout: Layout, seq_len: int) -> list[torch.Tensor]:
     """Each rank's routed tokens as indices into the flattened [B, s] batch, in the rank's
-    order (sequence first, [s/t, b]): DP rank d, micro-batch i, TP rank r (SP's shard) hold
-    rows (d·m + i)·b + [0, b) at positions r·s/t + [0, s/t)."""
-    b, m, t = layout.micro_batch, layout.num_microbatches, layout.tp
-    n = seq_len // t
+    order (sequence first, [s/(cp·t), b]): DP rank d, micro-batch i, CP rank c, TP rank r
+    hold rows (d·m + i)·b + [0, b) at the positions of CP rank c's two chunks
+    (`kernels.local_positions`), of which SP's shard r."""
+    b, m, t, cp = layout.micro_batch, layout.num_microbatches, layout.tp, layout.cp
+    n = seq_len // (cp * t)
     out = []
     for d in range(layout.dp):
         for i in range(m):
-            for r in range(t):
-                pos = torch.arange(r * n, (r + 1) * n)
-                row = (d * m + i) * b + torch.arange(b)
-                out.append((row[None, :] * seq_len + pos[:, None]).reshape(-1))
+            for c in range(cp):
+                for r in range(t):
+                    pos = local_positions(seq_len, cp, c)[r * n:(r + 1) * n]
+                    row = (d * m + i) * b + torch.arange(b)
+                    out.append((row[None, :] * seq_len + pos[:, None]).reshape(-1))
     return out
 
 

@@ -1,7 +1,7 @@
 """MoE in the executor (issue 19, item 5): EP all-to-alls on gloo, the plan's routing, capacity
 dropping; training equals the single-process reference for EP 2 and EP 2 x TP 2 (SP), with
 and without capacity dropping, balanced and skewed (also EP 4, latent attention, GeLU experts,
-ZeRO 1, pipeline stages, full and selective recomputation, TP overlap), the gradient norm
+ZeRO 1, pipeline stages, CP, full and selective recomputation, TP overlap), the gradient norm
 included; every call is the plan's, and each all-to-all moves the routed tokens (its splits
 are `traces.moe.dispatch_matrix`'s rows and columns); the experts do the plan's FLOPs. Two
 spawned worlds (2 and 4 ranks) run every case."""
@@ -19,6 +19,7 @@ import torch
 from executor.comm import CommCall
 from executor.consistency import problems
 from executor.launch import spawn
+from executor.moe import routed_tokens
 from executor.options import check_supported
 from executor.recorder import timed_trace
 from executor.reference import routing_groups, train
@@ -30,7 +31,7 @@ from traces.errors import ConfigError
 from traces.expert_grid import ep_coord, ep_group
 from traces.layout import Layout
 from traces.model import ModelSpec
-from traces.moe import dispatch_matrix, rank_tokens
+from traces.moe import dispatch_matrix
 from traces.moe_spec import expert_counts, is_moe_layer
 from traces.ops import OpKind, Trace
 from traces.plan import build
@@ -70,6 +71,9 @@ WORLD4 = {
                                          model=dict(SKEW, capacity_factor=1.0)),
     "ep4-dp4-skew": Case(dict(ep=4, dp=4, global_batch=4), model=dict(SKEW, routing_skew=2.0)),
     # MoE layers on both stages (1 dense, 3 MoE), tied embeddings across them
+    # context parallelism: each rank routes its two chunks of the sequence
+    "ep2-cp2-tp2-sp-skew": Case(dict(cp=2, tp=2, sp=True, ep=2, micro_batch=2,
+                                     global_batch=2), model=SKEW),
     "ep2-pp2-dp2-skew": Case(dict(pp=2, dp=2, ep=2, global_batch=4), model=dict(SKEW, layers=4)),
 }
 CASES = {**WORLD2, **WORLD4}
@@ -129,7 +133,7 @@ def _real_sizes(plan: Trace, model: ModelSpec, layout: Layout, rank: int) -> tup
     """The rank's plan with each all-to-all sized by its real rows (the test's docstring).
     The plan sizes both exchanges A·h·e (traces.plan.experts); under skew the combine's and
     the dispatch gradient's are EP·L·h·e instead (what the rank's experts received)."""
-    tokens = rank_tokens(model, layout.micro_batch, layout.tp)
+    tokens = routed_tokens(model, layout)
     row = model.hidden * model.dtype_bytes
     ops = []
     for op in plan.ops[rank]:
@@ -150,7 +154,7 @@ def _check_splits(model: ModelSpec, layout: Layout, plan: Trace, rank: int,
                   calls: list[CommCall]) -> None:
     """The plan's all-to-alls in order: a dispatch sends row i of the plan's byte matrix of
     its layer, a combine sends back column i; their gradients retrace them."""
-    tokens = rank_tokens(model, layout.micro_batch, layout.tp)
+    tokens = routed_tokens(model, layout)
     i = ep_coord(layout, rank)
     want = []
     for op in plan.ops[rank]:
@@ -238,6 +242,10 @@ def test_the_references_routing_groups_are_the_ranks_tokens() -> None:
     assert len(groups) == 2 * 2 * 2
     want = [row * 16 + p for p in range(8, 16) for row in (6, 7)]
     assert groups[-1].tolist() == want
+    # CP 2 x TP 2: CP rank 1 holds chunks 1 and 2 of 4 (positions 4-11), TP rank 0 of it 4-7
+    groups = routing_groups(Layout(cp=2, tp=2, sp=True, global_batch=1), 16)
+    assert [g.tolist() for g in groups] == [[0, 1, 2, 3], [12, 13, 14, 15], [4, 5, 6, 7],
+                                            [8, 9, 10, 11]]
 
 
 # --- what the plan says, no processes -------------------------------------------------------
@@ -267,7 +275,6 @@ def test_the_norms_group_spans_every_rank_with_ep() -> None:
     (dict(bias=True), dict(ep=2, dp=2), "model.bias: true"),
     (dict(), dict(ep=2, dp=4, zero=1), "parallel.zero: 1 with an expert-DP degree of 2"),
     (dict(), dict(ep=2, tp=2, sp=True, etp=2, dp=2), "parallel.etp: 2"),
-    (dict(), dict(ep=2, cp=2), "parallel.cp: 2"),
 ])
 def test_what_the_executor_does_not_run_is_one_line(model: dict, layout: dict,
                                                     message: str) -> None:
