@@ -43,8 +43,6 @@ from traces.moe import rank_tokens
 from traces.ops import Stream
 from traces.purpose import Kernel, MoeStep
 
-K = Kernel
-
 
 def moe_kernels(model: ModelSpec, layout: Layout, rank: int) -> dict[Kernel, TorchKernel]:
     """The MoE kernels of `model` on `rank` (module docstring)."""
@@ -62,10 +60,11 @@ def moe_kernels(model: ModelSpec, layout: Layout, rank: int) -> dict[Kernel, Tor
         return gates(flat, routing(ctx, flat.shape[0])), scores
 
     def aux_loss(ctx: KernelContext, scores: torch.Tensor) -> tuple[()]:
-        with torch.no_grad():  # coefficient 0: computed, not added (executor.routing)
+        """The kernel's work, its value unused: the coefficient is 0 (executor.routing)."""
+        with torch.no_grad():
             r = routing(ctx, scores.shape[0])
             share = torch.tensor(r.counts, dtype=torch.float32) / max(1, sum(r.counts))
-            _ = model.experts * (share.to(scores.device) * scores.mean(dim=0)).sum()
+            (share.to(scores.device) * scores.mean(dim=0)).sum().mul(model.experts)
         return ()
 
     def permute(ctx: KernelContext, a2: torch.Tensor) -> tuple[torch.Tensor]:
@@ -78,15 +77,12 @@ def moe_kernels(model: ModelSpec, layout: Layout, rank: int) -> dict[Kernel, Tor
 
     def expert_fc1(ctx: KernelContext, recv: torch.Tensor, w: torch.Tensor
                    ) -> tuple[torch.Tensor]:
-        r = routing(ctx)
-        order = expert_major(r, ep, ep_rank).to(recv.device)
-        return (torch.cat(grouped(recv[order], w, r)),)
+        order, _ = expert_major(model, ctx.layer, tokens, ep, ep_rank)
+        return (torch.cat(grouped(recv[order.to(recv.device)], w, routing(ctx))),)
 
     def expert_fc2(ctx: KernelContext, h: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor]:
-        r = routing(ctx)
-        out = torch.cat(grouped(h, w, r))
-        back = torch.argsort(expert_major(r, ep, ep_rank)).to(h.device)
-        return (out[back],)
+        _, back = expert_major(model, ctx.layer, tokens, ep, ep_rank)
+        return (torch.cat(grouped(h, w, routing(ctx)))[back.to(h.device)],)
 
     def unpermute(ctx: KernelContext, back: torch.Tensor, g: torch.Tensor
                   ) -> tuple[torch.Tensor]:

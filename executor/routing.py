@@ -98,12 +98,20 @@ def gates(logits: torch.Tensor, routing: Routing) -> torch.Tensor:
     return torch.softmax(logits.gather(1, routing.experts.to(logits.device)), dim=-1)
 
 
-def expert_major(routing: Routing, ep: int, ep_rank: int) -> torch.Tensor:
+def expert_major(model: ModelSpec, layer: int, tokens: int, ep: int, ep_rank: int
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Rows of the received block (source-major: per source EP rank, its rows for this rank's
-    experts in expert order) rearranged expert-major: per local expert, every source's rows."""
-    local = routing.local(ep, ep_rank)
+    experts in expert order) rearranged expert-major: per local expert, every source's rows;
+    and the inverse permutation."""
+    return _expert_major(model, layer, tokens, ep, ep_rank)
+
+
+@lru_cache(maxsize=256)
+def _expert_major(model: ModelSpec, layer: int, tokens: int, ep: int, ep_rank: int
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    local = route(model, layer, tokens).local(ep, ep_rank)
     per_source = sum(local)
     starts = [sum(local[:j]) for j in range(len(local))]
-    index = [s * per_source + starts[j] + i for j, n in enumerate(local) for s in range(ep)
-             for i in range(n)]
-    return torch.tensor(index, dtype=torch.long)
+    index = torch.tensor([s * per_source + starts[j] + i for j, n in enumerate(local)
+                          for s in range(ep) for i in range(n)], dtype=torch.long)
+    return index, torch.argsort(index)

@@ -228,7 +228,9 @@ def test_expert_major_order_gathers_each_experts_rows_from_every_source() -> Non
     r = route(model, 1, 16)
     local = r.local(2, 1)  # EP rank 1's two experts, rows from 2 sources
     per_source = sum(local)
-    order = expert_major(r, 2, 1).tolist()
+    index, inverse = expert_major(model, 1, 16, 2, 1)
+    assert torch.equal(index[inverse], torch.arange(2 * per_source))
+    order = index.tolist()
     assert sorted(order) == list(range(2 * per_source))
     assert order[:2 * local[0]] == [*range(local[0]), *range(per_source,
                                                               per_source + local[0])]
