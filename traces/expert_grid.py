@@ -17,7 +17,6 @@ over the whole DP (x CP) group.
 from __future__ import annotations
 
 from collections.abc import Callable
-from functools import lru_cache
 from typing import Protocol
 
 from traces.errors import ConfigError
@@ -139,14 +138,16 @@ def kind_of(layout: Layout, group: tuple[int, ...]) -> GroupOf | None:
 def stage_groups(layout: Layout, kind: GroupOf, rank: int) -> list[tuple[int, ...]]:
     """Every group of `kind` in `rank`'s pipeline stage, by least member."""
     base = rank - stage_index(layout, rank)
-    return [tuple(base + i for i in group) for group in _stage_groups(layout, kind)
-            ] if base else list(_stage_groups(layout, kind))
+    key = (layout.tp, layout.cp, layout.dp, layout.ep, layout.etp, kind)
+    found = _STAGE_GROUPS.get(key)
+    if found is None:
+        n = layout.tp * layout.cp * layout.dp
+        found = _STAGE_GROUPS[key] = tuple(g for r in range(n) if (g := kind(layout, r))[0] == r)
+    return [tuple(base + i for i in group) for group in found]
 
 
-@lru_cache(maxsize=64)
-def _stage_groups(layout: Layout, kind: GroupOf) -> tuple[tuple[int, ...], ...]:
-    n = layout.tp * layout.cp * layout.dp
-    return tuple(group for r in range(n) if (group := kind(layout, r))[0] == r)
+_STAGE_GROUPS: dict[tuple[object, ...], tuple[tuple[int, ...], ...]] = {}
+"""Stage 0's groups per grid and kind (every stage's are these, moved by its first rank)."""
 
 
 def shift_closed(layout: Layout) -> bool:

@@ -33,8 +33,8 @@ from __future__ import annotations
 import dataclasses
 from collections import Counter
 
-from traces.kernel_work import KernelWork, gemm_kernel, memory_kernel
 from traces.expert_grid import ep_coord
+from traces.kernel_work import KernelWork, gemm_kernel, memory_kernel
 from traces.kernels import layer_kernels
 from traces.layout import Layout
 from traces.model import ModelSpec

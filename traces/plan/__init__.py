@@ -23,9 +23,10 @@ ops and streams, and each pass's docstring for what it adds.
 A rank's ops depend on its pipeline coordinate only (the others change its groups and peers,
 not how many ops it has), and under skewed routing on its experts' loads
 (`traces.moe.expert_loads`: one grouped GEMM per distinct token count). So the builder lowers
-the first chosen rank of each pipeline coordinate and load first, spending each op on an `OpBudget` once per chosen rank that shares the
-coordinate: the passes count the plan's size themselves, a plan over MAX_PLAN_OPS is refused
-before the rest is built, and the ranks lowered are kept.
+the first chosen rank of each pipeline coordinate and load first, spending each op on an
+`OpBudget` once per chosen rank that shares them: the passes count the plan's size
+themselves, a plan over MAX_PLAN_OPS is refused before the rest is built, and the ranks
+lowered are kept.
 """
 
 from __future__ import annotations
