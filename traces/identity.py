@@ -26,8 +26,9 @@ together and the others apart. Ranks' network position is not in the key: the co
 on the representatives' links stand for the rest only where the fabric's routes are shifts of
 one another (`with_copies`), which holds for the fabrics parasim builds.
 
-The refinement costs O(rounds x (world x groups per rank)); without a key the (cp, pp) classes
-are already equitable (every tp x dp shift maps the layout onto itself) and none is done.
+The refinement costs O(rounds x world x groups per rank), each group's view made once a round;
+without a key the (cp, pp) classes are already equitable (every tp x dp shift maps the layout
+onto itself) and none is done.
 """
 
 from __future__ import annotations
@@ -113,10 +114,13 @@ def partition(layout: Layout, key: IdentityKey | None = None, *, moe: bool = Fal
     world = layout.world
     start = [(layout.coords(r).pp, layout.coords(r).cp, key(r)) for r in range(world)]
     labels = _labels(start)
-    groups = _groups(layout, moe)
+    kinds = _kinds(layout, moe)
     while True:
-        signature = [(labels[r], *(_view(labels, group, ordered)
-                                   for group, ordered in (g[r] for g in groups)))
+        # each group's view once, named by a small integer (a DP group of 1,024 is hashed
+        # once per round, not once per member)
+        seen = [(kind, _labels([_view(labels, g, kind.ordered) for g in kind.groups]))
+                for kind in kinds]
+        signature = [(labels[r], *(views[kind.index[r]] for kind, views in seen))
                      for r in range(world)]
         refined = _labels(signature)
         if max(refined) == max(labels):  # no class split: equitable
@@ -139,19 +143,42 @@ def _view(labels: list[int], group: tuple[int, ...], ordered: bool) -> tuple[int
     return tuple(seen) if ordered else tuple(sorted(seen))
 
 
-def _groups(layout: Layout, moe: bool) -> list[list[tuple[tuple[int, ...], bool]]]:
-    """Per axis a rank communicates on, per rank: (its group there, whether order matters).
-    An expert group's members are seen by position (their EP coordinate sets their experts)."""
+@dataclass(frozen=True, slots=True)
+class _Kind:
+    """The groups of one kind (every rank is in exactly one), each rank's index among them,
+    and whether their members are seen by position."""
+
+    groups: list[tuple[int, ...]]
+    index: list[int]
+    ordered: bool
+
+
+def _kind(world: int, group_of: Callable[[int], tuple[int, ...]], ordered: bool) -> _Kind:
+    index = [-1] * world
+    groups: list[tuple[int, ...]] = []
+    for r in range(world):
+        if index[r] < 0:
+            group = group_of(r)
+            for m in group:
+                index[m] = len(groups)
+            groups.append(group)
+    return _Kind(groups, index, ordered)
+
+
+def _kinds(layout: Layout, moe: bool) -> list[_Kind]:
+    """The groups a rank communicates in, per axis: TP, CP, its pipeline (by stage), DP x CP,
+    and with `moe` the expert grid's, whose members are seen by position (their EP coordinate
+    sets their experts)."""
+    world = layout.world
     out = []
-    axes = [(Axis.TP, False), (Axis.CP, False), (Axis.PP, True)]
-    for axis, ordered in axes:
+    for axis, ordered in ((Axis.TP, False), (Axis.CP, False), (Axis.PP, True)):
         if layout.degree(axis) > 1:
-            out.append([(layout.group(r, axis), ordered) for r in range(layout.world)])
+            out.append(_kind(world, lambda r, a=axis: layout.group(r, a), ordered))
     if layout.data_degree > 1:
-        out.append([(layout.data_group(r), False) for r in range(layout.world)])
+        out.append(_kind(world, layout.data_group, False))
     if moe:
-        for kind in grid_kinds(layout):
-            out.append([(kind(layout, r), True) for r in range(layout.world)])
+        for grid in grid_kinds(layout):
+            out.append(_kind(world, lambda r, g=grid: g(layout, r), True))
     return out
 
 
