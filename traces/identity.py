@@ -35,6 +35,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 from traces.expert_grid import grid_kinds, shift_closed
 from traces.layout import Axis, Layout
@@ -173,13 +174,17 @@ def _kinds(layout: Layout, moe: bool) -> list[_Kind]:
     out = []
     for axis, ordered in ((Axis.TP, False), (Axis.CP, False), (Axis.PP, True)):
         if layout.degree(axis) > 1:
-            out.append(_kind(world, lambda r, a=axis: layout.group(r, a), ordered))
+            out.append(_kind(world, partial(_axis_group, layout, axis), ordered))
     if layout.data_degree > 1:
         out.append(_kind(world, layout.data_group, False))
     if moe:
         for grid in grid_kinds(layout):
-            out.append(_kind(world, lambda r, g=grid: g(layout, r), True))
+            out.append(_kind(world, partial(grid, layout), True))
     return out
+
+
+def _axis_group(layout: Layout, axis: Axis, rank: int) -> tuple[int, ...]:
+    return layout.group(rank, axis)
 
 
 __all__ = ["IdentityKey", "Partition", "partition", "partition_for"]
