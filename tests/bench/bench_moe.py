@@ -4,10 +4,12 @@ time, step time and memory, medians of 3.
     python tests/bench/bench_moe.py [--repeat 3] [--skew 1.0] [--global-batch 256]
 
 Rows: the shipped example as it is (15,360 sequences, folded: one rank per stage); then the
-same model at `--global-batch` sequences balanced and with `routing_skew` = `--skew`. A skewed
-MoE is simulated rank by rank (every EP rank of a stage has its own expert load, so folding
-keeps all 1,024), hence the smaller batch for that pair. Each run is `python -m sim simulate
-CONFIG --json` as a fresh process; the wall time is the median of the runs.
+same model at `--global-batch` sequences balanced and with `routing_skew` = `--skew`, and skewed
+at EP 8 (expert-DP 8). Skewed, ranks fold by their experts' loads (`traces.identity`): at the
+example's EP 64 every EP rank of a stage has its own load, so all 1,024 are simulated (hence
+the smaller batch); at EP 8 the 8 expert-DP replicas of each EP rank fold, 128 are simulated.
+Each run is `python -m sim simulate CONFIG --json` as a fresh process; the wall time is the
+median of the runs.
 """
 
 from __future__ import annotations
@@ -26,12 +28,15 @@ from sim.config import example_path
 EXAMPLE = "deepseek-v3-1024-h100.toml"
 
 
-def variant(folder: Path, name: str, *, skew: float, global_batch: int | None) -> Path:
-    """The example with `routing_skew` and `global_batch` set."""
+def variant(folder: Path, name: str, *, skew: float, global_batch: int | None,
+            ep: int | None = None) -> Path:
+    """The example with `routing_skew`, `global_batch` and `ep` set."""
     lines = []
     for line in example_path(EXAMPLE).read_text().splitlines():
         if global_batch is not None and line.startswith("global_batch"):
             line = f"global_batch = {global_batch}"
+        if ep is not None and line.startswith("ep ="):
+            line = f"ep = {ep}"
         lines.append(line)
         if line.startswith("dense_layers") and skew:
             lines.append(f"routing_skew = {skew}")
@@ -63,6 +68,8 @@ def main() -> None:
                 folder, "balanced", skew=0, global_batch=args.global_batch),
             f"skew {args.skew:g} ({args.global_batch} seqs)": variant(
                 folder, "skewed", skew=args.skew, global_batch=args.global_batch),
+            f"skew {args.skew:g}, ep 8 ({args.global_batch} seqs)": variant(
+                folder, "skewed-ep8", skew=args.skew, global_batch=args.global_batch, ep=8),
         }
         for label, config in configs.items():
             runs = [one(config) for _ in range(args.repeat)]
