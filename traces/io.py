@@ -34,7 +34,7 @@ from itertools import compress
 from operator import attrgetter, ne
 from typing import Any
 
-from traces import op_rules, purpose_io
+from traces import alltoallv, op_rules, purpose_io
 from traces.errors import ConfigError, show
 from traces.files import MAX_TRACE_BYTES, PathLike, parse_json, read_bytes, write_text_atomic
 from traces.gzipped import gunzip
@@ -91,6 +91,8 @@ def _encode_op(op: Op) -> dict[str, Any]:
             out[name] = str(out[name])
     if "purpose" in out:
         out["purpose"] = purpose_io.encode(out["purpose"])
+    if "split" in out:
+        out["split"] = alltoallv.to_json(out["split"])
     return out
 
 
@@ -234,6 +236,13 @@ def _decode_op(raw: object, index: int, rank: int) -> Op:
     start, end = kwargs.get("start"), kwargs.get("end")
     if start is not None or end is not None:
         check_times(start, end)
+    split = kwargs.get("split")
+    if split is not None:
+        try:
+            alltoallv.check_split(split, str(kwargs["kind"]), kwargs.get("group", ()),
+                                  kwargs.get("size_bytes", 0.0))
+        except ValueError as err:
+            raise _Bad("split", str(err)) from None
     return Op(**kwargs)
 
 
@@ -296,6 +305,13 @@ def _purpose(value: object) -> Any:
         raise _Bad("", str(err)) from None
 
 
+def _split(value: object) -> Any:
+    try:
+        return alltoallv.from_json(value)
+    except ValueError as err:
+        raise _Bad("", str(err)) from None
+
+
 def _enum_decoder(enum: type[StrEnum], optional: bool) -> Callable[[object], Any]:
     members = {str(member): member for member in enum}
     expected = ", ".join(members)
@@ -325,6 +341,7 @@ _DECODERS: dict[str, Callable[[object], Any]] = {
     "mem_bytes": op_rules.mem_bytes,
     "group": _integers,
     "size_bytes": op_rules.size,
+    "split": _split,
     "dtype": _string,
     "peer": _optional_integer,
     "tag": _string,

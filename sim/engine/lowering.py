@@ -23,6 +23,7 @@ from sim.collectives import Algorithm, Collectives
 from sim.engine.flows import FlowSet, Lowering
 from topology.cluster import Cluster
 from traces import symmetry
+from traces.alltoallv import AllToAllv
 from traces.errors import ConfigError
 from traces.identity import Partition, partition
 from traces.io import check_transfer_sizes
@@ -36,12 +37,14 @@ MEASURED = "measured"
 @dataclass(frozen=True, slots=True)
 class CollectiveKey:
     """A distinct collective: its kind, its group (communicator order), its size; `measured`
-    when the trace does not state the size and the op keeps its measured duration."""
+    when the trace does not state the size and the op keeps its measured duration; `split`
+    an all-to-all's uneven per-peer sizes (`traces.alltoallv`)."""
 
     kind: OpKind
     group: tuple[int, ...]
     size_bytes: float
     measured: bool = False
+    split: AllToAllv | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -241,11 +244,11 @@ def _keys(plan: Trace, cluster: Cluster
                                           f"{n} on {cluster.name}")
                     checked.add(group)
                 measured = _measured(op)
-                raw = (kind, group, op.size_bytes, measured)
+                raw = (kind, group, op.size_bytes, measured, op.split)
                 k = index.get(raw)
                 if k is None:
                     k = index[raw] = len(keys)
-                    keys.append(CollectiveKey(kind, group, op.size_bytes, measured))
+                    keys.append(CollectiveKey(kind, group, op.size_bytes, measured, op.split))
             per_op[i] = k
     return keys, key_of, transfers
 
@@ -267,7 +270,8 @@ def _lower(keys: list[CommKey], cluster: Cluster, collectives: Collectives,
         elif isinstance(key, TransferKey):
             base.append(("p2p", collectives.p2p(key.src, key.dst)))
         else:
-            base.append(collectives.resolve(key.kind, key.group, key.size_bytes, algo))
+            base.append(collectives.resolve(key.kind, key.group, key.size_bytes, algo,
+                                            split=key.split))
     if fold is None:
         return [Lowered(key, name, lowering) for key, (name, lowering) in zip(keys, base)]
     used: set[int] | None = {link for _, lowering in base for rnd in lowering
@@ -285,7 +289,7 @@ def _lower(keys: list[CommKey], cluster: Cluster, collectives: Collectives,
         else:
             copies = []
             for group in symmetry.copies(layout, key.group, classes):
-                copy = collectives.lowering(key.kind, group, name)
+                copy = collectives.lowering(key.kind, group, name, split=key.split)
                 assert copy is not None, f"{name} applies to a group but not to its copy {group}"
                 copies.append(copy)
         lowering = with_copies(lowering, copies, used, cluster.link_capacity)
