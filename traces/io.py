@@ -16,7 +16,8 @@ times) and within physical bounds, sizes 0 or at least a byte, at most `MAX_TRAC
 (`traces.op_rules`), deps pointing backwards, start/end together, a send/recv's peer another rank, a
 collective's group non-empty with distinct ranks and holding the op's own rank, a send and the
 receive it meets (k-th to k-th per source, destination and tag, where the trace holds both)
-of one size, rank keys canonical decimals of at most 9 digits. (Whether a peer or group member
+of one size, an all-to-all's `split` (`traces.alltoallv`, written only when uneven) one
+size per member adding up to its size_bytes, rank keys canonical decimals of at most 9 digits. (Whether a peer or group member
 exists is for the replay, which knows the world.) The "meta" object is the typed header
 `traces.header.TraceMeta`, converted by `traces.header_json` (which reads older spellings).
 Any problem is a `ConfigError` with one line naming the file, rank, op and field. `save` writes
