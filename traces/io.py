@@ -13,15 +13,16 @@ or -2 file get theirs from their names, in `traces.legacy`, the one place that r
 `load` reads a regular file of at most 2 GiB (`traces.files`) and checks every rule a reader
 relies on: types, enum values, numbers finite and not negative (FLOPs, bytes, sizes, layers,
 times) and within physical bounds, sizes 0 or at least a byte, at most `MAX_TRACE_OPS` ops
-(`traces.op_rules`), deps pointing backwards, start/end together, a send/recv's peer another rank, a
-collective's group non-empty with distinct ranks and holding the op's own rank, a send and the
-receive it meets (k-th to k-th per source, destination and tag, where the trace holds both)
-of one size, an all-to-all's `split` (`traces.alltoallv`, written only when uneven) one
-size per member adding up to its size_bytes, rank keys canonical decimals of at most 9 digits. (Whether a peer or group member
-exists is for the replay, which knows the world.) The "meta" object is the typed header
-`traces.header.TraceMeta`, converted by `traces.header_json` (which reads older spellings).
-Any problem is a `ConfigError` with one line naming the file, rank, op and field. `save` writes
-atomically. Check a file: `python -c "import traces.io as t; t.load('step.json')"`.
+(`traces.op_rules`), deps pointing backwards, start/end together, a send/recv's peer another
+rank, a collective's group non-empty with distinct ranks and holding the op's own rank, a send
+and the receive it meets (k-th to k-th per source, destination and tag, where the trace holds
+both) of one size, an all-to-all's `split` (`traces.alltoallv`, written only when uneven) one
+size per member adding up to its size_bytes, rank keys canonical decimals of at most 9 digits.
+(Whether a peer or group member exists is for the replay, which knows the world.) The "meta"
+object is the typed header `traces.header.TraceMeta`, converted by `traces.header_json` (which
+reads older spellings). Any problem is a `ConfigError` with one line naming the file, rank, op
+and field. `save` writes atomically. Check a file: `python -c "import traces.io as t;
+t.load('step.json')"`.
 """
 
 from __future__ import annotations
