@@ -25,6 +25,7 @@ from sim.engine.copies import Used, collective_copies, transfer_copies
 from sim.engine.flows import Lowering
 from topology.cluster import Cluster
 from traces import symmetry
+from traces.alltoallv import AllToAllv
 from traces.errors import ConfigError
 from traces.identity import Partition, partition
 from traces.io import check_transfer_sizes
@@ -38,12 +39,14 @@ MEASURED = "measured"
 @dataclass(frozen=True, slots=True)
 class CollectiveKey:
     """A distinct collective: its kind, its group (communicator order), its size; `measured`
-    when the trace does not state the size and the op keeps its measured duration."""
+    when the trace does not state the size and the op keeps its measured duration; `split`
+    an all-to-all's uneven per-peer sizes (`traces.alltoallv`)."""
 
     kind: OpKind
     group: tuple[int, ...]
     size_bytes: float
     measured: bool = False
+    split: AllToAllv | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -243,11 +246,11 @@ def _keys(plan: Trace, cluster: Cluster
                                           f"{n} on {cluster.name}")
                     checked.add(group)
                 measured = _measured(op)
-                raw = (kind, group, op.size_bytes, measured)
+                raw = (kind, group, op.size_bytes, measured, op.split)
                 k = index.get(raw)
                 if k is None:
                     k = index[raw] = len(keys)
-                    keys.append(CollectiveKey(kind, group, op.size_bytes, measured))
+                    keys.append(CollectiveKey(kind, group, op.size_bytes, measured, op.split))
             per_op[i] = k
     return keys, key_of, transfers
 
@@ -269,7 +272,8 @@ def _lower(keys: list[CommKey], cluster: Cluster, collectives: Collectives,
         elif isinstance(key, TransferKey):
             base.append(("p2p", collectives.p2p(key.src, key.dst)))
         else:
-            base.append(collectives.resolve(key.kind, key.group, key.size_bytes, algo))
+            base.append(collectives.resolve(key.kind, key.group, key.size_bytes, algo,
+                                            split=key.split))
     if fold is None:
         return [Lowered(key, name, lowering) for key, (name, lowering) in zip(keys, base)]
     links: set[int] | None = {link for _, lowering in base for rnd in lowering
@@ -289,15 +293,16 @@ def _lower(keys: list[CommKey], cluster: Cluster, collectives: Collectives,
         else:
             lowering = collective_copies(
                 used, key.group, lowering, symmetry.copies(layout, key.group, classes),
-                partial(_copy, collectives, key.kind, name))
+                partial(_copy, collectives, key.kind, name, key.split))
         lowered.append(Lowered(key, name, lowering))
     return lowered
 
 
-def _copy(collectives: Collectives, kind: OpKind, name: str, group: tuple[int, ...]
-          ) -> Lowering:
-    """The flows of algorithm `name` on a folded copy of a group."""
-    copy = collectives.lowering(kind, group, name)
+def _copy(collectives: Collectives, kind: OpKind, name: str, split: AllToAllv | None,
+          group: tuple[int, ...]) -> Lowering:
+    """The flows of algorithm `name` on a folded copy of a group (an uneven all-to-all's
+    copy moves the same per-peer sizes, member by member)."""
+    copy = collectives.lowering(kind, group, name, split=split)
     assert copy is not None, f"{name} applies to a group but not to its copy {group}"
     return copy
 
