@@ -123,16 +123,17 @@ def test_calls_are_the_plans_and_all_to_alls_move_the_routed_tokens(worlds: dict
     for rank, res in enumerate(worlds[name]):
         want = plan_sequences(_real_sizes(plan, model, layout, rank))
         assert call_sequences(res["calls"]) == want, f"rank {rank}"
-        if not skewed:  # balanced: the plan's own sizes are the real ones
-            assert call_sequences(res["calls"]) == plan_sequences(plan.ops[rank])
+        # the plan's own sizes: even when balanced, the rank's row of `Op.split` when skewed
+        assert call_sequences(res["calls"]) == plan_sequences(plan.ops[rank], rank)
+        if not skewed:  # even exchanges carry no split (capacity may even a skewed one)
+            assert all(op.split is None for op in plan.ops[rank])
         _check_splits(model, layout, plan, rank, [c for c in res["calls"]
                                                   if c.kind is OpKind.ALL_TO_ALL])
 
 
 def _real_sizes(plan: Trace, model: ModelSpec, layout: Layout, rank: int) -> tuple:
-    """The rank's plan with each all-to-all sized by its real rows (the test's docstring).
-    The plan sizes both exchanges A·h·e (traces.plan.experts); under skew the combine's and
-    the dispatch gradient's are EP·L·h·e instead (what the rank's experts received)."""
+    """The rank's plan with each all-to-all sized by its real rows (the test's docstring),
+    derived from the routed counts, independently of the plan's `Op.split`."""
     tokens = routed_tokens(model, layout)
     row = model.hidden * model.dtype_bytes
     ops = []
@@ -144,8 +145,8 @@ def _real_sizes(plan: Trace, model: ModelSpec, layout: Layout, rank: int) -> tup
             mine = counts[ep_coord(layout, rank) * n:][:n]
             kept_rows, received = sum(counts), layout.ep * sum(mine)
             sends_tokens = (op.purpose.step is MoeStep.DISPATCH) != op.purpose.grad
-            op = dataclasses.replace(op, size_bytes=(kept_rows if sends_tokens else
-                                                     received) * row)
+            op = dataclasses.replace(op, split=None, size_bytes=(
+                kept_rows if sends_tokens else received) * row)
         ops.append(op)
     return tuple(ops)
 
@@ -164,6 +165,8 @@ def _check_splits(model: ModelSpec, layout: Layout, plan: Trace, rank: int,
             row, column = tuple(round(x) for x in matrix[i]), tuple(round(r[i]) for r in matrix)
             sends_tokens = (op.purpose.step is MoeStep.DISPATCH) != op.purpose.grad
             want.append(row if sends_tokens else column)
+            if op.split is not None:  # the plan's matrix is the routed one
+                assert tuple(round(x) for x in op.split.send_splits(i)) == want[-1]
             assert sum(row) == sum(expert_counts(model, op.layer, tokens)) * model.hidden * 4
     assert want and [c.splits for c in calls] == want
 
