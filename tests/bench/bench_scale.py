@@ -49,7 +49,9 @@ ROWS: list[tuple[str, list[str], bool]] = [
 ]
 
 CHILD = """
-import resource, runpy, sys
+import os, resource, runpy, sys
+if os.environ.get("PYTHONPATH") and "" in sys.path:  # the named tree, not the cwd's
+    sys.path.remove("")
 sys.argv = ["parasim", *sys.argv[1:]]
 code = 0
 try:
