@@ -1,0 +1,87 @@
+"""A rank's streams as the replay walks them: its ops cut into steps before the run.
+
+    steps = stream_steps(ops, indices, durations, waited, gaps, kept, comm, calls)
+
+The replay (`sim.engine.replay`) resumes a stream once per step, not once per op, and decides
+nothing per op that it could decide before the run. A step is one of
+
+  - `KERNEL`: one compute op (`extra` is its duration: `Durations.duration`, asked once here);
+  - `RUN`: compute ops back to back that one timeout covers (`extra` their indices, `more`
+    their durations): from the first, the ops that follow it on the stream, are compute, wait
+    for nothing, have no host gap before them, and are not waited for before the last of them
+    ends (nobody observes the instants in between);
+  - `COMM`: one communication op (`extra` its `CommOp`, `more` its call number).
+
+Every step is the tuple (kind, index, op, deps, gap, extra, more, flag) — one shape, so the
+replay's loop unpacks it in one instruction: `index` and `op` are the step's first op,
+`deps` what it waits for, `gap` the host time before it (`host_gaps`; 0 without). `flag` is,
+for a kernel, whether it keeps its trace's duration (`kept`); for a run, whether it is `PLAIN`
+(keeps no duration: every kernel takes the rank's one stretch) and `CONTIGUOUS` (its indices
+follow each other in the rank's op list); for communication, whether the interference model
+leaves it alone (`Occupancy.plain`).
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from sim.engine.lowering import CommOp
+from traces.ops import Op, OpKind
+
+KERNEL, RUN, COMM = 0, 1, 2
+"""The kinds of step."""
+PLAIN, CONTIGUOUS = 1, 2
+"""A run's flags."""
+
+Step = tuple[int, int, Op, tuple[int, ...], float, Any, Any, int]
+
+
+def stream_steps(ops: Sequence[Op], indices: Sequence[int], durations: Sequence[float],
+                 waited: set[int] | frozenset[int], gaps: Sequence[float] | None,
+                 kept: Sequence[bool] | None, comm: Mapping[int, CommOp],
+                 calls: array[int], plain: Callable[[Op], bool]) -> list[Step]:
+    """The steps of the stream whose ops are `ops[i]` for i in `indices` (in order):
+    `durations[i]` the kernels' seconds, `waited` the ops some op depends on, `gaps[i]` the
+    host gaps (None: none), `kept[i]` the kernels that keep their trace's duration (None:
+    none), `comm`/`calls` the lowering's `CommOp` and call number per communication op, and
+    `plain(op)` whether a communication op's transfer needs no interference bookkeeping."""
+    steps: list[Step] = []
+    compute = OpKind.COMPUTE
+    run: list[int] = []  # the compute ops of the run being gathered
+    last = -1  # the last op of that run
+    for i in indices:
+        op = ops[i]
+        if op.kind is compute:
+            if run and last not in waited and not op.deps and not (gaps and gaps[i]):
+                run.append(i)
+                last = i
+                continue
+            if run:
+                steps.append(_close(ops, run, durations, gaps, kept))
+            run = [i]
+            last = i
+            continue
+        if run:
+            steps.append(_close(ops, run, durations, gaps, kept))
+            run = []
+        steps.append((COMM, i, op, op.deps, gaps[i] if gaps else 0.0, comm[i], calls[i],
+                      plain(op)))
+    if run:
+        steps.append(_close(ops, run, durations, gaps, kept))
+    return steps
+
+
+def _close(ops: Sequence[Op], run: list[int], durations: Sequence[float],
+           gaps: Sequence[float] | None, kept: Sequence[bool] | None) -> Step:
+    """The step of a gathered run of compute ops: a `KERNEL` when it is one op."""
+    first = run[0]
+    op = ops[first]
+    gap = gaps[first] if gaps else 0.0
+    if len(run) == 1:
+        return (KERNEL, first, op, op.deps, gap, durations[first],
+                None, bool(kept and kept[first]))
+    flag = (0 if kept and any(kept[j] for j in run) else PLAIN) | \
+        (CONTIGUOUS if run[-1] - first == len(run) - 1 else 0)
+    return (RUN, first, op, op.deps, gap, tuple(run), tuple(durations[j] for j in run), flag)
