@@ -40,7 +40,7 @@ from sim.engine.loop import Loop
 from sim.engine.lowering import CommPlan, lower_communication
 from sim.engine.meetings import Meetings
 from sim.engine.occupancy import Occupancy
-from sim.engine.steps import CONTIGUOUS, KERNEL, PLAIN, RUN, Step, stream_steps
+from sim.engine.steps import CONTIGUOUS, KERNEL, PLAIN, RUN, Step, rank_steps
 from sim.engine.transport import NETWORK_NAMES, NetworkMode, transport_for
 from sim.models.interference import NO_INTERFERENCE, Interference
 from topology.cluster import Cluster
@@ -169,21 +169,12 @@ class _Replay:
         self.progress = progress
         duration, compute, plain = self.compute.duration, OpKind.COMPUTE, self.occupancy.plain
         for rank, ops in self.plan.ops.items():
-            streams: dict[str, list[int]] = {}
-            waited: set[int] = set()
-            for i, op in enumerate(ops):
-                streams.setdefault(op.stream, []).append(i)
-                if op.deps:
-                    waited.update(op.deps)
-            # each kernel's duration, asked once, before the run (`Durations` is a pure cost)
-            durations = [duration(op) if op.kind is compute else 0.0 for op in ops]
             if any(op.end is not None for op in ops) and \
                     any(kept := [op.kind is compute and op.end is not None for op in ops]):
                 self.kept[rank] = kept
             comm, calls = self.comm.ops.get(rank, {}), self.comm.calls.get(rank, array("i"))
-            for indices in streams.values():
-                steps = stream_steps(ops, indices, durations, waited, self.gaps.get(rank),
-                                     self.kept.get(rank), comm, calls, plain)
+            for steps in rank_steps(ops, duration, self.gaps.get(rank), self.kept.get(rank),
+                                    comm, calls, plain):
                 self.env.start(self._stream(rank, steps))
         self.env.run()
         if progress is not None:
@@ -210,6 +201,7 @@ class _Replay:
         arrive, progress = self.meetings.arrive, self.progress
         kept = self.kept.get(rank)
         alone = (rank,)
+        finished = 0  # ops this stream has finished (added to `self.finished` at its end)
         for kind, i, op, deps, gap, extra, more, flag in steps:
             for d in deps:
                 if ends[d] != ends[d]:  # NaN: not finished yet
@@ -219,7 +211,7 @@ class _Replay:
                     yield done
             if gap:
                 yield timeout(gap)
-            start = env.now
+            start = env._now  # `env.now`, without its property call
             if kind == KERNEL:
                 if flag:  # its trace's duration holds its stretch already
                     yield kernel(extra)
@@ -275,15 +267,19 @@ class _Replay:
                     start = meeting.start  # when every member was there
                 count = 1
             starts[i] = start
-            ends[i] = env.now
+            ends[i] = env._now
             if waits:
                 done = waits.pop(i, None)
                 if done is not None:
                     done.succeed()
-            self.finished += count
-            if progress is not None and self.finished >= self.report_at:
-                self.report_at += 4096
-                progress(self.finished, self.total)
+            if progress is None:
+                finished += count
+            else:
+                self.finished += count
+                if self.finished >= self.report_at:
+                    self.report_at += 4096
+                    progress(self.finished, self.total)
+        self.finished += finished
 
     def _stuck(self) -> str:
         for rank, ops in self.plan.ops.items():

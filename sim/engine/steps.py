@@ -1,6 +1,6 @@
 """A rank's streams as the replay walks them: its ops cut into steps before the run.
 
-    steps = stream_steps(ops, indices, durations, waited, gaps, kept, comm, calls)
+    steps = rank_steps(ops, duration, gaps, kept, comm, calls, plain)  # per stream
 
 The replay (`sim.engine.replay`) resumes a stream once per step, not once per op, and decides
 nothing per op that it could decide before the run. A step is one of
@@ -38,50 +38,59 @@ PLAIN, CONTIGUOUS = 1, 2
 Step = tuple[int, int, Op, tuple[int, ...], float, Any, Any, int]
 
 
-def stream_steps(ops: Sequence[Op], indices: Sequence[int], durations: Sequence[float],
-                 waited: set[int] | frozenset[int], gaps: Sequence[float] | None,
-                 kept: Sequence[bool] | None, comm: Mapping[int, CommOp],
-                 calls: array[int], plain: Callable[[Op], bool]) -> list[Step]:
-    """The steps of the stream whose ops are `ops[i]` for i in `indices` (in order):
-    `durations[i]` the kernels' seconds, `waited` the ops some op depends on, `gaps[i]` the
-    host gaps (None: none), `kept[i]` the kernels that keep their trace's duration (None:
-    none), `comm`/`calls` the lowering's `CommOp` and call number per communication op, and
-    `plain(op)` whether a communication op's transfer needs no interference bookkeeping."""
-    steps: list[Step] = []
+def rank_steps(ops: Sequence[Op], duration: Callable[[Op], float],
+               gaps: Sequence[float] | None, kept: Sequence[bool] | None,
+               comm: Mapping[int, CommOp], calls: array[int],
+               plain: Callable[[Op], bool]) -> list[list[Step]]:
+    """The steps of each stream of a rank whose ops are `ops`, the streams in the order they
+    first appear: `duration(op)` a kernel's seconds (asked once per kernel, in op order),
+    `gaps[i]` the host gaps (None: none), `kept[i]` the kernels that keep their trace's
+    duration (None: none), `comm`/`calls` the lowering's `CommOp` and call number per
+    communication op, and `plain(op)` whether a communication op's transfer needs no
+    interference bookkeeping. One pass over the ops (~850,000 for GPT-3 on 1024 GPUs)."""
+    waited = {d for op in ops for d in op.deps}  # the ops some op depends on
+    streams: dict[str, list[list[Any]]] = {}  # per stream: its steps, and the run gathered
     compute = OpKind.COMPUTE
+    stream: str | None = None
+    steps: list[Any] = []
     run: list[int] = []  # the compute ops of the run being gathered
-    last = -1  # the last op of that run
-    for i in indices:
-        op = ops[i]
+    seconds: list[float] = []  # their durations
+    for i, op in enumerate(ops):
+        if op.stream is not stream:  # (plan streams are `Stream` members: one object each)
+            stream = op.stream
+            state = streams.get(stream)
+            if state is None:
+                state = streams[stream] = [[], [], []]
+            steps, run, seconds = state
         if op.kind is compute:
-            if run and last not in waited and not op.deps and not (gaps and gaps[i]):
-                run.append(i)
-                last = i
-                continue
-            if run:
-                steps.append(_close(ops, run, durations, gaps, kept))
-            run = [i]
-            last = i
+            if run and (op.deps or run[-1] in waited or (gaps and gaps[i])):
+                steps.append(_close(ops, run, seconds, gaps, kept))
+                run.clear()
+                seconds.clear()
+            run.append(i)
+            seconds.append(duration(op))
             continue
         if run:
-            steps.append(_close(ops, run, durations, gaps, kept))
-            run = []
+            steps.append(_close(ops, run, seconds, gaps, kept))
+            run.clear()
+            seconds.clear()
         steps.append((COMM, i, op, op.deps, gaps[i] if gaps else 0.0, comm[i], calls[i],
                       plain(op)))
-    if run:
-        steps.append(_close(ops, run, durations, gaps, kept))
-    return steps
+    for steps, run, seconds in streams.values():
+        if run:
+            steps.append(_close(ops, run, seconds, gaps, kept))
+    return [state[0] for state in streams.values()]
 
 
-def _close(ops: Sequence[Op], run: list[int], durations: Sequence[float],
+def _close(ops: Sequence[Op], run: list[int], seconds: list[float],
            gaps: Sequence[float] | None, kept: Sequence[bool] | None) -> Step:
-    """The step of a gathered run of compute ops: a `KERNEL` when it is one op."""
+    """The step of a gathered run of compute ops (`seconds` their durations): a `KERNEL`
+    when it is one op."""
     first = run[0]
     op = ops[first]
     gap = gaps[first] if gaps else 0.0
     if len(run) == 1:
-        return (KERNEL, first, op, op.deps, gap, durations[first],
-                None, bool(kept and kept[first]))
+        return (KERNEL, first, op, op.deps, gap, seconds[0], None, bool(kept and kept[first]))
     flag = (0 if kept and any(kept[j] for j in run) else PLAIN) | \
         (CONTIGUOUS if run[-1] - first == len(run) - 1 else 0)
-    return (RUN, first, op, op.deps, gap, tuple(run), tuple(durations[j] for j in run), flag)
+    return (RUN, first, op, op.deps, gap, tuple(run), tuple(seconds), flag)
