@@ -51,16 +51,15 @@ class _Plan:
     seconds: dict[float, float] = field(default_factory=dict)
 
 
-@dataclass(eq=False, slots=True)
-class _Job:
-    """A collective on the analytic path: its round boundaries are known in advance."""
+class _Job(simpy.Event):
+    """A collective on the analytic path (its round boundaries are known in advance), and
+    the event that fires when it is done (one object: `run` makes ~10^5)."""
 
     plan: _Plan
     size: float
     start: float
-    done: simpy.Event
-    stretch: float = 1.0
-    live: bool = True
+    stretch: float
+    live: bool
 
 
 @dataclass(eq=False, slots=True)
@@ -116,7 +115,6 @@ class Network:
         latency and each byte counted `stretch` times). Called once per collective (~10^5
         for GPT-3 on 1024 GPUs), hence the analytic path inline."""
         env = self.env
-        done = env.event()
         plan = self._plans[handle]
         if plan.analytic:
             if len(plan.indices) != len(plan.lowering):  # first run: index its flow sets
@@ -132,7 +130,9 @@ class Network:
                     if active[j] or jobs[j]:
                         break
                 else:  # nothing on its links: one event at its time alone
-                    job = _Job(plan, size_bytes, env.now, done, stretch)
+                    job = _Job(env)
+                    job.plan, job.size, job.start, job.stretch, job.live = \
+                        plan, size_bytes, env.now, stretch, True
                     for i in plan.distinct:
                         jobs[i][job] = None
                     seconds = plan.seconds.get(size_bytes)
@@ -141,16 +141,19 @@ class Network:
                             plan.lowering, size_bytes, self.capacity)
                     env.timeout(seconds * stretch).callbacks.append(
                         partial(self._end_analytic, job))
-                    return done
+                    return job
+        done = env.event()
         self._round(plan, 0, size_bytes, done, stretch)
         return done
 
     def _end_analytic(self, job: _Job, _: simpy.Event) -> None:
-        if job.live:
-            self._drop(job)
-            done = job.done  # done.succeed(), without its layers of calls
-            done._ok, done._value = True, None
-            self.env.schedule(done)
+        if job.live:  # _drop(job), then job.succeed(), without their layers of calls
+            job.live = False
+            jobs = self._jobs
+            for i in job.plan.indices:
+                jobs[i].pop(job, None)
+            job._ok, job._value = True, None
+            self.env.schedule(job)
 
     def _drop(self, job: _Job) -> None:
         job.live = False
@@ -172,7 +175,7 @@ class Network:
         self._seq += 1
 
         def round_done(k: int = k) -> None:
-            self._round(plan, k + 1, job.size, job.done, stretch)
+            self._round(plan, k + 1, job.size, job, stretch)
 
         tr = _Transfer(self._seq, plan.indices[k], max(size - moved, 0.0), ready, round_done)
         tr.rate, tr.since = flows.solo_rate, max(now, ready)
