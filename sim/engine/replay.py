@@ -29,6 +29,7 @@ from __future__ import annotations
 from array import array
 from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, replace
+from functools import cached_property
 from itertools import accumulate, repeat
 from operator import mul
 from typing import Any, Protocol
@@ -70,7 +71,7 @@ class StepTimes:
     algorithms: dict[str, int]
     """How many collectives each algorithm ran."""
 
-    @property
+    @cached_property
     def step_time_s(self) -> float:
         return max(max(e, default=0.0) for e in self.ends.values())
 
