@@ -169,13 +169,14 @@ class _Replay:
     def run(self, progress: Progress | None) -> StepTimes:
         self.progress = progress
         duration, compute, plain = self.compute.duration, OpKind.COMPUTE, self.occupancy.plain
+        shared: dict[tuple[float, ...], tuple[float, ...]] = {}  # runs' durations, one each
         for rank, ops in self.plan.ops.items():
             if any(op.end is not None for op in ops) and \
                     any(kept := [op.kind is compute and op.end is not None for op in ops]):
                 self.kept[rank] = kept
             comm, calls = self.comm.ops.get(rank, {}), self.comm.calls.get(rank, array("i"))
             for steps in rank_steps(ops, duration, self.gaps.get(rank), self.kept.get(rank),
-                                    comm, calls, plain):
+                                    comm, calls, plain, shared):
                 self.env.start(self._stream(rank, steps))
         self.env.run()
         if progress is not None:
@@ -227,26 +228,29 @@ class _Replay:
                     times = list(accumulate(more if stretch == 1.0 else
                                             map(mul, more, repeat(stretch)), initial=start))
                 else:
+                    run = range(i, i + extra) if flag & CONTIGUOUS else extra
                     times = [start]
                     if kernel_scale is None or not busy[rank]:
                         stretch = scale[rank]
-                        for j, seconds in zip(extra, more):
+                        for j, seconds in zip(run, more):
                             times.append(times[-1] + seconds * (
                                 1.0 if kept and kept[j] else stretch))
                     else:
-                        for j, seconds in zip(extra, more):
+                        for j, seconds in zip(run, more):
                             times.append(times[-1] + seconds * (
                                 1.0 if kept and kept[j] else kernel_scale(ops[j]) * base))
                 yield kernel(times[-1] - start)
-                count = len(extra)
                 # only now: others test ends[] for "done"
                 if flag & CONTIGUOUS:
+                    count = extra
                     starts[i:i + count - 1] = times[:count - 1]
                     ends[i:i + count - 1] = times[1:count]
+                    i += count - 1
                 else:
+                    count = len(extra)
                     for n, j in enumerate(extra[:-1]):
                         starts[j], ends[j] = times[n], times[n + 1]
-                i = extra[-1]
+                    i = extra[-1]
                 start = times[-2]
             else:
                 c = extra
