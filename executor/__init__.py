@@ -10,6 +10,9 @@ The simulator never imports this package eagerly. Its parts, bottom up:
     flat         the rank's flat parameter order, gradient buckets, DP shards
     grads        gradient buffers and their DP reduction (ZeRO 0-3), SP gradient sums
     optim        parameters (whole, or ZeRO-3 shards gathered per unit) and AdamW
+    routing      MoE: which tokens visit which experts, exactly the plan's counts
+    moe          MoE layers' kernels (router ... unpermute) and their EP all-to-alls
+    experts      the routed experts' parameters, EP-sharded, reduced over expert-DP
     runtime      RankRuntime: one method per plan op
     reference    the same model in one process with plain autograd, for the tests
     groups       a communicator per (stream, group), created in one order everywhere

@@ -9,7 +9,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from traces.ops import Phase
-from traces.purpose import GemmPart, Kernel, Stat, StepStat, Tag, TpChunk, TpSite, Unit
+from traces.purpose import (
+    GemmPart,
+    Kernel,
+    MoeStep,
+    Stat,
+    StepStat,
+    Tag,
+    TpChunk,
+    TpSite,
+    Unit,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -18,6 +28,8 @@ class Compute:
     phase: Phase
     layer: int | None
     mb: int
+    part: int = 0
+    """A grouped GEMM's later ops (one per distinct token count): the first runs it whole."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,8 +171,26 @@ class CpExchange:
     mb: int
 
 
+@dataclass(frozen=True, slots=True)
+class ExpertExchange:
+    """MoE: a layer's dispatch or combine all-to-all over the EP group (`grad`: backward's)."""
+
+    step: MoeStep
+    grad: bool
+    layer: int
+    mb: int
+
+
+@dataclass(frozen=True, slots=True)
+class ExpertGradReduce:
+    """MoE: a layer's routed-expert gradients all-reduced over the expert-DP group."""
+
+    layer: int
+    stream: str
+
+
 Call = (Compute | StepKernel | GradStatAllReduce | OptimizerStep | TpCollective | CeCollective
         | GatherReceived | SpAllReduce | EmbeddingAllReduce | ReduceBucket | GatherBucket
         | GatherUnit | Transfer | CpAttend | CpMessage | CpExchange | ComputeChunk
-        | TpChunkCollective)
+        | TpChunkCollective | ExpertExchange | ExpertGradReduce)
 CALLS: tuple[type, ...] = Call.__args__  # type: ignore[attr-defined]

@@ -4,11 +4,14 @@ norm and the clip (Megatron-LM's clip_grad_norm_fp32; torch.nn.utils.clip_grad_n
 Each rank sums the squares of the gradients it updates, counting every parameter of the model
 once: a parameter every TP rank holds whole (layer norms, row-parallel biases, positions)
 counts on TP rank 0 only, and the last stage's copy of tied word embeddings not at all (the
-first stage's counts). The plan's `GradStat(NORM)` all-reduce sums the squares over the ranks
-that hold distinct gradients (`traces.plan.optimizer.grad_stats_group`), so every rank gets
-the global norm; `clip` then scales its gradients by min(1, max_norm / (norm + 1e-6)), as
-clip_grad_norm_ does. fp16: `check_inf` flags a non-finite gradient, the `GradStat(FOUND_INF)`
-all-reduce takes the max, and the optimizer skips the step if any rank found one.
+first stage's counts). Where the statistics' group spans DP replicas whose gradients are whole
+(ZeRO 0 with EP > 1), only the first replica counts (`counted`); the routed experts count on
+their own terms (`executor.experts`). The plan's `GradStat(NORM)` all-reduce sums the squares
+over the ranks that hold distinct gradients (`traces.plan.optimizer.grad_stats_group`), so
+every rank gets the global norm; `clip` then scales its gradients by
+min(1, max_norm / (norm + 1e-6)), as clip_grad_norm_ does. fp16: `check_inf` flags a
+non-finite gradient, the `GradStat(FOUND_INF)` all-reduce takes the max, and the optimizer
+skips the step if any rank found one.
 """
 
 from __future__ import annotations
@@ -19,9 +22,11 @@ from executor.flat import Bucket, FlatLayout, Shards
 from executor.params import EMBED, HEAD
 
 
-def counted_mask(flat: FlatLayout, tp_rank: int, tied: bool) -> torch.Tensor:
-    """Over the rank's flat parameters: those its norm counts (module docstring)."""
-    mask = torch.ones(flat.total, dtype=torch.bool)
+def counted_mask(flat: FlatLayout, tp_rank: int, tied: bool, counted: bool = True
+                 ) -> torch.Tensor:
+    """Over the rank's flat parameters: those its norm counts (module docstring); none unless
+    `counted`."""
+    mask = torch.full((flat.total,), counted, dtype=torch.bool)
     if tp_rank != 0:
         for a, b in flat.replicated_ranges():
             mask[a:b] = False
@@ -36,8 +41,9 @@ class GradClip:
     reads (`GradStore.optimizer_grads`: whole buckets, or this rank's slice of each)."""
 
     def __init__(self, flat: FlatLayout, buckets: list[Bucket], shards: Shards | None, *,
-                 tp_rank: int, tied: bool, max_norm: float, device: torch.device) -> None:
-        mask = counted_mask(flat, tp_rank, tied)
+                 tp_rank: int, tied: bool, max_norm: float, device: torch.device,
+                 counted: bool = True) -> None:
+        mask = counted_mask(flat, tp_rank, tied, counted)
         ranges = [(b.start, b.end) for b in buckets] if shards is None else shards.flat_slice
         self.masks = [mask[a:b].to(device) for a, b in ranges]
         self.max_norm = max_norm

@@ -9,7 +9,7 @@ order, and nothing else.
 
 Sizes (nccl-tests convention, as the plan's `size_bytes`): all_reduce and broadcast the tensor;
 all_gather the gathered output; reduce_scatter the full input; all_to_all the input; send and
-recv the message.
+recv the message. An all-to-all with uneven splits also records what it sends each peer.
 """
 
 from __future__ import annotations
@@ -40,6 +40,8 @@ class CommCall:
     tag: str = ""
     reduce: str = ""
     stream: str = ""
+    splits: tuple[int, ...] = ()
+    """An all-to-all with uneven splits: the bytes it sends each member, in group order."""
 
 
 class Handle:
@@ -169,14 +171,22 @@ class Comm:
         return self._handle(work, then)
 
     def all_to_all(self, output: torch.Tensor, input: torch.Tensor, key: GroupKey, *,
-                   async_op: bool = False, then: Callable[[], None] | None = None) -> Handle:
-        """Equal blocks: block j of `input` goes to member j; block i of `output` came from i."""
-        self._log(OpKind.ALL_TO_ALL, key, _nbytes(input))
+                   input_splits: list[int] | None = None,
+                   output_splits: list[int] | None = None, async_op: bool = False,
+                   then: Callable[[], None] | None = None) -> Handle:
+        """Equal blocks: block j of `input` goes to member j; block i of `output` came from i.
+        With splits (rows along dim 0, as all_to_all_single's): `input_splits[j]` rows to
+        member j, `output_splits[i]` rows from member i."""
+        row = _nbytes(input) // max(1, input.shape[0]) if input.dim() else 0
+        splits = tuple(n * row for n in input_splits) if input_splits is not None else ()
+        self._log(OpKind.ALL_TO_ALL, key, _nbytes(input), splits=splits)
         group = self.groups.get(key)
         if group is None:
             output.copy_(input)
             return self._handle(None, then)
-        work = dist.all_to_all_single(output, input, group=group, async_op=async_op)
+        work = dist.all_to_all_single(output, input, output_split_sizes=output_splits,
+                                      input_split_sizes=input_splits, group=group,
+                                      async_op=async_op)
         return self._handle(work, then)
 
     # --- point to point ------------------------------------------------------------------

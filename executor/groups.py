@@ -16,6 +16,7 @@ from datetime import timedelta
 import torch.distributed as dist
 
 from traces.errors import ConfigError
+from traces.expert_grid import ep_group, expert_data_group
 from traces.layout import Axis, Layout
 from traces.ops import Stream, Trace
 from traces.plan.optimizer import grad_stats_group
@@ -30,19 +31,25 @@ STREAMS_BY_AXIS: Mapping[str, tuple[str, ...]] = {
     "embedding": (Stream.DP,),
     "cp": (Stream.COMPUTE,),  # all_gather CP's K/V gathers and dK/dV reduce-scatters
     "grad_stats": (Stream.COMPUTE,),  # the step's end: found-inf and the norm
+    "ep": (Stream.COMPUTE,),  # MoE's dispatch and combine all-to-alls
+    "expert_dp": (Stream.DP,),  # MoE's expert gradients
 }
 
 
-def layout_groups(layout: Layout) -> dict[str, list[tuple[int, ...]]]:
+def layout_groups(layout: Layout, experts: bool = False) -> dict[str, list[tuple[int, ...]]]:
     """The groups collectives may use, by axis: TP, DP (DP x CP under context parallelism),
-    CP, the tied-embedding pairs, and the ranks the gradient statistics are reduced over
-    (`grad_stats_group`)."""
+    CP, the tied-embedding pairs, the ranks the gradient statistics are reduced over
+    (`grad_stats_group`), and with `experts` (an MoE model) the EP and expert-DP groups
+    (`traces.expert_grid`)."""
     embedding = sorted({layout.embedding_group(r) for r in range(layout.world)}) \
         if layout.pp > 1 else []
     data = sorted({layout.data_group(r) for r in range(layout.world)})
     stats = sorted({grad_stats_group(layout, r) for r in range(layout.world)})
+    ranks = range(layout.world) if experts else range(0)
     return {"tp": layout.groups(Axis.TP), "dp": data, "embedding": embedding,
-            "cp": layout.groups(Axis.CP) if layout.cp > 1 else [], "grad_stats": stats}
+            "cp": layout.groups(Axis.CP) if layout.cp > 1 else [], "grad_stats": stats,
+            "ep": sorted({ep_group(layout, r) for r in ranks}),
+            "expert_dp": sorted({expert_data_group(layout, r) for r in ranks})}
 
 
 def layout_group_keys(layout: Layout,
@@ -59,7 +66,8 @@ def plan_group_keys(plan: Trace, layout: Layout) -> list[GroupKey]:
     if len(plan.ops) != layout.world:
         raise ConfigError(f"plan: holds {len(plan.ops)} ranks but the layout has {layout.world} "
                           "(a folded plan cannot be executed; build it for every rank)")
-    known = {g for groups in layout_groups(layout).values() for g in groups}
+    experts = bool(getattr(plan.meta.model, "experts", 0))
+    known = {g for groups in layout_groups(layout, experts).values() for g in groups}
     keys = set()
     for rank, ops in plan.ops.items():
         for index, op in enumerate(ops):
@@ -67,9 +75,9 @@ def plan_group_keys(plan: Trace, layout: Layout) -> list[GroupKey]:
                 continue
             if op.group not in known or rank not in op.group:
                 raise ConfigError(f"plan: rank {rank} op {index} ({op.name or op.kind}): group "
-                                  f"{list(op.group)} is not a TP, CP, DP, embedding or "
-                                  "gradient statistics group of "
-                                  "this rank in the layout")
+                                  f"{list(op.group)} is not a TP, CP, DP, embedding, gradient "
+                                  "statistics, EP or expert-DP group of this rank in the "
+                                  "layout")
             keys.add((op.stream, op.group))
     return sorted(keys)
 

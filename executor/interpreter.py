@@ -33,6 +33,8 @@ from executor.calls import (
     CpExchange,
     CpMessage,
     EmbeddingAllReduce,
+    ExpertExchange,
+    ExpertGradReduce,
     GatherBucket,
     GatherReceived,
     GatherUnit,
@@ -103,8 +105,8 @@ def bind(rt: RankRuntime, call: Call) -> Callable[[], Handle | None]:
     """The runtime operation a call names, with its arguments (one arm per `Call` type)."""
     p = functools.partial
     match call:
-        case Compute(kernel=kernel, phase=phase, layer=layer, mb=mb):
-            return p(rt.compute, kernel, phase, layer, mb)
+        case Compute(kernel=kernel, phase=phase, layer=layer, mb=mb, part=part):
+            return p(rt.compute, kernel, phase, layer, mb, part)
         case OptimizerStep():
             return rt.optimizer_step
         case StepKernel(kernel=kernel):
@@ -139,6 +141,10 @@ def bind(rt: RankRuntime, call: Call) -> Callable[[], Handle | None]:
             return p(rt.cp_message, phase, send, step, backward, layer, mb, peer, tag)
         case CpExchange(grad=grad, phase=phase, layer=layer, mb=mb):
             return p(rt.cp_exchange, grad, phase, layer, mb)
+        case ExpertExchange(step=step, grad=grad, layer=layer, mb=mb):
+            return p(rt.expert_all_to_all, step, grad, layer, mb)
+        case ExpertGradReduce(layer=layer, stream=stream):
+            return p(rt.expert_grads, layer, stream)
         case Transfer(send=True, boundary=boundary, mb=mb, tag=tag, peer=peer):
             return p(rt.pipe.send, boundary, mb, tag, peer)
         case Transfer(send=False, boundary=boundary, mb=mb, tag=tag, peer=peer):

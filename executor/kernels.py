@@ -372,7 +372,7 @@ KERNELS = kernel_table()
 """GPT's kernels (biases, LayerNorm, learned positions)."""
 
 assert set(KERNELS) == set(Kernel) - set(STEP_KERNELS) - FP8_KERNELS - set(MOE), \
-    "a torch function per plan kernel (FP8 runs on GPUs only; MoE is not executed yet)"
+    "a torch function per plan kernel (FP8 runs on GPUs only; MoE's are executor.moe's)"
 
 
 def slot(kernel: TorchKernel, name: str, layer: int | None, num_layers: int) -> Slot:

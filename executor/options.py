@@ -1,5 +1,6 @@
 """What a run may ask of the executor (`RunOptions`) and what it refuses to run
-(`check_supported`): layouts it cannot run exactly, FP8 without its kernels."""
+(`check_supported`): layouts it cannot run exactly, FP8 without its kernels, the MoE layouts
+it does not run (`check_moe_supported`)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import torch
 
 from executor.optim import AdamWConfig
 from traces.errors import ConfigError
+from traces.expert_grid import expert_data_degree
 from traces.layout import Layout
 from traces.model import ModelSpec
 
@@ -28,9 +30,7 @@ def check_supported(model: ModelSpec, layout: Layout, options: RunOptions | None
     if model.fp8:
         raise ConfigError(fp8_refusal())
     if model.experts:
-        raise ConfigError(f"model.experts: {model.experts}: the executor's MoE layers (router, "
-                          "dispatch and combine all-to-alls, grouped experts) are not "
-                          "implemented yet; simulate it")
+        check_moe_supported(model, layout)
     if model.mla and (layout.sp or layout.cp > 1):
         raise ConfigError("parallel.sp: latent attention runs in the executor without SP and "
                           "CP (its gathered latents are not written yet); simulate it")
@@ -42,6 +42,24 @@ def check_supported(model: ModelSpec, layout: Layout, options: RunOptions | None
                           "all-reduce before the DP reduction for ZeRO >= 1 (after a "
                           "reduce-scatter the two stages' shards of the word embeddings "
                           "differ); use zero = 0 or model.tied_embeddings = false")
+
+
+def check_moe_supported(model: ModelSpec, layout: Layout) -> None:
+    """What the executor's MoE layers (`executor.moe`) do not run; a ConfigError naming it."""
+    rules = [
+        (layout.etp > 1, f"parallel.etp: {layout.etp}: expert tensor parallelism is not "
+                         "run by the executor; use etp = 1"),
+        (model.shared_experts > 0, f"model.shared_experts: {model.shared_experts}: the "
+                                   "executor runs routed experts only; use 0"),
+        (model.bias, "model.bias: true: the executor's MoE layers have no biases; use false"),
+        (layout.zero >= 1 and expert_data_degree(layout) > 1,
+         f"parallel.zero: {layout.zero} with an expert-DP degree of "
+         f"{expert_data_degree(layout)}: the executor keeps the experts' optimizer states "
+         "whole (the plan gathers no sharded experts back); use zero = 0 or ep = tp x cp x dp"),
+    ]
+    for refused, message in rules:
+        if refused:
+            raise ConfigError(message)
 
 
 def fp8_refusal() -> str:

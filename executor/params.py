@@ -22,6 +22,10 @@ Latent attention (`traces.mla`) has mla_down.weight, q_norm.weight (with q_lora_
 kv_norm.weight (replicated: their gradients are partial over TP, each rank back-propagating its
 heads), q_up.weight and kv_up.weight (column-parallel by heads) and proj.weight of a·d_v
 columns (row-parallel) in place of qkv and its bias.
+
+An MoE layer (`traces.moe_spec.is_moe_layer`) has the router, router.weight [E, h]
+(replicated: partial gradients under SP), in place of fc1 and fc2; its routed experts are drawn
+with the layer (`expert_shapes`) but live apart, EP-sharded (`executor.experts`).
 """
 
 from __future__ import annotations
@@ -32,9 +36,11 @@ import torch
 
 from traces.layout import Layout
 from traces.model import ModelSpec
+from traces.moe_spec import is_moe_layer
 from traces.purpose import EMBED, HEAD, Unit
 
 __all__ = ["DTYPES", "EMBED", "HEAD", "INIT_STD", "ParamSpec", "Unit", "build_unit_params",
+           "expert_shapes",
            "has_param", "holds_output_weights", "init_full_unit", "layer_unit", "tp_shard",
            "unit_layer", "unit_numel", "unit_specs", "units_of_rank"]
 INIT_STD = 0.02  # GPT-2 / Megatron's init_method_std
@@ -101,10 +107,24 @@ def unit_specs(model: ModelSpec, layout: Layout, unit: Unit, pp_rank: int) -> li
             ParamSpec("proj.weight", (h, model.heads * _v_dim(model) // t), True),
             ParamSpec("proj.bias", (h,), False),
             ParamSpec("ln2.weight", (h,), False), ParamSpec("ln2.bias", (h,), False),
-            ParamSpec("fc1.weight", (f1 // t, h), True), ParamSpec("fc1.bias", (f1 // t,), True),
-            ParamSpec("fc2.weight", (h, f // t), True), ParamSpec("fc2.bias", (h,), False),
+            *([ParamSpec("router.weight", (model.experts, h), False)] if _moe(model, unit) else [
+                ParamSpec("fc1.weight", (f1 // t, h), True),
+                ParamSpec("fc1.bias", (f1 // t,), True),
+                ParamSpec("fc2.weight", (h, f // t), True), ParamSpec("fc2.bias", (h,), False)]),
         ]
     return [spec for spec in forward[::-1] if has_param(model, spec.name)]
+
+
+def _moe(model: ModelSpec, unit: Unit) -> bool:
+    return unit.layer is not None and is_moe_layer(model, unit.layer)
+
+
+def expert_shapes(model: ModelSpec, experts: int) -> dict[str, tuple[int, ...]]:
+    """An MoE layer's routed experts, `experts` of them stacked (`executor.experts`): fc1
+    [n, f1, h] (SwiGLU: [gate | up], f1 = 2f) and fc2 [n, h, f], f = moe_ffn_hidden."""
+    h, f = model.hidden, model.moe_ffn_hidden
+    f1 = 2 * f if model.ffn == "swiglu" else f
+    return {"experts.fc1.weight": (experts, f1, h), "experts.fc2.weight": (experts, h, f)}
 
 
 def _mla_shapes(model: ModelSpec) -> list[tuple[str, tuple[int, ...], bool]]:
@@ -179,12 +199,15 @@ def init_full_unit(model: ModelSpec, unit: Unit, seed: int) -> dict[str, torch.T
     attention = {name: (shape, 1.0 if name.endswith("norm.weight") else 0.0)
                  for name, shape, _ in _mla_shapes(model)} if model.mla else {
         "qkv.weight": ((qkv, h), 0.0), "qkv.bias": ((qkv,), 0.0)}
+    mlp = {"router.weight": ((model.experts, h), 0.0),
+           **{name: (shape, 0.0) for name, shape in expert_shapes(model, model.experts).items()}
+           } if _moe(model, unit) else {
+        "fc1.weight": ((f1, h), 0.0), "fc1.bias": ((f1,), 0.0),
+        "fc2.weight": ((h, f), 0.0), "fc2.bias": ((h,), 0.0)}
     return _drawn(model, gen, {
         "ln1.weight": ((h,), 1.0), "ln1.bias": ((h,), 0.0), **attention,
         "proj.weight": ((h, model.heads * _v_dim(model)), 0.0), "proj.bias": ((h,), 0.0),
-        "ln2.weight": ((h,), 1.0), "ln2.bias": ((h,), 0.0),
-        "fc1.weight": ((f1, h), 0.0), "fc1.bias": ((f1,), 0.0),
-        "fc2.weight": ((h, f), 0.0), "fc2.bias": ((h,), 0.0),
+        "ln2.weight": ((h,), 1.0), "ln2.bias": ((h,), 0.0), **mlp,
     })
 
 

@@ -23,6 +23,8 @@ from executor.calls import (
     CpExchange,
     CpMessage,
     EmbeddingAllReduce,
+    ExpertExchange,
+    ExpertGradReduce,
     GatherBucket,
     GatherReceived,
     GatherUnit,
@@ -72,6 +74,7 @@ from traces.purpose import (
 __all__ = ["Call", "RankProgram", "lower"]
 
 _KERNEL_PHASES = (Phase.FWD, Phase.BWD, Phase.RECOMPUTE)
+_GROUPED = (Kernel.EXPERT_FC1, Kernel.EXPERT_FC2)
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +99,8 @@ class _Lowering:
         self.flat = FlatLayout(model, layout, layout.coords(rank).pp)
         self.buckets = self._buckets()
         self.cp_steps: dict[tuple[Phase, int | None, int | None], int] = {}
+        self.grouped: dict[tuple[Kernel, Phase | None, int | None, int | None], int] = {}
+        """MoE: the grouped GEMMs' ops seen so far per kernel, pass, layer and micro-batch."""
         """Context parallelism: the attention core's steps seen so far per pass and layer."""
 
     def fail(self, index: int, rule: str) -> ConfigError:
@@ -153,7 +158,11 @@ class _Lowering:
                                        f"micro-batch, not {op.phase}")
                 if kernel is Kernel.FLASH_ATTN and self.layout.cp > 1:
                     return self._cp_step(i, op)
-                return Compute(kernel, op.phase, op.layer, mb)  # type: ignore[arg-type]
+                part = 0
+                if kernel in _GROUPED:  # one op per distinct token count (traces.moe)
+                    key = (kernel, op.phase, op.layer, mb)
+                    part = self.grouped[key] = self.grouped.get(key, -1) + 1
+                return Compute(kernel, op.phase, op.layer, mb, part)  # type: ignore[arg-type]
             case CpRing(step=step, backward=backward):
                 if op.peer is None or self.layout.cp == 1 or op.phase is None:
                     raise self.fail(i, "a CP ring message needs cp > 1, a peer and a phase")
@@ -204,9 +213,18 @@ class _Lowering:
                                    "executor refuses (executor.runtime.fp8_refusal)")
             case Bench():
                 raise self.fail(i, "a microbenchmark op runs in executor.bench, not a plan")
-            case ExpertAllToAll() | ExpertTp() | ExpertGrads():
-                raise self.fail(i, "MoE's exchanges run only in an MoE run, which the executor "
-                                   "refuses (executor.runtime.check_supported)")
+            case ExpertAllToAll(step=step, grad=grad):
+                if not self.model.experts or op.kind is not OpKind.ALL_TO_ALL:
+                    raise self.fail(i, "an EP exchange is an all-to-all of an MoE model")
+                return ExpertExchange(step, grad, self._layer(i, op), self._mb(i, mb))
+            case ExpertGrads(unit=unit):
+                if op.kind is not OpKind.ALL_REDUCE or unit.layer is None:
+                    raise self.fail(i, "the executor reduces a layer's expert gradients by "
+                                       "all-reduce (ZeRO 0; executor.options)")
+                return ExpertGradReduce(unit.layer, stream)
+            case ExpertTp():
+                raise self.fail(i, "expert tensor parallelism (etp > 1) is not run by the "
+                                   "executor (executor.options.check_supported)")
         raise self.fail(i, f"no interpretation of purpose {op.purpose!r}")
 
     def _check_kind(self, i: int, op: Op) -> None:

@@ -3,7 +3,10 @@
 Written independently of the kernels (batch-first, materialized causal attention with the key
 and value heads indexed per query head, rotary positions by complex multiplication,
 F.cross_entropy), sharing with the executor only the seeded initialisation
-(`params.init_full_unit`) and the synthetic data, so agreement is evidence, not tautology.
+(`params.init_full_unit`) and the synthetic data, so agreement is evidence, not tautology. An
+MoE layer shares the routing too (`executor.routing`: which tokens visit which experts, the
+definition of the plan's counts), and computes the rest its own way: no permutation, no
+exchange, each expert on its tokens with plain indexing.
 
     run = train(model, global_batch, steps=2, seed=1234)  # run.losses, run.params
 
@@ -20,11 +23,13 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from executor.kernels import LN_EPS
+from executor.kernels import LN_EPS, local_positions
 from executor.optim import AdamWConfig
 from executor.params import EMBED, HEAD, Unit, init_full_unit, layer_unit
+from executor.routing import route
 from traces.layout import Layout
 from traces.model import ModelSpec
+from traces.moe_spec import is_moe_layer
 
 
 def batch(model: ModelSpec, global_batch: int, seed: int, step: int) -> torch.Tensor:
@@ -42,10 +47,11 @@ def microbatch(model: ModelSpec, layout: Layout, seed: int, step: int, dp_rank: 
 
 
 class ReferenceGPT:
-    """Full parameters by (unit, name); the output layer is the word embedding when tied."""
+    """Full parameters by (unit, name); the output layer is the word embedding when tied.
+    An MoE model needs the `layout`: routing is per rank's tokens (`executor.routing`)."""
 
-    def __init__(self, model: ModelSpec, seed: int) -> None:
-        self.model = model
+    def __init__(self, model: ModelSpec, seed: int, layout: Layout | None = None) -> None:
+        self.model, self.layout = model, layout
         self.params: dict[tuple[Unit, str], torch.Tensor] = {}
         units = [EMBED, *(layer_unit(i) for i in range(model.layers)), HEAD]
         for unit in units:
@@ -65,7 +71,8 @@ class ReferenceGPT:
         if m.position == "learned":
             x = x + self.p(EMBED, "pos")[:m.seq_len]
         for i in range(m.layers):
-            x = self._block(x, layer_unit(i))
+            x = self._block(x, layer_unit(i)) if not is_moe_layer(m, i) else \
+                self._moe(self._attention(x, layer_unit(i)), i)
         x = self._norm(x, HEAD, "final_ln")
         out = self.p(EMBED, "word") if m.tied_embeddings else self.p(HEAD, "output")
         logits = x @ out.t()
@@ -106,12 +113,16 @@ class ReferenceGPT:
         return x / torch.sqrt((x * x).mean(-1, keepdim=True) + LN_EPS) * w
 
     def _block(self, x: torch.Tensor, u: Unit) -> torch.Tensor:
+        return self._mlp(self._attention(x, u), u)
+
+    def _attention(self, x: torch.Tensor, u: Unit) -> torch.Tensor:
+        """x plus the layer's attention (before ln2)."""
         m = self.model
         B, s, h = x.shape
         a, g, d = m.heads, m.kv_heads, m.head_dim
         y = self._norm(x, u, "ln1")
         if m.mla:
-            return self._mlp(x + self._mla(y, u) @ self.p(u, "proj.weight").t(), u)
+            return x + self._mla(y, u) @ self.p(u, "proj.weight").t()
         qkv = y @ self.p(u, "qkv.weight").t() + self._bias(u, "qkv")
         q, k, v = qkv.split([a * d, g * d, g * d], dim=-1)
         q, k, v = q.reshape(B, s, a, d), k.reshape(B, s, g, d), v.reshape(B, s, g, d)
@@ -123,7 +134,7 @@ class ReferenceGPT:
         causal = torch.ones(s, s, dtype=torch.bool).triu(1)
         probs = scores.masked_fill(causal, float("-inf")).softmax(dim=-1)
         ctx = (probs @ v).transpose(1, 2).reshape(B, s, h)
-        return self._mlp(x + ctx @ self.p(u, "proj.weight").t() + self._bias(u, "proj"), u)
+        return x + ctx @ self.p(u, "proj.weight").t() + self._bias(u, "proj")
 
     def _mlp(self, x: torch.Tensor, u: Unit) -> torch.Tensor:
         m = self.model
@@ -135,6 +146,49 @@ class ReferenceGPT:
         else:
             y = F.gelu(y)
         return x + y @ self.p(u, "fc2.weight").t() + self._bias(u, "fc2")
+
+    def _moe(self, x: torch.Tensor, layer: int) -> torch.Tensor:
+        """x plus the routed experts' outputs: each token's kept choices, each expert's MLP
+        on its tokens times the gate, summed per token; routed per rank's tokens."""
+        m, u = self.model, layer_unit(layer)
+        B, s, h = x.shape
+        y = self._norm(x, u, "ln2").reshape(B * s, h)
+        logits = y @ self.p(u, "router.weight").t()
+        w1, w2 = self.p(u, "experts.fc1.weight"), self.p(u, "experts.fc2.weight")
+        out = torch.zeros_like(y)
+        assert self.layout is not None, "an MoE reference routes by the layout's ranks"
+        for rows in routing_groups(self.layout, s):
+            r = route(m, layer, len(rows))
+            gate = torch.softmax(logits[rows].gather(1, r.experts), dim=-1)
+            mine = torch.zeros(len(rows), h)
+            for e in range(m.experts):
+                token, choice = ((r.experts == e) & r.kept).nonzero(as_tuple=True)
+                z = y[rows][token] @ w1[e].t()
+                if m.ffn == "swiglu":
+                    z = F.silu(z[:, :m.moe_ffn_hidden]) * z[:, m.moe_ffn_hidden:]
+                else:
+                    z = F.gelu(z)
+                mine = mine.index_add(0, token, gate[token, choice, None] * (z @ w2[e].t()))
+            out = out.index_add(0, rows, mine)
+        return x + out.reshape(B, s, h)
+
+
+def routing_groups(layout: Layout, seq_len: int) -> list[torch.Tensor]:
+    """Each rank's routed tokens as indices into the flattened [B, s] batch, in the rank's
+    order (sequence first, [s/(cp·t), b]): DP rank d, micro-batch i, CP rank c, TP rank r
+    hold rows (d·m + i)·b + [0, b) at the positions of CP rank c's two chunks
+    (`kernels.local_positions`), of which SP's shard r."""
+    b, m, t, cp = layout.micro_batch, layout.num_microbatches, layout.tp, layout.cp
+    n = seq_len // (cp * t)
+    out = []
+    for d in range(layout.dp):
+        for i in range(m):
+            for c in range(cp):
+                for r in range(t):
+                    pos = local_positions(seq_len, cp, c)[r * n:(r + 1) * n]
+                    row = (d * m + i) * b + torch.arange(b)
+                    out.append((row[None, :] * seq_len + pos[:, None]).reshape(-1))
+    return out
 
 
 def _rotary(x: torch.Tensor) -> torch.Tensor:
@@ -162,12 +216,14 @@ class ReferenceRun:
 
 
 def train(model: ModelSpec, global_batch: int, steps: int, seed: int,
-          adamw: AdamWConfig | None = None, clip_grad: float | None = 1.0) -> ReferenceRun:
+          adamw: AdamWConfig | None = None, clip_grad: float | None = 1.0,
+          layout: Layout | None = None) -> ReferenceRun:
     """Train the reference for `steps` AdamW steps (fp32), the gradients clipped to a global
-    norm of `clip_grad` by torch.nn.utils.clip_grad_norm_ (None: not clipped)."""
+    norm of `clip_grad` by torch.nn.utils.clip_grad_norm_ (None: not clipped); an MoE model
+    routes by `layout`'s ranks."""
     assert model.dtype == "fp32", "the reference runs in fp32"
     c = adamw or AdamWConfig()
-    ref = ReferenceGPT(model, seed)
+    ref = ReferenceGPT(model, seed, layout)
     opt = torch.optim.AdamW(list(ref.params.values()), lr=c.lr, betas=(c.beta1, c.beta2),
                             eps=c.eps, weight_decay=c.weight_decay, foreach=False)
     losses, first, norms = [], {}, []

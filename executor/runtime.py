@@ -21,6 +21,8 @@ interpreter calls, per op's purpose (`traces.purpose`, through `executor.calls`)
                           pipeline message; executor.pipe)
     CpRing, CpGather      cp_message(...) -> Handle, cp_exchange(...); the attention core under
                           CP: cp_attend(phase, layer, mb, step) (executor.context)
+    ExpertAllToAll        expert_all_to_all(step, grad, layer, mb) (executor.moe)
+    ExpertGrads           expert_grads(layer, stream) -> Handle (executor.experts)
 
 Under context parallelism a micro-batch's tape holds the rank's s/cp tokens (chunks cp_rank
 and 2·cp − 1 − cp_rank), gradients are reduced and ZeRO shards over DP x CP.
@@ -39,11 +41,13 @@ from executor import tape as tapes
 from executor.clip import GradClip
 from executor.comm import Comm, Handle
 from executor.context import CpRank, local_tokens
+from executor.experts import ExpertStore
 from executor.flat import Bucket, FlatLayout, rule_buckets, unit_buckets
 from executor.grads import GradStore
 from executor.groups import GroupKey
 from executor.kernels import KernelContext, ce_loss, mla_fields, slot, table_of
 from executor.memory import MemoryMeter
+from executor.moe import MoeExchange, moe_kernels
 from executor.optim import AdamW, ParamStore
 from executor.options import RunOptions, check_supported
 from executor.overlap import ChunkedTp, run_at
@@ -54,7 +58,8 @@ from executor.tape import ParamRef, Tape
 from traces.layout import Axis, Layout
 from traces.model import ModelSpec
 from traces.ops import OpKind, Phase, Stream
-from traces.purpose import GemmPart, Kernel, Stat, StepStat, TpChunk, TpSite, Unit
+from traces.plan.optimizer import grad_stats_group
+from traces.purpose import GemmPart, Kernel, MoeStep, Stat, StepStat, TpChunk, TpSite, Unit
 
 # ZeRO-3 frees a unit's gathered parameters after its last kernel of a pass.
 _LAST_OF_PASS = {(Phase.FWD, Kernel.BDA2), (Phase.FWD, Kernel.POS_EMBED),
@@ -91,9 +96,12 @@ class RankRuntime:
                                dp_rank=shard, dtype=grad_dtype, device=device,
                                meter=self.meter)
         self.optimizer = AdamW(self.params.optimizer_params(), options.adamw, self.meter)
+        # ZeRO 0 with a statistics group over DP replicas (EP > 1): each counts once
+        stats = set(grad_stats_group(layout, rank))
+        dense = self.zero != 0 or shard == 0 or len(stats & set(self.dp_group)) == 1
         self.clip = GradClip(self.flat, buckets, self.grads.shards, tp_rank=self.tp_rank,
                              tied=model.tied_embeddings, max_norm=options.clip_grad,
-                             device=device)
+                             device=device, counted=dense)
         self.grad_norm = 0.0
         """The global gradient norm of the last step (before clipping)."""
         self.tp_key: GroupKey = (Stream.COMPUTE, layout.group(rank, Axis.TP))
@@ -108,6 +116,14 @@ class RankRuntime:
         self.tokens_per_mb = model.seq_len * layout.micro_batch
         self.loss_scale = 1.0 / (self.tokens_per_mb * layout.num_microbatches * layout.dp)
         self.kernels = table_of(model)
+        self.experts: ExpertStore | None = None
+        self.moe: MoeExchange | None = None
+        if model.experts:  # MoE layers: their kernels, experts and all-to-alls
+            self.kernels = {**self.kernels, **moe_kernels(model, layout, rank)}
+            self.experts = ExpertStore(model, layout, rank, seed=options.seed,
+                                       grad_dtype=grad_dtype, device=device, meter=self.meter,
+                                       adamw=options.adamw)
+            self.moe = MoeExchange(model, layout, rank, comm)
         self._ctx = KernelContext(heads=model.heads // layout.tp, **mla_fields(model),
                                   tp=layout.tp,
                                   kv_heads=model.kv_heads // layout.tp,
@@ -167,17 +183,26 @@ class RankRuntime:
             if pname == "output" and not holds_output_weights(self.model, self.layout,
                                                               self.pp_rank):
                 ref = (EMBED, "word")  # tied: the logits use the embedding tensor itself
-            refs.append((ref, self.params.leaf(*ref)))
+            store = self.experts if pname.startswith("experts.") else self.params
+            assert store is not None
+            refs.append((ref, store.leaf(*ref)))
         return refs
 
     # --- compute ops -------------------------------------------------------------------------
 
-    def compute(self, name: Kernel, phase: Phase, layer: int | None, mb: int) -> None:
+    def compute(self, name: Kernel, phase: Phase, layer: int | None, mb: int, part: int = 0
+                ) -> None:
+        """Kernel `name`; `part` > 0: a later op of a grouped GEMM (`executor.moe`), which
+        the first ran whole."""
+        if part:
+            return
         tape = self.tape(mb)
         recompute = self.layout.recompute
         if phase is Phase.BWD:
             for ref, grad in tapes.backward(tape, name, layer):
-                self.grads.accumulate(*ref, grad)
+                store = self.experts if ref[1].startswith("experts.") else self.grads
+                assert store is not None
+                store.accumulate(*ref, grad)
         else:
             save = phase is Phase.RECOMPUTE or not tapes.recomputed(name, recompute)
             tapes.forward(tape, name, layer, self._kernel_context(layer, mb),
@@ -258,6 +283,17 @@ class RankRuntime:
         self.comm.all_reduce(tape.acts[("H", "stats")], self.tp_key)
         self._finish_loss(mb)
 
+    # --- expert parallelism (executor.moe, executor.experts) -------------------------------
+
+    def expert_all_to_all(self, step: MoeStep, grad: bool, layer: int, mb: int) -> None:
+        assert self.moe is not None, "EP ops in a plan without experts"
+        self.moe.all_to_all(self.tape(mb), step, grad, layer)
+
+    def expert_grads(self, layer: int, stream: str = Stream.DP, *, async_op: bool = True
+                     ) -> Handle:
+        assert self.experts is not None, "expert gradients in a plan without experts"
+        return self.experts.reduce(layer, self.comm, stream, async_op=async_op)
+
     # --- context parallelism (executor.context) ------------------------------------------------
 
     def cp_attend(self, phase: Phase, layer: int, mb: int, step: int) -> None:
@@ -314,13 +350,16 @@ class RankRuntime:
     def step_kernel(self, kernel: Kernel) -> None:
         """One kernel of the step's end before the optimizer (`executor.clip`)."""
         grads = self.grads.optimizer_grads()
+        experts = self.experts.grad_segments() if self.experts is not None else []
         if kernel is Kernel.GRAD_UNSCALE:
-            self.clip.check_inf(grads)  # the executor's loss is unscaled: only the check
+            self.clip.check_inf(grads + experts)  # the loss is unscaled: only the check
         elif kernel is Kernel.GRAD_NORM:
             self.clip.square_sum(grads)
+            if self.experts is not None:
+                self.clip.norm_sq += self.experts.square_sum()
         else:
             assert kernel is Kernel.GRAD_CLIP, kernel
-            self.grad_norm = self.clip.clip(grads)
+            self.grad_norm = self.clip.clip(grads + experts)
 
     def grad_stat(self, stat: StepStat, group: tuple[int, ...], stream: str = Stream.COMPUTE
                   ) -> Handle:
@@ -333,8 +372,12 @@ class RankRuntime:
     def optimizer_step(self) -> None:
         if not self.clip.skip:  # fp16: a non-finite gradient somewhere skips the step
             self.optimizer.step(self.grads.optimizer_grads())
+            if self.experts is not None:
+                self.experts.step()
         self.clip.found_inf.zero_()
         self.grads.zero_()
+        if self.experts is not None:
+            self.experts.zero_()
         if self.layout.overlap_param_gather and self.zero in (1, 2):
             self.stale = set(range(len(self.buckets)))
 
@@ -349,4 +392,5 @@ class RankRuntime:
             return out
         for index in sorted(self.stale):  # as Megatron-Core's forced param sync before a save
             self.gather_bucket(index, async_op=False)
-        return self.params.unit_tensors(unit)
+        experts = self.experts.tensors(unit) if self.experts is not None else {}
+        return {**self.params.unit_tensors(unit), **experts}

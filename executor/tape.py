@@ -48,6 +48,10 @@ RELEASE_AFTER: dict[str, tuple[str, ...]] = {
     "bda2": ("mlp", "y"), "pos_embed": ("emb",),
     "latent_norm": ("lat",), "q_up": ("a1",),
     "final_ln": ("xL",), "logits": ("fln",), "cross_entropy": ("logits", "lmax"),
+    # MoE (executor.moe); expert_fc1 reads perm itself with EP 1
+    "topk": ("logits",), "aux_loss": ("scores",), "permute": ("a2",),
+    "expert_fc1": ("recv", "perm"), "expert_act": ("eh1",), "expert_fc2": ("eh2",),
+    "unpermute": ("back", "gates"),
 }
 # What forward keeps for the recompute phase, and what the recompute phase throws away (its
 # consumers are not re-run).
@@ -288,7 +292,8 @@ def backward(tape: Tape, name: Kernel, layer: int | None) -> list[tuple[ParamRef
             grads.append(tape.take_grad(key))
     wrt = ([state.anchor] if state.anchor is not None else []) + [p for _, p in state.params]
     result = Variable._execution_engine.run_backward(  # type: ignore[attr-defined]
-        tuple(outs), tuple(grads), False, False, tuple(wrt), True, False)
+        tuple(outs), tuple(grads), False, False, tuple(wrt), True, False) if outs else \
+        (None,) * len(wrt)  # nothing differentiable out (MoE's aux_loss at coefficient 0)
     for ptr in state.held:
         tape.meter.drop(ptr)
     if state.gathered is not None:

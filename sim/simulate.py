@@ -18,9 +18,8 @@ from sim.models.compute import ComputeModel
 from sim.models.memory import memory_by_pp_rank
 from sim.models.sharing import interference_for
 from sim.models.variability import expected_speeds
-from traces.identity import partition
+from traces.identity import partition_for
 from traces.layout import Layout, Recompute
-from traces.moe import skewed_experts
 from traces.ops import Trace
 from traces.pipeline import layout_schedule
 from traces.plan import build
@@ -34,15 +33,15 @@ def predict(exp: Experiment, *, fold: bool = True, progress: Progress | None = N
     The cluster's variability (`[cluster] jitter`, `slow_nodes`) stretches each rank's kernels
     by the expected slowest-member factor (`sim.models.variability`); `speeds` (one seeded
     draw per rank, a Monte-Carlo sample) replaces it; folded, the ranks then fold by identity
-    (`traces.identity`): one rank per class of equal speed and equal peers, so a named slow node
-    folds apart from the rest and the run equals the unfolded one. When kernels are stretched,
+    (`traces.identity`): one rank per class of equal speed, equal expert loads (skewed routing)
+    and equal peers, so a named slow node or a busier EP rank folds apart from the rest and the
+    run equals the unfolded one. When kernels are stretched,
     the ideal step is simulated too and the summary's `variability_s` is the difference."""
-    # Skewed routing gives each EP rank its own expert work: simulate them all (an identity
-    # key of expert loads would keep one rank per distinct EP load; not written yet).
-    fold = fold and not skewed_experts(exp.model, exp.layout)
-    draw = speeds
-    classes = partition(exp.layout, key=lambda r: draw.get(r, 1.0)) \
-        if fold and draw is not None else None
+    # Folded by identity when something sets ranks apart (speeds, skewed experts' loads, an
+    # expert grid the shifts do not map onto itself); else the uniform fold, one per (cp, pp).
+    classes = partition_for(exp.model, exp.layout, speeds) if fold else None
+    if classes is not None and classes.uniform:
+        classes = None
     ranks = (classes.representatives() if classes else exp.layout.representatives()) \
         if fold else None
     schedule = layout_schedule(exp.layout)  # once: the plan and the memory model run it

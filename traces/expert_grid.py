@@ -16,6 +16,7 @@ over the whole DP (x CP) group.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 from traces.errors import ConfigError
@@ -110,3 +111,63 @@ def expert_data_degree(layout: Layout) -> int:
 
 def expert_data_group(layout: Layout, rank: int) -> tuple[int, ...]:
     return _members(layout, rank, layout.etp * layout.ep, expert_data_degree(layout))
+
+
+GroupOf = Callable[[Layout, int], tuple[int, ...]]
+"""A kind of expert group: the group of that kind a rank belongs to."""
+
+
+def grid_kinds(layout: Layout) -> list[GroupOf]:
+    """The kinds of expert group with more than one rank (EP, ETP, expert-DP), in that order;
+    none when the layout has no expert grid (ep = etp = 1)."""
+    if layout.ep * layout.etp == 1:
+        return []
+    kinds = [(ep_group, layout.ep), (etp_group, layout.etp),
+             (expert_data_group, expert_data_degree(layout))]
+    return [kind for kind, size in kinds if size > 1]
+
+
+def kind_of(layout: Layout, group: tuple[int, ...]) -> GroupOf | None:
+    """The kind of expert group `group` is (as the plan writes it, in grid order), if any."""
+    for kind in grid_kinds(layout):
+        if kind(layout, group[0]) == group:
+            return kind
+    return None
+
+
+def stage_groups(layout: Layout, kind: GroupOf, rank: int) -> list[tuple[int, ...]]:
+    """Every group of `kind` in `rank`'s pipeline stage, by least member."""
+    base = rank - stage_index(layout, rank)
+    key = (layout.tp, layout.cp, layout.dp, layout.ep, layout.etp, kind)
+    found = _STAGE_GROUPS.get(key)
+    if found is None:
+        n = layout.tp * layout.cp * layout.dp
+        found = _STAGE_GROUPS[key] = tuple(g for r in range(n) if (g := kind(layout, r))[0] == r)
+    return [tuple(base + i for i in group) for group in found]
+
+
+_STAGE_GROUPS: dict[tuple[object, ...], tuple[tuple[int, ...], ...]] = {}
+"""Stage 0's groups per grid and kind (every stage's are these, moved by its first rank)."""
+
+
+def shift_closed(layout: Layout) -> bool:
+    """Whether every tp and dp shift (`traces.symmetry`'s) maps each expert group onto a group
+    of its kind. Then one rank per (cp, pp) stands for its stage exactly; otherwise (TP 1, DP 4,
+    EP 2: the dp shift by one maps EP group [0, 1] onto [1, 2], no group) a fold must match
+    expert groups by their members' classes (`traces.symmetry.copies` with classes). Checked
+    on the two generating shifts, O(TP·CP·DP · group size) once per kind."""
+    num_tp, num_cp, num_dp = layout.tp, layout.cp, layout.dp
+    n = num_tp * num_cp * num_dp
+
+    def tp_shift(i: int) -> int:
+        return i - i % num_tp + (i % num_tp + 1) % num_tp
+
+    def dp_shift(i: int) -> int:
+        return (i + num_tp * num_cp) % n
+
+    for kind in grid_kinds(layout):
+        for shift in (tp_shift, dp_shift):
+            for i in range(n):
+                if {shift(m) for m in kind(layout, i)} != set(kind(layout, shift(i))):
+                    return False
+    return True

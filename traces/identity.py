@@ -3,29 +3,44 @@
     fold = partition(layout)                          # today's fold: one rank per (cp, pp)
     fold = partition(layout, key=speeds.__getitem__)  # a named slow node folds apart
     fold = partition(layout, key=lambda r: r)         # every rank its own class: unfolded
+    fold = partition_for(model, layout, speeds)       # what `simulate` folds by
 
 A rank's identity starts from its key: its (pp, cp) coordinate (its program), plus whatever
-`key(rank)` returns (its device's speed class; later its expert loads, its network position).
+`key(rank)` returns (its device's speed class, its experts' token counts under skewed routing).
 Ranks that start alike may still run differently, because they meet different peers: a fast
 rank whose TP peer or pipeline neighbour is slow waits for it. So the classes are refined until
 they are *equitable* (colour refinement): two ranks stay in one class only if, for every group
-they communicate in (TP, CP, DP x CP, their pipeline), the classes of that group's members are
+they communicate in (TP, CP, DP x CP, their pipeline, and for an MoE model EP, ETP and
+expert-DP), the classes of that group's members are
 the same multiset (the pipeline: the same sequence by stage). Ranks of one equitable class see
 the same arrivals at every meeting and so run the same step; one representative (the least
 rank) is simulated per class, a meeting needs one arrival per representative present, and the
 flows of the groups the representatives do not hold are added as copies where they share links
-(`traces.symmetry.copies`, by the shifts that keep every member in its class).
+(`traces.symmetry.copies`, by the shifts that keep every member in its class; an expert
+group's by the groups of its kind whose members are in the same classes).
 
-The refinement costs O(rounds x (world x groups per rank)); without a key the (cp, pp) classes
-are already equitable (every tp x dp shift maps the layout onto itself) and none is done.
+`partition_for` is the fold `simulate` runs: by device speed and, under skewed routing, by
+each rank's expert token counts (`traces.moe.expert_loads`: per MoE layer of its stage, from
+the seeded routing, never by building the rank's program), so EP ranks with equal counts fold
+together and the others apart. Ranks' network position is not in the key: the copies' flows
+on the representatives' links stand for the rest only where the fabric's routes are shifts of
+one another (`with_copies`), which holds for the fabrics parasim builds.
+
+The refinement costs O(rounds x world x groups per rank), each group's view made once a round;
+without a key the (cp, pp) classes are already equitable (every tp x dp shift maps the layout
+onto itself) and none is done.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 
+from traces.expert_grid import grid_kinds, shift_closed
 from traces.layout import Axis, Layout
+from traces.model import ModelSpec
+from traces.moe import expert_loads, skewed_experts
 
 IdentityKey = Callable[[int], Hashable]
 """What sets a rank apart beyond its (cp, pp) coordinate; equal keys (and peers) fold together."""
@@ -68,17 +83,45 @@ class Partition:
         return len(self.representatives()) < self.world
 
 
-def partition(layout: Layout, key: IdentityKey | None = None) -> Partition:
-    """The coarsest equitable partition of `layout`'s ranks refining (pp, cp, key(rank))."""
+def partition_for(model: ModelSpec, layout: Layout,
+                  speeds: Mapping[int, float] | None = None) -> Partition:
+    """The fold of `model` on `layout` by what sets ranks apart: `speeds` (1 where absent) and,
+    with skewed routing, the experts' loads. The uniform fold when nothing does and the expert
+    grid is closed under the shifts (`traces.expert_grid.shift_closed`)."""
+    moe = model.experts > 0
+    skewed = skewed_experts(model, layout)
+    if speeds is None and not skewed and (not moe or shift_closed(layout)):
+        return Partition(layout)
+    loads: dict[tuple[int, int], tuple[tuple[int, ...], ...]] = {}
+
+    def key(r: int) -> Hashable:
+        speed = speeds.get(r, 1.0) if speeds is not None else 1.0
+        if not skewed:
+            return speed
+        at = (layout.coords(r).pp, r % (layout.tp * layout.cp * layout.dp))
+        if at not in loads:
+            loads[at] = expert_loads(model, layout, r)
+        return speed, loads[at]
+
+    return partition(layout, key, moe=moe)
+
+
+def partition(layout: Layout, key: IdentityKey | None = None, *, moe: bool = False
+              ) -> Partition:
+    """The coarsest equitable partition of `layout`'s ranks refining (pp, cp, key(rank)); `moe`:
+    the ranks also meet in their expert groups (`traces.expert_grid`)."""
     if key is None:
         return Partition(layout)
     world = layout.world
     start = [(layout.coords(r).pp, layout.coords(r).cp, key(r)) for r in range(world)]
     labels = _labels(start)
-    groups = _groups(layout)
+    kinds = _kinds(layout, moe)
     while True:
-        signature = [(labels[r], *(_view(labels, group, ordered)
-                                   for group, ordered in (g[r] for g in groups)))
+        # each group's view once, named by a small integer (a DP group of 1,024 is hashed
+        # once per round, not once per member)
+        seen = [(kind, _labels([_view(labels, g, kind.ordered) for g in kind.groups]))
+                for kind in kinds]
+        signature = [(labels[r], *(views[kind.index[r]] for kind, views in seen))
                      for r in range(world)]
         refined = _labels(signature)
         if max(refined) == max(labels):  # no class split: equitable
@@ -101,16 +144,47 @@ def _view(labels: list[int], group: tuple[int, ...], ordered: bool) -> tuple[int
     return tuple(seen) if ordered else tuple(sorted(seen))
 
 
-def _groups(layout: Layout) -> list[list[tuple[tuple[int, ...], bool]]]:
-    """Per axis a rank communicates on, per rank: (its group there, whether order matters)."""
+@dataclass(frozen=True, slots=True)
+class _Kind:
+    """The groups of one kind (every rank is in exactly one), each rank's index among them,
+    and whether their members are seen by position."""
+
+    groups: list[tuple[int, ...]]
+    index: list[int]
+    ordered: bool
+
+
+def _kind(world: int, group_of: Callable[[int], tuple[int, ...]], ordered: bool) -> _Kind:
+    index = [-1] * world
+    groups: list[tuple[int, ...]] = []
+    for r in range(world):
+        if index[r] < 0:
+            group = group_of(r)
+            for m in group:
+                index[m] = len(groups)
+            groups.append(group)
+    return _Kind(groups, index, ordered)
+
+
+def _kinds(layout: Layout, moe: bool) -> list[_Kind]:
+    """The groups a rank communicates in, per axis: TP, CP, its pipeline (by stage), DP x CP,
+    and with `moe` the expert grid's, whose members are seen by position (their EP coordinate
+    sets their experts)."""
+    world = layout.world
     out = []
-    axes = [(Axis.TP, False), (Axis.CP, False), (Axis.PP, True)]
-    for axis, ordered in axes:
+    for axis, ordered in ((Axis.TP, False), (Axis.CP, False), (Axis.PP, True)):
         if layout.degree(axis) > 1:
-            out.append([(layout.group(r, axis), ordered) for r in range(layout.world)])
+            out.append(_kind(world, partial(_axis_group, layout, axis), ordered))
     if layout.data_degree > 1:
-        out.append([(layout.data_group(r), False) for r in range(layout.world)])
+        out.append(_kind(world, layout.data_group, False))
+    if moe:
+        for grid in grid_kinds(layout):
+            out.append(_kind(world, partial(grid, layout), True))
     return out
 
 
-__all__ = ["IdentityKey", "Partition", "partition"]
+def _axis_group(layout: Layout, axis: Axis, rank: int) -> tuple[int, ...]:
+    return layout.group(rank, axis)
+
+
+__all__ = ["IdentityKey", "Partition", "partition", "partition_for"]

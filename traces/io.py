@@ -13,14 +13,16 @@ or -2 file get theirs from their names, in `traces.legacy`, the one place that r
 `load` reads a regular file of at most 2 GiB (`traces.files`) and checks every rule a reader
 relies on: types, enum values, numbers finite and not negative (FLOPs, bytes, sizes, layers,
 times) and within physical bounds, sizes 0 or at least a byte, at most `MAX_TRACE_OPS` ops
-(`traces.op_rules`), deps pointing backwards, start/end together, a send/recv's peer another rank, a
-collective's group non-empty with distinct ranks and holding the op's own rank, a send and the
-receive it meets (k-th to k-th per source, destination and tag, where the trace holds both)
-of one size, rank keys canonical decimals of at most 9 digits. (Whether a peer or group member
-exists is for the replay, which knows the world.) The "meta" object is the typed header
-`traces.header.TraceMeta`, converted by `traces.header_json` (which reads older spellings).
-Any problem is a `ConfigError` with one line naming the file, rank, op and field. `save` writes
-atomically. Check a file: `python -c "import traces.io as t; t.load('step.json')"`.
+(`traces.op_rules`), deps pointing backwards, start/end together, a send/recv's peer another
+rank, a collective's group non-empty with distinct ranks and holding the op's own rank, a send
+and the receive it meets (k-th to k-th per source, destination and tag, where the trace holds
+both) of one size, an all-to-all's `split` (`traces.alltoallv`, written only when uneven) one
+size per member adding up to its size_bytes, rank keys canonical decimals of at most 9 digits.
+(Whether a peer or group member exists is for the replay, which knows the world.) The "meta"
+object is the typed header `traces.header.TraceMeta`, converted by `traces.header_json` (which
+reads older spellings). Any problem is a `ConfigError` with one line naming the file, rank, op
+and field. `save` writes atomically. Check a file: `python -c "import traces.io as t;
+t.load('step.json')"`.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from itertools import compress
 from operator import attrgetter, ne
 from typing import Any
 
-from traces import op_rules, purpose_io
+from traces import alltoallv, op_rules, purpose_io
 from traces.errors import ConfigError, show
 from traces.files import MAX_TRACE_BYTES, PathLike, parse_json, read_bytes, write_text_atomic
 from traces.gzipped import gunzip
@@ -91,6 +93,8 @@ def _encode_op(op: Op) -> dict[str, Any]:
             out[name] = str(out[name])
     if "purpose" in out:
         out["purpose"] = purpose_io.encode(out["purpose"])
+    if "split" in out:
+        out["split"] = alltoallv.to_json(out["split"])
     return out
 
 
@@ -234,6 +238,13 @@ def _decode_op(raw: object, index: int, rank: int) -> Op:
     start, end = kwargs.get("start"), kwargs.get("end")
     if start is not None or end is not None:
         check_times(start, end)
+    split = kwargs.get("split")
+    if split is not None:
+        try:
+            alltoallv.check_split(split, str(kwargs["kind"]), kwargs.get("group", ()),
+                                  kwargs.get("size_bytes", 0.0))
+        except ValueError as err:
+            raise _Bad("split", str(err)) from None
     return Op(**kwargs)
 
 
@@ -296,6 +307,13 @@ def _purpose(value: object) -> Any:
         raise _Bad("", str(err)) from None
 
 
+def _split(value: object) -> Any:
+    try:
+        return alltoallv.from_json(value)
+    except ValueError as err:
+        raise _Bad("", str(err)) from None
+
+
 def _enum_decoder(enum: type[StrEnum], optional: bool) -> Callable[[object], Any]:
     members = {str(member): member for member in enum}
     expected = ", ".join(members)
@@ -325,6 +343,7 @@ _DECODERS: dict[str, Callable[[object], Any]] = {
     "mem_bytes": op_rules.mem_bytes,
     "group": _integers,
     "size_bytes": op_rules.size,
+    "split": _split,
     "dtype": _string,
     "peer": _optional_integer,
     "tag": _string,

@@ -33,6 +33,7 @@ from __future__ import annotations
 import dataclasses
 from collections import Counter
 
+from traces.expert_grid import ep_coord
 from traces.kernel_work import KernelWork, gemm_kernel, memory_kernel
 from traces.kernels import layer_kernels
 from traces.layout import Layout
@@ -57,6 +58,24 @@ class ExpertShard:
 def skewed_experts(m: ModelSpec, layout: Layout) -> bool:
     """Skewed routing over EP > 1: the EP ranks of a stage run different expert work."""
     return m.experts > 0 and m.routing_skew > 0 and layout.ep > 1
+
+
+def expert_loads(model: ModelSpec, layout: Layout, rank: int) -> tuple[tuple[int, ...], ...]:
+    """What sets an EP rank's program apart under skewed routing (`traces.identity`): for each
+    MoE layer of its pipeline rank (chunk by chunk), the tokens its experts process, sorted.
+    Its grouped GEMMs (one per distinct count) and expert activation follow from that multiset,
+    and nothing else in its program depends on its EP coordinate: the all-to-alls move the same
+    A·h·e bytes on every rank. () under balanced routing or EP 1 (every rank alike). Computed
+    from the routing alone (`expert_counts`), not from the rank's program."""
+    if not skewed_experts(model, layout):
+        return ()
+    shard = ExpertShard(ep=layout.ep, etp=layout.etp, ep_rank=ep_coord(layout, rank))
+    # the rank's T: rank_tokens of its CP shard (RankContext.local_model), b·(s/cp)/t
+    tokens = layout.micro_batch * (model.seq_len // layout.cp) // layout.tp
+    pp = layout.coords(rank).pp
+    return tuple(tuple(sorted(local_expert_tokens(model, layer, tokens, shard)))
+                 for stage in layout.stages_of_rank(pp)
+                 for layer in layout.layers_of_stage(model, stage) if is_moe_layer(model, layer))
 
 
 def rank_tokens(model: ModelSpec, b: int, t: int) -> int:

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from traces.alltoallv import AllToAllv
 from traces.header import TraceMeta
 from traces.kinds import COLLECTIVES, OpKind
 from traces.purpose import Purpose
@@ -85,6 +86,9 @@ class Op:
     """Collective: member ranks, in communicator order."""
     size_bytes: float = 0.0
     """Collective: the buffer size as nccl-tests counts it; p2p: bytes sent."""
+    split: AllToAllv | None = None
+    """All-to-all: the bytes per (source, destination) where they are uneven
+    (`traces.alltoallv`); None: each member sends `size_bytes` / n to every member."""
     dtype: str = "bf16"
     peer: int | None = None
     """Send/recv: the other rank."""

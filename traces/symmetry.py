@@ -8,6 +8,11 @@ remainder theorem) rather than by trying every shift. Folded by identity (`trace
 ranks in classes, say a slow node's apart), a copy is an image under a shift that keeps every
 member of the group in its class (`copies(..., rep_of=...)`): the slow class's groups stand
 for the slow ranks' groups only.
+
+An expert group (EP, ETP, expert-DP: `traces.expert_grid`) need not be mapped onto another by a
+shift (TP 1, DP 4, EP 2: the dp shift by one maps [0, 1] onto [1, 2]), so folded by identity
+its copies are the other groups of its kind in its stage whose members, position by position,
+are in the same classes as its own, and that hold no representative (those run themselves).
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from traces.expert_grid import GroupOf, kind_of, stage_groups
 from traces.layout import Layout
 
 
@@ -59,7 +65,11 @@ def copies(layout: Layout, group: tuple[int, ...],
 
 def _class_copies(layout: Layout, group: tuple[int, ...],
                   rep_of: Sequence[int]) -> list[tuple[int, ...]]:
-    """`copies` by the shifts that keep each member in its class, tried in the same order."""
+    """`copies` by the shifts that keep each member in its class, tried in the same order
+    (an expert group's by its kind's groups, `_grid_copies`)."""
+    kind = kind_of(layout, group)
+    if kind is not None:
+        return _grid_copies(layout, group, rep_of, kind)
     num_tp, num_dp, dp_step = layout.tp, layout.dp, layout.tp * layout.cp
     parts = []
     for r in group:
@@ -78,6 +88,16 @@ def _class_copies(layout: Layout, group: tuple[int, ...],
                 seen.add(as_set)
                 images.append(image)
     return images
+
+
+def _grid_copies(layout: Layout, group: tuple[int, ...], rep_of: Sequence[int],
+                 kind: GroupOf) -> list[tuple[int, ...]]:
+    """The other groups of `kind` in `group`'s stage that stand in its classes position by
+    position and hold no representative (module docstring)."""
+    classes = [rep_of[r] for r in group]
+    return [other for other in stage_groups(layout, kind, group[0])
+            if other != group and all(rep_of[r] != r for r in other)
+            and [rep_of[r] for r in other] == classes]
 
 
 def _periods(grid: list[list[int]]) -> list[tuple[int, int]]:

@@ -5,25 +5,31 @@ algorithm. `auto` on an NVSwitch/InfiniBand GPU cluster picks what NCCL would
 (`sim.collectives.nccl`: the lowest predicted time among its algorithms and protocols) and
 returns the flows of that algorithm carrying the protocol's latency and wire bytes
 (`sim.collectives.nccl_plan`), named like NCCL's debug output, e.g. `ring/LL128`; elsewhere
-(a torus; all-to-all, which NCCL runs point-to-point) `auto` is what gloo runs where ranks
+(a torus) `auto` is what gloo runs where ranks
 talk gloo (`sim.collectives.gloo`: localhost), else the fastest applicable
 algorithm by `analytic_time`, the alpha-beta time of the lowering alone on the network
 (`sim.engine.flows.solo_time`). Every algorithm stays available by name (`Algorithm`, parsed from a
 flag by `parse_algorithm`), without a protocol, except `ring` and `tree` where NCCL runs: those
 are NCCL's (its best protocol for that algorithm, named `ring/Simple` as `auto` names it, so one
 label never gives two times); parasim's own flow-level ring and tree at the links' full rate stay
-reachable as `ring_flows` and `tree_flows`. The flow path is `sim.engine.network.Network.run`.
+reachable as `ring_flows` and `tree_flows`. All-to-all, which NCCL runs as grouped sends
+and receives per peer, is NCCL's `p2p/LL` or `p2p/Simple` there (`sim.collectives.nccl_p2p`:
+the direct flows with NCCL's per-peer latency and protocol), `direct` elsewhere; an uneven one
+(`split`, `traces.alltoallv`) moves its per-peer sizes (`sim.collectives.alltoallv`). The flow
+path is `sim.engine.network.Network.run`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from sim.collectives.base import FLOWS_OF, NCCL_NAMED, Algorithm, Lowering, busbw_factor
+from sim.collectives.alltoallv import lower_alltoallv
+from sim.collectives.base import A2A, FLOWS_OF, NCCL_NAMED, Algorithm, Lowering, busbw_factor
 from sim.collectives.direct import lower_direct, lower_p2p
 from sim.collectives.gloo import lower_gloo
 from sim.collectives.hierarchical import lower_hierarchical
 from sim.collectives.nccl import NCCL_KINDS, choose
+from sim.collectives.nccl_p2p import P2P, p2p_lowering
 from sim.collectives.nccl_plan import plan, with_protocol
 from sim.collectives.nccl_system import NcclSystem, system_for
 from sim.collectives.nvls import lower_nvls
@@ -34,6 +40,7 @@ from sim.collectives.torus import lower_torus
 from sim.collectives.tree import lower_tree
 from sim.engine.flows import solo_time
 from topology.cluster import Cluster
+from traces.alltoallv import AllToAllv
 from traces.errors import ConfigError, show
 from traces.ops import OpKind
 
@@ -79,7 +86,7 @@ def parse_algorithm(text: str, flag: str = "--algo") -> Algorithm:
 ALGORITHM_NAMES = tuple(map(str, Algorithm))
 """`Algorithm`'s names as plain strings (`traces.fields.check_choice` compares types)."""
 
-_Key = tuple[OpKind, tuple[int, ...], str, int | None]
+_Key = tuple[OpKind, tuple[int, ...], str, int | None, AllToAllv | None]
 
 
 class Collectives:
@@ -88,19 +95,28 @@ class Collectives:
     def __init__(self, cluster: Cluster) -> None:
         self.cluster = cluster
         self._lowerings: dict[_Key, Lowering | None] = {}
-        self._choice: dict[tuple[OpKind, tuple[int, ...], float, int | None], str] = {}
-        self._nccl: dict[tuple[OpKind, tuple[int, ...], float, int | None, Algo | None],
-                         tuple[str, Lowering] | None] = {}
+        self._choice: dict[tuple[OpKind, tuple[int, ...], float, int | None,
+                                 AllToAllv | None], str] = {}
+        self._nccl: dict[tuple[OpKind, tuple[int, ...], float, int | None, Algo | None,
+                               AllToAllv | None], tuple[str, Lowering] | None] = {}
         self._systems: dict[tuple[int, ...], NcclSystem | None] = {}
 
     def lowering(self, kind: OpKind, group: Sequence[int], algo: str,
-                 channels: int | None = None) -> Lowering | None:
+                 channels: int | None = None, split: AllToAllv | None = None
+                 ) -> Lowering | None:
         """The algorithm's rounds for this group, or None where it does not apply. A name
-        from NCCL's choice ("ring/LL128") gives its algorithm's flows, without the protocol
-        (what a folded copy of the group adds to the links)."""
-        key: _Key = (kind, tuple(group), algo, channels)
+        from NCCL's choice ("ring/LL128", "p2p/Simple") gives its algorithm's flows, without
+        the protocol (what a folded copy of the group adds to the links). An uneven
+        all-to-all (`split`) runs only as direct flows (NCCL's p2p moves the same)."""
+        key: _Key = (kind, tuple(group), algo, channels, split)
         if key not in self._lowerings:
-            if "/" in algo:
+            direct = algo == Algorithm.DIRECT or algo.startswith(f"{P2P}/")
+            if split is not None:
+                lowering = lower_alltoallv(self.cluster, tuple(group), split) \
+                    if direct and kind is A2A and len(group) > 1 else None
+            elif algo.startswith(f"{P2P}/"):
+                lowering = self.lowering(kind, group, Algorithm.DIRECT, channels)
+            elif "/" in algo:
                 lowering = self._structure(kind, group, Algo(algo.split("/")[0]), channels)
             else:
                 lowering = ALGORITHMS[Algorithm(algo)](self.cluster, kind, tuple(group), channels)
@@ -127,17 +143,22 @@ class Collectives:
         return self._systems[key]
 
     def nccl(self, kind: OpKind, group: Sequence[int], size_bytes: float,
-             channels: int | None = None, algo: Algo | None = None
-             ) -> tuple[str, Lowering] | None:
+             channels: int | None = None, algo: Algo | None = None,
+             split: AllToAllv | None = None) -> tuple[str, Lowering] | None:
         """NCCL's choice for this collective ("ring/LL128"), among `algo`'s protocols when
         given (like NCCL_ALGO), and its lowering: the algorithm's flows carrying the
-        protocol's latency and wire bytes; None where NCCL has none."""
-        key = (kind, tuple(group), size_bytes, channels, algo)
+        protocol's latency and wire bytes; an all-to-all is NCCL's grouped sends
+        ("p2p/Simple", `sim.collectives.nccl_p2p`); None where NCCL has none."""
+        key = (kind, tuple(group), size_bytes, channels, algo, split)
         if key not in self._nccl:
             sys = self.nccl_system(group)
             found = None
             only = (algo,) if algo is not None else None
-            if sys is not None and kind in NCCL_KINDS and size_bytes > 0 \
+            if sys is not None and kind is A2A and algo is None and size_bytes > 0:
+                flows = self.lowering(kind, group, Algorithm.DIRECT, None, split)
+                assert flows is not None, "direct flows run every all-to-all"
+                found = p2p_lowering(sys, flows, size_bytes, split)
+            elif sys is not None and kind in NCCL_KINDS and size_bytes > 0 \
                     and choose(sys, kind, size_bytes, only) is not None:
                 p = plan(sys, kind, size_bytes, algo=algo)
                 base = self._structure(kind, group, p.algorithm, channels)
@@ -149,7 +170,7 @@ class Collectives:
 
     def p2p(self, src: int, dst: int) -> Lowering:
         """One send from `src` to `dst`."""
-        key: _Key = (OpKind.SEND, (src, dst), "p2p", None)
+        key: _Key = (OpKind.SEND, (src, dst), "p2p", None, None)
         lowering = self._lowerings.get(key)
         if lowering is None:
             lowering = self._lowerings[key] = lower_p2p(self.cluster, src, dst)
@@ -159,13 +180,13 @@ class Collectives:
         return [a for a in CHOICES if self.lowering(kind, group, a) is not None]
 
     def resolve(self, kind: OpKind, group: Sequence[int], size_bytes: float,
-                algo: Algorithm = Algorithm.AUTO,
-                channels: int | None = None) -> tuple[str, Lowering]:
+                algo: Algorithm = Algorithm.AUTO, channels: int | None = None,
+                split: AllToAllv | None = None) -> tuple[str, Lowering]:
         """The algorithm to use (its name, or NCCL's choice: "ring/LL128") and its lowering:
         `auto` is NCCL's choice where NCCL runs, else the fastest applicable algorithm by
-        analytic time."""
+        analytic time. `split`: an all-to-all's uneven per-peer sizes."""
         if algo == Algorithm.AUTO:
-            chosen = self.nccl(kind, group, size_bytes, channels)
+            chosen = self.nccl(kind, group, size_bytes, channels, split=split)
             if chosen is not None:
                 return chosen
             gloo = self.lowering(kind, group, Algorithm.GLOO, channels)
@@ -179,21 +200,21 @@ class Collectives:
             if algo not in ALGORITHMS:
                 raise ConfigError(f"--algo: {algo!r} is not an algorithm "
                                   f"(known: auto, {', '.join(ALGORITHMS)})")
-            lowering = self.lowering(kind, group, algo, channels)
+            lowering = self.lowering(kind, group, algo, channels, split)
             if lowering is None:
                 raise ConfigError(f"--algo: {algo} cannot run {kind} on this group of "
                                   f"{len(group)} (try: {', '.join(self.applicable(kind, group))})")
             return str(algo), lowering
-        key = (kind, tuple(group), size_bytes, channels)
+        key = (kind, tuple(group), size_bytes, channels, split)
         if key not in self._choice:
             options = {a: low for a in CHOICES
-                       if (low := self.lowering(kind, group, a, channels)) is not None}
+                       if (low := self.lowering(kind, group, a, channels, split)) is not None}
             if not options:
                 raise ConfigError(f"no algorithm can run {kind} on a group of {len(group)}")
             times = [analytic_time(self.cluster, low, size_bytes) for low in options.values()]
             self._choice[key] = str(list(options)[times.index(min(times))])
         best = self._choice[key]
-        lowering = self.lowering(kind, group, best, channels)
+        lowering = self.lowering(kind, group, best, channels, split)
         assert lowering is not None
         return best, lowering
 

@@ -18,11 +18,14 @@ from __future__ import annotations
 from array import array
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import partial
 
 from sim.collectives import Algorithm, Collectives
-from sim.engine.flows import FlowSet, Lowering
+from sim.engine.copies import Used, collective_copies, transfer_copies
+from sim.engine.flows import Lowering
 from topology.cluster import Cluster
 from traces import symmetry
+from traces.alltoallv import AllToAllv
 from traces.errors import ConfigError
 from traces.identity import Partition, partition
 from traces.io import check_transfer_sizes
@@ -36,12 +39,14 @@ MEASURED = "measured"
 @dataclass(frozen=True, slots=True)
 class CollectiveKey:
     """A distinct collective: its kind, its group (communicator order), its size; `measured`
-    when the trace does not state the size and the op keeps its measured duration."""
+    when the trace does not state the size and the op keeps its measured duration; `split`
+    an all-to-all's uneven per-peer sizes (`traces.alltoallv`)."""
 
     kind: OpKind
     group: tuple[int, ...]
     size_bytes: float
     measured: bool = False
+    split: AllToAllv | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -241,11 +246,11 @@ def _keys(plan: Trace, cluster: Cluster
                                           f"{n} on {cluster.name}")
                     checked.add(group)
                 measured = _measured(op)
-                raw = (kind, group, op.size_bytes, measured)
+                raw = (kind, group, op.size_bytes, measured, op.split)
                 k = index.get(raw)
                 if k is None:
                     k = index[raw] = len(keys)
-                    keys.append(CollectiveKey(kind, group, op.size_bytes, measured))
+                    keys.append(CollectiveKey(kind, group, op.size_bytes, measured, op.split))
             per_op[i] = k
     return keys, key_of, transfers
 
@@ -267,30 +272,39 @@ def _lower(keys: list[CommKey], cluster: Cluster, collectives: Collectives,
         elif isinstance(key, TransferKey):
             base.append(("p2p", collectives.p2p(key.src, key.dst)))
         else:
-            base.append(collectives.resolve(key.kind, key.group, key.size_bytes, algo))
+            base.append(collectives.resolve(key.kind, key.group, key.size_bytes, algo,
+                                            split=key.split))
     if fold is None:
         return [Lowered(key, name, lowering) for key, (name, lowering) in zip(keys, base)]
-    used: set[int] | None = {link for _, lowering in base for rnd in lowering
-                             for flows, _ in rnd for link in flows.links}
+    links: set[int] | None = {link for _, lowering in base for rnd in lowering
+                              for flows, _ in rnd for link in flows.links}
     if not getattr(cluster.fabric, "symmetric", True):
-        used = None  # hashed routes: each copy's flows collide where its own hash puts them
+        links = None  # hashed routes: each copy's flows collide where its own hash puts them
+    used = Used(cluster, links)
     layout, classes = fold.layout, fold.rep_of or None
     lowered = []
     for key, (name, lowering) in zip(keys, base):
         if key.measured:
-            copies = []
+            pass
         elif isinstance(key, TransferKey):
-            copies = [collectives.p2p(*pair)
-                      for pair in symmetry.copies(layout, (key.src, key.dst), classes)]
+            pairs = symmetry.copies(layout, (key.src, key.dst), classes)
+            lowering = transfer_copies(used, lowering, [(a, b) for a, b in pairs],
+                                       collectives.p2p)
         else:
-            copies = []
-            for group in symmetry.copies(layout, key.group, classes):
-                copy = collectives.lowering(key.kind, group, name)
-                assert copy is not None, f"{name} applies to a group but not to its copy {group}"
-                copies.append(copy)
-        lowering = with_copies(lowering, copies, used, cluster.link_capacity)
+            lowering = collective_copies(
+                used, key.group, lowering, symmetry.copies(layout, key.group, classes),
+                partial(_copy, collectives, key.kind, name, key.split))
         lowered.append(Lowered(key, name, lowering))
     return lowered
+
+
+def _copy(collectives: Collectives, kind: OpKind, name: str, split: AllToAllv | None,
+          group: tuple[int, ...]) -> Lowering:
+    """The flows of algorithm `name` on a folded copy of a group (an uneven all-to-all's
+    copy moves the same per-peer sizes, member by member)."""
+    copy = collectives.lowering(kind, group, name, split=split)
+    assert copy is not None, f"{name} applies to a group but not to its copy {group}"
+    return copy
 
 
 class _Members:
@@ -314,34 +328,3 @@ class _Members:
             stand_ins = {fold.representative(r) for r in group} if fold else set(group)
             found = self._cache[group] = tuple(sorted(stand_ins & present))
         return found
-
-
-def with_copies(lowering: Lowering, copies: list[Lowering], used: set[int] | None,
-                capacity: tuple[float, ...]) -> Lowering:
-    """`lowering` with each copy's flows that cross `used` links (None: every link) added to
-    the matching flow set (copies have the same shape: the same algorithm on a shifted
-    group). On a fabric whose routes are not shifts of each other (`symmetric` False: ECMP's
-    hash, adaptive placement) every copy's flows are kept on its own links, so the set moves
-    at the pace of the copy that hashing treats worst."""
-    if not copies:
-        return lowering
-    rounds = []
-    for k, rnd in enumerate(lowering):
-        sets = []
-        for j, (flows, factor) in enumerate(rnd):
-            extra: dict[int, int] = {}
-            for copy in copies:
-                twin = copy[k][j][0]
-                for link, count in zip(twin.links, twin.counts):
-                    if used is None or link in used:
-                        extra[link] = extra.get(link, 0) + count
-            sets.append((_merge(flows, extra, capacity), factor) if extra else (flows, factor))
-        rounds.append(tuple(sets))
-    return tuple(rounds)
-
-
-def _merge(flows: FlowSet, extra: dict[int, int], capacity: tuple[float, ...]) -> FlowSet:
-    counts = dict(zip(flows.links, flows.counts))
-    for link, count in extra.items():
-        counts[link] = counts.get(link, 0) + count
-    return FlowSet.from_counts(counts, flows.latency_s, capacity)

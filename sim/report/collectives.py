@@ -88,7 +88,8 @@ class CommIndex:
                 structure = self._collectives.p2p(key.src, key.dst)
                 factor = 1.0
             else:
-                found = self._collectives.lowering(key.kind, key.group, lowered.algo)
+                found = self._collectives.lowering(key.kind, key.group, lowered.algo,
+                                                   split=key.split)
                 structure = found if found is not None else lowered.lowering
                 factor = busbw_factor(key.kind, len(key.group))
             self._peaks[cache_key] = _wire_busbw(structure, factor, self.cluster)

@@ -42,13 +42,16 @@ ROWS: list[tuple[str, list[str], bool]] = [
                                         "--json"], True),
     *[(f"all-to-all 1 GiB, {n} H100", ["collective", "--cluster", "dgx-h100", "--nodes",
                                        str(n // 8), "--op", "all_to_all", "--sizes", "1G",
-                                       "--json"], n >= 2048) for n in (512, 1024, 2048, 8192)],
+                                       "--json"], n >= 2048)
+      for n in (512, 1024, 2048, 8192, 16384)],
     ("search GPT-3 / 1024 GPUs, top 16 verified, 2 workers",
      ["search", "--json", "--workers", "2"], True),
 ]
 
 CHILD = """
-import resource, runpy, sys
+import os, resource, runpy, sys
+if os.environ.get("PYTHONPATH") and "" in sys.path:  # the named tree, not the cwd's
+    sys.path.remove("")
 sys.argv = ["parasim", *sys.argv[1:]]
 code = 0
 try:

@@ -44,7 +44,9 @@ def config_for(change: dict[str, int] | None, folder: Path) -> Path:
 
 
 CHILD = """
-import resource, runpy, sys
+import os, resource, runpy, sys
+if os.environ.get("PYTHONPATH") and "" in sys.path:  # the named tree, not the cwd's
+    sys.path.remove("")
 sys.argv = ["parasim", "simulate", sys.argv[1], "--json"]
 try:
     runpy.run_module("sim", run_name="__main__")

@@ -10,6 +10,7 @@ import torch
 from executor.flat import FlatLayout
 from executor.params import EMBED, HEAD, tp_shard
 from executor.reference import ReferenceRun
+from traces.expert_grid import ep_coord
 from traces.layout import Layout
 from traces.model import ModelSpec
 
@@ -40,7 +41,8 @@ def expected_flat(model: ModelSpec, layout: Layout, rank: int,
 def check_training(model: ModelSpec, layout: Layout, results: list[dict[str, Any]],
                    run: ReferenceRun) -> dict[str, float]:
     """Losses of every step, step-1 reduced gradients (when the results have them) and final
-    parameters of every rank equal the reference's; returns the largest deviations seen."""
+    parameters of every rank equal the reference's (a rank's routed experts: its EP shard);
+    returns the largest deviations seen."""
     worst = {"loss": 0.0, "grad": 0.0, "param": 0.0}
     for step, ref_loss in enumerate(run.losses):
         # per (DP replica, micro-batch), the mean over its CP ranks (each holds s/cp tokens)
@@ -64,8 +66,10 @@ def check_training(model: ModelSpec, layout: Layout, results: list[dict[str, Any
         tp_rank = res["coords"].tp
         for unit, tensors in res["params"].items():
             for name, got in tensors.items():
-                want = tp_shard(model, name, run.params[ref_key(model, unit, name)],
-                                layout.tp, tp_rank)
+                full = run.params[ref_key(model, unit, name)]
+                want = full.chunk(layout.ep)[ep_coord(layout, rank)] \
+                    if name.startswith("experts.") else \
+                    tp_shard(model, name, full, layout.tp, tp_rank)
                 diff = float((got - want).abs().max())
                 worst["param"] = max(worst["param"], diff)
                 assert diff <= PARAM_ATOL, f"rank {rank} {unit}.{name}: off by {diff:.2e}"

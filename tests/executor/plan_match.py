@@ -18,11 +18,17 @@ def call_sequences(calls: list[CommCall]) -> dict[tuple, list[tuple[str, int]]]:
     return dict(out)
 
 
-def plan_sequences(ops: tuple[Op, ...]) -> dict[tuple, list[tuple[str, int]]]:
+def plan_sequences(ops: tuple[Op, ...], rank: int | None = None
+                   ) -> dict[tuple, list[tuple[str, int]]]:
+    """The plan's side of `call_sequences`; with `rank`, an uneven all-to-all (`Op.split`)
+    counts the bytes that rank sends (its row of the byte matrix), as the call records them."""
     out: dict[tuple, list[tuple[str, int]]] = defaultdict(list)
     for op in ops:
         if op.kind.is_p2p:
             out[(str(op.kind), op.peer, op.tag)].append((str(op.kind), round(op.size_bytes)))
         elif op.kind.is_collective:
-            out[(op.stream, op.group)].append((str(op.kind), round(op.size_bytes)))
+            size = op.size_bytes
+            if op.split is not None and rank is not None:
+                size = sum(op.split.send_splits(op.group.index(rank)))
+            out[(op.stream, op.group)].append((str(op.kind), round(size)))
     return dict(out)

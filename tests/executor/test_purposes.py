@@ -14,7 +14,7 @@ pytest.importorskip("torch")  # the interpreter binds calls to torch's runtime
 from executor.calls import CALLS
 from executor.interpreter import bind
 from executor.program import lower
-from tests.traces.test_purpose import LAYOUTS, MODEL
+from tests.traces.test_purpose import LAYOUTS, MODEL, MOE
 from traces.errors import ConfigError
 from traces.layout import Layout
 from traces.model import ModelSpec
@@ -25,16 +25,18 @@ from traces.purpose import (
     AmaxReduction,
     Bench,
     BenchRole,
-    ExpertAllToAll,
-    ExpertGrads,
     ExpertTp,
 )
 
+MOE_RUN = {"moe ep sp skewed": dict(tp=2, sp=True, dp=2, ep=2, global_batch=4)}
+"""An MoE layout the executor runs (routed experts only, skewed: grouped GEMMs in several
+ops), beside tests/traces/test_purpose.py's, which use expert TP or ZeRO 1."""
 EXECUTABLE = [name for name in LAYOUTS if name != "llama fp8" and not name.startswith("moe")]
+EXECUTABLE += list(MOE_RUN)
 """Layouts whose plans hold every purpose but the benchmarks' and FP8's
-(tests/traces/test_purpose.py): the executor refuses fp8 (`executor.runtime.fp8_refusal`) and,
-for now, MoE models (`executor.runtime.check_supported`)."""
-MOE_ONLY = {ExpertAllToAll, ExpertTp, ExpertGrads}
+(tests/traces/test_purpose.py): the executor refuses fp8 (`executor.runtime.fp8_refusal`) and
+expert tensor parallelism (`executor.options.check_moe_supported`)."""
+MOE_ONLY = {ExpertTp}
 
 
 def _specs(name: str) -> tuple[ModelSpec, Layout]:
@@ -43,6 +45,9 @@ def _specs(name: str) -> tuple[ModelSpec, Layout]:
         model = dataclasses.replace(MODEL, tied_embeddings=True)
     if name == "selective unfused":
         model = dataclasses.replace(MODEL, attention="unfused")
+    if name in MOE_RUN:
+        model = dataclasses.replace(MODEL, **{**MOE, "shared_experts": 0, "routing_skew": 1.0})
+        return model, Layout(**MOE_RUN[name])
     return model, Layout(**LAYOUTS[name])
 
 

@@ -291,9 +291,9 @@ def interpret_cases(ctx: RankContext, cases: list[Case], count_flops: bool = Fal
         records[H_OFFSET] = measure_clocks(ctx.rank, ctx.world_size, ctx.device)[0]
         recorder = Recorder(records)
         interp = Interpreter(plan, model, layout, ctx.rank, comm, OPTIONS, ctx.device, recorder)
-        flops: list[float] = []
+        flops: list[float] = [0.0] * len(interp.calls)
         if count_flops:
-            interp.calls = [_counting(call, flops) for call in interp.calls]
+            interp.calls = [_counting(call, flops, i) for i, call in enumerate(interp.calls)]
         losses = []
         for _ in range(case.steps):
             recorder.reset()
@@ -306,17 +306,20 @@ def interpret_cases(ctx: RankContext, cases: list[Case], count_flops: bool = Fal
         rt = interp.runtime
         params = {unit: rt.unit_params(unit) for unit in rt.flat.units}
         out.append({"losses": losses, "params": params, "calls": comm.calls,
-                    "records": records.copy(), "flops": flops,
+                    "records": records.copy(), "flops": flops, "grad_norm": rt.grad_norm,
                     "coords": layout.coords(ctx.rank)})
         groups.destroy()
     return out
 
 
-def _counting(call: Any, flops: list[float]) -> Any:
+def _counting(call: Any, flops: list[float], index: int) -> Any:
+    """`call`, its FLOPs stored at its op's index (ops on other streams are issued as they
+    become ready, not in index order)."""
+
     def counted() -> Any:
         with FlopCounterMode(display=False) as mode:
             result = call()
-        flops.append(float(mode.get_total_flops()))
+        flops[index] = float(mode.get_total_flops())
         return result
     counted.inner = call  # type: ignore[attr-defined]
     return counted

@@ -7,13 +7,15 @@ import copy
 
 import pytest
 
+from sim.collectives import Collectives
+from sim.collectives.nccl_p2p import peer_plan
 from sim.config import experiment_from_dict
 from sim.models.compute import ComputeModel
 from sim.models.memory import memory_by_pp_rank
 from sim.simulate import predict
-from traces.moe_spec import expert_params
+from traces.moe_spec import expert_counts, expert_params
 from traces.ops import OpKind
-from traces.purpose import Kernel, KernelRun
+from traces.purpose import ExpertAllToAll, Kernel, KernelRun, MoeStep
 
 CONFIG = {
     "model": {"layers": 4, "hidden": 512, "heads": 8, "seq_len": 256, "vocab": 4096,
@@ -45,12 +47,15 @@ def test_folded_equals_unfolded_on_balanced_moe(edits):
     assert folded.peak_memory_bytes == unfolded.peak_memory_bytes
 
 
-def test_a_skewed_moe_is_simulated_rank_by_rank_so_folding_hides_nothing():
+def test_a_skewed_moe_folds_its_ep_ranks_apart_so_folding_hides_nothing():
     exp = experiment_from_dict(_config(model={"routing_skew": 1.0}))
     folded, times = predict(exp, fold=True)
-    unfolded, _ = predict(exp, fold=False)
+    unfolded, every = predict(exp, fold=False)
     assert folded.step_time_s == unfolded.step_time_s
-    assert len(times.plan.ranks) == 8  # every rank: the EP ranks' loads differ
+    # per stage, one rank per EP coordinate (EP 2 is the TP pair here): their loads differ
+    assert sorted(times.plan.ranks) == [0, 1, 4, 5]
+    for r in times.plan.ranks:
+        assert times.starts[r] == every.starts[r] and times.ends[r] == every.ends[r]
 
 
 def _expert_seconds(exp, times) -> dict[int, float]:
@@ -64,7 +69,16 @@ def _expert_seconds(exp, times) -> dict[int, float]:
 def test_a_skewed_step_is_longer_by_the_busiest_ranks_extra_expert_time():
     """One MoE layer, one micro-batch, EP 2 over two NVLink GPUs (nothing contends): the
     combine waits for the busiest EP rank, so the step grows by exactly its extra expert
-    time over the balanced rank's, forward and backward."""
+    time over the balanced rank's, forward and backward, plus what the uneven all-to-alls
+    cost over even ones.
+
+    Each of the 4 all-to-alls (dispatch and combine, forward and backward) sends one message
+    each way, rank 0 -> 1 and 1 -> 0, each alone on its NVLink direction, carrying the two
+    per-peer sizes s_0, s_1 of the split (a transpose has the same two): it ends when the
+    slower has moved, max_k t(s_k), with t(v) = NCCL's latency for a message of v (its
+    protocol, channels and steps: `peer_plan`) + wire bytes / the link rate; even, both carry
+    A/2 (A = s_0 + s_1, the rank's buffer), t(A/2). Every rank waits for each, so the step
+    grows by the experts' extra plus 4 (max_k t(s_k) - t(A/2))."""
     small = {"model": {"layers": 2, "dense_layers": 1, "shared_experts": 0},
              "parallel": {"tp": 1, "sp": False, "pp": 1, "dp": 2, "ep": 2, "global_batch": 2},
              "cluster": {"gpus_per_node": 2}}
@@ -77,7 +91,49 @@ def test_a_skewed_step_is_longer_by_the_busiest_ranks_extra_expert_time():
     assert len(set(b_cost.values())) == 1 and len(set(s_cost.values())) == 2
     extra = max(s_cost.values()) - b_cost[0]
     assert extra > 0
-    assert s_summary.step_time_s - b_summary.step_time_s == pytest.approx(extra, rel=1e-6)
+    cluster = skewed.cluster
+    sys = Collectives(cluster).nccl_system((0, 1))
+    assert sys is not None
+    rate = min(cluster.link_capacity[link] for link in cluster.route(0, 1))
+
+    def seconds(v: float) -> float:
+        plan = peer_plan(sys, v)
+        return plan.latency_s + plan.wire_factor * v / rate
+
+    a2a = [op for op in s_times.plan.ops[0] if op.kind is OpKind.ALL_TO_ALL]
+    assert len(a2a) == 4 and all(op.split is not None for op in a2a)
+    split = a2a[0].split
+    assert split is not None and len(set(split.sizes)) == 2
+    uneven = max(seconds(v) for v in split.sizes) - seconds(split.mean_send_bytes / 2)
+    assert uneven > 0
+    assert s_summary.step_time_s - b_summary.step_time_s == \
+        pytest.approx(extra + 4 * uneven, rel=1e-6)
+
+
+def test_the_skewed_all_to_all_matrix_is_the_routed_tokens_times_the_hidden_size():
+    """Dispatch: EP rank i sends EP rank j the tokens its experts get of i's T tokens, times
+    h x 2 bytes (bf16); the combine (and the dispatch's gradients) the transpose. The
+    counts come from the routing itself (`expert_counts`), summed per EP rank's experts."""
+    exp = experiment_from_dict(_config(model={"routing_skew": 1.2},
+                                       parallel={"tp": 1, "sp": False, "dp": 4, "ep": 4}))
+    _, times = predict(exp, fold=False)
+    m = exp.model
+    tokens = 1 * m.seq_len  # micro-batch 1, no TP: T = b·s
+    for rank, ops in times.plan.ops.items():
+        for op in ops:
+            if op.kind is not OpKind.ALL_TO_ALL:
+                continue
+            assert op.layer is not None and isinstance(op.purpose, ExpertAllToAll)
+            counts = expert_counts(m, op.layer, tokens)
+            per_rank = [sum(counts[2 * j:2 * j + 2]) for j in range(4)]  # 8 experts / EP 4
+            dispatch = [[per_rank[j] * m.hidden * 2 for j in range(4)] for _ in range(4)]
+            reverse = (op.purpose.step is MoeStep.COMBINE) != op.purpose.grad
+            want = [list(r) for r in zip(*dispatch)] if reverse else dispatch
+            assert op.split is not None and op.split.matrix() == want
+            assert op.size_bytes == sum(map(sum, want)) / 4 == sum(counts) * m.hidden * 2
+            me = op.group.index(rank)
+            assert list(op.split.send_splits(me)) == want[me]
+            assert list(op.split.recv_splits(me)) == [row[me] for row in want]
 
 
 def test_the_all_to_alls_carry_each_ranks_routed_tokens():

@@ -21,10 +21,12 @@ and `nodes.finalize` numbers the result into the rank's op tuple. See docs/plan-
 ops and streams, and each pass's docstring for what it adds.
 
 A rank's ops depend on its pipeline coordinate only (the others change its groups and peers,
-not how many ops it has). So the builder lowers the first chosen rank of each pipeline
-coordinate first, spending each op on an `OpBudget` once per chosen rank that shares the
-coordinate: the passes count the plan's size themselves, a plan over MAX_PLAN_OPS is refused
-before the rest is built, and the ranks lowered are kept.
+not how many ops it has), and under skewed routing on its experts' loads
+(`traces.moe.expert_loads`: one grouped GEMM per distinct token count). So the builder lowers
+the first chosen rank of each pipeline coordinate and load first, spending each op on an
+`OpBudget` once per chosen rank that shares them: the passes count the plan's size
+themselves, a plan over MAX_PLAN_OPS is refused before the rest is built, and the ranks
+lowered are kept.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from traces.errors import ConfigError
 from traces.header import TraceMeta
 from traces.layout import Layout
 from traces.model import ModelSpec
+from traces.moe import expert_loads
 from traces.nogc import paused_gc
 from traces.ops import Op, Trace
 from traces.pipeline import Action, ActionSchedule, layout_schedule
@@ -80,7 +83,8 @@ def plan_size(model: ModelSpec, layout: Layout, ranks: Iterable[int] | None = No
     schedule = layout_schedule(layout)
     with paused_gc():
         lowered, _ = _lower_representatives(model, layout, chosen, schedule)
-    return sum(len(lowered[first]) * n for first, n in _stand_ins(layout, chosen).items())
+    return sum(len(lowered[first]) * n
+               for first, n in _stand_ins(model, layout, chosen).items())
 
 
 def _lower(model: ModelSpec, layout: Layout, chosen: list[int],
@@ -89,19 +93,29 @@ def _lower(model: ModelSpec, layout: Layout, chosen: list[int],
     plan's size), then the rest."""
     lowered, spent = _lower_representatives(model, layout, chosen, schedule)
     assert spent == sum(len(lowered[first]) * n
-                        for first, n in _stand_ins(layout, chosen).items()), \
+                        for first, n in _stand_ins(model, layout, chosen).items()), \
         "a pass added ops it did not spend"
     return {r: lowered[r] if r in lowered else
             lower_rank(model, layout, r, schedule[layout.coords(r).pp]) for r in chosen}
 
 
-def _stand_ins(layout: Layout, chosen: list[int]) -> dict[int, int]:
-    """The first chosen rank of each (cp, pp) coordinate, and how many chosen ranks share it."""
-    counts = Counter(layout.representative(r) for r in chosen)
-    firsts: dict[int, int] = {}
-    for r in chosen:
-        firsts.setdefault(layout.representative(r), r)
-    return {first: counts[rep] for rep, first in firsts.items()}
+def _stand_ins(model: ModelSpec, layout: Layout, chosen: list[int]) -> dict[int, int]:
+    """The first chosen rank of each (cp, pp) coordinate and expert load, and how many chosen
+    ranks share them."""
+    loads: dict[tuple[int, int], object] = {}
+
+    def like(r: int) -> tuple[int, object]:
+        at = (layout.coords(r).pp, r % (layout.tp * layout.cp * layout.dp))
+        if at not in loads:
+            loads[at] = expert_loads(model, layout, r)
+        return layout.representative(r), loads[at]
+
+    alike = [like(r) for r in chosen]
+    counts = Counter(alike)
+    firsts: dict[tuple[int, object], int] = {}
+    for r, same in zip(chosen, alike, strict=True):
+        firsts.setdefault(same, r)
+    return {first: counts[same] for same, first in firsts.items()}
 
 
 def _lower_representatives(model: ModelSpec, layout: Layout, chosen: list[int],
@@ -110,7 +124,7 @@ def _lower_representatives(model: ModelSpec, layout: Layout, chosen: list[int],
     as many times as chosen ranks share its coordinate; and the ops spent (the plan's size)."""
     budget = OpBudget(MAX_PLAN_OPS)
     lowered: dict[int, tuple[Op, ...]] = {}
-    stand_ins = _stand_ins(layout, chosen)
+    stand_ins = _stand_ins(model, layout, chosen)
     try:
         for first, n in stand_ins.items():
             budget.weight = n
@@ -125,7 +139,7 @@ def _lower_representatives(model: ModelSpec, layout: Layout, chosen: list[int],
 def _compute_size(model: ModelSpec, layout: Layout, chosen: list[int]) -> int:
     """The compute ops alone of every chosen rank, counted without building them."""
     return sum(n * count_compute(RankContext(model=model, layout=layout, rank=first))
-               for first, n in _stand_ins(layout, chosen).items())
+               for first, n in _stand_ins(model, layout, chosen).items())
 
 
 def _check_compute(model: ModelSpec, layout: Layout, chosen: list[int]) -> None:

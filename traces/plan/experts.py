@@ -10,11 +10,15 @@ layer (`traces.moe` lists the kernels):
                 the gradients, permute
 
 An all-to-all runs over the rank's EP group (`traces.expert_grid.ep_group`) with the rank's
-whole send buffer, A·h·e bytes for its A kept token assignments (nccl-tests' size: today's
-lowering sends S/n to each peer). Under skewed routing the per-destination sizes are
-`traces.moe.dispatch_matrix`'s; the rows are equal, so every rank's buffer is the same A·h·e and
-the skew shows where it costs most, in the busiest EP rank's expert GEMMs, which the combine
-waits for. The ETP collectives move the R·h·e tokens the rank's experts process.
+whole send buffer, A·h·e bytes for its A kept token assignments (nccl-tests' size). Balanced,
+each peer gets A·h·e / EP. Under skewed routing (`routing_skew` > 0) the op carries its
+per-peer sizes (`Op.split`, `traces.alltoallv`): the dispatch sends EP rank j the tokens its
+experts get, dispatch_tokens[j]·h·e, from every rank (`traces.moe.dispatch_matrix`, rows
+equal: sizes per receiver); the combine returns them, the transpose (sizes per sender). In
+backward the combine's gradient exchange has the dispatch's shape and the dispatch's the
+combine's. The mean buffer stays A·h·e, so only the network sees the imbalance, beside the
+busiest EP rank's expert GEMMs, which the combine waits for. The ETP collectives move the
+R·h·e tokens the rank's experts process.
 
 `add_expert_grads` (after the data pass) reduces the routed experts' gradients over the
 expert-data-parallel group; the data pass reduces the rest of an MoE layer over DP x CP.
@@ -22,8 +26,17 @@ expert-data-parallel group; the data pass reduces the rest of an MoE layer over 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+from traces.alltoallv import AllToAllv, split_of
 from traces.expert_grid import ep_coord, ep_group, etp_group, expert_data_group
-from traces.moe import ExpertShard, local_expert_tokens, rank_tokens
+from traces.moe import (
+    ExpertShard,
+    dispatch_tokens,
+    local_expert_tokens,
+    rank_tokens,
+    skewed_experts,
+)
 from traces.moe_spec import expert_counts, is_moe_layer
 from traces.ops import Op, OpKind, Phase, Stream
 from traces.pipeline import Action
@@ -67,12 +80,27 @@ def add_expert_parallel(ctx: RankContext, program: Program) -> Program:
     tokens = rank_tokens(model, layout.micro_batch, layout.tp)
     row = model.hidden * model.dtype_bytes
     sizes: dict[int, tuple[float, float]] = {}
+    splits: dict[int, AllToAllv | None] = {}
+    skewed = skewed_experts(model, layout)
 
     def size(layer: int, ep: bool) -> float:
         if layer not in sizes:
             sizes[layer] = (sum(expert_counts(model, layer, tokens)) * row,
                             sum(local_expert_tokens(model, layer, tokens, shard)) * row)
         return sizes[layer][0 if ep else 1]
+
+    def split(layer: int, purpose: Purpose) -> AllToAllv | None:
+        """The dispatch's per-receiver sizes (rows equal), or for a combine (and the
+        dispatch's gradients) their transpose; None when balanced."""
+        if not skewed or not isinstance(purpose, ExpertAllToAll):
+            return None
+        if layer not in splits:
+            splits[layer] = split_of([n * row for n in dispatch_tokens(model, layer, tokens,
+                                                                        layout.ep)],
+                                     by_sender=False)
+        found = splits[layer]
+        reverse = (purpose.step is C) != purpose.grad  # combine forward, dispatch backward
+        return found.transpose() if found is not None and reverse else found
 
     out: Program = []
     for nodes in program:
@@ -86,7 +114,8 @@ def add_expert_parallel(ctx: RankContext, program: Program) -> Program:
                 step.append(node)
                 continue
             layer = op.layer
-            before, after = ([_op(node, x, groups[x[2]], size(layer, x[2]), model.data_dtype)
+            before, after = ([_op(node, x, groups[x[2]], size(layer, x[2]), model.data_dtype,
+                                  split(layer, x[1]))
                               for x in side if len(groups[x[2]]) > 1] for side in found)
             step += [*before, node, *after]
         out.append(step)
@@ -127,9 +156,13 @@ def add_expert_grads(ctx: RankContext, actions: list[Action], program: Program) 
 
 
 def _op(beside: Node, exchange: Exchange, group: tuple[int, ...], size: float,
-        dtype: str) -> Node:
+        dtype: str, split: AllToAllv | None) -> Node:
     kind, purpose, ep = exchange
     op = beside.op
-    return Node(Op(kind=kind, stream=Stream.COMPUTE, name="ep" if ep else "etp",
-                   purpose=purpose, group=group, size_bytes=size, layer=op.layer,
-                   microbatch=op.microbatch, phase=op.phase, dtype=dtype), beside.unit)
+    made = Op(kind=kind, stream=Stream.COMPUTE, name="ep" if ep else "etp",
+              purpose=purpose, group=group, size_bytes=size, layer=op.layer,
+              microbatch=op.microbatch, phase=op.phase, dtype=dtype)
+    if split is not None:
+        assert split.mean_send_bytes == size, "a split adds up to the rank's buffer"
+        made = replace(made, split=split)
+    return Node(made, beside.unit)

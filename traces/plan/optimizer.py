@@ -110,9 +110,12 @@ _STAT_AFTER = {Kernel.GRAD_UNSCALE: StepStat.FOUND_INF, Kernel.GRAD_NORM: StepSt
 def grad_stats_group(layout: Layout, rank: int) -> tuple[int, ...]:
     """The ranks whose gradients together make the step's: those of `rank`'s model replica
     (its TP and PP ranks, Megatron's model-parallel group), or every rank where ZeRO shards
-    the gradients over DP (x CP) (the distributed optimizer's norm covers every shard)."""
+    the gradients over DP (x CP) (the distributed optimizer's norm covers every shard) or
+    where EP > 1 spreads the routed experts over ranks outside the replica (Megatron-Core's
+    expert optimizer reduces its norm over the expert model-parallel ranks; one all-reduce
+    over every rank sums the same squares, each counted once)."""
     c = layout.coords(rank)
-    if layout.zero >= 1 and layout.data_degree > 1:
+    if (layout.zero >= 1 and layout.data_degree > 1) or layout.ep > 1:
         return tuple(range(layout.world))
     return tuple(sorted(layout.rank(tp=t, cp=c.cp, dp=c.dp, pp=p)
                         for t in range(layout.tp) for p in range(layout.pp)))

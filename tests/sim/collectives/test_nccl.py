@@ -340,4 +340,7 @@ def test_auto_runs_nccls_choice_in_the_flow_model(preset: str) -> None:
         assert both == pytest.approx(p.latency_s + 2 * (p.time_s - p.latency_s), rel=1e-6)
     # Named algorithms keep their plain lowerings (no protocol), and torus clusters `auto`.
     assert col.resolve(AR, group, MiB, "rhd")[0] == "rhd"
-    assert col.nccl(OpKind.ALL_TO_ALL, group, MiB) is None
+    # All-to-all is NCCL's grouped sends (sim.collectives.nccl_p2p): 128 KiB a peer is at
+    # most 32 channels x 16 KiB, so LL; `direct` stays parasim's flows without NCCL's costs.
+    assert col.resolve(OpKind.ALL_TO_ALL, group, MiB)[0] == "p2p/LL"
+    assert col.resolve(OpKind.ALL_TO_ALL, group, MiB, "direct")[0] == "direct"
