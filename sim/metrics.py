@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from itertools import chain, repeat
+from operator import attrgetter, is_
 
 import numpy as np
 
@@ -64,8 +66,12 @@ def rank_times(times: StepTimes, layout: Layout | None = None) -> list[RankTime]
     step = times.step_time_s
     out = []
     for rank in times.plan.ranks:
+        # np.array of the lists as they are: an int 0 (the clock before any event) and the
+        # floats give the same float64s as ever (and a rank of only int 0s int64s)
         starts, ends = np.array(times.starts[rank]), np.array(times.ends[rank])
-        is_compute = np.array([op.kind is OpKind.COMPUTE for op in times.plan.ops[rank]])
+        ops = times.plan.ops[rank]  # op.kind is COMPUTE, per op, in C
+        is_compute = np.fromiter(map(is_, map(_KIND, ops), repeat(OpKind.COMPUTE)), bool,
+                                 len(ops))
         busy = _union_length(starts[is_compute], ends[is_compute])
         # |comm outside compute| = |everything| - |compute|
         exposed = _union_length(starts, ends) - busy
@@ -86,7 +92,8 @@ def summarize(model: ModelSpec, layout: Layout, cluster: Cluster, times: StepTim
     if stand_for is None:
         # A folded plan has one rank per stage standing for tp * dp identical ones.
         share = world / len(times.plan.ops)
-        hw_flops = share * sum(op.flops for ops in times.plan.ops.values() for op in ops)
+        # the same sum, in the same order, in C
+        hw_flops = share * sum(map(_FLOPS, chain.from_iterable(times.plan.ops.values())))
         n = len(ranks)
         idle = sum(r.idle_s for r in ranks) / n
         exposed = sum(r.exposed_comm_s for r in ranks) / n
@@ -116,6 +123,9 @@ def summarize(model: ModelSpec, layout: Layout, cluster: Cluster, times: StepTim
         memory_by_pp_rank=memory,
         algorithms=dict(sorted(times.algorithms.items())),
     )
+
+
+_KIND, _FLOPS = attrgetter("kind"), attrgetter("flops")
 
 
 def gemm_peak(model: ModelSpec, accelerator: Accelerator) -> float:

@@ -3,6 +3,7 @@
     env = Loop()
     env.start(generator)       # a process nobody waits on (no Process object, no end event)
     env.timeout(seconds)       # as simpy's, built without its layers of calls
+    env.event()                # likewise
     env.run()                  # simpy's step loop, inlined
 
 The replay makes ~4·10^5 events for GPT-3 on 1024 GPUs; simpy spends most of its time per
@@ -21,7 +22,7 @@ from typing import Any
 import simpy
 from simpy.events import NORMAL, URGENT
 
-_Timeout = simpy.Timeout
+_Timeout, _Event = simpy.Timeout, simpy.Event
 
 
 class Loop(simpy.Environment):
@@ -34,6 +35,12 @@ class Loop(simpy.Environment):
         event.env, event.callbacks, event._delay, event._ok, event._value = \
             self, [], delay, True, value
         heappush(self._queue, (self._now + delay, NORMAL, next(self._eid), event))
+        return event
+
+    def event(self) -> simpy.Event:
+        """As simpy's: a pending event (its `Event.__init__`, inlined)."""
+        event = _Event.__new__(_Event)
+        event.env, event.callbacks = self, []
         return event
 
     def start(self, generator: Generator[simpy.Event, Any, None]) -> None:

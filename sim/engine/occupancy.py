@@ -76,6 +76,13 @@ class Occupancy:
 
         return kernel
 
+    def plain(self, op: Op) -> bool:
+        """Whether `move(lowered, op, ranks)` is the transport's own `move(lowered, op, 1.0,
+        0.0)` whatever its ranks are doing: kernels do not slow communication, and it marks
+        no rank busy (kernels do not notice communication, or it is inline: see
+        `_move_beside`). The replay then asks the transport directly."""
+        return not self.slows_comm and (not self.slows_kernels or op.inline)
+
     def _move_alone(self, lowered: int, op: Op, ranks: Sequence[int]) -> simpy.Event | None:
         return self.transport.move(lowered, op, 1.0, 0.0)
 

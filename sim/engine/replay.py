@@ -29,6 +29,9 @@ from __future__ import annotations
 from array import array
 from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, replace
+from functools import cached_property
+from itertools import accumulate, repeat
+from operator import attrgetter, is_not, mul
 from typing import Any, Protocol
 
 import simpy
@@ -38,6 +41,7 @@ from sim.engine.loop import Loop
 from sim.engine.lowering import CommPlan, lower_communication
 from sim.engine.meetings import Meetings
 from sim.engine.occupancy import Occupancy
+from sim.engine.steps import CONTIGUOUS, KERNEL, PLAIN, RUN, Step, rank_steps
 from sim.engine.transport import NETWORK_NAMES, NetworkMode, transport_for
 from sim.models.interference import NO_INTERFERENCE, Interference
 from topology.cluster import Cluster
@@ -46,6 +50,8 @@ from traces.header import check_fold_ranks
 from traces.identity import Partition
 from traces.nogc import paused_gc
 from traces.ops import Op, OpKind, Trace
+
+_END = attrgetter("end")
 
 Progress = Callable[[int, int], None]
 """Called now and then with (ops finished, ops in all); the command line draws the bar."""
@@ -67,7 +73,7 @@ class StepTimes:
     algorithms: dict[str, int]
     """How many collectives each algorithm ran."""
 
-    @property
+    @cached_property
     def step_time_s(self) -> float:
         return max(max(e, default=0.0) for e in self.ends.values())
 
@@ -132,7 +138,8 @@ def host_gaps(trace: Trace, floor_s: float = 1e-9) -> dict[int, list[float]]:
 
 
 class _Replay:
-    """The event-driven run: one simpy process per (rank, stream)."""
+    """The event-driven run: one process per (rank, stream), resumed once per step
+    (`sim.engine.steps`)."""
 
     def __init__(self, plan: Trace, cluster: Cluster, compute: Durations,
                  interference: Interference, comm: CommPlan, network: NetworkMode,
@@ -141,20 +148,21 @@ class _Replay:
         self.plan, self.compute, self.comm = plan, compute, comm
         self.gaps = gaps or {}
         self.env = Loop()
-        self.occupancy = Occupancy(self.env, plan.ops, interference,
-                                   transport_for(network, self.env, cluster, comm), speeds)
+        self.transport = transport_for(network, self.env, cluster, comm)
+        self.occupancy = Occupancy(self.env, plan.ops, interference, self.transport, speeds)
         self.meetings = Meetings(self.env, comm)
         self.starts = {r: [float("nan")] * len(ops) for r, ops in plan.ops.items()}
         self.ends = {r: [float("nan")] * len(ops) for r, ops in plan.ops.items()}
-        self.events = {r: {d: self.env.event() for op in ops for d in op.deps}
-                       for r, ops in plan.ops.items()}
-        # Kernels that keep a trace's duration: it holds whatever slowed them (a measured
-        # run's real interference, or the stretch `simulate` gave the kernel it wrote), so the
-        # rank's scale never stretches them again (replaying simulate's own trace doubled
-        # the kernels it had stretched: 8% on the tiny example). Ranks with none: no entry.
-        self.kept = {r: kept for r, ops in plan.ops.items()
-                     if any(kept := [op.kind is OpKind.COMPUTE and op.end is not None
-                                     for op in ops])}
+        self.waits: dict[int, dict[int, simpy.Event]] = {r: {} for r in plan.ops}
+        """Per rank, an event per op some stream waits for now (made by the first waiter, fired
+        when the op ends). An op nobody waits for when it ends gets none: nobody can wait for
+        it later (it is over), and an event without callbacks changes nothing in the order of
+        the others."""
+        self.kept: dict[int, list[bool]] = {}
+        """Kernels that keep a trace's duration: it holds whatever slowed them (a measured
+        run's real interference, or the stretch `simulate` gave the kernel it wrote), so the
+        rank's scale never stretches them again (replaying simulate's own trace doubled the
+        kernels it had stretched: 8% on the tiny example). Ranks with none: no entry."""
         self.finished = 0
         self.report_at = 4096  # the next op count to call `progress` at
         self.total = plan.num_ops()
@@ -162,12 +170,17 @@ class _Replay:
 
     def run(self, progress: Progress | None) -> StepTimes:
         self.progress = progress
+        duration, compute, plain = self.compute.duration, OpKind.COMPUTE, self.occupancy.plain
+        shared: dict[tuple[float, ...], tuple[float, ...]] = {}  # runs' durations, one each
         for rank, ops in self.plan.ops.items():
-            streams: dict[str, list[int]] = {}
-            for i, op in enumerate(ops):
-                streams.setdefault(op.stream, []).append(i)
-            for indices in streams.values():
-                self.env.start(self._stream(rank, indices, self._runs(rank, indices)))
+            # (a plan has no timed op: the first test runs in C)
+            if any(map(is_not, map(_END, ops), repeat(None))) and \
+                    any(kept := [op.kind is compute and op.end is not None for op in ops]):
+                self.kept[rank] = kept
+            comm, calls = self.comm.ops.get(rank, {}), self.comm.calls.get(rank, array("i"))
+            for steps in rank_steps(ops, duration, self.gaps.get(rank), self.kept.get(rank),
+                                    comm, calls, plain, shared):
+                self.env.start(self._stream(rank, steps))
         self.env.run()
         if progress is not None:
             progress(self.finished, self.total)
@@ -175,107 +188,106 @@ class _Replay:
             raise ConfigError(self._stuck())
         return StepTimes(self.plan, self.starts, self.ends, dict(self.comm.algorithms))
 
-    def _runs(self, rank: int, indices: list[int]) -> dict[int, int]:
-        """Where a stream can run several compute ops as one timeout: from op i, the number of
-        ops that follow it on the stream, are compute, wait for nothing, and are not waited
-        for before the last of them ends (nobody observes the instants in between)."""
-        ops, waited = self.plan.ops[rank], self.events[rank]
-        gaps = self.gaps.get(rank)
-        runs: dict[int, int] = {}
-        k = 0
-        while k < len(indices):
-            i = indices[k]
-            j = k
-            if ops[i].kind is OpKind.COMPUTE:
-                while (j + 1 < len(indices) and indices[j] not in waited
-                       and ops[indices[j + 1]].kind is OpKind.COMPUTE
-                       and not ops[indices[j + 1]].deps
-                       and not (gaps and gaps[indices[j + 1]])):
-                    j += 1
-            if j > k:
-                runs[i] = j - k
-            k = j + 1
-        return runs
-
-    def _stream(self, rank: int, indices: list[int],
-                runs: dict[int, int]) -> Generator[simpy.Event, Any, None]:
-        """One stream of one rank: its ops in order, each after its dependencies; a run of
-        compute ops nobody else watches is one timeout. The hot loop of the replay (~1 M ops
-        for GPT-3 on 1024 GPUs), hence the local names. A kernel takes its duration times the
-        rank's `scale` when it starts; `kernel` and `move` give the events to wait on
-        (`sim.engine.occupancy`)."""
-        ops, starts, ends, events = (self.plan.ops[rank], self.starts[rank], self.ends[rank],
-                                     self.events[rank])
-        comm, calls = self.comm.ops.get(rank, {}), self.comm.calls.get(rank, array("i"))
-        env, duration, occupancy = self.env, self.compute.duration, self.occupancy
-        timeout, kernel, move, scale = env.timeout, occupancy.kernel(rank), occupancy.move, \
-            occupancy.scale
+    def _stream(self, rank: int, steps: list[Step]) -> Generator[simpy.Event, Any, None]:
+        """One stream of one rank: its steps in order, each after its first op's dependencies
+        and host gap. The hot loop of the replay (~260,000 steps for GPT-3 on 1024 GPUs),
+        hence the local names. A kernel takes its duration times the rank's `scale` when it
+        starts; `kernel` and `move` give the events to wait on (`sim.engine.occupancy`)."""
+        ops, starts, ends, waits = (self.plan.ops[rank], self.starts[rank], self.ends[rank],
+                                    self.waits[rank])
+        env, occupancy = self.env, self.occupancy
+        event, timeout = env.event, env.timeout
+        kernel, move, scale = occupancy.kernel(rank), occupancy.move, occupancy.scale
+        transport = self.transport.move
         # where the stretch depends on the kernel, it is the kernel's while the rank moves
         # data (`busy`), times the rank's own (`base`)
         kernel_scale = occupancy.kernel_scale if occupancy.per_kernel else None
         busy, base = occupancy.busy, occupancy.base[rank]
-        arrive, progress, compute = self.meetings.arrive, self.progress, OpKind.COMPUTE
-        gaps = self.gaps.get(rank)
+        arrive, progress = self.meetings.arrive, self.progress
         kept = self.kept.get(rank)
-        k, count = 0, len(indices)
-        while k < count:
-            i = indices[k]
-            op = ops[i]
-            for d in op.deps:
+        alone = (rank,)
+        finished = 0  # ops this stream has finished (added to `self.finished` at its end)
+        for kind, i, op, deps, gap, extra, more, flag in steps:
+            for d in deps:
                 if ends[d] != ends[d]:  # NaN: not finished yet
-                    yield events[d]
-            if gaps and gaps[i]:
-                yield timeout(gaps[i])
-            start = env.now
-            extra = runs.get(i)
-            if extra:  # i and the next `extra` compute ops, back to back
-                run = indices[k:k + extra + 1]
-                times = [start]
-                if kernel_scale is None or not busy[rank]:
-                    stretch = scale[rank]
-                    for j in run:
-                        times.append(times[-1] + duration(ops[j]) * (
-                            1.0 if kept and kept[j] else stretch))
-                else:
-                    for j in run:
-                        times.append(times[-1] + duration(ops[j]) * (
-                            1.0 if kept and kept[j] else kernel_scale(ops[j]) * base))
-                yield kernel(times[-1] - start)
-                for n, j in enumerate(run[:-1]):  # only now: others test ends[] for "done"
-                    starts[j], ends[j] = times[n], times[n + 1]
-                k += extra
-                i = indices[k]
-                self.finished += extra
-                start = times[-2]
-            elif op.kind is compute:
-                if kept and kept[i]:  # its trace's duration holds its stretch already
-                    yield kernel(duration(op))
+                    done = waits.get(d)
+                    if done is None:
+                        done = waits[d] = event()
+                    yield done
+            if gap:
+                yield timeout(gap)
+            start = env._now  # `env.now`, without its property call
+            if kind == KERNEL:
+                if flag:  # its trace's duration holds its stretch already
+                    yield kernel(extra)
                 elif kernel_scale is None or not busy[rank]:
-                    yield kernel(duration(op) * scale[rank])
+                    yield kernel(extra * scale[rank])
                 else:
-                    yield kernel(duration(op) * kernel_scale(op) * base)
-            elif (c := comm[i]).need == 1:  # this rank stands for every member (fold, partial)
-                if (moved := move(c.lowered, op, (rank,))) is not None:
-                    yield moved
-            else:  # join the op's meeting; the last member to arrive runs it for all
-                meeting, last = arrive(rank, op, c, calls[i])
-                if last:
-                    if (moved := move(c.lowered, op, meeting.ranks)) is not None:
+                    yield kernel(extra * kernel_scale(op) * base)
+                count = 1
+            elif kind == RUN:  # the ops of `extra`, back to back: the same sums as one by one
+                if flag & PLAIN and (kernel_scale is None or not busy[rank]):
+                    stretch = scale[rank]  # x * 1.0 == x: no product to take at 1
+                    times = list(accumulate(more if stretch == 1.0 else
+                                            map(mul, more, repeat(stretch)), initial=start))
+                else:
+                    run = range(i, i + extra) if flag & CONTIGUOUS else extra
+                    times = [start]
+                    if kernel_scale is None or not busy[rank]:
+                        stretch = scale[rank]
+                        for j, seconds in zip(run, more):
+                            times.append(times[-1] + seconds * (
+                                1.0 if kept and kept[j] else stretch))
+                    else:
+                        for j, seconds in zip(run, more):
+                            times.append(times[-1] + seconds * (
+                                1.0 if kept and kept[j] else kernel_scale(ops[j]) * base))
+                yield kernel(times[-1] - start)
+                # only now: others test ends[] for "done"
+                if flag & CONTIGUOUS:
+                    count = extra
+                    starts[i:i + count - 1] = times[:count - 1]
+                    ends[i:i + count - 1] = times[1:count]
+                    i += count - 1
+                else:
+                    count = len(extra)
+                    for n, j in enumerate(extra[:-1]):
+                        starts[j], ends[j] = times[n], times[n + 1]
+                    i = extra[-1]
+                start = times[-2]
+            else:
+                c = extra
+                if c.need == 1:  # this rank stands for every member (fold, partial)
+                    moved = transport(c.lowered, op, 1.0, 0.0) if flag else \
+                        move(c.lowered, op, alone)
+                    if moved is not None:
                         yield moved
-                    meeting.done.succeed()
-                else:
-                    yield meeting.done
-                start = meeting.start  # when every member was there
+                else:  # join the op's meeting; the last member to arrive runs it for all
+                    meeting, last = arrive(rank, op, c, more)
+                    if last:
+                        moved = transport(c.lowered, op, 1.0, 0.0) if flag else \
+                            move(c.lowered, op, meeting.ranks)
+                        if moved is not None:
+                            yield moved
+                        meeting.done.succeed()
+                    else:
+                        yield meeting.done
+                    start = meeting.start  # when every member was there
+                count = 1
             starts[i] = start
-            ends[i] = env.now
-            event = events.get(i)
-            if event is not None:
-                event.succeed()
-            self.finished += 1
-            k += 1
-            if progress is not None and self.finished >= self.report_at:
-                self.report_at += 4096
-                progress(self.finished, self.total)
+            ends[i] = env._now
+            if waits:
+                done = waits.pop(i, None)
+                if done is not None:
+                    done.succeed()
+            if progress is None:
+                finished += count
+            else:
+                self.finished += count
+                if self.finished >= self.report_at:
+                    self.report_at += 4096
+                    progress(self.finished, self.total)
+        self.finished += finished
 
     def _stuck(self) -> str:
         for rank, ops in self.plan.ops.items():

@@ -44,10 +44,30 @@ class ComputeModel:
         self.accelerator = accelerator
         self.profile = profile
         self._cache: dict[tuple[object, ...], float] = {}
+        self._last: dict[int, tuple[object, ...]] = {}
+        """Per purpose object (by id, the purpose kept so the id is never reused): the last
+        op's fields the duration depends on, and its seconds. A plan shares one purpose among
+        the ops of one kernel (682 purposes for 720,816 kernels of GPT-3 on 1024 GPUs), so
+        comparing six fields usually answers without building and hashing `_kernel_key`."""
 
     def duration(self, op: Op) -> float:
         if op.start is not None and op.end is not None:
             return op.end - op.start
+        purpose = op.purpose
+        last = self._last.get(id(purpose))
+        if last is not None:
+            same, phase, flops, mem_bytes, gemm, dtype, name, seconds = last
+            if (same is purpose and phase is op.phase and flops == op.flops
+                    and mem_bytes == op.mem_bytes and gemm == op.gemm and dtype == op.dtype
+                    and (purpose is not None or name == op.name)):
+                return seconds  # type: ignore[return-value]
+        seconds = self._keyed(op)
+        self._last[id(purpose)] = (purpose, op.phase, op.flops, op.mem_bytes, op.gemm, op.dtype,
+                                   op.name, seconds)
+        return seconds
+
+    def _keyed(self, op: Op) -> float:
+        """`duration` of an untimed op by its full `_kernel_key`."""
         key = _kernel_key(op)
         seconds = self._cache.get(key)
         if seconds is None:

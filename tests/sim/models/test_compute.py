@@ -128,3 +128,26 @@ def test_profile_values_check_themselves():
         KernelCost(flops_efficiency=0)
     assert dataclasses.replace(default_profile(A100_80GB)).compute.gemm_efficiency == \
         pytest.approx(EFF, rel=1e-12)
+
+
+def test_ops_sharing_a_purpose_are_costed_by_their_own_fields():
+    """`duration` answers a kernel like the last one of its purpose from that one's figures:
+    any field that differs (FLOPs, bytes, shape, phase, precision, timing) must be costed anew,
+    as a fresh model (no memory of the others) costs it."""
+    from traces.ops import Op, OpKind, Phase
+    from traces.purpose import Kernel, KernelRun
+
+    fc1 = KernelRun(Kernel.FC1)  # one object, as the plan shares it
+    base = Op(kind=OpKind.COMPUTE, stream="compute", name="fc1", purpose=fc1, phase=Phase.FWD,
+              flops=2 * 4096 * 8192 * 2048, mem_bytes=1e8, gemm=(1, 4096, 8192, 2048))
+    change = dataclasses.replace
+    variants = [base, change(base, flops=base.flops / 2), change(base, mem_bytes=4e9),
+                change(base, phase=Phase.BWD), change(base, gemm=(1, 4096, 8192, 1024)),
+                change(base, dtype="fp32"), change(base, start=0.0, end=2.5),
+                change(base, purpose=None), change(base, purpose=None, name="other"), base]
+    shared = ComputeModel(A100_80GB, default_profile(A100_80GB))
+    for op in variants:
+        fresh = ComputeModel(A100_80GB, default_profile(A100_80GB))
+        assert shared.duration(op) == fresh.duration(op)
+    assert shared.duration(variants[3]) > 1.9 * shared.duration(base)  # two GEMMs backward
+    assert shared.duration(variants[6]) == 2.5  # a measured op keeps its time
