@@ -90,6 +90,8 @@ class Network:
         self._index: dict[FlowSet, int] = {}
         self._sets: list[FlowSet] = []
         self._conflicts: list[list[int]] = []  # flow sets sharing a link, itself included
+        self._near: list[set[int]] = []  # the same, as sets (`_component`)
+        self._live: set[int] = set()  # flow sets with transfers in flight
         self._by_link: dict[int, list[int]] = {}
         """Flow sets by link, but for the wide ones (`WIDE_SET`), kept in `_wide`."""
         self._wide: list[tuple[int, frozenset[int]]] = []
@@ -180,6 +182,7 @@ class Network:
         tr = _Transfer(self._seq, plan.indices[k], max(size - moved, 0.0), ready, round_done)
         tr.rate, tr.since = flows.solo_rate, max(now, ready)
         self._active[tr.index][tr] = None
+        self._live.add(tr.index)
         self._schedule(tr, max(tr.since - now, 0.0) + tr.remaining / tr.rate)
 
     def _round(self, plan: _Plan, k: int, size: float, done: simpy.Event,
@@ -227,7 +230,9 @@ class Network:
                 users.append(index)
         for j in others:
             self._conflicts[j].append(index)
+            self._near[j].add(index)
         self._conflicts.append(sorted(others) + [index])
+        self._near.append({*others, index})
         self._active.append({})
         self._jobs.append({})
         return index
@@ -256,6 +261,7 @@ class Network:
         active = self._active
         alone = not any(active[c] for c in self._conflicts[index])
         active[index][t] = None
+        self._live.add(index)
         if alone:  # nobody else on its links: its own bottleneck rate until something changes
             t.rate, t.since = flows.solo_rate, t.ready_at
             self._schedule(t, t.ready_at + t.remaining / t.rate - now)
@@ -267,16 +273,27 @@ class Network:
             yield from self._active[j]
 
     def _component(self, seeds: Iterable[_Transfer]) -> list[_Transfer]:
-        """Active transfers reachable from `seeds` through shared links, in start order."""
-        seen: dict[_Transfer, None] = {}
-        stack = list(seeds)
-        while stack:
-            t = stack.pop()
-            if t in seen:
-                continue
-            seen[t] = None
-            stack.extend(u for u in self._neighbours(t) if u not in seen)
-        return sorted(seen, key=lambda t: t.seq)
+        """Active transfers reachable from `seeds` through shared links, in start order.
+        Whether two transfers share links depends on their flow sets only, so the search
+        walks flow sets, each once, among those in flight (the smaller of that set and the
+        ones sharing links with it: most of a registry's sets are idle at any instant)."""
+        active, live, near = self._active, self._live, self._near
+        found: set[_Transfer] = set(seeds)
+        todo = list(dict.fromkeys(t.index for t in found))
+        reached = set(todo)
+        for i in todo:
+            found.update(active[i])
+        while todo:
+            close = near[todo.pop()]
+            if len(live) < len(close):
+                hits = [j for j in live if j in close and j not in reached]
+            else:
+                hits = [j for j in close if j in live and j not in reached]
+            for j in hits:
+                reached.add(j)
+                todo.append(j)
+                found.update(active[j])
+        return sorted(found, key=lambda t: t.seq)
 
     def _reshare(self, component: list[_Transfer]) -> None:
         """Bring the component's progress up to now and give its moving transfers fair rates;
@@ -351,6 +368,8 @@ class Network:
         if version != t.version:
             return  # superseded by a later re-share
         del self._active[t.index][t]
+        if not self._active[t.index]:
+            self._live.discard(t.index)
         t.remaining = 0.0
         neighbours = list(self._neighbours(t))
         t.on_done()
