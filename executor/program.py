@@ -53,6 +53,7 @@ from traces.purpose import (
     EmbeddingGrads,
     ExpertAllToAll,
     ExpertGrads,
+    ExpertParamGather,
     ExpertTp,
     GemmChunk,
     GemmPart,
@@ -222,6 +223,9 @@ class _Lowering:
                     raise self.fail(i, "the executor reduces a layer's expert gradients by "
                                        "all-reduce (ZeRO 0; executor.options)")
                 return ExpertGradReduce(unit.layer, stream)
+            case ExpertParamGather():
+                raise self.fail(i, "the executor keeps expert states whole (ZeRO over an "
+                                   "expert-DP group is refused: executor.options)")
             case ExpertTp():
                 raise self.fail(i, "expert tensor parallelism (etp > 1) is not run by the "
                                    "executor (executor.options.check_supported)")

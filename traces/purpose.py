@@ -372,6 +372,16 @@ class ExpertGrads:
 
 
 @dataclass(frozen=True, slots=True)
+class ExpertParamGather:
+    """MoE under ZeRO 1/2: the all-gather of one layer's updated routed experts over the
+    expert-data-parallel group after the optimizer step, the slices its `ExpertGrads`
+    reduce-scatter handed each rank (Megatron-Core's distributed optimizer does so for its
+    expert buffers as for the dense ones)."""
+
+    unit: Unit
+
+
+@dataclass(frozen=True, slots=True)
 class Bench:
     """An op of the microbenchmarks (traces.bench) that is not a plan kernel."""
 
@@ -381,6 +391,6 @@ class Bench:
 Purpose = (KernelRun | TpSite | MessageGather | CrossEntropyStat | SpGrads | GradBucket
            | UnitGather | UnitGradReduce | ParamGather | EmbeddingGrads | GradStat | PipeMessage
            | AmaxReduction | CpRing | CpGather | Bench | GemmChunk | TpChunk | ExpertAllToAll
-           | ExpertTp | ExpertGrads)
+           | ExpertTp | ExpertGrads | ExpertParamGather)
 PURPOSES: tuple[type, ...] = Purpose.__args__  # type: ignore[attr-defined]
 """Every purpose type (a test checks each has an interpretation)."""

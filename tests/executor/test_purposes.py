@@ -25,6 +25,7 @@ from traces.purpose import (
     AmaxReduction,
     Bench,
     BenchRole,
+    ExpertParamGather,
     ExpertTp,
 )
 
@@ -35,8 +36,9 @@ EXECUTABLE = [name for name in LAYOUTS if name != "llama fp8" and not name.start
 EXECUTABLE += list(MOE_RUN)
 """Layouts whose plans hold every purpose but the benchmarks' and FP8's
 (tests/traces/test_purpose.py): the executor refuses fp8 (`executor.runtime.fp8_refusal`) and
-expert tensor parallelism (`executor.options.check_moe_supported`)."""
-MOE_ONLY = {ExpertTp}
+expert tensor parallelism and ZeRO over an expert-DP group, whose expert parameter gathers
+it never meets (`executor.options.check_moe_supported`)."""
+MOE_ONLY = {ExpertTp, ExpertParamGather}
 
 
 def _specs(name: str) -> tuple[ModelSpec, Layout]:

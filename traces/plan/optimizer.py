@@ -19,9 +19,10 @@ under ZeRO). The two statistics are one fp32 number each, all-reduced over
 `grad_stats_group`: the ranks that hold distinct gradients (the model-parallel ranks, and the
 DP ranks too where ZeRO shards the gradients). ZeRO-1/2 then all-gather the updated
 parameters, in the same slices the gradients were reduce-scattered in: the data pass's
-`GradBucket`s of the last micro-batch, each gathered as a `ParamGather` of its index; with
-overlap_param_gather, at the start of the step instead, beside the forward
-(`traces.plan.param_gather`).
+`GradBucket`s of the last micro-batch, each gathered as a `ParamGather` of its index, and each
+MoE layer's routed experts over the expert-DP group (`ExpertParamGather`, the slices its
+`ExpertGrads` reduce-scatter left each rank); with overlap_param_gather, at the start of the
+step instead, beside the forward (`traces.plan.param_gather`).
 """
 
 from __future__ import annotations
@@ -29,9 +30,10 @@ from __future__ import annotations
 from itertools import chain
 from operator import attrgetter, indexOf
 
-from traces.expert_grid import expert_data_degree
+from traces.expert_grid import expert_data_degree, expert_data_group
 from traces.kernels import step_kernel_bytes
 from traces.layout import Layout
+from traces.moe_spec import is_moe_layer
 from traces.ops import Op, OpKind, Phase, Stream
 from traces.plan.data import gradient_buckets
 from traces.plan.nodes import Node, Program, RankContext
@@ -39,6 +41,7 @@ from traces.plan.param_gather import gathers_before_forward
 from traces.purpose import (
     EMBED,
     EmbeddingGrads,
+    ExpertParamGather,
     GradBucket,
     GradStat,
     Kernel,
@@ -102,10 +105,29 @@ def add_optimizer(ctx: RankContext, program: Program) -> Program:
                     purpose=ParamGather(bucket.index), group=layout.data_group(ctx.rank),
                     size_bytes=size * to_params, phase=Phase.OPT, dtype=model.data_dtype)
             gathers.append((op, units[bucket.index]))
+    gathers += _expert_gathers(ctx, layers)
     if layout.overlap_param_gather and gathers:  # the last step's, beside this forward
         return gathers_before_forward([*actions, program[-1] + out], gathers)
     out += [Node(op, None, [step]) for op, _ in gathers]
     return [*actions, program[-1] + out]
+
+
+def _expert_gathers(ctx: RankContext, layers: list[int]) -> list[tuple[Op, list[Unit]]]:
+    """ZeRO 1/2 over an expert-DP group of two or more: each MoE layer's updated routed
+    experts, all-gathered as parameters (the elements its `ExpertGrads` reduce-scattered)."""
+    model, layout = ctx.model, ctx.layout
+    group = expert_data_group(layout, ctx.rank) if model.experts else ()
+    if layout.zero not in (1, 2) or len(group) < 2:
+        return []
+    out = []
+    for layer in layers:
+        if is_moe_layer(model, layer):
+            op = Op(kind=OpKind.ALL_GATHER, stream=Stream.DP, name="expert_params",
+                    purpose=ExpertParamGather(Unit.of_layer(layer)), group=group,
+                    size_bytes=ctx.expert_params(layer) * model.dtype_bytes, layer=layer,
+                    phase=Phase.OPT, dtype=model.data_dtype)
+            out.append((op, [Unit.of_layer(layer)]))
+    return out
 
 
 _STAT_AFTER = {Kernel.GRAD_UNSCALE: StepStat.FOUND_INF, Kernel.GRAD_NORM: StepStat.NORM}
