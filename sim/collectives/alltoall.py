@@ -65,7 +65,7 @@ def all_to_all_flows(cluster: Cluster, group: Sequence[int]) -> FlowSet | None:
     local = sorted(next(iter(servers.values())))
     if any(sorted(v) != local for v in servers.values()) or len(set(group)) != len(group):
         return None
-    counts = _Counts(cluster)
+    counts = LinkCounts(cluster)
     n, m = len(group), len(local)
     per_nic: dict[int, int] = {}  # receivers per server on NIC j
     for i in local:
@@ -85,7 +85,7 @@ def all_to_all_flows(cluster: Cluster, group: Sequence[int]) -> FlowSet | None:
     return FlowSet.from_counts(counts.by_link, latency, cluster.link_capacity)
 
 
-class _Counts:
+class LinkCounts:
     """Flows per link id, added by the link's end nodes."""
 
     def __init__(self, cluster: Cluster) -> None:
@@ -98,7 +98,7 @@ class _Counts:
             self.by_link[link] = self.by_link.get(link, 0) + flows
 
 
-def _in_server(counts: _Counts, s: int, local: list[int], many: bool, per_nic: dict[int, int],
+def _in_server(counts: LinkCounts, s: int, local: list[int], many: bool, per_nic: dict[int, int],
                n: int, num_servers: int, spec: ServerSpec) -> None:
     """Server s's links: NVLink among its members and the PXN hops, PCIe to and from its
     NICs, and its NICs' links into and out of the fabric (rails: added by the caller)."""
@@ -122,7 +122,7 @@ def _in_server(counts: _Counts, s: int, local: list[int], many: bool, per_nic: d
         counts.add(nic_node(s, nic_of(i)), gpu_node(s, i), n - m)
 
 
-def _fat_tree(counts: _Counts, tree: FatTree, servers: list[int], m: int,
+def _fat_tree(counts: LinkCounts, tree: FatTree, servers: list[int], m: int,
               per_nic: dict[int, int], n: int) -> None:
     """The fat tree's links: NIC to leaf and back, leaf to spine (or pod aggregation) and
     back, and with three tiers aggregation to core and back (see the module)."""

@@ -31,7 +31,12 @@ from collections import Counter
 from collections.abc import Sequence
 from itertools import chain
 
-from sim.collectives.alltoall import MAX_ROUTED_PAIRS, all_to_all_flows, enumerated
+from sim.collectives.alltoall import (
+    MAX_ROUTED_PAIRS,
+    LinkCounts,
+    all_to_all_flows,
+    enumerated,
+)
 from sim.collectives.base import Lowering, hop
 from sim.engine.flows import FlowSet
 from topology.cluster import Cluster
@@ -77,17 +82,6 @@ def routed(cluster: Cluster, senders: Sequence[int], receivers: Sequence[int]) -
     return Counter(chain.from_iterable(routes))
 
 
-class _Counts:
-    def __init__(self, cluster: Cluster) -> None:
-        self.link = cluster.link
-        self.by_link: dict[int, int] = {}
-
-    def add(self, u: str, v: str, flows: int) -> None:
-        if flows:
-            link = self.link(u, v)
-            self.by_link[link] = self.by_link.get(link, 0) + flows
-
-
 def counted(cluster: Cluster, senders: Sequence[int], receivers: Sequence[int]
             ) -> dict[int, int] | None:
     """Flows per link of senders x receivers by the module's sums; None where the fabric has
@@ -115,7 +109,7 @@ def counted(cluster: Cluster, senders: Sequence[int], receivers: Sequence[int]
         for j, d in row.items():
             total_nic[j] = total_nic.get(j, 0) + d
     num_a = len(senders)
-    counts = _Counts(cluster)
+    counts = LinkCounts(cluster)
     servers = sorted(set(sends) | set(takes))
     fabric_side: dict[tuple[int, int], tuple[int, int]] = {}  # (s, j) -> (up, down)
     for s in servers:
@@ -148,7 +142,7 @@ def counted(cluster: Cluster, senders: Sequence[int], receivers: Sequence[int]
     return counts.by_link
 
 
-def _fat_tree(counts: _Counts, tree: FatTree, sends: dict[int, list[int]],
+def _fat_tree(counts: LinkCounts, tree: FatTree, sends: dict[int, list[int]],
               on_nic: dict[int, dict[int, int]], fabric_side: dict[tuple[int, int],
                                                                   tuple[int, int]],
               num_a: int) -> None:
