@@ -4,17 +4,18 @@
 receiver's NIC index at both ends, a PXN hop over NVLink first where the sender's own NIC is
 another) and counts the flows per link: n² routes, 67 M at 8192 GPUs. On a switched fabric
 (`topology.fabric`: a two- or three-tier fat tree, rails) the routes have a structure that
-gives every link's count in closed form from a few sums over the members:
+gives every link's count in closed form from a few sums over the members. `counted` takes
+senders A and receivers B apart (all-to-all: both the group; an uneven all-to-all's size
+classes, `sim.collectives.alltoallv`: some of it); with A_s and B_s the members of server s,
+B_j (B_s,j) the receivers on NIC j (of server s):
 
-  - inside a server: each member sends to the m−1 others over its NVLink, and receives as much;
-  - a sender's hop to the NIC of index j (and its PXN hop to that NIC's GPU): the members of
-    other servers on NIC j, D_j − d_j (D_j in the group, d_j per server);
-  - NIC (s, j) into the fabric: m · (D_j − d_j); out of the fabric to it: d_j · (n − m);
-  - fat tree, leaf l up to its spine (or pod aggregation) u: S_l · (U_u − U_u,l), where S_l
-    counts the members under leaf l and U_u,l the receivers under it whose NIC's global index
-    is ≡ u (destination-mod-k up-routing, `FatTree.nic_path`); down: U_u,l · (n − S_l);
-  - three tiers, pod aggregation u to core (u, c) and back: the same with pods for leaves,
-    receivers grouped by (u, c).
+  - NVLink in server s: i in A_s sends |B_s| - [i in B_s]; k in B_s receives |A_s| - [k in A_s];
+  - i in A_s to NIC j (via its PXN GPU): B_j - B_s,j; NIC of k in B_s to k: |A| - |A_s|;
+  - NIC (s, j) up: |A_s| (B_j - B_s,j); down: B_s,j (|A| - |A_s|);
+  - leaf l up to uplink u: S_l (U_u - U_u,l); down: U_u,l (|A| - S_l) (S_l senders under l,
+    U_u,l receivers under l whose NIC's global index is = u mod the uplinks,
+    destination-mod-k up-routing, `FatTree.nic_path`); three tiers: the same between pod
+    aggregation and core with pods for leaves, receivers grouped by (u, c).
 
 So its cost grows with the links, not the pairs. It applies to destination-mod-k routing
 (not to hashed or adaptive uplinks: a fabric whose `symmetric` is false) and to groups that
@@ -35,7 +36,7 @@ from sim.collectives.base import flowset, hop
 from sim.engine.flows import FlowSet
 from topology.cluster import Cluster
 from topology.fabric import FatTree, Rails
-from topology.server import ServerSpec, gpu_node, nic_node, nvswitch_node
+from topology.server import gpu_node, nic_node, nvswitch_node
 from traces.errors import ConfigError
 
 AGGREGATE_FROM = 2
@@ -50,39 +51,20 @@ a group that cannot be counted by class is refused before its routes are built."
 def all_to_all_flows(cluster: Cluster, group: Sequence[int]) -> FlowSet | None:
     """The flow set of every member sending to every other at once, counted by class; None
     where the fabric or the group has no such structure (route pair by pair then)."""
-    fabric = cluster.fabric
-    if not isinstance(fabric, FatTree | Rails) or len(group) < AGGREGATE_FROM:
-        return None
-    if not getattr(fabric, "symmetric", True):  # hashed or adaptive uplinks: no closed form
-        return None
-    spec = fabric.server
-    if spec.gpus != cluster.devices_per_server or spec.nics == 0:
+    if len(group) < AGGREGATE_FROM or len(set(group)) != len(group):
         return None
     servers: dict[int, list[int]] = {}
     for rank in group:
-        s, i = divmod(rank, spec.gpus)
+        s, i = divmod(rank, cluster.devices_per_server)
         servers.setdefault(s, []).append(i)
     local = sorted(next(iter(servers.values())))
-    if any(sorted(v) != local for v in servers.values()) or len(set(group)) != len(group):
+    if any(sorted(v) != local for v in servers.values()):  # the latency's representatives
         return None
-    counts = LinkCounts(cluster)
-    n, m = len(group), len(local)
-    per_nic: dict[int, int] = {}  # receivers per server on NIC j
-    for i in local:
-        per_nic[spec.nic_of(i)] = per_nic.get(spec.nic_of(i), 0) + 1
-    many = len(servers) > 1
-    for s in servers:
-        _in_server(counts, s, local, many, per_nic, n, len(servers), spec)
-    if many:
-        if isinstance(fabric, FatTree):
-            _fat_tree(counts, fabric, list(servers), m, per_nic, n)
-        else:
-            for s in servers:
-                for j, d in per_nic.items():
-                    counts.add(nic_node(s, j), f"rail{j}", m * (d * len(servers) - d))
-                    counts.add(f"rail{j}", nic_node(s, j), d * (n - m))
+    counts = counted(cluster, group, group)
+    if counts is None:
+        return None
     latency = max(cluster.path_latency(route) for route in _representatives(cluster, servers))
-    return FlowSet.from_counts(counts.by_link, latency, cluster.link_capacity)
+    return FlowSet.from_counts(counts, latency, cluster.link_capacity)
 
 
 class LinkCounts:
@@ -98,47 +80,86 @@ class LinkCounts:
             self.by_link[link] = self.by_link.get(link, 0) + flows
 
 
-def _in_server(counts: LinkCounts, s: int, local: list[int], many: bool, per_nic: dict[int, int],
-               n: int, num_servers: int, spec: ServerSpec) -> None:
-    """Server s's links: NVLink among its members and the PXN hops, PCIe to and from its
-    NICs, and its NICs' links into and out of the fabric (rails: added by the caller)."""
-    m = len(local)
-    switch = nvswitch_node(s)
-    if m > 1:
-        for i in local:
-            counts.add(gpu_node(s, i), switch, m - 1)
-            counts.add(switch, gpu_node(s, i), m - 1)
-    if not many:
-        return
-    nic_of, owner_of = spec.nic_of, spec.owner_of
-    for i in local:
-        for j, d in per_nic.items():
-            out = d * num_servers - d  # receivers on NIC j in other servers
-            via = owner_of(j, prefer=i)
-            if via != i:
-                counts.add(gpu_node(s, i), switch, out)
-                counts.add(switch, gpu_node(s, via), out)
-            counts.add(gpu_node(s, via), nic_node(s, j), out)
-        counts.add(nic_node(s, nic_of(i)), gpu_node(s, i), n - m)
+def counted(cluster: Cluster, senders: Sequence[int], receivers: Sequence[int]
+            ) -> dict[int, int] | None:
+    """Flows per link of senders x receivers by the module's sums; None where the fabric has
+    no such structure (a torus, hashed uplinks, servers unlike the fabric's)."""
+    fabric = cluster.fabric
+    if not isinstance(fabric, FatTree | Rails) or not getattr(fabric, "symmetric", True):
+        return None
+    spec = fabric.server
+    if spec.gpus != cluster.devices_per_server or spec.nics == 0:
+        return None
+    gpus, nic_of, owner_of = spec.gpus, spec.nic_of, spec.owner_of
+    sends: dict[int, list[int]] = {}
+    takes: dict[int, list[int]] = {}
+    for a in senders:
+        s, i = divmod(a, gpus)
+        sends.setdefault(s, []).append(i)
+    on_nic: dict[int, dict[int, int]] = {}  # B_s,j
+    for b in receivers:
+        s, k = divmod(b, gpus)
+        takes.setdefault(s, []).append(k)
+        row = on_nic.setdefault(s, {})
+        row[nic_of(k)] = row.get(nic_of(k), 0) + 1
+    total_nic: dict[int, int] = {}  # B_j
+    for row in on_nic.values():
+        for j, d in row.items():
+            total_nic[j] = total_nic.get(j, 0) + d
+    num_a = len(senders)
+    counts = LinkCounts(cluster)
+    servers = sorted(set(sends) | set(takes))
+    fabric_side: dict[tuple[int, int], tuple[int, int]] = {}  # (s, j) -> (up, down)
+    for s in servers:
+        a_s, b_s, row = sends.get(s, []), takes.get(s, []), on_nic.get(s, {})
+        set_a, set_b = set(a_s), set(b_s)
+        switch = nvswitch_node(s)
+        for i in a_s:
+            counts.add(gpu_node(s, i), switch, len(b_s) - (i in set_b))
+        for k in b_s:
+            counts.add(switch, gpu_node(s, k), len(a_s) - (k in set_a))
+        for i in a_s:
+            for j, b_j in total_nic.items():
+                out = b_j - row.get(j, 0)
+                via = owner_of(j, prefer=i)
+                if via != i:
+                    counts.add(gpu_node(s, i), switch, out)
+                    counts.add(switch, gpu_node(s, via), out)
+                counts.add(gpu_node(s, via), nic_node(s, j), out)
+        for k in b_s:
+            counts.add(nic_node(s, nic_of(k)), gpu_node(s, k), num_a - len(a_s))
+        for j in set(total_nic) | set(row):
+            fabric_side[(s, j)] = (len(a_s) * (total_nic.get(j, 0) - row.get(j, 0)),
+                                   row.get(j, 0) * (num_a - len(a_s)))
+    if isinstance(fabric, Rails):
+        for (s, j), (up, down) in fabric_side.items():
+            counts.add(nic_node(s, j), f"rail{j}", up)
+            counts.add(f"rail{j}", nic_node(s, j), down)
+    else:
+        _fat_tree(counts, fabric, sends, on_nic, fabric_side, num_a)
+    return counts.by_link
 
 
-def _fat_tree(counts: LinkCounts, tree: FatTree, servers: list[int], m: int,
-              per_nic: dict[int, int], n: int) -> None:
-    """The fat tree's links: NIC to leaf and back, leaf to spine (or pod aggregation) and
-    back, and with three tiers aggregation to core and back (see the module)."""
+def _fat_tree(counts: LinkCounts, tree: FatTree, sends: dict[int, list[int]],
+              on_nic: dict[int, dict[int, int]], fabric_side: dict[tuple[int, int],
+                                                                  tuple[int, int]],
+              num_a: int) -> None:
+    """NIC to leaf and back, leaf to spine (pod aggregation) and back, aggregation to core."""
     nics, up, per_pod = tree.server.nics, tree.up, tree.per_pod
     three = tree.spec.tiers != 2
-    senders: dict[int, int] = {}  # S_l: members under leaf l
-    below: dict[tuple[int, int], int] = {}  # U_{u,l}: receivers under leaf l on uplink u
+    for (s, j), (upward, down) in fabric_side.items():
+        leaf_name = tree._leaf_name(tree._leaf(s * nics))
+        counts.add(nic_node(s, j), leaf_name, upward)
+        counts.add(leaf_name, nic_node(s, j), down)
+    senders: dict[int, int] = {}  # S_l
+    below: dict[tuple[int, int], int] = {}  # U_u,l
     cores: dict[tuple[int, int, int], int] = {}  # receivers in pod p on core (u, c)
-    total = len(servers) * m
-    for s in servers:
+    leaves: set[int] = set()
+    for s in set(sends) | set(on_nic):
         leaf = tree._leaf(s * nics)
-        senders[leaf] = senders.get(leaf, 0) + m
-        for j, d in per_nic.items():
-            leaf_name, nic = tree._leaf_name(leaf), nic_node(s, j)
-            counts.add(nic, leaf_name, m * (d * len(servers) - d))
-            counts.add(leaf_name, nic, d * (n - m))
+        leaves.add(leaf)
+        senders[leaf] = senders.get(leaf, 0) + len(sends.get(s, []))
+        for j, d in on_nic.get(s, {}).items():
             g = s * nics + j
             u = g % up
             below[(u, leaf)] = below.get((u, leaf), 0) + d
@@ -148,25 +169,27 @@ def _fat_tree(counts: LinkCounts, tree: FatTree, servers: list[int], m: int,
     by_uplink: dict[int, int] = {}
     for (u, _), d in below.items():
         by_uplink[u] = by_uplink.get(u, 0) + d
-    for leaf, s_l in senders.items():
+    for leaf in sorted(leaves):
+        s_l = senders.get(leaf, 0)
         for u in range(up):
             upper = f"agg{leaf // per_pod}.{u}" if three else f"spine{u}"
-            counts.add(tree._leaf_name(leaf), upper,
-                       s_l * (by_uplink.get(u, 0) - below.get((u, leaf), 0)))
-            counts.add(upper, tree._leaf_name(leaf), below.get((u, leaf), 0) * (n - s_l))
+            under = below.get((u, leaf), 0)
+            counts.add(tree._leaf_name(leaf), upper, s_l * (by_uplink.get(u, 0) - under))
+            counts.add(upper, tree._leaf_name(leaf), under * (num_a - s_l))
     if not three:
         return
     pods: dict[int, int] = {}
-    for leaf, s_l in senders.items():
-        pods[leaf // per_pod] = pods.get(leaf // per_pod, 0) + s_l
+    for leaf in leaves:
+        pods[leaf // per_pod] = pods.get(leaf // per_pod, 0) + senders.get(leaf, 0)
     by_core: dict[tuple[int, int], int] = {}
     for (u, c, _), d in cores.items():
         by_core[(u, c)] = by_core.get((u, c), 0) + d
-    for p, s_p in pods.items():
+    for p, s_p in sorted(pods.items()):
         for (u, c), d_uc in by_core.items():
             agg, core = f"agg{p}.{u}", f"core{u}.{c}"
-            counts.add(agg, core, s_p * (d_uc - cores.get((u, c, p), 0)))
-            counts.add(core, agg, cores.get((u, c, p), 0) * (total - s_p))
+            mine = cores.get((u, c, p), 0)
+            counts.add(agg, core, s_p * (d_uc - mine))
+            counts.add(core, agg, mine * (num_a - s_p))
 
 
 def _representatives(cluster: Cluster, servers: dict[int, list[int]]) -> list[tuple[int, ...]]:
