@@ -12,7 +12,6 @@ recomputation does). Nothing else: the later passes add communication.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 from traces.expert_grid import ep_coord
 from traces.kernel_groups import ATTENTION_CORE
@@ -20,7 +19,7 @@ from traces.kernels import KernelWork, embedding_kernels, head_kernels
 from traces.layout import Recompute
 from traces.moe import ExpertShard, moe_layer_kernels
 from traces.moe_spec import is_moe_layer
-from traces.ops import Op, OpKind, Phase, Stream
+from traces.ops import OpKind, OpRow, Phase, Stream, op_row, stamp
 from traces.pipeline import Action
 from traces.plan.nodes import Node, Program, RankContext
 from traces.purpose import EMBED, HEAD, Kernel, KernelRun, Unit
@@ -46,8 +45,9 @@ def count_compute(ctx: RankContext) -> int:
     return ctx.layout.num_microbatches * once
 
 
-Segment = tuple[list[dict[str, Any]], Sequence[Unit]]
-"""A run of kernels (their op fields) and the units it runs for, one after another."""
+Segment = tuple[list[OpRow], Sequence[Unit]]
+"""A run of kernels (their ops' rows, `traces.ops.op_row`) and the units it runs for, one
+after another."""
 
 
 class _StageKernels:
@@ -61,7 +61,7 @@ class _StageKernels:
         embed = embedding_kernels(model, b, t, sp, g)
         head = head_kernels(model, b, t, sp, g)
         # One kernel list per distinct kind of layer: dense, MoE (per layer with skewed routing).
-        self.runs: dict[object, tuple[list[dict[str, Any]], list[dict[str, Any]]]] = {}
+        self.runs: dict[object, tuple[list[OpRow], list[OpRow]]] = {}
         self.keys: dict[int, object] = {}
         shard = ExpertShard(ep=layout.ep, etp=layout.etp, ep_rank=ep_coord(layout, ctx.rank))
         for stage in layout.stages_of_rank(ctx.pp_rank):
@@ -141,15 +141,16 @@ def _layer_backward(layer: list[KernelWork], recompute: Recompute, core: tuple[K
     return backward
 
 
-def _nodes(run: list[dict[str, Any]], unit: Unit, layer: int | None, mb: int) -> list[Node]:
-    """One node per kernel of `run` (the ops' fields but layer and micro-batch, prepared once:
-    a 1024-GPU plan builds ~10^6 of these)."""
-    return [Node(Op(**fields, layer=layer, microbatch=mb), unit) for fields in run]
+def _nodes(run: list[OpRow], unit: Unit, layer: int | None, mb: int) -> list[Node]:
+    """One node per kernel of `run` (the ops' rows, prepared once, stamped with the layer and
+    micro-batch: a 1024-GPU plan builds ~10^6 of these)."""
+    return [Node(stamp(row, layer, mb), unit) for row in run]
 
 
-def _fields(run: Run) -> list[dict[str, Any]]:
-    return [{"kind": OpKind.COMPUTE, "stream": Stream.COMPUTE, "name": str(k.name),
-             "purpose": KernelRun(k.name), "phase": phase,
-             "flops": k.bwd_flops if phase is Phase.BWD else k.flops,
-             "mem_bytes": k.bwd_bytes if phase is Phase.BWD else k.mem_bytes,
-             "gemm": k.gemm or (), **({"dtype": "fp8"} if k.fp8 else {})} for k, phase in run]
+def _fields(run: Run) -> list[OpRow]:
+    return [op_row(kind=OpKind.COMPUTE, stream=Stream.COMPUTE, name=str(k.name),
+                   purpose=KernelRun(k.name), phase=phase,
+                   flops=k.bwd_flops if phase is Phase.BWD else k.flops,
+                   mem_bytes=k.bwd_bytes if phase is Phase.BWD else k.mem_bytes,
+                   gemm=k.gemm or (), **({"dtype": "fp8"} if k.fp8 else {}))
+            for k, phase in run]

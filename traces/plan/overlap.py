@@ -41,9 +41,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
-from traces.ops import Op, OpKind, Phase, Stream
+from traces.ops import Op, OpKind, OpRow, Phase, Stream, op_row, stamp
 from traces.plan.nodes import Node
 from traces.purpose import (
     GemmChunk,
@@ -72,9 +71,9 @@ LAUNCH = 0
 """In a template's dependencies: the compute op before the region (where TE launches it);
 k + 1 names the region's op k."""
 
-Entry = tuple[dict[str, Any], tuple[int, ...]]
-"""One op of a region: its fields but layer and micro-batch, and what it waits for (LAUNCH, or
-k + 1 for the region's earlier op k)."""
+Entry = tuple[OpRow, tuple[int, ...]]
+"""One op of a region: its row (`traces.ops.op_row`) but layer and micro-batch, and what it
+waits for (LAUNCH, or k + 1 for the region's earlier op k)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,10 +96,10 @@ class Region:
     def __init__(self, template: Template, layer: int | None, microbatch: int | None,
                  unit: Unit | None, launch: Node) -> None:
         pool = [launch]  # what each dependency of the template names
-        for fields, deps in template.entries:  # ~10^6 of these: the common cases inline
+        for row, deps in template.entries:  # ~10^6 of these: the common cases inline
             after = [] if not deps else [pool[deps[0]]] if len(deps) == 1 else \
                 list(map(pool.__getitem__, deps))
-            pool.append(Node(Op(**fields, layer=layer, microbatch=microbatch), unit, after))
+            pool.append(Node(stamp(row, layer, microbatch), unit, after))
         self.nodes = pool[1:]
         self.join = None if template.join is None else pool[template.join + 1]
 
@@ -171,7 +170,7 @@ def _bulk(op: Op, gather: TpSite, scatter: TpSite, group: tuple[int, ...], size:
     return Template(tuple(entries), 2)
 
 
-def _gemm(op: Op, part: GemmPart, index: int, count: int, sms: int) -> dict[str, Any]:
+def _gemm(op: Op, part: GemmPart, index: int, count: int, sms: int) -> OpRow:
     """Chunk `index` of `count` of one product of `op`'s GEMM, its fields but layer and
     micro-batch: tokens (M) split as evenly as integers go; FLOPs and HBM bytes in proportion
     (the backward's halves to each product)."""
@@ -187,18 +186,18 @@ def _gemm(op: Op, part: GemmPart, index: int, count: int, sms: int) -> dict[str,
     else:
         assert count == 1, "the weight gradient reduces over every token: one chunk"
         shape, fraction = (batch, k, n, m), 0.5
-    return {"kind": OpKind.COMPUTE, "stream": Stream.COMPUTE, "name": op.name,
-            "purpose": GemmChunk(purpose.kernel, part, index, count, sms), "phase": op.phase,
-            "flops": op.flops * fraction, "mem_bytes": op.mem_bytes * fraction, "gemm": shape}
+    return op_row(kind=OpKind.COMPUTE, stream=Stream.COMPUTE, name=op.name,
+                  purpose=GemmChunk(purpose.kernel, part, index, count, sms), phase=op.phase,
+                  flops=op.flops * fraction, mem_bytes=op.mem_bytes * fraction, gemm=shape)
 
 
 def _comm(op: Op, site: TpSite, index: int, count: int, method: OverlapMethod, size: float,
-          group: tuple[int, ...]) -> dict[str, Any]:
-    """A collective chunk's fields but layer and micro-batch."""
+          group: tuple[int, ...]) -> OpRow:
+    """A collective chunk's row but layer and micro-batch."""
     purpose = TpChunk(site.kernel, site.slot, site.grad, site.kind, site.saved, index, count,
                       method)
-    return {"kind": site.kind, "stream": Stream.TP_COMM, "name": "tp", "purpose": purpose,
-            "group": group, "size_bytes": size, "phase": op.phase, "dtype": op.dtype}
+    return op_row(kind=site.kind, stream=Stream.TP_COMM, name="tp", purpose=purpose,
+                  group=group, size_bytes=size, phase=op.phase, dtype=op.dtype)
 
 
 def in_region(op: Op) -> bool:

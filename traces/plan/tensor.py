@@ -42,7 +42,7 @@ from typing import Any
 
 from traces.layout import Axis
 from traces.mla import down_width
-from traces.ops import Op, OpKind, Phase, Stream
+from traces.ops import OpKind, OpRow, Phase, Stream, op_row, stamp_phase
 from traces.plan.nodes import Node, Program, RankContext
 from traces.plan.overlap import OVERLAPPED, Template, overlap_region, overlap_template
 from traces.purpose import CrossEntropyStat, Kernel, KernelRun, Purpose, Stat, TpSite
@@ -189,11 +189,11 @@ def _splice(nodes: list[Node], recipe: list[Step], templates: dict[tuple[Any, ..
             node = nodes[i]
             op, unit = node.op, node.unit
             layer, mb, phase = op.layer, op.microbatch, op.phase
-            for fields in first:
-                step.append(Node(Op(**fields, layer=layer, microbatch=mb, phase=phase), unit))
+            for row in first:
+                step.append(Node(stamp_phase(row, layer, mb, phase), unit))
             step.append(node)
-            for fields in second:
-                step.append(Node(Op(**fields, layer=layer, microbatch=mb, phase=phase), unit))
+            for row in second:
+                step.append(Node(stamp_phase(row, layer, mb, phase), unit))
         elif what == _REGION:
             node = nodes[i]
             op = node.op
@@ -258,9 +258,10 @@ def _placements(sp: bool, mla_q_proj: bool | None = None
 
 
 def _fields(ctx: RankContext, collective: Collective, group: tuple[int, ...],
-            size: float) -> dict[str, Any]:
-    """An inline collective's fields but layer, micro-batch and phase (the kernel's beside)."""
+            size: float) -> OpRow:
+    """An inline collective's row (`traces.ops.op_row`) but layer, micro-batch and phase
+    (the kernel's beside)."""
     kind, name, purpose = collective
     dtype = "fp32" if isinstance(purpose, CrossEntropyStat) else ctx.model.data_dtype
-    return {"kind": kind, "stream": Stream.COMPUTE, "name": name, "purpose": purpose,
-            "group": group, "size_bytes": size, "dtype": dtype}
+    return op_row(kind=kind, stream=Stream.COMPUTE, name=name, purpose=purpose,
+                  group=group, size_bytes=size, dtype=dtype)

@@ -3,6 +3,7 @@ its ops equal those of the rule applied node by node (the pass as it was written
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -65,8 +66,10 @@ def node_by_node(ctx: RankContext, program: Program) -> Program:
 def _inline(ctx: RankContext, beside: Node, collective: tuple, group: tuple[int, ...],
             size: float) -> Node:
     op = beside.op
-    return Node(Op(**_fields(ctx, collective, group, size), layer=op.layer,
-                   microbatch=op.microbatch, phase=op.phase), beside.unit)
+    fields = dict(zip((f.name for f in dataclasses.fields(Op)),
+                      _fields(ctx, collective, group, size), strict=True))
+    return Node(Op(**{**fields, "layer": op.layer, "microbatch": op.microbatch,
+                      "phase": op.phase}), beside.unit)
 
 
 def programs(model: ModelSpec, **parallel: Any) -> tuple[RankContext, Program, Program]:
