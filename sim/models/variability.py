@@ -42,7 +42,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from functools import lru_cache
 
 import numpy as np
-from scipy.special import log_ndtr
 
 from topology.variability import Variability
 from traces.layout import Layout
@@ -67,6 +66,9 @@ def _expected_max(j: float, p: float, k: float, counts: tuple[tuple[int, int], .
         p, k = 0.0, 1.0
     if j == 0:  # only slow nodes: the group is slow when any of its nodes is
         return 1.0 + (1.0 - (1.0 - p) ** nodes) * (k - 1.0)
+    from scipy.special import log_ndtr  # here: scipy's import is a tenth of a second that an
+    # ideal cluster (no jitter) never needs
+
     lo, hi = 1.0 - 12 * j, k * (1.0 + 12 * j)
     x = np.linspace(lo, hi, int((hi - lo) / j * GRID_POINTS_PER_SIGMA) + 2)
     log_f = np.zeros_like(x)
