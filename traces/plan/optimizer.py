@@ -69,8 +69,9 @@ def add_optimizer(ctx: RankContext, program: Program) -> Program:
         last = _last(nodes, Stream.COMPUTE)
         assert last is not None, "a rank owning the embeddings runs their kernels"
         out.append(Node(op, EMBED, [last]))
-    waits = [n for n in (_last(out, Stream.DP) or _last(nodes, Stream.DP),
-                         _last(nodes, Stream.ZERO_RS)) if n]
+    # (ZeRO-3's reduce-scatters are the only ops on zero_rs: elsewhere none to look for)
+    scatters = _last(nodes, Stream.ZERO_RS) if layout.zero == 3 else None
+    waits = [n for n in (_last(out, Stream.DP) or _last(nodes, Stream.DP), scatters) if n]
     waits += [n for n in (actions[-1] if actions else []) if n.op.kind is OpKind.SEND]
     shard = layout.data_degree if layout.zero >= 1 else 1
     layers = [layer for stage in layout.stages_of_rank(ctx.pp_rank)
