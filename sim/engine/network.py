@@ -19,10 +19,11 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from functools import partial
+from heapq import heappush
 
 import numpy as np
 import simpy
+from simpy.events import NORMAL
 
 from sim.engine.flows import FlowSet, Lowering, solo_time
 from sim.engine.maxmin import max_min_matrix, max_min_rates
@@ -60,6 +61,9 @@ class _Job(simpy.Event):
     start: float
     stretch: float
     live: bool
+
+
+_new = object.__new__
 
 
 @dataclass(eq=False, slots=True)
@@ -132,30 +136,34 @@ class Network:
                     if active[j] or jobs[j]:
                         break
                 else:  # nothing on its links: one event at its time alone
-                    job = _Job(env)
+                    job = _new(_Job)  # `_Job(env)`: simpy's Event.__init__, inlined
+                    job.env, job.callbacks = env, []
                     job.plan, job.size, job.start, job.stretch, job.live = \
-                        plan, size_bytes, env.now, stretch, True
+                        plan, size_bytes, env._now, stretch, True
                     for i in plan.distinct:
                         jobs[i][job] = None
                     seconds = plan.seconds.get(size_bytes)
                     if seconds is None:
                         seconds = plan.seconds[size_bytes] = solo_time(
                             plan.lowering, size_bytes, self.capacity)
-                    env.timeout(seconds * stretch).callbacks.append(
-                        partial(self._end_analytic, job))
+                    env.timeout(seconds * stretch, job).callbacks.append(self._end_analytic)
                     return job
         done = env.event()
         self._round(plan, 0, size_bytes, done, stretch)
         return done
 
-    def _end_analytic(self, job: _Job, _: simpy.Event) -> None:
+    def _end_analytic(self, timeout: simpy.Event) -> None:
+        """The timeout of an analytic job (its value) has fired: the job is done, unless it
+        went on as flows meanwhile."""
+        job: _Job = timeout._value
         if job.live:  # _drop(job), then job.succeed(), without their layers of calls
             job.live = False
             jobs = self._jobs
             for i in job.plan.indices:
                 jobs[i].pop(job, None)
             job._ok, job._value = True, None
-            self.env.schedule(job)
+            env = self.env  # env.schedule(job), inlined: the same key
+            heappush(env._queue, (env._now + 0, NORMAL, next(env._eid), job))
 
     def _drop(self, job: _Job) -> None:
         job.live = False
