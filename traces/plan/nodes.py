@@ -12,9 +12,10 @@ anywhere without renumbering anything, and refers to other ops by the nodes them
 from __future__ import annotations
 
 import dataclasses
+from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
-from itertools import chain
+from itertools import chain, compress, count, repeat
 from operator import attrgetter
 
 from traces import mla
@@ -158,16 +159,15 @@ def finalize(program: Program) -> tuple[Op, ...]:
     The ops were built by the passes and have not escaped yet, so their `deps` are set in place.
     """
     nodes = list(chain.from_iterable(program))
-    for i, node in enumerate(nodes):
-        node.index = i
-    for node in nodes:
-        after = node.after
-        if after:  # most wait for one op: that tuple made inline
-            deps = node.op.deps = (after[0].index,) if len(after) == 1 else \
-                tuple(map(_INDEX, after))
-            assert -1 not in deps, f"{node.op.name} waits for an op a pass left out of the plan"
+    deque(map(setattr, nodes, repeat("index"), count()), maxlen=0)  # node.index = i, in C
+    for node in compress(nodes, map(_AFTER, nodes)):  # those that wait for something
+        after = node.after  # most wait for one op: that tuple made inline
+        deps = node.op.deps = (after[0].index,) if len(after) == 1 else \
+            tuple(map(_INDEX, after))
+        assert -1 not in deps, f"{node.op.name} waits for an op a pass left out of the plan"
     return tuple(map(_OP, nodes))
 
 
 _INDEX = attrgetter("index")
 _OP = attrgetter("op")
+_AFTER = attrgetter("after")
