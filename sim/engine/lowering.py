@@ -167,13 +167,17 @@ def lower_communication(plan: Trace, cluster: Cluster, fold: Layout | Partition 
         table = ops[rank] = {}
         rank_ops = plan.ops[rank]
         numbers = calls[rank] = array("i", bytes(4 * len(rank_ops)))
+        last_k, last_tag, found = -1, "", None
         for i, k in per_op.items():
             op = rank_ops[i]
             tag = op.tag if op.kind in _P2P else ""
-            found = made.get((k, tag, rank))
-            if found is None:
-                found = made[(k, tag, rank)] = _comm_op(
-                    rank, op.kind, tag, k, keys[k], lowered[k].algo, members, channels, queues)
+            if k != last_k or tag != last_tag or found is None:
+                found = made.get((k, tag, rank))
+                if found is None:
+                    found = made[(k, tag, rank)] = _comm_op(
+                        rank, op.kind, tag, k, keys[k], lowered[k].algo, members, channels,
+                        queues)
+                last_k, last_tag = k, tag
             table[i] = found[0]
             queue = found[0].queue
             if queue == len(issued):
@@ -219,6 +223,8 @@ def _keys(plan: Trace, cluster: Cluster
     checked: set[tuple[int, ...]] = set()
     key_of: dict[int, dict[int, int]] = {}
     transfers: list[tuple[int, int, Op]] = []
+    last: tuple[object, ...] = (None,) * 5  # the last collective's fields, and its key
+    last_k = -1
     for rank, ops in plan.ops.items():
         per_op = key_of[rank] = {}
         # the communication ops' indices, found in C (a 1024-GPU plan: 1 op in 7)
@@ -239,7 +245,12 @@ def _keys(plan: Trace, cluster: Cluster
                     keys.append(TransferKey(src, dst, op.size_bytes, measured))
                 transfers.append((rank, i, op))
             else:
-                group = op.group
+                group, size, split = op.group, op.size_bytes, op.split
+                measured = size == 0.0 and op.end is not None  # `_measured(op)`
+                if group is last[0] and kind is last[1] and size == last[2] and \
+                        measured is last[3] and split is last[4]:
+                    per_op[i] = last_k  # as the collective before (a TP group's many)
+                    continue
                 if group not in checked:
                     if len(group) < 2 or not all(0 <= r < n for r in group) or \
                             len(set(group)) != len(group):
@@ -247,12 +258,12 @@ def _keys(plan: Trace, cluster: Cluster
                                           f"a group needs two or more distinct ranks of the "
                                           f"{n} on {cluster.name}")
                     checked.add(group)
-                measured = _measured(op)
-                raw = (kind, group, op.size_bytes, measured, op.split)
+                raw = (kind, group, size, measured, split)
                 k = index.get(raw)
                 if k is None:
                     k = index[raw] = len(keys)
-                    keys.append(CollectiveKey(kind, group, op.size_bytes, measured, op.split))
+                    keys.append(CollectiveKey(kind, group, size, measured, split))
+                last, last_k = (group, kind, size, measured, split), k
             per_op[i] = k
     return keys, key_of, transfers
 
