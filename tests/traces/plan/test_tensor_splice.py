@@ -66,8 +66,8 @@ def node_by_node(ctx: RankContext, program: Program) -> Program:
 def _inline(ctx: RankContext, beside: Node, collective: tuple, group: tuple[int, ...],
             size: float) -> Node:
     op = beside.op
-    fields = dict(zip((f.name for f in dataclasses.fields(Op)),
-                      _fields(ctx, collective, group, size), strict=True))
+    fields: dict[str, Any] = dict(zip((f.name for f in dataclasses.fields(Op)),
+                                      _fields(ctx, collective, group, size), strict=True))
     return Node(Op(**{**fields, "layer": op.layer, "microbatch": op.microbatch,
                       "phase": op.phase}), beside.unit)
 
