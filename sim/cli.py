@@ -20,26 +20,25 @@ checked before the work starts and written all or none
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from collections.abc import Sequence
+from types import ModuleType
 from typing import NoReturn
 
-from sim.commands import (
-    calibrate,
-    collective,
-    goodput,
-    replay,
-    run,
-    search,
-    simulate,
-    validate,
-)
 from sim.commands.common import error, silence_stdout
 from sim.provenance import parasim_version
 from traces.errors import ConfigError, Fault, Terminated
 
-COMMANDS = {"collective": collective, "simulate": simulate, "replay": replay, "run": run,
-            "search": search, "calibrate": calibrate, "validate": validate, "goodput": goodput}
+COMMANDS = ("collective", "simulate", "replay", "run", "search", "calibrate", "validate",
+            "goodput")
+"""The commands, in the order `--help` lists them: each the module `sim.commands.<name>`."""
+
+
+def command(name: str) -> ModuleType:
+    """The module of command `name`, imported when first asked for: `parasim simulate` need
+    not load the search, calibration and goodput machinery (a tenth of its start-up)."""
+    return importlib.import_module(f"sim.commands.{name}")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -53,10 +52,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if sys.stdout is None:  # started with stdout closed (`>&-`): print() would drop everything
         error("stdout is closed; parasim prints its results there")
         return 2
-    parser = _build_parser()
     try:
+        parser = _build_parser(sys.argv[1:] if argv is None else argv)
         args = parser.parse_args(argv)
-        return int(COMMANDS[args.command].run(args))
+        return int(command(args.command).run(args))
     except ConfigError as err:
         error(str(err))
         return 2
@@ -74,10 +73,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
 
 
-def _build_parser() -> _Parser:
+def _build_parser(words: Sequence[str] = ()) -> _Parser:
+    """The parser of `words` (the command line without the program): with every command's
+    arguments, or only the command's that `words` starts with (then nothing can parse them
+    otherwise: its arguments come after its name, and everything else is refused the same)."""
     parser = _Parser(prog="parasim", description="Simulate distributed LLM training steps.")
     parser.add_argument("--version", action="version", version=f"parasim {parasim_version()}")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    for name, module in COMMANDS.items():
+    named = words[0] if words and words[0] in COMMANDS else None
+    for name in COMMANDS if named is None else (named,):
+        module = command(name)
         module.add_arguments(commands.add_parser(name, help=module.HELP))
     return parser
