@@ -1,16 +1,20 @@
 """The analytic tier of `parasim search` against the simulator it shares its parts with: equal
 where nothing overlaps or contends, the same memory, the same gradient buckets."""
 
+import dataclasses
 import itertools
 
 import pytest
 
 from sim.config import experiment_from_dict
 from sim.models.compute import ComputeModel
+from sim.models.interference import NO_INTERFERENCE
 from sim.models.memory import memory_by_pp_rank
 from sim.search.analytic import Analytic
 from sim.search.passes import gradient_buckets
+from sim.search.stage_time import beside
 from sim.simulate import predict
+from topology.variability import Variability
 from traces.layout import Layout
 from traces.model import ModelSpec
 from traces.ops import OpKind, Stream
@@ -88,14 +92,56 @@ def test_with_megatron_cores_overlaps_the_estimate_stays_close(parallel, within)
     assert estimate.step_time_s == pytest.approx(summary.step_time_s, rel=within)
 
 
-def test_zero3_misses_what_its_streams_contend_for():
+def test_zero3_misses_only_what_its_streams_contend_for():
     """ZeRO-3's gathers and reduce-scatters run at once on the same links in the simulation
-    and slow each other, and the kernels beside them run on the SMs and HBM bandwidth NCCL
-    leaves (sim.models.interference.GpuInterference); the estimate times each alone (7% short
-    before the GPU interference of issue 20, 17% with it), which is what the simulation of
-    the top K is for."""
+    and slow each other; the estimate times each alone. The kernels beside them run on the
+    SMs and HBM bandwidth NCCL leaves (sim.models.interference.GpuInterference) in both: the
+    estimate was 17% short before it counted that, and is within 5% now."""
     estimate, summary = both(experiment({"global_batch": 16, "dp": 8, "zero": 3}))
-    assert 0.8 * summary.step_time_s < estimate.step_time_s < summary.step_time_s
+    assert 0.95 * summary.step_time_s < estimate.step_time_s < summary.step_time_s
+
+
+@pytest.mark.parametrize(("parallel", "closer"), [
+    ({"dp": 8, "zero": 3}, 0.10),       # 17% short alone, 3% beside
+    ({"dp": 8, "zero": 2}, 0.02),       # reduce-scatters after every micro-batch
+    ({"dp": 8}, 0.015),                 # buckets beside the last backward
+])
+def test_kernels_beside_communication_bring_the_estimate_to_the_simulation(parallel, closer):
+    """The same layout with interference off (a cluster where NCCL does not run its kernels:
+    no `GpuInterference`) and on: counting the kernels that run beside the side streams and
+    the DP reductions moves the estimate towards the simulation by at least `closer`."""
+    exp = experiment({"global_batch": 16, **parallel})
+    alone = Analytic(exp.model, exp.cluster, exp.profile)
+    alone.interference = NO_INTERFERENCE
+    before = alone.estimate(exp.layout).step_time_s
+    estimate, summary = both(exp)
+    assert before < estimate.step_time_s <= summary.step_time_s
+    assert (estimate.step_time_s - before) / summary.step_time_s > closer
+
+
+def test_beside_is_the_kernels_that_start_while_communication_is_in_flight():
+    """10 s of kernels, 12 s beside communication: 3 s of it covers 2.5 s of kernels, which
+    take 3 s; communication longer than the kernels beside it stretches them all."""
+    assert beside(10.0, 12.0, 3.0) == pytest.approx(10.5)
+    assert beside(10.0, 12.0, 20.0) == pytest.approx(12.0)
+    assert beside(10.0, 10.0, 5.0) == 10.0
+    assert beside(10.0, 12.0, 0.0) == 10.0
+
+
+@pytest.mark.parametrize("parallel", [
+    {"tp": 2, "dp": 4, "overlap_grad_reduce": False},
+    {"dp": 8, "zero": 1, "overlap_grad_reduce": False},
+])
+def test_with_jitter_the_estimate_stretches_kernels_as_the_simulation_does(parallel):
+    """Every rank of one stage waits for the slowest of the job (sim.models.variability's
+    e_world); both stretch each kernel by it, so where nothing overlaps they stay equal."""
+    exp = experiment({"global_batch": 8, **parallel})
+    varied = dataclasses.replace(exp, cluster=dataclasses.replace(
+        exp.cluster, variability=Variability(jitter=0.05)))
+    estimate, summary = both(varied)
+    assert estimate.step_time_s == pytest.approx(summary.step_time_s, rel=1e-9)
+    ideal, _ = both(exp)
+    assert estimate.step_time_s > 1.02 * ideal.step_time_s
 
 
 def test_across_nodes_the_estimate_stays_close():
