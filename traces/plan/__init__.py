@@ -170,7 +170,7 @@ def lower_rank(model: ModelSpec, layout: Layout, rank: int, actions: list[Action
                 lambda p: add_pipeline_p2p(ctx, actions, p),
                 lambda p: add_data_parallel(ctx, actions, p),
                 lambda p: add_expert_grads(ctx, actions, p),
-                lambda p: add_optimizer(ctx, p),
+                lambda p: add_optimizer(ctx, p, actions),
                 lambda p: add_fp8(ctx, actions, p)):
         nodes = add(nodes)
         if budget is not None:
