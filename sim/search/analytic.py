@@ -6,10 +6,10 @@ kernel timed by `ComputeModel`, each collective lowered by `Collectives.resolve`
 alone by its alpha-beta time, memory by `pp_rank_memory`. The step is the closed-form 1F1B
 pipeline (the bubble (p-1)/(v·m)) plus what the end of the step exposes, with kernels slowed
 where communication runs beside them and stretched by the fleet's variability, as the replay
-does; it leaves out contention and the exact overlap the full simulation adds. Context parallelism's all-gathers
-are timed as the inline collectives they are; of its p2p ring, what each message takes beyond
-the attention step beside it. An
-uneven pipeline's end ranks run their own layer counts; its bubble stays the even one's.
+does; it leaves out contention and the exact overlap the full simulation adds. Context
+parallelism's all-gathers are timed as the inline collectives they are; of its p2p ring, what
+each message takes beyond the attention step beside it. An uneven pipeline's end ranks run
+their own layer counts; its bubble stays the even one's.
 
 The derivation in full: docs/search-analytic.md.
 """
