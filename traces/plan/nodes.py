@@ -116,10 +116,11 @@ class RankContext:
 
     def replicated_params(self, unit: Unit) -> float:
         """Parameters of one unit that every TP rank holds in full: a layer's two norms and
-        its row-parallel biases (GPT: 6h; an MoE layer's routed experts keep their own), latent attention's down-projection and latent norms
-        (`traces.mla`), an MoE layer's router h·E (Megatron-Core marks TopKRouter's weight
-        sequence_parallel, so SP sums its gradient over TP), learned positions (s·h; none
-        with rotary ones), the final norm (2h, RMSNorm h)."""
+        its row-parallel biases (GPT: 6h; an MoE layer's experts keep their own), latent
+        attention's down-projection and latent norms (`traces.mla`), an MoE layer's router
+        h·E (Megatron-Core marks TopKRouter's weight sequence_parallel, so SP sums its
+        gradient over TP), learned positions (s·h; none with rotary ones), the final norm
+        (2h, RMSNorm h)."""
         m = self.model
         if unit.part is Part.EMBED:
             return m.seq_len * m.hidden if m.position == "learned" else 0
