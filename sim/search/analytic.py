@@ -39,6 +39,7 @@ from sim.search.passes import (
 )
 from sim.search.stage_time import UnitTime, beside, stage
 from topology.cluster import Cluster
+from traces.alltoallv import AllToAllv
 from traces.expert_grid import ep_group, etp_group, expert_data_group
 from traces.layout import Axis, Layout, Schedule
 from traces.model import ModelSpec
@@ -81,7 +82,7 @@ class Analytic:
         self._passes: dict[PassKey, PassOps] = {}
         self._units: dict[tuple[PassKey, int, int, int, float],
                           tuple[UnitTime, UnitTime, UnitTime]] = {}
-        self._comm: dict[tuple[OpKind, tuple[int, ...], float], float] = {}
+        self._comm: dict[tuple[OpKind, tuple[int, ...], float, AllToAllv | None], float] = {}
         self._peaks: dict[tuple[Schedule, int, int, int], tuple[int, ...]] = {}
         self._groups: dict[tuple[int | str | bool, ...], tuple[int, ...]] = {}
         self._bucket_sizes: dict[tuple[int, ...], list[float]] = {}
@@ -317,17 +318,20 @@ class Analytic:
     def _op_time(self, layout: Layout, op: Op, axis: str) -> float:
         if not axis:
             return self.compute.duration(op)
-        return self._collective(op.kind, self._group(layout, axis), op.size_bytes)
+        return self._collective(op.kind, self._group(layout, axis), op.size_bytes, op.split)
 
-    def _collective(self, kind: OpKind, group: tuple[int, ...], size: float) -> float:
-        """Alpha-beta seconds of the lowering the replay would use, alone on the network."""
-        key = (kind, group, size)
+    def _collective(self, kind: OpKind, group: tuple[int, ...], size: float,
+                    split: AllToAllv | None = None) -> float:
+        """Alpha-beta seconds of the lowering the replay would use, alone on the network (an
+        uneven all-to-all by its per-peer sizes, `split`)."""
+        key = (kind, group, size, split)
         seconds = self._comm.get(key)
         if seconds is None:
             if self.free_network or size <= 0 or len(group) < 2:
                 seconds = 0.0
             else:
-                _, lowering = self.collectives.resolve(kind, group, size, self.algo)
+                _, lowering = self.collectives.resolve(kind, group, size, self.algo,
+                                                       split=split)
                 seconds = analytic_time(self.cluster, lowering, size)
             self._comm[key] = seconds
         return seconds

@@ -201,3 +201,22 @@ def test_compute_is_the_plans_kernels():
     busiest = max(sum(compute.duration(op) for op in ops if op.kind is OpKind.COMPUTE)
                   for ops in plan.ops.values())
     assert estimate.compute_s == pytest.approx(busiest, rel=1e-12)
+
+
+@pytest.mark.parametrize("skew", [1.0, 2.0])
+def test_a_skewed_all_to_all_is_timed_by_its_per_peer_sizes(skew):
+    """Under routing skew the plan's dispatch and combine carry their uneven per-peer sizes
+    (`Op.split`); the estimate times them as the replay lowers them (all-to-all-v), not as an
+    even all-to-all of the same total, which brings it towards the simulation."""
+    exp = experiment_from_dict({
+        "model": {**MODEL, "experts": 16, "top_k": 2, "moe_ffn_hidden": 512,
+                  "routing_skew": skew},
+        "parallel": {"ep": 8, "dp": 8, "global_batch": 16},
+        "cluster": {"preset": "dgx-h100", "nodes": 1}})
+    even = Analytic(exp.model, exp.cluster, exp.profile)
+    timed = even._collective
+    even._collective = lambda kind, group, size, split=None: timed(kind, group, size)
+    before = even.estimate(exp.layout).step_time_s
+    estimate, summary = both(exp)
+    assert before < estimate.step_time_s < summary.step_time_s
+    assert (estimate.step_time_s - before) / summary.step_time_s > 0.04
