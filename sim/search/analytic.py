@@ -43,6 +43,7 @@ from traces.alltoallv import AllToAllv
 from traces.expert_grid import ep_group, etp_group, expert_data_group
 from traces.layout import Axis, Layout, Schedule
 from traces.model import ModelSpec
+from traces.moe_spec import is_moe_layer
 from traces.ops import Op, OpKind, Phase
 from traces.pipeline import Action, ActionSchedule, gpipe, interleaved, one_f_one_b
 from traces.plan.optimizer import grad_stats_group
@@ -164,6 +165,11 @@ class Analytic:
         end = optimizer + sum(self._collective(OpKind.ALL_REDUCE,
                                                self._group(layout, "grad_stats"), size)
                               for size in ops.step_stats)
+        if ops.expert_gather:  # each MoE layer's updated experts, over expert-DP
+            moe = sum(is_moe_layer(self.model, layer) for stage in layout.stages_of_rank(r)
+                      for layer in layout.layers_of_stage(self.model, stage))
+            end += moe * self._collective(OpKind.ALL_GATHER, self._group(layout, "edp"),
+                                          ops.expert_gather)
         if ops.embedding_grads is not None and r in (0, layout.pp - 1):
             end += self._collective(OpKind.ALL_REDUCE, self._group(layout, "embedding"),
                                     ops.embedding_grads)

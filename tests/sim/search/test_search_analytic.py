@@ -11,7 +11,7 @@ from sim.models.compute import ComputeModel
 from sim.models.interference import NO_INTERFERENCE
 from sim.models.memory import memory_by_pp_rank
 from sim.search.analytic import Analytic
-from sim.search.passes import gradient_buckets
+from sim.search.passes import PassKey, gradient_buckets
 from sim.search.stage_time import beside
 from sim.simulate import predict
 from topology.variability import Variability
@@ -220,3 +220,25 @@ def test_a_skewed_all_to_all_is_timed_by_its_per_peer_sizes(skew):
     estimate, summary = both(exp)
     assert before < estimate.step_time_s < summary.step_time_s
     assert (estimate.step_time_s - before) / summary.step_time_s > 0.04
+
+
+def test_zero1_over_expert_dp_adds_each_moe_layers_expert_gather():
+    """ZeRO-1 over an expert-DP group of two: after the step every MoE layer all-gathers its
+    updated experts (`ExpertParamGather`); the estimate adds each alone on the network, and
+    the plan's gathers are the size it times."""
+    exp = experiment_from_dict({
+        "model": {**MODEL, "experts": 8, "top_k": 2, "moe_ffn_hidden": 1024},
+        "parallel": {"ep": 2, "dp": 4, "zero": 1, "overlap_grad_reduce": False,
+                     "global_batch": 8},
+        "cluster": {"preset": "dgx-a100", "nodes": 1, "gpus_per_node": 4}})
+    analytic = Analytic(exp.model, exp.cluster, exp.profile)
+    ops = analytic._pass_ops(exp.layout)
+    plan = build(exp.model, exp.layout, ranks=[0]).ops[0]
+    gathers = [op for op in plan if op.name == "expert_params"]
+    assert len(gathers) == 4 and {op.size_bytes for op in gathers} == {ops.expert_gather}
+    with_gathers = analytic.estimate(exp.layout).step_time_s
+    analytic._passes[PassKey.of(exp.layout)] = dataclasses.replace(ops, expert_gather=0.0)
+    without = analytic.estimate(exp.layout).step_time_s
+    one = analytic._collective(OpKind.ALL_GATHER, gathers[0].group, ops.expert_gather)
+    assert one > 0
+    assert with_gathers - without == pytest.approx(4 * one, rel=1e-9)
