@@ -45,7 +45,8 @@ def predict(exp: Experiment, *, fold: bool = True, progress: Progress | None = N
     ranks = (classes.representatives() if classes else exp.layout.representatives()) \
         if fold else None
     schedule = layout_schedule(exp.layout)  # once: the plan and the memory model run it
-    built = build(exp.model, exp.layout, ranks=ranks, schedule=schedule)
+    built = build(exp.model, exp.layout, ranks=ranks, schedule=schedule,
+                  classes=classes is not None)
     plan = Trace(built.ops, replace(built.meta, experiment=exp.name, cluster_name=exp.cluster.name,
                                     cluster_spec=exp.cluster.table, network=str(exp.network)))
     if speeds is None and not exp.cluster.variability.ideal:

@@ -4,11 +4,12 @@ It shares its parts with the simulator rather than being a second model of the s
 builder's own ops for one layer, the embedding and the output layer (`sim.search.passes`), each
 kernel timed by `ComputeModel`, each collective lowered by `Collectives.resolve` and timed
 alone by its alpha-beta time, memory by `pp_rank_memory`. The step is the closed-form 1F1B
-pipeline (the bubble (p-1)/(v·m)) plus what the end of the step exposes; it leaves out
-contention and the exact overlap the full simulation adds. Context parallelism's all-gathers
-are timed as the inline collectives they are; of its p2p ring, what each message takes beyond
-the attention step beside it. An
-uneven pipeline's end ranks run their own layer counts; its bubble stays the even one's.
+pipeline (the bubble (p-1)/(v·m)) plus what the end of the step exposes, with kernels slowed
+where communication runs beside them and stretched by the fleet's variability, as the replay
+does; it leaves out contention and the exact overlap the full simulation adds. Context
+parallelism's all-gathers are timed as the inline collectives they are; of its p2p ring, what
+each message takes beyond the attention step beside it. An uneven pipeline's end ranks run
+their own layer counts; its bubble stays the even one's.
 
 The derivation in full: docs/search-analytic.md.
 """
@@ -24,6 +25,8 @@ from sim.collectives import Algorithm, Collectives, analytic_time
 from sim.engine.transport import NetworkMode
 from sim.models.compute import ComputeModel
 from sim.models.memory import MemoryBreakdown, peak_in_flight, pp_rank_memory
+from sim.models.sharing import interference_for
+from sim.models.variability import step_stretch
 from sim.profile import Profile
 from sim.search.passes import (
     PassKey,
@@ -34,10 +37,13 @@ from sim.search.passes import (
     gradient_buckets,
     pass_ops,
 )
+from sim.search.stage_time import UnitTime, beside, stage
 from topology.cluster import Cluster
+from traces.alltoallv import AllToAllv
 from traces.expert_grid import ep_group, etp_group, expert_data_group
 from traces.layout import Axis, Layout, Schedule
 from traces.model import ModelSpec
+from traces.moe_spec import is_moe_layer
 from traces.ops import Op, OpKind, Phase
 from traces.pipeline import Action, ActionSchedule, gpipe, interleaved, one_f_one_b
 from traces.plan.optimizer import grad_stats_group
@@ -60,33 +66,6 @@ class Estimate:
     fits: bool
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class _UnitTime:
-    """One unit's seconds for one micro-batch: on the compute stream (kernels and inline
-    TP/SP collectives) and on the side streams (ZeRO-3 gathers and reduce-scatters), forward
-    and backward; its kernels alone; and its `tail`, the side-stream work its backward leaves
-    in the step's last micro-batch (`UnitOps.final`)."""
-
-    compute_fwd: float
-    side_fwd: float
-    compute_bwd: float
-    side_bwd: float
-    kernels: float
-    tail: float
-
-
-@dataclass(frozen=True, slots=True)
-class _Pass:
-    """A chunk's forward and backward for one micro-batch: each as long as its compute stream
-    or, where the side streams take longer (ZeRO-3 on a slow network), as they; and the tail
-    of its last unit where the compute stream hides the side streams."""
-
-    fwd: float
-    bwd: float
-    kernels: float
-    tail: float
-
-
 class Analytic:
     """Closed-form estimates of layouts of one model on one cluster (see the module
     docstring); caches what layouts share, so screening thousands costs seconds."""
@@ -96,13 +75,15 @@ class Analytic:
                  algo: Algorithm = Algorithm.AUTO) -> None:
         self.model, self.cluster = model, cluster
         self.compute = ComputeModel(cluster.accelerator, profile)
+        self.interference = interference_for(cluster, profile, self.compute)
+        self.variability = cluster.variability
         self.collectives = Collectives(cluster)
         self.free_network = network == NetworkMode.IDEAL
         self.algo = algo
         self._passes: dict[PassKey, PassOps] = {}
-        self._units: dict[tuple[PassKey, int, int, int],
-                          tuple[_UnitTime, _UnitTime, _UnitTime]] = {}
-        self._comm: dict[tuple[OpKind, tuple[int, ...], float], float] = {}
+        self._units: dict[tuple[PassKey, int, int, int, float],
+                          tuple[UnitTime, UnitTime, UnitTime]] = {}
+        self._comm: dict[tuple[OpKind, tuple[int, ...], float, AllToAllv | None], float] = {}
         self._peaks: dict[tuple[Schedule, int, int, int], tuple[int, ...]] = {}
         self._groups: dict[tuple[int | str | bool, ...], tuple[int, ...]] = {}
         self._bucket_sizes: dict[tuple[int, ...], list[float]] = {}
@@ -112,24 +93,25 @@ class Analytic:
     def estimate(self, layout: Layout) -> Estimate:
         """Step time and peak memory of `layout` (valid for this model and cluster)."""
         ops = self._pass_ops(layout)
-        layer, first, last = self._unit_times(layout, ops)
+        stretch = step_stretch(self.variability, layout, self.cluster.devices_per_server)
+        layer, first, last = self._unit_times(layout, ops, stretch)
         p, v, m = layout.pp, layout.vp, layout.num_microbatches
         n = layout.layers_per_chunk(self.model, min(1, p - 1))  # a middle rank's chunk
         # A pipeline hop: the send, and what the receiver runs on the data first.
         hop = self._send(layout, ops.send_bytes) + sum(
             self._op_time(layout, op, axis) for op, axis in ops.after_receive)
-        chunk = _stage(n, layer)
+        chunk = stage(n, layer)
         t_vs = chunk.fwd + chunk.bwd + (2 * hop if p > 1 else 0.0)
         bubble = (p - 1) * t_vs
         ranks = _distinct_ranks(p)
         # The chunk holding an end of the model: the embedding on rank 0, the output layer on
         # rank p-1 (both on rank 0 without a pipeline). A chunk hops once forward and once
         # backward, but the first stage receives nothing forward and the last nothing back.
-        ends = {r: _stage(layout.layers_per_chunk(self.model, r), layer,
+        ends = {r: stage(layout.layers_per_chunk(self.model, r), layer,
                           *([first] if r == 0 else []), *([last] if r == p - 1 else []))
                 for r in ranks}
         hops = {r: 2 * v - (r == 0) - (r == p - 1) if p > 1 else 0 for r in ranks}
-        own = {r: _stage(layout.layers_per_chunk(self.model, r), layer) for r in ranks}
+        own = {r: stage(layout.layers_per_chunk(self.model, r), layer) for r in ranks}
         per_microbatch = {r: (v - 1) * (own[r].fwd + own[r].bwd) + ends[r].fwd + ends[r].bwd
                           + hops[r] * hop for r in ranks}
         # ZeRO-3: nothing hides the step's first gathers (the embedding's and the first
@@ -138,9 +120,13 @@ class Analytic:
             if first.side_fwd else 0.0
         pipe = start + m * max(per_microbatch.values()) + bubble
         step, compute = 0.0, 0.0
+        # How much longer a backward's kernels take beside communication (the DP reductions
+        # that overlap it): a layer's.
+        slowed = layer.beside_bwd / layer.compute_bwd if layer.compute_bwd else 1.0
         for r in ranks:
             end, optimizer = self._end_of_step(layout, ops, r, (v - 1) * own[r].bwd
-                                               + ends[r].bwd, per_microbatch[r])
+                                               + ends[r].bwd, per_microbatch[r], slowed,
+                                               stretch)
             # Rank r's last backward ends r stages before rank 0's; what the last unit of it
             # leaves on the side streams (the embedding's on rank 0, else a layer's) follows.
             finished = pipe - r * (chunk.bwd + hop)
@@ -164,18 +150,26 @@ class Analytic:
         return layout.num_microbatches * self.model.layers * per_layer
 
     def _end_of_step(self, layout: Layout, ops: PassOps, r: int, last_backward: float,
-                     microbatch: float) -> tuple[float, float]:
+                     microbatch: float, slowed: float = 1.0,
+                     stretch: float = 1.0) -> tuple[float, float]:
         """(seconds rank r spends after its last backward, of which the step end's kernels):
         exposed gradient reduction, tied-embedding all-reduce, the norm, its all-reduce, the
-        clip, the optimizer, parameter gather."""
+        clip, the optimizer, parameter gather. The reductions that overlap compute slow its
+        kernels `slowed` times (`beside`); what that adds to the compute ends later. Kernels
+        take `stretch` times as long (the fleet's variability)."""
         params = self.model.params_on_stages(layout.stages_of_rank(r), layout.num_stages,
                                              layout.tp, layout.layers_of_rank(self.model, r))
         shard = layout.data_degree if layout.zero >= 1 else 1
         optimizer = sum(self.compute.kernel_time(kernel, 0.0, params / shard * per_param)
-                        for kernel, per_param in ops.step_kernels)
+                        * stretch for kernel, per_param in ops.step_kernels)
         end = optimizer + sum(self._collective(OpKind.ALL_REDUCE,
                                                self._group(layout, "grad_stats"), size)
                               for size in ops.step_stats)
+        if ops.expert_gather:  # each MoE layer's updated experts, over expert-DP
+            moe = sum(is_moe_layer(self.model, layer) for stage in layout.stages_of_rank(r)
+                      for layer in layout.layers_of_stage(self.model, stage))
+            end += moe * self._collective(OpKind.ALL_GATHER, self._group(layout, "edp"),
+                                          ops.expert_gather)
         if ops.embedding_grads is not None and r in (0, layout.pp - 1):
             end += self._collective(OpKind.ALL_REDUCE, self._group(layout, "embedding"),
                                     ops.embedding_grads)
@@ -193,7 +187,9 @@ class Analytic:
         else:  # after each reducing backward: ZeRO-2's run while later micro-batches compute
             window = (m - 1) * microbatch if ops.reduce_every_microbatch else 0.0
             tail = reduce
-        end += max(times * reduce - window, tail)
+        # All but the tail run beside compute, whose kernels they slow.
+        later = beside(window, window * slowed, max(times * reduce - tail, 0.0)) - window
+        end += later + max(times * reduce - window - later, tail)
         if ops.gather_after_optimizer:  # the same slices, as parameters
             to_params = self.model.dtype_bytes / grad_bytes(self.model, layout)
             end += sum(self._collective(OpKind.ALL_GATHER, dp, b * to_params) for b in buckets)
@@ -259,23 +255,24 @@ class Analytic:
             found = self._passes[key] = pass_ops(self.model, layout)
         return found
 
-    def _unit_times(self, layout: Layout,
-                    ops: PassOps) -> tuple[_UnitTime, _UnitTime, _UnitTime]:
-        key = (PassKey.of(layout), layout.tp, layout.cp, layout.dp)
+    def _unit_times(self, layout: Layout, ops: PassOps,
+                    stretch: float = 1.0) -> tuple[UnitTime, UnitTime, UnitTime]:
+        key = (PassKey.of(layout), layout.tp, layout.cp, layout.dp, stretch)
         found = self._units.get(key)
         if found is None:
-            layer = self._unit(layout, ops.layer)
+            layer = self._unit(layout, ops.layer, stretch)
             if ops.cp_ring:
-                layer = self._with_ring(layout, ops, layer)
-            found = self._units[key] = (layer, self._unit(layout, ops.first),
-                                        self._unit(layout, ops.last))
+                layer = self._with_ring(layout, ops, layer, stretch)
+            found = self._units[key] = (layer, self._unit(layout, ops.first, stretch),
+                                        self._unit(layout, ops.last, stretch))
         return found
 
-    def _with_ring(self, layout: Layout, ops: PassOps, layer: _UnitTime) -> _UnitTime:
+    def _with_ring(self, layout: Layout, ops: PassOps, layer: UnitTime,
+                   stretch: float) -> UnitTime:
         """A layer with what its CP ring leaves exposed: each message beyond the ring step
         it runs beside (a forward step waits for the block before it; the backward's last
         message, for qkv's backward), alone on the network."""
-        steps = {phase: next(self.compute.duration(op) for op, axis in placed
+        steps = {phase: next(self.compute.duration(op) * stretch for op, axis in placed
                              if op.purpose == KernelRun(Kernel.FLASH_ATTN)
                              and op.phase is phase)
                  for phase, placed in ((Phase.FWD, ops.layer.compute_fwd),
@@ -284,9 +281,10 @@ class Analytic:
         for phase, size in ops.cp_ring:
             step = steps[Phase.BWD if phase is Phase.BWD else Phase.FWD]
             exposed[phase] += max(self._cp_send(layout, size) - step, 0.0)
+        fwd, bwd = exposed[Phase.FWD], exposed[Phase.BWD] + exposed[Phase.RECOMPUTE]
         return dataclasses.replace(
-            layer, compute_fwd=layer.compute_fwd + exposed[Phase.FWD],
-            compute_bwd=layer.compute_bwd + exposed[Phase.BWD] + exposed[Phase.RECOMPUTE])
+            layer, compute_fwd=layer.compute_fwd + fwd, compute_bwd=layer.compute_bwd + bwd,
+            beside_fwd=layer.beside_fwd + fwd, beside_bwd=layer.beside_bwd + bwd)
 
     def _cp_send(self, layout: Layout, size: float) -> float:
         """One CP ring message between neighbouring CP ranks."""
@@ -295,40 +293,51 @@ class Analytic:
         src, dst = layout.rank(cp=0), layout.rank(cp=1)
         return analytic_time(self.cluster, self.collectives.p2p(src, dst), size)
 
-    def _unit(self, layout: Layout, unit: UnitOps) -> _UnitTime:
-        def total(placed: tuple[Placed, ...]) -> float:
-            """Ops in order; each tp_comm_overlap region by its closed form."""
+    def _unit(self, layout: Layout, unit: UnitOps, stretch: float = 1.0) -> UnitTime:
+        def total(placed: tuple[Placed, ...], beside: bool = False) -> float:
+            """Ops in order; each tp_comm_overlap region by its closed form; `beside`: each
+            kernel slowed by communication in flight."""
             axes = {id(op): axis for op, axis in placed}
+
+            def seconds(op: Op) -> float:
+                axis = axes[id(op)]
+                if axis:
+                    return self._op_time(layout, op, axis)
+                alone = self.compute.duration(op) * stretch
+                return alone * self.interference.kernel_scale(op) if beside else alone
+
             out = 0.0
             for overlapped, run in groupby(placed, key=lambda p: _region_key(p[0])):
                 ops = [op for op, _ in run]
-                if overlapped is None:
-                    out += sum(self._op_time(layout, op, axes[id(op)]) for op in ops)
-                else:
-                    out += region_seconds(ops, lambda op: self._op_time(layout, op,
-                                                                        axes[id(op)]))
+                out += sum(map(seconds, ops)) if overlapped is None else \
+                    region_seconds(ops, seconds)
             return out
 
-        kernels = sum(self.compute.duration(op) for op, axis in
+        kernels = sum(self.compute.duration(op) * stretch for op, axis in
                       unit.compute_fwd + unit.compute_bwd if not axis)
-        return _UnitTime(compute_fwd=total(unit.compute_fwd), side_fwd=total(unit.side_fwd),
+        return UnitTime(compute_fwd=total(unit.compute_fwd), side_fwd=total(unit.side_fwd),
                          compute_bwd=total(unit.compute_bwd), side_bwd=total(unit.side_bwd),
-                         kernels=kernels, tail=total(unit.final))
+                         kernels=kernels, tail=total(unit.final),
+                         beside_fwd=total(unit.compute_fwd, True),
+                         beside_bwd=total(unit.compute_bwd, True))
 
     def _op_time(self, layout: Layout, op: Op, axis: str) -> float:
         if not axis:
             return self.compute.duration(op)
-        return self._collective(op.kind, self._group(layout, axis), op.size_bytes)
+        return self._collective(op.kind, self._group(layout, axis), op.size_bytes, op.split)
 
-    def _collective(self, kind: OpKind, group: tuple[int, ...], size: float) -> float:
-        """Alpha-beta seconds of the lowering the replay would use, alone on the network."""
-        key = (kind, group, size)
+    def _collective(self, kind: OpKind, group: tuple[int, ...], size: float,
+                    split: AllToAllv | None = None) -> float:
+        """Alpha-beta seconds of the lowering the replay would use, alone on the network (an
+        uneven all-to-all by its per-peer sizes, `split`)."""
+        key = (kind, group, size, split)
         seconds = self._comm.get(key)
         if seconds is None:
             if self.free_network or size <= 0 or len(group) < 2:
                 seconds = 0.0
             else:
-                _, lowering = self.collectives.resolve(kind, group, size, self.algo)
+                _, lowering = self.collectives.resolve(kind, group, size, self.algo,
+                                                       split=split)
                 seconds = analytic_time(self.cluster, lowering, size)
             self._comm[key] = seconds
         return seconds
@@ -356,21 +365,6 @@ def _region_key(op: Op) -> tuple[object, ...] | None:
     if not in_region(op):
         return None
     return (getattr(op.purpose, "kernel", None), op.layer, op.microbatch, op.phase)
-
-
-def _stage(n: int, layer: _UnitTime, *ends: _UnitTime) -> _Pass:
-    """A chunk of n layers and the model's `ends` it holds: streams add up over its units
-    (a unit's gather is prefetched during the previous unit's compute), the chunk lasts as
-    long as its busiest stream. Its last unit in backward is the embedding where it holds
-    one (listed first), else a layer."""
-    units = [*ends, *([layer] * n)]
-    compute_fwd = sum(u.compute_fwd for u in units)
-    compute_bwd = sum(u.compute_bwd for u in units)
-    side_bwd = sum(u.side_bwd for u in units)
-    last = ends[0] if ends and ends[0].tail else layer
-    return _Pass(fwd=max(compute_fwd, sum(u.side_fwd for u in units)),
-                 bwd=max(compute_bwd, side_bwd), kernels=sum(u.kernels for u in units),
-                 tail=last.tail if compute_bwd >= side_bwd else 0.0)
 
 
 def _distinct_ranks(pp: int) -> list[int]:

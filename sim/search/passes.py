@@ -36,7 +36,15 @@ from traces.ops import Op, OpKind, Phase, Stream
 from traces.plan import build
 from traces.plan.data import gradient_buckets as plan_gradient_buckets
 from traces.plan.nodes import RankContext
-from traces.purpose import CpRing, EmbeddingGrads, GradBucket, GradStat, KernelRun, ParamGather
+from traces.purpose import (
+    CpRing,
+    EmbeddingGrads,
+    ExpertParamGather,
+    GradBucket,
+    GradStat,
+    KernelRun,
+    ParamGather,
+)
 
 COMM_STREAMS = (Stream.ZERO_AG, Stream.ZERO_RS, Stream.DP)
 
@@ -129,6 +137,9 @@ class PassOps:
     optimizer), each with the HBM bytes it moves per parameter the rank updates."""
     step_stats: tuple[float, ...]
     """Bytes of each gradient statistic's all-reduce (over `grad_stats_group`)."""
+    expert_gather: float = 0.0
+    """Bytes of one MoE layer's all-gather of its updated experts over the expert-DP group
+    after the step (ZeRO 1/2 over two or more; 0: none, or beside the next forward)."""
     cp_ring: tuple[tuple[Phase, float], ...] = ()
     """Context parallelism's p2p ring: (phase, bytes) of one layer's sends in one
     micro-batch, forward and backward (none without CP or with the all-gather)."""
@@ -186,6 +197,9 @@ def pass_ops(model: ModelSpec, layout: Layout) -> PassOps:
         step_kernels=tuple((str(op.purpose.kernel), op.mem_bytes / params)  # type: ignore
                            for op in step_end),
         step_stats=tuple(op.size_bytes for op in first_ops if isinstance(op.purpose, GradStat)),
+        expert_gather=0.0 if layout.overlap_param_gather else next(
+            (op.size_bytes for op in first_ops if isinstance(op.purpose, ExpertParamGather)),
+            0.0),
         cp_ring=tuple((op.phase, op.size_bytes) for op in last_ops  # type: ignore[misc]
                       if isinstance(op.purpose, CpRing) and op.kind is OpKind.SEND
                       and op.microbatch == 0 and op.layer == last_ops_layer(last_ops)),

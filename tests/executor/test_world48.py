@@ -37,6 +37,11 @@ INTERPRETED4 = {
     "tp2-cp2-gather": Case(dict(tp=2, cp=2, cp_comm="all_gather", global_batch=2)),
     "llama-tp2-cp2-ring-sp": Case(dict(tp=2, cp=2, sp=True, global_batch=2), model=LLAMA),
     "cp4-ring-selective": Case(dict(cp=4, global_batch=2, recompute="selective")),
+    # Megatron-Core's aligned param gathers: chunks 0 and 1 at the start, chunk 2 mid-step
+    "pp2-dp2-vp3-zero1-param-gather": Case(dict(pp=2, vp=3, dp=2, zero=1, global_batch=8,
+                                                schedule="interleaved", bucket_bytes=10_000,
+                                                overlap_param_gather=True),
+                                           model=dict(layers=6, tied_embeddings=False)),
 }
 WORLD8 = {
     "tp2-pp2-dp2-sp": Case(dict(tp=2, pp=2, dp=2, sp=True, global_batch=4, schedule="gpipe",

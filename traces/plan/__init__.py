@@ -61,16 +61,18 @@ holds 0.84 M, a 1T model folded on 3072 GPUs ~3.5 M)."""
 
 
 def build(model: ModelSpec, layout: Layout, ranks: Iterable[int] | None = None, *,
-          schedule: ActionSchedule | None = None) -> Trace:
+          schedule: ActionSchedule | None = None, classes: bool = False) -> Trace:
     """The plan trace for `ranks` (default: all) under `schedule` (default: the layout's own,
     `layout_schedule`); the layout must fit the model. Raises ConfigError, before building
-    the rest, once the ops lowered so far stand for more than MAX_PLAN_OPS ops of the plan."""
+    the rest, once the ops lowered so far stand for more than MAX_PLAN_OPS ops of the plan
+    (`classes`: `ranks` are already one per class of identical ranks, `traces.identity`, so
+    the message does not suggest folding)."""
     chosen = sorted(ranks) if ranks is not None else list(range(layout.world))
-    _check_compute(model, layout, chosen)  # before the schedule, which may be big too
+    _check_compute(model, layout, chosen, classes)  # before the schedule, maybe big too
     if schedule is None:
         schedule = layout_schedule(layout)
     with paused_gc():
-        ops = _lower(model, layout, chosen, schedule)
+        ops = _lower(model, layout, chosen, schedule, classes)
     folded = chosen == layout.representatives() and layout.world > len(chosen)
     return Trace(ops, TraceMeta(model=model, layout=layout, world=layout.world,
                                 fold=layout if folded else None))
@@ -87,11 +89,11 @@ def plan_size(model: ModelSpec, layout: Layout, ranks: Iterable[int] | None = No
                for first, n in _stand_ins(model, layout, chosen).items())
 
 
-def _lower(model: ModelSpec, layout: Layout, chosen: list[int],
-           schedule: ActionSchedule) -> dict[int, tuple[Op, ...]]:
+def _lower(model: ModelSpec, layout: Layout, chosen: list[int], schedule: ActionSchedule,
+           classes: bool = False) -> dict[int, tuple[Op, ...]]:
     """Every chosen rank's ops: first one per pipeline coordinate against the budget (the
     plan's size), then the rest."""
-    lowered, spent = _lower_representatives(model, layout, chosen, schedule)
+    lowered, spent = _lower_representatives(model, layout, chosen, schedule, classes)
     assert spent == sum(len(lowered[first]) * n
                         for first, n in _stand_ins(model, layout, chosen).items()), \
         "a pass added ops it did not spend"
@@ -119,7 +121,8 @@ def _stand_ins(model: ModelSpec, layout: Layout, chosen: list[int]) -> dict[int,
 
 
 def _lower_representatives(model: ModelSpec, layout: Layout, chosen: list[int],
-                           schedule: ActionSchedule) -> tuple[dict[int, tuple[Op, ...]], int]:
+                           schedule: ActionSchedule,
+                           classes: bool = False) -> tuple[dict[int, tuple[Op, ...]], int]:
     """The ops of the first chosen rank per (cp, pp) coordinate, each op spent on the budget
     as many times as chosen ranks share its coordinate; and the ops spent (the plan's size)."""
     budget = OpBudget(MAX_PLAN_OPS)
@@ -132,7 +135,7 @@ def _lower_representatives(model: ModelSpec, layout: Layout, chosen: list[int],
                                         budget)
     except OverBudget as spent:
         raise _too_big(max(spent.spent, _compute_size(model, layout, chosen)), layout,
-                       chosen) from None
+                       chosen, classes) from None
     return lowered, budget.spent
 
 
@@ -142,16 +145,21 @@ def _compute_size(model: ModelSpec, layout: Layout, chosen: list[int]) -> int:
                for first, n in _stand_ins(model, layout, chosen).items())
 
 
-def _check_compute(model: ModelSpec, layout: Layout, chosen: list[int]) -> None:
+def _check_compute(model: ModelSpec, layout: Layout, chosen: list[int],
+                   classes: bool = False) -> None:
     """Refuse a plan whose compute ops alone are past MAX_PLAN_OPS, before anything is built."""
     compute = _compute_size(model, layout, chosen)
     if compute > MAX_PLAN_OPS:
-        raise _too_big(compute, layout, chosen)
+        raise _too_big(compute, layout, chosen, classes)
 
 
-def _too_big(ops: int, layout: Layout, chosen: list[int]) -> ConfigError:
-    folding = ("" if len(chosen) <= len(layout.representatives())
-               else "; or simulate folded, one rank per pipeline stage")
+def _too_big(ops: int, layout: Layout, chosen: list[int], classes: bool = False) -> ConfigError:
+    """The op limit's one line; it suggests folding only where folding would shrink the plan:
+    not for ranks that are already one per class of identical ranks (`classes`)."""
+    folding = ("" if len(chosen) <= len(layout.representatives()) else
+               f"; folded by identity, {len(chosen):,} of the {layout.world:,} ranks still "
+               "differ in expert loads or speed" if classes else
+               "; or simulate folded, one rank per pipeline stage")
     return ConfigError(f"plan: at least {ops:,} ops for {len(chosen):,} ranks, more than the "
                        f"{MAX_PLAN_OPS:,} parasim builds (fewer micro-batches or "
                        f"layers{folding})")
@@ -170,7 +178,7 @@ def lower_rank(model: ModelSpec, layout: Layout, rank: int, actions: list[Action
                 lambda p: add_pipeline_p2p(ctx, actions, p),
                 lambda p: add_data_parallel(ctx, actions, p),
                 lambda p: add_expert_grads(ctx, actions, p),
-                lambda p: add_optimizer(ctx, p),
+                lambda p: add_optimizer(ctx, p, actions),
                 lambda p: add_fp8(ctx, actions, p)):
         nodes = add(nodes)
         if budget is not None:

@@ -117,19 +117,23 @@ class RankContext:
 
     def replicated_params(self, unit: Unit) -> float:
         """Parameters of one unit that every TP rank holds in full: a layer's two norms and
-        its row-parallel biases (GPT: 6h), latent attention's down-projection and latent norms
-        (`traces.mla`), an MoE layer's router h·E (Megatron-Core marks TopKRouter's weight
-        sequence_parallel, so SP sums its gradient over TP), learned positions (s·h; none
-        with rotary ones), the final norm (2h, RMSNorm h)."""
+        its row-parallel biases (GPT: 6h; an MoE layer's experts keep their own), latent
+        attention's down-projection and latent norms (`traces.mla`), an MoE layer's router
+        h·E (Megatron-Core marks TopKRouter's weight sequence_parallel, so SP sums its
+        gradient over TP), learned positions (s·h; none with rotary ones), the final norm
+        (2h, RMSNorm h)."""
         m = self.model
         if unit.part is Part.EMBED:
             return m.seq_len * m.hidden if m.position == "learned" else 0
         if unit.part is Part.HEAD:
             return m.norm_params
         latent = mla.mla_params(m)[1] if m.mla else 0
-        router = m.hidden * m.experts if unit.layer is not None and \
-            is_moe_layer(m, unit.layer) else 0
-        return (2 * m.hidden if m.bias else 0) + 2 * m.norm_params + latent + router
+        moe = unit.layer is not None and is_moe_layer(m, unit.layer)
+        router = m.hidden * m.experts if moe else 0
+        # Row-parallel biases: the attention projection's and the MLP's fc2's; an MoE layer
+        # has no fc2 of its own (its experts' biases are theirs: `ModelSpec.layer_params`).
+        biases = 0 if not m.bias else m.hidden * (1 if moe else 2)
+        return biases + 2 * m.norm_params + latent + router
 
     def tp_partial_params(self, unit: Unit) -> float:
         """Parameters of one unit whose gradient each TP rank holds only in part, summed over

@@ -27,6 +27,7 @@ step instead, beside the forward (`traces.plan.param_gather`).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from itertools import chain
 from operator import attrgetter, indexOf
 
@@ -35,9 +36,10 @@ from traces.kernels import step_kernel_bytes
 from traces.layout import Layout
 from traces.moe_spec import is_moe_layer
 from traces.ops import Op, OpKind, Phase, Stream
-from traces.plan.data import gradient_buckets
+from traces.pipeline import Action
+from traces.plan.data import chunk_units, gradient_buckets
 from traces.plan.nodes import Node, Program, RankContext
-from traces.plan.param_gather import gathers_before_forward
+from traces.plan.param_gather import aligned_before_forward, gathers_before_forward
 from traces.purpose import (
     EMBED,
     EmbeddingGrads,
@@ -55,7 +57,8 @@ STAT_BYTES = 4.0
 """One fp32 number per statistic."""
 
 
-def add_optimizer(ctx: RankContext, program: Program) -> Program:
+def add_optimizer(ctx: RankContext, program: Program,
+                  schedule: Sequence[Action] = ()) -> Program:
     """Fill the end of the step (the program's last list, which may already hold gradient
     reductions): the tied-embedding all-reduce, the optimizer step and ZeRO-1/2's gathers."""
     model, layout = ctx.model, ctx.layout
@@ -108,9 +111,37 @@ def add_optimizer(ctx: RankContext, program: Program) -> Program:
             gathers.append((op, units[bucket.index]))
     gathers += _expert_gathers(ctx, layers)
     if layout.overlap_param_gather and gathers:  # the last step's, beside this forward
-        return gathers_before_forward([*actions, program[-1] + out], gathers)
+        program = [*actions, program[-1] + out]
+        if layout.vp == 1:
+            return gathers_before_forward(program, gathers)
+        return aligned_before_forward(program, gathers, [_chunk(ctx, u) for _, u in gathers],
+                                      _chunk_dispatch(ctx, schedule))
     out += [Node(op, None, [step]) for op, _ in gathers]
     return [*actions, program[-1] + out]
+
+
+def _chunk(ctx: RankContext, units: list[Unit]) -> int:
+    """The model chunk (of the rank's virtual stages) holding a bucket's `units`."""
+    layout = ctx.layout
+    stages = layout.stages_of_rank(ctx.pp_rank)
+    for chunk, stage in enumerate(stages):
+        if units[0] in chunk_units(ctx, stage):
+            return chunk
+    raise AssertionError(f"no chunk of rank {ctx.rank} holds {units[0]}")
+
+
+def _chunk_dispatch(ctx: RankContext, schedule: Sequence[Action]) -> dict[int, int]:
+    """Megatron-Core's aligned param gathers (`traces.plan.param_gather`): chunk c >= 2 is
+    dispatched before the rank's forward of virtual micro-batch (c - 1)·pp - r; the index of
+    that action in `schedule`, for each chunk whose forward comes."""
+    layout, r = ctx.layout, ctx.pp_rank
+    forwards = [a for a, action in enumerate(schedule) if action.kind == "F"]
+    out = {}
+    for chunk in range(2, layout.vp):
+        k = (chunk - 1) * layout.pp - r
+        if 0 <= k < len(forwards):
+            out[chunk] = forwards[k]
+    return out
 
 
 def _expert_gathers(ctx: RankContext, layers: list[int]) -> list[tuple[Op, list[Unit]]]:

@@ -18,14 +18,22 @@ A plan is one step in steady state, so the gathers of the previous step's update
 
 Each gather sits right after the op it waits for, so dependencies point backwards.
 
-Where Megatron-Core differs, left as it is: it chains the buckets of each model chunk (each a
-DDP instance) separately, the first of chunks 0 and 1 dispatched when their first forward
-waits for it, and those of chunks 2 and up by the interleaved schedule at the same time on
-every pipeline stage (`align_param_gather`, Megatron-LM's default); here one chain runs
-through all the rank's buckets in order of first use, its first dispatched when the step
-begins (the steady state of older Megatron-Core, which dispatched it in zero_grad). Buckets
-are whole units (a layer of GPT-3 175B at tp 8 is 453 MB), so a chain can run one layer ahead
-only: with a pipeline its gathers can cost more than they hide.
+With the interleaved schedule (vp > 1) Megatron-Core aligns the gathers instead
+(`align_param_gather`, Megatron-LM's default there; the non-interleaved schedule turns it
+off): each model chunk is its own DDP instance, and the schedule dispatches a whole chunk's
+gathers at once, in its bucket order, through `config.param_sync_func`
+(megatron/core/pipeline_parallel/schedules.py, forward_backward_pipelining_with_interleaving):
+
+    chunks 0 and 1    at the start of the step ("Synchronize params for first two model
+                      chunks")
+    chunk c >= 2      before the forward of virtual micro-batch k = (c - 1)·pp - r on pipeline
+                      rank r: there k + r is the first micro-batch of chunk c - 1, so every
+                      stage dispatches chunk c at about the same time
+
+and a bucket's first forward use waits for its gather without dispatching the next
+(`finish_param_sync(skip_next_bucket_dispatch=True)`). `aligned_before_forward` places them
+so. Buckets are whole units (a layer of GPT-3 175B at tp 8 is 453 MB), so the one-ahead chain
+can run only one layer ahead: with a pipeline its gathers can cost more than they hide.
 """
 
 from __future__ import annotations
@@ -59,6 +67,43 @@ def gathers_before_forward(program: Program, gathers: list[tuple[Op, list[Unit]]
             compute[first][2].after.append(gather)
             if first > 0:
                 trigger = compute[first - 1][:2]
+    return _placed(program, inserts)
+
+
+def aligned_before_forward(program: Program, gathers: list[tuple[Op, list[Unit]]],
+                           chunks: list[int], dispatch: dict[int, int]) -> Program:
+    """`program` (an interleaved rank's) with each gather (its op, its bucket's units, its
+    model chunk `chunks[i]`) dispatched with its chunk as the module docstring says:
+    `dispatch[c]` is the schedule action before whose first compute op chunk c's gathers are
+    issued (absent: at the step's start), each after the compute op before it and after the
+    previous gather on its stream; each bucket's first forward use waits for its gather."""
+    flat = [(a, i, node) for a, nodes in enumerate(program) for i, node in enumerate(nodes)]
+    compute = [(a, i, node) for a, i, node in flat if node.on_compute]
+    firsts: dict[Unit, int] = {}
+    opens: dict[int, int] = {}  # action -> position in `compute` of its first compute op
+    for position, (a, _, node) in enumerate(compute):
+        opens.setdefault(a, position)
+        if node.unit is not None and node.op.phase is Phase.FWD:
+            firsts.setdefault(node.unit, position)
+    end = len(compute)
+    inserts: dict[tuple[int, int], list[Node]] = {}
+    for chunk in sorted(set(chunks)):
+        opened = opens.get(dispatch[chunk], 0) if chunk in dispatch else 0
+        trigger = compute[opened - 1][:2] if opened > 0 else (0, -1)
+        for (op, units), owner in zip(gathers, chunks, strict=True):
+            if owner != chunk:
+                continue
+            gather = Node(op, None, [] if trigger == (0, -1) else
+                          [program[trigger[0]][trigger[1]]])
+            inserts.setdefault(trigger, []).append(gather)
+            first = min((firsts.get(u, end) for u in units), default=end)
+            if first < end:
+                compute[first][2].after.append(gather)
+    return _placed(program, inserts)
+
+
+def _placed(program: Program, inserts: dict[tuple[int, int], list[Node]]) -> Program:
+    """`program` with `inserts[(a, i)]` after node i of action a ((0, -1): first of all)."""
     out: Program = []
     for a, nodes in enumerate(program):
         step = list(inserts.get((a, -1), [])) if a == 0 else []

@@ -1,16 +1,20 @@
 """The analytic tier of `parasim search` against the simulator it shares its parts with: equal
 where nothing overlaps or contends, the same memory, the same gradient buckets."""
 
+import dataclasses
 import itertools
 
 import pytest
 
 from sim.config import experiment_from_dict
 from sim.models.compute import ComputeModel
+from sim.models.interference import NO_INTERFERENCE
 from sim.models.memory import memory_by_pp_rank
 from sim.search.analytic import Analytic
-from sim.search.passes import gradient_buckets
+from sim.search.passes import PassKey, gradient_buckets
+from sim.search.stage_time import beside
 from sim.simulate import predict
+from topology.variability import Variability
 from traces.layout import Layout
 from traces.model import ModelSpec
 from traces.ops import OpKind, Stream
@@ -88,14 +92,56 @@ def test_with_megatron_cores_overlaps_the_estimate_stays_close(parallel, within)
     assert estimate.step_time_s == pytest.approx(summary.step_time_s, rel=within)
 
 
-def test_zero3_misses_what_its_streams_contend_for():
+def test_zero3_misses_only_what_its_streams_contend_for():
     """ZeRO-3's gathers and reduce-scatters run at once on the same links in the simulation
-    and slow each other, and the kernels beside them run on the SMs and HBM bandwidth NCCL
-    leaves (sim.models.interference.GpuInterference); the estimate times each alone (7% short
-    before the GPU interference of issue 20, 17% with it), which is what the simulation of
-    the top K is for."""
+    and slow each other; the estimate times each alone. The kernels beside them run on the
+    SMs and HBM bandwidth NCCL leaves (sim.models.interference.GpuInterference) in both: the
+    estimate was 17% short before it counted that, and is within 5% now."""
     estimate, summary = both(experiment({"global_batch": 16, "dp": 8, "zero": 3}))
-    assert 0.8 * summary.step_time_s < estimate.step_time_s < summary.step_time_s
+    assert 0.95 * summary.step_time_s < estimate.step_time_s < summary.step_time_s
+
+
+@pytest.mark.parametrize(("parallel", "closer"), [
+    ({"dp": 8, "zero": 3}, 0.10),       # 17% short alone, 3% beside
+    ({"dp": 8, "zero": 2}, 0.02),       # reduce-scatters after every micro-batch
+    ({"dp": 8}, 0.015),                 # buckets beside the last backward
+])
+def test_kernels_beside_communication_bring_the_estimate_to_the_simulation(parallel, closer):
+    """The same layout with interference off (a cluster where NCCL does not run its kernels:
+    no `GpuInterference`) and on: counting the kernels that run beside the side streams and
+    the DP reductions moves the estimate towards the simulation by at least `closer`."""
+    exp = experiment({"global_batch": 16, **parallel})
+    alone = Analytic(exp.model, exp.cluster, exp.profile)
+    alone.interference = NO_INTERFERENCE
+    before = alone.estimate(exp.layout).step_time_s
+    estimate, summary = both(exp)
+    assert before < estimate.step_time_s <= summary.step_time_s
+    assert (estimate.step_time_s - before) / summary.step_time_s > closer
+
+
+def test_beside_is_the_kernels_that_start_while_communication_is_in_flight():
+    """10 s of kernels, 12 s beside communication: 3 s of it covers 2.5 s of kernels, which
+    take 3 s; communication longer than the kernels beside it stretches them all."""
+    assert beside(10.0, 12.0, 3.0) == pytest.approx(10.5)
+    assert beside(10.0, 12.0, 20.0) == pytest.approx(12.0)
+    assert beside(10.0, 10.0, 5.0) == 10.0
+    assert beside(10.0, 12.0, 0.0) == 10.0
+
+
+@pytest.mark.parametrize("parallel", [
+    {"tp": 2, "dp": 4, "overlap_grad_reduce": False},
+    {"dp": 8, "zero": 1, "overlap_grad_reduce": False},
+])
+def test_with_jitter_the_estimate_stretches_kernels_as_the_simulation_does(parallel):
+    """Every rank of one stage waits for the slowest of the job (sim.models.variability's
+    e_world); both stretch each kernel by it, so where nothing overlaps they stay equal."""
+    exp = experiment({"global_batch": 8, **parallel})
+    varied = dataclasses.replace(exp, cluster=dataclasses.replace(
+        exp.cluster, variability=Variability(jitter=0.05)))
+    estimate, summary = both(varied)
+    assert estimate.step_time_s == pytest.approx(summary.step_time_s, rel=1e-9)
+    ideal, _ = both(exp)
+    assert estimate.step_time_s > 1.02 * ideal.step_time_s
 
 
 def test_across_nodes_the_estimate_stays_close():
@@ -155,3 +201,44 @@ def test_compute_is_the_plans_kernels():
     busiest = max(sum(compute.duration(op) for op in ops if op.kind is OpKind.COMPUTE)
                   for ops in plan.ops.values())
     assert estimate.compute_s == pytest.approx(busiest, rel=1e-12)
+
+
+@pytest.mark.parametrize("skew", [1.0, 2.0])
+def test_a_skewed_all_to_all_is_timed_by_its_per_peer_sizes(skew):
+    """Under routing skew the plan's dispatch and combine carry their uneven per-peer sizes
+    (`Op.split`); the estimate times them as the replay lowers them (all-to-all-v), not as an
+    even all-to-all of the same total, which brings it towards the simulation."""
+    exp = experiment_from_dict({
+        "model": {**MODEL, "experts": 16, "top_k": 2, "moe_ffn_hidden": 512,
+                  "routing_skew": skew},
+        "parallel": {"ep": 8, "dp": 8, "global_batch": 16},
+        "cluster": {"preset": "dgx-h100", "nodes": 1}})
+    even = Analytic(exp.model, exp.cluster, exp.profile)
+    timed = even._collective
+    even._collective = lambda kind, group, size, split=None: timed(kind, group, size)
+    before = even.estimate(exp.layout).step_time_s
+    estimate, summary = both(exp)
+    assert before < estimate.step_time_s < summary.step_time_s
+    assert (estimate.step_time_s - before) / summary.step_time_s > 0.04
+
+
+def test_zero1_over_expert_dp_adds_each_moe_layers_expert_gather():
+    """ZeRO-1 over an expert-DP group of two: after the step every MoE layer all-gathers its
+    updated experts (`ExpertParamGather`); the estimate adds each alone on the network, and
+    the plan's gathers are the size it times."""
+    exp = experiment_from_dict({
+        "model": {**MODEL, "experts": 8, "top_k": 2, "moe_ffn_hidden": 1024},
+        "parallel": {"ep": 2, "dp": 4, "zero": 1, "overlap_grad_reduce": False,
+                     "global_batch": 8},
+        "cluster": {"preset": "dgx-a100", "nodes": 1, "gpus_per_node": 4}})
+    analytic = Analytic(exp.model, exp.cluster, exp.profile)
+    ops = analytic._pass_ops(exp.layout)
+    plan = build(exp.model, exp.layout, ranks=[0]).ops[0]
+    gathers = [op for op in plan if op.name == "expert_params"]
+    assert len(gathers) == 4 and {op.size_bytes for op in gathers} == {ops.expert_gather}
+    with_gathers = analytic.estimate(exp.layout).step_time_s
+    analytic._passes[PassKey.of(exp.layout)] = dataclasses.replace(ops, expert_gather=0.0)
+    without = analytic.estimate(exp.layout).step_time_s
+    one = analytic._collective(OpKind.ALL_GATHER, gathers[0].group, ops.expert_gather)
+    assert one > 0
+    assert with_gathers - without == pytest.approx(4 * one, rel=1e-9)

@@ -64,3 +64,18 @@ def test_with_overlap_param_gather_the_experts_arrive_before_their_layers_forwar
         first = next(i for i, op in enumerate(ops) if op.layer == layer
                      and op.phase is Phase.FWD and op.kind is OpKind.COMPUTE)
         assert gather < first and gather in ops[first].deps  # the layer's forward waits
+
+
+def test_an_moe_layers_replicated_biases_are_the_projections_alone() -> None:
+    """With biases, a dense layer replicates two row-parallel biases (proj, fc2: 2h) beside
+    its norms; an MoE layer only the projection's (h): its experts hold their own fc2 biases,
+    as `ModelSpec.layer_params` counts them."""
+    from traces.plan.nodes import RankContext
+
+    model = ModelSpec(layers=4, hidden=64, heads=4, seq_len=32, vocab=128, experts=4, top_k=2,
+                      moe_ffn_hidden=32, dense_layers=1)
+    ctx = RankContext(model=model, layout=Layout(tp=2, sp=True, ep=2, dp=2, global_batch=4),
+                      rank=0)
+    dense, moe = ctx.replicated_params(Unit.of_layer(0)), ctx.replicated_params(Unit.of_layer(1))
+    assert dense == 2 * 64 + 2 * model.norm_params
+    assert moe == 64 + 2 * model.norm_params + 64 * 4  # proj's bias, norms, the router h·E

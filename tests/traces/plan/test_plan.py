@@ -249,3 +249,15 @@ def test_the_op_limit_suggests_folding_only_when_the_plan_is_not_folded():
     big = Layout(pp=8, dp=64, global_batch=64 * 8 * 4096)  # too big even folded
     with pytest.raises(ConfigError, match=r"\(fewer micro-batches or layers\)$"):
         build(model, big, ranks=big.representatives())
+
+
+def test_the_op_limit_does_not_suggest_folding_ranks_already_one_per_class():
+    """Folded by identity (skewed experts, per-rank speeds) every rank may be its own class:
+    the line says so instead of suggesting the fold it already is."""
+    from traces.errors import ConfigError
+
+    model = ModelSpec(layers=1024, hidden=256, heads=8, seq_len=64, vocab=1024)
+    layout = Layout(pp=8, dp=64, global_batch=65536)
+    with pytest.raises(ConfigError, match=r"folded by identity, 512 of the 512 ranks still "
+                                          r"differ in expert loads or speed\)$"):
+        build(model, layout, classes=True)
