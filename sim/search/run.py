@@ -213,10 +213,12 @@ def search(problem: Problem, *, engine: Engine, top_k: int = DEFAULT_TOP,
 
 def _screen(engine: Engine, problem: Problem, tables: list[dict[str, Any]],
             progress: Progress | None) -> tuple[list[Screened], float]:
-    """Every candidate through `screen_chunk`, in contiguous chunks (neighbours share the
-    analytic model's caches), results in the space's order; and the CPU seconds in all."""
+    """Every candidate through `screen_chunk`, in contiguous chunks of the affinity order
+    (`affinity_order`: neighbours share the analytic model's caches), results in the space's
+    order; and the CPU seconds in all."""
+    order = affinity_order(tables)
     size = max(1, math.ceil(len(tables) / (engine.workers * CHUNKS_PER_WORKER)))
-    chunks = [tables[i:i + size] for i in range(0, len(tables), size)]
+    chunks = [[tables[i] for i in order[at:at + size]] for at in range(0, len(order), size)]
     count, best = 0, math.inf
 
     def done(_: int, result: tuple[list[Screened], float]) -> None:
@@ -229,7 +231,32 @@ def _screen(engine: Engine, problem: Problem, tables: list[dict[str, Any]],
             progress("screen", count, len(tables), best if best < math.inf else None)
 
     results = engine.map(screen_chunk, problem, chunks, done)
-    return [s for chunk, _ in results for s in chunk], sum(cpu for _, cpu in results)
+    screened: list[Screened] = [Screened()] * len(tables)
+    for i, s in zip(order, (s for chunk, _ in results for s in chunk), strict=True):
+        screened[i] = s
+    return screened, sum(cpu for _, cpu in results)
+
+
+PIPELINE_KEYS = frozenset({"pp", "vp", "schedule", "dp"})
+"""Keys the costly parts of an estimate do not depend on: a layer's ops (`PassKey`: the
+reduced plan) and their collectives' times are the same whatever the pipeline's depth (dp
+follows it), its virtual stages and its schedule."""
+
+
+def affinity_order(tables: Sequence[dict[str, Any]]) -> list[int]:
+    """The candidates' indices, those that differ only in `PIPELINE_KEYS` next to each other
+    (groups in the order of their first candidate, the space's order within each): chunks
+    cut from it share few cache entries, so workers build fewer of them twice (the space's
+    own order runs the pipeline depth slowly: two workers took alternate chunks holding the
+    same layers' reduced plans)."""
+    groups: dict[tuple[Any, ...], list[int]] = {}
+    try:
+        for i, table in enumerate(tables):
+            key = tuple((k, v) for k, v in table.items() if k not in PIPELINE_KEYS)
+            groups.setdefault(key, []).append(i)
+    except TypeError:  # a value that cannot be hashed: the space's order
+        return list(range(len(tables)))
+    return [i for group in groups.values() for i in group]
 
 
 def _simulate(engine: Engine, problem: Problem, layouts: list[Layout], ctx: Any,
