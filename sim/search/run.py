@@ -15,8 +15,8 @@ discrete-event simulation of the best K.
    not among them, each by `sim.simulate.predict`, the same run `parasim simulate` makes;
    ranked by (simulated step time, layout key). The rule's layout is known before the screen,
    so its simulation is sent right behind the screen's chunks (a worker done with the screen
-   runs it while the other ends its chunk); of the rest, the longest are sent first (plan size
-   by `Analytic.plan_ops`), so two workers finish together.
+   runs it while the other ends its chunk); of the rest, the longest are sent first (by
+   `sim.search.cost`), so two workers finish together.
 
 Results are identical and identically ordered whatever the engine or worker count: each task
 is a pure function of its inputs, and every order is a sort on values with the layout as the
@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sim.search.analytic import Estimate
+from sim.search.cost import simulation_cost
 from sim.search.engines import Engine, Pending
 from sim.search.problem import Problem, context
 from sim.search.rule import rule_of_thumb
@@ -274,9 +275,11 @@ def _simulate(engine: Engine, problem: Problem, layouts: list[Layout], ctx: Any,
               progress: Progress | None, *,
               early: tuple[Layout, Pending[Simulated]] | None = None
               ) -> list[tuple[Layout, Simulated]]:
-    """Simulate `layouts`, the biggest plans first (the list's order does not matter); with
-    the layout whose simulation was sent `early`, waited for first (it was sent first)."""
-    order = sorted(layouts, key=lambda lay: (-ctx.analytic.plan_ops(lay), layout_key(lay)))
+    """Simulate `layouts`, the costliest first (`sim.search.cost`; the list's order does not
+    matter); with the layout whose simulation was sent `early`, waited for first (it was sent
+    first)."""
+    order = sorted(layouts, key=lambda lay: (-simulation_cost(ctx.analytic, lay),
+                                             layout_key(lay)))
     running = engine.start(simulate_one, problem, order)
     count, best = 0, math.inf
     total = len(order) + (early is not None)
