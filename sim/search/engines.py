@@ -11,8 +11,9 @@ task is a module-level function, so a worker imports it; the problem is a small 
 value (`sim.search.problem.Problem`) each worker turns into its context once.
 
 Local workers are `concurrent.futures.ProcessPoolExecutor` processes started by `forkserver`
-(`spawn` where there is none): a clean interpreter each, never a fork of a process holding
-threads. Ray is optional (`pip install 'parasim[ray]'`) and imported only when asked for;
+(`spawn` where there is none): forks of a clean server that has imported the first task's
+module (`_preload`), never of a process holding threads. Ray is optional (`pip install
+'parasim[ray]'`) and imported only when asked for;
 `--ray auto` joins the cluster `ray start` made on this machine, `--ray HOST:PORT` or
 `ray://HOST:PORT` another one, and a Ray already initialized in this process (a test's
 `ray.init(num_cpus=2)`) is used as it is.
@@ -24,6 +25,7 @@ import logging
 import multiprocessing
 import os
 import signal
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
@@ -140,11 +142,15 @@ class Processes:
         self.workers = workers
         methods = multiprocessing.get_all_start_methods()
         method = "forkserver" if "forkserver" in methods else "spawn"
-        self.pool = ProcessPoolExecutor(max_workers=workers,
-                                        mp_context=multiprocessing.get_context(method),
+        self.context = multiprocessing.get_context(method)
+        self.pool = ProcessPoolExecutor(max_workers=workers, mp_context=self.context,
                                         initializer=_leave_ctrl_c_to_the_parent)
+        self.started = False
 
     def start(self, task: Task[T, R], problem: Problem, items: Sequence[T]) -> Pending[R]:
+        if not self.started:  # the workers start with the first task
+            self.started = True
+            _preload(self.context, task.__module__)
         return _Futures(self.pool, [self.pool.submit(task, problem, item) for item in items])
 
     def map(self, task: Task[T, R], problem: Problem, items: Sequence[T],
@@ -212,6 +218,39 @@ class _Futures(Generic[R]):
                 if done is not None:
                     done(i, results[i])
         return results
+
+
+def _preload(context: Any, module: str) -> None:
+    """Under forkserver, the server imports the first task's module (and `__main__`, as by
+    default) before it forks the workers, so they start with the simulator imported rather
+    than each importing it (0.6 CPU s a worker for the search's tasks). The server is started
+    with one BLAS thread (`OPENBLAS_NUM_THREADS=1`; no task uses BLAS): numpy would otherwise
+    start BLAS threads in it, and a worker would be the fork of a process holding threads.
+    It is started ignoring SIGINT, as its workers do (`_leave_ctrl_c_to_the_parent`; an
+    ignored signal stays ignored through exec): Ctrl-C reaches the whole process group, and
+    the server ignores it itself only once it has imported. No effect where the server
+    already runs (an earlier engine of this process)."""
+    if context.get_start_method() != "forkserver":
+        return
+    from multiprocessing import forkserver  # noqa: PLC0415 (only where there is one)
+
+    context.set_forkserver_preload(["__main__", module])
+    saved = os.environ.get(BLAS_THREADS)
+    os.environ[BLAS_THREADS] = "1"
+    main = threading.current_thread() is threading.main_thread()  # signals: the main one's
+    ctrl_c = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
+    try:
+        forkserver.ensure_running()  # a fork and exec: it does not wait for the imports
+    finally:
+        if main:
+            signal.signal(signal.SIGINT, ctrl_c)
+        if saved is None:
+            del os.environ[BLAS_THREADS]
+        else:
+            os.environ[BLAS_THREADS] = saved
+
+
+BLAS_THREADS = "OPENBLAS_NUM_THREADS"
 
 
 def _deaths(pool: ProcessPoolExecutor) -> str:
