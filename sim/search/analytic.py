@@ -92,7 +92,7 @@ class Analytic:
 
     def estimate(self, layout: Layout) -> Estimate:
         """Step time and peak memory of `layout` (valid for this model and cluster)."""
-        ops = self._pass_ops(layout)
+        ops = self.pass_ops(layout)
         stretch = step_stretch(self.variability, layout, self.cluster.devices_per_server)
         layer, first, last = self._unit_times(layout, ops, stretch)
         p, v, m = layout.pp, layout.vp, layout.num_microbatches
@@ -140,15 +140,6 @@ class Analytic:
                         peak_memory_bytes=peak,
                         fits=peak <= self.cluster.accelerator.memory_bytes)
 
-    def plan_ops(self, layout: Layout) -> int:
-        """The ops of `layout`'s folded plan to first order (to send the biggest simulations
-        first): every micro-batch through every layer, one layer's ops as the plan builder
-        makes them (its reduced plan)."""
-        layer = self._pass_ops(layout).layer
-        per_layer = sum(map(len, (layer.compute_fwd, layer.compute_bwd, layer.side_fwd,
-                                  layer.side_bwd)))
-        return layout.num_microbatches * self.model.layers * per_layer
-
     def _end_of_step(self, layout: Layout, ops: PassOps, r: int, last_backward: float,
                      microbatch: float, slowed: float = 1.0,
                      stretch: float = 1.0) -> tuple[float, float]:
@@ -163,20 +154,20 @@ class Analytic:
         optimizer = sum(self.compute.kernel_time(kernel, 0.0, params / shard * per_param)
                         * stretch for kernel, per_param in ops.step_kernels)
         end = optimizer + sum(self._collective(OpKind.ALL_REDUCE,
-                                               self._group(layout, "grad_stats"), size)
+                                               self.group(layout, "grad_stats"), size)
                               for size in ops.step_stats)
         if ops.expert_gather:  # each MoE layer's updated experts, over expert-DP
             moe = sum(is_moe_layer(self.model, layer) for stage in layout.stages_of_rank(r)
                       for layer in layout.layers_of_stage(self.model, stage))
-            end += moe * self._collective(OpKind.ALL_GATHER, self._group(layout, "edp"),
+            end += moe * self._collective(OpKind.ALL_GATHER, self.group(layout, "edp"),
                                           ops.expert_gather)
         if ops.embedding_grads is not None and r in (0, layout.pp - 1):
-            end += self._collective(OpKind.ALL_REDUCE, self._group(layout, "embedding"),
+            end += self._collective(OpKind.ALL_REDUCE, self.group(layout, "embedding"),
                                     ops.embedding_grads)
         if ops.grad_reduction is None:
             return end, optimizer
-        buckets = self._buckets(layout, r)
-        dp = self._group(layout, "dp")
+        buckets = self.buckets(layout, r)
+        dp = self.group(layout, "dp")
         reductions = [self._collective(ops.grad_reduction, dp, b) for b in buckets]
         reduce = sum(reductions)
         m = layout.num_microbatches
@@ -224,7 +215,8 @@ class Analytic:
             peaks = self._peaks[key] = tuple(peak_in_flight(schedule[r]) for r in range(key[1]))
         return peaks
 
-    def _buckets(self, layout: Layout, r: int) -> list[float]:
+    def buckets(self, layout: Layout, r: int) -> list[float]:
+        """Bytes of each gradient bucket pipeline rank r reduces (cached)."""
         key = (layout.tp, layout.pp, layout.vp, r, layout.fp32_main_grads, layout.bucket_bytes,
                layout.pp_first_layers, layout.pp_last_layers)
         found = self._bucket_sizes.get(key)
@@ -232,7 +224,7 @@ class Analytic:
             found = self._bucket_sizes[key] = gradient_buckets(self.model, layout, r)
         return found
 
-    def _group(self, layout: Layout, axis: str) -> tuple[int, ...]:
+    def group(self, layout: Layout, axis: str) -> tuple[int, ...]:
         """Rank 0's group along `axis` (every group along it has the same shape)."""
         key = (layout.tp, layout.cp, layout.pp, layout.dp, layout.ep, layout.etp,
                layout.zero >= 1 and axis == "grad_stats", axis)
@@ -248,7 +240,8 @@ class Analytic:
 
     # --- costs of ops --------------------------------------------------------------------------
 
-    def _pass_ops(self, layout: Layout) -> PassOps:
+    def pass_ops(self, layout: Layout) -> PassOps:
+        """`sim.search.passes.pass_ops` of the layout, built once per `PassKey`."""
         key = PassKey.of(layout)
         found = self._passes.get(key)
         if found is None:
@@ -324,7 +317,7 @@ class Analytic:
     def _op_time(self, layout: Layout, op: Op, axis: str) -> float:
         if not axis:
             return self.compute.duration(op)
-        return self._collective(op.kind, self._group(layout, axis), op.size_bytes, op.split)
+        return self._collective(op.kind, self.group(layout, axis), op.size_bytes, op.split)
 
     def _collective(self, kind: OpKind, group: tuple[int, ...], size: float,
                     split: AllToAllv | None = None) -> float:

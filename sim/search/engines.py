@@ -5,12 +5,15 @@
 
 `map` runs `task(problem, item)` for every item and returns the results in the items' order,
 whatever order they finish in (`done(index, result)` is called as each one does, for the
-progress bar). A task is a module-level function, so a worker imports it; the problem is a
-small picklable value (`sim.search.problem.Problem`) each worker turns into its context once.
+progress bar). `start` sends them without waiting, and `wait` on what it returns is the rest
+of `map`: tasks run in the order they are sent, so a batch can queue behind another one. A
+task is a module-level function, so a worker imports it; the problem is a small picklable
+value (`sim.search.problem.Problem`) each worker turns into its context once.
 
 Local workers are `concurrent.futures.ProcessPoolExecutor` processes started by `forkserver`
-(`spawn` where there is none): a clean interpreter each, never a fork of a process holding
-threads. Ray is optional (`pip install 'parasim[ray]'`) and imported only when asked for;
+(`spawn` where there is none): forks of a clean server that has imported the first task's
+module (`_preload`), never of a process holding threads. Ray is optional (`pip install
+'parasim[ray]'`) and imported only when asked for;
 `--ray auto` joins the cluster `ray start` made on this machine, `--ray HOST:PORT` or
 `ray://HOST:PORT` another one, and a Ray already initialized in this process (a test's
 `ray.init(num_cpus=2)`) is used as it is.
@@ -22,11 +25,12 @@ import logging
 import multiprocessing
 import os
 import signal
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager
-from typing import Any, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from sim.search.problem import Problem
 from traces.errors import ConfigError, Fault, show
@@ -38,9 +42,18 @@ Done = Callable[[int, Any], None]
 MAX_WORKERS = 1024
 
 
+class Pending(Protocol[R]):
+    """Tasks `Engine.start` sent."""
+
+    def wait(self, done: Done | None = None) -> list[R]:
+        """Their results in the items' order, once all are done (`done` as in `map`)."""
+
+
 class Engine(Protocol):
     name: str
     workers: int
+
+    def start(self, task: Task[T, R], problem: Problem, items: Sequence[T]) -> Pending[R]: ...
 
     def map(self, task: Task[T, R], problem: Problem, items: Sequence[T],
             done: Done | None = None) -> list[R]: ...
@@ -105,14 +118,13 @@ class InProcess:
     name = "in-process"
     workers = 1
 
+    def start(self, task: Task[T, R], problem: Problem, items: Sequence[T]) -> Pending[R]:
+        """Nothing runs before `wait` (one process: the order is the waits')."""
+        return _Deferred(task, problem, items)
+
     def map(self, task: Task[T, R], problem: Problem, items: Sequence[T],
             done: Done | None = None) -> list[R]:
-        results = []
-        for i, item in enumerate(items):
-            results.append(task(problem, item))
-            if done is not None:
-                done(i, results[-1])
-        return results
+        return self.start(task, problem, items).wait(done)
 
     def close(self) -> None:
         pass
@@ -130,28 +142,20 @@ class Processes:
         self.workers = workers
         methods = multiprocessing.get_all_start_methods()
         method = "forkserver" if "forkserver" in methods else "spawn"
-        self.pool = ProcessPoolExecutor(max_workers=workers,
-                                        mp_context=multiprocessing.get_context(method),
+        self.context = multiprocessing.get_context(method)
+        self.pool = ProcessPoolExecutor(max_workers=workers, mp_context=self.context,
                                         initializer=_leave_ctrl_c_to_the_parent)
+        self.started = False
+
+    def start(self, task: Task[T, R], problem: Problem, items: Sequence[T]) -> Pending[R]:
+        if not self.started:  # the workers start with the first task
+            self.started = True
+            _preload(self.context, task.__module__)
+        return _Futures(self.pool, [self.pool.submit(task, problem, item) for item in items])
 
     def map(self, task: Task[T, R], problem: Problem, items: Sequence[T],
             done: Done | None = None) -> list[R]:
-        futures: dict[Future[R], int] = {self.pool.submit(task, problem, item): i
-                                         for i, item in enumerate(items)}
-        results: list[Any] = [None] * len(items)
-        pending = set(futures)
-        while pending:
-            finished, pending = wait(pending, return_when=FIRST_COMPLETED)
-            for future in sorted(finished, key=futures.__getitem__):
-                i = futures[future]
-                try:
-                    results[i] = future.result()
-                except BrokenProcessPool:
-                    raise Fault(f"search: a worker process died ({_deaths(self.pool)}); "
-                                "the search stopped") from None
-                if done is not None:
-                    done(i, results[i])
-        return results
+        return self.start(task, problem, items).wait(done)
 
     def close(self) -> None:
         self.pool.shutdown(wait=True, cancel_futures=True)
@@ -182,6 +186,78 @@ class Processes:
         # the one line of Ctrl-C (1 run in 10 under load).
         if manager is not None:
             manager.join(5.0)
+
+
+class _Deferred(Generic[T, R]):
+    """`InProcess`'s tasks, run when waited for."""
+
+    def __init__(self, task: Task[T, R], problem: Problem, items: Sequence[T]) -> None:
+        self.task, self.problem, self.items = task, problem, items
+
+    def wait(self, done: Done | None = None) -> list[R]:
+        results = []
+        for i, item in enumerate(self.items):
+            results.append(self.task(self.problem, item))
+            if done is not None:
+                done(i, results[-1])
+        return results
+
+
+class _Futures(Generic[R]):
+    """`Processes`' tasks in flight."""
+
+    def __init__(self, pool: ProcessPoolExecutor, futures: list[Future[R]]) -> None:
+        self.pool, self.futures = pool, futures
+
+    def wait(self, done: Done | None = None) -> list[R]:
+        index = {future: i for i, future in enumerate(self.futures)}
+        results: list[Any] = [None] * len(self.futures)
+        pending = set(self.futures)
+        while pending:
+            finished, pending = wait(pending, return_when=FIRST_COMPLETED)
+            for future in sorted(finished, key=index.__getitem__):
+                i = index[future]
+                try:
+                    results[i] = future.result()
+                except BrokenProcessPool:
+                    raise Fault(f"search: a worker process died ({_deaths(self.pool)}); "
+                                "the search stopped") from None
+                if done is not None:
+                    done(i, results[i])
+        return results
+
+
+def _preload(context: Any, module: str) -> None:
+    """Under forkserver, the server imports the first task's module (and `__main__`, as by
+    default) before it forks the workers, so they start with the simulator imported rather
+    than each importing it (0.6 CPU s a worker for the search's tasks). The server is started
+    with one BLAS thread (`OPENBLAS_NUM_THREADS=1`; no task uses BLAS): numpy would otherwise
+    start BLAS threads in it, and a worker would be the fork of a process holding threads.
+    It is started ignoring SIGINT, as its workers do (`_leave_ctrl_c_to_the_parent`; an
+    ignored signal stays ignored through exec): Ctrl-C reaches the whole process group, and
+    the server ignores it itself only once it has imported. No effect where the server
+    already runs (an earlier engine of this process)."""
+    if context.get_start_method() != "forkserver":
+        return
+    from multiprocessing import forkserver  # noqa: PLC0415 (only where there is one)
+
+    context.set_forkserver_preload(["__main__", module])
+    saved = os.environ.get(BLAS_THREADS)
+    os.environ[BLAS_THREADS] = "1"
+    main = threading.current_thread() is threading.main_thread()  # signals: the main one's
+    ctrl_c = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
+    try:
+        forkserver.ensure_running()  # a fork and exec: it does not wait for the imports
+    finally:
+        if main:
+            signal.signal(signal.SIGINT, ctrl_c)
+        if saved is None:
+            del os.environ[BLAS_THREADS]
+        else:
+            os.environ[BLAS_THREADS] = saved
+
+
+BLAS_THREADS = "OPENBLAS_NUM_THREADS"
 
 
 def _deaths(pool: ProcessPoolExecutor) -> str:
@@ -229,24 +305,16 @@ class RayCluster:
         self.workers = max(1, int(ray.cluster_resources().get("CPU", 1)))
         self._remote: dict[Any, Any] = {}
 
-    def map(self, task: Task[T, R], problem: Problem, items: Sequence[T],
-            done: Done | None = None) -> list[R]:
-        ray = self.ray
+    def start(self, task: Task[T, R], problem: Problem, items: Sequence[T]) -> Pending[R]:
         remote = self._remote.get(task)
         if remote is None:
-            remote = self._remote[task] = ray.remote(task)
-        shared = ray.put(problem)
-        refs = {remote.remote(shared, item): i for i, item in enumerate(items)}
-        results: list[Any] = [None] * len(items)
-        pending = list(refs)
-        while pending:
-            ready, pending = ray.wait(pending, num_returns=1)
-            for ref in ready:
-                i = refs[ref]
-                results[i] = ray.get(ref)
-                if done is not None:
-                    done(i, results[i])
-        return results
+            remote = self._remote[task] = self.ray.remote(task)
+        shared = self.ray.put(problem)
+        return _Refs(self.ray, [remote.remote(shared, item) for item in items])
+
+    def map(self, task: Task[T, R], problem: Problem, items: Sequence[T],
+            done: Done | None = None) -> list[R]:
+        return self.start(task, problem, items).wait(done)
 
     def close(self) -> None:
         if self.owned:
@@ -254,6 +322,26 @@ class RayCluster:
 
     def abort(self) -> None:
         self.close()
+
+
+class _Refs:
+    """`RayCluster`'s tasks in flight."""
+
+    def __init__(self, ray: Any, refs: list[Any]) -> None:
+        self.ray, self.refs = ray, refs
+
+    def wait(self, done: Done | None = None) -> list[Any]:
+        index = {ref: i for i, ref in enumerate(self.refs)}
+        results: list[Any] = [None] * len(self.refs)
+        pending = list(self.refs)
+        while pending:
+            ready, pending = self.ray.wait(pending, num_returns=1)
+            for ref in ready:
+                i = index[ref]
+                results[i] = self.ray.get(ref)
+                if done is not None:
+                    done(i, results[i])
+        return results
 
 
 @contextmanager

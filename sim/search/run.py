@@ -13,8 +13,10 @@ discrete-event simulation of the best K.
    under one reason; the rest are ranked by (estimated step time, layout key).
 2. Simulate: the best K, plus the seeds' rule-of-thumb layout (`sim.search.rule`) when it is
    not among them, each by `sim.simulate.predict`, the same run `parasim simulate` makes;
-   ranked by (simulated step time, layout key). Longest simulations are sent first (plan size
-   by `Analytic.plan_ops`), so two workers finish together.
+   ranked by (simulated step time, layout key). The rule's layout is known before the screen,
+   so its simulation is sent right behind the screen's chunks (a worker done with the screen
+   runs it while the other ends its chunk); of the rest, the longest are sent first (by
+   `sim.search.cost`), so two workers finish together.
 
 Results are identical and identically ordered whatever the engine or worker count: each task
 is a pure function of its inputs, and every order is a sort on values with the layout as the
@@ -32,7 +34,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sim.search.analytic import Estimate
-from sim.search.engines import Engine
+from sim.search.cost import simulation_cost
+from sim.search.engines import Engine, Pending
 from sim.search.problem import Problem, context
 from sim.search.rule import rule_of_thumb
 from sim.search.space import MEMORY_REASON, layout_key, reason_of, validate
@@ -158,7 +161,13 @@ def search(problem: Problem, *, engine: Engine, top_k: int = DEFAULT_TOP,
     started = time.perf_counter()
     ctx = context(problem)  # checks the config and the [search] table here, not in a worker
     tables = list(ctx.space.candidates())
-    screened, screen_cpu = _screen(engine, problem, tables, progress)
+    order, screening = _start_screen(engine, problem, tables)
+    # The rule's layout does not depend on the screen: its simulation queues behind it, and
+    # the first worker done with the screen runs it while the other ends its chunk and this
+    # process ranks the candidates.
+    rule = rule_of_thumb(ctx)
+    early = engine.start(simulate_one, problem, [rule[0]]) if rule else None
+    screened, screen_cpu = _screened(screening, order, progress)
     screen_s = time.perf_counter() - started
 
     pruned: Counter[str] = Counter()
@@ -181,12 +190,10 @@ def search(problem: Problem, *, engine: Engine, top_k: int = DEFAULT_TOP,
                 for i, (lay, est) in enumerate(fits)]
 
     top = feasible[:top_k]
-    rule = rule_of_thumb(ctx)
     rule_ranked = _place(rule[0], feasible, ctx) if rule else None
-    extra = [rule_ranked] if rule_ranked and rule_ranked.layout not in {r.layout for r in top} \
-        else []
     started_des = time.perf_counter()
-    runs = _simulate(engine, problem, [r.layout for r in top + extra], ctx, progress)
+    runs = _simulate(engine, problem, [r.layout for r in top if not rule or r.layout != rule[0]],
+                     ctx, progress, early=(rule[0], early) if rule and early else None)
     simulate_s = time.perf_counter() - started_des
     done = {lay: sim for lay, sim in runs}
     simulated = sorted((_with(r, done[r.layout]) for r in top),
@@ -211,12 +218,19 @@ def search(problem: Problem, *, engine: Engine, top_k: int = DEFAULT_TOP,
                  "simulate_cpu_max_s": max(sim.cpu_s for _, sim in runs)})
 
 
-def _screen(engine: Engine, problem: Problem, tables: list[dict[str, Any]],
-            progress: Progress | None) -> tuple[list[Screened], float]:
-    """Every candidate through `screen_chunk`, in contiguous chunks (neighbours share the
-    analytic model's caches), results in the space's order; and the CPU seconds in all."""
+def _start_screen(engine: Engine, problem: Problem, tables: list[dict[str, Any]]
+                  ) -> tuple[list[int], Pending[tuple[list[Screened], float]]]:
+    """Every candidate sent through `screen_chunk`, in contiguous chunks of the affinity
+    order (`affinity_order`: neighbours share the analytic model's caches); and that order."""
+    order = affinity_order(tables)
     size = max(1, math.ceil(len(tables) / (engine.workers * CHUNKS_PER_WORKER)))
-    chunks = [tables[i:i + size] for i in range(0, len(tables), size)]
+    chunks = [[tables[i] for i in order[at:at + size]] for at in range(0, len(order), size)]
+    return order, engine.start(screen_chunk, problem, chunks)
+
+
+def _screened(screening: Pending[tuple[list[Screened], float]], order: list[int],
+              progress: Progress | None) -> tuple[list[Screened], float]:
+    """The screen's results in the space's order, and its CPU seconds in all."""
     count, best = 0, math.inf
 
     def done(_: int, result: tuple[list[Screened], float]) -> None:
@@ -226,25 +240,58 @@ def _screen(engine: Engine, problem: Problem, tables: list[dict[str, Any]],
         best = min([best, *(s.estimate.step_time_s for s in chunk
                             if s.estimate is not None and s.estimate.fits)])
         if progress is not None:
-            progress("screen", count, len(tables), best if best < math.inf else None)
+            progress("screen", count, len(order), best if best < math.inf else None)
 
-    results = engine.map(screen_chunk, problem, chunks, done)
-    return [s for chunk, _ in results for s in chunk], sum(cpu for _, cpu in results)
+    results = screening.wait(done)
+    screened: list[Screened] = [Screened()] * len(order)
+    for i, s in zip(order, (s for chunk, _ in results for s in chunk), strict=True):
+        screened[i] = s
+    return screened, sum(cpu for _, cpu in results)
+
+
+PIPELINE_KEYS = frozenset({"pp", "vp", "schedule", "dp"})
+"""Keys the costly parts of an estimate do not depend on: a layer's ops (`PassKey`: the
+reduced plan) and their collectives' times are the same whatever the pipeline's depth (dp
+follows it), its virtual stages and its schedule."""
+
+
+def affinity_order(tables: Sequence[dict[str, Any]]) -> list[int]:
+    """The candidates' indices, those that differ only in `PIPELINE_KEYS` next to each other
+    (groups in the order of their first candidate, the space's order within each): chunks
+    cut from it share few cache entries, so workers build fewer of them twice (the space's
+    own order runs the pipeline depth slowly: two workers took alternate chunks holding the
+    same layers' reduced plans)."""
+    groups: dict[tuple[Any, ...], list[int]] = {}
+    try:
+        for i, table in enumerate(tables):
+            key = tuple((k, v) for k, v in table.items() if k not in PIPELINE_KEYS)
+            groups.setdefault(key, []).append(i)
+    except TypeError:  # a value that cannot be hashed: the space's order
+        return list(range(len(tables)))
+    return [i for group in groups.values() for i in group]
 
 
 def _simulate(engine: Engine, problem: Problem, layouts: list[Layout], ctx: Any,
-              progress: Progress | None) -> list[tuple[Layout, Simulated]]:
-    """Simulate `layouts`, the biggest plans first (the list's order does not matter)."""
-    order = sorted(layouts, key=lambda lay: (-ctx.analytic.plan_ops(lay), layout_key(lay)))
+              progress: Progress | None, *,
+              early: tuple[Layout, Pending[Simulated]] | None = None
+              ) -> list[tuple[Layout, Simulated]]:
+    """Simulate `layouts`, the costliest first (`sim.search.cost`; the list's order does not
+    matter); with the layout whose simulation was sent `early`, waited for first (it was sent
+    first)."""
+    order = sorted(layouts, key=lambda lay: (-simulation_cost(ctx.analytic, lay),
+                                             layout_key(lay)))
+    running = engine.start(simulate_one, problem, order)
     count, best = 0, math.inf
+    total = len(order) + (early is not None)
 
     def done(_: int, sim: Simulated) -> None:
         nonlocal count, best
         count, best = count + 1, min(best, sim.step_time_s)
         if progress is not None:
-            progress("simulate", count, len(order), best)
+            progress("simulate", count, total, best)
 
-    return list(zip(order, engine.map(simulate_one, problem, order, done)))
+    first = [(early[0], early[1].wait(done)[0])] if early is not None else []
+    return first + list(zip(order, running.wait(done)))
 
 
 def _place(layout: Layout, feasible: Sequence[Ranked], ctx: Any) -> Ranked:

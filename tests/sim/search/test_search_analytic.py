@@ -232,7 +232,7 @@ def test_zero1_over_expert_dp_adds_each_moe_layers_expert_gather():
                      "global_batch": 8},
         "cluster": {"preset": "dgx-a100", "nodes": 1, "gpus_per_node": 4}})
     analytic = Analytic(exp.model, exp.cluster, exp.profile)
-    ops = analytic._pass_ops(exp.layout)
+    ops = analytic.pass_ops(exp.layout)
     plan = build(exp.model, exp.layout, ranks=[0]).ops[0]
     gathers = [op for op in plan if op.name == "expert_params"]
     assert len(gathers) == 4 and {op.size_bytes for op in gathers} == {ops.expert_gather}
