@@ -128,6 +128,7 @@ def test_the_interference_probes_and_collectives_ran_alone_and_beside_each_other
         assert len({op.size_bytes for op in calls}) == len(INTERFERENCE_SIZES)
         assert all(op.stream == "dp" for op in calls + alone)
         kernels = [op for op in ops if op.kind is OpKind.COMPUTE]
+        beside = 0
         for call in calls:  # the large collective: the chain's first probe started while it
             # was in flight, and its last ended after it; the small one (~1 ms) may end before
             # the first kernel starts, or outlast the chain
@@ -135,7 +136,11 @@ def test_the_interference_probes_and_collectives_ran_alone_and_beside_each_other
             chain = [op for op in kernels if op.name == INTERFERENCE_OVERLAPPED
                      and op.start >= call.start][
                 :INTERFERENCE_CHAIN if large else INTERFERENCE_SMALL_CHAIN]
-            assert not large or chain[0].start < call.end < chain[-1].end
+            assert not large or call.end < chain[-1].end
+            beside += large and chain[0].start < call.end
+        # On a loaded host gloo's thread may finish a large call before Python launches the
+        # chain's first probe (seen once in CI: by 0.07 ms of 4.6); most must overlap it.
+        assert beside > INTERFERENCE_REPEATS // 2
         for call in alone:  # and no kernel of its rank ran beside a collective alone
             assert not any(op.start < call.end and op.end > call.start for op in kernels)
     for key in ("comm_interference", "compute_interference", "compute_interference_delay"):
