@@ -47,26 +47,16 @@ def gathers_before_forward(program: Program, gathers: list[tuple[Op, list[Unit]]
     """`program` with each gather (its op and its bucket's units) placed and chained as the
     module docstring says; a bucket none of whose units runs forward here is gathered at the
     step's start."""
-    flat = [(a, i, node) for a, nodes in enumerate(program) for i, node in enumerate(nodes)]
-    compute = [(a, i, node) for a, i, node in flat if node.on_compute]
-    firsts: dict[Unit, int] = {}  # unit -> position in `compute` of its first forward op
-    for position, (_, _, node) in enumerate(compute):
-        if node.unit is not None and node.op.phase is Phase.FWD:
-            firsts.setdefault(node.unit, position)
-    end = len(compute)
-    order = sorted(gathers, key=lambda g: min((firsts.get(u, end) for u in g[1]), default=end))
-    inserts: dict[tuple[int, int], list[Node]] = {}  # after (action, index); (0, -1): start
-    trigger: tuple[int, int] = (0, -1)
-    for op, units in order:
-        gather = Node(op, None, [])
-        if trigger != (0, -1):
-            gather.after.append(program[trigger[0]][trigger[1]])
-        inserts.setdefault(trigger, []).append(gather)
-        first = min((firsts.get(u, end) for u in units), default=end)
-        if first < end:
-            compute[first][2].after.append(gather)
+    at = _Positions(program)
+    inserts: dict[tuple[int, int], list[Node]] = {}  # after (action, index); START: first
+    trigger = START
+    for op, units in sorted(gathers, key=lambda g: at.first_use(g[1])):
+        gather = _issue(program, inserts, op, trigger)
+        first = at.first_use(units)
+        if first < len(at.compute):
+            at.compute[first][2].after.append(gather)
             if first > 0:
-                trigger = compute[first - 1][:2]
+                trigger = at.before(first)
     return _placed(program, inserts)
 
 
@@ -77,29 +67,53 @@ def aligned_before_forward(program: Program, gathers: list[tuple[Op, list[Unit]]
     `dispatch[c]` is the schedule action before whose first compute op chunk c's gathers are
     issued (absent: at the step's start), each after the compute op before it and after the
     previous gather on its stream; each bucket's first forward use waits for its gather."""
-    flat = [(a, i, node) for a, nodes in enumerate(program) for i, node in enumerate(nodes)]
-    compute = [(a, i, node) for a, i, node in flat if node.on_compute]
-    firsts: dict[Unit, int] = {}
-    opens: dict[int, int] = {}  # action -> position in `compute` of its first compute op
-    for position, (a, _, node) in enumerate(compute):
-        opens.setdefault(a, position)
-        if node.unit is not None and node.op.phase is Phase.FWD:
-            firsts.setdefault(node.unit, position)
-    end = len(compute)
+    at = _Positions(program)
     inserts: dict[tuple[int, int], list[Node]] = {}
-    for chunk in sorted(set(chunks)):
-        opened = opens.get(dispatch[chunk], 0) if chunk in dispatch else 0
-        trigger = compute[opened - 1][:2] if opened > 0 else (0, -1)
-        for (op, units), owner in zip(gathers, chunks, strict=True):
-            if owner != chunk:
-                continue
-            gather = Node(op, None, [] if trigger == (0, -1) else
-                          [program[trigger[0]][trigger[1]]])
-            inserts.setdefault(trigger, []).append(gather)
-            first = min((firsts.get(u, end) for u in units), default=end)
-            if first < end:
-                compute[first][2].after.append(gather)
+    # chunk by chunk, each in its bucket order (a stable sort)
+    for (op, units), chunk in sorted(zip(gathers, chunks, strict=True), key=lambda g: g[1]):
+        opened = at.opens.get(dispatch[chunk], 0) if chunk in dispatch else 0
+        gather = _issue(program, inserts, op, at.before(opened))
+        first = at.first_use(units)
+        if first < len(at.compute):
+            at.compute[first][2].after.append(gather)
     return _placed(program, inserts)
+
+
+START = (0, -1)
+"""Where a gather issued at the step's start is placed: before the program's first node."""
+
+
+class _Positions:
+    """A program's compute nodes in order, as (action, index, node); where each unit is first
+    used forward and where each action's compute begins, as positions among them."""
+
+    def __init__(self, program: Program) -> None:
+        self.compute = [(a, i, node) for a, nodes in enumerate(program)
+                        for i, node in enumerate(nodes) if node.on_compute]
+        self.firsts: dict[Unit, int] = {}
+        self.opens: dict[int, int] = {}
+        for position, (a, _, node) in enumerate(self.compute):
+            self.opens.setdefault(a, position)
+            if node.unit is not None and node.op.phase is Phase.FWD:
+                self.firsts.setdefault(node.unit, position)
+
+    def first_use(self, units: list[Unit]) -> int:
+        """The first forward use of any of `units` (past the end: none)."""
+        end = len(self.compute)
+        return min((self.firsts.get(u, end) for u in units), default=end)
+
+    def before(self, position: int) -> tuple[int, int]:
+        """Where an op issued as the compute stream reaches `position` goes: right after the
+        compute node before it (START at the first)."""
+        return self.compute[position - 1][:2] if position > 0 else START
+
+
+def _issue(program: Program, inserts: dict[tuple[int, int], list[Node]], op: Op,
+           trigger: tuple[int, int]) -> Node:
+    """A gather placed after `trigger`'s node, waiting for it (for nothing at START)."""
+    gather = Node(op, None, [] if trigger == START else [program[trigger[0]][trigger[1]]])
+    inserts.setdefault(trigger, []).append(gather)
+    return gather
 
 
 def _placed(program: Program, inserts: dict[tuple[int, int], list[Node]]) -> Program:
