@@ -25,6 +25,7 @@ from sim.collectives import Algorithm, Collectives, analytic_time
 from sim.engine.transport import NetworkMode
 from sim.models.compute import ComputeModel
 from sim.models.memory import MemoryBreakdown, peak_in_flight, pp_rank_memory
+from sim.models.moe_memory import rank_layers
 from sim.models.sharing import interference_for
 from sim.models.variability import step_stretch
 from sim.profile import Profile
@@ -157,8 +158,8 @@ class Analytic:
                                                self.group(layout, "grad_stats"), size)
                               for size in ops.step_stats)
         if ops.expert_gather:  # each MoE layer's updated experts, over expert-DP
-            moe = sum(is_moe_layer(self.model, layer) for stage in layout.stages_of_rank(r)
-                      for layer in layout.layers_of_stage(self.model, stage))
+            moe = sum(is_moe_layer(self.model, layer)
+                      for layer in rank_layers(self.model, layout, r))
             end += moe * self._collective(OpKind.ALL_GATHER, self.group(layout, "edp"),
                                           ops.expert_gather)
         if ops.embedding_grads is not None and r in (0, layout.pp - 1):
