@@ -40,13 +40,13 @@ class ChunkPass:
     tail: float
 
 
-def beside(alone: float, beside: float, side: float) -> float:
-    """A compute stream of `alone` seconds (`beside` with every kernel slowed by
+def beside(alone: float, slowed: float, side: float) -> float:
+    """A compute stream of `alone` seconds (`slowed` with every kernel slowed by
     communication) that `side` seconds of communication run beside: the kernels that start
-    while it is in flight take their `beside` time, the rest their own."""
-    if beside <= alone:
+    while it is in flight take their slowed time, the rest their own."""
+    if slowed <= alone:
         return alone
-    return alone + min(side, beside) * (1.0 - alone / beside)
+    return alone + min(side, slowed) * (1.0 - alone / slowed)
 
 
 def stage(n: int, layer: UnitTime, *ends: UnitTime) -> ChunkPass:
@@ -63,5 +63,5 @@ def stage(n: int, layer: UnitTime, *ends: UnitTime) -> ChunkPass:
     bwd = beside(compute_bwd, sum(u.beside_bwd for u in units), side_bwd)
     last = ends[0] if ends and ends[0].tail else layer
     return ChunkPass(fwd=max(fwd, side_fwd), bwd=max(bwd, side_bwd),
-                 kernels=sum(u.kernels for u in units),
-                 tail=last.tail if bwd >= side_bwd else 0.0)
+                     kernels=sum(u.kernels for u in units),
+                     tail=last.tail if bwd >= side_bwd else 0.0)
