@@ -12,6 +12,7 @@ from dataclasses import asdict, replace
 from typing import Any
 
 from sim.config import Experiment
+from sim.engine.position import network_positions
 from sim.engine.replay import Progress, StepTimes, replay
 from sim.metrics import StepSummary, summarize
 from sim.models.compute import ComputeModel
@@ -39,7 +40,8 @@ def predict(exp: Experiment, *, fold: bool = True, progress: Progress | None = N
     the ideal step is simulated too and the summary's `variability_s` is the difference."""
     # Folded by identity when something sets ranks apart (speeds, skewed experts' loads, an
     # expert grid the shifts do not map onto itself); else the uniform fold, one per (cp, pp).
-    classes = partition_for(exp.model, exp.layout, speeds) if fold else None
+    classes = partition_for(exp.model, exp.layout, speeds,
+                            network_positions(exp.cluster, exp.layout)) if fold else None
     if classes is not None and classes.uniform:
         classes = None
     ranks = (classes.representatives() if classes else exp.layout.representatives()) \

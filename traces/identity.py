@@ -22,9 +22,11 @@ group's by the groups of its kind whose members are in the same classes).
 `partition_for` is the fold `simulate` runs: by device speed and, under skewed routing, by
 each rank's expert token counts (`traces.moe.expert_loads`: per MoE layer of its stage, from
 the seeded routing, never by building the rank's program), so EP ranks with equal counts fold
-together and the others apart. Ranks' network position is not in the key: the copies' flows
-on the representatives' links stand for the rest only where the fabric's routes are shifts of
-one another (`with_copies`), which holds for the fabrics parasim builds.
+together and the others apart, and by network position on a fat tree whose leaves the layout's
+blocks cut unevenly (`sim.engine.position`: how far a rank's pipeline neighbours are, how many
+of each group's members share its server, leaf and pod). Elsewhere the copies' flows on the
+representatives' links stand for the rest (`with_copies`). Under ECMP each copy's flows keep
+their own hashed links, and the set moves at the pace of the worst copy: an approximation.
 
 The refinement costs O(rounds x world x groups per rank), each group's view made once a round;
 without a key the (cp, pp) classes are already equitable (every tp x dp shift maps the layout
@@ -84,24 +86,28 @@ class Partition:
 
 
 def partition_for(model: ModelSpec, layout: Layout,
-                  speeds: Mapping[int, float] | None = None) -> Partition:
-    """The fold of `model` on `layout` by what sets ranks apart: `speeds` (1 where absent) and,
-    with skewed routing, the experts' loads. The uniform fold when nothing does and the expert
+                  speeds: Mapping[int, float] | None = None,
+                  positions: Sequence[Hashable] | None = None) -> Partition:
+    """The fold of `model` on `layout` by what sets ranks apart: `speeds` (1 where absent),
+    the ranks' network `positions` (`sim.engine.position`: None where all sit alike) and, with
+    skewed routing, the experts' loads. The uniform fold when nothing does and the expert
     grid is closed under the shifts (`traces.expert_grid.shift_closed`)."""
     moe = model.experts > 0
     skewed = skewed_experts(model, layout)
-    if speeds is None and not skewed and (not moe or shift_closed(layout)):
+    if speeds is None and positions is None and not skewed and \
+            (not moe or shift_closed(layout)):
         return Partition(layout)
     loads: dict[tuple[int, int], tuple[tuple[int, ...], ...]] = {}
 
     def key(r: int) -> Hashable:
         speed = speeds.get(r, 1.0) if speeds is not None else 1.0
+        place = positions[r] if positions is not None else None
         if not skewed:
-            return speed
+            return speed, place
         at = (layout.coords(r).pp, r % (layout.tp * layout.cp * layout.dp))
         if at not in loads:
             loads[at] = expert_loads(model, layout, r)
-        return speed, loads[at]
+        return speed, place, loads[at]
 
     return partition(layout, key, moe=moe)
 

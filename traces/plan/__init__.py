@@ -158,7 +158,7 @@ def _too_big(ops: int, layout: Layout, chosen: list[int], classes: bool = False)
     not for ranks that are already one per class of identical ranks (`classes`)."""
     folding = ("" if len(chosen) <= len(layout.representatives()) else
                f"; folded by identity, {len(chosen):,} of the {layout.world:,} ranks still "
-               "differ in expert loads or speed" if classes else
+               "differ in expert loads, speed or network position" if classes else
                "; or simulate folded, one rank per pipeline stage")
     return ConfigError(f"plan: at least {ops:,} ops for {len(chosen):,} ranks, more than the "
                        f"{MAX_PLAN_OPS:,} parasim builds (fewer micro-batches or "

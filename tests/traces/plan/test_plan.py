@@ -259,5 +259,5 @@ def test_the_op_limit_does_not_suggest_folding_ranks_already_one_per_class():
     model = ModelSpec(layers=1024, hidden=256, heads=8, seq_len=64, vocab=1024)
     layout = Layout(pp=8, dp=64, global_batch=65536)
     with pytest.raises(ConfigError, match=r"folded by identity, 512 of the 512 ranks still "
-                                          r"differ in expert loads or speed\)$"):
+                                          r"differ in expert loads, speed or network position\)$"):
         build(model, layout, classes=True)

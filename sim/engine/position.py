@@ -1,0 +1,78 @@
+"""Where a rank's peers sit on a fat tree, relative to it: the network part of its identity.
+
+The uniform fold (one rank per (cp, pp)) lets each representative's flows stand for its copies'.
+On a fat tree that holds while every rank of a class sees its peers at the same distances;
+it fails where the layout's blocks cut across leaves unevenly. Six DGX nodes on leaves of four,
+pipeline stages of three nodes: stage 0's node 0 sends to node 3 on its own leaf, nodes 1 and 2
+send to nodes 4 and 5 across a spine, and the fold that simulates node 0 alone predicted the
+step 0.06% fast. So a rank's position is the distance to its pipeline neighbours and how many
+members of each of its groups share its node, leaf and pod (`traces.identity` refines by it);
+where every class sits alike, nothing changes.
+
+Distances are the fabric's tiers (0 same server, 1 same leaf, 2 same pod, 3 across the core).
+Computed with array arithmetic per group kind, O(world), never per member.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+
+import numpy as np
+
+from topology.cluster import Cluster
+from topology.fabric import FatTree
+from traces.layout import Layout
+
+
+def network_positions(cluster: Cluster, layout: Layout) -> Sequence[Hashable] | None:
+    """Per rank, its position on `cluster`'s fat tree relative to its groups' members; None
+    where every (cp, pp) class sits alike (or the fabric is not a fat tree: rails and a torus
+    are the same seen from every server), so the uniform fold stands."""
+    fabric = cluster.fabric
+    if not isinstance(fabric, FatTree) or fabric.num_leaves == 1:
+        return None
+    rank = np.arange(layout.world, dtype=np.int64)
+    node = rank // cluster.devices_per_server
+    leaf = node // fabric.spec.nodes_per_leaf
+    places = (node, leaf, leaf // fabric.per_pod)
+    tp, rest = rank % layout.tp, rank // layout.tp
+    cp, rest = rest % layout.cp, rest // layout.cp
+    dp, pp = rest % layout.dp, rest // layout.dp
+    columns = []
+    for group in (cp + layout.cp * (dp + layout.dp * pp),  # TP groups, by what they share
+                  tp + layout.tp * (dp + layout.dp * pp),  # CP
+                  tp + layout.tp * pp):                     # DP x CP
+        columns += [_sharing(group, place) for place in places]
+    for step in (1, -1):  # the pipeline's next and previous stage (wrapping: the embeddings')
+        peer = rank + ((pp + step) % layout.pp - pp) * (layout.tp * layout.cp * layout.dp)
+        columns.append(_tier(places, peer))
+    table = np.stack(columns, axis=1)
+    if _alike(table, cp + layout.cp * pp):
+        return None
+    return [tuple(row) for row in table.tolist()]
+
+
+def _sharing(group: np.ndarray, place: np.ndarray) -> np.ndarray:
+    """Per rank, how many members of its group share its `place` (server, leaf or pod)."""
+    pairs = group * (int(place.max()) + 1) + place
+    _, index, counts = np.unique(pairs, return_inverse=True, return_counts=True)
+    return counts[index]
+
+
+def _tier(places: tuple[np.ndarray, ...], peer: np.ndarray) -> np.ndarray:
+    """Per rank, the fabric tier between it and `peer`: 0 one server ... 3 across the core."""
+    tier = np.full(len(peer), 3, dtype=np.int64)
+    for level in reversed(range(len(places))):
+        tier[places[level] == places[level][peer]] = level
+    return tier
+
+
+def _alike(table: np.ndarray, cls: np.ndarray) -> bool:
+    """Every class (by `cls`) has one row of `table` for all its ranks."""
+    order = np.argsort(cls, kind="stable")
+    rows, classes = table[order], cls[order]
+    same_class = classes[1:] == classes[:-1]
+    return bool(np.all((rows[1:] == rows[:-1]).all(axis=1) | ~same_class))
+
+
+__all__ = ["network_positions"]
