@@ -111,6 +111,45 @@ CASES: list[Case] = [
 ]
 
 
+PAIRS = [("529.6B", "530B full recompute"), ("1008B", "1T full recompute")]
+"""Runs both papers published with the same work per pipeline: the same model, TP, PP, model
+chunks, micro-batch and micro-batches per pipeline (Narayanan's global batch over its DP
+degree equals Korthikanti's batch at DP 1), on the same Selene nodes. They differ only in the
+software (2021 and 2022 Megatron-LM) and in Narayanan's DP all-reduce after the backward."""
+
+
+def per_gpu_tflops(case: Case, seconds: float) -> float:
+    """Eq. (3)'s FLOPs of `case`'s global batch per GPU per second, in TFLOP/s."""
+    exp = experiment_from_dict({"model": case.model, "parallel": case.parallel,
+                                "cluster": {"preset": "dgx-a100", "nodes": case.gpus // 8}})
+    flops = megatron_step_flops(exp.model, exp.layout.global_batch, full_recompute=True)
+    return flops / case.gpus / seconds / 1e12
+
+
+def same_work(a: Case, b: Case) -> bool:
+    """`a` and `b` run one pipeline's step alike: the model and every per-pipeline figure."""
+    pa, pb = a.parallel, b.parallel
+    keys = ("tp", "pp", "vp", "micro_batch", "recompute")
+    return a.model == b.model and all(pa.get(k, 1) == pb.get(k, 1) for k in keys) and \
+        pa["global_batch"] // pa.get("dp", 1) == pb["global_batch"] // pb.get("dp", 1)
+
+
+def pairs(results: dict[str, tuple[Case, float]]) -> None:
+    """Print each pair's published throughputs, their ratio, and parasim's ratio (`results`:
+    parasim's figure per case name, in the case's unit)."""
+    print("Same work per pipeline, both papers (TFLOP/s per GPU by eq. 3):")
+    for older, newer in PAIRS:
+        if older not in results or newer not in results:
+            continue
+        (a, ours_a), (b, ours_b) = results[older], results[newer]
+        assert same_work(a, b), (older, newer)
+        published = a.published / per_gpu_tflops(b, b.published)
+        ours = ours_a / per_gpu_tflops(b, ours_b)
+        print(f"  {older} (2021) {a.published:.0f} vs {newer} (2022) "
+              f"{per_gpu_tflops(b, b.published):.0f}: published ratio {published:.3f}, "
+              f"parasim {ours:.3f} (one model within 5% of both needs >= {0.95 / 1.05:.3f})")
+
+
 def simulate(case: Case) -> tuple[float, float, float]:
     """(parasim's figure in the case's unit, its step time, simulation wall seconds)."""
     exp = experiment_from_dict({"model": case.model, "parallel": case.parallel,
@@ -136,10 +175,12 @@ def main() -> None:
           f"{'error':>7} {'step s':>8} {'wall s':>7}  source")
     errors: dict[str, list[float]] = {}
     trend: list[tuple[float, float]] = []
+    results: dict[str, tuple[Case, float]] = {}
     for case in CASES:
         if args.only not in case.name or case.gpus > args.max_gpus:
             continue
         ours, step, wall = simulate(case)
+        results[case.name] = (case, ours)
         error = (ours - case.published) / case.published
         errors.setdefault(case.source.split(",")[0] + (
             ", Table 1" if case.source == NARAYANAN else ", Table 5" if case.source ==
@@ -154,6 +195,7 @@ def main() -> None:
         print(f"{case.name:28} {case.gpus:5d} {layout:>22} {case.published:8.2f}{unit:2} "
               f"{ours:7.2f}{unit:2} {100 * error:+6.1f}% {step:8.3f} {wall:7.1f}  "
               f"{case.source}", flush=True)
+    pairs(results)
     if not args.no_layers and not args.only:
         errors.update(table_4())
     for source, errs in errors.items():
