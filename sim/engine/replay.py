@@ -31,7 +31,7 @@ from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import cached_property
 from itertools import accumulate, repeat
-from operator import attrgetter, is_not, mul
+from operator import mul
 from typing import Any, Protocol
 
 import simpy
@@ -41,7 +41,7 @@ from sim.engine.loop import Loop
 from sim.engine.lowering import CommPlan, lower_communication
 from sim.engine.meetings import Meetings
 from sim.engine.occupancy import Occupancy
-from sim.engine.steps import CONTIGUOUS, KERNEL, PLAIN, RUN, Step, rank_steps
+from sim.engine.steps import CONTIGUOUS, KERNEL, PLAIN, RUN, Step, timed_steps
 from sim.engine.transport import NETWORK_NAMES, NetworkMode, transport_for
 from sim.models.interference import NO_INTERFERENCE, Interference
 from topology.cluster import Cluster
@@ -49,9 +49,7 @@ from traces.errors import ConfigError
 from traces.header import check_fold_ranks
 from traces.identity import Partition
 from traces.nogc import paused_gc
-from traces.ops import Op, OpKind, Trace
-
-_END = attrgetter("end")
+from traces.ops import Op, Trace
 
 Progress = Callable[[int, int], None]
 """Called now and then with (ops finished, ops in all); the command line draws the bar."""
@@ -170,16 +168,15 @@ class _Replay:
 
     def run(self, progress: Progress | None) -> StepTimes:
         self.progress = progress
-        duration, compute, plain = self.compute.duration, OpKind.COMPUTE, self.occupancy.plain
+        duration, plain = self.compute.duration, self.occupancy.plain
         shared: dict[tuple[float, ...], tuple[float, ...]] = {}  # runs' durations, one each
         for rank, ops in self.plan.ops.items():
-            # (a plan has no timed op: the first test runs in C)
-            if any(map(is_not, map(_END, ops), repeat(None))) and \
-                    any(kept := [op.kind is compute and op.end is not None for op in ops]):
-                self.kept[rank] = kept
             comm, calls = self.comm.ops.get(rank, {}), self.comm.calls.get(rank, array("i"))
-            for steps in rank_steps(ops, duration, self.gaps.get(rank), self.kept.get(rank),
-                                    comm, calls, plain, shared):
+            streams, kept = timed_steps(ops, duration, self.gaps.get(rank), comm, calls, plain,
+                                        shared)
+            if kept is not None:
+                self.kept[rank] = kept
+            for steps in streams:
                 self.env.start(self._stream(rank, steps))
         self.env.run()
         if progress is not None:
