@@ -71,6 +71,9 @@ class StepTimes:
     ends: dict[int, list[float]]
     algorithms: dict[str, int]
     """How many collectives each algorithm ran."""
+    communication: Mapping[int, Mapping[int, object]] | None = None
+    """Per rank, its communication ops by index (the lowering's, `CommPlan.ops`): every op
+    that is not compute; None: read it from the plan."""
     last_end_s: float | None = None
     """The largest of `ends`, where the replay knows it (`_Replay`: the latest of its streams'
     last ends; None: take it from `ends`)."""
@@ -192,7 +195,7 @@ class _Replay:
         if self.finished != self.total:
             raise ConfigError(self._stuck())
         return StepTimes(self.plan, self.starts, self.ends, dict(self.comm.algorithms),
-                         self._step_time(shared))
+                         self.comm.ops, self._step_time(shared))
 
     def _step_time(self, runs: Iterable[tuple[float, ...]]) -> float | None:
         """The largest of all `ends` without a pass over them (~850,000 floats for GPT-3 on
