@@ -69,9 +69,14 @@ def rank_times(times: StepTimes, layout: Layout | None = None) -> list[RankTime]
         # np.array of the lists as they are: an int 0 (the clock before any event) and the
         # floats give the same float64s as ever (and a rank of only int 0s int64s)
         starts, ends = np.array(times.starts[rank]), np.array(times.ends[rank])
-        ops = times.plan.ops[rank]  # op.kind is COMPUTE, per op, in C
-        is_compute = np.fromiter(map(is_, map(_KIND, ops), repeat(OpKind.COMPUTE)), bool,
-                                 len(ops))
+        ops = times.plan.ops[rank]
+        comm = None if times.communication is None else times.communication.get(rank)
+        if comm is not None:  # the others are compute: no pass over the ops (0.035 s)
+            is_compute = np.ones(len(ops), bool)
+            is_compute[np.fromiter(comm, np.intp, len(comm))] = False
+        else:  # op.kind is COMPUTE, per op, in C
+            is_compute = np.fromiter(map(is_, map(_KIND, ops), repeat(OpKind.COMPUTE)), bool,
+                                     len(ops))
         busy = _union_length(starts[is_compute], ends[is_compute])
         # |comm outside compute| = |everything| - |compute|
         exposed = _union_length(starts, ends) - busy

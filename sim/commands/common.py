@@ -8,9 +8,7 @@ import argparse
 import os
 import sys
 from pathlib import Path
-from typing import Any
-
-from tqdm import tqdm
+from typing import TYPE_CHECKING, Any
 
 from sim.measured import cluster_spec
 from topology.cluster import Cluster
@@ -22,6 +20,9 @@ from traces.gzipped import text_or_gzip
 from traces.io import dumps as dumps_trace
 from traces.ops import Trace
 from traces.units import parse_size
+
+if TYPE_CHECKING:
+    from sim.engine.replay import Progress
 
 MAX_SIZES = 64
 
@@ -61,12 +62,37 @@ def _hidden() -> bool:
     return sys.stderr is None or not sys.stderr.isatty()
 
 
+class _Off:
+    """What a hidden bar is asked (tqdm's `disable=True` bar, without importing tqdm: 20 ms of
+    a `parasim simulate` whose stderr is a pipe)."""
+
+    disable = True
+    n, total, postfix = 0, None, None
+
+    def update(self, n: float = 1) -> None:
+        self.n += n  # type: ignore[assignment]
+
+    def set_postfix_str(self, text: str = "", refresh: bool = True) -> None:
+        self.postfix = text  # type: ignore[assignment]
+
+    def refresh(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
 class ProgressBar:
-    """A tqdm bar on stderr, drawn only when stderr is a terminal."""
+    """A tqdm bar on stderr, drawn only when stderr is a terminal; `progress` is its `update`
+    there, None elsewhere (the replay then counts nothing for it)."""
 
     def __init__(self, desc: str, unit: str) -> None:
-        self.bar = tqdm(desc=desc, unit=unit, delay=1.0, leave=False, mininterval=0.5,
-                        disable=_hidden())
+        self.bar: Any = _Off()
+        self.progress: Progress | None = None
+        if not _hidden():
+            from tqdm import tqdm
+            self.bar = tqdm(desc=desc, unit=unit, delay=1.0, leave=False, mininterval=0.5)
+            self.progress = self.update
 
     def update(self, done: int, total: int) -> None:
         self.bar.total = total
@@ -88,6 +114,7 @@ class Phases:
     """
 
     def __init__(self, desc: str, total: int) -> None:
+        from tqdm import tqdm
         self.bar = tqdm(total=total, desc=desc, delay=1.0, leave=False, disable=_hidden(),
                         bar_format="{desc}: {n}/{total} done{postfix} [{elapsed}]")
         self.started = False
@@ -107,6 +134,7 @@ class Phases:
 
 def progress_over(items: list[Any], desc: str) -> Any:
     """`items`, iterated under a bar of their own (tqdm, on a terminal only)."""
+    from tqdm import tqdm
     return tqdm(items, desc=desc, delay=1.0, leave=False, disable=_hidden())
 
 

@@ -76,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
         warn(warning)
     with Outputs() as outputs:
         with ProgressBar("simulate", "op") as bar:
-            summary, _ = predict(exp, progress=bar.update)
+            summary, _ = predict(exp, progress=bar.progress)
         plan = plan_run(exp, summary, target=target_tokens(args.days, args.tokens,
                                                            summary.tokens_per_s))
         check_events(plan.model, plan.runs, plan.expected_wall_s)

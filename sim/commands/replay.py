@@ -75,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
     with Outputs() as outputs:
         with ProgressBar("replay", "op") as bar:
             result = replay_trace(loaded, cluster, profile, retime=args.retime,
-                                  network=network, algo=algo, progress=bar.update,
+                                  network=network, algo=algo, progress=bar.progress,
                                   host_gaps=not args.no_host_gaps)
         if args.retime and result.uncosted_compute:
             warn(f"--retime: {result.uncosted_compute} of "

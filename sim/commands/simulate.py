@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
         warn(warning)
     with Outputs() as outputs:
         with ProgressBar("simulate", "op") as bar:
-            summary, times = predict(exp, fold=not args.no_fold, progress=bar.update)
+            summary, times = predict(exp, fold=not args.no_fold, progress=bar.progress)
         if "--trace" in targets or "--chrome" in targets:
             devices = exp.cluster.device_words[1]
             write_timed(outputs, targets, annotate(times.timed_trace(), times, exp.model,

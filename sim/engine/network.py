@@ -154,7 +154,14 @@ class Network:
 
     def _end_analytic(self, timeout: simpy.Event) -> None:
         """The timeout of an analytic job (its value) has fired: the job is done, unless it
-        went on as flows meanwhile."""
+        went on as flows meanwhile.
+
+        Done, the job is an event of this instant, after every one queued already. Where
+        none is queued for this instant, it is the very next event the loop would pop: its
+        callbacks run here and now instead, in the same order and at the same time, without
+        the push and pop (~120,000 for GPT-3 on 1024 GPUs). This is the timeout's only
+        callback, so nothing runs between the two either way; the id it does not take only
+        shifts later events' ids by one, never their order."""
         job: _Job = timeout._value
         if job.live:  # _drop(job), then job.succeed(), without their layers of calls
             job.live = False
@@ -162,8 +169,14 @@ class Network:
             for i in job.plan.indices:
                 jobs[i].pop(job, None)
             job._ok, job._value = True, None
-            env = self.env  # env.schedule(job), inlined: the same key
-            heappush(env._queue, (env._now + 0, NORMAL, next(env._eid), job))
+            env = self.env
+            queue = env._queue
+            if queue and queue[0][0] <= env._now:  # env.schedule(job), inlined: the same key
+                heappush(queue, (env._now + 0, NORMAL, next(env._eid), job))
+            else:  # the loop's step of the job, inlined
+                callbacks, job.callbacks = job.callbacks, None  # type: ignore[assignment]
+                for callback in callbacks:
+                    callback(job)
 
     def _drop(self, job: _Job) -> None:
         job.live = False

@@ -97,7 +97,7 @@ class _Ring:
         for node in nodes:
             if node.op.purpose != _CORE:
                 if waiting and node.on_compute:
-                    node.after[:0] = waiting
+                    node.wait_first(waiting)
                     waiting = []
                 out.append(node)
                 continue

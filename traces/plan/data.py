@@ -145,7 +145,7 @@ class _DataWalk:
             if gathers and unit is not None and node in firsts:
                 gather = self._gather(unit, mb, phase)
                 out.append(gather)
-                node.after.append(gather)
+                node.wait_for(gather)
             out.append(node)
             if node.on_compute and node.op.layer is not None and node.op.phase is not None:
                 self.ends[(node.op.phase, node.op.layer, mb)] = node

@@ -33,13 +33,30 @@ class Node:
 
     __slots__ = ("op", "unit", "after", "on_compute", "index")
 
-    def __init__(self, op: Op, unit: Unit | None = None, after: list[Node] | None = None) -> None:
+    def __init__(self, op: Op, unit: Unit | None = None,
+                 after: list[Node] | tuple[()] | None = None) -> None:
         self.op = op
         self.unit = unit
-        self.after: list[Node] = [] if after is None else after
+        self.after: list[Node] | tuple[()] = () if after is None else after
+        """What it waits for: a list, or () for nothing yet (most nodes: no list each; add
+        with `wait_for` and `wait_first`)."""
         self.on_compute = op.stream == _COMPUTE
         self.index = -1
         """Position in the finished op list (set by `finalize`)."""
+
+    def wait_for(self, node: Node) -> None:
+        """Wait for `node` too, after what it waits for already."""
+        if type(self.after) is tuple:
+            self.after = [node]
+        else:
+            self.after.append(node)  # type: ignore[union-attr]
+
+    def wait_first(self, nodes: list[Node]) -> None:
+        """Wait for `nodes` too, before what it waits for already."""
+        if type(self.after) is tuple:
+            self.after = list(nodes)
+        else:
+            self.after[:0] = nodes  # type: ignore[index]
 
 
 _COMPUTE = Stream.COMPUTE

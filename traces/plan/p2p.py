@@ -71,7 +71,7 @@ def add_pipeline_p2p(ctx: RankContext, actions: list[Action], program: Program) 
                 gathered = Node(op, None, entry)
                 step.append(gathered)
                 entry = [gathered]
-        first_compute(nodes).after[:0] = entry
+        first_compute(nodes).wait_first(entry)
         step += nodes
         pending = None
         stream, tag, offset = _SEND[kind]
@@ -79,7 +79,7 @@ def add_pipeline_p2p(ctx: RankContext, actions: list[Action], program: Program) 
             # an activation out is the next layer's input; a gradient back, the first's
             pending = _p2p(OpKind.SEND, stream, _peer(ctx, peers, stage + offset), size, tag, mb,
                            last if kind == "F" else first, last + 1 if kind == "F" else first)
-            pending.after.append(last_compute(nodes))
+            pending.wait_for(last_compute(nodes))
             step.append(pending)
         out.append(step)
     return [*out, *program[len(actions):]]

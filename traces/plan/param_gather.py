@@ -54,7 +54,7 @@ def gathers_before_forward(program: Program, gathers: list[tuple[Op, list[Unit]]
         gather = _issue(program, inserts, op, trigger)
         first = at.first_use(units)
         if first < len(at.compute):
-            at.compute[first][2].after.append(gather)
+            at.compute[first][2].wait_for(gather)
             if first > 0:
                 trigger = at.before(first)
     return _placed(program, inserts)
@@ -75,7 +75,7 @@ def aligned_before_forward(program: Program, gathers: list[tuple[Op, list[Unit]]
         gather = _issue(program, inserts, op, at.before(opened))
         first = at.first_use(units)
         if first < len(at.compute):
-            at.compute[first][2].after.append(gather)
+            at.compute[first][2].wait_for(gather)
     return _placed(program, inserts)
 
 

@@ -209,7 +209,7 @@ def _splice(nodes: list[Node], recipe: list[Step], templates: dict[tuple[Any, ..
             step += region.nodes
             join = region.join
         elif join is not None:  # _JOIN
-            nodes[i].after.append(join)
+            nodes[i].wait_for(join)
             join = None
     assert join is None, "an overlapped kernel ends an action"
     return step

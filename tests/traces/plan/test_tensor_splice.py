@@ -45,7 +45,7 @@ def node_by_node(ctx: RankContext, program: Program) -> Program:
             op = node.op
             key = (op.purpose.kernel, op.phase) if isinstance(op.purpose, KernelRun) else None
             if join is not None and node.on_compute:
-                node.after.append(join)
+                node.wait_for(join)
                 join = None
             if key in overlap:
                 launch = next(n for n in reversed(step) if n.on_compute)
