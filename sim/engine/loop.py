@@ -28,15 +28,9 @@ _Timeout, _Event = simpy.Timeout, simpy.Event
 class Loop(simpy.Environment):
     """A `simpy.Environment` with a faster `timeout`, `start` and `run` (see the module)."""
 
-    nan = False
-    """Whether a timeout was given NaN seconds (simpy takes it; the heap's order is then
-    undefined, and the replay's shortcuts over the times stand aside: `_Replay._step_time`)."""
-
     def timeout(self, delay: float = 0, value: Any = None) -> simpy.Timeout:  # type: ignore[override]
-        if not delay >= 0:  # negative, or NaN
-            if delay < 0:
-                raise ValueError(f"Negative delay {delay}")
-            self.nan = True
+        if delay < 0:
+            raise ValueError(f"Negative delay {delay}")
         event = _Timeout.__new__(_Timeout)
         event.env, event.callbacks, event._delay, event._ok, event._value = \
             self, [], delay, True, value

@@ -26,9 +26,8 @@ whose size the trace does not state. The parts:
 
 from __future__ import annotations
 
-import math
 from array import array
-from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import cached_property
 from itertools import accumulate, repeat
@@ -74,14 +73,9 @@ class StepTimes:
     communication: Mapping[int, Mapping[int, object]] | None = None
     """Per rank, its communication ops by index (the lowering's, `CommPlan.ops`): every op
     that is not compute; None: read it from the plan."""
-    last_end_s: float | None = None
-    """The largest of `ends`, where the replay knows it (`_Replay`: the latest of its streams'
-    last ends; None: take it from `ends`)."""
 
     @cached_property
     def step_time_s(self) -> float:
-        if self.last_end_s is not None:
-            return self.last_end_s
         return max(max(e, default=0.0) for e in self.ends.values())
 
     def timed_trace(self) -> Trace:
@@ -171,8 +165,6 @@ class _Replay:
         rank's scale never stretches them again (replaying simulate's own trace doubled the
         kernels it had stretched: 8% on the tiny example). Ranks with none: no entry."""
         self.finished = 0
-        self.stream_ends: list[float] = []
-        """When each stream's last op ended (`_step_time`)."""
         self.report_at = 4096  # the next op count to call `progress` at
         self.total = plan.num_ops()
         self.progress: Progress | None = None
@@ -195,23 +187,7 @@ class _Replay:
         if self.finished != self.total:
             raise ConfigError(self._stuck())
         return StepTimes(self.plan, self.starts, self.ends, dict(self.comm.algorithms),
-                         self.comm.ops, self._step_time(shared))
-
-    def _step_time(self, runs: Iterable[tuple[float, ...]]) -> float | None:
-        """The largest of all `ends` without a pass over them (~850,000 floats for GPT-3 on
-        1024 GPUs, 0.05 s): the latest stream's last end. A stream's ops end one after the
-        other and the clock never goes back, so no op ends later than its stream's last —
-        where no kernel of a run (`runs`, their durations) takes negative or NaN seconds,
-        which would put an end inside the run past the run's own. None (take the largest of
-        `ends`) unless every last end is a positive finite float: where the times hold a NaN,
-        or nothing took any time (an int 0, or 0.0 of either sign), max() over `ends`
-        decides which it returns (and the clock may have gone back where a delay was NaN)."""
-        ends = self.stream_ends
-        if ends and not self.env.nan and \
-                all(type(t) is float and 0.0 < t < math.inf for t in ends) and \
-                all(x >= 0.0 for run in runs for x in run):
-            return max(ends)
-        return None
+                         self.comm.ops)
 
     def _stream(self, rank: int, steps: list[Step]) -> Generator[simpy.Event, Any, None]:
         """One stream of one rank: its steps in order, each after its first op's dependencies
@@ -313,7 +289,6 @@ class _Replay:
                     self.report_at += 4096
                     progress(self.finished, self.total)
         self.finished += finished
-        self.stream_ends.append(env._now)
 
     def _stuck(self) -> str:
         for rank, ops in self.plan.ops.items():

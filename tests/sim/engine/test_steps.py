@@ -72,14 +72,3 @@ def test_a_rank_replays_as_its_ops_one_by_one(h100):
     ends.append(ends[5] + 0.6)
     assert times.ends[0] == ends
     assert times.starts[0] == [0, 0.1, 0.1 + 0.2, 0.1 + 0.2, ends[2], ends[4], ends[5]]
-
-
-def test_the_step_time_is_the_latest_streams_last_end_unless_a_run_takes_negative_time(h100):
-    """`StepTimes.last_end_s` (no pass over every end) is the largest end; where a kernel of
-    a run takes negative seconds an end inside the run can pass the run's own: none then."""
-    ops = (kernel(0.1), kernel(0.2), kernel(0.3, stream="d", deps=(0,)), kernel(0.4))
-    model = type("F", (), {"duration": staticmethod(flops)})()
-    times = replay(Trace({0: ops}), h100, model)
-    assert times.last_end_s == max(times.ends[0]) == times.step_time_s
-    back = replay(Trace({0: (kernel(0.5), kernel(-0.2))}), h100, model)
-    assert back.last_end_s is None and back.step_time_s == max(back.ends[0]) == 0.5
