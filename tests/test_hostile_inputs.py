@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from sim.cli import main
+from tests.child import sigint_default
 from traces.errors import ConfigError
 from traces.files import check_output
 from traces.header import check_fold_ranks
@@ -309,7 +310,8 @@ def test_ctrl_c_while_writing_leaves_nothing_and_prints_one_line(write, tmp_path
     )
     proc = subprocess.run([sys.executable, "-c", script, "simulate", str(config), "--trace",
                            str(tmp_path / "t.json"), "--chrome", str(tmp_path / "c.json")],
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=120,
+                          preexec_fn=sigint_default)
     assert proc.returncode == 128 + signal.SIGINT == 130
     assert proc.stderr == "parasim: error: interrupted\n" and proc.stdout == ""
     assert sorted(os.listdir(tmp_path)) == ["c.toml", "old.json"]

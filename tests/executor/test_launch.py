@@ -17,6 +17,7 @@ import pytest
 pytest.importorskip("torch")  # the executor runs on torch
 
 from executor.launch import spawn
+from tests.child import sigint_default
 from tests.executor.workers import Case, hang
 from traces.chrome import event_name
 from traces.errors import ConfigError
@@ -53,7 +54,8 @@ def test_ctrl_c_ends_every_rank(tmp_path: Path) -> None:
             spawn(hang, 2, ({str(pid_file)!r},), timeout_s=60)
     """)
     proc = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, stderr=subprocess.PIPE,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+                            env={**os.environ, "PYTHONPATH": str(ROOT)},
+                            preexec_fn=sigint_default)
     pids_files = [Path(f"{pid_file}.{r}") for r in range(2)]
     deadline = time.monotonic() + 30
     while not all(p.exists() and p.read_text() for p in pids_files):

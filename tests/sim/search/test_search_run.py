@@ -21,6 +21,7 @@ from sim.search.output import result_text
 from sim.search.problem import context, problem_from_dict
 from sim.search.run import search, simulate_one
 from sim.search.space import MEMORY_REASON, describe, layout_key
+from tests.child import sigint_default
 from tests.sim.search.search_cases import SMALL, SMALL_TOML
 from traces.errors import ConfigError
 from traces.layout import Layout
@@ -192,7 +193,8 @@ def test_ctrl_c_exits_130_at_once_and_leaves_no_report(tmp_path):
     report = tmp_path / "r.html"
     proc = subprocess.Popen([sys.executable, "-m", "sim", "search", "--workers", "2",
                              "--report", str(report)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=sigint_default)
     # Once it has started its worker processes the search is under way (the GPT-3 search then
     # runs for a minute); on Linux a process lists its children in /proc.
     children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children")
