@@ -34,12 +34,14 @@ def predict(exp: Experiment, *, fold: bool = True, progress: Progress | None = N
     The cluster's variability (`[cluster] jitter`, `slow_nodes`) stretches each rank's kernels
     by the expected slowest-member factor (`sim.models.variability`); `speeds` (one seeded
     draw per rank, a Monte-Carlo sample) replaces it; folded, the ranks then fold by identity
-    (`traces.identity`): one rank per class of equal speed, equal expert loads (skewed routing)
-    and equal peers, so a named slow node or a busier EP rank folds apart from the rest and the
-    run equals the unfolded one. When kernels are stretched,
-    the ideal step is simulated too and the summary's `variability_s` is the difference."""
+    (`traces.identity`): one rank per class of equal speed, equal expert loads (skewed routing),
+    equal network position (`sim.engine.position`) and equal peers, so a named slow node or a
+    busier EP rank folds apart from the rest and the run equals the unfolded one. When kernels
+    are stretched, the ideal step is simulated too and the summary's `variability_s` is the
+    difference."""
     # Folded by identity when something sets ranks apart (speeds, skewed experts' loads, an
-    # expert grid the shifts do not map onto itself); else the uniform fold, one per (cp, pp).
+    # expert grid the shifts do not map onto itself, where a rank sits on an unevenly cut fat
+    # tree); else the uniform fold, one per (cp, pp).
     classes = partition_for(exp.model, exp.layout, speeds,
                             network_positions(exp.cluster, exp.layout)) if fold else None
     if classes is not None and classes.uniform:
