@@ -41,7 +41,7 @@ from sim.engine.loop import Loop
 from sim.engine.lowering import CommPlan, lower_communication
 from sim.engine.meetings import Meetings
 from sim.engine.occupancy import Occupancy
-from sim.engine.steps import CONTIGUOUS, KERNEL, PLAIN, RUN, Step, timed_steps
+from sim.engine.steps import CONTIGUOUS, KERNEL, PLAIN, RUN, Step, rank_steps
 from sim.engine.transport import NETWORK_NAMES, NetworkMode, transport_for
 from sim.models.interference import NO_INTERFERENCE, Interference
 from topology.cluster import Cluster
@@ -175,8 +175,8 @@ class _Replay:
         shared: dict[tuple[float, ...], tuple[float, ...]] = {}  # runs' durations, one each
         for rank, ops in self.plan.ops.items():
             comm, calls = self.comm.ops.get(rank, {}), self.comm.calls.get(rank, array("i"))
-            streams, kept = timed_steps(ops, duration, self.gaps.get(rank), comm, calls, plain,
-                                        shared)
+            streams, kept = rank_steps(ops, duration, self.gaps.get(rank), comm, calls, plain,
+                                       shared)
             if kept is not None:
                 self.kept[rank] = kept
             for steps in streams:

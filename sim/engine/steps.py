@@ -1,7 +1,6 @@
 """A rank's streams as the replay walks them: its ops cut into steps before the run.
 
-    steps = rank_steps(ops, duration, gaps, kept, comm, calls, plain, shared)  # per stream
-    steps, kept = timed_steps(ops, duration, gaps, comm, calls, plain, shared)  # kept: found
+    streams, kept = rank_steps(ops, duration, gaps, comm, calls, plain, shared)
 
 The replay (`sim.engine.replay`) resumes a stream once per step, not once per op, and decides
 nothing per op that it could decide before the run. A step is one of
@@ -41,39 +40,19 @@ Step = tuple[int, int, Op, tuple[int, ...], float, Any, Any, int]
 
 
 def rank_steps(ops: Sequence[Op], duration: Callable[[Op], float],
-               gaps: Sequence[float] | None, kept: Sequence[bool] | None,
-               comm: Mapping[int, CommOp], calls: array[int], plain: Callable[[Op], bool],
-               shared: dict[tuple[float, ...], tuple[float, ...]]) -> list[list[Step]]:
-    """`timed_steps` with the kernels that keep their trace's duration given: `kept[i]`
-    (None: none)."""
-    return _cut(ops, duration, gaps, kept, False, comm, calls, plain, shared)[0]
-
-
-def timed_steps(ops: Sequence[Op], duration: Callable[[Op], float],
-                gaps: Sequence[float] | None, comm: Mapping[int, CommOp], calls: array[int],
-                plain: Callable[[Op], bool], shared: dict[tuple[float, ...], tuple[float, ...]]
-                ) -> tuple[list[list[Step]], list[bool] | None]:
-    """`rank_steps` where the kernels that keep their trace's duration are the timed ones
-    (`op.end` set), found in the same pass over the ops (a pass of its own over a 1024-GPU
-    plan's ~850,000 ops took 0.05 s, to find none): the steps, and `kept` per op (None where
-    no kernel is timed)."""
-    return _cut(ops, duration, gaps, None, True, comm, calls, plain, shared)
-
-
-def _cut(ops: Sequence[Op], duration: Callable[[Op], float], gaps: Sequence[float] | None,
-         kept: Sequence[bool] | None, find: bool, comm: Mapping[int, CommOp],
-         calls: array[int], plain: Callable[[Op], bool],
-         shared: dict[tuple[float, ...], tuple[float, ...]]
-         ) -> tuple[list[list[Step]], Any]:
+               gaps: Sequence[float] | None, comm: Mapping[int, CommOp], calls: array[int],
+               plain: Callable[[Op], bool], shared: dict[tuple[float, ...], tuple[float, ...]]
+               ) -> tuple[list[list[Step]], list[bool] | None]:
     """The steps of each stream of a rank whose ops are `ops`, the streams in the order they
     first appear: `duration(op)` a kernel's seconds (asked once per kernel, in op order),
-    `gaps[i]` the host gaps (None: none), `kept[i]` the kernels that keep their trace's
-    duration (None: none), `comm`/`calls` the lowering's `CommOp` and call number per
-    communication op, and `plain(op)` whether a communication op's transfer needs no
-    interference bookkeeping; `shared` keeps one tuple of durations per distinct run (a
-    1024-GPU step's 111,168 runs have a few hundred). One pass over the ops (~850,000 for
-    GPT-3 on 1024 GPUs)."""
+    `gaps[i]` the host gaps (None: none), `comm`/`calls` the lowering's `CommOp` and call
+    number per communication op, and `plain(op)` whether a communication op's transfer needs
+    no interference bookkeeping; `shared` keeps one tuple of durations per distinct run (a
+    1024-GPU step's 111,168 runs have a few hundred). Also `kept[i]`: the kernels that keep
+    their trace's duration, the timed ones (`op.end` set; None where none is), found in the
+    same pass. One pass over the ops (~850,000 for GPT-3 on 1024 GPUs)."""
     waited = {d for op in ops for d in op.deps}  # the ops some op depends on
+    kept: list[bool] | None = None
     streams: dict[str, list[list[Any]]] = {}  # per stream: its steps, and the run gathered
     compute = OpKind.COMPUTE
     stream: str | None = None
@@ -94,10 +73,10 @@ def _cut(ops: Sequence[Op], duration: Callable[[Op], float], gaps: Sequence[floa
                 seconds.clear()
             run.append(i)
             seconds.append(duration(op))
-            if find and op.end is not None:  # timed: it keeps its duration
+            if op.end is not None:  # timed: it keeps its duration
                 if kept is None:
                     kept = [False] * len(ops)
-                kept[i] = True  # type: ignore[index]
+                kept[i] = True
             continue
         if run:
             steps.append(_close(ops, run, seconds, gaps, kept, shared))

@@ -17,10 +17,13 @@ def flops(op):
     return op.flops
 
 
-def cut(ops, gaps=None, kept=None, comm=None):
+def cut(ops, gaps=None, comm=None, kept=None):
+    """The steps per stream; `kept`: the kernels that must be found timed (None: none)."""
     shared: dict = {}
     calls = array("i", bytes(4 * len(ops)))
-    return rank_steps(ops, flops, gaps, kept, comm or {}, calls, lambda op: True, shared)
+    streams, found = rank_steps(ops, flops, gaps, comm or {}, calls, lambda op: True, shared)
+    assert found == kept
+    return streams
 
 
 def shape(steps):
