@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager
+from functools import partial
 from typing import Any, Generic, Protocol, TypeVar
 
 from sim.search.problem import Problem
@@ -210,21 +211,41 @@ class _Futures(Generic[R]):
         self.pool, self.futures = pool, futures
 
     def wait(self, done: Done | None = None) -> list[R]:
-        index = {future: i for i, future in enumerate(self.futures)}
-        results: list[Any] = [None] * len(self.futures)
-        pending = set(self.futures)
-        while pending:
-            finished, pending = wait(pending, return_when=FIRST_COMPLETED)
-            for future in sorted(finished, key=index.__getitem__):
-                i = index[future]
-                try:
-                    results[i] = future.result()
-                except BrokenProcessPool:
-                    raise Fault(f"search: a worker process died ({_deaths(self.pool)}); "
-                                "the search stopped") from None
-                if done is not None:
-                    done(i, results[i])
-        return results
+        return _gather(self.futures, _first_completed, self._result, done)
+
+    def _result(self, future: Future[R]) -> R:
+        try:
+            return future.result()
+        except BrokenProcessPool:
+            raise Fault(f"search: a worker process died ({_deaths(self.pool)}); "
+                        "the search stopped") from None
+
+
+Ready = Callable[[Sequence[Any]], tuple[Sequence[Any], Sequence[Any]]]
+"""Of the handles pending: those finished (at least one, waiting for it) and those not."""
+
+
+def _first_completed(pending: Sequence[Future[R]]) -> tuple[list[Future[R]], list[Future[R]]]:
+    finished, left = wait(pending, return_when=FIRST_COMPLETED)
+    return list(finished), list(left)
+
+
+def _gather(handles: Sequence[Any], ready: Ready, fetch: Callable[[Any], Any],
+            done: Done | None) -> list[Any]:
+    """The results of `handles` (futures, Ray refs) in their order, each fetched as soon as
+    `ready` (pending -> finished, still pending) says it is and given to `done` (its index,
+    its result) right away, the finished of one wait in submission order."""
+    index = {handle: i for i, handle in enumerate(handles)}
+    results: list[Any] = [None] * len(handles)
+    pending = handles
+    while pending:
+        finished, pending = ready(pending)
+        for handle in sorted(finished, key=index.__getitem__):
+            i = index[handle]
+            results[i] = fetch(handle)
+            if done is not None:
+                done(i, results[i])
+    return results
 
 
 def _preload(context: Any, module: str) -> None:
@@ -331,17 +352,8 @@ class _Refs:
         self.ray, self.refs = ray, refs
 
     def wait(self, done: Done | None = None) -> list[Any]:
-        index = {ref: i for i, ref in enumerate(self.refs)}
-        results: list[Any] = [None] * len(self.refs)
-        pending = list(self.refs)
-        while pending:
-            ready, pending = self.ray.wait(pending, num_returns=1)
-            for ref in ready:
-                i = index[ref]
-                results[i] = self.ray.get(ref)
-                if done is not None:
-                    done(i, results[i])
-        return results
+        return _gather(list(self.refs), partial(self.ray.wait, num_returns=1), self.ray.get,
+                       done)
 
 
 @contextmanager
