@@ -33,7 +33,7 @@ from executor.comm import Comm, Handle
 from executor.groups import GroupKey, Groups
 from executor.interpreter import Interpreter, _StepRun
 from executor.launch import JobFailed, RankContext, in_torchrun, spawn
-from executor.options import RunOptions
+from executor.options import RunOptions, as_run
 from executor.params import DTYPES
 from executor.recorder import (
     DONE,
@@ -71,7 +71,7 @@ def run_bench(spec: BenchSpec, out_dir: str | Path, *, warmup: int = 1, timeout:
     the partial traces written."""
     if warmup < 0:
         raise ConfigError(f"bench: warmup {warmup} must be >= 0")
-    plan = bench_plan(spec)
+    plan = as_run(bench_plan(spec), RunOptions())  # the probes draw no dropout
     job = _Job(spec, plan, warmup)
     slots = buffer_size(max(len(ops) for ops in plan.ops.values())) - HEADER
     if in_torchrun():

@@ -322,9 +322,11 @@ def _k(name: str, inputs: str, outputs: str, params: str, fn: Callable[..., tupl
 
 @cache
 def kernel_table(*, bias: bool = True, rmsnorm: bool = False, rope: bool = False,
-                 mla: bool = False, q_lora: bool = False) -> dict[Kernel, TorchKernel]:
+                 mla: bool = False, q_lora: bool = False, dropout: bool = True
+                 ) -> dict[Kernel, TorchKernel]:
     """The torch kernels of a model with these options (`table_of` reads them off a model);
-    `mla`: latent attention's rope, `q_lora`: its query compressed (q_up reads c_q)."""
+    `mla`: latent attention's rope, `q_lora`: its query compressed (q_up reads c_q);
+    without `dropout` the plan runs no attn_dropout, so softmax writes what av reads."""
     b = "bias" if bias else ""
     norm_bias = "" if rmsnorm else "bias"
 
@@ -343,7 +345,7 @@ def kernel_table(*, bias: bool = True, rmsnorm: bool = False, rope: bool = False
         _k("kv_up", "latn", "kv", "kv_up.weight", _kv_up),
         _k("flash_attn", "qkv", "ctx", "", _flash_attn),
         _k("qk", "qkv", "scores", "", _qk),
-        _k("softmax", "scores", "probs", "", _softmax),
+        _k("softmax", "scores", "probs" if dropout else "probs_d", "", _softmax),
         _k("attn_dropout", "probs", "probs_d", "", _attn_dropout),
         _k("av", "probs_d qkv", "ctx", "", _av),
         _k("proj", "ctx", "attn", "proj.weight", _linear),
@@ -365,7 +367,7 @@ def kernel_table(*, bias: bool = True, rmsnorm: bool = False, rope: bool = False
 def table_of(model: ModelSpec) -> dict[Kernel, TorchKernel]:
     return kernel_table(bias=model.bias, rmsnorm=model.norm == "rmsnorm",
                         rope=model.position == "rope", mla=model.mla,
-                        q_lora=model.q_lora_rank > 0)
+                        q_lora=model.q_lora_rank > 0, dropout=model.dropout > 0)
 
 
 KERNELS = kernel_table()

@@ -4,6 +4,7 @@ it does not run (`check_moe_supported`)."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import torch
@@ -13,15 +14,28 @@ from traces.errors import ConfigError
 from traces.expert_grid import expert_data_degree
 from traces.layout import Layout
 from traces.model import ModelSpec
+from traces.ops import Trace
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RunOptions:
     seed: int = 1234
     dropout: float = 0.0
+    """The dropout the executor draws (0: none, so that a run's numbers equal a single
+    process's); the plan's costs follow `ModelSpec.dropout`, which must then be > 0."""
     adamw: AdamWConfig = field(default_factory=AdamWConfig)
     clip_grad: float = 1.0
     """Clip the gradients to this global norm (Megatron-LM's --clip-grad, 1.0 by default)."""
+
+
+def as_run(plan: Trace, options: RunOptions) -> Trace:
+    """`plan` as the executor runs it: drawing no dropout (`options.dropout` 0, the default),
+    its ops draw no random numbers, so a recorded trace says what ran and `calibrate` does
+    not time draws that never happened (`sim.calibrate.kernels`)."""
+    if options.dropout:
+        return plan
+    return Trace({rank: tuple(dataclasses.replace(op, draws=0.0) if op.draws else op
+                              for op in ops) for rank, ops in plan.ops.items()}, plan.meta)
 
 
 def check_supported(model: ModelSpec, layout: Layout, options: RunOptions | None = None
@@ -34,6 +48,9 @@ def check_supported(model: ModelSpec, layout: Layout, options: RunOptions | None
     if model.mla and (layout.sp or layout.cp > 1):
         raise ConfigError("parallel.sp: latent attention runs in the executor without SP and "
                           "CP (its gathered latents are not written yet); simulate it")
+    if options is not None and options.dropout and not model.dropout:
+        raise ConfigError(f"run: dropout {options.dropout:g} needs model.dropout > 0 (a model "
+                          "without dropout runs no attention dropout kernel)")
     if layout.cp > 1 and options is not None and options.dropout:
         raise ConfigError("parallel.cp: the executor runs context parallelism without "
                           "dropout (its ring attention has none); use dropout = 0")

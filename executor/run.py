@@ -37,7 +37,7 @@ from executor.comm import Comm, CommCall
 from executor.groups import Groups, plan_group_keys
 from executor.interpreter import Interpreter
 from executor.launch import JobFailed, RankContext, in_torchrun, spawn
-from executor.options import RunOptions, check_supported
+from executor.options import RunOptions, as_run, check_supported
 from executor.program import lower
 from executor.recorder import (
     DONE,
@@ -102,9 +102,9 @@ def run(experiment: Any, out_dir: str | Path, steps: int = 1, warmup: int = 1,
     if steps < 1 or warmup < 0:
         raise ConfigError(f"run: steps {steps} must be >= 1 and warmup {warmup} >= 0")
     model, layout = specs(experiment)
-    check_supported(model, layout)
     options = options or RunOptions()
-    plan = build(model, layout)
+    check_supported(model, layout, options)
+    plan = as_run(build(model, layout), options)
     for rank in plan.ops:  # every op mapped before anything starts
         lower(plan, model, layout, rank)
     plan_group_keys(plan, layout)

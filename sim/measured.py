@@ -321,7 +321,7 @@ def _compute_times(trace: Trace, retime: bool) -> tuple[Trace, int, int, int]:
         out = []
         for op in rank_ops:
             if op.kind is OpKind.COMPUTE:
-                costed = bool(op.flops or op.mem_bytes or op.gemm)
+                costed = bool(op.flops or op.mem_bytes or op.draws or op.gemm)
                 uncosted += op.end is not None and not costed
                 if op.end is not None and retime and costed:
                     op = replace(op, start=None, end=None)

@@ -48,6 +48,10 @@ class Accelerator:
     sustained_clock_MHz: float = 0.0
     """The clock the chip holds through hours of back-to-back GEMMs at its power limit
     (measured: below the boost clock a short benchmark sees); 0: the peak clock."""
+    int32_ops_per_s: float = 0.0
+    """32-bit integer instructions per second at the sustained clock (a GPU's INT32 lanes:
+    SMs x lanes x clock), which random draws run on (dropout's Philox, `sim.models.compute`);
+    0: none modelled, draws cost nothing (a TPU, a calibrated CPU host)."""
 
     @property
     def sustained_flops(self) -> float:

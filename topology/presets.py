@@ -42,6 +42,10 @@ A100_80GB = Accelerator(
     # GPU's power limit while running HPL" (G. Lockwood, "Peak FLOPS", glennklockwood.com):
     # sustained 312 x 1305/1410 = 288.8 TFLOP/s
     sustained_clock_MHz=1305,
+    # A100 whitepaper: 64 INT32 lanes per SM (the CUDA C++ Programming Guide's throughput table
+    # for compute capability 8.0: 64 32-bit integer adds, multiplies and logic ops per clock
+    # per SM): 108 x 64 x 1305 MHz
+    int32_ops_per_s=108 * 64 * 1305e6,
 )
 H100_SXM = Accelerator(
     name="H100-SXM5-80GB",
@@ -57,6 +61,9 @@ H100_SXM = Accelerator(
     # clock 1405-1527 MHz, ~1440-1465 alone (stas00/ml-engineering, compute/accelerator/
     # benchmarks); the H100 SXM is the same die at the same 700 W: 989.4 x 1450/1830 = 784
     sustained_clock_MHz=1450,
+    # H100 whitepaper: 64 INT32 lanes per SM (the CUDA guide's table for compute capability
+    # 9.0 likewise): 132 x 64 x 1450 MHz
+    int32_ops_per_s=132 * 64 * 1450e6,
 )
 H200_SXM = Accelerator(
     name="H200-SXM-141GB",
@@ -67,6 +74,7 @@ H200_SXM = Accelerator(
     peak_flops_fp8=1978.9e12,  # H200 data sheet: FP8 3,958 TFLOPS with sparsity, half dense
     peak_clock_MHz=1830,  # as H100 SXM: 989.4 TFLOP/s at 1830 MHz
     sustained_clock_MHz=1450,  # measured on H200 (mamf-finder MSMF, 8 GPUs busy): see H100
+    int32_ops_per_s=132 * 64 * 1450e6,  # as H100 SXM: 64 INT32 lanes per SM
 )
 # Blackwell. Data sheets quote FP8 and BF16 "with sparsity"; dense is half. MXFP8 block scaling
 # is Blackwell's (fifth-generation tensor cores take E8M0 block scales, TE's MXFP8BlockScaling).
@@ -88,6 +96,8 @@ B200 = Accelerator(
     compute_units=148,  # Blackwell architecture technical brief: 148 SMs on B200 (2 dies)
     peak_clock_MHz=1860,  # the tensor clock (hmc-tech.com B200 spec table), see above
     sustained_clock_MHz=1365,  # B200_SUSTAINED_RATIO's measurement (sim.models.rates.B200)
+    # no published Blackwell SM breakdown: an assumption, Hopper's 64 INT32 lanes per SM
+    int32_ops_per_s=148 * 64 * 1365e6,
 )
 GB200 = Accelerator(
     name="GB200-186GB",
@@ -103,6 +113,8 @@ GB200 = Accelerator(
     peak_clock_MHz=2062,  # the tensor clock (hmc-tech.com GB200 spec table), see above
     # no published soak measurement of GB200: an assumption, B200's measured sustained ratio
     sustained_clock_MHz=round(2062 * B200_SUSTAINED_RATIO),
+    # an assumption as B200's: 64 INT32 lanes per SM, at the sustained clock
+    int32_ops_per_s=148 * 64 * round(2062 * B200_SUSTAINED_RATIO) * 1e6,
 )
 TPU_V4 = Accelerator(
     name="TPU-v4",
@@ -114,6 +126,8 @@ TPU_V4 = Accelerator(
     # 8 MXUs x 128x128 x 2 FLOPs x 1050 MHz = 275 TFLOP/s, and sustained at the same clock
     peak_clock_MHz=1050,
     sustained_clock_MHz=1050,  # the one clock: a TPU has no boost to fall back from
+    # int32_ops_per_s left 0: XLA draws random bits on the vector units, whose integer rate
+    # Google does not publish (so dropout's draws cost nothing on a TPU here)
 )
 
 

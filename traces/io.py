@@ -341,6 +341,7 @@ _DECODERS: dict[str, Callable[[object], Any]] = {
     "phase": _enum_decoder(Phase, optional=True),
     "flops": op_rules.flops,
     "mem_bytes": op_rules.mem_bytes,
+    "draws": op_rules.draws,
     "group": _integers,
     "size_bytes": op_rules.size,
     "split": _split,
@@ -362,7 +363,8 @@ _INT_ONLY = frozenset({int})  # the element types deps and group may have (bool 
 # and, for numbers, is finite, not negative (every count, index and time is >= 0) and in bound.
 _PLAIN: dict[str, Any] = {
     "stream": str, "name": str, "dtype": str, "tag": str, "layer": int, "microbatch": int,
-    "peer": int, "span": int, "flops": float, "mem_bytes": float, "start": float, "end": float,
+    "peer": int, "span": int, "flops": float, "mem_bytes": float, "draws": float,
+    "start": float, "end": float,
 }  # not size_bytes: its rule (0, or 1 byte to 1 TiB) is more than a bound
 _LIMITS = op_rules.LIMITS
 assert set(_DECODERS) == {f.name for f in fields(Op)} >= set(_PLAIN), "every Op field"

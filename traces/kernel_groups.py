@@ -23,12 +23,14 @@ MLA_PROJECTIONS = (K.MLA_DOWN, K.LATENT_NORM, K.Q_UP, K.KV_UP)
 """Latent attention's projections in forward order, in place of qkv (`traces.mla`)."""
 
 
-def layer_kernels(attention: str, *, rope: bool = False, ffn: str = "gelu", mla: bool = False
-                  ) -> tuple[Kernel, ...]:
+def layer_kernels(attention: str, *, rope: bool = False, ffn: str = "gelu", mla: bool = False,
+                  dropout: bool = True) -> tuple[Kernel, ...]:
     """One layer's kernels in forward order (without FP8's casts); `mla` (latent attention,
-    which always has rope) replaces qkv by its projections."""
+    which always has rope) replaces qkv by its projections; without `dropout` the unfused
+    core runs no attn_dropout."""
     projections = MLA_PROJECTIONS if mla else (K.QKV,)
-    return (K.LN1, *projections, *((K.ROPE,) if rope or mla else ()), *ATTENTION_CORE[attention],
+    core = tuple(k for k in ATTENTION_CORE[attention] if dropout or k is not K.ATTN_DROPOUT)
+    return (K.LN1, *projections, *((K.ROPE,) if rope or mla else ()), *core,
             K.PROJ, K.BDA1, K.LN2, K.FC1, K.SWIGLU if ffn == "swiglu" else K.GELU, K.FC2,
             K.BDA2)
 

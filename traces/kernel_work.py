@@ -30,6 +30,11 @@ class KernelWork:
     gemm: Gemm | None = None
     fp8: bool = False
     """A GEMM on FP8 operands, at the accelerator's FP8 rate."""
+    draws: float = 0.0
+    """Random numbers the forward draws (dropout's mask, `traces.kernels`; a recomputed
+    forward draws them again), timed on the integer lanes (`sim.models.compute`)."""
+    bwd_draws: float = 0.0
+    """Random numbers the backward draws (flash attention regenerates its dropout mask)."""
 
 
 def gemm_kernel(name: Kernel, gemm: Gemm, e: int, grad_bytes: int, weights: bool = True
@@ -46,5 +51,7 @@ def gemm_kernel(name: Kernel, gemm: Gemm, e: int, grad_bytes: int, weights: bool
     return KernelWork(name, flops, forward, 2 * flops, backward, gemm)
 
 
-def memory_kernel(name: Kernel, fwd_bytes: float, bwd_bytes: float) -> KernelWork:
-    return KernelWork(name, 0.0, fwd_bytes, 0.0, bwd_bytes)
+def memory_kernel(name: Kernel, fwd_bytes: float, bwd_bytes: float, draws: float = 0.0
+                  ) -> KernelWork:
+    """A memory-bound kernel: its bytes each way, and the random numbers its forward draws."""
+    return KernelWork(name, 0.0, fwd_bytes, 0.0, bwd_bytes, draws=draws)

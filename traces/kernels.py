@@ -54,12 +54,12 @@ def layer_kernels(model: ModelSpec, b: int, t: int, sp: bool,
         *([rope_kernel(model, b, t)] if model.position == "rope" else []),
         *attention_kernels(model, b, t),
         *linear(model, K.PROJ, (1, b * s, h, model.heads * v_dim(model) // t), g),
-        _bda(K.BDA1, b * r * h, e, model.bias),
+        _bda(K.BDA1, b * r * h, e, model.bias, model.dropout > 0),
         _norm(K.LN2, b * r * h, e, residual=True),
         *linear(model, K.FC1, (1, b * s, model.fc1_width // t, h), g),
         mlp_activation(model, b, t),
         *linear(model, K.FC2, (1, b * s, h, f // t), g),
-        _bda(K.BDA2, b * r * h, e, model.bias),
+        _bda(K.BDA2, b * r * h, e, model.bias, model.dropout > 0),
     ]
 
 
@@ -136,10 +136,14 @@ def attention_kernels(model: ModelSpec, b: int, t: int) -> list[KernelWork]:
              fp32 log-sum-exp: b·s·d·(2a + 2g)/t·e + 4·b·s·a/t
              bwd read Q, K, V, O, the log-sum-exp and dO, write dQ, dK, dV: the forward's
              bytes plus b·s·d·(2a + 2g)/t·e
+             with dropout, one random draw per score it computes, b·(a/t)·s(s + 1)/2 under
+             the causal mask, in forward and again in backward (it regenerates the mask
+             rather than storing it)
     unfused  Megatron's DotProductAttention repeats K and V to all a/t heads before its
              batched GEMMs (when g < a): qk and av each also copy their g/t heads to a/t
              (read g, write a: b·s·d·(a + g)/t·e) and sum the gradient back in backward
-             (the same bytes)."""
+             (the same bytes). attn_dropout draws one number per score, b·(a/t)·s²; with
+             dropout = 0 it does not run (torch's dropout returns its input)."""
     s, a, e = model.seq_len, model.heads, model.dtype_bytes
     heads, kv = b * a // t, b * model.kv_heads // t
     d = model.head_dim
@@ -150,15 +154,31 @@ def attention_kernels(model: ModelSpec, b: int, t: int) -> list[KernelWork]:
         qkvo = (2 * heads + 2 * kv) * s * d * e
         lse = heads * s * 4
         grads = (2 * heads + 2 * kv) * s * d * e  # dO read, dQ, dK, dV written
-        return [KernelWork(K.FLASH_ATTN, flops, qkvo + lse, 2 * flops, qkvo + lse + grads)]
+        draws = _flash_draws(model, heads, s)
+        return [KernelWork(K.FLASH_ATTN, flops, qkvo + lse, 2 * flops, qkvo + lse + grads,
+                           draws=draws, bwd_draws=draws)]
     scores = heads * s * s
     repeat = (heads + kv) * s * d * e if kv < heads else 0
     return [
         _plus(gemm_kernel(K.QK, (heads, s, s, d), e, e, weights=False), repeat),
         memory_kernel(K.SOFTMAX, *softmax_bytes(scores, s, heads, e)),
-        memory_kernel(K.ATTN_DROPOUT, scores * (2 * e + 1), scores * (2 * e + 1)),
+        *_attn_dropout(model, scores, e),
         _plus(gemm_kernel(K.AV, (heads, s, d, s), e, e, weights=False), repeat),
     ]
+
+
+def _attn_dropout(model: ModelSpec, scores: int, e: int) -> list[KernelWork]:
+    """Dropout on the probabilities: read, write and a 1-byte mask, a draw per score; none
+    at dropout = 0."""
+    if not model.dropout:
+        return []
+    both = scores * (2 * e + 1)
+    return [memory_kernel(K.ATTN_DROPOUT, both, both, draws=scores)]
+
+
+def _flash_draws(model: ModelSpec, heads: int, s: int) -> float:
+    """Draws of flash attention's dropout: one per score at or below the causal diagonal."""
+    return heads * s * (s + 1) / 2 if model.dropout else 0.0
 
 
 def _mla_core(model: ModelSpec, heads: int, s: int, e: int) -> list[KernelWork]:
@@ -172,12 +192,14 @@ def _mla_core(model: ModelSpec, heads: int, s: int, e: int) -> list[KernelWork]:
         flops = 2.0 * heads * s * s * (dq + dv)
         qkvo = heads * s * (2 * dq + 2 * dv) * e
         lse = heads * s * 4
-        return [KernelWork(K.FLASH_ATTN, flops, qkvo + lse, 2 * flops, 2 * qkvo + lse)]
+        draws = _flash_draws(model, heads, s)
+        return [KernelWork(K.FLASH_ATTN, flops, qkvo + lse, 2 * flops, 2 * qkvo + lse,
+                           draws=draws, bwd_draws=draws)]
     scores = heads * s * s
     return [
         gemm_kernel(K.QK, (heads, s, s, dq), e, e, weights=False),
         memory_kernel(K.SOFTMAX, *softmax_bytes(scores, s, heads, e)),
-        memory_kernel(K.ATTN_DROPOUT, scores * (2 * e + 1), scores * (2 * e + 1)),
+        *_attn_dropout(model, scores, e),
         gemm_kernel(K.AV, (heads, s, dv, s), e, e, weights=False),
     ]
 
@@ -220,16 +242,19 @@ def embedding_kernels(model: ModelSpec, b: int, t: int, sp: bool,
                       grad_bytes: int | None = None) -> list[KernelWork]:
     """First stage: the vocab-parallel lookup (rows read, partial sums written; backward
     scatter-adds into the gradient table) and the position add with dropout (read, write, a
-    1-byte mask: b·r·h·(2e + 1); learned positions also read their r×h table, and in backward
-    accumulate its gradient; with rotary positions, only the dropout)."""
+    1-byte mask: b·r·h·(2e + 1), and a draw per element; learned positions also read their
+    r×h table, and in backward accumulate its gradient; with rotary positions, only the
+    dropout; with dropout = 0 no mask and no draws)."""
     s, h, e = model.seq_len, model.hidden, model.dtype_bytes
     g = e if grad_bytes is None else grad_bytes
     r = s // t if sp else s
     table = model.position == "learned"
+    mask = 1 if model.dropout else 0
     return [
         memory_kernel(K.EMBED, 2 * b * s * h * e, b * s * h * (e + 2 * g)),
-        memory_kernel(K.POS_EMBED, b * r * h * (2 * e + 1) + (r * h * e if table else 0),
-                      b * r * h * (2 * e + 1) + (2 * r * h * g if table else 0)),
+        memory_kernel(K.POS_EMBED, b * r * h * (2 * e + mask) + (r * h * e if table else 0),
+                      b * r * h * (2 * e + mask) + (2 * r * h * g if table else 0),
+                      draws=b * r * h * mask),
     ]
 
 
@@ -297,8 +322,13 @@ def _norm(name: Kernel, elements: int, e: int, residual: bool = False) -> Kernel
     return memory_kernel(name, 2 * elements * e, (6 if residual else 3) * elements * e)
 
 
-def _bda(name: Kernel, elements: int, e: int, bias: bool = True) -> KernelWork:
-    """Bias-dropout-add: fwd read x and the residual, write y and a 1-byte mask: n(3e + 1);
-    bwd dropout's backward n(2e + 1), then the bias gradient's sum re-reads dx (+ne) — none
-    without biases (Megatron's bias_dropout_add with bias None)."""
-    return memory_kernel(name, elements * (3 * e + 1), elements * (2 * e + 1 + (e if bias else 0)))
+def _bda(name: Kernel, elements: int, e: int, bias: bool = True, dropout: bool = True
+         ) -> KernelWork:
+    """Bias-dropout-add: fwd read x and the residual, write y and a 1-byte mask: n(3e + 1),
+    drawing a random number per element; bwd dropout's backward n(2e + 1), then the bias
+    gradient's sum re-reads dx (+ne) — none without biases (Megatron's bias_dropout_add with
+    bias None). Without `dropout` no mask and no draws: n·3e and n·2e (+ne)."""
+    mask = 1 if dropout else 0
+    return memory_kernel(name, elements * (3 * e + mask),
+                         elements * (2 * e + mask + (e if bias else 0)),
+                         draws=elements * mask)

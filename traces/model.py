@@ -38,6 +38,7 @@ and HBM bytes the plan carries are in `traces.kernels`; they add up to these for
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -94,6 +95,11 @@ class ModelSpec:
     """"learned" absolute position embeddings or "rope" (rotary, applied to q and k)."""
     bias: bool = True
     """Biases on the linear layers (QKV, proj, fc1, fc2); Llama has none."""
+    dropout: float = 0.1
+    """Dropout probability of the hidden states and the attention probabilities (Megatron-LM's
+    --hidden-dropout and --attention-dropout, 0.1 by default; Llama and DeepSeek train with
+    0). Each dropout draws a random number per element and keeps a 1-byte mask; 0 draws none,
+    keeps none, and runs no attention dropout (`traces.kernels`)."""
     fp8_recipe: str = ""
     """With dtype = "fp8": "delayed" (per-tensor scaling from an amax history, Hopper) or
     "mxfp8" (block scaling, Blackwell). Left out, the accelerator's (`sim.config`): "delayed"
@@ -152,6 +158,10 @@ class ModelSpec:
             object.__setattr__(self, "ffn_hidden", 4 * self.hidden)
         if not isinstance(self.bias, bool):
             raise ConfigError(f"model.bias: {show(self.bias)} must be true or false")
+        p = self.dropout
+        if isinstance(p, bool) or not isinstance(p, int | float) or not math.isfinite(p) or \
+                not 0 <= p < 1:
+            raise ConfigError(f"model.dropout: {show(p)} must be a probability from 0 to below 1")
         if not isinstance(self.attention, str) or self.attention not in ATTENTIONS:
             raise ConfigError(f"model.attention: {show(self.attention)} is not one of "
                               f"{', '.join(ATTENTIONS)}")
@@ -230,7 +240,8 @@ class ModelSpec:
                    f" + {self.shared_experts} shared, {self.dense_layers} dense layers"
                    f"{cap}{skew}")
         return (f"{attn}, {self.ffn} {self.ffn_hidden}, {self.norm}, {self.position} positions"
-                f", {'biases' if self.bias else 'no biases'}, {self.dtype}{moe}")
+                f", {'biases' if self.bias else 'no biases'}, dropout {self.dropout:g}, "
+                f"{self.dtype}{moe}")
 
     # --- parameters -------------------------------------------------------------------------
 

@@ -95,11 +95,12 @@ def size(value: object) -> float:
 
 flops = _bounded(MAX_OP_FLOPS, "(a day at 1e17 FLOP/s)")
 mem_bytes = _bounded(MAX_OP_BYTES, "bytes (a day at 1e14 B/s)")
+draws = _bounded(MAX_OP_BYTES, "random draws (a day at 1e14 a second)")
 time = _optional(_bounded(MAX_STEP_SECONDS, "s (a day; a trace's times count from its start)"))
 
 # Upper bounds the loader's fast path applies to plain floats (in range: no decoder call).
-LIMITS = {"flops": MAX_OP_FLOPS, "mem_bytes": MAX_OP_BYTES, "start": MAX_STEP_SECONDS,
-          "end": MAX_STEP_SECONDS}
+LIMITS = {"flops": MAX_OP_FLOPS, "mem_bytes": MAX_OP_BYTES, "draws": MAX_OP_BYTES,
+          "start": MAX_STEP_SECONDS, "end": MAX_STEP_SECONDS}
 
 
 def check_times(start: float | None, end: float | None) -> None:

@@ -80,6 +80,8 @@ class Op:
     flops: float = 0.0
     mem_bytes: float = 0.0
     """Bytes moved to and from HBM (compute ops)."""
+    draws: float = 0.0
+    """Random numbers drawn (compute ops: dropout's masks), timed on the integer lanes."""
     gemm: tuple[int, ...] = ()
     """GEMM ops: (batch, M, N, K) of the forward product; a backward op runs its two
     gradient GEMMs (M×K×N and K×N×M)."""

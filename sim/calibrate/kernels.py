@@ -1,6 +1,7 @@
 """Fitting the compute model's parameters from compute samples, with `sim.models.compute`'s own
-formula as the model: t = (C^p + M^p)^(1/p) + launches · overhead, C the GEMM work over the
-achieved FLOP rate, M the bytes over the achieved memory rate. Fitted per kernel class by
+formula as the model: t = (C^p + I^p + M^p)^(1/p) + launches · overhead, C the GEMM work over
+the achieved FLOP rate, M the bytes over the achieved memory rate, I the random draws' integer
+time (known: the accelerator's figure, not fitted). Fitted per kernel class by
 `scipy.optimize.least_squares` on relative residuals; a figure the data do not pin down carries
 the reason (`KernelEstimate.rate_unidentified`, ...) and keeps the base profile's value.
 
@@ -20,6 +21,7 @@ import numpy as np
 from scipy import optimize
 
 from sim.calibrate.observe import ComputeSample
+from sim.models.compute import PHILOX_INT_OPS_PER_DRAW
 from sim.profile import Profile
 from topology.cluster import Accelerator
 from traces.errors import ConfigError
@@ -99,6 +101,7 @@ class _Point:
     launches: int
     seconds: float
     count: int
+    draws: float = 0.0
 
 
 def _points(samples: Sequence[ComputeSample], tiles: Sequence[tuple[int, int]],
@@ -116,8 +119,8 @@ def _points(samples: Sequence[ComputeSample], tiles: Sequence[tuple[int, int]],
             work, launches = gemm_work(s.gemm, s.backward, tiles, units), 1 + s.backward
         else:
             work, launches = s.flops, 1
-        points.append(_Point(s.name, work, s.mem_bytes, launches, seconds, len(group)))
-    return sorted(points, key=lambda p: (p.name, p.work, p.bytes, p.launches))
+        points.append(_Point(s.name, work, s.mem_bytes, launches, seconds, len(group), s.draws))
+    return sorted(points, key=lambda p: (p.name, p.work, p.bytes, p.launches, p.draws))
 
 
 class _Model:
@@ -134,6 +137,10 @@ class _Model:
         self.work = np.array([p.work for p in points])
         self.bytes = np.array([p.bytes for p in points])
         self.launches = np.array([p.launches for p in points], dtype=float)
+        rate = accelerator.int32_ops_per_s
+        self.integer = np.array([p.draws * PHILOX_INT_OPS_PER_DRAW / rate if rate else 0.0
+                                 for p in points])
+        """Each point's random draws on the integer lanes, seconds: fixed, not fitted."""
         self.log_t = np.log([p.seconds for p in points])
         # x = [log R per flops kernel] + [log Rm per memory kernel] + [log Rm common]
         #     + [log overhead per kernel] + [p]
@@ -159,8 +166,8 @@ class _Model:
         return out
 
     def _terms(self, x: np.ndarray) -> tuple[np.ndarray, ...]:
-        """At x, per point: C, M, C^p, M^p, (C^p + M^p)^(1/p) (C + M where C or M is 0) and
-        launches · overhead."""
+        """At x, per point: C, M, C^p, M^p, (C^p + I^p + M^p)^(1/p) (C + I + M where only one
+        of them is above 0) and launches · overhead."""
         rates = np.exp(x[:self.nf])
         mems = np.exp(x[self.nf:self.nf + self.nm + 1])
         overhead = np.exp(x[self.nf + self.nm + 1:self.nf + self.nm + 1 + self.nk])
@@ -170,8 +177,14 @@ class _Model:
         compute = np.where(rate_index >= 0, self.work / rates[np.maximum(rate_index, 0)], 0.0)
         memory = self.bytes / mems[self.mem_of[k]]
         cp, mp = np.power(compute, p), np.power(memory, p)
-        both = np.where((compute > 0) & (memory > 0), (cp + mp) ** (1.0 / p), compute + memory)
+        ip = np.power(self.integer, p)
+        both = np.where(self._mixed(compute, memory), (cp + ip + mp) ** (1.0 / p),
+                        compute + self.integer + memory)
         return compute, memory, cp, mp, both, self.launches * overhead[k]
+
+    def _mixed(self, compute: np.ndarray, memory: np.ndarray) -> np.ndarray:
+        """The points where two or more of C, I and M are above 0 (the p-norm applies)."""
+        return ((compute > 0).astype(int) + (self.integer > 0) + (memory > 0)) >= 2
 
     def log_times(self, x: np.ndarray) -> np.ndarray:
         _, _, _, _, both, spent = self._terms(x)
@@ -184,15 +197,21 @@ class _Model:
         """∂residuals/∂x, points by parameters (derived in docs/calibration.md, "Kernels")."""
         compute, memory, cp, mp, both, spent = self._terms(x)
         p, t = x[-1], both + spent
-        mixed = (compute > 0) & (memory > 0)  # B = S^(1/p); elsewhere B = C + M
-        s = cp + mp
+        mixed = self._mixed(compute, memory)  # B = S^(1/p); elsewhere B = C + I + M
+        ip = np.power(self.integer, p)
+        s = cp + ip + mp
         live = mixed & (s > 0)  # S 0: B underflowed to 0, flat in the rates and p
         safe_s = np.where(live, s, 1.0)
         wc, wm = np.where(live, cp / safe_s, 0.0), np.where(live, mp / safe_s, 0.0)
-        log_c, log_m = np.log(np.where(live, compute, 1.0)), np.log(np.where(live, memory, 1.0))
+        wi = np.where(live, ip / safe_s, 0.0)
+
+        def log(v: np.ndarray) -> np.ndarray:  # log of the live terms above 0 (others 0)
+            return np.log(np.where(live & (v > 0), v, 1.0))
+
         d_compute = np.where(mixed, both * wc, compute)  # ∂B/∂log C
         d_memory = np.where(mixed, both * wm, memory)
-        d_p = np.where(live, both / p * (wc * log_c + wm * log_m - np.log(safe_s) / p), 0.0)
+        d_p = np.where(live, both / p * (wc * log(compute) + wi * log(self.integer)
+                                         + wm * log(memory) - np.log(safe_s) / p), 0.0)
         nf, nm, k = self.nf, self.nm, self.kernel
         rows, rate = np.arange(len(t)), self.rate_of[k]
         jac = np.zeros((len(t), len(x)))

@@ -58,11 +58,12 @@ class ComputeSample:
     mem_bytes: float
     gemm: tuple[int, ...]
     seconds: float
+    draws: float = 0.0
 
     @property
     def key(self) -> tuple[object, ...]:
         """Samples of one kernel on one shape share this key."""
-        return (self.name, self.backward, self.flops, self.mem_bytes, self.gemm)
+        return (self.name, self.backward, self.flops, self.mem_bytes, self.gemm, self.draws)
 
 
 def observe(trace: Trace) -> tuple[list[CommSample], list[ComputeSample]]:
@@ -125,7 +126,7 @@ def compute(trace: Trace) -> list[ComputeSample]:
             kernel = _kernel(op)
             if kernel is not None:
                 out.append(ComputeSample(kernel, op.phase is Phase.BWD, op.flops,
-                                         op.mem_bytes, tuple(op.gemm), seconds))
+                                         op.mem_bytes, tuple(op.gemm), seconds, op.draws))
     return out
 
 

@@ -16,9 +16,11 @@ runs two GEMMs, the input gradient (M, K, N) and the weight gradient (K, N, M). 
 FLOPs (a flash-attention kernel) run at their kernel's efficiency of the same roof.
 
 Every op also moves `mem_bytes` through HBM at `memory_efficiency` of its sustained
-bandwidth. The two times combine as (t_compute^p + t_memory^p)^(1/p) (p =
-`roofline_exponent`): a clearly compute- or memory-bound kernel costs its larger time, but one
-near the ridge point does not hide one under the other for free. Each kernel launch adds
+bandwidth, and draws `draws` random numbers (dropout's masks) on the integer lanes:
+PHILOX_INT_OPS_PER_DRAW instructions each at the accelerator's `int32_ops_per_s`. The times
+combine as (t_compute^p + t_int^p + t_memory^p)^(1/p) (p = `roofline_exponent`): a clearly
+compute- or memory-bound kernel costs its larger time, but one near the ridge point does not
+hide one under the other for free. Each kernel launch adds
 `launch_overhead_s`. A measured op (one with start/end, from a real run) keeps its measured
 duration. A plan's op is costed as its kernel (its purpose's, `traces.purpose.KernelRun`),
 which the profile may tune; an op imported from elsewhere (no purpose) by its name. A GEMM
@@ -35,6 +37,13 @@ from sim.profile import Profile
 from topology.cluster import Accelerator
 from traces.ops import Op, Phase
 from traces.purpose import GemmChunk, KernelRun
+
+PHILOX_INT_OPS_PER_DRAW = 20.0
+"""32-bit integer instructions per random draw of PyTorch's, Megatron-LM's and
+FlashAttention's dropout: Philox4x32-10 (cuRAND's curand_uniform4) yields four draws per call
+of ten rounds, each round two 32x32-bit multiplies kept whole (a low and a high half: four
+instructions), two three-input XORs (one LOP3 each) and the key's two additions: 8 x 10 / 4
+= 20 a draw. The float conversion and the compare with p run on the FP32 lanes."""
 
 
 class ComputeModel:
@@ -56,14 +65,14 @@ class ComputeModel:
         purpose = op.purpose
         last = self._last.get(id(purpose))
         if last is not None:
-            same, phase, flops, mem_bytes, gemm, dtype, name, seconds = last
+            same, phase, flops, mem_bytes, draws, gemm, dtype, name, seconds = last
             if (same is purpose and phase is op.phase and flops == op.flops
-                    and mem_bytes == op.mem_bytes and gemm == op.gemm and dtype == op.dtype
-                    and (purpose is not None or name == op.name)):
+                    and mem_bytes == op.mem_bytes and draws == op.draws and gemm == op.gemm
+                    and dtype == op.dtype and (purpose is not None or name == op.name)):
                 return seconds  # type: ignore[return-value]
         seconds = self._keyed(op)
-        self._last[id(purpose)] = (purpose, op.phase, op.flops, op.mem_bytes, op.gemm, op.dtype,
-                                   op.name, seconds)
+        self._last[id(purpose)] = (purpose, op.phase, op.flops, op.mem_bytes, op.draws, op.gemm,
+                                   op.dtype, op.name, seconds)
         return seconds
 
     def _keyed(self, op: Op) -> float:
@@ -72,7 +81,8 @@ class ComputeModel:
         seconds = self._cache.get(key)
         if seconds is None:
             seconds = self._cache[key] = self.kernel_time(
-                key[0], op.flops, op.mem_bytes, op.gemm, backward=key[1], fp8=key[5])
+                key[0], op.flops, op.mem_bytes, op.gemm, backward=key[1], fp8=key[5],
+                draws=op.draws)
         return seconds
 
     def shared_duration(self, op: Op, units: int, hbm_fraction: float) -> float:
@@ -86,15 +96,15 @@ class ComputeModel:
         if seconds is None:
             seconds = self._cache[key] = self.kernel_time(
                 key[0], op.flops, op.mem_bytes, op.gemm, backward=key[1], fp8=key[5],
-                units=units, hbm_fraction=hbm_fraction)
+                units=units, hbm_fraction=hbm_fraction, draws=op.draws)
         return seconds
 
     def kernel_time(self, name: str, flops: float, mem_bytes: float, gemm: tuple[int, ...] = (),
                     *, backward: bool = False, fp8: bool = False, units: int | None = None,
-                    hbm_fraction: float = 1.0) -> float:
+                    hbm_fraction: float = 1.0, draws: float = 0.0) -> float:
         """Seconds of one op of kernel `name` (see the module docstring); `fp8`: a GEMM on FP8
         operands, against the FP8 roof (at the same efficiency); `units` and `hbm_fraction`:
-        on part of the accelerator (`shared_duration`)."""
+        on part of the accelerator (`shared_duration`); `draws`: random numbers drawn."""
         params, override = self.profile.compute, self.profile.kernel(name)
         acc = self.accelerator
         peak = self.peak(fp8)
@@ -112,6 +122,11 @@ class ComputeModel:
             launches = 1
         memory = mem_bytes / (acc.sustained_hbm_Bps * hbm_fraction *
                               (override.memory_efficiency or params.memory_efficiency))
+        if draws and acc.int32_ops_per_s:
+            integer = draws * PHILOX_INT_OPS_PER_DRAW / acc.int32_ops_per_s
+            if units is not None:
+                integer *= acc.compute_units / units
+            compute = _roofline(compute, integer, params.roofline_exponent)
         both = _roofline(compute, memory, params.roofline_exponent)
         overhead = params.launch_overhead_s if override.overhead_s is None else override.overhead_s
         return both + launches * overhead
@@ -139,15 +154,15 @@ class ComputeModel:
         return best
 
 
-def _kernel_key(op: Op) -> tuple[str, bool, float, float, tuple[int, ...], bool]:
+def _kernel_key(op: Op) -> tuple[str, bool, float, float, tuple[int, ...], bool, float]:
     """What an op's duration depends on: its kernel (its purpose's, else its name), whether
     it is a backward (a GEMM chunk of tp_comm_overlap is one product whatever its phase), its
-    FLOPs, bytes and GEMM shape, and whether it runs in FP8."""
+    FLOPs, bytes and GEMM shape, whether it runs in FP8, and its random draws."""
     purpose = op.purpose
     kernel = purpose.kernel if isinstance(purpose, (KernelRun, GemmChunk)) else \
         op.name if purpose is None else ""
     backward = op.phase is Phase.BWD and not isinstance(purpose, GemmChunk)
-    return (kernel, backward, op.flops, op.mem_bytes, op.gemm, op.dtype == "fp8")
+    return (kernel, backward, op.flops, op.mem_bytes, op.gemm, op.dtype == "fp8", op.draws)
 
 
 def _roofline(compute: float, memory: float, p: float) -> float:

@@ -91,16 +91,18 @@ def activation_terms(model: ModelSpec) -> tuple[float, float]:
                     GeLU input 8 and fc2 input 8 (the paper's f = 4h, kept as it is
                     for every GeLU width: GELU_MLP_TERM)                             = 16
                     SwiGLU of width f: gate and up 4f/h, fc2 input 2f/h              = 6f/h
-    GPT (g = a): 10 + 24 = 34. Rotary embedding keeps nothing (its backward is the inverse
+    GPT (g = a): 10 + 24 = 34. With dropout = 0 (`ModelSpec.dropout`) the two masks go:
+    8 + 24 = 32. Rotary embedding keeps nothing (its backward is the inverse
     rotation of a fixed table); RMSNorm keeps its input as LayerNorm does; FP8 models are
     counted at these bf16 sizes. A context-parallel rank holds 1/cp of the sequence: both
     terms divide by cp."""
     mlp = 6 * model.ffn_hidden / model.hidden if model.ffn == "swiglu" else GELU_MLP_TERM
+    replicated = 10 if model.dropout else 8
     if model.mla:  # Q, K of a(d + r) and V, O of a·d_v, 2 bytes each: all full size
         a, d, r, dv = model.heads, model.head_dim, model.qk_rope_head_dim, model.v_head_dim
-        return 10, 4 * a * (d + r + dv) / model.hidden + mlp
+        return replicated, 4 * a * (d + r + dv) / model.hidden + mlp
     g_a = model.kv_heads / model.heads
-    return 10, 4 + 4 * g_a + mlp
+    return replicated, 4 + 4 * g_a + mlp
 
 
 def latent_term(model: ModelSpec) -> float:
@@ -131,8 +133,9 @@ def activation_bytes_per_layer(model: ModelSpec, layout: Layout) -> float:
         pointwise += latent_term(model) / (t if layout.sp else 1)
     # 5as^2b = scores 2as^2b + softmax-dropout mask as^2b + dropped-out probabilities 2as^2b,
     # split over t heads-wise; flash attention and selective recomputation never store them.
+    # With dropout = 0 only the softmax's output, 2as^2b, which av reads as it is.
     keeps_scores = model.attention == "unfused" and layout.recompute == Recompute.NONE
-    scores = 5 * a * s / (h * t) if keeps_scores else 0.0
+    scores = (5 if model.dropout else 2) * a * s / (h * t) if keeps_scores else 0.0
     return sbh * (pointwise + scores)
 
 

@@ -54,7 +54,8 @@ class Step:
         self.layers = list(lay.layers_of_stage(model, self.stage))
         self.first, self.last = self.stage == 0, self.stage == lay.pp - 1
         self.layer_kernels = layer_kernels(model.attention, rope=model.position == "rope",
-                                           ffn=model.ffn, mla=model.mla)
+                                           ffn=model.ffn, mla=model.mla,
+                                           dropout=model.dropout > 0)
         self.zero3 = rt.zero == 3
         self.closing = {b.units[-1]: b.index for b in rt.buckets}
 

@@ -63,6 +63,17 @@ def test_latent_attention_trains_as_the_reference(attention: str, recompute: str
     assert worst["loss"] < 1e-6
 
 
+@pytest.mark.parametrize("attention", ["flash", "unfused"])
+def test_a_model_without_dropout_trains_as_the_reference(attention: str) -> None:
+    """dropout = 0: the plan runs no attn_dropout (softmax writes what av reads) and the
+    kernels still train exactly as the reference, recomputing the core selectively."""
+    layout = Layout(micro_batch=2, global_batch=4, recompute=Recompute.SELECTIVE)
+    rt = _runtime(layout, attention=attention, dropout=0.0)
+    run = train(rt.model, layout.global_batch, 2, OPTIONS.seed, ADAMW)
+    worst = check_training(rt.model, layout, [_train(rt)], run)
+    assert worst["loss"] < 1e-6
+
+
 def test_untied_output_layer_trains_as_the_reference() -> None:
     layout = Layout(micro_batch=1, global_batch=2)
     rt = _runtime(layout, tied_embeddings=False)

@@ -35,8 +35,9 @@ from traces.purpose import Stat, Unit
 
 SMALL = dict(layers=2, hidden=32, heads=4, seq_len=16, vocab=64, dtype="fp32")
 LLAMA = dict(kv_heads=2, ffn="swiglu", ffn_hidden=48, norm="rmsnorm", position="rope",
-             bias=False)
-"""SMALL as a Llama block: GQA (2 key/value heads of 4), SwiGLU, RMSNorm, RoPE, no biases."""
+             bias=False, dropout=0.0)
+"""SMALL as a Llama block: GQA (2 key/value heads of 4), SwiGLU, RMSNorm, RoPE, no biases,
+no dropout (so its unfused plans run no attn_dropout)."""
 MLA = dict(kv_lora_rank=12, q_lora_rank=16, head_dim=6, qk_rope_head_dim=4, v_head_dim=10,
            ffn="swiglu", ffn_hidden=48, norm="rmsnorm", position="rope", bias=False)
 """SMALL with latent attention (issue 19): 4 heads of 6 + 4 rope dims, values of 10, c_KV of

@@ -14,7 +14,8 @@ from sim.profile import DEFAULTS
 from topology.cluster import Accelerator
 
 SOURCE = Path(presets.__file__)
-FIGURES = ("peak_flops", "hbm_bandwidth_Bps", "peak_clock_MHz", "sustained_clock_MHz")
+FIGURES = ("peak_flops", "hbm_bandwidth_Bps", "peak_clock_MHz", "sustained_clock_MHz",
+           "int32_ops_per_s")
 ACCELERATORS = [a for a in vars(presets).values() if isinstance(a, Accelerator)]
 CHIPS = [a for a in ACCELERATORS if not a.name.startswith("CPU")]
 
@@ -58,6 +59,17 @@ def test_the_sustained_roof_is_the_peak_at_the_sustained_clock_and_not_above_it(
         assert chip.sustained_flops < chip.peak_flops
     # the rate a full-wave GEMM reaches by default: below the sustained roof
     assert chip.sustained_flops * DEFAULTS[chip.name].gemm_efficiency < chip.sustained_flops
+
+
+@pytest.mark.parametrize("chip", CHIPS, ids=lambda a: a.name)
+def test_the_integer_rate_is_64_lanes_an_sm_at_the_sustained_clock(chip):
+    """Random draws run on the INT32 lanes (A100 and H100 whitepapers: 64 an SM), at the clock
+    the GEMMs leave them; a TPU publishes no integer rate and draws for free."""
+    if "TPU" in chip.name:
+        assert chip.int32_ops_per_s == 0
+        return
+    lanes = chip.int32_ops_per_s / (chip.compute_units * chip.sustained_clock_MHz * 1e6)
+    assert lanes == pytest.approx(64, rel=1e-12)
 
 
 def test_a100_and_h100_defaults_are_their_benchmarks_per_clock():

@@ -152,5 +152,6 @@ def _fields(run: Run) -> list[OpRow]:
                    purpose=KernelRun(k.name), phase=phase,
                    flops=k.bwd_flops if phase is Phase.BWD else k.flops,
                    mem_bytes=k.bwd_bytes if phase is Phase.BWD else k.mem_bytes,
+                   draws=k.bwd_draws if phase is Phase.BWD else k.draws,
                    gemm=k.gemm or (), **({"dtype": "fp8"} if k.fp8 else {}))
             for k, phase in run]

@@ -159,7 +159,7 @@ class _Ring:
         op, cp, kv = core.op, self.cp, self.kv
         backward = op.phase is Phase.BWD
         others = (cp - 1) * kv  # the other ranks' K/V, read (and, backward, their dK/dV written)
-        wide = dataclasses.replace(op, flops=op.flops * cp,
+        wide = dataclasses.replace(op, flops=op.flops * cp, draws=op.draws * cp,
                                    mem_bytes=op.mem_bytes + (2 if backward else 1) * others)
         out = [self._collective(op, OpKind.ALL_GATHER, CpGather(False), core),
                Node(wide, core.unit, core.after)]

@@ -79,11 +79,12 @@ def test_the_summary_prints_the_architecture(capsys, tmp_path):
     code, out, err = run(capsys, tmp_path, toml(model={"dtype": '"fp8"'}))
     assert code == 0, err
     assert ("model               GQA 4 kv heads, swiglu 512, rmsnorm, rope positions, no biases, "
-            "fp8 (delayed scaling; MFU against the FP8 peak)") in out
+            "dropout 0.1, fp8 (delayed scaling; MFU against the FP8 peak)") in out
     code, out, _ = run(capsys, tmp_path, toml(model={"kv_heads": "16", "ffn": None,
                                                      "ffn_hidden": None, "norm": None,
                                                      "position": None, "bias": None}))
-    assert "model               MHA, gelu 1024, layernorm, learned positions, biases, bf16" in out
+    assert ("model               MHA, gelu 1024, layernorm, learned positions, biases, "
+            "dropout 0.1, bf16") in out
 
 
 def test_the_plan_header_stores_the_keys(capsys, tmp_path):

@@ -31,7 +31,7 @@ def _forward_s(attention: str, names: set[str] | None) -> float:
         "cluster": {"preset": "dgx-a100", "nodes": 1, "gpus_per_node": 1},
     })
     model = ComputeModel(exp.cluster.accelerator, exp.profile)
-    return sum(model.kernel_time(k.name, k.flops, k.mem_bytes, k.gemm or ())
+    return sum(model.kernel_time(k.name, k.flops, k.mem_bytes, k.gemm or (), draws=k.draws)
                for k in layer_kernels(exp.model, 1, 1, False)
                if names is None or k.name in names)
 
