@@ -20,8 +20,10 @@ from collections.abc import Sequence
 from traces.chrome import event_name
 from traces.ops import Op, Trace
 
-_UNTIMED = {"start", "end", "span"}
-_IDENTITY = tuple(f.name for f in dataclasses.fields(Op) if f.name not in _UNTIMED)
+_AS_RUN = {"start", "end", "span", "draws"}
+"""What a measured op adds to its plan op: its times, and the random draws it really made (a
+run without dropout draws none: `executor.options.as_run`)."""
+_IDENTITY = tuple(f.name for f in dataclasses.fields(Op) if f.name not in _AS_RUN)
 
 
 def problems(trace: Trace, tolerance_s: float = 0.0, limit: int = 20, *,

@@ -137,10 +137,9 @@ class _Model:
         self.work = np.array([p.work for p in points])
         self.bytes = np.array([p.bytes for p in points])
         self.launches = np.array([p.launches for p in points], dtype=float)
-        rate = accelerator.int32_ops_per_s
+        rate = accelerator.int32_ops_per_s  # the draws' integer seconds: known, not fitted
         self.integer = np.array([p.draws * PHILOX_INT_OPS_PER_DRAW / rate if rate else 0.0
                                  for p in points])
-        """Each point's random draws on the integer lanes, seconds: fixed, not fitted."""
         self.log_t = np.log([p.seconds for p in points])
         # x = [log R per flops kernel] + [log Rm per memory kernel] + [log Rm common]
         #     + [log overhead per kernel] + [p]
@@ -202,8 +201,7 @@ class _Model:
         s = cp + ip + mp
         live = mixed & (s > 0)  # S 0: B underflowed to 0, flat in the rates and p
         safe_s = np.where(live, s, 1.0)
-        wc, wm = np.where(live, cp / safe_s, 0.0), np.where(live, mp / safe_s, 0.0)
-        wi = np.where(live, ip / safe_s, 0.0)
+        wc, wm, wi = (np.where(live, v / safe_s, 0.0) for v in (cp, mp, ip))
 
         def log(v: np.ndarray) -> np.ndarray:  # log of the live terms above 0 (others 0)
             return np.log(np.where(live & (v > 0), v, 1.0))

@@ -157,3 +157,15 @@ def test_an_overlapped_proj_waits_for_the_last_op_of_the_cp_attention(comm):
     proj_scatter = next(i for i in fwd if i > last_core and ops[i].stream == Stream.TP_COMM)
     assert ops[proj_scatter].kind is OpKind.REDUCE_SCATTER
     assert last_core in ops[proj_scatter].deps
+
+
+@pytest.mark.parametrize("comm", ["p2p", "all_gather"])
+def test_a_ranks_flash_draws_are_its_share_of_the_causal_scores(comm):
+    """Dropout in the CP core: each ring step draws the causal count of an s/cp block (the
+    all-gather core, cp of them at once), one rank's forward cp·(s/cp)(s/cp + 1)/2 a head."""
+    cp, s, a = 2, MODEL.seq_len, MODEL.heads
+    _, plan = _plan(cp=cp, cp_comm=comm)
+    cores = [op for op in _of_layer(plan.ops[0], Phase.FWD) if op.name == "flash_attn"]
+    block = a * (s // cp) * (s // cp + 1) / 2
+    assert sum(op.draws for op in cores) == cp * block
+    assert len(cores) == (cp if comm == "p2p" else 1)
