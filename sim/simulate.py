@@ -197,10 +197,7 @@ def _overlaps(layout: Layout) -> list[str]:
 
 def summary_text(exp: Experiment, s: StepSummary) -> str:
     L = exp.layout
-    cp = f" · CP {L.cp} ({L.cp_comm})" if L.cp > 1 else ""
-    layout = f"TP {L.tp}{cp} · PP {L.pp} · DP {L.dp}" + (f" · VP {L.vp}" if L.vp > 1 else "")
-    if L.ep > 1 or L.etp > 1:
-        layout += f" · EP {L.ep}" + (f" · ETP {L.etp}" if L.etp > 1 else "")
+    layout = L.axes()
     extras = [x for x in (f"ZeRO-{L.zero}" if L.zero else "", "SP" if L.sp else "",
                           f"recompute {L.recompute}" if L.recompute is not Recompute.NONE else "")
               if x]

@@ -324,6 +324,16 @@ class Layout:
         c = self.coords(rank)
         return self.rank(cp=c.cp, pp=c.pp)
 
+    def axes(self) -> str:
+        """The parallel degrees in the seeds' order, for people: 'TP 4 · CP 2 (p2p) · PP 4 ·
+        DP 2 · VP 5' (CP, VP, EP and ETP only where they are above 1)."""
+        cp = f" · CP {self.cp} ({self.cp_comm})" if self.cp > 1 else ""
+        text = f"TP {self.tp}{cp} · PP {self.pp} · DP {self.dp}"
+        text += f" · VP {self.vp}" if self.vp > 1 else ""
+        if self.ep > 1 or self.etp > 1:
+            text += f" · EP {self.ep}" + (f" · ETP {self.etp}" if self.etp > 1 else "")
+        return text
+
     def to_dict(self) -> dict[str, Any]:
         """The fields as plain values; cp_comm only with cp > 1, the uneven split's counts and
         the overlaps only when set (so a layout without them reads as it always has)."""

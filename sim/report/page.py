@@ -213,7 +213,7 @@ def _body(exp: Experiment, summary: StepSummary, words: Words, bubble: float, ta
 def header_html(exp: Experiment, summary: StepSummary, words: Words) -> str:
     """Experiment, cluster, layout, the headline figures, and what a row stands for."""
     L, s, m = exp.layout, summary, exp.model
-    layout = f"TP {L.tp} · PP {L.pp} · DP {L.dp} · VP {L.vp}"
+    layout = L.axes()
     options = (f"ZeRO-{L.zero}, SP {'on' if L.sp else 'off'}, recompute {L.recompute}, "
                f"schedule {L.schedule}, {L.num_microbatches} micro-batches of {L.micro_batch} "
                f"(global batch {L.global_batch})")

@@ -190,3 +190,12 @@ def test_the_overlaps_are_accepted_where_they_change_nothing_and_left_out_of_fil
     on = Layout(tp=2, sp=True, tp_comm_overlap=True, overlap_param_gather=True).to_dict()
     assert on["tp_comm_overlap"] and on["overlap_param_gather"]
     assert Layout(**on) == Layout(tp=2, sp=True, tp_comm_overlap=True, overlap_param_gather=True)
+
+
+def test_the_axes_label_names_every_degree_above_one_and_multiplies_to_the_world():
+    """The label the summary and the report print: CP, VP, EP, ETP only where above 1, so
+    the degrees shown multiply to the GPUs (the report once left CP out)."""
+    assert Layout(tp=4, pp=4, dp=2, global_batch=8).axes() == "TP 4 · PP 4 · DP 2"
+    cp = Layout(tp=4, cp=2, pp=4, dp=2, vp=5, schedule="interleaved", global_batch=128)
+    assert cp.axes() == "TP 4 · CP 2 (p2p) · PP 4 · DP 2 · VP 5"
+    assert Layout(tp=2, dp=4, ep=8, global_batch=4).axes() == "TP 2 · PP 1 · DP 4 · EP 8"
