@@ -58,9 +58,9 @@ def memory_over_time_figure(curves: dict[int, list[tuple[float, float]]], capaci
                   annotation_text=f"{words.device} memory {capacity / GiB:.1f} GiB",
                   annotation_position="top left")
     fig.update_layout(
-        title=(f"Memory of one {words.device} over the step, per pipeline rank: model states, "
-               "stored activations (a micro-batch's from its forward to its backward), "
-               "working buffers while a pass runs"
+        title=(f"Memory of one {words.device} over the step, per pipeline rank<br><sup>model "
+               "states, stored activations (a micro-batch's from its forward to its "
+               "backward), working buffers while a pass runs</sup>"
                + (f"<br><sup>pp {', '.join(map(str, shown))} drawn (first, middle, last, "
                   "highest peak); click the legend for the others</sup>"
                   if len(shown) < len(curves) else "")),
