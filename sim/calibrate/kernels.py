@@ -21,7 +21,7 @@ import numpy as np
 from scipy import optimize
 
 from sim.calibrate.observe import ComputeSample
-from sim.models.compute import PHILOX_INT_OPS_PER_DRAW
+from sim.models.compute import draw_seconds
 from sim.profile import Profile
 from topology.cluster import Accelerator
 from traces.errors import ConfigError
@@ -137,9 +137,8 @@ class _Model:
         self.work = np.array([p.work for p in points])
         self.bytes = np.array([p.bytes for p in points])
         self.launches = np.array([p.launches for p in points], dtype=float)
-        rate = accelerator.int32_ops_per_s  # the draws' integer seconds: known, not fitted
-        self.integer = np.array([p.draws * PHILOX_INT_OPS_PER_DRAW / rate if rate else 0.0
-                                 for p in points])
+        # the draws' integer seconds: known, not fitted
+        self.integer = np.array([draw_seconds(p.draws, accelerator) for p in points])
         self.log_t = np.log([p.seconds for p in points])
         # x = [log R per flops kernel] + [log Rm per memory kernel] + [log Rm common]
         #     + [log overhead per kernel] + [p]
@@ -165,8 +164,8 @@ class _Model:
         return out
 
     def _terms(self, x: np.ndarray) -> tuple[np.ndarray, ...]:
-        """At x, per point: C, M, C^p, M^p, (C^p + I^p + M^p)^(1/p) (C + I + M where only one
-        of them is above 0) and launches · overhead."""
+        """At x, per point: C, M, C^p, I^p, M^p, (C^p + I^p + M^p)^(1/p) (C + I + M where
+        only one of them is above 0) and launches · overhead."""
         rates = np.exp(x[:self.nf])
         mems = np.exp(x[self.nf:self.nf + self.nm + 1])
         overhead = np.exp(x[self.nf + self.nm + 1:self.nf + self.nm + 1 + self.nk])
@@ -179,14 +178,14 @@ class _Model:
         ip = np.power(self.integer, p)
         both = np.where(self._mixed(compute, memory), (cp + ip + mp) ** (1.0 / p),
                         compute + self.integer + memory)
-        return compute, memory, cp, mp, both, self.launches * overhead[k]
+        return compute, memory, cp, ip, mp, both, self.launches * overhead[k]
 
     def _mixed(self, compute: np.ndarray, memory: np.ndarray) -> np.ndarray:
         """The points where two or more of C, I and M are above 0 (the p-norm applies)."""
         return ((compute > 0).astype(int) + (self.integer > 0) + (memory > 0)) >= 2
 
     def log_times(self, x: np.ndarray) -> np.ndarray:
-        _, _, _, _, both, spent = self._terms(x)
+        *_, both, spent = self._terms(x)
         return np.log(both + spent)
 
     def residuals(self, x: np.ndarray) -> np.ndarray:
@@ -194,10 +193,9 @@ class _Model:
 
     def jacobian(self, x: np.ndarray) -> np.ndarray:
         """∂residuals/∂x, points by parameters (derived in docs/calibration.md, "Kernels")."""
-        compute, memory, cp, mp, both, spent = self._terms(x)
+        compute, memory, cp, ip, mp, both, spent = self._terms(x)
         p, t = x[-1], both + spent
         mixed = self._mixed(compute, memory)  # B = S^(1/p); elsewhere B = C + I + M
-        ip = np.power(self.integer, p)
         s = cp + ip + mp
         live = mixed & (s > 0)  # S 0: B underflowed to 0, flat in the rates and p
         safe_s = np.where(live, s, 1.0)

@@ -46,6 +46,13 @@ instructions), two three-input XORs (one LOP3 each) and the key's two additions:
 = 20 a draw. The float conversion and the compare with p run on the FP32 lanes."""
 
 
+def draw_seconds(draws: float, accelerator: Accelerator) -> float:
+    """Seconds `draws` random numbers take on the accelerator's integer lanes (0 where it has
+    no integer figure)."""
+    rate = accelerator.int32_ops_per_s
+    return draws * PHILOX_INT_OPS_PER_DRAW / rate if rate else 0.0
+
+
 class ComputeModel:
     """Kernel durations for one accelerator and profile, cached per distinct kernel."""
 
@@ -122,8 +129,8 @@ class ComputeModel:
             launches = 1
         memory = mem_bytes / (acc.sustained_hbm_Bps * hbm_fraction *
                               (override.memory_efficiency or params.memory_efficiency))
-        if draws and acc.int32_ops_per_s:
-            integer = draws * PHILOX_INT_OPS_PER_DRAW / acc.int32_ops_per_s
+        integer = draw_seconds(draws, acc)
+        if integer:
             if units is not None:
                 integer *= acc.compute_units / units
             compute = _roofline(compute, integer, params.roofline_exponent)
