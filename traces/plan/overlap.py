@@ -173,7 +173,7 @@ def _bulk(op: Op, gather: TpSite, scatter: TpSite, group: tuple[int, ...], size:
 def _gemm(op: Op, part: GemmPart, index: int, count: int, sms: int) -> OpRow:
     """Chunk `index` of `count` of one product of `op`'s GEMM, its fields but layer and
     micro-batch: tokens (M) split as evenly as integers go; FLOPs and HBM bytes in proportion
-    (the backward's halves to each product)."""
+    (the backward's halves to each product); its dtype the op's (FP8 stays FP8)."""
     purpose = op.purpose
     assert isinstance(purpose, KernelRun) and purpose.kernel in OVERLAPPED, purpose
     batch, m, n, k = op.gemm
@@ -188,7 +188,8 @@ def _gemm(op: Op, part: GemmPart, index: int, count: int, sms: int) -> OpRow:
         shape, fraction = (batch, k, n, m), 0.5
     return op_row(kind=OpKind.COMPUTE, stream=Stream.COMPUTE, name=op.name,
                   purpose=GemmChunk(purpose.kernel, part, index, count, sms), phase=op.phase,
-                  flops=op.flops * fraction, mem_bytes=op.mem_bytes * fraction, gemm=shape)
+                  flops=op.flops * fraction, mem_bytes=op.mem_bytes * fraction, gemm=shape,
+                  dtype=op.dtype)  # an FP8 GEMM's chunks run at the FP8 rate too
 
 
 def _comm(op: Op, site: TpSite, index: int, count: int, method: OverlapMethod, size: float,
