@@ -64,8 +64,8 @@ COMMON_KEYS = ("preset", "nodes", "fabric", "gpus_per_node", "gpu_peak_tflops", 
 SERVER_KEYS = ("nvlink_bandwidth", "nvlink_efficiency", "nvlink_latency", "nics_per_node",
                "nic_bandwidth", "nic_efficiency", "pcie_bandwidth", "pcie_latency",
                "switch_latency", "sharp")
-FAT_TREE_KEYS = ("nodes_per_leaf", "oversubscription", "tiers", "leaves_per_pod", "routing",
-                 "routing_seed")
+FAT_TREE_KEYS = ("nodes_per_leaf", "oversubscription", "tiers", "leaves_per_pod",
+                 "pod_oversubscription", "routing", "routing_seed")
 TORUS_KEYS = ("dims", "link_bandwidth", "link_latency")
 KEYS = (*COMMON_KEYS, *SERVER_KEYS, *FAT_TREE_KEYS, *TORUS_KEYS)
 
@@ -276,10 +276,21 @@ def _fat_tree(preset: Preset, fields: Fields, server: ServerSpec,
                                        maximum=MAX_OVERSUBSCRIPTION),
         tiers=fields.choice("tiers", 2, (2, 3)),
         leaves_per_pod=fields.integer("leaves_per_pod", 0, minimum=1, maximum=MAX_ACCELERATORS),
+        pod_oversubscription=_pod_oversubscription(fields),
         link_latency_s=latency,
         routing=Routing(fields.choice("routing", "dmodk", tuple(r.value for r in Routing))),
         routing_seed=fields.integer("routing_seed", 0, minimum=0, maximum=2**63 - 1),
     )
+
+
+def _pod_oversubscription(fields: Fields) -> float:
+    """`pod_oversubscription`: above the pods of a three-tier tree only."""
+    ratio = fields.number("pod_oversubscription", 1.0, minimum=1.0,
+                          maximum=MAX_OVERSUBSCRIPTION)
+    if ratio != 1.0 and fields.choice("tiers", 2, (2, 3)) != 3:
+        raise ConfigError(f"{fields.name('pod_oversubscription')}: {ratio:g} needs tiers = 3 "
+                          "(it thins the links above the pods of a three-tier fat tree)")
+    return ratio
 
 
 def _variability(fields: Fields) -> Variability:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from typing import Any
 
 from topology.builder import GraphBuilder
 from topology.server import ServerSpec, gpu_node, intra_server_path, nic_node, nvswitch_node
@@ -37,6 +38,9 @@ class FatTreeSpec:
     tiers: int = 2
     leaves_per_pod: int = 0
     """Leaves per pod in a three-tier tree (0 = all leaves in one pod)."""
+    pod_oversubscription: float = 1.0
+    """Three tiers: a pod's down bandwidth over its bandwidth to the core (7.0 means 1:7, the
+    Llama 3 paper's cluster above its 3,072-GPU pods); fewer core switches per plane."""
     link_latency_s: float
     """Latency of one switch hop (port-to-port plus cable)."""
     routing: Routing = Routing.DMODK
@@ -92,6 +96,9 @@ class FatTree(SwitchedFabric):
         self.up = uplinks(self.down, spec.oversubscription)
         self.num_leaves = -(-num_servers // spec.nodes_per_leaf)
         self.per_pod = spec.leaves_per_pod or self.num_leaves
+        self.cores = max(1, round(self.per_pod / spec.pod_oversubscription))
+        """Core switches per uplink plane: one per leaf of a pod when the pods are not
+        oversubscribed, per_pod / pod_oversubscription (whole switches) when they are."""
         self.symmetric = spec.routing is Routing.DMODK
         self._placed: dict[tuple[str, int], int] = {}
         """Adaptive routing: routes placed per (leaf, uplink), up and down."""
@@ -126,7 +133,7 @@ class FatTree(SwitchedFabric):
         if num_pods == 1:
             return
         for u in range(self.up):
-            for c in range(self.per_pod):
+            for c in range(self.cores):
                 core = builder.node(f"core{u}.{c}", "core")
                 for pod in range(num_pods):
                     uplink(f"agg{pod}.{u}", core)
@@ -157,12 +164,12 @@ class FatTree(SwitchedFabric):
     def _uplink(self, ga: int, gb: int, la: int, lb: int) -> tuple[int, int]:
         """(uplink index, core index) of a flow from global NIC `ga` on leaf `la` to `gb` on
         `lb`, by the fabric's routing."""
-        routing, up, per_pod = self.spec.routing, self.up, self.per_pod
+        routing, up = self.spec.routing, self.up
         if routing is Routing.ECMP:
             h = flow_hash(self.spec.routing_seed, ga, gb)
-            return h % up, (h // up) % per_pod
+            return h % up, (h // up) % self.cores
         u = gb % up  # destination-mod-k: the uplink is chosen by the destination
-        c = (gb // up) % per_pod
+        c = self.core_of(gb)
         if routing is Routing.ADAPTIVE:
             placed = self._placed
             u = min(((u + k) % up for k in range(up)),
@@ -170,6 +177,12 @@ class FatTree(SwitchedFabric):
             placed[(f"up{la}", u)] = placed.get((f"up{la}", u), 0) + 1
             placed[(f"dn{lb}", u)] = placed.get((f"dn{lb}", u), 0) + 1
         return u, c
+
+
+    def core_of(self, nic: Any) -> Any:
+        """The core switch (of its uplink's plane) by which destination-mod-k reaches global NIC
+        `nic` from another pod (an int, or a numpy array of them)."""
+        return (nic // self.up) % self.cores
 
 
 def flow_hash(seed: int, src_nic: int, dst_nic: int) -> int:

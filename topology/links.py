@@ -50,6 +50,8 @@ class LinkIndex:
     leaves: int
     per_pod: int
     pods: int
+    cores: int
+    """Core switches per uplink plane (`FatTree.cores`)."""
     tiers: int
     tier_base: int
     """First leaf-to-spine (or aggregation) id."""
@@ -83,7 +85,8 @@ class LinkIndex:
         index = LinkIndex(
             gpus=g, nics=nics, servers=servers, nv=nv, per_server=nv + 2 * g,
             fabric_base=fabric_base, rails=tree is None, down=tree.down if tree else 0, up=up,
-            leaves=leaves, per_pod=per_pod, pods=pods, tiers=tree.spec.tiers if tree else 1,
+            leaves=leaves, per_pod=per_pod, pods=pods, cores=tree.cores if tree else 0,
+            tiers=tree.spec.tiers if tree else 1,
             tier_base=tier_base, core_base=tier_base + 2 * leaves * up,
             nic_of=np.array([spec.nic_of(i) for i in range(g)], dtype=np.int64),
             owner=np.array([next((i for i in range(g) if spec.nic_of(i) == j), -1)
@@ -112,9 +115,9 @@ class LinkIndex:
                                self._leaf_up(leaf, u)))
                 total = self.core_base
                 if self.pods > 1:
-                    c, p = self.per_pod - 1, self.pods - 1
+                    c, p = self.cores - 1, self.pods - 1
                     checks.append(((f"agg{p}.{u}", f"core{u}.{c}"), self._core_up(u, c, p)))
-                    total += 2 * self.up * self.per_pod * self.pods
+                    total += 2 * self.up * self.cores * self.pods
         if total != len(cluster.link_capacity):
             return False
         return all(cluster.link_ends[want] == ends for ends, want in checks)
@@ -130,7 +133,7 @@ class LinkIndex:
 
     def _core_up(self, u: Any, c: Any, pod: Any) -> Any:
         """Id of aggregation (pod, u) -> core (u, c); +1 is the way down."""
-        return self.core_base + 2 * ((u * self.per_pod + c) * self.pods + pod)
+        return self.core_base + 2 * ((u * self.cores + c) * self.pods + pod)
 
     def hop_links(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         """Links of `hop(cluster, a[k], b[k])` for every k, in route order, one row each,
@@ -175,7 +178,7 @@ class LinkIndex:
         down = base + 2 * gb + 1
         far = la != lb
         out[~far, 1] = down[~far]
-        u, c = gb % self.up, (gb // self.up) % self.per_pod
+        u, c = gb % self.up, (gb // self.up) % self.cores  # FatTree.core_of
         out[far, 1] = self._leaf_up(la, u)[far]
         if self.tiers == 2:
             out[far, 2] = (self._leaf_up(lb, u) + 1)[far]

@@ -164,7 +164,7 @@ def _fat_tree(counts: LinkCounts, tree: FatTree, sends: dict[int, list[int]],
             u = g % up
             below[(u, leaf)] = below.get((u, leaf), 0) + d
             if three:
-                key = (u, (g // up) % per_pod, leaf // per_pod)
+                key = (u, tree.core_of(g), leaf // per_pod)
                 cores[key] = cores.get(key, 0) + d
     by_uplink: dict[int, int] = {}
     for (u, _), d in below.items():

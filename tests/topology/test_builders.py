@@ -1,11 +1,13 @@
 """The graph builders: servers, fat trees, rails, tori, and their routing."""
 
+from collections import Counter
 from itertools import pairwise
 
 import pytest
 
 from topology import build_cluster
 from topology.presets import PRESETS
+from traces.errors import ConfigError
 
 
 def kinds(cluster, route):
@@ -104,3 +106,27 @@ def test_two_dimensional_torus_with_a_dimension_of_two():
     c = build_cluster("tpu-v4", dims=[2, 4])
     assert c.num_devices == 8
     assert c.graph.number_of_edges() == 2 * (4 * 1 + 2 * 4)  # x: 1 link per line, y: 4 per line
+
+
+@pytest.mark.parametrize("ratio", [1.0, 2.0, 4.0])
+def test_pod_oversubscription_thins_the_core_and_cross_pod_flows_share_it(ratio):
+    """Two pods of four one-server leaves (8 NICs each: 8 uplink planes): every plane has
+    4 / ratio core switches, so a shift of every GPU to the other pod (32 flows, one per NIC)
+    crosses 8 x 4 / ratio aggregation-to-core links, ratio flows on each (Llama 3's cluster:
+    1:7 above its pods)."""
+    c = build_cluster("dgx-h100", nodes=8, nodes_per_leaf=1, tiers=3, leaves_per_pod=4,
+                      pod_oversubscription=ratio)
+    cores = [n for n in c.graph.nodes if n.startswith("core")]
+    assert len(cores) == 8 * 4 / ratio
+    used = Counter()
+    for src in range(32):
+        route = c.route(src, src + 32)
+        used.update(link for link in route if c.link_ends[link][0].startswith("agg")
+                    and c.link_ends[link][1].startswith("core"))
+    assert len(used) == 8 * 4 / ratio
+    assert set(used.values()) == {ratio}
+
+
+def test_pod_oversubscription_needs_three_tiers():
+    with pytest.raises(ConfigError, match="pod_oversubscription: 7 needs tiers = 3"):
+        build_cluster("dgx-h100", nodes=8, nodes_per_leaf=1, pod_oversubscription=7)

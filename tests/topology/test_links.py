@@ -14,6 +14,8 @@ CASES = [
     {"nodes": 5, "fabric": "fat-tree", "nodes_per_leaf": 2, "oversubscription": 2.0},
     {"nodes": 9, "fabric": "fat-tree", "nodes_per_leaf": 1, "tiers": 3, "leaves_per_pod": 2},
     {"nodes": 4, "fabric": "fat-tree", "nodes_per_leaf": 1, "tiers": 3, "leaves_per_pod": 4},
+    {"nodes": 8, "fabric": "fat-tree", "nodes_per_leaf": 1, "tiers": 3, "leaves_per_pod": 4,
+     "pod_oversubscription": 2.0},
     {"nodes": 3, "fabric": "fat-tree"},
     {"nodes": 4, "fabric": "rail"},
     {"nodes": 3, "fabric": "fat-tree", "nodes_per_leaf": 1, "nics_per_node": 2},
