@@ -14,6 +14,7 @@ from sim.engine.replay import StepTimes, replay
 from sim.engine.transport import NetworkMode
 from sim.models.compute import ComputeModel
 from sim.profile import default_profile
+from topology import build_cluster
 from traces.layout import Layout
 from traces.model import ModelSpec
 from traces.ops import Op, Phase, Stream
@@ -182,3 +183,27 @@ def test_fp8_is_faster_than_bf16_with_and_without_the_tp_overlap():
             data["model"]["dtype"] = dtype
             steps[dtype] = predict(experiment_from_dict(data))[0].step_time_s
         assert steps["fp8"] < (0.9 if overlap else 1.0) * steps["bf16"], overlap
+
+
+@pytest.mark.parametrize("network", [NetworkMode.ANALYTIC, NetworkMode.FLOW])
+@pytest.mark.parametrize(("hidden", "tp", "pp", "vp", "dp", "zero", "batch"), [
+    (2048, 4, 1, 1, 8, 1, 4), (4096, 8, 1, 1, 4, 2, 8), (1024, 1, 1, 1, 8, 1, 4),
+    (2048, 4, 2, 2, 4, 1, 8), (4096, 2, 4, 2, 4, 2, 8), (1024, 1, 4, 2, 8, 1, 4),
+    (2048, 1, 2, 2, 8, 2, 8)])
+def test_overlap_param_gather_never_lengthens_an_unpipelined_or_aligned_step(
+        network, hidden, tp, pp, vp, dp, zero, batch):
+    """Without a pipeline the first forward only waits for gathers the step would have made
+    at its end, and interleaving aligns them (chunks 0 and 1 at the start, the rest mid-step
+    on every stage): the step with overlap_param_gather is never longer. (Under 1F1B with
+    pp > 1 Megatron-Core turns alignment off, arguments.py, and each stage's chain starts at
+    its first forward, behind the pipeline's fill: there it can cost more than it hides,
+    `traces.plan.param_gather`.)"""
+    h100 = build_cluster("dgx-h100", nodes=tp * pp * dp // 8)
+    model = ModelSpec(layers=8, hidden=hidden, heads=16, seq_len=hidden, vocab=32000,
+                      attention="flash")
+    layout = dict(tp=tp, pp=pp, vp=vp, dp=dp, zero=zero, global_batch=batch * dp, sp=tp > 1,
+                  schedule="interleaved" if vp > 1 else "1f1b", bucket_bytes=8 * 2**20)
+    compute = ComputeModel(h100.accelerator, default_profile(h100.accelerator))
+    steps = [replay(build(model, Layout(**layout, overlap_param_gather=on)), h100, compute,
+                    network=network).step_time_s for on in (False, True)]
+    assert steps[1] <= steps[0] * (1 + 1e-12)
