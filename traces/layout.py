@@ -23,7 +23,6 @@ from typing import Any
 
 from traces.errors import ConfigError, show
 from traces.expert_grid import check_expert_grid
-from traces.fsdp import GradSync, check_reshard, checked_grad_sync, default_grad_sync
 from traces.fields import (
     MAX_ACCELERATORS,
     check_bool,
@@ -31,6 +30,7 @@ from traces.fields import (
     check_int,
     is_int,
 )
+from traces.fsdp import GradSync, check_reshard, checked_grad_sync, default_grad_sync
 from traces.model import ModelSpec
 from traces.units import MAX_SIZE_BYTES
 
