@@ -41,13 +41,10 @@ grad_sync (the default is the ZeRO stage's own, so every earlier output stays th
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from traces.errors import ConfigError, show
 from traces.fields import check_bool, check_choice
-
-if TYPE_CHECKING:
-    from traces.layout import Layout
 
 
 class GradSync(StrEnum):
@@ -57,6 +54,19 @@ class GradSync(StrEnum):
     """In every micro-batch's backward."""
     STEP = "step"
     """Once per step, in the last micro-batch's backward."""
+
+
+class Sharding(Protocol):
+    """What the rules below read of a `traces.layout.Layout` (which imports this module)."""
+
+    @property
+    def reshard_after_forward(self) -> bool: ...
+    @property
+    def pp(self) -> int: ...
+    @property
+    def sync(self) -> GradSync: ...
+    @property
+    def num_microbatches(self) -> int: ...
 
 
 def default_grad_sync(zero: int) -> GradSync:
@@ -86,19 +96,19 @@ def check_reshard(value: object, zero: int) -> None:
                           f"{show(zero)} (only ZeRO-3 gathers and frees parameters)")
 
 
-def syncs_grads(layout: Layout, microbatch: int) -> bool:
+def syncs_grads(layout: Sharding, microbatch: int) -> bool:
     """Whether gradients are reduced in `microbatch`'s backward (`grad_sync`)."""
     return layout.sync is GradSync.MICROBATCH or microbatch == layout.num_microbatches - 1
 
 
-def keeps_across_microbatches(layout: Layout) -> bool:
+def keeps_across_microbatches(layout: Sharding) -> bool:
     """ZeRO-3 units stay gathered from their first forward to their last backward of the
     step: reshard_after_forward false under a pipeline (PipelineStage's no reshard after
     backward)."""
     return not layout.reshard_after_forward and layout.pp > 1
 
 
-def frees_after(layout: Layout, forward: bool, microbatch: int) -> bool:
+def frees_after(layout: Sharding, forward: bool, microbatch: int) -> bool:
     """Whether a ZeRO-3 unit's gathered parameters are freed after its forward (`forward`)
     or backward pass of `microbatch` (the module docstring's rule)."""
     if forward:
