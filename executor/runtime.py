@@ -55,13 +55,14 @@ from executor.params import DTYPES, EMBED, HEAD, holds_output_weights, layer_uni
 from executor.pipe import PipeMessages
 from executor.reference import microbatch
 from executor.tape import ParamRef, Tape
+from traces.fsdp import frees_after
 from traces.layout import Axis, Layout
 from traces.model import ModelSpec
 from traces.ops import OpKind, Phase, Stream
 from traces.plan.optimizer import grad_stats_group
 from traces.purpose import GemmPart, Kernel, MoeStep, Stat, StepStat, TpChunk, TpSite, Unit
 
-# ZeRO-3 frees a unit's gathered parameters after its last kernel of a pass.
+# ZeRO-3 frees a unit's gathered parameters after its last kernel of a pass (as frees_after says).
 _LAST_OF_PASS = {(Phase.FWD, Kernel.BDA2), (Phase.FWD, Kernel.POS_EMBED),
                  (Phase.FWD, Kernel.CROSS_ENTROPY), (Phase.BWD, Kernel.LN1),
                  (Phase.BWD, Kernel.EMBED), (Phase.BWD, Kernel.FINAL_LN)}
@@ -211,7 +212,8 @@ class RankRuntime:
                             recomputing=phase is Phase.RECOMPUTE)
             if name is Kernel.CROSS_ENTROPY and self.layout.tp == 1:
                 self._finish_loss(mb)
-        if self.zero == 3 and (phase, name) in _LAST_OF_PASS:
+        if self.zero == 3 and (phase, name) in _LAST_OF_PASS and \
+                frees_after(self.layout, phase is Phase.FWD, mb):
             self._free_after(name, layer, phase)
 
     def _free_after(self, name: Kernel, layer: int | None, phase: Phase) -> None:

@@ -30,6 +30,7 @@ from traces.fields import (
     check_int,
     is_int,
 )
+from traces.fsdp import GradSync, check_reshard, checked_grad_sync, default_grad_sync
 from traces.model import ModelSpec
 from traces.units import MAX_SIZE_BYTES
 
@@ -137,6 +138,12 @@ class Layout:
     """Expert parallelism over each stage's TP·CP·DP ranks (`traces.experts`)."""
     etp: int = 1
     """Expert tensor parallelism (Megatron-Core's --expert-tensor-parallel-size)."""
+    reshard_after_forward: bool = True
+    """ZeRO-3 (FSDP2's fully_shard argument): false keeps a unit's gathered parameters from
+    its forward to its backward, under a pipeline across the step (`traces.fsdp`)."""
+    grad_sync: GradSync | None = None
+    """Gradients reduced every micro-batch or once per step (`traces.fsdp`); None (stored
+    for the stated default too): the ZeRO stage's own, `sync`."""
 
     def __post_init__(self) -> None:
         """The rules that need neither the model nor the cluster (see `check_layout`)."""
@@ -153,6 +160,8 @@ class Layout:
         check_bool(self.overlap_param_gather, "parallel.overlap_param_gather")
         if self.zero not in (0, 1, 2, 3) or not is_int(self.zero):
             raise ConfigError(f"parallel.zero: {show(self.zero)} must be 0, 1, 2 or 3")
+        check_reshard(self.reshard_after_forward, self.zero)
+        object.__setattr__(self, "grad_sync", checked_grad_sync(self.grad_sync, self.zero))
         for name, enum in (("schedule", Schedule), ("recompute", Recompute),
                            ("cp_comm", CpComm)):
             value = getattr(self, name)
@@ -224,6 +233,11 @@ class Layout:
     @property
     def num_microbatches(self) -> int:
         return self.global_batch // (self.micro_batch * self.dp)
+
+    @property
+    def sync(self) -> GradSync:
+        """When gradients are reduced: `grad_sync`, or the ZeRO stage's own."""
+        return self.grad_sync or default_grad_sync(self.zero)
 
     @property
     def num_stages(self) -> int:
@@ -335,8 +349,9 @@ class Layout:
         return text
 
     def to_dict(self) -> dict[str, Any]:
-        """The fields as plain values; cp_comm only with cp > 1, the uneven split's counts and
-        the overlaps only when set (so a layout without them reads as it always has)."""
+        """The fields as plain values; cp_comm only with cp > 1, the uneven split's counts,
+        the overlaps, reshard_after_forward and grad_sync only when not their defaults (so a
+        layout without them reads as it always has)."""
         out = asdict(self)
         out["schedule"], out["recompute"] = str(self.schedule), str(self.recompute)
         out["cp_comm"] = str(self.cp_comm)
@@ -348,6 +363,12 @@ class Layout:
         for name in ("ep", "etp"):
             if out[name] == 1:
                 del out[name]
+        if out["reshard_after_forward"]:
+            del out["reshard_after_forward"]
+        if self.grad_sync is None:
+            del out["grad_sync"]
+        else:
+            out["grad_sync"] = str(self.grad_sync)
         return out
 
 

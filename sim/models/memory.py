@@ -5,7 +5,9 @@ throughout. Model states as ZeRO shards them (Rajbhandari et al. 2020: 2Ψ + 2Ψ
 by N as the stage says); activations per layer by Korthikanti et al. 2022 (the seeds'
 34sbh + 5as²b, divided by TP, with SP, flash attention and recomputation; under context
 parallelism s is the rank's s/cp tokens, and ZeRO shards over DP x CP), times the
-micro-batches the schedule keeps in flight; transient buffers at that peak (not counted: CP's
+micro-batches the schedule keeps in flight; ZeRO-3's gathered parameters as
+`reshard_after_forward` holds them and gradients whole where `grad_sync = "step"` accumulates
+them (`traces.fsdp`); transient buffers at that peak (not counted: CP's
 K/V exchange buffers, two K/V blocks of b·(s/cp) tokens in p2p, the gathered K/V of one layer
 in all_gather, a few MB against the activations' GB).
 
@@ -27,6 +29,7 @@ from sim.models.moe_memory import (
     rank_layers,
 )
 from traces.errors import ConfigError
+from traces.fsdp import GradSync
 from traces.layout import Layout, Recompute
 from traces.model import ModelSpec
 from traces.pipeline import Action, ActionSchedule, layout_schedule
@@ -63,17 +66,21 @@ class MemoryBreakdown:
 
 def model_state_bytes(num_params: float, dp: int, zero: int,
                       optimizer_bytes_per_param: float = OPTIMIZER_STATE_BYTES,
-                      param_bytes: float = 2, grad_bytes: float = 2) -> tuple[float, float, float]:
+                      param_bytes: float = 2, grad_bytes: float = 2,
+                      full_grads: bool = False) -> tuple[float, float, float]:
     """(params, grads, optimizer) bytes per GPU for mixed-precision Adam under ZeRO stage `zero`
     over `dp` data-parallel ranks (ZeRO paper, Rajbhandari et al. 2020, K = 12):
-    stage 0: 2Ψ + 2Ψ + KΨ; stage 1: 2Ψ + 2Ψ + KΨ/N; stage 2: 2Ψ + (2+K)Ψ/N; stage 3: (2+2+K)Ψ/N."""
+    stage 0: 2Ψ + 2Ψ + KΨ; stage 1: 2Ψ + 2Ψ + KΨ/N; stage 2: 2Ψ + (2+K)Ψ/N; stage 3: (2+2+K)Ψ/N.
+    `full_grads`: gradients accumulated whole and reduced once per step (`grad_sync =
+    "step"`: Megatron-Core's distributed optimizer's full buffer, FSDP2's unsharded
+    accumulation), 2Ψ at every stage."""
     if zero not in (0, 1, 2, 3) or isinstance(zero, bool):
         raise ConfigError(f"parallel.zero: {zero!r} must be 0, 1, 2 or 3")
     if dp < 1:
         raise ConfigError(f"parallel.dp: {dp!r} must be a positive integer")
     # Stage z shards the optimizer from z >= 1, the gradients from z >= 2, the weights at z = 3.
     params = param_bytes * num_params / (dp if zero >= 3 else 1)
-    grads = grad_bytes * num_params / (dp if zero >= 2 else 1)
+    grads = grad_bytes * num_params / (dp if zero >= 2 and not full_grads else 1)
     optimizer = optimizer_bytes_per_param * num_params / (dp if zero >= 1 else 1)
     return params, grads, optimizer
 
@@ -172,10 +179,28 @@ def working_bytes(model: ModelSpec, layout: Layout, pp_rank: int) -> float:
         # fp32 logits of one micro-batch, vocab-parallel: 4 * s * b * V / t.
         total += LOGITS_BYTES * model.seq_len // layout.cp * layout.micro_batch * model.vocab / t
     if layout.zero == 3:
-        # Two layers gathered in 2 bytes (computing + prefetched), one layer's 2-byte gradients
-        # before its reduce-scatter: (2 * 2 + 2) * layer_params(t).
-        total += (2 * 2 + 2) * model.layer_params(t)
+        total += zero3_working_bytes(model, layout, pp_rank)
     return total
+
+
+def zero3_working_bytes(model: ModelSpec, layout: Layout, pp_rank: int) -> float:
+    """ZeRO-3's gathered parameters and unsharded gradients at the peak: two layers in 2
+    bytes (computing + prefetched) and one layer's 2-byte gradients before its reduce-scatter,
+    (2 * 2 + 2) * layer_params(t); with reshard_after_forward false every unit of the rank
+    gathered instead (held from its forward to its backward: at the end of a forward all
+    are), in the model's dtype (`gathered_params`); with grad_sync "step" no per-layer
+    gradients here (the full ones are model states: `model_state_bytes`)."""
+    gathered = 2 * 2 * model.layer_params(layout.tp) if layout.reshard_after_forward else \
+        model.dtype_bytes * gathered_params(model, layout, pp_rank)
+    grads = 2 * model.layer_params(layout.tp) if layout.sync is GradSync.MICROBATCH else 0.0
+    return gathered + grads
+
+
+def gathered_params(model: ModelSpec, layout: Layout, pp_rank: int) -> float:
+    """Parameters ZeRO-3 gathers on one GPU of pipeline rank `pp_rank`: all it holds (per TP
+    rank) but an MoE model's routed experts, which shard over expert-DP instead."""
+    total, experts = _rank_params(model, layout, pp_rank)
+    return total - experts
 
 
 def pp_rank_memory(model: ModelSpec, layout: Layout, pp_rank: int,
@@ -194,18 +219,28 @@ def _states(model: ModelSpec, layout: Layout, pp_rank: int) -> tuple[float, floa
     """(params, grads, optimizer) bytes: ZeRO shards the dense states over DP x CP and an MoE
     model's routed experts over their expert-data-parallel group (`sim.models.moe_memory`)."""
     grad_bytes = 4 if layout.fp32_main_grads else model.dtype_bytes
+    total, experts = _rank_params(model, layout, pp_rank)
+    full = layout.sync is GradSync.STEP
+    dense = model_state_bytes(total - experts, layout.data_degree, layout.zero,
+                              param_bytes=model.dtype_bytes, grad_bytes=grad_bytes,
+                              full_grads=full)
+    if not experts:
+        return dense
+    routed = model_state_bytes(experts, expert_shards(layout), layout.zero,
+                               param_bytes=model.dtype_bytes, grad_bytes=grad_bytes,
+                               full_grads=full)
+    return dense[0] + routed[0], dense[1] + routed[1], dense[2] + routed[2]
+
+
+def _rank_params(model: ModelSpec, layout: Layout, pp_rank: int) -> tuple[float, float]:
+    """(all, routed experts') parameters one GPU of pipeline rank `pp_rank` holds before
+    ZeRO shards them."""
     total = model.params_on_stages(layout.stages_of_rank(pp_rank), layout.num_stages, layout.tp,
                                    layout.layers_of_rank(model, pp_rank),
                                    layers=rank_layers(model, layout, pp_rank), ep=layout.ep,
                                    etp=layout.etp)
     experts = expert_params_on_rank(model, layout, pp_rank) if model.experts else 0.0
-    dense = model_state_bytes(total - experts, layout.data_degree, layout.zero,
-                              param_bytes=model.dtype_bytes, grad_bytes=grad_bytes)
-    if not experts:
-        return dense
-    routed = model_state_bytes(experts, expert_shards(layout), layout.zero,
-                               param_bytes=model.dtype_bytes, grad_bytes=grad_bytes)
-    return dense[0] + routed[0], dense[1] + routed[1], dense[2] + routed[2]
+    return total, experts
 
 
 def _per_pass(model: ModelSpec, layout: Layout, pp_rank: int) -> float:

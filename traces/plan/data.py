@@ -8,6 +8,9 @@ Megatron-Core's data-parallel group with context parallelism; ZeRO shards over i
                    the rest at the end of each model chunk's backward
     ZeRO 2         the same in every micro-batch's backward (gradients stay sharded)
     ZeRO 3         per unit and micro-batch, a reduce-scatter right after the unit's backward
+With `grad_sync = "step"` (`traces.fsdp`) ZeRO 2 reduces its buckets as ZeRO 1 does, in the
+last micro-batch only (Megatron-Core's distributed optimizer), and ZeRO 3 each unit in its
+last micro-batch's backward (FSDP2 without gradient sync before it), its SP gradients too.
 Without `overlap_grad_reduce` (Megatron-LM before 2023) the same buckets are reduced one after
 another once the whole backward is over (ZeRO 0/1: of the step; ZeRO 2: of the micro-batch);
 FSDP (ZeRO 3) always overlaps.
@@ -24,7 +27,11 @@ interleaved schedule reduces whole.
 
 ZeRO-3 (FSDP) also all-gathers each unit's parameters before its forward and its backward. The
 gather of layer l waits until layer l ∓ (ZERO3_PREFETCH + 1) has finished in the same phase,
-so at most two layers are unsharded at once: one computing, one prefetched.
+so at most two layers are unsharded at once: one computing, one prefetched. A unit is gathered
+before a pass whenever it is not gathered then, and freed after a pass as
+`traces.fsdp.frees_after` says: after every pass by default (two gathers per micro-batch);
+with `reshard_after_forward = false` only after the backward (one), and under a pipeline
+only after the step's last backward (one per step).
 
 With sequence parallelism, the parameters every TP rank holds in full (layer norms, the
 row-parallel biases, positions) see only their rank's share of the sequence, so their
@@ -42,6 +49,7 @@ optimizer pass reads back to gather the same buckets. Their labels, as docs/plan
 
 from __future__ import annotations
 
+from traces.fsdp import GradSync, frees_after, syncs_grads
 from traces.layout import Axis
 from traces.ops import Op, OpKind, Phase, Stream
 from traces.pipeline import Action
@@ -128,12 +136,16 @@ class _DataWalk:
         self.ends: dict[tuple[Phase, int, int], Node] = {}
         # Units after which a bucket is full; a chunk's last unit closes one anyway.
         self.closes = {bucket[-1] for bucket in gradient_buckets(ctx)}
+        self.every_microbatch = self.zero >= 2 and ctx.layout.sync is GradSync.MICROBATCH
+        """Buckets reduced in every micro-batch (ZeRO 2 by default; ZeRO 3 is per unit)."""
+        self.gathered: set[Unit] = set()
+        """ZeRO-3 units gathered now (`traces.fsdp.frees_after` frees them)."""
 
     def action(self, action: Action, group: list[Node]) -> list[Node]:
         zero, mb = self.zero, action.microbatch
         phase = Phase.FWD if action.kind == "F" else Phase.BWD
         final = mb == self.ctx.last_microbatch
-        reduce_grads = action.kind == "B" and zero != 3 and (final or zero == 2)
+        reduce_grads = action.kind == "B" and zero != 3 and (final or self.every_microbatch)
         gathers = zero == 3 and self.ctx.layout.data_degree > 1
         if not (gathers or reduce_grads):
             return group  # gradients accumulate locally in this micro-batch
@@ -142,15 +154,19 @@ class _DataWalk:
         out: list[Node] = []
         for node in group:
             unit = node.unit
-            if gathers and unit is not None and node in firsts:
+            if gathers and unit is not None and node in firsts and unit not in self.gathered:
                 gather = self._gather(unit, mb, phase)
                 out.append(gather)
                 node.wait_for(gather)
+                self.gathered.add(unit)
             out.append(node)
             if node.on_compute and node.op.layer is not None and node.op.phase is not None:
                 self.ends[(node.op.phase, node.op.layer, mb)] = node
-            if action.kind == "B" and unit is not None and node in lasts:
-                out += self._grads_ready(unit, mb, node)
+            if unit is not None and node in lasts:
+                if frees_after(self.ctx.layout, action.kind == "F", mb):
+                    self.gathered.discard(unit)
+                if action.kind == "B":
+                    out += self._grads_ready(unit, mb, node)
         if reduce_grads:
             out += self._end_of_backward(mb, on_compute[-1])
         return out
@@ -170,6 +186,8 @@ class _DataWalk:
 
     def _grads_ready(self, unit: Unit, mb: int, last: Node) -> list[Node]:
         """A unit's gradients are complete for this micro-batch: reduce them when it is time."""
+        if self.zero == 3 and not syncs_grads(self.ctx.layout, mb):
+            return []  # FSDP2 without gradient sync: accumulated unsharded until the last
         layer = unit.layer
         stream = Stream.ZERO_RS if self.zero == 3 else Stream.DP
         out = []
@@ -195,7 +213,7 @@ class _DataWalk:
     def _end_of_backward(self, mb: int, last: Node) -> list[Node]:
         """The rest of this chunk's gradients; without overlap, ZeRO-2's whole micro-batch."""
         out = self._cut(mb, last)
-        if self.zero == 2 and self.deferred:
+        if self.every_microbatch and self.deferred:
             out += self.flush_deferred(last, mb)
         return out
 
