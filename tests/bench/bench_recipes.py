@@ -14,7 +14,7 @@ Nothing is fitted to a table; there is no timed assertion.
 Tables (`--table`):
 
 1. `llama3`: Llama 3 paper, Table 4 (405B on 8,192 and 16,384 H100; TFLOP/s per GPU).
-2. `torchtitan`: torchtitan paper / docs/performance.md, Tables 1-5 (tokens/s per GPU).
+2. `torchtitan`: torchtitan paper / docs/performance.md, Tables 1-6 (tokens/s per GPU).
 3. `bridge`: Megatron-Bridge / NeMo performance summary, dense Llama 3 / 3.1 rows of the 25.11
    and 26.02 containers on H100, B200, GB200 and GB300 (tokens/s per GPU).
 4. `megatron`: Megatron-LM's r0.8 weak-scaling table: its model table and MFU plot are

@@ -61,8 +61,10 @@ def llama(size: str, seq: int, dtype: str = "bf16", **extra: Any) -> dict[str, A
 # --- 1. Llama 3 paper, Table 4 --------------------------------------------------------------
 
 LLAMA3 = ("Llama Team, \"The Llama 3 Herd of Models\", arXiv 2407.21783 (2024), Table 4; "
-          "figures checked against Balaji's SC'24 slide as transcribed at "
-          "glennklockwood.com/garden/llama-3.1 (read 2026-12-04)")
+          "GPUs, TP/CP/PP, 16M-token batches and TFLOP/s checked against Balaji's SC'24 slide "
+          "as transcribed at glennklockwood.com/garden/llama-3.1 (read 2026-12-04)")
+"""The paper's own text is not in the search corpora: §3.3's statements below (and the 128K
+row's sequence) are entered from the paper as read, not checked there."""
 
 LLAMA3_CLUSTER: dict[str, Any] = {
     # §3.3.1: H100 80GB at 700 W TDP (dgx-h100's accelerator) on Meta's RoCE fabric: a ToR
@@ -167,6 +169,18 @@ TITAN_3D: dict[str, Any] = {
     "recompute": "full", "reshard_after_forward": False, "grad_sync": "step",
 }
 TITAN_405B = llama("405b", 8192, "fp8", fp8_recipe="tensorwise", kernels="compiled")
+
+
+def titan_4d(dp: int, cp: int, tps: float) -> Row:
+    """Table 6: 405B on 512 GPUs, TP 8 x PP 8 (1F1B, 8 micro-batches of 1) x FSDP x CP,
+    local batch 8, full checkpointing, compile + Float8 + AsyncTP, CP's K/V all-gathered."""
+    seq = 32768 * cp
+    parallel = {**TITAN_3D, "dp": dp, "cp": cp, "cp_comm": "all_gather", "micro_batch": 1,
+                "global_batch": 8 * dp, "pp_first_layers": 15, "pp_last_layers": 15}
+    model = {**TITAN_405B, "seq_len": seq}
+    return titan(f"405B 4D FSDP {dp} CP {cp}, seq {seq}", "Table 6", model, parallel, tps)
+
+
 TITAN_70B = llama("70b", 8192, "fp8", fp8_recipe="tensorwise", kernels="compiled")
 
 TORCHTITAN_ROWS = [
@@ -190,6 +204,7 @@ TORCHTITAN_ROWS = [
     titan("405B 3D interleaved, 512 GPUs", "Table 5", TITAN_405B,
           {**TITAN_3D, "micro_batch": 2, "vp": 2, "schedule": "interleaved",
            "pipeline_layout": "Et*7|" + "t*8|" * 14 + "t*7L"}, 128),
+    titan_4d(8, 1, 76), titan_4d(4, 2, 47), titan_4d(2, 4, 31), titan_4d(1, 8, 16),
 ]
 
 
