@@ -163,8 +163,10 @@ def titan_cp(dp: int, cp: int, tps: float) -> Row:
 TITAN_3D: dict[str, Any] = {
     # Table 5: FSDP 8 x TP 8 x PP 8, local batch 32 (global 256), full checkpointing,
     # compile + Float8 + AsyncTP (TP's collectives overlapped with its GEMMs: tp_comm_overlap).
-    # With PP torchtitan keeps parameters unsharded after forward (no per-micro-batch
-    # gathers) and the pipeline schedule syncs gradients on the last backward only.
+    # With PP torchtitan keeps parameters unsharded after forward ("to avoid per-microbatch
+    # all-gathers": parallelize_llama.apply_fsdp) and torch.distributed.pipelining reduces
+    # FSDP gradients on the last backward only (stage.backward_maybe_with_nosync:
+    # set_requires_gradient_sync(last_backward)).
     "tp": 8, "pp": 8, "dp": 8, "sp": True, "tp_comm_overlap": True, "global_batch": 256,
     "recompute": "full", "reshard_after_forward": False, "grad_sync": "step",
 }
