@@ -7,13 +7,13 @@ import dataclasses
 
 import pytest
 
-from traces.header_json import meta_to_json
+from traces.errors import ConfigError
 from traces.header import TraceMeta
+from traces.header_json import meta_to_json
 from traces.kernels import layer_kernels
 from traces.model import ModelSpec
 from traces.purpose import Kernel
 from traces.stack import launch_counts, restack
-from traces.errors import ConfigError
 
 K = Kernel
 LLAMA = ModelSpec(layers=2, hidden=4096, heads=32, kv_heads=8, seq_len=2048, vocab=128256,
@@ -107,3 +107,4 @@ def test_a_stack_outside_the_three_is_refused_in_one_line():
     with pytest.raises(ConfigError, match=r"^model.kernels: 'jit' is not one of fused, "
                                           r"compiled, eager$"):
         dataclasses.replace(LLAMA, kernels="jit")
+
