@@ -258,6 +258,9 @@ def test_a_number_of_5000_digits_is_named_as_such_not_as_a_python_limit(capsys, 
     (SMALL, {"cluster": {"gpu_power": '"700 watts"'}}, "'700 watts' is not a power (write e.g."),
     (SMALL, {"cluster": {"gpu_power": '"1e9kW"'}}, "'1e9kW' is more than the 10000 W any"),
     (TPU, {"cluster": {"gpu_power": '"200W"'}}, "cluster.gpu_power: TPU-v4 has no published"),
+    (SMALL, {"model": {"kernels": '"jit"'}},
+     "model.kernels: 'jit' is not one of fused, compiled, eager"),
+    (SMALL, {"model": {"kernels": "1"}}, "model.kernels: 1 is not one of fused, compiled, eager"),
 ])
 def test_values_that_gave_silent_wrong_answers(capsys, write, base, edits, needle):
     refused(capsys, needle, "simulate", write(toml(base, **edits)))
