@@ -15,7 +15,9 @@ compiled  torch.compile (inductor, torchtitan compiles each block): each chain o
           kernel, so ln2 writes its output without reading the sum back (its launch is bda1's);
           RoPE is one kernel over the [q | k | v] tensor; SwiGLU's silu·mul and GeLU one each,
           as fused; bias-dropout-add one (none in backward without bias and dropout, as in
-          eager); sdpa stays an external kernel fed by eager's grouped-query copies.
+          eager); sdpa stays an external kernel fed by eager's grouped-query copies, and the
+          final norm, outside the blocks torchtitan compiles (apply_compile wraps each
+          TransformerBlock), runs eager.
 
 Each plan op keeps its kernel (`traces.purpose.Kernel`) in every stack: the executor runs the
 same ops, and a restacked kernel states its launches (`KernelWork.launches`), which the compute
@@ -119,6 +121,8 @@ def _compiled(model: ModelSpec, w: KernelWork, b: int, t: int, sp: bool
     e = model.dtype_bytes
     n = b * (model.seq_len // t if sp else model.seq_len) * model.hidden
     name = w.name
+    if name is K.FINAL_LN or name is K.FLASH_ATTN and not model.mla:
+        return _eager(model, w, b, t, sp)  # outside the compiled blocks; sdpa is external
     if name in NORMS:
         bwd = (("norm_backward", (4 if NORMS[name] else 3) * n * e),)
         if name is K.LN2:  # in bda1's kernel: writes its output, reads nothing back
@@ -129,8 +133,6 @@ def _compiled(model: ModelSpec, w: KernelWork, b: int, t: int, sp: bool
         qkv = b * s * (model.heads + 2 * model.kv_heads) // t * d
         both = (2 * qkv + 2 * s * d) * e
         return (("rope", both),), (("rope_backward", both),)
-    if name is K.FLASH_ATTN and not model.mla:
-        return _eager(model, w, b, t, sp)
     if name in (K.BDA1, K.BDA2):
         idle = not model.bias and not model.dropout
         return (("bda", w.mem_bytes),), () if idle else (("bda_backward", w.bwd_bytes),)

@@ -108,3 +108,10 @@ def test_a_stack_outside_the_three_is_refused_in_one_line():
                                           r"compiled, eager$"):
         dataclasses.replace(LLAMA, kernels="jit")
 
+
+
+def test_compiled_runs_the_final_norm_eager_outside_the_compiled_blocks():
+    counts = launch_counts(dataclasses.replace(LLAMA, kernels="compiled"))
+    assert counts is not None
+    assert (counts[("final_ln", False)], counts[("final_ln", True)]) == (6, 14)  # no residual
+    assert (counts[("ln1", False)], counts[("ln1", True)]) == (1, 1)
