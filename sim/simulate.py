@@ -24,6 +24,7 @@ from traces.layout import Layout, Recompute
 from traces.ops import Trace
 from traces.pipeline import layout_schedule
 from traces.plan import build
+from traces.stack import launch_counts
 
 GiB = 2**30
 
@@ -56,7 +57,7 @@ def predict(exp: Experiment, *, fold: bool = True, progress: Progress | None = N
     if speeds is None and not exp.cluster.variability.ideal:
         speeds = expected_speeds(exp.cluster.variability, exp.layout, plan.ranks,
                                  exp.cluster.devices_per_server)
-    compute = ComputeModel(exp.cluster.accelerator, exp.profile)
+    compute = ComputeModel(exp.cluster.accelerator, exp.profile, launch_counts(exp.model))
     interference = interference_for(exp.cluster, exp.profile, compute)
 
     def run(stretch: Mapping[int, float] | None, bar: Progress | None) -> StepTimes:

@@ -249,6 +249,18 @@ def test_a_number_of_5000_digits_is_named_as_such_not_as_a_python_limit(capsys, 
     (SMALL, {"parallel": {"zero": "1.0"}}, "parallel.zero: 1.0 must be 0, 1, 2 or 3"),
     (SMALL, {"cluster": {"fabric": '"fat-tree"', "tiers": "2.0"}},
      "cluster.tiers: 2.0 is not one of 2, 3"),
+    (SMALL, {"cluster": {"gpu_power": '"500W"'}}, "cluster.gpu_power: '500W' is outside "
+     "H100-SXM5-80GB's measured range (700 W, its TDP 700 W): its sustained clock is not "
+     "extrapolated"),
+    (SMALL, {"cluster": {"gpu_power": "inf"}}, "cluster.gpu_power: inf is not a finite number"),
+    (SMALL, {"cluster": {"gpu_power": "nan"}}, "cluster.gpu_power: nan is not a finite number"),
+    (SMALL, {"cluster": {"gpu_power": '"-5W"'}}, "cluster.gpu_power: '-5W' is not a power"),
+    (SMALL, {"cluster": {"gpu_power": '"700 watts"'}}, "'700 watts' is not a power (write e.g."),
+    (SMALL, {"cluster": {"gpu_power": '"1e9kW"'}}, "'1e9kW' is more than the 10000 W any"),
+    (TPU, {"cluster": {"gpu_power": '"200W"'}}, "cluster.gpu_power: TPU-v4 has no published"),
+    (SMALL, {"model": {"kernels": '"jit"'}},
+     "model.kernels: 'jit' is not one of fused, compiled, eager"),
+    (SMALL, {"model": {"kernels": "1"}}, "model.kernels: 1 is not one of fused, compiled, eager"),
 ])
 def test_values_that_gave_silent_wrong_answers(capsys, write, base, edits, needle):
     refused(capsys, needle, "simulate", write(toml(base, **edits)))

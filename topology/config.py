@@ -7,6 +7,8 @@
     nic_bandwidth = "400Gb/s"
     sharp = true             # the InfiniBand switches reduce in the network (SHARP): NCCL may
                              # run CollNet across nodes; default false (switched presets only)
+    gpu_power = "500W"       # the board power limit: the SM clock sustained there
+                             # (topology.power); default the preset's TDP
 
 Reading and building are two steps: `read_cluster(table)` checks every key (type, bounds, that
 it applies to this preset and fabric) and returns a `ClusterSpec` that knows its size without
@@ -31,6 +33,7 @@ import networkx as nx
 from topology.builder import GraphBuilder
 from topology.cluster import Accelerator, Cluster
 from topology.fabric import FatTree, FatTreeSpec, Rails
+from topology.power import read_gpu_power
 from topology.presets import PRESETS, Preset
 from topology.server import ServerSpec, add_server
 from topology.torus import Torus, TorusSpec
@@ -60,7 +63,7 @@ MAX_OVERSUBSCRIPTION = 64.0
 
 # Keys by what they apply to; the order is the order of the error message's list.
 COMMON_KEYS = ("preset", "nodes", "fabric", "gpus_per_node", "gpu_peak_tflops", "gpu_memory",
-               "hbm_bandwidth", "jitter", "slow_nodes", "slow_factor")
+               "hbm_bandwidth", "gpu_power", "jitter", "slow_nodes", "slow_factor")
 SERVER_KEYS = ("nvlink_bandwidth", "nvlink_efficiency", "nvlink_latency", "nics_per_node",
                "nic_bandwidth", "nic_efficiency", "pcie_bandwidth", "pcie_latency",
                "switch_latency", "sharp")
@@ -235,6 +238,10 @@ def _check_size(nodes: int, gpus: int, where: str) -> None:
 
 
 def _accelerator(base: Accelerator, fields: Fields) -> Accelerator:
+    """The preset's accelerator with the table's overrides; `gpu_power` (`topology.power`)
+    sets the clock it sustains."""
+    if "gpu_power" in fields:
+        base = read_gpu_power(fields.table["gpu_power"], base, fields.name("gpu_power"))
     tflops = fields.number("gpu_peak_tflops", base.peak_flops / 1e12, minimum=MIN_TFLOPS,
                            maximum=MAX_TFLOPS, unit=" TFLOP/s")
     return dataclasses.replace(

@@ -14,6 +14,7 @@ Quantum switches, plus cable).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from topology.cluster import Accelerator
@@ -115,6 +116,57 @@ GB200 = Accelerator(
     sustained_clock_MHz=round(2062 * B200_SUSTAINED_RATIO),
     # an assumption as B200's: 64 INT32 lanes per SM, at the sustained clock
     int32_ops_per_s=148 * 64 * round(2062 * B200_SUSTAINED_RATIO) * 1e6,
+)
+H100_96GB = Accelerator(
+    name="H100-SXM5-96GB",
+    # torchtitan (Liang et al., arXiv 2410.06511, and its docs/performance.md): Meta's Grand
+    # Teton H100s, "96GB HBM2e with 2.4 TB/sec peak memory bandwidth", "the default 500W power
+    # limit"; the paper: "non-standard ... HBM2e and ... limited to a lower TDP". The H100 die.
+    peak_flops=989.4e12,  # as H100 SXM: 132 SMs x 4096 dense FLOP/clk x 1830 MHz
+    memory_bytes=96e9,  # torchtitan docs/performance.md: 96GB HBM2e
+    hbm_bandwidth_Bps=2.4e12,  # torchtitan docs/performance.md: 2.4 TB/sec
+    compute_units=132,  # the H100 SXM5 die: 132 SMs
+    peak_flops_fp8=1978.9e12,  # as H100 SXM: FP8 dense twice BF16
+    peak_clock_MHz=1830,  # as H100 SXM
+    # no published soak measurement at 500 W: an upper bound, H100's 700 W figure (mamf-finder
+    # MSMF, see H100_SXM); topology.power refuses any other gpu_power for it
+    sustained_clock_MHz=1450,
+    int32_ops_per_s=132 * 64 * 1450e6,  # as H100 SXM: 64 INT32 lanes per SM
+)
+# Blackwell Ultra (B300): NVIDIA's "Inside NVIDIA Blackwell Ultra" (developer blog, 2025):
+# 160 SMs over two dies, 288 GB HBM3e, 8 TB/s. BF16 per clock as Blackwell's 8192 dense FLOP a
+# clock an SM (B200 above), so a dense peak implies its tensor clock: peak / (160 x 8192).
+B300 = Accelerator(
+    name="B300-SXM-288GB",
+    # DGX B300 data sheet: 72 PFLOPS FP8 training for 8 GPUs = 9 PF each with sparsity, 4.5 PF
+    # dense; BF16 half of FP8: 2.25 PF dense (FP4: 144 PF sparse, 108 PF dense for 8 GPUs)
+    peak_flops=2.25e15,
+    peak_flops_fp8=4.5e15,
+    fp8_block_scaling=True,
+    memory_bytes=288e9,  # DGX B300 data sheet: 2.3 TB HBM3e for 8 GPUs (288 GB each)
+    hbm_bandwidth_Bps=8e12,  # Blackwell Ultra blog: 8 TB/s HBM3e per GPU
+    compute_units=160,  # Blackwell Ultra blog: 160 SMs
+    peak_clock_MHz=2.25e15 / (160 * 8192) / 1e6,  # 1716.6 MHz: the dense BF16 peak's clock
+    # no published soak measurement of B300: an assumption, B200's measured sustained ratio
+    sustained_clock_MHz=2.25e15 / (160 * 8192) / 1e6 * B200_SUSTAINED_RATIO,
+    # an assumption as B200's: 64 INT32 lanes per SM, at the sustained clock
+    int32_ops_per_s=160 * 64 * 2.25e15 / (160 * 8192) * B200_SUSTAINED_RATIO,
+)
+GB300 = Accelerator(
+    name="GB300-288GB",
+    # GB300 NVL72 spec (nvidia.com/data-center/gb300-nvl72): FP8 720 PFLOPS and FP16/BF16 360
+    # PFLOPS with sparsity for 72 GPUs: 10 and 5 PF each, half of it dense (FP4: 1,080 PF dense)
+    peak_flops=2.5e15,
+    peak_flops_fp8=5e15,
+    fp8_block_scaling=True,
+    memory_bytes=288e9,  # GB300 NVL72 spec: 288 GB HBM3e per GPU (20 TB for 72)
+    hbm_bandwidth_Bps=8e12,  # GB300 NVL72 spec: 576 TB/s for 72 GPUs
+    compute_units=160,  # Blackwell Ultra blog: 160 SMs
+    peak_clock_MHz=2.5e15 / (160 * 8192) / 1e6,  # 1907.3 MHz: the dense BF16 peak's clock
+    # no published soak measurement of GB300: an assumption, B200's measured sustained ratio
+    sustained_clock_MHz=2.5e15 / (160 * 8192) / 1e6 * B200_SUSTAINED_RATIO,
+    # an assumption as B200's: 64 INT32 lanes per SM, at the sustained clock
+    int32_ops_per_s=160 * 64 * 2.5e15 / (160 * 8192) * B200_SUSTAINED_RATIO,
 )
 TPU_V4 = Accelerator(
     name="TPU-v4",
@@ -239,6 +291,45 @@ GB200_NVL72 = Preset(
     switch_radix=64,  # Quantum-2 QM9700 NDR
 )
 
+# DeepSeek-V3's cluster (technical report §3.1): H800 nodes of 8 GPUs on NVLink and NVSwitch,
+# InfiniBand across nodes, "eight 400G Infiniband (IB) CX7 NICs" a node (Zhao et al., "Insights
+# into DeepSeek-V3", ISCA'25). The H800 SXM is the H100 SXM die, data sheet figures for BF16 and
+# FP8 and HBM3 unchanged, with NVLink cut to 400 GB/s both ways (8 of NVLink 4's 18 links).
+DGX_H800 = Preset(
+    name="dgx-h800",
+    accelerator=H100_SXM,
+    server=dataclasses.replace(DGX_H100.server, nvlink_Bps=200e9),  # 8 links x 25 GB/s a way
+    fabric="fat-tree",
+    switch_radix=64,  # Quantum-2 QM9700 NDR switch: 64 ports of 400 Gb/s
+)
+# torchtitan's cluster (docs/performance.md): Grand Teton hosts of 8 H100s "fully connected
+# with NVLink" (NVLink 4, as DGX H100), "400 Gb/s per GPU" RDMA between hosts, 500 W GPUs.
+H100_96GB_POD = Preset(
+    name="h100-96gb",
+    accelerator=H100_96GB,
+    server=DGX_H100.server,
+    fabric="fat-tree",
+    switch_radix=64,  # not stated (a RoCE fabric): Quantum-2's 64 ports of 400 Gb/s assumed
+)
+# Blackwell Ultra. DGX B300 data sheet: NVLink 5, 14.4 TB/s aggregate for 8 GPUs (1.8 TB/s each
+# both ways), "8x OSFP ports serving 8x single-port NVIDIA ConnectX-8 VPI, up to 800Gb/s".
+DGX_B300 = Preset(
+    name="dgx-b300",
+    accelerator=B300,
+    server=dataclasses.replace(DGX_B200.server, nic_Bps=800e9 / 8),  # ConnectX-8: 800 Gb/s
+    fabric="fat-tree",
+    switch_radix=144,  # Quantum-X800 Q3400 XDR switch: 144 ports of 800 Gb/s
+)
+# GB300 NVL72 spec: 72 GPUs on one NVLink 5 domain, 130 TB/s (1.8 TB/s each both ways), and a
+# ConnectX-8 SuperNIC of 800 Gb/s per GPU; one rack is one "server" as GB200 NVL72's.
+GB300_NVL72 = Preset(
+    name="gb300-nvl72",
+    accelerator=GB300,
+    server=dataclasses.replace(GB200_NVL72.server, nic_Bps=800e9 / 8),
+    fabric="fat-tree",
+    switch_radix=144,  # Quantum-X800 Q3400 XDR switch: 144 ports of 800 Gb/s
+)
+
 TPU_V4_POD = Preset(
     name="tpu-v4",
     accelerator=TPU_V4,
@@ -277,5 +368,6 @@ LOCALHOST = Preset(
     max_gpus_per_node=8,
 )
 
-PRESETS: dict[str, Preset] = {p.name: p for p in (DGX_A100, DGX_H100, DGX_H200, DGX_B200,
-                                                  GB200_NVL72, TPU_V4_POD, LOCALHOST)}
+PRESETS: dict[str, Preset] = {p.name: p for p in (
+    DGX_A100, DGX_H100, DGX_H200, DGX_B200, GB200_NVL72, DGX_H800, H100_96GB_POD, DGX_B300,
+    GB300_NVL72, TPU_V4_POD, LOCALHOST)}

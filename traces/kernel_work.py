@@ -35,6 +35,10 @@ class KernelWork:
     forward draws them again), timed on the integer lanes (`sim.models.compute`)."""
     bwd_draws: float = 0.0
     """Random numbers the backward draws (flash attention regenerates its dropout mask)."""
+    launches: tuple[int, int] | None = None
+    """(forward, backward) device kernels a software stack launches for it (`traces.stack`);
+    None: the fused stack's one each (a GEMM's backward two). A stated count keeps the op in
+    both phases even where the stack launches nothing (autograd's add passes gradients on)."""
 
 
 def gemm_kernel(name: Kernel, gemm: Gemm, e: int, grad_bytes: int, weights: bool = True

@@ -54,6 +54,8 @@ DTYPES = (*DTYPE_BYTES, "fp8")
 bf16 communication and bf16 mixed-precision optimizer (its data dtype is bf16)."""
 FFNS = ("gelu", "swiglu")
 NORMS = ("layernorm", "rmsnorm")
+STACKS = ("fused", "compiled", "eager")
+"""`model.kernels`: the software stack's kernels for a block (`traces.stack`)."""
 POSITIONS = ("learned", "rope")
 FP8_RECIPES = ("delayed", "mxfp8")
 """Transformer Engine's FP8 recipes (`traces.fp8`): per-tensor delayed scaling (Hopper) and
@@ -133,6 +135,9 @@ class ModelSpec:
     """0: balanced routing; > 0: expert popularity Zipf-distributed with this exponent."""
     routing_seed: int = 0
     """Seed of each MoE layer's permutation of expert popularity."""
+    kernels: str = "fused"
+    """The software stack's kernels (`traces.stack`): "fused" (Megatron-Core / Transformer
+    Engine), "compiled" (torch.compile's inductor) or "eager" (eager PyTorch, the executor's)."""
 
     def __post_init__(self) -> None:
         for name in ("layers", "hidden", "heads", "seq_len", "vocab"):
@@ -146,7 +151,7 @@ class ModelSpec:
             raise ConfigError(f"model.ffn_hidden: {show(self.ffn_hidden)} must be a positive "
                               f"integer up to {MAX_DIMS['ffn_hidden']:,} (or 0 for 4 * hidden)")
         for name, choices in (("ffn", FFNS), ("norm", NORMS), ("position", POSITIONS),
-                              ("dtype", DTYPES)):
+                              ("dtype", DTYPES), ("kernels", STACKS)):
             value = getattr(self, name)
             if not isinstance(value, str) or value not in choices:
                 raise ConfigError(f"model.{name}: {show(value)} is not one of "

@@ -96,6 +96,22 @@ def parse_time(text: object, field: str = "time") -> float:
         raise ConfigError(f"{field}: {show(text)} must not be negative")
     return value
 
+_POWER = re.compile(r"^\s*(\d+(?:\.\d+)?(?:e[+-]?\d+)?)\s*(k?)W\s*$")
+
+
+def parse_power(text: object, field: str = "power") -> float:
+    """'500W', '500 W', '1.4kW' -> watts; a bare number is already watts. Positive, finite."""
+    if _is_number(text):
+        assert isinstance(text, int | float)
+        value = _finite(text, text, field)
+    else:
+        match = _match(_POWER, text, field, "a power (write e.g. 500W or 1.4kW)")
+        value = _finite(float(match[1]) * (1e3 if match[2] else 1.0), text, field)
+    if not value > 0:
+        raise ConfigError(f"{field}: {show(text)} must be a positive power")
+    return value
+
+
 MAX_STEP_SECONDS = 86_400.0
 """A day: the bound on a time in a trace (an op's start and end, seconds from the trace's
 origin). No training step runs for a day; a later time is a corrupt or hostile file."""

@@ -135,7 +135,15 @@ def execute(exp: Experiment, staged: StagedDir, steps: int, warmup: int, timeout
         "losses": result.losses,
         "peak_memory_bytes": {str(r): b for r, b in sorted(result.peak_memory_bytes.items())},
         "files": [str(_moved(f, staged, torchrun)) for f in result.files],
+        **ran_kernels(exp),
     }
+
+
+def ran_kernels(exp: Experiment) -> dict[str, str]:
+    """The software stack the executor ran: always eager PyTorch (`traces.stack`), said where
+    the config states a stack ([model] kernels), so a default run's summary is as it was."""
+    return {} if exp.model.kernels == "fused" else {"kernels": "eager",
+                                                    "plan_kernels": exp.model.kernels}
 
 
 def _commit(staged: StagedDir, torchrun: bool, wrote: bool) -> None:
@@ -162,4 +170,7 @@ def summary_text(summary: dict[str, Any]) -> str:
         f"  peak memory         {peak / 2**20:.1f} MiB on the fullest rank",
         "  traces              " + ", ".join(summary["files"]),
     ]
+    if "kernels" in summary:
+        lines.append(f"  kernels             {summary['kernels']} PyTorch (the plan's: "
+                     f"{summary['plan_kernels']})")
     return "\n".join(lines)

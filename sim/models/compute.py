@@ -20,17 +20,18 @@ bandwidth, and draws `draws` random numbers (dropout's masks) on the integer lan
 PHILOX_INT_OPS_PER_DRAW instructions each at the accelerator's `int32_ops_per_s`. The times
 combine as (t_compute^p + t_int^p + t_memory^p)^(1/p) (p = `roofline_exponent`): a clearly
 compute- or memory-bound kernel costs its larger time, but one near the ridge point does not
-hide one under the other for free. Each kernel launch adds
-`launch_overhead_s`. A measured op (one with start/end, from a real run) keeps its measured
-duration. A plan's op is costed as its kernel (its purpose's, `traces.purpose.KernelRun`),
-which the profile may tune; an op imported from elsewhere (no purpose) by its name. A GEMM
-chunk of tp_comm_overlap (`GemmChunk`, in any phase) is one GEMM of its own shape: a fraction
-of the tokens of one product.
+hide one under the other for free. Each kernel launch adds `launch_overhead_s` (a software
+stack may launch several for one op, or none: `launches`). A measured op (one with start/end,
+from a real run) keeps its measured duration. A plan's op is costed as its kernel (its
+purpose's, `traces.purpose.KernelRun`), which the profile may tune; an op imported from
+elsewhere (no purpose) by its name. A GEMM chunk of tp_comm_overlap (`GemmChunk`, in any
+phase) is one GEMM of its own shape: a fraction of the tokens of one product.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from math import ceil
 
 from sim.profile import Profile
@@ -56,9 +57,15 @@ def draw_seconds(draws: float, accelerator: Accelerator) -> float:
 class ComputeModel:
     """Kernel durations for one accelerator and profile, cached per distinct kernel."""
 
-    def __init__(self, accelerator: Accelerator, profile: Profile) -> None:
+    def __init__(self, accelerator: Accelerator, profile: Profile,
+                 launches: Mapping[tuple[str, bool], int] | None = None) -> None:
         self.accelerator = accelerator
         self.profile = profile
+        self.launches = launches or {}
+        """Device kernels per (kernel, backward) where the model's software stack states them
+        (`traces.stack.launch_counts`: eager PyTorch's several for a norm, compiled's none
+        for an op fused into another's kernel); others launch their own one (a GEMM's
+        backward two)."""
         self._cache: dict[tuple[object, ...], float] = {}
         self._last: dict[int, tuple[object, ...]] = {}
         """Per purpose object (by id, the purpose kept so the id is never reused): the last
@@ -136,6 +143,7 @@ class ComputeModel:
             compute = _roofline(compute, integer, params.roofline_exponent)
         both = _roofline(compute, memory, params.roofline_exponent)
         overhead = params.launch_overhead_s if override.overhead_s is None else override.overhead_s
+        launches = self.launches.get((name, backward), launches)
         return both + launches * overhead
 
     def peak(self, fp8: bool = False) -> float:

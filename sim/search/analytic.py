@@ -50,6 +50,7 @@ from traces.pipeline import Action, ActionSchedule, gpipe, interleaved, one_f_on
 from traces.plan.optimizer import grad_stats_group
 from traces.plan.overlap import in_region, region_seconds
 from traces.purpose import Kernel, KernelRun
+from traces.stack import launch_counts
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -75,7 +76,7 @@ class Analytic:
                  network: NetworkMode = NetworkMode.FLOW,
                  algo: Algorithm = Algorithm.AUTO) -> None:
         self.model, self.cluster = model, cluster
-        self.compute = ComputeModel(cluster.accelerator, profile)
+        self.compute = ComputeModel(cluster.accelerator, profile, launch_counts(model))
         self.interference = interference_for(cluster, profile, self.compute)
         self.variability = cluster.variability
         self.collectives = Collectives(cluster)

@@ -23,6 +23,7 @@ from traces.ops import OpKind, OpRow, Phase, Stream, op_row, stamp
 from traces.pipeline import Action
 from traces.plan.nodes import Node, Program, RankContext
 from traces.purpose import EMBED, HEAD, Kernel, KernelRun, Unit
+from traces.stack import restack
 
 
 def lower_compute(ctx: RankContext, actions: list[Action]) -> Program:
@@ -59,7 +60,7 @@ class _StageKernels:
         g = ctx.grad_bytes
         self.ctx = ctx
         embed = embedding_kernels(model, b, t, sp, g)
-        head = head_kernels(model, b, t, sp, g)
+        head = restack(model, head_kernels(model, b, t, sp, g), b, t, sp)
         # One kernel list per distinct kind of layer: dense, MoE (per layer with skewed routing).
         self.runs: dict[object, tuple[list[OpRow], list[OpRow]]] = {}
         self.keys: dict[int, object] = {}
@@ -69,7 +70,8 @@ class _StageKernels:
                 moe = is_moe_layer(model, index)
                 key = self.keys[index] = (moe, index if moe and model.routing_skew else None)
                 if key not in self.runs:
-                    layer = moe_layer_kernels(model, b, t, sp, index, shard, g)
+                    layer = restack(model, moe_layer_kernels(model, b, t, sp, index, shard, g),
+                                    b, t, sp)
                     self.runs[key] = (_fields(_run(layer, Phase.FWD)), _fields(_layer_backward(
                         layer, layout.recompute, ATTENTION_CORE[model.attention])))
         self.embed_forward = _fields(_run(embed, Phase.FWD))
@@ -122,8 +124,8 @@ def _by_kind(layers: range, keys: dict[int, object]) -> list[tuple[object, tuple
 def _run(kernels: list[KernelWork], phase: Phase) -> Run:
     """The kernels that do work in `phase` (an FP8 cast runs in one phase only)."""
     backward = phase is Phase.BWD
-    return [(k, phase) for k in kernels
-            if (k.bwd_flops or k.bwd_bytes if backward else k.flops or k.mem_bytes)]
+    return [(k, phase) for k in kernels if k.launches is not None or
+            (k.bwd_flops or k.bwd_bytes if backward else k.flops or k.mem_bytes)]
 
 
 def _layer_backward(layer: list[KernelWork], recompute: Recompute, core: tuple[Kernel, ...]

@@ -1,0 +1,139 @@
+"""The software stack as an input: `[model] kernels = "fused" | "compiled" | "eager"`, the
+device kernels each stack launches for a transformer block's memory-bound kernels, with the
+HBM bytes of each; the GEMMs and their FLOPs are the same in every stack.
+
+fused     Megatron-Core with Transformer Engine (`traces.kernels`): one fused kernel per plan
+          kernel and phase (RMSNorm/LayerNorm, fused RoPE, flash attention on grouped K/V,
+          fused SwiGLU or bias-GeLU, fused bias-dropout-add). The default: plans are as before.
+eager     eager PyTorch, as the executor and torchtitan without torch.compile run a block: one
+          kernel per aten op, each a round trip through HBM (`traces.stack_eager` lists them,
+          forward and autograd's backward).
+compiled  torch.compile (inductor, torchtitan compiles each block): each chain of pointwise
+          ops and reductions between two GEMMs is one generated kernel. A norm is one kernel
+          (its backward one, with the residual's gradient sum fused in: read x, dy and the
+          residual's gradient, write dx: 4n); the residual add before ln2 and ln2 are one
+          kernel, so ln2 writes its output without reading the sum back (its launch is bda1's);
+          RoPE is one kernel over the [q | k | v] tensor; SwiGLU's silu·mul and GeLU one each,
+          as fused; bias-dropout-add one (none in backward without bias and dropout, as in
+          eager); sdpa stays an external kernel fed by eager's grouped-query copies, and the
+          final norm, outside the blocks torchtitan compiles (apply_compile wraps each
+          TransformerBlock), runs eager.
+
+Each plan op keeps its kernel (`traces.purpose.Kernel`) in every stack: the executor runs the
+same ops, and a restacked kernel states its launches (`KernelWork.launches`), which the compute
+model charges one launch overhead each (`launch_counts`, `sim.models.compute`). A kernel a
+stack does not change (a GEMM, latent attention's, MoE's, FP8's) keeps the fused figures.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from traces import stack_eager as eager
+from traces.kernel_work import KernelWork
+from traces.kernels import head_kernels, layer_kernels
+from traces.model import ModelSpec
+from traces.purpose import Kernel
+
+K = Kernel
+NORMS = {K.LN1: True, K.LN2: True, K.FINAL_LN: False}
+"""The norms, and whether their input is also the residual."""
+
+
+def restack(model: ModelSpec, works: list[KernelWork], b: int, t: int, sp: bool
+            ) -> list[KernelWork]:
+    """`works` (one micro-batch's kernels on one TP rank) as the model's stack runs them."""
+    if model.kernels == "fused":
+        return works
+    out = []
+    for work in works:
+        lists = stack_lists(model, work, b, t, sp)
+        out.append(work if lists is None else _with(work, lists))
+    return out
+
+
+def stack_lists(model: ModelSpec, work: KernelWork, b: int, t: int, sp: bool
+                ) -> eager.Lists | None:
+    """The launches (aten op, bytes) of `work` in the model's stack, forward and backward;
+    None where the stack runs the fused kernel's figures."""
+    if model.kernels == "eager":
+        return _eager(model, work, b, t, sp)
+    if model.kernels == "compiled":
+        return _compiled(model, work, b, t, sp)
+    return None
+
+
+def launch_counts(model: ModelSpec) -> dict[tuple[str, bool], int] | None:
+    """Device kernels per (kernel, backward) where the model's stack states them; None for the
+    fused stack (each op's own one launch, a GEMM's backward two). Counts do not depend on the
+    batch, TP or SP, so one small layer gives them."""
+    if model.kernels == "fused":
+        return None
+    works = restack(model, layer_kernels(model, 1, 1, False) + head_kernels(model, 1, 1, False),
+                    1, 1, False)
+    return {(str(w.name), backward): w.launches[backward]
+            for w in works if w.launches is not None for backward in (False, True)}
+
+
+def _with(work: KernelWork, lists: eager.Lists) -> KernelWork:
+    """`work` with the stack's bytes and launches (an op named "" moves bytes inside a kernel
+    another op launches: compiled ln2's output, written by bda1's kernel)."""
+    fwd, bwd = lists
+    return dataclasses.replace(work, mem_bytes=float(sum(x for _, x in fwd)),
+                               bwd_bytes=float(sum(x for _, x in bwd)),
+                               launches=(sum(1 for op, _ in fwd if op),
+                                         sum(1 for op, _ in bwd if op)))
+
+
+def _eager(model: ModelSpec, w: KernelWork, b: int, t: int, sp: bool) -> eager.Lists | None:
+    s, h, e = model.seq_len, model.hidden, model.dtype_bytes
+    tokens = b * (s // t if sp else s)
+    n = tokens * h
+    name = w.name
+    if name in NORMS:
+        if model.norm == "rmsnorm":
+            return eager.rmsnorm(n, tokens, e, NORMS[name])
+        return eager.layernorm(n, e, NORMS[name])
+    if name is K.ROPE and not model.mla:
+        d = model.head_dim
+        m = b * s * (model.heads + model.kv_heads) // t * d
+        return eager.rope(m, b * s * model.kv_heads // t * d, s * d, e)
+    if name is K.FLASH_ATTN and not model.mla:
+        return eager.flash(model, b * model.heads // t, b * model.kv_heads // t, s,
+                           (w.mem_bytes, w.bwd_bytes))
+    big_n = b * s * model.ffn_hidden / t
+    if name is K.SWIGLU:
+        return eager.swiglu(big_n, e)
+    if name is K.GELU:
+        return eager.gelu(big_n, e)
+    if name in (K.BDA1, K.BDA2):
+        return eager.bda(n, e, model.bias, model.dropout > 0)
+    scores = b * model.heads // t * s * s
+    if name is K.SOFTMAX and not model.mla:
+        return eager.softmax(scores, e)
+    if name is K.ATTN_DROPOUT:
+        return eager.dropout(scores, e)
+    return None
+
+
+def _compiled(model: ModelSpec, w: KernelWork, b: int, t: int, sp: bool
+              ) -> eager.Lists | None:
+    e = model.dtype_bytes
+    n = b * (model.seq_len // t if sp else model.seq_len) * model.hidden
+    name = w.name
+    if name is K.FINAL_LN or name is K.FLASH_ATTN and not model.mla:
+        return _eager(model, w, b, t, sp)  # outside the compiled blocks; sdpa is external
+    if name in NORMS:
+        bwd = (("norm_backward", (4 if NORMS[name] else 3) * n * e),)
+        if name is K.LN2:  # in bda1's kernel: writes its output, reads nothing back
+            return (("", n * e),), bwd
+        return (("norm", w.mem_bytes),), bwd
+    if name is K.ROPE and not model.mla:
+        s, d = model.seq_len, model.head_dim
+        qkv = b * s * (model.heads + 2 * model.kv_heads) // t * d
+        both = (2 * qkv + 2 * s * d) * e
+        return (("rope", both),), (("rope_backward", both),)
+    if name in (K.BDA1, K.BDA2):
+        idle = not model.bias and not model.dropout
+        return (("bda", w.mem_bytes),), () if idle else (("bda_backward", w.bwd_bytes),)
+    return None
