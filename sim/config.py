@@ -1,7 +1,8 @@
 """An experiment: a TOML file with [model], [parallel], [cluster] and optional [sim].
 
     [model]      layers, hidden, heads, seq_len, vocab, ffn_hidden, dtype, tied_embeddings,
-                 attention, kv_heads, ffn, norm, position, bias, dropout, fp8_recipe
+                 attention, kv_heads, ffn, norm, position, bias, dropout, fp8_recipe,
+                 head_dim, qk_norm (traces.heads)
     [parallel]   tp, pp, dp, vp, sp, zero, schedule, micro_batch, global_batch, recompute,
                  bucket_bytes, overlap_grad_reduce, fp32_main_grads, tp_comm_overlap,
                  overlap_param_gather, cp
