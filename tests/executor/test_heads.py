@@ -1,5 +1,6 @@
 """Issue 32 on two gloo ranks: a Qwen3-shaped block (heads of their own width, a·d = 48 on
-hidden 32, and per-head qk_norm) runs its real plan under TP, TP+SP and CP and trains as the
+hidden 32, and per-head qk_norm) runs its real plan under TP, TP+SP (with TE's overlap), CP
+and, with routed experts, EP over TP, and trains as the
 single-process reference; each rank's communication is its plan's (the qk_norm weights'
 partial gradients summed over TP, as Megatron-Core does); the GEMMs do the plan's FLOPs."""
 
@@ -27,6 +28,13 @@ WORLD2 = {
     "qwen3-layernorm-tp-selective": Case(dict(tp=2, global_batch=2, recompute="selective"),
                                          model=dict(QWEN3, norm="layernorm", bias=True)),
     "qwen3-cp2-ring": Case(dict(cp=2, global_batch=2), model=QWEN3),
+    # Transformer Engine's overlap: qkv's GEMM chunked beside its all-gather, then qk_norm
+    "qwen3-tp-sp-comm-overlap": Case(dict(tp=2, sp=True, global_batch=2, tp_comm_overlap=True),
+                                     model=QWEN3),
+    # Qwen3-MoE-shaped: qk_norm in a layer whose MLP is routed experts (EP 2 over TP 2)
+    "qwen3-moe-ep2-tp2-sp": Case(dict(tp=2, sp=True, ep=2, global_batch=2),
+                                 model=dict(QWEN3, experts=4, top_k=2, moe_ffn_hidden=24,
+                                            dense_layers=1)),
 }
 FLOPS = {"qwen3-tp-unfused": Case(dict(tp=2, global_batch=2),
                                   model=dict(QWEN3, attention="unfused"), steps=1)}
@@ -49,7 +57,8 @@ def test_qwen3_block_trains_as_the_reference(world2: dict, name: str) -> None:
     model, layout = case.specs()
     results = world2[name]
     check_training(model, layout, results,
-                   train(model, layout.global_batch, case.steps, OPTIONS.seed, ADAMW))
+                   train(model, layout.global_batch, case.steps, OPTIONS.seed, ADAMW,
+                         layout=layout))
     plan = build(model, layout)
     for rank, result in enumerate(results):
         assert call_sequences(result["calls"]) == plan_sequences(plan.ops[rank]), f"rank {rank}"
