@@ -24,8 +24,9 @@ once (weights of ad and gd, statistics over all heads): not modelled, as it woul
 statistics summed over TP. Per layer: 2d parameters with RMSNorm (4d with LayerNorm's
 biases), replicated on every TP rank; each rank's gradient covers only its heads, so
 Megatron-Core all-reduces them over TP in finalize_model_grads
-(_allreduce_layernorm_grads: names with q_layernorm or k_layernorm, with or without SP). Its
-kernel, forward and backward, and what its backward saves: `traces.kernels.qk_norm_kernel`,
+(_allreduce_layernorm_grads: names with q_layernorm or k_layernorm, with or without SP):
+the plan's `sp_grads` (`traces.plan.nodes`). Its kernel, forward and backward, is
+`qk_norm_kernel` below (a layer's kernels: `traces.kernels`); what its backward saves,
 `sim.models.memory`.
 """
 
