@@ -1,5 +1,6 @@
 """Issue 32, model shapes as published (`traces.heads`): a head width of its own and per-head
-q/k norms. Qwen3-8B's and Qwen3-32B's parameter counts from their config.json by hand; FLOPs
+q/k norms. Qwen3-8B's, Qwen3-32B's and Qwen3-235B-A22B's parameter counts from their config
+by hand; FLOPs
 equal to Megatron-LM's num_floating_point_operations with kv_channels; each changed kernel,
 activation and CP exchange by its formula; one-line errors; a default head_dim plans the very
 same trace as one stated as hidden / heads."""
@@ -71,6 +72,25 @@ def test_qwen3_32b_has_its_published_parameters():
     assert m.layer_params() == 487_598_336
     assert m.num_params() - 2 * m.vocab * m.hidden == 31_206_298_624
     assert m.num_params() == 32_762_123_264
+
+
+def test_qwen3_235b_a22b_has_its_published_total_and_active_parameters():
+    """Qwen3-235B-A22B's model card: 235B parameters, 22B activated, 234B without the
+    embeddings. Its config (h 4096, a 64 of d 128 so q is 8192 wide, g 4, 94 layers all MoE,
+    128 experts of 1536 top-8, no shared expert, V 151936, untied):
+        per layer   q 4096·8192 + k, v 2·4096·512 + o 8192·4096     =    71,303,168
+                    q_norm, k_norm 2·128 + two RMSNorms 2·4096      =         8,448
+                    router 128·4096                                 =       524,288
+                    experts 128·3·4096·1536                         = 2,415,919,104
+                                                                     = 2,487,755,008
+        94 layers + final norm 4,096 = 233,848,974,848 (234B) + 2·151936·4096
+        = 235,093,634,560; activated: 8 of the 128 experts, 235,093,634,560
+        - 94·120·18,874,368 = 22,190,763,520"""
+    m = qwen3(94, 4096, 64, 12288, kv_heads=4, experts=128, top_k=8, moe_ffn_hidden=1536)
+    assert m.layer_params(1, 0) == 2_487_755_008
+    assert m.num_params() - 2 * m.vocab * m.hidden == 233_848_974_848
+    assert m.num_params() == 235_093_634_560
+    assert m.active_params() == 22_190_763_520
 
 
 def test_tensor_parallel_splits_the_heads_and_replicates_qk_norm():
