@@ -39,6 +39,28 @@ def split_mla_qkv(qkv: torch.Tensor, heads: int, qk_dim: int, v_dim: int
                  for t in (q, k, v))
 
 
+def norm_heads(qkv: torch.Tensor, heads: int, kv_heads: int, params: tuple[torch.Tensor, ...],
+               rmsnorm: bool, eps: float) -> torch.Tensor:
+    """The [s, b, ...] qkv with each query and key head normalized over its d channels (qk_norm,
+    `traces.heads`): `params` the query heads' weight (and bias, LayerNorm), then the key
+    heads'; v as it is."""
+    s, b, width = qkv.shape
+    d = width // (heads + 2 * kv_heads)
+    q, k, v = qkv.split([heads * d, kv_heads * d, kv_heads * d], dim=-1)
+    half = len(params) // 2
+
+    def norm(x: torch.Tensor, n: int, w: torch.Tensor, *bias: torch.Tensor) -> torch.Tensor:
+        x = x.reshape(s, b, n, d)
+        if rmsnorm:  # x / sqrt(mean(x²) + ε) · w, as the other RMSNorms
+            y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+        else:
+            y = F.layer_norm(x, (d,), w, bias[0], eps)
+        return y.reshape(s, b, n * d)
+
+    return torch.cat([norm(q, heads, *params[:half]), norm(k, kv_heads, *params[half:]), v],
+                     dim=-1)
+
+
 def merge_heads(ctx_heads: torch.Tensor) -> torch.Tensor:
     """[b, heads, s, d] -> [s, b, heads*d]."""
     b, n, s, d = ctx_heads.shape

@@ -37,7 +37,9 @@ class Bucket:
         return self.end - self.start
 
 
-TP_PARTIAL = frozenset({"mla_down.weight", "q_norm.weight", "kv_norm.weight"})
+TP_PARTIAL = frozenset({"mla_down.weight", "q_norm.weight", "kv_norm.weight",
+                        "q_layernorm.weight", "q_layernorm.bias", "k_layernorm.weight",
+                        "k_layernorm.bias"})
 """Latent attention's replicated tensors: each TP rank back-propagates only its heads' share
 into them, so their gradients are summed over TP even without SP (`traces.plan.nodes`)."""
 
@@ -73,7 +75,8 @@ class FlatLayout:
 
     def sp_ranges(self) -> list[tuple[int, int]]:
         """Flat ranges of the parameters every TP rank holds whole whose gradient is partial:
-        under SP all of them; without, latent attention's replicated projection and norms."""
+        under SP all of them; without, latent attention's replicated projection and norms and
+        qk_norm's weights (`traces.heads`)."""
         return [self.param_range[(u, s.name)] for u in self.units for s in self.specs[u]
                 if s.sp_partial and (self.layout.sp or s.name in TP_PARTIAL)]
 

@@ -10,7 +10,8 @@ Slots (scope, name): scope is a layer index, "E" (embedding), "H" (head) or "D" 
 reads (i, "x") and writes (i + 1, "x"), so a stage's output and the next stage's input, and
 their gradients, share one key.
 
-    ln1 x->a1  qkv a1->qkv (a1->qkv_raw  rope qkv_raw->qkv with rotary positions)
+    ln1 x->a1  qkv a1->qkv (a1->qkv_raw  rope qkv_raw->qkv with rotary positions; with
+    qk_norm a1->qkv_n  qk_norm qkv_n->qkv_raw, or ->qkv without rope)
     latent attention instead: mla_down a1->lat  latent_norm lat->latn  q_up latn (or a1)->q_raw
     kv_up latn->kv  rope (q_raw, kv, latn)->qkv, qkv = [q | k | v] of a/t heads each
     flash_attn qkv->ctx | qk qkv->scores  softmax ->probs
@@ -38,6 +39,7 @@ from executor.attention import (
     core_attention,
     expand_kv,
     merge_heads,
+    norm_heads,
     rope_qkv,
     rope_tables,
     scale,
@@ -185,6 +187,10 @@ def _mla_rope(ctx: KernelContext, q_raw: torch.Tensor, kv: torch.Tensor, latn: t
     return (torch.cat([t.reshape(s, b, -1) for t in (q, k, v)], dim=-1),)
 
 
+def _qk_norm(ctx: KernelContext, qkv: torch.Tensor, *w: torch.Tensor) -> tuple[torch.Tensor]:
+    return (norm_heads(qkv, ctx.heads, ctx.kv_heads or ctx.heads, w, ctx.rmsnorm, LN_EPS),)
+
+
 def _rope(ctx: KernelContext, qkv: torch.Tensor) -> tuple[torch.Tensor]:
     """Rotary positions at the tokens' global positions (under CP, the rank's two chunks)."""
     positions = local_positions(qkv.shape[0] * ctx.cp, ctx.cp, ctx.cp_rank) \
@@ -322,8 +328,8 @@ def _k(name: str, inputs: str, outputs: str, params: str, fn: Callable[..., tupl
 
 @cache
 def kernel_table(*, bias: bool = True, rmsnorm: bool = False, rope: bool = False,
-                 mla: bool = False, q_lora: bool = False, dropout: bool = True
-                 ) -> dict[Kernel, TorchKernel]:
+                 mla: bool = False, q_lora: bool = False, dropout: bool = True,
+                 qk_norm: bool = False) -> dict[Kernel, TorchKernel]:
     """The torch kernels of a model with these options (`table_of` reads them off a model);
     `mla`: latent attention's rope, `q_lora`: its query compressed (q_up reads c_q);
     without `dropout` the plan runs no attn_dropout, so softmax writes what av reads."""
@@ -335,7 +341,10 @@ def kernel_table(*, bias: bool = True, rmsnorm: bool = False, rope: bool = False
 
     return {k.name: k for k in (
         _k("ln1", "x", "a1", p("ln1.weight", f"ln1.{norm_bias}"), _ln),
-        _k("qkv", "a1", "qkv_raw" if rope else "qkv", p("qkv.weight", f"qkv.{b}"), _linear),
+        _k("qkv", "a1", "qkv_n" if qk_norm else "qkv_raw" if rope else "qkv",
+           p("qkv.weight", f"qkv.{b}"), _linear),
+        _k("qk_norm", "qkv_n", "qkv_raw" if rope else "qkv", p(*(
+            f"{x}_layernorm.{w}" for x in "qk" for w in ("weight", norm_bias))), _qk_norm),
         _k("rope", "qkv_raw", "qkv", "", _rope) if not mla else
         _k("rope", "q_raw kv latn", "qkv", "", _mla_rope),
         _k("mla_down", "a1", "lat", "mla_down.weight", _linear),
@@ -366,7 +375,7 @@ def kernel_table(*, bias: bool = True, rmsnorm: bool = False, rope: bool = False
 
 def table_of(model: ModelSpec) -> dict[Kernel, TorchKernel]:
     return kernel_table(bias=model.bias, rmsnorm=model.norm == "rmsnorm",
-                        rope=model.position == "rope", mla=model.mla,
+                        rope=model.position == "rope", mla=model.mla, qk_norm=model.qk_norm,
                         q_lora=model.q_lora_rank > 0, dropout=model.dropout > 0)
 
 

@@ -18,6 +18,10 @@ model from one seed — each unit from its own generator, so a rank only makes t
     row-parallel     proj, fc2 (input columns)
     replicated       layer norms, proj and fc2 biases, positions (partial gradients under SP)
 
+qk_norm (`traces.heads`) adds q_layernorm.weight and k_layernorm.weight (and their biases
+with LayerNorm) after qkv's, replicated: each rank's gradient covers only its heads, so it is
+partial over TP with or without SP (Megatron-Core's names, whose gradients it all-reduces).
+
 Latent attention (`traces.mla`) has mla_down.weight, q_norm.weight (with q_lora_rank),
 kv_norm.weight (replicated: their gradients are partial over TP, each rank back-propagating its
 heads), q_up.weight and kv_up.weight (column-parallel by heads) and proj.weight of a·d_v
@@ -96,11 +100,12 @@ def unit_specs(model: ModelSpec, layout: Layout, unit: Unit, pp_rank: int) -> li
         if holds_output_weights(model, layout, pp_rank):
             forward.append(ParamSpec("output", (V // t, h), True))
     else:
-        qkv, f1 = h + 2 * model.kv_width, model.fc1_width
+        qkv, f1 = model.q_width + 2 * model.kv_width, model.fc1_width
         attention = [ParamSpec(name, (shape[0] // t if split else shape[0], *shape[1:]), split)
                      for name, shape, split in _mla_shapes(model)] if model.mla else [
             ParamSpec("qkv.weight", (qkv // t, h), True),
-            ParamSpec("qkv.bias", (qkv // t,), True)]
+            ParamSpec("qkv.bias", (qkv // t,), True),
+            *(ParamSpec(name, shape, False) for name, (shape, _) in _qk_norms(model).items())]
         forward = [
             ParamSpec("ln1.weight", (h,), False), ParamSpec("ln1.bias", (h,), False),
             *attention,
@@ -138,6 +143,14 @@ def _mla_shapes(model: ModelSpec) -> list[tuple[str, tuple[int, ...], bool]]:
             ("kv_up.weight", (a * (d + model.v_head_dim), kr), True)]
 
 
+def _qk_norms(model: ModelSpec) -> dict[str, tuple[tuple[int, ...], float]]:
+    """qk_norm's tensors (`traces.heads`), forward order: (shape, initial mean); weights of d
+    shared by the heads, so every TP rank holds them whole."""
+    d = (model.head_dim,)
+    return {"q_layernorm.weight": (d, 1.0), "q_layernorm.bias": (d, 0.0),
+            "k_layernorm.weight": (d, 1.0), "k_layernorm.bias": (d, 0.0)}
+
+
 def _v_dim(model: ModelSpec) -> int:
     return model.v_head_dim if model.mla else model.head_dim
 
@@ -147,6 +160,8 @@ def has_param(model: ModelSpec, name: str) -> bool:
     biases with RMSNorm, no position table with rotary positions."""
     if name in ("qkv.bias", "proj.bias", "fc1.bias", "fc2.bias"):
         return model.bias
+    if name.startswith(("q_layernorm.", "k_layernorm.")):
+        return model.qk_norm and (name.endswith("weight") or model.norm == "layernorm")
     if name.endswith("ln.bias") or name in ("ln1.bias", "ln2.bias"):
         return model.norm == "layernorm"
     return name != "pos" or model.position == "learned"
@@ -195,10 +210,10 @@ def init_full_unit(model: ModelSpec, unit: Unit, seed: int) -> dict[str, torch.T
     layer = unit_layer(unit)
     assert layer is not None and 0 <= layer < model.layers, unit
     gen = _generator(seed, layer + 1)
-    qkv, f1 = h + 2 * model.kv_width, model.fc1_width
+    qkv, f1 = model.q_width + 2 * model.kv_width, model.fc1_width
     attention = {name: (shape, 1.0 if name.endswith("norm.weight") else 0.0)
                  for name, shape, _ in _mla_shapes(model)} if model.mla else {
-        "qkv.weight": ((qkv, h), 0.0), "qkv.bias": ((qkv,), 0.0)}
+        "qkv.weight": ((qkv, h), 0.0), "qkv.bias": ((qkv,), 0.0), **_qk_norms(model)}
     mlp = {"router.weight": ((model.experts, h), 0.0),
            **{name: (shape, 0.0) for name, shape in expert_shapes(model, model.experts).items()}
            } if _moe(model, unit) else {
@@ -221,12 +236,12 @@ def _drawn(model: ModelSpec, gen: torch.Generator,
 def tp_shard(model: ModelSpec, name: str, full: torch.Tensor, tp: int, tp_rank: int
              ) -> torch.Tensor:
     """One TP rank's piece of a full tensor (a copy); replicated tensors come back whole."""
-    h, a, g = model.hidden, model.heads, model.kv_heads
+    a, g = model.heads, model.kv_heads
     if tp == 1:
         return full.clone()
     if name in ("qkv.weight", "qkv.bias"):
         # [(a + 2g)d, ...] as q (a heads), k, v (g heads each): each rank its heads of each.
-        d, rest = h // a, full.shape[1:]
+        d, rest = model.head_dim, full.shape[1:]
         parts = full.split([a * d, g * d, g * d])
         return torch.cat([part.reshape(n, d, *rest).chunk(tp)[tp_rank].reshape(-1, *rest)
                           for part, n in zip(parts, (a, g, g))]).clone()

@@ -118,7 +118,7 @@ class ReferenceGPT:
     def _attention(self, x: torch.Tensor, u: Unit) -> torch.Tensor:
         """x plus the layer's attention (before ln2)."""
         m = self.model
-        B, s, h = x.shape
+        B, s, _ = x.shape
         a, g, d = m.heads, m.kv_heads, m.head_dim
         y = self._norm(x, u, "ln1")
         if m.mla:
@@ -126,6 +126,8 @@ class ReferenceGPT:
         qkv = y @ self.p(u, "qkv.weight").t() + self._bias(u, "qkv")
         q, k, v = qkv.split([a * d, g * d, g * d], dim=-1)
         q, k, v = q.reshape(B, s, a, d), k.reshape(B, s, g, d), v.reshape(B, s, g, d)
+        if m.qk_norm:  # per head over its d channels, before rotation (`traces.heads`)
+            q, k = self._norm(q, u, "q_layernorm"), self._norm(k, u, "k_layernorm")
         if m.position == "rope":
             q, k = _rotary(q), _rotary(k)
         group = torch.arange(a) // (a // g)  # the key/value head of each query head
@@ -133,7 +135,7 @@ class ReferenceGPT:
         scores = q @ k.transpose(-2, -1) / math.sqrt(d)
         causal = torch.ones(s, s, dtype=torch.bool).triu(1)
         probs = scores.masked_fill(causal, float("-inf")).softmax(dim=-1)
-        ctx = (probs @ v).transpose(1, 2).reshape(B, s, h)
+        ctx = (probs @ v).transpose(1, 2).reshape(B, s, a * d)
         return x + ctx @ self.p(u, "proj.weight").t() + self._bias(u, "proj")
 
     def _mlp(self, x: torch.Tensor, u: Unit) -> torch.Tensor:

@@ -135,7 +135,7 @@ class RankRuntime:
         self.cp: CpRank | None = None
         if layout.cp > 1:  # one K/V block: [2, b, kv heads / t, s / cp, d]
             block = (2, layout.micro_batch, model.kv_heads // layout.tp,
-                     model.seq_len // layout.cp, model.hidden // model.heads)
+                     model.seq_len // layout.cp, model.head_dim)
             self.cp = CpRank(layout, rank, comm, self.tapes, block_shape=block,
                              seq_len=model.seq_len, dtype=self.dtype, device=device)
         self.pipe = PipeMessages(model, layout, comm, self.tape, tp_rank=self.tp_rank,

@@ -42,7 +42,7 @@ NON_DIFFERENTIABLE = frozenset({"tokens", "targets", "lmax"})
 # Inputs a kernel is the last forward user of: their slots are released after it runs.
 RELEASE_AFTER: dict[str, tuple[str, ...]] = {
     "qkv": ("a1",), "rope": ("qkv_raw", "q_raw", "kv", "latn"), "flash_attn": ("qkv",),
-    "softmax": ("scores",),
+    "softmax": ("scores",), "qk_norm": ("qkv_n",),
     "attn_dropout": ("probs",), "av": ("probs_d", "qkv"), "proj": ("ctx",),
     "bda1": ("attn", "x"), "fc1": ("a2",), "gelu": ("h1",), "swiglu": ("h1",), "fc2": ("h2",),
     "bda2": ("mlp", "y"), "pos_embed": ("emb",),

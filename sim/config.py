@@ -2,7 +2,8 @@
 
     [model]      layers, hidden, heads, seq_len, vocab, ffn_hidden, dtype, tied_embeddings,
                  attention, kv_heads, ffn, norm, position, bias, dropout, fp8_recipe,
-                 kernels (fused | compiled | eager: `traces.stack`)
+                 kernels (fused | compiled | eager: `traces.stack`), head_dim, qk_norm
+                 (traces.heads)
     [parallel]   tp, pp, dp, vp, sp, zero, schedule, micro_batch, global_batch, recompute,
                  bucket_bytes, overlap_grad_reduce, fp32_main_grads, tp_comm_overlap,
                  overlap_param_gather, cp, reshard_after_forward, grad_sync
@@ -42,7 +43,8 @@ from traces.model import ModelSpec
 EXAMPLES = ("gpt3-175b-1024-a100.toml", "llama-7b-zero3-64-h100.toml",
             "gpt-6.7b-tpu-v4-torus.toml", "gpt-tiny-localhost.toml",
             "gpt-tiny-2rank-localhost.toml", "llama3-70b-h100.toml", "llama3-8b-128k-h100.toml",
-            "llama3-405b-16k-h100-goodput.toml", "deepseek-v3-1024-h100.toml")
+            "llama3-405b-16k-h100-goodput.toml", "deepseek-v3-1024-h100.toml",
+            "qwen3-32b-h100.toml")
 TABLES = ("model", "parallel", "cluster", "sim", "reliability")
 MODEL_KEYS = tuple(f.name for f in fields(ModelSpec))
 PARALLEL_KEYS = tuple(f.name for f in fields(Layout))

@@ -68,9 +68,10 @@ def fp8_linear(model: ModelSpec, name: Kernel, gemm: Gemm, grad_bytes: int) -> l
 
 
 def fp8_weights_per_layer(model: ModelSpec, tp: int) -> float:
-    """Elements of one layer's FP8 GEMM weights on one TP rank: h(h + 2gd) + h² + h·f1 + fh."""
-    h, f = model.hidden, model.ffn_hidden
-    return (h * (h + 2 * model.kv_width) + h * h + h * model.fc1_width + f * h) / tp
+    """Elements of one layer's FP8 GEMM weights on one TP rank: h(q + 2gd) + qh + h·f1 + fh,
+    q = ad (h when d = h/a)."""
+    h, f, q = model.hidden, model.ffn_hidden, model.q_width
+    return (h * (q + 2 * model.kv_width) + q * h + h * model.fc1_width + f * h) / tp
 
 
 def weight_cast_bytes(model: ModelSpec, num_layers: int, tp: int) -> float:

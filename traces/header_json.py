@@ -35,10 +35,11 @@ _LAYOUT_KEYS = tuple(f.name for f in fields(Layout))
 _MODEL_KEYS = tuple(f.name for f in fields(ModelSpec))
 _OPTIONAL_MODEL_KEYS = {f.name: f.default for f in fields(ModelSpec)
                         if f.name in ("kv_heads", "ffn", "norm", "position", "bias", "fp8_recipe",
-                                      "head_dim", "dropout", "kernels", *MLA_KEYS, *MOE_KEYS)}
+                                      "head_dim", "qk_norm", "dropout", "kernels", *MLA_KEYS,
+                                      *MOE_KEYS)}
 """The Llama-style, FP8, dropout, latent-attention and MoE keys (issues 18-20): written only
 where they differ from GPT's defaults (kv_heads = heads, head_dim = hidden / heads, dropout
-0.1, no experts), so a GPT
+0.1, no experts, no qk_norm; head_dim only where h/a is whole), so a GPT
 plan's header is what it was and older readers still read it; a header without them (any
 older trace) reads as the defaults."""
 
@@ -47,11 +48,17 @@ def _model_json(m: ModelSpec) -> dict[str, Any]:
     out = {}
     for key in _MODEL_KEYS:
         value = getattr(m, key)
-        default = m.heads if key == "kv_heads" else m.hidden // m.heads if key == "head_dim" \
+        default = m.heads if key == "kv_heads" else _default_head_dim(m) if key == "head_dim" \
             else _OPTIONAL_MODEL_KEYS.get(key, _NO_DEFAULT)
         if value != default or key not in _OPTIONAL_MODEL_KEYS:
             out[key] = value
     return out
+
+
+def _default_head_dim(m: ModelSpec) -> object:
+    """h/a, what a header without head_dim reads as; none when a does not divide h (such a
+    model states its head_dim, `traces.heads`)."""
+    return _NO_DEFAULT if m.hidden % m.heads else m.hidden // m.heads
 
 
 _NO_DEFAULT = object()

@@ -24,11 +24,11 @@ MLA_PROJECTIONS = (K.MLA_DOWN, K.LATENT_NORM, K.Q_UP, K.KV_UP)
 
 
 def layer_kernels(attention: str, *, rope: bool = False, ffn: str = "gelu", mla: bool = False,
-                  dropout: bool = True) -> tuple[Kernel, ...]:
+                  dropout: bool = True, qk_norm: bool = False) -> tuple[Kernel, ...]:
     """One layer's kernels in forward order (without FP8's casts); `mla` (latent attention,
     which always has rope) replaces qkv by its projections; without `dropout` the unfused
-    core runs no attn_dropout."""
-    projections = MLA_PROJECTIONS if mla else (K.QKV,)
+    core runs no attn_dropout; `qk_norm` follows qkv (`traces.heads`)."""
+    projections = MLA_PROJECTIONS if mla else (K.QKV, *((K.QK_NORM,) if qk_norm else ()))
     core = tuple(k for k in ATTENTION_CORE[attention] if dropout or k is not K.ATTN_DROPOUT)
     return (K.LN1, *projections, *((K.ROPE,) if rope or mla else ()), *core,
             K.PROJ, K.BDA1, K.LN2, K.FC1, K.SWIGLU if ffn == "swiglu" else K.GELU, K.FC2,
@@ -39,7 +39,7 @@ LAYER_FLASH = layer_kernels("flash")
 LAYER_UNFUSED = layer_kernels("unfused")
 CORE_KERNELS = frozenset(FLASH_CORE + UNFUSED_CORE)
 LAYER_KERNELS = frozenset(LAYER_FLASH + LAYER_UNFUSED + MLA_PROJECTIONS) | {
-    K.ROPE, K.SWIGLU, K.FP8_CAST, K.FP8_CAST_GRAD, *MOE}
+    K.ROPE, K.QK_NORM, K.SWIGLU, K.FP8_CAST, K.FP8_CAST_GRAD, *MOE}
 FIRST_STAGE = (K.EMBED, K.POS_EMBED)
 """The embedding's kernels, forward order (first virtual stage)."""
 LAST_STAGE = (K.FINAL_LN, K.LOGITS, K.CROSS_ENTROPY)

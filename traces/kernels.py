@@ -1,7 +1,7 @@
 """The kernels of one micro-batch on one GPU: FLOPs and HBM bytes, forward and backward.
 
 A transformer layer runs, forward: ln1, qkv (latent attention: mla_down, latent_norm, q_up,
-kv_up), rope (rotary positions only), the attention core
+kv_up), qk_norm (with `qk_norm`), rope (rotary positions only), the attention core
 (flash_attn, or qk, softmax, attn_dropout, av), proj, bda1, ln2, fc1, gelu or swiglu, fc2, bda2;
 outside the layers embed and pos_embed on the first stage, final_ln, logits and cross_entropy on
 the last (docs/plan-ops.md has the contract). An fp8 model adds the casts of `traces.fp8`
@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 
 from traces.fp8 import fp8_linear
+from traces.heads import qk_norm_kernel
 from traces.kernel_groups import ATTENTION_CORE
 from traces.kernel_work import Gemm, KernelWork, gemm_kernel, memory_kernel
 from traces.mla import down_width, q_in, qk_dim, v_dim
@@ -39,18 +40,20 @@ def layer_kernels(model: ModelSpec, b: int, t: int, sp: bool,
                   grad_bytes: int | None = None) -> list[KernelWork]:
     """One layer's kernels in forward order, for one micro-batch on one TP rank.
 
-    qkv's output is q (h/t wide) and k, v (gd/t each): b·s·(h + 2gd)/t; fc1's is f/t, or 2f/t
+    qkv's output is q (ad/t wide) and k, v (gd/t each): b·s·(ad + 2gd)/t, then qk_norm
+    (`traces.heads`) with `model.qk_norm`; fc1's is f/t, or 2f/t
     for SwiGLU (Megatron-Core fuses the gate and up projections into one linear_fc1)."""
     s, h, f, e = model.seq_len, model.hidden, model.ffn_hidden, model.dtype_bytes
     g = e if grad_bytes is None else grad_bytes
     r = s // t if sp else s  # tokens of the norms and dropouts on this rank
-    qkv = (h + 2 * model.kv_width) // t
+    qkv = (model.q_width + 2 * model.kv_width) // t
     linear = fp8_linear if model.fp8 else _linear
     projections = mla_kernels(model, b, t, g, r) if model.mla else \
         linear(model, K.QKV, (1, b * s, qkv, h), g)
     return [
         _norm(K.LN1, b * r * h, e, residual=True),
         *projections,
+        *([qk_norm_kernel(model, b, t)] if model.qk_norm else []),
         *([rope_kernel(model, b, t)] if model.position == "rope" else []),
         *attention_kernels(model, b, t),
         *linear(model, K.PROJ, (1, b * s, h, model.heads * v_dim(model) // t), g),

@@ -74,7 +74,8 @@ of 128 + 64): far beyond any published model, so every count stays finite."""
 
 
 def check_mla(m: ModelSpec) -> None:
-    """Validate the MLA keys and resolve `head_dim` (h/a) and `v_head_dim` (head_dim)."""
+    """Validate the MLA keys and `head_dim`, and resolve `head_dim` (h/a) and `v_head_dim`
+    (head_dim)."""
     for name in (*MLA_KEYS, "head_dim"):
         value = getattr(m, name)
         if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_RANK:
@@ -85,11 +86,8 @@ def check_mla(m: ModelSpec) -> None:
             if getattr(m, name):
                 raise ConfigError(f"model.{name}: {getattr(m, name)} applies only to latent "
                                   "attention (set model.kv_lora_rank)")
-        if m.head_dim not in (0, m.hidden // m.heads):
-            raise ConfigError(f"model.head_dim: {m.head_dim} must be hidden / heads = "
-                              f"{m.hidden // m.heads} without latent attention "
-                              "(model.kv_lora_rank)")
-        object.__setattr__(m, "head_dim", m.hidden // m.heads)
+        if m.head_dim == 0:  # any width of its own otherwise (`traces.heads`)
+            object.__setattr__(m, "head_dim", m.hidden // m.heads)
         return
     _check_combination(m)
     if m.head_dim == 0:

@@ -1,12 +1,13 @@
 """Decoder arithmetic: parameters, closed-form FLOPs, Megatron's step FLOPs.
 
 Notation follows the Megatron-LM papers: b micro-batch, s sequence, h hidden, a heads,
-g kv_heads (key/value heads, = a without grouped-query attention), d = h/a head size,
-l layers, V vocabulary, f MLP width (4h for GPT), t tensor-parallel degree. FLOPs count the
-matrix multiplications only (2 FLOPs per multiply-add), as the papers do:
+g kv_heads (key/value heads, = a without grouped-query attention), d `head_dim` (h/a unless
+stated: Megatron's kv_channels), l layers, V vocabulary, f MLP width (4h for GPT), t
+tensor-parallel degree. FLOPs count the matrix multiplications only (2 FLOPs per
+multiply-add), as the papers do; with q = ad the query's width (h when d = h/a):
 
-    attention forward   2bsh*(h + 2gd) (QKV) + 2bs^2h (QK^T) + 2bs^2h (AV) + 2bsh^2 (proj)
-                                          = 8bsh^2 + 4bs^2h when g = a (MHA)
+    attention forward   2bsh*(q + 2gd) (QKV) + 2bs^2q (QK^T) + 2bs^2q (AV) + 2bsqh (proj)
+                                          = 8bsh^2 + 4bs^2h when g = a, d = h/a (MHA)
     MLP forward         2bsh*f + 2bsf*h                           = 4bshf (GeLU)
                         2bsh*2f + 2bsf*h                          = 6bshf (SwiGLU: gate, up,
                                                                     down)
@@ -14,8 +15,12 @@ matrix multiplications only (2 FLOPs per multiply-add), as the papers do:
     backward            twice the forward of the same op
 
 3x these per sample is Megatron-LM's `num_floating_point_operations` (megatron/training/
-training.py): 12bslh^2 * ((1 + g/a + s/h) + f/h * (3/2 if swiglu) + V/(2lh)), full s^2
-attention (no causal halving), so a GPT-shaped model's figures are the papers'.
+training.py): 12bslh^2 * ((1 + g/a + s/h)·ad/h + f/h * (3/2 if swiglu) + V/(2lh)), full s^2
+attention (no causal halving), so a GPT-shaped model's figures are the papers'; ad/h is its
+query_projection_to_hidden_size_ratio (kv_channels·a/h, 1 when d = h/a).
+
+Published shapes (Qwen3): `head_dim` d set on its own, so q = ad may differ from h, and
+`qk_norm`, a norm on each query and key head: `traces.heads`.
 
 Llama-style options (`kv_heads`, `ffn = "swiglu"`, `norm = "rmsnorm"`, `position = "rope"`,
 `bias = false`) change the parameter counts below and the kernels of `traces.kernels`;
@@ -44,6 +49,7 @@ from dataclasses import dataclass
 
 from traces import mla
 from traces.errors import ConfigError, show
+from traces.heads import check_heads
 from traces.moe_spec import check_moe, expert_params, is_moe_layer, moe_mlp_params, num_moe_layers
 
 ATTENTIONS = ("flash", "unfused")
@@ -107,8 +113,10 @@ class ModelSpec:
     "mxfp8" (block scaling, Blackwell). Left out, the accelerator's (`sim.config`): "delayed"
     when the model is built on its own."""
     head_dim: int = 0
-    """A head's width d; 0 means hidden / heads. With latent attention it is DeepSeek's
-    qk_nope_head_dim (a query/key head is head_dim + qk_rope_head_dim wide)."""
+    """A head's width d (Megatron's kv_channels); 0 means hidden / heads (`traces.heads`). With
+    latent attention DeepSeek's qk_nope_head_dim (a q/k head is head_dim + qk_rope_head_dim)."""
+    qk_norm: bool = False
+    """Each query and key head normalized before RoPE (Qwen3; `traces.heads`)."""
     q_lora_rank: int = 0
     """Latent attention: the compressed query's width; 0 projects the query directly."""
     kv_lora_rank: int = 0
@@ -173,7 +181,7 @@ class ModelSpec:
         if not isinstance(self.tied_embeddings, bool):
             raise ConfigError(f"model.tied_embeddings: {show(self.tied_embeddings)} must be "
                               "true or false")
-        if self.hidden % self.heads:
+        if not self.head_dim and self.hidden % self.heads:  # d = h/a must be whole
             raise ConfigError(f"model.hidden: {self.hidden} is not divisible by "
                               f"model.heads = {self.heads}")
         if self.fp8_recipe not in ("", *FP8_RECIPES) or not isinstance(self.fp8_recipe, str):
@@ -193,6 +201,7 @@ class ModelSpec:
         elif self.heads % kv:
             raise ConfigError(f"model.kv_heads: {kv} does not divide model.heads = {self.heads}")
         mla.check_mla(self)
+        check_heads(self)
         check_moe(self)
 
     @property
@@ -216,6 +225,16 @@ class ModelSpec:
         return self.kv_lora_rank > 0
 
     @property
+    def q_width(self) -> int:
+        """a·d: the width of the Q projection (h when d = h/a; Megatron's query_projection_size)."""
+        return self.heads * self.head_dim
+
+    @property
+    def qk_norm_params(self) -> int:
+        """qk_norm's weights of d for q and k (and biases with LayerNorm), replicated over TP."""
+        return 2 * (2 if self.norm == "layernorm" else 1) * self.head_dim if self.qk_norm else 0
+
+    @property
     def kv_width(self) -> int:
         """g·d: the width of the K (and of the V) projection."""
         return self.kv_heads * self.head_dim
@@ -234,6 +253,8 @@ class ModelSpec:
         """The architecture in a few words, for the simulate summary."""
         attn = ("MHA" if self.kv_heads == self.heads else
                 "MQA" if self.kv_heads == 1 else f"GQA {self.kv_heads} kv heads")
+        if self.head_dim * self.heads != self.hidden or self.qk_norm:
+            attn += f", heads of {self.head_dim}" + (", qk_norm" if self.qk_norm else "")
         if self.mla:
             attn = (f"MLA q_lora {self.q_lora_rank or 'none'}, kv_lora {self.kv_lora_rank}, "
                     f"heads {self.head_dim}+{self.qk_rope_head_dim} rope, v {self.v_head_dim}")
@@ -254,10 +275,11 @@ class ModelSpec:
                      etp: int = 1) -> float:
         """Parameters of one block held by one tensor-parallel rank.
 
-        Split by t: QKV weight h(h + 2gd) and bias h + 2gd, proj weight h^2, fc1 weight h·f1
-        and bias f1 (f1 = f, or 2f for SwiGLU's gate and up), fc2 weight fh.
-        Replicated: the proj and fc2 biases (h each) and two norms (2h or h each).
-        GPT (g = a, f1 = f, biases, LayerNorm): (4h^2 + 3h + 2hf + f)/t + 6h.
+        Split by t: QKV weight h(q + 2gd) and bias q + 2gd (q = ad), proj weight qh, fc1
+        weight h·f1 and bias f1 (f1 = f, or 2f for SwiGLU's gate and up), fc2 weight fh.
+        Replicated: the proj and fc2 biases (h each), two norms (2h or h each) and qk_norm's
+        (`qk_norm_params`).
+        GPT (g = a, d = h/a, f1 = f, biases, LayerNorm): (4h^2 + 3h + 2hf + f)/t + 6h.
         Latent attention: `traces.mla.mla_params` in place of QKV and proj. An MoE `layer`
         (`traces.moe_spec.moe_mlp_params`) has the router, shared experts and E/ep routed
         experts split by etp in place of fc1 and fc2 (and the fc2 bias)."""
@@ -269,21 +291,23 @@ class ModelSpec:
                 return (attn / tp + replicated + 2 * self.norm_params
                         + moe_mlp_params(self, tp, ep, etp))
             return (attn + h * f1 + f * h) / tp + (replicated + 2 * self.norm_params)
-        qkv = h + 2 * kv
+        q = self.q_width
+        qkv, norms = q + 2 * kv, 2 * self.norm_params + self.qk_norm_params
         if moe:
-            attn = h * qkv + h * h + (qkv if self.bias else 0)
-            return (attn / tp + (h if self.bias else 0) + 2 * self.norm_params
+            attn = h * qkv + q * h + (qkv if self.bias else 0)
+            return (attn / tp + (h if self.bias else 0) + norms
                     + moe_mlp_params(self, tp, ep, etp))
-        split = h * qkv + h * h + h * f1 + f * h + (qkv + f1 if self.bias else 0)
-        return split / tp + ((2 * h if self.bias else 0) + 2 * self.norm_params)
+        split = h * qkv + q * h + h * f1 + f * h + (qkv + f1 if self.bias else 0)
+        return split / tp + ((2 * h if self.bias else 0) + norms)
 
     def attn_params(self) -> int:
-        """One layer's attention parameters without ln1 (QKV and proj with their biases, or
-        latent attention's projections and norms)."""
+        """One layer's attention parameters without ln1 (QKV and proj with their biases and
+        qk_norm's weights, or latent attention's projections and norms)."""
         if self.mla:
             return sum(mla.mla_params(self))
-        qkv = self.hidden + 2 * self.kv_width
-        return self.hidden * qkv + self.hidden ** 2 + (qkv + self.hidden if self.bias else 0)
+        h, q = self.hidden, self.q_width
+        qkv = q + 2 * self.kv_width
+        return h * qkv + q * h + (qkv + h if self.bias else 0) + self.qk_norm_params
 
     def layers_params(self, layers: Iterable[int], tp: int = 1, ep: int = 1,
                       etp: int = 1) -> float:
@@ -342,20 +366,20 @@ class ModelSpec:
     # --- FLOPs per micro-batch, per tensor-parallel rank ---------------------------------------
 
     def attn_flops(self, micro_batch: int, tp: int = 1) -> float:
-        """QKV 2bsh(h + 2gd), QKᵀ and AV 4bs²h, proj 2bsh² (module docstring); latent
-        attention's in `traces.mla.mla_flops`."""
+        """QKV 2bsh(q + 2gd), QKᵀ and AV 4bs²q, proj 2bsqh, q = ad (module docstring);
+        latent attention's in `traces.mla.mla_flops`."""
         if self.mla:
             return mla.mla_flops(self, micro_batch, tp)
-        b, s, h = micro_batch, self.seq_len, self.hidden
-        qkv = 2 * b * s * h * (h + 2 * self.kv_width)
-        return (qkv + 2 * b * s * h * h + 4 * b * s * s * h) / tp
+        b, s, h, q = micro_batch, self.seq_len, self.hidden, self.q_width
+        qkv = 2 * b * s * h * (q + 2 * self.kv_width)
+        return (qkv + 2 * b * s * q * h + 4 * b * s * s * q) / tp
 
     def attn_core_flops(self, micro_batch: int, tp: int = 1) -> float:
-        """QK^T and AV only: what selective recomputation re-runs."""
+        """QK^T and AV only (4bs²·ad): what selective recomputation re-runs."""
         if self.mla:
             return mla.mla_core_flops(self, micro_batch, tp)
-        b, s, h = micro_batch, self.seq_len, self.hidden
-        return 4 * b * s * s * h / tp
+        b, s = micro_batch, self.seq_len
+        return 4 * b * s * s * self.q_width / tp
 
     def mlp_flops(self, micro_batch: int, tp: int = 1, layer: int | None = None) -> float:
         """fc1 2bsh·f1 plus fc2 2bsfh: 4bshf (GeLU), 6bshf (SwiGLU). An MoE `layer`: the same

@@ -28,6 +28,8 @@ class Kernel(StrEnum):
     FP8_CAST = "fp8_cast"
     """An FP8 GEMM's input cast to FP8 with its second (transposed) copy (`traces.fp8`)."""
     QKV = "qkv"
+    QK_NORM = "qk_norm"
+    """The norms of each query and key head before RoPE (Qwen3, `traces.heads`)."""
     MLA_DOWN = "mla_down"
     """Latent attention's fused down-projection h -> c_q, c_kv and the shared rotary key."""
     LATENT_NORM = "latent_norm"

@@ -27,7 +27,8 @@ def recompute_flops(model: ModelSpec, global_batch: int, recompute: str) -> floa
 
 def megatron_num_flops(model: ModelSpec, global_batch: int) -> float:
     """Megatron-LM's `num_floating_point_operations` (megatron/training/training.py), written
-    as it is there, with GQA (num_query_groups = kv_heads) and SwiGLU (gated multiplier 3/2):
+    as it is there, with GQA (num_query_groups = kv_heads), kv_channels = head_dim and SwiGLU
+    (gated multiplier 3/2):
     an independent path to `model_flops`, which sums the same GEMMs kernel by kernel. Its MLA
     branch (`traces.mla.megatron_mla_term`) counts the latent norms and a causal core."""
     B, s, n, h, V = global_batch, model.seq_len, model.layers, model.hidden, model.vocab
@@ -40,7 +41,11 @@ def megatron_num_flops(model: ModelSpec, global_batch: int) -> float:
     mlp_logits = 12 * B * s * n * h * h * (ffn / h * gated + V / (2 * n * h))
     if model.mla:
         return 6 * B * s * n * mla.megatron_mla_term(model) + mlp_logits
-    return 12 * B * s * n * h * h * (1 + model.kv_heads / model.heads + s / h) + mlp_logits
+    # The version with kv_channels (`traces.heads`): the attention term times
+    # query_projection_to_hidden_size_ratio = kv_channels·a/h, exactly 1.0 when d = h/a.
+    ratio = model.head_dim * model.heads / h
+    return 12 * B * s * n * h * h * ((1 + model.kv_heads / model.heads + s / h) * ratio) \
+        + mlp_logits
 
 
 def megatron_step_flops(model: ModelSpec, global_batch: int, full_recompute: bool) -> float:

@@ -98,7 +98,11 @@ def activation_terms(model: ModelSpec) -> tuple[float, float]:
                     GeLU input 8 and fc2 input 8 (the paper's f = 4h, kept as it is
                     for every GeLU width: GELU_MLP_TERM)                             = 16
                     SwiGLU of width f: gate and up 4f/h, fc2 input 2f/h              = 6f/h
-    GPT (g = a): 10 + 24 = 34. With dropout = 0 (`ModelSpec.dropout`) the two masks go:
+    GPT (g = a): 10 + 24 = 34. A head width d of its own scales Q, K, V and the proj input
+    by ad/h: (4 + 4g/a)·ad/h; qk_norm (`traces.heads`) keeps its inputs, the q and k heads
+    before the norm, 2 bytes each: + 2(1 + g/a)·ad/h, split (its output passes through RoPE,
+    which keeps nothing, to the core, which keeps Q and K, already counted).
+    With dropout = 0 (`ModelSpec.dropout`) the two masks go:
     8 + 24 = 32. Rotary embedding keeps nothing (its backward is the inverse
     rotation of a fixed table); RMSNorm keeps its input as LayerNorm does; FP8 models are
     counted at these bf16 sizes. A context-parallel rank holds 1/cp of the sequence: both
@@ -109,7 +113,9 @@ def activation_terms(model: ModelSpec) -> tuple[float, float]:
         a, d, r, dv = model.heads, model.head_dim, model.qk_rope_head_dim, model.v_head_dim
         return replicated, 4 * a * (d + r + dv) / model.hidden + mlp
     g_a = model.kv_heads / model.heads
-    return replicated, 4 + 4 * g_a + mlp
+    q_h = model.q_width / model.hidden  # ad/h: 1.0 unless head_dim is set apart
+    qk_norm = 2 * (1 + g_a) * q_h if model.qk_norm else 0.0
+    return replicated, (4 + 4 * g_a) * q_h + qk_norm + mlp
 
 
 def latent_term(model: ModelSpec) -> float:

@@ -55,7 +55,7 @@ class Step:
         self.first, self.last = self.stage == 0, self.stage == lay.pp - 1
         self.layer_kernels = layer_kernels(model.attention, rope=model.position == "rope",
                                            ffn=model.ffn, mla=model.mla,
-                                           dropout=model.dropout > 0)
+                                           dropout=model.dropout > 0, qk_norm=model.qk_norm)
         self.zero3 = rt.zero == 3
         self.closing = {b.units[-1]: b.index for b in rt.buckets}
 

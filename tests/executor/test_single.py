@@ -18,7 +18,7 @@ from executor.reference import train
 from executor.runtime import RankRuntime
 from tests.executor.checks import check_training
 from tests.executor.drive import Step
-from tests.executor.workers import ADAMW, MLA, OPTIONS, SMALL, segments
+from tests.executor.workers import ADAMW, MLA, OPTIONS, QWEN3, SMALL, segments
 from traces.layout import Layout, Recompute
 from traces.model import ModelSpec
 
@@ -58,6 +58,21 @@ def test_latent_attention_trains_as_the_reference(attention: str, recompute: str
     against the reference's own MLA block, fp32, two steps."""
     layout = Layout(micro_batch=2, global_batch=4, recompute=Recompute(recompute))
     rt = _runtime(layout, **{**MLA, "q_lora_rank": q_lora, "attention": attention})
+    run = train(rt.model, layout.global_batch, 2, OPTIONS.seed, ADAMW)
+    worst = check_training(rt.model, layout, [_train(rt)], run)
+    assert worst["loss"] < 1e-6
+
+
+@pytest.mark.parametrize(("attention", "recompute", "norm"), [
+    ("flash", "none", "rmsnorm"), ("unfused", "selective", "rmsnorm"),
+    ("flash", "full", "layernorm")])
+def test_qwen3_heads_train_as_the_reference(attention: str, recompute: str, norm: str) -> None:
+    """Issue 32: heads of their own width (a·d = 48 on hidden 32) and qk_norm, RMSNorm or
+    LayerNorm with its biases: the executor's qkv, qk_norm, rope, core and proj against the
+    reference's own block, fp32, two steps."""
+    layout = Layout(micro_batch=2, global_batch=4, recompute=Recompute(recompute))
+    rt = _runtime(layout, **{**QWEN3, "attention": attention, "norm": norm})
+    assert rt.model.q_width == 48 != rt.model.hidden
     run = train(rt.model, layout.global_batch, 2, OPTIONS.seed, ADAMW)
     worst = check_training(rt.model, layout, [_train(rt)], run)
     assert worst["loss"] < 1e-6

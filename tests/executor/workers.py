@@ -38,6 +38,9 @@ LLAMA = dict(kv_heads=2, ffn="swiglu", ffn_hidden=48, norm="rmsnorm", position="
              bias=False, dropout=0.0)
 """SMALL as a Llama block: GQA (2 key/value heads of 4), SwiGLU, RMSNorm, RoPE, no biases,
 no dropout (so its unfused plans run no attn_dropout)."""
+QWEN3 = dict(LLAMA, head_dim=12, qk_norm=True)
+"""SMALL as a Qwen3 block: LLAMA's with heads of 12 (a query of 4 x 12 = 48 on hidden 32,
+as Qwen3-32B's 64 x 128 = 8192 on 5120) normalized per head before RoPE (issue 32)."""
 MLA = dict(kv_lora_rank=12, q_lora_rank=16, head_dim=6, qk_rope_head_dim=4, v_head_dim=10,
            ffn="swiglu", ffn_hidden=48, norm="rmsnorm", position="rope", bias=False)
 """SMALL with latent attention (issue 19): 4 heads of 6 + 4 rope dims, values of 10, c_KV of
@@ -116,7 +119,7 @@ def layer_case(ctx: RankContext, case: Case, seed: int) -> dict[str, Any]:
     tape = rt.tape(0)
     tape.put((0, "x"), x)
     kernels = layer_kernels(model.attention, rope=model.position == "rope", ffn=model.ffn,
-                            mla=model.mla)
+                            mla=model.mla, qk_norm=model.qk_norm)
     _kernels(rt, kernels, Phase.FWD, 0, 0)
     held = rt.meter.live["activations"]  # what the forward leaves for the backward
     y = tape.acts[(1, "x")].clone()

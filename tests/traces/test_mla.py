@@ -156,9 +156,10 @@ def test_bad_values_are_one_line_naming_the_field(over, field):
 
 @pytest.mark.parametrize(("over", "field"), [
     ({"q_lora_rank": 8}, "q_lora_rank"), ({"v_head_dim": 8}, "v_head_dim"),
-    ({"qk_rope_head_dim": 8}, "qk_rope_head_dim"), ({"head_dim": 8}, "head_dim"),
+    ({"qk_rope_head_dim": 8}, "qk_rope_head_dim"),
 ])
 def test_mla_keys_without_kv_lora_rank_are_refused(over, field):
+    # (head_dim is every attention's since issue 32: tests/traces/test_heads.py)
     with pytest.raises(ConfigError, match=f"^model.{field}:"):
         ModelSpec(layers=1, hidden=H, heads=A, seq_len=S, vocab=128, **over)
 

@@ -51,7 +51,7 @@ TAG_FORWARD, TAG_BACKWARD = "cp", "cp_grad"
 
 def kv_block_bytes(ctx: RankContext) -> float:
     """Bytes of one K/V block: b·(s/cp) tokens x K and V's width on this TP rank (the QKV
-    GEMM's N less the queries' h/t), in the model's dtype. Latent attention's core takes the
+    GEMM's N less the queries' ad/t), in the model's dtype. Latent attention's core takes the
     up-projected K and V: a/t heads of d + r and of d_v (`traces.mla`)."""
     model, layout = ctx.local_model, ctx.layout
     if model.mla:
@@ -62,7 +62,7 @@ def kv_block_bytes(ctx: RankContext) -> float:
     qkv = next(k.gemm for k in kernels if k.name is Kernel.QKV)
     assert qkv is not None, "the QKV projection is a GEMM"
     _, tokens, width, _ = qkv
-    return tokens * (width - model.hidden // layout.tp) * model.dtype_bytes
+    return tokens * (width - model.q_width // layout.tp) * model.dtype_bytes
 
 
 def add_context_parallel(ctx: RankContext, program: Program) -> Program:

@@ -72,7 +72,8 @@ ZERO3_PREFETCH = 1  # layers gathered ahead of the one computing (FSDP's forward
 def add_data_parallel(ctx: RankContext, actions: list[Action], program: Program) -> Program:
     """Insert ZeRO-3 gathers and gradient reductions; `program[k]` holds `actions[k]`'s ops."""
     layout = ctx.layout
-    if layout.data_degree == 1 and not (layout.tp > 1 and (layout.sp or ctx.model.mla)):
+    partial = layout.sp or ctx.model.mla or ctx.model.qk_norm  # replicated, partial grads
+    if layout.data_degree == 1 and not (layout.tp > 1 and partial):
         return program
     walk = _DataWalk(ctx)
     out = [walk.action(action, nodes) for action, nodes in zip(actions, program)]

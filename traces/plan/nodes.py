@@ -135,7 +135,8 @@ class RankContext:
     def replicated_params(self, unit: Unit) -> float:
         """Parameters of one unit that every TP rank holds in full: a layer's two norms and
         its row-parallel biases (GPT: 6h; an MoE layer's experts keep their own), latent
-        attention's down-projection and latent norms (`traces.mla`), an MoE layer's router
+        attention's down-projection and latent norms (`traces.mla`) or qk_norm's weights
+        (`traces.heads`), an MoE layer's router
         h·E (Megatron-Core marks TopKRouter's weight sequence_parallel, so SP sums its
         gradient over TP), learned positions (s·h; none with rotary ones), the final norm
         (2h, RMSNorm h)."""
@@ -144,7 +145,7 @@ class RankContext:
             return m.seq_len * m.hidden if m.position == "learned" else 0
         if unit.part is Part.HEAD:
             return m.norm_params
-        latent = mla.mla_params(m)[1] if m.mla else 0
+        latent = mla.mla_params(m)[1] if m.mla else m.qk_norm_params
         moe = unit.layer is not None and is_moe_layer(m, unit.layer)
         router = m.hidden * m.experts if moe else 0
         # Row-parallel biases: the attention projection's and the MLP's fc2's; an MoE layer
@@ -156,14 +157,15 @@ class RankContext:
         """Parameters of one unit whose gradient each TP rank holds only in part, summed over
         the TP group before the DP reduction (`SpGrads`): with SP, every replicated one (each
         rank saw its sequence shard); without, latent attention's down-projection and latent
-        norms (each rank back-propagates only its heads' share into them)."""
+        norms, or qk_norm's weights (each rank back-propagates only its heads' share into
+        them; Megatron-Core all-reduces q_layernorm and k_layernorm over TP either way)."""
         if self.layout.tp == 1:
             return 0
         if self.layout.sp:
             return self.replicated_params(unit)
         if unit.part is Part.LAYER and self.model.mla:
             return mla.mla_params(self.model)[1]
-        return 0
+        return self.model.qk_norm_params if unit.part is Part.LAYER else 0
 
 
 def first_compute(nodes: Iterable[Node]) -> Node:
