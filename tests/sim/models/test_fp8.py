@@ -60,7 +60,7 @@ def test_the_plan_reduces_amaxes_after_each_stage_pass_and_casts_weights_once():
     assert all(op.kind is OpKind.ALL_REDUCE and op.group == (0, 1, 2, 3) for op in amax)
     casts = [op for op in ops if op.purpose == KernelRun(Kernel.FP8_WEIGHT_CAST)]
     assert len(casts) == 1 and casts[0].phase is Phase.OPT
-    assert casts[0].mem_bytes == weight_cast_bytes(MODEL, 2, 2) == \
+    assert casts[0].mem_bytes == weight_cast_bytes(MODEL, range(2), 2) == \
         2 * (64 * (64 + 2 * 32) + 64 * 64 + 64 * 192 + 96 * 64) / 2 * (2 + 2)
     assert ops.index(casts[0]) > ops.index(next(o for o in ops if o.name == "optimizer"))
     assert not any(isinstance(op.purpose, AmaxReduction) for op in build(MX, layout).ops[0])
