@@ -180,3 +180,31 @@ def test_a_folded_fp8_plan_equals_the_unfolded_one(capsys, tmp_path):
     assert main(["simulate", str(tmp_path / "c.toml"), "--json", "--no-fold"]) == 0
     full = json.loads(capsys.readouterr().out)
     assert full["step_time_s"] == folded["step_time_s"] and len(full["ranks"]) == 8
+
+
+@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise", "blockwise", "mxfp8"])
+def test_a_folded_plan_of_each_recipe_equals_the_unfolded_one(capsys, tmp_path, recipe):
+    """With SP: tensorwise's amax all-reduces span the TP group that folding collapses."""
+    preset = "dgx-b200" if recipe == "mxfp8" else "dgx-h100"
+    path = tmp_path / "c.toml"
+    path.write_text(CONFIG.format(dtype="fp8", preset=preset, nodes=1,
+                                  extra=f'fp8_recipe = "{recipe}"').replace(
+        "dp = 2\n", "dp = 2\nsp = true\n"))
+    steps = []
+    for fold in ([], ["--no-fold"]):
+        assert main(["simulate", str(path), "--json", *fold]) == 0
+        steps.append(json.loads(capsys.readouterr().out)["step_time_s"])
+    assert steps[0] == steps[1]
+
+
+@pytest.mark.parametrize("recipe", ["delayed", "tensorwise", "rowwise", "blockwise"])
+def test_hopper_and_blackwell_run_every_recipe_but_mxfp8_on_hopper(capsys, tmp_path, recipe):
+    """TE runs blockwise on Blackwell through MXFP8 (its Float8BlockScaling docs)."""
+    path = tmp_path / "c.toml"
+    for preset in ("dgx-h100", "dgx-b200"):
+        path.write_text(CONFIG.format(dtype="fp8", preset=preset, nodes=1,
+                                      extra=f'fp8_recipe = "{recipe}"'))
+        code = main(["simulate", str(path)])
+        out, err = capsys.readouterr()
+        assert code == 0, err
+        assert f"fp8 ({recipe} scaling; MFU against the FP8 peak)" in out
