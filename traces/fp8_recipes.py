@@ -38,7 +38,8 @@ columnwise copy is a second quantization too. Bytes (q: an FP8 value and its sca
                 with SP at tp > 1, a 4-byte fp32 all-reduce over TP between the amax and the
                 cast of a column-parallel GEMM's gathered input (qkv, fc1) and of a
                 row-parallel one's gathered output gradient (proj, fc2): TE's Linear sets
-                with_amax_reduction on those quantizers (amax_reduction_group = the TP group)
+                with_amax_reduction on those quantizers (amax_reduction_group = the TP group);
+                not MLA's latents, which Megatron-Core gathers itself (`traces.plan.fp8`)
     rowwise     forward      fp8_cast X and W along K (a row's amax and cast in one pass under
                              torch.compile): read 2a, write a; read 2w, write w
                 backward     along the other axis, from bf16: fp8_amax then fp8_cast of X (2a;

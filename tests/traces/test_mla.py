@@ -291,3 +291,20 @@ def test_cli_simulates_mla_in_fp8(tmp_path, capsys):
     code, out = _simulate(tmp_path, capsys, "dtype = \"fp8\"")
     assert code == 0, out.err
     assert "fp8 (delayed scaling" in out.out
+
+
+@pytest.mark.parametrize(("qr", "forward"), [(QR, 1), (0, 2)])
+def test_current_scaling_reduces_over_tp_only_what_te_gathers(qr, forward):
+    """With SP: fc1's input forward (and q_up's when it reads ln1's output, which TE gathers;
+    not the latents, which Megatron-Core gathers itself), proj's and fc2's output gradients
+    backward: 4 bytes each over the TP group."""
+    from traces.layout import Layout
+    from traces.plan import build
+    from traces.purpose import AmaxReduction
+    fp8 = small(dtype="fp8", fp8_recipe="tensorwise", q_lora_rank=qr)
+    layout = Layout(tp=2, dp=2, sp=True, global_batch=2, recompute="none")
+    ops = build(fp8, layout).ops[0]
+    found = [op for op in ops if isinstance(op.purpose, AmaxReduction)]
+    per_layer = forward + 2
+    assert len(found) == layout.num_microbatches * fp8.layers * per_layer
+    assert {(op.group, op.size_bytes) for op in found} == {((0, 1), 4)}

@@ -29,7 +29,9 @@ from traces.purpose import AmaxReduction, Kernel, KernelRun, ParamGather
 TP_AMAX_GEMMS = {False: frozenset({Kernel.QKV, Kernel.FC1}),
                  True: frozenset({Kernel.PROJ, Kernel.FC2})}
 """(backward?) -> the GEMMs whose cast input TE gathers under SP: the column-parallel inputs
-forward, the row-parallel output gradients backward."""
+forward, the row-parallel output gradients backward. Latent attention's kv_up and q_up take
+latents Megatron-Core gathers itself (gather_from_sequence_parallel_region, in bf16), so
+their casts reduce nothing; q_up reading ln1's output (no q_lora_rank) is TE's to gather."""
 
 
 def add_fp8(ctx: RankContext, actions: list[Action], program: Program) -> Program:
@@ -41,7 +43,9 @@ def add_fp8(ctx: RankContext, actions: list[Action], program: Program) -> Progra
         return program
     if recipe(model).tp_amax and layout.sp and layout.tp > 1:
         group = layout.group(ctx.rank, Axis.TP)
-        program = [_tp_amax(nodes, group) for nodes in program[:-1]] + [program[-1]]
+        q_proj = frozenset({Kernel.Q_UP} if model.mla and not model.q_lora_rank else ())
+        gemms = {False: TP_AMAX_GEMMS[False] | q_proj, True: TP_AMAX_GEMMS[True]}
+        program = [_tp_amax(nodes, group, gemms) for nodes in program[:-1]] + [program[-1]]
     group = amax_group(ctx)
     out: Program = []
     for nodes, action in zip(program[:-1], actions):
@@ -75,9 +79,10 @@ def _with_weight_cast(ctx: RankContext, end: list[Node]) -> list[Node]:
     return [*end, Node(cast, None, gathers)]
 
 
-def _tp_amax(nodes: list[Node], group: tuple[int, ...]) -> list[Node]:
+def _tp_amax(nodes: list[Node], group: tuple[int, ...],
+             gemms: dict[bool, frozenset[Kernel]]) -> list[Node]:
     """`nodes` with a 4-byte amax all-reduce over `group` after each amax kernel whose cast
-    feeds a GEMM of TP_AMAX_GEMMS (the next GEMM op on the compute stream)."""
+    feeds a GEMM of `gemms` (per phase: the next GEMM op on the compute stream)."""
     following: list[object] = []  # per node, the purpose of the next GEMM op after it
     gemm: object = None
     for node in reversed(nodes):
@@ -88,7 +93,7 @@ def _tp_amax(nodes: list[Node], group: tuple[int, ...]) -> list[Node]:
     for node, gemm in zip(nodes, reversed(following)):
         out.append(node)
         backward = node.op.phase is Phase.BWD
-        if node.op.purpose == amax and getattr(gemm, "kernel", None) in TP_AMAX_GEMMS[backward]:
+        if node.op.purpose == amax and getattr(gemm, "kernel", None) in gemms[backward]:
             op = Op(kind=OpKind.ALL_REDUCE, stream=Stream.COMPUTE, name="amax",
                     purpose=AmaxReduction(), group=group, size_bytes=AMAX_BYTES,
                     microbatch=node.op.microbatch, phase=node.op.phase, dtype="fp32",
