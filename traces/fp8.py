@@ -78,7 +78,7 @@ def fp8_linear(model: ModelSpec, name: Kernel, gemm: Gemm, grad_bytes: int,
 
 def fused_norm(model: ModelSpec, norm: KernelWork, elements: int) -> KernelWork:
     """`norm` writing its `elements` outputs in FP8 for a LayerNormLinear, where the recipe
-    fuses the cast (delayed: one copy, MXFP8: both), else `norm` as it is."""
+    fuses the cast (delayed), else `norm` as it is."""
     rec = recipe(model)
     if not (model.fp8 and rec.norm_copies):
         return norm

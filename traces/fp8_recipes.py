@@ -54,8 +54,9 @@ columnwise copy is a second quantization too. Bytes (q: an FP8 value and its sca
                 fp8_cast_grad  dY: read 2c, write 2c(1 + 4/128)
                 weights      once a step: read 2w, write 2w(1 + 4/128²) (a 128x128 block's
                              scale serves both orientations); no amax reduction
-    mxfp8       fp8_cast     X: read 2a, write both copies 2a(1 + 1/32); after a norm the norm
-                             writes both itself, 2n(1 + 1/32) instead of 2n, and no fp8_cast runs
+    mxfp8       fp8_cast     X: read 2a, write both copies 2a(1 + 1/32) (TE's normalization
+                             runs the norm unfused for MXFP8 unless NVTE_NORM_FWD_USE_CUDNN
+                             selects cuDNN's fused kernel, which is not the default)
                 fp8_cast_grad  dY: read 2c, write 2c(1 + 1/32)
                 weights      once a step: read 2w, write 2w(1 + 1/32); no amax reduction
 
@@ -103,7 +104,8 @@ class Fp8Recipe:
     weight_scale: float
     """Scale bytes per element of an FP8 weight copy."""
     norm_copies: int = 0
-    """FP8 copies a LayerNormLinear's norm writes in place of its bf16 output (0: unfused)."""
+    """FP8 copies a LayerNormLinear's norm writes in place of its bf16 output (0: unfused;
+    TE's normalization.cpp fuses the cast by default for delayed scaling only)."""
     amax_pass: bool = False
     """Current scaling: an amax kernel reads each tensor before its cast."""
     tp_amax: bool = False
@@ -135,7 +137,7 @@ RECIPES = {r.name: r for r in (
     Fp8Recipe("tensorwise", 0.0, 0.0, amax_pass=True, tp_amax=True),
     Fp8Recipe("rowwise", 0.0, 0.0, per_use=True),
     Fp8Recipe("blockwise", 4 / BLOCK, 4 / BLOCK**2),
-    Fp8Recipe("mxfp8", 1 / MX_BLOCK, 1 / MX_BLOCK, norm_copies=2, block_hardware=True),
+    Fp8Recipe("mxfp8", 1 / MX_BLOCK, 1 / MX_BLOCK, block_hardware=True),
 )}
 
 
@@ -150,9 +152,7 @@ def input_casts(recipe: Fp8Recipe, a: float, w: float, fused: bool) -> list[Kern
     q = recipe.q_act
     if recipe.per_use:
         return [_fwd(K.FP8_CAST, BF16 * a + a), _fwd(K.FP8_CAST, BF16 * w + w)]
-    if fused and recipe.norm_copies == 2:
-        return []
-    if fused and recipe.norm_copies == 1:
+    if fused and recipe.norm_copies:
         return [_fwd(K.FP8_CAST, 2 * q * a)]  # the transpose of the norm's FP8 output
     cast = _fwd(K.FP8_CAST, (BF16 + 2 * q) * a)
     return [_fwd(K.FP8_AMAX, BF16 * a), cast] if recipe.amax_pass else [cast]
