@@ -36,6 +36,7 @@ from topology.config import read_cluster
 from traces.errors import ConfigError, show
 from traces.fields import Fields, check_choice
 from traces.files import load_toml
+from traces.fp8_recipes import check_recipe_layout
 from traces.layout import Layout
 from traces.layout_rules import check_layout
 from traces.model import ModelSpec
@@ -78,11 +79,15 @@ class Experiment:
         notes = check_layout(self.model, self.layout, world=self.cluster.num_devices,
                              devices_per_server=self.cluster.devices_per_server)
         check_fp8(self.model, self.cluster.accelerator)
+        if self.model.fp8:
+            check_recipe_layout(self.model.fp8_recipe, self.model.experts, self.layout.etp)
         object.__setattr__(self, "warnings", notes)
 
 
 def check_fp8(model: ModelSpec, accelerator: Accelerator) -> None:
-    """An fp8 model needs FP8 tensor cores, and MXFP8 needs Blackwell's block scaling."""
+    """An fp8 model needs FP8 tensor cores, and MXFP8 needs Blackwell's block scaling; the
+    other recipes run wherever FP8 does (`traces.fp8_recipes`: TE runs blockwise on Blackwell
+    through MXFP8)."""
     if not model.fp8:
         return
     if accelerator.peak_flops_fp8 <= 0:
@@ -90,7 +95,8 @@ def check_fp8(model: ModelSpec, accelerator: Accelerator) -> None:
                           f"{accelerator.name} does not have (Hopper and Blackwell do)")
     if model.fp8_recipe == "mxfp8" and not accelerator.fp8_block_scaling:
         raise ConfigError(f"model.fp8_recipe: \"mxfp8\" needs hardware block scaling "
-                          f"(Blackwell), which {accelerator.name} does not have; use \"delayed\"")
+                          f"(Blackwell), which {accelerator.name} does not have; use "
+                          "\"delayed\", \"tensorwise\", \"rowwise\" or \"blockwise\"")
 
 
 def resolve_fp8(model: ModelSpec, accelerator: Accelerator, stated: bool) -> ModelSpec:

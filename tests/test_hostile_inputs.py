@@ -998,3 +998,29 @@ def test_phases_are_drawn_on_a_terminal_and_never_in_a_log(capsys, monkeypatch):
         phase("simulate")
     err = capsys.readouterr().err
     assert "validate: 1/2 done, simulate [00:01]" in err, err
+
+
+# --- FP8 recipes (issue 32): what a recipe cannot run on, one line each ------------------------
+
+FP8 = {"dtype": '"fp8"'}
+MOE = {"experts": "4", "top_k": "2", "ffn": '"swiglu"', "ffn_hidden": "512", "norm": '"rmsnorm"',
+       "position": '"rope"', "bias": "false"}
+
+
+@pytest.mark.parametrize(("base", "edits", "needle"), [
+    (SMALL, {"model": {**FP8, "fp8_recipe": '"mxfp8"'}},
+     'model.fp8_recipe: "mxfp8" needs hardware block scaling (Blackwell), which H100'),
+    (SMALL, {"model": {**FP8, "fp8_recipe": '"rowwise_with_gw_hp"'}},
+     "model.fp8_recipe: 'rowwise_with_gw_hp' is not one of delayed, tensorwise, rowwise, "
+     "blockwise, mxfp8"),
+    (SMALL, {"model": {**FP8, "fp8_recipe": "1e400"}}, "model.fp8_recipe: inf is not one of"),
+    (SMALL, {"model": {"fp8_recipe": '"blockwise"'}},
+     "model.fp8_recipe: 'blockwise' applies only with model.dtype = \"fp8\", not 'bf16'"),
+    (TPU, {"model": {**FP8, "fp8_recipe": '"tensorwise"'}},
+     'model.dtype: "fp8" needs FP8 tensor cores, which TPU'),
+    (SMALL, {"model": {**FP8, **MOE, "fp8_recipe": '"tensorwise"'},
+             "parallel": {"sp": "true", "ep": "2", "etp": "2"}},
+     'parallel.etp: 2 with model.fp8_recipe = "tensorwise": Transformer Engine\'s GroupedLinear'),
+])
+def test_fp8_recipes_where_they_cannot_run(capsys, write, base, edits, needle):
+    refused(capsys, needle, "simulate", write(toml(base, **edits)))

@@ -1,87 +1,133 @@
-"""FP8 training as Transformer Engine runs it: the kernels and bytes FP8 adds to a linear layer.
+"""FP8 training as the frameworks run it: the kernels and bytes FP8 adds to a linear layer.
 
-`dtype = "fp8"` runs the four linear layers of each block (qkv, proj, fc1, fc2) as FP8 GEMMs at
-the accelerator's FP8 dense rate; everything else (norms, attention core, activations,
-residuals, embedding, logits and cross-entropy) stays bf16, and so do communication, the stored
-activations and parameters; the optimizer is bf16 mixed precision (fp32 master weights and
-Adam moments). Per linear layer Y = X·W of (M, N, K) on one micro-batch, q bytes per FP8 element
-(1, or 1 + 1/32 with MXFP8's one E8M0 scale per 32 values):
+`dtype = "fp8"` runs every linear layer of a block as an FP8 GEMM at the accelerator's FP8
+dense rate: qkv, proj, fc1, fc2 (latent attention: mla_down, q_up, kv_up and proj; an MoE
+layer's routed experts at the FP8 rate without their casts' bytes, `traces.moe`, and its
+shared experts as fc1 and fc2); everything else (norms, attention core, activations,
+residuals, router, embedding, logits and cross-entropy) stays bf16, and so do communication,
+the stored activations and parameters; the optimizer is bf16 mixed precision (fp32 master
+weights and Adam moments). `fp8_recipe` chooses the scaling; `traces.fp8_recipes` says, recipe
+by recipe, which casts, transposes and amax passes run around each GEMM and what they move.
+Per linear Y = X·W of (M, N, K) on one micro-batch, with q_a and q_w bytes per FP8 activation
+and weight element (an FP8 value and its scale's share):
 
-    fp8_cast        fwd  cast X to FP8 and its second copy for the weight gradient:
-                         read 2MK, write 2qMK
-    GEMM            fwd  read X, W in FP8 (qMK + qKN), write Y in bf16 (2MN)
-                    bwd  dgrad dX = dY·Wᵀ reads qMN + qKN, writes 2MK; wgrad dW = Xᵀ·dY reads
-                         qMK + qMN and accumulates dW (read and write in the gradient dtype)
-    fp8_cast_grad   bwd  cast dY to FP8 and its second copy: read 2MN, write 2qMN
+    casts           fwd  X's (`input_casts`), before the GEMM
+    GEMM            fwd  read X, W in FP8 (q_a·MK + q_w·KN), write Y in bf16 (2MN)
+                    bwd  dgrad dX = dY·Wᵀ reads q_a·MN + q_w·KN, writes 2MK; wgrad dW = Xᵀ·dY
+                         reads q_a·(MK + MN) and accumulates dW (read and write in the gradient
+                         dtype)
+    casts           bwd  dY's (`backward_casts`), before the GEMM's backward
     fp8_weight_cast once a step, after the optimizer (TE keeps the FP8 weights of the first
-                    micro-batch for the rest, Megatron's is_first_microbatch): every GEMM weight
-                    read 2, written 2q per element
+                    micro-batch for the rest, Megatron's is_first_microbatch): every FP8 GEMM
+                    weight of the rank's layers (`fp8_weights_per_layer`)
 
-Hopper's FP8 tensor cores take only the "TN" operand layout, so the second copies are
-physical transposes (TE's fused cast-transpose), and the per-tensor scaling factors come from an
-amax history that the `traces.plan.fp8` pass all-reduces after each stage's forward and
-backward (delayed scaling: fp32 amaxes, three per GEMM forward, two backward). Blackwell's
-MXFP8 (block scaling, TE's MXFP8BlockScaling, the default on Blackwell presets) takes every
-layout, but a 1-D block of 32 scales along one dimension only, so the second copy is a
-columnwise-quantized one of the same size rather than a transpose; the scales add 1/32 byte per
-element; and scales come from each block's own values, so there is no amax reduction.
-With sequence parallelism TE casts the sequence shard and all-gathers it in FP8; here
-communication stays bf16 and the cast is costed over the gathered b·s rows (it sits just
-before the all-gather in the plan). Transformer Engine fuses some casts into the kernel before
-(the norm in LayerNormLinear, the activation in LayerNormMLP); they are counted here as kernels
-of their own, which costs one bf16 read of X more than TE's fused kernels.
+Where Transformer Engine fuses a cast into the norm before the linear (LayerNormLinear:
+`traces.fp8_recipes`), `fused_norm` moves the cast's write into the norm. With sequence
+parallelism TE casts the sequence shard and all-gathers it in FP8; here communication stays
+bf16 and a cast is costed over the gathered b·s rows (it sits just before the all-gather in the
+plan), a fused norm's write over its own shard.
 """
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Iterable
+
+from traces import mla
+from traces.fp8_recipes import (
+    RECIPES,
+    Fp8Recipe,
+    backward_casts,
+    fused_norm_bytes,
+    input_casts,
+)
 from traces.kernel_work import Gemm, KernelWork
 from traces.model import FP8_RECIPES, ModelSpec
+from traces.moe_spec import is_moe_layer
 from traces.purpose import Kernel
 
-__all__ = ["FP8_RECIPES", "amax_bytes", "fp8_element_bytes", "fp8_linear", "weight_cast_bytes"]
-MX_BLOCK = 32
-"""MXFP8: one E8M0 scale byte per 32 consecutive values (OCP Microscaling spec, TE docs)."""
+__all__ = ["FP8_RECIPES", "amax_bytes", "fp8_gemms_per_layer", "fp8_linear",
+           "fp8_weights_per_layer", "fused_norm", "recipe", "weight_cast_bytes"]
 BF16 = 2
 AMAX_BYTES = 4
 AMAX_FWD, AMAX_BWD = 3, 2
 """fp32 amaxes per GEMM that delayed scaling reduces: input, weight, output forward; output
 gradient and input gradient backward (TE's FP8 meta tensors)."""
-FP8_GEMMS_PER_LAYER = 4  # qkv, proj, fc1, fc2
 
 
-def fp8_element_bytes(model: ModelSpec) -> float:
-    """q: an FP8 value plus its share of a block scale."""
-    return 1 + 1 / MX_BLOCK if model.fp8_recipe == "mxfp8" else 1.0
+def recipe(model: ModelSpec) -> Fp8Recipe:
+    """The model's FP8 recipe (delayed where none is named)."""
+    return RECIPES[model.fp8_recipe or "delayed"]
 
 
-def fp8_linear(model: ModelSpec, name: Kernel, gemm: Gemm, grad_bytes: int) -> list[KernelWork]:
-    """The cast of X, the FP8 GEMM and the cast of dY, in forward order (module docstring)."""
+def fp8_linear(model: ModelSpec, name: Kernel, gemm: Gemm, grad_bytes: int,
+               fused: bool = False) -> list[KernelWork]:
+    """The casts of X, the FP8 GEMM and the casts of dY, in forward order (module docstring);
+    `fused`: X is the output of a LayerNormLinear's norm."""
     batch, m, n, k = gemm
-    q = fp8_element_bytes(model)
+    rec = recipe(model)
+    qa, qw = rec.q_act, rec.q_weight
     a, b, c = batch * m * k, batch * k * n, batch * m * n
     flops = 2.0 * batch * m * n * k
-    forward = q * (a + b) + BF16 * c
-    backward = (q * (c + b) + BF16 * a) + (q * (a + c) + 2 * b * grad_bytes)
-    return [KernelWork(Kernel.FP8_CAST, 0.0, (BF16 + 2 * q) * a, 0.0, 0.0),
+    forward = qa * a + qw * b + BF16 * c
+    backward = (qa * c + qw * b + BF16 * a) + (qa * (a + c) + 2 * b * grad_bytes)
+    return [*input_casts(rec, a, b, fused),
             KernelWork(name, flops, forward, 2 * flops, backward, gemm, fp8=True),
-            KernelWork(Kernel.FP8_CAST_GRAD, 0.0, 0.0, 0.0, (BF16 + 2 * q) * c)]
+            *backward_casts(rec, a, b, c)]
 
 
-def fp8_weights_per_layer(model: ModelSpec, tp: int) -> float:
-    """Elements of one layer's FP8 GEMM weights on one TP rank: h(q + 2gd) + qh + h·f1 + fh,
-    q = ad (h when d = h/a)."""
-    h, f, q = model.hidden, model.ffn_hidden, model.q_width
-    return (h * (q + 2 * model.kv_width) + q * h + h * model.fc1_width + f * h) / tp
+def fused_norm(model: ModelSpec, norm: KernelWork, elements: int) -> KernelWork:
+    """`norm` writing its `elements` outputs in FP8 for a LayerNormLinear, where the recipe
+    fuses the cast (delayed), else `norm` as it is."""
+    rec = recipe(model)
+    if not (model.fp8 and rec.norm_copies):
+        return norm
+    write = fused_norm_bytes(rec, elements) - BF16 * elements
+    return dataclasses.replace(norm, mem_bytes=norm.mem_bytes + write)
 
 
-def weight_cast_bytes(model: ModelSpec, num_layers: int, tp: int) -> float:
-    """The step's cast of `num_layers` layers' weights to FP8 (and the second copy)."""
-    return num_layers * fp8_weights_per_layer(model, tp) * (BF16 + 2 * fp8_element_bytes(model))
+def fp8_weights_per_layer(model: ModelSpec, layer: int, tp: int, ep: int = 1,
+                          etp: int = 1) -> float:
+    """Elements of one layer's FP8 GEMM weights on one rank. Attention: qkv h(q + 2gd) and
+    proj qh over t (q = ad, h when d = h/a); latent attention: mla_down h(q_r + k_r + r) on every rank, q_up, kv_up and
+    proj over t. MLP: fc1 h·f1 and fc2 fh over t; an MoE layer: its E/ep routed experts' over
+    etp and its shared experts' over t (the router stays bf16)."""
+    h = model.hidden
+    if model.mla:
+        split, _ = mla.mla_params(model)
+        attn = split / tp + h * mla.down_width(model)
+    else:
+        q = model.q_width
+        attn = (h * (q + 2 * model.kv_width) + q * h) / tp
+    if not is_moe_layer(model, layer):
+        return attn + (h * model.fc1_width + model.ffn_hidden * h) / tp
+    f = model.moe_ffn_hidden
+    expert = h * (2 * f if model.ffn == "swiglu" else f) + f * h
+    return attn + model.experts / ep * expert / etp + model.shared_experts * expert / tp
 
 
-def amax_bytes(model: ModelSpec, num_layers: int, backward: bool) -> float:
-    """Delayed scaling's amax all-reduce after a pass over `num_layers` layers (0 with MXFP8)."""
-    if model.fp8_recipe != "delayed":
+def fp8_gemms_per_layer(model: ModelSpec, layer: int, ep: int = 1) -> int:
+    """FP8 GEMMs of one layer on one rank, each with its own scaling state: 4 (qkv, proj, fc1,
+    fc2); latent attention 6 (mla_down, q_up, kv_up, proj, fc1, fc2); an MoE layer's MLP the
+    E/ep local experts' fc1 and fc2 (TE's GroupedLinear keeps one state per GEMM) and the
+    shared experts' fc1 and fc2."""
+    attn = 4 if model.mla else 2
+    if not is_moe_layer(model, layer):
+        return attn + 2
+    return attn + 2 * model.experts // ep + (2 if model.shared_experts else 0)
+
+
+def weight_cast_bytes(model: ModelSpec, layers: Iterable[int], tp: int, ep: int = 1,
+                      etp: int = 1) -> float:
+    """The step's cast of `layers`' FP8 weights (and second copies): 0 where the recipe casts
+    at every use (`traces.fp8_recipes`)."""
+    per = recipe(model).weight_cast_per_element()
+    return per * sum(fp8_weights_per_layer(model, i, tp, ep, etp) for i in layers)
+
+
+def amax_bytes(model: ModelSpec, layers: Iterable[int], backward: bool, ep: int = 1) -> float:
+    """Delayed scaling's amax all-reduce after a pass over `layers` (0 for other recipes)."""
+    if not recipe(model).history:
         return 0.0
     per_gemm = AMAX_BWD if backward else AMAX_FWD
-    return AMAX_BYTES * per_gemm * FP8_GEMMS_PER_LAYER * num_layers
+    return AMAX_BYTES * per_gemm * sum(fp8_gemms_per_layer(model, i, ep) for i in layers)

@@ -5,9 +5,9 @@ kv_up), qk_norm (with `qk_norm`), rope (rotary positions only), the attention co
 (flash_attn, or qk, softmax, attn_dropout, av), proj, bda1, ln2, fc1, gelu or swiglu, fc2, bda2;
 outside the layers embed and pos_embed on the first stage, final_ln, logits and cross_entropy on
 the last (docs/plan-ops.md has the contract). An fp8 model adds the casts of `traces.fp8`
-around qkv, proj, fc1 and fc2. FLOPs count matrix products only (2 per multiply-add), as
-Megatron-LM does: one layer's forward is 24bsh²(1 + s/(6h))/t with f = 4h; a GEMM's backward
-is twice its FLOPs.
+around each linear layer's GEMM (its recipe's, `traces.fp8_recipes`). FLOPs count matrix
+products only (2 per multiply-add), as Megatron-LM does: one layer's forward is
+24bsh²(1 + s/(6h))/t with f = 4h; a GEMM's backward is twice its FLOPs.
 HBM bytes: a GEMM reads its operands and writes its product once; a memory-bound kernel reads
 and writes each tensor once. The optimizer step (`optimizer_bytes_per_param`) is
 Megatron-LM's mixed-precision one.
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from traces.fp8 import fp8_linear
+from traces.fp8 import fp8_linear, fused_norm
 from traces.heads import qk_norm_kernel
 from traces.kernel_groups import ATTENTION_CORE
 from traces.kernel_work import Gemm, KernelWork, gemm_kernel, memory_kernel
@@ -37,37 +37,41 @@ __all__ = ["ATTENTION_CORE", "FUSED_SOFTMAX_MAX_SEQ", "Gemm", "KernelWork", "att
 K = Kernel
 
 def layer_kernels(model: ModelSpec, b: int, t: int, sp: bool,
-                  grad_bytes: int | None = None) -> list[KernelWork]:
+                  grad_bytes: int | None = None, mlp_norm: bool = True) -> list[KernelWork]:
     """One layer's kernels in forward order, for one micro-batch on one TP rank.
 
     qkv's output is q (ad/t wide) and k, v (gd/t each): b·s·(ad + 2gd)/t, then qk_norm
-    (`traces.heads`) with `model.qk_norm`; fc1's is f/t, or 2f/t
-    for SwiGLU (Megatron-Core fuses the gate and up projections into one linear_fc1)."""
+    (`traces.heads`) with `model.qk_norm`; fc1's is f/t, or 2f/t for SwiGLU (Megatron-Core
+    fuses the gate and up projections into one linear_fc1). In FP8, ln1 and ln2 are the norms
+    of qkv's and fc1's LayerNormLinear (`traces.fp8.fused_norm`; not ln1 with latent
+    attention, nor ln2 without `mlp_norm`: an MoE layer's TENorm)."""
     s, h, f, e = model.seq_len, model.hidden, model.ffn_hidden, model.dtype_bytes
     g = e if grad_bytes is None else grad_bytes
     r = s // t if sp else s  # tokens of the norms and dropouts on this rank
     qkv = (model.q_width + 2 * model.kv_width) // t
     linear = fp8_linear if model.fp8 else _linear
+    ln1, ln2 = (_norm(name, b * r * h, e, residual=True) for name in (K.LN1, K.LN2))
     projections = mla_kernels(model, b, t, g, r) if model.mla else \
-        linear(model, K.QKV, (1, b * s, qkv, h), g)
+        linear(model, K.QKV, (1, b * s, qkv, h), g, fused=True)
     return [
-        _norm(K.LN1, b * r * h, e, residual=True),
+        ln1 if model.mla else fused_norm(model, ln1, b * r * h),
         *projections,
         *([qk_norm_kernel(model, b, t)] if model.qk_norm else []),
         *([rope_kernel(model, b, t)] if model.position == "rope" else []),
         *attention_kernels(model, b, t),
         *linear(model, K.PROJ, (1, b * s, h, model.heads * v_dim(model) // t), g),
         _bda(K.BDA1, b * r * h, e, model.bias, model.dropout > 0),
-        _norm(K.LN2, b * r * h, e, residual=True),
-        *linear(model, K.FC1, (1, b * s, model.fc1_width // t, h), g),
+        fused_norm(model, ln2, b * r * h) if mlp_norm else ln2,
+        *linear(model, K.FC1, (1, b * s, model.fc1_width // t, h), g, fused=mlp_norm),
         mlp_activation(model, b, t),
         *linear(model, K.FC2, (1, b * s, h, f // t), g),
         _bda(K.BDA2, b * r * h, e, model.bias, model.dropout > 0),
     ]
 
 
-def _linear(model: ModelSpec, name: Kernel, gemm: Gemm, grad_bytes: int) -> list[KernelWork]:
-    """A linear layer in the model's dtype: one GEMM."""
+def _linear(model: ModelSpec, name: Kernel, gemm: Gemm, grad_bytes: int,
+            fused: bool = False) -> list[KernelWork]:
+    """A linear layer in the model's dtype: one GEMM (`fused` matters only in FP8)."""
     return [gemm_kernel(name, gemm, model.dtype_bytes, grad_bytes)]
 
 
@@ -82,15 +86,21 @@ def mla_kernels(model: ModelSpec, b: int, t: int, grad_bytes: int, rows: int
                  2n_r(q_r + k_r)e, bwd read x and dy, write dx 3n_r(q_r + k_r)e
     q_up         GEMM (1, n, a(d + r)/t, q_r), or (1, n, a(d + r)/t, h) reading x itself
     kv_up        GEMM (1, n, a(d + d_v)/t, k_r)
-    Each GEMM's bytes and backward are `gemm_kernel`'s."""
+    Each GEMM's bytes and backward are `gemm_kernel`'s; in FP8 `fp8_linear`'s, q_up and kv_up
+    behind the latent norm of their LayerNormLinear (Megatron-Core's MLA spec:
+    TELayerNormColumnParallelLinear, the down projections TELinear)."""
     n, e, a = b * model.seq_len, model.dtype_bytes, model.heads
     latents = b * rows * (model.q_lora_rank + model.kv_lora_rank)
+    linear = fp8_linear if model.fp8 else _linear
+    q_fused = model.q_lora_rank > 0
     return [
-        gemm_kernel(K.MLA_DOWN, (1, b * rows, down_width(model), model.hidden), e, grad_bytes),
-        memory_kernel(K.LATENT_NORM, 2 * latents * e, 3 * latents * e),
-        gemm_kernel(K.Q_UP, (1, n, a * qk_dim(model) // t, q_in(model)), e, grad_bytes),
-        gemm_kernel(K.KV_UP, (1, n, a * (model.head_dim + model.v_head_dim) // t,
-                              model.kv_lora_rank), e, grad_bytes),
+        *linear(model, K.MLA_DOWN, (1, b * rows, down_width(model), model.hidden), grad_bytes),
+        fused_norm(model, memory_kernel(K.LATENT_NORM, 2 * latents * e, 3 * latents * e),
+                   latents),
+        *linear(model, K.Q_UP, (1, n, a * qk_dim(model) // t, q_in(model)), grad_bytes,
+                fused=q_fused),
+        *linear(model, K.KV_UP, (1, n, a * (model.head_dim + model.v_head_dim) // t,
+                                 model.kv_lora_rank), grad_bytes, fused=True),
     ]
 
 

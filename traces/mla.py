@@ -23,8 +23,9 @@ a 128, q_r 1536, k_r 512, d 128, r 64, d_v 128): 187,107,328 attention parameter
 Forward FLOPs per token: 2h(q_r + k_r + r) + 2q_r·a(d + r) (2h·a(d + r) when q_r = 0)
 + 2k_r·a(d + d_v) + 2a·d_v·h, and 2s·a(d + r) + 2s·a·d_v in the core (full s², as the rest
 of parasim counts it). MLA requires rotary positions, no GQA (kv_heads = heads), RMSNorm
-and no biases (DeepSeek's; Megatron-Core builds the MLA projections without biases), and is
-not modelled with FP8 GEMMs yet.
+and no biases (DeepSeek's; Megatron-Core builds the MLA projections without biases). In FP8
+(DeepSeek-V3 trained MLA's GEMMs in FP8) mla_down, q_up, kv_up and proj are FP8 GEMMs with
+their recipe's casts, the core stays bf16 (`traces.fp8`); parameters and FLOPs are the same.
 """
 
 from __future__ import annotations
@@ -63,9 +64,6 @@ class ModelSpec(Protocol):
     def bias(self) -> bool: ...
     @property
     def mla(self) -> bool: ...
-
-    @property
-    def fp8(self) -> bool: ...
 
 MLA_KEYS = ("q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "v_head_dim")
 MAX_RANK = 2**16
@@ -110,7 +108,6 @@ def _check_combination(m: ModelSpec) -> None:
         (m.norm != "rmsnorm", "norm", show(m.norm),
          "latent attention is modelled with RMSNorm (DeepSeek's)"),
         (m.bias, "bias", "true", "latent attention's projections have no biases (set false)"),
-        (m.fp8, "dtype", "\"fp8\"", "latent attention is modelled in bf16, fp16 or fp32 only"),
     )
     for broken, name, value, rule in rules:
         if broken:

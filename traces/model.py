@@ -63,9 +63,10 @@ NORMS = ("layernorm", "rmsnorm")
 STACKS = ("fused", "compiled", "eager")
 """`model.kernels`: the software stack's kernels for a block (`traces.stack`)."""
 POSITIONS = ("learned", "rope")
-FP8_RECIPES = ("delayed", "mxfp8")
-"""Transformer Engine's FP8 recipes (`traces.fp8`): per-tensor delayed scaling (Hopper) and
-MXFP8 block scaling (Blackwell)."""
+FP8_RECIPES = ("delayed", "tensorwise", "rowwise", "blockwise", "mxfp8")
+"""FP8 scaling recipes (`traces.fp8_recipes`): Transformer Engine's DelayedScaling,
+Float8CurrentScaling (and torchao's tensorwise), torchao's rowwise, Float8BlockScaling
+(DeepSeek-V3's 1x128 / 128x128 blocks) and MXFP8BlockScaling (Blackwell)."""
 # Upper bounds, far beyond any published model (GPT-3: 96 layers, h 12288, V 51200), that keep
 # every count finite and every plan buildable.
 MAX_DIMS = {"layers": 2**16, "hidden": 2**20, "heads": 2**16, "seq_len": 2**24, "vocab": 2**24,
@@ -109,9 +110,9 @@ class ModelSpec:
     0). Each dropout draws a random number per element and keeps a 1-byte mask; 0 draws none,
     keeps none, and runs no attention dropout (`traces.kernels`)."""
     fp8_recipe: str = ""
-    """With dtype = "fp8": "delayed" (per-tensor scaling from an amax history, Hopper) or
-    "mxfp8" (block scaling, Blackwell). Left out, the accelerator's (`sim.config`): "delayed"
-    when the model is built on its own."""
+    """With dtype = "fp8", one of FP8_RECIPES (`traces.fp8_recipes` says what each costs).
+    Left out, the accelerator's (`sim.config`): "mxfp8" on Blackwell, else "delayed" (and
+    "delayed" when the model is built on its own)."""
     head_dim: int = 0
     """A head's width d (Megatron's kv_channels); 0 means hidden / heads (`traces.heads`). With
     latent attention DeepSeek's qk_nope_head_dim (a q/k head is head_dim + qk_rope_head_dim)."""

@@ -118,7 +118,7 @@ def moe_layer_kernels(model: ModelSpec, b: int, t: int, sp: bool, layer: int,
     g = model.dtype_bytes if grad_bytes is None else grad_bytes
     shared = model.shared_experts * model.moe_ffn_hidden
     dense = layer_kernels(dataclasses.replace(model, ffn_hidden=shared or model.ffn_hidden),
-                          b, t, sp, grad_bytes)
+                          b, t, sp, grad_bytes, mlp_norm=False)  # ln2: TENorm before the router
     at = next(i for i, k in enumerate(dense) if k.name is K.LN2) + 1
     mlp = [k for k in dense[at:] if k.name is not K.BDA2]
     tokens = rank_tokens(model, b, t)

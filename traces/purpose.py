@@ -25,6 +25,8 @@ class Kernel(StrEnum):
     EMBED = "embed"
     POS_EMBED = "pos_embed"
     LN1 = "ln1"
+    FP8_AMAX = "fp8_amax"
+    """FP8 current scaling's pass over a tensor for its amax, before its cast (`traces.fp8`)."""
     FP8_CAST = "fp8_cast"
     """An FP8 GEMM's input cast to FP8 with its second (transposed) copy (`traces.fp8`)."""
     QKV = "qkv"
@@ -311,8 +313,8 @@ class PipeMessage:
 
 @dataclass(frozen=True, slots=True)
 class AmaxReduction:
-    """FP8 delayed scaling: the all-reduce of a stage pass's amaxes over the stage's TP, CP and
-    DP ranks (Transformer Engine at the end of fp8_autocast; `traces.plan.fp8`)."""
+    """FP8 amaxes all-reduced (`traces.plan.fp8`): delayed scaling's of a stage pass over its TP,
+    CP and DP ranks (fp8_autocast's end); current scaling's of one cast over TP (with SP)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -145,7 +145,6 @@ def test_header_stores_the_keys_only_when_set():
     ({"kv_heads": 2}, "kv_heads"),
     ({"norm": "layernorm"}, "norm"),
     ({"bias": True}, "bias"),
-    ({"dtype": "fp8"}, "dtype"),
     ({"v_head_dim": True}, "v_head_dim"),
 ])
 def test_bad_values_are_one_line_naming_the_field(over, field):
@@ -216,8 +215,7 @@ def test_cli_simulates_mla_and_prints_it(tmp_path, capsys):
 
 
 @pytest.mark.parametrize(("extra", "field"), [
-    ("kv_heads = 2", "kv_heads"), ("q_lora_rank = 64.5", "q_lora_rank"),
-    ("dtype = \"fp8\"", "dtype")])
+    ("kv_heads = 2", "kv_heads"), ("q_lora_rank = 64.5", "q_lora_rank")])
 def test_cli_bad_mla_values_are_one_line_exit_2(tmp_path, capsys, extra, field):
     code, out = _simulate(tmp_path, capsys, extra)
     assert code == 2
@@ -235,3 +233,79 @@ def test_with_sp_the_down_projection_and_norms_run_on_the_sequence_shard():
     assert ks[K.LATENT_NORM].mem_bytes == 2 * shard * (QR + KR) * 2
     assert ks[K.Q_UP].gemm == (1, n, A * (D + R) // t, QR)
     assert ks[K.KV_UP].gemm == (1, n, A * (D + DV) // t, KR)
+
+
+# --- FP8 (issue 32, item 2): DeepSeek-V3 trained MLA's GEMMs in FP8 ---------------------------
+
+MLA_GEMMS = {K.MLA_DOWN, K.Q_UP, K.KV_UP, K.PROJ, K.FC1, K.FC2}
+
+
+@pytest.mark.parametrize("qr", [QR, 0])
+@pytest.mark.parametrize("recipe", ["delayed", "tensorwise", "rowwise", "blockwise", "mxfp8"])
+def test_in_fp8_every_mla_gemm_is_fp8_and_the_flops_are_bf16s(qr, recipe):
+    bf16 = small(q_lora_rank=qr)
+    fp8 = dataclasses.replace(bf16, dtype="fp8", fp8_recipe=recipe)
+    for sp in (False, True):
+        plain, cast = layer_kernels(bf16, 2, 2, sp), layer_kernels(fp8, 2, 2, sp)
+        assert {k.name for k in cast if k.fp8} == MLA_GEMMS
+        assert {k.name: k.gemm for k in cast if k.gemm} == {k.name: k.gemm for k in plain
+                                                            if k.gemm}
+        for phase in ("flops", "bwd_flops"):
+            assert sum(getattr(k, phase) for k in cast) == sum(getattr(k, phase) for k in plain)
+        core = {K.FLASH_ATTN, K.ROPE}
+        assert [k for k in cast if k.name in core] == [k for k in plain if k.name in core]
+    assert fp8.num_params() == bf16.num_params() and model_flops(fp8, 8) == model_flops(bf16, 8)
+
+
+def test_in_fp8_the_latent_norm_is_q_ups_and_kv_ups_layernormlinear():
+    """Delayed scaling: the latent norm writes c_q and c_kv in FP8 (1 byte, not 2) and their
+    casts are transposes; ln1 (TENorm) and mla_down's cast (TELinear) stay unfused."""
+    b, t = 2, 2
+    fp8 = small(dtype="fp8")
+    ks = layer_kernels(fp8, b, t, True)
+    names = [k.name for k in ks]
+    latents, shard, n = b * S // t * (QR + KR), b * S // t, b * S
+    norm = ks[names.index(K.LATENT_NORM)]
+    assert norm.mem_bytes == 2 * latents + latents and norm.bwd_bytes == 3 * latents * 2
+    down_cast = ks[names.index(K.MLA_DOWN) - 1]
+    assert (down_cast.name, down_cast.mem_bytes) == (K.FP8_CAST, 4 * shard * H)
+    for gemm, width in ((K.Q_UP, QR), (K.KV_UP, KR)):
+        cast = ks[names.index(gemm) - 1]
+        assert (cast.name, cast.mem_bytes) == (K.FP8_CAST, 2 * n * width)
+    ln1 = ks[names.index(K.LN1)]
+    assert ln1.mem_bytes == 2 * 2 * shard * H
+
+
+def test_fp8_mla_weights_and_amaxes_count_its_six_gemms():
+    """mla_down on every TP rank, q_up, kv_up and proj split: the step's weight cast and
+    delayed scaling's amaxes (3 forward, 2 backward per FP8 GEMM) count them all."""
+    from traces.fp8 import fp8_gemms_per_layer, fp8_weights_per_layer
+    from traces.mla import mla_params
+    fp8 = small(dtype="fp8")
+    split, _ = mla_params(fp8)
+    weights = split / 2 + H * (QR + KR + R) + (H * 2 * F + F * H) / 2
+    assert fp8_weights_per_layer(fp8, 0, 2) == weights
+    assert fp8_gemms_per_layer(fp8, 0) == 6
+
+
+def test_cli_simulates_mla_in_fp8(tmp_path, capsys):
+    code, out = _simulate(tmp_path, capsys, "dtype = \"fp8\"")
+    assert code == 0, out.err
+    assert "fp8 (delayed scaling" in out.out
+
+
+@pytest.mark.parametrize(("qr", "forward"), [(QR, 1), (0, 2)])
+def test_current_scaling_reduces_over_tp_only_what_te_gathers(qr, forward):
+    """With SP: fc1's input forward (and q_up's when it reads ln1's output, which TE gathers;
+    not the latents, which Megatron-Core gathers itself), proj's and fc2's output gradients
+    backward: 4 bytes each over the TP group."""
+    from traces.layout import Layout
+    from traces.plan import build
+    from traces.purpose import AmaxReduction
+    fp8 = small(dtype="fp8", fp8_recipe="tensorwise", q_lora_rank=qr)
+    layout = Layout(tp=2, dp=2, sp=True, global_batch=2, recompute="none")
+    ops = build(fp8, layout).ops[0]
+    found = [op for op in ops if isinstance(op.purpose, AmaxReduction)]
+    per_layer = forward + 2
+    assert len(found) == layout.num_microbatches * fp8.layers * per_layer
+    assert {(op.group, op.size_bytes) for op in found} == {((0, 1), 4)}

@@ -60,7 +60,7 @@ def test_the_plan_reduces_amaxes_after_each_stage_pass_and_casts_weights_once():
     assert all(op.kind is OpKind.ALL_REDUCE and op.group == (0, 1, 2, 3) for op in amax)
     casts = [op for op in ops if op.purpose == KernelRun(Kernel.FP8_WEIGHT_CAST)]
     assert len(casts) == 1 and casts[0].phase is Phase.OPT
-    assert casts[0].mem_bytes == weight_cast_bytes(MODEL, 2, 2) == \
+    assert casts[0].mem_bytes == weight_cast_bytes(MODEL, range(2), 2) == \
         2 * (64 * (64 + 2 * 32) + 64 * 64 + 64 * 192 + 96 * 64) / 2 * (2 + 2)
     assert ops.index(casts[0]) > ops.index(next(o for o in ops if o.name == "optimizer"))
     assert not any(isinstance(op.purpose, AmaxReduction) for op in build(MX, layout).ops[0])
@@ -180,3 +180,31 @@ def test_a_folded_fp8_plan_equals_the_unfolded_one(capsys, tmp_path):
     assert main(["simulate", str(tmp_path / "c.toml"), "--json", "--no-fold"]) == 0
     full = json.loads(capsys.readouterr().out)
     assert full["step_time_s"] == folded["step_time_s"] and len(full["ranks"]) == 8
+
+
+@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise", "blockwise", "mxfp8"])
+def test_a_folded_plan_of_each_recipe_equals_the_unfolded_one(capsys, tmp_path, recipe):
+    """With SP: tensorwise's amax all-reduces span the TP group that folding collapses."""
+    preset = "dgx-b200" if recipe == "mxfp8" else "dgx-h100"
+    path = tmp_path / "c.toml"
+    path.write_text(CONFIG.format(dtype="fp8", preset=preset, nodes=1,
+                                  extra=f'fp8_recipe = "{recipe}"').replace(
+        "dp = 2\n", "dp = 2\nsp = true\n"))
+    steps = []
+    for fold in ([], ["--no-fold"]):
+        assert main(["simulate", str(path), "--json", *fold]) == 0
+        steps.append(json.loads(capsys.readouterr().out)["step_time_s"])
+    assert steps[0] == steps[1]
+
+
+@pytest.mark.parametrize("recipe", ["delayed", "tensorwise", "rowwise", "blockwise"])
+def test_hopper_and_blackwell_run_every_recipe_but_mxfp8_on_hopper(capsys, tmp_path, recipe):
+    """TE runs blockwise on Blackwell through MXFP8 (its Float8BlockScaling docs)."""
+    path = tmp_path / "c.toml"
+    for preset in ("dgx-h100", "dgx-b200"):
+        path.write_text(CONFIG.format(dtype="fp8", preset=preset, nodes=1,
+                                      extra=f'fp8_recipe = "{recipe}"'))
+        code = main(["simulate", str(path)])
+        out, err = capsys.readouterr()
+        assert code == 0, err
+        assert f"fp8 ({recipe} scaling; MFU against the FP8 peak)" in out

@@ -1,0 +1,186 @@
+"""FP8 scaling recipes: the casts, transposes and amax passes each launches around an FP8 GEMM.
+
+`fp8_recipe` names, and what they stand for:
+
+    delayed     Transformer Engine's DelayedScaling (Hopper's default): one fp32 scale per
+                tensor from an amax history, known before the cast reads the tensor
+    tensorwise  TE's Float8CurrentScaling and torchao's "tensorwise": one scale per tensor
+                from the tensor's own amax, computed by a pass of its own first
+    rowwise     torchao's "rowwise" (torchtitan's float8 recipe_name; the CUTLASS rowwise
+                GEMM): one scale per row of each operand along the contracted dimension
+    blockwise   TE's Float8BlockScaling, DeepSeek-V3's recipe (report §3.3): activations and
+                gradients scaled per 1x128 block, weights per 128x128 block, fp32 scales
+    mxfp8       TE's MXFP8BlockScaling (Blackwell): an E8M0 scale per 32 values
+
+torchao's rowwise_with_gw_hp (the weight gradient GEMM in bf16) is not offered: a GEMM's
+backward is one op at one rate here, its input and weight gradients alike.
+
+Per linear Y = X·W on one micro-batch, a = M·K elements of X, w = K·N of W, c = M·N of dY,
+n the elements of the norm before it. Hopper's FP8 tensor cores take only the "TN" layout, so
+the weight gradient's Xᵀ and dYᵀ and the input gradient's Wᵀ are second copies: transposes of
+the FP8 copy for per-tensor scales, quantized again from bf16 along the other axis for row and
+1x128 scales (a 1-D block cannot be transposed; TE's fp8_blockwise_scaling docs); MXFP8's
+columnwise copy is a second quantization too. Bytes (q: an FP8 value and its scale's share):
+
+    delayed     fp8_cast     X: read 2a, write both copies 2a (TE's cast-transpose); after a
+                             norm (qkv, fc1, MLA's q_up and kv_up: TE's LayerNormLinear) the
+                             norm writes X in FP8 itself (n bytes, not 2n: TE's normalization
+                             fuses the cast for a delayed-scaling quantizer) and fp8_cast is the
+                             transpose, read a, write a
+                fp8_cast_grad  dY: read 2c, write 2c
+                weights      once a step: read 2w, write 2w; amax history all-reduced after
+                             each stage pass (`traces.plan.fp8`)
+    tensorwise  fp8_amax, fp8_cast       X: read 2a; then read 2a, write 2a (TE's
+                             nvte_compute_amax, then its quantize: two reads, as TE's current
+                             scaling docs say; TE runs the norm unfused for this recipe)
+                fp8_amax, fp8_cast_grad  dY: read 2c; then read 2c, write 2c
+                weights      once a step: read 2w for the amax, read 2w, write 2w
+                with SP at tp > 1, a 4-byte fp32 all-reduce over TP between the amax and the
+                cast of a column-parallel GEMM's gathered input (qkv, fc1) and of a
+                row-parallel one's gathered output gradient (proj, fc2): TE's Linear sets
+                with_amax_reduction on those quantizers (amax_reduction_group = the TP group);
+                not MLA's latents, which Megatron-Core gathers itself (`traces.plan.fp8`)
+    rowwise     forward      fp8_cast X and W along K (a row's amax and cast in one pass under
+                             torch.compile): read 2a, write a; read 2w, write w
+                backward     along the other axis, from bf16: fp8_amax then fp8_cast of X (2a;
+                             2a, a) and of W (2w; 2w, w); dY along N (fp8_cast_grad 2c, c), and
+                             along M (fp8_amax 2c, fp8_cast_grad 2c, c)
+                torchao keeps no FP8 weight between micro-batches (no cast after the
+                optimizer) and, per-row scales needing no agreement, no amax reduction
+                (torchtitan gathers rowwise TP inputs in bf16)
+    blockwise   fp8_cast     X: read 2a, write both 1x128 copies 2a(1 + 4/128) in one kernel
+                             (TE quantizes rowwise and columnwise blocks from the bf16 source;
+                             the norm runs unfused for block scaling)
+                fp8_cast_grad  dY: read 2c, write 2c(1 + 4/128)
+                weights      once a step: read 2w, write 2w(1 + 4/128²) (a 128x128 block's
+                             scale serves both orientations); no amax reduction
+    mxfp8       fp8_cast     X: read 2a, write both copies 2a(1 + 1/32) (TE's normalization
+                             runs the norm unfused for MXFP8 unless NVTE_NORM_FWD_USE_CUDNN
+                             selects cuDNN's fused kernel, which is not the default)
+                fp8_cast_grad  dY: read 2c, write 2c(1 + 1/32)
+                weights      once a step: read 2w, write 2w(1 + 1/32); no amax reduction
+
+The GEMM reads X and dY at q_a and W at q_w bytes an element (rowwise's fp32 scale per row,
+4/K bytes an element, is left out). Casts after an activation are not fused: Megatron-Core's
+layer spec runs its own bias-GeLU / SwiGLU kernel and then TERowParallelLinear (TE fuses the
+activation's cast only in its LayerNormMLP). Nor after ln1 with latent attention (TENorm, then
+the TELinear down projections) or ln2 of an MoE layer (TENorm before the router).
+
+GEMM rate: every recipe runs at the accelerator's FP8 dense rate. No public measurement gives
+a scaling mode's GEMM rate apart from its casts on these accelerators: torchao's H100 tables
+(float8 README) are of whole linears with their casts, as pictures; DeepGEMM's up to 1,550
+TFLOPS for 1x128/128x128 GEMMs on H800 (of 1,979 dense) is in line with the per-tensor GEMMs'
+achieved fraction; TE's GEMM benchmarks for block scaling are on B300.
+
+Where a recipe runs: mxfp8 needs Blackwell's hardware block scales; blockwise runs on Hopper
+and on Blackwell (TE emulates it with MXFP8 there); tensorwise and rowwise wherever FP8 does.
+TE's GroupedLinear refuses current scaling at TP > 1, so tensorwise with experts needs etp 1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from traces.errors import ConfigError
+from traces.kernel_work import KernelWork
+from traces.purpose import Kernel
+
+K = Kernel
+BF16 = 2
+BLOCK = 128
+"""TE's Float8BlockScaling: 1x128 blocks for activations and gradients, 128x128 for weights,
+an fp32 scale each (DeepSeek-V3 report §3.3)."""
+MX_BLOCK = 32
+"""MXFP8: one E8M0 scale byte per 32 consecutive values (OCP Microscaling spec, TE docs)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Fp8Recipe:
+    """What a recipe launches and moves (module docstring)."""
+
+    name: str
+    act_scale: float
+    """Scale bytes per element of an FP8 activation or gradient copy."""
+    weight_scale: float
+    """Scale bytes per element of an FP8 weight copy."""
+    norm_copies: int = 0
+    """FP8 copies a LayerNormLinear's norm writes in place of its bf16 output (0: unfused;
+    TE's normalization.cpp fuses the cast by default for delayed scaling only)."""
+    amax_pass: bool = False
+    """Current scaling: an amax kernel reads each tensor before its cast."""
+    tp_amax: bool = False
+    """With SP, the amax of a gathered input or gradient all-reduced over TP (TE)."""
+    history: bool = False
+    """Delayed scaling's amax history all-reduce after each stage pass."""
+    per_use: bool = False
+    """torchao: second copies quantized in backward from bf16, weights cast at every use."""
+    block_hardware: bool = False
+    """Needs hardware block scales (Blackwell)."""
+
+    @property
+    def q_act(self) -> float:
+        return 1 + self.act_scale
+
+    @property
+    def q_weight(self) -> float:
+        return 1 + self.weight_scale
+
+    def weight_cast_per_element(self) -> float:
+        """Bytes per weight element of the step's weight cast (0: cast at every use)."""
+        if self.per_use:
+            return 0.0
+        return BF16 * (2 if self.amax_pass else 1) + 2 * self.q_weight
+
+
+RECIPES = {r.name: r for r in (
+    Fp8Recipe("delayed", 0.0, 0.0, norm_copies=1, history=True),
+    Fp8Recipe("tensorwise", 0.0, 0.0, amax_pass=True, tp_amax=True),
+    Fp8Recipe("rowwise", 0.0, 0.0, per_use=True),
+    Fp8Recipe("blockwise", 4 / BLOCK, 4 / BLOCK**2),
+    Fp8Recipe("mxfp8", 1 / MX_BLOCK, 1 / MX_BLOCK, block_hardware=True),
+)}
+
+
+def fused_norm_bytes(recipe: Fp8Recipe, elements: float) -> float:
+    """What a fused norm writes for its `elements` outputs, in place of their 2 bf16 bytes."""
+    return recipe.norm_copies * recipe.q_act * elements
+
+
+def input_casts(recipe: Fp8Recipe, a: float, w: float, fused: bool) -> list[KernelWork]:
+    """The forward kernels before the GEMM, in order: X's (and torchao's W's) casts; `fused`:
+    X comes from a LayerNormLinear's norm."""
+    q = recipe.q_act
+    if recipe.per_use:
+        return [_fwd(K.FP8_CAST, BF16 * a + a), _fwd(K.FP8_CAST, BF16 * w + w)]
+    if fused and recipe.norm_copies:
+        return [_fwd(K.FP8_CAST, 2 * q * a)]  # the transpose of the norm's FP8 output
+    cast = _fwd(K.FP8_CAST, (BF16 + 2 * q) * a)
+    return [_fwd(K.FP8_AMAX, BF16 * a), cast] if recipe.amax_pass else [cast]
+
+
+def backward_casts(recipe: Fp8Recipe, a: float, w: float, c: float) -> list[KernelWork]:
+    """The backward-only kernels after the GEMM in forward order (so, reversed, before its
+    backward): dY's casts, and torchao's second copies of X and W."""
+    if recipe.per_use:
+        return [_bwd(K.FP8_CAST, BF16 * a + a), _bwd(K.FP8_AMAX, BF16 * a),
+                _bwd(K.FP8_CAST, BF16 * w + w), _bwd(K.FP8_AMAX, BF16 * w),
+                _bwd(K.FP8_CAST_GRAD, BF16 * c + c), _bwd(K.FP8_AMAX, BF16 * c),
+                _bwd(K.FP8_CAST_GRAD, BF16 * c + c)]
+    cast = _bwd(K.FP8_CAST_GRAD, (BF16 + 2 * recipe.q_act) * c)
+    return [cast, _bwd(K.FP8_AMAX, BF16 * c)] if recipe.amax_pass else [cast]
+
+
+def _fwd(name: Kernel, size: float) -> KernelWork:
+    return KernelWork(name, 0.0, size, 0.0, 0.0)
+
+
+def _bwd(name: Kernel, size: float) -> KernelWork:
+    return KernelWork(name, 0.0, 0.0, 0.0, size)
+
+
+def check_recipe_layout(recipe: str, experts: int, etp: int) -> None:
+    """What a recipe cannot run with (module docstring): tensorwise experts at etp > 1."""
+    if recipe == "tensorwise" and experts and etp > 1:
+        raise ConfigError(f"parallel.etp: {etp} with model.fp8_recipe = \"tensorwise\": "
+                          "Transformer Engine's GroupedLinear runs current scaling only at "
+                          "expert TP 1 (its amaxes are not reduced over TP)")
