@@ -249,9 +249,9 @@ def test_a_number_of_5000_digits_is_named_as_such_not_as_a_python_limit(capsys, 
     (SMALL, {"parallel": {"zero": "1.0"}}, "parallel.zero: 1.0 must be 0, 1, 2 or 3"),
     (SMALL, {"cluster": {"fabric": '"fat-tree"', "tiers": "2.0"}},
      "cluster.tiers: 2.0 is not one of 2, 3"),
-    (SMALL, {"cluster": {"gpu_power": '"500W"'}}, "cluster.gpu_power: '500W' is outside "
-     "H100-SXM5-80GB's measured range (700 W, its TDP 700 W): its sustained clock is not "
-     "extrapolated"),
+    (SMALL, {"cluster": {"gpu_power": '"150W"'}}, "cluster.gpu_power: '150W' is outside "
+     "H100-SXM5-80GB's measured range (200 W to 700 W, its TDP 700 W): its sustained clock is "
+     "not extrapolated"),
     (SMALL, {"cluster": {"gpu_power": "inf"}}, "cluster.gpu_power: inf is not a finite number"),
     (SMALL, {"cluster": {"gpu_power": "nan"}}, "cluster.gpu_power: nan is not a finite number"),
     (SMALL, {"cluster": {"gpu_power": '"-5W"'}}, "cluster.gpu_power: '-5W' is not a power"),

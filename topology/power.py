@@ -15,9 +15,13 @@ fixed memory clock, which a board power limit does not lower to first order (nvi
 even lock A100's memory clock; `Accelerator.sustained_hbm_Bps`), so memory-bound kernels keep
 the data-sheet bandwidth under a cap.
 
-Published sustained clocks under a lower cap than the TDP were not found for any preset's GPU
-(bf16 GEMMs, hours, every GPU of a node busy): each curve below holds its TDP point only, so a
-`gpu_power` other than the TDP is refused until a measured point is added beside it.
+A measured point below the TDP follows the one rule: the preset's cited sustained clock at the
+TDP times the ratio, in one study, of a bf16 tensor-core workload's rate at that cap to its rate
+at the TDP (`topology.power_studies`), so that the study's own offsets cancel. The H100 has such
+points, from 200 W to 700 W (Mayr et al., arXiv 2603.16164: LLM pre-training on H100 HBM2e), and
+so has torchtitan's 500 W H100-96GB up to its TDP, whose preset clock is that 500 W point. The
+other GPUs have no published bf16 measurement below their TDP: each curve holds its TDP point
+only, and any other `gpu_power` is refused until a measured point is added beside its source.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from dataclasses import dataclass
 
 from topology import presets
 from topology.cluster import Accelerator
+from topology.power_studies import H100_LLAMA3_8B_PRETRAIN
 from traces.errors import ConfigError, show
 from traces.units import parse_power
 
@@ -56,12 +61,19 @@ def _at_tdp(accelerator: Accelerator, tdp_W: float) -> tuple[str, PowerCurve]:
     return accelerator.name, PowerCurve(tdp_W, ((tdp_W, accelerator.sustained_clock_MHz),))
 
 
+def _h100_measured(accelerator: Accelerator, tdp_W: float) -> tuple[str, PowerCurve]:
+    """An H100's curve: H100 SXM's cited 1450 MHz at 700 W times the study's rate ratio at each
+    measured cap up to `tdp_W` (the H100 of Mayr et al. is the HBM2e board of the 96GB one)."""
+    clocks = H100_LLAMA3_8B_PRETRAIN.clocks(presets.H100_SXM.sustained_clock_MHz, tdp_W)
+    return accelerator.name, PowerCurve(tdp_W, clocks)
+
+
 CURVES: dict[str, PowerCurve] = dict((
     _at_tdp(presets.A100_80GB, 400.0),  # A100 SXM data sheet: 400 W
-    _at_tdp(presets.H100_SXM, 700.0),  # H100 SXM data sheet: up to 700 W
+    _h100_measured(presets.H100_SXM, 700.0),  # H100 SXM data sheet: up to 700 W
     _at_tdp(presets.H200_SXM, 700.0),  # H200 SXM data sheet: up to 700 W
     # torchtitan docs/performance.md: "the default 500W power limit"
-    _at_tdp(presets.H100_96GB, 500.0),
+    _h100_measured(presets.H100_96GB, 500.0),
     _at_tdp(presets.B200, 1000.0),  # HGX B200: 1,000 W a GPU
     _at_tdp(presets.GB200, 1200.0),  # GB200 NVL72: 1.2 kW a GPU (topology.presets)
     _at_tdp(presets.B300, 1100.0),  # HGX B300: 1,100 W a GPU

@@ -18,6 +18,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from topology.cluster import Accelerator
+from topology.power_studies import H100_LLAMA3_8B_PRETRAIN
 from topology.server import ServerSpec
 
 NVLINK_LINK_LATENCY_S = 0.235e-6  # half of NCCL's 0.47 us NVLink ring step
@@ -128,10 +129,13 @@ H100_96GB = Accelerator(
     compute_units=132,  # the H100 SXM5 die: 132 SMs
     peak_flops_fp8=1978.9e12,  # as H100 SXM: FP8 dense twice BF16
     peak_clock_MHz=1830,  # as H100 SXM
-    # no published soak measurement at 500 W: an upper bound, H100's 700 W figure (mamf-finder
-    # MSMF, see H100_SXM); topology.power refuses any other gpu_power for it
-    sustained_clock_MHz=1450,
-    int32_ops_per_s=132 * 64 * 1450e6,  # as H100 SXM: 64 INT32 lanes per SM
+    # its 500 W TDP by the one rule (topology.power): H100's 1450 MHz at 700 W times the rate an
+    # H100 HBM2e keeps at a 500 W cap in bf16 LLM training, 27,705.3 of 30,271.0 tokens/s (Mayr
+    # et al., arXiv 2603.16164, Table 4; topology.power_studies): 1327.1 MHz
+    sustained_clock_MHz=H100_SXM.sustained_clock_MHz * H100_LLAMA3_8B_PRETRAIN.ratio(500.0),
+    # as H100 SXM: 64 INT32 lanes per SM, at that clock
+    int32_ops_per_s=132 * 64 * H100_SXM.sustained_clock_MHz
+    * H100_LLAMA3_8B_PRETRAIN.ratio(500.0) * 1e6,
 )
 # Blackwell Ultra (B300): NVIDIA's "Inside NVIDIA Blackwell Ultra" (developer blog, 2025):
 # 160 SMs over two dies, 288 GB HBM3e, 8 TB/s. BF16 per clock as Blackwell's 8192 dense FLOP a

@@ -30,6 +30,9 @@ def test_h100_96gb_is_torchtitans_grand_teton_h100():
     a = PRESETS["h100-96gb"].accelerator
     assert (a.memory_bytes, a.hbm_bandwidth_Bps) == (96e9, 2.4e12)  # 96GB HBM2e, 2.4 TB/s
     assert a.peak_flops == PRESETS["dgx-h100"].accelerator.peak_flops  # the H100 die
+    # at its 500 W: H100's 1450 MHz at 700 W times an H100 HBM2e's bf16 pre-training rate at a
+    # 500 W cap over its rate at 700 W (Mayr et al., arXiv 2603.16164, Table 4)
+    assert a.sustained_clock_MHz == pytest.approx(1450 * 27705.3 / 30271.0, rel=1e-12)
     s = PRESETS["h100-96gb"].server
     assert s.gpus == 8 and s.nic_Bps * 8 == 400e9  # 400 Gb/s per GPU between hosts
 
