@@ -89,9 +89,10 @@ def fused_norm(model: ModelSpec, norm: KernelWork, elements: int) -> KernelWork:
 def fp8_weights_per_layer(model: ModelSpec, layer: int, tp: int, ep: int = 1,
                           etp: int = 1) -> float:
     """Elements of one layer's FP8 GEMM weights on one rank. Attention: qkv h(q + 2gd) and
-    proj qh over t (q = ad, h when d = h/a); latent attention: mla_down h(q_r + k_r + r) on every rank, q_up, kv_up and
-    proj over t. MLP: fc1 h·f1 and fc2 fh over t; an MoE layer: its E/ep routed experts' over
-    etp and its shared experts' over t (the router stays bf16)."""
+    proj qh over t (q = ad, h when d = h/a); latent attention: mla_down h(q_r + k_r + r) on
+    every rank, q_up, kv_up and proj over t. MLP: fc1 h·f1 and fc2 fh over t; an MoE layer:
+    its E/ep routed experts' over etp and its shared experts' over t (the router stays
+    bf16)."""
     h = model.hidden
     if model.mla:
         split, _ = mla.mla_params(model)
