@@ -21,6 +21,7 @@ from sim.models.sharing import interference_for
 from sim.models.variability import expected_speeds
 from traces.identity import partition_for
 from traces.layout import Layout, Recompute
+from traces.model import ModelSpec
 from traces.ops import Trace
 from traces.pipeline import layout_schedule
 from traces.plan import build
@@ -211,7 +212,7 @@ def summary_text(exp: Experiment, s: StepSummary) -> str:
         *([f"  pipeline layers     {_stage_layers(exp)}"] if L.uneven else []),
         f"  attention           {exp.model.attention}"
         + (" (materialized scores)" if str(exp.model.attention) == "unfused" else ""),
-        f"  model               {exp.model.summary()}"
+        f"  model               {model_summary(exp.model)}"
         + (f" ({exp.model.fp8_recipe} scaling; MFU against the FP8 peak)"
            if exp.model.fp8 else ""),
         *fleet_lines(exp),
@@ -228,3 +229,24 @@ def summary_text(exp: Experiment, s: StepSummary) -> str:
                      f"{m.activations_bytes / size:6.1f} {m.working_bytes / size:5.1f} "
                      f"{m.total_bytes / size:6.1f}")
     return "\n".join(lines)
+
+
+def model_summary(model: ModelSpec) -> str:
+    """The model's architecture in a few words, for the summary and the report."""
+    attn = ("MHA" if model.kv_heads == model.heads else
+            "MQA" if model.kv_heads == 1 else f"GQA {model.kv_heads} kv heads")
+    if model.head_dim * model.heads != model.hidden or model.qk_norm:
+        attn += f", heads of {model.head_dim}" + (", qk_norm" if model.qk_norm else "")
+    if model.mla:
+        attn = (f"MLA q_lora {model.q_lora_rank or 'none'}, kv_lora {model.kv_lora_rank}, "
+                f"heads {model.head_dim}+{model.qk_rope_head_dim} rope, v {model.v_head_dim}")
+    moe = ""
+    if model.experts:
+        skew = f", skew {model.routing_skew:g}" if model.routing_skew else ""
+        cap = f", capacity {model.capacity_factor:g}" if model.capacity_factor else ", dropless"
+        moe = (f", MoE {model.experts} experts top-{model.top_k} of {model.moe_ffn_hidden}"
+               f" + {model.shared_experts} shared, {model.dense_layers} dense layers"
+               f"{cap}{skew}")
+    return (f"{attn}, {model.ffn} {model.ffn_hidden}, {model.norm}, {model.position} positions"
+            f", {'biases' if model.bias else 'no biases'}, dropout {model.dropout:g}, "
+            f"{model.dtype}{moe}")

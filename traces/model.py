@@ -250,26 +250,6 @@ class ModelSpec:
         """One norm's parameters: weight and bias (2h) for LayerNorm, weight (h) for RMSNorm."""
         return (2 if self.norm == "layernorm" else 1) * self.hidden
 
-    def summary(self) -> str:
-        """The architecture in a few words, for the simulate summary."""
-        attn = ("MHA" if self.kv_heads == self.heads else
-                "MQA" if self.kv_heads == 1 else f"GQA {self.kv_heads} kv heads")
-        if self.head_dim * self.heads != self.hidden or self.qk_norm:
-            attn += f", heads of {self.head_dim}" + (", qk_norm" if self.qk_norm else "")
-        if self.mla:
-            attn = (f"MLA q_lora {self.q_lora_rank or 'none'}, kv_lora {self.kv_lora_rank}, "
-                    f"heads {self.head_dim}+{self.qk_rope_head_dim} rope, v {self.v_head_dim}")
-        moe = ""
-        if self.experts:
-            skew = f", skew {self.routing_skew:g}" if self.routing_skew else ""
-            cap = f", capacity {self.capacity_factor:g}" if self.capacity_factor else ", dropless"
-            moe = (f", MoE {self.experts} experts top-{self.top_k} of {self.moe_ffn_hidden}"
-                   f" + {self.shared_experts} shared, {self.dense_layers} dense layers"
-                   f"{cap}{skew}")
-        return (f"{attn}, {self.ffn} {self.ffn_hidden}, {self.norm}, {self.position} positions"
-                f", {'biases' if self.bias else 'no biases'}, dropout {self.dropout:g}, "
-                f"{self.dtype}{moe}")
-
     # --- parameters -------------------------------------------------------------------------
 
     def layer_params(self, tp: int = 1, layer: int | None = None, ep: int = 1,

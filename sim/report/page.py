@@ -46,7 +46,7 @@ from sim.report.memory_view import (
 from sim.report.pipeline import legend_html, pipeline_view
 from sim.report.timeline import lanes, present_pp_ranks, rank_ops
 from sim.report.words import Words, words_for
-from sim.simulate import headline
+from sim.simulate import headline, model_summary
 from traces.errors import ConfigError
 from traces.files import write_text_atomic
 
@@ -231,7 +231,7 @@ def header_html(exp: Experiment, summary: StepSummary, words: Words) -> str:
         f"{html.escape(exp.network)}, collectives {html.escape(exp.algo)}</p>",
         f"<p>model: {m.layers} layers, hidden {m.hidden}, {m.heads} heads, sequence "
         f"{m.seq_len}, vocabulary {m.vocab}, {html.escape(m.dtype)}, attention "
-        f"{html.escape(m.attention)}; {html.escape(m.summary())}</p>",
+        f"{html.escape(m.attention)}; {html.escape(model_summary(m))}</p>",
         f"<p>layout: <b>{layout}</b>; {html.escape(options)}</p>",
         fold,
         f"<table>{table}</table>",

@@ -7,6 +7,7 @@ import dataclasses
 
 import pytest
 
+from sim.simulate import model_summary
 from traces.errors import ConfigError
 from traces.header import TraceMeta
 from traces.header_json import meta_from_json, meta_to_json
@@ -119,9 +120,9 @@ def test_model_flops_against_megatrons_mla_branch(qr):
 def test_defaults_resolve_and_summary_names_it():
     m = small(v_head_dim=0, head_dim=0)
     assert (m.head_dim, m.v_head_dim) == (H // A, H // A)
-    assert "MLA q_lora 32, kv_lora 16" in small().summary()
+    assert "MLA q_lora 32, kv_lora 16" in model_summary(small())
     plain = ModelSpec(layers=1, hidden=H, heads=A, seq_len=S, vocab=128)
-    assert plain.head_dim == H // A and not plain.mla and "MLA" not in plain.summary()
+    assert plain.head_dim == H // A and not plain.mla and "MLA" not in model_summary(plain)
 
 
 def test_header_stores_the_keys_only_when_set():
