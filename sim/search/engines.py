@@ -149,10 +149,12 @@ class Processes:
         self.started = False
 
     def start(self, task: Task[T, R], problem: Problem, items: Sequence[T]) -> Pending[R]:
-        if not self.started:  # the workers start with the first task
-            self.started = True
-            _preload(self.context, task.__module__)
-        return _Futures(self.pool, [self.pool.submit(task, problem, item) for item in items])
+        with _ctrl_c_held():  # the pool forks its workers as the tasks are submitted
+            if not self.started:  # the workers start with the first task
+                self.started = True
+                _preload(self.context, task.__module__)
+            futures = [self.pool.submit(task, problem, item) for item in items]
+        return _Futures(self.pool, futures)
 
     def map(self, task: Task[T, R], problem: Problem, items: Sequence[T],
             done: Done | None = None) -> list[R]:
@@ -291,6 +293,25 @@ def _deaths(pool: ProcessPoolExecutor) -> str:
         elif code:
             how.append(f"exit code {code}")
     return ", ".join(sorted(set(how))) or "it was ended from outside"
+
+
+@contextmanager
+def _ctrl_c_held() -> Iterator[None]:
+    """Ctrl-C held back until the block ends, then raised: while the pool forks a worker, an
+    interrupt between the fork and the pool's record of it leaves a worker `abort` cannot
+    see, which then unpickles its task after the parent is gone and prints a traceback after
+    the one line (its queue's semaphores unlinked). Signals are the main thread's only."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda number, frame: caught.append(number))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if caught:
+        raise KeyboardInterrupt
 
 
 def _leave_ctrl_c_to_the_parent() -> None:
