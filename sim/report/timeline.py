@@ -159,12 +159,13 @@ def pipeline_passes(times: StepTimes, rank: int, cols: RankOps | None = None) ->
     pass_stage = np.maximum.reduceat(stage, first)
     counts = np.diff(np.append(first, len(idx)))
     stages = layout.stages_of_rank(layout.coords(rank).pp) if layout is not None else None
+    last = layout.num_stages - 1 if layout is not None else 0
     passes = []
     for j, i in enumerate(first):
         k = ("F", "B", "O")[kind[i]]
         st: int | None = int(pass_stage[j]) if pass_stage[j] >= 0 else None
         if st is None and stages is not None and k != "O":
-            st = _layerless_stage(stages, k, layout.num_stages - 1)
+            st = _layerless_stage(stages, k, last)
         passes.append(Pass(rank=rank, kind=k, stage=None if k == "O" else st,
                            microbatch=None if k == "O" else int(mb[i]),
                            start=float(starts[i]), end=float(end[j]),

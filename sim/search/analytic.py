@@ -9,7 +9,9 @@ where communication runs beside them and stretched by the fleet's variability, a
 does; it leaves out contention and the exact overlap the full simulation adds. Context
 parallelism's all-gathers are timed as the inline collectives they are; of its p2p ring, what
 each message takes beyond the attention step beside it. An uneven pipeline's end ranks run
-their own layer counts; its bubble stays the even one's.
+their own layer counts; its bubble stays the even one's. Where a rank's chunks differ
+(Megatron-Core's account flags with vp > 1, a pipeline layout), every rank adds up its own
+chunks and the largest chunk sets the bubble (`sim.search.rank_work`).
 
 The derivation in full: docs/search-analytic.md.
 """
@@ -88,7 +90,7 @@ class Analytic:
         self._comm: dict[tuple[OpKind, tuple[int, ...], float, AllToAllv | None], float] = {}
         self._peaks: dict[tuple[Schedule, int, int, int], tuple[int, ...]] = {}
         self._groups: dict[tuple[int | str | bool, ...], tuple[int, ...]] = {}
-        self._bucket_sizes: dict[tuple[int, ...], list[float]] = {}
+        self._bucket_sizes: dict[tuple[int | str, ...], list[float]] = {}
 
     # --- the estimate --------------------------------------------------------------------------
 
