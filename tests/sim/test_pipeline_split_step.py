@@ -6,7 +6,14 @@ from __future__ import annotations
 import pytest
 
 from sim.config import experiment_from_dict
+from sim.engine.replay import replay
+from sim.models.compute import ComputeModel
+from sim.profile import default_profile
 from sim.simulate import predict
+from topology import build_cluster
+from traces.layout import Layout
+from traces.layout_rules import check_layout
+from traces.model import ModelSpec
 from traces.ops import OpKind
 from traces.plan import build
 
@@ -59,3 +66,23 @@ def test_each_rank_runs_exactly_the_layers_the_split_gives_it():
             layer_mb = _compute(t_even, rank, lambda op, s, e, w=what: one(op, s, e, w))
             assert fewer == pytest.approx(m * layer_mb, rel=rel)
     assert s_flags.step_time_s < s_even.step_time_s
+
+
+@pytest.mark.parametrize("keys", [
+    dict(account_for_embedding=True, account_for_loss=True),   # 6 + 2 over 8: 0, 1 x 6, 0
+    dict(pipeline_layout="Et|t|tt||t|t||L"),                    # empty stages 3 and 6
+], ids=["account", "layout"])
+def test_a_folded_run_equals_the_unfolded_run(keys):
+    """One rank per pipeline stage stands for its TP peers and DP replicas exactly, whatever
+    the stages hold."""
+    cluster = build_cluster("dgx-h100", nodes=2, fabric="rail")
+    model = ModelSpec(layers=6, hidden=1024, heads=16, seq_len=1024, vocab=32000)
+    layout = Layout(tp=2, pp=4, dp=2, vp=2, schedule="interleaved", global_batch=8, **keys)
+    check_layout(model, layout, world=16, devices_per_server=8)
+    compute = ComputeModel(cluster.accelerator, default_profile(cluster.accelerator))
+    full = replay(build(model, layout), cluster, compute)
+    folded = replay(build(model, layout, ranks=layout.representatives()), cluster, compute)
+    assert folded.step_time_s == full.step_time_s
+    for rank in layout.representatives():
+        assert folded.starts[rank] == full.starts[rank]
+        assert folded.ends[rank] == full.ends[rank]
