@@ -23,6 +23,12 @@ def _received_slot(boundary: int, tag: Tag) -> tuple[int, str]:
     return (boundary, f"x/{tag} chunk")
 
 
+def _release(tape: Tape, key: tuple[int, str], sent: torch.Tensor) -> None:
+    """Drop a sent activation from the tape if the slot still holds it."""
+    if tape.acts.get(key) is sent:
+        tape.release(key)
+
+
 class PipeMessages:
     """The rank's sends, receives and gathers of pipeline messages, on its tapes."""
 
@@ -53,8 +59,11 @@ class PipeMessages:
         tape, key = self.tape(mb), (boundary, "x")
         cut = self._chunk if self.scatter_gather else (lambda t: t)
         if tag == Tag.ACT:
-            return self.comm.send(cut(tape.acts[key]), peer, tag,
-                                  then=lambda: tape.release(key))
+            sent = tape.acts[key]
+            # Released once sent, unless the slot holds a newer tensor by then: a rank whose
+            # next stage holds no layer (pipeline_layout's "Et||t|L") gets the same boundary
+            # back through it, possibly before this send completes.
+            return self.comm.send(cut(sent), peer, tag, then=lambda: _release(tape, key, sent))
         return self.comm.send(cut(tape.take_grad(key)), peer, tag)
 
     def recv(self, boundary: int, mb: int, tag: Tag, peer: int) -> Handle:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import asdict, replace
+from itertools import groupby
 from typing import Any
 
 from sim.config import Experiment
@@ -181,9 +182,21 @@ def _stage_layers(exp: Experiment) -> str:
     middle = counts[1:-1]
     parts = [str(counts[0]), *([f"{middle[0]} x {len(middle)}"] if middle else []),
              str(counts[-1])]
+    if len(set(middle)) > 1:  # a pipeline_layout: runs of equal ranks
+        runs = [(n, len(list(run))) for n, run in groupby(counts)]
+        parts = [f"{n} x {k}" if k > 1 else str(n) for n, k in runs]
     chunks = f", {L.vp} chunks each" if L.vp > 1 else ""
-    return (f"{' · '.join(parts)} per pipeline rank (pp_first_layers {L.pp_first_layers}, "
-            f"pp_last_layers {L.pp_last_layers}{chunks})")
+    if L.uneven:
+        keys = f"pp_first_layers {L.pp_first_layers}, pp_last_layers {L.pp_last_layers}"
+    elif L.pipeline_layout:
+        keys = f"pipeline_layout {L.pipeline_layout!r}"
+    else:
+        keys = ", ".join(name for name in ("account_for_embedding", "account_for_loss")
+                         if getattr(L, name))
+    if L.vp > 1 and len({len(L.layers_of_stage(model, k)) for k in L.stages_of_rank(0)}) > 1:
+        firsts = " · ".join(str(len(L.layers_of_stage(model, k))) for k in L.stages_of_rank(0))
+        chunks += f"; rank 0's chunks {firsts}"
+    return f"{' · '.join(parts)} per pipeline rank ({keys}{chunks})"
 
 
 def _overlaps(layout: Layout) -> list[str]:
@@ -209,7 +222,7 @@ def summary_text(exp: Experiment, s: StepSummary) -> str:
         + (f", {', '.join(extras)}" if extras else ""),
         f"  schedule            {L.schedule}, {L.num_microbatches} micro-batches of "
         f"{L.micro_batch}, global batch {L.global_batch}",
-        *([f"  pipeline layers     {_stage_layers(exp)}"] if L.uneven else []),
+        *([f"  pipeline layers     {_stage_layers(exp)}"] if L.custom_split else []),
         f"  attention           {exp.model.attention}"
         + (" (materialized scores)" if str(exp.model.attention) == "unfused" else ""),
         f"  model               {model_summary(exp.model)}"

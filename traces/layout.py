@@ -7,8 +7,13 @@ With 16 ranks, TP 2, PP 4, DP 2 this gives TP groups [0,1] ... [14,15], DP group
 Virtual stage k (0 <= k < PP*VP) runs on pipeline rank k % PP as its chunk k // PP and holds
 the next L/(PP*VP) layers; with `pp_first_layers` / `pp_last_layers` (Megatron-Core's
 --decoder-first/last-pipeline-num-layers) each chunk of the first (last) rank holds that count
-/ VP and the other ranks' chunks split the rest evenly, as Megatron-Core's
-get_num_layers_to_build and layer offsets do. Context parallelism: `traces.plan.context`.
+/ VP and the other ranks' chunks split the rest evenly; with `account_for_embedding` /
+`account_for_loss` (--account-for-embedding/loss-in-pipeline-split) the embedding and the loss
+count as a layer each in an even split, so the first (last) virtual stage holds one layer fewer;
+`pipeline_layout` (--pipeline-model-parallel-layout) states every stage's layers. The counts
+per virtual stage are `traces.stage_split`'s, as Megatron-Core's get_num_layers_to_build and
+layer offsets give them; chunks of one rank may differ and a stage may hold no layer (the
+embedding or the loss only). Context parallelism: `traces.plan.context`.
 
 The rules that tie a layout to a model are `traces.layout_rules`'. Parameter counts per rank
 are the model's (`ModelSpec.params_on_stages`); which shifts of ranks map a group onto
@@ -32,6 +37,8 @@ from traces.fields import (
 )
 from traces.fsdp import GradSync, check_reshard, checked_grad_sync, default_grad_sync
 from traces.model import ModelSpec
+from traces.split_rules import check_split_keys
+from traces.stage_split import Split
 from traces.units import MAX_SIZE_BYTES
 
 MAX_VIRTUAL_STAGES = 1024  # model chunks per pipeline rank
@@ -41,7 +48,8 @@ MAX_MICROBATCHES = 2**16  # per pipeline per step; GPT-3 on 1024 A100s ran 192
 
 
 OMITTED_WHEN_FALSE = ("tp_comm_overlap", "overlap_param_gather", "pp_first_layers",
-                      "pp_last_layers")
+                      "pp_last_layers", "account_for_embedding", "account_for_loss",
+                      "pipeline_layout")
 """Options left out of `Layout.to_dict` while off or 0 (their default)."""
 
 
@@ -126,6 +134,15 @@ class Layout:
     """Layers of the first pipeline rank (--decoder-first-pipeline-num-layers); 0: even."""
     pp_last_layers: int = 0
     """Layers of the last pipeline rank (--decoder-last-pipeline-num-layers); 0: even."""
+    account_for_embedding: bool = False
+    """The embedding counts as a layer in the even split (Megatron-Core's
+    --account-for-embedding-in-pipeline-split): the first virtual stage holds one layer fewer."""
+    account_for_loss: bool = False
+    """The loss counts as a layer (--account-for-loss-in-pipeline-split): the last virtual stage
+    holds one layer fewer."""
+    pipeline_layout: str = ""
+    """Every virtual stage's layers (--pipeline-model-parallel-layout, `traces.pipeline_layout`),
+    such as "Et|(tt|)*30L"; "": none."""
     tp_comm_overlap: bool = False
     """Megatron-LM's --tp-comm-overlap: Transformer Engine's userbuffer overlap of the SP
     all-gathers and reduce-scatters of each layer's qkv, proj, fc1 and fc2 with the GEMMs that
@@ -191,6 +208,7 @@ class Layout:
                               "sequence-parallel all-gathers and reduce-scatters)")
         self._check_schedule()
         self._check_uneven()
+        check_split_keys(self.split(None))
         check_expert_grid(self)
 
     def _check_uneven(self) -> None:
@@ -296,33 +314,41 @@ class Layout:
     def uneven(self) -> bool:
         return bool(self.pp_first_layers or self.pp_last_layers)
 
-    def layers_per_chunk(self, model: ModelSpec, pp_rank: int) -> int:
-        """Layers of each model chunk (virtual stage) of pipeline rank `pp_rank`."""
-        if not self.uneven:
-            return model.layers // self.num_stages
-        if pp_rank == 0 and self.pp_first_layers:
-            return self.pp_first_layers // self.vp
-        if pp_rank == self.pp - 1 and self.pp_last_layers:
-            return self.pp_last_layers // self.vp
-        middle, ranks = self._middle(model)
-        return middle // (self.vp * ranks)
+    @property
+    def custom_split(self) -> bool:
+        """Layers are not split evenly by count: uneven ends, an accounted embedding or loss,
+        or a stated layout."""
+        return self.uneven or self.account_for_embedding or self.account_for_loss or \
+            bool(self.pipeline_layout)
 
-    def _middle(self, model: ModelSpec) -> tuple[int, int]:
-        """The layers not on a lightened first or last rank, and the ranks they split over."""
-        ranks = self.pp - (self.pp_first_layers > 0) - (self.pp_last_layers > 0)
-        return model.layers - self.pp_first_layers - self.pp_last_layers, ranks
+    def split(self, model: ModelSpec | None) -> Split:
+        """The keys that place layers on stages, with `model`'s layer count (0 without)."""
+        return Split(0 if model is None else model.layers, self.pp, self.vp,
+                     self.pp_first_layers, self.pp_last_layers, self.account_for_embedding,
+                     self.account_for_loss, self.pipeline_layout)
+
+    def stage_layers(self, model: ModelSpec) -> tuple[int, ...]:
+        """Transformer layers of each virtual stage, in stage order (`traces.stage_split`)."""
+        return self.split(model).counts()
+
+    def layers_per_chunk(self, model: ModelSpec, pp_rank: int) -> int:
+        """Layers of each model chunk of pipeline rank `pp_rank`, where its chunks are equal
+        (ValueError where they are not: see `layers_of_stage`)."""
+        sizes = {len(self.layers_of_stage(model, s)) for s in self.stages_of_rank(pp_rank)}
+        if len(sizes) != 1:
+            raise ValueError(f"pipeline rank {pp_rank}'s chunks differ: {sorted(sizes)}")
+        return sizes.pop()
 
     def layers_of_stage(self, model: ModelSpec, stage: int) -> range:
         """The layers of virtual stage `stage` (module docstring): stages in order hold
-        consecutive runs, each as long as its rank's chunks."""
-        chunk, pp_rank = divmod(stage, self.pp)
-        per_chunk = [self.layers_per_chunk(model, p) for p in range(self.pp)]
-        start = chunk * sum(per_chunk) + sum(per_chunk[:pp_rank])
-        return range(start, start + per_chunk[pp_rank])
+        consecutive runs."""
+        starts = self.split(model).starts()
+        return range(starts[stage], starts[stage + 1])
 
     def layers_of_rank(self, model: ModelSpec, pp_rank: int) -> int:
         """How many layers pipeline rank `pp_rank` holds over all its chunks."""
-        return self.vp * self.layers_per_chunk(model, pp_rank)
+        counts = self.stage_layers(model)
+        return sum(counts[s] for s in self.stages_of_rank(pp_rank))
 
     def stages_of_rank(self, pp_rank: int) -> list[int]:
         """Virtual stages run by pipeline rank `pp_rank`, chunk by chunk."""

@@ -8,6 +8,7 @@ from traces.errors import ConfigError
 from traces.expert_grid import check_experts
 from traces.layout import Layout
 from traces.model import ModelSpec
+from traces.split_rules import check_split
 
 
 def check_layout(model: ModelSpec, layout: Layout, *, world: int | None = None,
@@ -48,22 +49,9 @@ def check_layout(model: ModelSpec, layout: Layout, *, world: int | None = None,
 
 
 def _check_stages(model: ModelSpec, layout: Layout) -> None:
-    """Every virtual stage holds a whole, positive number of layers."""
-    if not layout.uneven:
-        if model.layers % layout.num_stages:
-            raise ConfigError(f"model.layers: {model.layers} is not divisible by pp x vp = "
-                              f"{layout.pp} x {layout.vp} = {layout.num_stages} stages")
-        return
-    middle, ranks = layout._middle(model)
-    split = (f"model.layers {model.layers} - parallel.pp_first_layers "
-             f"{layout.pp_first_layers} - parallel.pp_last_layers {layout.pp_last_layers}")
-    if middle < 0 or (ranks == 0 and middle):
-        raise ConfigError(f"parallel.pp_first_layers, parallel.pp_last_layers: {split} = "
-                          f"{middle} layers are left for the {ranks} other pipeline ranks")
-    if ranks and (middle == 0 or middle % (ranks * layout.vp)):
-        raise ConfigError(f"parallel.pp_first_layers, parallel.pp_last_layers: {split} = "
-                          f"{middle} layers do not split evenly into at least one per chunk "
-                          f"over the other {ranks} pipeline ranks x vp {layout.vp}")
+    """Every virtual stage holds a whole number of layers, as Megatron-Core splits them
+    (`traces.split_rules`)."""
+    check_split(layout.split(model))
 
 
 def _check_context(model: ModelSpec, layout: Layout) -> None:

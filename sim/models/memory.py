@@ -215,7 +215,9 @@ def pp_rank_memory(model: ModelSpec, layout: Layout, pp_rank: int,
     if not 0 <= pp_rank < layout.pp:
         raise ConfigError(f"pipeline rank {pp_rank} is outside 0..{layout.pp - 1}")
     params, grads, optimizer = _states(model, layout, pp_rank)
-    activations = peak_in_flight(actions) * _per_pass(model, layout, pp_rank)
+    chunks = chunk_bytes(model, layout, pp_rank)
+    activations = (peak_in_flight(actions) * _per_pass(model, layout, pp_rank) if chunks is None
+                   else max(_held(actions, chunks), default=0.0))
     return MemoryBreakdown(params_bytes=params, grads_bytes=grads, optimizer_bytes=optimizer,
                            activations_bytes=activations,
                            working_bytes=working_bytes(model, layout, pp_rank))
@@ -247,6 +249,40 @@ def _rank_params(model: ModelSpec, layout: Layout, pp_rank: int) -> tuple[float,
                                    etp=layout.etp)
     experts = expert_params_on_rank(model, layout, pp_rank) if model.experts else 0.0
     return total, experts
+
+
+def chunk_bytes(model: ModelSpec, layout: Layout, pp_rank: int) -> dict[int, float] | None:
+    """Stored activations of one forward pass of each of the rank's chunks, where their layer
+    counts differ (account_for_embedding / account_for_loss with vp > 1, a pipeline_layout);
+    None where they are equal (`_per_pass` then stands for every chunk)."""
+    stages = layout.stages_of_rank(pp_rank)
+    layers = {s: layout.layers_of_stage(model, s) for s in stages}
+    if len({len(r) for r in layers.values()}) == 1:
+        return None
+    per_layer = activation_bytes_per_layer(model, layout)
+    if not model.experts:
+        return {s: len(r) * per_layer for s, r in layers.items()}
+    return {s: sum(per_layer + moe_activation_delta(model, layout, i) for i in r)
+            for s, r in layers.items()}
+
+
+def _held(actions: Sequence[Action], chunks: dict[int, float]) -> list[float]:
+    """Stored activations held after each action: the forwards done whose backward is not,
+    each its chunk's bytes."""
+    in_flight: set[tuple[int, int]] = set()
+    held, out = 0.0, []
+    for action in actions:
+        key = (action.stage, action.microbatch)
+        if action.kind == "F":
+            in_flight.add(key)
+            held += chunks[action.stage]
+        elif key in in_flight:
+            in_flight.remove(key)
+            held -= chunks[action.stage]
+        else:
+            raise ConfigError(f"schedule: {action} runs before the forward {key[0]}F{key[1]}")
+        out.append(held)
+    return out
 
 
 def _per_pass(model: ModelSpec, layout: Layout, pp_rank: int) -> float:
@@ -283,8 +319,11 @@ def memory_timeline(model: ModelSpec, layout: Layout, pp_rank: int,
     that backward runs (with its working buffers) at the peak."""
     base = pp_rank_memory(model, layout, pp_rank, [])  # model states: no activations, no actions
     states = base.params_bytes + base.grads_bytes + base.optimizer_bytes
-    per_pass = _per_pass(model, layout, pp_rank)
     work = working_bytes(model, layout, pp_rank)
+    chunks = chunk_bytes(model, layout, pp_rank)
+    if chunks is not None:
+        return _weighted_timeline(states, work, chunks, timed)
+    per_pass = _per_pass(model, layout, pp_rank)
     in_flight: set[tuple[int, int]] = set()
     points = [(0.0, states)]
     for action, start, end in timed:
@@ -299,4 +338,18 @@ def memory_timeline(model: ModelSpec, layout: Layout, pp_rank: int,
             points.append((end, states + len(in_flight) * per_pass))
         else:
             raise ConfigError(f"schedule: {action} runs before the forward {key[0]}F{key[1]}")
+    return points
+
+
+def _weighted_timeline(states: float, work: float, chunks: dict[int, float],
+                       timed: Sequence[tuple[Action, float, float]]
+                       ) -> list[tuple[float, float]]:
+    """`memory_timeline` where the rank's chunks differ: a forward adds its own chunk's bytes
+    as it starts, a backward frees them as it ends."""
+    held = _held([action for action, _, _ in timed], chunks)
+    points, before = [(0.0, states)], 0.0
+    for (action, start, end), after in zip(timed, held):
+        peak = after if action.kind == "F" else before
+        points += [(start, states + peak + work), (end, states + after)]
+        before = after
     return points

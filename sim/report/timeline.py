@@ -127,7 +127,8 @@ def pipeline_passes(times: StepTimes, rank: int, cols: RankOps | None = None) ->
     layers move to another virtual stage."""
     c = cols if cols is not None else rank_ops(times, rank)
     layout, model = times.plan.meta.layout, times.plan.meta.model
-    # each layer's virtual stage (uneven stages too: pp_first_layers, pp_last_layers)
+    # each layer's virtual stage (uneven stages too: pp_first_layers, pp_last_layers,
+    # account_for_embedding / account_for_loss, pipeline_layout)
     of_layer = (np.array([k for k in range(layout.num_stages)
                           for _ in layout.layers_of_stage(model, k)], dtype=np.int64)
                 if layout is not None and model is not None else None)
@@ -158,13 +159,13 @@ def pipeline_passes(times: StepTimes, rank: int, cols: RankOps | None = None) ->
     pass_stage = np.maximum.reduceat(stage, first)
     counts = np.diff(np.append(first, len(idx)))
     stages = layout.stages_of_rank(layout.coords(rank).pp) if layout is not None else None
+    last = layout.num_stages - 1 if layout is not None else 0
     passes = []
     for j, i in enumerate(first):
         k = ("F", "B", "O")[kind[i]]
         st: int | None = int(pass_stage[j]) if pass_stage[j] >= 0 else None
         if st is None and stages is not None and k != "O":
-            # a pass of embeddings or the head only: the rank's first stage (forward) or last
-            st = stages[0] if k == "F" else stages[-1]
+            st = _layerless_stage(stages, k, last)
         passes.append(Pass(rank=rank, kind=k, stage=None if k == "O" else st,
                            microbatch=None if k == "O" else int(mb[i]),
                            start=float(starts[i]), end=float(end[j]),
@@ -338,3 +339,13 @@ def annotate(trace: Trace, times: StepTimes, model: ModelSpec, layout: Layout,
         memory[rank] = tuple((t, b) for (t, b), nxt in zip(points, [*points[1:], None])
                              if nxt is None or nxt[0] != t)
     return Trace(trace.ops, replace(trace.meta, memory=memory, devices=devices))
+
+
+def _layerless_stage(stages: list[int], kind: str, last: int) -> int:
+    """The stage of a pass without layers: the embedding's (stage 0) or the output layer's
+    (the last stage) where the rank holds it, that one; else the rank's first stage forward
+    and its last backward (where their layers' ops would have placed them)."""
+    ends = [k for k in (0, last) if k in stages]
+    if len(ends) == 1:
+        return ends[0]
+    return stages[0] if kind == "F" else stages[-1]

@@ -9,7 +9,9 @@ where communication runs beside them and stretched by the fleet's variability, a
 does; it leaves out contention and the exact overlap the full simulation adds. Context
 parallelism's all-gathers are timed as the inline collectives they are; of its p2p ring, what
 each message takes beyond the attention step beside it. An uneven pipeline's end ranks run
-their own layer counts; its bubble stays the even one's.
+their own layer counts; its bubble stays the even one's. Where a rank's chunks differ
+(Megatron-Core's account flags with vp > 1, a pipeline layout), every rank adds up its own
+chunks and the largest chunk sets the bubble (`sim.search.rank_work`).
 
 The derivation in full: docs/search-analytic.md.
 """
@@ -38,7 +40,8 @@ from sim.search.passes import (
     gradient_buckets,
     pass_ops,
 )
-from sim.search.stage_time import UnitTime, beside, stage
+from sim.search.rank_work import equal_chunks, pipe_work
+from sim.search.stage_time import UnitTime, beside
 from topology.cluster import Cluster
 from traces.alltoallv import AllToAllv
 from traces.expert_grid import ep_group, etp_group, expert_data_group
@@ -88,7 +91,7 @@ class Analytic:
         self._comm: dict[tuple[OpKind, tuple[int, ...], float, AllToAllv | None], float] = {}
         self._peaks: dict[tuple[Schedule, int, int, int], tuple[int, ...]] = {}
         self._groups: dict[tuple[int | str | bool, ...], tuple[int, ...]] = {}
-        self._bucket_sizes: dict[tuple[int, ...], list[float]] = {}
+        self._bucket_sizes: dict[tuple[int | str, ...], list[float]] = {}
 
     # --- the estimate --------------------------------------------------------------------------
 
@@ -97,25 +100,15 @@ class Analytic:
         ops = self.pass_ops(layout)
         stretch = step_stretch(self.variability, layout, self.cluster.devices_per_server)
         layer, first, last = self._unit_times(layout, ops, stretch)
-        p, v, m = layout.pp, layout.vp, layout.num_microbatches
-        n = layout.layers_per_chunk(self.model, min(1, p - 1))  # a middle rank's chunk
+        p, m = layout.pp, layout.num_microbatches
         # A pipeline hop: the send, and what the receiver runs on the data first.
         hop = self._send(layout, ops.send_bytes) + sum(
             self._op_time(layout, op, axis) for op, axis in ops.after_receive)
-        chunk = stage(n, layer)
+        work = pipe_work(self.model, layout, layer, first, last, hop)
+        chunk, ranks = work.chunk, sorted(work.ranks)
         t_vs = chunk.fwd + chunk.bwd + (2 * hop if p > 1 else 0.0)
         bubble = (p - 1) * t_vs
-        ranks = _distinct_ranks(p)
-        # The chunk holding an end of the model: the embedding on rank 0, the output layer on
-        # rank p-1 (both on rank 0 without a pipeline). A chunk hops once forward and once
-        # backward, but the first stage receives nothing forward and the last nothing back.
-        ends = {r: stage(layout.layers_per_chunk(self.model, r), layer,
-                          *([first] if r == 0 else []), *([last] if r == p - 1 else []))
-                for r in ranks}
-        hops = {r: 2 * v - (r == 0) - (r == p - 1) if p > 1 else 0 for r in ranks}
-        own = {r: stage(layout.layers_per_chunk(self.model, r), layer) for r in ranks}
-        per_microbatch = {r: (v - 1) * (own[r].fwd + own[r].bwd) + ends[r].fwd + ends[r].bwd
-                          + hops[r] * hop for r in ranks}
+        per_microbatch = {r: w.per_microbatch for r, w in work.ranks.items()}
         # ZeRO-3: nothing hides the step's first gathers (the embedding's and the first
         # layer's) before the first kernel can run.
         start = max(first.side_fwd + layer.side_fwd - first.compute_fwd, 0.0) \
@@ -126,16 +119,13 @@ class Analytic:
         # that overlap it): a layer's.
         slowed = layer.beside_bwd / layer.compute_bwd if layer.compute_bwd else 1.0
         for r in ranks:
-            end, optimizer = self._end_of_step(layout, ops, r, (v - 1) * own[r].bwd
-                                               + ends[r].bwd, per_microbatch[r], slowed,
-                                               stretch)
+            end, optimizer = self._end_of_step(layout, ops, r, work.ranks[r].last_backward,
+                                               per_microbatch[r], slowed, stretch)
             # Rank r's last backward ends r stages before rank 0's; what the last unit of it
             # leaves on the side streams (the embedding's on rank 0, else a layer's) follows.
             finished = pipe - r * (chunk.bwd + hop)
-            step = max(step, finished + ends[r].tail + end)
-            compute = max(compute, m * ((v - 1) * layout.layers_per_chunk(self.model, r)
-                                        * layer.kernels + ends[r].kernels)
-                          + optimizer)
+            step = max(step, finished + work.ranks[r].tail + end)
+            compute = max(compute, m * work.ranks[r].kernels + optimizer)
         peak = self.peak_memory(layout)
         return Estimate(step_time_s=step, compute_s=compute, bubble_s=bubble,
                         exposed_comm_s=max(step - compute - bubble, 0.0),
@@ -193,8 +183,7 @@ class Analytic:
     def memory(self, layout: Layout) -> list[MemoryBreakdown]:
         """`sim.models.memory.memory_by_pp_rank`, with each rank's peak of micro-batches in flight
         taken once per distinct schedule."""
-        peaks = self._in_flight(layout)
-        return [pp_rank_memory(self.model, layout, r, _holding(peaks[r]))
+        return [pp_rank_memory(self.model, layout, r, self._holding(layout, r))
                 for r in range(layout.pp)]
 
     def peak_memory(self, layout: Layout) -> float:
@@ -203,10 +192,20 @@ class Analytic:
         ranks hold the same parameters and buffers)."""
         peaks = self._in_flight(layout)
         ranks = {0, layout.pp - 1}
-        if layout.pp > 2:
+        if not equal_chunks(self.model, layout):  # chunks differ: each rank's own peak
+            ranks = set(range(layout.pp))
+        elif layout.pp > 2:
             ranks.add(max(range(1, layout.pp - 1), key=lambda r: (peaks[r], -r)))
-        return max(pp_rank_memory(self.model, layout, r, _holding(peaks[r])).total_bytes
+        return max(pp_rank_memory(self.model, layout, r, self._holding(layout, r)).total_bytes
                    for r in sorted(ranks))
+
+    def _holding(self, layout: Layout, r: int) -> list[Action]:
+        """What `pp_rank_memory` needs of rank r's schedule: its peak in flight where its
+        chunks are equal; its actions where they differ (which chunks are in flight counts)."""
+        if equal_chunks(self.model, layout):
+            return _holding(self._in_flight(layout)[r])
+        key = (layout.schedule, layout.pp, layout.num_microbatches, layout.vp)
+        return _GENERATORS[key[0]](*key[1:])[r]
 
     def _in_flight(self, layout: Layout) -> tuple[int, ...]:
         """Micro-batches each pipeline rank holds at its peak under the layout's schedule."""
@@ -220,7 +219,8 @@ class Analytic:
     def buckets(self, layout: Layout, r: int) -> list[float]:
         """Bytes of each gradient bucket pipeline rank r reduces (cached)."""
         key = (layout.tp, layout.pp, layout.vp, r, layout.fp32_main_grads, layout.bucket_bytes,
-               layout.pp_first_layers, layout.pp_last_layers)
+               layout.pp_first_layers, layout.pp_last_layers, layout.account_for_embedding,
+               layout.account_for_loss, layout.pipeline_layout)
         found = self._bucket_sizes.get(key)
         if found is None:
             found = self._bucket_sizes[key] = gradient_buckets(self.model, layout, r)
@@ -360,12 +360,6 @@ def _region_key(op: Op) -> tuple[object, ...] | None:
     if not in_region(op):
         return None
     return (getattr(op.purpose, "kernel", None), op.layer, op.microbatch, op.phase)
-
-
-def _distinct_ranks(pp: int) -> list[int]:
-    """Pipeline ranks that differ: the first, one in the middle, the last (the middle ones
-    hold the same parameters and run the same work)."""
-    return sorted({0, min(1, pp - 1), pp - 1})
 
 
 _EXPERT_GROUPS = {"ep": ep_group, "etp": etp_group, "edp": expert_data_group}

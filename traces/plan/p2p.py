@@ -12,6 +12,9 @@ Each send and receive carries `layer`: the layer of its own stage whose input or
 carries (an activation sent on: the output of the stage's last layer; received: the input of
 its first layer; a gradient received: of the last layer's output; sent back: of the first
 layer's input); its purpose (`PipeMessage`) names the boundary: the layer whose input it is.
+A stage without layers (`pipeline_layout`'s "E|...", "...|L" or an empty stage) has one
+boundary for its input and its output, and its messages carry no layer; a stage with nothing
+to compute at all passes what it receives straight on: its send waits for its receive.
 
 Under tensor parallelism every TP rank sends only its 1/t of the activation (or gradient):
 b·s·h/t bytes. With SP the tensor is already the rank's sequence shard. Without SP, Megatron-LM
@@ -46,14 +49,16 @@ def add_pipeline_p2p(ctx: RankContext, actions: list[Action], program: Program) 
     group = layout.group(ctx.rank, Axis.TP)
     out: Program = []
     pending: Node | None = None  # the previous action's send
-    ends: dict[int, tuple[int, int]] = {}  # stage -> its first and last layer
+    ends: dict[int, tuple[int, int]] = {}  # stage -> its first and last layer (last + 1 =
+    # first where it has none)
     peers: dict[int, int] = {}  # stage -> the rank that runs it
     for action, nodes in zip(actions, program):
         kind, stage, mb = action.kind, action.stage, action.microbatch
         if stage not in ends:
             layers = layout.layers_of_stage(ctx.model, stage)
-            ends[stage] = layers[0], layers[-1]
+            ends[stage] = layers.start, layers.stop - 1
         first, last = ends[stage]
+        own = first <= last  # the stage holds layers: its messages name one of them
         entry = [] if pending is None else [pending]
         step: list[Node] = []
         stream, tag, offset = _RECV[kind]
@@ -61,7 +66,7 @@ def add_pipeline_p2p(ctx: RankContext, actions: list[Action], program: Program) 
             # an activation in is the first layer's input; a gradient in, of the last's output
             boundary = first if kind == "F" else last + 1
             recv = _p2p(OpKind.RECV, stream, _peer(ctx, peers, stage + offset), size, tag, mb,
-                        first if kind == "F" else last, boundary)
+                        (first if kind == "F" else last) if own else None, boundary)
             step.append(recv)
             entry.append(recv)
             if gather:
@@ -71,15 +76,21 @@ def add_pipeline_p2p(ctx: RankContext, actions: list[Action], program: Program) 
                 gathered = Node(op, None, entry)
                 step.append(gathered)
                 entry = [gathered]
-        first_compute(nodes).wait_first(entry)
+        computes = any(node.on_compute for node in nodes)
+        if computes:
+            first_compute(nodes).wait_first(entry)
         step += nodes
         pending = None
         stream, tag, offset = _SEND[kind]
         if 0 <= stage + offset <= ctx.last_stage:
             # an activation out is the next layer's input; a gradient back, the first's
             pending = _p2p(OpKind.SEND, stream, _peer(ctx, peers, stage + offset), size, tag, mb,
-                           last if kind == "F" else first, last + 1 if kind == "F" else first)
-            pending.wait_for(last_compute(nodes))
+                           (last if kind == "F" else first) if own else None,
+                           last + 1 if kind == "F" else first)
+            if computes:
+                pending.wait_for(last_compute(nodes))
+            else:  # nothing to compute: hand on what came in
+                pending.wait_first(entry)
             step.append(pending)
         out.append(step)
     return [*out, *program[len(actions):]]
@@ -93,6 +104,6 @@ def _peer(ctx: RankContext, peers: dict[int, int], stage: int) -> int:
 
 
 def _p2p(kind: OpKind, stream: Stream, peer: int, size: float, tag: Tag, mb: int,
-         layer: int, boundary: int) -> Node:
+         layer: int | None, boundary: int) -> Node:
     return Node(Op(kind=kind, stream=stream, purpose=PipeMessage(tag, boundary), peer=peer,
                    size_bytes=size, tag=str(tag), microbatch=mb, layer=layer))
