@@ -43,7 +43,6 @@ from traces.units import MAX_SIZE_BYTES
 
 MAX_VIRTUAL_STAGES = 1024  # model chunks per pipeline rank
 MAX_BATCH = 2**24  # sequences in one step (GPT-3 used 1,536; 16 M is no real run)
-MAX_LAYERS = 2**16  # as model.layers (traces.model.MAX_DIMS)
 MAX_MICROBATCHES = 2**16  # per pipeline per step; GPT-3 on 1024 A100s ran 192
 
 
@@ -207,23 +206,8 @@ class Layout:
                               f"{self.tp} needs sp = true (Megatron-Core overlaps the "
                               "sequence-parallel all-gathers and reduce-scatters)")
         self._check_schedule()
-        self._check_uneven()
         check_split_keys(self.split(None))
         check_expert_grid(self)
-
-    def _check_uneven(self) -> None:
-        """pp_first_layers / pp_last_layers: counts of whole layers per chunk of their rank."""
-        for name in ("pp_first_layers", "pp_last_layers"):
-            check_int(getattr(self, name), f"parallel.{name}", minimum=0,
-                      maximum=MAX_LAYERS)
-            value = getattr(self, name)
-            if value and self.pp < 2:
-                raise ConfigError(f"parallel.{name}: {value} needs pp >= 2 (with one pipeline "
-                                  "rank there is no first or last stage to lighten)")
-            if value % self.vp:
-                raise ConfigError(f"parallel.{name}: {value} is not divisible by vp = "
-                                  f"{self.vp} (each model chunk of the rank takes {name}/vp "
-                                  "layers, as in Megatron-Core)")
 
     def _check_schedule(self) -> None:
         m = self.num_microbatches

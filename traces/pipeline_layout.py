@@ -21,7 +21,8 @@ FIELD = "parallel.pipeline_layout"
 MAX_CHARS = 10_000
 """Characters of the string as written (DeepSeek-V3's is 13)."""
 MAX_EXPANDED = 2**20
-"""Symbols once every repetition is unrolled: ~16x MAX_LAYERS, more than any real model."""
+"""Symbols once every repetition is unrolled: ~16x the most layers a model may have
+(traces.model.MAX_DIMS), more than any real model."""
 MAX_DIGITS = 7
 SYMBOLS = "EtmL|"
 

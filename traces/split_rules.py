@@ -11,7 +11,8 @@ their share by vp. Each refusal here is one line.
 from __future__ import annotations
 
 from traces.errors import ConfigError, show
-from traces.fields import check_bool
+from traces.fields import check_bool, check_int
+from traces.model import MAX_DIMS
 from traces.pipeline_layout import FIELD
 from traces.stage_split import Split
 
@@ -19,6 +20,7 @@ from traces.stage_split import Split
 def check_split_keys(split: Split) -> None:
     """The rules that need no model: types, exclusions, the layout string and its stage count
     (`split.layers` is not read)."""
+    _check_end_counts(split)
     check_bool(split.embedding, "parallel.account_for_embedding")
     check_bool(split.loss, "parallel.account_for_loss")
     if not isinstance(split.layout, str):
@@ -89,3 +91,16 @@ def _check_uneven(split: Split) -> None:
         raise ConfigError(f"parallel.pp_first_layers, parallel.pp_last_layers: {text} = "
                           f"{middle} layers do not split evenly into at least one per chunk "
                           f"over the other {ranks} pipeline ranks x vp {split.vp}")
+
+
+def _check_end_counts(split: Split) -> None:
+    """pp_first_layers / pp_last_layers: counts of whole layers per chunk of their rank."""
+    for name, value in (("pp_first_layers", split.first), ("pp_last_layers", split.last)):
+        check_int(value, f"parallel.{name}", minimum=0, maximum=MAX_DIMS["layers"])
+        if value and split.pp < 2:
+            raise ConfigError(f"parallel.{name}: {value} needs pp >= 2 (with one pipeline "
+                              "rank there is no first or last stage to lighten)")
+        if value % split.vp:
+            raise ConfigError(f"parallel.{name}: {value} is not divisible by vp = "
+                              f"{split.vp} (each model chunk of the rank takes {name}/vp "
+                              "layers, as in Megatron-Core)")
