@@ -22,7 +22,7 @@ another (folding's symmetry) is `traces.symmetry`'s.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from enum import StrEnum
 from typing import Any
 
@@ -46,10 +46,12 @@ MAX_BATCH = 2**24  # sequences in one step (GPT-3 used 1,536; 16 M is no real ru
 MAX_MICROBATCHES = 2**16  # per pipeline per step; GPT-3 on 1024 A100s ran 192
 
 
-OMITTED_WHEN_FALSE = ("tp_comm_overlap", "overlap_param_gather", "pp_first_layers",
+OMITTED_AT_DEFAULT = ("tp_comm_overlap", "overlap_param_gather", "pp_first_layers",
                       "pp_last_layers", "account_for_embedding", "account_for_loss",
-                      "pipeline_layout")
-"""Options left out of `Layout.to_dict` while off or 0 (their default)."""
+                      "pipeline_layout", "ep", "etp", "reshard_after_forward", "grad_sync",
+                      "overlap_p2p_comm")
+"""Options left out of `Layout.to_dict` at their default (so a layout without them reads as it
+always has)."""
 
 
 class Axis(StrEnum):
@@ -160,6 +162,10 @@ class Layout:
     grad_sync: GradSync | None = None
     """Gradients reduced every micro-batch or once per step (`traces.fsdp`); None (stored
     for the stated default too): the ZeRO stage's own, `sync`."""
+    overlap_p2p_comm: bool = True
+    """Megatron-Core's --overlap-p2p-communication (on by default, and only under the
+    interleaved schedule): a pipeline send waits only for the next action of its direction
+    (`traces.plan.p2p`); false: every send blocks the next action, as Megatron-LM before 2023."""
 
     def __post_init__(self) -> None:
         """The rules that need neither the model nor the cluster (see `check_layout`)."""
@@ -174,6 +180,7 @@ class Layout:
         check_bool(self.fp32_main_grads, "parallel.fp32_main_grads")
         check_bool(self.tp_comm_overlap, "parallel.tp_comm_overlap")
         check_bool(self.overlap_param_gather, "parallel.overlap_param_gather")
+        check_bool(self.overlap_p2p_comm, "parallel.overlap_p2p_comm")
         if self.zero not in (0, 1, 2, 3) or not is_int(self.zero):
             raise ConfigError(f"parallel.zero: {show(self.zero)} must be 0, 1, 2 or 3")
         check_reshard(self.reshard_after_forward, self.zero)
@@ -359,25 +366,17 @@ class Layout:
         return text
 
     def to_dict(self) -> dict[str, Any]:
-        """The fields as plain values; cp_comm only with cp > 1, the uneven split's counts,
-        the overlaps, reshard_after_forward and grad_sync only when not their defaults (so a
-        layout without them reads as it always has)."""
+        """The fields as plain values; cp_comm only with cp > 1, the options of
+        OMITTED_AT_DEFAULT only where they are not at their default."""
         out = asdict(self)
         out["schedule"], out["recompute"] = str(self.schedule), str(self.recompute)
         out["cp_comm"] = str(self.cp_comm)
         if self.cp == 1:
             del out["cp_comm"]
-        for name in OMITTED_WHEN_FALSE:  # files and --json from before the key stay the same
-            if not out[name]:
-                del out[name]
-        for name in ("ep", "etp"):
-            if out[name] == 1:
-                del out[name]
-        if out["reshard_after_forward"]:
-            del out["reshard_after_forward"]
-        if self.grad_sync is None:
-            del out["grad_sync"]
-        else:
+        for f in fields(self):  # files and --json from before an option stay the same
+            if f.name in OMITTED_AT_DEFAULT and getattr(self, f.name) == f.default:
+                del out[f.name]
+        if self.grad_sync is not None:
             out["grad_sync"] = str(self.grad_sync)
         return out
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sim.search.stage_time import ChunkPass, UnitTime, stage
-from traces.layout import Layout
+from traces.layout import Layout, Schedule
 from traces.model import ModelSpec
 
 
@@ -54,10 +54,14 @@ def pipe_work(model: ModelSpec, layout: Layout, layer: UnitTime, first: UnitTime
 
 
 def _hops(layout: Layout, r: int) -> int:
-    """Pipeline hops of rank r per micro-batch: one forward and one backward a chunk, but the
-    first stage receives nothing forward and the last nothing back."""
+    """Pipeline hops rank r waits for per micro-batch: one forward and one backward a chunk,
+    but the first stage receives nothing forward and the last nothing back; none where
+    Megatron-Core overlaps them (`overlap_p2p_comm` under interleaving: each send moves beside
+    the other direction's chunk, `traces.plan.p2p`), which leaves them to the fill."""
     p, v = layout.pp, layout.vp
-    return 2 * v - (r == 0) - (r == p - 1) if p > 1 else 0
+    if p == 1 or (layout.overlap_p2p_comm and layout.schedule is Schedule.INTERLEAVED):
+        return 0
+    return 2 * v - (r == 0) - (r == p - 1)
 
 
 def _equal(model: ModelSpec, layout: Layout, layer: UnitTime, first: UnitTime,

@@ -6,7 +6,13 @@ last receives the gradient of its output from stage s + 1 (tag "grad"); a backwa
 sends the gradient of its input back. Receives are posted at the start of the action and the
 action's first compute op waits for them. Megatron-LM's sends are blocking: the next action
 (and the optimizer step) starts once the previous action's output has been handed over; as
-receives are posted ahead, this never deadlocks.
+receives are posted ahead, this never deadlocks. Under the interleaved schedule Megatron-Core
+overlaps them (`overlap_p2p_comm`, its default there; megatron/core/pipeline_parallel/
+schedules.py, forward_backward_pipelining_with_interleaving): a forward's send goes out
+together with the next forward's receive and is waited for only before that next forward
+(`fwd_wait_handles`), a backward's before the next backward, so in the steady state each
+message moves beside the other direction's chunk. Here a send then blocks only the next
+action of its kind (and the optimizer step).
 
 Each send and receive carries `layer`: the layer of its own stage whose input or output it
 carries (an activation sent on: the output of the stage's last layer; received: the input of
@@ -27,7 +33,7 @@ action's first kernel waits for.
 
 from __future__ import annotations
 
-from traces.layout import Axis
+from traces.layout import Axis, Schedule
 from traces.ops import Op, OpKind, Phase, Stream
 from traces.pipeline import Action
 from traces.plan.nodes import Node, Program, RankContext, first_compute, last_compute
@@ -48,7 +54,8 @@ def add_pipeline_p2p(ctx: RankContext, actions: list[Action], program: Program) 
     gather = layout.tp > 1 and not layout.sp
     group = layout.group(ctx.rank, Axis.TP)
     out: Program = []
-    pending: Node | None = None  # the previous action's send
+    overlap = layout.overlap_p2p_comm and layout.schedule is Schedule.INTERLEAVED
+    pending: dict[str, Node | None] = {"F": None, "B": None}  # the last send of each kind
     ends: dict[int, tuple[int, int]] = {}  # stage -> its first and last layer (last + 1 =
     # first where it has none)
     peers: dict[int, int] = {}  # stage -> the rank that runs it
@@ -59,7 +66,8 @@ def add_pipeline_p2p(ctx: RankContext, actions: list[Action], program: Program) 
             ends[stage] = layers.start, layers.stop - 1
         first, last = ends[stage]
         own = first <= last  # the stage holds layers: its messages name one of them
-        entry = [] if pending is None else [pending]
+        before = pending[kind] if overlap else pending["F"] or pending["B"]
+        entry = [] if before is None else [before]
         step: list[Node] = []
         stream, tag, offset = _RECV[kind]
         if 0 <= stage + offset <= ctx.last_stage:
@@ -80,18 +88,21 @@ def add_pipeline_p2p(ctx: RankContext, actions: list[Action], program: Program) 
         if computes:
             first_compute(nodes).wait_first(entry)
         step += nodes
-        pending = None
+        if not overlap:
+            pending = {"F": None, "B": None}
+        pending[kind] = None
         stream, tag, offset = _SEND[kind]
         if 0 <= stage + offset <= ctx.last_stage:
             # an activation out is the next layer's input; a gradient back, the first's
-            pending = _p2p(OpKind.SEND, stream, _peer(ctx, peers, stage + offset), size, tag, mb,
-                           (last if kind == "F" else first) if own else None,
-                           last + 1 if kind == "F" else first)
+            send = pending[kind] = _p2p(
+                OpKind.SEND, stream, _peer(ctx, peers, stage + offset), size, tag, mb,
+                (last if kind == "F" else first) if own else None,
+                last + 1 if kind == "F" else first)
             if computes:
-                pending.wait_for(last_compute(nodes))
+                send.wait_for(last_compute(nodes))
             else:  # nothing to compute: hand on what came in
-                pending.wait_first(entry)
-            step.append(pending)
+                send.wait_first(entry)
+            step.append(send)
         out.append(step)
     return [*out, *program[len(actions):]]
 

@@ -142,6 +142,32 @@ def test_p2p_pass_receives_first_sends_last_and_blocks_on_the_previous_send():
     assert b1[-1].op.kind is OpKind.SEND
 
 
+@pytest.mark.parametrize("overlap", [True, False])
+def test_interleaved_p2p_blocks_the_next_action_of_its_direction_with_overlap_p2p_comm(overlap):
+    """Megatron-Core's overlap_p2p_comm (its default under interleaving): a forward's send
+    holds back the next forward's first kernel, not the backward between them, and a
+    backward's the next backward's; without it every send blocks the very next action."""
+    ctx, actions, program = setup(rank=0, pp=2, vp=2, schedule="interleaved",
+                                  global_batch=4, overlap_p2p_comm=overlap)
+    out = add_pipeline_p2p(ctx, actions, program)
+    sends: dict[str, Node] = {}
+    previous = None  # the send of the action before
+    checked = set()
+    for action, step in zip(actions, out):
+        first = next(n for n in step if n.on_compute)
+        waits = [n for n in first.after if n.op.kind is OpKind.SEND]
+        expected = sends.get(action.kind) if overlap else previous
+        assert waits == ([expected] if expected is not None else []), str(action)
+        if expected is not None and previous is not None and expected is not previous:
+            checked.add(action.kind)  # the case the two rules tell apart
+        previous = next((n for n in step if n.op.kind is OpKind.SEND), None)
+        if previous is not None:
+            sends[action.kind] = previous
+        elif overlap:
+            sends.pop(action.kind, None)
+    assert checked == ({"F", "B"} if overlap else set())
+
+
 def test_data_pass_reduces_buckets_in_the_last_micro_batch_only_for_zero_0():
     ctx, actions, program = setup(dp=2, global_batch=4)  # two micro-batches per replica
     out = add_data_parallel(ctx, actions, program)
