@@ -53,6 +53,7 @@ from traces.header import TraceMeta, check_fold_ranks
 from traces.io import load as load_parasim
 from traces.kineto import dropped, load_kineto
 from traces.ops import Op, OpKind, Trace
+from traces.stack import launch_counts
 
 SNIFF_BYTES = 65536
 _SCHEMA_KEY = re.compile(rb'"schema"\s*:')
@@ -278,7 +279,9 @@ def replay_trace(loaded: LoadedTrace, cluster: Cluster, profile: Profile | None 
             else NetworkMode.FLOW
     plan, kept, modelled, uncosted = _compute_times(trace, retime)
     gaps = measured_gaps(trace) if host_gaps else None
-    compute = ComputeModel(cluster.accelerator, profile)
+    # a parasim plan's software stack states its kernels' launches, as `predict` costs them
+    stack = launch_counts(trace.meta.model) if trace.meta.model is not None else None
+    compute = ComputeModel(cluster.accelerator, profile, stack)
     times = replay(plan, cluster, compute,
                    interference=interference_for(cluster, profile, compute), network=network,
                    algo=algo, progress=progress, gaps=gaps,

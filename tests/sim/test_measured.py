@@ -450,3 +450,22 @@ def test_a_replay_on_a_varied_cluster_stretches_like_simulate(tmp_path, known):
     with pytest.raises(ConfigError, match="variability needs the trace's parallel layout"):
         replay_trace(dataclasses.replace(loaded, trace=Trace(loaded.trace.ops, bare)), cluster,
                      retime=True)
+
+
+def test_an_eager_plan_replays_to_its_own_step_time_with_its_launches(tmp_path, known):
+    """A plan of `kernels = "eager"` launches several kernels for one op (a norm's aten ops):
+    re-timed from its trace, each op is charged its stack's launches as `predict` charged
+    them, so the replay gives the predicted step (it was one launch an op short)."""
+    from sim.config import experiment_from_dict
+
+    config = tomllib.loads(SMALL)
+    config["model"]["kernels"] = "eager"
+    exp = experiment_from_dict(config, overrides={"profile": str(known[1])})
+    _, times = predict(exp)
+    path = tmp_path / "eager.json"
+    save(times.timed_trace(), path)
+    loaded = load_trace(path)
+    result = replay_trace(loaded, choose_cluster(loaded.trace).build(), exp.profile,
+                          retime=True)
+    assert result.retimed_compute > 0
+    assert result.step_time_predicted_s == pytest.approx(times.step_time_s, rel=1e-9)
