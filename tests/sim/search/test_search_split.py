@@ -6,16 +6,15 @@ from __future__ import annotations
 
 import pytest
 
-from sim.models.compute import ComputeModel
 from sim.models.memory import memory_by_pp_rank
 from sim.search.analytic import Analytic
 from sim.search.passes import gradient_buckets
 from sim.search.rank_work import _by_stage, _equal, equal_chunks
 from sim.search.stage_time import UnitTime
-from tests.sim.search.test_search_analytic import MODEL, both, experiment
+from tests.sim.search.test_search_analytic import MODEL, both, busiest_compute_s, experiment
 from traces.layout import Layout
 from traces.model import ModelSpec
-from traces.ops import OpKind, Stream
+from traces.ops import Stream
 from traces.plan import build
 
 INTERLEAVED = {"pp": 2, "vp": 2, "dp": 4, "schedule": "interleaved", "global_batch": 32}
@@ -34,11 +33,7 @@ def test_compute_is_the_plans_kernels_stage_by_stage(parallel, layers):
     layout = exp.layout
     assert not equal_chunks(exp.model, layout)
     estimate = Analytic(exp.model, exp.cluster, exp.profile).estimate(layout)
-    plan = build(exp.model, layout, ranks=layout.representatives())
-    compute = ComputeModel(exp.cluster.accelerator, exp.profile)
-    busiest = max(sum(compute.duration(op) for op in ops if op.kind is OpKind.COMPUTE)
-                  for ops in plan.ops.values())
-    assert estimate.compute_s == pytest.approx(busiest, rel=1e-12)
+    assert estimate.compute_s == pytest.approx(busiest_compute_s(exp), rel=1e-12)
 
 
 @pytest.mark.parametrize(("parallel", "layers"), SPLITS, ids=str)
