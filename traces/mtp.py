@@ -78,11 +78,27 @@ def megatron_mtp_term(m: ModelSpec, global_batch: int) -> float:
     return global_batch * m.seq_len * 6 * m.mtp_layers * (3 * h + 2 * h * h)
 
 
+def embedding_copy(m: ModelSpec, stages: Sequence[int], tp: int) -> float:
+    """The word embedding the MTP stage holds for its lookups when it does not run stage 0 and
+    the output layer is not already that copy (untied): Megatron-Core's GPTModel builds the
+    embedding where mtp_process is set, and finalize_model_grads all-reduces its gradient
+    with stage 0's over the embedding group, as for tied embeddings."""
+    if not m.mtp_layers or m.tied_embeddings or 0 in stages:
+        return 0.0
+    return m.vocab * m.hidden / tp
+
+
 def mtp_stage_extra(m: ModelSpec, stages: Sequence[int], tp: int) -> float:
     """What the GPU running the MTP stage (the last) holds for MTP besides its layers: each
-    depth's norms and eh_proj, and, untied and without stage 0, its copy of the word embedding
-    (Megatron-Core's GPTModel builds the embedding where mtp_process is set)."""
-    if not m.mtp_layers:
+    depth's norms and eh_proj, and the embedding copy."""
+    return m.mtp_layers * mtp_extra_params(m, tp) + embedding_copy(m, stages, tp)
+
+
+def mtp_unit_extra(m: ModelSpec, layer: int, stages: Sequence[int], tp: int) -> float:
+    """A plan unit's parameters besides its transformer layer: a depth's norms and eh_proj,
+    and, with the first depth (whose lookup runs first), the embedding copy; 0 for a main
+    layer."""
+    if layer < m.layers:
         return 0.0
-    copy = m.vocab * m.hidden / tp if not m.tied_embeddings and 0 not in stages else 0.0
-    return m.mtp_layers * mtp_extra_params(m, tp) + copy
+    return mtp_extra_params(m, tp) + (embedding_copy(m, stages, tp) if layer == m.layers
+                                      else 0.0)

@@ -129,10 +129,14 @@ def test_bad_mtp_layers_is_one_line(value):
     assert "\n" not in str(info.value)
 
 
-def test_the_plan_runs_the_depth_as_the_last_layer_once_per_micro_batch():
-    """MoE model, TP 2 with SP, PP 2, EP 2, ZeRO-1: on a last-stage rank, layer 4 (the MTP
-    depth) has exactly the ops of layer 3 (the last MoE layer): kernels forward and backward
-    per micro-batch, TP/SP collectives, all-to-alls, its expert and SP gradient reductions."""
+def test_the_plan_runs_the_depth_as_the_last_layer_with_its_lookup_and_head():
+    """MoE model, TP 2 with SP, PP 2, EP 2, ZeRO-1, 4 micro-batches: on a last-stage rank,
+    layer 4 (the MTP depth) has the ops of layer 3 (the last MoE layer: kernels, TP/SP
+    collectives, all-to-alls, expert gradients) plus, per micro-batch, the shifted tokens'
+    lookup (embed, pos_embed) with its SP reduce-scatter forward and all-gather backward;
+    the shared head runs twice per micro-batch (the depth's, then the main model's); the
+    depth's three norms join its SP gradient sum (3h bf16); the embedding copy's gradient is
+    all-reduced with stage 0's (V·h/t bf16)."""
     m = ModelSpec(layers=4, hidden=64, heads=4, seq_len=32, vocab=128, ffn="swiglu",
                   ffn_hidden=128, norm="rmsnorm", position="rope", bias=False, dropout=0.0,
                   tied_embeddings=False, experts=4, top_k=2, moe_ffn_hidden=32, dense_layers=1,
@@ -142,13 +146,24 @@ def test_the_plan_runs_the_depth_as_the_last_layer_once_per_micro_batch():
     ops = plan.ops[max(plan.ops)]
 
     def by_layer(layer: int) -> Counter:
-        return Counter((o.name, o.phase, o.kind, o.microbatch) for o in ops if o.layer == layer)
+        return Counter((o.name, o.phase.value, o.kind.value, o.microbatch) for o in ops
+                       if o.layer == layer)
 
-    assert by_layer(4) == by_layer(3) and sum(by_layer(4).values()) > 0
-    per_mb = Counter(o.microbatch for o in ops if o.layer == 4 and o.kind.value == "compute")
-    assert len(per_mb) == layout.num_microbatches and len(set(per_mb.values())) == 1
-    first = plan.ops[0]
-    assert not [o for o in first if o.layer == 4]  # not on the first stage
+    lookup = Counter({("embed", "fwd", "compute"): 1, ("pos_embed", "fwd", "compute"): 1,
+                      ("tp", "fwd", "reduce_scatter"): 1, ("tp", "bwd", "all_gather"): 1,
+                      ("pos_embed", "bwd", "compute"): 1, ("embed", "bwd", "compute"): 1})
+    extra = Counter({(*key, mb): n for key, n in lookup.items() for mb in range(4)})
+    assert by_layer(4) - by_layer(3) == extra and not by_layer(3) - by_layer(4)
+    head = Counter((o.name, o.phase.value) for o in ops
+                   if o.microbatch == 1 and o.layer is None and o.name in
+                   ("final_ln", "logits", "cross_entropy", "ce_max", "ce_sum"))
+    assert set(head.values()) == {2} and len(head) == 8
+    sp = {o.layer: o.size_bytes for o in ops if o.name == "sp_grads"}
+    assert sp[4] - sp[3] == 3 * 64 * 2
+    for rank in (0, max(plan.ops)):
+        assert [o.size_bytes for o in plan.ops[rank] if o.name == "embedding_grads"] == \
+            [128 * 64 / 2 * 2]
+    assert not [o for o in plan.ops[0] if o.layer == 4]  # not on the first stage
 
 
 def test_default_zero_changes_no_plan_and_no_header():
