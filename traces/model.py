@@ -26,7 +26,7 @@ Llama-style options (`kv_heads`, `ffn = "swiglu"`, `norm = "rmsnorm"`, `position
 `bias = false`) change the parameter counts below and the kernels of `traces.kernels`;
 `dtype = "fp8"` runs the GEMMs in FP8 (Transformer Engine) and everything else in bf16.
 `kv_lora_rank` selects multi-head latent attention (DeepSeek-V2/V3), whose arithmetic is in
-`traces.mla`.
+`traces.mla`. `mtp_layers` adds multi-token prediction depths (`traces.mtp`).
 
 Mixture of experts (`experts` E, `top_k` k, `shared_experts` S, `moe_ffn_hidden` f_e, the
 first `dense_layers` dense): model FLOPs count the activated experts only, as Megatron-LM's MoE

@@ -27,12 +27,34 @@ standalone MTP stage, `m` on another rank than `L`, is refused).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from traces.errors import ConfigError, show
 
-if TYPE_CHECKING:
-    from traces.model import ModelSpec
+
+class ModelSpec(Protocol):
+    """The `traces.model.ModelSpec` fields and counts MTP reads (a protocol: the model module
+    imports this one)."""
+
+    @property
+    def layers(self) -> int: ...
+    @property
+    def hidden(self) -> int: ...
+    @property
+    def seq_len(self) -> int: ...
+    @property
+    def vocab(self) -> int: ...
+    @property
+    def mtp_layers(self) -> int: ...
+    @property
+    def tied_embeddings(self) -> bool: ...
+    @property
+    def norm_params(self) -> int: ...
+    def layer_params(self, tp: int = 1, layer: int | None = None, ep: int = 1,
+                     etp: int = 1) -> float: ...
+    def attn_flops(self, micro_batch: int, tp: int = 1) -> float: ...
+    def mlp_flops(self, micro_batch: int, tp: int = 1, layer: int | None = None) -> float: ...
+    def head_flops(self, micro_batch: int, tp: int = 1) -> float: ...
 
 MAX_MTP_LAYERS = 64
 """Far beyond any published depth (DeepSeek-V3: 1; MiMo: 1; Qwen3-Next: 1)."""
