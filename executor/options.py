@@ -43,6 +43,9 @@ def check_supported(model: ModelSpec, layout: Layout, options: RunOptions | None
     """Layouts the executor cannot run exactly; a ConfigError naming the rule."""
     if model.fp8:
         raise ConfigError(fp8_refusal())
+    if model.mtp_layers:
+        raise ConfigError(f"model.mtp_layers: {model.mtp_layers}: multi-token prediction is "
+                          "simulated, not run by the executor; use 0 to run")
     if model.experts:
         check_moe_supported(model, layout)
     if model.mla and (layout.sp or layout.cp > 1):

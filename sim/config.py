@@ -3,7 +3,7 @@
     [model]      layers, hidden, heads, seq_len, vocab, ffn_hidden, dtype, tied_embeddings,
                  attention, kv_heads, ffn, norm, position, bias, dropout, fp8_recipe,
                  kernels (fused | compiled | eager: `traces.stack`), head_dim, qk_norm
-                 (traces.heads)
+                 (traces.heads), mtp_layers (traces.mtp)
     [parallel]   tp, pp, dp, vp, sp, zero, schedule, micro_batch, global_batch, recompute,
                  bucket_bytes, overlap_grad_reduce, fp32_main_grads, tp_comm_overlap,
                  overlap_param_gather, cp, reshard_after_forward, grad_sync, pp_first_layers,

@@ -262,4 +262,4 @@ def model_summary(model: ModelSpec) -> str:
                f"{cap}{skew}")
     return (f"{attn}, {model.ffn} {model.ffn_hidden}, {model.norm}, {model.position} positions"
             f", {'biases' if model.bias else 'no biases'}, dropout {model.dropout:g}, "
-            f"{model.dtype}{moe}")
+            f"{model.dtype}{moe}" + (f", MTP {model.mtp_layers}" if model.mtp_layers else ""))

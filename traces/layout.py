@@ -316,7 +316,8 @@ class Layout:
         """The keys that place layers on stages, with `model`'s layer count (0 without)."""
         return Split(0 if model is None else model.layers, self.pp, self.vp,
                      self.pp_first_layers, self.pp_last_layers, self.account_for_embedding,
-                     self.account_for_loss, self.pipeline_layout)
+                     self.account_for_loss, self.pipeline_layout,
+                     0 if model is None else model.mtp_layers)
 
     def stage_layers(self, model: ModelSpec) -> tuple[int, ...]:
         """Transformer layers of each virtual stage, in stage order (`traces.stage_split`)."""

@@ -26,7 +26,7 @@ Llama-style options (`kv_heads`, `ffn = "swiglu"`, `norm = "rmsnorm"`, `position
 `bias = false`) change the parameter counts below and the kernels of `traces.kernels`;
 `dtype = "fp8"` runs the GEMMs in FP8 (Transformer Engine) and everything else in bf16.
 `kv_lora_rank` selects multi-head latent attention (DeepSeek-V2/V3), whose arithmetic is in
-`traces.mla`.
+`traces.mla`. `mtp_layers` adds multi-token prediction depths (`traces.mtp`).
 
 Mixture of experts (`experts` E, `top_k` k, `shared_experts` S, `moe_ffn_hidden` f_e, the
 first `dense_layers` dense): model FLOPs count the activated experts only, as Megatron-LM's MoE
@@ -51,6 +51,7 @@ from traces import mla
 from traces.errors import ConfigError, show
 from traces.heads import check_heads
 from traces.moe_spec import check_moe, expert_params, is_moe_layer, moe_mlp_params, num_moe_layers
+from traces.mtp import check_mtp, mtp_indices, mtp_params, mtp_stage_extra
 
 ATTENTIONS = ("flash", "unfused")
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
@@ -144,6 +145,8 @@ class ModelSpec:
     """0: balanced routing; > 0: expert popularity Zipf-distributed with this exponent."""
     routing_seed: int = 0
     """Seed of each MoE layer's permutation of expert popularity."""
+    mtp_layers: int = 0
+    """Multi-token prediction depths (`traces.mtp`; Megatron-Core's --mtp-num-layers)."""
     kernels: str = "fused"
     """The software stack's kernels (`traces.stack`): "fused" (Megatron-Core / Transformer
     Engine), "compiled" (torch.compile's inductor) or "eager" (eager PyTorch, the executor's)."""
@@ -204,6 +207,7 @@ class ModelSpec:
         mla.check_mla(self)
         check_heads(self)
         check_moe(self)
+        check_mtp(self)
 
     @property
     def dtype_bytes(self) -> int:
@@ -323,7 +327,7 @@ class ModelSpec:
         if 0 in stages:
             params += self.embedding_params(tp)
         if num_stages - 1 in stages:
-            params += self.head_params_on_stages(stages, tp)
+            params += self.head_params_on_stages(stages, tp) + mtp_stage_extra(self, stages, tp)
         return params
 
     def head_params_on_stages(self, stages: Sequence[int], tp: int) -> float:
@@ -335,13 +339,15 @@ class ModelSpec:
         return self.head_params(tp)
 
     def num_params(self) -> float:
-        """All distinct parameters (a tied output layer counted once)."""
+        """All distinct parameters (a tied output layer counted once; MTP's own, `traces.mtp`)."""
         head = self.norm_params if self.tied_embeddings else self.head_params()
-        return self.layers_params(range(self.layers)) + self.embedding_params() + head
+        return self.layers_params(range(self.layers)) + self.embedding_params() + head + \
+            mtp_params(self)
 
     def active_params(self) -> float:
         """Parameters a token runs through: an MoE model's top-k of its routed experts."""
-        inactive = (self.experts - self.top_k) * expert_params(self) * num_moe_layers(self)
+        moe = num_moe_layers(self) + sum(is_moe_layer(self, i) for i in mtp_indices(self))
+        inactive = (self.experts - self.top_k) * expert_params(self) * moe
         return self.num_params() - inactive
 
     # --- FLOPs per micro-batch, per tensor-parallel rank ---------------------------------------

@@ -50,6 +50,7 @@ def check_split(split: Split) -> None:
         if found != split.layers:
             raise ConfigError(f"{FIELD}: {found} transformer layers (t), but model.layers = "
                               f"{split.layers}")
+        _check_mtp(split)
         return
     if split.embedding or split.loss:
         _check_accounted(split)
@@ -60,6 +61,22 @@ def check_split(split: Split) -> None:
     if split.layers % (split.pp * split.vp):
         raise ConfigError(f"model.layers: {split.layers} is not divisible by pp x vp = "
                           f"{split.pp} x {split.vp} = {split.pp * split.vp} stages")
+
+
+def _check_mtp(split: Split) -> None:
+    """`m` as many times as model.mtp_layers, all in the virtual stage of the loss: Megatron-
+    Core's validate_layer_layout keeps them in one stage, its rank's last chunk; its standalone
+    MTP stage (on another rank than the loss) is not modelled."""
+    stages = split.stages() or ()
+    found = sum(s.mtp for s in stages)
+    if found != split.mtp:
+        raise ConfigError(f"{FIELD}: {found} MTP layers (m), but model.mtp_layers = "
+                          f"{split.mtp}")
+    elsewhere = [k for k, s in enumerate(stages[:-1]) if s.mtp]
+    if elsewhere:
+        raise ConfigError(f"{FIELD}: 'm' in virtual stage {elsewhere[0]}: MTP layers must be "
+                          f"in the last virtual stage {len(stages) - 1}, with the loss L "
+                          "(Megatron-Core's standalone MTP stage is not modelled)")
 
 
 def _check_accounted(split: Split) -> None:

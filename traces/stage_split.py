@@ -13,6 +13,8 @@ transformer_block.py (get_num_layers_to_build) and transformer_layer.py
   PP 8 x VP 8 = 64 stages of 2 (the first holds E + 1, the last 1 + L);
 * `pipeline_layout` (--pipeline-model-parallel-layout, `traces.pipeline_layout`): stated.
 
+MTP depths (`traces.mtp`) are layers L .. L + D - 1 at the end of the last virtual stage.
+
 `Split.counts` is computed once per distinct split (cached); `num_layers_to_build` and
 `layer_offset` are Megatron-Core's two functions, kept apart so that a test can check that the
 offsets are the running sums of the counts.
@@ -39,6 +41,9 @@ class Split:
     embedding: bool = False
     loss: bool = False
     layout: str = ""
+    mtp: int = 0
+    """The model's MTP depths (`traces.mtp`): layers L .. L + mtp - 1 of the stage holding the
+    loss (the `m` of a layout, which `traces.split_rules` keeps there)."""
 
     @property
     def uneven(self) -> bool:
@@ -72,9 +77,11 @@ def _parsed(text: str) -> tuple[StageSpec, ...]:
 def _counts(split: Split) -> tuple[int, ...]:
     stages = split.stages()
     if stages is not None:
-        return tuple(s.layers for s in stages)
-    return tuple(num_layers_to_build(split, k % split.pp, k // split.pp)
-                 for k in range(split.pp * split.vp))
+        return tuple(s.layers + s.mtp for s in stages)
+    built = [num_layers_to_build(split, k % split.pp, k // split.pp)
+             for k in range(split.pp * split.vp)]
+    built[-1] += split.mtp  # Megatron-Core's default: MTP on the post-process stage
+    return tuple(built)
 
 
 @cache

@@ -6,22 +6,26 @@ from __future__ import annotations
 
 from traces import mla
 from traces.model import ModelSpec
-from traces.moe_spec import num_moe_layers
+from traces.moe_spec import is_moe_layer, num_moe_layers
+from traces.mtp import megatron_mtp_term, mtp_forward_flops, mtp_indices
 
 
 def model_flops(model: ModelSpec, global_batch: int) -> float:
     """FLOPs of one step without recomputation: forward plus backward (twice forward)."""
     per_sample = model.layers * model.attn_flops(1) + model.mlps_flops(1) + model.head_flops(1)
-    return 3 * global_batch * per_sample
+    return 3 * global_batch * (per_sample + mtp_forward_flops(model, 1))
 
 
 def recompute_flops(model: ModelSpec, global_batch: int, recompute: str) -> float:
     """Extra forward FLOPs re-run in backward: whole blocks (full) or attention cores
     (selective); the logits are never recomputed."""
+    mtp = mtp_indices(model)  # an MTP depth's layer is recomputed as the others
     if recompute == "full":
-        return global_batch * (model.layers * model.attn_flops(1) + model.mlps_flops(1))
+        return global_batch * ((model.layers + len(mtp)) * model.attn_flops(1)
+                               + model.mlps_flops(1)
+                               + sum(model.mlp_flops(1, 1, i) for i in mtp))
     if recompute == "selective":
-        return global_batch * model.layers * model.attn_core_flops(1)
+        return global_batch * (model.layers + len(mtp)) * model.attn_core_flops(1)
     return 0.0
 
 
@@ -31,14 +35,18 @@ def megatron_num_flops(model: ModelSpec, global_batch: int) -> float:
     (gated multiplier 3/2):
     an independent path to `model_flops`, which sums the same GEMMs kernel by kernel. Its MLA
     branch (`traces.mla.megatron_mla_term`) counts the latent norms and a causal core."""
-    B, s, n, h, V = global_batch, model.seq_len, model.layers, model.hidden, model.vocab
+    B, s, h, V = global_batch, model.seq_len, model.hidden, model.vocab
     gated = 3 / 2 if model.ffn == "swiglu" else 1
     # Its MoE branch: dense layers at ffn_hidden, MoE layers at moe_ffn_hidden x top_k routed
-    # plus the shared experts' width, each weighted by its share of the layers.
-    moe = num_moe_layers(model)
+    # plus the shared experts' width, each weighted by its share of the layers. With MTP: each
+    # depth one more layer of the last layer's kind, one more logits, and its own addend.
+    d = model.mtp_layers
+    n = model.layers + d
+    moe = num_moe_layers(model) + d * is_moe_layer(model, model.layers - 1)
     ffn = (model.ffn_hidden * (n - moe) + (model.top_k + model.shared_experts)
            * model.moe_ffn_hidden * moe) / n
-    mlp_logits = 12 * B * s * n * h * h * (ffn / h * gated + V / (2 * n * h))
+    mlp_logits = 12 * B * s * n * h * h * (ffn / h * gated + V * (d + 1) / (2 * n * h)) \
+        + megatron_mtp_term(model, global_batch)
     if model.mla:
         return 6 * B * s * n * mla.megatron_mla_term(model) + mlp_logits
     # The version with kv_channels (`traces.heads`): the attention term times

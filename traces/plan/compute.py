@@ -19,6 +19,7 @@ from traces.kernels import KernelWork, embedding_kernels, head_kernels
 from traces.layout import Recompute
 from traces.moe import ExpertShard, moe_layer_kernels
 from traces.moe_spec import is_moe_layer
+from traces.mtp import mtp_indices
 from traces.ops import OpKind, OpRow, Phase, Stream, op_row, stamp
 from traces.pipeline import Action
 from traces.plan.nodes import Node, Program, RankContext
@@ -78,9 +79,13 @@ class _StageKernels:
         self.embed_backward = _fields(_run(embed[::-1], Phase.BWD))
         self.head_forward = _fields(_run(head, Phase.FWD))
         self.head_backward = _fields(_run(head[::-1], Phase.BWD))
-        # The layer units of each virtual stage, made once (a plan has ~10^6 actions' worth).
-        self.layers = {stage: _by_kind(layout.layers_of_stage(model, stage), self.keys)
+        # The layer units of each virtual stage, made once (a plan has ~10^6 actions' worth);
+        # the MTP depths (`traces.mtp`, layers L.. of the last stage) apart.
+        self.layers = {stage: _by_kind(_main(layout.layers_of_stage(model, stage), model.layers),
+                                       self.keys)
                        for stage in layout.stages_of_rank(ctx.pp_rank)}
+        self.mtp = _by_kind(mtp_indices(model), self.keys) \
+            if ctx.last_stage in layout.stages_of_rank(ctx.pp_rank) else []
 
     def segments(self, action: Action) -> list[Segment]:
         """What `action` runs, in order: forward — the embedding on the first stage, the
@@ -90,10 +95,31 @@ class _StageKernels:
         if action.kind == "F":
             return [*([(self.embed_forward, (EMBED,))] if first else []),
                     *((self.runs[key][0], units) for key, units in runs),
+                    *(self._mtp_forward() if last else []),
                     *([(self.head_forward, (HEAD,))] if last else [])]
         return [*([(self.head_backward, (HEAD,))] if last else []),
+                *(self._mtp_backward() if last else []),
                 *((self.runs[key][1], units[::-1]) for key, units in runs[::-1]),
                 *([(self.embed_backward, (EMBED,))] if first else [])]
+
+    def _mtp_forward(self) -> list[Segment]:
+        """Each MTP depth: the lookup of the shifted tokens in the embedding copy, its layer
+        (with its unit: the copy's and the depth's own parameters are there, `traces.mtp`);
+        then each depth's final norm, logits and cross-entropy on the shared output layer,
+        before the main model's (Megatron-Core's process_mtp_loss runs them first)."""
+        out: list[Segment] = []
+        for key, units in self.mtp:
+            for unit in units:
+                out += [(self.embed_forward, (unit,)), (self.runs[key][0], (unit,))]
+        return [*out, *([(self.head_forward, (HEAD,) * len(out[::2]))] if out else [])]
+
+    def _mtp_backward(self) -> list[Segment]:
+        """`_mtp_forward` in reverse, each kernel with its backward."""
+        out: list[Segment] = []
+        for key, units in self.mtp[::-1]:
+            for unit in units[::-1]:
+                out += [(self.runs[key][1], (unit,)), (self.embed_backward, (unit,))]
+        return [*([(self.head_backward, (HEAD,) * len(out[::2]))] if out else []), *out]
 
     def count(self, action: Action) -> int:
         """The number of ops `nodes(action)` builds."""
@@ -119,6 +145,12 @@ def _by_kind(layers: range, keys: dict[int, object]) -> list[tuple[object, tuple
         else:
             out.append((keys[index], (Unit.of_layer(index),)))
     return out
+
+
+def _main(layers: range, main: int) -> range:
+    """The main model's layers of a stage's range (the MTP depths, from index `main`, run
+    apart)."""
+    return range(layers.start, min(layers.stop, main)) if layers.stop > main else layers
 
 
 def _run(kernels: list[KernelWork], phase: Phase) -> Run:

@@ -23,6 +23,7 @@ from traces.layout import Axis, Layout
 from traces.model import ModelSpec
 from traces.moe_spec import expert_params as moe_expert_params
 from traces.moe_spec import is_moe_layer
+from traces.mtp import mtp_unit_extra
 from traces.ops import Op, Stream
 from traces.plan.budget import OpBudget
 from traces.purpose import Part, Unit
@@ -118,11 +119,14 @@ class RankContext:
         if unit.part is Part.HEAD:
             return self.model.head_params_on_stages(
                 self.layout.stages_of_rank(self.pp_rank), self.layout.tp)
-        if self.model.experts and unit.layer is not None:  # the experts' own: `expert_params`
-            layout = self.layout
+        assert unit.layer is not None
+        layout = self.layout
+        extra = mtp_unit_extra(self.model, unit.layer, layout.stages_of_rank(self.pp_rank),
+                               layout.tp)  # an MTP depth's own (`traces.mtp`)
+        if self.model.experts:  # the experts' own: `expert_params`
             return self.model.layer_params(layout.tp, unit.layer, layout.ep, layout.etp) - \
-                self.expert_params(unit.layer)
-        return self.model.layer_params(self.layout.tp)
+                self.expert_params(unit.layer) + extra
+        return self.model.layer_params(self.layout.tp) + extra
 
     def expert_params(self, layer: int) -> float:
         """The routed experts' parameters of `layer` on this rank (0 for a dense layer): E/EP
@@ -151,7 +155,8 @@ class RankContext:
         # Row-parallel biases: the attention projection's and the MLP's fc2's; an MoE layer
         # has no fc2 of its own (its experts' biases are theirs: `ModelSpec.layer_params`).
         biases = 0 if not m.bias else m.hidden * (1 if moe else 2)
-        return biases + 2 * m.norm_params + latent + router
+        mtp = 3 * m.norm_params if unit.layer is not None and unit.layer >= m.layers else 0
+        return biases + 2 * m.norm_params + latent + router + mtp  # MTP: enorm, hnorm, final
 
     def tp_partial_params(self, unit: Unit) -> float:
         """Parameters of one unit whose gradient each TP rank holds only in part, summed over

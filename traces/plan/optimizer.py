@@ -64,7 +64,8 @@ def add_optimizer(ctx: RankContext, program: Program,
     model, layout = ctx.model, ctx.layout
     actions, nodes = program[:-1], list(chain.from_iterable(program))
     out: list[Node] = []
-    if layout.pp > 1 and model.tied_embeddings and _owns_embeddings(ctx):
+    # tied, or MTP's copy (finalize_model_grads all-reduces both over the embedding group)
+    if layout.pp > 1 and (model.tied_embeddings or model.mtp_layers) and _owns_embeddings(ctx):
         size = model.vocab * model.hidden / layout.tp * ctx.grad_bytes
         op = Op(kind=OpKind.ALL_REDUCE, stream=Stream.DP, name="embedding_grads",
                 purpose=EmbeddingGrads(), group=layout.embedding_group(ctx.rank),
