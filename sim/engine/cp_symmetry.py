@@ -11,7 +11,13 @@ s·TP places inside its TP·CP block:
   servers, s = G / gcd(G, TP), which permutes the block's servers; alike on rails (each rail
   one switch) and on a fat tree whose leaves hold whole blocks (the servers of a leaf are
   alike), with routes that are shifts of each other (`symmetric`: not ECMP's hash);
-- otherwise (a block cut mid-server, a torus) none: the fold stays per (cp, pp).
+- otherwise (a block cut mid-server, a torus) none: the fold stays per (cp, pp); and none
+  where that shift is 1 across servers (TP a multiple of G: each CP rank on servers of its
+  own). There a representative's send and receive, both over the network, meet as one
+  transfer that marks it busy once, where the unfolded run has two that end at one instant:
+  under the interference model a kernel starting at that instant is stretched or not by
+  simpy's order of the two events, and the unfolded run itself differs between CP ranks
+  (TP 8 · CP 2 on two DGX H100: rank 0's flash kernels 4e-8 s longer than rank 8's).
 
 TP 2 · CP 8 on DGX H100 (8 GPUs a server): the ring crosses servers between cp 3 and 4 and
 between cp 7 and 0, so only the shift by 4 is alike and the fold keeps two cp coordinates.
@@ -37,7 +43,7 @@ def cp_fold_step(cluster: Cluster, layout: Layout) -> int:
     if block % gpus:
         return 0
     step = gpus // math.gcd(gpus, layout.tp)
-    if step >= layout.cp or not _servers_alike(cluster, block // gpus):
+    if step == 1 or step >= layout.cp or not _servers_alike(cluster, block // gpus):
         return 0
     return step
 
