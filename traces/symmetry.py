@@ -9,6 +9,9 @@ ranks in classes, say a slow node's apart), a copy is an image under a shift tha
 member of the group in its class (`copies(..., rep_of=...)`): the slow class's groups stand
 for the slow ranks' groups only.
 
+Folded over CP too (`traces.cp_fold`), the cp shifts by multiples of the fold's step join the
+tp x dp shifts (`copies(..., cp_step=...)`): a CP ring's transfer stands for the ring's others.
+
 An expert group (EP, ETP, expert-DP: `traces.expert_grid`) need not be mapped onto another by a
 shift (TP 1, DP 4, EP 2: the dp shift by one maps [0, 1] onto [1, 2]), so folded by identity
 its copies are the other groups of its kind in its stage whose members, position by position,

@@ -5,6 +5,7 @@ import pytest
 
 from sim.config import experiment_from_dict
 from sim.engine.cp_symmetry import cp_fold_step
+from sim.report.words import words_for
 from sim.simulate import predict
 
 
@@ -40,6 +41,7 @@ CASES = [  # (experiment's arguments, the representatives)
     (dict(tp=1, cp=4, pp=1, dp=2, experts=8, ep=4), [0]),          # EP over CP x DP
     (dict(tp=2, cp=4, pp=2, dp=1, experts=8, ep=8), [0, 8]),
     (dict(tp=1, cp=4, pp=1, dp=1, dropout=0.1), [0]),  # draws are counts, alike on CP ranks
+    (dict(tp=2, cp=4, pp=1, dp=1, experts=8, ep=4), [0, 2, 4, 6]),  # EP groups not cp-closed
 ]
 
 
@@ -81,3 +83,15 @@ def test_the_cp_step_moves_by_whole_servers(tp, cp, per_node, nodes, step):
         "cluster": {"preset": "dgx-h100", "nodes": nodes, "gpus_per_node": per_node,
                     "fabric": "rail"}})
     assert cp_fold_step(exp.cluster, exp.layout) == step
+
+
+@pytest.mark.parametrize(("kwargs", "stands_for", "fold"), [
+    (dict(tp=2, cp=4, pp=2, dp=1), 8, "tp 2 × cp 4 × dp 1"),
+    (dict(tp=2, cp=8, pp=1, dp=1), 4, "tp 2 × cp 2 × dp 1"),   # step 4: cp 0 and 4 alike
+])
+def test_the_report_says_what_a_rank_folded_over_cp_stands_for(kwargs, stands_for, fold):
+    exp = experiment(**kwargs)
+    summary, times = predict(exp)
+    words = words_for(exp, times)
+    assert (words.stands_for, words.fold) == (stands_for, fold)
+    assert set(times.fold.class_sizes().values()) == {stands_for}
