@@ -13,6 +13,7 @@ from itertools import groupby
 from typing import Any
 
 from sim.config import Experiment
+from sim.engine.cp_symmetry import cp_fold_step
 from sim.engine.position import network_positions
 from sim.engine.replay import Progress, StepTimes, replay
 from sim.metrics import StepSummary, summarize
@@ -20,7 +21,8 @@ from sim.models.compute import ComputeModel
 from sim.models.memory import memory_by_pp_rank
 from sim.models.sharing import interference_for
 from sim.models.variability import expected_speeds
-from traces.identity import partition_for
+from traces.cp_fold import cp_partition, cp_shift_closed
+from traces.identity import Partition, partition_for
 from traces.layout import Layout, Recompute
 from traces.model import ModelSpec
 from traces.ops import Trace
@@ -48,7 +50,7 @@ def predict(exp: Experiment, *, fold: bool = True, progress: Progress | None = N
     classes = partition_for(exp.model, exp.layout, speeds,
                             network_positions(exp.cluster, exp.layout)) if fold else None
     if classes is not None and classes.uniform:
-        classes = None
+        classes = over_cp(exp)
     ranks = (classes.representatives() if classes else exp.layout.representatives()) \
         if fold else None
     schedule = layout_schedule(exp.layout)  # once: the plan and the memory model run it
@@ -76,6 +78,15 @@ def predict(exp: Experiment, *, fold: bool = True, progress: Progress | None = N
         summary = replace(summary, variability_s=summary.step_time_s - ideal.step_time_s,
                           variability_compute_s=summary.compute_s - ideal.compute_s)
     return summary, times
+
+
+def over_cp(exp: Experiment) -> Partition | None:
+    """The fold over CP (`traces.cp_fold`) where the cluster is alike under a cp shift and
+    the expert grid too; None: the uniform fold, one rank per (cp, pp)."""
+    step = cp_fold_step(exp.cluster, exp.layout)
+    if not step or (exp.model.experts > 0 and not cp_shift_closed(exp.layout, step)):
+        return None
+    return cp_partition(exp.layout, step)
 
 
 def summary_json(exp: Experiment, s: StepSummary) -> dict[str, Any]:

@@ -28,6 +28,9 @@ of each group's members share its server, leaf and pod). Elsewhere the copies' f
 representatives' links stand for the rest (`with_copies`). Under ECMP each copy's flows keep
 their own hashed links, and the set moves at the pace of the worst copy: an approximation.
 
+Where nothing sets ranks apart and the cluster is alike under a cp shift, `simulate` folds
+over CP too (`traces.cp_fold`: one rank per (cp mod step, pp)).
+
 The refinement costs O(rounds x world x groups per rank), each group's view made once a round;
 without a key the (cp, pp) classes are already equitable (every tp x dp shift maps the layout
 onto itself) and none is done.
@@ -56,6 +59,9 @@ class Partition:
 
     layout: Layout
     rep_of: tuple[int, ...] = ()
+    cp_step: int = 0
+    """The cp shift that maps the classes onto themselves (`traces.cp_fold`); 0: cp is not
+    folded, every class holds one cp coordinate."""
 
     @property
     def uniform(self) -> bool:

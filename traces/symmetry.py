@@ -9,6 +9,9 @@ ranks in classes, say a slow node's apart), a copy is an image under a shift tha
 member of the group in its class (`copies(..., rep_of=...)`): the slow class's groups stand
 for the slow ranks' groups only.
 
+Folded over CP too (`traces.cp_fold`), the cp shifts by multiples of the fold's step join the
+tp x dp shifts (`copies(..., cp_step=...)`): a CP ring's transfer stands for the ring's others.
+
 An expert group (EP, ETP, expert-DP: `traces.expert_grid`) need not be mapped onto another by a
 shift (TP 1, DP 4, EP 2: the dp shift by one maps [0, 1] onto [1, 2]), so folded by identity
 its copies are the other groups of its kind in its stage whose members, position by position,
@@ -19,13 +22,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from itertools import product
 
 from traces.expert_grid import GroupOf, kind_of, stage_groups
 from traces.layout import Layout
 
 
 def copies(layout: Layout, group: tuple[int, ...],
-           rep_of: Sequence[int] | None = None) -> list[tuple[int, ...]]:
+           rep_of: Sequence[int] | None = None, cp_step: int = 0) -> list[tuple[int, ...]]:
     """Images of `group` under every (tp, dp) shift of `layout` that are other sets of ranks
     than it, each given by the first shift (by tp shift, then dp shift) that yields it. Two shifts
     yield the same set when they differ by a shift that maps the group onto itself, so one
@@ -33,9 +37,10 @@ def copies(layout: Layout, group: tuple[int, ...],
     trying every shift would cost tp·dp · len(group) (a DP group of 2,048: 8 M shifts).
     With `rep_of` (each rank's class representative), only the shifts that map every member
     into its own class count, and they are tried one by one (a fold by identity, kept for
-    layouts that are not uniform)."""
+    layouts that are not uniform); `cp_step`: the fold is over CP too (`traces.cp_fold`), and
+    the cp shifts by multiples of it count as well (after the tp x dp shifts)."""
     if rep_of is not None:
-        return _class_copies(layout, group, rep_of)
+        return _class_copies(layout, group, rep_of, cp_step)
     num_tp, num_dp, dp_step = layout.tp, layout.dp, layout.tp * layout.cp
     # rank = base + t + TP·CP·d, with base the rank's (cp, pp) part: what a shift keeps
     parts = []
@@ -63,10 +68,11 @@ def copies(layout: Layout, group: tuple[int, ...],
                                 for base, t, d in parts))
     return images
 
-def _class_copies(layout: Layout, group: tuple[int, ...],
-                  rep_of: Sequence[int]) -> list[tuple[int, ...]]:
+def _class_copies(layout: Layout, group: tuple[int, ...], rep_of: Sequence[int],
+                  cp_step: int = 0) -> list[tuple[int, ...]]:
     """`copies` by the shifts that keep each member in its class, tried in the same order
-    (an expert group's by its kind's groups, `_grid_copies`)."""
+    (an expert group's by its kind's groups, `_grid_copies`); the cp shifts by multiples of
+    `cp_step` last, the unshifted cp first."""
     kind = kind_of(layout, group)
     if kind is not None:
         return _grid_copies(layout, group, rep_of, kind)
@@ -74,19 +80,20 @@ def _class_copies(layout: Layout, group: tuple[int, ...],
     parts = []
     for r in group:
         t, d = r % num_tp, (r // dp_step) % num_dp
-        parts.append((r - t - dp_step * d, t, d))
+        c = (r // num_tp) % layout.cp
+        parts.append((r - t - dp_step * d - num_tp * c, t, c, d))
     seen = {frozenset(group)}
     images = []
-    for dtp in range(num_tp):
-        for ddp in range(num_dp):
-            image = tuple(base + (t + dtp) % num_tp + dp_step * ((d + ddp) % num_dp)
-                          for base, t, d in parts)
-            if any(rep_of[a] != rep_of[b] for a, b in zip(group, image, strict=True)):
-                continue
-            as_set = frozenset(image)
-            if as_set not in seen:
-                seen.add(as_set)
-                images.append(image)
+    for dcp, dtp, ddp in product(range(0, layout.cp, cp_step or layout.cp), range(num_tp),
+                                 range(num_dp)):
+        image = tuple(base + (t + dtp) % num_tp + num_tp * ((c + dcp) % layout.cp)
+                      + dp_step * ((d + ddp) % num_dp) for base, t, c, d in parts)
+        if any(rep_of[a] != rep_of[b] for a, b in zip(group, image, strict=True)):
+            continue
+        as_set = frozenset(image)
+        if as_set not in seen:
+            seen.add(as_set)
+            images.append(image)
     return images
 
 

@@ -28,6 +28,7 @@ from sim.engine.flows import Lowering
 from topology.cluster import Cluster
 from traces import symmetry
 from traces.alltoallv import AllToAllv
+from traces.cp_fold import canonical_transfer
 from traces.errors import ConfigError
 from traces.identity import Partition, partition
 from traces.io import check_transfer_sizes
@@ -152,12 +153,12 @@ def lower_communication(plan: Trace, cluster: Cluster, fold: Layout | Partition 
         if not 0 <= r < cluster.num_devices:
             raise ConfigError(f"trace: rank {r} does not exist on {cluster.name} "
                               f"({cluster.num_devices} accelerators)")
-    keys, key_of, transfers = _keys(plan, cluster)
+    keys, key_of, transfers = _keys(plan, cluster, fold)
     check_transfer_sizes(transfers, "trace")
     lowered = _lower(keys, cluster, collectives, fold, algo)
     members = _Members(plan, fold)
     channels: dict[Channel, int] = {}  # in order of index
-    queues: dict[tuple[int, int], int] = {}
+    queues: dict[tuple[int, int, bool], int] = {}  # (channel, rank, receives)
     made: dict[tuple[object, ...], tuple[CommOp, str | None]] = {}  # shared by equal ops
     ops: dict[int, dict[int, CommOp]] = {}
     calls: dict[int, array[int]] = {}
@@ -167,17 +168,19 @@ def lower_communication(plan: Trace, cluster: Cluster, fold: Layout | Partition 
         table = ops[rank] = {}
         rank_ops = plan.ops[rank]
         numbers = calls[rank] = array("i", bytes(4 * len(rank_ops)))
-        last_k, last_tag, found = -1, "", None
+        last_k, last_tag, last_kind, found = -1, "", None, None
         for i, k in per_op.items():
             op = rank_ops[i]
-            tag = op.tag if op.kind in _P2P else ""
-            if k != last_k or tag != last_tag or found is None:
-                found = made.get((k, tag, rank))
+            kind = op.kind
+            tag = op.tag if kind in _P2P else ""
+            if k != last_k or tag != last_tag or kind is not last_kind or found is None:
+                # the kind too: folded over CP, a rank sends and receives on one transfer
+                found = made.get((k, tag, rank, kind))
                 if found is None:
-                    found = made[(k, tag, rank)] = _comm_op(
-                        rank, op.kind, tag, k, keys[k], lowered[k].algo, members, channels,
+                    found = made[(k, tag, rank, kind)] = _comm_op(
+                        rank, kind, tag, k, keys[k], lowered[k].algo, members, channels,
                         queues)
-                last_k, last_tag = k, tag
+                last_k, last_tag, last_kind = k, tag, kind
             table[i] = found[0]
             queue = found[0].queue
             if queue == len(issued):
@@ -192,12 +195,12 @@ def lower_communication(plan: Trace, cluster: Cluster, fold: Layout | Partition 
 
 def _comm_op(rank: int, kind: OpKind, tag: str, k: int, key: CommKey, algo: str,
              members: _Members, channels: dict[Channel, int],
-             queues: dict[tuple[int, int], int]) -> tuple[CommOp, str | None]:
+             queues: dict[tuple[int, int, bool], int]) -> tuple[CommOp, str | None]:
     """The op's CommOp, and the algorithm to count it under if this op counts it."""
     where: Channel
     if isinstance(key, TransferKey):
         where = TransferChannel(key.src, key.dst, tag)
-        peer_present = members.has(key.dst if kind is OpKind.SEND else key.src)
+        peer_present = members.stands_in(key.dst if kind is OpKind.SEND else key.src)
         need = 2 if peer_present else 1  # an absent peer mirrors this side
         counted = algo if kind is OpKind.SEND or not peer_present else None
     else:
@@ -208,15 +211,17 @@ def _comm_op(rank: int, kind: OpKind, tag: str, k: int, key: CommKey, algo: str,
         where = CollectiveChannel(key.group)
         need, counted = len(present), algo if present[0] == rank else None
     channel = channels.setdefault(where, len(channels))
-    queue = queues.setdefault((channel, rank), len(queues))
+    queue = queues.setdefault((channel, rank, kind is OpKind.RECV), len(queues))
     return CommOp(lowered=k, channel=channel, queue=queue, need=need), counted
 
 
-def _keys(plan: Trace, cluster: Cluster
+def _keys(plan: Trace, cluster: Cluster, fold: Partition | None = None
           ) -> tuple[list[CommKey], dict[int, dict[int, int]], list[tuple[int, int, Op]]]:
     """Every communication op's key, checked: the distinct keys in order of first use; per
     rank, per op index, the index of its key in that list; and (rank, op index, op) of every
-    send and receive."""
+    send and receive. Folded over CP, a receive from an absent CP peer takes the key of the
+    representative's own send it mirrors (`traces.cp_fold.canonical_transfer`)."""
+    over_cp = fold is not None and fold.cp_step > 0
     n = cluster.num_devices
     keys: list[CommKey] = []
     index: dict[tuple[object, ...], int] = {}
@@ -237,6 +242,9 @@ def _keys(plan: Trace, cluster: Cluster
                     raise ConfigError(f"trace: rank {rank} {kind} has peer {peer!r}; it must "
                                       f"be another rank of the {n} on {cluster.name}")
                 src, dst = (rank, peer) if kind is OpKind.SEND else (peer, rank)
+                if over_cp and src not in plan.ops:
+                    assert fold is not None
+                    src, dst = canonical_transfer(fold, src, dst)
                 measured = _measured(op)
                 raw: tuple[object, ...] = (src, dst, op.size_bytes, measured)
                 k = index.get(raw)
@@ -299,18 +307,19 @@ def _lower(keys: list[CommKey], cluster: Cluster, collectives: Collectives,
     if not getattr(cluster.fabric, "symmetric", True):
         links = None  # hashed routes: each copy's flows collide where its own hash puts them
     used = Used(cluster, links)
-    layout, classes = fold.layout, fold.rep_of or None
+    layout, classes, cp_step = fold.layout, fold.rep_of or None, fold.cp_step
     lowered = []
     for key, (name, lowering) in zip(keys, base):
         if key.measured:
             pass
         elif isinstance(key, TransferKey):
-            pairs = symmetry.copies(layout, (key.src, key.dst), classes)
+            pairs = symmetry.copies(layout, (key.src, key.dst), classes, cp_step)
             lowering = transfer_copies(used, lowering, [(a, b) for a, b in pairs],
                                        collectives.p2p)
         else:
             lowering = collective_copies(
-                used, key.group, lowering, symmetry.copies(layout, key.group, classes),
+                used, key.group, lowering,
+                symmetry.copies(layout, key.group, classes, cp_step),
                 partial(_copy, collectives, key.kind, name, key.split))
         lowered.append(Lowered(key, name, lowering))
     return lowered
@@ -337,6 +346,14 @@ class _Members:
 
     def has(self, rank: int) -> bool:
         """Whether `rank` is in the trace (a send meets a receive of that very rank)."""
+        return rank in self.present
+
+    def stands_in(self, rank: int) -> bool:
+        """Whether a transfer's partner `rank` issues its side: it is in the trace, or folded
+        over CP its representative is (and mirrors it, `traces.cp_fold`)."""
+        fold = self.fold
+        if fold is not None and fold.cp_step:
+            return fold.representative(rank) in self.present
         return rank in self.present
 
     def of(self, group: tuple[int, ...]) -> tuple[int, ...]:

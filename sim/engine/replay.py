@@ -73,6 +73,8 @@ class StepTimes:
     communication: Mapping[int, Mapping[int, object]] | None = None
     """Per rank, its communication ops by index (the lowering's, `CommPlan.ops`): every op
     that is not compute; None: read it from the plan."""
+    fold: Partition | None = None
+    """The fold by identity the plan was replayed with (`replay`'s `fold`); None: `meta.fold`'s."""
 
     @cached_property
     def step_time_s(self) -> float:
@@ -109,8 +111,9 @@ def replay(plan: Trace, cluster: Cluster, compute: Durations, *,
     # the collector need find; left on, it rescans the plan's ops again and again.
     with paused_gc():
         comm = lower_communication(plan, cluster, fold or plan.meta.fold, algo=algo)
-        return _Replay(plan, cluster, compute, interference, comm, NetworkMode(network),
-                       gaps, speeds).run(progress)
+        times = _Replay(plan, cluster, compute, interference, comm, NetworkMode(network),
+                        gaps, speeds).run(progress)
+    return times if fold is None else replace(times, fold=fold)
 
 
 def host_gaps(trace: Trace, floor_s: float = 1e-9) -> dict[int, list[float]]:

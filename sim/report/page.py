@@ -121,8 +121,8 @@ def detail_ranks(times: StepTimes, stages: dict[int, int],
     for rank in ranks:
         if rank in times.plan.ops:
             out.append(rank)
-        elif fold is not None and 0 <= rank < fold.world:
-            stand_in = fold.representative(rank)
+        elif (by := times.fold or fold) is not None and 0 <= rank < by.world:
+            stand_in = by.representative(rank)
             notes.append(f"rank {rank} is shown by rank {stand_in}, which stands for it")
             out.append(stand_in)
         else:

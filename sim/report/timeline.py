@@ -316,8 +316,12 @@ def present_pp_ranks(times: StepTimes) -> dict[int, int]:
 
 
 def stands_for(times: StepTimes) -> int:
-    """Devices each rank of the plan stands for: tp * dp when folded, else 1."""
+    """Devices each rank of the plan stands for: tp * dp when folded, tp * dp * cp / step
+    folded over CP too (`traces.cp_fold`), else 1."""
     fold = times.plan.meta.fold
+    if times.fold is not None and times.fold.cp_step:
+        f = times.fold.layout
+        return f.tp * f.dp * (f.cp // times.fold.cp_step)
     return fold.tp * fold.dp if fold is not None else 1
 
 

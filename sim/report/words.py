@@ -40,7 +40,12 @@ class Words:
 def words_for(exp: Experiment, times: StepTimes) -> Words:
     device, devices = exp.cluster.device_words
     fold = times.plan.meta.fold
+    over_cp = times.fold if times.fold is not None and times.fold.cp_step else None
+    text = f"tp {fold.tp} × dp {fold.dp}" if fold is not None else ""
+    if over_cp is not None:
+        f = over_cp.layout
+        text = f"tp {f.tp} × cp {f.cp // over_cp.cp_step} × dp {f.dp}"
     return Words(device=device, devices=devices,
                  stands_for=stands_for(times),
-                 fold=f"tp {fold.tp} × dp {fold.dp}" if fold is not None else "",
+                 fold=text,
                  layout=times.plan.meta.layout)
