@@ -28,12 +28,8 @@ Llama-style options (`kv_heads`, `ffn = "swiglu"`, `norm = "rmsnorm"`, `position
 `kv_lora_rank` selects multi-head latent attention (DeepSeek-V2/V3), whose arithmetic is in
 `traces.mla`. `mtp_layers` adds multi-token prediction depths (`traces.mtp`).
 
-Mixture of experts (`experts` E, `top_k` k, `shared_experts` S, `moe_ffn_hidden` f_e, the
-first `dense_layers` dense): model FLOPs count the activated experts only, as Megatron-LM's MoE
-branch of num_floating_point_operations does: an MoE layer's MLP forward is
-2bsh·(k + S)·(f1_e + f_e) (6bsh(k + S)f_e with SwiGLU), the router's 2bshE and dropped tokens
-left out, so the step is 12Bsnh^2·((1 + g/a + s/h) + F/h·(3/2 if swiglu) + V/(2nh)) with
-F = ((n - n_moe)·f + n_moe·(k + S)·f_e)/n. Parameters: `traces.moe_spec`.
+Mixture of experts (`experts`, `top_k`, ...): model FLOPs count the activated experts only
+(`traces.moe_spec` gives the forms and the parameters).
 
 Layer norms, dropouts, residuals and GeLU add no FLOPs but move memory. So one step of global
 batch B without recomputation is 72*B*s*l*h^2*(1 + s/(6h) + V/(12lh)) FLOPs, and

@@ -13,6 +13,13 @@ then made whole numbers by largest remainder (they sum to T·k). With `capacity_
 an expert keeps at most ⌈c·T·k/E⌉ of them (Megatron-Core's capacity,
 moe_utils.get_capacity), the rest are dropped. Every rank of an EP group routes the same way,
 so expert e receives EP · counts[e] tokens in all (`traces.moe`).
+
+FLOPs. Mixture of experts (`experts` E, `top_k` k, `shared_experts` S, `moe_ffn_hidden` f_e, the
+first `dense_layers` dense): model FLOPs count the activated experts only, as Megatron-LM's MoE
+branch of num_floating_point_operations does: an MoE layer's MLP forward is
+2bsh·(k + S)·(f1_e + f_e) (6bsh(k + S)f_e with SwiGLU), the router's 2bshE and dropped tokens
+left out, so the step is 12Bsnh^2·((1 + g/a + s/h) + F/h·(3/2 if swiglu) + V/(2nh)) with
+F = ((n - n_moe)·f + n_moe·(k + S)·f_e)/n. Parameters: `expert_params`, `moe_mlp_params`.
 """
 
 from __future__ import annotations
