@@ -21,7 +21,8 @@ from sim.calibrate.microbench import run_microbenchmarks
 from sim.config import Experiment
 from sim.engine.replay import StepTimes
 from sim.profile import Profile
-from sim.provenance import file_sha256, provenance
+from sim.provenance import provenance
+from sim.settings import Setting, config_sha256
 from sim.simulate import predict
 from traces.compare import Comparison, compare
 from traces.errors import ConfigError
@@ -130,7 +131,8 @@ def ranks_note(profile: Profile, world: int) -> str | None:
             "may not carry over (calibrate with as many ranks as the run)")
 
 
-def summary_json(v: Validation, config: Path) -> dict[str, Any]:
+def summary_json(v: Validation, config: Path, settings: tuple[Setting, ...] = ()
+                 ) -> dict[str, Any]:
     c = v.comparison
     out: dict[str, Any] = {
         "experiment": v.exp.name,
@@ -155,7 +157,7 @@ def summary_json(v: Validation, config: Path) -> dict[str, Any]:
         "peak_memory_predicted_bytes": {str(r): b for r, b in
                                         sorted(v.peak_memory_predicted_bytes.items())},
     }
-    return {**out, **provenance(v.exp.profile, file_sha256(config))}
+    return {**out, **provenance(v.exp.profile, config_sha256(config, settings))}
 
 
 def summary_text(v: Validation) -> str:

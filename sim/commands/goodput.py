@@ -18,12 +18,13 @@ from dataclasses import replace
 from typing import Any
 
 from sim.commands.common import ProgressBar, config_path, emit, profile_flag
-from sim.config import example_path, load_experiment
+from sim.config import example_path
 from sim.goodput.montecarlo import check_events, simulate_run
 from sim.goodput.plan import goodput_json, plan_run, target_tokens
 from sim.goodput.settings import MAX_RUNS, reliability_or_default
 from sim.goodput.text import goodput_text
-from sim.provenance import file_sha256, provenance
+from sim.provenance import provenance
+from sim.settings import add_set_flag, config_sha256, load_set_experiment, parse_settings
 from sim.simulate import predict
 from traces.errors import ConfigError, show, warn
 from traces.files import Outputs, check_outputs
@@ -46,6 +47,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--report", metavar="HTML", help="write a plotly report")
     parser.add_argument("--profile", metavar="JSON", help="calibration profile")
+    add_set_flag(parser)
 
 
 def _number(flag: str) -> Any:
@@ -67,7 +69,8 @@ def run(args: argparse.Namespace) -> int:
     overrides: dict[str, Any] = {}
     if (profile := profile_flag(args.profile, inputs)) is not None:
         overrides["profile"] = profile
-    exp = load_experiment(config, overrides)
+    settings = parse_settings(args.settings)
+    exp = load_set_experiment(config, settings, overrides)
     if exp.profile_path is not None:
         inputs.append(exp.profile_path)
     exp = replace(exp, reliability=_flags(reliability_or_default(exp.reliability), args))
@@ -87,7 +90,8 @@ def run(args: argparse.Namespace) -> int:
             outputs.write(targets["--report"], render_goodput_report(plan, outcome))
         outputs.commit()
         emit(json.dumps({**goodput_json(plan, outcome),
-                         **provenance(exp.profile, file_sha256(config))}, allow_nan=False)
+                         **provenance(exp.profile, config_sha256(config, settings))},
+                        allow_nan=False)
              if args.json else goodput_text(plan, outcome))
     return 0
 

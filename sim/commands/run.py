@@ -25,8 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from sim.commands.common import config_path, emit, error
-from sim.config import Experiment, example_path, load_experiment
-from sim.provenance import file_sha256, provenance
+from sim.config import Experiment, example_path
+from sim.provenance import provenance
+from sim.settings import add_set_flag, config_sha256, load_set_experiment, parse_settings
 from traces.errors import ConfigError
 from traces.outdir import StagedDir
 
@@ -47,12 +48,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "torch.profiler trace of the recorded steps (kernels-rank<r>.json)")
     parser.add_argument("--force", action="store_true", help="replace an older run in DIR")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    add_set_flag(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     config = config_path(args.config, example_path("gpt-tiny-localhost.toml"))
     check_run_args(args.out, args.steps, args.warmup, args.timeout)
-    exp = load_experiment(config)
+    settings = parse_settings(args.settings)
+    exp = load_set_experiment(config, settings)
     check_torchrun(exp.layout.world)
     inputs = [config, *([exp.profile_path] if exp.profile_path else [])]
     staged = StagedDir.check("--out", args.out, inputs=inputs, force=args.force)
@@ -62,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
         error(str(err))
         return 1
     if summary is not None:  # rank 0 (or the local launcher) reports
-        emit(json.dumps({**summary, **provenance(exp.profile, file_sha256(config))},
+        emit(json.dumps({**summary, **provenance(exp.profile, config_sha256(config, settings))},
                         allow_nan=False) if args.json else summary_text(summary))
     return 0
 

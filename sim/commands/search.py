@@ -22,13 +22,21 @@ from typing import Any, Protocol
 
 from sim.commands.common import ProgressBar, emit
 from sim.config import example_path
-from sim.provenance import file_sha256, provenance
+from sim.provenance import provenance
 from sim.search.engines import default_workers, open_engine
 from sim.search.goodput import OBJECTIVES, goodput_json, goodput_text, rank_by_goodput
 from sim.search.output import result_json, result_text
 from sim.search.problem import context, problem_from_dict
 from sim.search.run import DEFAULT_TOP, search
-from traces.files import Outputs, check_outputs, load_toml
+from sim.settings import (
+    add_set_flag,
+    config_sha256,
+    load_search_config,
+    named_as_flags,
+    parse_settings,
+    search_tables,
+)
+from traces.files import Outputs, check_outputs
 
 HELP = "rank layouts: analytic screen of a space, full simulation of the best, in parallel"
 EXAMPLE = "gpt3-175b-1024-a100-search.toml"
@@ -62,13 +70,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--objective", choices=OBJECTIVES, default="step_time",
                         help="rank the simulated layouts by step time (default) or also by "
                         "goodput: effective tokens/s over a run with failures")
+    add_set_flag(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     config = Path(args.config) if args.config is not None else example_path(EXAMPLE)
     targets = check_outputs({"--report": args.report}, inputs=[config])
-    problem = problem_from_dict(load_toml(config), name=config.stem, base=config.parent,
-                                gpus=args.gpus)
+    settings = parse_settings(args.settings, search_tables())
+    with named_as_flags(settings):
+        problem = problem_from_dict(load_search_config(config, settings), name=config.stem,
+                                    base=config.parent, gpus=args.gpus)
     workers = args.workers if args.workers is not None else default_workers()
     with Outputs() as outputs:
         with _Progress(ProgressBar) as progress, open_engine(workers, args.ray) as engine:
@@ -80,7 +91,8 @@ def run(args: argparse.Namespace) -> int:
         outputs.commit()
         extra_json, extra_text = _objective(args.objective, result, problem)
         emit(json.dumps({**result_json(result), **extra_json,
-                         **provenance(context(problem).base.profile, file_sha256(config))},
+                         **provenance(context(problem).base.profile,
+                                      config_sha256(config, settings))},
                         allow_nan=False) if args.json else result_text(result) + extra_text)
     return 0
 

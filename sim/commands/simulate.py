@@ -20,10 +20,11 @@ from sim.commands.common import (
     silence_stdout,
     write_timed,
 )
-from sim.config import example_path, load_experiment
+from sim.config import example_path
 from sim.engine.transport import NETWORK_NAMES
-from sim.provenance import file_sha256, provenance
+from sim.provenance import provenance
 from sim.report.timeline import annotate
+from sim.settings import add_set_flag, config_sha256, load_set_experiment, parse_settings
 from sim.simulate import predict, summary_json, summary_text
 from traces.errors import ConfigError, show, warn
 from traces.files import Outputs, check_outputs
@@ -47,6 +48,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--profile", metavar="JSON", help="calibration profile")
     parser.add_argument("--no-fold", action="store_true",
                         help="simulate every rank instead of one per pipeline stage")
+    add_set_flag(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -60,7 +62,8 @@ def run(args: argparse.Namespace) -> int:
     if report_ranks is not None and args.report is None:
         raise ConfigError("--report-ranks: it chooses the ranks a report details; give "
                           "--report HTML too")
-    exp = load_experiment(config, overrides)
+    settings = parse_settings(args.settings)
+    exp = load_set_experiment(config, settings, overrides)
     if exp.profile_path is not None:  # [sim] profile is an input too: never written over
         inputs.append(exp.profile_path)
     # Fail before the (long) simulation, not after it.
@@ -82,7 +85,8 @@ def run(args: argparse.Namespace) -> int:
                                                              report_ranks))
         outputs.commit()
         text = (json.dumps({**summary_json(exp, summary),
-                            **provenance(exp.profile, file_sha256(config))}, allow_nan=False)
+                            **provenance(exp.profile, config_sha256(config, settings))},
+                           allow_nan=False)
                 if args.json else summary_text(exp, summary))
         try:
             emit(text)

@@ -39,7 +39,8 @@ from sim.commands.common import (
     parse_sizes,
     profile_flag,
 )
-from sim.config import example_path, load_experiment
+from sim.config import example_path
+from sim.settings import add_set_flag, load_set_experiment, parse_settings
 from sim.validation import ranks_note, summary_json, summary_text, validate
 from traces.errors import ConfigError, warn
 from traces.files import Outputs, check_outputs
@@ -68,6 +69,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=int, default=5, help="microbenchmark calls per size")
     parser.add_argument("--probes", default=DEFAULT_PROBES, metavar="HxSxB,...",
                         help="microbenchmark compute probes (see parasim calibrate)")
+    add_set_flag(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -89,7 +91,8 @@ def run(args: argparse.Namespace) -> int:
     inputs = [config]
     if (profile := profile_flag(args.profile, inputs)) is not None:
         overrides["profile"] = profile
-    exp = load_experiment(config, overrides)
+    settings = parse_settings(args.settings)
+    exp = load_set_experiment(config, settings, overrides)
     if exp.profile_path is not None:  # [sim] profile is an input too: never written over
         inputs.append(exp.profile_path)
     targets = check_outputs({"--report": args.report}, inputs=inputs)
@@ -122,7 +125,7 @@ def run(args: argparse.Namespace) -> int:
 
             outputs.write(targets["--report"], render_validation(result))
         outputs.commit()
-        emit(json.dumps(summary_json(result, config), allow_nan=False) if args.json
+        emit(json.dumps(summary_json(result, config, settings), allow_nan=False) if args.json
              else summary_text(result))
     if args.max_error is not None and abs(result.step_error) > args.max_error:
         error(f"validate: step error {result.step_error:+.1%} is beyond --max-error "
