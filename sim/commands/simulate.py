@@ -16,16 +16,18 @@ from sim.commands.common import (
     ProgressBar,
     config_path,
     emit,
+    error,
     profile_flag,
     silence_stdout,
     write_timed,
 )
 from sim.config import example_path
 from sim.engine.transport import NETWORK_NAMES
+from sim.metrics import StepSummary
 from sim.provenance import provenance
 from sim.report.timeline import annotate
 from sim.settings import add_set_flag, config_sha256, load_set_experiment, parse_settings
-from sim.simulate import predict, summary_json, summary_text
+from sim.simulate import predict, size_text, summary_json, summary_text
 from traces.errors import ConfigError, show, warn
 from traces.files import Outputs, check_outputs
 
@@ -48,6 +50,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--profile", metavar="JSON", help="calibration profile")
     parser.add_argument("--no-fold", action="store_true",
                         help="simulate every rank instead of one per pipeline stage")
+    parser.add_argument("--fail-if-oom", action="store_true", help="exit 1 when the peak "
+                        "memory of a rank exceeds the GPU's (after the output), for CI")
     add_set_flag(parser)
 
 
@@ -92,7 +96,16 @@ def run(args: argparse.Namespace) -> int:
             emit(text)
         except BrokenPipeError:  # the reader stopped early; the files are complete: keep them
             silence_stdout()
-    return 0
+    return oom_status(summary) if args.fail_if_oom else 0
+
+
+def oom_status(summary: StepSummary) -> int:
+    """--fail-if-oom: 1 and one line when the fullest rank does not fit, else 0."""
+    if summary.fits:
+        return 0
+    error(f"--fail-if-oom: peak memory {size_text(summary.peak_memory_bytes)} does not fit in "
+          f"{size_text(summary.memory_capacity_bytes)}")
+    return 1
 
 
 def _ranks(text: str | None) -> list[int] | None:
