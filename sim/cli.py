@@ -9,6 +9,9 @@
     parasim validate [CONFIG.toml] [--profile P] [--report F.html] [--json]
     parasim goodput [CONFIG.toml] [--days D | --tokens N] [--report F.html] [--json]
 
+Bare `parasim` prints the commands, each with one example (`sim.overview`); each command's
+`--help` ends with its example.
+
 Each command is a module of `sim.commands` with the same shape: `HELP`, `add_arguments(parser)`
 and `run(args) -> exit status`. `--json` prints one JSON object on stdout and nothing else. A
 user's mistake prints one line on stderr and exits with status 2; Ctrl-C prints one line and
@@ -26,7 +29,8 @@ from collections.abc import Sequence
 from types import ModuleType
 from typing import NoReturn
 
-from sim.commands.common import error, silence_stdout
+from sim.commands.common import emit, error, silence_stdout
+from sim.overview import epilog, overview
 from sim.provenance import parasim_version
 from traces.errors import ConfigError, Fault, Terminated
 
@@ -53,6 +57,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         error("stdout is closed; parasim prints its results there")
         return 2
     try:
+        if not (sys.argv[1:] if argv is None else argv):
+            emit(overview({name: command(name).HELP for name in COMMANDS}, parasim_version()))
+            return 0
         parser = _build_parser(sys.argv[1:] if argv is None else argv)
         args = parser.parse_args(argv)
         return int(command(args.command).run(args))
@@ -83,5 +90,7 @@ def _build_parser(words: Sequence[str] = ()) -> _Parser:
     named = words[0] if words and words[0] in COMMANDS else None
     for name in COMMANDS if named is None else (named,):
         module = command(name)
-        module.add_arguments(commands.add_parser(name, help=module.HELP))
+        module.add_arguments(commands.add_parser(
+            name, help=module.HELP, epilog=epilog(name),
+            formatter_class=argparse.RawDescriptionHelpFormatter))
     return parser

@@ -67,7 +67,7 @@ def test_torus_preset_and_sendrecv(capsys):
     (["collective", "--ranks", "1"], "--ranks: 1 must be between 2"),
     (["collective", "--channels", "0"], "--channels: 0 must be from 1 to 64"),
     (["collective", "--nodes", "two"], "invalid int value: 'two'"),
-    ([], "required: command"),
+    (["simulate", "--no-such-flag"], "unrecognized arguments: --no-such-flag"),
 ])
 def test_bad_input_gives_one_line_and_exit_2(capsys, argv, needle):
     code, out, err = run_cli(capsys, *argv)
