@@ -8,8 +8,9 @@
     parasim calibrate [DIR...] -o PROFILE.json [--run CLUSTER_OR_CONFIG] [--json]
     parasim validate [CONFIG.toml] [--profile P] [--report F.html] [--json]
     parasim goodput [CONFIG.toml] [--days D | --tokens N] [--report F.html] [--json]
+    parasim sweep KEY VALUE [VALUE...] [--config F.toml] [--set K=V] [--report F.html] [--json]
 
-Bare `parasim` prints the commands, each with one example (`sim.overview`); each command's
+Bare `parasim` prints the commands, each with one example (`sim.commands.overview`); each command's
 `--help` ends with its example.
 
 Each command is a module of `sim.commands` with the same shape: `HELP`, `add_arguments(parser)`
@@ -30,12 +31,12 @@ from types import ModuleType
 from typing import NoReturn
 
 from sim.commands.common import emit, error, silence_stdout
-from sim.overview import epilog, overview
+from sim.commands.overview import epilog, overview
 from sim.provenance import parasim_version
 from traces.errors import ConfigError, Fault, Terminated
 
 COMMANDS = ("collective", "simulate", "replay", "run", "search", "calibrate", "validate",
-            "goodput")
+            "goodput", "sweep")
 """The commands, in the order `--help` lists them: each the module `sim.commands.<name>`."""
 
 

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from sim.cli import COMMANDS, _build_parser, command, main
-from sim.overview import EXAMPLES
+from sim.commands.overview import EXAMPLES
 
 
 def test_every_command_has_one_example_of_itself():

@@ -20,6 +20,7 @@ EXAMPLES: Mapping[str, str] = {
     "validate": "parasim validate sim/examples/gpt-tiny-2rank-localhost.toml "
                 "--profile here.json",
     "goodput": "parasim goodput --days 30 --report goodput.html",
+    "sweep": "parasim sweep parallel.micro_batch 1 2 4 --report sweep.html",
 }
 """One command line per command, in `sim.cli.COMMANDS`' order."""
 

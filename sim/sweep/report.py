@@ -1,0 +1,76 @@
+"""The `parasim sweep --report` page: the table, step time and tokens/s/GPU against the value,
+and MFU and peak memory (with the GPU's capacity) against it. Self-contained and deterministic,
+as the goodput page is (fixed div ids, plotly.js inline once).
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Sequence
+
+import plotly.graph_objects as go
+import plotly.io as pio
+from plotly.subplots import make_subplots
+
+from sim.sweep.points import Point, sweep_text
+
+DIVS = ("parasim-sweep-time", "parasim-sweep-memory")
+GiB = 2**30
+
+
+def _xs(points: Sequence[Point]) -> list[object]:
+    """The values as the x axis shows them: numbers on a numeric axis, anything else (a
+    schedule's name, true/false) as categories in the order given."""
+    values = [p.value for p in points]
+    numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
+    return values if numeric else [str(v).lower() if isinstance(v, bool) else str(v)
+                                   for v in values]
+
+
+def time_figure(key: str, points: Sequence[Point]) -> go.Figure:
+    """Step time (left axis) and tokens/s per GPU (right axis) against the value."""
+    xs = _xs(points)
+    fig = make_subplots(specs=[[{"secondary_y": True}]])
+    fig.add_trace(go.Scatter(x=xs, y=[p.summary.step_time_s for p in points], name="step time",
+                             mode="lines+markers"), secondary_y=False)
+    fig.add_trace(go.Scatter(x=xs, y=[p.tokens_per_s_per_gpu for p in points],
+                             name="tokens/s per GPU", mode="lines+markers",
+                             line={"dash": "dot"}), secondary_y=True)
+    fig.update_layout(title=f"Step time and throughput against {key}", template="plotly_white",
+                      height=460, xaxis_title=key)
+    fig.update_yaxes(title_text="step time (s)", rangemode="tozero", secondary_y=False)
+    fig.update_yaxes(title_text="tokens/s per GPU", rangemode="tozero", secondary_y=True)
+    return fig
+
+
+def memory_figure(key: str, points: Sequence[Point]) -> go.Figure:
+    """MFU (left axis) and the fullest rank's peak memory against the GPU's (right axis)."""
+    xs = _xs(points)
+    fig = make_subplots(specs=[[{"secondary_y": True}]])
+    fig.add_trace(go.Bar(x=xs, y=[p.summary.peak_memory_bytes / GiB for p in points],
+                         name="peak memory (GiB)", opacity=0.5,
+                         marker_color=["#4c78a8" if p.summary.fits else "#e45756"
+                                       for p in points]), secondary_y=True)
+    fig.add_trace(go.Scatter(x=xs, y=[p.summary.memory_capacity_bytes / GiB for p in points],
+                             name="GPU memory (GiB)", mode="lines",
+                             line={"color": "#e45756", "dash": "dash"}), secondary_y=True)
+    fig.add_trace(go.Scatter(x=xs, y=[p.summary.mfu for p in points], name="MFU",
+                             mode="lines+markers", line={"color": "#54a24b"}),
+                  secondary_y=False)
+    fig.update_layout(title=f"MFU and peak memory against {key} (red bars do not fit)",
+                      template="plotly_white", height=460, xaxis_title=key)
+    fig.update_yaxes(title_text="MFU", tickformat=".0%", rangemode="tozero",
+                     secondary_y=False)
+    fig.update_yaxes(title_text="GiB", rangemode="tozero", secondary_y=True)
+    return fig
+
+
+def render_sweep_report(key: str, points: Sequence[Point]) -> str:
+    """The whole page as a string (deterministic)."""
+    figures = (time_figure(key, points), memory_figure(key, points))
+    parts = [pio.to_html(fig, include_plotlyjs=(i == 0), full_html=False, div_id=div)
+             for i, (div, fig) in enumerate(zip(DIVS, figures))]
+    return ("<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\">"
+            f"<title>parasim sweep: {html.escape(key)}</title></head>\n<body>\n"
+            f"<pre>{html.escape(sweep_text(key, points))}</pre>\n" + "\n".join(parts)
+            + "\n</body></html>\n")
