@@ -12,19 +12,24 @@ import plotly.graph_objects as go
 import plotly.io as pio
 from plotly.subplots import make_subplots
 
-from sim.sweep.points import Point, sweep_text
+from sim.simulate import size_text
+from sim.sweep.points import Point, sweep_rows, sweep_text
 
 DIVS = ("parasim-sweep-time", "parasim-sweep-memory")
-GiB = 2**30
 
 
-def _xs(points: Sequence[Point]) -> list[object]:
-    """The values as the x axis shows them: numbers on a numeric axis, anything else (a
-    schedule's name, true/false) as categories in the order given."""
-    values = [p.value for p in points]
-    numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
-    return values if numeric else [str(v).lower() if isinstance(v, bool) else str(v)
-                                   for v in values]
+def _xs(points: Sequence[Point]) -> list[str]:
+    """The values as the x axis shows them: categories, evenly spaced in the order given (a
+    sweep of 1, 2, 4, 8 reads as four steps, and a schedule's name sits beside a number)."""
+    return [row[0] for row in sweep_rows(points)]
+
+
+def _unit(points: Sequence[Point]) -> tuple[str, float]:
+    """The memory unit of the chart: that of the largest figure, as the table writes it."""
+    largest = max(max(p.summary.peak_memory_bytes, p.summary.memory_capacity_bytes)
+                  for p in points)
+    unit = size_text(largest)[-3:]
+    return unit, {"GiB": 2.0**30, "MiB": 2.0**20}.get(unit, 2.0**10)
 
 
 def time_figure(key: str, points: Sequence[Point]) -> go.Figure:
@@ -37,31 +42,34 @@ def time_figure(key: str, points: Sequence[Point]) -> go.Figure:
                              name="tokens/s per GPU", mode="lines+markers",
                              line={"dash": "dot"}), secondary_y=True)
     fig.update_layout(title=f"Step time and throughput against {key}", template="plotly_white",
-                      height=460, xaxis_title=key)
+                      height=460, xaxis_title=key, xaxis_type="category")
     fig.update_yaxes(title_text="step time (s)", rangemode="tozero", secondary_y=False)
-    fig.update_yaxes(title_text="tokens/s per GPU", rangemode="tozero", secondary_y=True)
+    fig.update_yaxes(title_text="tokens/s per GPU", rangemode="tozero", secondary_y=True,
+                     showgrid=False, tickmode="auto")
     return fig
 
 
 def memory_figure(key: str, points: Sequence[Point]) -> go.Figure:
     """MFU (left axis) and the fullest rank's peak memory against the GPU's (right axis)."""
     xs = _xs(points)
+    unit, size = _unit(points)
     fig = make_subplots(specs=[[{"secondary_y": True}]])
-    fig.add_trace(go.Bar(x=xs, y=[p.summary.peak_memory_bytes / GiB for p in points],
-                         name="peak memory (GiB)", opacity=0.5,
+    fig.add_trace(go.Bar(x=xs, y=[p.summary.peak_memory_bytes / size for p in points],
+                         name=f"peak memory ({unit})", opacity=0.5,
                          marker_color=["#4c78a8" if p.summary.fits else "#e45756"
                                        for p in points]), secondary_y=True)
-    fig.add_trace(go.Scatter(x=xs, y=[p.summary.memory_capacity_bytes / GiB for p in points],
-                             name="GPU memory (GiB)", mode="lines",
+    fig.add_trace(go.Scatter(x=xs, y=[p.summary.memory_capacity_bytes / size for p in points],
+                             name=f"GPU memory ({unit})", mode="lines",
                              line={"color": "#e45756", "dash": "dash"}), secondary_y=True)
     fig.add_trace(go.Scatter(x=xs, y=[p.summary.mfu for p in points], name="MFU",
                              mode="lines+markers", line={"color": "#54a24b"}),
                   secondary_y=False)
     fig.update_layout(title=f"MFU and peak memory against {key} (red bars do not fit)",
-                      template="plotly_white", height=460, xaxis_title=key)
+                      template="plotly_white", height=460, xaxis_title=key, xaxis_type="category")
     fig.update_yaxes(title_text="MFU", tickformat=".0%", rangemode="tozero",
                      secondary_y=False)
-    fig.update_yaxes(title_text="GiB", rangemode="tozero", secondary_y=True)
+    fig.update_yaxes(title_text=unit, rangemode="tozero", secondary_y=True, showgrid=False,
+                     tickmode="auto")
     return fig
 
 
