@@ -29,6 +29,7 @@ from typing import NoReturn
 from sim.commands.common import error, silence_stdout
 from sim.provenance import parasim_version
 from traces.errors import ConfigError, Fault, Terminated
+from traces.files import removed_note
 
 COMMANDS = ("collective", "simulate", "replay", "run", "search", "calibrate", "validate",
             "goodput")
@@ -57,16 +58,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(argv)
         return int(command(args.command).run(args))
     except ConfigError as err:
-        error(str(err))
+        error(str(err) + removed_note(err))
         return 2
     except Fault as err:
-        error(str(err))
+        error(str(err) + removed_note(err))
         return 1
     except Terminated as err:  # SIGTERM, SIGHUP (`sim.entry`): cleaned up as Ctrl-C is
-        error(f"terminated by {err.name}")
+        error(f"terminated by {err.name}{removed_note(err)}")
         return 128 + err.signum
-    except KeyboardInterrupt:
-        error("interrupted")
+    except KeyboardInterrupt as err:
+        error(f"interrupted{removed_note(err)}")
         return 130
     except BrokenPipeError:  # the reader of our stdout stopped early (`| head`): not an error
         silence_stdout()
