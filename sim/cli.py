@@ -69,6 +69,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt as err:
         error(f"interrupted{removed_note(err)}")
         return 130
+    except MemoryError:  # the machine's, not the input's: bounds and estimates come first
+        error("out of memory: this machine cannot hold what the command builds; ask for a "
+              "smaller input")
+        return 1
     except BrokenPipeError:  # the reader of our stdout stopped early (`| head`): not an error
         silence_stdout()
         return 0
