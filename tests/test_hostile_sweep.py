@@ -131,3 +131,27 @@ def test_a_link_efficiency_at_its_bounds_is_accepted(tmp_path, capsys, value):
                    f'preset = "dgx-h100"\nnodes = 2\nnic_efficiency = {value}')
     code, _, err = run(capsys, "simulate", config, "--json")
     assert code == 0, err
+
+
+# --- moderate: a choice left empty, a width TP does not divide -------------------------------
+
+@pytest.mark.parametrize("preset", ["dgx-b200", "dgx-h100"])
+def test_an_empty_fp8_recipe_is_refused_not_read_as_delayed(tmp_path, capsys, preset):
+    path = tmp_path / "c.toml"
+    path.write_text(MODEL + 'dtype = "fp8"\nfp8_recipe = ""\n[parallel]\ntp = 2\ndp = 4\n'
+                    f'global_batch = 8\n[cluster]\npreset = "{preset}"\nnodes = 1\n')
+    refused(capsys, 'model.fp8_recipe: "" is not one of delayed, tensorwise, rowwise, '
+            "blockwise, mxfp8; leave the key out", "simulate", path)
+
+
+MOE = ("experts = 8\ntop_k = 2\nmoe_ffn_hidden = {f}\nshared_experts = {s}\n[parallel]\n"
+       "tp = {tp}\nsp = true\nep = 8\ndp = 8\nglobal_batch = 8\n[cluster]\n"
+       'preset = "dgx-h100"\nnodes = {nodes}\n')
+
+
+@pytest.mark.parametrize(("f", "s", "tp"), [(100, 1, 8), (50, 2, 8), (36, 3, 8), (10, 1, 4)])
+def test_shared_experts_tp_does_not_divide_are_refused(tmp_path, capsys, f, s, tp):
+    path = tmp_path / "c.toml"
+    path.write_text(MODEL + MOE.format(f=f, s=s, tp=tp, nodes=tp))
+    refused(capsys, f"parallel.tp: {tp} does not divide the shared experts' width, "
+            f"model.shared_experts x model.moe_ffn_hidden = {f * s}", "simulate", path)
