@@ -33,6 +33,7 @@ from contextlib import contextmanager
 from functools import partial
 from typing import Any, Generic, Protocol, TypeVar
 
+from sim.search.orphans import start_worker
 from sim.search.problem import Problem
 from traces.errors import ConfigError, Fault, show
 
@@ -145,7 +146,7 @@ class Processes:
         method = "forkserver" if "forkserver" in methods else "spawn"
         self.context = multiprocessing.get_context(method)
         self.pool = ProcessPoolExecutor(max_workers=workers, mp_context=self.context,
-                                        initializer=_leave_ctrl_c_to_the_parent)
+                                        initializer=start_worker, initargs=(os.getpid(),))
         self.started = False
 
     def start(self, task: Task[T, R], problem: Problem, items: Sequence[T]) -> Pending[R]:
@@ -256,7 +257,7 @@ def _preload(context: Any, module: str) -> None:
     than each importing it (0.6 CPU s a worker for the search's tasks). The server is started
     with one BLAS thread (`OPENBLAS_NUM_THREADS=1`; no task uses BLAS): numpy would otherwise
     start BLAS threads in it, and a worker would be the fork of a process holding threads.
-    It is started ignoring SIGINT, as its workers do (`_leave_ctrl_c_to_the_parent`; an
+    It is started ignoring SIGINT, as its workers do (`sim.search.orphans.start_worker`; an
     ignored signal stays ignored through exec): Ctrl-C reaches the whole process group, and
     the server ignores it itself only once it has imported. No effect where the server
     already runs (an earlier engine of this process)."""
@@ -312,13 +313,6 @@ def _ctrl_c_held() -> Iterator[None]:
         signal.signal(signal.SIGINT, previous)
     if caught:
         raise KeyboardInterrupt
-
-
-def _leave_ctrl_c_to_the_parent() -> None:
-    """A worker ignores SIGINT: Ctrl-C reaches the whole process group, and the parent, which
-    turns it into one line and exit 130, terminates its workers itself (`Processes.abort`);
-    a worker interrupted mid-import would print a traceback."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 class RayCluster:
