@@ -35,6 +35,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from sim.search.orphans import start_worker
 from sim.search.problem import Problem
+from sim.search.ray_address import check_reachable
 from traces.errors import ConfigError, Fault, show
 
 T = TypeVar("T")
@@ -332,6 +333,7 @@ class RayCluster:
             if not address:
                 raise ConfigError("--ray: give the cluster's address (HOST:PORT, "
                                   "ray://HOST:PORT) or auto")
+            check_reachable(address)  # before Ray, which retries for minutes
             try:
                 ray.init(address=address, log_to_driver=False, logging_level=logging.ERROR)
             except (ConnectionError, RuntimeError, ValueError) as err:
