@@ -155,3 +155,21 @@ def test_shared_experts_tp_does_not_divide_are_refused(tmp_path, capsys, f, s, t
     path.write_text(MODEL + MOE.format(f=f, s=s, tp=tp, nodes=tp))
     refused(capsys, f"parallel.tp: {tp} does not divide the shared experts' width, "
             f"model.shared_experts x model.moe_ffn_hidden = {f * s}", "simulate", path)
+
+
+# --- a collective too big to lower -----------------------------------------------------------
+
+@pytest.mark.parametrize("preset", ["gb200-nvl72", "gb300-nvl72"])
+def test_a_rack_scale_collective_too_big_to_lower_is_one_line(capsys, preset):
+    refused(capsys, "collective: 131,040 ranks x 72 channels = 9,434,880 rank-channels, more "
+            "than the 4,194,304 parasim's flow model lowers", "collective", "--cluster", preset,
+            "--nodes", 1820, "--op", "all_reduce", "--sizes", "1G")
+
+
+def test_the_lowering_bound_is_ranks_times_channels():
+    from sim.collectives.size import MAX_RANK_CHANNELS, check_lowering_size
+    from traces.errors import ConfigError
+
+    check_lowering_size(MAX_RANK_CHANNELS // 16, 16)  # DGX H100's 16 channels, at the bound
+    with pytest.raises(ConfigError, match="rank-channels"):
+        check_lowering_size(MAX_RANK_CHANNELS // 16 + 1, 16)
