@@ -92,3 +92,50 @@ def test_a_process_already_gone_is_not_waited_for():
     gone = subprocess.Popen(["true"])
     gone.wait()
     orphans.wait_for_end(gone.pid)  # returns at once (pidfd_open fails, kill finds no one)
+
+
+# --- a stopped worker ------------------------------------------------------------------------
+
+def test_a_stopped_worker_ends_the_search_with_one_line(monkeypatch):
+    from sim.search import stopped
+    from sim.search.engines import Processes
+    from traces.errors import Fault
+
+    monkeypatch.setattr(stopped, "CHECK_S", 0.1)
+    monkeypatch.setattr(stopped, "STOPPED_LIMIT_S", 1.0)
+    engine = Processes(2)
+    try:
+        pending = engine.start(sleeper, None, [0, 1])
+        deadline = time.monotonic() + DEADLINE_S
+        while len(engine.pool._processes) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        victim = min(engine.pool._processes)
+        os.kill(victim, signal.SIGSTOP)
+        with pytest.raises(Fault, match=f"^search: worker process {victim} has been stopped "
+                                        r"\(SIGSTOP or a debugger\) for 1 s; the search stopped"):
+            pending.wait()
+    finally:
+        for pid in list(engine.pool._processes):
+            os.kill(pid, signal.SIGCONT)
+        engine.abort()
+
+
+def test_a_worker_stopped_then_continued_is_not_a_fault():
+    from sim.search.stopped import STOPPED_LIMIT_S, StoppedWatch
+
+    sleep = subprocess.Popen(["sleep", "600"])
+    try:
+        watch = StoppedWatch()
+        os.kill(sleep.pid, signal.SIGSTOP)
+        time.sleep(0.2)
+        watch.check([sleep.pid], 0.0)
+        os.kill(sleep.pid, signal.SIGCONT)
+        time.sleep(0.2)
+        watch.check([sleep.pid], STOPPED_LIMIT_S - 1)  # running again: the clock restarts
+        os.kill(sleep.pid, signal.SIGSTOP)
+        time.sleep(0.2)
+        watch.check([sleep.pid], STOPPED_LIMIT_S + 10)  # stopped anew only just now
+        assert watch.since == {sleep.pid: STOPPED_LIMIT_S + 10}
+    finally:
+        sleep.kill()
+        sleep.wait()

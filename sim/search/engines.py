@@ -27,7 +27,7 @@ import os
 import signal
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager
 from functools import partial
@@ -36,6 +36,7 @@ from typing import Any, Generic, Protocol, TypeVar
 from sim.search.orphans import start_worker
 from sim.search.problem import Problem
 from sim.search.ray_address import check_reachable
+from sim.search.stopped import first_completed
 from traces.errors import ConfigError, Fault, show
 
 T = TypeVar("T")
@@ -215,7 +216,7 @@ class _Futures(Generic[R]):
         self.pool, self.futures = pool, futures
 
     def wait(self, done: Done | None = None) -> list[R]:
-        return _gather(self.futures, _first_completed, self._result, done)
+        return _gather(self.futures, partial(first_completed, self.pool), self._result, done)
 
     def _result(self, future: Future[R]) -> R:
         try:
@@ -227,11 +228,6 @@ class _Futures(Generic[R]):
 
 Ready = Callable[[Sequence[Any]], tuple[Sequence[Any], Sequence[Any]]]
 """Of the handles pending: those finished (at least one, waiting for it) and those not."""
-
-
-def _first_completed(pending: Sequence[Future[R]]) -> tuple[list[Future[R]], list[Future[R]]]:
-    finished, left = wait(pending, return_when=FIRST_COMPLETED)
-    return list(finished), list(left)
 
 
 def _gather(handles: Sequence[Any], ready: Ready, fetch: Callable[[Any], Any],
