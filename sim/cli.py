@@ -34,6 +34,7 @@ from sim.commands.common import emit, error, silence_stdout
 from sim.commands.overview import epilog, overview
 from sim.provenance import parasim_version
 from traces.errors import ConfigError, Fault, Terminated
+from traces.files import removed_note
 
 COMMANDS = ("collective", "simulate", "replay", "run", "search", "calibrate", "validate",
             "goodput", "sweep")
@@ -65,17 +66,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(argv)
         return int(command(args.command).run(args))
     except ConfigError as err:
-        error(str(err))
+        error(str(err) + removed_note(err))
         return 2
     except Fault as err:
-        error(str(err))
+        error(str(err) + removed_note(err))
         return 1
     except Terminated as err:  # SIGTERM, SIGHUP (`sim.entry`): cleaned up as Ctrl-C is
-        error(f"terminated by {err.name}")
+        error(f"terminated by {err.name}{removed_note(err)}")
         return 128 + err.signum
-    except KeyboardInterrupt:
-        error("interrupted")
+    except KeyboardInterrupt as err:
+        error(f"interrupted{removed_note(err)}")
         return 130
+    except MemoryError:  # the machine's, not the input's: bounds and estimates come first
+        error("out of memory: this machine cannot hold what the command builds; ask for a "
+              "smaller input")
+        return 1
     except BrokenPipeError:  # the reader of our stdout stopped early (`| head`): not an error
         silence_stdout()
         return 0

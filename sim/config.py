@@ -37,7 +37,7 @@ from topology.config import read_cluster
 from traces.errors import ConfigError, show
 from traces.fields import Fields, check_choice
 from traces.files import load_toml
-from traces.fp8_recipes import check_recipe_layout
+from traces.fp8_recipes import check_recipe_layout, check_recipe_named
 from traces.layout import Layout
 from traces.layout_rules import check_layout
 from traces.model import ModelSpec
@@ -158,6 +158,7 @@ def experiment_from_dict(data: Mapping[str, Any], *, name: str = "experiment",
                else default_profile(cluster.accelerator))
     cluster = profile.applied_to(cluster)  # measured link classes and roofs replace the preset's
     model = resolve_fp8(model, cluster.accelerator, "fp8_recipe" in model_table)
+    check_recipe_named(model_table.get("fp8_recipe"))
     return Experiment(name=name, model=model, layout=layout, cluster=cluster, network=network,
                       algo=algo, profile=profile, reliability=reliability,
                       profile_path=base / profile_path if profile_path else None)

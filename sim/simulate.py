@@ -44,6 +44,7 @@ def predict(exp: Experiment, *, fold: bool = True, progress: Progress | None = N
     busier EP rank folds apart from the rest and the run equals the unfolded one. When kernels
     are stretched, the ideal step is simulated too and the summary's `variability_s` is the
     difference."""
+    fold = fold and fold_sound(exp)
     # Folded by identity when something sets ranks apart (speeds, skewed experts' loads, an
     # expert grid the shifts do not map onto itself, where a rank sits on an unevenly cut fat
     # tree); else the uniform fold, one per (cp, pp).
@@ -78,6 +79,13 @@ def predict(exp: Experiment, *, fold: bool = True, progress: Progress | None = N
         summary = replace(summary, variability_s=summary.step_time_s - ideal.step_time_s,
                           variability_compute_s=summary.compute_s - ideal.compute_s)
     return summary, times
+
+
+def fold_sound(exp: Experiment) -> bool:
+    """Whether folding may stand for `exp`: not where TP groups cross nodes (the layout's
+    warning says so), which no shift of the fold maps onto itself; such a step is simulated
+    with every rank."""
+    return exp.cluster.devices_per_server % exp.layout.tp == 0
 
 
 def over_cp(exp: Experiment) -> Partition | None:

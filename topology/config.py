@@ -258,11 +258,11 @@ def _server(base: ServerSpec, gpus: int, fields: Fields) -> ServerSpec:
         base,
         gpus=gpus,
         nvlink_Bps=fields.bandwidth("nvlink_bandwidth", base.nvlink_Bps),
-        nvlink_efficiency=fields.fraction("nvlink_efficiency", base.nvlink_efficiency),
+        nvlink_efficiency=fields.link_efficiency("nvlink_efficiency", base.nvlink_efficiency),
         nvlink_latency_s=fields.time("nvlink_latency", base.nvlink_latency_s),
         nics=fields.integer("nics_per_node", base.nics, minimum=0, maximum=MAX_NICS_PER_NODE),
         nic_Bps=fields.bandwidth("nic_bandwidth", base.nic_Bps),
-        nic_efficiency=fields.fraction("nic_efficiency", base.nic_efficiency),
+        nic_efficiency=fields.link_efficiency("nic_efficiency", base.nic_efficiency),
         pcie_Bps=fields.bandwidth("pcie_bandwidth", base.pcie_Bps),
         pcie_latency_s=fields.time("pcie_latency", base.pcie_latency_s),
     )

@@ -68,6 +68,10 @@ def check_experts(model: ModelSpec, layout: Layout) -> None:
     if model.moe_ffn_hidden % layout.etp:
         raise ConfigError(f"parallel.etp: {layout.etp} does not divide model.moe_ffn_hidden "
                           f"= {model.moe_ffn_hidden}")
+    shared = model.shared_experts * model.moe_ffn_hidden  # one MLP that TP splits
+    if shared % layout.tp:
+        raise ConfigError(f"parallel.tp: {layout.tp} does not divide the shared experts' "
+                          f"width, model.shared_experts x model.moe_ffn_hidden = {shared}")
     if layout.zero == 3:
         raise ConfigError("parallel.zero: 3 (FSDP) with model.experts is not modelled (use "
                           "ZeRO 1, DeepSeek-V3's distributed optimizer, or 2)")

@@ -40,6 +40,10 @@ MIN_TFLOPS = 1e-3  # 1 GFLOP/s
 MAX_TFLOPS = 1e5  # 100 PFLOP/s per accelerator: ~100x an H100's dense bf16
 MAX_MEMORY_BYTES = 100 * 2**40  # 100 TiB per accelerator
 MIN_EFFICIENCY = 1e-6  # a kernel a million times under its roof is a typo, not a measurement
+MIN_LINK_EFFICIENCY = 0.01
+"""A link that carries data at under 1% of its signalling rate is broken, not slow: NCCL's
+bus bandwidth on NVLink and InfiniBand is 70-95% of the line rate (nccl-tests' published
+all_reduce results), and 1e-30 makes a step of 1e27 s."""
 
 
 def _bad(name: str, value: object, rule: str) -> ConfigError:
@@ -87,6 +91,15 @@ def check_efficiency(value: object, name: str) -> float:
             or not MIN_EFFICIENCY <= value <= 1:
         raise _bad(name, value, f"must be an efficiency in [{MIN_EFFICIENCY:g}, 1] (below "
                    f"{MIN_EFFICIENCY:g} a kernel runs a million times under its roof)")
+    return float(value)
+
+
+def check_link_efficiency(value: object, name: str) -> float:
+    """A link's data efficiency: a fraction in [MIN_LINK_EFFICIENCY, 1]."""
+    if not isinstance(value, int | float) or isinstance(value, bool) \
+            or not MIN_LINK_EFFICIENCY <= value <= 1:
+        raise _bad(name, value, f"must be a link efficiency in [{MIN_LINK_EFFICIENCY:g}, 1] "
+                   "(the share of the line rate that carries data)")
     return float(value)
 
 
@@ -191,6 +204,9 @@ class Fields:
 
     def efficiency(self, key: str, default: float) -> float:
         return self._read(key, default, check_efficiency)
+
+    def link_efficiency(self, key: str, default: float) -> float:
+        return self._read(key, default, check_link_efficiency)
 
     def line(self, key: str, default: str) -> str:
         return self._read(key, default, check_line)

@@ -9,7 +9,8 @@ Writing: `check_output` refuses, before any work is done, an output path that ca
 regular file of this run (empty, ending in '/', a directory, a device, an input of the run, in
 a missing or read-only directory, a name too long). `Outputs` writes a run's files all or none:
 each goes to a short temporary name beside its target, and only when every one is complete are
-they renamed into place; on an error or Ctrl-C every file this run wrote is removed.
+they renamed into place; on an error or Ctrl-C every file this run wrote is removed, and so is
+what an earlier run left at an output path this one was given (the line says so).
 `write_text_atomic` is the one-file form.
 """
 
@@ -231,12 +232,16 @@ class Outputs:
             print(summary)                  # a failure here still removes the outputs
 
     Leaving the block by an exception (Ctrl-C included) removes every temporary and every
-    target this run has already renamed into place.
+    target this run has already renamed into place, and also the file an earlier run left at
+    each of `named` (the outputs the command was asked for, checked by `check_outputs`): a
+    failed run leaves no file that looks like its output. The exception then carries a note
+    naming what was removed (`removed_note`), which the command line adds to its one line.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, named: Iterable[PathLike] = ()) -> None:
         self._staged: dict[Path, Path] = {}  # target -> its temporary
         self._written: list[Path] = []
+        self._named = [Path(path) for path in named]
 
     def write(self, target: PathLike, text: str | bytes) -> None:
         """Write `text` (UTF-8), or bytes as they are, to a new temporary file beside
@@ -289,6 +294,26 @@ class Outputs:
                  trace: TracebackType | None) -> None:
         if kind is not None:
             self.discard()
+            removed = [path for path in self._named if _remove_earlier(path)]
+            if removed and error is not None:
+                error.add_note(f"removed the earlier {', '.join(map(str, removed))} so it is "
+                               "not taken for this run's output")
+
+
+def _remove_earlier(path: Path) -> bool:
+    """Remove the regular file at `path`, if there is one; whether one was removed."""
+    try:
+        if not path.is_file():
+            return False
+        os.unlink(path)
+    except OSError:
+        return False
+    return True
+
+
+def removed_note(error: BaseException) -> str:
+    """The notes `Outputs` added to `error`, as the tail of its one line ('' if none)."""
+    return "".join(f"; {note}" for note in getattr(error, "__notes__", ()))
 
 
 def write_text_atomic(path: PathLike, text: str | bytes) -> None:

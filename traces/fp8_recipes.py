@@ -184,3 +184,11 @@ def check_recipe_layout(recipe: str, experts: int, etp: int) -> None:
         raise ConfigError(f"parallel.etp: {etp} with model.fp8_recipe = \"tensorwise\": "
                           "Transformer Engine's GroupedLinear runs current scaling only at "
                           "expert TP 1 (its amaxes are not reduced over TP)")
+
+
+def check_recipe_named(value: object) -> None:
+    """An `fp8_recipe` the config states is a recipe: "" is refused, not read as the key left
+    out (which picks the accelerator's default, MXFP8 on Blackwell, delayed elsewhere)."""
+    if value == "":
+        raise ConfigError(f"model.fp8_recipe: \"\" is not one of {', '.join(RECIPES)}; leave "
+                          "the key out for the accelerator's default")

@@ -44,7 +44,8 @@ def check_layout(model: ModelSpec, layout: Layout, *, world: int | None = None,
                           f"({devices_per_server} GPUs); tensor parallelism must stay inside one")
     if devices_per_server % tp:
         return (f"parallel.tp: {tp} does not divide the {devices_per_server} GPUs of a node, "
-                "so some TP groups cross nodes (slow)",)
+                "so some TP groups cross nodes (slow); the step is simulated with every rank, "
+                "unfolded",)
     return ()
 
 

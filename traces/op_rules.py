@@ -13,6 +13,7 @@ import math
 from collections.abc import Callable
 
 from traces.errors import ConfigError, show
+from traces.parse_memory import check_parse_memory
 from traces.plan import MAX_PLAN_OPS
 from traces.units import MAX_OP_BYTES, MAX_OP_FLOPS, MAX_SIZE_BYTES, MAX_STEP_SECONDS
 
@@ -113,7 +114,9 @@ def check_times(start: float | None, end: float | None) -> None:
 def check_text_op_count(raw: bytes, source: str) -> None:
     """Refuse a trace file with more than MAX_TRACE_OPS ops before its JSON is parsed (parsing
     30 M ops alone takes ~12 GB)."""
-    _refuse_past_bound(raw.count(_STREAM_KEY), source, "at least ")
+    count = raw.count(_STREAM_KEY)
+    _refuse_past_bound(count, source, "at least ")
+    check_parse_memory(len(raw), count, source)
 
 
 def check_op_count(ranks: dict[str, object], source: str) -> None:

@@ -24,7 +24,16 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from sim.collectives.alltoallv import lower_alltoallv
-from sim.collectives.base import A2A, FLOWS_OF, NCCL_NAMED, Algorithm, Lowering, busbw_factor
+from sim.collectives.base import (
+    A2A,
+    FLOWS_OF,
+    NCCL_NAMED,
+    Algorithm,
+    Lowering,
+    busbw_factor,
+    by_server,
+    default_channels,
+)
 from sim.collectives.direct import lower_direct, lower_p2p
 from sim.collectives.gloo import lower_gloo
 from sim.collectives.hierarchical import lower_hierarchical
@@ -36,6 +45,7 @@ from sim.collectives.nvls import lower_nvls
 from sim.collectives.protocols import Algo
 from sim.collectives.rhd import lower_rhd
 from sim.collectives.ring import lower_ring
+from sim.collectives.size import check_lowering_size
 from sim.collectives.torus import lower_torus
 from sim.collectives.tree import lower_tree
 from sim.engine.flows import solo_time
@@ -110,6 +120,7 @@ class Collectives:
         all-to-all (`split`) runs only as direct flows (NCCL's p2p moves the same)."""
         key: _Key = (kind, tuple(group), algo, channels, split)
         if key not in self._lowerings:
+            check_lowering_size(len(group), channels or self._channels(group))
             direct = algo == Algorithm.DIRECT or algo.startswith(f"{P2P}/")
             if split is not None:
                 lowering = lower_alltoallv(self.cluster, tuple(group), split) \
@@ -130,6 +141,12 @@ class Collectives:
         lowering = self.lowering(kind, group, name, channels) if name in ALGORITHMS else \
             _STRUCTURES[name](self.cluster, kind, tuple(group), channels)
         return lowering if lowering is not None else self.lowering(kind, group, "ring", channels)
+
+    def _channels(self, group: Sequence[int]) -> int:
+        """The most channels a lowering of `group` runs: NCCL's, or one ring per NIC."""
+        system = self.nccl_system(group) if len(group) > 1 else None
+        return max(system.comm_channels if system else 1,
+                   default_channels(self.cluster, by_server(self.cluster, group)))
 
     def nccl_system(self, group: Sequence[int]) -> NcclSystem | None:
         """NCCL's view of `group`, or None where NCCL does not run (no NVSwitch/NIC server,

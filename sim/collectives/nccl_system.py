@@ -106,8 +106,11 @@ class NcclSystem:
         n = self.gpus_per_node
         speeds = SPEEDS_INTRA[90]
         total = self.nvlink_Bps / GBPS * n / (n - 1)  # non-ring patterns: totalBw * n/(n-1)
-        start = next(s for s in speeds if s * n <= total)  # minChannels = ngpus
-        bw = next(s for s in speeds if s <= start and (n + 1) * s <= self.nvlink_Bps / GBPS)
+        start = next((s for s in speeds if s * n <= total), None)  # minChannels = ngpus
+        bw = next((s for s in speeds if start is not None and s <= start
+                   and (n + 1) * s <= self.nvlink_Bps / GBPS), None)
+        if bw is None:  # no speed fits so many GPUs: the search fails and NCCL has no NVLS
+            return None
         inter = max(s for s in speeds if s < 2 * bw)
         if self.num_nodes > 1:
             inter = self._nic_speed()

@@ -110,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
     profile, report = fit_profile(traces, target.cluster, base=target.profile, name=name)
     for note in report.unidentified:
         warn(f"calibrate: {note}")
-    with Outputs() as outputs:
+    with Outputs(targets.values()) as outputs:
         outputs.write(targets["--out"], json.dumps(profile.to_json(), indent=1,
                                                    allow_nan=False) + "\n")
         outputs.commit()

@@ -77,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
     targets = check_outputs({"--report": args.report}, inputs=inputs)
     for warning in exp.warnings:
         warn(warning)
-    with Outputs() as outputs:
+    with Outputs(targets.values()) as outputs:
         with ProgressBar("simulate", "op") as bar:
             summary, _ = predict(exp, progress=bar.progress)
         plan = plan_run(exp, summary, target=target_tokens(args.days, args.tokens,

@@ -72,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
     cluster = spec.build()
     if profile is not None:  # its measured link classes and roofs replace the preset's
         cluster = profile.applied_to(cluster)
-    with Outputs() as outputs:
+    with Outputs(targets.values()) as outputs:
         with ProgressBar("replay", "op") as bar:
             result = replay_trace(loaded, cluster, profile, retime=args.retime,
                                   network=network, algo=algo, progress=bar.progress,

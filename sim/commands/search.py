@@ -81,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
         problem = problem_from_dict(load_search_config(config, settings), name=config.stem,
                                     base=config.parent, gpus=args.gpus)
     workers = args.workers if args.workers is not None else default_workers()
-    with Outputs() as outputs:
+    with Outputs(targets.values()) as outputs:
         with _Progress(ProgressBar) as progress, open_engine(workers, args.ray) as engine:
             result = search(problem, engine=engine, top_k=args.top, progress=progress.update)
         if "--report" in targets:

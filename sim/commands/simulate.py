@@ -75,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
                              "--report": args.report}, inputs=inputs)
     for warning in exp.warnings:
         warn(warning)
-    with Outputs() as outputs:
+    with Outputs(targets.values()) as outputs:
         with ProgressBar("simulate", "op") as bar:
             summary, times = predict(exp, fold=not args.no_fold, progress=bar.progress)
         if "--trace" in targets or "--chrome" in targets:

@@ -114,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
                           parse_probes(args.probes, target))
     keep = (None if args.keep is None
             else StagedDir.check("--keep", args.keep, inputs=inputs, force_flag=""))
-    with Outputs() as outputs, kept(keep) as keep_dir:
+    with Outputs(targets.values()) as outputs, kept(keep) as keep_dir:
         with Phases("validate", 3 + (spec is not None)) as phase:
             result = validate(exp, steps=args.steps, warmup=args.warmup, timeout=args.timeout,
                               keep=keep_dir, bench=spec, backend=backend, phase=phase)

@@ -28,6 +28,10 @@ from traces.errors import ConfigError
 
 MAX_EVENTS = 5_000_000
 """Failures all runs together may draw: checked before the first run starts."""
+MAX_DRAWS = 10_000_000
+"""Failure times all runs together may draw, counted as they are drawn: the bound that holds
+when the estimate `check_events` checks falls short (spares that run out, restarts that
+failures keep striking)."""
 MAX_MARKS = 2_000
 """Checkpoints of the traced run kept for the report (evenly sampled beyond)."""
 
@@ -138,9 +142,15 @@ class _Draws:
         self.rng = rng
         self.exp: list[float] = []
         self.uni: list[float] = []
+        self.drawn = 0
 
     def exponential(self) -> float:
         if not self.exp:
+            self.drawn += self.BLOCK
+            if self.drawn > MAX_DRAWS:
+                raise ConfigError(f"goodput: the Monte-Carlo drew {MAX_DRAWS:,} failure times "
+                                  "without finishing its runs (failures outrun the restarts "
+                                  "and repairs); ask for fewer runs, --days or --tokens")
             self.exp = self.rng.standard_exponential(self.BLOCK).tolist()[::-1]
         return self.exp.pop()
 
@@ -207,10 +217,11 @@ class _Run:
         if self.trace is None:
             return
         cycle = self.m.interval_s + self.m.stall_s
-        for j in range(checkpoints):
-            self.marks += 1
-            if self.marks % self.trace.checkpoint_every == 0:
-                self.trace.checkpoints.append(self.t + j * cycle + cycle)
+        every = self.trace.checkpoint_every
+        first = -self.marks % every or every  # the first of these checkpoints that is kept
+        for j in range(first, checkpoints + 1, every):  # only the kept ones, one by one
+            self.trace.checkpoints.append(self.t + j * cycle)
+        self.marks += checkpoints
 
     def _cause(self) -> Cause:
         # the first cause whose cumulative share exceeds a uniform draw

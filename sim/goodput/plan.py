@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from sim.config import Experiment
+from sim.goodput.bounds import check_finishes, check_spares, step_interval
 from sim.goodput.costs import (
     Restart,
     checkpoint_bytes,
@@ -138,6 +139,7 @@ def plan_from(exp: Experiment, *, step_time_s: float, tokens_per_s: float,
         else write
     restart = restart_parts(cluster, rel, size_bytes=size, step_time_s=step_time_s)
     causes = _causes(rel, per_cause, restart)
+    check_spares(causes, rel.spare_nodes, restart.repair_s)
     total = sum(c.rate_per_s for c in causes)
     # Daly's R: the mean over causes; without spares a hardware failure waits for its repair
     repair = restart.repair_s if rel.spare_nodes == 0 else 0.0
@@ -152,11 +154,13 @@ def plan_from(exp: Experiment, *, step_time_s: float, tokens_per_s: float,
     young = young_interval(stall, mtti) if math.isfinite(mtti) else work
     daly = daly_interval(stall, mtti) if math.isfinite(mtti) else work
     drain = write - stall
-    interval = rel.checkpoint_interval_s or max(daly, drain)
+    interval = step_interval(rel.checkpoint_interval_s or max(daly, drain), step_time_s,
+                             rel.checkpoint_interval_s is not None)
     if interval < drain:
         raise ConfigError(f"reliability.checkpoint_interval: {interval:,.0f} s is shorter "
                           f"than the asynchronous write's drain, {drain:,.0f} s: a checkpoint "
                           "would start before the previous one is written")
+    check_finishes(work, interval, stall, restart_mean, mtti)
     model = RunModel(useful_s=useful, work_s=work, interval_s=interval, stall_s=stall,
                      drain_s=drain, causes=causes, spare_nodes=rel.spare_nodes,
                      repair_s=restart.repair_s)
@@ -167,7 +171,8 @@ def plan_from(exp: Experiment, *, step_time_s: float, tokens_per_s: float,
         mtti_given=rel.mtti_s is not None, checkpoint_bytes=size, checkpoint_write_s=write,
         stall_s=stall, restart=restart, restart_s=restart_mean, interval_s=interval,
         interval_given=rel.checkpoint_interval_s is not None, young_s=young, daly_s=daly,
-        fraction_at_optimum=useful / work * effective_fraction(work, max(daly, drain), stall,
+        fraction_at_optimum=useful / work * effective_fraction(work, max(daly, drain,
+                                                                         step_time_s), stall,
                                                                restart_mean, mtti),
         fraction_at_interval=useful / work * effective_fraction(work, interval, stall,
                                                                 restart_mean, mtti),
@@ -202,6 +207,6 @@ def goodput_json(run: GoodputPlan, outcome: Outcome) -> dict[str, Any]:
         "checkpoint_interval_s": run.interval_s,
         "checkpoint_write_s": run.checkpoint_write_s,
         "restart_s": run.restart_s,
-        "mtti_s": run.mtti_s,
+        "mtti_s": run.mtti_s if math.isfinite(run.mtti_s) else None,  # no cause fails
         "wall_time_s": {"p10": p10, "p50": p50, "p90": p90},
     }

@@ -34,7 +34,8 @@ def goodput_text(p: GoodputPlan, o: Outcome) -> str:
         f"  step                {p.step_time_s:.4g} s, {p.tokens_per_s:,.0f} tokens/s",
         f"  target              {p.target_tokens:.4g} tokens = "
         f"{_duration(p.model.useful_s)} of failure-free compute",
-        f"  MTTI                {_duration(p.mtti_s)} ({where})",
+        f"  MTTI                {_duration(p.mtti_s)} ({where})" if p.mtti_s < float("inf") else
+        "  MTTI                none: every failure rate is 0",
         f"  checkpoint          {p.checkpoint_bytes / 1e12:.3g} TB, write "
         f"{_duration(p.checkpoint_write_s)}"
         + (f", asynchronous: training stalls {_duration(p.stall_s)}"

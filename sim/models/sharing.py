@@ -63,6 +63,19 @@ def gpu_interference(cluster: Cluster, compute: ComputeModel) -> GpuInterference
         link = server.nic_Bps * server.nics / server.gpus * server.nic_efficiency
     else:
         link = server.nvlink_Bps * server.nvlink_efficiency
+    check_hbm(acc.sustained_hbm_Bps, REDUCTION_HBM_PASSES * link,
+              "NIC" if cluster.num_servers > 1 else "NVLink")
     return GpuInterference(units=acc.compute_units, comm_units=nccl.comm_channels,
                            hbm_Bps=acc.sustained_hbm_Bps,
                            comm_hbm_Bps=REDUCTION_HBM_PASSES * link, compute=compute)
+
+
+def check_hbm(hbm_Bps: float, comm_hbm_Bps: float, links: str) -> None:
+    """Refuse an HBM no faster than the traffic NCCL's reductions make in it: the links would
+    then outrun the memory they read and write, which no GPU is built to do (A100: 1.6-2 TB/s
+    of HBM for 300 GB/s of NVLink a direction; H100: 3.35 TB/s for 450 GB/s)."""
+    if comm_hbm_Bps >= hbm_Bps:
+        raise ConfigError(
+            f"cluster.hbm_bandwidth: {hbm_Bps / 1e9:,.4g} GB/s must be above the "
+            f"{comm_hbm_Bps / 1e9:,.4g} GB/s NCCL's reductions move through HBM on this "
+            f"cluster ({REDUCTION_HBM_PASSES} x the {links} data rate per GPU)")

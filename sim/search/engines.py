@@ -27,13 +27,16 @@ import os
 import signal
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager
 from functools import partial
 from typing import Any, Generic, Protocol, TypeVar
 
+from sim.search.orphans import start_worker
 from sim.search.problem import Problem
+from sim.search.ray_address import check_reachable
+from sim.search.stopped import first_completed
 from traces.errors import ConfigError, Fault, show
 
 T = TypeVar("T")
@@ -145,7 +148,7 @@ class Processes:
         method = "forkserver" if "forkserver" in methods else "spawn"
         self.context = multiprocessing.get_context(method)
         self.pool = ProcessPoolExecutor(max_workers=workers, mp_context=self.context,
-                                        initializer=_leave_ctrl_c_to_the_parent)
+                                        initializer=start_worker, initargs=(os.getpid(),))
         self.started = False
 
     def start(self, task: Task[T, R], problem: Problem, items: Sequence[T]) -> Pending[R]:
@@ -213,7 +216,7 @@ class _Futures(Generic[R]):
         self.pool, self.futures = pool, futures
 
     def wait(self, done: Done | None = None) -> list[R]:
-        return _gather(self.futures, _first_completed, self._result, done)
+        return _gather(self.futures, partial(first_completed, self.pool), self._result, done)
 
     def _result(self, future: Future[R]) -> R:
         try:
@@ -225,11 +228,6 @@ class _Futures(Generic[R]):
 
 Ready = Callable[[Sequence[Any]], tuple[Sequence[Any], Sequence[Any]]]
 """Of the handles pending: those finished (at least one, waiting for it) and those not."""
-
-
-def _first_completed(pending: Sequence[Future[R]]) -> tuple[list[Future[R]], list[Future[R]]]:
-    finished, left = wait(pending, return_when=FIRST_COMPLETED)
-    return list(finished), list(left)
 
 
 def _gather(handles: Sequence[Any], ready: Ready, fetch: Callable[[Any], Any],
@@ -256,7 +254,7 @@ def _preload(context: Any, module: str) -> None:
     than each importing it (0.6 CPU s a worker for the search's tasks). The server is started
     with one BLAS thread (`OPENBLAS_NUM_THREADS=1`; no task uses BLAS): numpy would otherwise
     start BLAS threads in it, and a worker would be the fork of a process holding threads.
-    It is started ignoring SIGINT, as its workers do (`_leave_ctrl_c_to_the_parent`; an
+    It is started ignoring SIGINT, as its workers do (`sim.search.orphans.start_worker`; an
     ignored signal stays ignored through exec): Ctrl-C reaches the whole process group, and
     the server ignores it itself only once it has imported. No effect where the server
     already runs (an earlier engine of this process)."""
@@ -314,13 +312,6 @@ def _ctrl_c_held() -> Iterator[None]:
         raise KeyboardInterrupt
 
 
-def _leave_ctrl_c_to_the_parent() -> None:
-    """A worker ignores SIGINT: Ctrl-C reaches the whole process group, and the parent, which
-    turns it into one line and exit 130, terminates its workers itself (`Processes.abort`);
-    a worker interrupted mid-import would print a traceback."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-
 class RayCluster:
     """Tasks on a Ray cluster; `address` None uses the Ray this process has initialized."""
 
@@ -338,6 +329,7 @@ class RayCluster:
             if not address:
                 raise ConfigError("--ray: give the cluster's address (HOST:PORT, "
                                   "ray://HOST:PORT) or auto")
+            check_reachable(address)  # before Ray, which retries for minutes
             try:
                 ray.init(address=address, log_to_driver=False, logging_level=logging.ERROR)
             except (ConnectionError, RuntimeError, ValueError) as err:

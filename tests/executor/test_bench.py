@@ -129,14 +129,16 @@ def test_the_interference_probes_and_collectives_ran_alone_and_beside_each_other
         assert all(op.stream == "dp" for op in calls + alone)
         kernels = [op for op in ops if op.kind is OpKind.COMPUTE]
         beside = 0
-        for call in calls:  # the large collective: the chain's first probe started while it
-            # was in flight, and its last ended after it; the small one (~1 ms) may end before
-            # the first kernel starts, or outlast the chain
+        for call in calls:  # each call's chain of probes, launched after the call started,
+            # ran one probe after another; whether the call ended inside the chain or outlived
+            # it is the host's timing (a loaded host saw a large one end 7.5 ms after its
+            # chain), counted by the summary's num_outlived below, not asserted per call
             large = call.size_bytes == max(INTERFERENCE_SIZES)
             chain = [op for op in kernels if op.name == INTERFERENCE_OVERLAPPED
                      and op.start >= call.start][
                 :INTERFERENCE_CHAIN if large else INTERFERENCE_SMALL_CHAIN]
-            assert not large or call.end < chain[-1].end
+            assert len(chain) == (INTERFERENCE_CHAIN if large else INTERFERENCE_SMALL_CHAIN)
+            assert all(a.end <= b.start for a, b in zip(chain, chain[1:]))
             beside += large and chain[0].start < call.end
         # On a loaded host gloo's thread may finish a large call before Python launches the
         # chain's first probe (seen once in CI: by 0.07 ms of 4.6); most must overlap it.

@@ -34,7 +34,8 @@ def test_overrides_replace_preset_fields():
     ({"preset": "dgx-h100", "nodes": 2, "oversubscription": 3}, "oversubscription: 3 must divide"),
     ({"preset": "dgx-h100", "oversubscription": 0.5}, "cluster.oversubscription: 0.5 must be"),
     ({"preset": "dgx-h100", "tiers": 4}, "cluster.tiers: 4 is not one of 2, 3"),
-    ({"preset": "dgx-h100", "nic_efficiency": 1.5}, "cluster.nic_efficiency: 1.5 must be a frac"),
+    ({"preset": "dgx-h100", "nic_efficiency": 1.5},
+     "cluster.nic_efficiency: 1.5 must be a link efficiency in [0.01, 1]"),
     ({"preset": "tpu-v4", "dims": [4, 1, 4]}, "cluster.dims: [4, 1, 4] must hold integers from 2"),
     ({"preset": "tpu-v4", "dims": [64]}, "cluster.dims: [64] must be a list of 2 or 3 integers"),
     ({"preset": "tpu-v4", "dims": [4, 4], "nodes": 3}, "cluster.nodes: 3 nodes of 4 chips"),
@@ -81,7 +82,9 @@ def test_toml_file_with_flag_overrides(tmp_path):
     ({"gpu_peak_tflops": 10**400}, "cluster.gpu_peak_tflops: 1000000000...00000000000 must be"),
     ({"gpu_memory": 10**400}, "cluster.gpu_memory: 1000000000...00000000000 is too large"),
     ({"gpu_memory": "1000T"}, "cluster.gpu_memory: '1000T' is too large"),
-    ({"nvlink_efficiency": True}, "cluster.nvlink_efficiency: True must be a fraction in (0, 1]"),
+    ({"nvlink_efficiency": True},
+     "cluster.nvlink_efficiency: True must be a link efficiency in [0.01, 1] (the share of the "
+     "line rate that carries data)"),
     # an integer is an integer: not a float that equals one, not a bool
     ({"tiers": 2.0}, "cluster.tiers: 2.0 is not one of 2, 3"),
     ({"nodes": 2.0}, "cluster.nodes: 2.0 must be an integer"),

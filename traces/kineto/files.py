@@ -14,6 +14,7 @@ from typing import Any
 
 from traces.errors import ConfigError, show
 from traces.gzipped import GZIP_MAGIC, gunzip
+from traces.parse_memory import check_parse_memory
 
 MAX_BYTES = 2 * 1024**3
 """2 GiB of JSON, after decompression: far beyond any profile one would replay (the real
@@ -45,6 +46,7 @@ def trace_files(path: Path) -> list[Path]:
 def read_document(path: Path, max_bytes: int = MAX_BYTES) -> dict[str, Any]:
     """The file's JSON object, checked to be a torch.profiler (kineto) trace."""
     raw = _read_bytes(path, max_bytes)
+    check_parse_memory(len(raw), raw.count(b'"ph"'), str(path), "events")
     try:
         document = json.loads(raw)
     except RecursionError as exc:

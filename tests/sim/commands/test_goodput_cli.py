@@ -115,7 +115,7 @@ def test_bad_flags_are_one_line(capsys, config, argv, needle):
 
 
 def test_a_monte_carlo_too_big_is_refused_before_it_runs(capsys, config):
-    refused(capsys, "the Monte-Carlo would draw about", config('mtti = "1min"\n'),
+    refused(capsys, "the Monte-Carlo would draw about", config('mtti = "1h"\n'),
             "--days", 3000)
 
 
