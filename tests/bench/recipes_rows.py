@@ -71,9 +71,11 @@ LLAMA3_CLUSTER: dict[str, Any] = {
     # switch per rack of 2 servers (16 GPUs), 192 racks a pod of 3,072 GPUs at full
     # bisection, 1:7 oversubscription between pods. Load balancing (§3.3.1): collectives open
     # 16 flows between two GPUs and E-ECMP hashes them over paths on extra RoCE header fields,
-    # which is still a per-flow hash, not a per-packet or load-aware choice: routing = "ecmp".
+    # which is still a per-flow hash, not a per-packet or load-aware choice: routing = "ecmp",
+    # each of a connection's 16 queue pairs hashed on its own: qps_per_connection = 16.
     "preset": "dgx-h100", "fabric": "fat-tree", "nodes_per_leaf": 2, "tiers": 3,
     "leaves_per_pod": 192, "pod_oversubscription": 7, "routing": "ecmp",
+    "qps_per_connection": 16,
 }
 
 LLAMA3_PARALLEL: dict[str, Any] = {
