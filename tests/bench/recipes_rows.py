@@ -139,10 +139,10 @@ def titan(name: str, table: str, model: dict[str, Any], parallel: dict[str, Any]
 
 
 def titan_1d(gpus: int, table: str, tps: tuple[float, float, float]) -> list[Row]:
-    """Tables 1 and 3: 8B, FSDP on `gpus`, local batch 2, selective (per-op) checkpointing,
-    eager, then torch.compile, then compile + Float8 (torchao's default then: dynamic
-    tensorwise scaling)."""
-    base = {"dp": gpus, "micro_batch": 2, "global_batch": 2 * gpus, "recompute": "selective"}
+    """Tables 1 and 3: 8B, FSDP on `gpus`, local batch 2, selective per-op checkpointing
+    (selective_ac_option = "op": recompute = "selective_op"), eager, then torch.compile, then
+    compile + Float8 (torchao's default then: dynamic tensorwise scaling)."""
+    base = {"dp": gpus, "micro_batch": 2, "global_batch": 2 * gpus, "recompute": "selective_op"}
     fp8 = {"dtype": "fp8", "fp8_recipe": "tensorwise"}
     return [titan(f"8B FSDP, {gpus} GPUs", table, llama("8b", 8192, kernels="eager"), base,
                   tps[0]),
