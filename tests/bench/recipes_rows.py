@@ -233,10 +233,13 @@ def megascale_row(gpus: int, batch: int, mfu: float) -> Row:
     second over the A100's 312 TFLOP/s (39.3k tokens/s on 256 GPUs at 53.0% is 1.077 TFLOP a
     token, that count). Unstated, taken as Megatron's 2023 recipe for 175B (Korthikanti et
     al.): micro-batch 1, sequence parallelism with selective recomputation, the distributed
-    optimizer, gradients reduced after the backward (--overlap-grad-reduce is opt-in)."""
+    optimizer, gradients reduced after the backward (--overlap-grad-reduce is opt-in), and
+    accumulated and reduced in fp32: Megatron-LM's arguments.py sets
+    accumulate_allreduce_grads_in_fp32 for every bf16 run ("accumulate and all-reduce
+    gradients in fp32 for bfloat16 data type"; --grad-reduce-in-bf16 came later)."""
     parallel = {"tp": 8, "pp": 8, "vp": 6, "schedule": "interleaved", "dp": gpus // 64,
                 "micro_batch": 1, "global_batch": batch, "sp": True, "recompute": "selective",
-                "zero": 1, "overlap_grad_reduce": False}
+                "zero": 1, "overlap_grad_reduce": False, "fp32_main_grads": True}
     # §3.6: servers of 8 "Ampere" GPUs (taken as A100 SXM: dgx-a100; an A800's NVLink is
     # 400 GB/s, not 600) with eight 200G NICs, each to a different ToR of 64 x 200G
     # downlinks (nodes_per_leaf 8 puts 64 NIC ports on a leaf), a 1:1 Clos, RoCE with ECMP.
