@@ -217,17 +217,27 @@ class Cluster:
         if qps == 1:
             return list(routes)
         out: list[tuple[int, ...]] = []
-        ids = self._link_ids
         for first in routes:
+            out.extend(self._queue_pairs(first, qps))
+        return out
+
+    def _queue_pairs(self, first: tuple[int, ...], qps: int) -> tuple[tuple[int, ...], ...]:
+        """The routes of the `qps` queue pairs of the connection whose first is `first`
+        (made once per connection)."""
+        memo = self.memo.setdefault("queue_pairs", {})
+        assert isinstance(memo, dict)
+        found = memo.get(first)
+        if found is None:
             ends = self._connections.get(first)
             if ends is None:  # not a route of `route` (empty, or built by hand): as it is
-                out.extend([first] * qps)
-                continue
-            out.append(first)
-            for qp in range(1, qps):
-                nodes = self.fabric.path(*ends, qp)
-                out.append(tuple([ids[u, v] for u, v in zip(nodes, nodes[1:])]))
-        return out
+                found = (first,) * qps
+            else:
+                ids = self._link_ids
+                paths = [self.fabric.path(*ends, qp) for qp in range(1, qps)]
+                found = (first, *(tuple([ids[u, v] for u, v in zip(p, p[1:])])
+                                  for p in paths))
+            memo[first] = found
+        return found
 
     def link(self, src: str, dst: str) -> int:
         """The id of the directed link between two graph nodes."""
