@@ -43,6 +43,9 @@ def check_supported(model: ModelSpec, layout: Layout, options: RunOptions | None
     """Layouts the executor cannot run exactly; a ConfigError naming the rule."""
     if model.fp8:
         raise ConfigError(fp8_refusal())
+    if layout.recompute == "selective_op":
+        raise ConfigError("parallel.recompute: 'selective_op' (torchtitan's per-op rule) is "
+                          "simulated, not run by the executor; use none, selective or full")
     if model.mtp_layers:
         raise ConfigError(f"model.mtp_layers: {model.mtp_layers}: multi-token prediction is "
                           "simulated, not run by the executor; use 0 to run")

@@ -10,6 +10,7 @@ and the arithmetic routes of `topology.links` need).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -81,11 +82,12 @@ class Fabric(Protocol):
 
     kind: str
 
-    def path(self, src: int, dst: int, nic: int | None) -> list[str]:
+    def path(self, src: int, dst: int, nic: int | None, qp: int = 0) -> list[str]:
         """Graph nodes from accelerator `src` to `dst` (both endpoints included).
 
         `nic` pins the NIC index used at both ends (one channel of a multi-rail collective);
-        None lets the fabric choose its default.
+        None lets the fabric choose its default. `qp`: the connection's queue pair (only a
+        hashing fabric routes them apart).
         """
         ...
 
@@ -116,6 +118,11 @@ class Cluster:
     _routes: dict[tuple[int, int, int | None], tuple[int, ...]] = field(
         init=False, default_factory=dict, repr=False, compare=False
     )
+    _connections: dict[tuple[int, ...], tuple[int, int, int | None]] = field(
+        init=False, default_factory=dict, repr=False, compare=False
+    )
+    """The ends (src, dst, nic) of each route `route` made, where connections have several
+    queue pairs (`spread`)."""
     memo: dict[str, object] = field(init=False, default_factory=dict, repr=False,
                                     compare=False)
     """What is derived from the cluster once: its graph from a builder, the link ids by end
@@ -179,7 +186,8 @@ class Cluster:
         return device // self.devices_per_server
 
     def route(self, src: int, dst: int, nic: int | None = None) -> tuple[int, ...]:
-        """Link ids from accelerator `src` to `dst`; empty when src == dst."""
+        """Link ids from accelerator `src` to `dst` (its first queue pair's); empty when
+        src == dst."""
         key = (src, dst, nic)
         cached = self._routes.get(key)
         if cached is None:
@@ -187,7 +195,49 @@ class Cluster:
             ids = self._link_ids
             cached = tuple([ids[u, v] for u, v in zip(nodes, nodes[1:])])
             self._routes[key] = cached
+            if self.qps > 1:
+                self._connections.setdefault(cached, (src, dst, nic))
         return cached
+
+    @property
+    def qps(self) -> int:
+        """Queue pairs a connection is split over that the fabric routes apart: the fat
+        tree's `qps_per_connection` where it hashes (ECMP), else 1 (every queue pair would
+        take the same path). Every flow set on this cluster counts its flows' queue pairs
+        (`sim.engine.flows.FlowSet.qps`)."""
+        spec = getattr(self.fabric, "spec", None)
+        if spec is None or getattr(spec, "routing", None) != "ecmp":
+            return 1
+        return int(getattr(spec, "qps_per_connection", 1))
+
+    def spread(self, routes: Iterable[tuple[int, ...]]) -> list[tuple[int, ...]]:
+        """Each route (of `route`) replaced by the routes of its connection's `qps` queue
+        pairs; the routes themselves where a connection has one."""
+        qps = self.qps
+        if qps == 1:
+            return list(routes)
+        out: list[tuple[int, ...]] = []
+        for first in routes:
+            out.extend(self._queue_pairs(first, qps))
+        return out
+
+    def _queue_pairs(self, first: tuple[int, ...], qps: int) -> tuple[tuple[int, ...], ...]:
+        """The routes of the `qps` queue pairs of the connection whose first is `first`
+        (made once per connection)."""
+        memo = self.memo.setdefault("queue_pairs", {})
+        assert isinstance(memo, dict)
+        found = memo.get(first)
+        if found is None:
+            ends = self._connections.get(first)
+            if ends is None:  # not a route of `route` (empty, or built by hand): as it is
+                found = (first,) * qps
+            else:
+                ids = self._link_ids
+                paths = [self.fabric.path(*ends, qp) for qp in range(1, qps)]
+                found = (first, *(tuple([ids[u, v] for u, v in zip(p, p[1:])])
+                                  for p in paths))
+            memo[first] = found
+        return found
 
     def link(self, src: str, dst: str) -> int:
         """The id of the directed link between two graph nodes."""

@@ -60,6 +60,7 @@ MAX_GPUS_PER_NODE = 1024  # an NVLink domain; NVL72 racks hold 72, NVL576 576
 MAX_NICS_PER_NODE = 1024
 MAX_LEAF_PORTS = 4096  # NIC ports under one leaf switch (real switches have 40-128)
 MAX_OVERSUBSCRIPTION = 64.0
+MAX_QPS_PER_CONNECTION = 128  # parasim's bound: each queue pair is routed on its own
 
 # Keys by what they apply to; the order is the order of the error message's list.
 COMMON_KEYS = ("preset", "nodes", "fabric", "gpus_per_node", "gpu_peak_tflops", "gpu_memory",
@@ -68,7 +69,7 @@ SERVER_KEYS = ("nvlink_bandwidth", "nvlink_efficiency", "nvlink_latency", "nics_
                "nic_bandwidth", "nic_efficiency", "pcie_bandwidth", "pcie_latency",
                "switch_latency", "sharp")
 FAT_TREE_KEYS = ("nodes_per_leaf", "oversubscription", "tiers", "leaves_per_pod",
-                 "pod_oversubscription", "routing", "routing_seed")
+                 "pod_oversubscription", "routing", "routing_seed", "qps_per_connection")
 TORUS_KEYS = ("dims", "link_bandwidth", "link_latency")
 KEYS = (*COMMON_KEYS, *SERVER_KEYS, *FAT_TREE_KEYS, *TORUS_KEYS)
 
@@ -287,6 +288,8 @@ def _fat_tree(preset: Preset, fields: Fields, server: ServerSpec,
         link_latency_s=latency,
         routing=Routing(fields.choice("routing", "dmodk", tuple(r.value for r in Routing))),
         routing_seed=fields.integer("routing_seed", 0, minimum=0, maximum=2**63 - 1),
+        qps_per_connection=fields.integer("qps_per_connection", 1, minimum=1,
+                                          maximum=MAX_QPS_PER_CONNECTION),
     )
 
 

@@ -7,10 +7,12 @@ permutations such as a ring without collisions; `ecmp`: by a seeded hash of the 
 RoCEv2 5-tuple (source and destination NIC, UDP source port from the queue pair, destination
 port 4791, UDP), as Ethernet switches spread flows, so two flows may hash onto one uplink and
 share it; `adaptive`: onto the uplink (and downlink) that carries the fewest routes placed so
-far, ties to the destination-mod-k choice, as adaptive routing keeps flows apart. One queue
-pair per connection: NCCL's default (NCCL_IB_QPS_PER_CONNECTION, default 1, NCCL user guide,
-"Environment Variables"); every channel of a collective is its own connection (its own NIC
-index here), so its own hash. Down-routes are unique.
+far, ties to the destination-mod-k choice, as adaptive routing keeps flows apart. Queue pairs
+per connection: `qps_per_connection` (NCCL_IB_QPS_PER_CONNECTION, default 1, NCCL user guide,
+"Environment Variables"); NCCL splits a connection's messages evenly over its queue pairs, and
+under `ecmp` each queue pair (its own UDP source port) is hashed on its own, so a connection
+spreads over up to that many uplinks (`path(..., qp=k)`); every channel of a collective is its
+own connection (its own NIC index here), so its own hashes. Down-routes are unique.
 A rail fabric puts NIC i of every server on rail switch i; traffic between different
 rails first crosses NVLink to the GPU on the destination's rail (NCCL's PXN).
 """
@@ -46,6 +48,9 @@ class FatTreeSpec:
     routing: Routing = Routing.DMODK
     routing_seed: int = 0
     """Seed of the ECMP hash (switches seed theirs; a different seed, other collisions)."""
+    qps_per_connection: int = 1
+    """Queue pairs per connection (NCCL_IB_QPS_PER_CONNECTION; NCCL's default 1): under ECMP
+    each is hashed onto its own path, the connection's bytes split evenly among them."""
 
 
 class SwitchedFabric:
@@ -60,7 +65,9 @@ class SwitchedFabric:
         self.server = server
         self.sharp = sharp  # the switches reduce in the network (SHARP): NCCL's CollNet runs
 
-    def path(self, src: int, dst: int, nic: int | None) -> list[str]:
+    def path(self, src: int, dst: int, nic: int | None, qp: int = 0) -> list[str]:
+        """Graph nodes from GPU `src` to `dst` (across servers by NIC `nic`, None: each
+        end's nearest), for queue pair `qp` of the connection."""
         spec = self.server
         sa, ia = divmod(src, spec.gpus)
         sb, ib = divmod(dst, spec.gpus)
@@ -71,7 +78,7 @@ class SwitchedFabric:
         via_b = spec.owner_of(nb, prefer=ib)
         head = intra_server_path(spec, sa, ia, via_a)
         tail = intra_server_path(spec, sb, via_b, ib)
-        return head + self.nic_path(sa, na, sb, nb) + tail
+        return head + self.nic_path(sa, na, sb, nb, qp) + tail
 
     def nics_for(self, ia: int, ib: int, nic: int | None) -> tuple[int, int]:
         """NIC indices used at the source and destination server."""
@@ -79,7 +86,7 @@ class SwitchedFabric:
             return nic, nic
         return self.server.nic_of(ia), self.server.nic_of(ib)
 
-    def nic_path(self, sa: int, na: int, sb: int, nb: int) -> list[str]:
+    def nic_path(self, sa: int, na: int, sb: int, nb: int, qp: int = 0) -> list[str]:
         raise NotImplementedError
 
 
@@ -145,13 +152,13 @@ class FatTree(SwitchedFabric):
     def _leaf_name(leaf: int) -> str:
         return f"leaf{leaf}"
 
-    def nic_path(self, sa: int, na: int, sb: int, nb: int) -> list[str]:
+    def nic_path(self, sa: int, na: int, sb: int, nb: int, qp: int = 0) -> list[str]:
         ga, gb = sa * self.server.nics + na, sb * self.server.nics + nb
         la, lb = self._leaf(ga), self._leaf(gb)
         a, b = nic_node(sa, na), nic_node(sb, nb)
         if la == lb:
             return [a, self._leaf_name(la), b]
-        u, c = self._uplink(ga, gb, la, lb)
+        u, c = self._uplink(ga, gb, la, lb, qp)
         if self.spec.tiers == 2:
             return [a, self._leaf_name(la), f"spine{u}", self._leaf_name(lb), b]
         pa, pb = la // self.per_pod, lb // self.per_pod
@@ -161,12 +168,12 @@ class FatTree(SwitchedFabric):
                 self._leaf_name(lb), b]
 
 
-    def _uplink(self, ga: int, gb: int, la: int, lb: int) -> tuple[int, int]:
-        """(uplink index, core index) of a flow from global NIC `ga` on leaf `la` to `gb` on
-        `lb`, by the fabric's routing."""
+    def _uplink(self, ga: int, gb: int, la: int, lb: int, qp: int = 0) -> tuple[int, int]:
+        """(uplink index, core index) of queue pair `qp` of a flow from global NIC `ga` on
+        leaf `la` to `gb` on `lb`, by the fabric's routing (only ECMP tells QPs apart)."""
         routing, up = self.spec.routing, self.up
         if routing is Routing.ECMP:
-            h = flow_hash(self.spec.routing_seed, ga, gb)
+            h = flow_hash(self.spec.routing_seed, ga, gb, qp)
             return h % up, (h // up) % self.cores
         u = gb % up  # destination-mod-k: the uplink is chosen by the destination
         c = self.core_of(gb)
@@ -185,12 +192,13 @@ class FatTree(SwitchedFabric):
         return (nic // self.up) % self.cores
 
 
-def flow_hash(seed: int, src_nic: int, dst_nic: int) -> int:
+def flow_hash(seed: int, src_nic: int, dst_nic: int, qp_index: int = 0) -> int:
     """A switch's ECMP hash of a RoCEv2 flow's 5-tuple: source and destination NIC (their
-    addresses), the UDP source port (RoCE derives it from the queue pair: one per connection,
-    named by its two ends), the destination port 4791 and the protocol. Seeded, stable across
-    runs and platforms (BLAKE2b, not Python's salted `hash`)."""
-    qp = src_nic * 1_000_003 + dst_nic  # the connection's queue pair number
+    addresses), the UDP source port (RoCE derives it from the queue pair: the connection's
+    queue pairs, named by its two ends, numbered on from its first), the destination port
+    4791 and the protocol. Seeded, stable across runs and platforms (BLAKE2b, not Python's
+    salted `hash`)."""
+    qp = src_nic * 1_000_003 + dst_nic + qp_index  # the queue pair's number
     sport = 49152 + qp % 16384  # RoCE's source port range (49152-65535)
     key = f"{seed}:{src_nic}:{dst_nic}:{sport}:{ROCE_UDP_PORT}:{UDP}".encode()
     return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little")
@@ -217,7 +225,7 @@ class Rails(SwitchedFabric):
         rail = self.server.nic_of(ib) if nic is None else nic  # PXN: go to the destination's rail
         return rail, rail
 
-    def nic_path(self, sa: int, na: int, sb: int, nb: int) -> list[str]:
+    def nic_path(self, sa: int, na: int, sb: int, nb: int, qp: int = 0) -> list[str]:
         assert na == nb, "rails connect equal NIC indices only"
         return [nic_node(sa, na), f"rail{na}", nic_node(sb, nb)]
 

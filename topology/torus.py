@@ -68,7 +68,7 @@ class Torus:
                              latency=self.spec.link_latency_s, kind="ici")
         return names
 
-    def path(self, src: int, dst: int, nic: int | None) -> list[str]:
+    def path(self, src: int, dst: int, nic: int | None, qp: int = 0) -> list[str]:
         cur, target = list(self.coord(src)), self.coord(dst)
         nodes = [chip_node(tuple(cur))]
         for axis, size in enumerate(self.dims):

@@ -100,6 +100,8 @@ class Recompute(StrEnum):
     NONE = "none"
     SELECTIVE = "selective"
     FULL = "full"
+    SELECTIVE_OP = "selective_op"
+    """torchtitan's per-op rule (`traces.op_sac`): saves every other matmul's output."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

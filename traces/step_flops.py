@@ -4,7 +4,7 @@ same count) and the Megatron-LM paper's closed form. The per-layer counts are `M
 
 from __future__ import annotations
 
-from traces import mla
+from traces import mla, op_sac
 from traces.model import ModelSpec
 from traces.moe_spec import is_moe_layer, num_moe_layers
 from traces.mtp import megatron_mtp_term, mtp_forward_flops, mtp_indices
@@ -26,6 +26,9 @@ def recompute_flops(model: ModelSpec, global_batch: int, recompute: str) -> floa
                                + sum(model.mlp_flops(1, 1, i) for i in mtp))
     if recompute == "selective":
         return global_batch * (model.layers + len(mtp)) * model.attn_core_flops(1)
+    if recompute == "selective_op":  # torchtitan's per-op rule (traces.op_sac)
+        return global_batch * model.seq_len * (model.layers + len(mtp)) * \
+            op_sac.recompute_flops_per_token(model)
     return 0.0
 
 

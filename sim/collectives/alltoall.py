@@ -64,6 +64,7 @@ def all_to_all_flows(cluster: Cluster, group: Sequence[int]) -> FlowSet | None:
     if counts is None:
         return None
     latency = max(cluster.path_latency(route) for route in _representatives(cluster, servers))
+    assert cluster.qps == 1, "counted by class only where routes are not hashed"
     return FlowSet.from_counts(counts, latency, cluster.link_capacity)
 
 

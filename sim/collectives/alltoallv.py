@@ -57,7 +57,9 @@ def pair_flows(cluster: Cluster, senders: Sequence[int], receivers: Sequence[int
     counts = counted(cluster, senders, receivers)
     if counts is None:
         counts = routed(cluster, senders, receivers)
-    return FlowSet.from_counts(counts, latency_s, cluster.link_capacity)
+    else:
+        assert cluster.qps == 1, "counted by class only where routes are not hashed"
+    return FlowSet.from_counts(counts, latency_s, cluster.link_capacity, cluster.qps)
 
 
 def routed(cluster: Cluster, senders: Sequence[int], receivers: Sequence[int]) -> Counter[int]:
@@ -68,4 +70,4 @@ def routed(cluster: Cluster, senders: Sequence[int], receivers: Sequence[int]) -
                           f"the {MAX_ROUTED_PAIRS:,} parasim routes (it counts them by class on "
                           f"a fat tree or rails)")
     routes = [hop(cluster, a, b) for a in senders for b in receivers if a != b]
-    return Counter(chain.from_iterable(routes))
+    return Counter(chain.from_iterable(cluster.spread(routes)))  # each queue pair's route

@@ -58,8 +58,9 @@ AR, RS, AG, BCAST, A2A = (OpKind.ALL_REDUCE, OpKind.REDUCE_SCATTER, OpKind.ALL_G
 
 
 def flowset(cluster: Cluster, routes: Sequence[tuple[int, ...]], latency_s: float) -> FlowSet:
-    """Routes on `cluster` aggregated into one lock-step flow set."""
-    return FlowSet.of(routes, latency_s, cluster.link_capacity)
+    """Routes on `cluster` (of `hop`) aggregated into one lock-step flow set, each route's
+    connection spread over its queue pairs (`Cluster.spread`)."""
+    return FlowSet.of(cluster.spread(routes), latency_s, cluster.link_capacity, cluster.qps)
 
 
 def by_server(cluster: Cluster, group: Sequence[int]) -> list[list[int]]:
@@ -113,10 +114,11 @@ def hops_flowset(cluster: Cluster, parts: Sequence[Hops],
         lats = []
         for a, b, times in parts:
             routes = [hop(cluster, int(x), int(y)) for x, y in zip(a, b, strict=True)]
+            spread = cluster.spread(routes)
             for _ in range(times):
-                counts.update(chain.from_iterable(routes))
+                counts.update(chain.from_iterable(spread))
             lats.append([cluster.path_latency(r) for r in routes])
-        return FlowSet.from_counts(counts, latency(lats), capacity)
+        return FlowSet.from_counts(counts, latency(lats), capacity, cluster.qps)
     ids, weights, lats = [], [], []
     for a, b, times in parts:
         rows = index.hop_links(np.asarray(a, dtype=np.int64), np.asarray(b, dtype=np.int64))

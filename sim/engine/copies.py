@@ -124,4 +124,4 @@ def merge(flows: FlowSet, extra: dict[int, int], capacity: tuple[float, ...]) ->
     counts = dict(zip(flows.links, flows.counts))
     for link, count in extra.items():
         counts[link] = counts.get(link, 0) + count
-    return FlowSet.from_counts(counts, flows.latency_s, capacity)
+    return FlowSet.from_counts(counts, flows.latency_s, capacity, flows.qps)

@@ -1,9 +1,13 @@
 """Flow sets and lowerings, the values the network moves, and their time alone on the network.
 
 A `FlowSet` is a group of routed flows that move in lock-step at one rate (see `sim.engine.maxmin`):
-`counts[k]` of them cross link `links[k]`. A `Lowering` (what `sim.collectives` makes of a
-collective) is a tuple of communication *rounds* run one after another; a `Round` is a tuple of
-`(FlowSet, factor)`, every flow of the set carrying `factor * size` bytes.
+`counts[k]` of them cross link `links[k]`. Where a connection is split over `qps` queue pairs
+(NCCL_IB_QPS_PER_CONNECTION; ECMP hashes each onto its own path, `topology.fabric`), the
+counts count queue pairs and each carries 1/qps of its flow's bytes; a cluster gives every
+set the same `qps`, so sharing a link where the queue pairs do not spread is unchanged.
+A `Lowering` (what `sim.collectives` makes of a collective) is a tuple of communication
+*rounds* run one after another; a `Round` is a tuple of `(FlowSet, factor)`, every flow of
+the set carrying `factor * size` bytes.
 
 Alone on the network a flow set takes `FlowSet.solo_time(bytes)` = latency + bytes / its
 bottleneck rate: the one alpha-beta formula of parasim. `solo_time(lowering, ...)` adds up a
@@ -37,17 +41,20 @@ class FlowSet:
     counts: tuple[int, ...]
     latency_s: float
     solo_rate: float
-    """Per-flow rate when nothing else is on the network (bytes/s)."""
+    """Per-queue-pair rate when nothing else is on the network (bytes/s)."""
+    qps: int = 1
+    """Queue pairs per flow: each moves `1 / qps` of the flow's bytes (`counts` count them)."""
 
     @staticmethod
     def of(routes: Iterable[Sequence[int]], latency_s: float,
-           capacity: Sequence[float]) -> FlowSet:
-        """Aggregate routes (tuples of link ids) into per-link flow counts."""
-        return FlowSet.from_counts(Counter(chain.from_iterable(routes)), latency_s, capacity)
+           capacity: Sequence[float], qps: int = 1) -> FlowSet:
+        """Aggregate routes (tuples of link ids; `qps` per flow) into per-link counts."""
+        return FlowSet.from_counts(Counter(chain.from_iterable(routes)), latency_s, capacity,
+                                   qps)
 
     @staticmethod
     def from_counts(counts: Mapping[int, int], latency_s: float,
-                    capacity: Sequence[float]) -> FlowSet:
+                    capacity: Sequence[float], qps: int = 1) -> FlowSet:
         links = tuple(sorted(counts))
         per_link = tuple(counts[link] for link in links)
         solo = min((capacity[link] / n for link, n in zip(links, per_link)), default=math.inf)
@@ -55,11 +62,11 @@ class FlowSet:
         # zero rate would schedule events at infinity, and the re-share would never end.
         assert math.isfinite(latency_s) and latency_s >= 0, f"latency {latency_s!r} s"
         assert solo > 0 and (math.isfinite(solo) or not links), f"rate {solo!r} B/s"
-        return FlowSet(links, per_link, latency_s, solo)
+        return FlowSet(links, per_link, latency_s, solo, qps)
 
     @staticmethod
     def from_arrays(links: np.ndarray, counts: np.ndarray, latency_s: float,
-                    capacity: Sequence[float] | np.ndarray) -> FlowSet:
+                    capacity: Sequence[float] | np.ndarray, qps: int = 1) -> FlowSet:
         """`from_counts` of `counts[k]` flows on each of the sorted `links[k]` (numpy): the
         same value, the same integers, the same divisions and their minimum."""
         assert (counts > 0).all(), "every link listed carries flows"
@@ -67,11 +74,15 @@ class FlowSet:
             else math.inf
         assert math.isfinite(latency_s) and latency_s >= 0, f"latency {latency_s!r} s"
         assert solo > 0 and (math.isfinite(solo) or not len(links)), f"rate {solo!r} B/s"
-        return FlowSet(tuple(links.tolist()), tuple(counts.tolist()), latency_s, solo)
+        return FlowSet(tuple(links.tolist()), tuple(counts.tolist()), latency_s, solo, qps)
 
     def solo_time(self, bytes_per_flow: float) -> float:
         """Alpha-beta: the latency, then the bytes at the bottleneck rate, nothing else around."""
-        return self.latency_s + bytes_per_flow / self.solo_rate
+        return self.latency_s + self.per_qp(bytes_per_flow) / self.solo_rate
+
+    def per_qp(self, bytes_per_flow: float) -> float:
+        """The bytes one queue pair of a flow moves (all of them at one queue pair)."""
+        return bytes_per_flow if self.qps == 1 else bytes_per_flow / self.qps
 
 
 def solo_time(lowering: Lowering, size_bytes: float, capacity: Sequence[float]) -> float:
@@ -106,5 +117,5 @@ def _round_time(rnd: Round, size_bytes: float, capacity: Sequence[float]) -> flo
         now = step_to
         while waiting and rnd[waiting[0]][0].latency_s <= now:
             i = waiting.pop(0)
-            remaining[i] = rnd[i][1] * size_bytes
+            remaining[i] = rnd[i][0].per_qp(rnd[i][1] * size_bytes)
     return now

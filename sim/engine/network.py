@@ -188,8 +188,9 @@ class Network:
         self._drop(job)
         plan, now, t, stretch = job.plan, self.env.now, job.start, job.stretch
         for k, ((flows, factor),) in enumerate(plan.lowering):
-            size = factor * job.size * stretch
-            end = t + flows.solo_time(size) + flows.latency_s * (stretch - 1.0)
+            whole = factor * job.size * stretch
+            size = flows.per_qp(whole)  # what each of its queue pairs moves
+            end = t + flows.solo_time(whole) + flows.latency_s * (stretch - 1.0)
             if end > now or k == len(plan.lowering) - 1:
                 break
             t = end
@@ -266,7 +267,7 @@ class Network:
         bytes `stretch` times over)."""
         now = self.env.now
         flows = plan.lowering[k][j][0]
-        latency, size = flows.latency_s * stretch, size * stretch
+        latency, size = flows.latency_s * stretch, flows.per_qp(size * stretch)
         if size <= 0 or not flows.links:
             if latency > 0:
                 self.env.timeout(latency).callbacks.append(lambda _: on_done())

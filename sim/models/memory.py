@@ -28,6 +28,7 @@ from sim.models.moe_memory import (
     moe_activation_delta,
     rank_layers,
 )
+from traces import op_sac
 from traces.errors import ConfigError
 from traces.fsdp import GradSync
 from traces.layout import Layout, Recompute
@@ -138,6 +139,8 @@ def activation_bytes_per_layer(model: ModelSpec, layout: Layout) -> float:
     if layout.recompute == Recompute.FULL:
         # Only the layer input, b*s*h in 2 bytes; SP keeps 1/t of the sequence of it.
         return 2 * sbh / (t if layout.sp else 1)
+    if layout.recompute == Recompute.SELECTIVE_OP:
+        return op_sac.saved_bytes(model, layout)  # torchtitan's per-op rule
     # 34sbh = 24sbh of TP-split matmul inputs, GeLU, Q, K, V... + 10sbh of norms and dropout,
     # which only SP splits: 34/t with SP, 10 + 24/t without (= 34 when t = 1).
     replicated, split = activation_terms(model)
@@ -181,6 +184,11 @@ def working_bytes(model: ModelSpec, layout: Layout, pp_rank: int) -> float:
         total += activation_bytes_per_layer(model, kept) + max(
             (moe_activation_delta(model, kept, layer)
              for layer in rank_layers(model, layout, pp_rank)), default=0.0)
+    if layout.recompute == Recompute.SELECTIVE_OP:
+        # The layer re-run in backward holds what it did not save, beside what it did.
+        kept = dataclasses.replace(layout, recompute=Recompute.NONE)
+        total += max(activation_bytes_per_layer(model, kept) - op_sac.saved_bytes(model, layout),
+                     0.0)
     if pp_rank == layout.pp - 1:
         # fp32 logits of one micro-batch, vocab-parallel: 4 * s * b * V / t.
         total += LOGITS_BYTES * model.seq_len // layout.cp * layout.micro_batch * model.vocab / t

@@ -12,13 +12,13 @@ is what latency, protocol and contention leave of the wire.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from sim.collectives import Collectives, busbw_factor
 from sim.config import Experiment
-from sim.engine.flows import FlowSet, Lowering, solo_time
+from sim.engine.flows import Lowering, solo_time
 from sim.engine.lowering import CommPlan, TransferKey, lower_communication
 from sim.engine.replay import StepTimes
 from sim.report.timeline import RankOps
@@ -98,7 +98,7 @@ class CommIndex:
 
 def _wire_busbw(lowering: Lowering, factor: float, cluster: Cluster) -> float:
     size = 2.0**30  # any size: with no latency the time is proportional to it
-    bare = tuple(tuple((FlowSet(f.links, f.counts, 0.0, f.solo_rate), share) for f, share in rnd)
+    bare = tuple(tuple((replace(f, latency_s=0.0), share) for f, share in rnd)
                  for rnd in lowering)
     seconds = solo_time(bare, size, cluster.link_capacity)
     return factor * size / seconds if seconds > 0 else float("inf")

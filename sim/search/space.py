@@ -136,7 +136,7 @@ def default_values(model: ModelSpec, devices_per_server: int) -> dict[str, tuple
         "micro_batch": (1, 2, 4, 8),
         "zero": (0, 1, 2, 3),
         "sp": (False, True),
-        "recompute": tuple(str(r) for r in Recompute),
+        "recompute": tuple(str(r) for r in Recompute if r is not Recompute.SELECTIVE_OP),
         "schedule": (str(Schedule.ONE_F_ONE_B), str(Schedule.INTERLEAVED)),
         # An MoE model's expert parallelism: powers of two dividing the experts (the layout's
         # rules prune those that do not divide tp·cp·dp); ETP 1 (Megatron-Core's default).

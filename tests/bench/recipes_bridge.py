@@ -12,7 +12,15 @@ no parasim dtype. The pages publish no BF16 rows for the dense Llamas.
 What the table does not state is taken from the recipes' common settings, the same for every
 row (Megatron-Bridge scripts/performance, as sim/examples/llama3-70b-h100.toml cites them):
 sequence parallelism wherever TP > 1, the distributed optimizer (ZeRO-1; FSDP rows ZeRO-3),
-gradients reduced in fp32, no activation recomputation. Recipe details parasim has no key for
+no activation recomputation. Gradients reduced in bf16: the performance scripts' common
+settings set `cfg.mixed_precision.grad_reduce_in_fp32 = False` and `cfg.ddp.grad_reduce_in_fp32
+= False` (scripts/performance/configs/llama/llama3_llm_pretrain.py set_llama3_common_configs,
+llama31_llm_pretrain.py set_llama31_common_configs). TP communication overlap wherever TP > 1:
+the 70B and 405B recipes build `CommOverlapConfig(tp_comm_overlap=True, ...)` with a userbuffers
+config per GPU (src/megatron/bridge/recipes/llama/llama3.py llama3_70b_pretrain_config,
+llama31_405b_pretrain_config), the 8B scripts `tp_comm_overlap=bool(tp > 1)`; the distributed
+optimizer's gradient reduce-scatter and parameter all-gather overlapped (`_pretrain_common`:
+ddp.overlap_grad_reduce and ddp.overlap_param_gather True). Recipe details parasim has no key for
 (CUDA graphs, CPU offloading of some layers, recompute of 5 layers on the H100 8B row) are not
 modelled. 405B rows split 126 layers + embedding + loss evenly over PP x VP chunks
 (account_for_embedding / account_for_loss, as the Llama 3.1 405B recipes set them).
@@ -56,7 +64,8 @@ def bridge(source: str, system: str, size: str, precision: str, gpus: int, gbs: 
     parallel: dict[str, Any] = {
         "tp": tp, "pp": pp, "cp": cp, "dp": gpus // (tp * pp * cp), "vp": vp,
         "schedule": "interleaved" if vp > 1 else "1f1b", "sp": tp > 1,
-        "zero": 3 if fsdp else 1, "fp32_main_grads": True, "recompute": "none",
+        "tp_comm_overlap": tp > 1, "overlap_param_gather": True,
+        "zero": 3 if fsdp else 1, "fp32_main_grads": False, "recompute": "none",
         "micro_batch": mbs, "global_batch": gbs,
     }
     if size == "405b":

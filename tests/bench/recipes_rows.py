@@ -71,9 +71,11 @@ LLAMA3_CLUSTER: dict[str, Any] = {
     # switch per rack of 2 servers (16 GPUs), 192 racks a pod of 3,072 GPUs at full
     # bisection, 1:7 oversubscription between pods. Load balancing (§3.3.1): collectives open
     # 16 flows between two GPUs and E-ECMP hashes them over paths on extra RoCE header fields,
-    # which is still a per-flow hash, not a per-packet or load-aware choice: routing = "ecmp".
+    # which is still a per-flow hash, not a per-packet or load-aware choice: routing = "ecmp",
+    # each of a connection's 16 queue pairs hashed on its own: qps_per_connection = 16.
     "preset": "dgx-h100", "fabric": "fat-tree", "nodes_per_leaf": 2, "tiers": 3,
     "leaves_per_pod": 192, "pod_oversubscription": 7, "routing": "ecmp",
+    "qps_per_connection": 16,
 }
 
 LLAMA3_PARALLEL: dict[str, Any] = {
@@ -137,10 +139,10 @@ def titan(name: str, table: str, model: dict[str, Any], parallel: dict[str, Any]
 
 
 def titan_1d(gpus: int, table: str, tps: tuple[float, float, float]) -> list[Row]:
-    """Tables 1 and 3: 8B, FSDP on `gpus`, local batch 2, selective (per-op) checkpointing,
-    eager, then torch.compile, then compile + Float8 (torchao's default then: dynamic
-    tensorwise scaling)."""
-    base = {"dp": gpus, "micro_batch": 2, "global_batch": 2 * gpus, "recompute": "selective"}
+    """Tables 1 and 3: 8B, FSDP on `gpus`, local batch 2, selective per-op checkpointing
+    (selective_ac_option = "op": recompute = "selective_op"), eager, then torch.compile, then
+    compile + Float8 (torchao's default then: dynamic tensorwise scaling)."""
+    base = {"dp": gpus, "micro_batch": 2, "global_batch": 2 * gpus, "recompute": "selective_op"}
     fp8 = {"dtype": "fp8", "fp8_recipe": "tensorwise"}
     return [titan(f"8B FSDP, {gpus} GPUs", table, llama("8b", 8192, kernels="eager"), base,
                   tps[0]),
@@ -231,10 +233,13 @@ def megascale_row(gpus: int, batch: int, mfu: float) -> Row:
     second over the A100's 312 TFLOP/s (39.3k tokens/s on 256 GPUs at 53.0% is 1.077 TFLOP a
     token, that count). Unstated, taken as Megatron's 2023 recipe for 175B (Korthikanti et
     al.): micro-batch 1, sequence parallelism with selective recomputation, the distributed
-    optimizer, gradients reduced after the backward (--overlap-grad-reduce is opt-in)."""
+    optimizer, gradients reduced after the backward (--overlap-grad-reduce is opt-in), and
+    accumulated and reduced in fp32: Megatron-LM's arguments.py sets
+    accumulate_allreduce_grads_in_fp32 for every bf16 run ("accumulate and all-reduce
+    gradients in fp32 for bfloat16 data type"; --grad-reduce-in-bf16 came later)."""
     parallel = {"tp": 8, "pp": 8, "vp": 6, "schedule": "interleaved", "dp": gpus // 64,
                 "micro_batch": 1, "global_batch": batch, "sp": True, "recompute": "selective",
-                "zero": 1, "overlap_grad_reduce": False}
+                "zero": 1, "overlap_grad_reduce": False, "fp32_main_grads": True}
     # §3.6: servers of 8 "Ampere" GPUs (taken as A100 SXM: dgx-a100; an A800's NVLink is
     # 400 GB/s, not 600) with eight 200G NICs, each to a different ToR of 64 x 200G
     # downlinks (nodes_per_leaf 8 puts 64 NIC ports on a leaf), a 1:1 Clos, RoCE with ECMP.

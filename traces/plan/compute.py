@@ -13,10 +13,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from traces import op_sac
 from traces.expert_grid import ep_coord
 from traces.kernel_groups import ATTENTION_CORE
 from traces.kernels import KernelWork, embedding_kernels, head_kernels
 from traces.layout import Recompute
+from traces.model import ModelSpec
 from traces.moe import ExpertShard, moe_layer_kernels
 from traces.moe_spec import is_moe_layer
 from traces.mtp import mtp_indices
@@ -74,7 +76,7 @@ class _StageKernels:
                     layer = restack(model, moe_layer_kernels(model, b, t, sp, index, shard, g),
                                     b, t, sp)
                     self.runs[key] = (_fields(_run(layer, Phase.FWD)), _fields(_layer_backward(
-                        layer, layout.recompute, ATTENTION_CORE[model.attention])))
+                        layer, layout.recompute, ATTENTION_CORE[model.attention], model)))
         self.embed_forward = _fields(_run(embed, Phase.FWD))
         self.embed_backward = _fields(_run(embed[::-1], Phase.BWD))
         self.head_forward = _fields(_run(head, Phase.FWD))
@@ -160,14 +162,17 @@ def _run(kernels: list[KernelWork], phase: Phase) -> Run:
             (k.bwd_flops or k.bwd_bytes if backward else k.flops or k.mem_bytes)]
 
 
-def _layer_backward(layer: list[KernelWork], recompute: Recompute, core: tuple[Kernel, ...]
-                    ) -> Run:
+def _layer_backward(layer: list[KernelWork], recompute: Recompute, core: tuple[Kernel, ...],
+                    model: ModelSpec) -> Run:
     """A layer's backward kernels with its recomputation: `full` re-runs the whole forward
-    first; `selective` re-runs the attention core when the backward reaches it (where
-    autograd meets the checkpointed core)."""
+    first, `selective_op` what torchtitan's per-op policy did not save (`traces.op_sac`);
+    `selective` re-runs the attention core when the backward reaches it (where autograd
+    meets the checkpointed core)."""
     backward = _run(layer[::-1], Phase.BWD)
     if recompute is Recompute.FULL:
         return _run(layer, Phase.RECOMPUTE) + backward
+    if recompute is Recompute.SELECTIVE_OP:
+        return _run(op_sac.recomputed_kernels(model, layer), Phase.RECOMPUTE) + backward
     if recompute is Recompute.SELECTIVE:
         at = next(i for i, (k, _) in enumerate(backward) if k.name in core)
         return backward[:at] + _run([k for k in layer if k.name in core],
