@@ -23,6 +23,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from traces import deepep
+
 
 @dataclass(frozen=True, slots=True)
 class AllToAllv:
@@ -31,6 +33,8 @@ class AllToAllv:
 
     sizes: tuple[float, ...]
     by_sender: bool = False
+    deepep: deepep.DeepEp | None = None
+    """Set for a DeepEP dispatch or combine (`traces.deepep`): the routing its flows follow."""
 
     @property
     def num_ranks(self) -> int:
@@ -57,7 +61,7 @@ class AllToAllv:
 
     def transpose(self) -> AllToAllv:
         """The exchange back (a dispatch's combine): matrix[j][i]."""
-        return AllToAllv(self.sizes, not self.by_sender)
+        return AllToAllv(self.sizes, not self.by_sender, self.deepep)
 
     def classes(self) -> list[tuple[float, tuple[int, ...]]]:
         """(bytes, members) per distinct non-zero size, ascending: the members that receive
@@ -77,14 +81,16 @@ def split_of(sizes: list[float] | tuple[float, ...], *, by_sender: bool) -> AllT
 
 
 def to_json(split: AllToAllv) -> dict[str, Any]:
-    return {"sizes": list(split.sizes), "by_sender": split.by_sender}
+    out = {"sizes": list(split.sizes), "by_sender": split.by_sender}
+    return out if split.deepep is None else {**out, "deepep": deepep.to_json(split.deepep)}
 
 
 def from_json(value: object) -> AllToAllv:
     """A file's split, or ValueError with the rule (the reader adds file, rank and op)."""
-    if type(value) is not dict or set(value) != {"sizes", "by_sender"}:
+    if type(value) is not dict or set(value) - {"deepep"} != {"sizes", "by_sender"}:
         raise ValueError("must be an object with exactly 'sizes' (bytes per member) and "
-                         "'by_sender' (true: per sender, false: per receiver)")
+                         "'by_sender' (true: per sender, false: per receiver), and optionally "
+                         "'deepep'")
     sizes, by_sender = value["sizes"], value["by_sender"]
     if type(by_sender) is not bool:
         raise ValueError(f"'by_sender' must be true or false, got {by_sender!r}")
@@ -92,6 +98,9 @@ def from_json(value: object) -> AllToAllv:
             not all(type(s) in (int, float) and math.isfinite(s) and s >= 0 for s in sizes):
         raise ValueError("'sizes' must list two or more finite byte counts >= 0, one per "
                          "member of the group")
+    if "deepep" in value:
+        return AllToAllv(tuple(float(s) for s in sizes), by_sender,
+                         deepep.from_json(value["deepep"]))
     split = split_of(sizes, by_sender=by_sender)
     if split is None:
         raise ValueError("'sizes' are all equal: an even all-to-all has no split")
