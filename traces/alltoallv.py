@@ -14,16 +14,19 @@ So n numbers describe the n x n matrix (MPI's MPI_Alltoallv and torch's
 The op's `size_bytes` stays nccl-tests' per-rank buffer: the matrix's total over n, the same
 for every member (so every member's op has one key). `Op.split` is None for an even
 all-to-all, and a trace file names a split only where it is uneven, so even traces keep their
-bytes. `from_json` checks a file's split; `check_split` its agreement with the op.
+bytes. `from_json` checks a file's split; `check_split` its agreement with the op. A DeepEP
+dispatch's split (`deepep_split`) also carries its routing (`traces.deepep`), even balanced.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from traces import deepep
+from traces.moe_groups import RoutingSpec
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +81,15 @@ def split_of(sizes: list[float] | tuple[float, ...], *, by_sender: bool) -> AllT
     even all-to-all)."""
     sizes = tuple(float(s) for s in sizes)
     return AllToAllv(sizes, by_sender) if len(set(sizes)) > 1 else None
+
+
+def deepep_split(model: RoutingSpec, counts: Sequence[int], tokens: int, row: float,
+                 sizes: Sequence[float]) -> AllToAllv:
+    """A DeepEP dispatch's op split: the NCCL per-receiver `sizes` (the rank's buffer stays
+    theirs) and the routing (`counts` pairs per expert of `tokens`) its flows follow."""
+    d = deepep.DeepEp(model.experts, model.top_k, model.router_groups,
+                      model.router_group_topk, tokens, float(row), tuple(counts))
+    return AllToAllv(tuple(float(s) for s in sizes), False, d)
 
 
 def to_json(split: AllToAllv) -> dict[str, Any]:

@@ -17,7 +17,7 @@ One source rank's bytes per link class, member j of the EP group holding experts
              tokens(j)·row over NVLink
 
 tokens(D) is `traces.moe_groups.distinct_tokens`. The combine returns the same bytes the other
-way. `DeepEp` is what a dispatch op carries (`traces.alltoallv.AllToAllv.deepep`) for the
+way. `DeepEp` is what a dispatch op carries (`traces.alltoallv.deepep_split`) for the
 simulator to lower these flows once it knows the nodes (`sim.collectives.deepep`).
 """
 
@@ -25,12 +25,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from traces.moe_groups import RoutingSpec, distinct_tokens
-
-if TYPE_CHECKING:
-    from traces.alltoallv import AllToAllv
+from traces.moe_groups import distinct_tokens
 
 Flow = tuple[int, int, float]
 """(sender, receiver, bytes): global ranks."""
@@ -62,16 +59,6 @@ class DeepEp:
         experts = [x for j in members for x in self.routed(j, ep)[0]]
         pairs = sum(self.routed(j, ep)[1] for j in members)
         return distinct_tokens(self, experts, pairs, self.tokens)
-
-
-def deepep_split(model: RoutingSpec, counts: Sequence[int], tokens: int, row: float,
-                 sizes: Sequence[float]) -> AllToAllv:
-    """A DeepEP dispatch's op split: the NCCL per-receiver `sizes` (the rank's buffer stays
-    theirs) and the routing (`counts` pairs per expert of `tokens`) its flows follow."""
-    from traces.alltoallv import AllToAllv
-    d = DeepEp(model.experts, model.top_k, model.router_groups, model.router_group_topk,
-               tokens, float(row), tuple(counts))
-    return AllToAllv(tuple(float(s) for s in sizes), False, d)
 
 
 def to_json(d: DeepEp) -> dict[str, Any]:

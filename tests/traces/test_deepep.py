@@ -8,7 +8,8 @@ import dataclasses
 import pytest
 
 from traces import alltoallv
-from traces.deepep import DeepEp, deepep_flows, deepep_split, link_class_bytes, nccl_flows
+from traces.alltoallv import deepep_split
+from traces.deepep import DeepEp, deepep_flows, link_class_bytes, nccl_flows
 from traces.model import ModelSpec
 from traces.moe_groups import reach, sample_routes
 from traces.moe_spec import expert_counts

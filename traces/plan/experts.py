@@ -28,8 +28,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from traces.alltoallv import AllToAllv, split_of
-from traces.deepep import deepep_split
+from traces.alltoallv import AllToAllv, deepep_split, split_of
 from traces.expert_grid import ep_coord, ep_group, etp_group, expert_data_group
 from traces.moe import (
     ExpertShard,

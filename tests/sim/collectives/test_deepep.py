@@ -11,7 +11,8 @@ from sim.collectives import Collectives
 from sim.collectives.base import hop
 from sim.collectives.deepep import lower_deepep
 from topology.config import build_cluster
-from traces.deepep import deepep_flows, deepep_split
+from traces.alltoallv import deepep_split
+from traces.deepep import deepep_flows
 from traces.model import ModelSpec
 from traces.moe_spec import expert_counts
 from traces.ops import OpKind
