@@ -49,6 +49,9 @@ def check_supported(model: ModelSpec, layout: Layout, options: RunOptions | None
     if model.mtp_layers:
         raise ConfigError(f"model.mtp_layers: {model.mtp_layers}: multi-token prediction is "
                           "simulated, not run by the executor; use 0 to run")
+    if model.dispatch != "nccl":
+        raise ConfigError(f"model.dispatch: {model.dispatch!r}: DeepEP dispatch is simulated, "
+                          "not run by the executor; use \"nccl\" to run")
     if model.experts:
         check_moe_supported(model, layout)
     if model.mla and (layout.sp or layout.cp > 1):

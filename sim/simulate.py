@@ -275,6 +275,9 @@ def model_summary(model: ModelSpec) -> str:
     moe = ""
     if model.experts:
         skew = f", skew {model.routing_skew:g}" if model.routing_skew else ""
+        skew += (", force-balanced" if model.force_balance else "") + (
+            f", {model.router_group_topk} of {model.router_groups} groups"
+            if model.router_groups else "") + (", DeepEP" if model.dispatch == "deepep" else "")
         cap = f", capacity {model.capacity_factor:g}" if model.capacity_factor else ", dropless"
         moe = (f", MoE {model.experts} experts top-{model.top_k} of {model.moe_ffn_hidden}"
                f" + {model.shared_experts} shared, {model.dense_layers} dense layers"

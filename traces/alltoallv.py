@@ -14,14 +14,19 @@ So n numbers describe the n x n matrix (MPI's MPI_Alltoallv and torch's
 The op's `size_bytes` stays nccl-tests' per-rank buffer: the matrix's total over n, the same
 for every member (so every member's op has one key). `Op.split` is None for an even
 all-to-all, and a trace file names a split only where it is uneven, so even traces keep their
-bytes. `from_json` checks a file's split; `check_split` its agreement with the op.
+bytes. `from_json` checks a file's split; `check_split` its agreement with the op. A DeepEP
+dispatch's split (`deepep_split`) also carries its routing (`traces.deepep`), even balanced.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from traces import deepep
+from traces.moe_groups import RoutingSpec
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +36,8 @@ class AllToAllv:
 
     sizes: tuple[float, ...]
     by_sender: bool = False
+    deepep: deepep.DeepEp | None = None
+    """Set for a DeepEP dispatch or combine (`traces.deepep`): the routing its flows follow."""
 
     @property
     def num_ranks(self) -> int:
@@ -57,7 +64,7 @@ class AllToAllv:
 
     def transpose(self) -> AllToAllv:
         """The exchange back (a dispatch's combine): matrix[j][i]."""
-        return AllToAllv(self.sizes, not self.by_sender)
+        return AllToAllv(self.sizes, not self.by_sender, self.deepep)
 
     def classes(self) -> list[tuple[float, tuple[int, ...]]]:
         """(bytes, members) per distinct non-zero size, ascending: the members that receive
@@ -76,15 +83,26 @@ def split_of(sizes: list[float] | tuple[float, ...], *, by_sender: bool) -> AllT
     return AllToAllv(sizes, by_sender) if len(set(sizes)) > 1 else None
 
 
+def deepep_split(model: RoutingSpec, counts: Sequence[int], tokens: int, row: float,
+                 sizes: Sequence[float]) -> AllToAllv:
+    """A DeepEP dispatch's op split: the NCCL per-receiver `sizes` (the rank's buffer stays
+    theirs) and the routing (`counts` pairs per expert of `tokens`) its flows follow."""
+    d = deepep.DeepEp(model.experts, model.top_k, model.router_groups,
+                      model.router_group_topk, tokens, float(row), tuple(counts))
+    return AllToAllv(tuple(float(s) for s in sizes), False, d)
+
+
 def to_json(split: AllToAllv) -> dict[str, Any]:
-    return {"sizes": list(split.sizes), "by_sender": split.by_sender}
+    out = {"sizes": list(split.sizes), "by_sender": split.by_sender}
+    return out if split.deepep is None else {**out, "deepep": deepep.to_json(split.deepep)}
 
 
 def from_json(value: object) -> AllToAllv:
     """A file's split, or ValueError with the rule (the reader adds file, rank and op)."""
-    if type(value) is not dict or set(value) != {"sizes", "by_sender"}:
+    if type(value) is not dict or set(value) - {"deepep"} != {"sizes", "by_sender"}:
         raise ValueError("must be an object with exactly 'sizes' (bytes per member) and "
-                         "'by_sender' (true: per sender, false: per receiver)")
+                         "'by_sender' (true: per sender, false: per receiver), and optionally "
+                         "'deepep'")
     sizes, by_sender = value["sizes"], value["by_sender"]
     if type(by_sender) is not bool:
         raise ValueError(f"'by_sender' must be true or false, got {by_sender!r}")
@@ -92,6 +110,9 @@ def from_json(value: object) -> AllToAllv:
             not all(type(s) in (int, float) and math.isfinite(s) and s >= 0 for s in sizes):
         raise ValueError("'sizes' must list two or more finite byte counts >= 0, one per "
                          "member of the group")
+    if "deepep" in value:
+        return AllToAllv(tuple(float(s) for s in sizes), by_sender,
+                         deepep.from_json(value["deepep"]))
     split = split_of(sizes, by_sender=by_sender)
     if split is None:
         raise ValueError("'sizes' are all equal: an even all-to-all has no split")

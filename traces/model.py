@@ -141,6 +141,14 @@ class ModelSpec:
     """0: balanced routing; > 0: expert popularity Zipf-distributed with this exponent."""
     routing_seed: int = 0
     """Seed of each MoE layer's permutation of expert popularity."""
+    router_groups: int = 0
+    """Expert groups of group-limited routing (`traces.moe_groups`); 0: no groups."""
+    router_group_topk: int = 0
+    """Groups each token's experts may lie in (DeepSeek-V3: 4 of 8)."""
+    force_balance: bool = False
+    """Routing perfectly balanced whatever routing_skew (NVIDIA's benchmark setting)."""
+    dispatch: str = "nccl"
+    """The token dispatch: "nccl" all-to-all or "deepep" (`traces.deepep`)."""
     mtp_layers: int = 0
     """Multi-token prediction depths (`traces.mtp`; Megatron-Core's --mtp-num-layers)."""
     kernels: str = "fused"

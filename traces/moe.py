@@ -57,7 +57,7 @@ class ExpertShard:
 
 def skewed_experts(m: ModelSpec, layout: Layout) -> bool:
     """Skewed routing over EP > 1: the EP ranks of a stage run different expert work."""
-    return m.experts > 0 and m.routing_skew > 0 and layout.ep > 1
+    return m.experts > 0 and m.routing_skew > 0 and not m.force_balance and layout.ep > 1
 
 
 def expert_loads(model: ModelSpec, layout: Layout, rank: int) -> tuple[tuple[int, ...], ...]:

@@ -30,6 +30,7 @@ from functools import lru_cache
 from typing import Protocol
 
 from traces.errors import ConfigError, show
+from traces.moe_groups import ROUTING_KEYS, check_routing
 
 
 class ModelSpec(Protocol):
@@ -61,9 +62,17 @@ class ModelSpec(Protocol):
     def routing_skew(self) -> float: ...
     @property
     def routing_seed(self) -> int: ...
+    @property
+    def force_balance(self) -> bool: ...
+    @property
+    def router_groups(self) -> int: ...
+    @property
+    def router_group_topk(self) -> int: ...
+    @property
+    def dispatch(self) -> str: ...
 
 MOE_KEYS = ("experts", "top_k", "moe_ffn_hidden", "shared_experts", "dense_layers",
-            "capacity_factor", "routing_skew", "routing_seed")
+            "capacity_factor", "routing_skew", "routing_seed", *ROUTING_KEYS)
 """The `[model]` MoE keys, written in a header only where they are set."""
 MAX_EXPERTS = 2**14  # DeepSeek-V3 has 256 routed experts; 16 K is far beyond any model
 MAX_SKEW = 16.0  # Zipf exponents measured on MoE routing are ~0.5-2; 16 is all on one expert
@@ -84,6 +93,7 @@ def check_moe(m: ModelSpec) -> None:
                 not math.isfinite(value) or not 0 <= value <= bound:
             raise ConfigError(f"model.{name}: {show(value)} must be a number from 0 to "
                               f"{bound:g}")
+    check_routing(m)
     if not m.experts:
         for name in ("top_k", "moe_ffn_hidden", "shared_experts", "dense_layers",
                      "capacity_factor", "routing_skew"):
@@ -133,7 +143,8 @@ def _popularity(experts: int, skew: float, seed: int, layer: int) -> tuple[float
 
 def expert_counts(m: ModelSpec, layer: int, tokens: int) -> tuple[int, ...]:
     """Tokens each expert keeps of one rank's `tokens` in layer `layer` (module docstring)."""
-    return _counts(m.experts, m.top_k, float(m.routing_skew), m.routing_seed, layer, tokens,
+    skew = 0.0 if m.force_balance else float(m.routing_skew)
+    return _counts(m.experts, m.top_k, skew, m.routing_seed, layer, tokens,
                    float(m.capacity_factor))
 
 

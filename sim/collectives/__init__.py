@@ -15,7 +15,8 @@ label never gives two times); parasim's own flow-level ring and tree at the link
 reachable as `ring_flows` and `tree_flows`. All-to-all, which NCCL runs as grouped sends
 and receives per peer, is NCCL's `p2p/LL` or `p2p/Simple` there (`sim.collectives.nccl_p2p`:
 the direct flows with NCCL's per-peer latency and protocol), `direct` elsewhere; an uneven one
-(`split`, `traces.alltoallv`) moves its per-peer sizes (`sim.collectives.alltoallv`). The flow
+(`split`, `traces.alltoallv`) moves its per-peer sizes (`sim.collectives.alltoallv`), a DeepEP
+one (`split.deepep`) its node-deduplicated flows (`sim.collectives.deepep`). The flow
 path is `sim.engine.network.Network.run`.
 """
 
@@ -34,6 +35,8 @@ from sim.collectives.base import (
     by_server,
     default_channels,
 )
+from sim.collectives.deepep import NAME as DEEPEP
+from sim.collectives.deepep import lower_deepep
 from sim.collectives.direct import lower_direct, lower_p2p
 from sim.collectives.gloo import lower_gloo
 from sim.collectives.hierarchical import lower_hierarchical
@@ -122,7 +125,10 @@ class Collectives:
         if key not in self._lowerings:
             check_lowering_size(len(group), channels or self._channels(group))
             direct = algo == Algorithm.DIRECT or algo.startswith(f"{P2P}/")
-            if split is not None:
+            lowering: Lowering | None
+            if split is not None and split.deepep is not None:
+                lowering = lower_deepep(self.cluster, tuple(group), split)
+            elif split is not None:
                 lowering = lower_alltoallv(self.cluster, tuple(group), split) \
                     if direct and kind is A2A and len(group) > 1 else None
             elif algo.startswith(f"{P2P}/"):
@@ -202,6 +208,10 @@ class Collectives:
         """The algorithm to use (its name, or NCCL's choice: "ring/LL128") and its lowering:
         `auto` is NCCL's choice where NCCL runs, else the fastest applicable algorithm by
         analytic time. `split`: an all-to-all's uneven per-peer sizes."""
+        if split is not None and split.deepep is not None:  # DeepEP's kernels, not NCCL
+            deepep = self.lowering(kind, group, DEEPEP, channels, split)
+            assert deepep is not None
+            return DEEPEP, deepep
         if algo == Algorithm.AUTO:
             chosen = self.nccl(kind, group, size_bytes, channels, split=split)
             if chosen is not None:

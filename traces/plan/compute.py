@@ -71,7 +71,8 @@ class _StageKernels:
         for stage in layout.stages_of_rank(ctx.pp_rank):
             for index in layout.layers_of_stage(model, stage):
                 moe = is_moe_layer(model, index)
-                key = self.keys[index] = (moe, index if moe and model.routing_skew else None)
+                key = self.keys[index] = (moe, index if moe and model.routing_skew
+                                                       and not model.force_balance else None)
                 if key not in self.runs:
                     layer = restack(model, moe_layer_kernels(model, b, t, sp, index, shard, g),
                                     b, t, sp)

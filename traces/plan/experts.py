@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from traces.alltoallv import AllToAllv, split_of
+from traces.alltoallv import AllToAllv, deepep_split, split_of
 from traces.expert_grid import ep_coord, ep_group, etp_group, expert_data_group
 from traces.moe import (
     ExpertShard,
@@ -82,6 +82,7 @@ def add_expert_parallel(ctx: RankContext, program: Program) -> Program:
     sizes: dict[int, tuple[float, float]] = {}
     splits: dict[int, AllToAllv | None] = {}
     skewed = skewed_experts(model, layout)
+    deep = model.dispatch == "deepep"
 
     def size(layer: int, ep: bool) -> float:
         if layer not in sizes:
@@ -92,12 +93,13 @@ def add_expert_parallel(ctx: RankContext, program: Program) -> Program:
     def split(layer: int, purpose: Purpose) -> AllToAllv | None:
         """The dispatch's per-receiver sizes (rows equal), or for a combine (and the
         dispatch's gradients) their transpose; None when balanced."""
-        if not skewed or not isinstance(purpose, ExpertAllToAll):
+        if not (skewed or deep) or not isinstance(purpose, ExpertAllToAll):
             return None
         if layer not in splits:
-            splits[layer] = split_of([n * row for n in dispatch_tokens(model, layer, tokens,
-                                                                        layout.ep)],
-                                     by_sender=False)
+            sizes = [float(n * row) for n in dispatch_tokens(model, layer, tokens, layout.ep)]
+            splits[layer] = deepep_split(
+                model, expert_counts(model, layer, tokens), tokens, row, sizes) if deep else \
+                split_of(sizes, by_sender=False)
         found = splits[layer]
         reverse = (purpose.step is C) != purpose.grad  # combine forward, dispatch backward
         return found.transpose() if found is not None and reverse else found
