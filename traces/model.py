@@ -141,6 +141,16 @@ class ModelSpec:
     """0: balanced routing; > 0: expert popularity Zipf-distributed with this exponent."""
     routing_seed: int = 0
     """Seed of each MoE layer's permutation of expert popularity."""
+    moe_grouped_gemm: bool = True
+    """One grouped GEMM over a rank's experts; false: a GEMM per expert (`traces.moe_steps`)."""
+    moe_permute_fusion: bool = True
+    """Fused token permute/unpermute kernels (Megatron's --moe-permute-fusion)."""
+    moe_router_fusion: bool = True
+    """Fused router score, top-k and probability kernel (Megatron's --moe-router-fusion)."""
+    moe_router_score_function: str = "softmax"
+    """The router's score: "softmax" or "sigmoid" (DeepSeek-V3; `traces.moe_steps`)."""
+    moe_router_enable_expert_bias: bool = False
+    """Aux-loss-free routing: a per-expert bias on the scores picks the top-k (DeepSeek-V3)."""
     mtp_layers: int = 0
     """Multi-token prediction depths (`traces.mtp`; Megatron-Core's --mtp-num-layers)."""
     kernels: str = "fused"
