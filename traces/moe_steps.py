@@ -25,6 +25,8 @@ and writes its output once through HBM (as `traces.stack_eager` counts eager PyT
 figures are `traces.moe`'s, unchanged. Where a step list has one entry the fused kernel runs
 (its launch is the op's own); otherwise the op states its launches (`KernelWork.launches`,
 charged one launch overhead each by `sim.models.compute`).
+The expert bias's update once a step (Megatron-Core's _update_router_expert_bias: the
+tokens each expert got, all-reduced, E floats) is too small to list.
 
 The grouped GEMM's cost is the compute model's (`sim.models.compute`): the grouped kernel
 splits every expert's M×N output into tiles, so an expert with M tokens pays ⌈M/tm⌉ tile rows
