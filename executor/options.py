@@ -78,6 +78,11 @@ def check_moe_supported(model: ModelSpec, layout: Layout) -> None:
         (model.shared_experts > 0, f"model.shared_experts: {model.shared_experts}: the "
                                    "executor runs routed experts only; use 0"),
         (model.bias, "model.bias: true: the executor's MoE layers have no biases; use false"),
+        (not model.moe_grouped_gemm, "model.moe_grouped_gemm: false: the executor runs a "
+                                     "grouped GEMM per distinct token count; use true"),
+        (model.moe_router_score_function != "softmax" or model.moe_router_enable_expert_bias,
+         "model.moe_router_score_function: the executor routes by softmax without an expert "
+         "bias; use \"softmax\" and moe_router_enable_expert_bias = false"),
         (layout.zero >= 1 and expert_data_degree(layout) > 1,
          f"parallel.zero: {layout.zero} with an expert-DP degree of "
          f"{expert_data_degree(layout)}: the executor keeps the experts' optimizer states "

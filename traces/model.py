@@ -31,10 +31,7 @@ Llama-style options (`kv_heads`, `ffn = "swiglu"`, `norm = "rmsnorm"`, `position
 Mixture of experts (`experts`, `top_k`, ...): model FLOPs count the activated experts only
 (`traces.moe_spec` gives the forms and the parameters).
 
-Layer norms, dropouts, residuals and GeLU add no FLOPs but move memory. So one step of global
-batch B without recomputation is 72*B*s*l*h^2*(1 + s/(6h) + V/(12lh)) FLOPs, and
-96*B*s*l*h^2*(1 + s/(6h) + V/(16lh)) with full recomputation (f = 4h). The per-kernel FLOPs
-and HBM bytes the plan carries are in `traces.kernels`; they add up to these forms.
+A whole step's FLOPs in closed form: `traces.step_flops`; per kernel: `traces.kernels`.
 """
 
 from __future__ import annotations
@@ -149,6 +146,16 @@ class ModelSpec:
     """Routing perfectly balanced whatever routing_skew (NVIDIA's benchmark setting)."""
     dispatch: str = "nccl"
     """The token dispatch: "nccl" all-to-all or "deepep" (`traces.deepep`)."""
+    moe_grouped_gemm: bool = True
+    """One grouped GEMM over a rank's experts; false: a GEMM per expert (`traces.moe_steps`)."""
+    moe_permute_fusion: bool = True
+    """Fused token permute/unpermute kernels (Megatron's --moe-permute-fusion)."""
+    moe_router_fusion: bool = True
+    """Fused router score, top-k and probability kernel (Megatron's --moe-router-fusion)."""
+    moe_router_score_function: str = "softmax"
+    """The router's score: "softmax" or "sigmoid" (DeepSeek-V3; `traces.moe_steps`)."""
+    moe_router_enable_expert_bias: bool = False
+    """Aux-loss-free routing: a per-expert bias on the scores picks the top-k (DeepSeek-V3)."""
     mtp_layers: int = 0
     """Multi-token prediction depths (`traces.mtp`; Megatron-Core's --mtp-num-layers)."""
     kernels: str = "fused"

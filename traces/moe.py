@@ -25,13 +25,14 @@ place of fc1, the activation and fc2 (Megatron-Core's MoELayer, all-to-all token
 T is the rank's tokens, b·s/t (MoE with TP runs with SP), counts are `expert_counts(model,
 layer, T)`. The router GEMM's 2·T·h·E FLOPs are real work but not model FLOPs (Megatron-LM's
 num_floating_point_operations leaves them out); dropped tokens do no expert work. FP8 runs the
-expert GEMMs at the FP8 rate without their casts' bytes.
+expert GEMMs at the FP8 rate without their casts' bytes. The figures above are the fused
+kernels' and the grouped GEMM's, the defaults; `traces.moe_steps` has the unfused router and
+permutation, sigmoid scores with an expert bias, and a GEMM per expert.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections import Counter
 
 from traces.expert_grid import ep_coord
 from traces.kernel_work import KernelWork, gemm_kernel, memory_kernel
@@ -39,11 +40,11 @@ from traces.kernels import layer_kernels
 from traces.layout import Layout
 from traces.model import ModelSpec
 from traces.moe_spec import expert_counts, is_moe_layer
+from traces.moe_steps import expert_gemms, permute_steps, router_steps, stepped, unpermute_steps
 from traces.purpose import Kernel
 
 K = Kernel
 FP32 = 4
-INDEX_BYTES = 4  # int32 expert indices
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -129,35 +130,22 @@ def moe_layer_kernels(model: ModelSpec, b: int, t: int, sp: bool, layer: int,
 def routed_kernels(model: ModelSpec, layer: int, tokens: int, shard: ExpertShard,
                    grad_bytes: int) -> list[KernelWork]:
     """Router to unpermute for one rank's `tokens` (module docstring)."""
-    T, E, k, h, e = tokens, model.experts, model.top_k, model.hidden, model.dtype_bytes
+    T, E, h, e = tokens, model.experts, model.hidden, model.dtype_bytes
     kept = sum(expert_counts(model, layer, T))  # A
     f = model.moe_ffn_hidden // shard.etp
     f1 = 2 * f if model.ffn == "swiglu" else f
     local = local_expert_tokens(model, layer, T, shard)
     received = sum(local)
-    scores = T * E * FP32
     out = [
         gemm_kernel(K.ROUTER, (1, T, E, h), e, grad_bytes),
-        memory_kernel(K.TOPK, T * E * e + scores + T * k * (FP32 + INDEX_BYTES),
-                      T * k * FP32 + scores + T * E * e),
-        memory_kernel(K.AUX_LOSS, scores, scores),
-        memory_kernel(K.PERMUTE, T * h * e + T * E + kept * h * e, (kept + T) * h * e),
-        *_grouped(K.EXPERT_FC1, local, f1, h, model, grad_bytes),
+        stepped(K.TOPK, router_steps(model, T)),
+        memory_kernel(K.AUX_LOSS, T * E * FP32, T * E * FP32),
+        stepped(K.PERMUTE, permute_steps(model, T, kept)),
+        *expert_gemms(K.EXPERT_FC1, local, f1, h, model, grad_bytes),
         _expert_activation(model, received, f),
-        *_grouped(K.EXPERT_FC2, local, h, f, model, grad_bytes),
-        memory_kernel(K.UNPERMUTE, kept * (h * e + FP32) + T * h * e,
-                      T * h * e + kept * h * e + kept * (h * e + FP32)),
+        *expert_gemms(K.EXPERT_FC2, local, h, f, model, grad_bytes),
+        stepped(K.UNPERMUTE, unpermute_steps(model, T, kept)),
     ]
-    return out
-
-
-def _grouped(name: Kernel, local: tuple[int, ...], n: int, k: int, model: ModelSpec,
-             grad_bytes: int) -> list[KernelWork]:
-    """One grouped GEMM (n_experts, M, n, k) per distinct token count M > 0, largest M first."""
-    out = []
-    for m, experts in sorted(Counter(c for c in local if c).items(), reverse=True):
-        work = gemm_kernel(name, (experts, m, n, k), model.dtype_bytes, grad_bytes)
-        out.append(dataclasses.replace(work, fp8=model.fp8))
     return out
 
 

@@ -70,13 +70,30 @@ class ModelSpec(Protocol):
     def router_group_topk(self) -> int: ...
     @property
     def dispatch(self) -> str: ...
+    @property
+    def moe_grouped_gemm(self) -> bool: ...
+    @property
+    def moe_permute_fusion(self) -> bool: ...
+    @property
+    def moe_router_fusion(self) -> bool: ...
+    @property
+    def moe_router_score_function(self) -> str: ...
+    @property
+    def moe_router_enable_expert_bias(self) -> bool: ...
 
 MOE_KEYS = ("experts", "top_k", "moe_ffn_hidden", "shared_experts", "dense_layers",
-            "capacity_factor", "routing_skew", "routing_seed", *ROUTING_KEYS)
+            "capacity_factor", "routing_skew", "routing_seed", *ROUTING_KEYS, "moe_grouped_gemm",
+            "moe_permute_fusion", "moe_router_fusion", "moe_router_score_function",
+            "moe_router_enable_expert_bias")
 """The `[model]` MoE keys, written in a header only where they are set."""
 MAX_EXPERTS = 2**14  # DeepSeek-V3 has 256 routed experts; 16 K is far beyond any model
 MAX_SKEW = 16.0  # Zipf exponents measured on MoE routing are ~0.5-2; 16 is all on one expert
 MAX_CAPACITY = 2**10
+SCORE_FUNCTIONS = ("softmax", "sigmoid")
+"""`moe_router_score_function`: Megatron-Core's --moe-router-score-function choices."""
+MOE_KERNEL_KEYS = {"moe_grouped_gemm": True, "moe_permute_fusion": True,
+                   "moe_router_fusion": True, "moe_router_enable_expert_bias": False}
+"""The boolean keys of how the MoE kernels run (`traces.moe_steps`), with their defaults."""
 
 
 def check_moe(m: ModelSpec) -> None:
@@ -94,6 +111,7 @@ def check_moe(m: ModelSpec) -> None:
             raise ConfigError(f"model.{name}: {show(value)} must be a number from 0 to "
                               f"{bound:g}")
     check_routing(m)
+    _check_kernel_keys(m)
     if not m.experts:
         for name in ("top_k", "moe_ffn_hidden", "shared_experts", "dense_layers",
                      "capacity_factor", "routing_skew"):
@@ -112,6 +130,25 @@ def check_moe(m: ModelSpec) -> None:
                           "token")
     if m.moe_ffn_hidden == 0:
         object.__setattr__(m, "moe_ffn_hidden", m.ffn_hidden)
+
+
+def _check_kernel_keys(m: ModelSpec) -> None:
+    """The MoE kernel keys are booleans and a score function, set away from their defaults
+    only on an MoE model."""
+    for name, default in MOE_KERNEL_KEYS.items():
+        value = getattr(m, name)
+        if not isinstance(value, bool):
+            raise ConfigError(f"model.{name}: {show(value)} must be true or false")
+        if value != default and not m.experts:
+            raise ConfigError(f"model.{name}: {show(value)} needs model.experts > 0 (a dense "
+                              "model has no experts)")
+    score = m.moe_router_score_function
+    if not isinstance(score, str) or score not in SCORE_FUNCTIONS:
+        raise ConfigError(f"model.moe_router_score_function: {show(score)} is not one of "
+                          f"{', '.join(SCORE_FUNCTIONS)}")
+    if score != "softmax" and not m.experts:
+        raise ConfigError(f"model.moe_router_score_function: {show(score)} needs "
+                          "model.experts > 0 (a dense model has no router)")
 
 
 def is_moe_layer(m: ModelSpec, layer: int) -> bool:

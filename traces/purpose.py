@@ -1,7 +1,8 @@
 """What each op of a plan is for: its kernel, its unit of parameters, and its purpose.
 
     Kernel          every kernel a plan runs (traces.kernels) and the optimizer step; every
-                    kernel list in the project derives from it (LAYER_FLASH, CORE, ...)
+                    kernel list in the project derives from it (LAYER_FLASH, CORE, ...);
+                    its own module, `traces.kernel_names`, re-exported here
     Unit            a unit of parameters: a layer, the embedding or the output layer
     Purpose         the union of the frozen values below; `Op.purpose` holds one (None for an
                     op imported from elsewhere, e.g. a PyTorch-profiler trace)
@@ -16,74 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
+from traces.kernel_names import Kernel
 from traces.kinds import OpKind
-
-
-class Kernel(StrEnum):
-    """The kernels of docs/plan-ops.md, in the order sim.profile lists them."""
-
-    EMBED = "embed"
-    POS_EMBED = "pos_embed"
-    LN1 = "ln1"
-    FP8_AMAX = "fp8_amax"
-    """FP8 current scaling's pass over a tensor for its amax, before its cast (`traces.fp8`)."""
-    FP8_CAST = "fp8_cast"
-    """An FP8 GEMM's input cast to FP8 with its second (transposed) copy (`traces.fp8`)."""
-    QKV = "qkv"
-    QK_NORM = "qk_norm"
-    """The norms of each query and key head before RoPE (Qwen3, `traces.heads`)."""
-    MLA_DOWN = "mla_down"
-    """Latent attention's fused down-projection h -> c_q, c_kv and the shared rotary key."""
-    LATENT_NORM = "latent_norm"
-    """Latent attention's RMSNorms of c_q and c_kv."""
-    Q_UP = "q_up"
-    """Latent attention's query projection: c_q (or x) -> a/t heads of d + r."""
-    KV_UP = "kv_up"
-    """Latent attention's key/value up-projection: c_kv -> a/t heads of k_nope and v."""
-    ROPE = "rope"
-    """Rotary position embedding of q and k."""
-    FLASH_ATTN = "flash_attn"
-    QK = "qk"
-    SOFTMAX = "softmax"
-    ATTN_DROPOUT = "attn_dropout"
-    AV = "av"
-    PROJ = "proj"
-    BDA1 = "bda1"
-    LN2 = "ln2"
-    FC1 = "fc1"
-    GELU = "gelu"
-    SWIGLU = "swiglu"
-    """SwiGLU's gated activation, silu(gate)·up."""
-    FC2 = "fc2"
-    ROUTER = "router"
-    """MoE: the router's logits GEMM (`traces.moe`)."""
-    TOPK = "topk"
-    """MoE: softmax over the experts and the top-k pick."""
-    AUX_LOSS = "aux_loss"
-    """MoE: the load-balancing loss over the router's scores."""
-    PERMUTE = "permute"
-    """MoE: tokens copied into expert order (one row per kept assignment)."""
-    EXPERT_FC1 = "expert_fc1"
-    """MoE: the routed experts' fc1 as grouped GEMMs (M = tokens an expert got)."""
-    EXPERT_ACT = "expert_act"
-    EXPERT_FC2 = "expert_fc2"
-    UNPERMUTE = "unpermute"
-    """MoE: the experts' outputs weighted by their probabilities back into token order."""
-    FP8_CAST_GRAD = "fp8_cast_grad"
-    """An FP8 GEMM's output gradient cast to FP8 with its second copy (backward only)."""
-    BDA2 = "bda2"
-    FINAL_LN = "final_ln"
-    LOGITS = "logits"
-    CROSS_ENTROPY = "cross_entropy"
-    GRAD_UNSCALE = "grad_unscale"
-    """fp16: unscale the main gradients and check them for inf/NaN (once per step)."""
-    GRAD_NORM = "grad_norm"
-    """The sum of squares of the rank's (shard of) gradients, for clipping."""
-    GRAD_CLIP = "grad_clip"
-    """Scale the gradients by min(1, clip / norm) (torch's clip_grad_norm_)."""
-    OPTIMIZER = "optimizer"
-    FP8_WEIGHT_CAST = "fp8_weight_cast"
-    """The step's cast of the FP8 GEMMs' weights, after the optimizer."""
 
 
 class Part(StrEnum):

@@ -33,6 +33,7 @@ from traces import stack_eager as eager
 from traces.kernel_work import KernelWork
 from traces.kernels import head_kernels, layer_kernels
 from traces.model import ModelSpec
+from traces.moe_steps import moe_launch_counts
 from traces.purpose import Kernel
 
 K = Kernel
@@ -67,12 +68,13 @@ def launch_counts(model: ModelSpec) -> dict[tuple[str, bool], int] | None:
     """Device kernels per (kernel, backward) where the model's stack states them; None for the
     fused stack (each op's own one launch, a GEMM's backward two). Counts do not depend on the
     batch, TP or SP, so one small layer gives them."""
+    moe = moe_launch_counts(model)  # an unfused router or permutation (`traces.moe_steps`)
     if model.kernels == "fused":
-        return None
+        return moe or None
     works = restack(model, layer_kernels(model, 1, 1, False) + head_kernels(model, 1, 1, False),
                     1, 1, False)
-    return {(str(w.name), backward): w.launches[backward]
-            for w in works if w.launches is not None for backward in (False, True)}
+    return {**{(str(w.name), backward): w.launches[backward]
+               for w in works if w.launches is not None for backward in (False, True)}, **moe}
 
 
 def _with(work: KernelWork, lists: eager.Lists) -> KernelWork:

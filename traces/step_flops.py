@@ -1,6 +1,12 @@
 """A whole step's FLOPs: the kernels' sum (`model_flops`, what MFU counts), what
 recomputation adds, Megatron-LM's `num_floating_point_operations` (an independent path to the
-same count) and the Megatron-LM paper's closed form. The per-layer counts are `ModelSpec`'s."""
+same count) and the Megatron-LM paper's closed form. The per-layer counts are `ModelSpec`'s.
+
+Layer norms, dropouts, residuals and GeLU add no FLOPs but move memory. So one step of global
+batch B without recomputation is 72*B*s*l*h^2*(1 + s/(6h) + V/(12lh)) FLOPs, and
+96*B*s*l*h^2*(1 + s/(6h) + V/(16lh)) with full recomputation (f = 4h). The per-kernel FLOPs
+and HBM bytes the plan carries are in `traces.kernels`; they add up to these forms.
+"""
 
 from __future__ import annotations
 

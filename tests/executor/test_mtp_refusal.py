@@ -1,4 +1,5 @@
-"""The executor runs no multi-token prediction: `check_supported` refuses it in one line."""
+"""The executor runs no multi-token prediction, no GEMM per expert and no sigmoid or bias
+routing: `check_supported` refuses each in one line."""
 
 from __future__ import annotations
 
@@ -19,4 +20,20 @@ def test_mtp_layers_are_refused_in_one_line_and_zero_runs():
     assert str(info.value) == ("model.mtp_layers: 1: multi-token prediction is simulated, "
                                "not run by the executor; use 0 to run")
     check_supported(ModelSpec(layers=2, hidden=64, heads=4, seq_len=32, vocab=128),
+                    Layout(global_batch=1))
+
+
+@pytest.mark.parametrize(("fields", "needle"), [
+    ({"moe_grouped_gemm": False}, "model.moe_grouped_gemm: false"),
+    ({"moe_router_score_function": "sigmoid"}, "model.moe_router_score_function"),
+    ({"moe_router_enable_expert_bias": True}, "model.moe_router_score_function"),
+])
+def test_moe_kernel_keys_the_executor_does_not_run_are_refused(fields, needle):
+    """A GEMM per expert and sigmoid / bias routing are simulated only; the fusion keys change
+    only costs, so the executor runs them."""
+    moe = dict(layers=2, hidden=64, heads=4, seq_len=32, vocab=128, experts=4, top_k=2,
+               bias=False)
+    with pytest.raises(ConfigError, match=needle):
+        check_supported(ModelSpec(**moe, **fields), Layout(global_batch=1))
+    check_supported(ModelSpec(**moe, moe_permute_fusion=False, moe_router_fusion=False),
                     Layout(global_batch=1))

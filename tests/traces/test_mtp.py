@@ -16,8 +16,10 @@ from traces.io import VERSION
 from traces.layout import Layout
 from traces.layout_rules import check_layout
 from traces.model import ModelSpec
-from traces.mtp import mtp_params
+from traces.mtp import megatron_mtp_term, mtp_params
+from traces.mtp_kernels import mtp_kernels
 from traces.plan import build
+from traces.purpose import Kernel
 from traces.step_flops import megatron_num_flops, model_flops, recompute_flops
 
 H, V = 7168, 129280
@@ -133,7 +135,9 @@ def test_the_plan_runs_the_depth_as_the_last_layer_with_its_lookup_and_head():
     """MoE model, TP 2 with SP, PP 2, EP 2, ZeRO-1, 4 micro-batches: on a last-stage rank,
     layer 4 (the MTP depth) has the ops of layer 3 (the last MoE layer: kernels, TP/SP
     collectives, all-to-alls, expert gradients) plus, per micro-batch, the shifted tokens'
-    lookup (embed, pos_embed) with its SP reduce-scatter forward and all-gather backward;
+    lookup (embed, pos_embed) with its SP reduce-scatter forward and all-gather backward,
+    then enorm, hnorm, their concatenation and eh_proj (`traces.mtp_kernels`; the
+    concatenation's backward is a view, no op);
     the shared head runs twice per micro-batch (the depth's, then the main model's); the
     depth's three norms join its SP gradient sum (3h bf16); the embedding copy's gradient is
     all-reduced with stage 0's (V·h/t bf16)."""
@@ -151,7 +155,11 @@ def test_the_plan_runs_the_depth_as_the_last_layer_with_its_lookup_and_head():
 
     lookup = Counter({("embed", "fwd", "compute"): 1, ("pos_embed", "fwd", "compute"): 1,
                       ("tp", "fwd", "reduce_scatter"): 1, ("tp", "bwd", "all_gather"): 1,
-                      ("pos_embed", "bwd", "compute"): 1, ("embed", "bwd", "compute"): 1})
+                      ("pos_embed", "bwd", "compute"): 1, ("embed", "bwd", "compute"): 1,
+                      **{(k, "fwd", "compute"): 1 for k in ("mtp_enorm", "mtp_hnorm",
+                                                            "mtp_concat", "eh_proj")},
+                      **{(k, "bwd", "compute"): 1 for k in ("mtp_enorm", "mtp_hnorm",
+                                                            "eh_proj")}})
     extra = Counter({(*key, mb): n for key, n in lookup.items() for mb in range(4)})
     assert by_layer(4) - by_layer(3) == extra and not by_layer(3) - by_layer(4)
     head = Counter((o.name, o.phase.value) for o in ops
@@ -174,3 +182,23 @@ def test_default_zero_changes_no_plan_and_no_header():
     layout = Layout(tp=2, pp=2, global_batch=4)
     ops = build(m0, layout).ops
     assert max(o.layer for rank in ops.values() for o in rank if o.layer is not None) == 3
+
+
+def test_a_depths_own_kernels_have_the_flops_and_bytes_of_its_norms_and_eh_proj():
+    """enorm and hnorm read and write n = b·(s/t)·h values each (hnorm's backward also sums
+    the main head's gradient: 6n·e), the concatenation 4n·e, eh_proj 2·b·s·2h·h/t FLOPs:
+    summed over a step, Megatron-LM's 6·(2h²) a token for eh_proj, as `megatron_mtp_term`."""
+    m = gpt(1)
+    b, t, s, h, e = 2, 2, m.seq_len, m.hidden, 2
+    works = {w.name: w for w in mtp_kernels(m, b, t, True, e)}
+    n = b * s // t * h
+    assert [str(k) for k in works] == ["mtp_enorm", "mtp_hnorm", "mtp_concat", "eh_proj"]
+    assert (works[Kernel.MTP_ENORM].mem_bytes, works[Kernel.MTP_ENORM].bwd_bytes) == \
+        (2 * n * e, 3 * n * e)
+    assert works[Kernel.MTP_HNORM].bwd_bytes == 6 * n * e
+    assert (works[Kernel.MTP_CONCAT].mem_bytes, works[Kernel.MTP_CONCAT].bwd_bytes) == \
+        (4 * n * e, 0)
+    proj = works[Kernel.EH_PROJ]
+    assert proj.gemm == (1, b * s, h // t, 2 * h) and proj.flops == 2 * b * s * 2 * h * h / t
+    per_token = (proj.flops + proj.bwd_flops) * t / (b * s)
+    assert per_token * b * s == megatron_mtp_term(m, b) - b * s * 6 * 3 * h

@@ -22,6 +22,7 @@ from traces.model import ModelSpec
 from traces.moe import ExpertShard, moe_layer_kernels
 from traces.moe_spec import is_moe_layer
 from traces.mtp import mtp_indices
+from traces.mtp_kernels import mtp_kernels
 from traces.ops import OpKind, OpRow, Phase, Stream, op_row, stamp
 from traces.pipeline import Action
 from traces.plan.nodes import Node, Program, RankContext
@@ -80,6 +81,9 @@ class _StageKernels:
                         layer, layout.recompute, ATTENTION_CORE[model.attention], model)))
         self.embed_forward = _fields(_run(embed, Phase.FWD))
         self.embed_backward = _fields(_run(embed[::-1], Phase.BWD))
+        depth = mtp_kernels(model, b, t, sp, g) if model.mtp_layers else []
+        self.mtp_forward = self.embed_forward + _fields(_run(depth, Phase.FWD))
+        self.mtp_backward = _fields(_run(depth[::-1], Phase.BWD)) + self.embed_backward
         self.head_forward = _fields(_run(head, Phase.FWD))
         self.head_backward = _fields(_run(head[::-1], Phase.BWD))
         # The layer units of each virtual stage, made once (a plan has ~10^6 actions' worth);
@@ -106,14 +110,15 @@ class _StageKernels:
                 *([(self.embed_backward, (EMBED,))] if first else [])]
 
     def _mtp_forward(self) -> list[Segment]:
-        """Each MTP depth: the lookup of the shifted tokens in the embedding copy, its layer
+        """Each MTP depth: the lookup of the shifted tokens in the embedding copy, its norms,
+        concatenation and eh_proj (`traces.mtp_kernels`), its layer
         (with its unit: the copy's and the depth's own parameters are there, `traces.mtp`);
         then each depth's final norm, logits and cross-entropy on the shared output layer,
         before the main model's (Megatron-Core's process_mtp_loss runs them first)."""
         out: list[Segment] = []
         for key, units in self.mtp:
             for unit in units:
-                out += [(self.embed_forward, (unit,)), (self.runs[key][0], (unit,))]
+                out += [(self.mtp_forward, (unit,)), (self.runs[key][0], (unit,))]
         return [*out, *([(self.head_forward, (HEAD,) * len(out[::2]))] if out else [])]
 
     def _mtp_backward(self) -> list[Segment]:
@@ -121,7 +126,7 @@ class _StageKernels:
         out: list[Segment] = []
         for key, units in self.mtp[::-1]:
             for unit in units[::-1]:
-                out += [(self.runs[key][1], (unit,)), (self.embed_backward, (unit,))]
+                out += [(self.runs[key][1], (unit,)), (self.mtp_backward, (unit,))]
         return [*([(self.head_backward, (HEAD,) * len(out[::2]))] if out else []), *out]
 
     def count(self, action: Action) -> int:

@@ -1,0 +1,156 @@
+"""How an MoE layer's router, token permutation and expert GEMMs run: the device kernels of
+each, with their HBM bytes, by the `[model]` keys Megatron-Core names them by.
+
+    moe_router_fusion        true: one fused kernel for the score function, the top-k pick
+                             and the probabilities (Transformer Engine's
+                             fused_topk_with_score_function, Megatron-Core's
+                             --moe-router-fusion); false: the aten ops of Megatron-Core's
+                             moe_utils.topk_routing_with_score_function
+    moe_router_score_function  "softmax" or "sigmoid" (DeepSeek-V3: sigmoid scores, top-k
+                             weights normalized to sum to 1)
+    moe_router_enable_expert_bias  aux-loss-free balancing (DeepSeek-V3 §2.1.2): a per-expert
+                             bias b_e is added to the scores to pick the top-k, the weights are
+                             the unbiased scores (Megatron-Core's --moe-router-enable-expert-bias)
+    moe_permute_fusion       true: TE's fused moe_permute / moe_unpermute (one kernel each way,
+                             a token row read once and written once per expert it goes to);
+                             false: moe_utils.permute / unpermute's aten ops (index_select,
+                             scatter_add, the routing map transposed and masked)
+    moe_grouped_gemm         true: one grouped GEMM over the rank's local experts (Megatron-Core's
+                             --moe-grouped-gemm, TEGroupedMLP); false: SequentialMLP, a GEMM
+                             per expert, each its own launch and its own tile waves
+
+Notation: T the rank's tokens, E experts, k top_k, h hidden, e the data dtype's bytes, A the
+kept token assignments (T·k when dropless). An unfused step is one aten op: it reads its inputs
+and writes its output once through HBM (as `traces.stack_eager` counts eager PyTorch); the fused
+figures are `traces.moe`'s, unchanged. Where a step list has one entry the fused kernel runs
+(its launch is the op's own); otherwise the op states its launches (`KernelWork.launches`,
+charged one launch overhead each by `sim.models.compute`).
+The expert bias's update once a step (Megatron-Core's _update_router_expert_bias: the
+tokens each expert got, all-reduced, E floats) is too small to list.
+
+The grouped GEMM's cost is the compute model's (`sim.models.compute`): the grouped kernel
+splits every expert's M×N output into tiles, so an expert with M tokens pays ⌈M/tm⌉ tile rows
+and its weights (N·K) are read whole whatever M is; a small M therefore runs far below peak
+(tile quantization and the weights' bytes, the roofline). With grouped GEMM off each expert's
+GEMM also fills the GPU's SMs alone (its own last wave) and pays its own launch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+
+from traces.kernel_work import KernelWork, gemm_kernel, memory_kernel
+from traces.model import ModelSpec
+from traces.purpose import Kernel
+
+K = Kernel
+FP32 = 4
+INDEX_BYTES = 4  # int32 expert indices of the fused kernels
+INT64 = 8  # torch.topk's and nonzero's indices
+Step = tuple[str, float]
+"""One device kernel: its aten op (or the fused kernel) and its HBM bytes."""
+Steps = tuple[list[Step], list[Step]]
+"""A plan kernel's device kernels, forward and backward."""
+
+
+def router_steps(m: ModelSpec, tokens: int) -> Steps:
+    """The score function, top-k and probabilities (module docstring): fused, one kernel each
+    way; unfused, moe_utils' ops, and the scores over all experts the aux loss reads."""
+    T, E, k, e = tokens, m.experts, m.top_k, m.dtype_bytes
+    bias = E * FP32 if m.moe_router_enable_expert_bias else 0
+    scores = T * E * FP32
+    if m.moe_router_fusion:
+        return ([("fused_topk", T * E * e + scores + T * k * (FP32 + INDEX_BYTES) + bias)],
+                [("fused_topk_bwd", T * k * FP32 + scores + T * E * e)])
+    pick = T * k * (e + INT64)  # topk's values and int64 indices
+    if m.moe_router_score_function == "sigmoid":
+        fwd: list[Step] = [("sigmoid", 2 * T * E * e)]
+        if m.moe_router_enable_expert_bias:  # pick by s + b, weigh by s
+            fwd += [("add", 2 * T * E * e + bias), ("topk", T * E * e + pick),
+                    ("gather", T * k * (INT64 + e) + T * k * e)]
+        else:
+            fwd += [("topk", T * E * e + pick)]
+        fwd += [("sum", T * k * e + T * e), ("div", 2 * T * k * e + T * e)]
+        bwd: list[Step] = [("div_bwd", 3 * T * k * e + T * e), ("sum_bwd", T * e + T * k * e),
+                           ("zeros", T * E * e), ("scatter", T * k * (INT64 + 2 * e)),
+                           ("sigmoid_bwd", 3 * T * E * e)]
+    else:  # softmax after the top-k (Megatron-Core's default, not pre-softmax)
+        fwd = [("topk", T * E * e + pick), ("softmax", 2 * T * k * e)]
+        bwd = [("softmax_bwd", 3 * T * k * e), ("zeros", T * E * e),
+               ("scatter", T * k * (INT64 + 2 * e))]
+    dense = [("zeros", T * E * e), ("scatter", T * k * (INT64 + 2 * e)),  # routing_probs
+             ("zeros", T * E), ("scatter", T * k * (INT64 + 1))]  # routing_map
+    aux = ("scores_for_aux_loss", T * E * e + scores)
+    return ([*fwd, *dense, aux],
+            [("gather", T * E * e + T * k * (INT64 + e)), *bwd,
+             ("scores_for_aux_loss_bwd", 2 * scores + T * E * e), ("add", 3 * T * E * e)])
+
+
+def permute_steps(m: ModelSpec, tokens: int, kept: int) -> Steps:
+    """Tokens into expert order, one row per kept assignment: fused, TE's moe_permute (reads
+    each token and the routing map, writes A rows); unfused, the map transposed, the token
+    indices selected by it and index_select's A rows (read A·h·e, write A·h·e)."""
+    T, E, h, e, A = tokens, m.experts, m.hidden, m.dtype_bytes, kept
+    if m.moe_permute_fusion:
+        return ([("moe_permute", T * h * e + T * E + A * h * e)],
+                [("moe_permute_bwd", (A + T) * h * e)])
+    return ([("transpose", 2 * T * E), ("masked_select", T * E + A * INT64),
+             ("index_select", A * INT64 + 2 * A * h * e)],
+            [("zeros", T * h * e), ("index_add", A * INT64 + 3 * A * h * e)])
+
+
+def unpermute_steps(m: ModelSpec, tokens: int, kept: int) -> Steps:
+    """The experts' rows weighted by their probabilities back into token order: fused, TE's
+    moe_unpermute; unfused, the probabilities selected in expert order, a multiply and a
+    scatter_add (read A rows, add them into T rows) onto zeros."""
+    T, E, h, e, A = tokens, m.experts, m.hidden, m.dtype_bytes, kept
+    if m.moe_permute_fusion:
+        return ([("moe_unpermute", A * (h * e + FP32) + T * h * e)],
+                [("moe_unpermute_bwd", T * h * e + A * h * e + A * (h * e + FP32))])
+    rows = A * h * e
+    return ([("transpose", 2 * T * E * e), ("masked_select", T * E * (e + 1) + A * e),
+             ("mul", 2 * rows + A * e), ("zeros", T * h * e),
+             ("scatter_add", A * INT64 + 3 * rows)],
+            [("gather", A * INT64 + 2 * rows), ("mul", 2 * rows + A * e),
+             ("mul_sum", 2 * rows + A * e), ("zeros", T * E * e),
+             ("masked_scatter", A * e + T * E * (e + 1)), ("transpose", 2 * T * E * e)])
+
+
+def stepped(name: Kernel, steps: Steps) -> KernelWork:
+    """One plan kernel of `steps`: their bytes, and their launches where there are several."""
+    fwd, bwd = steps
+    work = memory_kernel(name, float(sum(b for _, b in fwd)), float(sum(b for _, b in bwd)))
+    if len(fwd) == 1 and len(bwd) == 1:
+        return work
+    return dataclasses.replace(work, launches=(len(fwd), len(bwd)))
+
+
+def expert_gemms(name: Kernel, local: tuple[int, ...], n: int, k: int, model: ModelSpec,
+                 grad_bytes: int) -> list[KernelWork]:
+    """The local experts' GEMMs (M_e, n, k) for M_e = `local`[e] tokens: grouped, one
+    (experts, M, n, k) op per distinct M > 0, largest M first (one grouped kernel when the
+    counts are equal, as under balanced routing); else one (1, M_e, n, k) op per expert with
+    tokens, in the experts' order (SequentialMLP)."""
+    if model.moe_grouped_gemm:
+        shapes = [(experts, m) for m, experts in
+                  sorted(Counter(c for c in local if c).items(), reverse=True)]
+    else:
+        shapes = [(1, m) for m in local if m]
+    out = []
+    for experts, m in shapes:
+        work = gemm_kernel(name, (experts, m, n, k), model.dtype_bytes, grad_bytes)
+        out.append(dataclasses.replace(work, fp8=model.fp8))
+    return out
+
+
+def moe_launch_counts(model: ModelSpec) -> dict[tuple[str, bool], int]:
+    """Device kernels per (kernel, backward) of the MoE kernels that run as several aten ops
+    (unfused router or permutation); none with the fused kernels. Counts depend on no size."""
+    if not model.experts:
+        return {}
+    works = [stepped(K.TOPK, router_steps(model, 1)),
+             stepped(K.PERMUTE, permute_steps(model, 1, 1)),
+             stepped(K.UNPERMUTE, unpermute_steps(model, 1, 1))]
+    return {(str(w.name), backward): w.launches[backward]
+            for w in works if w.launches is not None for backward in (False, True)}
