@@ -40,6 +40,7 @@ from traces.model import ModelSpec
 from traces.split_rules import check_split_keys
 from traces.stage_split import Split
 from traces.units import MAX_SIZE_BYTES
+from traces.zero_bubble_rules import check_zero_bubble
 
 MAX_VIRTUAL_STAGES = 1024  # model chunks per pipeline rank
 MAX_BATCH = 2**24  # sequences in one step (GPT-3 used 1,536; 16 M is no real run)
@@ -85,6 +86,8 @@ class Schedule(StrEnum):
     GPIPE = "gpipe"
     ONE_F_ONE_B = "1f1b"
     INTERLEAVED = "interleaved"
+    ZB1P = "zb1p"
+    """Zero-bubble ZB-1P (`traces.zero_bubble`), vp >= 1 chunks per rank."""
 
 
 class CpComm(StrEnum):
@@ -231,6 +234,8 @@ class Layout:
             if m % self.pp:
                 raise ConfigError(f"parallel: {m} micro-batches are not divisible by "
                                   f"pp = {self.pp}, as Megatron-LM's interleaved schedule needs")
+        elif self.schedule is Schedule.ZB1P:
+            check_zero_bubble(self)
         elif self.vp != 1:
             raise ConfigError(f"parallel.vp: {self.vp} > 1 needs schedule = \"interleaved\", "
                               f"not {str(self.schedule)!r}")

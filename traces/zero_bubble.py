@@ -1,0 +1,120 @@
+"""Zero-bubble pipeline schedules: the backward split into B (input gradients) and W (weight
+gradients), W deferred to fill the bubbles (Qi et al., "Zero Bubble Pipeline Parallelism",
+ICLR 2024).
+
+    zb1p  ZB-1P as PyTorch's torch.distributed.pipelining orders it: ScheduleInterleavedZeroBubble
+          (torch/distributed/pipelining/schedules.py, `_get_1f1b_rank_ops` with
+          enable_zero_bubble, torch 2.13.0, git cf30153c4c131c8164ee7798e5022d810682e2cb),
+          over vp >= 1 chunks per rank.
+
+Rule of that order, for rank r of pp with vp chunks and m micro-batches (rounds = max(1,
+m // pp), n = m // rounds micro-batches per round): r warms up with min((vp - 1) n + pp - 1 - r,
+vp m) forwards; then each further forward is followed by the next B, and from the (r + 1)-th
+B on each B by the W of the oldest B not yet weighed; the last B's are followed the same way;
+the W's left are run at the end. Forward k runs chunk (k // n) % vp, backward k chunk
+vp - 1 - (k // n) % vp, each stage's micro-batches in order.
+
+A W op carries the weight-gradient GEMMs (dB = Aᵀ·dC) of its stage's layers and the embedding's
+weight gradient; B the input-gradient GEMMs and every other backward kernel (`split_backward`).
+A micro-batch's stored activations stay alive until its W (PyTorch's stage_backward_input
+keeps the stage's graph for stage_backward_weight): `frees_at`.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+from typing import Literal
+
+from traces.errors import ConfigError
+from traces.pipeline import Action, ActionSchedule
+from traces.purpose import Kernel
+
+K = Kernel
+WEIGHT_GEMMS = frozenset({K.QKV, K.MLA_DOWN, K.Q_UP, K.KV_UP, K.PROJ, K.FC1, K.FC2, K.ROUTER,
+                          K.EXPERT_FC1, K.EXPERT_FC2, K.LOGITS})
+"""Kernels whose backward is two GEMMs, dA = dC·Bᵀ (in B) and dB = Aᵀ·dC (in W)."""
+WEIGHT_ONLY = frozenset({K.EMBED, K.POS_EMBED})
+"""Kernels whose backward is a weight gradient only (the lookup's scatter-add): all in W."""
+SPLIT_SCHEDULES = frozenset({"zb1p"})
+
+
+def zb1p(pp: int, m: int, vp: int = 1) -> ActionSchedule:
+    """ZB-1P in the order of PyTorch's ScheduleInterleavedZeroBubble (see the module
+    docstring); m must be a multiple of max(1, m // pp)."""
+    rounds = max(1, m // pp)
+    assert m % rounds == 0, "zb1p needs m divisible by max(1, m // pp)"
+    return {r: _zb1p_rank(r, pp, m, vp, m // rounds) for r in range(pp)}
+
+
+def _zb1p_rank(r: int, pp: int, m: int, vp: int, per_round: int) -> list[Action]:
+    total = vp * m
+    warmup = min((vp - 1) * per_round + pp - 1 - r, total)
+    counts: dict[tuple[str, int], int] = {}
+
+    def next_of(kind: Literal["F", "B", "W"], chunk: int) -> Action:
+        stage = chunk * pp + r
+        mb = counts.get((kind, stage), 0)
+        counts[(kind, stage)] = mb + 1
+        return Action(stage, kind, mb)
+
+    unweighed: deque[int] = deque()  # chunks of the B's whose W has not run, oldest first
+    actions = [next_of("F", (k // per_round) % vp) for k in range(warmup)]
+    for k in range(total):
+        if warmup + k < total:
+            actions.append(next_of("F", ((warmup + k) // per_round) % vp))
+        chunk = vp - 1 - (k // per_round) % vp
+        actions.append(next_of("B", chunk))
+        unweighed.append(chunk)
+        if k >= r:
+            actions.append(next_of("W", unweighed.popleft()))
+    actions += [next_of("W", chunk) for chunk in unweighed]
+    return actions
+
+
+def splits_backward(schedule: str) -> bool:
+    """Whether the named schedule runs B and W apart."""
+    return str(schedule) in SPLIT_SCHEDULES
+
+
+def frees_at(actions: Sequence[Action]) -> str:
+    """The action kind that frees a micro-batch's stored activations: W where the list has
+    W's (the graph stays for the weight gradients), else B."""
+    return "W" if any(a.kind == "W" for a in actions) else "B"
+
+
+def makespan(schedule: ActionSchedule, times: dict[str, float]) -> float:
+    """The step's length when each action of kind k takes times[k], a forward waits for the
+    previous stage's forward, a B for the next stage's B (and its own forward), a W for its
+    B, and communication is free: the ideal pipeline the bubble formulas describe."""
+    num_stages = 1 + max(a.stage for actions in schedule.values() for a in actions)
+    end: dict[tuple[int, str, int], float] = {}
+    clock = {r: 0.0 for r in schedule}
+    cursor = {r: 0 for r in schedule}
+    while any(cursor[r] < len(schedule[r]) for r in schedule):
+        moved = False
+        for r, actions in schedule.items():
+            while cursor[r] < len(actions):
+                a = actions[cursor[r]]
+                need = _needs(a, num_stages)
+                if not all(n in end for n in need):
+                    break
+                start = max([clock[r], *(end[n] for n in need)])
+                clock[r] = end[(a.stage, a.kind, a.microbatch)] = start + times[a.kind]
+                cursor[r] += 1
+                moved = True
+        if not moved:
+            raise ConfigError("schedule: deadlock, no rank can run its next action")
+    return max(clock.values())
+
+
+def _needs(a: Action, num_stages: int) -> list[tuple[int, str, int]]:
+    """What action `a` waits for (the rule `traces.pipeline.validate` checks)."""
+    if a.kind == "F":
+        return [(a.stage - 1, "F", a.microbatch)] if a.stage > 0 else []
+    if a.kind == "W":
+        return [(a.stage, "B", a.microbatch)]
+    need = [(a.stage, "F", a.microbatch)]
+    if a.stage < num_stages - 1:
+        need.append((a.stage + 1, "B", a.microbatch))
+    return need
