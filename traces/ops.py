@@ -56,6 +56,9 @@ class Phase(StrEnum):
     RECOMPUTE = "recompute"
     """A forward pass re-run inside the backward pass (activation recomputation)."""
     OPT = "opt"
+    WGRAD = "wgrad"
+    """The weight gradients of a backward split in two (zero-bubble schedules'
+    W, `traces.zero_bubble`); the rest of that backward stays `bwd`."""
 
 
 @dataclass(slots=True, kw_only=True)

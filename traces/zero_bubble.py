@@ -24,9 +24,12 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Literal
 
 from traces.errors import ConfigError
+from traces.kernel_work import KernelWork
+from traces.ops import Phase
 from traces.pipeline import Action, ActionSchedule
 from traces.purpose import Kernel
 
@@ -118,3 +121,24 @@ def _needs(a: Action, num_stages: int) -> list[tuple[int, str, int]]:
     if a.stage < num_stages - 1:
         need.append((a.stage + 1, "B", a.microbatch))
     return need
+
+
+def split_backward(run: Sequence[tuple[KernelWork, Phase]]
+                   ) -> tuple[list[tuple[KernelWork, Phase]], list[tuple[KernelWork, Phase]]]:
+    """A backward run (kernels in backward order) as B's and W's kernels: a weight GEMM's
+    dA = dC·Bᵀ stays in B (the forward's FLOPs, and its bytes: it reads dC and B and writes
+    dA, the element counts of the forward's A, B, C), its dB = Aᵀ·dC (the rest of the
+    backward's FLOPs and bytes) goes to W in phase wgrad; a weight-only backward (the
+    embedding's scatter-add) goes to W whole; every other kernel stays in B."""
+    b: list[tuple[KernelWork, Phase]] = []
+    w: list[tuple[KernelWork, Phase]] = []
+    for k, phase in run:
+        if phase is not Phase.BWD or k.name not in WEIGHT_GEMMS | WEIGHT_ONLY:
+            b.append((k, phase))
+        elif k.name in WEIGHT_ONLY:
+            w.append((k, Phase.WGRAD))
+        else:
+            b.append((replace(k, bwd_flops=k.flops, bwd_bytes=k.mem_bytes), phase))
+            w.append((replace(k, bwd_flops=k.bwd_flops - k.flops,
+                              bwd_bytes=k.bwd_bytes - k.mem_bytes, bwd_draws=0.0), Phase.WGRAD))
+    return b, w

@@ -61,6 +61,9 @@ def add_pipeline_p2p(ctx: RankContext, actions: list[Action], program: Program) 
     peers: dict[int, int] = {}  # stage -> the rank that runs it
     for action, nodes in zip(actions, program):
         kind, stage, mb = action.kind, action.stage, action.microbatch
+        if kind == "W":  # weight gradients: nothing to send or receive
+            out.append(nodes)
+            continue
         if stage not in ends:
             layers = layout.layers_of_stage(ctx.model, stage)
             ends[stage] = layers.start, layers.stop - 1
