@@ -86,8 +86,7 @@ class Schedule(StrEnum):
     GPIPE = "gpipe"
     ONE_F_ONE_B = "1f1b"
     INTERLEAVED = "interleaved"
-    ZB1P = "zb1p"
-    """Zero-bubble ZB-1P (`traces.zero_bubble`), vp >= 1 chunks per rank."""
+    ZB1P = "zb1p"  # zero-bubble ZB-1P (traces.zero_bubble), vp >= 1 chunks per rank
 
 
 class CpComm(StrEnum):

@@ -19,6 +19,7 @@ from typing import Literal
 
 from traces.errors import ConfigError
 from traces.layout import Layout
+from traces.zero_bubble_order import zb1p_order
 
 _ACTION = re.compile(r"^(\d+)([FBW])(\d+)$")
 
@@ -104,8 +105,8 @@ def build_schedule(name: str, pp: int, m: int, vp: int = 1) -> ActionSchedule:
     elif name == "interleaved":
         schedule = interleaved(pp, vp, m)
     elif name == "zb1p":
-        from traces.zero_bubble import zb1p  # it builds on this module's Action
-        schedule = zb1p(pp, m, vp)
+        schedule = {r: [Action(*step) for step in steps]
+                    for r, steps in zb1p_order(pp, m, vp).items()}
     else:
         raise ConfigError(f"parallel.schedule: {name!r} is not gpipe, 1f1b, interleaved or zb1p")
     validate(schedule, pp, m, vp)

@@ -22,16 +22,15 @@ keeps the stage's graph for stage_backward_weight): `frees_at`.
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import Literal
 
 from traces.errors import ConfigError
 from traces.kernel_work import KernelWork
 from traces.ops import Phase
 from traces.pipeline import Action, ActionSchedule
 from traces.purpose import Kernel
+from traces.zero_bubble_order import zb1p_order
 
 K = Kernel
 WEIGHT_GEMMS = frozenset({K.QKV, K.MLA_DOWN, K.Q_UP, K.KV_UP, K.PROJ, K.FC1, K.FC2, K.ROUTER,
@@ -44,35 +43,8 @@ SPLIT_SCHEDULES = frozenset({"zb1p"})
 
 def zb1p(pp: int, m: int, vp: int = 1) -> ActionSchedule:
     """ZB-1P in the order of PyTorch's ScheduleInterleavedZeroBubble (see the module
-    docstring); m must be a multiple of max(1, m // pp)."""
-    rounds = max(1, m // pp)
-    assert m % rounds == 0, "zb1p needs m divisible by max(1, m // pp)"
-    return {r: _zb1p_rank(r, pp, m, vp, m // rounds) for r in range(pp)}
-
-
-def _zb1p_rank(r: int, pp: int, m: int, vp: int, per_round: int) -> list[Action]:
-    total = vp * m
-    warmup = min((vp - 1) * per_round + pp - 1 - r, total)
-    counts: dict[tuple[str, int], int] = {}
-
-    def next_of(kind: Literal["F", "B", "W"], chunk: int) -> Action:
-        stage = chunk * pp + r
-        mb = counts.get((kind, stage), 0)
-        counts[(kind, stage)] = mb + 1
-        return Action(stage, kind, mb)
-
-    unweighed: deque[int] = deque()  # chunks of the B's whose W has not run, oldest first
-    actions = [next_of("F", (k // per_round) % vp) for k in range(warmup)]
-    for k in range(total):
-        if warmup + k < total:
-            actions.append(next_of("F", ((warmup + k) // per_round) % vp))
-        chunk = vp - 1 - (k // per_round) % vp
-        actions.append(next_of("B", chunk))
-        unweighed.append(chunk)
-        if k >= r:
-            actions.append(next_of("W", unweighed.popleft()))
-    actions += [next_of("W", chunk) for chunk in unweighed]
-    return actions
+    docstring and `traces.zero_bubble_order`); m must be a multiple of max(1, m // pp)."""
+    return {r: [Action(*step) for step in steps] for r, steps in zb1p_order(pp, m, vp).items()}
 
 
 def splits_backward(schedule: str) -> bool:
