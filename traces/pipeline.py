@@ -19,7 +19,8 @@ from typing import Literal
 
 from traces.errors import ConfigError
 from traces.layout import Layout
-from traces.zero_bubble_order import zb1p_order
+from traces.schedule_rules import rank_stages
+from traces.zero_bubble_order import zb1p_order, zbv_order
 
 _ACTION = re.compile(r"^(\d+)([FBW])(\d+)$")
 
@@ -104,12 +105,13 @@ def build_schedule(name: str, pp: int, m: int, vp: int = 1) -> ActionSchedule:
         schedule = one_f_one_b(pp, m)
     elif name == "interleaved":
         schedule = interleaved(pp, vp, m)
-    elif name == "zb1p":
-        schedule = {r: [Action(*step) for step in steps]
-                    for r, steps in zb1p_order(pp, m, vp).items()}
+    elif name in ("zb1p", "zbv"):
+        order = zb1p_order(pp, m, vp) if name == "zb1p" else zbv_order(pp, m)
+        schedule = {r: [Action(*step) for step in steps] for r, steps in order.items()}
     else:
-        raise ConfigError(f"parallel.schedule: {name!r} is not gpipe, 1f1b, interleaved or zb1p")
-    validate(schedule, pp, m, vp)
+        raise ConfigError(f"parallel.schedule: {name!r} is not gpipe, 1f1b, interleaved, zb1p "
+                          "or zbv")
+    validate(schedule, pp, m, vp, v_shape=name == "zbv")
     return schedule
 
 
@@ -127,14 +129,16 @@ def format_schedule(schedule: ActionSchedule, mark: tuple[int, int] | None = Non
     return "\n".join(lines)
 
 
-def validate(schedule: ActionSchedule, pp: int, m: int, vp: int = 1) -> None:
+def validate(schedule: ActionSchedule, pp: int, m: int, vp: int = 1, v_shape: bool = False
+             ) -> None:
     """Every (stage, micro-batch) forward and backward exactly once, on the stage's rank, and
     the whole schedule runs to the end when every pass waits for its inputs (no deadlock)."""
     for r in range(pp):
         actions = schedule.get(r, [])
         kinds: tuple[Literal["F", "B", "W"], ...] = \
             (*KINDS, "W") if any(a.kind == "W" for a in actions) else KINDS
-        expected = {Action(c * pp + r, k, i) for c in range(vp) for k in kinds for i in range(m)}
+        stages = rank_stages("zbv" if v_shape else "", pp, vp, r)  # zbv: a V
+        expected = {Action(s, k, i) for s in stages for k in kinds for i in range(m)}
         if sorted(map(str, actions)) != sorted(map(str, expected)):
             missing = sorted(map(str, expected - set(actions)))[:4]
             raise ConfigError(f"schedule: rank {r} must run each of its stages' F and B "

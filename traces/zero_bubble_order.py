@@ -53,3 +53,60 @@ def _zb1p_rank(r: int, pp: int, m: int, vp: int, per_round: int) -> list[Step]:
             actions.append(next_of("W", unweighed.popleft()))
     actions += [next_of("W", chunk) for chunk in unweighed]
     return actions
+
+
+def zbv_order(pp: int, m: int) -> dict[int, list[Step]]:
+    """Per rank, its steps in ZB-V's order as PyTorch's ScheduleZBVZeroBubble makes it (same
+    file and version as above, `_calculate_single_rank_operations`): rank r runs stages
+    r (chunk 0) and 2 pp - 1 - r (chunk 1). The order is made for max(2 pp - 1, m)
+    micro-batches and the steps of those past m are dropped: warm-up 2(pp - r) - 1 chunk-0
+    forwards, then r pairs (chunk-1 forward, chunk-0 forward), then pp - r triples (chunk-1
+    F, B, W); the steady phase repeats (chunk-0 F while any are left, chunk-0 B and W,
+    chunk-1 F, B and W) until both chunks' forwards are done; the cool-down runs r pairs of
+    B's (chunk 0, chunk 1), pp - r pairs (chunk-0 B, its oldest W), then the chunk-1 W's
+    left, then the chunk-0 W's left."""
+    n = max(2 * pp - 1, m)
+    out = {}
+    for r in range(pp):
+        stages = (r, 2 * pp - 1 - r)
+        count: dict[tuple[Kind, int], int] = {}
+        steps: list[Step] = []
+
+        def run(kind: Kind, chunk: int, _stages: tuple[int, int] = stages,
+                _count: dict[tuple[Kind, int], int] = count, _steps: list[Step] = steps
+                ) -> None:
+            mb = _count.get((kind, chunk), 0)
+            _count[(kind, chunk)] = mb + 1
+            _steps.append((_stages[chunk], kind, mb))
+
+        def done(kind: Kind, chunk: int, _count: dict[tuple[Kind, int], int] = count) -> int:
+            return _count.get((kind, chunk), 0)
+
+        for _ in range(2 * (pp - r) - 1):
+            run("F", 0)
+        for _ in range(r):
+            run("F", 1)
+            run("F", 0)
+        for _ in range(pp - r):
+            run("F", 1)
+            run("B", 1)
+            run("W", 1)
+        while done("F", 1) < done("F", 0) or done("F", 0) < n:
+            if done("F", 0) < n:
+                run("F", 0)
+            for kind in ("B", "W"):
+                run(kind, 0)  # type: ignore[arg-type]
+            for kind in ("F", "B", "W"):
+                run(kind, 1)  # type: ignore[arg-type]
+        for _ in range(r):
+            run("B", 0)
+            run("B", 1)
+        for _ in range(pp - r):
+            run("B", 0)
+            run("W", 0)
+        while done("W", 1) < done("B", 1):
+            run("W", 1)
+        while done("W", 0) < done("B", 0):
+            run("W", 0)
+        out[r] = [step for step in steps if step[2] < m]
+    return out

@@ -17,6 +17,9 @@ WORLD2 = {
     "pp2-m3": Case(dict(ZB, pp=2, global_batch=3)),
     "pp2-vp2": Case(dict(ZB, pp=2, vp=2, global_batch=4), model=dict(layers=4)),
     "pp2-full-recompute": Case(dict(ZB, pp=2, global_batch=4, recompute="full")),
+    # zbv: rank 0 runs stages 0 and 3 (the embedding and the loss), rank 1 stages 1 and 2
+    "zbv-pp2": Case(dict(schedule="zbv", pp=2, vp=2, global_batch=4), model=dict(layers=4)),
+    "zbv-pp2-m2": Case(dict(schedule="zbv", pp=2, vp=2, global_batch=2), model=dict(layers=4)),
 }
 WORLD4 = {
     "tp2-sp-pp2": Case(dict(ZB, tp=2, sp=True, pp=2, global_batch=4)),

@@ -73,7 +73,7 @@ def add_pipeline_p2p(ctx: RankContext, actions: list[Action], program: Program) 
         entry = [] if before is None else [before]
         step: list[Node] = []
         stream, tag, offset = _RECV[kind]
-        if 0 <= stage + offset <= ctx.last_stage:
+        if _remote(ctx, peers, stage + offset):
             # an activation in is the first layer's input; a gradient in, of the last's output
             boundary = first if kind == "F" else last + 1
             recv = _p2p(OpKind.RECV, stream, _peer(ctx, peers, stage + offset), size, tag, mb,
@@ -95,7 +95,7 @@ def add_pipeline_p2p(ctx: RankContext, actions: list[Action], program: Program) 
             pending = {"F": None, "B": None}
         pending[kind] = None
         stream, tag, offset = _SEND[kind]
-        if 0 <= stage + offset <= ctx.last_stage:
+        if _remote(ctx, peers, stage + offset):
             # an activation out is the next layer's input; a gradient back, the first's
             send = pending[kind] = _p2p(
                 OpKind.SEND, stream, _peer(ctx, peers, stage + offset), size, tag, mb,
@@ -108,6 +108,12 @@ def add_pipeline_p2p(ctx: RankContext, actions: list[Action], program: Program) 
             step.append(send)
         out.append(step)
     return [*out, *program[len(actions):]]
+
+
+def _remote(ctx: RankContext, peers: dict[int, int], stage: int) -> bool:
+    """Whether virtual stage `stage` exists and runs on another rank (zbv's V turns on the
+    last rank: its two stages meet there, and the tensor stays on the GPU)."""
+    return 0 <= stage <= ctx.last_stage and _peer(ctx, peers, stage) != ctx.rank
 
 
 def _peer(ctx: RankContext, peers: dict[int, int], stage: int) -> int:
