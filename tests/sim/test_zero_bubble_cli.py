@@ -32,6 +32,21 @@ def test_zb1p_simulates_shorter_than_1f1b_with_the_same_work(tmp_path, capsys):
     assert out["zb1p"]["bubble_fraction"] < out["1f1b"]["bubble_fraction"]
 
 
+def test_zbv_runs_to_the_end_with_many_micro_batches(tmp_path, capsys):
+    """16 micro-batches over a V of 16 stages on 8 ranks: ranks send to each other both ways,
+    which blocking sends, or one queue a direction for both legs, would deadlock."""
+    out = {}
+    for schedule, vp in (("1f1b", 1), ("zbv", 2)):
+        path = tmp_path / f"{schedule}.toml"
+        path.write_text(BASE.replace("layers = 8", "layers = 16").replace("nodes = 1", "nodes = 2")
+                        .replace("pp = 4", "pp = 8")
+                        + f'tp = 2\nglobal_batch = 16\nvp = {vp}\nschedule = "{schedule}"\n')
+        assert main(["simulate", str(path), "--json"]) == 0
+        out[schedule] = json.loads(capsys.readouterr().out)
+    assert out["zbv"]["bubble_fraction"] < out["1f1b"]["bubble_fraction"]
+    assert out["zbv"]["step_time_s"] < out["1f1b"]["step_time_s"]
+
+
 @pytest.mark.parametrize(("parallel", "field"), [
     ('tp = 2\nglobal_batch = 9\nschedule = "zb1p"\n', "parallel: 9 micro-batches"),
     ('dp = 2\nglobal_batch = 8\nzero = 3\nschedule = "zb1p"\n', "parallel.zero: 3"),
