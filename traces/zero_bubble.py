@@ -6,13 +6,10 @@ ICLR 2024).
           (torch/distributed/pipelining/schedules.py, `_get_1f1b_rank_ops` with
           enable_zero_bubble, torch 2.13.0, git cf30153c4c131c8164ee7798e5022d810682e2cb),
           over vp >= 1 chunks per rank.
+    zbv   ZB-V as ScheduleZBVZeroBubble orders it (same file and version): two chunks per
+          rank in a V, rank r running stages r and 2 pp - 1 - r (`traces.schedule_rules`).
 
-Rule of that order, for rank r of pp with vp chunks and m micro-batches (rounds = max(1,
-m // pp), n = m // rounds micro-batches per round): r warms up with min((vp - 1) n + pp - 1 - r,
-vp m) forwards; then each further forward is followed by the next B, and from the (r + 1)-th
-B on each B by the W of the oldest B not yet weighed; the last B's are followed the same way;
-the W's left are run at the end. Forward k runs chunk (k // n) % vp, backward k chunk
-vp - 1 - (k // n) % vp, each stage's micro-batches in order.
+The orders themselves, as rules, are `traces.zero_bubble_order`'s.
 
 A W op carries the weight-gradient GEMMs (dB = Aᵀ·dC) of its stage's layers and the embedding's
 weight gradient; B the input-gradient GEMMs and every other backward kernel (`split_backward`).
