@@ -74,7 +74,7 @@ from traces.purpose import (
 
 __all__ = ["Call", "RankProgram", "lower"]
 
-_KERNEL_PHASES = (Phase.FWD, Phase.BWD, Phase.RECOMPUTE)
+_KERNEL_PHASES = (Phase.FWD, Phase.BWD, Phase.RECOMPUTE, Phase.WGRAD)
 _GROUPED = (Kernel.EXPERT_FC1, Kernel.EXPERT_FC2)
 
 

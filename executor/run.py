@@ -216,7 +216,7 @@ def _rank_main(ctx: RankContext, job: _Job) -> dict[str, Any]:
     recorder.set_state(DONE)
     c = layout.coords(ctx.rank)
     result = {"backend": ctx.backend, "clock": method, "spans": spans, "losses": losses,
-              "last_stage_tp0": c.pp == layout.pp - 1 and c.tp == 0,
+              "last_stage_tp0": c.pp == layout.stage_rank(layout.num_stages - 1) and c.tp == 0,
               "peak": interp.peak_bytes(), "calls": comm.calls}
     groups.destroy()
     if in_torchrun():

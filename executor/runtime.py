@@ -199,8 +199,8 @@ class RankRuntime:
             return
         tape = self.tape(mb)
         recompute = self.layout.recompute
-        if phase is Phase.BWD:
-            for ref, grad in tapes.backward(tape, name, layer):
+        if phase in (Phase.BWD, Phase.WGRAD):
+            for ref, grad in tapes.phase_backward(tape, name, phase, layer, self.layout):
                 store = self.experts if ref[1].startswith("experts.") else self.grads
                 assert store is not None
                 store.accumulate(*ref, grad)

@@ -32,8 +32,10 @@ from torch.autograd import Variable
 from executor.kernels import KERNELS, KernelContext, Slot, TorchKernel, slot
 from executor.memory import MemoryMeter
 from traces.kernel_groups import CORE_KERNELS, LAYER_KERNELS
-from traces.layout import Recompute
+from traces.layout import Layout, Recompute
+from traces.ops import Phase
 from traces.purpose import Kernel, Unit
+from traces.zero_bubble import WEIGHT_GEMMS, splits_backward
 
 ParamRef = tuple[Unit, str]
 """(unit, parameter name)."""
@@ -133,6 +135,8 @@ class Tape:
         self.acts: dict[Slot, torch.Tensor] = {}
         self.grads: dict[Slot, torch.Tensor] = {}
         self.saved: dict[tuple[Kernel, int | None], Saved] = {}
+        self.deferred: dict[tuple[Kernel, int | None], _Deferred] = {}
+        """A split backward's B ran, its W has not: the graph and its output gradients."""
         self._held: dict[tuple[str, Slot], int] = {}
         self.loss: torch.Tensor | None = None
 
@@ -183,10 +187,11 @@ class Tape:
             self.release(key)
         for key in list(self.grads):
             self._pop("g", self.grads, key)
-        for state in self.saved.values():
+        for state in [*self.saved.values(), *(d.state for d in self.deferred.values())]:
             for ptr in state.held:
                 self.meter.drop(ptr)
         self.saved.clear()
+        self.deferred.clear()
 
 
 # --- running one kernel ----------------------------------------------------------------------
@@ -279,9 +284,12 @@ def _unpack(t: torch.Tensor | _SlotRef) -> torch.Tensor:
     return t.unpack() if isinstance(t, _SlotRef) else t
 
 
-def backward(tape: Tape, name: Kernel, layer: int | None) -> list[tuple[ParamRef, torch.Tensor]]:
+def backward(tape: Tape, name: Kernel, layer: int | None, *, defer: bool = False
+             ) -> list[tuple[ParamRef, torch.Tensor]]:
     """Run kernel `name`'s backward for this micro-batch: gradients of its outputs from the
-    tape in, gradients of its inputs into the tape; returns its parameters' gradients."""
+    tape in, gradients of its inputs into the tape; returns its parameters' gradients.
+    `defer`: a zero-bubble B (`traces.zero_bubble`): the input gradients only, the graph kept
+    (with what it saved) for `weight_backward`, which returns the parameters' gradients."""
     state = tape.saved.pop((name, layer), None)
     if state is None:
         raise RuntimeError(f"backward of {name} (layer {layer}) without its forward state")
@@ -290,17 +298,67 @@ def backward(tape: Tape, name: Kernel, layer: int | None) -> list[tuple[ParamRef
         if out.requires_grad:
             outs.append(out)
             grads.append(tape.take_grad(key))
+    if defer:
+        tape.deferred[(name, layer)] = _Deferred(state, outs, grads)
+        if state.anchor is not None and outs:
+            Variable._execution_engine.run_backward(  # type: ignore[attr-defined]
+                tuple(outs), tuple(grads), True, False, (state.anchor,), True, False)
+        _put_input_grads(tape, state)
+        return []
     wrt = ([state.anchor] if state.anchor is not None else []) + [p for _, p in state.params]
     result = Variable._execution_engine.run_backward(  # type: ignore[attr-defined]
         tuple(outs), tuple(grads), False, False, tuple(wrt), True, False) if outs else \
         (None,) * len(wrt)  # nothing differentiable out (MoE's aux_loss at coefficient 0)
+    _drop(tape, state)
+    _put_input_grads(tape, state)
+    offset = 1 if state.anchor is not None else 0
+    return [(ref, g) for (ref, _), g in zip(state.params, result[offset:]) if g is not None]
+
+
+@dataclass(slots=True)
+class _Deferred:
+    """A kernel's state between a split backward's B and its W."""
+
+    state: Saved
+    outs: list[torch.Tensor]
+    grads: list[torch.Tensor]
+
+
+def weight_backward(tape: Tape, name: Kernel, layer: int | None
+                    ) -> list[tuple[ParamRef, torch.Tensor]]:
+    """A zero-bubble W: the parameters' gradients of the graph `backward(defer=True)` kept,
+    which it then frees."""
+    deferred = tape.deferred.pop((name, layer), None)
+    if deferred is None:
+        raise RuntimeError(f"weight gradients of {name} (layer {layer}) before its B")
+    state, wrt = deferred.state, tuple(p for _, p in deferred.state.params)
+    result = Variable._execution_engine.run_backward(  # type: ignore[attr-defined]
+        tuple(deferred.outs), tuple(deferred.grads), False, False, wrt, True, False) \
+        if deferred.outs and wrt else (None,) * len(wrt)
+    _drop(tape, state)
+    return [(ref, g) for (ref, _), g in zip(state.params, result) if g is not None]
+
+
+def phase_backward(tape: Tape, name: Kernel, phase: Phase, layer: int | None, layout: Layout
+                   ) -> list[tuple[ParamRef, torch.Tensor]]:
+    """A kernel's backward op (phase bwd or wgrad); split (`traces.zero_bubble`): a weight
+    GEMM's B computes the input gradients and keeps the graph, its W the weight gradients."""
+    split = splits_backward(layout.schedule) and name in WEIGHT_GEMMS
+    if phase is Phase.WGRAD and split:
+        return weight_backward(tape, name, layer)
+    return backward(tape, name, layer, defer=split)
+
+
+def _drop(tape: Tape, state: Saved) -> None:
+    """Free what a kernel's graph saved, and its gathered input (SP)."""
     for ptr in state.held:
         tape.meter.drop(ptr)
     if state.gathered is not None:
         tape.release(state.gathered)
         tape.release(shard_slot(state.gathered))
+
+
+def _put_input_grads(tape: Tape, state: Saved) -> None:
     for key, sink in state.sources:
         if sink:
             tape.put_grad(key, sink[0])
-    offset = 1 if state.anchor is not None else 0
-    return [(ref, g) for (ref, _), g in zip(state.params, result[offset:]) if g is not None]

@@ -37,6 +37,7 @@ from traces.fields import (
 )
 from traces.fsdp import GradSync, check_reshard, checked_grad_sync, default_grad_sync
 from traces.model import ModelSpec
+from traces.schedule_rules import check_schedule, rank_stages, stage_rank
 from traces.split_rules import check_split_keys
 from traces.stage_split import Split
 from traces.units import MAX_SIZE_BYTES
@@ -85,6 +86,8 @@ class Schedule(StrEnum):
     GPIPE = "gpipe"
     ONE_F_ONE_B = "1f1b"
     INTERLEAVED = "interleaved"
+    ZB1P = "zb1p"  # zero-bubble ZB-1P (traces.zero_bubble), vp >= 1 chunks per rank
+    ZBV = "zbv"  # zero-bubble ZB-V: two chunks per rank in a V (traces.zero_bubble)
 
 
 class CpComm(StrEnum):
@@ -214,28 +217,9 @@ class Layout:
             raise ConfigError("parallel.tp_comm_overlap: true at tp = "
                               f"{self.tp} needs sp = true (Megatron-Core overlaps the "
                               "sequence-parallel all-gathers and reduce-scatters)")
-        self._check_schedule()
+        check_schedule(self)
         check_split_keys(self.split(None))
         check_expert_grid(self)
-
-    def _check_schedule(self) -> None:
-        m = self.num_microbatches
-        if self.schedule is Schedule.INTERLEAVED:
-            if self.vp < 2:
-                raise ConfigError(f"parallel.vp: {self.vp}; the interleaved schedule needs "
-                                  "vp >= 2 virtual stages per rank")
-            if self.pp < 2:
-                raise ConfigError(f"parallel.pp: {self.pp}; the interleaved schedule needs "
-                                  "pp >= 2 pipeline ranks")
-            if m < self.pp:
-                raise ConfigError(f"parallel: {m} micro-batches are fewer than pp = {self.pp}; "
-                                  "interleaved 1F1B needs at least one per stage")
-            if m % self.pp:
-                raise ConfigError(f"parallel: {m} micro-batches are not divisible by "
-                                  f"pp = {self.pp}, as Megatron-LM's interleaved schedule needs")
-        elif self.vp != 1:
-            raise ConfigError(f"parallel.vp: {self.vp} > 1 needs schedule = \"interleaved\", "
-                              f"not {str(self.schedule)!r}")
 
     @property
     def world(self) -> int:
@@ -345,8 +329,12 @@ class Layout:
         return sum(counts[s] for s in self.stages_of_rank(pp_rank))
 
     def stages_of_rank(self, pp_rank: int) -> list[int]:
-        """Virtual stages run by pipeline rank `pp_rank`, chunk by chunk."""
-        return [chunk * self.pp + pp_rank for chunk in range(self.vp)]
+        """Virtual stages run by pipeline rank `pp_rank`, chunk by chunk (zbv: in a V)."""
+        return rank_stages(str(self.schedule), self.pp, self.vp, pp_rank)
+
+    def stage_rank(self, stage: int) -> int:
+        """The pipeline rank that runs virtual stage `stage`."""
+        return stage_rank(str(self.schedule), self.pp, stage)
 
     # --- folding: one rank per (cp, pp) coordinate stands for its TP peers and DP replicas ---
 

@@ -35,6 +35,7 @@ class Stream(StrEnum):
     zero_ag / zero_rs        ZeRO-3 (FSDP) per-layer parameter all-gather, gradient reduce-scatter
     cp_send / cp_recv        context parallelism's ring of K/V (and dK/dV) messages
     tp_comm                  with tp_comm_overlap: the chunked TP collectives beside the GEMM chunks
+    *_v                      zbv: the same four for the V's second leg (its own peers and order)
     """
 
     COMPUTE = "compute"
@@ -48,6 +49,10 @@ class Stream(StrEnum):
     CP_SEND = "cp_send"
     CP_RECV = "cp_recv"
     TP_COMM = "tp_comm"
+    RECV_PREV_V = "recv_prev_v"
+    SEND_NEXT_V = "send_next_v"
+    RECV_NEXT_V = "recv_next_v"
+    SEND_PREV_V = "send_prev_v"
 
 
 class Phase(StrEnum):
@@ -56,6 +61,9 @@ class Phase(StrEnum):
     RECOMPUTE = "recompute"
     """A forward pass re-run inside the backward pass (activation recomputation)."""
     OPT = "opt"
+    WGRAD = "wgrad"
+    """The weight gradients of a backward split in two (zero-bubble schedules'
+    W, `traces.zero_bubble`); the rest of that backward stays `bwd`."""
 
 
 @dataclass(slots=True, kw_only=True)

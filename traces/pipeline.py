@@ -8,6 +8,7 @@ tensor-parallel collectives, sends and receives, gradient reduction) into the pl
     gpipe        all forwards, then all backwards (Huang et al., 2019)
     1f1b         pp - rank - 1 warm-up forwards, then one forward one backward (PipeDream-Flush)
     interleaved  Megatron-LM's interleaved 1F1B over vp model chunks per rank
+    zb1p         zero-bubble ZB-1P, the backward split into B and W (`traces.zero_bubble`)
 """
 
 from __future__ import annotations
@@ -18,15 +19,19 @@ from typing import Literal
 
 from traces.errors import ConfigError
 from traces.layout import Layout
+from traces.schedule_rules import rank_stages
+from traces.zero_bubble_order import zb1p_order, zbv_order
 
-_ACTION = re.compile(r"^(\d+)([FB])(\d+)$")
+_ACTION = re.compile(r"^(\d+)([FBW])(\d+)$")
 
 
 @dataclass(frozen=True, slots=True)
 class Action:
     stage: int
     """Virtual stage: chunk * pp + pipeline rank."""
-    kind: Literal["F", "B"]
+    kind: Literal["F", "B", "W"]
+    """F forward; B backward (with a split backward, its input gradients only); W the
+    weight gradients of a split backward (`traces.zero_bubble`)."""
     microbatch: int
 
     def __str__(self) -> str:
@@ -100,9 +105,13 @@ def build_schedule(name: str, pp: int, m: int, vp: int = 1) -> ActionSchedule:
         schedule = one_f_one_b(pp, m)
     elif name == "interleaved":
         schedule = interleaved(pp, vp, m)
+    elif name in ("zb1p", "zbv"):
+        order = zb1p_order(pp, m, vp) if name == "zb1p" else zbv_order(pp, m)
+        schedule = {r: [Action(*step) for step in steps] for r, steps in order.items()}
     else:
-        raise ConfigError(f"parallel.schedule: {name!r} is not gpipe, 1f1b or interleaved")
-    validate(schedule, pp, m, vp)
+        raise ConfigError(f"parallel.schedule: {name!r} is not gpipe, 1f1b, interleaved, zb1p "
+                          "or zbv")
+    validate(schedule, pp, m, vp, v_shape=name == "zbv")
     return schedule
 
 
@@ -120,16 +129,20 @@ def format_schedule(schedule: ActionSchedule, mark: tuple[int, int] | None = Non
     return "\n".join(lines)
 
 
-def validate(schedule: ActionSchedule, pp: int, m: int, vp: int = 1) -> None:
+def validate(schedule: ActionSchedule, pp: int, m: int, vp: int = 1, v_shape: bool = False
+             ) -> None:
     """Every (stage, micro-batch) forward and backward exactly once, on the stage's rank, and
     the whole schedule runs to the end when every pass waits for its inputs (no deadlock)."""
     for r in range(pp):
-        expected = {Action(c * pp + r, k, i) for c in range(vp) for k in KINDS for i in range(m)}
         actions = schedule.get(r, [])
+        kinds: tuple[Literal["F", "B", "W"], ...] = \
+            (*KINDS, "W") if any(a.kind == "W" for a in actions) else KINDS
+        stages = rank_stages("zbv" if v_shape else "", pp, vp, r)  # zbv: a V
+        expected = {Action(s, k, i) for s in stages for k in kinds for i in range(m)}
         if sorted(map(str, actions)) != sorted(map(str, expected)):
             missing = sorted(map(str, expected - set(actions)))[:4]
-            raise ConfigError(f"schedule: rank {r} must run each of its stages' F and B once "
-                              f"per micro-batch (missing e.g. {missing})\n"
+            raise ConfigError(f"schedule: rank {r} must run each of its stages' F and B "
+                              f"(and W) once per micro-batch (missing e.g. {missing})\n"
                               + format_schedule(schedule))
     _check_runs_to_completion(schedule, pp * vp)
 
@@ -146,6 +159,8 @@ def _check_runs_to_completion(schedule: ActionSchedule, num_stages: int) -> None
             a = actions[cursor[r]]
             if a.kind == "F":
                 need = [(a.stage - 1, "F", a.microbatch)] if a.stage > 0 else []
+            elif a.kind == "W":
+                need = [(a.stage, "B", a.microbatch)]
             else:
                 need = [(a.stage, "F", a.microbatch)]
                 if a.stage < num_stages - 1:

@@ -114,7 +114,7 @@ class ComputeModel:
         return seconds
 
     def kernel_time(self, name: str, flops: float, mem_bytes: float, gemm: tuple[int, ...] = (),
-                    *, backward: bool = False, fp8: bool = False, units: int | None = None,
+                    *, backward: bool | str = False, fp8: bool = False, units: int | None = None,
                     hbm_fraction: float = 1.0, draws: float = 0.0) -> float:
         """Seconds of one op of kernel `name` (see the module docstring); `fp8`: a GEMM on FP8
         operands, against the FP8 roof (at the same efficiency); `units` and `hbm_fraction`:
@@ -124,7 +124,9 @@ class ComputeModel:
         peak = self.peak(fp8)
         if gemm:
             batch, m, n, k = gemm
-            shapes = [(batch, m, k, n), (batch, k, n, m)] if backward else [(batch, m, n, k)]
+            shapes = [(batch, m, k, n), (batch, k, n, m)] if backward is True else \
+                [(batch, m, k, n)] if backward == "dgrad" else \
+                [(batch, k, n, m)] if backward == "wgrad" else [(batch, m, n, k)]
             efficiency = override.flops_efficiency or params.gemm_efficiency
             compute = sum(self.gemm_time(shape, efficiency, peak, units) for shape in shapes)
             launches = len(shapes)
@@ -143,7 +145,8 @@ class ComputeModel:
             compute = _roofline(compute, integer, params.roofline_exponent)
         both = _roofline(compute, memory, params.roofline_exponent)
         overhead = params.launch_overhead_s if override.overhead_s is None else override.overhead_s
-        launches = self.launches.get((name, backward), launches)
+        launches = self.launches.get((name, backward is True), launches) \
+            if isinstance(backward, bool) else launches
         return both + launches * overhead
 
     def peak(self, fp8: bool = False) -> float:
@@ -169,14 +172,18 @@ class ComputeModel:
         return best
 
 
-def _kernel_key(op: Op) -> tuple[str, bool, float, float, tuple[int, ...], bool, float]:
+def _kernel_key(op: Op) -> tuple[str, bool | str, float, float, tuple[int, ...], bool, float]:
     """What an op's duration depends on: its kernel (its purpose's, else its name), whether
     it is a backward (a GEMM chunk of tp_comm_overlap is one product whatever its phase), its
     FLOPs, bytes and GEMM shape, whether it runs in FP8, and its random draws."""
     purpose = op.purpose
     kernel = purpose.kernel if isinstance(purpose, (KernelRun, GemmChunk)) else \
         op.name if purpose is None else ""
-    backward = op.phase is Phase.BWD and not isinstance(purpose, GemmChunk)
+    backward: bool | str = op.phase is Phase.BWD and not isinstance(purpose, GemmChunk)
+    if op.gemm and op.phase is Phase.WGRAD:
+        backward = "wgrad"  # a split backward's dB alone (`traces.zero_bubble`)
+    elif backward and op.gemm and op.flops < 1.5 * 2.0 * math.prod(op.gemm):
+        backward = "dgrad"  # its dA alone: one product's FLOPs where a backward has two
     return (kernel, backward, op.flops, op.mem_bytes, op.gemm, op.dtype == "fp8", op.draws)
 
 

@@ -34,6 +34,7 @@ from traces.fsdp import GradSync
 from traces.layout import Layout, Recompute
 from traces.model import ModelSpec
 from traces.pipeline import Action, ActionSchedule, layout_schedule
+from traces.zero_bubble import frees_at
 
 OPTIMIZER_STATE_BYTES = 12
 """fp32 master weights, momentum and variance: 4 + 4 + 4 (ZeRO's K)."""
@@ -157,14 +158,18 @@ def activation_bytes_per_layer(model: ModelSpec, layout: Layout) -> float:
 
 def peak_in_flight(actions: list[Action]) -> int:
     """Max number of (stage, micro-batch) whose forward is done and backward not yet, along the
-    list: how many micro-batches' activations a rank holds at once."""
+    list: how many micro-batches' activations a rank holds at once (with a split backward,
+    until its W: `traces.zero_bubble.frees_at`)."""
     in_flight: set[tuple[int, int]] = set()
     peak = 0
+    frees = frees_at(actions)
     for action in actions:
         key = (action.stage, action.microbatch)
         if action.kind == "F":
             in_flight.add(key)
             peak = max(peak, len(in_flight))
+        elif action.kind != frees:
+            continue
         elif key in in_flight:
             in_flight.remove(key)
         else:
@@ -279,11 +284,14 @@ def _held(actions: Sequence[Action], chunks: dict[int, float]) -> list[float]:
     each its chunk's bytes."""
     in_flight: set[tuple[int, int]] = set()
     held, out = 0.0, []
+    frees = frees_at(actions)
     for action in actions:
         key = (action.stage, action.microbatch)
         if action.kind == "F":
             in_flight.add(key)
             held += chunks[action.stage]
+        elif action.kind != frees:
+            pass
         elif key in in_flight:
             in_flight.remove(key)
             held -= chunks[action.stage]
@@ -334,10 +342,12 @@ def memory_timeline(model: ModelSpec, layout: Layout, pp_rank: int,
     per_pass = _per_pass(model, layout, pp_rank)
     in_flight: set[tuple[int, int]] = set()
     points = [(0.0, states)]
+    frees = frees_at([action for action, _, _ in timed])
     for action, start, end in timed:
         key = (action.stage, action.microbatch)
-        if action.kind == "F":
-            in_flight.add(key)
+        if action.kind == "F" or action.kind != frees:  # a pass that frees nothing
+            if action.kind == "F":
+                in_flight.add(key)
             points += [(start, states + len(in_flight) * per_pass + work),
                        (end, states + len(in_flight) * per_pass)]
         elif key in in_flight:

@@ -31,7 +31,8 @@ from sim.report.words import Words
 LAYERS = {"idle": ("idle (bubble)", "#BDBDBD"),
           "comm": ("communication outside passes", "#E45756"),
           "F": ("forward", "#4C78A8"), "B": ("backward (recompute included)", "#F58518"),
-          "O": ("optimizer step", "#54A24B")}
+          "O": ("optimizer step", "#54A24B"),
+          "W": ("weight gradients (zero-bubble W)", "#B279A2")}
 """Layer -> (legend label, colour); bottom to top."""
 ROW_PX = 30
 TICK_CHAR_PX, TICK_PAD_PX = 7, 14
@@ -82,7 +83,7 @@ def pipeline_view(times: StepTimes, cols: dict[int, RankOps], stages: dict[int, 
                 s, e = _minus((np.array([p.start for p in mine]),
                                np.array([p.end for p in mine])), idle[pp])
             spec.add(index, _ns(s), _ns(e))
-    for kind in ("F", "B", "O"):
+    for kind in ("F", "B", "O", "W"):
         placed = [(row, p) for row, pp in enumerate(stages) for p in passes[pp]
                   if p.kind == kind]
         if placed:

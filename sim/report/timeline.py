@@ -90,7 +90,7 @@ class RankOps:
     flops: np.ndarray
 
 
-PHASES = (Phase.FWD, Phase.BWD, Phase.RECOMPUTE, Phase.OPT)
+PHASES = (Phase.FWD, Phase.BWD, Phase.RECOMPUTE, Phase.OPT, Phase.WGRAD)
 
 
 def rank_ops(times: StepTimes, rank: int) -> RankOps:
@@ -136,8 +136,9 @@ def pipeline_passes(times: StepTimes, rank: int, cols: RankOps | None = None) ->
     if not len(idx):
         return []
     mb, phase, layer = c.microbatch[idx], c.phase[idx], c.layer[idx]
-    # kind: 0 forward, 1 backward (recompute included), 2 the optimizer step and the rest
-    kind = np.select([phase == 0, (phase == 1) | (phase == 2)], [0, 1], 2)
+    # kind: 0 forward, 1 backward (recompute included), 2 the optimizer step and the rest,
+    # 3 a split backward's weight gradients (zero-bubble W)
+    kind = np.select([phase == 0, (phase == 1) | (phase == 2), phase == 4], [0, 1, 3], 2)
     kind[mb < 0] = 2
     mb = np.where(kind == 2, -1, mb)
     stage = (np.where(layer >= 0, of_layer[np.clip(layer, 0, len(of_layer) - 1)], -1)
@@ -162,7 +163,7 @@ def pipeline_passes(times: StepTimes, rank: int, cols: RankOps | None = None) ->
     last = layout.num_stages - 1 if layout is not None else 0
     passes = []
     for j, i in enumerate(first):
-        k = ("F", "B", "O")[kind[i]]
+        k = ("F", "B", "O", "W")[kind[i]]
         st: int | None = int(pass_stage[j]) if pass_stage[j] >= 0 else None
         if st is None and stages is not None and k != "O":
             st = _layerless_stage(stages, k, last)

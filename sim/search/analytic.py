@@ -49,11 +49,19 @@ from traces.layout import Axis, Layout, Schedule
 from traces.model import ModelSpec
 from traces.moe_spec import is_moe_layer
 from traces.ops import Op, OpKind, Phase
-from traces.pipeline import Action, ActionSchedule, gpipe, interleaved, one_f_one_b
+from traces.pipeline import (
+    Action,
+    ActionSchedule,
+    build_schedule,
+    gpipe,
+    interleaved,
+    one_f_one_b,
+)
 from traces.plan.optimizer import grad_stats_group
 from traces.plan.overlap import in_region, region_seconds
 from traces.purpose import Kernel, KernelRun
 from traces.stack import launch_counts
+from traces.zero_bubble import zb1p
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -351,6 +359,8 @@ _GENERATORS: dict[Schedule, Callable[[int, int, int], ActionSchedule]] = {
     Schedule.GPIPE: lambda pp, m, vp: gpipe(pp, m),
     Schedule.ONE_F_ONE_B: lambda pp, m, vp: one_f_one_b(pp, m),
     Schedule.INTERLEAVED: lambda pp, m, vp: interleaved(pp, vp, m),
+    Schedule.ZB1P: lambda pp, m, vp: zb1p(pp, m, vp),
+    Schedule.ZBV: lambda pp, m, vp: build_schedule("zbv", pp, m, vp),
 }
 
 

@@ -28,6 +28,7 @@ from traces.pipeline import Action
 from traces.plan.nodes import Node, Program, RankContext
 from traces.purpose import EMBED, HEAD, Kernel, KernelRun, Unit
 from traces.stack import restack
+from traces.zero_bubble import split_backward, splits_backward
 
 
 def lower_compute(ctx: RankContext, actions: list[Action]) -> Program:
@@ -46,7 +47,7 @@ def count_compute(ctx: RankContext) -> int:
     micro-batch (`traces.pipeline` validates it), in whatever order."""
     kernels = _StageKernels(ctx)
     once = sum(kernels.count(Action(stage, kind, 0))
-               for stage in ctx.layout.stages_of_rank(ctx.pp_rank) for kind in ("F", "B"))
+               for stage in ctx.layout.stages_of_rank(ctx.pp_rank) for kind in ("F", "B", "W"))
     return ctx.layout.num_microbatches * once
 
 
@@ -66,7 +67,8 @@ class _StageKernels:
         embed = embedding_kernels(model, b, t, sp, g)
         head = restack(model, head_kernels(model, b, t, sp, g), b, t, sp)
         # One kernel list per distinct kind of layer: dense, MoE (per layer with skewed routing).
-        self.runs: dict[object, tuple[list[OpRow], list[OpRow]]] = {}
+        self.runs: dict[object, tuple[list[OpRow], list[OpRow], list[OpRow]]] = {}
+        split = splits_backward(layout.schedule)
         self.keys: dict[int, object] = {}
         shard = ExpertShard(ep=layout.ep, etp=layout.etp, ep_rank=ep_coord(layout, ctx.rank))
         for stage in layout.stages_of_rank(ctx.pp_rank):
@@ -77,15 +79,17 @@ class _StageKernels:
                 if key not in self.runs:
                     layer = restack(model, moe_layer_kernels(model, b, t, sp, index, shard, g),
                                     b, t, sp)
-                    self.runs[key] = (_fields(_run(layer, Phase.FWD)), _fields(_layer_backward(
-                        layer, layout.recompute, ATTENTION_CORE[model.attention], model)))
+                    self.runs[key] = (_fields(_run(layer, Phase.FWD)), *_split(_layer_backward(
+                        layer, layout.recompute, ATTENTION_CORE[model.attention], model), split))
         self.embed_forward = _fields(_run(embed, Phase.FWD))
-        self.embed_backward = _fields(_run(embed[::-1], Phase.BWD))
+        self.embed_backward, self.embed_wgrad = _split(_run(embed[::-1], Phase.BWD), split)
         depth = mtp_kernels(model, b, t, sp, g) if model.mtp_layers else []
         self.mtp_forward = self.embed_forward + _fields(_run(depth, Phase.FWD))
-        self.mtp_backward = _fields(_run(depth[::-1], Phase.BWD)) + self.embed_backward
+        depth_backward, depth_wgrad = _split(_run(depth[::-1], Phase.BWD), split)
+        self.mtp_backward = depth_backward + self.embed_backward
+        self.mtp_wgrad = depth_wgrad + self.embed_wgrad
         self.head_forward = _fields(_run(head, Phase.FWD))
-        self.head_backward = _fields(_run(head[::-1], Phase.BWD))
+        self.head_backward, self.head_wgrad = _split(_run(head[::-1], Phase.BWD), split)
         # The layer units of each virtual stage, made once (a plan has ~10^6 actions' worth);
         # the MTP depths (`traces.mtp`, layers L.. of the last stage) apart.
         self.layers = {stage: _by_kind(_main(layout.layers_of_stage(model, stage), model.layers),
@@ -104,10 +108,13 @@ class _StageKernels:
                     *((self.runs[key][0], units) for key, units in runs),
                     *(self._mtp_forward() if last else []),
                     *([(self.head_forward, (HEAD,))] if last else [])]
-        return [*([(self.head_backward, (HEAD,))] if last else []),
-                *(self._mtp_backward() if last else []),
-                *((self.runs[key][1], units[::-1]) for key, units in runs[::-1]),
-                *([(self.embed_backward, (EMBED,))] if first else [])]
+        w = action.kind == "W"  # a split backward's weight gradients (`traces.zero_bubble`)
+        head, embed = (self.head_wgrad, self.embed_wgrad) if w else \
+            (self.head_backward, self.embed_backward)
+        return [*([(head, (HEAD,))] if last else []),
+                *(self._mtp_backward(w) if last else []),
+                *((self.runs[key][2 if w else 1], units[::-1]) for key, units in runs[::-1]),
+                *([(embed, (EMBED,))] if first else [])]
 
     def _mtp_forward(self) -> list[Segment]:
         """Each MTP depth: the lookup of the shifted tokens in the embedding copy, its norms,
@@ -121,13 +128,16 @@ class _StageKernels:
                 out += [(self.mtp_forward, (unit,)), (self.runs[key][0], (unit,))]
         return [*out, *([(self.head_forward, (HEAD,) * len(out[::2]))] if out else [])]
 
-    def _mtp_backward(self) -> list[Segment]:
-        """`_mtp_forward` in reverse, each kernel with its backward."""
+    def _mtp_backward(self, w: bool = False) -> list[Segment]:
+        """`_mtp_forward` in reverse, each kernel with its backward (`w`: its weight
+        gradients of a split backward)."""
         out: list[Segment] = []
+        depth, head = (self.mtp_wgrad, self.head_wgrad) if w else \
+            (self.mtp_backward, self.head_backward)
         for key, units in self.mtp[::-1]:
             for unit in units[::-1]:
-                out += [(self.runs[key][1], (unit,)), (self.mtp_backward, (unit,))]
-        return [*([(self.head_backward, (HEAD,) * len(out[::2]))] if out else []), *out]
+                out += [(self.runs[key][2 if w else 1], (unit,)), (depth, (unit,))]
+        return [*([(head, (HEAD,) * len(out[::2]))] if out else []), *out]
 
     def count(self, action: Action) -> int:
         """The number of ops `nodes(action)` builds."""
@@ -192,11 +202,21 @@ def _nodes(run: list[OpRow], unit: Unit, layer: int | None, mb: int) -> list[Nod
     return [Node(stamp(row, layer, mb), unit) for row in run]
 
 
+def _split(run: Run, split: bool) -> tuple[list[OpRow], list[OpRow]]:
+    """A backward run's rows, whole (and no W), or split into B's and W's
+    (`traces.zero_bubble.split_backward`)."""
+    if not split:
+        return _fields(run), []
+    b, w = split_backward(run)
+    return _fields(b), _fields(w)
+
+
 def _fields(run: Run) -> list[OpRow]:
+    back = (Phase.BWD, Phase.WGRAD)
     return [op_row(kind=OpKind.COMPUTE, stream=Stream.COMPUTE, name=str(k.name),
                    purpose=KernelRun(k.name), phase=phase,
-                   flops=k.bwd_flops if phase is Phase.BWD else k.flops,
-                   mem_bytes=k.bwd_bytes if phase is Phase.BWD else k.mem_bytes,
-                   draws=k.bwd_draws if phase is Phase.BWD else k.draws,
+                   flops=k.bwd_flops if phase in back else k.flops,
+                   mem_bytes=k.bwd_bytes if phase in back else k.mem_bytes,
+                   draws=k.bwd_draws if phase in back else k.draws,
                    gemm=k.gemm or (), **({"dtype": "fp8"} if k.fp8 else {}))
             for k, phase in run]

@@ -65,6 +65,7 @@ from traces.purpose import (
     UnitGather,
     UnitGradReduce,
 )
+from traces.zero_bubble import splits_backward
 
 ZERO3_PREFETCH = 1  # layers gathered ahead of the one computing (FSDP's forward prefetch)
 
@@ -139,6 +140,8 @@ class _DataWalk:
         self.closes = {bucket[-1] for bucket in gradient_buckets(ctx)}
         self.every_microbatch = self.zero >= 2 and ctx.layout.sync is GradSync.MICROBATCH
         """Buckets reduced in every micro-batch (ZeRO 2 by default; ZeRO 3 is per unit)."""
+        self.grads_kind = "W" if splits_backward(ctx.layout.schedule) else "B"
+        """The action after which a unit's gradients are complete (a split backward's W)."""
         self.gathered: set[Unit] = set()
         """ZeRO-3 units gathered now (`traces.fsdp.frees_after` frees them)."""
 
@@ -146,7 +149,8 @@ class _DataWalk:
         zero, mb = self.zero, action.microbatch
         phase = Phase.FWD if action.kind == "F" else Phase.BWD
         final = mb == self.ctx.last_microbatch
-        reduce_grads = action.kind == "B" and zero != 3 and (final or self.every_microbatch)
+        reduce_grads = action.kind == self.grads_kind and zero != 3 and \
+            (final or self.every_microbatch)
         gathers = zero == 3 and self.ctx.layout.data_degree > 1
         if not (gathers or reduce_grads):
             return group  # gradients accumulate locally in this micro-batch
@@ -166,7 +170,7 @@ class _DataWalk:
             if unit is not None and node in lasts:
                 if frees_after(self.ctx.layout, action.kind == "F", mb):
                     self.gathered.discard(unit)
-                if action.kind == "B":
+                if action.kind == self.grads_kind:
                     out += self._grads_ready(unit, mb, node)
         if reduce_grads:
             out += self._end_of_backward(mb, on_compute[-1])

@@ -50,6 +50,7 @@ from traces.purpose import (
     MoeStep,
     Purpose,
 )
+from traces.zero_bubble import splits_backward
 
 K = Kernel
 _A2A, _AG, _RS = OpKind.ALL_TO_ALL, OpKind.ALL_GATHER, OpKind.REDUCE_SCATTER
@@ -111,6 +112,7 @@ def add_expert_parallel(ctx: RankContext, program: Program) -> Program:
             op, purpose = node.op, node.op.purpose
             found = _SITES.get((purpose.kernel, op.phase is Phase.BWD)) \
                 if isinstance(purpose, KernelRun) and op.layer is not None \
+                and op.phase is not Phase.WGRAD \
                 and is_moe_layer(model, op.layer) else None
             if found is None or op.layer is None:
                 step.append(node)
@@ -136,7 +138,8 @@ def add_expert_grads(ctx: RankContext, actions: list[Action], program: Program) 
     kind = OpKind.ALL_REDUCE if layout.zero == 0 else OpKind.REDUCE_SCATTER
     out: Program = []
     for action, nodes in zip(actions, program, strict=False):
-        if action.kind != "B" or action.microbatch != ctx.last_microbatch:
+        if action.kind != ("W" if splits_backward(layout.schedule) else "B") \
+                or action.microbatch != ctx.last_microbatch:
             out.append(nodes)
             continue
         last = {node.op.layer: i for i, node in enumerate(nodes)

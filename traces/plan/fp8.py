@@ -53,7 +53,7 @@ def add_fp8(ctx: RankContext, actions: list[Action], program: Program) -> Progra
         last = next((n for n in reversed(nodes) if n.op.kind is OpKind.COMPUTE), None)
         size = amax_bytes(model, layers, backward=last is not None and
                           last.op.phase is Phase.BWD, ep=layout.ep)
-        if last is None or not size or len(group) == 1:
+        if last is None or not size or len(group) == 1 or last.op.phase is Phase.WGRAD:
             out.append(nodes)
             continue
         at = nodes.index(last) + 1

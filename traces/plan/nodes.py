@@ -109,7 +109,7 @@ class RankContext:
     def peer(self, stage: int) -> int:
         """The rank that runs virtual stage `stage` in this rank's pipeline."""
         coords = self.layout.coords(self.rank)
-        return self.layout.rank_of(coords.moved(Axis.PP, stage % self.layout.pp))
+        return self.layout.rank_of(coords.moved(Axis.PP, self.layout.stage_rank(stage)))
 
     def unit_params(self, unit: Unit) -> float:
         """Parameters of one unit held by this rank (per TP rank, before ZeRO sharding), but an

@@ -65,7 +65,8 @@ def add_optimizer(ctx: RankContext, program: Program,
     actions, nodes = program[:-1], list(chain.from_iterable(program))
     out: list[Node] = []
     # tied, or MTP's copy (finalize_model_grads all-reduces both over the embedding group)
-    if layout.pp > 1 and (model.tied_embeddings or model.mtp_layers) and _owns_embeddings(ctx):
+    apart = layout.stage_rank(0) != layout.stage_rank(layout.num_stages - 1)  # not zbv's V
+    if apart and (model.tied_embeddings or model.mtp_layers) and _owns_embeddings(ctx):
         size = model.vocab * model.hidden / layout.tp * ctx.grad_bytes
         op = Op(kind=OpKind.ALL_REDUCE, stream=Stream.DP, name="embedding_grads",
                 purpose=EmbeddingGrads(), group=layout.embedding_group(ctx.rank),

@@ -12,7 +12,9 @@ schedules.py, forward_backward_pipelining_with_interleaving): a forward's send g
 together with the next forward's receive and is waited for only before that next forward
 (`fwd_wait_handles`), a backward's before the next backward, so in the steady state each
 message moves beside the other direction's chunk. Here a send then blocks only the next
-action of its kind (and the optimizer step).
+action of its kind (and the optimizer step). The zero-bubble schedules run as PyTorch's
+_PipelineScheduleRuntime runs them: sends are isends that no later action waits for (blocking
+sends deadlock zbv's V, whose ranks send to each other both ways).
 
 Each send and receive carries `layer`: the layer of its own stage whose input or output it
 carries (an activation sent on: the output of the stage's last layer; received: the input of
@@ -38,11 +40,16 @@ from traces.ops import Op, OpKind, Phase, Stream
 from traces.pipeline import Action
 from traces.plan.nodes import Node, Program, RankContext, first_compute, last_compute
 from traces.purpose import MessageGather, PipeMessage, Tag
+from traces.zero_bubble import splits_backward
 
 # (receive stream, tag, stage offset of the peer) and the same for sends, per action kind.
 _RECV = {"F": (Stream.RECV_PREV, Tag.ACT, -1), "B": (Stream.RECV_NEXT, Tag.GRAD, +1)}
 _SEND = {"F": (Stream.SEND_NEXT, Tag.ACT, +1), "B": (Stream.SEND_PREV, Tag.GRAD, -1)}
 _PHASE = {"F": Phase.FWD, "B": Phase.BWD}
+_LEG2 = {Stream.RECV_PREV: Stream.RECV_PREV_V, Stream.RECV_NEXT: Stream.RECV_NEXT_V,
+         Stream.SEND_NEXT: Stream.SEND_NEXT_V, Stream.SEND_PREV: Stream.SEND_PREV_V}
+"""zbv's second leg (stages pp..2pp-1) talks to other peers in another order: its messages
+queue on streams of their own, each stream one peer and one tag, in micro-batch order."""
 
 
 def add_pipeline_p2p(ctx: RankContext, actions: list[Action], program: Program) -> Program:
@@ -59,18 +66,27 @@ def add_pipeline_p2p(ctx: RankContext, actions: list[Action], program: Program) 
     ends: dict[int, tuple[int, int]] = {}  # stage -> its first and last layer (last + 1 =
     # first where it has none)
     peers: dict[int, int] = {}  # stage -> the rank that runs it
+    # zero-bubble schedules as PyTorch's _PipelineScheduleRuntime runs them: sends are
+    # batched isends, waited for only at the end of the step (`traces.zero_bubble`)
+    detached = splits_backward(layout.schedule)
+    leg2 = layout.schedule is Schedule.ZBV
     for action, nodes in zip(actions, program):
         kind, stage, mb = action.kind, action.stage, action.microbatch
+        if kind == "W":  # weight gradients: nothing to send or receive
+            out.append(nodes)
+            continue
         if stage not in ends:
             layers = layout.layers_of_stage(ctx.model, stage)
             ends[stage] = layers.start, layers.stop - 1
         first, last = ends[stage]
         own = first <= last  # the stage holds layers: its messages name one of them
-        before = pending[kind] if overlap else pending["F"] or pending["B"]
+        before = None if detached else pending[kind] if overlap else \
+            pending["F"] or pending["B"]
         entry = [] if before is None else [before]
         step: list[Node] = []
         stream, tag, offset = _RECV[kind]
-        if 0 <= stage + offset <= ctx.last_stage:
+        stream = _LEG2[stream] if leg2 and stage >= layout.pp else stream
+        if _remote(ctx, peers, stage + offset):
             # an activation in is the first layer's input; a gradient in, of the last's output
             boundary = first if kind == "F" else last + 1
             recv = _p2p(OpKind.RECV, stream, _peer(ctx, peers, stage + offset), size, tag, mb,
@@ -92,7 +108,8 @@ def add_pipeline_p2p(ctx: RankContext, actions: list[Action], program: Program) 
             pending = {"F": None, "B": None}
         pending[kind] = None
         stream, tag, offset = _SEND[kind]
-        if 0 <= stage + offset <= ctx.last_stage:
+        stream = _LEG2[stream] if leg2 and stage >= layout.pp else stream
+        if _remote(ctx, peers, stage + offset):
             # an activation out is the next layer's input; a gradient back, the first's
             send = pending[kind] = _p2p(
                 OpKind.SEND, stream, _peer(ctx, peers, stage + offset), size, tag, mb,
@@ -105,6 +122,12 @@ def add_pipeline_p2p(ctx: RankContext, actions: list[Action], program: Program) 
             step.append(send)
         out.append(step)
     return [*out, *program[len(actions):]]
+
+
+def _remote(ctx: RankContext, peers: dict[int, int], stage: int) -> bool:
+    """Whether virtual stage `stage` exists and runs on another rank (zbv's V turns on the
+    last rank: its two stages meet there, and the tensor stays on the GPU)."""
+    return 0 <= stage <= ctx.last_stage and _peer(ctx, peers, stage) != ctx.rank
 
 
 def _peer(ctx: RankContext, peers: dict[int, int], stage: int) -> int:

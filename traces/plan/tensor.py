@@ -46,6 +46,7 @@ from traces.ops import OpKind, OpRow, Phase, Stream, op_row, stamp_phase
 from traces.plan.nodes import Node, Program, RankContext
 from traces.plan.overlap import OVERLAPPED, Template, overlap_region, overlap_template
 from traces.purpose import CrossEntropyStat, Kernel, KernelRun, Purpose, Stat, TpSite
+from traces.zero_bubble import WEIGHT_ONLY
 
 K = Kernel
 _AR, _AG, _RS = OpKind.ALL_REDUCE, OpKind.ALL_GATHER, OpKind.REDUCE_SCATTER
@@ -245,7 +246,8 @@ def _placements(sp: bool, mla_q_proj: bool | None = None
         return "tp_latent" if site.slot == "latn" else "tp"
 
     for (kernel, backward), (before, after) in sites.items():
-        phases = (Phase.BWD,) if backward else (Phase.FWD, Phase.RECOMPUTE)
+        phases = (Phase.BWD, *((Phase.WGRAD,) if kernel in WEIGHT_ONLY else ())) if backward \
+            else (Phase.FWD, Phase.RECOMPUTE)  # a weight-only backward may run in a W
         for phase in phases:
             out[(kernel, phase)] = (tuple((site.kind, label(site), site) for site in before),
                                     tuple((site.kind, label(site), site) for site in after))

@@ -142,7 +142,8 @@ def test_ops_sharing_a_purpose_are_costed_by_their_own_fields():
               flops=2 * 4096 * 8192 * 2048, mem_bytes=1e8, gemm=(1, 4096, 8192, 2048))
     change = dataclasses.replace
     variants = [base, change(base, flops=base.flops / 2), change(base, mem_bytes=4e9),
-                change(base, phase=Phase.BWD), change(base, gemm=(1, 4096, 8192, 1024)),
+                change(base, phase=Phase.BWD, flops=2 * base.flops),  # a backward: dA and dB
+                change(base, gemm=(1, 4096, 8192, 1024)),
                 change(base, dtype="fp32"), change(base, start=0.0, end=2.5),
                 change(base, purpose=None), change(base, purpose=None, name="other"), base]
     shared = ComputeModel(A100_80GB, default_profile(A100_80GB))
@@ -151,3 +152,11 @@ def test_ops_sharing_a_purpose_are_costed_by_their_own_fields():
         assert shared.duration(op) == fresh.duration(op)
     assert shared.duration(variants[3]) > 1.9 * shared.duration(base)  # two GEMMs backward
     assert shared.duration(variants[6]) == 2.5  # a measured op keeps its time
+    # a zero-bubble split (`traces.zero_bubble`): B's dA alone (one product's FLOPs in phase
+    # bwd) and W's dB alone (phase wgrad) are one GEMM each, of shapes (m, k, n) and (k, n, m)
+    dgrad = change(base, phase=Phase.BWD, mem_bytes=0.0)
+    wgrad = change(base, phase=Phase.WGRAD, mem_bytes=0.0)
+    model = ComputeModel(A100_80GB, default_profile(A100_80GB))
+    both = model.duration(change(variants[3], mem_bytes=0.0))  # two launches, as the pair
+    assert model.duration(dgrad) + model.duration(wgrad) == pytest.approx(both, rel=1e-12)
+    assert model.duration(dgrad) < 0.6 * both

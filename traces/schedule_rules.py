@@ -1,0 +1,106 @@
+"""The rules a layout must meet for its pipeline schedule, and where the schedule puts each
+virtual stage: stage k on pipeline rank k % pp as its chunk k // pp, but under zbv (two chunks
+in a V, PyTorch's generate_stage_to_rank_mapping style "v") rank r runs stages r and
+2 pp - 1 - r. Apart from `traces.layout` so that it stays within its size; it reads a layout
+through `_Parallel` (no import of it)."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from traces.errors import ConfigError
+
+
+class _Parallel(Protocol):
+    @property
+    def num_microbatches(self) -> int: ...
+    @property
+    def schedule(self) -> str: ...
+    @property
+    def pp(self) -> int: ...
+    @property
+    def vp(self) -> int: ...
+    @property
+    def zero(self) -> int: ...
+    @property
+    def dp(self) -> int: ...
+    @property
+    def cp(self) -> int: ...
+    @property
+    def tp_comm_overlap(self) -> bool: ...
+    @property
+    def pp_first_layers(self) -> int: ...
+    @property
+    def pp_last_layers(self) -> int: ...
+    @property
+    def account_for_embedding(self) -> bool: ...
+    @property
+    def account_for_loss(self) -> bool: ...
+    @property
+    def pipeline_layout(self) -> str: ...
+
+
+def rank_stages(schedule: str, pp: int, vp: int, pp_rank: int) -> list[int]:
+    """Virtual stages of pipeline rank `pp_rank`, chunk by chunk."""
+    if schedule == "zbv":
+        return [pp_rank, 2 * pp - 1 - pp_rank]
+    return [chunk * pp + pp_rank for chunk in range(vp)]
+
+
+def stage_rank(schedule: str, pp: int, stage: int) -> int:
+    """The pipeline rank that runs virtual stage `stage`."""
+    if schedule == "zbv" and stage >= pp:
+        return 2 * pp - 1 - stage
+    return stage % pp
+
+
+def check_schedule(layout: _Parallel) -> None:
+    """The schedule's own rules (`vp`, micro-batch counts), one line each."""
+    m, schedule = layout.num_microbatches, str(layout.schedule)
+    if schedule == "interleaved":
+        if layout.vp < 2:
+            raise ConfigError(f"parallel.vp: {layout.vp}; the interleaved schedule needs "
+                              "vp >= 2 virtual stages per rank")
+        if layout.pp < 2:
+            raise ConfigError(f"parallel.pp: {layout.pp}; the interleaved schedule needs "
+                              "pp >= 2 pipeline ranks")
+        if m < layout.pp:
+            raise ConfigError(f"parallel: {m} micro-batches are fewer than pp = {layout.pp}; "
+                              "interleaved 1F1B needs at least one per stage")
+        if m % layout.pp:
+            raise ConfigError(f"parallel: {m} micro-batches are not divisible by "
+                              f"pp = {layout.pp}, as Megatron-LM's interleaved schedule needs")
+    elif schedule in ("zb1p", "zbv"):
+        check_zero_bubble(layout)
+    elif layout.vp != 1:
+        raise ConfigError(f"parallel.vp: {layout.vp} > 1 needs schedule = \"interleaved\", "
+                          f"not {schedule!r}")
+
+
+def check_zero_bubble(layout: _Parallel) -> None:
+    """zb1p: the micro-batch count PyTorch's ScheduleInterleavedZeroBubble accepts (a multiple
+    of max(1, m // pp) rounds); zbv: exactly two chunks per rank (ScheduleZBVZeroBubble) and
+    an even split (the uneven ones place layers by rank, not by V); both: no ZeRO-3 (it frees
+    a unit's parameters after its backward, which the deferred W still needs), no
+    tp_comm_overlap (its chunked GEMMs run both gradients as one)."""
+    m, pp, schedule = layout.num_microbatches, layout.pp, str(layout.schedule)
+    rounds = max(1, m // pp)
+    if schedule == "zb1p" and m % rounds:
+        raise ConfigError(f"parallel: {m} micro-batches are not a multiple of max(1, m // pp) "
+                          f"= {rounds} rounds, as zb1p (PyTorch's ScheduleInterleavedZeroBubble) "
+                          "needs")
+    if schedule == "zbv" and layout.vp != 2:
+        raise ConfigError(f"parallel.vp: {layout.vp}; zbv (PyTorch's ScheduleZBVZeroBubble) "
+                          "needs exactly vp = 2 chunks per rank")
+    if schedule == "zbv" and (layout.pp_first_layers or layout.pp_last_layers
+                              or layout.account_for_embedding or layout.account_for_loss
+                              or layout.pipeline_layout):
+        raise ConfigError("parallel.schedule: \"zbv\" places its stages in a V; it needs an "
+                          "even split (no pp_first_layers, pp_last_layers, account_for_* or "
+                          "pipeline_layout)")
+    if layout.zero == 3 and layout.dp * layout.cp > 1:
+        raise ConfigError(f"parallel.zero: 3 with schedule = \"{schedule}\"; ZeRO-3 frees a "
+                          "unit's parameters after its backward, and the deferred W needs them")
+    if layout.tp_comm_overlap:
+        raise ConfigError(f"parallel.tp_comm_overlap: true with schedule = \"{schedule}\"; the "
+                          "overlapped GEMM chunks run both gradients as one")
