@@ -35,6 +35,7 @@ class Stream(StrEnum):
     zero_ag / zero_rs        ZeRO-3 (FSDP) per-layer parameter all-gather, gradient reduce-scatter
     cp_send / cp_recv        context parallelism's ring of K/V (and dK/dV) messages
     tp_comm                  with tp_comm_overlap: the chunked TP collectives beside the GEMM chunks
+    ep_comm                  with overlap_moe_comm: MoE's dispatch and combine all-to-alls
     """
 
     COMPUTE = "compute"
@@ -48,6 +49,7 @@ class Stream(StrEnum):
     CP_SEND = "cp_send"
     CP_RECV = "cp_recv"
     TP_COMM = "tp_comm"
+    EP_COMM = "ep_comm"
 
 
 class Phase(StrEnum):

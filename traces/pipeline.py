@@ -62,8 +62,9 @@ def one_f_one_b(pp: int, m: int) -> ActionSchedule:
     return schedule
 
 
-def interleaved(pp: int, vp: int, m: int) -> ActionSchedule:
-    """Megatron-LM's interleaved 1F1B; m must be a multiple of pp.
+def interleaved(pp: int, vp: int, m: int, extra: int = 0) -> ActionSchedule:
+    """Megatron-LM's interleaved 1F1B; m must be a multiple of pp; `extra` more warm-up
+    forwards per rank (1 with overlap_moe_comm: `traces.moe_overlap`).
 
     Micro-batches go through the chunks in groups of pp: forward k runs chunk (k // pp) % vp on
     micro-batch (k // (pp * vp)) * pp + k % pp; backward k the same with chunks in reverse.
@@ -78,7 +79,7 @@ def interleaved(pp: int, vp: int, m: int) -> ActionSchedule:
 
     schedule = {}
     for r in range(pp):
-        warmup = total if m == pp else min(2 * (pp - r - 1) + (vp - 1) * pp, total)
+        warmup = total if m == pp else min(2 * (pp - r - 1) + (vp - 1) * pp + extra, total)
 
         def act(k: int, kind: Literal["F", "B"], r: int = r) -> Action:
             chunk, mb = order(k, kind == "B")
@@ -92,14 +93,14 @@ def interleaved(pp: int, vp: int, m: int) -> ActionSchedule:
     return schedule
 
 
-def build_schedule(name: str, pp: int, m: int, vp: int = 1) -> ActionSchedule:
-    """The named schedule, validated."""
+def build_schedule(name: str, pp: int, m: int, vp: int = 1, extra: int = 0) -> ActionSchedule:
+    """The named schedule, validated (`extra`: `interleaved`'s)."""
     if name == "gpipe":
         schedule = gpipe(pp, m)
     elif name == "1f1b":
         schedule = one_f_one_b(pp, m)
     elif name == "interleaved":
-        schedule = interleaved(pp, vp, m)
+        schedule = interleaved(pp, vp, m, extra)
     else:
         raise ConfigError(f"parallel.schedule: {name!r} is not gpipe, 1f1b or interleaved")
     validate(schedule, pp, m, vp)
@@ -108,7 +109,8 @@ def build_schedule(name: str, pp: int, m: int, vp: int = 1) -> ActionSchedule:
 
 def layout_schedule(layout: Layout) -> ActionSchedule:
     """The layout's own schedule, validated: what the plan builder and the memory model run."""
-    return build_schedule(layout.schedule, layout.pp, layout.num_microbatches, layout.vp)
+    return build_schedule(layout.schedule, layout.pp, layout.num_microbatches, layout.vp,
+                          int(layout.overlap_moe_comm))
 
 
 def format_schedule(schedule: ActionSchedule, mark: tuple[int, int] | None = None) -> str:
