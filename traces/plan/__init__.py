@@ -38,9 +38,9 @@ from collections.abc import Iterable
 from traces.errors import ConfigError
 from traces.header import TraceMeta
 from traces.layout import Layout
-from traces.moe_overlap import check_pairs
 from traces.model import ModelSpec
 from traces.moe import expert_loads
+from traces.moe_overlap import check_pairs
 from traces.nogc import paused_gc
 from traces.ops import Op, Trace
 from traces.pipeline import Action, ActionSchedule, layout_schedule

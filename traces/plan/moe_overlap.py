@@ -73,5 +73,6 @@ def _pieces(nodes: list[Node]) -> list[list[Node]]:
 
 def _merged(backward: list[list[Node]], forward: list[list[Node]]) -> list[Node]:
     """The pieces alternating, the backward's first."""
-    return [node for b, f in zip_longest(backward, forward, fillvalue=[]) for piece in (b, f)
-            for node in piece]
+    none: list[Node] = []
+    return [node for b, f in zip_longest(backward, forward, fillvalue=none)
+            for piece in (b, f) for node in piece]
