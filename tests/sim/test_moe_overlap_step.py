@@ -117,3 +117,9 @@ def test_hidden_all_to_all_time_is_at_most_the_paired_compute(runs: dict, name: 
                      if isinstance(op.purpose, ExpertAllToAll) and not in_pair(op)]
             assert alone and _exposed(alone, busy) == pytest.approx(_measure(alone),
                                                                     rel=1e-9, abs=1e-15)
+
+
+def test_folded_equals_unfolded_with_overlap() -> None:
+    exp, folded = _run(LAYOUTS["pp2-vp2-ep4"], True)
+    unfolded = predict(exp, fold=False)[1]
+    assert folded.step_time_s == pytest.approx(unfolded.step_time_s, rel=1e-9)
