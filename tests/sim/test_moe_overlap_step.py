@@ -10,6 +10,7 @@ import copy
 import pytest
 
 from sim.config import experiment_from_dict
+from sim.search.analytic import Analytic
 from sim.simulate import predict
 from traces.moe_overlap import pairs
 from traces.ops import Phase, Stream
@@ -123,3 +124,21 @@ def test_folded_equals_unfolded_with_overlap() -> None:
     exp, folded = _run(LAYOUTS["pp2-vp2-ep4"], True)
     unfolded = predict(exp, fold=False)[1]
     assert folded.step_time_s == pytest.approx(unfolded.step_time_s, rel=1e-9)
+
+
+@pytest.mark.parametrize("name", ["ep8", "pp2-vp2-ep4"])
+def test_the_search_screen_costs_the_all_to_alls_exposed_an_upper_bound(runs: dict,
+                                                                         name: str) -> None:
+    """The analytic screen builds its reduced plan with the all-to-alls inline (its reduced
+    1F1B pipeline cannot pair): its step equals the estimate without the key, and bounds the
+    simulated step with it from above no less than it bounds the one without; its memory
+    holds the extra warm-up forward's activations under interleaving."""
+    (exp_off, off), (exp_on, on) = runs[name]
+    screen = Analytic(exp_on.model, exp_on.cluster, exp_on.profile)
+    with_key, without = screen.estimate(exp_on.layout), screen.estimate(exp_off.layout)
+    assert with_key.step_time_s == without.step_time_s
+    assert with_key.step_time_s - on.step_time_s >= without.step_time_s - off.step_time_s
+    if exp_on.layout.pp > 1:
+        assert with_key.peak_memory_bytes > without.peak_memory_bytes
+    else:
+        assert with_key.peak_memory_bytes == without.peak_memory_bytes
