@@ -21,8 +21,11 @@ and the first forward with no pipeline) run alone and keep their all-to-alls exp
 `check_pairs` runs the paired schedule with each pair as one step that needs both inputs
 before it starts (Megatron-Core receives both first), refusing a pairing that would deadlock.
 Under interleaving Megatron-Core adds one warm-up forward per rank so that a pair's two
-actions are independent (`traces.pipeline.interleaved`'s `extra`). The plan's reordering of a
-pair's ops is `traces.plan.moe_overlap`.
+actions are independent (`traces.pipeline.interleaved`'s `extra`); with no pipeline its
+order F0, (F1 B0), (F2 B1), ..., B(m-1) is 1F1B with one warm-up forward
+(`one_f_one_b`'s `extra`), so every pair is a forward then a backward, and the memory model
+(`sim.models.memory`, in action order) holds both micro-batches' activations in a pair. The
+plan's reordering of a pair's ops is `traces.plan.moe_overlap`.
 
 Megatron-Core's rules (TransformerConfig.__post_init__): expert_model_parallel_size > 1; with
 pipeline_model_parallel_size > 1 a virtual pipeline size must be set; no full recomputation.

@@ -50,10 +50,11 @@ def gpipe(pp: int, m: int) -> ActionSchedule:
             for r in range(pp)}
 
 
-def one_f_one_b(pp: int, m: int) -> ActionSchedule:
+def one_f_one_b(pp: int, m: int, extra: int = 0) -> ActionSchedule:
+    """`extra` more warm-up forwards per rank (see `interleaved`)."""
     schedule = {}
     for r in range(pp):
-        warmup = min(pp - r - 1, m)
+        warmup = min(pp - r - 1 + extra, m)
         actions = [Action(r, "F", i) for i in range(warmup)]
         for i in range(m - warmup):
             actions += [Action(r, "F", warmup + i), Action(r, "B", i)]
@@ -94,11 +95,11 @@ def interleaved(pp: int, vp: int, m: int, extra: int = 0) -> ActionSchedule:
 
 
 def build_schedule(name: str, pp: int, m: int, vp: int = 1, extra: int = 0) -> ActionSchedule:
-    """The named schedule, validated (`extra`: `interleaved`'s)."""
+    """The named schedule, validated (`extra`: 1F1B's and `interleaved`'s)."""
     if name == "gpipe":
         schedule = gpipe(pp, m)
     elif name == "1f1b":
-        schedule = one_f_one_b(pp, m)
+        schedule = one_f_one_b(pp, m, extra)
     elif name == "interleaved":
         schedule = interleaved(pp, vp, m, extra)
     else:

@@ -352,7 +352,7 @@ class Analytic:
 # (`extra`: one more warm-up forward under interleaving with overlap_moe_comm)
 _GENERATORS: dict[Schedule, Callable[[int, int, int, int], ActionSchedule]] = {
     Schedule.GPIPE: lambda pp, m, vp, extra: gpipe(pp, m),
-    Schedule.ONE_F_ONE_B: lambda pp, m, vp, extra: one_f_one_b(pp, m),
+    Schedule.ONE_F_ONE_B: lambda pp, m, vp, extra: one_f_one_b(pp, m, extra),
     Schedule.INTERLEAVED: lambda pp, m, vp, extra: interleaved(pp, vp, m, extra),
 }
 

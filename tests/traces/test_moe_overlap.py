@@ -13,7 +13,7 @@ from traces.layout_rules import check_layout
 from traces.model import ModelSpec
 from traces.moe_overlap import check_pairs, pairs, steps
 from traces.ops import Stream
-from traces.pipeline import Action, interleaved, one_f_one_b, validate
+from traces.pipeline import Action, interleaved, layout_schedule, one_f_one_b, validate
 from traces.plan import build
 from traces.purpose import ExpertAllToAll, MoeStep
 
@@ -42,10 +42,13 @@ def test_a_non_boolean_is_refused() -> None:
 
 
 def test_no_pipeline_pairs_each_backward_with_the_next_forward() -> None:
-    """Megatron-Core's combined_1f1b_schedule_for_no_pipelining: F0, (B0 F1), ..., B(m-1)."""
-    actions = one_f_one_b(1, 4)[0]
+    """Megatron-Core's combined_1f1b_schedule_for_no_pipelining: F0, (F1 B0), ..., B(m-1):
+    1F1B with one warm-up forward, the layout's schedule with the key."""
+    actions = layout_schedule(Layout(dp=2, ep=2, global_batch=8, overlap_moe_comm=True))[0]
+    assert actions == one_f_one_b(1, 4, extra=1)[0]
     assert [tuple(map(str, s)) for s in steps(actions)] == [
-        ("0F0",), ("0B0", "0F1"), ("0B1", "0F2"), ("0B2", "0F3"), ("0B3",)]
+        ("0F0",), ("0F1", "0B0"), ("0F2", "0B1"), ("0F3", "0B2"), ("0B3",)]
+    assert pairs(one_f_one_b(1, 4)[0]) == [(1, 2), (3, 4), (5, 6)]  # (B0 F1): as pairable
 
 
 @pytest.mark.parametrize(("pp", "vp", "m"), [(2, 2, 4), (4, 2, 8), (2, 4, 6), (4, 3, 16)])
