@@ -6,6 +6,10 @@ is never more than the compute of the paired actions that could hide it."""
 from __future__ import annotations
 
 import copy
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -159,3 +163,19 @@ def test_the_memory_curve_takes_each_paired_action_once(runs: dict, name: str) -
         peak = max(b for _, b in memory_timeline(exp.model, exp.layout, pp, timed))
         want = pp_rank_memory(exp.model, exp.layout, pp, schedule[pp]).total_bytes
         assert peak == pytest.approx(want, rel=1e-12)
+
+
+def test_the_command_line_refuses_the_shipped_deepseek_example_with_the_key(tmp_path) -> None:
+    """PP 16 under plain 1F1B: Megatron-Core needs virtual stages; one line, exit 2."""
+    shipped = Path(__file__).parents[2] / "sim" / "examples" / "deepseek-v3-1024-h100.toml"
+    text = shipped.read_text().replace('schedule = "1f1b"',
+                                       'schedule = "1f1b"\noverlap_moe_comm = true')
+    config = tmp_path / "on.toml"
+    config.write_text(text)
+    done = subprocess.run([sys.executable, "-m", "sim", "simulate", str(config), "--json"],
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(shipped.parents[2])})
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr == ("parasim: error: parallel.overlap_moe_comm: true at pp = 16 needs "
+                           "schedule = \"interleaved\" (Megatron-Core requires virtual pipeline "
+                           "stages when pp > 1)\n")
