@@ -179,3 +179,20 @@ def test_the_command_line_refuses_the_shipped_deepseek_example_with_the_key(tmp_
     assert done.stderr == ("parasim: error: parallel.overlap_moe_comm: true at pp = 16 needs "
                            "schedule = \"interleaved\" (Megatron-Core requires virtual pipeline "
                            "stages when pp > 1)\n")
+
+
+def test_the_compute_beside_an_all_to_all_pays_for_the_sms_it_holds(runs: dict) -> None:
+    """A kernel that starts while an all-to-all moves runs on the SMs NCCL leaves it (the
+    interference model's one per channel, `GpuInterference.kernel_stretch` > 1 here): the
+    same kernels take longer in all with the key, where all-to-alls now run beside compute."""
+    longer = []
+    for name, ((exp, off), (_, on)) in runs.items():
+        assert Analytic(exp.model, exp.cluster, exp.profile).interference.kernel_stretch > 1
+
+        def busy(times) -> float:
+            return sum(e - s for r in times.plan.ranks for op, s, e in
+                       zip(times.plan.ops[r], times.starts[r], times.ends[r])
+                       if op.kind == "compute")
+        if busy(on) > busy(off) * (1 + 1e-6):
+            longer.append(name)
+    assert len(longer) >= 3, longer
