@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from traces.ops import Phase
+from traces.ops import Phase, Stream
 from traces.purpose import (
     GemmPart,
     Kernel,
@@ -179,6 +179,8 @@ class ExpertExchange:
     grad: bool
     layer: int
     mb: int
+    stream: str = Stream.COMPUTE
+    """`ep_comm` with overlap_moe_comm: issued asynchronously."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,7 +31,7 @@ STREAMS_BY_AXIS: Mapping[str, tuple[str, ...]] = {
     "embedding": (Stream.DP,),
     "cp": (Stream.COMPUTE,),  # all_gather CP's K/V gathers and dK/dV reduce-scatters
     "grad_stats": (Stream.COMPUTE,),  # the step's end: found-inf and the norm
-    "ep": (Stream.COMPUTE,),  # MoE's dispatch and combine all-to-alls
+    "ep": (Stream.COMPUTE, Stream.EP_COMM),  # MoE's dispatch and combine all-to-alls
     "expert_dp": (Stream.DP,),  # MoE's expert gradients
 }
 

@@ -141,8 +141,8 @@ def bind(rt: RankRuntime, call: Call) -> Callable[[], Handle | None]:
             return p(rt.cp_message, phase, send, step, backward, layer, mb, peer, tag)
         case CpExchange(grad=grad, phase=phase, layer=layer, mb=mb):
             return p(rt.cp_exchange, grad, phase, layer, mb)
-        case ExpertExchange(step=step, grad=grad, layer=layer, mb=mb):
-            return p(rt.expert_all_to_all, step, grad, layer, mb)
+        case ExpertExchange(step=step, grad=grad, layer=layer, mb=mb, stream=stream):
+            return p(rt.expert_all_to_all, step, grad, layer, mb, stream)
         case ExpertGradReduce(layer=layer, stream=stream):
             return p(rt.expert_grads, layer, stream)
         case Transfer(send=True, boundary=boundary, mb=mb, tag=tag, peer=peer):

@@ -32,7 +32,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from executor.comm import Comm
+from executor.comm import Comm, Handle
 from executor.kernels import KernelContext, TorchKernel
 from executor.routing import Routing, expert_major, gates, route
 from executor.tape import Tape
@@ -134,7 +134,11 @@ class MoeExchange:
         self.key = (str(Stream.COMPUTE), ep_group(layout, rank))
         self.tokens = routed_tokens(model, layout)
 
-    def all_to_all(self, tape: Tape, step: MoeStep, grad: bool, layer: int) -> None:
+    def all_to_all(self, tape: Tape, step: MoeStep, grad: bool, layer: int,
+                   stream: str = Stream.COMPUTE) -> Handle:
+        """The exchange, its result put on the tape when it completes: at once on the compute
+        stream; asynchronously on another (overlap_moe_comm's `ep_comm`: gloo's
+        async_op, waited for before the op that reads it)."""
         r = route(self.model, layer, self.tokens)
         sent = list(r.per_rank(self.ep))
         got = [sum(r.local(self.ep, self.ep_rank))] * self.ep
@@ -147,9 +151,17 @@ class MoeExchange:
         else:
             value = tape.take((layer, src)).contiguous()
         out = value.new_empty((sum(out_rows), value.shape[-1]))
-        self.comm.all_to_all(out, value, self.key, input_splits=in_splits,
-                             output_splits=out_rows)
-        if grad:
-            tape.put_grad((layer, dst), out)
-        else:
-            tape.put((layer, dst), out)
+
+        def put() -> None:
+            if grad:
+                tape.put_grad((layer, dst), out)
+            else:
+                tape.put((layer, dst), out)
+
+        background = stream != Stream.COMPUTE
+        handle = self.comm.all_to_all(out, value, (str(stream), self.key[1]),
+                                      input_splits=in_splits, output_splits=out_rows,
+                                      async_op=background, then=put)
+        if not background:
+            handle.wait()
+        return handle

@@ -217,7 +217,7 @@ class _Lowering:
             case ExpertAllToAll(step=step, grad=grad):
                 if not self.model.experts or op.kind is not OpKind.ALL_TO_ALL:
                     raise self.fail(i, "an EP exchange is an all-to-all of an MoE model")
-                return ExpertExchange(step, grad, self._layer(i, op), self._mb(i, mb))
+                return ExpertExchange(step, grad, self._layer(i, op), self._mb(i, mb), stream)
             case ExpertGrads(unit=unit):
                 if op.kind is not OpKind.ALL_REDUCE or unit.layer is None:
                     raise self.fail(i, "the executor reduces a layer's expert gradients by "

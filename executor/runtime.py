@@ -287,9 +287,11 @@ class RankRuntime:
 
     # --- expert parallelism (executor.moe, executor.experts) -------------------------------
 
-    def expert_all_to_all(self, step: MoeStep, grad: bool, layer: int, mb: int) -> None:
+    def expert_all_to_all(self, step: MoeStep, grad: bool, layer: int, mb: int,
+                          stream: str = Stream.COMPUTE) -> Handle | None:
         assert self.moe is not None, "EP ops in a plan without experts"
-        self.moe.all_to_all(self.tape(mb), step, grad, layer)
+        handle = self.moe.all_to_all(self.tape(mb), step, grad, layer, stream)
+        return None if stream == Stream.COMPUTE else handle
 
     def expert_grads(self, layer: int, stream: str = Stream.DP, *, async_op: bool = True
                      ) -> Handle:

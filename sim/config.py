@@ -7,7 +7,8 @@
     [parallel]   tp, pp, dp, vp, sp, zero, schedule, micro_batch, global_batch, recompute,
                  bucket_bytes, overlap_grad_reduce, fp32_main_grads, tp_comm_overlap,
                  overlap_param_gather, cp, reshard_after_forward, grad_sync, pp_first_layers,
-                 pp_last_layers, account_for_embedding, account_for_loss, pipeline_layout
+                 pp_last_layers, account_for_embedding, account_for_loss, pipeline_layout,
+                 overlap_moe_comm (traces.moe_overlap)
     [cluster]    see topology.config
     [sim]        network = "flow" | "analytic" | "ideal", algo = "auto" | ..., profile = "p.json"
                  (a profile's measured links and roofs replace the cluster's: `Profile.applied_to`)

@@ -50,7 +50,7 @@ MAX_MICROBATCHES = 2**16  # per pipeline per step; GPT-3 on 1024 A100s ran 192
 OMITTED_AT_DEFAULT = ("tp_comm_overlap", "overlap_param_gather", "pp_first_layers",
                       "pp_last_layers", "account_for_embedding", "account_for_loss",
                       "pipeline_layout", "ep", "etp", "reshard_after_forward", "grad_sync",
-                      "overlap_p2p_comm")
+                      "overlap_p2p_comm", "overlap_moe_comm")
 """Options left out of `Layout.to_dict` at their default (so a layout without them reads as it
 always has)."""
 
@@ -171,6 +171,8 @@ class Layout:
     """Megatron-Core's --overlap-p2p-communication (on by default, and only under the
     interleaved schedule): a pipeline send waits only for the next action of its direction
     (`traces.plan.p2p`); false: every send blocks the next action, as Megatron-LM before 2023."""
+    overlap_moe_comm: bool = False
+    """Megatron-Core's --overlap-moe-expert-parallel-comm (`traces.moe_overlap`)."""
 
     def __post_init__(self) -> None:
         """The rules that need neither the model nor the cluster (see `check_layout`)."""
@@ -180,12 +182,9 @@ class Layout:
         check_int(self.vp, "parallel.vp", minimum=1, maximum=MAX_VIRTUAL_STAGES)
         check_int(self.micro_batch, "parallel.micro_batch", minimum=1, maximum=MAX_BATCH)
         check_int(self.global_batch, "parallel.global_batch", minimum=1, maximum=MAX_BATCH)
-        check_bool(self.sp, "parallel.sp")
-        check_bool(self.overlap_grad_reduce, "parallel.overlap_grad_reduce")
-        check_bool(self.fp32_main_grads, "parallel.fp32_main_grads")
-        check_bool(self.tp_comm_overlap, "parallel.tp_comm_overlap")
-        check_bool(self.overlap_param_gather, "parallel.overlap_param_gather")
-        check_bool(self.overlap_p2p_comm, "parallel.overlap_p2p_comm")
+        for flag in ("sp", "overlap_grad_reduce", "fp32_main_grads", "tp_comm_overlap",
+                     "overlap_param_gather", "overlap_p2p_comm", "overlap_moe_comm"):
+            check_bool(getattr(self, flag), f"parallel.{flag}")
         if self.zero not in (0, 1, 2, 3) or not is_int(self.zero):
             raise ConfigError(f"parallel.zero: {show(self.zero)} must be 0, 1, 2 or 3")
         check_reshard(self.reshard_after_forward, self.zero)

@@ -36,6 +36,7 @@ class Stream(StrEnum):
     cp_send / cp_recv        context parallelism's ring of K/V (and dK/dV) messages
     tp_comm                  with tp_comm_overlap: the chunked TP collectives beside the GEMM chunks
     *_v                      zbv: the same four for the V's second leg (its own peers and order)
+    ep_comm                  with overlap_moe_comm: MoE's dispatch and combine all-to-alls
     """
 
     COMPUTE = "compute"
@@ -53,6 +54,7 @@ class Stream(StrEnum):
     SEND_NEXT_V = "send_next_v"
     RECV_NEXT_V = "recv_next_v"
     SEND_PREV_V = "send_prev_v"
+    EP_COMM = "ep_comm"
 
 
 class Phase(StrEnum):

@@ -55,10 +55,11 @@ def gpipe(pp: int, m: int) -> ActionSchedule:
             for r in range(pp)}
 
 
-def one_f_one_b(pp: int, m: int) -> ActionSchedule:
+def one_f_one_b(pp: int, m: int, extra: int = 0) -> ActionSchedule:
+    """`extra` more warm-up forwards per rank (see `interleaved`)."""
     schedule = {}
     for r in range(pp):
-        warmup = min(pp - r - 1, m)
+        warmup = min(pp - r - 1 + extra, m)
         actions = [Action(r, "F", i) for i in range(warmup)]
         for i in range(m - warmup):
             actions += [Action(r, "F", warmup + i), Action(r, "B", i)]
@@ -67,8 +68,9 @@ def one_f_one_b(pp: int, m: int) -> ActionSchedule:
     return schedule
 
 
-def interleaved(pp: int, vp: int, m: int) -> ActionSchedule:
-    """Megatron-LM's interleaved 1F1B; m must be a multiple of pp.
+def interleaved(pp: int, vp: int, m: int, extra: int = 0) -> ActionSchedule:
+    """Megatron-LM's interleaved 1F1B; m must be a multiple of pp; `extra` more warm-up
+    forwards per rank (1 with overlap_moe_comm: `traces.moe_overlap`).
 
     Micro-batches go through the chunks in groups of pp: forward k runs chunk (k // pp) % vp on
     micro-batch (k // (pp * vp)) * pp + k % pp; backward k the same with chunks in reverse.
@@ -83,7 +85,7 @@ def interleaved(pp: int, vp: int, m: int) -> ActionSchedule:
 
     schedule = {}
     for r in range(pp):
-        warmup = total if m == pp else min(2 * (pp - r - 1) + (vp - 1) * pp, total)
+        warmup = total if m == pp else min(2 * (pp - r - 1) + (vp - 1) * pp + extra, total)
 
         def act(k: int, kind: Literal["F", "B"], r: int = r) -> Action:
             chunk, mb = order(k, kind == "B")
@@ -97,14 +99,14 @@ def interleaved(pp: int, vp: int, m: int) -> ActionSchedule:
     return schedule
 
 
-def build_schedule(name: str, pp: int, m: int, vp: int = 1) -> ActionSchedule:
-    """The named schedule, validated."""
+def build_schedule(name: str, pp: int, m: int, vp: int = 1, extra: int = 0) -> ActionSchedule:
+    """The named schedule, validated (`extra`: 1F1B's and `interleaved`'s)."""
     if name == "gpipe":
         schedule = gpipe(pp, m)
     elif name == "1f1b":
-        schedule = one_f_one_b(pp, m)
+        schedule = one_f_one_b(pp, m, extra)
     elif name == "interleaved":
-        schedule = interleaved(pp, vp, m)
+        schedule = interleaved(pp, vp, m, extra)
     elif name in ("zb1p", "zbv"):
         order = zb1p_order(pp, m, vp) if name == "zb1p" else zbv_order(pp, m)
         schedule = {r: [Action(*step) for step in steps] for r, steps in order.items()}
@@ -117,7 +119,8 @@ def build_schedule(name: str, pp: int, m: int, vp: int = 1) -> ActionSchedule:
 
 def layout_schedule(layout: Layout) -> ActionSchedule:
     """The layout's own schedule, validated: what the plan builder and the memory model run."""
-    return build_schedule(layout.schedule, layout.pp, layout.num_microbatches, layout.vp)
+    return build_schedule(layout.schedule, layout.pp, layout.num_microbatches, layout.vp,
+                          int(layout.overlap_moe_comm))
 
 
 def format_schedule(schedule: ActionSchedule, mark: tuple[int, int] | None = None) -> str:

@@ -327,8 +327,23 @@ def stands_for(times: StepTimes) -> int:
 
 
 def timed_actions(passes: Iterable[Pass]) -> list[tuple[Action, float, float]]:
-    """(action, start, end) of the F and B passes, for `sim.models.memory.memory_timeline`."""
-    return [(a, p.start, p.end) for p in passes if (a := p.action) is not None]
+    """(action, start, end) of the F and B passes, for `sim.models.memory.memory_timeline`;
+    an action run in pieces (overlap_moe_comm merges a forward with a backward) once, from
+    its first piece's start to its last's end, in the order the actions began; but of a
+    backward and a forward that overlap, the forward first and the backward at the pair's
+    end, so the curve holds both micro-batches' activations until the pair ends."""
+    spans: dict[Action, tuple[float, float]] = {}
+    for p in passes:
+        if (a := p.action) is not None:
+            start, end = spans.get(a, (p.start, p.end))
+            spans[a] = (min(start, p.start), max(end, p.end))
+    out = sorted(((a, start, end) for a, (start, end) in spans.items()), key=lambda t: t[1])
+    for i in range(1, len(out)):
+        (b, _, b_end), (f, f_start, f_end) = out[i - 1], out[i]
+        if b.kind == "B" and f.kind == "F" and f_start < b_end:
+            last = max(b_end, f_end)
+            out[i - 1], out[i] = (f, f_start, f_end), (b, last, last)
+    return out
 
 
 def annotate(trace: Trace, times: StepTimes, model: ModelSpec, layout: Layout,

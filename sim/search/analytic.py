@@ -97,7 +97,7 @@ class Analytic:
         self._units: dict[tuple[PassKey, int, int, int, float],
                           tuple[UnitTime, UnitTime, UnitTime]] = {}
         self._comm: dict[tuple[OpKind, tuple[int, ...], float, AllToAllv | None], float] = {}
-        self._peaks: dict[tuple[Schedule, int, int, int], tuple[int, ...]] = {}
+        self._peaks: dict[tuple[Schedule, int, int, int, int], tuple[int, ...]] = {}
         self._groups: dict[tuple[int | str | bool, ...], tuple[int, ...]] = {}
         self._bucket_sizes: dict[tuple[int | str, ...], list[float]] = {}
 
@@ -212,12 +212,14 @@ class Analytic:
         chunks are equal; its actions where they differ (which chunks are in flight counts)."""
         if equal_chunks(self.model, layout):
             return _holding(self._in_flight(layout)[r])
-        key = (layout.schedule, layout.pp, layout.num_microbatches, layout.vp)
+        key = (layout.schedule, layout.pp, layout.num_microbatches, layout.vp,
+               int(layout.overlap_moe_comm))
         return _GENERATORS[key[0]](*key[1:])[r]
 
     def _in_flight(self, layout: Layout) -> tuple[int, ...]:
         """Micro-batches each pipeline rank holds at its peak under the layout's schedule."""
-        key = (layout.schedule, layout.pp, layout.num_microbatches, layout.vp)
+        key = (layout.schedule, layout.pp, layout.num_microbatches, layout.vp,
+               int(layout.overlap_moe_comm))
         peaks = self._peaks.get(key)
         if peaks is None:
             schedule = _GENERATORS[key[0]](*key[1:])
@@ -355,12 +357,13 @@ class Analytic:
 
 # `traces.pipeline.build_schedule` without its deadlock check, which costs more than the rest
 # of an estimate: the same generators; the simulation validates every plan it runs.
-_GENERATORS: dict[Schedule, Callable[[int, int, int], ActionSchedule]] = {
-    Schedule.GPIPE: lambda pp, m, vp: gpipe(pp, m),
-    Schedule.ONE_F_ONE_B: lambda pp, m, vp: one_f_one_b(pp, m),
-    Schedule.INTERLEAVED: lambda pp, m, vp: interleaved(pp, vp, m),
-    Schedule.ZB1P: lambda pp, m, vp: zb1p(pp, m, vp),
-    Schedule.ZBV: lambda pp, m, vp: build_schedule("zbv", pp, m, vp),
+# (`extra`: one more warm-up forward under interleaving with overlap_moe_comm)
+_GENERATORS: dict[Schedule, Callable[[int, int, int, int], ActionSchedule]] = {
+    Schedule.GPIPE: lambda pp, m, vp, extra: gpipe(pp, m),
+    Schedule.ONE_F_ONE_B: lambda pp, m, vp, extra: one_f_one_b(pp, m, extra),
+    Schedule.INTERLEAVED: lambda pp, m, vp, extra: interleaved(pp, vp, m, extra),
+    Schedule.ZB1P: lambda pp, m, vp, extra: zb1p(pp, m, vp),
+    Schedule.ZBV: lambda pp, m, vp, extra: build_schedule("zbv", pp, m, vp),
 }
 
 

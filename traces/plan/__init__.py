@@ -16,6 +16,7 @@ small passes, each a function over the list of ops being built (`traces.plan.nod
     experts.add_expert_grads       MoE: routed experts' gradients over expert-DP
     optimizer.add_optimizer        tied-embedding all-reduce, optimizer step, ZeRO-1/2 gathers
     fp8.add_fp8                    FP8: amax reductions (delayed scaling), the weights' cast
+    moe_overlap.overlap_moe_comm   overlap_moe_comm: EP all-to-alls on their stream, pairs merged
 
 and `nodes.finalize` numbers the result into the rank's op tuple. See docs/plan-ops.md for the
 ops and streams, and each pass's docstring for what it adds.
@@ -39,6 +40,7 @@ from traces.header import TraceMeta
 from traces.layout import Layout
 from traces.model import ModelSpec
 from traces.moe import expert_loads
+from traces.moe_overlap import check_pairs
 from traces.nogc import paused_gc
 from traces.ops import Op, Trace
 from traces.pipeline import Action, ActionSchedule, layout_schedule
@@ -48,6 +50,7 @@ from traces.plan.context import add_context_parallel
 from traces.plan.data import add_data_parallel
 from traces.plan.experts import add_expert_grads, add_expert_parallel
 from traces.plan.fp8 import add_fp8
+from traces.plan.moe_overlap import overlap_moe_comm
 from traces.plan.nodes import Program, RankContext, finalize
 from traces.plan.optimizer import add_optimizer
 from traces.plan.p2p import add_pipeline_p2p
@@ -71,6 +74,8 @@ def build(model: ModelSpec, layout: Layout, ranks: Iterable[int] | None = None, 
     _check_compute(model, layout, chosen, classes)  # before the schedule, maybe big too
     if schedule is None:
         schedule = layout_schedule(layout)
+    if layout.overlap_moe_comm:
+        check_pairs(schedule, layout.num_stages)
     with paused_gc():
         ops = _lower(model, layout, chosen, schedule, classes)
     folded = chosen == layout.representatives() and layout.world > len(chosen)
@@ -179,7 +184,8 @@ def lower_rank(model: ModelSpec, layout: Layout, rank: int, actions: list[Action
                 lambda p: add_data_parallel(ctx, actions, p),
                 lambda p: add_expert_grads(ctx, actions, p),
                 lambda p: add_optimizer(ctx, p, actions),
-                lambda p: add_fp8(ctx, actions, p)):
+                lambda p: add_fp8(ctx, actions, p),
+                lambda p: overlap_moe_comm(ctx, actions, p)):
         nodes = add(nodes)
         if budget is not None:
             grown = _size(nodes)

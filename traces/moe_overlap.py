@@ -1,0 +1,121 @@
+"""overlap_moe_comm: Megatron-Core's combined 1F1B (--overlap-moe-expert-parallel-comm).
+
+Megatron-Core runs the forward of one micro-batch and the backward of another as one merged
+step (megatron/core/pipeline_parallel/combined_1f1b.py: `combined_forward_backward_step`,
+`combined_1f1b_schedule_for_no_pipelining`, `..._for_interleaved_pipelining`), layer by layer,
+with the EP all-to-alls on a communication stream of their own beside the other micro-batch's
+compute (NVIDIA's user guide "Combined 1F1B: Expert-Parallel All-to-All Overlap",
+docs.nvidia.com/megatron-core/developer-guide/nightly/user-guide/features/moe_a2a_overlap.html).
+Per layer pair (`TransformerLayerSchedulePlan.run` in
+megatron/core/models/common/model_chunk_schedule_plan.py) the streams hold:
+
+    communication                compute
+    backward's combine (grad)    forward's attention (and router, permute)
+    forward's dispatch           backward's experts
+    backward's dispatch (grad)   forward's experts
+    forward's combine            backward's attention (and the unpermute before it)
+
+Here: `pairs` picks, in a rank's action list, each forward next to a backward of another
+micro-batch (so neither waits for the other); the rest (the warm-up and cool-down actions,
+and the first forward with no pipeline) run alone and keep their all-to-alls exposed.
+`check_pairs` runs the paired schedule with each pair as one step that needs both inputs
+before it starts (Megatron-Core receives both first), refusing a pairing that would deadlock.
+Under interleaving Megatron-Core adds one warm-up forward per rank so that a pair's two
+actions are independent (`traces.pipeline.interleaved`'s `extra`); with no pipeline its
+order F0, (F1 B0), (F2 B1), ..., B(m-1) is 1F1B with one warm-up forward
+(`one_f_one_b`'s `extra`), so every pair is a forward then a backward, and the memory model
+(`sim.models.memory`, in action order) holds both micro-batches' activations in a pair. The
+plan's reordering of a pair's ops is `traces.plan.moe_overlap`.
+
+Megatron-Core's rules (TransformerConfig.__post_init__): expert_model_parallel_size > 1; with
+pipeline_model_parallel_size > 1 a virtual pipeline size must be set; no full recomputation.
+"""
+
+from __future__ import annotations
+
+from traces.errors import ConfigError
+from traces.layout import Layout, Recompute, Schedule
+from traces.model import ModelSpec
+from traces.pipeline import Action, ActionSchedule, format_schedule
+
+KEY = "parallel.overlap_moe_comm"
+
+
+def check_moe_overlap(model: ModelSpec, layout: Layout) -> None:
+    """Megatron-Core's rules for --overlap-moe-expert-parallel-comm (module docstring)."""
+    if not layout.overlap_moe_comm:
+        return
+    if not model.experts:
+        raise ConfigError(f"{KEY}: true needs an MoE model (model.experts > 0): it overlaps "
+                          "the expert-parallel all-to-alls")
+    if layout.ep < 2:
+        raise ConfigError(f"{KEY}: true at ep = {layout.ep} needs ep > 1 (Megatron-Core "
+                          "supports it only with expert model parallelism)")
+    if layout.pp > 1 and layout.schedule is not Schedule.INTERLEAVED:
+        raise ConfigError(f"{KEY}: true at pp = {layout.pp} needs schedule = \"interleaved\" "
+                          "(Megatron-Core requires virtual pipeline stages when pp > 1)")
+    if layout.pp == 1 and layout.schedule not in (Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED):
+        raise ConfigError(f"{KEY}: true needs schedule = \"1f1b\" at pp = 1 (Megatron-Core "
+                          "pairs one micro-batch's forward with another's backward)")
+    if layout.recompute is Recompute.FULL:
+        raise ConfigError(f"{KEY}: true with recompute = \"full\" is refused, as "
+                          "Megatron-Core refuses it (use \"selective\" or \"none\")")
+
+
+def pairs(actions: list[Action]) -> list[tuple[int, int]]:
+    """(i, i + 1) for each adjacent forward and backward of different micro-batches, scanning
+    from the start, an action in one pair at most; none where every forward comes before every
+    backward (interleaving with m = pp: all warm-up and cool-down, no steady state)."""
+    out: list[tuple[int, int]] = []
+    kinds = [a.kind for a in actions]
+    if kinds == sorted(kinds, reverse=True):  # "F" > "B"
+        return out
+    i = 0
+    while i + 1 < len(actions):
+        a, b = actions[i], actions[i + 1]
+        if a.kind != b.kind and a.microbatch != b.microbatch:
+            out.append((i, i + 1))
+            i += 2
+        else:
+            i += 1
+    return out
+
+
+def steps(actions: list[Action]) -> list[tuple[Action, ...]]:
+    """The rank's actions as the steps it runs: a pair, or one action alone."""
+    paired = {i: j for i, j in pairs(actions)}
+    out: list[tuple[Action, ...]] = []
+    i = 0
+    while i < len(actions):
+        j = paired.get(i)
+        out.append((actions[i],) if j is None else (actions[i], actions[j]))
+        i = i + 1 if j is None else j + 1
+    return out
+
+
+def check_pairs(schedule: ActionSchedule, num_stages: int) -> None:
+    """The paired schedule runs to the end when a step starts once every input of its actions
+    exists and yields its outputs when it ends (lock-step rounds, as
+    `traces.pipeline.validate`); ConfigError naming the rank that cannot move."""
+    ranks = {r: steps(actions) for r, actions in schedule.items()}
+    done: set[tuple[int, str, int]] = set()
+    cursor = dict.fromkeys(ranks, 0)
+
+    def inputs(a: Action) -> list[tuple[int, str, int]]:
+        if a.kind == "F":
+            return [(a.stage - 1, "F", a.microbatch)] if a.stage > 0 else []
+        later = [(a.stage + 1, "B", a.microbatch)] if a.stage < num_stages - 1 else []
+        return [(a.stage, "F", a.microbatch), *later]
+
+    while any(cursor[r] < len(s) for r, s in ranks.items()):
+        ready = [(r, s[cursor[r]]) for r, s in ranks.items() if cursor[r] < len(s)
+                 and all(n in done for a in s[cursor[r]] for n in inputs(a))]
+        if not ready:
+            r = min(r for r, s in ranks.items() if cursor[r] < len(s))
+            first = sum(len(step) for step in ranks[r][:cursor[r]])
+            raise ConfigError(f"{KEY}: the paired forward and backward steps deadlock "
+                              "(no rank can run its next step)\n"
+                              + format_schedule(schedule, mark=(r, first)))
+        for r, step in ready:
+            done.update((a.stage, a.kind, a.microbatch) for a in step)
+            cursor[r] += 1
