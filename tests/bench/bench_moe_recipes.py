@@ -20,8 +20,9 @@ folding-t2..t5: Liu et al., "MoE Parallel Folding", arXiv 2504.14960 v2: Table 2
     Table 5 (context scaling to 128K, Mixtral 8x22B).
 bridge: Megatron-Bridge performance summary (docs.nvidia.com/nemo/megatron-bridge/latest/
     performance-summary.html and its archive page), DeepSeek-V3, Qwen3-30B-A3B and
-    Qwen3-235B-A22B on H100, B200, B300, GB200 and GB300 (tokens/s per GPU). The pages hold no
-    Mixtral row (NeMo's older Mixtral figures are not in the corpora read).
+    Qwen3-235B-A22B on H100, B200, B300, GB200 and GB300 (tokens/s per GPU). No Mixtral row:
+    neither these pages nor NeMo's (NVIDIA/NeMo docs/source/performance/performance_summary.md
+    @070a0bb, the 24.07 container) publish one.
 deepseek: DeepSeek-V3's own 2,048-H800 run: "180K H800 GPU hours" per trillion tokens (report
     §1), so 1e12 / (180e3 x 3600) = 1,543.2 tokens/s per GPU.
 
