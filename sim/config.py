@@ -47,7 +47,7 @@ EXAMPLES = ("gpt3-175b-1024-a100.toml", "llama-7b-zero3-64-h100.toml",
             "gpt-6.7b-tpu-v4-torus.toml", "gpt-tiny-localhost.toml",
             "gpt-tiny-2rank-localhost.toml", "llama3-70b-h100.toml", "llama3-8b-128k-h100.toml",
             "llama3-405b-16k-h100-goodput.toml", "deepseek-v3-1024-h100.toml",
-            "qwen3-32b-h100.toml")
+            "qwen3-32b-h100.toml", "qwen3-235b-a22b-256-b200.toml")
 TABLES = ("model", "parallel", "cluster", "sim", "reliability")
 MODEL_KEYS = tuple(f.name for f in fields(ModelSpec))
 PARALLEL_KEYS = tuple(f.name for f in fields(Layout))

@@ -2,8 +2,9 @@
 
 The string lists the virtual stages in order, separated by `|`: `E` the embedding, `t` a
 transformer layer, `m` a multi-token-prediction layer, `L` the loss (final norm, output layer,
-cross-entropy). `x*N` repeats one symbol, `(...)*N` a group (separators included); commas (and
-here spaces too) are cosmetic. Virtual stage k runs on pipeline rank k % pp as its chunk k // pp
+cross-entropy). `x*N` repeats one symbol, `(...)*N` a group (separators included, and `x*N`
+inside it: `(t*4|)*14`); commas (and here spaces too) are cosmetic. Virtual stage k runs on
+pipeline rank k % pp as its chunk k // pp
 (megatron/core/transformer/pipeline_parallel_layer_layout.py, PipelineParallelLayerLayout:
 `layout[vpp_rank * pp + pp_rank]`), so DeepSeek-V3's `Et|(tt|)*30mL` is 32 stages and 61
 layers. Megatron-Core's own rules (validate_layer_layout) are kept: the embedding first and the
@@ -77,7 +78,7 @@ def _items(text: str) -> list[tuple[str, int]]:
                                   "(Megatron-Core unrolls one level of (...)*N)")
             if not body:
                 raise ConfigError(f"{FIELD}: empty parentheses at position {i}")
-            _check_symbols(body, i + 1)
+            body = _group(body, i + 1)
             n, i = _count(text, close + 1, required=True)
         elif c == ")":
             raise ConfigError(f"{FIELD}: the ')' at position {i} closes no '('")
@@ -87,6 +88,30 @@ def _items(text: str) -> list[tuple[str, int]]:
             n, i = _count(text, i + 1, required=False)
         items.append((body, n))
     return items
+
+
+def _group(body: str, at: int) -> str:
+    """A group's body (at position `at`) with its own `x*N` unrolled, as Megatron-Core unrolls
+    `(...)*N` first and `x*N` after, so `(t*4|)*14` is 14 stages of 4 layers; the body's
+    unrolled length is checked before it is built."""
+    try:
+        inner = _items(body)
+    except ConfigError as err:
+        raise ConfigError(_shifted(str(err), at)) from None
+    size = sum(len(piece) * n for piece, n in inner)
+    if size > MAX_EXPANDED:
+        raise ConfigError(f"{FIELD}: the group at position {at - 1} unrolls to {size:,} "
+                          f"symbols, more than {MAX_EXPANDED:,}")
+    return "".join(piece * n for piece, n in inner)
+
+
+def _shifted(message: str, at: int) -> str:
+    """A message about a group's body with its positions counted in the whole string."""
+    words = message.split(" ")
+    for k in range(len(words) - 1):
+        if words[k] == "position" and words[k + 1].isdigit():
+            words[k + 1] = str(int(words[k + 1]) + at)
+    return " ".join(words)
 
 
 def _count(text: str, at: int, *, required: bool) -> tuple[int, int]:

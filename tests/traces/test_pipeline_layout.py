@@ -194,3 +194,25 @@ def test_new_keys_are_left_out_of_files_at_their_defaults():
         "pipeline_layout"]
     both = Layout(pp=2, account_for_embedding=True, account_for_loss=True).to_dict()
     assert both["account_for_embedding"] and both["account_for_loss"]
+
+
+def test_a_repeated_symbol_inside_a_group_is_unrolled_as_megatron_core_does():
+    """Megatron-Core unrolls `(...)*N` first and `x*N` after, so `(t*4|)*14` is 14 stages of 4
+    layers; equal to the same layout written out."""
+    m = model(60)
+    short = Layout(pp=16, global_batch=16, pipeline_layout="Et*2|(t*4|)*14t*2L")
+    long = Layout(pp=16, global_batch=16, pipeline_layout="Ett|" + "tttt|" * 14 + "ttL")
+    assert counts(m, short) == [2] + [4] * 14 + [2] == counts(m, long)
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("E|(t*|)*2|L", "'*' at position 4 needs a repetition count after it"),
+    ("E|(tx|)*2|L", "'x' at position 4 is not a layer symbol"),
+    ("E|(t*0|)*2|L", "repetition count 0 at position 5 must be from 1"),
+    ("E|(t*1048576t*1048576|)*1|L", "the group at position 2 unrolls to 2,097,153 symbols"),
+])
+def test_a_broken_repetition_inside_a_group_names_its_position_in_the_whole_string(text,
+                                                                                    message):
+    with pytest.raises(ConfigError) as info:
+        Layout(pp=2, pipeline_layout=text)
+    assert message in str(info.value) and "\n" not in str(info.value)

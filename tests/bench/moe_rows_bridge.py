@@ -1,0 +1,150 @@
+"""NVIDIA's MoE rows (Megatron-Bridge) and DeepSeek's own H800 figure, for
+`bench_moe_recipes.py`, entered as stated.
+
+1. Megatron-Bridge "Performance" page (docs.nvidia.com/nemo/megatron-bridge/latest/
+   performance-summary.html; the same tables in NVIDIA-NeMo/Megatron-Bridge
+   docs/performance-summary.md @df0289c, 26.02 and 25.11 containers, and
+   docs/performance-summary-archive.md @4da7335, 25.09; read 2026-12-05): every DeepSeek-V3,
+   Qwen3-30B-A3B and Qwen3-235B-A22B row on H100, B200, B300, GB200 and GB300, tokens/s/GPU as
+   published, with the row's GPUs, precision, GBS, MBS, TP, PP, VP and EP ("n/a" VP: none).
+   The page: "we force-balance the token distribution among experts and all benchmarks are
+   token-dropless" (parasim's balanced routing, no capacity). The 25.09 rows marked
+   "tokendrop" state no capacity factor and are left out; its H100 DeepSeek-V3 "dropless" row
+   (the issue's 1,297) is in. Its precision column is missing: the row's figure is the FP8
+   one without the parenthesized "128x128 weights, 1x128 activations" granularity, i.e. the
+   recipes' default FP8 current scaling ("tensorwise").
+   What the table does not state comes from the recipes (NVIDIA-NeMo/Megatron-Bridge
+   scripts/performance/configs/deepseek/deepseek_workload_base_configs.py @0426418 and
+   qwen/qwen3_workload_base_configs.py @01b2977): expert TP 1; the token dispatcher
+   (`moe_flex_dispatcher_backend = "hybridep"` for every DeepSeek-V3 and Qwen3-30B-A3B recipe and
+   the GB200/GB300 Qwen3-235B ones; "alltoall" on B200, B300 and H100 235B) and
+   `moe_a2a_overlap` (H100 235B and the FP8-MX DeepSeek-V3 Blackwell recipes): the keys parasim
+   lacks (`needs`). Those are today's recipes; an older container's may have differed.
+   Qwen3-235B's 94 layers + embedding + loss = 96 divide every published PP x VP, as Megatron's
+   account_for_embedding/loss_in_pipeline_split make them. CUDA graphs, recompute modules and
+   fused kernels the recipes set are not modelled.
+2. DeepSeek-AI, "DeepSeek-V3 Technical Report", arXiv 2412.19437 (2024): "180K H800 GPU hours
+   per trillion tokens" (§1 and Table 1), so tokens/s/GPU = 1e12 / (180e3 x 3600) = 1,543.2,
+   on the run §3.2 describes (tests/bench/data/deepseek-v3-2048-h800.toml).
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from moe_rows import MoeRow, deepseek_v3, qwen3
+from recipes_bridge import PRECISION, cluster
+
+BRIDGE = "Megatron-Bridge performance summary"
+PAGES = {"26.02": f"{BRIDGE}, 26.02 container (docs/performance-summary.md @df0289c)",
+         "25.11": f"{BRIDGE}, 25.11 container (docs/performance-summary.md @df0289c)",
+         "25.09": f"{BRIDGE}, 25.09 container (docs/performance-summary-archive.md @4da7335)"}
+PRECISIONS = {**PRECISION, "BF16": {"dtype": "bf16"}}
+HYBRIDEP = ("model.dispatch=hybridep",)
+OVERLAP = ("parallel.overlap_moe_comm",)
+
+
+def bridge(release: str, system: str, model: str, precision: str, gpus: int, gbs: int,
+           mbs: int, layout: tuple[int, int, int, int], tokens: float,
+           needs: tuple[str, ...] = (), **extra: Any) -> MoeRow:
+    """One row: `layout` is the page's (TP, PP, VP, EP) columns, VP 1 for "n/a"."""
+    tp, pp, vp, ep = layout
+    par: dict[str, Any] = {
+        "tp": tp, "pp": pp, "vp": vp, "dp": gpus // (tp * pp), "ep": ep, "etp": 1,
+        "schedule": "interleaved" if vp > 1 else "1f1b", "sp": tp > 1, "zero": 1,
+        "fp32_main_grads": True, "recompute": "none", "micro_batch": mbs, "global_batch": gbs,
+    }
+    if model.startswith("Qwen3-235B"):
+        par.update(account_for_embedding=True, account_for_loss=True)
+    par.update(extra.pop("parallel", {}))
+    shape = (deepseek_v3(**PRECISIONS[precision], **extra) if model.startswith("DeepSeek")
+             else qwen3("235b" if "235B" in model else "30b", **PRECISIONS[precision]))
+    if "model.dispatch=hybridep" in needs:
+        shape["dispatch"] = "hybridep"
+    if "parallel.overlap_moe_comm" in needs:
+        par["overlap_moe_comm"] = True
+    name = f"{release} {model} {system} {precision}, {gpus} GPUs"
+    hardware = ({"preset": "dgx-b300", "nodes": gpus // 8} if system == "B300"
+                else cluster(system, gpus))
+    return MoeRow("bridge", name, PAGES[release], shape, par, hardware, tokens, "tokens/s",
+                  needs)
+
+
+DSV3 = "DeepSeek-V3"
+Q235 = "Qwen3-235B-A22B"
+Q30 = "Qwen3-30B-A3B"
+NO_MTP = {"mtp_layers": 0}  # the 25.11 rows marked "(w/o MTP)"
+MTP = {"mtp_layers": 1}
+
+ROWS_2602: list[MoeRow] = [
+    # The GB300 recipe's pp_layout "Et*4|(t*4|)*14tmL": 16 virtual stages = PP 2 x VP 8.
+    bridge("26.02", "GB300", DSV3, "FP8-MX", 256, 4096, 2, (1, 2, 8, 32), 4612,
+           HYBRIDEP + OVERLAP, parallel={"pipeline_layout": "Et*4|(t*4|)*14tmL"}, **MTP),
+    bridge("26.02", "GB200", DSV3, "FP8-MX", 256, 4096, 1, (1, 4, 4, 64), 3955,
+           HYBRIDEP + OVERLAP, **MTP),
+    bridge("26.02", "B300", DSV3, "FP8-MX", 256, 4096, 1, (1, 16, 1, 8), 2983,
+           HYBRIDEP + OVERLAP, **MTP),
+    bridge("26.02", "B200", DSV3, "FP8-MX", 256, 4096, 1, (1, 16, 1, 8), 2689, HYBRIDEP,
+           **MTP),
+    bridge("26.02", "GB300", Q30, "FP8-MX", 8, 512, 8, (1, 1, 1, 8), 30376, HYBRIDEP),
+    bridge("26.02", "GB200", Q30, "FP8-MX", 8, 512, 4, (1, 1, 1, 8), 26084, HYBRIDEP),
+    bridge("26.02", "B300", Q30, "FP8-MX", 8, 512, 8, (1, 1, 1, 8), 29521, HYBRIDEP),
+    bridge("26.02", "B200", Q30, "FP8-MX", 8, 512, 1, (1, 1, 1, 8), 9691, HYBRIDEP),
+    bridge("26.02", "H100", Q30, "FP8-CS", 16, 1024, 1, (1, 2, 12, 8), 2557, HYBRIDEP),
+    bridge("26.02", "GB300", Q235, "FP8-MX", 256, 8192, 2, (1, 4, 1, 32), 6583, HYBRIDEP),
+    bridge("26.02", "GB200", Q235, "FP8-MX", 256, 8192, 1, (1, 8, 1, 32), 5448, HYBRIDEP),
+    bridge("26.02", "B300", Q235, "FP8-MX", 256, 8192, 1, (1, 8, 4, 8), 2691),
+    bridge("26.02", "B200", Q235, "FP8-MX", 256, 8192, 1, (1, 8, 1, 8), 3805),
+    bridge("26.02", "H100", Q235, "FP8-CS", 256, 8192, 1, (2, 8, 4, 32), 1633, OVERLAP),
+]
+
+ROWS_2511: list[MoeRow] = [
+    bridge("25.11", "GB300", DSV3, "BF16", 256, 4096, 1, (1, 2, 4, 32), 3848, HYBRIDEP,
+           **NO_MTP),
+    bridge("25.11", "GB300", DSV3, "FP8-MX", 256, 4096, 1, (1, 2, 4, 32), 4357,
+           HYBRIDEP + OVERLAP, **NO_MTP),
+    bridge("25.11", "GB200", DSV3, "BF16", 256, 4096, 1, (1, 4, 4, 64), 3139, HYBRIDEP,
+           **NO_MTP),
+    bridge("25.11", "GB200", DSV3, "FP8-MX", 256, 4096, 1, (1, 8, 4, 32), 4018,
+           HYBRIDEP + OVERLAP, **NO_MTP),
+    bridge("25.11", "B200", DSV3, "FP8-MX", 256, 2048, 1, (1, 16, 1, 8), 2139, HYBRIDEP,
+           **MTP),
+    bridge("25.11", "GB300", Q30, "FP8-MX", 8, 512, 4, (1, 1, 1, 8), 28934, HYBRIDEP),
+    bridge("25.11", "GB200", Q30, "FP8-MX", 8, 512, 4, (1, 1, 1, 8), 23766, HYBRIDEP),
+    bridge("25.11", "B200", Q30, "FP8-MX", 8, 512, 1, (1, 1, 1, 8), 9299, HYBRIDEP),
+    bridge("25.11", "H100", Q30, "FP8-CS", 16, 512, 2, (1, 2, 24, 8), 5275, HYBRIDEP),
+    bridge("25.11", "GB300", Q235, "BF16", 256, 8192, 2, (1, 4, 12, 16), 6131, HYBRIDEP),
+    bridge("25.11", "GB200", Q235, "BF16", 256, 8192, 1, (1, 8, 3, 32), 4916, HYBRIDEP),
+    bridge("25.11", "B200", Q235, "FP8-MX", 64, 1024, 1, (1, 8, 2, 8), 3269),
+    bridge("25.11", "H100", Q235, "FP8-CS", 256, 2048, 1, (2, 8, 4, 32), 1575, OVERLAP),
+]
+
+ROWS_2509: list[MoeRow] = [
+    # The H100 recipe's pp_layout "Et|(tt|)*30mL": 32 virtual stages = PP 8 x VP 4.
+    bridge("25.09", "H100", DSV3, "FP8-CS", 1024, 8192, 1, (2, 8, 4, 64), 1297, HYBRIDEP,
+           parallel={"pipeline_layout": "Et|(tt|)*30mL"}, **MTP),
+]
+
+BRIDGE_ROWS: list[MoeRow] = ROWS_2602 + ROWS_2511 + ROWS_2509
+
+H800_TOML = Path(__file__).parent / "data" / "deepseek-v3-2048-h800.toml"
+H800_TOKENS_PER_S = 1e12 / (180e3 * 3600)
+"""180K H800 GPU-hours per trillion tokens: 1e12 tokens / 6.48e8 GPU-seconds = 1,543.2."""
+
+
+def deepseek_h800() -> MoeRow:
+    """DeepSeek-V3's pre-training on 2,048 H800 as the data file states it (its comments cite
+    the report), at the report's derived 1,543.2 tokens/s/GPU."""
+    with H800_TOML.open("rb") as f:
+        data = tomllib.load(f)
+    needs = ("parallel.schedule=dualpipe", "model.router_groups", "model.dispatch=deepep",
+             "parallel.overlap_moe_comm")
+    return MoeRow("deepseek", "DeepSeek-V3 2,048 H800 (DualPipe, EP64, FP8)",
+                  "DeepSeek-AI, DeepSeek-V3 Technical Report, arXiv 2412.19437, §1, §3.2, "
+                  "Table 1", data["model"], data["parallel"], data["cluster"],
+                  H800_TOKENS_PER_S, "tokens/s", needs)
+
+
+DEEPSEEK_ROWS: list[MoeRow] = [deepseek_h800()]

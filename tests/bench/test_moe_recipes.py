@@ -1,0 +1,105 @@
+"""bench_moe_recipes.py's rows against their sources' own arithmetic: each row's GPUs are its
+layout's product and its source's GPU count, the Folding paper's two units agree through the
+FLOP count the benchmark uses, DeepSeek's figure is its derivation, and every row either builds
+or is refused as the benchmark prints it (a missing key, or one ConfigError line)."""
+
+from __future__ import annotations
+
+import pytest
+from bench_moe_recipes import TABLES, missing
+from moe_rows import UNITS
+from moe_rows_bridge import BRIDGE_ROWS, DEEPSEEK_ROWS, H800_TOKENS_PER_S
+from moe_rows_folding import FOLDING_ROWS, H100_PEAK, MAPPINGS, TABLE3_MFU
+
+from sim.config import experiment_from_dict
+from traces.errors import ConfigError
+from traces.model import ModelSpec
+from traces.step_flops import megatron_num_flops
+
+ROWS = [row for rows in TABLES.values() for row in rows]
+
+
+@pytest.mark.parametrize("row", ROWS, ids=lambda r: r.name)
+def test_each_row_is_consistent(row):
+    """GPUs = TP·CP·PP·DP and, on a rack preset, whole 64-GPU domains; EP·ETP within the
+    TP·CP·DP ranks of a stage; a known unit; the published figure positive where there is
+    one."""
+    p = row.parallel
+    assert row.gpus == p.get("tp", 1) * p.get("cp", 1) * p["pp"] * p["dp"]
+    per_node = row.cluster.get("gpus_per_node", 8)
+    assert row.cluster["nodes"] * per_node == row.gpus
+    stage = p.get("tp", 1) * p.get("cp", 1) * p["dp"]
+    assert stage % (p.get("ep", 1) * p.get("etp", 1)) == 0
+    assert row.unit in UNITS
+    assert row.published is None or row.published > 0
+
+
+def test_the_folding_mappings_have_table_3s_gpu_counts():
+    """Table 3's GPUs per model (Mixtral 128, Qwen2 64, G8T8 128, Llama3-8x70B 256) for every
+    method, and its only two "OOM" cells are Llama3-8x70B's FSDP and TP + EP + DP."""
+    counts = {model: {m[0] for m in methods.values()} for model, methods in MAPPINGS.items()}
+    assert counts == {"Mixtral-8x22B": {128}, "Qwen2-57B-A14B": {64},
+                      "Mixtral-8x22B-G8T8": {128}, "Llama3-8x70B": {256}}
+    ooms = [(model, method) for model, mfu in TABLE3_MFU.items()
+            for method, value in mfu.items() if value is None]
+    assert ooms == [("Llama3-8x70B", "FSDP"), ("Llama3-8x70B", "TP + EP + DP")]
+
+
+def test_table_2s_bf16_tflops_are_table_3s_mfu_of_the_h100_peak():
+    """Table 2's 458.3 and 487.7 TFLOP/s are Table 3's 46.3% and 49.3% of 989.5 TFLOP/s, to
+    the rounding of the MFU (0.05 points): both count the same FLOPs."""
+    t2 = {r.name: r.published for r in FOLDING_ROWS["folding-t2"]}
+    for method in ("MCore", "MCore w/ Folding"):
+        tflops = t2[f"Mixtral-8x22B {method}, 128 GPUs BF16"]
+        mfu = TABLE3_MFU["Mixtral-8x22B"][method]
+        assert tflops is not None and mfu is not None
+        assert abs(tflops / (H100_PEAK / 1e12) * 100 - mfu) <= 0.05
+
+
+def test_the_folding_fp8_speedups_are_table_2s():
+    """Table 2's own ratios: FP8 over BF16 1.26x (MCore) and 1.30x (Folding), Folding over
+    MCore 1.06x (BF16) and 1.10x (FP8), each to its printed two decimals (575.1 / 458.3 =
+    1.2549: the paper rounds it to 1.26, so within 0.006)."""
+    t = {(r.name.split(", ")[0], r.name[-4:].strip()): r.published
+         for r in FOLDING_ROWS["folding-t2"]}
+    mcore, fold = "Mixtral-8x22B MCore", "Mixtral-8x22B MCore w/ Folding"
+    ratios = [t[mcore, "FP8"] / t[mcore, "BF16"], t[fold, "FP8"] / t[fold, "BF16"],
+              t[fold, "BF16"] / t[mcore, "BF16"], t[fold, "FP8"] / t[mcore, "FP8"]]
+    assert ratios == pytest.approx([1.26, 1.30, 1.06, 1.10], abs=0.006)
+
+
+def test_nvidia_qwen3_model_tflops_are_the_causal_count():
+    """The page's 563 model TFLOP/s at 3,805 tokens/s (26.02, B200, Qwen3-235B-A22B) is
+    Megatron's count with causal attention (half the s/h term) per token, to the rounding of
+    the two integers; the full count is 12.8% higher."""
+    row = next(r for r in BRIDGE_ROWS if r.name == "26.02 Qwen3-235B-A22B B200 FP8-MX, "
+               "256 GPUs")
+    model = ModelSpec(**row.model)
+    full = megatron_num_flops(model, 1) / model.seq_len
+    h, s, n = model.hidden, model.seq_len, model.layers
+    ratio = model.head_dim * model.heads / h
+    causal = full - 12 * n * h * h * (s / h) * ratio / 2
+    published = 563e12 / 3805
+    assert abs(causal / published - 1) <= 0.5 / 563 + 0.5 / 3805
+    assert full / causal == pytest.approx(1.128, abs=0.001)
+
+
+def test_deepseeks_figure_is_180k_gpu_hours_per_trillion_tokens():
+    assert abs(H800_TOKENS_PER_S - 1543.2) < 0.05
+    assert DEEPSEEK_ROWS[0].published == H800_TOKENS_PER_S
+    assert DEEPSEEK_ROWS[0].gpus == 2048
+
+
+@pytest.mark.parametrize("row", [r for r in ROWS if r.gpus <= 1024], ids=lambda r: r.name)
+def test_every_row_builds_or_is_refused_as_the_benchmark_prints_it(row):
+    """A row needing a key parasim lacks names it; any other refusal is one ConfigError
+    line; a row that builds has the row's GPUs."""
+    if missing(row):
+        assert missing(row) in row.needs
+        return
+    try:
+        exp = experiment_from_dict(row.config(), name=row.name)
+    except ConfigError as err:
+        assert "\n" not in str(err) and str(err)
+        return
+    assert exp.cluster.num_devices == row.gpus
