@@ -35,6 +35,7 @@ from collections.abc import Iterable
 
 from traces import mla
 from traces.fp8_recipes import (
+    FP8_RECIPES,
     RECIPES,
     Fp8Recipe,
     backward_casts,
@@ -42,7 +43,7 @@ from traces.fp8_recipes import (
     input_casts,
 )
 from traces.kernel_work import Gemm, KernelWork
-from traces.model import FP8_RECIPES, ModelSpec
+from traces.model import ModelSpec
 from traces.moe_spec import is_moe_layer
 from traces.purpose import Kernel
 

@@ -42,6 +42,7 @@ from dataclasses import dataclass
 
 from traces import mla
 from traces.errors import ConfigError, show
+from traces.fp8_recipes import FP8_RECIPES
 from traces.heads import check_heads
 from traces.moe_spec import check_moe, expert_params, is_moe_layer, moe_mlp_params, num_moe_layers
 from traces.mtp import check_mtp, mtp_indices, mtp_params, mtp_stage_extra
@@ -57,10 +58,6 @@ NORMS = ("layernorm", "rmsnorm")
 STACKS = ("fused", "compiled", "eager")
 """`model.kernels`: the software stack's kernels for a block (`traces.stack`)."""
 POSITIONS = ("learned", "rope")
-FP8_RECIPES = ("delayed", "tensorwise", "rowwise", "blockwise", "mxfp8")
-"""FP8 scaling recipes (`traces.fp8_recipes`): Transformer Engine's DelayedScaling,
-Float8CurrentScaling (and torchao's tensorwise), torchao's rowwise, Float8BlockScaling
-(DeepSeek-V3's 1x128 / 128x128 blocks) and MXFP8BlockScaling (Blackwell)."""
 # Upper bounds, far beyond any published model (GPT-3: 96 layers, h 12288, V 51200), that keep
 # every count finite and every plan buildable.
 MAX_DIMS = {"layers": 2**16, "hidden": 2**20, "heads": 2**16, "seq_len": 2**24, "vocab": 2**24,
