@@ -19,6 +19,10 @@ FP8_KERNELS = frozenset({K.FP8_AMAX, K.FP8_CAST, K.FP8_CAST_GRAD, K.FP8_WEIGHT_C
 """The kernels only an FP8 model runs (the executor runs none: FP8 is GPU-only)."""
 
 
+MTP_KERNELS = frozenset({K.MTP_ENORM, K.MTP_HNORM, K.MTP_CONCAT, K.EH_PROJ})
+"""A multi-token prediction depth's own kernels (`traces.mtp_kernels`; simulated, not run)."""
+
+
 MLA_PROJECTIONS = (K.MLA_DOWN, K.LATENT_NORM, K.Q_UP, K.KV_UP)
 """Latent attention's projections in forward order, in place of qkv (`traces.mla`)."""
 
