@@ -88,6 +88,7 @@ class Schedule(StrEnum):
     INTERLEAVED = "interleaved"
     ZB1P = "zb1p"  # zero-bubble ZB-1P (traces.zero_bubble), vp >= 1 chunks per rank
     ZBV = "zbv"  # zero-bubble ZB-V: two chunks per rank in a V (traces.zero_bubble)
+    DUALPIPEV = "dualpipev"  # DualPipeV: zbv's V, overlapped pairs (traces.dualpipev_order)
 
 
 class CpComm(StrEnum):

@@ -9,6 +9,7 @@ tensor-parallel collectives, sends and receives, gradient reduction) into the pl
     1f1b         pp - rank - 1 warm-up forwards, then one forward one backward (PipeDream-Flush)
     interleaved  Megatron-LM's interleaved 1F1B over vp model chunks per rank
     zb1p         zero-bubble ZB-1P, the backward split into B and W (`traces.zero_bubble`)
+    dualpipev    PyTorch's ScheduleDualPipeV on zbv's V (`traces.dualpipev_order`)
 """
 
 from __future__ import annotations
@@ -17,9 +18,10 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
+from traces.dualpipev_order import dualpipev_order
 from traces.errors import ConfigError
 from traces.layout import Layout
-from traces.schedule_rules import rank_stages
+from traces.schedule_rules import V_SHAPED, rank_stages
 from traces.zero_bubble_order import zb1p_order, zbv_order
 
 _ACTION = re.compile(r"^(\d+)([FBW])(\d+)$")
@@ -107,13 +109,14 @@ def build_schedule(name: str, pp: int, m: int, vp: int = 1, extra: int = 0) -> A
         schedule = one_f_one_b(pp, m, extra)
     elif name == "interleaved":
         schedule = interleaved(pp, vp, m, extra)
-    elif name in ("zb1p", "zbv"):
-        order = zb1p_order(pp, m, vp) if name == "zb1p" else zbv_order(pp, m)
+    elif name in ("zb1p", "zbv", "dualpipev"):
+        order = (zb1p_order(pp, m, vp) if name == "zb1p" else zbv_order(pp, m)
+                 if name == "zbv" else dualpipev_order(pp, m))
         schedule = {r: [Action(*step) for step in steps] for r, steps in order.items()}
     else:
-        raise ConfigError(f"parallel.schedule: {name!r} is not gpipe, 1f1b, interleaved, zb1p "
-                          "or zbv")
-    validate(schedule, pp, m, vp, v_shape=name == "zbv")
+        raise ConfigError(f"parallel.schedule: {name!r} is not gpipe, 1f1b, interleaved, zb1p, "
+                          "zbv or dualpipev")
+    validate(schedule, pp, m, vp, v_shape=name in V_SHAPED)
     return schedule
 
 
@@ -140,7 +143,7 @@ def validate(schedule: ActionSchedule, pp: int, m: int, vp: int = 1, v_shape: bo
         actions = schedule.get(r, [])
         kinds: tuple[Literal["F", "B", "W"], ...] = \
             (*KINDS, "W") if any(a.kind == "W" for a in actions) else KINDS
-        stages = rank_stages("zbv" if v_shape else "", pp, vp, r)  # zbv: a V
+        stages = rank_stages("zbv" if v_shape else "", pp, vp, r)  # zbv, dualpipev: a V
         expected = {Action(s, k, i) for s in stages for k in kinds for i in range(m)}
         if sorted(map(str, actions)) != sorted(map(str, expected)):
             missing = sorted(map(str, expected - set(actions)))[:4]

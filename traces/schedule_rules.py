@@ -1,14 +1,17 @@
 """The rules a layout must meet for its pipeline schedule, and where the schedule puts each
 virtual stage: stage k on pipeline rank k % pp as its chunk k // pp, but under zbv (two chunks
 in a V, PyTorch's generate_stage_to_rank_mapping style "v") rank r runs stages r and
-2 pp - 1 - r. Apart from `traces.layout` so that it stays within its size; it reads a layout
-through `_Parallel` (no import of it)."""
+2 pp - 1 - r (so too under dualpipev: `V_SHAPED`). Apart from `traces.layout` so that it
+stays within its size; it reads a layout through `_Parallel` (no import of it)."""
 
 from __future__ import annotations
 
 from typing import Protocol
 
 from traces.errors import ConfigError
+
+V_SHAPED = frozenset({"zbv", "dualpipev"})
+"""Schedules with two chunks per rank in a V (PyTorch's stage-to-rank style "v")."""
 
 
 class _Parallel(Protocol):
@@ -42,14 +45,14 @@ class _Parallel(Protocol):
 
 def rank_stages(schedule: str, pp: int, vp: int, pp_rank: int) -> list[int]:
     """Virtual stages of pipeline rank `pp_rank`, chunk by chunk."""
-    if schedule == "zbv":
+    if schedule in V_SHAPED:
         return [pp_rank, 2 * pp - 1 - pp_rank]
     return [chunk * pp + pp_rank for chunk in range(vp)]
 
 
 def stage_rank(schedule: str, pp: int, stage: int) -> int:
     """The pipeline rank that runs virtual stage `stage`."""
-    if schedule == "zbv" and stage >= pp:
+    if schedule in V_SHAPED and stage >= pp:
         return 2 * pp - 1 - stage
     return stage % pp
 
@@ -70,7 +73,7 @@ def check_schedule(layout: _Parallel) -> None:
         if m % layout.pp:
             raise ConfigError(f"parallel: {m} micro-batches are not divisible by "
                               f"pp = {layout.pp}, as Megatron-LM's interleaved schedule needs")
-    elif schedule in ("zb1p", "zbv"):
+    elif schedule in ("zb1p", "zbv", "dualpipev"):
         check_zero_bubble(layout)
     elif layout.vp != 1:
         raise ConfigError(f"parallel.vp: {layout.vp} > 1 needs schedule = \"interleaved\", "
@@ -80,7 +83,8 @@ def check_schedule(layout: _Parallel) -> None:
 def check_zero_bubble(layout: _Parallel) -> None:
     """zb1p: the micro-batch count PyTorch's ScheduleInterleavedZeroBubble accepts (a multiple
     of max(1, m // pp) rounds); zbv: exactly two chunks per rank (ScheduleZBVZeroBubble) and
-    an even split (the uneven ones place layers by rank, not by V); both: no ZeRO-3 (it frees
+    an even split (the uneven ones place layers by rank, not by V); dualpipev: the same, and at
+    least 2 pp micro-batches (ScheduleDualPipeV); all: no ZeRO-3 (it frees
     a unit's parameters after its backward, which the deferred W still needs), no
     tp_comm_overlap (its chunked GEMMs run both gradients as one)."""
     m, pp, schedule = layout.num_microbatches, layout.pp, str(layout.schedule)
@@ -89,15 +93,19 @@ def check_zero_bubble(layout: _Parallel) -> None:
         raise ConfigError(f"parallel: {m} micro-batches are not a multiple of max(1, m // pp) "
                           f"= {rounds} rounds, as zb1p (PyTorch's ScheduleInterleavedZeroBubble) "
                           "needs")
-    if schedule == "zbv" and layout.vp != 2:
-        raise ConfigError(f"parallel.vp: {layout.vp}; zbv (PyTorch's ScheduleZBVZeroBubble) "
+    if schedule in V_SHAPED and layout.vp != 2:
+        source = "ScheduleZBVZeroBubble" if schedule == "zbv" else "ScheduleDualPipeV"
+        raise ConfigError(f"parallel.vp: {layout.vp}; {schedule} (PyTorch's {source}) "
                           "needs exactly vp = 2 chunks per rank")
-    if schedule == "zbv" and (layout.pp_first_layers or layout.pp_last_layers
+    if schedule == "dualpipev" and m < 2 * pp:
+        raise ConfigError(f"parallel: {m} micro-batches are fewer than 2 pp = {2 * pp}, as "
+                          "dualpipev (PyTorch's ScheduleDualPipeV) needs")
+    if schedule in V_SHAPED and (layout.pp_first_layers or layout.pp_last_layers
                               or layout.account_for_embedding or layout.account_for_loss
                               or layout.pipeline_layout):
-        raise ConfigError("parallel.schedule: \"zbv\" places its stages in a V; it needs an "
-                          "even split (no pp_first_layers, pp_last_layers, account_for_* or "
-                          "pipeline_layout)")
+        raise ConfigError(f"parallel.schedule: \"{schedule}\" places its stages in a V; it "
+                          "needs an even split (no pp_first_layers, pp_last_layers, "
+                          "account_for_* or pipeline_layout)")
     if layout.zero == 3 and layout.dp * layout.cp > 1:
         raise ConfigError(f"parallel.zero: 3 with schedule = \"{schedule}\"; ZeRO-3 frees a "
                           "unit's parameters after its backward, and the deferred W needs them")

@@ -8,6 +8,9 @@ ICLR 2024).
           over vp >= 1 chunks per rank.
     zbv   ZB-V as ScheduleZBVZeroBubble orders it (same file and version): two chunks per
           rank in a V, rank r running stages r and 2 pp - 1 - r (`traces.schedule_rules`).
+    dualpipev  DualPipeV as ScheduleDualPipeV orders it (same file and version): zbv's V, its
+          full backwards as a B and its W at once, its overlapped pairs one after the other
+          (`traces.dualpipev_order`).
 
 The orders themselves, as rules, are `traces.zero_bubble_order`'s.
 
@@ -35,7 +38,7 @@ WEIGHT_GEMMS = frozenset({K.QKV, K.MLA_DOWN, K.Q_UP, K.KV_UP, K.PROJ, K.FC1, K.F
 """Kernels whose backward is two GEMMs, dA = dC·Bᵀ (in B) and dB = Aᵀ·dC (in W)."""
 WEIGHT_ONLY = frozenset({K.EMBED, K.POS_EMBED})
 """Kernels whose backward is a weight gradient only (the lookup's scatter-add): all in W."""
-SPLIT_SCHEDULES = frozenset({"zb1p", "zbv"})
+SPLIT_SCHEDULES = frozenset({"zb1p", "zbv", "dualpipev"})
 
 
 def zb1p(pp: int, m: int, vp: int = 1) -> ActionSchedule:

@@ -40,6 +40,7 @@ from traces.ops import Op, OpKind, Phase, Stream
 from traces.pipeline import Action
 from traces.plan.nodes import Node, Program, RankContext, first_compute, last_compute
 from traces.purpose import MessageGather, PipeMessage, Tag
+from traces.schedule_rules import V_SHAPED
 from traces.zero_bubble import splits_backward
 
 # (receive stream, tag, stage offset of the peer) and the same for sends, per action kind.
@@ -69,7 +70,7 @@ def add_pipeline_p2p(ctx: RankContext, actions: list[Action], program: Program) 
     # zero-bubble schedules as PyTorch's _PipelineScheduleRuntime runs them: sends are
     # batched isends, waited for only at the end of the step (`traces.zero_bubble`)
     detached = splits_backward(layout.schedule)
-    leg2 = layout.schedule is Schedule.ZBV
+    leg2 = str(layout.schedule) in V_SHAPED
     for action, nodes in zip(actions, program):
         kind, stage, mb = action.kind, action.stage, action.microbatch
         if kind == "W":  # weight gradients: nothing to send or receive
