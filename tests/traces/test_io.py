@@ -51,6 +51,8 @@ def plan_trace() -> Trace:
         Op(kind=OpKind.COMPUTE, stream="compute", name="mlp", layer=1, microbatch=0,
            phase=Phase.FWD, deps=(0,), flops=2e12),
         Op(kind=OpKind.SEND, stream="p2p", deps=(1,), peer=0, size_bytes=4 * MiB, tag="grad"),
+        Op(kind=OpKind.COMPUTE, stream="compute", name="mlp", layer=1, microbatch=0,
+           phase=Phase.WGRAD, deps=(1,), flops=2e12),
     )
     meta = TraceMeta(experiment="gpt-tiny", layout=Layout(pp=2, global_batch=2), ranks=(0, 1),
                      extras={"mfu": 0.41})
