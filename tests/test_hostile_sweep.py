@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from sim.cli import main
 from sim.collectives.nccl_system import NcclSystem
 from sim.collectives.protocols import GBPS, SPEEDS_INTRA
+from tests.test_hostile_inputs import refused, run
 
 MODEL = """[model]
 layers = 4
@@ -27,19 +27,6 @@ def write(tmp_path: Path, parallel: str, cluster: str) -> str:
     path = tmp_path / "c.toml"
     path.write_text(f"{MODEL}[parallel]\n{parallel}\n[cluster]\n{cluster}\n")
     return str(path)
-
-
-def run(capsys, *argv: object) -> tuple[int, str, str]:
-    code = main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def refused(capsys, needle: str, *argv: object) -> None:
-    code, out, err = run(capsys, *argv)
-    assert (code, out) == (2, ""), err
-    assert err.startswith("parasim: error: ") and err.count("\n") == 1, err
-    assert needle in err, err
 
 
 # --- an HBM slower than NCCL's traffic in it -------------------------------------------------
