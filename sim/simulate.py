@@ -157,6 +157,9 @@ def headline(s: StepSummary) -> list[tuple[str, str]]:
     ]
 
 
+_DISPATCH_LABEL = {"deepep": ", DeepEP", "hybridep": ", HybridEP"}
+"""How the model line names a dispatch other than NCCL's all-to-all."""
+
 RATE_UNITS = ((1.0, "TFLOP/s"), (1e-3, "GFLOP/s"), (0.0, "MFLOP/s"))
 """TFLOP/s thresholds of each unit: the largest that shows the rate as 1 or more."""
 
@@ -277,7 +280,7 @@ def model_summary(model: ModelSpec) -> str:
         skew = f", skew {model.routing_skew:g}" if model.routing_skew else ""
         skew += (", force-balanced" if model.force_balance else "") + (
             f", {model.router_group_topk} of {model.router_groups} groups"
-            if model.router_groups else "") + (", DeepEP" if model.dispatch == "deepep" else "")
+            if model.router_groups else "") + _DISPATCH_LABEL.get(model.dispatch, "")
         cap = f", capacity {model.capacity_factor:g}" if model.capacity_factor else ", dropless"
         moe = (f", MoE {model.experts} experts top-{model.top_k} of {model.moe_ffn_hidden}"
                f" + {model.shared_experts} shared, {model.dense_layers} dense layers"

@@ -142,7 +142,8 @@ class ModelSpec:
     force_balance: bool = False
     """Routing perfectly balanced whatever routing_skew (NVIDIA's benchmark setting)."""
     dispatch: str = "nccl"
-    """The token dispatch: "nccl" all-to-all or "deepep" (`traces.deepep`)."""
+    """The token dispatch: "nccl" all-to-all, "deepep" (`traces.deepep`) or "hybridep"
+    (`traces.hybridep`)."""
     moe_grouped_gemm: bool = True
     """One grouped GEMM over a rank's experts; false: a GEMM per expert (`traces.moe_steps`)."""
     moe_permute_fusion: bool = True

@@ -31,7 +31,10 @@ from traces.errors import ConfigError, show
 
 ROUTING_KEYS = ("router_groups", "router_group_topk", "force_balance", "dispatch")
 """The `[model]` keys of routing as trained (written in a header only where set)."""
-DISPATCHES = ("nccl", "deepep")
+DISPATCHES = ("nccl", "deepep", "hybridep")
+FORWARDING = ("deepep", "hybridep")
+"""The dispatches that cross the network once per NVLink domain and forward inside it
+(`traces.deepep`, `traces.hybridep`)."""
 MAX_GROUPS = 2**14  # at most one group per expert (MAX_EXPERTS)
 
 

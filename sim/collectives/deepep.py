@@ -1,4 +1,5 @@
-"""DeepEP's dispatch and combine as flows: InfiniBand once per destination node, then NVLink.
+"""DeepEP's and HybridEP's dispatch and combine as flows: network once per destination NVLink
+domain (a server: `traces.hybridep`), then NVLink.
 
 A dispatch op whose split carries `deepep` (`traces.deepep`) is lowered here instead of as
 NCCL's grouped sends: the group's members are placed on their servers

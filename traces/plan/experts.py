@@ -37,6 +37,7 @@ from traces.moe import (
     rank_tokens,
     skewed_experts,
 )
+from traces.moe_groups import FORWARDING
 from traces.moe_spec import expert_counts, is_moe_layer
 from traces.ops import Op, OpKind, Phase, Stream
 from traces.pipeline import Action
@@ -83,7 +84,7 @@ def add_expert_parallel(ctx: RankContext, program: Program) -> Program:
     sizes: dict[int, tuple[float, float]] = {}
     splits: dict[int, AllToAllv | None] = {}
     skewed = skewed_experts(model, layout)
-    deep = model.dispatch == "deepep"
+    deep = model.dispatch in FORWARDING
 
     def size(layer: int, ep: bool) -> float:
         if layer not in sizes:
