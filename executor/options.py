@@ -50,8 +50,8 @@ def check_supported(model: ModelSpec, layout: Layout, options: RunOptions | None
         raise ConfigError(f"model.mtp_layers: {model.mtp_layers}: multi-token prediction is "
                           "simulated, not run by the executor; use 0 to run")
     if model.dispatch != "nccl":
-        raise ConfigError(f"model.dispatch: {model.dispatch!r}: DeepEP/HybridEP dispatch is simulated, "
-                          "not run by the executor; use \"nccl\" to run")
+        raise ConfigError(f"model.dispatch: {model.dispatch!r}: DeepEP/HybridEP dispatch is "
+                          "simulated, not run by the executor; use \"nccl\" to run")
     if model.experts:
         check_moe_supported(model, layout)
     if model.mla and (layout.sp or layout.cp > 1):

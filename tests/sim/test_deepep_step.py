@@ -64,4 +64,4 @@ def test_a_bad_dispatch_is_one_line_and_exit_2(tmp_path, capsys):
     path.write_text("\n".join(lines) + "\n")
     assert main(["simulate", str(path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["parasim: error: model.dispatch: 'nvshmem' is not one of nccl, deepep"]
+    assert err == ["parasim: error: model.dispatch: 'nvshmem' is not one of nccl, deepep, hybridep"]

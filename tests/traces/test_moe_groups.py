@@ -69,7 +69,7 @@ def test_reach_equals_the_fraction_of_sampled_tokens_that_reach_the_experts(expe
      "model.top_k: 8 must be at most router_group_topk x experts / router_groups = 4"),
     ({"router_groups": -1}, "model.router_groups: -1 must be an integer from 0 to 16,384"),
     ({"force_balance": 1}, "model.force_balance: 1 must be true or false"),
-    ({"dispatch": "nvshmem"}, "model.dispatch: 'nvshmem' is not one of nccl, deepep"),
+    ({"dispatch": "nvshmem"}, "model.dispatch: 'nvshmem' is not one of nccl, deepep, hybridep"),
 ])
 def test_bad_routing_keys_are_one_line_each(changes, line):
     with pytest.raises(ConfigError) as error:
@@ -80,7 +80,8 @@ def test_bad_routing_keys_are_one_line_each(changes, line):
 
 def test_dense_model_refuses_routing_keys():
     dense = ModelSpec(layers=4, hidden=64, heads=4, seq_len=256, vocab=128)
-    for changes in ({"router_groups": 8}, {"force_balance": True}, {"dispatch": "deepep"}):
+    for changes in ({"router_groups": 8}, {"force_balance": True}, {"dispatch": "deepep"},
+                    {"dispatch": "hybridep"}):
         with pytest.raises(ConfigError, match=r"needs model\.experts > 0"):
             dataclasses.replace(dense, **changes)
 
