@@ -86,7 +86,7 @@ from traces.kernel_work import KernelWork
 from traces.purpose import Kernel
 
 FP8_RECIPES = ("delayed", "tensorwise", "rowwise", "blockwise", "mxfp8")
-"""FP8 scaling recipes (`traces.fp8_recipes`): Transformer Engine's DelayedScaling,
+"""`model.fp8_recipe` choices, each costed below: Transformer Engine's DelayedScaling,
 Float8CurrentScaling (and torchao's tensorwise), torchao's rowwise, Float8BlockScaling
 (DeepSeek-V3's 1x128 / 128x128 blocks) and MXFP8BlockScaling (Blackwell)."""
 
