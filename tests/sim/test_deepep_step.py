@@ -30,8 +30,9 @@ def _config(**model):
     return out
 
 
-def test_a_deepep_step_folds_exactly_and_names_its_dispatch():
-    exp = experiment_from_dict(CONFIG)
+@pytest.mark.parametrize("dispatch", ["deepep", "hybridep"])
+def test_a_deepep_step_folds_exactly_and_names_its_dispatch(dispatch):
+    exp = experiment_from_dict(_config(dispatch=dispatch))
     folded, times = predict(exp, fold=True)
     unfolded, _ = predict(exp, fold=False)
     assert folded.step_time_s == pytest.approx(unfolded.step_time_s, rel=1e-9)

@@ -1,5 +1,6 @@
-"""HybridEP simulated: a step folds exactly, moves DeepEP's flows where a server is an 8-GPU
-node, and sends a token between NVL72 racks once per destination rack."""
+"""HybridEP simulated: it moves DeepEP's flows where a server is an 8-GPU node, and sends a
+token between NVL72 racks once per destination rack (its plan folds exactly and carries its
+routing: `test_deepep_step`)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ import pytest
 
 from sim.config import experiment_from_dict
 from sim.simulate import predict
-from traces.purpose import ExpertAllToAll
 
 CONFIG = {
     "model": {"layers": 2, "hidden": 512, "heads": 8, "seq_len": 512, "vocab": 4096,
@@ -25,16 +25,6 @@ def _config(cluster: dict | None = None, **model):
     out["model"].update(model)
     out["cluster"] = cluster or out["cluster"]
     return out
-
-
-def test_a_hybridep_step_folds_exactly_and_carries_its_routing():
-    exp = experiment_from_dict(CONFIG)
-    folded, times = predict(exp, fold=True)
-    unfolded, _ = predict(exp, fold=False)
-    assert folded.step_time_s == pytest.approx(unfolded.step_time_s, rel=1e-9)
-    a2a = [op for op in times.plan.ops[0] if isinstance(op.purpose, ExpertAllToAll)]
-    assert len(a2a) == 2 * 2 * 2  # dispatch and combine, forward and backward, 2 layers
-    assert all(op.split is not None and op.split.deepep is not None for op in a2a)
 
 
 def test_on_8_gpu_nodes_hybridep_is_deepep():
