@@ -8,7 +8,8 @@ checkpoints and restarts too, as in Daly's model); each picks its cause by rate.
 loses the wall time since the last durable checkpoint and costs its cause's restart; a
 hardware cause also waits for a spare node (the pool of `spare_nodes`, each failed node back
 after `repair_s`) or, without spares, for its repair. A failure during a restart starts the
-restart again.
+restart again. A failure hangs with probability `hang_fraction` (found only by the
+watchdog's timeout instead of at once); a loss spike also rolls back `rollback_s` of compute.
 
 Between failures the cycles are counted, not stepped: a run costs O(failures), so two months
 of 2-minute checkpoints over 200 runs take a fraction of a second. The same seed gives the
@@ -43,6 +44,10 @@ class Cause:
     restart_s: float
     """Its restart, without waiting for a spare or a repair."""
     hardware: bool
+    hang_extra_s: float = 0.0
+    """What a hang adds to the restart: the watchdog's timeout less a crash's detection."""
+    rollback_s: float = 0.0
+    """Compute rolled back beyond the last durable checkpoint (a loss spike's)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -57,6 +62,8 @@ class RunModel:
     causes: tuple[Cause, ...]
     spare_nodes: int
     repair_s: float
+    hang_fraction: float = 0.0
+    """The share of failures that hang (found by the watchdog), drawn per failure."""
 
     @property
     def rate_per_s(self) -> float:
@@ -206,6 +213,10 @@ class _Run:
             self.lost[cause.name] += f - durable * cycle
             self.t += f
             self.done += durable * m.interval_s
+            if cause.rollback_s > 0:  # the work back to the spike's checkpoint is redone
+                back = min(cause.rollback_s, self.done)
+                self.done -= back
+                self.lost[cause.name] += back
             if self.trace is not None:
                 self.trace.points += [(self.t, reached), (self.t, self.done)]
                 self.trace.failures.append((self.t, reached, cause.name))
@@ -235,6 +246,8 @@ class _Run:
         """Restart after `cause` (again, each time a failure strikes the restart)."""
         while True:
             duration = cause.restart_s + (self._wait(cause) if cause.hardware else 0.0)
+            if self.m.hang_fraction > 0 and self.draws.uniform() < self.m.hang_fraction:
+                duration = max(0.0, duration + cause.hang_extra_s)
             g = self.next_failure()
             if g >= duration:
                 self.lost[cause.name] += duration

@@ -14,13 +14,21 @@ it checks the values that only make sense together (a write longer than the MTTI
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
 from sim.config import Experiment
 from sim.goodput.bounds import check_finishes, check_spares, step_interval
+from sim.goodput.causes import (
+    GIVEN,
+    default_spares,
+    rates_per_hour,
+    run_causes,
+    run_fleet,
+    sdc_checks,
+)
 from sim.goodput.costs import (
     Restart,
     checkpoint_bytes,
@@ -29,16 +37,8 @@ from sim.goodput.costs import (
     storage_bandwidth,
 )
 from sim.goodput.interval import daly_interval, effective_fraction, young_interval
-from sim.goodput.montecarlo import Cause, Outcome, RunModel
-from sim.goodput.rates import (
-    DEFAULT_RATES_PER_HOUR,
-    HARDWARE,
-    Component,
-    Counts,
-    component_counts,
-    job_rates,
-    mtti_s,
-)
+from sim.goodput.montecarlo import Outcome, RunModel
+from sim.goodput.rates import Component, Counts, component_counts, job_rates
 from sim.goodput.settings import Reliability, reliability_or_default
 from sim.metrics import StepSummary
 from sim.models.memory import MemoryBreakdown
@@ -48,10 +48,7 @@ DAY_S = 86_400.0
 MAX_DAYS = 3650.0
 MAX_TOKENS = 1e16
 """10 quadrillion tokens: ~700x Llama 3's 15.6T."""
-SDC_CHECK_INTERVAL_S = 3600.0
-SDC_CHECK_COST_S = 60.0
-GIVEN = "unattributed"
-"""The one cause of a run whose MTTI is set directly."""
+__all__ = ["GIVEN", "GoodputPlan", "goodput_json", "plan_from", "plan_run", "target_tokens"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -81,7 +78,10 @@ class GoodputPlan:
     fraction_at_interval: float
     expected_wall_s: float
     reliability: Reliability
+    """As given, with `spare_nodes` resolved (`spares_default` says when it was not given)."""
     model: RunModel
+    fleet: str = ""
+    spares_default: bool = False
 
     @property
     def runs(self) -> int:
@@ -123,10 +123,12 @@ def plan_from(exp: Experiment, *, step_time_s: float, tokens_per_s: float,
     rel = reliability_or_default(exp.reliability)
     cluster = exp.cluster
     counts = component_counts(cluster)
-    rates = {**DEFAULT_RATES_PER_HOUR, **rel.rates_per_hour,
-             Component.SDC: rel.sdc_rate_per_hour}
+    fleet = run_fleet(rel, cluster)
+    rates = rates_per_hour(rel, fleet)
     per_cause = job_rates(rates, counts)
-    mtti = rel.mtti_s if rel.mtti_s is not None else mtti_s(per_cause)
+    spikes = rel.loss_spike_rate_per_hour / 3600.0
+    failing = 1.0 / rel.mtti_s if rel.mtti_s is not None else sum(per_cause.values())
+    mtti = math.inf if failing + spikes <= 0 else 1.0 / (failing + spikes)
     size = checkpoint_bytes(exp.layout, memory)
     write = (rel.checkpoint_write_s if rel.checkpoint_write_s is not None
              else size / storage_bandwidth(cluster, rel))
@@ -138,19 +140,21 @@ def plan_from(exp: Experiment, *, step_time_s: float, tokens_per_s: float,
     stall = min(write, largest / host_copy_bandwidth(cluster)) if rel.async_checkpoint \
         else write
     restart = restart_parts(cluster, rel, size_bytes=size, step_time_s=step_time_s)
-    causes = _causes(rel, per_cause, restart)
-    check_spares(causes, rel.spare_nodes, restart.repair_s)
+    causes = run_causes(rel, per_cause, restart)
+    spares = rel.spare_nodes
+    if spares is None:
+        spares = (fleet.spare_nodes if fleet.spare_nodes is not None
+                  else default_spares(causes, restart.repair_s))
+    check_spares(causes, spares, restart.repair_s)
     total = sum(c.rate_per_s for c in causes)
     # Daly's R: the mean over causes; without spares a hardware failure waits for its repair
-    repair = restart.repair_s if rel.spare_nodes == 0 else 0.0
+    repair = restart.repair_s if spares == 0 else 0.0
     restart_mean = (sum(c.rate_per_s * (c.restart_s + (repair if c.hardware else 0.0))
                         for c in causes) / total if total
                     else restart.seconds(waits_for_repair=False))
-    check_interval = rel.sdc_check_interval_s or SDC_CHECK_INTERVAL_S
-    check_cost = rel.sdc_check_cost_s if rel.sdc_check_cost_s is not None else SDC_CHECK_COST_S
-    checks = rel.sdc_rate_per_hour > 0 or rel.sdc_check_interval_s is not None
+    checks = sdc_checks(rel)
     useful = target / tokens_per_s
-    work = useful * (1 + check_cost / check_interval) if checks else useful
+    work = useful * (1 + checks[1] / checks[0]) if checks else useful
     young = young_interval(stall, mtti) if math.isfinite(mtti) else work
     daly = daly_interval(stall, mtti) if math.isfinite(mtti) else work
     drain = write - stall
@@ -162,8 +166,8 @@ def plan_from(exp: Experiment, *, step_time_s: float, tokens_per_s: float,
                           "would start before the previous one is written")
     check_finishes(work, interval, stall, restart_mean, mtti)
     model = RunModel(useful_s=useful, work_s=work, interval_s=interval, stall_s=stall,
-                     drain_s=drain, causes=causes, spare_nodes=rel.spare_nodes,
-                     repair_s=restart.repair_s)
+                     drain_s=drain, causes=causes, spare_nodes=spares,
+                     repair_s=restart.repair_s, hang_fraction=rel.hang_fraction)
     return GoodputPlan(
         name=exp.name, cluster=cluster.name, world=exp.layout.world, nodes=cluster.num_servers,
         step_time_s=step_time_s, tokens_per_s=tokens_per_s,
@@ -177,24 +181,8 @@ def plan_from(exp: Experiment, *, step_time_s: float, tokens_per_s: float,
         fraction_at_interval=useful / work * effective_fraction(work, interval, stall,
                                                                 restart_mean, mtti),
         expected_wall_s=work / effective_fraction(work, interval, stall, restart_mean, mtti),
-        reliability=rel, model=model)
-
-
-def _causes(rel: Reliability, per_cause: dict[Component, float],
-            restart: Restart) -> tuple[Cause, ...]:
-    """The Monte-Carlo's causes: one per component with a rate, or one for a given MTTI."""
-    if rel.mtti_s is not None:
-        return (Cause(GIVEN, 1.0 / rel.mtti_s, restart.seconds(waits_for_repair=False),
-                      False),)
-    delay = (rel.sdc_check_interval_s or SDC_CHECK_INTERVAL_S) / 2  # found at the next check
-    out = []
-    for c, rate in per_cause.items():
-        if rate > 0:
-            base = restart.seconds(waits_for_repair=False) + (delay if c is Component.SDC
-                                                              else 0.0)
-            hardware = c in HARDWARE and restart.fixed_s is None
-            out.append(Cause(str(c), rate, base, hardware))
-    return tuple(out)
+        reliability=replace(rel, spare_nodes=spares), model=model, fleet=fleet.name,
+        spares_default=rel.spare_nodes is None)
 
 
 def goodput_json(run: GoodputPlan, outcome: Outcome) -> dict[str, Any]:
