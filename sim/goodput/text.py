@@ -22,12 +22,24 @@ def _duration(seconds: float) -> str:
     return f"{seconds:.3g} s"
 
 
+def _no_spares(p: GoodputPlan) -> list[str]:
+    """A line saying what running without spares costs, when that is the run's choice."""
+    hardware = sum(c.rate_per_s for c in p.model.causes if c.hardware)
+    if p.reliability.spare_nodes or not hardware:
+        return []
+    repair = p.restart.repair_s
+    share = hardware * repair  # waits per wall second
+    return [f"  spares              none: each hardware failure waits {_duration(repair)}"
+            f" for its repair, about {share:.1%} of the wall time;{INDENT}fleets at this scale "
+            "keep spare nodes ([reliability] spare_nodes)"]
+
+
 def goodput_text(p: GoodputPlan, o: Outcome) -> str:
     r = p.restart
     low, high = o.fraction_interval()
     p10, p50, p90 = np.percentile(o.wall_times_s, [10, 50, 90]).tolist()
-    where = ("set by [reliability] mtti" if p.mtti_given else
-             "from " + ", ".join(f"{p.counts[c]:,} {c}" for c in Component
+    where = (f"set by [reliability] mtti, split as fleet {p.fleet}" if p.mtti_given else
+             f"fleet {p.fleet}: " + ", ".join(f"{p.counts[c]:,} {c}" for c in Component
                                  if p.rates_per_hour[c] > 0 and p.counts[c]))
     lines = [
         f"parasim goodput: {p.name} on {p.cluster} ({p.world:,} devices, {p.nodes:,} nodes)",
@@ -45,7 +57,9 @@ def goodput_text(p: GoodputPlan, o: Outcome) -> str:
            f"{INDENT}(detection {_duration(r.detection_s)}, requeue {_duration(r.requeue_s)}, "
            f"process groups {_duration(r.pg_init_s)}, load {_duration(r.load_s)}, "
            f"warm-up {_duration(r.warmup_s)};{INDENT}repair {_duration(r.repair_s)} without "
-           f"a spare, {p.reliability.spare_nodes} spare nodes)"),
+           f"a spare, {p.reliability.spare_nodes} spare nodes"
+           f"{' (default)' if p.spares_default else ''})"),
+        *_no_spares(p),
         f"  interval            {_duration(p.interval_s)}"
         + (" (set by [reliability])" if p.interval_given else " (Daly's optimum)")
         + f"; Daly {_duration(p.daly_s)}, Young {_duration(p.young_s)}",

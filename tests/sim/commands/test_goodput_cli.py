@@ -129,13 +129,20 @@ def test_the_shipped_example_is_llama_3_sized_with_spares():
     assert exp.reliability is not None and exp.reliability.spare_nodes == 16
 
 
-def test_silent_data_corruption_is_a_cause_and_its_checks_cost(capsys, config):
-    _, plain, _ = run(capsys, config('mtti = "12h"\nruns = 40\n'), "--days", 20, "--json")
+def test_silent_data_corruption_is_a_cause_and_its_checks_cost_only_when_asked(capsys, config):
     code, sdc, _ = run(capsys, config("sdc_rate = 2e-3\nruns = 40\n"), "--days", 20, "--json")
     assert code == 0
     data = json.loads(sdc)
     # 16 GPUs x 2e-3 per GPU-hour over ~20 days: ~15 corruptions, next to the fleet causes
     assert 8 < data["interruptions_by_cause"]["sdc"] < 25
-    assert data["effective_training_fraction"] < 1 - 60 / 3600 + 1e-9  # the checks' 1/60
-    assert json.loads(plain)["interruptions_by_cause"] == {
-        "unattributed": json.loads(plain)["interruptions"]}
+    assert data["effective_training_fraction"] > 1 - 60 / 3600  # no check key: no checks
+    _, checked, _ = run(capsys, config('sdc_rate = 2e-3\nsdc_check_interval = "1h"\nruns = 40\n'),
+                        "--days", 20, "--json")
+    assert json.loads(checked)["effective_training_fraction"] < 1 - 60 / 3600 + 1e-9
+
+
+def test_a_given_mtti_is_split_by_the_fleets_causes(capsys, config):
+    _, plain, _ = run(capsys, config('mtti = "12h"\nruns = 40\n'), "--days", 20, "--json")
+    by_cause = json.loads(plain)["interruptions_by_cause"]
+    assert set(by_cause) == {"gpu", "hbm", "host", "nic", "cable", "software", "planned"}
+    assert sum(by_cause.values()) == pytest.approx(json.loads(plain)["interruptions"])
