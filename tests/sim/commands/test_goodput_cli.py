@@ -146,3 +146,48 @@ def test_a_given_mtti_is_split_by_the_fleets_causes(capsys, config):
     by_cause = json.loads(plain)["interruptions_by_cause"]
     assert set(by_cause) == {"gpu", "hbm", "host", "nic", "cable", "software", "planned"}
     assert sum(by_cause.values()) == pytest.approx(json.loads(plain)["interruptions"])
+
+
+def test_llama3_fleet_over_54_days_gives_table_5(capsys):
+    # Llama 3 (2024) §3.3.4, Table 5: 466 interruptions in 54 days (47 planned) on 16,384
+    # H100s, by class: GPU 196 (faulty GPU, SRAM, system processor, SDC, thermal), HBM 72,
+    # network 42 (switch/cable 35, NIC 7), software 63 (bug, NCCL watchdog, dependency),
+    # host 46, planned 47. Counted per 54 days of wall time, as the paper counts.
+    code, out, err = run(capsys, "--days", 54, "--json")  # the shipped Llama 3 405B example
+    assert code == 0, err
+    data = json.loads(out)
+    per_54 = data["effective_training_fraction"]  # 54 days of compute over the wall time
+    total = data["interruptions"] * per_54
+    assert abs(total - 466) <= 0.15 * 466
+    by = {k: v * per_54 for k, v in data["interruptions_by_cause"].items()}
+    classes = {"gpu": (by["gpu"], 196), "hbm": (by["hbm"], 72),
+               "network": (by["nic"] + by["cable"], 42), "software": (by["software"], 63),
+               "host": (by["host"], 46), "planned": (by["planned"], 47)}
+    for name, (got, published) in classes.items():
+        assert abs(got - published) <= 0.25 * published, (name, got, published)
+
+
+def test_fleet_mechanisms_are_byte_identical_for_a_seed(capsys, config):
+    path = config('fleet = "rsc1"\nhang_fraction = 0.3\nwatchdog = "30min"\n'
+                  'detection = "1min"\nloss_spike_rate = 0.01\nrollback = "1h"\nruns = 30\n')
+    first, second = (run(capsys, path, "--days", 30, "--json") for _ in range(2))
+    assert first[0] == 0 and first == second
+    assert "loss_spike" in json.loads(first[1])["interruptions_by_cause"]
+
+
+@pytest.mark.parametrize(("table", "needle"), [
+    ('fleet = "aws"', "reliability.fleet: 'aws' is not one of llama3-h100"),
+    ("hang_fraction = 1.5", "reliability.hang_fraction: 1.5 must be"),
+    ('watchdog = "40d"', "reliability.watchdog: '40d' must be from 0 s"),
+    ("loss_spike_rate = -1", "reliability.loss_spike_rate: -1 must be"),
+    ('storage_ceiling = "fast"', "reliability.storage_ceiling:"),
+])
+def test_bad_fleet_keys_are_one_line(capsys, config, table, needle):
+    refused(capsys, needle, config(table))
+
+
+def test_a_tpu_run_without_rates_is_refused_in_one_line(capsys):
+    from sim.config import example_path
+
+    refused(capsys, "reliability.fleet: no published TPU fleet failure rates",
+            example_path("gpt-6.7b-tpu-v4-torus.toml"), "--days", 1)
