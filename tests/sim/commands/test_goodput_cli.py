@@ -191,3 +191,13 @@ def test_a_tpu_run_without_rates_is_refused_in_one_line(capsys):
 
     refused(capsys, "reliability.fleet: no published TPU fleet failure rates",
             example_path("gpt-6.7b-tpu-v4-torus.toml"), "--days", 1)
+
+
+def test_a_tpu_run_with_an_mtti_has_one_unattributed_cause(capsys):
+    from sim.config import example_path
+
+    code, out, err = run(capsys, example_path("gpt-6.7b-tpu-v4-torus.toml"), "--set",
+                         'reliability.mtti="24h"', "--days", 1, "--runs", 5, "--json")
+    assert code == 0, err
+    data = json.loads(out)
+    assert (data["mtti_s"], set(data["interruptions_by_cause"])) == (86_400.0, {"unattributed"})

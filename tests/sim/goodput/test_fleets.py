@@ -83,9 +83,12 @@ def test_rsc1_mtti_at_1k_and_16k_gpus(gpus, published_h):
     assert abs(plan.mtti_s / 3600 - published_h) <= 0.25 * published_h
 
 
-def test_a_given_mtti_and_the_same_rates_by_component_give_the_same_fraction():
-    by_rates = _plan(_experiment(64, Reliability()))
-    by_mtti = _plan(_experiment(64, Reliability(mtti_s=by_rates.mtti_s)))
+@pytest.mark.parametrize("spares", [0, None])
+def test_a_given_mtti_and_the_same_rates_by_component_give_the_same_fraction(spares):
+    # without spares the hardware share of a given MTTI waits for its repair too
+    by_rates = _plan(_experiment(64, Reliability(spare_nodes=spares)))
+    by_mtti = _plan(_experiment(64, Reliability(mtti_s=by_rates.mtti_s, spare_nodes=spares)))
+    assert by_rates.restart_s > by_rates.restart.seconds(waits_for_repair=False) or spares is None
     assert by_mtti.restart_s == pytest.approx(by_rates.restart_s, rel=1e-12)
     assert by_mtti.fraction_at_interval == pytest.approx(by_rates.fraction_at_interval,
                                                          rel=1e-12)
