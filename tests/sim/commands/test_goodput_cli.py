@@ -201,3 +201,10 @@ def test_a_tpu_run_with_an_mtti_has_one_unattributed_cause(capsys):
     assert code == 0, err
     data = json.loads(out)
     assert (data["mtti_s"], set(data["interruptions_by_cause"])) == (86_400.0, {"unattributed"})
+
+
+def test_the_text_says_when_no_spares_costs_repair_waits(capsys, config):
+    _, none, _ = run(capsys, config("spare_nodes = 0\nruns = 5\n"), "--days", 5)
+    _, default, _ = run(capsys, config("runs = 5\n"), "--days", 5)
+    assert "  spares              none: each hardware failure waits 60.0 min" in none
+    assert "spares              none" not in default and "spare nodes (default)" in default
