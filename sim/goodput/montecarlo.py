@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from sim.goodput import badput
 from traces.errors import ConfigError
 
 MAX_EVENTS = 5_000_000
@@ -43,6 +44,8 @@ class Cause:
     restart_s: float
     """Its restart, without waiting for a spare or a repair."""
     hardware: bool
+    phases: badput.Phases = ()
+    """`restart_s` by badput category, in order (`sim.goodput.badput`); () is OTHER."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -87,6 +90,9 @@ class Outcome:
     "checkpoint" holds the stalls of checkpoints that were kept."""
     useful_s: float
     trajectory: Trajectory
+    badput_s: dict[str, float] = field(default_factory=badput.empty)
+    """Mean wall seconds per run by ml-goodput-measurement's badput category; with
+    `useful_s` they sum to the mean wall time."""
 
     @property
     def effective_fraction(self) -> float:
@@ -119,9 +125,13 @@ def simulate_run(model: RunModel, *, runs: int, seed: int) -> Outcome:
     by_cause = dict.fromkeys([*names, "checkpoint"], 0.0)
     lost = dict.fromkeys([*names, "checkpoint"], 0.0)
     trajectory = Trajectory()
+    bad = badput.empty()
+    bad[badput.CUSTOM] = model.work_s - model.useful_s  # the checks: the same in every run
     for i in range(runs):
         one = _Run(model, draws, shares, trajectory if i == 0 else None)
         walls[i], counts[i] = one.run()
+        for category, seconds in one.badput.items():
+            bad[category] += seconds / runs
         for name in names:
             by_cause[name] += one.count[name]  # whole counts: summed exactly, divided once
             lost[name] += one.lost[name] / runs
@@ -129,7 +139,8 @@ def simulate_run(model: RunModel, *, runs: int, seed: int) -> Outcome:
     del by_cause["checkpoint"]
     by_cause = {name: total / runs for name, total in by_cause.items()}
     return Outcome(wall_times_s=walls, interruptions=counts, by_cause=by_cause,
-                   lost_s_by_cause=lost, useful_s=model.useful_s, trajectory=trajectory)
+                   lost_s_by_cause=lost, useful_s=model.useful_s, trajectory=trajectory,
+                   badput_s=bad)
 
 
 class _Draws:
@@ -169,6 +180,7 @@ class _Run:
         self.count = {c.name: 0 for c in model.causes}
         self.lost = {c.name: 0.0 for c in model.causes} | {"checkpoint": 0.0}
         self.repairs: list[float] = []
+        self.badput: dict[str, float] = {}
         self.t = 0.0
         self.done = 0.0
         if trace is not None:
@@ -192,6 +204,7 @@ class _Run:
             f = self.next_failure()
             if f >= finish:
                 self._advance(n)
+                badput.add(self.badput, badput.SAVE, m.drain_s)  # the last write drains
                 self.t += finish
                 self.done = m.work_s
                 if self.trace is not None:
@@ -204,6 +217,7 @@ class _Run:
             self._advance(durable)
             cause = self._cause()
             self.lost[cause.name] += f - durable * cycle
+            badput.add(self.badput, badput.WASTED, f - durable * cycle)
             self.t += f
             self.done += durable * m.interval_s
             if self.trace is not None:
@@ -214,6 +228,7 @@ class _Run:
     def _advance(self, checkpoints: int) -> None:
         """Credit `checkpoints` kept checkpoints from now on."""
         self.lost["checkpoint"] += checkpoints * self.m.stall_s
+        badput.add(self.badput, badput.SAVE, checkpoints * self.m.stall_s)
         if self.trace is None:
             return
         cycle = self.m.interval_s + self.m.stall_s
@@ -234,8 +249,12 @@ class _Run:
     def _restart(self, cause: Cause) -> None:
         """Restart after `cause` (again, each time a failure strikes the restart)."""
         while True:
-            duration = cause.restart_s + (self._wait(cause) if cause.hardware else 0.0)
+            wait = self._wait(cause) if cause.hardware else 0.0
+            duration = cause.restart_s + wait
+            phases = ((badput.INFRASTRUCTURE, wait),
+                      *(cause.phases or ((badput.OTHER, cause.restart_s),)))
             g = self.next_failure()
+            badput.split(phases, min(g, duration), self.badput)
             if g >= duration:
                 self.lost[cause.name] += duration
                 self.t += duration

@@ -3,7 +3,7 @@
     summary, _ = predict(exp)
     run = plan_run(exp, summary, target_tokens=target)
     outcome = simulate_run(run.model, runs=run.runs, seed=run.seed)
-    goodput_json(run, outcome)
+    goodput_json(run, outcome)      # sim.goodput.outputs
 
 `plan_run` gathers the step time and tokens/s (`sim.simulate.predict`), the per-rank memory
 (`StepSummary.memory_by_pp_rank`, from `sim.models.memory`) for the checkpoint's size, the
@@ -15,9 +15,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
-
-import numpy as np
 
 from sim.config import Experiment
 from sim.goodput.bounds import check_finishes, check_spares, step_interval
@@ -29,7 +26,7 @@ from sim.goodput.costs import (
     storage_bandwidth,
 )
 from sim.goodput.interval import daly_interval, effective_fraction, young_interval
-from sim.goodput.montecarlo import Cause, Outcome, RunModel
+from sim.goodput.montecarlo import Cause, RunModel
 from sim.goodput.rates import (
     DEFAULT_RATES_PER_HOUR,
     HARDWARE,
@@ -185,28 +182,14 @@ def _causes(rel: Reliability, per_cause: dict[Component, float],
     """The Monte-Carlo's causes: one per component with a rate, or one for a given MTTI."""
     if rel.mtti_s is not None:
         return (Cause(GIVEN, 1.0 / rel.mtti_s, restart.seconds(waits_for_repair=False),
-                      False),)
+                      False, restart.phases()),)
     delay = (rel.sdc_check_interval_s or SDC_CHECK_INTERVAL_S) / 2  # found at the next check
     out = []
     for c, rate in per_cause.items():
         if rate > 0:
-            base = restart.seconds(waits_for_repair=False) + (delay if c is Component.SDC
-                                                              else 0.0)
+            wasted = delay if c is Component.SDC else 0.0
+            base = restart.seconds(waits_for_repair=False) + wasted
             hardware = c in HARDWARE and restart.fixed_s is None
-            out.append(Cause(str(c), rate, base, hardware))
+            out.append(Cause(str(c), rate, base, hardware, restart.phases(wasted)))
     return tuple(out)
 
-
-def goodput_json(run: GoodputPlan, outcome: Outcome) -> dict[str, Any]:
-    """The `--json` object (the issue's fields; provenance is merged by the command)."""
-    p10, p50, p90 = np.percentile(outcome.wall_times_s, [10, 50, 90]).tolist()
-    return {
-        "interruptions": float(np.mean(outcome.interruptions)),
-        "interruptions_by_cause": outcome.by_cause,
-        "effective_training_fraction": outcome.effective_fraction,
-        "checkpoint_interval_s": run.interval_s,
-        "checkpoint_write_s": run.checkpoint_write_s,
-        "restart_s": run.restart_s,
-        "mtti_s": run.mtti_s if math.isfinite(run.mtti_s) else None,  # no cause fails
-        "wall_time_s": {"p10": p10, "p50": p50, "p90": p90},
-    }

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from sim.goodput.montecarlo import Outcome
+from sim.goodput.outputs import CHECKPOINT_STALLS, lost_gpu_hours, time_to_train
 from sim.goodput.plan import GoodputPlan
 from sim.goodput.rates import Component
 
@@ -55,13 +56,21 @@ def goodput_text(p: GoodputPlan, o: Outcome) -> str:
         "the optimum",
         f"  wall time           p10 {_duration(p10)}, p50 {_duration(p50)}, p90 "
         f"{_duration(p90)} (analytic mean {_duration(p.expected_wall_s)})",
+        _time_to_train(p, o),
         f"  interruptions       {float(np.mean(o.interruptions)):,.1f} on average",
         "  by cause            interruptions   lost GPU-hours",
     ]
-    gpus = p.world
-    for name, count in sorted(o.by_cause.items(), key=lambda kv: -kv[1]):
-        lost = o.lost_s_by_cause[name] * gpus / 3600
-        lines.append(f"    {name:<18}{count:>13,.1f}   {lost:>14,.0f}")
-    lines.append(f"    {'checkpoint stalls':<18}{'':>13}   "
-                 f"{o.lost_s_by_cause['checkpoint'] * gpus / 3600:>14,.0f}")
+    for name, lost in lost_gpu_hours(p, o).items():
+        count = f"{o.by_cause[name]:,.1f}" if name != CHECKPOINT_STALLS else ""
+        lines.append(f"    {name:<18}{count:>13}   {lost:>14,.0f}")
+    lines.append("  badput (ml-goodput-measurement's categories), hours per run:")
+    lines += [f"    {name:<40}{seconds / 3600:>10,.2f}" for name, seconds in o.badput_s.items()
+              if seconds > 0]
     return "\n".join(lines)
+
+
+def _time_to_train(p: GoodputPlan, o: Outcome) -> str:
+    t = time_to_train(p, o)
+    return (f"  time to train       {t.tokens:.4g} tokens: p50 {t.p50_days:,.2f} d, p90 "
+            f"{t.p90_days:,.2f} d;{INDENT}p50 {t.p50_gpu_hours:,.0f} GPU-hours, p90 "
+            f"{t.p90_gpu_hours:,.0f} GPU-hours")
