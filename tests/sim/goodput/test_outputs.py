@@ -128,3 +128,42 @@ def test_same_seed_byte_identical_json_and_html(capsys, path, tmp_path):
     assert outs[0] == outs[1] and pages[0] == pages[1]
     cli(capsys, path, "--days", 5, "--seed", 9, "--report", tmp_path / "c.html")
     assert (tmp_path / "c.html").read_bytes() != pages[0]
+
+
+def plan_and_outcome(tmp_path, reliability: str, days: float, runs: int = 20):
+    p = tmp_path / "r.toml"
+    p.write_text(SMALL + "\n[reliability]\n" + reliability)
+    exp = load_experiment(p)
+    summary, _ = predict(exp)
+    plan = plan_run(exp, summary, target=days * 86_400 * summary.tokens_per_s)
+    return plan, simulate_run(plan.model, runs=runs, seed=0)
+
+
+def test_the_progress_chart_thins_its_markers_at_scale(tmp_path):
+    from sim.goodput.report import MAX_CHECKPOINT_MARKS, MAX_FAILURE_MARKS, progress_figure
+
+    plan, out = plan_and_outcome(tmp_path, 'mtti = "30min"\nrestart = "1min"\n', 10, runs=2)
+    failures = len(out.trajectory.failures)
+    assert failures > 2 * MAX_FAILURE_MARKS  # ~470 in 10 days: thinning has work to do
+    fig = progress_figure(plan, out)
+    marks = {t.name: len(t.x) for t in fig.data if t.mode == "markers"}
+    shown = sum(n for name, n in marks.items() if name.startswith("failure"))
+    assert shown <= MAX_FAILURE_MARKS + 1
+    checkpoints = next(n for name, n in marks.items() if name.startswith("checkpoints"))
+    assert checkpoints <= MAX_CHECKPOINT_MARKS
+    assert f"failure: unattributed ({failures:,}, {shown:,} shown)" in marks
+
+
+def test_every_cause_is_labelled_and_the_histogram_marks_p50_p90(tmp_path):
+    from sim.goodput.report import lost_figure, walltime_figure
+
+    plan, out = plan_and_outcome(tmp_path, 'mtti = "12h"\n', 5)
+    bar = lost_figure(plan, out).data[0]
+    assert set(bar.y) == {"unattributed", "checkpoint stalls"}  # two causes, both labelled
+    assert [t.split(":")[0] for t in bar.text] == list(bar.y)
+    fig = walltime_figure(plan, out)
+    assert list(fig.data[0].x) == (out.wall_times_s / 86_400).tolist()
+    p50, p90 = np.percentile(out.wall_times_s / 86_400, [50, 90])
+    assert [s.x0 for s in fig.layout.shapes] == [p50, p90]
+    assert [a.text for a in fig.layout.annotations] == [f"P50 {p50:,.2f} d",
+                                                        f"P90 {p90:,.2f} d"]
