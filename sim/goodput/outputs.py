@@ -75,7 +75,7 @@ def goodput_json(p: GoodputPlan, o: Outcome) -> dict[str, Any]:
                             {"detection": r.detection_s, "requeue": r.requeue_s,
                              "process_groups": r.pg_init_s, "load": r.load_s,
                              "warmup": r.warmup_s, "repair": r.repair_s}),
-        "spare_nodes": p.reliability.spare_nodes,
+        "spare_nodes": p.reliability.spare_nodes, "recovery": p.reliability.recovery,
         "checkpoint_interval_s": p.interval_s, "checkpoint_interval_given": p.interval_given,
         "daly_interval_s": p.daly_s if finite else None,
         "young_interval_s": p.young_s if finite else None,

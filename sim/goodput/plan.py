@@ -36,6 +36,7 @@ from sim.goodput.rates import (
     job_rates,
     mtti_s,
 )
+from sim.goodput.recovery import in_memory_checkpoint, recovered_restart
 from sim.goodput.settings import Reliability, reliability_or_default
 from sim.metrics import StepSummary
 from sim.models.memory import MemoryBreakdown
@@ -127,14 +128,17 @@ def plan_from(exp: Experiment, *, step_time_s: float, tokens_per_s: float,
     size = checkpoint_bytes(exp.layout, memory)
     write = (rel.checkpoint_write_s if rel.checkpoint_write_s is not None
              else size / storage_bandwidth(cluster, rel))
+    if rel.recovery != "restart":  # to a peer's host memory (sim.goodput.recovery)
+        write = in_memory_checkpoint(cluster, memory).write_s
     if write >= mtti:
         raise ConfigError(f"reliability.checkpoint_write: {write:,.0f} s is not shorter than "
                           f"the job's mean time to interruption, {mtti:,.0f} s: no checkpoint "
                           "would ever finish (write faster, or fail less)")
     largest = max(m.params_bytes + m.optimizer_bytes for m in memory)
-    stall = min(write, largest / host_copy_bandwidth(cluster)) if rel.async_checkpoint \
-        else write
-    restart = restart_parts(cluster, rel, size_bytes=size, step_time_s=step_time_s)
+    overlapped = rel.async_checkpoint or rel.recovery != "restart"
+    stall = min(write, largest / host_copy_bandwidth(cluster)) if overlapped else write
+    restart = recovered_restart(rel.recovery, restart_parts(
+        cluster, rel, size_bytes=size, step_time_s=step_time_s), cluster, memory)
     causes = _causes(rel, per_cause, restart)
     check_spares(causes, rel.spare_nodes, restart.repair_s)
     total = sum(c.rate_per_s for c in causes)

@@ -10,6 +10,11 @@ from sim.goodput.plan import GoodputPlan
 from sim.goodput.rates import Component
 
 DAY_S = 86_400.0
+RECOVERY_TEXT = {
+    "in_memory": "in_memory: checkpoints to a peer node's memory, restarts load from it "
+                 "(GEMINI, SOSP 2023)",
+    "elastic": "elastic: in-memory checkpoints, in-place restart on warm standbys, no "
+               "requeue or repair wait (ByteRobust, SOSP 2025)"}
 INDENT = "\n" + " " * 22
 
 
@@ -47,6 +52,8 @@ def goodput_text(p: GoodputPlan, o: Outcome) -> str:
            f"process groups {_duration(r.pg_init_s)}, load {_duration(r.load_s)}, "
            f"warm-up {_duration(r.warmup_s)};{INDENT}repair {_duration(r.repair_s)} without "
            f"a spare, {p.reliability.spare_nodes} spare nodes)"),
+        *([f"  recovery            {RECOVERY_TEXT[p.reliability.recovery]}"]
+          if p.reliability.recovery != "restart" else []),
         f"  interval            {_duration(p.interval_s)}"
         + (" (set by [reliability])" if p.interval_given else " (Daly's optimum)")
         + f"; Daly {_duration(p.daly_s)}, Young {_duration(p.young_s)}",
