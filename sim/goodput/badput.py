@@ -14,8 +14,9 @@ The names are the members of `BadputType` in AI-Hypercomputer/ml-goodput-measure
 * PROGRAM_STARTUP: the first steps' extra time after a start (the library counts the first
   step's excess over the mean step): the warm-up steps;
 * UNPRODUCTIVE_CHECKPOINT_SAVE_TIME: the checkpoints' stalls (and the last one's drain);
-* CUSTOM_BADPUT_EVENTS: silent-data-corruption checks and straggler time, which the library
-  leaves to user-defined events;
+* CUSTOM_BADPUT_EVENTS: silent-data-corruption checks, which the library leaves to
+  user-defined events (stragglers' time is inside the simulated step, as the library's step
+  time deviation would see it: `sim.goodput.stragglers` reports it apart);
 * OTHER: a restart set as a whole by `[reliability] restart` (its parts unknown).
 
 TRAINING_PREP and DATA_LOADING_SYNC are parts of a step or a start parasim does not model:

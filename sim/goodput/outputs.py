@@ -91,6 +91,16 @@ def goodput_json(p: GoodputPlan, o: Outcome) -> dict[str, Any]:
         "interruptions": float(np.mean(o.interruptions)),
         "interruptions_by_cause": o.by_cause,
         "lost_gpu_hours_by_cause": lost_gpu_hours(p, o),
+        "stragglers": _stragglers(p),
         "goodput_s": o.useful_s,
         "badput_s": o.badput_s,
     }
+
+
+def _stragglers(p: GoodputPlan) -> dict[str, Any] | None:
+    s = p.stragglers
+    if s is None:
+        return None
+    return {"slow_nodes_expected": s.slow_nodes_expected, "slow_step_s": s.slow_step_s,
+            "steps": s.steps, "keep_s": s.keep_s, "keep_gpu_hours": s.keep_gpu_hours,
+            "evict_s": s.evict_s, "evict": s.evict, "evict_saves_s": s.saved_s}

@@ -14,7 +14,7 @@ it checks the values that only make sense together (a write longer than the MTTI
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from sim.config import Experiment
 from sim.goodput.bounds import check_finishes, check_spares, step_interval
@@ -38,6 +38,7 @@ from sim.goodput.rates import (
 )
 from sim.goodput.recovery import in_memory_checkpoint, recovered_restart
 from sim.goodput.settings import Reliability, reliability_or_default
+from sim.goodput.stragglers import Stragglers, straggler_cost
 from sim.metrics import StepSummary
 from sim.models.memory import MemoryBreakdown
 from traces.errors import ConfigError
@@ -80,6 +81,8 @@ class GoodputPlan:
     expected_wall_s: float
     reliability: Reliability
     model: RunModel
+    stragglers: Stragglers | None = None
+    """Slow nodes' cost over the run and their eviction's (`sim.goodput.stragglers`)."""
 
     @property
     def runs(self) -> int:
@@ -110,8 +113,13 @@ def target_tokens(days: float | None, tokens: float | None, tokens_per_s: float)
 
 def plan_run(exp: Experiment, summary: StepSummary, *, target: float) -> GoodputPlan:
     """Everything the Monte-Carlo and the report need, from one simulated step."""
-    return plan_from(exp, step_time_s=summary.step_time_s, tokens_per_s=summary.tokens_per_s,
+    plan = plan_from(exp, step_time_s=summary.step_time_s, tokens_per_s=summary.tokens_per_s,
                      memory=summary.memory_by_pp_rank, target=target)
+    cluster = exp.cluster
+    return replace(plan, stragglers=straggler_cost(
+        cluster.variability, exp.layout, cluster.devices_per_server, nodes=cluster.num_servers,
+        variability_s=summary.variability_s, step_time_s=summary.step_time_s,
+        useful_s=plan.model.useful_s, restart_s=plan.restart.seconds(waits_for_repair=False)))
 
 
 def plan_from(exp: Experiment, *, step_time_s: float, tokens_per_s: float,

@@ -64,6 +64,7 @@ def goodput_text(p: GoodputPlan, o: Outcome) -> str:
         f"  wall time           p10 {_duration(p10)}, p50 {_duration(p50)}, p90 "
         f"{_duration(p90)} (analytic mean {_duration(p.expected_wall_s)})",
         _time_to_train(p, o),
+        *_stragglers(p),
         f"  interruptions       {float(np.mean(o.interruptions)):,.1f} on average",
         "  by cause            interruptions   lost GPU-hours",
     ]
@@ -74,6 +75,18 @@ def goodput_text(p: GoodputPlan, o: Outcome) -> str:
     lines += [f"    {name:<40}{seconds / 3600:>10,.2f}" for name, seconds in o.badput_s.items()
               if seconds > 0]
     return "\n".join(lines)
+
+
+def _stragglers(p: GoodputPlan) -> list[str]:
+    s = p.stragglers
+    if s is None:
+        return []
+    verdict = (f"evicting them (one {_duration(s.evict_s)} restart) saves "
+               f"{_duration(s.saved_s)}" if s.evict else
+               f"evicting them costs more (one {_duration(s.evict_s)} restart)")
+    return [f"  stragglers          {s.slow_nodes_expected:,.1f} slow nodes expected: "
+            f"+{s.slow_step_s:.3g} s a step, {_duration(s.keep_s)} ({s.keep_gpu_hours:,.0f} "
+            f"GPU-hours) over the run;{INDENT}{verdict}"]
 
 
 def _time_to_train(p: GoodputPlan, o: Outcome) -> str:
