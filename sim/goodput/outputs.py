@@ -3,9 +3,10 @@ ml-goodput-measurement's categories (`sim.goodput.badput`), so a prediction can 
 against a live run's measurement.
 
 Time-to-train is the planner's answer: the wall time of each Monte-Carlo run to the token
-target (the step time is the simulated one, its per-rank variability's expected stretch
-included), as its P50 and P90 in days and in GPU-hours (wall time x the job's GPUs). No value
-is infinite: with no failure rate the MTTI and the intervals are null, and the reason says so.
+target (the step time is the simulated one, the expected stretch of the cluster's per-rank
+variability included, `step_variability_s`), as its P50 and P90 in days and in GPU-hours
+(wall time x the job's GPUs). No value is infinite: with no failure rate the MTTI and the
+intervals are null, and the reason says so.
 """
 
 from __future__ import annotations
@@ -60,7 +61,8 @@ def goodput_json(p: GoodputPlan, o: Outcome) -> dict[str, Any]:
     ttt = time_to_train(p, o)
     return {
         "seed": p.seed, "runs": len(o.wall_times_s),
-        "step_time_s": p.step_time_s, "tokens_per_s": p.tokens_per_s,
+        "step_time_s": p.step_time_s, "step_variability_s": p.variability_s,
+        "tokens_per_s": p.tokens_per_s,
         "target_tokens": p.target_tokens, "useful_compute_s": p.model.useful_s,
         "mtti_s": p.mtti_s if finite else None,
         **({} if finite else {"mtti_null_reason": NO_FAILURES}),

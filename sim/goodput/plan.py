@@ -82,6 +82,8 @@ class GoodputPlan:
     reliability: Reliability
     model: RunModel
     stragglers: Stragglers | None = None
+    variability_s: float = 0.0
+    """What per-rank variability adds to the step (inside `step_time_s`)."""
     """Slow nodes' cost over the run and their eviction's (`sim.goodput.stragglers`)."""
 
     @property
@@ -116,7 +118,7 @@ def plan_run(exp: Experiment, summary: StepSummary, *, target: float) -> Goodput
     plan = plan_from(exp, step_time_s=summary.step_time_s, tokens_per_s=summary.tokens_per_s,
                      memory=summary.memory_by_pp_rank, target=target)
     cluster = exp.cluster
-    return replace(plan, stragglers=straggler_cost(
+    return replace(plan, variability_s=summary.variability_s, stragglers=straggler_cost(
         cluster.variability, exp.layout, cluster.devices_per_server, nodes=cluster.num_servers,
         variability_s=summary.variability_s, step_time_s=summary.step_time_s,
         useful_s=plan.model.useful_s, restart_s=plan.restart.seconds(waits_for_repair=False)))

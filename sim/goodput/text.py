@@ -37,7 +37,8 @@ def goodput_text(p: GoodputPlan, o: Outcome) -> str:
                                  if p.rates_per_hour[c] > 0 and p.counts[c]))
     lines = [
         f"parasim goodput: {p.name} on {p.cluster} ({p.world:,} devices, {p.nodes:,} nodes)",
-        f"  step                {p.step_time_s:.4g} s, {p.tokens_per_s:,.0f} tokens/s",
+        f"  step                {p.step_time_s:.4g} s, {p.tokens_per_s:,.0f} tokens/s"
+        + (f" (per-rank variability adds {p.variability_s:.3g} s)" if p.variability_s else ""),
         f"  target              {p.target_tokens:.4g} tokens = "
         f"{_duration(p.model.useful_s)} of failure-free compute",
         f"  MTTI                {_duration(p.mtti_s)} ({where})" if p.mtti_s < float("inf") else

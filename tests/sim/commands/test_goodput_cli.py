@@ -18,7 +18,8 @@ FIELDS = {"interruptions", "interruptions_by_cause", "effective_training_fractio
           "checkpoint_interval_given", "daly_interval_s", "young_interval_s",
           "effective_training_fraction_ci95", "analytic_fraction_at_interval",
           "analytic_fraction_at_optimum", "expected_wall_s", "time_to_train",
-          "lost_gpu_hours_by_cause", "goodput_s", "badput_s", "recovery", "stragglers"}
+          "lost_gpu_hours_by_cause", "goodput_s", "badput_s", "recovery", "stragglers",
+          "step_variability_s"}
 
 
 @pytest.fixture

@@ -35,6 +35,7 @@ def test_slow_nodes_alone_cost_the_whole_variability(tmp_path):
     assert s.keep_gpu_hours == pytest.approx(s.keep_s * 16 / 3600)
     assert s.evict_s == p.restart.seconds(waits_for_repair=False)
     assert s.evict and s.saved_s == pytest.approx(s.keep_s - s.evict_s)
+    assert p.variability_s == summary.variability_s  # time-to-train runs at the stretched step
 
 
 def test_the_slow_share_matches_a_step_simulated_without_slow_nodes(tmp_path):
