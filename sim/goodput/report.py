@@ -32,7 +32,8 @@ from sim.goodput.text import goodput_text
 T = TypeVar("T")
 
 DAY_S = 86_400.0
-DIVS = ("goodput-progress", "goodput-lost", "goodput-walltimes", "goodput-interval")
+DIVS = ("goodput-progress", "goodput-lost", "goodput-badput", "goodput-walltimes",
+        "goodput-interval")
 MAX_CHECKPOINT_MARKS = 60
 MAX_FAILURE_MARKS = 150
 """Markers the progress chart draws at most (all causes together)."""
@@ -97,6 +98,22 @@ def lost_figure(p: GoodputPlan, o: Outcome) -> go.Figure:
     return fig
 
 
+def badput_figure(p: GoodputPlan, o: Outcome) -> go.Figure:
+    """Hours per run by ml-goodput-measurement's badput category, goodput beside them."""
+    rows = [("goodput (productive training)", o.useful_s),
+            *((name, s) for name, s in o.badput_s.items() if s > 0)]
+    names, hours = [n for n, _ in rows][::-1], [s / 3600 for _, s in rows][::-1]
+    fig = go.Figure(go.Bar(x=hours, y=names, orientation="h", marker={"color": "#72B7B2"},
+                           text=[f"{h:,.2f} h" for h in hours], textposition="outside",
+                           cliponaxis=False,
+                           hovertemplate="%{y}: %{x:,.2f} h<extra></extra>"))
+    fig.update_layout(title="Wall time per run by ml-goodput-measurement's categories (mean "
+                      f"of {len(o.wall_times_s)} runs)", xaxis_title="hours per run",
+                      xaxis_type="log", template="plotly_white",
+                      yaxis={"automargin": True}, height=max(320, 140 + 40 * len(rows)))
+    return fig
+
+
 def walltime_figure(p: GoodputPlan, o: Outcome) -> go.Figure:
     """The histogram of wall times over the Monte-Carlo runs, P50 and P90 marked."""
     days = o.wall_times_s / DAY_S
@@ -151,8 +168,8 @@ def interval_figure(p: GoodputPlan, o: Outcome) -> go.Figure:
 
 def render_goodput_report(p: GoodputPlan, o: Outcome) -> str:
     """The whole page as a string (deterministic)."""
-    figures = (progress_figure(p, o), lost_figure(p, o), walltime_figure(p, o),
-               interval_figure(p, o))
+    figures = (progress_figure(p, o), lost_figure(p, o), badput_figure(p, o),
+               walltime_figure(p, o), interval_figure(p, o))
     parts = [pio.to_html(fig, include_plotlyjs=(i == 0), full_html=False, div_id=div)
              for i, (div, fig) in enumerate(zip(DIVS, figures))]
     return ("<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\">"

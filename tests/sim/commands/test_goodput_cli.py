@@ -70,7 +70,8 @@ def test_text_summary_and_report(capsys, config, tmp_path):
     assert code == 0
     assert "Daly's optimum" in out and "effective fraction" in out
     page = report.read_text()
-    for div in ("goodput-progress", "goodput-lost", "goodput-walltimes", "goodput-interval"):
+    for div in ("goodput-progress", "goodput-lost", "goodput-badput", "goodput-walltimes",
+                "goodput-interval"):
         assert div in page
 
 
