@@ -139,6 +139,10 @@ def plan_from(exp: Experiment, *, step_time_s: float, tokens_per_s: float,
     write = (rel.checkpoint_write_s if rel.checkpoint_write_s is not None
              else size / storage_bandwidth(cluster, rel))
     if rel.recovery != "restart":  # to a peer's host memory (sim.goodput.recovery)
+        if rel.checkpoint_write_s is not None:
+            raise ConfigError(f"reliability.checkpoint_write: a write to storage, but recovery "
+                              f"= {rel.recovery!r} checkpoints to a peer's memory (priced "
+                              "from PCIe and the NIC): set one or the other")
         write = in_memory_checkpoint(cluster, memory).write_s
     if write >= mtti:
         raise ConfigError(f"reliability.checkpoint_write: {write:,.0f} s is not shorter than "

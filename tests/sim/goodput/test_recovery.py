@@ -107,6 +107,10 @@ def test_a_bad_recovery_is_one_line(capsys, tmp_path):
     path.write_text(SMALL + '\n[reliability]\nrecovery = "pray"\n')
     refused(capsys, "reliability.recovery: 'pray' is not one of restart, in_memory, elastic",
             path)
+    path.write_text(SMALL + '\n[reliability]\nrecovery = "in_memory"\n'
+                    'checkpoint_write = "5min"\n')
+    refused(capsys, "reliability.checkpoint_write: a write to storage, but recovery = "
+            "'in_memory' checkpoints to a peer's memory", path)
     path.write_text(SMALL + '\n[reliability]\nrecovery = "elastic"\nruns = 5\n')
     code, out, _ = run(capsys, path, "--days", 2)
     assert code == 0 and "recovery            elastic" in out
