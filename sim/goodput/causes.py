@@ -67,19 +67,27 @@ def run_causes(rel: Reliability, per_cause: dict[Component, float],
     scale = 1.0
     if rel.mtti_s is not None:
         if total <= 0:
-            return (Cause(GIVEN, 1.0 / rel.mtti_s, base, False, hang), *_spikes(rel, base))
+            return (Cause(GIVEN, 1.0 / rel.mtti_s, base, False, hang, phases=restart.phases()),
+                    *_spikes(rel, restart))
         scale = 1.0 / (rel.mtti_s * total)
     checks = sdc_checks(rel)
     delay = checks[0] / 2 if checks else 0.0  # found at the next check
-    out = [Cause(str(c), rate * scale, base + (delay if c is Component.SDC else 0.0),
-                 c in HARDWARE and restart.fixed_s is None, hang)
-           for c, rate in per_cause.items() if rate > 0]
-    return (*out, *_spikes(rel, base))
+    out = []
+    for c, rate in per_cause.items():
+        if rate > 0:
+            wasted = delay if c is Component.SDC else 0.0
+            out.append(Cause(str(c), rate * scale, base + wasted,
+                             c in HARDWARE and restart.fixed_s is None, hang,
+                             phases=restart.phases(wasted)))
+    return (*out, *_spikes(rel, restart))
 
 
-def _spikes(rel: Reliability, base: float) -> tuple[Cause, ...]:
+def _spikes(rel: Reliability, restart: Restart) -> tuple[Cause, ...]:
     rate = rel.loss_spike_rate_per_hour / 3600.0
-    return (Cause(LOSS_SPIKE, rate, base, False, 0.0, rel.rollback_s),) if rate > 0 else ()
+    base = restart.seconds(waits_for_repair=False)
+    if rate <= 0:
+        return ()
+    return (Cause(LOSS_SPIKE, rate, base, False, 0.0, rel.rollback_s, phases=restart.phases()),)
 
 
 def default_spares(causes: tuple[Cause, ...], repair_s: float) -> int:

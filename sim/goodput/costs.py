@@ -40,6 +40,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from sim.goodput import badput
 from sim.goodput.settings import Reliability
 from sim.models.memory import MemoryBreakdown
 from topology.cluster import Cluster
@@ -100,6 +101,16 @@ class Restart:
             return self.fixed_s
         return (self.detection_s + self.requeue_s + self.pg_init_s + self.load_s
                 + self.warmup_s + (self.repair_s if waits_for_repair else 0.0))
+
+    def phases(self, wasted_s: float = 0.0) -> badput.Phases:
+        """The restart without a repair wait, part by part in badput's categories, after
+        `wasted_s` of work that is lost before the failure is seen."""
+        first = ((badput.WASTED, wasted_s),) if wasted_s else ()
+        if self.fixed_s is not None:
+            return (*first, (badput.OTHER, self.fixed_s))
+        return (*first, (badput.INFRASTRUCTURE, self.detection_s + self.requeue_s),
+                (badput.INITIALIZATION, self.pg_init_s), (badput.RESTORE, self.load_s),
+                (badput.STARTUP, self.warmup_s))
 
 
 def restart_parts(cluster: Cluster, rel: Reliability, *, size_bytes: float,

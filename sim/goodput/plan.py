@@ -3,7 +3,7 @@
     summary, _ = predict(exp)
     run = plan_run(exp, summary, target_tokens=target)
     outcome = simulate_run(run.model, runs=run.runs, seed=run.seed)
-    goodput_json(run, outcome)
+    goodput_json(run, outcome)      # sim.goodput.outputs
 
 `plan_run` gathers the step time and tokens/s (`sim.simulate.predict`), the per-rank memory
 (`StepSummary.memory_by_pp_rank`, from `sim.models.memory`) for the checkpoint's size, the
@@ -15,9 +15,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Any
-
-import numpy as np
 
 from sim.config import Experiment
 from sim.goodput.bounds import check_finishes, check_spares, step_interval
@@ -37,9 +34,11 @@ from sim.goodput.costs import (
     storage_bandwidth,
 )
 from sim.goodput.interval import daly_interval, effective_fraction, young_interval
-from sim.goodput.montecarlo import Outcome, RunModel
+from sim.goodput.montecarlo import RunModel
 from sim.goodput.rates import Component, Counts, component_counts, job_rates
+from sim.goodput.recovery import in_memory_checkpoint, recovered_restart
 from sim.goodput.settings import Reliability, reliability_or_default
+from sim.goodput.stragglers import Stragglers, straggler_cost
 from sim.metrics import StepSummary
 from sim.models.memory import MemoryBreakdown
 from traces.errors import ConfigError
@@ -48,7 +47,7 @@ DAY_S = 86_400.0
 MAX_DAYS = 3650.0
 MAX_TOKENS = 1e16
 """10 quadrillion tokens: ~700x Llama 3's 15.6T."""
-__all__ = ["GIVEN", "GoodputPlan", "goodput_json", "plan_from", "plan_run", "target_tokens"]
+__all__ = ["GIVEN", "GoodputPlan", "plan_from", "plan_run", "target_tokens"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -82,6 +81,10 @@ class GoodputPlan:
     model: RunModel
     fleet: str = ""
     spares_default: bool = False
+    stragglers: Stragglers | None = None
+    """Slow nodes' cost over the run and their eviction's (`sim.goodput.stragglers`)."""
+    variability_s: float = 0.0
+    """What per-rank variability adds to the step (inside `step_time_s`)."""
 
     @property
     def runs(self) -> int:
@@ -112,8 +115,13 @@ def target_tokens(days: float | None, tokens: float | None, tokens_per_s: float)
 
 def plan_run(exp: Experiment, summary: StepSummary, *, target: float) -> GoodputPlan:
     """Everything the Monte-Carlo and the report need, from one simulated step."""
-    return plan_from(exp, step_time_s=summary.step_time_s, tokens_per_s=summary.tokens_per_s,
+    plan = plan_from(exp, step_time_s=summary.step_time_s, tokens_per_s=summary.tokens_per_s,
                      memory=summary.memory_by_pp_rank, target=target)
+    cluster = exp.cluster
+    return replace(plan, variability_s=summary.variability_s, stragglers=straggler_cost(
+        cluster.variability, exp.layout, cluster.devices_per_server, nodes=cluster.num_servers,
+        variability_s=summary.variability_s, step_time_s=summary.step_time_s,
+        useful_s=plan.model.useful_s, restart_s=plan.restart.seconds(waits_for_repair=False)))
 
 
 def plan_from(exp: Experiment, *, step_time_s: float, tokens_per_s: float,
@@ -132,14 +140,21 @@ def plan_from(exp: Experiment, *, step_time_s: float, tokens_per_s: float,
     size = checkpoint_bytes(exp.layout, memory)
     write = (rel.checkpoint_write_s if rel.checkpoint_write_s is not None
              else size / storage_bandwidth(cluster, rel))
+    if rel.recovery != "restart":  # to a peer's host memory (sim.goodput.recovery)
+        if rel.checkpoint_write_s is not None:
+            raise ConfigError(f"reliability.checkpoint_write: a write to storage, but recovery "
+                              f"= {rel.recovery!r} checkpoints to a peer's memory (priced "
+                              "from PCIe and the NIC): set one or the other")
+        write = in_memory_checkpoint(cluster, memory).write_s
     if write >= mtti:
         raise ConfigError(f"reliability.checkpoint_write: {write:,.0f} s is not shorter than "
                           f"the job's mean time to interruption, {mtti:,.0f} s: no checkpoint "
                           "would ever finish (write faster, or fail less)")
     largest = max(m.params_bytes + m.optimizer_bytes for m in memory)
-    stall = min(write, largest / host_copy_bandwidth(cluster)) if rel.async_checkpoint \
-        else write
-    restart = restart_parts(cluster, rel, size_bytes=size, step_time_s=step_time_s)
+    overlapped = rel.async_checkpoint or rel.recovery != "restart"
+    stall = min(write, largest / host_copy_bandwidth(cluster)) if overlapped else write
+    restart = recovered_restart(rel.recovery, restart_parts(
+        cluster, rel, size_bytes=size, step_time_s=step_time_s), cluster, memory)
     causes = run_causes(rel, per_cause, restart)
     spares = rel.spare_nodes
     if spares is None:
@@ -184,17 +199,3 @@ def plan_from(exp: Experiment, *, step_time_s: float, tokens_per_s: float,
         reliability=replace(rel, spare_nodes=spares), model=model, fleet=fleet.name,
         spares_default=rel.spare_nodes is None)
 
-
-def goodput_json(run: GoodputPlan, outcome: Outcome) -> dict[str, Any]:
-    """The `--json` object (the issue's fields; provenance is merged by the command)."""
-    p10, p50, p90 = np.percentile(outcome.wall_times_s, [10, 50, 90]).tolist()
-    return {
-        "interruptions": float(np.mean(outcome.interruptions)),
-        "interruptions_by_cause": outcome.by_cause,
-        "effective_training_fraction": outcome.effective_fraction,
-        "checkpoint_interval_s": run.interval_s,
-        "checkpoint_write_s": run.checkpoint_write_s,
-        "restart_s": run.restart_s,
-        "mtti_s": run.mtti_s if math.isfinite(run.mtti_s) else None,  # no cause fails
-        "wall_time_s": {"p10": p10, "p50": p50, "p90": p90},
-    }

@@ -25,6 +25,7 @@
     sdc_check_cost = "1min"
     seed = 0                        # of the Monte-Carlo
     runs = 200                      # Monte-Carlo runs
+    recovery = "restart"            # restart | in_memory | elastic (sim.goodput.recovery)
 
     [reliability.rates]             # failures per instance-hour, overriding the defaults
     gpu = 2e-5                      # of sim.goodput.rates; any of its components
@@ -50,11 +51,12 @@ MAX_RUNS = 10_000
 MAX_SPARES = 65_536
 MAX_WARMUP_STEPS = 10_000
 SCOPES = ("node", "job")
+RECOVERY_MODES = ("restart", "in_memory", "elastic")
 KEYS = ("fleet", "mtti", "rates", "checkpoint_write", "storage_bandwidth", "storage_scope",
         "async_checkpoint", "checkpoint_interval", "restart", "detection", "requeue", "repair",
         "pg_init_per_rank", "warmup_steps", "spare_nodes", "sdc_rate", "sdc_check_interval",
         "sdc_check_cost", "seed", "runs", "storage_ceiling", "hang_fraction", "watchdog",
-        "loss_spike_rate", "rollback")
+        "loss_spike_rate", "rollback", "recovery")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -88,6 +90,7 @@ class Reliability:
     sdc_check_cost_s: float | None = None
     seed: int = 0
     runs: int = 200
+    recovery: str = "restart"
 
 
 def read_reliability(table: object) -> Reliability:
@@ -136,6 +139,7 @@ def read_reliability(table: object) -> Reliability:
         sdc_check_cost_s=duration("sdc_check_cost"),
         seed=t.integer("seed", 0, minimum=0, maximum=2**32 - 1),
         runs=t.integer("runs", 200, minimum=1, maximum=MAX_RUNS),
+        recovery=t.choice("recovery", "restart", RECOVERY_MODES),
     )
     if out.mtti_s is not None and out.rates_per_hour:
         raise ConfigError("reliability.mtti: set the job's MTTI or per-component rates "

@@ -12,7 +12,14 @@ from tests.sim.commands.test_simulate_cli import SMALL
 
 FIELDS = {"interruptions", "interruptions_by_cause", "effective_training_fraction",
           "checkpoint_interval_s", "checkpoint_write_s", "restart_s", "mtti_s", "wall_time_s",
-          "parasim"}
+          "parasim", "seed", "runs", "step_time_s", "tokens_per_s", "target_tokens",
+          "useful_compute_s", "mtti_given", "components", "checkpoint_bytes",
+          "async_checkpoint", "checkpoint_stall_s", "restart_parts_s", "spare_nodes",
+          "checkpoint_interval_given", "daly_interval_s", "young_interval_s",
+          "effective_training_fraction_ci95", "analytic_fraction_at_interval",
+          "analytic_fraction_at_optimum", "expected_wall_s", "time_to_train",
+          "lost_gpu_hours_by_cause", "goodput_s", "badput_s", "recovery", "stragglers",
+          "step_variability_s", "fleet", "spare_nodes_default"}
 
 
 @pytest.fixture
@@ -63,7 +70,8 @@ def test_text_summary_and_report(capsys, config, tmp_path):
     assert code == 0
     assert "Daly's optimum" in out and "effective fraction" in out
     page = report.read_text()
-    for div in ("goodput-progress", "goodput-lost", "goodput-interval"):
+    for div in ("goodput-progress", "goodput-lost", "goodput-badput", "goodput-walltimes",
+                "goodput-interval"):
         assert div in page
 
 
