@@ -32,6 +32,7 @@ from typing import Any
 from sim.collectives import ALGORITHM_NAMES, Algorithm
 from sim.engine.transport import NETWORK_NAMES, NetworkMode
 from sim.goodput.settings import Reliability, read_reliability
+from sim.models.sharing import check_comm_sms
 from sim.profile import Profile, default_profile, load_profile
 from topology.cluster import Accelerator, Cluster
 from topology.config import read_cluster
@@ -154,6 +155,7 @@ def experiment_from_dict(data: Mapping[str, Any], *, name: str = "experiment",
     check_layout(model, layout, world=spec.num_devices,
                  devices_per_server=spec.devices_per_server)
     cluster = spec.build()
+    check_comm_sms(layout.comm_sms, cluster)
     where = "--profile" if "profile" in (overrides or {}) else "sim.profile"
     profile = (load_profile(base / profile_path, where) if profile_path
                else default_profile(cluster.accelerator))

@@ -25,6 +25,7 @@ from traces.cp_fold import cp_partition, cp_shift_closed
 from traces.identity import Partition, partition_for
 from traces.layout import Layout, Recompute
 from traces.model import ModelSpec
+from traces.moe_overlap import comm_sms
 from traces.ops import Trace
 from traces.pipeline import layout_schedule
 from traces.plan import build
@@ -63,7 +64,7 @@ def predict(exp: Experiment, *, fold: bool = True, progress: Progress | None = N
         speeds = expected_speeds(exp.cluster.variability, exp.layout, plan.ranks,
                                  exp.cluster.devices_per_server)
     compute = ComputeModel(exp.cluster.accelerator, exp.profile, launch_counts(exp.model))
-    interference = interference_for(exp.cluster, exp.profile, compute)
+    interference = interference_for(exp.cluster, exp.profile, compute, comm_sms(exp.layout))
 
     def run(stretch: Mapping[int, float] | None, bar: Progress | None) -> StepTimes:
         return replay(plan, exp.cluster, compute, interference=interference,

@@ -1,0 +1,126 @@
+"""DualPipe's overlapped pairs simulated (issue 33, items 1-2): under dualpipev with
+overlap_moe_comm a forward chunk and another micro-batch's backward chunk run as one step
+(DeepSeek-V3 technical report, arXiv 2412.19437, section 3.2.1, Fig. 4), each one's EP
+all-to-all beside the other's compute, the compute beside it on the SMs the communication
+leaves (20 of 132, section 3.2.2). A pair's time in closed form: its first piece, then per
+component the longer of the compute piece (each kernel's time alone, times the slowdown of
+running on 112 of 132 SMs) and the all-to-all beside it."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from sim.config import experiment_from_dict
+from sim.models.compute import ComputeModel
+from sim.models.interference import GpuInterference
+from sim.models.sharing import interference_for
+from sim.simulate import predict
+from traces.errors import ConfigError
+from traces.layout import Schedule
+from traces.moe_overlap import DEEPSEEK_COMM_SMS, comm_sms, dualpipe_pairs, groups
+from traces.ops import Phase, Stream
+from traces.pipeline import layout_schedule
+from traces.purpose import ExpertAllToAll
+from traces.stack import launch_counts
+
+CONFIG = {
+    "model": {"layers": 4, "hidden": 2048, "heads": 16, "seq_len": 2048, "vocab": 4096,
+              "ffn": "swiglu", "ffn_hidden": 4096, "experts": 16, "top_k": 4,
+              "moe_ffn_hidden": 1024, "shared_experts": 1, "dense_layers": 0, "bias": False},
+    "parallel": {"pp": 2, "vp": 2, "schedule": "dualpipev", "dp": 8, "ep": 8,
+                 "global_batch": 32, "overlap_moe_comm": True},
+    "cluster": {"preset": "dgx-h800", "nodes": 2},
+}
+
+
+def _experiment(**parallel: object):
+    config = copy.deepcopy(CONFIG)
+    config["parallel"].update(parallel)
+    return experiment_from_dict(config)
+
+
+@pytest.fixture(scope="module")
+def on():
+    exp = _experiment()
+    return exp, *predict(exp, fold=True)
+
+
+def test_dualpipev_pairs_are_a_forward_and_the_other_chunks_full_backward() -> None:
+    """pp 2, m 4: rank 0 overlaps (0F3, 3B1 3W1), (3F2, 0B0 0W0), (3F3, 0B1 0W1); rank 1
+    (the V's turn) skips its first pair (1F2, 2B0 2W0), as deepseek-ai/DualPipe's middle
+    ranks do, and overlaps the next three."""
+    schedule = layout_schedule(_experiment().layout)
+    shown = {r: [" ".join(str(actions[i]) for i in g)
+                 for g in groups(Schedule.DUALPIPEV, actions)]
+             for r, actions in schedule.items()}
+    assert shown == {0: ["0F3 3B1 3W1", "3F2 0B0 0W0", "3F3 0B1 0W1"],
+                     1: ["2F2 1B0 1W0", "1F3 2B1 2W1", "2F3 1B1 1W1"]}
+    assert dualpipe_pairs(schedule[1])[0] == (7, 8, 9)
+
+
+def test_the_comm_sms_default_is_deepseeks_under_dualpipe_only() -> None:
+    assert comm_sms(_experiment().layout) == DEEPSEEK_COMM_SMS == 20
+    assert comm_sms(_experiment(comm_sms=24).layout) == 24
+    assert comm_sms(_experiment(overlap_moe_comm=False).layout) == 0
+    with pytest.raises(ConfigError, match=r"^parallel.comm_sms: 132 must be below the 132 SMs"):
+        _experiment(comm_sms=132)
+
+
+def test_twenty_sms_slow_a_compute_bound_kernel_by_132_over_112(on) -> None:
+    exp, _, _ = on
+    compute = ComputeModel(exp.cluster.accelerator, exp.profile, launch_counts(exp.model))
+    gpu = interference_for(exp.cluster, exp.profile, compute, comm_sms(exp.layout))
+    assert isinstance(gpu, GpuInterference)
+    assert (gpu.units, gpu.comm_units) == (132, 20)
+    assert gpu.kernel_stretch == pytest.approx(132 / 112, rel=1e-12)
+
+
+def test_a_pairs_time_in_closed_form(on) -> None:
+    """Rank 0's pair (0F3, 3B1 3W1): its ops in program order are pieces, each closed by an
+    all-to-all but the last; piece j + 1 starts with all-to-all j beside it, so the pair takes
+    C_0 + sum_j max(C_{j+1}, A_j), C_{j+1} the sum of its kernels' times alone times each
+    kernel's slowdown on 112 SMs (every piece starts with an all-to-all in flight), A_j the
+    all-to-all's time."""
+    exp, _, times = on
+    rank = times.plan.ranks[0]
+    ops, starts, ends = times.plan.ops[rank], times.starts[rank], times.ends[rank]
+    # from 3B1's first op to 0B0's (the next pair's first piece)
+    first = _first_of(ops, 1, Phase.BWD)
+    last = _first_of(ops, 0, Phase.BWD, after=first)
+    region = [i for i in range(first, last)
+              if ops[i].stream in (Stream.COMPUTE, Stream.EP_COMM)]
+    assert {(ops[i].microbatch, ops[i].phase) for i in region} == {
+        (1, Phase.BWD), (1, Phase.WGRAD), (3, Phase.FWD)}
+    pieces: list[list[int]] = [[]]
+    a2a: list[int] = []
+    for i in region:
+        if isinstance(ops[i].purpose, ExpertAllToAll):
+            a2a.append(i)
+            pieces.append([])
+        else:
+            pieces[-1].append(i)
+    assert len(a2a) == 4 and all(pieces)  # a layer's dispatch and combine, both ways
+    compute = ComputeModel(exp.cluster.accelerator, exp.profile, launch_counts(exp.model))
+    gpu = interference_for(exp.cluster, exp.profile, compute, comm_sms(exp.layout))
+    assert isinstance(gpu, GpuInterference)
+    slowed = [sum(compute.duration(ops[i]) * gpu.kernel_scale(ops[i]) for i in piece)
+              for piece in pieces[1:]]
+    expected = ends[pieces[0][-1]] - starts[pieces[0][0]] + sum(
+        max(c, ends[j] - starts[j]) for c, j in zip(slowed, [*a2a, None], strict=False)
+        if j is not None) + slowed[-1]
+    assert ends[region[-1]] - starts[region[0]] == pytest.approx(expected, rel=1e-9)
+    alone = sum(compute.duration(ops[i]) for piece in pieces[1:] for i in piece)
+    assert sum(slowed) > 1.02 * alone  # the SMs the all-to-all holds are felt
+
+
+def _first_of(ops, microbatch: int, phase: Phase, after: int = 0) -> int:
+    return next(i for i, op in enumerate(ops) if i > after and op.microbatch == microbatch
+                and op.phase is phase)
+
+
+def test_overlap_never_lengthens_a_dualpipev_step(on) -> None:
+    _, summary, _ = on
+    off = predict(_experiment(overlap_moe_comm=False), fold=True)[0]
+    assert summary.step_time_s < off.step_time_s
