@@ -176,9 +176,9 @@ class Layout:
     overlap_moe_comm: bool = False
     """Megatron-Core's --overlap-moe-expert-parallel-comm (`traces.moe_overlap`)."""
     comm_sms: int = 0
-    """SMs the communication kernels hold while compute runs beside them
-    (`sim.models.sharing`); 0: NCCL's one per channel, but DeepSeek-V3's 20 under dualpipev
-    with overlap_moe_comm (`traces.moe_overlap.comm_sms`)."""
+    """SMs the expert all-to-all kernels hold while an overlapped pair's compute runs beside
+    them (`sim.models.reserved_sms`); 0: none, but DeepSeek-V3's 20 under dualpipev with
+    overlap_moe_comm (`traces.moe_overlap.comm_sms`)."""
 
     def __post_init__(self) -> None:
         """The rules that need neither the model nor the cluster (see `check_layout`)."""

@@ -56,9 +56,10 @@ communication channels, enough for IB and NVLink at full rate (arXiv 2412.19437,
 
 
 def comm_sms(layout: Layout) -> int:
-    """The SMs communication holds beside compute: `layout.comm_sms`, or where it is 0,
-    DeepSeek-V3's 20 under a DualPipe schedule with overlap_moe_comm, else 0 (NCCL's
-    one per channel, `sim.models.sharing`)."""
+    """The SMs the expert all-to-all holds beside the compute of an overlapped pair
+    (`sim.models.reserved_sms`): `layout.comm_sms`, or where it is 0, DeepSeek-V3's 20 under
+    a DualPipe schedule with overlap_moe_comm, else 0 (none reserved: NCCL's own SMs, while
+    it moves data, are the interference model's, `sim.models.sharing`)."""
     if layout.comm_sms or not (layout.overlap_moe_comm and layout.schedule in DUALPIPE):
         return layout.comm_sms
     return DEEPSEEK_COMM_SMS

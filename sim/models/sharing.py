@@ -40,30 +40,26 @@ REDUCTION_HBM_PASSES = 3
 """HBM accesses per byte a ring reduction receives: written, read back, the local one read."""
 
 
-def interference_for(cluster: Cluster, profile: Profile, compute: ComputeModel,
-                     comm_sms: int = 0) -> Interference:
-    """The interference model of `cluster` timed by `profile` (module docstring); `comm_sms`
-    (`traces.moe_overlap.comm_sms`), where not 0, the SMs communication holds instead of
-    NCCL's channel count."""
+def interference_for(cluster: Cluster, profile: Profile, compute: ComputeModel) -> Interference:
+    """The interference model of `cluster` timed by `profile` (module docstring)."""
     host = host_interference(profile)
     if host is not NO_INTERFERENCE:
         return host
-    gpu = gpu_interference(cluster, compute, comm_sms)
+    gpu = gpu_interference(cluster, compute)
     return NO_INTERFERENCE if gpu is None else gpu
 
 
 def check_comm_sms(comm_sms: int, cluster: Cluster) -> None:
-    """Refuse a parallel.comm_sms that leaves compute no SM of the cluster's accelerator."""
+    """Refuse a parallel.comm_sms (`sim.models.reserved_sms`) that leaves compute no SM of
+    the cluster's accelerator."""
     units = cluster.accelerator.compute_units
     if comm_sms >= units:
         raise ConfigError(f"parallel.comm_sms: {comm_sms} must be below the {units} SMs of "
                           f"the {cluster.accelerator.name} (compute needs some)")
 
 
-def gpu_interference(cluster: Cluster, compute: ComputeModel,
-                     comm_sms: int = 0) -> GpuInterference | None:
-    """NCCL's SMs (or `comm_sms`) and HBM traffic on `cluster`'s GPUs; None where NCCL does
-    not run."""
+def gpu_interference(cluster: Cluster, compute: ComputeModel) -> GpuInterference | None:
+    """NCCL's SMs and HBM traffic on `cluster`'s GPUs; None where NCCL does not run."""
     server = getattr(cluster.fabric, "server", None)
     if server is None or server.link_kind != "nvlink" or not server.nvlink_Bps:
         return None
@@ -78,7 +74,7 @@ def gpu_interference(cluster: Cluster, compute: ComputeModel,
         link = server.nvlink_Bps * server.nvlink_efficiency
     check_hbm(acc.sustained_hbm_Bps, REDUCTION_HBM_PASSES * link,
               "NIC" if cluster.num_servers > 1 else "NVLink")
-    return GpuInterference(units=acc.compute_units, comm_units=comm_sms or nccl.comm_channels,
+    return GpuInterference(units=acc.compute_units, comm_units=nccl.comm_channels,
                            hbm_Bps=acc.sustained_hbm_Bps,
                            comm_hbm_Bps=REDUCTION_HBM_PASSES * link, compute=compute)
 

@@ -3,8 +3,8 @@ overlap_moe_comm a forward chunk and another micro-batch's backward chunk run as
 (DeepSeek-V3 technical report, arXiv 2412.19437, section 3.2.1, Fig. 4), each one's EP
 all-to-all beside the other's compute, the compute beside it on the SMs the communication
 leaves (20 of 132, section 3.2.2). A pair's time in closed form: its first piece, then per
-component the longer of the compute piece (each kernel's time alone, times the slowdown of
-running on 112 of 132 SMs) and the all-to-all beside it."""
+component the longer of the compute piece (each kernel's time on 112 of 132 SMs) and the
+all-to-all beside it."""
 
 from __future__ import annotations
 
@@ -14,8 +14,7 @@ import pytest
 
 from sim.config import experiment_from_dict
 from sim.models.compute import ComputeModel
-from sim.models.interference import GpuInterference
-from sim.models.sharing import interference_for
+from sim.models.reserved_sms import ReservedSms, beside_ep_comm, reserved_sms
 from sim.simulate import predict
 from traces.errors import ConfigError
 from traces.layout import Schedule
@@ -68,20 +67,25 @@ def test_the_comm_sms_default_is_deepseeks_under_dualpipe_only() -> None:
         _experiment(comm_sms=132)
 
 
-def test_twenty_sms_slow_a_compute_bound_kernel_by_132_over_112(on) -> None:
-    exp, _, _ = on
+def test_only_the_other_actions_pieces_are_beside_an_all_to_all(on) -> None:
+    """On 112 SMs: the ops of the pairs' pieces that run beside the other action's
+    all-to-all; none of an action alone (it waits for its all-to-all at once)."""
+    exp, _, times = on
     compute = ComputeModel(exp.cluster.accelerator, exp.profile, launch_counts(exp.model))
-    gpu = interference_for(exp.cluster, exp.profile, compute, comm_sms(exp.layout))
-    assert isinstance(gpu, GpuInterference)
-    assert (gpu.units, gpu.comm_units) == (132, 20)
-    assert gpu.kernel_stretch == pytest.approx(132 / 112, rel=1e-12)
+    durations = reserved_sms(times.plan, compute, comm_sms(exp.layout))
+    assert isinstance(durations, ReservedSms) and durations.units == 132 - 20
+    assert reserved_sms(times.plan, compute, 0) is compute
+    off = _experiment(overlap_moe_comm=False)
+    plan = predict(off, fold=True)[1].plan
+    assert not any(beside_ep_comm(ops) for ops in plan.ops.values())
 
 
 def test_a_pairs_time_in_closed_form(on) -> None:
     """Rank 0's pair (0F3, 3B1 3W1): its ops in program order are pieces, each closed by an
-    all-to-all but the last; piece j + 1 starts with all-to-all j beside it, so the pair takes
-    C_0 + sum_j max(C_{j+1}, A_j), C_{j+1} the sum of its kernels' times alone times each
-    kernel's slowdown on 112 SMs (every piece starts with an all-to-all in flight), A_j the
+    all-to-all but the last two (the backward's with its W, the forward's); piece j + 1
+    starts with all-to-all j beside it, so the pair takes
+    C_0 + sum_j max(C_{j+1}, A_j) + C_last, C_{j+1} the sum of its kernels' times on 112 SMs,
+    C_0 (nothing beside it yet) and C_last (after its own all-to-all) on all 132, A_j the
     all-to-all's time."""
     exp, _, times = on
     rank = times.plan.ranks[0]
@@ -100,19 +104,19 @@ def test_a_pairs_time_in_closed_form(on) -> None:
             a2a.append(i)
             pieces.append([])
         else:
+            if pieces[-1] and ops[pieces[-1][-1]].microbatch != ops[i].microbatch:
+                pieces.append([])  # the forward's last piece, after the backward's W
             pieces[-1].append(i)
     assert len(a2a) == 4 and all(pieces)  # a layer's dispatch and combine, both ways
     compute = ComputeModel(exp.cluster.accelerator, exp.profile, launch_counts(exp.model))
-    gpu = interference_for(exp.cluster, exp.profile, compute, comm_sms(exp.layout))
-    assert isinstance(gpu, GpuInterference)
-    slowed = [sum(compute.duration(ops[i]) * gpu.kernel_scale(ops[i]) for i in piece)
-              for piece in pieces[1:]]
-    expected = ends[pieces[0][-1]] - starts[pieces[0][0]] + sum(
-        max(c, ends[j] - starts[j]) for c, j in zip(slowed, [*a2a, None], strict=False)
-        if j is not None) + slowed[-1]
+    slowed = [sum(compute.shared_duration(ops[i], 112, 1.0) for i in piece)
+              for piece in pieces[1:-1]]
+    first, last = (sum(compute.duration(ops[i]) for i in p) for p in (pieces[0], pieces[-1]))
+    expected = first + sum(max(c, ends[j] - starts[j])
+                           for c, j in zip(slowed, a2a, strict=True)) + last
     assert ends[region[-1]] - starts[region[0]] == pytest.approx(expected, rel=1e-9)
-    alone = sum(compute.duration(ops[i]) for piece in pieces[1:] for i in piece)
-    assert sum(slowed) > 1.02 * alone  # the SMs the all-to-all holds are felt
+    alone = sum(compute.duration(ops[i]) for piece in pieces[1:-1] for i in piece)
+    assert sum(slowed) > 1.05 * alone  # the SMs the all-to-all holds are felt
 
 
 def _first_of(ops, microbatch: int, phase: Phase, after: int = 0) -> int:
