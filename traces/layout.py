@@ -90,6 +90,8 @@ class Schedule(StrEnum):
     ZB1P = "zb1p"  # zero-bubble ZB-1P (traces.zero_bubble), vp >= 1 chunks per rank
     ZBV = "zbv"  # zero-bubble ZB-V: two chunks per rank in a V (traces.zero_bubble)
     DUALPIPEV = "dualpipev"  # DualPipeV: zbv's V, overlapped pairs (traces.dualpipev_order)
+    DUALPIPE = "dualpipe"  # DeepSeek's two-copy DualPipe (traces.dualpipe_order), simulated
+    # as its DualPipeV twin (traces.dualpipe_twin)
 
 
 class CpComm(StrEnum):

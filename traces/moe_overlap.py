@@ -43,7 +43,7 @@ from traces.model import ModelSpec
 from traces.pipeline import Action, ActionSchedule, format_schedule
 
 KEY = "parallel.overlap_moe_comm"
-DUALPIPE = (Schedule.DUALPIPEV,)
+DUALPIPE = (Schedule.DUALPIPEV, Schedule.DUALPIPE)
 """Schedules whose overlapped pairs are DualPipe's (`dualpipe_pairs`), not Megatron-Core's."""
 Group = tuple[int, ...]
 """Indices into a rank's actions that run as one overlapped step."""
@@ -78,7 +78,7 @@ def check_moe_overlap(model: ModelSpec, layout: Layout) -> None:
     if layout.pp > 1 and layout.schedule not in (Schedule.INTERLEAVED, *DUALPIPE):
         raise ConfigError(f"{KEY}: true at pp = {layout.pp} needs schedule = \"interleaved\" "
                           "(Megatron-Core requires virtual pipeline stages when pp > 1) or "
-                          "\"dualpipev\" (DualPipe's overlapped pairs)")
+                          "\"dualpipev\" / \"dualpipe\" (DualPipe's overlapped pairs)")
     if layout.pp == 1 and layout.schedule not in (Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED):
         raise ConfigError(f"{KEY}: true needs schedule = \"1f1b\" at pp = 1 (Megatron-Core "
                           "pairs one micro-batch's forward with another's backward)")
