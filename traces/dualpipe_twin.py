@@ -15,7 +15,9 @@ its dp replicas'), the same world.
 What the twin does not hold: the hand-over of an activation (and its gradient) from rank
 pp/2 - 1 to rank pp/2 in the middle of each direction, a send over the network in DualPipe
 and a local hand-over in DualPipeV's V; and the ranks' places on the cluster follow the
-twin's rank order (Megatron's, `traces.layout`), not DualPipe's.
+twin's rank order (Megatron's, `traces.layout`), not DualPipe's; with tied embeddings the
+twin's rank 0 holds the word embeddings once for its first and last stage, where DualPipe's
+two copies hold them twice (DeepSeek-V3 does not tie them).
 """
 
 from __future__ import annotations
