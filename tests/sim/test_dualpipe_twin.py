@@ -119,3 +119,19 @@ def test_the_command_line_warns_and_simulates(tmp_path: Path) -> None:
 def _toml(value: object) -> str:
     return f"\"{value}\"" if isinstance(value, str) else str(value).lower() \
         if isinstance(value, bool) else str(value)
+
+
+def test_the_shipped_deepseek_example_is_dualpipe_on_2048_h800() -> None:
+    """sim/examples/deepseek-v3-2048-h800.toml: the report's PP16 DualPipe, EP64, DP128 on
+    256 nodes of 8 H800, loaded as its twin with the twin's note only; its pairs' all-to-all
+    holds DeepSeek's 20 SMs."""
+    from sim.config import load_experiment
+    from traces.moe_overlap import comm_sms
+
+    exp = load_experiment(Path(__file__).parents[2] / "sim" / "examples"
+                          / "deepseek-v3-2048-h800.toml")
+    assert exp.twin_of is not None
+    assert (exp.twin_of.pp, exp.twin_of.dp, exp.twin_of.ep, exp.cluster.num_devices) == (
+        16, 128, 64, 2048)
+    assert (exp.layout.pp, exp.layout.dp, exp.layout.vp) == (8, 256, 2)
+    assert len(exp.warnings) == 1 and comm_sms(exp.layout) == 20
