@@ -6,6 +6,7 @@ ranks hold DualPipe's two copies: a stage of each direction, twice 1F1B's parame
 from __future__ import annotations
 
 import copy
+import json
 import os
 import subprocess
 import sys
@@ -113,6 +114,8 @@ def test_the_command_line_warns_and_simulates(tmp_path: Path) -> None:
                           capture_output=True, text=True, timeout=300,
                           env={**os.environ, "PYTHONPATH": str(root)})
     assert done.returncode == 0 and "\"schedule\": \"dualpipev\"" in done.stdout
+    written = json.loads(done.stdout)["layout_as_written"]
+    assert (written["schedule"], written["pp"], written["dp"]) == ("dualpipe", 4, 2)
     assert "simulated as its DualPipeV twin" in done.stderr
 
 
