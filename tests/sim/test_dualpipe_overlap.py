@@ -128,3 +128,28 @@ def test_overlap_never_lengthens_a_dualpipev_step(on) -> None:
     _, summary, _ = on
     off = predict(_experiment(overlap_moe_comm=False), fold=True)[0]
     assert summary.step_time_s < off.step_time_s
+
+
+@pytest.mark.parametrize("value", [-1, "20", True, 1.5, 1025])
+def test_a_bad_comm_sms_is_refused_in_one_line(value: object) -> None:
+    with pytest.raises(ConfigError, match=r"^parallel\.comm_sms: ") as err:
+        _experiment(comm_sms=value)
+    assert "\n" not in str(err.value)
+
+
+def test_the_command_line_refuses_too_many_comm_sms(tmp_path) -> None:
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    shipped = Path(__file__).parents[2] / "sim" / "examples" / "deepseek-v3-2048-h800.toml"
+    config = tmp_path / "sms.toml"
+    config.write_text(shipped.read_text().replace("zero = 1\n", "zero = 1\ncomm_sms = 200\n"))
+    done = subprocess.run([sys.executable, "-m", "sim", "simulate", str(config), "--json"],
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(shipped.parents[2])})
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr.startswith("parasim: error: parallel.comm_sms: 200 must be below the "
+                                  "132 SMs of the ")
+    assert done.stderr.endswith("(compute needs some)\n") and done.stderr.count("\n") == 1
