@@ -160,8 +160,8 @@ def experiment_from_dict(data: Mapping[str, Any], *, name: str = "experiment",
     # Before the graph is built: 10**6 nodes against a 1024-GPU layout is one line, not 12 GB.
     check_layout(model, layout, world=spec.num_devices,
                  devices_per_server=spec.devices_per_server)
+    check_comm_sms(layout.comm_sms, spec.accelerator)
     cluster = spec.build()
-    check_comm_sms(layout.comm_sms, cluster)
     where = "--profile" if "profile" in (overrides or {}) else "sim.profile"
     profile = (load_profile(base / profile_path, where) if profile_path
                else default_profile(cluster.accelerator))
