@@ -1,0 +1,117 @@
+"""A parasim trace as Chakra execution-trace files: one `<name>.<rank>.et` per rank.
+
+Each op becomes one node (its id the op's index on its rank), stated in Chakra's own terms so
+that ASTRA-sim and Chakra's tools read it:
+
+* compute: `COMP_NODE`, `duration_micros` (the op's simulated or measured time), attributes
+  `num_ops` (FLOPs) and `tensor_size` (bytes moved);
+* a collective: `COMM_COLL_NODE`, `comm_type`, `comm_size` (bytes, as nccl-tests counts them)
+  and `pg_name`, the process group, whose ranks `comm_group.json` beside the files lists (the
+  `{"pg_name": [ranks]}` table ASTRA-sim's `--comm-group-configuration` reads);
+* a send / receive: `COMM_SEND_NODE` / `COMM_RECV_NODE`, `comm_src`, `comm_dst`, `comm_size`,
+  `comm_tag` (parasim's string tag numbered the same in every file);
+* `data_deps`: the op's dependencies; `ctrl_deps`: the op before it on its stream (a stream
+  runs in order: Chakra has no streams, so the order is a dependency).
+
+Chakra cannot state the rest of an op (stream, purpose, layer, GEMM shape, exact times) nor the
+trace's header: every node also carries the op as parasim writes it (`parasim.op`, the JSON of
+`traces.io`), and `GlobalMetadata` the header (`parasim.meta`), so parasim reads its own export
+back exactly (`traces.chakra_read`) while other tools ignore both.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from traces.chakra_schema import ET_VERSION, CommType, NodeType, messages, varint
+from traces.io import to_json
+from traces.ops import Op, OpKind, Trace
+
+GROUPS_FILE = "comm_group.json"
+META_ATTR = "parasim.meta"
+OP_ATTR = "parasim.op"
+RANK_ATTR = "parasim.rank"
+
+COMM_TYPES = {OpKind.ALL_REDUCE: CommType.ALL_REDUCE, OpKind.ALL_GATHER: CommType.ALL_GATHER,
+              OpKind.REDUCE_SCATTER: CommType.REDUCE_SCATTER,
+              OpKind.BROADCAST: CommType.BROADCAST, OpKind.ALL_TO_ALL: CommType.ALL_TO_ALL}
+"""parasim's collective kinds as Chakra's comm_type."""
+
+
+def et_name(name: str, rank: int) -> str:
+    """Chakra's file name for one rank's trace."""
+    return f"{name}.{rank}.et"
+
+
+def process_groups(trace: Trace) -> dict[tuple[int, ...], str]:
+    """Every collective's group, named "1", "2", ... in sorted order (the same in every file)."""
+    groups = sorted({op.group for ops in trace.ops.values() for op in ops
+                     if op.kind.is_collective})
+    return {group: str(number) for number, group in enumerate(groups, start=1)}
+
+
+def groups_json(groups: Mapping[tuple[int, ...], str]) -> str:
+    """`comm_group.json`: pg_name -> its ranks."""
+    return json.dumps({name: list(group) for group, name in groups.items()}) + "\n"
+
+
+def encode_trace(trace: Trace) -> Iterator[tuple[int, bytes]]:
+    """(rank, the bytes of its `.et` file) for every rank of `trace`, in rank order."""
+    m = messages()
+    document = to_json(trace)
+    meta = json.dumps(document["meta"], separators=(",", ":"), allow_nan=False)
+    groups = process_groups(trace)
+    tags = {tag: number for number, tag in enumerate(sorted(
+        {op.tag for ops in trace.ops.values() for op in ops if op.kind.is_p2p}))}
+    for rank in sorted(trace.ops):
+        header = m.GlobalMetadata(version=ET_VERSION)
+        header.attr.append(m.AttributeProto(name=META_ATTR, string_val=meta))
+        header.attr.append(m.AttributeProto(name=RANK_ATTR, int64_val=rank))
+        out = [_framed(header)]
+        raw_ops = document["ranks"][str(rank)]
+        last_on: dict[str, int] = {}
+        for index, (op, raw) in enumerate(zip(trace.ops[rank], raw_ops, strict=True)):
+            node = _node(m, rank, index, op, groups, tags)
+            before = last_on.get(op.stream)
+            if before is not None:
+                node.ctrl_deps.append(before)
+            last_on[op.stream] = index
+            node.attr.append(m.AttributeProto(name=OP_ATTR, string_val=json.dumps(
+                raw, separators=(",", ":"), allow_nan=False)))
+            out.append(_framed(node))
+        yield rank, b"".join(out)
+
+
+def _framed(message: Any) -> bytes:
+    body = message.SerializeToString(deterministic=True)
+    return varint(len(body)) + body
+
+
+def _node(m: Any, rank: int, index: int, op: Op, groups: Mapping[tuple[int, ...], str],
+          tags: Mapping[str, int]) -> Any:
+    node = m.Node(id=index, name=op.name or str(op.kind), data_deps=op.deps)
+    attr = m.AttributeProto
+    node.attr.append(attr(name="is_cpu_op", bool_val=False))
+    if op.start is not None and op.end is not None:
+        node.start_time_micros = round(op.start * 1e6)
+        node.duration_micros = round((op.end - op.start) * 1e6)
+    if op.kind is OpKind.COMPUTE:
+        node.type = NodeType.COMP_NODE
+        node.attr.append(attr(name="num_ops", uint64_val=round(op.flops)))
+        node.attr.append(attr(name="tensor_size", uint64_val=round(op.mem_bytes)))
+        return node
+    node.attr.append(attr(name="comm_size", uint64_val=round(op.size_bytes)))
+    if op.kind.is_collective:
+        node.type = NodeType.COMM_COLL_NODE
+        node.attr.append(attr(name="comm_type", int64_val=COMM_TYPES[op.kind]))
+        node.attr.append(attr(name="pg_name", string_val=groups[op.group]))
+        return node
+    assert op.peer is not None, "a send or receive names its peer"
+    send = op.kind is OpKind.SEND
+    node.type = NodeType.COMM_SEND_NODE if send else NodeType.COMM_RECV_NODE
+    node.attr.append(attr(name="comm_src", int32_val=rank if send else op.peer))
+    node.attr.append(attr(name="comm_dst", int32_val=op.peer if send else rank))
+    node.attr.append(attr(name="comm_tag", int32_val=tags[op.tag]))
+    return node
