@@ -14,9 +14,10 @@ converters') is read from Chakra's own fields:
   lists for its `pg_name`, else over every rank of the folder;
 * `COMM_SEND_NODE` / `COMM_RECV_NODE` -> a send to `comm_dst` / a receive from `comm_src`,
   tagged by `comm_tag`;
-* `data_deps` -> the op's deps; a `ctrl_deps` on the last op of a stream puts the op on that
-  stream (how parasim exports stream order), any other ctrl_dep is a dep too; a communication
-  with none starts a stream of its own. Deps must name earlier nodes of the file.
+* `data_deps` -> the op's deps; the op's stream is its string attribute `stream` (parasim's
+  export states it), else "compute" for compute, else that of the last op of a stream it has a
+  `ctrl_deps` on (how parasim exports stream order), else a stream of its own; a ctrl_dep that
+  is not the op before on its stream is a dep too. Deps must name earlier nodes of the file.
 
 Bounds before anything is built: the folder's files at most `MAX_TRACE_BYTES` together, at most
 `MAX_TRACE_OPS` nodes in all; ranks 0 to N-1 each once (a folded export: its fold's ranks).
@@ -247,12 +248,14 @@ def _rank_ops(nodes: Nodes, rank: int, world: list[int],
         deps, ctrl = (_earlier(node, ids, index, label) for ids in (node.data_deps,
                                                                     node.ctrl_deps))
         op = _op(node, rank, world, groups, label)
-        stream = "compute" if op["kind"] == "compute" else next(
-            (stream_of[d] for d in ctrl if tails.get(stream_of[d]) == d), f"comm.{i}")
+        stream = _attr(node, "stream")
+        if not isinstance(stream, str) or not stream:
+            stream = "compute" if op["kind"] == "compute" else next(
+                (stream_of[d] for d in ctrl if tails.get(stream_of[d]) == d), f"comm.{i}")
         after = tails.get(stream)
         extra = [d for d in ctrl if d != after and d not in deps]
         if deps or extra:
-            op["deps"] = sorted(set(deps + extra))
+            op["deps"] = list(dict.fromkeys(deps + extra))
         op["stream"] = stream
         index[node.id] = i
         stream_of.append(stream)

@@ -11,7 +11,8 @@ that ASTRA-sim and Chakra's tools read it:
 * a send / receive: `COMM_SEND_NODE` / `COMM_RECV_NODE`, `comm_src`, `comm_dst`, `comm_size`,
   `comm_tag` (parasim's string tag numbered the same in every file);
 * `data_deps`: the op's dependencies; `ctrl_deps`: the op before it on its stream (a stream
-  runs in order: Chakra has no streams, so the order is a dependency).
+  runs in order: Chakra has no streams, so the order is a dependency), and the attribute
+  `stream` names it (which tools that know no streams ignore).
 
 Chakra cannot state the rest of an op (stream, purpose, layer, GEMM shape, exact times) nor the
 trace's header: every node also carries the op as parasim writes it (`parasim.op`, the JSON of
@@ -94,6 +95,7 @@ def _node(m: Any, rank: int, index: int, op: Op, groups: Mapping[tuple[int, ...]
     node = m.Node(id=index, name=op.name or str(op.kind), data_deps=op.deps)
     attr = m.AttributeProto
     node.attr.append(attr(name="is_cpu_op", bool_val=False))
+    node.attr.append(attr(name="stream", string_val=op.stream))
     if op.start is not None and op.end is not None:
         node.start_time_micros = round(op.start * 1e6)
         node.duration_micros = round((op.end - op.start) * 1e6)
