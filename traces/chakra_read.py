@@ -49,7 +49,7 @@ _KINDS = {CommType.ALL_REDUCE: "all_reduce", CommType.ALL_GATHER: "all_gather",
           CommType.REDUCE_SCATTER: "reduce_scatter", CommType.REDUCE_SCATTER_BLOCK:
           "reduce_scatter", CommType.BROADCAST: "broadcast", CommType.ALL_TO_ALL: "all_to_all",
           CommType.BARRIER: "all_reduce"}
-_MICRO = 1e-6
+_MICROS = 1e6
 
 Nodes = list[Any]
 
@@ -286,8 +286,8 @@ def _op(node: Any, rank: int, world: list[int], groups: Mapping[str, list[int]] 
             op["flops"] = float(_integer(node, "num_ops", label, 0))
             op["mem_bytes"] = float(_integer(node, "tensor_size", label, 0))
         if node.duration_micros > 0:
-            op["start"] = node.start_time_micros * _MICRO
-            op["end"] = (node.start_time_micros + node.duration_micros) * _MICRO
+            op["start"] = node.start_time_micros / _MICROS
+            op["end"] = (node.start_time_micros + node.duration_micros) / _MICROS
         return op
     op["size_bytes"] = float(_integer(node, "comm_size", label))
     if kind == NodeType.COMM_COLL_NODE:

@@ -180,7 +180,8 @@ def frames(data: bytes, label: str) -> list[bytes]:
         if size == 0:  # Chakra's reader stops at a zero length
             break
         if at + size > end:
-            raise ConfigError(f"{label}: truncated: a message at byte {start} claims "
+            what = "not a Chakra ET file (or truncated)" if start == 0 else "truncated"
+            raise ConfigError(f"{label}: {what}: a message at byte {start} claims "
                               f"{size:,} bytes, {end - at:,} are left")
         out.append(data[at:at + size])
         at += size
