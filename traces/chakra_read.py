@@ -20,7 +20,8 @@ converters') is read from Chakra's own fields:
   is not the op before on its stream is a dep too. Deps must name earlier nodes of the file.
 
 Bounds before anything is built: the folder's files at most `MAX_TRACE_BYTES` together, at most
-`MAX_TRACE_OPS` nodes in all; ranks 0 to N-1 each once (a folded export: its fold's ranks).
+`MAX_TRACE_OPS` nodes in all; ranks 0 to N-1 each once (parasim's export: the ranks it
+states it wrote, `parasim.ranks`, a folded plan's fewer).
 Every problem is one `ConfigError` line naming the file and the node.
 """
 
@@ -33,11 +34,10 @@ from pathlib import Path
 from typing import Any
 
 from traces.chakra_schema import INTEGER_VALUES, CommType, Messages, NodeType, frames, messages
-from traces.chakra_write import GROUPS_FILE, META_ATTR, OP_ATTR, RANK_ATTR
+from traces.chakra_write import GROUPS_FILE, META_ATTR, OP_ATTR, RANK_ATTR, RANKS_ATTR
 from traces.errors import ConfigError, show
 from traces.files import MAX_TRACE_BYTES, read_bytes
 from traces.gzipped import gunzip
-from traces.header import check_fold_ranks
 from traces.io import SCHEMA, VERSION, from_json
 from traces.op_rules import MAX_TRACE_OPS
 from traces.ops import Trace
@@ -99,13 +99,31 @@ def load_chakra(path: Path) -> tuple[Trace, tuple[Path, ...]]:
                           "(or the other way round); a folder holds one trace")
     label = str(path)
     if ours[min(ours)]:
+        exported = _exported(read, files)
         trace = _ours(read, files, label)
     else:
+        exported = list(range(max(files) + 1))
         groups = _groups(path / GROUPS_FILE if path.is_dir() else path.parent / GROUPS_FILE)
         trace = _theirs(read, files, groups, label)
     if path.is_dir():
-        _check_ranks(trace, label)
+        missing = sorted(set(exported) - set(files))
+        if missing:
+            raise ConfigError(f"{label}: no file for rank {missing[0]} ({len(missing)} of "
+                              f"{len(exported)} ranks missing); a Chakra trace has one file per "
+                              "rank")
     return trace, tuple(files.values())
+
+
+def _exported(read: Mapping[int, tuple[Any, Nodes]], files: Mapping[int, Path]) -> list[int]:
+    """The ranks a parasim export wrote (`parasim.ranks`, the same in every file)."""
+    first = min(read)
+    ranks = _attr(read[first][0], RANKS_ATTR)
+    for rank, (header, _) in read.items():
+        own = _attr(header, RANKS_ATTR)
+        if own is None or own != ranks:
+            raise ConfigError(f"{files[rank]}: {RANKS_ATTR} differs from "
+                              f"{files[first].name}'s; a folder holds the files of one export")
+    return list(ranks.values)
 
 
 def _check_total_size(files: Mapping[int, Path]) -> None:
@@ -319,15 +337,3 @@ def _group(node: Any, world: list[int], groups: Mapping[str, list[int]] | None,
                           f"{GROUPS_FILE}")
     return groups[str(name)]
 
-
-def _check_ranks(trace: Trace, label: str) -> None:
-    """A folder holds every rank: its fold's where the export was folded, else 0 to N-1."""
-    meta = trace.meta
-    if meta.fold is not None:
-        check_fold_ranks(meta.fold, trace.ops, label)
-        return
-    world = meta.world or (max(trace.ops) + 1)
-    missing = sorted(set(range(world)) - set(trace.ops))
-    if missing:
-        raise ConfigError(f"{label}: no file for rank {missing[0]} ({len(missing)} of "
-                          f"{world} ranks missing); a Chakra trace has one file per rank")

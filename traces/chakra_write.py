@@ -16,7 +16,8 @@ that ASTRA-sim and Chakra's tools read it:
 
 Chakra cannot state the rest of an op (stream, purpose, layer, GEMM shape, exact times) nor the
 trace's header: every node also carries the op as parasim writes it (`parasim.op`, the JSON of
-`traces.io`), and `GlobalMetadata` the header (`parasim.meta`), so parasim reads its own export
+`traces.io`), and `GlobalMetadata` the header (`parasim.meta`) and the ranks exported
+(`parasim.ranks`), so parasim reads its own export
 back exactly (`traces.chakra_read`) while other tools ignore both.
 """
 
@@ -34,6 +35,7 @@ GROUPS_FILE = "comm_group.json"
 META_ATTR = "parasim.meta"
 OP_ATTR = "parasim.op"
 RANK_ATTR = "parasim.rank"
+RANKS_ATTR = "parasim.ranks"
 
 COMM_TYPES = {OpKind.ALL_REDUCE: CommType.ALL_REDUCE, OpKind.ALL_GATHER: CommType.ALL_GATHER,
               OpKind.REDUCE_SCATTER: CommType.REDUCE_SCATTER,
@@ -66,10 +68,12 @@ def encode_trace(trace: Trace) -> Iterator[tuple[int, bytes]]:
     groups = process_groups(trace)
     tags = {tag: number for number, tag in enumerate(sorted(
         {op.tag for ops in trace.ops.values() for op in ops if op.kind.is_p2p}))}
-    for rank in sorted(trace.ops):
+    ranks = sorted(trace.ops)  # a folded plan's: the ranks that stand for all
+    for rank in ranks:
         header = m.GlobalMetadata(version=ET_VERSION)
         header.attr.append(m.AttributeProto(name=META_ATTR, string_val=meta))
         header.attr.append(m.AttributeProto(name=RANK_ATTR, int64_val=rank))
+        header.attr.append(m.AttributeProto(name=RANKS_ATTR, int64_list={"values": ranks}))
         out = [_framed(header)]
         raw_ops = document["ranks"][str(rank)]
         last_on: dict[str, int] = {}

@@ -38,8 +38,11 @@ LAYOUTS = {
     "tp+pp": (MODEL, {"tp": 2, "pp": 2, "dp": 2, "global_batch": 8, "recompute": "full"},
               {"nodes": 1}),
     "moe": (MOE, {"dp": 4, "ep": 4, "global_batch": 8}, {"nodes": 1, "gpus_per_node": 4}),
+    "cp": (MODEL, {"tp": 2, "cp": 2, "pp": 2, "dp": 2, "sp": True, "global_batch": 8},
+           {"nodes": 2}),
 }
-"""name -> (model, parallel, cluster size): a layout each of DP across nodes, TP with PP, MoE."""
+"""name -> (model, parallel, cluster size): a layout each of DP across nodes, TP with PP, MoE,
+and CP (which `simulate` folds over CP too: its export holds fewer ranks than one per stage)."""
 
 
 def experiment(name):
