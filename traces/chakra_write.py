@@ -14,6 +14,11 @@ that ASTRA-sim and Chakra's tools read it:
   runs in order: Chakra has no streams, so the order is a dependency), and the attribute
   `stream` names it (which tools that know no streams ignore).
 
+Each attribute has the value type Chakra's feeder reads it as (ASTRA-sim reads the one field,
+and a value in another field reads as 0): `num_ops`, `comm_size`, `comm_type` int64,
+`tensor_size` uint64, `comm_src`, `comm_dst`, `comm_tag` int32, `pg_name` string, `is_cpu_op`
+bool (mlcommons/chakra 02da5d056f2f9c2a994d1887ffba6ad4c7c99695, `src/feeder/et_feeder_node.cpp`).
+
 Chakra cannot state the rest of an op (stream, purpose, layer, GEMM shape, exact times) nor the
 trace's header: every node also carries the op as parasim writes it (`parasim.op`, the JSON of
 `traces.io`), and `GlobalMetadata` the header (`parasim.meta`) and the ranks exported
@@ -36,6 +41,9 @@ META_ATTR = "parasim.meta"
 OP_ATTR = "parasim.op"
 RANK_ATTR = "parasim.rank"
 RANKS_ATTR = "parasim.ranks"
+
+_INT64 = 2**63 - 1
+"""The most `num_ops` holds (parasim's bound on an op's FLOPs, a day at 1e17/s, is above)."""
 
 COMM_TYPES = {OpKind.ALL_REDUCE: CommType.ALL_REDUCE, OpKind.ALL_GATHER: CommType.ALL_GATHER,
               OpKind.REDUCE_SCATTER: CommType.REDUCE_SCATTER,
@@ -105,10 +113,10 @@ def _node(m: Any, rank: int, index: int, op: Op, groups: Mapping[tuple[int, ...]
         node.duration_micros = round((op.end - op.start) * 1e6)
     if op.kind is OpKind.COMPUTE:
         node.type = NodeType.COMP_NODE
-        node.attr.append(attr(name="num_ops", uint64_val=round(op.flops)))
-        node.attr.append(attr(name="tensor_size", uint64_val=round(op.mem_bytes)))
+        node.attr.append(attr(name="num_ops", int64_val=min(round(op.flops), _INT64)))
+        node.attr.append(attr(name="tensor_size", uint64_val=min(round(op.mem_bytes), _INT64)))
         return node
-    node.attr.append(attr(name="comm_size", uint64_val=round(op.size_bytes)))
+    node.attr.append(attr(name="comm_size", int64_val=round(op.size_bytes)))
     if op.kind.is_collective:
         node.type = NodeType.COMM_COLL_NODE
         node.attr.append(attr(name="comm_type", int64_val=COMM_TYPES[op.kind]))

@@ -21,6 +21,7 @@ from sim.simulate import predict  # noqa: E402
 from traces.chakra_read import load_chakra  # noqa: E402
 from traces.chakra_schema import NodeType, messages  # noqa: E402
 from traces.chakra_write import (  # noqa: E402
+    COMM_TYPES,
     GROUPS_FILE,
     META_ATTR,
     OP_ATTR,
@@ -29,6 +30,7 @@ from traces.chakra_write import (  # noqa: E402
     groups_json,
     process_groups,
 )
+from traces.ops import OpKind  # noqa: E402
 
 MODEL = {"layers": 4, "hidden": 256, "heads": 16, "seq_len": 128, "vocab": 1024}
 MOE = {"layers": 2, "hidden": 256, "heads": 8, "seq_len": 128, "vocab": 1024, "ffn": "swiglu",
@@ -159,8 +161,15 @@ def test_the_files_are_varint_delimited_messages_as_chakras_reader_reads_them(tm
         assert node.type == types.get(str(op.kind), NodeType.COMM_COLL_NODE)
         attrs = {a.name: a for a in node.attr}
         assert OP_ATTR in attrs and attrs["is_cpu_op"].bool_val is False
+        # the value fields Chakra's feeder (ASTRA-sim's reader) reads each attribute from
+        if op.kind is OpKind.COMPUTE:
+            assert attrs["num_ops"].int64_val == round(op.flops)
+            assert attrs["tensor_size"].uint64_val == round(op.mem_bytes)
+        else:
+            assert attrs["comm_size"].int64_val == round(op.size_bytes)
         if op.kind.is_collective:
-            assert attrs["comm_size"].uint64_val == round(op.size_bytes)
+            assert attrs["comm_type"].int64_val == COMM_TYPES[op.kind]
+            assert attrs["pg_name"].string_val
         if op.kind.is_p2p:
             src, dst = (rank, op.peer) if str(op.kind) == "send" else (op.peer, rank)
             assert (attrs["comm_src"].int32_val, attrs["comm_dst"].int32_val) == (src, dst)
