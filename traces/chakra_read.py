@@ -205,18 +205,38 @@ def _ours(read: Mapping[int, tuple[Any, Nodes]], files: Mapping[int, Path], labe
         elif own != meta:
             raise ConfigError(f"{where}: {META_ATTR} differs from {files[min(read)].name}'s; a "
                               "folder holds the files of one export")
-        ops = []
-        for index, node in enumerate(nodes):
-            raw = _json(_attr(node, OP_ATTR), f"{where}: node {node.id} {OP_ATTR}")
+        ops = _op_objects(nodes, where)
+        for index, (node, raw) in enumerate(zip(nodes, ops, strict=True)):
             if not isinstance(raw, dict):
                 raise ConfigError(f"{where}: node {node.id}: {OP_ATTR} is not an object")
             if node.id != index or list(node.data_deps) != raw.get("deps", []):
                 raise ConfigError(f"{where}: node {node.id}: its id or data_deps disagree "
                                   f"with its {OP_ATTR} (edited by another tool?)")
-            ops.append(raw)
         ranks[str(rank)] = ops
     return from_json({"schema": SCHEMA, "version": VERSION, "meta": meta, "ranks": ranks},
                      label)
+
+
+def _op_objects(nodes: Nodes, where: str) -> list[Any]:
+    """Every node's `parasim.op`, parsed: as one JSON array (a tenth of the time of one parse
+    per node), else node by node, so that the error names the node."""
+    texts = []
+    for node in nodes:
+        last = node.attr[-1] if node.attr else None  # where the export puts it
+        text = last.string_val if last is not None and last.name == OP_ATTR else \
+            _attr(node, OP_ATTR)
+        if not isinstance(text, str) or not text:
+            raise ConfigError(f"{where}: node {node.id}: no {OP_ATTR} (every node of a "
+                              "parasim export has one)")
+        texts.append(text)
+    try:
+        ops = json.loads(f"[{','.join(texts)}]")
+    except ValueError:
+        ops = None
+    if not isinstance(ops, list) or len(ops) != len(nodes):
+        ops = [_json(text, f"{where}: node {node.id} {OP_ATTR}")
+               for node, text in zip(nodes, texts, strict=True)]
+    return ops
 
 
 def _json(text: Any, where: str) -> Any:

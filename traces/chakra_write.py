@@ -68,11 +68,15 @@ def groups_json(groups: Mapping[tuple[int, ...], str]) -> str:
     return json.dumps({name: list(group) for group, name in groups.items()}) + "\n"
 
 
+dumps = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode
+"""An op's JSON, compact (one encoder for every node)."""
+
+
 def encode_trace(trace: Trace) -> Iterator[tuple[int, bytes]]:
     """(rank, the bytes of its `.et` file) for every rank of `trace`, in rank order."""
     m = messages()
     document = to_json(trace)
-    meta = json.dumps(document["meta"], separators=(",", ":"), allow_nan=False)
+    meta = dumps(document["meta"])
     groups = process_groups(trace)
     tags = {tag: number for number, tag in enumerate(sorted(
         {op.tag for ops in trace.ops.values() for op in ops if op.kind.is_p2p}))}
@@ -86,14 +90,13 @@ def encode_trace(trace: Trace) -> Iterator[tuple[int, bytes]]:
         raw_ops = document["ranks"][str(rank)]
         last_on: dict[str, int] = {}
         for index, (op, raw) in enumerate(zip(trace.ops[rank], raw_ops, strict=True)):
-            node = _node(m, rank, index, op, groups, tags)
+            fields = _fields(rank, index, op, groups, tags)
             before = last_on.get(op.stream)
             if before is not None:
-                node.ctrl_deps.append(before)
+                fields["ctrl_deps"] = (before,)
             last_on[op.stream] = index
-            node.attr.append(m.AttributeProto(name=OP_ATTR, string_val=json.dumps(
-                raw, separators=(",", ":"), allow_nan=False)))
-            out.append(_framed(node))
+            fields["attr"].append({"name": OP_ATTR, "string_val": dumps(raw)})
+            out.append(_framed(m.Node(**fields)))
         yield rank, b"".join(out)
 
 
@@ -102,30 +105,32 @@ def _framed(message: Any) -> bytes:
     return varint(len(body)) + body
 
 
-def _node(m: Any, rank: int, index: int, op: Op, groups: Mapping[tuple[int, ...], str],
-          tags: Mapping[str, int]) -> Any:
-    node = m.Node(id=index, name=op.name or str(op.kind), data_deps=op.deps)
-    attr = m.AttributeProto
-    node.attr.append(attr(name="is_cpu_op", bool_val=False))
-    node.attr.append(attr(name="stream", string_val=op.stream))
+def _fields(rank: int, index: int, op: Op, groups: Mapping[tuple[int, ...], str],
+            tags: Mapping[str, int]) -> dict[str, Any]:
+    """The node's fields, as the keywords of `Node(...)` (dicts for the attributes: one
+    constructor call per node takes half the time of building it piece by piece)."""
+    attrs: list[dict[str, Any]] = [{"name": "is_cpu_op", "bool_val": False},
+                                   {"name": "stream", "string_val": op.stream}]
+    fields: dict[str, Any] = {"id": index, "name": op.name or str(op.kind),
+                              "data_deps": op.deps, "attr": attrs}
     if op.start is not None and op.end is not None:
-        node.start_time_micros = round(op.start * 1e6)
-        node.duration_micros = round((op.end - op.start) * 1e6)
+        fields["start_time_micros"] = round(op.start * 1e6)
+        fields["duration_micros"] = round((op.end - op.start) * 1e6)
     if op.kind is OpKind.COMPUTE:
-        node.type = NodeType.COMP_NODE
-        node.attr.append(attr(name="num_ops", int64_val=min(round(op.flops), _INT64)))
-        node.attr.append(attr(name="tensor_size", uint64_val=min(round(op.mem_bytes), _INT64)))
-        return node
-    node.attr.append(attr(name="comm_size", int64_val=round(op.size_bytes)))
+        fields["type"] = NodeType.COMP_NODE
+        attrs += [{"name": "num_ops", "int64_val": min(round(op.flops), _INT64)},
+                  {"name": "tensor_size", "uint64_val": min(round(op.mem_bytes), _INT64)}]
+        return fields
+    attrs.append({"name": "comm_size", "int64_val": round(op.size_bytes)})
     if op.kind.is_collective:
-        node.type = NodeType.COMM_COLL_NODE
-        node.attr.append(attr(name="comm_type", int64_val=COMM_TYPES[op.kind]))
-        node.attr.append(attr(name="pg_name", string_val=groups[op.group]))
-        return node
+        fields["type"] = NodeType.COMM_COLL_NODE
+        attrs += [{"name": "comm_type", "int64_val": COMM_TYPES[op.kind]},
+                  {"name": "pg_name", "string_val": groups[op.group]}]
+        return fields
     assert op.peer is not None, "a send or receive names its peer"
     send = op.kind is OpKind.SEND
-    node.type = NodeType.COMM_SEND_NODE if send else NodeType.COMM_RECV_NODE
-    node.attr.append(attr(name="comm_src", int32_val=rank if send else op.peer))
-    node.attr.append(attr(name="comm_dst", int32_val=op.peer if send else rank))
-    node.attr.append(attr(name="comm_tag", int32_val=tags[op.tag]))
-    return node
+    fields["type"] = NodeType.COMM_SEND_NODE if send else NodeType.COMM_RECV_NODE
+    attrs += [{"name": "comm_src", "int32_val": rank if send else op.peer},
+              {"name": "comm_dst", "int32_val": op.peer if send else rank},
+              {"name": "comm_tag", "int32_val": tags[op.tag]}]
+    return fields
