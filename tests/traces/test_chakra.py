@@ -209,3 +209,21 @@ def _toml(tables):
         lines.append(f"[{table}]")
         lines += [f"{k} = {json.dumps(v)}" for k, v in values.items()]
     return "\n".join(lines) + "\n"
+
+
+def test_an_export_is_the_same_bytes_every_time(simulated):
+    _, _, times = simulated
+    trace = times.timed_trace()
+    assert dict(encode_trace(trace)) == dict(encode_trace(trace))
+
+
+def test_the_simulator_loads_without_protobuf():
+    """protobuf is the optional extra: importing the commands and the readers never loads it
+    (only writing or reading a Chakra file does)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, sim.cli, sim.measured, sim.commands.export, traces.chakra_read; "
+            "assert 'google.protobuf' not in sys.modules, 'protobuf loaded'")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
