@@ -21,6 +21,7 @@ EXAMPLES: Mapping[str, str] = {
                 "--profile here.json",
     "goodput": "parasim goodput --days 30 --report goodput.html",
     "sweep": "parasim sweep parallel.micro_batch 1 2 4 --report sweep.html",
+    "export": "parasim export --chakra chakra --config sim/examples/gpt-tiny-2rank-localhost.toml",
 }
 """One command line per command, in `sim.cli.COMMANDS`' order."""
 
