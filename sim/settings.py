@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from sim.config import MODEL_KEYS, PARALLEL_KEYS, SIM_KEYS, Experiment, experiment_from_dict
+from sim.frontdoors.model_source import FROM, flag_table
 from sim.goodput.settings import KEYS as RELIABILITY_KEYS
 from sim.provenance import file_sha256
 from topology.config import KEYS as CLUSTER_KEYS
@@ -38,8 +39,8 @@ MAX_VALUE_CHARS = 4096
 MAX_DEPTH = 4
 """The most names in a key (`reliability.rates.gpu` has three)."""
 CONFIG_KEYS: Mapping[str, Sequence[str]] = {
-    "model": MODEL_KEYS, "parallel": PARALLEL_KEYS, "cluster": CLUSTER_KEYS, "sim": SIM_KEYS,
-    "reliability": RELIABILITY_KEYS}
+    "model": (*MODEL_KEYS, FROM), "parallel": PARALLEL_KEYS, "cluster": CLUSTER_KEYS,
+    "sim": SIM_KEYS, "reliability": RELIABILITY_KEYS}
 """The keys of each table a config may hold, as `sim.config` reads them."""
 EXAMPLE = "--set parallel.tp=4"
 
@@ -58,8 +59,25 @@ class Setting:
         return ".".join(self.path)
 
 
+class ModelFlag(str):
+    """The value of `--model hf:PATH`, kept among the `--set` texts (it is one more setting:
+    the whole [model] table's, applied before them: `sim.frontdoors.model_source`)."""
+
+
+class _ModelAction(argparse.Action):
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        setattr(namespace, self.dest, [*(getattr(namespace, self.dest, None) or []),
+                                       ModelFlag(values)])
+
+
 def add_set_flag(parser: argparse.ArgumentParser) -> None:
-    """The repeatable `--set SECTION.KEY=VALUE` flag."""
+    """The repeatable `--set SECTION.KEY=VALUE` flag, and `--model hf:PATH`."""
+    parser.add_argument("--model", action=_ModelAction, dest="settings", default=[],
+                        metavar="hf:PATH",
+                        help="the model of a Hugging Face config.json (Llama, Mistral, "
+                        "Mixtral, Qwen2/3, DeepSeek-V2/V3) in place of the config's [model] "
+                        "(its seq_len, dtype and attention stay)")
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                         dest="settings", help="replace a config key after reading the TOML "
                         "(repeatable; the value is TOML, or a bare word as a string), e.g. "
@@ -73,7 +91,10 @@ def parse_settings(texts: Sequence[str] | None,
     texts = list(texts or ())
     if len(texts) > MAX_SETTINGS:
         raise ConfigError(f"--set: given {len(texts):,} times, more than {MAX_SETTINGS}")
-    return tuple(parse_setting(text, tables) for text in texts)
+    models = [Setting(path=("model",), value=str(text), text=f"--model {text}")
+              for text in texts if isinstance(text, ModelFlag)]
+    return (*models[-1:], *(parse_setting(text, tables) for text in texts
+                            if not isinstance(text, ModelFlag)))
 
 
 def parse_setting(text: str, tables: Mapping[str, Sequence[str]] = CONFIG_KEYS) -> Setting:
@@ -120,6 +141,9 @@ def apply_settings(data: Mapping[str, Any], settings: Sequence[Setting]) -> dict
     missing); `data` itself is left as it was."""
     out = _copy(data)
     for setting in settings:
+        if setting.path == ("model",):  # --model: the whole table (`model_source.flag_table`)
+            out["model"] = flag_table(out.get("model"), setting.value)
+            continue
         table = out
         for depth, name in enumerate(setting.path[:-1]):
             inner = table.get(name, {})
