@@ -71,13 +71,15 @@ class _ModelAction(argparse.Action):
                                        ModelFlag(values)])
 
 
-def add_set_flag(parser: argparse.ArgumentParser) -> None:
-    """The repeatable `--set SECTION.KEY=VALUE` flag, and `--model hf:PATH`."""
-    parser.add_argument("--model", action=_ModelAction, dest="settings", default=[],
-                        metavar="hf:PATH",
-                        help="the model of a Hugging Face config.json (Llama, Mistral, "
-                        "Mixtral, Qwen2/3, DeepSeek-V2/V3) in place of the config's [model] "
-                        "(its seq_len, dtype and attention stay)")
+def add_set_flag(parser: argparse.ArgumentParser, hf_model: bool = True) -> None:
+    """The repeatable `--set SECTION.KEY=VALUE` flag, and `--model hf:PATH` (where the command
+    reads a [model]: `hf_model`)."""
+    if hf_model:
+        parser.add_argument("--model", action=_ModelAction, dest="settings", default=[],
+                            metavar="hf:PATH",
+                            help="the model of a Hugging Face config.json (Llama, Mistral, "
+                            "Mixtral, Qwen2/3, DeepSeek-V2/V3) in place of the config's "
+                            "[model] (its seq_len, dtype and attention stay)")
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                         dest="settings", help="replace a config key after reading the TOML "
                         "(repeatable; the value is TOML, or a bare word as a string), e.g. "
