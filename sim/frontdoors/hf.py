@@ -79,7 +79,7 @@ def read_hf(path: Path) -> HfModel:
     """The config.json at `path` read (module docstring); ConfigError naming every field
     parasim cannot express."""
     label = f"hf:{path}"
-    cfg = load_json(path, what=label)
+    cfg = load_json(path, what="hf")
     if not isinstance(cfg, dict):
         raise ConfigError(f"{label}: a config.json holds a JSON object, not {show(cfg)}")
     family = cfg.get("model_type")

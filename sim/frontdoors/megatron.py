@@ -57,7 +57,10 @@ class Translation:
 def arguments(words: Sequence[str]) -> Iterator[tuple[str, str | None, str]]:
     """(flag name with dashes, its value or None, the text as written) for each argument;
     Bridge overrides `a.b_c=V` read as `--b-c V`; a script or launcher word is skipped."""
-    tokens = [t for w in words for t in shlex.split(w)]
+    try:
+        tokens = [t for w in words for t in shlex.split(w)]
+    except ValueError as err:  # an unclosed quotation
+        raise ConfigError(f"ARGS: cannot be split as a shell would: {err}") from None
     i = 0
     while i < len(tokens):
         token = tokens[i]
@@ -155,6 +158,8 @@ def finish(out: Translation, world: int | None) -> Translation:
     if world % axes:
         raise ConfigError(f"--gpus: {world} is not divisible by TP x CP x PP = {axes}")
     p["dp"] = world // axes
+    if "global_batch" not in p:  # Megatron's default: one micro-batch per DP rank
+        p["global_batch"] = p.get("micro_batch", 1) * p["dp"]
     if "num-layers-per-virtual-pipeline-stage" in s and "layers" in m:
         per = int(s["num-layers-per-virtual-pipeline-stage"])
         chunks = m["layers"] // (p.get("pp", 1) * per) if per > 0 else 0

@@ -142,3 +142,28 @@ def test_a_bad_source_is_one_line(tmp_path, capsys):
     toml.write_text(text.replace("[model]\n", "[model]\nfrom = \"hf:missing.json\"\n", 1))
     assert main(["simulate", str(toml)]) == 2
     assert "missing.json" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("text, message", [
+    ("[1, 2]", "a config.json holds a JSON object, not [1, 2]"),
+    ("{bad", "not a JSON file"),
+    ('{"model_type": "llama", "hidden_size": 64}', "num_attention_heads: missing"),
+    (" " * (2**20 + 1), "larger than 1,048,576 bytes"),
+])
+def test_a_broken_file_is_one_line(tmp_path, capsys, text, message):
+    path = tmp_path / "config.json"
+    path.write_text(text)
+    code = main(["simulate", str(example_path("gpt-tiny-localhost.toml")), "--model",
+                 f"hf:{path}"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and message in err
+    assert err.startswith("parasim: error: hf") and str(path) in err
+
+
+def test_a_deepseek_layer_pattern_parasim_cannot_express_is_refused(tmp_path):
+    cfg = json.loads(DEEPSEEK.read_text())
+    cfg["moe_layer_freq"] = 2
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    with pytest.raises(ConfigError, match="cannot express moe_layer_freq = 2"):
+        read_hf(path)

@@ -125,3 +125,26 @@ def test_a_bridge_override_and_a_flag_with_equals_read_alike():
     assert list(arguments(["train.micro_batch_size=2", "--micro-batch-size=2"])) == [
         ("micro-batch-size", "2", "train.micro_batch_size=2"),
         ("micro-batch-size", "2", "--micro-batch-size=2")]
+
+
+@pytest.mark.parametrize("args, message", [
+    ("--num-layers abc", "--num-layers: 'abc' must be an integer"),
+    ("'unclosed", "ARGS: cannot be split as a shell would: No closing quotation"),
+    ("--num-layers 8 --pipeline-model-parallel-layout '(('", "parallel.pipeline_layout: "),
+    ("--num-layers 8 --num-layers-per-virtual-pipeline-stage 3 "
+     "--pipeline-model-parallel-size 2", "--num-layers-per-virtual-pipeline-stage: 3 does not "
+     "divide 8 layers over 2 stages"),
+    ("--swiglu=maybe --num-layers 8", "--swiglu=maybe: 'maybe' must be true or false"),
+])
+def test_bad_arguments_are_one_line(capsys, args, message):
+    code, out, err = from_megatron(capsys, f" {args}", "--gpus", "8")
+    assert code == 2 and out == "" and err.count("\n") == 1
+    assert err.startswith(f"parasim: error: {message}")
+
+
+def test_without_a_global_batch_megatrons_default_is_one_micro_batch_per_dp_rank(capsys):
+    args = LLAMA70B.replace("--global-batch-size 128", "").replace(
+        "--micro-batch-size 1", "--micro-batch-size 2").replace(
+        "--num-layers-per-virtual-pipeline-stage 4", "")  # 1F1B: fewer micro-batches than pp
+    code, out, _ = from_megatron(capsys, args, "--gpus", "64")
+    assert code == 0 and tomllib.loads(out)["parallel"]["global_batch"] == 2 * 2
