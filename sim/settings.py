@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from sim.config import MODEL_KEYS, PARALLEL_KEYS, SIM_KEYS, Experiment, experiment_from_dict
-from sim.frontdoors.model_source import FROM, flag_table
+from sim.frontdoors.model_source import FROM, flag_table, source_path
 from sim.goodput.settings import KEYS as RELIABILITY_KEYS
 from sim.provenance import file_sha256
 from topology.config import KEYS as CLUSTER_KEYS
@@ -202,12 +202,29 @@ def config_sha256(path: str | Path, settings: Sequence[Setting]) -> str:
     are none (so outputs without `--set` are as they were), else the sha256 of the file's
     digest and the settings written canonically (JSON, in the order given)."""
     digest = file_sha256(path)
-    if not settings:
+    sources = model_sources(path, settings)
+    if not settings and not sources:
         return digest
     text = json.dumps({"config_sha256": digest,
-                       "set": [[s.key, s.value] for s in settings]},
+                       "set": [[s.key, s.value] for s in settings],
+                       **({"model_sources": sources} if sources else {})},
                       sort_keys=True, separators=(",", ":"), allow_nan=False, default=str)
     return hashlib.sha256(text.encode()).hexdigest()
+
+
+def model_sources(path: str | Path, settings: Sequence[Setting]) -> list[str]:
+    """The sha256 of each config.json the [model] reads (`[model] from`, `--model`,
+    `--set model.from`), so that a digest changes when the file does; [] without one."""
+    found = []
+    model = load_toml(path).get("model")
+    if isinstance(model, dict) and isinstance(model.get(FROM), str):
+        found.append(source_path(model[FROM], "model.from", Path(path).parent))
+    for s in settings:
+        if s.path == ("model",):
+            found.append(source_path(s.value, "--model", Path.cwd()))
+        elif s.path == ("model", FROM):
+            found.append(source_path(s.value, "model.from", Path(path).parent))
+    return [file_sha256(p) for p in found]
 
 
 def search_tables() -> dict[str, Sequence[str]]:

@@ -167,3 +167,25 @@ def test_a_deepseek_layer_pattern_parasim_cannot_express_is_refused(tmp_path):
     path.write_text(json.dumps(cfg))
     with pytest.raises(ConfigError, match="cannot express moe_layer_freq = 2"):
         read_hf(path)
+
+
+def test_the_provenance_covers_the_config_json_it_read(tmp_path, capsys):
+    """config_sha256 changes with the config.json's bytes (same path, same flags), by the flag
+    and by `[model] from` alike."""
+    path = write(tmp_path)
+    toml = tmp_path / "job.toml"
+    toml.write_text(example_path("llama3-8b-128k-h100.toml").read_text().replace(
+        "[model]\n", "[model]\nfrom = \"hf:config.json\"\n", 1))
+
+    def digests():
+        out = []
+        for argv in (["simulate", str(example_path("llama3-8b-128k-h100.toml")), "--model",
+                      f"hf:{path}", "--json"], ["simulate", str(toml), "--json"]):
+            assert main(argv) == 0
+            out.append(json.loads(capsys.readouterr().out)["parasim"]["config_sha256"])
+        return out
+
+    before = digests()
+    path.write_text(path.read_text().replace('"rms_norm_eps": 1e-05', '"rms_norm_eps": 1e-06'))
+    after = digests()
+    assert before[0] != after[0] and before[1] != after[1]
