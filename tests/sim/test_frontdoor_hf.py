@@ -189,3 +189,31 @@ def test_the_provenance_covers_the_config_json_it_read(tmp_path, capsys):
     path.write_text(path.read_text().replace('"rms_norm_eps": 1e-05', '"rms_norm_eps": 1e-06'))
     after = digests()
     assert before[0] != after[0] and before[1] != after[1]
+
+
+QWEN_MOE = HF / "Qwen3-235B-A22B.config.json"
+
+
+def test_qwen3_235b_config_gives_the_shipped_model_but_the_unused_dense_width():
+    """Every Qwen3-235B layer is MoE (mlp_only_layers [], decoder_sparse_step 1), so the file's
+    intermediate_size 12,288 is the width of a dense MLP no layer has; the shipped example
+    writes 1,536 there. All else is equal, parameters too."""
+    expected = load_experiment(example_path("qwen3-235b-a22b-256-b200.toml")).model
+    read = flag_model("qwen3-235b-a22b-256-b200.toml", QWEN_MOE)
+    assert read.ffn_hidden == 12288
+    assert dataclasses.replace(read, ffn_hidden=expected.ffn_hidden) == expected
+    assert (read.num_params(), read.active_params()) == \
+        (expected.num_params(), expected.active_params())
+
+
+@pytest.mark.slow
+def test_qwen3_235b_step_is_the_shipped_examples(capsys):
+    """The whole predicted step, every figure of --json but the provenance, is the example's."""
+    example = str(example_path("qwen3-235b-a22b-256-b200.toml"))
+    outs = []
+    for extra in ([], ["--model", f"hf:{QWEN_MOE}"]):
+        assert main(["simulate", example, "--json", *extra]) == 0
+        data = json.loads(capsys.readouterr().out)
+        data.pop("parasim")
+        outs.append(data)
+    assert outs[0] == outs[1]
