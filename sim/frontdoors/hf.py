@@ -86,6 +86,10 @@ def read_hf(path: Path) -> HfModel:
     if family not in FAMILIES:
         raise ConfigError(f"{label}: model_type {show(family)} is not one parasim reads "
                           f"(known: {', '.join(FAMILIES)})")
+    missing = [name for name in _required(family) if cfg.get(name) is None]
+    if missing:
+        raise ConfigError(f"{label}: missing {', '.join(missing)} (every {family} config.json "
+                          "has them)")
     refused: list[str] = []
     table = _dense(cfg, label, family, refused)
     if family in ("mixtral", "qwen3_moe", "deepseek_v2", "deepseek_v3"):
@@ -96,6 +100,21 @@ def read_hf(path: Path) -> HfModel:
         raise ConfigError(f"{label}: cannot express {'; '.join(refused)}")
     unknown = tuple(sorted(k for k in cfg if k not in HARMLESS and k not in _READ))
     return HfModel(table=table, window=_window(cfg, label, family), unknown=unknown)
+
+
+def _required(family: str) -> tuple[str, ...]:
+    """The fields a family's config.json always holds, checked together (one line)."""
+    dense = ("num_hidden_layers", "hidden_size", "num_attention_heads", "vocab_size",
+             "intermediate_size")
+    moe = {"mixtral": ("num_local_experts", "num_experts_per_tok"),
+           "qwen3_moe": ("num_experts", "num_experts_per_tok", "moe_intermediate_size"),
+           "deepseek_v2": ("n_routed_experts", "num_experts_per_tok", "moe_intermediate_size",
+                           "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
+                           "v_head_dim"),
+           }.get(family, ())
+    if family == "deepseek_v3":
+        moe = _required("deepseek_v2")[len(dense):]
+    return (*dense, *moe)
 
 
 def _get(cfg: Mapping[str, Any], name: str, label: str, default: Any = _REQUIRED) -> Any:

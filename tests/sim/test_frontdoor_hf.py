@@ -147,7 +147,8 @@ def test_a_bad_source_is_one_line(tmp_path, capsys):
 @pytest.mark.parametrize("text, message", [
     ("[1, 2]", "a config.json holds a JSON object, not [1, 2]"),
     ("{bad", "not a JSON file"),
-    ('{"model_type": "llama", "hidden_size": 64}', "num_attention_heads: missing"),
+    ('{"model_type": "llama", "hidden_size": 64}',
+     "missing num_hidden_layers, num_attention_heads, vocab_size, intermediate_size"),
     (" " * (2**20 + 1), "larger than 1,048,576 bytes"),
 ])
 def test_a_broken_file_is_one_line(tmp_path, capsys, text, message):
