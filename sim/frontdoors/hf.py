@@ -139,7 +139,12 @@ def _dense(cfg: Mapping[str, Any], label: str, family: str, refused: list[str]) 
         refused.append(f"hidden_act = {show(act)} (the gated MLP parasim models is SwiGLU: "
                        "\"silu\")")
     head_dim = _get(cfg, "head_dim", label, 0)
-    biases = {_get(cfg, name, label, False) for name in ("attention_bias", "mlp_bias")}
+    biases = set()
+    for name in ("attention_bias", "mlp_bias"):
+        value = _get(cfg, name, label, False)
+        if not isinstance(value, bool):
+            raise ConfigError(f"{label}: {name}: {show(value)} must be true or false")
+        biases.add(value)
     if len(biases) > 1:
         refused.append("attention_bias != mlp_bias (parasim's bias covers every linear layer)")
     return {

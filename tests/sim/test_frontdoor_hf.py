@@ -218,3 +218,16 @@ def test_qwen3_235b_step_is_the_shipped_examples(capsys):
         data.pop("parasim")
         outs.append(data)
     assert outs[0] == outs[1]
+
+
+@pytest.mark.parametrize("field, value", [("attention_bias", [1]), ("mlp_bias", {"a": 1}),
+                                          ("model_type", ["llama"]), ("num_hidden_layers", "32"),
+                                          ("head_dim", {"a": 1}), ("rope_scaling", [1])])
+def test_odd_values_are_one_line_never_a_traceback(tmp_path, capsys, field, value):
+    path = write(tmp_path, **{field: value})
+    code = main(["simulate", str(example_path("llama3-8b-128k-h100.toml")), "--model",
+                 f"hf:{path}"])
+    err = capsys.readouterr().err
+    assert code in (0, 2) and err.count("\n") <= 1 and "Traceback" not in err
+    if field != "rope_scaling":  # a list there is no scaling: the context is the file's own
+        assert code == 2
