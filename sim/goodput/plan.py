@@ -180,9 +180,10 @@ def plan_from(exp: Experiment, *, step_time_s: float, tokens_per_s: float,
                           f"than the asynchronous write's drain, {drain:,.0f} s: a checkpoint "
                           "would start before the previous one is written")
     check_finishes(work, interval, stall, restart_mean, mtti)
+    hang = rel.hang_fraction if rel.hang_fraction is not None else fleet.hang_fraction
     model = RunModel(useful_s=useful, work_s=work, interval_s=interval, stall_s=stall,
                      drain_s=drain, causes=causes, spare_nodes=spares,
-                     repair_s=restart.repair_s, hang_fraction=rel.hang_fraction)
+                     repair_s=restart.repair_s, hang_fraction=hang)
     return GoodputPlan(
         name=exp.name, cluster=cluster.name, world=exp.layout.world, nodes=cluster.num_servers,
         step_time_s=step_time_s, tokens_per_s=tokens_per_s,
@@ -196,6 +197,6 @@ def plan_from(exp: Experiment, *, step_time_s: float, tokens_per_s: float,
         fraction_at_interval=useful / work * effective_fraction(work, interval, stall,
                                                                 restart_mean, mtti),
         expected_wall_s=work / effective_fraction(work, interval, stall, restart_mean, mtti),
-        reliability=replace(rel, spare_nodes=spares), model=model, fleet=fleet.name,
-        spares_default=rel.spare_nodes is None)
+        reliability=replace(rel, spare_nodes=spares, hang_fraction=hang), model=model,
+        fleet=fleet.name, spares_default=rel.spare_nodes is None)
 
