@@ -61,3 +61,9 @@ def test_the_rsc1_fleet_on_a_built_cluster_is_the_lemon_law(gpus):
     mtti_h = mtti_s(job_rates(FLEETS["rsc1"].rates_per_hour, counts)) / 3600
     assert mtti_h == pytest.approx(lemon_mttf_h(gpus))
     assert FLEETS["rsc1"].rates_per_hour[Component.HOST] * 24 * 1000 == pytest.approx(6.5)
+
+
+def test_the_lemon_law_is_refuted_by_the_8_gpu_measurement():
+    # one hazard per job whatever its size: 8-GPU jobs would fail every 11 h, not 47.7 days
+    assert lemon_mttf_h(8) == pytest.approx(10.85, abs=0.01)
+    assert lemon_mttf_h(8) < MEASURED_H[8] / 100
