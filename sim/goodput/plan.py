@@ -153,7 +153,7 @@ def plan_from(exp: Experiment, *, step_time_s: float, tokens_per_s: float,
     largest = max(m.params_bytes + m.optimizer_bytes for m in memory)
     overlapped = rel.async_checkpoint or rel.recovery != "restart"
     stall = min(write, largest / host_copy_bandwidth(cluster)) if overlapped else write
-    restart = recovered_restart(rel.recovery, restart_parts(
+    restart = recovered_restart(rel, restart_parts(
         cluster, rel, size_bytes=size, step_time_s=step_time_s), cluster, memory)
     causes = run_causes(rel, per_cause, restart)
     spares = rel.spare_nodes
