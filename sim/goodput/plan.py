@@ -162,9 +162,12 @@ def plan_from(exp: Experiment, *, step_time_s: float, tokens_per_s: float,
                   else default_spares(causes, restart.repair_s))
     check_spares(causes, spares, restart.repair_s)
     total = sum(c.rate_per_s for c in causes)
-    # Daly's R: the mean over causes; without spares a hardware failure waits for its repair
+    # Daly's R: the mean over causes; without spares a hardware failure waits for its repair;
+    # the share that hangs waits for the watchdog
     repair = restart.repair_s if spares == 0 else 0.0
-    restart_mean = (sum(c.rate_per_s * (c.restart_s + (repair if c.hardware else 0.0))
+    hang = rel.hang_fraction if rel.hang_fraction is not None else fleet.hang_fraction
+    restart_mean = (sum(c.rate_per_s * (c.restart_s + (repair if c.hardware else 0.0)
+                                        + hang * c.hang_extra_s)
                         for c in causes) / total if total
                     else restart.seconds(waits_for_repair=False))
     checks = sdc_checks(rel)
@@ -180,7 +183,6 @@ def plan_from(exp: Experiment, *, step_time_s: float, tokens_per_s: float,
                           f"than the asynchronous write's drain, {drain:,.0f} s: a checkpoint "
                           "would start before the previous one is written")
     check_finishes(work, interval, stall, restart_mean, mtti)
-    hang = rel.hang_fraction if rel.hang_fraction is not None else fleet.hang_fraction
     model = RunModel(useful_s=useful, work_s=work, interval_s=interval, stall_s=stall,
                      drain_s=drain, causes=causes, spare_nodes=spares,
                      repair_s=restart.repair_s, hang_fraction=hang)

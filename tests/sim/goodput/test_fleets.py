@@ -151,3 +151,11 @@ def test_llama3_hangs_are_its_7_watchdog_timeouts_unless_given():
     given = _experiment(2, Reliability(hang_fraction=0.25), preset="dgx-h100")
     assert _plan(given).model.hang_fraction == 0.25
     assert _plan(given).reliability.hang_fraction == 0.25
+
+
+def test_the_analytic_restart_waits_for_the_watchdog_on_the_share_that_hangs():
+    rel = Reliability(detection_s=60.0, watchdog_s=1260.0, spare_nodes=4)
+    crash, hang = (_plan(_experiment(2, replace(rel, hang_fraction=f), preset="dgx-h100"))
+                   for f in (0.0, 0.5))
+    assert hang.restart_s - crash.restart_s == pytest.approx(0.5 * (1260.0 - 60.0))
+    assert hang.fraction_at_interval < crash.fraction_at_interval
