@@ -5,14 +5,15 @@
     join(fn, args)                under torchrun (`executor.torchrun`)
 
 One timeout bounds every collective (passed to init_process_group: gloo's default is 30
-minutes) and the whole job. A rank that raises or dies ends the job: the parent stops the
-other ranks (SIGTERM, then SIGKILL) and raises `JobFailed`, one line naming the rank and the op
-it was running; the shared record buffers survive for the caller to write partial traces. Ranks
-ignore SIGINT: Ctrl-C reaches the parent, which ends them all (SIGTERM too: `sim.entry` makes it
-a KeyboardInterrupt), and removes the rendezvous folder. Workers die with their parent
-(PR_SET_PDEATHSIG on Linux) and with the launcher itself (`exit_with`: their parent is the fork
-server, which outlives a `kill -9`ed launcher while they live), and exit by themselves after the
-timeout, so nothing is orphaned.
+minutes) and the whole job, from the moment every rank has started (`STARTUP_S` bounds that). A
+rank that raises or dies ends the job: the parent stops the other ranks (SIGTERM, then SIGKILL)
+and raises `JobFailed`, one line naming the rank and the op it was running; the shared record
+buffers survive for the caller to write partial traces. Ranks ignore SIGINT: Ctrl-C reaches the
+parent, which ends them all (SIGTERM too: `sim.entry` makes it a KeyboardInterrupt), and
+removes the rendezvous folder. Workers die with their parent (PR_SET_PDEATHSIG on Linux) and
+with the launcher itself (`exit_with`: their parent is the fork server, which outlives a `kill
+-9`ed launcher while they live), and exit by themselves after the timeout, so nothing is
+orphaned.
 A rank's own threads never print tracebacks (a peer's death breaks their waits too): the
 parent's one line names the cause. A rank that stopped (SIGSTOP, a debugger) is named as such
 when the job times out.
@@ -44,11 +45,15 @@ import torch
 import torch.distributed as dist
 
 from executor.lifeline import die_with_parent, exit_with, remove_tree
-from executor.recorder import FAILED, H_OP, H_STATE, HEADER
+from executor.recorder import FAILED, H_OP, H_STARTED, H_STATE, HEADER
 from traces.errors import ConfigError
 
 MAX_LOCAL_WORLD = 8
 GRACE_S = 3.0  # after a failure: how long the other ranks get to exit on SIGTERM
+STARTUP_S = 300.0
+"""How long the ranks may take to start, before the job's timeout begins: the fork server
+imports torch first, which on a host loaded by other work can take a minute or more."""
+POLL_S = 0.05  # how often the parent looks whether every rank has started
 TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR")
 # Errors a rank raises because another rank went away: not the cause of a failure.
 _PEER_ERRORS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe",
@@ -177,14 +182,18 @@ def _collect(job: _Job, world_size: int, timeout_s: float, records: dict[int, np
              describe: Callable[[int, int], str] | None) -> list[Any]:
     results: list[Any] = [None] * world_size
     pending = set(range(world_size))
-    deadline = time.monotonic() + timeout_s
+    deadline = time.monotonic() + STARTUP_S
+    started = False
     failures: list[RankFailure] = []
     while pending and not failures:
-        left = deadline - time.monotonic()
+        now = time.monotonic()
+        if not started and all(records[r][H_STARTED] for r in range(world_size)):
+            started, deadline = True, now + timeout_s  # the job's time starts now
+        left = deadline - now
         if left <= 0:
             break
         watched = [job.readers[r] for r in pending] + [job.procs[r].sentinel for r in pending]
-        for ready in wait(watched, timeout=left):
+        for ready in wait(watched, timeout=left if started else min(left, POLL_S)):
             rank = _rank_of(job, ready)
             if rank not in pending:
                 continue
@@ -209,6 +218,13 @@ def _collect(job: _Job, world_size: int, timeout_s: float, records: dict[int, np
                             f"(rank {first.rank}: {first.error})", failures, records)
         cause = cause or failures[0]
         raise JobFailed(f"rank {cause.rank} failed in {cause.op}: {cause.error}", failures,
+                        records)
+    if pending and not started:
+        _mark_failed(records)
+        late = ", ".join(str(r) for r in range(world_size) if not records[r][H_STARTED])
+        raise JobFailed(f"ranks {late} did not start within {STARTUP_S:g} s (the fork server "
+                        "imports torch first): the host is too loaded to start the job",
+                        [RankFailure(r, "start-up", "did not start") for r in sorted(pending)],
                         records)
     if pending:
         _mark_failed(records)
@@ -336,6 +352,7 @@ def _worker(rank: int, world_size: int, backend: str, timeout_s: float, init_met
     exit_with(launcher, os.path.dirname(init_method.removeprefix("file://")))
     exit_after(timeout_s + 2 * GRACE_S)
     records = np.frombuffer(shared, dtype=np.int64)[rank * stride:(rank + 1) * stride]
+    records[H_STARTED] = 1  # the parent's job timeout starts when every rank is here
     torch.set_num_threads(1)
     device = torch.device("cpu")
     if backend == "nccl":
