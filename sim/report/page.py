@@ -23,7 +23,6 @@ from typing import Any
 
 import plotly.graph_objects as go
 import plotly.io as pio
-from plotly.offline import get_plotlyjs
 
 from sim.config import Experiment
 from sim.engine.replay import StepTimes
@@ -44,6 +43,7 @@ from sim.report.memory_view import (
     memory_over_time_figure,
 )
 from sim.report.pipeline import legend_html, pipeline_view
+from sim.report.plotly_page import ZLIB_LEVEL, plotly_b64
 from sim.report.timeline import lanes, present_pp_ranks, rank_ops
 from sim.report.words import Words, words_for
 from sim.simulate import headline, model_summary
@@ -54,7 +54,6 @@ DIVS = ("parasim-pipeline", "parasim-waterfall", "parasim-breakdown", "parasim-l
         "parasim-memory-time", "parasim-memory")
 TIMED = ("parasim-pipeline", "parasim-lanes", "parasim-memory-time")
 """Figures whose x axis is the step's time: zooming one zooms them all."""
-ZLIB_LEVEL = 9
 
 
 def render_report(exp: Experiment, summary: StepSummary, times: StepTimes,
@@ -96,7 +95,7 @@ def render_report(exp: Experiment, summary: StepSummary, times: StepTimes,
     return ("<!DOCTYPE html>\n<html><head><meta charset='utf-8'>"
             f"<title>parasim: {html.escape(exp.name)}</title><style>{_STYLE}</style></head>\n"
             f"<body>\n{body}\n"
-            f"<script id='parasim-plotly' type='application/octet-stream'>{_plotly_b64()}"
+            f"<script id='parasim-plotly' type='application/octet-stream'>{plotly_b64()}"
             "</script>\n"
             f"<script id='parasim-data' type='application/octet-stream'>{payload}</script>\n"
             f"<script>{_script()}</script>\n</body></html>\n")
@@ -161,13 +160,6 @@ def _payload(figures: dict[str, go.Figure], binned: list[dict[str, Any]]) -> str
             + ",\"timed\":" + json.dumps(list(TIMED))
             + ",\"pipeline\":\"parasim-pipeline\"}")
     return base64.b64encode(zlib.compress(text.encode("utf-8"), ZLIB_LEVEL)).decode("ascii")
-
-
-@lru_cache(maxsize=1)
-def _plotly_b64() -> str:
-    """plotly.js, deflated and base64-coded (computed once per process: ~0.3 s)."""
-    return base64.b64encode(zlib.compress(get_plotlyjs().encode("utf-8"),
-                                          ZLIB_LEVEL)).decode("ascii")
 
 
 @lru_cache(maxsize=1)
