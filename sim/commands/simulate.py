@@ -84,9 +84,10 @@ def run(args: argparse.Namespace) -> int:
                                                    exp.layout, devices))
         if "--report" in targets:
             from sim.report import render_report  # plotly loads only when a report is asked for
+            from sim.report.about import opening_comment
 
-            outputs.write(targets["--report"], render_report(exp, summary, times,
-                                                             report_ranks))
+            outputs.write(targets["--report"], render_report(exp, summary, times, report_ranks,
+                                                             opening_comment(config)))
         outputs.commit()
         text = (json.dumps({**summary_json(exp, summary),
                             **provenance(exp.profile, config_sha256(config, settings))},
