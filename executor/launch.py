@@ -45,6 +45,7 @@ import torch.distributed as dist
 
 from executor.lifeline import die_with_parent, exit_with, remove_tree
 from executor.recorder import FAILED, H_OP, H_STATE, HEADER
+from executor.watch import H_JOINED, WATCH_S, current
 from traces.errors import ConfigError
 
 MAX_LOCAL_WORLD = 8
@@ -179,12 +180,15 @@ def _collect(job: _Job, world_size: int, timeout_s: float, records: dict[int, np
     pending = set(range(world_size))
     deadline = time.monotonic() + timeout_s
     failures: list[RankFailure] = []
+    watch = current()  # a command's progress bar, fed every WATCH_S
     while pending and not failures:
         left = deadline - time.monotonic()
         if left <= 0:
             break
+        if watch is not None:
+            watch(records)
         watched = [job.readers[r] for r in pending] + [job.procs[r].sentinel for r in pending]
-        for ready in wait(watched, timeout=left):
+        for ready in wait(watched, timeout=min(left, WATCH_S) if watch else left):
             rank = _rank_of(job, ready)
             if rank not in pending:
                 continue
@@ -197,6 +201,8 @@ def _collect(job: _Job, world_size: int, timeout_s: float, records: dict[int, np
             else:
                 failures.append(_failure(rank, message, job.procs[rank], records, describe))
                 pending.discard(rank)
+    if watch is not None and not failures:
+        watch(records)  # the counts at the end
     if failures:
         # Let the other ranks' reports arrive: the cause may be behind a peer's error.
         failures += _late_failures(job, pending, records, describe)
@@ -346,6 +352,7 @@ def _worker(rank: int, world_size: int, backend: str, timeout_s: float, init_met
         dist.init_process_group(backend, init_method=init_method, rank=rank,
                                 world_size=world_size,
                                 timeout=datetime.timedelta(seconds=timeout_s))
+        records[H_JOINED] = 1
         result = fn(ctx, *args)
         _send(writer, ("ok", result))
     except BaseException as exc:  # report anything, then leave without waiting on peers

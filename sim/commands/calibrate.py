@@ -39,7 +39,7 @@ from sim.calibrate.microbench import (
     run_microbenchmarks,
 )
 from sim.calibrate.summary import summary_json, summary_text
-from sim.commands.common import Phases, emit, parse_sizes, trace_files
+from sim.commands.common import Phases, emit, job_progress, parse_sizes, trace_files
 from sim.provenance import files_sha256, flags_sha256, provenance
 from traces.errors import ConfigError, warn
 from traces.files import Outputs, check_outputs
@@ -99,7 +99,9 @@ def run(args: argparse.Namespace) -> int:
             spec = bench_spec(target, parse_sizes(args.sizes), args.repeats,
                               parse_probes(args.probes, target))
             backend = host_backend(target.cluster, target.world, f"--run {args.run}")
-            traces.append(run_microbenchmarks(spec, keep_dir, args.timeout, backend=backend))
+            with job_progress("microbenchmarks", 1):
+                traces.append(run_microbenchmarks(spec, keep_dir, args.timeout,
+                                                  backend=backend))
         else:
             target = fit_target(args.cluster, traces)
     for trace, where in zip(traces, args.dirs):

@@ -9,6 +9,8 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -139,16 +141,20 @@ class Heartbeat:
 
 class UnitBars:
     """`progress(unit, done, total)` of `traces.json_chunks` as one bar per unit in turn
-    ('--chrome step.json.gz: ranks', then ': events', then ': bytes gzipped')."""
+    ('--chrome step.json.gz: ranks', then ': events', then ': bytes gzipped'); a unit whose
+    bar has given way to the next one is not drawn again."""
 
-    def __init__(self, label: str, item: str) -> None:
-        self.label, self.words = label, {"rank": "ranks", "item": item,
-                                         "byte": "bytes gzipped"}
+    def __init__(self, label: str, item: str, rank: str = "ranks") -> None:
+        self.label, self.words = label, {"rank": rank, "item": item, "byte": "bytes gzipped"}
         self.unit = ""
         self.bar: ProgressBar | None = None
+        self.finished: set[str] = set()
 
     def __call__(self, unit: str, done: int, total: int) -> None:
+        if unit in self.finished:
+            return
         if unit != self.unit:
+            self.finished.add(self.unit)
             self.close()
             self.unit, self.bar = unit, ProgressBar(f"{self.label}: {self.words[unit]}",
                                                     unit)
@@ -165,6 +171,20 @@ class UnitBars:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+@contextmanager
+def job_progress(label: str, steps: int) -> Iterator[None]:
+    """While a local job runs in the block, a bar of its ranks joining, then of rank 0's ops
+    over `steps` recorded steps (`executor.watch`); on a terminal only."""
+    if _hidden():
+        yield
+        return
+    from executor.watch import watching  # the executor, and torch, only for a job
+
+    with UnitBars(label, f"ops over {steps} step{'s' * (steps != 1)}", "ranks joined") as bars, \
+            watching(bars, steps):
+        yield
 
 
 class Phases:

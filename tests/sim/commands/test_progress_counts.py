@@ -91,3 +91,17 @@ def test_a_bar_appears_and_ticks_while_nothing_is_counted(monkeypatch):
             assert time.monotonic() < deadline, stream.getvalue()
             time.sleep(0.05)
     assert "waiting: 0/2 done, the first, long, unit" in stream.getvalue()
+
+
+@pytest.mark.slow
+def test_a_run_counts_its_ranks_joining_then_rank_0s_ops(tmp_path, capsys, shown):
+    pytest.importorskip("torch")
+    from traces.io import load
+
+    out = tmp_path / "run"
+    assert main(["run", str(example_path("gpt-tiny-2rank-localhost.toml")), "--out", str(out),
+                 "--steps", "2", "--warmup", "1"]) == 0
+    err = capsys.readouterr().err
+    ops = len(load(out / "rank0.json").ops[0])
+    assert last_count(err, "run: ranks joined") == (2, 2)
+    assert last_count(err, "run: ops over 2 steps") == (2 * ops, 2 * ops)
