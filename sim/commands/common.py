@@ -101,7 +101,7 @@ class ProgressBar:
             self.progress = self.update
         self.beat = Heartbeat(self.bar)
 
-    def update(self, done: int, total: int) -> None:
+    def update(self, done: int, total: int | None) -> None:
         self.bar.total = total
         self.bar.update(done - self.bar.n)
 
@@ -150,7 +150,7 @@ class UnitBars:
         self.bar: ProgressBar | None = None
         self.finished: set[str] = set()
 
-    def __call__(self, unit: str, done: int, total: int) -> None:
+    def __call__(self, unit: str, done: int, total: int | None) -> None:
         if unit in self.finished:
             return
         if unit != self.unit:
@@ -165,6 +165,10 @@ class UnitBars:
         if self.bar is not None:
             self.bar.__exit__()
             self.bar = None
+
+    def shown(self) -> bool:
+        """Whether its bars are drawn (stderr a terminal): else nobody need count for them."""
+        return not _hidden()
 
     def __enter__(self) -> UnitBars:
         return self

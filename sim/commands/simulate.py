@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import argparse
 import json
+from functools import partial
 from typing import Any
 
 from sim.commands.common import (
-    ProgressBar,
+    UnitBars,
     config_path,
     emit,
     error,
@@ -76,8 +77,12 @@ def run(args: argparse.Namespace) -> int:
     for warning in exp.warnings:
         warn(warning)
     with Outputs(targets.values()) as outputs:
-        with ProgressBar("simulate", "op") as bar:
-            summary, times = predict(exp, fold=not args.no_fold, progress=bar.progress)
+        with UnitBars("simulate", "ops replayed", "ranks planned") as bars:
+            if shown := bars.shown():
+                bars("rank", 0, None)  # from the start: choosing the ranks takes seconds too
+            summary, times = predict(exp, fold=not args.no_fold,
+                                     progress=partial(bars, "item") if shown else None,
+                                     plan_progress=partial(bars, "rank") if shown else None)
         if "--trace" in targets or "--chrome" in targets:
             devices = exp.cluster.device_words[1]
             write_timed(outputs, targets, annotate(times.timed_trace(), times, exp.model,

@@ -61,7 +61,7 @@ def last_count(err: str, desc: str) -> tuple[int, int]:
     return int(frames[-1][0]), int(frames[-1][1])
 
 
-def test_writing_counts_ranks_events_and_bytes(tmp_path, capsys, shown):
+def test_simulate_counts_its_plan_and_replay_and_writing_counts_ranks_events_and_bytes(tmp_path, capsys, shown):
     trace, chrome = tmp_path / "t.json", tmp_path / "c.json.gz"
     assert main(["simulate", str(example_path("gpt-tiny-localhost.toml")), "--trace",
                  str(trace), "--chrome", str(chrome)]) == 0
@@ -70,6 +70,10 @@ def test_writing_counts_ranks_events_and_bytes(tmp_path, capsys, shown):
     ops = sum(len(r) for r in json.loads(trace.read_text())["ranks"].values())
     text = gzip.decompress(chrome.read_bytes())
     events = len(json.loads(text)["traceEvents"])
+    assert last_count(err, "simulate: ranks planned") == (ranks, ranks)  # the plan's build
+    replayed = last_count(err, "simulate: ops replayed")
+    assert replayed[0] == replayed[1] > 0
+    assert err.index("simulate: ranks planned") < err.index("simulate: ops replayed")
     assert last_count(err, "--trace t.json: ranks") == (ranks, ranks)
     assert last_count(err, "--trace t.json: ops") == (ops, ops)
     assert last_count(err, "--chrome c.json.gz: ranks") == (ranks, ranks)
