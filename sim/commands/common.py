@@ -221,10 +221,18 @@ class Phases:
         self.bar.close()
 
 
-def progress_over(items: list[Any], desc: str) -> Any:
-    """`items`, iterated under a bar of their own (tqdm, on a terminal only)."""
+def progress_over(items: list[Any], desc: str) -> Iterator[Any]:
+    """`items`, iterated under a bar of their own (tqdm, on a terminal only), shown within
+    BAR_DELAY_S of the start even while the first item runs (a sweep's first simulation)."""
     from tqdm import tqdm
-    return tqdm(items, desc=desc, delay=1.0, leave=False, disable=_hidden())
+    bar = tqdm(items, desc=desc, delay=BAR_DELAY_S, leave=False, disable=_hidden(),
+               mininterval=BAR_MININTERVAL_S, miniters=1)
+    beat = Heartbeat(bar)
+    try:
+        yield from bar
+    finally:
+        beat.stop()
+        bar.close()
 
 
 def config_path(given: str | None, default: Path) -> Path:

@@ -61,7 +61,7 @@ def last_count(err: str, desc: str) -> tuple[int, int]:
     return int(frames[-1][0]), int(frames[-1][1])
 
 
-def test_simulate_counts_its_plan_and_replay_and_writing_counts_ranks_events_and_bytes(tmp_path, capsys, shown):
+def test_simulate_counts_its_plan_its_replay_and_its_writing(tmp_path, capsys, shown):
     trace, chrome = tmp_path / "t.json", tmp_path / "c.json.gz"
     assert main(["simulate", str(example_path("gpt-tiny-localhost.toml")), "--trace",
                  str(trace), "--chrome", str(chrome)]) == 0
@@ -95,6 +95,12 @@ def test_a_bar_appears_and_ticks_while_nothing_is_counted(monkeypatch):
             assert time.monotonic() < deadline, stream.getvalue()
             time.sleep(0.05)
     assert "waiting: 0/2 done, the first, long, unit" in stream.getvalue()
+
+
+def test_a_sweep_counts_its_points(capsys, shown):
+    assert main(["sweep", "parallel.micro_batch", "1", "2", "4", "--config",
+                 str(example_path("gpt-tiny-localhost.toml"))]) == 0
+    assert last_count(capsys.readouterr().err, "sweep") == (3, 3)
 
 
 @pytest.mark.slow
