@@ -38,7 +38,7 @@ from sim.calibrate.microbench import (
     resolve_target,
     run_microbenchmarks,
 )
-from sim.calibrate.summary import summary_json, summary_text
+from sim.calibrate.summary import merged_notes, summary_json, summary_text
 from sim.commands.common import Phases, emit, job_progress, parse_sizes, trace_files
 from sim.provenance import files_sha256, flags_sha256, provenance
 from traces.errors import ConfigError, warn
@@ -110,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
 
     name = args.name or Path(args.out).stem
     profile, report = fit_profile(traces, target.cluster, base=target.profile, name=name)
-    for note in report.unidentified:
+    for note in merged_notes(report.unidentified):
         warn(f"calibrate: {note}")
     with Outputs(targets.values()) as outputs:
         outputs.write(targets["--out"], json.dumps(profile.to_json(), indent=1,

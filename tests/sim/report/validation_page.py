@@ -23,14 +23,18 @@ def stretched(trace: Trace) -> Trace:
 
 
 def simulated_validation_page() -> str:
+    return render_validation(simulated_validation())
+
+
+def simulated_validation(steps: tuple[float, ...] = (STRETCH,) * 3) -> Validation:
+    """The validation of that stand-in, its measured steps `steps` x the predicted step."""
     exp = load_experiment(example_path("gpt-tiny-2rank-localhost.toml"))
     summary, times = predict(exp, fold=False)
     measured = stretched(times.timed_trace())
     peaks = {r: int(summary.peak_memory_bytes) for r in range(exp.layout.world)}
-    v = Validation(exp=exp, measured=measured, predicted=times,
-                   comparison=compare(measured, times.timed_trace()),
-                   step_times_measured_s=[times.step_time_s * STRETCH] * 3,
-                   peak_memory_measured_bytes=peaks,
-                   peak_memory_predicted_bytes={r: float(b) for r, b in peaks.items()},
-                   calibrated_here=False)
-    return render_validation(v)
+    return Validation(exp=exp, measured=measured, predicted=times,
+                      comparison=compare(measured, times.timed_trace()),
+                      step_times_measured_s=[times.step_time_s * k for k in steps],
+                      peak_memory_measured_bytes=peaks,
+                      peak_memory_predicted_bytes={r: float(b) for r, b in peaks.items()},
+                      calibrated_here=False)
