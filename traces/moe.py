@@ -33,6 +33,7 @@ permutation, sigmoid scores with an expert bias, and a GEMM per expert.
 from __future__ import annotations
 
 import dataclasses
+from functools import lru_cache
 
 from traces.expert_grid import ep_coord
 from traces.kernel_work import KernelWork, gemm_kernel, memory_kernel
@@ -61,11 +62,13 @@ def skewed_experts(m: ModelSpec, layout: Layout) -> bool:
     return m.experts > 0 and m.routing_skew > 0 and not m.force_balance and layout.ep > 1
 
 
+@lru_cache(maxsize=64)
 def uneven_experts(m: ModelSpec, layout: Layout) -> bool:
     """Balanced routing whose T·k routed tokens do not split evenly over the experts
     (`traces.moe_spec.expert_counts` gives the first T·k mod E experts one more), so EP ranks
     hold different token counts (and grouped GEMMs): rank programs differ by EP coordinate as
-    under skew, and the uniform fold may not stand for them."""
+    under skew, and the uniform fold may not stand for them. Cached: `expert_loads` asks once
+    per rank."""
     if m.experts == 0 or layout.ep == 1 or skewed_experts(m, layout):
         return False
     tokens = layout.micro_batch * (m.seq_len // layout.cp) // layout.tp
