@@ -21,6 +21,7 @@ EXAMPLES: Mapping[str, str] = {
                 "--profile here.json",
     "goodput": "parasim goodput --days 30 --report goodput.html",
     "sweep": "parasim sweep parallel.micro_batch 1 2 4 --report sweep.html",
+    "whatif": "parasim whatif runs/tiny --set parallel.dp=2 --set parallel.tp=1",
 }
 """One command line per command, in `sim.cli.COMMANDS`' order."""
 
