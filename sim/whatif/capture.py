@@ -59,9 +59,9 @@ def load_captured(paths: Sequence[str], model_toml: str | None = None) -> Captur
             raise ConfigError(f"TRACE: {lt.path} is a trace of another job than "
                               f"{loaded[0].path} (its model, layout or cluster differ)")
     for lt in loaded:
-        _check_kernels(lt)
         if given is not None:
             _check_world(lt, given)
+        _check_kernels(lt)
     config = loaded[0].trace.meta.config or {}
     return Captured(loaded, jobs[0], drew=config.get("dropout", 1) != 0)
 
