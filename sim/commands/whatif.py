@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 from sim.commands.common import emit, profile_flag, trace_files
-from sim.profile import load_profile
 from sim.settings import add_set_flag, parse_settings
 from sim.whatif import WhatifResult, load_captured, target_experiment, whatif
 
@@ -33,8 +32,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "captured job, with --set over it)")
     parser.add_argument("--model", metavar="TOML", help="the captured job, for traces whose "
                         "header does not state it")
-    parser.add_argument("--profile", metavar="JSON", help="calibration profile that times "
-                        "kernel classes the capture never ran")
+    parser.add_argument("--profile", metavar="JSON", help="calibration profile: the target "
+                        "cluster's measured links and roofs, as `replay --profile` applies it, "
+                        "and the figures that time kernel classes the capture never ran")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     add_set_flag(parser)
 
@@ -44,9 +44,9 @@ def run(args: argparse.Namespace) -> int:
     inputs = [f for t in args.traces for f in trace_files(Path(t))]
     profile_path = profile_flag(args.profile, inputs)
     captured = load_captured(args.traces, args.model)
-    exp = target_experiment(captured, args.config, parse_settings(args.settings))
-    fallback = load_profile(profile_path) if profile_path else None
-    result = whatif(captured, exp, fallback)
+    overrides = {"profile": profile_path} if profile_path else None
+    exp = target_experiment(captured, args.config, parse_settings(args.settings), overrides)
+    result = whatif(captured, exp, exp.profile if exp.profile_path is not None else None)
     seconds = time.perf_counter() - began
     emit(json.dumps(summary_json(result, seconds), allow_nan=False) if args.json
          else summary_text(result))
