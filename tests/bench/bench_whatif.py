@@ -1,0 +1,133 @@
+"""Benchmark: `parasim whatif` from one real gloo capture against the target run for real.
+
+    python tests/bench/bench_whatif.py [--repeats 3] [--steps 3]
+
+For each (captured layout -> target layout) pair of the tiny GPT on this host's CPU ranks
+(gloo): record the captured job once (`parasim run`, one step), predict the target with
+`parasim whatif`, then run the target `--repeats` times (`--steps` recorded steps each) and
+compare with the median measured step. Beside it: `parasim simulate` of the target with the
+default profile (the uncalibrated prediction), the noise floor (the median relative
+deviation of the target's repeated runs from their median), the range whatif gives, and the
+time whatif takes. Target (issue 34): median error <= 10%, better than simulate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+JOB = """
+[model]
+layers = 4
+hidden = 128
+heads = 4
+seq_len = {seq}
+vocab = 512
+dtype = "fp32"
+attention = "flash"
+
+[parallel]
+tp = {tp}
+pp = {pp}
+dp = {dp}
+micro_batch = 2
+global_batch = 8
+
+[cluster]
+preset = "localhost"
+gpus_per_node = {world}
+"""
+BASE = {"seq": 64, "tp": 1, "pp": 1, "dp": 2}
+PAIRS = [  # (name, captured, target)
+    ("DP2 -> PP2", BASE, {**BASE, "dp": 1, "pp": 2}),
+    ("DP2 -> TP2", BASE, {**BASE, "dp": 1, "tp": 2}),
+    ("TP2 -> DP2", {**BASE, "dp": 1, "tp": 2}, BASE),
+    ("DP2 -> DP4 (2 -> 4 ranks)", BASE, {**BASE, "dp": 4}),
+    ("DP2 -> DP2 seq 128", BASE, {**BASE, "seq": 128}),
+    ("PP2 -> DP2", {**BASE, "dp": 1, "pp": 2}, BASE),
+]
+
+
+def _toml(folder: Path, job: dict[str, int]) -> Path:
+    world = job["tp"] * job["pp"] * job["dp"]
+    name = "-".join(f"{k}{v}" for k, v in job.items())
+    path = folder / f"{name}.toml"
+    path.write_text(JOB.format(world=world, **job))
+    return path
+
+
+def _parasim(*argv: object) -> dict:
+    proc = subprocess.run([sys.executable, "-m", "sim", *map(str, argv), "--json"],
+                          cwd=ROOT, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise SystemExit(f"parasim {' '.join(map(str, argv))}: {proc.stderr.strip()}")
+    return json.loads(proc.stdout)
+
+
+def _settings(job: dict[str, int]) -> list[str]:
+    world = job["tp"] * job["pp"] * job["dp"]
+    out = [f"parallel.{k}={job[k]}" for k in ("tp", "pp", "dp")]
+    out += [f"model.seq_len={job['seq']}", f"cluster.gpus_per_node={world}"]
+    return [w for s in out for w in ("--set", s)]
+
+
+def _measured(folder: Path, config: Path, repeats: int, steps: int) -> list[float]:
+    """The median recorded step of each of `repeats` runs of `config`."""
+    out = []
+    for i in range(repeats):
+        run = _parasim("run", config, "--out", folder / f"{config.stem}-{i}", "--steps", steps,
+                       "--force")
+        out.append(statistics.median(run["step_times_s"]))
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=3)
+    args = parser.parse_args()
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        captures: dict[str, Path] = {}
+        for name, captured, target in PAIRS:
+            source = _toml(folder, captured)
+            if source.stem not in captures:
+                captures[source.stem] = folder / f"capture-{source.stem}"
+                _parasim("run", source, "--out", captures[source.stem], "--steps", 1)
+            began = time.perf_counter()
+            what = _parasim("whatif", captures[source.stem], *_settings(target))
+            seconds = time.perf_counter() - began
+            config = _toml(folder, target)
+            plain = _parasim("simulate", config)["step_time_s"]
+            runs = _measured(folder, config, args.repeats, args.steps)
+            real = statistics.median(runs)
+            noise = statistics.median(abs(r - real) / real for r in runs)
+            predicted = what["step_time_predicted_s"]
+            rows.append((name, real, predicted, what["step_time_range_s"], plain, noise,
+                         seconds))
+            _print_row(rows[-1])
+    errors = [abs(r[2] - r[1]) / r[1] for r in rows]
+    plain_errors = [abs(r[4] - r[1]) / r[1] for r in rows]
+    print(f"median error: whatif {100 * statistics.median(errors):.1f}%, simulate "
+          f"{100 * statistics.median(plain_errors):.1f}%, noise floor "
+          f"{100 * statistics.median(r[5] for r in rows):.1f}%")
+
+
+def _print_row(row: tuple) -> None:
+    name, real, predicted, (low, high), plain, noise, seconds = row
+    print(f"{name:<28} measured {real * 1e3:7.1f} ms (noise ±{100 * noise:4.1f}%)  whatif "
+          f"{predicted * 1e3:7.1f} ms [{low * 1e3:.1f}, {high * 1e3:.1f}] "
+          f"({100 * (predicted - real) / real:+.0f}%, {seconds:.2f} s)  simulate "
+          f"{plain * 1e3:7.1f} ms ({100 * (plain - real) / real:+.0f}%)", flush=True)
+
+
+if __name__ == "__main__":
+    main()
