@@ -21,6 +21,7 @@ from typing import Any
 from sim.commands.common import emit, profile_flag, trace_files
 from sim.settings import add_set_flag, parse_settings
 from sim.whatif import WhatifResult, load_captured, target_experiment, whatif
+from traces.errors import warn
 
 HELP = "predict another job's step from a captured one, with an error bar"
 
@@ -47,6 +48,9 @@ def run(args: argparse.Namespace) -> int:
     overrides = {"profile": profile_path} if profile_path else None
     exp = target_experiment(captured, args.config, parse_settings(args.settings), overrides)
     result = whatif(captured, exp, exp.profile if exp.profile_path is not None else None)
+    if result.captured_on != exp.cluster.accelerator.name:
+        warn(f"kernel times are the capture's on {result.captured_on}, not re-timed for the "
+             f"target's {exp.cluster.accelerator.name} (as `replay --cluster` keeps them)")
     seconds = time.perf_counter() - began
     emit(json.dumps(summary_json(result, seconds), allow_nan=False) if args.json
          else summary_text(result))
@@ -58,6 +62,7 @@ def summary_json(r: WhatifResult, seconds: float | None = None) -> dict[str, Any
     out: dict[str, Any] = {
         "target": r.exp.name,
         "cluster": r.exp.cluster.name,
+        "kernels_timed_on": r.captured_on,
         "step_time_predicted_s": r.step_time_s,
         "step_time_range_s": [r.low_s, r.high_s],
         "step_time_captured_s": r.captured_step_s,

@@ -65,6 +65,8 @@ class WhatifResult:
     """Target ranks that ran op for op as captured (their own times kept)."""
     ranks: int
     captured_step_s: float | None
+    captured_on: str
+    """The accelerator the capture's kernels ran on: their times are its."""
 
     @property
     def step_time_s(self) -> float:
@@ -114,7 +116,8 @@ def whatif(captured: Captured, exp: Experiment, fallback: Profile | None = None)
     return WhatifResult(exp=exp, times=times, low_s=min(low, high), high_s=max(low, high),
                         kernels=_classes(timings, kept, timed), ops_by_source=dict(counts),
                         ranks_kept=len(kept), ranks=len(plan.ops),
-                        captured_step_s=_span(first))
+                        captured_step_s=_span(first),
+                        captured_on=capture_cluster.accelerator.name)
 
 
 def _plan(exp: Experiment, captured: Captured) -> Trace:
