@@ -24,6 +24,8 @@ from sim.whatif import WhatifResult, load_captured, target_experiment, whatif
 from traces.errors import warn
 
 HELP = "predict another job's step from a captured one, with an error bar"
+RANGE_COVERS = ("the extrapolated kernels' uncertainty; not the communication model's, nor "
+                "the host's load")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -65,6 +67,7 @@ def summary_json(r: WhatifResult, seconds: float | None = None) -> dict[str, Any
         "kernels_timed_on": r.captured_on,
         "step_time_predicted_s": r.step_time_s,
         "step_time_range_s": [r.low_s, r.high_s],
+        "range_covers": RANGE_COVERS,
         "step_time_captured_s": r.captured_step_s,
         "ranks_simulated": r.ranks,
         "ranks_as_captured": r.ranks_kept,
@@ -85,7 +88,8 @@ def summary_text(r: WhatifResult) -> str:
         ranks += f", {r.ranks_kept} as captured (their own times)"
     lines = [f"parasim whatif: {r.exp.name} on {r.exp.cluster.name} ({ranks})",
              f"  {'step time predicted':<24}{r.step_time_s:.4g} s  "
-             f"[{r.low_s:.4g}, {r.high_s:.4g}]"]
+             f"[{r.low_s:.4g}, {r.high_s:.4g}]",
+             f"  {'':<24}(the range: {RANGE_COVERS})"]
     if r.captured_step_s is not None:
         lines.append(f"  {'step time captured':<24}{r.captured_step_s:.4g} s")
     sources = ", ".join(f"{n} {s}" for s, n in sorted(r.ops_by_source.items()))
