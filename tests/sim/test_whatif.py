@@ -210,3 +210,15 @@ def test_every_op_of_an_identical_target_keeps_its_own_time(capture):
     result = whatif(captured, target_experiment(captured))
     assert result.ranks_kept == result.ranks == 2
     assert result.times.plan.ops == captured.first.ops  # times and all
+
+
+def test_a_larger_target_is_folded_and_keeps_the_measured_shapes(capsys, capture_dp):
+    """DP 2 -> DP 64 over 32 servers, two micro-batches per rank as captured: the same
+    per-rank shapes, so every kernel keeps its measured median and the range is a point;
+    one rank stands for the whole world."""
+    out = run_json(capsys, "whatif", capture_dp, "--set", "parallel.dp=64", "--set",
+                   "parallel.global_batch=128", "--set", "cluster.nodes=32")
+    assert out["ranks_simulated"] == 1 and out["ranks_as_captured"] == 0
+    assert set(out["compute_ops_by_source"]) == {"measured"}
+    assert out["extrapolated_kernels"] == {}
+    assert out["step_time_range_s"] == [out["step_time_predicted_s"]] * 2
