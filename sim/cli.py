@@ -9,7 +9,7 @@
     parasim validate [CONFIG.toml] [--profile P] [--report F.html] [--json]
     parasim goodput [CONFIG.toml] [--days D | --tokens N] [--report F.html] [--json]
     parasim sweep KEY VALUE [VALUE...] [--config F.toml] [--set K=V] [--report F.html] [--json]
-    parasim whatif TRACE... [--config F.toml] [--set K=V] [--model JOB.toml] [--json]
+    parasim whatif TRACE... [--config F.toml] [--set K=V] [--job JOB.toml] [--json]
 
 Bare `parasim` prints the commands, each with one example (`sim.commands.overview`); each command's
 `--help` ends with its example.

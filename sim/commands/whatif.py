@@ -1,6 +1,6 @@
 """The `parasim whatif` command: a captured step predicts another job's step.
 
-    parasim whatif TRACE... [--config target.toml] [--set parallel.dp=4 ...] [--model job.toml]
+    parasim whatif TRACE... [--config target.toml] [--set parallel.dp=4 ...] [--job job.toml]
                    [--profile P] [--json]
 
 TRACE is a `parasim run` trace set (a folder) or file; several are repeated captures of one
@@ -33,7 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "or trace file; several: repeated captures of one job")
     parser.add_argument("--config", metavar="TOML", help="the target job (default: the "
                         "captured job, with --set over it)")
-    parser.add_argument("--model", metavar="TOML", help="the captured job, for traces whose "
+    parser.add_argument("--job", metavar="TOML", help="the captured job, for traces whose "
                         "header does not state it")
     parser.add_argument("--profile", metavar="JSON", help="calibration profile: the target "
                         "cluster's measured links and roofs, as `replay --profile` applies it, "
@@ -46,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
     began = time.perf_counter()
     inputs = [f for t in args.traces for f in trace_files(Path(t))]
     profile_path = profile_flag(args.profile, inputs)
-    captured = load_captured(args.traces, args.model)
+    captured = load_captured(args.traces, args.job)
     overrides = {"profile": profile_path} if profile_path else None
     exp = target_experiment(captured, args.config, parse_settings(args.settings), overrides)
     result = whatif(captured, exp, exp.profile if exp.profile_path is not None else None)

@@ -6,7 +6,7 @@ that job ran, and the target experiment (that config with `--set` over it, or `-
 
 A parasim trace set (`parasim run`) states its job in its header (`meta.model`,
 `meta.layout`, `meta.cluster_spec`); a PyTorch-profiler trace states none, so its job comes
-from `--model job.toml` and the trace is checked against it (its world, its kernels).
+from `--job job.toml` and the trace is checked against it (its world, its kernels).
 Several TRACE arguments are repeated captures of one job: their samples are pooled.
 """
 
@@ -46,13 +46,13 @@ class Captured:
         return [lt.trace for lt in self.loaded]
 
 
-def load_captured(paths: Sequence[str], model_toml: str | None = None) -> Captured:
+def load_captured(paths: Sequence[str], job_toml: str | None = None) -> Captured:
     """Read every TRACE; one line and exit 2 if they are of different jobs, hold no kernels
-    of a plan, or are profiler traces without `--model` (or not of that job)."""
+    of a plan, or are profiler traces without `--job` (or not of that job)."""
     if not paths:
         raise ConfigError("TRACE: give at least one captured trace")
     loaded = tuple(load_trace(p) for p in paths)
-    given = _job_of_toml(model_toml) if model_toml is not None else None
+    given = _job_of_toml(job_toml) if job_toml is not None else None
     jobs = [given if given is not None else _job_of_header(lt) for lt in loaded]
     for lt, job in zip(loaded[1:], jobs[1:]):
         if job != jobs[0]:
@@ -71,9 +71,9 @@ def _job_of_header(lt: LoadedTrace) -> dict[str, Any]:
     meta = lt.trace.meta
     if lt.source != "parasim" or meta.model is None or meta.layout is None:
         raise ConfigError(f"TRACE: {lt.path} does not state its job (a profiler trace); give "
-                          "--model job.toml with its [model], [parallel] and [cluster]")
+                          "--job job.toml with its [model], [parallel] and [cluster]")
     if meta.cluster_spec is None:
-        raise ConfigError(f"TRACE: {lt.path} names no cluster it ran on; give --model "
+        raise ConfigError(f"TRACE: {lt.path} names no cluster it ran on; give --job "
                           "job.toml with its [model], [parallel] and [cluster]")
     return {"model": model_table(meta.model), "parallel": meta.layout.to_dict(),
             "cluster": meta.cluster_spec.table()}
@@ -116,16 +116,16 @@ def _check_kernels(lt: LoadedTrace) -> None:
 
 
 def _check_world(lt: LoadedTrace, job: dict[str, Any]) -> None:
-    """A profiler trace's world and groups against `--model`'s layout."""
+    """A profiler trace's world and groups against `--job`'s layout."""
     layout = experiment_from_dict(job).layout
     world = lt.trace.meta.world_size
     if world is not None and world != layout.world:
-        raise ConfigError(f"--model: its layout has {layout.world} ranks, but {lt.path} "
+        raise ConfigError(f"--job: its layout has {layout.world} ranks, but {lt.path} "
                           f"was captured on a world of {world}")
     for ops in lt.trace.ops.values():
         for op in ops:
             if op.group and max(op.group) >= layout.world:
-                raise ConfigError(f"--model: its layout has {layout.world} ranks, but "
+                raise ConfigError(f"--job: its layout has {layout.world} ranks, but "
                                   f"{lt.path} has a group with rank {max(op.group)}")
 
 

@@ -183,13 +183,13 @@ def test_a_trace_without_timed_kernels_is_refused(capsys, tmp_path):
 
 
 def test_a_profiler_trace_needs_its_job_and_kernels_of_a_plan(capsys, tmp_path):
-    assert "--model job.toml" in refused(capsys, "whatif", KINETO)
+    assert "--job job.toml" in refused(capsys, "whatif", KINETO)
     toml = tmp_path / "job.toml"
     toml.write_text(job(tp=1, dp=2, preset="dgx-a100"))
-    assert "holds no timed kernels" in refused(capsys, "whatif", KINETO, "--model", toml)
+    assert "holds no timed kernels" in refused(capsys, "whatif", KINETO, "--job", toml)
     toml.write_text(job(tp=2, dp=2, preset="dgx-a100").replace("gpus_per_node = 2",
                                                                "gpus_per_node = 4"))
-    assert "its layout has 4 ranks" in refused(capsys, "whatif", KINETO, "--model", toml)
+    assert "its layout has 4 ranks" in refused(capsys, "whatif", KINETO, "--job", toml)
 
 
 def test_a_kernel_class_the_capture_never_ran_needs_a_profile(capsys, capture, tmp_path):
