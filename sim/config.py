@@ -31,10 +31,13 @@ from typing import Any
 
 from sim.collectives import ALGORITHM_NAMES, Algorithm
 from sim.engine.transport import NETWORK_NAMES, NetworkMode
+from sim.frontdoors.model_source import resolve_model
 from sim.goodput.settings import Reliability, read_reliability
+from sim.models.sharing import check_comm_sms
 from sim.profile import Profile, default_profile, load_profile
 from topology.cluster import Accelerator, Cluster
 from topology.config import read_cluster
+from traces.dualpipe_twin import dualpipe_twin, twin_note
 from traces.errors import ConfigError, show
 from traces.fields import Fields, check_choice
 from traces.files import load_toml
@@ -69,8 +72,11 @@ class Experiment:
     """The profile file the config names ([sim] profile or --profile), an input of the run."""
     reliability: Reliability | None = None
     """The `[reliability]` table, when the config has one (`parasim goodput` reads it)."""
+    twin_of: Layout | None = None
+    """The layout as written where `layout` is the twin it is simulated as (schedule =
+    "dualpipe": `traces.dualpipe_twin`); None: `layout` is as written."""
     warnings: tuple[str, ...] = field(init=False, default=())
-    """Combinations that work but are slow (TP groups across servers)."""
+    """Combinations that work but are slow (TP groups across servers), and a twin's note."""
 
     def __post_init__(self) -> None:
         # Checked as the strings they may be (check_choice compares types as well).
@@ -83,6 +89,8 @@ class Experiment:
         check_fp8(self.model, self.cluster.accelerator)
         if self.model.fp8:
             check_recipe_layout(self.model.fp8_recipe, self.model.experts, self.layout.etp)
+        if self.twin_of is not None:
+            notes = (*notes, twin_note(self.twin_of))
         object.__setattr__(self, "warnings", notes)
 
 
@@ -130,7 +138,9 @@ def load_experiment(path: str | Path, overrides: Mapping[str, Any] | None = None
 def experiment_from_dict(data: Mapping[str, Any], *, name: str = "experiment",
                          base: Path = Path("."),
                          overrides: Mapping[str, Any] | None = None) -> Experiment:
-    """The experiment a parsed config describes; `base` resolves a relative [sim] profile."""
+    """The experiment a parsed config describes; `base` resolves a relative [sim] profile
+    (and a [model] from = "hf:PATH": `sim.frontdoors.model_source`)."""
+    data = resolve_model(data, base)
     for table in data:
         if table not in TABLES:
             raise ConfigError(f"[{show(table)[1:-1]}]: unknown table "
@@ -153,6 +163,7 @@ def experiment_from_dict(data: Mapping[str, Any], *, name: str = "experiment",
     # Before the graph is built: 10**6 nodes against a 1024-GPU layout is one line, not 12 GB.
     check_layout(model, layout, world=spec.num_devices,
                  devices_per_server=spec.devices_per_server)
+    check_comm_sms(layout.comm_sms, spec.accelerator)
     cluster = spec.build()
     where = "--profile" if "profile" in (overrides or {}) else "sim.profile"
     profile = (load_profile(base / profile_path, where) if profile_path
@@ -160,8 +171,10 @@ def experiment_from_dict(data: Mapping[str, Any], *, name: str = "experiment",
     cluster = profile.applied_to(cluster)  # measured link classes and roofs replace the preset's
     model = resolve_fp8(model, cluster.accelerator, "fp8_recipe" in model_table)
     check_recipe_named(model_table.get("fp8_recipe"))
-    return Experiment(name=name, model=model, layout=layout, cluster=cluster, network=network,
+    twin = dualpipe_twin(layout)
+    return Experiment(name=name, model=model, layout=twin, cluster=cluster, network=network,
                       algo=algo, profile=profile, reliability=reliability,
+                      twin_of=layout if twin is not layout else None,
                       profile_path=base / profile_path if profile_path else None)
 
 

@@ -24,7 +24,8 @@ Reading: a file whose first 64 KiB hold a top-level-looking `"schema":` key is a
 (`traces.io`, which names any other schema or an unknown version), anything else a PyTorch
 profiler trace (`traces.kineto`, gzip or not). A folder holding parasim traces (a `parasim
 run` output) is read as their union, its other files (`chrome.json`) left out and listed;
-otherwise it is a folder of per-rank profiler files.
+otherwise it is a folder of per-rank profiler files. A folder of Chakra ET files
+(`<name>.<rank>.et`, as `parasim export --chakra` writes), or one, is read by `traces.chakra_read`.
 """
 
 from __future__ import annotations
@@ -47,6 +48,8 @@ from sim.profile import Profile, default_profile
 from topology.cluster import Cluster
 from topology.config import ClusterSpec, read_cluster, read_cluster_file, read_cluster_table
 from topology.presets import PRESETS
+from traces.chakra_read import ET_FILE, load_chakra
+from traces.chakra_read import et_files as chakra_files
 from traces.errors import ConfigError, show, warn
 from traces.gzipped import head
 from traces.header import TraceMeta, check_fold_ranks
@@ -69,7 +72,8 @@ class LoadedTrace:
     """TRACE as given: a file or a folder."""
     trace: Trace
     source: str
-    """"parasim" (traces.io) or "kineto" (a PyTorch profiler trace)."""
+    """"parasim" (traces.io), "kineto" (a PyTorch profiler trace) or "chakra" (Chakra ET
+    files, `traces.chakra_read`)."""
     files: tuple[Path, ...]
     """The files read, for the provenance hash."""
     skipped_files: tuple[str, ...] = ()
@@ -83,6 +87,9 @@ def load_trace(path: str | Path, *, allow_incomplete: bool = False) -> LoadedTra
     if not str(path):
         raise ConfigError("TRACE: an empty path names no file")
     path = Path(path)
+    if _is_chakra(path):
+        trace, files = load_chakra(path)
+        return LoadedTrace(path, _complete(path, trace, allow_incomplete), "chakra", files)
     if path.is_dir():
         return _load_folder(path, allow_incomplete)
     if not path.exists():
@@ -94,6 +101,13 @@ def load_trace(path: str | Path, *, allow_incomplete: bool = False) -> LoadedTra
         return LoadedTrace(path, _complete(path, load_parasim(path), allow_incomplete),
                            "parasim", (path,))
     return _warned(LoadedTrace(path, load_kineto(path), "kineto", (path,)))
+
+
+def _is_chakra(path: Path) -> bool:
+    """A folder holding Chakra's `<name>.<rank>.et` files, or one of them."""
+    if path.is_dir():
+        return bool(chakra_files(path))
+    return ET_FILE.match(path.name) is not None and path.is_file()
 
 
 def _warned(loaded: LoadedTrace) -> LoadedTrace:
@@ -287,7 +301,7 @@ def replay_trace(loaded: LoadedTrace, cluster: Cluster, profile: Profile | None 
                    algo=algo, progress=progress, gaps=gaps,
                    speeds=_speeds(trace, cluster) if retime else None)
     ops, names, sizes, mirrored = _census(trace)
-    predicted = (loaded.source == "parasim" and trace.meta.network is not None
+    predicted = (loaded.source in ("parasim", "chakra") and trace.meta.network is not None
                  and trace.meta.complete is None and trace.meta.clock is None)
     span = _measured_step(trace)
     return ReplayResult(

@@ -19,12 +19,14 @@ from sim.engine.replay import Progress, StepTimes, replay
 from sim.metrics import StepSummary, summarize
 from sim.models.compute import ComputeModel
 from sim.models.memory import memory_by_pp_rank
+from sim.models.reserved_sms import reserved_sms
 from sim.models.sharing import interference_for
 from sim.models.variability import expected_speeds
 from traces.cp_fold import cp_partition, cp_shift_closed
 from traces.identity import Partition, partition_for
 from traces.layout import Layout, Recompute
 from traces.model import ModelSpec
+from traces.moe_overlap import comm_sms
 from traces.ops import Trace
 from traces.pipeline import layout_schedule
 from traces.plan import build
@@ -64,9 +66,10 @@ def predict(exp: Experiment, *, fold: bool = True, progress: Progress | None = N
                                  exp.cluster.devices_per_server)
     compute = ComputeModel(exp.cluster.accelerator, exp.profile, launch_counts(exp.model))
     interference = interference_for(exp.cluster, exp.profile, compute)
+    durations = reserved_sms(plan, compute, comm_sms(exp.layout))
 
     def run(stretch: Mapping[int, float] | None, bar: Progress | None) -> StepTimes:
-        return replay(plan, exp.cluster, compute, interference=interference,
+        return replay(plan, exp.cluster, durations, interference=interference,
                       network=exp.network, algo=exp.algo, progress=bar, speeds=stretch,
                       fold=classes)
 
@@ -104,6 +107,7 @@ def summary_json(exp: Experiment, s: StepSummary) -> dict[str, Any]:
         "cluster": exp.cluster.name,
         "world": exp.layout.world,
         "layout": exp.layout.to_dict(),
+        **({"layout_as_written": exp.twin_of.to_dict()} if exp.twin_of is not None else {}),
         "attention": str(exp.model.attention),
         "network": str(exp.network),
         "step_time_s": s.step_time_s,
@@ -232,6 +236,12 @@ def _overlaps(layout: Layout) -> list[str]:
     return [f"  overlaps            {'; '.join(names)}"] if names else []
 
 
+def _as_written(exp: Experiment) -> str:
+    """Where the layout is a twin (`traces.dualpipe_twin`): the schedule as written."""
+    w = exp.twin_of
+    return "" if w is None else f" (the twin of {w.schedule} at pp {w.pp}, dp {w.dp})"
+
+
 def summary_text(exp: Experiment, s: StepSummary) -> str:
     L = exp.layout
     layout = L.axes()
@@ -243,7 +253,7 @@ def summary_text(exp: Experiment, s: StepSummary) -> str:
         f"parasim: {exp.name} on {exp.cluster.name} ({L.world} {devices}), {layout}"
         + (f", {', '.join(extras)}" if extras else ""),
         f"  schedule            {L.schedule}, {L.num_microbatches} micro-batches of "
-        f"{L.micro_batch}, global batch {L.global_batch}",
+        f"{L.micro_batch}, global batch {L.global_batch}" + _as_written(exp),
         *([f"  pipeline layers     {_stage_layers(exp)}"] if L.custom_split else []),
         f"  attention           {exp.model.attention}"
         + (" (materialized scores)" if str(exp.model.attention) == "unfused" else ""),

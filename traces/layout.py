@@ -44,13 +44,14 @@ from traces.units import MAX_SIZE_BYTES
 
 MAX_VIRTUAL_STAGES = 1024  # model chunks per pipeline rank
 MAX_BATCH = 2**24  # sequences in one step (GPT-3 used 1,536; 16 M is no real run)
+MAX_COMPUTE_UNITS = 1024  # SMs a comm_sms may name (an H100 SXM5 has 132, a B200 148)
 MAX_MICROBATCHES = 2**16  # per pipeline per step; GPT-3 on 1024 A100s ran 192
 
 
 OMITTED_AT_DEFAULT = ("tp_comm_overlap", "overlap_param_gather", "pp_first_layers",
                       "pp_last_layers", "account_for_embedding", "account_for_loss",
                       "pipeline_layout", "ep", "etp", "reshard_after_forward", "grad_sync",
-                      "overlap_p2p_comm", "overlap_moe_comm")
+                      "overlap_p2p_comm", "overlap_moe_comm", "comm_sms")
 """Options left out of `Layout.to_dict` at their default (so a layout without them reads as it
 always has)."""
 
@@ -89,6 +90,8 @@ class Schedule(StrEnum):
     ZB1P = "zb1p"  # zero-bubble ZB-1P (traces.zero_bubble), vp >= 1 chunks per rank
     ZBV = "zbv"  # zero-bubble ZB-V: two chunks per rank in a V (traces.zero_bubble)
     DUALPIPEV = "dualpipev"  # DualPipeV: zbv's V, overlapped pairs (traces.dualpipev_order)
+    DUALPIPE = "dualpipe"  # DeepSeek's two-copy DualPipe (traces.dualpipe_order), simulated
+    # as its DualPipeV twin (traces.dualpipe_twin)
 
 
 class CpComm(StrEnum):
@@ -174,6 +177,10 @@ class Layout:
     (`traces.plan.p2p`); false: every send blocks the next action, as Megatron-LM before 2023."""
     overlap_moe_comm: bool = False
     """Megatron-Core's --overlap-moe-expert-parallel-comm (`traces.moe_overlap`)."""
+    comm_sms: int = 0
+    """SMs the expert all-to-all kernels hold while an overlapped pair's compute runs beside
+    them (`sim.models.reserved_sms`); 0: none, but DeepSeek-V3's 20 under dualpipev with
+    overlap_moe_comm (`traces.moe_overlap.comm_sms`)."""
 
     def __post_init__(self) -> None:
         """The rules that need neither the model nor the cluster (see `check_layout`)."""
@@ -181,6 +188,7 @@ class Layout:
             check_int(self.degree(axis), f"parallel.{axis}", minimum=1,
                       maximum=MAX_ACCELERATORS)
         check_int(self.vp, "parallel.vp", minimum=1, maximum=MAX_VIRTUAL_STAGES)
+        check_int(self.comm_sms, "parallel.comm_sms", minimum=0, maximum=MAX_COMPUTE_UNITS)
         check_int(self.micro_batch, "parallel.micro_batch", minimum=1, maximum=MAX_BATCH)
         check_int(self.global_batch, "parallel.global_batch", minimum=1, maximum=MAX_BATCH)
         for flag in ("sp", "overlap_grad_reduce", "fp32_main_grads", "tp_comm_overlap",

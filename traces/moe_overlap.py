@@ -29,6 +29,10 @@ plan's reordering of a pair's ops is `traces.plan.moe_overlap`.
 
 Megatron-Core's rules (TransformerConfig.__post_init__): expert_model_parallel_size > 1; with
 pipeline_model_parallel_size > 1 a virtual pipeline size must be set; no full recomputation.
+
+Under `schedule = "dualpipev"` the pairs are DualPipe's own (DeepSeek-V3 technical report,
+arXiv 2412.19437, section 3.2.1 and Fig. 4: a forward chunk and a backward chunk of another
+micro-batch overlapped, each one's all-to-all beside the other's compute): `dualpipe_pairs`.
 """
 
 from __future__ import annotations
@@ -39,6 +43,26 @@ from traces.model import ModelSpec
 from traces.pipeline import Action, ActionSchedule, format_schedule
 
 KEY = "parallel.overlap_moe_comm"
+DUALPIPE = (Schedule.DUALPIPEV, Schedule.DUALPIPE)
+"""Schedules whose overlapped pairs are DualPipe's (`dualpipe_pairs`), not Megatron-Core's."""
+Group = tuple[int, ...]
+"""Indices into a rank's actions that run as one overlapped step."""
+
+
+DEEPSEEK_COMM_SMS = 20
+"""SMs DeepSeek-V3 gives its all-to-all kernels beside DualPipe's compute: 20 SMs in 10
+communication channels, enough for IB and NVLink at full rate (arXiv 2412.19437, section
+3.2.2), 20 of an H800's 132 (section 3.5.1)."""
+
+
+def comm_sms(layout: Layout) -> int:
+    """The SMs the expert all-to-all holds beside the compute of an overlapped pair
+    (`sim.models.reserved_sms`): `layout.comm_sms`, or where it is 0, DeepSeek-V3's 20 under
+    a DualPipe schedule with overlap_moe_comm, else 0 (none reserved: NCCL's own SMs, while
+    it moves data, are the interference model's, `sim.models.sharing`)."""
+    if layout.comm_sms or not (layout.overlap_moe_comm and layout.schedule in DUALPIPE):
+        return layout.comm_sms
+    return DEEPSEEK_COMM_SMS
 
 
 def check_moe_overlap(model: ModelSpec, layout: Layout) -> None:
@@ -51,9 +75,10 @@ def check_moe_overlap(model: ModelSpec, layout: Layout) -> None:
     if layout.ep < 2:
         raise ConfigError(f"{KEY}: true at ep = {layout.ep} needs ep > 1 (Megatron-Core "
                           "supports it only with expert model parallelism)")
-    if layout.pp > 1 and layout.schedule is not Schedule.INTERLEAVED:
+    if layout.pp > 1 and layout.schedule not in (Schedule.INTERLEAVED, *DUALPIPE):
         raise ConfigError(f"{KEY}: true at pp = {layout.pp} needs schedule = \"interleaved\" "
-                          "(Megatron-Core requires virtual pipeline stages when pp > 1)")
+                          "(Megatron-Core requires virtual pipeline stages when pp > 1) or "
+                          "\"dualpipev\" / \"dualpipe\" (DualPipe's overlapped pairs)")
     if layout.pp == 1 and layout.schedule not in (Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED):
         raise ConfigError(f"{KEY}: true needs schedule = \"1f1b\" at pp = 1 (Megatron-Core "
                           "pairs one micro-batch's forward with another's backward)")
@@ -81,27 +106,56 @@ def pairs(actions: list[Action]) -> list[tuple[int, int]]:
     return out
 
 
-def steps(actions: list[Action]) -> list[tuple[Action, ...]]:
-    """The rank's actions as the steps it runs: a pair, or one action alone."""
-    paired = {i: j for i, j in pairs(actions)}
-    out: list[tuple[Action, ...]] = []
-    i = 0
-    while i < len(actions):
-        j = paired.get(i)
-        out.append((actions[i],) if j is None else (actions[i], actions[j]))
-        i = i + 1 if j is None else j + 1
+def dualpipe_pairs(actions: list[Action]) -> list[Group]:
+    """DualPipe's overlapped pairs in a rank's actions (`traces.dualpipev_order`): a forward
+    followed by the full backward (its B, then its W) of the rank's other chunk and another
+    micro-batch; but not the last rank's first such pair (the rank whose two stages meet at
+    the V's turn), which deepseek-ai/DualPipe runs without overlap "to further reduce bubble
+    size" (dualpipe/dualpipe.py, step 4, the middle ranks, commit bb214e82)."""
+    out: list[Group] = []
+    for i in range(len(actions) - 2):
+        f, b, w = actions[i], actions[i + 1], actions[i + 2]
+        if (f.kind, b.kind, w.kind) == ("F", "B", "W") and f.stage != b.stage \
+                and f.microbatch != b.microbatch and (w.stage, w.microbatch) == (
+                    b.stage, b.microbatch):
+            out.append((i, i + 1, i + 2))
+    stages = {a.stage for a in actions}
+    if out and max(stages) - min(stages) == 1:  # the V's turn
+        out.pop(0)
     return out
 
 
-def check_pairs(schedule: ActionSchedule, num_stages: int) -> None:
+def groups(schedule: Schedule, actions: list[Action]) -> list[Group]:
+    """The overlapped steps of a rank's actions under `schedule`: DualPipe's pairs, or
+    Megatron-Core's (`pairs`)."""
+    return dualpipe_pairs(actions) if schedule in DUALPIPE else list(pairs(actions))
+
+
+def steps(actions: list[Action], schedule: Schedule = Schedule.ONE_F_ONE_B
+          ) -> list[tuple[Action, ...]]:
+    """The rank's actions as the steps it runs: a group, or one action alone."""
+    grouped = {g[0]: g for g in groups(schedule, actions)}
+    out: list[tuple[Action, ...]] = []
+    i = 0
+    while i < len(actions):
+        g = grouped.get(i, (i,))
+        out.append(tuple(actions[j] for j in g))
+        i = g[-1] + 1
+    return out
+
+
+def check_pairs(schedule: ActionSchedule, num_stages: int,
+                name: Schedule = Schedule.ONE_F_ONE_B) -> None:
     """The paired schedule runs to the end when a step starts once every input of its actions
     exists and yields its outputs when it ends (lock-step rounds, as
     `traces.pipeline.validate`); ConfigError naming the rank that cannot move."""
-    ranks = {r: steps(actions) for r, actions in schedule.items()}
+    ranks = {r: steps(actions, name) for r, actions in schedule.items()}
     done: set[tuple[int, str, int]] = set()
     cursor = dict.fromkeys(ranks, 0)
 
     def inputs(a: Action) -> list[tuple[int, str, int]]:
+        if a.kind == "W":
+            return []  # its B: earlier, or in the same step
         if a.kind == "F":
             return [(a.stage - 1, "F", a.microbatch)] if a.stage > 0 else []
         later = [(a.stage + 1, "B", a.microbatch)] if a.stage < num_stages - 1 else []

@@ -113,9 +113,12 @@ def build_schedule(name: str, pp: int, m: int, vp: int = 1, extra: int = 0) -> A
         order = (zb1p_order(pp, m, vp) if name == "zb1p" else zbv_order(pp, m)
                  if name == "zbv" else dualpipev_order(pp, m))
         schedule = {r: [Action(*step) for step in steps] for r, steps in order.items()}
+    elif name == "dualpipe":
+        raise ConfigError("parallel.schedule: \"dualpipe\" is simulated as its DualPipeV "
+                          "twin: build the plan of traces.dualpipe_twin.dualpipe_twin(layout)")
     else:
         raise ConfigError(f"parallel.schedule: {name!r} is not gpipe, 1f1b, interleaved, zb1p, "
-                          "zbv or dualpipev")
+                          "zbv, dualpipev or dualpipe")
     validate(schedule, pp, m, vp, v_shape=name in V_SHAPED)
     return schedule
 

@@ -75,6 +75,8 @@ def check_schedule(layout: _Parallel) -> None:
                               f"pp = {layout.pp}, as Megatron-LM's interleaved schedule needs")
     elif schedule in ("zb1p", "zbv", "dualpipev"):
         check_zero_bubble(layout)
+    elif schedule == "dualpipe":
+        check_dualpipe(layout)
     elif layout.vp != 1:
         raise ConfigError(f"parallel.vp: {layout.vp} > 1 needs schedule = \"interleaved\", "
                           f"not {schedule!r}")
@@ -102,13 +104,43 @@ def check_zero_bubble(layout: _Parallel) -> None:
                           "dualpipev (PyTorch's ScheduleDualPipeV) needs")
     if schedule in V_SHAPED and (layout.pp_first_layers or layout.pp_last_layers
                               or layout.account_for_embedding or layout.account_for_loss
-                              or layout.pipeline_layout):
+                              or (layout.pipeline_layout and schedule == "zbv")):
+        also = "" if schedule == "dualpipev" else " or pipeline_layout"
         raise ConfigError(f"parallel.schedule: \"{schedule}\" places its stages in a V; it "
-                          "needs an even split (no pp_first_layers, pp_last_layers, "
-                          "account_for_* or pipeline_layout)")
+                          f"needs an even split (no pp_first_layers, pp_last_layers, "
+                          f"account_for_*{also}; dualpipev takes a pipeline_layout, its "
+                          "virtual stages in order)")
     if layout.zero == 3 and layout.dp * layout.cp > 1:
         raise ConfigError(f"parallel.zero: 3 with schedule = \"{schedule}\"; ZeRO-3 frees a "
                           "unit's parameters after its backward, and the deferred W needs them")
     if layout.tp_comm_overlap:
         raise ConfigError(f"parallel.tp_comm_overlap: true with schedule = \"{schedule}\"; the "
+                          "overlapped GEMM chunks run both gradients as one")
+
+
+def check_dualpipe(layout: _Parallel) -> None:
+    """DeepSeek's two-copy DualPipe (`traces.dualpipe_order`): deepseek-ai/DualPipe's asserts
+    (pp even, an even number of micro-batches, at least 2 pp), one chunk per rank as written
+    (the second copy is the schedule's own), and DualPipeV's rules for the twin it is
+    simulated as (`traces.dualpipe_twin`)."""
+    m, pp = layout.num_microbatches, layout.pp
+    if pp % 2:
+        raise ConfigError(f"parallel.pp: {pp}; dualpipe (deepseek-ai/DualPipe) needs an even "
+                          "number of pipeline ranks")
+    if m % 2 or m < 2 * pp:
+        raise ConfigError(f"parallel: {m} micro-batches; dualpipe (deepseek-ai/DualPipe) "
+                          f"needs an even number, at least 2 pp = {2 * pp}")
+    if layout.vp != 1:
+        raise ConfigError(f"parallel.vp: {layout.vp}; dualpipe holds two copies of one "
+                          "stage per rank by itself: write vp = 1")
+    if layout.pp_first_layers or layout.pp_last_layers or layout.account_for_embedding \
+            or layout.account_for_loss:
+        raise ConfigError("parallel.schedule: \"dualpipe\" needs an even split or a "
+                          "pipeline_layout (no pp_first_layers, pp_last_layers or "
+                          "account_for_*)")
+    if layout.zero == 3 and layout.dp * layout.cp > 1:
+        raise ConfigError("parallel.zero: 3 with schedule = \"dualpipe\"; ZeRO-3 frees a "
+                          "unit's parameters after its backward, and the deferred W needs them")
+    if layout.tp_comm_overlap:
+        raise ConfigError("parallel.tp_comm_overlap: true with schedule = \"dualpipe\"; the "
                           "overlapped GEMM chunks run both gradients as one")

@@ -58,39 +58,71 @@ def frees_at(actions: Sequence[Action]) -> str:
     return "W" if any(a.kind == "W" for a in actions) else "B"
 
 
-def makespan(schedule: ActionSchedule, times: dict[str, float]) -> float:
+def makespan(schedule: ActionSchedule, times: dict[str, float],
+             ends: tuple[frozenset[int], frozenset[int]] | None = None,
+             groups: dict[int, list[tuple[int, ...]]] | None = None) -> float:
     """The step's length when each action of kind k takes times[k], a forward waits for the
     previous stage's forward, a B for the next stage's B (and its own forward), a W for its
-    B, and communication is free: the ideal pipeline the bubble formulas describe."""
+    B, and communication is free: the ideal pipeline the bubble formulas describe. `ends`:
+    the stages micro-batches enter and leave at (default: the first and the last; DualPipe's
+    two directions: `traces.dualpipe_order`); `groups`: per rank, indices of actions that run
+    as one overlapped step taking times["FB"] (DualPipe's F&B), once all their inputs exist."""
+    return max(idle_and_end(schedule, times, ends, groups)[1].values())
+
+
+def idle_and_end(schedule: ActionSchedule, times: dict[str, float],
+                 ends: tuple[frozenset[int], frozenset[int]] | None = None,
+                 groups: dict[int, list[tuple[int, ...]]] | None = None
+                 ) -> tuple[dict[int, float], dict[int, float]]:
+    """Per rank, its busy time and its end under `makespan`'s rules."""
     num_stages = 1 + max(a.stage for actions in schedule.values() for a in actions)
+    first, last = ends or (frozenset({0}), frozenset({num_stages - 1}))
+    steps = {r: _steps(actions, (groups or {}).get(r, [])) for r, actions in schedule.items()}
     end: dict[tuple[int, str, int], float] = {}
-    clock = {r: 0.0 for r in schedule}
-    cursor = {r: 0 for r in schedule}
-    while any(cursor[r] < len(schedule[r]) for r in schedule):
+    clock = dict.fromkeys(schedule, 0.0)
+    busy = dict.fromkeys(schedule, 0.0)
+    cursor = dict.fromkeys(schedule, 0)
+    while any(cursor[r] < len(steps[r]) for r in schedule):
         moved = False
-        for r, actions in schedule.items():
-            while cursor[r] < len(actions):
-                a = actions[cursor[r]]
-                need = _needs(a, num_stages)
+        for r, rank_steps in steps.items():
+            while cursor[r] < len(rank_steps):
+                step = rank_steps[cursor[r]]
+                made = {(a.stage, a.kind, a.microbatch) for a in step}
+                need = [n for a in step for n in _needs(a, first, last) if n not in made]
                 if not all(n in end for n in need):
                     break
-                start = max([clock[r], *(end[n] for n in need)])
-                clock[r] = end[(a.stage, a.kind, a.microbatch)] = start + times[a.kind]
+                took = times["FB"] if len(step) > 1 else times[step[0].kind]
+                clock[r] = max([clock[r], *(end[n] for n in need)]) + took
+                busy[r] += took
+                end.update(dict.fromkeys(made, clock[r]))
                 cursor[r] += 1
                 moved = True
         if not moved:
             raise ConfigError("schedule: deadlock, no rank can run its next action")
-    return max(clock.values())
+    return busy, clock
 
 
-def _needs(a: Action, num_stages: int) -> list[tuple[int, str, int]]:
+def _steps(actions: Sequence[Action], groups: list[tuple[int, ...]]) -> list[list[Action]]:
+    """The actions as the steps a rank runs: a group, or one action alone."""
+    at = {g[0]: g for g in groups}
+    out: list[list[Action]] = []
+    i = 0
+    while i < len(actions):
+        g = at.get(i, (i,))
+        out.append([actions[j] for j in g])
+        i = g[-1] + 1
+    return out
+
+
+def _needs(a: Action, first: frozenset[int], last: frozenset[int]
+           ) -> list[tuple[int, str, int]]:
     """What action `a` waits for (the rule `traces.pipeline.validate` checks)."""
     if a.kind == "F":
-        return [(a.stage - 1, "F", a.microbatch)] if a.stage > 0 else []
+        return [(a.stage - 1, "F", a.microbatch)] if a.stage not in first else []
     if a.kind == "W":
         return [(a.stage, "B", a.microbatch)]
     need = [(a.stage, "F", a.microbatch)]
-    if a.stage < num_stages - 1:
+    if a.stage not in last:
         need.append((a.stage + 1, "B", a.microbatch))
     return need
 

@@ -152,10 +152,13 @@ def cluster_flags(parser: argparse.ArgumentParser, default: str | None, what: st
     parser.add_argument("--fabric", help="fat-tree | rail | torus (default: the cluster's)")
 
 
-def cluster_from_flags(args: argparse.Namespace) -> Cluster:
-    """The cluster --cluster, --nodes and --fabric name, built."""
-    overrides = {k: v for k, v in (("nodes", args.nodes), ("fabric", args.fabric))
-                 if v is not None}
+def cluster_from_flags(args: argparse.Namespace,
+                       settings: dict[str, Any] | None = None) -> Cluster:
+    """The cluster --cluster, --nodes and --fabric name, built; `settings` (`--set
+    cluster.K=V`'s keys) replace the preset's or file's, and --nodes and --fabric win."""
+    overrides = {**(settings or {}), **{k: v for k, v in (("nodes", args.nodes),
+                                                          ("fabric", args.fabric))
+                                        if v is not None}}
     return cluster_spec(args.cluster, overrides).build()
 
 

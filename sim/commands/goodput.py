@@ -20,7 +20,8 @@ from typing import Any
 from sim.commands.common import ProgressBar, config_path, emit, profile_flag
 from sim.config import example_path
 from sim.goodput.montecarlo import check_events, simulate_run
-from sim.goodput.plan import goodput_json, plan_run, target_tokens
+from sim.goodput.outputs import goodput_json
+from sim.goodput.plan import plan_run, target_tokens
 from sim.goodput.settings import MAX_RUNS, reliability_or_default
 from sim.goodput.text import goodput_text
 from sim.provenance import provenance

@@ -4,8 +4,9 @@
                    [--retime] [--network flow|analytic|ideal] [--algo A] [--json]
                    [--trace OUT.json] [--chrome OUT.json]
 
-TRACE is a parasim trace file, a PyTorch-profiler JSON (.json / .json.gz) or a folder of
-per-rank files of either kind (`sim.measured`). Output files are checked before the replay
+TRACE is a parasim trace file, a PyTorch-profiler JSON (.json / .json.gz), a folder of
+per-rank files of either kind, or a folder of Chakra ET files (`<name>.<rank>.et`, as `parasim
+export --chakra` writes them; `sim.measured`). Output files are checked before the replay
 and written all or none. `--json` counts the compute ops timed by the model
 (`retimed_compute`), those that kept their measured durations (`kept_measured_compute`), and
 among those the ones the trace states no FLOPs or bytes for
@@ -36,7 +37,8 @@ HELP = "re-simulate a measured or profiler trace"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("trace", metavar="TRACE", help="a parasim trace, a PyTorch-profiler "
-                        "JSON (.json, .json.gz), or a folder of per-rank files")
+                        "JSON (.json, .json.gz), a folder of per-rank files, or a folder of "
+                        "Chakra ET files (NAME.<rank>.et)")
     parser.add_argument("--cluster", help=f"a preset ({', '.join(PRESETS)}) or a TOML file "
                         "with [cluster] (default: the cluster a parasim trace names)")
     parser.add_argument("--nodes", type=int, help="servers (default: the cluster's)")

@@ -8,7 +8,9 @@ and, at ZeRO-0, over dp. So per stage: ranks x (params / replicas + optimizer / 
 summed over the stages. Gradients are not saved (they are rebuilt by the next step).
 
 Write: the size over the storage bandwidth, per node (`storage_scope = "node"`: every node
-writes its share at once) or for the whole job. Default 1.94 GB/s per node: the DGX SuperPOD
+writes its share at once) or for the whole job, and at most `storage_ceiling` in all (the
+storage system's own bandwidth: Llama 3's Tectonic sustains 2 TB/s, peaks at 7 TB/s, §3.3.1).
+Default 1.94 GB/s per node: the DGX SuperPOD
 reference architecture's storage guideline of 62 GB/s aggregate write per 32-node scalable
 unit ("better" tier; NVIDIA DGX SuperPOD Reference Architecture, storage section). An
 asynchronous checkpoint stalls training only for the copy of a GPU's largest share to host
@@ -16,7 +18,9 @@ memory over its PCIe link (the cluster's own link bandwidth); the write drains m
 
 Restart = detection + rescheduling + process-group initialisation + checkpoint load +
 warm-up, each a default that `[reliability]` may replace:
-* detection, 600 s: a hang waits for PyTorch's NCCL watchdog, whose default timeout is
+* detection, 600 s: a failure is found after `detection`, or, when it hangs (`hang_fraction`
+  of them), after the `watchdog` timeout (600 s by default: the same as below). A hang
+  waits for PyTorch's NCCL watchdog, whose default timeout is
   10 minutes (`torch.distributed.constants.default_pg_nccl_timeout`, ProcessGroupNCCL's
   kProcessGroupNCCLDefaultTimeout); a crash is found sooner, so this is the upper case.
 * requeue, 120 s: the scheduler cancels and requeues the job on healthy nodes (an assumption
@@ -36,6 +40,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from sim.goodput import badput
 from sim.goodput.settings import Reliability
 from sim.models.memory import MemoryBreakdown
 from topology.cluster import Cluster
@@ -65,7 +70,8 @@ def checkpoint_bytes(layout: Layout, memory: list[MemoryBreakdown]) -> float:
 def storage_bandwidth(cluster: Cluster, rel: Reliability) -> float:
     """Bytes/s the job writes a checkpoint at, in all."""
     per = rel.storage_bandwidth_Bps or STORAGE_BANDWIDTH_PER_NODE_BPS
-    return per * cluster.num_servers if rel.storage_scope == "node" else per
+    job = per * cluster.num_servers if rel.storage_scope == "node" else per
+    return job if rel.storage_ceiling_Bps is None else min(job, rel.storage_ceiling_Bps)
 
 
 def host_copy_bandwidth(cluster: Cluster) -> float:
@@ -87,12 +93,24 @@ class Restart:
     warmup_s: float
     fixed_s: float | None = None
     """`[reliability] restart`: the whole restart, set by the user (the parts unused)."""
+    watchdog_s: float = DETECTION_S
+    """A hang's detection, in place of `detection_s`."""
 
     def seconds(self, *, waits_for_repair: bool) -> float:
         if self.fixed_s is not None:
             return self.fixed_s
         return (self.detection_s + self.requeue_s + self.pg_init_s + self.load_s
                 + self.warmup_s + (self.repair_s if waits_for_repair else 0.0))
+
+    def phases(self, wasted_s: float = 0.0) -> badput.Phases:
+        """The restart without a repair wait, part by part in badput's categories, after
+        `wasted_s` of work that is lost before the failure is seen."""
+        first = ((badput.WASTED, wasted_s),) if wasted_s else ()
+        if self.fixed_s is not None:
+            return (*first, (badput.OTHER, self.fixed_s))
+        return (*first, (badput.INFRASTRUCTURE, self.detection_s + self.requeue_s),
+                (badput.INITIALIZATION, self.pg_init_s), (badput.RESTORE, self.load_s),
+                (badput.STARTUP, self.warmup_s))
 
 
 def restart_parts(cluster: Cluster, rel: Reliability, *, size_bytes: float,
@@ -109,4 +127,5 @@ def restart_parts(cluster: Cluster, rel: Reliability, *, size_bytes: float,
         pg_init_s=cluster.num_devices * per_rank,
         load_s=size_bytes / bandwidth,
         warmup_s=steps * step_time_s,
-        fixed_s=rel.restart_s)
+        fixed_s=rel.restart_s,
+        watchdog_s=rel.watchdog_s if rel.watchdog_s is not None else DETECTION_S)

@@ -8,7 +8,8 @@ checkpoints and restarts too, as in Daly's model); each picks its cause by rate.
 loses the wall time since the last durable checkpoint and costs its cause's restart; a
 hardware cause also waits for a spare node (the pool of `spare_nodes`, each failed node back
 after `repair_s`) or, without spares, for its repair. A failure during a restart starts the
-restart again.
+restart again. A failure hangs with probability `hang_fraction` (found only by the
+watchdog's timeout instead of at once); a loss spike also rolls back `rollback_s` of compute.
 
 Between failures the cycles are counted, not stepped: a run costs O(failures), so two months
 of 2-minute checkpoints over 200 runs take a fraction of a second. The same seed gives the
@@ -24,6 +25,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from sim.goodput import badput
 from traces.errors import ConfigError
 
 MAX_EVENTS = 5_000_000
@@ -43,6 +45,12 @@ class Cause:
     restart_s: float
     """Its restart, without waiting for a spare or a repair."""
     hardware: bool
+    hang_extra_s: float = 0.0
+    """What a hang adds to the restart: the watchdog's timeout less a crash's detection."""
+    rollback_s: float = 0.0
+    """Compute rolled back beyond the last durable checkpoint (a loss spike's)."""
+    phases: badput.Phases = ()
+    """`restart_s` by badput category, in order (`sim.goodput.badput`); () is OTHER."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -57,6 +65,8 @@ class RunModel:
     causes: tuple[Cause, ...]
     spare_nodes: int
     repair_s: float
+    hang_fraction: float = 0.0
+    """The share of failures that hang (found by the watchdog), drawn per failure."""
 
     @property
     def rate_per_s(self) -> float:
@@ -87,6 +97,9 @@ class Outcome:
     "checkpoint" holds the stalls of checkpoints that were kept."""
     useful_s: float
     trajectory: Trajectory
+    badput_s: dict[str, float] = field(default_factory=badput.empty)
+    """Mean wall seconds per run by ml-goodput-measurement's badput category; with
+    `useful_s` they sum to the mean wall time."""
 
     @property
     def effective_fraction(self) -> float:
@@ -119,9 +132,13 @@ def simulate_run(model: RunModel, *, runs: int, seed: int) -> Outcome:
     by_cause = dict.fromkeys([*names, "checkpoint"], 0.0)
     lost = dict.fromkeys([*names, "checkpoint"], 0.0)
     trajectory = Trajectory()
+    bad = badput.empty()
+    bad[badput.CUSTOM] = model.work_s - model.useful_s  # the checks: the same in every run
     for i in range(runs):
         one = _Run(model, draws, shares, trajectory if i == 0 else None)
         walls[i], counts[i] = one.run()
+        for category, seconds in one.badput.items():
+            bad[category] += seconds / runs
         for name in names:
             by_cause[name] += one.count[name]  # whole counts: summed exactly, divided once
             lost[name] += one.lost[name] / runs
@@ -129,7 +146,8 @@ def simulate_run(model: RunModel, *, runs: int, seed: int) -> Outcome:
     del by_cause["checkpoint"]
     by_cause = {name: total / runs for name, total in by_cause.items()}
     return Outcome(wall_times_s=walls, interruptions=counts, by_cause=by_cause,
-                   lost_s_by_cause=lost, useful_s=model.useful_s, trajectory=trajectory)
+                   lost_s_by_cause=lost, useful_s=model.useful_s, trajectory=trajectory,
+                   badput_s=bad)
 
 
 class _Draws:
@@ -169,6 +187,7 @@ class _Run:
         self.count = {c.name: 0 for c in model.causes}
         self.lost = {c.name: 0.0 for c in model.causes} | {"checkpoint": 0.0}
         self.repairs: list[float] = []
+        self.badput: dict[str, float] = {}
         self.t = 0.0
         self.done = 0.0
         if trace is not None:
@@ -192,6 +211,7 @@ class _Run:
             f = self.next_failure()
             if f >= finish:
                 self._advance(n)
+                badput.add(self.badput, badput.SAVE, m.drain_s)  # the last write drains
                 self.t += finish
                 self.done = m.work_s
                 if self.trace is not None:
@@ -204,8 +224,14 @@ class _Run:
             self._advance(durable)
             cause = self._cause()
             self.lost[cause.name] += f - durable * cycle
+            badput.add(self.badput, badput.WASTED, f - durable * cycle)
             self.t += f
             self.done += durable * m.interval_s
+            if cause.rollback_s > 0:  # the work back to the spike's checkpoint is redone
+                back = min(cause.rollback_s, self.done)
+                self.done -= back
+                self.lost[cause.name] += back
+                badput.add(self.badput, badput.WASTED, back)
             if self.trace is not None:
                 self.trace.points += [(self.t, reached), (self.t, self.done)]
                 self.trace.failures.append((self.t, reached, cause.name))
@@ -214,6 +240,7 @@ class _Run:
     def _advance(self, checkpoints: int) -> None:
         """Credit `checkpoints` kept checkpoints from now on."""
         self.lost["checkpoint"] += checkpoints * self.m.stall_s
+        badput.add(self.badput, badput.SAVE, checkpoints * self.m.stall_s)
         if self.trace is None:
             return
         cycle = self.m.interval_s + self.m.stall_s
@@ -234,8 +261,16 @@ class _Run:
     def _restart(self, cause: Cause) -> None:
         """Restart after `cause` (again, each time a failure strikes the restart)."""
         while True:
-            duration = cause.restart_s + (self._wait(cause) if cause.hardware else 0.0)
+            wait = self._wait(cause) if cause.hardware else 0.0
+            duration = cause.restart_s + wait
+            hang = 0.0
+            if self.m.hang_fraction > 0 and self.draws.uniform() < self.m.hang_fraction:
+                hang = cause.hang_extra_s
+                duration = max(0.0, duration + hang)
+            phases = ((badput.INFRASTRUCTURE, wait + max(hang, 0.0)),
+                      *(cause.phases or ((badput.OTHER, cause.restart_s),)))
             g = self.next_failure()
+            badput.split(phases, min(g, duration), self.badput)
             if g >= duration:
                 self.lost[cause.name] += duration
                 self.t += duration

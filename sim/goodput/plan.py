@@ -3,7 +3,7 @@
     summary, _ = predict(exp)
     run = plan_run(exp, summary, target_tokens=target)
     outcome = simulate_run(run.model, runs=run.runs, seed=run.seed)
-    goodput_json(run, outcome)
+    goodput_json(run, outcome)      # sim.goodput.outputs
 
 `plan_run` gathers the step time and tokens/s (`sim.simulate.predict`), the per-rank memory
 (`StepSummary.memory_by_pp_rank`, from `sim.models.memory`) for the checkpoint's size, the
@@ -14,13 +14,18 @@ it checks the values that only make sense together (a write longer than the MTTI
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Any
-
-import numpy as np
+from dataclasses import dataclass, replace
 
 from sim.config import Experiment
 from sim.goodput.bounds import check_finishes, check_spares, step_interval
+from sim.goodput.causes import (
+    GIVEN,
+    default_spares,
+    rates_per_hour,
+    run_causes,
+    run_fleet,
+    sdc_checks,
+)
 from sim.goodput.costs import (
     Restart,
     checkpoint_bytes,
@@ -29,17 +34,11 @@ from sim.goodput.costs import (
     storage_bandwidth,
 )
 from sim.goodput.interval import daly_interval, effective_fraction, young_interval
-from sim.goodput.montecarlo import Cause, Outcome, RunModel
-from sim.goodput.rates import (
-    DEFAULT_RATES_PER_HOUR,
-    HARDWARE,
-    Component,
-    Counts,
-    component_counts,
-    job_rates,
-    mtti_s,
-)
+from sim.goodput.montecarlo import RunModel
+from sim.goodput.rates import Component, Counts, component_counts, job_rates
+from sim.goodput.recovery import in_memory_checkpoint, recovered_restart
 from sim.goodput.settings import Reliability, reliability_or_default
+from sim.goodput.stragglers import Stragglers, straggler_cost
 from sim.metrics import StepSummary
 from sim.models.memory import MemoryBreakdown
 from traces.errors import ConfigError
@@ -48,10 +47,7 @@ DAY_S = 86_400.0
 MAX_DAYS = 3650.0
 MAX_TOKENS = 1e16
 """10 quadrillion tokens: ~700x Llama 3's 15.6T."""
-SDC_CHECK_INTERVAL_S = 3600.0
-SDC_CHECK_COST_S = 60.0
-GIVEN = "unattributed"
-"""The one cause of a run whose MTTI is set directly."""
+__all__ = ["GIVEN", "GoodputPlan", "plan_from", "plan_run", "target_tokens"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -81,7 +77,14 @@ class GoodputPlan:
     fraction_at_interval: float
     expected_wall_s: float
     reliability: Reliability
+    """As given, with `spare_nodes` resolved (`spares_default` says when it was not given)."""
     model: RunModel
+    fleet: str = ""
+    spares_default: bool = False
+    stragglers: Stragglers | None = None
+    """Slow nodes' cost over the run and their eviction's (`sim.goodput.stragglers`)."""
+    variability_s: float = 0.0
+    """What per-rank variability adds to the step (inside `step_time_s`)."""
 
     @property
     def runs(self) -> int:
@@ -112,8 +115,13 @@ def target_tokens(days: float | None, tokens: float | None, tokens_per_s: float)
 
 def plan_run(exp: Experiment, summary: StepSummary, *, target: float) -> GoodputPlan:
     """Everything the Monte-Carlo and the report need, from one simulated step."""
-    return plan_from(exp, step_time_s=summary.step_time_s, tokens_per_s=summary.tokens_per_s,
+    plan = plan_from(exp, step_time_s=summary.step_time_s, tokens_per_s=summary.tokens_per_s,
                      memory=summary.memory_by_pp_rank, target=target)
+    cluster = exp.cluster
+    return replace(plan, variability_s=summary.variability_s, stragglers=straggler_cost(
+        cluster.variability, exp.layout, cluster.devices_per_server, nodes=cluster.num_servers,
+        variability_s=summary.variability_s, step_time_s=summary.step_time_s,
+        useful_s=plan.model.useful_s, restart_s=plan.restart.seconds(waits_for_repair=False)))
 
 
 def plan_from(exp: Experiment, *, step_time_s: float, tokens_per_s: float,
@@ -123,34 +131,45 @@ def plan_from(exp: Experiment, *, step_time_s: float, tokens_per_s: float,
     rel = reliability_or_default(exp.reliability)
     cluster = exp.cluster
     counts = component_counts(cluster)
-    rates = {**DEFAULT_RATES_PER_HOUR, **rel.rates_per_hour,
-             Component.SDC: rel.sdc_rate_per_hour}
+    fleet = run_fleet(rel, cluster)
+    rates = rates_per_hour(rel, fleet)
     per_cause = job_rates(rates, counts)
-    mtti = rel.mtti_s if rel.mtti_s is not None else mtti_s(per_cause)
+    spikes = rel.loss_spike_rate_per_hour / 3600.0
+    failing = 1.0 / rel.mtti_s if rel.mtti_s is not None else sum(per_cause.values())
+    mtti = math.inf if failing + spikes <= 0 else 1.0 / (failing + spikes)
     size = checkpoint_bytes(exp.layout, memory)
     write = (rel.checkpoint_write_s if rel.checkpoint_write_s is not None
              else size / storage_bandwidth(cluster, rel))
+    if rel.recovery != "restart":  # to a peer's host memory (sim.goodput.recovery)
+        if rel.checkpoint_write_s is not None:
+            raise ConfigError(f"reliability.checkpoint_write: a write to storage, but recovery "
+                              f"= {rel.recovery!r} checkpoints to a peer's memory (priced "
+                              "from PCIe and the NIC): set one or the other")
+        write = in_memory_checkpoint(cluster, memory).write_s
     if write >= mtti:
         raise ConfigError(f"reliability.checkpoint_write: {write:,.0f} s is not shorter than "
                           f"the job's mean time to interruption, {mtti:,.0f} s: no checkpoint "
                           "would ever finish (write faster, or fail less)")
     largest = max(m.params_bytes + m.optimizer_bytes for m in memory)
-    stall = min(write, largest / host_copy_bandwidth(cluster)) if rel.async_checkpoint \
-        else write
-    restart = restart_parts(cluster, rel, size_bytes=size, step_time_s=step_time_s)
-    causes = _causes(rel, per_cause, restart)
-    check_spares(causes, rel.spare_nodes, restart.repair_s)
+    overlapped = rel.async_checkpoint or rel.recovery != "restart"
+    stall = min(write, largest / host_copy_bandwidth(cluster)) if overlapped else write
+    restart = recovered_restart(rel.recovery, restart_parts(
+        cluster, rel, size_bytes=size, step_time_s=step_time_s), cluster, memory)
+    causes = run_causes(rel, per_cause, restart)
+    spares = rel.spare_nodes
+    if spares is None:
+        spares = (fleet.spare_nodes if fleet.spare_nodes is not None
+                  else default_spares(causes, restart.repair_s))
+    check_spares(causes, spares, restart.repair_s)
     total = sum(c.rate_per_s for c in causes)
     # Daly's R: the mean over causes; without spares a hardware failure waits for its repair
-    repair = restart.repair_s if rel.spare_nodes == 0 else 0.0
+    repair = restart.repair_s if spares == 0 else 0.0
     restart_mean = (sum(c.rate_per_s * (c.restart_s + (repair if c.hardware else 0.0))
                         for c in causes) / total if total
                     else restart.seconds(waits_for_repair=False))
-    check_interval = rel.sdc_check_interval_s or SDC_CHECK_INTERVAL_S
-    check_cost = rel.sdc_check_cost_s if rel.sdc_check_cost_s is not None else SDC_CHECK_COST_S
-    checks = rel.sdc_rate_per_hour > 0 or rel.sdc_check_interval_s is not None
+    checks = sdc_checks(rel)
     useful = target / tokens_per_s
-    work = useful * (1 + check_cost / check_interval) if checks else useful
+    work = useful * (1 + checks[1] / checks[0]) if checks else useful
     young = young_interval(stall, mtti) if math.isfinite(mtti) else work
     daly = daly_interval(stall, mtti) if math.isfinite(mtti) else work
     drain = write - stall
@@ -162,8 +181,8 @@ def plan_from(exp: Experiment, *, step_time_s: float, tokens_per_s: float,
                           "would start before the previous one is written")
     check_finishes(work, interval, stall, restart_mean, mtti)
     model = RunModel(useful_s=useful, work_s=work, interval_s=interval, stall_s=stall,
-                     drain_s=drain, causes=causes, spare_nodes=rel.spare_nodes,
-                     repair_s=restart.repair_s)
+                     drain_s=drain, causes=causes, spare_nodes=spares,
+                     repair_s=restart.repair_s, hang_fraction=rel.hang_fraction)
     return GoodputPlan(
         name=exp.name, cluster=cluster.name, world=exp.layout.world, nodes=cluster.num_servers,
         step_time_s=step_time_s, tokens_per_s=tokens_per_s,
@@ -177,36 +196,6 @@ def plan_from(exp: Experiment, *, step_time_s: float, tokens_per_s: float,
         fraction_at_interval=useful / work * effective_fraction(work, interval, stall,
                                                                 restart_mean, mtti),
         expected_wall_s=work / effective_fraction(work, interval, stall, restart_mean, mtti),
-        reliability=rel, model=model)
+        reliability=replace(rel, spare_nodes=spares), model=model, fleet=fleet.name,
+        spares_default=rel.spare_nodes is None)
 
-
-def _causes(rel: Reliability, per_cause: dict[Component, float],
-            restart: Restart) -> tuple[Cause, ...]:
-    """The Monte-Carlo's causes: one per component with a rate, or one for a given MTTI."""
-    if rel.mtti_s is not None:
-        return (Cause(GIVEN, 1.0 / rel.mtti_s, restart.seconds(waits_for_repair=False),
-                      False),)
-    delay = (rel.sdc_check_interval_s or SDC_CHECK_INTERVAL_S) / 2  # found at the next check
-    out = []
-    for c, rate in per_cause.items():
-        if rate > 0:
-            base = restart.seconds(waits_for_repair=False) + (delay if c is Component.SDC
-                                                              else 0.0)
-            hardware = c in HARDWARE and restart.fixed_s is None
-            out.append(Cause(str(c), rate, base, hardware))
-    return tuple(out)
-
-
-def goodput_json(run: GoodputPlan, outcome: Outcome) -> dict[str, Any]:
-    """The `--json` object (the issue's fields; provenance is merged by the command)."""
-    p10, p50, p90 = np.percentile(outcome.wall_times_s, [10, 50, 90]).tolist()
-    return {
-        "interruptions": float(np.mean(outcome.interruptions)),
-        "interruptions_by_cause": outcome.by_cause,
-        "effective_training_fraction": outcome.effective_fraction,
-        "checkpoint_interval_s": run.interval_s,
-        "checkpoint_write_s": run.checkpoint_write_s,
-        "restart_s": run.restart_s,
-        "mtti_s": run.mtti_s if math.isfinite(run.mtti_s) else None,  # no cause fails
-        "wall_time_s": {"p10": p10, "p50": p50, "p90": p90},
-    }

@@ -1,5 +1,11 @@
 """The `parasim goodput --report` page: the run's progress with its failures and checkpoints,
-the time lost by cause, and the effective fraction against the checkpoint interval.
+the time lost by cause, the wall times over the Monte-Carlo runs with P50/P90, and the
+effective fraction against the checkpoint interval.
+
+At scale (hundreds of failures, tens of thousands of checkpoints in one run) the progress
+chart shows at most MAX_CHECKPOINT_MARKS checkpoints and MAX_FAILURE_MARKS failures, evenly
+sampled, each legend entry saying how many it stands for: the curve stays readable instead of
+a solid band. Every cause is labelled on its bar and its axis, however few there are.
 
     parasim goodput CONFIG.toml --report run.html
 
@@ -10,6 +16,9 @@ timestamps), built as `parasim search`'s page is: the text summary, then the fig
 from __future__ import annotations
 
 import html
+import math
+from collections.abc import Sequence
+from typing import TypeVar
 
 import numpy as np
 import plotly.graph_objects as go
@@ -20,8 +29,14 @@ from sim.goodput.montecarlo import Outcome
 from sim.goodput.plan import GoodputPlan
 from sim.goodput.text import goodput_text
 
+T = TypeVar("T")
+
 DAY_S = 86_400.0
-DIVS = ("goodput-progress", "goodput-lost", "goodput-interval")
+DIVS = ("goodput-progress", "goodput-lost", "goodput-badput", "goodput-walltimes",
+        "goodput-interval")
+MAX_CHECKPOINT_MARKS = 60
+MAX_FAILURE_MARKS = 150
+"""Markers the progress chart draws at most (all causes together)."""
 COLOURS = ("#E45756", "#4C78A8", "#F58518", "#54A24B", "#B279A2", "#9D755D", "#72B7B2",
            "#EECA3B")
 
@@ -37,21 +52,25 @@ def progress_figure(p: GoodputPlan, o: Outcome) -> go.Figure:
                              mode="lines", name="without failures or checkpoints",
                              line={"dash": "dot", "color": "#999"}))
     fig.add_trace(go.Scatter(x=t, y=done, mode="lines", name="run 1 (seed "
-                             f"{p.seed})", line={"color": "#333", "width": 1.5}))
+                             f"{p.seed})", line={"color": "#333", "width": 1}))
     if trace.checkpoints:
-        ct = np.array(trace.checkpoints) / DAY_S
-        every = trace.checkpoint_every
+        kept = _thin(trace.checkpoints, MAX_CHECKPOINT_MARKS)
+        ct = np.array(kept) / DAY_S
+        every = trace.checkpoint_every * math.ceil(len(trace.checkpoints) / len(kept))
         fig.add_trace(go.Scatter(
             x=ct, y=np.interp(ct, t, done), mode="markers",
-            name="checkpoints" + (f" (every {every:,}th shown)" if every > 1 else ""),
-            marker={"symbol": "line-ns-open", "size": 6, "color": "#54A24B"},
+            name="checkpoints" + (f" (1 in {every:,} shown)" if every > 1 else ""),
+            marker={"symbol": "line-ns-open", "size": 8, "color": "#54A24B"},
             hovertemplate="checkpoint at day %{x:.3f}<extra></extra>"))
     causes = sorted({f[2] for f in trace.failures})
+    share = min(1.0, MAX_FAILURE_MARKS / max(1, len(trace.failures)))
     for i, cause in enumerate(causes):
         hits = [f for f in trace.failures if f[2] == cause]
+        shown = _thin(hits, max(1, round(len(hits) * share)))
         fig.add_trace(go.Scatter(
-            x=[f[0] / DAY_S for f in hits], y=[f[1] * per_s for f in hits], mode="markers",
-            name=f"failure: {cause} ({len(hits)})",
+            x=[f[0] / DAY_S for f in shown], y=[f[1] * per_s for f in shown], mode="markers",
+            name=f"failure: {cause} ({len(hits):,}"
+            + (f", {len(shown):,} shown)" if len(shown) < len(hits) else ")"),
             marker={"symbol": "x", "size": 7, "color": COLOURS[i % len(COLOURS)]},
             hovertemplate=f"{cause} at day %{{x:.3f}}<extra></extra>"))
     fig.update_layout(title=f"Progress of one run: {len(trace.failures):,} interruptions",
@@ -67,11 +86,49 @@ def lost_figure(p: GoodputPlan, o: Outcome) -> go.Figure:
     names = ["checkpoint stalls" if k == "checkpoint" else k for k, _ in rows]
     hours = [v * p.world / 3600 for _, v in rows]
     fig = go.Figure(go.Bar(x=hours, y=names, orientation="h", marker={"color": "#4C78A8"},
-                           text=[f"{h:,.0f}" for h in hours], textposition="auto",
+                           text=[f"{name}: {h:,.0f}" for name, h in zip(names, hours)],
+                           textposition="outside", cliponaxis=False,
                            hovertemplate="%{y}: %{x:,.0f} GPU-hours<extra></extra>"))
     fig.update_layout(title=f"Lost GPU-hours by cause (mean of {len(o.wall_times_s)} runs)",
                       xaxis_title="GPU-hours", template="plotly_white",
-                      height=120 + 40 * len(rows))
+                      xaxis_range=[0, max([*hours, 1e-9]) * 1.35],
+                      yaxis={"tickmode": "array", "tickvals": names, "ticktext": names,
+                             "automargin": True},
+                      height=max(320, 140 + 40 * len(rows)))
+    return fig
+
+
+def badput_figure(p: GoodputPlan, o: Outcome) -> go.Figure:
+    """Hours per run by ml-goodput-measurement's badput category, goodput beside them."""
+    rows = [("goodput (productive training)", o.useful_s),
+            *((name, s) for name, s in o.badput_s.items() if s > 0)]
+    names, hours = [n for n, _ in rows][::-1], [s / 3600 for _, s in rows][::-1]
+    fig = go.Figure(go.Bar(x=hours, y=names, orientation="h", marker={"color": "#72B7B2"},
+                           text=[f"{h:,.2f} h" for h in hours], textposition="outside",
+                           cliponaxis=False,
+                           hovertemplate="%{y}: %{x:,.2f} h<extra></extra>"))
+    fig.update_layout(title="Wall time per run by ml-goodput-measurement's categories (mean "
+                      f"of {len(o.wall_times_s)} runs)", xaxis_title="hours per run",
+                      xaxis_type="log", template="plotly_white",
+                      yaxis={"automargin": True}, height=max(320, 140 + 40 * len(rows)))
+    return fig
+
+
+def walltime_figure(p: GoodputPlan, o: Outcome) -> go.Figure:
+    """The histogram of wall times over the Monte-Carlo runs, P50 and P90 marked."""
+    days = o.wall_times_s / DAY_S
+    p50, p90 = np.percentile(days, [50, 90]).tolist()
+    fig = go.Figure(go.Histogram(x=days, nbinsx=min(40, max(5, len(days) // 5)),
+                                 marker={"color": "#4C78A8"}, name="runs",
+                                 hovertemplate="%{x} d: %{y} runs<extra></extra>"))
+    for name, value, colour in (("P50", p50, "#54A24B"), ("P90", p90, "#E45756")):
+        fig.add_vline(x=value, line={"color": colour, "dash": "dash"},
+                      annotation={"text": f"{name} {value:,.2f} d", "font": {"color": colour}},
+                      annotation_position="top")
+    fig.update_layout(title=f"Wall time to {p.target_tokens:.3g} tokens over "
+                      f"{len(days)} runs (seed {p.seed})", xaxis_title="wall time (days)",
+                      yaxis_title="runs", template="plotly_white", height=420, bargap=0.05,
+                      showlegend=False)
     return fig
 
 
@@ -111,10 +168,19 @@ def interval_figure(p: GoodputPlan, o: Outcome) -> go.Figure:
 
 def render_goodput_report(p: GoodputPlan, o: Outcome) -> str:
     """The whole page as a string (deterministic)."""
-    figures = (progress_figure(p, o), lost_figure(p, o), interval_figure(p, o))
+    figures = (progress_figure(p, o), lost_figure(p, o), badput_figure(p, o),
+               walltime_figure(p, o), interval_figure(p, o))
     parts = [pio.to_html(fig, include_plotlyjs=(i == 0), full_html=False, div_id=div)
              for i, (div, fig) in enumerate(zip(DIVS, figures))]
     return ("<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\">"
             f"<title>parasim goodput: {html.escape(p.name)}</title></head>\n<body>\n"
             f"<pre>{html.escape(goodput_text(p, o))}</pre>\n" + "\n".join(parts)
             + "\n</body></html>\n")
+
+
+def _thin(items: Sequence[T], at_most: int) -> list[T]:
+    """At most `at_most` of `items`, evenly spaced, the first and the last kept."""
+    if len(items) <= at_most:
+        return list(items)
+    picks = np.unique(np.linspace(0, len(items) - 1, at_most).round().astype(int))
+    return [items[i] for i in picks]

@@ -33,7 +33,7 @@ from sim.models.interference import (
     host_interference,
 )
 from sim.profile import Profile
-from topology.cluster import Cluster
+from topology.cluster import Accelerator, Cluster
 from traces.errors import ConfigError
 
 REDUCTION_HBM_PASSES = 3
@@ -47,6 +47,15 @@ def interference_for(cluster: Cluster, profile: Profile, compute: ComputeModel) 
         return host
     gpu = gpu_interference(cluster, compute)
     return NO_INTERFERENCE if gpu is None else gpu
+
+
+def check_comm_sms(comm_sms: int, accelerator: Accelerator) -> None:
+    """Refuse a parallel.comm_sms (`sim.models.reserved_sms`) that leaves compute no SM of
+    the accelerator (checked before the cluster is built)."""
+    units = accelerator.compute_units
+    if comm_sms >= units:
+        raise ConfigError(f"parallel.comm_sms: {comm_sms} must be below the {units} SMs of "
+                          f"the {accelerator.name} (compute needs some)")
 
 
 def gpu_interference(cluster: Cluster, compute: ComputeModel) -> GpuInterference | None:

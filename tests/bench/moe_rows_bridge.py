@@ -25,7 +25,7 @@
    fused kernels the recipes set are not modelled.
 2. DeepSeek-AI, "DeepSeek-V3 Technical Report", arXiv 2412.19437 (2024): "180K H800 GPU hours
    per trillion tokens" (§1 and Table 1), so tokens/s/GPU = 1e12 / (180e3 x 3600) = 1,543.2,
-   on the run §3.2 describes (tests/bench/data/deepseek-v3-2048-h800.toml).
+   on the run §3.2 describes (sim/examples/deepseek-v3-2048-h800.toml).
 """
 
 from __future__ import annotations
@@ -129,13 +129,13 @@ ROWS_2509: list[MoeRow] = [
 
 BRIDGE_ROWS: list[MoeRow] = ROWS_2602 + ROWS_2511 + ROWS_2509
 
-H800_TOML = Path(__file__).parent / "data" / "deepseek-v3-2048-h800.toml"
+H800_TOML = Path(__file__).parents[2] / "sim" / "examples" / "deepseek-v3-2048-h800.toml"
 H800_TOKENS_PER_S = 1e12 / (180e3 * 3600)
 """180K H800 GPU-hours per trillion tokens: 1e12 tokens / 6.48e8 GPU-seconds = 1,543.2."""
 
 
 def deepseek_h800() -> MoeRow:
-    """DeepSeek-V3's pre-training on 2,048 H800 as the data file states it (its comments cite
+    """DeepSeek-V3's pre-training on 2,048 H800 as the shipped example states it (its comments cite
     the report), at the report's derived 1,543.2 tokens/s/GPU."""
     with H800_TOML.open("rb") as f:
         data = tomllib.load(f)

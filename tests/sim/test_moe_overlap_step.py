@@ -178,7 +178,8 @@ def test_the_command_line_refuses_the_shipped_deepseek_example_with_the_key(tmp_
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr == ("parasim: error: parallel.overlap_moe_comm: true at pp = 16 needs "
                            "schedule = \"interleaved\" (Megatron-Core requires virtual pipeline "
-                           "stages when pp > 1)\n")
+                           "stages when pp > 1) or \"dualpipev\" / \"dualpipe\" (DualPipe's "
+                           "overlapped pairs)\n")
 
 
 def test_the_compute_beside_an_all_to_all_pays_for_the_sms_it_holds(runs: dict) -> None:

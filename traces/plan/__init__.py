@@ -75,7 +75,7 @@ def build(model: ModelSpec, layout: Layout, ranks: Iterable[int] | None = None, 
     if schedule is None:
         schedule = layout_schedule(layout)
     if layout.overlap_moe_comm:
-        check_pairs(schedule, layout.num_stages)
+        check_pairs(schedule, layout.num_stages, layout.schedule)
     with paused_gc():
         ops = _lower(model, layout, chosen, schedule, classes)
     folded = chosen == layout.representatives() and layout.world > len(chosen)

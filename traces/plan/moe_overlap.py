@@ -12,7 +12,9 @@ pieces alternate, the backward's first:
     backward: experts, dispatch's grad a2a    forward: experts, combine a2a
     backward: permute, attention, the next layer's unpermute, its combine's grad a2a  ...
 
-which is Megatron-Core's per-layer order (`traces.moe_overlap`): while one piece's
+which is Megatron-Core's per-layer order (`traces.moe_overlap`) and DeepSeek-V3's for a
+DualPipe pair (arXiv 2412.19437, Fig. 4; the backward there is a B and its W, the W's
+weight-gradient GEMMs joining the backward's last piece): while one piece's
 all-to-all moves, the other action's next piece computes. Nothing is added or removed; the
 SMs the all-to-all's NCCL kernels hold while the compute beside it runs are the interference
 model's (`sim.models.sharing`: one per NCCL channel).
@@ -23,7 +25,7 @@ from __future__ import annotations
 from dataclasses import replace
 from itertools import zip_longest
 
-from traces.moe_overlap import pairs
+from traces.moe_overlap import groups
 from traces.ops import Stream
 from traces.pipeline import Action
 from traces.plan.nodes import Node, Program, RankContext
@@ -35,9 +37,12 @@ def overlap_moe_comm(ctx: RankContext, actions: list[Action], program: Program) 
     if not ctx.layout.overlap_moe_comm:
         return program
     out = [_on_own_stream(nodes) for nodes in program]
-    for i, j in pairs(actions):
-        first, second = (out[i], out[j]) if actions[i].kind == "B" else (out[j], out[i])
-        out[i], out[j] = _merged(_pieces(first), _pieces(second)), []
+    for group in groups(ctx.layout.schedule, actions):
+        backward = [n for i in group if actions[i].kind != "F" for n in out[i]]
+        forward = [n for i in group if actions[i].kind == "F" for n in out[i]]
+        out[group[0]] = _merged(_pieces(backward), _pieces(forward))
+        for i in group[1:]:
+            out[i] = []
     return out
 
 

@@ -5,14 +5,8 @@ from __future__ import annotations
 import pytest
 
 from sim.goodput.costs import checkpoint_bytes
-from sim.goodput.rates import (
-    DEFAULT_RATES_PER_HOUR,
-    NODE_RATE_PER_HOUR,
-    Component,
-    component_counts,
-    job_rates,
-    mtti_s,
-)
+from sim.goodput.fleets import FLEETS
+from sim.goodput.rates import Component, component_counts, job_rates, mtti_s
 from sim.models.memory import OPTIMIZER_STATE_BYTES, memory_by_pp_rank
 from topology import build_cluster
 from traces.layout import Layout
@@ -33,18 +27,10 @@ def test_mtti_is_one_over_the_summed_rates_of_every_instance():
     counts = component_counts(build_cluster("dgx-h100", nodes=4, fabric="rail"))
     assert counts[Component.GPU] == 32 and counts[Component.NIC] == 32
     assert counts[Component.SWITCH] == 8  # one rail switch per NIC index
-    per_hour = sum(DEFAULT_RATES_PER_HOUR[c] * counts[c] for c in Component)
-    assert mtti_s(job_rates(DEFAULT_RATES_PER_HOUR, counts)) == pytest.approx(3600 / per_hour)
-
-
-def test_default_rates_split_the_fleet_node_rate():
-    # the GPU, host, NIC and cable shares of an 8-GPU, 8-NIC node add up to 87.1% of it
-    d = DEFAULT_RATES_PER_HOUR
-    node = 8 * d[Component.GPU] + d[Component.HOST] + 8 * (d[Component.NIC] + d[Component.CABLE])
-    assert node == pytest.approx((0.61 + 0.049 + 0.219 + 0.122) * NODE_RATE_PER_HOUR)
-    # Kokolis et al.'s 16,384-GPU projection, 1.8 h, from 6.50 per 1,000 node-days
-    mtti_h = 1 / (2048 * NODE_RATE_PER_HOUR)
-    assert abs(mtti_h - 1.80) < 0.01
+    assert (counts[Component.PLANNED], counts[Component.LEMON]) == (4, 1)
+    rates = FLEETS["llama3-h100"].rates_per_hour
+    per_hour = sum(rates.get(c, 0.0) * counts[c] for c in Component)
+    assert mtti_s(job_rates(rates, counts)) == pytest.approx(3600 / per_hour)
 
 
 GPT = ModelSpec(layers=8, hidden=512, heads=8, seq_len=256, vocab=4096)

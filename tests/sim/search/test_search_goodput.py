@@ -51,3 +51,22 @@ def test_a_slow_checkpoint_store_lowers_every_fraction(capsys, config):
     for r in slow["goodput"]:
         assert r["effective_training_fraction"] < fast_f[r["summary"]]
     assert "ranked by goodput" in search(capsys, config(), "--objective", "goodput")
+
+
+def test_goodput_objective_reports_time_to_train_one_common_target(capsys, config):
+    ranked = json.loads(search(capsys, config("\n[reliability]\nruns = 20\n"), "--json",
+                               "--objective", "goodput"))
+    rows = ranked["goodput"]
+    fastest = max(r["tokens_per_s"] for r in ranked["simulated"])
+    for r in rows:
+        t = r["time_to_train"]
+        assert t["tokens"] == pytest.approx(30 * 86_400 * fastest)  # one target for all
+        assert t["days"]["p50"] <= t["days"]["p90"]
+        gpus = 16  # 2 DGX A100
+        assert t["gpu_hours"]["p50"] == pytest.approx(t["days"]["p50"] * 24 * gpus)
+        # the slower a layout's step, the longer its failure-free part alone
+        speed = next(s["tokens_per_s"] for s in ranked["simulated"]
+                     if s["summary"] == r["summary"])
+        assert t["days"]["p50"] >= 30 * fastest / speed
+    text = search(capsys, config("\n[reliability]\nruns = 20\n"), "--objective", "goodput")
+    assert "p50 d" in text and "time to train" in text
