@@ -1,7 +1,7 @@
 """The `parasim whatif` command: a captured step predicts another job's step.
 
     parasim whatif TRACE... [--config target.toml] [--set parallel.dp=4 ...] [--job job.toml]
-                   [--profile P] [--json]
+                   [--profile P] [--statistic median|mean] [--json]
 
 TRACE is a `parasim run` trace set (a folder) or file; several are repeated captures of one
 job, pooled. The target is `--config`, else the captured job (its trace header's model,
@@ -21,6 +21,7 @@ from typing import Any
 from sim.commands.common import emit, profile_flag, trace_files
 from sim.settings import add_set_flag, parse_settings
 from sim.whatif import WhatifResult, load_captured, target_experiment, whatif
+from sim.whatif.book import Statistic
 from traces.errors import warn
 
 HELP = "predict another job's step from a captured one, with an error bar"
@@ -38,6 +39,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--profile", metavar="JSON", help="calibration profile: the target "
                         "cluster's measured links and roofs, as `replay --profile` applies it, "
                         "and the figures that time kernel classes the capture never ran")
+    parser.add_argument("--statistic", choices=[str(s) for s in Statistic], default="median",
+                        help="what stands for a shape's measured times: median (default) or "
+                        "mean (a shared host's preemptions included)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     add_set_flag(parser)
 
@@ -49,7 +53,8 @@ def run(args: argparse.Namespace) -> int:
     captured = load_captured(args.traces, args.job)
     overrides = {"profile": profile_path} if profile_path else None
     exp = target_experiment(captured, args.config, parse_settings(args.settings), overrides)
-    result = whatif(captured, exp, exp.profile if exp.profile_path is not None else None)
+    result = whatif(captured, exp, exp.profile if exp.profile_path is not None else None,
+                    Statistic(args.statistic))
     if result.captured_on != exp.cluster.accelerator.name:
         warn(f"kernel times are the capture's on {result.captured_on}, not re-timed for the "
              f"target's {exp.cluster.accelerator.name} (as `replay --cluster` keeps them)")
@@ -65,6 +70,7 @@ def summary_json(r: WhatifResult, seconds: float | None = None) -> dict[str, Any
         "target": r.exp.name,
         "cluster": r.exp.cluster.name,
         "kernels_timed_on": r.captured_on,
+        "statistic": str(r.statistic),
         "step_time_predicted_s": r.step_time_s,
         "step_time_range_s": [r.low_s, r.high_s],
         "range_covers": RANGE_COVERS,

@@ -45,13 +45,25 @@ UNPINNED = 1.0
 """The relative uncertainty of a fitted class whose rate the data leave free: ±100%."""
 
 
+class Statistic(StrEnum):
+    """What stands for a shape's measured times: their median (the default: an op the host
+    preempted once does not move it) or their mean (a shared host's preemptions included, as
+    the target's run will suffer them too)."""
+
+    MEDIAN = "median"
+    MEAN = "mean"
+
+    def of(self, values: Sequence[float]) -> float:
+        return statistics.median(values) if self is Statistic.MEDIAN else statistics.fmean(values)
+
+
 class Source(StrEnum):
     """Where an op's time comes from."""
 
     OWN = "own"
     """The captured op itself: the target runs it at the same place (replay's rule)."""
     MEASURED = "measured"
-    """The median of the capture's ops of this exact shape."""
+    """The median (or mean) of the capture's ops of this exact shape."""
     FITTED = "fitted"
     """The compute model with the profile fitted to the capture: a shape it never ran."""
     SCALED = "scaled"
@@ -147,9 +159,10 @@ def _ratio(target: float, measured: float) -> float:
 
 
 def learn(traces: Sequence[Trace], cluster: Cluster, stack: Mapping[tuple[str, bool], int] | None,
-          fallback: Profile | None = None) -> KernelBook:
+          fallback: Profile | None = None, statistic: Statistic = Statistic.MEDIAN
+          ) -> KernelBook:
     """The book of `traces` (timed, of one job on `cluster`); `fallback` times classes they
-    never ran."""
+    never ran; `statistic` sums up each shape's measured times and host gaps."""
     durations: dict[tuple[object, ...], list[float]] = defaultdict(list)
     gaps: dict[tuple[object, ...], list[float]] = defaultdict(list)
     shapes: dict[tuple[str, bool], dict[tuple[object, ...], Op]] = defaultdict(dict)
@@ -170,8 +183,8 @@ def learn(traces: Sequence[Trace], cluster: Cluster, stack: Mapping[tuple[str, b
     model, uncertainty = _fit(traces, cluster, stack)
     fallback_model = ComputeModel(cluster.accelerator, fallback, stack) if fallback else None
     return KernelBook(
-        durations={k: statistics.median(v) for k, v in durations.items()},
-        gaps={k: statistics.median(v) for k, v in gaps.items()},
+        durations={k: statistic.of(v) for k, v in durations.items()},
+        gaps={k: statistic.of(v) for k, v in gaps.items()},
         shapes={k: tuple(v.values()) for k, v in shapes.items()}, model=model,
         uncertainty=uncertainty, fallback=fallback_model)
 

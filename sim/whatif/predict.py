@@ -28,7 +28,7 @@ from sim.models.compute import ComputeModel
 from sim.models.sharing import interference_for
 from sim.profile import Profile
 from sim.simulate import fold_sound
-from sim.whatif.book import KernelBook, Source, Timing, kernel_of, learn
+from sim.whatif.book import KernelBook, Source, Statistic, Timing, kernel_of, learn
 from sim.whatif.capture import Captured
 from topology.config import read_cluster_table
 from traces.errors import ConfigError
@@ -67,21 +67,24 @@ class WhatifResult:
     captured_step_s: float | None
     captured_on: str
     """The accelerator the capture's kernels ran on: their times are its."""
+    statistic: Statistic = Statistic.MEDIAN
 
     @property
     def step_time_s(self) -> float:
         return self.times.step_time_s
 
 
-def whatif(captured: Captured, exp: Experiment, fallback: Profile | None = None) -> WhatifResult:
-    """Predict `exp`'s step from the capture (module docstring)."""
+def whatif(captured: Captured, exp: Experiment, fallback: Profile | None = None,
+           statistic: Statistic = Statistic.MEDIAN) -> WhatifResult:
+    """Predict `exp`'s step from the capture (module docstring); `statistic` sums up each
+    measured shape's times (`sim.whatif.book.Statistic`)."""
     first = captured.first
     spec = first.meta.cluster_spec
     if spec is None:
         raise ConfigError("TRACE: names no cluster it ran on")
     capture_cluster = read_cluster_table(spec, where="trace: meta.cluster_spec").build()
     stack = launch_counts(exp.model)
-    book = learn(captured.traces, capture_cluster, stack, fallback)
+    book = learn(captured.traces, capture_cluster, stack, fallback, statistic)
     plan = _plan(exp, captured)
     kept = _kept_ranks(plan, first)
     gaps_of = host_gaps(first)
@@ -117,7 +120,7 @@ def whatif(captured: Captured, exp: Experiment, fallback: Profile | None = None)
                         kernels=_classes(timings, kept, timed), ops_by_source=dict(counts),
                         ranks_kept=len(kept), ranks=len(plan.ops),
                         captured_step_s=_span(first),
-                        captured_on=capture_cluster.accelerator.name)
+                        captured_on=capture_cluster.accelerator.name, statistic=statistic)
 
 
 def _plan(exp: Experiment, captured: Captured) -> Trace:

@@ -4,12 +4,13 @@
 
 For each (captured layout -> target layout) pair of the tiny GPT on this host's CPU ranks
 (gloo), `--repeats` times: record the captured job (`parasim run`, one step), predict the
-target with `parasim whatif`, and run the target right after (`--steps` recorded steps, their
-median). A shared host's load moves every time by up to 4x within minutes, so each
-prediction is compared with the run next to it in time; the pair's error is the median over
-the repeats. Beside it: `parasim simulate` of the target with the default profile (the
-uncalibrated prediction), the noise floor (the median relative deviation of the target's
-repeated runs from their median), the range whatif gives, and the time whatif takes.
+target with `parasim whatif` (and with `--statistic mean`), and run the target right after
+(`--steps` recorded steps, their median). A shared host's load moves every time by up to 4x
+within minutes, so each prediction is compared with the run next to it in time; the pair's
+error is the median over the repeats. Beside it: `parasim simulate` of the target with the
+default profile (the uncalibrated prediction), the noise floor (the median relative
+deviation of the target's repeated runs from their median), the range whatif gives, and the
+time whatif takes.
 Target (issue 34): median error <= 10%, better than simulate.
 """
 
@@ -90,11 +91,13 @@ def _measured(folder: Path, config: Path, steps: int) -> tuple[float, float]:
 
 def _pair(folder: Path, captured: dict[str, int], target: dict[str, int], repeats: int,
           steps: int) -> tuple:
-    """(measured, whatif, its range, simulate, noise, whatif's seconds, error, fastest step),
-    medians over the repeats; each repeat a fresh capture, its prediction and the target's
-    run."""
+    """(measured, whatif, its range, simulate, noise, whatif's seconds, error, fastest step,
+    whatif --statistic mean, its error), medians over the repeats; each repeat a fresh
+    capture, its prediction and the target's run."""
     source, config = _toml(folder, captured), _toml(folder, target)
     real, predicted, ranges, seconds, errors, fastest = [], [], [], [], [], []
+    means: list[float] = []
+    mean_errors: list[float] = []
     for _ in range(repeats):
         capture = folder / f"capture-{source.stem}"
         _parasim("run", source, "--out", capture, "--steps", 1, "--force")
@@ -102,17 +105,21 @@ def _pair(folder: Path, captured: dict[str, int], target: dict[str, int], repeat
         what = _parasim("whatif", capture, *_settings(target))
         seconds.append(time.perf_counter() - began)
         predicted.append(what["step_time_predicted_s"])
+        means.append(_parasim("whatif", capture, *_settings(target), "--statistic",
+                              "mean")["step_time_predicted_s"])
         ranges.append(what["step_time_range_s"])
         mid, best = _measured(folder, config, steps)
         real.append(mid)
         fastest.append(best)
         errors.append((predicted[-1] - real[-1]) / real[-1])
+        mean_errors.append((means[-1] - real[-1]) / real[-1])
     plain = _parasim("simulate", config)["step_time_s"]
     mid = statistics.median(real)
     noise = statistics.median(abs(r - mid) / mid for r in real)
     i = errors.index(statistics.median_low(errors))
     return (mid, predicted[i], ranges[i], plain, noise, statistics.median(seconds),
-            statistics.median(errors), min(fastest))
+            statistics.median(errors), min(fastest), statistics.median(means),
+            statistics.median(mean_errors))
 
 
 def main() -> None:
@@ -126,21 +133,24 @@ def main() -> None:
             rows.append((name, *_pair(Path(tmp), captured, target, args.repeats, args.steps)))
             _print_row(rows[-1])
     errors = [abs(r[7]) for r in rows[1:]]
+    mean_errors = [abs(r[10]) for r in rows[1:]]
     plain_errors = [abs(r[4] - r[1]) / r[1] for r in rows[1:]]
     print(f"median error over the {len(errors)} pairs: whatif "
-          f"{100 * statistics.median(errors):.1f}%, simulate "
+          f"{100 * statistics.median(errors):.1f}% (--statistic mean "
+          f"{100 * statistics.median(mean_errors):.1f}%), simulate "
           f"{100 * statistics.median(plain_errors):.1f}%, noise floor "
           f"{100 * statistics.median(r[5] for r in rows):.1f}%; the control's error "
           f"{100 * rows[0][7]:+.1f}%")
 
 
 def _print_row(row: tuple) -> None:
-    name, real, predicted, (low, high), plain, noise, seconds, error, best = row
+    name, real, predicted, (low, high), plain, noise, seconds, error, best, mean, merr = row
     print(f"{name:<28} measured {real * 1e3:7.1f} ms (noise ±{100 * noise:4.1f}%, fastest "
           f"step {best * 1e3:.1f} ms)  whatif "
           f"{predicted * 1e3:7.1f} ms [{low * 1e3:.1f}, {high * 1e3:.1f}] "
           f"({100 * error:+.0f}% vs its run, {seconds:.2f} s)  simulate "
-          f"{plain * 1e3:7.1f} ms ({100 * (plain - real) / real:+.0f}%)", flush=True)
+          f"{plain * 1e3:7.1f} ms ({100 * (plain - real) / real:+.0f}%)  whatif --statistic "
+          f"mean {mean * 1e3:7.1f} ms ({100 * merr:+.0f}%)", flush=True)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ from sim.profile import default_profile
 from sim.settings import parse_settings
 from sim.simulate import predict
 from sim.whatif import load_captured, target_experiment, whatif
-from sim.whatif.book import Source, learn, shape_key
+from sim.whatif.book import Source, Statistic, learn, shape_key
 from traces.io import save
 from traces.ops import OpKind, Trace
 from traces.plan import build
@@ -223,3 +223,16 @@ def test_a_larger_target_is_folded_and_keeps_the_measured_shapes(capsys, capture
     assert set(out["compute_ops_by_source"]) == {"measured"}
     assert out["extrapolated_kernels"] == {}
     assert out["step_time_range_s"] == [out["step_time_predicted_s"]] * 2
+
+
+def test_the_mean_stands_for_a_shape_where_asked(capture):
+    """--statistic mean: a measured shape's time is the mean of its captured times."""
+    captured = load_captured([str(capture)])
+    target = target_experiment(captured)
+    op = next(op for op in captured.first.ops[0] if op.kind is OpKind.COMPUTE)
+    seen = [o.end - o.start for ops in captured.first.ops.values() for o in ops
+            if o.kind is OpKind.COMPUTE and shape_key(o) == shape_key(op)]
+    book = learn(captured.traces, target.cluster, launch_counts(target.model),
+                 statistic=Statistic.MEAN)
+    timing = book.time(replace(op, start=None, end=None))
+    assert timing.source is Source.MEASURED and timing.seconds == statistics.fmean(seen)
