@@ -32,16 +32,12 @@ keeps them in bf16 with fp32 master weights (§3.3.2).
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from traces.errors import ConfigError, show
 from traces.fields import check_bool, check_choice
 from traces.kernel_work import KernelWork
 from traces.purpose import Kernel
-
-if TYPE_CHECKING:
-    from traces.layout import Layout
-    from traces.model import ModelSpec
 
 
 class Recompute(StrEnum):
@@ -50,6 +46,32 @@ class Recompute(StrEnum):
     FULL = "full"
     SELECTIVE_OP = "selective_op"
     """torchtitan's per-op rule (`traces.op_sac`): saves every other matmul's output."""
+
+
+class Layout(Protocol):
+    """The `traces.layout.Layout` fields read here (a protocol: that module imports this)."""
+
+    @property
+    def recompute(self) -> Recompute: ...
+    @property
+    def recompute_modules(self) -> tuple[str, ...]: ...
+    @property
+    def fp8_activation_cache(self) -> bool: ...
+    @property
+    def exp_avg_dtype(self) -> str: ...
+    @property
+    def exp_avg_sq_dtype(self) -> str: ...
+
+
+class ModelSpec(Protocol):
+    """The `traces.model.ModelSpec` properties read here."""
+
+    @property
+    def mla(self) -> bool: ...
+    @property
+    def experts(self) -> int: ...
+    @property
+    def fp8(self) -> bool: ...
 
 
 MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts")

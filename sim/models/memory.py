@@ -22,6 +22,7 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from sim.models.deepep_buffers import deepep_buffer_bytes
 from sim.models.moe_memory import (
     expert_params_on_rank,
     expert_shards,
@@ -58,7 +59,8 @@ class MemoryBreakdown:
     activations_bytes: float
     """Stored activations at the schedule's peak (in-flight micro-batches)."""
     working_bytes: float
-    """Transient buffers at the peak: recomputed layer, logits, ZeRO-3 gathered weights."""
+    """Transient buffers at the peak: recomputed layer, logits, ZeRO-3 gathered weights; and
+    DeepEP's communication buffers, held throughout (`sim.models.deepep_buffers`)."""
 
     @property
     def total_bytes(self) -> float:
@@ -205,7 +207,7 @@ def working_bytes(model: ModelSpec, layout: Layout, pp_rank: int) -> float:
         total += LOGITS_BYTES * model.seq_len // layout.cp * layout.micro_batch * model.vocab / t
     if layout.zero == 3:
         total += zero3_working_bytes(model, layout, pp_rank)
-    return total
+    return total + deepep_buffer_bytes(model, layout)  # 0 but with dispatch = "deepep"
 
 
 def zero3_working_bytes(model: ModelSpec, layout: Layout, pp_rank: int) -> float:
@@ -341,8 +343,9 @@ def memory_timeline(model: ModelSpec, layout: Layout, pp_rank: int,
     in-flight count peaks at the end of a forward and stays there until a backward ends, and
     that backward runs (with its working buffers) at the peak."""
     base = pp_rank_memory(model, layout, pp_rank, [])  # model states: no activations, no actions
-    states = base.params_bytes + base.grads_bytes + base.optimizer_bytes
-    work = working_bytes(model, layout, pp_rank)
+    held = deepep_buffer_bytes(model, layout)  # working bytes, but held throughout
+    states = base.params_bytes + base.grads_bytes + base.optimizer_bytes + held
+    work = working_bytes(model, layout, pp_rank) - held
     chunks = chunk_bytes(model, layout, pp_rank)
     if chunks is not None:
         return _weighted_timeline(states, work, chunks, timed)

@@ -14,7 +14,9 @@
                             buffers: the combined expert outputs A·h·e that unpermute's
                             backward reads, the router's fp32 scores T·E·4 and the 1-byte
                             routing map T·E (A kept assignments of the rank's T tokens, R the
-                            tokens its experts process, `traces.moe`)
+                            tokens its experts process, `traces.moe`); recompute_modules'
+                            moe_act and the FP8 activation cache shrink the experts' terms
+                            (`sim.models.saved_activations.moe_mlp_terms`)
 """
 
 from __future__ import annotations
