@@ -202,6 +202,14 @@ def working_bytes(model: ModelSpec, layout: Layout, pp_rank: int) -> float:
         kept = dataclasses.replace(layout, recompute=Recompute.NONE)
         total += max(activation_bytes_per_layer(model, kept) - op_sac.saved_bytes(model, layout),
                      0.0)
+    if layout.recompute_modules:
+        # The layer re-run in backward re-creates what its modules discarded (its busiest
+        # MoE layer's with moe_act), beside what it kept (`sim.models.saved_activations`).
+        kept = dataclasses.replace(layout, recompute=Recompute.NONE, recompute_modules=())
+        moe = max((moe_activation_delta(model, kept, i) - moe_activation_delta(model, layout, i)
+                   for i in rank_layers(model, layout, pp_rank)), default=0.0)
+        total += activation_bytes_per_layer(model, kept) - \
+            activation_bytes_per_layer(model, layout) + moe
     if pp_rank == layout.pp - 1:
         # fp32 logits of one micro-batch, vocab-parallel: 4 * s * b * V / t.
         total += LOGITS_BYTES * model.seq_len // layout.cp * layout.micro_batch * model.vocab / t

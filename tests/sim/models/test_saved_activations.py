@@ -8,7 +8,7 @@ import dataclasses
 
 import pytest
 
-from sim.models.memory import activation_bytes_per_layer, memory_by_pp_rank
+from sim.models.memory import activation_bytes_per_layer, memory_by_pp_rank, working_bytes
 from sim.models.moe_memory import moe_activation_delta
 from traces.layout import Layout
 from traces.model import ModelSpec
@@ -84,3 +84,12 @@ def test_options_off_leave_every_breakdown_unchanged():
     stated = memory_by_pp_rank(MODEL, dataclasses.replace(
         Layout(recompute="selective"), exp_avg_dtype="fp32"))
     assert plain == stated
+
+
+def test_the_layer_in_backward_holds_what_its_modules_recompute():
+    # dense layer: 13·sbh (29 - 16); the MoE layer with moe_act: its fc2 inputs too
+    plain = working_bytes(MODEL, layout(), 0)
+    assert working_bytes(MODEL, layout(["layernorm", "mla_up_proj"]), 0) - plain == 13 * SBH
+    kept = 64
+    moe_act = SBH * 2 * FE / H + kept * FE * 2  # shared 2Sf/h, routed f per token, 2 bytes
+    assert working_bytes(MODEL, layout(DEEPSEEK), 0) - plain == 13 * SBH + moe_act
