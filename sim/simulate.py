@@ -246,8 +246,11 @@ def _as_written(exp: Experiment) -> str:
 def summary_text(exp: Experiment, s: StepSummary) -> str:
     L = exp.layout
     layout = L.axes()
+    modules = f" ({', '.join(L.recompute_modules)})" if L.recompute_modules else ""
     extras = [x for x in (f"ZeRO-{L.zero}" if L.zero else "", "SP" if L.sp else "",
-                          f"recompute {L.recompute}" if L.recompute is not Recompute.NONE else "")
+                          f"recompute {L.recompute}{modules}"
+                          if L.recompute is not Recompute.NONE else "",
+                          "FP8 activation cache" if L.fp8_activation_cache else "")
               if x]
     devices = exp.cluster.device_words[1]
     lines = [
