@@ -44,20 +44,15 @@ from traces import mla
 from traces.errors import ConfigError, show
 from traces.fp8_recipes import FP8_RECIPES
 from traces.heads import check_heads
+from traces.model_choices import ATTENTIONS, FFNS, NORMS, POSITIONS, STACKS
 from traces.moe_spec import check_moe, expert_params, is_moe_layer, moe_mlp_params, num_moe_layers
 from traces.mtp import check_mtp, mtp_indices, mtp_params, mtp_stage_extra
 
-ATTENTIONS = ("flash", "unfused")
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 """Bytes per element of the dtypes tensors are stored and communicated in."""
 DTYPES = (*DTYPE_BYTES, "fp8")
 """`model.dtype` choices: fp8 is Transformer Engine's recipe, GEMMs in FP8 with bf16 storage,
 bf16 communication and bf16 mixed-precision optimizer (its data dtype is bf16)."""
-FFNS = ("gelu", "swiglu")
-NORMS = ("layernorm", "rmsnorm")
-STACKS = ("fused", "compiled", "eager")
-"""`model.kernels`: the software stack's kernels for a block (`traces.stack`)."""
-POSITIONS = ("learned", "rope")
 # Upper bounds, far beyond any published model (GPT-3: 96 layers, h 12288, V 51200), that keep
 # every count finite and every plan buildable.
 MAX_DIMS = {"layers": 2**16, "hidden": 2**20, "heads": 2**16, "seq_len": 2**24, "vocab": 2**24,
@@ -154,6 +149,9 @@ class ModelSpec:
     """The router's score: "softmax" or "sigmoid" (DeepSeek-V3; `traces.moe_steps`)."""
     moe_router_enable_expert_bias: bool = False
     """Aux-loss-free routing: a per-expert bias on the scores picks the top-k (DeepSeek-V3)."""
+    moe_probs_in_activation: bool = False
+    """Routing weights applied in the experts' activation, not in the unpermute (Megatron-Core
+    >= 0.13; `traces.moe_probs`)."""
     mtp_layers: int = 0
     """Multi-token prediction depths (`traces.mtp`; Megatron-Core's --mtp-num-layers)."""
     kernels: str = "fused"

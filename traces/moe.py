@@ -18,7 +18,8 @@ place of fc1, the activation and fc2 (Megatron-Core's MoELayer, all-to-all token
     expert_fc2  grouped GEMMs (n, M, h, f/etp)
     [with ETP > 1 a reduce-scatter; the combine all-to-all]
     unpermute   fwd read A·h·e and A·4 probs, write T·h·e; bwd read T·h·e dY and A·h·e,
-                write A·h·e and A·4 dprobs
+                write A·h·e and A·4 dprobs; with `moe_probs_in_activation` the activation
+                weighs the rows instead (`traces.moe_probs`) and the probs' bytes go there
     fc1, act, fc2 of the shared experts: a dense MLP of width S·moe_ffn_hidden split by TP
                 (Megatron's SharedExpertMLP, with the dense MLP's SP collectives); none if S = 0
 
@@ -40,6 +41,7 @@ from traces.kernel_work import KernelWork, gemm_kernel, memory_kernel
 from traces.kernels import layer_kernels
 from traces.layout import Layout
 from traces.model import ModelSpec
+from traces.moe_probs import activation_prob_bytes
 from traces.moe_spec import expert_counts, is_moe_layer
 from traces.moe_steps import expert_gemms, permute_steps, router_steps, stepped, unpermute_steps
 from traces.purpose import Kernel
@@ -176,8 +178,10 @@ def routed_kernels(model: ModelSpec, layer: int, tokens: int, shard: ExpertShard
 
 def _expert_activation(model: ModelSpec, received: int, f: int) -> KernelWork:
     """`mlp_activation`'s bytes over n = received·f values: SwiGLU 3ne forward and
-    (5 + 2·bias)ne backward, GeLU 2ne and (3 + bias)ne."""
+    (5 + 2·bias)ne backward, GeLU 2ne and (3 + bias)ne; weighted by the routing probabilities
+    (`moe_probs_in_activation`) it also reads them, and writes their gradients."""
     n, e, bias = received * f, model.dtype_bytes, 1 if model.bias else 0
+    fwd, bwd = activation_prob_bytes(model, received)  # weighted (`traces.moe_probs`)
     if model.ffn == "swiglu":
-        return memory_kernel(K.EXPERT_ACT, 3 * n * e, (5 + 2 * bias) * n * e)
-    return memory_kernel(K.EXPERT_ACT, 2 * n * e, (3 + bias) * n * e)
+        return memory_kernel(K.EXPERT_ACT, 3 * n * e + fwd, (5 + 2 * bias) * n * e + bwd)
+    return memory_kernel(K.EXPERT_ACT, 2 * n * e + fwd, (3 + bias) * n * e + bwd)

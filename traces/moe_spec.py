@@ -80,11 +80,13 @@ class ModelSpec(Protocol):
     def moe_router_score_function(self) -> str: ...
     @property
     def moe_router_enable_expert_bias(self) -> bool: ...
+    @property
+    def moe_probs_in_activation(self) -> bool: ...
 
 MOE_KEYS = ("experts", "top_k", "moe_ffn_hidden", "shared_experts", "dense_layers",
             "capacity_factor", "routing_skew", "routing_seed", *ROUTING_KEYS, "moe_grouped_gemm",
             "moe_permute_fusion", "moe_router_fusion", "moe_router_score_function",
-            "moe_router_enable_expert_bias")
+            "moe_router_enable_expert_bias", "moe_probs_in_activation")
 """The `[model]` MoE keys, written in a header only where they are set."""
 MAX_EXPERTS = 2**14  # DeepSeek-V3 has 256 routed experts; 16 K is far beyond any model
 MAX_SKEW = 16.0  # Zipf exponents measured on MoE routing are ~0.5-2; 16 is all on one expert
@@ -92,7 +94,8 @@ MAX_CAPACITY = 2**10
 SCORE_FUNCTIONS = ("softmax", "sigmoid")
 """`moe_router_score_function`: Megatron-Core's --moe-router-score-function choices."""
 MOE_KERNEL_KEYS = {"moe_grouped_gemm": True, "moe_permute_fusion": True,
-                   "moe_router_fusion": True, "moe_router_enable_expert_bias": False}
+                   "moe_router_fusion": True, "moe_router_enable_expert_bias": False,
+                   "moe_probs_in_activation": False}
 """The boolean keys of how the MoE kernels run (`traces.moe_steps`), with their defaults."""
 
 

@@ -105,6 +105,8 @@ def unpermute_steps(m: ModelSpec, tokens: int, kept: int) -> Steps:
     moe_unpermute; unfused, the probabilities selected in expert order, a multiply and a
     scatter_add (read A rows, add them into T rows) onto zeros."""
     T, E, h, e, A = tokens, m.experts, m.hidden, m.dtype_bytes, kept
+    if m.moe_probs_in_activation:  # weighed in the experts (`traces.moe_probs`): no probs
+        return _unweighted_unpermute(m, T, A)
     if m.moe_permute_fusion:
         return ([("moe_unpermute", A * (h * e + FP32) + T * h * e)],
                 [("moe_unpermute_bwd", T * h * e + A * h * e + A * (h * e + FP32))])
@@ -115,6 +117,17 @@ def unpermute_steps(m: ModelSpec, tokens: int, kept: int) -> Steps:
             [("gather", A * INT64 + 2 * rows), ("mul", 2 * rows + A * e),
              ("mul_sum", 2 * rows + A * e), ("zeros", T * E * e),
              ("masked_scatter", A * e + T * E * (e + 1)), ("transpose", 2 * T * E * e)])
+
+
+def _unweighted_unpermute(m: ModelSpec, T: int, A: int) -> Steps:
+    """The unpermute without probabilities: fused, read A rows and write T (backward: read T
+    rows of dY, write A); unfused, scatter_add onto zeros (backward: a gather)."""
+    h, e = m.hidden, m.dtype_bytes
+    rows = A * h * e
+    if m.moe_permute_fusion:
+        return ([("moe_unpermute", rows + T * h * e)], [("moe_unpermute_bwd", T * h * e + rows)])
+    return ([("zeros", T * h * e), ("scatter_add", A * INT64 + 3 * rows)],
+            [("gather", A * INT64 + 2 * rows)])
 
 
 def stepped(name: Kernel, steps: Steps) -> KernelWork:

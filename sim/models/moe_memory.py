@@ -12,7 +12,9 @@
                             input h, its activation input (2f or f) and fc2 input f over ETP:
                             R·(h + 3f/etp)·e for SwiGLU (R·(h + 2f/etp)·e GeLU); the permutation
                             buffers: the combined expert outputs A·h·e that unpermute's
-                            backward reads, the router's fp32 scores T·E·4 and the 1-byte
+                            backward reads (with `moe_probs_in_activation` the R fp32
+                            probabilities the weighted activation keeps instead,
+                            `traces.moe_probs`), the router's fp32 scores T·E·4 and the 1-byte
                             routing map T·E (A kept assignments of the rank's T tokens, R the
                             tokens its experts process, `traces.moe`); recompute_modules'
                             moe_act and the FP8 activation cache shrink the experts' terms
@@ -26,6 +28,7 @@ from traces.expert_grid import expert_data_degree
 from traces.layout import Layout, Recompute
 from traces.model import ModelSpec
 from traces.moe import ExpertShard, local_expert_tokens, rank_tokens
+from traces.moe_probs import combine_saved_bytes
 from traces.moe_spec import expert_counts, expert_params, is_moe_layer
 
 GELU_MLP_TERM = 16  # as sim.models.memory's
@@ -66,7 +69,8 @@ def moe_activation_delta(model: ModelSpec, layout: Layout, layer: int) -> float:
                                            ExpertShard(ep=layout.ep, etp=layout.etp,
                                                        ep_rank=r)))
                    for r in range(layout.ep))
-    routed = received * per_token * e + kept * h * e + tokens * model.experts * (4 + 1)
+    weighed = combine_saved_bytes(model, kept, received)  # `traces.moe_probs`
+    routed = received * per_token * e + weighed + tokens * model.experts * (4 + 1)
     return sbh * (shared - dense) / t + routed
 
 
