@@ -20,6 +20,10 @@
    the GB200/GB300 Qwen3-235B ones; "alltoall" on B200, B300 and H100 235B) and
    `moe_a2a_overlap` (H100 235B and the FP8-MX DeepSeek-V3 Blackwell recipes): the keys parasim
    lacks (`needs`). Those are today's recipes; an older container's may have differed.
+   `moe_probs_in_activation` true on every row: the routing probabilities applied in the
+   experts' activation, as Megatron-Core does from 0.13 (CHANGELOG 0.13.0; `traces.moe_probs`),
+   with no option to turn it off; these containers (2025-09 on) postdate 0.13 (2025/07, the
+   MoE README's "What's New"), and the recipes' hybridep dispatcher is 0.15's.
    Qwen3-235B's 94 layers + embedding + loss = 96 divide every published PP x VP, as Megatron's
    account_for_embedding/loss_in_pipeline_split make them. CUDA graphs, recompute modules and
    fused kernels the recipes set are not modelled.
@@ -61,6 +65,7 @@ def bridge(release: str, system: str, model: str, precision: str, gpus: int, gbs
     par.update(extra.pop("parallel", {}))
     shape = (deepseek_v3(**PRECISIONS[precision], **extra) if model.startswith("DeepSeek")
              else qwen3("235b" if "235B" in model else "30b", **PRECISIONS[precision]))
+    shape["moe_probs_in_activation"] = True  # Megatron-Core >= 0.13 (module docstring)
     if "model.dispatch=hybridep" in needs:
         shape["dispatch"] = "hybridep"
     if "parallel.overlap_moe_comm" in needs:

@@ -15,7 +15,10 @@ What it does not state, taken as Megatron-Core's defaults of the time and the sa
 row: micro-batch 1, no virtual pipeline, no recomputation, sequence parallelism wherever
 TP > 1 (Megatron-Core requires it for MoE with TP), the distributed optimizer (ZeRO-1) except
 for the FSDP baselines (ZeRO-3); expert tensor parallelism = TP where the row has no ETP (the
-layout before folding: experts split as attention is), as the table gives it where it does.
+layout before folding: experts split as attention is), as the table gives it where it does;
+the routing probabilities applied in the unpermute (`moe_probs_in_activation` false, the
+default): v1 of the paper (2025-04) predates Megatron-Core 0.13 (2025/07), which moved them
+into the experts' activation (`traces.moe_probs`).
 Table 3's columns read CP, TP, EP, PP, ETP in order; the FSDP baselines fill only the first
 ones (FSDP: CP, TP, EP; no PP).
 
