@@ -242,3 +242,31 @@ def test_the_shipped_deepseek_example_is_dualpipe_on_2048_h800() -> None:
     assert (layout.pp, layout.dp, layout.ep, layout.schedule, exp.cluster.num_devices) == (
         16, 128, 64, Schedule.DUALPIPE, 2048)
     assert exp.warnings == () and comm_sms(layout) == 20
+
+
+@pytest.mark.parametrize("parallel", [
+    {}, {"pp": 8, "dp": 1, "ep": 1, "global_batch": 16, "zero": 0}])
+def test_folded_equals_unfolded(parallel: dict) -> None:
+    """One rank per pipeline rank stands for its DP replicas: the pair x DP gradient group
+    joins two representatives, as the tied-embedding group does elsewhere."""
+    exp = experiment_from_dict(_config(**parallel))
+    assert predict(exp)[0].step_time_s == pytest.approx(
+        predict(exp, fold=False)[0].step_time_s, rel=1e-9)
+
+
+def test_tied_embeddings_are_one_matrix_per_rank_and_summed_over_the_pair() -> None:
+    """Tied: ranks 0 and pp - 1 hold the embedding and the output layer on one GPU (DeepSeek-V3
+    report §2.2's shared placement), so no embedding all-reduce; their gradient is summed
+    over the pair x DP with the buckets; the states equal the stand-in's (its rank 0 holds
+    the same two stages)."""
+    config = _config(zero=0)
+    config["model"]["tied_embeddings"] = True
+    direct = experiment_from_dict(config)
+    stand_in = replace(direct, layout=_stand_in(direct.layout))
+    plan = build(direct.model, direct.layout)
+    assert not any(o.name == "embedding_grads" for ops in plan.ops.values() for o in ops)
+    mine = memory_by_pp_rank(direct.model, direct.layout)
+    theirs = memory_by_pp_rank(stand_in.model, stand_in.layout)
+    assert [m.params_bytes for m in mine] == [
+        theirs[min(r, PP - 1 - r)].params_bytes for r in range(PP)]
+    assert mine[0].params_bytes == mine[PP - 1].params_bytes
