@@ -102,10 +102,6 @@ def run(experiment: Any, out_dir: str | Path, steps: int = 1, warmup: int = 1,
     if steps < 1 or warmup < 0:
         raise ConfigError(f"run: steps {steps} must be >= 1 and warmup {warmup} >= 0")
     model, layout = specs(experiment)
-    if str(layout.schedule) == "dualpipe":
-        raise ConfigError("parallel.schedule: \"dualpipe\" is not run by the executor (its "
-                          "two model copies and their gradient sum are simulated only); "
-                          "use \"dualpipev\"")
     options = options or RunOptions()
     check_supported(model, layout, options)
     plan = as_run(build(model, layout), options)

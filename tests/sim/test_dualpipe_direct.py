@@ -6,7 +6,8 @@ neighbours (the middle pair's too), gradients summed over the pair (r, pp - 1 - 
 Against the stand-in it replaces (DualPipeV on pp/2 ranks and 2 dp replicas, vp = 2, which
 ran, rank for rank, the same steps: tests/traces/test_dualpipe.py): the same compute ops and
 the same gradient collectives on every rank, the middle pair's 2m messages more and nothing
-else, and a step longer by no more than those messages take."""
+else, and a step longer by no more than those messages take. The executor runs it:
+tests/executor/test_dualpipe_run.py."""
 
 from __future__ import annotations
 
@@ -201,14 +202,6 @@ def test_the_step_is_the_stand_ins_plus_at_most_the_middle_messages() -> None:
                                            times.ends[rank], strict=True)
                  if op.kind is OpKind.SEND and d.coords(op.peer).pp == PP // 2)
     assert 0 < mine.step_time_s - theirs.step_time_s <= middle
-
-
-def test_the_executor_refuses_dualpipe_in_one_line(tmp_path: Path) -> None:
-    pytest.importorskip("torch")
-    from executor.run import run
-
-    with pytest.raises(ConfigError, match=r"^parallel.schedule: \"dualpipe\" is not run by "):
-        run(experiment_from_dict(_config()), tmp_path / "out")
 
 
 def test_the_command_line_simulates_it_as_written(tmp_path: Path) -> None:
