@@ -238,7 +238,9 @@ def test_the_shipped_deepseek_example_is_dualpipe_on_2048_h800() -> None:
 
 
 @pytest.mark.parametrize("parallel", [
-    {}, {"pp": 8, "dp": 1, "ep": 1, "global_batch": 16, "zero": 0}])
+    {}, {"pp": 8, "dp": 1, "ep": 1, "global_batch": 16, "zero": 0}, {"zero": 2},
+    {"overlap_moe_comm": True}, {"tp": 2, "sp": True, "dp": 1, "ep": 1, "global_batch": 8},
+    {"cp": 2, "dp": 1, "ep": 1, "global_batch": 8}])
 def test_folded_equals_unfolded(parallel: dict) -> None:
     """One rank per pipeline rank stands for its DP replicas: the pair x DP gradient group
     joins two representatives, as the tied-embedding group does elsewhere."""
