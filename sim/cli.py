@@ -11,6 +11,7 @@
     parasim sweep KEY VALUE [VALUE...] [--config F.toml] [--set K=V] [--report F.html] [--json]
     parasim export --chakra DIR [--config F.toml] [--no-fold] [--json]
     parasim from-megatron "ARGS..." [--gpus N] [--cluster PRESET] [--model hf:PATH]
+    parasim whatif TRACE... [--config F.toml] [--set K=V] [--job JOB.toml] [--json]
 
 Bare `parasim` prints the commands, each with one example (`sim.commands.overview`); each command's
 `--help` ends with its example.
@@ -39,7 +40,7 @@ from traces.errors import ConfigError, Fault, Terminated
 from traces.files import removed_note
 
 COMMANDS = ("collective", "simulate", "replay", "run", "search", "calibrate", "validate",
-            "goodput", "sweep", "export", "from-megatron")
+            "goodput", "sweep", "export", "from-megatron", "whatif")
 """The commands, in the order `--help` lists them: each the module `sim.commands.<name>`."""
 
 

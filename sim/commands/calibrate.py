@@ -38,8 +38,8 @@ from sim.calibrate.microbench import (
     resolve_target,
     run_microbenchmarks,
 )
-from sim.calibrate.summary import summary_json, summary_text
-from sim.commands.common import Phases, emit, parse_sizes, trace_files
+from sim.calibrate.summary import merged_notes, summary_json, summary_text
+from sim.commands.common import Phases, emit, job_progress, parse_sizes, trace_files
 from sim.provenance import files_sha256, flags_sha256, provenance
 from sim.settings import add_set_flag, named_as_flags, parse_settings
 from traces.errors import ConfigError, warn
@@ -103,7 +103,9 @@ def run(args: argparse.Namespace) -> int:
             spec = bench_spec(target, parse_sizes(args.sizes), args.repeats,
                               parse_probes(args.probes, target))
             backend = host_backend(target.cluster, target.world, f"--run {args.run}")
-            traces.append(run_microbenchmarks(spec, keep_dir, args.timeout, backend=backend))
+            with job_progress("microbenchmarks", 1):
+                traces.append(run_microbenchmarks(spec, keep_dir, args.timeout,
+                                                  backend=backend))
         else:
             with named_as_flags(settings):
                 target = fit_target(args.cluster, traces, settings)
@@ -113,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
 
     name = args.name or Path(args.out).stem
     profile, report = fit_profile(traces, target.cluster, base=target.profile, name=name)
-    for note in report.unidentified:
+    for note in merged_notes(report.unidentified):
         warn(f"calibrate: {note}")
     with Outputs(targets.values()) as outputs:
         outputs.write(targets["--out"], json.dumps(profile.to_json(), indent=1,

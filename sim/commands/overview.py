@@ -25,6 +25,7 @@ EXAMPLES: Mapping[str, str] = {
     "from-megatron": "parasim from-megatron \"--tensor-model-parallel-size 8 "
                      "--sequence-parallel\" --gpus 8 "
                      "--model hf:tests/data/hf/Meta-Llama-3-8B.config.json",
+    "whatif": "parasim whatif runs/tiny --set parallel.dp=2 --set parallel.tp=1",
 }
 """One command line per command, in `sim.cli.COMMANDS`' order."""
 

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import argparse
 import json
+from functools import partial
 from typing import Any
 
 from sim.commands.common import (
-    ProgressBar,
+    UnitBars,
     config_path,
     emit,
     error,
@@ -85,17 +86,22 @@ def run(args: argparse.Namespace) -> int:
     for warning in exp.warnings:
         warn(warning)
     with Outputs(targets.values()) as outputs:
-        with ProgressBar("simulate", "op") as bar:
-            summary, times = predict(exp, fold=not args.no_fold, progress=bar.progress)
+        with UnitBars("simulate", "ops replayed", "ranks planned") as bars:
+            if shown := bars.shown():
+                bars("rank", 0, None)  # from the start: choosing the ranks takes seconds too
+            summary, times = predict(exp, fold=not args.no_fold,
+                                     progress=partial(bars, "item") if shown else None,
+                                     plan_progress=partial(bars, "rank") if shown else None)
         if "--trace" in targets or "--chrome" in targets:
             devices = exp.cluster.device_words[1]
             write_timed(outputs, targets, keep_ranks(annotate(
                 times.timed_trace(), times, exp.model, exp.layout, devices), trace_ranks))
         if "--report" in targets:
             from sim.report import render_report  # plotly loads only when a report is asked for
+            from sim.report.about import opening_comment
 
-            outputs.write(targets["--report"], render_report(exp, summary, times,
-                                                             report_ranks))
+            outputs.write(targets["--report"], render_report(exp, summary, times, report_ranks,
+                                                             opening_comment(config)))
         outputs.commit()
         text = (json.dumps({**summary_json(exp, summary),
                             **provenance(exp.profile, config_sha256(config, settings))},
