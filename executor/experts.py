@@ -21,7 +21,7 @@ from executor.comm import Comm, Handle
 from executor.memory import MemoryMeter
 from executor.optim import AdamW, AdamWConfig
 from executor.params import DTYPES, expert_shapes, init_full_unit
-from traces.expert_grid import ep_coord, expert_data_group
+from traces.expert_grid import ep_coord, expert_grad_group
 from traces.layout import Layout
 from traces.model import ModelSpec
 from traces.moe_spec import is_moe_layer
@@ -35,7 +35,7 @@ class ExpertStore:
                  grad_dtype: torch.dtype, device: torch.device, meter: MemoryMeter,
                  adamw: AdamWConfig) -> None:
         self.ep, self.ep_rank = layout.ep, ep_coord(layout, rank)
-        self.group = expert_data_group(layout, rank)
+        self.group = expert_grad_group(layout, rank)
         stats = set(grad_stats_group(layout, rank))
         self.counted = self.group.index(rank) == 0 or len(stats & set(self.group)) == 1
         pp = layout.coords(rank).pp

@@ -16,7 +16,7 @@ from datetime import timedelta
 import torch.distributed as dist
 
 from traces.errors import ConfigError
-from traces.expert_grid import ep_group, expert_data_group
+from traces.expert_grid import ep_group, expert_grad_group
 from traces.layout import Axis, Layout
 from traces.ops import Stream, Trace
 from traces.plan.optimizer import grad_stats_group
@@ -49,7 +49,7 @@ def layout_groups(layout: Layout, experts: bool = False) -> dict[str, list[tuple
     return {"tp": layout.groups(Axis.TP), "dp": data, "embedding": embedding,
             "cp": layout.groups(Axis.CP) if layout.cp > 1 else [], "grad_stats": stats,
             "ep": sorted({ep_group(layout, r) for r in ranks}),
-            "expert_dp": sorted({expert_data_group(layout, r) for r in ranks})}
+            "expert_dp": sorted({expert_grad_group(layout, r) for r in ranks})}
 
 
 def layout_group_keys(layout: Layout,

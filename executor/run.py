@@ -103,10 +103,6 @@ def run(experiment: Any, out_dir: str | Path, steps: int = 1, warmup: int = 1,
     if steps < 1 or warmup < 0:
         raise ConfigError(f"run: steps {steps} must be >= 1 and warmup {warmup} >= 0")
     model, layout = specs(experiment)
-    if getattr(experiment, "twin_of", None) is not None:  # sim.config.Experiment.twin_of
-        raise ConfigError("parallel.schedule: \"dualpipe\" is not run by the executor (the "
-                          "simulator times it as its DualPipeV twin, traces.dualpipe_twin); "
-                          "use \"dualpipev\"")
     options = options or RunOptions()
     check_supported(model, layout, options)
     plan = as_run(build(model, layout), options)

@@ -37,7 +37,6 @@ from sim.models.sharing import check_comm_sms
 from sim.profile import Profile, default_profile, load_profile
 from topology.cluster import Accelerator, Cluster
 from topology.config import read_cluster
-from traces.dualpipe_twin import dualpipe_twin, twin_note
 from traces.errors import ConfigError, show
 from traces.fields import Fields, check_choice
 from traces.files import load_toml
@@ -72,11 +71,8 @@ class Experiment:
     """The profile file the config names ([sim] profile or --profile), an input of the run."""
     reliability: Reliability | None = None
     """The `[reliability]` table, when the config has one (`parasim goodput` reads it)."""
-    twin_of: Layout | None = None
-    """The layout as written where `layout` is the twin it is simulated as (schedule =
-    "dualpipe": `traces.dualpipe_twin`); None: `layout` is as written."""
     warnings: tuple[str, ...] = field(init=False, default=())
-    """Combinations that work but are slow (TP groups across servers), and a twin's note."""
+    """Combinations that work but are slow (TP groups across servers)."""
 
     def __post_init__(self) -> None:
         # Checked as the strings they may be (check_choice compares types as well).
@@ -89,8 +85,6 @@ class Experiment:
         check_fp8(self.model, self.cluster.accelerator)
         if self.model.fp8:
             check_recipe_layout(self.model.fp8_recipe, self.model.experts, self.layout.etp)
-        if self.twin_of is not None:
-            notes = (*notes, twin_note(self.twin_of))
         object.__setattr__(self, "warnings", notes)
 
 
@@ -171,10 +165,8 @@ def experiment_from_dict(data: Mapping[str, Any], *, name: str = "experiment",
     cluster = profile.applied_to(cluster)  # measured link classes and roofs replace the preset's
     model = resolve_fp8(model, cluster.accelerator, "fp8_recipe" in model_table)
     check_recipe_named(model_table.get("fp8_recipe"))
-    twin = dualpipe_twin(layout)
-    return Experiment(name=name, model=model, layout=twin, cluster=cluster, network=network,
+    return Experiment(name=name, model=model, layout=layout, cluster=cluster, network=network,
                       algo=algo, profile=profile, reliability=reliability,
-                      twin_of=layout if twin is not layout else None,
                       profile_path=base / profile_path if profile_path else None)
 
 

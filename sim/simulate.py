@@ -108,7 +108,6 @@ def summary_json(exp: Experiment, s: StepSummary) -> dict[str, Any]:
         "cluster": exp.cluster.name,
         "world": exp.layout.world,
         "layout": exp.layout.to_dict(),
-        **({"layout_as_written": exp.twin_of.to_dict()} if exp.twin_of is not None else {}),
         "attention": str(exp.model.attention),
         "network": str(exp.network),
         "step_time_s": s.step_time_s,
@@ -237,12 +236,6 @@ def _overlaps(layout: Layout) -> list[str]:
     return [f"  overlaps            {'; '.join(names)}"] if names else []
 
 
-def _as_written(exp: Experiment) -> str:
-    """Where the layout is a twin (`traces.dualpipe_twin`): the schedule as written."""
-    w = exp.twin_of
-    return "" if w is None else f" (the twin of {w.schedule} at pp {w.pp}, dp {w.dp})"
-
-
 def summary_text(exp: Experiment, s: StepSummary) -> str:
     L = exp.layout
     layout = L.axes()
@@ -257,7 +250,7 @@ def summary_text(exp: Experiment, s: StepSummary) -> str:
         f"parasim: {exp.name} on {exp.cluster.name} ({L.world} {devices}), {layout}"
         + (f", {', '.join(extras)}" if extras else ""),
         f"  schedule            {L.schedule}, {L.num_microbatches} micro-batches of "
-        f"{L.micro_batch}, global batch {L.global_batch}" + _as_written(exp),
+        f"{L.micro_batch}, global batch {L.global_batch}",
         *([f"  pipeline layers     {_stage_layers(exp)}"] if L.custom_split else []),
         f"  attention           {exp.model.attention}"
         + (" (materialized scores)" if str(exp.model.attention) == "unfused" else ""),

@@ -53,3 +53,13 @@ def first_stages(pp: int) -> frozenset[int]:
 def last_stages(pp: int) -> frozenset[int]:
     """Where micro-batches leave (the loss): each direction's last stage."""
     return frozenset({pp - 1, 2 * pp - 1})
+
+
+def dualpipe_model_order(pp: int, m: int) -> dict[int, list[Step]]:
+    """`dualpipe_order` with each step named by the model stage it runs (0 .. pp - 1, the
+    layers of `traces.stage_split`'s pp stages): direction 1's stage pp + s is the second
+    copy's stage s. The plan builder runs this form: rank r holds stage r of copy 0 and
+    stage pp - 1 - r of copy 1, the micro-batch telling the copy and so the peers
+    (`traces.schedule_rules.dualpipe_rank`)."""
+    return {r: [(stage % pp, kind, mb) for stage, kind, mb in steps]
+            for r, steps in dualpipe_order(pp, m).items()}

@@ -22,6 +22,7 @@ from typing import Protocol
 from traces.errors import ConfigError
 from traces.fields import MAX_ACCELERATORS, check_int
 from traces.model import ModelSpec
+from traces.schedule_rules import model_copies
 
 
 class Layout(Protocol):
@@ -41,6 +42,10 @@ class Layout(Protocol):
     def sp(self) -> bool: ...
     @property
     def zero(self) -> int: ...
+    @property
+    def pp(self) -> int: ...
+    @property
+    def schedule(self) -> str: ...
 
 
 def check_expert_grid(layout: Layout) -> None:
@@ -115,6 +120,24 @@ def expert_data_degree(layout: Layout) -> int:
 
 def expert_data_group(layout: Layout, rank: int) -> tuple[int, ...]:
     return _members(layout, rank, layout.etp * layout.ep, expert_data_degree(layout))
+
+
+def expert_grad_degree(layout: Layout) -> int:
+    """Ranks that sum a routed expert's gradient and shard its ZeRO states: its expert-DP
+    group, on both ranks of a DualPipe pair (`traces.schedule_rules.holders`)."""
+    return expert_data_degree(layout) * model_copies(str(layout.schedule))
+
+
+def expert_grad_group(layout: Layout, rank: int) -> tuple[int, ...]:
+    """The `expert_grad_degree` ranks of `rank`'s experts, in rank order (its expert-DP
+    group but under dualpipe, where the pair's mirror stage's group joins it)."""
+    group = expert_data_group(layout, rank)
+    if model_copies(str(layout.schedule)) == 1:
+        return group
+    n = layout.tp * layout.cp * layout.dp
+    pp_rank = rank // n
+    mirror = (layout.pp - 1 - pp_rank - pp_rank) * n
+    return tuple(sorted((*group, *(r + mirror for r in group))))
 
 
 GroupOf = Callable[[Layout, int], tuple[int, ...]]

@@ -38,7 +38,7 @@ from traces.fields import (
 from traces.fsdp import GradSync, check_reshard, checked_grad_sync, default_grad_sync
 from traces.model import ModelSpec
 from traces.recompute import Recompute, check_options
-from traces.schedule_rules import check_schedule, rank_stages, stage_rank
+from traces.schedule_rules import check_schedule, holders, model_copies, rank_stages, stage_rank
 from traces.split_rules import check_split_keys
 from traces.stage_split import Split
 from traces.units import MAX_SIZE_BYTES
@@ -92,8 +92,7 @@ class Schedule(StrEnum):
     ZB1P = "zb1p"  # zero-bubble ZB-1P (traces.zero_bubble), vp >= 1 chunks per rank
     ZBV = "zbv"  # zero-bubble ZB-V: two chunks per rank in a V (traces.zero_bubble)
     DUALPIPEV = "dualpipev"  # DualPipeV: zbv's V, overlapped pairs (traces.dualpipev_order)
-    DUALPIPE = "dualpipe"  # DeepSeek's two-copy DualPipe (traces.dualpipe_order), simulated
-    # as its DualPipeV twin (traces.dualpipe_twin)
+    DUALPIPE = "dualpipe"  # DeepSeek's two-copy DualPipe (traces.dualpipe_order)
 
 
 class CpComm(StrEnum):
@@ -282,15 +281,18 @@ class Layout:
     @property
     def data_degree(self) -> int:
         """Ranks that hold the same parameters: DP x CP (Megatron-Core reduces gradients and
-        shards the distributed optimizer over its data-parallel-with-context-parallel group)."""
-        return self.dp * self.cp
+        shards the distributed optimizer over its data-parallel-with-context-parallel group),
+        times DualPipe's two copies (`traces.schedule_rules.holders`)."""
+        return self.dp * self.cp * model_copies(self.schedule)
 
     def data_group(self, rank: int) -> tuple[int, ...]:
-        """The DP x CP group of `rank` (its DP group when cp = 1), in rank order."""
-        if self.cp == 1:
-            return self.group(rank, Axis.DP)
+        """The DP x CP group of `rank` (its DP group when cp = 1; under dualpipe, of both
+        ranks of its pair: `holders`), in rank order."""
         c = self.coords(rank)
-        return tuple(sorted(self.rank(tp=c.tp, cp=k, dp=d, pp=c.pp)
+        pair = holders(self.schedule, self.pp, c.pp)
+        if self.cp == 1 and len(pair) == 1:
+            return self.group(rank, Axis.DP)
+        return tuple(sorted(self.rank(tp=c.tp, cp=k, dp=d, pp=p) for p in pair
                             for d in range(self.dp) for k in range(self.cp)))
 
     def embedding_group(self, rank: int) -> tuple[int, ...]:

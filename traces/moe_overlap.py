@@ -109,8 +109,9 @@ def pairs(actions: list[Action]) -> list[tuple[int, int]]:
 def dualpipe_pairs(actions: list[Action]) -> list[Group]:
     """DualPipe's overlapped pairs in a rank's actions (`traces.dualpipev_order`): a forward
     followed by the full backward (its B, then its W) of the rank's other chunk and another
-    micro-batch; but not the last rank's first such pair (the rank whose two stages meet at
-    the V's turn), which deepseek-ai/DualPipe runs without overlap "to further reduce bubble
+    micro-batch; but not the first such pair of a rank whose two stages are adjacent
+    (DualPipeV's last rank, at the V's turn; DualPipe's middle ranks pp/2 - 1 and pp/2, by
+    model stage), which deepseek-ai/DualPipe runs without overlap "to further reduce bubble
     size" (dualpipe/dualpipe.py, step 4, the middle ranks, commit bb214e82)."""
     out: list[Group] = []
     for i in range(len(actions) - 2):

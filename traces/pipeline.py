@@ -10,6 +10,7 @@ tensor-parallel collectives, sends and receives, gradient reduction) into the pl
     interleaved  Megatron-LM's interleaved 1F1B over vp model chunks per rank
     zb1p         zero-bubble ZB-1P, the backward split into B and W (`traces.zero_bubble`)
     dualpipev    PyTorch's ScheduleDualPipeV on zbv's V (`traces.dualpipev_order`)
+    dualpipe     deepseek-ai/DualPipe's two copies (`traces.dualpipe_order`), by model stage
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
+from traces.dualpipe_order import dualpipe_model_order
 from traces.dualpipev_order import dualpipev_order
 from traces.errors import ConfigError
 from traces.layout import Layout
@@ -113,9 +115,11 @@ def build_schedule(name: str, pp: int, m: int, vp: int = 1, extra: int = 0) -> A
         order = (zb1p_order(pp, m, vp) if name == "zb1p" else zbv_order(pp, m)
                  if name == "zbv" else dualpipev_order(pp, m))
         schedule = {r: [Action(*step) for step in steps] for r, steps in order.items()}
-    elif name == "dualpipe":
-        raise ConfigError("parallel.schedule: \"dualpipe\" is simulated as its DualPipeV "
-                          "twin: build the plan of traces.dualpipe_twin.dualpipe_twin(layout)")
+    elif name == "dualpipe":  # model stages, the micro-batch naming the copy
+        schedule = {r: [Action(*step) for step in steps]
+                    for r, steps in dualpipe_model_order(pp, m).items()}
+        validate(schedule, pp, m, dualpipe=True)
+        return schedule
     else:
         raise ConfigError(f"parallel.schedule: {name!r} is not gpipe, 1f1b, interleaved, zb1p, "
                           "zbv, dualpipev or dualpipe")
@@ -138,16 +142,22 @@ def format_schedule(schedule: ActionSchedule, mark: tuple[int, int] | None = Non
     return "\n".join(lines)
 
 
-def validate(schedule: ActionSchedule, pp: int, m: int, vp: int = 1, v_shape: bool = False
-             ) -> None:
+def validate(schedule: ActionSchedule, pp: int, m: int, vp: int = 1, v_shape: bool = False,
+             dualpipe: bool = False) -> None:
     """Every (stage, micro-batch) forward and backward exactly once, on the stage's rank, and
-    the whole schedule runs to the end when every pass waits for its inputs (no deadlock)."""
+    the whole schedule runs to the end when every pass waits for its inputs (no deadlock).
+    `dualpipe`: model stages r (the first m/2 micro-batches) and pp - 1 - r (the rest) on
+    rank r (`traces.dualpipe_order.dualpipe_model_order`)."""
     for r in range(pp):
         actions = schedule.get(r, [])
         kinds: tuple[Literal["F", "B", "W"], ...] = \
             (*KINDS, "W") if any(a.kind == "W" for a in actions) else KINDS
         stages = rank_stages("zbv" if v_shape else "", pp, vp, r)  # zbv, dualpipev: a V
-        expected = {Action(s, k, i) for s in stages for k in kinds for i in range(m)}
+        halves = [range(m // 2), range(m // 2, m)] if dualpipe else [range(m)] * len(stages)
+        if dualpipe:
+            stages = [r, pp - 1 - r]
+        expected = {Action(s, k, i) for s, mbs in zip(stages, halves, strict=True)
+                    for k in kinds for i in mbs}
         if sorted(map(str, actions)) != sorted(map(str, expected)):
             missing = sorted(map(str, expected - set(actions)))[:4]
             raise ConfigError(f"schedule: rank {r} must run each of its stages' F and B "

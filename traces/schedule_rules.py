@@ -1,7 +1,9 @@
 """The rules a layout must meet for its pipeline schedule, and where the schedule puts each
 virtual stage: stage k on pipeline rank k % pp as its chunk k // pp, but under zbv (two chunks
 in a V, PyTorch's generate_stage_to_rank_mapping style "v") rank r runs stages r and
-2 pp - 1 - r (so too under dualpipev: `V_SHAPED`). Apart from `traces.layout` so that it
+2 pp - 1 - r (so too under dualpipev: `V_SHAPED`); under dualpipe rank r holds model stage r
+of the first copy and pp - 1 - r of the second (`traces.dualpipe_order`), a micro-batch's
+copy naming the rank that runs a stage (`dualpipe_rank`). Apart from `traces.layout` so that it
 stays within its size; it reads a layout through `_Parallel` (no import of it)."""
 
 from __future__ import annotations
@@ -47,14 +49,38 @@ def rank_stages(schedule: str, pp: int, vp: int, pp_rank: int) -> list[int]:
     """Virtual stages of pipeline rank `pp_rank`, chunk by chunk."""
     if schedule in V_SHAPED:
         return [pp_rank, 2 * pp - 1 - pp_rank]
+    if schedule == "dualpipe":  # by phase: the pair (r, pp - 1 - r) in one order
+        return sorted((pp_rank, pp - 1 - pp_rank))
     return [chunk * pp + pp_rank for chunk in range(vp)]
 
 
 def stage_rank(schedule: str, pp: int, stage: int) -> int:
-    """The pipeline rank that runs virtual stage `stage`."""
+    """The pipeline rank that runs virtual stage `stage` (dualpipe: of the first copy)."""
     if schedule in V_SHAPED and stage >= pp:
         return 2 * pp - 1 - stage
     return stage % pp
+
+
+def model_copies(schedule: str) -> int:
+    """Copies of the model a pipeline holds: DualPipe's two (deepseek-ai/DualPipe), else one."""
+    return 2 if schedule == "dualpipe" else 1
+
+
+def holders(schedule: str, pp: int, pp_rank: int) -> tuple[int, ...]:
+    """The pipeline ranks holding the parameters of `pp_rank`'s stages: DualPipe's pair
+    (r, pp - 1 - r), whose gradients are summed (deepseek-ai/DualPipe's
+    examples/example_dualpipe.py adds rank pp - 1 - r's gradient of the other copy to rank
+    r's, commit 7cb1e5e6); else the rank alone."""
+    if schedule != "dualpipe":
+        return (pp_rank,)
+    return tuple(sorted({pp_rank, pp - 1 - pp_rank}))
+
+
+def dualpipe_rank(pp: int, m: int, stage: int, microbatch: int) -> int:
+    """Under dualpipe, the pipeline rank running model stage `stage` for `microbatch`:
+    the first copy's (direction 0, micro-batches 0 .. m/2 - 1) on rank `stage`, the
+    second's on rank pp - 1 - stage."""
+    return stage if microbatch < m // 2 else pp - 1 - stage
 
 
 def check_schedule(layout: _Parallel) -> None:
@@ -121,8 +147,8 @@ def check_zero_bubble(layout: _Parallel) -> None:
 def check_dualpipe(layout: _Parallel) -> None:
     """DeepSeek's two-copy DualPipe (`traces.dualpipe_order`): deepseek-ai/DualPipe's asserts
     (pp even, an even number of micro-batches, at least 2 pp), one chunk per rank as written
-    (the second copy is the schedule's own), and DualPipeV's rules for the twin it is
-    simulated as (`traces.dualpipe_twin`)."""
+    (the second copy is the schedule's own), no ZeRO-3 and no tp_comm_overlap (its W
+    deferred, as the zero-bubble schedules)."""
     m, pp = layout.num_microbatches, layout.pp
     if pp % 2:
         raise ConfigError(f"parallel.pp: {pp}; dualpipe (deepseek-ai/DualPipe) needs an even "
@@ -138,7 +164,7 @@ def check_dualpipe(layout: _Parallel) -> None:
         raise ConfigError("parallel.schedule: \"dualpipe\" needs an even split or a "
                           "pipeline_layout (no pp_first_layers, pp_last_layers or "
                           "account_for_*)")
-    if layout.zero == 3 and layout.dp * layout.cp > 1:
+    if layout.zero == 3:  # the pair's two copies hold each stage's parameters (`holders`)
         raise ConfigError("parallel.zero: 3 with schedule = \"dualpipe\"; ZeRO-3 frees a "
                           "unit's parameters after its backward, and the deferred W needs them")
     if layout.tp_comm_overlap:

@@ -38,7 +38,7 @@ WEIGHT_GEMMS = frozenset({K.QKV, K.MLA_DOWN, K.Q_UP, K.KV_UP, K.PROJ, K.FC1, K.F
 """Kernels whose backward is two GEMMs, dA = dC·Bᵀ (in B) and dB = Aᵀ·dC (in W)."""
 WEIGHT_ONLY = frozenset({K.EMBED, K.POS_EMBED})
 """Kernels whose backward is a weight gradient only (the lookup's scatter-add): all in W."""
-SPLIT_SCHEDULES = frozenset({"zb1p", "zbv", "dualpipev"})
+SPLIT_SCHEDULES = frozenset({"zb1p", "zbv", "dualpipev", "dualpipe"})
 
 
 def zb1p(pp: int, m: int, vp: int = 1) -> ActionSchedule:

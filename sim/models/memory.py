@@ -33,7 +33,7 @@ from sim.models.saved_activations import saving_terms
 from traces import op_sac
 from traces.errors import ConfigError
 from traces.fsdp import GradSync
-from traces.layout import Layout, Recompute
+from traces.layout import Layout, Recompute, Schedule
 from traces.model import ModelSpec
 from traces.pipeline import Action, ActionSchedule, layout_schedule
 from traces.recompute import optimizer_bytes, recomputes_core
@@ -210,8 +210,9 @@ def working_bytes(model: ModelSpec, layout: Layout, pp_rank: int) -> float:
                    for i in rank_layers(model, layout, pp_rank)), default=0.0)
         total += activation_bytes_per_layer(model, kept) - \
             activation_bytes_per_layer(model, layout) + moe
-    if pp_rank == layout.pp - 1:
-        # fp32 logits of one micro-batch, vocab-parallel: 4 * s * b * V / t.
+    if pp_rank == layout.pp - 1 or (layout.schedule is Schedule.DUALPIPE and pp_rank == 0):
+        # fp32 logits of one micro-batch, vocab-parallel: 4 * s * b * V / t (DualPipe: the
+        # second copy's loss on rank 0).
         total += LOGITS_BYTES * model.seq_len // layout.cp * layout.micro_batch * model.vocab / t
     if layout.zero == 3:
         total += zero3_working_bytes(model, layout, pp_rank)
@@ -326,7 +327,7 @@ def _per_pass(model: ModelSpec, layout: Layout, pp_rank: int) -> float:
         return layout.layers_per_chunk(model, pp_rank) * per_layer
     layers = rank_layers(model, layout, pp_rank)
     return sum(per_layer + moe_activation_delta(model, layout, layer)
-               for layer in layers) / layout.vp
+               for layer in layers) / len(layout.stages_of_rank(pp_rank))  # vp; dualpipe 2
 
 
 def memory_by_pp_rank(model: ModelSpec, layout: Layout,

@@ -24,7 +24,7 @@
 from __future__ import annotations
 
 from sim.models.saved_activations import mlp_saving, moe_mlp_terms
-from traces.expert_grid import expert_data_degree
+from traces.expert_grid import expert_grad_degree
 from traces.layout import Layout, Recompute
 from traces.model import ModelSpec
 from traces.moe import ExpertShard, local_expert_tokens, rank_tokens
@@ -46,8 +46,9 @@ def expert_params_on_rank(model: ModelSpec, layout: Layout, pp_rank: int) -> flo
 
 
 def expert_shards(layout: Layout) -> int:
-    """Ranks over which ZeRO shards the experts' states: the expert-data-parallel group."""
-    return expert_data_degree(layout)
+    """Ranks over which ZeRO shards the experts' states: the expert-data-parallel group (and
+    DualPipe's pair: `traces.expert_grid.expert_grad_degree`)."""
+    return expert_grad_degree(layout)
 
 
 def moe_activation_delta(model: ModelSpec, layout: Layout, layer: int) -> float:

@@ -365,6 +365,7 @@ _GENERATORS: dict[Schedule, Callable[[int, int, int, int], ActionSchedule]] = {
     Schedule.ZB1P: lambda pp, m, vp, extra: zb1p(pp, m, vp),
     Schedule.ZBV: lambda pp, m, vp, extra: build_schedule("zbv", pp, m, vp),
     Schedule.DUALPIPEV: lambda pp, m, vp, extra: build_schedule("dualpipev", pp, m, vp),
+    Schedule.DUALPIPE: lambda pp, m, vp, extra: build_schedule("dualpipe", pp, m, vp),
 }
 
 

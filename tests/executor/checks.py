@@ -47,9 +47,9 @@ def check_training(model: ModelSpec, layout: Layout, results: list[dict[str, Any
     for step, ref_loss in enumerate(run.losses):
         # per (DP replica, micro-batch), the mean over its CP ranks (each holds s/cp tokens)
         by_sequence: dict[tuple[int, int], list[float]] = {}
-        loss_rank = layout.stage_rank(layout.num_stages - 1)  # pp - 1, but rank 0 under zbv
+        last = layout.num_stages - 1  # on pp - 1, but rank 0 under zbv, both under dualpipe
         for res in results:
-            if res["coords"].pp == loss_rank and res["coords"].tp == 0:
+            if last in layout.stages_of_rank(res["coords"].pp) and res["coords"].tp == 0:
                 for mb, v in res["losses"][step].items():
                     by_sequence.setdefault((res["coords"].dp, mb), []).append(v)
         assert len(by_sequence) == layout.dp * layout.num_microbatches

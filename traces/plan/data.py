@@ -148,7 +148,9 @@ class _DataWalk:
     def action(self, action: Action, group: list[Node]) -> list[Node]:
         zero, mb = self.zero, action.microbatch
         phase = Phase.FWD if action.kind == "F" else Phase.BWD
-        final = mb == self.ctx.last_microbatch
+        final = self.ctx.ends_chunk(mb)
+        if final and zero != 3:  # DualPipe's first copy ends at m/2 - 1: its buckets are
+            mb = self.ctx.last_microbatch  # the step's last round all the same
         reduce_grads = action.kind == self.grads_kind and zero != 3 and \
             (final or self.every_microbatch)
         gathers = zero == 3 and self.ctx.layout.data_degree > 1

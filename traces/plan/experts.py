@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from traces.alltoallv import AllToAllv, deepep_split, split_of
-from traces.expert_grid import ep_coord, ep_group, etp_group, expert_data_group
+from traces.expert_grid import ep_coord, ep_group, etp_group, expert_grad_group
 from traces.moe import (
     ExpertShard,
     dispatch_tokens,
@@ -133,14 +133,14 @@ def add_expert_grads(ctx: RankContext, actions: list[Action], program: Program) 
     1/2: reduce-scatter), on the DP stream, as Megatron-Core's expert data-parallel
     gradient buffers do."""
     layout = ctx.layout
-    group = expert_data_group(layout, ctx.rank)
+    group = expert_grad_group(layout, ctx.rank)
     if not ctx.model.experts or len(group) == 1:
         return program
     kind = OpKind.ALL_REDUCE if layout.zero == 0 else OpKind.REDUCE_SCATTER
     out: Program = []
     for action, nodes in zip(actions, program, strict=False):
         if action.kind != ("W" if splits_backward(layout.schedule) else "B") \
-                or action.microbatch != ctx.last_microbatch:
+                or not ctx.ends_chunk(action.microbatch):
             out.append(nodes)
             continue
         last = {node.op.layer: i for i, node in enumerate(nodes)

@@ -19,7 +19,7 @@ from itertools import chain, compress, count, repeat
 from operator import attrgetter
 
 from traces import mla
-from traces.layout import Axis, Layout
+from traces.layout import Axis, Layout, Schedule
 from traces.model import ModelSpec
 from traces.moe_spec import expert_params as moe_expert_params
 from traces.moe_spec import is_moe_layer
@@ -27,6 +27,7 @@ from traces.mtp import mtp_unit_extra
 from traces.ops import Op, Stream
 from traces.plan.budget import OpBudget
 from traces.purpose import Part, Unit
+from traces.schedule_rules import dualpipe_rank
 
 
 class Node:
@@ -106,10 +107,20 @@ class RankContext:
     def last_microbatch(self) -> int:
         return self.layout.num_microbatches - 1
 
-    def peer(self, stage: int) -> int:
-        """The rank that runs virtual stage `stage` in this rank's pipeline."""
-        coords = self.layout.coords(self.rank)
-        return self.layout.rank_of(coords.moved(Axis.PP, self.layout.stage_rank(stage)))
+    def ends_chunk(self, microbatch: int) -> bool:
+        """Whether `microbatch` is the last a chunk of this rank runs: the step's last, or
+        under dualpipe the first copy's last too (m/2 - 1: `traces.dualpipe_order`)."""
+        return microbatch == self.last_microbatch or (
+            self.layout.schedule is Schedule.DUALPIPE
+            and microbatch == self.layout.num_microbatches // 2 - 1)
+
+    def peer(self, stage: int, microbatch: int = 0) -> int:
+        """The rank that runs virtual stage `stage` in this rank's pipeline (dualpipe: for
+        `microbatch`'s copy, `traces.schedule_rules.dualpipe_rank`)."""
+        layout = self.layout
+        at = dualpipe_rank(layout.pp, layout.num_microbatches, stage, microbatch) \
+            if layout.schedule is Schedule.DUALPIPE else layout.stage_rank(stage)
+        return layout.rank_of(layout.coords(self.rank).moved(Axis.PP, at))
 
     def unit_params(self, unit: Unit) -> float:
         """Parameters of one unit held by this rank (per TP rank, before ZeRO sharding), but an

@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from itertools import chain
 from operator import attrgetter, indexOf
 
-from traces.expert_grid import expert_data_degree, expert_data_group
+from traces.expert_grid import expert_grad_degree, expert_grad_group
 from traces.kernels import step_kernel_bytes
 from traces.layout import Layout
 from traces.moe_spec import is_moe_layer
@@ -65,7 +65,8 @@ def add_optimizer(ctx: RankContext, program: Program,
     actions, nodes = program[:-1], list(chain.from_iterable(program))
     out: list[Node] = []
     # tied, or MTP's copy (finalize_model_grads all-reduces both over the embedding group)
-    apart = layout.stage_rank(0) != layout.stage_rank(layout.num_stages - 1)  # not zbv's V
+    apart = layout.num_stages - 1 not in layout.stages_of_rank(layout.stage_rank(0))  # not
+    # zbv's V, nor DualPipe's pair (DeepSeek-V3 report 2.2: shared on one PP rank)
     if apart and (model.tied_embeddings or model.mtp_layers) and _owns_embeddings(ctx):
         size = model.vocab * model.hidden / layout.tp * ctx.grad_bytes
         op = Op(kind=OpKind.ALL_REDUCE, stream=Stream.DP, name="embedding_grads",
@@ -86,7 +87,7 @@ def add_optimizer(ctx: RankContext, program: Program,
                                      layers=layers, ep=layout.ep, etp=layout.etp)
     if model.experts:  # the routed experts' states shard over the expert-DP group
         experts = sum(ctx.expert_params(layer) for layer in layers)
-        expert_shard = expert_data_degree(layout) if layout.zero >= 1 else 1
+        expert_shard = expert_grad_degree(layout) if layout.zero >= 1 else 1
         params = (params - experts) + experts * shard / expert_shard
     group = grad_stats_group(layout, ctx.rank)
     after = waits
@@ -150,7 +151,7 @@ def _expert_gathers(ctx: RankContext, layers: list[int]) -> list[tuple[Op, list[
     """ZeRO 1/2 over an expert-DP group of two or more: each MoE layer's updated routed
     experts, all-gathered as parameters (the elements its `ExpertGrads` reduce-scattered)."""
     model, layout = ctx.model, ctx.layout
-    group = expert_data_group(layout, ctx.rank) if model.experts else ()
+    group = expert_grad_group(layout, ctx.rank) if model.experts else ()
     if layout.zero not in (1, 2) or len(group) < 2:
         return []
     out = []

@@ -14,7 +14,10 @@ together with the next forward's receive and is waited for only before that next
 message moves beside the other direction's chunk. Here a send then blocks only the next
 action of its kind (and the optimizer step). The zero-bubble schedules run as PyTorch's
 _PipelineScheduleRuntime runs them: sends are isends that no later action waits for (blocking
-sends deadlock zbv's V, whose ranks send to each other both ways).
+sends deadlock zbv's V, whose ranks send to each other both ways). Under DualPipe a stage's
+peers depend on the micro-batch's copy (`RankContext.peer`): the second copy flows from the
+last rank to the first, on the second leg's streams, and the middle ranks pp/2 - 1 and pp/2
+send to each other in both directions.
 
 Each send and receive carries `layer`: the layer of its own stage whose input or output it
 carries (an activation sent on: the output of the stage's last layer; received: the input of
@@ -66,11 +69,15 @@ def add_pipeline_p2p(ctx: RankContext, actions: list[Action], program: Program) 
     pending: dict[str, Node | None] = {"F": None, "B": None}  # the last send of each kind
     ends: dict[int, tuple[int, int]] = {}  # stage -> its first and last layer (last + 1 =
     # first where it has none)
-    peers: dict[int, int] = {}  # stage -> the rank that runs it
+    peers: dict[object, int] = {}  # stage (dualpipe: and copy) -> the rank that runs it
     # zero-bubble schedules as PyTorch's _PipelineScheduleRuntime runs them: sends are
     # batched isends, waited for only at the end of the step (`traces.zero_bubble`)
     detached = splits_backward(layout.schedule)
     leg2 = str(layout.schedule) in V_SHAPED
+    # DualPipe: a stage's peers differ by copy (direction); the second copy's messages go on
+    # the second leg's streams, as zbv's
+    dual = layout.schedule is Schedule.DUALPIPE
+    half = layout.num_microbatches // 2
     for action, nodes in zip(actions, program):
         kind, stage, mb = action.kind, action.stage, action.microbatch
         if kind == "W":  # weight gradients: nothing to send or receive
@@ -85,12 +92,14 @@ def add_pipeline_p2p(ctx: RankContext, actions: list[Action], program: Program) 
             pending["F"] or pending["B"]
         entry = [] if before is None else [before]
         step: list[Node] = []
+        second = stage >= layout.pp if leg2 else dual and mb >= half
         stream, tag, offset = _RECV[kind]
-        stream = _LEG2[stream] if leg2 and stage >= layout.pp else stream
-        if _remote(ctx, peers, stage + offset):
+        stream = _LEG2[stream] if second else stream
+        if _remote(ctx, peers, stage + offset, mb):
             # an activation in is the first layer's input; a gradient in, of the last's output
             boundary = first if kind == "F" else last + 1
-            recv = _p2p(OpKind.RECV, stream, _peer(ctx, peers, stage + offset), size, tag, mb,
+            recv = _p2p(OpKind.RECV, stream, _peer(ctx, peers, stage + offset, mb), size, tag,
+                        mb,
                         (first if kind == "F" else last) if own else None, boundary)
             step.append(recv)
             entry.append(recv)
@@ -109,11 +118,11 @@ def add_pipeline_p2p(ctx: RankContext, actions: list[Action], program: Program) 
             pending = {"F": None, "B": None}
         pending[kind] = None
         stream, tag, offset = _SEND[kind]
-        stream = _LEG2[stream] if leg2 and stage >= layout.pp else stream
-        if _remote(ctx, peers, stage + offset):
+        stream = _LEG2[stream] if second else stream
+        if _remote(ctx, peers, stage + offset, mb):
             # an activation out is the next layer's input; a gradient back, the first's
             send = pending[kind] = _p2p(
-                OpKind.SEND, stream, _peer(ctx, peers, stage + offset), size, tag, mb,
+                OpKind.SEND, stream, _peer(ctx, peers, stage + offset, mb), size, tag, mb,
                 (last if kind == "F" else first) if own else None,
                 last + 1 if kind == "F" else first)
             if computes:
@@ -125,17 +134,19 @@ def add_pipeline_p2p(ctx: RankContext, actions: list[Action], program: Program) 
     return [*out, *program[len(actions):]]
 
 
-def _remote(ctx: RankContext, peers: dict[int, int], stage: int) -> bool:
+def _remote(ctx: RankContext, peers: dict[object, int], stage: int, mb: int) -> bool:
     """Whether virtual stage `stage` exists and runs on another rank (zbv's V turns on the
     last rank: its two stages meet there, and the tensor stays on the GPU)."""
-    return 0 <= stage <= ctx.last_stage and _peer(ctx, peers, stage) != ctx.rank
+    return 0 <= stage <= ctx.last_stage and _peer(ctx, peers, stage, mb) != ctx.rank
 
 
-def _peer(ctx: RankContext, peers: dict[int, int], stage: int) -> int:
-    """`ctx.peer(stage)`, found once per stage."""
-    if stage not in peers:
-        peers[stage] = ctx.peer(stage)
-    return peers[stage]
+def _peer(ctx: RankContext, peers: dict[object, int], stage: int, mb: int) -> int:
+    """`ctx.peer(stage, mb)`, found once per stage (under dualpipe, per stage and copy)."""
+    key = (stage, mb >= ctx.layout.num_microbatches // 2) \
+        if ctx.layout.schedule is Schedule.DUALPIPE else stage
+    if key not in peers:
+        peers[key] = ctx.peer(stage, mb)
+    return peers[key]
 
 
 def _p2p(kind: OpKind, stream: Stream, peer: int, size: float, tag: Tag, mb: int,
