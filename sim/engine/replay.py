@@ -37,6 +37,7 @@ from typing import Any, Protocol
 import simpy
 
 from sim.collectives import Algorithm
+from sim.engine.instant import SameInstant
 from sim.engine.loop import Loop
 from sim.engine.lowering import CommPlan, lower_communication
 from sim.engine.meetings import Meetings
@@ -167,6 +168,9 @@ class _Replay:
         run's real interference, or the stretch `simulate` gave the kernel it wrote), so the
         rank's scale never stretches them again (replaying simulate's own trace doubled the
         kernels it had stretched: 8% on the tiny example). Ranks with none: no entry."""
+        if self.occupancy.slows_kernels:
+            self.occupancy.instant = SameInstant(self.env, self.occupancy, plan.ops, plan.ops,
+                                                 self.kept)
         self.finished = 0
         self.report_at = 4096  # the next op count to call `progress` at
         self.total = plan.num_ops()
@@ -207,11 +211,13 @@ class _Replay:
         # data (`busy`), times the rank's own (`base`)
         kernel_scale = occupancy.kernel_scale if occupancy.per_kernel else None
         busy, base = occupancy.busy, occupancy.base[rank]
+        note = occupancy.instant.note if occupancy.instant is not None else None
         arrive, progress = self.meetings.arrive, self.progress
         kept = self.kept.get(rank)
         alone = (rank,)
         finished = 0  # ops this stream has finished (added to `self.finished` at its end)
-        for kind, i, op, deps, gap, extra, more, flag in steps:
+        for step in steps:
+            kind, i, op, deps, gap, extra, more, flag = step
             for d in deps:
                 if ends[d] != ends[d]:  # NaN: not finished yet
                     done = waits.get(d)
@@ -224,10 +230,14 @@ class _Replay:
             if kind == KERNEL:
                 if flag:  # its trace's duration holds its stretch already
                     yield kernel(extra)
-                elif kernel_scale is None or not busy[rank]:
-                    yield kernel(extra * scale[rank])
                 else:
-                    yield kernel(extra * kernel_scale(op) * base)
+                    if kernel_scale is None or not busy[rank]:
+                        running = kernel(extra * scale[rank])
+                    else:
+                        running = kernel(extra * kernel_scale(op) * base)
+                    if note is not None:  # re-timed if its rank's transfers start now
+                        note(rank, running, step, None)
+                    yield running
                 count = 1
             elif kind == RUN:  # the ops of `extra`, back to back: the same sums as one by one
                 if flag & PLAIN and (kernel_scale is None or not busy[rank]):
@@ -246,7 +256,10 @@ class _Replay:
                         for j, seconds in zip(run, more):
                             times.append(times[-1] + seconds * (
                                 1.0 if kept and kept[j] else kernel_scale(ops[j]) * base))
-                yield kernel(times[-1] - start)
+                running = kernel(times[-1] - start)
+                if note is not None:
+                    note(rank, running, step, times)
+                yield running
                 # only now: others test ends[] for "done"
                 if flag & CONTIGUOUS:
                     count = extra

@@ -53,16 +53,17 @@ def compute(seconds, stream="c", deps=()):
     return Op(kind=OpKind.COMPUTE, stream=stream, name="x", flops=seconds, deps=deps)
 
 
-def transfer(size_bytes):
-    return (Op(kind=OpKind.SEND, stream="s", peer=1, size_bytes=size_bytes, tag="t"),
-            Op(kind=OpKind.RECV, stream="s", peer=0, size_bytes=size_bytes, tag="t"))
+def transfer(size_bytes, deps=()):
+    return (Op(kind=OpKind.SEND, stream="s", peer=1, size_bytes=size_bytes, tag="t", deps=deps),
+            Op(kind=OpKind.RECV, stream="s", peer=0, size_bytes=size_bytes, tag="t", deps=deps))
 
 
 @pytest.mark.parametrize("network", [NetworkMode.FLOW, NetworkMode.ANALYTIC])
 def test_kernels_that_start_beside_a_transfer_take_kernel_stretch_times_as_long(h100, network):
     """A kernel, and a run of kernels (one timeout), that start while their rank moves data
-    take 3x; the kernel that started before the transfer, and the transfer itself, do not."""
-    send, recv = transfer(8e9)
+    (here: at the instant it starts, after the first kernel) take 3x; the kernel that ran
+    before the transfer, and the transfer itself, do not."""
+    send, recv = transfer(8e9, deps=(0,))
     kernels = (compute(1e-6), compute(1e-3, deps=(0,)), compute(2e-3))  # the last two: a run
     plan = Trace({0: (*kernels, send), 1: (*kernels, recv)})
     alone = replay(plan, h100, Fixed(), network=network)
@@ -80,7 +81,7 @@ def test_kernels_that_start_beside_a_transfer_take_kernel_stretch_times_as_long(
 @pytest.mark.parametrize("network", [NetworkMode.FLOW, NetworkMode.ANALYTIC])
 def test_a_per_kernel_model_stretches_each_kernel_by_its_own_scale(h100, network):
     """`kernel_scale(op)` for each kernel beside a transfer, alone or in a run of kernels."""
-    send, recv = transfer(8e9)
+    send, recv = transfer(8e9, deps=(0,))
     kernels = (compute(1e-6), compute(1e-3, deps=(0,)), compute(2e-3))  # the last two: a run
     plan = Trace({0: (*kernels, send), 1: (*kernels, recv)})
     slow = replay(plan, h100, Fixed(), interference=PerKernel(), network=network)
