@@ -37,11 +37,11 @@ from typing import Any, Protocol
 import simpy
 
 from sim.collectives import Algorithm
-from sim.engine.instant import SameInstant
 from sim.engine.loop import Loop
 from sim.engine.lowering import CommPlan, lower_communication
 from sim.engine.meetings import Meetings
 from sim.engine.occupancy import Occupancy
+from sim.engine.running import Running
 from sim.engine.steps import CONTIGUOUS, KERNEL, PLAIN, RUN, Step, rank_steps
 from sim.engine.transport import NETWORK_NAMES, NetworkMode, transport_for
 from sim.models.interference import NO_INTERFERENCE, Interference
@@ -169,8 +169,8 @@ class _Replay:
         rank's scale never stretches them again (replaying simulate's own trace doubled the
         kernels it had stretched: 8% on the tiny example). Ranks with none: no entry."""
         if self.occupancy.slows_kernels:
-            self.occupancy.instant = SameInstant(self.env, self.occupancy, plan.ops, plan.ops,
-                                                 self.kept)
+            self.occupancy.running = Running(self.env, self.occupancy, plan.ops, plan.ops,
+                                             self.kept)
         self.finished = 0
         self.report_at = 4096  # the next op count to call `progress` at
         self.total = plan.num_ops()
@@ -211,7 +211,7 @@ class _Replay:
         # data (`busy`), times the rank's own (`base`)
         kernel_scale = occupancy.kernel_scale if occupancy.per_kernel else None
         busy, base = occupancy.busy, occupancy.base[rank]
-        note = occupancy.instant.note if occupancy.instant is not None else None
+        note = occupancy.running.note if occupancy.running is not None else None
         arrive, progress = self.meetings.arrive, self.progress
         kept = self.kept.get(rank)
         alone = (rank,)
@@ -232,11 +232,12 @@ class _Replay:
                     yield kernel(extra)
                 else:
                     if kernel_scale is None or not busy[rank]:
-                        running = kernel(extra * scale[rank])
+                        seconds = extra * scale[rank]
                     else:
-                        running = kernel(extra * kernel_scale(op) * base)
-                    if note is not None:  # re-timed if its rank's transfers start now
-                        note(rank, running, step, None)
+                        seconds = extra * kernel_scale(op) * base
+                    running = kernel(seconds)
+                    if note is not None:  # re-timed when its rank's transfers start or end
+                        note(rank, running, step, [start, start + seconds])
                     yield running
                 count = 1
             elif kind == RUN:  # the ops of `extra`, back to back: the same sums as one by one

@@ -4,6 +4,8 @@ interference model's closed form, and the step does not depend on the order of t
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from sim.engine.replay import replay
@@ -82,3 +84,69 @@ def test_a_kernel_starting_as_a_transfer_ends_is_not_stretched():
         assert times.ends[0][2 if k == 1 else 0] == moving  # the collective ends then
         assert times.starts[0][k] == moving
         assert times.ends[0][k] == moving + MODEL.duration(ops[k])
+
+
+class Fixed:
+    """Compute ops take the seconds in their `flops` field."""
+
+    def duration(self, op):
+        return op.flops
+
+
+@dataclasses.dataclass(frozen=True)
+class Triple:
+    """Kernels beside communication take 3x (the engine's `Interference`, nothing else)."""
+
+    kernel_stretch: float = 3.0
+    comm_stretch: float = 1.0
+    comm_wait_s: float = 0.0
+    per_kernel: bool = False
+
+    def kernel_scale(self, op):
+        return self.kernel_stretch
+
+
+def kernel(seconds, stream="c", deps=()):
+    return Op(kind=OpKind.COMPUTE, stream=stream, name="x", flops=seconds, deps=deps)
+
+
+def send_recv(size_bytes, deps):
+    return (Op(kind=OpKind.SEND, stream="s", peer=1, size_bytes=size_bytes, tag="t", deps=deps),
+            Op(kind=OpKind.RECV, stream="s", peer=0, size_bytes=size_bytes, tag="t", deps=deps))
+
+
+@pytest.mark.parametrize("network", [NetworkMode.FLOW, NetworkMode.ANALYTIC])
+@pytest.mark.parametrize("long", [False, True])
+def test_a_kernel_runs_at_a_third_of_its_speed_while_a_transfer_is_in_flight(network, long):
+    """A kernel of D seconds alone, started at 0; a transfer of c seconds from a = 1 ms (after
+    a kernel on another stream): by a it has done a of its work, then 1/3 of a second's work per
+    second until the transfer ends (or it does), then full speed again. `long`: it outlasts
+    the transfer; else it ends inside it. The kernel on the other stream ran before: as is."""
+    a = 1e-3
+    send, recv = send_recv(64 * MiB, deps=(1,))
+    alone = send_recv(64 * MiB, deps=())
+    c = replay(Trace({0: (alone[0],), 1: (alone[1],)}), H100, Fixed(), network=network).ends[0][0]
+    d = a + c if long else a + c / 6  # alone: past the transfer's end, or half way through
+    plan = Trace({r: (kernel(d), kernel(a, stream="d"), moved)
+                  for r, moved in ((0, send), (1, recv))})
+    times = replay(plan, H100, Fixed(), interference=Triple(), network=network)
+    expected = a + c + (d - a - c / 3) if long else a + (d - a) * 3
+    for rank in (0, 1):
+        assert times.ends[rank][1] == a
+        assert times.starts[rank][2] == a
+        assert times.ends[rank][2] == pytest.approx(a + c, rel=1e-12)
+        assert times.ends[rank][0] == pytest.approx(expected, rel=1e-12)
+
+
+def test_a_run_keeps_the_kernels_it_finished_and_slows_the_rest():
+    """A run of three kernels (one timeout) of 1 ms each from 0; a transfer from 1.5 ms to the
+    end: the first as alone, the second half done then 3x, the third 3x."""
+    send, recv = send_recv(8e9, deps=(3,))
+    run = (kernel(1e-3), kernel(1e-3), kernel(1e-3))
+    plan = Trace({r: (*run, kernel(1.5e-3, stream="d"), moved)
+                  for r, moved in ((0, send), (1, recv))})
+    times = replay(plan, H100, Fixed(), interference=Triple())
+    assert times.starts[0][4] == 1.5e-3
+    assert times.ends[0][4] > 10e-3  # in flight past the run's end
+    assert times.starts[0][:3] == [0.0, 1e-3, pytest.approx(1e-3 + 0.5e-3 + 1.5e-3)]
+    assert times.ends[0][2] == pytest.approx(3e-3 + 3e-3, rel=1e-12)
