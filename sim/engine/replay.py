@@ -211,7 +211,8 @@ class _Replay:
         # data (`busy`), times the rank's own (`base`)
         kernel_scale = occupancy.kernel_scale if occupancy.per_kernel else None
         busy, base = occupancy.busy, occupancy.base[rank]
-        note = occupancy.running.note if occupancy.running is not None else None
+        # where kernels notice communication, this stream's kernel step for re-timing
+        slot = occupancy.running.slot(rank) if occupancy.running is not None else None
         arrive, progress = self.meetings.arrive, self.progress
         kept = self.kept.get(rank)
         alone = (rank,)
@@ -236,8 +237,12 @@ class _Replay:
                     else:
                         seconds = extra * kernel_scale(op) * base
                     running = kernel(seconds)
-                    if note is not None:  # re-timed when its rank's transfers start or end
-                        note(rank, running, step, [start, start + seconds])
+                    if slot is not None:  # re-timed when its rank's transfers start or end
+                        slot[0] = running
+                        slot[1] = step
+                        slot[2] = None
+                        slot[3] = start
+                        slot[4] = start + seconds
                     yield running
                 count = 1
             elif kind == RUN:  # the ops of `extra`, back to back: the same sums as one by one
@@ -258,8 +263,10 @@ class _Replay:
                             times.append(times[-1] + seconds * (
                                 1.0 if kept and kept[j] else kernel_scale(ops[j]) * base))
                 running = kernel(times[-1] - start)
-                if note is not None:
-                    note(rank, running, step, times)
+                if slot is not None:
+                    slot[0] = running
+                    slot[1] = step
+                    slot[2] = times
                 yield running
                 # only now: others test ends[] for "done"
                 if flag & CONTIGUOUS:

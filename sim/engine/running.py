@@ -23,11 +23,8 @@ from typing import Any, Protocol
 
 import simpy
 
-from sim.engine.steps import CONTIGUOUS, KERNEL, Step
+from sim.engine.steps import CONTIGUOUS, KERNEL
 from traces.ops import Op
-
-PRUNE_AT = 16
-"""Records a rank keeps before dropping those of kernels that have ended."""
 
 
 class Rates(Protocol):
@@ -43,51 +40,54 @@ class Rates(Protocol):
 
 
 class Running:
-    """Each rank's kernel steps that may still run: [event, step, times] per step, the
-    timeout it waits on, its step, and the times of its kernels' starts and its end."""
+    """Per rank, a slot per stream for the kernel step it runs (a stream runs one at a time):
+    [event, step, times, start, end], the timeout it waits on, its step, for a run the list
+    of its kernels' starts and its end (None for one kernel), and for one kernel its start
+    and end. The replay fills a slot in place as each kernel step starts (no allocation)."""
 
     def __init__(self, env: simpy.Environment, rates: Rates, ranks: Iterable[int],
                  ops: Mapping[int, Sequence[Op]], kept: Mapping[int, list[bool]]) -> None:
         self.env, self.rates, self.ops, self.kept = env, rates, ops, kept
-        self.running: dict[int, list[list[Any]]] = {r: [] for r in ranks}
+        self.slots: dict[int, list[list[Any]]] = {r: [] for r in ranks}
 
-    def note(self, rank: int, event: simpy.Event, step: Step, times: list[float]) -> None:
-        """Kernel step `step` of `rank` runs until `event`, its kernels at `times`."""
-        running = self.running[rank]
-        if len(running) >= PRUNE_AT:
-            running[:] = [r for r in running if r[0].callbacks is not None]
-        running.append([event, step, times])
+    def slot(self, rank: int) -> list[Any]:
+        """A new stream of `rank`'s slot."""
+        slot: list[Any] = [None, None, None, 0.0, 0.0]
+        self.slots[rank].append(slot)
+        return slot
 
     def retime(self, rank: int) -> None:
         """`rank` has just started or stopped moving data: its running kernels take the
         time they have left at the rate they now have."""
         env = self.env
         now = env._now  # type: ignore[attr-defined]
-        running = self.running[rank]
-        running[:] = [r for r in running if r[0].callbacks is not None]
-        for record in running:
-            event, step, times = record
-            if times[-1] <= now:  # it ends now: nothing left to re-time
+        for slot in self.slots[rank]:
+            event = slot[0]
+            if event is None or event.callbacks is None:  # none yet, or over
                 continue
-            fresh = env.timeout(self._left(rank, step, times, now))
+            times = slot[2]
+            if (slot[4] if times is None else times[-1]) <= now:  # it ends now
+                continue
+            fresh = env.timeout(self._left(rank, slot, now))
             fresh.callbacks, event.callbacks = event.callbacks, []
-            record[0] = fresh
+            slot[0] = fresh
 
-    def _left(self, rank: int, step: Step, times: list[float], now: float) -> float:
-        """The seconds from `now` to the end of `step` in the rank's state now, `times`
-        rewritten: the kernel in progress keeps the work it has done."""
+    def _left(self, rank: int, slot: list[Any], now: float) -> float:
+        """The seconds from `now` to the end of the slot's step in the rank's state now, its
+        times rewritten: the kernel in progress keeps the work it has done."""
+        _, step, times, start, end = slot
         kind, i, op, _, _, extra, more, flag = step
         rates = self.rates
         busy, base = rates.busy[rank], rates.base[rank]
         by_kernel = rates.per_kernel and busy
         if kind == KERNEL:
-            if times[0] == now:  # the replay's own product
+            if start == now:  # the replay's own product
                 seconds = extra * rates.kernel_scale(op) * base if by_kernel else \
                     extra * rates.scale[rank]
             else:
-                seconds = (times[1] - now) / self._factor(rank, op, not busy) * \
+                seconds = (end - now) / self._factor(rank, op, not busy) * \
                     self._factor(rank, op, bool(busy))
-            times[1] = now + seconds
+            slot[4] = now + seconds
             return seconds
         kept, ops = self.kept.get(rank), self.ops[rank]
         run = list(range(i, i + extra) if flag & CONTIGUOUS else extra)
