@@ -20,7 +20,9 @@ from the profile's comm_interference, compute_interference and compute_interfere
 fitted by `sim.calibrate.interference`). On a GPU (`GpuInterference`), NCCL's kernels hold SMs
 (one per channel) and HBM bandwidth while they run: a kernel beside them runs on the other SMs
 with the HBM bandwidth they leave, and communication beside a kernel gets its max-min share
-of HBM (docs/sustained-rates.md, "Compute and communication share the GPU").
+of HBM (docs/sustained-rates.md, "Compute and communication share the GPU"). Where a
+DualPipe pair reserves SMs for its all-to-all (`sim.models.reserved_sms`), the ops beside it
+are timed on the SMs left and this model leaves them alone (`Spared`): counted once.
 """
 
 from __future__ import annotations
