@@ -16,7 +16,9 @@ whose size the trace does not state. The parts:
   - `sim.engine.transport`: how communication is timed, one strategy per `NetworkMode` (the
     flow model `sim.engine.network`, where every transfer in flight shares the links;
     alpha-beta; free);
-  - `sim.engine.occupancy`: what each rank is doing, for the interference model;
+  - `sim.engine.occupancy`: what each rank is doing, for the interference model, and
+    `sim.engine.running`: the kernels it runs, timed again when the rank starts or stops
+    moving data (a kernel is slowed exactly while a transfer of its rank is in flight);
   - here: the streams, asking the cost models declared below for the time of a kernel
     (`Durations`, e.g. `sim.models.compute.ComputeModel`) and for how compute and
     communication on one rank slow each other (`sim.models.interference.Interference`; none
