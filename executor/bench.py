@@ -48,6 +48,7 @@ from executor.recorder import (
     write_run,
 )
 from executor.torchrun import join
+from executor.watch import H_OPS, H_STEP
 from traces.bench import BenchSpec, Probe, bench_plan, sections
 from traces.chrome import event_name
 from traces.errors import ConfigError
@@ -211,9 +212,11 @@ def _rank_main(ctx: RankContext, job: _Job, out_dir: str) -> dict[str, Any]:
         if key not in probes:
             probes[key] = _probe(section, comm, ctx.device, stop - start)
         runs.append(functools.partial(_run_probe, probes[key], shifted))
+    ctx.records[H_OPS] = len(ops)  # for the launcher's progress (executor.watch)
     for _ in range(job.warmup):
         _run_sections(runs)
     recorder.reset()
+    ctx.records[H_STEP] = 1
     _run_sections(runs)
     recorder.set_state(DONE)
     groups.destroy()

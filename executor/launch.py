@@ -5,14 +5,15 @@
     join(fn, args)                under torchrun (`executor.torchrun`)
 
 One timeout bounds every collective (passed to init_process_group: gloo's default is 30
-minutes) and the whole job. A rank that raises or dies ends the job: the parent stops the
-other ranks (SIGTERM, then SIGKILL) and raises `JobFailed`, one line naming the rank and the op
-it was running; the shared record buffers survive for the caller to write partial traces. Ranks
-ignore SIGINT: Ctrl-C reaches the parent, which ends them all (SIGTERM too: `sim.entry` makes it
-a KeyboardInterrupt), and removes the rendezvous folder. Workers die with their parent
-(PR_SET_PDEATHSIG on Linux) and with the launcher itself (`exit_with`: their parent is the fork
-server, which outlives a `kill -9`ed launcher while they live), and exit by themselves after the
-timeout, so nothing is orphaned.
+minutes) and the whole job, from the moment every rank has started (`STARTUP_S` bounds that). A
+rank that raises or dies ends the job: the parent stops the other ranks (SIGTERM, then SIGKILL)
+and raises `JobFailed`, one line naming the rank and the op it was running; the shared record
+buffers survive for the caller to write partial traces. Ranks ignore SIGINT: Ctrl-C reaches the
+parent, which ends them all (SIGTERM too: `sim.entry` makes it a KeyboardInterrupt), and
+removes the rendezvous folder. Workers die with their parent (PR_SET_PDEATHSIG on Linux) and
+with the launcher itself (`exit_with`: their parent is the fork server, which outlives a `kill
+-9`ed launcher while they live), and exit by themselves after the timeout, so nothing is
+orphaned.
 A rank's own threads never print tracebacks (a peer's death breaks their waits too): the
 parent's one line names the cause. A rank that stopped (SIGSTOP, a debugger) is named as such
 when the job times out.
@@ -34,7 +35,7 @@ import tempfile
 import threading
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from typing import Any
@@ -43,17 +44,19 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from executor.failures import JobFailed, RankFailure, failure, mark_failed, op_name, stopped_ranks
 from executor.lifeline import die_with_parent, exit_with, remove_tree
-from executor.recorder import FAILED, H_OP, H_STATE, HEADER
+from executor.recorder import FAILED, H_OP, H_STARTED, H_STATE, HEADER
+from executor.watch import H_JOINED, WATCH_S, current
 from traces.errors import ConfigError
 
 MAX_LOCAL_WORLD = 8
 GRACE_S = 3.0  # after a failure: how long the other ranks get to exit on SIGTERM
+STARTUP_S = 300.0
+"""How long the ranks may take to start, before the job's timeout begins: the fork server
+imports torch first, which on a host loaded by other work can take a minute or more."""
+POLL_S = 0.05  # how often the parent looks whether every rank has started
 TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR")
-# Errors a rank raises because another rank went away: not the cause of a failure.
-_PEER_ERRORS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe",
-                "Socket closed", "DistNetworkError", "connection refused", "Timed out waiting",
-                "timed out", "Timeout")
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,27 +75,6 @@ class RankContext:
     def running(self, index: int) -> None:
         """Note the op index this rank is running (named if the rank fails)."""
         self.records[H_OP] = index
-
-
-@dataclass(frozen=True, slots=True)
-class RankFailure:
-    rank: int
-    op: str
-    error: str
-    cause: bool = True
-    """False for an error the rank got because another rank failed first."""
-
-
-class JobFailed(RuntimeError):
-    """The job ended early; `records` holds every rank's buffer as it was."""
-
-    def __init__(self, message: str, failures: Sequence[RankFailure],
-                 records: dict[int, np.ndarray]) -> None:
-        super().__init__(message)
-        self.failures = list(failures)
-        self.records = records
-        self.files: list[Any] = []
-        """Partial traces written by whoever caught it (executor.run)."""
 
 
 @dataclass(slots=True)
@@ -177,14 +159,22 @@ def _collect(job: _Job, world_size: int, timeout_s: float, records: dict[int, np
              describe: Callable[[int, int], str] | None) -> list[Any]:
     results: list[Any] = [None] * world_size
     pending = set(range(world_size))
-    deadline = time.monotonic() + timeout_s
+    deadline = time.monotonic() + STARTUP_S
+    started = False
     failures: list[RankFailure] = []
+    watch = current()  # a command's progress bar, fed every WATCH_S
     while pending and not failures:
-        left = deadline - time.monotonic()
+        now = time.monotonic()
+        if not started and all(records[r][H_STARTED] for r in range(world_size)):
+            started, deadline = True, now + timeout_s  # the job's time starts now
+        left = deadline - now
         if left <= 0:
             break
+        if watch is not None:
+            watch(records)
         watched = [job.readers[r] for r in pending] + [job.procs[r].sentinel for r in pending]
-        for ready in wait(watched, timeout=left):
+        poll = left if started else min(left, POLL_S)
+        for ready in wait(watched, timeout=min(poll, WATCH_S) if watch else poll):
             rank = _rank_of(job, ready)
             if rank not in pending:
                 continue
@@ -195,34 +185,43 @@ def _collect(job: _Job, world_size: int, timeout_s: float, records: dict[int, np
                 results[rank] = message[1]
                 pending.discard(rank)
             else:
-                failures.append(_failure(rank, message, job.procs[rank], records, describe))
+                failures.append(failure(rank, message, job.procs[rank], records, describe))
                 pending.discard(rank)
+    if watch is not None and not failures:
+        watch(records)  # the counts at the end
     if failures:
         # Let the other ranks' reports arrive: the cause may be behind a peer's error.
         failures += _late_failures(job, pending, records, describe)
-        _mark_failed(records)
+        mark_failed(records)
         cause = next((f for f in failures if f.cause), None)
         if cause is None and pending:  # the others gave up waiting on a rank that hangs
-            stuck = min(_stopped(job, pending) or pending)
+            stuck = min(stopped_ranks(job.procs, pending) or pending)
             first = failures[0]
-            raise JobFailed(f"rank {stuck} stopped in {_op_name(stuck, records, describe)} "
+            raise JobFailed(f"rank {stuck} stopped in {op_name(stuck, records, describe)} "
                             f"(rank {first.rank}: {first.error})", failures, records)
         cause = cause or failures[0]
         raise JobFailed(f"rank {cause.rank} failed in {cause.op}: {cause.error}", failures,
                         records)
+    if pending and not started:
+        mark_failed(records)
+        late = ", ".join(str(r) for r in range(world_size) if not records[r][H_STARTED])
+        raise JobFailed(f"ranks {late} did not start within {STARTUP_S:g} s (the fork server "
+                        "imports torch first): the host is too loaded to start the job",
+                        [RankFailure(r, "start-up", "did not start") for r in sorted(pending)],
+                        records)
     if pending:
-        _mark_failed(records)
-        stopped = _stopped(job, pending)
+        mark_failed(records)
+        stopped = stopped_ranks(job.procs, pending)
         if stopped:
-            where = ", ".join(f"rank {r} in {_op_name(r, records, describe)}" for r in stopped)
+            where = ", ".join(f"rank {r} in {op_name(r, records, describe)}" for r in stopped)
             raise JobFailed(f"job timed out after {timeout_s:g} s: {where} "
                             f"{'is' if len(stopped) == 1 else 'are'} stopped (SIGSTOP or a "
                             "debugger); the others waited on it",
-                            [RankFailure(r, _op_name(r, records, describe), "stopped")
+                            [RankFailure(r, op_name(r, records, describe), "stopped")
                              for r in stopped], records)
-        where = ", ".join(f"rank {r} in {_op_name(r, records, describe)}" for r in sorted(pending))
+        where = ", ".join(f"rank {r} in {op_name(r, records, describe)}" for r in sorted(pending))
         raise JobFailed(f"job timed out after {timeout_s:g} s ({where})",
-                        [RankFailure(r, _op_name(r, records, describe), "timed out")
+                        [RankFailure(r, op_name(r, records, describe), "timed out")
                          for r in sorted(pending)], records)
     return results
 
@@ -243,22 +242,8 @@ def _late_failures(job: _Job, pending: set[int], records: dict[int, np.ndarray],
                 continue
             pending.discard(rank)
             if message is None or message[0] == "error":
-                late.append(_failure(rank, message, job.procs[rank], records, describe))
+                late.append(failure(rank, message, job.procs[rank], records, describe))
     return late
-
-
-def _stopped(job: _Job, ranks: set[int]) -> list[int]:
-    """Of `ranks`, those whose process is stopped (state T or t in /proc: Linux only)."""
-    stopped = []
-    for rank in sorted(ranks):
-        try:
-            with open(f"/proc/{job.procs[rank].pid}/stat") as stat:
-                state = stat.read().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            continue
-        if state in ("T", "t"):
-            stopped.append(rank)
-    return stopped
 
 
 def _rank_of(job: _Job, ready: object) -> int:
@@ -281,32 +266,6 @@ def _read(reader: Connection) -> tuple | None:
     except (EOFError, OSError):
         pass
     return None
-
-
-def _failure(rank: int, message: tuple | None, proc: Any, records: dict[int, np.ndarray],
-             describe: Callable[[int, int], str] | None) -> RankFailure:
-    if message is not None:  # ("error", op, error text)
-        _, op, error = message
-        return RankFailure(rank, op or _op_name(rank, records, describe), error,
-                           cause=not any(p in error for p in _PEER_ERRORS))
-    proc.join(0.1)
-    code = proc.exitcode
-    how = f"signal {signal.Signals(-code).name}" if code is not None and code < 0 else \
-        f"exit code {code}"
-    return RankFailure(rank, _op_name(rank, records, describe), f"process died ({how})")
-
-
-def _op_name(rank: int, records: dict[int, np.ndarray],
-             describe: Callable[[int, int], str] | None) -> str:
-    index = int(records[rank][H_OP])
-    if index < 0:
-        return "start-up (no op yet)"
-    return f"op {index} ({describe(rank, index)})" if describe else f"op {index}"
-
-
-def _mark_failed(records: dict[int, np.ndarray]) -> None:
-    for buf in records.values():
-        buf[H_STATE] = FAILED
 
 
 def _stop(job: _Job) -> None:
@@ -336,6 +295,7 @@ def _worker(rank: int, world_size: int, backend: str, timeout_s: float, init_met
     exit_with(launcher, os.path.dirname(init_method.removeprefix("file://")))
     exit_after(timeout_s + 2 * GRACE_S)
     records = np.frombuffer(shared, dtype=np.int64)[rank * stride:(rank + 1) * stride]
+    records[H_STARTED] = 1  # the parent's job timeout starts when every rank is here
     torch.set_num_threads(1)
     device = torch.device("cpu")
     if backend == "nccl":
@@ -346,6 +306,7 @@ def _worker(rank: int, world_size: int, backend: str, timeout_s: float, init_met
         dist.init_process_group(backend, init_method=init_method, rank=rank,
                                 world_size=world_size,
                                 timeout=datetime.timedelta(seconds=timeout_s))
+        records[H_JOINED] = 1
         result = fn(ctx, *args)
         _send(writer, ("ok", result))
     except BaseException as exc:  # report anything, then leave without waiting on peers

@@ -46,6 +46,10 @@ def check_supported(model: ModelSpec, layout: Layout, options: RunOptions | None
     if layout.recompute == "selective_op":
         raise ConfigError("parallel.recompute: 'selective_op' (torchtitan's per-op rule) is "
                           "simulated, not run by the executor; use none, selective or full")
+    if layout.recompute_modules or layout.fp8_activation_cache:
+        raise ConfigError("parallel.recompute_modules: Megatron-Core's per-module "
+                          "recomputation and the FP8 activation cache are simulated, not run "
+                          "by the executor; leave them out to run")
     if model.mtp_layers:
         raise ConfigError(f"model.mtp_layers: {model.mtp_layers}: multi-token prediction is "
                           "simulated, not run by the executor; use 0 to run")

@@ -38,7 +38,7 @@ from traces.io import PathLike, load, save
 from traces.ops import Op, Trace
 
 HEADER = 8
-H_OP, H_PEAK, H_OFFSET, H_STATE, H_CLOCK_ERROR = 0, 1, 2, 3, 4
+H_OP, H_PEAK, H_OFFSET, H_STATE, H_CLOCK_ERROR, H_STARTED = 0, 1, 2, 3, 4, 5
 RUNNING, DONE, FAILED = 0, 1, 2
 NOT_RECORDED = -1
 CLOCK_ROUNDS = 8

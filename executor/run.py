@@ -54,6 +54,7 @@ from executor.recorder import (
     write_run,
 )
 from executor.torchrun import join
+from executor.watch import H_OPS, H_STEP
 from traces.chrome import event_name
 from traces.cluster_table import ClusterTable
 from traces.errors import ConfigError
@@ -190,6 +191,7 @@ def _rank_main(ctx: RankContext, job: _Job) -> dict[str, Any]:
     recorder = Recorder(ctx.records, ctx.device)
     interp = Interpreter(job.plan, job.model, layout, ctx.rank, comm, job.options, ctx.device,
                          recorder)
+    ctx.records[H_OPS] = len(interp.ops)  # for the launcher's progress (executor.watch)
     for _ in range(job.warmup):
         recorder.reset()
         interp.step()
@@ -202,6 +204,7 @@ def _rank_main(ctx: RankContext, job: _Job) -> dict[str, Any]:
         for step in range(job.steps):
             comm.record = job.record_calls and step == 0
             recorder.reset()
+            ctx.records[H_STEP] = step + 1
             if ctx.device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats()
             interp.runtime.meter.reset_peak()

@@ -10,6 +10,8 @@
     parasim goodput [CONFIG.toml] [--days D | --tokens N] [--report F.html] [--json]
     parasim sweep KEY VALUE [VALUE...] [--config F.toml] [--set K=V] [--report F.html] [--json]
     parasim export --chakra DIR [--config F.toml] [--no-fold] [--json]
+    parasim from-megatron "ARGS..." [--gpus N] [--cluster PRESET] [--model hf:PATH]
+    parasim whatif TRACE... [--config F.toml] [--set K=V] [--job JOB.toml] [--json]
 
 Bare `parasim` prints the commands, each with one example (`sim.commands.overview`); each command's
 `--help` ends with its example.
@@ -38,14 +40,14 @@ from traces.errors import ConfigError, Fault, Terminated
 from traces.files import removed_note
 
 COMMANDS = ("collective", "simulate", "replay", "run", "search", "calibrate", "validate",
-            "goodput", "sweep", "export")
+            "goodput", "sweep", "export", "from-megatron", "whatif")
 """The commands, in the order `--help` lists them: each the module `sim.commands.<name>`."""
 
 
 def command(name: str) -> ModuleType:
     """The module of command `name`, imported when first asked for: `parasim simulate` need
     not load the search, calibration and goodput machinery (a tenth of its start-up)."""
-    return importlib.import_module(f"sim.commands.{name}")
+    return importlib.import_module(f"sim.commands.{name.replace('-', '_')}")
 
 
 class _Parser(argparse.ArgumentParser):

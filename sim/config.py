@@ -31,6 +31,7 @@ from typing import Any
 
 from sim.collectives import ALGORITHM_NAMES, Algorithm
 from sim.engine.transport import NETWORK_NAMES, NetworkMode
+from sim.frontdoors.model_source import resolve_model
 from sim.goodput.settings import Reliability, read_reliability
 from sim.models.sharing import check_comm_sms
 from sim.profile import Profile, default_profile, load_profile
@@ -137,7 +138,9 @@ def load_experiment(path: str | Path, overrides: Mapping[str, Any] | None = None
 def experiment_from_dict(data: Mapping[str, Any], *, name: str = "experiment",
                          base: Path = Path("."),
                          overrides: Mapping[str, Any] | None = None) -> Experiment:
-    """The experiment a parsed config describes; `base` resolves a relative [sim] profile."""
+    """The experiment a parsed config describes; `base` resolves a relative [sim] profile
+    (and a [model] from = "hf:PATH": `sim.frontdoors.model_source`)."""
+    data = resolve_model(data, base)
     for table in data:
         if table not in TABLES:
             raise ConfigError(f"[{show(table)[1:-1]}]: unknown table "

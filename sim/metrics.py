@@ -5,11 +5,11 @@ the time some communication moves data while no compute runs (tensor-parallel co
 the compute stream are always exposed; overlapped gradient reductions are not); `idle_s` the
 rest, T - compute - exposed (the pipeline bubble, waiting for other stages).
 
-Model FLOPs count one forward and backward of every matmul (Megatron's 72*B*s*l*h^2*(...) form);
-hardware FLOPs are what the GPUs execute, recomputation included (the 96* form under full
-recomputation). Both are per GPU per second of step time; MFU is the first over the dense peak
-of the run's GEMM precision (`gemm_peak`: an fp8 model against the FP8 peak, as NVIDIA's
-benchmarks report it).
+Model FLOPs count one forward and backward of every matmul (Megatron's 72*B*s*l*h^2*(...)
+form); hardware FLOPs are what the GPUs execute, recomputation included (the 96* form under
+full recomputation, less what a causal flash kernel skips: `traces.kernels.FLASH_CAUSAL`). Both
+are per GPU per second of step time; MFU is the first over the dense peak of the run's GEMM
+precision (`gemm_peak`: an fp8 model against the FP8 peak, as NVIDIA's benchmarks report it).
 """
 
 from __future__ import annotations

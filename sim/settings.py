@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from sim.config import MODEL_KEYS, PARALLEL_KEYS, SIM_KEYS, Experiment, experiment_from_dict
+from sim.frontdoors.model_source import FROM, flag_table, source_path
 from sim.goodput.settings import KEYS as RELIABILITY_KEYS
 from sim.provenance import file_sha256
 from topology.config import KEYS as CLUSTER_KEYS
@@ -38,8 +39,8 @@ MAX_VALUE_CHARS = 4096
 MAX_DEPTH = 4
 """The most names in a key (`reliability.rates.gpu` has three)."""
 CONFIG_KEYS: Mapping[str, Sequence[str]] = {
-    "model": MODEL_KEYS, "parallel": PARALLEL_KEYS, "cluster": CLUSTER_KEYS, "sim": SIM_KEYS,
-    "reliability": RELIABILITY_KEYS}
+    "model": (*MODEL_KEYS, FROM), "parallel": PARALLEL_KEYS, "cluster": CLUSTER_KEYS,
+    "sim": SIM_KEYS, "reliability": RELIABILITY_KEYS}
 """The keys of each table a config may hold, as `sim.config` reads them."""
 EXAMPLE = "--set parallel.tp=4"
 
@@ -58,8 +59,27 @@ class Setting:
         return ".".join(self.path)
 
 
-def add_set_flag(parser: argparse.ArgumentParser) -> None:
-    """The repeatable `--set SECTION.KEY=VALUE` flag."""
+class ModelFlag(str):
+    """The value of `--model hf:PATH`, kept among the `--set` texts (it is one more setting:
+    the whole [model] table's, applied before them: `sim.frontdoors.model_source`)."""
+
+
+class _ModelAction(argparse.Action):
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        setattr(namespace, self.dest, [*(getattr(namespace, self.dest, None) or []),
+                                       ModelFlag(values)])
+
+
+def add_set_flag(parser: argparse.ArgumentParser, hf_model: bool = True) -> None:
+    """The repeatable `--set SECTION.KEY=VALUE` flag, and `--model hf:PATH` (where the command
+    reads a [model]: `hf_model`)."""
+    if hf_model:
+        parser.add_argument("--model", action=_ModelAction, dest="settings", default=[],
+                            metavar="hf:PATH",
+                            help="the model of a Hugging Face config.json (Llama, Mistral, "
+                            "Mixtral, Qwen2/3, DeepSeek-V2/V3) in place of the config's "
+                            "[model] (its seq_len, dtype and attention stay)")
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                         dest="settings", help="replace a config key after reading the TOML "
                         "(repeatable; the value is TOML, or a bare word as a string), e.g. "
@@ -73,7 +93,10 @@ def parse_settings(texts: Sequence[str] | None,
     texts = list(texts or ())
     if len(texts) > MAX_SETTINGS:
         raise ConfigError(f"--set: given {len(texts):,} times, more than {MAX_SETTINGS}")
-    return tuple(parse_setting(text, tables) for text in texts)
+    models = [Setting(path=("model",), value=str(text), text=f"--model {text}")
+              for text in texts if isinstance(text, ModelFlag)]
+    return (*models[-1:], *(parse_setting(text, tables) for text in texts
+                            if not isinstance(text, ModelFlag)))
 
 
 def parse_setting(text: str, tables: Mapping[str, Sequence[str]] = CONFIG_KEYS) -> Setting:
@@ -120,6 +143,9 @@ def apply_settings(data: Mapping[str, Any], settings: Sequence[Setting]) -> dict
     missing); `data` itself is left as it was."""
     out = _copy(data)
     for setting in settings:
+        if setting.path == ("model",):  # --model: the whole table (`model_source.flag_table`)
+            out["model"] = flag_table(out.get("model"), setting.value)
+            continue
         table = out
         for depth, name in enumerate(setting.path[:-1]):
             inner = table.get(name, {})
@@ -176,12 +202,29 @@ def config_sha256(path: str | Path, settings: Sequence[Setting]) -> str:
     are none (so outputs without `--set` are as they were), else the sha256 of the file's
     digest and the settings written canonically (JSON, in the order given)."""
     digest = file_sha256(path)
-    if not settings:
+    sources = model_sources(path, settings)
+    if not settings and not sources:
         return digest
     text = json.dumps({"config_sha256": digest,
-                       "set": [[s.key, s.value] for s in settings]},
+                       "set": [[s.key, s.value] for s in settings],
+                       **({"model_sources": sources} if sources else {})},
                       sort_keys=True, separators=(",", ":"), allow_nan=False, default=str)
     return hashlib.sha256(text.encode()).hexdigest()
+
+
+def model_sources(path: str | Path, settings: Sequence[Setting]) -> list[str]:
+    """The sha256 of each config.json the [model] reads (`[model] from`, `--model`,
+    `--set model.from`), so that a digest changes when the file does; [] without one."""
+    found = []
+    model = load_toml(path).get("model")
+    if isinstance(model, dict) and isinstance(model.get(FROM), str):
+        found.append(source_path(model[FROM], "model.from", Path(path).parent))
+    for s in settings:
+        if s.path == ("model",):
+            found.append(source_path(s.value, "--model", Path.cwd()))
+        elif s.path == ("model", FROM):
+            found.append(source_path(s.value, "model.from", Path(path).parent))
+    return [file_sha256(p) for p in found]
 
 
 def search_tables() -> dict[str, Sequence[str]]:

@@ -36,7 +36,8 @@ GiB = 2**30
 
 
 def predict(exp: Experiment, *, fold: bool = True, progress: Progress | None = None,
-            speeds: Mapping[int, float] | None = None) -> tuple[StepSummary, StepTimes]:
+            speeds: Mapping[int, float] | None = None,
+            plan_progress: Progress | None = None) -> tuple[StepSummary, StepTimes]:
     """Simulate one step of `exp`; with `fold`, one rank per pipeline stage stands for all.
     The cluster's variability (`[cluster] jitter`, `slow_nodes`) stretches each rank's kernels
     by the expected slowest-member factor (`sim.models.variability`); `speeds` (one seeded
@@ -58,7 +59,7 @@ def predict(exp: Experiment, *, fold: bool = True, progress: Progress | None = N
         if fold else None
     schedule = layout_schedule(exp.layout)  # once: the plan and the memory model run it
     built = build(exp.model, exp.layout, ranks=ranks, schedule=schedule,
-                  classes=classes is not None)
+                  classes=classes is not None, progress=plan_progress)
     plan = Trace(built.ops, replace(built.meta, experiment=exp.name, cluster_name=exp.cluster.name,
                                     cluster_spec=exp.cluster.table, network=str(exp.network)))
     if speeds is None and not exp.cluster.variability.ideal:
@@ -245,8 +246,11 @@ def _as_written(exp: Experiment) -> str:
 def summary_text(exp: Experiment, s: StepSummary) -> str:
     L = exp.layout
     layout = L.axes()
+    modules = f" ({', '.join(L.recompute_modules)})" if L.recompute_modules else ""
     extras = [x for x in (f"ZeRO-{L.zero}" if L.zero else "", "SP" if L.sp else "",
-                          f"recompute {L.recompute}" if L.recompute is not Recompute.NONE else "")
+                          f"recompute {L.recompute}{modules}"
+                          if L.recompute is not Recompute.NONE else "",
+                          "FP8 activation cache" if L.fp8_activation_cache else "")
               if x]
     devices = exp.cluster.device_words[1]
     lines = [

@@ -151,6 +151,7 @@ def summary_json(v: Validation, config: Path, settings: tuple[Setting, ...] = ()
                        for k in c.classes],
         "ops_compared": len(c.rows),
         "step_time_measured_spread_s": spread(v.step_times_measured_s),
+        "noise_floor": noise_floor(v.step_times_measured_s),
         "op_abs_error": op_abs_error(c),
         "peak_memory_measured_bytes": {str(r): b for r, b in
                                        sorted(v.peak_memory_measured_bytes.items())},
@@ -169,6 +170,7 @@ def summary_text(v: Validation) -> str:
         f"  step time      measured {v.step_time_measured_s:.4g} s (median of "
         f"{len(v.step_times_measured_s)}), predicted {v.step_time_predicted_s:.4g} s: "
         f"{v.step_error:+.1%}",
+        f"  {'noise floor':<15}{noise_text(v)}",
     ]
     if (note := ranks_note(v.exp.profile, v.exp.layout.world)) is not None:
         lines.append(f"  {'profile ranks':<15}{note}")
@@ -191,6 +193,26 @@ def summary_text(v: Validation) -> str:
         lines.append(f"    {'':16}{r:6d}  {v.peak_memory_measured_bytes[r] / 2**20:8.1f}  "
                      f"{v.peak_memory_predicted_bytes[r] / 2**20:8.1f}")
     return "\n".join(lines)
+
+
+def noise_floor(times: list[float]) -> float | None:
+    """This host's step-to-step noise: half the measured steps' spread over their median (an
+    error within it cannot be told from none); None from one step."""
+    if len(times) < 2:
+        return None
+    return (max(times) - min(times)) / 2 / statistics.median(times)
+
+
+def noise_text(v: Validation) -> str:
+    """The noise floor beside the step error, and the error against each measured step."""
+    floor = noise_floor(v.step_times_measured_s)
+    if floor is None:
+        return "unknown from 1 measured step (--steps 3 or more measures it)"
+    errors = [v.step_time_predicted_s / t - 1 for t in v.step_times_measured_s]
+    where = "within it" if abs(v.step_error) <= floor else "beyond it"
+    return (f"±{floor:.1%} (half the measured steps' spread): the step error is {where}; "
+            f"against each measured step it runs from {min(errors):+.1%} to "
+            f"{max(errors):+.1%}")
 
 
 def spread(times: list[float]) -> dict[str, float]:

@@ -25,7 +25,6 @@ same trace gives the same bytes).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from dataclasses import fields
 from typing import Any
@@ -34,6 +33,7 @@ from traces.errors import ConfigError
 from traces.files import PathLike, write_text_atomic
 from traces.gzipped import text_or_gzip
 from traces.header_json import meta_to_json
+from traces.json_chunks import Counted, dumps_counted
 from traces.ops import Op, OpKind, Stream, Trace
 
 # The op fields shown in a slice's details panel when they differ from their defaults.
@@ -44,8 +44,9 @@ STREAM_ORDER = tuple(str(s) for s in Stream)
 GiB = 2**30
 
 
-def to_chrome(trace: Trace) -> dict[str, Any]:
-    """The trace as a Chrome trace-event JSON object; raises ConfigError for a plan."""
+def to_chrome(trace: Trace, progress: Counted | None = None) -> dict[str, Any]:
+    """The trace as a Chrome trace-event JSON object; raises ConfigError for a plan.
+    `progress('rank', done, total)` after each rank's events."""
     _check_timed(trace)
     names = process_names(trace)
     memory = trace.meta.memory or {}
@@ -57,15 +58,18 @@ def to_chrome(trace: Trace) -> dict[str, Any]:
         events += _rank_metadata(rank, names[rank], tids[rank])
         events += (_complete_event(op, rank, tids[rank][op.stream]) for op in ops)
         events += _counter(rank, memory.get(rank, ()))
+        if progress is not None:
+            progress("rank", len(tids), len(trace.ops))
     events += _flows(trace, tids)
     return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": meta_to_json(trace.meta)}
 
 
-def dumps_chrome(trace: Trace) -> str:
-    """The file text of `to_chrome(trace)`: compact JSON, one line."""
-    document = to_chrome(trace)
+def dumps_chrome(trace: Trace, progress: Counted | None = None) -> str:
+    """The file text of `to_chrome(trace)`: compact JSON, one line (`progress` counts the
+    ranks built, then the events written)."""
+    document = to_chrome(trace, progress)
     try:
-        return json.dumps(document, separators=(",", ":"), allow_nan=False) + "\n"
+        return dumps_counted(document, "traceEvents", progress)
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"trace cannot be written as JSON: {exc}") from exc
 

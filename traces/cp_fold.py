@@ -2,9 +2,10 @@
 
     fold = cp_partition(layout, step)      # one rank per (cp mod step, pp): step 1, per pp
 
-Every CP rank of a stage runs the same ops: each attention core's ring steps are costed
-alike (`traces.plan.context`: full s², no causal halving), so the K/V blocks, their sizes and
-the kernels are the same on every CP rank, and dropout's draws are counts, equal on each.
+Every CP rank of a stage runs the same ops: each attention core's ring steps are costed alike
+(`traces.plan.context`: half of each step's s/cp × s/cp, exact under load balancing), so the
+K/V blocks, their sizes and the kernels are the same on every CP rank, and dropout's draws are
+counts, equal on each.
 Shifting every rank's cp coordinate by `step` (mod CP) maps each group a rank meets onto a
 group of its kind: TP groups onto TP groups, the CP group and DP x CP group onto themselves,
 pipelines onto pipelines, the CP ring's transfer cp -> cp + 1 onto cp + step -> cp + step + 1;

@@ -19,7 +19,8 @@ flows of the groups the representatives do not hold are added as copies where th
 (`traces.symmetry.copies`, by the shifts that keep every member in its class; an expert
 group's by the groups of its kind whose members are in the same classes).
 
-`partition_for` is the fold `simulate` runs: by device speed and, under skewed routing, by
+`partition_for` is the fold `simulate` runs: by device speed and, under skewed routing (or
+balanced routing whose tokens do not split evenly over the experts), by
 each rank's expert token counts (`traces.moe.expert_loads`: per MoE layer of its stage, from
 the seeded routing, never by building the rank's program), so EP ranks with equal counts fold
 together and the others apart, and by network position on a fat tree whose leaves the layout's
@@ -45,7 +46,7 @@ from functools import partial
 from traces.expert_grid import grid_kinds, shift_closed
 from traces.layout import Axis, Layout
 from traces.model import ModelSpec
-from traces.moe import expert_loads, skewed_experts
+from traces.moe import distinct_experts, expert_loads
 
 IdentityKey = Callable[[int], Hashable]
 """What sets a rank apart beyond its (cp, pp) coordinate; equal keys (and peers) fold together."""
@@ -95,11 +96,12 @@ def partition_for(model: ModelSpec, layout: Layout,
                   speeds: Mapping[int, float] | None = None,
                   positions: Sequence[Hashable] | None = None) -> Partition:
     """The fold of `model` on `layout` by what sets ranks apart: `speeds` (1 where absent),
-    the ranks' network `positions` (`sim.engine.position`: None where all sit alike) and, with
-    skewed routing, the experts' loads. The uniform fold when nothing does and the expert
-    grid is closed under the shifts (`traces.expert_grid.shift_closed`)."""
+    the ranks' network `positions` (`sim.engine.position`: None where all sit alike) and, where
+    EP ranks' expert work differs (`traces.moe.distinct_experts`), the experts' loads. The
+    uniform fold when nothing does and the expert grid is closed under the shifts
+    (`traces.expert_grid.shift_closed`)."""
     moe = model.experts > 0
-    skewed = skewed_experts(model, layout)
+    skewed = distinct_experts(model, layout)
     if speeds is None and positions is None and not skewed and \
             (not moe or shift_closed(layout)):
         return Partition(layout)

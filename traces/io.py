@@ -27,7 +27,6 @@ t.load('step.json')"`.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable
 from dataclasses import MISSING, fields, replace
@@ -41,6 +40,7 @@ from traces.errors import ConfigError, show
 from traces.files import MAX_TRACE_BYTES, PathLike, parse_json, read_bytes, write_text_atomic
 from traces.gzipped import gunzip
 from traces.header_json import meta_from_json, meta_to_json
+from traces.json_chunks import Counted, dumps_counted
 from traces.legacy import legacy_purposes
 from traces.nogc import paused_gc
 from traces.op_rules import Bad as _Bad
@@ -71,11 +71,15 @@ _ENUM_FIELDS = ("phase",)
 
 # --- writing ---------------------------------------------------------------------------------
 
-def to_json(trace: Trace) -> dict[str, Any]:
-    """The trace as a JSON-able dict (ranks in ascending order, defaults omitted)."""
+def to_json(trace: Trace, progress: Counted | None = None) -> dict[str, Any]:
+    """The trace as a JSON-able dict (ranks in ascending order, defaults omitted);
+    `progress('rank', done, total)` after each rank."""
+    ranks: dict[str, list[dict[str, Any]]] = {}
     with paused_gc():
-        ranks = {str(rank): [_encode_op(op) for op in trace.ops[rank]]
-                 for rank in sorted(trace.ops)}
+        for rank in sorted(trace.ops):
+            ranks[str(rank)] = [_encode_op(op) for op in trace.ops[rank]]
+            if progress is not None:
+                progress("rank", len(ranks), len(trace.ops))
     return {"schema": SCHEMA, "version": VERSION, "meta": meta_to_json(trace.meta),
             "ranks": ranks}
 
@@ -98,11 +102,12 @@ def _encode_op(op: Op) -> dict[str, Any]:
     return out
 
 
-def dumps(trace: Trace) -> str:
-    """The file text: deterministic, so the same trace always gives the same bytes."""
+def dumps(trace: Trace, progress: Counted | None = None) -> str:
+    """The file text: deterministic, so the same trace always gives the same bytes
+    (`progress` counts the ranks encoded, then the ops written)."""
     try:
         # allow_nan=False: NaN/Infinity are not JSON, and load would reject them anyway.
-        return json.dumps(to_json(trace), separators=(",", ":"), allow_nan=False) + "\n"
+        return dumps_counted(to_json(trace, progress), "ranks", progress)
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"trace cannot be written as JSON: {exc}") from exc
 

@@ -141,11 +141,26 @@ def _mla_rope(model: ModelSpec, b: int, t: int) -> KernelWork:
     return memory_kernel(K.ROPE, both, both)
 
 
+FLASH_CAUSAL = 0.5
+"""The share of the s x s score tiles a causal flash kernel computes: it skips the tiles above
+the diagonal, and the FlashAttention benchmarks that give its rate (`sim.models.rates`) count a
+causal kernel's FLOPs as half of 4·s²·d a head (Dao-AILab/flash-attention,
+benchmarks/benchmark_flash_attention.py, `flops`: `// (2 if causal else 1)`). Context
+parallelism's load-balanced chunks keep it exact on every ring step (`traces.plan.context`).
+Megatron-LM's FLOP count for MFU keeps the full s² (`traces.step_flops`)."""
+
+FLASH_BWD = 2.5
+"""A flash kernel's backward over its forward's FLOPs: it recomputes QKᵀ and runs four more
+products (dV, dP, dQ, dK), five to the forward's two; the same benchmark counts 2.5."""
+
+
 def attention_kernels(model: ModelSpec, b: int, t: int) -> list[KernelWork]:
     """The attention core over a/t query heads and g/t key/value heads: one flash kernel, or
     Megatron-LM's unfused four.
 
-    flash    fwd read Q (a/t heads of b·s·d), K, V (g/t heads each), write O (a/t) and the
+    flash    the FLOPs it executes under the causal mask (`FLASH_CAUSAL`, `FLASH_BWD`): fwd
+             half of QKᵀ and AV's 4·b·(a/t)·s²·d, bwd 2.5 times the forward's;
+             fwd read Q (a/t heads of b·s·d), K, V (g/t heads each), write O (a/t) and the
              fp32 log-sum-exp: b·s·d·(2a + 2g)/t·e + 4·b·s·a/t
              bwd read Q, K, V, O, the log-sum-exp and dO, write dQ, dK, dV: the forward's
              bytes plus b·s·d·(2a + 2g)/t·e
@@ -163,13 +178,13 @@ def attention_kernels(model: ModelSpec, b: int, t: int) -> list[KernelWork]:
     if model.mla:
         return _mla_core(model, heads, s, e)
     if model.attention == "flash":
-        flops = 4.0 * heads * s * s * d  # QKᵀ and AV: 2·b·s²·h/t each
+        flops = FLASH_CAUSAL * 4.0 * heads * s * s * d  # QKᵀ and AV: 2·b·s²·h/t each, full
         qkvo = (2 * heads + 2 * kv) * s * d * e
         lse = heads * s * 4
         grads = (2 * heads + 2 * kv) * s * d * e  # dO read, dQ, dK, dV written
         draws = _flash_draws(model, heads, s)
-        return [KernelWork(K.FLASH_ATTN, flops, qkvo + lse, 2 * flops, qkvo + lse + grads,
-                           draws=draws, bwd_draws=draws)]
+        return [KernelWork(K.FLASH_ATTN, flops, qkvo + lse, FLASH_BWD * flops,
+                           qkvo + lse + grads, draws=draws, bwd_draws=draws)]
     scores = heads * s * s
     repeat = (heads + kv) * s * d * e if kv < heads else 0
     return [
@@ -202,11 +217,11 @@ def _mla_core(model: ModelSpec, heads: int, s: int, e: int) -> list[KernelWork]:
     (heads, s, s, d_qk) and av (heads, s, d_v, s) GEMMs around the softmax and dropout."""
     dq, dv = qk_dim(model), v_dim(model)
     if model.attention == "flash":
-        flops = 2.0 * heads * s * s * (dq + dv)
+        flops = FLASH_CAUSAL * 2.0 * heads * s * s * (dq + dv)
         qkvo = heads * s * (2 * dq + 2 * dv) * e
         lse = heads * s * 4
         draws = _flash_draws(model, heads, s)
-        return [KernelWork(K.FLASH_ATTN, flops, qkvo + lse, 2 * flops, 2 * qkvo + lse,
+        return [KernelWork(K.FLASH_ATTN, flops, qkvo + lse, FLASH_BWD * flops, 2 * qkvo + lse,
                            draws=draws, bwd_draws=draws)]
     scores = heads * s * s
     return [

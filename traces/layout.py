@@ -37,6 +37,7 @@ from traces.fields import (
 )
 from traces.fsdp import GradSync, check_reshard, checked_grad_sync, default_grad_sync
 from traces.model import ModelSpec
+from traces.recompute import Recompute, check_options
 from traces.schedule_rules import check_schedule, rank_stages, stage_rank
 from traces.split_rules import check_split_keys
 from traces.stage_split import Split
@@ -51,7 +52,8 @@ MAX_MICROBATCHES = 2**16  # per pipeline per step; GPT-3 on 1024 A100s ran 192
 OMITTED_AT_DEFAULT = ("tp_comm_overlap", "overlap_param_gather", "pp_first_layers",
                       "pp_last_layers", "account_for_embedding", "account_for_loss",
                       "pipeline_layout", "ep", "etp", "reshard_after_forward", "grad_sync",
-                      "overlap_p2p_comm", "overlap_moe_comm", "comm_sms")
+                      "overlap_p2p_comm", "overlap_moe_comm", "comm_sms", "recompute_modules",
+                      "exp_avg_dtype", "exp_avg_sq_dtype", "fp8_activation_cache")
 """Options left out of `Layout.to_dict` at their default (so a layout without them reads as it
 always has)."""
 
@@ -101,14 +103,6 @@ class CpComm(StrEnum):
     """A ring of K/V exchanges overlapped with attention (Transformer Engine's default)."""
     ALL_GATHER = "all_gather"
     """An all-gather of K/V before attention, a reduce-scatter of dK/dV after (Llama 3)."""
-
-
-class Recompute(StrEnum):
-    NONE = "none"
-    SELECTIVE = "selective"
-    FULL = "full"
-    SELECTIVE_OP = "selective_op"
-    """torchtitan's per-op rule (`traces.op_sac`): saves every other matmul's output."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -181,6 +175,14 @@ class Layout:
     """SMs the expert all-to-all kernels hold while an overlapped pair's compute runs beside
     them (`sim.models.reserved_sms`); 0: none, but DeepSeek-V3's 20 under dualpipev with
     overlap_moe_comm (`traces.moe_overlap.comm_sms`)."""
+    recompute_modules: tuple[str, ...] = ()
+    """Megatron-Core's --recompute-modules under "selective" (`traces.recompute`); (): core_attn."""
+    fp8_activation_cache: bool = False
+    """Linear inputs kept for backward in FP8 (DeepSeek-V3 §3.3.2; `traces.recompute`)."""
+    exp_avg_dtype: str = "fp32"
+    """Adam's first moment (Megatron-Core's --exp-avg-dtype): fp32, bf16, fp16 or fp8."""
+    exp_avg_sq_dtype: str = "fp32"
+    """Adam's second moment (Megatron-Core's --exp-avg-sq-dtype)."""
 
     def __post_init__(self) -> None:
         """The rules that need neither the model nor the cluster (see `check_layout`)."""
@@ -225,6 +227,7 @@ class Layout:
             raise ConfigError("parallel.tp_comm_overlap: true at tp = "
                               f"{self.tp} needs sp = true (Megatron-Core overlaps the "
                               "sequence-parallel all-gathers and reduce-scatters)")
+        check_options(self)
         check_schedule(self)
         check_split_keys(self.split(None))
         check_expert_grid(self)

@@ -9,6 +9,7 @@ from traces.expert_grid import check_experts
 from traces.layout import Layout
 from traces.model import ModelSpec
 from traces.moe_overlap import check_moe_overlap
+from traces.recompute import check_with_model
 from traces.split_rules import check_split
 
 
@@ -39,6 +40,7 @@ def check_layout(model: ModelSpec, layout: Layout, *, world: int | None = None,
     _check_context(model, layout)
     check_experts(model, layout)
     check_moe_overlap(model, layout)
+    check_with_model(model, layout)
     if devices_per_server is None:
         return ()
     if tp > devices_per_server:

@@ -20,12 +20,13 @@ Per layer, the weights: h(q_r + k_r + r) + q_r + k_r (down and the two norms, re
 (q_r·a(d + r) or h·a(d + r)) + k_r·a(d + d_v) + a·d_v·h (split by t). DeepSeek-V3 (h 7168,
 a 128, q_r 1536, k_r 512, d 128, r 64, d_v 128): 187,107,328 attention parameters a layer.
 
-Forward FLOPs per token: 2h(q_r + k_r + r) + 2q_r·a(d + r) (2h·a(d + r) when q_r = 0)
-+ 2k_r·a(d + d_v) + 2a·d_v·h, and 2s·a(d + r) + 2s·a·d_v in the core (full s², as the rest
-of parasim counts it). MLA requires rotary positions, no GQA (kv_heads = heads), RMSNorm
-and no biases (DeepSeek's; Megatron-Core builds the MLA projections without biases). In FP8
-(DeepSeek-V3 trained MLA's GEMMs in FP8) mla_down, q_up, kv_up and proj are FP8 GEMMs with
-their recipe's casts, the core stays bf16 (`traces.fp8`); parameters and FLOPs are the same.
+Forward FLOPs per token: 2h(q_r + k_r + r) + 2q_r·a(d + r) (2h·a(d + r) when q_r = 0) +
+2k_r·a(d + d_v) + 2a·d_v·h, and 2s·a(d + r) + 2s·a·d_v in the core (full s², as Megatron-LM
+counts it; the flash kernel executes half, `traces.kernels.FLASH_CAUSAL`). MLA requires rotary
+positions, no GQA (kv_heads = heads), RMSNorm and no biases (DeepSeek's; Megatron-Core builds
+the MLA projections without biases). In FP8 (DeepSeek-V3 trained MLA's GEMMs in FP8)
+mla_down, q_up, kv_up and proj are FP8 GEMMs with their recipe's casts, the core stays bf16
+(`traces.fp8`); parameters and FLOPs are the same.
 """
 
 from __future__ import annotations

@@ -33,6 +33,7 @@ permutation, sigmoid scores with an expert bias, and a GEMM per expert.
 from __future__ import annotations
 
 import dataclasses
+from functools import lru_cache
 
 from traces.expert_grid import ep_coord
 from traces.kernel_work import KernelWork, gemm_kernel, memory_kernel
@@ -61,14 +62,38 @@ def skewed_experts(m: ModelSpec, layout: Layout) -> bool:
     return m.experts > 0 and m.routing_skew > 0 and not m.force_balance and layout.ep > 1
 
 
+@lru_cache(maxsize=64)
+def uneven_experts(m: ModelSpec, layout: Layout) -> bool:
+    """Balanced routing whose T·k routed tokens do not split evenly over the experts
+    (`traces.moe_spec.expert_counts` gives the first T·k mod E experts one more), so EP ranks
+    hold different token counts (and grouped GEMMs): rank programs differ by EP coordinate as
+    under skew, and the uniform fold may not stand for them. Cached: `expert_loads` asks once
+    per rank."""
+    if m.experts == 0 or layout.ep == 1 or skewed_experts(m, layout):
+        return False
+    tokens = layout.micro_batch * (m.seq_len // layout.cp) // layout.tp
+    layer = next((i for i in range(m.layers) if is_moe_layer(m, i)), None)
+    if layer is None:
+        return False
+    loads = {tuple(sorted(local_expert_tokens(m, layer, tokens, ExpertShard(
+        ep=layout.ep, etp=layout.etp, ep_rank=r)))) for r in range(layout.ep)}
+    return len(loads) > 1
+
+
+def distinct_experts(m: ModelSpec, layout: Layout) -> bool:
+    """EP ranks of one stage run different expert work: skewed or unevenly split routing."""
+    return skewed_experts(m, layout) or uneven_experts(m, layout)
+
+
 def expert_loads(model: ModelSpec, layout: Layout, rank: int) -> tuple[tuple[int, ...], ...]:
-    """What sets an EP rank's program apart under skewed routing (`traces.identity`): for each
+    """What sets an EP rank's program apart under skewed or unevenly split routing
+    (`distinct_experts`, `traces.identity`): for each
     MoE layer of its pipeline rank (chunk by chunk), the tokens its experts process, sorted.
     Its grouped GEMMs (one per distinct count) and expert activation follow from that multiset,
     and nothing else in its program depends on its EP coordinate: the all-to-alls move the same
-    A·h·e bytes on every rank. () under balanced routing or EP 1 (every rank alike). Computed
+    A·h·e bytes on every rank. () where every EP rank's counts are alike, or EP 1. Computed
     from the routing alone (`expert_counts`), not from the rank's program."""
-    if not skewed_experts(model, layout):
+    if not distinct_experts(model, layout):
         return ()
     shard = ExpertShard(ep=layout.ep, etp=layout.etp, ep_rank=ep_coord(layout, rank))
     # the rank's T: rank_tokens of its CP shard (RankContext.local_model), b·(s/cp)/t

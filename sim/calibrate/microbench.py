@@ -17,6 +17,7 @@ from typing import Any
 
 from sim.config import Experiment, experiment_from_dict
 from sim.profile import Profile, default_profile
+from sim.settings import Setting, apply_settings
 from topology.cluster import Cluster
 from topology.config import read_cluster
 from topology.presets import PRESETS
@@ -45,17 +46,20 @@ class Target:
 
 # --- what to measure --------------------------------------------------------------------------
 
-def resolve_target(name: str, ranks: int | None = None) -> Target:
-    """A preset, a cluster TOML or a config TOML, as a microbenchmark target."""
+def resolve_target(name: str, ranks: int | None = None,
+                   settings: Sequence[Setting] = ()) -> Target:
+    """A preset, a cluster TOML or a config TOML, as a microbenchmark target (with `--set`
+    settings in place: a preset is the table `[cluster] preset = NAME`)."""
     if not name:
         raise ConfigError("--run: an empty name names no cluster or config")
     if name in PRESETS:
-        return _cluster_target(read_cluster({"preset": name}), name, ranks)
+        table = apply_settings({"cluster": {"preset": name}}, settings)["cluster"]
+        return _cluster_target(read_cluster(table), name, ranks)
     path = Path(name)
     if path.suffix != ".toml":
         raise ConfigError(f"--run: {show(name)} is neither a preset ({', '.join(PRESETS)}) "
                           "nor a .toml cluster or config")
-    data = load_toml(path)
+    data = apply_settings(load_toml(path), settings)
     if "model" not in data:
         table = data.get("cluster")
         if not isinstance(table, dict):
@@ -90,18 +94,19 @@ def _cluster_target(spec: Any, name: str, ranks: int | None) -> Target:
                   profile=default_profile(cluster.accelerator))
 
 
-def fit_target(cluster: str | None, traces: Sequence[Trace]) -> Target:
-    """The cluster DIRs are fitted on: --cluster (a preset, a cluster TOML or a config), or
-    localhost with as many ranks as the traces hold."""
+def fit_target(cluster: str | None, traces: Sequence[Trace],
+               settings: Sequence[Setting] = ()) -> Target:
+    """The cluster DIRs are fitted on: --cluster (a preset, a cluster TOML or a config, with
+    `--set` settings in place), or localhost with as many ranks as the traces hold."""
     world = max((max(max(t.ops, default=0) + 1, t.meta.world_size or 0) for t in traces),
                 default=1)
     name = cluster if cluster is not None else "localhost"
     if not name:
         raise ConfigError("--cluster: an empty name names no cluster")
     if name in PRESETS:
-        spec = read_cluster({"preset": name})
+        spec = read_cluster(apply_settings({"cluster": {"preset": name}}, settings)["cluster"])
     elif Path(name).suffix == ".toml":
-        data = load_toml(name, what="--cluster")
+        data = apply_settings(load_toml(name, what="--cluster"), settings)
         if "model" in data:
             target = experiment_target(experiment_from_dict(data, name=Path(name).stem,
                                                             base=Path(name).parent))

@@ -134,3 +134,26 @@ def summary_text(s: dict[str, Any]) -> str:
                      f"{a['hbm_bandwidth_Bps'] / 1e9:.3g} GB/s")
     lines.append(f"  profile written: {s['profile']}")
     return "\n".join(lines)
+
+
+KEPT = "; kept the base profile's value"
+NOT_IDENTIFIABLE = " not identifiable: "
+
+
+def merged_notes(notes: tuple[str, ...] | list[str]) -> list[str]:
+    """The fit's notes on the figures it could not pin down (`FitReport.unidentified`), one
+    line per reason rather than one per figure (a CPU host's calibration gave 14 lines, most
+    with the same reason); a note of another shape stays as it is, after them."""
+    by_reason: dict[str, list[str]] = {}
+    other = []
+    for note in notes:
+        figure, found, rest = note.partition(NOT_IDENTIFIABLE)
+        if not found or not rest.endswith(KEPT):
+            other.append(note)
+            continue
+        by_reason.setdefault(rest[:-len(KEPT)], []).append(figure)
+    lines = [f"{figures[0]}{NOT_IDENTIFIABLE}{reason}{KEPT}" if len(figures) == 1 else
+             f"{len(figures)} figures not identifiable, each for the same reason: {reason}; "
+             f"kept the base profile's values of {', '.join(figures)}"
+             for reason, figures in by_reason.items()]
+    return lines + other

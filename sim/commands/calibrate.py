@@ -38,9 +38,10 @@ from sim.calibrate.microbench import (
     resolve_target,
     run_microbenchmarks,
 )
-from sim.calibrate.summary import summary_json, summary_text
-from sim.commands.common import Phases, emit, parse_sizes, trace_files
+from sim.calibrate.summary import merged_notes, summary_json, summary_text
+from sim.commands.common import Phases, emit, job_progress, parse_sizes, trace_files
 from sim.provenance import files_sha256, flags_sha256, provenance
+from sim.settings import add_set_flag, named_as_flags, parse_settings
 from traces.errors import ConfigError, warn
 from traces.files import Outputs, check_outputs
 from traces.outdir import StagedDir, kept
@@ -74,6 +75,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="fit traces of a failed run too (marked incomplete: meta.complete "
                         "false); refused by default")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    add_set_flag(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -83,6 +85,7 @@ def run(args: argparse.Namespace) -> int:
     if args.run is not None and args.cluster is not None:
         raise ConfigError("--cluster: with --run the cluster is the --run target's")
     inputs = [f for d in args.dirs for f in trace_files(Path(d))]
+    settings = parse_settings(args.settings)
     targets = check_outputs({"--out": args.out}, inputs=inputs)
     if args.keep is not None and args.run is None:
         raise ConfigError("--keep: keeps the traces --run measures; without --run there are "
@@ -95,20 +98,24 @@ def run(args: argparse.Namespace) -> int:
         traces = [read_traces(Path(d), args.allow_incomplete) for d in args.dirs]
         if args.run is not None:
             phase("microbenchmarks")
-            target = resolve_target(args.run, args.ranks)
+            with named_as_flags(settings):
+                target = resolve_target(args.run, args.ranks, settings)
             spec = bench_spec(target, parse_sizes(args.sizes), args.repeats,
                               parse_probes(args.probes, target))
             backend = host_backend(target.cluster, target.world, f"--run {args.run}")
-            traces.append(run_microbenchmarks(spec, keep_dir, args.timeout, backend=backend))
+            with job_progress("microbenchmarks", 1):
+                traces.append(run_microbenchmarks(spec, keep_dir, args.timeout,
+                                                  backend=backend))
         else:
-            target = fit_target(args.cluster, traces)
+            with named_as_flags(settings):
+                target = fit_target(args.cluster, traces, settings)
     for trace, where in zip(traces, args.dirs):
         check_measured_on(trace, target, where)
     from sim.calibrate.fit import fit_profile  # scipy loads only when a fit is made
 
     name = args.name or Path(args.out).stem
     profile, report = fit_profile(traces, target.cluster, base=target.profile, name=name)
-    for note in report.unidentified:
+    for note in merged_notes(report.unidentified):
         warn(f"calibrate: {note}")
     with Outputs(targets.values()) as outputs:
         outputs.write(targets["--out"], json.dumps(profile.to_json(), indent=1,
@@ -127,4 +134,6 @@ def _inputs_sha256(args: argparse.Namespace, inputs: list[Path]) -> str:
     """What the fit came from: the traces' bytes and the flags that chose the measurements."""
     flags = {k: getattr(args, k) for k in ("run", "cluster", "ranks", "sizes", "repeats",
                                            "probes")}
+    if args.settings:  # only then: digests without --set stay as they were
+        flags["set"] = [str(text) for text in args.settings]
     return flags_sha256({**flags, "traces": files_sha256(inputs) if inputs else None})

@@ -36,6 +36,8 @@ from sim.commands.common import (
 from sim.engine.transport import NetworkMode
 from sim.profile import default_profile, load_profile
 from sim.provenance import file_sha256, flags_sha256, provenance
+from sim.settings import add_set_flag, apply_settings, config_sha256, named_as_flags, parse_settings
+from topology.config import KEYS as CLUSTER_KEYS
 from topology.presets import PRESETS
 from traces.errors import ConfigError
 from traces.units import parse_size
@@ -70,6 +72,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--profile", metavar="JSON", help="calibration profile: its measured "
                         "links replace the cluster's")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    add_set_flag(parser, hf_model=False)
 
 
 def sizes_of(args: argparse.Namespace) -> list[int]:
@@ -90,7 +93,9 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--channels: {args.channels} must be from 1 to {MAX_CHANNELS} "
                           "(NCCL's most)")
     sizes = sizes_of(args)
-    cluster = cluster_from_flags(args)
+    settings = parse_settings(args.settings, {"cluster": CLUSTER_KEYS})
+    with named_as_flags(settings):
+        cluster = cluster_from_flags(args, apply_settings({}, settings).get("cluster"))
     profile_path = profile_flag(args.profile, [])
     profile = load_profile(profile_path) if profile_path else default_profile(cluster.accelerator)
     if profile_path:
@@ -113,12 +118,13 @@ def run(args: argparse.Namespace) -> int:
     # nccl-tests flags only where given, so today's tables keep their digest).
     extra = {k: v for k, v, default in (
         ("datatype", args.datatype, "float"), ("redop", args.redop, "sum"),
-        ("root", args.root, 0), ("profile", profile_path and file_sha256(profile_path), None))
+        ("root", args.root, 0), ("profile", profile_path and file_sha256(profile_path), None),
+        ("set", [[st.key, st.value] for st in settings], []))
         if v != default}
-    digest = file_sha256(args.cluster) if args.cluster not in PRESETS else flags_sha256(
-        {"cluster": args.cluster, "nodes": args.nodes, "fabric": args.fabric, "op": args.op,
-         "sizes": sizes, "algo": args.algo, "channels": args.channels, "ranks": ranks,
-         "model": args.model, **extra})
+    digest = config_sha256(args.cluster, settings) if args.cluster not in PRESETS else \
+        flags_sha256({"cluster": args.cluster, "nodes": args.nodes, "fabric": args.fabric,
+                      "op": args.op, "sizes": sizes, "algo": args.algo,
+                      "channels": args.channels, "ranks": ranks, "model": args.model, **extra})
     emit(json.dumps({"cluster": cluster.name, "op": args.op, "algo": args.algo, "ranks": ranks,
                      "model": args.model, "rows": [asdict(r) for r in rows],
                      "avg_busbw_GBps": avg_busbw(rows),

@@ -7,6 +7,10 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -16,8 +20,8 @@ from topology.presets import PRESETS
 from traces.chrome import dumps_chrome
 from traces.errors import ConfigError, show
 from traces.files import Outputs
-from traces.gzipped import text_or_gzip
 from traces.io import dumps as dumps_trace
+from traces.json_chunks import gzip_counted
 from traces.ops import Trace
 from traces.units import parse_size
 
@@ -84,17 +88,20 @@ class _Off:
 
 class ProgressBar:
     """A tqdm bar on stderr, drawn only when stderr is a terminal; `progress` is its `update`
-    there, None elsewhere (the replay then counts nothing for it)."""
+    there, None elsewhere (the replay then counts nothing for it). It shows BAR_DELAY_S after
+    it starts and its clock moves between counts (`Heartbeat`)."""
 
     def __init__(self, desc: str, unit: str) -> None:
         self.bar: Any = _Off()
         self.progress: Progress | None = None
         if not _hidden():
             from tqdm import tqdm
-            self.bar = tqdm(desc=desc, unit=unit, delay=1.0, leave=False, mininterval=0.5)
+            self.bar = tqdm(desc=desc, unit=unit, delay=BAR_DELAY_S, leave=False,
+                            mininterval=BAR_MININTERVAL_S, miniters=1)
             self.progress = self.update
+        self.beat = Heartbeat(self.bar)
 
-    def update(self, done: int, total: int) -> None:
+    def update(self, done: int, total: int | None) -> None:
         self.bar.total = total
         self.bar.update(done - self.bar.n)
 
@@ -102,7 +109,86 @@ class ProgressBar:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self.beat.stop()
         self.bar.close()
+
+
+BAR_DELAY_S = 1.0
+"""A bar appears once its work has run this long (shorter work draws nothing)."""
+BAR_MININTERVAL_S = 0.5
+HEARTBEAT_S = 0.5
+
+
+class Heartbeat:
+    """Redraws a shown bar every HEARTBEAT_S from a thread of its own, so its clock moves
+    and it appears BAR_DELAY_S after it starts even while no unit is counted (a long first
+    unit looked hung: `--chrome` showed 'writing: 0/1 done' for 36 s)."""
+
+    def __init__(self, bar: Any) -> None:
+        self.bar, self.stopped = bar, threading.Event()
+        if not getattr(bar, "disable", True):
+            threading.Thread(target=self._beat, name="parasim-bar", daemon=True).start()
+
+    def _beat(self) -> None:
+        start = time.monotonic()
+        while not self.stopped.wait(HEARTBEAT_S):
+            if time.monotonic() - start >= BAR_DELAY_S:
+                self.bar.refresh()
+
+    def stop(self) -> None:
+        self.stopped.set()
+
+
+class UnitBars:
+    """`progress(unit, done, total)` of `traces.json_chunks` as one bar per unit in turn
+    ('--chrome step.json.gz: ranks', then ': events', then ': bytes gzipped'); a unit whose
+    bar has given way to the next one is not drawn again."""
+
+    def __init__(self, label: str, item: str, rank: str = "ranks") -> None:
+        self.label, self.words = label, {"rank": rank, "item": item, "byte": "bytes gzipped"}
+        self.unit = ""
+        self.bar: ProgressBar | None = None
+        self.finished: set[str] = set()
+
+    def __call__(self, unit: str, done: int, total: int | None) -> None:
+        if unit in self.finished:
+            return
+        if unit != self.unit:
+            self.finished.add(self.unit)
+            self.close()
+            self.unit, self.bar = unit, ProgressBar(f"{self.label}: {self.words[unit]}",
+                                                    unit)
+        assert self.bar is not None
+        self.bar.update(done, total)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.__exit__()
+            self.bar = None
+
+    def shown(self) -> bool:
+        """Whether its bars are drawn (stderr a terminal): else nobody need count for them."""
+        return not _hidden()
+
+    def __enter__(self) -> UnitBars:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+@contextmanager
+def job_progress(label: str, steps: int) -> Iterator[None]:
+    """While a local job runs in the block, a bar of its ranks joining, then of rank 0's ops
+    over `steps` recorded steps (`executor.watch`); on a terminal only."""
+    if _hidden():
+        yield
+        return
+    from executor.watch import watching  # the executor, and torch, only for a job
+
+    with UnitBars(label, f"ops over {steps} step{'s' * (steps != 1)}", "ranks joined") as bars, \
+            watching(bars, steps):
+        yield
 
 
 class Phases:
@@ -115,8 +201,10 @@ class Phases:
 
     def __init__(self, desc: str, total: int) -> None:
         from tqdm import tqdm
-        self.bar = tqdm(total=total, desc=desc, delay=1.0, leave=False, disable=_hidden(),
+        self.bar = tqdm(total=total, desc=desc, delay=BAR_DELAY_S, leave=False,
+                        disable=_hidden(), mininterval=BAR_MININTERVAL_S,
                         bar_format="{desc}: {n}/{total} done{postfix} [{elapsed}]")
+        self.beat = Heartbeat(self.bar)
         self.started = False
 
     def __call__(self, name: str) -> None:
@@ -129,13 +217,22 @@ class Phases:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self.beat.stop()
         self.bar.close()
 
 
-def progress_over(items: list[Any], desc: str) -> Any:
-    """`items`, iterated under a bar of their own (tqdm, on a terminal only)."""
+def progress_over(items: list[Any], desc: str) -> Iterator[Any]:
+    """`items`, iterated under a bar of their own (tqdm, on a terminal only), shown within
+    BAR_DELAY_S of the start even while the first item runs (a sweep's first simulation)."""
     from tqdm import tqdm
-    return tqdm(items, desc=desc, delay=1.0, leave=False, disable=_hidden())
+    bar = tqdm(items, desc=desc, delay=BAR_DELAY_S, leave=False, disable=_hidden(),
+               mininterval=BAR_MININTERVAL_S, miniters=1)
+    beat = Heartbeat(bar)
+    try:
+        yield from bar
+    finally:
+        beat.stop()
+        bar.close()
 
 
 def config_path(given: str | None, default: Path) -> Path:
@@ -152,10 +249,13 @@ def cluster_flags(parser: argparse.ArgumentParser, default: str | None, what: st
     parser.add_argument("--fabric", help="fat-tree | rail | torus (default: the cluster's)")
 
 
-def cluster_from_flags(args: argparse.Namespace) -> Cluster:
-    """The cluster --cluster, --nodes and --fabric name, built."""
-    overrides = {k: v for k, v in (("nodes", args.nodes), ("fabric", args.fabric))
-                 if v is not None}
+def cluster_from_flags(args: argparse.Namespace,
+                       settings: dict[str, Any] | None = None) -> Cluster:
+    """The cluster --cluster, --nodes and --fabric name, built; `settings` (`--set
+    cluster.K=V`'s keys) replace the preset's or file's, and --nodes and --fabric win."""
+    overrides = {**(settings or {}), **{k: v for k, v in (("nodes", args.nodes),
+                                                          ("fabric", args.fabric))
+                                        if v is not None}}
     return cluster_spec(args.cluster, overrides).build()
 
 
@@ -178,14 +278,16 @@ def trace_files(path: Path) -> list[Path]:
 
 
 def write_timed(outputs: Outputs, targets: dict[str, Path], timed: Trace) -> None:
-    """--trace (parasim's JSON) and --chrome (Perfetto), each gzipped when it ends in .gz
-    (a phase bar on a terminal: a large step's files take tens of seconds)."""
-    flags = [f for f in ("--trace", "--chrome") if f in targets]
-    with Phases("writing", len(flags)) as phase:
-        for flag in flags:
-            phase(f"{flag} {targets[flag].name}")
-            dumps = dumps_trace if flag == "--trace" else dumps_chrome
-            outputs.write(targets[flag], text_or_gzip(dumps(timed), targets[flag]))
+    """--trace (parasim's JSON) and --chrome (Perfetto), each gzipped when it ends in .gz;
+    on a terminal a bar counts the ranks encoded, the ops or events written and the bytes
+    gzipped (a large step's files take tens of seconds)."""
+    for flag in (f for f in ("--trace", "--chrome") if f in targets):
+        path = targets[flag]
+        with UnitBars(f"{flag} {path.name}", "ops" if flag == "--trace" else "events") as bars:
+            progress = None if _hidden() else bars
+            text = (dumps_trace if flag == "--trace" else dumps_chrome)(timed, progress)
+            data = gzip_counted(text, progress) if str(path).endswith(".gz") else text
+        outputs.write(path, data)
 
 
 def parse_sizes(text: str) -> list[int]:

@@ -22,6 +22,10 @@ EXAMPLES: Mapping[str, str] = {
     "goodput": "parasim goodput --days 30 --report goodput.html",
     "sweep": "parasim sweep parallel.micro_batch 1 2 4 --report sweep.html",
     "export": "parasim export --chakra chakra --config sim/examples/gpt-tiny-2rank-localhost.toml",
+    "from-megatron": "parasim from-megatron \"--tensor-model-parallel-size 8 "
+                     "--sequence-parallel\" --gpus 8 "
+                     "--model hf:tests/data/hf/Meta-Llama-3-8B.config.json",
+    "whatif": "parasim whatif runs/tiny --set parallel.dp=2 --set parallel.tp=1",
 }
 """One command line per command, in `sim.cli.COMMANDS`' order."""
 

@@ -24,7 +24,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from sim.commands.common import config_path, emit, error
+from sim.commands.common import config_path, emit, error, job_progress
 from sim.config import Experiment, example_path
 from sim.provenance import provenance
 from sim.settings import add_set_flag, config_sha256, load_set_experiment, parse_settings
@@ -113,7 +113,9 @@ def execute(exp: Experiment, staged: StagedDir, steps: int, warmup: int, timeout
         staged.target.mkdir(parents=True, exist_ok=True)
     out = staged.target if torchrun else staged.path
     try:
-        result = run(exp, out, steps=steps, warmup=warmup, timeout=timeout, kernels=kernels)
+        with job_progress("run", steps):
+            result = run(exp, out, steps=steps, warmup=warmup, timeout=timeout,
+                         kernels=kernels)
     except JobFailed as err:
         written = ", ".join(str(_moved(f, staged, torchrun)) for f in err.files) or "none"
         _commit(staged, torchrun, bool(err.files))

@@ -2,6 +2,7 @@
 
     parasim simulate [CONFIG.toml] [--json] [--report step.html] [--trace step.json]
                      [--chrome step.json.gz] [--network N] [--algo A] [--profile P] [--no-fold]
+                     [--trace-ranks 0,8-15]
 
 Output files are checked before the simulation starts and written all or none.
 """
@@ -10,10 +11,11 @@ from __future__ import annotations
 
 import argparse
 import json
+from functools import partial
 from typing import Any
 
 from sim.commands.common import (
-    ProgressBar,
+    UnitBars,
     config_path,
     emit,
     error,
@@ -21,6 +23,7 @@ from sim.commands.common import (
     silence_stdout,
     write_timed,
 )
+from sim.commands.trace_ranks import add_trace_ranks_flag, keep_ranks, parse_ranks
 from sim.config import example_path
 from sim.engine.transport import NETWORK_NAMES
 from sim.metrics import StepSummary
@@ -53,6 +56,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fail-if-oom", action="store_true", help="exit 1 when the peak "
                         "memory of a rank exceeds the GPU's (after the output), for CI")
     add_set_flag(parser)
+    add_trace_ranks_flag(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -70,23 +74,34 @@ def run(args: argparse.Namespace) -> int:
     exp = load_set_experiment(config, settings, overrides)
     if exp.profile_path is not None:  # [sim] profile is an input too: never written over
         inputs.append(exp.profile_path)
+    trace_ranks = None
+    if args.trace_ranks is not None:
+        if args.trace is None and args.chrome is None:
+            raise ConfigError("--trace-ranks: it chooses the ranks --trace and --chrome keep; "
+                              "give one of them too")
+        trace_ranks = parse_ranks(args.trace_ranks, exp.cluster.num_devices)
     # Fail before the (long) simulation, not after it.
     targets = check_outputs({"--trace": args.trace, "--chrome": args.chrome,
                              "--report": args.report}, inputs=inputs)
     for warning in exp.warnings:
         warn(warning)
     with Outputs(targets.values()) as outputs:
-        with ProgressBar("simulate", "op") as bar:
-            summary, times = predict(exp, fold=not args.no_fold, progress=bar.progress)
+        with UnitBars("simulate", "ops replayed", "ranks planned") as bars:
+            if shown := bars.shown():
+                bars("rank", 0, None)  # from the start: choosing the ranks takes seconds too
+            summary, times = predict(exp, fold=not args.no_fold,
+                                     progress=partial(bars, "item") if shown else None,
+                                     plan_progress=partial(bars, "rank") if shown else None)
         if "--trace" in targets or "--chrome" in targets:
             devices = exp.cluster.device_words[1]
-            write_timed(outputs, targets, annotate(times.timed_trace(), times, exp.model,
-                                                   exp.layout, devices))
+            write_timed(outputs, targets, keep_ranks(annotate(
+                times.timed_trace(), times, exp.model, exp.layout, devices), trace_ranks))
         if "--report" in targets:
             from sim.report import render_report  # plotly loads only when a report is asked for
+            from sim.report.about import opening_comment
 
-            outputs.write(targets["--report"], render_report(exp, summary, times,
-                                                             report_ranks))
+            outputs.write(targets["--report"], render_report(exp, summary, times, report_ranks,
+                                                             opening_comment(config)))
         outputs.commit()
         text = (json.dumps({**summary_json(exp, summary),
                             **provenance(exp.profile, config_sha256(config, settings))},

@@ -31,6 +31,7 @@ from sim.calibrate.microbench import (
     host_backend,
     parse_probes,
 )
+from sim.calibrate.summary import merged_notes
 from sim.commands.common import (
     Phases,
     config_path,
@@ -118,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
         with Phases("validate", 3 + (spec is not None)) as phase:
             result = validate(exp, steps=args.steps, warmup=args.warmup, timeout=args.timeout,
                               keep=keep_dir, bench=spec, backend=backend, phase=phase)
-        for note in result.calibration_notes:  # as `parasim calibrate` prints them
+        for note in merged_notes(result.calibration_notes):  # as `parasim calibrate` does
             warn(f"calibrate: {note}")
         if "--report" in targets:
             from sim.report.validation import render_validation  # plotly only when asked

@@ -9,32 +9,46 @@ the parts it already contains.
 * `llama3-h100` (the default for GPU clusters): Llama Team, "The Llama 3 Herd of Models",
   2024, §3.3.4 and Table 5: 419 unexpected interruptions and 47 planned ones in a 54-day
   snapshot of 405B pre-training on 16,384 H100s (2,048 hosts, one 400 Gb/s NIC per GPU).
+  Every line of Table 5 checked against two independent transcriptions (DatacenterDynamics,
+  2024-07; G. Lockwood's component-reliability notes); the 7 "NCCL Watchdog Timeouts" are the
+  interruptions known to have hung (found by the watchdog, no other cause): the fleet's
+  `hang_fraction`, 7 / 466 (a lower bound: other causes may have hung too).
 * `rsc1`, `rsc2`: Kokolis et al., "Revisiting Reliability in Large-Scale Machine Learning
   Research Clusters", HPCA 2025 (arXiv:2410.21680): 6.50 (RSC-1, 16k A100) and 2.34 (RSC-2,
   8k A100) job-interrupting infrastructure failures per 1,000 node-days, counted per node
   (the paper's unit; the rate is put on the host). RSC-1 adds the lemon-node term below.
-* `opt-a100`: Zhang et al., "OPT: Open Pre-trained Transformer Language Models", 2022, §2.5
-  and its logbook: hardware failures cycled out over 100 hosts in about 2 months of
-  training on 992 A100s (124 hosts of 8); every one on the host, the unit the logbook counts.
+  (Checked in a detailed review of the paper, AI闲谈 2024; the arXiv text was not reachable.)
+* `opt-a100`: Zhang et al., "OPT: Open Pre-trained Transformer Language Models", 2022, §2.5:
+  "hardware failures contributed to at least 35 manual restarts and the cycling of over 100
+  hosts over the course of 2 months" (and, the paper estimates, 70+ automatic restarts) on
+  992 A100s (124 hosts of 8); every one on the host, the unit the paper counts. Verified.
 * `bloom-a100`: BigScience, "The Technology Behind BLOOM Training" (S. Bekman, Hugging Face
-  blog, 2022): "on average 1-2 GPU failures a week" on 384 A100s (48 nodes), 1.5 a week taken;
-  the run kept 4 spare nodes.
+  blog, 2022): "on average we were getting 1-2 GPU failures a week" on "about 400 GPUs"
+  (384 in training on 48 nodes), 1.5 a week taken; the run kept 4 spare nodes (BLOOM paper,
+  Le Scao et al. 2022, §3.4). Both verified.
 * TPU: no published per-component TPU fleet rates were found; parasim refuses to guess (set
   `mtti` or `[reliability.rates]`).
 
-The lemon-node term (`lemon`, per job-hour). Kokolis et al. measured a 7.9 h MTTF for
-1,024-GPU jobs on RSC-1, where the per-node rate predicts 24 / (128 x 6.5e-3) = 28.8 h;
-they trace the excess to lemon nodes, the few nodes that fail again and again and that a
-restarted job of any size lands on. parasim models it as a hazard each job carries whatever
-its size: 1/7.9 h - 128 x 6.5e-3 / 24 h = 0.0919 per hour. It fits that one measurement
-(the 1,024-GPU MTTI is its input); at 16,384 GPUs it predicts 1 / (2,048 x 6.5e-3 / 24 +
-0.0919) = 1.55 h against the paper's 1.8 h, which is held out.
+MTTF against job size on RSC-1 (`sim.goodput.laws`). Kokolis et al. *measured* 47.7 days for
+8-GPU jobs and 7.9 h for 1,024-GPU jobs; their 1.8 h at 16,384 GPUs (and 0.23 h at 131,072)
+is a *projection*, 1 / (nodes x 6.50e-3 per node-day), not a measurement. The per-node rate
+alone predicts 24 / (128 x 6.5e-3) = 28.8 h at 1,024 GPUs, 3.6x the measured 7.9 h.
+
+The lemon-node term (`lemon`, per job-hour). Kokolis et al. trace job failures beyond the
+per-node rate to lemon nodes, the few nodes that fail again and again and that a restarted
+job of any size lands on. parasim models it as a hazard each job carries whatever its size:
+1/7.9 h - 128 x 6.5e-3 / 24 h = 0.0919 per hour. It fits that one measurement (the
+1,024-GPU MTTI is its input); at 16,384 GPUs it gives 1 / (2,048 x 6.5e-3 / 24 + 0.0919) =
+1.55 h against the paper's projected 1.8 h (-14%), which it does not use. It is wrong for
+small jobs: 10.9 h at 8 GPUs, against 47.7 days measured. Use `rsc1` for jobs of a thousand
+GPUs and more.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from sim.goodput.laws import RSC1_PER_NODE_DAY, lemon_per_hour
 from sim.goodput.rates import Component
 from traces.errors import ConfigError
 
@@ -50,6 +64,8 @@ class Fleet:
     rates_per_hour: dict[Component, float] = field(default_factory=dict)
     spare_nodes: int | None = None
     """Hot spares the source says the run kept (None where it says nothing)."""
+    hang_fraction: float = 0.0
+    """The share of its interruptions the source says hung (found by the watchdog)."""
 
     def rate(self, component: Component) -> float:
         return self.rates_per_hour.get(component, 0.0)
@@ -80,16 +96,17 @@ def _llama3() -> dict[Component, float]:
             for c, lines in LLAMA3_TABLE5.items()}  # one NIC and one link per GPU
 
 
-RSC1_PER_NODE_DAY = 6.50e-3
 RSC2_PER_NODE_DAY = 2.34e-3
-RSC1_MTTF_1024_H = 7.9
-"""Kokolis et al.: measured MTTF of 1,024-GPU (128-node) jobs on RSC-1."""
-RSC1_LEMON_PER_HOUR = 1 / RSC1_MTTF_1024_H - 128 * RSC1_PER_NODE_DAY / 24
+RSC1_LEMON_PER_HOUR = lemon_per_hour()
+"""Fitted to Kokolis et al.'s measured 7.9 h MTTF of 1,024-GPU jobs (`sim.goodput.laws`)."""
+LLAMA3_HANGS = LLAMA3_TABLE5[Component.SOFTWARE]["NCCL Watchdog Timeouts"]
+LLAMA3_INTERRUPTIONS = sum(sum(lines.values()) for lines in LLAMA3_TABLE5.values())
 OPT_HOSTS, OPT_HOSTS_CYCLED, OPT_DAYS = 124, 100, 60
 BLOOM_GPUS, BLOOM_FAILURES_PER_WEEK, BLOOM_SPARES = 384, 1.5, 4
 
 FLEETS: dict[str, Fleet] = {
-    "llama3-h100": Fleet("llama3-h100", "Llama 3 (2024), Table 5", _llama3()),
+    "llama3-h100": Fleet("llama3-h100", "Llama 3 (2024), Table 5", _llama3(),
+                         hang_fraction=LLAMA3_HANGS / LLAMA3_INTERRUPTIONS),
     "rsc1": Fleet("rsc1", "Kokolis et al. (HPCA 2025), RSC-1",
                   {Component.HOST: RSC1_PER_NODE_DAY / 24,
                    Component.LEMON: RSC1_LEMON_PER_HOUR}),

@@ -153,7 +153,7 @@ def plan_from(exp: Experiment, *, step_time_s: float, tokens_per_s: float,
     largest = max(m.params_bytes + m.optimizer_bytes for m in memory)
     overlapped = rel.async_checkpoint or rel.recovery != "restart"
     stall = min(write, largest / host_copy_bandwidth(cluster)) if overlapped else write
-    restart = recovered_restart(rel.recovery, restart_parts(
+    restart = recovered_restart(rel, restart_parts(
         cluster, rel, size_bytes=size, step_time_s=step_time_s), cluster, memory)
     causes = run_causes(rel, per_cause, restart)
     spares = rel.spare_nodes
@@ -162,9 +162,12 @@ def plan_from(exp: Experiment, *, step_time_s: float, tokens_per_s: float,
                   else default_spares(causes, restart.repair_s))
     check_spares(causes, spares, restart.repair_s)
     total = sum(c.rate_per_s for c in causes)
-    # Daly's R: the mean over causes; without spares a hardware failure waits for its repair
+    # Daly's R: the mean over causes; without spares a hardware failure waits for its repair;
+    # the share that hangs waits for the watchdog
     repair = restart.repair_s if spares == 0 else 0.0
-    restart_mean = (sum(c.rate_per_s * (c.restart_s + (repair if c.hardware else 0.0))
+    hang = rel.hang_fraction if rel.hang_fraction is not None else fleet.hang_fraction
+    restart_mean = (sum(c.rate_per_s * (c.restart_s + (repair if c.hardware else 0.0)
+                                        + hang * c.hang_extra_s)
                         for c in causes) / total if total
                     else restart.seconds(waits_for_repair=False))
     checks = sdc_checks(rel)
@@ -182,7 +185,7 @@ def plan_from(exp: Experiment, *, step_time_s: float, tokens_per_s: float,
     check_finishes(work, interval, stall, restart_mean, mtti)
     model = RunModel(useful_s=useful, work_s=work, interval_s=interval, stall_s=stall,
                      drain_s=drain, causes=causes, spare_nodes=spares,
-                     repair_s=restart.repair_s, hang_fraction=rel.hang_fraction)
+                     repair_s=restart.repair_s, hang_fraction=hang)
     return GoodputPlan(
         name=exp.name, cluster=cluster.name, world=exp.layout.world, nodes=cluster.num_servers,
         step_time_s=step_time_s, tokens_per_s=tokens_per_s,
@@ -196,6 +199,6 @@ def plan_from(exp: Experiment, *, step_time_s: float, tokens_per_s: float,
         fraction_at_interval=useful / work * effective_fraction(work, interval, stall,
                                                                 restart_mean, mtti),
         expected_wall_s=work / effective_fraction(work, interval, stall, restart_mean, mtti),
-        reliability=replace(rel, spare_nodes=spares), model=model, fleet=fleet.name,
-        spares_default=rel.spare_nodes is None)
+        reliability=replace(rel, spare_nodes=spares, hang_fraction=hang), model=model,
+        fleet=fleet.name, spares_default=rel.spare_nodes is None)
 

@@ -22,12 +22,12 @@ from typing import TypeVar
 
 import numpy as np
 import plotly.graph_objects as go
-import plotly.io as pio
 
 from sim.goodput.interval import effective_fraction
 from sim.goodput.montecarlo import Outcome
 from sim.goodput.plan import GoodputPlan
 from sim.goodput.text import goodput_text
+from sim.report.plotly_page import figure_html, log_axis_ticks, plotly_scripts
 
 T = TypeVar("T")
 
@@ -163,6 +163,7 @@ def interval_figure(p: GoodputPlan, o: Outcome) -> go.Figure:
                       xaxis_title="compute between checkpoints (min)", xaxis_type="log",
                       yaxis_title="effective training fraction", yaxis_tickformat=".1%",
                       template="plotly_white", height=520)
+    fig.update_xaxes(**log_axis_ticks(float(grid.min()) / 60, float(grid.max()) / 60))
     return fig
 
 
@@ -170,12 +171,11 @@ def render_goodput_report(p: GoodputPlan, o: Outcome) -> str:
     """The whole page as a string (deterministic)."""
     figures = (progress_figure(p, o), lost_figure(p, o), badput_figure(p, o),
                walltime_figure(p, o), interval_figure(p, o))
-    parts = [pio.to_html(fig, include_plotlyjs=(i == 0), full_html=False, div_id=div)
-             for i, (div, fig) in enumerate(zip(DIVS, figures))]
+    parts = [figure_html(div, fig) for div, fig in zip(DIVS, figures)]
     return ("<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\">"
             f"<title>parasim goodput: {html.escape(p.name)}</title></head>\n<body>\n"
             f"<pre>{html.escape(goodput_text(p, o))}</pre>\n" + "\n".join(parts)
-            + "\n</body></html>\n")
+            + f"\n{plotly_scripts()}\n</body></html>\n")
 
 
 def _thin(items: Sequence[T], at_most: int) -> list[T]:

@@ -16,7 +16,7 @@
     pg_init_per_rank = "1ms"
     warmup_steps = 2
     spare_nodes = 16                # hot spares (default: the fleet's, or sim.goodput.spares)
-    hang_fraction = 0.1             # failures that hang: found by the watchdog, not at once
+    hang_fraction = 0.1             # failures that hang: found by the watchdog (default: fleet's)
     watchdog = "10min"              # the collective timeout that finds a hang
     loss_spike_rate = 1e-3          # loss spikes per job-hour of training
     rollback = "2h"                 # compute a spike rolls back beyond the last checkpoint
@@ -81,7 +81,8 @@ class Reliability:
     pg_init_per_rank_s: float | None = None
     warmup_steps: int | None = None
     spare_nodes: int | None = None
-    hang_fraction: float = 0.0
+    hang_fraction: float | None = None
+    """None: the fleet's (Llama 3: its 7 watchdog timeouts of 466 interruptions)."""
     watchdog_s: float | None = None
     loss_spike_rate_per_hour: float = 0.0
     rollback_s: float = 0.0
@@ -129,7 +130,8 @@ def read_reliability(table: object) -> Reliability:
                       if "warmup_steps" in t else None),
         spare_nodes=(t.integer("spare_nodes", 0, minimum=0, maximum=MAX_SPARES)
                      if "spare_nodes" in t else None),
-        hang_fraction=t.number("hang_fraction", 0.0, minimum=0.0, maximum=1.0),
+        hang_fraction=(t.number("hang_fraction", 0.0, minimum=0.0, maximum=1.0)
+                       if "hang_fraction" in t else None),
         watchdog_s=duration("watchdog"),
         loss_spike_rate_per_hour=t.number("loss_spike_rate", 0.0, minimum=0.0,
                                           maximum=MAX_RATE_PER_HOUR, unit=" per hour"),

@@ -22,18 +22,21 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from sim.models.deepep_buffers import deepep_buffer_bytes
 from sim.models.moe_memory import (
     expert_params_on_rank,
     expert_shards,
     moe_activation_delta,
     rank_layers,
 )
+from sim.models.saved_activations import saving_terms
 from traces import op_sac
 from traces.errors import ConfigError
 from traces.fsdp import GradSync
 from traces.layout import Layout, Recompute
 from traces.model import ModelSpec
 from traces.pipeline import Action, ActionSchedule, layout_schedule
+from traces.recompute import optimizer_bytes, recomputes_core
 from traces.zero_bubble import frees_at
 
 OPTIMIZER_STATE_BYTES = 12
@@ -56,7 +59,8 @@ class MemoryBreakdown:
     activations_bytes: float
     """Stored activations at the schedule's peak (in-flight micro-batches)."""
     working_bytes: float
-    """Transient buffers at the peak: recomputed layer, logits, ZeRO-3 gathered weights."""
+    """Transient buffers at the peak: recomputed layer, logits, ZeRO-3 gathered weights; and
+    DeepEP's communication buffers, held throughout (`sim.models.deepep_buffers`)."""
 
     @property
     def total_bytes(self) -> float:
@@ -145,13 +149,17 @@ def activation_bytes_per_layer(model: ModelSpec, layout: Layout) -> float:
     # 34sbh = 24sbh of TP-split matmul inputs, GeLU, Q, K, V... + 10sbh of norms and dropout,
     # which only SP splits: 34/t with SP, 10 + 24/t without (= 34 when t = 1).
     replicated, split = activation_terms(model)
+    cut = saving_terms(model, layout)  # recompute_modules, the FP8 cache
+    replicated, split = replicated - cut[0], split - cut[1]
     pointwise = (replicated + split) / t if layout.sp else replicated + split / t
     if model.mla:  # SP: the down-projection's outputs are sequence shards too
-        pointwise += latent_term(model) / (t if layout.sp else 1)
+        pointwise += (latent_term(model) - cut[2]) / (t if layout.sp else 1)
     # 5as^2b = scores 2as^2b + softmax-dropout mask as^2b + dropped-out probabilities 2as^2b,
     # split over t heads-wise; flash attention and selective recomputation never store them.
     # With dropout = 0 only the softmax's output, 2as^2b, which av reads as it is.
-    keeps_scores = model.attention == "unfused" and layout.recompute == Recompute.NONE
+    keeps_scores = model.attention == "unfused" and (layout.recompute == Recompute.NONE or
+                                                     layout.recompute == Recompute.SELECTIVE
+                                                     and not recomputes_core(layout))
     scores = (5 if model.dropout else 2) * a * s / (h * t) if keeps_scores else 0.0
     return sbh * (pointwise + scores)
 
@@ -194,12 +202,20 @@ def working_bytes(model: ModelSpec, layout: Layout, pp_rank: int) -> float:
         kept = dataclasses.replace(layout, recompute=Recompute.NONE)
         total += max(activation_bytes_per_layer(model, kept) - op_sac.saved_bytes(model, layout),
                      0.0)
+    if layout.recompute_modules:
+        # The layer re-run in backward re-creates what its modules discarded (its busiest
+        # MoE layer's with moe_act), beside what it kept (`sim.models.saved_activations`).
+        kept = dataclasses.replace(layout, recompute=Recompute.NONE, recompute_modules=())
+        moe = max((moe_activation_delta(model, kept, i) - moe_activation_delta(model, layout, i)
+                   for i in rank_layers(model, layout, pp_rank)), default=0.0)
+        total += activation_bytes_per_layer(model, kept) - \
+            activation_bytes_per_layer(model, layout) + moe
     if pp_rank == layout.pp - 1:
         # fp32 logits of one micro-batch, vocab-parallel: 4 * s * b * V / t.
         total += LOGITS_BYTES * model.seq_len // layout.cp * layout.micro_batch * model.vocab / t
     if layout.zero == 3:
         total += zero3_working_bytes(model, layout, pp_rank)
-    return total
+    return total + deepep_buffer_bytes(model, layout)  # 0 but with dispatch = "deepep"
 
 
 def zero3_working_bytes(model: ModelSpec, layout: Layout, pp_rank: int) -> float:
@@ -242,12 +258,13 @@ def _states(model: ModelSpec, layout: Layout, pp_rank: int) -> tuple[float, floa
     grad_bytes = 4 if layout.fp32_main_grads else model.dtype_bytes
     total, experts = _rank_params(model, layout, pp_rank)
     full = layout.sync is GradSync.STEP
-    dense = model_state_bytes(total - experts, layout.data_degree, layout.zero,
+    k = optimizer_bytes(layout)  # 12 unless the moments are narrower (`traces.recompute`)
+    dense = model_state_bytes(total - experts, layout.data_degree, layout.zero, k,
                               param_bytes=model.dtype_bytes, grad_bytes=grad_bytes,
                               full_grads=full)
     if not experts:
         return dense
-    routed = model_state_bytes(experts, expert_shards(layout), layout.zero,
+    routed = model_state_bytes(experts, expert_shards(layout), layout.zero, k,
                                param_bytes=model.dtype_bytes, grad_bytes=grad_bytes,
                                full_grads=full)
     return dense[0] + routed[0], dense[1] + routed[1], dense[2] + routed[2]
@@ -334,8 +351,9 @@ def memory_timeline(model: ModelSpec, layout: Layout, pp_rank: int,
     in-flight count peaks at the end of a forward and stays there until a backward ends, and
     that backward runs (with its working buffers) at the peak."""
     base = pp_rank_memory(model, layout, pp_rank, [])  # model states: no activations, no actions
-    states = base.params_bytes + base.grads_bytes + base.optimizer_bytes
-    work = working_bytes(model, layout, pp_rank)
+    held = deepep_buffer_bytes(model, layout)  # working bytes, but held throughout
+    states = base.params_bytes + base.grads_bytes + base.optimizer_bytes + held
+    work = working_bytes(model, layout, pp_rank) - held
     chunks = chunk_bytes(model, layout, pp_rank)
     if chunks is not None:
         return _weighted_timeline(states, work, chunks, timed)

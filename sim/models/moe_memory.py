@@ -14,11 +14,14 @@
                             buffers: the combined expert outputs A·h·e that unpermute's
                             backward reads, the router's fp32 scores T·E·4 and the 1-byte
                             routing map T·E (A kept assignments of the rank's T tokens, R the
-                            tokens its experts process, `traces.moe`)
+                            tokens its experts process, `traces.moe`); recompute_modules'
+                            moe_act and the FP8 activation cache shrink the experts' terms
+                            (`sim.models.saved_activations.moe_mlp_terms`)
 """
 
 from __future__ import annotations
 
+from sim.models.saved_activations import mlp_saving, moe_mlp_terms
 from traces.expert_grid import expert_data_degree
 from traces.layout import Layout, Recompute
 from traces.model import ModelSpec
@@ -53,15 +56,12 @@ def moe_activation_delta(model: ModelSpec, layout: Layout, layer: int) -> float:
     s = model.seq_len // layout.cp
     sbh = s * b * h
     swiglu = model.ffn == "swiglu"
-    dense = 6 * model.ffn_hidden / h if swiglu else GELU_MLP_TERM
-    f_shared = model.shared_experts * model.moe_ffn_hidden
-    shared = (6 if swiglu else 4) * f_shared / h
+    dense = (6 * model.ffn_hidden / h if swiglu else GELU_MLP_TERM) - mlp_saving(model, layout)
+    shared, per_token = moe_mlp_terms(model, layout)  # the FP8 cache, moe_act
     local = model.seq_len // layout.cp
     shaped = model if layout.cp == 1 else _with_seq(model, local)
     tokens = rank_tokens(shaped, b, t)
     kept = sum(expert_counts(model, layer, tokens))
-    f = model.moe_ffn_hidden / layout.etp
-    per_token = h + (3 if swiglu else 2) * f
     received = max(sum(local_expert_tokens(model, layer, tokens,
                                            ExpertShard(ep=layout.ep, etp=layout.etp,
                                                        ep_rank=r)))

@@ -23,11 +23,11 @@ from typing import Any
 
 import plotly.graph_objects as go
 import plotly.io as pio
-from plotly.offline import get_plotlyjs
 
 from sim.config import Experiment
 from sim.engine.replay import StepTimes
 from sim.metrics import StepSummary, gemm_precision
+from sim.report.about import about_html
 from sim.report.breakdown import (
     breakdown_figure,
     collective_table,
@@ -44,6 +44,7 @@ from sim.report.memory_view import (
     memory_over_time_figure,
 )
 from sim.report.pipeline import legend_html, pipeline_view
+from sim.report.plotly_page import ZLIB_LEVEL, plotly_b64
 from sim.report.timeline import lanes, present_pp_ranks, rank_ops
 from sim.report.words import Words, words_for
 from sim.simulate import headline, model_summary
@@ -54,13 +55,13 @@ DIVS = ("parasim-pipeline", "parasim-waterfall", "parasim-breakdown", "parasim-l
         "parasim-memory-time", "parasim-memory")
 TIMED = ("parasim-pipeline", "parasim-lanes", "parasim-memory-time")
 """Figures whose x axis is the step's time: zooming one zooms them all."""
-ZLIB_LEVEL = 9
 
 
 def render_report(exp: Experiment, summary: StepSummary, times: StepTimes,
-                  ranks: list[int] | None = None) -> str:
+                  ranks: list[int] | None = None, about: str = "") -> str:
     """The whole HTML page as a string (deterministic). `ranks` picks the ranks whose lanes
-    are drawn (default: the first and the last pipeline stage's)."""
+    are drawn (default: the first and the last pipeline stage's); `about` is what the config
+    says of itself (`sim.report.about.opening_comment`), shown under the headline."""
     words = words_for(exp, times)
     stages = present_pp_ranks(times)
     detail, notes = detail_ranks(times, stages, ranks)
@@ -92,20 +93,20 @@ def render_report(exp: Experiment, summary: StepSummary, times: StepTimes,
     payload = _payload(figures, [pipe.spec.to_json(), lane_view.spec.to_json()])
     heights = {div: int(fig.layout.height) for div, fig in figures.items()}
     body = _body(exp, summary, words, pipe.bubble_fraction, tables, notes, heights,
-                 hint_ranks(times, detail))
+                 hint_ranks(times, detail), about)
     return ("<!DOCTYPE html>\n<html><head><meta charset='utf-8'>"
             f"<title>parasim: {html.escape(exp.name)}</title><style>{_STYLE}</style></head>\n"
             f"<body>\n{body}\n"
-            f"<script id='parasim-plotly' type='application/octet-stream'>{_plotly_b64()}"
+            f"<script id='parasim-plotly' type='application/octet-stream'>{plotly_b64()}"
             "</script>\n"
             f"<script id='parasim-data' type='application/octet-stream'>{payload}</script>\n"
             f"<script>{_script()}</script>\n</body></html>\n")
 
 
 def write_report(path: str | Path, exp: Experiment, summary: StepSummary, times: StepTimes,
-                 ranks: list[int] | None = None) -> None:
+                 ranks: list[int] | None = None, about: str = "") -> None:
     """Render the report and write it to `path` atomically."""
-    write_text_atomic(path, render_report(exp, summary, times, ranks))
+    write_text_atomic(path, render_report(exp, summary, times, ranks, about))
 
 
 def detail_ranks(times: StepTimes, stages: dict[int, int],
@@ -164,19 +165,12 @@ def _payload(figures: dict[str, go.Figure], binned: list[dict[str, Any]]) -> str
 
 
 @lru_cache(maxsize=1)
-def _plotly_b64() -> str:
-    """plotly.js, deflated and base64-coded (computed once per process: ~0.3 s)."""
-    return base64.b64encode(zlib.compress(get_plotlyjs().encode("utf-8"),
-                                          ZLIB_LEVEL)).decode("ascii")
-
-
-@lru_cache(maxsize=1)
 def _script() -> str:
     return resources.files("sim.report").joinpath("report.js").read_text(encoding="utf-8")
 
 
 def _body(exp: Experiment, summary: StepSummary, words: Words, bubble: float, tables: str,
-          notes: list[str], heights: dict[str, int], hint: list[int]) -> str:
+          notes: list[str], heights: dict[str, int], hint: list[int], about: str) -> str:
     def div(name: str) -> str:
         # the figure's height on its box: plotly's responsive resizing keeps the box's height
         # (without it a resized window squeezes every figure to the box's minimum)
@@ -184,6 +178,7 @@ def _body(exp: Experiment, summary: StepSummary, words: Words, bubble: float, ta
 
     return "\n".join([
         header_html(exp, summary, words),
+        about_html(about),
         "<h2>Pipeline</h2>",
         f"<p class='note'>{legend_html()}</p>",
         "<p class='note'>One row per pipeline rank; a number inside a pass is its "
@@ -221,9 +216,7 @@ def header_html(exp: Experiment, summary: StepSummary, words: Words) -> str:
             for k, v in headline(s)]
     table = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>"
                     for k, v in rows)
-    fold = (f"<p>Folded: each simulated rank stands for the {words.count(words.stands_for)} "
-            f"of its pipeline stage ({html.escape(words.fold)}), which run the same program; "
-            "rows say how many devices they stand for.</p>" if words.stands_for > 1 else "")
+    fold = fold_note(words) if words.stands_for > 1 else ""
     lines = [
         f"<h1>parasim: {html.escape(exp.name)}</h1>",
         f"<p>cluster <b>{html.escape(exp.cluster.name)}</b> ({words.count(L.world)}, "
@@ -240,6 +233,21 @@ def header_html(exp: Experiment, summary: StepSummary, words: Words) -> str:
     ]
     lines += [f"<p class='warn'>warning: {html.escape(w)}</p>" for w in exp.warnings]
     return "\n".join(line for line in lines if line)
+
+
+def fold_note(words: Words) -> str:
+    """What a folded rank stands for: all of its stage, or (where the network tells a stage's
+    CP ranks apart) its share, the pipeline view showing the stage's first simulated rank."""
+    n, stage = words.stands_for, words.stage_devices
+    if stage <= n:
+        return (f"<p>Folded: each simulated rank stands for the {words.count(n)} of its "
+                f"pipeline stage ({html.escape(words.fold)}), which run the same program; "
+                "rows say how many devices they stand for.</p>")
+    return (f"<p>Folded: each simulated rank stands for {words.count(n)} "
+            f"({html.escape(words.fold)}) of its pipeline stage's {stage:,}, which run the "
+            f"same program; the stage's {stage // n} simulated ranks (one per CP coordinate "
+            f"modulo {stage // n}) sit apart on the network, and the pipeline view shows the "
+            "first of each stage. Rows say how many devices they stand for.</p>")
 
 
 _STYLE = ("body{font-family:sans-serif;margin:1.5em;color:#222;max-width:1800px}"

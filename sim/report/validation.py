@@ -24,9 +24,9 @@ import math
 from collections import defaultdict
 
 import plotly.graph_objects as go
-import plotly.io as pio
 from plotly.subplots import make_subplots
 
+from sim.report.plotly_page import figure_html, log_axis_ticks, plotly_scripts
 from sim.validation import Validation, summary_text
 from traces.ops import Op, OpKind, Trace
 
@@ -45,13 +45,10 @@ colours of plotly's default cycle repeated over a validation's ~37 classes."""
 
 
 def render_validation(v: Validation) -> str:
-    parts = [pio.to_html(timelines(v), include_plotlyjs=True, full_html=False,
-                         div_id="parasim-validate-timelines"),
-             pio.to_html(scatter(v), include_plotlyjs=False, full_html=False,
-                         div_id="parasim-validate-scatter"),
+    parts = [figure_html("parasim-validate-timelines", timelines(v)),
+             figure_html("parasim-validate-scatter", scatter(v)),
              f"<div id=\"parasim-validate-errors\">{error_table(v)}</div>",
-             pio.to_html(memory(v), include_plotlyjs=False, full_html=False,
-                         div_id="parasim-validate-memory")]
+             figure_html("parasim-validate-memory", memory(v)), plotly_scripts()]
     body = "\n".join(parts)
     return ("<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\">"
             f"<title>parasim validate: {html.escape(v.exp.name)}</title><style>{_STYLE}"
@@ -153,6 +150,9 @@ def scatter(v: Validation) -> go.Figure:
     fig.update_layout(xaxis_type="log", yaxis_type="log", template="plotly_white", height=650,
                       xaxis_title="measured (us)", yaxis_title="predicted (us)",
                       title="predicted against measured time per op, by op class")
+    if values:  # 1-2-5 or powers of ten, never plotly's minor digits beside a major label
+        fig.update_xaxes(**log_axis_ticks(lo, hi))
+        fig.update_yaxes(**log_axis_ticks(lo, hi))
     return fig
 
 

@@ -26,6 +26,9 @@ class Words:
     fold: str
     """How a folded rank's devices are made: "tp 8 × dp 8"; empty when not folded."""
     layout: Layout | None
+    stage_devices: int = 0
+    """Devices of a pipeline stage (tp * cp * dp); more than `stands_for` where a stage's CP
+    ranks are simulated apart, each standing for its share."""
 
     def count(self, n: int) -> str:
         """'64 GPUs', '1 chip'."""
@@ -45,7 +48,11 @@ def words_for(exp: Experiment, times: StepTimes) -> Words:
     if over_cp is not None:
         f = over_cp.layout
         text = f"tp {f.tp} × cp {f.cp // over_cp.cp_step} × dp {f.dp}"
+    L = exp.layout
+    if text and L.ep > 1:  # the experts are spread over the ranks a rank stands for
+        text += f"; EP {L.ep}" + (f" × ETP {L.etp}" if L.etp > 1 else "") + " within them"
     return Words(device=device, devices=devices,
                  stands_for=stands_for(times),
                  fold=text,
-                 layout=times.plan.meta.layout)
+                 layout=times.plan.meta.layout,
+                 stage_devices=L.world // L.pp)

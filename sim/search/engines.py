@@ -33,7 +33,7 @@ from contextlib import contextmanager
 from functools import partial
 from typing import Any, Generic, Protocol, TypeVar
 
-from sim.search.orphans import start_worker
+from sim.search.orphans import end_forkserver_children, start_worker
 from sim.search.problem import Problem
 from sim.search.ray_address import check_reachable
 from sim.search.stopped import first_completed
@@ -171,6 +171,7 @@ class Processes:
         after Ctrl-C. The executor has no public way before Python 3.14
         (`terminate_workers`), hence its process table."""
         processes = list(getattr(self.pool, "_processes", {}).values())
+        end_forkserver_children()  # those still starting too, which the pool may not know
         terminate = getattr(self.pool, "terminate_workers", None)
         if terminate is not None:
             terminate()

@@ -11,11 +11,13 @@ forkserver and the tracker end on their own.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import signal
 import threading
 import time
+from pathlib import Path
 
 POLL_S = 1.0
 """Where the kernel has no pidfd (Linux before 5.3, other systems): how often to look."""
@@ -60,3 +62,42 @@ def _alive(pid: int) -> bool:
     except PermissionError:  # alive, another user's (the pid was reused)
         return True
     return True
+
+
+def end_forkserver_children() -> list[int]:
+    """Terminate every process this process's forkserver has forked, those the pool has not
+    recorded yet included, and wait for each: Ctrl-C while a worker is still starting would
+    otherwise leave it to unpickle its task after parasim is gone and print a traceback from
+    the forkserver's frames (issue 36). The pids ended, [] where there is no forkserver."""
+    from multiprocessing import forkserver  # noqa: PLC0415 (Linux and macOS only)
+
+    server = getattr(forkserver, "_forkserver", None)
+    pid = getattr(server, "_forkserver_pid", None)
+    if pid is None:
+        return []
+    ended = children(pid)
+    for child in ended:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child, signal.SIGKILL)  # a starting worker may not yet ignore anything
+    deadline = time.monotonic() + 5.0
+    while any(_alive_child(child) for child in ended) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return ended
+
+
+def children(pid: int) -> list[int]:
+    """The child processes of `pid` (Linux's /proc; [] where it cannot be read)."""
+    try:
+        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    except OSError:
+        return []
+    return [int(word) for word in text.split()]
+
+
+def _alive_child(pid: int) -> bool:
+    """Whether `pid` still runs (a zombie, waiting for its forkserver to reap it, has ended)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")

@@ -14,8 +14,8 @@ import html
 import math
 
 import plotly.graph_objects as go
-import plotly.io as pio
 
+from sim.report.plotly_page import figure_html, log_axis_ticks, plotly_scripts
 from sim.search.output import result_text
 from sim.search.run import Ranked, SearchResult, Simulated
 from sim.search.space import describe
@@ -77,8 +77,9 @@ def search_figure(r: SearchResult) -> go.Figure:
     # Every candidate in view (a linear axis stopped at 1.5x the memory, cutting the rest
     # off; one reaching the largest squeezed the layouts that fit into a sliver), and room
     # under the lowest point for the best's label.
-    fig.update_xaxes(type="log", range=[x_lo, x_hi])
-    fig.update_yaxes(range=[math.log10(min(ys)) - 0.12, math.log10(max(ys)) + 0.04])
+    y_lo, y_hi = math.log10(min(ys)) - 0.12, math.log10(max(ys)) + 0.04
+    fig.update_xaxes(range=[x_lo, x_hi], **log_axis_ticks(10**x_lo, 10**x_hi))
+    fig.update_yaxes(range=[y_lo, y_hi], **log_axis_ticks(10**y_lo, 10**y_hi))
     fig.update_layout(
         title=f"{r.name}: step time against peak memory per {r.device}, "
               f"{r.num_candidates:,} "
@@ -92,11 +93,10 @@ def render_search_report(r: SearchResult) -> str:
     """The whole page: the text summary (without timings: the same search gives the same
     page), then the figure."""
     summary = html.escape(result_text(r, timings=False))
-    figure = pio.to_html(search_figure(r), include_plotlyjs=True, full_html=False,
-                         div_id=DIV_ID)
+    figure = figure_html(DIV_ID, search_figure(r))
     return ("<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\">"
             f"<title>parasim search: {html.escape(r.name)}</title></head>\n<body>\n"
-            f"<pre>{summary}</pre>\n{figure}\n</body></html>\n")
+            f"<pre>{summary}</pre>\n{figure}\n{plotly_scripts()}\n</body></html>\n")
 
 
 def _extent(r: SearchResult) -> tuple[list[float], list[float]]:

@@ -162,6 +162,8 @@ def search(problem: Problem, *, engine: Engine, top_k: int = DEFAULT_TOP,
     ctx = context(problem)  # checks the config and the [search] table here, not in a worker
     tables = list(ctx.space.candidates())
     order, screening = _start_screen(engine, problem, tables)
+    if progress is not None:  # the bar from the start of each tier, not its first result
+        progress("screen", 0, len(tables), None)
     # The rule's layout does not depend on the screen: its simulation queues behind it, and
     # the first worker done with the screen runs it while the other ends its chunk and this
     # process ranks the candidates.
@@ -283,6 +285,8 @@ def _simulate(engine: Engine, problem: Problem, layouts: list[Layout], ctx: Any,
     running = engine.start(simulate_one, problem, order)
     count, best = 0, math.inf
     total = len(order) + (early is not None)
+    if progress is not None:
+        progress("simulate", 0, total, None)
 
     def done(_: int, sim: Simulated) -> None:
         nonlocal count, best

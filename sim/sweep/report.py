@@ -9,9 +9,9 @@ import html
 from collections.abc import Sequence
 
 import plotly.graph_objects as go
-import plotly.io as pio
 from plotly.subplots import make_subplots
 
+from sim.report.plotly_page import figure_html, plotly_scripts
 from sim.simulate import size_text
 from sim.sweep.points import Point, sweep_rows, sweep_text
 
@@ -76,9 +76,8 @@ def memory_figure(key: str, points: Sequence[Point]) -> go.Figure:
 def render_sweep_report(key: str, points: Sequence[Point]) -> str:
     """The whole page as a string (deterministic)."""
     figures = (time_figure(key, points), memory_figure(key, points))
-    parts = [pio.to_html(fig, include_plotlyjs=(i == 0), full_html=False, div_id=div)
-             for i, (div, fig) in enumerate(zip(DIVS, figures))]
+    parts = [figure_html(div, fig) for div, fig in zip(DIVS, figures)]
     return ("<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\">"
             f"<title>parasim sweep: {html.escape(key)}</title></head>\n<body>\n"
             f"<pre>{html.escape(sweep_text(key, points))}</pre>\n" + "\n".join(parts)
-            + "\n</body></html>\n")
+            + f"\n{plotly_scripts()}\n</body></html>\n")

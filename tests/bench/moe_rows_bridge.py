@@ -72,6 +72,27 @@ def bridge(release: str, system: str, model: str, precision: str, gpus: int, gbs
                   needs)
 
 
+DSV3_LAYOUTS = {
+    8: "Et*8|(t*8|)*6t*5{tail}",
+    16: "Et*4|(t*4|)*14t{tail}",
+    32: "Et|(tt|)*30{tail}",
+}
+"""DeepSeek-V3's 61 layers over pp x vp virtual stages, as Megatron-Bridge lays them out.
+8 and 16 stages: `set_deepseek_v3_pipeline_model_parallel_layout`'s layout_map
+(src/megatron/bridge/recipes/deepseek/deepseek_v3.py @355cef4: (4, 2) and (8, 1) give the
+8-stage list, (4, 4), (8, 2) and (16, 1) the 16-stage one; the last stage ends in
+["mtp"] * mtp_num_layers + ["loss"]). 32 stages: the H100 recipe's pp_layout "Et|(tt|)*30mL"
+(scripts/performance/configs/deepseek/deepseek_workload_base_configs.py @0426418). The map has
+no (2, 4) or (8, 4) key (the 25.11 GB300 and GB200 FP8-MX rows): those rows take the recipes'
+layout for the same number of virtual stages (Megatron-Core's layout is a list of virtual
+stages, whatever pp and vp multiply to), an assumption the source does not state."""
+
+
+def dsv3_layout(pp: int, vp: int, mtp: bool) -> dict[str, str]:
+    """The `parallel` entry giving DeepSeek-V3's pipeline layout on pp x vp stages."""
+    return {"pipeline_layout": DSV3_LAYOUTS[pp * vp].format(tail="mL" if mtp else "L")}
+
+
 DSV3 = "DeepSeek-V3"
 Q235 = "Qwen3-235B-A22B"
 Q30 = "Qwen3-30B-A3B"
@@ -83,11 +104,14 @@ ROWS_2602: list[MoeRow] = [
     bridge("26.02", "GB300", DSV3, "FP8-MX", 256, 4096, 2, (1, 2, 8, 32), 4612,
            HYBRIDEP + OVERLAP, parallel={"pipeline_layout": "Et*4|(t*4|)*14tmL"}, **MTP),
     bridge("26.02", "GB200", DSV3, "FP8-MX", 256, 4096, 1, (1, 4, 4, 64), 3955,
-           HYBRIDEP + OVERLAP, **MTP),
-    bridge("26.02", "B300", DSV3, "FP8-MX", 256, 4096, 1, (1, 16, 1, 8), 2983,
-           HYBRIDEP + OVERLAP, **MTP),
+           HYBRIDEP + OVERLAP, parallel=dsv3_layout(4, 4, mtp=True), **MTP),
+    # The page's B300 run is PP 16 without VP; Megatron-Core refuses the overlapped expert
+    # all-to-all there (it needs VP when PP > 1), so that run did not use the recipe's
+    # moe_a2a_overlap (the @0426418 recipe's B300 FP8-MX is PP 8 x VP 2, a later layout).
+    bridge("26.02", "B300", DSV3, "FP8-MX", 256, 4096, 1, (1, 16, 1, 8), 2983, HYBRIDEP,
+           parallel=dsv3_layout(16, 1, mtp=True), **MTP),
     bridge("26.02", "B200", DSV3, "FP8-MX", 256, 4096, 1, (1, 16, 1, 8), 2689, HYBRIDEP,
-           **MTP),
+           parallel=dsv3_layout(16, 1, mtp=True), **MTP),
     bridge("26.02", "GB300", Q30, "FP8-MX", 8, 512, 8, (1, 1, 1, 8), 30376, HYBRIDEP),
     bridge("26.02", "GB200", Q30, "FP8-MX", 8, 512, 4, (1, 1, 1, 8), 26084, HYBRIDEP),
     bridge("26.02", "B300", Q30, "FP8-MX", 8, 512, 8, (1, 1, 1, 8), 29521, HYBRIDEP),
@@ -102,15 +126,15 @@ ROWS_2602: list[MoeRow] = [
 
 ROWS_2511: list[MoeRow] = [
     bridge("25.11", "GB300", DSV3, "BF16", 256, 4096, 1, (1, 2, 4, 32), 3848, HYBRIDEP,
-           **NO_MTP),
+           parallel=dsv3_layout(2, 4, mtp=False), **NO_MTP),
     bridge("25.11", "GB300", DSV3, "FP8-MX", 256, 4096, 1, (1, 2, 4, 32), 4357,
-           HYBRIDEP + OVERLAP, **NO_MTP),
+           HYBRIDEP + OVERLAP, parallel=dsv3_layout(2, 4, mtp=False), **NO_MTP),
     bridge("25.11", "GB200", DSV3, "BF16", 256, 4096, 1, (1, 4, 4, 64), 3139, HYBRIDEP,
-           **NO_MTP),
+           parallel=dsv3_layout(4, 4, mtp=False), **NO_MTP),
     bridge("25.11", "GB200", DSV3, "FP8-MX", 256, 4096, 1, (1, 8, 4, 32), 4018,
-           HYBRIDEP + OVERLAP, **NO_MTP),
+           HYBRIDEP + OVERLAP, parallel=dsv3_layout(8, 4, mtp=False), **NO_MTP),
     bridge("25.11", "B200", DSV3, "FP8-MX", 256, 2048, 1, (1, 16, 1, 8), 2139, HYBRIDEP,
-           **MTP),
+           parallel=dsv3_layout(16, 1, mtp=True), **MTP),
     bridge("25.11", "GB300", Q30, "FP8-MX", 8, 512, 4, (1, 1, 1, 8), 28934, HYBRIDEP),
     bridge("25.11", "GB200", Q30, "FP8-MX", 8, 512, 4, (1, 1, 1, 8), 23766, HYBRIDEP),
     bridge("25.11", "B200", Q30, "FP8-MX", 8, 512, 1, (1, 1, 1, 8), 9299, HYBRIDEP),

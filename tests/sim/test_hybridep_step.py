@@ -47,3 +47,28 @@ def test_over_two_nvl72_domains_hybridep_folds_exactly_and_beats_nccl():
     assert folded.step_time_s == pytest.approx(unfolded.step_time_s, rel=1e-9)
     nccl, _ = predict(_racks("nccl"))
     assert folded.step_time_s < nccl.step_time_s  # a token crosses racks once, not per expert
+
+
+def _straddling(dispatch: str, ep: int, seq_len: int):
+    """DP 144 over 2 GB200 NVL72 racks with EP `ep`: EP 16 cuts group 64-79 across the racks
+    (8 + 8) while the others stay on one; its expert-DP groups split 5 + 4 or 4 + 5. With
+    seq_len 512, top-4 over 144 experts routes 2,048 tokens: 2,048 mod 144 = 32 experts take one
+    more, so EP ranks' loads differ under balanced routing; 576 splits evenly (16 each)."""
+    return experiment_from_dict({**_config({"preset": "gb200-nvl72", "nodes": 2},
+                                           dispatch=dispatch, experts=144, seq_len=seq_len),
+                                 "parallel": {"dp": 144, "ep": ep, "global_batch": 144}})
+
+
+@pytest.mark.parametrize("dispatch", ["nccl", "deepep", "hybridep"])
+@pytest.mark.parametrize(("ep", "seq_len"), [(16, 576), (16, 512), (8, 512)])
+def test_ep_groups_cut_unevenly_by_nvlink_domains_or_loads_fold_exactly(dispatch, ep, seq_len):
+    exp = _straddling(dispatch, ep, seq_len)
+    folded, times = predict(exp, fold=True)
+    unfolded, _ = predict(exp, fold=False)
+    assert folded.step_time_s == pytest.approx(unfolded.step_time_s, rel=1e-9)
+    assert 1 < len(times.plan.ranks) < 144  # folded by identity, not every rank
+
+
+def test_ep_groups_whole_in_a_domain_with_even_loads_keep_the_uniform_fold():
+    _, times = predict(_straddling("hybridep", 8, 576), fold=True)
+    assert times.plan.ranks == [0]

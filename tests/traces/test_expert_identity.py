@@ -10,7 +10,7 @@ from traces.expert_grid import ep_group, expert_data_group, shift_closed
 from traces.identity import partition_for
 from traces.layout import Layout
 from traces.model import ModelSpec
-from traces.moe import expert_loads
+from traces.moe import expert_loads, uneven_experts
 from traces.ops import OpKind
 from traces.plan import build
 from traces.symmetry import copies
@@ -96,3 +96,16 @@ def test_the_key_is_read_from_the_routing_not_from_built_programs(monkeypatch):
 def test_balanced_routing_has_no_load_key():
     assert expert_loads(model(), Layout(dp=4, ep=4, global_batch=4), 1) == ()
     assert expert_loads(model(routing_skew=1.0), Layout(dp=4, global_batch=4), 1) == ()
+
+
+@pytest.mark.parametrize(("seq_len", "ep", "uneven"), [
+    (256, 2, False),  # T·k = 512 routed, 64 per expert: every EP rank alike
+    (255, 2, True),   # 510 = 8·63 + 6: experts 0-5 take 64, 6-7 take 63; EP rank 1 holds 6, 7
+    (255, 8, True),   # one expert a rank: 64 on ranks 0-5, 63 on ranks 6-7
+    (254, 4, True),   # 508 = 8·63 + 4: ranks 0-1 hold (64, 64), ranks 2-3 (63, 63)
+])
+def test_balanced_routing_that_splits_unevenly_sets_ep_ranks_apart(seq_len, ep, uneven):
+    layout = Layout(dp=8, ep=ep, global_batch=8)
+    m = model(seq_len=seq_len)
+    assert uneven_experts(m, layout) is uneven
+    assert (len({expert_loads(m, layout, r) for r in range(8)}) > 1) is uneven

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from traces import io
+from traces import io, json_chunks
 from traces.errors import ConfigError
 from traces.header import TraceMeta
 from traces.header_json import meta_to_json
@@ -440,7 +440,7 @@ def test_failed_serialization_leaves_no_file(tmp_path, monkeypatch):
     def broken_dumps(*args: object, **kwargs: object) -> str:
         raise ValueError("disk full of NaNs")
 
-    monkeypatch.setattr(io.json, "dumps", broken_dumps)
+    monkeypatch.setattr(json_chunks.json, "dumps", broken_dumps)  # the writing encodes there
     with pytest.raises(ConfigError, match="cannot be written as JSON"):
         io.save(plan_trace(), tmp_path / "t.json")
     assert os.listdir(tmp_path) == []

@@ -9,6 +9,7 @@ import dataclasses
 
 import pytest
 
+from tests.traces.megatron_count import megatron_fwd
 from traces.errors import ConfigError
 from traces.kernels import embedding_kernels, layer_kernels
 from traces.layout import Layout
@@ -50,8 +51,8 @@ def test_qkv_is_narrower_by_the_key_value_heads(kv, t):
 def test_flash_attention_reads_kv_heads(kv, t):
     flash = by_name(llama(kv), t)[K.FLASH_ATTN]
     q_heads, kv_heads = B * A // t, B * kv // t
-    assert flash.flops == 4 * q_heads * S * S * D  # QKᵀ and AV over the query heads
-    assert flash.bwd_flops == 2 * flash.flops
+    assert flash.flops == 4 * q_heads * S * S * D / 2  # QKᵀ and AV, the causal half
+    assert flash.bwd_flops == 2.5 * flash.flops
     io = (q_heads * 2 + kv_heads * 2) * S * D * E  # Q, O; K, V
     lse = q_heads * S * 4
     assert flash.mem_bytes == io + lse
@@ -133,7 +134,7 @@ def test_model_flops_follow_megatron_with_gqa_and_swiglu(kv):
     m = llama(kv)
     assert model_flops(m, 8) == pytest.approx(megatron_num_flops(m, 8), rel=1e-12)
     # and the kernels add up to it: forward GEMMs per layer, times 3 for the backward
-    per_layer = sum(k.flops for k in layer_kernels(m, 1, 1, False))
+    per_layer = sum(megatron_fwd(k) for k in layer_kernels(m, 1, 1, False))
     assert model_flops(m, 8) == pytest.approx(3 * 8 * (2 * per_layer + 2 * S * H * V))
 
 

@@ -8,6 +8,7 @@ import dataclasses
 import pytest
 
 from sim.simulate import model_summary
+from tests.traces.megatron_count import megatron_fwd
 from traces.errors import ConfigError
 from traces.header import TraceMeta
 from traces.header_json import meta_from_json, meta_to_json
@@ -89,15 +90,15 @@ def test_mla_kernels_flops_and_bytes_equal_the_hand_formulas(qr, t):
     rope = n * (A // t * (4 * D + 3 * R) + R) * e + 4 * S * R
     assert work(K.ROPE) == (0, rope, 0, rope)
     heads = b * A // t
-    core = 2 * heads * S * S * (D + R) + 2 * heads * S * S * DV
+    core = 2 * heads * S * S * (D + R) + 2 * heads * S * S * DV  # the full square
     qkvo = heads * S * ((D + R) + (D + R) + DV + DV) * e
     lse = 4 * heads * S
-    assert work(K.FLASH_ATTN) == (core, qkvo + lse, 2 * core, 2 * qkvo + lse)
+    assert work(K.FLASH_ATTN) == (core / 2, qkvo + lse, 2.5 * core / 2, 2 * qkvo + lse)
     assert work(K.PROJ) == _gemm(n, H, A * DV // t)
-    # Summed over its GEMMs, the block's forward is `attn_flops`, the model's own path.
-    attn = sum(ks[k].flops for k in (K.MLA_DOWN, K.Q_UP, K.KV_UP, K.FLASH_ATTN, K.PROJ))
+    # Summed over its GEMMs (the core's full square), the block's forward is `attn_flops`.
+    attn = sum(megatron_fwd(ks[k]) for k in (K.MLA_DOWN, K.Q_UP, K.KV_UP, K.FLASH_ATTN, K.PROJ))
     assert attn == pytest.approx(m.attn_flops(b, t), rel=1e-12)
-    assert ks[K.FLASH_ATTN].flops == pytest.approx(m.attn_core_flops(b, t), rel=1e-12)
+    assert megatron_fwd(ks[K.FLASH_ATTN]) == pytest.approx(m.attn_core_flops(b, t), rel=1e-12)
 
 
 def test_unfused_core_multiplies_q_k_of_d_plus_r_and_v_of_d_v():

@@ -33,7 +33,7 @@ lowered are kept.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from traces.errors import ConfigError
 from traces.header import TraceMeta
@@ -64,12 +64,13 @@ holds 0.84 M, a 1T model folded on 3072 GPUs ~3.5 M)."""
 
 
 def build(model: ModelSpec, layout: Layout, ranks: Iterable[int] | None = None, *,
-          schedule: ActionSchedule | None = None, classes: bool = False) -> Trace:
+          schedule: ActionSchedule | None = None, classes: bool = False,
+          progress: Callable[[int, int], None] | None = None) -> Trace:
     """The plan trace for `ranks` (default: all) under `schedule` (default: the layout's own,
     `layout_schedule`); the layout must fit the model. Raises ConfigError, before building
     the rest, once the ops lowered so far stand for more than MAX_PLAN_OPS ops of the plan
     (`classes`: `ranks` are already one per class of identical ranks, `traces.identity`, so
-    the message does not suggest folding)."""
+    the message does not suggest folding). `progress(done, total)` after each rank lowered."""
     chosen = sorted(ranks) if ranks is not None else list(range(layout.world))
     _check_compute(model, layout, chosen, classes)  # before the schedule, maybe big too
     if schedule is None:
@@ -77,7 +78,7 @@ def build(model: ModelSpec, layout: Layout, ranks: Iterable[int] | None = None, 
     if layout.overlap_moe_comm:
         check_pairs(schedule, layout.num_stages, layout.schedule)
     with paused_gc():
-        ops = _lower(model, layout, chosen, schedule, classes)
+        ops = _lower(model, layout, chosen, schedule, classes, progress)
     folded = chosen == layout.representatives() and layout.world > len(chosen)
     return Trace(ops, TraceMeta(model=model, layout=layout, world=layout.world,
                                 fold=layout if folded else None))
@@ -95,15 +96,21 @@ def plan_size(model: ModelSpec, layout: Layout, ranks: Iterable[int] | None = No
 
 
 def _lower(model: ModelSpec, layout: Layout, chosen: list[int], schedule: ActionSchedule,
-           classes: bool = False) -> dict[int, tuple[Op, ...]]:
+           classes: bool = False, progress: Callable[[int, int], None] | None = None
+           ) -> dict[int, tuple[Op, ...]]:
     """Every chosen rank's ops: first one per pipeline coordinate against the budget (the
     plan's size), then the rest."""
-    lowered, spent = _lower_representatives(model, layout, chosen, schedule, classes)
+    lowered, spent = _lower_representatives(model, layout, chosen, schedule, classes,
+                                            progress)
     assert spent == sum(len(lowered[first]) * n
                         for first, n in _stand_ins(model, layout, chosen).items()), \
         "a pass added ops it did not spend"
-    return {r: lowered[r] if r in lowered else
-            lower_rank(model, layout, r, schedule[layout.coords(r).pp]) for r in chosen}
+    for r in chosen:
+        if r not in lowered:
+            lowered[r] = lower_rank(model, layout, r, schedule[layout.coords(r).pp])
+            if progress is not None:
+                progress(len(lowered), len(chosen))
+    return {r: lowered[r] for r in chosen}
 
 
 def _stand_ins(model: ModelSpec, layout: Layout, chosen: list[int]) -> dict[int, int]:
@@ -126,8 +133,9 @@ def _stand_ins(model: ModelSpec, layout: Layout, chosen: list[int]) -> dict[int,
 
 
 def _lower_representatives(model: ModelSpec, layout: Layout, chosen: list[int],
-                           schedule: ActionSchedule,
-                           classes: bool = False) -> tuple[dict[int, tuple[Op, ...]], int]:
+                           schedule: ActionSchedule, classes: bool = False,
+                           progress: Callable[[int, int], None] | None = None
+                           ) -> tuple[dict[int, tuple[Op, ...]], int]:
     """The ops of the first chosen rank per (cp, pp) coordinate, each op spent on the budget
     as many times as chosen ranks share its coordinate; and the ops spent (the plan's size)."""
     budget = OpBudget(MAX_PLAN_OPS)
@@ -138,6 +146,8 @@ def _lower_representatives(model: ModelSpec, layout: Layout, chosen: list[int],
             budget.weight = n
             lowered[first] = lower_rank(model, layout, first, schedule[layout.coords(first).pp],
                                         budget)
+            if progress is not None:
+                progress(len(lowered), len(chosen))
     except OverBudget as spent:
         raise _too_big(max(spent.spent, _compute_size(model, layout, chosen)), layout,
                        chosen, classes) from None

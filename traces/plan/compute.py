@@ -27,6 +27,7 @@ from traces.ops import OpKind, OpRow, Phase, Stream, op_row, stamp
 from traces.pipeline import Action
 from traces.plan.nodes import Node, Program, RankContext
 from traces.purpose import EMBED, HEAD, Kernel, KernelRun, Unit
+from traces.recompute import recomputed_kernels
 from traces.stack import restack
 from traces.zero_bubble import split_backward, splits_backward
 
@@ -80,7 +81,8 @@ class _StageKernels:
                     layer = restack(model, moe_layer_kernels(model, b, t, sp, index, shard, g),
                                     b, t, sp)
                     self.runs[key] = (_fields(_run(layer, Phase.FWD)), *_split(_layer_backward(
-                        layer, layout.recompute, ATTENTION_CORE[model.attention], model), split))
+                        layer, layout.recompute, ATTENTION_CORE[model.attention], model,
+                        layout.recompute_modules, moe), split))
         self.embed_forward = _fields(_run(embed, Phase.FWD))
         self.embed_backward, self.embed_wgrad = _split(_run(embed[::-1], Phase.BWD), split)
         depth = mtp_kernels(model, b, t, sp, g) if model.mtp_layers else []
@@ -179,12 +181,17 @@ def _run(kernels: list[KernelWork], phase: Phase) -> Run:
 
 
 def _layer_backward(layer: list[KernelWork], recompute: Recompute, core: tuple[Kernel, ...],
-                    model: ModelSpec) -> Run:
+                    model: ModelSpec, modules: tuple[str, ...] = (), moe: bool = False) -> Run:
     """A layer's backward kernels with its recomputation: `full` re-runs the whole forward
     first, `selective_op` what torchtitan's per-op policy did not save (`traces.op_sac`);
     `selective` re-runs the attention core when the backward reaches it (where autograd
-    meets the checkpointed core)."""
+    meets the checkpointed core); `modules` (recompute_modules) first the output-discarding
+    modules' kernels (`traces.recompute`), then the core only where core_attn is listed."""
     backward = _run(layer[::-1], Phase.BWD)
+    if modules:
+        again = _run(recomputed_kernels(layer, modules, moe), Phase.RECOMPUTE)
+        rest = recompute if "core_attn" in modules else Recompute.NONE
+        return again + _layer_backward(layer, rest, core, model)
     if recompute is Recompute.FULL:
         return _run(layer, Phase.RECOMPUTE) + backward
     if recompute is Recompute.SELECTIVE_OP:

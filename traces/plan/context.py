@@ -12,9 +12,11 @@ and values, and this pass brings them (`cp_comm`):
         block it holds while that block goes on to the next CP rank and the next one comes in
         from the previous: cp − 1 sends and receives of one K/V block (b·(s/cp)·2·kv_width/t
         elements), step i + 1 waiting for receive i. Each step is one flash kernel of s/cp
-        queries against s/cp keys: 4·b·(a/t)·(s/cp)²·d FLOPs, so the cp steps do
-        4·b·(a/t)·s²·d/cp, the whole core divided by cp (full s², no causal halving, as
-        everywhere in parasim).
+        queries against s/cp keys, half of 4·b·(a/t)·(s/cp)²·d FLOPs under the causal
+        mask on every step (the diagonal step runs two triangles and one full block of
+        its 2 × 2 chunk blocks; an earlier rank's K/V meets both query chunks' first half,
+        a later rank's only the late chunk), so the cp steps do the whole causal core
+        divided by cp (`traces.kernels.FLASH_CAUSAL`).
         backward: the ring runs the other way (to the previous rank), in the forward's reverse
         order, the diagonal block last: cp messages, the first carrying K/V only, the middle
         ones K/V and the dK/dV accumulated for that block so far, the last dK/dV only —

@@ -140,3 +140,22 @@ def test_a_loss_spike_rolls_back_more_than_the_last_checkpoint():
     # ~2e-5/s x ~2.1e6 s = ~42 spikes, each redoing 2 h more compute (which spikes too)
     per_spike = extra / float(np.mean(b.interruptions))
     assert 0.8 * 7200 < per_spike < 1.3 * 7200
+
+
+def test_llama3_hangs_are_its_7_watchdog_timeouts_unless_given():
+    # Table 5: 7 "NCCL Watchdog Timeouts" of the 466 interruptions
+    assert FLEETS["llama3-h100"].hang_fraction == 7 / 466
+    assert FLEETS["rsc1"].hang_fraction == 0.0
+    exp = _experiment(2, Reliability(), preset="dgx-h100")
+    assert _plan(exp).model.hang_fraction == 7 / 466
+    given = _experiment(2, Reliability(hang_fraction=0.25), preset="dgx-h100")
+    assert _plan(given).model.hang_fraction == 0.25
+    assert _plan(given).reliability.hang_fraction == 0.25
+
+
+def test_the_analytic_restart_waits_for_the_watchdog_on_the_share_that_hangs():
+    rel = Reliability(detection_s=60.0, watchdog_s=1260.0, spare_nodes=4)
+    crash, hang = (_plan(_experiment(2, replace(rel, hang_fraction=f), preset="dgx-h100"))
+                   for f in (0.0, 0.5))
+    assert hang.restart_s - crash.restart_s == pytest.approx(0.5 * (1260.0 - 60.0))
+    assert hang.fraction_at_interval < crash.fraction_at_interval

@@ -73,17 +73,26 @@ def test_in_memory_prices_its_checkpoint_from_pcie_and_the_nic(tmp_path):
     assert p.stall_s < storage.stall_s and p.interval_s < storage.interval_s
 
 
-def test_elastic_skips_the_requeue_and_the_repair(tmp_path):
-    gpu_only = "spare_nodes = 0\n[reliability.rates]\n" + "\n".join(
-        f"{c} = 0" for c in COMPONENT_NAMES if c != "gpu") + "\n"
-    _, p = plan(tmp_path, "elastic", gpu_only)
-    _, storage = plan(tmp_path, "restart", gpu_only)
+GPU_ONLY = "spare_nodes = 0\n[reliability.rates]\n" + "\n".join(
+    f"{c} = 0" for c in COMPONENT_NAMES if c != "gpu") + "\n"
+
+
+def test_elastic_skips_the_requeue_and_the_repair_and_detects_in_30_s(tmp_path):
+    _, p = plan(tmp_path, "elastic", GPU_ONLY)
+    _, storage = plan(tmp_path, "restart", GPU_ONLY)
     assert (p.restart.requeue_s, p.restart.repair_s) == (0.0, 0.0)
-    assert p.restart.detection_s == storage.restart.detection_s
+    # ByteRobust: 10-30 s against the 10-minute NCCL watchdog, a hang's too
+    assert (p.restart.detection_s, p.restart.watchdog_s) == (30.0, 30.0)
+    assert storage.restart.detection_s == 600.0
     # the one cause is hardware, no spares: the storage restart waits for the repair
-    assert p.restart_s == pytest.approx(storage.restart_s - 120.0 - 3600.0
+    assert p.restart_s == pytest.approx(storage.restart_s - 120.0 - 3600.0 - (600.0 - 30.0)
                                         - storage.restart.load_s + p.restart.load_s, rel=1e-9)
     assert p.fraction_at_optimum > storage.fraction_at_optimum
+
+
+def test_elastic_keeps_a_detection_and_a_watchdog_given(tmp_path):
+    _, p = plan(tmp_path, "elastic", 'detection = "2min"\nwatchdog = "5min"\n' + GPU_ONLY)
+    assert (p.restart.detection_s, p.restart.watchdog_s) == (120.0, 300.0)
 
 
 def test_in_memory_shortens_lost_work_by_the_closed_form(tmp_path):

@@ -74,9 +74,12 @@ def test_a_search_reports_both_tiers_to_the_end():
     assert [c[2] for c in screen] == [144] * len(screen)
     assert [c[1] for c in screen] == sorted(c[1] for c in screen) and screen[-1][1] == 144
     assert screen[-1][3] == result.feasible[0].estimate.step_time_s  # the analytic best
-    total = len(simulate)  # the top 2, and the rule of thumb when it is not among them
-    assert [c[1:3] for c in simulate] == [(i + 1, total) for i in range(total)]
-    bests = [c[3] for c in simulate]
+    # the top 2, and the rule of thumb when it is not among them; each tier's bar starts at 0
+    # (issue 36: no silent phase between them)
+    total = len(simulate) - 1
+    assert screen[0] == ("screen", 0, 144, None) and simulate[0] == ("simulate", 0, total, None)
+    assert [c[1:3] for c in simulate] == [(i, total) for i in range(total + 1)]
+    bests = [c[3] for c in simulate[1:]]
     assert bests == sorted(bests, reverse=True)
     assert bests[-1] == min(result.best.simulated.step_time_s,
                             result.rule.simulated.step_time_s)

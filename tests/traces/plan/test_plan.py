@@ -7,6 +7,7 @@ from collections import Counter
 import pytest
 
 from sim.collectives.base import busbw_factor
+from tests.traces.megatron_count import megatron_op
 from traces.layout import Axis, Layout
 from traces.layout_rules import check_layout
 from traces.model import ModelSpec
@@ -75,7 +76,7 @@ def test_compute_ops_add_up_to_megatrons_step_flops(recompute, full):
     layout = Layout(tp=2, pp=2, dp=2, global_batch=8, recompute=recompute)
     check_layout(MODEL, layout)
     plan = build(MODEL, layout)
-    flops = sum(op.flops for ops in plan.ops.values() for op in ops)
+    flops = sum(megatron_op(op) for ops in plan.ops.values() for op in ops)
     assert flops == pytest.approx(megatron_step_flops(MODEL, 8, full), rel=1e-12)
 
 

@@ -1,0 +1,207 @@
+"""What the captured traces say about each kernel class: measured durations by exact shape,
+the host's launch gaps, and a fit (calibrate's) for shapes the capture never ran.
+
+    book = learn(traces, capture_cluster, stack)
+    timing = book.time(op)      # seconds, host gap, and where they came from
+
+A shape the capture ran (the same kernel, phase, FLOPs, bytes, GEMM dims and draws: the key
+`sim.calibrate.observe` groups samples by) takes the median of its measured durations and of
+the idle time the host left before it (`sim.engine.replay.host_gaps`). Any other shape of a
+class the capture ran is extrapolated:
+
+* fitted, where `sim.calibrate.fit.fit_profile` pins the class's rate down from the same
+  traces (it needs several shapes of it): the compute model with the fitted profile. The fit
+  times what an op holds its stream for, host time included, so the op gets no separate
+  gap. Its uncertainty is the fit's: the 95% half-width of the rate, or the class's relative
+  RMS residual if larger.
+* scaled, where it does not (one capture at one layout runs each class at one shape): the
+  measured median of the class's nearest shape (same phase, nearest work in log terms),
+  times the compute model's ratio of the two shapes' times, plus that shape's host gap. Its
+  uncertainty is how far two scalings disagree: the model's ratio and plain proportion to
+  the work (FLOPs, else bytes), |s_model - s_work| / s_model, capped at ±100%.
+
+A class the capture never ran is timed by `--profile`'s figures (±100%), or refused.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from enum import StrEnum
+
+from sim.calibrate.fit import fit_profile
+from sim.engine.replay import host_gaps
+from sim.models.compute import ComputeModel
+from sim.profile import Profile, default_profile
+from topology.cluster import Cluster
+from traces.errors import ConfigError
+from traces.ops import Op, OpKind, Phase, Trace
+from traces.purpose import KernelRun
+
+UNPINNED = 1.0
+"""The relative uncertainty of a fitted class whose rate the data leave free: ±100%."""
+
+
+class Statistic(StrEnum):
+    """What stands for a shape's measured times: their median (the default: an op the host
+    preempted once does not move it) or their mean (a shared host's preemptions included, as
+    the target's run will suffer them too)."""
+
+    MEDIAN = "median"
+    MEAN = "mean"
+
+    def of(self, values: Sequence[float]) -> float:
+        return statistics.median(values) if self is Statistic.MEDIAN else statistics.fmean(values)
+
+
+class Source(StrEnum):
+    """Where an op's time comes from."""
+
+    OWN = "own"
+    """The captured op itself: the target runs it at the same place (replay's rule)."""
+    MEASURED = "measured"
+    """The median (or mean) of the capture's ops of this exact shape."""
+    FITTED = "fitted"
+    """The compute model with the profile fitted to the capture: a shape it never ran."""
+    SCALED = "scaled"
+    """The nearest measured shape's median, scaled by the compute model: a shape it never
+    ran, of a class whose rate the fit could not pin down."""
+    PROFILE = "profile"
+    """The compute model with --profile's figures: a class the capture never ran."""
+
+
+@dataclass(frozen=True, slots=True)
+class Timing:
+    seconds: float
+    gap_s: float
+    source: Source
+    kernel: str
+    uncertainty: float = 0.0
+    """Relative half-width of `seconds` (0 for measured times)."""
+    ratio: float = 1.0
+    """Extrapolated: the op's work over the nearest work the capture measured for its class."""
+
+    @property
+    def extrapolated(self) -> bool:
+        return self.source in (Source.FITTED, Source.SCALED, Source.PROFILE)
+
+
+def shape_key(op: Op) -> tuple[object, ...]:
+    """Ops of one kernel on one shape share this key (`ComputeSample.key`'s fields)."""
+    return (kernel_of(op), op.phase is Phase.BWD, float(op.flops), float(op.mem_bytes),
+            tuple(op.gemm), float(op.draws))
+
+
+def kernel_of(op: Op) -> str:
+    return str(op.purpose.kernel) if isinstance(op.purpose, KernelRun) else op.name
+
+
+def work(op: Op) -> float:
+    """What the fit scales with: FLOPs, else bytes."""
+    return float(op.flops) if op.flops else float(op.mem_bytes)
+
+
+@dataclass(frozen=True, slots=True)
+class KernelBook:
+    durations: Mapping[tuple[object, ...], float]
+    """Median measured seconds by `shape_key`."""
+    gaps: Mapping[tuple[object, ...], float]
+    """Median host gap by `shape_key` (compute) or (kind, name) (communication)."""
+    shapes: Mapping[tuple[str, bool], tuple[Op, ...]]
+    """Per kernel class and phase (backward?), one untimed op of each shape measured."""
+    model: ComputeModel
+    """The compute model that scales a measured shape to another: the fitted profile's, else
+    the capture accelerator's default."""
+    uncertainty: Mapping[str, float]
+    """Per class the fit pinned down, the relative half-width of its predicted times."""
+    fallback: ComputeModel | None
+    """--profile's model, for classes the capture never ran (None: refuse them)."""
+
+    def time(self, op: Op) -> Timing:
+        """An untimed compute op's seconds and host gap, and where they came from."""
+        key = shape_key(op)
+        name = kernel_of(op)
+        if key in self.durations:
+            return Timing(self.durations[key], self.gaps.get(key, 0.0), Source.MEASURED, name)
+        near = self._nearest(op)
+        if near is not None:
+            ratio = _ratio(work(op), work(near))
+            if name in self.uncertainty:
+                return Timing(self.model.duration(op), 0.0, Source.FITTED, name,
+                              self.uncertainty[name], ratio)
+            s_model = self.model.duration(op) / self.model.duration(near)
+            doubt = min(UNPINNED, abs(s_model - ratio) / s_model) if s_model > 0 else UNPINNED
+            k = shape_key(near)
+            return Timing(self.durations[k] * s_model, self.gaps.get(k, 0.0), Source.SCALED,
+                          name, doubt, ratio)
+        if self.fallback is not None:
+            return Timing(self.fallback.duration(op), 0.0, Source.PROFILE, name, UNPINNED)
+        raise ConfigError(f"target: kernel {name} never ran in the capture; give --profile P "
+                          "to time it by a profile's figures")
+
+    def gap(self, op: Op) -> float:
+        """A communication op's host gap: the median the capture shows for its kind and name."""
+        return self.gaps.get((str(op.kind), op.name), 0.0)
+
+
+    def _nearest(self, op: Op) -> Op | None:
+        """The measured op of `op`'s class and phase whose work is nearest in log terms."""
+        seen = self.shapes.get((kernel_of(op), op.phase is Phase.BWD), ())
+        return min(seen, key=lambda m: abs(math.log(_ratio(work(op), work(m)))), default=None)
+
+
+def _ratio(target: float, measured: float) -> float:
+    """`target` over `measured` (1 where either is 0)."""
+    return target / measured if target > 0 and measured > 0 else 1.0
+
+
+def learn(traces: Sequence[Trace], cluster: Cluster, stack: Mapping[tuple[str, bool], int] | None,
+          fallback: Profile | None = None, statistic: Statistic = Statistic.MEDIAN
+          ) -> KernelBook:
+    """The book of `traces` (timed, of one job on `cluster`); `fallback` times classes they
+    never ran; `statistic` sums up each shape's measured times and host gaps."""
+    durations: dict[tuple[object, ...], list[float]] = defaultdict(list)
+    gaps: dict[tuple[object, ...], list[float]] = defaultdict(list)
+    shapes: dict[tuple[str, bool], dict[tuple[object, ...], Op]] = defaultdict(dict)
+    for trace in traces:
+        measured = host_gaps(trace)
+        for rank, ops in trace.ops.items():
+            for op, gap in zip(ops, measured[rank]):
+                if op.start is None or op.end is None or op.span is not None:
+                    continue
+                if op.kind is OpKind.COMPUTE:
+                    key = shape_key(op)
+                    durations[key].append(op.end - op.start)
+                    shapes[(kernel_of(op), op.phase is Phase.BWD)].setdefault(
+                        key, replace(op, start=None, end=None))
+                else:
+                    key = (str(op.kind), op.name)
+                gaps[key].append(gap)
+    model, uncertainty = _fit(traces, cluster, stack)
+    fallback_model = ComputeModel(cluster.accelerator, fallback, stack) if fallback else None
+    return KernelBook(
+        durations={k: statistic.of(v) for k, v in durations.items()},
+        gaps={k: statistic.of(v) for k, v in gaps.items()},
+        shapes={k: tuple(v.values()) for k, v in shapes.items()}, model=model,
+        uncertainty=uncertainty, fallback=fallback_model)
+
+
+def _fit(traces: Sequence[Trace], cluster: Cluster, stack: Mapping[tuple[str, bool], int] | None
+         ) -> tuple[ComputeModel, dict[str, float]]:
+    """calibrate's fit of the traces, as a compute model on the capture's accelerator, and
+    the relative uncertainty of each class whose rate it pins down; the accelerator's
+    default profile and none if the traces pin nothing down."""
+    base = default_profile(cluster.accelerator)
+    launches = dict(stack) if stack else None
+    try:
+        profile, report = fit_profile(traces, cluster, base=base, name="whatif-fit")
+    except ConfigError:
+        return ComputeModel(cluster.accelerator, base, launches), {}
+    uncertainty = {}
+    for k in report.compute.kernels if report.compute else ():
+        if k.identified and math.isfinite(k.rel_ci):
+            uncertainty[k.name] = min(UNPINNED, max(k.rel_ci, k.rms_error))
+    return ComputeModel(cluster.accelerator, profile, dict(stack) if stack else None), uncertainty

@@ -1,0 +1,195 @@
+"""The target's step, timed by the capture: the plan built, each op given its time, replayed.
+
+    result = whatif(captured, target_experiment(captured, settings=...))
+
+One path for every target. A rank of the target whose ops are the capture's, op for op (the
+same job, maybe on another cluster), keeps its captured ops' own times and host gaps, as
+`parasim replay` keeps them: so a target equal to the captured job is `replay`, and one that
+changes only the cluster is `replay --cluster`. Every other rank's compute ops take the
+kernel book's times (`sim.whatif.book`: measured median, fit, or profile) and its
+communication is simulated on the target cluster. The range [low, high] replays the step
+again with every fitted or profile-timed kernel at the low and the high end of its
+uncertainty; measured times stay.
+
+The plan is built for every rank when the capture holds at least as many ranks as the target
+(each can be compared with a captured one), else folded, one rank per pipeline stage
+(`traces.layout.Layout.representatives`), as `simulate` folds it.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+
+from sim.config import Experiment
+from sim.engine.replay import StepTimes, host_gaps, replay
+from sim.models.compute import ComputeModel
+from sim.models.sharing import interference_for
+from sim.profile import Profile
+from sim.simulate import fold_sound
+from sim.whatif.book import KernelBook, Source, Statistic, Timing, kernel_of, learn
+from sim.whatif.capture import Captured
+from topology.config import read_cluster_table
+from traces.errors import ConfigError
+from traces.ops import Op, OpKind, Trace
+from traces.plan import build
+from traces.stack import launch_counts
+
+
+@dataclass(frozen=True, slots=True)
+class KernelClass:
+    """One kernel class of the target: how many of its ops came from where."""
+
+    name: str
+    sources: dict[str, int]
+    ratio: float
+    """The largest shape ratio among its fitted ops, as a factor >= 1 (1: none fitted)."""
+    uncertainty: float
+
+    @property
+    def extrapolated(self) -> bool:
+        """Some of its ops run a shape the capture never ran."""
+        return any(s not in (Source.OWN, Source.MEASURED) for s in self.sources)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WhatifResult:
+    exp: Experiment
+    times: StepTimes
+    low_s: float
+    high_s: float
+    kernels: tuple[KernelClass, ...]
+    ops_by_source: dict[str, int]
+    ranks_kept: int
+    """Target ranks that ran op for op as captured (their own times kept)."""
+    ranks: int
+    captured_step_s: float | None
+    captured_on: str
+    """The accelerator the capture's kernels ran on: their times are its."""
+    statistic: Statistic = Statistic.MEDIAN
+
+    @property
+    def step_time_s(self) -> float:
+        return self.times.step_time_s
+
+
+def whatif(captured: Captured, exp: Experiment, fallback: Profile | None = None,
+           statistic: Statistic = Statistic.MEDIAN) -> WhatifResult:
+    """Predict `exp`'s step from the capture (module docstring); `statistic` sums up each
+    measured shape's times (`sim.whatif.book.Statistic`)."""
+    first = captured.first
+    spec = first.meta.cluster_spec
+    if spec is None:
+        raise ConfigError("TRACE: names no cluster it ran on")
+    capture_cluster = read_cluster_table(spec, where="trace: meta.cluster_spec").build()
+    stack = launch_counts(exp.model)
+    book = learn(captured.traces, capture_cluster, stack, fallback, statistic)
+    plan = _plan(exp, captured)
+    kept = _kept_ranks(plan, first)
+    gaps_of = host_gaps(first)
+    timed: dict[int, tuple[Op, ...]] = {}
+    gaps: dict[int, list[float]] = {}
+    timings: list[Timing] = []
+    for rank, ops in plan.ops.items():
+        if rank in kept:
+            timed[rank], gaps[rank] = first.ops[rank], list(gaps_of[rank])
+            continue
+        out, rank_gaps = [], []
+        for op in ops:
+            if op.kind is OpKind.COMPUTE:
+                t = book.time(op)
+                timings.append(t)
+                out.append(replace(op, start=0.0, end=t.seconds))
+                rank_gaps.append(t.gap_s)
+            else:
+                out.append(op)
+                rank_gaps.append(book.gap(op))
+        timed[rank], gaps[rank] = tuple(out), rank_gaps
+    target = Trace(timed, plan.meta)
+    times = _replay(exp, target, gaps)
+    low = high = times.step_time_s
+    if any(t.uncertainty for t in timings):
+        low = _replay(exp, _scaled(target, kept, book, -1.0), gaps).step_time_s
+        high = _replay(exp, _scaled(target, kept, book, 1.0), gaps).step_time_s
+    counts = Counter(str(t.source) for t in timings)
+    own = sum(op.kind is OpKind.COMPUTE for r in kept for op in timed[r])
+    if own:
+        counts[str(Source.OWN)] = own
+    return WhatifResult(exp=exp, times=times, low_s=min(low, high), high_s=max(low, high),
+                        kernels=_classes(timings, kept, timed), ops_by_source=dict(counts),
+                        ranks_kept=len(kept), ranks=len(plan.ops),
+                        captured_step_s=_span(first),
+                        captured_on=capture_cluster.accelerator.name, statistic=statistic)
+
+
+def _plan(exp: Experiment, captured: Captured) -> Trace:
+    """The target's plan, whole or folded (module docstring), with the draws the captured
+    run really made (none, where it ran with dropout off)."""
+    held = len(captured.first.ops)
+    fold = exp.layout.world > held and fold_sound(exp)
+    built = build(exp.model, exp.layout, ranks=exp.layout.representatives() if fold else None)
+    if captured.drew:
+        return built
+    return Trace({r: tuple(replace(op, draws=0.0) if op.draws else op for op in ops)
+                  for r, ops in built.ops.items()}, built.meta)
+
+
+def _kept_ranks(plan: Trace, captured: Trace) -> set[int]:
+    """Target ranks whose ops equal the captured rank's, op for op, times aside."""
+    kept = set()
+    for rank, ops in plan.ops.items():
+        mine = captured.ops.get(rank)
+        if mine is not None and len(mine) == len(ops) and \
+                all(replace(a, start=None, end=None) == b for a, b in zip(mine, ops)):
+            kept.add(rank)
+    return kept
+
+
+def _replay(exp: Experiment, plan: Trace, gaps: Mapping[int, list[float]]) -> StepTimes:
+    """`sim.measured.replay_trace`'s run, on the target's cluster, profile and network."""
+    compute = ComputeModel(exp.cluster.accelerator, exp.profile, launch_counts(exp.model))
+    return replay(plan, exp.cluster, compute,
+                  interference=interference_for(exp.cluster, exp.profile, compute),
+                  network=exp.network, algo=exp.algo, gaps=gaps)
+
+
+def _scaled(plan: Trace, kept: set[int], book: KernelBook, sign: float) -> Trace:
+    """`plan` with every uncertain compute op's time at one end of its range."""
+    ops = {}
+    for rank, rank_ops in plan.ops.items():
+        if rank in kept:
+            ops[rank] = rank_ops
+            continue
+        out = []
+        for op in rank_ops:
+            if op.kind is OpKind.COMPUTE and op.end is not None:
+                u = book.time(replace(op, start=None, end=None)).uncertainty
+                op = replace(op, end=op.end * max(0.0, 1.0 + sign * u))
+            out.append(op)
+        ops[rank] = tuple(out)
+    return Trace(ops, plan.meta)
+
+
+def _classes(timings: list[Timing], kept: set[int], timed: Mapping[int, tuple[Op, ...]]
+             ) -> tuple[KernelClass, ...]:
+    by: dict[str, Counter[str]] = {}
+    ratio: dict[str, float] = {}
+    unc: dict[str, float] = {}
+    for t in timings:
+        by.setdefault(t.kernel, Counter())[str(t.source)] += 1
+        r = max(t.ratio, 1.0 / t.ratio) if t.ratio > 0 else 1.0
+        ratio[t.kernel] = max(ratio.get(t.kernel, 1.0), r)
+        unc[t.kernel] = max(unc.get(t.kernel, 0.0), t.uncertainty)
+    for rank in kept:
+        for op in timed[rank]:
+            if op.kind is OpKind.COMPUTE:
+                by.setdefault(kernel_of(op), Counter())[str(Source.OWN)] += 1
+    return tuple(KernelClass(n, dict(c), ratio.get(n, 1.0), unc.get(n, 0.0))
+                 for n, c in sorted(by.items()))
+
+
+def _span(trace: Trace) -> float | None:
+    starts = [op.start for ops in trace.ops.values() for op in ops if op.start is not None]
+    ends = [op.end for ops in trace.ops.values() for op in ops if op.end is not None]
+    return max(ends) - min(starts) if starts and ends else None
