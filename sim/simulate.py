@@ -19,7 +19,7 @@ from sim.engine.replay import Progress, StepTimes, replay
 from sim.metrics import StepSummary, summarize
 from sim.models.compute import ComputeModel
 from sim.models.memory import memory_by_pp_rank
-from sim.models.reserved_sms import reserved_sms
+from sim.models.reserved_sms import reserved_sms, spared
 from sim.models.sharing import interference_for
 from sim.models.variability import expected_speeds
 from traces.cp_fold import cp_partition, cp_shift_closed
@@ -66,8 +66,8 @@ def predict(exp: Experiment, *, fold: bool = True, progress: Progress | None = N
         speeds = expected_speeds(exp.cluster.variability, exp.layout, plan.ranks,
                                  exp.cluster.devices_per_server)
     compute = ComputeModel(exp.cluster.accelerator, exp.profile, launch_counts(exp.model))
-    interference = interference_for(exp.cluster, exp.profile, compute)
     durations = reserved_sms(plan, compute, comm_sms(exp.layout))
+    interference = spared(interference_for(exp.cluster, exp.profile, compute), durations)
 
     def run(stretch: Mapping[int, float] | None, bar: Progress | None) -> StepTimes:
         return replay(plan, exp.cluster, durations, interference=interference,

@@ -13,6 +13,9 @@ makes it matter: kernels running, transfers in flight. Used by the replay engine
     `ranks`, waiting `comm_wait_s` and stretched by `comm_stretch` if one of them is
     computing, and marking them busy until it fires, where kernels notice communication.
 
+A kernel runs at the rate its rank's state gives it from moment to moment: the kernels
+running are timed again whenever their rank starts or stops moving data, whichever stream
+the engine resumes first within that instant (`sim.engine.running`).
 With no interference (`NO_INTERFERENCE`) nothing is tracked. A mark is undone by a callback
 on the event, which simpy runs before it resumes the process that waits on it: the rank is
 free again at the same instant, and in the same order, as if the process undid it itself.
@@ -24,6 +27,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import simpy
 
+from sim.engine.running import Running
 from sim.engine.transport import Transport
 from sim.models.interference import Interference, interferes
 from traces.ops import Op
@@ -57,6 +61,9 @@ class Occupancy:
         """Kernels (or runs of kernels) running per rank (kept where communication notices)."""
         self.move: Move = self._move_beside if self.slows_kernels or self.slows_comm \
             else self._move_alone
+        self.running: Running | None = None
+        """Where kernels notice communication: the kernels running, re-timed when their
+        rank starts or stops moving data (the replay sets it, `sim.engine.running`)."""
 
     def kernel(self, rank: int) -> Kernel:
         """The timeout a kernel of `rank` waits on."""
@@ -94,16 +101,20 @@ class Occupancy:
         # an inline collective holds its ranks' compute streams: no kernel of theirs starts
         # while it moves, so it need not mark them (the same times, without the bookkeeping)
         if moved is not None and self.slows_kernels and not op.inline:
-            busy, scale, base = self.busy, self.scale, self.base
+            busy, scale, base, running = self.busy, self.scale, self.base, self.running
             for r in ranks:
                 busy[r] += 1
                 scale[r] = self.kernel_stretch * base[r]
+                if busy[r] == 1 and running is not None:
+                    running.retime(r)
 
             def done(_: simpy.Event) -> None:
                 for r in ranks:
                     busy[r] -= 1
                     if not busy[r]:
                         scale[r] = base[r]
+                        if running is not None:
+                            running.retime(r)
 
             moved.callbacks.append(done)
         return moved

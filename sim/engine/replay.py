@@ -16,7 +16,9 @@ whose size the trace does not state. The parts:
   - `sim.engine.transport`: how communication is timed, one strategy per `NetworkMode` (the
     flow model `sim.engine.network`, where every transfer in flight shares the links;
     alpha-beta; free);
-  - `sim.engine.occupancy`: what each rank is doing, for the interference model;
+  - `sim.engine.occupancy`: what each rank is doing, for the interference model, and
+    `sim.engine.running`: the kernels it runs, timed again when the rank starts or stops
+    moving data (a kernel is slowed exactly while a transfer of its rank is in flight);
   - here: the streams, asking the cost models declared below for the time of a kernel
     (`Durations`, e.g. `sim.models.compute.ComputeModel`) and for how compute and
     communication on one rank slow each other (`sim.models.interference.Interference`; none
@@ -41,6 +43,7 @@ from sim.engine.loop import Loop
 from sim.engine.lowering import CommPlan, lower_communication
 from sim.engine.meetings import Meetings
 from sim.engine.occupancy import Occupancy
+from sim.engine.running import Running
 from sim.engine.steps import CONTIGUOUS, KERNEL, PLAIN, RUN, Step, rank_steps
 from sim.engine.transport import NETWORK_NAMES, NetworkMode, transport_for
 from sim.models.interference import NO_INTERFERENCE, Interference
@@ -167,6 +170,9 @@ class _Replay:
         run's real interference, or the stretch `simulate` gave the kernel it wrote), so the
         rank's scale never stretches them again (replaying simulate's own trace doubled the
         kernels it had stretched: 8% on the tiny example). Ranks with none: no entry."""
+        if self.occupancy.slows_kernels:
+            self.occupancy.running = Running(self.env, self.occupancy, plan.ops, plan.ops,
+                                             self.kept)
         self.finished = 0
         self.report_at = 4096  # the next op count to call `progress` at
         self.total = plan.num_ops()
@@ -207,11 +213,14 @@ class _Replay:
         # data (`busy`), times the rank's own (`base`)
         kernel_scale = occupancy.kernel_scale if occupancy.per_kernel else None
         busy, base = occupancy.busy, occupancy.base[rank]
+        # where kernels notice communication, this stream's kernel step for re-timing
+        slot = occupancy.running.slot(rank) if occupancy.running is not None else None
         arrive, progress = self.meetings.arrive, self.progress
         kept = self.kept.get(rank)
         alone = (rank,)
         finished = 0  # ops this stream has finished (added to `self.finished` at its end)
-        for kind, i, op, deps, gap, extra, more, flag in steps:
+        for step in steps:
+            kind, i, op, deps, gap, extra, more, flag = step
             for d in deps:
                 if ends[d] != ends[d]:  # NaN: not finished yet
                     done = waits.get(d)
@@ -224,10 +233,19 @@ class _Replay:
             if kind == KERNEL:
                 if flag:  # its trace's duration holds its stretch already
                     yield kernel(extra)
-                elif kernel_scale is None or not busy[rank]:
-                    yield kernel(extra * scale[rank])
                 else:
-                    yield kernel(extra * kernel_scale(op) * base)
+                    if kernel_scale is None or not busy[rank]:
+                        seconds = extra * scale[rank]
+                    else:
+                        seconds = extra * kernel_scale(op) * base
+                    running = kernel(seconds)
+                    if slot is not None:  # re-timed when its rank's transfers start or end
+                        slot[0] = running
+                        slot[1] = step
+                        slot[2] = None
+                        slot[3] = start
+                        slot[4] = start + seconds
+                    yield running
                 count = 1
             elif kind == RUN:  # the ops of `extra`, back to back: the same sums as one by one
                 if flag & PLAIN and (kernel_scale is None or not busy[rank]):
@@ -246,7 +264,12 @@ class _Replay:
                         for j, seconds in zip(run, more):
                             times.append(times[-1] + seconds * (
                                 1.0 if kept and kept[j] else kernel_scale(ops[j]) * base))
-                yield kernel(times[-1] - start)
+                running = kernel(times[-1] - start)
+                if slot is not None:
+                    slot[0] = running
+                    slot[1] = step
+                    slot[2] = times
+                yield running
                 # only now: others test ends[] for "done"
                 if flag & CONTIGUOUS:
                     count = extra

@@ -6,9 +6,12 @@ model (`sim.models.compute`), asked by the replay engine (`sim.engine.replay`) t
     replay(plan, cluster, compute, interference=interference)
 
 What the engine asks:
-  - `kernel_scale(op)`: a kernel that starts while its rank has a transfer in flight takes
-    this many times as long (1: no effect); `kernel_stretch` is its value for a GEMM, and
-    `per_kernel` says whether it depends on the kernel at all (else `kernel_stretch` it is);
+  - `kernel_scale(op)`: a kernel does its work this many times slower while its rank has a
+    transfer in flight (1: no effect), and at its own speed the rest of its time: the engine
+    times it again whenever its rank starts or stops moving data, a transfer that starts at
+    the kernel's own instant included (`sim.engine.running`); `kernel_stretch` is its value
+    for a GEMM, and `per_kernel` says whether it depends on the kernel at all (else
+    `kernel_stretch` it is);
   - `comm_wait_s`, `comm_stretch`: communication that starts while one of its ranks runs a
     kernel first waits `comm_wait_s`, then takes `comm_stretch` times as long (each latency
     and byte).
@@ -17,7 +20,9 @@ from the profile's comm_interference, compute_interference and compute_interfere
 fitted by `sim.calibrate.interference`). On a GPU (`GpuInterference`), NCCL's kernels hold SMs
 (one per channel) and HBM bandwidth while they run: a kernel beside them runs on the other SMs
 with the HBM bandwidth they leave, and communication beside a kernel gets its max-min share
-of HBM (docs/sustained-rates.md, "Compute and communication share the GPU").
+of HBM (docs/sustained-rates.md, "Compute and communication share the GPU"). Where a
+DualPipe pair reserves SMs for its all-to-all (`sim.models.reserved_sms`), the ops beside it
+are timed on the SMs left and this model leaves them alone (`Spared`): counted once.
 """
 
 from __future__ import annotations

@@ -10,6 +10,14 @@ its all-to-all at once, so none of its ops is beside one. Such an op takes the c
 model's time on units - comm_sms of the accelerator's units, at its full HBM bandwidth
 (`ComputeModel.shared_duration`); every other op its own time. NCCL's transient SMs for
 the rest of the communication stay the interference model's (`sim.models.sharing`).
+
+Counted once (issue 33): the reservation is the all-to-all's share of the GPU, held for the
+whole of each op beside it, so the interference model does not slow those ops again while
+a transfer of their rank is in flight (`Spared`: their `kernel_scale` is 1); every other
+op, the pieces of an action alone included, is slowed by it while its rank moves data, as
+without a reservation. Megatron-Core's overlap_moe_comm reserves nothing (comm_sms 0 unless
+set): there the all-to-all's SMs and HBM are the interference model's, for the time the
+all-to-all is in flight beside the other micro-batch's compute.
 """
 
 from __future__ import annotations
@@ -17,6 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sim.models.compute import ComputeModel
+from sim.models.interference import Interference, interferes
 from traces.ops import Op, OpKind, Stream, Trace
 from traces.purpose import ExpertAllToAll
 
@@ -60,3 +69,39 @@ def reserved_sms(plan: Trace, compute: ComputeModel, comm_sms: int) -> ComputeMo
     if not beside:
         return compute
     return ReservedSms(compute, compute.accelerator.compute_units - comm_sms, beside)
+
+
+@dataclass(frozen=True)
+class Spared:
+    """`model`, but the ops of `beside` (by identity) are not slowed: their reserved SMs
+    stand for the all-to-all's share already (module docstring)."""
+
+    model: Interference
+    beside: frozenset[int]
+
+    @property
+    def kernel_stretch(self) -> float:
+        return self.model.kernel_stretch
+
+    @property
+    def comm_stretch(self) -> float:
+        return self.model.comm_stretch
+
+    @property
+    def comm_wait_s(self) -> float:
+        return self.model.comm_wait_s
+
+    @property
+    def per_kernel(self) -> bool:
+        return True
+
+    def kernel_scale(self, op: Op) -> float:
+        return 1.0 if id(op) in self.beside else self.model.kernel_scale(op)
+
+
+def spared(model: Interference, durations: ComputeModel | ReservedSms) -> Interference:
+    """`model` as it applies beside the durations `reserved_sms` gave: `Spared` where some
+    ops have reserved SMs and the model slows kernels, else `model` itself."""
+    if not isinstance(durations, ReservedSms) or not interferes(model)[0]:
+        return model
+    return Spared(model, durations.beside)

@@ -183,9 +183,11 @@ def test_the_command_line_refuses_the_shipped_deepseek_example_with_the_key(tmp_
 
 
 def test_the_compute_beside_an_all_to_all_pays_for_the_sms_it_holds(runs: dict) -> None:
-    """A kernel that starts while an all-to-all moves runs on the SMs NCCL leaves it (the
-    interference model's one per channel, `GpuInterference.kernel_stretch` > 1 here): the
-    same kernels take longer in all with the key, where all-to-alls now run beside compute."""
+    """A kernel runs on the SMs NCCL leaves it while an all-to-all moves (the interference
+    model's one per channel, `GpuInterference.kernel_stretch` > 1 here): the same kernels take
+    longer in all with the key, where all-to-alls now run beside compute, in every layout
+    (issue 33: the compute a pair issues at the instant of its all-to-all, the whole of
+    tp2-sp-ep4's, ran at full speed before)."""
     longer = []
     for name, ((exp, off), (_, on)) in runs.items():
         assert Analytic(exp.model, exp.cluster, exp.profile).interference.kernel_stretch > 1
@@ -196,4 +198,4 @@ def test_the_compute_beside_an_all_to_all_pays_for_the_sms_it_holds(runs: dict) 
                        if op.kind == "compute")
         if busy(on) > busy(off) * (1 + 1e-6):
             longer.append(name)
-    assert len(longer) >= 3, longer
+    assert longer == list(runs), longer
