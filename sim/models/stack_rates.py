@@ -7,10 +7,10 @@ PyTorch's SDPA picks its FLASH_ATTENTION backend (FlashAttention-2) on Hopper: c
 became opt-in again after PyTorch 2.5 (pytorch/pytorch#138522), and torchtitan lists only
 FLASH_ATTENTION, EFFICIENT_ATTENTION and MATH below Blackwell (pytorch/torchtitan#1196,
 torchtitan/models/attention.py). Measured on one H100 by tritonbench's flash_attention with
-PyTorch nightly 2.6.0.dev20241204 (torchtitan's published tables are of 2024-12), batch 1, 24
-heads, sequence 4,608, head 128: sdpa 329.483 TFLOP/s against cudnn_90100 631.338
-(pytorch/pytorch#142132). The forward's ratio stands for the backward too: no public backward
-pair of one run.
+PyTorch nightly 2.6.0.dev20241204 (torchtitan's published tables ran torch 1963fc8 of
+2024-12-23: docs/performance.md @eaea6f6), batch 1, 24 heads, sequence 4,608, head 128: sdpa
+329.483 TFLOP/s against cudnn_90100 631.338 (pytorch/pytorch#142132). The forward's ratio
+stands for the backward too: no public backward pair of one run.
 """
 
 from __future__ import annotations
