@@ -34,6 +34,7 @@ from sim.engine.transport import NETWORK_NAMES, NetworkMode
 from sim.frontdoors.model_source import resolve_model
 from sim.goodput.settings import Reliability, read_reliability
 from sim.models.sharing import check_comm_sms
+from sim.models.stack_rates import stack_profile
 from sim.profile import Profile, default_profile, load_profile
 from topology.cluster import Accelerator, Cluster
 from topology.config import read_cluster
@@ -161,7 +162,8 @@ def experiment_from_dict(data: Mapping[str, Any], *, name: str = "experiment",
     cluster = spec.build()
     where = "--profile" if "profile" in (overrides or {}) else "sim.profile"
     profile = (load_profile(base / profile_path, where) if profile_path
-               else default_profile(cluster.accelerator))
+               else stack_profile(default_profile(cluster.accelerator), cluster.accelerator,
+                                  model.kernels))
     cluster = profile.applied_to(cluster)  # measured link classes and roofs replace the preset's
     model = resolve_fp8(model, cluster.accelerator, "fp8_recipe" in model_table)
     check_recipe_named(model_table.get("fp8_recipe"))

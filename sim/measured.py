@@ -43,6 +43,7 @@ from sim.engine.replay import host_gaps as measured_gaps
 from sim.engine.transport import NETWORK_NAMES, NetworkMode
 from sim.models.compute import ComputeModel
 from sim.models.sharing import interference_for
+from sim.models.stack_rates import stack_profile
 from sim.models.variability import expected_speeds
 from sim.profile import Profile, default_profile
 from topology.cluster import Cluster
@@ -286,7 +287,9 @@ def replay_trace(loaded: LoadedTrace, cluster: Cluster, profile: Profile | None 
         raise ConfigError("trace: holds no ops to replay")
     if trace.meta.model is not None:  # an fp8 plan's GEMMs need FP8 tensor cores to re-cost
         check_fp8(trace.meta.model, cluster.accelerator)
-    profile = profile or default_profile(cluster.accelerator)
+    stack_kernels = trace.meta.model.kernels if trace.meta.model is not None else "fused"
+    profile = profile or stack_profile(default_profile(cluster.accelerator),
+                                       cluster.accelerator, stack_kernels)
     if network is None:
         own = trace.meta.network
         network = NetworkMode(own) if isinstance(own, str) and own in NETWORK_NAMES \
