@@ -23,7 +23,7 @@ from sim.profile import default_profile
 from sim.settings import parse_settings
 from sim.simulate import predict
 from sim.whatif import load_captured, target_experiment, whatif
-from sim.whatif.book import Source, Statistic, learn, shape_key
+from sim.whatif.book import Source, Statistic, learn, load_factor, shape_key
 from traces.io import save
 from traces.ops import OpKind, Trace
 from traces.plan import build
@@ -119,7 +119,8 @@ def test_a_shape_the_capture_ran_keeps_its_median_and_a_new_one_is_scaled(captur
     target = target_experiment(captured, settings=parse_settings(["parallel.tp=1",
                                                                   "parallel.dp=2"]))
     cluster = target.cluster
-    book = learn(captured.traces, cluster, launch_counts(target.model))
+    book = learn(captured.traces, cluster, launch_counts(target.model),
+                 statistic=Statistic.MEDIAN)
     plan = build(target.model, target.layout)
     by_name = {(op.name, op.phase): op for op in plan.ops[0] if op.kind is OpKind.COMPUTE}
     ln1 = by_name["ln1", "fwd"]  # a norm over the full hidden: the same shape under TP or not
@@ -236,3 +237,28 @@ def test_the_mean_stands_for_a_shape_where_asked(capture):
                  statistic=Statistic.MEAN)
     timing = book.time(replace(op, start=None, end=None))
     assert timing.source is Source.MEASURED and timing.seconds == statistics.fmean(seen)
+
+
+def test_the_load_statistic_keeps_the_captured_total(capture):
+    """The default: each shape's median times one load factor F, the measured total over the
+    total of the shapes' medians; summed over the captured ops it is their measured sum."""
+    captured = load_captured([str(capture)])
+    target = target_experiment(captured)
+    ops = [o for ops in captured.first.ops.values() for o in ops if o.kind is OpKind.COMPUTE]
+    by_shape: dict[tuple[object, ...], list[float]] = {}
+    for o in ops:
+        by_shape.setdefault(shape_key(o), []).append(o.end - o.start)
+    factor = sum(map(sum, by_shape.values())) / sum(
+        statistics.median(v) * len(v) for v in by_shape.values())
+    book = learn(captured.traces, target.cluster, launch_counts(target.model))
+    for key, seen in by_shape.items():
+        assert book.durations[key] == statistics.median(seen) * factor
+    predicted = sum(book.time(replace(o, start=None, end=None)).seconds for o in ops)
+    assert predicted == pytest.approx(sum(o.end - o.start for o in ops), rel=1e-12)
+
+
+def test_a_heavy_tailed_shape_costs_its_share_of_the_load():
+    """Two shapes, one op of each preempted: F spreads the stolen time over the ops in
+    proportion to their median, and the total stays the measured one."""
+    durations = {("a",): [1.0, 1.0, 1.0, 5.0], ("b",): [2.0, 2.0, 2.0, 2.0]}
+    assert load_factor(durations) == 16.0 / 12.0
