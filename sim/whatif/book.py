@@ -16,7 +16,7 @@ class the capture ran is extrapolated:
   gap. Its uncertainty is the fit's: the 95% half-width of the rate, or the class's relative
   RMS residual if larger.
 * scaled, where it does not (one capture at one layout runs each class at one shape): the
-  measured median of the class's nearest shape (same phase, nearest work in log terms),
+  measured figure of the class's nearest shape (same phase, nearest work in log terms),
   times the compute model's ratio of the two shapes' times, plus that shape's host gap. Its
   uncertainty is how far two scalings disagree: the model's ratio and plain proportion to
   the work (FLOPs, else bytes), |s_model - s_work| / s_model, capped at ±100%.
@@ -128,7 +128,8 @@ class KernelBook:
     durations: Mapping[tuple[object, ...], float]
     """Measured seconds by `shape_key` (the `Statistic`'s figure)."""
     gaps: Mapping[tuple[object, ...], float]
-    """Host gap (the `Statistic`'s figure) by `shape_key` (compute) or (kind, name) (communication)."""
+    """Host gap (the `Statistic`'s figure) by `shape_key` (compute) or (kind, name)
+    (communication)."""
     shapes: Mapping[tuple[str, bool], tuple[Op, ...]]
     """Per kernel class and phase (backward?), one untimed op of each shape measured."""
     model: ComputeModel

@@ -24,6 +24,7 @@ from sim.settings import parse_settings
 from sim.simulate import predict
 from sim.whatif import load_captured, target_experiment, whatif
 from sim.whatif.book import Source, Statistic, learn, load_factor, shape_key
+from topology.override import with_links
 from traces.io import save
 from traces.ops import OpKind, Trace
 from traces.plan import build
@@ -262,3 +263,34 @@ def test_a_heavy_tailed_shape_costs_its_share_of_the_load():
     proportion to their median, and the total stays the measured one."""
     durations = {("a",): [1.0, 1.0, 1.0, 5.0], ("b",): [2.0, 2.0, 2.0, 2.0]}
     assert load_factor(durations) == 16.0 / 12.0
+
+
+def test_new_ops_communicate_at_the_capture_s_own_link_figures(tmp_path):
+    """A capture whose loopback really costs milliseconds per call (as gloo does on a loaded
+    host), its header naming plain `localhost` (tens of µs): a target with new ops times its
+    all-reduce by the links fitted to the capture, so the same gradient all-reduce takes what
+    it took when captured; the captured job itself is `replay`, on the cluster's figures."""
+    exp = experiment_from_dict(tomllib.loads(job(tp=1, dp=2, preset="localhost")))
+    slow = with_links(exp.cluster, {"loopback": (0.4e9, 2e-3)}, calls={"loopback": 2e-3})
+    _, times = predict(replace(exp, cluster=slow), fold=False)
+    path_trace = times.timed_trace()
+    save(path_trace, tmp_path / "slow.json")
+    captured = load_captured([str(tmp_path / "slow.json")])
+    longer = whatif(captured, target_experiment(captured, settings=parse_settings(
+        ["model.seq_len=64"])))
+    assert longer.links is not None and longer.links.samples == 1
+
+    def all_reduce_s(starts: dict[int, list[float]], ends: dict[int, list[float]]) -> float:
+        """From the last member's arrival to the end (when the simulator runs it)."""
+        at = {r: next(i for i, op in enumerate(ops) if op.kind is OpKind.ALL_REDUCE)
+              for r, ops in path_trace.ops.items()}
+        assert all(ends[r][i] == ends[0][at[0]] for r, i in at.items())
+        return ends[0][at[0]] - max(starts[r][i] for r, i in at.items())
+
+    captured_s = all_reduce_s(times.starts, times.ends)
+    assert captured_s > 4e-3  # the cluster's own figures: some tens of µs
+    # within 1%: the compute beside it slows it a little differently at the new shapes
+    assert all_reduce_s(longer.times.starts, longer.times.ends) == \
+        pytest.approx(captured_s, rel=0.01)
+    same = whatif(captured, target_experiment(captured))
+    assert same.links is None and same.ranks_kept == 2
