@@ -36,6 +36,9 @@ class Captured:
     drew: bool
     """Whether the run drew random numbers (dropout): an executor run with dropout off draws
     none, and its ops say so (`draws` 0)."""
+    predicted: bool = False
+    """The traces are parasim's own simulated steps (`simulate`'s saved, `export --chakra`'s),
+    not a run's: their communication times are the cluster's figures, not measurements."""
 
     @property
     def first(self) -> Trace:
@@ -63,14 +66,24 @@ def load_captured(paths: Sequence[str], job_toml: str | None = None) -> Captured
             _check_world(lt, given)
         _check_kernels(lt)
     config = loaded[0].trace.meta.config or {}
-    return Captured(loaded, jobs[0], drew=config.get("dropout", 1) != 0)
+    return Captured(loaded, jobs[0], drew=config.get("dropout", 1) != 0,
+                    predicted=all(map(_predicted, loaded)))
+
+
+def _predicted(lt: LoadedTrace) -> bool:
+    """A step parasim simulated (`sim.measured.replay_trace`'s rule): a parasim or Chakra
+    trace that names its network and no run's clock nor completion."""
+    meta = lt.trace.meta
+    return (lt.source in ("parasim", "chakra") and meta.network is not None
+            and meta.complete is None and meta.clock is None)
 
 
 def _job_of_header(lt: LoadedTrace) -> dict[str, Any]:
     """The job a parasim trace's header states; a profiler trace states none."""
     meta = lt.trace.meta
-    if lt.source != "parasim" or meta.model is None or meta.layout is None:
-        raise ConfigError(f"TRACE: {lt.path} does not state its job (a profiler trace); give "
+    if lt.source not in ("parasim", "chakra") or meta.model is None or meta.layout is None:
+        raise ConfigError(f"TRACE: {lt.path} does not state its job (a profiler trace, or a "
+                          "Chakra trace parasim did not export); give "
                           "--job job.toml with its [model], [parallel] and [cluster]")
     if meta.cluster_spec is None:
         raise ConfigError(f"TRACE: {lt.path} names no cluster it ran on; give --job "

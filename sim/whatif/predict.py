@@ -158,8 +158,9 @@ def _links(captured: Captured, capture_cluster: Cluster, exp: Experiment,
            fallback: Profile | None, new_ops: bool) -> LearnedLinks | None:
     """The capture's fitted links, where they time the target's communication: some rank
     runs ops the capture did not (else the step is `replay`'s, on the cluster's figures), the
-    target is on the capture's kind of cluster, and no --profile gives its links."""
-    if not new_ops or fallback is not None:
+    target is on the capture's kind of cluster, no --profile gives its links, and the
+    capture is a run's (a simulated step's communication is the cluster's figures already)."""
+    if not new_ops or fallback is not None or captured.predicted:
         return None
     links = learn_links(captured.traces, capture_cluster)
     return links if links is not None and links.applies_to(exp.cluster) else None

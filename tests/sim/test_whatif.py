@@ -269,11 +269,13 @@ def test_new_ops_communicate_at_the_capture_s_own_link_figures(tmp_path):
     """A capture whose loopback really costs milliseconds per call (as gloo does on a loaded
     host), its header naming plain `localhost` (tens of µs): a target with new ops times its
     all-reduce by the links fitted to the capture, so the same gradient all-reduce takes what
-    it took when captured; the captured job itself is `replay`, on the cluster's figures."""
+    it took when captured; the captured job itself is `replay`, on the cluster's figures.
+    (A simulated step's own header marks it predicted: its links are the cluster's already.)"""
     exp = experiment_from_dict(tomllib.loads(job(tp=1, dp=2, preset="localhost")))
     slow = with_links(exp.cluster, {"loopback": (0.4e9, 2e-3)}, calls={"loopback": 2e-3})
     _, times = predict(replace(exp, cluster=slow), fold=False)
-    path_trace = times.timed_trace()
+    timed = times.timed_trace()
+    path_trace = Trace(timed.ops, replace(timed.meta, complete=True))  # a run's header
     save(path_trace, tmp_path / "slow.json")
     captured = load_captured([str(tmp_path / "slow.json")])
     longer = whatif(captured, target_experiment(captured, settings=parse_settings(
