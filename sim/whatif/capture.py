@@ -124,8 +124,27 @@ def _check_kernels(lt: LoadedTrace) -> None:
                     isinstance(op.purpose, KernelRun):
                 return
     raise ConfigError(f"TRACE: {lt.path} holds no timed kernels of a plan to learn kernel "
-                      "times from (a profiler trace's kernels are CUDA kernels, not classes "
-                      "of the plan)")
+                      f"times from ({_what_ran(lt.trace)})")
+
+
+FAMILIES = (  # (kernel name parts, what a job running them is), from the shipped A100 traces
+    (("ImplicitGemmConvolution", "implicit_gemm", "bn_fw_tr_", "bn_bw_", "nchwToNhwc"),
+     "cuDNN convolutions and batch norm: a CNN"),
+    (("split_embedding_",), "fbgemm embedding-table lookups: a recommendation model"),
+)
+"""Kernels that show a job is no transformer parasim plans (`docs/whatif.md`)."""
+
+
+def _what_ran(trace: Trace) -> str:
+    """Why a trace's kernels are not the plan's classes: the model family its CUDA kernels
+    show, where they show one."""
+    names = {op.name for ops in trace.ops.values() for op in ops if op.kind is OpKind.COMPUTE}
+    for parts, family in FAMILIES:
+        if any(p in n for n in names for p in parts):
+            return (f"its CUDA kernels are {family}, not a transformer parasim plans; whatif "
+                    "reads `parasim run` traces and Chakra ET")
+    return ("a profiler trace's kernels are CUDA kernels, not classes of the plan; whatif "
+            "reads `parasim run` traces and Chakra ET")
 
 
 def _check_world(lt: LoadedTrace, job: dict[str, Any]) -> None:

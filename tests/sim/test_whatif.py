@@ -189,10 +189,22 @@ def test_a_profiler_trace_needs_its_job_and_kernels_of_a_plan(capsys, tmp_path):
     assert "--job job.toml" in refused(capsys, "whatif", KINETO)
     toml = tmp_path / "job.toml"
     toml.write_text(job(tp=1, dp=2, preset="dgx-a100"))
-    assert "holds no timed kernels" in refused(capsys, "whatif", KINETO, "--job", toml)
+    err = refused(capsys, "whatif", KINETO, "--job", toml)
+    assert "holds no timed kernels" in err and "convolutions and batch norm: a CNN" in err
     toml.write_text(job(tp=2, dp=2, preset="dgx-a100").replace("gpus_per_node = 2",
                                                                "gpus_per_node = 4"))
     assert "its layout has 4 ranks" in refused(capsys, "whatif", KINETO, "--job", toml)
+
+
+def test_the_eight_rank_a100_trace_is_named_a_recommendation_model(capsys, tmp_path):
+    """Its kernels are fbgemm's `split_embedding_codegen_*` (TorchRec embedding tables) beside
+    an MLP: no transformer, so the refusal says which family it is."""
+    toml = tmp_path / "job.toml"
+    toml.write_text(job(tp=1, dp=8, preset="dgx-a100").replace(
+        "gpus_per_node = 2", "gpus_per_node = 8").replace("global_batch = 4", "global_batch = 8"))
+    err = refused(capsys, "whatif", KINETO.with_name("a100-8rank-pp-rank3.json.gz"), "--job",
+                  toml)
+    assert "embedding-table lookups: a recommendation model" in err
 
 
 def test_a_kernel_class_the_capture_never_ran_needs_a_profile(capsys, capture, tmp_path):
