@@ -6,10 +6,11 @@ One path for every target. A rank of the target whose ops are the capture's, op 
 same job, maybe on another cluster), keeps its captured ops' own times and host gaps, as
 `parasim replay` keeps them: so a target equal to the captured job is `replay`, and one that
 changes only the cluster is `replay --cluster`. Every other rank's compute ops take the
-kernel book's times (`sim.whatif.book`: measured median, fit, or profile) and its
-communication is simulated on the target cluster. The range [low, high] replays the step
-again with every fitted or profile-timed kernel at the low and the high end of its
-uncertainty; measured times stay.
+kernel book's times (`sim.whatif.book`: measured, fit, or profile) and its communication
+is simulated on the target cluster, by link figures fitted to the capture's own
+communication where the target runs on the capture's kind of cluster (`sim.whatif.links`).
+The range [low, high] replays the step again with every fitted or profile-timed kernel at
+the low and the high end of its uncertainty; measured times stay.
 
 The plan is built for every rank when the capture holds at least as many ranks as the target
 (each can be compared with a captured one), else folded, one rank per pipeline stage
