@@ -24,7 +24,7 @@ from sim.settings import parse_settings
 from sim.simulate import predict
 from sim.whatif import load_captured, target_experiment, whatif
 from sim.whatif.book import Source, Statistic, learn, load_factor, shape_key
-from topology.override import with_links
+from topology.override import link_figures, with_links
 from traces.io import save
 from traces.ops import OpKind, Trace
 from traces.plan import build
@@ -293,6 +293,11 @@ def test_new_ops_communicate_at_the_capture_s_own_link_figures(tmp_path):
     longer = whatif(captured, target_experiment(captured, settings=parse_settings(
         ["model.seq_len=64"])))
     assert longer.links is not None and longer.links.samples == 1
+    # one message size pins nothing down: the cluster's latency and call cost stay, the bytes
+    # take the rest (`sim.whatif.links`)
+    bandwidth, latency, call = longer.links.figures["loopback"]
+    assert (latency, call) == (link_figures(exp.cluster)["loopback"][1], 0.0)
+    assert bandwidth < link_figures(exp.cluster)["loopback"][0]
 
     def all_reduce_s(starts: dict[int, list[float]], ends: dict[int, list[float]]) -> float:
         """From the last member's arrival to the end (when the simulator runs it)."""
