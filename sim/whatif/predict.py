@@ -81,9 +81,11 @@ class WhatifResult:
 
 
 def whatif(captured: Captured, exp: Experiment, fallback: Profile | None = None,
-           statistic: Statistic = Statistic.LOAD) -> WhatifResult:
+           statistic: Statistic = Statistic.LOAD, capture_links: bool = False
+           ) -> WhatifResult:
     """Predict `exp`'s step from the capture (module docstring); `statistic` sums up each
-    measured shape's times (`sim.whatif.book.Statistic`)."""
+    measured shape's times (`sim.whatif.book.Statistic`); `capture_links`: time new ops'
+    communication by links fitted to the capture's (`_links`; opt-in, `docs/whatif.md`)."""
     first = captured.first
     spec = first.meta.cluster_spec
     if spec is None:
@@ -93,7 +95,8 @@ def whatif(captured: Captured, exp: Experiment, fallback: Profile | None = None,
     book = learn(captured.traces, capture_cluster, stack, fallback, statistic)
     plan = _plan(exp, captured)
     kept = _kept_ranks(plan, first)
-    links = _links(captured, capture_cluster, exp, fallback, len(kept) < len(plan.ops))
+    links = _links(captured, capture_cluster, exp, fallback, len(kept) < len(plan.ops)) \
+        if capture_links else None
     cluster = links.applied_to(exp.cluster) if links is not None else exp.cluster
     gaps_of = host_gaps(first)
     timed: dict[int, tuple[Op, ...]] = {}

@@ -291,7 +291,7 @@ def test_new_ops_communicate_at_the_capture_s_own_link_figures(tmp_path):
     save(path_trace, tmp_path / "slow.json")
     captured = load_captured([str(tmp_path / "slow.json")])
     longer = whatif(captured, target_experiment(captured, settings=parse_settings(
-        ["model.seq_len=64"])))
+        ["model.seq_len=64"])), capture_links=True)
     assert longer.links is not None and longer.links.samples == 1
     # one message size pins nothing down: the cluster's latency and call cost stay, the bytes
     # take the rest (`sim.whatif.links`)
@@ -311,5 +311,5 @@ def test_new_ops_communicate_at_the_capture_s_own_link_figures(tmp_path):
     # within 1%: the compute beside it slows it a little differently at the new shapes
     assert all_reduce_s(longer.times.starts, longer.times.ends) == \
         pytest.approx(captured_s, rel=0.01)
-    same = whatif(captured, target_experiment(captured))
+    same = whatif(captured, target_experiment(captured), capture_links=True)
     assert same.links is None and same.ranks_kept == 2
