@@ -1,7 +1,8 @@
 """The `parasim whatif` command: a captured step predicts another job's step.
 
     parasim whatif TRACE... [--config target.toml] [--set parallel.dp=4 ...] [--job job.toml]
-                   [--profile P] [--statistic median|mean] [--json]
+                   [--profile P] [--statistic load|mean|median]
+                   [--links cluster|capture] [--json]
 
 TRACE is a `parasim run` trace set (a folder) or file; several are repeated captures of one
 job, pooled. The target is `--config`, else the captured job (its trace header's model,
@@ -22,6 +23,7 @@ from sim.commands.common import emit, profile_flag, trace_files
 from sim.settings import add_set_flag, parse_settings
 from sim.whatif import WhatifResult, load_captured, target_experiment, whatif
 from sim.whatif.book import Statistic
+from sim.whatif.links import LearnedLinks
 from traces.errors import warn
 
 HELP = "predict another job's step from a captured one, with an error bar"
@@ -39,9 +41,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--profile", metavar="JSON", help="calibration profile: the target "
                         "cluster's measured links and roofs, as `replay --profile` applies it, "
                         "and the figures that time kernel classes the capture never ran")
-    parser.add_argument("--statistic", choices=[str(s) for s in Statistic], default="median",
-                        help="what stands for a shape's measured times: median (default) or "
-                        "mean (a shared host's preemptions included)")
+    parser.add_argument("--statistic", choices=[str(s) for s in Statistic], default="load",
+                        help="what stands for a shape's measured times: load (default: its "
+                        "median times the capture's load factor, so the captured total "
+                        "stays), mean, or median (an idle host's figure)")
+    parser.add_argument("--links", choices=("cluster", "capture"), default="cluster",
+                        help="what times the target's new communication: the target "
+                        "cluster's link figures (default), or figures fitted to the "
+                        "capture's own collectives (they extrapolate poorly across message "
+                        "sizes: docs/whatif.md)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     add_set_flag(parser)
 
@@ -54,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
     overrides = {"profile": profile_path} if profile_path else None
     exp = target_experiment(captured, args.config, parse_settings(args.settings), overrides)
     result = whatif(captured, exp, exp.profile if exp.profile_path is not None else None,
-                    Statistic(args.statistic))
+                    Statistic(args.statistic), capture_links=args.links == "capture")
     if result.captured_on != exp.cluster.accelerator.name:
         warn(f"kernel times are the capture's on {result.captured_on}, not re-timed for the "
              f"target's {exp.cluster.accelerator.name} (as `replay --cluster` keeps them)")
@@ -83,9 +91,19 @@ def summary_json(r: WhatifResult, seconds: float | None = None) -> dict[str, Any
                                           "uncertainty": k.uncertainty}
                                  for k in r.kernels if k.extrapolated},
     }
+    if r.links is not None:
+        out["links_fitted_to_capture"] = links_json(r.links)
     if seconds is not None:
         out["whatif_seconds"] = seconds
     return out
+
+
+def links_json(links: LearnedLinks) -> dict[str, Any]:
+    """The link figures the capture's communication gave, and what it left unpinned."""
+    return {"samples": links.samples, "rms_error": links.rms_error,
+            "unidentified": list(links.unidentified),
+            "links": {k: {"bandwidth_Bps": bw, "latency_s": lat, "call_s": call}
+                      for k, (bw, lat, call) in sorted(links.figures.items())}}
 
 
 def summary_text(r: WhatifResult) -> str:
@@ -98,6 +116,12 @@ def summary_text(r: WhatifResult) -> str:
              f"  {'':<24}(the range: {RANGE_COVERS})"]
     if r.captured_step_s is not None:
         lines.append(f"  {'step time captured':<24}{r.captured_step_s:.4g} s")
+    if r.links is not None:
+        figures = ", ".join(f"{k} {lat * 1e6:.4g} µs + {call * 1e6:.4g} µs/call, "
+                            f"{bw / 1e9:.3g} GB/s" for k, (bw, lat, call) in
+                            sorted(r.links.figures.items()))
+        lines.append(f"  {'links (capture fit)':<24}{figures} ({r.links.samples} measured; "
+                     f"not pinned down: {', '.join(r.links.unidentified) or 'none'})")
     sources = ", ".join(f"{n} {s}" for s, n in sorted(r.ops_by_source.items()))
     lines.append(f"  {'compute ops':<24}{sources}")
     measured = [k.name for k in r.kernels if not k.extrapolated]

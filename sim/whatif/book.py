@@ -5,8 +5,9 @@ the host's launch gaps, and a fit (calibrate's) for shapes the capture never ran
     timing = book.time(op)      # seconds, host gap, and where they came from
 
 A shape the capture ran (the same kernel, phase, FLOPs, bytes, GEMM dims and draws: the key
-`sim.calibrate.observe` groups samples by) takes the median of its measured durations and of
-the idle time the host left before it (`sim.engine.replay.host_gaps`). Any other shape of a
+`sim.calibrate.observe` groups samples by) takes its measured durations and the idle time
+the host left before it, summed up by the `Statistic` (default: median x the capture's load
+factor, and the mean gap) (`sim.engine.replay.host_gaps`). Any other shape of a
 class the capture ran is extrapolated:
 
 * fitted, where `sim.calibrate.fit.fit_profile` pins the class's rate down from the same
@@ -15,7 +16,7 @@ class the capture ran is extrapolated:
   gap. Its uncertainty is the fit's: the 95% half-width of the rate, or the class's relative
   RMS residual if larger.
 * scaled, where it does not (one capture at one layout runs each class at one shape): the
-  measured median of the class's nearest shape (same phase, nearest work in log terms),
+  measured figure of the class's nearest shape (same phase, nearest work in log terms),
   times the compute model's ratio of the two shapes' times, plus that shape's host gap. Its
   uncertainty is how far two scalings disagree: the model's ratio and plain proportion to
   the work (FLOPs, else bytes), |s_model - s_work| / s_model, capped at ±100%.
@@ -46,15 +47,33 @@ UNPINNED = 1.0
 
 
 class Statistic(StrEnum):
-    """What stands for a shape's measured times: their median (the default: an op the host
-    preempted once does not move it) or their mean (a shared host's preemptions included, as
-    the target's run will suffer them too)."""
+    """What stands for a shape's measured times. A step's time is a sum of its ops' times, so
+    what predicts it is each op's expected time, n x mean, not n x median: on a shared host a
+    few ops are preempted for milliseconds, and the median leaves that out.
 
-    MEDIAN = "median"
+    `load` (the default): the shape's median times one load factor of the whole capture,
+    F = (sum of every measured time) / (sum of each op's shape median). It reproduces the
+    captured compute total exactly, as the mean does, but spreads the preemptions over the ops
+    in proportion to their typical time (a time slice taken from the process hits an op with a
+    chance proportional to how long it runs), not onto the few shapes they happened to hit:
+    a target that reweights the shapes (PP halves the layers, TP the GEMMs) keeps the right
+    total. Host gaps take their mean (their expected sum). `mean`: each shape's own mean;
+    `median`: each shape's median (an idle host's figure)."""
+
+    LOAD = "load"
     MEAN = "mean"
+    MEDIAN = "median"
 
     def of(self, values: Sequence[float]) -> float:
-        return statistics.median(values) if self is Statistic.MEDIAN else statistics.fmean(values)
+        """One shape's figure (`load`: the median, times the load factor in `learn`)."""
+        return statistics.fmean(values) if self is Statistic.MEAN else statistics.median(values)
+
+
+def load_factor(durations: Mapping[tuple[object, ...], Sequence[float]]) -> float:
+    """F of `Statistic.LOAD`: the measured total over the total of the shapes' medians."""
+    typical = sum(statistics.median(v) * len(v) for v in durations.values())
+    total = sum(sum(v) for v in durations.values())
+    return total / typical if typical > 0 else 1.0
 
 
 class Source(StrEnum):
@@ -63,7 +82,7 @@ class Source(StrEnum):
     OWN = "own"
     """The captured op itself: the target runs it at the same place (replay's rule)."""
     MEASURED = "measured"
-    """The median (or mean) of the capture's ops of this exact shape."""
+    """The capture's ops of this exact shape, summed up by the `Statistic`."""
     FITTED = "fitted"
     """The compute model with the profile fitted to the capture: a shape it never ran."""
     SCALED = "scaled"
@@ -107,9 +126,10 @@ def work(op: Op) -> float:
 @dataclass(frozen=True, slots=True)
 class KernelBook:
     durations: Mapping[tuple[object, ...], float]
-    """Median measured seconds by `shape_key`."""
+    """Measured seconds by `shape_key` (the `Statistic`'s figure)."""
     gaps: Mapping[tuple[object, ...], float]
-    """Median host gap by `shape_key` (compute) or (kind, name) (communication)."""
+    """Host gap (the `Statistic`'s figure) by `shape_key` (compute) or (kind, name)
+    (communication)."""
     shapes: Mapping[tuple[str, bool], tuple[Op, ...]]
     """Per kernel class and phase (backward?), one untimed op of each shape measured."""
     model: ComputeModel
@@ -159,7 +179,7 @@ def _ratio(target: float, measured: float) -> float:
 
 
 def learn(traces: Sequence[Trace], cluster: Cluster, stack: Mapping[tuple[str, bool], int] | None,
-          fallback: Profile | None = None, statistic: Statistic = Statistic.MEDIAN
+          fallback: Profile | None = None, statistic: Statistic = Statistic.LOAD
           ) -> KernelBook:
     """The book of `traces` (timed, of one job on `cluster`); `fallback` times classes they
     never ran; `statistic` sums up each shape's measured times and host gaps."""
@@ -181,10 +201,12 @@ def learn(traces: Sequence[Trace], cluster: Cluster, stack: Mapping[tuple[str, b
                     key = (str(op.kind), op.name)
                 gaps[key].append(gap)
     model, uncertainty = _fit(traces, cluster, stack)
+    factor = load_factor(durations) if statistic is Statistic.LOAD else 1.0
+    gap_statistic = Statistic.MEAN if statistic is Statistic.LOAD else statistic
     fallback_model = ComputeModel(cluster.accelerator, fallback, stack) if fallback else None
     return KernelBook(
-        durations={k: statistic.of(v) for k, v in durations.items()},
-        gaps={k: statistic.of(v) for k, v in gaps.items()},
+        durations={k: statistic.of(v) * factor for k, v in durations.items()},
+        gaps={k: gap_statistic.of(v) for k, v in gaps.items()},
         shapes={k: tuple(v.values()) for k, v in shapes.items()}, model=model,
         uncertainty=uncertainty, fallback=fallback_model)
 

@@ -36,6 +36,9 @@ class Captured:
     drew: bool
     """Whether the run drew random numbers (dropout): an executor run with dropout off draws
     none, and its ops say so (`draws` 0)."""
+    predicted: bool = False
+    """The traces are parasim's own simulated steps (`simulate`'s saved, `export --chakra`'s),
+    not a run's: their communication times are the cluster's figures, not measurements."""
 
     @property
     def first(self) -> Trace:
@@ -63,14 +66,24 @@ def load_captured(paths: Sequence[str], job_toml: str | None = None) -> Captured
             _check_world(lt, given)
         _check_kernels(lt)
     config = loaded[0].trace.meta.config or {}
-    return Captured(loaded, jobs[0], drew=config.get("dropout", 1) != 0)
+    return Captured(loaded, jobs[0], drew=config.get("dropout", 1) != 0,
+                    predicted=all(map(_predicted, loaded)))
+
+
+def _predicted(lt: LoadedTrace) -> bool:
+    """A step parasim simulated (`sim.measured.replay_trace`'s rule): a parasim or Chakra
+    trace that names its network and no run's clock nor completion."""
+    meta = lt.trace.meta
+    return (lt.source in ("parasim", "chakra") and meta.network is not None
+            and meta.complete is None and meta.clock is None)
 
 
 def _job_of_header(lt: LoadedTrace) -> dict[str, Any]:
     """The job a parasim trace's header states; a profiler trace states none."""
     meta = lt.trace.meta
-    if lt.source != "parasim" or meta.model is None or meta.layout is None:
-        raise ConfigError(f"TRACE: {lt.path} does not state its job (a profiler trace); give "
+    if lt.source not in ("parasim", "chakra") or meta.model is None or meta.layout is None:
+        raise ConfigError(f"TRACE: {lt.path} does not state its job (a profiler trace, or a "
+                          "Chakra trace parasim did not export); give "
                           "--job job.toml with its [model], [parallel] and [cluster]")
     if meta.cluster_spec is None:
         raise ConfigError(f"TRACE: {lt.path} names no cluster it ran on; give --job "
@@ -111,8 +124,27 @@ def _check_kernels(lt: LoadedTrace) -> None:
                     isinstance(op.purpose, KernelRun):
                 return
     raise ConfigError(f"TRACE: {lt.path} holds no timed kernels of a plan to learn kernel "
-                      "times from (a profiler trace's kernels are CUDA kernels, not classes "
-                      "of the plan)")
+                      f"times from ({_what_ran(lt.trace)})")
+
+
+FAMILIES = (  # (kernel name parts, what a job running them is), from the shipped A100 traces
+    (("ImplicitGemmConvolution", "implicit_gemm", "bn_fw_tr_", "bn_bw_", "nchwToNhwc"),
+     "cuDNN convolutions and batch norm: a CNN"),
+    (("split_embedding_",), "fbgemm embedding-table lookups: a recommendation model"),
+)
+"""Kernels that show a job is no transformer parasim plans (`docs/whatif.md`)."""
+
+
+def _what_ran(trace: Trace) -> str:
+    """Why a trace's kernels are not the plan's classes: the model family its CUDA kernels
+    show, where they show one."""
+    names = {op.name for ops in trace.ops.values() for op in ops if op.kind is OpKind.COMPUTE}
+    for parts, family in FAMILIES:
+        if any(p in n for n in names for p in parts):
+            return (f"its CUDA kernels are {family}, not a transformer parasim plans; whatif "
+                    "reads `parasim run` traces and Chakra ET")
+    return ("a profiler trace's kernels are CUDA kernels, not classes of the plan; whatif "
+            "reads `parasim run` traces and Chakra ET")
 
 
 def _check_world(lt: LoadedTrace, job: dict[str, Any]) -> None:

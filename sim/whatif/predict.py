@@ -6,10 +6,11 @@ One path for every target. A rank of the target whose ops are the capture's, op 
 same job, maybe on another cluster), keeps its captured ops' own times and host gaps, as
 `parasim replay` keeps them: so a target equal to the captured job is `replay`, and one that
 changes only the cluster is `replay --cluster`. Every other rank's compute ops take the
-kernel book's times (`sim.whatif.book`: measured median, fit, or profile) and its
-communication is simulated on the target cluster. The range [low, high] replays the step
-again with every fitted or profile-timed kernel at the low and the high end of its
-uncertainty; measured times stay.
+kernel book's times (`sim.whatif.book`: measured, fit, or profile) and its communication
+is simulated on the target cluster, by link figures fitted to the capture's own
+communication where the target runs on the capture's kind of cluster (`sim.whatif.links`).
+The range [low, high] replays the step again with every fitted or profile-timed kernel at
+the low and the high end of its uncertainty; measured times stay.
 
 The plan is built for every rank when the capture holds at least as many ranks as the target
 (each can be compared with a captured one), else folded, one rank per pipeline stage
@@ -30,6 +31,8 @@ from sim.profile import Profile
 from sim.simulate import fold_sound
 from sim.whatif.book import KernelBook, Source, Statistic, Timing, kernel_of, learn
 from sim.whatif.capture import Captured
+from sim.whatif.links import LearnedLinks, learn_links
+from topology.cluster import Cluster
 from topology.config import read_cluster_table
 from traces.errors import ConfigError
 from traces.ops import Op, OpKind, Trace
@@ -67,7 +70,10 @@ class WhatifResult:
     captured_step_s: float | None
     captured_on: str
     """The accelerator the capture's kernels ran on: their times are its."""
-    statistic: Statistic = Statistic.MEDIAN
+    statistic: Statistic = Statistic.LOAD
+    links: LearnedLinks | None = None
+    """The link figures fitted to the capture's communication that timed the target's (None:
+    the target cluster's own, or --profile's)."""
 
     @property
     def step_time_s(self) -> float:
@@ -75,9 +81,11 @@ class WhatifResult:
 
 
 def whatif(captured: Captured, exp: Experiment, fallback: Profile | None = None,
-           statistic: Statistic = Statistic.MEDIAN) -> WhatifResult:
+           statistic: Statistic = Statistic.LOAD, capture_links: bool = False
+           ) -> WhatifResult:
     """Predict `exp`'s step from the capture (module docstring); `statistic` sums up each
-    measured shape's times (`sim.whatif.book.Statistic`)."""
+    measured shape's times (`sim.whatif.book.Statistic`); `capture_links`: time new ops'
+    communication by links fitted to the capture's (`_links`; opt-in, `docs/whatif.md`)."""
     first = captured.first
     spec = first.meta.cluster_spec
     if spec is None:
@@ -87,6 +95,9 @@ def whatif(captured: Captured, exp: Experiment, fallback: Profile | None = None,
     book = learn(captured.traces, capture_cluster, stack, fallback, statistic)
     plan = _plan(exp, captured)
     kept = _kept_ranks(plan, first)
+    links = _links(captured, capture_cluster, exp, fallback, len(kept) < len(plan.ops)) \
+        if capture_links else None
+    cluster = links.applied_to(exp.cluster) if links is not None else exp.cluster
     gaps_of = host_gaps(first)
     timed: dict[int, tuple[Op, ...]] = {}
     gaps: dict[int, list[float]] = {}
@@ -107,11 +118,11 @@ def whatif(captured: Captured, exp: Experiment, fallback: Profile | None = None,
                 rank_gaps.append(book.gap(op))
         timed[rank], gaps[rank] = tuple(out), rank_gaps
     target = Trace(timed, plan.meta)
-    times = _replay(exp, target, gaps)
+    times = _replay(exp, cluster, target, gaps)
     low = high = times.step_time_s
     if any(t.uncertainty for t in timings):
-        low = _replay(exp, _scaled(target, kept, book, -1.0), gaps).step_time_s
-        high = _replay(exp, _scaled(target, kept, book, 1.0), gaps).step_time_s
+        low = _replay(exp, cluster, _scaled(target, kept, book, -1.0), gaps).step_time_s
+        high = _replay(exp, cluster, _scaled(target, kept, book, 1.0), gaps).step_time_s
     counts = Counter(str(t.source) for t in timings)
     own = sum(op.kind is OpKind.COMPUTE for r in kept for op in timed[r])
     if own:
@@ -120,7 +131,8 @@ def whatif(captured: Captured, exp: Experiment, fallback: Profile | None = None,
                         kernels=_classes(timings, kept, timed), ops_by_source=dict(counts),
                         ranks_kept=len(kept), ranks=len(plan.ops),
                         captured_step_s=_span(first),
-                        captured_on=capture_cluster.accelerator.name, statistic=statistic)
+                        captured_on=capture_cluster.accelerator.name, statistic=statistic,
+                        links=links)
 
 
 def _plan(exp: Experiment, captured: Captured) -> Trace:
@@ -146,11 +158,25 @@ def _kept_ranks(plan: Trace, captured: Trace) -> set[int]:
     return kept
 
 
-def _replay(exp: Experiment, plan: Trace, gaps: Mapping[int, list[float]]) -> StepTimes:
-    """`sim.measured.replay_trace`'s run, on the target's cluster, profile and network."""
-    compute = ComputeModel(exp.cluster.accelerator, exp.profile, launch_counts(exp.model))
-    return replay(plan, exp.cluster, compute,
-                  interference=interference_for(exp.cluster, exp.profile, compute),
+def _links(captured: Captured, capture_cluster: Cluster, exp: Experiment,
+           fallback: Profile | None, new_ops: bool) -> LearnedLinks | None:
+    """The capture's fitted links, where they time the target's communication: some rank
+    runs ops the capture did not (else the step is `replay`'s, on the cluster's figures), the
+    target is on the capture's kind of cluster, no --profile gives its links, and the
+    capture is a run's (a simulated step's communication is the cluster's figures already)."""
+    if not new_ops or fallback is not None or captured.predicted:
+        return None
+    links = learn_links(captured.traces, capture_cluster)
+    return links if links is not None and links.applies_to(exp.cluster) else None
+
+
+def _replay(exp: Experiment, cluster: Cluster, plan: Trace, gaps: Mapping[int, list[float]]
+            ) -> StepTimes:
+    """`sim.measured.replay_trace`'s run, on `cluster` (the target's), the target's profile
+    and network."""
+    compute = ComputeModel(cluster.accelerator, exp.profile, launch_counts(exp.model))
+    return replay(plan, cluster, compute,
+                  interference=interference_for(cluster, exp.profile, compute),
                   network=exp.network, algo=exp.algo, gaps=gaps)
 
 

@@ -1,10 +1,11 @@
 """Benchmark: `parasim whatif` from one real gloo capture against the target run for real.
 
-    python tests/bench/bench_whatif.py [--repeats 3] [--steps 3]
+    python tests/bench/bench_whatif.py [--repeats 3] [--steps 3] [--baseline DIR]
 
 For each (captured layout -> target layout) pair of the tiny GPT on this host's CPU ranks
 (gloo), `--repeats` times: record the captured job (`parasim run`, one step), predict the
-target with `parasim whatif` (and with `--statistic mean`), and run the target right after
+target with `parasim whatif` (each `--statistic`; with `--baseline DIR`, also that checkout's
+whatif, e.g. an older commit's), and run the target right after
 (`--steps` recorded steps, their median). A shared host's load moves every time by up to 4x
 within minutes, so each prediction is compared with the run next to it in time; the pair's
 error is the median over the repeats. Beside it: `parasim simulate` of the target with the
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -68,9 +70,10 @@ def _toml(folder: Path, job: dict[str, int]) -> Path:
     return path
 
 
-def _parasim(*argv: object) -> dict:
+def _parasim(*argv: object, root: Path = ROOT) -> dict:
     proc = subprocess.run([sys.executable, "-m", "sim", *map(str, argv), "--json"],
-                          cwd=ROOT, capture_output=True, text=True, check=False)
+                          cwd=root, env={**os.environ, "PYTHONPATH": str(root)},
+                          capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         raise SystemExit(f"parasim {' '.join(map(str, argv))}: {proc.stderr.strip()}")
     return json.loads(proc.stdout)
@@ -89,68 +92,80 @@ def _measured(folder: Path, config: Path, steps: int) -> tuple[float, float]:
     return statistics.median(run["step_times_s"]), min(run["step_times_s"])
 
 
+STATISTICS = ("load", "mean", "median")
+"""whatif's --statistic values, each predicted from the same capture (the first: the default)."""
+
+
 def _pair(folder: Path, captured: dict[str, int], target: dict[str, int], repeats: int,
-          steps: int) -> tuple:
-    """(measured, whatif, its range, simulate, noise, whatif's seconds, error, fastest step,
-    whatif --statistic mean, its error), medians over the repeats; each repeat a fresh
-    capture, its prediction and the target's run."""
+          steps: int, baseline: Path | None) -> dict:
+    """Medians over the repeats; each repeat a fresh capture, its predictions (each
+    statistic, and `baseline`'s whatif where given) and the target's run right after."""
     source, config = _toml(folder, captured), _toml(folder, target)
-    real, predicted, ranges, seconds, errors, fastest = [], [], [], [], [], []
-    means: list[float] = []
-    mean_errors: list[float] = []
+    real, fastest, seconds, ranges = [], [], [], []
+    predicted: dict[str, list[float]] = {k: [] for k in (*STATISTICS, "baseline")}
     for _ in range(repeats):
         capture = folder / f"capture-{source.stem}"
         _parasim("run", source, "--out", capture, "--steps", 1, "--force")
-        began = time.perf_counter()
-        what = _parasim("whatif", capture, *_settings(target))
-        seconds.append(time.perf_counter() - began)
-        predicted.append(what["step_time_predicted_s"])
-        means.append(_parasim("whatif", capture, *_settings(target), "--statistic",
-                              "mean")["step_time_predicted_s"])
-        ranges.append(what["step_time_range_s"])
+        for statistic in STATISTICS:
+            began = time.perf_counter()
+            what = _parasim("whatif", capture, *_settings(target), "--statistic", statistic)
+            predicted[statistic].append(what["step_time_predicted_s"])
+            if statistic == STATISTICS[0]:
+                seconds.append(time.perf_counter() - began)
+                ranges.append(what["step_time_range_s"])
+        if baseline is not None:
+            predicted["baseline"].append(_parasim("whatif", capture.resolve(),
+                                                  *_settings(target), root=baseline)
+                                         ["step_time_predicted_s"])
         mid, best = _measured(folder, config, steps)
         real.append(mid)
         fastest.append(best)
-        errors.append((predicted[-1] - real[-1]) / real[-1])
-        mean_errors.append((means[-1] - real[-1]) / real[-1])
-    plain = _parasim("simulate", config)["step_time_s"]
     mid = statistics.median(real)
-    noise = statistics.median(abs(r - mid) / mid for r in real)
-    i = errors.index(statistics.median_low(errors))
-    return (mid, predicted[i], ranges[i], plain, noise, statistics.median(seconds),
-            statistics.median(errors), min(fastest), statistics.median(means),
-            statistics.median(mean_errors))
+    errors = {k: statistics.median((p - r) / r for p, r in zip(v, real))
+              for k, v in predicted.items() if v}
+    first = [(p - r) / r for p, r in zip(predicted[STATISTICS[0]], real)]
+    i = first.index(statistics.median_low(first))
+    return {"measured": mid, "fastest": min(fastest), "predicted": predicted[STATISTICS[0]][i],
+            "range": ranges[i], "simulate": _parasim("simulate", config)["step_time_s"],
+            "noise": statistics.median(abs(r - mid) / mid for r in real),
+            "seconds": statistics.median(seconds), "errors": errors}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--baseline", type=Path, help="another parasim checkout (e.g. an "
+                        "older commit's) whose default whatif is printed beside, as before")
     args = parser.parse_args()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for name, captured, target in PAIRS:
-            rows.append((name, *_pair(Path(tmp), captured, target, args.repeats, args.steps)))
-            _print_row(rows[-1])
-    errors = [abs(r[7]) for r in rows[1:]]
-    mean_errors = [abs(r[10]) for r in rows[1:]]
-    plain_errors = [abs(r[4] - r[1]) / r[1] for r in rows[1:]]
-    print(f"median error over the {len(errors)} pairs: whatif "
-          f"{100 * statistics.median(errors):.1f}% (--statistic mean "
-          f"{100 * statistics.median(mean_errors):.1f}%), simulate "
-          f"{100 * statistics.median(plain_errors):.1f}%, noise floor "
-          f"{100 * statistics.median(r[5] for r in rows):.1f}%; the control's error "
-          f"{100 * rows[0][7]:+.1f}%")
+            rows.append((name, _pair(Path(tmp), captured, target, args.repeats, args.steps,
+                                     args.baseline)))
+            _print_row(*rows[-1])
+    pairs = [r for _, r in rows[1:]]
+    medians = {k: 100 * statistics.median(abs(r["errors"][k]) for r in pairs)
+               for k in pairs[0]["errors"]}
+    plain = 100 * statistics.median(abs(r["simulate"] - r["measured"]) / r["measured"]
+                                    for r in pairs)
+    print(f"median |error| over the {len(pairs)} pairs: whatif "
+          + ", ".join(f"--statistic {k} {v:.1f}%" if k in STATISTICS else f"{k} {v:.1f}%"
+                      for k, v in medians.items())
+          + f"; simulate {plain:.1f}%; noise floor "
+          f"{100 * statistics.median(r['noise'] for _, r in rows):.1f}%; the control's error "
+          f"{100 * rows[0][1]['errors'][STATISTICS[0]]:+.1f}%")
 
 
-def _print_row(row: tuple) -> None:
-    name, real, predicted, (low, high), plain, noise, seconds, error, best, mean, merr = row
-    print(f"{name:<28} measured {real * 1e3:7.1f} ms (noise ±{100 * noise:4.1f}%, fastest "
-          f"step {best * 1e3:.1f} ms)  whatif "
-          f"{predicted * 1e3:7.1f} ms [{low * 1e3:.1f}, {high * 1e3:.1f}] "
-          f"({100 * error:+.0f}% vs its run, {seconds:.2f} s)  simulate "
-          f"{plain * 1e3:7.1f} ms ({100 * (plain - real) / real:+.0f}%)  whatif --statistic "
-          f"mean {mean * 1e3:7.1f} ms ({100 * merr:+.0f}%)", flush=True)
+def _print_row(name: str, r: dict) -> None:
+    low, high = r["range"]
+    others = "  ".join(f"{k} {100 * e:+.0f}%" for k, e in r["errors"].items()
+                       if k != STATISTICS[0])
+    print(f"{name:<26} measured {r['measured'] * 1e3:6.1f} ms (noise ±{100 * r['noise']:4.1f}%)"
+          f"  whatif {r['predicted'] * 1e3:6.1f} ms [{low * 1e3:.1f}, {high * 1e3:.1f}] "
+          f"({100 * r['errors'][STATISTICS[0]]:+.0f}%, {r['seconds']:.1f} s)  {others}  "
+          f"simulate {r['simulate'] * 1e3:6.1f} ms "
+          f"({100 * (r['simulate'] - r['measured']) / r['measured']:+.0f}%)", flush=True)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,8 @@ from sim.profile import default_profile
 from sim.settings import parse_settings
 from sim.simulate import predict
 from sim.whatif import load_captured, target_experiment, whatif
-from sim.whatif.book import Source, Statistic, learn, shape_key
+from sim.whatif.book import Source, Statistic, learn, load_factor, shape_key
+from topology.override import link_figures, with_links
 from traces.io import save
 from traces.ops import OpKind, Trace
 from traces.plan import build
@@ -119,7 +120,8 @@ def test_a_shape_the_capture_ran_keeps_its_median_and_a_new_one_is_scaled(captur
     target = target_experiment(captured, settings=parse_settings(["parallel.tp=1",
                                                                   "parallel.dp=2"]))
     cluster = target.cluster
-    book = learn(captured.traces, cluster, launch_counts(target.model))
+    book = learn(captured.traces, cluster, launch_counts(target.model),
+                 statistic=Statistic.MEDIAN)
     plan = build(target.model, target.layout)
     by_name = {(op.name, op.phase): op for op in plan.ops[0] if op.kind is OpKind.COMPUTE}
     ln1 = by_name["ln1", "fwd"]  # a norm over the full hidden: the same shape under TP or not
@@ -187,10 +189,22 @@ def test_a_profiler_trace_needs_its_job_and_kernels_of_a_plan(capsys, tmp_path):
     assert "--job job.toml" in refused(capsys, "whatif", KINETO)
     toml = tmp_path / "job.toml"
     toml.write_text(job(tp=1, dp=2, preset="dgx-a100"))
-    assert "holds no timed kernels" in refused(capsys, "whatif", KINETO, "--job", toml)
+    err = refused(capsys, "whatif", KINETO, "--job", toml)
+    assert "holds no timed kernels" in err and "convolutions and batch norm: a CNN" in err
     toml.write_text(job(tp=2, dp=2, preset="dgx-a100").replace("gpus_per_node = 2",
                                                                "gpus_per_node = 4"))
     assert "its layout has 4 ranks" in refused(capsys, "whatif", KINETO, "--job", toml)
+
+
+def test_the_eight_rank_a100_trace_is_named_a_recommendation_model(capsys, tmp_path):
+    """Its kernels are fbgemm's `split_embedding_codegen_*` (TorchRec embedding tables) beside
+    an MLP: no transformer, so the refusal says which family it is."""
+    toml = tmp_path / "job.toml"
+    toml.write_text(job(tp=1, dp=8, preset="dgx-a100").replace(
+        "gpus_per_node = 2", "gpus_per_node = 8").replace("global_batch = 4", "global_batch = 8"))
+    err = refused(capsys, "whatif", KINETO.with_name("a100-8rank-pp-rank3.json.gz"), "--job",
+                  toml)
+    assert "embedding-table lookups: a recommendation model" in err
 
 
 def test_a_kernel_class_the_capture_never_ran_needs_a_profile(capsys, capture, tmp_path):
@@ -236,3 +250,66 @@ def test_the_mean_stands_for_a_shape_where_asked(capture):
                  statistic=Statistic.MEAN)
     timing = book.time(replace(op, start=None, end=None))
     assert timing.source is Source.MEASURED and timing.seconds == statistics.fmean(seen)
+
+
+def test_the_load_statistic_keeps_the_captured_total(capture):
+    """The default: each shape's median times one load factor F, the measured total over the
+    total of the shapes' medians; summed over the captured ops it is their measured sum."""
+    captured = load_captured([str(capture)])
+    target = target_experiment(captured)
+    ops = [o for ops in captured.first.ops.values() for o in ops if o.kind is OpKind.COMPUTE]
+    by_shape: dict[tuple[object, ...], list[float]] = {}
+    for o in ops:
+        by_shape.setdefault(shape_key(o), []).append(o.end - o.start)
+    factor = sum(map(sum, by_shape.values())) / sum(
+        statistics.median(v) * len(v) for v in by_shape.values())
+    book = learn(captured.traces, target.cluster, launch_counts(target.model))
+    for key, seen in by_shape.items():
+        assert book.durations[key] == statistics.median(seen) * factor
+    predicted = sum(book.time(replace(o, start=None, end=None)).seconds for o in ops)
+    assert predicted == pytest.approx(sum(o.end - o.start for o in ops), rel=1e-12)
+
+
+def test_a_heavy_tailed_shape_costs_its_share_of_the_load():
+    """Two shapes, one op of each preempted: F spreads the stolen time over the ops in
+    proportion to their median, and the total stays the measured one."""
+    durations = {("a",): [1.0, 1.0, 1.0, 5.0], ("b",): [2.0, 2.0, 2.0, 2.0]}
+    assert load_factor(durations) == 16.0 / 12.0
+
+
+def test_new_ops_communicate_at_the_capture_s_own_link_figures(tmp_path):
+    """A capture whose loopback really costs milliseconds per call (as gloo does on a loaded
+    host), its header naming plain `localhost` (tens of µs): a target with new ops times its
+    all-reduce by the links fitted to the capture, so the same gradient all-reduce takes what
+    it took when captured; the captured job itself is `replay`, on the cluster's figures.
+    (A simulated step's own header marks it predicted: its links are the cluster's already.)"""
+    exp = experiment_from_dict(tomllib.loads(job(tp=1, dp=2, preset="localhost")))
+    slow = with_links(exp.cluster, {"loopback": (0.4e9, 2e-3)}, calls={"loopback": 2e-3})
+    _, times = predict(replace(exp, cluster=slow), fold=False)
+    timed = times.timed_trace()
+    path_trace = Trace(timed.ops, replace(timed.meta, complete=True))  # a run's header
+    save(path_trace, tmp_path / "slow.json")
+    captured = load_captured([str(tmp_path / "slow.json")])
+    longer = whatif(captured, target_experiment(captured, settings=parse_settings(
+        ["model.seq_len=64"])), capture_links=True)
+    assert longer.links is not None and longer.links.samples == 1
+    # one message size pins nothing down: the cluster's latency and call cost stay, the bytes
+    # take the rest (`sim.whatif.links`)
+    bandwidth, latency, call = longer.links.figures["loopback"]
+    assert (latency, call) == (link_figures(exp.cluster)["loopback"][1], 0.0)
+    assert bandwidth < link_figures(exp.cluster)["loopback"][0]
+
+    def all_reduce_s(starts: dict[int, list[float]], ends: dict[int, list[float]]) -> float:
+        """From the last member's arrival to the end (when the simulator runs it)."""
+        at = {r: next(i for i, op in enumerate(ops) if op.kind is OpKind.ALL_REDUCE)
+              for r, ops in path_trace.ops.items()}
+        assert all(ends[r][i] == ends[0][at[0]] for r, i in at.items())
+        return ends[0][at[0]] - max(starts[r][i] for r, i in at.items())
+
+    captured_s = all_reduce_s(times.starts, times.ends)
+    assert captured_s > 4e-3  # the cluster's own figures: some tens of µs
+    # within 1%: the compute beside it slows it a little differently at the new shapes
+    assert all_reduce_s(longer.times.starts, longer.times.ends) == \
+        pytest.approx(captured_s, rel=0.01)
+    same = whatif(captured, target_experiment(captured), capture_links=True)
+    assert same.links is None and same.ranks_kept == 2

@@ -17,7 +17,7 @@ from sim.cli import main
 from sim.config import example_path
 from sim.settings import parse_settings
 from sim.whatif import load_captured, target_experiment
-from sim.whatif.book import Source, learn, shape_key
+from sim.whatif.book import Source, Statistic, learn, shape_key
 from traces.ops import OpKind
 from traces.plan import build
 from traces.stack import launch_counts
@@ -57,10 +57,16 @@ def test_dp2_keeps_the_norms_medians_and_scales_the_gemms(capsys, run_dir):
     captured = load_captured([str(run_dir)])
     target = target_experiment(captured, settings=parse_settings(["parallel.tp=1",
                                                                   "parallel.dp=2"]))
-    book = learn(captured.traces, target.cluster, launch_counts(target.model))
+    book = learn(captured.traces, target.cluster, launch_counts(target.model),
+                 statistic=Statistic.MEDIAN)
     ln2 = next(op for op in build(target.model, target.layout).ops[1]
                if op.name == "ln2" and op.kind is OpKind.COMPUTE)
     seen = [op.end - op.start for ops in captured.first.ops.values() for op in ops
             if op.kind is OpKind.COMPUTE and shape_key(op) == shape_key(ln2)]
     timing = book.time(ln2)
     assert timing.source is Source.MEASURED and timing.seconds == statistics.median(seen)
+    assert "links_fitted_to_capture" not in out  # the cluster's figures unless asked
+    fitted = run_json(capsys, "whatif", run_dir, "--set", "parallel.tp=1", "--set",
+                      "parallel.dp=2", "--links", "capture")
+    assert fitted["links_fitted_to_capture"]["samples"] >= 2  # TP's all-reduces, measured
+

@@ -1,0 +1,116 @@
+"""What the capture says about communication: calibrate's link fit over its own measured
+collectives and transfers, to time the target's communication on the capture's kind of cluster.
+
+    links = learn_links(captured.traces, capture_cluster)
+    cluster = links.applied_to(target_cluster)
+
+A cluster's default link figures are a data sheet's (`localhost`: tens of µs), while the
+capture's own communication says what a call really costs on the machine it ran on (gloo on a
+shared CPU host: milliseconds). `sim.calibrate.links.fit_links` fits each link class's latency,
+bandwidth and per-call cost to the capture's `sim.calibrate.observe` samples. Where the
+samples pin no figure down at all (one DP capture holds one gradient all-reduce: one message
+size for three figures), the split between per-call and per-byte cost is a guess, and the
+guess taken is the cluster's latency and call cost with the bandwidth fitted to what was
+measured: a per-call cost of milliseconds, read off one large all-reduce, charged to each of
+a TP job's hundreds of small ones would multiply its step (the bench's DP 2 -> TP 2 pair:
++215%), while a TP capture's own fit finds the calls cheap (~0.26 ms) and the bytes dear.
+The figures left unpinned are listed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from sim.calibrate.links import LinkFit, _Design, _rows, fit_links
+from sim.calibrate.observe import CommSample, observe
+from sim.collectives import Algorithm
+from topology.cluster import Cluster
+from topology.override import call_costs, link_figures, with_links
+from traces.errors import ConfigError
+from traces.ops import Trace
+
+
+@dataclass(frozen=True, slots=True)
+class LearnedLinks:
+    """Link figures fitted to a capture's communication."""
+
+    figures: dict[str, tuple[float, float, float]]
+    """Per link class: bandwidth (B/s), latency (s), per-call cost (s)."""
+    accelerator: str
+    """The accelerator of the cluster they were measured on: they hold for its kind only."""
+    samples: int
+    """Distinct measured communications the fit used."""
+    unidentified: tuple[str, ...]
+    """Figures the samples did not pin down ("loopback bandwidth", ...)."""
+    rms_error: float
+    """The fit's relative RMS residual over the samples."""
+
+    def applies_to(self, cluster: Cluster) -> bool:
+        """The target runs on the capture's kind of cluster: the same accelerator, and every
+        link class it has was fitted."""
+        kinds = set(cluster.link_kind)
+        return cluster.accelerator.name == self.accelerator and kinds <= set(self.figures)
+
+    def applied_to(self, cluster: Cluster) -> Cluster:
+        """`cluster` with the fitted figures on its links (as a calibrated profile's)."""
+        return with_links(cluster, {k: (bw, lat) for k, (bw, lat, _) in self.figures.items()},
+                          calls={k: call for k, (_, _, call) in self.figures.items()})
+
+
+def learn_links(traces: Sequence[Trace], cluster: Cluster) -> LearnedLinks | None:
+    """The link figures `traces` (timed, run on `cluster`) imply; None where they hold no
+    timed communication the fit can use."""
+    samples = [s for t in traces for s in observe(t)[0]]
+    if not samples:
+        return None
+    calls = call_costs(cluster)
+    base = {kind: (bw, lat, calls.get(kind, 0.0))
+            for kind, (bw, lat) in link_figures(cluster).items()}
+    try:
+        fit = fit_links(samples, cluster, base=base)
+    except ConfigError:  # nothing the lowering can time (e.g. communication of size 0)
+        return None
+    if all(e.latency_unidentified and e.bandwidth_unidentified and e.call_unidentified
+           for e in fit.links):
+        fit = _bytes_only(fit, samples, cluster, base)
+    figures, unidentified = {}, []
+    for e in fit.links:
+        values = (e.bandwidth_Bps, e.latency_s, e.call_s)
+        if not all(math.isfinite(v) and v >= 0 for v in values) or e.bandwidth_Bps <= 0:
+            continue
+        figures[e.kind] = values
+        unidentified += [f"{e.kind} {what}" for what, why in (
+            ("latency", e.latency_unidentified), ("bandwidth", e.bandwidth_unidentified),
+            ("call cost", e.call_unidentified)) if why is not None]
+    if not figures:
+        return None
+    return LearnedLinks(figures, cluster.accelerator.name, len(fit.residuals),
+                        tuple(unidentified), fit.rms_error)
+
+
+def _bytes_only(fit: LinkFit, samples: Sequence[CommSample], cluster: Cluster,
+                base: dict[str, tuple[float, float, float]]) -> LinkFit:
+    """`fit` with each class's latency and call cost at `base` and its bandwidth the least
+    squares fit to the samples (the times are linear in 1/bandwidth: `_Design.matrix`)."""
+    rows = _rows(samples)
+    design = _Design(cluster, rows, Algorithm.AUTO)
+    c, a = design.matrix()
+    k = len(design.kinds)
+    held = np.array([base.get(kind, (0.0, 0.0, 0.0))[1] for kind in design.kinds]
+                    + [base.get(kind, (0.0, 0.0, 0.0))[2] for kind in design.kinds])
+    rest = np.array([r.seconds for r in rows]) - c - np.hstack([a[:, :k], a[:, 2 * k:]]) @ held
+    inverse = np.linalg.lstsq(a[:, k:2 * k], rest, rcond=None)[0]
+    links = []
+    for e in fit.links:
+        if e.kind not in design.kinds:
+            continue
+        j = design.kinds.index(e.kind)
+        if not inverse[j] > 0:
+            return fit  # the base figures alone already exceed the measured times
+        links.append(replace(e, latency_s=held[j], call_s=held[k + j],
+                             bandwidth_Bps=1.0 / inverse[j]))
+    return replace(fit, links=tuple(links))
