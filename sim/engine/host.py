@@ -95,17 +95,21 @@ class HostCursor:
         reached = self.bases[k] + before
         self.bases.append(max(reached, target_end + sync.seconds) - before)
 
-    def delay(self, times: list[float], run: Sequence[int]) -> list[float]:
-        """A run's times (`times[n]` op run[n]'s start back to back, `times[-1]` the last end)
-        with each op started no earlier than its launch: the same durations, later where the
-        host is behind. Every op of a run lies in one segment (the run is cut at syncs)."""
+    def delay(self, times: list[float], run: Sequence[int]
+              ) -> tuple[list[float], list[float]]:
+        """A run's times (`times[n]` op run[n]'s start back to back, `times[n + 1]` its end)
+        with each op started no earlier than its launch, the same durations: the starts, and
+        the times as before (the first start, then each op's end). Every op of a run lies in
+        one segment (the run is cut at syncs)."""
         base = self.bases[self.segment[run[0]]]
         prefix = self.prefix
+        begun: list[float] = []
         out = [times[0]]
         for n, j in enumerate(run):
             start = max(out[-1], base + prefix[j])
+            begun.append(start)
             out.append(start + (times[n + 1] - times[n]))
-        return out
+        return begun, out
 
 
 __all__ = ["HostCursor", "HostProgram", "Sync"]

@@ -262,22 +262,23 @@ class _Replay:
                         for j, seconds in zip(run, more):
                             times.append(times[-1] + seconds * (
                                 1.0 if kept and kept[j] else kernel_scale(ops[j]) * base))
+                begun = times  # each op's start: the end of the one before it
                 if cursor is not None:  # each op not before its launch
-                    times = cursor.delay(times, range(i, i + extra) if flag & CONTIGUOUS
-                                         else extra)
+                    begun, times = cursor.delay(times, range(i, i + extra)
+                                                if flag & CONTIGUOUS else extra)
                 yield kernel(times[-1] - start)
                 # only now: others test ends[] for "done"
                 if flag & CONTIGUOUS:
                     count = extra
-                    starts[i:i + count - 1] = times[:count - 1]
+                    starts[i:i + count - 1] = begun[:count - 1]
                     ends[i:i + count - 1] = times[1:count]
                     i += count - 1
                 else:
                     count = len(extra)
                     for n, j in enumerate(extra[:-1]):
-                        starts[j], ends[j] = times[n], times[n + 1]
+                        starts[j], ends[j] = begun[n], times[n + 1]
                     i = extra[-1]
-                start = times[-2]
+                start = begun[count - 1]
             else:
                 c = extra
                 if c.need == 1:  # this rank stands for every member (fold, partial)
