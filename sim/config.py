@@ -10,7 +10,8 @@
                  pp_last_layers, account_for_embedding, account_for_loss, pipeline_layout,
                  overlap_moe_comm (traces.moe_overlap)
     [cluster]    see topology.config
-    [sim]        network = "flow" | "analytic" | "ideal", algo = "auto" | ..., profile = "p.json"
+    [sim]        network = "flow" | "analytic" | "ideal", algo = "auto" | ..., profile = "p.json",
+                 host, cuda_graph_scope (the launching CPU thread: sim.models.host)
                  (a profile's measured links and roofs replace the cluster's: `Profile.applied_to`)
     [reliability] failures, checkpoints and restarts of a whole run (`parasim goodput`): see
                  sim.goodput.settings
@@ -33,6 +34,8 @@ from sim.collectives import ALGORITHM_NAMES, Algorithm
 from sim.engine.transport import NETWORK_NAMES, NetworkMode
 from sim.frontdoors.model_source import resolve_model
 from sim.goodput.settings import Reliability, read_reliability
+from sim.models.host import KEYS as HOST_KEYS
+from sim.models.host import HostSettings
 from sim.models.sharing import check_comm_sms
 from sim.models.stack_rates import stack_profile
 from sim.profile import Profile, default_profile, load_profile
@@ -54,7 +57,7 @@ EXAMPLES = ("gpt3-175b-1024-a100.toml", "llama-7b-zero3-64-h100.toml",
 TABLES = ("model", "parallel", "cluster", "sim", "reliability")
 MODEL_KEYS = tuple(f.name for f in fields(ModelSpec))
 PARALLEL_KEYS = tuple(f.name for f in fields(Layout))
-SIM_KEYS = ("network", "algo", "profile")
+SIM_KEYS = ("network", "algo", "profile", *HOST_KEYS)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -72,6 +75,8 @@ class Experiment:
     """The profile file the config names ([sim] profile or --profile), an input of the run."""
     reliability: Reliability | None = None
     """The `[reliability]` table, when the config has one (`parasim goodput` reads it)."""
+    host: HostSettings = HostSettings()
+    """`[sim] host` and `cuda_graph_scope`: the launching thread (`sim.models.host`)."""
     warnings: tuple[str, ...] = field(init=False, default=())
     """Combinations that work but are slow (TP groups across servers)."""
 
@@ -151,6 +156,7 @@ def experiment_from_dict(data: Mapping[str, Any], *, name: str = "experiment",
     sim.known(SIM_KEYS)
     network = NetworkMode(sim.choice("network", "flow", NETWORK_NAMES))
     algo = Algorithm(sim.choice("algo", "auto", ALGORITHM_NAMES))
+    host = HostSettings.read(sim)
     profile_path = sim.string("profile", "")
     if "profile" in sim and not profile_path:
         raise ConfigError("sim.profile: an empty path names no file")
@@ -168,7 +174,7 @@ def experiment_from_dict(data: Mapping[str, Any], *, name: str = "experiment",
     model = resolve_fp8(model, cluster.accelerator, "fp8_recipe" in model_table)
     check_recipe_named(model_table.get("fp8_recipe"))
     return Experiment(name=name, model=model, layout=layout, cluster=cluster, network=network,
-                      algo=algo, profile=profile, reliability=reliability,
+                      algo=algo, profile=profile, reliability=reliability, host=host,
                       profile_path=base / profile_path if profile_path else None)
 
 

@@ -18,6 +18,7 @@ from sim.engine.position import network_positions
 from sim.engine.replay import Progress, StepTimes, replay
 from sim.metrics import StepSummary, summarize
 from sim.models.compute import ComputeModel
+from sim.models.host import host_programs
 from sim.models.memory import memory_by_pp_rank
 from sim.models.reserved_sms import reserved_sms, spared
 from sim.models.sharing import interference_for
@@ -68,11 +69,12 @@ def predict(exp: Experiment, *, fold: bool = True, progress: Progress | None = N
     compute = ComputeModel(exp.cluster.accelerator, exp.profile, launch_counts(exp.model))
     durations = reserved_sms(plan, compute, comm_sms(exp.layout))
     interference = spared(interference_for(exp.cluster, exp.profile, compute), durations)
+    hosts = host_programs(plan, exp.host, exp.model, exp.layout, compute)
 
     def run(stretch: Mapping[int, float] | None, bar: Progress | None) -> StepTimes:
         return replay(plan, exp.cluster, durations, interference=interference,
                       network=exp.network, algo=exp.algo, progress=bar, speeds=stretch,
-                      fold=classes)
+                      fold=classes, hosts=hosts)
 
     times = run(speeds, progress)
     memory = memory_by_pp_rank(exp.model, exp.layout, schedule)

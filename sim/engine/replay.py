@@ -39,6 +39,7 @@ from typing import Any, Protocol
 import simpy
 
 from sim.collectives import Algorithm
+from sim.engine.host import HostCursor, HostProgram
 from sim.engine.loop import Loop
 from sim.engine.lowering import CommPlan, lower_communication
 from sim.engine.meetings import Meetings
@@ -96,14 +97,16 @@ def replay(plan: Trace, cluster: Cluster, compute: Durations, *,
            progress: Progress | None = None,
            gaps: Mapping[int, Sequence[float]] | None = None,
            speeds: Mapping[int, float] | None = None,
-           fold: Partition | None = None) -> StepTimes:
+           fold: Partition | None = None,
+           hosts: Mapping[int, HostProgram] | None = None) -> StepTimes:
     """Time every op of `plan` on `cluster`, kernels by `compute`, compute and communication
     on one rank slowing each other by `interference`. `gaps[rank][i]`, if given, is idle time
     op i waits once it could start (a measured trace's host time between kernel launches, see
     `host_gaps`). `speeds[rank]`, if given, stretches every kernel of the rank (per-rank
     variability, `sim.models.variability`; 1 where absent). `fold`, if given, is the plan's
     fold by identity (`traces.identity`): the plan holds its representatives, each standing
-    for its class (in place of `meta.fold`'s one rank per (cp, pp))."""
+    for its class (in place of `meta.fold`'s one rank per (cp, pp)). `hosts[rank]`, if given,
+    is the rank's host thread (`sim.engine.host`): no op starts before the host launched it."""
     if network not in NETWORK_NAMES:  # a string from an untyped caller
         raise ConfigError(f"network: {network!r} is not one of {', '.join(NETWORK_NAMES)}")
     if fold is None:
@@ -115,7 +118,7 @@ def replay(plan: Trace, cluster: Cluster, compute: Durations, *,
     with paused_gc():
         comm = lower_communication(plan, cluster, fold or plan.meta.fold, algo=algo)
         times = _Replay(plan, cluster, compute, interference, comm, NetworkMode(network),
-                        gaps, speeds).run(progress)
+                        gaps, speeds, hosts).run(progress)
     return times if fold is None else replace(times, fold=fold)
 
 
@@ -151,8 +154,12 @@ class _Replay:
     def __init__(self, plan: Trace, cluster: Cluster, compute: Durations,
                  interference: Interference, comm: CommPlan, network: NetworkMode,
                  gaps: Mapping[int, Sequence[float]] | None = None,
-                 speeds: Mapping[int, float] | None = None) -> None:
+                 speeds: Mapping[int, float] | None = None,
+                 hosts: Mapping[int, HostProgram] | None = None) -> None:
         self.plan, self.compute, self.comm = plan, compute, comm
+        self.hosts = hosts or {}
+        self.cursors = {r: HostCursor(p) for r, p in self.hosts.items()}
+        """Per rank with a host program, its one host thread, shared by its streams."""
         self.gaps = gaps or {}
         self.env = Loop()
         self.transport = transport_for(network, self.env, cluster, comm)
@@ -185,7 +192,7 @@ class _Replay:
         for rank, ops in self.plan.ops.items():
             comm, calls = self.comm.ops.get(rank, {}), self.comm.calls.get(rank, array("i"))
             streams, kept = rank_steps(ops, duration, self.gaps.get(rank), comm, calls, plain,
-                                       shared)
+                                       shared, self.hosts.get(rank))
             if kept is not None:
                 self.kept[rank] = kept
             for steps in streams:
@@ -217,6 +224,7 @@ class _Replay:
         slot = occupancy.running.slot(rank) if occupancy.running is not None else None
         arrive, progress = self.meetings.arrive, self.progress
         kept = self.kept.get(rank)
+        cursor = self.cursors.get(rank)
         alone = (rank,)
         finished = 0  # ops this stream has finished (added to `self.finished` at its end)
         for step in steps:
@@ -229,6 +237,14 @@ class _Replay:
                     yield done
             if gap:
                 yield timeout(gap)
+            if cursor is not None:  # not before the host launched it
+                at = cursor.launch(i)
+                if at is None:
+                    yield from self._host_waits(rank, cursor, i)
+                    at = cursor.launch(i)
+                    assert at is not None
+                if at > env._now:
+                    yield timeout(at - env._now)
             start = env._now  # `env.now`, without its property call
             if kind == KERNEL:
                 if flag:  # its trace's duration holds its stretch already
@@ -264,6 +280,10 @@ class _Replay:
                         for j, seconds in zip(run, more):
                             times.append(times[-1] + seconds * (
                                 1.0 if kept and kept[j] else kernel_scale(ops[j]) * base))
+                begun = times  # each op's start: the end of the one before it
+                if cursor is not None:  # each op not before its launch
+                    begun, times = cursor.delay(times, range(i, i + extra)
+                                                if flag & CONTIGUOUS else extra)
                 running = kernel(times[-1] - start)
                 if slot is not None:
                     slot[0] = running
@@ -273,15 +293,15 @@ class _Replay:
                 # only now: others test ends[] for "done"
                 if flag & CONTIGUOUS:
                     count = extra
-                    starts[i:i + count - 1] = times[:count - 1]
+                    starts[i:i + count - 1] = begun[:count - 1]
                     ends[i:i + count - 1] = times[1:count]
                     i += count - 1
                 else:
                     count = len(extra)
                     for n, j in enumerate(extra[:-1]):
-                        starts[j], ends[j] = times[n], times[n + 1]
+                        starts[j], ends[j] = begun[n], times[n + 1]
                     i = extra[-1]
-                start = times[-2]
+                start = begun[count - 1]
             else:
                 c = extra
                 if c.need == 1:  # this rank stands for every member (fold, partial)
@@ -315,6 +335,21 @@ class _Replay:
                     self.report_at += 4096
                     progress(self.finished, self.total)
         self.finished += finished
+
+    def _host_waits(self, rank: int, cursor: HostCursor, i: int
+                    ) -> Generator[simpy.Event, Any, None]:
+        """Resolve the host's syncs before op i, waiting for their targets to end."""
+        ends, waits = self.ends[rank], self.waits[rank]
+        while cursor.launch(i) is None:
+            resolved = len(cursor.bases)
+            target = cursor.pending()
+            if ends[target] != ends[target]:  # NaN: not finished yet
+                done = waits.get(target)
+                if done is None:
+                    done = waits[target] = self.env.event()
+                yield done
+            if len(cursor.bases) == resolved:  # no other stream resolved it meanwhile
+                cursor.resolve(ends[target])
 
     def _stuck(self) -> str:
         for rank, ops in self.plan.ops.items():

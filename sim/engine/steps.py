@@ -28,6 +28,7 @@ from array import array
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from sim.engine.host import HostProgram
 from sim.engine.lowering import CommOp
 from traces.ops import Op, OpKind
 
@@ -41,8 +42,8 @@ Step = tuple[int, int, Op, tuple[int, ...], float, Any, Any, int]
 
 def rank_steps(ops: Sequence[Op], duration: Callable[[Op], float],
                gaps: Sequence[float] | None, comm: Mapping[int, CommOp], calls: array[int],
-               plain: Callable[[Op], bool], shared: dict[tuple[float, ...], tuple[float, ...]]
-               ) -> tuple[list[list[Step]], list[bool] | None]:
+               plain: Callable[[Op], bool], shared: dict[tuple[float, ...], tuple[float, ...]],
+               host: HostProgram | None = None) -> tuple[list[list[Step]], list[bool] | None]:
     """The steps of each stream of a rank whose ops are `ops`, the streams in the order they
     first appear: `duration(op)` a kernel's seconds (asked once per kernel, in op order),
     `gaps[i]` the host gaps (None: none), `comm`/`calls` the lowering's `CommOp` and call
@@ -50,8 +51,14 @@ def rank_steps(ops: Sequence[Op], duration: Callable[[Op], float],
     no interference bookkeeping; `shared` keeps one tuple of durations per distinct run (a
     1024-GPU step's 111,168 runs have a few hundred). Also `kept[i]`: the kernels that keep
     their trace's duration, the timed ones (`op.end` set; None where none is), found in the
-    same pass. One pass over the ops (~850,000 for GPT-3 on 1024 GPUs)."""
+    same pass. One pass over the ops (~850,000 for GPT-3 on 1024 GPUs). With a `host`
+    program (`sim.engine.host`), a run also ends at an op the host waits for and never spans
+    a sync: its ops share one launch segment."""
     waited = {d for op in ops for d in op.deps}  # the ops some op depends on
+    segment = None
+    if host is not None and host.syncs:
+        waited |= host.targets
+        segment = host.segment
     kept: list[bool] | None = None
     streams: dict[str, list[list[Any]]] = {}  # per stream: its steps, and the run gathered
     compute = OpKind.COMPUTE
@@ -67,7 +74,8 @@ def rank_steps(ops: Sequence[Op], duration: Callable[[Op], float],
                 state = streams[stream] = [[], [], []]
             steps, run, seconds = state
         if op.kind is compute:
-            if run and (op.deps or run[-1] in waited or (gaps and gaps[i])):
+            if run and (op.deps or run[-1] in waited or (gaps and gaps[i]) or
+                        (segment is not None and segment[i] != segment[run[0]])):
                 steps.append(_close(ops, run, seconds, gaps, kept, shared))
                 run.clear()
                 seconds.clear()

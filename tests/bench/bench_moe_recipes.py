@@ -98,14 +98,15 @@ def figure(row: MoeRow, exp: Experiment, step: float) -> float:
     raise ValueError(row.unit)
 
 
-def evaluate(row: MoeRow) -> Outcome | str:
-    """Simulate `row`; "not expressible: ..." where parasim cannot say it."""
+def evaluate(row: MoeRow, host: bool = False) -> Outcome | str:
+    """Simulate `row` (with `host`, the launching thread modelled: `sim.models.host`, the
+    recipe's CUDA graphs); "not expressible: ..." where parasim cannot say it."""
     lacking = missing(row)
     if lacking:
         return f"not expressible: {lacking}"
     began = time.perf_counter()
     try:
-        exp = experiment_from_dict(row.config(), name=row.name)
+        exp = experiment_from_dict(row.config(host), name=row.name)
         summary, _ = predict(exp)
     except ConfigError as err:
         return f"not expressible: {err}"
@@ -145,7 +146,7 @@ def run_table(key: str, rows: Sequence[MoeRow], args: argparse.Namespace) -> lis
     errors = []
     simulated = 0
     for row in kept:
-        outcome = evaluate(row)
+        outcome = evaluate(row, args.host)
         simulated += not isinstance(outcome, str)
         error = report(row, outcome)
         if error is not None:
@@ -163,6 +164,9 @@ def main() -> None:
     parser.add_argument("--table", default="", choices=["", *TABLES],
                         help="run one table (default: all)")
     parser.add_argument("--max-gpus", type=int, default=4096, help="skip larger rows")
+    parser.add_argument("--host", action="store_true",
+                        help="model the launching CPU thread ([sim] host = true, the recipe's "
+                             "cuda_graph_scope)")
     args = parser.parse_args()
     print(f"  {'row':52} {'GPUs':>5} {'layout':>30} {'published':>9} {'parasim':>9} "
           f"{'error':>7} {'step':>11}  [simulate]")

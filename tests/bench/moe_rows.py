@@ -38,6 +38,9 @@ class MoeRow:
     needs: tuple[str, ...] = ()
     """"section.key" or "section.key=value" settings parasim may lack (module docstring)."""
     note: str = field(default="")
+    graphs: str = ""
+    """The recipe's --cuda-graph-scope (space-separated; "" none): `[sim] cuda_graph_scope`
+    when the benchmark models the host (`--host`)."""
 
     @property
     def gpus(self) -> int:
@@ -49,10 +52,15 @@ class MoeRow:
         """Tokens a step processes: global batch x sequence."""
         return self.parallel["global_batch"] * self.model["seq_len"]
 
-    def config(self) -> dict[str, Any]:
-        """The experiment table `sim.config.experiment_from_dict` reads."""
-        return {"model": dict(self.model), "parallel": dict(self.parallel),
-                "cluster": dict(self.cluster)}
+    def config(self, host: bool = False) -> dict[str, Any]:
+        """The experiment table `sim.config.experiment_from_dict` reads; with `host`, the
+        launching thread modelled (`sim.models.host`) with the recipe's CUDA graphs."""
+        table = {"model": dict(self.model), "parallel": dict(self.parallel),
+                 "cluster": dict(self.cluster)}
+        if host:
+            table["sim"] = {"host": True, **({"cuda_graph_scope": self.graphs}
+                                             if self.graphs else {})}
+        return table
 
 
 def deepseek_v3(**extra: Any) -> dict[str, Any]:

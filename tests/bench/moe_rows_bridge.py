@@ -53,7 +53,8 @@ OVERLAP = ("parallel.overlap_moe_comm",)
 def bridge(release: str, system: str, model: str, precision: str, gpus: int, gbs: int,
            mbs: int, layout: tuple[int, int, int, int], tokens: float,
            needs: tuple[str, ...] = (), **extra: Any) -> MoeRow:
-    """One row: `layout` is the page's (TP, PP, VP, EP) columns, VP 1 for "n/a"."""
+    """One row: `layout` is the page's (TP, PP, VP, EP) columns, VP 1 for "n/a"; its
+    recipe's CUDA graphs from `GRAPHS`."""
     tp, pp, vp, ep = layout
     par: dict[str, Any] = {
         "tp": tp, "pp": pp, "vp": vp, "dp": gpus // (tp * pp), "ep": ep, "etp": 1,
@@ -74,7 +75,19 @@ def bridge(release: str, system: str, model: str, precision: str, gpus: int, gbs
     hardware = ({"preset": "dgx-b300", "nodes": gpus // 8} if system == "B300"
                 else cluster(system, gpus))
     return MoeRow("bridge", name, PAGES[release], shape, par, hardware, tokens, "tokens/s",
-                  needs)
+                  needs, graphs=GRAPHS.get((model, system, precision), ""))
+
+
+GRAPHS = {
+    ("Qwen3-30B-A3B", "GB300", "FP8-MX"): "moe_router moe_preprocess",
+    ("Qwen3-30B-A3B", "GB200", "FP8-MX"): "moe_router moe_preprocess",
+    ("Qwen3-30B-A3B", "B300", "FP8-MX"): "moe_router moe_preprocess",
+    ("Qwen3-30B-A3B", "B200", "FP8-MX"): "attn moe_router moe_preprocess",
+}
+"""The recipes' cuda_graph_scope (cuda_graph_impl "transformer_engine"), Qwen3-30B-A3B only:
+scripts/performance/configs/qwen/qwen3_workload_base_configs.py @01b2977,
+QWEN3_30B_A3B_PRETRAIN_CONFIG_{GB300,GB200,B300,B200}_FP8_MX_V1; the H100 FP8_CS recipe sets
+none. Used by `bench_moe_recipes.py --host`; other models' rows are left without."""
 
 
 DSV3_LAYOUTS = {

@@ -1,0 +1,141 @@
+"""The host thread (`sim.engine.host`, `sim.models.host`): closed forms for a chain of kernels
+launched one after another, host-bound and GPU-bound, and for a device-to-host sync; the
+dropless dispatcher's syncs and the CUDA graphs' launches on a real MoE plan; the keys'
+refusals."""
+
+from __future__ import annotations
+
+import pytest
+
+from sim.config import experiment_from_dict
+from sim.engine.host import HostProgram, Sync
+from sim.engine.replay import replay
+from sim.models.compute import ComputeModel
+from sim.models.host import LAUNCH_S, SYNC_S, dispatch_syncs, host_programs, launch_costs
+from traces.errors import ConfigError
+from traces.ops import Op, OpKind, Phase, Trace
+from traces.plan import build
+from traces.purpose import ExpertAllToAll, MoeStep
+
+
+class _Seconds:
+    """Each op takes its `flops` as seconds."""
+
+    def duration(self, op: Op) -> float:
+        return op.flops
+
+
+def _chain(seconds: list[float]) -> Trace:
+    return Trace({0: tuple(Op(kind=OpKind.COMPUTE, stream="compute", name=f"k{i}", flops=s)
+                           for i, s in enumerate(seconds))})
+
+
+def _step(h100, plan: Trace, program: HostProgram | None) -> tuple[float, list[float]]:
+    times = replay(plan, h100, _Seconds(), hosts=None if program is None else {0: program})
+    return times.step_time_s, times.starts[0]
+
+
+def test_tiny_kernels_are_host_bound_one_launch_each(h100):
+    n, launch, tiny = 50, 5e-6, 1e-7
+    step, starts = _step(h100, _chain([tiny] * n), HostProgram.of([launch] * n))
+    assert starts == pytest.approx([(i + 1) * launch for i in range(n)], rel=1e-12)
+    assert step == pytest.approx(n * launch + tiny, rel=1e-12)
+    assert _step(h100, _chain([tiny] * n), None)[0] == pytest.approx(n * tiny, rel=1e-12)
+
+
+def test_big_kernels_are_gpu_bound_the_host_hidden_but_the_first_launch(h100):
+    n, launch, big = 50, 5e-6, 1e-3
+    step, starts = _step(h100, _chain([big] * n), HostProgram.of([launch] * n))
+    assert step == pytest.approx(launch + n * big, rel=1e-12)
+    assert starts == pytest.approx([launch + i * big for i in range(n)], rel=1e-12)
+
+
+def test_a_sync_idles_the_gpu_for_exactly_the_sync_and_the_launches_after_it(h100):
+    n, k, launch, big, sync = 20, 7, 5e-6, 1e-3, 6e-6
+    costs = [launch] * n
+    costs[k + 1] = 3 * launch  # the first op after the sync launches three kernels
+    program = HostProgram.of(costs, [Sync(k + 1, k, sync)])
+    step, starts = _step(h100, _chain([big] * n), program)
+    end_k = launch + (k + 1) * big
+    idle = sync + 3 * launch
+    assert starts[k + 1] - end_k == pytest.approx(idle, rel=1e-9)
+    assert step == pytest.approx(launch + n * big + idle, rel=1e-12)
+
+
+def test_a_sync_on_another_stream_holds_every_later_launch(h100):
+    """The host waits in program order: op 2 (another stream) waits for op 0's end though
+    it depends on nothing."""
+    ops = (Op(kind=OpKind.COMPUTE, stream="compute", flops=1e-3),
+           Op(kind=OpKind.COMPUTE, stream="compute", flops=1e-3),
+           Op(kind=OpKind.COMPUTE, stream="side", flops=1e-6))
+    program = HostProgram.of([LAUNCH_S] * 3, [Sync(2, 0, SYNC_S)])
+    _, starts = _step(h100, Trace({0: ops}), program)
+    assert starts[2] == pytest.approx(LAUNCH_S + 1e-3 + SYNC_S + LAUNCH_S, rel=1e-12)
+    assert starts[1] == pytest.approx(LAUNCH_S + 1e-3, rel=1e-12)
+
+
+MOE = {"model": {"layers": 4, "hidden": 1024, "heads": 8, "seq_len": 1024, "vocab": 32000,
+                 "ffn": "swiglu", "ffn_hidden": 2816, "norm": "rmsnorm", "position": "rope",
+                 "bias": False, "experts": 8, "top_k": 2, "moe_ffn_hidden": 512},
+       "parallel": {"tp": 1, "pp": 1, "dp": 8, "ep": 8, "micro_batch": 1, "global_batch": 16},
+       "cluster": {"preset": "dgx-h100", "nodes": 1}}
+
+
+def _moe(sim: dict[str, object], **model: object):
+    data = {**MOE, "model": {**MOE["model"], **model}, "sim": sim}
+    exp = experiment_from_dict(data)
+    plan = build(exp.model, exp.layout, ranks=[0])
+    return exp, plan
+
+
+def test_the_dropless_dispatcher_syncs_once_per_forward_moe_layer_on_the_router():
+    exp, plan = _moe({"host": True})
+    ops = plan.ops[0]
+    syncs = dispatch_syncs(ops)
+    dispatches = [i for i, op in enumerate(ops) if isinstance(op.purpose, ExpertAllToAll)
+                  and op.purpose.step is MoeStep.DISPATCH and op.phase is Phase.FWD]
+    assert [s.position for s in syncs] == dispatches
+    assert len(dispatches) == 4 * 2  # layers x micro-batches
+    assert {ops[s.target].name for s in syncs} == {"aux_loss"}
+    assert all(ops[s.position - 1].name == "permute" for s in syncs)
+    hosts = host_programs(plan, exp.host, exp.model, exp.layout,
+                          ComputeModel(exp.cluster.accelerator, exp.profile))
+    assert hosts is not None and len(hosts[0].syncs) == 8
+    _, dropping = _moe({"host": True}, capacity_factor=1.0)
+    assert dispatch_syncs(dropping.ops[0]) == syncs  # the plan's ops, but no sync with capacity
+    exp_cf = experiment_from_dict({**MOE, "model": {**MOE["model"], "capacity_factor": 1.0},
+                                   "sim": {"host": True}})
+    hosts_cf = host_programs(dropping, exp_cf.host, exp_cf.model, exp_cf.layout,
+                             ComputeModel(exp_cf.cluster.accelerator, exp_cf.profile))
+    assert hosts_cf is not None and hosts_cf[0].syncs == ()
+
+
+def test_a_cuda_graph_launches_each_graphed_stretch_once():
+    exp, plan = _moe({"host": True, "cuda_graph_scope": "attn"})
+    ops = plan.ops[0]
+    plain = launch_costs(ops, {})
+    graphed = launch_costs(ops, {}, exp.host.scopes)
+    layer = [i for i, op in enumerate(ops)
+             if op.phase is Phase.FWD and op.layer == 0 and op.microbatch == 0]
+    names = [ops[i].name for i in layer]
+    first, last = layer[names.index("ln1")], layer[names.index("bda1")]
+    assert "flash_attn" in names[names.index("ln1"):names.index("bda1")]
+    assert graphed[first] == LAUNCH_S and not any(graphed[first + 1:last + 1])
+    assert sum(plain[first:last + 1]) == pytest.approx((last - first + 1) * LAUNCH_S)
+    assert graphed[last + 1:layer[-1] + 1] == plain[last + 1:layer[-1] + 1]  # the MoE part
+    assert ops[last + 1].name == "ln2"
+    backward = [i for i, op in enumerate(ops) if op.phase is Phase.BWD and op.layer == 0
+                and op.microbatch == 0 and op.name in ("qkv", "flash_attn", "proj")]
+    assert backward and not any(graphed[i] for i in backward[1:])
+
+
+@pytest.mark.parametrize("sim, message", [
+    ({"host": True, "cuda_graph_scope": "attn full"}, "sim.cuda_graph_scope: 'full' is not"),
+    ({"host": True, "cuda_graph_scope": "moe_preprocess"}, "needs \"moe_router\""),
+    ({"cuda_graph_scope": "attn"}, "needs sim.host = true"),
+    ({"host": "yes"}, "sim.host"),
+])
+def test_bad_host_keys_are_one_line_errors(sim, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(")) as info:
+        experiment_from_dict({**MOE, "sim": sim})
+    assert "\n" not in str(info.value)
