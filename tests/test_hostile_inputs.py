@@ -314,9 +314,9 @@ def test_ctrl_c_while_writing_leaves_nothing_and_prints_one_line(write, tmp_path
         "import os, signal, sys\n"
         "import sim.cli as cli, sim.commands.common as common\n"
         "real = common.dumps_chrome\n"
-        "def interrupted(trace):\n"  # Ctrl-C arrives after the trace was written
+        "def interrupted(*args):\n"  # Ctrl-C arrives after the trace was written
         "    os.kill(os.getpid(), signal.SIGINT)\n"
-        "    return real(trace)\n"
+        "    return real(*args)\n"
         "common.dumps_chrome = interrupted\n"
         "sys.exit(cli.main(sys.argv[1:]))\n"
     )
@@ -723,9 +723,9 @@ def test_sigterm_while_writing_leaves_nothing_and_prints_one_line(write, tmp_pat
         "import sim.commands.common as common\n"
         "from sim.entry import main\n"
         "real = common.dumps_chrome\n"
-        "def signalled(trace):\n"  # the signal arrives after the trace's temporary was written
+        "def signalled(*args):\n"  # the signal arrives after the trace's temporary was written
         f"    os.kill(os.getpid(), {int(signum)})\n"
-        "    return real(trace)\n"
+        "    return real(*args)\n"
         "common.dumps_chrome = signalled\n"
         "sys.exit(main())\n"
     )
