@@ -195,9 +195,12 @@ def _collect(job: _Job, world_size: int, timeout_s: float, records: dict[int, np
         mark_failed(records)
         cause = next((f for f in failures if f.cause), None)
         if cause is None and pending:  # the others gave up waiting on a rank that hangs
-            stuck = min(stopped_ranks(job.procs, pending) or pending)
-            first = failures[0]
-            raise JobFailed(f"rank {stuck} stopped in {op_name(stuck, records, describe)} "
+            halted = stopped_ranks(job.procs, pending)
+            stuck, first = min(halted or pending), failures[0]
+            where = f"rank {stuck} in {op_name(stuck, records, describe)}"
+            raise JobFailed(f"{where} is stopped (SIGSTOP or a debugger); the others gave up "
+                            f"waiting on it (rank {first.rank}: {first.error})" if halted else
+                            f"rank {stuck} stopped in {op_name(stuck, records, describe)} "
                             f"(rank {first.rank}: {first.error})", failures, records)
         cause = cause or failures[0]
         raise JobFailed(f"rank {cause.rank} failed in {cause.op}: {cause.error}", failures,
