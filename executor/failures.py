@@ -77,3 +77,10 @@ def op_name(rank: int, records: dict[int, np.ndarray],
 def mark_failed(records: dict[int, np.ndarray]) -> None:
     for buf in records.values():
         buf[H_STATE] = FAILED
+
+
+def stopped_text(ranks: Sequence[int], records: dict[int, np.ndarray],
+                 describe: Callable[[int, int], str] | None) -> str:
+    """'rank 1 in op 17 (...) is stopped (SIGSTOP or a debugger)': ranks that cannot run."""
+    where = ", ".join(f"rank {r} in {op_name(r, records, describe)}" for r in ranks)
+    return f"{where} {'is' if len(ranks) == 1 else 'are'} stopped (SIGSTOP or a debugger)"

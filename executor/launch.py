@@ -44,7 +44,15 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from executor.failures import JobFailed, RankFailure, failure, mark_failed, op_name, stopped_ranks
+from executor.failures import (
+    JobFailed,
+    RankFailure,
+    failure,
+    mark_failed,
+    op_name,
+    stopped_ranks,
+    stopped_text,
+)
 from executor.lifeline import die_with_parent, exit_with, remove_tree
 from executor.recorder import FAILED, H_OP, H_STARTED, H_STATE, HEADER
 from executor.watch import H_JOINED, WATCH_S, current
@@ -197,8 +205,7 @@ def _collect(job: _Job, world_size: int, timeout_s: float, records: dict[int, np
         if cause is None and pending:  # the others gave up waiting on a rank that hangs
             halted = stopped_ranks(job.procs, pending)
             stuck, first = min(halted or pending), failures[0]
-            where = f"rank {stuck} in {op_name(stuck, records, describe)}"
-            raise JobFailed(f"{where} is stopped (SIGSTOP or a debugger); the others gave up "
+            raise JobFailed(f"{stopped_text([stuck], records, describe)}; the others gave up "
                             f"waiting on it (rank {first.rank}: {first.error})" if halted else
                             f"rank {stuck} stopped in {op_name(stuck, records, describe)} "
                             f"(rank {first.rank}: {first.error})", failures, records)
@@ -216,10 +223,8 @@ def _collect(job: _Job, world_size: int, timeout_s: float, records: dict[int, np
         mark_failed(records)
         stopped = stopped_ranks(job.procs, pending)
         if stopped:
-            where = ", ".join(f"rank {r} in {op_name(r, records, describe)}" for r in stopped)
-            raise JobFailed(f"job timed out after {timeout_s:g} s: {where} "
-                            f"{'is' if len(stopped) == 1 else 'are'} stopped (SIGSTOP or a "
-                            "debugger); the others waited on it",
+            raise JobFailed(f"job timed out after {timeout_s:g} s: "
+                            f"{stopped_text(stopped, records, describe)}; the others waited on it",
                             [RankFailure(r, op_name(r, records, describe), "stopped")
                              for r in stopped], records)
         where = ", ".join(f"rank {r} in {op_name(r, records, describe)}" for r in sorted(pending))
