@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 
+from sim.goodput.badput import Phases
 from sim.goodput.costs import Restart
 from sim.goodput.fleets import Fleet, fleet_for
 from sim.goodput.montecarlo import Cause
@@ -68,7 +69,7 @@ def run_causes(rel: Reliability, per_cause: dict[Component, float],
     if rel.mtti_s is not None:
         if total <= 0:
             return (Cause(GIVEN, 1.0 / rel.mtti_s, base, False, hang, phases=restart.phases()),
-                    *_spikes(rel, restart))
+                    *_spikes(rel, base, restart.phases()))
         scale = 1.0 / (rel.mtti_s * total)
     checks = sdc_checks(rel)
     delay = checks[0] / 2 if checks else 0.0  # found at the next check
@@ -79,15 +80,15 @@ def run_causes(rel: Reliability, per_cause: dict[Component, float],
             out.append(Cause(str(c), rate * scale, base + wasted,
                              c in HARDWARE and restart.fixed_s is None, hang,
                              phases=restart.phases(wasted)))
-    return (*out, *_spikes(rel, restart))
+    return (*out, *_spikes(rel, base, restart.phases()))
 
 
-def _spikes(rel: Reliability, restart: Restart) -> tuple[Cause, ...]:
+def _spikes(rel: Reliability, base: float, phases: Phases) -> tuple[Cause, ...]:
+    """Loss spikes: a restart without a repair wait, and the work back to their checkpoint."""
     rate = rel.loss_spike_rate_per_hour / 3600.0
-    base = restart.seconds(waits_for_repair=False)
     if rate <= 0:
         return ()
-    return (Cause(LOSS_SPIKE, rate, base, False, 0.0, rel.rollback_s, phases=restart.phases()),)
+    return (Cause(LOSS_SPIKE, rate, base, False, 0.0, rel.rollback_s, phases=phases),)
 
 
 def default_spares(causes: tuple[Cause, ...], repair_s: float) -> int:
