@@ -14,7 +14,7 @@ from pathlib import Path
 import networkx as nx
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("sim", "topology", "traces", "executor")
+PACKAGES = ("parasim", "sim", "topology", "traces", "executor")
 MAX_LINES = 400
 
 

@@ -20,8 +20,8 @@ For each `sim/examples/*.toml` of a tree it writes, from a fresh `python -m sim`
 Each command runs under a time limit (`--limit`, 600 s by default; a run over it is written as
 such and so differs from a finished one). The paths the commands see are the same in every
 tree (a link named `tree` to the tree, outputs beside it), so no absolute path reaches an
-output. On a quiet 2-core machine `write` takes about 5 minutes, `against` twice that; most of
-it is the largest examples' reports (`--only` narrows the examples).
+output. `write` took 577 s on the 2-core machine shared under load 4 (`against`: twice that);
+most of it is the largest examples' reports (`--only` narrows the examples).
 """
 
 from __future__ import annotations
