@@ -6,7 +6,7 @@ The simulator never imports this package eagerly. Its parts, bottom up:
     kernels      the kernels of docs/plan-ops.md as torch functions over named slots
     tape         one micro-batch's slots and each kernel's autograd state: forward, recompute
                  and backward of one kernel as one call
-    sites        which tensor a plan's `tp` collective acts on
+    calls        the runtime calls a plan lowers to, one per `RankRuntime` operation
     flat         the rank's flat parameter order, gradient buckets, DP shards
     grads        gradient buffers and their DP reduction (ZeRO 0-3), SP gradient sums
     optim        parameters (whole, or ZeRO-3 shards gathered per unit) and AdamW

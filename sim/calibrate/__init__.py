@@ -9,9 +9,9 @@
     interference  comm_interference from the probes timed alone and beside a collective
     fit       all three, into a version-2 profile with `calibrated: true` and `measured_on`;
               figures the data do not pin down keep the base profile's values, each named
-    command   the `parasim calibrate` sub-command (the executor is imported only there, and
-              only for --run)
+    microbench  what to measure (targets), the bench spec, the run through the executor
     summary   what the command prints: figures, intervals, residuals (table or --json)
 
-Nothing is imported here: the command line reads `command`'s flags without loading scipy.
+The command is `sim.commands.calibrate` (the executor is imported only there, and only for
+--run). Nothing is imported here: the command line reads its flags without loading scipy.
 """
