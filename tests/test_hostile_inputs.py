@@ -877,6 +877,7 @@ def test_a_rank_killed_by_sigkill_is_one_line_naming_it(tiny, tmp_path):
     assert _left(tmp_path) == []  # the rendezvous folder is gone
 
 
+@pytest.mark.slow  # a real job waits out its 4 s timeout: ~13 s
 def test_a_stopped_rank_is_named_and_every_rank_ends(tiny, tmp_path):
     proc = _faulty_run(tmp_path, tiny, f"1,{_op_of(tiny)},{int(signal.SIGSTOP)}",
                        "--timeout", "4")
@@ -887,6 +888,7 @@ def test_a_stopped_rank_is_named_and_every_rank_ends(tiny, tmp_path):
     assert _left(tmp_path) == []
 
 
+@pytest.mark.slow  # a real job started, stopped and ended: ~8 s
 def test_sigterm_to_a_run_ends_every_rank_and_removes_the_rendezvous(tiny, tmp_path):
     proc = _faulty_run(tmp_path, tiny, f"1,{_op_of(tiny)},{int(signal.SIGSTOP)}",
                        "--timeout", "30")

@@ -20,7 +20,13 @@ def _blank(plan: Trace) -> Trace:
                                           for r, ops in plan.ops.items()})
 
 
-@pytest.mark.parametrize("example", EXAMPLES)
+SLOW = ("llama3-70b-h100.toml", "qwen3-235b-a22b-256-b200.toml", "gpt3-175b-1024-a100.toml",
+        "llama3-405b-16k-h100-goodput.toml")
+"""The examples whose two simulations take over ~5 s (10 to 27 s on 2 loaded cores)."""
+
+
+@pytest.mark.parametrize("example", [pytest.param(e, marks=pytest.mark.slow) if e in SLOW else e
+                                     for e in EXAMPLES])
 def test_a_plan_without_names_simulates_to_the_same_times(example):
     exp = load_experiment(example_path(example))
     layout = exp.layout
