@@ -373,11 +373,11 @@ DEFAULTS: dict[str, ComputeParams] = {
 }
 DEFAULTS["B200-SXM-180GB"] = ComputeParams(gemm_efficiency=rates.B200.gemm, kernels={
     "flash_attn": KernelCost(flops_efficiency=rates.B200.flash_attn)})
-DEFAULTS["H200-SXM-141GB"] = DEFAULTS["H100-SXM5-80GB"]  # Hopper's die
-DEFAULTS["GB200-186GB"] = DEFAULTS["B200-SXM-180GB"]  # B200's die pair
-DEFAULTS.update({"H100-SXM5-96GB": DEFAULTS["H100-SXM5-80GB"],  # the H100 die; Blackwell Ultra:
-                 "B300-SXM-288GB": DEFAULTS["B200-SXM-180GB"],  # no published GEMM figure
-                 "GB300-288GB": DEFAULTS["B200-SXM-180GB"]})
+DEFAULTS["H200-SXM-141GB"] = DEFAULTS["H100-SXM5-96GB"] = DEFAULTS["H100-SXM5-80GB"]  # Hopper
+DEFAULTS["GB200-186GB"] = DEFAULTS["B200-SXM-180GB"]  # B200's die pair; Blackwell Ultra: B200's
+DEFAULTS["B300-SXM-288GB"] = DEFAULTS["GB300-288GB"] = ComputeParams(  # GEMMs, faster exp
+    gemm_efficiency=rates.B200.gemm,
+    kernels={"flash_attn": KernelCost(flops_efficiency=rates.BLACKWELL_ULTRA_FLASH)})
 # The CPU of `localhost`: no SMs to quantize over (one small tile), about half the core's peak
 # in a BLAS, ~10 us of PyTorch dispatch per eager op. Ranks are processes with one compute
 # thread each, at least as many as cores (the host runs up to 8 whatever its cores), and gloo

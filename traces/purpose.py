@@ -156,7 +156,9 @@ class TpChunk:
     """With tp_comm_overlap: chunk `index` of `count` of the TP collective at a site
     (`TpSite`'s fields), on the tp_comm stream beside the GEMM chunks (`GemmChunk`). Ring
     exchange: chunk k (1..t-1) all-gathers piece k - 1 of t - 1 of every rank's shard (chunk 0
-    is the rank's own shard, no call); pipeline: chunk k reduce-scatters piece k of n of
+    is the rank's own shard, no call): the bytes TE's step k copies from the ring neighbour,
+    which the simulator lowers as that copy (`traces.plan.overlap.ring_exchange`); pipeline:
+    chunk k reduce-scatters piece k of n of
     every rank's block; bulk: one chunk, the whole collective."""
 
     kernel: Kernel

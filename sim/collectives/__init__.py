@@ -37,7 +37,7 @@ from sim.collectives.base import (
 )
 from sim.collectives.deepep import NAME as DEEPEP
 from sim.collectives.deepep import lower_deepep
-from sim.collectives.direct import lower_direct, lower_p2p
+from sim.collectives.direct import EXCHANGE, lower_direct, lower_exchange, lower_p2p
 from sim.collectives.gloo import lower_gloo
 from sim.collectives.hierarchical import lower_hierarchical
 from sim.collectives.nccl import NCCL_KINDS, choose
@@ -126,7 +126,9 @@ class Collectives:
             check_lowering_size(len(group), channels or self._channels(group))
             direct = algo == Algorithm.DIRECT or algo.startswith(f"{P2P}/")
             lowering: Lowering | None
-            if split is not None and split.deepep is not None:
+            if algo == EXCHANGE:  # a ring-exchange step of tp_comm_overlap, not NCCL's
+                lowering = lower_exchange(self.cluster, tuple(group))
+            elif split is not None and split.deepep is not None:
                 lowering = lower_deepep(self.cluster, tuple(group), split)
             elif split is not None:
                 lowering = lower_alltoallv(self.cluster, tuple(group), split) \

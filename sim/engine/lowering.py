@@ -23,6 +23,7 @@ from itertools import compress, count, repeat
 from operator import attrgetter, is_not
 
 from sim.collectives import Algorithm, Collectives
+from sim.collectives.direct import EXCHANGE
 from sim.engine.copies import Used, collective_copies, transfer_copies
 from sim.engine.flows import Lowering
 from topology.cluster import Cluster
@@ -34,6 +35,7 @@ from traces.identity import Partition, partition
 from traces.io import check_transfer_sizes
 from traces.layout import Layout
 from traces.ops import Op, OpKind, Trace
+from traces.plan.overlap import ring_exchange
 
 MEASURED = "measured"
 """The algorithm of communication that keeps its measured duration (size not stated)."""
@@ -50,6 +52,9 @@ class CollectiveKey:
     size_bytes: float
     measured: bool = False
     split: AllToAllv | None = None
+    exchange: bool = False
+    """One step of tp_comm_overlap's ring exchange: a neighbour copy, not the all-gather
+    its kind and size state (`traces.plan.overlap.ring_exchange`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,7 +233,7 @@ def _keys(plan: Trace, cluster: Cluster, fold: Partition | None = None
     checked: set[tuple[int, ...]] = set()
     key_of: dict[int, dict[int, int]] = {}
     transfers: list[tuple[int, int, Op]] = []
-    last: tuple[object, ...] = (None,) * 5  # the last collective's fields, and its key
+    last: tuple[object, ...] = (None,) * 6  # the last collective's fields, and its key
     last_k = -1
     for rank, ops in plan.ops.items():
         per_op = key_of[rank] = {}
@@ -255,8 +260,9 @@ def _keys(plan: Trace, cluster: Cluster, fold: Partition | None = None
             else:
                 group, size, split = op.group, op.size_bytes, op.split
                 measured = size == 0.0 and op.end is not None  # `_measured(op)`
+                exchange = ring_exchange(op)
                 if group is last[0] and kind is last[1] and size == last[2] and \
-                        measured is last[3] and split is last[4]:
+                        measured is last[3] and split is last[4] and exchange is last[5]:
                     per_op[i] = last_k  # as the collective before (a TP group's many)
                     continue
                 if group not in checked:
@@ -266,12 +272,12 @@ def _keys(plan: Trace, cluster: Cluster, fold: Partition | None = None
                                           f"a group needs two or more distinct ranks of the "
                                           f"{n} on {cluster.name}")
                     checked.add(group)
-                raw = (kind, group, size, measured, split)
+                raw = (kind, group, size, measured, split, exchange)
                 k = index.get(raw)
                 if k is None:
                     k = index[raw] = len(keys)
-                    keys.append(CollectiveKey(kind, group, size, measured, split))
-                last, last_k = (group, kind, size, measured, split), k
+                    keys.append(CollectiveKey(kind, group, size, measured, split, exchange))
+                last, last_k = (group, kind, size, measured, split, exchange), k
             per_op[i] = k
     return keys, key_of, transfers
 
@@ -297,6 +303,10 @@ def _lower(keys: list[CommKey], cluster: Cluster, collectives: Collectives,
             base.append((MEASURED, ()))
         elif isinstance(key, TransferKey):
             base.append(("p2p", collectives.p2p(key.src, key.dst)))
+        elif key.exchange:
+            exchange = collectives.lowering(key.kind, key.group, EXCHANGE)
+            assert exchange is not None
+            base.append((EXCHANGE, exchange))
         else:
             base.append(collectives.resolve(key.kind, key.group, key.size_bytes, algo,
                                             split=key.split))

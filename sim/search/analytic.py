@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from itertools import groupby
 
 from sim.collectives import Algorithm, Collectives, analytic_time
+from sim.collectives.direct import EXCHANGE
 from sim.engine.transport import NetworkMode
 from sim.models.compute import ComputeModel
 from sim.models.memory import MemoryBreakdown, peak_in_flight, pp_rank_memory
@@ -58,7 +59,7 @@ from traces.pipeline import (
     one_f_one_b,
 )
 from traces.plan.optimizer import grad_stats_group
-from traces.plan.overlap import in_region, region_seconds
+from traces.plan.overlap import in_region, region_seconds, ring_exchange
 from traces.purpose import Kernel, KernelRun
 from traces.stack import launch_counts
 from traces.zero_bubble import zb1p
@@ -329,6 +330,10 @@ class Analytic:
     def _op_time(self, layout: Layout, op: Op, axis: str) -> float:
         if not axis:
             return self.compute.duration(op)
+        if ring_exchange(op) and not self.free_network:  # a neighbour copy (sim.engine.lowering)
+            exchange = self.collectives.lowering(op.kind, self.group(layout, axis), EXCHANGE)
+            assert exchange is not None
+            return analytic_time(self.cluster, exchange, op.size_bytes)
         return self._collective(op.kind, self.group(layout, axis), op.size_bytes, op.split)
 
     def _collective(self, kind: OpKind, group: tuple[int, ...], size: float,

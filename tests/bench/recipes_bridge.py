@@ -22,8 +22,15 @@ llama31_405b_pretrain_config), the 8B scripts `tp_comm_overlap=bool(tp > 1)`; th
 optimizer's gradient reduce-scatter and parameter all-gather overlapped (`_pretrain_common`:
 ddp.overlap_grad_reduce and ddp.overlap_param_gather True). Recipe details parasim has no key for
 (CUDA graphs, CPU offloading of some layers, recompute of 5 layers on the H100 8B row) are not
-modelled. 405B rows split 126 layers + embedding + loss evenly over PP x VP chunks
-(account_for_embedding / account_for_loss, as the Llama 3.1 405B recipes set them).
+modelled. What they change, by a stored version of the performance scripts' Llama 3 presets
+(LLAMA3_70B_GB200_FP8_CS_BASE_CONFIG and its neighbours; that version states GBS 128 for 70B,
+not the tables' 256): the 70B FSDP rows offload the activations of 40 of 80 layers to Grace
+memory on GB200 and 20 on GB300 (cpu_offloading_num_layers; parasim finds neither fits
+without it), and the GB200
+8B FP8-CS row runs without the full-iteration CUDA graph that the B200, GB300 and GB200 MXFP8
+rows capture: both are GB200's costs that these rows cannot state. 405B rows split 126
+layers + embedding + loss evenly over PP x VP chunks (account_for_embedding /
+account_for_loss, as the Llama 3.1 405B recipes set them).
 
 A GB200/GB300 job uses 64-GPU NVLink domains of an NVL72 rack ("place the sixteen four-GPU
 nodes within one NVLink domain": Megatron-Bridge's GB200 Llama 3.1 405B recipe docstring), so

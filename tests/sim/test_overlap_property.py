@@ -79,12 +79,6 @@ def allowed(parallel: dict) -> list[str]:
 CASES = [(name, key) for name, (_, parallel, _) in LAYOUTS.items() for key in allowed(parallel)]
 
 
-RING_LATENCY = pytest.mark.xfail(strict=True, reason=(
-    "modelling bug, traces/plan/overlap.py `_ring`: each of TE's t - 1 ring exchanges (one "
-    "shard to the next neighbour) is lowered as an all-gather over the whole TP group, "
-    "paying t - 1 hops of latency: at tp 8 the exposed TP communication doubles"))
-
-
 def summary(name: str, key: str, on: bool, *, interference: bool = True,
             bucket: int = BUCKET) -> StepSummary:
     """The step of layout `name` with `key` on or off."""
@@ -122,9 +116,7 @@ def test_an_overlap_never_lengthens_a_step(name: str, key: str) -> None:
     assert on.exposed_comm_s <= off.exposed_comm_s * (1 + 1e-9)
 
 
-@pytest.mark.parametrize(("name", "key"), [
-    pytest.param(*c, marks=RING_LATENCY) if c[0] == "tp8-sp-dp2-zero1-2-nodes" else c
-    for c in CASES if c[1] == "tp_comm_overlap"])
+@pytest.mark.parametrize(("name", "key"), [c for c in CASES if c[1] == "tp_comm_overlap"])
 def test_tp_comm_overlap_lengthens_a_step_by_no_more_than_its_chunks_kernel_time(
         name: str, key: str) -> None:
     off, on = summary(name, key, False), summary(name, key, True)

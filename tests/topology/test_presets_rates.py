@@ -92,3 +92,21 @@ def test_per_clock_without_clock_figures_is_the_fraction_of_peak():
     cpu = presets.CPU_LOCALHOST
     assert cpu.sustained_flops == cpu.peak_flops
     assert rates.per_clock(25e9, 3000, cpu) == pytest.approx(0.5)
+
+
+def test_blackwell_ultra_halves_the_forward_exponentials_of_b200_flash_attention():
+    """Per causal score at head dim 128: B200's forward takes 512 / (8192 e) SM clocks, 1/16
+    of them the exponential; Blackwell Ultra's exponential takes 1/32, its backward (2.5x the
+    forward) the same time: so its efficiency is e · 3.5 F / (3.5 F - 1/32)."""
+    e = rates.B200.flash_attn
+    forward = 512 / (8192 * e)
+    ultra = e * 3.5 * forward / (3.5 * forward - 1 / 32)
+    flash = rates.BLACKWELL_ULTRA_FLASH
+    assert flash == pytest.approx(ultra, rel=1e-12)
+    assert forward / (forward - 1 / 32) == pytest.approx(1.386, abs=1e-3)  # the forward alone
+    assert rates.with_faster_exponentials(e, 1.0) == pytest.approx(e, rel=1e-12)
+    for name in ("GB300-288GB", "B300-SXM-288GB"):
+        ultra_params, b200 = DEFAULTS[name], DEFAULTS["B200-SXM-180GB"]
+        assert ultra_params.gemm_efficiency == b200.gemm_efficiency
+        assert ultra_params.kernels["flash_attn"].flops_efficiency == pytest.approx(ultra)
+    assert DEFAULTS["GB200-186GB"] is DEFAULTS["B200-SXM-180GB"]

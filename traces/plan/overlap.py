@@ -133,8 +133,10 @@ def overlap_template(op: Op, before: tuple[TpSite, ...], after: tuple[TpSite, ..
 def _ring(op: Op, site: TpSite, group: tuple[int, ...], size: float, part: GemmPart,
           entries: list[Entry]) -> None:
     """GEMM chunk 0 on the rank's own shard; exchange k (1..t-1) moves one shard per rank
-    (an all-gather of 1/(t-1) of every shard: size / (t-1) gathered), GEMM chunk k waits
-    for it."""
+    to its ring neighbour, GEMM chunk k waits for it. Its size is stated as the all-gather
+    of 1/(t-1) of every shard that delivers the same bytes (size / (t-1) gathered), which
+    the executor runs; the simulator lowers it as the neighbour copy it is
+    (`ring_exchange`)."""
     tp = len(group)
     previous = LAUNCH
     for k in range(tp):
@@ -199,6 +201,14 @@ def _comm(op: Op, site: TpSite, index: int, count: int, method: OverlapMethod, s
                       method)
     return op_row(kind=site.kind, stream=Stream.TP_COMM, name="tp", purpose=purpose,
                   group=group, size_bytes=size, phase=op.phase, dtype=op.dtype)
+
+
+def ring_exchange(op: Op) -> bool:
+    """Whether `op` is one step of a ring exchange: each rank sends one shard to its ring
+    neighbour (TE's userbuffers copy), not an all-gather over the group, though the op
+    states its size as one (the executor runs it as one: the same bytes reach each rank)."""
+    purpose = op.purpose
+    return type(purpose) is TpChunk and purpose.method is OverlapMethod.RING
 
 
 def in_region(op: Op) -> bool:

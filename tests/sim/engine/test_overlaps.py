@@ -105,15 +105,16 @@ def test_each_overlapped_region_and_the_step_follow_the_closed_form(h100, recomp
 
 
 def test_the_overlap_hides_communication_at_scale_and_changes_nothing_at_tp_1(h100):
-    """At 8192 x 4096 a chunk's GEMM outlasts its collective, and the overlap wins; at the
-    small MODEL the t - 1 exchanges' latencies and the chunks' launches cost more than they
-    hide (TE's small shapes do not gain either)."""
+    """At 8192 x 4096 a chunk's GEMM outlasts its collective, and the overlap wins by more
+    than 10%; at the small MODEL the chunks' launches eat most of what it hides (each ring
+    step one neighbour copy, one hop of latency): it gains, by under 10%."""
     big = ModelSpec(layers=2, hidden=8192, heads=64, seq_len=4096, vocab=32000)
     inline = _replay(h100, big, Layout(**{**OVERLAP, "tp_comm_overlap": False}))
     overlapped = _replay(h100, big, Layout(**OVERLAP))
     assert overlapped.step_time_s < 0.9 * inline.step_time_s
     small_inline = _replay(h100, MODEL, Layout(**{**OVERLAP, "tp_comm_overlap": False}))
-    assert _replay(h100, MODEL, Layout(**OVERLAP)).step_time_s > small_inline.step_time_s
+    small = _replay(h100, MODEL, Layout(**OVERLAP)).step_time_s
+    assert 0.9 * small_inline.step_time_s < small < small_inline.step_time_s
     single = ModelSpec(**{**dataclasses.asdict(MODEL), "layers": 2})
     plain = build(single, Layout(dp=8, global_batch=8))
     accepted = build(single, Layout(dp=8, global_batch=8, tp_comm_overlap=True))
