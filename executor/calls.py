@@ -45,6 +45,12 @@ class StepKernel:
 
 
 @dataclass(frozen=True, slots=True)
+class GradAccumulate:
+    """FSDP2's accumulation of a unit's gradients (`traces.fsdp_kernels`): the gradient store
+    accumulates every backward's gradients itself, so nothing more runs."""
+
+
+@dataclass(frozen=True, slots=True)
 class GradStatAllReduce:
     """The all-reduce of a step statistic of the gradients over `group`."""
 
@@ -191,8 +197,8 @@ class ExpertGradReduce:
     stream: str
 
 
-Call = (Compute | StepKernel | GradStatAllReduce | OptimizerStep | TpCollective | CeCollective
-        | GatherReceived | SpAllReduce | EmbeddingAllReduce | ReduceBucket | GatherBucket
-        | GatherUnit | Transfer | CpAttend | CpMessage | CpExchange | ComputeChunk
+Call = (Compute | StepKernel | GradAccumulate | GradStatAllReduce | OptimizerStep | TpCollective
+        | CeCollective | GatherReceived | SpAllReduce | EmbeddingAllReduce | ReduceBucket
+        | GatherBucket | GatherUnit | Transfer | CpAttend | CpMessage | CpExchange | ComputeChunk
         | TpChunkCollective | ExpertExchange | ExpertGradReduce)
 CALLS: tuple[type, ...] = Call.__args__  # type: ignore[attr-defined]

@@ -38,6 +38,7 @@ from executor.calls import (
     GatherBucket,
     GatherReceived,
     GatherUnit,
+    GradAccumulate,
     GradStatAllReduce,
     OptimizerStep,
     ReduceBucket,
@@ -101,12 +102,18 @@ class Interpreter:
         return self.runtime.meter.peak_bytes
 
 
+def _nothing() -> None:
+    """A call whose work another part of the runtime does."""
+
+
 def bind(rt: RankRuntime, call: Call) -> Callable[[], Handle | None]:
     """The runtime operation a call names, with its arguments (one arm per `Call` type)."""
     p = functools.partial
     match call:
         case Compute(kernel=kernel, phase=phase, layer=layer, mb=mb, part=part):
             return p(rt.compute, kernel, phase, layer, mb, part)
+        case GradAccumulate():
+            return _nothing
         case OptimizerStep():
             return rt.optimizer_step
         case StepKernel(kernel=kernel):

@@ -46,7 +46,7 @@ from executor.attention import (
     split_mla_qkv,
     split_qkv,
 )
-from traces.kernel_groups import FP8_KERNELS, MOE, MTP_KERNELS, STEP_KERNELS
+from traces.kernel_groups import FP8_KERNELS, GRAD_STORE_KERNELS, MOE, MTP_KERNELS, STEP_KERNELS
 from traces.model import ModelSpec
 from traces.purpose import Kernel
 
@@ -382,8 +382,8 @@ def table_of(model: ModelSpec) -> dict[Kernel, TorchKernel]:
 KERNELS = kernel_table()
 """GPT's kernels (biases, LayerNorm, learned positions)."""
 
-assert set(KERNELS) == set(Kernel) - set(STEP_KERNELS) - FP8_KERNELS - set(MOE) - MTP_KERNELS, \
-    "a torch function per plan kernel (not FP8's, GPU-only; MoE's: executor.moe; MTP: not run)"
+assert set(KERNELS) == set(Kernel) - set(STEP_KERNELS) - FP8_KERNELS - set(MOE) - MTP_KERNELS \
+    - GRAD_STORE_KERNELS, "a torch function per plan kernel (not FP8's, MoE's, MTP's, the store's)"
 
 
 def slot(kernel: TorchKernel, name: str, layer: int | None, num_layers: int) -> Slot:

@@ -28,6 +28,7 @@ from executor.calls import (
     GatherBucket,
     GatherReceived,
     GatherUnit,
+    GradAccumulate,
     GradStatAllReduce,
     OptimizerStep,
     ReduceBucket,
@@ -149,6 +150,8 @@ class _Lowering:
         match op.purpose:
             case KernelRun(kernel=Kernel.OPTIMIZER):
                 return OptimizerStep()
+            case KernelRun(kernel=Kernel.GRAD_ACCUM):
+                return GradAccumulate()
             case KernelRun(kernel=kernel) if kernel in STEP_KERNELS:
                 return StepKernel(kernel)
             case GradStat(stat=stat):

@@ -35,7 +35,9 @@ grad_sync (the default is the ZeRO stage's own, so every earlier output stays th
                   per step); at ZeRO 3 FSDP2 with `set_requires_gradient_sync(False)` on all
                   but the last micro-batch (unsharded gradients accumulated, one reduce-scatter
                   per unit per step; what `PipelineStage` does under PP). The memory model
-                  holds full gradients then (`sim.models.memory`).
+                  holds full gradients then (`sim.models.memory`); the plan runs FSDP2's
+                  accumulation kernel per unit and backward, and under PP issues the
+                  reductions after the stage's last backward (`traces.fsdp_kernels`).
 """
 
 from __future__ import annotations

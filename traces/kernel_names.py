@@ -80,3 +80,6 @@ class Kernel(StrEnum):
     OPTIMIZER = "optimizer"
     FP8_WEIGHT_CAST = "fp8_weight_cast"
     """The step's cast of the FP8 GEMMs' weights, after the optimizer."""
+    GRAD_ACCUM = "grad_accum"
+    """FSDP2's accumulation of a unit's unsharded gradients in a backward without gradient
+    sync (`traces.fsdp_kernels`)."""

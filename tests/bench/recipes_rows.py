@@ -166,9 +166,11 @@ TITAN_3D: dict[str, Any] = {
     # Table 5: FSDP 8 x TP 8 x PP 8, local batch 32 (global 256), full checkpointing,
     # compile + Float8 + AsyncTP (TP's collectives overlapped with its GEMMs: tp_comm_overlap).
     # With PP torchtitan keeps parameters unsharded after forward ("to avoid per-microbatch
-    # all-gathers": parallelize_llama.apply_fsdp) and torch.distributed.pipelining reduces
-    # FSDP gradients on the last backward only (stage.backward_maybe_with_nosync:
-    # set_requires_gradient_sync(last_backward)).
+    # all-gathers": parallelize_llama.apply_fsdp) and torch.distributed.pipelining turns FSDP's
+    # gradient sync and resharding off for every backward, then, once the stage's last
+    # backward is over, runs every unit's post-backward (stage.backward_maybe_with_nosync,
+    # run_post_backward): gradients accumulated unsharded in fp32 (traces.fsdp_kernels),
+    # reduce-scattered after the stage's last backward.
     "tp": 8, "pp": 8, "dp": 8, "sp": True, "tp_comm_overlap": True, "global_batch": 256,
     "recompute": "full", "reshard_after_forward": False, "grad_sync": "step",
 }

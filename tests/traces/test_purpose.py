@@ -35,6 +35,7 @@ LAYOUTS = {
     "zero2 no overlap": dict(dp=2, zero=2, overlap_grad_reduce=False, bucket_bytes=40_000,
                              global_batch=4),
     "zero3 sp": dict(tp=2, sp=True, dp=2, zero=3, global_batch=4),
+    "zero3 step": dict(dp=2, zero=3, global_batch=8, grad_sync="step"),
     "tied pp": dict(pp=2, dp=2, global_batch=4),
     "selective unfused": dict(tp=2, recompute="selective", global_batch=2),
     "llama fp8": dict(tp=2, dp=2, global_batch=4),

@@ -38,6 +38,10 @@ row-parallel biases, positions) see only their rank's share of the sequence, so 
 gradients are summed over the TP group (`sp_grads`, `sp_grads.embed`, `sp_grads.head`) before
 the unit's gradients are reduced.
 
+Where FSDP2 accumulates gradients across micro-batches (ZeRO 3 with `grad_sync = "step"`), each
+unit's backward ends with its accumulation kernel (`grad_accum`), and under a pipeline the
+step's reduce-scatters wait for the stage's whole last backward (`traces.fsdp_kernels`).
+
 A unit's gradients are complete after the last op it runs on the compute stream; reductions
 wait for that op, gathers are waited for by the unit's first op on the compute stream. Each op
 states its purpose (`traces.purpose`): `UnitGather`, `UnitGradReduce` and `SpGrads` name their
@@ -50,6 +54,7 @@ optimizer pass reads back to gather the same buckets. Their labels, as docs/plan
 from __future__ import annotations
 
 from traces.fsdp import GradSync, frees_after, syncs_grads
+from traces.fsdp_kernels import accumulate_bytes, accumulates, reduces_after_stage
 from traces.layout import Axis
 from traces.ops import Op, OpKind, Phase, Stream
 from traces.pipeline import Action
@@ -58,6 +63,8 @@ from traces.purpose import (
     EMBED,
     HEAD,
     GradBucket,
+    Kernel,
+    KernelRun,
     Part,
     Purpose,
     SpGrads,
@@ -144,6 +151,12 @@ class _DataWalk:
         """The action after which a unit's gradients are complete (a split backward's W)."""
         self.gathered: set[Unit] = set()
         """ZeRO-3 units gathered now (`traces.fsdp.frees_after` frees them)."""
+        self.accumulates = accumulates(ctx.layout, self.zero)
+        """FSDP2 accumulates unsharded gradients across micro-batches (`traces.fsdp_kernels`)."""
+        self.after_stage = reduces_after_stage(ctx.layout, self.zero)
+        """The step's reduce-scatters wait for the stage's whole last backward (PipelineStage)."""
+        self.accumulated: set[Unit] = set()
+        """Units whose gradients this step has accumulated once already."""
 
     def action(self, action: Action, group: list[Node]) -> list[Node]:
         zero, mb = self.zero, action.microbatch
@@ -159,6 +172,7 @@ class _DataWalk:
         on_compute = [node for node in group if node.on_compute]
         firsts, lasts = _unit_bounds(on_compute)
         out: list[Node] = []
+        held: list[Node] = []  # reductions issued once the action is over (`after_stage`)
         for node in group:
             unit = node.unit
             if gathers and unit is not None and node in firsts and unit not in self.gathered:
@@ -173,7 +187,14 @@ class _DataWalk:
                 if frees_after(self.ctx.layout, action.kind == "F", mb):
                     self.gathered.discard(unit)
                 if action.kind == self.grads_kind:
-                    out += self._grads_ready(unit, mb, node)
+                    last = self._accumulate(unit, mb, node, out)
+                    ready = self._grads_ready(unit, mb, last)
+                    (held if self.after_stage else out).extend(ready)
+        if held:  # after the whole backward, its last accumulation included
+            end = next(node for node in reversed(out) if node.on_compute)
+            for node in held:
+                node.wait_for(end)
+            out += held
         if reduce_grads:
             out += self._end_of_backward(mb, on_compute[-1])
         return out
@@ -190,6 +211,25 @@ class _DataWalk:
         op = self._collective(OpKind.ALL_GATHER, Stream.ZERO_AG, unit_label("params", unit),
                               UnitGather(unit), self.dp_group, size, layer, mb, phase)
         return Node(op, unit, waits)
+
+    def _accumulate(self, unit: Unit, mb: int, last: Node, out: list[Node]) -> Node:
+        """FSDP2's accumulation kernel of `unit`'s gradients after its backward (appended to
+        `out`, on the compute stream), which the reduction then waits for; `last` where there
+        is none."""
+        if not self.accumulates or self.ctx.layout.data_degree == 1:
+            return last
+        first = unit not in self.accumulated
+        self.accumulated.add(unit)
+        size = accumulate_bytes(self.ctx.unit_params(unit), self.ctx.model.dtype_bytes,
+                                self.ctx.grad_bytes, first)
+        if not size:
+            return last
+        op = Op(kind=OpKind.COMPUTE, stream=Stream.COMPUTE, name=str(Kernel.GRAD_ACCUM),
+                purpose=KernelRun(Kernel.GRAD_ACCUM), layer=unit.layer, microbatch=mb,
+                phase=Phase.BWD, mem_bytes=size)
+        node = Node(op, unit, [last])
+        out.append(node)
+        return node
 
     def _grads_ready(self, unit: Unit, mb: int, last: Node) -> list[Node]:
         """A unit's gradients are complete for this micro-batch: reduce them when it is time."""

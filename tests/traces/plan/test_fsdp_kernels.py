@@ -1,0 +1,106 @@
+"""FSDP2's gradient accumulation kernel and PipelineStage's late reduce-scatters in the plan
+(traces.fsdp_kernels): one `grad_accum` per unit and backward with the bytes FSDP2's cast and
+add move, none where gradients are reduced every micro-batch or by Megatron's distributed
+optimizer; under a pipeline every reduce-scatter waits for the stage's last backward."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from traces.fsdp_kernels import accumulate_bytes
+from traces.layout import Layout
+from traces.model import ModelSpec
+from traces.ops import Op, OpKind, Phase
+from traces.plan import build
+from traces.plan.nodes import RankContext
+from traces.purpose import Kernel, KernelRun, Unit, UnitGradReduce
+
+SMALL = ModelSpec(layers=4, hidden=64, heads=4, seq_len=32, vocab=128, dtype="bf16")
+M = 4  # micro-batches: global_batch 8 over dp 2
+ACCUM = KernelRun(Kernel.GRAD_ACCUM)
+
+
+def zero3(**options: object) -> Layout:
+    return Layout(dp=2, zero=3, global_batch=2 * M, **options)  # type: ignore[arg-type]
+
+
+def accums(ops: tuple[Op, ...]) -> Counter[tuple[int | None, int | None]]:
+    """grad_accum ops by (layer, micro-batch)."""
+    return Counter((op.layer, op.microbatch) for op in ops if op.purpose == ACCUM)
+
+
+def test_accumulation_bytes_are_fsdp2s_cast_then_adds() -> None:
+    # bf16 parameters, fp32 reduce: cast 2 + 4 bytes, then read 4 + 2, write 4
+    assert accumulate_bytes(10.0, 2, 4, first=True) == 60.0
+    assert accumulate_bytes(10.0, 2, 4, first=False) == 100.0
+    # one dtype: autograd keeps the first gradient, then read, read, write
+    assert accumulate_bytes(10.0, 2, 2, first=True) == 0.0
+    assert accumulate_bytes(10.0, 2, 2, first=False) == 60.0
+
+
+def test_fp32_reduce_accumulates_every_unit_in_every_backward() -> None:
+    layout = zero3(grad_sync="step", fp32_main_grads=True)
+    ops = build(SMALL, layout).ops[0]
+    ctx = RankContext(model=SMALL, layout=layout, rank=0)
+    layers = range(SMALL.layers)
+    expected = {(layer, mb): 1 for layer in layers for mb in range(M)}
+    expected |= {(None, mb): 2 for mb in range(M)}  # the embedding and the output layer
+    assert accums(ops) == Counter(expected)
+    params = ctx.unit_params(Unit.of_layer(0))
+    sizes = {op.microbatch: op.mem_bytes for op in ops if op.purpose == ACCUM and op.layer == 0}
+    assert sizes == {0: params * 6, 1: params * 10, 2: params * 10, 3: params * 10}
+    assert all(op.kind is OpKind.COMPUTE and op.phase is Phase.BWD for op in ops
+               if op.purpose == ACCUM)
+
+
+def test_one_dtype_accumulates_from_the_second_backward() -> None:
+    ops = build(SMALL, zero3(grad_sync="step")).ops[0]
+    assert set(mb for _, mb in accums(ops)) == {1, 2, 3}
+
+
+def test_reduce_scatter_waits_for_the_units_accumulation() -> None:
+    ops = build(SMALL, zero3(grad_sync="step", fp32_main_grads=True)).ops[0]
+    for op in ops:
+        if isinstance(op.purpose, UnitGradReduce) and op.layer is not None:
+            waited = [ops[i] for i in op.deps]
+            assert any(w.purpose == ACCUM and w.layer == op.layer for w in waited)
+
+
+@pytest.mark.parametrize("layout", [
+    zero3(fp32_main_grads=True),  # reduced every micro-batch: nothing accumulated
+    Layout(dp=2, zero=2, global_batch=2 * M, grad_sync="step", fp32_main_grads=True),
+    Layout(dp=2, zero=1, global_batch=2 * M, fp32_main_grads=True),
+    Layout(dp=1, zero=3, global_batch=M, grad_sync="step", fp32_main_grads=True),
+], ids=["zero3-microbatch", "zero2-step", "zero1", "dp1"])
+def test_no_accumulation_kernel_elsewhere(layout: Layout) -> None:
+    assert not any(op.purpose == ACCUM for ops in build(SMALL, layout).ops.values()
+                   for op in ops)
+
+
+@pytest.mark.parametrize("options", [dict(pp=2), dict(pp=2, vp=2, schedule="interleaved")],
+                         ids=["1f1b", "interleaved"])
+def test_pipeline_reduce_scatters_wait_for_the_stages_last_backward(options: dict) -> None:
+    """PipelineStage's run_post_backward: every unit's reduce-scatter after the stage's whole
+    last backward, not right after the unit's own gradients."""
+    layout = zero3(grad_sync="step", reshard_after_forward=False, **options)
+    plan = build(SMALL, layout)
+    for rank, ops in plan.ops.items():
+        for op in ops:
+            if not isinstance(op.purpose, UnitGradReduce):
+                continue
+            waited = [ops[i] for i in op.deps]
+            # the stage's last backward ends with its first layer's (or embedding's) ops
+            last = max(i for i, o in enumerate(ops) if o.kind is OpKind.COMPUTE
+                       and o.phase is Phase.BWD and o.microbatch == M - 1
+                       and i < ops.index(op))
+            assert ops[last] in waited, (rank, op.name, op.layer)
+
+
+def test_without_a_pipeline_reduce_scatters_follow_each_unit() -> None:
+    ops = build(SMALL, zero3(grad_sync="step")).ops[0]
+    reduces = [i for i, op in enumerate(ops) if isinstance(op.purpose, UnitGradReduce)]
+    last_bwd = max(i for i, op in enumerate(ops) if op.kind is OpKind.COMPUTE
+                   and op.phase is Phase.BWD)
+    assert min(max(ops[i].deps) for i in reduces) < last_bwd  # the first starts early
