@@ -22,6 +22,13 @@ Costs (public measurements; each a lower bound of what a Python training loop pa
   launched back to back costs 3.8 µs, with cudaStreamSynchronize after each 9.6 µs).
 - A CUDA graph (`cuda_graph_scope`) replaces its kernels' launches by one: each stretch of
   graphed ops in program order costs one LAUNCH_S, its ops none.
+- A grouped expert GEMM (Megatron-Core's TEGroupedMLP) is one cuBLAS GEMM per local expert:
+  Transformer Engine's nvte_multi_tensor_gemm takes its cuBLAS path (multi_stream_cublas_gemm,
+  a loop launching `nvte_cublas_gemm_v2` once per GEMM over its compute streams) unless the
+  GPU is Hopper, the GEMM BF16 and NVTE_USE_CUTLASS_GROUPED_GEMM set (off by default):
+  NVIDIA/TransformerEngine transformer_engine/common/gemm/cublaslt_gemm.cu. So the op of
+  `experts` GEMMs launches `experts` kernels forward and 2 x `experts` backward (dgrad and
+  wgrad), as `expert_launches` counts.
 
 Syncs: Megatron-Core's dropless alltoall dispatcher (MoEAlltoAllTokenDispatcher,
 megatron/core/transformer/moe/token_dispatcher.py @0014f13) copies the token counts it needs
@@ -65,6 +72,8 @@ ATTN = frozenset({Kernel.LN1, Kernel.QKV, Kernel.QK_NORM, Kernel.MLA_DOWN, Kerne
                   Kernel.SOFTMAX, Kernel.ATTN_DROPOUT, Kernel.AV, Kernel.PROJ, Kernel.BDA1})
 MLP = frozenset({Kernel.FC1, Kernel.GELU, Kernel.SWIGLU, Kernel.FC2, Kernel.BDA2})
 ROUTER = frozenset({Kernel.ROUTER, Kernel.TOPK, Kernel.AUX_LOSS})
+EXPERT_GEMMS = frozenset({str(Kernel.EXPERT_FC1), str(Kernel.EXPERT_FC2)})
+"""The experts' GEMMs: each op holds its experts' GEMMs (`traces.moe_steps.expert_gemms`)."""
 CASTS = frozenset({Kernel.FP8_AMAX, Kernel.FP8_CAST, Kernel.FP8_CAST_GRAD})
 """Kernels of the part of the layer they follow (an FP8 cast before a GEMM)."""
 
@@ -142,9 +151,18 @@ def launch_costs(ops: Sequence[Op], compute: ComputeModel | Mapping[tuple[str, b
             costs.append(LAUNCH_S)
             continue
         name, backward = kernel_of(op)
-        count = launches.get((name, backward), 2 if op.gemm and backward else 1)
+        count = expert_launches(op, backward) if name in EXPERT_GEMMS else \
+            launches.get((name, backward), 2 if op.gemm and backward else 1)
         costs.append(count * LAUNCH_S)
     return costs
+
+
+def expert_launches(op: Op, backward: bool) -> int:
+    """Kernels an expert GEMM op launches (module docstring): one per expert it holds (its
+    gemm's batch), forward; two per expert, backward; one per expert for a dgrad or wgrad
+    chunk."""
+    experts = op.gemm[0] if op.gemm else 1
+    return experts * (2 if backward else 1)
 
 
 def _graphed(ops: Sequence[Op], scopes: frozenset[str]) -> list[bool]:
@@ -198,4 +216,4 @@ def dispatch_syncs(ops: Sequence[Op]) -> list[Sync]:
 
 
 __all__ = ["KEYS", "LAUNCH_S", "SCOPES", "SYNC_S", "HostSettings", "dispatch_syncs",
-           "dropless_sync", "host_programs", "launch_costs"]
+           "dropless_sync", "expert_launches", "host_programs", "launch_costs"]

@@ -139,3 +139,25 @@ def test_bad_host_keys_are_one_line_errors(sim, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(")) as info:
         experiment_from_dict({**MOE, "sim": sim})
     assert "\n" not in str(info.value)
+
+
+def test_a_grouped_expert_gemm_launches_one_cublas_gemm_per_local_expert():
+    """TE's grouped GEMM loops over the experts (cublaslt_gemm.cu's multi_stream_cublas_gemm):
+    32 experts over EP 8 give 4 kernels per expert GEMM forward, 8 backward, as many as
+    SequentialMLP's one op per expert launches."""
+    _, grouped = _moe({"host": True}, experts=32)
+    _, sequential = _moe({"host": True}, experts=32, moe_grouped_gemm=False)
+
+    def per_pass(plan: Trace) -> dict[tuple[str, Phase], float]:
+        ops = plan.ops[0]
+        costs = launch_costs(ops, {})
+        out: dict[tuple[str, Phase], float] = {}
+        for op, cost in zip(ops, costs, strict=True):
+            if op.layer == 0 and op.microbatch == 0 and op.name.startswith("expert_fc"):
+                out[(op.name, op.phase)] = out.get((op.name, op.phase), 0.0) + cost
+        return out
+
+    expected = {(name, phase): (4 if phase is Phase.FWD else 8) * LAUNCH_S
+                for name in ("expert_fc1", "expert_fc2") for phase in (Phase.FWD, Phase.BWD)}
+    assert per_pass(grouped) == pytest.approx(expected, rel=1e-12)
+    assert per_pass(sequential) == pytest.approx(expected, rel=1e-12)
