@@ -48,10 +48,10 @@ def lower_deepep(cluster: Cluster, group: Sequence[int], split: AllToAllv) -> Lo
         if index is None:
             routes = [hop(cluster, a, b) for a, b in by_size[size]]
             counts = Counter(chain.from_iterable(routes))
-            flows = FlowSet.from_counts(counts, whole.latency_s, cluster.link_capacity)
+            made = FlowSet.from_counts(counts, whole.latency_s, cluster.link_capacity)
         else:  # routed all at once by link arithmetic: the same links and counts
             ends = np.asarray(by_size[size], dtype=np.int64)
             links, many = link_counts(index.hop_links(ends[:, 0], ends[:, 1]))
-            flows = FlowSet.from_arrays(links, many, whole.latency_s, cluster.link_capacity)
-        sets.append((flows, size / mean))
+            made = FlowSet.from_arrays(links, many, whole.latency_s, cluster.link_capacity)
+        sets.append((made, size / mean))
     return (tuple(sets),)
