@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 from traces.moe_groups import distinct_tokens
@@ -99,20 +100,41 @@ def nccl_flows(d: DeepEp, group: Sequence[int], node_of: Sequence[int]) -> list[
 
 def deepep_flows(d: DeepEp, group: Sequence[int], node_of: Sequence[int]) -> list[Flow]:
     """Every member's dispatch as DeepEP moves it (module docstring): InfiniBand flows to each
-    other node's relay, NVLink flows from the relay (or, on its own node, the source)."""
-    ep = len(group)
-    nodes = _nodes(group, node_of)
-    out: list[Flow] = []
+    other node's relay, NVLink flows from the relay (or, on its own node, the source). Worked
+    out once per routing and placement shape (`_member_flows`) for all the group's copies."""
+    return [(group[i], group[j], size) for i, j, size in _member_flows(d, _shape(node_of))]
+
+
+def _shape(node_of: Sequence[int]) -> tuple[int, ...]:
+    """Node ids renamed in order of first appearance: groups placed alike share one shape."""
+    names: dict[int, int] = {}
+    return tuple(names.setdefault(n, len(names)) for n in node_of)
+
+
+@lru_cache(maxsize=64)
+def _member_flows(d: DeepEp, node_of: tuple[int, ...]) -> tuple[tuple[int, int, float], ...]:
+    """`deepep_flows` between positions in the group: each member's tokens to a set of
+    members counted once (`DeepEp.tokens_to`), not once per sender."""
+    ep = len(node_of)
+    nodes = _nodes(node_of, node_of)
+    tokens: dict[tuple[int, ...], float] = {}
+
+    def to(members: Sequence[int]) -> float:
+        key = tuple(members)
+        if key not in tokens:
+            tokens[key] = d.tokens_to(members, ep)
+        return tokens[key]
+
+    out: list[tuple[int, int, float]] = []
     for i in range(ep):
         home = nodes[node_of[i]]
         position = home.index(i)
         for node, members in nodes.items():
             relay = i if node == node_of[i] else members[position % len(members)]
             if relay != i:
-                out.append((group[i], group[relay], d.tokens_to(members, ep) * d.row))
-            out += [(group[relay], group[j], d.tokens_to([j], ep) * d.row)
-                    for j in members if j != relay]
-    return [f for f in out if f[2] > 0]
+                out.append((i, relay, to(members) * d.row))
+            out += [(relay, j, to([j]) * d.row) for j in members if j != relay]
+    return tuple(f for f in out if f[2] > 0)
 
 
 def link_class_bytes(flows: Sequence[Flow], node_of_rank: dict[int, int]

@@ -17,10 +17,13 @@ from collections import Counter
 from collections.abc import Sequence
 from itertools import chain
 
+import numpy as np
+
 from sim.collectives.alltoall import all_to_all_flows, enumerated
 from sim.collectives.base import Lowering, hop
 from sim.engine.flows import FlowSet
 from topology.cluster import Cluster
+from topology.links import link_counts, link_index
 from traces.alltoallv import AllToAllv
 from traces.deepep import deepep_flows
 
@@ -39,10 +42,16 @@ def lower_deepep(cluster: Cluster, group: Sequence[int], split: AllToAllv) -> Lo
     for a, b, size in flows:
         by_size.setdefault(size, []).append((b, a) if split.by_sender else (a, b))
     mean = split.mean_send_bytes
+    index = link_index(cluster)
     sets = []
     for size in sorted(by_size):
-        routes = [hop(cluster, a, b) for a, b in by_size[size]]
-        counts = Counter(chain.from_iterable(routes))
-        sets.append((FlowSet.from_counts(counts, whole.latency_s, cluster.link_capacity),
-                     size / mean))
+        if index is None:
+            routes = [hop(cluster, a, b) for a, b in by_size[size]]
+            counts = Counter(chain.from_iterable(routes))
+            made = FlowSet.from_counts(counts, whole.latency_s, cluster.link_capacity)
+        else:  # routed all at once by link arithmetic: the same links and counts
+            ends = np.asarray(by_size[size], dtype=np.int64)
+            links, many = link_counts(index.hop_links(ends[:, 0], ends[:, 1]))
+            made = FlowSet.from_arrays(links, many, whole.latency_s, cluster.link_capacity)
+        sets.append((made, size / mean))
     return (tuple(sets),)

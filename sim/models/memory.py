@@ -33,7 +33,7 @@ from sim.models.saved_activations import saving_terms
 from traces import op_sac
 from traces.errors import ConfigError
 from traces.fsdp import GradSync
-from traces.layout import Layout, Recompute, Schedule
+from traces.layout import Layout, Recompute
 from traces.model import ModelSpec
 from traces.pipeline import Action, ActionSchedule, layout_schedule
 from traces.recompute import optimizer_bytes, recomputes_core
@@ -210,13 +210,18 @@ def working_bytes(model: ModelSpec, layout: Layout, pp_rank: int) -> float:
                    for i in rank_layers(model, layout, pp_rank)), default=0.0)
         total += activation_bytes_per_layer(model, kept) - \
             activation_bytes_per_layer(model, layout) + moe
-    if pp_rank == layout.pp - 1 or (layout.schedule is Schedule.DUALPIPE and pp_rank == 0):
-        # fp32 logits of one micro-batch, vocab-parallel: 4 * s * b * V / t (DualPipe: the
-        # second copy's loss on rank 0).
+    if holds_head(layout, pp_rank):
+        # fp32 logits of one micro-batch, vocab-parallel: 4 * s * b * V / t.
         total += LOGITS_BYTES * model.seq_len // layout.cp * layout.micro_batch * model.vocab / t
     if layout.zero == 3:
         total += zero3_working_bytes(model, layout, pp_rank)
     return total + deepep_buffer_bytes(model, layout)  # 0 but with dispatch = "deepep"
+
+
+def holds_head(layout: Layout, pp_rank: int) -> bool:
+    """Whether pipeline rank `pp_rank` runs the last virtual stage (the head and the loss):
+    rank pp - 1, but rank 0 in zbv/dualpipev's V and both ends under DualPipe's two copies."""
+    return layout.num_stages - 1 in layout.stages_of_rank(pp_rank)
 
 
 def zero3_working_bytes(model: ModelSpec, layout: Layout, pp_rank: int) -> float:

@@ -23,7 +23,7 @@ sum_p t_p + (M - 1) max_p t_p: one slot through every stage (filling and drainin
 on the bottleneck stage. The first part sums members that each wait for their own slowest
 (e_member), the second waits for the slowest of the job (e_world), so every rank's kernels
 are stretched by the slot-weighted mean (pp stages of a slot each; (pp - 1) / vp + 1
-interleaved)
+interleaved; the zero-bubble V and DualPipe: `fill_slots`)
 
     e = (F * e_member + (M - 1) * e_world) / (F + M - 1),   F = (pp - 1) / vp + 1
 
@@ -100,9 +100,24 @@ def step_stretch(v: Variability, layout: Layout, devices_per_server: int,
     member = [layout.rank(tp=t, cp=k, dp=c.dp, pp=c.pp)
               for t in range(layout.tp) for k in range(layout.cp)]
     e_member = expected_max(v, _per_node(member, devices_per_server))
-    fill = (layout.pp - 1) / layout.vp + 1
+    fill = fill_slots(layout)
     steady = layout.num_microbatches - 1
     return (fill * e_member + steady * world) / (fill + steady)
+
+
+def fill_slots(layout: Layout) -> float:
+    """F of the module docstring: one slot through every stage plus what the schedule's step
+    takes beyond M slots, a slot being one micro-batch's whole-stage pass (F + B + W). At
+    equal chunk passes (a full backward twice a forward) that excess is (pp - 1) / vp slots
+    under 1F1B and interleaving, (pp - 1) / 6 under zbv and dualpipev (a step of 6M + pp - 1
+    chunk passes, two chunks a rank) and (pp/2 - 1) / 3 under dualpipe (3M + pp/2 - 1 passes
+    of one whole stage, its pairs run one after the other: `traces.zero_bubble.makespan`)."""
+    pp, schedule = layout.pp, str(layout.schedule)
+    if schedule == "dualpipe":
+        return 1 + (pp / 2 - 1) / 3
+    if schedule in ("zbv", "dualpipev"):
+        return 1 + (pp - 1) / 6
+    return (pp - 1) / layout.vp + 1
 
 
 def expected_speeds(v: Variability, layout: Layout, ranks: Iterable[int],

@@ -90,3 +90,26 @@ def test_a_deepep_split_survives_its_json():
     split = deepep_split(V3, expert_counts(V3, 5, T), T, ROW, [ROW * 512.0] * EP)
     back = alltoallv.from_json(alltoallv.to_json(split))
     assert back == split and back.transpose().deepep == split.deepep
+
+
+@pytest.mark.parametrize("skew", [0.0, 1.0])
+def test_flows_of_a_shifted_placement_equal_the_sender_by_sender_count(skew):
+    """`deepep_flows` works positions out once per placement shape; sender by sender (each
+    node's tokens counted for every sender) on a group on other nodes, in another node order,
+    gives the very flows."""
+    d = _route(dataclasses.replace(V3, routing_skew=skew))
+    group = tuple(1000 + 3 * j for j in range(EP))
+    node_of = [(7 - j // PER_NODE) * 11 for j in range(EP)]  # nodes 77, 66, ..., 0
+    nodes: dict[int, list[int]] = {}
+    for j in range(EP):
+        nodes.setdefault(node_of[j], []).append(j)
+    want = []
+    for i in range(EP):
+        position = nodes[node_of[i]].index(i)
+        for node, members in nodes.items():
+            relay = i if node == node_of[i] else members[position % len(members)]
+            if relay != i:
+                want.append((group[i], group[relay], d.tokens_to(members, EP) * d.row))
+            want += [(group[relay], group[j], d.tokens_to([j], EP) * d.row)
+                     for j in members if j != relay]
+    assert deepep_flows(d, group, node_of) == [f for f in want if f[2] > 0]

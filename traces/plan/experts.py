@@ -26,8 +26,6 @@ expert-data-parallel group; the data pass reduces the rest of an MoE layer over 
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from traces.alltoallv import AllToAllv, deepep_split, split_of
 from traces.expert_grid import ep_coord, ep_group, etp_group, expert_grad_group
 from traces.moe import (
@@ -165,10 +163,8 @@ def _op(beside: Node, exchange: Exchange, group: tuple[int, ...], size: float,
         dtype: str, split: AllToAllv | None) -> Node:
     kind, purpose, ep = exchange
     op = beside.op
+    assert split is None or split.mean_send_bytes == size, "a split adds up to the buffer"
     made = Op(kind=kind, stream=Stream.COMPUTE, name="ep" if ep else "etp",
               purpose=purpose, group=group, size_bytes=size, layer=op.layer,
-              microbatch=op.microbatch, phase=op.phase, dtype=dtype)
-    if split is not None:
-        assert split.mean_send_bytes == size, "a split adds up to the rank's buffer"
-        made = replace(made, split=split)
+              microbatch=op.microbatch, phase=op.phase, dtype=dtype, split=split)
     return Node(made, beside.unit)

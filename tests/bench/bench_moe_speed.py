@@ -1,0 +1,54 @@
+"""Benchmark: how long the shipped DeepSeek-V3 examples take to simulate (issue 33, item 5).
+
+    python tests/bench/bench_moe_speed.py [--repeat 3]
+
+Each run is a fresh `python -m sim simulate CONFIG --json` process on one core (wall time:
+start-up, config, plan, replay, memory model, as a user sees it). Prints the median over the
+runs, or the one-line refusal where parasim refuses the case (the op cap). Targets: the
+1024-H100 example <= 10 s balanced, <= 30 s with `model.routing_skew = 1`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "sim" / "examples"
+CASES = {
+    "deepseek-v3 1024 H100 (example, balanced)": ("deepseek-v3-1024-h100.toml", []),
+    "deepseek-v3 1024 H100 routing_skew = 1": ("deepseek-v3-1024-h100.toml",
+                                               ["--set", "model.routing_skew=1"]),
+    "deepseek-v3 2048 H800 dualpipe (example)": ("deepseek-v3-2048-h800.toml", []),
+}
+
+
+def run_once(config: str, extra: list[str]) -> tuple[float, str | None]:
+    """(wall seconds, the refusal's line or None) of one simulate process."""
+    command = [sys.executable, "-m", "sim", "simulate", str(EXAMPLES / config), "--json", *extra]
+    start = time.perf_counter()
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    wall = time.perf_counter() - start
+    if done.returncode == 2:
+        return wall, done.stderr.strip().splitlines()[-1]
+    done.check_returncode()
+    return wall, None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+    for name, (config, extra) in CASES.items():
+        runs = [run_once(config, extra) for _ in range(args.repeat)]
+        refusal = runs[0][1]
+        median = statistics.median(wall for wall, _ in runs)
+        result = f"refused in {median:.1f} s: {refusal}" if refusal else f"{median:.1f} s"
+        print(f"{name:45s} median of {args.repeat}: {result}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
