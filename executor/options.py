@@ -77,6 +77,8 @@ def check_supported(model: ModelSpec, layout: Layout, options: RunOptions | None
 def check_moe_supported(model: ModelSpec, layout: Layout) -> None:
     """What the executor's MoE layers (`executor.moe`) do not run; a ConfigError naming it."""
     rules = [
+        (layout.zero == 3, "parallel.zero: 3 with model.experts (FSDP with EP) is simulated, "
+                           "not run by the executor; use zero = 0 or 1"),
         (layout.etp > 1, f"parallel.etp: {layout.etp}: expert tensor parallelism is not "
                          "run by the executor; use etp = 1"),
         (model.shared_experts > 0, f"model.shared_experts: {model.shared_experts}: the "
