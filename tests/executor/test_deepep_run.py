@@ -37,6 +37,10 @@ WORLD4 = {
     "deepep-ep2-tp2-sp-dp2-one-node-sigmoid": Case(
         dict(tp=2, sp=True, ep=2, dp=2, global_batch=4),
         model=dict(SKEW, dispatch="deepep", **SIGMOID), gpus_per_node=4),
+    # overlap_moe_comm: the hops on the EP stream, beside another micro-batch's compute
+    "deepep-ep4-overlap-2nodes": Case(dict(ep=4, dp=4, global_batch=8,
+                                           overlap_moe_comm=True),
+                                      model=dict(SKEW, dispatch="deepep"), gpus_per_node=2),
     # NCCL's all-to-all with sigmoid scores, top-k normalised, and the aux-loss-free bias
     "sigmoid-bias-ep4-dp4": Case(dict(ep=4, dp=4, global_batch=4), model=dict(MOE, **SIGMOID)),
 }
