@@ -189,6 +189,23 @@ class Comm:
                                       async_op=async_op)
         return self._handle(work, then)
 
+    def hop_exchange(self, key: GroupKey, size: int, splits: tuple[int, ...]
+                     ) -> Callable[[torch.Tensor, torch.Tensor, list[int], list[int]], None]:
+        """One logged all-to-all of `size` bytes split as NCCL's (the plan's op) that runs as
+        the hops of `executor.hops`: the returned function does each hop's all_to_all_single
+        over the group, unlogged and synchronous."""
+        self._log(OpKind.ALL_TO_ALL, key, size, splits=splits)
+        group = self.groups.get(key)
+
+        def exchange(output: torch.Tensor, input: torch.Tensor, input_splits: list[int],
+                     output_splits: list[int]) -> None:
+            if group is None:
+                output.copy_(input)
+                return
+            dist.all_to_all_single(output, input, output_split_sizes=output_splits,
+                                   input_split_sizes=input_splits, group=group)
+        return exchange
+
     # --- point to point ------------------------------------------------------------------
 
     def send(self, tensor: torch.Tensor, peer: int, tag: str, *,

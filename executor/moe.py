@@ -5,8 +5,9 @@ token dispatcher), on the rank's T tokens (its sequence shard under SP), with th
 `executor.routing`:
 
     router      a2 -> logits [s, b, E]          router.weight, replicated
-    topk        logits -> gates [T, k] (softmax over the chosen experts), scores [T, E]
-                (softmax over all, no gradient: the load-balancing loss reads them)
+    topk        logits -> gates [T, k] (softmax over the chosen experts, or their normalised
+                sigmoids), scores [T, E] (over all, no gradient: the load-balancing loss
+                reads them)
     aux_loss    scores -> (nothing): Switch's E·Σ_e f_e·P_e, coefficient 0 (no gradient)
     permute     a2 -> perm [A, h]: the kept assignments' token rows, in (expert, token) order
     [dispatch]  perm -> recv [EP·L, h]: per source EP rank, its rows for this rank's experts
@@ -22,7 +23,9 @@ experts (`Routing.per_rank`), receives L = Σ counts of its own experts from eve
 gradients go the opposite way in backward. With EP 1 there are no exchanges: permute writes
 `recv` and expert_fc2 `back` directly. The plan's grouped GEMMs are one op per distinct token
 count; the first runs every local expert (one autograd call), the others nothing
-(`executor.program`).
+(`executor.program`). With `dispatch = "deepep"` or `"hybridep"` each exchange runs as two
+hops, once per destination node then forwarded inside it (`executor.hops`), logged as the
+plan's one all-to-all.
 """
 
 from __future__ import annotations
@@ -33,8 +36,10 @@ import torch
 import torch.nn.functional as F
 
 from executor.comm import Comm, Handle
+from executor.deepep import NodeMap, combine_hops, dispatch_hops
+from executor.hops import HopPlan
 from executor.kernels import KernelContext, TorchKernel
-from executor.routing import Routing, expert_major, gates, route
+from executor.routing import Routing, aux_scores, expert_major, gates, route
 from executor.tape import Tape
 from traces.expert_grid import ep_coord, ep_group
 from traces.layout import Layout
@@ -55,9 +60,8 @@ def moe_kernels(model: ModelSpec, layout: Layout, rank: int) -> dict[Kernel, Tor
 
     def topk(ctx: KernelContext, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         flat = logits.reshape(-1, model.experts)
-        with torch.no_grad():
-            scores = torch.softmax(flat.float(), dim=-1)
-        return gates(flat, routing(ctx, flat.shape[0])), scores
+        score = model.moe_router_score_function
+        return gates(flat, routing(ctx, flat.shape[0]), score), aux_scores(flat, score)
 
     def aux_loss(ctx: KernelContext, scores: torch.Tensor) -> tuple[()]:
         """The kernel's work, its value unused: the coefficient is 0 (executor.routing)."""
@@ -128,11 +132,14 @@ def routed_tokens(model: ModelSpec, layout: Layout) -> int:
 class MoeExchange:
     """One rank's dispatch and combine all-to-alls (module docstring)."""
 
-    def __init__(self, model: ModelSpec, layout: Layout, rank: int, comm: Comm) -> None:
+    def __init__(self, model: ModelSpec, layout: Layout, rank: int, comm: Comm,
+                 gpus_per_node: int = 8) -> None:
         self.model, self.comm, self.ep = model, comm, layout.ep
         self.ep_rank = ep_coord(layout, rank)
         self.key = (str(Stream.COMPUTE), ep_group(layout, rank))
         self.tokens = routed_tokens(model, layout)
+        self.nodes = NodeMap([g // gpus_per_node for g in self.key[1]])
+        self._hops: dict[tuple[int, bool], HopPlan] = {}
 
     def all_to_all(self, tape: Tape, step: MoeStep, grad: bool, layer: int,
                    stream: str = Stream.COMPUTE) -> Handle:
@@ -150,6 +157,19 @@ class MoeExchange:
             value = tape.take_grad((layer, src)).contiguous()
         else:
             value = tape.take((layer, src)).contiguous()
+        if self.model.dispatch != "nccl":  # DeepEP / HybridEP: two hops (executor.hops)
+            hops = self._hops.get((layer, forward))
+            if hops is None:
+                build = dispatch_hops if forward else combine_hops
+                hops = self._hops[layer, forward] = build(r, self.nodes, self.ep_rank)
+            exchange = self.comm.hop_exchange(
+                (str(stream), self.key[1]), value.numel() * value.element_size(),
+                tuple(n * value.shape[-1] * value.element_size() for n in in_splits))
+            out = hops.backward(value, exchange) if grad else hops.forward(value, exchange)
+            handle = Handle(None)
+            handle.wait()
+            (tape.put_grad if grad else tape.put)((layer, dst), out)
+            return handle
         out = value.new_empty((sum(out_rows), value.shape[-1]))
 
         def put() -> None:

@@ -26,6 +26,9 @@ class RunOptions:
     adamw: AdamWConfig = field(default_factory=AdamWConfig)
     clip_grad: float = 1.0
     """Clip the gradients to this global norm (Megatron-LM's --clip-grad, 1.0 by default)."""
+    gpus_per_node: int = 8
+    """The node (NVLink domain) a DeepEP/HybridEP dispatch forwards inside (`executor.hops`):
+    on gloo, ranks r // gpus_per_node share a node; the cluster's when run from a config."""
 
 
 def as_run(plan: Trace, options: RunOptions) -> Trace:
@@ -53,9 +56,6 @@ def check_supported(model: ModelSpec, layout: Layout, options: RunOptions | None
     if model.mtp_layers:
         raise ConfigError(f"model.mtp_layers: {model.mtp_layers}: multi-token prediction is "
                           "simulated, not run by the executor; use 0 to run")
-    if model.dispatch != "nccl":
-        raise ConfigError(f"model.dispatch: {model.dispatch!r}: DeepEP/HybridEP dispatch is "
-                          "simulated, not run by the executor; use \"nccl\" to run")
     if model.experts:
         check_moe_supported(model, layout)
     if model.mla and (layout.sp or layout.cp > 1):
@@ -77,6 +77,8 @@ def check_supported(model: ModelSpec, layout: Layout, options: RunOptions | None
 def check_moe_supported(model: ModelSpec, layout: Layout) -> None:
     """What the executor's MoE layers (`executor.moe`) do not run; a ConfigError naming it."""
     rules = [
+        (layout.zero == 3, "parallel.zero: 3 with model.experts (FSDP with EP) is simulated, "
+                           "not run by the executor; use zero = 0 or 1"),
         (layout.etp > 1, f"parallel.etp: {layout.etp}: expert tensor parallelism is not "
                          "run by the executor; use etp = 1"),
         (model.shared_experts > 0, f"model.shared_experts: {model.shared_experts}: the "
@@ -84,9 +86,6 @@ def check_moe_supported(model: ModelSpec, layout: Layout) -> None:
         (model.bias, "model.bias: true: the executor's MoE layers have no biases; use false"),
         (not model.moe_grouped_gemm, "model.moe_grouped_gemm: false: the executor runs a "
                                      "grouped GEMM per distinct token count; use true"),
-        (model.moe_router_score_function != "softmax" or model.moe_router_enable_expert_bias,
-         "model.moe_router_score_function: the executor routes by softmax without an expert "
-         "bias; use \"softmax\" and moe_router_enable_expert_bias = false"),
         (layout.zero >= 1 and expert_data_degree(layout) > 1,
          f"parallel.zero: {layout.zero} with an expert-DP degree of "
          f"{expert_data_degree(layout)}: the executor keeps the experts' optimizer states "

@@ -56,6 +56,7 @@ from traces.purpose import (
     ExpertGrads,
     ExpertParamGather,
     ExpertTp,
+    ExpertUnitGather,
     GemmChunk,
     GemmPart,
     GradBucket,
@@ -226,7 +227,7 @@ class _Lowering:
                     raise self.fail(i, "the executor reduces a layer's expert gradients by "
                                        "all-reduce (ZeRO 0; executor.options)")
                 return ExpertGradReduce(unit.layer, stream)
-            case ExpertParamGather():
+            case ExpertParamGather() | ExpertUnitGather():
                 raise self.fail(i, "the executor keeps expert states whole (ZeRO over an "
                                    "expert-DP group is refused: executor.options)")
             case ExpertTp():

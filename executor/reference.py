@@ -161,7 +161,12 @@ class ReferenceGPT:
         assert self.layout is not None, "an MoE reference routes by the layout's ranks"
         for rows in routing_groups(self.layout, s):
             r = route(m, layer, len(rows))
-            gate = torch.softmax(logits[rows].gather(1, r.experts), dim=-1)
+            chosen = logits[rows].gather(1, r.experts)
+            if m.moe_router_score_function == "sigmoid":  # DeepSeek-V3 eq. 13: normalised
+                gate = torch.sigmoid(chosen)
+                gate = gate / (gate.sum(dim=-1, keepdim=True) + 1e-20)
+            else:
+                gate = torch.softmax(chosen, dim=-1)
             mine = torch.zeros(len(rows), h)
             for e in range(m.experts):
                 token, choice = ((r.experts == e) & r.kept).nonzero(as_tuple=True)

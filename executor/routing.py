@@ -13,7 +13,12 @@ single-process reference):
                 drop policy); the others' assignments are dropped (no expert work, no output)
     gates       softmax over the token's k chosen experts' router logits (Mixtral's and
                 Megatron-Core's default top-k-then-softmax), so the router learns through
-                the gates; a dropped choice keeps its share of the softmax and adds nothing
+                the gates; a dropped choice keeps its share of the softmax and adds nothing.
+                With `moe_router_score_function = "sigmoid"`: the chosen logits' sigmoids
+                normalised to sum 1 (DeepSeek-V3 §2.1.2)
+    bias        `moe_router_enable_expert_bias` (aux-loss-free balancing) adds a bias to the
+                scores that pick, never to the gates; the counts pick here, so the run is
+                the one without it (the plan costs the bias's kernels)
     order       kept assignments sorted by (expert, token): the permuted rows, and since
                 experts lie in EP order, one contiguous block per destination EP rank
 
@@ -93,9 +98,27 @@ def _route(model: ModelSpec, layer: int, tokens: int) -> Routing:
                    torch.cat(pairs_choice))
 
 
-def gates(logits: torch.Tensor, routing: Routing) -> torch.Tensor:
-    """[T, k]: softmax over each token's chosen experts' logits ([T, E] in)."""
-    return torch.softmax(logits.gather(1, routing.experts.to(logits.device)), dim=-1)
+def gates(logits: torch.Tensor, routing: Routing, score: str = "softmax") -> torch.Tensor:
+    """[T, k]: each token's weights of its chosen experts ([T, E] logits in): softmax over the
+    chosen logits, or (score "sigmoid", DeepSeek-V3 §2.1.2 eq. 13) their sigmoids normalised
+    to sum 1, with Megatron-Core's 1e-20 in the denominator (moe_utils's
+    topk_routing_with_score_function). An expert bias never enters them: it only picks."""
+    chosen = logits.gather(1, routing.experts.to(logits.device))
+    if score == "sigmoid":
+        s = torch.sigmoid(chosen)
+        return s / (s.sum(dim=-1, keepdim=True) + 1e-20)
+    return torch.softmax(chosen, dim=-1)
+
+
+def aux_scores(logits: torch.Tensor, score: str = "softmax") -> torch.Tensor:
+    """[T, E], no gradient: the scores the load-balancing loss reads: softmax over all
+    experts, or sigmoids normalised over all experts (Megatron-Core's
+    compute_routing_scores_for_aux_loss)."""
+    with torch.no_grad():
+        if score == "sigmoid":
+            s = torch.sigmoid(logits.float())
+            return s / (s.sum(dim=-1, keepdim=True) + 1e-20)
+        return torch.softmax(logits.float(), dim=-1)
 
 
 def expert_major(model: ModelSpec, layer: int, tokens: int, ep: int, ep_rank: int

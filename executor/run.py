@@ -104,6 +104,9 @@ def run(experiment: Any, out_dir: str | Path, steps: int = 1, warmup: int = 1,
         raise ConfigError(f"run: steps {steps} must be >= 1 and warmup {warmup} >= 0")
     model, layout = specs(experiment)
     options = options or RunOptions()
+    if not isinstance(experiment, tuple):  # DeepEP's nodes are the cluster's (executor.hops)
+        options = dataclasses.replace(options,
+                                      gpus_per_node=experiment.cluster.devices_per_server)
     check_supported(model, layout, options)
     plan = as_run(build(model, layout), options)
     for rank in plan.ops:  # every op mapped before anything starts

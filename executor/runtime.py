@@ -124,7 +124,7 @@ class RankRuntime:
             self.experts = ExpertStore(model, layout, rank, seed=options.seed,
                                        grad_dtype=grad_dtype, device=device, meter=self.meter,
                                        adamw=options.adamw)
-            self.moe = MoeExchange(model, layout, rank, comm)
+            self.moe = MoeExchange(model, layout, rank, comm, options.gpus_per_node)
         self._ctx = KernelContext(heads=model.heads // layout.tp, **mla_fields(model),
                                   tp=layout.tp,
                                   kv_heads=model.kv_heads // layout.tp,

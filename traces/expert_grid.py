@@ -77,9 +77,6 @@ def check_experts(model: ModelSpec, layout: Layout) -> None:
     if shared % layout.tp:
         raise ConfigError(f"parallel.tp: {layout.tp} does not divide the shared experts' "
                           f"width, model.shared_experts x model.moe_ffn_hidden = {shared}")
-    if layout.zero == 3:
-        raise ConfigError("parallel.zero: 3 (FSDP) with model.experts is not modelled (use "
-                          "ZeRO 1, DeepSeek-V3's distributed optimizer, or 2)")
     if layout.tp > 1 and not layout.sp:
         raise ConfigError(f"parallel.sp: an MoE model at tp {layout.tp} needs sp = true "
                           "(Megatron-Core requires sequence parallelism with MoE and TP)")

@@ -307,7 +307,8 @@ class ExpertTp:
 @dataclass(frozen=True, slots=True)
 class ExpertGrads:
     """MoE: the reduction of one layer's routed-expert gradients over the expert-data-parallel
-    group (all-reduce, or reduce-scatter under ZeRO 1/2), in the last micro-batch's backward."""
+    group (all-reduce, or reduce-scatter under ZeRO 1/2), in the last micro-batch's backward;
+    under ZeRO 3 a reduce-scatter after each backward of the layer, as its `UnitGradReduce`."""
 
     unit: Unit
 
@@ -323,6 +324,15 @@ class ExpertParamGather:
 
 
 @dataclass(frozen=True, slots=True)
+class ExpertUnitGather:
+    """MoE under ZeRO 3 (FSDP with EP): the all-gather of one layer's routed experts over the
+    expert-data-parallel group before its forward or backward, beside the `UnitGather` of the
+    layer's dense parameters over DP (MoE Parallel Folding's FSDP+EP; `traces.plan.data`)."""
+
+    unit: Unit
+
+
+@dataclass(frozen=True, slots=True)
 class Bench:
     """An op of the microbenchmarks (traces.bench) that is not a plan kernel."""
 
@@ -332,6 +342,6 @@ class Bench:
 Purpose = (KernelRun | TpSite | MessageGather | CrossEntropyStat | SpGrads | GradBucket
            | UnitGather | UnitGradReduce | ParamGather | EmbeddingGrads | GradStat | PipeMessage
            | AmaxReduction | CpRing | CpGather | Bench | GemmChunk | TpChunk | ExpertAllToAll
-           | ExpertTp | ExpertGrads | ExpertParamGather)
+           | ExpertTp | ExpertGrads | ExpertParamGather | ExpertUnitGather)
 PURPOSES: tuple[type, ...] = Purpose.__args__  # type: ignore[attr-defined]
 """Every purpose type (a test checks each has an interpretation)."""

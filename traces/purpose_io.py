@@ -32,6 +32,7 @@ from traces.purpose import (
     ExpertGrads,
     ExpertParamGather,
     ExpertTp,
+    ExpertUnitGather,
     GemmChunk,
     GemmPart,
     GradBucket,
@@ -64,7 +65,7 @@ TYPES: dict[str, type] = {
     "pipe": PipeMessage, "amax": AmaxReduction, "cp_ring": CpRing, "cp_gather": CpGather,
     "bench": Bench, "gemm_chunk": GemmChunk, "tp_chunk": TpChunk,
     "expert_all_to_all": ExpertAllToAll, "expert_tp": ExpertTp, "expert_grads": ExpertGrads,
-    "expert_params": ExpertParamGather,
+    "expert_params": ExpertParamGather, "expert_unit_gather": ExpertUnitGather,
 }
 assert set(TYPES.values()) == set(PURPOSES), "every purpose has a JSON type"
 _TYPE_OF = {cls: name for name, cls in TYPES.items()}

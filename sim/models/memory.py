@@ -231,17 +231,19 @@ def zero3_working_bytes(model: ModelSpec, layout: Layout, pp_rank: int) -> float
     gathered instead (held from its forward to its backward: at the end of a forward all
     are), in the model's dtype (`gathered_params`); with grad_sync "step" no per-layer
     gradients here (the full ones are model states: `model_state_bytes`)."""
-    gathered = 2 * 2 * model.layer_params(layout.tp) if layout.reshard_after_forward else \
+    unit = model.layer_params(layout.tp) if not model.experts else max(
+        model.layer_params(layout.tp, i, layout.ep, layout.etp)
+        for i in rank_layers(model, layout, pp_rank))  # FSDP+EP: its largest layer, experts
+    gathered = 2 * 2 * unit if layout.reshard_after_forward else \
         model.dtype_bytes * gathered_params(model, layout, pp_rank)
-    grads = 2 * model.layer_params(layout.tp) if layout.sync is GradSync.MICROBATCH else 0.0
+    grads = 2 * unit if layout.sync is GradSync.MICROBATCH else 0.0
     return gathered + grads
 
 
 def gathered_params(model: ModelSpec, layout: Layout, pp_rank: int) -> float:
     """Parameters ZeRO-3 gathers on one GPU of pipeline rank `pp_rank`: all it holds (per TP
-    rank) but an MoE model's routed experts, which shard over expert-DP instead."""
-    total, experts = _rank_params(model, layout, pp_rank)
-    return total - experts
+    rank), an MoE model's routed experts gathered over expert-DP (`traces.plan.data`)."""
+    return _rank_params(model, layout, pp_rank)[0]
 
 
 def pp_rank_memory(model: ModelSpec, layout: Layout, pp_rank: int,

@@ -1,5 +1,5 @@
-"""The executor runs no multi-token prediction, no GEMM per expert and no sigmoid or bias
-routing: `check_supported` refuses each in one line."""
+"""The executor runs no multi-token prediction and no GEMM per expert: `check_supported`
+refuses each in one line (sigmoid and bias routing it runs: tests/executor/test_deepep_run.py)."""
 
 from __future__ import annotations
 
@@ -25,12 +25,10 @@ def test_mtp_layers_are_refused_in_one_line_and_zero_runs():
 
 @pytest.mark.parametrize(("fields", "needle"), [
     ({"moe_grouped_gemm": False}, "model.moe_grouped_gemm: false"),
-    ({"moe_router_score_function": "sigmoid"}, "model.moe_router_score_function"),
-    ({"moe_router_enable_expert_bias": True}, "model.moe_router_score_function"),
 ])
 def test_moe_kernel_keys_the_executor_does_not_run_are_refused(fields, needle):
-    """A GEMM per expert and sigmoid / bias routing are simulated only; the fusion keys change
-    only costs, so the executor runs them."""
+    """A GEMM per expert is simulated only; the fusion keys change only costs, so the
+    executor runs them."""
     moe = dict(layers=2, hidden=64, heads=4, seq_len=32, vocab=128, experts=4, top_k=2,
                bias=False)
     with pytest.raises(ConfigError, match=needle):

@@ -27,6 +27,7 @@ from traces.purpose import (
     BenchRole,
     ExpertParamGather,
     ExpertTp,
+    ExpertUnitGather,
 )
 
 MOE_RUN = {"moe ep sp skewed": dict(tp=2, sp=True, dp=2, ep=2, global_batch=4)}
@@ -38,7 +39,7 @@ EXECUTABLE += list(MOE_RUN)
 (tests/traces/test_purpose.py): the executor refuses fp8 (`executor.runtime.fp8_refusal`) and
 expert tensor parallelism and ZeRO over an expert-DP group, whose expert parameter gathers
 it never meets (`executor.options.check_moe_supported`)."""
-MOE_ONLY = {ExpertTp, ExpertParamGather}
+MOE_ONLY = {ExpertTp, ExpertParamGather, ExpertUnitGather}
 
 
 def _specs(name: str) -> tuple[ModelSpec, Layout]:

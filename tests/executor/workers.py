@@ -6,6 +6,7 @@ asks; results go back to the test process, which checks them against the referen
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from dataclasses import dataclass, field
@@ -61,6 +62,8 @@ class Case:
     steps: int = 2
     sp_after: bool = False
     record: bool = False
+    gpus_per_node: int = 8
+    """The emulated node of a DeepEP/HybridEP dispatch (`RunOptions.gpus_per_node`)."""
 
     def specs(self) -> tuple[ModelSpec, Layout]:
         return ModelSpec(**{**SMALL, **self.model}), Layout(**self.layout)
@@ -294,7 +297,8 @@ def interpret_cases(ctx: RankContext, cases: list[Case], count_flops: bool = Fal
         records = new_buffer(len(plan.ops[ctx.rank]))
         records[H_OFFSET] = measure_clocks(ctx.rank, ctx.world_size, ctx.device)[0]
         recorder = Recorder(records)
-        interp = Interpreter(plan, model, layout, ctx.rank, comm, OPTIONS, ctx.device, recorder)
+        options = dataclasses.replace(OPTIONS, gpus_per_node=case.gpus_per_node)
+        interp = Interpreter(plan, model, layout, ctx.rank, comm, options, ctx.device, recorder)
         flops: list[float] = [0.0] * len(interp.calls)
         if count_flops:
             interp.calls = [_counting(call, flops, i) for i, call in enumerate(interp.calls)]

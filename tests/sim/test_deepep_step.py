@@ -1,6 +1,6 @@
 """Routing as trained, simulated: a DeepEP plan carries its routing on every dispatch and
-combine, folds exactly, and moves fewer InfiniBand bytes than NCCL's all-to-all; the executor
-refuses it in one line; force_balance leaves a balanced step unchanged."""
+combine, folds exactly, and moves fewer InfiniBand bytes than NCCL's all-to-all (the executor
+runs it: tests/executor/test_deepep_run.py); force_balance leaves a balanced step unchanged."""
 
 from __future__ import annotations
 

@@ -47,6 +47,7 @@ LAYOUTS = {
                                        overlap_param_gather=True),
     "moe ep etp": dict(tp=2, sp=True, dp=2, ep=2, etp=2, global_batch=4),
     "moe ep zero1": dict(tp=2, sp=True, dp=2, ep=2, zero=1, global_batch=4),
+    "moe ep zero3": dict(dp=4, ep=2, zero=3, global_batch=4),
 }
 MOE = dict(ffn="swiglu", ffn_hidden=96, experts=4, top_k=2, moe_ffn_hidden=32,
            shared_experts=1, dense_layers=1)

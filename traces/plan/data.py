@@ -25,7 +25,11 @@ buckets back to back (GPT-3 on 1024 A100s: 1.7 ms of a 26.6 s step); and it does
 model chunks after the first (`disable_bucketing=(model_chunk_idx > 0)`), which the
 interleaved schedule reduces whole.
 
-ZeRO-3 (FSDP) also all-gathers each unit's parameters before its forward and its backward. The
+ZeRO-3 (FSDP) also all-gathers each unit's parameters before its forward and its backward. With
+experts (MoE Parallel Folding's FSDP+EP) an MoE layer's routed experts shard over their
+expert-data-parallel group instead: gathered over it (`ExpertUnitGather`) beside the dense
+gather over DP, their gradients reduce-scattered over it (`ExpertGrads`) beside the dense ones,
+freed as the unit is. The
 gather of layer l waits until layer l ∓ (ZERO3_PREFETCH + 1) has finished in the same phase,
 so at most two layers are unsharded at once: one computing, one prefetched. A unit is gathered
 before a pass whenever it is not gathered then, and freed after a pass as
@@ -53,6 +57,7 @@ optimizer pass reads back to gather the same buckets. Their labels, as docs/plan
 
 from __future__ import annotations
 
+from traces.expert_grid import expert_grad_group
 from traces.fsdp import GradSync, frees_after, syncs_grads
 from traces.fsdp_kernels import accumulate_bytes, accumulates, reduces_after_stage
 from traces.layout import Axis
@@ -62,6 +67,8 @@ from traces.plan.nodes import Node, Program, RankContext
 from traces.purpose import (
     EMBED,
     HEAD,
+    ExpertGrads,
+    ExpertUnitGather,
     GradBucket,
     Kernel,
     KernelRun,
@@ -157,6 +164,9 @@ class _DataWalk:
         """The step's reduce-scatters wait for the stage's whole last backward (PipelineStage)."""
         self.accumulated: set[Unit] = set()
         """Units whose gradients this step has accumulated once already."""
+        self.edp_group = expert_grad_group(ctx.layout, ctx.rank) \
+            if self.zero == 3 and ctx.model.experts else ()
+        """ZeRO 3 with EP: the group an MoE layer's routed experts shard over (expert-DP)."""
 
     def action(self, action: Action, group: list[Node]) -> list[Node]:
         zero, mb = self.zero, action.microbatch
@@ -176,9 +186,10 @@ class _DataWalk:
         for node in group:
             unit = node.unit
             if gathers and unit is not None and node in firsts and unit not in self.gathered:
-                gather = self._gather(unit, mb, phase)
-                out.append(gather)
-                node.wait_for(gather)
+                gathers_here = self._gathers(unit, mb, phase)
+                out += gathers_here
+                for gather in gathers_here:
+                    node.wait_for(gather)
                 self.gathered.add(unit)
             out.append(node)
             if node.on_compute and node.op.layer is not None and node.op.phase is not None:
@@ -198,6 +209,23 @@ class _DataWalk:
         if reduce_grads:
             out += self._end_of_backward(mb, on_compute[-1])
         return out
+
+    def _gathers(self, unit: Unit, mb: int, phase: Phase) -> list[Node]:
+        """The unit's gather over DP; an MoE layer's experts' over expert-DP beside it."""
+        dense = self._gather(unit, mb, phase)
+        experts = self._expert_size(unit, self.ctx.model.dtype_bytes)
+        if not experts:
+            return [dense]
+        op = self._collective(OpKind.ALL_GATHER, Stream.ZERO_AG, "expert_params",
+                              ExpertUnitGather(unit), self.edp_group, experts, unit.layer, mb,
+                              phase)
+        return [dense, Node(op, unit, list(dense.after))]
+
+    def _expert_size(self, unit: Unit, per_param: float) -> float:
+        """Bytes of the unit's routed experts ZeRO 3 shards over expert-DP (0: none)."""
+        if len(self.edp_group) < 2 or unit.layer is None:
+            return 0.0
+        return self.ctx.expert_params(unit.layer) * per_param
 
     def _gather(self, unit: Unit, mb: int, phase: Phase) -> Node:
         waits: list[Node] = []
@@ -251,7 +279,14 @@ class _DataWalk:
             op = self._collective(OpKind.REDUCE_SCATTER, stream, unit_label("grads", unit),
                                   UnitGradReduce(unit), self.dp_group, size, layer, mb,
                                   Phase.BWD)
-            return [*out, Node(op, unit, [last])]
+            out.append(Node(op, unit, [last]))
+            experts = self._expert_size(unit, self.ctx.grad_bytes)
+            if experts:
+                op = self._collective(OpKind.REDUCE_SCATTER, stream, "expert_grads",
+                                      ExpertGrads(unit), self.edp_group, experts, layer, mb,
+                                      Phase.BWD)
+                out.append(Node(op, unit, [last]))
+            return out
         self.bucket.append(size)
         if unit in self.closes:
             out += self._cut(mb, last)
@@ -293,7 +328,7 @@ class _DataWalk:
                     group: tuple[int, ...], size: float, layer: int | None, mb: int,
                     phase: Phase) -> Op:
         """Parameters move in the model's dtype, gradients in theirs (fp32 main grads)."""
-        params = isinstance(purpose, UnitGather)
+        params = isinstance(purpose, UnitGather | ExpertUnitGather)
         dtype = self.ctx.model.data_dtype if params else self.ctx.grad_dtype
         return Op(kind=kind, stream=stream, name=name, purpose=purpose, group=group,
                   size_bytes=size, layer=layer, microbatch=mb, phase=phase, dtype=dtype)

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from traces.alltoallv import AllToAllv, deepep_split, split_of
 from traces.expert_grid import ep_coord, ep_group, etp_group, expert_grad_group
+from traces.layout import Layout
 from traces.moe import (
     ExpertShard,
     dispatch_tokens,
@@ -132,8 +133,8 @@ def add_expert_grads(ctx: RankContext, actions: list[Action], program: Program) 
     gradient buffers do."""
     layout = ctx.layout
     group = expert_grad_group(layout, ctx.rank)
-    if not ctx.model.experts or len(group) == 1:
-        return program
+    if not ctx.model.experts or len(group) == 1 or fsdp_experts(layout):
+        return program  # (under ZeRO 3 the data pass reduces them per unit)
     kind = OpKind.ALL_REDUCE if layout.zero == 0 else OpKind.REDUCE_SCATTER
     out: Program = []
     for action, nodes in zip(actions, program, strict=False):
@@ -157,6 +158,12 @@ def add_expert_grads(ctx: RankContext, actions: list[Action], program: Program) 
                                 dtype=ctx.grad_dtype), node.unit, [node]))
         out.append(step)
     return [*out, *program[len(actions):]]
+
+
+def fsdp_experts(layout: Layout) -> bool:
+    """ZeRO 3 over a DP group of two or more: the data pass gathers the experts before use and
+    reduce-scatters their gradients per unit (`traces.plan.data`)."""
+    return layout.zero == 3 and layout.data_degree > 1
 
 
 def _op(beside: Node, exchange: Exchange, group: tuple[int, ...], size: float,

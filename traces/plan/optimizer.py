@@ -38,6 +38,7 @@ from traces.moe_spec import is_moe_layer
 from traces.ops import Op, OpKind, Phase, Stream
 from traces.pipeline import Action
 from traces.plan.data import chunk_units, gradient_buckets
+from traces.plan.experts import fsdp_experts
 from traces.plan.nodes import Node, Program, RankContext
 from traces.plan.param_gather import aligned_before_forward, gathers_before_forward
 from traces.purpose import (
@@ -148,12 +149,13 @@ def _chunk_dispatch(ctx: RankContext, schedule: Sequence[Action]) -> dict[int, i
 
 
 def _expert_gathers(ctx: RankContext, layers: list[int]) -> list[tuple[Op, list[Unit]]]:
-    """ZeRO 1/2 over an expert-DP group of two or more: each MoE layer's updated routed
-    experts, all-gathered as parameters (the elements its `ExpertGrads` reduce-scattered)."""
+    """ZeRO >= 1 over an expert-DP group of two or more (but FSDP's, which gathers before use):
+    each MoE layer's updated routed experts, all-gathered as parameters (the elements its
+    `ExpertGrads` reduce-scattered)."""
     model, layout = ctx.model, ctx.layout
     group = expert_grad_group(layout, ctx.rank) if model.experts else ()
-    if layout.zero not in (1, 2) or len(group) < 2:
-        return []
+    if layout.zero == 0 or fsdp_experts(layout) or len(group) < 2:
+        return []  # (ZeRO 3 with DP 1: sharded over expert-DP as ZeRO 1/2 shard them)
     out = []
     for layer in layers:
         if is_moe_layer(model, layer):
