@@ -89,8 +89,18 @@ def specs(experiment: Any) -> tuple[ModelSpec, Layout]:
 
 def cluster_table(experiment: Any) -> ClusterTable | None:
     """The `[cluster]` table of the experiment's cluster (None for a (model, layout) pair):
-    the measured traces carry it, so `parasim replay` rebuilds the cluster they ran on."""
-    return None if isinstance(experiment, tuple) else experiment.cluster.table
+    the measured traces carry it, so `parasim replay` rebuilds the cluster they ran on. CPU
+    ranks on this host (the localhost preset) share its cores: the table states how many
+    (`cores`, unless it gives them), so `parasim whatif` knows when a target's ranks outnumber
+    them (`topology.cluster.Cluster.time_shared`)."""
+    if isinstance(experiment, tuple):
+        return None
+    table: ClusterTable | None = experiment.cluster.table
+    if table is None or table.preset != "localhost" or experiment.cluster.cores:
+        return table
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return dataclasses.replace(table, overrides=tuple(sorted((*table.overrides,
+                                                              ("cores", cores or 1)))))
 
 
 def run(experiment: Any, out_dir: str | Path, steps: int = 1, warmup: int = 1,

@@ -93,6 +93,8 @@ def summary_json(r: WhatifResult, seconds: float | None = None) -> dict[str, Any
     }
     if r.links is not None:
         out["links_fitted_to_capture"] = links_json(r.links)
+    if r.time_shared != 1.0:
+        out["host_work_time_shared"] = r.time_shared
     if seconds is not None:
         out["whatif_seconds"] = seconds
     return out
@@ -122,6 +124,9 @@ def summary_text(r: WhatifResult) -> str:
                             sorted(r.links.figures.items()))
         lines.append(f"  {'links (capture fit)':<24}{figures} ({r.links.samples} measured; "
                      f"not pinned down: {', '.join(r.links.unidentified) or 'none'})")
+    if r.time_shared != 1.0:
+        lines.append(f"  {'host cores shared':<24}kernels and host gaps x{r.time_shared:.3g} "
+                     f"(the target's ranks per core over the capture's)")
     sources = ", ".join(f"{n} {s}" for s, n in sorted(r.ops_by_source.items()))
     lines.append(f"  {'compute ops':<24}{sources}")
     measured = [k.name for k in r.kernels if not k.extrapolated]

@@ -74,6 +74,9 @@ class WhatifResult:
     links: LearnedLinks | None = None
     """The link figures fitted to the capture's communication that timed the target's (None:
     the target cluster's own, or --profile's)."""
+    time_shared: float = 1.0
+    """How many times longer the target's host work (kernels, host gaps) runs than the
+    capture's, its CPU ranks sharing the host's cores (`_time_shared`)."""
 
     @property
     def step_time_s(self) -> float:
@@ -99,6 +102,7 @@ def whatif(captured: Captured, exp: Experiment, fallback: Profile | None = None,
         if capture_links else None
     cluster = links.applied_to(exp.cluster) if links is not None else exp.cluster
     gaps_of = host_gaps(first)
+    share = _time_shared(exp, capture_cluster, first)
     timed: dict[int, tuple[Op, ...]] = {}
     gaps: dict[int, list[float]] = {}
     timings: list[Timing] = []
@@ -111,11 +115,11 @@ def whatif(captured: Captured, exp: Experiment, fallback: Profile | None = None,
             if op.kind is OpKind.COMPUTE:
                 t = book.time(op)
                 timings.append(t)
-                out.append(replace(op, start=0.0, end=t.seconds))
-                rank_gaps.append(t.gap_s)
+                out.append(replace(op, start=0.0, end=t.seconds * share))
+                rank_gaps.append(t.gap_s * share)
             else:
                 out.append(op)
-                rank_gaps.append(book.gap(op))
+                rank_gaps.append(book.gap(op) * share)
         timed[rank], gaps[rank] = tuple(out), rank_gaps
     target = Trace(timed, plan.meta)
     times = _replay(exp, cluster, target, gaps)
@@ -132,7 +136,20 @@ def whatif(captured: Captured, exp: Experiment, fallback: Profile | None = None,
                         ranks_kept=len(kept), ranks=len(plan.ops),
                         captured_step_s=_span(first),
                         captured_on=capture_cluster.accelerator.name, statistic=statistic,
-                        links=links)
+                        links=links, time_shared=share)
+
+
+def _time_shared(exp: Experiment, capture_cluster: Cluster, captured: Trace) -> float:
+    """The target's time-sharing of its host's cores over the capture's (each
+    `Cluster.time_shared` at the ranks on its first server): a 4-rank target on the 2 cores
+    a 2-rank capture had to itself runs each kernel twice as long. 1 where either cluster
+    does not state its cores (a GPU cluster: a rank's kernels run on its own device)."""
+    if not (exp.cluster.cores and capture_cluster.cores):
+        return 1.0
+    world = captured.meta.layout.world if captured.meta.layout else len(captured.ops)
+    mine = exp.cluster.time_shared(min(exp.layout.world, exp.cluster.devices_per_server))
+    theirs = capture_cluster.time_shared(min(world, capture_cluster.devices_per_server))
+    return mine / theirs
 
 
 def _plan(exp: Experiment, captured: Captured) -> Trace:
