@@ -38,6 +38,7 @@ from executor.groups import Groups, plan_group_keys
 from executor.interpreter import Interpreter
 from executor.launch import JobFailed, RankContext, in_torchrun, spawn
 from executor.options import RunOptions, as_run, check_supported
+from executor.probe import probe_links, probe_table
 from executor.program import lower
 from executor.recorder import (
     DONE,
@@ -165,7 +166,8 @@ def _result(job: _Job, results: list[dict[str, Any]], records: dict[int, np.ndar
     backend = results[0]["backend"]
     step_seconds = _step_seconds(results)
     meta = _meta(job, backend=backend, complete=True,
-                 clock=results[0]["clock"], step_seconds=tuple(step_seconds))
+                 clock=results[0]["clock"], step_seconds=tuple(step_seconds),
+                 link_probe=probe_table([res["probe"] for res in results], job.layout.world))
     trace = timed_trace(job.plan, records, meta)
     files = write_run(job.out_dir, trace)
     if job.kernels:
@@ -226,11 +228,12 @@ def _rank_main(ctx: RankContext, job: _Job) -> dict[str, Any]:
         path = kernels_path(job.out_dir, ctx.rank)
         path.parent.mkdir(parents=True, exist_ok=True)
         profiler.export_chrome_trace(str(path))
+    probe = probe_links(ctx.device)
     recorder.set_state(DONE)
     c = layout.coords(ctx.rank)
     result = {"backend": ctx.backend, "clock": method, "spans": spans, "losses": losses,
               "last_stage_tp0": c.pp == layout.stage_rank(layout.num_stages - 1) and c.tp == 0,
-              "peak": interp.peak_bytes(), "calls": comm.calls}
+              "peak": interp.peak_bytes(), "calls": comm.calls, "probe": probe}
     groups.destroy()
     if in_torchrun():
         result["run"] = _gather_and_write(ctx, job, result)

@@ -2,7 +2,7 @@
 
     parasim whatif TRACE... [--config target.toml] [--set parallel.dp=4 ...] [--job job.toml]
                    [--profile P] [--statistic load|mean|median]
-                   [--links cluster|capture] [--json]
+                   [--links auto|cluster|capture] [--json]
 
 TRACE is a `parasim run` trace set (a folder) or file; several are repeated captures of one
 job, pooled. The target is `--config`, else the captured job (its trace header's model,
@@ -45,11 +45,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="what stands for a shape's measured times: load (default: its "
                         "median times the capture's load factor, so the captured total "
                         "stays), mean, or median (an idle host's figure)")
-    parser.add_argument("--links", choices=("cluster", "capture"), default="cluster",
+    parser.add_argument("--links", choices=("auto", "cluster", "capture"), default="auto",
                         help="what times the target's new communication: the target "
-                        "cluster's link figures (default), or figures fitted to the "
-                        "capture's own collectives (they extrapolate poorly across message "
-                        "sizes: docs/whatif.md)")
+                        "cluster's link figures, or figures fitted to the capture's own "
+                        "collectives and its link probe (all-reduces at several sizes); "
+                        "auto (default): capture where it holds the probe (docs/whatif.md)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     add_set_flag(parser)
 
@@ -62,7 +62,8 @@ def run(args: argparse.Namespace) -> int:
     overrides = {"profile": profile_path} if profile_path else None
     exp = target_experiment(captured, args.config, parse_settings(args.settings), overrides)
     result = whatif(captured, exp, exp.profile if exp.profile_path is not None else None,
-                    Statistic(args.statistic), capture_links=args.links == "capture")
+                    Statistic(args.statistic),
+                    capture_links=None if args.links == "auto" else args.links == "capture")
     if result.captured_on != exp.cluster.accelerator.name:
         warn(f"kernel times are the capture's on {result.captured_on}, not re-timed for the "
              f"target's {exp.cluster.accelerator.name} (as `replay --cluster` keeps them)")

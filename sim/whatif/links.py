@@ -31,7 +31,7 @@ from sim.collectives import Algorithm
 from topology.cluster import Cluster
 from topology.override import call_costs, link_figures, with_links
 from traces.errors import ConfigError
-from traces.ops import Trace
+from traces.ops import OpKind, Trace
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +64,7 @@ class LearnedLinks:
 def learn_links(traces: Sequence[Trace], cluster: Cluster) -> LearnedLinks | None:
     """The link figures `traces` (timed, run on `cluster`) imply; None where they hold no
     timed communication the fit can use."""
-    samples = [s for t in traces for s in observe(t)[0]]
+    samples = [s for t in traces for s in (*observe(t)[0], *probe_samples(t))]
     if not samples:
         return None
     calls = call_costs(cluster)
@@ -90,6 +90,27 @@ def learn_links(traces: Sequence[Trace], cluster: Cluster) -> LearnedLinks | Non
         return None
     return LearnedLinks(figures, cluster.accelerator.name, len(fit.residuals),
                         tuple(unidentified), fit.rms_error)
+
+
+def probe_samples(trace: Trace) -> list[CommSample]:
+    """The all-reduces `parasim run` timed after its steps at a few sizes (`executor.probe`,
+    the header's `link_probe`), as samples of the world group's communication."""
+    probe = trace.meta.link_probe
+    if probe is None:
+        return []
+    ranks, rows = probe.get("ranks"), probe.get("samples")
+    if probe.get("collective") != "all_reduce" or not isinstance(ranks, int) or ranks < 1 \
+            or not isinstance(rows, list) or not all(_sample(r) for r in rows):
+        raise ConfigError("trace: meta.link_probe: not an all-reduce probe of parasim run "
+                          "(collective, ranks, samples [[bytes, seconds], ...])")
+    group = tuple(range(ranks))
+    return [CommSample(OpKind.ALL_REDUCE, group, float(b), float(t)) for b, t in rows]
+
+
+def _sample(row: object) -> bool:
+    """[bytes, seconds], both positive numbers."""
+    return isinstance(row, list) and len(row) == 2 and all(
+        isinstance(v, int | float) and not isinstance(v, bool) and v > 0 for v in row)
 
 
 def _bytes_only(fit: LinkFit, samples: Sequence[CommSample], cluster: Cluster,

@@ -84,11 +84,14 @@ class WhatifResult:
 
 
 def whatif(captured: Captured, exp: Experiment, fallback: Profile | None = None,
-           statistic: Statistic = Statistic.LOAD, capture_links: bool = False
+           statistic: Statistic = Statistic.LOAD, capture_links: bool | None = None
            ) -> WhatifResult:
     """Predict `exp`'s step from the capture (module docstring); `statistic` sums up each
     measured shape's times (`sim.whatif.book.Statistic`); `capture_links`: time new ops'
-    communication by links fitted to the capture's (`_links`; opt-in, `docs/whatif.md`)."""
+    communication by links fitted to the capture's (`_links`); None: where the capture holds
+    `parasim run`'s link probe, all-reduces at several sizes (`docs/whatif.md`)."""
+    if capture_links is None:
+        capture_links = any(t.meta.link_probe is not None for t in captured.traces)
     first = captured.first
     spec = first.meta.cluster_spec
     if spec is None:
