@@ -1,9 +1,10 @@
-"""A short sweep of all-reduces over the whole world at a few sizes, run after the recorded
-steps: what one collective call costs on this host, then, from a few bytes (the per-call
-cost) to megabytes (the per-byte cost).
+"""What the host gave the run, probed after the recorded steps: all-reduces over the whole
+world at a few sizes, what one collective call costs here, then, from a few bytes (the
+per-call cost) to megabytes (the per-byte cost); and the share of a core each rank gets
+while every rank computes at once (`cpu_share`).
 
-    samples = probe_links(device)           # on every rank: [(bytes, seconds), ...]
-    table = probe_table(per_rank, world)    # the run's header entry, `meta.link_probe`
+    probe = {"links": probe_links(device), "cpu_share": cpu_share()}   # on every rank
+    table = probe_table(per_rank, world)    # the run's header entry, `meta.host_probe`
 
 A run's own collectives are often of one size (a DP job's one gradient bucket), and one size
 cannot tell the cost of a call from the cost of its bytes; `parasim whatif` fits link figures
@@ -12,6 +13,7 @@ to these samples beside the run's own (`sim.whatif.links`), as `parasim calibrat
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -41,8 +43,30 @@ def probe_links(device: torch.device) -> list[tuple[int, float]]:
     return out
 
 
-def probe_table(per_rank: Sequence[Sequence[Sequence[float]]], world: int) -> dict[str, Any]:
+SHARE_SECONDS = 0.03
+"""How long each rank computes in one `cpu_share` reading (several scheduler slices)."""
+
+
+def cpu_share(repeats: int = PROBE_REPEATS) -> float:
+    """The CPU time this rank's thread gets per second of wall time while every rank runs a
+    matrix product loop at once (the median of `repeats` readings, each after a barrier):
+    1 where each has a core to itself, cores / runnable threads where they time-share."""
+    a = torch.ones(64, 64)
+    readings = []
+    for _ in range(repeats):
+        dist.barrier()
+        wall, cpu = time.perf_counter(), time.thread_time()
+        while time.perf_counter() - wall < SHARE_SECONDS:
+            a = torch.mm(a, a).clamp_(max=1.0)
+        readings.append((time.thread_time() - cpu) / (time.perf_counter() - wall))
+    return min(1.0, statistics.median(readings))
+
+
+def probe_table(per_rank: Sequence[dict[str, Any]], world: int) -> dict[str, Any]:
     """The header entry: each call's time as its fastest rank saw it (the last to leave the
-    barrier waits for no one: its time is the call's own)."""
-    samples = [[int(calls[0][0]), min(float(c[1]) for c in calls)] for calls in zip(*per_rank)]
-    return {"collective": "all_reduce", "dtype": "fp32", "ranks": world, "samples": samples}
+    barrier waits for no one: its time is the call's own), and the ranks' mean CPU share."""
+    links = [rank["links"] for rank in per_rank]
+    samples = [[int(calls[0][0]), min(float(c[1]) for c in calls)] for calls in zip(*links)]
+    share = statistics.fmean(float(rank["cpu_share"]) for rank in per_rank)
+    return {"collective": "all_reduce", "dtype": "fp32", "ranks": world, "samples": samples,
+            "cpu_share": share}

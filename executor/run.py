@@ -38,7 +38,7 @@ from executor.groups import Groups, plan_group_keys
 from executor.interpreter import Interpreter
 from executor.launch import JobFailed, RankContext, in_torchrun, spawn
 from executor.options import RunOptions, as_run, check_supported
-from executor.probe import probe_links, probe_table
+from executor.probe import cpu_share, probe_links, probe_table
 from executor.program import lower
 from executor.recorder import (
     DONE,
@@ -167,7 +167,7 @@ def _result(job: _Job, results: list[dict[str, Any]], records: dict[int, np.ndar
     step_seconds = _step_seconds(results)
     meta = _meta(job, backend=backend, complete=True,
                  clock=results[0]["clock"], step_seconds=tuple(step_seconds),
-                 link_probe=probe_table([res["probe"] for res in results], job.layout.world))
+                 host_probe=probe_table([res["probe"] for res in results], job.layout.world))
     trace = timed_trace(job.plan, records, meta)
     files = write_run(job.out_dir, trace)
     if job.kernels:
@@ -228,7 +228,7 @@ def _rank_main(ctx: RankContext, job: _Job) -> dict[str, Any]:
         path = kernels_path(job.out_dir, ctx.rank)
         path.parent.mkdir(parents=True, exist_ok=True)
         profiler.export_chrome_trace(str(path))
-    probe = probe_links(ctx.device)
+    probe = {"links": probe_links(ctx.device), "cpu_share": cpu_share()}
     recorder.set_state(DONE)
     c = layout.coords(ctx.rank)
     result = {"backend": ctx.backend, "clock": method, "spans": spans, "losses": losses,

@@ -181,11 +181,12 @@ class Cluster:
             return "CPU rank", "CPU ranks"
         return "GPU", "GPUs"
 
-    def time_shared(self, ranks: int) -> float:
-        """How many times longer a rank's host work takes when `ranks` single-threaded ranks
-        share one server's `cores`: the scheduler gives each cores/ranks of a core, so
-        ranks/cores where they outnumber the cores, else 1 (and 1 where cores is unknown)."""
-        return max(1.0, ranks / self.cores) if self.cores else 1.0
+    def time_shared(self, threads: float) -> float:
+        """How many times longer a rank's host work takes when `threads` runnable threads (its
+        single-threaded ranks, and any other load) share one server's `cores`: the scheduler
+        gives each cores/threads of a core, so threads/cores where they outnumber the cores,
+        else 1 (and 1 where cores is unknown)."""
+        return max(1.0, threads / self.cores) if self.cores else 1.0
 
     @property
     def num_servers(self) -> int:

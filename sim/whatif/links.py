@@ -94,14 +94,14 @@ def learn_links(traces: Sequence[Trace], cluster: Cluster) -> LearnedLinks | Non
 
 def probe_samples(trace: Trace) -> list[CommSample]:
     """The all-reduces `parasim run` timed after its steps at a few sizes (`executor.probe`,
-    the header's `link_probe`), as samples of the world group's communication."""
-    probe = trace.meta.link_probe
+    the header's `host_probe`), as samples of the world group's communication."""
+    probe = trace.meta.host_probe
     if probe is None:
         return []
     ranks, rows = probe.get("ranks"), probe.get("samples")
     if probe.get("collective") != "all_reduce" or not isinstance(ranks, int) or ranks < 1 \
             or not isinstance(rows, list) or not all(_sample(r) for r in rows):
-        raise ConfigError("trace: meta.link_probe: not an all-reduce probe of parasim run "
+        raise ConfigError("trace: meta.host_probe: not an all-reduce probe of parasim run "
                           "(collective, ranks, samples [[bytes, seconds], ...])")
     group = tuple(range(ranks))
     return [CommSample(OpKind.ALL_REDUCE, group, float(b), float(t)) for b, t in rows]

@@ -91,7 +91,7 @@ def whatif(captured: Captured, exp: Experiment, fallback: Profile | None = None,
     communication by links fitted to the capture's (`_links`); None: where the capture holds
     `parasim run`'s link probe, all-reduces at several sizes (`docs/whatif.md`)."""
     if capture_links is None:
-        capture_links = any(t.meta.link_probe is not None for t in captured.traces)
+        capture_links = any(t.meta.host_probe is not None for t in captured.traces)
     first = captured.first
     spec = first.meta.cluster_spec
     if spec is None:
@@ -144,15 +144,30 @@ def whatif(captured: Captured, exp: Experiment, fallback: Profile | None = None,
 
 def _time_shared(exp: Experiment, capture_cluster: Cluster, captured: Trace) -> float:
     """The target's time-sharing of its host's cores over the capture's (each
-    `Cluster.time_shared` at the ranks on its first server): a 4-rank target on the 2 cores
-    a 2-rank capture had to itself runs each kernel twice as long. 1 where either cluster
-    does not state its cores (a GPU cluster: a rank's kernels run on its own device)."""
+    `Cluster.time_shared` at the runnable threads on its first server: its ranks, and on the
+    capture's host the other load the probe saw): a 4-rank target on the 2 cores a 2-rank
+    capture had to itself runs each kernel twice as long. 1 where either cluster does not
+    state its cores (a GPU cluster: a rank's kernels run on its own device)."""
     if not (exp.cluster.cores and capture_cluster.cores):
         return 1.0
     world = captured.meta.layout.world if captured.meta.layout else len(captured.ops)
-    mine = exp.cluster.time_shared(min(exp.layout.world, exp.cluster.devices_per_server))
-    theirs = capture_cluster.time_shared(min(world, capture_cluster.devices_per_server))
-    return mine / theirs
+    theirs = min(world, capture_cluster.devices_per_server)
+    mine = min(exp.layout.world, exp.cluster.devices_per_server)
+    other = _other_load(captured.meta.host_probe, capture_cluster.cores, theirs)
+    same_host = exp.cluster.cores == capture_cluster.cores
+    return (exp.cluster.time_shared(mine + (other if same_host else 0.0))
+            / capture_cluster.time_shared(theirs + other))
+
+
+def _other_load(probe: Mapping[str, object] | None, cores: int, ranks: int) -> float:
+    """Runnable threads on the capture's host besides its `ranks`: with every rank
+    computing, each got a share s < 1 of a core (`executor.probe.cpu_share`), so cores / s
+    threads were runnable; 0 where each had a core (s = 1: at most `cores` were) or where
+    the capture was not probed."""
+    share = probe.get("cpu_share") if probe else None
+    if not isinstance(share, float) or not 0.0 < share < 1.0:
+        return 0.0
+    return max(0.0, cores / share - ranks)
 
 
 def _plan(exp: Experiment, captured: Captured) -> Trace:

@@ -87,3 +87,15 @@ def test_a_target_not_stating_its_cores_is_not_time_shared(captured, tmp_path):
     target.write_text(JOB.replace("cores = 2", "").replace("dp = 2", "dp = 4")
                       .replace("gpus_per_node = 2", "gpus_per_node = 4"))
     assert whatif(captured, target_experiment(captured, str(target))).time_shared == 1.0
+
+
+def test_other_load_on_the_capture_s_host_shares_the_cores_too(captured):
+    """The capture's probe saw each of its 2 ranks get 0.4 of a core: 2 / 0.4 = 5 threads
+    were runnable, 3 of them someone else's. On that host a 4-rank target is one of 7, not
+    of 4: (4 + 3) / (2 + 3) = 1.4 times the capture's time, not 2."""
+    probe = {"collective": "all_reduce", "ranks": 2, "samples": [], "cpu_share": 0.4}
+    loaded = replace(captured, loaded=(replace(captured.loaded[0], trace=Trace(
+        captured.first.ops, replace(captured.first.meta, host_probe=probe))),))
+    result = whatif(loaded, target_experiment(loaded, settings=parse_settings(
+        ["parallel.dp=4", "cluster.gpus_per_node=4"])), capture_links=False)
+    assert result.time_shared == pytest.approx(7 / 5, rel=1e-12)

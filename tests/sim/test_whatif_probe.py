@@ -1,5 +1,5 @@
 """`parasim run`'s link probe (`executor.probe`: all-reduces over the world at a few sizes,
-the header's `link_probe`): `parasim whatif` fits the capture's link figures to it by default,
+the header's `host_probe`): `parasim whatif` fits the capture's link figures to it by default,
 and several sizes pin down what a DP capture's one gradient all-reduce cannot: the cost of a
 call apart from the cost of its bytes."""
 
@@ -67,7 +67,7 @@ def _capture(tmp_path, probe: bool) -> str:
     timed = times.timed_trace()
     table = {"collective": "all_reduce", "dtype": "fp32", "ranks": 2,
              "samples": [[s, t] for s, t in zip(SIZES, _probe_times(FIGURES))]}
-    meta = replace(timed.meta, complete=True, link_probe=table if probe else None)
+    meta = replace(timed.meta, complete=True, host_probe=table if probe else None)
     path = tmp_path / f"dp2-{probe}.json"
     save(Trace(timed.ops, meta), path)
     return str(path)
@@ -99,7 +99,7 @@ def test_without_the_probe_the_cluster_s_figures_stay_by_default(tmp_path):
 
 def test_a_malformed_probe_is_one_line(tmp_path):
     captured = load_captured([_capture(tmp_path, probe=True)])
-    bad = replace(captured.first.meta, link_probe={"collective": "all_reduce", "ranks": 2,
+    bad = replace(captured.first.meta, host_probe={"collective": "all_reduce", "ranks": 2,
                                                    "samples": [[4, -1.0]]})
-    with pytest.raises(ConfigError, match=r"^trace: meta.link_probe: not an all-reduce probe"):
+    with pytest.raises(ConfigError, match=r"^trace: meta.host_probe: not an all-reduce probe"):
         probe_samples(Trace(captured.first.ops, bad))

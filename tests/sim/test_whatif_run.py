@@ -70,6 +70,7 @@ def test_dp2_keeps_the_norms_medians_and_scales_the_gemms(capsys, run_dir):
     # the run's link probe (4 sizes x 3 calls) and its TP all-reduces time the new ones by
     # default; --links cluster keeps the cluster's figures
     assert len(probe_samples(captured.first)) == len(PROBE_BYTES) * PROBE_REPEATS
+    assert 0 < captured.first.meta.host_probe["cpu_share"] <= 1  # of a core, per rank
     assert out["links_fitted_to_capture"]["samples"] >= len(PROBE_BYTES)
     plain = run_json(capsys, "whatif", run_dir, "--set", "parallel.tp=1", "--set",
                      "parallel.dp=2", "--links", "cluster")
