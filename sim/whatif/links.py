@@ -7,14 +7,15 @@ collectives and transfers, to time the target's communication on the capture's k
 A cluster's default link figures are a data sheet's (`localhost`: tens of µs), while the
 capture's own communication says what a call really costs on the machine it ran on (gloo on a
 shared CPU host: milliseconds). `sim.calibrate.links.fit_links` fits each link class's latency,
-bandwidth and per-call cost to the capture's `sim.calibrate.observe` samples. Where the
-samples pin no figure down at all (one DP capture holds one gradient all-reduce: one message
-size for three figures), the split between per-call and per-byte cost is a guess, and the
-guess taken is the cluster's latency and call cost with the bandwidth fitted to what was
-measured: a per-call cost of milliseconds, read off one large all-reduce, charged to each of
-a TP job's hundreds of small ones would multiply its step (the bench's DP 2 -> TP 2 pair:
-+215%), while a TP capture's own fit finds the calls cheap (~0.26 ms) and the bytes dear.
-The figures left unpinned are listed.
+bandwidth and per-call cost to the capture's `sim.calibrate.observe` samples and to the
+all-reduces `parasim run` times at four sizes after its steps (`executor.probe`, the
+header's `host_probe`: `probe_samples`), which pin the call apart from the bytes. Where the
+samples pin no figure down at all (a capture without the probe: a DP one holds one gradient
+all-reduce, one message size for three figures), the split between per-call and per-byte
+cost is a guess, and the guess taken is the cluster's latency and call cost with the
+bandwidth fitted to what was measured: a per-call cost of milliseconds, read off one large
+all-reduce, charged to each of a TP job's hundreds of small ones would multiply its step
+(the bench's DP 2 -> TP 2 pair: +215%). The figures left unpinned are listed.
 """
 
 from __future__ import annotations
