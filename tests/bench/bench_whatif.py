@@ -92,7 +92,7 @@ def _measured(folder: Path, config: Path, steps: int) -> tuple[float, float]:
     return statistics.median(run["step_times_s"]), min(run["step_times_s"])
 
 
-STATISTICS = ("load", "mean", "median")
+STATISTICS = ("load", "mean", "median", "share")
 """whatif's --statistic values, each predicted from the same capture (the first: the default)."""
 
 
