@@ -1,7 +1,7 @@
 """The `parasim whatif` command: a captured step predicts another job's step.
 
     parasim whatif TRACE... [--config target.toml] [--set parallel.dp=4 ...] [--job job.toml]
-                   [--profile P] [--statistic load|mean|median]
+                   [--profile P] [--statistic load|mean|median|share]
                    [--links auto|cluster|capture] [--json]
 
 TRACE is a `parasim run` trace set (a folder) or file; several are repeated captures of one
@@ -44,7 +44,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--statistic", choices=[str(s) for s in Statistic], default="load",
                         help="what stands for a shape's measured times: load (default: its "
                         "median times the capture's load factor, so the captured total "
-                        "stays), mean, or median (an idle host's figure)")
+                        "stays), mean, median (an idle host's figure), or share (the median, "
+                        "and the step no shorter than each rank's CPU work over its share "
+                        "of a core)")
     parser.add_argument("--links", choices=("auto", "cluster", "capture"), default="auto",
                         help="what times the target's new communication: the target "
                         "cluster's link figures, or figures fitted to the capture's own "

@@ -14,6 +14,7 @@ from sim.config import experiment_from_dict
 from sim.settings import parse_settings
 from sim.simulate import predict
 from sim.whatif import load_captured, target_experiment, whatif
+from sim.whatif.book import Statistic
 from topology.config import cluster_from_table
 from traces.io import save
 from traces.ops import OpKind, Trace
@@ -99,3 +100,25 @@ def test_other_load_on_the_capture_s_host_shares_the_cores_too(captured):
     result = whatif(loaded, target_experiment(loaded, settings=parse_settings(
         ["parallel.dp=4", "cluster.gpus_per_node=4"])), capture_links=False)
     assert result.time_shared == pytest.approx(7 / 5, rel=1e-12)
+
+
+def _probed(captured, share: float | None):
+    """`captured` with a probe that read `share` of a core per rank (None: no probe)."""
+    probe = None if share is None else {"collective": "all_reduce", "ranks": 2,
+                                        "samples": [], "cpu_share": share}
+    return replace(captured, loaded=(replace(captured.loaded[0], trace=Trace(
+        captured.first.ops, replace(captured.first.meta, host_probe=probe))),))
+
+
+def test_the_share_statistic_bounds_the_step_by_the_cpu_work_over_its_share(captured):
+    """--statistic share, DP 2 -> DP 4 on 2 cores: the busiest rank's unpreempted work W
+    takes at least W (4 + b) / 2, b the other threads the probe saw (2 / s - 2): W x 2
+    unprobed, x 3 at s = 0.5, x 5 at s = 0.25; its kernels keep their medians."""
+    results = [whatif(loaded, target_experiment(loaded, settings=parse_settings(
+        ["parallel.dp=4", "cluster.gpus_per_node=4"])), statistic=Statistic.SHARE,
+        capture_links=False) for loaded in (_probed(captured, s) for s in (None, 0.5, 0.25))]
+    bounds = [r.cpu_bound_s for r in results]
+    assert bounds[1] == pytest.approx(bounds[0] * 3 / 2, rel=1e-12)
+    assert bounds[2] == pytest.approx(bounds[0] * 5 / 2, rel=1e-12)
+    assert _kernels(results[0]) == _kernels(results[2])  # the bound scales no kernel
+    assert results[2].step_time_s == bounds[2] > results[2].times.step_time_s
