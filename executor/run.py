@@ -38,6 +38,7 @@ from executor.groups import Groups, plan_group_keys
 from executor.interpreter import Interpreter
 from executor.launch import JobFailed, RankContext, in_torchrun, spawn
 from executor.options import RunOptions, as_run, check_supported
+from executor.probe import cpu_share, probe_links, probe_table
 from executor.program import lower
 from executor.recorder import (
     DONE,
@@ -89,8 +90,18 @@ def specs(experiment: Any) -> tuple[ModelSpec, Layout]:
 
 def cluster_table(experiment: Any) -> ClusterTable | None:
     """The `[cluster]` table of the experiment's cluster (None for a (model, layout) pair):
-    the measured traces carry it, so `parasim replay` rebuilds the cluster they ran on."""
-    return None if isinstance(experiment, tuple) else experiment.cluster.table
+    the measured traces carry it, so `parasim replay` rebuilds the cluster they ran on. CPU
+    ranks on this host (the localhost preset) share its cores: the table states how many
+    (`cores`, unless it gives them), so `parasim whatif` knows when a target's ranks outnumber
+    them (`topology.cluster.Cluster.time_shared`)."""
+    if isinstance(experiment, tuple):
+        return None
+    table: ClusterTable | None = experiment.cluster.table
+    if table is None or table.preset != "localhost" or experiment.cluster.cores:
+        return table
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return dataclasses.replace(table, overrides=tuple(sorted((*table.overrides,
+                                                              ("cores", cores or 1)))))
 
 
 def run(experiment: Any, out_dir: str | Path, steps: int = 1, warmup: int = 1,
@@ -158,7 +169,8 @@ def _result(job: _Job, results: list[dict[str, Any]], records: dict[int, np.ndar
     backend = results[0]["backend"]
     step_seconds = _step_seconds(results)
     meta = _meta(job, backend=backend, complete=True,
-                 clock=results[0]["clock"], step_seconds=tuple(step_seconds))
+                 clock=results[0]["clock"], step_seconds=tuple(step_seconds),
+                 host_probe=probe_table([res["probe"] for res in results], job.layout.world))
     trace = timed_trace(job.plan, records, meta)
     files = write_run(job.out_dir, trace)
     if job.kernels:
@@ -219,11 +231,12 @@ def _rank_main(ctx: RankContext, job: _Job) -> dict[str, Any]:
         path = kernels_path(job.out_dir, ctx.rank)
         path.parent.mkdir(parents=True, exist_ok=True)
         profiler.export_chrome_trace(str(path))
+    probe = {"links": probe_links(ctx.device), "cpu_share": cpu_share()}
     recorder.set_state(DONE)
     c = layout.coords(ctx.rank)
     result = {"backend": ctx.backend, "clock": method, "spans": spans, "losses": losses,
               "last_stage_tp0": c.pp == layout.stage_rank(layout.num_stages - 1) and c.tp == 0,
-              "peak": interp.peak_bytes(), "calls": comm.calls}
+              "peak": interp.peak_bytes(), "calls": comm.calls, "probe": probe}
     groups.destroy()
     if in_torchrun():
         result["run"] = _gather_and_write(ctx, job, result)

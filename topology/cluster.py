@@ -111,6 +111,9 @@ class Cluster:
     for a cluster built by hand."""
     variability: Variability = IDEAL
     """How its ranks' compute speed varies per step (`sim.models.variability`)."""
+    cores: int = 0
+    """CPU ranks (the localhost preset): the host's cores they share, each rank running one
+    thread; 0: unknown, every rank taken to have a core of its own."""
     link_capacity: tuple[float, ...] = field(init=False)
     link_latency: tuple[float, ...] = field(init=False)
     link_kind: tuple[str, ...] = field(init=False)
@@ -177,6 +180,13 @@ class Cluster:
         if self.accelerator.name.startswith("CPU"):
             return "CPU rank", "CPU ranks"
         return "GPU", "GPUs"
+
+    def time_shared(self, threads: float) -> float:
+        """How many times longer a rank's host work takes when `threads` runnable threads (its
+        single-threaded ranks, and any other load) share one server's `cores`: the scheduler
+        gives each cores/threads of a core, so threads/cores where they outnumber the cores,
+        else 1 (and 1 where cores is unknown)."""
+        return max(1.0, threads / self.cores) if self.cores else 1.0
 
     @property
     def num_servers(self) -> int:

@@ -61,10 +61,11 @@ MAX_NICS_PER_NODE = 1024
 MAX_LEAF_PORTS = 4096  # NIC ports under one leaf switch (real switches have 40-128)
 MAX_OVERSUBSCRIPTION = 64.0
 MAX_QPS_PER_CONNECTION = 128  # parasim's bound: each queue pair is routed on its own
+MAX_CORES = 4096  # parasim's bound on `cores` (the largest hosts have a few hundred)
 
 # Keys by what they apply to; the order is the order of the error message's list.
 COMMON_KEYS = ("preset", "nodes", "fabric", "gpus_per_node", "gpu_peak_tflops", "gpu_memory",
-               "hbm_bandwidth", "gpu_power", "jitter", "slow_nodes", "slow_factor")
+               "hbm_bandwidth", "gpu_power", "jitter", "slow_nodes", "slow_factor", "cores")
 SERVER_KEYS = ("nvlink_bandwidth", "nvlink_efficiency", "nvlink_latency", "nics_per_node",
                "nic_bandwidth", "nic_efficiency", "pcie_bandwidth", "pcie_latency",
                "switch_latency", "sharp")
@@ -91,6 +92,8 @@ class ClusterSpec:
     table: ClusterTable | None = None
     """The table it was read from (`read_cluster` sets it)."""
     variability: Variability = IDEAL
+    cores: int = 0
+    """The localhost preset: the CPU cores its ranks share (`Cluster.cores`); 0: unknown."""
 
     @property
     def num_devices(self) -> int:
@@ -129,6 +132,7 @@ class ClusterSpec:
             fabric=fabric,
             table=self.table,
             variability=self.variability,
+            cores=self.cores,
         )
 
 
@@ -195,6 +199,7 @@ def _read(fields: Fields, where: str) -> ClusterSpec:
         raise ConfigError(f"{where}.fabric: {fabric!r} does not fit preset {name!r}, "
                           f"whose chips sit on a {preset.fabric}")
     _check_applicable(fields, name, fabric)
+    cores = _cores(fields, preset)
     accelerator = _accelerator(preset.accelerator, fields)
     gpus = fields.integer("gpus_per_node", preset.server.gpus, minimum=1,
                           maximum=MAX_GPUS_PER_NODE)
@@ -213,7 +218,16 @@ def _read(fields: Fields, where: str) -> ClusterSpec:
         raise ConfigError(f"{fields.name('sharp')}: true needs servers whose NICs reach "
                           f"InfiniBand switches; preset {name!r} has no NICs")
     return ClusterSpec(preset=name, fabric=fabric, nodes=nodes, accelerator=accelerator,
-                       server=server, switch_latency_s=latency, sharp=sharp, fat_tree=fat_tree)
+                       server=server, switch_latency_s=latency, sharp=sharp, fat_tree=fat_tree,
+                       cores=cores)
+
+
+def _cores(fields: Fields, preset: Preset) -> int:
+    """`cores`: the host CPU cores the ranks of a CPU preset (localhost) share."""
+    if "cores" in fields and preset.server.link_kind != "loopback":
+        raise ConfigError(f"{fields.name('cores')}: applies to the localhost preset only (CPU "
+                          f"ranks sharing a host's cores), not to preset {preset.name!r}")
+    return fields.integer("cores", 0, minimum=1, maximum=MAX_CORES) if "cores" in fields else 0
 
 
 def _check_applicable(fields: Fields, preset: str, fabric: str) -> None:

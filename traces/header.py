@@ -75,6 +75,8 @@ class TraceMeta:
     peak_memory_bytes: Mapping[int, int] | None = None
     clock_offsets_ns: Mapping[int, int] | None = None
     clock_error_ns: Mapping[int, int] | None = None
+    host_probe: Mapping[str, Any] | None = None
+    """All-reduces over the world at a few sizes after the steps (`executor.probe`, JSON)."""
     # --- a profiler import's findings (traces.kineto)
     process_groups: Mapping[int, Any] | None = None
     """Per rank, its process groups as the profiler lists them (JSON)."""

@@ -314,6 +314,7 @@ _FIELDS: tuple[tuple[str, str, Callable[[object, str], Any], Callable[[Any], Any
     ("peak_memory_bytes", "peak_memory_bytes", _by_rank(_count), _ranked(_same)),
     ("clock_offsets_ns", "clock_offsets_ns", _by_rank(_integer), _ranked(_same)),
     ("clock_error_ns", "clock_error_ns", _by_rank(_count), _ranked(_same)),
+    ("host_probe", "host_probe", _object, dict),
     ("process_groups", "process_groups", _by_rank(_as_read), _ranked(_same)),
     ("files", "files", _by_rank(_string), _ranked(_same)),
     ("compute_from", "compute_from", _string, _same),

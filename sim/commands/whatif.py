@@ -1,8 +1,8 @@
 """The `parasim whatif` command: a captured step predicts another job's step.
 
     parasim whatif TRACE... [--config target.toml] [--set parallel.dp=4 ...] [--job job.toml]
-                   [--profile P] [--statistic load|mean|median]
-                   [--links cluster|capture] [--json]
+                   [--profile P] [--statistic load|mean|median|share]
+                   [--links auto|cluster|capture] [--json]
 
 TRACE is a `parasim run` trace set (a folder) or file; several are repeated captures of one
 job, pooled. The target is `--config`, else the captured job (its trace header's model,
@@ -44,12 +44,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--statistic", choices=[str(s) for s in Statistic], default="load",
                         help="what stands for a shape's measured times: load (default: its "
                         "median times the capture's load factor, so the captured total "
-                        "stays), mean, or median (an idle host's figure)")
-    parser.add_argument("--links", choices=("cluster", "capture"), default="cluster",
+                        "stays), mean, median (an idle host's figure), or share (the median, "
+                        "and the step no shorter than each rank's CPU work over its share "
+                        "of a core)")
+    parser.add_argument("--links", choices=("auto", "cluster", "capture"), default="auto",
                         help="what times the target's new communication: the target "
-                        "cluster's link figures (default), or figures fitted to the "
-                        "capture's own collectives (they extrapolate poorly across message "
-                        "sizes: docs/whatif.md)")
+                        "cluster's link figures, or figures fitted to the capture's own "
+                        "collectives and its link probe (all-reduces at several sizes); "
+                        "auto (default): capture where it holds the probe (docs/whatif.md)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     add_set_flag(parser)
 
@@ -62,7 +64,8 @@ def run(args: argparse.Namespace) -> int:
     overrides = {"profile": profile_path} if profile_path else None
     exp = target_experiment(captured, args.config, parse_settings(args.settings), overrides)
     result = whatif(captured, exp, exp.profile if exp.profile_path is not None else None,
-                    Statistic(args.statistic), capture_links=args.links == "capture")
+                    Statistic(args.statistic),
+                    capture_links=None if args.links == "auto" else args.links == "capture")
     if result.captured_on != exp.cluster.accelerator.name:
         warn(f"kernel times are the capture's on {result.captured_on}, not re-timed for the "
              f"target's {exp.cluster.accelerator.name} (as `replay --cluster` keeps them)")
@@ -93,6 +96,8 @@ def summary_json(r: WhatifResult, seconds: float | None = None) -> dict[str, Any
     }
     if r.links is not None:
         out["links_fitted_to_capture"] = links_json(r.links)
+    if r.time_shared != 1.0:
+        out["host_work_time_shared"] = r.time_shared
     if seconds is not None:
         out["whatif_seconds"] = seconds
     return out
@@ -122,6 +127,9 @@ def summary_text(r: WhatifResult) -> str:
                             sorted(r.links.figures.items()))
         lines.append(f"  {'links (capture fit)':<24}{figures} ({r.links.samples} measured; "
                      f"not pinned down: {', '.join(r.links.unidentified) or 'none'})")
+    if r.time_shared != 1.0:
+        lines.append(f"  {'host cores shared':<24}kernels and host gaps x{r.time_shared:.3g} "
+                     f"(the target's ranks per core over the capture's)")
     sources = ", ".join(f"{n} {s}" for s, n in sorted(r.ops_by_source.items()))
     lines.append(f"  {'compute ops':<24}{sources}")
     measured = [k.name for k in r.kernels if not k.extrapolated]

@@ -63,6 +63,11 @@ class Statistic(StrEnum):
     LOAD = "load"
     MEAN = "mean"
     MEDIAN = "median"
+    SHARE = "share"
+    """Each shape's median (its unpreempted time) and host gaps' median, and the step no
+    shorter than each rank's CPU work over the share of a core the target's ranks get
+    (`sim.whatif.predict._cpu_bound`): the scheduler time-slices a rank that computes the
+    whole step, but serves the short bursts of one that sleeps in communication at once."""
 
     def of(self, values: Sequence[float]) -> float:
         """One shape's figure (`load`: the median, times the load factor in `learn`)."""

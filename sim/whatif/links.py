@@ -7,14 +7,15 @@ collectives and transfers, to time the target's communication on the capture's k
 A cluster's default link figures are a data sheet's (`localhost`: tens of µs), while the
 capture's own communication says what a call really costs on the machine it ran on (gloo on a
 shared CPU host: milliseconds). `sim.calibrate.links.fit_links` fits each link class's latency,
-bandwidth and per-call cost to the capture's `sim.calibrate.observe` samples. Where the
-samples pin no figure down at all (one DP capture holds one gradient all-reduce: one message
-size for three figures), the split between per-call and per-byte cost is a guess, and the
-guess taken is the cluster's latency and call cost with the bandwidth fitted to what was
-measured: a per-call cost of milliseconds, read off one large all-reduce, charged to each of
-a TP job's hundreds of small ones would multiply its step (the bench's DP 2 -> TP 2 pair:
-+215%), while a TP capture's own fit finds the calls cheap (~0.26 ms) and the bytes dear.
-The figures left unpinned are listed.
+bandwidth and per-call cost to the capture's `sim.calibrate.observe` samples and to the
+all-reduces `parasim run` times at four sizes after its steps (`executor.probe`, the
+header's `host_probe`: `probe_samples`), which pin the call apart from the bytes. Where the
+samples pin no figure down at all (a capture without the probe: a DP one holds one gradient
+all-reduce, one message size for three figures), the split between per-call and per-byte
+cost is a guess, and the guess taken is the cluster's latency and call cost with the
+bandwidth fitted to what was measured: a per-call cost of milliseconds, read off one large
+all-reduce, charged to each of a TP job's hundreds of small ones would multiply its step
+(the bench's DP 2 -> TP 2 pair: +215%). The figures left unpinned are listed.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from sim.collectives import Algorithm
 from topology.cluster import Cluster
 from topology.override import call_costs, link_figures, with_links
 from traces.errors import ConfigError
-from traces.ops import Trace
+from traces.ops import OpKind, Trace
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +65,7 @@ class LearnedLinks:
 def learn_links(traces: Sequence[Trace], cluster: Cluster) -> LearnedLinks | None:
     """The link figures `traces` (timed, run on `cluster`) imply; None where they hold no
     timed communication the fit can use."""
-    samples = [s for t in traces for s in observe(t)[0]]
+    samples = [s for t in traces for s in (*observe(t)[0], *probe_samples(t))]
     if not samples:
         return None
     calls = call_costs(cluster)
@@ -90,6 +91,27 @@ def learn_links(traces: Sequence[Trace], cluster: Cluster) -> LearnedLinks | Non
         return None
     return LearnedLinks(figures, cluster.accelerator.name, len(fit.residuals),
                         tuple(unidentified), fit.rms_error)
+
+
+def probe_samples(trace: Trace) -> list[CommSample]:
+    """The all-reduces `parasim run` timed after its steps at a few sizes (`executor.probe`,
+    the header's `host_probe`), as samples of the world group's communication."""
+    probe = trace.meta.host_probe
+    if probe is None:
+        return []
+    ranks, rows = probe.get("ranks"), probe.get("samples")
+    if probe.get("collective") != "all_reduce" or not isinstance(ranks, int) or ranks < 1 \
+            or not isinstance(rows, list) or not all(_sample(r) for r in rows):
+        raise ConfigError("trace: meta.host_probe: not an all-reduce probe of parasim run "
+                          "(collective, ranks, samples [[bytes, seconds], ...])")
+    group = tuple(range(ranks))
+    return [CommSample(OpKind.ALL_REDUCE, group, float(b), float(t)) for b, t in rows]
+
+
+def _sample(row: object) -> bool:
+    """[bytes, seconds], both positive numbers."""
+    return isinstance(row, list) and len(row) == 2 and all(
+        isinstance(v, int | float) and not isinstance(v, bool) and v > 0 for v in row)
 
 
 def _bytes_only(fit: LinkFit, samples: Sequence[CommSample], cluster: Cluster,

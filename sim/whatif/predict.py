@@ -74,18 +74,28 @@ class WhatifResult:
     links: LearnedLinks | None = None
     """The link figures fitted to the capture's communication that timed the target's (None:
     the target cluster's own, or --profile's)."""
+    time_shared: float = 1.0
+    """How many times longer the target's host work (kernels, host gaps) runs than the
+    capture's, its CPU ranks sharing the host's cores (`_time_shared`)."""
+
+    cpu_bound_s: float = 0.0
+    """`Statistic.SHARE`: the busiest new rank's CPU work over its share of a core (0: none);
+    the step is no shorter."""
 
     @property
     def step_time_s(self) -> float:
-        return self.times.step_time_s
+        return max(self.times.step_time_s, self.cpu_bound_s)
 
 
 def whatif(captured: Captured, exp: Experiment, fallback: Profile | None = None,
-           statistic: Statistic = Statistic.LOAD, capture_links: bool = False
+           statistic: Statistic = Statistic.LOAD, capture_links: bool | None = None
            ) -> WhatifResult:
     """Predict `exp`'s step from the capture (module docstring); `statistic` sums up each
     measured shape's times (`sim.whatif.book.Statistic`); `capture_links`: time new ops'
-    communication by links fitted to the capture's (`_links`; opt-in, `docs/whatif.md`)."""
+    communication by links fitted to the capture's (`_links`); None: where the capture holds
+    `parasim run`'s link probe, all-reduces at several sizes (`docs/whatif.md`)."""
+    if capture_links is None:
+        capture_links = any(t.meta.host_probe is not None for t in captured.traces)
     first = captured.first
     spec = first.meta.cluster_spec
     if spec is None:
@@ -99,6 +109,8 @@ def whatif(captured: Captured, exp: Experiment, fallback: Profile | None = None,
         if capture_links else None
     cluster = links.applied_to(exp.cluster) if links is not None else exp.cluster
     gaps_of = host_gaps(first)
+    shared = _time_shared(exp, capture_cluster, first)
+    share = 1.0 if statistic is Statistic.SHARE else shared  # the bound times the sharing
     timed: dict[int, tuple[Op, ...]] = {}
     gaps: dict[int, list[float]] = {}
     timings: list[Timing] = []
@@ -111,18 +123,25 @@ def whatif(captured: Captured, exp: Experiment, fallback: Profile | None = None,
             if op.kind is OpKind.COMPUTE:
                 t = book.time(op)
                 timings.append(t)
-                out.append(replace(op, start=0.0, end=t.seconds))
-                rank_gaps.append(t.gap_s)
+                out.append(replace(op, start=0.0, end=t.seconds * share))
+                rank_gaps.append(t.gap_s * share)
             else:
                 out.append(op)
-                rank_gaps.append(book.gap(op))
+                rank_gaps.append(book.gap(op) * share)
         timed[rank], gaps[rank] = tuple(out), rank_gaps
     target = Trace(timed, plan.meta)
     times = _replay(exp, cluster, target, gaps)
-    low = high = times.step_time_s
+    def bound_of(trace: Trace) -> float:
+        if statistic is not Statistic.SHARE:
+            return 0.0
+        return _cpu_bound(trace.ops, gaps, kept, first, shared)
+
+    bound = bound_of(target)
+    low = high = max(times.step_time_s, bound)
     if any(t.uncertainty for t in timings):
-        low = _replay(exp, cluster, _scaled(target, kept, book, -1.0), gaps).step_time_s
-        high = _replay(exp, cluster, _scaled(target, kept, book, 1.0), gaps).step_time_s
+        ends = [_scaled(target, kept, book, sign) for sign in (-1.0, 1.0)]
+        low, high = (max(_replay(exp, cluster, t, gaps).step_time_s, bound_of(t))
+                     for t in ends)
     counts = Counter(str(t.source) for t in timings)
     own = sum(op.kind is OpKind.COMPUTE for r in kept for op in timed[r])
     if own:
@@ -132,7 +151,50 @@ def whatif(captured: Captured, exp: Experiment, fallback: Profile | None = None,
                         ranks_kept=len(kept), ranks=len(plan.ops),
                         captured_step_s=_span(first),
                         captured_on=capture_cluster.accelerator.name, statistic=statistic,
-                        links=links)
+                        links=links, time_shared=shared, cpu_bound_s=bound)
+
+
+def _time_shared(exp: Experiment, capture_cluster: Cluster, captured: Trace) -> float:
+    """The target's time-sharing of its host's cores over the capture's (each
+    `Cluster.time_shared` at the runnable threads on its first server: its ranks, and on the
+    capture's host the other load the probe saw): a 4-rank target on the 2 cores a 2-rank
+    capture had to itself runs each kernel twice as long. 1 where either cluster does not
+    state its cores (a GPU cluster: a rank's kernels run on its own device)."""
+    if not (exp.cluster.cores and capture_cluster.cores):
+        return 1.0
+    world = captured.meta.layout.world if captured.meta.layout else len(captured.ops)
+    theirs = min(world, capture_cluster.devices_per_server)
+    mine = min(exp.layout.world, exp.cluster.devices_per_server)
+    other = _other_load(captured.meta.host_probe, capture_cluster.cores, theirs)
+    same_host = exp.cluster.cores == capture_cluster.cores
+    return (exp.cluster.time_shared(mine + (other if same_host else 0.0))
+            / capture_cluster.time_shared(theirs + other))
+
+
+def _cpu_bound(timed: Mapping[int, tuple[Op, ...]], gaps: Mapping[int, list[float]],
+               kept: set[int], captured: Trace, shared: float) -> float:
+    """The shortest step the target's CPU ranks can take: the busiest new rank's kernels
+    and host gaps (unpreempted times) over the share of a core it gets, the capture's
+    probed share (`executor.probe.cpu_share`; 1 unprobed) over the target's time-sharing of
+    the cores relative to the capture's (`_time_shared`)."""
+    probe = captured.meta.host_probe
+    measured = probe.get("cpu_share") if probe else None
+    share = (measured if isinstance(measured, float) and 0.0 < measured <= 1.0 else 1.0)
+    work = [sum(op.end - op.start for op in timed[r] if op.kind is OpKind.COMPUTE
+                and op.end is not None and op.start is not None) + sum(gaps[r])
+            for r in timed if r not in kept]
+    return max(work, default=0.0) * shared / share
+
+
+def _other_load(probe: Mapping[str, object] | None, cores: int, ranks: int) -> float:
+    """Runnable threads on the capture's host besides its `ranks`: with every rank
+    computing, each got a share s < 1 of a core (`executor.probe.cpu_share`), so cores / s
+    threads were runnable; 0 where each had a core (s = 1: at most `cores` were) or where
+    the capture was not probed."""
+    share = probe.get("cpu_share") if probe else None
+    if not isinstance(share, float) or not 0.0 < share < 1.0:
+        return 0.0
+    return max(0.0, cores / share - ranks)
 
 
 def _plan(exp: Experiment, captured: Captured) -> Trace:

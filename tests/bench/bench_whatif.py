@@ -92,7 +92,7 @@ def _measured(folder: Path, config: Path, steps: int) -> tuple[float, float]:
     return statistics.median(run["step_times_s"]), min(run["step_times_s"])
 
 
-STATISTICS = ("load", "mean", "median")
+STATISTICS = ("load", "mean", "median", "share")
 """whatif's --statistic values, each predicted from the same capture (the first: the default)."""
 
 
@@ -114,7 +114,7 @@ def _pair(folder: Path, captured: dict[str, int], target: dict[str, int], repeat
                 seconds.append(time.perf_counter() - began)
                 ranges.append(what["step_time_range_s"])
         if baseline is not None:
-            predicted["baseline"].append(_parasim("whatif", capture.resolve(),
+            predicted["baseline"].append(_parasim("whatif", _as_older(capture),
                                                   *_settings(target), root=baseline)
                                          ["step_time_predicted_s"])
         mid, best = _measured(folder, config, steps)
@@ -129,6 +129,19 @@ def _pair(folder: Path, captured: dict[str, int], target: dict[str, int], repeat
             "range": ranges[i], "simulate": _parasim("simulate", config)["step_time_s"],
             "noise": statistics.median(abs(r - mid) / mid for r in real),
             "seconds": statistics.median(seconds), "errors": errors}
+
+
+def _as_older(capture: Path) -> Path:
+    """A copy of `capture` an older parasim reads: its cluster table without the `cores` key
+    (`parasim run` records the host's since the time-sharing model), which an older one
+    refuses as unknown; the link probe, an entry it does not read, stays."""
+    older = capture.with_name(capture.name + "-older").resolve()
+    older.mkdir(exist_ok=True)
+    for path in capture.glob("rank*.json"):
+        data = json.loads(path.read_text())
+        data["meta"].get("cluster_spec", {}).pop("cores", None)
+        (older / path.name).write_text(json.dumps(data))
+    return older
 
 
 def main() -> None:

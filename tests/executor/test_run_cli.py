@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import functools
 import json
+import os
+from dataclasses import replace
 
 import pytest
 
@@ -35,7 +37,11 @@ def test_the_shipped_cpu_example_runs_and_writes_traces_perfetto_opens(tmp_path,
     assert {event["ph"] for event in chrome["traceEvents"]} >= {"X", "M"}
     # the traces carry the cluster they ran on: a replay without --cluster rebuilds it
     exp = load_experiment(example_path("gpt-tiny-localhost.toml"))
-    assert trace.meta.cluster_spec == exp.cluster.table is not None
+    # and the host cores its CPU ranks shared (`parasim whatif` times a target's sharing)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    assert exp.cluster.table is not None and exp.cluster.cores == 0
+    assert trace.meta.cluster_spec == replace(exp.cluster.table, overrides=tuple(sorted(
+        (*exp.cluster.table.overrides, ("cores", cores)))))
     assert main(["replay", str(out), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["cluster"] == exp.cluster.name
 

@@ -13,11 +13,13 @@ import pytest
 
 pytest.importorskip("torch")  # the executor records the capture
 
+from executor.probe import PROBE_BYTES, PROBE_REPEATS
 from sim.cli import main
 from sim.config import example_path
 from sim.settings import parse_settings
 from sim.whatif import load_captured, target_experiment
 from sim.whatif.book import Source, Statistic, learn, shape_key
+from sim.whatif.links import probe_samples
 from traces.ops import OpKind
 from traces.plan import build
 from traces.stack import launch_counts
@@ -65,8 +67,12 @@ def test_dp2_keeps_the_norms_medians_and_scales_the_gemms(capsys, run_dir):
             if op.kind is OpKind.COMPUTE and shape_key(op) == shape_key(ln2)]
     timing = book.time(ln2)
     assert timing.source is Source.MEASURED and timing.seconds == statistics.median(seen)
-    assert "links_fitted_to_capture" not in out  # the cluster's figures unless asked
-    fitted = run_json(capsys, "whatif", run_dir, "--set", "parallel.tp=1", "--set",
-                      "parallel.dp=2", "--links", "capture")
-    assert fitted["links_fitted_to_capture"]["samples"] >= 2  # TP's all-reduces, measured
+    # the run's link probe (4 sizes x 3 calls) and its TP all-reduces time the new ones by
+    # default; --links cluster keeps the cluster's figures
+    assert len(probe_samples(captured.first)) == len(PROBE_BYTES) * PROBE_REPEATS
+    assert 0 < captured.first.meta.host_probe["cpu_share"] <= 1  # of a core, per rank
+    assert out["links_fitted_to_capture"]["samples"] >= len(PROBE_BYTES)
+    plain = run_json(capsys, "whatif", run_dir, "--set", "parallel.tp=1", "--set",
+                     "parallel.dp=2", "--links", "cluster")
+    assert "links_fitted_to_capture" not in plain
 

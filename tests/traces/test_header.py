@@ -34,6 +34,7 @@ FULL = TraceMeta(
     config={"steps": 1, "layout": LAYOUT.to_dict()}, complete=False, error="rank 1 failed",
     clock="shared clock", step_seconds=(0.25, 0.125), peak_memory_bytes={0: 10, 8: 12},
     clock_offsets_ns={0: 0, 8: -5}, clock_error_ns={0: 0, 8: 3},
+    host_probe={"collective": "all_reduce", "ranks": 16, "samples": [[4, 1e-4]]},
     process_groups={0: [{"name": "0", "ranks": [0, 8]}]}, files={0: "r0.json"},
     compute_from="cpu", num_group_assumed=1, num_size_unknown=2, skipped={"phase C": 1},
     bench={"version": 1, "sections": []}, extras={"mfu": 0.4, "note": [1, "x"]})

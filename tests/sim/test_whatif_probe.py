@@ -1,0 +1,105 @@
+"""`parasim run`'s link probe (`executor.probe`: all-reduces over the world at a few sizes,
+the header's `host_probe`): `parasim whatif` fits the capture's link figures to it by default,
+and several sizes pin down what a DP capture's one gradient all-reduce cannot: the cost of a
+call apart from the cost of its bytes."""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from sim.calibrate.links import _Design, _Row
+from sim.collectives import Algorithm
+from sim.config import experiment_from_dict
+from sim.settings import parse_settings
+from sim.simulate import predict
+from sim.whatif import load_captured, target_experiment, whatif
+from sim.whatif.links import probe_samples
+from topology.override import with_links
+from traces.errors import ConfigError
+from traces.io import save
+from traces.ops import OpKind, Trace
+
+JOB = """
+[model]
+layers = 2
+hidden = 128
+heads = 4
+seq_len = 64
+vocab = 512
+
+[parallel]
+dp = 2
+micro_batch = 1
+global_batch = 4
+
+[cluster]
+preset = "localhost"
+gpus_per_node = 2
+"""
+FIGURES = (0.4e9, 1.5e-3, 0.5e-3)
+"""The capture host's loopback: bandwidth, latency, per-call cost (gloo on a loaded host)."""
+SIZES = (4, 64 * 2**10, 2**20, 4 * 2**20)
+
+
+def _probe_times(figures: tuple[float, float, float]) -> list[float]:
+    """Each probe size's all-reduce on 2 ranks of a loopback with `figures` (bandwidth,
+    latency, call cost), by the lowering the fit inverts (`sim.calibrate.links._Design`)."""
+    exp = experiment_from_dict(tomllib.loads(JOB))
+    rows = [_Row(OpKind.ALL_REDUCE, (0, 1), float(s), 0.0, 1) for s in SIZES]
+    design = _Design(exp.cluster, rows, Algorithm.AUTO)
+    assert design.kinds == ["loopback"]
+    c, a = design.matrix()
+    bw, lat, call = figures
+    return [float(t) for t in c + a @ np.array([lat, 1 / bw, call])]
+
+
+def _capture(tmp_path, probe: bool) -> str:
+    """A DP 2 step simulated on a host whose loopback has `FIGURES`, saved as a run's, with
+    (`probe`) the all-reduces a probe would time on it."""
+    exp = experiment_from_dict(tomllib.loads(JOB))
+    bw, lat, call = FIGURES
+    slow = with_links(exp.cluster, {"loopback": (bw, lat)}, calls={"loopback": call})
+    _, times = predict(replace(exp, cluster=slow), fold=False)
+    timed = times.timed_trace()
+    table = {"collective": "all_reduce", "dtype": "fp32", "ranks": 2,
+             "samples": [[s, t] for s, t in zip(SIZES, _probe_times(FIGURES))]}
+    meta = replace(timed.meta, complete=True, host_probe=table if probe else None)
+    path = tmp_path / f"dp2-{probe}.json"
+    save(Trace(timed.ops, meta), path)
+    return str(path)
+
+
+def test_the_probe_pins_down_the_call_and_the_bytes_by_default(tmp_path):
+    """DP 2 -> TP 2: the capture's one gradient all-reduce and the probe's four sizes give
+    the host's bandwidth, and each size's time, within 2% (the step's own all-reduce is
+    slowed a little by the compute beside it; latency and call cost, nearly collinear on one
+    group, may split differently)."""
+    captured = load_captured([_capture(tmp_path, probe=True)])
+    assert len(probe_samples(captured.first)) == len(SIZES)
+    target = target_experiment(captured, settings=parse_settings(["parallel.dp=1",
+                                                                  "parallel.tp=2"]))
+    result = whatif(captured, target)
+    assert result.links is not None and result.links.unidentified == ()
+    fitted = result.links.figures["loopback"]
+    assert fitted[0] == pytest.approx(FIGURES[0], rel=0.02)
+    assert _probe_times(fitted) == pytest.approx(_probe_times(FIGURES), rel=0.02)
+    assert whatif(captured, target, capture_links=False).links is None
+
+
+def test_without_the_probe_the_cluster_s_figures_stay_by_default(tmp_path):
+    captured = load_captured([_capture(tmp_path, probe=False)])
+    target = target_experiment(captured, settings=parse_settings(["parallel.dp=1",
+                                                                  "parallel.tp=2"]))
+    assert whatif(captured, target).links is None
+
+
+def test_a_malformed_probe_is_one_line(tmp_path):
+    captured = load_captured([_capture(tmp_path, probe=True)])
+    bad = replace(captured.first.meta, host_probe={"collective": "all_reduce", "ranks": 2,
+                                                   "samples": [[4, -1.0]]})
+    with pytest.raises(ConfigError, match=r"^trace: meta.host_probe: not an all-reduce probe"):
+        probe_samples(Trace(captured.first.ops, bad))
