@@ -24,12 +24,28 @@ def _xs(points: Sequence[Point]) -> list[str]:
     return [row[0] for row in sweep_rows(points)]
 
 
+CAPACITY_SPAN = 4.0
+"""Where the GPU's memory is more than this many times the largest peak, its line starts
+hidden (a click on its legend entry shows it): drawn, it would flatten the bars to nothing."""
+
+
 def _unit(points: Sequence[Point]) -> tuple[str, float]:
-    """The memory unit of the chart: that of the largest figure, as the table writes it."""
-    largest = max(max(p.summary.peak_memory_bytes, p.summary.memory_capacity_bytes)
-                  for p in points)
-    unit = size_text(largest)[-3:]
+    """The memory unit of the chart: that of the largest peak (the bars), as the table writes
+    it, so a 6 MiB peak reads as 6 on a MiB axis and not as 0.006 on a GiB one."""
+    unit = size_text(max(p.summary.peak_memory_bytes for p in points))[-3:]
     return unit, {"GiB": 2.0**30, "MiB": 2.0**20}.get(unit, 2.0**10)
+
+
+def _capacity_line(xs: list[str], points: Sequence[Point], size: float, unit: str) -> go.Scatter:
+    """The GPU's memory as a dashed line; hidden at first, with its size in its name, when it
+    would dwarf the bars (see CAPACITY_SPAN)."""
+    capacity = max(p.summary.memory_capacity_bytes for p in points)
+    dwarfs = capacity > CAPACITY_SPAN * max(p.summary.peak_memory_bytes for p in points)
+    name = (f"GPU memory {size_text(capacity)} (off the scale: click to show)" if dwarfs
+            else f"GPU memory ({unit})")
+    return go.Scatter(x=xs, y=[p.summary.memory_capacity_bytes / size for p in points],
+                      name=name, mode="lines", line={"color": "#e45756", "dash": "dash"},
+                      visible="legendonly" if dwarfs else True)
 
 
 def time_figure(key: str, points: Sequence[Point]) -> go.Figure:
@@ -58,9 +74,7 @@ def memory_figure(key: str, points: Sequence[Point]) -> go.Figure:
                          name=f"peak memory ({unit})", opacity=0.5,
                          marker_color=["#4c78a8" if p.summary.fits else "#e45756"
                                        for p in points]), secondary_y=True)
-    fig.add_trace(go.Scatter(x=xs, y=[p.summary.memory_capacity_bytes / size for p in points],
-                             name=f"GPU memory ({unit})", mode="lines",
-                             line={"color": "#e45756", "dash": "dash"}), secondary_y=True)
+    fig.add_trace(_capacity_line(xs, points, size, unit), secondary_y=True)
     fig.add_trace(go.Scatter(x=xs, y=[p.summary.mfu for p in points], name="MFU",
                              mode="lines+markers", line={"color": "#54a24b"}),
                   secondary_y=False)
@@ -68,8 +82,8 @@ def memory_figure(key: str, points: Sequence[Point]) -> go.Figure:
                       template="plotly_white", height=460, xaxis_title=key, xaxis_type="category")
     fig.update_yaxes(title_text="MFU", tickformat=".0%", rangemode="tozero",
                      secondary_y=False)
-    fig.update_yaxes(title_text=unit, rangemode="tozero", secondary_y=True, showgrid=False,
-                     tickmode="auto")
+    fig.update_yaxes(title_text=f"peak memory ({unit})", rangemode="tozero", secondary_y=True,
+                     showgrid=False, tickmode="auto")
     return fig
 
 
