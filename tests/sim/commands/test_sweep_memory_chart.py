@@ -4,10 +4,11 @@ writes the peaks in, and a GPU far larger than every peak does not flatten the b
 import dataclasses
 
 from sim.config import example_path
+from sim.report.memory_scale import CAPACITY_SPAN
 from sim.settings import parse_settings
 from sim.simulate import predict, size_text
 from sim.sweep.points import Point, sweep_experiments, sweep_rows, sweep_settings
-from sim.sweep.report import CAPACITY_SPAN, memory_figure
+from sim.sweep.report import memory_figure
 
 TINY = example_path("gpt-tiny-localhost.toml")
 UNITS = {"KiB": 2**10, "MiB": 2**20, "GiB": 2**30}
