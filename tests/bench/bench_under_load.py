@@ -10,7 +10,8 @@ The load is --load processes (default: one per core this process may use), each 
 loop, started before the first run and ended (by their own ids) after the last, whatever
 happens. Each run prints one line: PASS or FAIL, pytest's counts, its wall time and the CPU
 seconds the load took meanwhile (read from /proc: the load really ran beside it); a failed
-run's FAILED/ERROR lines follow. Exit 0 when every run passed, 1 otherwise.
+run's FAILED/ERROR lines follow, and --logs DIR keeps each run's whole output (run<i>.log) for
+the tracebacks. Exit 0 when every run passed, 1 otherwise.
 """
 
 from __future__ import annotations
@@ -106,8 +107,10 @@ class Load:
             proc.wait()
 
 
-def run_pytest(name: str, args: list[str], load: Load) -> RunRecord:
-    """One pytest run from the repository root, its output kept in a temporary file."""
+def run_pytest(name: str, args: list[str], load: Load, log_path: Path | None = None
+               ) -> RunRecord:
+    """One pytest run from the repository root, its output kept in a temporary file (and
+    copied to `log_path` when given)."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)}
     before = cpu_seconds(load.pids)
@@ -123,6 +126,8 @@ def run_pytest(name: str, args: list[str], load: Load) -> RunRecord:
             raise
         log.seek(0)
         output = log.read()
+    if log_path is not None:
+        log_path.write_text(output)
     wall = time.monotonic() - start
     after = cpu_seconds(load.pids)
     spent = None if before is None or after is None else after - before
@@ -143,6 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--load", type=int, default=len(os.sched_getaffinity(0)),
                         help="busy-loop processes beside the runs (default: one per core)")
     parser.add_argument("--json", metavar="PATH", help="also write the records as JSON")
+    parser.add_argument("--logs", metavar="DIR", help="keep each run's output as DIR/run<i>.log")
     parser.add_argument("pytest_args", nargs="*", help="after --: passed to every pytest run")
     args = parser.parse_args(argv)
     if not 0 <= args.repeat <= 100 or not 0 <= args.load <= MAX_LOAD:
@@ -152,9 +158,14 @@ def main(argv: list[str] | None = None) -> int:
     cores = len(os.sched_getaffinity(0))
     print(f"under load: {args.load} busy loop(s) on {cores} core(s), "
           f"load average {os.getloadavg()[0]:.1f} before", flush=True)
+    logs = None if args.logs is None else Path(args.logs)
+    if logs is not None:
+        logs.mkdir(parents=True, exist_ok=True)
     with Load(args.load) as load:
-        for name, pytest_args in plan(args.repeat, args.whole, args.pytest_args):
-            record = run_pytest(name, pytest_args, load)
+        for i, (name, pytest_args) in enumerate(plan(args.repeat, args.whole,
+                                                     args.pytest_args)):
+            log_path = None if logs is None else logs / f"run{i + 1}.log"
+            record = run_pytest(name, pytest_args, load, log_path)
             records.append(record)
             print(record.line(), flush=True)
             for line in record.failures:

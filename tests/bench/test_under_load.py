@@ -45,7 +45,9 @@ def test_the_runs_are_the_not_slow_ones_then_the_whole_suite():
 def test_a_failing_run_is_exit_1_named_and_the_load_ends(tmp_path, capsys):
     suite, out = tmp_path / "test_suite.py", tmp_path / "load.json"
     suite.write_text(SUITE)
-    assert main(["--repeat", "1", "--whole", "--load", "1", "--json", str(out), "--",
+    logs = tmp_path / "logs"
+    assert main(["--repeat", "1", "--whole", "--load", "1", "--json", str(out), "--logs",
+                 str(logs), "--",
                  "-W", "ignore::pytest.PytestUnknownMarkWarning",
                  str(suite)]) == 1
     printed = capsys.readouterr().out
@@ -57,6 +59,8 @@ def test_a_failing_run_is_exit_1_named_and_the_load_ends(tmp_path, capsys):
     named = first["failures"][0].partition(" - ")[0]
     assert named.startswith("FAILED ") and named.endswith("test_suite.py::test_fails")
     assert f"      {named}" in printed
+    assert sorted(p.name for p in logs.iterdir()) == ["run1.log", "run2.log"]
+    assert "def test_fails(): assert 1 == 2" in (logs / "run1.log").read_text()  # traceback
     assert printed.splitlines()[-1].startswith("0 of 2 runs passed")
     assert len(data["load_pids"]) == 1 and first["load_cpu_s"] >= 0
     assert not any(Path(f"/proc/{pid}").exists() for pid in data["load_pids"])
