@@ -17,6 +17,10 @@ and each rank writes its profiler trace as `kernels-rank<r>.json` (read by
 `traces.kineto.load_kineto`): the kernels inside each measured op. The recorded op times then
 include the profiler's own overhead. Under torchrun each rank writes to its own host's
 `out_dir`; a failed rank writes none.
+
+`trace_ranks` (sorted ranks of the world) keeps only those ranks in the written files
+(rank<r>.json, chrome.json, kernels-rank<r>.json): every rank still runs, and the result's
+trace and step times still cover them all.
 """
 
 from __future__ import annotations
@@ -107,7 +111,8 @@ def cluster_table(experiment: Any) -> ClusterTable | None:
 def run(experiment: Any, out_dir: str | Path, steps: int = 1, warmup: int = 1,
         timeout: float = 60.0, *, backend: str = "auto", options: RunOptions | None = None,
         record_calls: bool = False, fault: tuple[int, ...] | None = None,
-        kernels: bool = False) -> RunResult | None:
+        kernels: bool = False, trace_ranks: tuple[int, ...] | None = None
+        ) -> RunResult | None:
     """Run the plan for real; see the module docstring. Under torchrun, ranks other than 0
     get None. `fault` = (rank, op index[, signal number]): that rank raises there in the first
     recorded step, or sends itself the signal (SIGKILL, SIGSTOP: for testing fault handling)."""
@@ -124,7 +129,7 @@ def run(experiment: Any, out_dir: str | Path, steps: int = 1, warmup: int = 1,
         lower(plan, model, layout, rank)
     plan_group_keys(plan, layout)
     job = _Job(plan, model, layout, options, steps, warmup, record_calls, str(out_dir), fault,
-               kernels, cluster_table(experiment))
+               kernels, cluster_table(experiment), trace_ranks)
     slots = buffer_size(max(len(ops) for ops in plan.ops.values())) - HEADER
     if in_torchrun():  # every rank runs this; rank 0 writes the run and gets the result
         mine = join(_rank_main, (job,), timeout_s=timeout, backend=backend,
@@ -136,7 +141,7 @@ def run(experiment: Any, out_dir: str | Path, steps: int = 1, warmup: int = 1,
                                  describe=lambda r, i: event_name(plan.ops[r][i]))
     except JobFailed as failed:
         meta = _meta(job, backend="", complete=False, error=str(failed))
-        failed.files = write_run(out_dir, timed_trace(plan, failed.records, meta))
+        failed.files = write_run(out_dir, job.written(timed_trace(plan, failed.records, meta)))
         raise
     return _result(job, results, records)
 
@@ -154,6 +159,17 @@ class _Job:
     fault: tuple[int, ...] | None = None
     kernels: bool = False
     cluster: ClusterTable | None = None
+    trace_ranks: tuple[int, ...] | None = None
+
+    def keeps(self, rank: int) -> bool:
+        """Whether this rank's files are written (`trace_ranks`)."""
+        return self.trace_ranks is None or rank in self.trace_ranks
+
+    def written(self, trace: Trace) -> Trace:
+        """The part of `trace` the files hold: the kept ranks (every rank by default)."""
+        if self.trace_ranks is None:
+            return trace
+        return Trace({r: ops for r, ops in trace.ops.items() if self.keeps(r)}, trace.meta)
 
 
 def _meta(job: _Job, backend: str, **extra: Any) -> TraceMeta:
@@ -172,9 +188,9 @@ def _result(job: _Job, results: list[dict[str, Any]], records: dict[int, np.ndar
                  clock=results[0]["clock"], step_seconds=tuple(step_seconds),
                  host_probe=probe_table([res["probe"] for res in results], job.layout.world))
     trace = timed_trace(job.plan, records, meta)
-    files = write_run(job.out_dir, trace)
+    files = write_run(job.out_dir, job.written(trace))
     if job.kernels:
-        files += [kernels_path(job.out_dir, r) for r in sorted(records)]
+        files += [kernels_path(job.out_dir, r) for r in sorted(records) if job.keeps(r)]
     losses = []
     for step in range(job.steps):
         values = [v for res in results if res["last_stage_tp0"] for v in res["losses"][step]]
@@ -210,7 +226,8 @@ def _rank_main(ctx: RankContext, job: _Job) -> dict[str, Any]:
     if job.fault is not None and job.fault[0] == ctx.rank:
         interp.calls[job.fault[1]] = functools.partial(_injected_fault, *job.fault[2:])
     spans, losses = [], []
-    profiler = _profiler(ctx.device) if job.kernels else contextlib.nullcontext()
+    profiled = job.kernels and job.keeps(ctx.rank)
+    profiler = _profiler(ctx.device) if profiled else contextlib.nullcontext()
     with profiler:
         for step in range(job.steps):
             comm.record = job.record_calls and step == 0
@@ -257,7 +274,10 @@ def _profiler(device: torch.device) -> torch.profiler.profile:
 
 def _write_partial(job: _Job, ctx: RankContext, error: str) -> list[Path]:
     """Under torchrun, a failing rank writes what it recorded: rank<r>.json, marked
-    incomplete, its times from its own first op (no peer is left to align with)."""
+    incomplete, its times from its own first op (no peer is left to align with); none for a
+    rank that `trace_ranks` leaves out."""
+    if not job.keeps(ctx.rank):
+        return []
     plan = Trace({ctx.rank: job.plan.ops[ctx.rank]}, job.plan.meta)
     meta = _meta(job, backend=ctx.backend, complete=False, error=error)
     trace = timed_trace(plan, {ctx.rank: ctx.records}, meta)

@@ -13,6 +13,7 @@ import dataclasses
 import statistics
 import tempfile
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -61,9 +62,13 @@ class Validation:
 
 def validate(exp: Experiment, *, steps: int = 3, warmup: int = 1, timeout: float = 600.0,
              keep: str | None = None, bench: Any = None, backend: str = "auto",
-             phase: Callable[[str], None] = lambda name: None) -> Validation:
+             phase: Callable[[str], None] = lambda name: None,
+             job: Callable[[str, int], AbstractContextManager[object]] = lambda label, steps:
+             nullcontext()) -> Validation:
     """Calibrate (when `bench`, a `traces.bench.BenchSpec`, is given), run, simulate,
-    compare; `phase(name)` is told as each begins (the command's progress)."""
+    compare; `phase(name)` is told as each begins, and `job(label, steps)` is entered around
+    each local job (the microbenchmarks, 1 step; the run) to count its ranks and ops (the
+    command's progress, `sim.commands.common.job_progress`)."""
     calibrated_here = bench is not None
     notes: tuple[str, ...] = ()
     if bench is not None:
@@ -71,13 +76,15 @@ def validate(exp: Experiment, *, steps: int = 3, warmup: int = 1, timeout: float
         from sim.calibrate.fit import fit_profile
 
         bench_dir = None if keep is None else str(Path(keep) / "bench")
-        trace = run_microbenchmarks(bench, bench_dir, timeout, backend=backend)
+        with job("validate microbenchmarks", 1):
+            trace = run_microbenchmarks(bench, bench_dir, timeout, backend=backend)
         profile, report = fit_profile([trace], exp.cluster, base=exp.profile,
                                       name=f"{exp.name}-microbenchmarks")
         notes = report.unidentified
         exp = _with_profile(exp, profile)
     phase(f"run ({warmup} + {steps} steps)")
-    measured, step_times, peaks = _run(exp, steps, warmup, timeout, keep, backend)
+    with job("validate run", steps):
+        measured, step_times, peaks = _run(exp, steps, warmup, timeout, keep, backend)
     phase("simulate")
     summary, times = predict(exp, fold=False)
     phase("compare")

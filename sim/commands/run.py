@@ -2,6 +2,7 @@
 
     parasim run sim/examples/gpt-tiny-localhost.toml --out runs/tiny [--steps 2] [--json]
     parasim run my.toml --out runs/k --kernels     # + kernels-rank<r>.json (torch.profiler)
+    parasim run my.toml --out runs/few --trace-ranks 0,8-15   # every rank runs; 9 are written
     torchrun --nproc-per-node 8 -m sim run my.toml --out runs/x      # joins torchrun's world
 
 The executor (and torch) load only here and only when asked for: the simulator installs and
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from sim.commands.common import config_path, emit, error, job_progress
+from sim.commands.trace_ranks import parse_ranks
 from sim.config import Experiment, example_path
 from sim.provenance import provenance
 from sim.settings import add_set_flag, config_sha256, load_set_experiment, parse_settings
@@ -47,6 +49,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kernels", action="store_true", help="also write each rank's "
                         "torch.profiler trace of the recorded steps (kernels-rank<r>.json)")
     parser.add_argument("--force", action="store_true", help="replace an older run in DIR")
+    parser.add_argument("--trace-ranks", metavar="R,A-B", help="write only these ranks' traces "
+                        "(rank<r>.json, chrome.json, kernels): every rank still runs")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     add_set_flag(parser)
 
@@ -56,11 +60,14 @@ def run(args: argparse.Namespace) -> int:
     check_run_args(args.out, args.steps, args.warmup, args.timeout)
     settings = parse_settings(args.settings)
     exp = load_set_experiment(config, settings)
+    trace_ranks = None if args.trace_ranks is None else parse_ranks(args.trace_ranks,
+                                                                      exp.layout.world)
     check_torchrun(exp.layout.world)
     inputs = [config, *([exp.profile_path] if exp.profile_path else [])]
     staged = StagedDir.check("--out", args.out, inputs=inputs, force=args.force)
     try:
-        summary = execute(exp, staged, args.steps, args.warmup, args.timeout, args.kernels)
+        summary = execute(exp, staged, args.steps, args.warmup, args.timeout, args.kernels,
+                          trace_ranks)
     except RunFailed as err:
         error(str(err))
         return 1
@@ -101,9 +108,10 @@ def check_torchrun(world: int) -> None:
 
 
 def execute(exp: Experiment, staged: StagedDir, steps: int, warmup: int, timeout: float,
-            kernels: bool = False) -> dict[str, Any] | None:
+            kernels: bool = False, trace_ranks: tuple[int, ...] | None = None
+            ) -> dict[str, Any] | None:
     """Run for real into `staged`, then move it in whole; the summary as a JSON-able dict
-    (None on torchrun ranks other than 0)."""
+    (None on torchrun ranks other than 0). `trace_ranks`: the ranks whose traces are written."""
     from executor.launch import JobFailed, in_torchrun
     from executor.run import run
 
@@ -115,7 +123,7 @@ def execute(exp: Experiment, staged: StagedDir, steps: int, warmup: int, timeout
     try:
         with job_progress("run", steps):
             result = run(exp, out, steps=steps, warmup=warmup, timeout=timeout,
-                         kernels=kernels)
+                         kernels=kernels, trace_ranks=trace_ranks)
     except JobFailed as err:
         written = ", ".join(str(_moved(f, staged, torchrun)) for f in err.files) or "none"
         _commit(staged, torchrun, bool(err.files))

@@ -37,6 +37,7 @@ from sim.commands.common import (
     config_path,
     emit,
     error,
+    job_progress,
     parse_sizes,
     profile_flag,
 )
@@ -118,7 +119,8 @@ def run(args: argparse.Namespace) -> int:
     with Outputs(targets.values()) as outputs, kept(keep) as keep_dir:
         with Phases("validate", 3 + (spec is not None)) as phase:
             result = validate(exp, steps=args.steps, warmup=args.warmup, timeout=args.timeout,
-                              keep=keep_dir, bench=spec, backend=backend, phase=phase)
+                              keep=keep_dir, bench=spec, backend=backend, phase=phase,
+                              job=job_progress)
         for note in merged_notes(result.calibration_notes):  # as `parasim calibrate` does
             warn(f"calibrate: {note}")
         if "--report" in targets:

@@ -109,8 +109,13 @@ def badput_figure(p: GoodputPlan, o: Outcome) -> go.Figure:
                            hovertemplate="%{y}: %{x:,.2f} h<extra></extra>"))
     fig.update_layout(title="Wall time per run by ml-goodput-measurement's categories (mean "
                       f"of {len(o.wall_times_s)} runs)", xaxis_title="hours per run",
-                      xaxis_type="log", template="plotly_white",
+                      template="plotly_white",
                       yaxis={"automargin": True}, height=max(320, 140 + 40 * len(rows)))
+    # log: 0.1 h of restores beside 720 h of training; labelled at powers of ten or 1-2-5,
+    # never plotly's minor digits, with room right of the longest bar for its figure
+    shown = [h for h in hours if h > 0] or [1.0]
+    lo, hi = min(shown) / 2, max(shown) * 4
+    fig.update_xaxes(range=[math.log10(lo), math.log10(hi)], **log_axis_ticks(lo, hi))
     return fig
 
 

@@ -12,9 +12,9 @@ import plotly.graph_objects as go
 from sim.config import Experiment
 from sim.metrics import StepSummary
 from sim.models.memory import memory_timeline
+from sim.report.memory_scale import MemoryScale
 from sim.report.timeline import Pass, timed_actions
 from sim.report.words import Words
-from sim.simulate import GiB
 
 PALETTE = ("#4C78A8", "#F58518", "#54A24B", "#E45756", "#72B7B2", "#B279A2", "#FF9DA6",
            "#9D755D", "#BAB0AC", "#EECA3B")
@@ -35,15 +35,17 @@ def memory_over_time_figure(curves: dict[int, list[tuple[float, float]]], capaci
     fig = go.Figure()
     peaks_x, peaks_y, peaks_text = [], [], []
     shown = shown_pp_ranks(curves)
+    scale = MemoryScale.of(max(b for points in curves.values() for _, b in points), capacity)
+    unit = scale.unit
     for pp, points in curves.items():
         t = np.array([p[0] for p in points])
-        gib = np.array([p[1] for p in points]) / GiB
+        gib = np.array([p[1] for p in points]) / scale.size
         colour = PALETTE[shown.index(pp) % len(PALETTE)] if pp in shown else "#BBBBBB"
         fig.add_trace(go.Scatter(
             x=t, y=gib.astype(np.float32), mode="lines", line={"shape": "hv", "width": 1.5,
                                                               "color": colour},
             visible=True if pp in shown else "legendonly",
-            name=f"pp {pp}", hovertemplate=f"pp {pp}: %{{y:.2f}} GiB from %{{x:.4f}} s"
+            name=f"pp {pp}", hovertemplate=f"pp {pp}: %{{y:.2f}} {unit} from %{{x:.4f}} s"
                                            "<extra></extra>"))
         top = int(np.argmax(gib))
         peaks_x.append(t[top])
@@ -52,11 +54,9 @@ def memory_over_time_figure(curves: dict[int, list[tuple[float, float]]], capaci
     fig.add_trace(go.Scatter(x=peaks_x, y=peaks_y, mode="markers", name="peak",
                              marker={"symbol": "triangle-down", "size": 9, "color": "#C00000"},
                              text=peaks_text,
-                             hovertemplate="%{text} peak %{y:.2f} GiB at %{x:.4f} s"
+                             hovertemplate=f"%{{text}} peak %{{y:.2f}} {unit} at %{{x:.4f}} s"
                                            "<extra></extra>"))
-    fig.add_hline(y=capacity / GiB, line={"dash": "dash", "color": "#C00000"},
-                  annotation_text=f"{words.device} memory {capacity / GiB:.1f} GiB",
-                  annotation_position="top left")
+    capacity_line(fig, scale, words.device)
     fig.update_layout(
         title=(f"Memory of one {words.device} over the step, per pipeline rank<br><sup>model "
                "states, stored activations (a micro-batch's from its forward to its "
@@ -64,7 +64,7 @@ def memory_over_time_figure(curves: dict[int, list[tuple[float, float]]], capaci
                + (f"<br><sup>pp {', '.join(map(str, shown))} drawn (first, middle, last, "
                   "highest peak); click the legend for the others</sup>"
                   if len(shown) < len(curves) else "")),
-        height=440, yaxis={"title": "GiB", "rangemode": "tozero"},
+        height=440, yaxis={"title": unit, "rangemode": "tozero"},
         xaxis={"title": "time (s)", "range": [0, step_s] if step_s > 0 else None},
         hovermode="closest")
     return fig
@@ -87,22 +87,36 @@ def shown_pp_ranks(curves: dict[int, list[tuple[float, float]]]) -> list[int]:
 
 
 def memory_by_pp_rank_figure(summary: StepSummary, words: Words) -> go.Figure:
-    """Stacked GiB per pipeline rank at its peak, with the capacity as a dashed line."""
+    """Stacked memory per pipeline rank at its peak, with the capacity as a dashed line."""
     x = [f"pp {i}" for i in range(len(summary.memory_by_pp_rank))]
+    scale = MemoryScale.of(max(m.total_bytes for m in summary.memory_by_pp_rank),
+                           summary.memory_capacity_bytes)
     fig = go.Figure()
     for name, attr, colour in (("parameters", "params_bytes", "#4C78A8"),
                                ("gradients", "grads_bytes", "#F58518"),
                                ("optimizer state", "optimizer_bytes", "#54A24B"),
                                ("activations", "activations_bytes", "#B279A2"),
                                ("working buffers", "working_bytes", "#9D9D9D")):
-        values = [getattr(m, attr) / GiB for m in summary.memory_by_pp_rank]
+        values = [getattr(m, attr) / scale.size for m in summary.memory_by_pp_rank]
         fig.add_trace(go.Bar(name=name, x=x, y=values, marker_color=colour,
-                             hovertemplate="%{x}: %{y:.2f} GiB<extra>" + name + "</extra>"))
-    capacity = summary.memory_capacity_bytes / GiB
-    fig.add_hline(y=capacity, line={"dash": "dash", "color": "#C00000"},
-                  annotation_text=f"{words.device} memory {capacity:.1f} GiB",
-                  annotation_position="top left")
+                             hovertemplate=f"%{{x}}: %{{y:.2f}} {scale.unit}<extra>{name}"
+                                           "</extra>"))
+    capacity_line(fig, scale, words.device)
     fig.update_layout(title=f"Memory per {words.device} at its peak, per pipeline rank",
-                      barmode="stack", height=420, yaxis_title="GiB",
+                      barmode="stack", height=420, yaxis_title=scale.unit,
                       xaxis={"type": "category"})
     return fig
+
+
+def capacity_line(fig: go.Figure, scale: MemoryScale, device: str) -> None:
+    """The device's memory dashed across the chart, labelled; or, far above the peaks, only
+    named over the chart's top left (`MemoryScale`)."""
+    if scale.capacity_drawn:
+        fig.add_hline(y=scale.capacity_bytes / scale.size,
+                      line={"dash": "dash", "color": "#C00000"},
+                      annotation_text=scale.capacity_text(device),
+                      annotation_position="top left")
+    else:
+        fig.add_annotation(x=0, y=1, xref="paper", yref="paper", xanchor="left",
+                           yanchor="bottom", showarrow=False,
+                           text=scale.capacity_text(device))

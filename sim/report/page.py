@@ -223,7 +223,7 @@ def header_html(exp: Experiment, summary: StepSummary, words: Words) -> str:
         f"{html.escape(exp.cluster.accelerator.name)}), network model "
         f"{html.escape(exp.network)}, collectives {html.escape(exp.algo)}</p>",
         f"<p>model: {m.layers} layers, hidden {m.hidden}, {m.heads} heads, sequence "
-        f"{m.seq_len}, vocabulary {m.vocab}, {html.escape(m.dtype)}, attention "
+        f"{m.seq_len}, vocabulary {m.vocab}, attention "
         f"{html.escape(m.attention)}; {html.escape(model_summary(m))}</p>",
         f"<p>layout: <b>{layout}</b>; {html.escape(options)}</p>",
         fold,

@@ -180,7 +180,9 @@ def error_table(v: Validation) -> str:
             f"<table class=\"grid\"><tr>{head}</tr>{body}</table>")
 
 
-_STYLE = ("body{font-family:sans-serif}table.grid{border-collapse:collapse;margin:1em 4em}"
+# pre-wrap: the summary's long lines (the op errors' sentence) wrap instead of running off
+_STYLE = ("body{font-family:sans-serif}pre{white-space:pre-wrap}"
+          "table.grid{border-collapse:collapse;margin:1em 4em}"
           "table.grid td,table.grid th{border-bottom:1px solid #ddd;padding:2px 12px;"
           "text-align:right}table.grid td:first-child,table.grid th:first-child{"
           "text-align:left}")

@@ -72,8 +72,13 @@ def search_figure(r: SearchResult) -> go.Figure:
                        text=f"best: {describe(best.layout)}", showarrow=True, arrowhead=2,
                        ax=80 if best_x < (x_lo + x_hi) / 2 else -80, ay=LABEL_DROP,
                        bgcolor="white")
-    fig.add_vline(x=r.memory_capacity_bytes / GiB, line={"dash": "dash", "color": "#333"},
-                  annotation_text=f"{r.device} memory", annotation_position="top")
+    # The line's label placed by hand: add_vline's own label takes x as data, where a log
+    # axis wants its exponent, and was drawn at 10^16 GiB, off the chart.
+    capacity = r.memory_capacity_bytes / GiB
+    fig.add_vline(x=capacity, line={"dash": "dash", "color": "#333"})
+    fig.add_annotation(x=math.log10(capacity), xref="x", y=1, yref="y domain",
+                       yanchor="bottom", showarrow=False,
+                       text=f"{r.device} memory {capacity:,.1f} GiB")
     # Every candidate in view (a linear axis stopped at 1.5x the memory, cutting the rest
     # off; one reaching the largest squeezed the layouts that fit into a sliver), and room
     # under the lowest point for the best's label.

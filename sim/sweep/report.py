@@ -11,6 +11,7 @@ from collections.abc import Sequence
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from sim.report.memory_scale import MemoryScale
 from sim.report.plotly_page import figure_html, plotly_scripts
 from sim.simulate import size_text
 from sim.sweep.points import Point, sweep_rows, sweep_text
@@ -24,12 +25,21 @@ def _xs(points: Sequence[Point]) -> list[str]:
     return [row[0] for row in sweep_rows(points)]
 
 
-def _unit(points: Sequence[Point]) -> tuple[str, float]:
-    """The memory unit of the chart: that of the largest figure, as the table writes it."""
-    largest = max(max(p.summary.peak_memory_bytes, p.summary.memory_capacity_bytes)
-                  for p in points)
-    unit = size_text(largest)[-3:]
-    return unit, {"GiB": 2.0**30, "MiB": 2.0**20}.get(unit, 2.0**10)
+def _scale(points: Sequence[Point]) -> MemoryScale:
+    """The memory unit of the chart: that of the largest peak (the bars), as the table writes
+    it, so a 6 MiB peak reads as 6 on a MiB axis and not as 0.006 on a GiB one."""
+    return MemoryScale.of(max(p.summary.peak_memory_bytes for p in points),
+                          max(p.summary.memory_capacity_bytes for p in points))
+
+
+def _capacity_line(xs: list[str], points: Sequence[Point], scale: MemoryScale) -> go.Scatter:
+    """The GPU's memory as a dashed line; where it would dwarf the bars (`MemoryScale`),
+    hidden at first (a click on its legend entry shows it), its size in its name."""
+    name = (f"GPU memory ({scale.unit})" if scale.capacity_drawn
+            else f"GPU memory {size_text(scale.capacity_bytes)} (off the scale: click to show)")
+    return go.Scatter(x=xs, y=[p.summary.memory_capacity_bytes / scale.size for p in points],
+                      name=name, mode="lines", line={"color": "#e45756", "dash": "dash"},
+                      visible=True if scale.capacity_drawn else "legendonly")
 
 
 def time_figure(key: str, points: Sequence[Point]) -> go.Figure:
@@ -52,15 +62,14 @@ def time_figure(key: str, points: Sequence[Point]) -> go.Figure:
 def memory_figure(key: str, points: Sequence[Point]) -> go.Figure:
     """MFU (left axis) and the fullest rank's peak memory against the GPU's (right axis)."""
     xs = _xs(points)
-    unit, size = _unit(points)
+    scale = _scale(points)
+    unit, size = scale.unit, scale.size
     fig = make_subplots(specs=[[{"secondary_y": True}]])
     fig.add_trace(go.Bar(x=xs, y=[p.summary.peak_memory_bytes / size for p in points],
                          name=f"peak memory ({unit})", opacity=0.5,
                          marker_color=["#4c78a8" if p.summary.fits else "#e45756"
                                        for p in points]), secondary_y=True)
-    fig.add_trace(go.Scatter(x=xs, y=[p.summary.memory_capacity_bytes / size for p in points],
-                             name=f"GPU memory ({unit})", mode="lines",
-                             line={"color": "#e45756", "dash": "dash"}), secondary_y=True)
+    fig.add_trace(_capacity_line(xs, points, scale), secondary_y=True)
     fig.add_trace(go.Scatter(x=xs, y=[p.summary.mfu for p in points], name="MFU",
                              mode="lines+markers", line={"color": "#54a24b"}),
                   secondary_y=False)
@@ -68,8 +77,8 @@ def memory_figure(key: str, points: Sequence[Point]) -> go.Figure:
                       template="plotly_white", height=460, xaxis_title=key, xaxis_type="category")
     fig.update_yaxes(title_text="MFU", tickformat=".0%", rangemode="tozero",
                      secondary_y=False)
-    fig.update_yaxes(title_text=unit, rangemode="tozero", secondary_y=True, showgrid=False,
-                     tickmode="auto")
+    fig.update_yaxes(title_text=f"peak memory ({unit})", rangemode="tozero", secondary_y=True,
+                     showgrid=False, tickmode="auto")
     return fig
 
 

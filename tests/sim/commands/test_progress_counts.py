@@ -115,3 +115,24 @@ def test_a_run_counts_its_ranks_joining_then_rank_0s_ops(tmp_path, capsys, shown
     ops = len(load(out / "rank0.json").ops[0])
     assert last_count(err, "run: ranks joined") == (2, 2)
     assert last_count(err, "run: ops over 2 steps") == (2 * ops, 2 * ops)
+
+
+@pytest.mark.slow
+def test_validate_counts_its_runs_ranks_joining_then_rank_0s_ops(tmp_path, capsys, shown):
+    """As `run` does, inside validate's phase bar (issue 36: its run showed only the phase)."""
+    pytest.importorskip("torch")
+    from sim.profile import ComputeParams, LinkParams, Profile
+    from traces.io import load
+
+    profile, keep = tmp_path / "given.json", tmp_path / "keep"
+    Profile(name="given", calibrated=True, measured_on="CPU-localhost",
+            compute=ComputeParams(gemm_efficiency=0.5, gemm_tiles=((8, 8),),
+                                  launch_overhead_s=5e-5),
+            links={"loopback": LinkParams(bandwidth_Bps=2e9, latency_s=2e-5)}).save(profile)
+    assert main(["validate", str(example_path("gpt-tiny-2rank-localhost.toml")), "--profile",
+                 str(profile), "--steps", "2", "--warmup", "1", "--keep", str(keep)]) == 0
+    err = capsys.readouterr().err
+    ops = len(load(keep / "run" / "rank0.json").ops[0])
+    assert last_count(err, "validate run: ranks joined") == (2, 2)
+    assert last_count(err, "validate run: ops over 2 steps") == (2 * ops, 2 * ops)
+    assert err.index("validate: 0/3 done, run") < err.index("validate run: ranks joined")

@@ -111,8 +111,9 @@ def check_report(page: str, r: dict) -> None:
                       ("idle_s", "idle (bubble)")):
         assert bars[name] == pytest.approx([rank[key] for rank in r["ranks"]], rel=1e-12)
     memory = sum(typed(t["y"]) for t in figures["parasim-memory"]["data"])
-    assert memory * 2**30 == pytest.approx([m["total_bytes"] for m in r["memory_by_pp_rank"]],
-                                           rel=1e-6)
+    unit = figures["parasim-memory"]["layout"]["yaxis"]["title"]["text"]  # the bars' unit
+    assert memory * {"GiB": 2**30, "MiB": 2**20}[unit] == pytest.approx(
+        [m["total_bytes"] for m in r["memory_by_pp_rank"]], rel=1e-6)
 
 
 def test_unfolded_and_folded_agree(capsys, small):

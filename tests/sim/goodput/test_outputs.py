@@ -175,3 +175,21 @@ def test_every_cause_is_labelled_and_the_histogram_marks_p50_p90(tmp_path):
     assert [s.x0 for s in fig.layout.shapes] == [p50, p90]
     assert [a.text for a in fig.layout.annotations] == [f"P50 {p50:,.2f} d",
                                                         f"P90 {p90:,.2f} d"]
+
+
+def test_the_badput_chart_is_labelled_at_1_2_5_with_every_bar_in_view(tmp_path):
+    """Not plotly's minor digits ('2', '5' between 0.1 and 1000); every bar's hours and the
+    figure written right of the longest inside the range."""
+    from sim.goodput.report import badput_figure
+    from sim.report.plotly_page import tick_text
+
+    plan, out = plan_and_outcome(tmp_path, gpu_only(12), 5)
+    fig = badput_figure(plan, out)
+    hours = [h for h in fig.data[0].x if h > 0]
+    axis = fig.layout.xaxis
+    assert axis.type == "log" and axis.tickmode == "array"
+    lo, hi = axis.range
+    assert 10**lo < min(hours) and 2 * max(hours) < 10**hi
+    assert axis.tickvals and all(f"{v:.0e}"[0] in "125" and float(f"{v:.0e}") == v
+                                 for v in axis.tickvals)
+    assert list(axis.ticktext) == [tick_text(v) for v in axis.tickvals]

@@ -82,3 +82,17 @@ def test_the_report_holds_every_point_and_labels_the_best_below_it(result):
     assert label["ay"] > 0  # below the point: every other simulated point is slower
     assert label["x"] == pytest.approx(math.log10(result.best.simulated.peak_memory_bytes
                                                   / 2**30))
+
+
+def test_the_memory_lines_label_sits_on_the_line_inside_the_chart(result):
+    """On the log axis the label's x is the exponent of the line's (add_vline's own label took
+    the GiB as the exponent: drawn at 10^16 GiB, off the page)."""
+    fig = search_figure(result).to_dict()
+    line = next(s for s in fig["layout"]["shapes"] if s["type"] == "line")
+    label = next(a for a in fig["layout"]["annotations"] if "memory" in a["text"])
+    capacity = result.memory_capacity_bytes / 2**30
+    assert line["x0"] == line["x1"] == capacity
+    assert label["x"] == pytest.approx(math.log10(capacity)) and label["xref"] == "x"
+    lo, hi = fig["layout"]["xaxis"]["range"]
+    assert lo <= label["x"] <= hi
+    assert label["text"] == f"GPU memory {capacity:,.1f} GiB"
