@@ -77,7 +77,8 @@ def predict(exp: Experiment, *, fold: bool = True, progress: Progress | None = N
                       fold=classes, hosts=hosts)
 
     times = run(speeds, progress)
-    memory = memory_by_pp_rank(exp.model, exp.layout, schedule)
+    memory = memory_by_pp_rank(exp.model, exp.layout, schedule,
+                               exp.cluster.devices_per_server)
     sizes = classes.class_sizes() if classes else None
     summary = summarize(exp.model, exp.layout, exp.cluster, times, memory, sizes)
     if speeds is not None and any(s != 1.0 for s in speeds.values()):

@@ -17,8 +17,14 @@ One source rank's bytes per link class, member j of the EP group holding experts
              tokens(j)·row over NVLink
 
 tokens(D) is `traces.moe_groups.distinct_tokens`. The combine returns the same bytes the other
-way. `DeepEp` is what a dispatch op carries (`traces.alltoallv.deepep_split`) for the
-simulator to lower these flows once it knows the nodes (`sim.collectives.deepep`).
+way, which is what DeepEP's combine moves (README, internode combine; deep_ep/buffer.py
+`internode_combine`): each GPU has already summed its own experts' rows of a token (the
+unpermute), sends that one row over NVLink to the relay, which sums the node's rows and sends
+one row per token back over InfiniBand: tokens(j) over NVLink, tokens(N) over InfiniBand, not
+NCCL's c_j rows (the executor's combine, which applies the gates at the source, moves
+per-pair rows instead: `executor.hops`).
+`DeepEp` is what a dispatch op carries (`traces.alltoallv.deepep_split`) for the simulator
+to lower these flows once it knows the nodes (`sim.collectives.deepep`).
 """
 
 from __future__ import annotations

@@ -23,7 +23,8 @@ PALETTE = ("#4C78A8", "#F58518", "#54A24B", "#E45756", "#72B7B2", "#B279A2", "#F
 def memory_curves(exp: Experiment, passes: dict[int, list[Pass]]
                   ) -> dict[int, list[tuple[float, float]]]:
     """Pipeline rank -> (time, bytes) points of its step curve."""
-    return {pp: memory_timeline(exp.model, exp.layout, pp, timed_actions(ps))
+    return {pp: memory_timeline(exp.model, exp.layout, pp, timed_actions(ps),
+                                exp.cluster.devices_per_server)
             for pp, ps in passes.items()}
 
 

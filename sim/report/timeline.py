@@ -347,14 +347,16 @@ def timed_actions(passes: Iterable[Pass]) -> list[tuple[Action, float, float]]:
 
 
 def annotate(trace: Trace, times: StepTimes, model: ModelSpec, layout: Layout,
-             devices: str) -> Trace:
+             devices: str, nvlink_domain: int | None = None) -> Trace:
     """`trace` (the timed trace of `times`) with what its Chrome export shows beyond the ops:
     meta `memory`, each rank's bytes over the step from `sim.models.memory.memory_timeline` at the
-    simulated pass times, and meta `devices`, the word for the devices ("GPUs", "chips")."""
+    simulated pass times (`nvlink_domain`: GPUs per NVLink domain, for HybridEP's buffers), and
+    meta `devices`, the word for the devices ("GPUs", "chips")."""
     memory = {}
     for rank in times.plan.ranks:
         passes = pipeline_passes(times, rank)
-        points = memory_timeline(model, layout, layout.coords(rank).pp, timed_actions(passes))
+        points = memory_timeline(model, layout, layout.coords(rank).pp, timed_actions(passes),
+                                 nvlink_domain)
         # a later point at the same time supersedes an earlier one on a step curve
         memory[rank] = tuple((t, b) for (t, b), nxt in zip(points, [*points[1:], None])
                              if nxt is None or nxt[0] != t)

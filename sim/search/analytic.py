@@ -92,6 +92,7 @@ class Analytic:
         self.interference = interference_for(cluster, profile, self.compute)
         self.variability = cluster.variability
         self.collectives = Collectives(cluster)
+        self._domain = cluster.devices_per_server  # sizes HybridEP's buffers
         self.free_network = network == NetworkMode.IDEAL
         self.algo = algo
         self._passes: dict[PassKey, PassOps] = {}
@@ -192,7 +193,7 @@ class Analytic:
     def memory(self, layout: Layout) -> list[MemoryBreakdown]:
         """`sim.models.memory.memory_by_pp_rank`, with each rank's peak of micro-batches in flight
         taken once per distinct schedule."""
-        return [pp_rank_memory(self.model, layout, r, self._holding(layout, r))
+        return [pp_rank_memory(self.model, layout, r, self._holding(layout, r), self._domain)
                 for r in range(layout.pp)]
 
     def peak_memory(self, layout: Layout) -> float:
@@ -205,8 +206,8 @@ class Analytic:
             ranks = set(range(layout.pp))
         elif layout.pp > 2:
             ranks.add(max(range(1, layout.pp - 1), key=lambda r: (peaks[r], -r)))
-        return max(pp_rank_memory(self.model, layout, r, self._holding(layout, r)).total_bytes
-                   for r in sorted(ranks))
+        return max(pp_rank_memory(self.model, layout, r, self._holding(layout, r),
+                                  self._domain).total_bytes for r in sorted(ranks))
 
     def _holding(self, layout: Layout, r: int) -> list[Action]:
         """What `pp_rank_memory` needs of rank r's schedule: its peak in flight where its

@@ -113,3 +113,23 @@ def test_flows_of_a_shifted_placement_equal_the_sender_by_sender_count(skew):
             want += [(group[relay], group[j], d.tokens_to([j], EP) * d.row)
                      for j in members if j != relay]
     assert deepep_flows(d, group, node_of) == [f for f in want if f[2] > 0]
+
+
+def test_deepep_combine_sums_in_the_node_then_crosses_infiniband_once_per_node():
+    # The combine (the dispatch's split transposed, lowered with its flows reversed:
+    # sim.collectives.deepep) sends each GPU's one row per token it received over NVLink to
+    # the relay, which sends the node's sum back over InfiniBand once per token and node
+    # (DeepEP README, internode combine), not NCCL's one row per (token, expert) pair.
+    d = _route(V3)
+    split = deepep_split(V3, expert_counts(V3, 5, T), T, ROW, [1.0] * EP).transpose()
+    assert split.by_sender and split.deepep == d
+    back = [(b, a, size) for a, b, size in deepep_flows(d, GROUP, NODE_OF)]
+    got = link_class_bytes(back, NODE_OF_RANK)
+    per_gpu = T * reach(V3, range(4)) * ROW
+    per_node = T * reach(V3, range(32)) * ROW
+    counts = expert_counts(V3, 5, T)
+    nccl_ib = 56 * sum(counts[:4]) * ROW  # one row per pair to each of 56 off-node members
+    for j in GROUP:
+        assert got[j][0] == pytest.approx(56 * per_gpu, rel=1e-12)  # NVLink
+        assert got[j][1] == pytest.approx(7 * per_node, rel=1e-12)  # InfiniBand
+        assert got[j][1] < nccl_ib
