@@ -85,7 +85,8 @@ def micro_batch_s(fwd_s: list[float], bwd_s: list[float], plan: OffloadPlan) -> 
     h2d, start, bwd_start = t, t, [0.0] * n
     for i in reversed(range(n)):
         if i < plan.layers:
-            gate = bwd_start[i + RESIDENT_BUFFER_LAYERS] if i + RESIDENT_BUFFER_LAYERS < n else start
+            ahead = i + RESIDENT_BUFFER_LAYERS
+            gate = bwd_start[ahead] if ahead < n else start
             h2d = max(h2d, gate) + k
             t = max(t, h2d)
         bwd_start[i] = t
