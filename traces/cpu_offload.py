@@ -11,14 +11,21 @@ the layer being offloaded or reloaded while the next computes), so those two fre
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from traces.errors import ConfigError
+from traces.fields import check_int
+
+if TYPE_CHECKING:
+    from traces.layout import Layout
+    from traces.model import ModelSpec
 
 # Host link per direction. NVLink-C2C on Grace: 900 GB/s bidirectional (NVIDIA GB200 NVL72 /
 # GH200 spec sheets), 450 GB/s each way. x86 hosts: PCIe 5.0 x16, 32 GT/s x 16 lanes,
 # 128b/130b -> ~63 GB/s per direction (the presets' pcie_Bps already carries this).
 NVLINK_C2C_BPS = 450e9
 GRACE_PREFIXES = ("GB200", "GB300", "GH200")
+KEY = "parallel.cpu_offloading_num_layers"
 RESIDENT_BUFFER_LAYERS = 2  # TE's double buffer: these layers' activations stay on the GPU
 
 
@@ -49,13 +56,28 @@ class OffloadPlan:
 def check(layers: int, num_layers: int, pp: int, recompute: str) -> None:
     """Refuse what Megatron-Core refuses, in one line each."""
     if layers < 0 or layers >= max(num_layers, 1):
-        raise ConfigError(f"cpu_offloading_num_layers: {layers} must be in [0, {num_layers})")
+        raise ConfigError(f"{KEY}: {layers} must be in [0, {num_layers})")
     if layers and pp > 1:
-        raise ConfigError(f"cpu_offloading_num_layers: {layers} needs pp = 1 (Megatron-Core "
+        raise ConfigError(f"{KEY}: {layers} needs pp = 1 (Megatron-Core "
                           "has no pipeline parallelism with CPU offloading)")
     if layers and recompute not in ("none", ""):
-        raise ConfigError(f"cpu_offloading_num_layers: {layers} cannot be used with recompute "
+        raise ConfigError(f"{KEY}: {layers} cannot be used with recompute "
                           f"= {recompute} (Megatron-Core refuses offload with recompute)")
+
+
+def check_with_model(model: ModelSpec, layout: Layout) -> None:
+    """The key's rules once the model is known; MoE layers' offload is not modelled."""
+    layers = check_int(layout.cpu_offloading_num_layers, KEY,
+                       minimum=0, maximum=max(model.layers - 1, 0))
+    check(layers, model.layers, layout.pp, str(layout.recompute))
+    if layers and model.experts:
+        raise ConfigError(f"{KEY}: {layers} is not modelled for "
+                          "MoE models (model.experts > 0)")
+
+
+def freed_layers(layout: Layout) -> int:
+    """Layers whose stored activations leave GPU memory: all offloaded but the double buffer."""
+    return max(0, layout.cpu_offloading_num_layers - RESIDENT_BUFFER_LAYERS)
 
 
 def host_link_Bps(accelerator: str, pcie_Bps: float) -> float:
