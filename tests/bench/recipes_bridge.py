@@ -51,6 +51,9 @@ BRIDGE_2602 = ("Megatron-Bridge performance summary, 26.02 NeMo container (docs/
 PRECISION = {"FP8-CS": {"dtype": "fp8", "fp8_recipe": "tensorwise"},
              "FP8-MX": {"dtype": "fp8", "fp8_recipe": "mxfp8"},
              "NVFP4": {"dtype": "nvfp4"}}
+# cpu_offloading_num_layers of the 70B FSDP presets (LLAMA3_70B_GB200_FP8_CS_BASE_CONFIG and
+# the GB300 one, in the stored version of the performance scripts the docstring cites).
+OFFLOAD_70B_FSDP = {"GB200": 40, "GB300": 20}
 SYSTEMS = {"H100": "dgx-h100", "B200": "dgx-b200", "GB200": "gb200-nvl72",
            "GB300": "gb300-nvl72"}
 
@@ -75,6 +78,8 @@ def bridge(source: str, system: str, size: str, precision: str, gpus: int, gbs: 
         "zero": 3 if fsdp else 1, "fp32_main_grads": False, "recompute": "none",
         "micro_batch": mbs, "global_batch": gbs,
     }
+    if fsdp and size == "70b" and system in OFFLOAD_70B_FSDP:
+        parallel["cpu_offloading_num_layers"] = OFFLOAD_70B_FSDP[system]
     if size == "405b":
         parallel.update(account_for_embedding=True, account_for_loss=True)
     release = "25.11" if source == BRIDGE_2511 else "26.02"

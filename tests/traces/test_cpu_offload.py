@@ -60,3 +60,43 @@ def test_offload_never_shortens_a_step(layers: int, bw: float) -> None:
     assert t >= plain
     if bw == 1e15:
         assert t == pytest.approx(plain, rel=1e-6)
+
+
+def _example(**parallel: object) -> dict:
+    import tomllib
+
+    from sim.config import example_path
+    data = tomllib.loads(example_path("llama3-70b-h100.toml").read_text())
+    data["parallel"].update({"tp": 8, "cp": 1, "pp": 1, "vp": 1, "dp": 8, "schedule": "1f1b",
+                             **parallel})
+    return data
+
+
+def test_key_frees_exactly_the_offloaded_layers_but_two() -> None:
+    from sim.config import experiment_from_dict
+    from sim.models.memory import activation_bytes_per_layer, memory_by_pp_rank
+    plain = experiment_from_dict(_example())
+    off = experiment_from_dict(_example(cpu_offloading_num_layers=40))
+    per_layer = activation_bytes_per_layer(plain.model, plain.layout)
+    a = memory_by_pp_rank(plain.model, plain.layout)[0].activations_bytes
+    b = memory_by_pp_rank(off.model, off.layout)[0].activations_bytes
+    in_flight = a / (80 * per_layer)  # the micro-batches the schedule holds at its peak
+    assert a - b == pytest.approx(in_flight * 38 * per_layer)
+    assert "cpu_offloading_num_layers" not in plain.layout.to_dict()  # outputs stay the same
+    assert off.layout.to_dict()["cpu_offloading_num_layers"] == 40
+
+
+@pytest.mark.parametrize("extra,msg", [
+    ({"pp": 2, "dp": 4}, "needs pp = 1"),
+    ({"recompute": "full"}, "cannot be used with recompute"),
+])
+def test_config_refuses_as_megatron_does(extra: dict, msg: str) -> None:
+    from sim.config import experiment_from_dict
+    with pytest.raises(ConfigError, match=msg):
+        experiment_from_dict(_example(cpu_offloading_num_layers=4, **extra))
+
+
+def test_config_bounds() -> None:
+    from sim.config import experiment_from_dict
+    with pytest.raises(ConfigError, match="parallel.cpu_offloading_num_layers"):
+        experiment_from_dict(_example(cpu_offloading_num_layers=80))
