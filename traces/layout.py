@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, fields
 from enum import StrEnum
 from typing import Any
 
+from traces.axes import Axis, along
 from traces.errors import ConfigError, show
 from traces.expert_grid import check_expert_grid
 from traces.fields import (
@@ -53,18 +54,10 @@ OMITTED_AT_DEFAULT = ("tp_comm_overlap", "overlap_param_gather", "pp_first_layer
                       "pp_last_layers", "account_for_embedding", "account_for_loss",
                       "pipeline_layout", "ep", "etp", "reshard_after_forward", "grad_sync",
                       "overlap_p2p_comm", "overlap_moe_comm", "comm_sms", "recompute_modules",
-                      "exp_avg_dtype", "exp_avg_sq_dtype", "fp8_activation_cache")
+                      "exp_avg_dtype", "exp_avg_sq_dtype", "fp8_activation_cache",
+                      "cpu_offloading_num_layers")
 """Options left out of `Layout.to_dict` at their default (so a layout without them reads as it
 always has)."""
-
-
-class Axis(StrEnum):
-    """A parallel axis, in Megatron's rank order (fastest-varying first)."""
-
-    TP = "tp"
-    CP = "cp"
-    DP = "dp"
-    PP = "pp"
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,7 +70,7 @@ class Coords:
     pp: int
 
     def along(self, axis: Axis) -> int:
-        return _along(axis, self.tp, self.cp, self.dp, self.pp)
+        return along(axis, self.tp, self.cp, self.dp, self.pp)
 
     def moved(self, axis: Axis, value: int) -> Coords:
         """The same coordinates but `value` along `axis`."""
@@ -182,6 +175,7 @@ class Layout:
     """Adam's first moment (Megatron-Core's --exp-avg-dtype): fp32, bf16, fp16 or fp8."""
     exp_avg_sq_dtype: str = "fp32"
     """Adam's second moment (Megatron-Core's --exp-avg-sq-dtype)."""
+    cpu_offloading_num_layers: int = 0  # --cpu-offloading-num-layers (`traces.cpu_offload`)
 
     def __post_init__(self) -> None:
         """The rules that need neither the model nor the cluster (see `check_layout`)."""
@@ -253,7 +247,7 @@ class Layout:
 
     def degree(self, axis: Axis) -> int:
         """The number of ranks along `axis`."""
-        return _along(axis, self.tp, self.cp, self.dp, self.pp)
+        return along(axis, self.tp, self.cp, self.dp, self.pp)
 
     def rank(self, tp: int = 0, cp: int = 0, dp: int = 0, pp: int = 0) -> int:
         return tp + self.tp * (cp + self.cp * (dp + self.dp * pp))
@@ -383,17 +377,3 @@ class Layout:
         if self.grad_sync is not None:
             out["grad_sync"] = str(self.grad_sync)
         return out
-
-
-def _along(axis: Axis, tp: int, cp: int, dp: int, pp: int) -> int:
-    """The one of four per-axis figures (coordinates or degrees) that `axis` names."""
-    match axis:
-        case Axis.TP:
-            return tp
-        case Axis.CP:
-            return cp
-        case Axis.DP:
-            return dp
-        case Axis.PP:
-            return pp
-    raise AssertionError(f"not an axis: {axis!r}")

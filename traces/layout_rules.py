@@ -4,6 +4,7 @@ node."""
 
 from __future__ import annotations
 
+from traces.cpu_offload import check_with_model as check_offload
 from traces.errors import ConfigError
 from traces.expert_grid import check_experts
 from traces.layout import Layout
@@ -41,6 +42,7 @@ def check_layout(model: ModelSpec, layout: Layout, *, world: int | None = None,
     check_experts(model, layout)
     check_moe_overlap(model, layout)
     check_with_model(model, layout)
+    check_offload(model, layout)
     if devices_per_server is None:
         return ()
     if tp > devices_per_server:

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 from sim.models.moe_memory import moe_activation_delta, rank_layers
 from sim.models.saved_activations import saving_terms
-from traces import op_sac
+from traces import cpu_offload, op_sac
 from traces.errors import ConfigError
 from traces.layout import Layout, Recompute
 from traces.model import ModelSpec
@@ -159,7 +159,8 @@ def per_pass(model: ModelSpec, layout: Layout, pp_rank: int) -> float:
     model's, averaged over the rank's chunks)."""
     per_layer = activation_bytes_per_layer(model, layout)
     if not model.experts:
-        return layout.layers_per_chunk(model, pp_rank) * per_layer
+        offloaded = cpu_offload.freed_layers(layout)  # activations held in host memory
+        return (layout.layers_per_chunk(model, pp_rank) - offloaded) * per_layer
     layers = rank_layers(model, layout, pp_rank)
     return sum(per_layer + moe_activation_delta(model, layout, layer)
                for layer in layers) / len(layout.stages_of_rank(pp_rank))  # vp; dualpipe 2

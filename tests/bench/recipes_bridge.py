@@ -25,8 +25,8 @@ ddp.overlap_grad_reduce and ddp.overlap_param_gather True). Recipe details paras
 modelled. What they change, by a stored version of the performance scripts' Llama 3 presets
 (LLAMA3_70B_GB200_FP8_CS_BASE_CONFIG and its neighbours; that version states GBS 128 for 70B,
 not the tables' 256): the 70B FSDP rows offload the activations of 40 of 80 layers to Grace
-memory on GB200 and 20 on GB300 (cpu_offloading_num_layers; parasim finds neither fits
-without it), and the GB200
+memory on GB200 and 20 on GB300 (cpu_offloading_num_layers: these rows set it; parasim models
+the memory it frees, not yet the D2H/H2D time, and finds neither fits even so), and the GB200
 8B FP8-CS row runs without the full-iteration CUDA graph that the B200, GB300 and GB200 MXFP8
 rows capture: both are GB200's costs that these rows cannot state. 405B rows split 126
 layers + embedding + loss evenly over PP x VP chunks (account_for_embedding /
@@ -51,6 +51,9 @@ BRIDGE_2602 = ("Megatron-Bridge performance summary, 26.02 NeMo container (docs/
 PRECISION = {"FP8-CS": {"dtype": "fp8", "fp8_recipe": "tensorwise"},
              "FP8-MX": {"dtype": "fp8", "fp8_recipe": "mxfp8"},
              "NVFP4": {"dtype": "nvfp4"}}
+# cpu_offloading_num_layers of the 70B FSDP presets (LLAMA3_70B_GB200_FP8_CS_BASE_CONFIG and
+# the GB300 one, in the stored version of the performance scripts the docstring cites).
+OFFLOAD_70B_FSDP = {"GB200": 40, "GB300": 20}
 SYSTEMS = {"H100": "dgx-h100", "B200": "dgx-b200", "GB200": "gb200-nvl72",
            "GB300": "gb300-nvl72"}
 
@@ -75,6 +78,8 @@ def bridge(source: str, system: str, size: str, precision: str, gpus: int, gbs: 
         "zero": 3 if fsdp else 1, "fp32_main_grads": False, "recompute": "none",
         "micro_batch": mbs, "global_batch": gbs,
     }
+    if fsdp and size == "70b" and system in OFFLOAD_70B_FSDP:
+        parallel["cpu_offloading_num_layers"] = OFFLOAD_70B_FSDP[system]
     if size == "405b":
         parallel.update(account_for_embedding=True, account_for_loss=True)
     release = "25.11" if source == BRIDGE_2511 else "26.02"

@@ -1,0 +1,102 @@
+"""Activation CPU offloading: Megatron-Core's refusals, closed-form memory and bytes, and a
+two-stream timeline that can only lengthen a micro-batch."""
+
+import pytest
+
+from traces.cpu_offload import NVLINK_C2C_BPS, OffloadPlan, check, host_link_Bps, micro_batch_s
+from traces.errors import ConfigError
+
+
+def test_freed_and_moved_bytes_closed_form() -> None:
+    plan = OffloadPlan(layers=40, act_bytes_per_layer=3.0e9, host_Bps=NVLINK_C2C_BPS)
+    assert plan.freed_bytes == 38 * 3.0e9  # TE's double buffer keeps two layers resident
+    assert plan.moved_bytes == 2 * 40 * 3.0e9
+    assert plan.transfer_s == pytest.approx(3.0e9 / 450e9)
+    assert OffloadPlan(1, 5.0, 1.0).freed_bytes == 0.0
+
+
+def test_host_link_is_c2c_on_grace_and_pcie_elsewhere() -> None:
+    assert host_link_Bps("GB200", 64e9) == 450e9
+    assert host_link_Bps("GB300", 64e9) == 450e9
+    assert host_link_Bps("H100-SXM", 64e9) == 64e9
+
+
+@pytest.mark.parametrize("layers,pp,recompute,msg", [
+    (80, 1, "none", "must be in [0, 80)"),
+    (-1, 1, "none", "must be in [0, 80)"),
+    (40, 2, "none", "needs pp = 1"),
+    (40, 1, "full", "cannot be used with recompute"),
+])
+def test_refusals(layers: int, pp: int, recompute: str, msg: str) -> None:
+    with pytest.raises(ConfigError, match="cpu_offloading_num_layers") as e:
+        check(layers, 80, pp, recompute)
+    assert msg in str(e.value)
+
+
+def test_accepted_settings() -> None:
+    check(0, 80, 8, "full")
+    check(79, 80, 1, "none")
+
+
+def test_no_offload_is_plain_compute() -> None:
+    fwd, bwd = [1.0, 2.0, 3.0], [2.0, 4.0, 6.0]
+    assert micro_batch_s(fwd, bwd, OffloadPlan(0, 1e9, 1.0)) == 18.0
+
+
+def test_slow_link_exposes_transfers_exactly() -> None:
+    # layer 0 offloads in 10 s: layer 2's forward waits for it (t = 11 + 1 = 12); backward of
+    # layers 2 and 1 ends at 14; layer 0's reload starts when layer 2's backward began (12)
+    # and lands at 22; its backward ends at 23.
+    assert micro_batch_s([1.0] * 3, [1.0] * 3, OffloadPlan(1, 10.0, 1.0)) == 23.0
+
+
+@pytest.mark.parametrize("layers", [0, 1, 2, 5, 11])
+@pytest.mark.parametrize("bw", [1e6, 1e9, 64e9, 450e9, 1e15])
+def test_offload_never_shortens_a_step(layers: int, bw: float) -> None:
+    fwd = [0.01 * (1 + i % 3) for i in range(12)]
+    bwd = [2 * f for f in fwd]
+    plain = sum(fwd) + sum(bwd)
+    t = micro_batch_s(fwd, bwd, OffloadPlan(layers, 1e9, bw))
+    assert t >= plain
+    if bw == 1e15:
+        assert t == pytest.approx(plain, rel=1e-6)
+
+
+def _example(**parallel: object) -> dict:
+    import tomllib
+
+    from sim.config import example_path
+    data = tomllib.loads(example_path("llama3-70b-h100.toml").read_text())
+    data["parallel"].update({"tp": 8, "cp": 1, "pp": 1, "vp": 1, "dp": 8, "schedule": "1f1b",
+                             **parallel})
+    return data
+
+
+def test_key_frees_exactly_the_offloaded_layers_but_two() -> None:
+    from sim.config import experiment_from_dict
+    from sim.models.memory import activation_bytes_per_layer, memory_by_pp_rank
+    plain = experiment_from_dict(_example())
+    off = experiment_from_dict(_example(cpu_offloading_num_layers=40))
+    per_layer = activation_bytes_per_layer(plain.model, plain.layout)
+    a = memory_by_pp_rank(plain.model, plain.layout)[0].activations_bytes
+    b = memory_by_pp_rank(off.model, off.layout)[0].activations_bytes
+    in_flight = a / (80 * per_layer)  # the micro-batches the schedule holds at its peak
+    assert a - b == pytest.approx(in_flight * 38 * per_layer)
+    assert "cpu_offloading_num_layers" not in plain.layout.to_dict()  # outputs stay the same
+    assert off.layout.to_dict()["cpu_offloading_num_layers"] == 40
+
+
+@pytest.mark.parametrize("extra,msg", [
+    ({"pp": 2, "dp": 4}, "needs pp = 1"),
+    ({"recompute": "full"}, "cannot be used with recompute"),
+])
+def test_config_refuses_as_megatron_does(extra: dict, msg: str) -> None:
+    from sim.config import experiment_from_dict
+    with pytest.raises(ConfigError, match=msg):
+        experiment_from_dict(_example(cpu_offloading_num_layers=4, **extra))
+
+
+def test_config_bounds() -> None:
+    from sim.config import experiment_from_dict
+    with pytest.raises(ConfigError, match="parallel.cpu_offloading_num_layers"):
+        experiment_from_dict(_example(cpu_offloading_num_layers=80))
