@@ -100,3 +100,11 @@ def test_config_bounds() -> None:
     from sim.config import experiment_from_dict
     with pytest.raises(ConfigError, match="parallel.cpu_offloading_num_layers"):
         experiment_from_dict(_example(cpu_offloading_num_layers=80))
+
+
+def test_untimed_offload_is_said_in_a_warning() -> None:
+    """Memory follows the key but the step does not yet: the user is told, the plain job not."""
+    from sim.config import experiment_from_dict
+    assert not any("offload" in w for w in experiment_from_dict(_example()).warnings)
+    off = experiment_from_dict(_example(cpu_offloading_num_layers=40))
+    assert any("not timed" in w for w in off.warnings)
