@@ -12,13 +12,16 @@ What the paper states, used for every row: Eos, DGX H100 nodes (8 GPUs on NVLink
 and global batch 256 (Table 3) or 1,024 (Table 4, "all parallel configurations are the same
 as those identified in the performance experiments"). FP8 is "FP8 delayed scaling" (§4.5).
 What it does not state, taken as Megatron-Core's defaults of the time and the same for every
-row: micro-batch 1, no virtual pipeline, no recomputation, sequence parallelism wherever
-TP > 1 (Megatron-Core requires it for MoE with TP), the distributed optimizer (ZeRO-1) except
-for the FSDP baselines (ZeRO-3); expert tensor parallelism = TP where the row has no ETP (the
-layout before folding: experts split as attention is), as the table gives it where it does;
-the routing probabilities applied in the unpermute (`moe_probs_in_activation` false, the
-default): v1 of the paper (2025-04) predates Megatron-Core 0.13 (2025/07), which moved them
-into the experts' activation (`traces.moe_probs`).
+row: micro-batch 1, no virtual pipeline, no recomputation, sequence parallelism wherever TP > 1
+(Megatron-Core requires it for MoE with TP), the distributed optimizer (ZeRO-1) except for the
+FSDP baselines (ZeRO-3), gradients accumulated and reduced in FP32 (`fp32_main_grads`:
+Megatron-LM's arguments.py turns `accumulate_allreduce_grads_in_fp32` on for every BF16 run,
+its `if args.bf16:` branch of 2024-25; the Bridge rows set it too); expert tensor parallelism =
+TP where the row has no ETP (the layout before folding: experts split as attention is), as the
+table gives it where it does; the routing probabilities applied in the unpermute
+(`moe_probs_in_activation` false, the default): v1 of the paper (2025-04) predates
+Megatron-Core 0.13 (2025/07), which moved them into the experts' activation
+(`traces.moe_probs`).
 Table 3's columns read CP, TP, EP, PP, ETP in order; the FSDP baselines fill only the first
 ones (FSDP: CP, TP, EP; no PP).
 
@@ -136,6 +139,7 @@ def parallel(method: str, mapping: tuple[int, int, int, int, int, int], gbs: int
     gpus = gpus or total
     return {"tp": tp, "cp": cp, "pp": pp, "dp": gpus // (tp * cp * pp), "ep": ep, "etp": etp,
             "sp": tp > 1, "zero": 3 if method.startswith("FSDP") else 1, "micro_batch": 1,
+            "fp32_main_grads": True,
             "global_batch": gbs, "recompute": "none", "schedule": "1f1b"}
 
 

@@ -103,3 +103,12 @@ def test_every_row_builds_or_is_refused_as_the_benchmark_prints_it(row):
         assert "\n" not in str(err) and str(err)
         return
     assert exp.cluster.num_devices == row.gpus
+
+
+def test_every_folding_row_reduces_gradients_in_fp32():
+    """Megatron-LM turns FP32 gradient accumulation and reduction on for BF16 runs, so every
+    Folding row (Megatron-Core, FSDP baselines included) reduces FP32 gradients, as the
+    Megatron-Bridge rows do."""
+    for rows in FOLDING_ROWS.values():
+        for r in rows:
+            assert r.parallel["fp32_main_grads"] is True, r.name
