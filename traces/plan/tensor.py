@@ -54,11 +54,14 @@ _AR, _AG, _RS = OpKind.ALL_REDUCE, OpKind.ALL_GATHER, OpKind.REDUCE_SCATTER
 FP32 = 4
 FP8_GATHER_RECIPES = frozenset({"delayed", "tensorwise"})
 """Recipes whose SP all-gathers carry FP8 (1 byte an element): Transformer Engine's Linear
-quantizes a column-parallel input, and a row-parallel output gradient, before
-gather_along_first_dim (hence the tensorwise amax all-reduce, `traces.plan.fp8`); torchao's
-Float8ColwiseParallel / Float8RowwiseParallel cast tensorwise inputs before redistributing
-(torchtitan docs/float8.md: "float8 all-gather ... for TP (by default for Float8Linear)").
-torchtitan gathers rowwise inputs in bf16; blockwise and MXFP8 are left in bf16 here."""
+quantizes a column-parallel input before gather_along_first_dim(..., quantizer=input_quantizer)
+(module/linear.py; ops/fused/userbuffers_forward_linear.py likewise), and a row-parallel
+output gradient likewise, hence the tensorwise amax all-reduce (`traces.plan.fp8`); torchao's
+Float8ColwiseParallel._prepare_input_fn casts to float8 before redistribute, gated by
+_float8_linear_supports_float8_allgather (dynamic, i.e. tensorwise, scaling;
+float8/float8_tensor_parallel.py). torchtitan gathers rowwise inputs in bf16; TE gathers
+Float8BlockQuantizer inputs in high precision (force_hp_input_gather). MXFP8, which TE gathers
+quantized (plus 1/32 scale bytes), is left in bf16 here: not yet modelled."""
 
 Sites = dict[tuple[Kernel, bool], tuple[tuple[TpSite, ...], tuple[TpSite, ...]]]
 """(kernel, phase is backward) -> the TP sites just before and just after it."""
