@@ -111,23 +111,25 @@ def overlap_region(node: Node, template: Template, launch: Node) -> Region:
 
 
 def overlap_template(op: Op, before: tuple[TpSite, ...], after: tuple[TpSite, ...],
-                     group: tuple[int, ...], size: float) -> Template:
+                     group: tuple[int, ...], size: float, gathered: float | None = None
+                     ) -> Template:
     """The overlapped ops replacing `op` (a qkv, proj, fc1 or fc2 op) and its TP collectives
     `before` and `after` (`traces.plan.tensor.tp_sites` with SP), over the rank's TP `group`
     (and so t), `size` the b·s·h buffer of nccl-tests' size. Depends on `op`'s fields but its
-    layer and micro-batch only."""
+    layer and micro-batch only; `gathered` the all-gathers' buffer where it differs (FP8)."""
     entries: list[Entry] = []
+    gather = size if gathered is None else gathered
     backward = op.phase is Phase.BWD
     if not backward and before:  # qkv, fc1 fprop: ring-exchange all-gather
-        _ring(op, before[0], group, size, GemmPart.FPROP, entries)
+        _ring(op, before[0], group, gather, GemmPart.FPROP, entries)
         return Template(tuple(entries))
     if not backward:  # proj, fc2 fprop: pipelined reduce-scatter
         return _pipeline(op, after[0], group, size, entries)
     if not after:  # proj, fc2 backward: ring-exchange all-gather of the output gradient
-        _ring(op, before[0], group, size, GemmPart.DGRAD, entries)
+        _ring(op, before[0], group, gather, GemmPart.DGRAD, entries)
         entries.append((_gemm(op, GemmPart.WGRAD, 0, 1, 0), ()))
         return Template(tuple(entries))
-    return _bulk(op, before[0], after[0], group, size, entries)  # qkv, fc1 backward
+    return _bulk(op, before[0], after[0], group, (gather, size), entries)  # qkv, fc1 backward
 
 
 def _ring(op: Op, site: TpSite, group: tuple[int, ...], size: float, part: GemmPart,
@@ -161,13 +163,13 @@ def _pipeline(op: Op, site: TpSite, group: tuple[int, ...], size: float,
     return Template(tuple(entries), len(entries) - 1)
 
 
-def _bulk(op: Op, gather: TpSite, scatter: TpSite, group: tuple[int, ...], size: float,
-          entries: list[Entry]) -> Template:
+def _bulk(op: Op, gather: TpSite, scatter: TpSite, group: tuple[int, ...],
+          size: tuple[float, float], entries: list[Entry]) -> Template:
     """The saved input's all-gather beside the input gradient; the input gradient's
     reduce-scatter beside the weight gradient, which waits for the gather."""
-    entries += [(_comm(op, gather, 0, 1, OverlapMethod.BULK, size, group), (LAUNCH,)),
+    entries += [(_comm(op, gather, 0, 1, OverlapMethod.BULK, size[0], group), (LAUNCH,)),
                 (_gemm(op, GemmPart.DGRAD, 0, 1, BULK_SMS), ()),
-                (_comm(op, scatter, 0, 1, OverlapMethod.BULK, size, group), (2,)),  # dgrad
+                (_comm(op, scatter, 0, 1, OverlapMethod.BULK, size[1], group), (2,)),  # dgrad
                 (_gemm(op, GemmPart.WGRAD, 0, 1, BULK_SMS), (1,))]  # after the gather
     return Template(tuple(entries), 2)
 

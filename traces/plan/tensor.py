@@ -43,6 +43,7 @@ from typing import Any
 from traces.layout import Axis
 from traces.mla import down_width
 from traces.ops import OpKind, OpRow, Phase, Stream, op_row, stamp_phase
+from traces.plan.fp8 import TP_AMAX_GEMMS
 from traces.plan.nodes import Node, Program, RankContext
 from traces.plan.overlap import OVERLAPPED, Template, overlap_region, overlap_template
 from traces.purpose import CrossEntropyStat, Kernel, KernelRun, Purpose, Stat, TpSite
@@ -51,6 +52,16 @@ from traces.zero_bubble import WEIGHT_ONLY
 K = Kernel
 _AR, _AG, _RS = OpKind.ALL_REDUCE, OpKind.ALL_GATHER, OpKind.REDUCE_SCATTER
 FP32 = 4
+FP8_GATHER_RECIPES = frozenset({"delayed", "tensorwise"})
+"""Recipes whose SP all-gathers carry FP8 (1 byte an element): Transformer Engine's Linear
+quantizes a column-parallel input before gather_along_first_dim(..., quantizer=input_quantizer)
+(module/linear.py; ops/fused/userbuffers_forward_linear.py likewise), and a row-parallel
+output gradient likewise, hence the tensorwise amax all-reduce (`traces.plan.fp8`); torchao's
+Float8ColwiseParallel._prepare_input_fn casts to float8 before redistribute, gated by
+_float8_linear_supports_float8_allgather (dynamic, i.e. tensorwise, scaling;
+float8/float8_tensor_parallel.py). torchtitan gathers rowwise inputs in bf16; TE gathers
+Float8BlockQuantizer inputs in high precision (force_hp_input_gather). MXFP8, which TE gathers
+quantized (plus 1/32 scale bytes), is left in bf16 here: not yet modelled."""
 
 Sites = dict[tuple[Kernel, bool], tuple[tuple[TpSite, ...], tuple[TpSite, ...]]]
 """(kernel, phase is backward) -> the TP sites just before and just after it."""
@@ -116,6 +127,8 @@ def add_tensor_parallel(ctx: RankContext, program: Program) -> Program:
     sizes = {"tp": model.activation_bytes(b), "ce_max": b * s * FP32,
              "ce_sum": 2 * b * s * FP32,
              "tp_latent": b * s * down_width(model) * model.dtype_bytes}
+    fp8_gather = model.fp8 and model.fp8_recipe in FP8_GATHER_RECIPES
+    sizes["tp_fp8"] = b * s * model.hidden if fp8_gather else sizes["tp"]
     group = layout.group(ctx.rank, Axis.TP)
     # (kernel, phase) -> the fields of the collectives before and after it, or (None, sites)
     # where tp_comm_overlap overlaps them with the kernel's GEMM (`traces.plan.overlap`)
@@ -123,7 +136,8 @@ def add_tensor_parallel(ctx: RankContext, program: Program) -> Program:
         key: (tuple(_fields(ctx, c, group, sizes[c[1]]) for c in before),
               tuple(_fields(ctx, c, group, sizes[c[1]]) for c in after))
         for key, (before, after) in _placements(
-            layout.sp, model.q_lora_rank == 0 if model.mla and layout.sp else None).items()}
+            layout.sp, model.q_lora_rank == 0 if model.mla and layout.sp else None,
+            fp8_gather).items()}
     where.update({key: (None, sites)
                   for key, sites in _overlapped(layout.sp, layout.tp_comm_overlap).items()})
     templates: dict[tuple[Any, ...], Template] = {}  # one per distinct overlapped kernel op
@@ -136,7 +150,7 @@ def add_tensor_parallel(ctx: RankContext, program: Program) -> Program:
         if recipe is None:
             recipe = _recipe(signature, where)
             known.append((signature, recipe))
-        out.append(_splice(nodes, recipe, templates, group, sizes["tp"]))
+        out.append(_splice(nodes, recipe, templates, group, (sizes["tp"], sizes["tp_fp8"])))
     return out
 
 
@@ -179,8 +193,9 @@ def _recipe(signature: list[Any], where: dict[tuple[Kernel, Phase | None], tuple
 
 
 def _splice(nodes: list[Node], recipe: list[Step], templates: dict[tuple[Any, ...], Template],
-            group: tuple[int, ...], size: float) -> list[Node]:
-    """The action's nodes with its collectives, by `recipe` (`_recipe` of its signature)."""
+            group: tuple[int, ...], size: tuple[float, float]) -> list[Node]:
+    """The action's nodes with its collectives, by `recipe` (`_recipe` of its signature);
+    `size`: the b·s·h buffer, and its bytes when a GEMM's input is gathered in FP8."""
     step: list[Node] = []
     join: Node | None = None  # an overlapped collective the next compute op waits for
     for what, i, first, second in recipe:
@@ -204,7 +219,7 @@ def _splice(nodes: list[Node], recipe: list[Step], templates: dict[tuple[Any, ..
             if template is None:
                 sites_before, sites_after = first
                 template = templates[key] = overlap_template(op, sites_before, sites_after,
-                                                             group, size)
+                                                             group, *size)
             launch = next(n for n in reversed(step) if n.on_compute)
             region = overlap_region(node, template, launch)
             step += region.nodes
@@ -235,15 +250,19 @@ Collective = tuple[OpKind, str, Purpose]
 Placement = tuple[tuple[Collective, ...], tuple[Collective, ...]]
 
 
-def _placements(sp: bool, mla_q_proj: bool | None = None
+def _placements(sp: bool, mla_q_proj: bool | None = None, fp8_gather: bool = False
                 ) -> dict[tuple[Kernel, Phase | None], Placement]:
     """(kernel, phase) -> the collectives before and after it; `mla_q_proj` not None: latent
-    attention with SP (`mla_sp_sites`)."""
+    attention with SP (`mla_sp_sites`); `fp8_gather`: the gathers feeding an FP8 GEMM's cast
+    (`traces.plan.fp8.TP_AMAX_GEMMS`) carry FP8 (`FP8_GATHER_RECIPES`)."""
     out: dict[tuple[Kernel, Phase | None], Placement] = {}
     sites = tp_sites(sp) if mla_q_proj is None else {**tp_sites(sp), **mla_sp_sites(mla_q_proj)}
 
     def label(site: TpSite) -> str:
-        return "tp_latent" if site.slot == "latn" else "tp"
+        if site.slot == "latn":
+            return "tp_latent"
+        fp8 = fp8_gather and site.kind is _AG and site.kernel in TP_AMAX_GEMMS[site.grad]
+        return "tp_fp8" if fp8 else "tp"
 
     for (kernel, backward), (before, after) in sites.items():
         phases = (Phase.BWD, *((Phase.WGRAD,) if kernel in WEIGHT_ONLY else ())) if backward \
@@ -265,5 +284,5 @@ def _fields(ctx: RankContext, collective: Collective, group: tuple[int, ...],
     (the kernel's beside)."""
     kind, name, purpose = collective
     dtype = "fp32" if isinstance(purpose, CrossEntropyStat) else ctx.model.data_dtype
-    return op_row(kind=kind, stream=Stream.COMPUTE, name=name, purpose=purpose,
-                  group=group, size_bytes=size, dtype=dtype)
+    return op_row(kind=kind, stream=Stream.COMPUTE, name="tp" if name == "tp_fp8" else name,
+                  purpose=purpose, group=group, size_bytes=size, dtype=dtype)

@@ -1,0 +1,57 @@
+"""FP8 sequence-parallel all-gathers (issue 32): where the stack casts before it gathers
+(Transformer Engine's delayed and current scaling, torchao's tensorwise), the gathers feeding
+qkv's and fc1's input and proj's and fc2's output gradient carry 1 byte an element; rowwise
+(torchtitan gathers in bf16) and every reduce-scatter keep 2 bytes."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from traces.layout import Layout
+from traces.model import ModelSpec
+from traces.ops import OpKind
+from traces.plan import build
+from traces.purpose import Kernel, TpChunk, TpSite
+
+K = Kernel
+LLAMA = ModelSpec(layers=4, hidden=64, heads=4, kv_heads=2, seq_len=32, vocab=128,
+                  ffn="swiglu", ffn_hidden=96, norm="rmsnorm", position="rope", bias=False,
+                  dtype="fp8")
+BF16_BUFFER = 1 * 32 * 64 * 2  # b·s·h in bf16, one micro-batch of one sample
+FP8_INPUTS = {(K.QKV, False), (K.FC1, False), (K.PROJ, True), (K.FC2, True)}
+
+
+def tp_ops(recipe: str, overlap: bool):
+    model = dataclasses.replace(LLAMA, fp8_recipe=recipe)
+    layout = Layout(tp=2, pp=2, dp=2, sp=True, global_batch=4, recompute="full",
+                    tp_comm_overlap=overlap)
+    return [op for op in build(model, layout).ops[0] if isinstance(op.purpose, (TpSite, TpChunk))]
+
+
+def in_fp8(op) -> bool:
+    site = op.purpose
+    return op.kind is OpKind.ALL_GATHER and (site.kernel, site.grad) in FP8_INPUTS
+
+
+@pytest.mark.parametrize("recipe", ["delayed", "tensorwise"])
+def test_gathers_into_an_fp8_gemm_carry_one_byte_an_element(recipe):
+    ops = tp_ops(recipe, overlap=False)
+    gathered = [op for op in ops if in_fp8(op)]
+    # qkv's and fc1's input forward, recomputed and (the kept shard) backward, proj's and
+    # fc2's output gradient backward: 8 per layer, 2 layers a stage
+    assert len(gathered) == Layout(tp=2, pp=2, dp=2, global_batch=4).num_microbatches * 2 * 8
+    assert {op.name for op in ops} == {"tp"}
+    assert {op.size_bytes for op in gathered} == {BF16_BUFFER / 2}
+    assert {op.size_bytes for op in ops if op.kind is OpKind.REDUCE_SCATTER} == {BF16_BUFFER}
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_delayed_halves_exactly_the_fp8_gathers_of_rowwise(overlap):
+    """Same collectives in the same order, with and without tp_comm_overlap's chunks."""
+    fp8, rowwise = tp_ops("delayed", overlap), tp_ops("rowwise", overlap)
+    assert [(op.kind, op.purpose) for op in fp8] == [(op.kind, op.purpose) for op in rowwise]
+    assert sum(map(in_fp8, fp8)) == 32
+    for a, b in zip(fp8, rowwise):
+        assert a.size_bytes == (b.size_bytes / 2 if in_fp8(a) else b.size_bytes)
