@@ -133,7 +133,7 @@ class _CommSection:
 
     def __init__(self, ops: tuple[Op, ...], comm: Comm, recorder: _Shifted,
                  device: torch.device) -> None:
-        self.ops, self.recorder, self.device = ops, recorder, device
+        self.ops, self.comm, self.recorder, self.device = ops, comm, recorder, device
         self.cuda = device.type == "cuda"  # how `_StepRun` waits (executor.interpreter)
         # Deps as the section's own indices (ops before it ran in an earlier section).
         self.deps = [tuple(d - recorder.offset for d in op.deps if d >= recorder.offset)

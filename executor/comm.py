@@ -121,6 +121,10 @@ class Comm:
         self.groups = groups
         self.record = record
         self.calls: list[CommCall] = []
+        self.block: Callable[[Handle], None] | None = None
+        """Waits for a synchronous collective in its caller's place: set by the CPU
+        interpreter so that its side streams keep issuing while one blocks (a queued send a
+        peer needs before it can join the collective would otherwise never go out)."""
 
     def _log(self, kind: OpKind, key: GroupKey | None, size: int, **extra: object) -> None:
         if self.record:
@@ -135,8 +139,8 @@ class Comm:
         self._log(OpKind.ALL_REDUCE, key, _nbytes(tensor), reduce=reduce)
         group = self.groups.get(key)
         work = None if group is None else dist.all_reduce(
-            tensor, op=_REDUCE_OPS[reduce], group=group, async_op=async_op)
-        return self._handle(work, then)
+            tensor, op=_REDUCE_OPS[reduce], group=group, async_op=self._async(async_op))
+        return self._handle(work, then, async_op)
 
     def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, key: GroupKey, *,
                        async_op: bool = False, then: Callable[[], None] | None = None) -> Handle:
@@ -147,8 +151,8 @@ class Comm:
         if group is None:
             output.copy_(input.view_as(output))
             return self._handle(None, then)
-        work = _reduce_scatter(output, input, group=group, async_op=async_op)
-        return self._handle(work, then)
+        work = _reduce_scatter(output, input, group=group, async_op=self._async(async_op))
+        return self._handle(work, then, async_op)
 
     def all_gather(self, output: torch.Tensor, input: torch.Tensor, key: GroupKey, *,
                    async_op: bool = False, then: Callable[[], None] | None = None) -> Handle:
@@ -159,16 +163,16 @@ class Comm:
         if group is None:
             output.copy_(input.view_as(output))
             return self._handle(None, then)
-        work = _all_gather(output, input, group=group, async_op=async_op)
-        return self._handle(work, then)
+        work = _all_gather(output, input, group=group, async_op=self._async(async_op))
+        return self._handle(work, then, async_op)
 
     def broadcast(self, tensor: torch.Tensor, src: int, key: GroupKey, *,
                   async_op: bool = False, then: Callable[[], None] | None = None) -> Handle:
         self._log(OpKind.BROADCAST, key, _nbytes(tensor), peer=src)
         group = self.groups.get(key)
         work = None if group is None else dist.broadcast(tensor, src, group=group,
-                                                         async_op=async_op)
-        return self._handle(work, then)
+                                                         async_op=self._async(async_op))
+        return self._handle(work, then, async_op)
 
     def all_to_all(self, output: torch.Tensor, input: torch.Tensor, key: GroupKey, *,
                    input_splits: list[int] | None = None,
@@ -186,8 +190,8 @@ class Comm:
             return self._handle(None, then)
         work = dist.all_to_all_single(output, input, output_split_sizes=output_splits,
                                       input_split_sizes=input_splits, group=group,
-                                      async_op=async_op)
-        return self._handle(work, then)
+                                      async_op=self._async(async_op))
+        return self._handle(work, then, async_op)
 
     def hop_exchange(self, key: GroupKey, size: int, splits: tuple[int, ...]
                      ) -> Callable[[torch.Tensor, torch.Tensor, list[int], list[int]], None]:
@@ -202,8 +206,10 @@ class Comm:
             if group is None:
                 output.copy_(input)
                 return
-            dist.all_to_all_single(output, input, output_split_sizes=output_splits,
-                                   input_split_sizes=input_splits, group=group)
+            work = dist.all_to_all_single(output, input, output_split_sizes=output_splits,
+                                          input_split_sizes=input_splits, group=group,
+                                          async_op=self._async(False))
+            self._handle(work, None, async_op=False)
         return exchange
 
     # --- point to point ------------------------------------------------------------------
@@ -218,9 +224,15 @@ class Comm:
         self._log(OpKind.RECV, None, _nbytes(tensor), peer=peer, tag=tag)
         return self._handle(dist.irecv(tensor, peer, tag=P2P_TAGS[tag]), then)
 
-    @staticmethod
-    def _handle(work: dist.Work | None, then: Callable[[], None] | None) -> Handle:
+    def _async(self, async_op: bool) -> bool:
+        """Issue asynchronously: asked for, or a synchronous call `block` waits for."""
+        return async_op or self.block is not None
+
+    def _handle(self, work: dist.Work | None, then: Callable[[], None] | None,
+                async_op: bool = True) -> Handle:
         handle = Handle(work, then)
         if work is None or work.is_completed():
             handle.wait()
+        elif not async_op and self.block is not None:
+            self.block(handle)
         return handle

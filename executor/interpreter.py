@@ -72,7 +72,7 @@ class Interpreter:
     def __init__(self, plan: Trace, model: ModelSpec, layout: Layout, rank: int, comm: Comm,
                  options: RunOptions, device: torch.device, recorder: Recorder,
                  program: RankProgram | None = None) -> None:
-        self.ops = plan.ops[rank]
+        self.ops, self.comm = plan.ops[rank], comm
         program = program or lower(plan, model, layout, rank)
         self.runtime = RankRuntime(model, layout, rank, comm, options, device,
                                    buckets=program.buckets, meter=MemoryMeter())
@@ -179,9 +179,19 @@ class _StepRun:
         self.inflight: dict[str, int] = {}
         self.current = -1
         self.progress = threading.Event()  # a call in flight completed
+        self.blocking = False  # in block_on: a synchronous collective is in flight
         self.pause_s = WAIT_S if interp.cuda else NOTIFIED_WAIT_S
 
     def all(self) -> None:
+        comm = self.interp.comm
+        if not self.interp.cuda:
+            comm.block = self.block_on  # a blocking collective keeps the queues moving
+        try:
+            self._all()
+        finally:
+            comm.block = None
+
+    def _all(self) -> None:
         it = self.interp
         self.advance()
         for index in range(len(it.ops)):
@@ -234,6 +244,31 @@ class _StepRun:
                         it.recorder.end_on_completion(index, handle, stream)
                     self.inflight[stream] = index
                     moved = True
+
+    def block_on(self, handle: Handle) -> None:
+        """Wait for a collective the running op made synchronously, issuing queue heads
+        meanwhile: on CPU a blocked rank must still send what its peers need to reach the
+        same collective (a zb1p pipeline deadlocked here: one rank in the step's grad-norm
+        all-reduce, its last gradient send still queued behind a send in flight). Calls
+        issued from here wait plainly (no nesting)."""
+        if self.blocking:
+            handle.wait()
+            return
+        self.blocking, current = True, self.current
+        try:
+            handle.notify = self.progress
+            handle.watch()
+            while True:
+                self.progress.clear()  # before looking: a completion from now on wakes us
+                if handle.finished():
+                    break
+                self.advance()
+                if handle.finished() or not any(self.queues.values()):
+                    break
+                self.progress.wait(self.pause_s)
+        finally:
+            self.blocking, self.current = False, current
+        handle.wait()
 
     def wait_for(self, indices: Iterable[int]) -> None:
         for index in indices:
