@@ -14,6 +14,7 @@ import pytest
 
 import executor.launch as launch
 from executor.recorder import H_OP, H_STARTED, HEADER
+from executor.watch import H_JOINED
 
 
 @dataclass
@@ -59,3 +60,15 @@ def test_the_job_timeout_starts_when_the_last_rank_starts(monkeypatch):
         launch._collect(job, 2, 0.3, records, None)
     # 0.3 s from the second rank's start at 0.5 s, not from the call: at least 0.8 s in all
     assert time.monotonic() - begin >= 0.8
+
+
+def test_a_rank_past_the_rendezvous_is_not_named_in_start_up(monkeypatch):
+    """A rank that joined the process group but records no op (several cases in one world
+    write buffers of their own) is named as working, not as starting up."""
+    job, records, _keep = _job(2)
+    for buf in records.values():
+        buf[H_STARTED] = 1
+    records[1][H_JOINED] = 1
+    with pytest.raises(launch.JobFailed, match=r"^job timed out after 0.2 s \(rank 0 in "
+                       r"start-up \(no op yet\), rank 1 in its work \(no op recorded here\)\)"):
+        launch._collect(job, 2, 0.2, records, None)
