@@ -197,8 +197,17 @@ class ExpertGradReduce:
     stream: str
 
 
+@dataclass(frozen=True, slots=True)
+class ExpertGather:
+    """MoE under ZeRO-1/2: a layer's updated routed-expert slices all-gathered over the
+    expert-DP group (`traces.purpose.ExpertParamGather`)."""
+
+    layer: int
+    stream: str
+
+
 Call = (Compute | StepKernel | GradAccumulate | GradStatAllReduce | OptimizerStep | TpCollective
         | CeCollective | GatherReceived | SpAllReduce | EmbeddingAllReduce | ReduceBucket
         | GatherBucket | GatherUnit | Transfer | CpAttend | CpMessage | CpExchange | ComputeChunk
-        | TpChunkCollective | ExpertExchange | ExpertGradReduce)
+        | TpChunkCollective | ExpertExchange | ExpertGradReduce | ExpertGather)
 CALLS: tuple[type, ...] = Call.__args__  # type: ignore[attr-defined]

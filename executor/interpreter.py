@@ -34,6 +34,7 @@ from executor.calls import (
     CpMessage,
     EmbeddingAllReduce,
     ExpertExchange,
+    ExpertGather,
     ExpertGradReduce,
     GatherBucket,
     GatherReceived,
@@ -152,6 +153,8 @@ def bind(rt: RankRuntime, call: Call) -> Callable[[], Handle | None]:
             return p(rt.expert_all_to_all, step, grad, layer, mb, stream)
         case ExpertGradReduce(layer=layer, stream=stream):
             return p(rt.expert_grads, layer, stream)
+        case ExpertGather(layer=layer, stream=stream):
+            return p(rt.gather_experts, layer, stream)
         case Transfer(send=True, boundary=boundary, mb=mb, tag=tag, peer=peer):
             return p(rt.pipe.send, boundary, mb, tag, peer)
         case Transfer(send=False, boundary=boundary, mb=mb, tag=tag, peer=peer):

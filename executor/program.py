@@ -24,6 +24,7 @@ from executor.calls import (
     CpMessage,
     EmbeddingAllReduce,
     ExpertExchange,
+    ExpertGather,
     ExpertGradReduce,
     GatherBucket,
     GatherReceived,
@@ -38,6 +39,7 @@ from executor.calls import (
     TpCollective,
     Transfer,
 )
+from executor.experts import shards_experts
 from executor.flat import Bucket, FlatLayout, sized_buckets, unit_buckets
 from traces.chrome import event_name
 from traces.errors import ConfigError
@@ -101,6 +103,7 @@ class _Lowering:
         self.zero = layout.zero if layout.data_degree > 1 else 0
         self.flat = FlatLayout(model, layout, layout.coords(rank).pp)
         self.buckets = self._buckets()
+        self.shards_experts = bool(model.experts) and shards_experts(layout, rank)
         self.cp_steps: dict[tuple[Phase, int | None, int | None], int] = {}
         self.grouped: dict[tuple[Kernel, Phase | None, int | None, int | None], int] = {}
         """MoE: the grouped GEMMs' ops seen so far per kernel, pass, layer and micro-batch."""
@@ -223,13 +226,19 @@ class _Lowering:
                     raise self.fail(i, "an EP exchange is an all-to-all of an MoE model")
                 return ExpertExchange(step, grad, self._layer(i, op), self._mb(i, mb), stream)
             case ExpertGrads(unit=unit):
-                if op.kind is not OpKind.ALL_REDUCE or unit.layer is None:
-                    raise self.fail(i, "the executor reduces a layer's expert gradients by "
-                                       "all-reduce (ZeRO 0; executor.options)")
+                kind = OpKind.REDUCE_SCATTER if self.shards_experts else OpKind.ALL_REDUCE
+                if op.kind is not kind or unit.layer is None:
+                    raise self.fail(i, f"the executor reduces a layer's expert gradients by "
+                                       f"{kind} here (executor.experts.shards_experts)")
                 return ExpertGradReduce(unit.layer, stream)
-            case ExpertParamGather() | ExpertUnitGather():
-                raise self.fail(i, "the executor keeps expert states whole (ZeRO over an "
-                                   "expert-DP group is refused: executor.options)")
+            case ExpertParamGather(unit=unit):
+                if not self.shards_experts or unit.layer is None:
+                    raise self.fail(i, "a layer's experts are gathered after the step only "
+                                       "where ZeRO 1/2 shard them (executor.experts)")
+                return ExpertGather(unit.layer, stream)
+            case ExpertUnitGather():
+                raise self.fail(i, "the executor does not run ZeRO-3 over an expert-DP "
+                                   "group (executor.options)")
             case ExpertTp():
                 raise self.fail(i, "expert tensor parallelism (etp > 1) is not run by the "
                                    "executor (executor.options.check_supported)")

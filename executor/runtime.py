@@ -23,6 +23,7 @@ interpreter calls, per op's purpose (`traces.purpose`, through `executor.calls`)
                           CP: cp_attend(phase, layer, mb, step) (executor.context)
     ExpertAllToAll        expert_all_to_all(step, grad, layer, mb) (executor.moe)
     ExpertGrads           expert_grads(layer, stream) -> Handle (executor.experts)
+    ExpertParamGather     gather_experts(layer, stream) -> Handle (ZeRO-1/2 over expert-DP)
 
 Under context parallelism a micro-batch's tape holds the rank's s/cp tokens (chunks cp_rank
 and 2·cp − 1 − cp_rank), gradients are reduced and ZeRO shards over DP x CP.
@@ -298,6 +299,11 @@ class RankRuntime:
         assert self.experts is not None, "expert gradients in a plan without experts"
         return self.experts.reduce(layer, self.comm, stream, async_op=async_op)
 
+    def gather_experts(self, layer: int, stream: str = Stream.DP, *, async_op: bool = True
+                       ) -> Handle:
+        assert self.experts is not None, "expert parameters in a plan without experts"
+        return self.experts.gather(layer, self.comm, stream, async_op=async_op)
+
     # --- context parallelism (executor.context) ------------------------------------------------
 
     def cp_attend(self, phase: Phase, layer: int, mb: int, step: int) -> None:
@@ -389,12 +395,12 @@ class RankRuntime:
 
     def unit_params(self, unit: Unit) -> dict[str, torch.Tensor]:
         """A unit's current parameters on this rank (ZeRO-3: gathers it; collective)."""
+        experts = self.experts.tensors(unit, self.comm) if self.experts is not None else {}
         if self.zero == 3:
             self.gather_unit(unit, async_op=False)
             out = self.params.unit_tensors(unit)
             self.params.release_unit(unit)
-            return out
+            return {**out, **experts}
         for index in sorted(self.stale):  # as Megatron-Core's forced param sync before a save
             self.gather_bucket(index, async_op=False)
-        experts = self.experts.tensors(unit) if self.experts is not None else {}
         return {**self.params.unit_tensors(unit), **experts}

@@ -1,0 +1,136 @@
+"""ZeRO over the experts in the executor (issue 33, executor item): under ZeRO 1/2 each MoE
+layer's routed experts are sharded over their expert-data-parallel group (reduce-scatter of
+the gradients into the rank's slice, AdamW on the slice, all-gather of the updated slices),
+the dense parameters over DP as before; ZeRO 3 runs where no expert-DP group shards the
+experts (the dense units gathered per use, the experts whole), and with DP 1, where the plan
+shards the experts as ZeRO 1/2 do. Training equals the single-process reference, the norm
+included, and each rank's calls are its plan's. Two spawned worlds (2 and 4 ranks)."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("torch")  # the executor runs on torch
+
+import torch
+
+from executor.consistency import problems
+from executor.experts import ExpertStore
+from executor.launch import spawn
+from executor.memory import MemoryMeter
+from executor.options import check_supported
+from executor.recorder import timed_trace
+from executor.reference import train
+from tests.executor.checks import check_training
+from tests.executor.plan_match import call_sequences, plan_sequences
+from tests.executor.test_moe import MOE, SKEW
+from tests.executor.workers import ADAMW, OPTIONS, SMALL, Case, interpret_cases
+from traces.errors import ConfigError
+from traces.expert_grid import expert_grad_group
+from traces.layout import Layout
+from traces.model import ModelSpec
+from traces.moe_spec import is_moe_layer
+from traces.ops import OpKind
+from traces.plan import build
+from traces.purpose import ExpertGrads, ExpertParamGather
+
+TIMEOUT_S = 120
+WORLD2 = {
+    # EP 1: both ranks hold all 4 experts, expert-DP 2 = DP
+    "ep1-dp2-zero1": Case(dict(dp=2, zero=1, global_batch=4), model=MOE),
+    "ep1-dp2-zero2-skew-2mb": Case(dict(dp=2, zero=2, micro_batch=1, global_batch=4),
+                                   model=SKEW),
+    # DP 1: the dense states whole, the experts sharded over the TP ranks (expert-DP 2)
+    "ep1-tp2-sp-zero3": Case(dict(tp=2, sp=True, zero=3, global_batch=2), model=SKEW),
+    # FSDP of the dense units; each expert on one rank (expert-DP 1), kept whole
+    "ep2-dp2-zero3": Case(dict(ep=2, dp=2, zero=3, global_batch=4), model=SKEW),
+}
+WORLD4 = {
+    # expert-DP groups (0, 2) and (1, 3); the gathers beside the next step's forward
+    "ep2-dp4-zero1-overlap-gather": Case(dict(ep=2, dp=4, zero=1, global_batch=8,
+                                              overlap_param_gather=True), model=SKEW),
+    "ep2-tp2-sp-dp2-zero2-capacity": Case(dict(tp=2, sp=True, ep=2, dp=2, zero=2,
+                                               global_batch=4),
+                                          model=dict(SKEW, capacity_factor=1.0)),
+}
+CASES = {**WORLD2, **WORLD4}
+
+
+def _world(cases: dict[str, Case], size: int) -> dict[str, list]:
+    results, _ = spawn(interpret_cases, size, (list(cases.values()),), timeout_s=TIMEOUT_S)
+    return {name: list(per_rank) for name, per_rank in zip(cases, zip(*results))}
+
+
+@pytest.fixture(scope="module")
+def worlds() -> dict[str, list]:
+    return {**_world(WORLD2, 2), **_world(WORLD4, 4)}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_training_equals_the_reference(worlds: dict, name: str) -> None:
+    model, layout = CASES[name].specs()
+    run = train(model, layout.global_batch, CASES[name].steps, OPTIONS.seed, ADAMW,
+                layout=layout)
+    results = worlds[name]
+    worst = check_training(model, layout, results, run)
+    assert worst["param"] <= 1e-6
+    for res in results:  # the last step's norm: every expert and dense gradient once
+        assert res["grad_norm"] == pytest.approx(run.grad_norms[-1], rel=1e-5)
+    experts = [n for res in results for t in res["params"].values() for n in t
+               if n.startswith("experts.")]
+    moe = [layer for res in results for layer in layout.layers_of_stage(model, res["coords"].pp)
+           if is_moe_layer(model, layer)]
+    assert len(experts) == 2 * len(moe), "every rank's experts were compared"
+    plan = build(model, layout)
+    trace = timed_trace(plan, {r: res["records"] for r, res in enumerate(results)}, plan.meta)
+    assert trace.meta.complete is True
+    assert problems(trace, plan=plan) == []
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_calls_are_the_plans(worlds: dict, name: str) -> None:
+    """Call for call the plan's, the experts' reduce-scatters and gathers over expert-DP
+    included wherever the plan shards them."""
+    model, layout = CASES[name].specs()
+    plan = build(model, layout)
+    for rank, res in enumerate(worlds[name]):
+        assert call_sequences(res["calls"]) == plan_sequences(plan.ops[rank], rank), rank
+    kinds = {op.kind for op in plan.ops[0] if isinstance(op.purpose, ExpertGrads)}
+    gathers = [op for op in plan.ops[0] if isinstance(op.purpose, ExpertParamGather)]
+    sharded = len(expert_grad_group(layout, 0)) > 1
+    assert kinds == ({OpKind.REDUCE_SCATTER} if sharded else set())
+    assert len(gathers) == (1 if sharded else 0)  # one MoE layer, gathered once a step
+
+
+# --- no processes -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("layout, group", [(dict(dp=2, zero=1), 2), (dict(ep=2, dp=4, zero=2), 2),
+                                           (dict(dp=4, zero=1), 4), (dict(dp=4), 1),
+                                           (dict(ep=2, dp=2, zero=1), 1)])
+def test_the_expert_states_are_the_ranks_slice(layout: dict, group: int) -> None:
+    """Sharded, the g ranks of an expert-DP group update disjoint slices that tile each
+    layer's experts, and AdamW's states (m, v) hold 1/g of the rank's expert parameters;
+    whole at ZeRO 0 or where the group is one rank."""
+    model = ModelSpec(**{**SMALL, **MOE})
+    lay = Layout(global_batch=4, **layout)
+    members = expert_grad_group(lay, 0)
+    stores = [ExpertStore(model, lay, r, seed=1, grad_dtype=torch.float32,
+                          device=torch.device("cpu"), meter=MemoryMeter(), adamw=ADAMW)
+              for r in members]
+    whole = stores[0].params.numel()
+    assert whole == 4 // lay.ep * (3 * MOE["moe_ffn_hidden"] * SMALL["hidden"])  # SwiGLU
+    for store in stores:
+        assert sum(m.numel() for m in store.optimizer.m) == whole // group
+        assert store.shard.numel() == (whole // group if group > 1 else 0)
+    if group > 1:
+        slices = sorted(s.slice[1] for s in stores)
+        assert slices == [(k * whole // group, (k + 1) * whole // group) for k in range(group)]
+
+
+def test_fsdp_over_an_expert_dp_group_is_one_line() -> None:
+    spec = ModelSpec(**{**SMALL, **MOE})
+    with pytest.raises(ConfigError, match=r"parallel.zero: 3 with an expert-DP degree of 2") \
+            as raised:
+        check_supported(spec, Layout(ep=2, dp=4, zero=3, global_batch=4))
+    assert "\n" not in str(raised.value)
+    check_supported(spec, Layout(ep=2, dp=4, zero=1, global_batch=4))  # runs now
