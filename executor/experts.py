@@ -63,6 +63,29 @@ class ExpertStore:
         stats = set(grad_stats_group(layout, rank))
         self.counted = self.sharded or self.group.index(rank) == 0 or \
             len(stats & set(self.group)) == 1
+        parts = self._place(model, layout, rank, seed)
+        self.params = torch.cat(parts).to(DTYPES[model.dtype]).to(device) if parts else \
+            torch.zeros(0, device=device)
+        self.grads = torch.zeros(self.params.numel(), dtype=grad_dtype, device=device)
+        meter.hold(self.params, "params")
+        meter.exclude(self.params)
+        meter.hold(self.grads, "grads")
+        self.leaves = {key: self._view(self.params, key).detach().requires_grad_()
+                       for key in self.offsets if key[1]}
+        self.meter = meter
+        self.slice: dict[int, tuple[int, int]] = {}
+        """Sharded: each layer's slice in its segment, and (`shard`) the rank's reduced
+        gradients of its slices, layer after layer."""
+        self.shard = torch.zeros(0, dtype=grad_dtype, device=device)
+        if self.sharded:
+            self.shard = self._shard_slices(rank, grad_dtype, device)
+            meter.hold(self.shard, "grads")
+        self.optimizer = AdamW(self.param_segments(), adamw, meter)
+
+    def _place(self, model: ModelSpec, layout: Layout, rank: int, seed: int
+               ) -> list[torch.Tensor]:
+        """Set the rank's MoE layers and where each (layer, name) lies in the flat order
+        ((layer, ""): the layer's segment); the initial parameters, part by part."""
         pp = layout.coords(rank).pp
         self.layers = [layer for stage in layout.stages_of_rank(pp)
                        for layer in layout.layers_of_stage(model, stage)
@@ -81,36 +104,21 @@ class ExpertStore:
                 self.offsets[(layer, name)] = (offset, shape)
                 offset += tensor.numel()
             self.offsets[(layer, "")] = (start, (offset - start,))
-        self.params = torch.cat(parts).to(DTYPES[model.dtype]).to(device) if parts else \
-            torch.zeros(0, device=device)
-        self.grads = torch.zeros(offset, dtype=grad_dtype, device=device)
-        meter.hold(self.params, "params")
-        meter.exclude(self.params)
-        meter.hold(self.grads, "grads")
-        self.leaves = {key: self._view(self.params, key).detach().requires_grad_()
-                       for key in self.offsets if key[1]}
-        self.meter = meter
-        self.slice: dict[int, tuple[int, int]] = {}
-        """Sharded: each layer's slice in its segment, and (`shard`) the rank's reduced
-        gradients of its slices, layer after layer."""
-        self.shard = torch.zeros(0, dtype=grad_dtype, device=device)
-        if self.sharded:
-            self.shard = self._shard_slices(rank)
-            meter.hold(self.shard, "grads")
-        self.optimizer = AdamW(self.param_segments(), adamw, meter)
+        return parts
 
-    def _shard_slices(self, rank: int) -> torch.Tensor:
+    def _shard_slices(self, rank: int, dtype: torch.dtype, device: torch.device
+                      ) -> torch.Tensor:
         """The rank's slice of each layer's segment (module docstring); its gradient shard."""
         g, k = len(self.group), self.group.index(rank)
         for layer in self.layers:
-            size = self.segment(self.params, layer).numel()
+            size = self.offsets[(layer, "")][1][0]
             if size % g:
                 raise ConfigError(f"parallel.zero: layer {layer}'s routed experts hold {size} "
                                   f"parameters on a rank, not divisible by the expert-DP "
                                   f"group of {g} that ZeRO shards them over")
             self.slice[layer] = (k * size // g, (k + 1) * size // g)
         total = sum(b - a for a, b in self.slice.values())
-        return torch.zeros(total, dtype=self.grads.dtype, device=self.grads.device)
+        return torch.zeros(total, dtype=dtype, device=device)
 
     def _view(self, flat: torch.Tensor, key: tuple[int, str]) -> torch.Tensor:
         start, shape = self.offsets[key]
@@ -168,6 +176,12 @@ class ExpertStore:
         mine = segment[a:b].clone()  # all_gather may not read and write one buffer
         return comm.all_gather(segment, mine, (stream, self.group), async_op=async_op)
 
+    def release(self, layer: int) -> None:
+        """A pass over the layer has ended (ZeRO-3 frees its gathered experts: a subclass)."""
+
+    def free_all(self) -> None:
+        """The step has ended (ZeRO-3 frees every gathered layer: a subclass)."""
+
     def grad_segments(self) -> list[torch.Tensor]:
         """The gradients the optimizer reads: each layer's whole segment, or its slice."""
         if self.sharded:
@@ -185,9 +199,9 @@ class ExpertStore:
     def square_sum(self) -> torch.Tensor:
         """The squares of the gradients this rank counts in the norm (module docstring)."""
         if not self.counted:
-            return torch.zeros((), dtype=torch.float32, device=self.grads.device)
+            return torch.zeros((), dtype=torch.float32, device=self.shard.device)
         return sum((g.float().square().sum() for g in self.grad_segments()),
-                   torch.zeros((), dtype=torch.float32, device=self.grads.device))
+                   torch.zeros((), dtype=torch.float32, device=self.shard.device))
 
     def step(self) -> None:
         self.optimizer.step(self.grad_segments())

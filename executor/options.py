@@ -1,7 +1,7 @@
 """What a run may ask of the executor (`RunOptions`) and what it refuses to run
 (`check_supported`): layouts it cannot run exactly, FP8 without its kernels, the MoE layouts
-it does not run (`check_moe_supported`; ZeRO 1/2 shard the routed experts over expert-DP,
-`executor.experts`, ZeRO 3 only where no expert-DP group shards them)."""
+it does not run (`check_moe_supported`; ZeRO over an expert-DP group runs: ZeRO 1/2 in
+`executor.experts`, ZeRO 3 in `executor.expert_fsdp`)."""
 
 from __future__ import annotations
 
@@ -12,11 +12,9 @@ import torch
 
 from executor.optim import AdamWConfig
 from traces.errors import ConfigError
-from traces.expert_grid import expert_grad_degree
 from traces.layout import Layout
 from traces.model import ModelSpec
 from traces.ops import Trace
-from traces.plan.experts import fsdp_experts
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -86,10 +84,6 @@ def check_moe_supported(model: ModelSpec, layout: Layout) -> None:
         (model.bias, "model.bias: true: the executor's MoE layers have no biases; use false"),
         (not model.moe_grouped_gemm, "model.moe_grouped_gemm: false: the executor runs a "
                                      "grouped GEMM per distinct token count; use true"),
-        (fsdp_experts(layout) and expert_grad_degree(layout) > 1,
-         f"parallel.zero: 3 with an expert-DP degree of {expert_grad_degree(layout)}: FSDP's "
-         "per-layer gathers of the routed experts (ExpertUnitGather) are simulated, not run "
-         "by the executor; use zero = 1 or 2, or ep = tp x cp x dp"),
     ]
     for refused, message in rules:
         if refused:

@@ -39,6 +39,7 @@ from executor.calls import (
     TpCollective,
     Transfer,
 )
+from executor.expert_fsdp import gathers_experts
 from executor.experts import shards_experts
 from executor.flat import Bucket, FlatLayout, sized_buckets, unit_buckets
 from traces.chrome import event_name
@@ -104,6 +105,7 @@ class _Lowering:
         self.flat = FlatLayout(model, layout, layout.coords(rank).pp)
         self.buckets = self._buckets()
         self.shards_experts = bool(model.experts) and shards_experts(layout, rank)
+        self.gathers_experts = bool(model.experts) and gathers_experts(layout, rank)
         self.cp_steps: dict[tuple[Phase, int | None, int | None], int] = {}
         self.grouped: dict[tuple[Kernel, Phase | None, int | None, int | None], int] = {}
         """MoE: the grouped GEMMs' ops seen so far per kernel, pass, layer and micro-batch."""
@@ -226,7 +228,8 @@ class _Lowering:
                     raise self.fail(i, "an EP exchange is an all-to-all of an MoE model")
                 return ExpertExchange(step, grad, self._layer(i, op), self._mb(i, mb), stream)
             case ExpertGrads(unit=unit):
-                kind = OpKind.REDUCE_SCATTER if self.shards_experts else OpKind.ALL_REDUCE
+                sharded = self.shards_experts or self.gathers_experts
+                kind = OpKind.REDUCE_SCATTER if sharded else OpKind.ALL_REDUCE
                 if op.kind is not kind or unit.layer is None:
                     raise self.fail(i, f"the executor reduces a layer's expert gradients by "
                                        f"{kind} here (executor.experts.shards_experts)")
@@ -236,9 +239,11 @@ class _Lowering:
                     raise self.fail(i, "a layer's experts are gathered after the step only "
                                        "where ZeRO 1/2 shard them (executor.experts)")
                 return ExpertGather(unit.layer, stream)
-            case ExpertUnitGather():
-                raise self.fail(i, "the executor does not run ZeRO-3 over an expert-DP "
-                                   "group (executor.options)")
+            case ExpertUnitGather(unit=unit):
+                if not self.gathers_experts or unit.layer is None:
+                    raise self.fail(i, "a layer's experts are gathered per use only under "
+                                       "ZeRO 3 over an expert-DP group (executor.expert_fsdp)")
+                return ExpertGather(unit.layer, stream)
             case ExpertTp():
                 raise self.fail(i, "expert tensor parallelism (etp > 1) is not run by the "
                                    "executor (executor.options.check_supported)")

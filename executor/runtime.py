@@ -23,7 +23,8 @@ interpreter calls, per op's purpose (`traces.purpose`, through `executor.calls`)
                           CP: cp_attend(phase, layer, mb, step) (executor.context)
     ExpertAllToAll        expert_all_to_all(step, grad, layer, mb) (executor.moe)
     ExpertGrads           expert_grads(layer, stream) -> Handle (executor.experts)
-    ExpertParamGather     gather_experts(layer, stream) -> Handle (ZeRO-1/2 over expert-DP)
+    ExpertParamGather     gather_experts(layer, stream) -> Handle (ZeRO-1/2 over expert-DP;
+                          ExpertUnitGather: ZeRO-3's per use, executor.expert_fsdp)
 
 Under context parallelism a micro-batch's tape holds the rank's s/cp tokens (chunks cp_rank
 and 2·cp − 1 − cp_rank), gradients are reduced and ZeRO shards over DP x CP.
@@ -42,6 +43,7 @@ from executor import tape as tapes
 from executor.clip import GradClip
 from executor.comm import Comm, Handle
 from executor.context import CpRank, local_tokens
+from executor.expert_fsdp import expert_store
 from executor.experts import ExpertStore
 from executor.flat import Bucket, FlatLayout, rule_buckets, unit_buckets
 from executor.grads import GradStore
@@ -122,9 +124,9 @@ class RankRuntime:
         self.moe: MoeExchange | None = None
         if model.experts:  # MoE layers: their kernels, experts and all-to-alls
             self.kernels = {**self.kernels, **moe_kernels(model, layout, rank)}
-            self.experts = ExpertStore(model, layout, rank, seed=options.seed,
-                                       grad_dtype=grad_dtype, device=device, meter=self.meter,
-                                       adamw=options.adamw)
+            self.experts = expert_store(model, layout, rank, seed=options.seed,
+                                        grad_dtype=grad_dtype, device=device,
+                                        meter=self.meter, adamw=options.adamw)
             self.moe = MoeExchange(model, layout, rank, comm, options.gpus_per_node)
         self._ctx = KernelContext(heads=model.heads // layout.tp, **mla_fields(model),
                                   tp=layout.tp,
@@ -164,6 +166,8 @@ class RankRuntime:
         self.tapes.clear()
         for unit in self.flat.units:
             self.params.free_unit(unit)
+        if self.experts is not None:
+            self.experts.free_all()
         self.step += 1
 
     def _kernel_context(self, layer: int | None, mb: int) -> KernelContext:
@@ -219,6 +223,8 @@ class RankRuntime:
 
     def _free_after(self, name: Kernel, layer: int | None, phase: Phase) -> None:
         unit = self._unit(name, layer)
+        if self.experts is not None and unit.layer is not None:
+            self.experts.release(unit.layer)  # FSDP with EP: the layer's experts too
         tied_here = not holds_output_weights(self.model, self.layout, self.pp_rank)
         if unit == EMBED and tied_here:
             return  # the logits use the word embeddings too: kept until the step ends

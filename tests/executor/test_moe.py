@@ -279,7 +279,6 @@ def test_the_norms_group_spans_every_rank_with_ep() -> None:
     (dict(shared_experts=1), dict(ep=2, dp=2), "model.shared_experts: 1"),
     (dict(bias=True), dict(ep=2, dp=2), "model.bias: true"),
     (dict(), dict(ep=2, tp=2, sp=True, etp=2, dp=2), "parallel.etp: 2"),
-    (dict(), dict(ep=2, dp=4, zero=3), "parallel.zero: 3 with an expert-DP degree of 2"),
 ])
 def test_what_the_executor_does_not_run_is_one_line(model: dict, layout: dict,
                                                     message: str) -> None:

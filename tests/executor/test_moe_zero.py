@@ -1,10 +1,11 @@
 """ZeRO over the experts in the executor (issue 33, executor item): under ZeRO 1/2 each MoE
 layer's routed experts are sharded over their expert-data-parallel group (reduce-scatter of
 the gradients into the rank's slice, AdamW on the slice, all-gather of the updated slices),
-the dense parameters over DP as before; ZeRO 3 runs where no expert-DP group shards the
-experts (the dense units gathered per use, the experts whole), and with DP 1, where the plan
-shards the experts as ZeRO 1/2 do. Training equals the single-process reference, the norm
-included, and each rank's calls are its plan's. Two spawned worlds (2 and 4 ranks)."""
+the dense parameters over DP as before; under ZeRO 3 (FSDP with EP) the slices are gathered
+per use beside the dense unit and freed with it, the gradients reduce-scattered after each
+syncing backward (`executor.expert_fsdp`); with DP 1 the plan shards the experts as ZeRO 1/2
+do, and with expert-DP 1 keeps them whole. Training equals the single-process reference, the
+norm included, and each rank's calls are its plan's. Two spawned worlds (2 and 4 ranks)."""
 
 from __future__ import annotations
 
@@ -25,14 +26,13 @@ from tests.executor.checks import check_training
 from tests.executor.plan_match import call_sequences, plan_sequences
 from tests.executor.test_moe import MOE, SKEW
 from tests.executor.workers import ADAMW, OPTIONS, SMALL, Case, interpret_cases
-from traces.errors import ConfigError
 from traces.expert_grid import expert_grad_group
 from traces.layout import Layout
 from traces.model import ModelSpec
 from traces.moe_spec import is_moe_layer
 from traces.ops import OpKind
 from traces.plan import build
-from traces.purpose import ExpertGrads, ExpertParamGather
+from traces.purpose import ExpertGrads, ExpertParamGather, ExpertUnitGather
 
 TIMEOUT_S = 120
 WORLD2 = {
@@ -44,6 +44,9 @@ WORLD2 = {
     "ep1-tp2-sp-zero3": Case(dict(tp=2, sp=True, zero=3, global_batch=2), model=SKEW),
     # FSDP of the dense units; each expert on one rank (expert-DP 1), kept whole
     "ep2-dp2-zero3": Case(dict(ep=2, dp=2, zero=3, global_batch=4), model=SKEW),
+    # FSDP with EP 1: the experts gathered over DP per use, 2 micro-batches, reduced per each
+    "ep1-dp2-zero3-2mb-sync": Case(dict(dp=2, zero=3, micro_batch=1, global_batch=4,
+                                        grad_sync="microbatch"), model=SKEW),
 }
 WORLD4 = {
     # expert-DP groups (0, 2) and (1, 3); the gathers beside the next step's forward
@@ -52,6 +55,10 @@ WORLD4 = {
     "ep2-tp2-sp-dp2-zero2-capacity": Case(dict(tp=2, sp=True, ep=2, dp=2, zero=2,
                                                global_batch=4),
                                           model=dict(SKEW, capacity_factor=1.0)),
+    # MoE Parallel Folding's FSDP+EP: experts over (0, 2) and (1, 3), dense units over all 4;
+    # full recomputation re-runs the layer on what the backward's gathers brought in
+    "ep2-dp4-zero3-full": Case(dict(ep=2, dp=4, zero=3, global_batch=8, recompute="full"),
+                               model=SKEW),
 }
 CASES = {**WORLD2, **WORLD4}
 
@@ -96,10 +103,13 @@ def test_calls_are_the_plans(worlds: dict, name: str) -> None:
     for rank, res in enumerate(worlds[name]):
         assert call_sequences(res["calls"]) == plan_sequences(plan.ops[rank], rank), rank
     kinds = {op.kind for op in plan.ops[0] if isinstance(op.purpose, ExpertGrads)}
-    gathers = [op for op in plan.ops[0] if isinstance(op.purpose, ExpertParamGather)]
+    gathers = [op for op in plan.ops[0]
+               if isinstance(op.purpose, ExpertParamGather | ExpertUnitGather)]
     sharded = len(expert_grad_group(layout, 0)) > 1
     assert kinds == ({OpKind.REDUCE_SCATTER} if sharded else set())
-    assert len(gathers) == (1 if sharded else 0)  # one MoE layer, gathered once a step
+    per_use = layout.zero == 3 and layout.data_degree > 1  # before each forward and backward
+    passes = 2 * layout.num_microbatches  # (full recomputation runs inside the backward's)
+    assert len(gathers) == ((passes if per_use else 1) if sharded else 0)  # one MoE layer
 
 
 # --- no processes -----------------------------------------------------------------------------
@@ -127,10 +137,7 @@ def test_the_expert_states_are_the_ranks_slice(layout: dict, group: int) -> None
         assert slices == [(k * whole // group, (k + 1) * whole // group) for k in range(group)]
 
 
-def test_fsdp_over_an_expert_dp_group_is_one_line() -> None:
+def test_zero_over_an_expert_dp_group_is_no_longer_refused() -> None:
     spec = ModelSpec(**{**SMALL, **MOE})
-    with pytest.raises(ConfigError, match=r"parallel.zero: 3 with an expert-DP degree of 2") \
-            as raised:
-        check_supported(spec, Layout(ep=2, dp=4, zero=3, global_batch=4))
-    assert "\n" not in str(raised.value)
-    check_supported(spec, Layout(ep=2, dp=4, zero=1, global_batch=4))  # runs now
+    for zero in (1, 2, 3):
+        check_supported(spec, Layout(ep=2, dp=4, zero=zero, global_batch=4))

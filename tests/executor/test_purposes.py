@@ -26,21 +26,20 @@ from traces.purpose import (
     Bench,
     BenchRole,
     ExpertTp,
-    ExpertUnitGather,
 )
 
 MOE_RUN = {"moe ep sp skewed": dict(tp=2, sp=True, dp=2, ep=2, global_batch=4),
-           "moe ep sp zero1": dict(tp=2, sp=True, dp=2, ep=2, zero=1, global_batch=4)}
+           "moe ep sp zero1": dict(tp=2, sp=True, dp=2, ep=2, zero=1, global_batch=4),
+           "moe ep sp zero3": dict(tp=2, sp=True, dp=2, ep=2, zero=3, global_batch=4)}
 """MoE layouts the executor runs (routed experts only, skewed: grouped GEMMs in several
-ops; ZeRO 1 over an expert-DP group of 2: the experts' gathers), beside
-tests/traces/test_purpose.py's, which use expert TP."""
+ops; ZeRO 1 and 3 over an expert-DP group of 2: the experts' gathers after the step and
+per use), beside tests/traces/test_purpose.py's, which use expert TP."""
 EXECUTABLE = [name for name in LAYOUTS if name != "llama fp8" and not name.startswith("moe")]
 EXECUTABLE += list(MOE_RUN)
 """Layouts whose plans hold every purpose but the benchmarks' and FP8's
 (tests/traces/test_purpose.py): the executor refuses fp8 (`executor.runtime.fp8_refusal`) and
-expert tensor parallelism and ZeRO 3 over an expert-DP group, whose per-use expert gathers
-it never meets (`executor.options.check_moe_supported`)."""
-MOE_ONLY = {ExpertTp, ExpertUnitGather}
+expert tensor parallelism (`executor.options.check_moe_supported`)."""
+MOE_ONLY = {ExpertTp}
 
 
 def _specs(name: str) -> tuple[ModelSpec, Layout]:
