@@ -55,6 +55,10 @@ WORLD4 = {
     "ep2-tp2-sp-dp2-zero2-capacity": Case(dict(tp=2, sp=True, ep=2, dp=2, zero=2,
                                                global_batch=4),
                                           model=dict(SKEW, capacity_factor=1.0)),
+    # DualPipe: each expert's states sharded over the pair of ranks holding its two copies
+    "dualpipe-pp2-ep2-dp2-zero1": Case(dict(schedule="dualpipe", pp=2, dp=2, ep=2, zero=1,
+                                            global_batch=8),
+                                       model=dict(SKEW, layers=4, tied_embeddings=False)),
     # MoE Parallel Folding's FSDP+EP: experts over (0, 2) and (1, 3), dense units over all 4;
     # full recomputation re-runs the layer on what the backward's gathers brought in
     "ep2-dp4-zero3-full": Case(dict(ep=2, dp=4, zero=3, global_batch=8, recompute="full"),
@@ -85,8 +89,8 @@ def test_training_equals_the_reference(worlds: dict, name: str) -> None:
         assert res["grad_norm"] == pytest.approx(run.grad_norms[-1], rel=1e-5)
     experts = [n for res in results for t in res["params"].values() for n in t
                if n.startswith("experts.")]
-    moe = [layer for res in results for layer in layout.layers_of_stage(model, res["coords"].pp)
-           if is_moe_layer(model, layer)]
+    moe = [layer for res in results for stage in layout.stages_of_rank(res["coords"].pp)
+           for layer in layout.layers_of_stage(model, stage) if is_moe_layer(model, layer)]
     assert len(experts) == 2 * len(moe), "every rank's experts were compared"
     plan = build(model, layout)
     trace = timed_trace(plan, {r: res["records"] for r, res in enumerate(results)}, plan.meta)
@@ -109,7 +113,9 @@ def test_calls_are_the_plans(worlds: dict, name: str) -> None:
     assert kinds == ({OpKind.REDUCE_SCATTER} if sharded else set())
     per_use = layout.zero == 3 and layout.data_degree > 1  # before each forward and backward
     passes = 2 * layout.num_microbatches  # (full recomputation runs inside the backward's)
-    assert len(gathers) == ((passes if per_use else 1) if sharded else 0)  # one MoE layer
+    layers = [layer for stage in layout.stages_of_rank(0)
+              for layer in layout.layers_of_stage(model, stage) if is_moe_layer(model, layer)]
+    assert len(gathers) == ((passes if per_use else 1) * len(layers) if sharded else 0)
 
 
 # --- no processes -----------------------------------------------------------------------------
