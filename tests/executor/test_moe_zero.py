@@ -16,12 +16,15 @@ pytest.importorskip("torch")  # the executor runs on torch
 import torch
 
 from executor.consistency import problems
-from executor.experts import ExpertStore
+from executor.expert_fsdp import ExpertUnits, expert_store
 from executor.launch import spawn
 from executor.memory import MemoryMeter
 from executor.options import check_supported
 from executor.recorder import timed_trace
 from executor.reference import train
+from sim.models.memory import model_state_bytes
+from sim.models.moe_memory import expert_shards
+from sim.models.working_memory import rank_params
 from tests.executor.checks import check_training
 from tests.executor.plan_match import call_sequences, plan_sequences
 from tests.executor.test_moe import MOE, SKEW
@@ -122,24 +125,34 @@ def test_calls_are_the_plans(worlds: dict, name: str) -> None:
 
 @pytest.mark.parametrize("layout, group", [(dict(dp=2, zero=1), 2), (dict(ep=2, dp=4, zero=2), 2),
                                            (dict(dp=4, zero=1), 4), (dict(dp=4), 1),
-                                           (dict(ep=2, dp=2, zero=1), 1)])
+                                           (dict(ep=2, dp=2, zero=1), 1),
+                                           (dict(ep=2, dp=4, zero=3), 2), (dict(dp=2, zero=3), 2),
+                                           (dict(ep=2, dp=2, zero=3), 1)])
 def test_the_expert_states_are_the_ranks_slice(layout: dict, group: int) -> None:
     """Sharded, the g ranks of an expert-DP group update disjoint slices that tile each
-    layer's experts, and AdamW's states (m, v) hold 1/g of the rank's expert parameters;
-    whole at ZeRO 0 or where the group is one rank."""
+    layer's experts; whole at ZeRO 0 or where the group is one rank. The rank's AdamW states
+    and (ZeRO 3) kept parameters, in elements, are what the simulator's memory model counts
+    for the routed experts (`sim.models.memory`: `model_state_bytes` over `expert_shards`, a
+    path of its own): 1/g of the rank's experts where ZeRO shards them."""
     model = ModelSpec(**{**SMALL, **MOE})
-    lay = Layout(global_batch=4, **layout)
+    lay = Layout(global_batch=8, **layout)
     members = expert_grad_group(lay, 0)
-    stores = [ExpertStore(model, lay, r, seed=1, grad_dtype=torch.float32,
-                          device=torch.device("cpu"), meter=MemoryMeter(), adamw=ADAMW)
+    stores = [expert_store(model, lay, r, seed=1, grad_dtype=torch.float32,
+                           device=torch.device("cpu"), meter=MemoryMeter(), adamw=ADAMW)
               for r in members]
-    whole = stores[0].params.numel()
-    assert whole == 4 // lay.ep * (3 * MOE["moe_ffn_hidden"] * SMALL["hidden"])  # SwiGLU
+    _, experts = rank_params(model, lay, 0)
+    params, _, optimizer = model_state_bytes(experts, expert_shards(lay), lay.zero, 1,
+                                             param_bytes=1, grad_bytes=1)
+    assert experts == 4 // lay.ep * (3 * MOE["moe_ffn_hidden"] * SMALL["hidden"])  # SwiGLU
     for store in stores:
-        assert sum(m.numel() for m in store.optimizer.m) == whole // group
-        assert store.shard.numel() == (whole // group if group > 1 else 0)
+        assert isinstance(store, ExpertUnits) == (lay.zero == 3 and group > 1)
+        kept = store.kept if isinstance(store, ExpertUnits) else store.params
+        assert sum(m.numel() for m in store.optimizer.m) == optimizer == experts / group
+        assert kept.numel() == params
+        assert store.shard.numel() == (experts // group if group > 1 else 0)
     if group > 1:
         slices = sorted(s.slice[1] for s in stores)
+        whole = int(experts)
         assert slices == [(k * whole // group, (k + 1) * whole // group) for k in range(group)]
 
 
