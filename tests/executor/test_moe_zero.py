@@ -66,6 +66,12 @@ WORLD4 = {
     # full recomputation re-runs the layer on what the backward's gathers brought in
     "ep2-dp4-zero3-full": Case(dict(ep=2, dp=4, zero=3, global_batch=8, recompute="full"),
                                model=SKEW),
+    # FSDP with EP under TP (SP): experts over (0, 2) and (1, 3), dense units over DP (0, 2)
+    "ep2-tp2-sp-dp2-zero3": Case(dict(tp=2, sp=True, ep=2, dp=2, zero=3, global_batch=4),
+                                 model=SKEW),
+    # and under a pipeline: the MoE layers of both stages gathered over DP (EP 1)
+    "pp2-dp2-zero3": Case(dict(pp=2, dp=2, zero=3, global_batch=8),
+                          model=dict(SKEW, layers=4, tied_embeddings=False)),
 }
 CASES = {**WORLD2, **WORLD4}
 
