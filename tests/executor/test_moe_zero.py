@@ -22,7 +22,7 @@ from executor.memory import MemoryMeter
 from executor.options import check_supported
 from executor.recorder import timed_trace
 from executor.reference import train
-from sim.models.memory import model_state_bytes
+from sim.models.memory import model_state_bytes, pp_rank_memory
 from sim.models.moe_memory import expert_shards
 from sim.models.working_memory import rank_params
 from tests.executor.checks import check_training
@@ -125,6 +125,20 @@ def test_calls_are_the_plans(worlds: dict, name: str) -> None:
     layers = [layer for stage in layout.stages_of_rank(0)
               for layer in layout.layers_of_stage(model, stage) if is_moe_layer(model, layer)]
     assert len(gathers) == ((passes if per_use else 1) * len(layers) if sharded else 0)
+
+
+@pytest.mark.parametrize("name", [n for n, c in CASES.items() if c.specs()[1].zero == 3
+                                  and c.specs()[1].data_degree > 1])
+def test_fsdp_keeps_only_its_slices_between_steps(worlds: dict, name: str) -> None:
+    """After the steps (the last gathers, those that read the parameters out, freed again)
+    each rank holds only its slices: the parameter bytes the simulator's memory model counts
+    for it at ZeRO 3 (`sim.models.memory.pp_rank_memory`: the dense units over DP, the routed
+    experts over expert-DP). (At DP 1 the plan keeps the experts whole, ZeRO 1/2's way,
+    where the memory model shards them: not compared.)"""
+    model, layout = CASES[name].specs()
+    for res in worlds[name]:
+        want = pp_rank_memory(model, layout, res["coords"].pp, []).params_bytes
+        assert res["live"]["params"] == want
 
 
 # --- no processes -----------------------------------------------------------------------------

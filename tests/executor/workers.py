@@ -315,7 +315,7 @@ def interpret_cases(ctx: RankContext, cases: list[Case], count_flops: bool = Fal
         params = {unit: rt.unit_params(unit) for unit in rt.flat.units}
         out.append({"losses": losses, "params": params, "calls": comm.calls,
                     "records": records.copy(), "flops": flops, "grad_norm": rt.grad_norm,
-                    "coords": layout.coords(ctx.rank)})
+                    "coords": layout.coords(ctx.rank), "live": dict(rt.meter.live)})
         groups.destroy()
     return out
 
