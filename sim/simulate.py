@@ -17,6 +17,7 @@ from sim.engine.cp_symmetry import cp_fold_step
 from sim.engine.position import network_positions
 from sim.engine.replay import Progress, StepTimes, replay
 from sim.metrics import StepSummary, summarize
+from sim.mirror_fold import half, mirror_fold, unfold
 from sim.models.compute import ComputeModel
 from sim.models.host import host_programs
 from sim.models.memory import memory_by_pp_rank
@@ -71,7 +72,15 @@ def predict(exp: Experiment, *, fold: bool = True, progress: Progress | None = N
     interference = spared(interference_for(exp.cluster, exp.profile, compute), durations)
     hosts = host_programs(plan, exp.host, exp.model, exp.layout, compute)
 
+    # DualPipe's mirror pairs fold too where nothing else sets ranks apart (sim.mirror_fold)
+    mirror = mirror_fold(exp.layout, exp.cluster) \
+        if fold and classes is None and speeds is None else None
+
     def run(stretch: Mapping[int, float] | None, bar: Progress | None) -> StepTimes:
+        if mirror is not None:
+            return unfold(replay(half(plan, mirror), exp.cluster, durations,
+                                 interference=interference, network=exp.network,
+                                 algo=exp.algo, progress=bar, fold=mirror, hosts=hosts), plan)
         return replay(plan, exp.cluster, durations, interference=interference,
                       network=exp.network, algo=exp.algo, progress=bar, speeds=stretch,
                       fold=classes, hosts=hosts)

@@ -34,6 +34,7 @@ from traces.errors import ConfigError
 from traces.identity import Partition, partition
 from traces.io import check_transfer_sizes
 from traces.layout import Layout
+from traces.mirror_fold import canonical_mirror, counted_for, mirror_groups, mirror_pairs
 from traces.ops import Op, OpKind, Trace
 from traces.plan.overlap import ring_exchange
 
@@ -193,7 +194,7 @@ def lower_communication(plan: Trace, cluster: Cluster, fold: Layout | Partition 
             numbers[i] = issued[queue]
             issued[queue] += 1
             if found[1] is not None:  # count each collective once, at its first member
-                algorithms[found[1]] = algorithms.get(found[1], 0) + 1
+                algorithms[found[1]] = algorithms.get(found[1], 0) + members.counts(keys[k])
     return CommPlan(lowered=tuple(lowered), channels=tuple(channels), num_queues=len(queues),
                     ops=ops, calls=calls, algorithms=algorithms)
 
@@ -225,8 +226,10 @@ def _keys(plan: Trace, cluster: Cluster, fold: Partition | None = None
     """Every communication op's key, checked: the distinct keys in order of first use; per
     rank, per op index, the index of its key in that list; and (rank, op index, op) of every
     send and receive. Folded over CP, a receive from an absent CP peer takes the key of the
-    representative's own send it mirrors (`traces.cp_fold.canonical_transfer`)."""
-    over_cp = fold is not None and fold.cp_step > 0
+    representative's own send it mirrors (`traces.cp_fold.canonical_transfer`); so does, with
+    DualPipe's mirrors folded, the middle rank's receive from its mirror
+    (`traces.mirror_fold`)."""
+    over_cp = fold is not None and (fold.cp_step > 0 or fold.mirror)
     n = cluster.num_devices
     keys: list[CommKey] = []
     index: dict[tuple[object, ...], int] = {}
@@ -249,7 +252,8 @@ def _keys(plan: Trace, cluster: Cluster, fold: Partition | None = None
                 src, dst = (rank, peer) if kind is OpKind.SEND else (peer, rank)
                 if over_cp and src not in plan.ops:
                     assert fold is not None
-                    src, dst = canonical_transfer(fold, src, dst)
+                    src, dst = canonical_mirror(fold.layout, plan.ops, src, dst) \
+                        if fold.mirror else canonical_transfer(fold, src, dst)
                 measured = _measured(op)
                 raw: tuple[object, ...] = (src, dst, op.size_bytes, measured)
                 k = index.get(raw)
@@ -324,13 +328,16 @@ def _lower(keys: list[CommKey], cluster: Cluster, collectives: Collectives,
             pass
         elif isinstance(key, TransferKey):
             pairs = symmetry.copies(layout, (key.src, key.dst), classes, cp_step)
+            if fold.mirror:
+                pairs = pairs + mirror_pairs(layout, [(key.src, key.dst), *pairs])
             lowering = transfer_copies(used, lowering, [(a, b) for a, b in pairs],
                                        collectives.p2p)
         else:
-            lowering = collective_copies(
-                used, key.group, lowering,
-                symmetry.copies(layout, key.group, classes, cp_step),
-                partial(_copy, collectives, key.kind, name, key.split))
+            images = symmetry.copies(layout, key.group, classes, cp_step)
+            if fold.mirror:
+                images = images + mirror_groups(layout, [key.group, *images])
+            lowering = collective_copies(used, key.group, lowering, images,
+                                         partial(_copy, collectives, key.kind, name, key.split))
         lowered.append(Lowered(key, name, lowering))
     return lowered
 
@@ -362,9 +369,17 @@ class _Members:
         """Whether a transfer's partner `rank` issues its side: it is in the trace, or folded
         over CP its representative is (and mirrors it, `traces.cp_fold`)."""
         fold = self.fold
-        if fold is not None and fold.cp_step:
+        if fold is not None and (fold.cp_step or fold.mirror):
             return fold.representative(rank) in self.present
         return rank in self.present
+
+    def counts(self, key: CommKey) -> int:
+        """How many collectives of the unfolded run one counted here stands for: 1, or with
+        DualPipe's mirrors folded its mirror's too (`traces.mirror_fold.counted_for`)."""
+        if self.fold is None or not self.fold.mirror:
+            return 1
+        group = None if isinstance(key, TransferKey) else key.group
+        return counted_for(self.fold.layout, group)
 
     def of(self, group: tuple[int, ...]) -> tuple[int, ...]:
         found = self._cache.get(group)

@@ -1,0 +1,93 @@
+"""DualPipe's mirror fold in `simulate`: replay half the pipeline ranks, copy the other half.
+
+    fold = mirror_fold(exp)                 # None where it may not stand for the step
+    times = unfold(replay(half(plan, fold), ..., fold=fold), plan)
+
+The plan keeps one rank per (cp, pp) (the uniform fold); only the ranks with pp < pp/2 are
+replayed (`traces.mirror_fold`), and each mirrored rank's start and end lists are its mirror's,
+unchanged (op i of one is op i of the other, relabelled). The step's figures are then those of
+the uniform fold, computed from the same lists in the same order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from sim.engine.replay import StepTimes
+from topology.cluster import Cluster
+from topology.fabric import FatTree, Rails
+from traces.identity import Partition
+from traces.layout import Layout, Schedule
+from traces.mirror_fold import mirror_rank, mirrored
+from traces.ops import Trace
+
+
+def mirror_fold(layout: Layout, cluster: Cluster) -> Partition | None:
+    """The uniform fold with DualPipe's mirror pairs folded, where the schedule is DualPipe
+    and the cluster alike under the swap pp -> pp-1-pp (`mirror_alike`); else None."""
+    if layout.schedule is not Schedule.DUALPIPE or layout.pp < 2 or \
+            not mirror_alike(cluster, layout):
+        return None
+    return Partition(layout, mirror=True)
+
+
+def mirror_alike(cluster: Cluster, layout: Layout) -> bool:
+    """Whether reversing the order of the pipeline stages' blocks of ranks (pp outermost, a
+    block of TP·CP·DP ranks each) maps the cluster onto itself: the whole job in one server;
+    several whole blocks a server, holding whole NICs, servers permuted; or whole servers a
+    block; on rails, or on a fat tree routed by shifts whose leaves and pods the reversal
+    permutes (`_aligned`). Other fabrics (a torus) and ECMP's hashed routes: no."""
+    gpus, block = cluster.devices_per_server, layout.tp * layout.cp * layout.dp
+    if layout.world <= gpus:
+        return True
+    fabric = cluster.fabric
+    if not isinstance(fabric, Rails | FatTree) or not fabric.symmetric:
+        return False
+    if gpus % block == 0:
+        per, nics = gpus // block, fabric.server.nics
+        if layout.pp % per or gpus % nics or block % (gpus // nics):
+            return False
+        servers, units = 1, layout.pp // per
+    elif block % gpus == 0:
+        servers, units = block // gpus, layout.pp
+    else:
+        return False
+    if isinstance(fabric, Rails):
+        return True
+    leaf = fabric.spec.nodes_per_leaf
+    return _aligned(servers, units, leaf) and _aligned(servers, units, leaf * fabric.per_pod)
+
+
+def _aligned(servers: int, units: int, size: int) -> bool:
+    """Whether reversing `units` runs of `servers` servers maps the aligned runs of `size`
+    servers (a leaf's, a pod's) onto each other: all in one, each unit whole runs, or each
+    run whole units and the units fill whole runs."""
+    total = servers * units
+    return total <= size or servers % size == 0 or (size % servers == 0 and total % size == 0)
+
+
+def half(plan: Trace, fold: Partition) -> Trace:
+    """`plan` (one rank per (cp, pp)) with only the ranks the mirror fold replays."""
+    keep = set(fold.representatives())
+    return Trace({r: ops for r, ops in plan.ops.items() if r in keep}, plan.meta)
+
+
+def unfold(times: StepTimes, plan: Trace) -> StepTimes:
+    """The replay of `half(plan)` as the replay of `plan`: each mirrored rank's starts, ends
+    and communication ops are its mirror's."""
+    assert times.fold is not None and times.fold.mirror, "a replay folded by mirrors"
+    layout = times.fold.layout
+
+    def source(rank: int) -> int:
+        return mirror_rank(layout, rank) if mirrored(layout, rank) else rank
+
+    starts = {r: times.starts[source(r)] for r in plan.ops}
+    ends = {r: times.ends[source(r)] for r in plan.ops}
+    comm = times.communication
+    expanded = None if comm is None else {r: comm[source(r)] for r in plan.ops if
+                                          source(r) in comm}
+    return replace(times, plan=plan, starts=starts, ends=ends, communication=expanded,
+                   fold=None)
+
+
+__all__ = ["half", "mirror_alike", "mirror_fold", "unfold"]
