@@ -18,17 +18,36 @@ from topology.cluster import Cluster
 from topology.fabric import FatTree, Rails
 from traces.identity import Partition
 from traces.layout import Layout, Schedule
+from traces.model import ModelSpec
+from traces.moe import distinct_experts
 from traces.mirror_fold import mirror_rank, mirrored
 from traces.ops import Trace
 
 
-def mirror_fold(layout: Layout, cluster: Cluster) -> Partition | None:
-    """The uniform fold with DualPipe's mirror pairs folded, where the schedule is DualPipe
-    and the cluster alike under the swap pp -> pp-1-pp (`mirror_alike`); else None."""
+def mirror_fold(model: ModelSpec, layout: Layout, cluster: Cluster,
+                classes: Partition | None) -> Partition | None:
+    """`classes` (None: the uniform fold) with DualPipe's mirror pairs folded too, where the
+    schedule is DualPipe, the cluster alike under the swap pp -> pp-1-pp (`mirror_alike`),
+    every rank's expert loads alike (no skewed routing) and the classes mapped onto classes
+    by the swap, not folded over CP; else None. The caller keeps device speeds and network
+    positions out (they key ranks apart)."""
     if layout.schedule is not Schedule.DUALPIPE or layout.pp < 2 or \
-            not mirror_alike(cluster, layout):
+            distinct_experts(model, layout) or not mirror_alike(cluster, layout):
         return None
-    return Partition(layout, mirror=True)
+    if classes is None:
+        return Partition(layout, mirror=True)
+    if classes.cp_step or not _swapped_onto_classes(classes):
+        return None
+    return replace(classes, mirror=True)
+
+
+def _swapped_onto_classes(classes: Partition) -> bool:
+    """Whether the swap maps each class onto a class: mirrors of one class's ranks share a
+    representative, the mirror of theirs' (O(world))."""
+    layout = classes.layout
+    return all(classes.representative(mirror_rank(layout, r))
+               == classes.representative(mirror_rank(layout, classes.representative(r)))
+               for r in range(layout.world))
 
 
 def mirror_alike(cluster: Cluster, layout: Layout) -> bool:
@@ -72,9 +91,10 @@ def half(plan: Trace, fold: Partition) -> Trace:
     return Trace({r: ops for r, ops in plan.ops.items() if r in keep}, plan.meta)
 
 
-def unfold(times: StepTimes, plan: Trace) -> StepTimes:
-    """The replay of `half(plan)` as the replay of `plan`: each mirrored rank's starts, ends
-    and communication ops are its mirror's."""
+def unfold(times: StepTimes, plan: Trace, classes: Partition | None) -> StepTimes:
+    """The replay of `half(plan)` as the replay of `plan` folded by `classes` (None: the
+    uniform fold): each mirrored representative's starts, ends and communication ops are
+    its mirror's."""
     assert times.fold is not None and times.fold.mirror, "a replay folded by mirrors"
     layout = times.fold.layout
 
@@ -87,7 +107,7 @@ def unfold(times: StepTimes, plan: Trace) -> StepTimes:
     expanded = None if comm is None else {r: comm[source(r)] for r in plan.ops if
                                           source(r) in comm}
     return replace(times, plan=plan, starts=starts, ends=ends, communication=expanded,
-                   fold=None)
+                   fold=classes)
 
 
 __all__ = ["half", "mirror_alike", "mirror_fold", "unfold"]

@@ -65,8 +65,8 @@ class Partition:
     """The cp shift that maps the classes onto themselves (`traces.cp_fold`); 0: cp is not
     folded, every class holds one cp coordinate."""
     mirror: bool = False
-    """DualPipe's mirror pairs folded too (`traces.mirror_fold`): with the uniform fold, one
-    rank per (cp, pp < pp/2), each standing for its own stage and its mirror's."""
+    """DualPipe's mirror pairs folded too (`traces.mirror_fold`): only the classes with
+    pp < pp/2 are simulated, each standing for its own and its mirror class."""
 
     @property
     def uniform(self) -> bool:
@@ -82,9 +82,7 @@ class Partition:
         return self.rep_of[rank] if self.rep_of else self.layout.representative(rank)
 
     def representatives(self) -> list[int]:
-        if self.rep_of:
-            return sorted(set(self.rep_of))
-        reps = self.layout.representatives()
+        reps = sorted(set(self.rep_of)) if self.rep_of else self.layout.representatives()
         return [r for r in reps if not mirrored(self.layout, r)] if self.mirror else reps
 
     def class_sizes(self) -> dict[int, int]:
