@@ -26,6 +26,7 @@ from sim.collectives import Algorithm, Collectives
 from sim.collectives.direct import EXCHANGE
 from sim.engine.copies import Used, collective_copies, transfer_copies
 from sim.engine.flows import Lowering
+from sim.engine.mirror_apart import halves_apart
 from topology.cluster import Cluster
 from traces import symmetry
 from traces.alltoallv import AllToAllv
@@ -322,6 +323,7 @@ def _lower(keys: list[CommKey], cluster: Cluster, collectives: Collectives,
         links = None  # hashed routes: each copy's flows collide where its own hash puts them
     used = Used(cluster, links)
     layout, classes, cp_step = fold.layout, fold.rep_of or None, fold.cp_step
+    apart = fold.mirror and halves_apart(cluster, layout)  # the mirrors' groups: no copies
     lowered = []
     for key, (name, lowering) in zip(keys, base):
         if key.measured:
@@ -334,7 +336,7 @@ def _lower(keys: list[CommKey], cluster: Cluster, collectives: Collectives,
                                        collectives.p2p)
         else:
             images = symmetry.copies(layout, key.group, classes, cp_step)
-            if fold.mirror:
+            if fold.mirror and not apart:
                 images = images + mirror_groups(layout, [key.group, *images])
             lowering = collective_copies(used, key.group, lowering, images,
                                          partial(_copy, collectives, key.kind, name, key.split))
@@ -360,6 +362,7 @@ class _Members:
         self.present = set(plan.ops)
         self.fold = fold
         self._cache: dict[tuple[int, ...], tuple[int, ...]] = {}
+        self._counts: dict[tuple[int, ...], int] = {}
 
     def has(self, rank: int) -> bool:
         """Whether `rank` is in the trace (a send meets a receive of that very rank)."""
@@ -378,8 +381,12 @@ class _Members:
         DualPipe's mirrors folded its mirror's too (`traces.mirror_fold.counted_for`)."""
         if self.fold is None or not self.fold.mirror:
             return 1
-        group = None if isinstance(key, TransferKey) else key.group
-        return counted_for(self.fold.layout, group)
+        if isinstance(key, TransferKey):
+            return counted_for(self.fold.layout, None)
+        found = self._counts.get(key.group)
+        if found is None:  # once per group (a collective's many calls share it)
+            found = self._counts[key.group] = counted_for(self.fold.layout, key.group)
+        return found
 
     def of(self, group: tuple[int, ...]) -> tuple[int, ...]:
         found = self._cache.get(group)
