@@ -18,9 +18,9 @@ from topology.cluster import Cluster
 from topology.fabric import FatTree, Rails
 from traces.identity import Partition
 from traces.layout import Layout, Schedule
+from traces.mirror_fold import mirror_rank, mirrored
 from traces.model import ModelSpec
 from traces.moe import distinct_experts
-from traces.mirror_fold import mirror_rank, mirrored
 from traces.ops import Trace
 
 

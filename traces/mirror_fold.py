@@ -14,8 +14,9 @@ Folded so, the middle rank pp/2-1 meets an absent peer: its receive from pp/2 (c
 image of its own send to pp/2 (copy 0, same tag, same position in the tag's order), so the
 lowering meets it with that send (`canonical_mirror`), which is when the unfolded run starts
 the pair of transfers. The absent half's flows are added as copies where they share links
-(`mirror_pairs`, `mirror_groups`), and each collective the present half counts stands for its mirror's too
-(`counted_for`: twice, once for the gradient reduce-scatters whose group holds both mirrors).
+(`mirror_pairs`, `mirror_groups`), and each collective the present half counts stands for its
+mirror's too (`counted_for`: twice; once for the gradient reduce-scatters whose group holds
+both mirrors).
 See docs/dualpipe-mirror-fold.md for the preconditions.
 """
 
@@ -35,10 +36,10 @@ def mirrored(layout: Layout, rank: int) -> bool:
     return 2 * layout.coords(rank).pp >= layout.pp
 
 
-def mirror_pairs(layout: Layout, pairs: list[tuple[int, int]]) -> list[tuple[int, int]]:
+def mirror_pairs(layout: Layout, pairs: list[tuple[int, ...]]) -> list[tuple[int, ...]]:
     """The mirrors of a transfer's pair and its copies: transfers between the mirrored stages,
     never one of `pairs` (the middle pair's mirror is the reverse transfer, also absent)."""
-    return [(mirror_rank(layout, a), mirror_rank(layout, b)) for a, b in pairs]
+    return [tuple(mirror_rank(layout, r) for r in pair) for pair in pairs]
 
 
 def mirror_groups(layout: Layout, groups: list[tuple[int, ...]]) -> list[tuple[int, ...]]:
