@@ -14,10 +14,10 @@ from typing import Any
 
 from sim.config import Experiment
 from sim.engine.cp_symmetry import cp_fold_step
+from sim.engine.mirror_fold import half, mirror_fold, unfold
 from sim.engine.position import network_positions
 from sim.engine.replay import Progress, StepTimes, replay
 from sim.metrics import StepSummary, summarize
-from sim.mirror_fold import half, mirror_fold, unfold
 from sim.models.compute import ComputeModel
 from sim.models.host import host_programs
 from sim.models.memory import memory_by_pp_rank

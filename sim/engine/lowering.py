@@ -26,7 +26,7 @@ from sim.collectives import Algorithm, Collectives
 from sim.collectives.direct import EXCHANGE
 from sim.engine.copies import Used, collective_copies, transfer_copies
 from sim.engine.flows import Lowering
-from sim.engine.mirror_apart import halves_apart
+from sim.engine.mirror_placement import halves_apart
 from topology.cluster import Cluster
 from traces import symmetry
 from traces.alltoallv import AllToAllv

@@ -1,6 +1,6 @@
-"""DualPipe's mirror fold (issue 33; `traces.mirror_fold`, `sim.mirror_fold`): simulating only
-the ranks with pp < pp/2 and copying their timelines to their mirrors gives the step of the
-fold without it, byte for byte (`--json`), and the unfolded run's step time, memory and
+"""DualPipe's mirror fold (issue 33; `traces.mirror_fold`, `sim.engine.mirror_fold`):
+simulating only the ranks with pp < pp/2 and copying their timelines to their mirrors gives
+the step of the fold without it, byte for byte (`--json`), and the unfolded run's step time, memory and
 per-rank results."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 
 import sim.simulate as simulate
 from sim.config import experiment_from_dict
-from sim.mirror_fold import mirror_alike
+from sim.engine.mirror_placement import mirror_alike
 from sim.simulate import predict, summary_json
 from traces.layout import Layout, Schedule
 from traces.mirror_fold import counted_for, mirror_groups, mirror_pairs

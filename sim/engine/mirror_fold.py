@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from sim.engine.mirror_placement import mirror_alike
 from sim.engine.replay import StepTimes
 from topology.cluster import Cluster
-from topology.fabric import FatTree, Rails
 from traces.identity import Partition
 from traces.layout import Layout, Schedule
 from traces.mirror_fold import mirror_rank, mirrored
@@ -50,41 +50,6 @@ def _swapped_onto_classes(classes: Partition) -> bool:
                for r in range(layout.world))
 
 
-def mirror_alike(cluster: Cluster, layout: Layout) -> bool:
-    """Whether reversing the order of the pipeline stages' blocks of ranks (pp outermost, a
-    block of TP·CP·DP ranks each) maps the cluster onto itself: the whole job in one server;
-    several whole blocks a server, holding whole NICs, servers permuted; or whole servers a
-    block; on rails, or on a fat tree routed by shifts whose leaves and pods the reversal
-    permutes (`_aligned`). Other fabrics (a torus) and ECMP's hashed routes: no."""
-    gpus, block = cluster.devices_per_server, layout.tp * layout.cp * layout.dp
-    if layout.world <= gpus:
-        return True
-    fabric = cluster.fabric
-    if not isinstance(fabric, Rails | FatTree) or not fabric.symmetric:
-        return False
-    if gpus % block == 0:
-        per, nics = gpus // block, fabric.server.nics
-        if layout.pp % per or gpus % nics or block % (gpus // nics):
-            return False
-        servers, units = 1, layout.pp // per
-    elif block % gpus == 0:
-        servers, units = block // gpus, layout.pp
-    else:
-        return False
-    if isinstance(fabric, Rails):
-        return True
-    leaf = fabric.spec.nodes_per_leaf
-    return _aligned(servers, units, leaf) and _aligned(servers, units, leaf * fabric.per_pod)
-
-
-def _aligned(servers: int, units: int, size: int) -> bool:
-    """Whether reversing `units` runs of `servers` servers maps the aligned runs of `size`
-    servers (a leaf's, a pod's) onto each other: all in one, each unit whole runs, or each
-    run whole units and the units fill whole runs."""
-    total = servers * units
-    return total <= size or servers % size == 0 or (size % servers == 0 and total % size == 0)
-
-
 def half(plan: Trace, fold: Partition) -> Trace:
     """`plan` (one rank per (cp, pp)) with only the ranks the mirror fold replays."""
     keep = set(fold.representatives())
@@ -110,4 +75,4 @@ def unfold(times: StepTimes, plan: Trace, classes: Partition | None) -> StepTime
                    fold=classes)
 
 
-__all__ = ["half", "mirror_alike", "mirror_fold", "unfold"]
+__all__ = ["half", "mirror_fold", "unfold"]
