@@ -1,7 +1,7 @@
 """DualPipe's mirror fold (issue 33; `traces.mirror_fold`, `sim.engine.mirror_fold`):
 simulating only the ranks with pp < pp/2 and copying their timelines to their mirrors gives
-the step of the fold without it, byte for byte (`--json`), and the unfolded run's step time, memory and
-per-rank results."""
+the step of the fold without it, byte for byte (`--json`), and the unfolded run's step time,
+memory and per-rank results."""
 
 from __future__ import annotations
 
