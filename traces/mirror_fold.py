@@ -8,7 +8,8 @@ copies' halves of the micro-batches exchanged (`traces.dualpipe_order`). Op i of
 of the other once micro-batch m is renamed (m + M/2) mod M, the two copies' pipeline streams are
 swapped and peers and groups are mirrored (`tests/sim/test_dualpipe_mirror.py`); layer, sizes,
 FLOPs and tags are the same. So on a cluster alike under the swap
-(`sim.engine.mirror_placement`) a run of the ranks with pp < pp/2 gives each mirror's op i the same start and end as its own op i.
+(`sim.engine.mirror_placement`) a run of the ranks with pp < pp/2 gives each mirror's op i
+the same start and end as its own op i.
 
 Folded so, the middle rank pp/2-1 meets an absent peer: its receive from pp/2 (copy 1) is the
 image of its own send to pp/2 (copy 0, same tag, same position in the tag's order), so the
