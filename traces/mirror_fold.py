@@ -23,6 +23,8 @@ See docs/dualpipe-mirror-fold.md for the preconditions.
 
 from __future__ import annotations
 
+from collections.abc import Container
+
 from traces.layout import Layout
 
 
@@ -56,10 +58,11 @@ def mirror_groups(layout: Layout, groups: list[tuple[int, ...]]) -> list[tuple[i
     return images
 
 
-def canonical_mirror(layout: Layout, present: object, src: int, dst: int) -> tuple[int, int]:
+def canonical_mirror(layout: Layout, present: Container[int], src: int, dst: int
+                     ) -> tuple[int, int]:
     """The transfer `src` -> `dst` mirrored where `src` is absent from `present` and mirrored:
     the middle rank's receive from pp/2 names its own send to pp/2 (module docstring)."""
-    if src in present or not mirrored(layout, src):  # type: ignore[operator]
+    if src in present or not mirrored(layout, src):
         return src, dst
     return mirror_rank(layout, src), mirror_rank(layout, dst)
 
