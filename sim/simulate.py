@@ -72,7 +72,8 @@ def predict(exp: Experiment, *, fold: bool = True, progress: Progress | None = N
     interference = spared(interference_for(exp.cluster, exp.profile, compute), durations)
     hosts = host_programs(plan, exp.host, exp.model, exp.layout, compute)
 
-    # DualPipe's mirror pairs fold too where nothing else sets ranks apart (sim.mirror_fold)
+    # DualPipe's mirror pairs fold too where nothing else sets ranks apart
+    # (sim.engine.mirror_fold)
     mirror = mirror_fold(exp.model, exp.layout, exp.cluster, classes) \
         if fold and speeds is None and positions is None else None
 

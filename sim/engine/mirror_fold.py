@@ -1,12 +1,14 @@
 """DualPipe's mirror fold in `simulate`: replay half the pipeline ranks, copy the other half.
 
-    fold = mirror_fold(exp)                 # None where it may not stand for the step
-    times = unfold(replay(half(plan, fold), ..., fold=fold), plan)
+    mirror = mirror_fold(model, layout, cluster, classes)   # None: it may not stand
+    times = unfold(replay(half(plan, mirror), ..., fold=mirror), plan, classes)
 
-The plan keeps one rank per (cp, pp) (the uniform fold); only the ranks with pp < pp/2 are
-replayed (`traces.mirror_fold`), and each mirrored rank's start and end lists are its mirror's,
-unchanged (op i of one is op i of the other, relabelled). The step's figures are then those of
-the uniform fold, computed from the same lists in the same order.
+The plan keeps the fold's representatives (one rank per (cp, pp), or the identity classes);
+only those with pp < pp/2 are replayed (`traces.mirror_fold`), and each mirrored rank's start
+and end lists are its mirror's, unchanged (op i of one is op i of the other, relabelled). The
+step's figures are then those of the fold without mirrors, from the same lists in the same
+order. A mirrored rank's communication ops are its mirror's (the summary reads their indices
+only; their channels name the mirror's peers).
 """
 
 from __future__ import annotations
