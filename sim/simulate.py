@@ -14,6 +14,7 @@ from typing import Any
 
 from sim.config import Experiment
 from sim.engine.cp_symmetry import cp_fold_step
+from sim.engine.mirror_fold import half, mirror_fold, unfold
 from sim.engine.position import network_positions
 from sim.engine.replay import Progress, StepTimes, replay
 from sim.metrics import StepSummary, summarize
@@ -52,8 +53,8 @@ def predict(exp: Experiment, *, fold: bool = True, progress: Progress | None = N
     # Folded by identity when something sets ranks apart (speeds, skewed experts' loads, an
     # expert grid the shifts do not map onto itself, where a rank sits on an unevenly cut fat
     # tree); else the uniform fold, one per (cp, pp).
-    classes = partition_for(exp.model, exp.layout, speeds,
-                            network_positions(exp.cluster, exp.layout)) if fold else None
+    positions = network_positions(exp.cluster, exp.layout) if fold else None
+    classes = partition_for(exp.model, exp.layout, speeds, positions) if fold else None
     if classes is not None and classes.uniform:
         classes = over_cp(exp)
     ranks = (classes.representatives() if classes else exp.layout.representatives()) \
@@ -71,7 +72,17 @@ def predict(exp: Experiment, *, fold: bool = True, progress: Progress | None = N
     interference = spared(interference_for(exp.cluster, exp.profile, compute), durations)
     hosts = host_programs(plan, exp.host, exp.model, exp.layout, compute)
 
+    # DualPipe's mirror pairs fold too where nothing else sets ranks apart
+    # (sim.engine.mirror_fold)
+    mirror = mirror_fold(exp.model, exp.layout, exp.cluster, classes) \
+        if fold and speeds is None and positions is None else None
+
     def run(stretch: Mapping[int, float] | None, bar: Progress | None) -> StepTimes:
+        if mirror is not None:
+            return unfold(replay(half(plan, mirror), exp.cluster, durations,
+                                 interference=interference, network=exp.network,
+                                 algo=exp.algo, progress=bar, fold=mirror, hosts=hosts),
+                          plan, classes)
         return replay(plan, exp.cluster, durations, interference=interference,
                       network=exp.network, algo=exp.algo, progress=bar, speeds=stretch,
                       fold=classes, hosts=hosts)

@@ -45,6 +45,7 @@ from functools import partial
 
 from traces.expert_grid import grid_kinds, shift_closed
 from traces.layout import Axis, Layout
+from traces.mirror_fold import mirror_rank, mirrored
 from traces.model import ModelSpec
 from traces.moe import distinct_experts, expert_loads
 
@@ -63,6 +64,9 @@ class Partition:
     cp_step: int = 0
     """The cp shift that maps the classes onto themselves (`traces.cp_fold`); 0: cp is not
     folded, every class holds one cp coordinate."""
+    mirror: bool = False
+    """DualPipe's mirror pairs folded too (`traces.mirror_fold`): only the classes with
+    pp < pp/2 are simulated, each standing for its own and its mirror class."""
 
     @property
     def uniform(self) -> bool:
@@ -73,10 +77,13 @@ class Partition:
         return self.layout.world
 
     def representative(self, rank: int) -> int:
+        if self.mirror and mirrored(self.layout, rank):
+            rank = mirror_rank(self.layout, rank)
         return self.rep_of[rank] if self.rep_of else self.layout.representative(rank)
 
     def representatives(self) -> list[int]:
-        return sorted(set(self.rep_of)) if self.rep_of else self.layout.representatives()
+        reps = sorted(set(self.rep_of)) if self.rep_of else self.layout.representatives()
+        return [r for r in reps if not mirrored(self.layout, r)] if self.mirror else reps
 
     def class_sizes(self) -> dict[int, int]:
         """Per representative, how many ranks it stands for."""

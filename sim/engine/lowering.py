@@ -26,6 +26,7 @@ from sim.collectives import Algorithm, Collectives
 from sim.collectives.direct import EXCHANGE
 from sim.engine.copies import Used, collective_copies, transfer_copies
 from sim.engine.flows import Lowering
+from sim.engine.mirror_placement import halves_apart
 from topology.cluster import Cluster
 from traces import symmetry
 from traces.alltoallv import AllToAllv
@@ -34,6 +35,7 @@ from traces.errors import ConfigError
 from traces.identity import Partition, partition
 from traces.io import check_transfer_sizes
 from traces.layout import Layout
+from traces.mirror_fold import canonical_mirror, counted_for, mirror_groups, mirror_pairs
 from traces.ops import Op, OpKind, Trace
 from traces.plan.overlap import ring_exchange
 
@@ -193,7 +195,7 @@ def lower_communication(plan: Trace, cluster: Cluster, fold: Layout | Partition 
             numbers[i] = issued[queue]
             issued[queue] += 1
             if found[1] is not None:  # count each collective once, at its first member
-                algorithms[found[1]] = algorithms.get(found[1], 0) + 1
+                algorithms[found[1]] = algorithms.get(found[1], 0) + members.counts(keys[k])
     return CommPlan(lowered=tuple(lowered), channels=tuple(channels), num_queues=len(queues),
                     ops=ops, calls=calls, algorithms=algorithms)
 
@@ -225,8 +227,10 @@ def _keys(plan: Trace, cluster: Cluster, fold: Partition | None = None
     """Every communication op's key, checked: the distinct keys in order of first use; per
     rank, per op index, the index of its key in that list; and (rank, op index, op) of every
     send and receive. Folded over CP, a receive from an absent CP peer takes the key of the
-    representative's own send it mirrors (`traces.cp_fold.canonical_transfer`)."""
-    over_cp = fold is not None and fold.cp_step > 0
+    representative's own send it mirrors (`traces.cp_fold.canonical_transfer`); so does, with
+    DualPipe's mirrors folded, the middle rank's receive from its mirror
+    (`traces.mirror_fold`)."""
+    over_cp = fold is not None and (fold.cp_step > 0 or fold.mirror)
     n = cluster.num_devices
     keys: list[CommKey] = []
     index: dict[tuple[object, ...], int] = {}
@@ -249,7 +253,8 @@ def _keys(plan: Trace, cluster: Cluster, fold: Partition | None = None
                 src, dst = (rank, peer) if kind is OpKind.SEND else (peer, rank)
                 if over_cp and src not in plan.ops:
                     assert fold is not None
-                    src, dst = canonical_transfer(fold, src, dst)
+                    src, dst = canonical_mirror(fold.layout, plan.ops, src, dst) \
+                        if fold.mirror else canonical_transfer(fold, src, dst)
                 measured = _measured(op)
                 raw: tuple[object, ...] = (src, dst, op.size_bytes, measured)
                 k = index.get(raw)
@@ -318,19 +323,23 @@ def _lower(keys: list[CommKey], cluster: Cluster, collectives: Collectives,
         links = None  # hashed routes: each copy's flows collide where its own hash puts them
     used = Used(cluster, links)
     layout, classes, cp_step = fold.layout, fold.rep_of or None, fold.cp_step
+    apart = fold.mirror and halves_apart(cluster, layout)  # the mirrors' groups: no copies
     lowered = []
     for key, (name, lowering) in zip(keys, base):
         if key.measured:
             pass
         elif isinstance(key, TransferKey):
             pairs = symmetry.copies(layout, (key.src, key.dst), classes, cp_step)
+            if fold.mirror:
+                pairs = pairs + mirror_pairs(layout, [(key.src, key.dst), *pairs])
             lowering = transfer_copies(used, lowering, [(a, b) for a, b in pairs],
                                        collectives.p2p)
         else:
-            lowering = collective_copies(
-                used, key.group, lowering,
-                symmetry.copies(layout, key.group, classes, cp_step),
-                partial(_copy, collectives, key.kind, name, key.split))
+            images = symmetry.copies(layout, key.group, classes, cp_step)
+            if fold.mirror and not apart:
+                images = images + mirror_groups(layout, [key.group, *images])
+            lowering = collective_copies(used, key.group, lowering, images,
+                                         partial(_copy, collectives, key.kind, name, key.split))
         lowered.append(Lowered(key, name, lowering))
     return lowered
 
@@ -353,6 +362,7 @@ class _Members:
         self.present = set(plan.ops)
         self.fold = fold
         self._cache: dict[tuple[int, ...], tuple[int, ...]] = {}
+        self._counts: dict[tuple[int, ...], int] = {}
 
     def has(self, rank: int) -> bool:
         """Whether `rank` is in the trace (a send meets a receive of that very rank)."""
@@ -362,9 +372,21 @@ class _Members:
         """Whether a transfer's partner `rank` issues its side: it is in the trace, or folded
         over CP its representative is (and mirrors it, `traces.cp_fold`)."""
         fold = self.fold
-        if fold is not None and fold.cp_step:
+        if fold is not None and (fold.cp_step or fold.mirror):
             return fold.representative(rank) in self.present
         return rank in self.present
+
+    def counts(self, key: CommKey) -> int:
+        """How many collectives of the unfolded run one counted here stands for: 1, or with
+        DualPipe's mirrors folded its mirror's too (`traces.mirror_fold.counted_for`)."""
+        if self.fold is None or not self.fold.mirror:
+            return 1
+        if isinstance(key, TransferKey):
+            return counted_for(self.fold.layout, None)
+        found = self._counts.get(key.group)
+        if found is None:  # once per group (a collective's many calls share it)
+            found = self._counts[key.group] = counted_for(self.fold.layout, key.group)
+        return found
 
     def of(self, group: tuple[int, ...]) -> tuple[int, ...]:
         found = self._cache.get(group)

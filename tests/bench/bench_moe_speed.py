@@ -3,14 +3,16 @@
     python tests/bench/bench_moe_speed.py [--repeat 3]
 
 Each run is a fresh `python -m sim simulate CONFIG --json` process on one core (wall time:
-start-up, config, plan, replay, memory model, as a user sees it). Prints the median over the
-runs, or the one-line refusal where parasim refuses the case (the op cap). Targets: the
+start-up, config, plan, replay, memory model, as a user sees it; and its CPU seconds, user +
+system, which a loaded host changes less). Prints the medians over the runs, or the one-line
+refusal where parasim refuses the case (the op cap). Targets: the
 1024-H100 example <= 10 s balanced, <= 30 s with `model.routing_skew = 1`.
 """
 
 from __future__ import annotations
 
 import argparse
+import resource
 import statistics
 import subprocess
 import sys
@@ -26,16 +28,19 @@ CASES = {
 }
 
 
-def run_once(config: str, extra: list[str]) -> tuple[float, str | None]:
-    """(wall seconds, the refusal's line or None) of one simulate process."""
+def run_once(config: str, extra: list[str]) -> tuple[float, float, str | None]:
+    """(wall seconds, CPU seconds, the refusal's line or None) of one simulate process."""
     command = [sys.executable, "-m", "sim", "simulate", str(EXAMPLES / config), "--json", *extra]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
     if done.returncode == 2:
-        return wall, done.stderr.strip().splitlines()[-1]
+        return wall, cpu, done.stderr.strip().splitlines()[-1]
     done.check_returncode()
-    return wall, None
+    return wall, cpu, None
 
 
 def main() -> None:
@@ -44,9 +49,11 @@ def main() -> None:
     args = parser.parse_args()
     for name, (config, extra) in CASES.items():
         runs = [run_once(config, extra) for _ in range(args.repeat)]
-        refusal = runs[0][1]
-        median = statistics.median(wall for wall, _ in runs)
-        result = f"refused in {median:.1f} s: {refusal}" if refusal else f"{median:.1f} s"
+        refusal = runs[0][2]
+        wall = statistics.median(run[0] for run in runs)
+        cpu = statistics.median(run[1] for run in runs)
+        took = f"{wall:.1f} s wall, {cpu:.2f} s CPU"
+        result = f"refused in {took}: {refusal}" if refusal else took
         print(f"{name:45s} median of {args.repeat}: {result}", flush=True)
 
 

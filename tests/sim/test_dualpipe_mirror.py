@@ -2,8 +2,8 @@
 pp - 1 - r, one of each copy, and runs the other's steps with the copies swapped
 (`traces.dualpipe_order`: phase ^= is_in_second_half). On a cluster alike under the swap the
 simulated ranks agree exactly: the same op durations, the same end, rank for rank. This is
-what a fold of the mirror pairs (not built yet; `docs/dualpipe-mirror-fold.md`) would rest
-on; the unfolded run shows it."""
+what the fold of the mirror pairs (`docs/dualpipe-mirror-fold.md`,
+tests/sim/test_dualpipe_mirror_fold.py) rests on; the unfolded run shows it."""
 
 from __future__ import annotations
 
