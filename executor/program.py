@@ -61,6 +61,7 @@ from traces.purpose import (
     GemmPart,
     GradBucket,
     GradStat,
+    HostCopy,
     Kernel,
     KernelRun,
     MessageGather,
@@ -230,6 +231,9 @@ class _Lowering:
             case ExpertParamGather() | ExpertUnitGather():
                 raise self.fail(i, "the executor keeps expert states whole (ZeRO over an "
                                    "expert-DP group is refused: executor.options)")
+            case HostCopy():
+                raise self.fail(i, "activation offload copies are simulated, not run by the "
+                                   "executor (executor.options.check_supported)")
             case ExpertTp():
                 raise self.fail(i, "expert tensor parallelism (etp > 1) is not run by the "
                                    "executor (executor.options.check_supported)")
@@ -240,7 +244,7 @@ class _Lowering:
         purpose = op.purpose
         if purpose is None:
             raise self.fail(i, "an op without a purpose (docs/plan-ops.md) cannot run")
-        if isinstance(purpose, Bench):
+        if isinstance(purpose, Bench | HostCopy):
             return  # refused by its arm
         if isinstance(purpose, KernelRun | GemmChunk) != (op.kind is OpKind.COMPUTE):
             raise self.fail(i, f"a {op.kind} op cannot be a {type(purpose).__name__}")

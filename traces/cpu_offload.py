@@ -85,15 +85,21 @@ def host_link_Bps(accelerator: str, pcie_Bps: float) -> float:
     return NVLINK_C2C_BPS if accelerator.upper().startswith(GRACE_PREFIXES) else pcie_Bps
 
 
-def micro_batch_s(fwd_s: list[float], bwd_s: list[float], plan: OffloadPlan) -> float:
-    """Forward then backward of one micro-batch with the first `plan.layers` layers offloaded.
+def micro_batch_s(fwd_s: list[float], bwd_s: list[float], plan: OffloadPlan,
+                  head: tuple[float, float] = (0.0, 0.0),
+                  embed: tuple[float, float] = (0.0, 0.0)) -> float:
+    """Forward then backward of one micro-batch with the first `plan.layers` layers offloaded:
+    the closed form of the plan's copies (`traces.plan.offload`), which the simulator must equal.
 
-    Compute runs on one stream, transfers on another (one per direction). Layer i's D2H starts
-    when its forward ends; forward of layer i + 2 waits for layer i's D2H (the double buffer
-    must free a slot). Reloads run in backward order, one buffer ahead: layer i's H2D may start
-    once layer i + 2's backward has begun, and layer i's backward waits for its H2D.
+    Compute runs on one stream, transfers on another (one per direction). `embed` is the
+    compute before the first layer's forward and after its backward, `head` the output
+    layer's forward and backward between the layers' two passes. Layer i's D2H starts when
+    its forward ends; forward of layer i + 2 waits for layer i's D2H (the double buffer must
+    free a slot), and the backward waits for the last. Reloads run in backward order, one
+    buffer ahead: layer i's H2D may start once layer i + 2's backward has begun (the top two:
+    once the backward has), and layer i's backward waits for its H2D.
     """
-    n, t, k = len(fwd_s), 0.0, plan.transfer_s
+    n, t, k = len(fwd_s), embed[0], plan.transfer_s
     d2h_end = [0.0] * n
     link = 0.0
     for i, f in enumerate(fwd_s):
@@ -103,8 +109,9 @@ def micro_batch_s(fwd_s: list[float], bwd_s: list[float], plan: OffloadPlan) -> 
         if i < plan.layers:
             link = max(link, t) + k
             d2h_end[i] = link
-    t = max(t, link)  # the last offloads land before backward may reload them
+    t = max(t + head[0], link)  # the last offloads land before backward may reload them
     h2d, start, bwd_start = t, t, [0.0] * n
+    t += head[1]
     for i in reversed(range(n)):
         if i < plan.layers:
             ahead = i + RESIDENT_BUFFER_LAYERS
@@ -113,4 +120,4 @@ def micro_batch_s(fwd_s: list[float], bwd_s: list[float], plan: OffloadPlan) -> 
             t = max(t, h2d)
         bwd_start[i] = t
         t += bwd_s[i]
-    return t
+    return t + embed[1]

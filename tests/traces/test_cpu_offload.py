@@ -102,9 +102,18 @@ def test_config_bounds() -> None:
         experiment_from_dict(_example(cpu_offloading_num_layers=80))
 
 
-def test_untimed_offload_is_said_in_a_warning() -> None:
-    """Memory follows the key but the step does not yet: the user is told, the plain job not."""
+def test_timed_offload_warns_nothing() -> None:
+    """The copies are plan ops now (tests/sim/test_offload_copies.py): no "not timed" note."""
     from sim.config import experiment_from_dict
     assert not any("offload" in w for w in experiment_from_dict(_example()).warnings)
     off = experiment_from_dict(_example(cpu_offloading_num_layers=40))
-    assert any("not timed" in w for w in off.warnings)
+    assert not any("offload" in w for w in off.warnings)
+
+
+def test_head_and_embedding_shift_the_closed_form_exactly() -> None:
+    # As test_slow_link_exposes_transfers_exactly with an embedding of (0.5, 0.25) and a head
+    # of (2, 3): forward ends at 12.5, the head's at 14.5 (layer 0's copy landed at 11);
+    # backward starts at 14.5, layers 2 and 1 end at 19.5; layer 0's reload starts when
+    # layer 2's backward began (17.5), lands at 27.5; its backward ends at 28.5, then 28.75.
+    assert micro_batch_s([1.0] * 3, [1.0] * 3, OffloadPlan(1, 10.0, 1.0),
+                         head=(2.0, 3.0), embed=(0.5, 0.25)) == 28.75
