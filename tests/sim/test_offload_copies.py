@@ -153,3 +153,41 @@ def test_no_host_link_is_refused_in_one_line() -> None:
               if o.stream == Stream.D2H)
     with pytest.raises(ConfigError, match="cpu_offloading_num_layers: the cluster has no host"):
         ComputeModel(exp.cluster.accelerator, exp.profile).duration(op)
+
+
+SMALL = """
+[model]
+layers = 8
+hidden = 4096
+heads = 32
+seq_len = 4096
+vocab = 32000
+ffn = "swiglu"
+ffn_hidden = 11008
+norm = "rmsnorm"
+position = "rope"
+bias = false
+
+[parallel]
+tp = 8
+sp = true
+global_batch = 2
+cpu_offloading_num_layers = 4
+
+[cluster]
+preset = "dgx-h100"
+nodes = 1
+"""
+
+
+def test_report_and_trace_show_the_copies(tmp_path) -> None:
+    """The report renders the copy lanes (a copy has no collective to look up: it failed on
+    the lookup before), and the Chrome trace holds the copy streams."""
+    from sim.cli import main
+    config = tmp_path / "offload.toml"
+    config.write_text(SMALL)
+    report, trace = tmp_path / "step.html", tmp_path / "step.json"
+    assert main(["simulate", str(config), "--report", str(report), "--trace", str(trace)]) == 0
+    assert report.stat().st_size > 0
+    text = trace.read_text()
+    assert "d2h" in text and "h2d" in text
