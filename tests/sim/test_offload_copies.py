@@ -13,7 +13,7 @@ import pytest
 from sim.config import example_path, experiment_from_dict
 from sim.models.host_link import cluster_host_Bps
 from sim.simulate import predict
-from traces.cpu_offload import NVLINK_C2C_BPS, OffloadPlan, micro_batch_s
+from traces.cpu_offload import NVLINK_C2C_BPS, OffloadPlan, micro_batch_s, windows
 from traces.errors import ConfigError
 from traces.ops import Op, Phase, Stream
 from traces.plan import build
@@ -55,20 +55,29 @@ def test_plan_holds_each_copy_with_its_exact_bytes_and_waits() -> None:
     for op in d2h + h2d:
         assert op.size_bytes == size
         assert op.purpose == HostCopy(Unit.of_layer(op.layer), op.stream == Stream.H2D)
+    w = windows(LAYERS, 5)
+    assert w == (1, 3, 5, 6, 7)  # 8 // 5 = 1 layer a window, the first 8 % 5 = 3 two
     index = {id(op): i for i, op in enumerate(ops)}
-    for op in d2h:  # after the layer's last forward op; layer + 2's first forward waits for it
+
+    def compute(mb: int, phase: Phase, layer: int) -> list[int]:
+        return [j for j, o in enumerate(ops) if o.stream == Stream.COMPUTE and
+                o.layer == layer and o.phase is phase and o.microbatch == mb]
+
+    for op in d2h:  # after layer 0's (offload 0) or layer w[j - 1]'s last forward op
+        j, mb = op.layer, op.microbatch
         (dep,) = op.deps
-        assert ops[dep].layer == op.layer and ops[dep].phase is Phase.FWD
-        ahead = next((j for j, o in enumerate(ops) if o.stream == Stream.COMPUTE and
-                      o.layer == op.layer + 2 and o.phase is Phase.FWD and
-                      o.microbatch == op.microbatch), None)
-        if ahead is not None:
-            assert index[id(op)] in ops[ahead].deps
-    for op in h2d:  # the layer's first backward op waits for its reload
-        first = next(j for j, o in enumerate(ops) if o.stream == Stream.COMPUTE and
-                     o.layer == op.layer and o.phase is Phase.BWD and
-                     o.microbatch == op.microbatch)
-        assert index[id(op)] in ops[first].deps
+        assert dep == compute(mb, Phase.FWD, 0 if j == 0 else w[j - 1])[-1]
+        # the compute op after layer w[j]'s forward waits for it
+        nxt = next(i for i in range(compute(mb, Phase.FWD, w[j])[-1] + 1, len(ops))
+                   if ops[i].stream == Stream.COMPUTE)
+        assert index[id(op)] in ops[nxt].deps
+    for op in h2d:  # after the compute op before layer w[j]'s backward
+        j, mb = op.layer, op.microbatch
+        start = compute(mb, Phase.BWD, w[j])[0]
+        gate = max(i for i in range(start) if ops[i].stream == Stream.COMPUTE)
+        assert op.deps == (gate,)
+        waiter = compute(mb, Phase.BWD, w[j - 1] if j else 0)[0]
+        assert index[id(op)] in ops[waiter].deps
 
 
 def test_zero_offload_leaves_the_plan_as_it_was() -> None:

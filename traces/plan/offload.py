@@ -1,26 +1,29 @@
 """Pass: activation CPU offloading's copies (`[parallel] cpu_offloading_num_layers`,
-`traces.cpu_offload`), as Transformer Engine's double-buffered offload handler issues them.
+`traces.cpu_offload`), as Transformer Engine's offload handler issues them.
 
-For each micro-batch and each of the first N layers (those TE offloads, in forward order):
+Megatron-Core's TransformerBlock takes its offload context from Transformer Engine's
+get_cpu_offload_context (AsyncDoubleBufferGroupOffloadHandler, transformer_engine/pytorch/
+cpu_offload_v1.py): the first N layers' saved activations go to host memory on a d2h stream
+and come back on an h2d stream, their syncs spread over the L layers by its `layer_window_map`
+(`traces.cpu_offload.windows`: w). For each micro-batch:
 
-    d2h   after the layer's forward, on stream `d2h`: its stored activations to host memory;
-          the forward of the layer two ahead waits for it (the double buffer frees a slot),
-          and the micro-batch's backward waits for the last of them
-    h2d   on stream `h2d`, in backward order, once the backward of the layer two ahead has
-          begun (for the top two: once the micro-batch's backward has begun): the activations
-          back; the layer's backward waits for it
+    offload j   stream `d2h`: offload 0 after layer 0's forward, offload j + 1 after layer
+                w[j]'s forward (and offload j: one copy at a time); the compute after layer
+                w[j]'s forward (the next layer's, or the output layer's) waits for offload j
+    reload j    stream `h2d`, in backward order: after the compute before layer w[j]'s
+                backward (and reload j + 1); layer w[j]'s backward waits for reload j + 1,
+                layer 0's for reload 0
 
 Each copy carries `activation_bytes_per_layer` (`traces.stored_activations`) and is timed by
-the simulator at the host link's bandwidth (`sim.models.compute`); a copy stream runs one copy
-at a time, so the copies of one direction follow each other. The closed form of the same rules
-is `traces.cpu_offload.micro_batch_s`. Megatron-Core refuses offloading with pipeline
+the simulator at the host link's bandwidth (`sim.models.compute`). The closed form of the same
+rules is `traces.cpu_offload.micro_batch_s`. Megatron-Core refuses offloading with pipeline
 parallelism and recomputation (`traces.cpu_offload.check`), so a rank runs every layer and a
 micro-batch's forward and backward are one action each.
 """
 
 from __future__ import annotations
 
-from traces.cpu_offload import RESIDENT_BUFFER_LAYERS
+from traces.cpu_offload import windows
 from traces.ops import Op, OpKind, Phase, Stream
 from traces.pipeline import Action
 from traces.plan.nodes import Node, Program, RankContext
@@ -35,16 +38,13 @@ def add_cpu_offload(ctx: RankContext, actions: list[Action], program: Program) -
     if not offloaded:
         return program
     size = activation_bytes_per_layer(ctx.model, ctx.layout)
-    layers = ctx.model.layers
-    before: dict[int, list[Node]] = {}  # per micro-batch: its forward's last op and copy
+    w = windows(ctx.model.layers, offloaded)
     out: Program = []
     for nodes, action in zip(program[:-1], actions, strict=True):
         if action.kind == "F":
-            nodes, last = _offloads(nodes, offloaded, size)
-            ends = [n for n in nodes if n.on_compute][-1:]
-            before[action.microbatch] = ends + ([last] if last is not None else [])
+            nodes = _offloads(nodes, w, size)
         elif action.kind == "B":
-            nodes = _reloads(nodes, offloaded, layers, size, before.get(action.microbatch, []))
+            nodes = _reloads(nodes, w, size)
         out.append(nodes)
     return [*out, program[-1]]
 
@@ -57,74 +57,76 @@ def _copy(layer: int, microbatch: int | None, size: float, reload: bool) -> Op:
               size_bytes=size)
 
 
-def _offloads(nodes: list[Node], offloaded: int, size: float) -> tuple[list[Node], Node | None]:
-    """A forward's nodes with a d2h copy after each offloaded layer's last compute op, and the
-    forward of layer i + 2 waiting for layer i's; and the last copy."""
-    last_op: dict[int, Node] = {}
-    first_op: dict[int, Node] = {}
-    for node in nodes:
+def _layer_ends(compute: list[Node], phase: Phase) -> tuple[dict[int, Node], dict[int, Node]]:
+    """Per layer, its first and last compute op of `phase`."""
+    first: dict[int, Node] = {}
+    last: dict[int, Node] = {}
+    for node in compute:
         layer = node.op.layer
-        if node.on_compute and layer is not None and node.op.phase is Phase.FWD:
-            first_op.setdefault(layer, node)
-            last_op[layer] = node
-    copies: dict[int, Node] = {}
-    out: list[Node] = []
-    for node in nodes:
-        out.append(node)
-        layer = node.op.layer
-        if layer is not None and layer < offloaded and last_op.get(layer) is node:
-            copy = Node(_copy(layer, node.op.microbatch, size, False), None, [node])
-            copies[layer] = copy
-            out.append(copy)
-    for layer, copy in copies.items():
-        ahead = first_op.get(layer + RESIDENT_BUFFER_LAYERS)
-        if ahead is not None:
-            ahead.wait_for(copy)
-    return out, (copies[max(copies)] if copies else None)
+        if layer is not None and node.op.phase is phase:
+            first.setdefault(layer, node)
+            last[layer] = node
+    return first, last
 
 
-def _reloads(nodes: list[Node], offloaded: int, layers: int, size: float,
-             before: list[Node]) -> list[Node]:
-    """A backward's nodes with its first compute op waiting for the forward's last d2h copy,
-    an h2d copy of each offloaded layer once the layer two ahead begins its backward (after
-    the compute op before it; the top two: once the backward may begin, after `before`, the
-    forward's last compute op and last copy), and each layer's backward waiting for its copy."""
+def _offloads(nodes: list[Node], w: tuple[int, ...], size: float) -> list[Node]:
+    """A forward's nodes with offload 0 after layer 0's last op, offload j + 1 after layer
+    w[j]'s, and the compute op after layer w[j]'s waiting for offload j."""
     compute = [node for node in nodes if node.on_compute]
-    if not compute:
-        return nodes
-    first_op: dict[int, Node] = {}
-    previous: dict[int, Node] = {}  # id(a layer's first backward op) -> the op before it
-    for prior, node in zip([None, *compute], compute, strict=False):
-        layer = node.op.layer
-        if layer is not None and layer not in first_op:
-            first_op[layer] = node
-            if prior is not None:
-                previous[id(node)] = prior
-    for node in before[1:]:
-        compute[0].wait_for(node)
-    gated: dict[int, list[int]] = {}  # id(gate) -> the layers reloaded once it ends
-    top: list[int] = []  # those reloaded once the backward may begin
-    for layer in reversed(range(min(offloaded, layers))):
-        ahead = first_op.get(layer + RESIDENT_BUFFER_LAYERS)
-        gate = previous.get(id(ahead)) if ahead is not None else None
-        if gate is None:
-            top.append(layer)
-        else:
-            gated.setdefault(id(gate), []).append(layer)
-    microbatch = compute[0].op.microbatch
+    _, last = _layer_ends(compute, Phase.FWD)
+    following = {id(a): b for a, b in zip(compute, compute[1:], strict=False)}
+    after: dict[int, Node] = {}  # id(layer's last op) -> the copy issued after it
+    copies: list[Node] = []
+    for j in range(len(w)):
+        at = last.get(0 if j == 0 else w[j - 1])
+        if at is None:
+            continue
+        copy = Node(_copy(j, at.op.microbatch, size, False), None, [at])
+        after[id(at)] = copy
+        copies.append(copy)
+    for j, window in enumerate(w[:len(copies)]):
+        end = last.get(window)
+        nxt = following.get(id(end)) if end is not None else None
+        if nxt is not None:
+            nxt.wait_for(copies[j])
     out: list[Node] = []
-
-    def reload(layer: int, after: list[Node]) -> None:
-        copy = Node(_copy(layer, microbatch, size, True), None, after)
-        out.append(copy)
-        target = first_op.get(layer)
-        if target is not None:
-            target.wait_for(copy)
-
-    for layer in top:
-        reload(layer, list(before))
     for node in nodes:
         out.append(node)
-        for layer in gated.get(id(node), ()):
-            reload(layer, [node])
+        copy = after.get(id(node))
+        if copy is not None:
+            out.append(copy)
+    return out
+
+
+def _reloads(nodes: list[Node], w: tuple[int, ...], size: float) -> list[Node]:
+    """A backward's nodes with reload j after the compute op before layer w[j]'s first,
+    layer w[j]'s first op waiting for reload j + 1, and layer 0's for reload 0."""
+    compute = [node for node in nodes if node.on_compute]
+    first, _ = _layer_ends(compute, Phase.BWD)
+    before = {id(b): a for a, b in zip(compute, compute[1:], strict=False)}
+    after: dict[int, Node] = {}  # id(gate) -> the reload issued after it
+    leading: list[Node] = []  # reloads with no compute op before their layer's backward
+    reloads: dict[int, Node] = {}
+    for j in reversed(range(len(w))):
+        start = first.get(w[j])
+        if start is None:
+            continue
+        gate = before.get(id(start))
+        copy = Node(_copy(j, start.op.microbatch, size, True), None,
+                    [gate] if gate is not None else None)
+        reloads[j] = copy
+        if gate is None:
+            leading.append(copy)
+        else:
+            after[id(gate)] = copy
+        if j + 1 in reloads:
+            start.wait_for(reloads[j + 1])
+    if 0 in reloads and 0 in first:
+        first[0].wait_for(reloads[0])
+    out: list[Node] = list(leading)
+    for node in nodes:
+        out.append(node)
+        copy = after.get(id(node))
+        if copy is not None:
+            out.append(copy)
     return out
