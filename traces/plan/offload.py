@@ -92,9 +92,9 @@ def _offloads(nodes: list[Node], w: tuple[int, ...], size: float) -> list[Node]:
     out: list[Node] = []
     for node in nodes:
         out.append(node)
-        copy = after.get(id(node))
-        if copy is not None:
-            out.append(copy)
+        issued = after.get(id(node))
+        if issued is not None:
+            out.append(issued)
     return out
 
 
@@ -126,7 +126,7 @@ def _reloads(nodes: list[Node], w: tuple[int, ...], size: float) -> list[Node]:
     out: list[Node] = list(leading)
     for node in nodes:
         out.append(node)
-        copy = after.get(id(node))
-        if copy is not None:
-            out.append(copy)
+        issued = after.get(id(node))
+        if issued is not None:
+            out.append(issued)
     return out
