@@ -200,3 +200,24 @@ def test_report_and_trace_show_the_copies(tmp_path) -> None:
     assert report.stat().st_size > 0
     text = trace.read_text()
     assert "d2h" in text and "h2d" in text
+
+
+def test_copies_run_on_copy_engines_unstretched() -> None:
+    """A slow rank's kernels take longer (`[cluster] jitter`), its host copies do not: they
+    run on the copy engines at the host link's rate, whatever the SMs do."""
+    exp = experiment_from_dict(_config(offload=3, pcie_bandwidth="8GB/s", jitter=0.05))
+    plain = experiment_from_dict(_config(offload=3, pcie_bandwidth="8GB/s"))
+    _, slow = predict(exp)
+    _, ideal = predict(plain)
+    rank = slow.plan.ranks[0]
+    ops = slow.plan.ops[rank]
+    size = activation_bytes_per_layer(exp.model, exp.layout)
+    kernels = [i for i, op in enumerate(ops) if op.stream == Stream.COMPUTE and op.gemm][:1]
+    for i in kernels:  # the kernels are stretched ...
+        assert slow.ends[rank][i] - slow.starts[rank][i] > \
+            1.01 * (ideal.ends[rank][i] - ideal.starts[rank][i])
+    copies = [i for i, op in enumerate(ops) if op.stream in (Stream.D2H, Stream.H2D)]
+    assert len(copies) == 2 * 2 * 3
+    for i in copies:  # ... the copies are not
+        assert slow.ends[rank][i] - slow.starts[rank][i] == pytest.approx(size / 8e9,
+                                                                          rel=1e-12)
