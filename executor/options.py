@@ -53,6 +53,10 @@ def check_supported(model: ModelSpec, layout: Layout, options: RunOptions | None
         raise ConfigError("parallel.recompute_modules: Megatron-Core's per-module "
                           "recomputation and the FP8 activation cache are simulated, not run "
                           "by the executor; leave them out to run")
+    if layout.cpu_offloading_num_layers:
+        raise ConfigError(f"parallel.cpu_offloading_num_layers: "
+                          f"{layout.cpu_offloading_num_layers}: activation offloading's host "
+                          "copies are simulated, not run by the executor; use 0 to run")
     if model.mtp_layers:
         raise ConfigError(f"model.mtp_layers: {model.mtp_layers}: multi-token prediction is "
                           "simulated, not run by the executor; use 0 to run")

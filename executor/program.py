@@ -64,6 +64,7 @@ from traces.purpose import (
     GemmPart,
     GradBucket,
     GradStat,
+    HostCopy,
     Kernel,
     KernelRun,
     MessageGather,
@@ -244,6 +245,9 @@ class _Lowering:
                     raise self.fail(i, "a layer's experts are gathered per use only under "
                                        "ZeRO 3 over an expert-DP group (executor.expert_fsdp)")
                 return ExpertGather(unit.layer, stream)
+            case HostCopy():
+                raise self.fail(i, "activation offload copies are simulated, not run by the "
+                                   "executor (executor.options.check_supported)")
             case ExpertTp():
                 raise self.fail(i, "expert tensor parallelism (etp > 1) is not run by the "
                                    "executor (executor.options.check_supported)")
@@ -254,7 +258,7 @@ class _Lowering:
         purpose = op.purpose
         if purpose is None:
             raise self.fail(i, "an op without a purpose (docs/plan-ops.md) cannot run")
-        if isinstance(purpose, Bench):
+        if isinstance(purpose, Bench | HostCopy):
             return  # refused by its arm
         if isinstance(purpose, KernelRun | GemmChunk) != (op.kind is OpKind.COMPUTE):
             raise self.fail(i, f"a {op.kind} op cannot be a {type(purpose).__name__}")

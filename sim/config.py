@@ -91,10 +91,6 @@ class Experiment:
         check_fp8(self.model, self.cluster.accelerator)
         if self.model.fp8:
             check_recipe_layout(self.model.fp8_recipe, self.model.experts, self.layout.etp)
-        if self.layout.cpu_offloading_num_layers:
-            notes = (*notes, "parallel.cpu_offloading_num_layers: the offloaded activations "
-                     "leave GPU memory, but the copies to and from host memory are not timed "
-                     "yet: the step is as without offload")
         object.__setattr__(self, "warnings", notes)
 
 

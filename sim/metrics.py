@@ -3,7 +3,9 @@
 Per rank, over the step [0, T]: `compute_s` is the time some compute op runs; `exposed_comm_s`
 the time some communication moves data while no compute runs (tensor-parallel collectives on
 the compute stream are always exposed; overlapped gradient reductions are not); `idle_s` the
-rest, T - compute - exposed (the pipeline bubble, waiting for other stages).
+rest, T - compute - exposed (the pipeline bubble, waiting for other stages). Activation offload
+copies (streams `d2h` / `h2d`, `traces.plan.offload`) move data too: they count as
+communication, exposed where no compute runs beside them.
 
 Model FLOPs count one forward and backward of every matmul (Megatron's 72*B*s*l*h^2*(...)
 form); hardware FLOPs are what the GPUs execute, recomputation included (the 96* form under
@@ -26,7 +28,7 @@ from sim.models.memory import MemoryBreakdown
 from topology.cluster import Accelerator, Cluster
 from traces.layout import Layout
 from traces.model import ModelSpec
-from traces.ops import OpKind
+from traces.ops import COPY_STREAMS, OpKind
 from traces.step_flops import model_flops
 
 
@@ -65,6 +67,8 @@ class StepSummary:
 def rank_times(times: StepTimes, layout: Layout | None = None) -> list[RankTime]:
     step = times.step_time_s
     out = []
+    plan_layout = layout or times.plan.meta.layout
+    offloads = bool(plan_layout and plan_layout.cpu_offloading_num_layers)
     for rank in times.plan.ranks:
         # np.array of the lists as they are: an int 0 (the clock before any event) and the
         # floats give the same float64s as ever (and a rank of only int 0s int64s)
@@ -77,6 +81,9 @@ def rank_times(times: StepTimes, layout: Layout | None = None) -> list[RankTime]
         else:  # op.kind is COMPUTE, per op, in C
             is_compute = np.fromiter(map(is_, map(_KIND, ops), repeat(OpKind.COMPUTE)), bool,
                                      len(ops))
+        if offloads:  # the copies are compute-kind ops on their own streams: data movement
+            is_compute &= np.fromiter((op.stream not in COPY_STREAMS for op in ops), bool,
+                                      len(ops))
         busy = _union_length(starts[is_compute], ends[is_compute])
         # |comm outside compute| = |everything| - |compute|
         exposed = _union_length(starts, ends) - busy
@@ -131,6 +138,7 @@ def summarize(model: ModelSpec, layout: Layout, cluster: Cluster, times: StepTim
 
 
 _KIND, _FLOPS = attrgetter("kind"), attrgetter("flops")
+
 
 
 def gemm_peak(model: ModelSpec, accelerator: Accelerator) -> float:

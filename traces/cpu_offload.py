@@ -1,6 +1,7 @@
 """Megatron-Core activation CPU offloading (`--cpu-offloading-num-layers`): the rules Megatron
-enforces, the GPU memory it frees and the bytes it moves, and a two-stream timeline of one
-micro-batch's forward and backward with the offload (D2H) and reload (H2D) transfers.
+enforces, the GPU memory it frees and the bytes it moves, Transformer Engine's copy windows, and
+the closed form of one micro-batch's forward and backward with the offload (D2H) and reload
+(H2D) copies that `traces.plan.offload` puts in the plan.
 
 Rules from Megatron-Core's TransformerConfig.__post_init__ (transformer_config.py): the layer
 count must lie in [0, num_layers); pipeline parallel > 1 and activation recompute are refused.
@@ -85,32 +86,60 @@ def host_link_Bps(accelerator: str, pcie_Bps: float) -> float:
     return NVLINK_C2C_BPS if accelerator.upper().startswith(GRACE_PREFIXES) else pcie_Bps
 
 
-def micro_batch_s(fwd_s: list[float], bwd_s: list[float], plan: OffloadPlan) -> float:
-    """Forward then backward of one micro-batch with the first `plan.layers` layers offloaded.
+def windows(layers: int, offloaded: int) -> tuple[int, ...]:
+    """Transformer Engine's `layer_window_map` (AsyncDoubleBufferGroupOffloadHandler,
+    transformer_engine/pytorch/cpu_offload_v1.py): `w[j]`, the layer after whose forward the
+    compute waits for offload j and offload j + 1 starts, and before whose backward reload j
+    starts; the offloaded layers' copies spread evenly over the `layers` (w[-1] = layers - 1)."""
+    if not offloaded:
+        return ()
+    per, extra = divmod(layers, offloaded)
+    out, constant = [], 0
+    for j in range(offloaded):
+        window = per * (j + 1) - 1
+        if j < extra:
+            constant = j + 1
+            window += j + 1
+        else:
+            window += constant
+        out.append(window)
+    return tuple(out)
 
-    Compute runs on one stream, transfers on another (one per direction). Layer i's D2H starts
-    when its forward ends; forward of layer i + 2 waits for layer i's D2H (the double buffer
-    must free a slot). Reloads run in backward order, one buffer ahead: layer i's H2D may start
-    once layer i + 2's backward has begun, and layer i's backward waits for its H2D.
+
+def micro_batch_s(fwd_s: list[float], bwd_s: list[float], plan: OffloadPlan,
+                  head: tuple[float, float] = (0.0, 0.0),
+                  embed: tuple[float, float] = (0.0, 0.0)) -> float:
+    """Forward then backward of one micro-batch with the first `plan.layers` layers offloaded:
+    the closed form of the plan's copies (`traces.plan.offload`), which the simulator must equal.
+
+    Compute runs on one stream, offloads on a second, reloads on a third, as Transformer
+    Engine's handler issues them (`windows`: w). `embed` is the compute before the first
+    layer's forward and after its backward, `head` the output layer's forward and backward
+    between the layers' two passes. Offload 0 starts when layer 0's forward ends; after layer
+    w[j]'s forward the compute waits for offload j, and offload j + 1 starts. Before layer
+    w[j]'s backward the compute waits for reload j + 1, and reload j starts; layer 0's
+    backward waits for reload 0.
     """
-    n, t, k = len(fwd_s), 0.0, plan.transfer_s
-    d2h_end = [0.0] * n
-    link = 0.0
+    n, k = len(fwd_s), plan.transfer_s
+    w = windows(n, plan.layers)
+    t, j, d2h = embed[0], 0, 0.0
     for i, f in enumerate(fwd_s):
-        if i >= RESIDENT_BUFFER_LAYERS and i - RESIDENT_BUFFER_LAYERS < plan.layers:
-            t = max(t, d2h_end[i - RESIDENT_BUFFER_LAYERS])
         t += f
-        if i < plan.layers:
-            link = max(link, t) + k
-            d2h_end[i] = link
-    t = max(t, link)  # the last offloads land before backward may reload them
-    h2d, start, bwd_start = t, t, [0.0] * n
+        if i == 0 and w:
+            d2h = t + k
+        if j < len(w) and w[j] == i:
+            t = max(t, d2h)
+            if j + 1 < len(w):
+                d2h = t + k
+            j += 1
+    t += head[0] + head[1]
+    h2d, j = 0.0, len(w)
     for i in reversed(range(n)):
-        if i < plan.layers:
-            ahead = i + RESIDENT_BUFFER_LAYERS
-            gate = bwd_start[ahead] if ahead < n else start
-            h2d = max(h2d, gate) + k
+        if j and w[j - 1] == i:
+            t = max(t, h2d)  # reload j landed (0 before the first)
+            h2d = t + k
+            j -= 1
+        if i == 0 and w:
             t = max(t, h2d)
-        bwd_start[i] = t
         t += bwd_s[i]
-    return t
+    return t + embed[1]

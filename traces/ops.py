@@ -20,7 +20,8 @@ from traces.header import TraceMeta
 from traces.kinds import COLLECTIVES, OpKind
 from traces.purpose import Purpose
 
-__all__ = ["COLLECTIVES", "Op", "OpKind", "Phase", "Purpose", "Stream", "Trace", "op_row", "stamp",
+__all__ = ["COLLECTIVES", "COPY_STREAMS", "Op", "OpKind", "Phase", "Purpose", "Stream", "Trace",
+           "op_row", "stamp",
            "stamp_phase"]
 
 
@@ -37,6 +38,8 @@ class Stream(StrEnum):
     tp_comm                  with tp_comm_overlap: the chunked TP collectives beside the GEMM chunks
     *_v                      zbv: the same four for the V's second leg (its own peers and order)
     ep_comm                  with overlap_moe_comm: MoE's dispatch and combine all-to-alls
+    d2h / h2d                with cpu_offloading_num_layers: activation copies to the host and
+                             back (Transformer Engine's two copy streams, `traces.plan.offload`)
     """
 
     COMPUTE = "compute"
@@ -55,6 +58,12 @@ class Stream(StrEnum):
     RECV_NEXT_V = "recv_next_v"
     SEND_PREV_V = "send_prev_v"
     EP_COMM = "ep_comm"
+    D2H = "d2h"
+    H2D = "h2d"
+
+
+COPY_STREAMS = frozenset({Stream.D2H, Stream.H2D})
+"""The streams of host copies: copy engines move their bytes, no SMs run them."""
 
 
 class Phase(StrEnum):

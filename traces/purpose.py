@@ -333,6 +333,16 @@ class ExpertUnitGather:
 
 
 @dataclass(frozen=True, slots=True)
+class HostCopy:
+    """Activation CPU offloading (`traces.plan.offload`): one layer's stored activations of a
+    micro-batch copied to host memory after its forward (`reload` False, stream `d2h`) or back
+    before its backward (`reload` True, stream `h2d`), `size_bytes` over the host link."""
+
+    unit: Unit
+    reload: bool
+
+
+@dataclass(frozen=True, slots=True)
 class Bench:
     """An op of the microbenchmarks (traces.bench) that is not a plan kernel."""
 
@@ -342,6 +352,6 @@ class Bench:
 Purpose = (KernelRun | TpSite | MessageGather | CrossEntropyStat | SpGrads | GradBucket
            | UnitGather | UnitGradReduce | ParamGather | EmbeddingGrads | GradStat | PipeMessage
            | AmaxReduction | CpRing | CpGather | Bench | GemmChunk | TpChunk | ExpertAllToAll
-           | ExpertTp | ExpertGrads | ExpertParamGather | ExpertUnitGather)
+           | ExpertTp | ExpertGrads | ExpertParamGather | ExpertUnitGather | HostCopy)
 PURPOSES: tuple[type, ...] = Purpose.__args__  # type: ignore[attr-defined]
 """Every purpose type (a test checks each has an interpretation)."""

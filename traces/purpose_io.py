@@ -37,6 +37,7 @@ from traces.purpose import (
     GemmPart,
     GradBucket,
     GradStat,
+    HostCopy,
     Kernel,
     KernelRun,
     MessageGather,
@@ -66,6 +67,7 @@ TYPES: dict[str, type] = {
     "bench": Bench, "gemm_chunk": GemmChunk, "tp_chunk": TpChunk,
     "expert_all_to_all": ExpertAllToAll, "expert_tp": ExpertTp, "expert_grads": ExpertGrads,
     "expert_params": ExpertParamGather, "expert_unit_gather": ExpertUnitGather,
+    "host_copy": HostCopy,
 }
 assert set(TYPES.values()) == set(PURPOSES), "every purpose has a JSON type"
 _TYPE_OF = {cls: name for name, cls in TYPES.items()}

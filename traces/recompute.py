@@ -17,7 +17,7 @@ the SwiGLU operator and recompute its output in the backward pass"):
 
 "mlp", "moe" and "shared_experts" (normal checkpointing of a whole submodule) are refused.
 The recomputed kernels run again before the layer's backward (`recomputed_kernels`); the bytes
-they spare are `sim.models.saved_activations`'.
+they spare are `traces.saved_activations`'.
 
 `fp8_activation_cache` (DeepSeek-V3 §3.3.2, "Low-Precision Storage"; Transformer Engine's FP8
 linears save their quantized input unless `save_original_input`): every linear layer's input is

@@ -53,7 +53,7 @@ from traces.errors import ConfigError
 from traces.header import check_fold_ranks
 from traces.identity import Partition
 from traces.nogc import paused_gc
-from traces.ops import Op, Trace
+from traces.ops import COPY_STREAMS, Op, Trace
 
 Progress = Callable[[int, int], None]
 """Called now and then with (ops finished, ops in all); the command line draws the bar."""
@@ -222,6 +222,8 @@ class _Replay:
         busy, base = occupancy.busy, occupancy.base[rank]
         # where kernels notice communication, this stream's kernel step for re-timing
         slot = occupancy.running.slot(rank) if occupancy.running is not None else None
+        if steps and steps[0][2].stream in COPY_STREAMS:  # host copies run on copy engines:
+            kernel, scale, kernel_scale, slot = timeout, {rank: 1.0}, None, None  # no SMs
         arrive, progress = self.meetings.arrive, self.progress
         kept = self.kept.get(rank)
         cursor = self.cursors.get(rank)

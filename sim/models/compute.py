@@ -25,7 +25,8 @@ stack may launch several for one op, or none: `launches`). A measured op (one wi
 from a real run) keeps its measured duration. A plan's op is costed as its kernel (its
 purpose's, `traces.purpose.KernelRun`), which the profile may tune; an op imported from
 elsewhere (no purpose) by its name. A GEMM chunk of tp_comm_overlap (`GemmChunk`, in any
-phase) is one GEMM of its own shape: a fraction of the tokens of one product.
+phase) is one GEMM of its own shape: a fraction of the tokens of one product. An activation
+offload copy (`HostCopy`) takes its bytes over the host link (`host_Bps`).
 """
 
 from __future__ import annotations
@@ -36,8 +37,9 @@ from math import ceil
 
 from sim.profile import Profile
 from topology.cluster import Accelerator
+from traces.errors import ConfigError
 from traces.ops import Op, Phase
-from traces.purpose import GemmChunk, KernelRun
+from traces.purpose import GemmChunk, HostCopy, KernelRun
 
 PHILOX_INT_OPS_PER_DRAW = 20.0
 """32-bit integer instructions per random draw of PyTorch's, Megatron-LM's and
@@ -58,8 +60,12 @@ class ComputeModel:
     """Kernel durations for one accelerator and profile, cached per distinct kernel."""
 
     def __init__(self, accelerator: Accelerator, profile: Profile,
-                 launches: Mapping[tuple[str, bool], int] | None = None) -> None:
+                 launches: Mapping[tuple[str, bool], int] | None = None,
+                 host_Bps: float = 0.0) -> None:
         self.accelerator = accelerator
+        self.host_Bps = host_Bps
+        """The host link per direction that times activation offload copies (`HostCopy`:
+        `sim.models.host_link`); 0: none known, and a copy is refused."""
         self.profile = profile
         self.launches = launches or {}
         """Device kernels per (kernel, backward) where the model's software stack states them
@@ -84,6 +90,8 @@ class ComputeModel:
                     and mem_bytes == op.mem_bytes and draws == op.draws and gemm == op.gemm
                     and dtype == op.dtype and (purpose is not None or name == op.name)):
                 return seconds  # type: ignore[return-value]
+        if type(purpose) is HostCopy:
+            return self.copy_seconds(op)
         seconds = self._keyed(op)
         self._last[id(purpose)] = (purpose, op.phase, op.flops, op.mem_bytes, op.draws, op.gemm,
                                    op.dtype, op.name, seconds)
@@ -99,12 +107,23 @@ class ComputeModel:
                 draws=op.draws)
         return seconds
 
+    def copy_seconds(self, op: Op) -> float:
+        """An activation offload copy (`HostCopy`): its bytes over the host link, one
+        direction (a copy stream holds one copy at a time; PCIe and NVLink-C2C are full
+        duplex, so the other direction's copies do not share it)."""
+        if self.host_Bps <= 0:
+            raise ConfigError("parallel.cpu_offloading_num_layers: the cluster has no host "
+                              "link (PCIe or NVLink-C2C) to time the offload copies on")
+        return op.size_bytes / self.host_Bps
+
     def shared_duration(self, op: Op, units: int, hbm_fraction: float) -> float:
         """`duration(op)` on `units` of the accelerator's compute units and `hbm_fraction` of
         its HBM bandwidth: the op beside communication that holds the rest
         (`sim.models.interference.GpuInterference`). A measured op keeps its duration."""
         if op.start is not None and op.end is not None:
             return op.end - op.start
+        if type(op.purpose) is HostCopy:  # the copy engines: no SMs, no HBM share to lose
+            return self.copy_seconds(op)
         key = (*_kernel_key(op), units, hbm_fraction)
         seconds = self._cache.get(key)
         if seconds is None:

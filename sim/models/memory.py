@@ -23,16 +23,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from sim.models.activation_memory import (
-    GELU_MLP_TERM,
-    activation_bytes_per_layer,
-    activation_terms,
-    chunk_bytes,
-    held_after,
-    latent_term,
-    peak_in_flight,
-    per_pass,
-)
+from sim.models.activation_memory import chunk_bytes, held_after, peak_in_flight, per_pass
 from sim.models.moe_memory import expert_shards
 from sim.models.working_memory import (
     LOGITS_BYTES,
@@ -49,6 +40,12 @@ from traces.layout import Layout
 from traces.model import ModelSpec
 from traces.pipeline import Action, ActionSchedule, layout_schedule
 from traces.recompute import optimizer_bytes
+from traces.stored_activations import (
+    GELU_MLP_TERM,
+    activation_bytes_per_layer,
+    activation_terms,
+    latent_term,
+)
 from traces.zero_bubble import frees_at
 
 __all__ = [

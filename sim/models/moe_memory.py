@@ -18,18 +18,18 @@
                             routing map T·E (A kept assignments of the rank's T tokens, R the
                             tokens its experts process, `traces.moe`); recompute_modules'
                             moe_act and the FP8 activation cache shrink the experts' terms
-                            (`sim.models.saved_activations.moe_mlp_terms`)
+                            (`traces.saved_activations.moe_mlp_terms`)
 """
 
 from __future__ import annotations
 
-from sim.models.saved_activations import mlp_saving, moe_mlp_terms
 from traces.expert_grid import expert_grad_degree
 from traces.layout import Layout, Recompute
 from traces.model import ModelSpec
 from traces.moe import ExpertShard, local_expert_tokens, rank_tokens
 from traces.moe_probs import combine_saved_bytes
 from traces.moe_spec import expert_counts, expert_params, is_moe_layer
+from traces.saved_activations import mlp_saving, moe_mlp_terms
 
 GELU_MLP_TERM = 16  # as sim.models.memory's
 

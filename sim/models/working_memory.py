@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 
-from sim.models.activation_memory import activation_bytes_per_layer
 from sim.models.deepep_buffers import deepep_buffer_bytes
 from sim.models.hybridep_buffers import hybridep_layout_bytes
 from sim.models.moe_memory import expert_params_on_rank, moe_activation_delta, rank_layers
@@ -18,6 +17,7 @@ from traces import op_sac
 from traces.fsdp import GradSync
 from traces.layout import Layout, Recompute
 from traces.model import ModelSpec
+from traces.stored_activations import activation_bytes_per_layer
 
 LOGITS_BYTES = 4
 """The cross-entropy reads fp32 logits (Korthikanti et al. 2022, §4.3)."""
@@ -42,7 +42,7 @@ def working_bytes(model: ModelSpec, layout: Layout, pp_rank: int,
                      0.0)
     if layout.recompute_modules:
         # The layer re-run in backward re-creates what its modules discarded (its busiest
-        # MoE layer's with moe_act), beside what it kept (`sim.models.saved_activations`).
+        # MoE layer's with moe_act), beside what it kept (`traces.saved_activations`).
         kept = dataclasses.replace(layout, recompute=Recompute.NONE, recompute_modules=())
         moe = max((moe_activation_delta(model, kept, i) - moe_activation_delta(model, layout, i)
                    for i in rank_layers(model, layout, pp_rank)), default=0.0)

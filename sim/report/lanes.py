@@ -23,6 +23,7 @@ from sim.report.timeline import TP_LANE, Lane
 from sim.report.words import Words
 from traces.chrome import binary_size
 from traces.ops import Stream
+from traces.purpose import HostCopy
 
 ROW_PX = 22
 
@@ -83,16 +84,24 @@ def _row_label(words: Words, lane: Lane) -> str:
 
 def _what(times: StepTimes, comm: CommIndex, lane: Lane, spec: BinnedSpec,
           seen: dict[str, int]) -> np.ndarray:
-    """Per op of a communication lane, the index of its description in `spec.what`."""
+    """Per op of a communication lane (or a host copy lane), the index of its description in
+    `spec.what`."""
     ops = times.plan.ops[lane.rank]
     index = []
     for i in lane.ops:
-        info = comm.info(lane.rank, int(i), ops[int(i)])
-        text = (f"{info.carries} · {info.kind} · {binary_size(info.size_bytes)} · "
-                f"{info.group_size} ranks · {info.algo}")
+        op = ops[int(i)]
+        if isinstance(op.purpose, HostCopy):  # no collective: the host link's bytes
+            text = (f"{op.name} of a layer's activations · {binary_size(op.size_bytes)} · "
+                    "host link")
+            moved = op.size_bytes
+        else:
+            info = comm.info(lane.rank, int(i), op)
+            text = (f"{info.carries} · {info.kind} · {binary_size(info.size_bytes)} · "
+                    f"{info.group_size} ranks · {info.algo}")
+            moved = info.factor * info.size_bytes
         if text not in seen:
             seen[text] = len(spec.what)
-            spec.what.append([text, info.factor * info.size_bytes])
+            spec.what.append([text, moved])
         index.append(seen[text])
     return np.asarray(index)
 

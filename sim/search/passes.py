@@ -155,11 +155,13 @@ def reduced_layout(layout: Layout) -> Layout:
         dp = max(dp, need // math.gcd(need, layout.tp * layout.cp))
     # one layer a stage: the keys that place layers on stages back at their even default;
     # the EP all-to-alls inline (overlap_moe_comm's pairs need interleaving at pp > 1): the
-    # screen costs them exposed, an upper bound the full simulation then lowers
+    # screen costs them exposed, an upper bound the full simulation then lowers; no offload
+    # copies (the full simulation times them)
     return dataclasses.replace(layout, pp=pp, dp=dp, vp=1, schedule=Schedule.ONE_F_ONE_B,
                                global_batch=2 * layout.micro_batch * dp,
                                account_for_embedding=False, account_for_loss=False,
-                               pipeline_layout="", overlap_moe_comm=False)
+                               pipeline_layout="", overlap_moe_comm=False,
+                               cpu_offloading_num_layers=0)
 
 
 def pass_ops(model: ModelSpec, layout: Layout) -> PassOps:

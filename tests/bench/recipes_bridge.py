@@ -20,13 +20,13 @@ the 70B and 405B recipes build `CommOverlapConfig(tp_comm_overlap=True, ...)` wi
 config per GPU (src/megatron/bridge/recipes/llama/llama3.py llama3_70b_pretrain_config,
 llama31_405b_pretrain_config), the 8B scripts `tp_comm_overlap=bool(tp > 1)`; the distributed
 optimizer's gradient reduce-scatter and parameter all-gather overlapped (`_pretrain_common`:
-ddp.overlap_grad_reduce and ddp.overlap_param_gather True). Recipe details parasim has no key for
-(CUDA graphs, CPU offloading of some layers, recompute of 5 layers on the H100 8B row) are not
-modelled. What they change, by a stored version of the performance scripts' Llama 3 presets
+ddp.overlap_grad_reduce and ddp.overlap_param_gather True). Recipe details parasim has no key
+for (CUDA graphs, recompute of 5 layers on the H100 8B row) are not modelled. What they and
+CPU offloading change, by a stored version of the performance scripts' Llama 3 presets
 (LLAMA3_70B_GB200_FP8_CS_BASE_CONFIG and its neighbours; that version states GBS 128 for 70B,
 not the tables' 256): the 70B FSDP rows offload the activations of 40 of 80 layers to Grace
-memory on GB200 and 20 on GB300 (cpu_offloading_num_layers: these rows set it; parasim models
-the memory it frees, not yet the D2H/H2D time, and finds neither fits even so), and the GB200
+memory on GB200 and 20 on GB300 (cpu_offloading_num_layers: these rows set it; parasim times
+the copies over NVLink-C2C, hidden under compute, and finds neither fits even so), and the GB200
 8B FP8-CS row runs without the full-iteration CUDA graph that the B200, GB300 and GB200 MXFP8
 rows capture: both are GB200's costs that these rows cannot state. 405B rows split 126
 layers + embedding + loss evenly over PP x VP chunks (account_for_embedding /

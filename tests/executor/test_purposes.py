@@ -26,6 +26,7 @@ from traces.purpose import (
     Bench,
     BenchRole,
     ExpertTp,
+    HostCopy,
 )
 
 MOE_RUN = {"moe ep sp skewed": dict(tp=2, sp=True, dp=2, ep=2, global_batch=4),
@@ -34,11 +35,13 @@ MOE_RUN = {"moe ep sp skewed": dict(tp=2, sp=True, dp=2, ep=2, global_batch=4),
 """MoE layouts the executor runs (routed experts only, skewed: grouped GEMMs in several
 ops; ZeRO 1 and 3 over an expert-DP group of 2: the experts' gathers after the step and
 per use), beside tests/traces/test_purpose.py's, which use expert TP."""
-EXECUTABLE = [name for name in LAYOUTS if name != "llama fp8" and not name.startswith("moe")]
+EXECUTABLE = [name for name in LAYOUTS if name not in ("llama fp8", "cpu offload")
+              and not name.startswith("moe")]
 EXECUTABLE += list(MOE_RUN)
 """Layouts whose plans hold every purpose but the benchmarks' and FP8's
-(tests/traces/test_purpose.py): the executor refuses fp8 (`executor.runtime.fp8_refusal`) and
-expert tensor parallelism (`executor.options.check_moe_supported`)."""
+(tests/traces/test_purpose.py): the executor refuses fp8 (`executor.runtime.fp8_refusal`),
+activation offloading's host copies (`executor.options.check_supported`) and expert tensor
+parallelism (`executor.options.check_moe_supported`)."""
 MOE_ONLY = {ExpertTp}
 
 
@@ -77,7 +80,7 @@ def test_every_purpose_a_plan_holds_has_a_call_and_every_call_a_runtime_operatio
         for rank, ops in plan.ops.items():
             for op, call in zip(ops, lower(plan, model, layout, rank).calls):
                 seen.setdefault(type(op.purpose), set()).add(type(call))
-    assert set(seen) == set(PURPOSES) - {Bench, AmaxReduction} - MOE_ONLY
+    assert set(seen) == set(PURPOSES) - {Bench, AmaxReduction, HostCopy} - MOE_ONLY
     assert set().union(*seen.values()) == set(CALLS)
 
     class Runtime:  # every operation a bound call may name, recording it
@@ -105,3 +108,14 @@ def test_a_benchmark_op_in_a_plan_is_refused_before_running():
     ops[0] = Op(kind=OpKind.COMPUTE, stream="compute", purpose=Bench(BenchRole.GAP))
     with pytest.raises(ConfigError, match="rank 0 op 0 .*runs in executor.bench"):
         lower(dataclasses.replace(plan, ops={**plan.ops, 0: tuple(ops)}), model, layout, 0)
+
+
+def test_offload_copies_are_refused_in_one_line():
+    """The executor runs no host copies: the run is refused before it starts, and a plan
+    holding them fails at its first copy, naming it."""
+    from executor.options import check_supported
+    model, layout = _specs("cpu offload")
+    with pytest.raises(ConfigError, match="cpu_offloading_num_layers: 2: .* simulated, not run"):
+        check_supported(model, layout)
+    with pytest.raises(ConfigError, match="offload fwd L0 mb0.*simulated, not run"):
+        lower(build(model, layout), model, layout, 0)

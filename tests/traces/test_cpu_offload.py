@@ -3,7 +3,14 @@ two-stream timeline that can only lengthen a micro-batch."""
 
 import pytest
 
-from traces.cpu_offload import NVLINK_C2C_BPS, OffloadPlan, check, host_link_Bps, micro_batch_s
+from traces.cpu_offload import (
+    NVLINK_C2C_BPS,
+    OffloadPlan,
+    check,
+    host_link_Bps,
+    micro_batch_s,
+    windows,
+)
 from traces.errors import ConfigError
 
 
@@ -44,10 +51,21 @@ def test_no_offload_is_plain_compute() -> None:
 
 
 def test_slow_link_exposes_transfers_exactly() -> None:
-    # layer 0 offloads in 10 s: layer 2's forward waits for it (t = 11 + 1 = 12); backward of
-    # layers 2 and 1 ends at 14; layer 0's reload starts when layer 2's backward began (12)
-    # and lands at 22; its backward ends at 23.
-    assert micro_batch_s([1.0] * 3, [1.0] * 3, OffloadPlan(1, 10.0, 1.0)) == 23.0
+    # one of three layers offloaded, its window w[0] = 2: layer 0's copy (10 s) starts at 1,
+    # the compute after layer 2's forward waits for it (11); layer 2's backward starts the
+    # reload (11 -> 21), layers 2 and 1 end at 13, layer 0's backward waits for the reload
+    # and ends at 22.
+    assert micro_batch_s([1.0] * 3, [1.0] * 3, OffloadPlan(1, 10.0, 1.0)) == 22.0
+
+
+def test_windows_are_transformer_engines() -> None:
+    """`layer_window_map` of AsyncDoubleBufferGroupOffloadHandler (cpu_offload_v1.py):
+    (L // N)(j + 1) - 1, plus j + 1 for the first L % N groups and L % N after them."""
+    assert windows(80, 40) == tuple(range(1, 80, 2))
+    assert windows(80, 20) == tuple(range(3, 80, 4))
+    assert windows(8, 7) == (1, 2, 3, 4, 5, 6, 7)
+    assert windows(10, 3) == (3, 6, 9)
+    assert windows(10, 0) == ()
 
 
 @pytest.mark.parametrize("layers", [0, 1, 2, 5, 11])
@@ -102,9 +120,18 @@ def test_config_bounds() -> None:
         experiment_from_dict(_example(cpu_offloading_num_layers=80))
 
 
-def test_untimed_offload_is_said_in_a_warning() -> None:
-    """Memory follows the key but the step does not yet: the user is told, the plain job not."""
+def test_timed_offload_warns_nothing() -> None:
+    """The copies are plan ops now (tests/sim/test_offload_copies.py): no "not timed" note."""
     from sim.config import experiment_from_dict
     assert not any("offload" in w for w in experiment_from_dict(_example()).warnings)
     off = experiment_from_dict(_example(cpu_offloading_num_layers=40))
-    assert any("not timed" in w for w in off.warnings)
+    assert not any("offload" in w for w in off.warnings)
+
+
+def test_head_and_embedding_shift_the_closed_form_exactly() -> None:
+    # As test_slow_link_exposes_transfers_exactly with an embedding of (0.5, 0.25) and a head
+    # of (2, 3): layer 0's copy runs 1.5 -> 11.5, the head waits for it and ends at 16.5;
+    # the reload runs 16.5 -> 26.5, layers 2 and 1 end at 18.5, layer 0's backward waits
+    # for the reload and ends at 27.5, the embedding's at 27.75.
+    assert micro_batch_s([1.0] * 3, [1.0] * 3, OffloadPlan(1, 10.0, 1.0),
+                         head=(2.0, 3.0), embed=(0.5, 0.25)) == 27.75

@@ -19,7 +19,7 @@ from traces.layout import Layout
 from traces.model import ModelSpec
 from traces.ops import OpKind, Trace
 from traces.plan import build
-from traces.purpose import PURPOSES, Bench, GemmChunk, Kernel, KernelRun, Purpose
+from traces.purpose import PURPOSES, Bench, GemmChunk, HostCopy, Kernel, KernelRun, Purpose
 from traces.purpose_io import TYPES, decode, encode
 
 MODEL = ModelSpec(layers=4, hidden=64, heads=4, seq_len=32, vocab=128)
@@ -48,6 +48,7 @@ LAYOUTS = {
     "moe ep etp": dict(tp=2, sp=True, dp=2, ep=2, etp=2, global_batch=4),
     "moe ep zero1": dict(tp=2, sp=True, dp=2, ep=2, zero=1, global_batch=4),
     "moe ep zero3": dict(dp=4, ep=2, zero=3, global_batch=4),
+    "cpu offload": dict(tp=2, global_batch=2, cpu_offloading_num_layers=2),
 }
 MOE = dict(ffn="swiglu", ffn_hidden=96, experts=4, top_k=2, moe_ffn_hidden=32,
            shared_experts=1, dense_layers=1)
@@ -101,7 +102,7 @@ def test_every_op_of_a_plan_states_its_purpose_and_compute_ops_their_kernel(name
     for ops in plan.ops.values():
         for op in ops:
             assert op.purpose is not None, op
-            assert isinstance(op.purpose, KernelRun | GemmChunk) == \
+            assert isinstance(op.purpose, KernelRun | GemmChunk | HostCopy) == \
                 (op.kind is OpKind.COMPUTE)
             if isinstance(op.purpose, KernelRun | GemmChunk):
                 assert op.name == op.purpose.kernel  # the label is the kernel's

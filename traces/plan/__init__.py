@@ -17,6 +17,7 @@ small passes, each a function over the list of ops being built (`traces.plan.nod
     optimizer.add_optimizer        tied-embedding all-reduce, optimizer step, ZeRO-1/2 gathers
     fp8.add_fp8                    FP8: amax reductions (delayed scaling), the weights' cast
     moe_overlap.overlap_moe_comm   overlap_moe_comm: EP all-to-alls on their stream, pairs merged
+    offload.add_cpu_offload        cpu_offloading_num_layers: activation copies to host and back
 
 and `nodes.finalize` numbers the result into the rank's op tuple. See docs/plan-ops.md for the
 ops and streams, and each pass's docstring for what it adds.
@@ -52,6 +53,7 @@ from traces.plan.experts import add_expert_grads, add_expert_parallel
 from traces.plan.fp8 import add_fp8
 from traces.plan.moe_overlap import overlap_moe_comm
 from traces.plan.nodes import Program, RankContext, finalize
+from traces.plan.offload import add_cpu_offload
 from traces.plan.optimizer import add_optimizer
 from traces.plan.p2p import add_pipeline_p2p
 from traces.plan.tensor import add_tensor_parallel
@@ -195,7 +197,8 @@ def lower_rank(model: ModelSpec, layout: Layout, rank: int, actions: list[Action
                 lambda p: add_expert_grads(ctx, actions, p),
                 lambda p: add_optimizer(ctx, p, actions),
                 lambda p: add_fp8(ctx, actions, p),
-                lambda p: overlap_moe_comm(ctx, actions, p)):
+                lambda p: overlap_moe_comm(ctx, actions, p),
+                lambda p: add_cpu_offload(ctx, actions, p)):
         nodes = add(nodes)
         if budget is not None:
             grown = _size(nodes)

@@ -1,5 +1,5 @@
 """What `recompute_modules` and `fp8_activation_cache` (`traces.recompute`) take off a layer's
-stored activations, in the terms of `sim.models.memory.activation_terms` (bytes per s·b·h,
+stored activations, in the terms of `traces.stored_activations.activation_terms` (bytes per s·b·h,
 2-byte values):
 
     replicated  layernorm: the two norms' outputs, qkv's (mla_down's) and fc1's inputs, 2 + 2;
