@@ -46,9 +46,11 @@ GELU_FC2_VALUES = 4
 def te_fp8(model: ModelSpec, layout: Layout) -> bool:
     """Whether TE's FP8 saving applies: FP8 GEMMs on the fused (Megatron-Core / TE) stack,
     without `fp8_activation_cache` (which states DeepSeek's own rule) or latent attention.
-    torchao (`kernels = "compiled"` / "eager") saves the bf16 input and casts again."""
-    return (model.fp8 and model.kernels == "fused" and not layout.fp8_activation_cache
-            and not model.mla)
+    torchao (`kernels = "compiled"` / "eager", and its "rowwise" recipe on any stack) saves
+    the bf16 input and casts again in backward (float8_linear.py's
+    matmul_with_hp_or_float8_args saves input_hp)."""
+    return (model.fp8 and model.kernels == "fused" and model.fp8_recipe != "rowwise"
+            and not layout.fp8_activation_cache and not model.mla)
 
 
 def te_fp8_mlp(model: ModelSpec, layout: Layout) -> float:

@@ -64,6 +64,7 @@ def test_torchao_stacks_keep_the_bf16_count():
     # torchao's float8 linear saves its bf16 input and casts again in backward
     for kernels in ("compiled", "eager"):
         assert per_sbh(fp8("tensorwise", kernels=kernels)) == 23
+    assert per_sbh(fp8("rowwise")) == 23  # torchao's recipe
 
 
 def test_gelu_fc2_input_in_fp8():
