@@ -15,12 +15,16 @@ stored activations, in the terms of `traces.stored_activations.activation_terms`
 DeepSeek-V3 §3.3.2 keeps the attention output feeding the output projection in E5M6 (12
 bits, "sensitive to precision") and caches the MoE SwiGLU's inputs in FP8; the other
 activations it names (norm inputs, the residual stream, the router's scores) stay as they are.
+
+Transformer Engine's FP8 (`dtype = "fp8"`, `kernels = "fused"`, without the cache key; `te_fp8`)
+saves what its modules save, whatever the key says (`traces.te_fp8_memory`).
 """
 
 from __future__ import annotations
 
 from traces.layout import Layout
 from traces.model import ModelSpec
+from traces.te_fp8_memory import te_fp8, te_fp8_mlp, te_fp8_terms
 
 GELU_FC2_TERM = 8
 """A GeLU MLP's fc2 input per s·b·h, half of memory's literal GELU_MLP_TERM (f = 4h)."""
@@ -32,6 +36,8 @@ def saving_terms(model: ModelSpec, layout: Layout) -> tuple[float, float, float]
     """(replicated, split, latent) bytes per s·b·h the options spare (module docstring); zeros
     without them."""
     modules, fp8 = layout.recompute_modules, layout.fp8_activation_cache
+    if te_fp8(model, layout):
+        return te_fp8_terms(model, layout)
     if not fp8 and not {"layernorm", "mla_up_proj"} & set(modules):
         return 0.0, 0.0, 0.0
     h = model.hidden
@@ -51,6 +57,8 @@ def saving_terms(model: ModelSpec, layout: Layout) -> tuple[float, float, float]
 
 def mlp_saving(model: ModelSpec, layout: Layout) -> float:
     """The dense MLP's share of the split saving: fc2's input in FP8."""
+    if te_fp8(model, layout):
+        return te_fp8_mlp(model, layout)
     if not layout.fp8_activation_cache:
         return 0.0
     return model.ffn_hidden / model.hidden if model.ffn == "swiglu" else GELU_FC2_TERM / 2

@@ -36,8 +36,9 @@ def activation_terms(model: ModelSpec) -> tuple[float, float]:
     With dropout = 0 (`ModelSpec.dropout`) the two masks go:
     8 + 24 = 32. Rotary embedding keeps nothing (its backward is the inverse
     rotation of a fixed table); RMSNorm keeps its input as LayerNorm does; FP8 models are
-    counted at these bf16 sizes. A context-parallel rank holds 1/cp of the sequence: both
-    terms divide by cp."""
+    counted at these bf16 sizes here, and `saved_activations.saving_terms` takes off (or
+    adds) what FP8 changes (Transformer Engine's rule: `traces.te_fp8_memory`). A
+    context-parallel rank holds 1/cp of the sequence: both terms divide by cp."""
     mlp = 6 * model.ffn_hidden / model.hidden if model.ffn == "swiglu" else GELU_MLP_TERM
     replicated = 10 if model.dropout else 8
     if model.mla:  # Q, K of a(d + r) and V, O of a·d_v, 2 bytes each: all full size

@@ -26,7 +26,9 @@ CPU offloading change, by a stored version of the performance scripts' Llama 3 p
 (LLAMA3_70B_GB200_FP8_CS_BASE_CONFIG and its neighbours; that version states GBS 128 for 70B,
 not the tables' 256): the 70B FSDP rows offload the activations of 40 of 80 layers to Grace
 memory on GB200 and 20 on GB300 (cpu_offloading_num_layers: these rows set it; parasim times
-the copies over NVLink-C2C, hidden under compute, and finds neither fits even so), and the GB200
+the copies over NVLink-C2C, hidden under compute; with Transformer Engine's FP8 saved inputs
+counted, traces/te_fp8_memory.py, GB300's fit, 272 of 288 GB, GB200's still not, 195 of
+186 GB), and the GB200
 8B FP8-CS row runs without the full-iteration CUDA graph that the B200, GB300 and GB200 MXFP8
 rows capture: both are GB200's costs that these rows cannot state. 405B rows split 126
 layers + embedding + loss evenly over PP x VP chunks (account_for_embedding /

@@ -55,3 +55,20 @@ def test_delayed_halves_exactly_the_fp8_gathers_of_rowwise(overlap):
     assert sum(map(in_fp8, fp8)) == 32
     for a, b in zip(fp8, rowwise):
         assert a.size_bytes == (b.size_bytes / 2 if in_fp8(a) else b.size_bytes)
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_mxfp8_gathers_carry_one_byte_and_an_e8m0_scale_per_32(overlap):
+    """TE quantizes to MXFP8 before it gathers and moves the data with its scales:
+    b·s·h·(1 + 1/32) bytes on exactly the gathers delayed scaling sends in FP8 (issue 32)."""
+    mx, delayed = tp_ops("mxfp8", overlap), tp_ops("delayed", overlap)
+    assert [(op.kind, op.purpose) for op in mx] == [(op.kind, op.purpose) for op in delayed]
+    if not overlap:  # whole buffers (the overlap's chunks are shares of them)
+        assert {op.size_bytes for op in mx if in_fp8(op)} == {32 * 64 * 33 / 32}
+    for a, b in zip(mx, delayed):
+        assert a.size_bytes == (b.size_bytes * 33 / 32 if in_fp8(a) else b.size_bytes)
+
+
+def test_blockwise_still_gathers_in_bf16():
+    assert {op.size_bytes for op in tp_ops("blockwise", False) if op.kind is OpKind.ALL_GATHER} \
+        == {BF16_BUFFER}

@@ -40,6 +40,7 @@ from __future__ import annotations
 from operator import attrgetter
 from typing import Any
 
+from traces.fp8 import recipe as fp8_recipe
 from traces.layout import Axis
 from traces.mla import down_width
 from traces.ops import OpKind, OpRow, Phase, Stream, op_row, stamp_phase
@@ -52,16 +53,20 @@ from traces.zero_bubble import WEIGHT_ONLY
 K = Kernel
 _AR, _AG, _RS = OpKind.ALL_REDUCE, OpKind.ALL_GATHER, OpKind.REDUCE_SCATTER
 FP32 = 4
-FP8_GATHER_RECIPES = frozenset({"delayed", "tensorwise"})
-"""Recipes whose SP all-gathers carry FP8 (1 byte an element): Transformer Engine's Linear
-quantizes a column-parallel input before gather_along_first_dim(..., quantizer=input_quantizer)
-(module/linear.py; ops/fused/userbuffers_forward_linear.py likewise), and a row-parallel
-output gradient likewise, hence the tensorwise amax all-reduce (`traces.plan.fp8`); torchao's
-Float8ColwiseParallel._prepare_input_fn casts to float8 before redistribute, gated by
+FP8_GATHER_RECIPES = frozenset({"delayed", "tensorwise", "mxfp8"})
+"""Recipes whose SP all-gathers carry FP8 (1 byte an element, and MXFP8's E8M0 scale byte per
+32: `traces.fp8_recipes.Fp8Recipe.act_scale`): Transformer Engine's Linear quantizes a
+column-parallel input before gather_along_first_dim(..., quantizer=input_quantizer)
+(module/linear.py; module/layernorm_linear.py quantizes ln_out for every recipe before that
+call or fill_userbuffers_buffer_for_all_gather; ops/fused/userbuffers_forward_linear.py
+likewise), and a row-parallel output gradient likewise, hence the tensorwise amax all-reduce
+(`traces.plan.fp8`); for MXFP8 the gather moves the quantized data and its scales (TE's
+distributed.py gathers an MXFP8 tensor's data and scale_inv; layernorm_linear.py: "For MXFP8,
+columnwise only data can be allgathered", the kept shard gathered again in backward).
+torchao's Float8ColwiseParallel._prepare_input_fn casts to float8 before redistribute, gated by
 _float8_linear_supports_float8_allgather (dynamic, i.e. tensorwise, scaling;
 float8/float8_tensor_parallel.py). torchtitan gathers rowwise inputs in bf16; TE gathers
-Float8BlockQuantizer inputs in high precision (force_hp_input_gather). MXFP8, which TE gathers
-quantized (plus 1/32 scale bytes), is left in bf16 here: not yet modelled."""
+Float8BlockQuantizer inputs in high precision (force_hp_input_gather)."""
 
 Sites = dict[tuple[Kernel, bool], tuple[tuple[TpSite, ...], tuple[TpSite, ...]]]
 """(kernel, phase is backward) -> the TP sites just before and just after it."""
@@ -128,7 +133,7 @@ def add_tensor_parallel(ctx: RankContext, program: Program) -> Program:
              "ce_sum": 2 * b * s * FP32,
              "tp_latent": b * s * down_width(model) * model.dtype_bytes}
     fp8_gather = model.fp8 and model.fp8_recipe in FP8_GATHER_RECIPES
-    sizes["tp_fp8"] = b * s * model.hidden if fp8_gather else sizes["tp"]
+    sizes["tp_fp8"] = b * s * model.hidden * fp8_recipe(model).q_act if fp8_gather else sizes["tp"]
     group = layout.group(ctx.rank, Axis.TP)
     # (kernel, phase) -> the fields of the collectives before and after it, or (None, sites)
     # where tp_comm_overlap overlaps them with the kernel's GEMM (`traces.plan.overlap`)
