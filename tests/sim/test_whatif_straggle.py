@@ -4,12 +4,14 @@ collective of a new rank gets, and a target equal to the capture still `replay`.
 
 from __future__ import annotations
 
+import json
 import math
 import tomllib
 from dataclasses import replace
 
 import pytest
 
+from sim.cli import main
 from sim.config import experiment_from_dict
 from sim.settings import parse_settings
 from sim.simulate import predict
@@ -101,7 +103,7 @@ def test_each_collective_waits_for_the_run_since_the_rank_s_last_communication()
 
 
 @pytest.fixture(scope="module")
-def captured(tmp_path_factory):
+def capture_path(tmp_path_factory):
     """A DP 2 step on 2 time-shared cores, every fifth kernel of rank 1 preempted for 2 ms."""
     _, times = predict(experiment_from_dict(tomllib.loads(JOB)), fold=False)
     timed = times.timed_trace()
@@ -110,7 +112,12 @@ def captured(tmp_path_factory):
                    else op for i, op in enumerate(ops[1]))
     path = tmp_path_factory.mktemp("straggle") / "dp2.json"
     save(Trace(ops, replace(timed.meta, complete=True)), path)
-    return load_captured([str(path)])
+    return path
+
+
+@pytest.fixture(scope="module")
+def captured(capture_path):
+    return load_captured([str(capture_path)])
 
 
 def test_a_target_equal_to_the_capture_is_still_its_replay(captured):
@@ -136,3 +143,21 @@ def test_new_ranks_collectives_wait_for_the_last_member_by_default(captured, tmp
     plain.write_text(JOB.replace("cores = 2", "").replace("dp = 2", "tp = 2"))
     assert whatif(captured, target_experiment(captured, str(plain)),
                   capture_links=False).straggle == NONE
+
+
+def test_the_cli_reports_the_waits_and_turns_them_off(capsys, capture_path, captured):
+    """JSON `stragglers`: the rate, the slice and the waits of the rank with the most, as
+    `whatif` gives them; `--stragglers off`: no key, and the step without them."""
+    tp2 = ["--set", "parallel.dp=1", "--set", "parallel.tp=2", "--links", "cluster"]
+    outs = []
+    for flag in ("auto", "off"):
+        assert main(["whatif", str(capture_path), *tp2, "--stragglers", flag, "--json"]) == 0
+        outs.append(json.loads(capsys.readouterr().out))
+    result = whatif(captured, target_experiment(captured, settings=parse_settings(
+        ["parallel.dp=1", "parallel.tp=2"])), capture_links=False)
+    assert outs[0]["stragglers"] == {"preemptions_per_s": result.straggle.rate,
+                                     "slice_s": result.straggle.slice_s,
+                                     "waits_s": result.straggle_s}
+    assert outs[0]["step_time_predicted_s"] == result.step_time_s
+    assert "stragglers" not in outs[1]
+    assert outs[1]["step_time_predicted_s"] < outs[0]["step_time_predicted_s"]
