@@ -52,6 +52,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "cluster's link figures, or figures fitted to the capture's own "
                         "collectives and its link probe (all-reduces at several sizes); "
                         "auto (default): capture where it holds the probe (docs/whatif.md)")
+    parser.add_argument("--stragglers", choices=("auto", "on", "off"), default="auto",
+                        help="new ranks' collectives wait for the member the host preempted "
+                        "last, from the capture's kernel-time spread; auto (default): where "
+                        "both hosts state their cores and the statistic is load or mean")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     add_set_flag(parser)
 
@@ -65,7 +69,8 @@ def run(args: argparse.Namespace) -> int:
     exp = target_experiment(captured, args.config, parse_settings(args.settings), overrides)
     result = whatif(captured, exp, exp.profile if exp.profile_path is not None else None,
                     Statistic(args.statistic),
-                    capture_links=None if args.links == "auto" else args.links == "capture")
+                    capture_links=None if args.links == "auto" else args.links == "capture",
+                    stragglers=None if args.stragglers == "auto" else args.stragglers == "on")
     if result.captured_on != exp.cluster.accelerator.name:
         warn(f"kernel times are the capture's on {result.captured_on}, not re-timed for the "
              f"target's {exp.cluster.accelerator.name} (as `replay --cluster` keeps them)")
@@ -98,6 +103,9 @@ def summary_json(r: WhatifResult, seconds: float | None = None) -> dict[str, Any
         out["links_fitted_to_capture"] = links_json(r.links)
     if r.time_shared != 1.0:
         out["host_work_time_shared"] = r.time_shared
+    if r.straggle_s:
+        out["stragglers"] = {"preemptions_per_s": r.straggle.rate,
+                             "slice_s": r.straggle.slice_s, "waits_s": r.straggle_s}
     if seconds is not None:
         out["whatif_seconds"] = seconds
     return out
@@ -130,6 +138,10 @@ def summary_text(r: WhatifResult) -> str:
     if r.time_shared != 1.0:
         lines.append(f"  {'host cores shared':<24}kernels and host gaps x{r.time_shared:.3g} "
                      f"(the target's ranks per core over the capture's)")
+    if r.straggle_s:
+        lines.append(f"  {'stragglers':<24}{r.straggle_s * 1e3:.4g} ms of waits for the last "
+                     f"member ({r.straggle.rate:.3g} preemptions/s of "
+                     f"{r.straggle.slice_s * 1e3:.3g} ms each)")
     sources = ", ".join(f"{n} {s}" for s, n in sorted(r.ops_by_source.items()))
     lines.append(f"  {'compute ops':<24}{sources}")
     measured = [k.name for k in r.kernels if not k.extrapolated]

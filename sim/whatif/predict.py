@@ -32,6 +32,7 @@ from sim.simulate import fold_sound
 from sim.whatif.book import KernelBook, Source, Statistic, Timing, kernel_of, learn
 from sim.whatif.capture import Captured
 from sim.whatif.links import LearnedLinks, learn_links
+from sim.whatif.straggle import NONE, Straggle, learn_straggle, with_straggle
 from topology.cluster import Cluster
 from topology.config import read_cluster_table
 from traces.errors import ConfigError
@@ -78,6 +79,12 @@ class WhatifResult:
     """How many times longer the target's host work (kernels, host gaps) runs than the
     capture's, its CPU ranks sharing the host's cores (`_time_shared`)."""
 
+    straggle: Straggle = NONE
+    """The capture's preemptions, whose waits at the new ranks' collectives are in their
+    host gaps (`sim.whatif.straggle`; `NONE`: not a time-shared host, or not applied)."""
+    straggle_s: float = 0.0
+    """Those waits, summed over the rank that has the most."""
+
     cpu_bound_s: float = 0.0
     """`Statistic.SHARE`: the busiest new rank's CPU work over its share of a core (0: none);
     the step is no shorter."""
@@ -88,12 +95,15 @@ class WhatifResult:
 
 
 def whatif(captured: Captured, exp: Experiment, fallback: Profile | None = None,
-           statistic: Statistic = Statistic.LOAD, capture_links: bool | None = None
-           ) -> WhatifResult:
+           statistic: Statistic = Statistic.LOAD, capture_links: bool | None = None,
+           stragglers: bool | None = None) -> WhatifResult:
     """Predict `exp`'s step from the capture (module docstring); `statistic` sums up each
     measured shape's times (`sim.whatif.book.Statistic`); `capture_links`: time new ops'
     communication by links fitted to the capture's (`_links`); None: where the capture holds
-    `parasim run`'s link probe, all-reduces at several sizes (`docs/whatif.md`)."""
+    `parasim run`'s link probe, all-reduces at several sizes (`docs/whatif.md`);
+    `stragglers`: new ranks' collectives wait for the capture's preemptions
+    (`sim.whatif.straggle`); None: where both hosts' cores are time-shared and the statistic
+    is a mean (`load`, `mean`)."""
     if capture_links is None:
         capture_links = any(t.meta.host_probe is not None for t in captured.traces)
     first = captured.first
@@ -129,6 +139,14 @@ def whatif(captured: Captured, exp: Experiment, fallback: Profile | None = None,
                 out.append(op)
                 rank_gaps.append(book.gap(op) * share)
         timed[rank], gaps[rank] = tuple(out), rank_gaps
+    if stragglers is None:
+        stragglers = _time_sharing(exp, capture_cluster, statistic)
+    straggle = learn_straggle(captured.traces) if stragglers else NONE
+    waits = 0.0
+    for rank in sorted(gaps.keys() - kept) if straggle != NONE else ():
+        before = sum(gaps[rank])
+        gaps[rank] = with_straggle(timed[rank], gaps[rank], straggle)
+        waits = max(waits, sum(gaps[rank]) - before)
     target = Trace(timed, plan.meta)
     times = _replay(exp, cluster, target, gaps)
     def bound_of(trace: Trace) -> float:
@@ -151,7 +169,16 @@ def whatif(captured: Captured, exp: Experiment, fallback: Profile | None = None,
                         ranks_kept=len(kept), ranks=len(plan.ops),
                         captured_step_s=_span(first),
                         captured_on=capture_cluster.accelerator.name, statistic=statistic,
-                        links=links, time_shared=shared, cpu_bound_s=bound)
+                        links=links, time_shared=shared, straggle=straggle,
+                        straggle_s=waits, cpu_bound_s=bound)
+
+
+def _time_sharing(exp: Experiment, capture_cluster: Cluster, statistic: Statistic) -> bool:
+    """Whether stragglers apply by default: both the capture's and the target's host state
+    their cores (CPU ranks the scheduler time-slices) and the statistic is a mean (the
+    median statistics leave preemption out altogether)."""
+    return bool(exp.cluster.cores and capture_cluster.cores) and \
+        statistic in (Statistic.LOAD, Statistic.MEAN)
 
 
 def _time_shared(exp: Experiment, capture_cluster: Cluster, captured: Trace) -> float:

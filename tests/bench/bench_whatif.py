@@ -4,8 +4,9 @@
 
 For each (captured layout -> target layout) pair of the tiny GPT on this host's CPU ranks
 (gloo), `--repeats` times: record the captured job (`parasim run`, one step), predict the
-target with `parasim whatif` (each `--statistic`; with `--baseline DIR`, also that checkout's
-whatif, e.g. an older commit's), and run the target right after
+target with `parasim whatif` (each `--statistic`, and the default with `--stragglers off`;
+with `--baseline DIR`, also that checkout's whatif, e.g. an older commit's), and run the
+target right after
 (`--steps` recorded steps, their median). A shared host's load moves every time by up to 4x
 within minutes, so each prediction is compared with the run next to it in time; the pair's
 error is the median over the repeats. Beside it: `parasim simulate` of the target with the
@@ -94,6 +95,8 @@ def _measured(folder: Path, config: Path, steps: int) -> tuple[float, float]:
 
 STATISTICS = ("load", "mean", "median", "share")
 """whatif's --statistic values, each predicted from the same capture (the first: the default)."""
+OFF = "stragglers off"
+"""The default statistic with `--stragglers off`: the prediction before the straggler model."""
 
 
 def _pair(folder: Path, captured: dict[str, int], target: dict[str, int], repeats: int,
@@ -102,7 +105,7 @@ def _pair(folder: Path, captured: dict[str, int], target: dict[str, int], repeat
     statistic, and `baseline`'s whatif where given) and the target's run right after."""
     source, config = _toml(folder, captured), _toml(folder, target)
     real, fastest, seconds, ranges = [], [], [], []
-    predicted: dict[str, list[float]] = {k: [] for k in (*STATISTICS, "baseline")}
+    predicted: dict[str, list[float]] = {k: [] for k in (*STATISTICS, OFF, "baseline")}
     for _ in range(repeats):
         capture = folder / f"capture-{source.stem}"
         _parasim("run", source, "--out", capture, "--steps", 1, "--force")
@@ -113,6 +116,8 @@ def _pair(folder: Path, captured: dict[str, int], target: dict[str, int], repeat
             if statistic == STATISTICS[0]:
                 seconds.append(time.perf_counter() - began)
                 ranges.append(what["step_time_range_s"])
+        predicted[OFF].append(_parasim("whatif", capture, *_settings(target), "--stragglers",
+                                       "off")["step_time_predicted_s"])
         if baseline is not None:
             predicted["baseline"].append(_parasim("whatif", _as_older(capture),
                                                   *_settings(target), root=baseline)
