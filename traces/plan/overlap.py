@@ -41,7 +41,10 @@ fused_all_gather_matmul and `mm -> reduce_scatter` into fused_matmul_reduce_scat
                                       shard from a peer with a copy-engine copy (no SMs)
     proj, fc2 fprop    produce        t GEMM chunks, chunk k's partial sum pulled by its rank
                                       (copy engine, no SMs); two p2p buffers, so GEMM chunk
-                                      k + 2 waits for copy k (_pipelined_produce_and_all2all)
+                                      k + 2 waits for copy k (_pipelined_produce_and_all2all);
+                                      then one kernel sums the t partials of the rank's shard
+                                      (fused_matmul_reduce_scatter's reduce_fn over dim 0): it
+                                      reads t shards and writes one, on the compute stream
     proj, fc2 dgrad    ring           the output gradient's all-gather beside the dgrad
     qkv, fc1 dgrad     not overlapped the reduce-scatter's input is the sum of the q, k, v (w1,
                                       w3) input gradients, not one mm: `_find_producer_matmul`
@@ -49,7 +52,7 @@ fused_all_gather_matmul and `mm -> reduce_scatter` into fused_matmul_reduce_scat
                                       the collectives stay inline (`traces.plan.tensor`)
 
 So, uncontended, a produce region is the chunks' chain: GEMM k ends at
-max(GEMM k-1, copy k-2) + g, copy k at max(copy k-1, GEMM k) + c.
+max(GEMM k-1, copy k-2) + g, copy k at max(copy k-1, GEMM k) + c; the sum follows.
 
 The engine needs nothing new (streams and dependencies); the compute model costs a chunk by
 its GEMM shape. What a chunk loses to the SMs its communication holds is the interference
@@ -190,7 +193,9 @@ def _produce(op: Op, site: TpSite, group: tuple[int, ...], size: float,
     """torch's fused_matmul_reduce_scatter: t GEMM chunks on copy-engine copies (no SMs
     held), chunk k's partial sums (size / t of the buffer) moved beside the next chunks;
     GEMM chunk k waits for copy k - 2, whose p2p buffer it writes. Stated as pipeline
-    reduce-scatter chunks, which deliver the same sums and bytes."""
+    reduce-scatter chunks, which deliver the same bytes; then the sum of the t partial sums
+    (each size / t) into the rank's shard, after the last copy: memory-bound, its bytes
+    (t + 1)·size / t."""
     n = len(group)
     copies: list[int] = []  # the entry number (k + 1) of each copy
     for k in range(n):
@@ -198,7 +203,11 @@ def _produce(op: Op, site: TpSite, group: tuple[int, ...], size: float,
         entries.append((_comm(op, site, k, n, OverlapMethod.PRODUCE, size / n, group),
                         (LAUNCH, len(entries))))  # the GEMM chunk just added
         copies.append(len(entries))
-    return Template(tuple(entries), len(entries) - 1)
+    total = op_row(kind=OpKind.COMPUTE, stream=Stream.COMPUTE, name=str(K.TP_PARTIAL_SUM),
+                   purpose=KernelRun(K.TP_PARTIAL_SUM), phase=op.phase,
+                   mem_bytes=size * (n + 1) / n, dtype="bf16" if op.dtype == "fp8" else op.dtype)
+    entries.append((total, (copies[-1],)))
+    return Template(tuple(entries))
 
 
 def _bulk(op: Op, gather: TpSite, scatter: TpSite, group: tuple[int, ...],

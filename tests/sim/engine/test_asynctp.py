@@ -14,7 +14,7 @@ from traces.model import ModelSpec
 from traces.ops import Phase
 from traces.plan import build
 from traces.plan.overlap import region_seconds
-from traces.purpose import GemmChunk, OverlapMethod, TpChunk, TpSite
+from traces.purpose import GemmChunk, Kernel, KernelRun, OverlapMethod, TpChunk, TpSite
 
 COMPILED = dataclasses.replace(MODEL, kernels="compiled")
 
@@ -73,6 +73,13 @@ def test_produce_chunks_hold_no_sms_and_wait_for_the_copy_two_before():
     assert sum(ops[i].flops for i in gemms) == pytest.approx(whole.flops, rel=1e-12)
     assert sum(ops[i].size_bytes for i in copies) == pytest.approx(scatter.size_bytes,
                                                                    rel=1e-12)
+    # then the sum of the t partial sums: after the last copy, t shards read, one written
+    total = ops[region[-1] + 1]
+    assert total.purpose == KernelRun(Kernel.TP_PARTIAL_SUM)
+    assert total.deps == (copies[-1],) and total.flops == 0
+    assert total.mem_bytes == scatter.size_bytes * (t + 1) / t
+    sums = [op for op in ops if op.purpose == KernelRun(Kernel.TP_PARTIAL_SUM)]
+    assert len(sums) == 2 * MODEL.layers * OVERLAP["global_batch"]  # proj, fc2; fwd only
 
 
 def test_each_produce_region_ends_where_its_chain_says(h100):
