@@ -260,6 +260,17 @@ def ring_exchange(op: Op) -> bool:
     return type(purpose) is TpChunk and purpose.method is OverlapMethod.RING
 
 
+def copy_engine(op: Op) -> bool:
+    """Whether `op` moves its bytes on the copy engines, holding no SMs: Transformer Engine's
+    ring exchange (use_ce) and torch's symmetric-memory copies (AsyncTP's `copy_` from a
+    peer's buffer: cudaMemcpyAsync), unlike NCCL's kernels (the interference model's)."""
+    purpose = op.purpose
+    return type(purpose) is TpChunk and purpose.method in _COPY_ENGINE
+
+
+_COPY_ENGINE = frozenset({OverlapMethod.RING, OverlapMethod.PRODUCE})
+
+
 def in_region(op: Op) -> bool:
     """Whether `op` belongs to an overlapped region (a GEMM or a collective chunk)."""
     return isinstance(op.purpose, GemmChunk | TpChunk)

@@ -8,6 +8,11 @@ import dataclasses
 
 import pytest
 
+from sim.engine.replay import replay
+from sim.engine.transport import NetworkMode
+from sim.models.compute import ComputeModel
+from sim.models.sharing import interference_for
+from sim.profile import default_profile
 from tests.sim.engine.test_overlaps import MODEL, OVERLAP, _regions, _replay
 from traces.layout import Layout
 from traces.model import ModelSpec
@@ -119,3 +124,26 @@ def test_asynctp_hides_less_than_transformer_engine_and_never_lengthens_the_step
     inline = _replay(h100, big, Layout(**{**OVERLAP, "tp_comm_overlap": False})).step_time_s
     asynctp = _replay(h100, big, Layout(**OVERLAP)).step_time_s
     assert asynctp < inline
+
+
+def test_copy_engine_copies_leave_the_gemm_chunks_their_sms(h100):
+    """With NCCL's interference on (`sim.models.interference.GpuInterference`): an AsyncTP
+    GEMM chunk beside copy-engine copies runs as long as alone; a Transformer Engine pipeline
+    chunk beside NCCL's reduce-scatter chunk runs on the SMs NCCL leaves, longer."""
+    def chunks(model: ModelSpec, method: OverlapMethod) -> list[tuple[float, float]]:
+        plan = build(model, Layout(**OVERLAP))
+        compute = ComputeModel(h100.accelerator, default_profile(h100.accelerator))
+        times = replay(plan, h100, compute, network=NetworkMode.ANALYTIC,
+                       interference=interference_for(h100, default_profile(h100.accelerator),
+                                                     compute))
+        ops = plan.ops[0]
+        region = next(r for r in _regions(ops) if ops[r[0]].purpose.kernel == "proj"
+                      and ops[r[0]].phase is Phase.FWD)
+        assert ops[region[1]].purpose.method is method
+        return [(times.ends[0][i] - times.starts[0][i], compute.duration(ops[i]))
+                for i in region if isinstance(ops[i].purpose, GemmChunk)]
+
+    produce = chunks(COMPILED, OverlapMethod.PRODUCE)
+    assert all(took == pytest.approx(alone, rel=1e-9) for took, alone in produce)
+    pipeline = chunks(MODEL, OverlapMethod.PIPELINE)
+    assert any(took > 1.01 * alone for took, alone in pipeline[1:])  # beside chunk k - 1's RS
