@@ -47,7 +47,8 @@ class StepKernel:
 @dataclass(frozen=True, slots=True)
 class GradAccumulate:
     """FSDP2's accumulation of a unit's gradients (`traces.fsdp_kernels`): the gradient store
-    accumulates every backward's gradients itself, so nothing more runs."""
+    accumulates every backward's gradients itself, so nothing more runs. Also AsyncTP's sum of
+    partial sums (`Kernel.TP_PARTIAL_SUM`): the reduce-scatter chunks already summed."""
 
 
 @dataclass(frozen=True, slots=True)

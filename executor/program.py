@@ -157,7 +157,7 @@ class _Lowering:
         match op.purpose:
             case KernelRun(kernel=Kernel.OPTIMIZER):
                 return OptimizerStep()
-            case KernelRun(kernel=Kernel.GRAD_ACCUM):
+            case KernelRun(kernel=Kernel.GRAD_ACCUM | Kernel.TP_PARTIAL_SUM):
                 return GradAccumulate()
             case KernelRun(kernel=kernel) if kernel in STEP_KERNELS:
                 return StepKernel(kernel)

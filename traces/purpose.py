@@ -126,7 +126,8 @@ class GemmPart(StrEnum):
 
 
 class OverlapMethod(StrEnum):
-    """Transformer Engine's userbuffer overlap methods (`traces.plan.overlap`)."""
+    """Transformer Engine's userbuffer overlap methods and torch's AsyncTP one
+    (`traces.plan.overlap`)."""
 
     RING = "ring_exchange"
     """The all-gather as t - 1 exchanges, each beside the GEMM chunk of the shard before."""
@@ -134,6 +135,10 @@ class OverlapMethod(StrEnum):
     """The GEMM in chunks, each chunk's reduce-scatter beside the next chunk's GEMM."""
     BULK = "bulk"
     """One whole collective beside one whole GEMM that does not need it."""
+    PRODUCE = "produce_all2all"
+    """torch's AsyncTP matmul + reduce-scatter (`_pipelined_produce_and_all2all`): t GEMM
+    chunks, each chunk's partial sum copied to its rank beside the next chunks; two p2p
+    buffers, so chunk k + 2 waits for chunk k's copy."""
 
 
 @dataclass(frozen=True, slots=True)

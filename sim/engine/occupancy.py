@@ -11,7 +11,8 @@ makes it matter: kernels running, transfers in flight. Used by the replay engine
     marks the rank computing until it fires, where communication notices kernels);
   - `move(lowered, op, ranks)`: the transport's event for the communication of `op` among
     `ranks`, waiting `comm_wait_s` and stretched by `comm_stretch` if one of them is
-    computing, and marking them busy until it fires, where kernels notice communication.
+    computing, and marking them busy until it fires, where kernels notice communication
+    (not a copy-engine copy: it holds no SMs).
 
 A kernel runs at the rate its rank's state gives it from moment to moment: the kernels
 running are timed again whenever their rank starts or stops moving data, whichever stream
@@ -31,6 +32,7 @@ from sim.engine.running import Running
 from sim.engine.transport import Transport
 from sim.models.interference import Interference, interferes
 from traces.ops import Op
+from traces.plan.overlap import copy_engine
 
 Kernel = Callable[[float], simpy.Event]
 """A timeout of the given seconds, for a kernel (or a run of kernels)."""
@@ -99,8 +101,10 @@ class Occupancy:
             stretch, wait = self.comm_stretch, self.comm_wait_s
         moved = self.transport.move(lowered, op, stretch, wait)
         # an inline collective holds its ranks' compute streams: no kernel of theirs starts
-        # while it moves, so it need not mark them (the same times, without the bookkeeping)
-        if moved is not None and self.slows_kernels and not op.inline:
+        # while it moves, so it need not mark them (the same times, without the bookkeeping);
+        # a copy-engine copy holds no SMs (`traces.plan.overlap.copy_engine`)
+        if moved is not None and self.slows_kernels and not op.inline \
+                and not copy_engine(op):
             busy, scale, base, running = self.busy, self.scale, self.base, self.running
             for r in ranks:
                 busy[r] += 1

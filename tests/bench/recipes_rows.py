@@ -164,7 +164,8 @@ def titan_cp(dp: int, cp: int, tps: float) -> Row:
 
 TITAN_3D: dict[str, Any] = {
     # Table 5: FSDP 8 x TP 8 x PP 8, local batch 32 (global 256), full checkpointing,
-    # compile + Float8 + AsyncTP (TP's collectives overlapped with its GEMMs: tp_comm_overlap).
+    # compile + Float8 + AsyncTP (TP's collectives overlapped with its GEMMs: tp_comm_overlap,
+    # which with kernels = "compiled" is torch's AsyncTP, `traces.plan.overlap`).
     # With PP torchtitan keeps parameters unsharded after forward ("to avoid per-microbatch
     # all-gathers": parallelize_llama.apply_fsdp) and torch.distributed.pipelining turns FSDP's
     # gradient sync and resharding off for every backward, then, once the stage's last

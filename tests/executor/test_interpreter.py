@@ -54,6 +54,10 @@ WORLD2 = {
     # issue 20: Megatron-Core's overlaps, their chunked collectives asynchronous on side streams
     "tp-sp-comm-overlap-full": Case(dict(tp=2, sp=True, global_batch=2, recompute="full",
                                          tp_comm_overlap=True)),
+    # torch's AsyncTP (kernels = "compiled"): qkv/fc1 backward inline, produce chunks, the sum
+    "llama-tp-sp-asynctp-full": Case(dict(tp=2, sp=True, global_batch=2, recompute="full",
+                                          tp_comm_overlap=True),
+                                     model=dict(LLAMA, kernels="compiled")),
     "zero1-param-gather-overlap": Case(dict(dp=2, zero=1, global_batch=4, bucket_bytes=20_000,
                                             overlap_param_gather=True)),
     # Latent attention (issue 19): TP splits its heads, its down-projection is replicated.

@@ -32,6 +32,28 @@ So on an uncontended network, with g a GEMM chunk's time and c a collective chun
     pipeline (n chunks)    max(n·g + c, g + n·c)
     bulk                   max(AG, dgrad) + max(RS, wgrad)
 
+With `[model] kernels = "compiled"` the overlap is torchtitan's AsyncTP instead: torch
+Inductor's micro_pipeline_tp pass rewrites `all_gather -> mm` into symm_mem's
+fused_all_gather_matmul and `mm -> reduce_scatter` into fused_matmul_reduce_scatter
+(torch/_inductor/fx_passes/micro_pipeline_tp.py; torch/distributed/_symmetric_memory):
+
+    qkv, fc1 fprop     ring           t GEMM chunks, the own shard's first; step k pulls one
+                                      shard from a peer with a copy-engine copy (no SMs)
+    proj, fc2 fprop    produce        t GEMM chunks, chunk k's partial sum pulled by its rank
+                                      (copy engine, no SMs); two p2p buffers, so GEMM chunk
+                                      k + 2 waits for copy k (_pipelined_produce_and_all2all);
+                                      then one kernel sums the t partials of the rank's shard
+                                      (fused_matmul_reduce_scatter's reduce_fn over dim 0): it
+                                      reads t shards and writes one, on the compute stream
+    proj, fc2 dgrad    ring           the output gradient's all-gather beside the dgrad
+    qkv, fc1 dgrad     not overlapped the reduce-scatter's input is the sum of the q, k, v (w1,
+                                      w3) input gradients, not one mm: `_find_producer_matmul`
+                                      matches only mm / _scaled_mm (through a reshape), so
+                                      the collectives stay inline (`traces.plan.tensor`)
+
+So, uncontended, a produce region is the chunks' chain: GEMM k ends at
+max(GEMM k-1, copy k-2) + g, copy k at max(copy k-1, GEMM k) + c; the sum follows.
+
 The engine needs nothing new (streams and dependencies); the compute model costs a chunk by
 its GEMM shape. What a chunk loses to the SMs its communication holds is the interference
 model's, from `GemmChunk.comm_sms`.
@@ -111,18 +133,21 @@ def overlap_region(node: Node, template: Template, launch: Node) -> Region:
 
 
 def overlap_template(op: Op, before: tuple[TpSite, ...], after: tuple[TpSite, ...],
-                     group: tuple[int, ...], size: float, gathered: float | None = None
-                     ) -> Template:
+                     group: tuple[int, ...], size: float, gathered: float | None = None,
+                     asynctp: bool = False) -> Template:
     """The overlapped ops replacing `op` (a qkv, proj, fc1 or fc2 op) and its TP collectives
     `before` and `after` (`traces.plan.tensor.tp_sites` with SP), over the rank's TP `group`
     (and so t), `size` the b·s·h buffer of nccl-tests' size. Depends on `op`'s fields but its
-    layer and micro-batch only; `gathered` the all-gathers' buffer where it differs (FP8)."""
+    layer and micro-batch only; `gathered` the all-gathers' buffer where it differs (FP8);
+    `asynctp`: torch's AsyncTP rather than Transformer Engine's (module docstring)."""
     entries: list[Entry] = []
     gather = size if gathered is None else gathered
     backward = op.phase is Phase.BWD
     if not backward and before:  # qkv, fc1 fprop: ring-exchange all-gather
         _ring(op, before[0], group, gather, GemmPart.FPROP, entries)
         return Template(tuple(entries))
+    if not backward and asynctp:  # proj, fc2 fprop: torch's produce-and-copy
+        return _produce(op, after[0], group, size, entries)
     if not backward:  # proj, fc2 fprop: pipelined reduce-scatter
         return _pipeline(op, after[0], group, size, entries)
     if not after:  # proj, fc2 backward: ring-exchange all-gather of the output gradient
@@ -161,6 +186,28 @@ def _pipeline(op: Op, site: TpSite, group: tuple[int, ...], size: float,
         entries.append((_comm(op, site, k, n, OverlapMethod.PIPELINE, size / n, group),
                         (LAUNCH, len(entries))))  # the GEMM chunk just added
     return Template(tuple(entries), len(entries) - 1)
+
+
+def _produce(op: Op, site: TpSite, group: tuple[int, ...], size: float,
+             entries: list[Entry]) -> Template:
+    """torch's fused_matmul_reduce_scatter: t GEMM chunks on copy-engine copies (no SMs
+    held), chunk k's partial sums (size / t of the buffer) moved beside the next chunks;
+    GEMM chunk k waits for copy k - 2, whose p2p buffer it writes. Stated as pipeline
+    reduce-scatter chunks, which deliver the same bytes; then the sum of the t partial sums
+    (each size / t) into the rank's shard, after the last copy: memory-bound, its bytes
+    (t + 1)·size / t."""
+    n = len(group)
+    copies: list[int] = []  # the entry number (k + 1) of each copy
+    for k in range(n):
+        entries.append((_gemm(op, GemmPart.FPROP, k, n, 0), (copies[k - 2],) if k >= 2 else ()))
+        entries.append((_comm(op, site, k, n, OverlapMethod.PRODUCE, size / n, group),
+                        (LAUNCH, len(entries))))  # the GEMM chunk just added
+        copies.append(len(entries))
+    total = op_row(kind=OpKind.COMPUTE, stream=Stream.COMPUTE, name=str(K.TP_PARTIAL_SUM),
+                   purpose=KernelRun(K.TP_PARTIAL_SUM), phase=op.phase,
+                   mem_bytes=size * (n + 1) / n, dtype="bf16" if op.dtype == "fp8" else op.dtype)
+    entries.append((total, (copies[-1],)))
+    return Template(tuple(entries))
 
 
 def _bulk(op: Op, gather: TpSite, scatter: TpSite, group: tuple[int, ...],
@@ -213,6 +260,17 @@ def ring_exchange(op: Op) -> bool:
     return type(purpose) is TpChunk and purpose.method is OverlapMethod.RING
 
 
+def copy_engine(op: Op) -> bool:
+    """Whether `op` moves its bytes on the copy engines, holding no SMs: Transformer Engine's
+    ring exchange (use_ce) and torch's symmetric-memory copies (AsyncTP's `copy_` from a
+    peer's buffer: cudaMemcpyAsync), unlike NCCL's kernels (the interference model's)."""
+    purpose = op.purpose
+    return type(purpose) is TpChunk and purpose.method in _COPY_ENGINE
+
+
+_COPY_ENGINE = frozenset({OverlapMethod.RING, OverlapMethod.PRODUCE})
+
+
 def in_region(op: Op) -> bool:
     """Whether `op` belongs to an overlapped region (a GEMM or a collective chunk)."""
     return isinstance(op.purpose, GemmChunk | TpChunk)
@@ -244,7 +302,11 @@ def region_seconds(ops: Sequence[Op], seconds: Callable[[Op], float]) -> float:
             gemm_end = max(gemm_end, comm_end) + g
         return gemm_end + tail
     gemm_end = comm_end = 0.0
-    for (_, g), c in zip(gemms, comms):  # pipeline: chunk k's reduce-scatter after its GEMM
+    ends: list[float] = []  # each chunk's collective's end
+    for k, ((_, g), c) in enumerate(zip(gemms, comms)):  # chunk k's collective after its GEMM
+        if method is OverlapMethod.PRODUCE and k >= 2:  # its p2p buffer: copy k - 2's
+            gemm_end = max(gemm_end, ends[k - 2])
         gemm_end += g
         comm_end = max(comm_end, gemm_end) + c
+        ends.append(comm_end)
     return max(gemm_end, comm_end)

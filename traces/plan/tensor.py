@@ -143,8 +143,9 @@ def add_tensor_parallel(ctx: RankContext, program: Program) -> Program:
         for key, (before, after) in _placements(
             layout.sp, model.q_lora_rank == 0 if model.mla and layout.sp else None,
             fp8_gather).items()}
-    where.update({key: (None, sites)
-                  for key, sites in _overlapped(layout.sp, layout.tp_comm_overlap).items()})
+    asynctp = model.kernels == "compiled"  # torch.compile's AsyncTP (`traces.plan.overlap`)
+    where.update({key: (None, sites) for key, sites in
+                  _overlapped(layout.sp, layout.tp_comm_overlap, asynctp).items()})
     templates: dict[tuple[Any, ...], Template] = {}  # one per distinct overlapped kernel op
     recipes: dict[int, list[tuple[list[Any], list[Step]]]] = {}  # by the action's length
     out: Program = []
@@ -155,7 +156,8 @@ def add_tensor_parallel(ctx: RankContext, program: Program) -> Program:
         if recipe is None:
             recipe = _recipe(signature, where)
             known.append((signature, recipe))
-        out.append(_splice(nodes, recipe, templates, group, (sizes["tp"], sizes["tp_fp8"])))
+        out.append(_splice(nodes, recipe, templates, group, (sizes["tp"], sizes["tp_fp8"]),
+                           asynctp))
     return out
 
 
@@ -198,9 +200,11 @@ def _recipe(signature: list[Any], where: dict[tuple[Kernel, Phase | None], tuple
 
 
 def _splice(nodes: list[Node], recipe: list[Step], templates: dict[tuple[Any, ...], Template],
-            group: tuple[int, ...], size: tuple[float, float]) -> list[Node]:
+            group: tuple[int, ...], size: tuple[float, float], asynctp: bool = False
+            ) -> list[Node]:
     """The action's nodes with its collectives, by `recipe` (`_recipe` of its signature);
-    `size`: the b·s·h buffer, and its bytes when a GEMM's input is gathered in FP8."""
+    `size`: the b·s·h buffer, and its bytes when a GEMM's input is gathered in FP8;
+    `asynctp`: regions as torch's AsyncTP overlaps them (`overlap_template`)."""
     step: list[Node] = []
     join: Node | None = None  # an overlapped collective the next compute op waits for
     for what, i, first, second in recipe:
@@ -224,7 +228,7 @@ def _splice(nodes: list[Node], recipe: list[Step], templates: dict[tuple[Any, ..
             if template is None:
                 sites_before, sites_after = first
                 template = templates[key] = overlap_template(op, sites_before, sites_after,
-                                                             group, *size)
+                                                             group, *size, asynctp)
             launch = next(n for n in reversed(step) if n.on_compute)
             region = overlap_region(node, template, launch)
             step += region.nodes
@@ -236,14 +240,18 @@ def _splice(nodes: list[Node], recipe: list[Step], templates: dict[tuple[Any, ..
     return step
 
 
-def _overlapped(sp: bool, tp_comm_overlap: bool
+def _overlapped(sp: bool, tp_comm_overlap: bool, asynctp: bool = False
                 ) -> dict[tuple[Kernel, Phase], tuple[tuple[TpSite, ...], tuple[TpSite, ...]]]:
     """(kernel, phase) -> the TP sites before and after it that tp_comm_overlap overlaps with
-    its GEMM (`traces.plan.overlap`); empty without it."""
+    its GEMM (`traces.plan.overlap`); empty without it. AsyncTP leaves qkv's and fc1's
+    backward inline: their input gradient is a sum of GEMMs, which micro_pipeline_tp does
+    not fuse with the reduce-scatter."""
     if not (sp and tp_comm_overlap):
         return {}
     out = {}
     for (kernel, backward), sites in tp_sites(sp).items():
+        if asynctp and backward and kernel in (K.QKV, K.FC1):
+            continue
         if kernel in OVERLAPPED:
             for phase in (Phase.BWD,) if backward else (Phase.FWD, Phase.RECOMPUTE):
                 out[(kernel, phase)] = sites

@@ -93,7 +93,7 @@ def test_each_overlapped_region_and_the_step_follow_the_closed_form(h100, recomp
         total += closed
         methods |= {ops[i].purpose.method for i in region if isinstance(ops[i].purpose,
                                                                          TpChunk)}
-    assert methods == set(OverlapMethod)
+    assert methods == set(OverlapMethod) - {OverlapMethod.PRODUCE}  # PRODUCE: AsyncTP's
     on_compute = [i for i, op in enumerate(ops) if op.stream == Stream.COMPUTE]
     rest = sum(times.ends[0][i] - times.starts[0][i] for i in on_compute if i not in inside)
     # the step's end (the gradient norm first) waits for the last SP gradient all-reduce
