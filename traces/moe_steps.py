@@ -5,7 +5,8 @@ each, with their HBM bytes, by the `[model]` keys Megatron-Core names them by.
                              and the probabilities (Transformer Engine's
                              fused_topk_with_score_function, Megatron-Core's
                              --moe-router-fusion); false: the aten ops of Megatron-Core's
-                             moe_utils.topk_routing_with_score_function
+                             moe_utils.topk_routing_with_score_function, and with
+                             `capacity_factor` its token drop (`capacity_steps`)
     moe_router_score_function  "softmax" or "sigmoid" (DeepSeek-V3: sigmoid scores, top-k
                              weights normalized to sum to 1)
     moe_router_enable_expert_bias  aux-loss-free balancing (DeepSeek-V3 §2.1.2): a per-expert
@@ -38,6 +39,7 @@ GEMM also fills the GPU's SMs alone (its own last wave) and pays its own launch.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections import Counter
 
 from traces.kernel_work import KernelWork, gemm_kernel, memory_kernel
@@ -81,10 +83,34 @@ def router_steps(m: ModelSpec, tokens: int) -> Steps:
                ("scatter", T * k * (INT64 + 2 * e))]
     dense = [("zeros", T * E * e), ("scatter", T * k * (INT64 + 2 * e)),  # routing_probs
              ("zeros", T * E), ("scatter", T * k * (INT64 + 1))]  # routing_map
+    drop, drop_bwd = capacity_steps(m, T)
     aux = ("scores_for_aux_loss", T * E * e + scores)
-    return ([*fwd, *dense, aux],
-            [("gather", T * E * e + T * k * (INT64 + e)), *bwd,
+    return ([*fwd, *dense, *drop, aux],
+            [("gather", T * E * e + T * k * (INT64 + e)), *bwd, *drop_bwd,
              ("scores_for_aux_loss_bwd", 2 * scores + T * E * e), ("add", 3 * T * E * e)])
+
+
+def expert_capacity(m: ModelSpec, tokens: int) -> int:
+    """Megatron-Core's get_capacity: ⌈T·k/E · c⌉ token slots an expert keeps, at most T."""
+    return min(math.ceil(tokens * m.top_k / m.experts * m.capacity_factor), tokens)
+
+
+def capacity_steps(m: ModelSpec, tokens: int) -> Steps:
+    """Token drop in the unfused router (`capacity_factor` c > 0), as Megatron-Core's
+    moe_utils.topk_softmax_with_capacity runs it (drop policy "probs", no padding): torch.topk
+    over the tokens picks each expert's C = `expert_capacity` most probable (reads the T×E
+    probabilities, writes E·C values and int64 indices), a mask of them (zeros, scatter of the
+    E·C indices, .bool()), kept where routed (logical_and of two T×E masks) and the
+    probabilities masked (mul); backward, the mul's. None when dropless."""
+    if not m.capacity_factor:
+        return [], []
+    T, E, e = tokens, m.experts, m.dtype_bytes
+    slots = E * expert_capacity(m, T)
+    mul = 2 * T * E * e + T * E
+    return ([("capacity_topk", T * E * e + slots * (e + INT64)), ("capacity_zeros", T * E * e),
+             ("capacity_scatter", slots * (INT64 + e)), ("capacity_bool", T * E * e + T * E),
+             ("logical_and", 3 * T * E), ("mul", mul)],
+            [("mul_bwd", mul)])
 
 
 def permute_steps(m: ModelSpec, tokens: int, kept: int) -> Steps:

@@ -21,7 +21,12 @@ TP where the row has no ETP (the layout before folding: experts split as attenti
 table gives it where it does; the routing probabilities applied in the unpermute
 (`moe_probs_in_activation` false, the default): v1 of the paper (2025-04) predates
 Megatron-Core 0.13 (2025/07), which moved them into the experts' activation
-(`traces.moe_probs`).
+(`traces.moe_probs`); the router's score function, top-k and probabilities as separate aten
+ops (`moe_router_fusion` false): the fused router kernels (`--moe-router-fusion`) arrived in
+Megatron-Core 0.14 (2025/09; Megatron-LM megatron/core/transformer/moe/README.md, "What's
+New"), after the paper. The token permutation stays fused and the expert GEMMs grouped, as the
+authors' own Mixtral-8x22B benchmark config sets them (yanring/Megatron-MoE-ModelZoo
+model_configs/benchmarking/Mixtral-8x22B.yaml: --moe-permute-fusion, --moe-grouped-gemm).
 Table 3's columns read CP, TP, EP, PP, ETP in order; the FSDP baselines fill only the first
 ones (FSDP: CP, TP, EP; no PP).
 
@@ -48,7 +53,7 @@ H100_PEAK = 989.5e12
 BLOCK: dict[str, Any] = {
     "ffn": "swiglu", "norm": "rmsnorm", "position": "rope", "bias": False,
     "tied_embeddings": False, "attention": "flash", "dropout": 0.0, "seq_len": 4096,
-    "capacity_factor": 1.0, "dtype": "bf16", "head_dim": 128,
+    "capacity_factor": 1.0, "dtype": "bf16", "head_dim": 128, "moe_router_fusion": False,
 }
 
 MODELS: dict[str, dict[str, Any]] = {

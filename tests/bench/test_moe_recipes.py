@@ -14,6 +14,7 @@ from moe_rows_folding import FOLDING_ROWS, H100_PEAK, MAPPINGS, TABLE3_MFU
 from sim.config import experiment_from_dict
 from traces.errors import ConfigError
 from traces.model import ModelSpec
+from traces.moe_steps import permute_steps, router_steps
 from traces.step_flops import megatron_num_flops
 
 ROWS = [row for rows in TABLES.values() for row in rows]
@@ -112,3 +113,15 @@ def test_every_folding_row_reduces_gradients_in_fp32():
     for rows in FOLDING_ROWS.values():
         for r in rows:
             assert r.parallel["fp32_main_grads"] is True, r.name
+
+
+def test_folding_rows_route_with_aten_ops_and_permute_fused():
+    """Every Folding row runs the router as Megatron-Core did before 0.14 (its score function,
+    top-k and probabilities as aten ops: more than one kernel each way) and the permutation as
+    one fused kernel each way (the authors' benchmark config)."""
+    for rows in FOLDING_ROWS.values():
+        for row in rows:
+            model = ModelSpec(**row.model)
+            fwd, bwd = router_steps(model, 4096)
+            assert not model.moe_router_fusion and len(fwd) > 1 and len(bwd) > 1
+            assert [len(steps) for steps in permute_steps(model, 4096, 4096)] == [1, 1]

@@ -16,7 +16,14 @@ from traces.io import VERSION
 from traces.layout import Layout
 from traces.model import ModelSpec
 from traces.moe import ExpertShard, moe_layer_kernels, routed_kernels
-from traces.moe_steps import moe_launch_counts, permute_steps, router_steps, unpermute_steps
+from traces.moe_steps import (
+    capacity_steps,
+    expert_capacity,
+    moe_launch_counts,
+    permute_steps,
+    router_steps,
+    unpermute_steps,
+)
 from traces.plan import build
 from traces.purpose import Kernel, KernelRun
 from traces.stack import launch_counts
@@ -79,6 +86,27 @@ def test_router_kernels_per_moe_layer(fields, fwd, bwd):
     the expert bias its add and the gather of the unbiased scores (11)."""
     steps = router_steps(_with(**fields), T)
     assert (len(steps[0]), len(steps[1])) == (fwd, bwd)
+
+
+def test_token_drop_adds_megatrons_capacity_ops_to_the_unfused_router():
+    """capacity_factor 1 (T = 128 tokens, k = 2 of E = 8): C = ⌈128·2/8⌉ = 32 slots an
+    expert; topk over the tokens reads T·E probabilities and writes E·C values and int64
+    indices, the scatter writes E·C ones; logical_and reads two T×E masks and writes one, mul
+    reads probabilities and mask and writes probabilities, and its backward the same. Six more
+    kernels forward, one backward; the fused router and a dropless one are unchanged."""
+    drop = _with(moe_router_fusion=False, capacity_factor=1.0)
+    assert expert_capacity(drop, T) == 32 and expert_capacity(_with(capacity_factor=8.0), T) == T
+    fwd, bwd = capacity_steps(drop, T)
+    slots = E * 32
+    assert fwd == [("capacity_topk", T * E * e + slots * (e + 8)), ("capacity_zeros", T * E * e),
+                   ("capacity_scatter", slots * (8 + e)), ("capacity_bool", T * E * e + T * E),
+                   ("logical_and", 3 * T * E), ("mul", 2 * T * E * e + T * E)]
+    assert bwd == [("mul_bwd", 2 * T * E * e + T * E)]
+    steps = router_steps(drop, T)
+    dropless = router_steps(_with(moe_router_fusion=False), T)
+    assert (len(steps[0]), len(steps[1])) == (len(dropless[0]) + 6, len(dropless[1]) + 1)
+    assert router_steps(_with(capacity_factor=1.0), T) == router_steps(MOE, T)
+    assert capacity_steps(_with(moe_router_fusion=False), T) == ([], [])
 
 
 def test_expert_bias_and_sigmoid_fused_bytes():
