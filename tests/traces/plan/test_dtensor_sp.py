@@ -105,3 +105,16 @@ def test_dtensor_moe_layer_has_no_dense_fc1_input() -> None:
     total = {m.kernels: activation_bytes_per_layer(m, layout) + moe_activation_delta(m, layout, 1)
              for m in (fused, eager)}
     assert total["eager"] - total["fused"] == pytest.approx(2 * sbh * (1 - 1 / 2), rel=1e-12)
+
+
+def test_eager_with_tp_comm_overlap_leaves_qkv_and_fc1_backward_inline() -> None:
+    """Without a kept shard to gather there is no bulk region (TE's bulk method overlaps that
+    gather with dgrad): the reduce-scatter stays inline; the rest is TE's overlap as before."""
+    layout = dataclasses.replace(SP, tp_comm_overlap=True)
+    ops = build(dataclasses.replace(LLAMA, kernels="eager"), layout).ops[0]
+    chunks = Counter((op.purpose.kernel, op.phase) for op in ops if isinstance(op.purpose, TpChunk))
+    assert {k for k, _ in chunks} == {K.QKV, K.PROJ, K.FC1, K.FC2}
+    assert (K.QKV, Phase.BWD) not in chunks and (K.FC1, Phase.BWD) not in chunks
+    inline = Counter((op.purpose.kernel, op.kind) for op in ops
+                     if isinstance(op.purpose, TpSite) and op.phase is Phase.BWD)
+    assert inline[(K.QKV, OpKind.REDUCE_SCATTER)] == inline[(K.FC1, OpKind.REDUCE_SCATTER)] == 4
