@@ -58,8 +58,11 @@ class _Pieces:
 class ChunkedTp:
     """The chunked TP collectives of one rank (`RankRuntime.tp_chunk` calls `issue`)."""
 
-    def __init__(self, comm: Comm, tp: int, num_layers: int) -> None:
+    def __init__(self, comm: Comm, tp: int, num_layers: int, keep_shard: bool = True) -> None:
         self.comm, self.tp, self.num_layers = comm, tp, num_layers
+        self.keep_shard = keep_shard
+        """A gathered input's GEMM keeps its shard, gathered again in backward (Megatron/TE);
+        False: it keeps the gathered input (DTensor: `traces.stack.regathers`)."""
         self.open: dict[tuple[int, Slot, bool], _Pieces] = {}
 
     def issue(self, tape: Tape, mb: int, chunk: TpChunk, layer: int | None,
@@ -83,7 +86,8 @@ class ChunkedTp:
             return tape.acts[tapes.shard_slot(where)]
         if chunk.kind is OpKind.ALL_GATHER and not chunk.grad:
             value = tape.take(where).contiguous()
-            tape.put(tapes.shard_slot(where), value)  # the GEMM keeps its input's shard
+            if self.keep_shard:
+                tape.put(tapes.shard_slot(where), value)  # the GEMM keeps its input's shard
             return value
         return (tape.grads if chunk.grad else tape.acts)[where].contiguous()
 

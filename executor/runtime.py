@@ -64,6 +64,7 @@ from traces.model import ModelSpec
 from traces.ops import OpKind, Phase, Stream
 from traces.plan.optimizer import grad_stats_group
 from traces.purpose import GemmPart, Kernel, MoeStep, Stat, StepStat, TpChunk, TpSite, Unit
+from traces.stack import regathers
 
 # ZeRO-3 frees a unit's gathered parameters after its last kernel of a pass (as frees_after says).
 _LAST_OF_PASS = {(Phase.FWD, Kernel.BDA2), (Phase.FWD, Kernel.POS_EMBED),
@@ -110,7 +111,7 @@ class RankRuntime:
         """The global gradient norm of the last step (before clipping)."""
         self.tp_key: GroupKey = (Stream.COMPUTE, layout.group(rank, Axis.TP))
         self.embedding_key: GroupKey = (Stream.DP, layout.embedding_group(rank))
-        self.chunked = ChunkedTp(comm, layout.tp, model.layers)
+        self.chunked = ChunkedTp(comm, layout.tp, model.layers, regathers(model))
         self.stale: set[int] = set()
         """overlap_param_gather: buckets whose parameters the last step updated and no gather
         has brought in yet (the next step's forward would)."""
@@ -251,9 +252,11 @@ class RankRuntime:
         if site.saved:  # backward: the shard the forward kept, gathered again
             value = tape.acts[tapes.shard_slot(key)]
         elif site.kind is OpKind.ALL_GATHER and not site.grad:
-            # forward: the GEMM keeps its input's shard for backward, not the gathered input
+            # forward: Megatron's GEMM keeps its input's shard for backward; DTensor's keeps
+            # the gathered input, which autograd saves (`traces.stack.regathers`)
             value = tape.take(key).contiguous()
-            tape.put(tapes.shard_slot(key), value)
+            if self.chunked.keep_shard:
+                tape.put(tapes.shard_slot(key), value)
         else:
             value = (tape.grads if site.grad else tape.acts)[key].contiguous()
         t = self.layout.tp

@@ -64,6 +64,27 @@ def stack_lists(model: ModelSpec, work: KernelWork, b: int, t: int, sp: bool
     return None
 
 
+def regathers(model: ModelSpec) -> bool:
+    """Whether a sequence-parallel column-parallel GEMM (qkv, fc1, logits; latent attention's
+    up-projections) keeps only its input's sequence shard and all-gathers it again in backward
+    for the weight gradient (True: "fused", Megatron-Core / Transformer Engine), or keeps the
+    gathered input itself, so that backward gathers nothing (False: torch's DTensor, which
+    torchtitan's eager and compiled stacks run).
+
+    Megatron-Core: LinearWithGradAccumulationAndAsyncCommunication saves `input` (the shard)
+    and its backward all-gathers it when sequence_parallel (megatron/core/tensor_parallel/
+    layers.py @000c4ac); Transformer Engine likewise (module/linear.py @3ec8787:
+    ctx.backward_input_needs_gather = ... parallel_mode == "column" and sequence_parallel).
+    torchtitan (torchtitan/models/llama3/infra/parallelize.py @018740b, apply_tp): norms
+    SequenceParallel, PrepareModuleInput(Shard(1) -> Replicate()) before attention and
+    feed_forward, wq/wk/wv/w1/w3 ColwiseParallel, output ColwiseParallel(input_layouts=
+    Shard(1)); DTensor's Redistribute saves no tensor and its backward redistributes the
+    gradient to the input's placement, Partial -> Shard(1), a reduce-scatter
+    (torch/distributed/tensor/_redistribute.py @012e4b9), while the mm autograd node saves
+    its input, the gathered tensor. So the stack decides it: no key of its own."""
+    return model.kernels == "fused"
+
+
 def launch_counts(model: ModelSpec) -> dict[tuple[str, bool], int] | None:
     """Device kernels per (kernel, backward) where the model's stack states them; None for the
     fused stack (each op's own one launch, a GEMM's backward two). Counts do not depend on the

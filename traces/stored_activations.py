@@ -11,6 +11,7 @@ from traces.layout import Layout, Recompute
 from traces.model import ModelSpec
 from traces.recompute import recomputes_core
 from traces.saved_activations import saving_terms
+from traces.stack import regathers
 
 GELU_MLP_TERM = 16
 """A GeLU MLP's stored activations per s·b·h: 2·4 (GeLU input) + 2·4 (fc2 input), the paper's
@@ -59,6 +60,21 @@ def latent_term(model: ModelSpec) -> float:
     return 4 * (model.q_lora_rank + model.kv_lora_rank) / model.hidden if model.mla else 0.0
 
 
+def gathered_inputs(model: ModelSpec, layout: Layout) -> tuple[float, float]:
+    """(attention, dense MLP) bytes per s·b·h of the column-parallel GEMMs' inputs that SP
+    gathers from sequence shards: qkv's (latent attention: the up-projections', the normalized
+    latents, and q_up's ln1 output without query compression) and fc1's, as stored after what
+    the options spare (`saving_terms`: "layernorm"'s and the FP8 cache's halves of the
+    replicated cut are these two inputs). Megatron/TE keep 1/t shards of them, torch's DTensor
+    the whole gathered tensors (`traces.stack.regathers`)."""
+    cut = saving_terms(model, layout)
+    dense = 2 - cut[0] / 2
+    if not model.mla:
+        return dense, dense
+    latents = 2 * (model.q_lora_rank + model.kv_lora_rank) / model.hidden - cut[2]
+    return latents + (dense if model.q_lora_rank == 0 else 0.0), dense
+
+
 def activation_bytes_per_layer(model: ModelSpec, layout: Layout) -> float:
     """Stored activations of one transformer layer for one micro-batch on one GPU.
 
@@ -78,6 +94,8 @@ def activation_bytes_per_layer(model: ModelSpec, layout: Layout) -> float:
     cut = saving_terms(model, layout)  # recompute_modules, the FP8 cache
     replicated, split = replicated - cut[0], split - cut[1]
     pointwise = (replicated + split) / t if layout.sp else replicated + split / t
+    if layout.sp and not regathers(model):  # DTensor keeps the gathered inputs whole
+        pointwise += sum(gathered_inputs(model, layout)) * (1 - 1 / t)
     if model.mla:  # SP: the down-projection's outputs are sequence shards too
         pointwise += (latent_term(model) - cut[2]) / (t if layout.sp else 1)
     # 5as^2b = scores 2as^2b + softmax-dropout mask as^2b + dropped-out probabilities 2as^2b,

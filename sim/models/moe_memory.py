@@ -30,6 +30,8 @@ from traces.moe import ExpertShard, local_expert_tokens, rank_tokens
 from traces.moe_probs import combine_saved_bytes
 from traces.moe_spec import expert_counts, expert_params, is_moe_layer
 from traces.saved_activations import mlp_saving, moe_mlp_terms
+from traces.stack import regathers
+from traces.stored_activations import gathered_inputs
 
 GELU_MLP_TERM = 16  # as sim.models.memory's
 
@@ -72,6 +74,8 @@ def moe_activation_delta(model: ModelSpec, layout: Layout, layer: int) -> float:
                    for r in range(layout.ep))
     weighed = combine_saved_bytes(model, kept, received)  # `traces.moe_probs`
     routed = received * per_token * e + weighed + tokens * model.experts * (4 + 1)
+    if layout.sp and not regathers(model):  # no dense fc1 input gathered whole (DTensor)
+        dense += gathered_inputs(model, layout)[1] * (t - 1)
     return sbh * (shared - dense) / t + routed
 
 

@@ -16,6 +16,7 @@ from traces.ops import Phase, Stream
 from traces.plan.optimizer import grad_stats_group
 from traces.plan.tensor import tp_sites
 from traces.purpose import Kernel, Stat, StepStat
+from traces.stack import regathers
 
 CORE = CORE_KERNELS
 
@@ -24,7 +25,7 @@ def _kernels(rt: RankRuntime, names: tuple[Kernel, ...] | list[Kernel], phase: P
              layer: int | None, mb: int) -> None:
     """Run kernels in order, with the TP collectives around them where the doc puts them."""
     tp = rt.layout.tp > 1
-    sites = tp_sites(rt.layout.sp) if tp else {}
+    sites = tp_sites(rt.layout.sp, regathers(rt.model)) if tp else {}
     for name in names:
         before, after = sites.get((name, phase is Phase.BWD), ((), ()))
         for site in before:

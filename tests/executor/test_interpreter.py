@@ -58,6 +58,9 @@ WORLD2 = {
     "llama-tp-sp-asynctp-full": Case(dict(tp=2, sp=True, global_batch=2, recompute="full",
                                           tp_comm_overlap=True),
                                      model=dict(LLAMA, kernels="compiled")),
+    # torch's DTensor SP (kernels eager/compiled): the gathered input kept, no gather again
+    "llama-tp-sp-eager": Case(dict(tp=2, sp=True, global_batch=2), model=dict(LLAMA,
+                                                                          kernels="eager")),
     "zero1-param-gather-overlap": Case(dict(dp=2, zero=1, global_batch=4, bucket_bytes=20_000,
                                             overlap_param_gather=True)),
     # Latent attention (issue 19): TP splits its heads, its down-projection is replicated.

@@ -22,6 +22,8 @@ from tests.executor.checks import GRAD_ATOL, GRAD_RTOL, check_training
 from tests.executor.plan_match import call_sequences, plan_sequences
 from tests.executor.workers import ADAMW, LLAMA, OPTIONS, Case, suite
 from traces.plan import build
+from traces.stack import regathers
+from traces.stored_activations import activation_bytes_per_layer
 
 TIMEOUT_S = 15 * 4  # one world runs every case below
 TRAIN = {
@@ -45,11 +47,16 @@ TRAIN = {
     "llama-mha-tp-sp-biases": Case(dict(tp=2, sp=True, global_batch=2, schedule="gpipe"),
                                    model=dict(LLAMA, kv_heads=4, bias=True), record=True),
 }
-LAYERS = {name: Case(layout, model=dict(layers=1, attention=attention))
-          for name, layout, attention in [
-              ("tp-flash", dict(tp=2), "flash"), ("tp-unfused", dict(tp=2), "unfused"),
-              ("sp-flash", dict(tp=2, sp=True), "flash"),
-              ("sp-unfused", dict(tp=2, sp=True, micro_batch=2, global_batch=2), "unfused")]}
+LAYERS = {name: Case(layout, model=dict(layers=1, attention=attention, kernels=stack))
+          for name, layout, attention, stack in [
+              ("tp-flash", dict(tp=2), "flash", "fused"),
+              ("tp-unfused", dict(tp=2), "unfused", "fused"),
+              ("sp-flash", dict(tp=2, sp=True), "flash", "fused"),
+              ("sp-unfused", dict(tp=2, sp=True, micro_batch=2, global_batch=2), "unfused",
+               "fused"),
+              # torch's DTensor SP: qkv and fc1 keep their gathered inputs
+              ("sp-unfused-eager", dict(tp=2, sp=True, micro_batch=2, global_batch=2),
+               "unfused", "eager")]}
 ZERO = {z: Case(dict(dp=2, zero=z, global_batch=2, bucket_bytes=5_000)) for z in (1, 2, 3)}
 SEED = 99
 
@@ -126,18 +133,29 @@ def test_a_layer_keeps_for_backward_what_megatron_keeps(world: dict, name: str) 
     implementation-dependent is saved), in fp32 elements: the layer's input, the inputs of
     qkv and fc1, the residual y and the output (5 tensors of rows·b·h) and the two layer norms'
     mean and rstd (4·rows·b), where rows is s, or s/t with SP: Megatron-LM's sequence-parallel
-    qkv and fc1 keep only their input's shard and gather it again in backward; the QKV output
+    qkv and fc1 keep only their input's shard and gather it again in backward (DTensor's,
+    `kernels = "eager"`, keep the gathered s rows: `traces.stack.regathers`); the QKV output
     (s·b·3h/t), the probabilities (b·a/t·s²), the attention output (s·b·h/t), fc1's and GeLU's
     outputs (2·s·b·f/t); and the causal mask (s² bytes). After the backward only the data is
     left."""
     model, layout = LAYERS[name].specs()
     s, b, h, t = model.seq_len, layout.micro_batch, model.hidden, layout.tp
     rows = s // t if layout.sp else s
-    elements = (5 * rows * b * h + 4 * rows * b + s * b * 3 * h // t
+    kept = rows if regathers(model) else s  # the rows of qkv's and fc1's saved inputs
+    elements = (3 * rows * b * h + 2 * kept * b * h + 4 * rows * b + s * b * 3 * h // t
                 + b * model.heads // t * s * s + s * b * h // t + 2 * s * b * model.ffn_hidden // t)
     for res in world["layer"][name]:
         assert res["held"] - res["data"] == 4 * elements + s * s
         assert res["left"] == res["data"] and res["slots"] == [("D", "targets"), ("D", "tokens")]
+
+
+def test_dtensor_layer_holds_what_the_memory_model_adds(world: dict) -> None:
+    """The executor's extra held bytes under DTensor SP (fp32 elements, 4 bytes) are the memory
+    model's extra stored bytes (`gathered_inputs`, counted in 2-byte values), twice over."""
+    (model, layout), (eager, _) = LAYERS["sp-unfused"].specs(), LAYERS["sp-unfused-eager"].specs()
+    extra = activation_bytes_per_layer(eager, layout) - activation_bytes_per_layer(model, layout)
+    for fused, torch_sp in zip(world["layer"]["sp-unfused"], world["layer"]["sp-unfused-eager"]):
+        assert torch_sp["held"] - fused["held"] == 2 * extra > 0
 
 
 def test_vocab_parallel_cross_entropy_equals_torch(world: dict) -> None:

@@ -25,7 +25,9 @@ input for backward, as Megatron-LM's LinearWithGradAccumulationAndAsyncCommunica
 sequence_parallel (megatron/core/tensor_parallel/layers.py): its backward all-gathers the
 saved shard over the TP group again, for the weight gradient, and then reduce-scatters the input
 gradient. So SP saves a 1/t shard instead of the full b·s·h input of each of these GEMMs, and
-its backward moves one b·s·h all-gather more per GEMM than TP alone.
+its backward moves one b·s·h all-gather more per GEMM than TP alone. torch's DTensor
+(`kernels = "eager" | "compiled"`, torchtitan) keeps the gathered input instead: no gather
+again in backward, only the reduce-scatter (`traces.stack.regathers`; `regather = False`).
 
 Each buffer is the b·s·h activation (nccl-tests' convention: the all-gather's output, the
 reduce-scatter's input). With tp_comm_overlap, the sites of qkv, proj, fc1 and fc2 are
@@ -48,6 +50,7 @@ from traces.plan.fp8 import TP_AMAX_GEMMS
 from traces.plan.nodes import Node, Program, RankContext
 from traces.plan.overlap import OVERLAPPED, Template, overlap_region, overlap_template
 from traces.purpose import CrossEntropyStat, Kernel, KernelRun, Purpose, Stat, TpSite
+from traces.stack import regathers
 from traces.zero_bubble import WEIGHT_ONLY
 
 K = Kernel
@@ -72,8 +75,9 @@ Sites = dict[tuple[Kernel, bool], tuple[tuple[TpSite, ...], tuple[TpSite, ...]]]
 """(kernel, phase is backward) -> the TP sites just before and just after it."""
 
 
-def tp_sites(sp: bool) -> Sites:
-    """Megatron-LM's f/g sites around each kernel, without or with SP (module docstring)."""
+def tp_sites(sp: bool, regather: bool = True) -> Sites:
+    """Megatron-LM's f/g sites around each kernel, without or with SP (module docstring);
+    `regather` False: DTensor's, no all-gather of the kept shard in backward."""
     if not sp:
         return {
             (K.PROJ, False): ((), (TpSite(K.PROJ, "attn", False, _AR),)),
@@ -96,26 +100,28 @@ def tp_sites(sp: bool) -> Sites:
     for kernel, slot in ((K.QKV, "a1"), (K.MLA_DOWN, "a1"), (K.FC1, "a2"),
                          (K.LOGITS, "fln")):  # column-parallel
         sites[(kernel, False)] = ((TpSite(kernel, slot, False, _AG),), ())
-        sites[(kernel, True)] = ((TpSite(kernel, slot, False, _AG, saved=True),),
-                                 (TpSite(kernel, slot, True, _RS),))
+        again = (TpSite(kernel, slot, False, _AG, saved=True),) if regather else ()
+        sites[(kernel, True)] = (again, (TpSite(kernel, slot, True, _RS),))
     return sites
 
 
-def mla_sp_sites(q_proj: bool) -> Sites:
+def mla_sp_sites(q_proj: bool, regather: bool = True) -> Sites:
     """Latent attention's sites with SP, in place of mla_down's: all-gather the normalized
     latents [c_q | c_kv | k_pe] after latent_norm, again (the kept shard) before kv_up's
     backward, reduce-scatter their gradient after q_up's (the last of their consumers in
     backward); `q_proj` (no query compression): q_up reads ln1's output itself, gathered
-    as qkv's is."""
+    as qkv's is; `regather` False: DTensor's, no gather again before a backward."""
     after_q: tuple[TpSite, ...] = (TpSite(K.Q_UP, "latn", True, _RS),)
     sites: Sites = {
         (K.MLA_DOWN, False): ((), ()), (K.MLA_DOWN, True): ((), ()),
         (K.LATENT_NORM, False): ((), (TpSite(K.LATENT_NORM, "latn", False, _AG),)),
-        (K.KV_UP, True): ((TpSite(K.KV_UP, "latn", False, _AG, saved=True),), ()),
+        (K.KV_UP, True): ((TpSite(K.KV_UP, "latn", False, _AG, saved=True),)
+                          if regather else (), ()),
     }
     if q_proj:
         sites[(K.Q_UP, False)] = ((TpSite(K.Q_UP, "a1", False, _AG),), ())
-        sites[(K.Q_UP, True)] = ((TpSite(K.Q_UP, "a1", False, _AG, saved=True),),
+        sites[(K.Q_UP, True)] = ((TpSite(K.Q_UP, "a1", False, _AG, saved=True),)
+                                 if regather else (),
                                  (TpSite(K.Q_UP, "a1", True, _RS), *after_q))
     else:
         sites[(K.Q_UP, True)] = ((), after_q)
@@ -135,6 +141,7 @@ def add_tensor_parallel(ctx: RankContext, program: Program) -> Program:
     fp8_gather = model.fp8 and model.fp8_recipe in FP8_GATHER_RECIPES
     sizes["tp_fp8"] = b * s * model.hidden * fp8_recipe(model).q_act if fp8_gather else sizes["tp"]
     group = layout.group(ctx.rank, Axis.TP)
+    regather = regathers(model)  # Megatron/TE's gather again in backward, or DTensor's none
     # (kernel, phase) -> the fields of the collectives before and after it, or (None, sites)
     # where tp_comm_overlap overlaps them with the kernel's GEMM (`traces.plan.overlap`)
     where: dict[tuple[Kernel, Phase | None], tuple[Any, Any]] = {
@@ -142,10 +149,10 @@ def add_tensor_parallel(ctx: RankContext, program: Program) -> Program:
               tuple(_fields(ctx, c, group, sizes[c[1]]) for c in after))
         for key, (before, after) in _placements(
             layout.sp, model.q_lora_rank == 0 if model.mla and layout.sp else None,
-            fp8_gather).items()}
+            fp8_gather, regather).items()}
     asynctp = model.kernels == "compiled"  # torch.compile's AsyncTP (`traces.plan.overlap`)
     where.update({key: (None, sites) for key, sites in
-                  _overlapped(layout.sp, layout.tp_comm_overlap, asynctp).items()})
+                  _overlapped(layout.sp, layout.tp_comm_overlap, asynctp, regather).items()})
     templates: dict[tuple[Any, ...], Template] = {}  # one per distinct overlapped kernel op
     recipes: dict[int, list[tuple[list[Any], list[Step]]]] = {}  # by the action's length
     out: Program = []
@@ -240,17 +247,18 @@ def _splice(nodes: list[Node], recipe: list[Step], templates: dict[tuple[Any, ..
     return step
 
 
-def _overlapped(sp: bool, tp_comm_overlap: bool, asynctp: bool = False
+def _overlapped(sp: bool, tp_comm_overlap: bool, asynctp: bool = False, regather: bool = True
                 ) -> dict[tuple[Kernel, Phase], tuple[tuple[TpSite, ...], tuple[TpSite, ...]]]:
     """(kernel, phase) -> the TP sites before and after it that tp_comm_overlap overlaps with
     its GEMM (`traces.plan.overlap`); empty without it. AsyncTP leaves qkv's and fc1's
     backward inline: their input gradient is a sum of GEMMs, which micro_pipeline_tp does
-    not fuse with the reduce-scatter."""
+    not fuse with the reduce-scatter; so does any stack without the gather again (TE's bulk
+    method overlaps that gather with dgrad and the reduce-scatter with wgrad)."""
     if not (sp and tp_comm_overlap):
         return {}
     out = {}
-    for (kernel, backward), sites in tp_sites(sp).items():
-        if asynctp and backward and kernel in (K.QKV, K.FC1):
+    for (kernel, backward), sites in tp_sites(sp, regather).items():
+        if (asynctp or not regather) and backward and kernel in (K.QKV, K.FC1):
             continue
         if kernel in OVERLAPPED:
             for phase in (Phase.BWD,) if backward else (Phase.FWD, Phase.RECOMPUTE):
@@ -263,13 +271,16 @@ Collective = tuple[OpKind, str, Purpose]
 Placement = tuple[tuple[Collective, ...], tuple[Collective, ...]]
 
 
-def _placements(sp: bool, mla_q_proj: bool | None = None, fp8_gather: bool = False
-                ) -> dict[tuple[Kernel, Phase | None], Placement]:
+def _placements(sp: bool, mla_q_proj: bool | None = None, fp8_gather: bool = False,
+                regather: bool = True) -> dict[tuple[Kernel, Phase | None], Placement]:
     """(kernel, phase) -> the collectives before and after it; `mla_q_proj` not None: latent
     attention with SP (`mla_sp_sites`); `fp8_gather`: the gathers feeding an FP8 GEMM's cast
-    (`traces.plan.fp8.TP_AMAX_GEMMS`) carry FP8 (`FP8_GATHER_RECIPES`)."""
+    (`traces.plan.fp8.TP_AMAX_GEMMS`) carry FP8 (`FP8_GATHER_RECIPES`); `regather`: the
+    kept shards gathered again in backward (`tp_sites`)."""
     out: dict[tuple[Kernel, Phase | None], Placement] = {}
-    sites = tp_sites(sp) if mla_q_proj is None else {**tp_sites(sp), **mla_sp_sites(mla_q_proj)}
+    sites = tp_sites(sp, regather)
+    if mla_q_proj is not None:
+        sites = {**sites, **mla_sp_sites(mla_q_proj, regather)}
 
     def label(site: TpSite) -> str:
         if site.slot == "latn":

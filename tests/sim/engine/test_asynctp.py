@@ -16,7 +16,7 @@ from sim.profile import default_profile
 from tests.sim.engine.test_overlaps import MODEL, OVERLAP, _regions, _replay
 from traces.layout import Layout
 from traces.model import ModelSpec
-from traces.ops import Phase
+from traces.ops import OpKind, Phase
 from traces.plan import build
 from traces.plan.overlap import region_seconds
 from traces.purpose import GemmChunk, Kernel, KernelRun, OverlapMethod, TpChunk, TpSite
@@ -48,12 +48,13 @@ def test_asynctp_overlaps_the_forward_and_the_row_parallel_dgrad_only():
     te = _methods(MODEL)
     assert te[("proj", Phase.FWD)] == {(OverlapMethod.PIPELINE, 4)}
     assert te[("qkv", Phase.BWD)] == {(OverlapMethod.BULK, 1)}
-    # the inline collectives of qkv's and fc1's backward: the saved input's all-gather and
-    # the input gradient's reduce-scatter, each layer
+    # the inline collectives of qkv's and fc1's backward: the input gradient's reduce-scatter
+    # alone, each layer (DTensor keeps the gathered input: no all-gather again,
+    # `traces.stack.regathers`)
     ops = build(COMPILED, Layout(**OVERLAP, recompute="full")).ops[0]
-    inline = [op for op in ops if isinstance(op.purpose, TpSite) and op.phase is Phase.BWD
+    inline = [op.kind for op in ops if isinstance(op.purpose, TpSite) and op.phase is Phase.BWD
               and op.purpose.kernel in ("qkv", "fc1")]
-    assert len(inline) == 2 * 2 * MODEL.layers * OVERLAP["global_batch"]  # micro-batches of 1
+    assert inline == [OpKind.REDUCE_SCATTER] * 2 * MODEL.layers * OVERLAP["global_batch"]
 
 
 def test_produce_chunks_hold_no_sms_and_wait_for_the_copy_two_before():
