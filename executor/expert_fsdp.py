@@ -9,7 +9,9 @@ buffer of the whole layer before its forward and its backward, beside the dense 
 so the parameter leaves and the autograd graphs that saved them stay valid. A layer's
 gradients accumulate in a buffer that lives from its first backward to its `ExpertGrads`
 reduce-scatter into the rank's slice (every micro-batch that syncs, `traces.fsdp.syncs_grads`);
-AdamW updates the slices only.
+the slice's reduced gradients live from that reduction to the optimizer's `zero_` (FSDP2's
+sharded gradients, set to None by zero_grad), so under `grad_sync = "step"` the peak holds the
+full buffers alone, as `sim.models.memory` counts them. AdamW updates the slices only.
 """
 
 from __future__ import annotations
@@ -55,8 +57,12 @@ class ExpertUnits(ExpertStore):
         self.meter, self.grad_dtype = meter, grad_dtype
         whole = torch.cat(self._place(model, layout, rank, seed)).to(DTYPES[model.dtype])
         self.slice: dict[int, tuple[int, int]] = {}
-        self.shard = self._shard_slices(rank, grad_dtype, device)
-        meter.hold(self.shard, "grads")
+        self._shard_slices(rank, grad_dtype, device)  # the slices; no one shard for them all
+        self.shard = torch.zeros(0, dtype=grad_dtype, device=device)
+        self.shards: dict[int, tuple[torch.Tensor, int]] = {}
+        """Per layer, the rank's reduced gradients of its slice and their meter key: from the
+        step's first reduction of the layer to `zero_` (FSDP2's sharded gradients, which the
+        optimizer's zero_grad sets to None), so never beside the whole step's full buffers."""
         self.kept = torch.cat([self._layer_part(whole, layer)[slice(*self.slice[layer])]
                                for layer in self.layers]).to(device)
         """The rank's slices of the layers' parameters, layer after layer."""
@@ -125,14 +131,17 @@ class ExpertUnits(ExpertStore):
         starts a new buffer."""
         buf = self._grad_buffer(layer)
         _, held_buf = self._transient.pop(layer)
-        shard = self._shard_of(layer)
-        out = torch.empty_like(shard)
+        a, b = self.slice[layer]
+        out = torch.empty(b - a, dtype=self.grad_dtype, device=self.kept.device)
         held = self.meter.hold(out, "comm")
 
         def then() -> None:
-            shard.add_(out)
+            self.meter.drop(held_buf)  # the full buffer goes before the shard comes
             self.meter.drop(held)
-            self.meter.drop(held_buf)
+            if layer in self.shards:
+                self.shards[layer][0].add_(out)
+            else:  # the step's first reduction of the layer: its result is the shard
+                self.shards[layer] = (out, self.meter.hold(out, "grads"))
 
         return comm.reduce_scatter(out, buf, (stream, self.group), async_op=async_op,
                                    then=then)
@@ -183,9 +192,20 @@ class ExpertUnits(ExpertStore):
     def param_segments(self) -> list[torch.Tensor]:
         return [self._kept_of(layer) for layer in self.layers]
 
+    def _shard_of(self, layer: int) -> torch.Tensor:
+        """The rank's reduced gradients of the layer's slice (zeros before its reduction)."""
+        if layer not in self.shards:
+            a, b = self.slice[layer]
+            zeros = torch.zeros(b - a, dtype=self.grad_dtype, device=self.kept.device)
+            self.shards[layer] = (zeros, self.meter.hold(zeros, "grads"))
+        return self.shards[layer][0]
+
     def zero_(self) -> None:
+        """After the optimizer step: the shards freed (`shards`)."""
         assert not self._transient, "every layer's experts were reduced before the step"
-        self.shard.zero_()
+        for _, key in self.shards.values():
+            self.meter.drop(key)
+        self.shards.clear()
 
     def tensors(self, unit: Unit, comm: Comm) -> dict[str, torch.Tensor]:
         """The unit's experts by name (copies), gathered for the purpose (collective)."""

@@ -5,8 +5,13 @@ the closed form of one micro-batch's forward and backward with the offload (D2H)
 
 Rules from Megatron-Core's TransformerConfig.__post_init__ (transformer_config.py): the layer
 count must lie in [0, num_layers); pipeline parallel > 1 and activation recompute are refused.
-Transformer Engine's offload handler keeps two layers' activations resident (a double buffer:
-the layer being offloaded or reloaded while the next computes), so those two free nothing.
+Transformer Engine's offload handler (AsyncDoubleBufferGroupOffloadHandler, cpu_offload_v1.py)
+frees offloaded layer j's saved tensors once the forward reaches its window w[j] (the last
+offloaded layer's at the forward's end) and, in backward, reloads it into a new buffer just
+before layer w[j]'s backward: the last one (w[-1] = L - 1) comes back at once, before the first
+backward, while every layer not offloaded is still held. So one offloaded layer's activations
+are resident at the peak, L - N + 1 layers of L with N offloaded (Megatron-Core's default
+`cpu_offloading_double_buffering = False`; its True adds two preallocated reload buffers).
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ if TYPE_CHECKING:
 NVLINK_C2C_BPS = 450e9
 GRACE_PREFIXES = ("GB200", "GB300", "GH200")
 KEY = "parallel.cpu_offloading_num_layers"
-RESIDENT_BUFFER_LAYERS = 2  # TE's double buffer: these layers' activations stay on the GPU
+RESIDENT_BUFFER_LAYERS = 1  # the last offloaded layer, reloaded before the first backward
 
 
 @dataclass(frozen=True)
@@ -40,7 +45,8 @@ class OffloadPlan:
 
     @property
     def freed_bytes(self) -> float:
-        """GPU memory freed per micro-batch in flight: all offloaded layers but the buffer."""
+        """GPU memory freed per micro-batch in flight: all offloaded layers but the one
+        resident at the peak (module docstring)."""
         return max(0, self.layers - RESIDENT_BUFFER_LAYERS) * self.act_bytes_per_layer
 
     @property
@@ -77,7 +83,8 @@ def check_with_model(model: ModelSpec, layout: Layout) -> None:
 
 
 def freed_layers(layout: Layout) -> int:
-    """Layers whose stored activations leave GPU memory: all offloaded but the double buffer."""
+    """Layers whose stored activations leave GPU memory at the peak: all offloaded but the
+    one reloaded before the first backward (module docstring)."""
     return max(0, layout.cpu_offloading_num_layers - RESIDENT_BUFFER_LAYERS)
 
 

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from sim.models.activation_memory import chunk_bytes, held_after, peak_in_flight, per_pass
-from sim.models.moe_memory import expert_shards
+from sim.models.moe_memory import expert_shards, expert_zero
 from sim.models.working_memory import (
     LOGITS_BYTES,
     dispatch_buffer_bytes,
@@ -124,7 +124,8 @@ def pp_rank_memory(model: ModelSpec, layout: Layout, pp_rank: int,
 
 def _states(model: ModelSpec, layout: Layout, pp_rank: int) -> tuple[float, float, float]:
     """(params, grads, optimizer) bytes: ZeRO shards the dense states over DP x CP and an MoE
-    model's routed experts over their expert-data-parallel group (`sim.models.moe_memory`)."""
+    model's routed experts over their expert-data-parallel group, at the stage the plan holds
+    them (`sim.models.moe_memory.expert_zero`)."""
     grad_bytes = 4 if layout.fp32_main_grads else model.dtype_bytes
     total, experts = rank_params(model, layout, pp_rank)
     full = layout.sync is GradSync.STEP
@@ -134,7 +135,7 @@ def _states(model: ModelSpec, layout: Layout, pp_rank: int) -> tuple[float, floa
                               full_grads=full)
     if not experts:
         return dense
-    routed = model_state_bytes(experts, expert_shards(layout), layout.zero, k,
+    routed = model_state_bytes(experts, expert_shards(layout), expert_zero(layout), k,
                                param_bytes=model.dtype_bytes, grad_bytes=grad_bytes,
                                full_grads=full)
     return dense[0] + routed[0], dense[1] + routed[1], dense[2] + routed[2]

@@ -3,7 +3,9 @@
     expert_params_on_rank   the routed experts a GPU of pipeline rank p holds: per MoE layer
                             E/EP experts, each split by ETP (`traces.moe_spec.expert_params`);
                             their optimizer states shard over the expert-data-parallel group
-                            (TP·CP·DP / (ETP·EP) ranks), not the whole DP group
+                            (TP·CP·DP / (ETP·EP) ranks), not the whole DP group; their
+                            parameters and gradients only where ZeRO 3 gathers them per use
+                            (`expert_zero`)
     moe_activation_delta    stored activations of an MoE layer minus the dense layer's, for one
                             micro-batch, on the busiest EP rank (skewed routing): the dense MLP's
                             term (6f/h·sbh for SwiGLU, 16·sbh for GeLU, split by TP) goes; in
@@ -29,6 +31,7 @@ from traces.model import ModelSpec
 from traces.moe import ExpertShard, local_expert_tokens, rank_tokens
 from traces.moe_probs import combine_saved_bytes
 from traces.moe_spec import expert_counts, expert_params, is_moe_layer
+from traces.plan.experts import fsdp_experts
 from traces.saved_activations import mlp_saving, moe_mlp_terms
 from traces.stack import regathers
 from traces.stored_activations import gathered_inputs
@@ -43,8 +46,31 @@ def rank_layers(model: ModelSpec, layout: Layout, pp_rank: int) -> list[int]:
 
 
 def expert_params_on_rank(model: ModelSpec, layout: Layout, pp_rank: int) -> float:
-    moe = sum(is_moe_layer(model, layer) for layer in rank_layers(model, layout, pp_rank))
-    return moe * model.experts / layout.ep * expert_params(model) / layout.etp
+    return sum(layer_expert_params(model, layout, layer)
+               for layer in rank_layers(model, layout, pp_rank))
+
+
+def layer_expert_params(model: ModelSpec, layout: Layout, layer: int) -> float:
+    """The routed experts' parameters one GPU holds of `layer` (0 for a dense layer)."""
+    if not is_moe_layer(model, layer):
+        return 0.0
+    return model.experts / layout.ep * expert_params(model) / layout.etp
+
+
+def expert_zero(layout: Layout) -> int:
+    """The ZeRO stage the routed experts' states are held at: 3 where the plan gathers them
+    per use (FSDP with EP over DP of two or more, `traces.plan.experts.fsdp_experts`; over an
+    expert-DP group of one they are whole all the same); elsewhere the plan reduces their
+    gradients once, after the step's last backward (`traces.plan.experts.add_expert_grads`,
+    at ZeRO 2 and at ZeRO 3 with DP 1 too), so parameters and gradients are held whole and
+    only the optimizer shards: stage 1 (0 at ZeRO 0)."""
+    return 3 if fsdp_experts(layout) else min(layout.zero, 1)
+
+
+def gathers_experts(layout: Layout) -> bool:
+    """Whether ZeRO 3 all-gathers the routed experts per use (`traces.plan.data`): FSDP with
+    EP over an expert-DP group of two or more; else they stay whole in the model states."""
+    return fsdp_experts(layout) and expert_shards(layout) > 1
 
 
 def expert_shards(layout: Layout) -> int:

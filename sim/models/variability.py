@@ -23,7 +23,7 @@ sum_p t_p + (M - 1) max_p t_p: one slot through every stage (filling and drainin
 on the bottleneck stage. The first part sums members that each wait for their own slowest
 (e_member), the second waits for the slowest of the job (e_world), so every rank's kernels
 are stretched by the slot-weighted mean (pp stages of a slot each; (pp - 1) / vp + 1
-interleaved; the zero-bubble V and DualPipe: `fill_slots`)
+interleaved; zero-bubble (zb1p, the V) and DualPipe: `fill_slots`)
 
     e = (F * e_member + (M - 1) * e_world) / (F + M - 1),   F = (pp - 1) / vp + 1
 
@@ -109,12 +109,16 @@ def fill_slots(layout: Layout) -> float:
     """F of the module docstring: one slot through every stage plus what the schedule's step
     takes beyond M slots, a slot being one micro-batch's whole-stage pass (F + B + W). At
     equal chunk passes (a full backward twice a forward) that excess is (pp - 1) / vp slots
-    under 1F1B and interleaving, (pp - 1) / 6 under zbv and dualpipev (a step of 6M + pp - 1
-    chunk passes, two chunks a rank) and (pp/2 - 1) / 3 under dualpipe (3M + pp/2 - 1 passes
-    of one whole stage, its pairs run one after the other: `traces.zero_bubble.makespan`)."""
+    under 1F1B and interleaving, (pp - 1) / (3 vp) under zb1p (ZB-H1's bubble of pp - 1
+    chunk passes, F + B - W, in a slot of 3 vp), (pp - 1) / 6 under zbv and dualpipev (a step
+    of 6M + pp - 1 chunk passes, two chunks a rank) and (pp/2 - 1) / 3 under dualpipe
+    (3M + pp/2 - 1 passes of one whole stage, its pairs run one after the other:
+    `traces.zero_bubble.makespan`)."""
     pp, schedule = layout.pp, str(layout.schedule)
     if schedule == "dualpipe":
         return 1 + (pp / 2 - 1) / 3
+    if schedule == "zb1p":
+        return 1 + (pp - 1) / (3 * layout.vp)
     if schedule in ("zbv", "dualpipev"):
         return 1 + (pp - 1) / 6
     return (pp - 1) / layout.vp + 1

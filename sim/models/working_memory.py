@@ -12,7 +12,13 @@ import dataclasses
 
 from sim.models.deepep_buffers import deepep_buffer_bytes
 from sim.models.hybridep_buffers import hybridep_layout_bytes
-from sim.models.moe_memory import expert_params_on_rank, moe_activation_delta, rank_layers
+from sim.models.moe_memory import (
+    expert_params_on_rank,
+    gathers_experts,
+    layer_expert_params,
+    moe_activation_delta,
+    rank_layers,
+)
 from traces import op_sac
 from traces.fsdp import GradSync
 from traces.layout import Layout, Recompute
@@ -76,9 +82,13 @@ def zero3_working_bytes(model: ModelSpec, layout: Layout, pp_rank: int) -> float
     (2 * 2 + 2) * layer_params(t); with reshard_after_forward false every unit of the rank
     gathered instead (held from its forward to its backward: at the end of a forward all
     are), in the model's dtype (`gathered_params`); with grad_sync "step" no per-layer
-    gradients here (the full ones are model states: `model_state_bytes`)."""
+    gradients here (the full ones are model states: `model_state_bytes`). Only what the plan
+    gathers (`traces.plan.data`): nothing with DP 1, and an MoE layer's routed experts only
+    over an expert-DP group of two or more (else whole in the model states)."""
+    if layout.data_degree == 1:
+        return 0.0
     unit = model.layer_params(layout.tp) if not model.experts else max(
-        model.layer_params(layout.tp, i, layout.ep, layout.etp)
+        model.layer_params(layout.tp, i, layout.ep, layout.etp) - _kept_experts(model, layout, i)
         for i in rank_layers(model, layout, pp_rank))  # FSDP+EP: its largest layer, experts
     gathered = 2 * 2 * unit if layout.reshard_after_forward else \
         model.dtype_bytes * gathered_params(model, layout, pp_rank)
@@ -86,10 +96,17 @@ def zero3_working_bytes(model: ModelSpec, layout: Layout, pp_rank: int) -> float
     return gathered + grads
 
 
+def _kept_experts(model: ModelSpec, layout: Layout, layer: int) -> float:
+    """The routed experts of `layer` ZeRO 3 keeps whole rather than gathering (expert-DP 1)."""
+    return 0.0 if gathers_experts(layout) else layer_expert_params(model, layout, layer)
+
+
 def gathered_params(model: ModelSpec, layout: Layout, pp_rank: int) -> float:
     """Parameters ZeRO-3 gathers on one GPU of pipeline rank `pp_rank`: all it holds (per TP
-    rank), an MoE model's routed experts gathered over expert-DP (`traces.plan.data`)."""
-    return rank_params(model, layout, pp_rank)[0]
+    rank), an MoE model's routed experts gathered over expert-DP where that group has two
+    or more ranks (`traces.plan.data`)."""
+    total, experts = rank_params(model, layout, pp_rank)
+    return total if gathers_experts(layout) else total - experts
 
 
 def rank_params(model: ModelSpec, layout: Layout, pp_rank: int) -> tuple[float, float]:

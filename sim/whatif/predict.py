@@ -9,6 +9,8 @@ changes only the cluster is `replay --cluster`. Every other rank's compute ops t
 kernel book's times (`sim.whatif.book`: measured, fit, or profile) and its communication
 is simulated on the target cluster, by link figures fitted to the capture's own
 communication where the target runs on the capture's kind of cluster (`sim.whatif.links`).
+Activation offload copies (`cpu_offloading_num_layers`) are no kernel: they take their bytes
+over the target cluster's host link, as `simulate` times them (`sim.models.host_link`).
 The range [low, high] replays the step again with every fitted or profile-timed kernel at
 the low and the high end of its uncertainty; measured times stay.
 
@@ -26,6 +28,7 @@ from dataclasses import dataclass, replace
 from sim.config import Experiment
 from sim.engine.replay import StepTimes, host_gaps, replay
 from sim.models.compute import ComputeModel
+from sim.models.host_link import cluster_host_Bps
 from sim.models.sharing import interference_for
 from sim.profile import Profile
 from sim.simulate import fold_sound
@@ -38,6 +41,7 @@ from topology.config import read_cluster_table
 from traces.errors import ConfigError
 from traces.ops import Op, OpKind, Trace
 from traces.plan import build
+from traces.purpose import HostCopy
 from traces.stack import launch_counts
 
 
@@ -130,7 +134,10 @@ def whatif(captured: Captured, exp: Experiment, fallback: Profile | None = None,
             continue
         out, rank_gaps = [], []
         for op in ops:
-            if op.kind is OpKind.COMPUTE:
+            if type(op.purpose) is HostCopy:  # no kernel: the target's host link times it
+                out.append(op)
+                rank_gaps.append(0.0)
+            elif op.kind is OpKind.COMPUTE:
                 t = book.time(op)
                 timings.append(t)
                 out.append(replace(op, start=0.0, end=t.seconds * share))
@@ -262,8 +269,9 @@ def _links(captured: Captured, capture_cluster: Cluster, exp: Experiment,
 def _replay(exp: Experiment, cluster: Cluster, plan: Trace, gaps: Mapping[int, list[float]]
             ) -> StepTimes:
     """`sim.measured.replay_trace`'s run, on `cluster` (the target's), the target's profile
-    and network."""
-    compute = ComputeModel(cluster.accelerator, exp.profile, launch_counts(exp.model))
+    and network; activation offload copies (`HostCopy`) over the target's host link."""
+    compute = ComputeModel(cluster.accelerator, exp.profile, launch_counts(exp.model),
+                           cluster_host_Bps(cluster))
     return replay(plan, cluster, compute,
                   interference=interference_for(cluster, exp.profile, compute),
                   network=exp.network, algo=exp.algo, gaps=gaps)

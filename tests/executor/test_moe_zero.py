@@ -23,7 +23,7 @@ from executor.options import check_supported
 from executor.recorder import timed_trace
 from executor.reference import train
 from sim.models.memory import model_state_bytes, pp_rank_memory
-from sim.models.moe_memory import expert_shards
+from sim.models.moe_memory import expert_shards, expert_zero
 from sim.models.working_memory import rank_params
 from tests.executor.checks import check_training
 from tests.executor.plan_match import call_sequences, plan_sequences
@@ -35,7 +35,7 @@ from traces.model import ModelSpec
 from traces.moe_spec import is_moe_layer
 from traces.ops import OpKind
 from traces.plan import build
-from traces.purpose import ExpertGrads, ExpertParamGather, ExpertUnitGather
+from traces.purpose import ExpertGrads, ExpertParamGather, ExpertUnitGather, Unit
 
 TIMEOUT_S = 120
 WORLD2 = {
@@ -127,14 +127,14 @@ def test_calls_are_the_plans(worlds: dict, name: str) -> None:
     assert len(gathers) == ((passes if per_use else 1) * len(layers) if sharded else 0)
 
 
-@pytest.mark.parametrize("name", [n for n, c in CASES.items() if c.specs()[1].zero == 3
-                                  and c.specs()[1].data_degree > 1])
+@pytest.mark.parametrize("name", [n for n, c in CASES.items() if c.specs()[1].zero == 3])
 def test_fsdp_keeps_only_its_slices_between_steps(worlds: dict, name: str) -> None:
     """After the steps (the last gathers, those that read the parameters out, freed again)
     each rank holds only its slices: the parameter bytes the simulator's memory model counts
     for it at ZeRO 3 (`sim.models.memory.pp_rank_memory`: the dense units over DP, the routed
-    experts over expert-DP). (At DP 1 the plan keeps the experts whole, ZeRO 1/2's way,
-    where the memory model shards them: not compared.)"""
+    experts over expert-DP where the plan gathers them per use). At DP 1 the plan keeps the
+    experts whole, ZeRO 1's way (their optimizer states sharded over expert-DP), and so does
+    the memory model now (`sim.models.moe_memory.expert_zero`; it used to halve them)."""
     model, layout = CASES[name].specs()
     for res in worlds[name]:
         want = pp_rank_memory(model, layout, res["coords"].pp, []).params_bytes
@@ -147,13 +147,17 @@ def test_fsdp_keeps_only_its_slices_between_steps(worlds: dict, name: str) -> No
                                            (dict(dp=4, zero=1), 4), (dict(dp=4), 1),
                                            (dict(ep=2, dp=2, zero=1), 1),
                                            (dict(ep=2, dp=4, zero=3), 2), (dict(dp=2, zero=3), 2),
-                                           (dict(ep=2, dp=2, zero=3), 1)])
+                                           (dict(ep=2, dp=2, zero=3), 1),
+                                           (dict(tp=2, sp=True, zero=3), 2)])
 def test_the_expert_states_are_the_ranks_slice(layout: dict, group: int) -> None:
     """Sharded, the g ranks of an expert-DP group update disjoint slices that tile each
     layer's experts; whole at ZeRO 0 or where the group is one rank. The rank's AdamW states
     and (ZeRO 3) kept parameters, in elements, are what the simulator's memory model counts
     for the routed experts (`sim.models.memory`: `model_state_bytes` over `expert_shards`, a
-    path of its own): 1/g of the rank's experts where ZeRO shards them."""
+    path of its own, at the stage `expert_zero` says the plan holds them): 1/g of the rank's
+    experts where ZeRO shards them, the parameters only where ZeRO 3 gathers them per use
+    (whole at DP 1, where the plan reduces the experts once a step as at ZeRO 1). FSDP's
+    slices hold no gradient between steps (`test_fsdp_gradients_peak_at_the_memory_models`)."""
     model = ModelSpec(**{**SMALL, **MOE})
     lay = Layout(global_batch=8, **layout)
     members = expert_grad_group(lay, 0)
@@ -161,15 +165,16 @@ def test_the_expert_states_are_the_ranks_slice(layout: dict, group: int) -> None
                            device=torch.device("cpu"), meter=MemoryMeter(), adamw=ADAMW)
               for r in members]
     _, experts = rank_params(model, lay, 0)
-    params, _, optimizer = model_state_bytes(experts, expert_shards(lay), lay.zero, 1,
+    params, _, optimizer = model_state_bytes(experts, expert_shards(lay), expert_zero(lay), 1,
                                              param_bytes=1, grad_bytes=1)
     assert experts == 4 // lay.ep * (3 * MOE["moe_ffn_hidden"] * SMALL["hidden"])  # SwiGLU
     for store in stores:
-        assert isinstance(store, ExpertUnits) == (lay.zero == 3 and group > 1)
+        assert isinstance(store, ExpertUnits) == (lay.zero == 3 and group > 1 and lay.dp > 1)
         kept = store.kept if isinstance(store, ExpertUnits) else store.params
         assert sum(m.numel() for m in store.optimizer.m) == optimizer == experts / group
         assert kept.numel() == params
-        assert store.shard.numel() == (experts // group if group > 1 else 0)
+        fsdp = isinstance(store, ExpertUnits)
+        assert store.shard.numel() == (experts // group if group > 1 and not fsdp else 0)
     if group > 1:
         slices = sorted(s.slice[1] for s in stores)
         whole = int(experts)
@@ -180,3 +185,53 @@ def test_zero_over_an_expert_dp_group_is_no_longer_refused() -> None:
     spec = ModelSpec(**{**SMALL, **MOE})
     for zero in (1, 2, 3):
         check_supported(spec, Layout(ep=2, dp=4, zero=zero, global_batch=4))
+
+
+class _OneRank:
+    """A reduce-scatter as if the other members sent zeros: this member's block of the input
+    (enough to follow what the store holds, not what it sums)."""
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+
+    def reduce_scatter(self, output, input, key, *, async_op=False, then=None) -> None:
+        n = output.numel()
+        output.copy_(input[self.index * n:(self.index + 1) * n])
+        if then is not None:
+            then()
+
+
+@pytest.mark.parametrize("sync", ["step", "microbatch"])
+def test_fsdp_gradients_peak_at_the_memory_models(sync: str) -> None:
+    """FSDP with EP: the gradient bytes the store holds at their peak over two micro-batches
+    are the memory model's for the routed experts: under "step" the full buffers alone (the
+    rank's slices come as their reductions free the buffers; it used to keep a slice for
+    every layer beside them: 3/2 of it), under "microbatch" the slices plus one layer's full
+    buffer (`sim.models.working_memory.zero3_working_bytes`' per-layer gradients). None
+    between steps (FSDP2's zero_grad sets them to None)."""
+    model = ModelSpec(**{**SMALL, **MOE, "layers": 3})  # layers 1 and 2 MoE
+    lay = Layout(dp=2, zero=3, global_batch=4, micro_batch=1, grad_sync=sync)
+    meter = MemoryMeter()
+    store = expert_store(model, lay, 0, seed=1, grad_dtype=torch.float32,
+                         device=torch.device("cpu"), meter=meter, adamw=ADAMW)
+    assert isinstance(store, ExpertUnits) and meter.live["grads"] == 0
+    _, experts = rank_params(model, lay, 0)
+    full, per_layer = 4 * experts, 4 * experts / len(store.layers)  # fp32 gradients
+    want = model_state_bytes(experts, expert_shards(lay), expert_zero(lay), 1,
+                             grad_bytes=4, full_grads=sync == "step")[1]
+    if sync == "microbatch":
+        want += per_layer
+    peak = 0
+    for mb in range(2):
+        for layer in reversed(store.layers):
+            for (at, name), (_, shape) in store.offsets.items():
+                if at == layer and name:
+                    store.accumulate(Unit.of_layer(layer), name, torch.ones(shape))
+                    peak = max(peak, meter.live["grads"])
+            if sync == "microbatch" or mb == 1:
+                store.reduce(layer, _OneRank(0))  # type: ignore[arg-type]
+    assert peak == want == (full if sync == "step" else full / 2 + per_layer)
+    assert meter.live["grads"] == full / 2  # the slices, read by the optimizer
+    assert [g.numel() for g in store.grad_segments()] == [experts / 2 / 2] * 2
+    store.zero_()
+    assert meter.live["grads"] == 0

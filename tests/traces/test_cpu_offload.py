@@ -7,16 +7,18 @@ from traces.cpu_offload import (
     NVLINK_C2C_BPS,
     OffloadPlan,
     check,
+    freed_layers,
     host_link_Bps,
     micro_batch_s,
     windows,
 )
 from traces.errors import ConfigError
+from traces.layout import Layout
 
 
 def test_freed_and_moved_bytes_closed_form() -> None:
     plan = OffloadPlan(layers=40, act_bytes_per_layer=3.0e9, host_Bps=NVLINK_C2C_BPS)
-    assert plan.freed_bytes == 38 * 3.0e9  # TE's double buffer keeps two layers resident
+    assert plan.freed_bytes == 39 * 3.0e9  # the last offloaded layer is back for the backward
     assert plan.moved_bytes == 2 * 40 * 3.0e9
     assert plan.transfer_s == pytest.approx(3.0e9 / 450e9)
     assert OffloadPlan(1, 5.0, 1.0).freed_bytes == 0.0
@@ -90,7 +92,7 @@ def _example(**parallel: object) -> dict:
     return data
 
 
-def test_key_frees_exactly_the_offloaded_layers_but_two() -> None:
+def test_key_frees_exactly_the_offloaded_layers_but_one() -> None:
     from sim.config import experiment_from_dict
     from sim.models.memory import activation_bytes_per_layer, memory_by_pp_rank
     plain = experiment_from_dict(_example())
@@ -99,7 +101,7 @@ def test_key_frees_exactly_the_offloaded_layers_but_two() -> None:
     a = memory_by_pp_rank(plain.model, plain.layout)[0].activations_bytes
     b = memory_by_pp_rank(off.model, off.layout)[0].activations_bytes
     in_flight = a / (80 * per_layer)  # the micro-batches the schedule holds at its peak
-    assert a - b == pytest.approx(in_flight * 38 * per_layer)
+    assert a - b == pytest.approx(in_flight * 39 * per_layer)
     assert "cpu_offloading_num_layers" not in plain.layout.to_dict()  # outputs stay the same
     assert off.layout.to_dict()["cpu_offloading_num_layers"] == 40
 
@@ -135,3 +137,32 @@ def test_head_and_embedding_shift_the_closed_form_exactly() -> None:
     # for the reload and ends at 27.5, the embedding's at 27.75.
     assert micro_batch_s([1.0] * 3, [1.0] * 3, OffloadPlan(1, 10.0, 1.0),
                          head=(2.0, 3.0), embed=(0.5, 0.25)) == 27.75
+
+
+def _resident_peak(layers: int, offloaded: int) -> int:
+    """Most layers whose saved activations are on the GPU at once, walking TE's handler
+    (AsyncDoubleBufferGroupOffloadHandler, cpu_offload_v1.py): after layer i's forward every
+    layer up to i is held but the offloaded j already freed at their window (w[j] < i); the
+    commit after layer i frees those with w[j] = i. Before layer i's backward the commit
+    reloads j where w[j] = i; held then: the layers N..i not offloaded, and the reloaded j
+    (w[j] >= i) whose own backward (j <= i) has not run."""
+    w = windows(layers, offloaded)
+    peak = 0
+    for i in range(layers):
+        held = [k for k in range(i + 1) if k >= offloaded or w[k] >= i]
+        peak = max(peak, len(held))
+    for i in reversed(range(layers)):
+        kept = [k for k in range(offloaded, i + 1)]
+        back = [j for j in range(offloaded) if w[j] >= i and j <= i]
+        peak = max(peak, len(kept) + len(back))
+    return peak
+
+
+@pytest.mark.parametrize("layers,offloaded", [(8, 1), (8, 2), (8, 4), (8, 5), (8, 7),
+                                              (80, 40), (32, 31), (3, 1)])
+def test_resident_layers_at_the_peak_are_tes(layers: int, offloaded: int) -> None:
+    """The memory model frees all offloaded layers but one (was: but two, a double buffer
+    Megatron-Core's default `cpu_offloading_double_buffering = False` does not allocate)."""
+    layout = Layout(cpu_offloading_num_layers=offloaded)
+    assert layers - freed_layers(layout) == _resident_peak(layers, offloaded)
+    assert _resident_peak(layers, offloaded) == layers - offloaded + 1

@@ -15,6 +15,7 @@ from traces.zero_bubble import makespan
 SPLIT = {"F": 1.0, "B": 1.0, "W": 1.0}
 WHOLE = {"F": 1.0, "B": 2.0}
 CASES = {"1f1b": (1, WHOLE, 3), "interleaved": (2, WHOLE, 6), "zbv": (2, SPLIT, 6),
+         "zb1p": (2, SPLIT, 6),
          "dualpipev": (2, SPLIT, 6), "dualpipe": (1, SPLIT, 3)}
 
 
@@ -29,6 +30,18 @@ def test_fill_is_one_slot_plus_the_schedules_excess(schedule, pp, per):
     step = makespan(actions, times, ends) if ends else makespan(actions, times)
     layout = Layout(pp=pp, vp=vp, global_batch=m, schedule=schedule)
     assert fill_slots(layout) == pytest.approx(1 + (step - m * slot) / slot, rel=1e-12)
+
+
+@pytest.mark.parametrize("vp", [1, 3, 4])
+@pytest.mark.parametrize("pp", [2, 3, 8])
+def test_zb1p_fill_follows_its_action_list_at_every_vp(vp, pp):
+    """ZB-1P (torch's ScheduleInterleavedZeroBubble order) at 1 to 4 chunks a rank: a slot is
+    3·vp chunk passes and the step's excess pp - 1 of them, F = 1 + (pp - 1) / (3 vp), not
+    the interleaved form's 1 + (pp - 1) / vp."""
+    m = 2 * pp
+    step = makespan(build_schedule("zb1p", pp, m, vp), SPLIT)
+    layout = Layout(pp=pp, vp=vp, global_batch=m, schedule="zb1p")
+    assert fill_slots(layout) == pytest.approx(1 + (step - 3 * vp * m) / (3 * vp), rel=1e-12)
 
 
 def test_dualpipe_stretch_weights_its_own_fill():
