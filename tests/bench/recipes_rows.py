@@ -95,7 +95,7 @@ LLAMA3_PARALLEL: dict[str, Any] = {
     # forward (no re-gather in backward); gradients accumulated in FP32 over the micro-batches
     # and reduce-scattered in FP32 (§3.3.2 "Numerical stability"): one reduce-scatter and one
     # all-gather a step over the DP x CP group, Megatron's distributed optimizer: ZeRO-1 here.
-    "zero": 1, "fp32_main_grads": True,
+    "zero": 2, "fp32_main_grads": True,
 }
 
 
