@@ -59,6 +59,8 @@ def working_bytes(model: ModelSpec, layout: Layout, pp_rank: int,
         total += LOGITS_BYTES * model.seq_len // layout.cp * layout.micro_batch * model.vocab / t
     if layout.zero == 3:
         total += zero3_working_bytes(model, layout, pp_rank)
+    if layout.zero == 2 and layout.sync is GradSync.MICROBATCH:
+        total += zero2_working_bytes(model, layout, pp_rank)
     return total + dispatch_buffer_bytes(model, layout, nvlink_domain)
 
 
@@ -99,6 +101,29 @@ def zero3_working_bytes(model: ModelSpec, layout: Layout, pp_rank: int) -> float
 def _kept_experts(model: ModelSpec, layout: Layout, layer: int) -> float:
     """The routed experts of `layer` ZeRO 3 keeps whole rather than gathering (expert-DP 1)."""
     return 0.0 if gathers_experts(layout) else layer_expert_params(model, layout, layer)
+
+
+def zero2_working_bytes(model: ModelSpec, layout: Layout, pp_rank: int) -> float:
+    """ZeRO-2's gradients reduced every micro-batch: a bucket's whole gradients are held
+    until their reduce-scatter has summed them into the rank's shard (ZeRO paper §5.2,
+    gradients bucketed and reduced per partition, then released). The largest bucket the
+    rank fills, by `traces.plan.data.gradient_buckets`' rule over its layers (a chunk's
+    layers, last first, until `bucket_bytes`; a chunk closes its last), in the reduced dtype:
+    4 bytes with fp32 main gradients (the fp32 reduce-scatter's input), else the model's. An
+    MoE layer's routed experts are not in it: ZeRO 2 reduces them once per step, whole in the
+    model states (`sim.models.moe_memory`)."""
+    width = 4 if layout.fp32_main_grads else model.dtype_bytes
+    largest = 0.0
+    for stage in layout.stages_of_rank(pp_rank):
+        filled = 0.0
+        for layer in reversed(layout.layers_of_stage(model, stage)):
+            filled += width * (model.layer_params(layout.tp) if not model.experts else
+                               model.layer_params(layout.tp, layer, layout.ep, layout.etp)
+                               - layer_expert_params(model, layout, layer))
+            largest = max(largest, filled)
+            if filled >= layout.bucket_bytes:
+                filled = 0.0
+    return largest
 
 
 def gathered_params(model: ModelSpec, layout: Layout, pp_rank: int) -> float:

@@ -92,10 +92,14 @@ LLAMA3_PARALLEL: dict[str, Any] = {
     # activation checkpointing".
     "sp": True, "recompute": "none", "micro_batch": 1,
     # §3.3.2 DP: FSDP sharding optimizer states and gradients, parameters not resharded after
-    # forward (no re-gather in backward); gradients accumulated in FP32 over the micro-batches
-    # and reduce-scattered in FP32 (§3.3.2 "Numerical stability"): one reduce-scatter and one
-    # all-gather a step over the DP x CP group, Megatron's distributed optimizer: ZeRO-1 here.
-    "zero": 1, "fp32_main_grads": True,
+    # forward (no re-gather in backward): ZeRO-2, FSDP's SHARD_GRAD_OP. Gradients sharded
+    # while accumulated over the micro-batches means each micro-batch's backward
+    # reduce-scatters them (FSDP's default, grad_sync = "microbatch") in FP32 into FP32
+    # shards (§3.3.2 "Numerical stability": FP32 accumulation, FP32 reduce-scatter).
+    # Megatron's distributed optimizer (zero 1, one reduce-scatter a step) keeps a whole FP32
+    # gradient buffer, 11.9 GiB a rank here: with it no row fits in 80 GB, while Meta
+    # trained them at 8K without activation checkpointing (docs/recipes.md, Llama 3 memory).
+    "zero": 2, "fp32_main_grads": True,
 }
 
 
