@@ -48,7 +48,8 @@ class StepKernel:
 class GradAccumulate:
     """FSDP2's accumulation of a unit's gradients (`traces.fsdp_kernels`): the gradient store
     accumulates every backward's gradients itself, so nothing more runs. Also AsyncTP's sum of
-    partial sums (`Kernel.TP_PARTIAL_SUM`): the reduce-scatter chunks already summed."""
+    partial sums (`Kernel.TP_PARTIAL_SUM`): the reduce-scatter chunks already summed; and
+    FSDP2's copy-out of a gathered unit (`Kernel.FSDP_COPY_OUT`): the gather wrote it."""
 
 
 @dataclass(frozen=True, slots=True)

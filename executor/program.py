@@ -44,7 +44,7 @@ from executor.experts import shards_experts
 from executor.flat import Bucket, FlatLayout, sized_buckets, unit_buckets
 from traces.chrome import event_name
 from traces.errors import ConfigError
-from traces.kernel_groups import STEP_KERNELS
+from traces.kernel_groups import GRAD_STORE_KERNELS, STEP_KERNELS
 from traces.layout import Layout
 from traces.model import ModelSpec
 from traces.ops import Op, OpKind, Phase, Trace
@@ -157,7 +157,7 @@ class _Lowering:
         match op.purpose:
             case KernelRun(kernel=Kernel.OPTIMIZER):
                 return OptimizerStep()
-            case KernelRun(kernel=Kernel.GRAD_ACCUM | Kernel.TP_PARTIAL_SUM):
+            case KernelRun(kernel=kernel) if kernel in GRAD_STORE_KERNELS:
                 return GradAccumulate()
             case KernelRun(kernel=kernel) if kernel in STEP_KERNELS:
                 return StepKernel(kernel)

@@ -1,6 +1,18 @@
-"""What FSDP2 runs around its gradients when they are not reduced every micro-batch
-(`grad_sync = "step"` at ZeRO 3, `traces.fsdp`): the accumulation kernel of each unit's
-unsharded gradients and, under a pipeline, when the step's reduce-scatters start.
+"""What FSDP2 runs around its gathers and gradients beyond the collectives: the copy-out after
+every gather, and where gradients are not reduced every micro-batch (`grad_sync = "step"` at
+ZeRO 3, `traces.fsdp`) the accumulation kernel of each unit's unsharded gradients and, under a
+pipeline, when the step's reduce-scatters start.
+
+Copy-out. FSDP2 all-gathers a unit's shards into one flat buffer and, before the unit's first
+op, copies each parameter's slices out of it into that parameter's own unsharded tensor
+(torch/distributed/_composable/fsdp/_fsdp_collectives.py, `foreach_all_gather_copy_out`:
+`split_with_sizes_copy(all_gather_output, ..., out=...)`, called by
+`FSDPParamGroup.wait_for_unshard` on the current, compute, stream; pytorch/pytorch 415cc26,
+torch 2.5-2.6): a memory-bound kernel reading the gathered bytes and writing them again, once
+per gather. It is PyTorch's FSDP2 (`fully_shard`, torchtitan's), so parasim runs it where the
+software stack is PyTorch's (`[model] kernels = "eager" | "compiled"`, `traces.stack`) at
+ZeRO 3; Megatron-Core and DeepSpeed's ZeRO-3 gather into the buffer the parameters view, and
+their jobs (kernels = "fused") keep their numbers.
 
 Accumulation. In a backward without gradient sync FSDP2's post-backward keeps each parameter's
 unsharded gradient (torch/distributed/fsdp/_fully_shard/_fsdp_param.py,
@@ -47,6 +59,17 @@ def accumulate_bytes(params: float, param_bytes: int, reduce_bytes: int,
     if first:
         return params * (param_bytes + reduce_bytes) if reduce_bytes != param_bytes else 0.0
     return params * (2 * reduce_bytes + param_bytes)
+
+
+def copies_out(zero: int, kernels: str) -> bool:
+    """Whether each ZeRO-3 gather is followed by FSDP2's copy-out (PyTorch's stack)."""
+    return zero == 3 and kernels != "fused"
+
+
+def copy_out_bytes(gathered: float) -> float:
+    """HBM bytes of FSDP2's copy-out of `gathered` all-gathered bytes: read once, written
+    once into the parameters' unsharded tensors."""
+    return 2 * gathered
 
 
 def reduces_after_stage(layout: Sharding, zero: int) -> bool:

@@ -83,6 +83,9 @@ class Kernel(StrEnum):
     GRAD_ACCUM = "grad_accum"
     """FSDP2's accumulation of a unit's unsharded gradients in a backward without gradient
     sync (`traces.fsdp_kernels`)."""
+    FSDP_COPY_OUT = "fsdp_copy_out"
+    """FSDP2's copy of a gathered unit out of the all-gather buffer into its parameters
+    (`traces.fsdp_kernels`)."""
     TP_PARTIAL_SUM = "tp_partial_sum"
     """torch's AsyncTP matmul + reduce-scatter: the sum of the t partial sums its copies
     brought (`traces.plan.overlap`)."""

@@ -205,15 +205,20 @@ TORCHTITAN_ROWS = [
     titan("70B 2D + AsyncTP, 256 GPUs", "Table 4", TITAN_70B,
           {"tp": 8, "dp": 32, "sp": True, "tp_comm_overlap": True, "micro_batch": 16,
            "global_batch": 512, "recompute": "full"}, 876),
-    # Table 5 1F1B: one stage a rank, 8 micro-batches (the default: one per stage) of 4;
-    # torchtitan's default split of 126 layers over 8 stages: 15, 16 x 6, 15.
+    # Table 5 1F1B: one stage a rank, 8 micro-batches of 4; torchtitan's default split of 126
+    # layers over 8 stages: 15, 16 x 6, 15.
     titan("405B 3D 1F1B, 512 GPUs", "Table 5", TITAN_405B,
           {**TITAN_3D, "micro_batch": 4, "pp_first_layers": 15, "pp_last_layers": 15}, 100),
-    # Interleaved 1F1B: two stages a rank, 16 micro-batches of 2; the default split over 16
-    # stages is 7, 8 x 14, 7 (torchtitan's generate_split_points), written as Megatron-Core's
-    # --pipeline-model-parallel-layout.
+    # Interleaved 1F1B: two stages a rank, 8 micro-batches of 4. The tables ran torchtitan
+    # 9dec370 (2024-12-26), whose build_pipeline_schedule (parallelisms/pipelining_utils.py)
+    # defaulted n_microbatches to pipeline_parallel_degree for every schedule; the default of
+    # pp x stages a rank came with pytorch/torchtitan#781 (merged 2025-01-07: "PP is using the
+    # pipeline_parallel_degree as the default number of microbatches when it should be
+    # pipeline_parallel_degree * len(stages) for multi-stage schedules"). The default split
+    # over 16 stages is 7, 8 x 14, 7 (the same file's generate_split_points), written as
+    # Megatron-Core's --pipeline-model-parallel-layout.
     titan("405B 3D interleaved, 512 GPUs", "Table 5", TITAN_405B,
-          {**TITAN_3D, "micro_batch": 2, "vp": 2, "schedule": "interleaved",
+          {**TITAN_3D, "micro_batch": 4, "vp": 2, "schedule": "interleaved",
            "pipeline_layout": "Et*7|" + "t*8|" * 14 + "t*7L"}, 128),
     titan_4d(8, 1, 76), titan_4d(4, 2, 47), titan_4d(2, 4, 31), titan_4d(1, 8, 16),
 ]

@@ -57,6 +57,16 @@ def test_the_scale_out_losses_are_table_2s():
     assert losses == [19.0, 18.1]
 
 
+@pytest.mark.parametrize("row", [r for r in TORCHTITAN_ROWS if r.parallel.get("pp", 1) > 1],
+                         ids=lambda r: r.name)
+def test_torchtitan_pipelines_run_its_default_micro_batch_count(row):
+    """torchtitan 9dec370, which ran the tables, split a rank's local batch into
+    pipeline_parallel_degree micro-batches whatever the schedule (pp x stages a rank only
+    from pytorch/torchtitan#781, 2025-01-07): 8 for every PP row, interleaved included."""
+    p = row.parallel
+    assert p["global_batch"] // p["dp"] // p["micro_batch"] == p["pp"] == 8
+
+
 ROWS = [r for r in LLAMA3_ROWS + TORCHTITAN_ROWS + BRIDGE_ROWS + MEGASCALE_ROWS
         if r.gpus <= 1024]
 

@@ -119,3 +119,21 @@ def test_offload_copies_are_refused_in_one_line():
         check_supported(model, layout)
     with pytest.raises(ConfigError, match="offload fwd L0 mb0.*simulated, not run"):
         lower(build(model, layout), model, layout, 0)
+
+
+def test_fsdp2_copy_out_is_a_no_op_call():
+    """FSDP2's copy-out (PyTorch's stack at ZeRO 3, `traces.fsdp_kernels`) lowers to the
+    gradient store's no-op: the executor's gather already wrote the parameters in place."""
+    from executor.calls import GradAccumulate
+    from traces.purpose import Kernel, KernelRun
+
+    model = dataclasses.replace(MODEL, kernels="eager")
+    layout = Layout(dp=2, zero=3, global_batch=4)
+    plan = build(model, layout)
+    copies = 0
+    for rank, ops in plan.ops.items():
+        for op, call in zip(ops, lower(plan, model, layout, rank).calls):
+            if op.purpose == KernelRun(Kernel.FSDP_COPY_OUT):
+                copies += 1
+                assert isinstance(call, GradAccumulate)
+    assert copies > 0

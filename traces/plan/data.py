@@ -44,7 +44,9 @@ the unit's gradients are reduced.
 
 Where FSDP2 accumulates gradients across micro-batches (ZeRO 3 with `grad_sync = "step"`), each
 unit's backward ends with its accumulation kernel (`grad_accum`), and under a pipeline the
-step's reduce-scatters wait for the stage's whole last backward (`traces.fsdp_kernels`).
+step's reduce-scatters wait for the stage's whole last backward (`traces.fsdp_kernels`). Under
+PyTorch's stack (FSDP2) each gather is followed by its copy-out (`fsdp_copy_out`) on the compute
+stream before the unit's first op.
 
 A unit's gradients are complete after the last op it runs on the compute stream; reductions
 wait for that op, gathers are waited for by the unit's first op on the compute stream. Each op
@@ -59,7 +61,13 @@ from __future__ import annotations
 
 from traces.expert_grid import expert_grad_group
 from traces.fsdp import GradSync, frees_after, syncs_grads
-from traces.fsdp_kernels import accumulate_bytes, accumulates, reduces_after_stage
+from traces.fsdp_kernels import (
+    accumulate_bytes,
+    accumulates,
+    copies_out,
+    copy_out_bytes,
+    reduces_after_stage,
+)
 from traces.layout import Axis
 from traces.ops import Op, OpKind, Phase, Stream
 from traces.pipeline import Action
@@ -162,6 +170,8 @@ class _DataWalk:
         """FSDP2 accumulates unsharded gradients across micro-batches (`traces.fsdp_kernels`)."""
         self.after_stage = reduces_after_stage(ctx.layout, self.zero)
         """The step's reduce-scatters wait for the stage's whole last backward (PipelineStage)."""
+        self.copies_out = copies_out(self.zero, ctx.model.kernels)
+        """FSDP2 copies each gathered unit out of its all-gather buffer (PyTorch's stack)."""
         self.accumulated: set[Unit] = set()
         """Units whose gradients this step has accumulated once already."""
         self.edp_group = expert_grad_group(ctx.layout, ctx.rank) \
@@ -190,6 +200,9 @@ class _DataWalk:
                 out += gathers_here
                 for gather in gathers_here:
                     node.wait_for(gather)
+                for copy in self._copy_out(unit, mb, phase, gathers_here):
+                    out.append(copy)
+                    node.wait_for(copy)
                 self.gathered.add(unit)
             out.append(node)
             if node.on_compute and node.op.layer is not None and node.op.phase is not None:
@@ -220,6 +233,17 @@ class _DataWalk:
                               ExpertUnitGather(unit), self.edp_group, experts, unit.layer, mb,
                               phase)
         return [dense, Node(op, unit, list(dense.after))]
+
+    def _copy_out(self, unit: Unit, mb: int, phase: Phase, gathers: list[Node]) -> list[Node]:
+        """FSDP2's copy-out of the unit's gathered bytes, on the compute stream once its
+        gathers are done (`traces.fsdp_kernels`); none outside PyTorch's stack."""
+        if not self.copies_out:
+            return []
+        size = copy_out_bytes(sum(gather.op.size_bytes for gather in gathers))
+        op = Op(kind=OpKind.COMPUTE, stream=Stream.COMPUTE, name=str(Kernel.FSDP_COPY_OUT),
+                purpose=KernelRun(Kernel.FSDP_COPY_OUT), layer=unit.layer, microbatch=mb,
+                phase=phase, mem_bytes=size)
+        return [Node(op, unit, list(gathers))]
 
     def _expert_size(self, unit: Unit, per_param: float) -> float:
         """Bytes of the unit's routed experts ZeRO 3 shards over expert-DP (0: none)."""

@@ -1,7 +1,8 @@
-"""FSDP2's gradient accumulation kernel and PipelineStage's late reduce-scatters in the plan
-(traces.fsdp_kernels): one `grad_accum` per unit and backward with the bytes FSDP2's cast and
-add move, none where gradients are reduced every micro-batch or by Megatron's distributed
-optimizer; under a pipeline every reduce-scatter waits for the stage's last backward."""
+"""FSDP2's gradient accumulation kernel, its copy-out and PipelineStage's late reduce-scatters
+in the plan (traces.fsdp_kernels): one `grad_accum` per unit and backward with the bytes FSDP2's
+cast and add move, none where gradients are reduced every micro-batch or by Megatron's
+distributed optimizer; under a pipeline every reduce-scatter waits for the stage's last
+backward; under PyTorch's stack one `fsdp_copy_out` of twice the gathered bytes per gather."""
 
 from __future__ import annotations
 
@@ -12,10 +13,10 @@ import pytest
 from traces.fsdp_kernels import accumulate_bytes
 from traces.layout import Layout
 from traces.model import ModelSpec
-from traces.ops import Op, OpKind, Phase
+from traces.ops import Op, OpKind, Phase, Stream
 from traces.plan import build
 from traces.plan.nodes import RankContext
-from traces.purpose import Kernel, KernelRun, Unit, UnitGradReduce
+from traces.purpose import Kernel, KernelRun, Unit, UnitGather, UnitGradReduce
 
 SMALL = ModelSpec(layers=4, hidden=64, heads=4, seq_len=32, vocab=128, dtype="bf16")
 M = 4  # micro-batches: global_batch 8 over dp 2
@@ -104,3 +105,63 @@ def test_without_a_pipeline_reduce_scatters_follow_each_unit() -> None:
     last_bwd = max(i for i, op in enumerate(ops) if op.kind is OpKind.COMPUTE
                    and op.phase is Phase.BWD)
     assert min(max(ops[i].deps) for i in reduces) < last_bwd  # the first starts early
+
+
+# --- FSDP2's copy-out after every gather (PyTorch's stack) ----------------------------------
+
+EAGER = ModelSpec(layers=4, hidden=64, heads=4, seq_len=32, vocab=128, dtype="bf16",
+                  kernels="eager")
+COPY_OUT = KernelRun(Kernel.FSDP_COPY_OUT)
+
+
+def gathers_and_copies(ops: tuple[Op, ...]) -> list[tuple[Op, Op]]:
+    """Each dense unit gather with the copy-out that waits for it."""
+    pairs = []
+    for op in ops:
+        if op.purpose == COPY_OUT:
+            (gather,) = [ops[i] for i in op.deps if isinstance(ops[i].purpose, UnitGather)]
+            pairs.append((gather, op))
+    return pairs
+
+
+@pytest.mark.parametrize("kernels", ["eager", "compiled"])
+def test_every_gather_is_copied_out_reading_and_writing_its_bytes(kernels: str) -> None:
+    model = ModelSpec(layers=4, hidden=64, heads=4, seq_len=32, vocab=128, dtype="bf16",
+                      kernels=kernels)
+    ops = build(model, zero3(fp32_main_grads=True)).ops[0]
+    gathers = [op for op in ops if isinstance(op.purpose, UnitGather)]
+    pairs = gathers_and_copies(ops)
+    assert len(pairs) == len(gathers) == 2 * M * (model.layers + 2)  # fwd + bwd, every unit
+    ctx = RankContext(model=model, layout=zero3(fp32_main_grads=True), rank=0)
+    for gather, copy in pairs:
+        assert copy.mem_bytes == 2 * gather.size_bytes
+        assert copy.kind is OpKind.COMPUTE and copy.stream is Stream.COMPUTE
+        assert (copy.layer, copy.microbatch, copy.phase) == \
+            (gather.layer, gather.microbatch, gather.phase)
+    layer0 = [c for g, c in pairs if g.layer == 0]
+    assert {c.mem_bytes for c in layer0} == {2 * 2 * ctx.unit_params(Unit.of_layer(0))}
+
+
+def test_a_units_first_op_waits_for_its_copy_out() -> None:
+    ops = build(EAGER, zero3()).ops[0]
+    for i, op in enumerate(ops):
+        if op.purpose == COPY_OUT:
+            nxt = next(o for o in ops[i + 1:] if o.stream is Stream.COMPUTE)
+            assert i in nxt.deps and nxt.layer == op.layer
+
+
+def test_kept_gathered_under_a_pipeline_copies_out_once_a_step() -> None:
+    """reshard_after_forward false under PP: one gather, so one copy-out, per unit a step."""
+    layout = zero3(grad_sync="step", reshard_after_forward=False, pp=2)
+    for ops in build(EAGER, layout).ops.values():
+        copies = Counter(op.layer for op in ops if op.purpose == COPY_OUT)
+        gathers = Counter(op.layer for op in ops if isinstance(op.purpose, UnitGather))
+        assert copies == gathers and set(copies.values()) == {1}
+
+
+@pytest.mark.parametrize("layout", [zero3(), Layout(dp=2, zero=2, global_batch=2 * M)],
+                         ids=["fused-zero3", "eager-zero2"])
+def test_no_copy_out_outside_fsdp2(layout: Layout) -> None:
+    model = SMALL if layout.zero == 3 else EAGER  # Megatron's stack, or no ZeRO-3 gathers
+    assert not any(op.purpose == COPY_OUT for ops in build(model, layout).ops.values()
+                   for op in ops)
