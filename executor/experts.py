@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import torch
 
-from executor.comm import Comm, Handle
+from executor.comm import Comm, Handle, own_counter
 from executor.memory import MemoryMeter
 from executor.optim import AdamW, AdamWConfig
 from executor.params import DTYPES, expert_shapes, init_full_unit
@@ -174,7 +174,8 @@ class ExpertStore:
         a, b = self.slice[layer]
         segment = self.segment(self.params, layer)
         mine = segment[a:b].clone()  # all_gather may not read and write one buffer
-        return comm.all_gather(segment, mine, (stream, self.group), async_op=async_op)
+        return comm.all_gather(own_counter(segment), mine, (stream, self.group),
+                               async_op=async_op)
 
     def release(self, layer: int) -> None:
         """A pass over the layer has ended (ZeRO-3 frees its gathered experts: a subclass)."""

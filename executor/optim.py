@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from executor.comm import Comm, Handle
+from executor.comm import Comm, Handle, own_counter
 from executor.flat import Bucket, FlatLayout, Shards
 from executor.groups import GroupKey
 from executor.memory import MemoryMeter
@@ -173,7 +173,7 @@ class ParamStore:
         bucket = self.buckets[index]
         lo, hi = self.shards.flat_slice[index]
         mine = self.full[lo:hi].clone()  # all_gather may not read and write one buffer
-        return comm.all_gather(self.full[bucket.start:bucket.end], mine, key,
+        return comm.all_gather(own_counter(self.full[bucket.start:bucket.end]), mine, key,
                                async_op=async_op)
 
     # --- optimizer -------------------------------------------------------------------------
