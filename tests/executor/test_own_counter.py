@@ -48,6 +48,8 @@ def test_a_gather_into_its_own_counter_leaves_the_buffers_version() -> None:
     results, _ = spawn(_rank, 2, timeout_s=60)
     for seen in results:
         plain, own = seen["plain view"], seen["own counter"]
-        assert plain[0] == plain[1] < plain[2]  # bumped after the issue: on gloo's thread
+        # bumped by the gather (by gloo's thread on completion: after the issue when the
+        # main thread looks first, which a loaded machine may not let it do)
+        assert plain[0] < plain[2]
         assert own[0] == own[1] == own[2]  # never
         assert own[3:] == plain[3:] == [1.0 * N, 2.0 * N, 0.0]  # the same memory written
