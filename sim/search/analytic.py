@@ -93,6 +93,7 @@ class Analytic:
         self.variability = cluster.variability
         self.collectives = Collectives(cluster)
         self._domain = cluster.devices_per_server  # sizes HybridEP's buffers
+        self._non_tn = cluster.accelerator.fp8_block_scaling  # TE's FP8 weight copies
         self.free_network = network == NetworkMode.IDEAL
         self.algo = algo
         self._passes: dict[PassKey, PassOps] = {}
@@ -193,8 +194,8 @@ class Analytic:
     def memory(self, layout: Layout) -> list[MemoryBreakdown]:
         """`sim.models.memory.memory_by_pp_rank`, with each rank's peak of micro-batches in flight
         taken once per distinct schedule."""
-        return [pp_rank_memory(self.model, layout, r, self._holding(layout, r), self._domain)
-                for r in range(layout.pp)]
+        return [pp_rank_memory(self.model, layout, r, self._holding(layout, r), self._domain,
+                               self._non_tn) for r in range(layout.pp)]
 
     def peak_memory(self, layout: Layout) -> float:
         """The largest of `memory(layout)`'s totals, from the ranks that can hold it: the
@@ -207,7 +208,8 @@ class Analytic:
         elif layout.pp > 2:
             ranks.add(max(range(1, layout.pp - 1), key=lambda r: (peaks[r], -r)))
         return max(pp_rank_memory(self.model, layout, r, self._holding(layout, r),
-                                  self._domain).total_bytes for r in sorted(ranks))
+                                  self._domain, self._non_tn).total_bytes
+                   for r in sorted(ranks))
 
     def _holding(self, layout: Layout, r: int) -> list[Action]:
         """What `pp_rank_memory` needs of rank r's schedule: its peak in flight where its
