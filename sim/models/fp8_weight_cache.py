@@ -1,14 +1,16 @@
 """The FP8 copies of the weights that Transformer Engine keeps between micro-batches.
 
 Megatron-Core calls every TE linear with `is_first_microbatch` (extensions/
-transformer_engine.py, TELinear / TEGroupedLinear.forward: `_is_first_microbatch = None if
-self.disable_parameter_transpose_cache else self.is_first_microbatch`, set True again before
-each step), and TE then quantizes the weight into a cached workspace on the first micro-batch
-and reuses it until the optimizer step (TE module/base.py `get_weight_workspace`:
+transformer_engine.py @d086a2e, TELinear / TEGroupedLinear.forward: `_is_first_microbatch =
+None if self.disable_parameter_transpose_cache else self.is_first_microbatch`, set True again
+by each step's first forward_step, pipeline_parallel/schedules.py `set_is_first_microbatch`),
+and TE then quantizes the weight into a cached workspace on the first micro-batch and reuses
+it until the optimizer step (TE @fecb10b module/base.py `get_weight_workspace`:
 `self._fp8_workspaces[cache_name]`, built with `quantizer.internal = False` "as it persists
-beyond a single forward pass"; module/linear.py: `cache_name=(None if is_first_microbatch is
-None else "weight")`, the weight quantizer set to `rowwise=True, columnwise=is_grad_enabled
-and inp.requires_grad`). So in training the cached copy holds both usages, per weight element:
+beyond a single forward pass"; module/linear.py @3ec8787: `cache_name=(None if
+is_first_microbatch is None else "weight")`, the weight quantizer set to `rowwise=True,
+columnwise=is_grad_enabled and inp.requires_grad`). So in training the cached copy holds both
+usages, per weight element:
 
     delayed, tensorwise  Float8Tensor: the data, and on Hopper its transpose for the backward
                          GEMMs (FP8 GEMMs there take only "TN"; base.py drops a cached copy
@@ -22,12 +24,20 @@ and inp.requires_grad`). So in training the cached copy holds both usages, per w
                          caches nothing (float8_linear.py), nor does any recipe under
                          `kernels = "compiled"` / "eager"
 
-Counted with the model states (the weights), per TE linear of the rank's transformer layers
-at its TP / EP share, unsharded by ZeRO 0-2 (each rank casts the whole weight it computes
-with). Not counted: ZeRO 3 (Megatron-FSDP gathers per unit; TE's cached workspace is then
-resharded, base.py `_fsdp_gather_tensors`), the embedding and the output layer (Megatron-Core
-runs them outside TE), `fp8_activation_cache` (DeepSeek's own framework, not TE), Megatron's
-`--fp8-param-gather` (FP8 primary weights in place of the bf16 ones: not modelled).
+Counted as working memory held all step (a workspace, not checkpointed), per TE linear of the
+rank's transformer layers at its TP / EP share, unsharded by ZeRO 0-2 (each rank casts the
+whole weight it computes with). Not counted: ZeRO 3 (Megatron-FSDP gathers per unit; TE's
+cached workspace is then resharded, base.py `_fsdp_gather_tensors`), the embedding and the
+output layer (Megatron-Core runs them outside TE), `fp8_activation_cache` (DeepSeek's own
+framework, not TE).
+
+With `fp8_param_gather` (`traces.fp8_params`) the weight is itself the quantized tensor:
+TE's `get_weight_workspace` returns it ("Handle case where weights are already quantized",
+`update_usage` adding the column-wise copy and keeping it) and no bf16 copy exists, so the
+same FP8 bytes replace the weight's bf16 ones instead of adding to them.
+
+`non_tn` stands for TE's `is_non_tn_fp8_gemm_supported()` (compute capability 10.0 and up),
+which the presets mark by `Accelerator.fp8_block_scaling`: both are Blackwell's.
 """
 
 from __future__ import annotations
@@ -62,9 +72,11 @@ def fp8_weight_cache_bytes(model: ModelSpec, layout: Layout, pp_rank: int,
                            non_tn: bool = False) -> float:
     """Bytes of TE's cached FP8 weights on one GPU of pipeline rank `pp_rank`: its transformer
     layers' parameters at their TP / EP share (norms, biases and an MoE router among them,
-    O(h) against the weights' O(h²)) times `cache_bytes_per_weight`; 0 where none is kept."""
+    O(h) against the weights' O(h²)) times `cache_bytes_per_weight`, less their bf16 bytes
+    with `fp8_param_gather`; 0 where none is kept."""
     if not caches_fp8_weights(model, layout):
         return 0.0
     params = model.layers_params(rank_layers(model, layout, pp_rank), layout.tp, layout.ep,
                                  layout.etp)
-    return params * cache_bytes_per_weight(model, non_tn)
+    bf16 = model.dtype_bytes if layout.fp8_param_gather else 0
+    return params * (cache_bytes_per_weight(model, non_tn) - bf16)

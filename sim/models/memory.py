@@ -74,7 +74,8 @@ class MemoryBreakdown:
     working_bytes: float
     """Transient buffers at the peak: recomputed layer, logits, ZeRO-3 gathered weights; and
     the expert dispatcher's communication buffers, held throughout
-    (`sim.models.working_memory.dispatch_buffer_bytes`)."""
+    (`sim.models.working_memory.dispatch_buffer_bytes`), and so are Transformer Engine's
+    cached FP8 weights (`sim.models.fp8_weight_cache`)."""
 
     @property
     def total_bytes(self) -> float:
@@ -114,17 +115,28 @@ def pp_rank_memory(model: ModelSpec, layout: Layout, pp_rank: int,
     `nvlink_domain`: GPUs per NVLink domain (the cluster's server), which sizes HybridEP's
     buffers (`sim.models.working_memory.dispatch_buffer_bytes`); `non_tn`: the accelerator's
     FP8 GEMMs take every layout (Blackwell), which sizes TE's cached FP8 weights
-    (`sim.models.fp8_weight_cache`, counted with the params)."""
+    (`sim.models.fp8_weight_cache`: working bytes held all step; the params themselves
+    with `fp8_param_gather`)."""
     if not 0 <= pp_rank < layout.pp:
         raise ConfigError(f"pipeline rank {pp_rank} is outside 0..{layout.pp - 1}")
     params, grads, optimizer = _states(model, layout, pp_rank)
-    params += fp8_weight_cache_bytes(model, layout, pp_rank, non_tn)
+    in_params, held = _weight_cache(model, layout, pp_rank, non_tn)
     chunks = chunk_bytes(model, layout, pp_rank)
     activations = (peak_in_flight(actions) * per_pass(model, layout, pp_rank) if chunks is None
                    else max(held_after(actions, chunks), default=0.0))
-    return MemoryBreakdown(params_bytes=params, grads_bytes=grads, optimizer_bytes=optimizer,
-                           activations_bytes=activations,
-                           working_bytes=working_bytes(model, layout, pp_rank, nvlink_domain))
+    return MemoryBreakdown(params_bytes=params + in_params, grads_bytes=grads,
+                           optimizer_bytes=optimizer, activations_bytes=activations,
+                           working_bytes=working_bytes(model, layout, pp_rank, nvlink_domain)
+                           + held)
+
+
+def _weight_cache(model: ModelSpec, layout: Layout, pp_rank: int,
+                  non_tn: bool) -> tuple[float, float]:
+    """(params, working) bytes of TE's FP8 weight copies (`sim.models.fp8_weight_cache`):
+    the parameters themselves with `fp8_param_gather`, else a workspace held all step
+    (not checkpointed, so not with the params)."""
+    cache = fp8_weight_cache_bytes(model, layout, pp_rank, non_tn)
+    return (cache, 0.0) if layout.fp8_param_gather else (0.0, cache)
 
 
 def _states(model: ModelSpec, layout: Layout, pp_rank: int) -> tuple[float, float, float]:
@@ -175,9 +187,10 @@ def memory_timeline(model: ModelSpec, layout: Layout, pp_rank: int,
     that backward runs (with its working buffers) at the peak."""
     # model states: no activations, no actions
     base = pp_rank_memory(model, layout, pp_rank, [], non_tn=non_tn)
-    held = dispatch_buffer_bytes(model, layout, nvlink_domain)  # working, but held throughout
-    states = base.params_bytes + base.grads_bytes + base.optimizer_bytes + held
+    held: float = dispatch_buffer_bytes(model, layout, nvlink_domain)  # working, held all step
     work = working_bytes(model, layout, pp_rank, nvlink_domain) - held
+    held += _weight_cache(model, layout, pp_rank, non_tn)[1]  # so is TE's FP8 workspace
+    states = base.params_bytes + base.grads_bytes + base.optimizer_bytes + held
     chunks = chunk_bytes(model, layout, pp_rank)
     if chunks is not None:
         return _weighted_timeline(states, work, chunks, timed)

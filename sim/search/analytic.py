@@ -46,6 +46,7 @@ from sim.search.stage_time import UnitTime, beside
 from topology.cluster import Cluster
 from traces.alltoallv import AllToAllv
 from traces.expert_grid import ep_group, etp_group, expert_data_group
+from traces.fp8_params import param_gather_bytes
 from traces.layout import Axis, Layout, Schedule
 from traces.model import ModelSpec
 from traces.moe_spec import is_moe_layer
@@ -185,7 +186,7 @@ class Analytic:
         later = beside(window, window * slowed, max(times * reduce - tail, 0.0)) - window
         end += later + max(times * reduce - window - later, tail)
         if ops.gather_after_optimizer:  # the same slices, as parameters
-            to_params = self.model.dtype_bytes / grad_bytes(self.model, layout)
+            to_params = param_gather_bytes(self.model, layout, r) / grad_bytes(self.model, layout)
             end += sum(self._collective(OpKind.ALL_GATHER, dp, b * to_params) for b in buckets)
         return end, optimizer
 
