@@ -12,8 +12,9 @@ Megatron-Bridge's MXFP8 recipe sets with it), counted here at the parameters' bf
 Megatron-Bridge's FP8 recipes set it (training/mixed_precision.py @0509780:
 `bf16_with_fp8_delayed_scaling_mixed`, `bf16_with_fp8_current_scaling_mixed`,
 `bf16_with_mxfp8_mixed`; not the blockwise `bf16_with_fp8_subchannel_scaling_mixed`).
-The embedding, the output layer and the norms stay in bf16. The weight's FP8 copies then live in the parameter itself rather than in TE's
-workspace (`sim.models.fp8_weight_cache`); their bytes are the same.
+The embedding, the output layer and the norms stay in bf16. The weight's FP8
+copies then live in the parameter itself rather than in TE's workspace
+(`sim.models.fp8_weight_cache`); their bytes are the same.
 
 Needs TE's FP8 (`kernels = "fused"`, a recipe other than torchao's "rowwise") and ZeRO 1 or 2
 (Megatron asserts the distributed optimizer or FSDP; Megatron-FSDP's FP8 path is not
