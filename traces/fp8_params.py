@@ -60,6 +60,12 @@ def gathered_bytes(model: ModelSpec) -> float:
     return float(model.dtype_bytes) if fp8.name == "mxfp8" else 1 + fp8.weight_scale
 
 
+def expert_param_bytes(model: ModelSpec, layout: Layout) -> float:
+    """Bytes a routed expert's parameter moves in its expert-DP all-gather: TE's grouped
+    linears are FP8 parameters too under `fp8_param_gather` (`gathered_bytes`)."""
+    return gathered_bytes(model) if layout.fp8_param_gather else float(model.dtype_bytes)
+
+
 def param_gather_bytes(model: ModelSpec, layout: Layout, pp_rank: int) -> float:
     """Bytes a parameter of pipeline rank `pp_rank`'s dense (non-routed-expert) states
     averages in the distributed optimizer's all-gather: the model's dtype, or with

@@ -16,7 +16,7 @@ from traces.fp8_params import check_fp8_param_gather, param_gather_bytes
 from traces.layout import Layout
 from traces.model import ModelSpec
 from traces.plan import build
-from traces.purpose import ParamGather
+from traces.purpose import ExpertParamGather, ParamGather
 
 LLAMA = ModelSpec(layers=2, hidden=64, heads=4, kv_heads=2, seq_len=32, vocab=128,
                   ffn="swiglu", ffn_hidden=96, norm="rmsnorm", position="rope", bias=False,
@@ -80,3 +80,17 @@ def test_refused_in_one_line_where_megatron_has_no_fp8_weights(model, layout, ru
         check_fp8_param_gather(model, layout)
     assert str(err.value).startswith("parallel.fp8_param_gather: true ")
     assert "\n" not in str(err.value)
+
+
+def test_the_routed_experts_gather_in_fp8_too():
+    moe = ModelSpec(layers=2, hidden=64, heads=4, seq_len=32, vocab=128, ffn="swiglu",
+                    ffn_hidden=96, experts=4, top_k=2, moe_ffn_hidden=32, bias=False,
+                    norm="rmsnorm", position="rope", dtype="fp8", fp8_recipe="delayed")
+    layout = Layout(dp=4, ep=2, zero=1, global_batch=4)
+
+    def gathered(lay: Layout) -> list[float]:
+        return [op.size_bytes for op in build(moe, lay).ops[0]
+                if isinstance(op.purpose, ExpertParamGather)]
+    plain = gathered(layout)
+    assert plain and plain == [4 / 2 * 3 * 64 * 32 * 2] * 2  # E/ep SwiGLU experts, bf16
+    assert gathered(dataclasses.replace(layout, fp8_param_gather=True)) == [p / 2 for p in plain]
