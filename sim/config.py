@@ -44,6 +44,7 @@ from topology.config import read_cluster
 from traces.errors import ConfigError, show
 from traces.fields import Fields, check_choice
 from traces.files import load_toml
+from traces.fp8_params import check_fp8_param_gather
 from traces.fp8_recipes import check_recipe_layout, check_recipe_named
 from traces.layout import Layout
 from traces.layout_rules import check_layout
@@ -91,6 +92,7 @@ class Experiment:
         check_fp8(self.model, self.cluster.accelerator)
         if self.model.fp8:
             check_recipe_layout(self.model.fp8_recipe, self.model.experts, self.layout.etp)
+        check_fp8_param_gather(self.model, self.layout)
         object.__setattr__(self, "warnings", notes)
 
 

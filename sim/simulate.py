@@ -91,7 +91,8 @@ def predict(exp: Experiment, *, fold: bool = True, progress: Progress | None = N
 
     times = run(speeds, progress)
     memory = memory_by_pp_rank(exp.model, exp.layout, schedule,
-                               exp.cluster.devices_per_server)
+                               exp.cluster.devices_per_server,
+                               exp.cluster.accelerator.fp8_block_scaling)
     sizes = classes.class_sizes() if classes else None
     summary = summarize(exp.model, exp.layout, exp.cluster, times, memory, sizes)
     if speeds is not None and any(s != 1.0 for s in speeds.values()):

@@ -55,7 +55,7 @@ OMITTED_AT_DEFAULT = ("tp_comm_overlap", "overlap_param_gather", "pp_first_layer
                       "pipeline_layout", "ep", "etp", "reshard_after_forward", "grad_sync",
                       "overlap_p2p_comm", "overlap_moe_comm", "comm_sms", "recompute_modules",
                       "exp_avg_dtype", "exp_avg_sq_dtype", "fp8_activation_cache",
-                      "cpu_offloading_num_layers")
+                      "cpu_offloading_num_layers", "fp8_param_gather")
 """Options left out of `Layout.to_dict` at their default (so a layout without them reads as it
 always has)."""
 
@@ -171,6 +171,9 @@ class Layout:
     """Megatron-Core's --recompute-modules under "selective" (`traces.recompute`); (): core_attn."""
     fp8_activation_cache: bool = False
     """Linear inputs kept for backward in FP8 (DeepSeek-V3 §3.3.2; `traces.recompute`)."""
+    fp8_param_gather: bool = False
+    """Megatron-Core's --fp8-param-gather: TE's linear weights held and gathered in FP8, no
+    bf16 copy (`traces.fp8_params`)."""
     exp_avg_dtype: str = "fp32"
     """Adam's first moment (Megatron-Core's --exp-avg-dtype): fp32, bf16, fp16 or fp8."""
     exp_avg_sq_dtype: str = "fp32"
@@ -187,7 +190,8 @@ class Layout:
         check_int(self.micro_batch, "parallel.micro_batch", minimum=1, maximum=MAX_BATCH)
         check_int(self.global_batch, "parallel.global_batch", minimum=1, maximum=MAX_BATCH)
         for flag in ("sp", "overlap_grad_reduce", "fp32_main_grads", "tp_comm_overlap",
-                     "overlap_param_gather", "overlap_p2p_comm", "overlap_moe_comm"):
+                     "overlap_param_gather", "overlap_p2p_comm", "overlap_moe_comm",
+                     "fp8_param_gather"):
             check_bool(getattr(self, flag), f"parallel.{flag}")
         if self.zero not in (0, 1, 2, 3) or not is_int(self.zero):
             raise ConfigError(f"parallel.zero: {show(self.zero)} must be 0, 1, 2 or 3")

@@ -96,7 +96,8 @@ def run(args: argparse.Namespace) -> int:
             devices = exp.cluster.device_words[1]
             write_timed(outputs, targets, keep_ranks(annotate(
                 times.timed_trace(), times, exp.model, exp.layout, devices,
-                exp.cluster.devices_per_server), trace_ranks))
+                exp.cluster.devices_per_server, exp.cluster.accelerator.fp8_block_scaling),
+                trace_ranks))
         if "--report" in targets:
             from sim.report import render_report  # plotly loads only when a report is asked for
             from sim.report.about import opening_comment

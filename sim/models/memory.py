@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from sim.models.activation_memory import chunk_bytes, held_after, peak_in_flight, per_pass
+from sim.models.fp8_weight_cache import fp8_weight_cache_bytes
 from sim.models.moe_memory import expert_shards, expert_zero
 from sim.models.working_memory import (
     LOGITS_BYTES,
@@ -73,7 +74,8 @@ class MemoryBreakdown:
     working_bytes: float
     """Transient buffers at the peak: recomputed layer, logits, ZeRO-3 gathered weights; and
     the expert dispatcher's communication buffers, held throughout
-    (`sim.models.working_memory.dispatch_buffer_bytes`)."""
+    (`sim.models.working_memory.dispatch_buffer_bytes`), and so are Transformer Engine's
+    cached FP8 weights (`sim.models.fp8_weight_cache`)."""
 
     @property
     def total_bytes(self) -> float:
@@ -107,19 +109,34 @@ def model_state_bytes(num_params: float, dp: int, zero: int,
 # --- per pipeline rank --------------------------------------------------------------------------
 
 def pp_rank_memory(model: ModelSpec, layout: Layout, pp_rank: int,
-                   actions: list[Action], nvlink_domain: int | None = None) -> MemoryBreakdown:
+                   actions: list[Action], nvlink_domain: int | None = None,
+                   non_tn: bool = False) -> MemoryBreakdown:
     """Peak bytes on one GPU of pipeline rank `pp_rank` running `actions` (its schedule);
     `nvlink_domain`: GPUs per NVLink domain (the cluster's server), which sizes HybridEP's
-    buffers (`sim.models.working_memory.dispatch_buffer_bytes`)."""
+    buffers (`sim.models.working_memory.dispatch_buffer_bytes`); `non_tn`: the accelerator's
+    FP8 GEMMs take every layout (Blackwell), which sizes TE's cached FP8 weights
+    (`sim.models.fp8_weight_cache`: working bytes held all step; the params themselves
+    with `fp8_param_gather`)."""
     if not 0 <= pp_rank < layout.pp:
         raise ConfigError(f"pipeline rank {pp_rank} is outside 0..{layout.pp - 1}")
     params, grads, optimizer = _states(model, layout, pp_rank)
+    in_params, held = _weight_cache(model, layout, pp_rank, non_tn)
     chunks = chunk_bytes(model, layout, pp_rank)
     activations = (peak_in_flight(actions) * per_pass(model, layout, pp_rank) if chunks is None
                    else max(held_after(actions, chunks), default=0.0))
-    return MemoryBreakdown(params_bytes=params, grads_bytes=grads, optimizer_bytes=optimizer,
-                           activations_bytes=activations,
-                           working_bytes=working_bytes(model, layout, pp_rank, nvlink_domain))
+    return MemoryBreakdown(params_bytes=params + in_params, grads_bytes=grads,
+                           optimizer_bytes=optimizer, activations_bytes=activations,
+                           working_bytes=working_bytes(model, layout, pp_rank, nvlink_domain)
+                           + held)
+
+
+def _weight_cache(model: ModelSpec, layout: Layout, pp_rank: int,
+                  non_tn: bool) -> tuple[float, float]:
+    """(params, working) bytes of TE's FP8 weight copies (`sim.models.fp8_weight_cache`):
+    the parameters themselves with `fp8_param_gather`, else a workspace held all step
+    (not checkpointed, so not with the params)."""
+    cache = fp8_weight_cache_bytes(model, layout, pp_rank, non_tn)
+    return (cache, 0.0) if layout.fp8_param_gather else (0.0, cache)
 
 
 def _states(model: ModelSpec, layout: Layout, pp_rank: int) -> tuple[float, float, float]:
@@ -143,19 +160,21 @@ def _states(model: ModelSpec, layout: Layout, pp_rank: int) -> tuple[float, floa
 
 def memory_by_pp_rank(model: ModelSpec, layout: Layout,
                       schedule: ActionSchedule | None = None,
-                      nvlink_domain: int | None = None) -> list[MemoryBreakdown]:
+                      nvlink_domain: int | None = None,
+                      non_tn: bool = False) -> list[MemoryBreakdown]:
     """One breakdown per pipeline rank, under `schedule` (default: the layout's own; pass the
     one the plan was built with rather than building it again), `nvlink_domain` GPUs per
-    NVLink domain (`pp_rank_memory`)."""
+    NVLink domain, `non_tn` Blackwell's FP8 GEMM layouts (`pp_rank_memory`)."""
     if schedule is None:
         schedule = layout_schedule(layout)
-    return [pp_rank_memory(model, layout, r, schedule[r], nvlink_domain)
+    return [pp_rank_memory(model, layout, r, schedule[r], nvlink_domain, non_tn)
             for r in range(layout.pp)]
 
 
 def memory_timeline(model: ModelSpec, layout: Layout, pp_rank: int,
                     timed: Sequence[tuple[Action, float, float]],
-                    nvlink_domain: int | None = None) -> list[tuple[float, float]]:
+                    nvlink_domain: int | None = None,
+                    non_tn: bool = False) -> list[tuple[float, float]]:
     """Bytes one GPU of pipeline rank `pp_rank` holds over the step, as (time, bytes) points of
     a step curve (each value holds until the next point), from the same accounting as
     `pp_rank_memory`: model states throughout; a micro-batch's stored activations
@@ -166,10 +185,12 @@ def memory_timeline(model: ModelSpec, layout: Layout, pp_rank: int,
     The curve's highest point is `pp_rank_memory(...).total_bytes` for the same actions: the
     in-flight count peaks at the end of a forward and stays there until a backward ends, and
     that backward runs (with its working buffers) at the peak."""
-    base = pp_rank_memory(model, layout, pp_rank, [])  # model states: no activations, no actions
-    held = dispatch_buffer_bytes(model, layout, nvlink_domain)  # working, but held throughout
-    states = base.params_bytes + base.grads_bytes + base.optimizer_bytes + held
+    # model states: no activations, no actions
+    base = pp_rank_memory(model, layout, pp_rank, [], non_tn=non_tn)
+    held: float = dispatch_buffer_bytes(model, layout, nvlink_domain)  # working, held all step
     work = working_bytes(model, layout, pp_rank, nvlink_domain) - held
+    held += _weight_cache(model, layout, pp_rank, non_tn)[1]  # so is TE's FP8 workspace
+    states = base.params_bytes + base.grads_bytes + base.optimizer_bytes + held
     chunks = chunk_bytes(model, layout, pp_rank)
     if chunks is not None:
         return _weighted_timeline(states, work, chunks, timed)

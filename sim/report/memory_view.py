@@ -24,7 +24,8 @@ def memory_curves(exp: Experiment, passes: dict[int, list[Pass]]
                   ) -> dict[int, list[tuple[float, float]]]:
     """Pipeline rank -> (time, bytes) points of its step curve."""
     return {pp: memory_timeline(exp.model, exp.layout, pp, timed_actions(ps),
-                                exp.cluster.devices_per_server)
+                                exp.cluster.devices_per_server,
+                                exp.cluster.accelerator.fp8_block_scaling)
             for pp, ps in passes.items()}
 
 

@@ -347,16 +347,17 @@ def timed_actions(passes: Iterable[Pass]) -> list[tuple[Action, float, float]]:
 
 
 def annotate(trace: Trace, times: StepTimes, model: ModelSpec, layout: Layout,
-             devices: str, nvlink_domain: int | None = None) -> Trace:
+             devices: str, nvlink_domain: int | None = None, non_tn: bool = False) -> Trace:
     """`trace` (the timed trace of `times`) with what its Chrome export shows beyond the ops:
     meta `memory`, each rank's bytes over the step from `sim.models.memory.memory_timeline` at the
-    simulated pass times (`nvlink_domain`: GPUs per NVLink domain, for HybridEP's buffers), and
+    simulated pass times (`nvlink_domain`: GPUs per NVLink domain, for HybridEP's buffers;
+    `non_tn`: Blackwell's FP8 GEMM layouts, for TE's cached FP8 weights), and
     meta `devices`, the word for the devices ("GPUs", "chips")."""
     memory = {}
     for rank in times.plan.ranks:
         passes = pipeline_passes(times, rank)
         points = memory_timeline(model, layout, layout.coords(rank).pp, timed_actions(passes),
-                                 nvlink_domain)
+                                 nvlink_domain, non_tn)
         # a later point at the same time supersedes an earlier one on a step curve
         memory[rank] = tuple((t, b) for (t, b), nxt in zip(points, [*points[1:], None])
                              if nxt is None or nxt[0] != t)

@@ -46,6 +46,7 @@ from sim.search.stage_time import UnitTime, beside
 from topology.cluster import Cluster
 from traces.alltoallv import AllToAllv
 from traces.expert_grid import ep_group, etp_group, expert_data_group
+from traces.fp8_params import param_gather_bytes
 from traces.layout import Axis, Layout, Schedule
 from traces.model import ModelSpec
 from traces.moe_spec import is_moe_layer
@@ -93,6 +94,7 @@ class Analytic:
         self.variability = cluster.variability
         self.collectives = Collectives(cluster)
         self._domain = cluster.devices_per_server  # sizes HybridEP's buffers
+        self._non_tn = cluster.accelerator.fp8_block_scaling  # TE's FP8 weight copies
         self.free_network = network == NetworkMode.IDEAL
         self.algo = algo
         self._passes: dict[PassKey, PassOps] = {}
@@ -184,7 +186,7 @@ class Analytic:
         later = beside(window, window * slowed, max(times * reduce - tail, 0.0)) - window
         end += later + max(times * reduce - window - later, tail)
         if ops.gather_after_optimizer:  # the same slices, as parameters
-            to_params = self.model.dtype_bytes / grad_bytes(self.model, layout)
+            to_params = param_gather_bytes(self.model, layout, r) / grad_bytes(self.model, layout)
             end += sum(self._collective(OpKind.ALL_GATHER, dp, b * to_params) for b in buckets)
         return end, optimizer
 
@@ -193,8 +195,8 @@ class Analytic:
     def memory(self, layout: Layout) -> list[MemoryBreakdown]:
         """`sim.models.memory.memory_by_pp_rank`, with each rank's peak of micro-batches in flight
         taken once per distinct schedule."""
-        return [pp_rank_memory(self.model, layout, r, self._holding(layout, r), self._domain)
-                for r in range(layout.pp)]
+        return [pp_rank_memory(self.model, layout, r, self._holding(layout, r), self._domain,
+                               self._non_tn) for r in range(layout.pp)]
 
     def peak_memory(self, layout: Layout) -> float:
         """The largest of `memory(layout)`'s totals, from the ranks that can hold it: the
@@ -207,7 +209,8 @@ class Analytic:
         elif layout.pp > 2:
             ranks.add(max(range(1, layout.pp - 1), key=lambda r: (peaks[r], -r)))
         return max(pp_rank_memory(self.model, layout, r, self._holding(layout, r),
-                                  self._domain).total_bytes for r in sorted(ranks))
+                                  self._domain, self._non_tn).total_bytes
+                   for r in sorted(ranks))
 
     def _holding(self, layout: Layout, r: int) -> list[Action]:
         """What `pp_rank_memory` needs of rank r's schedule: its peak in flight where its

@@ -57,7 +57,8 @@ def rank_by_goodput(result: SearchResult, ctx: Context) -> list[GoodputRow]:
         assert c.simulated is not None
         exp = replace(ctx.experiment(c.layout), reliability=base.reliability)
         memory = memory_by_pp_rank(base.model, c.layout, layout_schedule(c.layout),
-                                   base.cluster.devices_per_server)
+                                   base.cluster.devices_per_server,
+                                   base.cluster.accelerator.fp8_block_scaling)
         plan = plan_from(exp, step_time_s=c.simulated.step_time_s,
                          tokens_per_s=c.simulated.tokens_per_s, memory=memory,
                          target=RUN_DAYS * DAY_S * c.simulated.tokens_per_s)

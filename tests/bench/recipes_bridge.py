@@ -32,7 +32,12 @@ counted, traces/te_fp8_memory.py, GB300's fit, 272 of 288 GB, GB200's still not,
 8B FP8-CS row runs without the full-iteration CUDA graph that the B200, GB300 and GB200 MXFP8
 rows capture: both are GB200's costs that these rows cannot state. 405B rows split 126
 layers + embedding + loss evenly over PP x VP chunks (account_for_embedding /
-account_for_loss, as the Llama 3.1 405B recipes set them).
+account_for_loss, as the Llama 3.1 405B recipes set them). FP8 weights gathered in FP8
+(fp8_param_gather): the scripts' get_precision_config takes Megatron-Bridge's
+bf16_with_fp8_current_scaling_mixed (with first_last_layers_bf16 turned off) for FP8-CS and
+bf16_with_mxfp8_mixed for FP8-MX, both fp8_param_gather = True (training/mixed_precision.py
+@0509780); the FSDP rows set it too, but parasim models it only with the distributed
+optimizer (traces/fp8_params.py), so they go without.
 
 A GB200/GB300 job uses 64-GPU NVLink domains of an NVL72 rack ("place the sixteen four-GPU
 nodes within one NVLink domain": Megatron-Bridge's GB200 Llama 3.1 405B recipe docstring), so
@@ -80,6 +85,8 @@ def bridge(source: str, system: str, size: str, precision: str, gpus: int, gbs: 
         "zero": 3 if fsdp else 1, "fp32_main_grads": False, "recompute": "none",
         "micro_batch": mbs, "global_batch": gbs,
     }
+    if not fsdp and precision in ("FP8-CS", "FP8-MX"):
+        parallel["fp8_param_gather"] = True  # the recipes' precision configs (docstring)
     if fsdp and size == "70b" and system in OFFLOAD_70B_FSDP:
         parallel["cpu_offloading_num_layers"] = OFFLOAD_70B_FSDP[system]
     if size == "405b":

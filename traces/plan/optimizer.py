@@ -32,6 +32,7 @@ from itertools import chain
 from operator import attrgetter, indexOf
 
 from traces.expert_grid import expert_grad_degree, expert_grad_group
+from traces.fp8_params import expert_param_bytes, param_gather_bytes
 from traces.kernels import step_kernel_bytes
 from traces.layout import Layout
 from traces.moe_spec import is_moe_layer
@@ -106,7 +107,8 @@ def add_optimizer(ctx: RankContext, program: Program,
         after = [step]
     gathers: list[tuple[Op, list[Unit]]] = []
     if layout.zero in (1, 2) and layout.data_degree > 1:
-        to_params = model.dtype_bytes / ctx.grad_bytes  # the same elements, as parameters
+        # the same elements, as parameters (FP8 ones with fp8_param_gather)
+        to_params = param_gather_bytes(model, layout, ctx.pp_rank) / ctx.grad_bytes
         units = gradient_buckets(ctx)
         for bucket, size in _last_buckets(ctx, nodes):
             op = Op(kind=OpKind.ALL_GATHER, stream=Stream.DP, name="params",
@@ -161,7 +163,8 @@ def _expert_gathers(ctx: RankContext, layers: list[int]) -> list[tuple[Op, list[
         if is_moe_layer(model, layer):
             op = Op(kind=OpKind.ALL_GATHER, stream=Stream.DP, name="expert_params",
                     purpose=ExpertParamGather(Unit.of_layer(layer)), group=group,
-                    size_bytes=ctx.expert_params(layer) * model.dtype_bytes, layer=layer,
+                    size_bytes=ctx.expert_params(layer) * expert_param_bytes(model, layout),
+                    layer=layer,
                     phase=Phase.OPT, dtype=model.data_dtype)
             out.append((op, [Unit.of_layer(layer)]))
     return out
