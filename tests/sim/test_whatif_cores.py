@@ -15,28 +15,10 @@ from sim.settings import parse_settings
 from sim.simulate import predict
 from sim.whatif import load_captured, target_experiment, whatif
 from sim.whatif.book import Statistic
+from tests.sim.whatif_job import JOB
 from topology.config import cluster_from_table
 from traces.io import save
 from traces.ops import OpKind, Trace
-
-JOB = """
-[model]
-layers = 2
-hidden = 128
-heads = 4
-seq_len = 64
-vocab = 512
-
-[parallel]
-dp = 2
-micro_batch = 1
-global_batch = 4
-
-[cluster]
-preset = "localhost"
-gpus_per_node = 2
-cores = 2
-"""
 
 
 def test_ranks_beyond_the_cores_time_share_them():

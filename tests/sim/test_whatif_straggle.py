@@ -18,27 +18,9 @@ from sim.simulate import predict
 from sim.whatif import load_captured, target_experiment, whatif
 from sim.whatif.book import Statistic
 from sim.whatif.straggle import NONE, Straggle, expected_max_count, learn_straggle, with_straggle
+from tests.sim.whatif_job import JOB
 from traces.io import save
 from traces.ops import Op, OpKind, Trace
-
-JOB = """
-[model]
-layers = 2
-hidden = 128
-heads = 4
-seq_len = 64
-vocab = 512
-
-[parallel]
-dp = 2
-micro_batch = 1
-global_batch = 4
-
-[cluster]
-preset = "localhost"
-gpus_per_node = 2
-cores = 2
-"""
 
 
 def _pmf(k: int, mean: float) -> float:
