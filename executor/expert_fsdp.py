@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from executor.comm import Comm, Handle
+from executor.comm import Comm, Handle, own_counter
 from executor.experts import ExpertStore
 from executor.memory import MemoryMeter
 from executor.optim import AdamW, AdamWConfig
@@ -154,9 +154,9 @@ class ExpertUnits(ExpertStore):
         storage, numel = flat.untyped_storage(), flat.numel()
         if storage.nbytes() == 0:
             storage.resize_(numel * flat.element_size())
-        # written through a tensor of its own (own version counter), as ParamStore does
-        target = torch.empty(0, dtype=flat.dtype, device=flat.device).set_(
-            storage, 0, (numel,), (1,))
+        # written through a tensor of its own (own version counter): the leaves' saved versions
+        # stay what autograd recorded (`own_counter`)
+        target = own_counter(flat)
 
         def then() -> None:
             if layer not in self._held:

@@ -129,10 +129,9 @@ class ParamStore:
         numel = flat.numel()
         if storage.nbytes() == 0:
             storage.resize_(numel * flat.element_size())
-        # Write through a tensor of its own (own version counter): the leaves' saved versions
-        # stay what autograd recorded.
-        target = torch.empty(0, dtype=flat.dtype, device=flat.device).set_(
-            storage, 0, (numel,), (1,))
+        # written through a tensor of its own (own version counter): the leaves' saved versions
+        # stay what autograd recorded (`own_counter`)
+        target = own_counter(flat)
         lo, hi = self.shards.shard_slice[self._unit_index[unit]]
 
         def then() -> None:

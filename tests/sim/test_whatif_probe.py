@@ -18,28 +18,12 @@ from sim.settings import parse_settings
 from sim.simulate import predict
 from sim.whatif import load_captured, target_experiment, whatif
 from sim.whatif.links import probe_samples
+from tests.sim.whatif_job import LOCAL as JOB
 from topology.override import with_links
 from traces.errors import ConfigError
 from traces.io import save
 from traces.ops import OpKind, Trace
 
-JOB = """
-[model]
-layers = 2
-hidden = 128
-heads = 4
-seq_len = 64
-vocab = 512
-
-[parallel]
-dp = 2
-micro_batch = 1
-global_batch = 4
-
-[cluster]
-preset = "localhost"
-gpus_per_node = 2
-"""
 FIGURES = (0.4e9, 1.5e-3, 0.5e-3)
 """The capture host's loopback: bandwidth, latency, per-call cost (gloo on a loaded host)."""
 SIZES = (4, 64 * 2**10, 2**20, 4 * 2**20)

@@ -1,7 +1,7 @@
 """The small job the what-if tests capture and predict: two ranks of a tiny GPT on
-localhost, sharing two cores (`[cluster] cores`)."""
+localhost (`LOCAL`), and the same sharing two cores (`JOB`, `[cluster] cores`)."""
 
-JOB = """
+LOCAL = """
 [model]
 layers = 2
 hidden = 128
@@ -17,5 +17,5 @@ global_batch = 4
 [cluster]
 preset = "localhost"
 gpus_per_node = 2
-cores = 2
 """
+JOB = LOCAL + "cores = 2\n"

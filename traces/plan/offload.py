@@ -89,13 +89,7 @@ def _offloads(nodes: list[Node], w: tuple[int, ...], size: float) -> list[Node]:
         nxt = following.get(id(end)) if end is not None else None
         if nxt is not None:
             nxt.wait_for(copies[j])
-    out: list[Node] = []
-    for node in nodes:
-        out.append(node)
-        issued = after.get(id(node))
-        if issued is not None:
-            out.append(issued)
-    return out
+    return _issued_after(nodes, after)
 
 
 def _reloads(nodes: list[Node], w: tuple[int, ...], size: float) -> list[Node]:
@@ -123,7 +117,14 @@ def _reloads(nodes: list[Node], w: tuple[int, ...], size: float) -> list[Node]:
             start.wait_for(reloads[j + 1])
     if 0 in reloads and 0 in first:
         first[0].wait_for(reloads[0])
-    out: list[Node] = list(leading)
+    return _issued_after(nodes, after, leading)
+
+
+def _issued_after(nodes: list[Node], after: dict[int, Node],
+                  leading: list[Node] | None = None) -> list[Node]:
+    """`nodes` in order with each copy right after the node it is issued behind (`after`:
+    id(node) -> copy), the copies with no node before them (`leading`) first."""
+    out: list[Node] = list(leading or ())
     for node in nodes:
         out.append(node)
         issued = after.get(id(node))
