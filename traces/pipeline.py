@@ -78,7 +78,11 @@ def interleaved(pp: int, vp: int, m: int, extra: int = 0) -> ActionSchedule:
 
     Micro-batches go through the chunks in groups of pp: forward k runs chunk (k // pp) % vp on
     micro-batch (k // (pp * vp)) * pp + k % pp; backward k the same with chunks in reverse.
-    Rank r warms up with 2(pp - r - 1) + (vp - 1) pp forwards (all of them when m == pp).
+    Rank r warms up with 2(pp - r - 1) + (vp - 1) pp forwards, all of them only where that
+    reaches m·vp: Megatron-Core's forward_backward_pipelining_with_interleaving as it stands
+    (schedules.py, NVIDIA/Megatron-LM main of 2025, with microbatch_group_size_per_vp_stage at
+    its default pp; older releases ran every forward first whenever m == pp), and PyTorch's
+    ScheduleInterleaved1F1B warms up the same way.
     """
     assert m % pp == 0, "interleaved 1F1B needs m divisible by pp"
     total = m * vp
@@ -89,7 +93,7 @@ def interleaved(pp: int, vp: int, m: int, extra: int = 0) -> ActionSchedule:
 
     schedule = {}
     for r in range(pp):
-        warmup = total if m == pp else min(2 * (pp - r - 1) + (vp - 1) * pp + extra, total)
+        warmup = min(2 * (pp - r - 1) + (vp - 1) * pp + extra, total)
 
         def act(k: int, kind: Literal["F", "B"], r: int = r) -> Action:
             chunk, mb = order(k, kind == "B")

@@ -35,6 +35,18 @@ def test_interleaved_follows_megatron_order():
         "0F0 0F1 2F0 2F1 0F2 2B0 0F3 2B1 2F2 0B0 2F3 0B1 2B2 2B3 0B2 0B3"
 
 
+
+def test_interleaved_warms_up_by_rank_even_when_micro_batches_equal_stages():
+    # Megatron-Core's interleaved schedule (and PyTorch's ScheduleInterleaved1F1B): rank r
+    # warms up with min(2(pp - r - 1) + (vp - 1) pp, m vp) forwards, then alternates one
+    # forward and one backward; with m == pp = 4, vp = 2 the warm-ups are 8, 8, 6, 4, so the
+    # first backward comes after 8, 8, 7, 5 forwards (older Megatron ran all 8 first on every
+    # rank whenever m == pp).
+    schedule = build_schedule("interleaved", 4, 4, 2)
+    first_backward = [[a.kind for a in schedule[r]].index("B") for r in range(4)]
+    assert first_backward == [8, 8, 7, 5]
+    assert " ".join(map(str, schedule[3][:7])) == "3F0 3F1 3F2 3F3 7F0 7B0 7F1"
+
 def test_validator_rejects_a_missing_pass_and_marks_a_deadlock():
     schedule = one_f_one_b(2, 2)
     schedule[1] = schedule[1][:-1]
