@@ -32,7 +32,7 @@ from sim.engine.running import Running
 from sim.engine.transport import Transport
 from sim.models.interference import Interference, interferes
 from traces.ops import Op
-from traces.plan.overlap import copy_engine
+from traces.plan.overlap import copy_engine, in_margin
 
 Kernel = Callable[[float], simpy.Event]
 """A timeout of the given seconds, for a kernel (or a run of kernels)."""
@@ -102,9 +102,11 @@ class Occupancy:
         moved = self.transport.move(lowered, op, stretch, wait)
         # an inline collective holds its ranks' compute streams: no kernel of theirs starts
         # while it moves, so it need not mark them (the same times, without the bookkeeping);
-        # a copy-engine copy holds no SMs (`traces.plan.overlap.copy_engine`)
+        # a copy-engine copy holds no SMs (`traces.plan.overlap.copy_engine`); a TE chunk's
+        # SMs are its GEMMs' margin, in their time already where the model counts SMs
+        # (`per_kernel`: `traces.plan.overlap.in_margin`)
         if moved is not None and self.slows_kernels and not op.inline \
-                and not copy_engine(op):
+                and not copy_engine(op) and not (self.per_kernel and in_margin(op)):
             busy, scale, base, running = self.busy, self.scale, self.base, self.running
             for r in ranks:
                 busy[r] += 1

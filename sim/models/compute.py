@@ -25,8 +25,9 @@ stack may launch several for one op, or none: `launches`). A measured op (one wi
 from a real run) keeps its measured duration. A plan's op is costed as its kernel (its
 purpose's, `traces.purpose.KernelRun`), which the profile may tune; an op imported from
 elsewhere (no purpose) by its name. A GEMM chunk of tp_comm_overlap (`GemmChunk`, in any
-phase) is one GEMM of its own shape: a fraction of the tokens of one product. An activation
-offload copy (`HostCopy`) takes its bytes over the host link (`host_Bps`).
+phase) is one GEMM of its own shape: a fraction of the tokens of one product, on the SMs its
+communication leaves it (`GemmChunk.comm_sms`: Transformer Engine's set_sm_margin, `math_units`).
+An activation offload copy (`HostCopy`) takes its bytes over the host link (`host_Bps`).
 """
 
 from __future__ import annotations
@@ -98,14 +99,30 @@ class ComputeModel:
         return seconds
 
     def _keyed(self, op: Op) -> float:
-        """`duration` of an untimed op by its full `_kernel_key`."""
-        key = _kernel_key(op)
+        """`duration` of an untimed op by its full `_kernel_key` (and the units it runs on)."""
+        units = self.math_units(op)
+        key = _kernel_key(op) if units is None else (*_kernel_key(op), units)
         seconds = self._cache.get(key)
         if seconds is None:
             seconds = self._cache[key] = self.kernel_time(
                 key[0], op.flops, op.mem_bytes, op.gemm, backward=key[1], fp8=key[5],
-                draws=op.draws)
+                units=units, draws=op.draws)
         return seconds
+
+    def math_units(self, op: Op) -> int | None:
+        """The compute units a GEMM chunk of tp_comm_overlap runs on where its communication
+        holds `GemmChunk.comm_sms` of them for the whole chunk (None: all of them).
+        Transformer Engine launches every GEMM of an overlap with set_sm_margin on
+        `sm_count - num_comm_sm` SMs, whether or not the collective is still moving
+        (transformer_engine/common/comm_gemm_overlap/comm_gemm_overlap.cpp, CommOverlapCore's
+        constructor: `_math_sms = set_sm_margin ? sm_count - num_comm_sm : sm_count`, the
+        `math_sm_count` of each of its GEMMs). A margin of SMs is a GPU's: an accelerator with
+        no more units than it (a CPU host, a TPU's matrix units) keeps all of them."""
+        purpose = op.purpose
+        if type(purpose) is not GemmChunk or not purpose.comm_sms:
+            return None
+        units = self.accelerator.compute_units
+        return units - purpose.comm_sms if purpose.comm_sms < units else None
 
     def copy_seconds(self, op: Op) -> float:
         """An activation offload copy (`HostCopy`): its bytes over the host link, one
@@ -119,11 +136,16 @@ class ComputeModel:
     def shared_duration(self, op: Op, units: int, hbm_fraction: float) -> float:
         """`duration(op)` on `units` of the accelerator's compute units and `hbm_fraction` of
         its HBM bandwidth: the op beside communication that holds the rest
-        (`sim.models.interference.GpuInterference`). A measured op keeps its duration."""
+        (`sim.models.interference.GpuInterference`); a GEMM chunk that leaves SMs to its own
+        collective (`math_units`) runs on that many fewer again: both hold theirs at once.
+        A measured op keeps its duration."""
         if op.start is not None and op.end is not None:
             return op.end - op.start
         if type(op.purpose) is HostCopy:  # the copy engines: no SMs, no HBM share to lose
             return self.copy_seconds(op)
+        math = self.math_units(op)
+        if math is not None:
+            units = max(1, units - (self.accelerator.compute_units - math))
         key = (*_kernel_key(op), units, hbm_fraction)
         seconds = self._cache.get(key)
         if seconds is None:

@@ -20,7 +20,10 @@ from the profile's comm_interference, compute_interference and compute_interfere
 fitted by `sim.calibrate.interference`). On a GPU (`GpuInterference`), NCCL's kernels hold SMs
 (one per channel) and HBM bandwidth while they run: a kernel beside them runs on the other SMs
 with the HBM bandwidth they leave, and communication beside a kernel gets its max-min share
-of HBM (docs/sustained-rates.md, "Compute and communication share the GPU"). Where a
+of HBM (docs/sustained-rates.md, "Compute and communication share the GPU"). A GEMM chunk of
+Transformer Engine's overlap already runs on the SMs its own collective leaves it (its
+duration's, `ComputeModel.math_units`), so that collective marks no rank busy here
+(`traces.plan.overlap.in_margin`) and NCCL's SMs beside it come off those. Where a
 DualPipe pair reserves SMs for its all-to-all (`sim.models.reserved_sms`), the ops beside it
 are timed on the SMs left and this model leaves them alone (`Spared`): counted once.
 """

@@ -55,8 +55,10 @@ So, uncontended, a produce region is the chunks' chain: GEMM k ends at
 max(GEMM k-1, copy k-2) + g, copy k at max(copy k-1, GEMM k) + c; the sum follows.
 
 The engine needs nothing new (streams and dependencies); the compute model costs a chunk by
-its GEMM shape. What a chunk loses to the SMs its communication holds is the interference
-model's, from `GemmChunk.comm_sms`.
+its GEMM shape on the SMs its communication leaves it (`GemmChunk.comm_sms`: TE launches the
+GEMMs of a set_sm_margin overlap on sm_count - num_sm SMs for their whole length,
+`sim.models.compute.ComputeModel.math_units`); what it loses to NCCL's SMs beside it (data,
+pipeline or context parallel traffic) is the interference model's, on top (`in_margin`).
 """
 
 from __future__ import annotations
@@ -269,6 +271,18 @@ def copy_engine(op: Op) -> bool:
 
 
 _COPY_ENGINE = frozenset({OverlapMethod.RING, OverlapMethod.PRODUCE})
+
+
+def in_margin(op: Op) -> bool:
+    """Whether `op` is a Transformer Engine collective chunk whose SMs the GEMM chunks beside
+    it leave free (pipeline and bulk: num_sm with set_sm_margin, `GemmChunk.comm_sms`), so
+    an interference model that counts SMs has them counted already in those GEMMs' time
+    (`sim.models.compute.ComputeModel.math_units`)."""
+    purpose = op.purpose
+    return type(purpose) is TpChunk and purpose.method in _MARGIN
+
+
+_MARGIN = frozenset({OverlapMethod.PIPELINE, OverlapMethod.BULK})
 
 
 def in_region(op: Op) -> bool:
