@@ -29,6 +29,22 @@ Costs (public measurements; each a lower bound of what a Python training loop pa
   NVIDIA/TransformerEngine transformer_engine/common/gemm/cublaslt_gemm.cu. So the op of
   `experts` GEMMs launches `experts` kernels forward and 2 x `experts` backward (dgrad and
   wgrad), as `expert_launches` counts.
+- FP8 experts also quantize each expert's input (forward) and output gradient (backward)
+  on their own: GroupedLinear's `tex.split_quantize` ends in `multi_tensor_quantize_impl`,
+  whose one fused kernel (nvte_multi_cast_transpose) serves only delayed scaling's
+  Float8Quantizers; every other recipe takes its "Quantize kernels individually" loop, one
+  quantize per expert (NVIDIA/TransformerEngine transformer_engine/pytorch/csrc/extensions/
+  cast.cpp, multi_tensor_quantize_impl). Current scaling's quantize is its amax pass and its
+  cast (`traces.fp8_recipes`, "tensorwise"): 2 kernels per expert; MXFP8 and blockwise 1;
+  delayed scaling 1 for all the experts together (`expert_cast_launches`).
+- The host CPU: LAUNCH_S and SYNC_S are x86 figures (the blog's dispatch chain; Gray's
+  measurement). A Grace CPU (GH200, GB200, GB300) runs the same PyTorch op's CPU side slower:
+  a torch.nn.Linear forward (BF16, hidden 2048, 8192 tokens) costs 37.08 us of CPU on GB200,
+  33.17 us on GH200, 13.48 us on a DGX H100's Xeon Platinum 8480C (NVIDIA/TransformerEngine
+  issue #2053, "High CPU overhead on Grace systems", 2025-08-11, its benchmark table). Each
+  host cost on a Grace part is scaled by its ratio to the DGX's: 37.08 / 13.48 on GB200, and on
+  GB300 (the same Grace CPU: no measurement of its own), 33.17 / 13.48 on GH200
+  (`host_cpu_factor`).
 
 Syncs: Megatron-Core's dropless alltoall dispatcher (MoEAlltoAllTokenDispatcher,
 megatron/core/transformer/moe/token_dispatcher.py @0014f13) copies the token counts it needs
@@ -51,16 +67,22 @@ from sim.engine.host import HostProgram, Sync
 from sim.models.compute import ComputeModel
 from traces.errors import ConfigError, show
 from traces.fields import Fields
+from traces.fp8 import recipe as fp8_recipe
 from traces.kernel_names import Kernel
 from traces.layout import Layout
 from traces.model import ModelSpec
 from traces.ops import Op, OpKind, Phase, Trace
-from traces.purpose import ExpertAllToAll, GemmChunk, KernelRun, MoeStep
+from traces.purpose import ExpertAllToAll, GemmChunk, GemmPart, KernelRun, MoeStep
 
 LAUNCH_S = 5e-6
 """CPU seconds per launch (module docstring)."""
 SYNC_S = 5.8e-6
 """CPU seconds a device-to-host sync adds after its GPU op ends (module docstring)."""
+X86_LINEAR_CPU_S = 13.48e-6
+"""CPU seconds of one torch.nn.Linear forward on a DGX H100's Xeon Platinum 8480C
+(TransformerEngine issue #2053's table; module docstring)."""
+GRACE_LINEAR_CPU_S = {"GB200": 37.08e-6, "GB300": 37.08e-6, "GH200": 33.17e-6}
+"""The same on Grace parts (issue #2053's GB200 and GH200 rows; GB300's Grace as GB200's)."""
 
 SCOPES = ("attn", "mlp", "moe_router", "moe_preprocess")
 """Megatron-Core's --cuda-graph-scope values parasim models (partial capture, TE's
@@ -128,41 +150,75 @@ def host_programs(plan: Trace, settings: HostSettings, model: ModelSpec, layout:
     if not settings.host:
         return None
     sync = dropless_sync(model, layout)
-    return {rank: HostProgram.of(launch_costs(ops, compute, settings.scopes),
-                                 dispatch_syncs(ops) if sync else ())
+    factor = host_cpu_factor(compute.accelerator.name)
+    casts = expert_cast_launches(model)
+    return {rank: HostProgram.of(launch_costs(ops, compute, settings.scopes, casts, factor),
+                                 dispatch_syncs(ops, SYNC_S * factor) if sync else ())
             for rank, ops in plan.ops.items()}
 
 
+def host_cpu_factor(accelerator: str) -> float:
+    """How much slower than the x86 DGX host the accelerator's host CPU runs a PyTorch op's CPU
+    side (module docstring): 1 but on Grace parts."""
+    for prefix, seconds in GRACE_LINEAR_CPU_S.items():
+        if accelerator.upper().startswith(prefix):
+            return seconds / X86_LINEAR_CPU_S
+    return 1.0
+
+
+def expert_cast_launches(model: ModelSpec) -> tuple[int, int]:
+    """Quantize kernels an FP8 expert GEMM op launches per local expert (forward: its input;
+    backward: its output gradient) and 0 where the recipe fuses them into one for all the
+    experts, delayed scaling (module docstring); (0, 0) without FP8."""
+    if not model.fp8:
+        return 0, 0
+    rec = fp8_recipe(model)
+    if rec.name == "delayed":
+        return 0, 0
+    per = 2 if rec.amax_pass else 1
+    return per, per
+
+
 def launch_costs(ops: Sequence[Op], compute: ComputeModel | Mapping[tuple[str, bool], int],
-                 scopes: frozenset[str] = frozenset()) -> list[float]:
+                 scopes: frozenset[str] = frozenset(), casts: tuple[int, int] = (0, 0),
+                 factor: float = 1.0) -> list[float]:
     """Per op, the CPU seconds of its launch: LAUNCH_S per kernel or call, none inside a CUDA
-    graph but one per stretch of graphed ops."""
+    graph but one per stretch of graphed ops; `casts`: an FP8 expert GEMM's quantize kernels
+    per expert (`expert_cast_launches`); `factor`: the host CPU's (`host_cpu_factor`)."""
     launches = compute.launches if isinstance(compute, ComputeModel) else compute
     graphed = _graphed(ops, scopes) if scopes else None
+    launch = LAUNCH_S * factor
     costs = []
     previous = False
     for i, op in enumerate(ops):
         if graphed is not None and graphed[i]:
-            costs.append(0.0 if previous else LAUNCH_S)
+            costs.append(0.0 if previous else launch)
             previous = True
             continue
         previous = False
         if op.kind is not OpKind.COMPUTE:
-            costs.append(LAUNCH_S)
+            costs.append(launch)
             continue
         name, backward = kernel_of(op)
-        count = expert_launches(op, backward) if name in EXPERT_GEMMS else \
+        count = expert_launches(op, backward, casts) if name in EXPERT_GEMMS else \
             launches.get((name, backward), 2 if op.gemm and backward else 1)
-        costs.append(count * LAUNCH_S)
+        costs.append(count * launch)
     return costs
 
 
-def expert_launches(op: Op, backward: bool) -> int:
-    """Kernels an expert GEMM op launches (module docstring): one per expert it holds (its
-    gemm's batch), forward; two per expert, backward; one per expert for a dgrad or wgrad
-    chunk."""
+def expert_launches(op: Op, backward: bool, casts: tuple[int, int] = (0, 0)) -> int:
+    """Kernels an expert GEMM op launches (module docstring): per expert it holds (its gemm's
+    batch) one GEMM and `casts`[0] quantize kernels forward, two GEMMs and `casts`[1]
+    backward; a GEMM chunk one GEMM, with the forward's quantize (fprop) or the output
+    gradient's (dgrad), none with the wgrad."""
     experts = op.gemm[0] if op.gemm else 1
-    return experts * (2 if backward else 1)
+    if backward:
+        return experts * (2 + casts[1])
+    purpose = op.purpose
+    if isinstance(purpose, GemmChunk):
+        cast = {GemmPart.FPROP: casts[0], GemmPart.DGRAD: casts[1]}.get(purpose.part, 0)
+        return experts * (1 + cast)
+    return experts * (1 + casts[0])
 
 
 def _graphed(ops: Sequence[Op], scopes: frozenset[str]) -> list[bool]:
@@ -195,9 +251,10 @@ def _graphed(ops: Sequence[Op], scopes: frozenset[str]) -> list[bool]:
     return out
 
 
-def dispatch_syncs(ops: Sequence[Op]) -> list[Sync]:
+def dispatch_syncs(ops: Sequence[Op], seconds: float = SYNC_S) -> list[Sync]:
     """The dropless dispatcher's syncs: before each forward (or recomputed) dispatch
-    all-to-all, the host waits for the op before its permute (the router's counts)."""
+    all-to-all, the host waits for the op before its permute (the router's counts), and
+    `seconds` more."""
     syncs = []
     last_on: dict[str, list[int]] = {}  # per stream, its last two ops
     for i, op in enumerate(ops):
@@ -207,7 +264,7 @@ def dispatch_syncs(ops: Sequence[Op]) -> list[Sync]:
             before = [j for j in last_on.get(op.stream, [])
                       if kernel_of(ops[j])[0] != Kernel.PERMUTE]
             if before:
-                syncs.append(Sync(i, before[-1], SYNC_S))
+                syncs.append(Sync(i, before[-1], seconds))
         last = last_on.setdefault(op.stream, [])
         last.append(i)
         if len(last) > 2:
@@ -215,5 +272,6 @@ def dispatch_syncs(ops: Sequence[Op]) -> list[Sync]:
     return syncs
 
 
-__all__ = ["KEYS", "LAUNCH_S", "SCOPES", "SYNC_S", "HostSettings", "dispatch_syncs",
-           "dropless_sync", "expert_launches", "host_programs", "launch_costs"]
+__all__ = ["GRACE_LINEAR_CPU_S", "KEYS", "LAUNCH_S", "SCOPES", "SYNC_S", "X86_LINEAR_CPU_S",
+           "HostSettings", "dispatch_syncs", "dropless_sync", "expert_cast_launches",
+           "expert_launches", "host_cpu_factor", "host_programs", "launch_costs"]
