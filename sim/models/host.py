@@ -29,14 +29,16 @@ Costs (public measurements; each a lower bound of what a Python training loop pa
   NVIDIA/TransformerEngine transformer_engine/common/gemm/cublaslt_gemm.cu. So the op of
   `experts` GEMMs launches `experts` kernels forward and 2 x `experts` backward (dgrad and
   wgrad), as `expert_launches` counts.
-- FP8 experts also quantize each expert's input (forward) and output gradient (backward)
-  on their own: GroupedLinear's `tex.split_quantize` ends in `multi_tensor_quantize_impl`,
-  whose one fused kernel (nvte_multi_cast_transpose) serves only delayed scaling's
-  Float8Quantizers; every other recipe takes its "Quantize kernels individually" loop, one
-  quantize per expert (NVIDIA/TransformerEngine transformer_engine/pytorch/csrc/extensions/
-  cast.cpp, multi_tensor_quantize_impl). Current scaling's quantize is its amax pass and its
-  cast (`traces.fp8_recipes`, "tensorwise"): 2 kernels per expert; MXFP8 and blockwise 1;
-  delayed scaling 1 for all the experts together (`expert_cast_launches`).
+- FP8 experts quantize each expert's input (forward) and output gradient (backward) on
+  their own (`traces.moe`'s expert_cast and expert_cast_grad ops): GroupedLinear's
+  `tex.split_quantize` ends in `multi_tensor_quantize_impl`, whose one fused kernel
+  (nvte_multi_cast_transpose) serves only delayed scaling's Float8Quantizers; every other
+  recipe takes its "Quantize kernels individually" loop, one quantize per expert
+  (NVIDIA/TransformerEngine transformer_engine/pytorch/csrc/extensions/cast.cpp,
+  multi_tensor_quantize_impl). Current scaling's quantize is its amax pass and its cast
+  (`traces.fp8_recipes`, "tensorwise"): 2 kernels per local expert; MXFP8 and blockwise 1;
+  delayed scaling 1 for all the experts together; SequentialMLP's experts each quantize in
+  their own Linear (`expert_cast_launches`).
 - The host CPU: LAUNCH_S and SYNC_S are x86 figures (the blog's dispatch chain; Gray's
   measurement). A Grace CPU (GH200, GB200, GB300) runs the same PyTorch op's CPU side slower:
   a torch.nn.Linear forward (BF16, hidden 2048, 8192 tokens) costs 37.08 us of CPU on GB200,
@@ -72,7 +74,7 @@ from traces.kernel_names import Kernel
 from traces.layout import Layout
 from traces.model import ModelSpec
 from traces.ops import Op, OpKind, Phase, Trace
-from traces.purpose import ExpertAllToAll, GemmChunk, GemmPart, KernelRun, MoeStep
+from traces.purpose import ExpertAllToAll, GemmChunk, KernelRun, MoeStep
 
 LAUNCH_S = 5e-6
 """CPU seconds per launch (module docstring)."""
@@ -96,6 +98,8 @@ MLP = frozenset({Kernel.FC1, Kernel.GELU, Kernel.SWIGLU, Kernel.FC2, Kernel.BDA2
 ROUTER = frozenset({Kernel.ROUTER, Kernel.TOPK, Kernel.AUX_LOSS})
 EXPERT_GEMMS = frozenset({str(Kernel.EXPERT_FC1), str(Kernel.EXPERT_FC2)})
 """The experts' GEMMs: each op holds its experts' GEMMs (`traces.moe_steps.expert_gemms`)."""
+EXPERT_CASTS = frozenset({str(Kernel.EXPERT_CAST), str(Kernel.EXPERT_CAST_GRAD)})
+"""The experts' FP8 quantization: `expert_cast_launches` kernels each."""
 CASTS = frozenset({Kernel.FP8_AMAX, Kernel.FP8_CAST, Kernel.FP8_CAST_GRAD})
 """Kernels of the part of the layer they follow (an FP8 cast before a GEMM)."""
 
@@ -151,7 +155,7 @@ def host_programs(plan: Trace, settings: HostSettings, model: ModelSpec, layout:
         return None
     sync = dropless_sync(model, layout)
     factor = host_cpu_factor(compute.accelerator.name)
-    casts = expert_cast_launches(model)
+    casts = expert_cast_launches(model, layout)
     return {rank: HostProgram.of(launch_costs(ops, compute, settings.scopes, casts, factor),
                                  dispatch_syncs(ops, SYNC_S * factor) if sync else ())
             for rank, ops in plan.ops.items()}
@@ -166,25 +170,24 @@ def host_cpu_factor(accelerator: str) -> float:
     return 1.0
 
 
-def expert_cast_launches(model: ModelSpec) -> tuple[int, int]:
-    """Quantize kernels an FP8 expert GEMM op launches per local expert (forward: its input;
-    backward: its output gradient) and 0 where the recipe fuses them into one for all the
-    experts, delayed scaling (module docstring); (0, 0) without FP8."""
-    if not model.fp8:
-        return 0, 0
+def expert_cast_launches(model: ModelSpec, layout: Layout) -> int:
+    """Kernels one expert cast op launches (module docstring): per local expert, the recipe's
+    quantize (2 with current scaling's amax pass, else 1); delayed scaling's grouped experts
+    1 in all; 0 without FP8 experts."""
+    if not (model.fp8 and model.experts):
+        return 0
     rec = fp8_recipe(model)
-    if rec.name == "delayed":
-        return 0, 0
-    per = 2 if rec.amax_pass else 1
-    return per, per
+    if rec.name == "delayed" and model.moe_grouped_gemm:
+        return 1
+    return model.experts // layout.ep * (2 if rec.amax_pass else 1)
 
 
 def launch_costs(ops: Sequence[Op], compute: ComputeModel | Mapping[tuple[str, bool], int],
-                 scopes: frozenset[str] = frozenset(), casts: tuple[int, int] = (0, 0),
+                 scopes: frozenset[str] = frozenset(), casts: int = 1,
                  factor: float = 1.0) -> list[float]:
     """Per op, the CPU seconds of its launch: LAUNCH_S per kernel or call, none inside a CUDA
-    graph but one per stretch of graphed ops; `casts`: an FP8 expert GEMM's quantize kernels
-    per expert (`expert_cast_launches`); `factor`: the host CPU's (`host_cpu_factor`)."""
+    graph but one per stretch of graphed ops; `casts`: the kernels of an expert cast op
+    (`expert_cast_launches`); `factor`: the host CPU's (`host_cpu_factor`)."""
     launches = compute.launches if isinstance(compute, ComputeModel) else compute
     graphed = _graphed(ops, scopes) if scopes else None
     launch = LAUNCH_S * factor
@@ -200,25 +203,19 @@ def launch_costs(ops: Sequence[Op], compute: ComputeModel | Mapping[tuple[str, b
             costs.append(launch)
             continue
         name, backward = kernel_of(op)
-        count = expert_launches(op, backward, casts) if name in EXPERT_GEMMS else \
-            launches.get((name, backward), 2 if op.gemm and backward else 1)
+        count = expert_launches(op, backward) if name in EXPERT_GEMMS else casts \
+            if name in EXPERT_CASTS else launches.get((name, backward),
+                                                      2 if op.gemm and backward else 1)
         costs.append(count * launch)
     return costs
 
 
-def expert_launches(op: Op, backward: bool, casts: tuple[int, int] = (0, 0)) -> int:
-    """Kernels an expert GEMM op launches (module docstring): per expert it holds (its gemm's
-    batch) one GEMM and `casts`[0] quantize kernels forward, two GEMMs and `casts`[1]
-    backward; a GEMM chunk one GEMM, with the forward's quantize (fprop) or the output
-    gradient's (dgrad), none with the wgrad."""
+def expert_launches(op: Op, backward: bool) -> int:
+    """Kernels an expert GEMM op launches (module docstring): one per expert it holds (its
+    gemm's batch), forward; two per expert, backward; one per expert for a dgrad or wgrad
+    chunk."""
     experts = op.gemm[0] if op.gemm else 1
-    if backward:
-        return experts * (2 + casts[1])
-    purpose = op.purpose
-    if isinstance(purpose, GemmChunk):
-        cast = {GemmPart.FPROP: casts[0], GemmPart.DGRAD: casts[1]}.get(purpose.part, 0)
-        return experts * (1 + cast)
-    return experts * (1 + casts[0])
+    return experts * (2 if backward else 1)
 
 
 def _graphed(ops: Sequence[Op], scopes: frozenset[str]) -> list[bool]:

@@ -171,35 +171,40 @@ def test_a_grouped_expert_gemm_launches_one_cublas_gemm_per_local_expert():
     assert per_pass(sequential) == pytest.approx(expected, rel=1e-12)
 
 
-def _expert_launches(plan: Trace, casts: tuple[int, int]) -> dict[tuple[str, Phase], float]:
-    """The CPU seconds of layer 0's expert GEMM ops in micro-batch 0, per (name, phase)."""
+def _expert_launches(plan: Trace, casts: int) -> dict[tuple[str, Phase], float]:
+    """The CPU seconds of layer 0's expert GEMM and cast ops in micro-batch 0, per (name,
+    phase)."""
     ops = plan.ops[0]
     out: dict[tuple[str, Phase], float] = {}
     for op, cost in zip(ops, launch_costs(ops, {}, casts=casts), strict=True):
-        if op.layer == 0 and op.microbatch == 0 and op.name.startswith("expert_fc"):
+        if op.layer == 0 and op.microbatch == 0 and op.name.startswith(("expert_fc",
+                                                                         "expert_cast")):
             out[(op.name, op.phase)] = out.get((op.name, op.phase), 0.0) + cost
     return out
 
 
-@pytest.mark.parametrize(("recipe", "casts"), [("mxfp8", (1, 1)), ("tensorwise", (2, 2)),
-                                               ("blockwise", (1, 1)), ("delayed", (0, 0))])
+@pytest.mark.parametrize(("recipe", "casts"), [("mxfp8", 4), ("tensorwise", 8),
+                                               ("blockwise", 4), ("delayed", 1)])
 def test_fp8_experts_quantize_each_experts_input_and_gradient_on_its_own(recipe, casts):
     """TE's split_quantize fuses the experts' quantization into one kernel only for delayed
-    scaling (cast.cpp multi_tensor_quantize_impl); otherwise one quantize per expert, current
-    scaling's an amax pass and a cast. 32 experts over EP 8 with MXFP8: per expert GEMM op
-    4 x (1 GEMM + 1 quantize) = 8 kernels forward, 4 x (2 GEMMs + 1 quantize) = 12 backward."""
+    scaling (cast.cpp multi_tensor_quantize_impl); otherwise one quantize per local expert,
+    current scaling's an amax pass and a cast. 32 experts over EP 8: each expert cast op
+    launches 4 kernels with MXFP8, 8 with current scaling, 1 with delayed scaling; the GEMMs
+    stay 4 forward and 8 backward, and each GEMM has its input's cast forward and its
+    gradient's backward."""
     data = {**MOE, "model": {**MOE["model"], "experts": 32, "dtype": "fp8",
                              "fp8_recipe": recipe},
             "cluster": {"preset": "dgx-b200", "nodes": 1}, "sim": {"host": True}}
     exp = experiment_from_dict(data)  # Blackwell: MXFP8 needs its block scaling
     plan = build(exp.model, exp.layout, ranks=[0])
-    assert expert_cast_launches(exp.model) == casts
-    fwd, bwd = casts
-    expected = {(name, phase): 4 * ((1 + fwd) if phase is Phase.FWD else (2 + bwd)) * LAUNCH_S
-                for name in ("expert_fc1", "expert_fc2") for phase in (Phase.FWD, Phase.BWD)}
-    assert _expert_launches(plan, casts) == pytest.approx(expected, rel=1e-12)
+    assert expert_cast_launches(exp.model, exp.layout) == casts
+    gemms = {(name, phase): (4 if phase is Phase.FWD else 8) * LAUNCH_S
+             for name in ("expert_fc1", "expert_fc2") for phase in (Phase.FWD, Phase.BWD)}
+    quantize = {("expert_cast", Phase.FWD): 2 * casts * LAUNCH_S,
+                ("expert_cast_grad", Phase.BWD): 2 * casts * LAUNCH_S}
+    assert _expert_launches(plan, casts) == pytest.approx({**gemms, **quantize}, rel=1e-12)
     bf16, _ = _moe({"host": True}, experts=32)
-    assert expert_cast_launches(bf16.model) == (0, 0)
+    assert expert_cast_launches(bf16.model, bf16.layout) == 0
 
 
 def test_a_grace_host_pays_its_measured_ratio_on_every_launch_and_sync():
