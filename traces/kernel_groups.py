@@ -15,7 +15,8 @@ ATTENTION_CORE: dict[str, tuple[Kernel, ...]] = {"flash": FLASH_CORE, "unfused":
 """The attention core per `ModelSpec.attention` (what selective recomputation re-runs)."""
 
 
-FP8_KERNELS = frozenset({K.FP8_AMAX, K.FP8_CAST, K.FP8_CAST_GRAD, K.FP8_WEIGHT_CAST})
+FP8_KERNELS = frozenset({K.FP8_AMAX, K.FP8_CAST, K.FP8_CAST_GRAD, K.FP8_WEIGHT_CAST,
+                         K.EXPERT_CAST, K.EXPERT_CAST_GRAD})
 """The kernels only an FP8 model runs (the executor runs none: FP8 is GPU-only)."""
 
 
@@ -43,7 +44,8 @@ LAYER_FLASH = layer_kernels("flash")
 LAYER_UNFUSED = layer_kernels("unfused")
 CORE_KERNELS = frozenset(FLASH_CORE + UNFUSED_CORE)
 LAYER_KERNELS = frozenset(LAYER_FLASH + LAYER_UNFUSED + MLA_PROJECTIONS) | {
-    K.ROPE, K.QK_NORM, K.SWIGLU, K.FP8_AMAX, K.FP8_CAST, K.FP8_CAST_GRAD, *MOE}
+    K.ROPE, K.QK_NORM, K.SWIGLU, K.FP8_AMAX, K.FP8_CAST, K.FP8_CAST_GRAD, K.EXPERT_CAST,
+    K.EXPERT_CAST_GRAD, *MOE}
 FIRST_STAGE = (K.EMBED, K.POS_EMBED)
 """The embedding's kernels, forward order (first virtual stage)."""
 LAST_STAGE = (K.FINAL_LN, K.LOGITS, K.CROSS_ENTROPY)

@@ -57,6 +57,11 @@ class Kernel(StrEnum):
     EXPERT_FC2 = "expert_fc2"
     UNPERMUTE = "unpermute"
     """MoE: the experts' outputs weighted by their probabilities back into token order."""
+    EXPERT_CAST = "expert_cast"
+    """MoE FP8: the local experts' GEMM inputs quantized, one kernel per expert (but delayed
+    scaling's one for all), before their grouped GEMM (`traces.moe`)."""
+    EXPERT_CAST_GRAD = "expert_cast_grad"
+    """MoE FP8: the experts' output gradients quantized before the GEMM's backward."""
     FP8_CAST_GRAD = "fp8_cast_grad"
     """An FP8 GEMM's output gradient cast to FP8 with its second copy (backward only)."""
     BDA2 = "bda2"

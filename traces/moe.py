@@ -26,7 +26,12 @@ place of fc1, the activation and fc2 (Megatron-Core's MoELayer, all-to-all token
 T is the rank's tokens, b·s/t (MoE with TP runs with SP), counts are `expert_counts(model,
 layer, T)`. The router GEMM's 2·T·h·E FLOPs are real work but not model FLOPs (Megatron-LM's
 num_floating_point_operations leaves them out); dropped tokens do no expert work. FP8 runs the
-expert GEMMs at the FP8 rate without their casts' bytes. The figures above are the fused
+expert GEMMs at the FP8 rate, each after `expert_cast`, its R rows' input quantized, and before
+its backward `expert_cast_grad`, its output gradient's (the recipe's casts,
+`traces.fp8_recipes.input_casts` / `backward_casts` over the R·K input and R·N gradient
+elements): Transformer Engine's GroupedLinear quantizes every expert's slice of both
+(`tex.split_quantize`; one kernel per expert but for delayed scaling, `sim.models.host`). The
+figures above are the fused
 kernels' and the grouped GEMM's, the defaults; `traces.moe_steps` has the unfused router and
 permutation, sigmoid scores with an expert bias, and a GEMM per expert.
 """
@@ -37,6 +42,8 @@ import dataclasses
 from functools import lru_cache
 
 from traces.expert_grid import ep_coord
+from traces.fp8 import recipe
+from traces.fp8_recipes import backward_casts, input_casts
 from traces.kernel_work import KernelWork, gemm_kernel, memory_kernel
 from traces.kernels import layer_kernels
 from traces.layout import Layout
@@ -168,12 +175,36 @@ def routed_kernels(model: ModelSpec, layer: int, tokens: int, shard: ExpertShard
         stepped(K.TOPK, router_steps(model, T)),
         memory_kernel(K.AUX_LOSS, T * E * FP32, T * E * FP32),
         stepped(K.PERMUTE, permute_steps(model, T, kept)),
-        *expert_gemms(K.EXPERT_FC1, local, f1, h, model, grad_bytes),
+        *_cast(expert_casts(model, received, f1, h, len(local)), expert_gemms(
+            K.EXPERT_FC1, local, f1, h, model, grad_bytes)),
         _expert_activation(model, received, f),
-        *expert_gemms(K.EXPERT_FC2, local, h, f, model, grad_bytes),
+        *_cast(expert_casts(model, received, h, f, len(local)), expert_gemms(
+            K.EXPERT_FC2, local, h, f, model, grad_bytes)),
         stepped(K.UNPERMUTE, unpermute_steps(model, T, kept)),
     ]
     return out
+
+
+def expert_casts(model: ModelSpec, rows: int, n: int, k: int, experts: int
+                 ) -> tuple[KernelWork, KernelWork] | None:
+    """The FP8 quantization around the `experts` local experts' GEMMs (rows, n, k) over their
+    `rows` received rows (module docstring): the input's R·k elements forward, the output
+    gradient's R·n backward, as the recipe casts a GEMM's (`traces.fp8_recipes`); None
+    without FP8."""
+    if not model.fp8:
+        return None
+    rec = recipe(model)
+    a, w, c = rows * k, experts * k * n, rows * n
+    forward = sum(kw.mem_bytes for kw in input_casts(rec, a, w, False))
+    backward = sum(kw.bwd_bytes for kw in backward_casts(rec, a, w, c))
+    return (memory_kernel(K.EXPERT_CAST, forward, 0.0),
+            memory_kernel(K.EXPERT_CAST_GRAD, 0.0, backward))
+
+
+def _cast(casts: tuple[KernelWork, KernelWork] | None, gemms: list[KernelWork]
+          ) -> list[KernelWork]:
+    """`gemms` between their input's cast and their output gradient's (forward order)."""
+    return [casts[0], *gemms, casts[1]] if casts and gemms else gemms
 
 
 def _expert_activation(model: ModelSpec, received: int, f: int) -> KernelWork:

@@ -29,6 +29,24 @@ Costs (public measurements; each a lower bound of what a Python training loop pa
   NVIDIA/TransformerEngine transformer_engine/common/gemm/cublaslt_gemm.cu. So the op of
   `experts` GEMMs launches `experts` kernels forward and 2 x `experts` backward (dgrad and
   wgrad), as `expert_launches` counts.
+- FP8 experts quantize each expert's input (forward) and output gradient (backward) on
+  their own (`traces.moe`'s expert_cast and expert_cast_grad ops): GroupedLinear's
+  `tex.split_quantize` ends in `multi_tensor_quantize_impl`, whose one fused kernel
+  (nvte_multi_cast_transpose) serves only delayed scaling's Float8Quantizers; every other
+  recipe takes its "Quantize kernels individually" loop, one quantize per expert
+  (NVIDIA/TransformerEngine transformer_engine/pytorch/csrc/extensions/cast.cpp,
+  multi_tensor_quantize_impl). Current scaling's quantize is its amax pass and its cast
+  (`traces.fp8_recipes`, "tensorwise"): 2 kernels per local expert; MXFP8 and blockwise 1;
+  delayed scaling 1 for all the experts together; SequentialMLP's experts each quantize in
+  their own Linear (`expert_cast_launches`).
+- The host CPU: LAUNCH_S and SYNC_S are x86 figures (the blog's dispatch chain; Gray's
+  measurement). A Grace CPU (GH200, GB200, GB300) runs the same PyTorch op's CPU side slower:
+  a torch.nn.Linear forward (BF16, hidden 2048, 8192 tokens) costs 37.08 us of CPU on GB200,
+  33.17 us on GH200, 13.48 us on a DGX H100's Xeon Platinum 8480C (NVIDIA/TransformerEngine
+  issue #2053, "High CPU overhead on Grace systems", 2025-08-11, its benchmark table). Each
+  host cost on a Grace part is scaled by its ratio to the DGX's: 37.08 / 13.48 on GB200, and on
+  GB300 (the same Grace CPU: no measurement of its own), 33.17 / 13.48 on GH200
+  (`host_cpu_factor`).
 
 Syncs: Megatron-Core's dropless alltoall dispatcher (MoEAlltoAllTokenDispatcher,
 megatron/core/transformer/moe/token_dispatcher.py @0014f13) copies the token counts it needs
@@ -51,6 +69,7 @@ from sim.engine.host import HostProgram, Sync
 from sim.models.compute import ComputeModel
 from traces.errors import ConfigError, show
 from traces.fields import Fields
+from traces.fp8 import recipe as fp8_recipe
 from traces.kernel_names import Kernel
 from traces.layout import Layout
 from traces.model import ModelSpec
@@ -61,6 +80,11 @@ LAUNCH_S = 5e-6
 """CPU seconds per launch (module docstring)."""
 SYNC_S = 5.8e-6
 """CPU seconds a device-to-host sync adds after its GPU op ends (module docstring)."""
+X86_LINEAR_CPU_S = 13.48e-6
+"""CPU seconds of one torch.nn.Linear forward on a DGX H100's Xeon Platinum 8480C
+(TransformerEngine issue #2053's table; module docstring)."""
+GRACE_LINEAR_CPU_S = {"GB200": 37.08e-6, "GB300": 37.08e-6, "GH200": 33.17e-6}
+"""The same on Grace parts (issue #2053's GB200 and GH200 rows; GB300's Grace as GB200's)."""
 
 SCOPES = ("attn", "mlp", "moe_router", "moe_preprocess")
 """Megatron-Core's --cuda-graph-scope values parasim models (partial capture, TE's
@@ -74,6 +98,8 @@ MLP = frozenset({Kernel.FC1, Kernel.GELU, Kernel.SWIGLU, Kernel.FC2, Kernel.BDA2
 ROUTER = frozenset({Kernel.ROUTER, Kernel.TOPK, Kernel.AUX_LOSS})
 EXPERT_GEMMS = frozenset({str(Kernel.EXPERT_FC1), str(Kernel.EXPERT_FC2)})
 """The experts' GEMMs: each op holds its experts' GEMMs (`traces.moe_steps.expert_gemms`)."""
+EXPERT_CASTS = frozenset({str(Kernel.EXPERT_CAST), str(Kernel.EXPERT_CAST_GRAD)})
+"""The experts' FP8 quantization: `expert_cast_launches` kernels each."""
 CASTS = frozenset({Kernel.FP8_AMAX, Kernel.FP8_CAST, Kernel.FP8_CAST_GRAD})
 """Kernels of the part of the layer they follow (an FP8 cast before a GEMM)."""
 
@@ -128,32 +154,59 @@ def host_programs(plan: Trace, settings: HostSettings, model: ModelSpec, layout:
     if not settings.host:
         return None
     sync = dropless_sync(model, layout)
-    return {rank: HostProgram.of(launch_costs(ops, compute, settings.scopes),
-                                 dispatch_syncs(ops) if sync else ())
+    factor = host_cpu_factor(compute.accelerator.name)
+    casts = expert_cast_launches(model, layout)
+    return {rank: HostProgram.of(launch_costs(ops, compute, settings.scopes, casts, factor),
+                                 dispatch_syncs(ops, SYNC_S * factor) if sync else ())
             for rank, ops in plan.ops.items()}
 
 
+def host_cpu_factor(accelerator: str) -> float:
+    """How much slower than the x86 DGX host the accelerator's host CPU runs a PyTorch op's CPU
+    side (module docstring): 1 but on Grace parts."""
+    for prefix, seconds in GRACE_LINEAR_CPU_S.items():
+        if accelerator.upper().startswith(prefix):
+            return seconds / X86_LINEAR_CPU_S
+    return 1.0
+
+
+def expert_cast_launches(model: ModelSpec, layout: Layout) -> int:
+    """Kernels one expert cast op launches (module docstring): per local expert, the recipe's
+    quantize (2 with current scaling's amax pass, else 1); delayed scaling's grouped experts
+    1 in all; 0 without FP8 experts."""
+    if not (model.fp8 and model.experts):
+        return 0
+    rec = fp8_recipe(model)
+    if rec.name == "delayed" and model.moe_grouped_gemm:
+        return 1
+    return model.experts // layout.ep * (2 if rec.amax_pass else 1)
+
+
 def launch_costs(ops: Sequence[Op], compute: ComputeModel | Mapping[tuple[str, bool], int],
-                 scopes: frozenset[str] = frozenset()) -> list[float]:
+                 scopes: frozenset[str] = frozenset(), casts: int = 1,
+                 factor: float = 1.0) -> list[float]:
     """Per op, the CPU seconds of its launch: LAUNCH_S per kernel or call, none inside a CUDA
-    graph but one per stretch of graphed ops."""
+    graph but one per stretch of graphed ops; `casts`: the kernels of an expert cast op
+    (`expert_cast_launches`); `factor`: the host CPU's (`host_cpu_factor`)."""
     launches = compute.launches if isinstance(compute, ComputeModel) else compute
     graphed = _graphed(ops, scopes) if scopes else None
+    launch = LAUNCH_S * factor
     costs = []
     previous = False
     for i, op in enumerate(ops):
         if graphed is not None and graphed[i]:
-            costs.append(0.0 if previous else LAUNCH_S)
+            costs.append(0.0 if previous else launch)
             previous = True
             continue
         previous = False
         if op.kind is not OpKind.COMPUTE:
-            costs.append(LAUNCH_S)
+            costs.append(launch)
             continue
         name, backward = kernel_of(op)
-        count = expert_launches(op, backward) if name in EXPERT_GEMMS else \
-            launches.get((name, backward), 2 if op.gemm and backward else 1)
-        costs.append(count * LAUNCH_S)
+        count = expert_launches(op, backward) if name in EXPERT_GEMMS else casts \
+            if name in EXPERT_CASTS else launches.get((name, backward),
+                                                      2 if op.gemm and backward else 1)
+        costs.append(count * launch)
     return costs
 
 
@@ -195,9 +248,10 @@ def _graphed(ops: Sequence[Op], scopes: frozenset[str]) -> list[bool]:
     return out
 
 
-def dispatch_syncs(ops: Sequence[Op]) -> list[Sync]:
+def dispatch_syncs(ops: Sequence[Op], seconds: float = SYNC_S) -> list[Sync]:
     """The dropless dispatcher's syncs: before each forward (or recomputed) dispatch
-    all-to-all, the host waits for the op before its permute (the router's counts)."""
+    all-to-all, the host waits for the op before its permute (the router's counts), and
+    `seconds` more."""
     syncs = []
     last_on: dict[str, list[int]] = {}  # per stream, its last two ops
     for i, op in enumerate(ops):
@@ -207,7 +261,7 @@ def dispatch_syncs(ops: Sequence[Op]) -> list[Sync]:
             before = [j for j in last_on.get(op.stream, [])
                       if kernel_of(ops[j])[0] != Kernel.PERMUTE]
             if before:
-                syncs.append(Sync(i, before[-1], SYNC_S))
+                syncs.append(Sync(i, before[-1], seconds))
         last = last_on.setdefault(op.stream, [])
         last.append(i)
         if len(last) > 2:
@@ -215,5 +269,6 @@ def dispatch_syncs(ops: Sequence[Op]) -> list[Sync]:
     return syncs
 
 
-__all__ = ["KEYS", "LAUNCH_S", "SCOPES", "SYNC_S", "HostSettings", "dispatch_syncs",
-           "dropless_sync", "expert_launches", "host_programs", "launch_costs"]
+__all__ = ["GRACE_LINEAR_CPU_S", "KEYS", "LAUNCH_S", "SCOPES", "SYNC_S", "X86_LINEAR_CPU_S",
+           "HostSettings", "dispatch_syncs", "dropless_sync", "expert_cast_launches",
+           "expert_launches", "host_cpu_factor", "host_programs", "launch_costs"]

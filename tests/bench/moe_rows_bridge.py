@@ -24,6 +24,15 @@
    experts' activation, as Megatron-Core does from 0.13 (CHANGELOG 0.13.0; `traces.moe_probs`),
    with no option to turn it off; these containers (2025-09 on) postdate 0.13 (2025/07, the
    MoE README's "What's New"), and the recipes' hybridep dispatcher is 0.15's.
+   Gradients accumulated and reduced in bf16: the scripts' common settings set
+   `cfg.mixed_precision.grad_reduce_in_fp32 = False` and `cfg.ddp.grad_reduce_in_fp32 = False`
+   (scripts/performance/configs/qwen/qwen3_llm_pretrain.py @05c0c90 set_qwen3_common_configs;
+   deepseek/deepseek_v3_llm_pretrain.py @27dfb3d, every DeepSeek-V3 config), so Megatron's
+   DDP keeps its main gradients in the parameters' bf16 (its grad buffer is fp32 only with
+   grad_reduce_in_fp32), as the dense Bridge rows state (`recipes_bridge.py`). FP8 rows gather
+   their FP8 weights (`fp8_param_gather`): the scripts' get_precision_config takes
+   bf16_with_fp8_current_scaling_mixed (FP8-CS) or bf16_with_mxfp8_mixed (FP8-MX), both with
+   fp8_param_gather = True (training/mixed_precision.py @0509780; `recipes_bridge.py`).
    Qwen3-235B's 94 layers + embedding + loss = 96 divide every published PP x VP, as Megatron's
    account_for_embedding/loss_in_pipeline_split make them. CUDA graphs, recompute modules and
    fused kernels the recipes set are not modelled.
@@ -59,8 +68,10 @@ def bridge(release: str, system: str, model: str, precision: str, gpus: int, gbs
     par: dict[str, Any] = {
         "tp": tp, "pp": pp, "vp": vp, "dp": gpus // (tp * pp), "ep": ep, "etp": 1,
         "schedule": "interleaved" if vp > 1 else "1f1b", "sp": tp > 1, "zero": 1,
-        "fp32_main_grads": True, "recompute": "none", "micro_batch": mbs, "global_batch": gbs,
+        "fp32_main_grads": False, "recompute": "none", "micro_batch": mbs, "global_batch": gbs,
     }
+    if precision in ("FP8-CS", "FP8-MX"):
+        par["fp8_param_gather"] = True  # the scripts' precision configs (module docstring)
     if model.startswith("Qwen3-235B"):
         par.update(account_for_embedding=True, account_for_loss=True)
     par.update(extra.pop("parallel", {}))

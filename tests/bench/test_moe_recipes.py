@@ -115,6 +115,17 @@ def test_every_folding_row_reduces_gradients_in_fp32():
             assert r.parallel["fp32_main_grads"] is True, r.name
 
 
+def test_bridge_rows_reduce_bf16_gradients_and_gather_fp8_weights():
+    """Megatron-Bridge's performance scripts set grad_reduce_in_fp32 = False for every Qwen3
+    and DeepSeek-V3 run, so the main gradients are bf16 (2 bytes, not 4); the FP8 rows' precision
+    configs gather FP8 weights. With 4-byte gradients the GB200 Qwen3-30B-A3B row NVIDIA ran
+    would not fit its 186 GB."""
+    for row in BRIDGE_ROWS:
+        assert row.parallel["fp32_main_grads"] is False, row.name
+        fp8 = row.model.get("dtype") == "fp8"
+        assert row.parallel.get("fp8_param_gather", False) is fp8, row.name
+
+
 def test_folding_rows_route_with_aten_ops_and_permute_fused():
     """Every Folding row runs the router as Megatron-Core did before 0.14 (its score function,
     top-k and probabilities as aten ops: more than one kernel each way) and the permutation as

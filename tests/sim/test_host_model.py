@@ -11,7 +11,15 @@ from sim.config import experiment_from_dict
 from sim.engine.host import HostProgram, Sync
 from sim.engine.replay import replay
 from sim.models.compute import ComputeModel
-from sim.models.host import LAUNCH_S, SYNC_S, dispatch_syncs, host_programs, launch_costs
+from sim.models.host import (
+    LAUNCH_S,
+    SYNC_S,
+    dispatch_syncs,
+    expert_cast_launches,
+    host_cpu_factor,
+    host_programs,
+    launch_costs,
+)
 from traces.errors import ConfigError
 from traces.ops import Op, OpKind, Phase, Trace
 from traces.plan import build
@@ -161,3 +169,63 @@ def test_a_grouped_expert_gemm_launches_one_cublas_gemm_per_local_expert():
                 for name in ("expert_fc1", "expert_fc2") for phase in (Phase.FWD, Phase.BWD)}
     assert per_pass(grouped) == pytest.approx(expected, rel=1e-12)
     assert per_pass(sequential) == pytest.approx(expected, rel=1e-12)
+
+
+def _expert_launches(plan: Trace, casts: int) -> dict[tuple[str, Phase], float]:
+    """The CPU seconds of layer 0's expert GEMM and cast ops in micro-batch 0, per (name,
+    phase)."""
+    ops = plan.ops[0]
+    out: dict[tuple[str, Phase], float] = {}
+    for op, cost in zip(ops, launch_costs(ops, {}, casts=casts), strict=True):
+        if op.layer == 0 and op.microbatch == 0 and op.name.startswith(("expert_fc",
+                                                                         "expert_cast")):
+            out[(op.name, op.phase)] = out.get((op.name, op.phase), 0.0) + cost
+    return out
+
+
+@pytest.mark.parametrize(("recipe", "casts"), [("mxfp8", 4), ("tensorwise", 8),
+                                               ("blockwise", 4), ("delayed", 1)])
+def test_fp8_experts_quantize_each_experts_input_and_gradient_on_its_own(recipe, casts):
+    """TE's split_quantize fuses the experts' quantization into one kernel only for delayed
+    scaling (cast.cpp multi_tensor_quantize_impl); otherwise one quantize per local expert,
+    current scaling's an amax pass and a cast. 32 experts over EP 8: each expert cast op
+    launches 4 kernels with MXFP8, 8 with current scaling, 1 with delayed scaling; the GEMMs
+    stay 4 forward and 8 backward, and each GEMM has its input's cast forward and its
+    gradient's backward."""
+    data = {**MOE, "model": {**MOE["model"], "experts": 32, "dtype": "fp8",
+                             "fp8_recipe": recipe},
+            "cluster": {"preset": "dgx-b200", "nodes": 1}, "sim": {"host": True}}
+    exp = experiment_from_dict(data)  # Blackwell: MXFP8 needs its block scaling
+    plan = build(exp.model, exp.layout, ranks=[0])
+    assert expert_cast_launches(exp.model, exp.layout) == casts
+    gemms = {(name, phase): (4 if phase is Phase.FWD else 8) * LAUNCH_S
+             for name in ("expert_fc1", "expert_fc2") for phase in (Phase.FWD, Phase.BWD)}
+    quantize = {("expert_cast", Phase.FWD): 2 * casts * LAUNCH_S,
+                ("expert_cast_grad", Phase.BWD): 2 * casts * LAUNCH_S}
+    assert _expert_launches(plan, casts) == pytest.approx({**gemms, **quantize}, rel=1e-12)
+    bf16, _ = _moe({"host": True}, experts=32)
+    assert expert_cast_launches(bf16.model, bf16.layout) == 0
+
+
+def test_a_grace_host_pays_its_measured_ratio_on_every_launch_and_sync():
+    """TE issue #2053's torch.nn.Linear forward CPU time: 37.08 us on GB200, 33.17 on GH200,
+    13.48 on a DGX H100's Xeon; a GB200 rank's launches and syncs cost 37.08 / 13.48 times an
+    H100 rank's, op for op; x86 parts pay LAUNCH_S and SYNC_S as they are."""
+    assert host_cpu_factor("H100") == host_cpu_factor("B200") == 1.0
+    assert host_cpu_factor("GB200") == pytest.approx(37.08 / 13.48, rel=1e-12)
+    assert host_cpu_factor("GB300") == host_cpu_factor("GB200")
+    assert host_cpu_factor("GH200") == pytest.approx(33.17 / 13.48, rel=1e-12)
+    exp, plan = _moe({"host": True})
+    gb200 = experiment_from_dict({**MOE, "cluster": {"preset": "gb200-nvl72", "nodes": 1,
+                                                     "gpus_per_node": 8},
+                                  "sim": {"host": True}})
+    h100 = host_programs(plan, exp.host, exp.model, exp.layout,
+                         ComputeModel(exp.cluster.accelerator, exp.profile))
+    grace = host_programs(plan, gb200.host, gb200.model, gb200.layout,
+                          ComputeModel(gb200.cluster.accelerator, gb200.profile))
+    assert h100 is not None and grace is not None
+    ratio = 37.08 / 13.48
+    assert list(grace[0].prefix) == pytest.approx([c * ratio for c in h100[0].prefix],
+                                                  rel=1e-12)
+    assert [s.seconds for s in grace[0].syncs] == pytest.approx(
+        [SYNC_S * ratio] * len(h100[0].syncs), rel=1e-12)

@@ -93,6 +93,33 @@ def test_balanced_grouped_gemm_is_one_op_over_the_local_experts():
     assert [x.gemm for x in fc1] == [(2, 4 * 2 * 32, 2 * 128 // 2, 256)]
 
 
+@pytest.mark.parametrize(("recipe", "per_element"), [("mxfp8", 2 + 2 * (1 + 1 / 32)),
+                                                     ("tensorwise", 2 + 2 + 2)])
+def test_fp8_experts_quantize_their_inputs_and_output_gradients(recipe, per_element):
+    """FP8 experts: before each grouped GEMM its R·K input is quantized (bf16 read, rowwise and
+    columnwise FP8 copies with their scales written; current scaling reads it once more for
+    its amax), and before the GEMM's backward its R·N output gradient likewise; none in bf16."""
+    fp8 = ModelSpec(**{**{f: getattr(MOE, f) for f in MOE.__dataclass_fields__},
+                       "dtype": "fp8", "fp8_recipe": recipe})
+    shard = ExpertShard(ep=2, ep_rank=0)
+    kernels = moe_layer_kernels(fp8, 1, 1, False, 1, shard)
+    R, h, f = sum(local_expert_tokens(fp8, 1, 128, shard)), 256, 128
+    names = [k.name for k in kernels]
+    at = names.index(K.EXPERT_FC1)
+    assert names[at - 1:at + 2] == [K.EXPERT_CAST, K.EXPERT_FC1, K.EXPERT_CAST_GRAD]
+    at = names.index(K.EXPERT_FC2)
+    assert names[at - 1:at + 2] == [K.EXPERT_CAST, K.EXPERT_FC2, K.EXPERT_CAST_GRAD]
+    casts = [k for k in kernels if k.name is K.EXPERT_CAST]
+    grads = [k for k in kernels if k.name is K.EXPERT_CAST_GRAD]
+    assert [k.mem_bytes for k in casts] == pytest.approx(
+        [per_element * R * h, per_element * R * f], rel=1e-12)
+    assert [k.bwd_bytes for k in grads] == pytest.approx(
+        [per_element * R * 2 * f, per_element * R * h], rel=1e-12)
+    assert not any(k.bwd_bytes for k in casts) and not any(k.mem_bytes for k in grads)
+    bf16 = [k.name for k in moe_layer_kernels(MOE, 1, 1, False, 1, shard)]
+    assert K.EXPERT_CAST not in bf16 and K.EXPERT_CAST_GRAD not in bf16
+
+
 def test_the_dense_layers_keep_their_mlp():
     names = [k.name for k in moe_layer_kernels(MOE, 1, 1, False, 0, ExpertShard())]
     assert K.ROUTER not in names and K.FC1 in names
