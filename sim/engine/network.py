@@ -101,6 +101,8 @@ class Network:
         self._wide: list[tuple[int, frozenset[int]]] = []
         self._active: list[dict[_Transfer, None]] = []
         self._jobs: list[dict[_Job, None]] = []  # analytic-path jobs per flow set
+        self._capacities = np.asarray(self.capacity, dtype=float)
+        self._ids: dict[int, np.ndarray] = {}  # per flow set, its links as an array
         self._shares: dict[tuple[int, ...], tuple[float, ...]] = {}
         """Max-min rates per combination of flow sets moving together (`_rates`)."""
         self._dirty: dict[_Transfer, None] = {}  # to re-share once the current instant is over
@@ -353,14 +355,20 @@ class Network:
         sets = [self._sets[i] for i in indices]
         if sum(len(fs.links) for fs in sets) < 64:
             return max_min_rates([(fs.links, fs.counts) for fs in sets], self.capacity)
-        ids = [np.asarray(fs.links, dtype=np.int64) for fs in sets]
+        ids = [self._link_ids(i) for i in indices]
         every = np.sort(np.concatenate(ids))  # sorted and distinct, as np.unique (sorting
         links = every[np.concatenate(([True], every[1:] != every[:-1]))]  # beats hashing)
         counts = np.zeros((len(links), len(sets)))
         for g, fs in enumerate(sets):
             counts[np.searchsorted(links, ids[g]), g] = fs.counts
-        capacity = np.asarray(self.capacity, dtype=float)[links]
-        return max_min_matrix(counts, capacity).tolist()
+        return max_min_matrix(counts, self._capacities[links]).tolist()
+
+    def _link_ids(self, index: int) -> np.ndarray:
+        """Flow set `index`'s links as an array, made once."""
+        ids = self._ids.get(index)
+        if ids is None:
+            ids = self._ids[index] = np.asarray(self._sets[index].links, dtype=np.int64)
+        return ids
 
     def _schedule(self, t: _Transfer, delay: float, wake: bool = False) -> None:
         t.version += 1
