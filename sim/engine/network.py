@@ -47,7 +47,7 @@ class _Plan:
     """Analytic lowerings: the one flow set's index per round (set at the first run)."""
     distinct: tuple[int, ...] = ()
     """`indices` without repeats."""
-    conflicts: tuple[int, ...] = ()
+    conflicts: frozenset[int] = frozenset()
     registry_size: int = -1
     seconds: dict[float, float] = field(default_factory=dict)
 
@@ -96,6 +96,7 @@ class Network:
         self._conflicts: list[list[int]] = []  # flow sets sharing a link, itself included
         self._near: list[set[int]] = []  # the same, as sets (`_component`)
         self._live: set[int] = set()  # flow sets with transfers in flight
+        self._jobbed: set[int] = set()  # flow sets with analytic-path jobs in flight
         self._by_link: dict[int, list[int]] = {}
         """Flow sets by link, but for the wide ones (`WIDE_SET`), kept in `_wide`."""
         self._wide: list[tuple[int, frozenset[int]]] = []
@@ -131,20 +132,20 @@ class Network:
                 plan.distinct = tuple(set(plan.indices))
             if size_bytes > 0:
                 if plan.registry_size != len(self._sets):  # new flow sets may conflict with it
-                    plan.conflicts = tuple(sorted({j for i in plan.indices
-                                                   for j in self._conflicts[i]}))
+                    plan.conflicts = frozenset({j for i in plan.indices
+                                                for j in self._conflicts[i]})
                     plan.registry_size = len(self._sets)
-                active, jobs = self._active, self._jobs
-                for j in plan.conflicts:
-                    if active[j] or jobs[j]:
-                        break
-                else:  # nothing on its links: one event at its time alone
+                jobs = self._jobs
+                if plan.conflicts.isdisjoint(self._live) and \
+                        plan.conflicts.isdisjoint(self._jobbed):
+                    # nothing on its links: one event at its time alone
                     job = _new(_Job)  # `_Job(env)`: simpy's Event.__init__, inlined
                     job.env, job.callbacks = env, []
                     job.plan, job.size, job.start, job.stretch, job.live = \
                         plan, size_bytes, env._now, stretch, True
                     for i in plan.distinct:
                         jobs[i][job] = None
+                        self._jobbed.add(i)
                     seconds = plan.seconds.get(size_bytes)
                     if seconds is None:
                         seconds = plan.seconds[size_bytes] = solo_time(
@@ -171,6 +172,8 @@ class Network:
             jobs = self._jobs
             for i in job.plan.indices:
                 jobs[i].pop(job, None)
+                if not jobs[i]:
+                    self._jobbed.discard(i)
             job._ok, job._value = True, None
             env = self.env
             queue = env._queue
@@ -185,6 +188,8 @@ class Network:
         job.live = False
         for i in job.plan.indices:
             self._jobs[i].pop(job, None)
+            if not self._jobs[i]:
+                self._jobbed.discard(i)
 
     def _to_flows(self, job: _Job) -> None:
         """Continue an analytic job as flow transfers from where it has got to by now."""
@@ -278,13 +283,14 @@ class Network:
                 on_done()
             return
         index = self._index_of(plan, k, j)
-        for c in self._conflicts[index]:
+        near = self._near[index]
+        for c in sorted(near & self._jobbed):  # (`_conflicts[index]`'s order: ascending)
             for job in list(self._jobs[c]):
                 self._to_flows(job)
         self._seq += 1
         t = _Transfer(self._seq, index, float(size), now + latency, on_done)
         active = self._active
-        alone = not any(active[c] for c in self._conflicts[index])
+        alone = near.isdisjoint(self._live)
         active[index][t] = None
         self._live.add(index)
         if alone:  # nobody else on its links: its own bottleneck rate until something changes
@@ -294,7 +300,7 @@ class Network:
             self._mark([t])
 
     def _neighbours(self, t: _Transfer) -> Iterable[_Transfer]:
-        for j in self._conflicts[t.index]:
+        for j in sorted(self._near[t.index] & self._live):  # `_conflicts`' order, in flight
             yield from self._active[j]
 
     def _component(self, seeds: Iterable[_Transfer]) -> list[_Transfer]:
