@@ -103,7 +103,8 @@ class Network:
         self._active: list[dict[_Transfer, None]] = []
         self._jobs: list[dict[_Job, None]] = []  # analytic-path jobs per flow set
         self._capacities = np.asarray(self.capacity, dtype=float)
-        self._ids: dict[int, np.ndarray] = {}  # per flow set, its links as an array
+        self._ids: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        """Per flow set, its links and counts as arrays (`_arrays`)."""
         self._shares: dict[tuple[int, ...], tuple[float, ...]] = {}
         """Max-min rates per combination of flow sets moving together (`_rates`)."""
         self._dirty: dict[_Transfer, None] = {}  # to re-share once the current instant is over
@@ -361,20 +362,23 @@ class Network:
         sets = [self._sets[i] for i in indices]
         if sum(len(fs.links) for fs in sets) < 64:
             return max_min_rates([(fs.links, fs.counts) for fs in sets], self.capacity)
-        ids = [self._link_ids(i) for i in indices]
+        arrays = [self._arrays(i) for i in indices]
+        ids = [links for links, _ in arrays]
         every = np.sort(np.concatenate(ids))  # sorted and distinct, as np.unique (sorting
         links = every[np.concatenate(([True], every[1:] != every[:-1]))]  # beats hashing)
         counts = np.zeros((len(links), len(sets)))
-        for g, fs in enumerate(sets):
-            counts[np.searchsorted(links, ids[g]), g] = fs.counts
+        for g, (on, n) in enumerate(arrays):
+            counts[np.searchsorted(links, on), g] = n
         return max_min_matrix(counts, self._capacities[links]).tolist()
 
-    def _link_ids(self, index: int) -> np.ndarray:
-        """Flow set `index`'s links as an array, made once."""
-        ids = self._ids.get(index)
-        if ids is None:
-            ids = self._ids[index] = np.asarray(self._sets[index].links, dtype=np.int64)
-        return ids
+    def _arrays(self, index: int) -> tuple[np.ndarray, np.ndarray]:
+        """Flow set `index`'s links and counts as arrays, made once."""
+        found = self._ids.get(index)
+        if found is None:
+            fs = self._sets[index]
+            found = self._ids[index] = (np.asarray(fs.links, dtype=np.int64),
+                                        np.asarray(fs.counts, dtype=float))
+        return found
 
     def _schedule(self, t: _Transfer, delay: float, wake: bool = False) -> None:
         t.version += 1
