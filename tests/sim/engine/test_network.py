@@ -151,7 +151,7 @@ def collective_mixes(draw):
 def test_analytic_shortcut_is_exact_even_when_interrupted(jobs):
     """Collectives start on the analytic path and fall back to flows when others arrive;
     every finish time equals that of a network that never takes the shortcut, stretched
-    ones (a busy host) included."""
+    ones (a busy host) included, and the network's in-flight sets empty at the end."""
     plans = [(start, H100_COLLECTIVES.lowering(OpKind.ALL_REDUCE, group, algo), size, stretch)
              for group, algo, start, size, stretch in jobs]
 
@@ -168,6 +168,8 @@ def test_analytic_shortcut_is_exact_even_when_interrupted(jobs):
         for i, plan in enumerate(plans):
             env.process(one(i, *plan))
         env.run()
+        # all done: no flow set is left marked as having transfers or jobs in flight
+        assert not net._live and not net._jobbed
         return [finish[i] for i in range(len(plans))]
 
     assert finish_times(True) == pytest.approx(finish_times(False), rel=1e-9)
