@@ -307,17 +307,18 @@ class Network:
     def _component(self, seeds: Iterable[_Transfer]) -> list[_Transfer]:
         """Active transfers reachable from `seeds` through shared links, in start order.
         Whether two transfers share links depends on their flow sets only, so the search
-        walks flow sets, each once, among those in flight (the smaller of that set and the
-        ones sharing links with it: most of a registry's sets are idle at any instant)."""
-        active, live, near = self._active, self._live, self._near
+        walks flow sets, each once, among those in flight and not reached yet (the smaller
+        of that set and the ones sharing links with it: most of a registry's sets are idle
+        at any instant)."""
+        active, near = self._active, self._near
         found: set[_Transfer] = set(seeds)
         todo = list(dict.fromkeys(t.index for t in found))
-        reached = set(todo)
+        unreached = self._live.difference(todo)
         for i in todo:
             found.update(active[i])
         while todo:
-            hits = (near[todo.pop()] & live) - reached  # (`&` walks the smaller set)
-            reached |= hits
+            hits = near[todo.pop()] & unreached  # (`&` walks the smaller set)
+            unreached -= hits
             todo += hits
             for j in hits:
                 found.update(active[j])
