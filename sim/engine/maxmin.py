@@ -94,15 +94,15 @@ def max_min_matrix(counts: np.ndarray, capacity: np.ndarray) -> np.ndarray:
     rates = np.zeros(counts.shape[1])
     unfixed = np.ones(counts.shape[1], dtype=bool)
     load = counts.sum(axis=1).astype(float)
-    while unfixed.any():
-        with np.errstate(divide="ignore", invalid="ignore"):
+    with np.errstate(divide="ignore", invalid="ignore"):
+        while unfixed.any():
             share = np.where(load > 0, remaining / load, np.inf)
-        bottleneck = int(share.argmin())
-        level = max(float(share[bottleneck]), 0.0)
-        fixed = unfixed & (counts[bottleneck] > 0)
-        rates[fixed] = level
-        used = counts[:, fixed].sum(axis=1)
-        remaining -= level * used
-        load -= used
-        unfixed &= ~fixed
+            bottleneck = int(share.argmin())
+            level = max(float(share[bottleneck]), 0.0)
+            fixed = unfixed & (counts[bottleneck] > 0)
+            rates[fixed] = level
+            used = counts @ fixed  # the fixed groups' flows per link (whole numbers: exact)
+            remaining -= level * used
+            load -= used
+            unfixed &= ~fixed
     return rates

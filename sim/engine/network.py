@@ -47,7 +47,7 @@ class _Plan:
     """Analytic lowerings: the one flow set's index per round (set at the first run)."""
     distinct: tuple[int, ...] = ()
     """`indices` without repeats."""
-    conflicts: tuple[int, ...] = ()
+    conflicts: frozenset[int] = frozenset()
     registry_size: int = -1
     seconds: dict[float, float] = field(default_factory=dict)
 
@@ -96,12 +96,17 @@ class Network:
         self._conflicts: list[list[int]] = []  # flow sets sharing a link, itself included
         self._near: list[set[int]] = []  # the same, as sets (`_component`)
         self._live: set[int] = set()  # flow sets with transfers in flight
+        self._jobbed: set[int] = set()  # flow sets with analytic-path jobs in flight
         self._by_link: dict[int, list[int]] = {}
         """Flow sets by link, but for the wide ones (`WIDE_SET`), kept in `_wide`."""
         self._wide: list[tuple[int, frozenset[int]]] = []
         self._active: list[dict[_Transfer, None]] = []
         self._jobs: list[dict[_Job, None]] = []  # analytic-path jobs per flow set
-        self._matrices: dict[tuple[int, ...], tuple[np.ndarray, np.ndarray]] = {}
+        self._capacities = np.asarray(self.capacity, dtype=float)
+        self._ids: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        """Per flow set, its links and counts as arrays (`_arrays`)."""
+        self._shares: dict[tuple[int, ...], tuple[float, ...]] = {}
+        """Max-min rates per combination of flow sets moving together (`_rates`)."""
         self._dirty: dict[_Transfer, None] = {}  # to re-share once the current instant is over
         self._seq = 0
         self.num_reshares = 0
@@ -128,20 +133,20 @@ class Network:
                 plan.distinct = tuple(set(plan.indices))
             if size_bytes > 0:
                 if plan.registry_size != len(self._sets):  # new flow sets may conflict with it
-                    plan.conflicts = tuple(sorted({j for i in plan.indices
-                                                   for j in self._conflicts[i]}))
+                    plan.conflicts = frozenset({j for i in plan.indices
+                                                for j in self._conflicts[i]})
                     plan.registry_size = len(self._sets)
-                active, jobs = self._active, self._jobs
-                for j in plan.conflicts:
-                    if active[j] or jobs[j]:
-                        break
-                else:  # nothing on its links: one event at its time alone
+                jobs = self._jobs
+                if plan.conflicts.isdisjoint(self._live) and \
+                        plan.conflicts.isdisjoint(self._jobbed):
+                    # nothing on its links: one event at its time alone
                     job = _new(_Job)  # `_Job(env)`: simpy's Event.__init__, inlined
                     job.env, job.callbacks = env, []
                     job.plan, job.size, job.start, job.stretch, job.live = \
                         plan, size_bytes, env._now, stretch, True
                     for i in plan.distinct:
                         jobs[i][job] = None
+                        self._jobbed.add(i)
                     seconds = plan.seconds.get(size_bytes)
                     if seconds is None:
                         seconds = plan.seconds[size_bytes] = solo_time(
@@ -168,6 +173,8 @@ class Network:
             jobs = self._jobs
             for i in job.plan.indices:
                 jobs[i].pop(job, None)
+                if not jobs[i]:
+                    self._jobbed.discard(i)
             job._ok, job._value = True, None
             env = self.env
             queue = env._queue
@@ -182,6 +189,8 @@ class Network:
         job.live = False
         for i in job.plan.indices:
             self._jobs[i].pop(job, None)
+            if not self._jobs[i]:
+                self._jobbed.discard(i)
 
     def _to_flows(self, job: _Job) -> None:
         """Continue an analytic job as flow transfers from where it has got to by now."""
@@ -275,13 +284,14 @@ class Network:
                 on_done()
             return
         index = self._index_of(plan, k, j)
-        for c in self._conflicts[index]:
+        near = self._near[index]
+        for c in sorted(near & self._jobbed):  # (`_conflicts[index]`'s order: ascending)
             for job in list(self._jobs[c]):
                 self._to_flows(job)
         self._seq += 1
         t = _Transfer(self._seq, index, float(size), now + latency, on_done)
         active = self._active
-        alone = not any(active[c] for c in self._conflicts[index])
+        alone = near.isdisjoint(self._live)
         active[index][t] = None
         self._live.add(index)
         if alone:  # nobody else on its links: its own bottleneck rate until something changes
@@ -291,29 +301,26 @@ class Network:
             self._mark([t])
 
     def _neighbours(self, t: _Transfer) -> Iterable[_Transfer]:
-        for j in self._conflicts[t.index]:
+        for j in sorted(self._near[t.index] & self._live):  # `_conflicts`' order, in flight
             yield from self._active[j]
 
     def _component(self, seeds: Iterable[_Transfer]) -> list[_Transfer]:
         """Active transfers reachable from `seeds` through shared links, in start order.
         Whether two transfers share links depends on their flow sets only, so the search
-        walks flow sets, each once, among those in flight (the smaller of that set and the
-        ones sharing links with it: most of a registry's sets are idle at any instant)."""
-        active, live, near = self._active, self._live, self._near
+        walks flow sets, each once, among those in flight and not reached yet (the smaller
+        of that set and the ones sharing links with it: most of a registry's sets are idle
+        at any instant)."""
+        active, near = self._active, self._near
         found: set[_Transfer] = set(seeds)
         todo = list(dict.fromkeys(t.index for t in found))
-        reached = set(todo)
+        unreached = self._live.difference(todo)
         for i in todo:
             found.update(active[i])
         while todo:
-            close = near[todo.pop()]
-            if len(live) < len(close):
-                hits = [j for j in live if j in close and j not in reached]
-            else:
-                hits = [j for j in close if j in live and j not in reached]
+            hits = near[todo.pop()] & unreached  # (`&` walks the smaller set)
+            unreached -= hits
+            todo += hits
             for j in hits:
-                reached.add(j)
-                todo.append(j)
                 found.update(active[j])
         return sorted(found, key=lambda t: t.seq)
 
@@ -343,22 +350,36 @@ class Network:
             self._schedule(t, t.remaining / rate)
 
     def _rates(self, indices: tuple[int, ...]) -> Sequence[float]:
-        """Max-min rates of flow sets moving together. Large components use a link-by-set
-        count matrix, cached per combination (a training step repeats the same few)."""
+        """Max-min rates of flow sets moving together, computed once per combination: they
+        depend on the sets' links and the capacities alone, and a training step repeats the
+        same few (a skewed 1,024-rank MoE step asks 41,158 times for 6,975 combinations).
+        Large components use a link-by-set count matrix."""
+        known = self._shares.get(indices)
+        if known is None:
+            known = self._shares[indices] = tuple(self._max_min(indices))
+        return known
+
+    def _max_min(self, indices: tuple[int, ...]) -> Sequence[float]:
         sets = [self._sets[i] for i in indices]
         if sum(len(fs.links) for fs in sets) < 64:
             return max_min_rates([(fs.links, fs.counts) for fs in sets], self.capacity)
-        cached = self._matrices.get(indices)
-        if cached is None:
-            ids = [np.asarray(fs.links, dtype=np.int64) for fs in sets]
-            every = np.sort(np.concatenate(ids))  # sorted and distinct, as np.unique (sorting
-            links = every[np.concatenate(([True], every[1:] != every[:-1]))]  # beats hashing)
-            counts = np.zeros((len(links), len(sets)))
-            for g, fs in enumerate(sets):
-                counts[np.searchsorted(links, ids[g]), g] = fs.counts
-            capacity = np.asarray(self.capacity, dtype=float)[links]
-            cached = self._matrices[indices] = (counts, capacity)
-        return max_min_matrix(*cached).tolist()
+        arrays = [self._arrays(i) for i in indices]
+        ids = [links for links, _ in arrays]
+        every = np.sort(np.concatenate(ids))  # sorted and distinct, as np.unique (sorting
+        links = every[np.concatenate(([True], every[1:] != every[:-1]))]  # beats hashing)
+        counts = np.zeros((len(links), len(sets)))
+        for g, (on, n) in enumerate(arrays):
+            counts[np.searchsorted(links, on), g] = n
+        return max_min_matrix(counts, self._capacities[links]).tolist()
+
+    def _arrays(self, index: int) -> tuple[np.ndarray, np.ndarray]:
+        """Flow set `index`'s links and counts as arrays, made once."""
+        found = self._ids.get(index)
+        if found is None:
+            fs = self._sets[index]
+            found = self._ids[index] = (np.asarray(fs.links, dtype=np.int64),
+                                        np.asarray(fs.counts, dtype=float))
+        return found
 
     def _schedule(self, t: _Transfer, delay: float, wake: bool = False) -> None:
         t.version += 1

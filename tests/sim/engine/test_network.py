@@ -151,7 +151,7 @@ def collective_mixes(draw):
 def test_analytic_shortcut_is_exact_even_when_interrupted(jobs):
     """Collectives start on the analytic path and fall back to flows when others arrive;
     every finish time equals that of a network that never takes the shortcut, stretched
-    ones (a busy host) included."""
+    ones (a busy host) included, and the network's in-flight sets empty at the end."""
     plans = [(start, H100_COLLECTIVES.lowering(OpKind.ALL_REDUCE, group, algo), size, stretch)
              for group, algo, start, size, stretch in jobs]
 
@@ -168,6 +168,28 @@ def test_analytic_shortcut_is_exact_even_when_interrupted(jobs):
         for i, plan in enumerate(plans):
             env.process(one(i, *plan))
         env.run()
+        # all done: no flow set is left marked as having transfers or jobs in flight
+        assert not net._live and not net._jobbed
         return [finish[i] for i in range(len(plans))]
 
     assert finish_times(True) == pytest.approx(finish_times(False), rel=1e-9)
+
+
+def test_the_rates_of_a_combination_are_computed_once_and_equal_a_fresh_computation():
+    """Three rounds of the same two contending transfers: the max-min rates of the pair are
+    asked at every start and end but computed once, and each round's finish times equal
+    those of the first round (and those of a network that recomputes them)."""
+    capacity = [1.0, 2.0]
+    a, b = FlowSet.of([(0, 1)], 0.0, capacity), FlowSet.of([(0,)], 0.0, capacity)
+    net = Network(simpy.Environment(), capacity, analytic_path=False)
+    computed = []
+    max_min = net._max_min
+    net._max_min = lambda indices: computed.append(indices) or max_min(indices)  # type: ignore
+    rounds = [run_transfers(capacity, [(0.0, a, 1.0), (0.0, b, 2.0)], net) for _ in range(3)]
+    starts = [r[0] - rounds[0][0] for r in rounds]
+    # A and B share link 0 (1 B/s): 0.5 B/s each until A's 1 B is done at 2 s, then B's
+    # last 1 B alone at 1 B/s: 3 s
+    fresh = run_transfers(capacity, [(0.0, a, 1.0), (0.0, b, 2.0)])
+    assert fresh == [2.0, 3.0]
+    assert [[t - s for t in r] for r, s in zip(rounds, starts, strict=True)] == [fresh] * 3
+    assert computed == [(0, 1)]  # the pair's rates once; alone, each runs at its own rate
