@@ -44,8 +44,8 @@ Costs (public measurements; each a lower bound of what a Python training loop pa
   a torch.nn.Linear forward (BF16, hidden 2048, 8192 tokens) costs 37.08 us of CPU on GB200,
   33.17 us on GH200, 13.48 us on a DGX H100's Xeon Platinum 8480C (NVIDIA/TransformerEngine
   issue #2053, "High CPU overhead on Grace systems", 2025-08-11, its benchmark table). Each
-  host cost on a Grace part is scaled by its ratio to the DGX's: 37.08 / 13.48 on GB200, and on
-  GB300 (the same Grace CPU: no measurement of its own), 33.17 / 13.48 on GH200
+  host cost on a Grace part is scaled by its ratio to the DGX's: 37.08 / 13.48 on GB200 and on
+  GB300 (the same Grace CPU, no measurement of its own), 33.17 / 13.48 on GH200
   (`host_cpu_factor`).
 
 Syncs: Megatron-Core's dropless alltoall dispatcher (MoEAlltoAllTokenDispatcher,
