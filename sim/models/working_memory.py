@@ -79,12 +79,13 @@ def holds_head(layout: Layout, pp_rank: int) -> bool:
 
 
 def zero3_working_bytes(model: ModelSpec, layout: Layout, pp_rank: int) -> float:
-    """ZeRO-3's gathered parameters and unsharded gradients at the peak: two layers in 2
-    bytes (computing + prefetched) and one layer's 2-byte gradients before its reduce-scatter,
-    (2 * 2 + 2) * layer_params(t); with reshard_after_forward false every unit of the rank
-    gathered instead (held from its forward to its backward: at the end of a forward all
-    are), in the model's dtype (`gathered_params`); with grad_sync "step" no per-layer
-    gradients here (the full ones are model states: `model_state_bytes`). Only what the plan
+    """ZeRO-3's gathered parameters and unsharded gradients at the peak: two layers
+    (computing + prefetched) and one layer's gradients before its reduce-scatter, each in the
+    model's dtype as the plan gathers them, (2 + 1) * w * layer_params(t) (w = 2 in bf16 and
+    FP8); with reshard_after_forward false every unit of the rank gathered instead (held from
+    its forward to its backward: at the end of a forward all are) (`gathered_params`); with
+    grad_sync "step" no per-layer gradients here (the full ones are model states:
+    `model_state_bytes`). Only what the plan
     gathers (`traces.plan.data`): nothing with DP 1, and an MoE layer's routed experts only
     over an expert-DP group of two or more (else whole in the model states)."""
     if layout.data_degree == 1:
@@ -92,9 +93,10 @@ def zero3_working_bytes(model: ModelSpec, layout: Layout, pp_rank: int) -> float
     unit = model.layer_params(layout.tp) if not model.experts else max(
         model.layer_params(layout.tp, i, layout.ep, layout.etp) - _kept_experts(model, layout, i)
         for i in rank_layers(model, layout, pp_rank))  # FSDP+EP: its largest layer, experts
-    gathered = 2 * 2 * unit if layout.reshard_after_forward else \
-        model.dtype_bytes * gathered_params(model, layout, pp_rank)
-    grads = 2 * unit if layout.sync is GradSync.MICROBATCH else 0.0
+    width = model.dtype_bytes
+    gathered = 2 * width * unit if layout.reshard_after_forward else \
+        width * gathered_params(model, layout, pp_rank)
+    grads = width * unit if layout.sync is GradSync.MICROBATCH else 0.0
     return gathered + grads
 
 

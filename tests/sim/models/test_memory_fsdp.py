@@ -6,7 +6,12 @@ from __future__ import annotations
 
 import pytest
 
-from sim.models.memory import gathered_params, memory_by_pp_rank, memory_timeline
+from sim.models.memory import (
+    gathered_params,
+    memory_by_pp_rank,
+    memory_timeline,
+    zero3_working_bytes,
+)
 from traces.layout import Layout
 from traces.model import ModelSpec
 from traces.pipeline import layout_schedule
@@ -84,3 +89,17 @@ def test_zero2_step_holds_zero1s_full_gradient_buffer(fp32: bool) -> None:
     assert two == one
     assert two.grads_bytes == 2 * sharded.grads_bytes == (4 if fp32 else 2) * \
         gathered_params(SMALL, zero3(), 0)
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_zero3_window_is_in_the_dtype_the_plan_gathers(dtype: str) -> None:
+    """ZeRO-3's window, two layers gathered and one layer's gradients, is in the model's
+    dtype: the plan's per-layer all-gather of a layer's parameters, 3 of them (an fp32 model
+    was counted at 2 bytes an element)."""
+    model = ModelSpec(layers=4, hidden=64, heads=4, seq_len=32, vocab=128, dtype=dtype)
+    layout = zero3()
+    layer = model.layer_params(1) * model.dtype_bytes
+    gathers = {op.size_bytes for op in build(model, layout).ops[0]
+               if isinstance(op.purpose, UnitGather) and op.layer == 1}
+    assert gathers == {layer}
+    assert zero3_working_bytes(model, layout, 0) == 3 * layer
