@@ -75,7 +75,8 @@ def build(model: ModelSpec, layout: Layout, ranks: Iterable[int] | None = None, 
     (`classes`: `ranks` are already one per class of identical ranks, `traces.identity`, so
     the message does not suggest folding). `progress(done, total)` after each rank lowered."""
     chosen = sorted(ranks) if ranks is not None else list(range(layout.world))
-    tables = _check_compute(model, layout, chosen, classes)  # before the schedule: maybe big
+    with paused_gc():  # it keeps the stand-ins' kernel tables, ~10^5 objects (no cycles)
+        tables = _check_compute(model, layout, chosen, classes)  # before the schedule: big?
     if schedule is None:
         schedule = layout_schedule(layout)
     if layout.overlap_moe_comm:

@@ -76,5 +76,6 @@ def test_a_plan_past_the_cap_is_refused_before_any_rank_is_lowered(monkeypatch):
     size = traces.plan._compute_size(MODEL, LAYOUT, list(range(LAYOUT.world)))
     monkeypatch.setattr(traces.plan, "MAX_PLAN_OPS", size - 1)
     monkeypatch.setattr(traces.plan, "lower_rank", refuse)
-    with pytest.raises(ConfigError, match=rf"^plan: at least {size:,} ops for {LAYOUT.world} ranks"):
+    with pytest.raises(ConfigError,
+                       match=rf"^plan: at least {size:,} ops for {LAYOUT.world} ranks"):
         build(MODEL, LAYOUT)
