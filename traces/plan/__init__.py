@@ -28,7 +28,8 @@ not how many ops it has), and under skewed routing on its experts' loads
 the first chosen rank of each pipeline coordinate and load first, spending each op on an
 `OpBudget` once per chosen rank that shares them: the passes count the plan's size
 themselves, a plan over MAX_PLAN_OPS is refused before the rest is built, and the ranks
-lowered are kept.
+lowered are kept. Before all that, their compute ops alone are counted from each stand-in's
+kernel table, which lowering then builds from (`compute.KernelTables`: made once, not twice).
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ from traces.nogc import paused_gc
 from traces.ops import Op, Trace
 from traces.pipeline import Action, ActionSchedule, layout_schedule
 from traces.plan.budget import OpBudget, OverBudget
-from traces.plan.compute import count_compute, lower_compute
+from traces.plan.compute import KernelTables, count_compute, lower_compute
 from traces.plan.context import add_context_parallel
 from traces.plan.data import add_data_parallel
 from traces.plan.experts import add_expert_grads, add_expert_parallel
@@ -74,13 +75,14 @@ def build(model: ModelSpec, layout: Layout, ranks: Iterable[int] | None = None, 
     (`classes`: `ranks` are already one per class of identical ranks, `traces.identity`, so
     the message does not suggest folding). `progress(done, total)` after each rank lowered."""
     chosen = sorted(ranks) if ranks is not None else list(range(layout.world))
-    _check_compute(model, layout, chosen, classes)  # before the schedule, maybe big too
+    with paused_gc():  # it keeps the stand-ins' kernel tables, ~10^5 objects (no cycles)
+        tables = _check_compute(model, layout, chosen, classes)  # before the schedule: big?
     if schedule is None:
         schedule = layout_schedule(layout)
     if layout.overlap_moe_comm:
         check_pairs(schedule, layout.num_stages, layout.schedule)
     with paused_gc():
-        ops = _lower(model, layout, chosen, schedule, classes, progress)
+        ops = _lower(model, layout, chosen, schedule, classes, progress, tables)
     folded = chosen == layout.representatives() and layout.world > len(chosen)
     return Trace(ops, TraceMeta(model=model, layout=layout, world=layout.world,
                                 fold=layout if folded else None))
@@ -98,12 +100,12 @@ def plan_size(model: ModelSpec, layout: Layout, ranks: Iterable[int] | None = No
 
 
 def _lower(model: ModelSpec, layout: Layout, chosen: list[int], schedule: ActionSchedule,
-           classes: bool = False, progress: Callable[[int, int], None] | None = None
-           ) -> dict[int, tuple[Op, ...]]:
+           classes: bool = False, progress: Callable[[int, int], None] | None = None,
+           tables: KernelTables | None = None) -> dict[int, tuple[Op, ...]]:
     """Every chosen rank's ops: first one per pipeline coordinate against the budget (the
     plan's size), then the rest."""
     lowered, spent = _lower_representatives(model, layout, chosen, schedule, classes,
-                                            progress)
+                                            progress, tables)
     assert spent == sum(len(lowered[first]) * n
                         for first, n in _stand_ins(model, layout, chosen).items()), \
         "a pass added ops it did not spend"
@@ -136,10 +138,12 @@ def _stand_ins(model: ModelSpec, layout: Layout, chosen: list[int]) -> dict[int,
 
 def _lower_representatives(model: ModelSpec, layout: Layout, chosen: list[int],
                            schedule: ActionSchedule, classes: bool = False,
-                           progress: Callable[[int, int], None] | None = None
+                           progress: Callable[[int, int], None] | None = None,
+                           tables: KernelTables | None = None
                            ) -> tuple[dict[int, tuple[Op, ...]], int]:
     """The ops of the first chosen rank per (cp, pp) coordinate, each op spent on the budget
-    as many times as chosen ranks share its coordinate; and the ops spent (the plan's size)."""
+    as many times as chosen ranks share its coordinate (built from their kernel `tables`
+    where the op-cap check kept them); and the ops spent (the plan's size)."""
     budget = OpBudget(MAX_PLAN_OPS)
     lowered: dict[int, tuple[Op, ...]] = {}
     stand_ins = _stand_ins(model, layout, chosen)
@@ -147,7 +151,7 @@ def _lower_representatives(model: ModelSpec, layout: Layout, chosen: list[int],
         for first, n in stand_ins.items():
             budget.weight = n
             lowered[first] = lower_rank(model, layout, first, schedule[layout.coords(first).pp],
-                                        budget)
+                                        budget, tables)
             if progress is not None:
                 progress(len(lowered), len(chosen))
     except OverBudget as spent:
@@ -156,18 +160,30 @@ def _lower_representatives(model: ModelSpec, layout: Layout, chosen: list[int],
     return lowered, budget.spent
 
 
-def _compute_size(model: ModelSpec, layout: Layout, chosen: list[int]) -> int:
-    """The compute ops alone of every chosen rank, counted without building them."""
-    return sum(n * count_compute(RankContext(model=model, layout=layout, rank=first))
-               for first, n in _stand_ins(model, layout, chosen).items())
+def _compute_size(model: ModelSpec, layout: Layout, chosen: list[int],
+                  tables: KernelTables | None = None) -> int:
+    """The compute ops alone of every chosen rank, counted without building them; each
+    stand-in's kernel table left in `tables` while the count is within MAX_PLAN_OPS (past it
+    the plan is refused: none kept, so a refused plan holds at most that many ops' worth)."""
+    compute = 0
+    for first, n in _stand_ins(model, layout, chosen).items():
+        compute += n * count_compute(RankContext(model=model, layout=layout, rank=first),
+                                     tables)
+        if tables is not None and compute > MAX_PLAN_OPS:
+            tables.clear()
+            tables = None
+    return compute
 
 
 def _check_compute(model: ModelSpec, layout: Layout, chosen: list[int],
-                   classes: bool = False) -> None:
-    """Refuse a plan whose compute ops alone are past MAX_PLAN_OPS, before anything is built."""
-    compute = _compute_size(model, layout, chosen)
+                   classes: bool = False) -> KernelTables:
+    """Refuse a plan whose compute ops alone are past MAX_PLAN_OPS, before anything is built;
+    else the stand-ins' kernel tables it counted from, for lowering to build from."""
+    tables = KernelTables()
+    compute = _compute_size(model, layout, chosen, tables)
     if compute > MAX_PLAN_OPS:
         raise _too_big(compute, layout, chosen, classes)
+    return tables
 
 
 def _too_big(ops: int, layout: Layout, chosen: list[int], classes: bool = False) -> ConfigError:
@@ -183,11 +199,12 @@ def _too_big(ops: int, layout: Layout, chosen: list[int], classes: bool = False)
 
 
 def lower_rank(model: ModelSpec, layout: Layout, rank: int, actions: list[Action],
-               budget: OpBudget | None = None) -> tuple[Op, ...]:
+               budget: OpBudget | None = None, tables: KernelTables | None = None
+               ) -> tuple[Op, ...]:
     """One rank's ops: its schedule actions through every pass, each spending on `budget`
-    what it adds."""
+    what it adds (its compute ops from its kernel table in `tables`, where kept)."""
     ctx = RankContext(model=model, layout=layout, rank=rank, budget=budget)
-    nodes = lower_compute(ctx, actions)  # spends its ops before building them
+    nodes = lower_compute(ctx, actions, tables)  # spends its ops before building them
     size = _size(nodes)
     for add in (lambda p: add_tensor_parallel(ctx, p),
                 lambda p: add_expert_parallel(ctx, p),

@@ -32,24 +32,52 @@ from traces.stack import restack
 from traces.zero_bubble import split_backward, splits_backward
 
 
-def lower_compute(ctx: RankContext, actions: list[Action]) -> Program:
+def lower_compute(ctx: RankContext, actions: list[Action],
+                  tables: KernelTables | None = None) -> Program:
     """The compute ops of every action, tagged with their unit; an empty end of the step.
-    Spends them on the context's budget before building any."""
-    kernels = _StageKernels(ctx)
+    Spends them on the context's budget before building any. Takes the rank's kernel table
+    from `tables` where `count_compute` left it (same model and layout), else makes it."""
+    kept = tables.take(ctx.rank) if tables is not None else None
+    kernels = kept if kept is not None else _StageKernels(ctx)
     if ctx.budget is not None:
         ctx.budget.spend(sum(kernels.count(a) for a in actions))
     program = [kernels.nodes(a) for a in actions]
     return [*program, []]
 
 
-def count_compute(ctx: RankContext) -> int:
+def count_compute(ctx: RankContext, tables: KernelTables | None = None) -> int:
     """The number of ops `lower_compute` builds for the rank, without its schedule: every
     pipeline schedule runs each of the rank's virtual stages forward and backward once per
-    micro-batch (`traces.pipeline` validates it), in whatever order."""
+    micro-batch (`traces.pipeline` validates it), in whatever order. Leaves the rank's kernel
+    table in `tables` for `lower_compute` to build from."""
     kernels = _StageKernels(ctx)
+    if tables is not None:
+        tables.keep(ctx.rank, kernels)
     once = sum(kernels.count(Action(stage, kind, 0))
                for stage in ctx.layout.stages_of_rank(ctx.pp_rank) for kind in ("F", "B", "W"))
     return ctx.layout.num_microbatches * once
+
+
+class KernelTables:
+    """Ranks' kernel tables (one model and layout), made once per plan: the op-cap check
+    counts from each (`count_compute`) and lowering takes it to build from (`lower_compute`),
+    so a skewed 1024-GPU plan, where ~1000 ranks each have their own, makes each once."""
+
+    __slots__ = ("_kept",)
+
+    def __init__(self) -> None:
+        self._kept: dict[int, _StageKernels] = {}
+
+    def keep(self, rank: int, kernels: _StageKernels) -> None:
+        self._kept[rank] = kernels
+
+    def take(self, rank: int) -> _StageKernels | None:
+        """The rank's table, no longer kept (lowered once: its memory goes with its plan's)."""
+        return self._kept.pop(rank, None)
+
+    def clear(self) -> None:
+        """Keep none (a plan refused: its tables are not built from)."""
+        self._kept.clear()
 
 
 Segment = tuple[list[OpRow], Sequence[Unit]]
