@@ -26,6 +26,7 @@ from sim.models.reserved_sms import reserved_sms, spared
 from sim.models.sharing import interference_for
 from sim.models.variability import expected_speeds
 from traces.cp_fold import cp_partition, cp_shift_closed
+from traces.fp8 import fp8_gemm_rate
 from traces.identity import Partition, partition_for
 from traces.layout import Layout, Recompute
 from traces.model import ModelSpec
@@ -69,7 +70,7 @@ def predict(exp: Experiment, *, fold: bool = True, progress: Progress | None = N
         speeds = expected_speeds(exp.cluster.variability, exp.layout, plan.ranks,
                                  exp.cluster.devices_per_server)
     compute = ComputeModel(exp.cluster.accelerator, exp.profile, launch_counts(exp.model),
-                           cluster_host_Bps(exp.cluster))
+                           cluster_host_Bps(exp.cluster), fp8_gemm_rate(exp.model))
     durations = reserved_sms(plan, compute, comm_sms(exp.layout))
     interference = spared(interference_for(exp.cluster, exp.profile, compute), durations)
     hosts = host_programs(plan, exp.host, exp.model, exp.layout, compute)

@@ -47,7 +47,7 @@ from traces.model import ModelSpec
 from traces.moe_spec import is_moe_layer
 from traces.purpose import Kernel
 
-__all__ = ["FP8_RECIPES", "amax_bytes", "fp8_gemms_per_layer", "fp8_linear",
+__all__ = ["FP8_RECIPES", "amax_bytes", "fp8_gemm_rate", "fp8_gemms_per_layer", "fp8_linear",
            "fp8_weights_per_layer", "fused_norm", "recipe", "weight_cast_bytes"]
 BF16 = 2
 AMAX_BYTES = 4
@@ -59,6 +59,12 @@ gradient and input gradient backward (TE's FP8 meta tensors)."""
 def recipe(model: ModelSpec) -> Fp8Recipe:
     """The model's FP8 recipe (delayed where none is named)."""
     return RECIPES[model.fp8_recipe or "delayed"]
+
+
+def fp8_gemm_rate(model: ModelSpec) -> float:
+    """The model's FP8 GEMMs' rate as a fraction of the accelerator's FP8 dense rate (MXFP8's
+    block-scaled GEMMs run slower, `traces.fp8_recipes.MXFP8_GEMM_RATE`); 1 without FP8."""
+    return recipe(model).gemm_rate if model.fp8 else 1.0
 
 
 def fp8_linear(model: ModelSpec, name: Kernel, gemm: Gemm, grad_bytes: int,

@@ -66,11 +66,17 @@ layer spec runs its own bias-GeLU / SwiGLU kernel and then TERowParallelLinear (
 activation's cast only in its LayerNormMLP). Nor after ln1 with latent attention (TENorm, then
 the TELinear down projections) or ln2 of an MoE layer (TENorm before the router).
 
-GEMM rate: every recipe runs at the accelerator's FP8 dense rate. No public measurement gives
-a scaling mode's GEMM rate apart from its casts on these accelerators: torchao's H100 tables
-(float8 README) are of whole linears with their casts, as pictures; DeepGEMM's up to 1,550
-TFLOPS for 1x128/128x128 GEMMs on H800 (of 1,979 dense) is in line with the per-tensor GEMMs'
-achieved fraction; TE's GEMM benchmarks for block scaling are on B300.
+GEMM rate: the per-tensor recipes, rowwise and blockwise run at the accelerator's FP8 dense
+rate. No public measurement gives their GEMM rates apart from their casts on these accelerators:
+torchao's H100 tables (float8 README) are of whole linears with their casts, as pictures;
+DeepGEMM's up to 1,550 TFLOPS for 1x128/128x128 GEMMs on H800 (of 1,979 dense) is in line with
+the per-tensor GEMMs' achieved fraction. MXFP8's block-scaled GEMMs run at `MXFP8_GEMM_RATE` of
+that rate: TE's GEMM benchmark on a B300, its inputs quantized before the timed loop (GEMM
+kernels alone, each GEMM of a layer of h 4096, ffn 16384, 15,872 tokens: Fprop, Dgrad and
+Wgrad), took 7.161 ms a layer in MXFP8 against 6.812 ms with per-tensor current scaling
+(NVIDIA/TransformerEngine@8f2e635 docs/examples/gemm_profiling/gemm_profiling.rst, "Autocast vs
+Pre-quantized"). B200 and GB200 take the same ratio: Blackwell Ultra keeps Blackwell's FP8
+tensor cores (`sim.models.rates`), so it is an assumption there, not a measurement.
 
 Where a recipe runs: mxfp8 needs Blackwell's hardware block scales; blockwise runs on Hopper
 and on Blackwell (TE emulates it with MXFP8 there); tensorwise and rowwise wherever FP8 does.
@@ -97,6 +103,9 @@ BLOCK = 128
 an fp32 scale each (DeepSeek-V3 report §3.3)."""
 MX_BLOCK = 32
 """MXFP8: one E8M0 scale byte per 32 consecutive values (OCP Microscaling spec, TE docs)."""
+MXFP8_GEMM_RATE = 6.812 / 7.161
+"""MXFP8 GEMMs' rate against per-tensor FP8's: one layer's GEMMs, pre-quantized, on B300 took
+6.812 ms with current scaling and 7.161 ms in MXFP8 (TE@8f2e635 gemm_profiling.rst): 0.951."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +130,8 @@ class Fp8Recipe:
     """torchao: second copies quantized in backward from bf16, weights cast at every use."""
     block_hardware: bool = False
     """Needs hardware block scales (Blackwell)."""
+    gemm_rate: float = 1.0
+    """The GEMMs' rate as a fraction of the accelerator's FP8 dense rate (module docstring)."""
 
     @property
     def q_act(self) -> float:
@@ -142,7 +153,8 @@ RECIPES = {r.name: r for r in (
     Fp8Recipe("tensorwise", 0.0, 0.0, amax_pass=True, tp_amax=True),
     Fp8Recipe("rowwise", 0.0, 0.0, per_use=True),
     Fp8Recipe("blockwise", 4 / BLOCK, 4 / BLOCK**2),
-    Fp8Recipe("mxfp8", 1 / MX_BLOCK, 1 / MX_BLOCK, block_hardware=True),
+    Fp8Recipe("mxfp8", 1 / MX_BLOCK, 1 / MX_BLOCK, block_hardware=True,
+              gemm_rate=MXFP8_GEMM_RATE),
 )}
 
 

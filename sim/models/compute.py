@@ -62,8 +62,11 @@ class ComputeModel:
 
     def __init__(self, accelerator: Accelerator, profile: Profile,
                  launches: Mapping[tuple[str, bool], int] | None = None,
-                 host_Bps: float = 0.0) -> None:
+                 host_Bps: float = 0.0, fp8_rate: float = 1.0) -> None:
         self.accelerator = accelerator
+        self.fp8_rate = fp8_rate
+        """The model's FP8 GEMMs' rate as a fraction of the FP8 roof: its recipe's
+        (`traces.fp8.fp8_gemm_rate`; MXFP8's block-scaled GEMMs below 1)."""
         self.host_Bps = host_Bps
         """The host link per direction that times activation offload copies (`HostCopy`:
         `sim.models.host_link`); 0: none known, and a copy is refused."""
@@ -191,10 +194,11 @@ class ComputeModel:
         return both + launches * overhead
 
     def peak(self, fp8: bool = False) -> float:
-        """The sustained roof of the GEMMs' precision: FP8 or bf16 (`Accelerator`)."""
+        """The sustained roof of the GEMMs' precision: FP8 (at the recipe's `fp8_rate`) or bf16
+        (`Accelerator`)."""
         if fp8:
             assert self.accelerator.peak_flops_fp8 > 0, f"{self.accelerator.name} has no FP8"
-            return self.accelerator.sustained_flops_fp8
+            return self.accelerator.sustained_flops_fp8 * self.fp8_rate
         return self.accelerator.sustained_flops
 
     def gemm_time(self, shape: tuple[int, int, int, int], efficiency: float,

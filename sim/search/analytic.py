@@ -46,6 +46,7 @@ from sim.search.stage_time import UnitTime, beside
 from topology.cluster import Cluster
 from traces.alltoallv import AllToAllv
 from traces.expert_grid import ep_group, etp_group, expert_data_group
+from traces.fp8 import fp8_gemm_rate
 from traces.fp8_params import param_gather_bytes
 from traces.layout import Axis, Layout, Schedule
 from traces.model import ModelSpec
@@ -89,7 +90,8 @@ class Analytic:
                  network: NetworkMode = NetworkMode.FLOW,
                  algo: Algorithm = Algorithm.AUTO) -> None:
         self.model, self.cluster = model, cluster
-        self.compute = ComputeModel(cluster.accelerator, profile, launch_counts(model))
+        self.compute = ComputeModel(cluster.accelerator, profile, launch_counts(model),
+                                    fp8_rate=fp8_gemm_rate(model))
         self.interference = interference_for(cluster, profile, self.compute)
         self.variability = cluster.variability
         self.collectives = Collectives(cluster)

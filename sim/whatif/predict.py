@@ -39,6 +39,7 @@ from sim.whatif.straggle import NONE, Straggle, learn_straggle, with_straggle
 from topology.cluster import Cluster
 from topology.config import read_cluster_table
 from traces.errors import ConfigError
+from traces.fp8 import fp8_gemm_rate
 from traces.ops import Op, OpKind, Trace
 from traces.plan import build
 from traces.purpose import HostCopy
@@ -271,7 +272,7 @@ def _replay(exp: Experiment, cluster: Cluster, plan: Trace, gaps: Mapping[int, l
     """`sim.measured.replay_trace`'s run, on `cluster` (the target's), the target's profile
     and network; activation offload copies (`HostCopy`) over the target's host link."""
     compute = ComputeModel(cluster.accelerator, exp.profile, launch_counts(exp.model),
-                           cluster_host_Bps(cluster))
+                           cluster_host_Bps(cluster), fp8_gemm_rate(exp.model))
     return replay(plan, cluster, compute,
                   interference=interference_for(cluster, exp.profile, compute),
                   network=exp.network, algo=exp.algo, gaps=gaps)

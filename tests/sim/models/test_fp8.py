@@ -12,7 +12,9 @@ from sim.cli import main
 from sim.models.compute import ComputeModel
 from sim.profile import default_profile
 from topology.presets import B200, H100_SXM
-from traces.fp8 import fp8_linear, weight_cast_bytes
+from traces import fp8_recipes
+from traces.fp8 import fp8_gemm_rate, fp8_linear, weight_cast_bytes
+from traces.fp8_recipes import MXFP8_GEMM_RATE
 from traces.kernels import layer_kernels
 from traces.layout import Layout
 from traces.model import ModelSpec
@@ -75,6 +77,20 @@ def test_fp8_gemms_run_at_the_fp8_peak():
     fp8 = compute.gemm_time(shape, 0.7, compute.peak(fp8=True))
     assert fp8 == pytest.approx(bf16 * H100_SXM.peak_flops / H100_SXM.peak_flops_fp8)
     assert B200.peak_flops_fp8 == 2 * B200.peak_flops and B200.fp8_block_scaling
+
+
+def test_mxfp8_gemms_run_at_te_s_measured_fraction_of_the_fp8_peak():
+    # TE@8f2e635 gemm_profiling.rst, B300, pre-quantized: 6.812 ms current scaling, 7.161 MXFP8
+    assert MXFP8_GEMM_RATE == pytest.approx(0.9513, abs=1e-4)
+    assert fp8_gemm_rate(MX) == MXFP8_GEMM_RATE
+    assert fp8_gemm_rate(MODEL) == 1.0  # delayed: the FP8 dense rate
+    assert fp8_gemm_rate(dataclasses.replace(MODEL, dtype="bf16", fp8_recipe="")) == 1.0
+    shape = (1, 8192, 8192, 8192)
+    per_tensor = ComputeModel(B200, default_profile(B200))
+    mx = ComputeModel(B200, default_profile(B200), fp8_rate=fp8_gemm_rate(MX))
+    assert mx.gemm_time(shape, 0.7, mx.peak(fp8=True)) == \
+        pytest.approx(per_tensor.gemm_time(shape, 0.7, per_tensor.peak(fp8=True)) / 0.9513,
+                      rel=1e-4)
 
 
 CONFIG = """
@@ -208,3 +224,12 @@ def test_hopper_and_blackwell_run_every_recipe_but_mxfp8_on_hopper(capsys, tmp_p
         out, err = capsys.readouterr()
         assert code == 0, err
         assert f"fp8 ({recipe} scaling; MFU against the FP8 peak)" in out
+
+
+def test_simulate_times_mxfp8_gemms_at_their_rate(capsys, tmp_path, monkeypatch):
+    extra = 'fp8_recipe = "mxfp8"'
+    measured = json.loads(simulate(capsys, tmp_path, "fp8", "dgx-b200", extra=extra)[1])
+    full = dataclasses.replace(fp8_recipes.RECIPES["mxfp8"], gemm_rate=1.0)
+    monkeypatch.setitem(fp8_recipes.RECIPES, "mxfp8", full)
+    at_peak = json.loads(simulate(capsys, tmp_path, "fp8", "dgx-b200", extra=extra)[1])
+    assert measured["step_time_s"] > at_peak["step_time_s"]
