@@ -81,7 +81,7 @@ def test_fp8_gemms_run_at_the_fp8_peak():
 
 def test_mxfp8_gemms_run_at_te_s_measured_fraction_of_the_fp8_peak():
     # TE@8f2e635 gemm_profiling.rst, B300, pre-quantized: 6.812 ms current scaling, 7.161 MXFP8
-    assert MXFP8_GEMM_RATE == pytest.approx(0.9513, abs=1e-4)
+    assert round(MXFP8_GEMM_RATE, 4) == 0.9513
     assert fp8_gemm_rate(MX) == MXFP8_GEMM_RATE
     assert fp8_gemm_rate(MODEL) == 1.0  # delayed: the FP8 dense rate
     assert fp8_gemm_rate(dataclasses.replace(MODEL, dtype="bf16", fp8_recipe="")) == 1.0
