@@ -52,6 +52,7 @@ from topology.presets import PRESETS
 from traces.chakra_read import ET_FILE, load_chakra
 from traces.chakra_read import et_files as chakra_files
 from traces.errors import ConfigError, show, warn
+from traces.fp8 import fp8_gemm_rate
 from traces.gzipped import head
 from traces.header import TraceMeta, check_fold_ranks
 from traces.io import load as load_parasim
@@ -296,9 +297,12 @@ def replay_trace(loaded: LoadedTrace, cluster: Cluster, profile: Profile | None 
             else NetworkMode.FLOW
     plan, kept, modelled, uncosted = _compute_times(trace, retime)
     gaps = measured_gaps(trace) if host_gaps else None
-    # a parasim plan's software stack states its kernels' launches, as `predict` costs them
-    stack = launch_counts(trace.meta.model) if trace.meta.model is not None else None
-    compute = ComputeModel(cluster.accelerator, profile, stack)
+    # a parasim plan's software stack states its kernels' launches, and its FP8 recipe its
+    # GEMMs' rate, as `predict` costs them
+    model = trace.meta.model
+    stack = launch_counts(model) if model is not None else None
+    rate = fp8_gemm_rate(model) if model is not None else 1.0
+    compute = ComputeModel(cluster.accelerator, profile, stack, fp8_rate=rate)
     times = replay(plan, cluster, compute,
                    interference=interference_for(cluster, profile, compute), network=network,
                    algo=algo, progress=progress, gaps=gaps,

@@ -469,3 +469,22 @@ def test_an_eager_plan_replays_to_its_own_step_time_with_its_launches(tmp_path, 
                           retime=True)
     assert result.retimed_compute > 0
     assert result.step_time_predicted_s == pytest.approx(times.step_time_s, rel=1e-9)
+
+
+def test_a_retimed_mxfp8_trace_costs_its_gemms_at_the_recipes_rate(tmp_path):
+    """Re-costing a parasim plan's kernels uses its model's FP8 GEMM rate, as `simulate`
+    does: an MXFP8 step on B200 replays to simulate's step (at the per-tensor FP8 rate its
+    GEMMs would run 1/0.951 faster)."""
+    from sim.config import experiment_from_dict
+
+    text = SMALL.replace('preset = "dgx-h100"', 'preset = "dgx-b200"').replace(
+        "vocab = 1024\n", 'vocab = 1024\ndtype = "fp8"\nfp8_recipe = "mxfp8"\n')
+    exp = experiment_from_dict(tomllib.loads(text))
+    _, times = predict(exp)
+    path = tmp_path / "step.json"
+    save(times.timed_trace(), path)
+    loaded = load_trace(path)
+    result = replay_trace(loaded, choose_cluster(loaded.trace).build(), exp.profile,
+                          retime=True)
+    assert result.retimed_compute > 0
+    assert result.step_time_predicted_s == pytest.approx(times.step_time_s, rel=1e-9)
