@@ -202,12 +202,19 @@ def launch_costs(ops: Sequence[Op], compute: ComputeModel | Mapping[tuple[str, b
         if op.kind is not OpKind.COMPUTE:
             costs.append(launch)
             continue
-        name, backward = kernel_of(op)
-        count = expert_launches(op, backward) if name in EXPERT_GEMMS else casts \
-            if name in EXPERT_CASTS else launches.get((name, backward),
-                                                      2 if op.gemm and backward else 1)
-        costs.append(count * launch)
+        costs.append(_kernels(op, launches, casts) * launch)
     return costs
+
+
+def _kernels(op: Op, launches: Mapping[tuple[str, bool], int], casts: int) -> int:
+    """Kernels compute op `op` launches: its experts' GEMMs one each, an expert cast
+    `casts`, any other its stack's count (else one, two for a GEMM's backward)."""
+    name, backward = kernel_of(op)
+    if name in EXPERT_GEMMS:
+        return expert_launches(op, backward)
+    if name in EXPERT_CASTS:
+        return casts
+    return launches.get((name, backward), 2 if op.gemm and backward else 1)
 
 
 def expert_launches(op: Op, backward: bool) -> int:
