@@ -11,11 +11,18 @@ place of fc1, the activation and fc2 (Megatron-Core's MoELayer, all-to-all token
     permute     fwd read T·h·e tokens and the T·E·1 routing map, write A·h·e (one row per
                 kept assignment, A = Σ_e counts[e]); bwd read A·h·e, write T·h·e
     [dispatch all-to-all over the EP group; with ETP > 1 an all-gather over the ETP group]
+    sort        with more than one local expert, the R received rows re-sorted from (source
+                rank, expert) into expert order: read and write R·h·e each way
+                (`traces.moe_steps.chunk_sort_steps`); charged on the permute's op (its own
+                device kernel, after the all-to-all in Megatron-Core: on a compute stream that
+                blocks on the all-to-all the same time, before it rather than after)
     expert_fc1  grouped GEMMs (n, M, f1/etp, h), one op per distinct M: the n local experts
                 that got M = EP·ETP·counts[e] tokens each (tile and wave quantization then
                 follow the tokens per expert: few tokens run far from peak)
     expert_act  the activation over R·f/etp values, R = Σ_local M (as `mlp_activation`)
     expert_fc2  grouped GEMMs (n, M, h, f/etp)
+    unsort      the inverse sort before the combine, R·h·e read and written each way (charged
+                on the unpermute's op, as the sort on the permute's)
     [with ETP > 1 a reduce-scatter; the combine all-to-all]
     unpermute   fwd read A·h·e and A·4 probs, write T·h·e; bwd read T·h·e dY and A·h·e,
                 write A·h·e and A·4 dprobs; with `moe_probs_in_activation` the activation
@@ -50,7 +57,16 @@ from traces.layout import Layout
 from traces.model import ModelSpec
 from traces.moe_probs import activation_prob_bytes
 from traces.moe_spec import expert_counts, is_moe_layer
-from traces.moe_steps import expert_gemms, permute_steps, router_steps, stepped, unpermute_steps
+from traces.moe_steps import (
+    chunk_sort_rows,
+    chunk_sort_steps,
+    expert_gemms,
+    joined,
+    permute_steps,
+    router_steps,
+    stepped,
+    unpermute_steps,
+)
 from traces.purpose import Kernel
 
 K = Kernel
@@ -170,17 +186,20 @@ def routed_kernels(model: ModelSpec, layer: int, tokens: int, shard: ExpertShard
     f1 = 2 * f if model.ffn == "swiglu" else f
     local = local_expert_tokens(model, layer, T, shard)
     received = sum(local)
+    sort = chunk_sort_rows(model, local)
     out = [
         gemm_kernel(K.ROUTER, (1, T, E, h), e, grad_bytes),
         stepped(K.TOPK, router_steps(model, T)),
         memory_kernel(K.AUX_LOSS, T * E * FP32, T * E * FP32),
-        stepped(K.PERMUTE, permute_steps(model, T, kept)),
+        stepped(K.PERMUTE, joined(permute_steps(model, T, kept),
+                                  chunk_sort_steps(model, sort, True))),
         *_cast(expert_casts(model, received, f1, h, len(local)), expert_gemms(
             K.EXPERT_FC1, local, f1, h, model, grad_bytes)),
         _expert_activation(model, received, f),
         *_cast(expert_casts(model, received, h, f, len(local)), expert_gemms(
             K.EXPERT_FC2, local, h, f, model, grad_bytes)),
-        stepped(K.UNPERMUTE, unpermute_steps(model, T, kept)),
+        stepped(K.UNPERMUTE, joined(unpermute_steps(model, T, kept),
+                                    chunk_sort_steps(model, sort, False))),
     ]
     return out
 

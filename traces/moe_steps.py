@@ -44,6 +44,7 @@ from collections import Counter
 
 from traces.kernel_work import KernelWork, gemm_kernel, memory_kernel
 from traces.model import ModelSpec
+from traces.moe_groups import FORWARDING
 from traces.purpose import Kernel
 
 K = Kernel
@@ -154,6 +155,46 @@ def _unweighted_unpermute(m: ModelSpec, T: int, A: int) -> Steps:
         return ([("moe_unpermute", rows + T * h * e)], [("moe_unpermute_bwd", T * h * e + rows)])
     return ([("zeros", T * h * e), ("scatter_add", A * INT64 + 3 * rows)],
             [("gather", A * INT64 + 2 * rows)])
+
+
+def chunk_sort_rows(m: ModelSpec, local: tuple[int, ...]) -> int:
+    """Rows the all-to-all dispatcher re-sorts by local expert after the dispatch (and back
+    before the combine): all R = Σ local received rows where the rank holds more than one
+    expert, else 0. Megatron-Core's MoEAlltoAllTokenDispatcher receives its tokens ordered by
+    source rank, then expert, and runs "Permutation 2: Sort tokens by local expert"
+    (`sort_chunks_by_idxs` over the EP·ETP x local-expert chunks, after the ETP all-gather)
+    whenever `num_local_experts > 1`, and "Unpermutation 2" in `combine_preprocess` (NVIDIA/
+    Megatron-LM megatron/core/transformer/moe/token_dispatcher.py, stored at commit 0014f137;
+    the same `if self.num_local_experts > 1:` in the 2024-25 releases). The DeepEP and
+    HybridEP dispatchers (`traces.moe_groups.FORWARDING`) hand tokens to their own permute
+    instead: 0."""
+    if m.dispatch in FORWARDING or len(local) <= 1:
+        return 0
+    return sum(local)
+
+
+def chunk_sort_steps(m: ModelSpec, rows: int, probs: bool) -> Steps:
+    """The sort of `rows` received rows into local-expert order (`chunk_sort_rows`), or with
+    `probs` false its inverse before the combine: one copy of every row each way. Fused
+    (`moe_permute_fusion`), Transformer Engine's fused_sort_chunks_by_index reads each row once
+    and writes it once; unfused, moe_utils.sort_chunks_by_idxs is torch.split (views) and
+    torch.cat (one kernel: read and write every row), whose backward is the split's, one cat
+    of the gradient's chunks back. Where the experts weigh the rows by their probabilities
+    (`moe_probs_in_activation`) the dispatch-side sort carries the R fp32 probabilities too
+    (fused_sort_chunks_by_index_with_probs), and its backward their gradients. Nothing
+    without rows."""
+    if not rows:
+        return [], []
+    copy = 2 * rows * m.hidden * m.dtype_bytes
+    if probs and m.moe_probs_in_activation:
+        copy += 2 * rows * FP32
+    name = "sort_chunks_by_index" if probs else "unsort_chunks_by_index"
+    return [(name, copy)], [(name + "_bwd", copy)]
+
+
+def joined(*steps: Steps) -> Steps:
+    """Several kernels' steps as one plan kernel's (forward and backward each in order)."""
+    return ([s for fwd, _ in steps for s in fwd], [s for _, bwd in steps for s in bwd])
 
 
 def stepped(name: Kernel, steps: Steps) -> KernelWork:

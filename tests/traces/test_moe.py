@@ -71,10 +71,11 @@ def test_router_permutation_and_grouped_gemms_equal_hand_formulas():
     assert by_name[K.ROUTER].flops == 2 * T * E * h
     assert by_name[K.ROUTER].gemm == (1, T, E, h)
     assert by_name[K.TOPK].mem_bytes == T * E * e + T * E * 4 + T * k * 8
-    assert by_name[K.PERMUTE].mem_bytes == T * h * e + T * E + A * h * e
-    assert by_name[K.PERMUTE].bwd_bytes == (A + T) * h * e
-    assert by_name[K.UNPERMUTE].mem_bytes == A * (h * e + 4) + T * h * e
     local = [2 * c for c in counts[4:]]  # EP rank 1 holds experts 4..7, from 2 EP ranks
+    R = sum(local)  # 4 local experts: the received rows sorted into expert order and back
+    assert by_name[K.PERMUTE].mem_bytes == T * h * e + T * E + A * h * e + 2 * R * h * e
+    assert by_name[K.PERMUTE].bwd_bytes == (A + T) * h * e + 2 * R * h * e
+    assert by_name[K.UNPERMUTE].mem_bytes == A * (h * e + 4) + T * h * e + 2 * R * h * e
     assert local_expert_tokens(SKEW, 1, T, shard) == tuple(local)
     fc1 = [x for x in kernels if x.name is K.EXPERT_FC1]
     fc2 = [x for x in kernels if x.name is K.EXPERT_FC2]

@@ -18,6 +18,8 @@ from traces.model import ModelSpec
 from traces.moe import ExpertShard, moe_layer_kernels, routed_kernels
 from traces.moe_steps import (
     capacity_steps,
+    chunk_sort_rows,
+    chunk_sort_steps,
     expert_capacity,
     moe_launch_counts,
     permute_steps,
@@ -40,7 +42,9 @@ def _with(**fields: object) -> ModelSpec:
     return dataclasses.replace(MOE, **fields)
 
 
-def _routed(model: ModelSpec, ep: int = 2) -> list:
+def _routed(model: ModelSpec, ep: int = 8) -> list:
+    """The routed kernels of EP rank 0 (by default EP 8: one local expert each, so no sort of
+    the received rows, `chunk_sort_rows`)."""
     return routed_kernels(model, 1, T, ExpertShard(ep=ep), e)
 
 
@@ -201,3 +205,28 @@ def test_header_writes_the_keys_only_where_set_and_reads_them_back():
     assert written["model"]["moe_router_score_function"] == "sigmoid"
     assert "moe_router_fusion" not in written["model"]
     assert meta_from_json(written, VERSION).model == plan.meta.model
+
+
+def test_several_local_experts_sort_the_received_rows_into_expert_order_and_back():
+    """Megatron-Core's all-to-all dispatcher re-sorts the R rows a rank receives from (source
+    rank, expert) into expert order when it holds more than one expert, and back before the
+    combine: one read and one write of every row each way, on the permute's and unpermute's
+    ops; none with one local expert or a DeepEP dispatch."""
+    one = {w.name: w for w in _routed(MOE, 8)}
+    four = {w.name: w for w in _routed(MOE, 2)}
+    R = 2 * A // 2  # EP 2: each of the 4 local experts gets T·k/E tokens from 2 ranks
+    assert chunk_sort_rows(MOE, (64, 64, 64, 64)) == R
+    assert chunk_sort_rows(MOE, (256,)) == 0
+    assert chunk_sort_rows(_with(dispatch="deepep"), (64, 64, 64, 64)) == 0
+    copy = 2 * R * h * e
+    assert four[K.PERMUTE].mem_bytes - one[K.PERMUTE].mem_bytes == copy
+    assert four[K.PERMUTE].bwd_bytes - one[K.PERMUTE].bwd_bytes == copy
+    assert four[K.UNPERMUTE].mem_bytes - one[K.UNPERMUTE].mem_bytes == copy
+    assert four[K.UNPERMUTE].bwd_bytes - one[K.UNPERMUTE].bwd_bytes == copy
+    assert four[K.PERMUTE].launches == (2, 2) and one[K.PERMUTE].launches is None
+    # the experts weigh by the probabilities: the dispatch's sort carries R fp32 of them
+    weighed = _with(moe_probs_in_activation=True)
+    assert chunk_sort_steps(weighed, R, True) == ([("sort_chunks_by_index", copy + 8 * R)],
+                                                  [("sort_chunks_by_index_bwd", copy + 8 * R)])
+    assert chunk_sort_steps(weighed, R, False)[0] == [("unsort_chunks_by_index", copy)]
+    assert chunk_sort_steps(MOE, 0, True) == ([], [])
