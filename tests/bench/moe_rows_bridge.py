@@ -60,9 +60,6 @@ PAGES = {"26.02": f"{BRIDGE}, 26.02 container (docs/performance-summary.md @df02
 PRECISIONS = {**PRECISION, "BF16": {"dtype": "bf16"}}
 HYBRIDEP = ("model.dispatch=hybridep",)
 OVERLAP = ("parallel.overlap_moe_comm",)
-MLP = ("parallel.recompute_modules=mlp",)
-"""The H100 DeepSeek-V3 recipe's "mlp" recompute (`RECOMPUTE`), which parasim does not model
-(`bench_moe_recipes.missing` reads the value)."""
 
 
 def bridge(release: str, system: str, model: str, precision: str, gpus: int, gbs: int,
@@ -128,16 +125,15 @@ B200_FP8_MX (= B200_V1/V2), H100_FP8_CS}_V1/V2. GB300 FP8-MX's `recompute_module
 while the 25.11 page's row is PP 2 x VP 4 x EP 32: its moe_act is taken as the row's, an
 assumption. H100's "mlp" checkpoints the dense layers' MLP only (Megatron-Core
 transformer_layer.py: `if "mlp" in recompute_modules: if not is_moe_layer: recompute_mlp`),
-DeepSeek-V3's first 3 of 61 layers; parasim does not model "mlp" (`traces.recompute`), so the
-H100 row lists it in `needs` and is not simulated with it.
+DeepSeek-V3's first 3 of 61 layers (`traces.recompute`).
 Qwen3 (both sizes): scripts/performance/configs/qwen/qwen3_llm_pretrain.py @05c0c90
 set_qwen3_common_configs sets recompute_granularity, recompute_method and recompute_num_layers
 to None, and no Qwen3 workload config (qwen3_workload_base_configs.py @01b2977) sets
 recompute_modules: no recomputation, `recompute = "none"`.
 Set by the recipes and not modelled: moe_router_fusion = True (every recipe), CUDA graphs
-(cuda_graph_impl "transformer_engine" with the scopes above, "full_iteration" on the
-DeepSeek-V3 GB300 / GB200 / B300 FP8-MX recipes with Qwen3's moe_paged_stash and
-moe_expert_rank_capacity_factor 1.5 when full-iteration), cutedsl_fused_grouped_mlp (DeepSeek-V3
+(cuda_graph_impl "transformer_engine" with the scopes above except through `--host`;
+cuda_graph_impl "full_iteration" on the DeepSeek-V3 GB300 / GB200 / B300 FP8-MX recipes, with
+whatever its capture requires of the MoE), cutedsl_fused_grouped_mlp (DeepSeek-V3
 FP8-MX GB300 / GB200 / B300), fp8_dot_product_attention (DeepSeek-V3 FP8-MX GB300 / B300),
 bias_activation_fusion (Qwen3), tp_comm_overlap (Qwen3 Blackwell; no TP there)."""
 
@@ -225,7 +221,7 @@ ROWS_2511: list[MoeRow] = [
 
 ROWS_2509: list[MoeRow] = [
     # The H100 recipe's pp_layout "Et|(tt|)*30mL": 32 virtual stages = PP 8 x VP 4.
-    bridge("25.09", "H100", DSV3, "FP8-CS", 1024, 8192, 1, (2, 8, 4, 64), 1297, HYBRIDEP + MLP,
+    bridge("25.09", "H100", DSV3, "FP8-CS", 1024, 8192, 1, (2, 8, 4, 64), 1297, HYBRIDEP,
            parallel={"pipeline_layout": "Et|(tt|)*30mL"}, **MTP),
 ]
 
