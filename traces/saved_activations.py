@@ -42,7 +42,9 @@ def saving_terms(model: ModelSpec, layout: Layout) -> tuple[float, float, float]
     modules, fp8 = layout.recompute_modules, layout.fp8_activation_cache
     if te_fp8(model, layout):
         replicated, split, latent = te_fp8_terms(model, layout)
-        return replicated, split - te_fp8_mlp(model, layout) + mlp_saving(model, layout), latent
+        if "mlp" in modules:  # the whole MLP in place of what TE's FP8 spares of it
+            split += mlp_saving(model, layout) - te_fp8_mlp(model, layout)
+        return replicated, split, latent
     if not fp8 and not {"layernorm", "mla_up_proj", "mlp"} & set(modules):
         return 0.0, 0.0, 0.0
     h = model.hidden

@@ -123,3 +123,15 @@ def test_the_layer_in_backward_holds_what_mlp_recomputes():
     # the dense layer re-creates its 11·sbh; the MoE layer (not recomputed) nothing
     plain = working_bytes(MODEL, layout(), 0)
     assert working_bytes(MODEL, layout(["mlp"]), 0) - plain == 11 * SBH
+
+
+def test_mlp_under_transformer_engines_fp8_spares_what_te_would_have_kept():
+    # TE FP8 (no MLA, fused kernels, MXFP8 q = 1/32): the dense MLP keeps SwiGLU 6f/h less
+    # fc2's FP8 saving f/h·(1 - q), and fc1's input as one FP8 copy 1 + q; "mlp" spares both.
+    gpt = ModelSpec(layers=2, hidden=H, heads=A, seq_len=S, vocab=128, ffn="swiglu",
+                    ffn_hidden=F, dtype="fp8", fp8_recipe="mxfp8", kernels="fused")
+    q = 1 / 32
+    kept_mlp = 6 * F / H - F / H * (1 - q)
+    plain = activation_bytes_per_layer(gpt, layout())
+    assert plain - activation_bytes_per_layer(gpt, layout(["mlp"])) == \
+        pytest.approx((kept_mlp + 1 + q) * SBH, rel=1e-15)
