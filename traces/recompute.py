@@ -15,9 +15,21 @@ the SwiGLU operator and recompute its output in the backward pass"):
     moe_act      the MoE's activation function (routed and shared experts): fc2's input is
                  not stored
 
-"mlp", "moe" and "shared_experts" (normal checkpointing of a whole submodule) are refused.
-The recomputed kernels run again before the layer's backward (`recomputed_kernels`); the bytes
-they spare are `traces.saved_activations`'.
+    mlp          a dense layer's MLP checkpointed whole (Megatron-Core transformer_layer.py:
+                 `if "mlp" in recompute_modules: if not is_moe_layer: recompute_mlp = True`,
+                 then `tensor_parallel.checkpoint(self.mlp, ...)`; an MoE layer's is "moe"):
+                 the MLP as its Transformer Engine spec builds it (the pre-MLP norm fused
+                 into linear_fc1, TELayerNormColumnParallelLinear; pre_mlp_layernorm an
+                 IdentityOp) runs its forward again before its backward: the norm, fc1 with
+                 its FP8 cast and SP all-gather, the activation, fc2 with its cast and SP
+                 reduce-scatter. It stores only its input (the residual stream, the norm's
+                 input, kept anyway): the norm's output (fc1's input) and everything inside
+                 the MLP are not stored. Used by Megatron-Bridge's H100 DeepSeek-V3 recipe.
+
+"moe" and "shared_experts" (checkpointing an MoE layer's experts, with the dispatch and combine
+all-to-alls run again) are refused. The recomputed kernels run again before the layer's backward
+(`recomputed_kernels`); the TP collectives around them are placed in the recompute phase as in
+the forward (`traces.plan.tensor`); the bytes they spare are `traces.saved_activations`'.
 
 `fp8_activation_cache` (DeepSeek-V3 §3.3.2, "Low-Precision Storage"; Transformer Engine's FP8
 linears save their quantized input unless `save_original_input`): every linear layer's input is
@@ -76,7 +88,7 @@ class ModelSpec(Protocol):
 
 MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts")
 """Megatron-Core's recompute_modules choices, in its order."""
-MODELLED = ("core_attn", "moe_act", "layernorm", "mla_up_proj")
+MODELLED = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp")
 MOMENT_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
 """Bytes per value of each --exp-avg-dtype / --exp-avg-sq-dtype choice."""
 MASTER_BYTES = 4
@@ -89,6 +101,9 @@ RECOMPUTED = {"layernorm": frozenset({K.LN1, K.LN2}),
 CAST_FOR = {"layernorm": frozenset({K.QKV, K.MLA_DOWN, K.FC1}),
             "mla_up_proj": frozenset({K.Q_UP, K.KV_UP})}
 """The GEMMs whose FP8 input cast runs again with each module (their input is recomputed)."""
+DENSE_MLP = frozenset({K.LN2, K.FC1, K.SWIGLU, K.GELU, K.FC2})
+"""A dense layer's MLP as "mlp" re-runs it: the pre-MLP norm (fused into linear_fc1 in the
+Transformer Engine spec), fc1, the activation, fc2."""
 
 
 def check_options(layout: Layout) -> None:
@@ -145,7 +160,8 @@ def recomputed_kernels(layer: list[KernelWork], modules: tuple[str, ...],
                        moe: bool) -> list[KernelWork]:
     """The forward kernels of `layer` (in forward order) that the output-discarding modules
     run again in backward: each module's kernels, the FP8 casts of the GEMMs whose input they
-    recompute, and with moe_act (an MoE layer) the experts' activations and fc2's cast."""
+    recompute, with moe_act (an MoE layer) the experts' activations and fc2's cast, and with
+    mlp (a dense layer) its whole MLP (`DENSE_MLP`) with fc1's and fc2's casts."""
     names: set[Kernel] = set()
     casts: set[Kernel] = set()
     for module in modules:
@@ -154,6 +170,9 @@ def recomputed_kernels(layer: list[KernelWork], modules: tuple[str, ...],
     if "moe_act" in modules and moe:
         names |= {K.EXPERT_ACT, K.SWIGLU, K.GELU}
         casts |= {K.FC2}
+    if "mlp" in modules and not moe:
+        names |= DENSE_MLP
+        casts |= {K.FC1, K.FC2}
     out = []
     for i, k in enumerate(layer):
         following = layer[i + 1].name if i + 1 < len(layer) else None

@@ -6,7 +6,9 @@ stored activations, in the terms of `traces.stored_activations.activation_terms`
                 else with the FP8 cache those inputs in 1 byte: 1 + 1
     latent      mla_up_proj: the normalized latents, the up-projections' inputs, 2(q_r+k_r)/h
                 (the latents themselves, the norms' inputs, stay); else FP8: (q_r+k_r)/h
-    split       mla_up_proj: Q and K of a(d+r) and V of a·d_v, 2 bytes each; FP8: the output
+    split       mlp: the dense MLP's whole term and fc1's input (`mlp_saving`; an MoE layer's
+                delta adds them back, `sim.models.moe_memory`)
+                mla_up_proj: Q and K of a(d+r) and V of a·d_v, 2 bytes each; FP8: the output
                 projection's input in E5M6, 1.5 bytes instead of 2 (0.5·a·d_v/h; 0.5·ad/h
                 without MLA); FP8: the dense MLP's fc2 input in 1 byte (f/h SwiGLU, 4 GeLU)
     experts     (an MoE layer, `moe_mlp_terms`) FP8: every expert input (fc1's, the
@@ -21,6 +23,8 @@ saves what its modules save, whatever the key says (`traces.te_fp8_memory`).
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 from traces.layout import Layout
 from traces.model import ModelSpec
@@ -37,8 +41,11 @@ def saving_terms(model: ModelSpec, layout: Layout) -> tuple[float, float, float]
     without them."""
     modules, fp8 = layout.recompute_modules, layout.fp8_activation_cache
     if te_fp8(model, layout):
-        return te_fp8_terms(model, layout)
-    if not fp8 and not {"layernorm", "mla_up_proj"} & set(modules):
+        replicated, split, latent = te_fp8_terms(model, layout)
+        if "mlp" in modules:  # the whole MLP in place of what TE's FP8 spares of it
+            split += mlp_saving(model, layout) - te_fp8_mlp(model, layout)
+        return replicated, split, latent
+    if not fp8 and not {"layernorm", "mla_up_proj", "mlp"} & set(modules):
         return 0.0, 0.0, 0.0
     h = model.hidden
     replicated = 4.0 if "layernorm" in modules else 2.0 if fp8 else 0.0
@@ -56,12 +63,33 @@ def saving_terms(model: ModelSpec, layout: Layout) -> tuple[float, float, float]
 
 
 def mlp_saving(model: ModelSpec, layout: Layout) -> float:
-    """The dense MLP's share of the split saving: fc2's input in FP8."""
+    """The dense MLP's share of the split saving: fc2's input in FP8; with "mlp" (the dense
+    MLP checkpointed whole, `traces.recompute`) everything the MLP stores (`dense_mlp_term`) and
+    its fused norm's output, fc1's input, which the layer would keep otherwise (`fc1_input`, a
+    replicated term: t times itself in split terms without SP, which splits only these)."""
+    if "mlp" in layout.recompute_modules:
+        return dense_mlp_term(model) + fc1_input(model, layout) * (1 if layout.sp else layout.tp)
     if te_fp8(model, layout):
         return te_fp8_mlp(model, layout)
     if not layout.fp8_activation_cache:
         return 0.0
     return model.ffn_hidden / model.hidden if model.ffn == "swiglu" else GELU_FC2_TERM / 2
+
+
+def dense_mlp_term(model: ModelSpec) -> float:
+    """The dense MLP's stored activations per s·b·h in `activation_terms`' split term: SwiGLU
+    6f/h, GeLU the literal GELU_FC2_TERM pair (`stored_activations.GELU_MLP_TERM`)."""
+    return 6 * model.ffn_hidden / model.hidden if model.ffn == "swiglu" else 2 * GELU_FC2_TERM
+
+
+def fc1_input(model: ModelSpec, layout: Layout) -> float:
+    """fc1's input (the pre-MLP norm's output) per s·b·h as stored without "mlp": 2 bytes less
+    half the replicated saving ("layernorm" spares both norms' outputs, the FP8 cache and
+    Transformer Engine's FP8 halve or quantize both), as `stored_activations.gathered_inputs`
+    counts it."""
+    kept = replace(layout, recompute_modules=tuple(m for m in layout.recompute_modules
+                                                   if m != "mlp"))
+    return 2 - saving_terms(model, kept)[0] / 2
 
 
 def moe_mlp_terms(model: ModelSpec, layout: Layout) -> tuple[float, float]:

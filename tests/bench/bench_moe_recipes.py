@@ -48,6 +48,7 @@ from sim.config import MODEL_KEYS, PARALLEL_KEYS, Experiment, experiment_from_di
 from sim.simulate import predict
 from traces.errors import ConfigError
 from traces.layout import Schedule
+from traces.recompute import MODELLED
 from traces.step_flops import megatron_num_flops
 
 TITLES = {
@@ -81,6 +82,8 @@ def missing(row: MoeRow) -> str | None:
         if name not in keys:
             return need
         if name == "schedule" and value not in {s.value for s in Schedule}:
+            return need
+        if name == "recompute_modules" and value not in MODELLED:
             return need
     return None
 

@@ -34,8 +34,9 @@
    bf16_with_fp8_current_scaling_mixed (FP8-CS) or bf16_with_mxfp8_mixed (FP8-MX), both with
    fp8_param_gather = True (training/mixed_precision.py @0509780; `recipes_bridge.py`).
    Qwen3-235B's 94 layers + embedding + loss = 96 divide every published PP x VP, as Megatron's
-   account_for_embedding/loss_in_pipeline_split make them. CUDA graphs, recompute modules and
-   fused kernels the recipes set are not modelled.
+   account_for_embedding/loss_in_pipeline_split make them. Recomputation as the recipes set it
+   (`RECOMPUTE`). CUDA graphs (other than `--host`'s launch model), the fused kernels and the
+   full-iteration graph's paged stash the recipes set are not modelled (`RECOMPUTE`'s note).
 2. DeepSeek-AI, "DeepSeek-V3 Technical Report", arXiv 2412.19437 (2024): "180K H800 GPU hours
    per trillion tokens" (§1 and Table 1), so tokens/s/GPU = 1e12 / (180e3 x 3600) = 1,543.2,
    on the run §3.2 describes (sim/examples/deepseek-v3-2048-h800.toml).
@@ -49,6 +50,8 @@ from typing import Any
 
 from moe_rows import MoeRow, deepseek_v3, qwen3
 from recipes_bridge import PRECISION, cluster
+
+from traces.recompute import MODELLED
 
 BRIDGE = "Megatron-Bridge performance summary"
 PAGES = {"26.02": f"{BRIDGE}, 26.02 container (docs/performance-summary.md @df0289c)",
@@ -68,7 +71,8 @@ def bridge(release: str, system: str, model: str, precision: str, gpus: int, gbs
     par: dict[str, Any] = {
         "tp": tp, "pp": pp, "vp": vp, "dp": gpus // (tp * pp), "ep": ep, "etp": 1,
         "schedule": "interleaved" if vp > 1 else "1f1b", "sp": tp > 1, "zero": 1,
-        "fp32_main_grads": False, "recompute": "none", "micro_batch": mbs, "global_batch": gbs,
+        "fp32_main_grads": False, "micro_batch": mbs, "global_batch": gbs,
+        **recompute(model, system, precision),
     }
     if precision in ("FP8-CS", "FP8-MX"):
         par["fp8_param_gather"] = True  # the scripts' precision configs (module docstring)
@@ -99,6 +103,47 @@ GRAPHS = {
 scripts/performance/configs/qwen/qwen3_workload_base_configs.py @01b2977,
 QWEN3_30B_A3B_PRETRAIN_CONFIG_{GB300,GB200,B300,B200}_FP8_MX_V1; the H100 FP8_CS recipe sets
 none. Used by `bench_moe_recipes.py --host`; other models' rows are left without."""
+
+
+RECOMPUTE = {
+    ("DeepSeek-V3", "GB300", "FP8-MX"): (),
+    ("DeepSeek-V3", "GB300", "BF16"): ("moe_act",),
+    ("DeepSeek-V3", "GB200", "FP8-MX"): ("mla_up_proj",),
+    ("DeepSeek-V3", "GB200", "BF16"): ("mla_up_proj",),
+    ("DeepSeek-V3", "B300", "FP8-MX"): ("mla_up_proj",),
+    ("DeepSeek-V3", "B200", "FP8-MX"): ("mla_up_proj",),
+    ("DeepSeek-V3", "H100", "FP8-CS"): ("mla_up_proj", "mlp"),
+}
+"""The recipes' recompute_modules, DeepSeek-V3 only, under recompute_granularity "selective"
+(scripts/performance/configs/deepseek/deepseek_v3_llm_pretrain.py @27dfb3d, every config:
+`cfg.model.recompute_granularity = "selective"`), no recompute_method / recompute_num_layers.
+The modules: scripts/performance/configs/deepseek/deepseek_workload_base_configs.py @0426418,
+DEEPSEEK_V3_PRETRAIN_CONFIG_{GB300_FP8_MX, GB300_BF16, GB200_FP8_MX, GB200_BF16, B300_FP8_MX,
+B200_FP8_MX (= B200_V1/V2), H100_FP8_CS}_V1/V2. GB300 FP8-MX's `recompute_modules=[]` under
+"selective" recomputes nothing (Megatron-Core recomputes the attention core only with
+"core_attn" listed): `recompute = "none"`. The @0426418 GB300 BF16 recipe is PP 4 x VP 4 x EP 64
+while the 25.11 page's row is PP 2 x VP 4 x EP 32: its moe_act is taken as the row's, an
+assumption. H100's "mlp" checkpoints the dense layers' MLP only (Megatron-Core
+transformer_layer.py: `if "mlp" in recompute_modules: if not is_moe_layer: recompute_mlp`),
+DeepSeek-V3's first 3 of 61 layers (`traces.recompute`).
+Qwen3 (both sizes): scripts/performance/configs/qwen/qwen3_llm_pretrain.py @05c0c90
+set_qwen3_common_configs sets recompute_granularity, recompute_method and recompute_num_layers
+to None, and no Qwen3 workload config (qwen3_workload_base_configs.py @01b2977) sets
+recompute_modules: no recomputation, `recompute = "none"`.
+Set by the recipes and not modelled: moe_router_fusion = True (every recipe), CUDA graphs
+(cuda_graph_impl "transformer_engine" with the scopes above except through `--host`;
+cuda_graph_impl "full_iteration" on the DeepSeek-V3 GB300 / GB200 / B300 FP8-MX recipes, with
+whatever its capture requires of the MoE), cutedsl_fused_grouped_mlp (DeepSeek-V3
+FP8-MX GB300 / GB200 / B300), fp8_dot_product_attention (DeepSeek-V3 FP8-MX GB300 / B300),
+bias_activation_fusion (Qwen3), tp_comm_overlap (Qwen3 Blackwell; no TP there)."""
+
+
+def recompute(model: str, system: str, precision: str) -> dict[str, Any]:
+    """The `parallel` recompute keys of the row's recipe (`RECOMPUTE`)."""
+    modules = tuple(m for m in RECOMPUTE.get((model, system, precision), ()) if m in MODELLED)
+    if not modules:
+        return {"recompute": "none"}
+    return {"recompute": "selective", "recompute_modules": list(modules)}
 
 
 DSV3_LAYOUTS = {

@@ -17,6 +17,8 @@ MODEL = ModelSpec(layers=2, hidden=64, heads=4, seq_len=32, vocab=128)
 
 @pytest.mark.parametrize("parallel", [{"recompute": "selective",
                                        "recompute_modules": ["layernorm"]},
+                                      {"recompute": "selective",
+                                       "recompute_modules": ["mlp"]},
                                       {"fp8_activation_cache": True}])
 def test_recompute_modules_and_the_fp8_cache_are_refused_in_one_line(parallel):
     with pytest.raises(ConfigError) as info:

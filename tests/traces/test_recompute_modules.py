@@ -18,6 +18,7 @@ from traces.layout_rules import check_layout
 from traces.model import ModelSpec
 from traces.ops import Phase
 from traces.pipeline import build_schedule
+from traces.plan import build
 from traces.plan.compute import lower_compute
 from traces.plan.nodes import RankContext
 
@@ -77,7 +78,8 @@ def test_core_attn_listed_is_selective_alone():
 
 @pytest.mark.parametrize(("parallel", "message"), [
     ({"recompute_modules": ["layernorm"]}, "needs recompute = \"selective\""),
-    ({"recompute": "selective", "recompute_modules": ["mlp"]}, "is not modelled"),
+    ({"recompute": "selective", "recompute_modules": ["moe"]}, "is not modelled"),
+    ({"recompute": "selective", "recompute_modules": ["shared_experts"]}, "is not modelled"),
     ({"recompute": "selective", "recompute_modules": ["norm"]}, "is not one of"),
     ({"recompute": "selective", "recompute_modules": "layernorm"}, "must be a list"),
     ({"recompute": "selective", "recompute_modules": ["moe_act", "moe_act"]}, "twice"),
@@ -111,4 +113,36 @@ def test_the_cli_refuses_a_bad_module_in_one_line_with_status_2(tmp_path: Path):
     assert run.returncode == 2
     assert run.stderr.splitlines() == [
         "parasim: error: parallel.recompute_modules: 'moe' is not modelled (modelled: "
-        "core_attn, moe_act, layernorm, mla_up_proj)"]
+        "core_attn, moe_act, layernorm, mla_up_proj, mlp)"]
+
+
+def test_mlp_reruns_the_dense_layers_whole_mlp_and_not_the_moe_layers():
+    # Megatron-Core: "mlp" checkpoints a dense layer's MLP only (an MoE layer's is "moe"); the
+    # TE spec's MLP holds the pre-MLP norm (LayerNormLinear). The MoE layer's backward runs
+    # first and recomputes nothing.
+    assert recomputed(MODEL, ["mlp"]) == ["ln2", "fc1", "swiglu", "fc2"]
+    fp8 = dataclasses.replace(MODEL, dtype="fp8")
+    assert recomputed(fp8, ["mlp"]) == ["ln2", "fp8_cast", "fc1", "swiglu", "fp8_cast", "fc2"]
+
+
+def test_mlp_recomputes_fc1_and_fc2_flops_once_more():
+    ops = backward_ops(MODEL, recompute="selective", recompute_modules=["mlp"])
+    fc1, fc2 = 2 * S * H * 2 * F, 2 * S * F * H  # SwiGLU's fused gate and up, then down
+    again = {op.name: op.flops for op in ops if op.phase is Phase.RECOMPUTE}
+    assert (again["fc1"], again["fc2"]) == (fc1, fc2)
+    assert sum(again.values()) == fc1 + fc2
+
+
+def test_mlp_with_sequence_parallelism_reruns_its_all_gather_and_reduce_scatter():
+    def recompute_ops(modules: list[str]) -> list[tuple[str, str]]:
+        layout = Layout(tp=2, sp=True, global_batch=1, recompute="selective",
+                        recompute_modules=modules)
+        return [(op.name, op.kind.value) for op in build(MODEL, layout).ops[0]
+                if op.phase is Phase.RECOMPUTE]
+    assert recompute_ops(["mlp"]) == [
+        ("ln2", "compute"), ("tp", "all_gather"), ("fc1", "compute"), ("swiglu", "compute"),
+        ("fc2", "compute"), ("tp", "reduce_scatter")]
+    # the flops the fc1/fc2 GEMMs redo are 1/t of the whole layer's
+    ops = backward_ops(MODEL, recompute="selective", recompute_modules=["mlp"], tp=2, sp=True)
+    assert sum(op.flops for op in ops if op.phase is Phase.RECOMPUTE) == \
+        (2 * S * H * 2 * F + 2 * S * F * H) / 2

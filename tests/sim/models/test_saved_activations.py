@@ -93,3 +93,45 @@ def test_the_layer_in_backward_holds_what_its_modules_recompute():
     kept = 64
     moe_act = SBH * 2 * FE / H + kept * FE * 2  # shared 2Sf/h, routed f per token, 2 bytes
     assert working_bytes(MODEL, layout(DEEPSEEK), 0) - plain == 13 * SBH + moe_act
+
+
+def test_mlp_spares_the_dense_mlp_and_its_norm_output_only():
+    # dense layer: SwiGLU 6f/h = 9 and fc1's input (the pre-MLP norm's output) 2 go: 29 - 11
+    assert activation_bytes_per_layer(MODEL, layout(["mlp"])) == 18 * SBH
+    # with layernorm the norm output is gone already: only the MLP's 9 more
+    assert activation_bytes_per_layer(MODEL, layout(["layernorm", "mlp"])) == (29 - 4 - 9) * SBH
+    # the MoE layer is not recomputed: its delta gives back exactly what "mlp" took off
+    for modules in (["mlp"], ["layernorm", "mlp"]):
+        with_mlp = activation_bytes_per_layer(MODEL, layout(modules)) + \
+            moe_activation_delta(MODEL, layout(modules), 1)
+        without = [m for m in modules if m != "mlp"]
+        assert with_mlp == activation_bytes_per_layer(MODEL, layout(without)) + \
+            moe_activation_delta(MODEL, layout(without), 1)
+    assert moe_activation_delta(MODEL, layout(["mlp"]), 0) == 0.0
+
+
+def test_mlp_without_sequence_parallelism_spares_the_whole_norm_output():
+    # t = 2, no SP: the norm output is replicated (2 whole), the MLP split (9/2)
+    plain = activation_bytes_per_layer(MODEL, layout(tp=2))
+    assert plain - activation_bytes_per_layer(MODEL, layout(["mlp"], tp=2)) == (2 + 9 / 2) * SBH
+    sp = activation_bytes_per_layer(MODEL, layout(tp=2, sp=True))
+    assert sp - activation_bytes_per_layer(MODEL, layout(["mlp"], tp=2, sp=True)) == \
+        (2 + 9) / 2 * SBH
+
+
+def test_the_layer_in_backward_holds_what_mlp_recomputes():
+    # the dense layer re-creates its 11·sbh; the MoE layer (not recomputed) nothing
+    plain = working_bytes(MODEL, layout(), 0)
+    assert working_bytes(MODEL, layout(["mlp"]), 0) - plain == 11 * SBH
+
+
+def test_mlp_under_transformer_engines_fp8_spares_what_te_would_have_kept():
+    # TE FP8 (no MLA, fused kernels, MXFP8 q = 1/32): the dense MLP keeps SwiGLU 6f/h less
+    # fc2's FP8 saving f/h·(1 - q), and fc1's input as one FP8 copy 1 + q; "mlp" spares both.
+    gpt = ModelSpec(layers=2, hidden=H, heads=A, seq_len=S, vocab=128, ffn="swiglu",
+                    ffn_hidden=F, dtype="fp8", fp8_recipe="mxfp8", kernels="fused")
+    q = 1 / 32
+    kept_mlp = 6 * F / H - F / H * (1 - q)
+    plain = activation_bytes_per_layer(gpt, layout())
+    assert plain - activation_bytes_per_layer(gpt, layout(["mlp"])) == \
+        pytest.approx((kept_mlp + 1 + q) * SBH, rel=1e-15)
