@@ -32,8 +32,16 @@ and values, and this pass brings them (`cp_comm`):
 
 Sizes follow nccl-tests: an all-gather's output, a reduce-scatter's input (cp · one block).
 K/V's width per TP rank is the QKV GEMM's output width less the queries' h/t, so grouped-query
-attention's narrower K/V carry through. Gradients are then reduced over DP × CP
-(`traces.plan.data`), as Megatron-Core's data-parallel group with context parallelism.
+attention's narrower K/V carry through — in the fused stack. torch's stacks (`[model] kernels =
+"eager" | "compiled"`, torchtitan) repeat K and V to the query heads before
+F.scaled_dot_product_attention (torchtitan/models/llama3/model.py, Attention.forward:
+`keys = repeat_kv(xk, self.n_rep)` ahead of `self.sdpa(xq, xk, xv)`), and PyTorch's context
+parallelism takes over that sdpa call (torch/distributed/tensor/experimental/_context_parallel/
+_attention.py, `_templated_ring_attention`): it moves K/V at a/t heads, and in backward it
+accumulates and sends dK/dV in fp32 (`_ContextParallelOptions.convert_to_f32 = True`,
+`accum_dtype = torch.float32`, `next_grad_kv = torch.cat([grad_key, grad_value])`).
+Gradients are then reduced over DP × CP (`traces.plan.data`), as Megatron-Core's data-parallel
+group with context parallelism.
 """
 
 from __future__ import annotations
@@ -48,12 +56,15 @@ from traces.plan.nodes import Node, Program, RankContext
 from traces.purpose import CpGather, CpRing, Kernel, KernelRun
 
 _CORE = KernelRun(Kernel.FLASH_ATTN)
+FP32_BYTES = 4
+"""Bytes of an fp32 element (IEEE 754 binary32)."""
 TAG_FORWARD, TAG_BACKWARD = "cp", "cp_grad"
 
 
 def kv_block_bytes(ctx: RankContext) -> float:
     """Bytes of one K/V block: b·(s/cp) tokens x K and V's width on this TP rank (the QKV
-    GEMM's N less the queries' ad/t), in the model's dtype. Latent attention's core takes the
+    GEMM's N less the queries' ad/t), in the model's dtype; in torch's stacks K and V repeated
+    to the a/t query heads first, 2·ad/t (module docstring). Latent attention's core takes the
     up-projected K and V: a/t heads of d + r and of d_v (`traces.mla`)."""
     model, layout = ctx.local_model, ctx.layout
     if model.mla:
@@ -64,7 +75,22 @@ def kv_block_bytes(ctx: RankContext) -> float:
     qkv = next(k.gemm for k in kernels if k.name is Kernel.QKV)
     assert qkv is not None, "the QKV projection is a GEMM"
     _, tokens, width, _ = qkv
-    return tokens * (width - model.q_width // layout.tp) * model.dtype_bytes
+    q = model.q_width // layout.tp
+    kv = 2 * q if repeats_kv(ctx) else width - q
+    return tokens * kv * model.dtype_bytes
+
+
+def repeats_kv(ctx: RankContext) -> bool:
+    """Whether the attention core's K/V reach context parallelism at the query heads: torch's
+    stacks (module docstring), for standard attention (latent attention's are per head)."""
+    return ctx.local_model.kernels != "fused" and not ctx.local_model.mla
+
+
+def grad_kv_bytes(ctx: RankContext) -> float:
+    """Bytes of one block's dK/dV as context parallelism sends them: K/V's, in fp32 where
+    torch's context parallelism accumulates them (module docstring), else in the model's dtype."""
+    kv = kv_block_bytes(ctx)
+    return kv * FP32_BYTES / ctx.local_model.dtype_bytes if repeats_kv(ctx) else kv
 
 
 def add_context_parallel(ctx: RankContext, program: Program) -> Program:
@@ -85,6 +111,7 @@ class _Ring:
         layout = ctx.layout
         self.ctx, self.cp = ctx, layout.cp
         self.kv = kv_block_bytes(ctx)
+        self.grad_kv = grad_kv_bytes(ctx)
         group = layout.group(ctx.rank, Axis.CP)
         self.group = group
         me = group.index(ctx.rank)
@@ -141,9 +168,8 @@ class _Ring:
         if not backward:
             size, to, source, tag = self.kv, self.next, self.prev, TAG_FORWARD
         else:  # K/V at the first message, dK/dV at the last, both between
-            both = 0 < i < self.cp - 1
-            size, to, source, tag = (2 if both else 1) * self.kv, self.prev, self.next, \
-                TAG_BACKWARD
+            size = (self.kv if i < self.cp - 1 else 0) + (self.grad_kv if i > 0 else 0)
+            to, source, tag = self.prev, self.next, TAG_BACKWARD
         def message(kind: OpKind, stream: Stream, peer: int) -> Op:
             return Op(kind=kind, stream=stream, name=tag, purpose=CpRing(i, backward),
                       peer=peer, size_bytes=size, tag=tag, layer=op.layer,
@@ -170,7 +196,10 @@ class _Ring:
         return out
 
     def _collective(self, op: Op, kind: OpKind, purpose: CpGather, core: Node) -> Node:
+        grads = kind is OpKind.REDUCE_SCATTER
+        block = self.grad_kv if grads else self.kv
+        dtype = "fp32" if grads and repeats_kv(self.ctx) else self.ctx.model.dtype
         return Node(Op(kind=kind, stream=Stream.COMPUTE, name="cp", purpose=purpose,
-                       group=self.group, size_bytes=self.cp * self.kv, layer=op.layer,
-                       microbatch=op.microbatch, phase=op.phase, dtype=self.ctx.model.dtype),
+                       group=self.group, size_bytes=self.cp * block, layer=op.layer,
+                       microbatch=op.microbatch, phase=op.phase, dtype=dtype),
                     core.unit)

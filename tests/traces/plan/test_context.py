@@ -169,3 +169,51 @@ def test_a_ranks_flash_draws_are_its_share_of_the_causal_scores(comm):
     block = a * (s // cp) * (s // cp + 1) / 2
     assert sum(op.draws for op in cores) == cp * block
     assert len(cores) == (cp if comm == "p2p" else 1)
+
+
+
+GQA = ModelSpec(layers=2, hidden=128, heads=8, kv_heads=2, seq_len=96, vocab=128)
+"""Eight query heads of 16 over two K/V heads: at TP 2, four query heads and one K/V head a
+rank, so a stack that repeats K/V to the query heads moves four times the K/V."""
+D, TP = 16, 2
+
+
+def _gqa_plan(kernels, **options):
+    model = dataclasses.replace(GQA, kernels=kernels)
+    layout = Layout(**{"global_batch": 1, "tp": TP, **options})
+    check_layout(model, layout)
+    return build(model, layout)
+
+
+def _cp_sends(plan, phase):
+    return [op.size_bytes for op in _of_layer(plan.ops[0], phase)
+            if isinstance(op.purpose, CpRing) and op.kind is OpKind.SEND]
+
+
+@pytest.mark.parametrize("kernels", ["eager", "compiled"])
+def test_torch_stacks_ring_kv_at_the_query_heads_and_dkv_in_fp32(kernels):
+    """torchtitan repeats K/V to a/t heads before sdpa, which PyTorch's context parallelism
+    takes over: K/V blocks of 2·(a/t)·d, dK/dV sent in fp32; the fused stack keeps 2·(g/t)·d."""
+    cp = 3
+    tokens = GQA.seq_len // cp
+    grouped = tokens * 2 * (GQA.kv_heads // TP) * D * E
+    repeated = tokens * 2 * (GQA.heads // TP) * D * E
+    assert repeated == 4 * grouped
+    fused = _gqa_plan("fused", cp=cp)
+    assert _cp_sends(fused, Phase.FWD) == [grouped] * (cp - 1)
+    assert _cp_sends(fused, Phase.BWD) == [grouped, 2 * grouped, grouped]
+    torch = _gqa_plan(kernels, cp=cp)
+    fp32 = repeated * 4 // E
+    assert _cp_sends(torch, Phase.FWD) == [repeated] * (cp - 1)
+    assert _cp_sends(torch, Phase.BWD) == [repeated, repeated + fp32, fp32]
+
+
+def test_torch_stacks_all_gather_kv_at_the_query_heads_and_reduce_scatter_fp32_dkv():
+    cp = 2
+    repeated = GQA.seq_len // cp * 2 * (GQA.heads // TP) * D * E
+    plan = _gqa_plan("compiled", cp=cp, cp_comm="all_gather")
+    ops = [op for op in plan.ops[0] if isinstance(op.purpose, CpGather) and op.layer == 0
+           and op.microbatch == 0]
+    assert [(op.kind, op.size_bytes, op.dtype) for op in ops] == [
+        (OpKind.ALL_GATHER, cp * repeated, "bf16"), (OpKind.ALL_GATHER, cp * repeated, "bf16"),
+        (OpKind.REDUCE_SCATTER, cp * repeated * 2, "fp32")]
