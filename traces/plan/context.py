@@ -30,6 +30,29 @@ and values, and this pass brings them (`cp_comm`):
         K/V for backward), the kernel's backward (reading the gathered K/V, writing dK/dV for
         all of it), and a reduce-scatter of dK/dV over the CP group.
 
+Each ring step's result is merged into the rank's (`Kernel.CP_MERGE`, memory-bound, one
+kernel after each step; after the gathered kernel in all_gather mode for torch's stacks):
+
+    fused (Transformer Engine, transformer_engine/pytorch/attention/dot_product_attention/
+    context_parallel.py, AttnFuncWithCPAndKVP2P): forward flash_attn_fwd_out_correction,
+        out.add_(out_per_step · exp(lse_per_step − lse)): reads out and the step's output,
+        writes out, 3e a query element, and flash_attn_fwd_softmax_lse_correction on the fp32
+        log-sum-exp (read both, write one: 12 bytes a query row), with the out correction's two
+        log-sum-exp reads (8); backward dq.add_(dq_) (3e a query element) and
+        dkv.add_(dkv_) (3e a K/V element of the block).
+    eager, compiled (PyTorch's _templated_ring_attention, _SDPAMerger with convert_to_f32):
+        forward the step's output cast to fp32 (e + 4 a query element), then out − sigmoid(
+        block_lse − lse)·(out − block_out) in three fp32 kernels (12 + 8 + 12), and the final
+        cast back (4 + e); torch.cat of K and V for the next step (2e a K/V element);
+        backward grad_query += (4 + e + 4 a query element), grad_key, grad_value += (the same
+        a K/V element), torch.cat of the fp32 dK/dV to send (8) and of K/V (2e).
+
+Under the causal mask with load balancing a step after the rank's own (i > rank) computes only
+the late query chunk (half the queries) against the whole block, one at or before it (0 < i ≤
+rank) all queries against the block's early chunk (half the K/V); the merge touches those.
+In all_gather mode Transformer Engine (AttnFuncWithCPAndKVAllGather) runs the rank's two
+query chunks against their own key ranges and merges nothing.
+
 Sizes follow nccl-tests: an all-gather's output, a reduce-scatter's input (cp · one block).
 K/V's width per TP rank is the QKV GEMM's output width less the queries' h/t, so grouped-query
 attention's narrower K/V carry through — in the fused stack. torch's stacks (`[model] kernels =
@@ -78,6 +101,30 @@ def kv_block_bytes(ctx: RankContext) -> float:
     q = model.q_width // layout.tp
     kv = 2 * q if repeats_kv(ctx) else width - q
     return tokens * kv * model.dtype_bytes
+
+
+def merge_bytes(ctx: RankContext, block: int, backward: bool, last: bool = False) -> float:
+    """HBM bytes of the merge after ring step `block` (0: the rank's own, the diagonal) on this
+    rank (module docstring); `last`: the forward's final cast (torch's stacks)."""
+    model, layout = ctx.local_model, ctx.layout
+    me = layout.group(ctx.rank, Axis.CP).index(ctx.rank)
+    e = model.dtype_bytes
+    tokens = layout.micro_batch * model.seq_len
+    heads = model.heads // layout.tp
+    queries = tokens * (heads * v_dim(model) if model.mla else model.q_width // layout.tp)
+    kv = kv_block_bytes(ctx) / e  # elements
+    q_share = 1.0 if block <= me else 0.5
+    kv_share = 0.5 if 0 < block <= me else 1.0
+    if not repeats_kv(ctx):  # Transformer Engine
+        if backward:
+            return 3 * e * (queries * q_share + kv * kv_share)
+        return (3 * e * queries + (12 + 8) * tokens * heads) * q_share
+    f = FP32_BYTES
+    if backward:
+        return (2 * f + e) * (queries * q_share + kv * kv_share) + 2 * f * kv + 2 * e * kv
+    merge = (e + f) * queries if block == 0 else \
+        ((e + f) + 3 * f + 2 * f + 3 * f) * queries * q_share + 2 * e * kv
+    return merge + ((f + e) * queries if last else 0.0)
 
 
 def repeats_kv(ctx: RankContext) -> bool:
@@ -156,9 +203,12 @@ class _Ring:
                     [n for n in (recv, step if backward else None) if n is not None]
                 send, recv_next = self._message(core, i, backward, send_after)
                 out += [send, recv_next]
-            step = Node(dataclasses.replace(core.op), core.unit,
-                        [recv] if recv is not None else list(core.after))
-            out.append(step)
+            kernel = Node(dataclasses.replace(core.op), core.unit,
+                          [recv] if recv is not None else list(core.after))
+            block = self.cp - 1 - i if backward else i  # backward: the diagonal last
+            step = self._merge(core, merge_bytes(self.ctx, block, backward,
+                                                 last=i == self.cp - 1), kernel)
+            out += [kernel, step]
             recv = recv_next
         return out, ([recv] if backward and recv is not None else [])
 
@@ -179,6 +229,13 @@ class _Ring:
         recv = Node(message(OpKind.RECV, Stream.CP_RECV, source), core.unit)
         return send, recv
 
+    def _merge(self, core: Node, size: float, after: Node) -> Node:
+        op = core.op
+        return Node(Op(kind=OpKind.COMPUTE, stream=Stream.COMPUTE, name=str(Kernel.CP_MERGE),
+                       purpose=KernelRun(Kernel.CP_MERGE), layer=op.layer,
+                       microbatch=op.microbatch, phase=op.phase, mem_bytes=size,
+                       dtype=self.ctx.local_model.data_dtype), core.unit, [after])
+
     # --- all-gather ----------------------------------------------------------------------
 
     def _gathered(self, core: Node) -> list[Node]:
@@ -191,6 +248,9 @@ class _Ring:
                                    mem_bytes=op.mem_bytes + (2 if backward else 1) * others)
         out = [self._collective(op, OpKind.ALL_GATHER, CpGather(False), core),
                Node(wide, core.unit, core.after)]
+        if repeats_kv(self.ctx):  # PyTorch's merges, step by step over the gathered blocks
+            size = sum(merge_bytes(self.ctx, i, backward, last=i == cp - 1) for i in range(cp))
+            out.append(self._merge(core, size, out[-1]))
         if backward:
             out.append(self._collective(op, OpKind.REDUCE_SCATTER, CpGather(True), core))
         return out

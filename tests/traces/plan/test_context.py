@@ -153,7 +153,8 @@ def test_an_overlapped_proj_waits_for_the_last_op_of_the_cp_attention(comm):
     assert all(0 <= d < i for i, op in enumerate(ops) for d in op.deps)
     fwd = [i for i, op in enumerate(ops) if op.layer == 0 and op.microbatch == 0
            and op.phase is Phase.FWD]
-    last_core = max(i for i in fwd if ops[i].purpose == KernelRun(Kernel.FLASH_ATTN))
+    last_core = max(i for i in fwd if ops[i].purpose in (KernelRun(Kernel.FLASH_ATTN),
+                                                          KernelRun(Kernel.CP_MERGE)))
     proj_scatter = next(i for i in fwd if i > last_core and ops[i].stream == Stream.TP_COMM)
     assert ops[proj_scatter].kind is OpKind.REDUCE_SCATTER
     assert last_core in ops[proj_scatter].deps
@@ -217,3 +218,50 @@ def test_torch_stacks_all_gather_kv_at_the_query_heads_and_reduce_scatter_fp32_d
     assert [(op.kind, op.size_bytes, op.dtype) for op in ops] == [
         (OpKind.ALL_GATHER, cp * repeated, "bf16"), (OpKind.ALL_GATHER, cp * repeated, "bf16"),
         (OpKind.REDUCE_SCATTER, cp * repeated * 2, "fp32")]
+
+
+def _merges(plan, rank, phase):
+    return [op.mem_bytes for op in _of_layer(plan.ops[rank], phase)
+            if op.purpose == KernelRun(Kernel.CP_MERGE)]
+
+
+def test_transformer_engines_merges_correct_the_output_and_accumulate_dq_dkv():
+    """A merge after every ring step: forward out.add_(out_step · exp(Δlse)) over the queries
+    the step computed (3e an element) and the fp32 lse correction (20 bytes a query row);
+    backward dq.add_ (3e a query element) and dkv.add_ over the block's K/V (3e)."""
+    cp = 3
+    plan = _gqa_plan("fused", cp=cp)
+    tokens = GQA.seq_len // cp
+    q = tokens * (GQA.heads // TP) * D  # query (and output) elements of the rank
+    kv = tokens * 2 * (GQA.kv_heads // TP) * D
+    rows = tokens * GQA.heads // TP
+    full = 3 * E * q + 20 * rows
+    for rank, me in ((0, 0), (TP * 2, 2)):  # CP rank 0 and CP rank 2 (ranks tp-major)
+        layout = Layout(global_batch=1, tp=TP, cp=cp)
+        assert layout.group(rank, Axis.CP).index(rank) == me
+        # forward block i: all queries at i <= me, the late half after
+        fwd = [full if i <= me else full / 2 for i in range(cp)]
+        assert _merges(plan, rank, Phase.FWD) == fwd
+        # backward runs the blocks in reverse; at 0 < i <= me only the early K/V half
+        bwd = [3 * E * ((q if i <= me else q / 2) + (kv / 2 if 0 < i <= me else kv))
+               for i in reversed(range(cp))]
+        assert _merges(plan, rank, Phase.BWD) == bwd
+
+
+def test_torch_merges_are_fp32_and_the_all_gather_core_merges_every_block():
+    cp = 2
+    p2p = _gqa_plan("compiled", cp=cp)
+    gathered = _gqa_plan("compiled", cp=cp, cp_comm="all_gather")
+    for phase in (Phase.FWD, Phase.BWD):
+        steps = _merges(p2p, 0, phase)
+        assert len(steps) == cp
+        assert _merges(gathered, 0, phase) == [sum(steps)]
+    tokens = GQA.seq_len // cp
+    q = tokens * (GQA.heads // TP) * D
+    kv = tokens * 2 * (GQA.heads // TP) * D  # repeated to the query heads
+    # rank 0: block 0 the fp32 cast (e + 4); block 1 after it: half the queries through
+    # cast, out - block_out, the product, the difference (6 + 12 + 8 + 12), the K/V cat
+    # (2e), and the final cast back (4 + e) of all queries
+    assert _merges(p2p, 0, Phase.FWD) == [6 * q, 38 * q / 2 + 2 * E * kv + 6 * q]
+    assert _merges(gathered, 0, Phase.FWD) == [6 * q + 38 * q / 2 + 2 * E * kv + 6 * q]
+    assert not _merges(_gqa_plan("fused", cp=cp, cp_comm="all_gather"), 0, Phase.FWD)
