@@ -181,7 +181,7 @@ class _Ring:
             if self.p2p:
                 made, waiting = self._ring(node, before)
             else:
-                made = self._gathered(node)
+                made = self._gathered(node, before)
             self.replaced[id(node)] = made[-1]
             out += made
         assert not waiting, "a backward ring is followed by its qkv backward"
@@ -238,28 +238,41 @@ class _Ring:
 
     # --- all-gather ----------------------------------------------------------------------
 
-    def _gathered(self, core: Node) -> list[Node]:
+    def _gathered(self, core: Node, before: Node | None) -> list[Node]:
         """All-gather K/V, the core over the whole sequence, and in backward the
-        reduce-scatter of dK/dV."""
+        reduce-scatter of dK/dV. Under torch's stacks the gather runs beside the rank's own
+        (diagonal) step: PyTorch's _AllGatherRotater issues it asynchronously at step 0
+        (exchange_buffers) and waits for it at step 1 (next_buffer), and the other cp − 1
+        blocks then run, each merged (`merge_bytes`)."""
         op, cp, kv = core.op, self.cp, self.kv
         backward = op.phase is Phase.BWD
         others = (cp - 1) * kv  # the other ranks' K/V, read (and, backward, their dK/dV written)
         wide = dataclasses.replace(op, flops=op.flops * cp, draws=op.draws * cp,
                                    mem_bytes=op.mem_bytes + (2 if backward else 1) * others)
-        out = [self._collective(op, OpKind.ALL_GATHER, CpGather(False), core),
-               Node(wide, core.unit, core.after)]
-        if repeats_kv(self.ctx):  # PyTorch's merges, step by step over the gathered blocks
+        if not repeats_kv(self.ctx):
+            out = [self._collective(op, OpKind.ALL_GATHER, CpGather(False), core),
+                   Node(wide, core.unit, core.after)]
+        else:
+            inputs = [before] if before is not None else list(core.after)
+            gather = self._collective(op, OpKind.ALL_GATHER, CpGather(False), core,
+                                      Stream.CP_RECV, inputs)
+            own = Node(dataclasses.replace(op), core.unit, list(core.after))
+            rest = Node(dataclasses.replace(op, flops=op.flops * (cp - 1),
+                                            draws=op.draws * (cp - 1),
+                                            mem_bytes=wide.mem_bytes - op.mem_bytes),
+                        core.unit, [own, gather])
             size = sum(merge_bytes(self.ctx, i, backward, last=i == cp - 1) for i in range(cp))
-            out.append(self._merge(core, size, out[-1]))
+            out = [gather, own, rest, self._merge(core, size, rest)]
         if backward:
             out.append(self._collective(op, OpKind.REDUCE_SCATTER, CpGather(True), core))
         return out
 
-    def _collective(self, op: Op, kind: OpKind, purpose: CpGather, core: Node) -> Node:
+    def _collective(self, op: Op, kind: OpKind, purpose: CpGather, core: Node,
+                    stream: Stream = Stream.COMPUTE, after: list[Node] | None = None) -> Node:
         grads = kind is OpKind.REDUCE_SCATTER
         block = self.grad_kv if grads else self.kv
         dtype = "fp32" if grads and repeats_kv(self.ctx) else self.ctx.model.dtype
-        return Node(Op(kind=kind, stream=Stream.COMPUTE, name="cp", purpose=purpose,
+        return Node(Op(kind=kind, stream=stream, name="cp", purpose=purpose,
                        group=self.group, size_bytes=self.cp * block, layer=op.layer,
                        microbatch=op.microbatch, phase=op.phase, dtype=dtype),
-                    core.unit)
+                    core.unit, after)

@@ -265,3 +265,26 @@ def test_torch_merges_are_fp32_and_the_all_gather_core_merges_every_block():
     assert _merges(p2p, 0, Phase.FWD) == [6 * q, 38 * q / 2 + 2 * E * kv + 6 * q]
     assert _merges(gathered, 0, Phase.FWD) == [6 * q + 38 * q / 2 + 2 * E * kv + 6 * q]
     assert not _merges(_gqa_plan("fused", cp=cp, cp_comm="all_gather"), 0, Phase.FWD)
+
+
+def test_torch_all_gather_runs_beside_the_ranks_own_step():
+    """PyTorch's _AllGatherRotater gathers K/V asynchronously at step 0 and waits at step 1:
+    the diagonal step (one ring step's FLOPs) does not wait for the gather, the other cp − 1
+    blocks' kernel waits for both; the fused stack's gather stays inline before its kernel."""
+    cp = 4
+    plan = _gqa_plan("compiled", cp=cp, cp_comm="all_gather")
+    ring = _gqa_plan("compiled", cp=cp)
+    ops = plan.ops[0]
+    index = {id(op): i for i, op in enumerate(ops)}
+    for phase in (Phase.FWD, Phase.BWD):
+        layer = _of_layer(ops, phase)
+        gather = next(op for op in layer if op.purpose == CpGather(False))
+        own, rest = [op for op in layer if op.purpose == KernelRun(Kernel.FLASH_ATTN)]
+        step = next(op for op in _of_layer(ring.ops[0], phase)
+                    if op.purpose == KernelRun(Kernel.FLASH_ATTN))
+        assert gather.stream == Stream.CP_RECV
+        assert own.flops == step.flops and rest.flops == (cp - 1) * step.flops
+        assert index[id(gather)] not in own.deps
+        assert {index[id(gather)], index[id(own)]} <= set(rest.deps)
+    fused = _gqa_plan("fused", cp=cp, cp_comm="all_gather").ops[0]
+    assert {op.stream for op in fused if isinstance(op.purpose, CpGather)} == {Stream.COMPUTE}
