@@ -357,6 +357,8 @@ class CpRank:
     def attend(self, tape: Tape, phase: Phase, layer: int, mb: int, step: int,
                ctx: KernelContext) -> None:
         key, attention = _key(mb, layer, phase), self.attention
+        if self.gathered and step > 0:  # under torch's stacks the plan times the gathered core
+            return  # as the rank's own block, then the rest (`traces.plan.context`): step 0 ran all
         if phase is Phase.BWD:
             dctx = tape.take_grad((layer, "ctx")) if step == 0 else None
             attention.backward_step(key, step, dctx, ctx, self.gathered)

@@ -94,3 +94,7 @@ class Kernel(StrEnum):
     TP_PARTIAL_SUM = "tp_partial_sum"
     """torch's AsyncTP matmul + reduce-scatter: the sum of the t partial sums its copies
     brought (`traces.plan.overlap`)."""
+    CP_MERGE = "cp_merge"
+    """Context parallelism's merge of one attention step into the rank's result: forward the
+    output's log-sum-exp correction, backward the dQ and dK/dV accumulation
+    (`traces.plan.context`)."""

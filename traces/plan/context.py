@@ -30,10 +30,41 @@ and values, and this pass brings them (`cp_comm`):
         K/V for backward), the kernel's backward (reading the gathered K/V, writing dK/dV for
         all of it), and a reduce-scatter of dK/dV over the CP group.
 
+Each ring step's result is merged into the rank's (`Kernel.CP_MERGE`, memory-bound, one
+kernel after each step; after the gathered kernel in all_gather mode for torch's stacks):
+
+    fused (Transformer Engine, transformer_engine/pytorch/attention/dot_product_attention/
+    context_parallel.py, AttnFuncWithCPAndKVP2P): forward flash_attn_fwd_out_correction,
+        out.add_(out_per_step · exp(lse_per_step − lse)): reads out and the step's output,
+        writes out, 3e a query element, and flash_attn_fwd_softmax_lse_correction on the fp32
+        log-sum-exp (read both, write one: 12 bytes a query row), with the out correction's two
+        log-sum-exp reads (8); backward dq.add_(dq_) (3e a query element) and
+        dkv.add_(dkv_) (3e a K/V element of the block).
+    eager, compiled (PyTorch's _templated_ring_attention, _SDPAMerger with convert_to_f32):
+        forward the step's output cast to fp32 (e + 4 a query element), then out − sigmoid(
+        block_lse − lse)·(out − block_out) in three fp32 kernels (12 + 8 + 12), and the final
+        cast back (4 + e); torch.cat of K and V for the next step (2e a K/V element);
+        backward grad_query += (4 + e + 4 a query element), grad_key, grad_value += (the same
+        a K/V element), torch.cat of the fp32 dK/dV to send (8) and of K/V (2e).
+
+Under the causal mask with load balancing a step after the rank's own (i > rank) computes only
+the late query chunk (half the queries) against the whole block, one at or before it (0 < i ≤
+rank) all queries against the block's early chunk (half the K/V); the merge touches those.
+In all_gather mode Transformer Engine (AttnFuncWithCPAndKVAllGather) runs the rank's two
+query chunks against their own key ranges and merges nothing.
+
 Sizes follow nccl-tests: an all-gather's output, a reduce-scatter's input (cp · one block).
 K/V's width per TP rank is the QKV GEMM's output width less the queries' h/t, so grouped-query
-attention's narrower K/V carry through. Gradients are then reduced over DP × CP
-(`traces.plan.data`), as Megatron-Core's data-parallel group with context parallelism.
+attention's narrower K/V carry through — in the fused stack. torch's stacks (`[model] kernels =
+"eager" | "compiled"`, torchtitan) repeat K and V to the query heads before
+F.scaled_dot_product_attention (torchtitan/models/llama3/model.py, Attention.forward:
+`keys = repeat_kv(xk, self.n_rep)` ahead of `self.sdpa(xq, xk, xv)`), and PyTorch's context
+parallelism takes over that sdpa call (torch/distributed/tensor/experimental/_context_parallel/
+_attention.py, `_templated_ring_attention`): it moves K/V at a/t heads, and in backward it
+accumulates and sends dK/dV in fp32 (`_ContextParallelOptions.convert_to_f32 = True`,
+`accum_dtype = torch.float32`, `next_grad_kv = torch.cat([grad_key, grad_value])`).
+Gradients are then reduced over DP × CP (`traces.plan.data`), as Megatron-Core's data-parallel
+group with context parallelism.
 """
 
 from __future__ import annotations
@@ -48,12 +79,15 @@ from traces.plan.nodes import Node, Program, RankContext
 from traces.purpose import CpGather, CpRing, Kernel, KernelRun
 
 _CORE = KernelRun(Kernel.FLASH_ATTN)
+FP32_BYTES = 4
+"""Bytes of an fp32 element (IEEE 754 binary32)."""
 TAG_FORWARD, TAG_BACKWARD = "cp", "cp_grad"
 
 
 def kv_block_bytes(ctx: RankContext) -> float:
     """Bytes of one K/V block: b·(s/cp) tokens x K and V's width on this TP rank (the QKV
-    GEMM's N less the queries' ad/t), in the model's dtype. Latent attention's core takes the
+    GEMM's N less the queries' ad/t), in the model's dtype; in torch's stacks K and V repeated
+    to the a/t query heads first, 2·ad/t (module docstring). Latent attention's core takes the
     up-projected K and V: a/t heads of d + r and of d_v (`traces.mla`)."""
     model, layout = ctx.local_model, ctx.layout
     if model.mla:
@@ -64,7 +98,46 @@ def kv_block_bytes(ctx: RankContext) -> float:
     qkv = next(k.gemm for k in kernels if k.name is Kernel.QKV)
     assert qkv is not None, "the QKV projection is a GEMM"
     _, tokens, width, _ = qkv
-    return tokens * (width - model.q_width // layout.tp) * model.dtype_bytes
+    q = model.q_width // layout.tp
+    kv = 2 * q if repeats_kv(ctx) else width - q
+    return tokens * kv * model.dtype_bytes
+
+
+def merge_bytes(ctx: RankContext, block: int, backward: bool, last: bool = False) -> float:
+    """HBM bytes of the merge after ring step `block` (0: the rank's own, the diagonal) on this
+    rank (module docstring); `last`: the forward's final cast (torch's stacks)."""
+    model, layout = ctx.local_model, ctx.layout
+    me = layout.group(ctx.rank, Axis.CP).index(ctx.rank)
+    e = model.dtype_bytes
+    tokens = layout.micro_batch * model.seq_len
+    heads = model.heads // layout.tp
+    queries = tokens * (heads * v_dim(model) if model.mla else model.q_width // layout.tp)
+    kv = kv_block_bytes(ctx) / e  # elements
+    q_share = 1.0 if block <= me else 0.5
+    kv_share = 0.5 if 0 < block <= me else 1.0
+    if not repeats_kv(ctx):  # Transformer Engine
+        if backward:
+            return 3 * e * (queries * q_share + kv * kv_share)
+        return (3 * e * queries + (12 + 8) * tokens * heads) * q_share
+    f = FP32_BYTES
+    if backward:
+        return (2 * f + e) * (queries * q_share + kv * kv_share) + 2 * f * kv + 2 * e * kv
+    merge = (e + f) * queries if block == 0 else \
+        ((e + f) + 3 * f + 2 * f + 3 * f) * queries * q_share + 2 * e * kv
+    return merge + ((f + e) * queries if last else 0.0)
+
+
+def repeats_kv(ctx: RankContext) -> bool:
+    """Whether the attention core's K/V reach context parallelism at the query heads: torch's
+    stacks (module docstring), for standard attention (latent attention's are per head)."""
+    return ctx.local_model.kernels != "fused" and not ctx.local_model.mla
+
+
+def grad_kv_bytes(ctx: RankContext) -> float:
+    """Bytes of one block's dK/dV as context parallelism sends them: K/V's, in fp32 where
+    torch's context parallelism accumulates them (module docstring), else in the model's dtype."""
+    kv = kv_block_bytes(ctx)
+    return kv * FP32_BYTES / ctx.local_model.dtype_bytes if repeats_kv(ctx) else kv
 
 
 def add_context_parallel(ctx: RankContext, program: Program) -> Program:
@@ -85,6 +158,7 @@ class _Ring:
         layout = ctx.layout
         self.ctx, self.cp = ctx, layout.cp
         self.kv = kv_block_bytes(ctx)
+        self.grad_kv = grad_kv_bytes(ctx)
         group = layout.group(ctx.rank, Axis.CP)
         self.group = group
         me = group.index(ctx.rank)
@@ -107,7 +181,7 @@ class _Ring:
             if self.p2p:
                 made, waiting = self._ring(node, before)
             else:
-                made = self._gathered(node)
+                made = self._gathered(node, before)
             self.replaced[id(node)] = made[-1]
             out += made
         assert not waiting, "a backward ring is followed by its qkv backward"
@@ -129,9 +203,12 @@ class _Ring:
                     [n for n in (recv, step if backward else None) if n is not None]
                 send, recv_next = self._message(core, i, backward, send_after)
                 out += [send, recv_next]
-            step = Node(dataclasses.replace(core.op), core.unit,
-                        [recv] if recv is not None else list(core.after))
-            out.append(step)
+            kernel = Node(dataclasses.replace(core.op), core.unit,
+                          [recv] if recv is not None else list(core.after))
+            block = self.cp - 1 - i if backward else i  # backward: the diagonal last
+            step = self._merge(core, merge_bytes(self.ctx, block, backward,
+                                                 last=i == self.cp - 1), kernel)
+            out += [kernel, step]
             recv = recv_next
         return out, ([recv] if backward and recv is not None else [])
 
@@ -141,9 +218,8 @@ class _Ring:
         if not backward:
             size, to, source, tag = self.kv, self.next, self.prev, TAG_FORWARD
         else:  # K/V at the first message, dK/dV at the last, both between
-            both = 0 < i < self.cp - 1
-            size, to, source, tag = (2 if both else 1) * self.kv, self.prev, self.next, \
-                TAG_BACKWARD
+            size = (self.kv if i < self.cp - 1 else 0) + (self.grad_kv if i > 0 else 0)
+            to, source, tag = self.prev, self.next, TAG_BACKWARD
         def message(kind: OpKind, stream: Stream, peer: int) -> Op:
             return Op(kind=kind, stream=stream, name=tag, purpose=CpRing(i, backward),
                       peer=peer, size_bytes=size, tag=tag, layer=op.layer,
@@ -153,24 +229,50 @@ class _Ring:
         recv = Node(message(OpKind.RECV, Stream.CP_RECV, source), core.unit)
         return send, recv
 
+    def _merge(self, core: Node, size: float, after: Node) -> Node:
+        op = core.op
+        return Node(Op(kind=OpKind.COMPUTE, stream=Stream.COMPUTE, name=str(Kernel.CP_MERGE),
+                       purpose=KernelRun(Kernel.CP_MERGE), layer=op.layer,
+                       microbatch=op.microbatch, phase=op.phase, mem_bytes=size,
+                       dtype=self.ctx.local_model.data_dtype), core.unit, [after])
+
     # --- all-gather ----------------------------------------------------------------------
 
-    def _gathered(self, core: Node) -> list[Node]:
+    def _gathered(self, core: Node, before: Node | None) -> list[Node]:
         """All-gather K/V, the core over the whole sequence, and in backward the
-        reduce-scatter of dK/dV."""
+        reduce-scatter of dK/dV. Under torch's stacks the gather runs beside the rank's own
+        (diagonal) step: PyTorch's _AllGatherRotater issues it asynchronously at step 0
+        (exchange_buffers) and waits for it at step 1 (next_buffer), and the other cp − 1
+        blocks then run, each merged (`merge_bytes`)."""
         op, cp, kv = core.op, self.cp, self.kv
         backward = op.phase is Phase.BWD
         others = (cp - 1) * kv  # the other ranks' K/V, read (and, backward, their dK/dV written)
         wide = dataclasses.replace(op, flops=op.flops * cp, draws=op.draws * cp,
                                    mem_bytes=op.mem_bytes + (2 if backward else 1) * others)
-        out = [self._collective(op, OpKind.ALL_GATHER, CpGather(False), core),
-               Node(wide, core.unit, core.after)]
+        if not repeats_kv(self.ctx):
+            out = [self._collective(op, OpKind.ALL_GATHER, CpGather(False), core),
+                   Node(wide, core.unit, core.after)]
+        else:
+            inputs = [before] if before is not None else list(core.after)
+            gather = self._collective(op, OpKind.ALL_GATHER, CpGather(False), core,
+                                      Stream.CP_RECV, inputs)
+            own = Node(dataclasses.replace(op), core.unit, list(core.after))
+            rest = Node(dataclasses.replace(op, flops=op.flops * (cp - 1),
+                                            draws=op.draws * (cp - 1),
+                                            mem_bytes=wide.mem_bytes - op.mem_bytes),
+                        core.unit, [own, gather])
+            size = sum(merge_bytes(self.ctx, i, backward, last=i == cp - 1) for i in range(cp))
+            out = [gather, own, rest, self._merge(core, size, rest)]
         if backward:
             out.append(self._collective(op, OpKind.REDUCE_SCATTER, CpGather(True), core))
         return out
 
-    def _collective(self, op: Op, kind: OpKind, purpose: CpGather, core: Node) -> Node:
-        return Node(Op(kind=kind, stream=Stream.COMPUTE, name="cp", purpose=purpose,
-                       group=self.group, size_bytes=self.cp * self.kv, layer=op.layer,
-                       microbatch=op.microbatch, phase=op.phase, dtype=self.ctx.model.dtype),
-                    core.unit)
+    def _collective(self, op: Op, kind: OpKind, purpose: CpGather, core: Node,
+                    stream: Stream = Stream.COMPUTE, after: list[Node] | None = None) -> Node:
+        grads = kind is OpKind.REDUCE_SCATTER
+        block = self.grad_kv if grads else self.kv
+        dtype = "fp32" if grads and repeats_kv(self.ctx) else self.ctx.model.dtype
+        return Node(Op(kind=kind, stream=stream, name="cp", purpose=purpose,
+                       group=self.group, size_bytes=self.cp * block, layer=op.layer,
+                       microbatch=op.microbatch, phase=op.phase, dtype=dtype),
+                    core.unit, after)

@@ -153,7 +153,8 @@ def test_an_overlapped_proj_waits_for_the_last_op_of_the_cp_attention(comm):
     assert all(0 <= d < i for i, op in enumerate(ops) for d in op.deps)
     fwd = [i for i, op in enumerate(ops) if op.layer == 0 and op.microbatch == 0
            and op.phase is Phase.FWD]
-    last_core = max(i for i in fwd if ops[i].purpose == KernelRun(Kernel.FLASH_ATTN))
+    last_core = max(i for i in fwd if ops[i].purpose in (KernelRun(Kernel.FLASH_ATTN),
+                                                          KernelRun(Kernel.CP_MERGE)))
     proj_scatter = next(i for i in fwd if i > last_core and ops[i].stream == Stream.TP_COMM)
     assert ops[proj_scatter].kind is OpKind.REDUCE_SCATTER
     assert last_core in ops[proj_scatter].deps
@@ -169,3 +170,121 @@ def test_a_ranks_flash_draws_are_its_share_of_the_causal_scores(comm):
     block = a * (s // cp) * (s // cp + 1) / 2
     assert sum(op.draws for op in cores) == cp * block
     assert len(cores) == (cp if comm == "p2p" else 1)
+
+
+
+GQA = ModelSpec(layers=2, hidden=128, heads=8, kv_heads=2, seq_len=96, vocab=128)
+"""Eight query heads of 16 over two K/V heads: at TP 2, four query heads and one K/V head a
+rank, so a stack that repeats K/V to the query heads moves four times the K/V."""
+D, TP = 16, 2
+
+
+def _gqa_plan(kernels, **options):
+    model = dataclasses.replace(GQA, kernels=kernels)
+    layout = Layout(**{"global_batch": 1, "tp": TP, **options})
+    check_layout(model, layout)
+    return build(model, layout)
+
+
+def _cp_sends(plan, phase):
+    return [op.size_bytes for op in _of_layer(plan.ops[0], phase)
+            if isinstance(op.purpose, CpRing) and op.kind is OpKind.SEND]
+
+
+@pytest.mark.parametrize("kernels", ["eager", "compiled"])
+def test_torch_stacks_ring_kv_at_the_query_heads_and_dkv_in_fp32(kernels):
+    """torchtitan repeats K/V to a/t heads before sdpa, which PyTorch's context parallelism
+    takes over: K/V blocks of 2·(a/t)·d, dK/dV sent in fp32; the fused stack keeps 2·(g/t)·d."""
+    cp = 3
+    tokens = GQA.seq_len // cp
+    grouped = tokens * 2 * (GQA.kv_heads // TP) * D * E
+    repeated = tokens * 2 * (GQA.heads // TP) * D * E
+    assert repeated == 4 * grouped
+    fused = _gqa_plan("fused", cp=cp)
+    assert _cp_sends(fused, Phase.FWD) == [grouped] * (cp - 1)
+    assert _cp_sends(fused, Phase.BWD) == [grouped, 2 * grouped, grouped]
+    torch = _gqa_plan(kernels, cp=cp)
+    fp32 = repeated * 4 // E
+    assert _cp_sends(torch, Phase.FWD) == [repeated] * (cp - 1)
+    assert _cp_sends(torch, Phase.BWD) == [repeated, repeated + fp32, fp32]
+
+
+def test_torch_stacks_all_gather_kv_at_the_query_heads_and_reduce_scatter_fp32_dkv():
+    cp = 2
+    repeated = GQA.seq_len // cp * 2 * (GQA.heads // TP) * D * E
+    plan = _gqa_plan("compiled", cp=cp, cp_comm="all_gather")
+    ops = [op for op in plan.ops[0] if isinstance(op.purpose, CpGather) and op.layer == 0
+           and op.microbatch == 0]
+    assert [(op.kind, op.size_bytes, op.dtype) for op in ops] == [
+        (OpKind.ALL_GATHER, cp * repeated, "bf16"), (OpKind.ALL_GATHER, cp * repeated, "bf16"),
+        (OpKind.REDUCE_SCATTER, cp * repeated * 2, "fp32")]
+
+
+def _merges(plan, rank, phase):
+    return [op.mem_bytes for op in _of_layer(plan.ops[rank], phase)
+            if op.purpose == KernelRun(Kernel.CP_MERGE)]
+
+
+def test_transformer_engines_merges_correct_the_output_and_accumulate_dq_dkv():
+    """A merge after every ring step: forward out.add_(out_step · exp(Δlse)) over the queries
+    the step computed (3e an element) and the fp32 lse correction (20 bytes a query row);
+    backward dq.add_ (3e a query element) and dkv.add_ over the block's K/V (3e)."""
+    cp = 3
+    plan = _gqa_plan("fused", cp=cp)
+    tokens = GQA.seq_len // cp
+    q = tokens * (GQA.heads // TP) * D  # query (and output) elements of the rank
+    kv = tokens * 2 * (GQA.kv_heads // TP) * D
+    rows = tokens * GQA.heads // TP
+    full = 3 * E * q + 20 * rows
+    for rank, me in ((0, 0), (TP * 2, 2)):  # CP rank 0 and CP rank 2 (ranks tp-major)
+        layout = Layout(global_batch=1, tp=TP, cp=cp)
+        assert layout.group(rank, Axis.CP).index(rank) == me
+        # forward block i: all queries at i <= me, the late half after
+        fwd = [full if i <= me else full / 2 for i in range(cp)]
+        assert _merges(plan, rank, Phase.FWD) == fwd
+        # backward runs the blocks in reverse; at 0 < i <= me only the early K/V half
+        bwd = [3 * E * ((q if i <= me else q / 2) + (kv / 2 if 0 < i <= me else kv))
+               for i in reversed(range(cp))]
+        assert _merges(plan, rank, Phase.BWD) == bwd
+
+
+def test_torch_merges_are_fp32_and_the_all_gather_core_merges_every_block():
+    cp = 2
+    p2p = _gqa_plan("compiled", cp=cp)
+    gathered = _gqa_plan("compiled", cp=cp, cp_comm="all_gather")
+    for phase in (Phase.FWD, Phase.BWD):
+        steps = _merges(p2p, 0, phase)
+        assert len(steps) == cp
+        assert _merges(gathered, 0, phase) == [sum(steps)]
+    tokens = GQA.seq_len // cp
+    q = tokens * (GQA.heads // TP) * D
+    kv = tokens * 2 * (GQA.heads // TP) * D  # repeated to the query heads
+    # rank 0: block 0 the fp32 cast (e + 4); block 1 after it: half the queries through
+    # cast, out - block_out, the product, the difference (6 + 12 + 8 + 12), the K/V cat
+    # (2e), and the final cast back (4 + e) of all queries
+    assert _merges(p2p, 0, Phase.FWD) == [6 * q, 38 * q / 2 + 2 * E * kv + 6 * q]
+    assert _merges(gathered, 0, Phase.FWD) == [6 * q + 38 * q / 2 + 2 * E * kv + 6 * q]
+    assert not _merges(_gqa_plan("fused", cp=cp, cp_comm="all_gather"), 0, Phase.FWD)
+
+
+def test_torch_all_gather_runs_beside_the_ranks_own_step():
+    """PyTorch's _AllGatherRotater gathers K/V asynchronously at step 0 and waits at step 1:
+    the diagonal step (one ring step's FLOPs) does not wait for the gather, the other cp − 1
+    blocks' kernel waits for both; the fused stack's gather stays inline before its kernel."""
+    cp = 4
+    plan = _gqa_plan("compiled", cp=cp, cp_comm="all_gather")
+    ring = _gqa_plan("compiled", cp=cp)
+    ops = plan.ops[0]
+    index = {id(op): i for i, op in enumerate(ops)}
+    for phase in (Phase.FWD, Phase.BWD):
+        layer = _of_layer(ops, phase)
+        gather = next(op for op in layer if op.purpose == CpGather(False))
+        own, rest = [op for op in layer if op.purpose == KernelRun(Kernel.FLASH_ATTN)]
+        step = next(op for op in _of_layer(ring.ops[0], phase)
+                    if op.purpose == KernelRun(Kernel.FLASH_ATTN))
+        assert gather.stream == Stream.CP_RECV
+        assert own.flops == step.flops and rest.flops == (cp - 1) * step.flops
+        assert index[id(gather)] not in own.deps
+        assert {index[id(gather)], index[id(own)]} <= set(rest.deps)
+    fused = _gqa_plan("fused", cp=cp, cp_comm="all_gather").ops[0]
+    assert {op.stream for op in fused if isinstance(op.purpose, CpGather)} == {Stream.COMPUTE}
