@@ -159,6 +159,7 @@ class _Ring:
         self.ctx, self.cp = ctx, layout.cp
         self.kv = kv_block_bytes(ctx)
         self.grad_kv = grad_kv_bytes(ctx)
+        self.merge_dtype = ctx.local_model.data_dtype
         group = layout.group(ctx.rank, Axis.CP)
         self.group = group
         me = group.index(ctx.rank)
@@ -166,6 +167,15 @@ class _Ring:
         self.p2p = layout.cp_comm is CpComm.P2P
         self.replaced: dict[int, Node] = {}
         """id of each replaced attention core -> the last op of its CP form."""
+        self.merges: dict[tuple[int, bool, bool], float] = {}
+        """`merge_bytes` by (block, backward, last): the same for every layer of this rank."""
+
+    def merge(self, block: int, backward: bool, last: bool) -> float:
+        """`merge_bytes` of this rank, worked out once per (block, backward, last)."""
+        key = (block, backward, last)
+        if key not in self.merges:
+            self.merges[key] = merge_bytes(self.ctx, block, backward, last=last)
+        return self.merges[key]
 
     def step(self, nodes: list[Node]) -> list[Node]:
         out: list[Node] = []
@@ -206,8 +216,7 @@ class _Ring:
             kernel = Node(dataclasses.replace(core.op), core.unit,
                           [recv] if recv is not None else list(core.after))
             block = self.cp - 1 - i if backward else i  # backward: the diagonal last
-            step = self._merge(core, merge_bytes(self.ctx, block, backward,
-                                                 last=i == self.cp - 1), kernel)
+            step = self._merge(core, self.merge(block, backward, i == self.cp - 1), kernel)
             out += [kernel, step]
             recv = recv_next
         return out, ([recv] if backward and recv is not None else [])
@@ -234,7 +243,7 @@ class _Ring:
         return Node(Op(kind=OpKind.COMPUTE, stream=Stream.COMPUTE, name=str(Kernel.CP_MERGE),
                        purpose=KernelRun(Kernel.CP_MERGE), layer=op.layer,
                        microbatch=op.microbatch, phase=op.phase, mem_bytes=size,
-                       dtype=self.ctx.local_model.data_dtype), core.unit, [after])
+                       dtype=self.merge_dtype), core.unit, [after])
 
     # --- all-gather ----------------------------------------------------------------------
 
@@ -261,7 +270,7 @@ class _Ring:
                                             draws=op.draws * (cp - 1),
                                             mem_bytes=wide.mem_bytes - op.mem_bytes),
                         core.unit, [own, gather])
-            size = sum(merge_bytes(self.ctx, i, backward, last=i == cp - 1) for i in range(cp))
+            size = sum(self.merge(i, backward, i == cp - 1) for i in range(cp))
             out = [gather, own, rest, self._merge(core, size, rest)]
         if backward:
             out.append(self._collective(op, OpKind.REDUCE_SCATTER, CpGather(True), core))
