@@ -77,8 +77,9 @@ def mlp_saving(model: ModelSpec, layout: Layout) -> float:
 
 
 def dense_mlp_term(model: ModelSpec) -> float:
-    """The dense MLP's stored activations per s·b·h in `activation_terms`' split term: SwiGLU
-    6f/h, GeLU the literal GELU_FC2_TERM pair (`stored_activations.GELU_MLP_TERM`)."""
+    """The dense MLP's stored activations per s·b·h in `activation_terms`' split term (and an
+    MoE layer's dense stand-in, `sim.models.moe_memory`): SwiGLU 6f/h, GeLU the literal
+    GELU_FC2_TERM pair (`stored_activations.GELU_MLP_TERM`)."""
     return 6 * model.ffn_hidden / model.hidden if model.ffn == "swiglu" else 2 * GELU_FC2_TERM
 
 

@@ -10,7 +10,7 @@ from traces import op_sac
 from traces.layout import Layout, Recompute
 from traces.model import ModelSpec
 from traces.recompute import recomputes_core
-from traces.saved_activations import saving_terms
+from traces.saved_activations import dense_mlp_term, saving_terms
 from traces.stack import regathers
 
 GELU_MLP_TERM = 16
@@ -40,7 +40,7 @@ def activation_terms(model: ModelSpec) -> tuple[float, float]:
     counted at these bf16 sizes here, and `saved_activations.saving_terms` takes off (or
     adds) what FP8 changes (Transformer Engine's rule: `traces.te_fp8_memory`). A
     context-parallel rank holds 1/cp of the sequence: both terms divide by cp."""
-    mlp = 6 * model.ffn_hidden / model.hidden if model.ffn == "swiglu" else GELU_MLP_TERM
+    mlp = dense_mlp_term(model)
     replicated = 10 if model.dropout else 8
     if model.mla:  # Q, K of a(d + r) and V, O of a·d_v, 2 bytes each: all full size
         a, d, r, dv = model.heads, model.head_dim, model.qk_rope_head_dim, model.v_head_dim

@@ -32,11 +32,9 @@ from traces.moe import ExpertShard, local_expert_tokens, rank_tokens
 from traces.moe_probs import combine_saved_bytes
 from traces.moe_spec import expert_counts, expert_params, is_moe_layer
 from traces.plan.experts import fsdp_experts
-from traces.saved_activations import mlp_saving, moe_mlp_terms
+from traces.saved_activations import dense_mlp_term, mlp_saving, moe_mlp_terms
 from traces.stack import regathers
 from traces.stored_activations import gathered_inputs
-
-GELU_MLP_TERM = 16  # as sim.models.memory's
 
 
 def rank_layers(model: ModelSpec, layout: Layout, pp_rank: int) -> list[int]:
@@ -87,8 +85,7 @@ def moe_activation_delta(model: ModelSpec, layout: Layout, layer: int) -> float:
     b, t, e, h = layout.micro_batch, layout.tp, model.dtype_bytes, model.hidden
     s = model.seq_len // layout.cp
     sbh = s * b * h
-    swiglu = model.ffn == "swiglu"
-    dense = (6 * model.ffn_hidden / h if swiglu else GELU_MLP_TERM) - mlp_saving(model, layout)
+    dense = dense_mlp_term(model) - mlp_saving(model, layout)
     shared, per_token = moe_mlp_terms(model, layout)  # the FP8 cache, moe_act
     local = model.seq_len // layout.cp
     shaped = model if layout.cp == 1 else _with_seq(model, local)
