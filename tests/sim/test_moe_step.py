@@ -25,6 +25,9 @@ CONFIG = {
     "cluster": {"preset": "dgx-h100", "nodes": 1},
 }
 EXPERT_KERNELS = {Kernel.EXPERT_FC1, Kernel.EXPERT_ACT, Kernel.EXPERT_FC2}
+RECEIVED_ROW_KERNELS = EXPERT_KERNELS | {Kernel.PERMUTE, Kernel.UNPERMUTE}
+"""The kernels whose work follows the rows a rank receives: the experts', and the permute's
+and unpermute's, which carry the dispatcher's sort of the received rows (`traces.moe`)."""
 
 
 def _config(**edits):
@@ -58,19 +61,20 @@ def test_a_skewed_moe_folds_its_ep_ranks_apart_so_folding_hides_nothing():
         assert times.starts[r] == every.starts[r] and times.ends[r] == every.ends[r]
 
 
-def _expert_seconds(exp, times) -> dict[int, float]:
-    """Each rank's expert kernels (forward and backward), costed by the compute model."""
+def _expert_seconds(exp, times, kernels=EXPERT_KERNELS) -> dict[int, float]:
+    """Each rank's `kernels` (forward and backward), costed by the compute model."""
     compute = ComputeModel(exp.cluster.accelerator, exp.profile)
     return {r: sum(compute.duration(op) for op in ops if isinstance(op.purpose, KernelRun)
-                   and op.purpose.kernel in EXPERT_KERNELS)
+                   and op.purpose.kernel in kernels)
             for r, ops in times.plan.ops.items()}
 
 
 def test_a_skewed_step_is_longer_by_the_busiest_ranks_extra_expert_time():
     """One MoE layer, one micro-batch, EP 2 over two NVLink GPUs (nothing contends): the
-    combine waits for the busiest EP rank, so the step grows by exactly its extra expert
-    time over the balanced rank's, forward and backward, plus what the uneven all-to-alls
-    cost over even ones.
+    combine waits for the busiest EP rank, so the step grows by exactly its extra time over
+    the balanced rank's in the kernels that follow the rows it receives (the experts', and
+    the dispatcher's sort of those rows, charged on the permute and unpermute), forward and
+    backward, plus what the uneven all-to-alls cost over even ones.
 
     Each of the 4 all-to-alls (dispatch and combine, forward and backward) sends one message
     each way, rank 0 -> 1 and 1 -> 0, each alone on its NVLink direction, carrying the two
@@ -87,7 +91,8 @@ def test_a_skewed_step_is_longer_by_the_busiest_ranks_extra_expert_time():
                                                                 "routing_skew": 1.5}}))
     b_summary, b_times = predict(balanced, fold=False)
     s_summary, s_times = predict(skewed, fold=False)
-    b_cost, s_cost = _expert_seconds(balanced, b_times), _expert_seconds(skewed, s_times)
+    b_cost = _expert_seconds(balanced, b_times, RECEIVED_ROW_KERNELS)
+    s_cost = _expert_seconds(skewed, s_times, RECEIVED_ROW_KERNELS)
     assert len(set(b_cost.values())) == 1 and len(set(s_cost.values())) == 2
     extra = max(s_cost.values()) - b_cost[0]
     assert extra > 0

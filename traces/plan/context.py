@@ -49,7 +49,8 @@ kernel after each step; after the gathered kernel in all_gather mode for torch's
 
 Under the causal mask with load balancing a step after the rank's own (i > rank) computes only
 the late query chunk (half the queries) against the whole block, one at or before it (0 < i ≤
-rank) all queries against the block's early chunk (half the K/V); the merge touches those.
+rank) all queries against the block's early chunk (half the K/V); the merge touches those,
+so it differs between the CP ranks: each is charged the busiest rank's (`merge_bytes`).
 In all_gather mode Transformer Engine (AttnFuncWithCPAndKVAllGather) runs the rank's two
 query chunks against their own key ranges and merges nothing.
 
@@ -104,10 +105,20 @@ def kv_block_bytes(ctx: RankContext) -> float:
 
 
 def merge_bytes(ctx: RankContext, block: int, backward: bool, last: bool = False) -> float:
-    """HBM bytes of the merge after ring step `block` (0: the rank's own, the diagonal) on this
-    rank (module docstring); `last`: the forward's final cast (torch's stacks)."""
+    """HBM bytes of the merge after ring step `block` (0: the rank's own, the diagonal), the
+    most any rank of the CP group moves there (`merge_bytes_at`); `last`: the forward's final
+    cast (torch's stacks). Under load balancing the ranks' merges differ (which half of the
+    queries or K/V a step touches depends on the rank's place in the ring) while their cores
+    do not; each layer's ring paces every CP rank to the slowest, and charging each rank the
+    busiest one's merges keeps the CP ranks alike, so one stands for all (`traces.cp_fold`)."""
+    return max(merge_bytes_at(ctx, me, block, backward, last) for me in range(ctx.layout.cp))
+
+
+def merge_bytes_at(ctx: RankContext, me: int, block: int, backward: bool,
+                   last: bool = False) -> float:
+    """HBM bytes of the merge after ring step `block` on the CP group's rank `me` (module
+    docstring)."""
     model, layout = ctx.local_model, ctx.layout
-    me = layout.group(ctx.rank, Axis.CP).index(ctx.rank)
     e = model.dtype_bytes
     tokens = layout.micro_batch * model.seq_len
     heads = model.heads // layout.tp

@@ -11,6 +11,8 @@ from traces.layout_rules import check_layout
 from traces.model import ModelSpec
 from traces.ops import OpKind, Phase, Stream
 from traces.plan import build
+from traces.plan.context import merge_bytes_at
+from traces.plan.nodes import RankContext
 from traces.purpose import CpGather, CpRing, GradBucket, Kernel, KernelRun
 
 MODEL = ModelSpec(layers=2, hidden=64, heads=4, seq_len=96, vocab=128)
@@ -228,7 +230,8 @@ def _merges(plan, rank, phase):
 def test_transformer_engines_merges_correct_the_output_and_accumulate_dq_dkv():
     """A merge after every ring step: forward out.add_(out_step · exp(Δlse)) over the queries
     the step computed (3e an element) and the fp32 lse correction (20 bytes a query row);
-    backward dq.add_ (3e a query element) and dkv.add_ over the block's K/V (3e)."""
+    backward dq.add_ (3e a query element) and dkv.add_ over the block's K/V (3e). Each CP rank
+    is charged, step by step, the most any CP rank moves there."""
     cp = 3
     plan = _gqa_plan("fused", cp=cp)
     tokens = GQA.seq_len // cp
@@ -236,16 +239,26 @@ def test_transformer_engines_merges_correct_the_output_and_accumulate_dq_dkv():
     kv = tokens * 2 * (GQA.kv_heads // TP) * D
     rows = tokens * GQA.heads // TP
     full = 3 * E * q + 20 * rows
+
+    def fwd(i, me):  # forward block i: all queries at i <= me, the late half after
+        return full if i <= me else full / 2
+
+    def bwd(i, me):  # at 0 < i <= me only the early K/V half
+        return 3 * E * ((q if i <= me else q / 2) + (kv / 2 if 0 < i <= me else kv))
+
+    layout = Layout(global_batch=1, tp=TP, cp=cp)
+    ctx = RankContext(model=dataclasses.replace(GQA, kernels="fused"), layout=layout, rank=0)
+    for i in range(cp):
+        for me in range(cp):
+            assert merge_bytes_at(ctx, me, i, backward=False) == fwd(i, me)
+            assert merge_bytes_at(ctx, me, i, backward=True) == bwd(i, me)
     for rank, me in ((0, 0), (TP * 2, 2)):  # CP rank 0 and CP rank 2 (ranks tp-major)
-        layout = Layout(global_batch=1, tp=TP, cp=cp)
         assert layout.group(rank, Axis.CP).index(rank) == me
-        # forward block i: all queries at i <= me, the late half after
-        fwd = [full if i <= me else full / 2 for i in range(cp)]
-        assert _merges(plan, rank, Phase.FWD) == fwd
-        # backward runs the blocks in reverse; at 0 < i <= me only the early K/V half
-        bwd = [3 * E * ((q if i <= me else q / 2) + (kv / 2 if 0 < i <= me else kv))
-               for i in reversed(range(cp))]
-        assert _merges(plan, rank, Phase.BWD) == bwd
+        assert _merges(plan, rank, Phase.FWD) == [full] * cp  # CP rank 2's, all queries
+        # backward runs the blocks in reverse
+        assert _merges(plan, rank, Phase.BWD) == [max(bwd(i, m) for m in range(cp))
+                                                  for i in reversed(range(cp))]
+    assert bwd(1, 0) < bwd(1, 2)  # grouped K/V: the rank merging all queries is the busiest
 
 
 def test_torch_merges_are_fp32_and_the_all_gather_core_merges_every_block():
@@ -256,14 +269,19 @@ def test_torch_merges_are_fp32_and_the_all_gather_core_merges_every_block():
         steps = _merges(p2p, 0, phase)
         assert len(steps) == cp
         assert _merges(gathered, 0, phase) == [sum(steps)]
+        assert _merges(p2p, TP, phase) == steps  # CP rank 1: the same
     tokens = GQA.seq_len // cp
     q = tokens * (GQA.heads // TP) * D
     kv = tokens * 2 * (GQA.heads // TP) * D  # repeated to the query heads
-    # rank 0: block 0 the fp32 cast (e + 4); block 1 after it: half the queries through
-    # cast, out - block_out, the product, the difference (6 + 12 + 8 + 12), the K/V cat
-    # (2e), and the final cast back (4 + e) of all queries
-    assert _merges(p2p, 0, Phase.FWD) == [6 * q, 38 * q / 2 + 2 * E * kv + 6 * q]
-    assert _merges(gathered, 0, Phase.FWD) == [6 * q + 38 * q / 2 + 2 * E * kv + 6 * q]
+    # block 0 the fp32 cast (e + 4); block 1 on CP rank 1 (the busier: at or before it, all
+    # queries) through cast, out - block_out, the product, the difference (6 + 12 + 8 + 12),
+    # the K/V cat (2e), and the final cast back (4 + e) of all queries; CP rank 0 the late
+    # half of the queries only
+    ctx = RankContext(model=dataclasses.replace(GQA, kernels="compiled"),
+                      layout=Layout(global_batch=1, tp=TP, cp=cp), rank=0)
+    assert merge_bytes_at(ctx, 0, 1, backward=False, last=True) == 38 * q / 2 + 2 * E * kv + 6 * q
+    assert _merges(p2p, 0, Phase.FWD) == [6 * q, 38 * q + 2 * E * kv + 6 * q]
+    assert _merges(gathered, 0, Phase.FWD) == [6 * q + 38 * q + 2 * E * kv + 6 * q]
     assert not _merges(_gqa_plan("fused", cp=cp, cp_comm="all_gather"), 0, Phase.FWD)
 
 
