@@ -19,6 +19,12 @@ over the whole sequence up to rounding.
     all_gather forward: K/V of every CP rank gathered, one block; backward: gathered again
                (only the rank's own K/V is kept), dK/dV of every rank reduce-scattered
 
+Under torch's stacks (`kernels = "eager" | "compiled"`, standard attention) K and V travel at
+the query heads and dK/dV in fp32, as the plan costs them (`traces.plan.context.repeats_kv`:
+torchtitan repeats K/V before sdpa, PyTorch's context parallelism accumulates and sends dK/dV
+in fp32); a backward message then carries both dtypes, packed as bytes. The QKV slot's
+gradient is summed back to the K/V groups at the end.
+
 Scores are fp32 tensors of b·(a/t)·(s/cp)² per block: this is for the CPU executor's small
 models, not a fused kernel. Dropout inside attention is not applied (the executor refuses
 cp > 1 with dropout).
@@ -91,7 +97,7 @@ class CpAttention:
     def __init__(self, layout: Layout, rank: int, seq_len: int, comm: Comm,
                  key: GroupKey, deliver: Callable[[Key, torch.Tensor], None], *,
                  block_shape: tuple[int, ...], dtype: torch.dtype,
-                 device: torch.device) -> None:
+                 device: torch.device, groups: int, repeat: bool = False) -> None:
         self.cp, self.comm, self.key = layout.cp, comm, key
         self.deliver = deliver
         """Called with the QKV slot's gradient once a backward is complete."""
@@ -99,7 +105,16 @@ class CpAttention:
         self.me = self.group.index(rank)
         self.positions = [local_positions(seq_len, self.cp, i) for i in range(self.cp)]
         self.block_shape, self.dtype, self.device = block_shape, dtype, device
-        """One block: K and V, [2, b, kv heads on this TP rank, s/cp, d]."""
+        """One block: K and V, [2, b, kv heads on this TP rank (query heads with `repeat`),
+        s/cp, d]."""
+        self.groups, self.repeat = groups, repeat
+        """K/V heads of this TP rank in the QKV slot; whether blocks carry them repeated to the
+        query heads (torch's stacks, module docstring)."""
+        self.grad_dtype = torch.float32 if repeat else dtype
+        """dK/dV's dtype in the ring and the reduce-scatter."""
+        self.gather_key: GroupKey = (Stream.CP_RECV, key[1]) if repeat else key
+        """all_gather mode's K/V gather: under torch's stacks on the cp_recv stream, beside the
+        rank's own step, as the plan places it."""
         self.forwards: dict[Key, _Forward] = {}
         self.backwards: dict[Key, _Backward] = {}
         self.arrived: dict[tuple[Key, bool, int], torch.Tensor] = {}
@@ -137,12 +152,14 @@ class CpAttention:
         ds = probs * (state.dout @ v.transpose(-2, -1) - state.delta.unsqueeze(-1))
         state.dq = state.dq + (ds @ k) * scale
         dk = (ds.transpose(-2, -1) @ state.q) * scale
-        return torch.stack([_fold(dk, groups), _fold(dv, groups)])
+        return torch.stack([_fold(dk, groups), _fold(dv, groups)]).to(self.grad_dtype)
 
     # --- the plan's calls --------------------------------------------------------------------
 
     def begin_forward(self, key: Key, qkv: torch.Tensor, ctx: KernelContext) -> _Forward:
         q, k, v = split_qkv(qkv, ctx.heads, ctx.kv_heads or ctx.heads)
+        if self.repeat:
+            k, v = _expand(k, ctx.heads), _expand(v, ctx.heads)
         state = _Forward(q=q, own=torch.stack([k, v]).contiguous(),
                          out=torch.zeros_like(q),
                          lse=torch.full(q.shape[:-1], float("-inf"), dtype=q.dtype,
@@ -189,8 +206,8 @@ class CpAttention:
                 self.backwards[key].last_sent = True
                 self._forget_if_done(key)
             return handle
-        rows = self._rows(step) if backward else 2
-        buf = torch.empty((rows, *self.block_shape[1:]), dtype=self.dtype, device=self.device)
+        buf = self._backward_buffer(step) if backward else \
+            torch.empty(self.block_shape, dtype=self.dtype, device=self.device)
 
         def arrived() -> None:
             self.arrived[(key, backward, step)] = buf
@@ -198,10 +215,24 @@ class CpAttention:
                 self._deliver_if_done(key)
         return self.comm.recv(buf, peer, tag, then=arrived)
 
-    def _rows(self, step: int) -> int:
-        """Rows (K, V, dK, dV) of backward message `step`: K/V but at the last, dK/dV but at
+    def _parts(self, step: int) -> tuple[torch.dtype, ...]:
+        """The parts of backward message `step`, by dtype: K/V but at the last, dK/dV but at
         the first."""
-        return 2 * ((step < self.cp - 1) + (step >= 1))
+        kv = (self.dtype,) if step < self.cp - 1 else ()
+        return kv + ((self.grad_dtype,) if step >= 1 else ())
+
+    def _packed(self, step: int) -> bool:
+        """Whether backward message `step` carries two dtypes, sent as bytes."""
+        return len(set(self._parts(step))) > 1
+
+    def _backward_buffer(self, step: int) -> torch.Tensor:
+        parts = self._parts(step)
+        if self._packed(step):
+            block = math.prod(self.block_shape)
+            size = sum(block * torch.empty((), dtype=d).element_size() for d in parts)
+            return torch.empty(size, dtype=torch.uint8, device=self.device)
+        rows = 2 * len(parts)
+        return torch.empty((rows, *self.block_shape[1:]), dtype=parts[0], device=self.device)
 
     def _backward_payload(self, key: Key, step: int) -> torch.Tensor:
         payload = []
@@ -209,7 +240,21 @@ class CpAttention:
             payload.append(self._backward_block(key, step))
         if step >= 1:
             payload.append(self._accumulated(key, step - 1))
+        if self._packed(step):
+            return torch.cat([t.contiguous().view(-1).view(torch.uint8) for t in payload])
         return torch.cat(payload).contiguous()
+
+    def _unpacked(self, key: Key, step: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """What backward message `step` brought: (its K/V block, its dK/dV), None where it
+        carries none."""
+        buf = self.arrived[(key, True, step)]
+        if not self._packed(step):
+            kv = buf[:2] if step < self.cp - 1 else None
+            grads = (buf[2:] if kv is not None else buf) if step >= 1 else None
+            return kv, grads
+        split = math.prod(self.block_shape) * torch.empty((), dtype=self.dtype).element_size()
+        return (buf[:split].view(self.dtype).view(self.block_shape),
+                buf[split:].view(self.grad_dtype).view(self.block_shape))
 
     def _backward_block(self, key: Key, step: int) -> torch.Tensor:
         """The block backward step `step` works on: the forward's last (rank r + 1's), then
@@ -217,14 +262,15 @@ class CpAttention:
         if step == 0:
             bwd = self.backwards[key]
             return bwd.last if bwd.last is not None else bwd.own
-        return self.arrived[(key, True, step - 1)][:2]
+        kv, _ = self._unpacked(key, step - 1)
+        assert kv is not None, "a backward message before the last carries K/V"
+        return kv
 
     def _partial(self, key: Key, step: int) -> torch.Tensor | None:
         """The dK/dV message `step` brought for the block of backward step `step`."""
-        buf = self.arrived.get((key, True, step))
-        if step == 0 or buf is None:
+        if step == 0 or (key, True, step) not in self.arrived:
             return None
-        return buf[2:] if step < self.cp - 1 else buf
+        return self._unpacked(key, step)[1]
 
     def _accumulated(self, key: Key, step: int) -> torch.Tensor:
         mine = self.backwards[key].mine[step]
@@ -276,7 +322,8 @@ class CpAttention:
         bwd = self.backwards[key]
         dkv = bwd.gathered if bwd.gathered is not None else self._accumulated(key, self.cp - 1)
         assert bwd.dq is not None
-        return qkv_of(bwd.dq, dkv[0], dkv[1])
+        dk, dv = (_fold(g, self.groups).to(self.dtype) for g in dkv)
+        return qkv_of(bwd.dq, dk, dv)
 
     # --- all_gather mode -----------------------------------------------------------------
 
@@ -294,7 +341,7 @@ class CpAttention:
             own, store = state.own, state.blocks
         out = torch.empty((self.cp * own.shape[0], *own.shape[1:]), dtype=own.dtype,
                           device=own.device)  # the members' blocks one after another
-        self.comm.all_gather(out, own, self.key)
+        self.comm.all_gather(out, own, self.gather_key)
         store[-1] = torch.cat(list(out.view(self.cp, *own.shape)), dim=-2)  # keys in order
 
     def reduce_scatter(self, key: Key) -> None:
@@ -302,7 +349,7 @@ class CpAttention:
         bwd = self.backwards[key]
         assert bwd.gathered is not None
         blocks = torch.cat(bwd.gathered.chunk(self.cp, dim=-2)).contiguous()  # by member
-        mine = torch.empty_like(bwd.own)
+        mine = torch.empty_like(bwd.own, dtype=self.grad_dtype)
         self.comm.reduce_scatter(mine, blocks, self.key)
         bwd.gathered = mine
         self.deliver(key, self.take_grads(key))
@@ -342,12 +389,12 @@ class CpRank:
 
     def __init__(self, layout: Layout, rank: int, comm: Comm, tapes: dict[int, Tape], *,
                  block_shape: tuple[int, ...], seq_len: int, dtype: torch.dtype,
-                 device: torch.device) -> None:
+                 device: torch.device, groups: int, repeat: bool = False) -> None:
         self.layout, self.tapes = layout, tapes
         group = layout.group(rank, Axis.CP)
         self.attention = CpAttention(layout, rank, seq_len, comm, (Stream.COMPUTE, group),
                                      self._deliver, block_shape=block_shape, dtype=dtype,
-                                     device=device)
+                                     device=device, groups=groups, repeat=repeat)
         self.gathered = layout.cp_comm is CpComm.ALL_GATHER
 
     def _deliver(self, key: Key, grad: torch.Tensor) -> None:

@@ -62,6 +62,7 @@ from traces.fsdp import frees_after
 from traces.layout import Axis, Layout
 from traces.model import ModelSpec
 from traces.ops import OpKind, Phase, Stream
+from traces.plan.context import stack_repeats_kv
 from traces.plan.optimizer import grad_stats_group
 from traces.purpose import GemmPart, Kernel, MoeStep, Stat, StepStat, TpChunk, TpSite, Unit
 from traces.stack import regathers
@@ -137,11 +138,14 @@ class RankRuntime:
                                   vocab_shard=model.vocab // layout.tp, dropout=options.dropout,
                                   seed=options.seed, cp=layout.cp, cp_rank=c.cp)
         self.cp: CpRank | None = None
-        if layout.cp > 1:  # one K/V block: [2, b, kv heads / t, s / cp, d]
-            block = (2, layout.micro_batch, model.kv_heads // layout.tp,
+        if layout.cp > 1:  # one K/V block: [2, b, kv heads / t, s / cp, d]; torch's stacks
+            groups = model.kv_heads // layout.tp  # send K/V at the query heads
+            repeat = stack_repeats_kv(model)
+            block = (2, layout.micro_batch, model.heads // layout.tp if repeat else groups,
                      model.seq_len // layout.cp, model.head_dim)
             self.cp = CpRank(layout, rank, comm, self.tapes, block_shape=block,
-                             seq_len=model.seq_len, dtype=self.dtype, device=device)
+                             seq_len=model.seq_len, dtype=self.dtype, device=device,
+                             groups=groups, repeat=repeat)
         self.pipe = PipeMessages(model, layout, comm, self.tape, tp_rank=self.tp_rank,
                                  tp_key=self.tp_key, dtype=self.dtype, device=device)
 

@@ -28,6 +28,10 @@ WORLD2 = {
     "qwen3-layernorm-tp-selective": Case(dict(tp=2, global_batch=2, recompute="selective"),
                                          model=dict(QWEN3, norm="layernorm", bias=True)),
     "qwen3-cp2-ring": Case(dict(cp=2, global_batch=2), model=QWEN3),
+    # torch's stacks: K/V at the query heads in the ring and the gather, dK/dV in fp32
+    "qwen3-eager-cp2-ring": Case(dict(cp=2, global_batch=2), model=dict(QWEN3, kernels="eager")),
+    "qwen3-compiled-cp2-gather": Case(dict(cp=2, cp_comm="all_gather", global_batch=2),
+                                      model=dict(QWEN3, kernels="compiled")),
     # Transformer Engine's overlap: qkv's GEMM chunked beside its all-gather, then qk_norm
     "qwen3-tp-sp-comm-overlap": Case(dict(tp=2, sp=True, global_batch=2, tp_comm_overlap=True),
                                      model=QWEN3),

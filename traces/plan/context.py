@@ -75,6 +75,7 @@ import dataclasses
 from traces.kernels import layer_kernels
 from traces.layout import Axis, CpComm
 from traces.mla import qk_dim, v_dim
+from traces.model import ModelSpec
 from traces.ops import Op, OpKind, Phase, Stream
 from traces.plan.nodes import Node, Program, RankContext
 from traces.purpose import CpGather, CpRing, Kernel, KernelRun
@@ -139,9 +140,15 @@ def merge_bytes_at(ctx: RankContext, me: int, block: int, backward: bool,
 
 
 def repeats_kv(ctx: RankContext) -> bool:
-    """Whether the attention core's K/V reach context parallelism at the query heads: torch's
-    stacks (module docstring), for standard attention (latent attention's are per head)."""
-    return ctx.local_model.kernels != "fused" and not ctx.local_model.mla
+    """Whether the attention core's K/V reach context parallelism at the query heads
+    (`stack_repeats_kv`)."""
+    return stack_repeats_kv(ctx.local_model)
+
+
+def stack_repeats_kv(model: ModelSpec) -> bool:
+    """Whether `model`'s K/V reach context parallelism at the query heads: torch's stacks
+    (module docstring), for standard attention (latent attention's are per head)."""
+    return model.kernels != "fused" and not model.mla
 
 
 def grad_kv_bytes(ctx: RankContext) -> float:
