@@ -8,7 +8,7 @@
                  bucket_bytes, overlap_grad_reduce, fp32_main_grads, tp_comm_overlap,
                  overlap_param_gather, cp, reshard_after_forward, grad_sync, pp_first_layers,
                  pp_last_layers, account_for_embedding, account_for_loss, pipeline_layout,
-                 overlap_moe_comm (traces.moe_overlap)
+                 overlap_moe_comm (traces.moe_overlap), optimizer (traces.torch_optim)
     [cluster]    see topology.config
     [sim]        network = "flow" | "analytic" | "ideal", algo = "auto" | ..., profile = "p.json",
                  host, cuda_graph_scope (the launching CPU thread: sim.models.host)

@@ -1,7 +1,7 @@
 """What FSDP2 runs around its gathers and gradients beyond the collectives: the copy-out after
-every gather, and where gradients are not reduced every micro-batch (`grad_sync = "step"` at
-ZeRO 3, `traces.fsdp`) the accumulation kernel of each unit's unsharded gradients and, under a
-pipeline, when the step's reduce-scatters start.
+every gather, the copy-in before every reduce-scatter, and where gradients are not reduced
+every micro-batch (`grad_sync = "step"` at ZeRO 3, `traces.fsdp`) the accumulation kernel of
+each unit's unsharded gradients and, under a pipeline, when the step's reduce-scatters start.
 
 Copy-out. FSDP2 all-gathers a unit's shards into one flat buffer and, before the unit's first
 op, copies each parameter's slices out of it into that parameter's own unsharded tensor
@@ -13,6 +13,23 @@ per gather. It is PyTorch's FSDP2 (`fully_shard`, torchtitan's), so parasim runs
 software stack is PyTorch's (`[model] kernels = "eager" | "compiled"`, `traces.stack`) at
 ZeRO 3; Megatron-Core and DeepSpeed's ZeRO-3 gather into the buffer the parameters view, and
 their jobs (kernels = "fused") keep their numbers.
+
+Reduce-scatter copy-in. Before each reduce-scatter FSDP2 copies the unit's unsharded gradients
+into one flat reduce-scatter input of the reduce dtype, rank by rank (torch 2.5-2.6
+`_fsdp_collectives.foreach_reduce` and `foreach_reduce_scatter_copy_in`:
+`torch._chunk_cat(unsharded_grads, dim=0, num_chunks=world_size, out=reduce_scatter_input)`,
+pytorch/pytorch 415cc26; `reduce_scatter_input` is allocated with `dtype=reduce_dtype`, so under
+torchtitan's `mixed_precision_reduce = "float32"` the bf16 gradients are cast to fp32 in the
+same kernel). The kernel reads each gradient element in its own dtype and writes it in the
+reduce dtype: per parameter p + g bytes (p the parameter dtype's, g the reduce dtype's), or
+g + g where the unit's gradients were accumulated in the reduce dtype across micro-batches
+(below). The compute stream waits for it before going on (`current_stream.wait_stream(
+reduce_scatter_stream)` right after the copy-in, "Only after the copy-in finishes can we free
+the gradients"; later versions run the copy-in on the current stream itself), so parasim runs
+it on the compute stream after the unit's backward and the reduce-scatter waits for it. Not
+modelled: in 415cc26 the copy-in is queued on the reduce-scatter stream behind the previous
+unit's reduce-scatter, so the compute stream also waits for that one (a few ms at most against
+a layer's backward in the torchtitan rows).
 
 Accumulation. In a backward without gradient sync FSDP2's post-backward keeps each parameter's
 unsharded gradient (torch/distributed/fsdp/_fully_shard/_fsdp_param.py,
@@ -70,6 +87,12 @@ def copy_out_bytes(gathered: float) -> float:
     """HBM bytes of FSDP2's copy-out of `gathered` all-gathered bytes: read once, written
     once into the parameters' unsharded tensors."""
     return 2 * gathered
+
+
+def rs_copy_in_bytes(params: float, grad_bytes: int, reduce_bytes: int) -> float:
+    """HBM bytes of FSDP2's reduce-scatter copy-in of `params` gradients held in `grad_bytes`
+    per element into a `reduce_bytes` reduce-scatter input (module docstring)."""
+    return params * (grad_bytes + reduce_bytes)
 
 
 def reduces_after_stage(layout: Sharding, zero: int) -> bool:

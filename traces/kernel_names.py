@@ -91,6 +91,9 @@ class Kernel(StrEnum):
     FSDP_COPY_OUT = "fsdp_copy_out"
     """FSDP2's copy of a gathered unit out of the all-gather buffer into its parameters
     (`traces.fsdp_kernels`)."""
+    FSDP_RS_COPY_IN = "fsdp_rs_copy_in"
+    """FSDP2's copy of a unit's unsharded gradients into its reduce-scatter input, cast to the
+    reduce dtype (`torch._chunk_cat`, `traces.fsdp_kernels`)."""
     TP_PARTIAL_SUM = "tp_partial_sum"
     """torch's AsyncTP matmul + reduce-scatter: the sum of the t partial sums its copies
     brought (`traces.plan.overlap`)."""

@@ -29,6 +29,7 @@ from traces.kernel_work import Gemm, KernelWork, gemm_kernel, memory_kernel
 from traces.mla import down_width, q_in, qk_dim, v_dim
 from traces.model import DTYPE_BYTES, ModelSpec
 from traces.purpose import Kernel
+from traces.torch_optim import foreach_step_kernel_bytes
 
 __all__ = ["ATTENTION_CORE", "FUSED_SOFTMAX_MAX_SEQ", "Gemm", "KernelWork", "attention_kernels",
            "cross_entropy_bytes", "embedding_kernels", "gemm_kernel", "head_kernels",
@@ -300,7 +301,8 @@ def head_kernels(model: ModelSpec, b: int, t: int, sp: bool,
     ]
 
 
-def step_kernel_bytes(dtype: str, grad_bytes: int) -> tuple[tuple[Kernel, float], ...]:
+def step_kernel_bytes(dtype: str, grad_bytes: int, optimizer: str = "fused"
+                      ) -> tuple[tuple[Kernel, float], ...]:
     """HBM bytes per parameter of each kernel at the end of the step, in order: Megatron-LM's
     mixed-precision step (megatron/optimizer/optimizer.py, `step` of its Float16 optimizer;
     clip_grads.py), Adam over fp32 main parameters of 16-bit model parameters (a 4-byte model
@@ -318,7 +320,10 @@ def step_kernel_bytes(dtype: str, grad_bytes: int) -> tuple[tuple[Kernel, float]
     kernel, whose time is what matters). Megatron skips the clip's scale when the norm is
     below the threshold; torch's clip_grad_norm_ always multiplies by the clamped factor, and
     so does the plan. fp16 with 16-bit gradients: 8 + 4 + 8 + (6 + 28 + 6 + 2) = 62; bf16 with
-    fp32 gradients (Megatron's rule for bf16): 4 + 8 + (28 + 6 + 4) = 50; fp32: 4 + 8 + 32."""
+    fp32 gradients (Megatron's rule for bf16): 4 + 8 + (28 + 6 + 4) = 50; fp32: 4 + 8 + 32.
+    `optimizer = "foreach"`: torch.optim's AdamW instead (`traces.torch_optim`)."""
+    if optimizer == "foreach":  # torch.optim's AdamW over FSDP2's fp32 shards
+        return foreach_step_kernel_bytes(grad_bytes)
     e = DTYPE_BYTES[dtype]
     if e >= 4:  # an fp32 model: Adam, the norm and zeroing on the parameters themselves
         adam = 28 + grad_bytes

@@ -42,6 +42,7 @@ from traces.recompute import Recompute, check_options
 from traces.schedule_rules import check_schedule, holders, model_copies, rank_stages, stage_rank
 from traces.split_rules import check_split_keys
 from traces.stage_split import Split
+from traces.torch_optim import check_optimizer
 from traces.units import MAX_SIZE_BYTES
 
 MAX_VIRTUAL_STAGES = 1024  # model chunks per pipeline rank
@@ -55,7 +56,7 @@ OMITTED_AT_DEFAULT = ("tp_comm_overlap", "overlap_param_gather", "pp_first_layer
                       "pipeline_layout", "ep", "etp", "reshard_after_forward", "grad_sync",
                       "overlap_p2p_comm", "overlap_moe_comm", "comm_sms", "recompute_modules",
                       "exp_avg_dtype", "exp_avg_sq_dtype", "fp8_activation_cache",
-                      "cpu_offloading_num_layers", "fp8_param_gather")
+                      "cpu_offloading_num_layers", "fp8_param_gather", "optimizer")
 """Options left out of `Layout.to_dict` at their default (so a layout without them reads as it
 always has)."""
 
@@ -179,6 +180,10 @@ class Layout:
     exp_avg_sq_dtype: str = "fp32"
     """Adam's second moment (Megatron-Core's --exp-avg-sq-dtype)."""
     cpu_offloading_num_layers: int = 0  # --cpu-offloading-num-layers (`traces.cpu_offload`)
+    optimizer: str = "fused"
+    """The optimizer step's kernels (`traces.torch_optim`): "fused", Megatron-LM's fused Adam
+    over fp32 main parameters; "foreach", torch.optim's AdamW(foreach=True) over FSDP2's fp32
+    shards (torchtitan's default)."""
 
     def __post_init__(self) -> None:
         """The rules that need neither the model nor the cluster (see `check_layout`)."""
@@ -196,6 +201,7 @@ class Layout:
         if self.zero not in (0, 1, 2, 3) or not is_int(self.zero):
             raise ConfigError(f"parallel.zero: {show(self.zero)} must be 0, 1, 2 or 3")
         check_reshard(self.reshard_after_forward, self.zero)
+        check_optimizer(self.optimizer, (self.exp_avg_dtype, self.exp_avg_sq_dtype))
         object.__setattr__(self, "grad_sync", checked_grad_sync(self.grad_sync, self.zero))
         for name, enum in (("schedule", Schedule), ("recompute", Recompute),
                            ("cp_comm", CpComm)):

@@ -135,8 +135,11 @@ TITAN_CLUSTER: dict[str, Any] = {
 def titan(name: str, table: str, model: dict[str, Any], parallel: dict[str, Any],
           tps: float) -> Row:
     """A torchtitan row: FSDP2 with bf16 parameters and fp32 gradient reduction
-    (mixed_precision_reduce = "float32"), one micro-batch per rank unless pipelined."""
-    full = {"zero": 3, "fp32_main_grads": True, "reshard_after_forward": True, **parallel}
+    (mixed_precision_reduce = "float32"), one micro-batch per rank unless pipelined; AdamW as
+    torchtitan builds it, torch.optim's with foreach = not optimizer.fused, off by default
+    (torchtitan/optimizer.py, config_manager.py): optimizer = "foreach"."""
+    full = {"zero": 3, "fp32_main_grads": True, "reshard_after_forward": True,
+            "optimizer": "foreach", **parallel}
     gpus = full.get("tp", 1) * full.get("cp", 1) * full.get("pp", 1) * full["dp"]
     return Row("torchtitan", name, f"{TORCHTITAN}, {table}", model, full,
                {**TITAN_CLUSTER, "nodes": max(1, gpus // 8)}, tps, "tokens/s")

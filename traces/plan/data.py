@@ -46,7 +46,8 @@ Where FSDP2 accumulates gradients across micro-batches (ZeRO 3 with `grad_sync =
 unit's backward ends with its accumulation kernel (`grad_accum`), and under a pipeline the
 step's reduce-scatters wait for the stage's whole last backward (`traces.fsdp_kernels`). Under
 PyTorch's stack (FSDP2) each gather is followed by its copy-out (`fsdp_copy_out`) on the compute
-stream before the unit's first op.
+stream before the unit's first op, and each reduce-scatter waits for its copy-in
+(`fsdp_rs_copy_in`), on the compute stream after the unit's backward.
 
 A unit's gradients are complete after the last op it runs on the compute stream; reductions
 wait for that op, gathers are waited for by the unit's first op on the compute stream. Each op
@@ -67,6 +68,7 @@ from traces.fsdp_kernels import (
     copies_out,
     copy_out_bytes,
     reduces_after_stage,
+    rs_copy_in_bytes,
 )
 from traces.layout import Axis
 from traces.ops import Op, OpKind, Phase, Stream
@@ -283,6 +285,20 @@ class _DataWalk:
         out.append(node)
         return node
 
+    def _rs_copy_in(self, unit: Unit, mb: int, after: list[Node]) -> Node | None:
+        """FSDP2's reduce-scatter copy-in of the unit's gradients (dense and routed experts'),
+        on the compute stream after `after` (`traces.fsdp_kernels`); None outside PyTorch's
+        stack. Accumulated gradients are read in the reduce dtype, others in the model's."""
+        if not self.copies_out:
+            return None
+        held = self.ctx.grad_bytes if self.accumulates else self.ctx.model.dtype_bytes
+        params = self.ctx.unit_params(unit) + self._expert_size(unit, 1.0)
+        op = Op(kind=OpKind.COMPUTE, stream=Stream.COMPUTE, name=str(Kernel.FSDP_RS_COPY_IN),
+                purpose=KernelRun(Kernel.FSDP_RS_COPY_IN), layer=unit.layer, microbatch=mb,
+                phase=Phase.BWD,
+                mem_bytes=rs_copy_in_bytes(params, held, self.ctx.grad_bytes))
+        return Node(op, unit, after)
+
     def _grads_ready(self, unit: Unit, mb: int, last: Node) -> list[Node]:
         """A unit's gradients are complete for this micro-batch: reduce them when it is time."""
         if self.zero == 3 and not syncs_grads(self.ctx.layout, mb):
@@ -300,6 +316,10 @@ class _DataWalk:
             return out
         size = self.ctx.unit_params(unit) * self.ctx.grad_bytes
         if self.zero == 3:
+            copy_in = self._rs_copy_in(unit, mb, [last, *out])
+            if copy_in is not None:
+                out.append(copy_in)
+                last = copy_in
             op = self._collective(OpKind.REDUCE_SCATTER, stream, unit_label("grads", unit),
                                   UnitGradReduce(unit), self.dp_group, size, layer, mb,
                                   Phase.BWD)

@@ -93,7 +93,8 @@ def add_optimizer(ctx: RankContext, program: Program,
         params = (params - experts) + experts * shard / expert_shard
     group = grad_stats_group(layout, ctx.rank)
     after = waits
-    for kernel, per_param in step_kernel_bytes(model.data_dtype, ctx.grad_bytes):
+    for kernel, per_param in step_kernel_bytes(model.data_dtype, ctx.grad_bytes,
+                                               layout.optimizer):
         step = Node(Op(kind=OpKind.COMPUTE, stream=Stream.COMPUTE, name=str(kernel),
                        purpose=KernelRun(kernel), phase=Phase.OPT,
                        mem_bytes=params / shard * per_param), None, after)

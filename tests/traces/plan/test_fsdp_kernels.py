@@ -165,3 +165,52 @@ def test_no_copy_out_outside_fsdp2(layout: Layout) -> None:
     model = SMALL if layout.zero == 3 else EAGER  # Megatron's stack, or no ZeRO-3 gathers
     assert not any(op.purpose == COPY_OUT for ops in build(model, layout).ops.values()
                    for op in ops)
+
+
+# --- FSDP2's reduce-scatter copy-in before every reduce-scatter (PyTorch's stack) -----------
+
+COPY_IN = KernelRun(Kernel.FSDP_RS_COPY_IN)
+
+
+def reduces_and_copies(ops: tuple[Op, ...]) -> list[tuple[Op, Op]]:
+    """Each unit's reduce-scatter with the copy-in it waits for."""
+    pairs = []
+    for op in ops:
+        if isinstance(op.purpose, UnitGradReduce):
+            (copy,) = [ops[i] for i in op.deps if ops[i].purpose == COPY_IN]
+            pairs.append((op, copy))
+    return pairs
+
+
+@pytest.mark.parametrize(("options", "held"), [({}, 2), ({"grad_sync": "step"}, 4)],
+                         ids=["per-microbatch", "accumulated-fp32"])
+def test_every_reduce_scatter_waits_for_its_copy_in_of_grad_plus_reduce_bytes(
+        options: dict[str, object], held: int) -> None:
+    """bf16 gradients cast into an fp32 reduce-scatter input: 2 + 4 bytes a parameter; where
+    FSDP2 accumulated them across micro-batches they are fp32 already: 4 + 4."""
+    layout = zero3(fp32_main_grads=True, **options)
+    ops = build(EAGER, layout).ops[0]
+    ctx = RankContext(model=EAGER, layout=layout, rank=0)
+    pairs = reduces_and_copies(ops)
+    assert len(pairs) == len([op for op in ops if isinstance(op.purpose, UnitGradReduce)]) > 0
+    for reduce, copy in pairs:
+        assert copy.kind is OpKind.COMPUTE and copy.stream is Stream.COMPUTE
+        assert (copy.layer, copy.microbatch, copy.phase) == \
+            (reduce.layer, reduce.microbatch, Phase.BWD)
+        assert copy.mem_bytes == reduce.size_bytes / 4 * (held + 4)
+    layer0 = {c.mem_bytes for r, c in pairs if r.layer == 0}
+    assert layer0 == {ctx.unit_params(Unit.of_layer(0)) * (held + 4)}
+
+
+def test_a_copy_in_follows_its_units_backward_on_the_compute_stream() -> None:
+    ops = build(EAGER, zero3()).ops[0]
+    for op in ops:
+        if op.purpose == COPY_IN:
+            before = max(op.deps)
+            assert ops[before].stream is Stream.COMPUTE and ops[before].layer == op.layer
+            assert ops[before].phase is Phase.BWD
+
+
+def test_no_copy_in_under_megatrons_stack() -> None:
+    assert not any(op.purpose == COPY_IN for ops in build(SMALL, zero3()).ops.values()
+                   for op in ops)
