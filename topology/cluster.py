@@ -53,6 +53,10 @@ class Accelerator:
     """32-bit integer instructions per second at the sustained clock (a GPU's INT32 lanes:
     SMs x lanes x clock), which random draws run on (dropout's Philox, `sim.models.compute`);
     0: none modelled, draws cost nothing (a TPU, a calibrated CPU host)."""
+    exp_per_clock: int = 0
+    """Exponentials (MUFU.EX2 results) a clock per compute unit: a GPU's special-function
+    units, which run softmax's exponentials beside the tensor cores (`sim.models.rates` turns
+    Blackwell Ultra's doubled rate into flash attention's efficiency); 0: not known."""
 
     @property
     def sustained_flops(self) -> float:
@@ -68,6 +72,13 @@ class Accelerator:
         if not (self.peak_clock_MHz and self.sustained_clock_MHz):
             return self.peak_flops_fp8
         return self.peak_flops_fp8 * self.sustained_clock_MHz / self.peak_clock_MHz
+
+    @property
+    def sustained_exp_per_s(self) -> float:
+        """Exponentials a second at the sustained clock: units x `exp_per_clock` x clock (0
+        where either figure is missing)."""
+        clock = self.sustained_clock_MHz or self.peak_clock_MHz
+        return self.compute_units * self.exp_per_clock * clock * 1e6
 
     @property
     def sustained_hbm_Bps(self) -> float:

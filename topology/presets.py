@@ -32,6 +32,17 @@ IB_EFFICIENCY = 0.96
 PCIE_NIC_LATENCY_S = 1.0e-6  # PCIe + NIC, each end of an inter-node hop
 SWITCH_HOP_LATENCY_S = 0.2e-6  # ~130 ns switch port-to-port + cable
 
+# Exponentials a clock an SM (MUFU.EX2 on the special-function units, which run softmax's exp):
+# 16 on Hopper and Blackwell alike, "the SFU count ... remains unchanged" from H100 to B200
+# while BF16 tensor throughput goes from 1 to 2.25 PFLOPs (FlashAttention-4, Zadouri, Dao et
+# al., arXiv 2603.05451, and its Together AI blog: MUFU at 16 operations a clock an SM); twice
+# that on Blackwell Ultra, which "doubles SFU throughput" ("Inside NVIDIA Blackwell Ultra" and
+# "Making Softmax More Efficient with NVIDIA Blackwell Ultra", NVIDIA developer blog: SFU EX2
+# 10.7 TeraExponentials/s against Blackwell's 5; its MUFU.EX2 benchmark measured 10,024 against
+# 4,943 Gop/s on GB300 and GB200, i.e. 32 x 160 SMs at 1958 MHz and 16 x 148 at 2087 MHz).
+HOPPER_BLACKWELL_EXP_PER_CLOCK = 16
+BLACKWELL_ULTRA_EXP_PER_CLOCK = 2 * HOPPER_BLACKWELL_EXP_PER_CLOCK
+
 A100_80GB = Accelerator(
     name="A100-SXM4-80GB",
     peak_flops=312e12,  # A100 data sheet: BF16 tensor core 312 TFLOPS dense (624 sparse)
@@ -66,6 +77,7 @@ H100_SXM = Accelerator(
     # H100 whitepaper: 64 INT32 lanes per SM (the CUDA guide's table for compute capability
     # 9.0 likewise): 132 x 64 x 1450 MHz
     int32_ops_per_s=132 * 64 * 1450e6,
+    exp_per_clock=HOPPER_BLACKWELL_EXP_PER_CLOCK,  # FlashAttention-4: 16 (see above)
 )
 H200_SXM = Accelerator(
     name="H200-SXM-141GB",
@@ -77,6 +89,7 @@ H200_SXM = Accelerator(
     peak_clock_MHz=1830,  # as H100 SXM: 989.4 TFLOP/s at 1830 MHz
     sustained_clock_MHz=1450,  # measured on H200 (mamf-finder MSMF, 8 GPUs busy): see H100
     int32_ops_per_s=132 * 64 * 1450e6,  # as H100 SXM: 64 INT32 lanes per SM
+    exp_per_clock=HOPPER_BLACKWELL_EXP_PER_CLOCK,  # the H100 die's SFUs
 )
 # Blackwell. Data sheets quote FP8 and BF16 "with sparsity"; dense is half. MXFP8 block scaling
 # is Blackwell's (fifth-generation tensor cores take E8M0 block scales, TE's MXFP8BlockScaling).
@@ -100,6 +113,7 @@ B200 = Accelerator(
     sustained_clock_MHz=1365,  # B200_SUSTAINED_RATIO's measurement (sim.models.rates.B200)
     # no published Blackwell SM breakdown: an assumption, Hopper's 64 INT32 lanes per SM
     int32_ops_per_s=148 * 64 * 1365e6,
+    exp_per_clock=HOPPER_BLACKWELL_EXP_PER_CLOCK,  # FlashAttention-4: 16 (see above)
 )
 GB200 = Accelerator(
     name="GB200-186GB",
@@ -117,6 +131,7 @@ GB200 = Accelerator(
     sustained_clock_MHz=round(2062 * B200_SUSTAINED_RATIO),
     # an assumption as B200's: 64 INT32 lanes per SM, at the sustained clock
     int32_ops_per_s=148 * 64 * round(2062 * B200_SUSTAINED_RATIO) * 1e6,
+    exp_per_clock=HOPPER_BLACKWELL_EXP_PER_CLOCK,  # B200's die pair
 )
 H100_96GB = Accelerator(
     name="H100-SXM5-96GB",
@@ -136,6 +151,7 @@ H100_96GB = Accelerator(
     # as H100 SXM: 64 INT32 lanes per SM, at that clock
     int32_ops_per_s=132 * 64 * H100_SXM.sustained_clock_MHz
     * H100_LLAMA3_8B_PRETRAIN.ratio(500.0) * 1e6,
+    exp_per_clock=HOPPER_BLACKWELL_EXP_PER_CLOCK,  # the H100 die's SFUs
 )
 # Blackwell Ultra (B300): NVIDIA's "Inside NVIDIA Blackwell Ultra" (developer blog, 2025):
 # 160 SMs over two dies, 288 GB HBM3e, 8 TB/s. BF16 per clock as Blackwell's 8192 dense FLOP a
@@ -155,6 +171,7 @@ B300 = Accelerator(
     sustained_clock_MHz=2.25e15 / (160 * 8192) / 1e6 * B200_SUSTAINED_RATIO,
     # an assumption as B200's: 64 INT32 lanes per SM, at the sustained clock
     int32_ops_per_s=160 * 64 * 2.25e15 / (160 * 8192) * B200_SUSTAINED_RATIO,
+    exp_per_clock=BLACKWELL_ULTRA_EXP_PER_CLOCK,  # Blackwell Ultra blog: twice (see above)
 )
 GB300 = Accelerator(
     name="GB300-288GB",
@@ -171,6 +188,7 @@ GB300 = Accelerator(
     sustained_clock_MHz=2.5e15 / (160 * 8192) / 1e6 * B200_SUSTAINED_RATIO,
     # an assumption as B200's: 64 INT32 lanes per SM, at the sustained clock
     int32_ops_per_s=160 * 64 * 2.5e15 / (160 * 8192) * B200_SUSTAINED_RATIO,
+    exp_per_clock=BLACKWELL_ULTRA_EXP_PER_CLOCK,  # Blackwell Ultra blog: twice (see above)
 )
 TPU_V4 = Accelerator(
     name="TPU-v4",

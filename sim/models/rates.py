@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from topology.cluster import Accelerator
 from topology.presets import A100_80GB, H100_SXM
 from topology.presets import B200 as B200_GPU
+from topology.presets import GB300 as GB300_GPU
 from traces.kernels import FLASH_BWD
 
 
@@ -82,34 +83,41 @@ B200 = Benchmarks(accelerator=B200_GPU, gemm_flops=1426e12, gemm_clock_MHz=1365,
 
 
 # Blackwell Ultra (B300, GB300): B200's tensor cores (no published GEMM figure of its own), but
-# twice Blackwell's special-function throughput for the exponential, MUFU.EX2 ("Inside NVIDIA
-# Blackwell Ultra" and "Making Softmax More Efficient with NVIDIA Blackwell Ultra", NVIDIA
-# developer blog, 2025-26: the tensor cores idle while the SFUs normalise the scores). Blackwell
-# runs 16 exponentials a clock an SM beside 8192 dense BF16 FLOP (FlashAttention-4, Zadouri, Dao
-# et al., 2026), so at a head dim of 128 one causal score's exponential takes as long as its
-# 4·128 FLOP of QKᵀ and PV at full rate: the forward is bound by the exponential, the backward
-# by shared-memory traffic, not by it (same source). So the forward's exponentials, one a score,
-# are on its critical path and take half the time on Blackwell Ultra; the backward (FLASH_BWD
-# times the forward's FLOPs at the same efficiency) keeps its time.
-SFU_EXP_PER_CLOCK = 16
-"""Blackwell's MUFU.EX2 results a clock an SM (FlashAttention-4); Blackwell Ultra twice it."""
+# twice Blackwell's special-function throughput for the exponential, MUFU.EX2
+# (`Accelerator.exp_per_clock`, cited in topology.presets: the tensor cores idle while the SFUs
+# normalise the scores). Blackwell runs `exp_per_clock` = 16 exponentials a clock an SM beside
+# 8192 dense BF16 FLOP (FlashAttention-4, Zadouri, Dao et al., 2026), so at a head dim of 128
+# one causal score's exponential takes as long as its 4·128 FLOP of QKᵀ and PV at full rate: the
+# forward is bound by the exponential, the backward by shared-memory traffic, not by it (same
+# source). So the forward's exponentials, one a score, are on its critical path and take
+# B200's rate over the accelerator's of the time (half on Blackwell Ultra); the backward
+# (FLASH_BWD times the forward's FLOPs at the same efficiency) keeps its time.
 TENSOR_BF16_PER_CLOCK = 8192
 """Blackwell's dense BF16 tensor FLOP a clock an SM (`topology.presets`)."""
 HEAD_DIM = 128
 """The head dim the efficiency is stated at (Llama 3, Qwen3, GPT-3's)."""
 
 
-def with_faster_exponentials(flash: float, speedup: float, backward: float = FLASH_BWD) -> float:
+def with_faster_exponentials(flash: float, speedup: float, backward: float = FLASH_BWD,
+                             exp_per_clock: int = B200_GPU.exp_per_clock) -> float:
     """Flash attention's efficiency (fwd and bwd together) where the forward's exponentials
     run `speedup` times faster: per causal score, the forward takes 4·d / (8192 · `flash`)
-    SM clocks, 1/16 of them the exponential, the backward `backward` times the forward."""
+    SM clocks, 1 / `exp_per_clock` of them the exponential (Blackwell's 16), the backward
+    `backward` times the forward."""
     forward = 4 * HEAD_DIM / (TENSOR_BF16_PER_CLOCK * flash)
-    saved = (1 - 1 / speedup) / SFU_EXP_PER_CLOCK
+    saved = (1 - 1 / speedup) / exp_per_clock
     step = (1 + backward) * forward
     return flash * step / (step - saved)
 
 
-BLACKWELL_ULTRA_FLASH = with_faster_exponentials(B200.flash_attn, 2.0)
+def blackwell_flash(accelerator: Accelerator) -> float:
+    """A Blackwell-family accelerator's flash attention efficiency: B200's, its forward's
+    exponentials at the accelerator's rate a clock an SM over B200's (`exp_per_clock`)."""
+    speedup = accelerator.exp_per_clock / B200_GPU.exp_per_clock
+    return with_faster_exponentials(B200.flash_attn, speedup)
+
+
+BLACKWELL_ULTRA_FLASH = blackwell_flash(GB300_GPU)
 """Blackwell Ultra's flash attention efficiency: B200's, its forward exponentials twice as fast
 (forward alone 1.39x faster: NVIDIA's softmax blog measured ~35% more FP8 forward throughput on
 DeepSeek-V3's attention); fwd and bwd together 1.086x."""

@@ -12,10 +12,11 @@ import topology.presets as presets
 from sim.models import rates
 from sim.profile import DEFAULTS
 from topology.cluster import Accelerator
+from topology.power import at_clock
 
 SOURCE = Path(presets.__file__)
 FIGURES = ("peak_flops", "hbm_bandwidth_Bps", "peak_clock_MHz", "sustained_clock_MHz",
-           "int32_ops_per_s")
+           "int32_ops_per_s", "exp_per_clock")
 ACCELERATORS = [a for a in vars(presets).values() if isinstance(a, Accelerator)]
 CHIPS = [a for a in ACCELERATORS if not a.name.startswith("CPU")]
 
@@ -110,3 +111,27 @@ def test_blackwell_ultra_halves_the_forward_exponentials_of_b200_flash_attention
         assert ultra_params.gemm_efficiency == b200.gemm_efficiency
         assert ultra_params.kernels["flash_attn"].flops_efficiency == pytest.approx(ultra)
     assert DEFAULTS["GB200-186GB"] is DEFAULTS["B200-SXM-180GB"]
+
+
+@pytest.mark.parametrize("chip", [c for c in CHIPS if c.exp_per_clock], ids=lambda a: a.name)
+def test_the_exponential_rate_is_sms_times_mufu_per_clock_at_the_sustained_clock(chip):
+    """Softmax's exponentials run on the SFUs: SMs x exponentials a clock an SM x the clock the
+    power limit leaves (a power cap lowers it with the GEMMs' rate)."""
+    assert chip.sustained_exp_per_s == chip.compute_units * chip.exp_per_clock * \
+        chip.sustained_clock_MHz * 1e6
+    half = at_clock(chip, chip.sustained_clock_MHz / 2)
+    assert half.sustained_exp_per_s == pytest.approx(chip.sustained_exp_per_s / 2, rel=1e-12)
+
+
+def test_blackwell_ultra_doubles_the_exponentials_and_only_they_set_its_flash_apart():
+    """16 a clock an SM on Hopper and Blackwell, 32 on Blackwell Ultra (presets' citations);
+    the flash efficiency of a Blackwell-family chip follows from that rate alone: B200's own
+    at 16, the doubled-exponential one at 32."""
+    assert {c.name: c.exp_per_clock for c in CHIPS if c.exp_per_clock} == {
+        "H100-SXM5-80GB": 16, "H200-SXM-141GB": 16, "H100-SXM5-96GB": 16,
+        "B200-SXM-180GB": 16, "GB200-186GB": 16, "B300-SXM-288GB": 32, "GB300-288GB": 32}
+    assert rates.blackwell_flash(presets.GB200) == rates.B200.flash_attn
+    for ultra in (presets.B300, presets.GB300):
+        assert rates.blackwell_flash(ultra) == rates.with_faster_exponentials(
+            rates.B200.flash_attn, 2.0)
+    assert rates.blackwell_flash(presets.B300) == rates.BLACKWELL_ULTRA_FLASH
