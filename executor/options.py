@@ -45,7 +45,7 @@ def check_supported(model: ModelSpec, layout: Layout, options: RunOptions | None
                     ) -> None:
     """Layouts the executor cannot run exactly; a ConfigError naming the rule."""
     if model.fp8:
-        raise ConfigError(fp8_refusal())
+        raise ConfigError(fp8_refusal(model.dtype))
     if layout.recompute == "selective_op":
         raise ConfigError("parallel.recompute: 'selective_op' (torchtitan's per-op rule) is "
                           "simulated, not run by the executor; use none, selective or full")
@@ -94,11 +94,13 @@ def check_moe_supported(model: ModelSpec, layout: Layout) -> None:
             raise ConfigError(message)
 
 
-def fp8_refusal() -> str:
-    """Why the executor does not run an fp8 model here: no FP8 GEMMs on a CPU; on a GPU,
-    its FP8 kernels (Transformer Engine's casts, amax reduction) are not written yet."""
+def fp8_refusal(dtype: str = "fp8") -> str:
+    """Why the executor does not run an fp8 (or fp4) model here: no FP8 GEMMs on a CPU; on a
+    GPU, its FP8 kernels (Transformer Engine's casts, amax reduction) are not written yet."""
     if not torch.cuda.is_available():
-        return ("model.dtype: \"fp8\" needs FP8 tensor cores (Hopper or Blackwell); this "
+        cores = "FP4 tensor cores (Blackwell)" if dtype == "fp4" else \
+            "FP8 tensor cores (Hopper or Blackwell)"
+        return (f"model.dtype: \"{dtype}\" needs {cores}; this "
                 "run has no GPU, and gloo on CPU computes in fp32, bf16 or fp16 only")
-    return ("model.dtype: \"fp8\": the executor's FP8 kernels (Transformer Engine's casts "
-            "and amax reduction) are not implemented; simulate it, or run bf16")
+    return (f"model.dtype: \"{dtype}\": the executor's {dtype.upper()} kernels (Transformer "
+            "Engine's casts and amax reduction) are not implemented; simulate it, or run bf16")

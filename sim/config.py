@@ -99,7 +99,14 @@ class Experiment:
 def check_fp8(model: ModelSpec, accelerator: Accelerator) -> None:
     """An fp8 model needs FP8 tensor cores, and MXFP8 needs Blackwell's block scaling; the
     other recipes run wherever FP8 does (`traces.fp8_recipes`: TE runs blockwise on Blackwell
-    through MXFP8)."""
+    through MXFP8). An fp4 model needs FP4 tensor cores (Blackwell's: TE's NVFP4 recipe runs
+    on compute capability 10.0 and up, nvfp4.rst "Supported devices")."""
+    if model.fp4:
+        if accelerator.peak_flops_fp4 <= 0:
+            raise ConfigError(f"model.dtype: \"fp4\" needs FP4 tensor cores, which "
+                              f"{accelerator.name} does not have (Blackwell does: B200, "
+                              "GB200, B300, GB300)")
+        return
     if not model.fp8:
         return
     if accelerator.peak_flops_fp8 <= 0:
@@ -114,7 +121,7 @@ def check_fp8(model: ModelSpec, accelerator: Accelerator) -> None:
 def resolve_fp8(model: ModelSpec, accelerator: Accelerator, stated: bool) -> ModelSpec:
     """An fp8 model's recipe, where the config left it out (`stated` false): MXFP8 on an
     accelerator with block scaling (Blackwell), else delayed scaling."""
-    if model.fp8 and not stated and accelerator.fp8_block_scaling:
+    if model.dtype == "fp8" and not stated and accelerator.fp8_block_scaling:
         model = dataclasses.replace(model, fp8_recipe="mxfp8")
     check_fp8(model, accelerator)
     return model
@@ -175,6 +182,7 @@ def experiment_from_dict(data: Mapping[str, Any], *, name: str = "experiment",
     cluster = profile.applied_to(cluster)  # measured link classes and roofs replace the preset's
     model = resolve_fp8(model, cluster.accelerator, "fp8_recipe" in model_table)
     check_recipe_named(model_table.get("fp8_recipe"))
+    check_recipe_named(model_table.get("fp4_recipe"), "fp4_recipe")
     return Experiment(name=name, model=model, layout=layout, cluster=cluster, network=network,
                       algo=algo, profile=profile, reliability=reliability, host=host,
                       profile_path=base / profile_path if profile_path else None)

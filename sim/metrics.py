@@ -142,14 +142,17 @@ _KIND, _FLOPS = attrgetter("kind"), attrgetter("flops")
 
 
 def gemm_peak(model: ModelSpec, accelerator: Accelerator) -> float:
-    """The dense peak MFU is measured against: FP8's for an fp8 model, else bf16's."""
+    """The dense peak MFU is measured against: FP4's for an fp4 model, FP8's for an fp8 one,
+    else bf16's."""
+    if model.fp4:
+        return accelerator.peak_flops_fp4
     return accelerator.peak_flops_fp8 if model.fp8 else accelerator.peak_flops
 
 
 def gemm_precision(model: ModelSpec) -> str:
-    """The precision `gemm_peak` is the peak of, as the report labels it: "fp8" for an fp8
-    model, else the model's dtype ("bf16", "fp32" on the CPU)."""
-    return "fp8" if model.fp8 else model.dtype
+    """The precision `gemm_peak` is the peak of, as the report labels it: the model's dtype
+    ("fp8", "fp4"; "bf16", "fp32" on the CPU)."""
+    return model.dtype
 
 
 def _union_length(starts: np.ndarray, ends: np.ndarray) -> float:

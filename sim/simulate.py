@@ -273,7 +273,8 @@ def summary_text(exp: Experiment, s: StepSummary) -> str:
         f"  attention           {exp.model.attention}"
         + (" (materialized scores)" if str(exp.model.attention) == "unfused" else ""),
         f"  model               {model_summary(exp.model)}"
-        + (f" ({exp.model.fp8_recipe} scaling; MFU against the FP8 peak)"
+        + (f" ({exp.model.fp4_recipe} scaling; MFU against the FP4 peak)" if exp.model.fp4
+           else f" ({exp.model.fp8_recipe} scaling; MFU against the FP8 peak)"
            if exp.model.fp8 else ""),
         *fleet_lines(exp),
         *_overlaps(L),

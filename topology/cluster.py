@@ -40,6 +40,9 @@ class Accelerator:
     fewer tiles than units leaves some idle (wave quantization)."""
     peak_flops_fp8: float = 0.0
     """Dense FP8 tensor FLOP/s (no sparsity); 0 for an accelerator without FP8 (A100, TPU v4)."""
+    peak_flops_fp4: float = 0.0
+    """Dense FP4 tensor FLOP/s (no sparsity; NVFP4's block-scaled E2M1 GEMMs); 0 for an
+    accelerator without FP4 tensor cores (Hopper and older, TPU v4)."""
     fp8_block_scaling: bool = False
     """FP8 GEMMs with hardware block scales (Blackwell's MXFP8): `traces.fp8` explains what it
     changes."""
@@ -72,6 +75,13 @@ class Accelerator:
         if not (self.peak_clock_MHz and self.sustained_clock_MHz):
             return self.peak_flops_fp8
         return self.peak_flops_fp8 * self.sustained_clock_MHz / self.peak_clock_MHz
+
+    @property
+    def sustained_flops_fp4(self) -> float:
+        """Dense FP4 FLOP/s at the sustained clock, as `sustained_flops`."""
+        if not (self.peak_clock_MHz and self.sustained_clock_MHz):
+            return self.peak_flops_fp4
+        return self.peak_flops_fp4 * self.sustained_clock_MHz / self.peak_clock_MHz
 
     @property
     def sustained_exp_per_s(self) -> float:

@@ -105,6 +105,9 @@ B200 = Accelerator(
     # dense; BF16 half of FP8: 2.25 PF dense (NVIDIA Blackwell architecture technical brief).
     peak_flops=2.25e15,
     peak_flops_fp8=4.5e15,
+    # HGX B200 spec (nvidia.com/data-center/hgx, its Blackwell GPU column beside GB200 NVL72's):
+    # FP4 Tensor Core 18 PFLOPS a GPU with sparsity (144 for 8), half of it dense
+    peak_flops_fp4=9e15,
     fp8_block_scaling=True,
     memory_bytes=180e9,  # DGX B200 data sheet: 1,440 GB HBM3e for 8 GPUs
     hbm_bandwidth_Bps=8e12,  # DGX B200 data sheet: 64 TB/s HBM3e for 8 GPUs
@@ -122,6 +125,9 @@ GB200 = Accelerator(
     # B200 (1.2 kW against 1 kW TDP).
     peak_flops=2.5e15,
     peak_flops_fp8=5e15,
+    # GB200 NVL72 spec: FP4 Tensor Core 1,440 PFLOPS with sparsity for 72 GPUs (20 PF each),
+    # half of it dense
+    peak_flops_fp4=10e15,
     fp8_block_scaling=True,
     memory_bytes=186e9,  # GB200 NVL72 spec: 13.4 TB HBM3e for 72 GPUs
     hbm_bandwidth_Bps=8e12,  # GB200 NVL72 spec: 576 TB/s for 72 GPUs
@@ -162,6 +168,7 @@ B300 = Accelerator(
     # dense; BF16 half of FP8: 2.25 PF dense (FP4: 144 PF sparse, 108 PF dense for 8 GPUs)
     peak_flops=2.25e15,
     peak_flops_fp8=4.5e15,
+    peak_flops_fp4=108e15 / 8,  # DGX B300 data sheet: FP4 108 PFLOPS dense for 8 GPUs
     fp8_block_scaling=True,
     memory_bytes=288e9,  # DGX B300 data sheet: 2.3 TB HBM3e for 8 GPUs (288 GB each)
     hbm_bandwidth_Bps=8e12,  # Blackwell Ultra blog: 8 TB/s HBM3e per GPU
@@ -179,6 +186,9 @@ GB300 = Accelerator(
     # PFLOPS with sparsity for 72 GPUs: 10 and 5 PF each, half of it dense (FP4: 1,080 PF dense)
     peak_flops=2.5e15,
     peak_flops_fp8=5e15,
+    # GB300 NVL72 spec: FP4 Tensor Core 1,080 PFLOPS dense for 72 GPUs (1,440 with sparsity);
+    # "15 petaFLOPS dense NVFP4" a GPU, Blackwell Ultra blog
+    peak_flops_fp4=1080e15 / 72,
     fp8_block_scaling=True,
     memory_bytes=288e9,  # GB300 NVL72 spec: 288 GB HBM3e per GPU (20 TB for 72)
     hbm_bandwidth_Bps=8e12,  # GB300 NVL72 spec: 576 TB/s for 72 GPUs

@@ -1,13 +1,15 @@
 """FP8 training as the frameworks run it: the kernels and bytes FP8 adds to a linear layer.
 
 `dtype = "fp8"` runs every linear layer of a block as an FP8 GEMM at the accelerator's FP8
-dense rate: qkv, proj, fc1, fc2 (latent attention: mla_down, q_up, kv_up and proj; an MoE
-layer's routed experts at the FP8 rate without their casts' bytes, `traces.moe`, and its
-shared experts as fc1 and fc2); everything else (norms, attention core, activations,
-residuals, router, embedding, logits and cross-entropy) stays bf16, and so do communication,
-the stored activations and parameters; the optimizer is bf16 mixed precision (fp32 master
-weights and Adam moments). `fp8_recipe` chooses the scaling; `traces.fp8_recipes` says, recipe
-by recipe, which casts, transposes and amax passes run around each GEMM and what they move.
+dense rate (`dtype = "fp4"`: an NVFP4 GEMM at its FP4 dense rate, the same machinery with
+NVFP4's bytes and kernels, `traces.fp8_recipes`): qkv, proj, fc1, fc2 (latent attention:
+mla_down, q_up, kv_up and proj; an MoE layer's routed experts at the FP8 rate without their
+casts' bytes, `traces.moe`, and its shared experts as fc1 and fc2); everything else (norms,
+attention core, activations, residuals, router, embedding, logits and cross-entropy) stays
+bf16, and so do communication, the stored activations and parameters; the optimizer is bf16
+mixed precision (fp32 master weights and Adam moments). `fp8_recipe` chooses the scaling;
+`traces.fp8_recipes` says, recipe by recipe, which casts, transposes and amax passes run around
+each GEMM and what they move.
 Per linear Y = X·W of (M, N, K) on one micro-batch, with q_a and q_w bytes per FP8 activation
 and weight element (an FP8 value and its scale's share):
 
@@ -57,13 +59,16 @@ gradient and input gradient backward (TE's FP8 meta tensors)."""
 
 
 def recipe(model: ModelSpec) -> Fp8Recipe:
-    """The model's FP8 recipe (delayed where none is named)."""
+    """The model's FP8 recipe (delayed where none is named), or its FP4 one (NVFP4)."""
+    if model.fp4:
+        return RECIPES[model.fp4_recipe]
     return RECIPES[model.fp8_recipe or "delayed"]
 
 
 def fp8_gemm_rate(model: ModelSpec) -> float:
-    """The model's FP8 GEMMs' rate as a fraction of the accelerator's FP8 dense rate (MXFP8's
-    block-scaled GEMMs run slower, `traces.fp8_recipes.MXFP8_GEMM_RATE`); 1 without FP8."""
+    """The model's quantized GEMMs' rate as a fraction of the accelerator's dense rate in
+    their format, FP8 or FP4 (MXFP8's block-scaled GEMMs run slower,
+    `traces.fp8_recipes.MXFP8_GEMM_RATE`); 1 without FP8."""
     return recipe(model).gemm_rate if model.fp8 else 1.0
 
 
@@ -79,7 +84,8 @@ def fp8_linear(model: ModelSpec, name: Kernel, gemm: Gemm, grad_bytes: int,
     forward = qa * a + qw * b + BF16 * c
     backward = (qa * c + qw * b + BF16 * a) + (qa * (a + c) + 2 * b * grad_bytes)
     return [*input_casts(rec, a, b, fused),
-            KernelWork(name, flops, forward, 2 * flops, backward, gemm, fp8=True),
+            KernelWork(name, flops, forward, 2 * flops, backward, gemm, fp8=True,
+                       fp4=model.fp4),
             *backward_casts(rec, a, b, c)]
 
 

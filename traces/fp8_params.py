@@ -36,9 +36,10 @@ def check_fp8_param_gather(model: ModelSpec, layout: Layout) -> None:
     if not layout.fp8_param_gather:
         return
     key = "parallel.fp8_param_gather: true"
-    if not model.fp8 or model.kernels != "fused" or model.fp8_recipe == "rowwise":
+    if model.dtype != "fp8" or model.kernels != "fused" or model.fp8_recipe == "rowwise":
         raise ConfigError(f"{key} needs Transformer Engine's FP8 weights (model.dtype = "
-                          "\"fp8\", kernels = \"fused\", a recipe other than \"rowwise\")")
+                          "\"fp8\", kernels = \"fused\", a recipe other than \"rowwise\"; "
+                          "NVFP4's recipe sets it false)")
     if layout.zero not in (1, 2):
         raise ConfigError(f"{key} needs zero = 1 or 2 (Megatron's distributed optimizer)")
     if layout.fp8_activation_cache:

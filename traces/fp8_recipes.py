@@ -1,6 +1,7 @@
-"""FP8 scaling recipes: the casts, transposes and amax passes each launches around an FP8 GEMM.
+"""FP8 and FP4 scaling recipes: the casts, transposes and amax passes each launches around a
+quantized GEMM.
 
-`fp8_recipe` names, and what they stand for:
+`fp8_recipe` names (and `fp4_recipe`'s "nvfp4", with `dtype = "fp4"`), and what they stand for:
 
     delayed     Transformer Engine's DelayedScaling (Hopper's default): one fp32 scale per
                 tensor from an amax history, known before the cast reads the tensor
@@ -11,6 +12,9 @@
     blockwise   TE's Float8BlockScaling, DeepSeek-V3's recipe (report §3.3): activations and
                 gradients scaled per 1x128 block, weights per 128x128 block, fp32 scales
     mxfp8       TE's MXFP8BlockScaling (Blackwell): an E8M0 scale per 32 values
+    nvfp4       TE's NVFP4BlockScaling (Blackwell; Megatron-Core's --fp4-format e2m1
+                --fp4-recipe nvfp4): E2M1 values, half a byte each, an E4M3 scale per 16
+                values and an fp32 scale per tensor (module section "NVFP4" below)
 
 torchao's rowwise_with_gw_hp (the weight gradient GEMM in bf16) is not offered: a GEMM's
 backward is one op at one rate here, its input and weight gradients alike.
@@ -78,13 +82,53 @@ Wgrad), took 7.161 ms a layer in MXFP8 against 6.812 ms with per-tensor current 
 Pre-quantized"). B200 and GB200 take the same ratio: Blackwell Ultra keeps Blackwell's FP8
 tensor cores (`sim.models.rates`), so it is an assumption there, not a measurement.
 
-Where a recipe runs: mxfp8 needs Blackwell's hardware block scales; blockwise runs on Hopper
+NVFP4 (`dtype = "fp4"`; TE's NVFP4BlockScaling as its defaults set it, which Megatron-Core
+builds for --fp4-recipe nvfp4 and Megatron-Bridge's bf16_with_nvfp4_mixed states: fp4 "e2m1",
+fp4_recipe "nvfp4", fp8_param_gather False, training/mixed_precision.py; the performance scripts
+take it unchanged for "nvfp4", scripts/performance/utils/precision.py get_precision_config
+@84fba28, so every transformer layer's linears run in NVFP4, none kept in bf16). A value is an
+E2M1 nibble (half a byte) with an E4M3 byte per 16 consecutive values and one fp32 per-tensor
+scale (TE docs/features/low_precision_training/nvfp4/nvfp4.rst; NVIDIA, "Pretraining Large
+Language Models with NVFP4", arXiv 2509.25149): q = 1/2 + 1/16 bytes a value (4.5 bits;
+the fp32 per tensor left out). Weights take one scale per 16x16 block ("2D"), stored in the
+same 1x16 scale layout (TE's NVFP4Quantizer::get_scale_shape does not depend on it), so their
+q is the same. TE's recipe (transformer_engine/common/recipe/__init__.py NVFP4BlockScaling
+__post_init__) applies the random Hadamard transform (RHT, a 16x16 Hadamard matrix times a
+random sign per column, on 16-value blocks) to the column-wise copies of the input and the
+output gradient, the wgrad GEMM's operands only ("RHT is currently only applied to column-wise
+usage so that it can be used for wgrad GEMM"), stochastic rounding to the gradient's. The
+scale per tensor needs the tensor's amax first, as current scaling does. TE's NVFP4Quantizer::
+quantize_impl (transformer_engine/pytorch/csrc/quantizer.cpp, NVIDIA/TransformerEngine
+@ad3f651) launches, for X and for dY:
+
+    fp8_amax     nvte_hadamard_transform_amax: the amax of X and of RHT(Xᵀ) in one pass,
+                 read 2a, RHT FLOPs 2·16·a
+    fp8_cast     nvte_quantize_v2 of the row-wise copy: read 2a, write q·a
+    fp8_cast     nvte_hadamard_transform_cast_fusion_columnwise, RHT and quantization of the
+                 column-wise copy in one kernel: read 2a, write q·a, RHT FLOPs 2·16·a
+
+(dY's under fp8_cast_grad, both its casts rounding stochastically: one 32-bit random word per
+4 values, `SR_VALUES_PER_WORD`), and for the weight, once a step, nvte_compute_amax then one
+nvte_quantize_v2 writing both copies: read 2w; read 2w, write 2q·w. The norm before qkv and
+fc1 runs unfused, writing bf16: TE's normalization (pytorch/csrc/extensions/normalization.cpp)
+takes the unfused path for an NVFP4 quantizer with RHT ("Post-RHT amax is handled within NVFP4
+quantizer"). Under SP at tp > 1 the amaxes of a gathered input or gradient are all-reduced over
+TP before the cast (TE's nvfp4.rst "Distributed training"; quantize_impl's
+with_amax_reduction), as current scaling's. The kernels keep the FP8 casts' names: they are
+the same TE quantize calls on the same tensors. GEMM rate: NVFP4's GEMMs run at the
+accelerator's dense FP4 rate (`topology.presets`: B200 9, GB200 10, B300 13.5, GB300 15 PF;
+`Accelerator.peak_flops_fp4`), with no slowdown for the block scales stated: no public
+measurement separates it (as MXFP8's is, `MXFP8_GEMM_RATE`).
+
+Where a recipe runs: mxfp8 and nvfp4 need Blackwell's hardware block scales (FP4 tensor
+cores for nvfp4: `sim.config.check_fp8`); blockwise runs on Hopper
 and on Blackwell (TE emulates it with MXFP8 there); tensorwise and rowwise wherever FP8 does.
 TE's GroupedLinear refuses current scaling at TP > 1, so tensorwise with experts needs etp 1.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from traces.errors import ConfigError
@@ -103,6 +147,21 @@ BLOCK = 128
 an fp32 scale each (DeepSeek-V3 report §3.3)."""
 MX_BLOCK = 32
 """MXFP8: one E8M0 scale byte per 32 consecutive values (OCP Microscaling spec, TE docs)."""
+NV_BLOCK = 16
+"""NVFP4: one E4M3 scale byte per 16 consecutive values (TE's nvfp4.rst, NVFP4_BLOCK_SIZE)."""
+FP4 = 0.5
+"""Bytes of an E2M1 value: two to a byte."""
+HADAMARD = 16
+"""The random Hadamard transform's size: each 16-value block times a 16x16 matrix, 2·16 FLOPs
+a value (TE's hadamard_transform_cast_fusion.cu runs it as a bf16 GEMM of the tensor with the
+16x16 matrix)."""
+SR_VALUES_PER_WORD = 4
+"""Stochastic rounding's values per 32-bit random word: TE's NVFP4 casts round with PTX
+`cvt.rs.satfinite.e2m1x4.f32`, four values and one word of random bits an instruction
+(transformer_engine/common/hadamard_transform/hadamard_transform_cast_fusion.cu,
+StochasticNumericConverterBase), the words drawn from Philox."""
+FP4_RECIPES = ("nvfp4",)
+"""`model.fp4_recipe` choices: Megatron-Core's --fp4-recipe nvfp4 (TE's NVFP4BlockScaling)."""
 MXFP8_GEMM_RATE = 6.812 / 7.161
 """MXFP8 GEMMs' rate against per-tensor FP8's: one layer's GEMMs, pre-quantized, on B300 took
 6.812 ms with current scaling and 7.161 ms in MXFP8 (TE@8f2e635 gemm_profiling.rst): 0.951."""
@@ -131,15 +190,30 @@ class Fp8Recipe:
     block_hardware: bool = False
     """Needs hardware block scales (Blackwell)."""
     gemm_rate: float = 1.0
-    """The GEMMs' rate as a fraction of the accelerator's FP8 dense rate (module docstring)."""
+    """The GEMMs' rate as a fraction of the accelerator's dense rate in the recipe's format,
+    FP8 or FP4 (module docstring)."""
+    value_bytes: float = 1.0
+    """Bytes of one quantized value: 1 for FP8, 1/2 for NVFP4's E2M1."""
+    stochastic: bool = False
+    """NVFP4: the output gradient's casts round stochastically, a random word per 4 values
+    (`SR_VALUES_PER_WORD`), drawn as dropout's are (`sim.models.compute`)."""
+    rht: bool = False
+    """NVFP4: the column-wise copies of X and dY quantized apart, through the random Hadamard
+    transform, after an amax pass that takes the transform's amax too (module docstring)."""
 
     @property
     def q_act(self) -> float:
-        return 1 + self.act_scale
+        return self.value_bytes + self.act_scale
 
     @property
     def q_weight(self) -> float:
-        return 1 + self.weight_scale
+        return self.value_bytes + self.weight_scale
+
+    @property
+    def cast_kernels(self) -> int:
+        """Kernels one quantization of a tensor launches: its cast, after an amax pass for
+        current scaling, and NVFP4's second (Hadamard) cast."""
+        return 1 + self.amax_pass + self.rht
 
     def weight_cast_per_element(self) -> float:
         """Bytes per weight element of the step's weight cast (0: cast at every use)."""
@@ -155,6 +229,8 @@ RECIPES = {r.name: r for r in (
     Fp8Recipe("blockwise", 4 / BLOCK, 4 / BLOCK**2),
     Fp8Recipe("mxfp8", 1 / MX_BLOCK, 1 / MX_BLOCK, block_hardware=True,
               gemm_rate=MXFP8_GEMM_RATE),
+    Fp8Recipe("nvfp4", 1 / NV_BLOCK, 1 / NV_BLOCK, amax_pass=True, tp_amax=True,
+              block_hardware=True, value_bytes=FP4, rht=True, stochastic=True),
 )}
 
 
@@ -171,6 +247,8 @@ def input_casts(recipe: Fp8Recipe, a: float, w: float, fused: bool) -> list[Kern
         return [_fwd(K.FP8_CAST, BF16 * a + a), _fwd(K.FP8_CAST, BF16 * w + w)]
     if fused and recipe.norm_copies:
         return [_fwd(K.FP8_CAST, 2 * q * a)]  # the transpose of the norm's FP8 output
+    if recipe.rht:
+        return _rht_casts(K.FP8_CAST, q, a, _fwd)
     cast = _fwd(K.FP8_CAST, (BF16 + 2 * q) * a)
     return [_fwd(K.FP8_AMAX, BF16 * a), cast] if recipe.amax_pass else [cast]
 
@@ -183,16 +261,32 @@ def backward_casts(recipe: Fp8Recipe, a: float, w: float, c: float) -> list[Kern
                 _bwd(K.FP8_CAST, BF16 * w + w), _bwd(K.FP8_AMAX, BF16 * w),
                 _bwd(K.FP8_CAST_GRAD, BF16 * c + c), _bwd(K.FP8_AMAX, BF16 * c),
                 _bwd(K.FP8_CAST_GRAD, BF16 * c + c)]
+    if recipe.rht:  # forward order: reversed, the amax runs first in backward
+        draws = c / SR_VALUES_PER_WORD if recipe.stochastic else 0.0
+        return list(reversed(_rht_casts(K.FP8_CAST_GRAD, recipe.q_act, c, _bwd, draws)))
     cast = _bwd(K.FP8_CAST_GRAD, (BF16 + 2 * recipe.q_act) * c)
     return [cast, _bwd(K.FP8_AMAX, BF16 * c)] if recipe.amax_pass else [cast]
 
 
-def _fwd(name: Kernel, size: float) -> KernelWork:
-    return KernelWork(name, 0.0, size, 0.0, 0.0)
+def _rht_casts(cast: Kernel, q: float, n: float, work: _Work,
+               draws: float = 0.0) -> list[KernelWork]:
+    """NVFP4's quantization of a bf16 tensor of `n` values, in the order TE runs it (module
+    docstring): the amax with the Hadamard transform's, the row-wise cast, the column-wise
+    Hadamard cast; `draws`: each cast's random words (stochastic rounding)."""
+    rht = 2.0 * HADAMARD * n
+    return [work(K.FP8_AMAX, BF16 * n, rht, 0.0), work(cast, (BF16 + q) * n, 0.0, draws),
+            work(cast, (BF16 + q) * n, rht, draws)]
 
 
-def _bwd(name: Kernel, size: float) -> KernelWork:
-    return KernelWork(name, 0.0, 0.0, 0.0, size)
+_Work = Callable[[Kernel, float, float, float], KernelWork]
+
+
+def _fwd(name: Kernel, size: float, flops: float = 0.0, draws: float = 0.0) -> KernelWork:
+    return KernelWork(name, flops, size, 0.0, 0.0, draws=draws)
+
+
+def _bwd(name: Kernel, size: float, flops: float = 0.0, draws: float = 0.0) -> KernelWork:
+    return KernelWork(name, 0.0, 0.0, flops, size, bwd_draws=draws)
 
 
 def check_recipe_layout(recipe: str, experts: int, etp: int) -> None:
@@ -203,9 +297,11 @@ def check_recipe_layout(recipe: str, experts: int, etp: int) -> None:
                           "expert TP 1 (its amaxes are not reduced over TP)")
 
 
-def check_recipe_named(value: object) -> None:
-    """An `fp8_recipe` the config states is a recipe: "" is refused, not read as the key left
-    out (which picks the accelerator's default, MXFP8 on Blackwell, delayed elsewhere)."""
+def check_recipe_named(value: object, key: str = "fp8_recipe") -> None:
+    """An `fp8_recipe` (or `fp4_recipe`) the config states is a recipe: "" is refused, not
+    read as the key left out (which picks the accelerator's default, MXFP8 on Blackwell,
+    delayed elsewhere; NVFP4 for fp4)."""
     if value == "":
-        raise ConfigError(f"model.fp8_recipe: \"\" is not one of {', '.join(RECIPES)}; leave "
+        names = FP4_RECIPES if key == "fp4_recipe" else FP8_RECIPES
+        raise ConfigError(f"model.{key}: \"\" is not one of {', '.join(names)}; leave "
                           "the key out for the accelerator's default")

@@ -29,7 +29,9 @@ class KernelWork:
     bwd_bytes: float
     gemm: Gemm | None = None
     fp8: bool = False
-    """A GEMM on FP8 operands, at the accelerator's FP8 rate."""
+    """A GEMM on FP8 operands, at the accelerator's FP8 rate (or on FP4 ones, with `fp4`)."""
+    fp4: bool = False
+    """With `fp8`: the operands are NVFP4, the GEMM at the accelerator's FP4 rate."""
     draws: float = 0.0
     """Random numbers the forward draws (dropout's mask, `traces.kernels`; a recomputed
     forward draws them again), timed on the integer lanes (`sim.models.compute`)."""

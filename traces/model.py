@@ -24,7 +24,8 @@ Published shapes (Qwen3): `head_dim` d set on its own, so q = ad may differ from
 
 Llama-style options (`kv_heads`, `ffn = "swiglu"`, `norm = "rmsnorm"`, `position = "rope"`,
 `bias = false`) change the parameter counts below and the kernels of `traces.kernels`;
-`dtype = "fp8"` runs the GEMMs in FP8 (Transformer Engine) and everything else in bf16.
+`dtype = "fp8"` runs the GEMMs in FP8 (Transformer Engine) and everything else in bf16;
+`dtype = "fp4"` runs them in NVFP4 (Megatron-Core's --fp4-format e2m1, `traces.fp8_recipes`).
 `kv_lora_rank` selects multi-head latent attention (DeepSeek-V2/V3), whose arithmetic is in
 `traces.mla`. `mtp_layers` adds multi-token prediction depths (`traces.mtp`).
 
@@ -42,7 +43,7 @@ from dataclasses import dataclass
 
 from traces import mla
 from traces.errors import ConfigError, show
-from traces.fp8_recipes import FP8_RECIPES
+from traces.fp8_recipes import FP4_RECIPES, FP8_RECIPES
 from traces.heads import check_heads
 from traces.model_choices import ATTENTIONS, FFNS, NORMS, POSITIONS, STACKS
 from traces.moe_spec import check_moe, expert_params, is_moe_layer, moe_mlp_params, num_moe_layers
@@ -50,9 +51,12 @@ from traces.mtp import check_mtp, mtp_indices, mtp_params, mtp_stage_extra
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 """Bytes per element of the dtypes tensors are stored and communicated in."""
-DTYPES = (*DTYPE_BYTES, "fp8")
+DTYPES = (*DTYPE_BYTES, "fp8", "fp4")
 """`model.dtype` choices: fp8 is Transformer Engine's recipe, GEMMs in FP8 with bf16 storage,
-bf16 communication and bf16 mixed-precision optimizer (its data dtype is bf16)."""
+bf16 communication and bf16 mixed-precision optimizer (its data dtype is bf16); fp4 likewise
+with the GEMMs in FP4 (Megatron-Core's --fp4-format e2m1, the only FP4 format it takes)."""
+QUANTIZED = ("fp8", "fp4")
+"""The dtypes whose GEMMs Transformer Engine quantizes (`traces.fp8`)."""
 # Upper bounds, far beyond any published model (GPT-3: 96 layers, h 12288, V 51200), that keep
 # every count finite and every plan buildable.
 MAX_DIMS = {"layers": 2**16, "hidden": 2**20, "heads": 2**16, "seq_len": 2**24, "vocab": 2**24,
@@ -99,6 +103,9 @@ class ModelSpec:
     """With dtype = "fp8", one of FP8_RECIPES (`traces.fp8_recipes` says what each costs).
     Left out, the accelerator's (`sim.config`): "mxfp8" on Blackwell, else "delayed" (and
     "delayed" when the model is built on its own)."""
+    fp4_recipe: str = ""
+    """With dtype = "fp4", one of FP4_RECIPES: "nvfp4" (Megatron-Core's --fp4-recipe, TE's
+    NVFP4BlockScaling; `traces.fp8_recipes`), the one it takes when left out."""
     head_dim: int = 0
     """A head's width d (Megatron's kv_channels); 0 means hidden / heads (`traces.heads`). With
     latent attention DeepSeek's qk_nope_head_dim (a q/k head is head_dim + qk_rope_head_dim)."""
@@ -198,11 +205,19 @@ class ModelSpec:
         if self.fp8_recipe not in ("", *FP8_RECIPES) or not isinstance(self.fp8_recipe, str):
             raise ConfigError(f"model.fp8_recipe: {show(self.fp8_recipe)} is not one of "
                               f"{', '.join(FP8_RECIPES)}")
-        if self.fp8_recipe and not self.fp8:
+        if self.fp8_recipe and self.dtype != "fp8":
             raise ConfigError(f"model.fp8_recipe: {show(self.fp8_recipe)} applies only with "
                               f"model.dtype = \"fp8\", not {show(self.dtype)}")
-        if self.fp8 and not self.fp8_recipe:
+        if self.fp8 and not self.fp4 and not self.fp8_recipe:
             object.__setattr__(self, "fp8_recipe", "delayed")
+        if self.fp4_recipe not in ("", *FP4_RECIPES) or not isinstance(self.fp4_recipe, str):
+            raise ConfigError(f"model.fp4_recipe: {show(self.fp4_recipe)} is not one of "
+                              f"{', '.join(FP4_RECIPES)}")
+        if self.fp4_recipe and not self.fp4:
+            raise ConfigError(f"model.fp4_recipe: {show(self.fp4_recipe)} applies only with "
+                              f"model.dtype = \"fp4\", not {show(self.dtype)}")
+        if self.fp4 and not self.fp4_recipe:
+            object.__setattr__(self, "fp4_recipe", FP4_RECIPES[0])
         kv = self.kv_heads
         if not isinstance(kv, int) or isinstance(kv, bool) or not 0 <= kv <= self.heads:
             raise ConfigError(f"model.kv_heads: {show(kv)} must be an integer from 1 to "
@@ -218,18 +233,25 @@ class ModelSpec:
 
     @property
     def dtype_bytes(self) -> int:
-        """Bytes of a stored or communicated element (fp8 models keep them in bf16)."""
+        """Bytes of a stored or communicated element (fp8 and fp4 models keep them in bf16)."""
         return DTYPE_BYTES[self.data_dtype]
 
     @property
     def data_dtype(self) -> str:
-        """The dtype of parameters, activations and communication: bf16 for an fp8 model
-        (Transformer Engine casts only the GEMMs' operands to FP8)."""
-        return "bf16" if self.dtype == "fp8" else self.dtype
+        """The dtype of parameters, activations and communication: bf16 for an fp8 or fp4
+        model (Transformer Engine casts only the GEMMs' operands to FP8 or FP4)."""
+        return "bf16" if self.dtype in QUANTIZED else self.dtype
 
     @property
     def fp8(self) -> bool:
-        return self.dtype == "fp8"
+        """Transformer Engine quantizes the GEMMs: dtype fp8, or fp4, whose NVFP4 recipe runs
+        through the same machinery with its own bytes and rate (`traces.fp8_recipes`)."""
+        return self.dtype in QUANTIZED
+
+    @property
+    def fp4(self) -> bool:
+        """The GEMMs run in FP4 (NVFP4) at the accelerator's FP4 rate."""
+        return self.dtype == "fp4"
 
     @property
     def mla(self) -> bool:

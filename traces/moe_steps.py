@@ -220,7 +220,7 @@ def expert_gemms(name: Kernel, local: tuple[int, ...], n: int, k: int, model: Mo
     out = []
     for experts, m in shapes:
         work = gemm_kernel(name, (experts, m, n, k), model.dtype_bytes, grad_bytes)
-        out.append(dataclasses.replace(work, fp8=model.fp8))
+        out.append(dataclasses.replace(work, fp8=model.fp8, fp4=model.fp4))
     return out
 
 

@@ -54,17 +54,18 @@ def te_fp8(model: ModelSpec, layout: Layout) -> bool:
 
 
 def te_fp8_mlp(model: ModelSpec, layout: Layout) -> float:
-    """Bytes per s·b·h that fc2's FP8 input spares against bf16: 1 - q per value."""
-    q = recipe(model).act_scale
+    """Bytes per s·b·h that fc2's FP8 input spares against bf16: 1 - q per value (NVFP4's
+    2 - q_act, its value half a byte)."""
+    q = recipe(model).q_act
     values = model.ffn_hidden / model.hidden if model.ffn == "swiglu" else GELU_FC2_VALUES
-    return values * (1 - q)
+    return values * (2 - q)
 
 
 def te_fp8_terms(model: ModelSpec, layout: Layout) -> tuple[float, float, float]:
     """(replicated, split, latent) bytes per s·b·h spared (negative: added), module docstring;
     `recompute_modules = ["layernorm"]` keeps no norm output at all (4, as in bf16)."""
-    q = recipe(model).act_scale
-    replicated = 4.0 if "layernorm" in layout.recompute_modules else 2 * (1 - q)
+    q = recipe(model).q_act  # 1 + the scale's share; NVFP4's 1/2 + 1/16
+    replicated = 4.0 if "layernorm" in layout.recompute_modules else 2 * (2 - q)
     proj = model.q_width / model.hidden  # ad/h values of proj's input
-    proj_saving = proj * (1 - q) if recomputes_core(layout) else -proj * (1 + q)
+    proj_saving = proj * (2 - q) if recomputes_core(layout) else -proj * q
     return replicated, te_fp8_mlp(model, layout) + proj_saving, 0.0

@@ -9,8 +9,8 @@ per compute unit at a time (SMs on a GPU), and picks the tile shape that finishe
 
 where `sustained` is the accelerator's roof at the clock it holds at its power limit
 (`Accelerator.sustained_flops`, docs/sustained-rates.md; an FP8 GEMM, `op.dtype` "fp8", the
-FP8 roof at that clock), so a large GEMM runs at `gemm_efficiency` of it, and a small, skinny
-or TP-sharded one
+FP8 roof at that clock; an NVFP4 GEMM, "fp4", the FP4 roof), so a large GEMM runs at
+`gemm_efficiency` of it, and a small, skinny or TP-sharded one
 further from it: 109 tiles on 108 SMs take two waves, twice as long as 108. A backward op
 runs two GEMMs, the input gradient (M, K, N) and the weight gradient (K, N, M). Other ops with
 FLOPs (a flash-attention kernel) run at their kernel's efficiency of the same roof.
@@ -158,10 +158,12 @@ class ComputeModel:
         return seconds
 
     def kernel_time(self, name: str, flops: float, mem_bytes: float, gemm: tuple[int, ...] = (),
-                    *, backward: bool | str = False, fp8: bool = False, units: int | None = None,
+                    *, backward: bool | str = False, fp8: bool | str = False,
+                    units: int | None = None,
                     hbm_fraction: float = 1.0, draws: float = 0.0) -> float:
         """Seconds of one op of kernel `name` (see the module docstring); `fp8`: a GEMM on FP8
-        operands, against the FP8 roof (at the same efficiency); `units` and `hbm_fraction`:
+        operands, against the FP8 roof (at the same efficiency), "fp4" on NVFP4 ones against
+        the FP4 roof; `units` and `hbm_fraction`:
         on part of the accelerator (`shared_duration`); `draws`: random numbers drawn."""
         params, override = self.profile.compute, self.profile.kernel(name)
         acc = self.accelerator
@@ -193,9 +195,12 @@ class ComputeModel:
             if isinstance(backward, bool) else launches
         return both + launches * overhead
 
-    def peak(self, fp8: bool = False) -> float:
-        """The sustained roof of the GEMMs' precision: FP8 (at the recipe's `fp8_rate`) or bf16
-        (`Accelerator`)."""
+    def peak(self, fp8: bool | str = False) -> float:
+        """The sustained roof of the GEMMs' precision: FP8 (at the recipe's `fp8_rate`), FP4
+        (`fp8` "fp4", likewise) or bf16 (`Accelerator`)."""
+        if fp8 == "fp4":
+            assert self.accelerator.peak_flops_fp4 > 0, f"{self.accelerator.name} has no FP4"
+            return self.accelerator.sustained_flops_fp4 * self.fp8_rate
         if fp8:
             assert self.accelerator.peak_flops_fp8 > 0, f"{self.accelerator.name} has no FP8"
             return self.accelerator.sustained_flops_fp8 * self.fp8_rate
@@ -217,10 +222,12 @@ class ComputeModel:
         return best
 
 
-def _kernel_key(op: Op) -> tuple[str, bool | str, float, float, tuple[int, ...], bool, float]:
+def _kernel_key(op: Op) -> tuple[str, bool | str, float, float, tuple[int, ...], bool | str,
+                                 float]:
     """What an op's duration depends on: its kernel (its purpose's, else its name), whether
     it is a backward (a GEMM chunk of tp_comm_overlap is one product whatever its phase), its
-    FLOPs, bytes and GEMM shape, whether it runs in FP8, and its random draws."""
+    FLOPs, bytes and GEMM shape, whether it runs in FP8 (True) or FP4 ("fp4"), and its random
+    draws."""
     purpose = op.purpose
     kernel = purpose.kernel if isinstance(purpose, (KernelRun, GemmChunk)) else \
         op.name if purpose is None else ""
@@ -229,7 +236,8 @@ def _kernel_key(op: Op) -> tuple[str, bool | str, float, float, tuple[int, ...],
         backward = "wgrad"  # a split backward's dB alone (`traces.zero_bubble`)
     elif backward and op.gemm and op.flops < 1.5 * 2.0 * math.prod(op.gemm):
         backward = "dgrad"  # its dA alone: one product's FLOPs where a backward has two
-    return (kernel, backward, op.flops, op.mem_bytes, op.gemm, op.dtype == "fp8", op.draws)
+    quantized: bool | str = "fp4" if op.dtype == "fp4" else op.dtype == "fp8"
+    return (kernel, backward, op.flops, op.mem_bytes, op.gemm, quantized, op.draws)
 
 
 def _roofline(compute: float, memory: float, p: float) -> float:

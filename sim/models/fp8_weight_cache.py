@@ -20,6 +20,9 @@ usages, per weight element:
                          2(1 + 4/128²)
     mxfp8                row-wise and column-wise MXFP8 copies with their E8M0 scales, one a
                          32 values (`_rowwise_data`, `_columnwise_data`): 2(1 + 1/32)
+    nvfp4                row-wise and column-wise NVFP4 copies (NVFP4Tensor's
+                         `_rowwise_data`, `_columnwise_data`), an E4M3 scale a 16 values each:
+                         2(1/2 + 1/16)
     rowwise (torchao)    none: torchao's Float8Linear casts the weight at every use and
                          caches nothing (float8_linear.py), nor does any recipe under
                          `kernels = "compiled"` / "eager"
@@ -65,7 +68,7 @@ def cache_bytes_per_weight(model: ModelSpec, non_tn: bool) -> float:
     transpose."""
     fp8 = recipe(model)
     copies = 1 if non_tn and fp8.name in PER_TENSOR else 2
-    return copies * (1 + fp8.weight_scale)
+    return copies * fp8.q_weight
 
 
 def fp8_weight_cache_bytes(model: ModelSpec, layout: Layout, pp_rank: int,

@@ -172,14 +172,15 @@ def host_cpu_factor(accelerator: str) -> float:
 
 def expert_cast_launches(model: ModelSpec, layout: Layout) -> int:
     """Kernels one expert cast op launches (module docstring): per local expert, the recipe's
-    quantize (2 with current scaling's amax pass, else 1); delayed scaling's grouped experts
+    quantize (2 with current scaling's amax pass, 3 with NVFP4's Hadamard cast, else 1:
+    `Fp8Recipe.cast_kernels`); delayed scaling's grouped experts
     1 in all; 0 without FP8 experts."""
     if not (model.fp8 and model.experts):
         return 0
     rec = fp8_recipe(model)
     if rec.name == "delayed" and model.moe_grouped_gemm:
         return 1
-    return model.experts // layout.ep * (2 if rec.amax_pass else 1)
+    return model.experts // layout.ep * rec.cast_kernels
 
 
 def launch_costs(ops: Sequence[Op], compute: ComputeModel | Mapping[tuple[str, bool], int],

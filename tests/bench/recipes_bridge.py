@@ -57,7 +57,7 @@ BRIDGE_2602 = ("Megatron-Bridge performance summary, 26.02 NeMo container (docs/
 
 PRECISION = {"FP8-CS": {"dtype": "fp8", "fp8_recipe": "tensorwise"},
              "FP8-MX": {"dtype": "fp8", "fp8_recipe": "mxfp8"},
-             "NVFP4": {"dtype": "nvfp4"}}
+             "NVFP4": {"dtype": "fp4", "fp4_recipe": "nvfp4"}}
 # cpu_offloading_num_layers of the 70B FSDP presets (LLAMA3_70B_GB200_FP8_CS_BASE_CONFIG and
 # the GB300 one, in the stored version of the performance scripts the docstring cites).
 OFFLOAD_70B_FSDP = {"GB200": 40, "GB300": 20}

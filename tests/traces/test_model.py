@@ -82,5 +82,6 @@ def test_model_spec_rejects_bad_values():
         ModelSpec(layers=1, hidden=100, heads=3, seq_len=8, vocab=8)
     with pytest.raises(ConfigError, match="model.ffn_hidden: -4 must be a positive integer"):
         ModelSpec(layers=1, hidden=64, heads=4, seq_len=8, vocab=8, ffn_hidden=-4)
-    with pytest.raises(ConfigError, match="model.dtype: 'fp4'"):
-        ModelSpec(layers=1, hidden=64, heads=4, seq_len=8, vocab=8, dtype="fp4")
+    with pytest.raises(ConfigError, match="model.dtype: 'nvfp4' is not one of bf16, fp16, fp32, "
+                       "fp8, fp4"):
+        ModelSpec(layers=1, hidden=64, heads=4, seq_len=8, vocab=8, dtype="nvfp4")

@@ -253,5 +253,5 @@ def _fields(run: Run) -> list[OpRow]:
                    flops=k.bwd_flops if phase in back else k.flops,
                    mem_bytes=k.bwd_bytes if phase in back else k.mem_bytes,
                    draws=k.bwd_draws if phase in back else k.draws,
-                   gemm=k.gemm or (), **({"dtype": "fp8"} if k.fp8 else {}))
+                   gemm=k.gemm or (), **({"dtype": "fp4" if k.fp4 else "fp8"} if k.fp8 else {}))
             for k, phase in run]

@@ -10,7 +10,9 @@ GEMMs (`traces.fp8.fp8_gemms_per_layer`). With "tensorwise" (current scaling) an
 parallelism at tp > 1, each cast of a gathered tensor waits for its 4-byte amax all-reduced
 over the TP group (TE's with_amax_reduction): forward before qkv's and fc1's input cast,
 backward before proj's and fc2's output-gradient cast, on the compute stream between the amax
-kernel and the cast (TE waits for it). Rowwise, blockwise and MXFP8 scales come from the
+kernel and the cast (TE waits for it); NVFP4 ("fp4") likewise, its row-wise amax and its
+Hadamard column-wise amax in one coalesced 8-byte all-reduce (TE's NVFP4Quantizer::
+quantize_impl, allreduce_coalesced of both). Rowwise, blockwise and MXFP8 scales come from the
 values they scale: no reduction. Every recipe but rowwise casts every FP8 GEMM weight once a
 step (`fp8_weight_cast`), after the optimizer updated them; torchao's rowwise casts them at
 each use (`traces.fp8_recipes`). (Under ZeRO-3 the weights are whole only while gathered,
@@ -45,7 +47,9 @@ def add_fp8(ctx: RankContext, actions: list[Action], program: Program) -> Progra
         group = layout.group(ctx.rank, Axis.TP)
         q_proj = frozenset({Kernel.Q_UP} if model.mla and not model.q_lora_rank else ())
         gemms = {False: TP_AMAX_GEMMS[False] | q_proj, True: TP_AMAX_GEMMS[True]}
-        program = [_tp_amax(nodes, group, gemms) for nodes in program[:-1]] + [program[-1]]
+        amaxes = AMAX_BYTES * (2 if recipe(model).rht else 1)
+        program = [_tp_amax(nodes, group, gemms, amaxes) for nodes in program[:-1]] + \
+            [program[-1]]
     group = amax_group(ctx)
     out: Program = []
     for nodes, action in zip(program[:-1], actions):
@@ -80,9 +84,9 @@ def _with_weight_cast(ctx: RankContext, end: list[Node]) -> list[Node]:
 
 
 def _tp_amax(nodes: list[Node], group: tuple[int, ...],
-             gemms: dict[bool, frozenset[Kernel]]) -> list[Node]:
-    """`nodes` with a 4-byte amax all-reduce over `group` after each amax kernel whose cast
-    feeds a GEMM of `gemms` (per phase: the next GEMM op on the compute stream)."""
+             gemms: dict[bool, frozenset[Kernel]], size: int = AMAX_BYTES) -> list[Node]:
+    """`nodes` with a `size`-byte amax all-reduce over `group` after each amax kernel whose
+    cast feeds a GEMM of `gemms` (per phase: the next GEMM op on the compute stream)."""
     following: list[object] = []  # per node, the purpose of the next GEMM op after it
     gemm: object = None
     for node in reversed(nodes):
@@ -95,7 +99,7 @@ def _tp_amax(nodes: list[Node], group: tuple[int, ...],
         backward = node.op.phase is Phase.BWD
         if node.op.purpose == amax and getattr(gemm, "kernel", None) in gemms[backward]:
             op = Op(kind=OpKind.ALL_REDUCE, stream=Stream.COMPUTE, name="amax",
-                    purpose=AmaxReduction(), group=group, size_bytes=AMAX_BYTES,
+                    purpose=AmaxReduction(), group=group, size_bytes=size,
                     microbatch=node.op.microbatch, phase=node.op.phase, dtype="fp32",
                     layer=node.op.layer)
             out.append(Node(op, node.unit, [node]))

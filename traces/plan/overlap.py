@@ -207,7 +207,8 @@ def _produce(op: Op, site: TpSite, group: tuple[int, ...], size: float,
         copies.append(len(entries))
     total = op_row(kind=OpKind.COMPUTE, stream=Stream.COMPUTE, name=str(K.TP_PARTIAL_SUM),
                    purpose=KernelRun(K.TP_PARTIAL_SUM), phase=op.phase,
-                   mem_bytes=size * (n + 1) / n, dtype="bf16" if op.dtype == "fp8" else op.dtype)
+                   mem_bytes=size * (n + 1) / n,
+                   dtype="bf16" if op.dtype in ("fp8", "fp4") else op.dtype)
     entries.append((total, (copies[-1],)))
     return Template(tuple(entries))
 

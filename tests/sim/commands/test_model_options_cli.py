@@ -54,7 +54,10 @@ def run(capsys, tmp_path, text: str, *flags: str) -> tuple[int, str, str]:
     ({"position": '"alibi"'}, "model.position: 'alibi' is not one of learned, rope"),
     ({"bias": '"false"'}, "model.bias: 'false' must be true or false"),
     ({"bias": "0"}, "model.bias: 0 must be true or false"),
-    ({"dtype": '"fp4"'}, "model.dtype: 'fp4' is not one of bf16, fp16, fp32, fp8"),
+    ({"dtype": '"nvfp4"'}, "model.dtype: 'nvfp4' is not one of bf16, fp16, fp32, fp8, fp4"),
+    ({"dtype": '"fp4"', "fp4_recipe": '"mxfp4"'}, "model.fp4_recipe: 'mxfp4' is not one of nvfp4"),
+    ({"fp4_recipe": '"nvfp4"'}, "model.fp4_recipe: 'nvfp4' applies only with model.dtype = "
+                                "\"fp4\", not 'bf16'"),
     ({"fp8_recipe": '"mxfp8"'}, "model.fp8_recipe: 'mxfp8' applies only with model.dtype"),
     ({"dtype": '"fp8"', "fp8_recipe": '"nvfp4"'}, "model.fp8_recipe: 'nvfp4' is not one of"),
 ])
@@ -63,6 +66,36 @@ def test_bad_values_are_one_line_and_exit_2(capsys, tmp_path, model, needle):
     assert (code, out) == (2, ""), err
     assert err.startswith("parasim: error: ") and err.count("\n") == 1, err
     assert needle in err, err
+
+
+@pytest.mark.parametrize(("model", "needle"), [
+    ({"dtype": '"fp4"'}, "model.dtype: \"fp4\" needs FP4 tensor cores, which H100-SXM5-80GB "
+                         "does not have (Blackwell does: B200, GB200, B300, GB300)"),
+    ({"dtype": '"fp4"', "fp4_recipe": '"nvfp4"'}, "model.dtype: \"fp4\" needs FP4 tensor "
+                                                  "cores, which H100-SXM5-80GB does not have"),
+])
+def test_fp4_on_hopper_is_one_line_and_exit_2(capsys, tmp_path, model, needle):
+    """NVFP4 needs Blackwell's FP4 tensor cores: on the H100 preset the config is refused in
+    one line naming the field, its value and the rule."""
+    code, out, err = run(capsys, tmp_path, toml(model=model), "--json")
+    assert (code, out) == (2, "") and err.count("\n") == 1, err
+    assert err.startswith("parasim: error: ") and needle in err, err
+
+
+def test_an_empty_fp4_recipe_is_refused_on_blackwell(capsys, tmp_path):
+    text = toml(model={"dtype": '"fp4"', "fp4_recipe": '""'},
+                cluster={"preset": '"dgx-b200"'})
+    code, out, err = run(capsys, tmp_path, text, "--json")
+    assert (code, out) == (2, "") and err.count("\n") == 1, err
+    assert "model.fp4_recipe: \"\" is not one of nvfp4; leave the key out" in err, err
+
+
+def test_an_fp4_model_runs_on_blackwell_at_the_fp4_peak(capsys, tmp_path):
+    """The summary names the recipe and the peak MFU is against; the header keeps the key."""
+    text = toml(model={"dtype": '"fp4"'}, cluster={"preset": '"dgx-b200"'})
+    code, out, err = run(capsys, tmp_path, text)
+    assert code == 0, err
+    assert "(nvfp4 scaling; MFU against the FP4 peak)" in out, out
 
 
 @pytest.mark.parametrize(("cluster", "name"), [
