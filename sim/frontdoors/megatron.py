@@ -33,6 +33,7 @@ _VALUES: Mapping[str, Mapping[str, Any]] = {
     "normalization": {"RMSNorm": "rmsnorm", "LayerNorm": "layernorm"},
     "position-embedding-type": {"rope": "rope", "yarn": "rope", "learned_absolute": "learned"},
     "fp8-format": {"hybrid": "fp8", "e4m3": "fp8"},
+    "fp4-format": {"e2m1": "fp4"},
     "cp-comm-type": {"p2p": "p2p", "all_gather": "all_gather"},
     "recompute-granularity": {"full": "full", "selective": "selective"},
     "moe-token-dispatcher-type": {"alltoall": "nccl", "flex": "deepep"},
@@ -126,8 +127,8 @@ def _read(out: Translation, name: str, value: str | None, text: str) -> None:
             "moe-enable-deepep": "deepep"}
         if name in ("bf16", "fp16", "recompute-activations", "moe-enable-deepep") and not on:
             return
-        if name in ("bf16", "fp16") and table.get("dtype") == "fp8":
-            return  # --fp8-format runs the GEMMs in FP8 over bf16: fp8 stands
+        if name in ("bf16", "fp16") and table.get("dtype") in ("fp8", "fp4"):
+            return  # --fp8-format / --fp4-format run the GEMMs in FP8 / FP4 over bf16
         table[flag.key] = switched.get(name, on)
         return
     if value is None:

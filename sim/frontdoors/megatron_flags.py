@@ -80,6 +80,7 @@ FLAGS: Mapping[str, Flag] = {
     "moe-flex-dispatcher-backend": _m("dispatch", _str),
     "attention-backend": _m("attention", _str),
     "fp8-format": _m("dtype", _str), "fp8-recipe": _m("fp8_recipe", _str),
+    "fp4-format": _m("dtype", _str), "fp4-recipe": _m("fp4_recipe", _str),
     "bf16": _m("dtype", None), "fp16": _m("dtype", None),
     # the layout
     "tensor-model-parallel-size": _p("tp"), "pipeline-model-parallel-size": _p("pp"),
@@ -105,7 +106,8 @@ FLAGS: Mapping[str, Flag] = {
 """Every flag parasim reads (module docstring); `sim.frontdoors.megatron` turns the values
 into keys (a switch's meaning, a virtual-pipeline size's arithmetic)."""
 ALIASES: Mapping[str, str] = {
-    "num-moe-experts": "num-experts", "fp8": "fp8-format", "seq-len": "seq-length",
+    "num-moe-experts": "num-experts", "fp8": "fp8-format", "fp4": "fp4-format",
+    "seq-len": "seq-length",
     "accumulate-allreduce-grads-in-fp32": "grad-reduce-in-fp32",
 }
 """Megatron-Bridge field names that differ from the Megatron-LM flag."""

@@ -148,3 +148,23 @@ def test_without_a_global_batch_megatrons_default_is_one_micro_batch_per_dp_rank
         "--num-layers-per-virtual-pipeline-stage 4", "")  # 1F1B: fewer micro-batches than pp
     code, out, _ = from_megatron(capsys, args, "--gpus", "64")
     assert code == 0 and tomllib.loads(out)["parallel"]["global_batch"] == 2 * 2
+
+
+@pytest.mark.parametrize("flags", ["--fp4-format e2m1 --fp4-recipe nvfp4",
+                                   "model.fp4=e2m1 model.fp4_recipe=nvfp4"],
+                         ids=["megatron-lm", "bridge"])
+def test_nvfp4_flags_give_the_fp4_dtype_and_its_recipe(capsys, flags):
+    """Megatron-Core's --fp4-format e2m1 --fp4-recipe nvfp4 (Megatron-Bridge's
+    bf16_with_nvfp4_mixed sets fp4 and fp4_recipe so): dtype fp4 over --bf16's storage."""
+    code, out, err = from_megatron(capsys, LLAMA70B + " " + flags, "--gpus", "64",
+                                   "--cluster", "dgx-b200")
+    assert code == 0 and err == "", err
+    model = tomllib.loads(out)["model"]
+    assert (model["dtype"], model["fp4_recipe"]) == ("fp4", "nvfp4")
+
+
+def test_nvfp4_on_the_default_hopper_cluster_is_one_refusal(capsys):
+    code, out, err = from_megatron(capsys, LLAMA70B + " --fp4-format e2m1", "--gpus", "64")
+    assert (code, out) == (2, "") and err.count("\n") == 1, err
+    assert "model.dtype: \"fp4\" needs FP4 tensor cores, which H100-SXM5-80GB does not " \
+        "have" in err, err
