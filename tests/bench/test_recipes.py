@@ -80,3 +80,13 @@ def test_every_row_builds_or_is_refused_in_one_line(row):
         assert "\n" not in str(err) and str(err)
         return
     assert exp.cluster.num_devices == row.gpus
+
+
+def test_the_nvfp4_row_states_megatron_bridge_s_nvfp4_recipe():
+    """bf16_with_nvfp4_mixed: fp4 e2m1 with the nvfp4 recipe, no FP8 parameter gather, every
+    layer in NVFP4; on GB300, whose dense FP4 rate is 15 PF (1,080 PF for 72 GPUs)."""
+    row = next(r for r in BRIDGE_ROWS if "NVFP4" in r.name)
+    exp = experiment_from_dict(row.config(), name=row.name)
+    assert (exp.model.dtype, exp.model.fp4_recipe, exp.model.fp8_recipe) == ("fp4", "nvfp4", "")
+    assert not exp.layout.fp8_param_gather
+    assert exp.cluster.accelerator.peak_flops_fp4 == 15e15
