@@ -6,8 +6,12 @@ NVIDIA-NeMo/Megatron-Bridge docs/performance-summary.md @df0289c and
 docs/performance-summary-archive.md @0a25f91, read 2026-12-04): tokens/s/GPU as published, with
 each row's GPUs, precision, GBS, MBS, sequence, FSDP, TP, PP, CP and VP. Precision: FP8-CS is
 Transformer Engine's per-tensor current scaling ("scaling factors computed in the current
-step", the NeMo 25.07 page) -> fp8_recipe "tensorwise"; FP8-MX is MXFP8 -> "mxfp8"; NVFP4 has
-no parasim dtype. The pages publish no BF16 rows for the dense Llamas.
+step", the NeMo 25.07 page) -> fp8_recipe "tensorwise"; FP8-MX is MXFP8 -> "mxfp8"; NVFP4 is
+Megatron-Bridge's bf16_with_nvfp4_mixed (fp4 "e2m1", fp4_recipe "nvfp4", fp8_param_gather
+False; the performance scripts' get_precision_config returns it unchanged, so no layer is kept
+in bf16: scripts/performance/utils/precision.py @84fba28) -> dtype "fp4", fp4_recipe "nvfp4"
+(traces/fp8_recipes.py: TE's NVFP4BlockScaling at the accelerator's dense FP4 rate). The pages
+publish no BF16 rows for the dense Llamas.
 
 What the table does not state is taken from the recipes' common settings, the same for every
 row (Megatron-Bridge scripts/performance, as sim/examples/llama3-70b-h100.toml cites them):
@@ -36,8 +40,8 @@ account_for_loss, as the Llama 3.1 405B recipes set them). FP8 weights gathered 
 (fp8_param_gather): the scripts' get_precision_config takes Megatron-Bridge's
 bf16_with_fp8_current_scaling_mixed (with first_last_layers_bf16 turned off) for FP8-CS and
 bf16_with_mxfp8_mixed for FP8-MX, both fp8_param_gather = True (training/mixed_precision.py
-@0509780); the FSDP rows set it too, but parasim models it only with the distributed
-optimizer (traces/fp8_params.py), so they go without.
+@0509780; NVFP4's sets it False); the FSDP rows set it too, but parasim models it only with
+the distributed optimizer (traces/fp8_params.py), so they go without.
 
 A GB200/GB300 job uses 64-GPU NVLink domains of an NVL72 rack ("place the sixteen four-GPU
 nodes within one NVLink domain": Megatron-Bridge's GB200 Llama 3.1 405B recipe docstring), so
