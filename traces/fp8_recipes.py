@@ -115,10 +115,15 @@ takes the unfused path for an NVFP4 quantizer with RHT ("Post-RHT amax is handle
 quantizer"). Under SP at tp > 1 the amaxes of a gathered input or gradient are all-reduced over
 TP before the cast (TE's nvfp4.rst "Distributed training"; quantize_impl's
 with_amax_reduction), as current scaling's. The kernels keep the FP8 casts' names: they are
-the same TE quantize calls on the same tensors. GEMM rate: NVFP4's GEMMs run at the
-accelerator's dense FP4 rate (`topology.presets`: B200 9, GB200 10, B300 13.5, GB300 15 PF;
-`Accelerator.peak_flops_fp4`), with no slowdown for the block scales stated: no public
-measurement separates it (as MXFP8's is, `MXFP8_GEMM_RATE`).
+the same TE quantize calls on the same tensors. GEMM rate: NVFP4's GEMMs run at
+`NVFP4_GEMM_RATE` of the accelerator's dense FP4 rate (`topology.presets`: B200 9, GB200 10,
+B300 13.5, GB300 15 PF; `Accelerator.peak_flops_fp4`), from the same TE benchmark as MXFP8's:
+pre-quantized, the layer's GEMMs took 3.764 ms in NVFP4 on the B300 against 6.812 ms with
+per-tensor FP8 (gemm_profiling.rst, "Autocast vs Pre-quantized"), where the FP4 dense rate is
+3x the FP8 one (DGX B300 data sheet: 108 PF FP4 dense, 72 PF FP8 with sparsity, for 8 GPUs), so
+at per-tensor FP8's fraction of its peak they would have taken 6.812 / 3 ms. GB300 is the same
+Blackwell Ultra chip; B200 and GB200, whose FP4 rate is 2x their FP8 one, take the same rate:
+an assumption there, not a measurement.
 
 Where a recipe runs: mxfp8 and nvfp4 need Blackwell's hardware block scales (FP4 tensor
 cores for nvfp4: `sim.config.check_fp8`); blockwise runs on Hopper
@@ -162,6 +167,13 @@ SR_VALUES_PER_WORD = 4
 StochasticNumericConverterBase), the words drawn from Philox."""
 FP4_RECIPES = ("nvfp4",)
 """`model.fp4_recipe` choices: Megatron-Core's --fp4-recipe nvfp4 (TE's NVFP4BlockScaling)."""
+B300_FP4_OVER_FP8 = 3
+"""The B300's dense FP4 rate over its dense FP8 rate: DGX B300 data sheet, FP4 108 PF dense and
+FP8 72 PF with sparsity (36 dense) for 8 GPUs."""
+NVFP4_GEMM_RATE = 6.812 / B300_FP4_OVER_FP8 / 3.764
+"""NVFP4 GEMMs' rate against the FP4 dense rate, at per-tensor FP8's fraction of the FP8 one:
+one layer's GEMMs, pre-quantized, on B300 took 6.812 ms with current scaling and 3.764 ms in
+NVFP4 (TE@8f2e635 gemm_profiling.rst), against 6.812 / 3 at the FP4 rate: 0.603."""
 MXFP8_GEMM_RATE = 6.812 / 7.161
 """MXFP8 GEMMs' rate against per-tensor FP8's: one layer's GEMMs, pre-quantized, on B300 took
 6.812 ms with current scaling and 7.161 ms in MXFP8 (TE@8f2e635 gemm_profiling.rst): 0.951."""
@@ -230,7 +242,8 @@ RECIPES = {r.name: r for r in (
     Fp8Recipe("mxfp8", 1 / MX_BLOCK, 1 / MX_BLOCK, block_hardware=True,
               gemm_rate=MXFP8_GEMM_RATE),
     Fp8Recipe("nvfp4", 1 / NV_BLOCK, 1 / NV_BLOCK, amax_pass=True, tp_amax=True,
-              block_hardware=True, value_bytes=FP4, rht=True, stochastic=True),
+              block_hardware=True, gemm_rate=NVFP4_GEMM_RATE, value_bytes=FP4, rht=True,
+              stochastic=True),
 )}
 
 

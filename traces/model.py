@@ -218,6 +218,10 @@ class ModelSpec:
                               f"model.dtype = \"fp4\", not {show(self.dtype)}")
         if self.fp4 and not self.fp4_recipe:
             object.__setattr__(self, "fp4_recipe", FP4_RECIPES[0])
+        if self.fp4 and self.kernels != "fused":
+            raise ConfigError(f"model.kernels: {show(self.kernels)} with model.dtype = \"fp4\": "
+                              "NVFP4 is Transformer Engine's recipe (Megatron-Core's --fp4-recipe "
+                              "nvfp4), modelled on the fused stack only")
         kv = self.kv_heads
         if not isinstance(kv, int) or isinstance(kv, bool) or not 0 <= kv <= self.heads:
             raise ConfigError(f"model.kv_heads: {show(kv)} must be an integer from 1 to "

@@ -56,6 +56,8 @@ def run(capsys, tmp_path, text: str, *flags: str) -> tuple[int, str, str]:
     ({"bias": "0"}, "model.bias: 0 must be true or false"),
     ({"dtype": '"nvfp4"'}, "model.dtype: 'nvfp4' is not one of bf16, fp16, fp32, fp8, fp4"),
     ({"dtype": '"fp4"', "fp4_recipe": '"mxfp4"'}, "model.fp4_recipe: 'mxfp4' is not one of nvfp4"),
+    ({"dtype": '"fp4"', "kernels": '"compiled"'}, "model.kernels: 'compiled' with model.dtype = "
+                                                  "\"fp4\": NVFP4 is Transformer Engine's"),
     ({"fp4_recipe": '"nvfp4"'}, "model.fp4_recipe: 'nvfp4' applies only with model.dtype = "
                                 "\"fp4\", not 'bf16'"),
     ({"fp8_recipe": '"mxfp8"'}, "model.fp8_recipe: 'mxfp8' applies only with model.dtype"),
