@@ -1034,3 +1034,22 @@ MOE = {"experts": "4", "top_k": "2", "ffn": '"swiglu"', "ffn_hidden": "512", "no
 ])
 def test_fp8_recipes_where_they_cannot_run(capsys, write, base, edits, needle):
     refused(capsys, needle, "simulate", write(toml(base, **edits)))
+
+
+FP4 = {"dtype": '"fp4"'}
+
+
+@pytest.mark.parametrize(("base", "edits", "needle"), [
+    (SMALL, {"model": FP4}, 'model.dtype: "fp4" needs FP4 tensor cores, which H100'),
+    (TPU, {"model": FP4}, 'model.dtype: "fp4" needs FP4 tensor cores, which TPU'),
+    (SMALL, {"model": {**FP4, "fp4_recipe": "1e400"}}, "model.fp4_recipe: inf is not one of"),
+    (SMALL, {"model": {**FP8, "fp4_recipe": '"nvfp4"'}},
+     "model.fp4_recipe: 'nvfp4' applies only with model.dtype = \"fp4\", not 'fp8'"),
+    (SMALL, {"model": {**FP4, "fp8_recipe": '"mxfp8"'}},
+     "model.fp8_recipe: 'mxfp8' applies only with model.dtype = \"fp8\", not 'fp4'"),
+    (SMALL, {"model": {**FP4, "kernels": '"eager"'}},
+     "model.kernels: 'eager' with model.dtype = \"fp4\""),
+])
+def test_fp4_where_it_cannot_run(capsys, write, base, edits, needle):
+    """NVFP4 needs FP4 tensor cores (Blackwell), its own recipe key, TE's stack."""
+    refused(capsys, needle, "simulate", write(toml(base, **edits)))

@@ -95,9 +95,13 @@ def test_an_empty_fp4_recipe_is_refused_on_blackwell(capsys, tmp_path):
 def test_an_fp4_model_runs_on_blackwell_at_the_fp4_peak(capsys, tmp_path):
     """The summary names the recipe and the peak MFU is against; the header keeps the key."""
     text = toml(model={"dtype": '"fp4"'}, cluster={"preset": '"dgx-b200"'})
-    code, out, err = run(capsys, tmp_path, text)
+    trace = tmp_path / "t.json"
+    code, out, err = run(capsys, tmp_path, text, "--trace", str(trace))
     assert code == 0, err
     assert "(nvfp4 scaling; MFU against the FP4 peak)" in out, out
+    model = load(trace).meta.model
+    assert model is not None and (model.dtype, model.fp4_recipe) == ("fp4", "nvfp4")
+    assert json.loads(trace.read_text())["meta"]["model"]["fp4_recipe"] == "nvfp4"
 
 
 @pytest.mark.parametrize(("cluster", "name"), [

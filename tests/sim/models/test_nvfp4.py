@@ -15,7 +15,9 @@ from sim.models.fp8_weight_cache import cache_bytes_per_weight
 from sim.models.host import expert_cast_launches
 from sim.profile import default_profile
 from topology.presets import B200, B300, GB200, GB300, H100_SXM
+from traces.errors import ConfigError
 from traces.fp8 import fp8_gemm_rate, fp8_linear, fp8_weights_per_layer, recipe, weight_cast_bytes
+from traces.fp8_params import check_fp8_param_gather
 from traces.fp8_recipes import NVFP4_GEMM_RATE, RECIPES
 from traces.kernels import layer_kernels
 from traces.layout import Layout
@@ -205,3 +207,12 @@ def test_mfu_is_against_the_fp4_peak(capsys, tmp_path):
     fp4, bf16 = runs["fp4"], runs["bf16"]
     assert fp4["model_tflops_per_gpu"] * fp4["step_time_s"] == \
         pytest.approx(bf16["model_tflops_per_gpu"] * bf16["step_time_s"])  # the same model
+
+
+def test_fp8_param_gather_is_refused_with_nvfp4():
+    """Megatron-Bridge's bf16_with_nvfp4_mixed sets fp8_param_gather False: FP8 primary
+    weights are not NVFP4's."""
+    layout = Layout(dp=2, zero=1, fp8_param_gather=True, global_batch=2)
+    with pytest.raises(ConfigError, match="parallel.fp8_param_gather: true needs Transformer "
+                                          "Engine's FP8 weights"):
+        check_fp8_param_gather(FP4, layout)
