@@ -214,10 +214,16 @@ def expert_casts(model: ModelSpec, rows: int, n: int, k: int, experts: int
         return None
     rec = recipe(model)
     a, w, c = rows * k, experts * k * n, rows * n
-    forward = sum(kw.mem_bytes for kw in input_casts(rec, a, w, False))
-    backward = sum(kw.bwd_bytes for kw in backward_casts(rec, a, w, c))
-    return (memory_kernel(K.EXPERT_CAST, forward, 0.0),
-            memory_kernel(K.EXPERT_CAST_GRAD, 0.0, backward))
+    fwd, bwd = input_casts(rec, a, w, False), backward_casts(rec, a, w, c)
+    if not rec.rht:
+        return (memory_kernel(K.EXPERT_CAST, sum(kw.mem_bytes for kw in fwd), 0.0),
+                memory_kernel(K.EXPERT_CAST_GRAD, 0.0, sum(kw.bwd_bytes for kw in bwd)))
+    # NVFP4: the Hadamard transforms' FLOPs and the stochastic rounding's draws as well
+    return (KernelWork(K.EXPERT_CAST, sum(kw.flops for kw in fwd),
+                       sum(kw.mem_bytes for kw in fwd), 0.0, 0.0),
+            KernelWork(K.EXPERT_CAST_GRAD, 0.0, 0.0, sum(kw.bwd_flops for kw in bwd),
+                       sum(kw.bwd_bytes for kw in bwd),
+                       bwd_draws=sum(kw.bwd_draws for kw in bwd)))
 
 
 def _cast(casts: tuple[KernelWork, KernelWork] | None, gemms: list[KernelWork]

@@ -22,6 +22,7 @@ from traces.fp8_recipes import NVFP4_GEMM_RATE, RECIPES
 from traces.kernels import layer_kernels
 from traces.layout import Layout
 from traces.model import ModelSpec
+from traces.moe import expert_casts
 from traces.ops import OpKind, Phase
 from traces.plan import build
 from traces.purpose import AmaxReduction, Kernel, KernelRun
@@ -216,3 +217,15 @@ def test_fp8_param_gather_is_refused_with_nvfp4():
     with pytest.raises(ConfigError, match="parallel.fp8_param_gather: true needs Transformer "
                                           "Engine's FP8 weights"):
         check_fp8_param_gather(FP4, layout)
+
+
+def test_an_expert_cast_carries_the_hadamard_flops_and_the_rounding_draws():
+    moe = dataclasses.replace(FP4, experts=8, top_k=2, moe_ffn_hidden=32)
+    rows, n, k, experts = 96, 32, 64, 4
+    a, c = rows * k, rows * n
+    casts = expert_casts(moe, rows, n, k, experts)
+    assert casts is not None
+    fwd, bwd = casts
+    assert (fwd.name, fwd.flops, fwd.mem_bytes) == (Kernel.EXPERT_CAST, 64 * a, (6 + 2 * Q) * a)
+    assert (bwd.name, bwd.bwd_flops, bwd.bwd_bytes, bwd.bwd_draws) == \
+        (Kernel.EXPERT_CAST_GRAD, 64 * c, (6 + 2 * Q) * c, c / 2)
