@@ -107,23 +107,25 @@ quantize_impl (transformer_engine/pytorch/csrc/quantizer.cpp, NVIDIA/Transformer
     fp8_cast     nvte_hadamard_transform_cast_fusion_columnwise, RHT and quantization of the
                  column-wise copy in one kernel: read 2a, write q·a, RHT FLOPs 2·16·a
 
-(dY's under fp8_cast_grad, both its casts rounding stochastically: one 32-bit random word per
-4 values, `SR_VALUES_PER_WORD`), and for the weight, once a step, nvte_compute_amax then one
-nvte_quantize_v2 writing both copies: read 2w; read 2w, write 2q·w. The norm before qkv and
-fc1 runs unfused, writing bf16: TE's normalization (pytorch/csrc/extensions/normalization.cpp)
+(dY's under fp8_cast_grad, both its casts rounding stochastically: one 32-bit random word per 4
+values, `SR_VALUES_PER_WORD`), and for the weight, once a step, nvte_compute_amax then one
+nvte_quantize_v2 writing both copies: read 2w; read 2w, write 2q·w. The norm before qkv and fc1
+runs unfused, writing bf16: TE's normalization (pytorch/csrc/extensions/normalization.cpp)
 takes the unfused path for an NVFP4 quantizer with RHT ("Post-RHT amax is handled within NVFP4
 quantizer"). Under SP at tp > 1 the amaxes of a gathered input or gradient are all-reduced over
 TP before the cast (TE's nvfp4.rst "Distributed training"; quantize_impl's
-with_amax_reduction), as current scaling's. The kernels keep the FP8 casts' names: they are
-the same TE quantize calls on the same tensors. GEMM rate: NVFP4's GEMMs run at
-`NVFP4_GEMM_RATE` of the accelerator's dense FP4 rate (`topology.presets`: B200 9, GB200 10,
-B300 13.5, GB300 15 PF; `Accelerator.peak_flops_fp4`), from the same TE benchmark as MXFP8's:
-pre-quantized, the layer's GEMMs took 3.764 ms in NVFP4 on the B300 against 6.812 ms with
-per-tensor FP8 (gemm_profiling.rst, "Autocast vs Pre-quantized"), where the FP4 dense rate is
-3x the FP8 one (DGX B300 data sheet: 108 PF FP4 dense, 72 PF FP8 with sparsity, for 8 GPUs), so
-at per-tensor FP8's fraction of its peak they would have taken 6.812 / 3 ms. GB300 is the same
-Blackwell Ultra chip; B200 and GB200, whose FP4 rate is 2x their FP8 one, take the same rate:
-an assumption there, not a measurement.
+with_amax_reduction), as current scaling's; the SP all-gathers themselves stay bf16 here (TE
+gathers the NVFP4 data and scales, distributed.py `_all_gather_nvfp4`: not modelled, an
+overcount of their bytes at tp > 1; `traces.plan.tensor.FP8_GATHER_RECIPES`). The kernels keep
+the FP8 casts' names: they are the same TE quantize calls on the same tensors. GEMM rate:
+NVFP4's GEMMs run at `NVFP4_GEMM_RATE` of the accelerator's dense FP4 rate (`topology.presets`:
+B200 9, GB200 10, B300 13.5, GB300 15 PF; `Accelerator.peak_flops_fp4`), from the same TE
+benchmark as MXFP8's: pre-quantized, the layer's GEMMs took 3.764 ms in NVFP4 on the B300
+against 6.812 ms with per-tensor FP8 (gemm_profiling.rst, "Autocast vs Pre-quantized"), where
+the FP4 dense rate is 3x the FP8 one (DGX B300 data sheet: 108 PF FP4 dense, 72 PF FP8 with
+sparsity, for 8 GPUs), so at per-tensor FP8's fraction of its peak they would have taken 6.812
+/ 3 ms. GB300 is the same Blackwell Ultra chip; B200 and GB200, whose FP4 rate is 2x their FP8
+one, take the same rate: an assumption there, not a measurement.
 
 Where a recipe runs: mxfp8 and nvfp4 need Blackwell's hardware block scales (FP4 tensor
 cores for nvfp4: `sim.config.check_fp8`); blockwise runs on Hopper

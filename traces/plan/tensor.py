@@ -69,7 +69,8 @@ columnwise only data can be allgathered", the kept shard gathered again in backw
 torchao's Float8ColwiseParallel._prepare_input_fn casts to float8 before redistribute, gated by
 _float8_linear_supports_float8_allgather (dynamic, i.e. tensorwise, scaling;
 float8/float8_tensor_parallel.py). torchtitan gathers rowwise inputs in bf16; TE gathers
-Float8BlockQuantizer inputs in high precision (force_hp_input_gather)."""
+Float8BlockQuantizer inputs in high precision (force_hp_input_gather). NVFP4 (dtype "fp4") is
+not among them: TE gathers its data and scales (`_all_gather_nvfp4`), costed here in bf16."""
 
 Sites = dict[tuple[Kernel, bool], tuple[tuple[TpSite, ...], tuple[TpSite, ...]]]
 """(kernel, phase is backward) -> the TP sites just before and just after it."""
