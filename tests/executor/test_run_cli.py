@@ -160,3 +160,29 @@ def test_fp8_on_cpu_is_one_line_and_writes_nothing(tmp_path, capsys):
     with pytest.raises(ConfigError, match="model.dtype: \"fp8\" needs FP8 tensor cores") as e:
         check_supported(model, Layout(global_batch=1))
     assert "\n" not in str(e.value)
+
+
+def test_fp4_on_cpu_is_one_line_and_writes_nothing(tmp_path, capsys):
+    """NVFP4 likewise: refused at the config, and by the executor (which runs no FP4)."""
+    from executor.options import check_supported
+    from traces.errors import ConfigError
+    from traces.layout import Layout
+    from traces.model import ModelSpec
+
+    config = tmp_path / "fp4.toml"
+    config.write_text(example_path("gpt-tiny-localhost.toml").read_text()
+                      .replace('dtype = "fp32"', 'dtype = "fp4"'))
+    out = tmp_path / "run"
+    code = main(["run", str(config), "--out", str(out)])
+    stdout, stderr = capsys.readouterr()
+    assert (code, stdout) == (2, "") and stderr.count("\n") == 1, stderr
+    assert "model.dtype: \"fp4\" needs FP4 tensor cores, which CPU-localhost" in stderr
+    assert not out.exists()
+    import torch
+    if torch.cuda.is_available():
+        return
+    model = ModelSpec(layers=2, hidden=32, heads=4, seq_len=16, vocab=64, dtype="fp4")
+    with pytest.raises(ConfigError, match="model.dtype: \"fp4\" needs FP4 tensor cores "
+                                          "\\(Blackwell\\)") as e:
+        check_supported(model, Layout(global_batch=1))
+    assert "\n" not in str(e.value)
