@@ -137,52 +137,32 @@ def test_kernels_writes_profiler_traces_that_kineto_reads(tmp_path, capfd):
     assert load_run(out).ranks == [0, 1]  # the parasim traces still load beside them
 
 
-def test_fp8_on_cpu_is_one_line_and_writes_nothing(tmp_path, capsys):
-    """At the config (the localhost 'accelerator' has no FP8) and in the executor itself."""
+@pytest.mark.parametrize("dtype, executor_rule", [
+    ("fp8", "needs FP8 tensor cores"),
+    ("fp4", "needs FP4 tensor cores \\(Blackwell\\)"),  # the executor runs no FP4
+])
+def test_low_precision_on_cpu_is_one_line_and_writes_nothing(tmp_path, capsys, dtype,
+                                                             executor_rule):
+    """At the config (the localhost 'accelerator' has no FP8 or FP4) and in the executor."""
     from executor.options import check_supported
     from traces.errors import ConfigError
     from traces.layout import Layout
     from traces.model import ModelSpec
 
-    config = tmp_path / "fp8.toml"
+    config = tmp_path / f"{dtype}.toml"
     config.write_text(example_path("gpt-tiny-localhost.toml").read_text()
-                      .replace('dtype = "fp32"', 'dtype = "fp8"'))
+                      .replace('dtype = "fp32"', f'dtype = "{dtype}"'))
     out = tmp_path / "run"
     code = main(["run", str(config), "--out", str(out)])
     stdout, stderr = capsys.readouterr()
     assert (code, stdout) == (2, "") and stderr.count("\n") == 1, stderr
-    assert "model.dtype: \"fp8\" needs FP8 tensor cores, which CPU-localhost" in stderr
-    assert not out.exists()
-    model = ModelSpec(layers=2, hidden=32, heads=4, seq_len=16, vocab=64, dtype="fp8")
-    import torch
-    if torch.cuda.is_available():  # the GPU's refusal names the missing FP8 kernels instead
-        return
-    with pytest.raises(ConfigError, match="model.dtype: \"fp8\" needs FP8 tensor cores") as e:
-        check_supported(model, Layout(global_batch=1))
-    assert "\n" not in str(e.value)
-
-
-def test_fp4_on_cpu_is_one_line_and_writes_nothing(tmp_path, capsys):
-    """NVFP4 likewise: refused at the config, and by the executor (which runs no FP4)."""
-    from executor.options import check_supported
-    from traces.errors import ConfigError
-    from traces.layout import Layout
-    from traces.model import ModelSpec
-
-    config = tmp_path / "fp4.toml"
-    config.write_text(example_path("gpt-tiny-localhost.toml").read_text()
-                      .replace('dtype = "fp32"', 'dtype = "fp4"'))
-    out = tmp_path / "run"
-    code = main(["run", str(config), "--out", str(out)])
-    stdout, stderr = capsys.readouterr()
-    assert (code, stdout) == (2, "") and stderr.count("\n") == 1, stderr
-    assert "model.dtype: \"fp4\" needs FP4 tensor cores, which CPU-localhost" in stderr
+    assert f"model.dtype: \"{dtype}\" needs {dtype.upper()} tensor cores, which CPU-localhost" \
+        in stderr
     assert not out.exists()
     import torch
-    if torch.cuda.is_available():
+    if torch.cuda.is_available():  # the GPU's refusal names the missing kernels instead
         return
-    model = ModelSpec(layers=2, hidden=32, heads=4, seq_len=16, vocab=64, dtype="fp4")
-    with pytest.raises(ConfigError, match="model.dtype: \"fp4\" needs FP4 tensor cores "
-                                          "\\(Blackwell\\)") as e:
+    model = ModelSpec(layers=2, hidden=32, heads=4, seq_len=16, vocab=64, dtype=dtype)
+    with pytest.raises(ConfigError, match=f"model.dtype: \"{dtype}\" {executor_rule}") as e:
         check_supported(model, Layout(global_batch=1))
     assert "\n" not in str(e.value)
