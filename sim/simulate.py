@@ -70,7 +70,8 @@ def predict(exp: Experiment, *, fold: bool = True, progress: Progress | None = N
         speeds = expected_speeds(exp.cluster.variability, exp.layout, plan.ranks,
                                  exp.cluster.devices_per_server)
     compute = ComputeModel(exp.cluster.accelerator, exp.profile, launch_counts(exp.model),
-                           cluster_host_Bps(exp.cluster), fp8_gemm_rate(exp.model))
+                           cluster_host_Bps(exp.cluster), fp8_gemm_rate(exp.model),
+                           exp.model.moe_gemm_streams)
     durations = reserved_sms(plan, compute, comm_sms(exp.layout))
     interference = spared(interference_for(exp.cluster, exp.profile, compute), durations)
     hosts = host_programs(plan, exp.host, exp.model, exp.layout, compute)

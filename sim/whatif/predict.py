@@ -272,7 +272,8 @@ def _replay(exp: Experiment, cluster: Cluster, plan: Trace, gaps: Mapping[int, l
     """`sim.measured.replay_trace`'s run, on `cluster` (the target's), the target's profile
     and network; activation offload copies (`HostCopy`) over the target's host link."""
     compute = ComputeModel(cluster.accelerator, exp.profile, launch_counts(exp.model),
-                           cluster_host_Bps(cluster), fp8_gemm_rate(exp.model))
+                           cluster_host_Bps(cluster), fp8_gemm_rate(exp.model),
+                           exp.model.moe_gemm_streams)
     return replay(plan, cluster, compute,
                   interference=interference_for(cluster, exp.profile, compute),
                   network=exp.network, algo=exp.algo, gaps=gaps)
