@@ -75,6 +75,7 @@ from traces.layout import Layout
 from traces.model import ModelSpec
 from traces.ops import Op, OpKind, Phase, Trace
 from traces.purpose import ExpertAllToAll, GemmChunk, KernelRun, MoeStep
+from traces.stack import launch_counts
 
 LAUNCH_S = 5e-6
 """CPU seconds per launch (module docstring)."""
@@ -183,6 +184,21 @@ def expert_cast_launches(model: ModelSpec, layout: Layout) -> int:
     return model.experts // layout.ep * rec.cast_kernels
 
 
+def device_launches(model: ModelSpec, layout: Layout) -> dict[tuple[str, bool], int] | None:
+    """Kernels per (kernel, backward) on the device where the stack states them
+    (`traces.stack.launch_counts`), and under Transformer Engine's GroupedLinear
+    (`model.moe_gemm_streams` > 0) an expert cast op's `expert_cast_launches`: split_quantize's
+    loop launches its quantize kernels one after another on the GPU as on the host (module
+    docstring), each paying the compute model's launch overhead. None where nothing is
+    stated (each op its own one launch)."""
+    counts = dict(launch_counts(model) or {})
+    casts = expert_cast_launches(model, layout) if model.moe_gemm_streams else 0
+    if casts > 1:
+        counts[str(Kernel.EXPERT_CAST), False] = casts
+        counts[str(Kernel.EXPERT_CAST_GRAD), True] = casts
+    return counts or None
+
+
 def launch_costs(ops: Sequence[Op], compute: ComputeModel | Mapping[tuple[str, bool], int],
                  scopes: frozenset[str] = frozenset(), casts: int = 1,
                  factor: float = 1.0) -> list[float]:
@@ -278,5 +294,6 @@ def dispatch_syncs(ops: Sequence[Op], seconds: float = SYNC_S) -> list[Sync]:
 
 
 __all__ = ["GRACE_LINEAR_CPU_S", "KEYS", "LAUNCH_S", "SCOPES", "SYNC_S", "X86_LINEAR_CPU_S",
-           "HostSettings", "dispatch_syncs", "dropless_sync", "expert_cast_launches",
+           "HostSettings", "device_launches", "dispatch_syncs", "dropless_sync",
+           "expert_cast_launches",
            "expert_launches", "host_cpu_factor", "host_programs", "launch_costs"]

@@ -11,6 +11,8 @@ from sim.models.compute import ComputeModel, expert_rounds
 from sim.profile import default_profile
 from topology.presets import A100_80GB
 from traces.errors import ConfigError
+from traces.layout import Layout
+from traces.model import ModelSpec
 
 PROFILE = default_profile(A100_80GB)
 POOLED = ComputeModel(A100_80GB, PROFILE)
@@ -83,3 +85,29 @@ def test_predict_runs_the_key():
 
     assert step(8) == step(0)
     assert step(1) > step(0)
+
+
+def _spec(**extra: object) -> tuple[ModelSpec, Layout]:
+    table = _exp({**MOE, "experts": 16, **extra})
+    table["cluster"] = {"preset": "dgx-h100", "nodes": 1}  # FP8 tensor cores
+    exp = experiment_from_dict(table)
+    return exp.model, exp.layout  # EP 8: 16 / 8 = 2 local experts
+
+
+def test_te_expert_casts_launch_a_kernel_per_local_expert_on_the_device():
+    from sim.models.host import device_launches, expert_cast_launches
+
+    model, layout = _spec(dtype="fp8", fp8_recipe="tensorwise", moe_gemm_streams=4)
+    n = expert_cast_launches(model, layout)
+    assert n == 16 // 8 * 2  # 2 local experts, current scaling's amax pass and cast each
+    counts = device_launches(model, layout)
+    assert counts is not None
+    assert counts["expert_cast", False] == counts["expert_cast_grad", True] == n
+    # the compute model charges each its launch: a memory kernel's bytes plus n overheads
+    te = ComputeModel(A100_80GB, PROFILE, counts, expert_streams=4)
+    one = ComputeModel(A100_80GB, PROFILE)
+    assert te.kernel_time("expert_cast", 0.0, 1e6) == pytest.approx(
+        one.kernel_time("expert_cast", 0.0, 1e6) + (n - 1) * OVERHEAD, rel=1e-12)
+    # without TE's GroupedLinear (the pooled kernel) nothing is added to the stack's counts
+    plain, layout = _spec(dtype="fp8", fp8_recipe="tensorwise")
+    assert ("expert_cast", False) not in (device_launches(plain, layout) or {})
