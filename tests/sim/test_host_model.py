@@ -23,7 +23,7 @@ from sim.models.host import (
 from traces.errors import ConfigError
 from traces.ops import Op, OpKind, Phase, Trace
 from traces.plan import build
-from traces.purpose import ExpertAllToAll, MoeStep
+from traces.purpose import ExpertAllToAll, MoeStep, RoutingMapGather
 
 
 class _Seconds:
@@ -116,6 +116,19 @@ def test_the_dropless_dispatcher_syncs_once_per_forward_moe_layer_on_the_router(
     hosts_cf = host_programs(dropping, exp_cf.host, exp_cf.model, exp_cf.layout,
                              ComputeModel(exp_cf.cluster.accelerator, exp_cf.profile))
     assert hosts_cf is not None and hosts_cf[0].syncs == ()
+
+
+def test_hybridep_syncs_on_its_routing_map_gather():
+    """HybridEP reads the received count on the host after gathering the routing map and
+    preprocessing it (`traces.plan.experts`): each forward dispatch's sync waits for the
+    `RoutingMapGather` before its permute, so the host's wait spans the EP group's gather."""
+    _, plan = _moe({"host": True}, dispatch="hybridep")
+    ops = plan.ops[0]
+    syncs = dispatch_syncs(ops)
+    assert len(syncs) == 4 * 2  # layers x micro-batches
+    assert all(isinstance(ops[s.target].purpose, RoutingMapGather) for s in syncs)
+    assert all(ops[s.target + 1].name == "permute" and s.position == s.target + 2
+               for s in syncs)
 
 
 def test_a_cuda_graph_launches_each_graphed_stretch_once():
