@@ -55,7 +55,11 @@ the router's counts) and synchronizes before the EP all-to-all ("before_ep_allto
 no capacity factor), having launched the first permutation: so the host waits, before it
 launches each forward (and recomputed) dispatch, for the op before the permute to end. The
 backward reuses the splits (no sync). DeepEP and HybridEP without a fixed received-token
-capacity likewise read the received counts on the host (`num_permuted_tokens=None`). A
+capacity likewise read the received counts on the host (`num_permuted_tokens=None`); HybridEP
+right after gathering the routing map and preprocessing it (its `.cpu()` of the count precedes
+the dispatch kernels, deepseek-ai/DeepEP deep_ep/hybrid_ep_buffer.py @017a520,
+dispatch_with_permute), so there the host waits for the plan's `RoutingMapGather` before
+launching the op after it. A
 step's own end-of-step syncs (grad norm's `.item()`) are where the replay starts host and GPU
 together: one step from one synchronized start.
 """
@@ -74,7 +78,7 @@ from traces.kernel_names import Kernel
 from traces.layout import Layout
 from traces.model import ModelSpec
 from traces.ops import Op, OpKind, Phase, Trace
-from traces.purpose import ExpertAllToAll, GemmChunk, KernelRun, MoeStep
+from traces.purpose import ExpertAllToAll, GemmChunk, KernelRun, MoeStep, RoutingMapGather
 from traces.stack import launch_counts
 
 LAUNCH_S = 5e-6
@@ -285,7 +289,11 @@ def dispatch_syncs(ops: Sequence[Op], seconds: float = SYNC_S) -> list[Sync]:
             before = [j for j in last_on.get(op.stream, [])
                       if kernel_of(ops[j])[0] != Kernel.PERMUTE]
             if before:
-                syncs.append(Sync(i, before[-1], seconds))
+                target = before[-1]
+                # HybridEP reads the count right after its routing-map gather, before any of
+                # dispatch_with_permute's kernels: the host waits before the next op
+                gather = isinstance(ops[target].purpose, RoutingMapGather)
+                syncs.append(Sync(target + 1 if gather else i, target, seconds))
         last = last_on.setdefault(op.stream, [])
         last.append(i)
         if len(last) > 2:
