@@ -192,6 +192,14 @@ class ExpertExchange:
 
 
 @dataclass(frozen=True, slots=True)
+class RoutingGather:
+    """MoE with HybridEP: a layer's routing map all-gathered over the EP group before its
+    forward dispatch (`traces.purpose.RoutingMapGather`)."""
+
+    layer: int
+
+
+@dataclass(frozen=True, slots=True)
 class ExpertGradReduce:
     """MoE: a layer's routed-expert gradients all-reduced over the expert-DP group."""
 
@@ -211,5 +219,5 @@ class ExpertGather:
 Call = (Compute | StepKernel | GradAccumulate | GradStatAllReduce | OptimizerStep | TpCollective
         | CeCollective | GatherReceived | SpAllReduce | EmbeddingAllReduce | ReduceBucket
         | GatherBucket | GatherUnit | Transfer | CpAttend | CpMessage | CpExchange | ComputeChunk
-        | TpChunkCollective | ExpertExchange | ExpertGradReduce | ExpertGather)
+        | TpChunkCollective | ExpertExchange | RoutingGather | ExpertGradReduce | ExpertGather)
 CALLS: tuple[type, ...] = Call.__args__  # type: ignore[attr-defined]

@@ -43,6 +43,7 @@ from executor.calls import (
     GradStatAllReduce,
     OptimizerStep,
     ReduceBucket,
+    RoutingGather,
     SpAllReduce,
     StepKernel,
     TpChunkCollective,
@@ -151,6 +152,8 @@ def bind(rt: RankRuntime, call: Call) -> Callable[[], Handle | None]:
             return p(rt.cp_exchange, grad, phase, layer, mb)
         case ExpertExchange(step=step, grad=grad, layer=layer, mb=mb, stream=stream):
             return p(rt.expert_all_to_all, step, grad, layer, mb, stream)
+        case RoutingGather(layer=layer):
+            return p(rt.routing_gather, layer)
         case ExpertGradReduce(layer=layer, stream=stream):
             return p(rt.expert_grads, layer, stream)
         case ExpertGather(layer=layer, stream=stream):

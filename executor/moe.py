@@ -141,6 +141,21 @@ class MoeExchange:
         self.nodes = NodeMap([g // gpus_per_node for g in self.key[1]])
         self._hops: dict[tuple[int, bool], HopPlan] = {}
 
+    def gather_routing(self, layer: int) -> None:
+        """HybridEP's routing-map all-gather before a forward dispatch (the plan's
+        `RoutingMapGather`): the rank's T x E map, one byte per token and expert, gathered
+        over the EP group; every member routes alike here (`executor.routing.route`), so the
+        gathered map is the rank's own, EP times, which is checked."""
+        r = route(self.model, layer, self.tokens)
+        mine = torch.zeros(self.tokens, self.model.experts, dtype=torch.uint8)
+        rows = torch.arange(self.tokens).unsqueeze(1).expand_as(r.experts)
+        mine[rows[r.kept], r.experts[r.kept]] = 1
+        out = mine.new_empty((self.ep * self.tokens, self.model.experts))
+        self.comm.all_gather(out, mine, self.key)
+        if not torch.equal(out, mine.repeat(self.ep, 1)):
+            raise RuntimeError(f"layer {layer}: the gathered routing maps differ from the "
+                               "rank's own")
+
     def all_to_all(self, tape: Tape, step: MoeStep, grad: bool, layer: int,
                    stream: str = Stream.COMPUTE) -> Handle:
         """The exchange, its result put on the tape when it completes: at once on the compute

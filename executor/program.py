@@ -33,6 +33,7 @@ from executor.calls import (
     GradStatAllReduce,
     OptimizerStep,
     ReduceBucket,
+    RoutingGather,
     SpAllReduce,
     StepKernel,
     TpChunkCollective,
@@ -70,6 +71,7 @@ from traces.purpose import (
     MessageGather,
     ParamGather,
     PipeMessage,
+    RoutingMapGather,
     SpGrads,
     TpChunk,
     TpSite,
@@ -228,6 +230,10 @@ class _Lowering:
                 if not self.model.experts or op.kind is not OpKind.ALL_TO_ALL:
                     raise self.fail(i, "an EP exchange is an all-to-all of an MoE model")
                 return ExpertExchange(step, grad, self._layer(i, op), self._mb(i, mb), stream)
+            case RoutingMapGather():
+                if not self.model.experts or op.kind is not OpKind.ALL_GATHER:
+                    raise self.fail(i, "a routing-map gather is an all-gather of an MoE model")
+                return RoutingGather(self._layer(i, op))
             case ExpertGrads(unit=unit):
                 sharded = self.shards_experts or self.gathers_experts
                 kind = OpKind.REDUCE_SCATTER if sharded else OpKind.ALL_REDUCE

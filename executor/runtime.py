@@ -307,6 +307,10 @@ class RankRuntime:
         handle = self.moe.all_to_all(self.tape(mb), step, grad, layer, stream)
         return None if stream == Stream.COMPUTE else handle
 
+    def routing_gather(self, layer: int) -> None:
+        assert self.moe is not None, "EP ops in a plan without experts"
+        self.moe.gather_routing(layer)
+
     def expert_grads(self, layer: int, stream: str = Stream.DP, *, async_op: bool = True
                      ) -> Handle:
         assert self.experts is not None, "expert gradients in a plan without experts"

@@ -19,7 +19,7 @@ from sim.engine.position import network_positions
 from sim.engine.replay import Progress, StepTimes, replay
 from sim.metrics import StepSummary, summarize
 from sim.models.compute import ComputeModel
-from sim.models.host import host_programs
+from sim.models.host import device_launches, host_programs
 from sim.models.host_link import cluster_host_Bps
 from sim.models.memory import memory_by_pp_rank
 from sim.models.reserved_sms import reserved_sms, spared
@@ -34,7 +34,6 @@ from traces.moe_overlap import comm_sms
 from traces.ops import Trace
 from traces.pipeline import layout_schedule
 from traces.plan import build
-from traces.stack import launch_counts
 
 GiB = 2**30
 
@@ -69,8 +68,10 @@ def predict(exp: Experiment, *, fold: bool = True, progress: Progress | None = N
     if speeds is None and not exp.cluster.variability.ideal:
         speeds = expected_speeds(exp.cluster.variability, exp.layout, plan.ranks,
                                  exp.cluster.devices_per_server)
-    compute = ComputeModel(exp.cluster.accelerator, exp.profile, launch_counts(exp.model),
-                           cluster_host_Bps(exp.cluster), fp8_gemm_rate(exp.model))
+    compute = ComputeModel(exp.cluster.accelerator, exp.profile,
+                           device_launches(exp.model, exp.layout),
+                           cluster_host_Bps(exp.cluster), fp8_gemm_rate(exp.model),
+                           exp.model.moe_gemm_streams)
     durations = reserved_sms(plan, compute, comm_sms(exp.layout))
     interference = spared(interference_for(exp.cluster, exp.profile, compute), durations)
     hosts = host_programs(plan, exp.host, exp.model, exp.layout, compute)

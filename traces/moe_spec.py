@@ -73,6 +73,8 @@ class ModelSpec(Protocol):
     @property
     def moe_grouped_gemm(self) -> bool: ...
     @property
+    def moe_gemm_streams(self) -> int: ...
+    @property
     def moe_permute_fusion(self) -> bool: ...
     @property
     def moe_router_fusion(self) -> bool: ...
@@ -85,8 +87,9 @@ class ModelSpec(Protocol):
 
 MOE_KEYS = ("experts", "top_k", "moe_ffn_hidden", "shared_experts", "dense_layers",
             "capacity_factor", "routing_skew", "routing_seed", *ROUTING_KEYS, "moe_grouped_gemm",
-            "moe_permute_fusion", "moe_router_fusion", "moe_router_score_function",
-            "moe_router_enable_expert_bias", "moe_probs_in_activation")
+            "moe_gemm_streams", "moe_permute_fusion", "moe_router_fusion",
+            "moe_router_score_function", "moe_router_enable_expert_bias",
+            "moe_probs_in_activation")
 """The `[model]` MoE keys, written in a header only where they are set."""
 MAX_EXPERTS = 2**14  # DeepSeek-V3 has 256 routed experts; 16 K is far beyond any model
 MAX_SKEW = 16.0  # Zipf exponents measured on MoE routing are ~0.5-2; 16 is all on one expert
@@ -145,6 +148,13 @@ def _check_kernel_keys(m: ModelSpec) -> None:
         if value != default and not m.experts:
             raise ConfigError(f"model.{name}: {show(value)} needs model.experts > 0 (a dense "
                               "model has no experts)")
+    streams = m.moe_gemm_streams
+    if not isinstance(streams, int) or isinstance(streams, bool) or not 0 <= streams <= 64:
+        raise ConfigError(f"model.moe_gemm_streams: {show(streams)} must be an integer from 0 "
+                          "to 64")
+    if streams and not (m.experts and m.moe_grouped_gemm):
+        raise ConfigError(f"model.moe_gemm_streams: {streams} needs model.experts > 0 and "
+                          "model.moe_grouped_gemm (it says how the grouped GEMM runs)")
     score = m.moe_router_score_function
     if not isinstance(score, str) or score not in SCORE_FUNCTIONS:
         raise ConfigError(f"model.moe_router_score_function: {show(score)} is not one of "

@@ -300,6 +300,14 @@ class ExpertAllToAll:
 
 
 @dataclass(frozen=True, slots=True)
+class RoutingMapGather:
+    """MoE with the HybridEP dispatcher (`dispatch = "hybridep"`): before each forward (and
+    recomputed) dispatch, the all-gather of the rank's routing map (T tokens x E experts, one
+    bool each) over its EP group, which HybridEP's metadata preprocessing reads
+    (`traces.plan.experts`)."""
+
+
+@dataclass(frozen=True, slots=True)
 class ExpertTp:
     """MoE with ETP > 1: after the dispatch, the all-gather of the received tokens over the
     ETP group (`step` dispatch), and before the combine the reduce-scatter of the experts'
@@ -357,6 +365,7 @@ class Bench:
 Purpose = (KernelRun | TpSite | MessageGather | CrossEntropyStat | SpGrads | GradBucket
            | UnitGather | UnitGradReduce | ParamGather | EmbeddingGrads | GradStat | PipeMessage
            | AmaxReduction | CpRing | CpGather | Bench | GemmChunk | TpChunk | ExpertAllToAll
-           | ExpertTp | ExpertGrads | ExpertParamGather | ExpertUnitGather | HostCopy)
+           | RoutingMapGather | ExpertTp | ExpertGrads | ExpertParamGather | ExpertUnitGather
+           | HostCopy)
 PURPOSES: tuple[type, ...] = Purpose.__args__  # type: ignore[attr-defined]
 """Every purpose type (a test checks each has an interpretation)."""

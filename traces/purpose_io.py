@@ -47,6 +47,7 @@ from traces.purpose import (
     Part,
     PipeMessage,
     Purpose,
+    RoutingMapGather,
     SpGrads,
     Stat,
     StepStat,
@@ -67,7 +68,7 @@ TYPES: dict[str, type] = {
     "bench": Bench, "gemm_chunk": GemmChunk, "tp_chunk": TpChunk,
     "expert_all_to_all": ExpertAllToAll, "expert_tp": ExpertTp, "expert_grads": ExpertGrads,
     "expert_params": ExpertParamGather, "expert_unit_gather": ExpertUnitGather,
-    "host_copy": HostCopy,
+    "host_copy": HostCopy, "routing_map_gather": RoutingMapGather,
 }
 assert set(TYPES.values()) == set(PURPOSES), "every purpose has a JSON type"
 _TYPE_OF = {cls: name for name, cls in TYPES.items()}

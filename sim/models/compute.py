@@ -28,6 +28,20 @@ elsewhere (no purpose) by its name. A GEMM chunk of tp_comm_overlap (`GemmChunk`
 phase) is one GEMM of its own shape: a fraction of the tokens of one product, on the SMs its
 communication leaves it (`GemmChunk.comm_sms`: Transformer Engine's set_sm_margin, `math_units`).
 An activation offload copy (`HostCopy`) takes its bytes over the host link (`host_Bps`).
+
+The local experts' grouped GEMM (`expert_fc1`, `expert_fc2`: op.gemm = (E, M, N, K)) is one
+kernel over all E experts' tiles by default. Under Transformer Engine (`model.moe_gemm_streams`
+= S > 0) it is E cuBLAS GEMMs (Megatron-Core's --moe-grouped-gemm: "launch multiple local GEMM
+kernels in multiple streams ... with GroupedLinear in TransformerEngine", NVIDIA/Megatron-LM
+megatron/core/transformer/moe/README.md @022bcb5): nvte_multi_tensor_gemm takes its cuBLAS
+path unless the GPU is Hopper and NVTE_USE_CUTLASS_GROUPED_GEMM is set (off by default) with
+BF16 operands, and multi_stream_cublas_gemm launches GEMM i on compute stream
+i % num_streams, then joins the streams (NVIDIA/TransformerEngine
+transformer_engine/common/gemm/cublaslt_gemm.cu @0143a5e); num_streams is 4
+(transformer_engine/common/util/multi_stream.cpp @3e125d6, get_num_compute_streams). Equal
+GEMMs on S streams run in ⌈E/S⌉ rounds of at most S at once, each round's tiles sharing the
+SMs (`expert_rounds`): a round's waves are ⌈c·tiles/units⌉ for its c GEMMs, not a share of
+all E experts' pooled waves, and each round pays a launch.
 """
 
 from __future__ import annotations
@@ -39,6 +53,7 @@ from math import ceil
 from sim.profile import Profile
 from topology.cluster import Accelerator
 from traces.errors import ConfigError
+from traces.kernel_names import Kernel
 from traces.ops import Op, Phase
 from traces.purpose import GemmChunk, HostCopy, KernelRun
 
@@ -48,6 +63,20 @@ FlashAttention's dropout: Philox4x32-10 (cuRAND's curand_uniform4) yields four d
 of ten rounds, each round two 32x32-bit multiplies kept whole (a low and a high half: four
 instructions), two three-input XORs (one LOP3 each) and the key's two additions: 8 x 10 / 4
 = 20 a draw. The float conversion and the compare with p run on the FP32 lanes."""
+
+
+EXPERT_GEMMS = frozenset({str(Kernel.EXPERT_FC1), str(Kernel.EXPERT_FC2)})
+"""The grouped expert GEMMs `model.moe_gemm_streams` splits (module docstring)."""
+
+
+def expert_rounds(experts: int, streams: int) -> list[int]:
+    """The GEMMs in flight in each round when `experts` equal GEMMs go round-robin onto
+    `streams` streams (module docstring): S per round, the last the remainder; one round of
+    all of them with no streams (0: the one grouped kernel)."""
+    if streams <= 0 or experts <= streams:
+        return [experts]
+    full, rest = divmod(experts, streams)
+    return [streams] * full + ([rest] if rest else [])
 
 
 def draw_seconds(draws: float, accelerator: Accelerator) -> float:
@@ -62,8 +91,11 @@ class ComputeModel:
 
     def __init__(self, accelerator: Accelerator, profile: Profile,
                  launches: Mapping[tuple[str, bool], int] | None = None,
-                 host_Bps: float = 0.0, fp8_rate: float = 1.0) -> None:
+                 host_Bps: float = 0.0, fp8_rate: float = 1.0, expert_streams: int = 0) -> None:
         self.accelerator = accelerator
+        self.expert_streams = expert_streams
+        """`model.moe_gemm_streams`: 0, the grouped expert GEMM one kernel; S, one GEMM per
+        expert on S streams (module docstring)."""
         self.fp8_rate = fp8_rate
         """The model's FP8 GEMMs' rate as a fraction of the FP8 roof: its recipe's
         (`traces.fp8.fp8_gemm_rate`; MXFP8's block-scaled GEMMs below 1)."""
@@ -174,8 +206,10 @@ class ComputeModel:
                 [(batch, m, k, n)] if backward == "dgrad" else \
                 [(batch, k, n, m)] if backward == "wgrad" else [(batch, m, n, k)]
             efficiency = override.flops_efficiency or params.gemm_efficiency
-            compute = sum(self.gemm_time(shape, efficiency, peak, units) for shape in shapes)
-            launches = len(shapes)
+            rounds = expert_rounds(batch, self.expert_streams if name in EXPERT_GEMMS else 0)
+            compute = sum(self.gemm_time((c, *shape[1:]), efficiency, peak, units)
+                          for shape in shapes for c in rounds)
+            launches = len(shapes) * len(rounds)
         else:
             efficiency = override.flops_efficiency or params.gemm_efficiency
             compute = flops / (peak * efficiency)

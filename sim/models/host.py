@@ -55,7 +55,11 @@ the router's counts) and synchronizes before the EP all-to-all ("before_ep_allto
 no capacity factor), having launched the first permutation: so the host waits, before it
 launches each forward (and recomputed) dispatch, for the op before the permute to end. The
 backward reuses the splits (no sync). DeepEP and HybridEP without a fixed received-token
-capacity likewise read the received counts on the host (`num_permuted_tokens=None`). A
+capacity likewise read the received counts on the host (`num_permuted_tokens=None`); HybridEP
+right after gathering the routing map and preprocessing it (its `.cpu()` of the count precedes
+the dispatch kernels, deepseek-ai/DeepEP deep_ep/hybrid_ep_buffer.py @017a520,
+dispatch_with_permute), so there the host waits for the plan's `RoutingMapGather` before
+launching the op after it. A
 step's own end-of-step syncs (grad norm's `.item()`) are where the replay starts host and GPU
 together: one step from one synchronized start.
 """
@@ -74,7 +78,8 @@ from traces.kernel_names import Kernel
 from traces.layout import Layout
 from traces.model import ModelSpec
 from traces.ops import Op, OpKind, Phase, Trace
-from traces.purpose import ExpertAllToAll, GemmChunk, KernelRun, MoeStep
+from traces.purpose import ExpertAllToAll, GemmChunk, KernelRun, MoeStep, RoutingMapGather
+from traces.stack import launch_counts
 
 LAUNCH_S = 5e-6
 """CPU seconds per launch (module docstring)."""
@@ -183,6 +188,21 @@ def expert_cast_launches(model: ModelSpec, layout: Layout) -> int:
     return model.experts // layout.ep * rec.cast_kernels
 
 
+def device_launches(model: ModelSpec, layout: Layout) -> dict[tuple[str, bool], int] | None:
+    """Kernels per (kernel, backward) on the device where the stack states them
+    (`traces.stack.launch_counts`), and under Transformer Engine's GroupedLinear
+    (`model.moe_gemm_streams` > 0) an expert cast op's `expert_cast_launches`: split_quantize's
+    loop launches its quantize kernels one after another on the GPU as on the host (module
+    docstring), each paying the compute model's launch overhead. None where nothing is
+    stated (each op its own one launch)."""
+    counts = dict(launch_counts(model) or {})
+    casts = expert_cast_launches(model, layout) if model.moe_gemm_streams else 0
+    if casts > 1:
+        counts[str(Kernel.EXPERT_CAST), False] = casts
+        counts[str(Kernel.EXPERT_CAST_GRAD), True] = casts
+    return counts or None
+
+
 def launch_costs(ops: Sequence[Op], compute: ComputeModel | Mapping[tuple[str, bool], int],
                  scopes: frozenset[str] = frozenset(), casts: int = 1,
                  factor: float = 1.0) -> list[float]:
@@ -269,7 +289,11 @@ def dispatch_syncs(ops: Sequence[Op], seconds: float = SYNC_S) -> list[Sync]:
             before = [j for j in last_on.get(op.stream, [])
                       if kernel_of(ops[j])[0] != Kernel.PERMUTE]
             if before:
-                syncs.append(Sync(i, before[-1], seconds))
+                target = before[-1]
+                # HybridEP reads the count right after its routing-map gather, before any of
+                # dispatch_with_permute's kernels: the host waits before the next op
+                gather = isinstance(ops[target].purpose, RoutingMapGather)
+                syncs.append(Sync(target + 1 if gather else i, target, seconds))
         last = last_on.setdefault(op.stream, [])
         last.append(i)
         if len(last) > 2:
@@ -278,5 +302,6 @@ def dispatch_syncs(ops: Sequence[Op], seconds: float = SYNC_S) -> list[Sync]:
 
 
 __all__ = ["GRACE_LINEAR_CPU_S", "KEYS", "LAUNCH_S", "SCOPES", "SYNC_S", "X86_LINEAR_CPU_S",
-           "HostSettings", "dispatch_syncs", "dropless_sync", "expert_cast_launches",
+           "HostSettings", "device_launches", "dispatch_syncs", "dropless_sync",
+           "expert_cast_launches",
            "expert_launches", "host_cpu_factor", "host_programs", "launch_costs"]

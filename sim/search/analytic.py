@@ -91,7 +91,8 @@ class Analytic:
                  algo: Algorithm = Algorithm.AUTO) -> None:
         self.model, self.cluster = model, cluster
         self.compute = ComputeModel(cluster.accelerator, profile, launch_counts(model),
-                                    fp8_rate=fp8_gemm_rate(model))
+                                    fp8_rate=fp8_gemm_rate(model),
+                                    expert_streams=model.moe_gemm_streams)
         self.interference = interference_for(cluster, profile, self.compute)
         self.variability = cluster.variability
         self.collectives = Collectives(cluster)

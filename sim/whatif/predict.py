@@ -28,6 +28,7 @@ from dataclasses import dataclass, replace
 from sim.config import Experiment
 from sim.engine.replay import StepTimes, host_gaps, replay
 from sim.models.compute import ComputeModel
+from sim.models.host import device_launches
 from sim.models.host_link import cluster_host_Bps
 from sim.models.sharing import interference_for
 from sim.profile import Profile
@@ -271,8 +272,10 @@ def _replay(exp: Experiment, cluster: Cluster, plan: Trace, gaps: Mapping[int, l
             ) -> StepTimes:
     """`sim.measured.replay_trace`'s run, on `cluster` (the target's), the target's profile
     and network; activation offload copies (`HostCopy`) over the target's host link."""
-    compute = ComputeModel(cluster.accelerator, exp.profile, launch_counts(exp.model),
-                           cluster_host_Bps(cluster), fp8_gemm_rate(exp.model))
+    compute = ComputeModel(cluster.accelerator, exp.profile,
+                           device_launches(exp.model, exp.layout),
+                           cluster_host_Bps(cluster), fp8_gemm_rate(exp.model),
+                           exp.model.moe_gemm_streams)
     return replay(plan, cluster, compute,
                   interference=interference_for(cluster, exp.profile, compute),
                   network=exp.network, algo=exp.algo, gaps=gaps)

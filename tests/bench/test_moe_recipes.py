@@ -8,7 +8,13 @@ from __future__ import annotations
 import pytest
 from bench_moe_recipes import TABLES, missing
 from moe_rows import UNITS
-from moe_rows_bridge import BRIDGE_ROWS, DEEPSEEK_ROWS, H800_TOKENS_PER_S
+from moe_rows_bridge import (
+    BRIDGE_ROWS,
+    CUTEDSL_MLP,
+    DEEPSEEK_ROWS,
+    H800_TOKENS_PER_S,
+    TE_GEMM_STREAMS,
+)
 from moe_rows_folding import FOLDING_ROWS, H100_PEAK, MAPPINGS, TABLE3_MFU
 
 from sim.config import experiment_from_dict
@@ -136,3 +142,14 @@ def test_folding_rows_route_with_aten_ops_and_permute_fused():
             fwd, bwd = router_steps(model, 4096)
             assert not model.moe_router_fusion and len(fwd) > 1 and len(bwd) > 1
             assert [len(steps) for steps in permute_steps(model, 4096, 4096)] == [1, 1]
+
+
+def test_bridge_experts_run_te_groupedlinear_but_the_cutedsl_recipes():
+    """Megatron-Core's TEGroupedMLP runs a cuBLAS GEMM per local expert on Transformer Engine's
+    4 compute streams (`moe_rows_bridge.TE_GEMM_STREAMS`); the DeepSeek-V3 FP8-MX recipes
+    with cutedsl_fused_grouped_mlp keep parasim's one grouped kernel."""
+    for row in BRIDGE_ROWS:
+        fused = row.name.split(",")[0].split(" ", 1)[1] in {
+            f"{m} {s} {p}" for m, s, p in CUTEDSL_MLP}
+        assert row.model.get("moe_gemm_streams", 0) == (0 if fused else TE_GEMM_STREAMS), \
+            row.name

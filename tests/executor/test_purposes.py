@@ -31,7 +31,8 @@ from traces.purpose import (
 
 MOE_RUN = {"moe ep sp skewed": dict(tp=2, sp=True, dp=2, ep=2, global_batch=4),
            "moe ep sp zero1": dict(tp=2, sp=True, dp=2, ep=2, zero=1, global_batch=4),
-           "moe ep sp zero3": dict(tp=2, sp=True, dp=2, ep=2, zero=3, global_batch=4)}
+           "moe ep sp zero3": dict(tp=2, sp=True, dp=2, ep=2, zero=3, global_batch=4),
+           "moe ep hybridep": dict(dp=2, ep=2, global_batch=4)}
 """MoE layouts the executor runs (routed experts only, skewed: grouped GEMMs in several
 ops; ZeRO 1 and 3 over an expert-DP group of 2: the experts' gathers after the step and
 per use), beside tests/traces/test_purpose.py's, which use expert TP."""
@@ -53,6 +54,8 @@ def _specs(name: str) -> tuple[ModelSpec, Layout]:
         model = dataclasses.replace(MODEL, attention="unfused")
     if name in MOE_RUN:
         model = dataclasses.replace(MODEL, **{**MOE, "shared_experts": 0, "routing_skew": 1.0})
+        if name == "moe ep hybridep":  # its routing-map gathers
+            model = dataclasses.replace(model, dispatch="hybridep")
         return model, Layout(**MOE_RUN[name])
     return model, Layout(**LAYOUTS[name])
 

@@ -20,10 +20,11 @@ from sim.models.host import (
     host_programs,
     launch_costs,
 )
+from sim.simulate import predict
 from traces.errors import ConfigError
 from traces.ops import Op, OpKind, Phase, Trace
 from traces.plan import build
-from traces.purpose import ExpertAllToAll, MoeStep
+from traces.purpose import ExpertAllToAll, MoeStep, RoutingMapGather
 
 
 class _Seconds:
@@ -116,6 +117,21 @@ def test_the_dropless_dispatcher_syncs_once_per_forward_moe_layer_on_the_router(
     hosts_cf = host_programs(dropping, exp_cf.host, exp_cf.model, exp_cf.layout,
                              ComputeModel(exp_cf.cluster.accelerator, exp_cf.profile))
     assert hosts_cf is not None and hosts_cf[0].syncs == ()
+
+
+def test_hybridep_syncs_on_its_routing_map_gather():
+    """HybridEP reads the received count on the host after gathering the routing map and
+    preprocessing it (`traces.plan.experts`), before any dispatch kernel: each forward
+    dispatch's sync waits for the `RoutingMapGather` and holds the launch of the op after it
+    (the permute), so the host's wait spans the EP group's gather."""
+    _, plan = _moe({"host": True}, dispatch="hybridep")
+    ops = plan.ops[0]
+    syncs = dispatch_syncs(ops)
+    assert len(syncs) == 4 * 2  # layers x micro-batches
+    assert all(isinstance(ops[s.target].purpose, RoutingMapGather) for s in syncs)
+    assert all(ops[s.position].name == "permute" and s.position == s.target + 1
+               for s in syncs)
+    assert all(isinstance(ops[s.position + 1].purpose, ExpertAllToAll) for s in syncs)
 
 
 def test_a_cuda_graph_launches_each_graphed_stretch_once():
@@ -229,3 +245,19 @@ def test_a_grace_host_pays_its_measured_ratio_on_every_launch_and_sync():
                                                   rel=1e-12)
     assert [s.seconds for s in grace[0].syncs] == pytest.approx(
         [SYNC_S * ratio] * len(h100[0].syncs), rel=1e-12)
+
+
+def test_hybridep_exposes_the_sync_and_one_launch_per_forward_moe_layer():
+    """Kernels long against a launch (hidden and sequence 4096), so the host runs ahead of
+    the GPU everywhere but at HybridEP's syncs: after each forward layer's gather the GPU idles
+    for the sync (SYNC_S) and the fused permute's launch (LAUNCH_S); the step is the GPU's
+    alone plus that, 4 layers x 2 micro-batches of it, and the first launch."""
+    model = {**MOE["model"], "hidden": 4096, "heads": 32, "seq_len": 4096,
+             "moe_ffn_hidden": 2048, "dispatch": "hybridep"}
+
+    def step(host: bool) -> float:
+        exp = experiment_from_dict({**MOE, "model": model, "sim": {"host": host}})
+        return predict(exp)[0].step_time_s
+
+    assert step(True) - step(False) == pytest.approx(4 * 2 * (SYNC_S + LAUNCH_S) + LAUNCH_S,
+                                                     rel=1e-9)

@@ -1,5 +1,6 @@
-"""HybridEP simulated: it moves DeepEP's flows where a server is an 8-GPU node, and sends a
-token between NVL72 racks once per destination rack (its plan folds exactly and carries its
+"""HybridEP simulated: it moves DeepEP's flows where a server is an 8-GPU node, after the
+all-gather of the routing map each forward dispatch starts with, and sends a token between
+NVL72 racks once per destination rack (its plan folds exactly and carries its
 routing: `test_deepep_step`)."""
 
 from __future__ import annotations
@@ -10,6 +11,9 @@ import pytest
 
 from sim.config import experiment_from_dict
 from sim.simulate import predict
+from traces.ops import OpKind, Phase
+from traces.plan import build
+from traces.purpose import ExpertAllToAll, RoutingMapGather
 
 CONFIG = {
     "model": {"layers": 2, "hidden": 512, "heads": 8, "seq_len": 512, "vocab": 4096,
@@ -27,11 +31,25 @@ def _config(cluster: dict | None = None, **model):
     return out
 
 
-def test_on_8_gpu_nodes_hybridep_is_deepep():
+def _ops(config: dict) -> list:
+    exp = experiment_from_dict(config)
+    return build(exp.model, exp.layout, ranks=[0]).ops[0]
+
+
+def test_on_8_gpu_nodes_hybridep_is_deepep_after_gathering_the_routing_map():
+    """HybridEP moves DeepEP's flows; before each forward dispatch it all-gathers the routing
+    map over the EP group (`traces.plan.experts`): EP x T x E bools, here 16 x 512 x 32."""
+    hybrid_ops, deep_ops = _ops(CONFIG), _ops(_config(dispatch="deepep"))
+    gathers = [o for o in hybrid_ops if isinstance(o.purpose, RoutingMapGather)]
+    assert [(o.kind, o.phase, o.layer, o.size_bytes, len(o.group)) for o in gathers] == \
+        [(OpKind.ALL_GATHER, Phase.FWD, layer, 16 * 512 * 32, 16) for layer in (0, 1)]
+    rest = [o for o in hybrid_ops if not isinstance(o.purpose, RoutingMapGather)]
+    assert [(o.kind, o.name, o.phase, o.layer, o.size_bytes) for o in rest] == \
+        [(o.kind, o.name, o.phase, o.layer, o.size_bytes) for o in deep_ops]
     hybrid, _ = predict(experiment_from_dict(CONFIG))
     deep, _ = predict(experiment_from_dict(_config(dispatch="deepep")))
     nccl, _ = predict(experiment_from_dict(_config(dispatch="nccl")))
-    assert hybrid.step_time_s == deep.step_time_s < nccl.step_time_s
+    assert deep.step_time_s < hybrid.step_time_s < nccl.step_time_s
 
 
 def _racks(dispatch: str):
@@ -45,8 +63,18 @@ def test_over_two_nvl72_domains_hybridep_folds_exactly_and_beats_nccl():
     folded, _ = predict(_racks("hybridep"), fold=True)
     unfolded, _ = predict(_racks("hybridep"), fold=False)
     assert folded.step_time_s == pytest.approx(unfolded.step_time_s, rel=1e-9)
-    nccl, _ = predict(_racks("nccl"))
-    assert folded.step_time_s < nccl.step_time_s  # a token crosses racks once, not per expert
+    # a token crosses racks once, not per expert: HybridEP's exchanges take less time than
+    # NCCL's all-to-alls (its routing-map gather, EP x T x E = 144 x 512 x 144 bools at this
+    # hidden of 512, outweighs that saving in the step here)
+    assert _exchange_s(_racks("hybridep")) < _exchange_s(_racks("nccl"))
+
+
+def _exchange_s(exp) -> float:
+    """Rank 0's time in its EP dispatch and combine exchanges (`ExpertAllToAll`)."""
+    times = predict(exp, fold=False)[1]
+    return sum(e - s for op, s, e in zip(times.plan.ops[0], times.starts[0], times.ends[0],
+                                         strict=True)
+               if isinstance(op.purpose, ExpertAllToAll))
 
 
 def _straddling(dispatch: str, ep: int, seq_len: int):

@@ -48,6 +48,7 @@ LAYOUTS = {
     "moe ep etp": dict(tp=2, sp=True, dp=2, ep=2, etp=2, global_batch=4),
     "moe ep zero1": dict(tp=2, sp=True, dp=2, ep=2, zero=1, global_batch=4),
     "moe ep zero3": dict(dp=4, ep=2, zero=3, global_batch=4),
+    "moe ep hybridep": dict(dp=2, ep=2, global_batch=4),
     "cpu offload": dict(tp=2, global_batch=2, cpu_offloading_num_layers=2),
 }
 MOE = dict(ffn="swiglu", ffn_hidden=96, experts=4, top_k=2, moe_ffn_hidden=32,
@@ -69,6 +70,8 @@ def _plan(name: str) -> Trace:
         model = dataclasses.replace(MODEL, **LLAMA, dtype="fp8")
     if name.startswith("moe"):
         model = dataclasses.replace(MODEL, **MOE)
+    if name == "moe ep hybridep":  # the routing map's gather before each forward dispatch
+        model = dataclasses.replace(model, dispatch="hybridep")
     return build(model, Layout(**LAYOUTS[name]))
 
 

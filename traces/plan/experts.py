@@ -20,6 +20,17 @@ combine's. The mean buffer stays A·h·e, so only the network sees the imbalance
 busiest EP rank's expert GEMMs, which the combine waits for. The ETP collectives move the
 R·h·e tokens the rank's experts process.
 
+With HybridEP (`dispatch = "hybridep"`) each forward (and recomputed) dispatch is preceded
+by the all-gather of the rank's routing map over the EP group, `RoutingMapGather`, EP·T·E
+bytes (nccl-tests' all_gather size, one bool per token and expert): HybridEPBuffer's
+dispatch_with_permute, called without a handle as Megatron-Core's forward does, runs
+`torch.distributed.all_gather_into_tensor(global_routing_map, routing_map, self.group)` and
+its metadata preprocessing kernel on the gathered map before the dispatch, and reads the
+received count on the host (`.cpu()`, the host model's sync); the backward passes the handle
+and gathers nothing (deepseek-ai/DeepEP deep_ep/hybrid_ep_buffer.py @017a520,
+dispatch_with_permute; NVIDIA/Megatron-LM megatron/core/transformer/moe/fused_a2a.py
+@02ad939, HybridEPDispatch.forward). The preprocessing kernel itself is not listed.
+
 `add_expert_grads` (after the data pass) reduces the routed experts' gradients over the
 expert-data-parallel group; the data pass reduces the rest of an MoE layer over DP x CP.
 """
@@ -29,6 +40,7 @@ from __future__ import annotations
 from traces.alltoallv import AllToAllv, deepep_split, split_of
 from traces.expert_grid import ep_coord, ep_group, etp_group, expert_grad_group
 from traces.layout import Layout
+from traces.model import ModelSpec
 from traces.moe import (
     ExpertShard,
     dispatch_tokens,
@@ -49,6 +61,7 @@ from traces.purpose import (
     KernelRun,
     MoeStep,
     Purpose,
+    RoutingMapGather,
 )
 from traces.zero_bubble import splits_backward
 
@@ -84,6 +97,7 @@ def add_expert_parallel(ctx: RankContext, program: Program) -> Program:
     splits: dict[int, AllToAllv | None] = {}
     skewed = skewed_experts(model, layout)
     deep = model.dispatch in FORWARDING
+    hybrid = model.dispatch == "hybridep"
 
     def size(layer: int, ep: bool) -> float:
         if layer not in sizes:
@@ -121,9 +135,23 @@ def add_expert_parallel(ctx: RankContext, program: Program) -> Program:
             before, after = ([_op(node, x, groups[x[2]], size(layer, x[2]), model.data_dtype,
                                   split(layer, x[1]))
                               for x in side if len(groups[x[2]]) > 1] for side in found)
+            if hybrid and isinstance(purpose, KernelRun) and purpose.kernel is K.PERMUTE \
+                    and op.phase is not Phase.BWD and len(groups[True]) > 1:
+                before.append(_op(node, (_AG, GATHER, True), groups[True],
+                                  routing_map_bytes(model, tokens, layout.ep), "bool", None))
             step += [*before, node, *after]
         out.append(step)
     return out
+
+
+GATHER = RoutingMapGather()
+"""The one routing-map gather purpose (it has no fields)."""
+
+
+def routing_map_bytes(model: ModelSpec, tokens: int, ep: int) -> float:
+    """HybridEP's gathered routing map (module docstring): `ep` members' `tokens` x experts
+    bools, nccl-tests' all_gather size (the output)."""
+    return float(ep * tokens * model.experts)
 
 
 def add_expert_grads(ctx: RankContext, actions: list[Action], program: Program) -> Program:
