@@ -38,12 +38,16 @@ def recompute_flops(model: ModelSpec, global_batch: int, recompute: str) -> floa
     return 0.0
 
 
-def megatron_num_flops(model: ModelSpec, global_batch: int) -> float:
+def megatron_num_flops(model: ModelSpec, global_batch: int, causal: bool = False) -> float:
     """Megatron-LM's `num_floating_point_operations` (megatron/training/training.py), written
     as it is there, with GQA (num_query_groups = kv_heads), kv_channels = head_dim and SwiGLU
     (gated multiplier 3/2):
     an independent path to `model_flops`, which sums the same GEMMs kernel by kernel. Its MLA
-    branch (`traces.mla.megatron_mla_term`) counts the latent norms and a causal core."""
+    branch (`traces.mla.megatron_mla_term`) counts the latent norms and a causal core.
+    `causal`: the later version's standard-attention term, s/h halved for the causal mask
+    (`seq_length / hidden_size / 2`, "Only half of the attention matrix is non-zero and needs
+    to be multiplied with V"; in Megatron-LM by 250b794, training.py L361-362, as
+    AI-Hypercomputer/maxtext issue 1972 quotes it); the MLA branch is causal either way."""
     B, s, h, V = global_batch, model.seq_len, model.hidden, model.vocab
     gated = 3 / 2 if model.ffn == "swiglu" else 1
     # Its MoE branch: dense layers at ffn_hidden, MoE layers at moe_ffn_hidden x top_k routed
@@ -61,7 +65,8 @@ def megatron_num_flops(model: ModelSpec, global_batch: int) -> float:
     # The version with kv_channels (`traces.heads`): the attention term times
     # query_projection_to_hidden_size_ratio = kv_channels·a/h, exactly 1.0 when d = h/a.
     ratio = model.head_dim * model.heads / h
-    return 12 * B * s * n * h * h * ((1 + model.kv_heads / model.heads + s / h) * ratio) \
+    core = s / h / 2 if causal else s / h
+    return 12 * B * s * n * h * h * ((1 + model.kv_heads / model.heads + core) * ratio) \
         + mlp_logits
 
 

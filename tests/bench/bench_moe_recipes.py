@@ -1,6 +1,7 @@
 """Benchmark: parasim against published MoE training throughputs (issue 33).
 
     python tests/bench/bench_moe_recipes.py [--only SUBSTRING] [--table NAME] [--max-gpus N]
+                                              [--host] [--causal-flops]
 
 Every row is a figure a source published for a run it describes, entered as the source
 states it (`moe_rows_folding.py` and `moe_rows_bridge.py` cite each and say what is assumed),
@@ -29,7 +30,10 @@ deepseek: DeepSeek-V3's own 2,048-H800 run: "180K H800 GPU hours" per trillion t
 Units: tokens/s/GPU = global batch x sequence / step / GPUs. The Folding paper's MFU and model
 TFLOP/s count Megatron-LM's num_floating_point_operations (attention's full s/h square, the
 routed top-k experts plus shared ones: `traces.step_flops.megatron_num_flops`) over H100's
-989.5 TFLOP/s (its §4.1; Table 2's 458.3 TFLOP/s is Table 3's 46.3% of 989.5 to 0.1).
+989.5 TFLOP/s (its §4.1; Table 2's 458.3 TFLOP/s is Table 3's 46.3% of 989.5 to 0.1). Which
+version of that count the paper's runs printed it does not say: Megatron-LM later halves
+attention's s/h for the causal mask, and `--causal-flops` prints that reading (it moves
+Table 5's long-context rows most: docs/moe-recipes.md, "Table 5").
 """
 
 from __future__ import annotations
@@ -88,12 +92,13 @@ def missing(row: MoeRow) -> str | None:
     return None
 
 
-def figure(row: MoeRow, exp: Experiment, step: float) -> float:
-    """parasim's step time in the row's unit."""
+def figure(row: MoeRow, exp: Experiment, step: float, causal: bool = False) -> float:
+    """parasim's step time in the row's unit; `causal`: FLOP/s and MFU from Megatron-LM's later
+    count, attention's s/h halved for the causal mask (`megatron_num_flops`)."""
     per_gpu = row.tokens / step / row.gpus
     if row.unit == "tokens/s":
         return per_gpu
-    per_token = megatron_num_flops(exp.model, exp.layout.global_batch) / row.tokens
+    per_token = megatron_num_flops(exp.model, exp.layout.global_batch, causal) / row.tokens
     if row.unit == "TFLOP/s":
         return per_gpu * per_token / 1e12
     if row.unit == "MFU %":
@@ -101,9 +106,10 @@ def figure(row: MoeRow, exp: Experiment, step: float) -> float:
     raise ValueError(row.unit)
 
 
-def evaluate(row: MoeRow, host: bool = False) -> Outcome | str:
+def evaluate(row: MoeRow, host: bool = False, causal: bool = False) -> Outcome | str:
     """Simulate `row` (with `host`, the launching thread modelled: `sim.models.host`, the
-    recipe's CUDA graphs); "not expressible: ..." where parasim cannot say it."""
+    recipe's CUDA graphs; `causal`, `figure`'s); "not expressible: ..." where parasim cannot
+    say it."""
     lacking = missing(row)
     if lacking:
         return f"not expressible: {lacking}"
@@ -114,7 +120,8 @@ def evaluate(row: MoeRow, host: bool = False) -> Outcome | str:
     except ConfigError as err:
         return f"not expressible: {err}"
     step = summary.step_time_s
-    return Outcome(figure(row, exp, step), step, summary.fits, time.perf_counter() - began)
+    return Outcome(figure(row, exp, step, causal), step, summary.fits,
+                   time.perf_counter() - began)
 
 
 def layout(row: MoeRow) -> str:
@@ -149,7 +156,7 @@ def run_table(key: str, rows: Sequence[MoeRow], args: argparse.Namespace) -> lis
     errors = []
     simulated = 0
     for row in kept:
-        outcome = evaluate(row, args.host)
+        outcome = evaluate(row, args.host, args.causal_flops)
         simulated += not isinstance(outcome, str)
         error = report(row, outcome)
         if error is not None:
@@ -170,6 +177,10 @@ def main() -> None:
     parser.add_argument("--host", action="store_true",
                         help="model the launching CPU thread ([sim] host = true, the recipe's "
                              "cuda_graph_scope)")
+    parser.add_argument("--causal-flops", action="store_true",
+                        help="FLOP/s and MFU from Megatron-LM's later count, attention's s/h "
+                             "halved for the causal mask (the Folding rows; a reading, not "
+                             "the row's)")
     args = parser.parse_args()
     print(f"  {'row':52} {'GPUs':>5} {'layout':>30} {'published':>9} {'parasim':>9} "
           f"{'error':>7} {'step':>11}  [simulate]")

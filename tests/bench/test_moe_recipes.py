@@ -86,6 +86,7 @@ def test_nvidia_qwen3_model_tflops_are_the_causal_count():
     h, s, n = model.hidden, model.seq_len, model.layers
     ratio = model.head_dim * model.heads / h
     causal = full - 12 * n * h * h * (s / h) * ratio / 2
+    assert megatron_num_flops(model, 1, causal=True) / s == pytest.approx(causal, rel=1e-12)
     published = 563e12 / 3805
     assert abs(causal / published - 1) <= 0.5 / 563 + 0.5 / 3805
     assert full / causal == pytest.approx(1.128, abs=0.001)
@@ -153,3 +154,17 @@ def test_bridge_experts_run_te_groupedlinear_but_the_cutedsl_recipes():
             f"{m} {s} {p}" for m, s, p in CUTEDSL_MLP}
         assert row.model.get("moe_gemm_streams", 0) == (0 if fused else TE_GEMM_STREAMS), \
             row.name
+
+
+@pytest.mark.parametrize("row", FOLDING_ROWS["folding-t5"], ids=lambda r: r.name)
+def test_table_5s_causal_reading_scales_mfu_by_the_two_counts_ratio(row):
+    """`--causal-flops` reads Table 5's MFU with Megatron-LM's later count: per token
+    12·n·h²·(1 + g/a + s/(2h) + 3kf/(2h) + V/(2nh)) over the full count's s/h (Mixtral 8x22B:
+    d·a = h), 0.888 at 16K and 0.651 at 128K."""
+    model = ModelSpec(**row.model)
+    n, h, s, a, g = model.layers, model.hidden, model.seq_len, model.heads, model.kv_heads
+    rest = 1 + g / a + 1.5 * model.top_k * model.ffn_hidden / h + model.vocab / (2 * n * h)
+    ratio = (rest + s / (2 * h)) / (rest + s / h)
+    assert megatron_num_flops(model, 1, causal=True) / megatron_num_flops(model, 1) == \
+        pytest.approx(ratio, rel=1e-12)
+    assert round(ratio, 3) == {16384: 0.888, 32768: 0.817, 65536: 0.732, 131072: 0.651}[s]

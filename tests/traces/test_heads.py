@@ -115,6 +115,16 @@ def test_flops_equal_megatrons_formula_with_kv_channels(model):
     assert megatron_num_flops(model, B) == pytest.approx(by_hand, rel=1e-12)
 
 
+@pytest.mark.parametrize("model", [QWEN3_8B, QWEN3_32B], ids=["8b", "32b"])
+def test_megatrons_causal_count_halves_the_core_alone(model):
+    """Megatron-LM's later count (s/h halved for the causal mask) is the full count less half
+    the core's 3·B·s·n·4s·q: 3·B·s·n·(4h(q + gd) + 2s·q + 6hf) + 6Bs·hV."""
+    B, s, n, h, q, gd, f, V = 16, model.seq_len, model.layers, model.hidden, model.q_width, \
+        model.kv_width, model.ffn_hidden, model.vocab
+    by_hand = 3 * B * s * n * (4 * h * (q + gd) + 2 * s * q + 6 * h * f) + 6 * B * s * h * V
+    assert megatron_num_flops(model, B, causal=True) == pytest.approx(by_hand, rel=1e-12)
+
+
 def test_layer_kernels_sum_to_the_attention_and_mlp_flops():
     """The per-kernel FLOPs of one layer on one TP rank add up to attn_flops + mlp_flops: qkv
     (b·s, (q + 2gd)/t, h), the core 4·b·s²·q/t, proj (b·s, h, q/t)."""

@@ -114,6 +114,7 @@ def test_model_flops_against_megatrons_mla_branch(qr):
     m, batch = small(q_lora_rank=qr), 8
     diff = batch * S * m.layers * (6 * (qr + KR) - 3 * S * A * (D + R + DV))
     assert megatron_num_flops(m, batch) - model_flops(m, batch) == pytest.approx(diff, rel=1e-9)
+    assert megatron_num_flops(m, batch, causal=True) == megatron_num_flops(m, batch)  # causal
     gpt = ModelSpec(layers=2, hidden=H, heads=A, seq_len=S, vocab=128)  # unchanged path
     assert megatron_num_flops(gpt, batch) == pytest.approx(model_flops(gpt, batch), rel=1e-12)
 
