@@ -6,10 +6,10 @@ NVFP4's bytes and kernels, `traces.fp8_recipes`): qkv, proj, fc1, fc2 (latent at
 mla_down, q_up, kv_up and proj; an MoE layer's routed experts at the FP8 rate without their
 casts' bytes, `traces.moe`, and its shared experts as fc1 and fc2); everything else (norms,
 attention core, activations, residuals, router, embedding, logits and cross-entropy) stays
-bf16, and so do communication, the stored activations and parameters; the optimizer is bf16
-mixed precision (fp32 master weights and Adam moments). `fp8_recipe` chooses the scaling;
-`traces.fp8_recipes` says, recipe by recipe, which casts, transposes and amax passes run around
-each GEMM and what they move.
+bf16, and so do communication (but sequence parallelism's all-gathers, below), the stored
+activations and parameters; the optimizer is bf16 mixed precision (fp32 master weights and
+Adam moments). `fp8_recipe` chooses the scaling; `traces.fp8_recipes` says, recipe by recipe,
+which casts, transposes and amax passes run around each GEMM and what they move.
 Per linear Y = X·W of (M, N, K) on one micro-batch, with q_a and q_w bytes per FP8 activation
 and weight element (an FP8 value and its scale's share):
 
@@ -25,9 +25,11 @@ and weight element (an FP8 value and its scale's share):
 
 Where Transformer Engine fuses a cast into the norm before the linear (LayerNormLinear:
 `traces.fp8_recipes`), `fused_norm` moves the cast's write into the norm. With sequence
-parallelism TE casts the sequence shard and all-gathers it in FP8; here communication stays
-bf16 and a cast is costed over the gathered b·s rows (it sits just before the all-gather in the
-plan), a fused norm's write over its own shard.
+parallelism TE casts the sequence shard and all-gathers it quantized: the plan's SP all-gathers
+into qkv and fc1 (and of proj's and fc2's output gradient) carry q_a bytes an element where
+the recipe does so (`traces.plan.tensor.FP8_GATHER_RECIPES`; the reduce-scatters stay bf16), but
+a cast is still costed over the gathered b·s rows, not over the shard (it sits just before the
+all-gather in the plan), a fused norm's write over its own shard.
 """
 
 from __future__ import annotations

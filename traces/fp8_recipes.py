@@ -114,9 +114,9 @@ runs unfused, writing bf16: TE's normalization (pytorch/csrc/extensions/normaliz
 takes the unfused path for an NVFP4 quantizer with RHT ("Post-RHT amax is handled within NVFP4
 quantizer"). Under SP at tp > 1 the amaxes of a gathered input or gradient are all-reduced over
 TP before the cast (TE's nvfp4.rst "Distributed training"; quantize_impl's
-with_amax_reduction), as current scaling's; the SP all-gathers themselves stay bf16 here (TE
-gathers the NVFP4 data and scales, distributed.py `_all_gather_nvfp4`: not modelled, an
-overcount of their bytes at tp > 1; `traces.plan.tensor.FP8_GATHER_RECIPES`). The kernels keep
+with_amax_reduction), as current scaling's; the SP all-gathers then carry the NVFP4 data and
+scales, q bytes an element (TE's distributed.py `_all_gather_nvfp4`;
+`traces.plan.tensor.FP8_GATHER_RECIPES`). The kernels keep
 the FP8 casts' names: they are the same TE quantize calls on the same tensors. GEMM rate:
 NVFP4's GEMMs run at `NVFP4_GEMM_RATE` of the accelerator's dense FP4 rate (`topology.presets`:
 B200 9, GB200 10, B300 13.5, GB300 15 PF; `Accelerator.peak_flops_fp4`), from the same TE

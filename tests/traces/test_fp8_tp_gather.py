@@ -1,7 +1,8 @@
-"""FP8 sequence-parallel all-gathers (issue 32): where the stack casts before it gathers
-(Transformer Engine's delayed and current scaling, torchao's tensorwise), the gathers feeding
-qkv's and fc1's input and proj's and fc2's output gradient carry 1 byte an element; rowwise
-(torchtitan gathers in bf16) and every reduce-scatter keep 2 bytes."""
+"""FP8 and FP4 sequence-parallel all-gathers (issue 32): where the stack casts before it
+gathers (Transformer Engine's delayed and current scaling, torchao's tensorwise; TE's MXFP8 and
+NVFP4 with their scales), the gathers feeding qkv's and fc1's input and proj's and fc2's output
+gradient carry the quantized bytes (1 an element; MXFP8 1 + 1/32; NVFP4 1/2 + 1/16); rowwise
+(torchtitan gathers in bf16), blockwise and every reduce-scatter keep 2 bytes."""
 
 from __future__ import annotations
 
@@ -72,3 +73,29 @@ def test_mxfp8_gathers_carry_one_byte_and_an_e8m0_scale_per_32(overlap):
 def test_blockwise_still_gathers_in_bf16():
     assert {op.size_bytes for op in tp_ops("blockwise", False) if op.kind is OpKind.ALL_GATHER} \
         == {BF16_BUFFER}
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_nvfp4_gathers_carry_a_nibble_and_an_e4m3_scale_per_16(overlap):
+    """TE quantizes to NVFP4 before it gathers and moves the packed data with its scales
+    (`_all_gather_nvfp4`): b·s·h·(1/2 + 1/16) bytes on exactly the gathers delayed scaling
+    sends in FP8, 9/16 of their bytes; the reduce-scatters stay bf16."""
+    model = dataclasses.replace(LLAMA, dtype="fp4", fp8_recipe="")
+    layout = Layout(tp=2, pp=2, dp=2, sp=True, global_batch=4, recompute="full",
+                    tp_comm_overlap=overlap)
+    fp4 = [op for op in build(model, layout).ops[0] if isinstance(op.purpose, (TpSite, TpChunk))]
+    delayed = tp_ops("delayed", overlap)
+    assert [(op.kind, op.purpose) for op in fp4] == [(op.kind, op.purpose) for op in delayed]
+    if not overlap:
+        assert {op.size_bytes for op in fp4 if in_fp8(op)} == {32 * 64 * 9 / 16}
+    for a, b in zip(fp4, delayed):
+        assert a.size_bytes == (b.size_bytes * 9 / 16 if in_fp8(a) else b.size_bytes)
+
+
+def test_bf16_gathers_are_unchanged():
+    """A bf16 model's SP all-gathers and reduce-scatters all carry b·s·h·2 bytes."""
+    model = dataclasses.replace(LLAMA, dtype="bf16", fp8_recipe="")
+    layout = Layout(tp=2, pp=2, dp=2, sp=True, global_batch=4, recompute="full")
+    ops = [op for op in build(model, layout).ops[0] if isinstance(op.purpose, TpSite)
+           and op.kind in (OpKind.ALL_GATHER, OpKind.REDUCE_SCATTER)]
+    assert ops and {op.size_bytes for op in ops} == {BF16_BUFFER}

@@ -56,21 +56,27 @@ from traces.zero_bubble import WEIGHT_ONLY
 K = Kernel
 _AR, _AG, _RS = OpKind.ALL_REDUCE, OpKind.ALL_GATHER, OpKind.REDUCE_SCATTER
 FP32 = 4
-FP8_GATHER_RECIPES = frozenset({"delayed", "tensorwise", "mxfp8"})
-"""Recipes whose SP all-gathers carry FP8 (1 byte an element, and MXFP8's E8M0 scale byte per
-32: `traces.fp8_recipes.Fp8Recipe.act_scale`): Transformer Engine's Linear quantizes a
-column-parallel input before gather_along_first_dim(..., quantizer=input_quantizer)
+FP8_GATHER_RECIPES = frozenset({"delayed", "tensorwise", "mxfp8", "nvfp4"})
+"""Recipes whose SP all-gathers carry the quantized tensor, q_a bytes an element
+(`traces.fp8_recipes.Fp8Recipe.q_act`: 1 for the per-tensor recipes, whose one fp32 scale is
+left out; MXFP8 1 + 1/32, its E8M0 scale byte per 32; NVFP4 1/2 + 1/16, an E2M1 nibble and its
+E4M3 scale byte per 16): Transformer Engine's Linear quantizes a column-parallel input's
+sequence shard and then calls gather_along_first_dim(..., quantizer=input_quantizer)
 (module/linear.py; module/layernorm_linear.py quantizes ln_out for every recipe before that
 call or fill_userbuffers_buffer_for_all_gather; ops/fused/userbuffers_forward_linear.py
 likewise), and a row-parallel output gradient likewise, hence the tensorwise amax all-reduce
-(`traces.plan.fp8`); for MXFP8 the gather moves the quantized data and its scales (TE's
-distributed.py gathers an MXFP8 tensor's data and scale_inv; layernorm_linear.py: "For MXFP8,
-columnwise only data can be allgathered", the kept shard gathered again in backward).
+(`traces.plan.fp8`). The kept shard is gathered again in backward for the weight gradient:
+the rowwise FP8 copy for the per-tensor recipes (TE transposes it after the gather:
+Float8Quantizer supports_only_rowwise_all_gather), the columnwise copy for MXFP8 and NVFP4
+(layernorm_linear.py: "For MXFP8, columnwise only data can be allgathered"), one copy either
+way. TE's distributed.py gathers an MXFP8 tensor's data and scale_inv (`_all_gather_mxfp8`)
+and an NVFP4 tensor's packed data and scale_inv (`_all_gather_nvfp4`; NVFP4's per-tensor fp32
+amax is all-reduced before the cast, `traces.plan.fp8`, so no rank's scale differs).
 torchao's Float8ColwiseParallel._prepare_input_fn casts to float8 before redistribute, gated by
 _float8_linear_supports_float8_allgather (dynamic, i.e. tensorwise, scaling;
 float8/float8_tensor_parallel.py). torchtitan gathers rowwise inputs in bf16; TE gathers
-Float8BlockQuantizer inputs in high precision (force_hp_input_gather). NVFP4 (dtype "fp4") is
-not among them: TE gathers its data and scales (`_all_gather_nvfp4`), costed here in bf16."""
+Float8BlockQuantizer inputs in high precision (force_hp_input_gather). The recipe is the one
+the model runs (`traces.fp8.recipe`: delayed where an fp8 model names none)."""
 
 Sites = dict[tuple[Kernel, bool], tuple[tuple[TpSite, ...], tuple[TpSite, ...]]]
 """(kernel, phase is backward) -> the TP sites just before and just after it."""
@@ -139,7 +145,7 @@ def add_tensor_parallel(ctx: RankContext, program: Program) -> Program:
     sizes = {"tp": model.activation_bytes(b), "ce_max": b * s * FP32,
              "ce_sum": 2 * b * s * FP32,
              "tp_latent": b * s * down_width(model) * model.dtype_bytes}
-    fp8_gather = model.fp8 and model.fp8_recipe in FP8_GATHER_RECIPES
+    fp8_gather = model.fp8 and fp8_recipe(model).name in FP8_GATHER_RECIPES
     sizes["tp_fp8"] = b * s * model.hidden * fp8_recipe(model).q_act if fp8_gather else sizes["tp"]
     group = layout.group(ctx.rank, Axis.TP)
     regather = regathers(model)  # Megatron/TE's gather again in backward, or DTensor's none
