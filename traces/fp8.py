@@ -27,9 +27,12 @@ Where Transformer Engine fuses a cast into the norm before the linear (LayerNorm
 `traces.fp8_recipes`), `fused_norm` moves the cast's write into the norm. With sequence
 parallelism TE casts the sequence shard and all-gathers it quantized: the plan's SP all-gathers
 into qkv and fc1 (and of proj's and fc2's output gradient) carry q_a bytes an element where
-the recipe does so (`traces.plan.tensor.FP8_GATHER_RECIPES`; the reduce-scatters stay bf16), but
-a cast is still costed over the gathered b·s rows, not over the shard (it sits just before the
-all-gather in the plan), a fused norm's write over its own shard.
+the recipe does so (`Fp8Recipe.sp_gather`, `traces.plan.tensor.FP8_GATHER_RECIPES`; the
+reduce-scatters stay bf16), and qkv's and fc1's input casts run over the rank's b·s/t rows
+before the gather (`traces.fp8_recipes.gathered_input_casts`: per-tensor scales cast the
+row-wise copy there, a fused norm writes it, and the transpose of the gathered copy runs in
+backward). The output gradient's casts are still costed over the gathered b·s rows (they sit
+just before its all-gather in the plan).
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from traces.fp8_recipes import (
     Fp8Recipe,
     backward_casts,
     fused_norm_bytes,
+    gathered_input_casts,
     input_casts,
 )
 from traces.kernel_work import Gemm, KernelWork
@@ -75,9 +79,11 @@ def fp8_gemm_rate(model: ModelSpec) -> float:
 
 
 def fp8_linear(model: ModelSpec, name: Kernel, gemm: Gemm, grad_bytes: int,
-               fused: bool = False) -> list[KernelWork]:
+               fused: bool = False, shard: int = 1) -> list[KernelWork]:
     """The casts of X, the FP8 GEMM and the casts of dY, in forward order (module docstring);
-    `fused`: X is the output of a LayerNormLinear's norm."""
+    `fused`: X is the output of a LayerNormLinear's norm; `shard` > 1: SP gathers X from that
+    many ranks, and where TE quantizes before the gather (`Fp8Recipe.sp_gather`) X's casts run
+    over the rank's shard (`traces.fp8_recipes.gathered_input_casts`)."""
     batch, m, n, k = gemm
     rec = recipe(model)
     qa, qw = rec.q_act, rec.q_weight
@@ -85,10 +91,12 @@ def fp8_linear(model: ModelSpec, name: Kernel, gemm: Gemm, grad_bytes: int,
     flops = 2.0 * batch * m * n * k
     forward = qa * a + qw * b + BF16 * c
     backward = (qa * c + qw * b + BF16 * a) + (qa * (a + c) + 2 * b * grad_bytes)
-    return [*input_casts(rec, a, b, fused),
+    before, transpose = gathered_input_casts(rec, a, b, fused, shard) \
+        if shard > 1 and rec.sp_gather else (input_casts(rec, a, b, fused), [])
+    return [*before,
             KernelWork(name, flops, forward, 2 * flops, backward, gemm, fp8=True,
                        fp4=model.fp4),
-            *backward_casts(rec, a, b, c)]
+            *transpose, *backward_casts(rec, a, b, c)]
 
 
 def fused_norm(model: ModelSpec, norm: KernelWork, elements: int) -> KernelWork:

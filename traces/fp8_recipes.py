@@ -64,6 +64,16 @@ columnwise copy is a second quantization too. Bytes (q: an FP8 value and its sca
                 fp8_cast_grad  dY: read 2c, write 2c(1 + 1/32)
                 weights      once a step: read 2w, write 2w(1 + 1/32); no amax reduction
 
+With SP at tp > 1, qkv's and fc1's input is gathered from the t ranks, and TE quantizes the
+rank's shard before the gather for delayed, tensorwise, MXFP8 and NVFP4 (`sp_gather`;
+`gathered_input_casts`): with a = the gathered elements, MXFP8's and NVFP4's casts above run
+over a/t (both copies from the shard); delayed and tensorwise cast the shard row-wise only
+(read 2a/t, write a/t; tensorwise's amax over 2a/t; a delayed norm writes it itself) and
+transpose the gathered row-wise copy in backward (read a, write a), as TE's Linear computes
+FP8 transposes after the backward gather. Blockwise (gathered in bf16) and rowwise keep their
+casts over a. The output gradient's casts stay over the gathered c (not modelled: TE
+quantizes dY's shard inside gather_along_first_dim).
+
 The GEMM reads X and dY at q_a and W at q_w bytes an element (rowwise's fp32 scale per row,
 4/K bytes an element, is left out). Casts after an activation are not fused: Megatron-Core's
 layer spec runs its own bias-GeLU / SwiGLU kernel and then TERowParallelLinear (TE fuses the
@@ -214,6 +224,9 @@ class Fp8Recipe:
     rht: bool = False
     """NVFP4: the column-wise copies of X and dY quantized apart, through the random Hadamard
     transform, after an amax pass that takes the transform's amax too (module docstring)."""
+    sp_gather: bool = False
+    """With SP at tp > 1, TE quantizes the sequence shard and all-gathers the quantized copy
+    (`gathered_input_casts`; `traces.plan.tensor.FP8_GATHER_RECIPES`)."""
 
     @property
     def q_act(self) -> float:
@@ -222,6 +235,12 @@ class Fp8Recipe:
     @property
     def q_weight(self) -> float:
         return self.value_bytes + self.weight_scale
+
+    @property
+    def transposes(self) -> bool:
+        """The column-wise copy is the transpose of the FP8 row-wise one (one scale per
+        tensor: delayed, tensorwise), not a quantization of its own."""
+        return not self.per_use and self.act_scale == 0 and self.value_bytes == 1
 
     @property
     def cast_kernels(self) -> int:
@@ -237,15 +256,15 @@ class Fp8Recipe:
 
 
 RECIPES = {r.name: r for r in (
-    Fp8Recipe("delayed", 0.0, 0.0, norm_copies=1, history=True),
-    Fp8Recipe("tensorwise", 0.0, 0.0, amax_pass=True, tp_amax=True),
+    Fp8Recipe("delayed", 0.0, 0.0, norm_copies=1, history=True, sp_gather=True),
+    Fp8Recipe("tensorwise", 0.0, 0.0, amax_pass=True, tp_amax=True, sp_gather=True),
     Fp8Recipe("rowwise", 0.0, 0.0, per_use=True),
     Fp8Recipe("blockwise", 4 / BLOCK, 4 / BLOCK**2),
     Fp8Recipe("mxfp8", 1 / MX_BLOCK, 1 / MX_BLOCK, block_hardware=True,
-              gemm_rate=MXFP8_GEMM_RATE),
+              gemm_rate=MXFP8_GEMM_RATE, sp_gather=True),
     Fp8Recipe("nvfp4", 1 / NV_BLOCK, 1 / NV_BLOCK, amax_pass=True, tp_amax=True,
               block_hardware=True, gemm_rate=NVFP4_GEMM_RATE, value_bytes=FP4, rht=True,
-              stochastic=True),
+              stochastic=True, sp_gather=True),
 )}
 
 
@@ -266,6 +285,30 @@ def input_casts(recipe: Fp8Recipe, a: float, w: float, fused: bool) -> list[Kern
         return _rht_casts(K.FP8_CAST, q, a, _fwd)
     cast = _fwd(K.FP8_CAST, (BF16 + 2 * q) * a)
     return [_fwd(K.FP8_AMAX, BF16 * a), cast] if recipe.amax_pass else [cast]
+
+
+def gathered_input_casts(recipe: Fp8Recipe, a: float, w: float, fused: bool, shard: int
+                         ) -> tuple[list[KernelWork], list[KernelWork]]:
+    """X's casts where SP gathers X from `shard` ranks and TE quantizes before the gather
+    (`recipe.sp_gather`): the forward kernels before the GEMM and the backward ones before its
+    backward. TE's Linear and LayerNormLinear quantize the rank's a/shard rows, then call
+    gather_along_first_dim(..., quantizer=input_quantizer). With block scales (MXFP8, NVFP4)
+    both copies are quantized from the shard (input_quantizer.set_usage(rowwise=True,
+    columnwise=backward_needs_input)), so every cast runs over a/shard. With a per-tensor
+    scale (`recipe.transposes`) the quantizer "supports only rowwise all-gather": the shard is
+    cast row-wise only (read 2a/shard, write q·a/shard; after an amax pass for current
+    scaling; a delayed LayerNormLinear's norm writes it itself, `fused_norm`), and the
+    transpose the weight gradient reads is made in backward from the row-wise copy gathered
+    again (update_usage(columnwise_usage=True) on the gathered tensor): read q·a, write
+    q·a."""
+    local = a / shard
+    if not recipe.transposes:
+        return input_casts(recipe, local, w, fused), []
+    transpose = [_bwd(K.FP8_CAST, 2 * recipe.q_act * a)]
+    if fused and recipe.norm_copies:
+        return [], transpose
+    cast = _fwd(K.FP8_CAST, (BF16 + recipe.q_act) * local)
+    return ([_fwd(K.FP8_AMAX, BF16 * local), cast] if recipe.amax_pass else [cast]), transpose
 
 
 def backward_casts(recipe: Fp8Recipe, a: float, w: float, c: float) -> list[KernelWork]:

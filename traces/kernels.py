@@ -51,9 +51,10 @@ def layer_kernels(model: ModelSpec, b: int, t: int, sp: bool,
     r = s // t if sp else s  # tokens of the norms and dropouts on this rank
     qkv = (model.q_width + 2 * model.kv_width) // t
     linear = fp8_linear if model.fp8 else _linear
+    shard = t if sp else 1  # qkv's and fc1's inputs are gathered from t ranks with SP
     ln1, ln2 = (_norm(name, b * r * h, e, residual=True) for name in (K.LN1, K.LN2))
     projections = mla_kernels(model, b, t, g, r) if model.mla else \
-        linear(model, K.QKV, (1, b * s, qkv, h), g, fused=True)
+        linear(model, K.QKV, (1, b * s, qkv, h), g, fused=True, shard=shard)
     return [
         ln1 if model.mla else fused_norm(model, ln1, b * r * h),
         *projections,
@@ -63,7 +64,8 @@ def layer_kernels(model: ModelSpec, b: int, t: int, sp: bool,
         *linear(model, K.PROJ, (1, b * s, h, model.heads * v_dim(model) // t), g),
         _bda(K.BDA1, b * r * h, e, model.bias, model.dropout > 0),
         fused_norm(model, ln2, b * r * h) if mlp_norm else ln2,
-        *linear(model, K.FC1, (1, b * s, model.fc1_width // t, h), g, fused=mlp_norm),
+        *linear(model, K.FC1, (1, b * s, model.fc1_width // t, h), g, fused=mlp_norm,
+                shard=shard),
         mlp_activation(model, b, t),
         *linear(model, K.FC2, (1, b * s, h, f // t), g),
         _bda(K.BDA2, b * r * h, e, model.bias, model.dropout > 0),
@@ -71,8 +73,9 @@ def layer_kernels(model: ModelSpec, b: int, t: int, sp: bool,
 
 
 def _linear(model: ModelSpec, name: Kernel, gemm: Gemm, grad_bytes: int,
-            fused: bool = False) -> list[KernelWork]:
-    """A linear layer in the model's dtype: one GEMM (`fused` matters only in FP8)."""
+            fused: bool = False, shard: int = 1) -> list[KernelWork]:
+    """A linear layer in the model's dtype: one GEMM (`fused` and `shard` matter only in
+    FP8)."""
     return [gemm_kernel(name, gemm, model.dtype_bytes, grad_bytes)]
 
 

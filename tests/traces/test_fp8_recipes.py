@@ -38,17 +38,26 @@ def model(recipe: str) -> ModelSpec:
 
 def expected(recipe: str, a: int, w: int, c: int, fused: bool
              ) -> tuple[list[tuple[Kernel, float, float]], list[tuple[Kernel, float, float]]]:
-    """(before, after) the GEMM, forward order: (kernel, forward bytes, backward bytes)."""
-    if recipe == "delayed":  # cast-transpose; behind a fused norm, the transpose alone
-        return [(CAST, 2 * a if fused else 4 * a, 0)], [(GRAD, 0, 4 * c)]
+    """(before, after) the GEMM, forward order: (kernel, forward bytes, backward bytes).
+    `fused`: qkv and fc1, whose input SP gathers from T ranks: where TE quantizes before the
+    gather, X's casts run over the a/T shard; per-tensor scales cast it row-wise only and
+    transpose the gathered copy in backward (read a, write a), after dY's casts."""
+    if recipe == "delayed":  # cast-transpose; behind a fused norm (gathered), the transpose
+        if fused:  # the norm wrote the shard's FP8 row-wise copy
+            return [], [(CAST, 0, 2 * a), (GRAD, 0, 4 * c)]
+        return [(CAST, 4 * a, 0)], [(GRAD, 0, 4 * c)]
     if recipe == "tensorwise":  # an amax pass, then the cast-transpose
+        if fused:
+            return ([(AMAX, 2 * a / T, 0), (CAST, 3 * a / T, 0)],
+                    [(CAST, 0, 2 * a), (GRAD, 0, 4 * c), (AMAX, 0, 2 * c)])
         return [(AMAX, 2 * a, 0), (CAST, 4 * a, 0)], [(GRAD, 0, 4 * c), (AMAX, 0, 2 * c)]
     if recipe == "rowwise":  # X, W along K forward; X, W, dY along the other axis backward
         return ([(CAST, 3 * a, 0), (CAST, 3 * w, 0)],
                 [(CAST, 0, 3 * a), (AMAX, 0, 2 * a), (CAST, 0, 3 * w), (AMAX, 0, 2 * w),
                  (GRAD, 0, 3 * c), (AMAX, 0, 2 * c), (GRAD, 0, 3 * c)])
     q = BLOCK_ACT if recipe == "blockwise" else MX
-    return [(CAST, (2 + 2 * q) * a, 0)], [(GRAD, 0, (2 + 2 * q) * c)]
+    shard = T if fused and recipe == "mxfp8" else 1  # TE gathers blockwise in bf16
+    return [(CAST, (2 + 2 * q) * a / shard, 0)], [(GRAD, 0, (2 + 2 * q) * c)]
 
 
 def around(kernels, gemm: Kernel):
@@ -79,7 +88,7 @@ def test_each_linear_launches_its_recipes_casts(recipe):
 
 @pytest.mark.parametrize(("recipe", "counts"), [
     ("delayed", {CAST: 4, GRAD: 4}),
-    ("tensorwise", {AMAX: 8, CAST: 4, GRAD: 4}),
+    ("tensorwise", {AMAX: 8, CAST: 6, GRAD: 4}),  # + the gathered qkv and fc1 inputs' transposes
     ("rowwise", {CAST: 16, AMAX: 12, GRAD: 8}),
     ("blockwise", {CAST: 4, GRAD: 4}),
     ("mxfp8", {CAST: 4, GRAD: 4}),
@@ -169,3 +178,38 @@ def test_an_moe_layers_fp8_weights_are_its_experts_and_shared_experts():
     expert = 64 * 64 + 32 * 64  # SwiGLU fc1 h·2f_e, fc2 f_e·h
     assert fp8_weights_per_layer(moe, 0, 2, 4, 1) == attn + (64 * 192 + 96 * 64) / 2
     assert fp8_weights_per_layer(moe, 1, 2, 4, 1) == attn + 8 / 4 * expert + expert / 2
+
+
+@pytest.mark.parametrize(("dtype", "recipe"), [("fp8", "mxfp8"), ("fp4", "")])
+def test_block_scaled_casts_of_a_gathered_input_run_over_the_shard(dtype, recipe):
+    """MXFP8 and NVFP4 quantize both copies of qkv's and fc1's input from the rank's
+    sequence shard before SP gathers it: each of those casts (bytes, Hadamard FLOPs) is 1/T of
+    the same cast without SP, where X is whole on every rank; dY's casts are the same."""
+    m = dataclasses.replace(LLAMA, dtype=dtype, fp8_recipe=recipe)
+    with_sp, without = layer_kernels(m, B, T, True), layer_kernels(m, B, T, False)
+    fields = ("mem_bytes", "flops", "draws")
+    for gemm in FUSED:
+        (sp_before, _), (tp_before, _) = around(with_sp, gemm), around(without, gemm)
+        assert len(sp_before) == len(tp_before) == (3 if dtype == "fp4" else 1)
+        at = [k.name for k in with_sp].index(gemm)
+        for a, b in zip(with_sp[at - len(sp_before):at], without[at - len(tp_before):at]):
+            assert [getattr(a, f) * T for f in fields] == [getattr(b, f) for f in fields]
+            assert (a.bwd_bytes, a.bwd_flops) == (b.bwd_bytes, b.bwd_flops) == (0, 0)
+    for gemm in SHAPES:  # the output gradients' casts stay over the gathered dY
+        assert around(with_sp, gemm)[1] == around(without, gemm)[1]
+
+
+@pytest.mark.parametrize("recipe", ["delayed", "tensorwise"])
+def test_per_tensor_casts_of_a_gathered_input_split_into_shard_and_transpose(recipe):
+    """Per-tensor scales gather only the row-wise copy: the shard's cast writes it (the norm
+    itself, delayed), and backward transposes the gathered copy. Against the same layer
+    without SP (one cast-transpose over the whole X): the transpose is its 2a, the
+    shard's cast and amax 1/T of its read and of its row-wise write."""
+    m = model(recipe)
+    with_sp, without = layer_kernels(m, B, T, True), layer_kernels(m, B, T, False)
+    for gemm in FUSED:
+        a = SHAPES[gemm][0]
+        (sp_before, sp_after), (tp_before, _) = around(with_sp, gemm), around(without, gemm)
+        assert sp_after[0] == (CAST, 0, 2 * a)  # the transpose, first after the GEMM
+        assert sum(f for _, f, _ in sp_before) == pytest.approx(
+            sum(f for _, f, _ in tp_before) / T - a / T if recipe == "tensorwise" else 0)

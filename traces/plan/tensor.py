@@ -43,6 +43,7 @@ from operator import attrgetter
 from typing import Any
 
 from traces.fp8 import recipe as fp8_recipe
+from traces.fp8_recipes import RECIPES
 from traces.layout import Axis
 from traces.mla import down_width
 from traces.ops import OpKind, OpRow, Phase, Stream, op_row, stamp_phase
@@ -56,7 +57,7 @@ from traces.zero_bubble import WEIGHT_ONLY
 K = Kernel
 _AR, _AG, _RS = OpKind.ALL_REDUCE, OpKind.ALL_GATHER, OpKind.REDUCE_SCATTER
 FP32 = 4
-FP8_GATHER_RECIPES = frozenset({"delayed", "tensorwise", "mxfp8", "nvfp4"})
+FP8_GATHER_RECIPES = frozenset(name for name, r in RECIPES.items() if r.sp_gather)
 """Recipes whose SP all-gathers carry the quantized tensor, q_a bytes an element
 (`traces.fp8_recipes.Fp8Recipe.q_act`: 1 for the per-tensor recipes, whose one fp32 scale is
 left out; MXFP8 1 + 1/32, its E8M0 scale byte per 32; NVFP4 1/2 + 1/16, an E2M1 nibble and its
@@ -145,7 +146,7 @@ def add_tensor_parallel(ctx: RankContext, program: Program) -> Program:
     sizes = {"tp": model.activation_bytes(b), "ce_max": b * s * FP32,
              "ce_sum": 2 * b * s * FP32,
              "tp_latent": b * s * down_width(model) * model.dtype_bytes}
-    fp8_gather = model.fp8 and fp8_recipe(model).name in FP8_GATHER_RECIPES
+    fp8_gather = model.fp8 and fp8_recipe(model).sp_gather
     sizes["tp_fp8"] = b * s * model.hidden * fp8_recipe(model).q_act if fp8_gather else sizes["tp"]
     group = layout.group(ctx.rank, Axis.TP)
     regather = regathers(model)  # Megatron/TE's gather again in backward, or DTensor's none
