@@ -14,6 +14,7 @@ from sim.models.compute import ComputeModel
 from sim.models.fp8_weight_cache import cache_bytes_per_weight
 from sim.models.host import expert_cast_launches
 from sim.profile import default_profile
+from tests.sim.models.test_fp8 import CONFIG
 from topology.presets import B200, B300, GB200, GB300, H100_SXM
 from traces.errors import ConfigError
 from traces.fp8 import fp8_gemm_rate, fp8_linear, fp8_weights_per_layer, recipe, weight_cast_bytes
@@ -168,38 +169,11 @@ def test_an_expert_cast_launches_three_kernels_an_expert():
     assert expert_cast_launches(moe, Layout(ep=2, dp=2, global_batch=2)) == 4 * 3
 
 
-CONFIG = """
-[model]
-layers = 4
-hidden = 256
-heads = 16
-kv_heads = 4
-seq_len = 128
-vocab = 1024
-ffn = "swiglu"
-ffn_hidden = 512
-norm = "rmsnorm"
-position = "rope"
-bias = false
-dtype = "{dtype}"
-
-[parallel]
-tp = 2
-pp = 2
-dp = 2
-global_batch = 8
-
-[cluster]
-preset = "dgx-b200"
-nodes = 1
-"""
-
-
 def test_mfu_is_against_the_fp4_peak(capsys, tmp_path):
     runs = {}
     for dtype in ("fp4", "bf16"):
         path = tmp_path / f"{dtype}.toml"
-        path.write_text(CONFIG.format(dtype=dtype))
+        path.write_text(CONFIG.format(dtype=dtype, preset="dgx-b200", nodes=1, extra=""))
         assert main(["simulate", str(path), "--json"]) == 0
         runs[dtype] = json.loads(capsys.readouterr().out)
     for dtype, peak in (("fp4", B200.peak_flops_fp4), ("bf16", B200.peak_flops)):
