@@ -56,7 +56,9 @@ EXAMPLES = ("gpt3-175b-1024-a100.toml", "llama-7b-zero3-64-h100.toml",
             "llama3-405b-16k-h100-goodput.toml", "deepseek-v3-1024-h100.toml",
             "qwen3-32b-h100.toml", "qwen3-235b-a22b-256-b200.toml")
 TABLES = ("model", "parallel", "cluster", "sim", "reliability")
-MODEL_KEYS = tuple(f.name for f in fields(ModelSpec))
+DERIVED_MODEL_KEYS = ("fp8_non_tn",)
+"""ModelSpec fields the config derives from the cluster (`resolve_non_tn`), never reads."""
+MODEL_KEYS = tuple(f.name for f in fields(ModelSpec) if f.name not in DERIVED_MODEL_KEYS)
 PARALLEL_KEYS = tuple(f.name for f in fields(Layout))
 SIM_KEYS = ("network", "algo", "profile", *HOST_KEYS)
 
@@ -82,6 +84,7 @@ class Experiment:
     """Combinations that work but are slow (TP groups across servers)."""
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "model", resolve_non_tn(self.model, self.cluster.accelerator))
         # Checked as the strings they may be (check_choice compares types as well).
         object.__setattr__(self, "network", NetworkMode(check_choice(
             _plain(self.network), "sim.network", NETWORK_NAMES)))
@@ -94,6 +97,18 @@ class Experiment:
             check_recipe_layout(self.model.fp8_recipe, self.model.experts, self.layout.etp)
         check_fp8_param_gather(self.model, self.layout)
         object.__setattr__(self, "warnings", notes)
+
+
+def resolve_non_tn(model: ModelSpec, accelerator: Accelerator) -> ModelSpec:
+    """`model` with `ModelSpec.fp8_non_tn` as `accelerator` has it: an fp8 model's GEMMs take
+    non-TN layouts where TE's is_non_tn_fp8_gemm_supported() holds, compute capability 10.x
+    (NVIDIA/TransformerEngine transformer_engine/pytorch/utils.py), which the presets mark by
+    `Accelerator.fp8_block_scaling` (both Blackwell's, as `sim.models.fp8_weight_cache` takes
+    it). Derived, never stated: an Experiment and `sim.search.analytic` set it."""
+    non_tn = model.dtype == "fp8" and accelerator.fp8_block_scaling
+    if model.fp8_non_tn == non_tn:
+        return model
+    return dataclasses.replace(model, fp8_non_tn=non_tn)
 
 
 def check_fp8(model: ModelSpec, accelerator: Accelerator) -> None:
@@ -157,7 +172,11 @@ def experiment_from_dict(data: Mapping[str, Any], *, name: str = "experiment",
     for table in ("model", "parallel", "cluster"):
         if table not in data:
             raise ConfigError(f"[{table}]: missing table")
-    model_table = Fields.of(data["model"], "model").known(MODEL_KEYS).table
+    model_fields = Fields.of(data["model"], "model")
+    if "fp8_non_tn" in model_fields:
+        raise ConfigError("model.fp8_non_tn: not a config key; it follows the accelerator "
+                          "(non-TN FP8 GEMM layouts on Blackwell)")
+    model_table = model_fields.known(MODEL_KEYS).table
     model = ModelSpec(**model_table)
     layout = read_layout(data["parallel"])
     spec = read_cluster(data["cluster"])

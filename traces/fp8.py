@@ -91,12 +91,13 @@ def fp8_linear(model: ModelSpec, name: Kernel, gemm: Gemm, grad_bytes: int,
     flops = 2.0 * batch * m * n * k
     forward = qa * a + qw * b + BF16 * c
     backward = (qa * c + qw * b + BF16 * a) + (qa * (a + c) + 2 * b * grad_bytes)
-    before, transpose = gathered_input_casts(rec, a, b, fused, shard) \
-        if shard > 1 and rec.sp_gather else (input_casts(rec, a, b, fused), [])
+    non_tn = model.fp8_non_tn
+    before, transpose = gathered_input_casts(rec, a, b, fused, shard, non_tn) \
+        if shard > 1 and rec.sp_gather else (input_casts(rec, a, b, fused, non_tn), [])
     return [*before,
             KernelWork(name, flops, forward, 2 * flops, backward, gemm, fp8=True,
                        fp4=model.fp4),
-            *transpose, *backward_casts(rec, a, b, c)]
+            *transpose, *backward_casts(rec, a, b, c, non_tn)]
 
 
 def fused_norm(model: ModelSpec, norm: KernelWork, elements: int) -> KernelWork:
@@ -144,8 +145,9 @@ def fp8_gemms_per_layer(model: ModelSpec, layer: int, ep: int = 1) -> int:
 def weight_cast_bytes(model: ModelSpec, layers: Iterable[int], tp: int, ep: int = 1,
                       etp: int = 1) -> float:
     """The step's cast of `layers`' FP8 weights (and second copies): 0 where the recipe casts
-    at every use (`traces.fp8_recipes`)."""
-    per = recipe(model).weight_cast_per_element()
+    at every use (`traces.fp8_recipes`); one copy for a per-tensor scale where the GEMMs take
+    non-TN layouts (`ModelSpec.fp8_non_tn`)."""
+    per = recipe(model).weight_cast_per_element(model.fp8_non_tn)
     return per * sum(fp8_weights_per_layer(model, i, tp, ep, etp) for i in layers)
 
 

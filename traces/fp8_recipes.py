@@ -74,6 +74,18 @@ FP8 transposes after the backward gather. Blockwise (gathered in bf16) and rowwi
 casts over a. The output gradient's casts stay over the gathered c (not modelled: TE
 quantizes dY's shard inside gather_along_first_dim).
 
+Non-TN. Blackwell's FP8 GEMMs take every layout (TE's is_non_tn_fp8_gemm_supported(): compute
+capability (10, 0) to below (12, 0), or 13 and up; transformer_engine/pytorch/utils.py), and
+with a per-tensor scale the column-wise "copy" is then the row-wise data read transposed: TE's
+Float8Quantizer and Float8CurrentScalingQuantizer allocate no transpose, with_transpose =
+columnwise_usage && !nvte_is_non_tn_fp8_gemm_supported() (NVIDIA/TransformerEngine@0064fbd
+transformer_engine/pytorch/csrc/quantizer.cpp create_tensor, convert_and_update_tensor), so
+nvte_quantize writes the row-wise copy alone. Where the model runs there
+(`ModelSpec.fp8_non_tn`, from the accelerator in `sim.config`), delayed and tensorwise casts
+write one copy: X read 2a, write a (a delayed LayerNormLinear's norm writes it and no cast
+runs); dY read 2c, write c; the weights read 2w, write w; no transpose of SP's gathered input
+in backward. Block and row scales quantize their column-wise copies as above.
+
 The GEMM reads X and dY at q_a and W at q_w bytes an element (rowwise's fp32 scale per row,
 4/K bytes an element, is left out). Casts after an activation are not fused: Megatron-Core's
 layer spec runs its own bias-GeLU / SwiGLU kernel and then TERowParallelLinear (TE fuses the
@@ -242,17 +254,23 @@ class Fp8Recipe:
         tensor: delayed, tensorwise), not a quantization of its own."""
         return not self.per_use and self.act_scale == 0 and self.value_bytes == 1
 
+    def copies(self, non_tn: bool) -> int:
+        """FP8 copies a cast writes of a tensor the GEMMs read both ways: 2, but 1 for a
+        per-tensor scale where the GEMMs take non-TN layouts (module section "Non-TN")."""
+        return 1 if non_tn and self.transposes else 2
+
     @property
     def cast_kernels(self) -> int:
         """Kernels one quantization of a tensor launches: its cast, after an amax pass for
         current scaling, and NVFP4's second (Hadamard) cast."""
         return 1 + self.amax_pass + self.rht
 
-    def weight_cast_per_element(self) -> float:
-        """Bytes per weight element of the step's weight cast (0: cast at every use)."""
+    def weight_cast_per_element(self, non_tn: bool = False) -> float:
+        """Bytes per weight element of the step's weight cast (0: cast at every use);
+        `non_tn`: the GEMMs take non-TN layouts (`copies`)."""
         if self.per_use:
             return 0.0
-        return BF16 * (2 if self.amax_pass else 1) + 2 * self.q_weight
+        return BF16 * (2 if self.amax_pass else 1) + self.copies(non_tn) * self.q_weight
 
 
 RECIPES = {r.name: r for r in (
@@ -273,22 +291,24 @@ def fused_norm_bytes(recipe: Fp8Recipe, elements: float) -> float:
     return recipe.norm_copies * recipe.q_act * elements
 
 
-def input_casts(recipe: Fp8Recipe, a: float, w: float, fused: bool) -> list[KernelWork]:
+def input_casts(recipe: Fp8Recipe, a: float, w: float, fused: bool,
+                non_tn: bool = False) -> list[KernelWork]:
     """The forward kernels before the GEMM, in order: X's (and torchao's W's) casts; `fused`:
-    X comes from a LayerNormLinear's norm."""
+    X comes from a LayerNormLinear's norm; `non_tn`: the GEMMs take non-TN layouts, so a
+    per-tensor scale writes the row-wise copy only (module section "Non-TN")."""
     q = recipe.q_act
     if recipe.per_use:
         return [_fwd(K.FP8_CAST, BF16 * a + a), _fwd(K.FP8_CAST, BF16 * w + w)]
-    if fused and recipe.norm_copies:
-        return [_fwd(K.FP8_CAST, 2 * q * a)]  # the transpose of the norm's FP8 output
+    if fused and recipe.norm_copies:  # the transpose of the norm's FP8 output, if any
+        return [] if non_tn else [_fwd(K.FP8_CAST, 2 * q * a)]
     if recipe.rht:
         return _rht_casts(K.FP8_CAST, q, a, _fwd)
-    cast = _fwd(K.FP8_CAST, (BF16 + 2 * q) * a)
+    cast = _fwd(K.FP8_CAST, (BF16 + recipe.copies(non_tn) * q) * a)
     return [_fwd(K.FP8_AMAX, BF16 * a), cast] if recipe.amax_pass else [cast]
 
 
-def gathered_input_casts(recipe: Fp8Recipe, a: float, w: float, fused: bool, shard: int
-                         ) -> tuple[list[KernelWork], list[KernelWork]]:
+def gathered_input_casts(recipe: Fp8Recipe, a: float, w: float, fused: bool, shard: int,
+                         non_tn: bool = False) -> tuple[list[KernelWork], list[KernelWork]]:
     """X's casts where SP gathers X from `shard` ranks and TE quantizes before the gather
     (`recipe.sp_gather`): the forward kernels before the GEMM and the backward ones before its
     backward. TE's Linear and LayerNormLinear quantize the rank's a/shard rows, then call
@@ -300,20 +320,22 @@ def gathered_input_casts(recipe: Fp8Recipe, a: float, w: float, fused: bool, sha
     scaling; a delayed LayerNormLinear's norm writes it itself, `fused_norm`), and the
     transpose the weight gradient reads is made in backward from the row-wise copy gathered
     again (update_usage(columnwise_usage=True) on the gathered tensor): read q·a, write
-    q·a."""
+    q·a; none where the GEMMs take non-TN layouts (`non_tn`, module section "Non-TN")."""
     local = a / shard
     if not recipe.transposes:
         return input_casts(recipe, local, w, fused), []
-    transpose = [_bwd(K.FP8_CAST, 2 * recipe.q_act * a)]
+    transpose = [] if non_tn else [_bwd(K.FP8_CAST, 2 * recipe.q_act * a)]
     if fused and recipe.norm_copies:
         return [], transpose
     cast = _fwd(K.FP8_CAST, (BF16 + recipe.q_act) * local)
     return ([_fwd(K.FP8_AMAX, BF16 * local), cast] if recipe.amax_pass else [cast]), transpose
 
 
-def backward_casts(recipe: Fp8Recipe, a: float, w: float, c: float) -> list[KernelWork]:
+def backward_casts(recipe: Fp8Recipe, a: float, w: float, c: float,
+                   non_tn: bool = False) -> list[KernelWork]:
     """The backward-only kernels after the GEMM in forward order (so, reversed, before its
-    backward): dY's casts, and torchao's second copies of X and W."""
+    backward): dY's casts, and torchao's second copies of X and W; `non_tn`: a per-tensor
+    scale writes dY's row-wise copy only (module section "Non-TN")."""
     if recipe.per_use:
         return [_bwd(K.FP8_CAST, BF16 * a + a), _bwd(K.FP8_AMAX, BF16 * a),
                 _bwd(K.FP8_CAST, BF16 * w + w), _bwd(K.FP8_AMAX, BF16 * w),
@@ -322,7 +344,7 @@ def backward_casts(recipe: Fp8Recipe, a: float, w: float, c: float) -> list[Kern
     if recipe.rht:  # forward order: reversed, the amax runs first in backward
         draws = c / SR_VALUES_PER_WORD if recipe.stochastic else 0.0
         return list(reversed(_rht_casts(K.FP8_CAST_GRAD, recipe.q_act, c, _bwd, draws)))
-    cast = _bwd(K.FP8_CAST_GRAD, (BF16 + 2 * recipe.q_act) * c)
+    cast = _bwd(K.FP8_CAST_GRAD, (BF16 + recipe.copies(non_tn) * recipe.q_act) * c)
     return [cast, _bwd(K.FP8_AMAX, BF16 * c)] if recipe.amax_pass else [cast]
 
 

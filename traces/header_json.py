@@ -35,7 +35,8 @@ _LAYOUT_KEYS = tuple(f.name for f in fields(Layout))
 _MODEL_KEYS = tuple(f.name for f in fields(ModelSpec))
 _OPTIONAL_MODEL_KEYS = {f.name: f.default for f in fields(ModelSpec)
                         if f.name in ("kv_heads", "ffn", "norm", "position", "bias", "fp8_recipe",
-                                      "fp4_recipe", "head_dim", "qk_norm", "dropout", "kernels",
+                                      "fp8_non_tn", "fp4_recipe", "head_dim", "qk_norm",
+                                      "dropout", "kernels",
                                       *MLA_KEYS, *MOE_KEYS, "mtp_layers")}
 """The Llama-style, FP8, dropout, latent-attention and MoE keys (issues 18-20): written only
 where they differ from GPT's defaults (kv_heads = heads, head_dim = hidden / heads, dropout

@@ -106,6 +106,11 @@ class ModelSpec:
     fp4_recipe: str = ""
     """With dtype = "fp4", one of FP4_RECIPES: "nvfp4" (Megatron-Core's --fp4-recipe, TE's
     NVFP4BlockScaling; `traces.fp8_recipes`), the one it takes when left out."""
+    fp8_non_tn: bool = False
+    """The accelerator runs FP8 GEMMs in non-TN layouts (TE's is_non_tn_fp8_gemm_supported():
+    compute capability 10.x, Blackwell), so delayed and tensorwise scaling write no transposed
+    FP8 copy (`traces.fp8_recipes`). Not a config key: `sim.config` derives it from the
+    accelerator, as it does the default fp8_recipe; a trace header carries it."""
     head_dim: int = 0
     """A head's width d (Megatron's kv_channels); 0 means hidden / heads (`traces.heads`). With
     latent attention DeepSeek's qk_nope_head_dim (a q/k head is head_dim + qk_rope_head_dim)."""
@@ -215,6 +220,9 @@ class ModelSpec:
                               f"model.dtype = \"fp8\", not {show(self.dtype)}")
         if self.fp8 and not self.fp4 and not self.fp8_recipe:
             object.__setattr__(self, "fp8_recipe", "delayed")
+        if not isinstance(self.fp8_non_tn, bool) or (self.fp8_non_tn and self.dtype != "fp8"):
+            raise ConfigError(f"model.fp8_non_tn: {show(self.fp8_non_tn)} must be true or false, "
+                              "and true only with model.dtype = \"fp8\"")
         if self.fp4_recipe not in ("", *FP4_RECIPES) or not isinstance(self.fp4_recipe, str):
             raise ConfigError(f"model.fp4_recipe: {show(self.fp4_recipe)} is not one of "
                               f"{', '.join(FP4_RECIPES)}")

@@ -214,7 +214,8 @@ def expert_casts(model: ModelSpec, rows: int, n: int, k: int, experts: int
         return None
     rec = recipe(model)
     a, w, c = rows * k, experts * k * n, rows * n
-    fwd, bwd = input_casts(rec, a, w, False), backward_casts(rec, a, w, c)
+    non_tn = model.fp8_non_tn  # GroupedLinear's quantizers are Linear's (`traces.fp8_recipes`)
+    fwd, bwd = input_casts(rec, a, w, False, non_tn), backward_casts(rec, a, w, c, non_tn)
     if not rec.rht:
         return (memory_kernel(K.EXPERT_CAST, sum(kw.mem_bytes for kw in fwd), 0.0),
                 memory_kernel(K.EXPERT_CAST_GRAD, 0.0, sum(kw.bwd_bytes for kw in bwd)))

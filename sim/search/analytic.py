@@ -25,6 +25,7 @@ from itertools import groupby
 
 from sim.collectives import Algorithm, Collectives, analytic_time
 from sim.collectives.direct import EXCHANGE
+from sim.config import resolve_non_tn
 from sim.engine.transport import NetworkMode
 from sim.models.compute import ComputeModel
 from sim.models.memory import MemoryBreakdown, peak_in_flight, pp_rank_memory
@@ -89,7 +90,7 @@ class Analytic:
     def __init__(self, model: ModelSpec, cluster: Cluster, profile: Profile, *,
                  network: NetworkMode = NetworkMode.FLOW,
                  algo: Algorithm = Algorithm.AUTO) -> None:
-        self.model, self.cluster = model, cluster
+        self.model, self.cluster = resolve_non_tn(model, cluster.accelerator), cluster
         self.compute = ComputeModel(cluster.accelerator, profile, launch_counts(model),
                                     fp8_rate=fp8_gemm_rate(model),
                                     expert_streams=model.moe_gemm_streams)

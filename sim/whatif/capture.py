@@ -17,7 +17,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from sim.config import Experiment, experiment_from_dict
+from sim.config import DERIVED_MODEL_KEYS, Experiment, experiment_from_dict
 from sim.measured import LoadedTrace, load_trace
 from sim.settings import Setting, apply_settings, load_config, named_as_flags
 from traces.errors import ConfigError
@@ -98,6 +98,8 @@ def model_table(model: ModelSpec) -> dict[str, Any]:
     moves what follows from it."""
     table = {f.name: getattr(model, f.name) for f in fields(ModelSpec)
              if getattr(model, f.name) != f.default}
+    for derived in DERIVED_MODEL_KEYS:  # not config keys: the config derives them
+        table.pop(derived, None)
     for name in list(table):
         rest = {k: v for k, v in table.items() if k != name}
         try:
