@@ -44,6 +44,7 @@ from topology.config import read_cluster
 from traces.errors import ConfigError, show
 from traces.fields import Fields, check_choice
 from traces.files import load_toml
+from traces.fp8 import recipe as fp8_recipe_of
 from traces.fp8_params import check_fp8_param_gather
 from traces.fp8_recipes import check_recipe_layout, check_recipe_named
 from traces.layout import Layout
@@ -104,8 +105,11 @@ def resolve_non_tn(model: ModelSpec, accelerator: Accelerator) -> ModelSpec:
     non-TN layouts where TE's is_non_tn_fp8_gemm_supported() holds, compute capability 10.x
     (NVIDIA/TransformerEngine transformer_engine/pytorch/utils.py), which the presets mark by
     `Accelerator.fp8_block_scaling` (both Blackwell's, as `sim.models.fp8_weight_cache` takes
-    it). Derived, never stated: an Experiment and `sim.search.analytic` set it."""
-    non_tn = model.dtype == "fp8" and accelerator.fp8_block_scaling
+    it). Set only for the recipes it changes, the per-tensor ones (`Fp8Recipe.transposes`),
+    so no other model's trace header carries it. Derived, never stated: an Experiment and
+    `sim.search.analytic` set it."""
+    non_tn = (model.dtype == "fp8" and accelerator.fp8_block_scaling
+              and fp8_recipe_of(model).transposes)
     if model.fp8_non_tn == non_tn:
         return model
     return dataclasses.replace(model, fp8_non_tn=non_tn)

@@ -110,7 +110,8 @@ class ModelSpec:
     """The accelerator runs FP8 GEMMs in non-TN layouts (TE's is_non_tn_fp8_gemm_supported():
     compute capability 10.x, Blackwell), so delayed and tensorwise scaling write no transposed
     FP8 copy (`traces.fp8_recipes`). Not a config key: `sim.config` derives it from the
-    accelerator, as it does the default fp8_recipe; a trace header carries it."""
+    accelerator, as it does the default fp8_recipe, for those two recipes only; a trace
+    header carries it."""
     head_dim: int = 0
     """A head's width d (Megatron's kv_channels); 0 means hidden / heads (`traces.heads`). With
     latent attention DeepSeek's qk_nope_head_dim (a q/k head is head_dim + qk_rope_head_dim)."""
