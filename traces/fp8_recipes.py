@@ -80,7 +80,10 @@ with a per-tensor scale the column-wise "copy" is then the row-wise data read tr
 Float8Quantizer and Float8CurrentScalingQuantizer allocate no transpose, with_transpose =
 columnwise_usage && !nvte_is_non_tn_fp8_gemm_supported() (NVIDIA/TransformerEngine@0064fbd
 transformer_engine/pytorch/csrc/quantizer.cpp create_tensor, convert_and_update_tensor), so
-nvte_quantize writes the row-wise copy alone. Where the model runs there
+nvte_quantize writes the row-wise copy alone; and Float8TensorStorage.update_usage
+(columnwise_usage=True), which backward calls on SP's gathered input, makes no transpose there
+(needs_data_transpose = False when is_non_tn_fp8_gemm_supported(): TransformerEngine@073d3fd
+transformer_engine/pytorch/tensor/storage/float8_tensor_storage.py). Where the model runs there
 (`ModelSpec.fp8_non_tn`, from the accelerator in `sim.config`), delayed and tensorwise casts
 write one copy: X read 2a, write a (a delayed LayerNormLinear's norm writes it and no cast
 runs); dY read 2c, write c; the weights read 2w, write w; no transpose of SP's gathered input
