@@ -65,23 +65,24 @@ class Accelerator:
     def sustained_flops(self) -> float:
         """Dense FLOP/s at the sustained clock: `peak_flops · sustained / peak clock`, the
         roof the compute model's efficiencies are relative to (docs/sustained-rates.md)."""
-        if not (self.peak_clock_MHz and self.sustained_clock_MHz):
-            return self.peak_flops
-        return self.peak_flops * self.sustained_clock_MHz / self.peak_clock_MHz
+        return self._at_sustained_clock(self.peak_flops)
 
     @property
     def sustained_flops_fp8(self) -> float:
         """Dense FP8 FLOP/s at the sustained clock, as `sustained_flops`."""
-        if not (self.peak_clock_MHz and self.sustained_clock_MHz):
-            return self.peak_flops_fp8
-        return self.peak_flops_fp8 * self.sustained_clock_MHz / self.peak_clock_MHz
+        return self._at_sustained_clock(self.peak_flops_fp8)
 
     @property
     def sustained_flops_fp4(self) -> float:
         """Dense FP4 FLOP/s at the sustained clock, as `sustained_flops`."""
+        return self._at_sustained_clock(self.peak_flops_fp4)
+
+    def _at_sustained_clock(self, peak: float) -> float:
+        """A clock-bound `peak` rate scaled from the peak to the sustained clock (itself where
+        either clock is not known)."""
         if not (self.peak_clock_MHz and self.sustained_clock_MHz):
-            return self.peak_flops_fp4
-        return self.peak_flops_fp4 * self.sustained_clock_MHz / self.peak_clock_MHz
+            return peak
+        return peak * self.sustained_clock_MHz / self.peak_clock_MHz
 
     @property
     def sustained_exp_per_s(self) -> float:

@@ -27,7 +27,7 @@ Where Transformer Engine fuses a cast into the norm before the linear (LayerNorm
 `traces.fp8_recipes`), `fused_norm` moves the cast's write into the norm. With sequence
 parallelism TE casts the sequence shard and all-gathers it quantized: the plan's SP all-gathers
 into qkv and fc1 (and of proj's and fc2's output gradient) carry q_a bytes an element where
-the recipe does so (`Fp8Recipe.sp_gather`, `traces.plan.tensor.FP8_GATHER_RECIPES`; the
+the recipe does so (`Fp8Recipe.sp_gather`, `traces.plan.tensor`'s quantized gathers; the
 reduce-scatters stay bf16), and qkv's and fc1's input casts run over the rank's b·s/t rows
 before the gather (`traces.fp8_recipes.gathered_input_casts`: per-tensor scales cast the
 row-wise copy there, a fused norm writes it, and the transpose of the gathered copy runs in

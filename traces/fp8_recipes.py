@@ -141,7 +141,7 @@ quantizer"). Under SP at tp > 1 the amaxes of a gathered input or gradient are a
 TP before the cast (TE's nvfp4.rst "Distributed training"; quantize_impl's
 with_amax_reduction), as current scaling's; the SP all-gathers then carry the NVFP4 data and
 scales, q bytes an element (TE's distributed.py `_all_gather_nvfp4`;
-`traces.plan.tensor.FP8_GATHER_RECIPES`). The kernels keep
+`traces.plan.tensor`'s quantized gathers). The kernels keep
 the FP8 casts' names: they are the same TE quantize calls on the same tensors. GEMM rate:
 NVFP4's GEMMs run at `NVFP4_GEMM_RATE` of the accelerator's dense FP4 rate (`topology.presets`:
 B200 9, GB200 10, B300 13.5, GB300 15 PF; `Accelerator.peak_flops_fp4`), from the same TE
@@ -241,7 +241,7 @@ class Fp8Recipe:
     transform, after an amax pass that takes the transform's amax too (module docstring)."""
     sp_gather: bool = False
     """With SP at tp > 1, TE quantizes the sequence shard and all-gathers the quantized copy
-    (`gathered_input_casts`; `traces.plan.tensor.FP8_GATHER_RECIPES`)."""
+    (`gathered_input_casts`; `traces.plan.tensor`'s quantized gathers)."""
 
     @property
     def q_act(self) -> float:

@@ -50,10 +50,6 @@ from traces.fp8 import recipe
 from traces.layout import Layout
 from traces.model import ModelSpec
 
-PER_TENSOR = ("delayed", "tensorwise")
-"""TE's recipes with one scale per tensor (Float8Tensor), whose columnwise copy is a transpose
-on Hopper and the row-wise data itself on Blackwell."""
-
 
 def caches_fp8_weights(model: ModelSpec, layout: Layout) -> bool:
     """Whether TE's weight workspaces are held: FP8 GEMMs on the fused (Megatron-Core / TE)
@@ -65,10 +61,9 @@ def caches_fp8_weights(model: ModelSpec, layout: Layout) -> bool:
 def cache_bytes_per_weight(model: ModelSpec, non_tn: bool) -> float:
     """Bytes of TE's cached FP8 copies per weight element (module docstring); `non_tn`: the
     accelerator's FP8 GEMMs take every layout (Blackwell), so per-tensor scaling needs no
-    transpose."""
+    transpose (`Fp8Recipe.copies`)."""
     fp8 = recipe(model)
-    copies = 1 if non_tn and fp8.name in PER_TENSOR else 2
-    return copies * fp8.q_weight
+    return fp8.copies(non_tn) * fp8.q_weight
 
 
 def fp8_weight_cache_bytes(model: ModelSpec, layout: Layout, pp_rank: int,

@@ -66,6 +66,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from traces.model import QUANTIZED
 from traces.ops import Op, OpKind, OpRow, Phase, Stream, op_row, stamp
 from traces.plan.nodes import Node
 from traces.purpose import (
@@ -208,7 +209,7 @@ def _produce(op: Op, site: TpSite, group: tuple[int, ...], size: float,
     total = op_row(kind=OpKind.COMPUTE, stream=Stream.COMPUTE, name=str(K.TP_PARTIAL_SUM),
                    purpose=KernelRun(K.TP_PARTIAL_SUM), phase=op.phase,
                    mem_bytes=size * (n + 1) / n,
-                   dtype="bf16" if op.dtype in ("fp8", "fp4") else op.dtype)
+                   dtype="bf16" if op.dtype in QUANTIZED else op.dtype)
     entries.append((total, (copies[-1],)))
     return Template(tuple(entries))
 

@@ -35,6 +35,29 @@ overlapped with their GEMMs instead (`traces.plan.overlap`). The vocab-parallel
 cross-entropy adds two small all-reduces forward: the max of each token's logits after
 `logits` (b·s fp32, `ce_max`) and the target logit and sum of exponentials after
 `cross_entropy` (2·b·s fp32, `ce_sum`).
+
+Quantized gathers. With an FP8 or FP4 model at SP, the recipes whose `Fp8Recipe.sp_gather` is
+set (delayed, tensorwise, MXFP8, NVFP4) have their SP all-gathers carry the quantized tensor,
+q_a bytes an element (`traces.fp8_recipes.Fp8Recipe.q_act`: 1 for the per-tensor recipes, whose
+one fp32 scale is left out; MXFP8 1 + 1/32, its E8M0 scale byte per 32; NVFP4 1/2 + 1/16, an
+E2M1 nibble and its E4M3 scale byte per 16): Transformer Engine's Linear quantizes a
+column-parallel input's sequence shard and then calls gather_along_first_dim(...,
+quantizer=input_quantizer) (module/linear.py; module/layernorm_linear.py quantizes ln_out for
+every recipe before that call or fill_userbuffers_buffer_for_all_gather;
+ops/fused/userbuffers_forward_linear.py likewise), and a row-parallel output gradient likewise,
+hence the tensorwise amax all-reduce (`traces.plan.fp8`). The kept shard is gathered again in
+backward for the weight gradient: the rowwise FP8 copy for the per-tensor recipes (TE
+transposes it after the gather: Float8Quantizer supports_only_rowwise_all_gather), the
+columnwise copy for MXFP8 and NVFP4 (layernorm_linear.py: "For MXFP8, columnwise only data can
+be allgathered"), one copy either way. TE's distributed.py gathers an MXFP8 tensor's data and
+scale_inv (`_all_gather_mxfp8`) and an NVFP4 tensor's packed data and scale_inv
+(`_all_gather_nvfp4`; NVFP4's per-tensor fp32 amax is all-reduced before the cast,
+`traces.plan.fp8`, so no rank's scale differs). torchao's
+Float8ColwiseParallel._prepare_input_fn casts to float8 before redistribute, gated by
+_float8_linear_supports_float8_allgather (dynamic, i.e. tensorwise, scaling;
+float8/float8_tensor_parallel.py). torchtitan gathers rowwise inputs in bf16; TE gathers
+Float8BlockQuantizer inputs in high precision (force_hp_input_gather). The recipe is the one
+the model runs (`traces.fp8.recipe`: delayed where an fp8 model names none).
 """
 
 from __future__ import annotations
@@ -43,7 +66,6 @@ from operator import attrgetter
 from typing import Any
 
 from traces.fp8 import recipe as fp8_recipe
-from traces.fp8_recipes import RECIPES
 from traces.layout import Axis
 from traces.mla import down_width
 from traces.ops import OpKind, OpRow, Phase, Stream, op_row, stamp_phase
@@ -57,27 +79,6 @@ from traces.zero_bubble import WEIGHT_ONLY
 K = Kernel
 _AR, _AG, _RS = OpKind.ALL_REDUCE, OpKind.ALL_GATHER, OpKind.REDUCE_SCATTER
 FP32 = 4
-FP8_GATHER_RECIPES = frozenset(name for name, r in RECIPES.items() if r.sp_gather)
-"""Recipes whose SP all-gathers carry the quantized tensor, q_a bytes an element
-(`traces.fp8_recipes.Fp8Recipe.q_act`: 1 for the per-tensor recipes, whose one fp32 scale is
-left out; MXFP8 1 + 1/32, its E8M0 scale byte per 32; NVFP4 1/2 + 1/16, an E2M1 nibble and its
-E4M3 scale byte per 16): Transformer Engine's Linear quantizes a column-parallel input's
-sequence shard and then calls gather_along_first_dim(..., quantizer=input_quantizer)
-(module/linear.py; module/layernorm_linear.py quantizes ln_out for every recipe before that
-call or fill_userbuffers_buffer_for_all_gather; ops/fused/userbuffers_forward_linear.py
-likewise), and a row-parallel output gradient likewise, hence the tensorwise amax all-reduce
-(`traces.plan.fp8`). The kept shard is gathered again in backward for the weight gradient:
-the rowwise FP8 copy for the per-tensor recipes (TE transposes it after the gather:
-Float8Quantizer supports_only_rowwise_all_gather), the columnwise copy for MXFP8 and NVFP4
-(layernorm_linear.py: "For MXFP8, columnwise only data can be allgathered"), one copy either
-way. TE's distributed.py gathers an MXFP8 tensor's data and scale_inv (`_all_gather_mxfp8`)
-and an NVFP4 tensor's packed data and scale_inv (`_all_gather_nvfp4`; NVFP4's per-tensor fp32
-amax is all-reduced before the cast, `traces.plan.fp8`, so no rank's scale differs).
-torchao's Float8ColwiseParallel._prepare_input_fn casts to float8 before redistribute, gated by
-_float8_linear_supports_float8_allgather (dynamic, i.e. tensorwise, scaling;
-float8/float8_tensor_parallel.py). torchtitan gathers rowwise inputs in bf16; TE gathers
-Float8BlockQuantizer inputs in high precision (force_hp_input_gather). The recipe is the one
-the model runs (`traces.fp8.recipe`: delayed where an fp8 model names none)."""
 
 Sites = dict[tuple[Kernel, bool], tuple[tuple[TpSite, ...], tuple[TpSite, ...]]]
 """(kernel, phase is backward) -> the TP sites just before and just after it."""
@@ -283,8 +284,8 @@ def _placements(sp: bool, mla_q_proj: bool | None = None, fp8_gather: bool = Fal
                 regather: bool = True) -> dict[tuple[Kernel, Phase | None], Placement]:
     """(kernel, phase) -> the collectives before and after it; `mla_q_proj` not None: latent
     attention with SP (`mla_sp_sites`); `fp8_gather`: the gathers feeding an FP8 GEMM's cast
-    (`traces.plan.fp8.TP_AMAX_GEMMS`) carry FP8 (`FP8_GATHER_RECIPES`); `regather`: the
-    kept shards gathered again in backward (`tp_sites`)."""
+    (`traces.plan.fp8.TP_AMAX_GEMMS`) carry FP8 (module docstring, quantized gathers);
+    `regather`: the kept shards gathered again in backward (`tp_sites`)."""
     out: dict[tuple[Kernel, Phase | None], Placement] = {}
     sites = tp_sites(sp, regather)
     if mla_q_proj is not None:
