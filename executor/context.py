@@ -229,7 +229,7 @@ class CpAttention:
         parts = self._parts(step)
         if self._packed(step):
             block = math.prod(self.block_shape)
-            size = sum(block * torch.empty((), dtype=d).element_size() for d in parts)
+            size = sum(block * d.itemsize for d in parts)
             return torch.empty(size, dtype=torch.uint8, device=self.device)
         rows = 2 * len(parts)
         return torch.empty((rows, *self.block_shape[1:]), dtype=parts[0], device=self.device)
@@ -252,7 +252,7 @@ class CpAttention:
             kv = buf[:2] if step < self.cp - 1 else None
             grads = (buf[2:] if kv is not None else buf) if step >= 1 else None
             return kv, grads
-        split = math.prod(self.block_shape) * torch.empty((), dtype=self.dtype).element_size()
+        split = math.prod(self.block_shape) * self.dtype.itemsize
         return (buf[:split].view(self.dtype).view(self.block_shape),
                 buf[split:].view(self.grad_dtype).view(self.block_shape))
 
