@@ -175,3 +175,12 @@ def test_asynctp_fuses_the_copies_of_its_regions() -> None:
     sbh, m, layers = 2 * 32 * 64 * 2, 2, 2
     assert _copies(dataclasses.replace(LLAMA, kernels="compiled"), layout) == \
         {(Phase.FWD, 2 * sbh): m * 2, (Phase.BWD, 2 * sbh): m * (2 * layers + 2)}
+
+
+def test_dtensor_recomputed_forward_copies_as_the_forward() -> None:
+    """Full recomputation re-runs the forward's gathers and scatters, each with its copy."""
+    layout = dataclasses.replace(SP, recompute="full")
+    copies = _copies(dataclasses.replace(LLAMA, kernels="compiled"), layout)
+    sbh, m, layers = 2 * 32 * 64 * 2, 2, 2
+    assert copies[(Phase.RECOMPUTE, 2 * sbh)] == m * 4 * layers  # the blocks, not the head
+    assert copies[(Phase.FWD, 2 * sbh)] == m * (4 * layers + 2)
