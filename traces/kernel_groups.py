@@ -53,11 +53,14 @@ LAST_STAGE = (K.FINAL_LN, K.LOGITS, K.CROSS_ENTROPY)
 KERNEL_NAMES = tuple(str(k) for k in Kernel)
 STEP_KERNELS = (K.GRAD_UNSCALE, K.GRAD_NORM, K.GRAD_CLIP, K.OPTIMIZER)
 GRAD_STORE_KERNELS = frozenset({K.GRAD_ACCUM, K.TP_PARTIAL_SUM, K.FSDP_COPY_OUT, K.FSDP_RS_COPY_IN,
-                                K.CP_MERGE})
+                                K.CP_MERGE, K.TP_SHARD_COPY})
 """Kernels whose work the executor's gradient store does as it accumulates (no torch function
 of their own): FSDP2's accumulation of unsharded gradients (`traces.fsdp_kernels`); and
 AsyncTP's sum of partial sums, which the executor's reduce-scatter chunks already do. Also
 FSDP2's copy-out of a gathered unit: the executor's gather writes the parameters in place, and
 its reduce-scatter copy-in: the executor's store hands its gradients to the reduce-scatter. And
-context parallelism's merges (`Kernel.CP_MERGE`): the executor's CP attention merges within."""
+context parallelism's merges (`Kernel.CP_MERGE`): the executor's CP attention merges within.
+And DTensor's chunk + cat around a sequence-sharded TP collective (`Kernel.TP_SHARD_COPY`): the
+executor keeps activations sequence first ([s, b, h], Megatron's layout), so its TP collectives
+gather and scatter along dim 0 and need no copy."""
 """The kernels of the end of the step (phase opt), in order; once per step, not per layer."""

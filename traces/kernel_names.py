@@ -97,6 +97,11 @@ class Kernel(StrEnum):
     TP_PARTIAL_SUM = "tp_partial_sum"
     """torch's AsyncTP matmul + reduce-scatter: the sum of the t partial sums its copies
     brought (`traces.plan.overlap`)."""
+    TP_SHARD_COPY = "tp_shard_copy"
+    """torch's functional collectives on a tensor sharded along the sequence (DTensor's
+    Shard(1), torchtitan's sequence parallelism): the chunk + cat that moves the gathered
+    shards from dim 0 to dim 1 after an all-gather, or the scattered dim to dim 0 before a
+    reduce-scatter (`traces.plan.tensor`)."""
     CP_MERGE = "cp_merge"
     """Context parallelism's merge of one attention step into the rank's result: forward the
     output's log-sum-exp correction, backward the dQ and dK/dV accumulation

@@ -58,17 +58,39 @@ _float8_linear_supports_float8_allgather (dynamic, i.e. tensorwise, scaling;
 float8/float8_tensor_parallel.py). torchtitan gathers rowwise inputs in bf16; TE gathers
 Float8BlockQuantizer inputs in high precision (force_hp_input_gather). The recipe is the one
 the model runs (`traces.fp8.recipe`: delayed where an fp8 model names none).
+
+DTensor's shard copies. torchtitan's activations are [b, s, h] and its sequence parallelism
+shards dim 1 (SequenceParallel's sequence_dim = 1, Shard(1) in apply_tp's plans), so DTensor's
+redistributions call the functional collectives with gather_dim = 1 (Shard._to_replicate_tensor)
+and scatter_dim = 1 (Partial._reduce_shard_value -> Shard._reduce_shard_tensor;
+torch/distributed/tensor/placement_types.py). NCCL gathers and scatters along dim 0, so
+funcol.all_gather_tensor follows the gather with `torch.cat(torch.chunk(res, group_size,
+dim=0), dim=gather_dim)` and funcol.reduce_scatter_tensor precedes the scatter with
+`torch.cat(torch.chunk(self, group_size, dim=scatter_dim))` (pytorch/pytorch
+torch/distributed/_functional_collectives.py @fff02e67): one copy kernel that reads and
+writes the gathered output, or the scattered input: 2x the collective's buffer (its FP8 bytes
+where the gather carries FP8: torchao's Float8Tensor implements aten.cat on its data). Under
+torch.compile these split + cat nodes stay in the graph, next to GEMMs Inductor does not
+fuse them into; its micro_pipeline_tp pass matches them as part of the all-gather and
+reduce-scatter patterns it replaces (NonZeroDimAllGather, NonZeroDimReduceScatter:
+torch/_inductor/fx_passes/micro_pipeline_tp.py @00122fb), so AsyncTP's overlapped regions
+have none, and every inline SP collective of a DTensor stack has one (`Kernel.TP_SHARD_COPY`,
+on the compute stream). qkv's and fc1's backward reduce-scatter sums the separate wq/wk/wv
+(w1/w3) input gradients first; the plan fuses those projections into one GEMM, so the copy's
+read and write stand for the kernel that sums them into the cat's layout. Megatron-Core and
+Transformer Engine keep activations [s, b, h]: their collectives run on dim 0, no copy.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from operator import attrgetter
 from typing import Any
 
 from traces.fp8 import recipe as fp8_recipe
 from traces.layout import Axis
 from traces.mla import down_width
-from traces.ops import OpKind, OpRow, Phase, Stream, op_row, stamp_phase
+from traces.ops import Op, OpKind, OpRow, Phase, Stream, op_row, stamp_phase
 from traces.plan.fp8 import TP_AMAX_GEMMS
 from traces.plan.nodes import Node, Program, RankContext
 from traces.plan.overlap import OVERLAPPED, Template, overlap_region, overlap_template
@@ -159,6 +181,8 @@ def add_tensor_parallel(ctx: RankContext, program: Program) -> Program:
         for key, (before, after) in _placements(
             layout.sp, model.q_lora_rank == 0 if model.mla and layout.sp else None,
             fp8_gather, regather).items()}
+    if layout.sp and not regather:  # DTensor's Shard(1): a copy at each inline gather/scatter
+        where = {key: _with_shard_copies(placed) for key, placed in where.items()}
     asynctp = model.kernels == "compiled"  # torch.compile's AsyncTP (`traces.plan.overlap`)
     where.update({key: (None, sites) for key, sites in
                   _overlapped(layout.sp, layout.tp_comm_overlap, asynctp, regather).items()})
@@ -175,6 +199,32 @@ def add_tensor_parallel(ctx: RankContext, program: Program) -> Program:
         out.append(_splice(nodes, recipe, templates, group, (sizes["tp"], sizes["tp_fp8"]),
                            asynctp))
     return out
+
+
+def _with_shard_copies(placed: tuple[Any, Any]) -> tuple[Any, Any]:
+    """The inline collectives before and after a kernel with DTensor's chunk + cat (module
+    docstring, shard copies): a copy after each all-gather and before each reduce-scatter,
+    reading and writing the collective's buffer."""
+    return tuple(tuple(row for collective in rows for row in _shard_copy(collective))
+                 for rows in placed)  # type: ignore[return-value]
+
+
+def _shard_copy(collective: OpRow) -> tuple[OpRow, ...]:
+    """`collective` with its shard copy (`_with_shard_copies`), or alone (an all-reduce)."""
+    fields = dict(zip(_ROW_FIELDS, collective))
+    kind = fields["kind"]
+    if kind not in (_AG, _RS):
+        return (collective,)
+    size = fields["size_bytes"]
+    assert isinstance(size, int | float)
+    copy = op_row(kind=OpKind.COMPUTE, stream=Stream.COMPUTE, name=str(K.TP_SHARD_COPY),
+                  purpose=KernelRun(K.TP_SHARD_COPY), mem_bytes=2 * size,
+                  dtype=fields["dtype"])
+    return (collective, copy) if kind is _AG else (copy, collective)
+
+
+_ROW_FIELDS = tuple(f.name for f in dataclasses.fields(Op))
+"""The names of an `op_row`'s fields, in its order."""
 
 
 Step = tuple[int, int, Any, Any]

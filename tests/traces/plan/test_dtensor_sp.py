@@ -15,7 +15,7 @@ from traces.layout import Layout
 from traces.model import ModelSpec
 from traces.ops import OpKind, Phase
 from traces.plan import build
-from traces.purpose import GemmChunk, Kernel, TpChunk, TpSite
+from traces.purpose import GemmChunk, Kernel, KernelRun, TpChunk, TpSite
 from traces.stored_activations import activation_bytes_per_layer
 
 K = Kernel
@@ -118,3 +118,69 @@ def test_eager_with_tp_comm_overlap_leaves_qkv_and_fc1_backward_inline() -> None
     inline = Counter((op.purpose.kernel, op.kind) for op in ops
                      if isinstance(op.purpose, TpSite) and op.phase is Phase.BWD)
     assert inline[(K.QKV, OpKind.REDUCE_SCATTER)] == inline[(K.FC1, OpKind.REDUCE_SCATTER)] == 4
+
+
+COPY = KernelRun(K.TP_SHARD_COPY)
+
+
+def _copies(model: ModelSpec, layout: Layout) -> Counter:
+    """(phase, bytes) of rank 0's DTensor shard copies."""
+    return Counter((op.phase, op.mem_bytes) for op in build(model, layout).ops[0]
+                   if op.purpose == COPY)
+
+
+@pytest.mark.parametrize("stack", ["eager", "compiled"])
+def test_dtensor_copies_each_inline_gather_and_scatter(stack: str) -> None:
+    """funcol's chunk + cat for Shard(1): per micro-batch and layer 4 forward (after the
+    gathers before qkv and fc1, before the scatters after proj and fc2) and 4 backward
+    (gradients gathered before proj and fc2, scattered after qkv and fc1), plus the
+    embedding's and the output layer's; each reads and writes the b·s·h buffer."""
+    sbh = 2 * 32 * 64 * 2  # b·s·h bf16 bytes
+    m, layers = 2, 2
+    per_phase = m * (4 * layers + 2)
+    assert _copies(dataclasses.replace(LLAMA, kernels=stack), SP) == \
+        {(Phase.FWD, 2 * sbh): per_phase, (Phase.BWD, 2 * sbh): per_phase}
+    assert not _copies(LLAMA, SP)  # Megatron-Core / TE: [s, b, h], no copy
+    assert not _copies(dataclasses.replace(LLAMA, kernels=stack),
+                       dataclasses.replace(SP, sp=False))  # all-reduces: no dim
+
+
+def test_dtensor_copy_follows_the_gather_and_precedes_the_scatter() -> None:
+    ops = build(dataclasses.replace(LLAMA, kernels="eager"), SP).ops[0]
+    for i, op in enumerate(ops):
+        if op.purpose != COPY:
+            continue
+        before, after = ops[i - 1], ops[i + 1]
+        assert (before.kind is OpKind.ALL_GATHER and 2 * before.size_bytes == op.mem_bytes) or \
+            (after.kind is OpKind.REDUCE_SCATTER and 2 * after.size_bytes == op.mem_bytes)
+
+
+def test_dtensor_copies_fp8_gathers_in_fp8() -> None:
+    """Tensorwise FP8 gathers the qkv and fc1 inputs (and proj's, fc2's gradients) in FP8:
+    their copies move 2·b·s·h bytes; the scatters, the output layer's gather and the
+    embedding's gradient stay bf16 (4·b·s·h)."""
+    model = dataclasses.replace(LLAMA, kernels="compiled", dtype="fp8", fp8_recipe="tensorwise")
+    bsh, m, layers = 2 * 32 * 64, 2, 2
+    assert _copies(model, SP) == {(Phase.FWD, 2 * bsh): m * 2 * layers,
+                                  (Phase.FWD, 4 * bsh): m * (2 * layers + 2),
+                                  (Phase.BWD, 2 * bsh): m * 2 * layers,
+                                  (Phase.BWD, 4 * bsh): m * (2 * layers + 2)}
+
+
+def test_asynctp_fuses_the_copies_of_its_regions() -> None:
+    """micro_pipeline_tp matches the split + cat with the collective: only the inline
+    collectives (qkv's and fc1's backward scatter, the embedding's, the output layer's)
+    keep a copy."""
+    layout = dataclasses.replace(SP, tp_comm_overlap=True)
+    sbh, m, layers = 2 * 32 * 64 * 2, 2, 2
+    assert _copies(dataclasses.replace(LLAMA, kernels="compiled"), layout) == \
+        {(Phase.FWD, 2 * sbh): m * 2, (Phase.BWD, 2 * sbh): m * (2 * layers + 2)}
+
+
+def test_dtensor_recomputed_forward_copies_as_the_forward() -> None:
+    """Full recomputation re-runs the forward's gathers and scatters, each with its copy."""
+    layout = dataclasses.replace(SP, recompute="full")
+    copies = _copies(dataclasses.replace(LLAMA, kernels="compiled"), layout)
+    sbh, m, layers = 2 * 32 * 64 * 2, 2, 2
+    assert copies[(Phase.RECOMPUTE, 2 * sbh)] == m * 4 * layers  # the blocks, not the head
+    assert copies[(Phase.FWD, 2 * sbh)] == m * (4 * layers + 2)
