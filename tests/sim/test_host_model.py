@@ -354,3 +354,28 @@ def test_a_skewed_calls_ops_share_its_per_call_costs_by_their_experts():
     norm = Op(kind=OpKind.COMPUTE, stream="compute", name="ln2",
               purpose=KernelRun(Kernel.LN2), phase=Phase.FWD)
     assert g.op_s(norm) == 0.0
+
+
+def test_after_a_sync_the_gpu_idles_for_the_grouped_linears_whole_host_work(h100):
+    """A sync, then a forward expert GEMM (4 experts) and its backward, kernels short against
+    their launches: the GPU idles from the sync's target's end for SYNC_S and each op's whole
+    host cost, 4 GEMM launches + the split and empty forward, 8 + the split, the empties and
+    the autograd node backward, op after op (nothing hides it)."""
+    g = GroupedHost(4, False)
+    tiny = 1e-7
+
+    def gemm(phase: Phase) -> Op:
+        return Op(kind=OpKind.COMPUTE, stream="compute", name="expert_fc1",
+                  purpose=KernelRun(Kernel.EXPERT_FC1), phase=phase, flops=tiny,
+                  gemm=(4, 512, 1024, 2048))
+
+    ops = (Op(kind=OpKind.COMPUTE, stream="compute", name="gather", flops=1e-3),
+           gemm(Phase.FWD), gemm(Phase.BWD))
+    costs = launch_costs(ops, {}, grouped=g)
+    assert costs[1:] == pytest.approx([4 * LAUNCH_S + g.forward_s, 8 * LAUNCH_S + g.backward_s],
+                                      rel=1e-12)
+    step, starts = _step(h100, Trace({0: ops}), HostProgram.of(costs, [Sync(1, 0, SYNC_S)]))
+    end = LAUNCH_S + 1e-3
+    assert starts[1] == pytest.approx(end + SYNC_S + costs[1], rel=1e-12)
+    assert starts[2] == pytest.approx(end + SYNC_S + costs[1] + costs[2], rel=1e-12)
+    assert step == pytest.approx(end + SYNC_S + costs[1] + costs[2] + tiny, rel=1e-12)
