@@ -40,7 +40,7 @@ Costs (public measurements; each a lower bound of what a Python training loop pa
   delayed scaling 1 for all the experts together; SequentialMLP's experts each quantize in
   their own Linear (`expert_cast_launches`).
 - Transformer Engine's GroupedLinear (Megatron-Core's TEGroupedMLP, `moe_grouped_gemm`) does
-  host work around its kernels that launches none, per local expert (`grouped_linear_host_s`;
+  host work around its kernels that launches none, per local expert (`GroupedHost`;
   NVIDIA/TransformerEngine transformer_engine/pytorch/module/grouped_linear.py @0069563,
   `_GroupedLinear.forward` / `.backward`):
   forward, `torch.split` of the input into one view per expert and the output's `torch.empty`;
