@@ -39,6 +39,26 @@ Costs (public measurements; each a lower bound of what a Python training loop pa
   (`traces.fp8_recipes`, "tensorwise"): 2 kernels per local expert; MXFP8 and blockwise 1;
   delayed scaling 1 for all the experts together; SequentialMLP's experts each quantize in
   their own Linear (`expert_cast_launches`).
+- Transformer Engine's GroupedLinear (Megatron-Core's TEGroupedMLP, `moe_grouped_gemm`) does
+  host work around its kernels that launches none, per local expert (`GroupedHost`;
+  NVIDIA/TransformerEngine transformer_engine/pytorch/module/grouped_linear.py @0069563,
+  `_GroupedLinear.forward` / `.backward`):
+  forward, `torch.split` of the input into one view per expert and the output's `torch.empty`;
+  backward, the same split of the output gradient, the dgrad output's `torch.empty`, one
+  `torch.empty` per expert for the weight gradient Megatron's DDP hands back
+  (`handle_custom_ddp_from_mcore`: with gradient-accumulation fusion and Megatron-Core's
+  `grad_added_to_main_grad`), and the autograd engine's node of the Function; FP8, the
+  quantize call's two `torch.empty` per expert (TE issue #1499, maintainer's answer,
+  2025-02-24: "torch.split() ... and torch.empty() (2x num_gemms calls)" are GroupedLinear's
+  CPU overheads). Their costs: an ATen op called from C++ (a split's view, the quantize's
+  allocations) ATEN_OP_S, one called from Python PY_OP_S (pytorch/pytorch issue #41383,
+  N. Gimelshein: a no-grad `x*x` "is approx 2 us. Approx half of it is python parsing overhead
+  (same operation called using c++ API would take about a microsecond)"); the engine's own
+  CPU per backward node AUTOGRAD_NODE_S (huggingface/blog issue #1649, a PyTorch profiler
+  table of a training step: `autograd::engine::evaluate_function: ViewBackward0` 13.902 us a
+  call against its node `ViewBackward0`'s 6.352 us, so 7.55 us of engine per node). A
+  GroupedLinear's per-call costs are spread over its ops in proportion to their experts (an
+  op per distinct token count under skewed routing), so a call pays them once.
 - The host CPU: LAUNCH_S and SYNC_S are x86 figures (the blog's dispatch chain; Gray's
   measurement). A Grace CPU (GH200, GB200, GB300) runs the same PyTorch op's CPU side slower:
   a torch.nn.Linear forward (BF16, hidden 2048, 8192 tokens) costs 37.08 us of CPU on GB200,
@@ -88,6 +108,13 @@ SYNC_S = 5.8e-6
 X86_LINEAR_CPU_S = 13.48e-6
 """CPU seconds of one torch.nn.Linear forward on a DGX H100's Xeon Platinum 8480C
 (TransformerEngine issue #2053's table; module docstring)."""
+ATEN_OP_S = 1e-6
+"""CPU seconds of an ATen op called from C++, no kernel (module docstring: issue #41383)."""
+PY_OP_S = 2e-6
+"""CPU seconds of a PyTorch op called from Python, no kernel (module docstring: #41383)."""
+AUTOGRAD_NODE_S = 13.902e-6 - 6.352e-6
+"""The autograd engine's CPU seconds per backward node, the node's own work apart (module
+docstring: huggingface/blog issue #1649's profile, evaluate_function less ViewBackward0)."""
 GRACE_LINEAR_CPU_S = {"GB200": 37.08e-6, "GB300": 37.08e-6, "GH200": 33.17e-6}
 """The same on Grace parts (issue #2053's GB200 and GH200 rows; GB300's Grace as GB200's)."""
 
@@ -147,6 +174,54 @@ class HostSettings:
         return HostSettings(host, frozenset(words))
 
 
+@dataclass(frozen=True)
+class GroupedHost:
+    """Transformer Engine GroupedLinear's host work that launches no kernel, per call of
+    `experts` local experts (module docstring); `quantized`: the call quantizes its input
+    and output gradient (FP8 experts' cast ops)."""
+
+    experts: int
+    quantized: bool
+
+    @staticmethod
+    def of(model: ModelSpec, layout: Layout) -> GroupedHost | None:
+        """The rank's GroupedLinear calls; None without TEGroupedMLP's grouped experts."""
+        if not (model.experts and model.moe_grouped_gemm):
+            return None
+        return GroupedHost(model.experts // layout.ep, model.fp8)
+
+    @property
+    def forward_s(self) -> float:
+        """A forward call: the input's split (a view per expert), the output's empty."""
+        return self.experts * ATEN_OP_S + PY_OP_S
+
+    @property
+    def backward_s(self) -> float:
+        """A backward call: the gradient's split, the dgrad output's empty, a weight-gradient
+        empty per expert for Megatron's DDP, the autograd node."""
+        return self.experts * (ATEN_OP_S + PY_OP_S) + PY_OP_S + AUTOGRAD_NODE_S
+
+    @property
+    def quantize_s(self) -> float:
+        """A split_quantize call: two allocations per expert (TE issue #1499); none
+        unquantized."""
+        return 2 * self.experts * ATEN_OP_S if self.quantized else 0.0
+
+    def op_s(self, op: Op) -> float:
+        """The host seconds of this work plan op `op` carries: an expert GEMM op its share
+        of its call's (its experts over the call's), an expert cast op its call's quantize;
+        else none."""
+        if isinstance(op.purpose, GemmChunk) or op.kind is not OpKind.COMPUTE:
+            return 0.0
+        name, backward = kernel_of(op)
+        if name in EXPERT_CASTS:
+            return self.quantize_s
+        if name not in EXPERT_GEMMS:
+            return 0.0
+        share = (op.gemm[0] if op.gemm else 1) / self.experts
+        return share * (self.backward_s if backward else self.forward_s)
+
+
 def dropless_sync(model: ModelSpec, layout: Layout) -> bool:
     """Whether the dispatcher reads token counts on the host every forward MoE layer."""
     return model.experts > 0 and layout.ep > 1 and not model.capacity_factor
@@ -161,7 +236,9 @@ def host_programs(plan: Trace, settings: HostSettings, model: ModelSpec, layout:
     sync = dropless_sync(model, layout)
     factor = host_cpu_factor(compute.accelerator.name)
     casts = expert_cast_launches(model, layout)
-    return {rank: HostProgram.of(launch_costs(ops, compute, settings.scopes, casts, factor),
+    grouped = GroupedHost.of(model, layout)
+    return {rank: HostProgram.of(launch_costs(ops, compute, settings.scopes, casts, factor,
+                                              grouped),
                                  dispatch_syncs(ops, SYNC_S * factor) if sync else ())
             for rank, ops in plan.ops.items()}
 
@@ -205,10 +282,11 @@ def device_launches(model: ModelSpec, layout: Layout) -> dict[tuple[str, bool], 
 
 def launch_costs(ops: Sequence[Op], compute: ComputeModel | Mapping[tuple[str, bool], int],
                  scopes: frozenset[str] = frozenset(), casts: int = 1,
-                 factor: float = 1.0) -> list[float]:
+                 factor: float = 1.0, grouped: GroupedHost | None = None) -> list[float]:
     """Per op, the CPU seconds of its launch: LAUNCH_S per kernel or call, none inside a CUDA
     graph but one per stretch of graphed ops; `casts`: the kernels of an expert cast op
-    (`expert_cast_launches`); `factor`: the host CPU's (`host_cpu_factor`)."""
+    (`expert_cast_launches`); `factor`: the host CPU's (`host_cpu_factor`); `grouped`: TE
+    GroupedLinear's host work besides its launches (`GroupedHost`), none if None."""
     launches = compute.launches if isinstance(compute, ComputeModel) else compute
     graphed = _graphed(ops, scopes) if scopes else None
     launch = LAUNCH_S * factor
@@ -223,7 +301,8 @@ def launch_costs(ops: Sequence[Op], compute: ComputeModel | Mapping[tuple[str, b
         if op.kind is not OpKind.COMPUTE:
             costs.append(launch)
             continue
-        costs.append(_kernels(op, launches, casts) * launch)
+        extra = grouped.op_s(op) * factor if grouped is not None else 0.0
+        costs.append(_kernels(op, launches, casts) * launch + extra)
     return costs
 
 
@@ -301,7 +380,7 @@ def dispatch_syncs(ops: Sequence[Op], seconds: float = SYNC_S) -> list[Sync]:
     return syncs
 
 
-__all__ = ["GRACE_LINEAR_CPU_S", "KEYS", "LAUNCH_S", "SCOPES", "SYNC_S", "X86_LINEAR_CPU_S",
-           "HostSettings", "device_launches", "dispatch_syncs", "dropless_sync",
-           "expert_cast_launches",
+__all__ = ["ATEN_OP_S", "AUTOGRAD_NODE_S", "GRACE_LINEAR_CPU_S", "KEYS", "LAUNCH_S", "PY_OP_S",
+           "SCOPES", "SYNC_S", "X86_LINEAR_CPU_S", "GroupedHost", "HostSettings",
+           "device_launches", "dispatch_syncs", "dropless_sync", "expert_cast_launches",
            "expert_launches", "host_cpu_factor", "host_programs", "launch_costs"]

@@ -1,7 +1,7 @@
 """Benchmark: parasim against published MoE training throughputs (issue 33).
 
     python tests/bench/bench_moe_recipes.py [--only SUBSTRING] [--table NAME] [--max-gpus N]
-                                              [--host] [--causal-flops]
+                                              [--host | --no-host] [--causal-flops]
 
 Every row is a figure a source published for a run it describes, entered as the source
 states it (`moe_rows_folding.py` and `moe_rows_bridge.py` cite each and say what is assumed),
@@ -12,6 +12,11 @@ has no key for yet (DualPipe, node-limited routing, the HybridEP / DeepEP dispat
 overlapped expert all-to-all) prints "not expressible: <key>"; a row parasim refuses for
 another reason prints its one-line ConfigError; neither is approximated. Nothing is fitted to
 a table; there is no timed assertion.
+
+The host: a row whose run launches its kernels from Megatron's eager loop (`MoeRow.host`: the
+Megatron-Bridge rows but the full-iteration-graph recipes) is simulated with the launching
+thread modelled (`[sim] host = true`, the recipe's `cuda_graph_scope`: `sim.models.host`);
+`--no-host` turns that off, `--host` turns it on for every row.
 
 Tables (`--table`):
 
@@ -156,7 +161,8 @@ def run_table(key: str, rows: Sequence[MoeRow], args: argparse.Namespace) -> lis
     errors = []
     simulated = 0
     for row in kept:
-        outcome = evaluate(row, args.host, args.causal_flops)
+        outcome = evaluate(row, args.host or (row.host and not args.no_host),
+                           args.causal_flops)
         simulated += not isinstance(outcome, str)
         error = report(row, outcome)
         if error is not None:
@@ -174,9 +180,13 @@ def main() -> None:
     parser.add_argument("--table", default="", choices=["", *TABLES],
                         help="run one table (default: all)")
     parser.add_argument("--max-gpus", type=int, default=4096, help="skip larger rows")
-    parser.add_argument("--host", action="store_true",
-                        help="model the launching CPU thread ([sim] host = true, the recipe's "
-                             "cuda_graph_scope)")
+    hosts = parser.add_mutually_exclusive_group()
+    hosts.add_argument("--host", action="store_true",
+                       help="model the launching CPU thread on every row ([sim] host = true, "
+                            "the recipe's cuda_graph_scope)")
+    hosts.add_argument("--no-host", action="store_true",
+                       help="model it on no row (default: the rows whose runs pay it, "
+                            "MoeRow.host)")
     parser.add_argument("--causal-flops", action="store_true",
                         help="FLOP/s and MFU from Megatron-LM's later count, attention's s/h "
                              "halved for the causal mask (the Folding rows; a reading, not "

@@ -40,7 +40,11 @@ class MoeRow:
     note: str = field(default="")
     graphs: str = ""
     """The recipe's --cuda-graph-scope (space-separated; "" none): `[sim] cuda_graph_scope`
-    when the benchmark models the host (`--host`)."""
+    when the benchmark models the host (`--host`, or `host`)."""
+    host: bool = False
+    """The run launches its kernels from an eager Python loop (at most partial CUDA graphs,
+    `graphs`): the benchmark models its host by default (`bench_moe_recipes.py --no-host`
+    turns that off)."""
 
     @property
     def gpus(self) -> int:

@@ -92,7 +92,8 @@ def bridge(release: str, system: str, model: str, precision: str, gpus: int, gbs
     hardware = ({"preset": "dgx-b300", "nodes": gpus // 8} if system == "B300"
                 else cluster(system, gpus))
     return MoeRow("bridge", name, PAGES[release], shape, par, hardware, tokens, "tokens/s",
-                  needs, graphs=GRAPHS.get((model, system, precision), ""))
+                  needs, graphs=GRAPHS.get((model, system, precision), ""),
+                  host=(model, system, precision) not in FULL_ITERATION)
 
 
 TE_GEMM_STREAMS = 4
@@ -107,6 +108,16 @@ CUTEDSL_MLP = {("DeepSeek-V3", "GB300", "FP8-MX"), ("DeepSeek-V3", "GB200", "FP8
                ("DeepSeek-V3", "B300", "FP8-MX")}
 """Recipes whose experts run cutedsl_fused_grouped_mlp (`RECOMPUTE`'s note), not TE's
 per-expert GEMMs: left at parasim's one grouped kernel."""
+
+
+FULL_ITERATION = {("DeepSeek-V3", "GB300", "FP8-MX"), ("DeepSeek-V3", "GB200", "FP8-MX"),
+                  ("DeepSeek-V3", "B300", "FP8-MX")}
+"""Recipes that capture the whole step in one CUDA graph (cuda_graph_impl "full_iteration":
+scripts/performance/configs/deepseek/deepseek_workload_base_configs.py @0426418, `RECOMPUTE`'s
+note): no per-op launch parasim's host model could charge, so their rows run without it (the
+closer reading: a replayed graph launches nothing op by op). Every other Bridge MoE recipe
+launches from Megatron's eager loop, graphs at most the `GRAPHS` scopes, and pays its host:
+`MoeRow.host`."""
 
 
 GRAPHS = {

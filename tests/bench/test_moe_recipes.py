@@ -12,6 +12,7 @@ from moe_rows_bridge import (
     BRIDGE_ROWS,
     CUTEDSL_MLP,
     DEEPSEEK_ROWS,
+    FULL_ITERATION,
     H800_TOKENS_PER_S,
     TE_GEMM_STREAMS,
 )
@@ -168,3 +169,20 @@ def test_table_5s_causal_reading_scales_mfu_by_the_two_counts_ratio(row):
     assert megatron_num_flops(model, 1, causal=True) / megatron_num_flops(model, 1) == \
         pytest.approx(ratio, rel=1e-12)
     assert round(ratio, 3) == {16384: 0.888, 32768: 0.817, 65536: 0.732, 131072: 0.651}[s]
+
+
+def test_the_bridge_rows_pay_their_host_but_the_full_iteration_graph_recipes():
+    """Every Megatron-Bridge MoE run launches from Megatron's eager loop (CUDA graphs at most
+    over the recipe's scopes) and is simulated with its host by default, but the three
+    DeepSeek-V3 FP8-MX recipes that graph the whole step; the Folding and DeepSeek rows are
+    not (no stated launch setup), and a host row's config carries the recipe's scopes."""
+    for row in BRIDGE_ROWS:
+        full = row.name.split(",")[0].split(" ", 1)[1] in {
+            f"{m} {s} {p}" for m, s, p in FULL_ITERATION}
+        assert row.host is not full, row.name
+        if row.host:
+            sim = row.config(True)["sim"]
+            assert sim["host"] is True
+            assert sim.get("cuda_graph_scope", "") == row.graphs
+    assert not any(r.host for rows in FOLDING_ROWS.values() for r in rows)
+    assert not any(r.host for r in DEEPSEEK_ROWS)
