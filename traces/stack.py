@@ -1,6 +1,6 @@
 """The software stack as an input: `[model] kernels = "fused" | "compiled" | "eager"`, the
 device kernels each stack launches for a transformer block's memory-bound kernels, with the
-HBM bytes of each; the GEMMs and their FLOPs are the same in every stack.
+HBM bytes of each.
 
 fused     Megatron-Core with Transformer Engine (`traces.kernels`): one fused kernel per plan
           kernel and phase (RMSNorm/LayerNorm, fused RoPE, flash attention on grouped K/V,
@@ -18,6 +18,12 @@ compiled  torch.compile (inductor, torchtitan compiles each block): each chain o
           eager); sdpa stays an external kernel fed by eager's grouped-query copies, and the
           final norm, outside the blocks torchtitan compiles (apply_compile wraps each
           TransformerBlock), runs eager.
+
+The GEMMs and their FLOPs are the same in every stack, but the DTensor stacks (eager, compiled:
+torchtitan's Llama) run qkv as separate wq, wk, wv GEMMs and SwiGLU's fc1 as w1, w3
+(`gemm_splits`), each re-reading the shared input, with their input gradients summed in
+backward (`input_grad_sum`); the compute model costs each part by its own shape
+(`sim.models.compute`).
 
 Each plan op keeps its kernel (`traces.purpose.Kernel`) in every stack: the executor runs the
 same ops, and a restacked kernel states its launches (`KernelWork.launches`), which the compute

@@ -29,6 +29,15 @@ phase) is one GEMM of its own shape: a fraction of the tokens of one product, on
 communication leaves it (`GemmChunk.comm_sms`: Transformer Engine's set_sm_margin, `math_units`).
 An activation offload copy (`HostCopy`) takes its bytes over the host link (`host_Bps`).
 
+A plan GEMM the software stack runs as several GEMMs on one input (`splits`,
+`traces.stack.gemm_splits`: torchtitan's separate wq, wk, wv and w1, w3 under the eager and
+compiled stacks) costs the sum of its parts, each with its share of N, FLOPs and bytes plus
+the input it reads again (and, in backward, the input gradient it writes and the input its
+weight gradient reads again: `GemmSplit.extra_bytes`), each by its own tiles and roofline: at
+TP 8 Llama 3 70B's wk and wv are 128 columns wide, memory-bound where the fused qkv is not.
+AsyncTP's chunks of such a GEMM split likewise (fused_all_gather_matmul runs one mm per
+weight on each gathered chunk).
+
 The local experts' grouped GEMM (`expert_fc1`, `expert_fc2`: op.gemm = (E, M, N, K)) is one
 kernel over all E experts' tiles by default. Under Transformer Engine (`model.moe_gemm_streams`
 = S > 0) it is E cuBLAS GEMMs (Megatron-Core's --moe-grouped-gemm: "launch multiple local GEMM
