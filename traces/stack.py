@@ -117,8 +117,10 @@ def gemm_splits(model: ModelSpec) -> dict[str, GemmSplit]:
     micro_pipeline_tp pass groups them only around an all-gather, `fuse_all_gather_matmul`:
     `C_0 = A @ B_0, C_1 = A @ B_1, ...` into one fused_all_gather_matmul(A_shard, [B_0, B_1,
     ...]), which still runs one mm per B on each gathered chunk; pytorch/pytorch
-    torch/_inductor/fx_passes/micro_pipeline_tp.py @5f65158 and
-    torch/distributed/_symmetric_memory/__init__.py). Megatron-Core (the fused stack) fuses
+    torch/_inductor/fx_passes/micro_pipeline_tp.py @00122fb, and
+    torch/distributed/_symmetric_memory/__init__.py @006b161, _fused_all_gather_matmul_impl:
+    each shard consumer loops `for B in Bs: mm_out_op(shard, B, ...)`; neither is the tables'
+    exact torch 1963fc8, which the corpus does not hold). Megatron-Core (the fused stack) fuses
     them into linear_qkv and linear_fc1: none. Latent attention keeps its own kernels."""
     if model.kernels == "fused" or model.mla:
         return {}
