@@ -58,7 +58,7 @@ from traces.header import TraceMeta, check_fold_ranks
 from traces.io import load as load_parasim
 from traces.kineto import dropped, load_kineto
 from traces.ops import Op, OpKind, Trace
-from traces.stack import launch_counts
+from traces.stack import gemm_splits, launch_counts
 
 SNIFF_BYTES = 65536
 _SCHEMA_KEY = re.compile(rb'"schema"\s*:')
@@ -302,7 +302,8 @@ def replay_trace(loaded: LoadedTrace, cluster: Cluster, profile: Profile | None 
     model = trace.meta.model
     stack = launch_counts(model) if model is not None else None
     rate = fp8_gemm_rate(model) if model is not None else 1.0
-    compute = ComputeModel(cluster.accelerator, profile, stack, fp8_rate=rate)
+    compute = ComputeModel(cluster.accelerator, profile, stack, fp8_rate=rate,
+                           splits=gemm_splits(model) if model is not None else None)
     times = replay(plan, cluster, compute,
                    interference=interference_for(cluster, profile, compute), network=network,
                    algo=algo, progress=progress, gaps=gaps,

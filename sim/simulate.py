@@ -34,6 +34,7 @@ from traces.moe_overlap import comm_sms
 from traces.ops import Trace
 from traces.pipeline import layout_schedule
 from traces.plan import build
+from traces.stack import gemm_splits
 
 GiB = 2**30
 
@@ -71,7 +72,7 @@ def predict(exp: Experiment, *, fold: bool = True, progress: Progress | None = N
     compute = ComputeModel(exp.cluster.accelerator, exp.profile,
                            device_launches(exp.model, exp.layout),
                            cluster_host_Bps(exp.cluster), fp8_gemm_rate(exp.model),
-                           exp.model.moe_gemm_streams)
+                           exp.model.moe_gemm_streams, gemm_splits(exp.model))
     durations = reserved_sms(plan, compute, comm_sms(exp.layout))
     interference = spared(interference_for(exp.cluster, exp.profile, compute), durations)
     hosts = host_programs(plan, exp.host, exp.model, exp.layout, compute)

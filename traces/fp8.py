@@ -65,10 +65,15 @@ gradient and input gradient backward (TE's FP8 meta tensors)."""
 
 
 def recipe(model: ModelSpec) -> Fp8Recipe:
-    """The model's FP8 recipe (delayed where none is named), or its FP4 one (NVFP4)."""
+    """The model's FP8 recipe (delayed where none is named), or its FP4 one (NVFP4); tensorwise
+    under the eager and compiled stacks is torchao's, which casts the weights at each forward
+    (`Fp8Recipe.weight_per_forward`)."""
     if model.fp4:
         return RECIPES[model.fp4_recipe]
-    return RECIPES[model.fp8_recipe or "delayed"]
+    rec = RECIPES[model.fp8_recipe or "delayed"]
+    if rec.name == "tensorwise" and model.kernels != "fused":  # torchao's Float8Linear
+        return dataclasses.replace(rec, weight_per_forward=True)
+    return rec
 
 
 def fp8_gemm_rate(model: ModelSpec) -> float:

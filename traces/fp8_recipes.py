@@ -242,6 +242,16 @@ class Fp8Recipe:
     sp_gather: bool = False
     """With SP at tp > 1, TE quantizes the sequence shard and all-gathers the quantized copy
     (`gathered_input_casts`; `traces.plan.tensor`'s quantized gathers)."""
+    weight_per_forward: bool = False
+    """torchao's tensorwise Float8Linear (`traces.fp8.recipe` under the eager and compiled
+    stacks): each forward computes the weight's scale from its amax and casts it
+    (Float8Linear.forward: get_weight_scale -> tensor_to_scale, then cast_weight_to_float8_t
+    -> hp_tensor_and_scale_to_float8; pytorch/ao torchao/float8/float8_linear.py @024fe94),
+    so a recomputed forward casts again; backward reuses the saved FP8 weight
+    (manual_float8_matmul_with_args_in_float8 saves weight_fp8_t). Skipped only where FSDP's
+    float8 all-gather hands it a Float8Tensor (enable_fsdp_float8_all_gather, off by default:
+    torchtitan's --float8.enable_fsdp_float8_all_gather is a store_true flag, and its
+    performance tables do not name it). No cast once a step (`weight_cast_per_element`)."""
 
     @property
     def q_act(self) -> float:
@@ -271,7 +281,7 @@ class Fp8Recipe:
     def weight_cast_per_element(self, non_tn: bool = False) -> float:
         """Bytes per weight element of the step's weight cast (0: cast at every use);
         `non_tn`: the GEMMs take non-TN layouts (`copies`)."""
-        if self.per_use:
+        if self.per_use or self.weight_per_forward:
             return 0.0
         return BF16 * (2 if self.amax_pass else 1) + self.copies(non_tn) * self.q_weight
 
@@ -307,7 +317,17 @@ def input_casts(recipe: Fp8Recipe, a: float, w: float, fused: bool,
     if recipe.rht:
         return _rht_casts(K.FP8_CAST, q, a, _fwd)
     cast = _fwd(K.FP8_CAST, (BF16 + recipe.copies(non_tn) * q) * a)
-    return [_fwd(K.FP8_AMAX, BF16 * a), cast] if recipe.amax_pass else [cast]
+    return ([_fwd(K.FP8_AMAX, BF16 * a), cast] if recipe.amax_pass else [cast]) + \
+        weight_casts(recipe, w)
+
+
+def weight_casts(recipe: Fp8Recipe, w: float) -> list[KernelWork]:
+    """torchao tensorwise's weight cast at each forward (`Fp8Recipe.weight_per_forward`): the
+    amax pass over the bf16 weight (read 2w), then the cast (read 2w, write the row-wise FP8
+    copy, q_w·w; its transpose is a view); none for other recipes."""
+    if not recipe.weight_per_forward:
+        return []
+    return [_fwd(K.FP8_AMAX, BF16 * w), _fwd(K.FP8_CAST, (BF16 + recipe.q_weight) * w)]
 
 
 def gathered_input_casts(recipe: Fp8Recipe, a: float, w: float, fused: bool, shard: int,
@@ -331,7 +351,8 @@ def gathered_input_casts(recipe: Fp8Recipe, a: float, w: float, fused: bool, sha
     if fused and recipe.norm_copies:
         return [], transpose
     cast = _fwd(K.FP8_CAST, (BF16 + recipe.q_act) * local)
-    return ([_fwd(K.FP8_AMAX, BF16 * local), cast] if recipe.amax_pass else [cast]), transpose
+    casts = [_fwd(K.FP8_AMAX, BF16 * local), cast] if recipe.amax_pass else [cast]
+    return casts + weight_casts(recipe, w), transpose
 
 
 def backward_casts(recipe: Fp8Recipe, a: float, w: float, c: float,

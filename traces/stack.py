@@ -1,6 +1,6 @@
 """The software stack as an input: `[model] kernels = "fused" | "compiled" | "eager"`, the
 device kernels each stack launches for a transformer block's memory-bound kernels, with the
-HBM bytes of each; the GEMMs and their FLOPs are the same in every stack.
+HBM bytes of each.
 
 fused     Megatron-Core with Transformer Engine (`traces.kernels`): one fused kernel per plan
           kernel and phase (RMSNorm/LayerNorm, fused RoPE, flash attention on grouped K/V,
@@ -19,6 +19,12 @@ compiled  torch.compile (inductor, torchtitan compiles each block): each chain o
           final norm, outside the blocks torchtitan compiles (apply_compile wraps each
           TransformerBlock), runs eager.
 
+The GEMMs and their FLOPs are the same in every stack, but the DTensor stacks (eager, compiled:
+torchtitan's Llama) run qkv as separate wq, wk, wv GEMMs and SwiGLU's fc1 as w1, w3
+(`gemm_splits`), each re-reading the shared input, with their input gradients summed in
+backward (`input_grad_sum`); the compute model costs each part by its own shape
+(`sim.models.compute`).
+
 Each plan op keeps its kernel (`traces.purpose.Kernel`) in every stack: the executor runs the
 same ops, and a restacked kernel states its launches (`KernelWork.launches`), which the compute
 model charges one launch overhead each (`launch_counts`, `sim.models.compute`). A kernel a
@@ -28,8 +34,10 @@ stack does not change (a GEMM, latent attention's, MoE's, FP8's) keeps the fused
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 
 from traces import stack_eager as eager
+from traces.fp8 import recipe as fp8_recipe
 from traces.kernel_work import KernelWork
 from traces.kernels import head_kernels, layer_kernels
 from traces.model import ModelSpec
@@ -39,6 +47,10 @@ from traces.purpose import Kernel
 K = Kernel
 NORMS = {K.LN1: True, K.LN2: True, K.FINAL_LN: False}
 """The norms, and whether their input is also the residual."""
+SUMMED = {K.LN1: K.QKV, K.LN2: K.FC1}
+"""The norm whose output gradient is the sum of a split GEMM's input gradients
+(`input_grad_sum`): in the norm's backward unless SP's reduce-scatter's shard copy sums them
+first (`traces.plan.tensor`)."""
 
 
 def restack(model: ModelSpec, works: list[KernelWork], b: int, t: int, sp: bool
@@ -46,9 +58,14 @@ def restack(model: ModelSpec, works: list[KernelWork], b: int, t: int, sp: bool
     """`works` (one micro-batch's kernels on one TP rank) as the model's stack runs them."""
     if model.kernels == "fused":
         return works
+    names = {work.name for work in works}
     out = []
     for work in works:
         lists = stack_lists(model, work, b, t, sp)
+        fed = SUMMED.get(work.name)
+        if lists is not None and fed in names and not (sp and t > 1):
+            n_bytes = b * model.seq_len * model.hidden * model.dtype_bytes  # never sharded
+            lists = lists[0], (*input_grad_sum(model, fed, n_bytes)[1], *lists[1])
         out.append(work if lists is None else _with(work, lists))
     return out
 
@@ -62,6 +79,72 @@ def stack_lists(model: ModelSpec, work: KernelWork, b: int, t: int, sp: bool
     if model.kernels == "compiled":
         return _compiled(model, work, b, t, sp)
     return None
+
+
+@dataclass(frozen=True, slots=True)
+class GemmSplit:
+    """A plan GEMM that a DTensor stack runs as several GEMMs on one input (`gemm_splits`):
+    each reads the whole input A again, and in backward writes an input gradient of A's size
+    and reads A again for its weight gradient; the compute model costs each part as its own
+    GEMM, by its shape and bytes (`sim.models.compute.ComputeModel.kernel_time`)."""
+
+    widths: tuple[int, ...]
+    """The parts' output widths before TP (wq, wk, wv: a·d, g·d, g·d; w1, w3: f, f): each
+    part's share of the plan GEMM's N."""
+    input_bytes: float
+    """Bytes per element of A as each part's forward and weight-gradient GEMM read it (FP8's
+    q_a for a quantized model, else the model's dtype)."""
+    grad_bytes: float
+    """Bytes per element of the input gradient each part's dgrad writes (the model's dtype)."""
+
+    def extra_bytes(self, share: float, a_elements: float, backward: bool | str) -> float:
+        """HBM bytes a part with `share` of N moves beyond its share of the plan GEMM's:
+        the rest (1 - share) of A's elements read again forward, and in backward written
+        (dgrad) and read again (wgrad). Summed over the parts: (parts - 1) x A."""
+        per = self.input_bytes if backward is False else \
+            self.grad_bytes if backward == "dgrad" else \
+            self.input_bytes if backward == "wgrad" else self.grad_bytes + self.input_bytes
+        return (1.0 - share) * a_elements * per
+
+
+def gemm_splits(model: ModelSpec) -> dict[str, GemmSplit]:
+    """The plan GEMMs a DTensor stack (`kernels` "eager" or "compiled", torchtitan) runs as
+    separate GEMMs: torchtitan's Llama has separate wq, wk, wv and w1, w3 nn.Linear modules,
+    `xq, xk, xv = self.wq(x), self.wk(x), self.wv(x)` and `self.w2(F.silu(self.w1(x)) *
+    self.w3(x))` (pytorch/torchtitan torchtitan/models/llama/model.py @0199cbc), each its own
+    ColwiseParallel linear under TP (infra/parallelize.py @018740b, apply_tp), so each its own
+    GEMM: torch.compile does not merge matmuls that share an input (Inductor's
+    micro_pipeline_tp pass groups them only around an all-gather, `fuse_all_gather_matmul`:
+    `C_0 = A @ B_0, C_1 = A @ B_1, ...` into one fused_all_gather_matmul(A_shard, [B_0, B_1,
+    ...]), which still runs one mm per B on each gathered chunk; pytorch/pytorch
+    torch/_inductor/fx_passes/micro_pipeline_tp.py @00122fb, and
+    torch/distributed/_symmetric_memory/__init__.py @006b161, _fused_all_gather_matmul_impl:
+    each shard consumer loops `for B in Bs: mm_out_op(shard, B, ...)`; neither is the tables'
+    exact torch 1963fc8, which the corpus does not hold). Megatron-Core (the fused stack) fuses
+    them into linear_qkv and linear_fc1: none. Latent attention keeps its own kernels."""
+    if model.kernels == "fused" or model.mla:
+        return {}
+    e = model.dtype_bytes
+    a = fp8_recipe(model).q_act if model.fp8 else e
+    out = {str(K.QKV): GemmSplit((model.q_width, model.kv_width, model.kv_width), a, e)}
+    if model.ffn == "swiglu":
+        out[str(K.FC1)] = GemmSplit((model.ffn_hidden, model.ffn_hidden), a, e)
+    return out
+
+
+def input_grad_sum(model: ModelSpec, kernel: Kernel, n_bytes: float) -> eager.Lists:
+    """The launches that sum a split GEMM's (`gemm_splits`) p input gradients of `n_bytes`
+    each into one, in backward: autograd's engine adds each further gradient of a tensor used
+    by several ops to the buffered one (InputBuffer::accumulate: one add, read 2, write 1,
+    p - 1 times) in eager PyTorch; under torch.compile the adds are pointwise nodes Inductor
+    fuses into the kernel that next reads the sum (DTensor's chunk + cat before the SP
+    reduce-scatter, `traces.plan.tensor`; the norm's backward without SP): that kernel reads
+    p - 1 gradients more, no launch of its own (op ""). None where the GEMM is not split."""
+    split = gemm_splits(model).get(str(kernel))
+    extra = len(split.widths) - 1 if split else 0
+    if model.kernels == "compiled":
+        return (), (("", extra * n_bytes),) if extra else ()
+    return (), tuple(("add", 3 * n_bytes) for _ in range(extra))
 
 
 def regathers(model: ModelSpec) -> bool:

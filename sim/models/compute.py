@@ -29,6 +29,15 @@ phase) is one GEMM of its own shape: a fraction of the tokens of one product, on
 communication leaves it (`GemmChunk.comm_sms`: Transformer Engine's set_sm_margin, `math_units`).
 An activation offload copy (`HostCopy`) takes its bytes over the host link (`host_Bps`).
 
+A plan GEMM the software stack runs as several GEMMs on one input (`splits`,
+`traces.stack.gemm_splits`: torchtitan's separate wq, wk, wv and w1, w3 under the eager and
+compiled stacks) costs the sum of its parts, each with its share of N, FLOPs and bytes plus
+the input it reads again (and, in backward, the input gradient it writes and the input its
+weight gradient reads again: `GemmSplit.extra_bytes`), each by its own tiles and roofline: at
+TP 8 Llama 3 70B's wk and wv are 128 columns wide, memory-bound where the fused qkv is not.
+AsyncTP's chunks of such a GEMM split likewise (fused_all_gather_matmul runs one mm per
+weight on each gathered chunk).
+
 The local experts' grouped GEMM (`expert_fc1`, `expert_fc2`: op.gemm = (E, M, N, K)) is one
 kernel over all E experts' tiles by default. Under Transformer Engine (`model.moe_gemm_streams`
 = S > 0) it is E cuBLAS GEMMs (Megatron-Core's --moe-grouped-gemm: "launch multiple local GEMM
@@ -56,6 +65,7 @@ from traces.errors import ConfigError
 from traces.kernel_names import Kernel
 from traces.ops import Op, Phase
 from traces.purpose import GemmChunk, HostCopy, KernelRun
+from traces.stack import GemmSplit
 
 PHILOX_INT_OPS_PER_DRAW = 20.0
 """32-bit integer instructions per random draw of PyTorch's, Megatron-LM's and
@@ -91,8 +101,13 @@ class ComputeModel:
 
     def __init__(self, accelerator: Accelerator, profile: Profile,
                  launches: Mapping[tuple[str, bool], int] | None = None,
-                 host_Bps: float = 0.0, fp8_rate: float = 1.0, expert_streams: int = 0) -> None:
+                 host_Bps: float = 0.0, fp8_rate: float = 1.0, expert_streams: int = 0,
+                 splits: Mapping[str, GemmSplit] | None = None) -> None:
         self.accelerator = accelerator
+        self.splits = splits or {}
+        """Per kernel, the GEMMs a software stack runs one plan GEMM as
+        (`traces.stack.gemm_splits`: torchtitan's wq, wk, wv and w1, w3); each part costed
+        as its own GEMM (`kernel_time`)."""
         self.expert_streams = expert_streams
         """`model.moe_gemm_streams`: 0, the grouped expert GEMM one kernel; S, one GEMM per
         expert on S streams (module docstring)."""
@@ -196,7 +211,32 @@ class ComputeModel:
         """Seconds of one op of kernel `name` (see the module docstring); `fp8`: a GEMM on FP8
         operands, against the FP8 roof (at the same efficiency), "fp4" on NVFP4 ones against
         the FP4 roof; `units` and `hbm_fraction`:
-        on part of the accelerator (`shared_duration`); `draws`: random numbers drawn."""
+        on part of the accelerator (`shared_duration`); `draws`: random numbers drawn.
+        A GEMM the stack splits (`splits`) is the sum of its parts, each with its share of N
+        and of the bytes, plus the input each reads again (`GemmSplit.extra_bytes`)."""
+        split = self.splits.get(name) if gemm else None
+        if split is None:
+            return self._one_kernel_time(name, flops, mem_bytes, gemm, backward=backward,
+                                         fp8=fp8, units=units, hbm_fraction=hbm_fraction,
+                                         draws=draws)
+        batch, m, n, k = gemm
+        total = sum(split.widths)
+        seconds = 0.0
+        for width in split.widths:
+            share = width / total
+            part = (batch, m, max(1, round(n * share)), k)
+            seconds += self._one_kernel_time(
+                name, flops * share,
+                mem_bytes * share + split.extra_bytes(share, batch * m * k, backward), part,
+                backward=backward, fp8=fp8, units=units, hbm_fraction=hbm_fraction,
+                draws=draws * share)
+        return seconds
+
+    def _one_kernel_time(self, name: str, flops: float, mem_bytes: float,
+                         gemm: tuple[int, ...] = (), *, backward: bool | str = False,
+                         fp8: bool | str = False, units: int | None = None,
+                         hbm_fraction: float = 1.0, draws: float = 0.0) -> float:
+        """`kernel_time` of one kernel."""
         params, override = self.profile.compute, self.profile.kernel(name)
         acc = self.accelerator
         peak = self.peak(fp8)

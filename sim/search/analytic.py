@@ -64,7 +64,7 @@ from traces.pipeline import (
 from traces.plan.optimizer import grad_stats_group
 from traces.plan.overlap import in_region, region_seconds, ring_exchange
 from traces.purpose import Kernel, KernelRun
-from traces.stack import launch_counts
+from traces.stack import gemm_splits, launch_counts
 from traces.zero_bubble import zb1p
 
 
@@ -93,7 +93,8 @@ class Analytic:
         self.model, self.cluster = resolve_non_tn(model, cluster.accelerator), cluster
         self.compute = ComputeModel(cluster.accelerator, profile, launch_counts(model),
                                     fp8_rate=fp8_gemm_rate(model),
-                                    expert_streams=model.moe_gemm_streams)
+                                    expert_streams=model.moe_gemm_streams,
+                                    splits=gemm_splits(model))
         self.interference = interference_for(cluster, profile, self.compute)
         self.variability = cluster.variability
         self.collectives = Collectives(cluster)

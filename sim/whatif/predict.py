@@ -44,7 +44,7 @@ from traces.fp8 import fp8_gemm_rate
 from traces.ops import Op, OpKind, Trace
 from traces.plan import build
 from traces.purpose import HostCopy
-from traces.stack import launch_counts
+from traces.stack import gemm_splits, launch_counts
 
 
 @dataclass(frozen=True, slots=True)
@@ -275,7 +275,7 @@ def _replay(exp: Experiment, cluster: Cluster, plan: Trace, gaps: Mapping[int, l
     compute = ComputeModel(cluster.accelerator, exp.profile,
                            device_launches(exp.model, exp.layout),
                            cluster_host_Bps(cluster), fp8_gemm_rate(exp.model),
-                           exp.model.moe_gemm_streams)
+                           exp.model.moe_gemm_streams, gemm_splits(exp.model))
     return replay(plan, cluster, compute,
                   interference=interference_for(cluster, exp.profile, compute),
                   network=exp.network, algo=exp.algo, gaps=gaps)

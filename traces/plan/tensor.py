@@ -76,8 +76,10 @@ reduce-scatter patterns it replaces (NonZeroDimAllGather, NonZeroDimReduceScatte
 torch/_inductor/fx_passes/micro_pipeline_tp.py @00122fb), so AsyncTP's overlapped regions
 have none, and every inline SP collective of a DTensor stack has one (`Kernel.TP_SHARD_COPY`,
 on the compute stream). qkv's and fc1's backward reduce-scatter sums the separate wq/wk/wv
-(w1/w3) input gradients first; the plan fuses those projections into one GEMM, so the copy's
-read and write stand for the kernel that sums them into the cat's layout. Megatron-Core and
+(w1/w3) input gradients first (`traces.stack.gemm_splits`, `input_grad_sum`): under
+torch.compile the adds fuse into the copy, which then reads p gradients (p + 1 buffers in
+all); in eager PyTorch autograd's p - 1 adds (3 buffers each) run before it, their bytes
+costed on the copy (their launches on the norm's backward, `traces.stack`). Megatron-Core and
 Transformer Engine keep activations [s, b, h]: their collectives run on dim 0, no copy.
 """
 
@@ -95,7 +97,7 @@ from traces.plan.fp8 import TP_AMAX_GEMMS
 from traces.plan.nodes import Node, Program, RankContext
 from traces.plan.overlap import OVERLAPPED, Template, overlap_region, overlap_template
 from traces.purpose import CrossEntropyStat, Kernel, KernelRun, Purpose, Stat, TpSite
-from traces.stack import regathers
+from traces.stack import input_grad_sum, regathers
 from traces.zero_bubble import WEIGHT_ONLY
 
 K = Kernel
@@ -182,7 +184,8 @@ def add_tensor_parallel(ctx: RankContext, program: Program) -> Program:
             layout.sp, model.q_lora_rank == 0 if model.mla and layout.sp else None,
             fp8_gather, regather).items()}
     if layout.sp and not regather:  # DTensor's Shard(1): a copy at each inline gather/scatter
-        where = {key: _with_shard_copies(placed) for key, placed in where.items()}
+        where = {key: _with_shard_copies(placed, _summed(model, key, sizes["tp"]))
+                 for key, placed in where.items()}
     asynctp = model.kernels == "compiled"  # torch.compile's AsyncTP (`traces.plan.overlap`)
     where.update({key: (None, sites) for key, sites in
                   _overlapped(layout.sp, layout.tp_comm_overlap, asynctp, regather).items()})
@@ -201,15 +204,24 @@ def add_tensor_parallel(ctx: RankContext, program: Program) -> Program:
     return out
 
 
-def _with_shard_copies(placed: tuple[Any, Any]) -> tuple[Any, Any]:
+def _summed(model: Any, key: tuple[Kernel, Phase | None], size: float) -> float:
+    """Bytes of summing a split GEMM's input gradients (`traces.stack.input_grad_sum`) that
+    the shard copy before `key`'s reduce-scatter moves: qkv's and fc1's backward."""
+    if key[1] is not Phase.BWD:
+        return 0.0
+    return float(sum(x for _, x in input_grad_sum(model, key[0], size)[1]))
+
+
+def _with_shard_copies(placed: tuple[Any, Any], summed: float = 0.0) -> tuple[Any, Any]:
     """The inline collectives before and after a kernel with DTensor's chunk + cat (module
     docstring, shard copies): a copy after each all-gather and before each reduce-scatter,
-    reading and writing the collective's buffer."""
-    return tuple(tuple(row for collective in rows for row in _shard_copy(collective))
+    reading and writing the collective's buffer; before a reduce-scatter also `summed`
+    bytes, the sum of a split GEMM's input gradients that feeds it (`_summed`)."""
+    return tuple(tuple(row for collective in rows for row in _shard_copy(collective, summed))
                  for rows in placed)  # type: ignore[return-value]
 
 
-def _shard_copy(collective: OpRow) -> tuple[OpRow, ...]:
+def _shard_copy(collective: OpRow, summed: float = 0.0) -> tuple[OpRow, ...]:
     """`collective` with its shard copy (`_with_shard_copies`), or alone (an all-reduce)."""
     fields = dict(zip(_ROW_FIELDS, collective))
     kind = fields["kind"]
@@ -218,7 +230,8 @@ def _shard_copy(collective: OpRow) -> tuple[OpRow, ...]:
     size = fields["size_bytes"]
     assert isinstance(size, int | float)
     copy = op_row(kind=OpKind.COMPUTE, stream=Stream.COMPUTE, name=str(K.TP_SHARD_COPY),
-                  purpose=KernelRun(K.TP_SHARD_COPY), mem_bytes=2 * size,
+                  purpose=KernelRun(K.TP_SHARD_COPY),
+                  mem_bytes=2 * size + (summed if kind is _RS else 0.0),
                   dtype=fields["dtype"])
     return (collective, copy) if kind is _AG else (copy, collective)
 
