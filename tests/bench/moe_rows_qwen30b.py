@@ -30,7 +30,12 @@
      delayed wgrad and FP8 attention are not modelled.
    - H100 BF16: TP 1, PP 1, EP 16, GBS 1024, MBS 1, HybridEP (32 SMs), router fusion,
      grad_reduce_in_fp32 False, no recomputation, CUDA graphs "transformer_engine" with scopes
-     moe_router and moe_preprocess (the host pays the rest), overlap_moe_expert_parallel_comm.
+     moe_router and moe_preprocess (the host pays the rest), overlap_moe_expert_parallel_comm;
+     its moe_hybridep_num_sms = 32 is `parallel.comm_sms` (the SMs HybridEP's kernels hold
+     beside the overlapped compute: `traces.moe_overlap.comm_sms`). The GB300 recipe sets none
+     (`_enable_hybridep_full_iteration_mxfp8` sets moe_hybridep_num_sms_preprocessing only; the
+     base recipe qwen3_30b_a3b_pretrain_8gpu_h100_bf16_config sets 16, Megatron-Core's
+     default): parasim's default 16.
    Not entered: "Benchmark · GB200" (8 GB200, FP8 MX, full-iteration graphs, 6,501.120 ms,
    40,322.898 tokens/s/GPU): its recipe (qwen3_30b_a3b_pretrain_8gpu_gb200_fp8mx_config) is not
    in the corpus, so its micro-batch is not stated.
@@ -69,12 +74,13 @@ PAI = "alibaba/Pai-Megatron-Patch issue #643 (2025-08-08)"
 
 
 def card(system: str, precision: str, gpus: int, gbs: int, mbs: int, ep: int, tokens: float,
-         label: str, graphs: str, host: bool) -> MoeRow:
+         label: str, graphs: str, host: bool, sms: int = 0) -> MoeRow:
     """One model-card row on TP 1, PP 1 (the card's recipes), `graphs` the recipe's TE CUDA
-    graph scopes and `host` whether its kernels launch from the eager loop (no
-    full-iteration graph)."""
+    graph scopes, `host` whether its kernels launch from the eager loop (no full-iteration
+    graph) and `sms` the recipe's moe_hybridep_num_sms where it sets one (`parallel.comm_sms`;
+    else Megatron-Core's default, `traces.moe_overlap.DISPATCHER_SMS`)."""
     row = bridge("26.02", system, Q30, precision, gpus, gbs, mbs, (1, 1, 1, ep), tokens,
-                 HYBRIDEP + OVERLAP)
+                 HYBRIDEP + OVERLAP, parallel={"comm_sms": sms} if sms else {})
     return dataclasses.replace(row, table="bridge-card", source=CARD, graphs=graphs, host=host,
                                name=f"card {Q30} {system} {precision} {label}, {gpus} GPUs")
 
@@ -87,7 +93,7 @@ CARD_ROWS: list[MoeRow] = [
     *[card("GB300", "FP8-MX", gpus, 64 * gpus, 8, 8, tokens, "weak scaling", "", False)
       for gpus, tokens in WEAK_SCALING.items()],
     card("H100", "BF16", 16, 1024, 1, 16, 13011.378, "benchmark", "moe_router moe_preprocess",
-         True),
+         True, sms=32),
 ]
 
 
