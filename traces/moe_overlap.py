@@ -38,10 +38,10 @@ SMs, Megatron-Core's moe_deepep_num_sms, 20 by default; HybridEP's dispatch and 
 deep_ep/hybrid_ep_buffer.py, "Device-SM occupancy setting": `config.num_of_blocks_dispatch_api
 = self.num_sms_dispatch_api`, asserted at most the device's SM count), which Megatron-Core sets
 from moe_hybridep_num_sms, "Number of SMs to use for HybridEP", 16 by default
-(NVIDIA/Megatron-LM megatron/core/transformer/transformer_config.py: moe_deepep_num_sms = 20,
-moe_hybridep_num_sms = 16). NCCL's all-to-all (dispatch "nccl") holds none of its own: its
-SMs are the interference model's (`sim.models.sharing`). A recipe that sets its dispatcher's
-SMs states `parallel.comm_sms`.
+(NVIDIA/Megatron-LM megatron/core/transformer/transformer_config.py @002526d:
+moe_deepep_num_sms = 20, moe_hybridep_num_sms = 16). NCCL's all-to-all (dispatch "nccl")
+holds none of its own: its SMs are the interference model's (`sim.models.sharing`). A recipe
+that sets its dispatcher's SMs states `parallel.comm_sms`.
 
 Under `schedule = "dualpipev"` the pairs are DualPipe's own (DeepSeek-V3 technical report,
 arXiv 2412.19437, section 3.2.1 and Fig. 4: a forward chunk and a backward chunk of another
