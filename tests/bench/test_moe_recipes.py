@@ -17,7 +17,13 @@ from moe_rows_bridge import (
     TE_GEMM_STREAMS,
 )
 from moe_rows_folding import FOLDING_ROWS, H100_PEAK, MAPPINGS, TABLE3_MFU
-from moe_rows_qwen30b import CARD_ROWS, PAI_ROWS, WEAK_SCALING
+from moe_rows_qwen30b import (
+    CARD_ROWS,
+    ISSUE_ROWS,
+    PAI_ROWS,
+    QWEN3_30B_CAUSAL_FLOPS,
+    WEAK_SCALING,
+)
 
 from sim.config import experiment_from_dict
 from traces.errors import ConfigError
@@ -232,3 +238,19 @@ def test_the_card_rows_state_their_recipes_graphs_and_sms():
         assert row.host and not row.graphs and m.get("dispatch", "nccl") == "nccl"
         assert (m["capacity_factor"], m["moe_permute_fusion"], m["moe_router_fusion"],
                 m["seq_len"]) == (1.0, False, False, 8192)
+
+
+def test_issue_4439s_row_is_its_tflops_over_the_causal_count():
+    """Issue #4439's ~562 TFLOP/s is entered as tokens/s over Megatron's causal count per token
+    of the row's own model (23.006 GFLOP at sequence 4,096), on the B200 recipe's MBS 4, EP 8,
+    HybridEP without overlap, attn / moe_router / moe_preprocess graphed, its host paid."""
+    (row,) = ISSUE_ROWS
+    model = ModelSpec(**row.model)
+    per_token = megatron_num_flops(model, 1, causal=True) / model.seq_len
+    assert per_token == pytest.approx(QWEN3_30B_CAUSAL_FLOPS, rel=1e-12)
+    assert row.published == pytest.approx(562e12 / per_token, rel=1e-12)
+    p = row.parallel
+    assert (row.gpus, p["micro_batch"], p["global_batch"], p["ep"], row.model["dispatch"]) == \
+        (8, 4, 512, 8, "hybridep")
+    assert not p.get("overlap_moe_comm") and row.host
+    assert row.graphs == "attn moe_router moe_preprocess"
