@@ -73,7 +73,7 @@ def predict(exp: Experiment, *, fold: bool = True, progress: Progress | None = N
                            device_launches(exp.model, exp.layout),
                            cluster_host_Bps(exp.cluster), fp8_gemm_rate(exp.model),
                            exp.model.moe_gemm_streams, gemm_splits(exp.model))
-    durations = reserved_sms(plan, compute, comm_sms(exp.layout))
+    durations = reserved_sms(plan, compute, comm_sms(exp.layout, exp.model.dispatch))
     interference = spared(interference_for(exp.cluster, exp.profile, compute), durations)
     hosts = host_programs(plan, exp.host, exp.model, exp.layout, compute)
 

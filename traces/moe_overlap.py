@@ -30,6 +30,19 @@ plan's reordering of a pair's ops is `traces.plan.moe_overlap`.
 Megatron-Core's rules (TransformerConfig.__post_init__): expert_model_parallel_size > 1; with
 pipeline_model_parallel_size > 1 a virtual pipeline size must be set; no full recomputation.
 
+The SMs the all-to-all holds beside the other micro-batch's compute (`comm_sms`): a kernel
+dispatcher runs its dispatch and combine on a fixed grid of SMs for as long as they move data,
+so those SMs are not the compute's. DeepEP's high-throughput kernels take `Buffer.num_sms`
+SMs, Megatron-Core's moe_deepep_num_sms, 20 by default; HybridEP's dispatch and combine run
+`num_sms_dispatch_api` / `num_sms_combine_api` blocks (deepseek-ai/DeepEP hybrid-ep
+deep_ep/hybrid_ep_buffer.py, "Device-SM occupancy setting": `config.num_of_blocks_dispatch_api
+= self.num_sms_dispatch_api`, asserted at most the device's SM count), which Megatron-Core sets
+from moe_hybridep_num_sms, "Number of SMs to use for HybridEP", 16 by default
+(NVIDIA/Megatron-LM megatron/core/transformer/transformer_config.py @002526d:
+moe_deepep_num_sms = 20, moe_hybridep_num_sms = 16). NCCL's all-to-all (dispatch "nccl")
+holds none of its own: its SMs are the interference model's (`sim.models.sharing`). A recipe
+that sets its dispatcher's SMs states `parallel.comm_sms`.
+
 Under `schedule = "dualpipev"` the pairs are DualPipe's own (DeepSeek-V3 technical report,
 arXiv 2412.19437, section 3.2.1 and Fig. 4: a forward chunk and a backward chunk of another
 micro-batch overlapped, each one's all-to-all beside the other's compute): `dualpipe_pairs`.
@@ -55,14 +68,22 @@ communication channels, enough for IB and NVLink at full rate (arXiv 2412.19437,
 3.2.2), 20 of an H800's 132 (section 3.5.1)."""
 
 
-def comm_sms(layout: Layout) -> int:
+DISPATCHER_SMS = {"deepep": 20, "hybridep": 16}
+"""Megatron-Core's default SMs per kernel dispatcher, moe_deepep_num_sms and
+moe_hybridep_num_sms (module docstring); "nccl" holds none of its own."""
+
+
+def comm_sms(layout: Layout, dispatch: str = "nccl") -> int:
     """The SMs the expert all-to-all holds beside the compute of an overlapped pair
-    (`sim.models.reserved_sms`): `layout.comm_sms`, or where it is 0, DeepSeek-V3's 20 under
-    a DualPipe schedule with overlap_moe_comm, else 0 (none reserved: NCCL's own SMs, while
-    it moves data, are the interference model's, `sim.models.sharing`)."""
-    if layout.comm_sms or not (layout.overlap_moe_comm and layout.schedule in DUALPIPE):
+    (`sim.models.reserved_sms`): `layout.comm_sms`, or where it is 0 and overlap_moe_comm is
+    on, DeepSeek-V3's 20 under a DualPipe schedule, else the `dispatch` kernels' default grid
+    (`DISPATCHER_SMS`), else 0 (NCCL's own SMs, while it moves data, are the interference
+    model's, `sim.models.sharing`)."""
+    if layout.comm_sms or not layout.overlap_moe_comm:
         return layout.comm_sms
-    return DEEPSEEK_COMM_SMS
+    if layout.schedule in DUALPIPE:
+        return DEEPSEEK_COMM_SMS
+    return DISPATCHER_SMS.get(dispatch, 0)
 
 
 def check_moe_overlap(model: ModelSpec, layout: Layout) -> None:

@@ -79,7 +79,14 @@ capacity likewise read the received counts on the host (`num_permuted_tokens=Non
 right after gathering the routing map and preprocessing it (its `.cpu()` of the count precedes
 the dispatch kernels, deepseek-ai/DeepEP deep_ep/hybrid_ep_buffer.py @017a520,
 dispatch_with_permute), so there the host waits for the plan's `RoutingMapGather` before
-launching the op after it. A
+launching the op after it. With a
+capacity factor and no padding (parasim's `capacity_factor`: tokens dropped, none padded) the
+alltoall dispatcher syncs earlier, at "before_permutation_1": "Token drop but no pad. A
+synchronization is needed before the first permutation to get the `num_out_tokens` CPU
+value" (MoEAlltoAllTokenDispatcher.preprocess, the `moe_expert_capacity_factor is not None`
+branch, whatever ep; NVIDIA/Megatron-LM megatron/core/transformer/moe/token_dispatcher.py),
+so the host waits, before it launches each forward (and recomputed) permute, for the op
+before it (`capacity_syncs`). A
 step's own end-of-step syncs (grad norm's `.item()`) are where the replay starts host and GPU
 together: one step from one synchronized start.
 """
@@ -227,20 +234,50 @@ def dropless_sync(model: ModelSpec, layout: Layout) -> bool:
     return model.experts > 0 and layout.ep > 1 and not model.capacity_factor
 
 
+def capacity_sync(model: ModelSpec) -> bool:
+    """Whether the alltoall dispatcher reads `num_out_tokens` on the host before every forward
+    permute: a capacity factor without padding (module docstring), NCCL's all-to-all."""
+    return model.experts > 0 and model.capacity_factor > 0 and model.dispatch == "nccl"
+
+
 def host_programs(plan: Trace, settings: HostSettings, model: ModelSpec, layout: Layout,
                   compute: ComputeModel) -> dict[int, HostProgram] | None:
     """Each rank's host program: its ops' launch costs and its dispatcher syncs (None when
     `settings` leave the host out)."""
     if not settings.host:
         return None
-    sync = dropless_sync(model, layout)
     factor = host_cpu_factor(compute.accelerator.name)
     casts = expert_cast_launches(model, layout)
     grouped = GroupedHost.of(model, layout)
     return {rank: HostProgram.of(launch_costs(ops, compute, settings.scopes, casts, factor,
                                               grouped),
-                                 dispatch_syncs(ops, SYNC_S * factor) if sync else ())
+                                 dispatcher_syncs(ops, model, layout, SYNC_S * factor))
             for rank, ops in plan.ops.items()}
+
+
+def dispatcher_syncs(ops: Sequence[Op], model: ModelSpec, layout: Layout,
+                     seconds: float) -> list[Sync]:
+    """The dispatcher's syncs on a rank's ops: the dropless ones (`dispatch_syncs`), the
+    capacity factor's (`capacity_syncs`), or none."""
+    if dropless_sync(model, layout):
+        return dispatch_syncs(ops, seconds)
+    if capacity_sync(model):
+        return capacity_syncs(ops, seconds)
+    return []
+
+
+def capacity_syncs(ops: Sequence[Op], seconds: float = SYNC_S) -> list[Sync]:
+    """A capacity factor's syncs ("before_permutation_1"): before each forward (or
+    recomputed) permute the host waits for the op before it on its stream, and `seconds`
+    more."""
+    syncs = []
+    last_on: dict[str, int] = {}
+    for i, op in enumerate(ops):
+        if (kernel_of(op)[0] == Kernel.PERMUTE and op.phase in (Phase.FWD, Phase.RECOMPUTE)
+                and op.stream in last_on):
+            syncs.append(Sync(i, last_on[op.stream], seconds))
+        last_on[op.stream] = i
+    return syncs
 
 
 def host_cpu_factor(accelerator: str) -> float:
@@ -382,5 +419,6 @@ def dispatch_syncs(ops: Sequence[Op], seconds: float = SYNC_S) -> list[Sync]:
 
 __all__ = ["ATEN_OP_S", "AUTOGRAD_NODE_S", "GRACE_LINEAR_CPU_S", "KEYS", "LAUNCH_S", "PY_OP_S",
            "SCOPES", "SYNC_S", "X86_LINEAR_CPU_S", "GroupedHost", "HostSettings",
-           "device_launches", "dispatch_syncs", "dropless_sync", "expert_cast_launches",
+           "capacity_sync", "capacity_syncs", "device_launches", "dispatch_syncs",
+           "dispatcher_syncs", "dropless_sync", "expert_cast_launches",
            "expert_launches", "host_cpu_factor", "host_programs", "launch_costs"]

@@ -15,9 +15,10 @@ Counted once (issue 33): the reservation is the all-to-all's share of the GPU, h
 whole of each op beside it, so the interference model does not slow those ops again while
 a transfer of their rank is in flight (`Spared`: their `kernel_scale` is 1); every other
 op, the pieces of an action alone included, is slowed by it while its rank moves data, as
-without a reservation. Megatron-Core's overlap_moe_comm reserves nothing (comm_sms 0 unless
-set): there the all-to-all's SMs and HBM are the interference model's, for the time the
-all-to-all is in flight beside the other micro-batch's compute.
+without a reservation. Megatron-Core's overlap_moe_comm with NCCL's all-to-all reserves
+nothing (comm_sms 0 unless set): there the all-to-all's SMs and HBM are the interference
+model's, for the time the all-to-all is in flight beside the other micro-batch's compute; with
+DeepEP or HybridEP their kernels' fixed grid of SMs (`traces.moe_overlap.comm_sms`).
 """
 
 from __future__ import annotations

@@ -29,6 +29,13 @@ bridge: Megatron-Bridge performance summary (docs.nvidia.com/nemo/megatron-bridg
     Qwen3-235B-A22B on H100, B200, B300, GB200 and GB300 (tokens/s per GPU). No Mixtral row:
     neither these pages nor NeMo's (NVIDIA/NeMo docs/source/performance/performance_summary.md
     @070a0bb, the 24.07 container) publish one.
+bridge-card: Megatron-Bridge's Qwen3-30B-A3B model card: GB300 MXFP8 (8 GPUs, and its weak
+    scaling to 256) with full-iteration CUDA graphs, H100 BF16 on 16 GPUs (tokens/s per GPU;
+    `moe_rows_qwen30b.py`).
+pai: Pai-Megatron-Patch issue #643: Qwen3-30B-A3B on 16 H800, sequence 8192, PP 2 x EP 8 and
+    PP 4 x EP 4 (tokens/s per GPU; `moe_rows_qwen30b.py`).
+bridge-4439: Megatron-Bridge issue #4439: Qwen3-30B-A3B on a DGX B200, MXFP8, MBS 4, the B200
+    recipe of 26.04 (its ~562 TFLOP/s over Megatron's causal count per token).
 deepseek: DeepSeek-V3's own 2,048-H800 run: "180K H800 GPU hours" per trillion tokens (report
     §1), so 1e12 / (180e3 x 3600) = 1,543.2 tokens/s per GPU.
 
@@ -52,6 +59,7 @@ from dataclasses import dataclass
 from moe_rows import MoeRow
 from moe_rows_bridge import BRIDGE_ROWS, DEEPSEEK_ROWS
 from moe_rows_folding import FOLDING_ROWS, H100_PEAK
+from moe_rows_qwen30b import CARD_ROWS, ISSUE_ROWS, PAI_ROWS
 
 from sim.config import MODEL_KEYS, PARALLEL_KEYS, Experiment, experiment_from_dict
 from sim.simulate import predict
@@ -67,9 +75,14 @@ TITLES = {
     "folding-t5": "Folding paper, Table 5: context scaling, Mixtral 8x22B, MFU %",
     "bridge": "Megatron-Bridge performance summary, MoE rows: tokens/s per GPU",
     "deepseek": "DeepSeek-V3 report, 2,048 H800: tokens/s per GPU (180K GPU-h / 1e12 tokens)",
+    "bridge-card": "Megatron-Bridge Qwen3-30B-A3B model card (26.08 recipes): tokens/s per GPU",
+    "pai": "Pai-Megatron-Patch issue #643, Qwen3-30B-A3B on 16 H800: tokens/s per GPU",
+    "bridge-4439": "Megatron-Bridge issue #4439, Qwen3-30B-A3B on a DGX B200, MXFP8, MBS 4: "
+                   "tokens/s per GPU (its TFLOP/s over the causal count)",
 }
 TABLES: dict[str, Sequence[MoeRow]] = {**FOLDING_ROWS, "bridge": BRIDGE_ROWS,
-                                       "deepseek": DEEPSEEK_ROWS}
+                                       "deepseek": DEEPSEEK_ROWS, "bridge-card": CARD_ROWS,
+                                       "pai": PAI_ROWS, "bridge-4439": ISSUE_ROWS}
 
 
 @dataclass(frozen=True, slots=True)

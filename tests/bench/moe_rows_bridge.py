@@ -19,7 +19,9 @@
    (`moe_flex_dispatcher_backend = "hybridep"` for every DeepSeek-V3 and Qwen3-30B-A3B recipe and
    the GB200/GB300 Qwen3-235B ones; "alltoall" on B200, B300 and H100 235B) and
    `moe_a2a_overlap` (H100 235B and the FP8-MX DeepSeek-V3 Blackwell recipes): the keys parasim
-   lacks (`needs`). Those are today's recipes; an older container's may have differed.
+   lacks (`needs`). Those are today's recipes; an older container's may have differed. Where
+  HybridEP's all-to-all overlaps compute, its kernels hold Megatron-Core's default 16 SMs
+  (moe_hybridep_num_sms; the DeepSeek-V3 workload presets set none: `traces.moe_overlap.comm_sms`).
    `moe_probs_in_activation` true on every row: the routing probabilities applied in the
    experts' activation, as Megatron-Core does from 0.13 (CHANGELOG 0.13.0; `traces.moe_probs`),
    with no option to turn it off; these containers (2025-09 on) postdate 0.13 (2025/07, the

@@ -17,6 +17,13 @@ from moe_rows_bridge import (
     TE_GEMM_STREAMS,
 )
 from moe_rows_folding import FOLDING_ROWS, H100_PEAK, MAPPINGS, TABLE3_MFU
+from moe_rows_qwen30b import (
+    CARD_ROWS,
+    ISSUE_ROWS,
+    PAI_ROWS,
+    QWEN3_30B_CAUSAL_FLOPS,
+    WEAK_SCALING,
+)
 
 from sim.config import experiment_from_dict
 from traces.errors import ConfigError
@@ -186,3 +193,64 @@ def test_the_bridge_rows_pay_their_host_but_the_full_iteration_graph_recipes():
             assert sim.get("cuda_graph_scope", "") == row.graphs
     assert not any(r.host for rows in FOLDING_ROWS.values() for r in rows)
     assert not any(r.host for r in DEEPSEEK_ROWS)
+
+
+def test_the_qwen3_30b_card_and_pai_figures_are_their_step_times():
+    """Each new row's tokens/s is its source's GBS x sequence / GPUs / step time: the card's
+    5,854.910 ms (GB300) and 20,147.290 ms (H100) to its three decimals, Pai issue #643's
+    10.361 s and 20.992 s to its whole tokens; the card's 1,030.070 TFLOP/s (GB300) is its
+    tokens/s times Megatron's causal count per token, to five digits."""
+    steps = {"card Qwen3-30B-A3B GB300 FP8-MX benchmark, 8 GPUs": 5.854910,
+             "card Qwen3-30B-A3B H100 BF16 benchmark, 16 GPUs": 20.147290,
+             "Pai Qwen3-30B-A3B H800 BF16 pp2 ep8, 16 GPUs": 10.361,
+             "Pai Qwen3-30B-A3B H800 BF16 pp4 ep4, 16 GPUs": 20.992}
+    rows = {r.name: r for r in CARD_ROWS + PAI_ROWS}
+    for name, step in steps.items():
+        row = rows[name]
+        derived = row.tokens / row.gpus / step
+        assert row.published is not None
+        assert abs(derived - row.published) < (0.5 if name.startswith("Pai") else 0.01), name
+    gb300 = rows["card Qwen3-30B-A3B GB300 FP8-MX benchmark, 8 GPUs"]
+    model = ModelSpec(**gb300.model)
+    per_token = megatron_num_flops(model, 1, causal=True) / model.seq_len
+    assert gb300.published is not None
+    assert gb300.published * per_token / 1e12 == pytest.approx(1030.070, abs=0.005)
+    weak = [r for r in CARD_ROWS if "weak scaling" in r.name]
+    assert {r.gpus: (r.published, r.parallel["global_batch"]) for r in weak} == {
+        g: (t, 64 * g) for g, t in WEAK_SCALING.items()}
+
+
+def test_the_card_rows_state_their_recipes_graphs_and_sms():
+    """The GB300 MXFP8 recipe graphs the whole step (no host), HybridEP at Megatron-Core's
+    default SMs; the H100 BF16 one launches eagerly with moe_router / moe_preprocess graphed,
+    HybridEP on its recipe's 32 SMs; both overlap the expert all-to-all, TP 1, PP 1. Pai's run
+    launches eagerly with no graph, NCCL's all-to-all, a capacity factor of 1, unfused
+    permutation and router."""
+    for row in CARD_ROWS:
+        p = row.parallel
+        assert (p["tp"], p["pp"], p["overlap_moe_comm"], row.model["dispatch"]) == \
+            (1, 1, True, "hybridep")
+        h100 = row.name.startswith("card Qwen3-30B-A3B H100")
+        assert row.host is h100 and row.graphs == ("moe_router moe_preprocess" if h100 else "")
+        assert p.get("comm_sms", 0) == (32 if h100 else 0)
+    for row in PAI_ROWS:
+        m = row.model
+        assert row.host and not row.graphs and m.get("dispatch", "nccl") == "nccl"
+        assert (m["capacity_factor"], m["moe_permute_fusion"], m["moe_router_fusion"],
+                m["seq_len"]) == (1.0, False, False, 8192)
+
+
+def test_issue_4439s_row_is_its_tflops_over_the_causal_count():
+    """Issue #4439's ~562 TFLOP/s is entered as tokens/s over Megatron's causal count per token
+    of the row's own model (23.006 GFLOP at sequence 4,096), on the B200 recipe's MBS 4, EP 8,
+    HybridEP without overlap, attn / moe_router / moe_preprocess graphed, its host paid."""
+    (row,) = ISSUE_ROWS
+    model = ModelSpec(**row.model)
+    per_token = megatron_num_flops(model, 1, causal=True) / model.seq_len
+    assert per_token == pytest.approx(QWEN3_30B_CAUSAL_FLOPS, rel=1e-12)
+    assert row.published == pytest.approx(562e12 / per_token, rel=1e-12)
+    p = row.parallel
+    assert (row.gpus, p["micro_batch"], p["global_batch"], p["ep"], row.model["dispatch"]) == \
+        (8, 4, 512, 8, "hybridep")
+    assert not p.get("overlap_moe_comm") and row.host
+    assert row.graphs == "attn moe_router moe_preprocess"

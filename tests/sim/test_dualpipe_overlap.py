@@ -180,3 +180,22 @@ def test_the_command_line_refuses_too_many_comm_sms(tmp_path) -> None:
     assert done.stderr.startswith("parasim: error: parallel.comm_sms: 200 must be below the "
                                   "132 SMs of the ")
     assert done.stderr.endswith("(compute needs some)\n") and done.stderr.count("\n") == 1
+
+
+def test_hybridep_overlap_runs_the_compute_beside_it_on_the_sms_hybridep_leaves() -> None:
+    """Megatron-Core's 1f1b overlap with HybridEP: the step equals the one with its default
+    16 SMs stated (`parallel.comm_sms`), and each op beside an all-to-all takes its time on
+    132 - 16 SMs."""
+    config = copy.deepcopy(CONFIG)
+    config["model"]["dispatch"] = "hybridep"
+    config["parallel"].update(pp=1, dp=16, schedule="1f1b", global_batch=64)
+    config["parallel"].pop("vp")
+    default = experiment_from_dict(config)
+    config["parallel"]["comm_sms"] = 16
+    stated = experiment_from_dict(config)
+    summary, times = predict(default, fold=True)
+    assert summary.step_time_s == predict(stated, fold=True)[0].step_time_s
+    compute = ComputeModel(default.cluster.accelerator, default.profile,
+                           launch_counts(default.model))
+    durations = reserved_sms(times.plan, compute, comm_sms(default.layout, "hybridep"))
+    assert isinstance(durations, ReservedSms) and durations.units == 132 - 16

@@ -18,6 +18,8 @@ from sim.models.host import (
     PY_OP_S,
     SYNC_S,
     GroupedHost,
+    capacity_sync,
+    capacity_syncs,
     dispatch_syncs,
     expert_cast_launches,
     host_cpu_factor,
@@ -116,12 +118,25 @@ def test_the_dropless_dispatcher_syncs_once_per_forward_moe_layer_on_the_router(
                           ComputeModel(exp.cluster.accelerator, exp.profile))
     assert hosts is not None and len(hosts[0].syncs) == 8
     _, dropping = _moe({"host": True}, capacity_factor=1.0)
-    assert dispatch_syncs(dropping.ops[0]) == syncs  # the plan's ops, but no sync with capacity
-    exp_cf = experiment_from_dict({**MOE, "model": {**MOE["model"], "capacity_factor": 1.0},
-                                   "sim": {"host": True}})
-    hosts_cf = host_programs(dropping, exp_cf.host, exp_cf.model, exp_cf.layout,
-                             ComputeModel(exp_cf.cluster.accelerator, exp_cf.profile))
-    assert hosts_cf is not None and hosts_cf[0].syncs == ()
+    assert dispatch_syncs(dropping.ops[0]) == syncs  # the plan's ops, not the dropless sync
+
+
+def test_a_capacity_factor_syncs_before_each_forward_permute():
+    """Megatron-Core's "before_permutation_1" (token drop, no pad): the host waits, before it
+    launches each forward permute, for the op before it (the router's aux_loss), SYNC_S more;
+    the same count as the dropless syncs, one op earlier each."""
+    exp, plan = _moe({"host": True}, capacity_factor=1.0)
+    ops = plan.ops[0]
+    syncs = capacity_syncs(ops)
+    permutes = [i for i, op in enumerate(ops) if op.name == "permute" and op.phase is Phase.FWD]
+    assert syncs == [Sync(i, i - 1, SYNC_S) for i in permutes]
+    assert {ops[i - 1].name for i in permutes} == {"aux_loss"} and len(syncs) == 4 * 2
+    hosts = host_programs(plan, exp.host, exp.model, exp.layout,
+                          ComputeModel(exp.cluster.accelerator, exp.profile))
+    assert hosts is not None and list(hosts[0].syncs) == syncs
+    assert [s.position + 1 for s in syncs] == [s.position for s in dispatch_syncs(ops)]
+    hybrid, _ = _moe({"host": True}, capacity_factor=1.0, dispatch="hybridep")
+    assert not capacity_sync(hybrid.model)
 
 
 def test_hybridep_syncs_on_its_routing_map_gather():

@@ -11,7 +11,7 @@ from traces.errors import ConfigError
 from traces.layout import Layout
 from traces.layout_rules import check_layout
 from traces.model import ModelSpec
-from traces.moe_overlap import check_pairs, pairs, steps
+from traces.moe_overlap import DISPATCHER_SMS, check_pairs, comm_sms, pairs, steps
 from traces.ops import Stream
 from traces.pipeline import Action, interleaved, layout_schedule, one_f_one_b, validate
 from traces.plan import build
@@ -108,3 +108,15 @@ def test_a_pairs_all_to_alls_alternate_as_megatron_core_orders_them() -> None:
     for f, b in zip((1, 2, 3), (3, 2, 1), strict=True):
         want += [(0, b, C, True), (1, f, D, False), (0, b, D, True), (1, f, C, False)]
     assert pair == want
+
+
+def test_a_kernel_dispatchers_sms_are_held_beside_overlapped_compute() -> None:
+    """Under Megatron-Core's overlap (1f1b) the all-to-all holds its dispatcher's default grid:
+    DeepEP's 20 SMs, HybridEP's 16, NCCL none; a stated comm_sms wins; without overlap_moe_comm
+    nothing is held beside compute (no op is)."""
+    overlap = Layout(dp=2, ep=2, global_batch=4, overlap_moe_comm=True)
+    assert DISPATCHER_SMS == {"deepep": 20, "hybridep": 16}
+    assert [comm_sms(overlap, d) for d in ("nccl", "deepep", "hybridep")] == [0, 20, 16]
+    assert comm_sms(Layout(dp=2, ep=2, global_batch=4, overlap_moe_comm=True, comm_sms=32),
+                    "hybridep") == 32
+    assert comm_sms(Layout(dp=2, ep=2, global_batch=4), "hybridep") == 0
