@@ -31,6 +31,21 @@ modelled: in 415cc26 the copy-in is queued on the reduce-scatter stream behind t
 unit's reduce-scatter, so the compute stream also waits for that one (a few ms at most against
 a layer's backward in the torchtitan rows).
 
+Megatron-FSDP's gradient copy. Megatron-FSDP (Megatron-Core's ZeRO 3, kernels = "fused")
+has the weight-gradient GEMM accumulate into its gradient bucket while gradient_accumulation_fusion
+is on (Megatron-Core's default). Off, Transformer Engine returns each weight's gradient as
+`param.grad` and Megatron-FSDP's post-backward hook copies it into the unit's unsharded
+main-gradient bucket, the input its reduce-scatter reads (NVIDIA/Megatron-LM
+megatron/core/distributed/fsdp/src/megatron_fsdp/megatron_fsdp.py @00caa53, `_grad_acc`:
+`param.main_grad.copy_(to_local_if_dtensor(param.grad))` for a sharded gradient buffer, from
+`_process_post_backward_gradients` before `grad_reduce_pipeline.reduce_gradients`; it runs in
+the backward hook, on the compute stream). The same bytes as FSDP2's copy-in: per parameter
+its gradient read in the parameter dtype, written in the reduce dtype. Megatron-Bridge's
+performance scripts turn the fusion off wherever they use Megatron-FSDP
+(`cfg.model.gradient_accumulation_fusion = False  # Disabled to avoid functional errors`:
+NVIDIA-NeMo/Megatron-Bridge scripts/performance/configs/llama/llama3_llm_pretrain.py,
+llama3_70b_gb200_config, llama3_70b_gb300_config, llama3_8b_h100_config).
+
 Accumulation. In a backward without gradient sync FSDP2's post-backward keeps each parameter's
 unsharded gradient (torch/distributed/fsdp/_fully_shard/_fsdp_param.py,
 `to_accumulated_grad_if_needed` and `accumulate_unsharded_grad_if_needed`, called from
@@ -81,6 +96,13 @@ def accumulate_bytes(params: float, param_bytes: int, reduce_bytes: int,
 def copies_out(zero: int, kernels: str) -> bool:
     """Whether each ZeRO-3 gather is followed by FSDP2's copy-out (PyTorch's stack)."""
     return zero == 3 and kernels != "fused"
+
+
+def copies_in(zero: int, kernels: str, fused_accumulation: bool) -> bool:
+    """Whether each ZeRO-3 reduce-scatter waits for a copy of the unit's gradients into its
+    input: FSDP2's copy-in (PyTorch's stack), or Megatron-FSDP's `main_grad.copy_` without
+    gradient_accumulation_fusion (module docstring)."""
+    return copies_out(zero, kernels) or (zero == 3 and not fused_accumulation)
 
 
 def copy_out_bytes(gathered: float) -> float:

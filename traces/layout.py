@@ -56,7 +56,8 @@ OMITTED_AT_DEFAULT = ("tp_comm_overlap", "overlap_param_gather", "pp_first_layer
                       "pipeline_layout", "ep", "etp", "reshard_after_forward", "grad_sync",
                       "overlap_p2p_comm", "overlap_moe_comm", "comm_sms", "recompute_modules",
                       "exp_avg_dtype", "exp_avg_sq_dtype", "fp8_activation_cache",
-                      "cpu_offloading_num_layers", "fp8_param_gather", "optimizer")
+                      "cpu_offloading_num_layers", "fp8_param_gather", "optimizer",
+                      "gradient_accumulation_fusion")
 """Options left out of `Layout.to_dict` at their default (so a layout without them reads as it
 always has)."""
 
@@ -175,6 +176,11 @@ class Layout:
     fp8_param_gather: bool = False
     """Megatron-Core's --fp8-param-gather: TE's linear weights held and gathered in FP8, no
     bf16 copy (`traces.fp8_params`)."""
+    gradient_accumulation_fusion: bool = True
+    """Megatron-Core's gradient_accumulation_fusion (on unless --no-gradient-accumulation-
+    fusion): the weight-gradient GEMM accumulates into the main gradient itself. Off under
+    Megatron-FSDP (ZeRO 3), each unit's gradients are copied into the reduce-scatter bucket
+    after its backward (`traces.fsdp_kernels.copies_in`)."""
     exp_avg_dtype: str = "fp32"
     """Adam's first moment (Megatron-Core's --exp-avg-dtype): fp32, bf16, fp16 or fp8."""
     exp_avg_sq_dtype: str = "fp32"
@@ -196,11 +202,14 @@ class Layout:
         check_int(self.global_batch, "parallel.global_batch", minimum=1, maximum=MAX_BATCH)
         for flag in ("sp", "overlap_grad_reduce", "fp32_main_grads", "tp_comm_overlap",
                      "overlap_param_gather", "overlap_p2p_comm", "overlap_moe_comm",
-                     "fp8_param_gather"):
+                     "fp8_param_gather", "gradient_accumulation_fusion"):
             check_bool(getattr(self, flag), f"parallel.{flag}")
         if self.zero not in (0, 1, 2, 3) or not is_int(self.zero):
             raise ConfigError(f"parallel.zero: {show(self.zero)} must be 0, 1, 2 or 3")
         check_reshard(self.reshard_after_forward, self.zero)
+        if not self.gradient_accumulation_fusion and self.zero != 3:
+            raise ConfigError("parallel.gradient_accumulation_fusion: false is modelled only "
+                              "under Megatron-FSDP (zero = 3; DDP's main_grad add is not)")
         check_optimizer(self.optimizer, (self.exp_avg_dtype, self.exp_avg_sq_dtype))
         object.__setattr__(self, "grad_sync", checked_grad_sync(self.grad_sync, self.zero))
         for name, enum in (("schedule", Schedule), ("recompute", Recompute),

@@ -43,6 +43,13 @@ bf16_with_mxfp8_mixed for FP8-MX, both fp8_param_gather = True (training/mixed_p
 @0509780; NVFP4's sets it False); the FSDP rows set it too, but parasim models it only with
 the distributed optimizer (traces/fp8_params.py), so they go without.
 
+Wherever the scripts use Megatron-FSDP they turn gradient accumulation fusion off
+(`cfg.model.gradient_accumulation_fusion = False  # Disabled to avoid functional errors`,
+scripts/performance/configs/llama/llama3_llm_pretrain.py: llama3_70b_gb200_config,
+llama3_70b_gb300_config, llama3_8b_h100_config): the FSDP rows set
+`gradient_accumulation_fusion = False`, so each unit's gradients are copied into Megatron-FSDP's
+reduce-scatter bucket after its backward (traces/fsdp_kernels.py).
+
 A GB200/GB300 job uses 64-GPU NVLink domains of an NVL72 rack ("place the sixteen four-GPU
 nodes within one NVLink domain": Megatron-Bridge's GB200 Llama 3.1 405B recipe docstring), so
 a "node" here is min(GPUs, 64) GPUs of the rack preset.
@@ -91,6 +98,8 @@ def bridge(source: str, system: str, size: str, precision: str, gpus: int, gbs: 
     }
     if not fsdp and precision in ("FP8-CS", "FP8-MX"):
         parallel["fp8_param_gather"] = True  # the recipes' precision configs (docstring)
+    if fsdp:  # the scripts' Megatron-FSDP settings (docstring)
+        parallel["gradient_accumulation_fusion"] = False
     if fsdp and size == "70b" and system in OFFLOAD_70B_FSDP:
         parallel["cpu_offloading_num_layers"] = OFFLOAD_70B_FSDP[system]
     if size == "405b":

@@ -47,7 +47,8 @@ unit's backward ends with its accumulation kernel (`grad_accum`), and under a pi
 step's reduce-scatters wait for the stage's whole last backward (`traces.fsdp_kernels`). Under
 PyTorch's stack (FSDP2) each gather is followed by its copy-out (`fsdp_copy_out`) on the compute
 stream before the unit's first op, and each reduce-scatter waits for its copy-in
-(`fsdp_rs_copy_in`), on the compute stream after the unit's backward.
+(`fsdp_rs_copy_in`), on the compute stream after the unit's backward; Megatron-FSDP without
+gradient_accumulation_fusion runs the same copy (its `main_grad.copy_`).
 
 A unit's gradients are complete after the last op it runs on the compute stream; reductions
 wait for that op, gathers are waited for by the unit's first op on the compute stream. Each op
@@ -65,6 +66,7 @@ from traces.fsdp import GradSync, frees_after, syncs_grads
 from traces.fsdp_kernels import (
     accumulate_bytes,
     accumulates,
+    copies_in,
     copies_out,
     copy_out_bytes,
     reduces_after_stage,
@@ -174,6 +176,10 @@ class _DataWalk:
         """The step's reduce-scatters wait for the stage's whole last backward (PipelineStage)."""
         self.copies_out = copies_out(self.zero, ctx.model.kernels)
         """FSDP2 copies each gathered unit out of its all-gather buffer (PyTorch's stack)."""
+        self.copies_in = copies_in(self.zero, ctx.model.kernels,
+                                   ctx.layout.gradient_accumulation_fusion)
+        """Each reduce-scatter waits for its gradients' copy into its input (FSDP2's copy-in,
+        Megatron-FSDP's main_grad copy without gradient accumulation fusion)."""
         self.accumulated: set[Unit] = set()
         """Units whose gradients this step has accumulated once already."""
         self.edp_group = expert_grad_group(ctx.layout, ctx.rank) \
@@ -287,9 +293,10 @@ class _DataWalk:
 
     def _rs_copy_in(self, unit: Unit, mb: int, after: list[Node]) -> Node | None:
         """FSDP2's reduce-scatter copy-in of the unit's gradients (dense and routed experts'),
-        on the compute stream after `after` (`traces.fsdp_kernels`); None outside PyTorch's
-        stack. Accumulated gradients are read in the reduce dtype, others in the model's."""
-        if not self.copies_out:
+        or Megatron-FSDP's main_grad copy, on the compute stream after `after`
+        (`traces.fsdp_kernels`); None where neither runs. Accumulated gradients are read in the
+        reduce dtype, others in the model's."""
+        if not self.copies_in:
             return None
         held = self.ctx.grad_bytes if self.accumulates else self.ctx.model.dtype_bytes
         params = self.ctx.unit_params(unit) + self._expert_size(unit, 1.0)

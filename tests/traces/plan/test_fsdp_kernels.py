@@ -10,6 +10,7 @@ from collections import Counter
 
 import pytest
 
+from traces.errors import ConfigError
 from traces.fsdp_kernels import accumulate_bytes
 from traces.layout import Layout
 from traces.model import ModelSpec
@@ -214,3 +215,34 @@ def test_a_copy_in_follows_its_units_backward_on_the_compute_stream() -> None:
 def test_no_copy_in_under_megatrons_stack() -> None:
     assert not any(op.purpose == COPY_IN for ops in build(SMALL, zero3()).ops.values()
                    for op in ops)
+
+
+# --- Megatron-FSDP without gradient_accumulation_fusion: main_grad.copy_ per unit ------------
+
+def test_megatron_fsdp_without_fusion_copies_each_units_grads_once_a_microbatch() -> None:
+    """Megatron's stack (SMALL, kernels "fused"): bf16 `param.grad` copied into the bf16
+    main-gradient bucket, 2 + 2 bytes a parameter, before every unit's reduce-scatter in every
+    micro-batch (Megatron-FSDP reduces every backward)."""
+    layout = zero3(gradient_accumulation_fusion=False)
+    ops = build(SMALL, layout).ops[0]
+    ctx = RankContext(model=SMALL, layout=layout, rank=0)
+    pairs = reduces_and_copies(ops)
+    reduces = [op for op in ops if isinstance(op.purpose, UnitGradReduce)]
+    assert len(pairs) == len(reduces) == (SMALL.layers + 2) * M
+    for reduce, copy in pairs:
+        assert copy.stream is Stream.COMPUTE and copy.microbatch == reduce.microbatch
+        assert copy.mem_bytes == reduce.size_bytes / 2 * (2 + 2)
+    assert {c.mem_bytes for r, c in pairs if r.layer == 0} == \
+        {ctx.unit_params(Unit.of_layer(0)) * 4}
+
+
+def test_fusion_off_only_under_megatron_fsdp() -> None:
+    with pytest.raises(ConfigError, match="gradient_accumulation_fusion"):
+        Layout(dp=2, zero=1, global_batch=2 * M, gradient_accumulation_fusion=False)
+
+
+def test_fusion_off_adds_nothing_to_fsdp2s_own_copy_in() -> None:
+    """PyTorch's stack copies in anyway: the key changes no op there."""
+    on, off = (build(EAGER, zero3(gradient_accumulation_fusion=flag)).ops[0]
+               for flag in (True, False))
+    assert [(op.name, op.mem_bytes) for op in on] == [(op.name, op.mem_bytes) for op in off]
