@@ -26,6 +26,7 @@ from moe_rows_qwen30b import (
 )
 
 from sim.config import experiment_from_dict
+from sim.models.activation_memory import layer_bytes
 from sim.models.memory import memory_by_pp_rank
 from traces.errors import ConfigError
 from traces.model import ModelSpec
@@ -264,6 +265,21 @@ def test_the_pai_rows_hold_their_closed_form_activations_and_fit_an_h800():
         peak = max(m.total_bytes for m in ranks)
         assert peak == ranks[0].total_bytes < 81559 * 2**20
         assert peak + 48 * rows * h * 2 > 81559 * 2**20  # the unpermute's outputs: no fit
+
+
+def test_the_card_rows_hold_one_micro_batch_and_a_layer_under_the_combined_1f1b():
+    """The card's GB300 and H100 runs overlap the expert all-to-all (Megatron-Core's combined
+    1F1B at PP 1: F0, (F1 B0), ..., B(m-1)): each paired step stores the forward's layer i as
+    it frees the backward's layer 47 - i, so the rank holds one micro-batch's 48 equal layers
+    and the one stored ahead, 49 layers (not 96: `sim.models.activation_memory.pair_rise`),
+    and both fit their GPUs, as they ran (the GB300 one 253.2 of 268.2 GiB, 417.5 before)."""
+    for row in CARD_ROWS[:1] + CARD_ROWS[-1:]:
+        exp = experiment_from_dict(row.config(), name=row.name)
+        layers = layer_bytes(exp.model, exp.layout, 0)
+        assert len(layers) == 48 and len(set(layers)) == 1
+        (rank,) = memory_by_pp_rank(exp.model, exp.layout)
+        assert rank.activations_bytes == 49 * layers[0]
+        assert rank.total_bytes < exp.cluster.accelerator.memory_bytes, row.name
 
 
 def test_issue_4439s_row_is_its_tflops_over_the_causal_count():
