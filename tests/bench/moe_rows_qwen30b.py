@@ -17,7 +17,8 @@
      (1024 x 4096 / 16 / 20.14729 s = 13,011.4). Its card: "HybridEP permute fusion uses 32 SMs
      ..., expert-parallel communication overlap is active with delayed weight-gradient compute
      disabled, and Transformer Engine CUDA graph capture completes for all 48 graphable layers
-     with moe_router and moe_preprocess scopes".
+     with moe_router and moe_preprocess scopes", and of its memory "peak allocated memory
+     remains below 65 GiB/GPU" (checked: test_moe_recipes.py).
    The recipes (src/megatron/bridge/perf_recipes/qwen/gb300/qwen3_moe.py and h100/qwen3_moe.py,
    src/megatron/bridge/recipes/qwen/h100/qwen3_moe.py, stored versions; the card's run commit's
    own copies are not in the corpus, an assumption that they are the same):
