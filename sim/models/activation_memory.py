@@ -117,6 +117,12 @@ def pair_rise(forward: Sequence[float], backward: Sequence[float]) -> float:
     return rise
 
 
+def combined_1f1b(layout: Layout) -> bool:
+    """Whether Megatron-Core's combined 1F1B pairs the layout's actions (overlap_moe_comm
+    under a Megatron schedule; DualPipe's pairs are its own, `traces.moe_overlap`)."""
+    return layout.overlap_moe_comm and layout.schedule not in DUALPIPE
+
+
 def paired_levels(model: ModelSpec, layout: Layout, pp_rank: int,
                   actions: Sequence[Action]) -> list[tuple[float, float]] | None:
     """(during, after) stored activations for each of the rank's actions where Megatron-Core's
@@ -125,7 +131,7 @@ def paired_levels(model: ModelSpec, layout: Layout, pp_rank: int,
     a pair, in either order, rises by `pair_rise` over what it found held and leaves the
     forward's chunk in place of the backward's (both actions report the pair's top as
     their level during it)."""
-    if not layout.overlap_moe_comm or layout.schedule in DUALPIPE:
+    if not combined_1f1b(layout):
         return None
     first = dict(pairs(list(actions)))
     if not first:

@@ -6,9 +6,11 @@ micro-batches whole; exact on a tiny MoE, by the layer walk and in closed form."
 
 from __future__ import annotations
 
+from sim.config import experiment_from_dict
 from sim.models.activation_memory import layer_bytes, pair_rise, per_pass
 from sim.models.memory import memory_by_pp_rank
 from sim.models.moe_memory import moe_activation_delta
+from sim.search.analytic import Analytic
 from traces.layout import Layout
 from traces.model import ModelSpec
 from traces.stored_activations import activation_bytes_per_layer
@@ -38,3 +40,20 @@ def test_a_tiny_moe_holds_one_micro_batch_and_its_first_layer_with_overlap():
     # layer in as one leaves: the top is one pass and the dense layer
     assert memory_by_pp_rank(MODEL, ON)[0].activations_bytes == one + dense
     assert memory_by_pp_rank(MODEL, OFF)[0].activations_bytes == one  # 1F1B at pp 1
+
+
+def test_the_search_screen_holds_what_the_memory_model_holds_under_the_pairs():
+    """`parasim search`'s analytic tier passes the rank's own actions where the pairs decide
+    (not a count of micro-batches in flight), so its activations are the memory model's."""
+    exp = experiment_from_dict({
+        "model": {"layers": 4, "hidden": 512, "heads": 8, "seq_len": 512, "vocab": 4096,
+                  "ffn": "swiglu", "ffn_hidden": 1024, "experts": 16, "top_k": 4,
+                  "moe_ffn_hidden": 256, "shared_experts": 1, "dense_layers": 1,
+                  "bias": False},
+        "parallel": {"dp": 8, "ep": 8, "global_batch": 32, "overlap_moe_comm": True},
+        "cluster": {"preset": "dgx-h100", "nodes": 1}})
+    screen = Analytic(exp.model, exp.cluster, exp.profile).memory(exp.layout)
+    model = memory_by_pp_rank(exp.model, exp.layout)
+    assert [m.activations_bytes for m in screen] == [m.activations_bytes for m in model]
+    one = per_pass(exp.model, exp.layout, 0)
+    assert one < model[0].activations_bytes < 2 * one
