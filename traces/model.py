@@ -169,7 +169,7 @@ class ModelSpec:
     """Aux-loss-free routing: a per-expert bias on the scores picks the top-k (DeepSeek-V3)."""
     moe_probs_in_activation: bool = False
     """Routing weights applied in the experts' activation, not in the unpermute (Megatron-Core
-    >= 0.13; `traces.moe_probs`)."""
+    >= 0.12.1, 0.13's CHANGELOG; `traces.moe_probs`)."""
     mtp_layers: int = 0
     """Multi-token prediction depths (`traces.mtp`; Megatron-Core's --mtp-num-layers)."""
     kernels: str = "fused"

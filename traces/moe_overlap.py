@@ -23,8 +23,11 @@ before it starts (Megatron-Core receives both first), refusing a pairing that wo
 Under interleaving Megatron-Core adds one warm-up forward per rank so that a pair's two
 actions are independent (`traces.pipeline.interleaved`'s `extra`); with no pipeline its
 order F0, (F1 B0), (F2 B1), ..., B(m-1) is 1F1B with one warm-up forward
-(`one_f_one_b`'s `extra`), so every pair is a forward then a backward, and the memory model
-(`sim.models.memory`, in action order) holds both micro-batches' activations in a pair. The
+(`one_f_one_b`'s `extra`), so every pair is a forward then a backward. Within a pair the
+forward's layer i runs beside the backward's layer n - 1 - i, whose state is released after
+it (TransformerModelChunkSchedulePlan.run, `b_layer.release_state()`): the memory model
+(`sim.models.activation_memory.paired_levels`) holds one micro-batch's layers and those the
+forward has stored ahead of the backward's frees, not both micro-batches whole. The
 plan's reordering of a pair's ops is `traces.plan.moe_overlap`.
 
 Megatron-Core's rules (TransformerConfig.__post_init__): expert_model_parallel_size > 1; with

@@ -13,6 +13,7 @@ from traces import cpu_offload
 from traces.errors import ConfigError
 from traces.layout import Layout
 from traces.model import ModelSpec
+from traces.moe_overlap import DUALPIPE, pairs
 from traces.pipeline import Action
 from traces.stored_activations import activation_bytes_per_layer
 from traces.zero_bubble import frees_at
@@ -87,3 +88,70 @@ def per_pass(model: ModelSpec, layout: Layout, pp_rank: int) -> float:
     layers = rank_layers(model, layout, pp_rank)
     return sum(per_layer + moe_activation_delta(model, layout, layer)
                for layer in layers) / len(layout.stages_of_rank(pp_rank))  # vp; dualpipe 2
+
+
+# --- Megatron-Core's combined 1F1B (overlap_moe_comm) -------------------------------------------
+
+def layer_bytes(model: ModelSpec, layout: Layout, stage: int) -> list[float]:
+    """Stored activations of each layer of `stage` for one micro-batch, in layer order."""
+    per_layer = activation_bytes_per_layer(model, layout)
+    return [per_layer + moe_activation_delta(model, layout, layer)
+            for layer in layout.layers_of_stage(model, stage)]
+
+
+def pair_rise(forward: Sequence[float], backward: Sequence[float]) -> float:
+    """How far above what it held before a combined forward-backward step rises: Megatron-Core
+    runs the forward's layer i beside the backward's layer n - 1 - i
+    (NVIDIA/Megatron-LM megatron/core/models/common/model_chunk_schedule_plan.py,
+    TransformerModelChunkSchedulePlan.run: "Phase 1: forward_layer[0] + backward_layer[3]
+    ...", `b_schedule_plan.pop_layer()` and `b_layer.release_state()` after each), so the
+    backward's layers are freed one by one as the forward's are stored: at step i the forward's
+    first i + 1 layers are held (its layer i whole, counted before the backward's layer frees
+    anything: an upper bound within the step) less the backward's last i; the remaining
+    layers of the longer chunk run alone after the overlapped ones."""
+    rise = held = 0.0
+    for i in range(max(len(forward), len(backward))):
+        held += forward[i] if i < len(forward) else 0.0
+        rise = max(rise, held)
+        held -= backward[-1 - i] if i < len(backward) else 0.0
+    return rise
+
+
+def combined_1f1b(layout: Layout) -> bool:
+    """Whether Megatron-Core's combined 1F1B pairs the layout's actions (overlap_moe_comm
+    under a Megatron schedule; DualPipe's pairs are its own, `traces.moe_overlap`)."""
+    return layout.overlap_moe_comm and layout.schedule not in DUALPIPE
+
+
+def paired_levels(model: ModelSpec, layout: Layout, pp_rank: int,
+                  actions: Sequence[Action]) -> list[tuple[float, float]] | None:
+    """(during, after) stored activations for each of the rank's actions where Megatron-Core's
+    combined 1F1B pairs some of them (overlap_moe_comm, `traces.moe_overlap.pairs`, not
+    DualPipe's pairs); None elsewhere. A forward alone adds its chunk, a backward frees it;
+    a pair, in either order, rises by `pair_rise` over what it found held and leaves the
+    forward's chunk in place of the backward's (both actions report the pair's top as
+    their level during it)."""
+    if not combined_1f1b(layout):
+        return None
+    first = dict(pairs(list(actions)))
+    if not first:
+        return None
+    layers = {s: layer_bytes(model, layout, s) for s in layout.stages_of_rank(pp_rank)}
+    frees = frees_at(actions)
+    out: list[tuple[float, float]] = []
+    held, i = 0.0, 0
+    while i < len(actions):
+        action = actions[i]
+        if i in first:
+            f, b = sorted((action, actions[first[i]]), key=lambda a: a.kind != "F")
+            top = held + pair_rise(layers[f.stage], layers[b.stage])
+            after = held + sum(layers[f.stage]) - sum(layers[b.stage])
+            out += [(top, top), (top, after)]
+            held, i = after, i + 2
+            continue
+        chunk = sum(layers[action.stage])
+        change = chunk if action.kind == "F" else -chunk if action.kind == frees else 0.0
+        before, held = held, held + change
+        out.append((max(before, held), held))
+        i += 1
+    return out

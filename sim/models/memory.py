@@ -23,7 +23,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from sim.models.activation_memory import chunk_bytes, held_after, peak_in_flight, per_pass
+from sim.models.activation_memory import (
+    chunk_bytes,
+    held_after,
+    paired_levels,
+    peak_in_flight,
+    per_pass,
+)
 from sim.models.fp8_weight_cache import fp8_weight_cache_bytes
 from sim.models.moe_memory import expert_shards, expert_zero
 from sim.models.working_memory import (
@@ -121,13 +127,25 @@ def pp_rank_memory(model: ModelSpec, layout: Layout, pp_rank: int,
         raise ConfigError(f"pipeline rank {pp_rank} is outside 0..{layout.pp - 1}")
     params, grads, optimizer = _states(model, layout, pp_rank)
     in_params, held = _weight_cache(model, layout, pp_rank, non_tn)
-    chunks = chunk_bytes(model, layout, pp_rank)
-    activations = (peak_in_flight(actions) * per_pass(model, layout, pp_rank) if chunks is None
-                   else max(held_after(actions, chunks), default=0.0))
+    activations = _peak_activations(model, layout, pp_rank, actions)
     return MemoryBreakdown(params_bytes=params + in_params, grads_bytes=grads,
                            optimizer_bytes=optimizer, activations_bytes=activations,
                            working_bytes=working_bytes(model, layout, pp_rank, nvlink_domain)
                            + held)
+
+
+def _peak_activations(model: ModelSpec, layout: Layout, pp_rank: int,
+                      actions: list[Action]) -> float:
+    """The most stored activations the rank holds along `actions`: micro-batches in flight
+    times a pass's bytes, each chunk's own where they differ, and Megatron-Core's combined
+    1F1B pairs layer by layer (`sim.models.activation_memory.paired_levels`)."""
+    levels = paired_levels(model, layout, pp_rank, actions)
+    if levels is not None:
+        return max(during for during, _ in levels)
+    chunks = chunk_bytes(model, layout, pp_rank)
+    if chunks is None:
+        return peak_in_flight(actions) * per_pass(model, layout, pp_rank)
+    return max(held_after(actions, chunks), default=0.0)
 
 
 def _weight_cache(model: ModelSpec, layout: Layout, pp_rank: int,
@@ -191,6 +209,9 @@ def memory_timeline(model: ModelSpec, layout: Layout, pp_rank: int,
     work = working_bytes(model, layout, pp_rank, nvlink_domain) - held
     held += _weight_cache(model, layout, pp_rank, non_tn)[1]  # so is TE's FP8 workspace
     states = base.params_bytes + base.grads_bytes + base.optimizer_bytes + held
+    levels = paired_levels(model, layout, pp_rank, [action for action, _, _ in timed])
+    if levels is not None:
+        return _level_timeline(states, work, levels, timed)
     chunks = chunk_bytes(model, layout, pp_rank)
     if chunks is not None:
         return _weighted_timeline(states, work, chunks, timed)
@@ -225,4 +246,16 @@ def _weighted_timeline(states: float, work: float, chunks: dict[int, float],
         peak = after if action.kind == "F" else before
         points += [(start, states + peak + work), (end, states + after)]
         before = after
+    return points
+
+
+def _level_timeline(states: float, work: float, levels: Sequence[tuple[float, float]],
+                    timed: Sequence[tuple[Action, float, float]]
+                    ) -> list[tuple[float, float]]:
+    """`memory_timeline` from each action's (during, after) activations
+    (`sim.models.activation_memory.paired_levels`): the level during it, with the working
+    buffers, from its start; the level after it from its end."""
+    points = [(0.0, states)]
+    for (_, start, end), (during, after) in zip(timed, levels):
+        points += [(start, states + during + work), (end, states + after)]
     return points

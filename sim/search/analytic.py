@@ -27,6 +27,7 @@ from sim.collectives import Algorithm, Collectives, analytic_time
 from sim.collectives.direct import EXCHANGE
 from sim.config import resolve_non_tn
 from sim.engine.transport import NetworkMode
+from sim.models.activation_memory import combined_1f1b
 from sim.models.compute import ComputeModel
 from sim.models.memory import MemoryBreakdown, peak_in_flight, pp_rank_memory
 from sim.models.moe_memory import rank_layers
@@ -219,8 +220,10 @@ class Analytic:
 
     def _holding(self, layout: Layout, r: int) -> list[Action]:
         """What `pp_rank_memory` needs of rank r's schedule: its peak in flight where its
-        chunks are equal; its actions where they differ (which chunks are in flight counts)."""
-        if equal_chunks(self.model, layout):
+        chunks are equal; its actions where they differ (which chunks are in flight counts)
+        or where Megatron-Core's combined 1F1B pairs them (which actions pair counts:
+        `sim.models.activation_memory.paired_levels`)."""
+        if equal_chunks(self.model, layout) and not combined_1f1b(layout):
             return _holding(self._in_flight(layout)[r])
         key = (layout.schedule, layout.pp, layout.num_microbatches, layout.vp,
                int(layout.overlap_moe_comm))

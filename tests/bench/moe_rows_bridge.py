@@ -23,7 +23,7 @@
   HybridEP's all-to-all overlaps compute, its kernels hold Megatron-Core's default 16 SMs
   (moe_hybridep_num_sms; the DeepSeek-V3 workload presets set none: `traces.moe_overlap.comm_sms`).
    `moe_probs_in_activation` true on every row: the routing probabilities applied in the
-   experts' activation, as Megatron-Core does from 0.13 (CHANGELOG 0.13.0; `traces.moe_probs`),
+   experts' activation, as Megatron-Core does from 0.12.1 (CHANGELOG 0.13.0; `traces.moe_probs`),
    with no option to turn it off; these containers (2025-09 on) postdate 0.13 (2025/07, the
    MoE README's "What's New"), and the recipes' hybridep dispatcher is 0.15's.
    Gradients accumulated and reduced in bf16: the scripts' common settings set

@@ -20,7 +20,7 @@ its `if args.bf16:` branch of 2024-25; the Bridge rows set it too); expert tenso
 TP where the row has no ETP (the layout before folding: experts split as attention is), as the
 table gives it where it does; the routing probabilities applied in the unpermute
 (`moe_probs_in_activation` false, the default): v1 of the paper (2025-04) predates
-Megatron-Core 0.13 (2025/07), which moved them into the experts' activation
+Megatron-Core 0.12.1 (2025-05-23), the first release that moved them into the experts' activation
 (`traces.moe_probs`); the router's score function, top-k and probabilities as separate aten
 ops (`moe_router_fusion` false): the fused router kernels (`--moe-router-fusion`) arrived in
 Megatron-Core 0.14 (2025/09; Megatron-LM megatron/core/transformer/moe/README.md, "What's

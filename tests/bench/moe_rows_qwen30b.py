@@ -17,7 +17,8 @@
      (1024 x 4096 / 16 / 20.14729 s = 13,011.4). Its card: "HybridEP permute fusion uses 32 SMs
      ..., expert-parallel communication overlap is active with delayed weight-gradient compute
      disabled, and Transformer Engine CUDA graph capture completes for all 48 graphable layers
-     with moe_router and moe_preprocess scopes".
+     with moe_router and moe_preprocess scopes", and of its memory "peak allocated memory
+     remains below 65 GiB/GPU" (checked: test_moe_recipes.py).
    The recipes (src/megatron/bridge/perf_recipes/qwen/gb300/qwen3_moe.py and h100/qwen3_moe.py,
    src/megatron/bridge/recipes/qwen/h100/qwen3_moe.py, stored versions; the card's run commit's
    own copies are not in the corpus, an assumption that they are the same):
@@ -52,8 +53,16 @@
    the same for these flags): the "A3B" branch's `--moe-grouped-gemm --moe-token-dispatcher-type
    alltoall` and aux-loss routing, no `--moe-permute-fusion` and no router fusion (neither
    flag), `--overlap-grad-reduce --overlap-param-gather`, CUDA_DEVICE_MAX_CONNECTIONS=1,
-   Megatron-LM-250624 (before Megatron-Core 0.13's probabilities-in-activation: the default,
-   applied in the unpermute). Not stated by the issue, assumed: BF16 (the script's `bf16`
+   its Megatron-LM-250624 backend (a main snapshot of 2025-06-24): the routing probabilities
+   weighed in the experts' activation (`moe_probs_in_activation`), which Megatron-Core first
+   shipped in 0.12.1 on 2025-05-23 (`traces.moe_probs`: PyPI's 0.12.0 wheel still weighs in
+   the unpermute, 0.12.1's in the activation), a month before the snapshot (a backport to
+   the release branch, so main had it by then too); the issue's own "去掉
+   --recompute-granularity selective --recompute-modules moe" rules out anything older than
+   0.12.0 (its wheel has `recompute_modules`, 0.12.0rc3's of 2025-04-15 not). The
+   probabilities are bf16 there (no --moe-router-dtype: moe_utils.py's softmax
+   `.type_as(logits)`), 2 bytes each, counted at `traces.moe_probs`' 4: 128 KiB a layer.
+   Not stated by the issue, assumed: BF16 (the script's `bf16`
    precision; its `fp8` is blockwise), the distributed optimizer (ZeRO-1), gradients
    accumulated in fp32 (Megatron-LM's bf16 default). Nodes of 8 H800 (the dgx-h800 preset:
    NVLink at 200 GB/s a way, 400 Gb/s InfiniBand per GPU). The host is modelled (eager launch,
@@ -118,7 +127,8 @@ def pai_h800(pp: int, ep: int, gbs: int, tokens: float) -> MoeRow:
     """Issue #643's run on 16 H800 at `pp` x `ep` (module docstring)."""
     model: dict[str, Any] = qwen3("30b", dtype="bf16", seq_len=8192)
     model.update(capacity_factor=1.0, moe_permute_fusion=False, moe_router_fusion=False,
-                 moe_gemm_streams=TE_GEMM_STREAMS)
+                 moe_gemm_streams=TE_GEMM_STREAMS,
+                 moe_probs_in_activation=True)  # Megatron-LM-250624 (module docstring)
     parallel = {"tp": 1, "pp": pp, "dp": 16 // pp, "ep": ep, "etp": 1, "sp": False,
                 "zero": 1, "fp32_main_grads": True, "micro_batch": 1, "global_batch": gbs,
                 "recompute": "none", "schedule": "1f1b", "overlap_grad_reduce": True,

@@ -26,6 +26,8 @@ from moe_rows_qwen30b import (
 )
 
 from sim.config import experiment_from_dict
+from sim.models.activation_memory import layer_bytes
+from sim.models.memory import memory_by_pp_rank
 from traces.errors import ConfigError
 from traces.model import ModelSpec
 from traces.moe_steps import permute_steps, router_steps
@@ -238,6 +240,50 @@ def test_the_card_rows_state_their_recipes_graphs_and_sms():
         assert row.host and not row.graphs and m.get("dispatch", "nccl") == "nccl"
         assert (m["capacity_factor"], m["moe_permute_fusion"], m["moe_router_fusion"],
                 m["seq_len"]) == (1.0, False, False, 8192)
+
+
+def test_the_pai_rows_hold_their_closed_form_activations_and_fit_an_h800():
+    """Issue #643's runs (Megatron-LM-250624: probabilities weighed in the experts' activation,
+    `traces.moe_probs`) hold on their first pipeline rank pp micro-batches of 48/pp layers, each
+    layer's stored activations in closed form: attention and norms 21.5 bytes per s·b·h (8
+    replicated with no dropout, Q/K/V/O (4 + 4·4/32)·4096/2048 = 9, the q/k norms' inputs
+    2·(1 + 1/8)·2 = 4.5), and per each of the R = T·k = 65,536 rows a rank's experts process
+    (capacity factor 1: no rank above the balanced count) fc1's input h, the SwiGLU's 2f and
+    fc2's f in bf16 plus one probability, and the router's T·E scores and map (4 + 1 bytes).
+    That is 44.96 GB on either layout, 77.6 / 76.8 GiB in all: under the H800's 81,559 MiB,
+    as the runs were. Weighed in the unpermute instead (Megatron-Core <= 0.12.0) each layer
+    would keep its A = T·k combined outputs too, A·h·2 bytes: 89.6 / 88.8 GiB, over it."""
+    t, h, f, e, k = 8192, 2048, 768, 128, 8
+    rows = t * k
+    layer = t * h * 21.5 + rows * (h + 3 * f) * 2 + rows * 4 + t * e * (4 + 1)
+    assert layer == 936_640_512
+    for row in PAI_ROWS:
+        exp = experiment_from_dict(row.config(), name=row.name)
+        pp = exp.layout.pp
+        ranks = memory_by_pp_rank(exp.model, exp.layout)
+        assert ranks[0].activations_bytes == pp * (48 // pp) * layer == 44_958_744_576
+        peak = max(m.total_bytes for m in ranks)
+        assert peak == ranks[0].total_bytes < 81559 * 2**20
+        assert peak + 48 * rows * h * 2 > 81559 * 2**20  # the unpermute's outputs: no fit
+
+
+def test_the_card_rows_hold_one_micro_batch_and_a_layer_under_the_combined_1f1b():
+    """The card's GB300 and H100 runs overlap the expert all-to-all (Megatron-Core's combined
+    1F1B at PP 1: F0, (F1 B0), ..., B(m-1)): each paired step stores the forward's layer i as
+    it frees the backward's layer 47 - i, so the rank holds one micro-batch's 48 equal layers
+    and the one stored ahead, 49 layers (not 96: `sim.models.activation_memory.pair_rise`),
+    and both fit their GPUs, as they ran (the GB300 one 253.2 of 268.2 GiB, 417.5 before). The
+    card states the H100 run's memory: "peak allocated memory remains below 65 GiB/GPU" (its
+    expected result, steps 41-50): parasim's 58.1 GiB is (78.6 before, both micro-batches
+    held whole)."""
+    for row in CARD_ROWS[:1] + CARD_ROWS[-1:]:
+        exp = experiment_from_dict(row.config(), name=row.name)
+        layers = layer_bytes(exp.model, exp.layout, 0)
+        assert len(layers) == 48 and len(set(layers)) == 1
+        (rank,) = memory_by_pp_rank(exp.model, exp.layout)
+        assert rank.activations_bytes == 49 * layers[0]
+        assert rank.total_bytes < exp.cluster.accelerator.memory_bytes, row.name
+    assert rank.total_bytes < 65 * 2**30  # the H100 row, last: the card's stated bound
 
 
 def test_issue_4439s_row_is_its_tflops_over_the_causal_count():
