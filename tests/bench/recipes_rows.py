@@ -161,7 +161,16 @@ def titan_1d(gpus: int, table: str, tps: tuple[float, float, float]) -> list[Row
 
 def titan_cp(dp: int, cp: int, tps: float) -> Row:
     """Table 2: 8B on 8 GPUs, FSDP x CP, local batch 1, full checkpointing, compile + Float8;
-    torchtitan's CP all-gathers K/V (context_parallel_rotate_method = "allgather")."""
+    torchtitan's CP all-gathers K/V (context_parallel_rotate_method = "allgather").
+
+    Every row gives a rank 32,768 tokens (seq / cp), and under torch's load-balanced ring
+    (torch/distributed/tensor/experimental/_attention.py, _templated_ring_attention) each of
+    a rank's cp SDPA calls a layer has the same shape at every CP degree: step 0 causal on
+    its two chunks, every other step 32,768 queries on 16,384 keys or 16,384 on 32,768,
+    non-causal. So a rank's step is linear in cp (`tests/traces/plan/test_context.py`,
+    ..._grows_as_cp). The published rows' step (32,768 / tokens/s) are 8.42, 12.90, 30.60 and
+    59.80 s: CP 1, 4 and 8 lie on one line (7.34 s a CP degree, CP 4 within 0.5%) and CP 2
+    is 18% below it, so the table's CP 2 row is off its own trend (issue 32, branch cp2)."""
     seq = 32768 * cp
     parallel = {"dp": dp, "cp": cp, "cp_comm": "all_gather", "micro_batch": 1,
                 "global_batch": dp, "recompute": "full"}

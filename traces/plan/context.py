@@ -28,7 +28,12 @@ and values, and this pass brings them (`cp_comm`):
         kernel of s/cp queries against all s keys (cp times a ring step's FLOPs, reading the
         other cp − 1 blocks too). backward: K/V gathered again (TE keeps only the rank's own
         K/V for backward), the kernel's backward (reading the gathered K/V, writing dK/dV for
-        all of it), and a reduce-scatter of dK/dV over the CP group.
+        all of it), and a reduce-scatter of dK/dV over the CP group. Open: torch's stacks do
+        not reduce-scatter; _templated_ring_attention_backward passes dK/dV round the ring
+        (`dkv_rotater = _create_rotater(group, 2, method=_RotateMethod.ALL_TO_ALL)`, fp32,
+        one permute_tensor to the next rank after each of the cp steps, each waited at the
+        next step's accumulation, the last before the core returns), so only the last
+        block's transfer is exposed; here the whole reduce-scatter is, inline.
 
 Each ring step's result is merged into the rank's (`Kernel.CP_MERGE`, memory-bound, one
 kernel after each step; after the gathered kernel in all_gather mode for torch's stacks):

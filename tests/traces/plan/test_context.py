@@ -306,3 +306,26 @@ def test_torch_all_gather_runs_beside_the_ranks_own_step():
         assert {index[id(gather)], index[id(own)]} <= set(rest.deps)
     fused = _gqa_plan("fused", cp=cp, cp_comm="all_gather").ops[0]
     assert {op.stream for op in fused if isinstance(op.purpose, CpGather)} == {Stream.COMPUTE}
+
+
+@pytest.mark.parametrize("comm", ["all_gather", "p2p"])
+def test_a_ranks_attention_at_fixed_local_tokens_grows_as_cp(comm):
+    """Under load balancing every step of a rank's ring is one SDPA call of the same size at
+    every CP degree (torch's _templated_ring_attention: step 0 causal on the rank's two
+    chunks, each other step s/cp queries on s/(2·cp) keys or s/(2·cp) queries on s/cp keys,
+    non-causal), so with s/cp tokens a rank (Table 2 of torchtitan: 32,768 at every CP) its
+    attention FLOPs are cp times CP 1's: exactly cp · 2·b·a·(s/cp)²·d a layer forward."""
+    local, b = 48, 1
+    d, a = GQA.hidden // GQA.heads, GQA.heads // TP
+    for phase in (Phase.FWD, Phase.BWD):
+        one = None
+        for cp in (1, 2, 4):
+            model = dataclasses.replace(GQA, kernels="compiled", seq_len=local * cp)
+            layout = Layout(global_batch=1, tp=TP, cp=cp, cp_comm=comm)
+            check_layout(model, layout)
+            flops = sum(op.flops for op in _of_layer(build(model, layout).ops[0], phase)
+                        if op.purpose == KernelRun(Kernel.FLASH_ATTN))
+            one = flops if cp == 1 else one
+            assert flops == cp * one
+        if phase is Phase.FWD:
+            assert one == 4 * b * a * local * local * d / 2
