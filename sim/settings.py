@@ -176,9 +176,16 @@ def named_as_flags(settings: Sequence[Setting]) -> Iterator[None]:
         for setting in reversed(settings):  # the last setting of a key is the one in force
             prefix = f"{setting.key}: "
             if message.startswith(prefix):
-                raise ConfigError(f"--set {show(setting.text)}: "
+                raise ConfigError(f"--set {_flag_text(setting)}: "
                                   f"{message[len(prefix):]}") from None
         raise
+
+
+def _flag_text(setting: Setting) -> str:
+    """The flag as the user gave it, quoted: the key whole (a known key, so short: the error
+    names it) and the value shortened (it may be anything)."""
+    _, _, value = setting.text.partition("=")
+    return f"'{setting.key}={show(value)[1:-1]}'"
 
 
 def load_config(path: str | Path, settings: Sequence[Setting]) -> dict[str, Any]:

@@ -117,6 +117,10 @@ def test_setting_a_parallel_key_of_a_search_fixes_it(tmp_path):
     ("model.dtype=fp8", "--set 'model.dtype=fp8': \"fp8\" needs FP8 tensor cores"),
     ("sim.network=warp", "--set 'sim.network=warp': "),
     ("model.layers.x=1", "model.layers is 4 in the config, not a table"),
+    # a long key named whole, only the value shortened
+    ("parallel.gradient_accumulation_fusion=false",
+     "--set 'parallel.gradient_accumulation_fusion=false': false is modelled only under"),
+    ("model.dtype=" + "x" * 300, "--set 'model.dtype=xxxxxxxxxxxxxxxxx...xxxxxxxxxxxxxxxxxx': "),
 ])
 def test_a_bad_setting_is_one_line_naming_the_flag(capsys, setting, needle):
     code, out, err = run_cli(capsys, "simulate", TINY, "--set", setting)
