@@ -57,6 +57,7 @@ from traces.gzipped import head
 from traces.header import TraceMeta, check_fold_ranks
 from traces.io import load as load_parasim
 from traces.kineto import dropped, load_kineto
+from traces.moe_spec import gemm_streams
 from traces.ops import Op, OpKind, Trace
 from traces.stack import gemm_splits, launch_counts
 
@@ -297,12 +298,13 @@ def replay_trace(loaded: LoadedTrace, cluster: Cluster, profile: Profile | None 
             else NetworkMode.FLOW
     plan, kept, modelled, uncosted = _compute_times(trace, retime)
     gaps = measured_gaps(trace) if host_gaps else None
-    # a parasim plan's software stack states its kernels' launches, and its FP8 recipe its
-    # GEMMs' rate, as `predict` costs them
+    # a parasim plan's software stack states its kernels' launches, its FP8 recipe its GEMMs'
+    # rate and its stack the experts' GEMM streams, as `predict` costs them
     model = trace.meta.model
     stack = launch_counts(model) if model is not None else None
     rate = fp8_gemm_rate(model) if model is not None else 1.0
     compute = ComputeModel(cluster.accelerator, profile, stack, fp8_rate=rate,
+                           expert_streams=gemm_streams(model) if model is not None else 0,
                            splits=gemm_splits(model) if model is not None else None)
     times = replay(plan, cluster, compute,
                    interference=interference_for(cluster, profile, compute), network=network,

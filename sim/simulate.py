@@ -31,6 +31,7 @@ from traces.identity import Partition, partition_for
 from traces.layout import Layout, Recompute
 from traces.model import ModelSpec
 from traces.moe_overlap import comm_sms
+from traces.moe_spec import gemm_streams
 from traces.ops import Trace
 from traces.pipeline import layout_schedule
 from traces.plan import build
@@ -72,7 +73,7 @@ def predict(exp: Experiment, *, fold: bool = True, progress: Progress | None = N
     compute = ComputeModel(exp.cluster.accelerator, exp.profile,
                            device_launches(exp.model, exp.layout),
                            cluster_host_Bps(exp.cluster), fp8_gemm_rate(exp.model),
-                           exp.model.moe_gemm_streams, gemm_splits(exp.model))
+                           gemm_streams(exp.model), gemm_splits(exp.model))
     durations = reserved_sms(plan, compute, comm_sms(exp.layout, exp.model.dispatch))
     interference = spared(interference_for(exp.cluster, exp.profile, compute), durations)
     hosts = host_programs(plan, exp.host, exp.model, exp.layout, compute)

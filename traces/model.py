@@ -154,11 +154,13 @@ class ModelSpec:
     (`traces.hybridep`)."""
     moe_grouped_gemm: bool = True
     """One grouped GEMM over a rank's experts; false: a GEMM per expert (`traces.moe_steps`)."""
-    moe_gemm_streams: int = 0
+    moe_gemm_streams: int | None = None
     """How the grouped GEMM runs (`sim.models.compute.expert_rounds`): 0, one kernel over every
     local expert's tiles; S > 0, Transformer Engine's cuBLAS path, one GEMM per expert, expert
     i's on compute stream i mod S (TE's S = 4), the S in flight sharing the SMs; with FP8,
-    GroupedLinear's per-expert quantize kernels (`sim.models.host.device_launches`)."""
+    GroupedLinear's per-expert quantize kernels (`sim.models.host.device_launches`). Unset
+    (None): the stack's, `traces.moe_spec.gemm_streams` (4 under kernels = "fused" with
+    moe_grouped_gemm: Megatron-Core's TEGroupedMLP; else 0); a stated value always wins."""
     moe_permute_fusion: bool = True
     """Fused token permute/unpermute kernels (Megatron's --moe-permute-fusion)."""
     moe_router_fusion: bool = True

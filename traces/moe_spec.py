@@ -1,6 +1,7 @@
 """Mixture-of-experts rules and routing: which layers are MoE and how many tokens each expert gets.
 
     check_moe(model)                the `[model]` MoE keys' bounds and rules (ConfigError)
+    gemm_streams(model)             the streams the experts' grouped GEMM runs on (0: one kernel)
     expert_popularity(model, l)     the share of layer l's routed tokens each expert receives
     expert_counts(model, l, T)      tokens each expert gets from one rank's T tokens
 
@@ -73,7 +74,9 @@ class ModelSpec(Protocol):
     @property
     def moe_grouped_gemm(self) -> bool: ...
     @property
-    def moe_gemm_streams(self) -> int: ...
+    def moe_gemm_streams(self) -> int | None: ...
+    @property
+    def kernels(self) -> str: ...
     @property
     def moe_permute_fusion(self) -> bool: ...
     @property
@@ -149,10 +152,12 @@ def _check_kernel_keys(m: ModelSpec) -> None:
             raise ConfigError(f"model.{name}: {show(value)} needs model.experts > 0 (a dense "
                               "model has no experts)")
     streams = m.moe_gemm_streams
-    if not isinstance(streams, int) or isinstance(streams, bool) or not 0 <= streams <= 64:
+    if streams is None:
+        pass  # the stack's (`gemm_streams`)
+    elif not isinstance(streams, int) or isinstance(streams, bool) or not 0 <= streams <= 64:
         raise ConfigError(f"model.moe_gemm_streams: {show(streams)} must be an integer from 0 "
                           "to 64")
-    if streams and not (m.experts and m.moe_grouped_gemm):
+    elif streams and not (m.experts and m.moe_grouped_gemm):
         raise ConfigError(f"model.moe_gemm_streams: {streams} needs model.experts > 0 and "
                           "model.moe_grouped_gemm (it says how the grouped GEMM runs)")
     score = m.moe_router_score_function
@@ -162,6 +167,34 @@ def _check_kernel_keys(m: ModelSpec) -> None:
     if score != "softmax" and not m.experts:
         raise ConfigError(f"model.moe_router_score_function: {show(score)} needs "
                           "model.experts > 0 (a dense model has no router)")
+
+
+TE_GEMM_STREAMS = 4
+"""The compute streams Transformer Engine's GroupedLinear runs its per-expert GEMMs on:
+nvte_multi_tensor_gemm takes its cuBLAS path unless the GPU is Hopper, the operands BF16 and
+NVTE_USE_CUTLASS_GROUPED_GEMM set (off by default), and multi_stream_cublas_gemm launches
+expert i's GEMM on compute stream i % num_streams (NVIDIA/TransformerEngine
+transformer_engine/common/gemm/cublaslt_gemm.cu @0143a5e); num_streams is 4
+(transformer_engine/common/util/multi_stream.cpp @3e125d6, get_num_compute_streams)."""
+
+
+def gemm_streams(m: ModelSpec) -> int:
+    """The streams a rank's experts' grouped GEMM runs on (`sim.models.compute.expert_rounds`;
+    0: one kernel over every local expert's tiles): `moe_gemm_streams` where the config states
+    it, else the stack's. Under `kernels = "fused"` (Megatron-Core with Transformer Engine)
+    --moe-grouped-gemm builds TEGroupedMLP on TE's GroupedLinear unless
+    --moe-use-legacy-grouped-gemm (NVIDIA/Megatron-LM megatron/core/extensions/
+    transformer_engine_spec_provider.py, TESpecProvider.grouped_mlp_modules; the MoE README's
+    --moe-grouped-gemm: "launch multiple local GEMM kernels in multiple streams ... with
+    GroupedLinear in TransformerEngine"): `TE_GEMM_STREAMS`. torchtitan's stacks (compiled,
+    eager) run torch._grouped_mm, one kernel; so does DeepGEMM's m_grouped_*_contiguous
+    (deepseek-ai/DeepGEMM README.md, "Grouped GEMMs (contiguous layout)": the experts' tokens
+    concatenated into one tensor), which a config states as 0. Without grouped GEMM there is
+    no grouped op to split."""
+    if m.moe_gemm_streams is not None:
+        return m.moe_gemm_streams
+    te_grouped = m.experts and m.moe_grouped_gemm and m.kernels == "fused"
+    return TE_GEMM_STREAMS if te_grouped else 0
 
 
 def is_moe_layer(m: ModelSpec, layer: int) -> bool:

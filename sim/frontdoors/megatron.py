@@ -7,7 +7,8 @@ Each argument is read (`megatron_flags.FLAGS`), known to change nothing parasim 
 (`megatron_flags.HARMLESS`: learning rates, data, logging, checkpoints), or named in the one
 warning line of what the TOML leaves out. Megatron's defaults are written where they differ
 from parasim's (Megatron overlaps no gradient reduction unless told to; it runs MoE GEMMs one
-expert at a time without --moe-grouped-gemm), so the TOML says what Megatron would run. The
+expert at a time without --moe-grouped-gemm, and with it TE's GroupedLinear on 4 streams:
+`moe_gemm_streams`), so the TOML says what Megatron would run. The
 world size is `--gpus` or torchrun's --nnodes x --nproc-per-node among the arguments; data
 parallelism is what the other axes leave of it, as in Megatron.
 """
@@ -22,11 +23,12 @@ from typing import Any
 
 from sim.frontdoors.megatron_flags import ALIASES, FLAGS, HARMLESS
 from traces.errors import ConfigError, show
+from traces.moe_spec import TE_GEMM_STREAMS
 from traces.pipeline_layout import parse_pipeline_layout
 
 REQUIRED = ("layers", "hidden", "heads", "seq_len", "vocab")
 _SPECIAL = frozenset({"recompute-method", "recompute-num-layers", "moe-layer-freq", "nnodes",
-                      "nproc-per-node"})
+                      "nproc-per-node", "moe-use-legacy-grouped-gemm"})
 _BRIDGE = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_]\w*)+=")
 _FREQ = re.compile(r"^\(?\[0\]\s*\*\s*(\d+)\s*\+\s*\[1\]\s*\*\s*(\d+)\)?$")
 _VALUES: Mapping[str, Mapping[str, Any]] = {
@@ -217,6 +219,23 @@ def _experts(out: Translation) -> None:
             out.left_out.append(f"--moe-layer-freq {freq}")
     for key in ("moe_grouped_gemm", "moe_permute_fusion", "moe_router_fusion"):
         m.setdefault(key, False)
+    _grouped_streams(out)
+
+
+def _grouped_streams(out: Translation) -> None:
+    """--moe-grouped-gemm builds Megatron-Core's TEGroupedMLP on Transformer Engine's
+    GroupedLinear (`traces.moe_spec.gemm_streams`): one cuBLAS GEMM per local expert on TE's
+    4 compute streams, written out. --moe-use-legacy-grouped-gemm's GroupedMLP runs the
+    grouped_gemm library, one CUTLASS kernel or a cuBLAS GEMM per expert as it was built
+    (tgale96/grouped_gemm README, "Compiling from source"): left out, named."""
+    if not out.model["moe_grouped_gemm"]:
+        return
+    legacy = out.special.get("moe-use-legacy-grouped-gemm")
+    if legacy is not None and _on(legacy or None, "--moe-use-legacy-grouped-gemm"):
+        out.left_out.append("--moe-use-legacy-grouped-gemm (the grouped_gemm library's kernels "
+                            "depend on its build)")
+        return
+    out.model["moe_gemm_streams"] = TE_GEMM_STREAMS
 
 
 def _recompute(out: Translation) -> None:

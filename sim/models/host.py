@@ -104,6 +104,7 @@ from traces.fp8 import recipe as fp8_recipe
 from traces.kernel_names import Kernel
 from traces.layout import Layout
 from traces.model import ModelSpec
+from traces.moe_spec import gemm_streams
 from traces.ops import Op, OpKind, Phase, Trace
 from traces.purpose import ExpertAllToAll, GemmChunk, KernelRun, MoeStep, RoutingMapGather
 from traces.stack import launch_counts
@@ -305,12 +306,12 @@ def expert_cast_launches(model: ModelSpec, layout: Layout) -> int:
 def device_launches(model: ModelSpec, layout: Layout) -> dict[tuple[str, bool], int] | None:
     """Kernels per (kernel, backward) on the device where the stack states them
     (`traces.stack.launch_counts`), and under Transformer Engine's GroupedLinear
-    (`model.moe_gemm_streams` > 0) an expert cast op's `expert_cast_launches`: split_quantize's
-    loop launches its quantize kernels one after another on the GPU as on the host (module
-    docstring), each paying the compute model's launch overhead. None where nothing is
+    (`traces.moe_spec.gemm_streams` > 0) an expert cast op's `expert_cast_launches`:
+    split_quantize's loop launches its quantize kernels one after another on the GPU as on the
+    host (module docstring), each paying the compute model's launch overhead. None where nothing is
     stated (each op its own one launch)."""
     counts = dict(launch_counts(model) or {})
-    casts = expert_cast_launches(model, layout) if model.moe_gemm_streams else 0
+    casts = expert_cast_launches(model, layout) if gemm_streams(model) else 0
     if casts > 1:
         counts[str(Kernel.EXPERT_CAST), False] = casts
         counts[str(Kernel.EXPERT_CAST_GRAD), True] = casts

@@ -19,7 +19,7 @@ The derivation in full: docs/search-analytic.md.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from itertools import groupby
 
@@ -29,6 +29,8 @@ from sim.config import resolve_non_tn
 from sim.engine.transport import NetworkMode
 from sim.models.activation_memory import combined_1f1b
 from sim.models.compute import ComputeModel
+from sim.models.host import device_launches, expert_cast_launches
+from sim.models.interference import Interference
 from sim.models.memory import MemoryBreakdown, peak_in_flight, pp_rank_memory
 from sim.models.moe_memory import rank_layers
 from sim.models.sharing import interference_for
@@ -52,7 +54,7 @@ from traces.fp8 import fp8_gemm_rate
 from traces.fp8_params import param_gather_bytes
 from traces.layout import Axis, Layout, Schedule
 from traces.model import ModelSpec
-from traces.moe_spec import is_moe_layer
+from traces.moe_spec import gemm_streams, is_moe_layer
 from traces.ops import Op, OpKind, Phase
 from traces.pipeline import (
     Action,
@@ -92,11 +94,9 @@ class Analytic:
                  network: NetworkMode = NetworkMode.FLOW,
                  algo: Algorithm = Algorithm.AUTO) -> None:
         self.model, self.cluster = resolve_non_tn(model, cluster.accelerator), cluster
-        self.compute = ComputeModel(cluster.accelerator, profile, launch_counts(model),
-                                    fp8_rate=fp8_gemm_rate(model),
-                                    expert_streams=model.moe_gemm_streams,
-                                    splits=gemm_splits(model))
-        self.interference = interference_for(cluster, profile, self.compute)
+        self.profile = profile
+        self._computes: dict[int, tuple[ComputeModel, Interference]] = {}
+        self.compute, self.interference = self._timing(launch_counts(model), 0)
         self.variability = cluster.variability
         self.collectives = Collectives(cluster)
         self._domain = cluster.devices_per_server  # sizes HybridEP's buffers
@@ -110,6 +110,30 @@ class Analytic:
         self._peaks: dict[tuple[Schedule, int, int, int, int], tuple[int, ...]] = {}
         self._groups: dict[tuple[int | str | bool, ...], tuple[int, ...]] = {}
         self._bucket_sizes: dict[tuple[int | str, ...], list[float]] = {}
+
+    def _timing(self, launches: Mapping[tuple[str, bool], int] | None, casts: int
+                ) -> tuple[ComputeModel, Interference]:
+        """The compute model with these device launches, and its interference; built once
+        per `casts` (the expert cast op's kernels, `_of`)."""
+        found = self._computes.get(casts)
+        if found is None:
+            compute = ComputeModel(self.cluster.accelerator, self.profile, launches,
+                                   fp8_rate=fp8_gemm_rate(self.model),
+                                   expert_streams=gemm_streams(self.model),
+                                   splits=gemm_splits(self.model))
+            found = self._computes[casts] = (
+                compute, interference_for(self.cluster, self.profile, compute))
+        return found
+
+    def _of(self, layout: Layout) -> tuple[ComputeModel, Interference]:
+        """The compute model and interference of `layout`'s ranks: under Transformer Engine's
+        GroupedLinear (`traces.moe_spec.gemm_streams` > 0) an FP8 expert cast op launches a
+        quantize per local expert, so its launches follow ep (`sim.models.host.device_launches`,
+        as the simulator charges them)."""
+        casts = expert_cast_launches(self.model, layout) if gemm_streams(self.model) else 0
+        if casts <= 1:
+            return self.compute, self.interference
+        return self._timing(device_launches(self.model, layout), casts)
 
     # --- the estimate --------------------------------------------------------------------------
 
@@ -290,7 +314,8 @@ class Analytic:
         """A layer with what its CP ring leaves exposed: each message beyond the ring step
         it runs beside (a forward step waits for the block before it; the backward's last
         message, for qkv's backward), alone on the network."""
-        steps = {phase: next(self.compute.duration(op) * stretch for op, axis in placed
+        compute = self._of(layout)[0]
+        steps = {phase: next(compute.duration(op) * stretch for op, axis in placed
                              if op.purpose == KernelRun(Kernel.FLASH_ATTN)
                              and op.phase is phase)
                  for phase, placed in ((Phase.FWD, ops.layer.compute_fwd),
@@ -312,6 +337,8 @@ class Analytic:
         return analytic_time(self.cluster, self.collectives.p2p(src, dst), size)
 
     def _unit(self, layout: Layout, unit: UnitOps, stretch: float = 1.0) -> UnitTime:
+        compute, interference = self._of(layout)
+
         def total(placed: tuple[Placed, ...], beside: bool = False) -> float:
             """Ops in order; each tp_comm_overlap region by its closed form; `beside`: each
             kernel slowed by communication in flight."""
@@ -321,8 +348,8 @@ class Analytic:
                 axis = axes[id(op)]
                 if axis:
                     return self._op_time(layout, op, axis)
-                alone = self.compute.duration(op) * stretch
-                return alone * self.interference.kernel_scale(op) if beside else alone
+                alone = compute.duration(op) * stretch
+                return alone * interference.kernel_scale(op) if beside else alone
 
             out = 0.0
             for overlapped, run in groupby(placed, key=lambda p: _region_key(p[0])):
@@ -331,7 +358,7 @@ class Analytic:
                     region_seconds(ops, seconds)
             return out
 
-        kernels = sum(self.compute.duration(op) * stretch for op, axis in
+        kernels = sum(compute.duration(op) * stretch for op, axis in
                       unit.compute_fwd + unit.compute_bwd if not axis)
         return UnitTime(compute_fwd=total(unit.compute_fwd), side_fwd=total(unit.side_fwd),
                          compute_bwd=total(unit.compute_bwd), side_bwd=total(unit.side_bwd),
@@ -341,7 +368,7 @@ class Analytic:
 
     def _op_time(self, layout: Layout, op: Op, axis: str) -> float:
         if not axis:
-            return self.compute.duration(op)
+            return self._of(layout)[0].duration(op)
         if ring_exchange(op) and not self.free_network:  # a neighbour copy (sim.engine.lowering)
             exchange = self.collectives.lowering(op.kind, self.group(layout, axis), EXCHANGE)
             assert exchange is not None

@@ -41,6 +41,7 @@ from topology.cluster import Cluster
 from topology.config import read_cluster_table
 from traces.errors import ConfigError
 from traces.fp8 import fp8_gemm_rate
+from traces.moe_spec import gemm_streams
 from traces.ops import Op, OpKind, Trace
 from traces.plan import build
 from traces.purpose import HostCopy
@@ -275,7 +276,7 @@ def _replay(exp: Experiment, cluster: Cluster, plan: Trace, gaps: Mapping[int, l
     compute = ComputeModel(cluster.accelerator, exp.profile,
                            device_launches(exp.model, exp.layout),
                            cluster_host_Bps(cluster), fp8_gemm_rate(exp.model),
-                           exp.model.moe_gemm_streams, gemm_splits(exp.model))
+                           gemm_streams(exp.model), gemm_splits(exp.model))
     return replay(plan, cluster, compute,
                   interference=interference_for(cluster, exp.profile, compute),
                   network=exp.network, algo=exp.algo, gaps=gaps)

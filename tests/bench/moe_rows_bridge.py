@@ -53,6 +53,7 @@ from typing import Any
 from moe_rows import MoeRow, deepseek_v3, qwen3
 from recipes_bridge import PRECISION, cluster
 
+from traces.moe_spec import TE_GEMM_STREAMS as _TE_STREAMS
 from traces.recompute import MODELLED
 
 BRIDGE = "Megatron-Bridge performance summary"
@@ -84,8 +85,8 @@ def bridge(release: str, system: str, model: str, precision: str, gpus: int, gbs
     shape = (deepseek_v3(**PRECISIONS[precision], **extra) if model.startswith("DeepSeek")
              else qwen3("235b" if "235B" in model else "30b", **PRECISIONS[precision]))
     shape["moe_probs_in_activation"] = True  # Megatron-Core >= 0.13 (module docstring)
-    if (model, system, precision) not in CUTEDSL_MLP:
-        shape["moe_gemm_streams"] = TE_GEMM_STREAMS
+    shape["moe_gemm_streams"] = 0 if (model, system, precision) in CUTEDSL_MLP \
+        else TE_GEMM_STREAMS
     if "model.dispatch=hybridep" in needs:
         shape["dispatch"] = "hybridep"
     if "parallel.overlap_moe_comm" in needs:
@@ -98,18 +99,18 @@ def bridge(release: str, system: str, model: str, precision: str, gpus: int, gbs
                   host=(model, system, precision) not in FULL_ITERATION)
 
 
-TE_GEMM_STREAMS = 4
+TE_GEMM_STREAMS = _TE_STREAMS
 """The experts' grouped GEMM as Megatron-Core's TEGroupedMLP runs it (moe_grouped_gemm, TE's
 GroupedLinear): Transformer Engine's nvte_multi_tensor_gemm takes its cuBLAS path on every
 row here (Blackwell; H100's FP8, the CUTLASS grouped GEMM being Hopper BF16 with
 NVTE_USE_CUTLASS_GROUPED_GEMM only), one cuBLAS GEMM per local expert, expert i's on compute
-stream i % 4 (transformer_engine/common/gemm/cublaslt_gemm.cu @0143a5e,
-multi_stream_cublas_gemm; util/multi_stream.cpp @3e125d6: 4 compute streams):
+stream i % 4 (`traces.moe_spec.TE_GEMM_STREAMS`, the default of kernels = "fused" with
+moe_grouped_gemm since `traces.moe_spec.gemm_streams`; stated on these rows all the same):
 `model.moe_gemm_streams` (`sim.models.compute`)."""
 CUTEDSL_MLP = {("DeepSeek-V3", "GB300", "FP8-MX"), ("DeepSeek-V3", "GB200", "FP8-MX"),
                ("DeepSeek-V3", "B300", "FP8-MX")}
 """Recipes whose experts run cutedsl_fused_grouped_mlp (`RECOMPUTE`'s note), not TE's
-per-expert GEMMs: left at parasim's one grouped kernel."""
+per-expert GEMMs: one grouped kernel, stated (moe_gemm_streams = 0)."""
 
 
 FULL_ITERATION = {("DeepSeek-V3", "GB300", "FP8-MX"), ("DeepSeek-V3", "GB200", "FP8-MX"),

@@ -162,7 +162,7 @@ def test_bridge_experts_run_te_groupedlinear_but_the_cutedsl_recipes():
     for row in BRIDGE_ROWS:
         fused = row.name.split(",")[0].split(" ", 1)[1] in {
             f"{m} {s} {p}" for m, s, p in CUTEDSL_MLP}
-        assert row.model.get("moe_gemm_streams", 0) == (0 if fused else TE_GEMM_STREAMS), \
+        assert row.model["moe_gemm_streams"] == (0 if fused else TE_GEMM_STREAMS), \
             row.name
 
 

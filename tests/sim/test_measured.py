@@ -486,3 +486,14 @@ def test_a_retimed_mxfp8_trace_costs_its_gemms_at_the_recipes_rate(tmp_path):
     text = SMALL.replace('preset = "dgx-h100"', 'preset = "dgx-b200"').replace(
         "vocab = 1024\n", 'vocab = 1024\ndtype = "fp8"\nfp8_recipe = "mxfp8"\n')
     _assert_retimed_replay_is_predict(experiment_from_dict(tomllib.loads(text)), tmp_path)
+
+
+def test_a_retimed_moe_trace_runs_its_stacks_expert_gemm_streams(tmp_path):
+    """Re-costing a parasim MoE plan's expert GEMMs uses the streams its stack runs them on
+    (`traces.moe_spec.gemm_streams`: unset under fused, TE's 4), as `simulate` does: 8 local
+    experts, two rounds of 4, replay to simulate's step."""
+    from sim.config import experiment_from_dict
+
+    text = SMALL.replace("vocab = 1024\n", "vocab = 1024\nexperts = 16\ntop_k = 2\n").replace(
+        "dp = 4\n", "dp = 4\nep = 2\nsp = true\n")
+    _assert_retimed_replay_is_predict(experiment_from_dict(tomllib.loads(text)), tmp_path)

@@ -168,3 +168,19 @@ def test_nvfp4_on_the_default_hopper_cluster_is_one_refusal(capsys):
     assert (code, out) == (2, "") and err.count("\n") == 1, err
     assert "model.dtype: \"fp4\" needs FP4 tensor cores, which H100-SXM5-80GB does not " \
         "have" in err, err
+
+
+def test_grouped_gemm_writes_te_groupedlinears_four_streams(capsys):
+    """--moe-grouped-gemm builds Megatron-Core's TEGroupedMLP (TE's GroupedLinear: a cuBLAS GEMM
+    per local expert on 4 streams), written out; without it a GEMM per expert and no streams;
+    the legacy GroupedMLP's kernels depend on grouped_gemm's build: left out, named."""
+    moe = LLAMA70B + " --num-experts 8 --moe-router-topk 2 --expert-model-parallel-size 2"
+    code, out, err = from_megatron(capsys, moe + " --moe-grouped-gemm", "--gpus", "64")
+    model = tomllib.loads(out)["model"]
+    assert code == 0 and (model["moe_grouped_gemm"], model["moe_gemm_streams"]) == (True, 4)
+    code, out, _ = from_megatron(capsys, moe, "--gpus", "64")
+    assert code == 0 and "moe_gemm_streams" not in tomllib.loads(out)["model"]
+    code, out, err = from_megatron(capsys, moe + " --moe-grouped-gemm "
+                                   "--moe-use-legacy-grouped-gemm", "--gpus", "64")
+    assert code == 0 and "moe_gemm_streams" not in tomllib.loads(out)["model"]
+    assert "--moe-use-legacy-grouped-gemm" in err

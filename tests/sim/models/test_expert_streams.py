@@ -109,5 +109,74 @@ def test_te_expert_casts_launch_a_kernel_per_local_expert_on_the_device():
     assert te.kernel_time("expert_cast", 0.0, 1e6) == pytest.approx(
         one.kernel_time("expert_cast", 0.0, 1e6) + (n - 1) * OVERHEAD, rel=1e-12)
     # without TE's GroupedLinear (the pooled kernel) nothing is added to the stack's counts
-    plain, layout = _spec(dtype="fp8", fp8_recipe="tensorwise")
+    plain, layout = _spec(dtype="fp8", fp8_recipe="tensorwise", moe_gemm_streams=0)
     assert ("expert_cast", False) not in (device_launches(plain, layout) or {})
+
+
+def test_the_stack_sets_the_default_and_a_stated_value_wins():
+    """Unset, `gemm_streams` is the stack's: Megatron-Core + TE's TEGroupedMLP (fused with
+    moe_grouped_gemm) runs TE's 4 streams; torchtitan's stacks, a GEMM per expert and a dense
+    model have no streams. A stated value is kept as stated, whatever the stack."""
+    from traces.moe_spec import TE_GEMM_STREAMS, gemm_streams
+
+    assert TE_GEMM_STREAMS == 4
+    assert ModelSpec(**MOE).moe_gemm_streams is None  # unset stays unset (headers unchanged)
+    assert gemm_streams(ModelSpec(**MOE)) == 4
+    for kernels in ("compiled", "eager"):
+        assert gemm_streams(ModelSpec(**MOE, kernels=kernels)) == 0
+        assert gemm_streams(ModelSpec(**MOE, kernels=kernels, moe_gemm_streams=2)) == 2
+    assert gemm_streams(ModelSpec(**MOE, moe_grouped_gemm=False)) == 0
+    dense = {k: v for k, v in MOE.items() if k not in ("experts", "top_k")}
+    assert gemm_streams(ModelSpec(**dense)) == 0
+    assert gemm_streams(ModelSpec(**MOE, moe_gemm_streams=0)) == 0
+    assert gemm_streams(ModelSpec(**MOE, moe_gemm_streams=8)) == 8
+
+
+def test_the_default_simulates_as_the_stated_streams():
+    """Through `sim.simulate.predict` (EP 1: 8 local experts, two rounds of 4): unset under
+    fused is exactly a stated 4; unset under compiled exactly a stated 0."""
+    from sim.simulate import predict
+
+    def step(**extra: object) -> float:
+        table = _exp({**MOE, **extra})
+        table["parallel"] = {"tp": 1, "pp": 1, "dp": 8, "ep": 1, "global_batch": 8}
+        return predict(experiment_from_dict(table))[0].step_time_s
+
+    assert step() == step(moe_gemm_streams=4) != step(moe_gemm_streams=0)
+    assert step(kernels="compiled") == step(kernels="compiled", moe_gemm_streams=0)
+
+
+def test_deepseeks_own_run_states_one_grouped_kernel():
+    """The H800 example runs DeepGEMM's contiguous grouped GEMM: stated 0, over the default."""
+    from sim.config import example_path, load_experiment
+    from traces.moe_spec import gemm_streams
+
+    model = load_experiment(example_path("deepseek-v3-2048-h800.toml")).model
+    assert model.moe_gemm_streams == 0 and gemm_streams(model) == 0
+
+
+def test_the_analytic_tier_charges_the_expert_casts_launches_as_the_simulator():
+    """`sim.search.analytic` times a layout's ops with the launches the simulator's compute
+    model gets (`device_launches`): under TE's streams an FP8 expert cast op launches a
+    quantize per local expert (and its amax pass), so EP 8 and EP 2 differ."""
+    from sim.models.host import device_launches
+    from sim.search.analytic import Analytic
+
+    model, layout = _spec(dtype="fp8", fp8_recipe="tensorwise")  # the default: TE's 4 streams
+    exp = experiment_from_dict({**_exp({**MOE, "experts": 16, "dtype": "fp8",
+                                         "fp8_recipe": "tensorwise"}),
+                                "cluster": {"preset": "dgx-h100", "nodes": 1}})
+    analytic = Analytic(exp.model, exp.cluster, exp.profile)
+    for ep in (8, 2):
+        at = Layout(tp=1, pp=1, dp=8, ep=ep, global_batch=8)
+        compute = analytic._of(at)[0]
+        assert compute.launches == device_launches(exp.model, at)
+        n = compute.launches["expert_cast", False]
+        assert n == 16 // ep * 2
+        assert compute.kernel_time("expert_cast", 0.0, 1e6, backward=False) == pytest.approx(
+            analytic.compute.kernel_time("expert_cast", 0.0, 1e6, backward=False)
+            + (n - 1) * exp.profile.compute.launch_overhead_s, rel=1e-12)
+    stated = Analytic(ModelSpec(**{**MOE, "experts": 16, "dtype": "fp8",
+                                   "fp8_recipe": "tensorwise", "moe_gemm_streams": 0}),
+                      exp.cluster, exp.profile)
+    assert stated._of(layout)[0] is stated.compute  # one grouped kernel: no per-expert casts
