@@ -348,9 +348,10 @@ class Network:
         now = self.env.now
         moving = []
         for t in component:
-            if now > t.since:
-                t.remaining = max(t.remaining - t.rate * (now - t.since), 0.0)
-            t.since = max(now, t.since)
+            since = t.since
+            if now > since:  # (and then `since` becomes now: max(now, since))
+                t.remaining = max(t.remaining - t.rate * (now - since), 0.0)
+                t.since = now
             if t.ready_at <= now:
                 moving.append(t)
             else:
@@ -362,9 +363,26 @@ class Network:
             rates: Sequence[float] = [self._sets[moving[0].index].solo_rate]
         else:
             rates = self._rates(tuple(t.index for t in moving))
+        if self._timeouts:
+            for t, rate in zip(moving, rates):
+                t.rate = rate
+                self._schedule(t, t.remaining / rate)
+        else:
+            self._finish_all(moving, rates, now)
+
+    def _finish_all(self, moving: list[_Transfer], rates: Sequence[float], now: float) -> None:
+        """`_schedule(t, t.remaining / rate)` of each at its new rate, in order, inlined: the
+        same times and event ids; a `_Due` for `_due`'s new earliest entry only (an entry
+        that is not the earliest needs none until it is)."""
+        due, eids = self._due, self.env._eid
+        first = (due[0][0], due[0][1]) if due else None
         for t, rate in zip(moving, rates):
             t.rate = rate
-            self._schedule(t, t.remaining / rate)
+            t.version += 1
+            heappush(due, (now + t.remaining / rate, next(eids), t, t.version, False))
+        top = due[0]
+        if first is None or top[0] < first[0] or (top[0] == first[0] and top[1] < first[1]):
+            self._queue_due(top[0], top[1])
 
     def _rates(self, indices: tuple[int, ...]) -> Sequence[float]:
         """Max-min rates of flow sets moving together, computed once per combination: they
