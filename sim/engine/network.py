@@ -19,7 +19,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from heapq import heappop, heappush
+from heapq import heapify, heappop, heappush
+from operator import attrgetter
 from typing import Any
 
 import numpy as np
@@ -64,7 +65,12 @@ class _Job(simpy.Event):
     live: bool
 
 
+COMPACT_FROM = 4096
+"""`_due` entries from which the superseded are dropped at once (`Network._compact`), and
+again each time the heap has doubled since."""
+
 _new = object.__new__
+_SEQ = attrgetter("seq")
 
 
 class _Due:
@@ -107,6 +113,10 @@ class Network:
         self._conflicts: list[list[int]] = []  # flow sets sharing a link, itself included
         self._near: list[set[int]] = []  # the same, as sets (`_component`)
         self._live: set[int] = set()  # flow sets with transfers in flight
+        self._live_near: dict[int, set[int]] = {}
+        """Per flow set in flight, those of `_near` in flight (itself included): kept as sets
+        go in and out of flight (`_go_live`, `_go_idle`), so that finding a component walks
+        only its own sets, never the whole of `_live`."""
         self._jobbed: set[int] = set()  # flow sets with analytic-path jobs in flight
         self._by_link: dict[int, list[int]] = {}
         """Flow sets by link, but for the wide ones (`WIDE_SET`), kept in `_wide`."""
@@ -125,6 +135,7 @@ class Network:
         self._due: list[tuple[float, int, _Transfer, int, bool]] = []
         """Transfer events (time, event id, transfer, version, wake), a heap (`_schedule`)."""
         self._proxied: set[int] = set()  # event ids of `_due` entries with a `_Due` queued
+        self._compact_at = COMPACT_FROM  # `_due`'s length past which `_compact` drops the dead
         self._seq = 0
         self.num_reshares = 0
 
@@ -230,7 +241,7 @@ class Network:
         tr = _Transfer(self._seq, plan.indices[k], max(size - moved, 0.0), ready, round_done)
         tr.rate, tr.since = flows.solo_rate, max(now, ready)
         self._active[tr.index][tr] = None
-        self._live.add(tr.index)
+        self._go_live(tr.index)
         self._schedule(tr, max(tr.since - now, 0.0) + tr.remaining / tr.rate)
 
     def _round(self, plan: _Plan, k: int, size: float, done: simpy.Event,
@@ -308,38 +319,59 @@ class Network:
         self._seq += 1
         t = _Transfer(self._seq, index, float(size), now + latency, on_done)
         active = self._active
-        alone = near.isdisjoint(self._live)
+        alone = self._go_live(index)
         active[index][t] = None
-        self._live.add(index)
         if alone:  # nobody else on its links: its own bottleneck rate until something changes
             t.rate, t.since = flows.solo_rate, t.ready_at
             self._schedule(t, t.ready_at + t.remaining / t.rate - now)
         else:
             self._mark([t])
 
-    def _neighbours(self, t: _Transfer) -> Iterable[_Transfer]:
-        for j in sorted(self._near[t.index] & self._live):  # `_conflicts`' order, in flight
-            yield from self._active[j]
+    def _go_live(self, index: int) -> bool:
+        """Flow set `index` has a transfer in flight; whether none of `_near[index]` (itself
+        included) had one before."""
+        live = self._live
+        if index in live:
+            return False
+        mine = self._near[index] & live
+        live.add(index)
+        live_near = self._live_near
+        for j in mine:
+            live_near[j].add(index)
+        mine.add(index)
+        live_near[index] = mine
+        return len(mine) == 1
+
+    def _go_idle(self, index: int) -> set[int]:
+        """Flow set `index` has no transfer in flight any more; those sharing links with it
+        that still have."""
+        self._live.discard(index)
+        live_near = self._live_near
+        near = live_near.pop(index)
+        near.discard(index)
+        for j in near:
+            live_near[j].discard(index)
+        return near
 
     def _component(self, seeds: Iterable[_Transfer]) -> list[_Transfer]:
         """Active transfers reachable from `seeds` through shared links, in start order.
         Whether two transfers share links depends on their flow sets only, so the search
-        walks flow sets, each once, among those in flight and not reached yet (the smaller
-        of that set and the ones sharing links with it: most of a registry's sets are idle
-        at any instant)."""
-        active, near = self._active, self._near
+        walks flow sets, each once, through `_live_near`: those in flight sharing links with
+        each (most of a registry's sets are idle at any instant, and most of those in flight
+        are on other servers' links)."""
+        active, near = self._active, self._live_near
         found: set[_Transfer] = set(seeds)
         todo = list(dict.fromkeys(t.index for t in found))
-        unreached = self._live.difference(todo)
+        reached = set(todo)
         for i in todo:
             found.update(active[i])
         while todo:
-            hits = near[todo.pop()] & unreached  # (`&` walks the smaller set)
-            unreached -= hits
+            hits = near[todo.pop()] - reached
+            reached |= hits
             todo += hits
             for j in hits:
                 found.update(active[j])
-        return sorted(found, key=lambda t: t.seq)
+        return sorted(found, key=_SEQ)
 
     def _reshare(self, component: list[_Transfer]) -> None:
         """Bring the component's progress up to now and give its moving transfers fair rates;
@@ -374,6 +406,8 @@ class Network:
         """`_schedule(t, t.remaining / rate)` of each at its new rate, in order, inlined: the
         same times and event ids; a `_Due` for `_due`'s new earliest entry only (an entry
         that is not the earliest needs none until it is)."""
+        if len(self._due) > self._compact_at:
+            self._compact()
         due, eids = self._due, self.env._eid
         first = (due[0][0], due[0][1]) if due else None
         for t, rate in zip(moving, rates):
@@ -440,6 +474,17 @@ class Network:
             self._queue_due(when, eid)
         heappush(due, (when, eid, t, t.version, wake))
 
+    def _compact(self) -> None:
+        """Drop `_due`'s superseded entries at once (else each waits until it is the earliest:
+        a heap of mostly dead entries makes every push and pop slower), and queue a `_Due`
+        for the earliest live one where it has none (a dropped entry's `_Due` finds another
+        entry first and does nothing: `_on_due`)."""
+        due = self._due = [e for e in self._due if e[3] == e[2].version]
+        heapify(due)
+        self._compact_at = max(COMPACT_FROM, 2 * len(due))
+        if due and due[0][1] not in self._proxied:
+            self._queue_due(due[0][0], due[0][1])
+
     def _queue_due(self, when: float, eid: int) -> None:
         """Put a `_Due` for `_due`'s entry (when, eid) on the main queue, under its key."""
         self._proxied.add(eid)
@@ -484,11 +529,11 @@ class Network:
     def _finish(self, t: _Transfer, version: int) -> None:
         if version != t.version:
             return  # superseded by a later re-share
-        del self._active[t.index][t]
-        if not self._active[t.index]:
-            self._live.discard(t.index)
+        index, active = t.index, self._active
+        del active[index][t]
+        near = self._go_idle(index) if not active[index] else self._live_near[index]
         t.remaining = 0.0
-        neighbours = list(self._neighbours(t))
+        neighbours = [u for j in sorted(near) for u in active[j]]  # `_conflicts`' order
         t.on_done()
         if neighbours:
             self._mark(neighbours)

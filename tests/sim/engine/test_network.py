@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sim.collectives import Collectives
+from sim.engine import network
 from sim.engine.flows import FlowSet, solo_time
 from sim.engine.loop import Loop
 from sim.engine.network import Network
@@ -226,19 +227,31 @@ def _skewed_exchanges(env, net, cluster, timeline):
 
 @pytest.mark.parametrize("environment", [simpy.Environment, Loop])
 @pytest.mark.parametrize("shortcut", [True, False])
-def test_the_due_heap_gives_every_end_of_per_event_timeouts(environment, shortcut):
+@pytest.mark.parametrize("compact_from", [network.COMPACT_FROM, 4])
+def test_the_due_heap_gives_every_end_of_per_event_timeouts(environment, shortcut,
+                                                            compact_from, monkeypatch):
     """The network's own heap of transfer events (`Network._schedule`, superseded entries
-    never events) against one simpy timeout per scheduling (`timeouts=True`, as before it):
-    on skewed all-to-alls that re-share at every end, the same end times, float for float,
-    in the same order, and the same number of re-shares."""
+    never events; dropped all at once past `COMPACT_FROM`, here also every few) against one
+    simpy timeout per scheduling (`timeouts=True`, as before it): on skewed all-to-alls that
+    re-share at every end, the same end times, float for float, in the same order, and the
+    same number of re-shares. At every re-share the sets in flight near each set in flight
+    (`_live_near`) are those of its `_near` in flight."""
+    monkeypatch.setattr(network, "COMPACT_FROM", compact_from)
     cluster = build_cluster("dgx-h100", nodes=2)
     runs = []
     for timeouts in (True, False):
         env, timeline = environment(), []
         net = Network(env, cluster.link_capacity, analytic_path=shortcut, timeouts=timeouts)
+        flush = net._flush
+
+        def checked(net=net, flush=flush):
+            assert net._live_near == {i: net._near[i] & net._live for i in net._live}
+            flush()
+
+        net._flush = checked  # type: ignore[method-assign]
         _skewed_exchanges(env, net, cluster, timeline)
         env.run()
-        assert not net._live and not net._jobbed and not net._due
+        assert not net._live and not net._jobbed and not net._due and not net._live_near
         runs.append((timeline, net.num_reshares))
     assert runs[0][1] > 20  # ends re-share the others: the heap is exercised
     assert runs[0] == runs[1]
