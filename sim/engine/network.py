@@ -360,18 +360,14 @@ class Network:
         each (most of a registry's sets are idle at any instant, and most of those in flight
         are on other servers' links)."""
         active, near = self._active, self._live_near
-        found: set[_Transfer] = set(seeds)
-        todo = list(dict.fromkeys(t.index for t in found))
+        todo = list({t.index: None for t in seeds})
         reached = set(todo)
-        for i in todo:
-            found.update(active[i])
         while todo:
             hits = near[todo.pop()] - reached
-            reached |= hits
-            todo += hits
-            for j in hits:
-                found.update(active[j])
-        return sorted(found, key=_SEQ)
+            if hits:
+                reached |= hits
+                todo += hits
+        return sorted([t for j in reached for t in active[j]], key=_SEQ)
 
     def _reshare(self, component: list[_Transfer]) -> None:
         """Bring the component's progress up to now and give its moving transfers fair rates;
