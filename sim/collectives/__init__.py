@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from sim.collectives.alltoallv import lower_alltoallv
+from sim.collectives.alltoallv import PairCache, lower_alltoallv
 from sim.collectives.base import (
     A2A,
     FLOWS_OF,
@@ -113,6 +113,7 @@ class Collectives:
         self._nccl: dict[tuple[OpKind, tuple[int, ...], float, int | None, Algo | None,
                                AllToAllv | None], tuple[str, Lowering] | None] = {}
         self._systems: dict[tuple[int, ...], NcclSystem | None] = {}
+        self._pairs = PairCache()  # all-to-all-v flow sets counted once (`lower_alltoallv`)
 
     def lowering(self, kind: OpKind, group: Sequence[int], algo: str,
                  channels: int | None = None, split: AllToAllv | None = None
@@ -131,7 +132,7 @@ class Collectives:
             elif split is not None and split.deepep is not None:
                 lowering = lower_deepep(self.cluster, tuple(group), split)
             elif split is not None:
-                lowering = lower_alltoallv(self.cluster, tuple(group), split) \
+                lowering = lower_alltoallv(self.cluster, tuple(group), split, self._pairs) \
                     if direct and kind is A2A and len(group) > 1 else None
             elif algo.startswith(f"{P2P}/"):
                 lowering = self.lowering(kind, group, Algorithm.DIRECT, channels)

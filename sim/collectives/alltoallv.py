@@ -14,6 +14,12 @@ the sums), else routed pair by pair.
 Every set waits the latency of the exchange's longest route (the grouped sends start together;
 the NCCL model replaces it with NCCL's own, `sim.collectives.nccl_p2p`).
 tests/sim/collectives/test_alltoallv.py checks the counts against routing pair by pair.
+
+A skewed MoE step lowers thousands of uneven all-to-alls whose size classes are mostly one
+member each: the same (senders, receivers) recur across layers and micro-batches, so a
+`PairCache` (one per cluster, kept by `sim.collectives.Collectives`) counts each pair of member
+lists, and the whole group's flows, once. A flow set is a value: the cached one is equal to
+the one counting again would build.
 """
 
 from __future__ import annotations
@@ -35,18 +41,37 @@ from traces.alltoallv import AllToAllv
 from traces.errors import ConfigError
 
 
-def lower_alltoallv(cluster: Cluster, group: Sequence[int], split: AllToAllv) -> Lowering:
+class PairCache:
+    """Flow sets already counted on one cluster (module docstring): the whole group's, by
+    group, and `pair_flows`', by (senders, receivers, latency)."""
+
+    def __init__(self) -> None:
+        self.whole: dict[tuple[int, ...], FlowSet] = {}
+        self.pairs: dict[tuple[tuple[int, ...], tuple[int, ...], float], FlowSet] = {}
+
+
+def lower_alltoallv(cluster: Cluster, group: Sequence[int], split: AllToAllv,
+                    cache: PairCache | None = None) -> Lowering:
     """One round: per distinct per-peer size, the flows that carry it, each carrying its size
-    as a fraction of the mean buffer (`split.mean_send_bytes`)."""
+    as a fraction of the mean buffer (`split.mean_send_bytes`). `cache`: flow sets counted
+    before on this cluster, reused (and new ones added)."""
     group = tuple(group)
     assert split.num_ranks == len(group), "one size per member"
-    whole = all_to_all_flows(cluster, group) or enumerated(cluster, group)
+    cache = cache if cache is not None else PairCache()
+    whole = cache.whole.get(group)
+    if whole is None:
+        whole = cache.whole[group] = all_to_all_flows(cluster, group) or \
+            enumerated(cluster, group)
     mean = split.mean_send_bytes
     sets = []
     for size, members in split.classes():
-        chosen = [group[k] for k in members]
+        chosen = tuple(group[k] for k in members)
         senders, receivers = (chosen, group) if split.by_sender else (group, chosen)
-        sets.append((pair_flows(cluster, senders, receivers, whole.latency_s), size / mean))
+        key = (senders, receivers, whole.latency_s)
+        flows = cache.pairs.get(key)
+        if flows is None:
+            flows = cache.pairs[key] = pair_flows(cluster, senders, receivers, whole.latency_s)
+        sets.append((flows, size / mean))
     return (tuple(sets),)
 
 

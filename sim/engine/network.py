@@ -19,7 +19,9 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from heapq import heappush
+from heapq import heapify, heappop, heappush
+from operator import attrgetter
+from typing import Any
 
 import numpy as np
 import simpy
@@ -63,7 +65,22 @@ class _Job(simpy.Event):
     live: bool
 
 
+COMPACT_FROM = 4096
+"""`_due` entries from which the superseded are dropped at once (`Network._compact`), and
+again each time the heap has doubled since."""
+
 _new = object.__new__
+_SEQ = attrgetter("seq")
+
+
+class _Due:
+    """The main queue's entry for the network's earliest transfer event (`Network._schedule`):
+    an event simpy's and `Loop`'s step can process (callbacks, `_ok`), nothing more."""
+
+    __slots__ = ("callbacks", "_ok", "_value", "eid")
+
+    def __init__(self, callback: Callable[[_Due], None], eid: int) -> None:
+        self.callbacks, self._ok, self._value, self.eid = [callback], True, None, eid
 
 
 @dataclass(eq=False, slots=True)
@@ -84,7 +101,7 @@ class Network:
     """All transfers in flight on one cluster's links."""
 
     def __init__(self, env: simpy.Environment, capacity: Sequence[float], *,
-                 analytic_path: bool = True) -> None:
+                 analytic_path: bool = True, timeouts: bool = False) -> None:
         self.env = env
         self.capacity = tuple(capacity)
         assert all(0 < c < math.inf for c in self.capacity), "link capacities must be finite > 0"
@@ -96,6 +113,10 @@ class Network:
         self._conflicts: list[list[int]] = []  # flow sets sharing a link, itself included
         self._near: list[set[int]] = []  # the same, as sets (`_component`)
         self._live: set[int] = set()  # flow sets with transfers in flight
+        self._live_near: dict[int, set[int]] = {}
+        """Per flow set in flight, those of `_near` in flight (itself included): kept as sets
+        go in and out of flight (`_go_live`, `_go_idle`), so that finding a component walks
+        only its own sets, never the whole of `_live`."""
         self._jobbed: set[int] = set()  # flow sets with analytic-path jobs in flight
         self._by_link: dict[int, list[int]] = {}
         """Flow sets by link, but for the wide ones (`WIDE_SET`), kept in `_wide`."""
@@ -108,6 +129,13 @@ class Network:
         self._shares: dict[tuple[int, ...], tuple[float, ...]] = {}
         """Max-min rates per combination of flow sets moving together (`_rates`)."""
         self._dirty: dict[_Transfer, None] = {}  # to re-share once the current instant is over
+        self._timeouts = timeouts
+        """Schedule every transfer event as its own simpy timeout (the reference `_schedule`
+        is checked against), not on `_due`."""
+        self._due: list[tuple[float, int, _Transfer, int, bool]] = []
+        """Transfer events (time, event id, transfer, version, wake), a heap (`_schedule`)."""
+        self._proxied: set[int] = set()  # event ids of `_due` entries with a `_Due` queued
+        self._compact_at = COMPACT_FROM  # `_due`'s length past which `_compact` drops the dead
         self._seq = 0
         self.num_reshares = 0
 
@@ -213,7 +241,7 @@ class Network:
         tr = _Transfer(self._seq, plan.indices[k], max(size - moved, 0.0), ready, round_done)
         tr.rate, tr.since = flows.solo_rate, max(now, ready)
         self._active[tr.index][tr] = None
-        self._live.add(tr.index)
+        self._go_live(tr.index)
         self._schedule(tr, max(tr.since - now, 0.0) + tr.remaining / tr.rate)
 
     def _round(self, plan: _Plan, k: int, size: float, done: simpy.Event,
@@ -291,38 +319,55 @@ class Network:
         self._seq += 1
         t = _Transfer(self._seq, index, float(size), now + latency, on_done)
         active = self._active
-        alone = near.isdisjoint(self._live)
+        alone = self._go_live(index)
         active[index][t] = None
-        self._live.add(index)
         if alone:  # nobody else on its links: its own bottleneck rate until something changes
             t.rate, t.since = flows.solo_rate, t.ready_at
             self._schedule(t, t.ready_at + t.remaining / t.rate - now)
         else:
             self._mark([t])
 
-    def _neighbours(self, t: _Transfer) -> Iterable[_Transfer]:
-        for j in sorted(self._near[t.index] & self._live):  # `_conflicts`' order, in flight
-            yield from self._active[j]
+    def _go_live(self, index: int) -> bool:
+        """Flow set `index` has a transfer in flight; whether none of `_near[index]` (itself
+        included) had one before."""
+        live = self._live
+        if index in live:
+            return False
+        mine = self._near[index] & live
+        live.add(index)
+        live_near = self._live_near
+        for j in mine:
+            live_near[j].add(index)
+        mine.add(index)
+        live_near[index] = mine
+        return len(mine) == 1
+
+    def _go_idle(self, index: int) -> set[int]:
+        """Flow set `index` has no transfer in flight any more; those sharing links with it
+        that still have."""
+        self._live.discard(index)
+        live_near = self._live_near
+        near = live_near.pop(index)
+        near.discard(index)
+        for j in near:
+            live_near[j].discard(index)
+        return near
 
     def _component(self, seeds: Iterable[_Transfer]) -> list[_Transfer]:
         """Active transfers reachable from `seeds` through shared links, in start order.
         Whether two transfers share links depends on their flow sets only, so the search
-        walks flow sets, each once, among those in flight and not reached yet (the smaller
-        of that set and the ones sharing links with it: most of a registry's sets are idle
-        at any instant)."""
-        active, near = self._active, self._near
-        found: set[_Transfer] = set(seeds)
-        todo = list(dict.fromkeys(t.index for t in found))
-        unreached = self._live.difference(todo)
-        for i in todo:
-            found.update(active[i])
+        walks flow sets, each once, through `_live_near`: those in flight sharing links with
+        each (most of a registry's sets are idle at any instant, and most of those in flight
+        are on other servers' links)."""
+        active, near = self._active, self._live_near
+        todo = list({t.index: None for t in seeds})
+        reached = set(todo)
         while todo:
-            hits = near[todo.pop()] & unreached  # (`&` walks the smaller set)
-            unreached -= hits
-            todo += hits
-            for j in hits:
-                found.update(active[j])
-        return sorted(found, key=lambda t: t.seq)
+            hits = near[todo.pop()] - reached
+            if hits:
+                reached |= hits
+                todo += hits
+        return sorted([t for j in reached for t in active[j]], key=_SEQ)
 
     def _reshare(self, component: list[_Transfer]) -> None:
         """Bring the component's progress up to now and give its moving transfers fair rates;
@@ -331,9 +376,10 @@ class Network:
         now = self.env.now
         moving = []
         for t in component:
-            if now > t.since:
-                t.remaining = max(t.remaining - t.rate * (now - t.since), 0.0)
-            t.since = max(now, t.since)
+            since = t.since
+            if now > since:  # (and then `since` becomes now: max(now, since))
+                t.remaining = max(t.remaining - t.rate * (now - since), 0.0)
+                t.since = now
             if t.ready_at <= now:
                 moving.append(t)
             else:
@@ -345,9 +391,28 @@ class Network:
             rates: Sequence[float] = [self._sets[moving[0].index].solo_rate]
         else:
             rates = self._rates(tuple(t.index for t in moving))
+        if self._timeouts:
+            for t, rate in zip(moving, rates):
+                t.rate = rate
+                self._schedule(t, t.remaining / rate)
+        else:
+            self._finish_all(moving, rates, now)
+
+    def _finish_all(self, moving: list[_Transfer], rates: Sequence[float], now: float) -> None:
+        """`_schedule(t, t.remaining / rate)` of each at its new rate, in order, inlined: the
+        same times and event ids; a `_Due` for `_due`'s new earliest entry only (an entry
+        that is not the earliest needs none until it is)."""
+        if len(self._due) > self._compact_at:
+            self._compact()
+        due, eids = self._due, self.env._eid
+        first = (due[0][0], due[0][1]) if due else None
         for t, rate in zip(moving, rates):
             t.rate = rate
-            self._schedule(t, t.remaining / rate)
+            t.version += 1
+            heappush(due, (now + t.remaining / rate, next(eids), t, t.version, False))
+        top = due[0]
+        if first is None or top[0] < first[0] or (top[0] == first[0] and top[1] < first[1]):
+            self._queue_due(top[0], top[1])
 
     def _rates(self, indices: tuple[int, ...]) -> Sequence[float]:
         """Max-min rates of flow sets moving together, computed once per combination: they
@@ -382,10 +447,60 @@ class Network:
         return found
 
     def _schedule(self, t: _Transfer, delay: float, wake: bool = False) -> None:
+        """Wake `t` (or finish it) in `delay` seconds, unless it is scheduled again before.
+
+        Every re-share schedules each transfer of its component again, so most of these
+        events are superseded before their time (97% in a skewed MoE step). Each still takes
+        the key (time, NORMAL, next event id) its simpy timeout would have, but waits in the
+        network's own heap `_due`; the main queue holds a `_Due` under the key of `_due`'s
+        earliest entry only (pushed when an entry becomes the earliest). The loop therefore
+        reaches every live entry at the very place in its order the timeout would have had,
+        while superseded entries are dropped from `_due` without ever being events."""
         t.version += 1
-        version = t.version
-        callback = self._wake if wake else self._finish
-        self.env.timeout(delay).callbacks.append(lambda _: callback(t, version))
+        if self._timeouts:
+            version = t.version
+            callback = self._wake if wake else self._finish
+            self.env.timeout(delay).callbacks.append(lambda _: callback(t, version))
+            return
+        env = self.env
+        if delay < 0:
+            raise ValueError(f"Negative delay {delay}")
+        when, eid, due = env._now + delay, next(env._eid), self._due
+        if not due or when < due[0][0] or (when == due[0][0] and eid < due[0][1]):
+            self._queue_due(when, eid)
+        heappush(due, (when, eid, t, t.version, wake))
+
+    def _compact(self) -> None:
+        """Drop `_due`'s superseded entries at once (else each waits until it is the earliest:
+        a heap of mostly dead entries makes every push and pop slower), and queue a `_Due`
+        for the earliest live one where it has none (a dropped entry's `_Due` finds another
+        entry first and does nothing: `_on_due`)."""
+        due = self._due = [e for e in self._due if e[3] == e[2].version]
+        heapify(due)
+        self._compact_at = max(COMPACT_FROM, 2 * len(due))
+        if due and due[0][1] not in self._proxied:
+            self._queue_due(due[0][0], due[0][1])
+
+    def _queue_due(self, when: float, eid: int) -> None:
+        """Put a `_Due` for `_due`'s entry (when, eid) on the main queue, under its key."""
+        self._proxied.add(eid)
+        queue: list[Any] = self.env._queue  # (holding a `_Due`, not an Event)
+        heappush(queue, (when, NORMAL, eid, _Due(self._on_due, eid)))
+
+    def _on_due(self, proxy: _Due) -> None:
+        """The main queue has reached `_due`'s earliest entry (unless it was dropped as
+        superseded meanwhile): queue the next live entry's `_Due`, then act on this one."""
+        due, proxied = self._due, self._proxied
+        proxied.discard(proxy.eid)
+        if not due or due[0][1] != proxy.eid:
+            return  # its entry was superseded and dropped
+        _, _, t, version, wake = heappop(due)
+        while due and due[0][3] != due[0][2].version:  # superseded: never an event
+            proxied.discard(heappop(due)[1])
+        if due and due[0][1] not in proxied:
+            self._queue_due(due[0][0], due[0][1])
+        if version == t.version:
+            (self._wake if wake else self._finish)(t, version)
 
     def _mark(self, transfers: Iterable[_Transfer]) -> None:
         """Re-share these transfers' components once every event of this instant has run, so
@@ -410,11 +525,11 @@ class Network:
     def _finish(self, t: _Transfer, version: int) -> None:
         if version != t.version:
             return  # superseded by a later re-share
-        del self._active[t.index][t]
-        if not self._active[t.index]:
-            self._live.discard(t.index)
+        index, active = t.index, self._active
+        del active[index][t]
+        near = self._go_idle(index) if not active[index] else self._live_near[index]
         t.remaining = 0.0
-        neighbours = list(self._neighbours(t))
+        neighbours = [u for j in sorted(near) for u in active[j]]  # `_conflicts`' order
         t.on_done()
         if neighbours:
             self._mark(neighbours)

@@ -111,7 +111,8 @@ def _lower(model: ModelSpec, layout: Layout, chosen: list[int], schedule: Action
         "a pass added ops it did not spend"
     for r in chosen:
         if r not in lowered:
-            lowered[r] = lower_rank(model, layout, r, schedule[layout.coords(r).pp])
+            lowered[r] = lower_rank(model, layout, r, schedule[layout.coords(r).pp],
+                                    tables=tables)  # (their op rows: `compute._fields`)
             if progress is not None:
                 progress(len(lowered), len(chosen))
     return {r: lowered[r] for r in chosen}

@@ -38,7 +38,8 @@ def lower_compute(ctx: RankContext, actions: list[Action],
     Spends them on the context's budget before building any. Takes the rank's kernel table
     from `tables` where `count_compute` left it (same model and layout), else makes it."""
     kept = tables.take(ctx.rank) if tables is not None else None
-    kernels = kept if kept is not None else _StageKernels(ctx)
+    kernels = kept if kept is not None else \
+        _StageKernels(ctx, tables.rows if tables is not None else None)
     if ctx.budget is not None:
         ctx.budget.spend(sum(kernels.count(a) for a in actions))
     program = [kernels.nodes(a) for a in actions]
@@ -50,7 +51,7 @@ def count_compute(ctx: RankContext, tables: KernelTables | None = None) -> int:
     pipeline schedule runs each of the rank's virtual stages forward and backward once per
     micro-batch (`traces.pipeline` validates it), in whatever order. Leaves the rank's kernel
     table in `tables` for `lower_compute` to build from."""
-    kernels = _StageKernels(ctx)
+    kernels = _StageKernels(ctx, tables.rows if tables is not None else None)
     if tables is not None:
         tables.keep(ctx.rank, kernels)
     once = sum(kernels.count(Action(stage, kind, 0))
@@ -58,15 +59,21 @@ def count_compute(ctx: RankContext, tables: KernelTables | None = None) -> int:
     return ctx.layout.num_microbatches * once
 
 
+Rows = dict[tuple[KernelWork, Phase], OpRow]
+"""Op rows made once per (kernel, phase) (`_fields`)."""
+
+
 class KernelTables:
     """Ranks' kernel tables (one model and layout), made once per plan: the op-cap check
     counts from each (`count_compute`) and lowering takes it to build from (`lower_compute`),
     so a skewed 1024-GPU plan, where ~1000 ranks each have their own, makes each once."""
 
-    __slots__ = ("_kept",)
+    __slots__ = ("_kept", "rows")
 
     def __init__(self) -> None:
         self._kept: dict[int, _StageKernels] = {}
+        self.rows: Rows = {}
+        """Op rows by (kernel, phase), shared by every rank's table (`_fields`)."""
 
     def keep(self, rank: int, kernels: _StageKernels) -> None:
         self._kept[rank] = kernels
@@ -88,8 +95,10 @@ after another."""
 class _StageKernels:
     """The kernels of a layer, of the embedding and of the output layer for this rank."""
 
-    def __init__(self, ctx: RankContext) -> None:
+    def __init__(self, ctx: RankContext, rows: Rows | None = None) -> None:
+        """`rows`: op rows made before (by other ranks of the plan), reused and added to."""
         model, layout = ctx.local_model, ctx.layout  # CP: the rank's s/cp tokens
+        rows = rows if rows is not None else {}
         b, t, sp = layout.micro_batch, layout.tp, layout.sp
         g = ctx.grad_bytes
         self.ctx = ctx
@@ -108,18 +117,20 @@ class _StageKernels:
                 if key not in self.runs:
                     layer = restack(model, moe_layer_kernels(model, b, t, sp, index, shard, g),
                                     b, t, sp)
-                    self.runs[key] = (_fields(_run(layer, Phase.FWD)), *_split(_layer_backward(
-                        layer, layout.recompute, ATTENTION_CORE[model.attention], model,
-                        layout.recompute_modules, moe), split))
-        self.embed_forward = _fields(_run(embed, Phase.FWD))
-        self.embed_backward, self.embed_wgrad = _split(_run(embed[::-1], Phase.BWD), split)
+                    backward = _layer_backward(layer, layout.recompute,
+                                               ATTENTION_CORE[model.attention], model,
+                                               layout.recompute_modules, moe)
+                    self.runs[key] = (_fields(_run(layer, Phase.FWD), rows),
+                                      *_split(backward, split, rows))
+        self.embed_forward = _fields(_run(embed, Phase.FWD), rows)
+        self.embed_backward, self.embed_wgrad = _split(_run(embed[::-1], Phase.BWD), split, rows)
         depth = mtp_kernels(model, b, t, sp, g) if model.mtp_layers else []
-        self.mtp_forward = self.embed_forward + _fields(_run(depth, Phase.FWD))
-        depth_backward, depth_wgrad = _split(_run(depth[::-1], Phase.BWD), split)
+        self.mtp_forward = self.embed_forward + _fields(_run(depth, Phase.FWD), rows)
+        depth_backward, depth_wgrad = _split(_run(depth[::-1], Phase.BWD), split, rows)
         self.mtp_backward = depth_backward + self.embed_backward
         self.mtp_wgrad = depth_wgrad + self.embed_wgrad
-        self.head_forward = _fields(_run(head, Phase.FWD))
-        self.head_backward, self.head_wgrad = _split(_run(head[::-1], Phase.BWD), split)
+        self.head_forward = _fields(_run(head, Phase.FWD), rows)
+        self.head_backward, self.head_wgrad = _split(_run(head[::-1], Phase.BWD), split, rows)
         # The layer units of each virtual stage, made once (a plan has ~10^6 actions' worth);
         # the MTP depths (`traces.mtp`, layers L.. of the last stage) apart.
         self.layers = {stage: _by_kind(_main(layout.layers_of_stage(model, stage), model.layers),
@@ -237,21 +248,34 @@ def _nodes(run: list[OpRow], unit: Unit, layer: int | None, mb: int) -> list[Nod
     return [Node(stamp(row, layer, mb), unit) for row in run]
 
 
-def _split(run: Run, split: bool) -> tuple[list[OpRow], list[OpRow]]:
+def _split(run: Run, split: bool, rows: Rows) -> tuple[list[OpRow], list[OpRow]]:
     """A backward run's rows, whole (and no W), or split into B's and W's
     (`traces.zero_bubble.split_backward`)."""
     if not split:
-        return _fields(run), []
+        return _fields(run, rows), []
     b, w = split_backward(run)
-    return _fields(b), _fields(w)
+    return _fields(b, rows), _fields(w, rows)
 
 
-def _fields(run: Run) -> list[OpRow]:
+def _fields(run: Run, rows: Rows) -> list[OpRow]:
+    """The op row of each kernel in its phase, made once per (kernel, phase) in `rows`: the
+    row is a function of the two (equal kernels, equal rows), and with skewed routing ~1000
+    ranks each have their own table, mostly of the same kernels (attention, norms, the
+    dense layers' GEMMs); only their experts' differ."""
+    out = []
+    for k, phase in run:
+        row = rows.get((k, phase))
+        if row is None:
+            row = rows[(k, phase)] = _row(k, phase)
+        out.append(row)
+    return out
+
+
+def _row(k: KernelWork, phase: Phase) -> OpRow:
     back = (Phase.BWD, Phase.WGRAD)
-    return [op_row(kind=OpKind.COMPUTE, stream=Stream.COMPUTE, name=str(k.name),
-                   purpose=KernelRun(k.name), phase=phase,
-                   flops=k.bwd_flops if phase in back else k.flops,
-                   mem_bytes=k.bwd_bytes if phase in back else k.mem_bytes,
-                   draws=k.bwd_draws if phase in back else k.draws,
-                   gemm=k.gemm or (), **({"dtype": "fp4" if k.fp4 else "fp8"} if k.fp8 else {}))
-            for k, phase in run]
+    return op_row(kind=OpKind.COMPUTE, stream=Stream.COMPUTE, name=str(k.name),
+                  purpose=KernelRun(k.name), phase=phase,
+                  flops=k.bwd_flops if phase in back else k.flops,
+                  mem_bytes=k.bwd_bytes if phase in back else k.mem_bytes,
+                  draws=k.bwd_draws if phase in back else k.draws,
+                  gemm=k.gemm or (), **({"dtype": "fp4" if k.fp4 else "fp8"} if k.fp8 else {}))

@@ -125,10 +125,9 @@ def add_expert_parallel(ctx: RankContext, program: Program) -> Program:
         for node in nodes:
             op, purpose = node.op, node.op.purpose
             found = _SITES.get((purpose.kernel, op.phase is Phase.BWD)) \
-                if isinstance(purpose, KernelRun) and op.layer is not None \
-                and op.phase is not Phase.WGRAD \
-                and is_moe_layer(model, op.layer) else None
-            if found is None or op.layer is None:
+                if isinstance(purpose, KernelRun) else None  # (most kernels: none, first)
+            if found is None or op.layer is None or op.phase is Phase.WGRAD \
+                    or not is_moe_layer(model, op.layer):
                 step.append(node)
                 continue
             layer = op.layer

@@ -8,7 +8,7 @@ from collections import Counter
 import pytest
 
 from sim.collectives import Collectives, analytic_time
-from sim.collectives.alltoallv import counted, lower_alltoallv, routed
+from sim.collectives.alltoallv import PairCache, counted, lower_alltoallv, routed
 from sim.collectives.base import hop
 from sim.collectives.nccl_p2p import P2pChannels, p2p_channels, peer_plan
 from sim.collectives.protocols import Proto
@@ -135,3 +135,19 @@ def test_the_lowering_key_holds_the_split():
         CollectiveKey(A2A, group, split.mean_send_bytes, split=split)]
     assert [len(low.lowering[0]) for low in comm.lowered] == [1, 4]  # one set per size
     assert all(low.algo.startswith("p2p/") for low in comm.lowered)
+
+
+def test_a_shared_pair_cache_lowers_every_split_as_counting_afresh():
+    """`lower_alltoallv` with one `PairCache` over many splits (size classes recurring, as
+    a skewed MoE step's layers repeat them) gives each split the lowering a fresh count
+    gives, and counts each (senders, receivers) once."""
+    cluster = build_cluster("dgx-h100", nodes=2)
+    group = tuple(range(0, cluster.num_devices, 2))
+    cache = PairCache()
+    splits = [AllToAllv(tuple(float(1 + (k * m) % 5) for m in range(len(group))), by_sender)
+              for k in (1, 2, 3, 2, 1) for by_sender in (False, True)]
+    for split in splits:
+        assert lower_alltoallv(cluster, group, split, cache) == \
+            lower_alltoallv(cluster, group, split)
+    classes = {(split.by_sender, members) for split in splits for _, members in split.classes()}
+    assert len(cache.pairs) == len(classes) and list(cache.whole) == [group]

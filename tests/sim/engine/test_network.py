@@ -8,9 +8,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sim.collectives import Collectives
+from sim.engine import network
 from sim.engine.flows import FlowSet, solo_time
+from sim.engine.loop import Loop
 from sim.engine.network import Network
 from topology import build_cluster
+from traces.alltoallv import AllToAllv
 from traces.ops import OpKind
 
 
@@ -193,3 +196,62 @@ def test_the_rates_of_a_combination_are_computed_once_and_equal_a_fresh_computat
     assert fresh == [2.0, 3.0]
     assert [[t - s for t in r] for r, s in zip(rounds, starts, strict=True)] == [fresh] * 3
     assert computed == [(0, 1)]  # the pair's rates once; alone, each runs at its own rate
+
+
+def _skewed_exchanges(env, net, cluster, timeline):
+    """Uneven all-to-alls (a skewed MoE's dispatches and combines) on overlapping groups of
+    `cluster`, started at staggered instants, some at one instant, with all-reduces among
+    them; `timeline` gets (time, name) at each end, in the order they happen."""
+    collectives = Collectives(cluster)
+    n = cluster.num_devices
+    everyone, evens = tuple(range(n)), tuple(range(0, n, 2))
+    jobs = []
+    for k, group in enumerate([everyone, evens, everyone, everyone[n // 4:]]):
+        sizes = tuple(float((1 + (k + 3 * m) % 7) * 2**16) for m in range(len(group)))
+        for by_sender in (False, True):
+            split = AllToAllv(sizes, by_sender)
+            lowering = collectives.lowering(OpKind.ALL_TO_ALL, group, "direct", None, split)
+            jobs.append((f"a2a{k}{by_sender:d}", k * 1e-5 * (k % 3), lowering,
+                         split.mean_send_bytes))
+    ring = collectives.lowering(OpKind.ALL_REDUCE, everyone, "ring")
+    jobs += [("ar0", 0.0, ring, 2.0**22), ("ar1", 2e-5, ring, 2.0**20)]
+
+    def one(name, start, lowering, size):
+        yield env.timeout(start)
+        yield net.run(net.register(lowering), size)
+        timeline.append((env.now, name))
+
+    for job in jobs:
+        env.process(one(*job))
+
+
+@pytest.mark.parametrize("environment", [simpy.Environment, Loop])
+@pytest.mark.parametrize("shortcut", [True, False])
+@pytest.mark.parametrize("compact_from", [network.COMPACT_FROM, 4])
+def test_the_due_heap_gives_every_end_of_per_event_timeouts(environment, shortcut,
+                                                            compact_from, monkeypatch):
+    """The network's own heap of transfer events (`Network._schedule`, superseded entries
+    never events; dropped all at once past `COMPACT_FROM`, here also every few) against one
+    simpy timeout per scheduling (`timeouts=True`, as before it): on skewed all-to-alls that
+    re-share at every end, the same end times, float for float, in the same order, and the
+    same number of re-shares. At every re-share the sets in flight near each set in flight
+    (`_live_near`) are those of its `_near` in flight."""
+    monkeypatch.setattr(network, "COMPACT_FROM", compact_from)
+    cluster = build_cluster("dgx-h100", nodes=2)
+    runs = []
+    for timeouts in (True, False):
+        env, timeline = environment(), []
+        net = Network(env, cluster.link_capacity, analytic_path=shortcut, timeouts=timeouts)
+        flush = net._flush
+
+        def checked(net=net, flush=flush):
+            assert net._live_near == {i: net._near[i] & net._live for i in net._live}
+            flush()
+
+        net._flush = checked  # type: ignore[method-assign]
+        _skewed_exchanges(env, net, cluster, timeline)
+        env.run()
+        assert not net._live and not net._jobbed and not net._due and not net._live_near
+        runs.append((timeline, net.num_reshares))
+    assert runs[0][1] > 20  # ends re-share the others: the heap is exercised
+    assert runs[0] == runs[1]

@@ -30,9 +30,9 @@ def made(monkeypatch) -> Counter[int]:
     original = compute._StageKernels
 
     class Counted(original):  # type: ignore[misc, valid-type]
-        def __init__(self, ctx):
+        def __init__(self, ctx, rows=None):
             counts[ctx.rank] += 1
-            super().__init__(ctx)
+            super().__init__(ctx, rows)
 
     monkeypatch.setattr(compute, "_StageKernels", Counted)
     return counts
@@ -43,6 +43,23 @@ def test_a_plan_makes_each_ranks_kernel_table_once(made):
     assert 2 < len(stand_ins) < LAYOUT.world  # some ranks stand in for others
     build(MODEL, LAYOUT)
     assert made == Counter(range(LAYOUT.world))  # stand-ins too: counted, then built from
+
+
+def test_a_plan_makes_each_kernels_op_row_once(monkeypatch):
+    """The ranks' tables share their op rows (`compute._fields`): one row per distinct
+    (kernel, phase) of the plan, the very ones ranks lowered one by one make again and again
+    (every EP rank has a table of its own; the plan's ops equal theirs: the next test)."""
+    made: list[tuple[object, object]] = []
+    row = compute._row
+    monkeypatch.setattr(compute, "_row", lambda k, phase: made.append((k, phase)) or
+                        row(k, phase))
+    build(MODEL, LAYOUT)
+    shared, made[:] = list(made), []
+    schedule = layout_schedule(LAYOUT)
+    for rank in range(LAYOUT.world):
+        lower_rank(MODEL, LAYOUT, rank, schedule[LAYOUT.coords(rank).pp])
+    assert len(shared) == len(set(shared)) and set(shared) == set(made)
+    assert len(shared) < len(made)
 
 
 def test_a_plan_built_from_the_kept_tables_equals_each_rank_lowered_afresh():
