@@ -193,8 +193,10 @@ class GroupedHost:
 
     @staticmethod
     def of(model: ModelSpec, layout: Layout) -> GroupedHost | None:
-        """The rank's GroupedLinear calls; None without TEGroupedMLP's grouped experts."""
-        if not (model.experts and model.moe_grouped_gemm):
+        """The rank's GroupedLinear calls; None without TEGroupedMLP's grouped experts: a
+        model without grouped GEMM, or on torch's stacks (`kernels` "eager" or "compiled":
+        torch._grouped_mm, no TE module, `traces.moe_spec.gemm_streams`)."""
+        if not (model.experts and model.moe_grouped_gemm and model.kernels == "fused"):
             return None
         return GroupedHost(model.experts // layout.ep, model.fp8)
 

@@ -5,6 +5,8 @@ refusals."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from sim.config import experiment_from_dict
@@ -350,6 +352,8 @@ def test_bf16_grouped_experts_allocate_no_quantize_buffers_and_sequential_mlp_no
     assert GroupedHost(4, False).quantize_s == 0.0
     sequential, _ = _moe({"host": True}, experts=32, moe_grouped_gemm=False)
     assert GroupedHost.of(sequential.model, sequential.layout) is None
+    torch_stack = dataclasses.replace(bf16.model, kernels="compiled")  # torch._grouped_mm
+    assert GroupedHost.of(torch_stack, bf16.layout) is None
 
 
 def test_a_skewed_calls_ops_share_its_per_call_costs_by_their_experts():
