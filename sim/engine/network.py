@@ -19,14 +19,14 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from heapq import heapify, heappop, heappush
+from heapq import heappush
 from operator import attrgetter
-from typing import Any
 
 import numpy as np
 import simpy
 from simpy.events import NORMAL
 
+from sim.engine.due_heap import DueHeap
 from sim.engine.flows import FlowSet, Lowering, solo_time
 from sim.engine.maxmin import max_min_matrix, max_min_rates
 
@@ -65,22 +65,8 @@ class _Job(simpy.Event):
     live: bool
 
 
-COMPACT_FROM = 4096
-"""`_due` entries from which the superseded are dropped at once (`Network._compact`), and
-again each time the heap has doubled since."""
-
 _new = object.__new__
 _SEQ = attrgetter("seq")
-
-
-class _Due:
-    """The main queue's entry for the network's earliest transfer event (`Network._schedule`):
-    an event simpy's and `Loop`'s step can process (callbacks, `_ok`), nothing more."""
-
-    __slots__ = ("callbacks", "_ok", "_value", "eid")
-
-    def __init__(self, callback: Callable[[_Due], None], eid: int) -> None:
-        self.callbacks, self._ok, self._value, self.eid = [callback], True, None, eid
 
 
 @dataclass(eq=False, slots=True)
@@ -132,10 +118,8 @@ class Network:
         self._timeouts = timeouts
         """Schedule every transfer event as its own simpy timeout (the reference `_schedule`
         is checked against), not on `_due`."""
-        self._due: list[tuple[float, int, _Transfer, int, bool]] = []
-        """Transfer events (time, event id, transfer, version, wake), a heap (`_schedule`)."""
-        self._proxied: set[int] = set()  # event ids of `_due` entries with a `_Due` queued
-        self._compact_at = COMPACT_FROM  # `_due`'s length past which `_compact` drops the dead
+        self._dues = DueHeap(env, self._act)
+        """Transfer events (time, event id, transfer, version, wake) (`_schedule`)."""
         self._seq = 0
         self.num_reshares = 0
 
@@ -402,17 +386,13 @@ class Network:
         """`_schedule(t, t.remaining / rate)` of each at its new rate, in order, inlined: the
         same times and event ids; a `_Due` for `_due`'s new earliest entry only (an entry
         that is not the earliest needs none until it is)."""
-        if len(self._due) > self._compact_at:
-            self._compact()
-        due, eids = self._due, self.env._eid
+        due, eids = self._dues.trimmed(), self.env._eid
         first = (due[0][0], due[0][1]) if due else None
         for t, rate in zip(moving, rates):
             t.rate = rate
             t.version += 1
             heappush(due, (now + t.remaining / rate, next(eids), t, t.version, False))
-        top = due[0]
-        if first is None or top[0] < first[0] or (top[0] == first[0] and top[1] < first[1]):
-            self._queue_due(top[0], top[1])
+        self._dues.queue_if_earliest(first)
 
     def _rates(self, indices: tuple[int, ...]) -> Sequence[float]:
         """Max-min rates of flow sets moving together, computed once per combination: they
@@ -450,12 +430,8 @@ class Network:
         """Wake `t` (or finish it) in `delay` seconds, unless it is scheduled again before.
 
         Every re-share schedules each transfer of its component again, so most of these
-        events are superseded before their time (97% in a skewed MoE step). Each still takes
-        the key (time, NORMAL, next event id) its simpy timeout would have, but waits in the
-        network's own heap `_due`; the main queue holds a `_Due` under the key of `_due`'s
-        earliest entry only (pushed when an entry becomes the earliest). The loop therefore
-        reaches every live entry at the very place in its order the timeout would have had,
-        while superseded entries are dropped from `_due` without ever being events."""
+        events are superseded before their time: they wait in `sim.engine.due_heap`'s heap
+        under the key their simpy timeout would have had, and only live ones become events."""
         t.version += 1
         if self._timeouts:
             version = t.version
@@ -465,42 +441,11 @@ class Network:
         env = self.env
         if delay < 0:
             raise ValueError(f"Negative delay {delay}")
-        when, eid, due = env._now + delay, next(env._eid), self._due
-        if not due or when < due[0][0] or (when == due[0][0] and eid < due[0][1]):
-            self._queue_due(when, eid)
-        heappush(due, (when, eid, t, t.version, wake))
+        self._dues.push(env._now + delay, next(env._eid), t, t.version, wake)
 
-    def _compact(self) -> None:
-        """Drop `_due`'s superseded entries at once (else each waits until it is the earliest:
-        a heap of mostly dead entries makes every push and pop slower), and queue a `_Due`
-        for the earliest live one where it has none (a dropped entry's `_Due` finds another
-        entry first and does nothing: `_on_due`)."""
-        due = self._due = [e for e in self._due if e[3] == e[2].version]
-        heapify(due)
-        self._compact_at = max(COMPACT_FROM, 2 * len(due))
-        if due and due[0][1] not in self._proxied:
-            self._queue_due(due[0][0], due[0][1])
-
-    def _queue_due(self, when: float, eid: int) -> None:
-        """Put a `_Due` for `_due`'s entry (when, eid) on the main queue, under its key."""
-        self._proxied.add(eid)
-        queue: list[Any] = self.env._queue  # (holding a `_Due`, not an Event)
-        heappush(queue, (when, NORMAL, eid, _Due(self._on_due, eid)))
-
-    def _on_due(self, proxy: _Due) -> None:
-        """The main queue has reached `_due`'s earliest entry (unless it was dropped as
-        superseded meanwhile): queue the next live entry's `_Due`, then act on this one."""
-        due, proxied = self._due, self._proxied
-        proxied.discard(proxy.eid)
-        if not due or due[0][1] != proxy.eid:
-            return  # its entry was superseded and dropped
-        _, _, t, version, wake = heappop(due)
-        while due and due[0][3] != due[0][2].version:  # superseded: never an event
-            proxied.discard(heappop(due)[1])
-        if due and due[0][1] not in proxied:
-            self._queue_due(due[0][0], due[0][1])
-        if version == t.version:
-            (self._wake if wake else self._finish)(t, version)
+    def _act(self, t: _Transfer, version: int, wake: bool) -> None:
+        """A transfer event of `_dues` falls due: wake the transfer or finish it."""
+        (self._wake if wake else self._finish)(t, version)
 
     def _mark(self, transfers: Iterable[_Transfer]) -> None:
         """Re-share these transfers' components once every event of this instant has run, so

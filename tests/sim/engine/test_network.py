@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sim.collectives import Collectives
-from sim.engine import network
+from sim.engine import due_heap
 from sim.engine.flows import FlowSet, solo_time
 from sim.engine.loop import Loop
 from sim.engine.network import Network
@@ -227,16 +227,16 @@ def _skewed_exchanges(env, net, cluster, timeline):
 
 @pytest.mark.parametrize("environment", [simpy.Environment, Loop])
 @pytest.mark.parametrize("shortcut", [True, False])
-@pytest.mark.parametrize("compact_from", [network.COMPACT_FROM, 4])
+@pytest.mark.parametrize("compact_from", [due_heap.COMPACT_FROM, 4])
 def test_the_due_heap_gives_every_end_of_per_event_timeouts(environment, shortcut,
                                                             compact_from, monkeypatch):
     """The network's own heap of transfer events (`Network._schedule`, superseded entries
-    never events; dropped all at once past `COMPACT_FROM`, here also every few) against one
-    simpy timeout per scheduling (`timeouts=True`, as before it): on skewed all-to-alls that
-    re-share at every end, the same end times, float for float, in the same order, and the
+    never events; dropped all at once past `sim.engine.due_heap.COMPACT_FROM`, here also
+    every few) against one simpy timeout per scheduling (`timeouts=True`, as before it): on
+    skewed all-to-alls that re-share at every end, the same end times, float for float, in the same order, and the
     same number of re-shares. At every re-share the sets in flight near each set in flight
     (`_live_near`) are those of its `_near` in flight."""
-    monkeypatch.setattr(network, "COMPACT_FROM", compact_from)
+    monkeypatch.setattr(due_heap, "COMPACT_FROM", compact_from)
     cluster = build_cluster("dgx-h100", nodes=2)
     runs = []
     for timeouts in (True, False):
@@ -251,7 +251,7 @@ def test_the_due_heap_gives_every_end_of_per_event_timeouts(environment, shortcu
         net._flush = checked  # type: ignore[method-assign]
         _skewed_exchanges(env, net, cluster, timeline)
         env.run()
-        assert not net._live and not net._jobbed and not net._due and not net._live_near
+        assert not net._live and not net._jobbed and not net._dues.heap and not net._live_near
         runs.append((timeline, net.num_reshares))
     assert runs[0][1] > 20  # ends re-share the others: the heap is exercised
     assert runs[0] == runs[1]
