@@ -233,9 +233,9 @@ def test_the_due_heap_gives_every_end_of_per_event_timeouts(environment, shortcu
     """The network's own heap of transfer events (`Network._schedule`, superseded entries
     never events; dropped all at once past `sim.engine.due_heap.COMPACT_FROM`, here also
     every few) against one simpy timeout per scheduling (`timeouts=True`, as before it): on
-    skewed all-to-alls that re-share at every end, the same end times, float for float, in the same order, and the
-    same number of re-shares. At every re-share the sets in flight near each set in flight
-    (`_live_near`) are those of its `_near` in flight."""
+    skewed all-to-alls that re-share at every end, the same end times, float for float, in
+    the same order, and the same number of re-shares. At every re-share the sets in flight
+    near each set in flight (`_live_near`) are those of its `_near` in flight."""
     monkeypatch.setattr(due_heap, "COMPACT_FROM", compact_from)
     cluster = build_cluster("dgx-h100", nodes=2)
     runs = []
