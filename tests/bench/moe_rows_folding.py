@@ -30,6 +30,23 @@ model_configs/benchmarking/Mixtral-8x22B.yaml: --moe-permute-fusion, --moe-group
 Table 3's columns read CP, TP, EP, PP, ETP in order; the FSDP baselines fill only the first
 ones (FSDP: CP, TP, EP; no PP).
 
+Which FSDP the baselines ran is not stated in what the corpora hold of the paper (the stored
+arXiv HTML is reachable only through its abstract). What Megatron-LM's own code allows: its
+PyTorch-FSDP2 wrapper (`--use-torch-fsdp2`, megatron/core/distributed/
+torch_fully_sharded_data_parallel.py) is refused with EP ("--use-torch-fsdp2 is not supported
+with expert parallelism", megatron/training/arguments.py, still so in 2025-26 versions), and
+the MoE README lists "Support FSDP with EP for MoE models" only under MCore v0.15 (2025/11).
+The one Megatron-Core FSDP of early 2025 that shards experts over expert-DP is the custom FSDP
+(`--use-custom-fsdp`, megatron/core/distributed/custom_fsdp/fully_sharded_data_parallel.py,
+`data_parallel_sharding_strategy = "optim_grads_params"`): a TransformerLayer per unit,
+released after forward and all-gathered again before backward (`_post_forward`,
+`_pre_backward`), gradients reduce-scattered every micro-batch ("For grads shard mode there
+will actually always be gradient sync happening", its `no_sync`), in fp32 under
+`grad_reduce_in_fp32`, expert parameters over the expert-DP group (`expt_dp_group`). That is
+parasim's ZeRO 3 with its defaults (`reshard_after_forward` true, `grad_sync` "microbatch"),
+`fp32_main_grads` and experts over EDP, which is how these rows are entered; if the paper's
+baseline was another FSDP it is not one these sources describe.
+
 The models (§4.1): Mixtral 8x22B (mistralai/Mixtral-8x22B-v0.1 config.json: 56 layers,
 hidden 6144, 48 heads, 8 KV heads, experts 16384 wide, 8 experts top-2, vocabulary 32,000);
 Mixtral-8x22B-G8T8 (the same, 64 experts of 16384/8 = 2048, top-8); Qwen2-57B-A14B

@@ -29,6 +29,7 @@ from sim.config import experiment_from_dict
 from sim.models.activation_memory import layer_bytes
 from sim.models.memory import memory_by_pp_rank
 from traces.errors import ConfigError
+from traces.fsdp import GradSync
 from traces.model import ModelSpec
 from traces.moe_steps import permute_steps, router_steps
 from traces.step_flops import megatron_num_flops
@@ -60,6 +61,28 @@ def test_the_folding_mappings_have_table_3s_gpu_counts():
     ooms = [(model, method) for model, mfu in TABLE3_MFU.items()
             for method, value in mfu.items() if value is None]
     assert ooms == [("Llama3-8x70B", "FSDP"), ("Llama3-8x70B", "TP + EP + DP")]
+
+
+FSDP_ROWS = [row for table in ("folding-t3", "folding-t4") for row in FOLDING_ROWS[table]
+             if " FSDP" in row.name]
+
+
+def test_there_are_the_fsdp_rows_of_tables_3_and_4():
+    """Table 3's eight FSDP cells (Llama3-8x70B's FSDP "OOM", entered without a figure)
+    and Table 4's sixteen FSDP + EP points."""
+    assert sum(r.table == "folding-t3" for r in FSDP_ROWS) == 8
+    assert sum(r.table == "folding-t4" for r in FSDP_ROWS) == 16
+
+
+@pytest.mark.parametrize("row", FSDP_ROWS, ids=lambda r: r.name)
+def test_fsdp_rows_run_megatron_core_custom_fsdp_as_its_source_states(row):
+    """The FSDP baselines as Megatron-Core's custom FSDP (optim_grads_params) runs a layer:
+    parameters sharded, re-gathered for backward, gradients reduce-scattered every
+    micro-batch in fp32, experts over expert-DP (`moe_rows_folding`'s docstring)."""
+    layout = experiment_from_dict(row.config()).layout
+    assert (layout.zero, layout.reshard_after_forward) == (3, True)
+    assert layout.sync is GradSync.MICROBATCH
+    assert layout.fp32_main_grads and layout.pp == 1
 
 
 def test_table_2s_bf16_tflops_are_table_3s_mfu_of_the_h100_peak():
