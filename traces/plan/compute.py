@@ -38,8 +38,8 @@ def lower_compute(ctx: RankContext, actions: list[Action],
     Spends them on the context's budget before building any. Takes the rank's kernel table
     from `tables` where `count_compute` left it (same model and layout), else makes it."""
     kept = tables.take(ctx.rank) if tables is not None else None
-    kernels = kept if kept is not None else _StageKernels(
-        ctx, *((tables.rows, tables.layers) if tables is not None else ()))
+    kernels = kept if kept is not None else \
+        _StageKernels(ctx, tables.rows if tables is not None else None)
     if ctx.budget is not None:
         ctx.budget.spend(sum(kernels.count(a) for a in actions))
     program = [kernels.nodes(a) for a in actions]
@@ -51,7 +51,7 @@ def count_compute(ctx: RankContext, tables: KernelTables | None = None) -> int:
     pipeline schedule runs each of the rank's virtual stages forward and backward once per
     micro-batch (`traces.pipeline` validates it), in whatever order. Leaves the rank's kernel
     table in `tables` for `lower_compute` to build from."""
-    kernels = _StageKernels(ctx, *((tables.rows, tables.layers) if tables is not None else ()))
+    kernels = _StageKernels(ctx, tables.rows if tables is not None else None)
     if tables is not None:
         tables.keep(ctx.rank, kernels)
     once = sum(kernels.count(Action(stage, kind, 0))
@@ -62,28 +62,18 @@ def count_compute(ctx: RankContext, tables: KernelTables | None = None) -> int:
 Rows = dict[tuple[KernelWork, Phase], OpRow]
 """Op rows made once per (kernel, phase) (`_fields`)."""
 
-LayerRuns = tuple[list[OpRow], list[OpRow], list[OpRow]]
-"""A kind of layer's rows: forward, backward (or B), and W of a split backward."""
-
-Layers = dict[tuple[object, ...], LayerRuns]
-"""`LayerRuns` made once per (kind of layer, the layer they were made from, expert shard,
-gradient bytes) (`_StageKernels`)."""
-
 
 class KernelTables:
     """Ranks' kernel tables (one model and layout), made once per plan: the op-cap check
     counts from each (`count_compute`) and lowering takes it to build from (`lower_compute`),
     so a skewed 1024-GPU plan, where ~1000 ranks each have their own, makes each once."""
 
-    __slots__ = ("_kept", "layers", "rows")
+    __slots__ = ("_kept", "rows")
 
     def __init__(self) -> None:
         self._kept: dict[int, _StageKernels] = {}
         self.rows: Rows = {}
         """Op rows by (kernel, phase), shared by every rank's table (`_fields`)."""
-        self.layers: Layers = {}
-        """A kind of layer's rows, shared by the ranks whose tables hold it with the same
-        expert shard (skewed routing: 1024 ranks, 64 expert shards)."""
 
     def keep(self, rank: int, kernels: _StageKernels) -> None:
         self._kept[rank] = kernels
@@ -105,20 +95,17 @@ after another."""
 class _StageKernels:
     """The kernels of a layer, of the embedding and of the output layer for this rank."""
 
-    def __init__(self, ctx: RankContext, rows: Rows | None = None,
-                 layers: Layers | None = None) -> None:
-        """`rows`: op rows made before (by other ranks of the plan), reused and added to;
-        `layers` likewise the rows of whole layers (one model and layout: the plan's)."""
+    def __init__(self, ctx: RankContext, rows: Rows | None = None) -> None:
+        """`rows`: op rows made before (by other ranks of the plan), reused and added to."""
         model, layout = ctx.local_model, ctx.layout  # CP: the rank's s/cp tokens
         rows = rows if rows is not None else {}
-        layers = layers if layers is not None else {}
         b, t, sp = layout.micro_batch, layout.tp, layout.sp
         g = ctx.grad_bytes
         self.ctx = ctx
         embed = embedding_kernels(model, b, t, sp, g)
         head = restack(model, head_kernels(model, b, t, sp, g), b, t, sp)
         # One kernel list per distinct kind of layer: dense, MoE (per layer with skewed routing).
-        self.runs: dict[object, LayerRuns] = {}
+        self.runs: dict[object, tuple[list[OpRow], list[OpRow], list[OpRow]]] = {}
         split = splits_backward(layout.schedule)
         self.keys: dict[int, object] = {}
         shard = ExpertShard(ep=layout.ep, etp=layout.etp, ep_rank=ep_coord(layout, ctx.rank))
@@ -128,11 +115,13 @@ class _StageKernels:
                 key = self.keys[index] = (moe, index if moe and model.routing_skew
                                                        and not model.force_balance else None)
                 if key not in self.runs:
-                    made = (key, index, shard, g)  # what the rows below are a function of
-                    found = layers.get(made)
-                    if found is None:
-                        found = layers[made] = self._layer(index, shard, moe, split, rows)
-                    self.runs[key] = found
+                    layer = restack(model, moe_layer_kernels(model, b, t, sp, index, shard, g),
+                                    b, t, sp)
+                    backward = _layer_backward(layer, layout.recompute,
+                                               ATTENTION_CORE[model.attention], model,
+                                               layout.recompute_modules, moe)
+                    self.runs[key] = (_fields(_run(layer, Phase.FWD), rows),
+                                      *_split(backward, split, rows))
         self.embed_forward = _fields(_run(embed, Phase.FWD), rows)
         self.embed_backward, self.embed_wgrad = _split(_run(embed[::-1], Phase.BWD), split, rows)
         depth = mtp_kernels(model, b, t, sp, g) if model.mtp_layers else []
@@ -149,17 +138,6 @@ class _StageKernels:
                        for stage in layout.stages_of_rank(ctx.pp_rank)}
         self.mtp = _by_kind(mtp_indices(model), self.keys) \
             if ctx.last_stage in layout.stages_of_rank(ctx.pp_rank) else []
-
-    def _layer(self, index: int, shard: ExpertShard, moe: bool, split: bool,
-               rows: Rows) -> LayerRuns:
-        """The rows of layer `index`'s kernels: forward, backward (B), W."""
-        model, layout = self.ctx.local_model, self.ctx.layout
-        b, t, sp = layout.micro_batch, layout.tp, layout.sp
-        layer = restack(model, moe_layer_kernels(model, b, t, sp, index, shard,
-                                                 self.ctx.grad_bytes), b, t, sp)
-        backward = _layer_backward(layer, layout.recompute, ATTENTION_CORE[model.attention],
-                                   model, layout.recompute_modules, moe)
-        return (_fields(_run(layer, Phase.FWD), rows), *_split(backward, split, rows))
 
     def segments(self, action: Action) -> list[Segment]:
         """What `action` runs, in order: forward — the embedding on the first stage, the

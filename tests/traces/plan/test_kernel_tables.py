@@ -30,9 +30,9 @@ def made(monkeypatch) -> Counter[int]:
     original = compute._StageKernels
 
     class Counted(original):  # type: ignore[misc, valid-type]
-        def __init__(self, ctx, *shared):
+        def __init__(self, ctx, rows=None):
             counts[ctx.rank] += 1
-            super().__init__(ctx, *shared)
+            super().__init__(ctx, rows)
 
     monkeypatch.setattr(compute, "_StageKernels", Counted)
     return counts
@@ -60,19 +60,6 @@ def test_a_plan_makes_each_kernels_op_row_once(monkeypatch):
         lower_rank(MODEL, LAYOUT, rank, schedule[LAYOUT.coords(rank).pp])
     assert len(shared) == len(set(shared)) and set(shared) == set(made)
     assert len(shared) < len(made)
-
-
-def test_a_plan_makes_each_kind_of_layer_once_per_expert_shard(monkeypatch):
-    """The ranks' tables share whole layers' rows too (`KernelTables.layers`): a layer's
-    kernels are made once per (kind, layer, expert shard), not once per rank holding it (the
-    plan's ops still equal each rank's lowered alone: the next test)."""
-    made: list[tuple[int, object]] = []
-    kernels = compute.moe_layer_kernels
-    monkeypatch.setattr(compute, "moe_layer_kernels", lambda *a: made.append((a[4], a[5])) or
-                        kernels(*a))
-    build(MODEL, LAYOUT)
-    assert len(made) == len(set(made))
-    assert len(made) == MODEL.layers * LAYOUT.ep  # 16 ranks hold 2 layers each: 32 without
 
 
 def test_a_plan_built_from_the_kept_tables_equals_each_rank_lowered_afresh():
