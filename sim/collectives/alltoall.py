@@ -109,26 +109,31 @@ def counted(cluster: Cluster, senders: Sequence[int], receivers: Sequence[int]
             total_nic[j] = total_nic.get(j, 0) + d
     num_a = len(senders)
     counts = LinkCounts(cluster)
+    add = counts.add
     servers = sorted(set(sends) | set(takes))
     fabric_side: dict[tuple[int, int], tuple[int, int]] = {}  # (s, j) -> (up, down)
+    # The PXN GPU of each (NIC, sender) pair, asked once, not once per server.
+    via_of = {j: [owner_of(j, prefer=i) for i in range(gpus)] for j in total_nic}
     for s in servers:
         a_s, b_s, row = sends.get(s, []), takes.get(s, []), on_nic.get(s, {})
         set_a, set_b = set(a_s), set(b_s)
         switch = nvswitch_node(s)
+        gpu = [gpu_node(s, g) for g in range(gpus)]  # the server's node names, made once
+        nic = [nic_node(s, j) for j in range(spec.nics)]
         for i in a_s:
-            counts.add(gpu_node(s, i), switch, len(b_s) - (i in set_b))
+            add(gpu[i], switch, len(b_s) - (i in set_b))
         for k in b_s:
-            counts.add(switch, gpu_node(s, k), len(a_s) - (k in set_a))
+            add(switch, gpu[k], len(a_s) - (k in set_a))
+        outs = [(j, b_j - row.get(j, 0)) for j, b_j in total_nic.items()]
         for i in a_s:
-            for j, b_j in total_nic.items():
-                out = b_j - row.get(j, 0)
-                via = owner_of(j, prefer=i)
+            for j, out in outs:
+                via = via_of[j][i]
                 if via != i:
-                    counts.add(gpu_node(s, i), switch, out)
-                    counts.add(switch, gpu_node(s, via), out)
-                counts.add(gpu_node(s, via), nic_node(s, j), out)
+                    add(gpu[i], switch, out)
+                    add(switch, gpu[via], out)
+                add(gpu[via], nic[j], out)
         for k in b_s:
-            counts.add(nic_node(s, nic_of(k)), gpu_node(s, k), num_a - len(a_s))
+            add(nic[nic_of(k)], gpu[k], num_a - len(a_s))
         for j in set(total_nic) | set(row):
             fabric_side[(s, j)] = (len(a_s) * (total_nic.get(j, 0) - row.get(j, 0)),
                                    row.get(j, 0) * (num_a - len(a_s)))

@@ -22,6 +22,18 @@ def test_seed_002_groups_for_16_ranks_tp2_pp4_dp2():
     assert layout.groups(Axis.PP) == [(0, 4, 8, 12), (1, 5, 9, 13), (2, 6, 10, 14), (3, 7, 11, 15)]
 
 
+@pytest.mark.parametrize("degrees", [dict(tp=2, pp=4, dp=2), dict(tp=4, cp=3, pp=2, dp=5),
+                                     dict(tp=1, cp=2, pp=3, dp=1), dict(tp=8, pp=1, dp=1)])
+def test_a_group_by_strides_is_the_group_by_moved_coordinates(degrees):
+    """`group` steps by the axis's stride; the definition moves the rank's coordinates."""
+    layout = Layout(**degrees, global_batch=degrees["dp"] * 4)
+    for rank in range(layout.world):
+        c = layout.coords(rank)
+        for axis in Axis:
+            assert layout.group(rank, axis) == tuple(
+                layout.rank_of(c.moved(axis, i)) for i in range(layout.degree(axis)))
+
+
 def test_rank_is_tp_plus_tp_times_cp_dp_pp():
     layout = Layout(tp=4, pp=3, dp=5, global_batch=5)
     for rank in range(layout.world):

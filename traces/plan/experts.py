@@ -83,6 +83,9 @@ _SITES: dict[tuple[Kernel, bool], tuple[tuple[Exchange, ...], tuple[Exchange, ..
                          (_A2A, ExpertAllToAll(D, True), True)), ()),
 }
 
+_SITE_KERNELS = frozenset(kernel for kernel, _ in _SITES)
+"""The kernels some EP site is beside (`add_expert_parallel` looks no further for others)."""
+
 
 def add_expert_parallel(ctx: RankContext, program: Program) -> Program:
     """Insert the EP all-to-alls (and ETP collectives) around each MoE layer's experts."""
@@ -123,9 +126,13 @@ def add_expert_parallel(ctx: RankContext, program: Program) -> Program:
     for nodes in program:
         step: list[Node] = []
         for node in nodes:
-            op, purpose = node.op, node.op.purpose
-            found = _SITES.get((purpose.kernel, op.phase is Phase.BWD)) \
-                if isinstance(purpose, KernelRun) else None  # (most kernels: none, first)
+            op = node.op
+            purpose = op.purpose
+            # Most ops run no site's kernel: passed on after two tests (KernelRun is final).
+            if type(purpose) is not KernelRun or purpose.kernel not in _SITE_KERNELS:
+                step.append(node)
+                continue
+            found = _SITES.get((purpose.kernel, op.phase is Phase.BWD))
             if found is None or op.layer is None or op.phase is Phase.WGRAD \
                     or not is_moe_layer(model, op.layer):
                 step.append(node)
