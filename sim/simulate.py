@@ -316,4 +316,9 @@ def model_summary(model: ModelSpec) -> str:
                f"{cap}{skew}")
     return (f"{attn}, {model.ffn} {model.ffn_hidden}, {model.norm}, {model.position} positions"
             f", {'biases' if model.bias else 'no biases'}, dropout {model.dropout:g}, "
-            f"{model.dtype}{moe}" + (f", MTP {model.mtp_layers}" if model.mtp_layers else ""))
+            f"{model.dtype}{moe}" + (f", MTP {model.mtp_layers}" if model.mtp_layers else "")
+            + _STACK_LABEL.get(model.kernels, ""))
+
+
+_STACK_LABEL = {"eager": ", PyTorch eager kernels", "compiled": ", torch.compile kernels"}
+"""The software stack where it is not the default fused one (`traces.stack`)."""

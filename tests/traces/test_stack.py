@@ -7,6 +7,7 @@ import dataclasses
 
 import pytest
 
+from sim.simulate import model_summary
 from traces.errors import ConfigError
 from traces.header import TraceMeta
 from traces.header_json import meta_to_json
@@ -118,3 +119,11 @@ def test_compiled_runs_the_final_norm_eager_outside_the_compiled_blocks():
     assert counts is not None
     assert (counts[("final_ln", False)], counts[("final_ln", True)]) == (6, 14)  # no residual
     assert (counts[("ln1", False)], counts[("ln1", True)]) == (1, 1)
+
+
+def test_the_summary_names_a_torch_stack_and_leaves_the_fused_one_unsaid():
+    assert model_summary(LLAMA).endswith(", bf16")
+    assert model_summary(dataclasses.replace(LLAMA, kernels="eager")).endswith(
+        ", bf16, PyTorch eager kernels")
+    assert model_summary(dataclasses.replace(LLAMA, kernels="compiled")).endswith(
+        ", bf16, torch.compile kernels")
