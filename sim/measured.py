@@ -52,14 +52,12 @@ from topology.presets import PRESETS
 from traces.chakra_read import ET_FILE, load_chakra
 from traces.chakra_read import et_files as chakra_files
 from traces.errors import ConfigError, show, warn
-from traces.fp8 import fp8_gemm_rate
 from traces.gzipped import head
 from traces.header import TraceMeta, check_fold_ranks
 from traces.io import load as load_parasim
 from traces.kineto import dropped, load_kineto
-from traces.moe_spec import gemm_streams
 from traces.ops import Op, OpKind, Trace
-from traces.stack import gemm_splits, launch_counts
+from traces.stack import launch_counts
 
 SNIFF_BYTES = 65536
 _SCHEMA_KEY = re.compile(rb'"schema"\s*:')
@@ -302,10 +300,7 @@ def replay_trace(loaded: LoadedTrace, cluster: Cluster, profile: Profile | None 
     # rate and its stack the experts' GEMM streams, as `predict` costs them
     model = trace.meta.model
     stack = launch_counts(model) if model is not None else None
-    rate = fp8_gemm_rate(model) if model is not None else 1.0
-    compute = ComputeModel(cluster.accelerator, profile, stack, fp8_rate=rate,
-                           expert_streams=gemm_streams(model) if model is not None else 0,
-                           splits=gemm_splits(model) if model is not None else None)
+    compute = ComputeModel.of_model(cluster.accelerator, profile, model, stack)
     times = replay(plan, cluster, compute,
                    interference=interference_for(cluster, profile, compute), network=network,
                    algo=algo, progress=progress, gaps=gaps,

@@ -26,16 +26,13 @@ from sim.models.reserved_sms import reserved_sms, spared
 from sim.models.sharing import interference_for
 from sim.models.variability import expected_speeds
 from traces.cp_fold import cp_partition, cp_shift_closed
-from traces.fp8 import fp8_gemm_rate
 from traces.identity import Partition, partition_for
 from traces.layout import Layout, Recompute
 from traces.model import ModelSpec
 from traces.moe_overlap import comm_sms
-from traces.moe_spec import gemm_streams
 from traces.ops import Trace
 from traces.pipeline import layout_schedule
 from traces.plan import build
-from traces.stack import gemm_splits
 
 GiB = 2**30
 
@@ -70,10 +67,9 @@ def predict(exp: Experiment, *, fold: bool = True, progress: Progress | None = N
     if speeds is None and not exp.cluster.variability.ideal:
         speeds = expected_speeds(exp.cluster.variability, exp.layout, plan.ranks,
                                  exp.cluster.devices_per_server)
-    compute = ComputeModel(exp.cluster.accelerator, exp.profile,
-                           device_launches(exp.model, exp.layout),
-                           cluster_host_Bps(exp.cluster), fp8_gemm_rate(exp.model),
-                           gemm_streams(exp.model), gemm_splits(exp.model))
+    compute = ComputeModel.of_model(exp.cluster.accelerator, exp.profile, exp.model,
+                                    device_launches(exp.model, exp.layout),
+                                    cluster_host_Bps(exp.cluster))
     durations = reserved_sms(plan, compute, comm_sms(exp.layout, exp.model.dispatch))
     interference = spared(interference_for(exp.cluster, exp.profile, compute), durations)
     hosts = host_programs(plan, exp.host, exp.model, exp.layout, compute)

@@ -2,6 +2,7 @@
 
     check_moe(model)                the `[model]` MoE keys' bounds and rules (ConfigError)
     gemm_streams(model)             the streams the experts' grouped GEMM runs on (0: one kernel)
+    te_grouped_mlp(model)           whether the experts are TE's GroupedLinear (TEGroupedMLP)
     expert_popularity(model, l)     the share of layer l's routed tokens each expert receives
     expert_counts(model, l, T)      tokens each expert gets from one rank's T tokens
 
@@ -193,8 +194,14 @@ def gemm_streams(m: ModelSpec) -> int:
     no grouped op to split."""
     if m.moe_gemm_streams is not None:
         return m.moe_gemm_streams
-    te_grouped = m.experts and m.moe_grouped_gemm and m.kernels == "fused"
-    return TE_GEMM_STREAMS if te_grouped else 0
+    return TE_GEMM_STREAMS if te_grouped_mlp(m) else 0
+
+
+def te_grouped_mlp(m: ModelSpec) -> bool:
+    """Whether the experts run as Megatron-Core's TEGroupedMLP, Transformer Engine's
+    GroupedLinear: grouped GEMM under the fused stack (`gemm_streams`), whatever streams a
+    config states (TE's CUTLASS path is GroupedLinear too)."""
+    return bool(m.experts and m.moe_grouped_gemm and m.kernels == "fused")
 
 
 def is_moe_layer(m: ModelSpec, layer: int) -> bool:

@@ -62,10 +62,13 @@ from math import ceil
 from sim.profile import Profile
 from topology.cluster import Accelerator
 from traces.errors import ConfigError
+from traces.fp8 import fp8_gemm_rate
 from traces.kernel_names import Kernel
+from traces.model import ModelSpec
+from traces.moe_spec import gemm_streams
 from traces.ops import Op, Phase
 from traces.purpose import GemmChunk, HostCopy, KernelRun
-from traces.stack import GemmSplit
+from traces.stack import GemmSplit, gemm_splits
 
 PHILOX_INT_OPS_PER_DRAW = 20.0
 """32-bit integer instructions per random draw of PyTorch's, Megatron-LM's and
@@ -129,6 +132,19 @@ class ComputeModel:
         op's fields the duration depends on, and its seconds. A plan shares one purpose among
         the ops of one kernel (682 purposes for 720,816 kernels of GPT-3 on 1024 GPUs), so
         comparing six fields usually answers without building and hashing `_kernel_key`."""
+
+    @staticmethod
+    def of_model(accelerator: Accelerator, profile: Profile, model: ModelSpec | None,
+                 launches: Mapping[tuple[str, bool], int] | None = None,
+                 host_Bps: float = 0.0) -> ComputeModel:
+        """The compute model of `model`'s kernels: its FP8 recipe's GEMM rate
+        (`traces.fp8.fp8_gemm_rate`), its stack's expert GEMM streams
+        (`traces.moe_spec.gemm_streams`) and split GEMMs (`traces.stack.gemm_splits`), as
+        every interpreter of a plan costs them; None (a trace naming no model): none of them."""
+        if model is None:
+            return ComputeModel(accelerator, profile, launches, host_Bps)
+        return ComputeModel(accelerator, profile, launches, host_Bps, fp8_gemm_rate(model),
+                            gemm_streams(model), gemm_splits(model))
 
     def duration(self, op: Op) -> float:
         if op.start is not None and op.end is not None:

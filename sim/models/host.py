@@ -104,7 +104,7 @@ from traces.fp8 import recipe as fp8_recipe
 from traces.kernel_names import Kernel
 from traces.layout import Layout
 from traces.model import ModelSpec
-from traces.moe_spec import gemm_streams
+from traces.moe_spec import gemm_streams, te_grouped_mlp
 from traces.ops import Op, OpKind, Phase, Trace
 from traces.purpose import ExpertAllToAll, GemmChunk, KernelRun, MoeStep, RoutingMapGather
 from traces.stack import launch_counts
@@ -193,10 +193,9 @@ class GroupedHost:
 
     @staticmethod
     def of(model: ModelSpec, layout: Layout) -> GroupedHost | None:
-        """The rank's GroupedLinear calls; None without TEGroupedMLP's grouped experts: a
-        model without grouped GEMM, or on torch's stacks (`kernels` "eager" or "compiled":
-        torch._grouped_mm, no TE module, `traces.moe_spec.gemm_streams`)."""
-        if not (model.experts and model.moe_grouped_gemm and model.kernels == "fused"):
+        """The rank's GroupedLinear calls; None without TEGroupedMLP's grouped experts
+        (`traces.moe_spec.te_grouped_mlp`: not on torch's stacks, torch._grouped_mm)."""
+        if not te_grouped_mlp(model):
             return None
         return GroupedHost(model.experts // layout.ep, model.fp8)
 

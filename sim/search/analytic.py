@@ -50,7 +50,6 @@ from sim.search.stage_time import UnitTime, beside
 from topology.cluster import Cluster
 from traces.alltoallv import AllToAllv
 from traces.expert_grid import ep_group, etp_group, expert_data_group
-from traces.fp8 import fp8_gemm_rate
 from traces.fp8_params import param_gather_bytes
 from traces.layout import Axis, Layout, Schedule
 from traces.model import ModelSpec
@@ -67,7 +66,7 @@ from traces.pipeline import (
 from traces.plan.optimizer import grad_stats_group
 from traces.plan.overlap import in_region, region_seconds, ring_exchange
 from traces.purpose import Kernel, KernelRun
-from traces.stack import gemm_splits, launch_counts
+from traces.stack import launch_counts
 from traces.zero_bubble import zb1p
 
 
@@ -117,10 +116,8 @@ class Analytic:
         per `casts` (the expert cast op's kernels, `_of`)."""
         found = self._computes.get(casts)
         if found is None:
-            compute = ComputeModel(self.cluster.accelerator, self.profile, launches,
-                                   fp8_rate=fp8_gemm_rate(self.model),
-                                   expert_streams=gemm_streams(self.model),
-                                   splits=gemm_splits(self.model))
+            compute = ComputeModel.of_model(self.cluster.accelerator, self.profile,
+                                            self.model, launches)
             found = self._computes[casts] = (
                 compute, interference_for(self.cluster, self.profile, compute))
         return found

@@ -40,12 +40,10 @@ from sim.whatif.straggle import NONE, Straggle, learn_straggle, with_straggle
 from topology.cluster import Cluster
 from topology.config import read_cluster_table
 from traces.errors import ConfigError
-from traces.fp8 import fp8_gemm_rate
-from traces.moe_spec import gemm_streams
 from traces.ops import Op, OpKind, Trace
 from traces.plan import build
 from traces.purpose import HostCopy
-from traces.stack import gemm_splits, launch_counts
+from traces.stack import launch_counts
 
 
 @dataclass(frozen=True, slots=True)
@@ -273,10 +271,9 @@ def _replay(exp: Experiment, cluster: Cluster, plan: Trace, gaps: Mapping[int, l
             ) -> StepTimes:
     """`sim.measured.replay_trace`'s run, on `cluster` (the target's), the target's profile
     and network; activation offload copies (`HostCopy`) over the target's host link."""
-    compute = ComputeModel(cluster.accelerator, exp.profile,
-                           device_launches(exp.model, exp.layout),
-                           cluster_host_Bps(cluster), fp8_gemm_rate(exp.model),
-                           gemm_streams(exp.model), gemm_splits(exp.model))
+    compute = ComputeModel.of_model(cluster.accelerator, exp.profile, exp.model,
+                                    device_launches(exp.model, exp.layout),
+                                    cluster_host_Bps(cluster))
     return replay(plan, cluster, compute,
                   interference=interference_for(cluster, exp.profile, compute),
                   network=exp.network, algo=exp.algo, gaps=gaps)
