@@ -141,8 +141,8 @@ def add_expert_parallel(ctx: RankContext, program: Program) -> Program:
             before, after = ([_op(node, x, groups[x[2]], size(layer, x[2]), model.data_dtype,
                                   split(layer, x[1]))
                               for x in side if len(groups[x[2]]) > 1] for side in found)
-            if hybrid and isinstance(purpose, KernelRun) and purpose.kernel is K.PERMUTE \
-                    and op.phase is not Phase.BWD and len(groups[True]) > 1:
+            if hybrid and purpose.kernel is K.PERMUTE and op.phase is not Phase.BWD \
+                    and len(groups[True]) > 1:
                 before.append(_op(node, (_AG, GATHER, True), groups[True],
                                   routing_map_bytes(model, tokens, layout.ep), "bool", None))
             step += [*before, node, *after]
