@@ -54,6 +54,7 @@ from traces.chakra_read import et_files as chakra_files
 from traces.errors import ConfigError, show, warn
 from traces.gzipped import head
 from traces.header import TraceMeta, check_fold_ranks
+from traces.identity import recorded_fold
 from traces.io import load as load_parasim
 from traces.kineto import dropped, load_kineto
 from traces.ops import Op, OpKind, Trace
@@ -152,7 +153,7 @@ def _load_folder(folder: Path, allow_incomplete: bool) -> LoadedTrace:
         part = _complete(path, load_parasim(path), allow_incomplete)
         if meta is None:
             meta = part.meta
-        elif part.meta.fold != meta.fold:
+        elif (part.meta.fold, part.meta.fold_classes) != (meta.fold, meta.fold_classes):
             raise ConfigError(f"{path}: folded differently from {ours[0].name} (meta.fold); "
                               "a folder holds the files of one run")
         for rank, rank_ops in part.ops.items():
@@ -211,8 +212,8 @@ def check_fits(trace: Trace, spec: ClusterSpec) -> None:
     world = trace.meta.world_size
     if world is not None:
         top, what = world - 1, f"its world of {world} ranks"
-    fold = trace.meta.fold  # a folded plan stands for its whole world
-    check_fold_ranks(fold, trace.ops)
+    fold = recorded_fold(trace.meta)  # a folded plan stands for its whole world
+    check_fold_ranks(trace.meta.fold_classes or trace.meta.fold, trace.ops)
     if fold is not None and fold.world - 1 > top:
         top, what = fold.world - 1, f"its fold's world of {fold.world} ranks"
     for rank, ops in trace.ops.items():
@@ -371,7 +372,7 @@ def _census(trace: Trace) -> tuple[dict[str, int], dict[str, int], dict[str, flo
     "_allgather_base"); its barriers stay "barrier"."""
     present = set(trace.ops)
     kineto = trace.meta.kineto
-    fold = trace.meta.fold
+    fold = recorded_fold(trace.meta)
     counter: dict[tuple[int, ...], int] = {}  # group -> the present rank that counts its calls
     kinds: Counter[str] = Counter()
     names: Counter[str] = Counter()

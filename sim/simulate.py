@@ -62,8 +62,10 @@ def predict(exp: Experiment, *, fold: bool = True, progress: Progress | None = N
     schedule = layout_schedule(exp.layout)  # once: the plan and the memory model run it
     built = build(exp.model, exp.layout, ranks=ranks, schedule=schedule,
                   classes=classes is not None, progress=plan_progress)
+    # the classes go in the header: a replay of the trace adds the copies this run adds
     plan = Trace(built.ops, replace(built.meta, experiment=exp.name, cluster_name=exp.cluster.name,
-                                    cluster_spec=exp.cluster.table, network=str(exp.network)))
+                                    cluster_spec=exp.cluster.table, network=str(exp.network),
+                                    fold_classes=classes.classes() if classes else None))
     if speeds is None and not exp.cluster.variability.ideal:
         speeds = expected_speeds(exp.cluster.variability, exp.layout, plan.ranks,
                                  exp.cluster.devices_per_server)
