@@ -41,7 +41,7 @@ from sim.config import check_fp8
 from sim.engine.replay import Progress, StepTimes, replay
 from sim.engine.replay import host_gaps as measured_gaps
 from sim.engine.transport import NETWORK_NAMES, NetworkMode
-from sim.models.compute import ComputeModel
+from sim.models.host import plan_compute
 from sim.models.sharing import interference_for
 from sim.models.stack_rates import stack_profile
 from sim.models.variability import expected_speeds
@@ -58,7 +58,6 @@ from traces.identity import recorded_fold
 from traces.io import load as load_parasim
 from traces.kineto import dropped, load_kineto
 from traces.ops import Op, OpKind, Trace
-from traces.stack import launch_counts
 
 SNIFF_BYTES = 65536
 _SCHEMA_KEY = re.compile(rb'"schema"\s*:')
@@ -297,11 +296,10 @@ def replay_trace(loaded: LoadedTrace, cluster: Cluster, profile: Profile | None 
             else NetworkMode.FLOW
     plan, kept, modelled, uncosted = _compute_times(trace, retime)
     gaps = measured_gaps(trace) if host_gaps else None
-    # a parasim plan's software stack states its kernels' launches, its FP8 recipe its GEMMs'
-    # rate and its stack the experts' GEMM streams, as `predict` costs them
-    model = trace.meta.model
-    stack = launch_counts(model) if model is not None else None
-    compute = ComputeModel.of_model(cluster.accelerator, profile, model, stack)
+    # a parasim plan's model and layout state its kernels' device launches (TE's per-expert
+    # quantizes too), its FP8 recipe its GEMMs' rate and its stack the experts' GEMM streams,
+    # as `predict` costs them (`plan_compute`, one place)
+    compute = plan_compute(cluster, profile, trace.meta.model, trace.meta.layout)
     times = replay(plan, cluster, compute,
                    interference=interference_for(cluster, profile, compute), network=network,
                    algo=algo, progress=progress, gaps=gaps,
