@@ -41,7 +41,7 @@ from sim.config import check_fp8
 from sim.engine.replay import Progress, StepTimes, replay
 from sim.engine.replay import host_gaps as measured_gaps
 from sim.engine.transport import NETWORK_NAMES, NetworkMode
-from sim.models.compute import ComputeModel
+from sim.models.host import plan_compute
 from sim.models.sharing import interference_for
 from sim.models.stack_rates import stack_profile
 from sim.models.variability import expected_speeds
@@ -54,10 +54,10 @@ from traces.chakra_read import et_files as chakra_files
 from traces.errors import ConfigError, show, warn
 from traces.gzipped import head
 from traces.header import TraceMeta, check_fold_ranks
+from traces.identity import recorded_fold
 from traces.io import load as load_parasim
 from traces.kineto import dropped, load_kineto
 from traces.ops import Op, OpKind, Trace
-from traces.stack import launch_counts
 
 SNIFF_BYTES = 65536
 _SCHEMA_KEY = re.compile(rb'"schema"\s*:')
@@ -152,7 +152,7 @@ def _load_folder(folder: Path, allow_incomplete: bool) -> LoadedTrace:
         part = _complete(path, load_parasim(path), allow_incomplete)
         if meta is None:
             meta = part.meta
-        elif part.meta.fold != meta.fold:
+        elif (part.meta.fold, part.meta.fold_classes) != (meta.fold, meta.fold_classes):
             raise ConfigError(f"{path}: folded differently from {ours[0].name} (meta.fold); "
                               "a folder holds the files of one run")
         for rank, rank_ops in part.ops.items():
@@ -211,8 +211,8 @@ def check_fits(trace: Trace, spec: ClusterSpec) -> None:
     world = trace.meta.world_size
     if world is not None:
         top, what = world - 1, f"its world of {world} ranks"
-    fold = trace.meta.fold  # a folded plan stands for its whole world
-    check_fold_ranks(fold, trace.ops)
+    fold = recorded_fold(trace.meta)  # a folded plan stands for its whole world
+    check_fold_ranks(trace.meta.fold_classes or trace.meta.fold, trace.ops)
     if fold is not None and fold.world - 1 > top:
         top, what = fold.world - 1, f"its fold's world of {fold.world} ranks"
     for rank, ops in trace.ops.items():
@@ -296,11 +296,10 @@ def replay_trace(loaded: LoadedTrace, cluster: Cluster, profile: Profile | None 
             else NetworkMode.FLOW
     plan, kept, modelled, uncosted = _compute_times(trace, retime)
     gaps = measured_gaps(trace) if host_gaps else None
-    # a parasim plan's software stack states its kernels' launches, its FP8 recipe its GEMMs'
-    # rate and its stack the experts' GEMM streams, as `predict` costs them
-    model = trace.meta.model
-    stack = launch_counts(model) if model is not None else None
-    compute = ComputeModel.of_model(cluster.accelerator, profile, model, stack)
+    # a parasim plan's model and layout state its kernels' device launches (TE's per-expert
+    # quantizes too), its FP8 recipe its GEMMs' rate and its stack the experts' GEMM streams,
+    # as `predict` costs them (`plan_compute`, one place)
+    compute = plan_compute(cluster, profile, trace.meta.model, trace.meta.layout)
     times = replay(plan, cluster, compute,
                    interference=interference_for(cluster, profile, compute), network=network,
                    algo=algo, progress=progress, gaps=gaps,
@@ -371,7 +370,7 @@ def _census(trace: Trace) -> tuple[dict[str, int], dict[str, int], dict[str, flo
     "_allgather_base"); its barriers stay "barrier"."""
     present = set(trace.ops)
     kineto = trace.meta.kineto
-    fold = trace.meta.fold
+    fold = recorded_fold(trace.meta)
     counter: dict[tuple[int, ...], int] = {}  # group -> the present rank that counts its calls
     kinds: Counter[str] = Counter()
     names: Counter[str] = Counter()

@@ -18,9 +18,7 @@ from sim.engine.mirror_fold import half, mirror_fold, unfold
 from sim.engine.position import network_positions
 from sim.engine.replay import Progress, StepTimes, replay
 from sim.metrics import StepSummary, summarize
-from sim.models.compute import ComputeModel
-from sim.models.host import device_launches, host_programs
-from sim.models.host_link import cluster_host_Bps
+from sim.models.host import host_programs, plan_compute
 from sim.models.memory import memory_by_pp_rank
 from sim.models.reserved_sms import reserved_sms, spared
 from sim.models.sharing import interference_for
@@ -62,14 +60,14 @@ def predict(exp: Experiment, *, fold: bool = True, progress: Progress | None = N
     schedule = layout_schedule(exp.layout)  # once: the plan and the memory model run it
     built = build(exp.model, exp.layout, ranks=ranks, schedule=schedule,
                   classes=classes is not None, progress=plan_progress)
+    # the classes go in the header: a replay of the trace adds the copies this run adds
     plan = Trace(built.ops, replace(built.meta, experiment=exp.name, cluster_name=exp.cluster.name,
-                                    cluster_spec=exp.cluster.table, network=str(exp.network)))
+                                    cluster_spec=exp.cluster.table, network=str(exp.network),
+                                    fold_classes=classes.classes() if classes else None))
     if speeds is None and not exp.cluster.variability.ideal:
         speeds = expected_speeds(exp.cluster.variability, exp.layout, plan.ranks,
                                  exp.cluster.devices_per_server)
-    compute = ComputeModel.of_model(exp.cluster.accelerator, exp.profile, exp.model,
-                                    device_launches(exp.model, exp.layout),
-                                    cluster_host_Bps(exp.cluster))
+    compute = plan_compute(exp.cluster, exp.profile, exp.model, exp.layout)
     durations = reserved_sms(plan, compute, comm_sms(exp.layout, exp.model.dispatch))
     interference = spared(interference_for(exp.cluster, exp.profile, compute), durations)
     hosts = host_programs(plan, exp.host, exp.model, exp.layout, compute)

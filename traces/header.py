@@ -7,7 +7,10 @@
 Every field is typed and None where the trace does not say (a profiler import names no model,
 a plan no backend). `fold` is the `Layout` a folded plan was folded with (one rank per pipeline
 stage standing for its tensor-parallel peers and data-parallel replicas), read once when the
-file is read. `cluster_spec` is the `ClusterTable` that rebuilds the cluster a plan was
+file is read. `fold_classes` are the classes of a plan folded by identity (`traces.identity`:
+skewed expert loads, an expert grid the shifts do not map onto itself, network positions, a
+fold over CP): the ranks each representative stands for, which neither the layout nor the
+ranks held say. `cluster_spec` is the `ClusterTable` that rebuilds the cluster a plan was
 simulated on or a run measured on (`topology.config.read_cluster_table`); `cluster_name` is
 only its display label. `extras` keeps what a foreign or newer file holds beyond these fields.
 `traces.header_json` converts the header to and from the trace file's "meta" object.
@@ -24,10 +27,26 @@ from traces.errors import ConfigError
 from traces.layout import Layout
 from traces.model import ModelSpec
 
-__all__ = ["FOLD_AXES", "ClusterTable", "TableValue", "TraceMeta", "check_fold_ranks"]
+__all__ = ["FOLD_AXES", "ClusterTable", "FoldClasses", "TableValue", "TraceMeta",
+           "check_fold_ranks"]
 
 FOLD_AXES = ("tp", "dp")
 """The axes a folded plan collapses: peers along them run the same program."""
+
+@dataclass(frozen=True, slots=True)
+class FoldClasses:
+    """The classes of a plan folded by identity (`traces.identity.Partition` without its
+    layout, which is the meta's): `rep_of[r]` is the representative that stands for rank r,
+    `cp_step` the cp shift a fold over CP maps the classes by (0: none, `traces.cp_fold`).
+    The lowering adds a representative's copies by them (`traces.symmetry.copies`); read
+    from a trace, they make its replay the simulation that wrote it."""
+
+    rep_of: tuple[int, ...]
+    cp_step: int = 0
+
+    def representatives(self) -> list[int]:
+        return sorted(set(self.rep_of))
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TraceMeta:
@@ -40,6 +59,9 @@ class TraceMeta:
     """Ranks of the plan's (or the measured run's) world."""
     fold: Layout | None = None
     """The layout a folded plan was folded with; None for a plan of every rank."""
+    fold_classes: FoldClasses | None = None
+    """The classes a plan folded by identity holds one rank of (`sim.simulate.predict`);
+    None: the uniform fold of `fold`, or no fold."""
     # --- the simulation (sim.simulate.predict, sim.engine.replay)
     experiment: str | None = None
     cluster_name: str | None = None
@@ -101,15 +123,19 @@ class TraceMeta:
         return self.source == "kineto"
 
 
-def check_fold_ranks(fold: Layout | None, ranks: Iterable[int], source: str = "trace") -> None:
+def check_fold_ranks(fold: Layout | FoldClasses | None, ranks: Iterable[int],
+                     source: str = "trace") -> None:
     """A folded plan holds exactly its fold's representatives (the union of a run's files
-    does; one file of it may hold fewer, so the reader does not check this)."""
+    does; one file of it may hold fewer, so the reader does not check this): one per pipeline
+    stage (`fold`, a layout), or one per class (`meta.fold_classes`)."""
     if fold is None:
         return
     held, expected = sorted(ranks), fold.representatives()
     if held != expected:
-        raise ConfigError(f"{source}: meta.fold.layout: folds onto ranks {_ranks(expected)} (one "
-                          f"per pipeline stage), but the trace holds ranks {_ranks(held)}")
+        where, each = ("meta.fold.layout", "one per pipeline stage") \
+            if isinstance(fold, Layout) else ("meta.fold_classes", "one per class")
+        raise ConfigError(f"{source}: {where}: folds onto ranks {_ranks(expected)} ({each}), "
+                          f"but the trace holds ranks {_ranks(held)}")
 
 
 def _ranks(ranks: list[int]) -> str:

@@ -2,6 +2,7 @@
 
     {"model": {...ModelSpec's fields...}, "layout": {...Layout's...}, "world": 16,
      "fold": {"axes": ["tp", "dp"], "layout": {...}},          # a folded plan only
+     "fold_classes": {"rep_of": [0, 0, 2, 2, ...], "cp_step": 0},  # folded by identity only
      "experiment": "gpt3", "cluster": "dgx-a100 x2 rail",       # the display name, a label
      "cluster_spec": {"preset": "dgx-a100", "nodes": 2, "fabric": "rail",
                       "nic_bandwidth": "400Gb/s"},             # version 3: rebuilds it
@@ -11,9 +12,10 @@ A field the trace does not state is absent (None in `TraceMeta`); per-rank table
 the rank's decimal string. Keys parasim does not know are kept in `TraceMeta.extras` and
 written back after the known ones. Reading checks every known entry and raises `ConfigError`
 with one line naming it (`trace: meta.fold.layout.tp: ...`); the fold's world must be the
-meta's `world`. Older spellings still read: version 1's `"folded": true` (the plan folded with
-its own `layout`), and, for files before version 3, the cluster's display name as the only
-statement of its cluster (`_legacy_cluster`, the one reader of that name).
+meta's `world`; `fold_classes` must name a representative for every rank of the meta's
+`layout`, each its own. Older spellings still read: version 1's `"folded": true` (the plan
+folded with its own `layout`), and, for files before version 3, the cluster's display name
+as the only statement of its cluster (`_legacy_cluster`, the one reader of that name).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from dataclasses import fields
 from typing import Any
 
 from traces.errors import ConfigError, check_keys, show
-from traces.header import FOLD_AXES, ClusterTable, TableValue, TraceMeta
+from traces.header import FOLD_AXES, ClusterTable, FoldClasses, TableValue, TraceMeta
 from traces.layout import Layout
 from traces.mla import MLA_KEYS
 from traces.model import ModelSpec
@@ -115,6 +117,8 @@ def meta_from_json(raw: Mapping[str, Any], version: int, source: str = "trace") 
         where = f"{source}: meta.fold.layout" if "fold" in raw else f"{source}: meta.layout"
         raise ConfigError(f"{where}: tp {fold.tp} x cp {fold.cp} x pp {fold.pp} x "
                           f"dp {fold.dp} = {fold.world:,} ranks, but meta.world is {world}")
+    if "fold_classes" in values:
+        _check_classes(values["fold_classes"], values.get("layout"), f"{source}: meta.fold_classes")
     if version < 3 and "cluster_spec" not in values and "cluster_name" in values:
         values["cluster_spec"] = _legacy_cluster(values["cluster_name"])
     return TraceMeta(**values, extras=extras)
@@ -246,6 +250,38 @@ def _fold(value: object, where: str) -> Layout:
     return _layout(value.get("layout"), f"{where}.layout")
 
 
+def _fold_classes(value: object, where: str) -> FoldClasses:
+    table = _object(value, where)
+    check_keys(table, ("rep_of", "cp_step"), where)
+    if "rep_of" not in table:
+        raise ConfigError(f"{where}: no 'rep_of' (each rank's representative)")
+    return FoldClasses(_list(_count)(table["rep_of"], f"{where}.rep_of"),
+                       _count(table.get("cp_step", 0), f"{where}.cp_step"))
+
+
+def _fold_classes_json(classes: FoldClasses) -> dict[str, Any]:
+    return {"rep_of": list(classes.rep_of), "cp_step": classes.cp_step}
+
+
+def _check_classes(classes: FoldClasses, layout: Layout | None, where: str) -> None:
+    """Classes of the meta's layout: a representative for each of its ranks, no later than
+    the rank, standing for itself; a cp step that divides CP."""
+    if layout is None:
+        raise ConfigError(f"{where}: classes of ranks need the meta's 'layout'")
+    rep_of = classes.rep_of
+    if len(rep_of) != layout.world:
+        raise ConfigError(f"{where}.rep_of: {len(rep_of):,} ranks, but meta.layout has "
+                          f"{layout.world:,}")
+    bad = next((r for r, rep in enumerate(rep_of) if rep > r or rep_of[rep] != rep), None)
+    if bad is not None:
+        raise ConfigError(f"{where}.rep_of: rank {bad}'s representative {rep_of[bad]} is not "
+                          "a rank at or before it that stands for itself")
+    step = classes.cp_step
+    if step and (step >= layout.cp or layout.cp % step):
+        raise ConfigError(f"{where}.cp_step: {step} does not divide cp {layout.cp} (0: no "
+                          "fold over CP)")
+
+
 class _renamed:
     """Re-raise a value's own ConfigError ("model.heads: ...") under `where` instead."""
 
@@ -292,6 +328,7 @@ _FIELDS: tuple[tuple[str, str, Callable[[object, str], Any], Callable[[Any], Any
     ("layout", "layout", _layout, lambda layout: layout.to_dict()),
     ("world", "world", _positive, _same),
     ("fold", "fold", _fold, lambda f: {"axes": list(FOLD_AXES), "layout": f.to_dict()}),
+    ("fold_classes", "fold_classes", _fold_classes, _fold_classes_json),
     ("experiment", "experiment", _string, _same),
     ("cluster_name", "cluster", _string, _same),
     ("cluster_spec", "cluster_spec", _cluster_table, lambda c: c.table()),

@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from functools import partial
 
 from traces.expert_grid import grid_kinds, shift_closed
+from traces.header import FoldClasses, TraceMeta
 from traces.layout import Axis, Layout
 from traces.mirror_fold import mirror_rank, mirrored
 from traces.model import ModelSpec
@@ -93,10 +94,28 @@ class Partition:
             sizes[rep] = sizes.get(rep, 0) + 1
         return sizes
 
+    def classes(self) -> FoldClasses | None:
+        """The classes a trace's header records (`TraceMeta.fold_classes`); None for the
+        uniform fold, which the header's `fold` states. Not for a mirror fold, whose plan
+        holds half the representatives (`sim.engine.mirror_fold`)."""
+        assert not self.mirror, "a trace holds every representative: no mirror fold"
+        return FoldClasses(self.rep_of, self.cp_step) if self.rep_of else None
+
     @property
     def folds(self) -> bool:
         """Whether some representative stands for other ranks (False: every rank its own)."""
         return len(self.representatives()) < self.world
+
+
+def recorded_fold(meta: TraceMeta) -> Layout | Partition | None:
+    """The fold a plan was simulated with, as its header records it: the classes of a fold by
+    identity (`meta.fold_classes`, on the meta's layout), else the uniform fold `meta.fold`
+    (None: a plan of every rank, or of some ranks that mirror the absent ones)."""
+    classes = meta.fold_classes
+    if classes is None:
+        return meta.fold
+    assert meta.layout is not None, "the header's reader checks classes against a layout"
+    return Partition(meta.layout, classes.rep_of, classes.cp_step)
 
 
 def partition_for(model: ModelSpec, layout: Layout,
@@ -208,4 +227,4 @@ def _axis_group(layout: Layout, axis: Axis, rank: int) -> tuple[int, ...]:
     return layout.group(rank, axis)
 
 
-__all__ = ["IdentityKey", "Partition", "partition", "partition_for"]
+__all__ = ["IdentityKey", "Partition", "partition", "partition_for", "recorded_fold"]

@@ -51,7 +51,7 @@ from sim.models.interference import NO_INTERFERENCE, Interference
 from topology.cluster import Cluster
 from traces.errors import ConfigError
 from traces.header import check_fold_ranks
-from traces.identity import Partition
+from traces.identity import Partition, recorded_fold
 from traces.nogc import paused_gc
 from traces.ops import COPY_STREAMS, Op, Trace
 
@@ -105,12 +105,16 @@ def replay(plan: Trace, cluster: Cluster, compute: Durations, *,
     `host_gaps`). `speeds[rank]`, if given, stretches every kernel of the rank (per-rank
     variability, `sim.models.variability`; 1 where absent). `fold`, if given, is the plan's
     fold by identity (`traces.identity`): the plan holds its representatives, each standing
-    for its class (in place of `meta.fold`'s one rank per (cp, pp)). `hosts[rank]`, if given,
+    for its class (in place of `meta.fold`'s one rank per (cp, pp)); not given, it is the
+    one the plan's header records (`meta.fold_classes`, which `simulate --trace` writes), so
+    a trace replays with the copies its simulation had. `hosts[rank]`, if given,
     is the rank's host thread (`sim.engine.host`): no op starts before the host launched it."""
     if network not in NETWORK_NAMES:  # a string from an untyped caller
         raise ConfigError(f"network: {network!r} is not one of {', '.join(NETWORK_NAMES)}")
-    if fold is None:
-        check_fold_ranks(plan.meta.fold, plan.ops)
+    if fold is None:  # the fold its header records: a trace replays as it was simulated
+        check_fold_ranks(plan.meta.fold_classes or plan.meta.fold, plan.ops)
+        recorded = recorded_fold(plan.meta)
+        fold = recorded if isinstance(recorded, Partition) else None
     else:
         assert sorted(plan.ops) == fold.representatives(), "the plan holds the fold's classes"
     # The lowering, the ~10^6 events and floats of the run and the run itself make no cycles

@@ -98,6 +98,9 @@ from dataclasses import dataclass
 
 from sim.engine.host import HostProgram, Sync
 from sim.models.compute import ComputeModel
+from sim.models.host_link import cluster_host_Bps
+from sim.profile import Profile
+from topology.cluster import Cluster
 from traces.errors import ConfigError, show
 from traces.fields import Fields
 from traces.fp8 import recipe as fp8_recipe
@@ -317,6 +320,26 @@ def device_launches(model: ModelSpec, layout: Layout) -> dict[tuple[str, bool], 
         counts[str(Kernel.EXPERT_CAST), False] = casts
         counts[str(Kernel.EXPERT_CAST_GRAD), True] = casts
     return counts or None
+
+
+def plan_compute(cluster: Cluster, profile: Profile, model: ModelSpec | None,
+                 layout: Layout | None) -> ComputeModel:
+    """The compute model `simulate` times a plan of `model` on `layout` by, on `cluster`:
+    the model's FP8 rate, expert GEMM streams and split GEMMs (`ComputeModel.of_model`), its
+    kernels' device launches (`device_launches`: the stack's, and TE's per-expert quantize
+    kernels of an FP8 expert cast op) and the host link offload copies cross
+    (`cluster_host_Bps`). One place, so every interpreter of a plan costs its kernels alike:
+    `simulate`, a replay of its trace (`sim.measured`), whatif's replay and kernel book. A
+    header without a layout: the stack's launches alone; without a model (a profiler's
+    trace): none of the model's parameters."""
+    if model is None:
+        launches = None
+    elif layout is None:
+        launches = launch_counts(model)
+    else:
+        launches = device_launches(model, layout)
+    return ComputeModel.of_model(cluster.accelerator, profile, model, launches,
+                                 cluster_host_Bps(cluster))
 
 
 def launch_costs(ops: Sequence[Op], compute: ComputeModel | Mapping[tuple[str, bool], int],

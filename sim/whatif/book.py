@@ -1,7 +1,7 @@
 """What the captured traces say about each kernel class: measured durations by exact shape,
 the host's launch gaps, and a fit (calibrate's) for shapes the capture never ran.
 
-    book = learn(traces, capture_cluster, stack)
+    book = learn(traces, capture_cluster, model, layout)
     timing = book.time(op)      # seconds, host gap, and where they came from
 
 A shape the capture ran (the same kernel, phase, FLOPs, bytes, GEMM dims and draws: the key
@@ -22,6 +22,10 @@ class the capture ran is extrapolated:
   the work (FLOPs, else bytes), |s_model - s_work| / s_model, capped at ±100%.
 
 A class the capture never ran is timed by `--profile`'s figures (±100%), or refused.
+
+The fitted, scaling and `--profile` compute models are the one `simulate` times the target's
+plan by (`sim.models.host.plan_compute`: its FP8 rate, expert GEMM streams, split GEMMs and
+device launches), on the capture's accelerator.
 """
 
 from __future__ import annotations
@@ -36,9 +40,12 @@ from enum import StrEnum
 from sim.calibrate.fit import fit_profile
 from sim.engine.replay import host_gaps
 from sim.models.compute import ComputeModel
+from sim.models.host import plan_compute
 from sim.profile import Profile, default_profile
 from topology.cluster import Cluster
 from traces.errors import ConfigError
+from traces.layout import Layout
+from traces.model import ModelSpec
 from traces.ops import Op, OpKind, Phase, Trace
 from traces.purpose import KernelRun
 
@@ -183,11 +190,13 @@ def _ratio(target: float, measured: float) -> float:
     return target / measured if target > 0 and measured > 0 else 1.0
 
 
-def learn(traces: Sequence[Trace], cluster: Cluster, stack: Mapping[tuple[str, bool], int] | None,
+def learn(traces: Sequence[Trace], cluster: Cluster, model: ModelSpec, layout: Layout,
           fallback: Profile | None = None, statistic: Statistic = Statistic.LOAD
           ) -> KernelBook:
-    """The book of `traces` (timed, of one job on `cluster`); `fallback` times classes they
-    never ran; `statistic` sums up each shape's measured times and host gaps."""
+    """The book of `traces` (timed, of one job on `cluster`) for the target's `model` on
+    `layout`, whose kernels its compute models time as `simulate` does (`plan_compute`);
+    `fallback` times classes they never ran; `statistic` sums up each shape's measured times
+    and host gaps."""
     durations: dict[tuple[object, ...], list[float]] = defaultdict(list)
     gaps: dict[tuple[object, ...], list[float]] = defaultdict(list)
     shapes: dict[tuple[str, bool], dict[tuple[object, ...], Op]] = defaultdict(dict)
@@ -205,30 +214,29 @@ def learn(traces: Sequence[Trace], cluster: Cluster, stack: Mapping[tuple[str, b
                 else:
                     key = (str(op.kind), op.name)
                 gaps[key].append(gap)
-    model, uncertainty = _fit(traces, cluster, stack)
+    fitted, uncertainty = _fit(traces, cluster, model, layout)
     factor = load_factor(durations) if statistic is Statistic.LOAD else 1.0
     gap_statistic = Statistic.MEAN if statistic is Statistic.LOAD else statistic
-    fallback_model = ComputeModel(cluster.accelerator, fallback, stack) if fallback else None
+    fallback_model = plan_compute(cluster, fallback, model, layout) if fallback else None
     return KernelBook(
         durations={k: statistic.of(v) * factor for k, v in durations.items()},
         gaps={k: gap_statistic.of(v) for k, v in gaps.items()},
-        shapes={k: tuple(v.values()) for k, v in shapes.items()}, model=model,
+        shapes={k: tuple(v.values()) for k, v in shapes.items()}, model=fitted,
         uncertainty=uncertainty, fallback=fallback_model)
 
 
-def _fit(traces: Sequence[Trace], cluster: Cluster, stack: Mapping[tuple[str, bool], int] | None
+def _fit(traces: Sequence[Trace], cluster: Cluster, model: ModelSpec, layout: Layout
          ) -> tuple[ComputeModel, dict[str, float]]:
     """calibrate's fit of the traces, as a compute model on the capture's accelerator, and
     the relative uncertainty of each class whose rate it pins down; the accelerator's
     default profile and none if the traces pin nothing down."""
     base = default_profile(cluster.accelerator)
-    launches = dict(stack) if stack else None
     try:
         profile, report = fit_profile(traces, cluster, base=base, name="whatif-fit")
     except ConfigError:
-        return ComputeModel(cluster.accelerator, base, launches), {}
+        return plan_compute(cluster, base, model, layout), {}
     uncertainty = {}
     for k in report.compute.kernels if report.compute else ():
         if k.identified and math.isfinite(k.rel_ci):
             uncertainty[k.name] = min(UNPINNED, max(k.rel_ci, k.rms_error))
-    return ComputeModel(cluster.accelerator, profile, dict(stack) if stack else None), uncertainty
+    return plan_compute(cluster, profile, model, layout), uncertainty

@@ -27,9 +27,7 @@ from dataclasses import dataclass, replace
 
 from sim.config import Experiment
 from sim.engine.replay import StepTimes, host_gaps, replay
-from sim.models.compute import ComputeModel
-from sim.models.host import device_launches
-from sim.models.host_link import cluster_host_Bps
+from sim.models.host import plan_compute
 from sim.models.sharing import interference_for
 from sim.profile import Profile
 from sim.simulate import fold_sound
@@ -43,7 +41,6 @@ from traces.errors import ConfigError
 from traces.ops import Op, OpKind, Trace
 from traces.plan import build
 from traces.purpose import HostCopy
-from traces.stack import launch_counts
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,8 +113,7 @@ def whatif(captured: Captured, exp: Experiment, fallback: Profile | None = None,
     if spec is None:
         raise ConfigError("TRACE: names no cluster it ran on")
     capture_cluster = read_cluster_table(spec, where="trace: meta.cluster_spec").build()
-    stack = launch_counts(exp.model)
-    book = learn(captured.traces, capture_cluster, stack, fallback, statistic)
+    book = learn(captured.traces, capture_cluster, exp.model, exp.layout, fallback, statistic)
     plan = _plan(exp, captured)
     kept = _kept_ranks(plan, first)
     links = _links(captured, capture_cluster, exp, fallback, len(kept) < len(plan.ops)) \
@@ -271,9 +267,7 @@ def _replay(exp: Experiment, cluster: Cluster, plan: Trace, gaps: Mapping[int, l
             ) -> StepTimes:
     """`sim.measured.replay_trace`'s run, on `cluster` (the target's), the target's profile
     and network; activation offload copies (`HostCopy`) over the target's host link."""
-    compute = ComputeModel.of_model(cluster.accelerator, exp.profile, exp.model,
-                                    device_launches(exp.model, exp.layout),
-                                    cluster_host_Bps(cluster))
+    compute = plan_compute(cluster, exp.profile, exp.model, exp.layout)
     return replay(plan, cluster, compute,
                   interference=interference_for(cluster, exp.profile, compute),
                   network=exp.network, algo=exp.algo, gaps=gaps)

@@ -18,17 +18,17 @@ import pytest
 
 from sim.cli import main
 from sim.config import experiment_from_dict
-from sim.models.compute import ComputeModel
+from sim.models.host import plan_compute
 from sim.profile import default_profile
 from sim.settings import parse_settings
 from sim.simulate import predict
 from sim.whatif import load_captured, target_experiment, whatif
 from sim.whatif.book import Source, Statistic, learn, load_factor, shape_key
+from tests.sim.engine.test_replay_own_trace import moe_job
 from topology.override import link_figures, with_links
 from traces.io import save
 from traces.ops import OpKind, Trace
 from traces.plan import build
-from traces.stack import launch_counts
 
 JOB = """
 [model]
@@ -120,7 +120,7 @@ def test_a_shape_the_capture_ran_keeps_its_median_and_a_new_one_is_scaled(captur
     target = target_experiment(captured, settings=parse_settings(["parallel.tp=1",
                                                                   "parallel.dp=2"]))
     cluster = target.cluster
-    book = learn(captured.traces, cluster, launch_counts(target.model),
+    book = learn(captured.traces, cluster, target.model, target.layout,
                  statistic=Statistic.MEDIAN)
     plan = build(target.model, target.layout)
     by_name = {(op.name, op.phase): op for op in plan.ops[0] if op.kind is OpKind.COMPUTE}
@@ -131,7 +131,7 @@ def test_a_shape_the_capture_ran_keeps_its_median_and_a_new_one_is_scaled(captur
     assert timing.source is Source.MEASURED and timing.seconds == statistics.median(seen)
     qkv = by_name["qkv", "fwd"]  # its GEMM unsharded: twice the capture's FLOPs
     near = next(op for op in book.shapes["qkv", False])
-    model = ComputeModel(cluster.accelerator, target.profile, launch_counts(target.model))
+    model = plan_compute(cluster, target.profile, target.model, target.layout)
     timing = book.time(qkv)
     assert timing.source is Source.SCALED and timing.ratio == 2.0
     assert timing.seconds == pytest.approx(
@@ -156,9 +156,8 @@ def test_a_new_shape_follows_the_fit_where_it_pins_the_class_down():
     batch 4 it gives back the compute model the captures were timed by."""
     traces = [captured_step(job(mb=mb)) for mb in (1, 2)]
     target = experiment_from_dict(tomllib.loads(job(mb=4)))
-    stack = launch_counts(target.model)
-    book = learn(traces, target.cluster, stack)
-    model = ComputeModel(target.cluster.accelerator, target.profile, stack)
+    book = learn(traces, target.cluster, target.model, target.layout)
+    model = plan_compute(target.cluster, target.profile, target.model, target.layout)
     plan = build(target.model, target.layout)
     qkv = next(op for op in plan.ops[0] if op.name == "qkv")
     timing = book.time(qkv)
@@ -246,7 +245,7 @@ def test_the_mean_stands_for_a_shape_where_asked(capture):
     op = next(op for op in captured.first.ops[0] if op.kind is OpKind.COMPUTE)
     seen = [o.end - o.start for ops in captured.first.ops.values() for o in ops
             if o.kind is OpKind.COMPUTE and shape_key(o) == shape_key(op)]
-    book = learn(captured.traces, target.cluster, launch_counts(target.model),
+    book = learn(captured.traces, target.cluster, target.model, target.layout,
                  statistic=Statistic.MEAN)
     timing = book.time(replace(op, start=None, end=None))
     assert timing.source is Source.MEASURED and timing.seconds == statistics.fmean(seen)
@@ -263,7 +262,7 @@ def test_the_load_statistic_keeps_the_captured_total(capture):
         by_shape.setdefault(shape_key(o), []).append(o.end - o.start)
     factor = sum(map(sum, by_shape.values())) / sum(
         statistics.median(v) * len(v) for v in by_shape.values())
-    book = learn(captured.traces, target.cluster, launch_counts(target.model))
+    book = learn(captured.traces, target.cluster, target.model, target.layout)
     for key, seen in by_shape.items():
         assert book.durations[key] == statistics.median(seen) * factor
     predicted = sum(book.time(replace(o, start=None, end=None)).seconds for o in ops)
@@ -313,3 +312,28 @@ def test_new_ops_communicate_at_the_capture_s_own_link_figures(tmp_path):
         pytest.approx(captured_s, rel=0.01)
     same = whatif(captured, target_experiment(captured), capture_links=True)
     assert same.links is None and same.ranks_kept == 2
+
+
+def test_a_class_the_capture_never_ran_is_timed_as_simulate_times_it():
+    """--profile's figures time a kernel class the capture never ran, by simulate's compute
+    model (`sim.models.host.plan_compute`): FP8 current scaling under TE's GroupedLinear
+    launches 8 quantize kernels per expert cast op (`device_launches`), which the book's
+    model built from the stack's launch counts alone charged as one (4.2 us against
+    simulate's 25.2). The capture: simulate's own step of the job, cut down to two classes;
+    every other kernel no transfer overlapped (so simulate did not stretch it) takes the
+    time simulate gave it."""
+    exp = moe_job("fp8", "tensorwise")
+    _, times = predict(exp)
+    timed = times.timed_trace()
+    ops = timed.ops[0]
+    capture = Trace({0: tuple(replace(op, deps=()) for op in ops
+                              if op.name in ("ln1", "qkv"))}, timed.meta)
+    book = learn([capture], exp.cluster, exp.model, exp.layout, fallback=exp.profile)
+    moving = [(op.start, op.end) for op in ops if op.kind is not OpKind.COMPUTE]
+    alone = [op for op in ops if op.kind is OpKind.COMPUTE and op.name not in ("ln1", "qkv")
+             and not any(s < op.end and op.start < e for s, e in moving)]
+    assert {"expert_cast", "expert_fc1", "expert_fc2"} <= {op.name for op in alone}
+    for op in alone:
+        timing = book.time(replace(op, start=None, end=None))
+        assert timing.source is Source.PROFILE
+        assert timing.seconds == pytest.approx(op.end - op.start, rel=1e-9)

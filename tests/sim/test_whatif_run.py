@@ -22,7 +22,6 @@ from sim.whatif.book import Source, Statistic, learn, shape_key
 from sim.whatif.links import probe_samples
 from traces.ops import OpKind
 from traces.plan import build
-from traces.stack import launch_counts
 
 TWO_RANKS = example_path().parent / "gpt-tiny-2rank-localhost.toml"
 
@@ -59,7 +58,7 @@ def test_dp2_keeps_the_norms_medians_and_scales_the_gemms(capsys, run_dir):
     captured = load_captured([str(run_dir)])
     target = target_experiment(captured, settings=parse_settings(["parallel.tp=1",
                                                                   "parallel.dp=2"]))
-    book = learn(captured.traces, target.cluster, launch_counts(target.model),
+    book = learn(captured.traces, target.cluster, target.model, target.layout,
                  statistic=Statistic.MEDIAN)
     ln2 = next(op for op in build(target.model, target.layout).ops[1]
                if op.name == "ln2" and op.kind is OpKind.COMPUTE)

@@ -14,7 +14,7 @@ import pytest
 
 from traces import io
 from traces.errors import ConfigError
-from traces.header import ClusterTable, TraceMeta, check_fold_ranks
+from traces.header import ClusterTable, FoldClasses, TraceMeta, check_fold_ranks
 from traces.header_json import meta_from_json, meta_to_json
 from traces.layout import Layout
 from traces.model import ModelSpec
@@ -23,7 +23,9 @@ ROOT = Path(__file__).resolve().parents[2]
 LAYOUT = Layout(tp=2, pp=2, dp=4, global_batch=16)
 MODEL = ModelSpec(layers=4, hidden=128, heads=4, seq_len=64, vocab=512, dtype="fp32")
 FULL = TraceMeta(
-    model=MODEL, layout=LAYOUT, world=16, fold=LAYOUT, experiment="tiny",
+    model=MODEL, layout=LAYOUT, world=16, fold=LAYOUT,
+    fold_classes=FoldClasses((0, 0, 0, 0, 4, 4, 4, 4, 8, 8, 8, 8, 12, 12, 12, 12)),
+    experiment="tiny",
     cluster_name="dgx-h100 x2 rail",
     cluster_spec=ClusterTable(preset="dgx-h100", nodes=2, fabric="rail",
                               overrides=(("dims", (4, 4)), ("nic_bandwidth", "200Gb/s"),
@@ -143,6 +145,16 @@ def test_no_code_reads_a_cluster_display_name_but_the_legacy_loader():
      "trace: meta.fold.layout.zero: 1.0 must be 0, "),
     ({"fold": {"axes": ["tp", "dp"], "layout": {"dp": 4, "global_batch": 4}}, "world": 16},
      "trace: meta.fold.layout: tp 1 x cp 1 x pp 1 x dp 4 = 4 ranks, but meta.world is 16"),
+    ({"fold_classes": {"rep_of": [0]}},
+     "trace: meta.fold_classes: classes of ranks need the meta's 'layout'"),
+    ({"layout": LAYOUT.to_dict(), "fold_classes": {"rep_of": [0, 0]}},
+     "trace: meta.fold_classes.rep_of: 2 ranks, but meta.layout has 16"),
+    ({"layout": LAYOUT.to_dict(), "fold_classes": {"rep_of": [0, 0, 1] + [0] * 13}},
+     "trace: meta.fold_classes.rep_of: rank 2's representative 1 is not a rank at or before "
+     "it that stands for itself"),
+    ({"layout": LAYOUT.to_dict(), "fold_classes": {"rep_of": [0] * 16, "cp_step": 1}},
+     "trace: meta.fold_classes.cp_step: 1 does not divide cp 1"),
+    ({"fold_classes": {"reps": []}}, "trace: meta.fold_classes.reps: unknown key"),
     ({"cluster_spec": {"preset": "dgx-h100", "fabric": "rail"}},
      "trace: meta.cluster_spec: no 'nodes' (a cluster table states its preset, nodes and "
      "fabric)"),
@@ -179,6 +191,13 @@ def test_a_folded_plan_holds_its_representatives():
                                           r"\[0, 8\] \(one per pipeline stage\), but the trace "
                                           r"holds ranks \[0\]$"):
         check_fold_ranks(LAYOUT, [0])
+    classes = FULL.fold_classes
+    assert classes is not None
+    check_fold_ranks(classes, [12, 8, 4, 0])
+    with pytest.raises(ConfigError, match=r"^trace: meta\.fold_classes: folds onto ranks "
+                                          r"\[0, 4, 8, 12\] \(one per class\), but the "
+                                          r"trace holds ranks \[0, 8\]$"):
+        check_fold_ranks(classes, [0, 8])
 
 
 def test_the_header_module_imports_no_topology():
