@@ -149,6 +149,11 @@ class _Model:
         self.rate_of = np.array([rate_slot.get(n, -1) for n in self.names])
         self.mem_of = np.array([mem_slot.get(n, nm) for n in self.names])
         """Index among the memory rates (x[nf:nf + nm + 1]); nm is the common rate."""
+        # Where two or more of C, I and M are above 0 the p-norm applies. Rates are finite
+        # and above 0 inside the bounds, so C > 0 exactly where the kernel has a FLOP rate
+        # and work, M > 0 where it moves bytes: which points these are does not depend on x.
+        self.mixed = ((self.work > 0) & (self.rate_of[self.kernel] >= 0)).astype(int) \
+            + (self.integer > 0) + (self.bytes > 0) >= 2
         self.x0 = np.concatenate([
             np.full(nf, math.log(accelerator.sustained_flops * 0.5)),
             np.full(nm + 1, math.log(accelerator.sustained_hbm_Bps * 0.5)),
@@ -172,17 +177,29 @@ class _Model:
         p = x[-1]
         k = self.kernel
         rate_index = self.rate_of[k]
-        compute = np.where(rate_index >= 0, self.work / rates[np.maximum(rate_index, 0)], 0.0)
+        # C only where the kernel has a FLOP rate (none at all: a fit of memory-bound
+        # kernels only, whose `rates` is empty)
+        flops = rate_index >= 0
+        compute = np.zeros(len(self.work))
+        compute[flops] = self.work[flops] / rates[rate_index[flops]]
         memory = self.bytes / mems[self.mem_of[k]]
         cp, mp = np.power(compute, p), np.power(memory, p)
         ip = np.power(self.integer, p)
-        both = np.where(self._mixed(compute, memory), (cp + ip + mp) ** (1.0 / p),
-                        compute + self.integer + memory)
+        both = np.where(self.mixed, (cp + ip + mp) ** (1.0 / p), compute + self.integer + memory)
         return compute, memory, cp, ip, mp, both, self.launches * overhead[k]
 
-    def _mixed(self, compute: np.ndarray, memory: np.ndarray) -> np.ndarray:
-        """The points where two or more of C, I and M are above 0 (the p-norm applies)."""
-        return ((compute > 0).astype(int) + (self.integer > 0) + (memory > 0)) >= 2
+    def unused(self) -> dict[int, str]:
+        """The shared slots no point's time depends on, whatever the data, and why: the
+        common memory rate without a kernel with FLOPs, the exponent without a point where
+        the p-norm applies. The data say nothing about them (they are no parameters of
+        this fit: a fit of one memory-bound class is its rate and overhead alone)."""
+        out = {}
+        if self.nf == 0:
+            out[self.nf + self.nm] = "no kernel with FLOPs measured (it is theirs)"
+        if not self.mixed.any():
+            out[len(self.x0) - 1] = ("no kernel measured with two of GEMM work, random draws "
+                                     "and bytes (it combines them)")
+        return out
 
     def log_times(self, x: np.ndarray) -> np.ndarray:
         *_, both, spent = self._terms(x)
@@ -195,7 +212,7 @@ class _Model:
         """∂residuals/∂x, points by parameters (derived in docs/calibration.md, "Kernels")."""
         compute, memory, cp, ip, mp, both, spent = self._terms(x)
         p, t = x[-1], both + spent
-        mixed = self._mixed(compute, memory)  # B = S^(1/p); elsewhere B = C + I + M
+        mixed = self.mixed  # B = S^(1/p); elsewhere B = C + I + M
         s = cp + ip + mp
         live = mixed & (s > 0)  # S 0: B underflowed to 0, flat in the rates and p
         safe_s = np.where(live, s, 1.0)
@@ -241,19 +258,22 @@ def fit_compute(samples: Sequence[ComputeSample], accelerator: Accelerator,
         raise ConfigError("calibrate: the traces hold no timed compute kernels to fit")
     model = _Model(points, accelerator)
     lower, upper = model.bounds()
-    x, resid, ci = _solve(model, lower, upper, {})
+    # Slots no point depends on are no unknowns: they stay at the start (or the base's).
+    unused = model.unused()
+    start = np.clip(model.x0, lower, upper)
+    x, resid, ci = _solve(model, lower, upper, {slot: start[slot] for slot in unused})
     m = len(x)
-    unknown = list(range(m))
-    reasons = _reasons(model, x, ci, lower, upper, unknown)
+    unknown = [slot for slot in range(m) if slot not in unused]
+    reasons = {**unused, **_reasons(model, x, ci, lower, upper, unknown)}
     if reasons and base is not None:
         held = {slot: _base_value(model, slot, base, accelerator, lower, upper)
                 for slot in reasons}
         rest = [slot for slot in unknown if slot not in held]
-        if rest:
+        if rest and any(slot not in unused for slot in held):
             x, resid, ci = _solve(model, lower, upper, held)
             reasons = {**{s: reasons[s] for s in held},
                        **_reasons(model, x, ci, lower, upper, rest)}
-        else:  # nothing left to fit: the base's figures, and how far they are off
+        else:  # nothing (else) to fit again: the base's figures, and how far they are off
             x = x.copy()
             for slot, value in held.items():
                 x[slot] = value
@@ -286,22 +306,41 @@ def fit_compute(samples: Sequence[ComputeSample], accelerator: Accelerator,
 
 def _solve(model: _Model, lower: np.ndarray, upper: np.ndarray, held: dict[int, float]
            ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """x, the residuals and the half-widths (0 for held parameters), `held` fixed."""
-    lo, hi = lower.copy(), upper.copy()
-    for slot, value in held.items():  # a bound pair 1e-10 wide: fixed, to the solver's eyes
-        lo[slot], hi[slot] = value, value + 1e-10
-    x0 = np.clip(model.x0, lo + 1e-11, hi - 1e-11)
+    """x, the residuals and the half-widths (0 for held parameters), `held` fixed.
+
+    Held parameters are no unknowns of the solve: the solver sees the others alone. (Held
+    by a bound pair 1e-10 wide instead, each of them cut every trust-region step short in
+    its scaling, and a fit that converges in tens of steps without them crept on to the
+    cap: 2000 steps, 100 times the time, stopped short of the optimum.)"""
+    free = np.array([s for s in range(len(model.x0)) if s not in held], dtype=int)
+    fixed = model.x0.copy()
+    for slot, value in held.items():
+        fixed[slot] = value
+
+    def full(z: np.ndarray) -> np.ndarray:
+        x = fixed.copy()
+        x[free] = z
+        return x
+
+    def jacobian(z: np.ndarray) -> np.ndarray:
+        # the free columns in the Jacobian's own (row-major) order: the solver's SVD rounds
+        # a column-major copy differently, and a direction the data leave free (below)
+        # carries a last bit's difference a long way
+        return np.ascontiguousarray(model.jacobian(full(z))[:, free])
+
+    lo, hi = lower[free], upper[free]
+    z0 = np.clip(model.x0[free], lo + 1e-11, hi - 1e-11)
     # A well-posed fit converges in tens of steps. One the data leave free in some direction
     # (p, a rate no shape feels) creeps along it towards a bound without end: the cap stops
     # it there, the figures it holds unidentified either way (the second solve starts anew).
-    solved = optimize.least_squares(model.residuals, x0, jac=model.jacobian, bounds=(lo, hi),
-                                    loss="soft_l1", f_scale=0.05, x_scale="jac",
-                                    xtol=1e-12, ftol=1e-12, gtol=1e-12, max_nfev=2000)
-    x = solved.x
+    solved = optimize.least_squares(lambda z: model.residuals(full(z)), z0, jac=jacobian,
+                                    bounds=(lo, hi), loss="soft_l1", f_scale=0.05,
+                                    x_scale="jac", xtol=1e-12, ftol=1e-12, gtol=1e-12,
+                                    max_nfev=2000)
+    x = full(solved.x)
     resid = model.residuals(x)
-    free = [s for s in range(len(x)) if s not in held]
     ci = np.zeros(len(x))
-    ci[free] = _half_widths(solved.jac[:, free], resid)
+    ci[free] = _half_widths(solved.jac, resid)
     return x, resid, ci
 
 

@@ -1,6 +1,7 @@
 """Benchmark: calibrate this machine from microbenchmarks only, then predict held-out steps.
 
     python tests/bench/bench_calibration.py [--runs 5] [--sizes 4K:256M] [--profile P.json]
+    python tests/bench/bench_calibration.py --fit-time [--repeat 5]
 
 On the host's CPU with gloo (2 ranks): `parasim calibrate --run localhost` (collective sweeps,
 send/recv, compute probes over a grid of shapes; never a step of the cases below), then each
@@ -28,6 +29,15 @@ interference section fits communication beside kernels as a wait plus a slowdown
 left out: one overhead per op instead of per launch (a backward's two GEMMs): the probes fit
 better (compute rms 22-24% against 27-30%) but the held-out steps read 16.4% (DP -15%, TP -17%,
 ZeRO-3 -37%).
+
+`--fit-time` times the fit alone (`fit_profile`, the median process time of `--repeat` fits;
+the machine is shared) on fixed inputs, and runs nothing: two simulated H100 TP 2 steps (micro
+batch 1 and 2, as whatif's tests capture them: kernels of one shape each held at the base's
+figures, the rest fitted again), the same at micro batch 1 alone, and the two shipped
+profiler traces of tests/data/kineto (links only). On the 2-vCPU box (load 5.7), A/B twice
+back to back, `--repeat 5`: the two steps took 1.58 and 1.66 s while held figures were pinned
+by bounds (the second solve ran to its 2000-step cap), 0.047 and 0.050 s since they left the
+solve (33x); the others 0.016-0.043 s either way.
 """
 
 from __future__ import annotations
@@ -37,14 +47,25 @@ import os
 import statistics
 import tempfile
 import time
+from collections.abc import Iterator
+from pathlib import Path
 
 from sim.calibrate.fit import fit_profile
 from sim.calibrate.interference import InterferenceFit
-from sim.calibrate.microbench import DEFAULT_PROBES, bench_spec, parse_probes, resolve_target
+from sim.calibrate.microbench import (
+    DEFAULT_PROBES,
+    bench_spec,
+    fit_target,
+    parse_probes,
+    read_traces,
+    resolve_target,
+)
 from sim.commands.common import parse_sizes
 from sim.config import experiment_from_dict
-from sim.profile import Profile, load_profile
+from sim.profile import Profile, default_profile, load_profile
 from sim.simulate import predict
+from topology.cluster import Cluster
+from traces.ops import Trace
 
 MODEL = {"layers": 4, "hidden": 128, "heads": 4, "seq_len": 64, "vocab": 512, "dtype": "fp32",
          "attention": "flash"}
@@ -117,6 +138,39 @@ def measure(name: str, runs: int, profile: Profile) -> tuple[float, float]:
     return measured, predicted
 
 
+STEP = {"model": {"layers": 2, "hidden": 256, "heads": 8, "seq_len": 128, "vocab": 1024},
+        "cluster": {"preset": "dgx-h100", "gpus_per_node": 2}}
+KINETO = Path(__file__).parents[1] / "data" / "kineto"
+
+
+def fit_inputs() -> Iterator[tuple[str, Cluster, list[Trace], Profile]]:
+    """The fixed inputs `--fit-time` fits: name, cluster, traces, base profile."""
+    steps = []
+    for mb in (1, 2):
+        exp = experiment_from_dict({**STEP, "parallel": {"tp": 2, "micro_batch": mb,
+                                                         "global_batch": 4}})
+        steps.append(predict(exp, fold=False)[1].timed_trace())
+    base = default_profile(exp.cluster.accelerator)
+    yield "H100 TP 2 steps, micro batch 1 and 2 (simulated)", exp.cluster, steps, base
+    yield "H100 TP 2 step, micro batch 1 (simulated)", exp.cluster, steps[:1], base
+    for path in sorted(KINETO.glob("*.json.gz")):
+        traces = [read_traces(path)]
+        target = fit_target("dgx-a100", traces)
+        yield f"{path.name} on dgx-a100 (links)", target.cluster, traces, target.profile
+
+
+def time_fits(repeat: int) -> None:
+    """Print each fixed input's median process time of `fit_profile` over `repeat` fits."""
+    print(f"fit time, median of {repeat} (process time; {load()})")
+    for name, cluster, traces, base in fit_inputs():
+        seconds = []
+        for _ in range(repeat):
+            start = time.process_time()
+            fit_profile(traces, cluster, base=base, name="bench-fit")
+            seconds.append(time.process_time() - start)
+        print(f"  {name:<52}{statistics.median(seconds):8.3f} s", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=20,
@@ -134,7 +188,13 @@ def main() -> None:
                         "each measurement (default 1.0)")
     parser.add_argument("--patience", type=float, default=900.0,
                         help="longest wait for a quiet machine, in seconds (default 900)")
+    parser.add_argument("--fit-time", action="store_true",
+                        help="only time the fit on fixed inputs (nothing is run)")
+    parser.add_argument("--repeat", type=int, default=5, help="fits per input (--fit-time)")
     args = parser.parse_args()
+    if args.fit_time:
+        time_fits(args.repeat)
+        return
     print(f"parasim calibration benchmark, {os.cpu_count()} CPUs, {load()}", flush=True)
     names = [c for c in args.cases.split(",") if c]
     errors: dict[str, list[float]] = {n: [] for n in names}

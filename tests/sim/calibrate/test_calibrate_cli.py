@@ -17,6 +17,7 @@ from topology import build_cluster
 from traces.bench import BenchSpec, bench_plan, probe_grid
 from traces.errors import ConfigError
 from traces.io import save
+from traces.ops import Op, OpKind, Trace
 
 TRUTH = Profile(name="truth", compute=ComputeParams(gemm_efficiency=0.5, gemm_tiles=((8, 8),),
                                                     launch_overhead_s=2e-5),
@@ -271,3 +272,31 @@ def test_validate_refuses_a_gpu_config_on_a_host_without_its_gpus(tmp_path, caps
                                 "--report", report)
     assert code == 2 and stdout == "" and err.count("\n") == 1
     assert "H100-SXM5-80GB GPUs and this host has 0 CUDA GPUs" in err and not report.exists()
+
+
+def test_a_trace_of_one_memory_bound_class_fits_its_rate_and_overhead(tmp_path, capsys):
+    """Only ln1 kernels (no GEMM, no random draws): a fit of its memory rate and overhead
+    alone, t = overhead + bytes / rate, back to back on one stream. The common memory rate
+    and the exponent mean nothing here (no kernel with FLOPs, no point where two terms
+    meet): kept, and said so. On the CPU the rate is the measured memory roof."""
+    rate, overhead, start = 4e9, 2e-5, 0.0
+    ops = []
+    for size in (1e4, 1e5, 1e6, 1e7) * 3:
+        end = start + overhead + size / rate
+        ops.append(Op(kind=OpKind.COMPUTE, stream="compute", name="ln1", mem_bytes=size,
+                      start=start, end=end))
+        start = end
+    trace = tmp_path / "ln1" / "rank0.json"
+    trace.parent.mkdir()
+    save(Trace({0: tuple(ops)}), trace)
+    out = tmp_path / "p.json"
+    code, stdout, err = run_cli(capsys, "calibrate", trace.parent, "-o", out, "--json")
+    assert code == 0, err
+    profile = load_profile(out)
+    assert profile.accelerator is not None
+    assert profile.accelerator.hbm_bandwidth_Bps == pytest.approx(rate, rel=1e-9)
+    assert profile.compute.kernels["ln1"].memory_efficiency == 1.0
+    assert profile.compute.kernels["ln1"].overhead_s == pytest.approx(overhead, rel=1e-9)
+    assert profile.compute.launch_overhead_s == pytest.approx(overhead, rel=1e-9)
+    assert "compute memory rate not identifiable: no kernel with FLOPs measured" in err
+    assert "roofline exponent not identifiable: no kernel measured with two of" in err
