@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from enum import StrEnum
+from operator import attrgetter
 
 from traces.alltoallv import AllToAllv
 from traces.header import TraceMeta
@@ -21,7 +22,7 @@ from traces.kinds import COLLECTIVES, OpKind
 from traces.purpose import Purpose
 
 __all__ = ["COLLECTIVES", "COPY_STREAMS", "Op", "OpKind", "Phase", "Purpose", "Stream", "Trace",
-           "op_row", "stamp",
+           "op_row", "row_of", "stamp",
            "stamp_phase"]
 
 
@@ -140,6 +141,10 @@ OpRow = tuple[object, ...]
 """Every field of an op, in `Op`'s order (`op_row`): what `stamp` copies into a new op."""
 
 _SLOTS = tuple(f.name for f in fields(Op))
+
+row_of: Callable[[Op], OpRow] = attrgetter(*_SLOTS)
+"""The row of an op that exists (`op_row`'s, read in C): `stamp(row_of(op), op.layer,
+op.microbatch)` is a copy of `op`, at a tenth of `dataclasses.replace(op)`'s cost."""
 
 
 def op_row(**values: object) -> OpRow:

@@ -26,6 +26,7 @@ from sim.commands.common import (
 from sim.commands.trace_ranks import add_trace_ranks_flag, keep_ranks, parse_ranks
 from sim.config import example_path
 from sim.engine.transport import NETWORK_NAMES
+from sim.entry import keep_until_exit
 from sim.metrics import StepSummary
 from sim.provenance import provenance
 from sim.report.timeline import annotate
@@ -113,6 +114,7 @@ def run(args: argparse.Namespace) -> int:
             emit(text)
         except BrokenPipeError:  # the reader stopped early; the files are complete: keep them
             silence_stdout()
+    keep_until_exit(times)  # the step's plan and times: freed by the exit (`sim.entry`)
     return oom_status(summary) if args.fail_if_oom else 0
 
 

@@ -239,6 +239,7 @@ def _keys(plan: Trace, cluster: Cluster, fold: Partition | None = None
     transfers: list[tuple[int, int, Op]] = []
     last: tuple[object, ...] = (None,) * 6  # the last collective's fields, and its key
     last_k = -1
+    canonical: dict[tuple[int, int], tuple[int, int]] = {}
     for rank, ops in plan.ops.items():
         per_op = key_of[rank] = {}
         # the communication ops' indices, found in C (a 1024-GPU plan: 1 op in 7)
@@ -253,8 +254,12 @@ def _keys(plan: Trace, cluster: Cluster, fold: Partition | None = None
                 src, dst = (rank, peer) if kind is OpKind.SEND else (peer, rank)
                 if over_cp and src not in plan.ops:
                     assert fold is not None
-                    src, dst = canonical_mirror(fold.layout, plan.ops, src, dst) \
-                        if fold.mirror else canonical_transfer(fold, src, dst)
+                    pair = canonical.get((src, dst))
+                    if pair is None:  # once per (src, dst): a ring's ~10^5 receives, few pairs
+                        pair = canonical[(src, dst)] = \
+                            canonical_mirror(fold.layout, plan.ops, src, dst) if fold.mirror \
+                            else canonical_transfer(fold, src, dst)
+                    src, dst = pair
                 measured = _measured(op)
                 raw: tuple[object, ...] = (src, dst, op.size_bytes, measured)
                 k = index.get(raw)

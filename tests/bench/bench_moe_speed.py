@@ -8,17 +8,29 @@ system, which a loaded host changes less). Prints the medians over the runs, or 
 refusal where parasim refuses the case (the op cap). Targets: the
 1024-H100 example <= 10 s balanced, <= 30 s with `model.routing_skew = 1`. `--only` runs the
 cases whose name holds the text.
+
+The MoE Parallel Folding paper's Table 5 rows (context parallelism with MoE,
+`moe_rows_folding.py`, as `bench_moe_recipes.py --table folding-t5` simulates them) are timed
+the same way, each row's experiment written to a TOML file first: the 16K row (TP 2, CP 4,
+128 H100: one rank per stage after the fold over CP) and the 32K row (CP 8 over two servers,
+256 H100: four CP coordinates per stage, `sim.engine.cp_symmetry`).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import resource
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
+
+from moe_rows_folding import FOLDING_ROWS
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "sim" / "examples"
 CASES = {
@@ -32,11 +44,37 @@ CASES = {
         "deepseek-v3-1024-h100.toml",
         ["--set", "model.routing_skew=1", "--set", "parallel.global_batch=1024"]),
 }
+ROWS = {
+    "folding T5 Mixtral-8x22B 16K tp2 cp4 pp8 (128 H100)": "Mixtral-8x22B MCore, 128 GPUs, 16K",
+    "folding T5 Mixtral-8x22B 32K tp2 cp8 pp8 (256 H100)": "Mixtral-8x22B MCore, 256 GPUs, 32K",
+}
+"""Cases from the Folding paper's Table 5: the case's name -> its row's name."""
+
+
+def toml_text(table: Mapping[str, Mapping[str, Any]]) -> str:
+    """`table` (sections of scalars, a row's `MoeRow.config()`) as TOML."""
+    def value(v: Any) -> str:
+        return ("true" if v else "false") if isinstance(v, bool) else \
+            repr(v) if isinstance(v, int | float) else json.dumps(v)
+    return "".join(f"[{name}]\n" + "".join(f"{k} = {value(v)}\n" for k, v in section.items())
+                   for name, section in table.items())
+
+
+def row_configs(folder: Path) -> dict[str, tuple[str, list[str]]]:
+    """`ROWS` as cases: each row's experiment written to a TOML file in `folder`."""
+    rows = {row.name: row for row in FOLDING_ROWS["folding-t5"]}
+    cases = {}
+    for n, (case, name) in enumerate(ROWS.items()):
+        path = folder / f"folding-t5-{n}.toml"
+        path.write_text(toml_text(rows[name].config()))
+        cases[case] = (str(path), [])
+    return cases
 
 
 def run_once(config: str, extra: list[str]) -> tuple[float, float, str | None]:
     """(wall seconds, CPU seconds, the refusal's line or None) of one simulate process."""
     command = [sys.executable, "-m", "sim", "simulate", str(EXAMPLES / config), "--json", *extra]
+    # (a row's config is an absolute path: `EXAMPLES / config` is then that path)
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     done = subprocess.run(command, capture_output=True, text=True, check=False)
@@ -54,16 +92,18 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--only", default="", help="run the cases whose name holds this")
     args = parser.parse_args()
-    for name, (config, extra) in CASES.items():
-        if args.only not in name:
-            continue
-        runs = [run_once(config, extra) for _ in range(args.repeat)]
-        refusal = runs[0][2]
-        wall = statistics.median(run[0] for run in runs)
-        cpu = statistics.median(run[1] for run in runs)
-        took = f"{wall:.1f} s wall, {cpu:.2f} s CPU"
-        result = f"refused in {took}: {refusal}" if refusal else took
-        print(f"{name:45s} median of {args.repeat}: {result}", flush=True)
+    with tempfile.TemporaryDirectory() as folder:
+        cases = {**CASES, **row_configs(Path(folder))}
+        for name, (config, extra) in cases.items():
+            if args.only not in name:
+                continue
+            runs = [run_once(config, extra) for _ in range(args.repeat)]
+            refusal = runs[0][2]
+            wall = statistics.median(run[0] for run in runs)
+            cpu = statistics.median(run[1] for run in runs)
+            took = f"{wall:.1f} s wall, {cpu:.2f} s CPU"
+            result = f"refused in {took}: {refusal}" if refusal else took
+            print(f"{name:52s} median of {args.repeat}: {result}", flush=True)
 
 
 if __name__ == "__main__":

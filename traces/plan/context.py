@@ -81,11 +81,11 @@ from traces.kernels import layer_kernels
 from traces.layout import Axis, CpComm
 from traces.mla import qk_dim, v_dim
 from traces.model import ModelSpec
-from traces.ops import Op, OpKind, Phase, Stream
+from traces.ops import Op, OpKind, OpRow, Phase, Stream, op_row, row_of, stamp, stamp_phase
 from traces.plan.nodes import Node, Program, RankContext
 from traces.purpose import CpGather, CpRing, Kernel, KernelRun
 
-_CORE = KernelRun(Kernel.FLASH_ATTN)
+_FLASH = Kernel.FLASH_ATTN
 FP32_BYTES = 4
 """Bytes of an fp32 element (IEEE 754 binary32)."""
 TAG_FORWARD, TAG_BACKWARD = "cp", "cp_grad"
@@ -169,10 +169,15 @@ def add_context_parallel(ctx: RankContext, program: Program) -> Program:
         return program
     ring = _Ring(ctx)
     out = [ring.step(nodes) for nodes in program]
+    replaced = ring.replaced
+    if not replaced:
+        return out
+    cores = replaced.keys()
     for nodes in out:  # what waited for a replaced core (an overlapped proj's chunks) waits
-        for node in nodes:  # for the last op of its CP form
-            if any(id(n) in ring.replaced for n in node.after):
-                node.after = [ring.replaced.get(id(n), n) for n in node.after]
+        for node in nodes:  # for the last op of its CP form (the test in C: ~10^5 nodes)
+            after = node.after
+            if after and not cores.isdisjoint(map(id, after)):
+                node.after = [replaced.get(id(n), n) for n in after]
     return out
 
 
@@ -192,6 +197,11 @@ class _Ring:
         """id of each replaced attention core -> the last op of its CP form."""
         self.merges: dict[tuple[int, bool, bool], float] = {}
         """`merge_bytes` by (block, backward, last): the same for every layer of this rank."""
+        self.merge_rows: dict[float, OpRow] = {}
+        """The merge op's fields by its bytes, stamped per layer, micro-batch and phase."""
+        self.message_rows: dict[tuple[int, bool], tuple[OpRow, OpRow]] = {}
+        """The (send, receive) ops' fields of ring message (i, backward), stamped likewise:
+        one row per message of the ring, not one `Op(...)` per layer and micro-batch."""
 
     def merge(self, block: int, backward: bool, last: bool) -> float:
         """`merge_bytes` of this rank, worked out once per (block, backward, last)."""
@@ -204,7 +214,8 @@ class _Ring:
         out: list[Node] = []
         waiting: list[Node] = []  # what the next compute op must wait for
         for node in nodes:
-            if node.op.purpose != _CORE:
+            purpose = node.op.purpose  # not a flash core (the test without dataclass __eq__)
+            if type(purpose) is not KernelRun or purpose.kernel is not _FLASH:
                 if waiting and node.on_compute:
                     node.wait_first(waiting)
                     waiting = []
@@ -229,6 +240,8 @@ class _Ring:
         recv: Node | None = None
         step: Node | None = None
         messages = self.cp if backward else self.cp - 1
+        row = row_of(core.op)  # each step's core: a copy of it
+        layer, microbatch = core.op.layer, core.op.microbatch
         for i in range(self.cp):
             recv_next: Node | None = recv
             if i < messages:
@@ -236,7 +249,7 @@ class _Ring:
                     [n for n in (recv, step if backward else None) if n is not None]
                 send, recv_next = self._message(core, i, backward, send_after)
                 out += [send, recv_next]
-            kernel = Node(dataclasses.replace(core.op), core.unit,
+            kernel = Node(stamp(row, layer, microbatch), core.unit,
                           [recv] if recv is not None else list(core.after))
             block = self.cp - 1 - i if backward else i  # backward: the diagonal last
             step = self._merge(core, self.merge(block, backward, i == self.cp - 1), kernel)
@@ -247,26 +260,37 @@ class _Ring:
     def _message(self, core: Node, i: int, backward: bool, after: list[Node]
                  ) -> tuple[Node, Node]:
         op = core.op
+        rows = self.message_rows.get((i, backward))
+        if rows is None:
+            rows = self.message_rows[(i, backward)] = self._message_rows(i, backward)
+        send_row, recv_row = rows
+        send = Node(stamp_phase(send_row, op.layer, op.microbatch, op.phase), core.unit, after)
+        recv = Node(stamp_phase(recv_row, op.layer, op.microbatch, op.phase), core.unit)
+        return send, recv
+
+    def _message_rows(self, i: int, backward: bool) -> tuple[OpRow, OpRow]:
+        """The fields of ring message i's send and receive but layer, micro-batch and phase."""
         if not backward:
             size, to, source, tag = self.kv, self.next, self.prev, TAG_FORWARD
         else:  # K/V at the first message, dK/dV at the last, both between
             size = (self.kv if i < self.cp - 1 else 0) + (self.grad_kv if i > 0 else 0)
             to, source, tag = self.prev, self.next, TAG_BACKWARD
-        def message(kind: OpKind, stream: Stream, peer: int) -> Op:
-            return Op(kind=kind, stream=stream, name=tag, purpose=CpRing(i, backward),
-                      peer=peer, size_bytes=size, tag=tag, layer=op.layer,
-                      microbatch=op.microbatch, phase=op.phase, dtype=self.ctx.model.dtype)
 
-        send = Node(message(OpKind.SEND, Stream.CP_SEND, to), core.unit, after)
-        recv = Node(message(OpKind.RECV, Stream.CP_RECV, source), core.unit)
-        return send, recv
+        def message(kind: OpKind, stream: Stream, peer: int) -> OpRow:
+            return op_row(kind=kind, stream=stream, name=tag, purpose=CpRing(i, backward),
+                          peer=peer, size_bytes=size, tag=tag, dtype=self.ctx.model.dtype)
+
+        return (message(OpKind.SEND, Stream.CP_SEND, to),
+                message(OpKind.RECV, Stream.CP_RECV, source))
 
     def _merge(self, core: Node, size: float, after: Node) -> Node:
         op = core.op
-        return Node(Op(kind=OpKind.COMPUTE, stream=Stream.COMPUTE, name=str(Kernel.CP_MERGE),
-                       purpose=KernelRun(Kernel.CP_MERGE), layer=op.layer,
-                       microbatch=op.microbatch, phase=op.phase, mem_bytes=size,
-                       dtype=self.merge_dtype), core.unit, [after])
+        row = self.merge_rows.get(size)
+        if row is None:
+            row = self.merge_rows[size] = op_row(
+                kind=OpKind.COMPUTE, stream=Stream.COMPUTE, name=str(Kernel.CP_MERGE),
+                purpose=KernelRun(Kernel.CP_MERGE), mem_bytes=size, dtype=self.merge_dtype)
+        return Node(stamp_phase(row, op.layer, op.microbatch, op.phase), core.unit, [after])
 
     # --- all-gather ----------------------------------------------------------------------
 

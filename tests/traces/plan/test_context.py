@@ -329,3 +329,21 @@ def test_a_ranks_attention_at_fixed_local_tokens_grows_as_cp(comm):
             assert flops == cp * one
         if phase is Phase.FWD:
             assert one == 4 * b * a * local * local * d / 2
+
+
+@pytest.mark.parametrize("cp_comm", ["p2p", "all_gather"])
+def test_every_op_of_a_cp_plan_is_an_object_of_its_own(cp_comm):
+    """The ring's ops are stamped from rows shared per message and merge size
+    (`traces.plan.context._Ring`): each is still its own op (`finalize` sets its deps in
+    place), and each step's core equals the core it replaced."""
+    layout, plan = _plan(cp=4, tp=2, cp_comm=cp_comm)
+    for ops in plan.ops.values():
+        assert len({id(op) for op in ops}) == len(ops)
+        cores = [op for op in ops if op.purpose == KernelRun(Kernel.FLASH_ATTN)]
+        if cp_comm == "p2p":  # cp steps per core, each the core's op
+            per_core = {(op.layer, op.microbatch, op.phase) for op in cores}
+            assert len(cores) == 4 * len(per_core)
+            for key in per_core:
+                alike = [op for op in cores if (op.layer, op.microbatch, op.phase) == key]
+                assert all(dataclasses.replace(op, deps=()) ==
+                           dataclasses.replace(alike[0], deps=()) for op in alike)
