@@ -11,11 +11,12 @@ Once that line is printed nothing is left to write, so an interrupted command en
 manager waiting on a pipe no worker will read again would otherwise hold the interpreter's
 exit forever).
 
-A command that has finished ends the process at once too (`end_at_once`), its streams
-flushed, where no thread or child process is left to wait for: the interpreter's own exit
-frees every object one by one, and what a command hands `keep_until_exit` (a simulated step's
-plan and times: ~2·10^6 ops for the Folding paper's 16K-context row on 128 GPUs) would take
-seconds of CPU to free, a tenth of the run, for nothing.
+A command that has handed `keep_until_exit` what it built ends the process at once when it
+finishes (`end_at_once`), its streams flushed, where no thread or child process is left to
+wait for: the interpreter's own exit frees every object one by one, and what `simulate`
+keeps (a step's plan and times: ~2·10^6 ops for the Folding paper's 16K-context row on 128
+GPUs) would take seconds of CPU to free, a tenth of the run, for nothing. Other commands exit
+as Python does.
 """
 
 from __future__ import annotations
@@ -83,9 +84,10 @@ def main() -> int:
 
 def end_at_once(code: int) -> None:
     """End the process with `code` now, its streams flushed, without the interpreter's
-    teardown (module docstring); where a thread or child process holds the exit, return: the
-    interpreter's exit waits for it as it always has."""
-    if _holding_exit():
+    teardown (module docstring), where the command handed `keep_until_exit` something to skip
+    freeing; where it did not, or a thread or child process holds the exit, return: the
+    interpreter's exit (its atexit handlers, a library's teardown) runs as it always has."""
+    if not _KEPT or _holding_exit():
         return
     _flush()
     os._exit(code)
