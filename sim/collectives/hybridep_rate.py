@@ -19,10 +19,11 @@ call Megatron-Core makes, at 16 SMs (GB/s):
 (kernels alone: B200 734.95 and 673.84). So an op whose EP group lies in one NVLink domain of
 a measured accelerator at a measured group size takes at least `received / rate`: where the
 flows alone (`sim.engine.flows.solo_time`) would be faster, the difference is added to their
-latency (the kernels' own pace, which holds whatever else shares the links). Not applied:
-other accelerators (B300 and GB300 have no published figure), other group sizes (GB200's
-EP 64), groups spanning domains (the RDMA part is the flows'), DeepEP's own kernels. The figures
-are at 16 SMs, Megatron-Core's default, which the DeepSeek-V3 recipes keep; a recipe's own
+latency (the kernels' own pace, which holds whatever else shares the links). B300 and GB300
+take B200's and GB200's figures (`TAKEN_FROM`, an assumption). Not applied: other
+accelerators (Hopper's table is of RDMA), other group sizes (GB200's EP 64), groups
+spanning domains (the RDMA part is the flows'), DeepEP's own kernels. The figures are at
+16 SMs, Megatron-Core's default, which the DeepSeek-V3 recipes keep; a recipe's own
 moe_hybridep_num_sms is not looked at here. Dispatches are taken in BF16, as parasim's
 dispatch rows are (hidden x 2 bytes).
 """
@@ -49,6 +50,15 @@ RATES: dict[tuple[str, int], tuple[float, float]] = {
 """(accelerator, EP ranks) -> (dispatch, combine) algorithm bandwidth, bytes/s, HybridEP's Torch
 API at 16 SMs (module docstring)."""
 
+TAKEN_FROM = {"B300-SXM-288GB": "B200-SXM-180GB", "GB300-288GB": "GB200-186GB"}
+"""Blackwell Ultra takes Blackwell's figures, an assumption, not a measurement: no Hybrid-EP
+figure for B300 or GB300 inside one NVLink domain is published (deepseek-ai/DeepEP issue #590's
+B300 run spans two nodes over RDMA); both keep NVLink 5 and the same NVLink domains as B200 and
+GB200 (`topology.presets`: dgx-b300 is DGX B200's server, GB300 NVL72 GB200 NVL72's, 1.8 TB/s
+NVLink per GPU both ways), and HybridEP's 16
+blocks are TMA copies, which Blackwell Ultra does not change (`topology.presets` cites what it
+does: its SFUs and NVFP4)."""
+
 
 def received_bytes(d: DeepEp, ep: int) -> float:
     """The most bytes one member receives: every rank's distinct tokens for its experts, its
@@ -64,7 +74,8 @@ def measured_rate(cluster: Cluster, group: Sequence[int], split: AllToAllv) -> f
         return None
     if len({cluster.server_of(r) for r in group}) != 1:
         return None
-    rates = RATES.get((cluster.accelerator.name, len(group)))
+    name = cluster.accelerator.name
+    rates = RATES.get((TAKEN_FROM.get(name, name), len(group)))
     if rates is None:
         return None
     return rates[1] if split.by_sender else rates[0]

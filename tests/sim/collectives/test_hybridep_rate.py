@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 
 from sim.collectives.deepep import lower_deepep
-from sim.collectives.hybridep_rate import RATES, received_bytes
+from sim.collectives.hybridep_rate import RATES, TAKEN_FROM, measured_rate, received_bytes
 from sim.engine.flows import solo_time
 from topology.config import build_cluster
 from traces.alltoallv import AllToAllv, deepep_split
@@ -74,3 +74,14 @@ def test_the_dispatcher_survives_a_trace_file_and_deepep_files_are_unchanged():
     assert hybrid is not None and deep is not None
     assert from_json(to_json(hybrid)) == hybrid and hybrid.dispatch == "hybridep"
     assert "dispatch" not in to_json(deep) and from_json(to_json(deep)) == deep
+
+
+def test_blackwell_ultra_takes_blackwells_figures():
+    for ultra, preset, ep in (("B300-SXM-288GB", "dgx-b300", 8),
+                              ("GB300-288GB", "gb300-nvl72", 32)):
+        cluster = build_cluster(preset, nodes=1)
+        assert cluster.accelerator.name == ultra
+        group = tuple(range(ep))
+        for by_sender in (False, True):
+            rate = RATES[(TAKEN_FROM[ultra], ep)][1 if by_sender else 0]
+            assert measured_rate(cluster, group, split_of(M, ep, by_sender)) == rate
