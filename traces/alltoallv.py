@@ -88,7 +88,8 @@ def deepep_split(model: RoutingSpec, counts: Sequence[int], tokens: int, row: fl
     """A DeepEP dispatch's op split: the NCCL per-receiver `sizes` (the rank's buffer stays
     theirs) and the routing (`counts` pairs per expert of `tokens`) its flows follow."""
     d = deepep.DeepEp(model.experts, model.top_k, model.router_groups,
-                      model.router_group_topk, tokens, float(row), tuple(counts))
+                      model.router_group_topk, tokens, float(row), tuple(counts),
+                      dispatch=model.dispatch)
     return AllToAllv(tuple(float(s) for s in sizes), False, d)
 
 

@@ -54,6 +54,8 @@ class DeepEp:
     counts: tuple[int, ...]
     force_balance: bool = False
     dispatch: str = "deepep"
+    """Whose kernels move it: DeepEP's, or HybridEP's ("hybridep": the same flows,
+    `traces.hybridep`; their measured pace, `sim.collectives.hybridep_rate`)."""
 
     def routed(self, member: int, ep: int) -> tuple[range, int]:
         """EP member `member`'s experts and the pairs routed to them."""
@@ -69,16 +71,22 @@ class DeepEp:
 
 
 def to_json(d: DeepEp) -> dict[str, Any]:
-    return {"experts": d.experts, "top_k": d.top_k, "router_groups": d.router_groups,
-            "router_group_topk": d.router_group_topk, "tokens": d.tokens, "row": d.row,
-            "counts": list(d.counts)}
+    """The file's object; "dispatch" only for HybridEP (DeepEP's files stay as they were)."""
+    out = {"experts": d.experts, "top_k": d.top_k, "router_groups": d.router_groups,
+           "router_group_topk": d.router_group_topk, "tokens": d.tokens, "row": d.row,
+           "counts": list(d.counts)}
+    return out if d.dispatch == "deepep" else {**out, "dispatch": d.dispatch}
 
 
 def from_json(value: object) -> DeepEp:
     """A file's DeepEp, or ValueError with the rule."""
     keys = {"experts", "top_k", "router_groups", "router_group_topk", "tokens", "row", "counts"}
-    if type(value) is not dict or set(value) != keys:
-        raise ValueError(f"'deepep' must be an object with exactly {', '.join(sorted(keys))}")
+    if type(value) is not dict or set(value) - {"dispatch"} != keys:
+        raise ValueError(f"'deepep' must be an object with exactly {', '.join(sorted(keys))} "
+                         "(and optionally \"dispatch\")")
+    dispatch = value.get("dispatch", "deepep")
+    if dispatch not in ("deepep", "hybridep"):
+        raise ValueError("'deepep' dispatch must be \"deepep\" or \"hybridep\"")
     counts = value["counts"]
     ints = [value[k] for k in keys - {"row", "counts"}]
     if not all(type(x) is int and x >= 0 for x in [*ints, *counts]) or \
@@ -86,7 +94,7 @@ def from_json(value: object) -> DeepEp:
         raise ValueError("'deepep' needs whole counts >= 0, one per expert, and a row size")
     return DeepEp(value["experts"], value["top_k"], value["router_groups"],
                   value["router_group_topk"], value["tokens"], float(value["row"]),
-                  tuple(counts))
+                  tuple(counts), dispatch=dispatch)
 
 
 def _nodes(group: Sequence[int], node_of: Sequence[int]) -> dict[int, list[int]]:

@@ -9,6 +9,8 @@ source's node), and the flows of one size form one flow set, all in one round: D
 pipelines the RDMA sends and the NVLink forwarding in chunks, so they run at once (DESIGN:
 a pipelined algorithm's flows run together). The combine (by_sender, the transpose) moves the
 same bytes the other way. Every set waits the latency of the exchange's longest route.
+HybridEP inside one NVLink domain takes at least its kernels' measured time
+(`sim.collectives.hybridep_rate`).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import numpy as np
 
 from sim.collectives.alltoall import all_to_all_flows, enumerated
 from sim.collectives.base import Lowering, hop
+from sim.collectives.hybridep_rate import with_sm_floor
 from sim.engine.flows import FlowSet
 from topology.cluster import Cluster
 from topology.links import link_counts, link_index
@@ -54,4 +57,4 @@ def lower_deepep(cluster: Cluster, group: Sequence[int], split: AllToAllv) -> Lo
             links, many = link_counts(index.hop_links(ends[:, 0], ends[:, 1]))
             made = FlowSet.from_arrays(links, many, whole.latency_s, cluster.link_capacity)
         sets.append((made, size / mean))
-    return (tuple(sets),)
+    return with_sm_floor((tuple(sets),), cluster, group, split)
