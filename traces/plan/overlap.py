@@ -54,17 +54,22 @@ fused_all_gather_matmul and `mm -> reduce_scatter` into fused_matmul_reduce_scat
 So, uncontended, a produce region is the chunks' chain: GEMM k ends at
 max(GEMM k-1, copy k-2) + g, copy k at max(copy k-1, GEMM k) + c; the sum follows.
 
-Each GEMM chunk is a GEMM call of its own on the whole weight: TE's split_overlap_ag and
-split_overlap_rs (userbuffers, aggregate off) and split_overlap_rs_p2p call the GEMM once per
-chunk with the full weight operand and a slice of the tokens (transformer_engine/common/
-comm_gemm_overlap/comm_gemm_overlap.cpp: each step's nvte_cublas_gemm takes `A`, the weight,
-whole, and views of `B` and `D` at the chunk's rows), and torch's fused_all_gather_matmul /
-fused_matmul_reduce_scatter run one mm per chunk with the whole B (torch/distributed/
-_symmetric_memory/__init__.py). A weight of Llama 3 405B's fc1 at TP 4 is 436 MB in FP8, far
-beyond any L2 (50 MB on H100, 126 MB on B200), so each chunk streams it from HBM again: a
-chunk's bytes are its share of the op's activations and outputs plus the whole weight
-(`chunk_bytes`), the forward and the input gradient alike (both read it; the weight gradient
-runs whole). Summed over t chunks, the op's bytes plus t - 1 more reads of the weight.
+Each GEMM chunk is a GEMM call of its own on the whole weight: TE's userbuffers methods call
+the GEMM once per chunk with the full weight operand and a slice of the tokens
+(NVIDIA/TransformerEngine transformer_engine/common/comm_gemm_overlap/comm_gemm_overlap.cpp:
+the ring exchange's CommOverlapP2PBase::split_overlap_ag and split_overlap_rs, aggregate off,
+call `nvte_cublas_gemm(A.data(), input_b_chunk.data(), output_chunk.data(), ...)` each step,
+`A` the weight whole), and torch's fused_all_gather_matmul / fused_matmul_reduce_scatter
+run one mm per chunk with the whole B (torch/distributed/_symmetric_memory/__init__.py).
+Llama 3 405B's fc1 weight at TP 4 is 436 MB in FP8, far beyond any L2 (50 MB on H100,
+126 MB on B200), so each chunk streams it from HBM again: a chunk's bytes are its share of
+the op's activations and outputs plus the whole weight (`chunk_bytes`), the forward and the
+input gradient alike (the weight gradient runs whole). TE's pipeline reduce-scatter
+(CommOverlapBase::split_overlap_rs) chunks the other way: `get_tensor_chunk(A, i *
+input_a_chunk_size, ...)` slices the weight's output rows (m_chunk = m / num_splits, the
+reduce-scatter then strided, reducescatter2_userbuff_stridedoutput) and every chunk's GEMM
+takes the input `B.data()` whole: there the input is read again. Summed over a region's
+chunks: the product's bytes plus (chunks - 1) more reads of that operand.
 
 The engine needs nothing new (streams and dependencies); the compute model costs a chunk by
 its GEMM shape on the SMs its communication leaves it (`GemmChunk.comm_sms`: TE launches the
@@ -149,16 +154,19 @@ def overlap_region(node: Node, template: Template, launch: Node) -> Region:
 
 def overlap_template(op: Op, before: tuple[TpSite, ...], after: tuple[TpSite, ...],
                      group: tuple[int, ...], size: float, gathered: float | None = None,
-                     asynctp: bool = False, quantized_weight: float = 1.0) -> Template:
+                     asynctp: bool = False, quantized: tuple[float, float] = (1.0, 1.0)
+                     ) -> Template:
     """The overlapped ops replacing `op` (a qkv, proj, fc1 or fc2 op) and its TP collectives
     `before` and `after` (`traces.plan.tensor.tp_sites` with SP), over the rank's TP `group`
     (and so t), `size` the b·s·h buffer of nccl-tests' size. Depends on `op`'s fields but its
     layer and micro-batch only; `gathered` the all-gathers' buffer where it differs (FP8);
     `asynctp`: torch's AsyncTP rather than Transformer Engine's (module docstring);
-    `quantized_weight`: bytes an element of a quantized (FP8, FP4) weight takes as the GEMM
-    reads it, scales included (`traces.fp8_recipes.Fp8Recipe.q_weight`)."""
+    `quantized`: bytes an element of a quantized (FP8, FP4) input and weight takes as the GEMM
+    reads it, scales included (`traces.fp8_recipes.Fp8Recipe.q_act`, `q_weight`)."""
     entries: list[Entry] = []
-    weight = quantized_weight if op.dtype in QUANTIZED else DTYPE_BYTES[op.dtype]
+    batch, m, n, k = op.gemm
+    act, wt = quantized if op.dtype in QUANTIZED else (DTYPE_BYTES[op.dtype],) * 2
+    weight, inputs = batch * n * k * wt, batch * m * k * act  # each read whole by a chunk
     gather = size if gathered is None else gathered
     backward = op.phase is Phase.BWD
     if not backward and before:  # qkv, fc1 fprop: ring-exchange all-gather
@@ -167,7 +175,7 @@ def overlap_template(op: Op, before: tuple[TpSite, ...], after: tuple[TpSite, ..
     if not backward and asynctp:  # proj, fc2 fprop: torch's produce-and-copy
         return _produce(op, after[0], group, size, entries, weight)
     if not backward:  # proj, fc2 fprop: pipelined reduce-scatter
-        return _pipeline(op, after[0], group, size, entries, weight)
+        return _pipeline(op, after[0], group, size, entries, inputs)
     if not after:  # proj, fc2 backward: ring-exchange all-gather of the output gradient
         _ring(op, before[0], group, gather, GemmPart.DGRAD, entries, weight)
         entries.append((_gemm(op, GemmPart.WGRAD, 0, 1, 0), ()))
@@ -196,11 +204,13 @@ def _ring(op: Op, site: TpSite, group: tuple[int, ...], size: float, part: GemmP
 
 
 def _pipeline(op: Op, site: TpSite, group: tuple[int, ...], size: float,
-              entries: list[Entry], weight: float) -> Template:
-    """GEMM chunk k, then its reduce-scatter (size / n of the buffer) beside chunk k + 1."""
+              entries: list[Entry], inputs: float) -> Template:
+    """GEMM chunk k, then its reduce-scatter (size / n of the buffer) beside chunk k + 1.
+    TE's pipeline chunks the weight's output rows, each chunk's GEMM reading the whole input
+    (`inputs` bytes; module docstring); its shape is still stated as a token chunk."""
     n = PIPELINE_SPLITS
     for k in range(n):
-        entries.append((_gemm(op, GemmPart.FPROP, k, n, PIPELINE_SMS, weight), ()))
+        entries.append((_gemm(op, GemmPart.FPROP, k, n, PIPELINE_SMS, inputs), ()))
         entries.append((_comm(op, site, k, n, OverlapMethod.PIPELINE, size / n, group),
                         (LAUNCH, len(entries))))  # the GEMM chunk just added
     return Template(tuple(entries), len(entries) - 1)
@@ -242,11 +252,11 @@ def _bulk(op: Op, gather: TpSite, scatter: TpSite, group: tuple[int, ...],
 
 
 def _gemm(op: Op, part: GemmPart, index: int, count: int, sms: int,
-          weight: float = 0.0) -> OpRow:
+          whole: float = 0.0) -> OpRow:
     """Chunk `index` of `count` of one product of `op`'s GEMM, its fields but layer and
     micro-batch: tokens (M) split as evenly as integers go; FLOPs and HBM bytes in proportion
-    (the backward's halves to each product), plus the weight read whole by every chunk
-    (`chunk_bytes`, `weight` bytes an element); its dtype the op's (FP8 stays FP8)."""
+    (the backward's halves to each product), plus the operand every chunk reads whole
+    (`chunk_bytes`: `whole` its bytes); its dtype the op's (FP8 stays FP8)."""
     purpose = op.purpose
     assert isinstance(purpose, KernelRun) and purpose.kernel in OVERLAPPED, purpose
     batch, m, n, k = op.gemm
@@ -262,15 +272,16 @@ def _gemm(op: Op, part: GemmPart, index: int, count: int, sms: int,
     return op_row(kind=OpKind.COMPUTE, stream=Stream.COMPUTE, name=op.name,
                   purpose=GemmChunk(purpose.kernel, part, index, count, sms), phase=op.phase,
                   flops=op.flops * fraction,
-                  mem_bytes=chunk_bytes(op.mem_bytes * fraction, share, batch * n * k * weight),
+                  mem_bytes=chunk_bytes(op.mem_bytes * fraction, share, whole),
                   gemm=shape, dtype=op.dtype)  # an FP8 GEMM's chunks run at the FP8 rate too
 
 
-def chunk_bytes(proportional: float, share: float, weight_bytes: float) -> float:
-    """HBM bytes of a GEMM chunk over `share` of the tokens: its `proportional` share of its
-    product's bytes, which count the weight (`weight_bytes`) once over all chunks, plus the
-    rest of the weight, which this chunk's own GEMM call reads again (module docstring)."""
-    return proportional + (1.0 - share) * weight_bytes
+def chunk_bytes(proportional: float, share: float, whole: float) -> float:
+    """HBM bytes of a GEMM chunk that does `share` of its product: its `proportional` share
+    of the product's bytes, which count the operand every chunk reads whole (`whole` bytes:
+    the weight, or the pipeline's input) once over all chunks, plus the rest of it, which
+    this chunk's own GEMM call reads again (module docstring)."""
+    return proportional + (1.0 - share) * whole
 
 
 def _comm(op: Op, site: TpSite, index: int, count: int, method: OverlapMethod, size: float,

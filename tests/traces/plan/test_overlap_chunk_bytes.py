@@ -1,5 +1,7 @@
-"""tp_comm_overlap's GEMM chunks each read the whole weight (`traces.plan.overlap.chunk_bytes`):
-over a region's t chunks, the bytes of the product they replace plus t - 1 more weight reads."""
+"""tp_comm_overlap's GEMM chunks each read one operand whole (`traces.plan.overlap.chunk_bytes`):
+the weight in a ring exchange (TE's split_overlap_ag / split_overlap_rs P2P), the input in TE's
+pipeline reduce-scatter (its chunks slice the weight's rows). Over a region's chunks: the bytes
+of the product they replace plus (chunks - 1) more reads of that operand."""
 
 from __future__ import annotations
 
@@ -38,8 +40,10 @@ def _gemms(ops: Sequence[Op]) -> dict[tuple[Kernel, Phase | None, int | None], O
             and op.purpose.kernel in (K.QKV, K.PROJ, K.FC1, K.FC2)}
 
 
-def _element(model: ModelSpec) -> float:
-    return fp8_recipe(model).q_weight if model.fp8 else model.dtype_bytes
+def _elements(model: ModelSpec) -> tuple[float, float]:
+    """Bytes of an input and a weight element as the GEMMs read them."""
+    rec = fp8_recipe(model)
+    return (rec.q_act, rec.q_weight) if model.fp8 else (model.dtype_bytes, model.dtype_bytes)
 
 
 @pytest.mark.parametrize("model", [LLAMA, FP8, MXFP8], ids=["bf16", "fp8", "mxfp8"])
@@ -52,12 +56,14 @@ def test_chunks_sum_to_the_product_and_t_minus_1_more_weight_reads(model: ModelS
     checked = set()
     for (kernel, phase, layer, part), ops in chunks.items():
         op = whole[(kernel, phase, layer)]
-        _, _, n, k = op.gemm
-        weight = n * k * _element(model)
+        _, m, n, k = op.gemm
+        act, wt = _elements(model)
+        gathered = kernel in (K.QKV, K.FC1)  # its input all-gathered (else reduce-scattered)
+        pipeline = part is GemmPart.FPROP and not gathered
+        reread = m * k * act if pipeline else n * k * wt
         product = op.mem_bytes if part is GemmPart.FPROP else op.mem_bytes / 2
         assert sum(c.mem_bytes for c in ops) == pytest.approx(
-            product + (len(ops) - 1) * weight, rel=1e-12)
-        gathered = kernel in (K.QKV, K.FC1)  # its input all-gathered (else reduce-scattered)
+            product + (len(ops) - 1) * reread, rel=1e-12)
         if part is GemmPart.FPROP:  # ring exchange: t chunks; pipeline: num_splits 4
             assert len(ops) == (TP if gathered else 4)
         else:  # proj, fc2 dgrad: ring exchange; qkv, fc1: bulk, whole; wgrad whole
