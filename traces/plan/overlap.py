@@ -54,6 +54,23 @@ fused_all_gather_matmul and `mm -> reduce_scatter` into fused_matmul_reduce_scat
 So, uncontended, a produce region is the chunks' chain: GEMM k ends at
 max(GEMM k-1, copy k-2) + g, copy k at max(copy k-1, GEMM k) + c; the sum follows.
 
+Each GEMM chunk is a GEMM call of its own on the whole weight: TE's userbuffers methods call
+the GEMM once per chunk with the full weight operand and a slice of the tokens
+(NVIDIA/TransformerEngine transformer_engine/common/comm_gemm_overlap/comm_gemm_overlap.cpp:
+the ring exchange's CommOverlapP2PBase::split_overlap_ag and split_overlap_rs, aggregate off,
+call `nvte_cublas_gemm(A.data(), input_b_chunk.data(), output_chunk.data(), ...)` each step,
+`A` the weight whole), and torch's fused_all_gather_matmul / fused_matmul_reduce_scatter
+run one mm per chunk with the whole B (torch/distributed/_symmetric_memory/__init__.py).
+Llama 3 405B's fc1 weight at TP 4 is 436 MB in FP8, far beyond any L2 (50 MB on H100,
+126 MB on B200), so each chunk streams it from HBM again: a chunk's bytes are its share of
+the op's activations and outputs plus the whole weight (`chunk_bytes`), the forward and the
+input gradient alike (the weight gradient runs whole). TE's pipeline reduce-scatter
+(CommOverlapBase::split_overlap_rs) chunks the other way: `get_tensor_chunk(A, i *
+input_a_chunk_size, ...)` slices the weight's output rows (m_chunk = m / num_splits, the
+reduce-scatter then strided, reducescatter2_userbuff_stridedoutput) and every chunk's GEMM
+takes the input `B.data()` whole: there the input is read again. Summed over a region's
+chunks: the product's bytes plus (chunks - 1) more reads of that operand.
+
 The engine needs nothing new (streams and dependencies); the compute model costs a chunk by
 its GEMM shape on the SMs its communication leaves it (`GemmChunk.comm_sms`: TE launches the
 GEMMs of a set_sm_margin overlap on sm_count - num_sm SMs for their whole length,
@@ -66,7 +83,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from traces.model import QUANTIZED
+from traces.model import DTYPE_BYTES, QUANTIZED
 from traces.ops import Op, OpKind, OpRow, Phase, Stream, op_row, stamp
 from traces.plan.nodes import Node
 from traces.purpose import (
@@ -137,31 +154,37 @@ def overlap_region(node: Node, template: Template, launch: Node) -> Region:
 
 def overlap_template(op: Op, before: tuple[TpSite, ...], after: tuple[TpSite, ...],
                      group: tuple[int, ...], size: float, gathered: float | None = None,
-                     asynctp: bool = False) -> Template:
+                     asynctp: bool = False, quantized: tuple[float, float] = (1.0, 1.0)
+                     ) -> Template:
     """The overlapped ops replacing `op` (a qkv, proj, fc1 or fc2 op) and its TP collectives
     `before` and `after` (`traces.plan.tensor.tp_sites` with SP), over the rank's TP `group`
     (and so t), `size` the b·s·h buffer of nccl-tests' size. Depends on `op`'s fields but its
     layer and micro-batch only; `gathered` the all-gathers' buffer where it differs (FP8);
-    `asynctp`: torch's AsyncTP rather than Transformer Engine's (module docstring)."""
+    `asynctp`: torch's AsyncTP rather than Transformer Engine's (module docstring);
+    `quantized`: bytes an element of a quantized (FP8, FP4) input and weight takes as the GEMM
+    reads it, scales included (`traces.fp8_recipes.Fp8Recipe.q_act`, `q_weight`)."""
     entries: list[Entry] = []
+    batch, m, n, k = op.gemm
+    act, wt = quantized if op.dtype in QUANTIZED else (DTYPE_BYTES[op.dtype],) * 2
+    weight, inputs = batch * n * k * wt, batch * m * k * act  # each read whole by a chunk
     gather = size if gathered is None else gathered
     backward = op.phase is Phase.BWD
     if not backward and before:  # qkv, fc1 fprop: ring-exchange all-gather
-        _ring(op, before[0], group, gather, GemmPart.FPROP, entries)
+        _ring(op, before[0], group, gather, GemmPart.FPROP, entries, weight)
         return Template(tuple(entries))
     if not backward and asynctp:  # proj, fc2 fprop: torch's produce-and-copy
-        return _produce(op, after[0], group, size, entries)
+        return _produce(op, after[0], group, size, entries, weight)
     if not backward:  # proj, fc2 fprop: pipelined reduce-scatter
-        return _pipeline(op, after[0], group, size, entries)
+        return _pipeline(op, after[0], group, size, entries, inputs)
     if not after:  # proj, fc2 backward: ring-exchange all-gather of the output gradient
-        _ring(op, before[0], group, gather, GemmPart.DGRAD, entries)
+        _ring(op, before[0], group, gather, GemmPart.DGRAD, entries, weight)
         entries.append((_gemm(op, GemmPart.WGRAD, 0, 1, 0), ()))
         return Template(tuple(entries))
     return _bulk(op, before[0], after[0], group, (gather, size), entries)  # qkv, fc1 backward
 
 
 def _ring(op: Op, site: TpSite, group: tuple[int, ...], size: float, part: GemmPart,
-          entries: list[Entry]) -> None:
+          entries: list[Entry], weight: float) -> None:
     """GEMM chunk 0 on the rank's own shard; exchange k (1..t-1) moves one shard per rank
     to its ring neighbour, GEMM chunk k waits for it. Its size is stated as the all-gather
     of 1/(t-1) of every shard that delivers the same bytes (size / (t-1) gathered), which
@@ -170,7 +193,7 @@ def _ring(op: Op, site: TpSite, group: tuple[int, ...], size: float, part: GemmP
     tp = len(group)
     previous = LAUNCH
     for k in range(tp):
-        gemm = _gemm(op, part, k, tp, RING_SMS)
+        gemm = _gemm(op, part, k, tp, RING_SMS, weight)
         if k:
             entries.append((_comm(op, site, k, tp, OverlapMethod.RING, size / (tp - 1), group),
                             (previous,)))
@@ -181,18 +204,20 @@ def _ring(op: Op, site: TpSite, group: tuple[int, ...], size: float, part: GemmP
 
 
 def _pipeline(op: Op, site: TpSite, group: tuple[int, ...], size: float,
-              entries: list[Entry]) -> Template:
-    """GEMM chunk k, then its reduce-scatter (size / n of the buffer) beside chunk k + 1."""
+              entries: list[Entry], inputs: float) -> Template:
+    """GEMM chunk k, then its reduce-scatter (size / n of the buffer) beside chunk k + 1.
+    TE's pipeline chunks the weight's output rows, each chunk's GEMM reading the whole input
+    (`inputs` bytes; module docstring); its shape is still stated as a token chunk."""
     n = PIPELINE_SPLITS
     for k in range(n):
-        entries.append((_gemm(op, GemmPart.FPROP, k, n, PIPELINE_SMS), ()))
+        entries.append((_gemm(op, GemmPart.FPROP, k, n, PIPELINE_SMS, inputs), ()))
         entries.append((_comm(op, site, k, n, OverlapMethod.PIPELINE, size / n, group),
                         (LAUNCH, len(entries))))  # the GEMM chunk just added
     return Template(tuple(entries), len(entries) - 1)
 
 
 def _produce(op: Op, site: TpSite, group: tuple[int, ...], size: float,
-             entries: list[Entry]) -> Template:
+             entries: list[Entry], weight: float) -> Template:
     """torch's fused_matmul_reduce_scatter: t GEMM chunks on copy-engine copies (no SMs
     held), chunk k's partial sums (size / t of the buffer) moved beside the next chunks;
     GEMM chunk k waits for copy k - 2, whose p2p buffer it writes. Stated as pipeline
@@ -202,7 +227,8 @@ def _produce(op: Op, site: TpSite, group: tuple[int, ...], size: float,
     n = len(group)
     copies: list[int] = []  # the entry number (k + 1) of each copy
     for k in range(n):
-        entries.append((_gemm(op, GemmPart.FPROP, k, n, 0), (copies[k - 2],) if k >= 2 else ()))
+        entries.append((_gemm(op, GemmPart.FPROP, k, n, 0, weight),
+                        (copies[k - 2],) if k >= 2 else ()))
         entries.append((_comm(op, site, k, n, OverlapMethod.PRODUCE, size / n, group),
                         (LAUNCH, len(entries))))  # the GEMM chunk just added
         copies.append(len(entries))
@@ -225,10 +251,12 @@ def _bulk(op: Op, gather: TpSite, scatter: TpSite, group: tuple[int, ...],
     return Template(tuple(entries), 2)
 
 
-def _gemm(op: Op, part: GemmPart, index: int, count: int, sms: int) -> OpRow:
+def _gemm(op: Op, part: GemmPart, index: int, count: int, sms: int,
+          whole: float = 0.0) -> OpRow:
     """Chunk `index` of `count` of one product of `op`'s GEMM, its fields but layer and
     micro-batch: tokens (M) split as evenly as integers go; FLOPs and HBM bytes in proportion
-    (the backward's halves to each product); its dtype the op's (FP8 stays FP8)."""
+    (the backward's halves to each product), plus the operand every chunk reads whole
+    (`chunk_bytes`: `whole` its bytes); its dtype the op's (FP8 stays FP8)."""
     purpose = op.purpose
     assert isinstance(purpose, KernelRun) and purpose.kernel in OVERLAPPED, purpose
     batch, m, n, k = op.gemm
@@ -243,8 +271,17 @@ def _gemm(op: Op, part: GemmPart, index: int, count: int, sms: int) -> OpRow:
         shape, fraction = (batch, k, n, m), 0.5
     return op_row(kind=OpKind.COMPUTE, stream=Stream.COMPUTE, name=op.name,
                   purpose=GemmChunk(purpose.kernel, part, index, count, sms), phase=op.phase,
-                  flops=op.flops * fraction, mem_bytes=op.mem_bytes * fraction, gemm=shape,
-                  dtype=op.dtype)  # an FP8 GEMM's chunks run at the FP8 rate too
+                  flops=op.flops * fraction,
+                  mem_bytes=chunk_bytes(op.mem_bytes * fraction, share, whole),
+                  gemm=shape, dtype=op.dtype)  # an FP8 GEMM's chunks run at the FP8 rate too
+
+
+def chunk_bytes(proportional: float, share: float, whole: float) -> float:
+    """HBM bytes of a GEMM chunk that does `share` of its product: its `proportional` share
+    of the product's bytes, which count the operand every chunk reads whole (`whole` bytes:
+    the weight, or the pipeline's input) once over all chunks, plus the rest of it, which
+    this chunk's own GEMM call reads again (module docstring)."""
+    return proportional + (1.0 - share) * whole
 
 
 def _comm(op: Op, site: TpSite, index: int, count: int, method: OverlapMethod, size: float,

@@ -200,7 +200,7 @@ def add_tensor_parallel(ctx: RankContext, program: Program) -> Program:
             recipe = _recipe(signature, where)
             known.append((signature, recipe))
         out.append(_splice(nodes, recipe, templates, group, (sizes["tp"], sizes["tp_fp8"]),
-                           asynctp))
+                           asynctp, (fp8_recipe(model).q_act, fp8_recipe(model).q_weight)))
     return out
 
 
@@ -279,11 +279,12 @@ def _recipe(signature: list[Any], where: dict[tuple[Kernel, Phase | None], tuple
 
 
 def _splice(nodes: list[Node], recipe: list[Step], templates: dict[tuple[Any, ...], Template],
-            group: tuple[int, ...], size: tuple[float, float], asynctp: bool = False
-            ) -> list[Node]:
+            group: tuple[int, ...], size: tuple[float, float], asynctp: bool = False,
+            quantized: tuple[float, float] = (1.0, 1.0)) -> list[Node]:
     """The action's nodes with its collectives, by `recipe` (`_recipe` of its signature);
     `size`: the b·s·h buffer, and its bytes when a GEMM's input is gathered in FP8;
-    `asynctp`: regions as torch's AsyncTP overlaps them (`overlap_template`)."""
+    `asynctp`: regions as torch's AsyncTP overlaps them; `quantized`: bytes a quantized
+    input and weight element take (`overlap_template`)."""
     step: list[Node] = []
     join: Node | None = None  # an overlapped collective the next compute op waits for
     for what, i, first, second in recipe:
@@ -307,7 +308,8 @@ def _splice(nodes: list[Node], recipe: list[Step], templates: dict[tuple[Any, ..
             if template is None:
                 sites_before, sites_after = first
                 template = templates[key] = overlap_template(op, sites_before, sites_after,
-                                                             group, *size, asynctp)
+                                                             group, *size, asynctp,
+                                                             quantized)
             launch = next(n for n in reversed(step) if n.on_compute)
             region = overlap_region(node, template, launch)
             step += region.nodes

@@ -14,12 +14,14 @@ from sim.profile import default_profile
 from topology.presets import H100_SXM
 from traces import stack_eager
 from traces.fp8 import fp8_linear
+from traces.fp8 import recipe as fp8_recipe
 from traces.kernel_work import KernelWork, gemm_kernel
 from traces.kernels import layer_kernels
 from traces.layout import Layout
 from traces.model import ModelSpec
 from traces.ops import Phase
 from traces.plan import build
+from traces.plan.overlap import chunk_bytes
 from traces.purpose import GemmChunk, Kernel
 from traces.stack import GemmSplit, gemm_splits, restack
 
@@ -79,8 +81,8 @@ def test_a_bf16_split_gemm_costs_its_parts_as_gemms_of_their_width():
 def test_asynctp_chunks_run_each_projection_on_each_chunk():
     """fused_all_gather_matmul(A_shard, [wq, wk, wv]): each gathered chunk of the tokens feeds
     one mm per weight, so a qkv chunk costs its three parts at the chunk's rows, each with
-    the chunk's share of that part's linear (`traces.plan.overlap` scales a chunk's bytes by
-    its share of the tokens)."""
+    the chunk's share of that part's linear and the rest of its weight, which each mm reads
+    whole (`traces.plan.overlap.chunk_bytes`)."""
     layout = Layout(tp=2, sp=True, tp_comm_overlap=True, global_batch=2, micro_batch=1)
     ops = build(FP8, layout).ops[0]
     chunk = next(op for op in ops if isinstance(op.purpose, GemmChunk)
@@ -92,9 +94,11 @@ def test_asynctp_chunks_run_each_projection_on_each_chunk():
     plain = ComputeModel(H100_SXM, PROFILE)
     parts = [_gemm(fp8_linear(FP8, K.QKV, (1, 2048, w, h), 2, shard=2))
              for w in (2048, 512, 512)]
+    q_weight = fp8_recipe(FP8).q_weight
     assert split.duration(chunk) == pytest.approx(sum(
-        plain.kernel_time("qkv", p.flops * share, p.mem_bytes * share, (1, m, p.gemm[2], h),
-                          fp8=True) for p in parts), rel=1e-12)
+        plain.kernel_time("qkv", p.flops * share,
+                          chunk_bytes(p.mem_bytes * share, share, h * p.gemm[2] * q_weight),
+                          (1, m, p.gemm[2], h), fp8=True) for p in parts), rel=1e-12)
     assert split.duration(chunk) > plain.duration(chunk)
 
 
