@@ -24,6 +24,9 @@ s·TP places inside its TP·CP block:
 
 TP 2 · CP 8 on DGX H100 (8 GPUs a server): the ring crosses servers between cp 3 and 4 and
 between cp 7 and 0, so only the shift by 4 is alike and the fold keeps two cp coordinates.
+TP 4 · CP 16 on the dgx-h100 fat tree (4 servers, 32 GPUs a leaf; the MoE Parallel Folding
+paper's Table 5 128K row): the block is 8 servers over 2 leaves, so the shift by 2 (one server)
+moves a server across the leaf's edge; the shift by 8 (one leaf) is alike and the fold keeps 8.
 
 Why a shift by whole leaves maps a destination-mod-k fat tree onto itself (`topology.fabric.
 FatTree`). Let a server hold n NICs, a leaf P servers (D = P·n down-ports, U uplinks), the
