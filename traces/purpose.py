@@ -137,8 +137,9 @@ class OverlapMethod(StrEnum):
     """One whole collective beside one whole GEMM that does not need it."""
     PRODUCE = "produce_all2all"
     """torch's AsyncTP matmul + reduce-scatter (`_pipelined_produce_and_all2all`): t GEMM
-    chunks, each chunk's partial sum copied to its rank beside the next chunks; two p2p
-    buffers, so chunk k + 2 waits for chunk k's copy."""
+    chunks, the first t - 1 each a peer's partial sum copied to it beside the next chunks
+    (t - 1 copies; the rank's own partial, last, stays); two p2p buffers, so chunk k + 2
+    waits for chunk k's copy."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,9 +163,11 @@ class TpChunk:
     (`TpSite`'s fields), on the tp_comm stream beside the GEMM chunks (`GemmChunk`). Ring
     exchange: chunk k (1..t-1) all-gathers piece k - 1 of t - 1 of every rank's shard (chunk 0
     is the rank's own shard, no call): the bytes TE's step k copies from the ring neighbour,
-    which the simulator lowers as that copy (`traces.plan.overlap.ring_exchange`); pipeline:
+    which the simulator lowers as that copy (`traces.plan.overlap.peer_copy`); pipeline:
     chunk k reduce-scatters piece k of n of
-    every rank's block; bulk: one chunk, the whole collective."""
+    every rank's block; produce: chunk k (of t - 1) reduce-scatters piece k of t - 1 of every
+    rank's block, the bytes one copy of AsyncTP's delivers (one partial, lowered as that copy);
+    bulk: one chunk, the whole collective."""
 
     kernel: Kernel
     slot: str

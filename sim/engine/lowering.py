@@ -37,7 +37,7 @@ from traces.io import check_transfer_sizes
 from traces.layout import Layout
 from traces.mirror_fold import canonical_mirror, counted_for, mirror_groups, mirror_pairs
 from traces.ops import Op, OpKind, Trace
-from traces.plan.overlap import ring_exchange
+from traces.plan.overlap import peer_copy
 
 MEASURED = "measured"
 """The algorithm of communication that keeps its measured duration (size not stated)."""
@@ -55,8 +55,9 @@ class CollectiveKey:
     measured: bool = False
     split: AllToAllv | None = None
     exchange: bool = False
-    """One step of tp_comm_overlap's ring exchange: a neighbour copy, not the all-gather
-    its kind and size state (`traces.plan.overlap.ring_exchange`)."""
+    """One step of tp_comm_overlap's peer copies (a ring exchange, AsyncTP's produce): one
+    copy from one peer, not the collective its kind and size state
+    (`traces.plan.overlap.peer_copy`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -270,7 +271,7 @@ def _keys(plan: Trace, cluster: Cluster, fold: Partition | None = None
             else:
                 group, size, split = op.group, op.size_bytes, op.split
                 measured = size == 0.0 and op.end is not None  # `_measured(op)`
-                exchange = ring_exchange(op)
+                exchange = peer_copy(op)
                 if group is last[0] and kind is last[1] and size == last[2] and \
                         measured is last[3] and split is last[4] and exchange is last[5]:
                     per_op[i] = last_k  # as the collective before (a TP group's many)

@@ -64,7 +64,7 @@ from traces.pipeline import (
     one_f_one_b,
 )
 from traces.plan.optimizer import grad_stats_group
-from traces.plan.overlap import in_region, region_seconds, ring_exchange
+from traces.plan.overlap import in_region, peer_copy, region_seconds
 from traces.purpose import Kernel, KernelRun
 from traces.stack import launch_counts
 from traces.zero_bubble import zb1p
@@ -366,7 +366,7 @@ class Analytic:
     def _op_time(self, layout: Layout, op: Op, axis: str) -> float:
         if not axis:
             return self._of(layout)[0].duration(op)
-        if ring_exchange(op) and not self.free_network:  # a neighbour copy (sim.engine.lowering)
+        if peer_copy(op) and not self.free_network:  # a peer copy (sim.engine.lowering)
             exchange = self.collectives.lowering(op.kind, self.group(layout, axis), EXCHANGE)
             assert exchange is not None
             return analytic_time(self.cluster, exchange, op.size_bytes)

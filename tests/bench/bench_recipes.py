@@ -15,6 +15,8 @@ Tables (`--table`):
 
 1. `llama3`: Llama 3 paper, Table 4 (405B on 8,192 and 16,384 H100; TFLOP/s per GPU).
 2. `torchtitan`: torchtitan paper / docs/performance.md, Tables 1-6 (tokens/s per GPU).
+   `asynctp`: torchtitan's June 2025 AsyncTP benchmark, Table 4's 70B run on later torch,
+   bf16 / Float8 tensorwise / rowwise, without and with AsyncTP (tokens/s per GPU).
 3. `bridge`: Megatron-Bridge / NeMo performance summary, dense Llama 3 / 3.1 rows of the 25.11
    and 26.02 containers on H100, B200, GB200 and GB300 (tokens/s per GPU).
 4. `megatron`: Megatron-LM's r0.8 weak-scaling table: its model table and MFU plot are
@@ -48,6 +50,7 @@ from recipes_rows import (
     LLAMA3_ROWS,
     MEGASCALE_ROWS,
     MEGASCALE_SECONDS,
+    TITAN_ASYNCTP_ROWS,
     TORCHTITAN_ROWS,
     Row,
 )
@@ -75,6 +78,8 @@ TABLES: dict[str, Table] = {
     "torchtitan": Table("2. torchtitan (arXiv 2410.06511), H100: tokens/s per GPU",
                         TORCHTITAN_ROWS),
     "bridge": Table("3. Megatron-Bridge performance summary: tokens/s per GPU", BRIDGE_ROWS),
+    "asynctp": Table("2b. torchtitan's AsyncTP benchmark (2025-06), 70B on 256 H100: "
+                     "tokens/s per GPU", TITAN_ASYNCTP_ROWS),
     "megatron": Table("4. Megatron-LM r0.8 README, weak scaling", [],
                       "no row: the model table and the MFU figure are images; the text gives "
                       "only MFU 41% (2B) to 47-48% (largest) on up to 6,144 H100"),

@@ -236,6 +236,33 @@ TORCHTITAN_ROWS = [
 ]
 
 
+TITAN_ASYNCTP = ("pytorch/torchtitan benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md "
+                 "(PR #1299, 2025-06-15; its table as first committed, later an image): torch "
+                 "38410cf9 (2025-06-14), the same Grand Teton H100s")
+
+
+def titan_asynctp(quant: str, overlap: bool, tps: float) -> Row:
+    """The June 2025 AsyncTP benchmark's Llama 3.1 70B rows: 256 H100, FSDP 32 x TP 8,
+    torch.compile, full AC, local batch 16, bf16 or Float8 (tensorwise, rowwise), without
+    and with --parallelism.enable_async_tensor_parallel: Table 4's run on torch of June 2025
+    (the paper's ran torchtitan 9dec370, 2024-12). Its note: the vanilla-TP rowwise figure
+    is low, under investigation (pytorch/torchtitan#1207)."""
+    fp8 = {} if quant == "bf16" else {"fp8_recipe": quant}
+    model = llama("70b", 8192, "bf16" if quant == "bf16" else "fp8", kernels="compiled", **fp8)
+    parallel = {"tp": 8, "dp": 32, "sp": True, "micro_batch": 16, "global_batch": 512,
+                "recompute": "full", **({"tp_comm_overlap": True} if overlap else {})}
+    row = titan(f"70B {quant}{' + AsyncTP' if overlap else ''}, 256 GPUs", "2025-06", model,
+                parallel, tps)
+    return Row("torchtitan-asynctp", row.name, TITAN_ASYNCTP, row.model, row.parallel,
+               row.cluster, tps, "tokens/s")
+
+
+TITAN_ASYNCTP_ROWS = [
+    titan_asynctp("bf16", False, 597.3), titan_asynctp("bf16", True, 652.4),
+    titan_asynctp("tensorwise", False, 809.8), titan_asynctp("tensorwise", True, 942.4),
+    titan_asynctp("rowwise", False, 599.6), titan_asynctp("rowwise", True, 624.8),
+]
+
 # --- 5. MegaScale (Jiang et al., NSDI 2024, arXiv 2402.15627), Table 2 ---------------------
 
 MEGASCALE = ("Jiang et al., \"MegaScale\", NSDI 2024 (arXiv 2402.15627), Table 2, Megatron-LM "

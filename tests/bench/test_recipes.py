@@ -14,7 +14,7 @@ from bench_recipes import (
     tokens,
 )
 from recipes_bridge import BRIDGE_ROWS, PAIRS_2511
-from recipes_rows import LLAMA3_ROWS, MEGASCALE_ROWS, TORCHTITAN_ROWS
+from recipes_rows import LLAMA3_ROWS, MEGASCALE_ROWS, TITAN_ASYNCTP_ROWS, TORCHTITAN_ROWS
 
 from sim.config import experiment_from_dict
 from traces.errors import ConfigError
@@ -68,7 +68,7 @@ def test_torchtitan_pipelines_run_its_default_micro_batch_count(row):
 
 
 ROWS = [r for r in LLAMA3_ROWS + TORCHTITAN_ROWS + BRIDGE_ROWS + MEGASCALE_ROWS
-        if r.gpus <= 1024]
+        + TITAN_ASYNCTP_ROWS if r.gpus <= 1024]
 
 
 @pytest.mark.parametrize("row", ROWS, ids=lambda r: r.name)
@@ -90,3 +90,16 @@ def test_the_nvfp4_row_states_megatron_bridge_s_nvfp4_recipe():
     assert (exp.model.dtype, exp.model.fp4_recipe, exp.model.fp8_recipe) == ("fp4", "nvfp4", "")
     assert not exp.layout.fp8_param_gather
     assert exp.cluster.accelerator.peak_flops_fp4 == 15e15
+
+
+def test_the_2025_asynctp_rows_are_table_4_s_run_but_the_precision():
+    """The June 2025 benchmark's tensorwise pair is Table 4's pair as configured (model,
+    layout, cluster); each AsyncTP row differs from its vanilla one by tp_comm_overlap only."""
+    table4 = [r for r in TORCHTITAN_ROWS if r.name.startswith("70B 2D")]
+    tensorwise = [r for r in TITAN_ASYNCTP_ROWS if "tensorwise" in r.name]
+    for old, new in zip(table4, tensorwise, strict=True):
+        assert (dict(old.model), dict(old.parallel), dict(old.cluster)) == \
+            (dict(new.model), dict(new.parallel), dict(new.cluster))
+    for vanilla, asynctp in zip(TITAN_ASYNCTP_ROWS[::2], TITAN_ASYNCTP_ROWS[1::2], strict=True):
+        assert dict(asynctp.parallel) == {**vanilla.parallel, "tp_comm_overlap": True}
+        assert dict(asynctp.model) == dict(vanilla.model)

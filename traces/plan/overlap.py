@@ -39,12 +39,16 @@ fused_all_gather_matmul and `mm -> reduce_scatter` into fused_matmul_reduce_scat
 
     qkv, fc1 fprop     ring           t GEMM chunks, the own shard's first; step k pulls one
                                       shard from a peer with a copy-engine copy (no SMs)
-    proj, fc2 fprop    produce        t GEMM chunks, chunk k's partial sum pulled by its rank
-                                      (copy engine, no SMs); two p2p buffers, so GEMM chunk
-                                      k + 2 waits for copy k (_pipelined_produce_and_all2all);
-                                      then one kernel sums the t partials of the rank's shard
-                                      (fused_matmul_reduce_scatter's reduce_fn over dim 0): it
-                                      reads t shards and writes one, on the compute stream
+    proj, fc2 fprop    produce        t GEMM chunks: steps 1..t-1 each compute the partial sum
+                                      of rank r + k's shard into a p2p buffer, which that rank
+                                      pulls (copy engine, no SMs); the rank's own partial last,
+                                      straight into its output, copied nowhere: t - 1 copies.
+                                      Two p2p buffers and the steps alternating two streams, so
+                                      GEMM chunk k + 2 waits for copy k (_pipelined_produce_and_
+                                      all2all); then one kernel sums the t partials of the
+                                      rank's shard (fused_matmul_reduce_scatter's reduce_fn
+                                      over dim 0): it reads t shards and writes one, on the
+                                      compute stream
     proj, fc2 dgrad    ring           the output gradient's all-gather beside the dgrad
     qkv, fc1 dgrad     not overlapped the reduce-scatter's input is the sum of the q, k, v (w1,
                                       w3) input gradients, not one mm: `_find_producer_matmul`
@@ -52,7 +56,13 @@ fused_all_gather_matmul and `mm -> reduce_scatter` into fused_matmul_reduce_scat
                                       the collectives stay inline (`traces.plan.tensor`)
 
 So, uncontended, a produce region is the chunks' chain: GEMM k ends at
-max(GEMM k-1, copy k-2) + g, copy k at max(copy k-1, GEMM k) + c; the sum follows.
+max(GEMM k-1, copy k-2) + g, copy k (k < t - 1) at max(copy k-1, GEMM k) + c; the last GEMM
+(the own shard, on the current stream after the loop) waits for the last copy that stream
+issued (`own_wait`); the sum follows. Each copy moves one partial, size / t of the b·s·h
+output, from one peer (torch/distributed/_symmetric_memory/__init__.py,
+_pipelined_produce_and_all2all: `for step in range(1, group_size)`, then
+`chunk_producer(rank, out_chunks[rank])`), so it is lowered as one peer copy (`peer_copy`)
+as the ring exchange's steps are.
 
 Each GEMM chunk is a GEMM call of its own on the whole weight: TE's userbuffers methods call
 the GEMM once per chunk with the full weight operand and a slice of the tokens
@@ -189,7 +199,7 @@ def _ring(op: Op, site: TpSite, group: tuple[int, ...], size: float, part: GemmP
     to its ring neighbour, GEMM chunk k waits for it. Its size is stated as the all-gather
     of 1/(t-1) of every shard that delivers the same bytes (size / (t-1) gathered), which
     the executor runs; the simulator lowers it as the neighbour copy it is
-    (`ring_exchange`)."""
+    (`peer_copy`)."""
     tp = len(group)
     previous = LAUNCH
     for k in range(tp):
@@ -219,25 +229,39 @@ def _pipeline(op: Op, site: TpSite, group: tuple[int, ...], size: float,
 def _produce(op: Op, site: TpSite, group: tuple[int, ...], size: float,
              entries: list[Entry], weight: float) -> Template:
     """torch's fused_matmul_reduce_scatter: t GEMM chunks on copy-engine copies (no SMs
-    held), chunk k's partial sums (size / t of the buffer) moved beside the next chunks;
-    GEMM chunk k waits for copy k - 2, whose p2p buffer it writes. Stated as pipeline
-    reduce-scatter chunks, which deliver the same bytes; then the sum of the t partial sums
+    held); chunk k < t - 1 computes a peer's partial sum (size / t of the output), which that
+    peer pulls beside the next chunks; GEMM chunk k waits for the copy its stream issued
+    before it (`own_wait` for the last, the rank's own partial, which is copied nowhere).
+    Each copy is stated as a pipeline reduce-scatter chunk of size / (t - 1), which delivers
+    the same bytes to each rank (size / t, one partial); then the sum of the t partial sums
     (each size / t) into the rank's shard, after the last copy: memory-bound, its bytes
     (t + 1)·size / t."""
     n = len(group)
     copies: list[int] = []  # the entry number (k + 1) of each copy
     for k in range(n):
+        wait = own_wait(n) if k == n - 1 else (k - 2 if k >= 2 else None)
         entries.append((_gemm(op, GemmPart.FPROP, k, n, 0, weight),
-                        (copies[k - 2],) if k >= 2 else ()))
-        entries.append((_comm(op, site, k, n, OverlapMethod.PRODUCE, size / n, group),
-                        (LAUNCH, len(entries))))  # the GEMM chunk just added
-        copies.append(len(entries))
+                        (copies[wait],) if wait is not None else ()))
+        if k < n - 1:
+            entries.append((_comm(op, site, k, n - 1, OverlapMethod.PRODUCE, size / (n - 1),
+                                  group), (LAUNCH, len(entries))))  # the GEMM chunk just added
+            copies.append(len(entries))
     total = op_row(kind=OpKind.COMPUTE, stream=Stream.COMPUTE, name=str(K.TP_PARTIAL_SUM),
                    purpose=KernelRun(K.TP_PARTIAL_SUM), phase=op.phase,
                    mem_bytes=size * (n + 1) / n,
                    dtype="bf16" if op.dtype in QUANTIZED else op.dtype)
     entries.append((total, (copies[-1],)))
     return Template(tuple(entries))
+
+
+def own_wait(tp: int) -> int | None:
+    """The copy (0-based, of t - 1) the last GEMM chunk of a produce region waits for: torch
+    runs step s (1..t-1) on the current stream when s is even, else on the backend stream,
+    and the rank's own chunk on the current stream after the loop, so behind the copy of the
+    last even step (none at t = 2). At even t that is copy t - 3, two before, as every other
+    chunk; at odd t, copy t - 2, the last."""
+    step = (tp - 1) - (tp - 1) % 2
+    return step - 1 if step >= 2 else None
 
 
 def _bulk(op: Op, gather: TpSite, scatter: TpSite, group: tuple[int, ...],
@@ -293,12 +317,15 @@ def _comm(op: Op, site: TpSite, index: int, count: int, method: OverlapMethod, s
                   group=group, size_bytes=size, phase=op.phase, dtype=op.dtype)
 
 
-def ring_exchange(op: Op) -> bool:
-    """Whether `op` is one step of a ring exchange: each rank sends one shard to its ring
-    neighbour (TE's userbuffers copy), not an all-gather over the group, though the op
-    states its size as one (the executor runs it as one: the same bytes reach each rank)."""
+def peer_copy(op: Op) -> bool:
+    """Whether `op` is one step of copies from one peer each, lowered as such (every rank
+    sends one piece to one peer and receives one, at once: `sim.collectives.direct.
+    lower_exchange`), not as the all-gather or reduce-scatter whose size it states (the
+    executor runs it as one: the same bytes reach each rank): Transformer Engine's ring
+    exchange, and torch's AsyncTP copies, both its all-gather's (a ring here) and its
+    produce's (each rank pulls the partial sum a peer computed for it)."""
     purpose = op.purpose
-    return type(purpose) is TpChunk and purpose.method is OverlapMethod.RING
+    return type(purpose) is TpChunk and purpose.method in _COPY_ENGINE
 
 
 def copy_engine(op: Op) -> bool:
@@ -354,12 +381,26 @@ def region_seconds(ops: Sequence[Op], seconds: Callable[[Op], float]) -> float:
             comm_end += c
             gemm_end = max(gemm_end, comm_end) + g
         return gemm_end + tail
+    if method is OverlapMethod.PRODUCE:
+        return _produce_seconds([t for _, t in gemms], comms)
     gemm_end = comm_end = 0.0
-    ends: list[float] = []  # each chunk's collective's end
-    for k, ((_, g), c) in enumerate(zip(gemms, comms)):  # chunk k's collective after its GEMM
-        if method is OverlapMethod.PRODUCE and k >= 2:  # its p2p buffer: copy k - 2's
-            gemm_end = max(gemm_end, ends[k - 2])
+    for g, c in zip((t for _, t in gemms), comms):  # chunk k's collective after its GEMM
         gemm_end += g
         comm_end = max(comm_end, gemm_end) + c
-        ends.append(comm_end)
     return max(gemm_end, comm_end)
+
+
+def _produce_seconds(gemms: Sequence[float], copies: Sequence[float]) -> float:
+    """A produce region's length (`_produce`'s dependencies): t GEMM chunks, the first t - 1
+    each followed by its copy on the copy stream; GEMM k waits for copy k - 2, the last for
+    `own_wait`'s."""
+    t = len(gemms)
+    gemm_end = copy_end = 0.0
+    ends: list[float] = []  # each copy's end
+    for k, g in enumerate(gemms):
+        wait = own_wait(t) if k == t - 1 else (k - 2 if k >= 2 else None)
+        gemm_end = max(gemm_end, ends[wait] if wait is not None else 0.0) + g
+        if k < t - 1:
+            copy_end = max(copy_end, gemm_end) + copies[k]
+            ends.append(copy_end)
+    return max(gemm_end, copy_end)

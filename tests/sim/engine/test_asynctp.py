@@ -18,7 +18,7 @@ from traces.layout import Layout
 from traces.model import ModelSpec
 from traces.ops import OpKind, Phase
 from traces.plan import build
-from traces.plan.overlap import region_seconds
+from traces.plan.overlap import own_wait, peer_copy, region_seconds
 from traces.purpose import GemmChunk, Kernel, KernelRun, OverlapMethod, TpChunk, TpSite
 
 COMPILED = dataclasses.replace(MODEL, kernels="compiled")
@@ -36,12 +36,12 @@ def _methods(model: ModelSpec) -> dict[tuple[str, Phase], set[tuple[OverlapMetho
 
 
 def test_asynctp_overlaps_the_forward_and_the_row_parallel_dgrad_only():
-    """qkv/fc1 gathers as a ring of t; proj/fc2 forward as t produce chunks; proj/fc2 dgrad
+    """qkv/fc1 gathers as a ring of t; proj/fc2 forward as t - 1 produce copies; proj/fc2 dgrad
     ring; qkv/fc1 backward inline (their input gradient is a sum of GEMMs). Transformer
     Engine's overlap, on the same layout, also overlaps qkv/fc1 backward (bulk) and splits
     the reduce-scatters in 4."""
     t = OVERLAP["tp"]
-    ring, produce = {(OverlapMethod.RING, t)}, {(OverlapMethod.PRODUCE, t)}
+    ring, produce = {(OverlapMethod.RING, t)}, {(OverlapMethod.PRODUCE, t - 1)}
     fwd = {(k, p): ring if k in ("qkv", "fc1") else produce
            for k in ("qkv", "proj", "fc1", "fc2") for p in (Phase.FWD, Phase.RECOMPUTE)}
     assert _methods(COMPILED) == {**fwd, ("proj", Phase.BWD): ring, ("fc2", Phase.BWD): ring}
@@ -58,17 +58,22 @@ def test_asynctp_overlaps_the_forward_and_the_row_parallel_dgrad_only():
 
 
 def test_produce_chunks_hold_no_sms_and_wait_for_the_copy_two_before():
+    """t GEMM chunks and t - 1 copies (the rank's own partial, last, is copied nowhere:
+    torch's _pipelined_produce_and_all2all); GEMM chunk k waits for copy k - 2, the last too
+    at even t (`own_wait`); each copy delivers one partial, size / t, to each rank."""
     ops = build(COMPILED, Layout(**OVERLAP)).ops[0]
     region = next(r for r in _regions(ops) if ops[r[0]].purpose.kernel == "proj"
                   and ops[r[0]].phase is Phase.FWD)
     gemms = [i for i in region if isinstance(ops[i].purpose, GemmChunk)]
     copies = [i for i in region if isinstance(ops[i].purpose, TpChunk)]
     t = OVERLAP["tp"]
-    assert len(gemms) == len(copies) == t
+    assert len(gemms) == t and len(copies) == t - 1
     assert {ops[i].purpose.comm_sms for i in gemms} == {0}
     for k, i in enumerate(gemms):
         assert (copies[k - 2] in ops[i].deps) is (k >= 2), k
-        assert gemms[k] in ops[copies[k]].deps
+        assert len(ops[i].deps) == (k >= 2)
+    for k, i in enumerate(copies):
+        assert gemms[k] in ops[i].deps
     plain = build(COMPILED, Layout(**{**OVERLAP, "tp_comm_overlap": False})).ops[0]
     whole = next(op for op in plain if op.phase is Phase.FWD and op.layer == 0
                  and op.microbatch == 0 and getattr(op.purpose, "kernel", None) == "proj"
@@ -79,6 +84,9 @@ def test_produce_chunks_hold_no_sms_and_wait_for_the_copy_two_before():
     assert sum(ops[i].flops for i in gemms) == pytest.approx(whole.flops, rel=1e-12)
     assert sum(ops[i].size_bytes for i in copies) == pytest.approx(scatter.size_bytes,
                                                                    rel=1e-12)
+    # a reduce-scatter of B moves (t - 1)/t·B to each rank: here one partial, size / t
+    assert [ops[i].size_bytes * (t - 1) / t for i in copies] == \
+        pytest.approx([scatter.size_bytes / t] * (t - 1), rel=1e-12)
     # then the sum of the t partial sums: after the last copy, t shards read, one written
     total = ops[region[-1] + 1]
     assert total.purpose == KernelRun(Kernel.TP_PARTIAL_SUM)
@@ -91,7 +99,7 @@ def test_produce_chunks_hold_no_sms_and_wait_for_the_copy_two_before():
 def test_each_produce_region_ends_where_its_chain_says(h100):
     """On the contention-free network, every AsyncTP region's length from its launch equals
     `region_seconds` of its chunks' own times: GEMM k ends at max(GEMM k-1, copy k-2) + g,
-    copy k at max(copy k-1, GEMM k) + c."""
+    copy k (k < t - 1) at max(copy k-1, GEMM k) + c, the last GEMM after `own_wait`'s copy."""
     times = _replay(h100, COMPILED, Layout(**OVERLAP))
     ops = times.plan.ops[0]
     seen = set()
@@ -99,23 +107,42 @@ def test_each_produce_region_ends_where_its_chain_says(h100):
         method = next(ops[i].purpose.method for i in region
                       if isinstance(ops[i].purpose, TpChunk))
         seen.add(method)
-        gemm_end = copy_end = 0.0
-        ends: list[float] = []
         start = times.ends[0][region[0] - 1]
+        end = max(times.ends[0][i] for i in region)
         if method is OverlapMethod.PRODUCE:
-            chunks = [(times.ends[0][i] - times.starts[0][i]) for i in region]
-            for g, c in zip(chunks[::2], chunks[1::2]):
-                gemm_end = max(gemm_end, ends[-2] if len(ends) >= 2 else 0.0) + g
-                copy_end = max(copy_end, gemm_end) + c
-                ends.append(copy_end)
-            end = max(times.ends[0][i] for i in region)
+            gemms = [times.ends[0][i] - times.starts[0][i] for i in region
+                     if isinstance(ops[i].purpose, GemmChunk)]
+            copies = [times.ends[0][i] - times.starts[0][i] for i in region
+                      if isinstance(ops[i].purpose, TpChunk)]
+            gemm_end = copy_end = 0.0
+            ends: list[float] = []
+            for k, g in enumerate(gemms):  # t = 8: the last waits for copy k - 2 too
+                gemm_end = max(gemm_end, ends[k - 2] if k >= 2 else 0.0) + g
+                if k < len(copies):
+                    copy_end = max(copy_end, gemm_end) + copies[k]
+                    ends.append(copy_end)
             assert end - start == pytest.approx(max(gemm_end, copy_end), rel=1e-9, abs=1e-12)
         searched = region_seconds([ops[i] for i in region],
                                   lambda op: times.ends[0][ops.index(op)]
                                   - times.starts[0][ops.index(op)])
-        end = max(times.ends[0][i] for i in region)
         assert end - start == pytest.approx(searched, rel=1e-9, abs=1e-12)
     assert seen == {OverlapMethod.RING, OverlapMethod.PRODUCE}
+
+
+def test_own_partial_waits_for_the_last_copy_of_the_current_stream():
+    """torch runs step s on the current stream when s is even, the own partial after the
+    loop on that stream: t = 2 waits for nothing, even t for copy t - 3, odd t for t - 2."""
+    assert [own_wait(t) for t in (2, 3, 4, 5, 8, 16)] == [None, 1, 1, 3, 5, 13]
+
+
+def test_produce_copies_are_lowered_as_peer_copies():
+    """AsyncTP's produce copies, like its gathers' steps, are one copy from one peer each
+    (`peer_copy`), not NCCL's reduce-scatter; Transformer Engine's pipeline chunks are."""
+    compiled = build(COMPILED, Layout(**OVERLAP)).ops[0]
+    te = build(MODEL, Layout(**OVERLAP)).ops[0]
+    methods = {op.purpose.method for op in compiled if peer_copy(op)}
+    assert methods == {OverlapMethod.RING, OverlapMethod.PRODUCE}
+    assert {op.purpose.method for op in te if peer_copy(op)} == {OverlapMethod.RING}
 
 
 def test_asynctp_hides_less_than_transformer_engine_and_never_lengthens_the_step(h100):
