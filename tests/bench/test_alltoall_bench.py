@@ -1,11 +1,12 @@
 """What bench_alltoall compares against the published runs, as closed forms.
 
 On one NVLink domain each rank sends S(n-1)/n over its own NVLink and receives as much, so
-`parasim collective --op all_to_all` takes S(n-1)/n / (line rate x NVLINK_EFFICIENCY) plus one
+`parasim collective --op all_to_all` takes S(n-1)/n over the GPU's NVLink data rate plus one
 fixed cost: NCCL's p2p latency where parasim has an NCCL model (H100: `p2p/Simple`), the two
-link hops GPU-switch-GPU where it has none (Blackwell: plain `direct` flows). Hence busbw
-(algbw x (n-1)/n) tends to the effective link rate whatever n is: the bench's figures are this
-formula, not a fitted number.
+link hops GPU-switch-GPU where it has none (Blackwell: plain `direct` flows). The data rate of
+NVLink 5 is NCCL's own (18 links x SM100_NVLINK_BW 40.1 GB/s, src/graph/topo.h), written here
+from that constant, not from the preset. Hence busbw (algbw x (n-1)/n) tends to the data rate
+whatever n is: the bench's figures are this formula, not a fitted number.
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ def test_blackwell_direct_is_link_closed_form(n: int) -> None:
     size = 2**33
     row = sweep_row(cluster, Collectives(cluster), "all_to_all", tuple(range(n)), size,
                     "auto", None, "flow")
-    closed = size * (n - 1) / n / (900e9 * NVLINK_EFFICIENCY) + 2 * NVLINK_LINK_LATENCY_S
+    nccl_nvlink5_Bps = 18 * 40.1e9  # 18 NVLink 5 links x NCCL's SM100_NVLINK_BW
+    closed = size * (n - 1) / n / nccl_nvlink5_Bps + 2 * NVLINK_LINK_LATENCY_S
     assert row.algo == "direct"
     assert row.time_s == pytest.approx(closed, rel=1e-12)
 
