@@ -27,6 +27,12 @@ NVLINK_LINK_LATENCY_S = 0.235e-6  # half of NCCL's 0.47 us NVLink ring step
 # NVIDIA/nccl-tests#212); on A100 NCCL's own model caps bus bandwidth at 235 of 300 GB/s
 # (src/graph/tuning.cc) and nccl-tests users report ~200-230 GB/s (nccl-tests#149, #178).
 NVLINK_EFFICIENCY = 370 / 450
+# NVLink 5 (Blackwell) is not NVLink 4: NCCL's topology model gives each link the data rate
+# SM100_NVLINK_BW = 40.1 GB/s against SM90_NVLINK_BW = 20.6 (NVIDIA/nccl src/graph/topo.h,
+# `ncclTopoNVLinkBw`, cudaCompCap >= 100, 2.2x-era releases with C2C/PXN paths). Over the 50 GB/s
+# a direction of an NVLink 5 link that is 40.1 / 50 = 0.802 (NVLink 4: 20.6 / 25 = 0.824, within
+# 0.3% of NVLINK_EFFICIENCY above, the same mechanism).
+NVLINK5_EFFICIENCY = 40.1 / 50
 # InfiniBand: 4 HDR NICs for 8 GPUs peak at 96 GB/s of 100 in nccl-tests (nccl-tests#119).
 IB_EFFICIENCY = 0.96
 PCIE_NIC_LATENCY_S = 1.0e-6  # PCIe + NIC, each end of an inter-node hop
@@ -286,9 +292,9 @@ DGX_B200 = Preset(
     server=ServerSpec(
         gpus=8,
         # NVLink 5: 18 links x 50 GB/s per direction (1.8 TB/s both ways; DGX B200 data sheet:
-        # 14.4 TB/s aggregate for 8 GPUs); the same protocol efficiency as NVLink 4 (assumed).
+        # 14.4 TB/s aggregate for 8 GPUs); NVLink 5's data rate in NCCL's model.
         nvlink_Bps=900e9,
-        nvlink_efficiency=NVLINK_EFFICIENCY,
+        nvlink_efficiency=NVLINK5_EFFICIENCY,
         nvlink_latency_s=NVLINK_LINK_LATENCY_S,
         nics=8,  # DGX B200 data sheet: 8x single-port ConnectX-7 VPI, up to 400 Gb/s
         nic_Bps=400e9 / 8,
@@ -311,7 +317,7 @@ GB200_NVL72 = Preset(
     server=ServerSpec(
         gpus=72,
         nvlink_Bps=900e9,  # GB200 NVL72 spec: 130 TB/s for 72 GPUs = 1.8 TB/s each, both ways
-        nvlink_efficiency=NVLINK_EFFICIENCY,
+        nvlink_efficiency=NVLINK5_EFFICIENCY,
         nvlink_latency_s=NVLINK_LINK_LATENCY_S,
         nics=72,
         nic_Bps=400e9 / 8,
