@@ -63,9 +63,9 @@ P2P_NVL_CHUNK = 1 << 19  # NCCL_P2P_NVL_CHUNKSIZE 512 KiB: inside an all-NVLink 
 LL_STEP = (1 << 19) // NCCL_STEPS  # DEFAULT_LL_BUFFSIZE 512 KiB over 8 steps, flags included
 
 
-NCCL_MAX_NTHREADS = 640  # src/device/... `#define NCCL_MAX_NTHREADS 640`: a p2p CTA's threads
-WARP_SIZE = 32
-P2P_MAX_WORKS_PER_BATCH = 8  # NCCL_MAX_DEV_WORK_P2P_PER_BATCH: works one channel runs at once
+NCCL_MAX_NTHREADS = 640  # src/include/device.h: threads of a p2p CTA (enqueue.cc threadPerBlock)
+WARP_SIZE = 32  # CUDA warp (src/include/device.h WARP_SIZE)
+P2P_MAX_WORKS_PER_BATCH = 8  # NCCL_MAX_DEV_WORK_P2P_PER_BATCH (device.h): works a batch runs
 
 
 def pow2_up(x: int) -> int:
