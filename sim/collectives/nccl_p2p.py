@@ -25,6 +25,18 @@ peer, `ncclGroupEnd`, and one kernel runs them. What it costs, from NCCL's sourc
     that rail's NIC: the routes the direct flows take (`sim.collectives.base.hop`), so on a rail
     fabric cross-rail bytes load the NVLink of the relaying GPU, never a spine.
 
+  - **CTAs and warps (not a rate here)**: every p2p channel is one CTA of NCCL_MAX_NTHREADS
+    640 threads (`scheduleP2pTasksToPlan`: plan->threadPerBlock = max(.., NCCL_MAX_NTHREADS));
+    `ncclAddWorkBatchToPlan` batches up to NCCL_MAX_DEV_WORK_P2P_PER_BATCH 8 works (one per
+    round, the self copy included unless in place) on a channel, and `src/device/sendrecv.h`
+    splits the CTA's 20 warps evenly among a batch's works, each work's into (w-1)/2
+    receiving and one more sending warps (`p2p_warps`, `channel_works`). Big messages grow an
+    op to all p2pnChannelsPerPeer channels (parts above 32 steps), so at nccl-tests' large
+    sizes every p2p channel is busy whatever the rank count (`busy_channels`). What one CTA
+    moves over NVLink is the hardware's, in no NCCL source, so the flows still run at the
+    links' rate (docs/alltoall-nvlink.md). In place, the self copy is skipped ("Skip send to
+    self in-place", `scheduleP2pTasksToPlan`).
+
 The bytes are the direct flows' (`sim.collectives.direct`, `sim.collectives.alltoallv` for an
 uneven exchange), each class of peers carrying its own protocol's wire bytes and latency.
 NCCL's own tuner does not model p2p; the times are this module's, from those mechanics.
@@ -49,6 +61,11 @@ MAX_P2P_CHANNELS = 32  # NCCL_MAX_P2P_NCHANNELS default MAXCHANNELS
 P2P_NET_CHUNK = 1 << 17  # NCCL_P2P_NET_CHUNKSIZE 128 KiB: Simple's step across nodes (init.cc)
 P2P_NVL_CHUNK = 1 << 19  # NCCL_P2P_NVL_CHUNKSIZE 512 KiB: inside an all-NVLink node
 LL_STEP = (1 << 19) // NCCL_STEPS  # DEFAULT_LL_BUFFSIZE 512 KiB over 8 steps, flags included
+
+
+NCCL_MAX_NTHREADS = 640  # src/include/device.h: threads of a p2p CTA (enqueue.cc threadPerBlock)
+WARP_SIZE = 32  # CUDA warp (src/include/device.h WARP_SIZE)
+P2P_MAX_WORKS_PER_BATCH = 8  # NCCL_MAX_DEV_WORK_P2P_PER_BATCH (device.h): works a batch runs
 
 
 def pow2_up(x: int) -> int:
@@ -132,3 +149,37 @@ def p2p_lowering(sys: NcclSystem, flows: Lowering, size_bytes: float,
     rnd = tuple((replace(f, latency_s=p.latency_s), factor * p.wire_factor)
                 for (f, factor), p in zip(sets, plans, strict=True))
     return f"{P2P}/{plans[-1].protocol}", (rnd,)
+
+
+@dataclass(frozen=True, slots=True)
+class P2pWarps:
+    """Warps one p2p work (a send and a recv) gets in its channel's CTA."""
+
+    send: int
+    recv: int
+
+
+def p2p_warps(works: int) -> P2pWarps:
+    """`RunWorkBatch<ncclFuncSendRecv, .., NCCL_PROTO_SIMPLE>::run` (src/device/sendrecv.h,
+    NCCL 2.24+) for a batch of `works`: nWarpPerWork = nWarps / nWorks; nRecvWarpPerWork =
+    nWarpPerWork / 2 up to 4 warps, else (nWarpPerWork - 1) / 2; the send side as many up to
+    4, else one more."""
+    per_work = (NCCL_MAX_NTHREADS // WARP_SIZE) // works
+    recv = per_work // 2 if per_work <= 4 else (per_work - 1) // 2
+    return P2pWarps(send=recv if per_work <= 4 else recv + 1, recv=recv)
+
+
+def busy_channels(sys: NcclSystem, peer_bytes: float) -> int:
+    """The channels (CTAs) of one GPU that carry its sends to the n - 1 other ranks: each
+    peer op striped over `peer_plan`'s channels, rounds on distinct channel bases
+    (`ncclP2pChannelBaseForRound`) until all p2pnChannels are in use."""
+    nc = peer_plan(sys, peer_bytes).channels
+    return min(p2p_channels(sys).total, (sys.num_ranks - 1) * nc)
+
+
+def channel_works(sys: NcclSystem, peer_bytes: float, in_place: bool = False) -> int:
+    """Works one busy channel runs, the self copy one of the n ops unless `in_place`; a batch
+    holds at most P2P_MAX_WORKS_PER_BATCH of them (`ncclAddWorkBatchToPlan`), so the warps
+    each gets are `p2p_warps(min(works, 8))`."""
+    ops = sys.num_ranks - (1 if in_place else 0)
+    return ceil(ops * peer_plan(sys, peer_bytes).channels / p2p_channels(sys).total)

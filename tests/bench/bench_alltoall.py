@@ -12,6 +12,12 @@ the MAPE per source, over all points and over the points of sources without a `c
 run on hardware the preset does not model), and the source's own spread (|in-place - out-of-place|
 / out-of-place), the yardstick the task sets for "off". Last, the maintainers' stated figures
 (`facts`) that carry a busbw next to parasim's.
+Where parasim has an NCCL model of the system, a line per size gives the CTAs NCCL's p2p
+kernel copies with (`sim.collectives.nccl_p2p.busy_channels`, works a channel
+`channel_works`, warps per work `p2p_warps`), the published busbw per CTA that implies (not
+used by the model: no source gives a CTA's rate), and what the maintainers' "2 CTAs per
+NVLink to saturate" (nccl#1703) would cap busbw at if read as one CTA moving at most half a
+link.
 busbw is nccl-tests' all-to-all factor: algbw x (n-1)/n.
 """
 
@@ -23,6 +29,14 @@ import statistics
 from pathlib import Path
 
 from sim.collectives import Collectives
+from sim.collectives.nccl_p2p import (
+    P2P_MAX_WORKS_PER_BATCH,
+    busy_channels,
+    channel_works,
+    p2p_warps,
+    peer_plan,
+)
+from sim.collectives.protocols import NVLINK_LINK_BPS
 from sim.collectives.sweep import Row, sweep_row
 from topology import build_cluster
 
@@ -65,9 +79,30 @@ def report(source: dict) -> list[float]:
         print(f"{size:>12} {value:9.2f} {inplace if inplace is not None else '-':>9} "
               f"{row.busbw_GBps:8.1f} {row.algo:>11} {pct(err)} "
               f"{pct(spread) if spread is not None else '-':>7}")
+    ctas(source, source["busbw_GBps"])
     print(f"   MAPE {100 * statistics.mean(errors):.1f}%; source's own spread (in- vs "
           f"out-of-place) {100 * max(spreads, default=0):.1f}% at most")
     return errors
+
+
+def ctas(source: dict, busbw: dict[str, float]) -> None:
+    """NCCL's p2p CTAs per GPU for each size of `busbw` (size -> published GB/s), where
+    parasim has an NCCL model (module docstring)."""
+    cluster = build_cluster(source["preset"], nodes=source["nodes"])
+    sys = Collectives(cluster).nccl_system(group_of(source["group"]))
+    if sys is None:
+        print("   CTAs: no NCCL model of this system in parasim")
+        return
+    for key, value in busbw.items():
+        peer = int(key) / sys.num_ranks
+        busy, plan, works = busy_channels(sys, peer), peer_plan(sys, peer), channel_works(sys, peer)
+        warps = p2p_warps(min(works, P2P_MAX_WORKS_PER_BATCH))
+        half_link = busy * NVLINK_LINK_BPS[sys.compute_capability] / 2 / 1e9
+        print(f"   CTAs at {key}: {busy} ({sys.num_ranks - 1} peers x {plan.channels} channels;"
+              f" {works} works a channel out of place, {warps.send} send + {warps.recv} recv"
+              " warps each):"
+              f" published {value / busy:.1f} GB/s a CTA; half a link a CTA would cap busbw"
+              f" at {half_link:.0f}")
 
 
 def facts(data: dict) -> None:
@@ -81,6 +116,7 @@ def facts(data: dict) -> None:
                   f"parasim {row.busbw_GBps:.1f} ({row.algo}) at {size} B, "
                   f"{pct((row.busbw_GBps - fact['busbw_GBps']) / fact['busbw_GBps'])}"
                   + (f" ({fact['note']})" if "note" in fact else ""))
+            ctas(fact, {str(size): fact["busbw_GBps"]})
 
 
 def main() -> None:
