@@ -26,7 +26,6 @@ from sim.collectives.protocols import (
     LL_MAX_BW_BY_CPU,
     MAX_THREADS,
     NET_OVERHEAD_S,
-    NVLS_CHANNELS,
     PCI_BW_BPS,
     PER_CH_MAX_RING_LL128,
     PER_CH_MAX_TREE,
@@ -251,10 +250,10 @@ def channels(sys: NcclSystem, kind: OpKind, algo: Algo, proto: Proto,
 
     Rings and trees drop a channel at a time while the buffer is smaller than
     channels x threads x threadThreshold bytes, then halve the threads; NVLS always uses
-    its 16 channels.
+    its channels (16 on sm90; 24 or 32 on Blackwell).
     """
     if algo in (Algo.NVLS, Algo.NVLS_TREE):
-        return NVLS_CHANNELS, MAX_THREADS
+        return sys.nvls_channels, MAX_THREADS
     nc, nt = sys.comm_channels, max_threads(sys, algo, proto)
     threshold = PROTOCOLS[proto].thread_threshold
     if algo is Algo.RING and proto is Proto.LL:

@@ -21,6 +21,8 @@ from sim.collectives.protocols import (
     MAX_SEARCH_CHANNELS,
     NVLINK_LINE_BPS_BY_ARCH,
     NVLINK_LINK_BPS,
+    NVLS_CHANNELS,
+    NVLS_CHANNELS_SM100,
     SPEEDS_INTER,
     SPEEDS_INTRA,
 )
@@ -106,6 +108,8 @@ class NcclSystem:
         if self.compute_capability < 90 or not self.nvswitch:
             return None
         n = self.gpus_per_node
+        if self.arch_index >= 100 and n <= 2:  # ncclNvlsInit: no NVLS with gpuCount <= 2
+            return None
         speeds = SPEEDS_INTRA[self.arch_index]
         total = self.nvlink_Bps / GBPS * n / (n - 1)  # non-ring patterns: totalBw * n/(n-1)
         start = next((s for s in speeds if s * n <= total), None)  # minChannels = ngpus
@@ -117,6 +121,14 @@ class NcclSystem:
         if self.num_nodes > 1:
             inter = self._nic_speed()
         return Graph(n, bw * GBPS, inter * GBPS)
+
+    @property
+    def nvls_channels(self) -> int:
+        """CTAs an NVLS collective launches: 16 on sm90; on Blackwell 24 inside one node, 32
+        across nodes (ncclNvlsInit's multiNode)."""
+        if self.arch_index >= 100:
+            return NVLS_CHANNELS_SM100[self.num_nodes > 1]
+        return NVLS_CHANNELS
 
     @cached_property
     def collnet(self) -> Graph | None:

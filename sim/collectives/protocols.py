@@ -154,6 +154,10 @@ SPEEDS_INTER = {80: (48.0, 30.0, 28.0, 24.0, 20.0, 18.0, 15.0, 12.0, 10.0, 9.0, 
                       3.0, 2.4, 1.2, 0.24, 0.12)}
 MAX_SEARCH_CHANNELS = 16  # MAXCHANNELS/2 (MAXCHANNELS 32 in 2.20): graph search limit
 NVLS_CHANNELS = 16  # NCCL_NVLS_NCHANNELS default: "NVLS should not need more than 16"
+# Blackwell's NVLS CTAs, src/transport/nvls.cc (2.2x releases with SM100, `ncclNvlsInit`):
+# NVLS_NCHANNELS_SM100_NVL 24 when every rank is on one node, NVLS_NCHANNELS_SM100 32 across
+# nodes (NVLS_NCHANNELS_SM90 16 stays NVLS_CHANNELS above).
+NVLS_CHANNELS_SM100 = {False: 24, True: 32}
 
 # Bandwidth caps, GB/s, tuning.cc: index [arch][nodes] with nodes 1, 2, >2.
 # llMaxBws: single node by GPU arch; with several nodes row 0 for Intel CPUs, 1 for AMD.

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from sim.collectives.nccl import AG, AR, bandwidth, choose, latency
+from sim.collectives.nccl import AG, AR, bandwidth, channels, choose, latency
 from sim.collectives.nccl_system import NVL72_TRAY_GPUS, compute_capability, system_for
 from sim.collectives.protocols import GBPS, US, Algo, Proto
 from topology import build_cluster
@@ -68,3 +68,13 @@ def test_nvl72_tray_only() -> None:
     assert (sys.num_nodes, sys.gpus_per_node, sys.arch_index) == (1, 4, 100)
     with pytest.raises(ConfigError, match="MNNVL"):
         system_for(cluster, tuple(range(NVL72_TRAY_GPUS + 1)))
+
+
+def test_blackwell_nvls_channels() -> None:
+    """ncclNvlsInit on sm100: 24 CTAs on one node, 32 across nodes; no NVLS on 2 GPUs."""
+    assert b200().nvls_channels == 24
+    assert b200(nodes=2).nvls_channels == 32
+    sys = b200()
+    assert channels(sys, AR, Algo.NVLS, Proto.SIMPLE, 1 << 30) == (24, 640)
+    pair = system_for(build_cluster("dgx-b200", nodes=1), (0, 1))
+    assert pair.nvls is None
