@@ -228,7 +228,8 @@ def system_for(cluster: Cluster, group: tuple[int, ...], *, sharp: bool | None =
     are the line rate over a link's (25 GB/s NVLink 3/4: A100 300 GB/s -> 12, H100 450 GB/s
     -> 18; 50 GB/s NVLink 5: B200 900 GB/s -> 18).
 
-    An NVL72 rack (a "server" of more than 8 GPUs here) is NCCL's multi-node NVLink (MNNVL):
+    A GB200/GB300 NVL72 rack (whatever `gpus_per_node` cuts from it) is NCCL's multi-node NVLink
+    (MNNVL):
     one host per 4-GPU tray, all 72 on one NVLink domain. NCCL fuses the trays' topologies and
     searches graphs across them (src/graph/topo.cc, `ncclTopoFuseXml`), with NVLS across the
     domain; this model cannot state that search, so a group that spans more than one tray
@@ -244,7 +245,8 @@ def system_for(cluster: Cluster, group: tuple[int, ...], *, sharp: bool | None =
         raise ConfigError(f"nccl: group of {len(group)} has uneven ranks per node "
                           f"({sorted(per_node.values())})")
     cc = compute_capability(cluster.accelerator.name)
-    if server.gpus > 8 and len({r // NVL72_TRAY_GPUS for r in group}) > 1:
+    grace_blackwell = cluster.accelerator.name.upper().startswith("GB")  # GB200/GB300 NVL72
+    if grace_blackwell and len({r // NVL72_TRAY_GPUS for r in group}) > 1:
         raise ConfigError(f"nccl: group of {len(group)} spans NVL72 trays (MNNVL: not modelled)")
     nvlinks = round(server.nvlink_Bps / NVLINK_LINE_BPS_BY_ARCH[100 if cc >= 100 else cc])
     # DGX A100 pairs its GPUs with AMD EPYC CPUs; DGX H100/H200 with Intel Xeon.

@@ -78,3 +78,11 @@ def test_blackwell_nvls_channels() -> None:
     assert channels(sys, AR, Algo.NVLS, Proto.SIMPLE, 1 << 30) == (24, 640)
     pair = system_for(build_cluster("dgx-b200", nodes=1), (0, 1))
     assert pair.nvls is None
+
+
+def test_nvl72_cut_to_8_gpus_is_still_trays() -> None:
+    """An 8-GPU slice of an NVL72 rack (gpus_per_node 8) is two trays, not a DGX node."""
+    cluster = build_cluster("gb300-nvl72", nodes=1, gpus_per_node=8)
+    with pytest.raises(ConfigError, match="MNNVL"):
+        system_for(cluster, tuple(range(8)))
+    assert system_for(cluster, (4, 5, 6, 7)).gpus_per_node == 4
