@@ -89,7 +89,10 @@ def available(sys: NcclSystem, kind: OpKind, algo: Algo, proto: Proto) -> bool:
             ok = ok and sys.gpus_per_node <= sys.nics_per_node
         return ok
     if proto is Proto.LL128:
-        # LL128 on by default only over NVLink on Volta/Ampere/Hopper (tuning.cc).
+        # LL128 on by default only over NVLink on Volta/Ampere/Hopper (tuning.cc); the 2.2x
+        # releases with Blackwell add `case 100` (and 120) to that switch. sm103 (B300, GB300)
+        # is taken as sm100 here: a 2.2x copy read for this model has no `case 103` (LL128 off),
+        # whether 2.27/2.28 add one was not checked.
         return sys.nvswitch
     return True
 
