@@ -26,7 +26,6 @@ from sim.collectives.protocols import (
     LL_MAX_BW_BY_CPU,
     MAX_THREADS,
     NET_OVERHEAD_S,
-    NVLS_CHANNELS,
     PCI_BW_BPS,
     PER_CH_MAX_RING_LL128,
     PER_CH_MAX_TREE,
@@ -90,7 +89,10 @@ def available(sys: NcclSystem, kind: OpKind, algo: Algo, proto: Proto) -> bool:
             ok = ok and sys.gpus_per_node <= sys.nics_per_node
         return ok
     if proto is Proto.LL128:
-        # LL128 on by default only over NVLink on Volta/Ampere/Hopper (tuning.cc).
+        # LL128 on by default only over NVLink on Volta/Ampere/Hopper (tuning.cc); the 2.2x
+        # releases with Blackwell add `case 100` (and 120) to that switch. sm103 (B300, GB300)
+        # is taken as sm100 here: a 2.2x copy read for this model has no `case 103` (LL128 off),
+        # whether 2.27/2.28 add one was not checked.
         return sys.nvswitch
     return True
 
@@ -251,10 +253,10 @@ def channels(sys: NcclSystem, kind: OpKind, algo: Algo, proto: Proto,
 
     Rings and trees drop a channel at a time while the buffer is smaller than
     channels x threads x threadThreshold bytes, then halve the threads; NVLS always uses
-    its 16 channels.
+    its channels (16 on sm90; 24 or 32 on Blackwell).
     """
     if algo in (Algo.NVLS, Algo.NVLS_TREE):
-        return NVLS_CHANNELS, MAX_THREADS
+        return sys.nvls_channels, MAX_THREADS
     nc, nt = sys.comm_channels, max_threads(sys, algo, proto)
     threshold = PROTOCOLS[proto].thread_threshold
     if algo is Algo.RING and proto is Proto.LL:

@@ -19,8 +19,10 @@ from functools import cached_property
 from sim.collectives.protocols import (
     GBPS,
     MAX_SEARCH_CHANNELS,
-    NVLINK_LINE_BPS,
+    NVLINK_LINE_BPS_BY_ARCH,
     NVLINK_LINK_BPS,
+    NVLS_CHANNELS,
+    NVLS_CHANNELS_SM100,
     SPEEDS_INTER,
     SPEEDS_INTRA,
 )
@@ -45,7 +47,8 @@ class NcclSystem:
     gpus_per_node: int
     """Ranks per node in the communicator (NCCL's ppn); all nodes alike."""
     compute_capability: int
-    """80 for A100, 90 for H100/H200 (picks NCCL's per-arch constants)."""
+    """80 for A100, 90 for H100/H200, 100 for B200/GB200, 103 for B300/GB300 (picks NCCL's
+    per-arch constants; sm103 shares sm100's)."""
     nvlinks: int = 0
     """NVLink links per GPU to the NVSwitch (0: none; GPUs talk over PCIe)."""
     nics_per_node: int = 0
@@ -58,7 +61,7 @@ class NcclSystem:
 
     def __post_init__(self) -> None:
         assert self.num_nodes >= 1 and self.gpus_per_node >= 1
-        assert self.compute_capability in NVLINK_LINK_BPS, "NCCL constants known for sm80/sm90"
+        assert self.arch_index in NVLINK_LINK_BPS, "NCCL constants known for sm80/sm90/sm100"
 
     @property
     def num_ranks(self) -> int:
@@ -71,12 +74,13 @@ class NcclSystem:
     @property
     def nvlink_Bps(self) -> float:
         """NCCL's NVLink data rate per GPU: links x SMxx_NVLINK_BW (A100 12 x 20 = 240 GB/s)."""
-        return self.nvlinks * NVLINK_LINK_BPS[self.compute_capability]
+        return self.nvlinks * NVLINK_LINK_BPS[self.arch_index]
 
     @property
     def arch_index(self) -> int:
-        """The per-arch key of NCCL's tables."""
-        return self.compute_capability
+        """The per-arch key of NCCL's tables: sm103 reads sm100's (tuning.cc's compCapIndex is
+        BLACKWELL for minCompCap >= 100; topo.h's SM100_NVLINK_BW for cudaCompCap >= 100)."""
+        return 100 if self.compute_capability >= 100 else self.compute_capability
 
     @property
     def node_index(self) -> int:
@@ -104,7 +108,9 @@ class NcclSystem:
         if self.compute_capability < 90 or not self.nvswitch:
             return None
         n = self.gpus_per_node
-        speeds = SPEEDS_INTRA[90]
+        if self.arch_index >= 100 and n <= 2:  # ncclNvlsInit: no NVLS with gpuCount <= 2
+            return None
+        speeds = SPEEDS_INTRA[self.arch_index]
         total = self.nvlink_Bps / GBPS * n / (n - 1)  # non-ring patterns: totalBw * n/(n-1)
         start = next((s for s in speeds if s * n <= total), None)  # minChannels = ngpus
         bw = next((s for s in speeds if start is not None and s <= start
@@ -115,6 +121,14 @@ class NcclSystem:
         if self.num_nodes > 1:
             inter = self._nic_speed()
         return Graph(n, bw * GBPS, inter * GBPS)
+
+    @property
+    def nvls_channels(self) -> int:
+        """CTAs an NVLS collective launches: 16 on sm90; on Blackwell 24 inside one node, 32
+        across nodes (ncclNvlsInit's multiNode)."""
+        if self.arch_index >= 100:
+            return NVLS_CHANNELS_SM100[self.num_nodes > 1]
+        return NVLS_CHANNELS
 
     @cached_property
     def collnet(self) -> Graph | None:
@@ -142,7 +156,7 @@ class NcclSystem:
         """
         if not self.nvswitch:
             return Graph(1, self.nvlink_Bps or 12 * GBPS, self.nvlink_Bps or 12 * GBPS)
-        cc = self.compute_capability
+        cc = self.arch_index
         total = self.nvlink_Bps / GBPS
         speeds = SPEEDS_INTRA[cc]
         best = (0, 0.0)
@@ -179,19 +193,29 @@ class NcclSystem:
 
     def _nic_speed(self) -> float:
         nic = self.nic_Bps / GBPS
-        return next((s for s in SPEEDS_INTER[self.compute_capability] if s <= nic + 1e-9),
-                    SPEEDS_INTER[self.compute_capability][-1])
+        speeds = SPEEDS_INTER[self.arch_index]
+        return next((s for s in speeds if s <= nic + 1e-9), speeds[-1])
+
+
+# GPUs per GB200/GB300 NVL72 compute tray, one OS host: "four per compute tray of four GPUs"
+# (GB200 NVL72 reference design, topology/presets.py). NCCL's node is a host.
+NVL72_TRAY_GPUS = 4
 
 
 def compute_capability(accelerator_name: str) -> int:
-    """NCCL's arch key from the accelerator's name (A100 -> 80; H100, H200 -> 90)."""
+    """NCCL's arch key from the accelerator's name (A100 -> 80; H100, H200 -> 90; B200, GB200
+    -> 100; B300, GB300 -> 103: CUDA's compute capabilities 10.0 and 10.3)."""
     name = accelerator_name.upper()
+    if "B300" in name:
+        return 103
+    if "B200" in name:
+        return 100
     if "H100" in name or "H200" in name or "H800" in name or "H20" in name:
         return 90
     if "A100" in name or "A800" in name:
         return 80
     raise ConfigError(f"nccl: no NCCL model for accelerator {accelerator_name!r} "
-                      "(known: A100, H100, H200)")
+                      "(known: A100, H100, H200, B200, GB200, B300, GB300)")
 
 
 def system_for(cluster: Cluster, group: tuple[int, ...], *, sharp: bool | None = None,
@@ -201,7 +225,15 @@ def system_for(cluster: Cluster, group: tuple[int, ...], *, sharp: bool | None =
     `sharp` (CollNet available) defaults to the fabric's `[cluster] sharp` key.
 
     Ranks must spread evenly over their nodes, as NCCL's model assumes. NVLink links per GPU
-    are the line rate over 25 GB/s per link (A100 300 GB/s -> 12, H100 450 GB/s -> 18).
+    are the line rate over a link's (25 GB/s NVLink 3/4: A100 300 GB/s -> 12, H100 450 GB/s
+    -> 18; 50 GB/s NVLink 5: B200 900 GB/s -> 18).
+
+    A GB200/GB300 NVL72 rack (whatever `gpus_per_node` cuts from it) is NCCL's multi-node NVLink
+    (MNNVL):
+    one host per 4-GPU tray, all 72 on one NVLink domain. NCCL fuses the trays' topologies and
+    searches graphs across them (src/graph/topo.cc, `ncclTopoFuseXml`), with NVLS across the
+    domain; this model cannot state that search, so a group that spans more than one tray
+    raises ConfigError and keeps the flow model's path.
     """
     server = getattr(cluster.fabric, "server", None)
     if server is None:
@@ -212,11 +244,15 @@ def system_for(cluster: Cluster, group: tuple[int, ...], *, sharp: bool | None =
     if len(set(per_node.values())) != 1:
         raise ConfigError(f"nccl: group of {len(group)} has uneven ranks per node "
                           f"({sorted(per_node.values())})")
-    nvlinks = round(server.nvlink_Bps / NVLINK_LINE_BPS)
+    cc = compute_capability(cluster.accelerator.name)
+    grace_blackwell = cluster.accelerator.name.upper().startswith("GB")  # GB200/GB300 NVL72
+    if grace_blackwell and len({r // NVL72_TRAY_GPUS for r in group}) > 1:
+        raise ConfigError(f"nccl: group of {len(group)} spans NVL72 trays (MNNVL: not modelled)")
+    nvlinks = round(server.nvlink_Bps / NVLINK_LINE_BPS_BY_ARCH[100 if cc >= 100 else cc])
     # DGX A100 pairs its GPUs with AMD EPYC CPUs; DGX H100/H200 with Intel Xeon.
     vendor = cpu_vendor or ("amd" if "A100" in cluster.accelerator.name.upper() else "intel")
     return NcclSystem(num_nodes=len(per_node), gpus_per_node=len(group) // len(per_node),
-                      compute_capability=compute_capability(cluster.accelerator.name),
+                      compute_capability=cc,
                       nvlinks=nvlinks, nics_per_node=server.nics,
                       nic_Bps=server.nic_Bps, cpu_vendor=vendor,
                       sharp=bool(getattr(cluster.fabric, "sharp", False)) if sharp is None

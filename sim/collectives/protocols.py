@@ -132,27 +132,56 @@ MAX_THREADS = 640  # NCCL_MAX_NTHREADS: NVLS and CollNet kernels
 PCI_BW_BPS = 12.0 * GBPS  # PCI_BW (src/graph/topo.h)
 # Per-link NVLink data rate NCCL assumes (src/graph/topo.h): SM80_NVLINK_BW 20.0 GB/s and
 # SM90_NVLINK_BW 20.6 GB/s for a 25 GB/s link (NVLink3/4 line rate per direction).
-NVLINK_LINK_BPS = {80: 20.0 * GBPS, 90: 20.6 * GBPS}
+NVLINK_LINK_BPS = {80: 20.0 * GBPS, 90: 20.6 * GBPS, 100: 40.1 * GBPS}
 NVLINK_LINE_BPS = 25.0 * GBPS
+# Blackwell (sm100 B200/GB200, sm103 B300/GB300): SM100_NVLINK_BW 40.1 GB/s a link
+# (NVIDIA/nccl src/graph/topo.h@v2.27, `ncclTopoNVLinkBw`: cudaCompCap >= 100) for an NVLink 5
+# link of 50 GB/s a direction (Blackwell: 18 links, 1.8 TB/s both ways per GPU).
+NVLINK_LINE_BPS_BY_ARCH = {80: NVLINK_LINE_BPS, 90: NVLINK_LINE_BPS, 100: 50.0 * GBPS}
 
 # Speeds the graph search tries, GB/s (src/graph/search.cc, 2.20.3): intra-node and with NICs,
 # before and from sm90.
 SPEEDS_INTRA = {80: (40.0, 30.0, 20.0, 18.0, 15.0, 12.0, 10.0, 9.0, 7.0, 6.0, 5.0, 4.0, 3.0),
-                90: (60.0, 50.0, 40.0, 30.0, 24.0, 20.0, 15.0, 12.0, 6.0, 3.0)}
+                90: (60.0, 50.0, 40.0, 30.0, 24.0, 20.0, 15.0, 12.0, 6.0, 3.0),
+                # sm100SpeedArrayIntra, src/graph/search.cc@v2.27
+                100: (90.0, 80.0, 70.0, 60.0, 50.0, 40.0, 30.0, 24.0, 20.0, 19.0, 18.0)}
 SPEEDS_INTER = {80: (48.0, 30.0, 28.0, 24.0, 20.0, 18.0, 15.0, 12.0, 10.0, 9.0, 7.0, 6.0, 5.0,
                      4.0, 3.0, 2.4, 1.2, 0.24, 0.12),
                 90: (48.0, 45.0, 42.0, 40.0, 30.0, 24.0, 22.0, 20.0, 17.5, 15.0, 12.0, 6.0,
-                     3.0, 2.4, 1.2, 0.24, 0.12)}
+                     3.0, 2.4, 1.2, 0.24, 0.12),
+                # sm100SpeedArrayInter, src/graph/search.cc@v2.27
+                100: (96.0, 48.0, 45.1, 42.0, 40.0, 30.0, 24.0, 22.0, 20.0, 17.5, 15.0, 12.0, 6.0,
+                      3.0, 2.4, 1.2, 0.24, 0.12)}
 MAX_SEARCH_CHANNELS = 16  # MAXCHANNELS/2 (MAXCHANNELS 32 in 2.20): graph search limit
 NVLS_CHANNELS = 16  # NCCL_NVLS_NCHANNELS default: "NVLS should not need more than 16"
+# Blackwell's NVLS CTAs, src/transport/nvls.cc (2.2x releases with SM100, `ncclNvlsInit`):
+# NVLS_NCHANNELS_SM100_NVL 24 when every rank is on one node, NVLS_NCHANNELS_SM100 32 across
+# nodes (NVLS_NCHANNELS_SM90 16 stays NVLS_CHANNELS above).
+NVLS_CHANNELS_SM100 = {False: 24, True: 32}
 
 # Bandwidth caps, GB/s, tuning.cc: index [arch][nodes] with nodes 1, 2, >2.
 # llMaxBws: single node by GPU arch; with several nodes row 0 for Intel CPUs, 1 for AMD.
-LL_MAX_BW = {70: (39.0, 39.0, 20.4), 80: (87.7, 22.5, 19.0), 90: (87.7, 22.5, 19.0)}
+# Key 100 is the BLACKWELL_COMPCAP_IDX row of src/graph/tuning.cc@v2.27 (compCapIndex =
+# minCompCap >= 100: sm100 and sm103 alike): "2*141.0, 2*45.0, 2*35.0", "2*36.7" ... as written
+# there. sm80/sm90 keep 2.20.3's rows: 2.27.3's Hopper llMaxBws row is (141.0, 45.0, 35.0), and
+# the formulas around the tables are 2.20.3's (see NCCL_VERSION_SM100 below).
+LL_MAX_BW = {70: (39.0, 39.0, 20.4), 80: (87.7, 22.5, 19.0), 90: (87.7, 22.5, 19.0),
+             100: (2 * 141.0, 2 * 45.0, 2 * 35.0)}
 LL_MAX_BW_BY_CPU = {"intel": (39.0, 39.0, 20.4), "amd": (87.7, 22.5, 19.0)}
-PER_CH_MAX_RING_LL128 = {70: (20.0,) * 3, 80: (20.0,) * 3, 90: (36.7,) * 3}
-PER_CH_MAX_TREE_LL128 = {70: (20.0,) * 3, 80: (20.0,) * 3, 90: (36.7, 36.7, 29.0)}
-PER_CH_MAX_TREE = {70: (26.5, 18.5, 10.0), 80: (24.0, 23.6, 17.8), 90: (38.7, 41.4, 36.0)}
+PER_CH_MAX_RING_LL128 = {70: (20.0,) * 3, 80: (20.0,) * 3, 90: (36.7,) * 3,
+                         100: (2 * 36.7,) * 3}
+PER_CH_MAX_TREE_LL128 = {70: (20.0,) * 3, 80: (20.0,) * 3, 90: (36.7, 36.7, 29.0),
+                         100: (2 * 36.7, 2 * 36.7, 2 * 29.0)}
+PER_CH_MAX_TREE = {70: (26.5, 18.5, 10.0), 80: (24.0, 23.6, 17.8), 90: (38.7, 41.4, 36.0),
+                   100: (2 * 38.7, 2 * 41.4, 2 * 36.0)}
+NCCL_VERSION_SM100 = "2.27"
+"""Where the Blackwell tables come from (read from public copies of tuning.cc/search.cc of the
+2.2x releases that carry a BLACKWELL_COMPCAP_IDX row; NVIDIA/nccl at the tag itself was not
+reachable here, so the exact patch release is not pinned). Only tables are taken from it:
+latencies (baseLat, hwLat), the bus-bandwidth formulas and the search stay 2.20.3's, so
+sm80/sm90 predictions do not move. 2.27 differs there in ways this model does not follow:
+ring LL busBw x 0.5 (2.20: 1/4 or 1/3), tree x 0.92 on all-reduce only and x 0.85 for the
+tree pattern, NVLS hwLat 25 us (23)."""
 
 # treeCorrectionFactor[proto][log2(bytes/64)], tuning.cc: "Trees are not perfectly sticking to
 # the model for medium sizes"; powers of two from 64 B to 256 MiB, 1.0 beyond.

@@ -97,7 +97,7 @@ def ctas(source: dict, busbw: dict[str, float]) -> None:
         peer = int(key) / sys.num_ranks
         busy, plan, works = busy_channels(sys, peer), peer_plan(sys, peer), channel_works(sys, peer)
         warps = p2p_warps(min(works, P2P_MAX_WORKS_PER_BATCH))
-        half_link = busy * NVLINK_LINK_BPS[sys.compute_capability] / 2 / 1e9
+        half_link = busy * NVLINK_LINK_BPS[sys.arch_index] / 2 / 1e9
         print(f"   CTAs at {key}: {busy} ({sys.num_ranks - 1} peers x {plan.channels} channels;"
               f" {works} works a channel out of place, {warps.send} send + {warps.recv} recv"
               " warps each):"
