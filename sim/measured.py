@@ -212,7 +212,7 @@ def check_fits(trace: Trace, spec: ClusterSpec) -> None:
     if world is not None:
         top, what = world - 1, f"its world of {world} ranks"
     fold = recorded_fold(trace.meta)  # a folded plan stands for its whole world
-    check_fold_ranks(trace.meta.fold_classes or trace.meta.fold, trace.ops)
+    check_fold_ranks(trace.meta.folded_by, trace.ops)
     if fold is not None and fold.world - 1 > top:
         top, what = fold.world - 1, f"its fold's world of {fold.world} ranks"
     for rank, ops in trace.ops.items():

@@ -118,6 +118,12 @@ class TraceMeta:
         return self.fold is not None
 
     @property
+    def folded_by(self) -> Layout | FoldClasses | None:
+        """What the plan's ranks were folded by: the classes of a fold by identity, else the
+        uniform fold's layout (None: no fold); `check_fold_ranks` checks the ranks against it."""
+        return self.fold_classes or self.fold
+
+    @property
     def kineto(self) -> bool:
         """Imported from a PyTorch-profiler trace."""
         return self.source == "kineto"

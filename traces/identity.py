@@ -111,11 +111,11 @@ def recorded_fold(meta: TraceMeta) -> Layout | Partition | None:
     """The fold a plan was simulated with, as its header records it: the classes of a fold by
     identity (`meta.fold_classes`, on the meta's layout), else the uniform fold `meta.fold`
     (None: a plan of every rank, or of some ranks that mirror the absent ones)."""
-    classes = meta.fold_classes
-    if classes is None:
-        return meta.fold
+    folded = meta.folded_by
+    if not isinstance(folded, FoldClasses):
+        return folded
     assert meta.layout is not None, "the header's reader checks classes against a layout"
-    return Partition(meta.layout, classes.rep_of, classes.cp_step)
+    return Partition(meta.layout, folded.rep_of, folded.cp_step)
 
 
 def partition_for(model: ModelSpec, layout: Layout,

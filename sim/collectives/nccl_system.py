@@ -78,9 +78,8 @@ class NcclSystem:
 
     @property
     def arch_index(self) -> int:
-        """The per-arch key of NCCL's tables: sm103 reads sm100's (tuning.cc's compCapIndex is
-        BLACKWELL for minCompCap >= 100; topo.h's SM100_NVLINK_BW for cudaCompCap >= 100)."""
-        return 100 if self.compute_capability >= 100 else self.compute_capability
+        """The per-arch key of NCCL's tables (`arch_index`)."""
+        return arch_index(self.compute_capability)
 
     @property
     def node_index(self) -> int:
@@ -202,6 +201,12 @@ class NcclSystem:
 NVL72_TRAY_GPUS = 4
 
 
+def arch_index(compute_capability: int) -> int:
+    """The per-arch key of NCCL's tables: sm103 reads sm100's (tuning.cc's compCapIndex is
+    BLACKWELL for minCompCap >= 100; topo.h's SM100_NVLINK_BW for cudaCompCap >= 100)."""
+    return 100 if compute_capability >= 100 else compute_capability
+
+
 def compute_capability(accelerator_name: str) -> int:
     """NCCL's arch key from the accelerator's name (A100 -> 80; H100, H200 -> 90; B200, GB200
     -> 100; B300, GB300 -> 103: CUDA's compute capabilities 10.0 and 10.3)."""
@@ -248,7 +253,7 @@ def system_for(cluster: Cluster, group: tuple[int, ...], *, sharp: bool | None =
     grace_blackwell = cluster.accelerator.name.upper().startswith("GB")  # GB200/GB300 NVL72
     if grace_blackwell and len({r // NVL72_TRAY_GPUS for r in group}) > 1:
         raise ConfigError(f"nccl: group of {len(group)} spans NVL72 trays (MNNVL: not modelled)")
-    nvlinks = round(server.nvlink_Bps / NVLINK_LINE_BPS_BY_ARCH[100 if cc >= 100 else cc])
+    nvlinks = round(server.nvlink_Bps / NVLINK_LINE_BPS_BY_ARCH[arch_index(cc)])
     # DGX A100 pairs its GPUs with AMD EPYC CPUs; DGX H100/H200 with Intel Xeon.
     vendor = cpu_vendor or ("amd" if "A100" in cluster.accelerator.name.upper() else "intel")
     return NcclSystem(num_nodes=len(per_node), gpus_per_node=len(group) // len(per_node),

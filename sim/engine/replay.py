@@ -112,7 +112,7 @@ def replay(plan: Trace, cluster: Cluster, compute: Durations, *,
     if network not in NETWORK_NAMES:  # a string from an untyped caller
         raise ConfigError(f"network: {network!r} is not one of {', '.join(NETWORK_NAMES)}")
     if fold is None:  # the fold its header records: a trace replays as it was simulated
-        check_fold_ranks(plan.meta.fold_classes or plan.meta.fold, plan.ops)
+        check_fold_ranks(plan.meta.folded_by, plan.ops)
         recorded = recorded_fold(plan.meta)
         fold = recorded if isinstance(recorded, Partition) else None
     else:
