@@ -307,6 +307,14 @@ def expert_cast_launches(model: ModelSpec, layout: Layout) -> int:
     return model.experts // layout.ep * rec.cast_kernels
 
 
+def device_cast_launches(model: ModelSpec, layout: Layout) -> int:
+    """Quantize kernels an expert cast op runs on the device one after another: its
+    `expert_cast_launches` under Transformer Engine's GroupedLinear
+    (`traces.moe_spec.gemm_streams` > 0: split_quantize's loop), else 0 (one launch, as any
+    op)."""
+    return expert_cast_launches(model, layout) if gemm_streams(model) else 0
+
+
 def device_launches(model: ModelSpec, layout: Layout) -> dict[tuple[str, bool], int] | None:
     """Kernels per (kernel, backward) on the device where the stack states them
     (`traces.stack.launch_counts`), and under Transformer Engine's GroupedLinear
@@ -315,7 +323,7 @@ def device_launches(model: ModelSpec, layout: Layout) -> dict[tuple[str, bool], 
     host (module docstring), each paying the compute model's launch overhead. None where nothing is
     stated (each op its own one launch)."""
     counts = dict(launch_counts(model) or {})
-    casts = expert_cast_launches(model, layout) if gemm_streams(model) else 0
+    casts = device_cast_launches(model, layout)
     if casts > 1:
         counts[str(Kernel.EXPERT_CAST), False] = casts
         counts[str(Kernel.EXPERT_CAST_GRAD), True] = casts

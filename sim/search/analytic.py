@@ -29,7 +29,7 @@ from sim.config import resolve_non_tn
 from sim.engine.transport import NetworkMode
 from sim.models.activation_memory import combined_1f1b
 from sim.models.compute import ComputeModel
-from sim.models.host import device_launches, expert_cast_launches
+from sim.models.host import device_cast_launches, device_launches
 from sim.models.interference import Interference
 from sim.models.memory import MemoryBreakdown, peak_in_flight, pp_rank_memory
 from sim.models.moe_memory import rank_layers
@@ -53,7 +53,7 @@ from traces.expert_grid import ep_group, etp_group, expert_data_group
 from traces.fp8_params import param_gather_bytes
 from traces.layout import Axis, Layout, Schedule
 from traces.model import ModelSpec
-from traces.moe_spec import gemm_streams, is_moe_layer
+from traces.moe_spec import is_moe_layer
 from traces.ops import Op, OpKind, Phase
 from traces.pipeline import (
     Action,
@@ -127,7 +127,7 @@ class Analytic:
         GroupedLinear (`traces.moe_spec.gemm_streams` > 0) an FP8 expert cast op launches a
         quantize per local expert, so its launches follow ep (`sim.models.host.device_launches`,
         as the simulator charges them)."""
-        casts = expert_cast_launches(self.model, layout) if gemm_streams(self.model) else 0
+        casts = device_cast_launches(self.model, layout)
         if casts <= 1:
             return self.compute, self.interference
         return self._timing(device_launches(self.model, layout), casts)
