@@ -26,6 +26,7 @@ from sim.collectives.protocols import (
     LL_MAX_BW_BY_CPU,
     MAX_THREADS,
     NET_OVERHEAD_S,
+    NVLS_MAX_ARITY,
     PCI_BW_BPS,
     PER_CH_MAX_RING_LL128,
     PER_CH_MAX_TREE,
@@ -78,7 +79,10 @@ def available(sys: NcclSystem, kind: OpKind, algo: Algo, proto: Proto) -> bool:
     if algo in SIMPLE_ONLY and proto is not Proto.SIMPLE:
         return False
     if algo is Algo.NVLS:
-        # Intra-node NVLS; across nodes NVLS needs CollNet support (tuning.cc).
+        # Intra-node NVLS; across nodes NVLS needs CollNet support (tuning.cc); reduce-scatter
+        # and all-gather only up to NCCL_MAX_NVLS_ARITY local ranks (enqueue.cc).
+        if kind is not AR and sys.gpus_per_node > NVLS_MAX_ARITY:
+            return False
         return sys.nvls is not None and (sys.num_nodes == 1 or sys.collnet is not None)
     if algo is Algo.NVLS_TREE:
         return sys.nvls is not None and sys.num_nodes > 1

@@ -23,6 +23,7 @@ from sim.collectives.protocols import (
     NVLINK_LINK_BPS,
     NVLS_CHANNELS,
     NVLS_CHANNELS_SM100,
+    NVLS_MAX_ARITY,
     SPEEDS_INTER,
     SPEEDS_INTRA,
 )
@@ -55,7 +56,8 @@ class NcclSystem:
     nic_Bps: float = 0.0
     """Per NIC, per direction, as NCCL rates it (port speed / 8)."""
     cpu_vendor: str = "intel"
-    """'intel' or 'amd': NCCL's LL caps and network overhead depend on it."""
+    """'intel', 'amd' or 'arm' (NVIDIA Grace): NCCL's multi-node LL cap and network overhead
+    depend on it, and read Arm as Intel (`sim.collectives.protocols`)."""
     sharp: bool = False
     """The fabric reduces in the network (InfiniBand SHARP): enables CollNet."""
 
@@ -100,26 +102,28 @@ class NcclSystem:
 
     @cached_property
     def nvls(self) -> Graph | None:
-        """NVLS graph (sm90 with NVSwitch): one channel per GPU as head. Each GPU's link
-        carries (n - 1) channels once and its own twice: (n + 1) x bw <= link, so on H100
-        (370.8 GB/s, n = 8) the search settles at 40 GB/s; `bwInter` is then raised in
-        pass 2 to the top speed below 2 x bwIntra (60)."""
+        """NVLS graph (sm90 with NVSwitch): one channel per head GPU, at most
+        NCCL_MAX_NVLS_ARITY (32) heads. Every GPU's link carries each channel once and its own
+        head's twice: (heads + 1) x bw <= link, so on H100 (370.8 GB/s, n = 8) the search
+        settles at 40 GB/s; `bwInter` is then raised in pass 2 to the top speed below
+        2 x bwIntra (60). An NVL72 rack (MNNVL, 72 GPUs) keeps 32 heads: 33 x bw <= 721.8."""
         if self.compute_capability < 90 or not self.nvswitch:
             return None
         n = self.gpus_per_node
         if self.arch_index >= 100 and n <= 2:  # ncclNvlsInit: no NVLS with gpuCount <= 2
             return None
+        heads = min(n, NVLS_MAX_ARITY)  # minChannels = maxChannels = min(arity, ngpus)
         speeds = SPEEDS_INTRA[self.arch_index]
         total = self.nvlink_Bps / GBPS * n / (n - 1)  # non-ring patterns: totalBw * n/(n-1)
-        start = next((s for s in speeds if s * n <= total), None)  # minChannels = ngpus
+        start = next((s for s in speeds if s * heads <= total), None)
         bw = next((s for s in speeds if start is not None and s <= start
-                   and (n + 1) * s <= self.nvlink_Bps / GBPS), None)
+                   and (heads + 1) * s <= self.nvlink_Bps / GBPS), None)
         if bw is None:  # no speed fits so many GPUs: the search fails and NCCL has no NVLS
             return None
         inter = max(s for s in speeds if s < 2 * bw)
         if self.num_nodes > 1:
             inter = self._nic_speed()
-        return Graph(n, bw * GBPS, inter * GBPS)
+        return Graph(heads, bw * GBPS, inter * GBPS)
 
     @property
     def nvls_channels(self) -> int:
@@ -196,9 +200,15 @@ class NcclSystem:
         return next((s for s in speeds if s <= nic + 1e-9), speeds[-1])
 
 
-# GPUs per GB200/GB300 NVL72 compute tray, one OS host: "four per compute tray of four GPUs"
-# (GB200 NVL72 reference design, topology/presets.py). NCCL's node is a host.
+# GB200/GB300 NVL72: 72 GPUs a rack on one NVLink domain, four per compute tray, each tray one OS
+# host with its own NICs (GB200 NVL72 reference design, topology/presets.py). NCCL's host is a
+# tray; its MNNVL "node" is the rack (see `system_for`).
 NVL72_TRAY_GPUS = 4
+NVL72_GPUS = 72
+# The trays' CPU is NVIDIA Grace (Arm Neoverse V2; GB200/GB300 NVL72 spec: 36 Grace CPUs for 72
+# GPUs). NCCL types it NCCL_TOPO_CPU_ARCH_ARM (3; src/include/graph.h beside
+# NCCL_TOPO_CPU_VENDOR_INTEL 1 and _AMD 2) with no vendor (`ncclTopoAddCpu` reads one on x86 only).
+GRACE = "arm"
 
 
 def arch_index(compute_capability: int) -> int:
@@ -233,12 +243,21 @@ def system_for(cluster: Cluster, group: tuple[int, ...], *, sharp: bool | None =
     are the line rate over a link's (25 GB/s NVLink 3/4: A100 300 GB/s -> 12, H100 450 GB/s
     -> 18; 50 GB/s NVLink 5: B200 900 GB/s -> 18).
 
-    A GB200/GB300 NVL72 rack (whatever `gpus_per_node` cuts from it) is NCCL's multi-node NVLink
-    (MNNVL):
-    one host per 4-GPU tray, all 72 on one NVLink domain. NCCL fuses the trays' topologies and
-    searches graphs across them (src/graph/topo.cc, `ncclTopoFuseXml`), with NVLS across the
-    domain; this model cannot state that search, so a group that spans more than one tray
-    raises ConfigError and keeps the flow model's path.
+    A GB200/GB300 NVL72 rack is NCCL's multi-node NVLink (MNNVL): one host per 4-GPU tray, one
+    NVLink domain for the rack. NCCL fuses the topologies of a clique's ranks into one system
+    (src/graph/topo.cc `ncclTopoGetSystem`: under comm->MNNVL the ranks fused are
+    comm->clique.ranks, not the host's) and counts a node per distinct first rank of the ring
+    graph (src/init.cc, nodesFirstRank), so a group inside one rack is one node of len(group)
+    GPUs behind the NVLink switch trays, and a group across racks has one node per rack, each
+    with the NICs of the trays its ranks sit on (`mnnvl_nics`). The rack is the cluster's
+    server: a `gpus_per_node` cut of the rack is its own NVLink domain, as the flow model
+    routes it. (NVIDIA/nccl topo.cc@069a3d4f for the fusion; the clique is the ranks of one
+    NVLink fabric cliqueId, init.cc `checkMNNVL`, NCCL_MNNVL_ENABLE 2 = on when the clique
+    has more than one rank.) This is the tuning of the 2.2x releases that know Blackwell
+    (tuning.cc with BLACKWELL_COMPCAP_IDX: nNodes = comm->nNodes, NVLS off only across
+    nodes without CollNet); 2.20.3 (b6475625) instead tuned any MNNVL communicator as one node
+    ("MNNVL support - treat as a single NVLink connected node") and disabled NVLS under MNNVL,
+    but runs no sm100.
     """
     server = getattr(cluster.fabric, "server", None)
     if server is None:
@@ -250,15 +269,41 @@ def system_for(cluster: Cluster, group: tuple[int, ...], *, sharp: bool | None =
         raise ConfigError(f"nccl: group of {len(group)} has uneven ranks per node "
                           f"({sorted(per_node.values())})")
     cc = compute_capability(cluster.accelerator.name)
-    grace_blackwell = cluster.accelerator.name.upper().startswith("GB")  # GB200/GB300 NVL72
-    if grace_blackwell and len({r // NVL72_TRAY_GPUS for r in group}) > 1:
-        raise ConfigError(f"nccl: group of {len(group)} spans NVL72 trays (MNNVL: not modelled)")
     nvlinks = round(server.nvlink_Bps / NVLINK_LINE_BPS_BY_ARCH[arch_index(cc)])
-    # DGX A100 pairs its GPUs with AMD EPYC CPUs; DGX H100/H200 with Intel Xeon.
-    vendor = cpu_vendor or ("amd" if "A100" in cluster.accelerator.name.upper() else "intel")
+    mnnvl = cluster.accelerator.name.upper().startswith("GB")  # GB200/GB300 NVL72
     return NcclSystem(num_nodes=len(per_node), gpus_per_node=len(group) // len(per_node),
                       compute_capability=cc,
-                      nvlinks=nvlinks, nics_per_node=server.nics,
-                      nic_Bps=server.nic_Bps, cpu_vendor=vendor,
+                      nvlinks=nvlinks,
+                      nics_per_node=mnnvl_nics(cluster, group) if mnnvl else server.nics,
+                      nic_Bps=server.nic_Bps,
+                      cpu_vendor=cpu_vendor or host_cpu(cluster.accelerator.name),
                       sharp=bool(getattr(cluster.fabric, "sharp", False)) if sharp is None
                       else sharp)
+
+
+def host_cpu(accelerator_name: str) -> str:
+    """NCCL's CPU vendor of the GPUs' hosts: AMD EPYC on DGX A100, Intel Xeon on DGX
+    H100/H200/B200/B300, NVIDIA Grace (Arm) on GB200/GB300 trays."""
+    name = accelerator_name.upper()
+    if name.startswith("GB"):
+        return GRACE
+    return "amd" if "A100" in name else "intel"
+
+
+def mnnvl_nics(cluster: Cluster, group: tuple[int, ...]) -> int:
+    """NICs of one MNNVL node: those of the trays that hold the group's ranks in its rack.
+
+    Each rank's topology lists its own host's NICs and NCCL fuses only the clique's ranks
+    (`system_for`), so a rack's node has the NICs of the trays its ranks sit on, a tray the
+    rack's NICs over its 18 trays (72 ConnectX a rack: four a tray). Where racks differ, the
+    fewest: NCCL aligns every graph to its minimum over ranks (src/init.cc, after
+    AllGather3). Inside one rack they move nothing: NCCL trims the NICs away when the system
+    holds every rank (src/graph/paths.cc `ncclTopoTrimSystem`).
+    """
+    server = cluster.fabric.server  # type: ignore[attr-defined]
+    per_tray = server.nics * NVL72_TRAY_GPUS // NVL72_GPUS
+    trays: dict[int, set[int]] = {}
+    for rank in group:
+        local = rank % cluster.devices_per_server
+        trays.setdefault(cluster.server_of(rank), set()).add(local // NVL72_TRAY_GPUS)
+    return min(len(t) for t in trays.values()) * per_tray

@@ -153,6 +153,13 @@ SPEEDS_INTER = {80: (48.0, 30.0, 28.0, 24.0, 20.0, 18.0, 15.0, 12.0, 10.0, 9.0, 
                 100: (96.0, 48.0, 45.1, 42.0, 40.0, 30.0, 24.0, 22.0, 20.0, 17.5, 15.0, 12.0, 6.0,
                       3.0, 2.4, 1.2, 0.24, 0.12)}
 MAX_SEARCH_CHANNELS = 16  # MAXCHANNELS/2 (MAXCHANNELS 32 in 2.20): graph search limit
+# NCCL_MAX_NVLS_ARITY 32 (src/include/device.h, 2.19 on, NVIDIA/nccl): the NVLS search keeps at
+# most this many heads (src/graph/search.cc `ncclTopoCompute`: "NVLS and COLLNET_DIRECT search
+# must have ngpus heads at most", maxChannels = min(NCCL_MAX_NVLS_ARITY, ngpus)), and NVLS
+# reduce-scatter / all-gather are off past this many local ranks (src/enqueue.cc
+# `updateCollCostTable`: func != AllReduce && localRanks > NCCL_MAX_NVLS_ARITY). Binds only on an
+# MNNVL node (an NVL72 rack); an 8-GPU node never reaches it.
+NVLS_MAX_ARITY = 32
 NVLS_CHANNELS = 16  # NCCL_NVLS_NCHANNELS default: "NVLS should not need more than 16"
 # Blackwell's NVLS CTAs, src/transport/nvls.cc (2.2x releases with SM100, `ncclNvlsInit`):
 # NVLS_NCHANNELS_SM100_NVL 24 when every rank is on one node, NVLS_NCHANNELS_SM100 32 across
@@ -167,7 +174,11 @@ NVLS_CHANNELS_SM100 = {False: 24, True: 32}
 # the formulas around the tables are 2.20.3's (see NCCL_VERSION_SM100 below).
 LL_MAX_BW = {70: (39.0, 39.0, 20.4), 80: (87.7, 22.5, 19.0), 90: (87.7, 22.5, 19.0),
              100: (2 * 141.0, 2 * 45.0, 2 * 35.0)}
-LL_MAX_BW_BY_CPU = {"intel": (39.0, 39.0, 20.4), "amd": (87.7, 22.5, 19.0)}
+# Multi-node index1 is `cpuVendor == NCCL_TOPO_CPU_VENDOR_AMD ? 1 : 0` (tuning.cc, 2.20.3 at
+# b6475625): an Arm CPU carries no vendor (src/graph/topo.cc `ncclTopoAddCpu` reads "vendor" only
+# when arch is NCCL_TOPO_CPU_ARCH_X86; it stays NCCL_TOPO_UNDEF), so it reads Intel's row 0.
+LL_MAX_BW_BY_CPU = {"intel": (39.0, 39.0, 20.4), "amd": (87.7, 22.5, 19.0),
+                    "arm": (39.0, 39.0, 20.4)}
 PER_CH_MAX_RING_LL128 = {70: (20.0,) * 3, 80: (20.0,) * 3, 90: (36.7,) * 3,
                          100: (2 * 36.7,) * 3}
 PER_CH_MAX_TREE_LL128 = {70: (20.0,) * 3, 80: (20.0,) * 3, 90: (36.7, 36.7, 29.0),
@@ -194,8 +205,9 @@ TREE_CORRECTION = {
                    .7, .8, .9, .9),
 }
 
-# Network post overhead per step, getNetOverhead (tuning.cc): 1 us on Intel CPUs, 2 on AMD.
-NET_OVERHEAD_S = {"intel": 1.0 * US, "amd": 2.0 * US}
+# Network post overhead per step, getNetOverhead (tuning.cc): 1 us on Intel CPUs, 2 on AMD, and
+# 1 on any CPU that is not x86 ("else return 1.0"): Arm (NVIDIA Grace on GB200/GB300 trays).
+NET_OVERHEAD_S = {"intel": 1.0 * US, "amd": 2.0 * US, "arm": 1.0 * US}
 
 # Chunking (src/include/collectives.h): ring all-reduce / all-gather / reduce-scatter with
 # Simple move a chunk of 4 steps in 2 slices of 2 steps; broadcast moves 1 step per chunk.

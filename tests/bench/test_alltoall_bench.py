@@ -2,9 +2,8 @@
 
 On one NVLink domain each rank sends S(n-1)/n over its own NVLink and receives as much, so
 `parasim collective --op all_to_all` takes S(n-1)/n over the GPU's NVLink data rate plus one
-fixed cost: NCCL's p2p latency where parasim has an NCCL model (H100, and Blackwell inside one
-4-GPU NVL72 tray: `p2p/Simple`), the two link hops GPU-switch-GPU where it has none (an NVL72
-group across trays, NCCL's MNNVL: plain `direct` flows). The data rate of
+fixed cost: NCCL's p2p latency (H100, and Blackwell on an NVL72 rack, one MNNVL node:
+`p2p/Simple`). The data rate of
 NVLink 5 is NCCL's own (18 links x SM100_NVLINK_BW 40.1 GB/s, src/graph/topo.h), written here
 from that constant, not from the preset. Hence busbw (algbw x (n-1)/n) tends to the data rate
 whatever n is: the bench's figures are this formula, not a fitted number.
@@ -22,29 +21,19 @@ from sim.collectives.nccl_system import system_for
 from sim.collectives.sweep import sweep_row
 from tests.bench.bench_alltoall import DATA, group_of
 from topology import build_cluster
-from topology.presets import NVLINK_EFFICIENCY, NVLINK_LINK_LATENCY_S
+from topology.presets import NVLINK_EFFICIENCY
 
 
-@pytest.mark.parametrize("n", [8, 64])
-def test_blackwell_direct_is_link_closed_form(n: int) -> None:
+@pytest.mark.parametrize("n", [4, 8, 64])
+def test_blackwell_p2p_is_link_plus_nccl_latency(n: int) -> None:
+    """A GB300 NVL72 group, one tray (one host) or many (MNNVL, one NCCL node): NCCL's sm100
+    model runs the all-to-all."""
     cluster = build_cluster("gb300-nvl72", nodes=1)
-    size = 2**33
-    row = sweep_row(cluster, Collectives(cluster), "all_to_all", tuple(range(n)), size,
-                    "auto", None, "flow")
-    nccl_nvlink5_Bps = 18 * 40.1e9  # 18 NVLink 5 links x NCCL's SM100_NVLINK_BW
-    closed = size * (n - 1) / n / nccl_nvlink5_Bps + 2 * NVLINK_LINK_LATENCY_S
-    assert row.algo == "direct"
-    assert row.time_s == pytest.approx(closed, rel=1e-12)
-
-
-def test_blackwell_tray_p2p_is_link_plus_nccl_latency() -> None:
-    """One GB300 tray (4 GPUs, one host): NCCL's sm100 model runs the all-to-all."""
-    cluster = build_cluster("gb300-nvl72", nodes=1)
-    group, size = tuple(range(4)), 2**33
+    group, size = tuple(range(n)), 2**33
     row = sweep_row(cluster, Collectives(cluster), "all_to_all", group, size, "auto", None,
                     "flow")
-    latency = peer_plan(system_for(cluster, group), size / 4).latency_s
-    closed = size * 3 / 4 / (18 * 40.1e9) + latency
+    latency = peer_plan(system_for(cluster, group), size / n).latency_s
+    closed = size * (n - 1) / n / (18 * 40.1e9) + latency
     assert row.algo == "p2p/Simple"
     assert row.time_s == pytest.approx(closed, rel=1e-12)
 

@@ -7,10 +7,9 @@ from __future__ import annotations
 import pytest
 
 from sim.collectives.nccl import AG, AR, bandwidth, channels, choose, latency
-from sim.collectives.nccl_system import NVL72_TRAY_GPUS, compute_capability, system_for
+from sim.collectives.nccl_system import compute_capability, system_for
 from sim.collectives.protocols import GBPS, US, Algo, Proto
 from topology import build_cluster
-from traces.errors import ConfigError
 
 
 def b200(nodes: int = 1, preset: str = "dgx-b200"):
@@ -61,15 +60,6 @@ def test_b200_allreduce_choice() -> None:
     assert choose(sys, AG, 1 << 30) == (Algo.RING, Proto.SIMPLE)
 
 
-def test_nvl72_tray_only() -> None:
-    """Inside one 4-GPU tray NCCL's model runs; a group across trays (MNNVL) does not."""
-    cluster = build_cluster("gb200-nvl72", nodes=1)
-    sys = system_for(cluster, tuple(range(NVL72_TRAY_GPUS)))
-    assert (sys.num_nodes, sys.gpus_per_node, sys.arch_index) == (1, 4, 100)
-    with pytest.raises(ConfigError, match="MNNVL"):
-        system_for(cluster, tuple(range(NVL72_TRAY_GPUS + 1)))
-
-
 def test_blackwell_nvls_channels() -> None:
     """ncclNvlsInit on sm100: 24 CTAs on one node, 32 across nodes; no NVLS on 2 GPUs."""
     assert b200().nvls_channels == 24
@@ -78,11 +68,3 @@ def test_blackwell_nvls_channels() -> None:
     assert channels(sys, AR, Algo.NVLS, Proto.SIMPLE, 1 << 30) == (24, 640)
     pair = system_for(build_cluster("dgx-b200", nodes=1), (0, 1))
     assert pair.nvls is None
-
-
-def test_nvl72_cut_to_8_gpus_is_still_trays() -> None:
-    """An 8-GPU slice of an NVL72 rack (gpus_per_node 8) is two trays, not a DGX node."""
-    cluster = build_cluster("gb300-nvl72", nodes=1, gpus_per_node=8)
-    with pytest.raises(ConfigError, match="MNNVL"):
-        system_for(cluster, tuple(range(8)))
-    assert system_for(cluster, (4, 5, 6, 7)).gpus_per_node == 4
