@@ -46,6 +46,14 @@ CASES = {
     "deepseek-v3 1024 H100 skew 1, global batch 1024": (
         "deepseek-v3-1024-h100.toml",
         ["--set", "model.routing_skew=1", "--set", "parallel.global_batch=1024"]),
+    # issue 33's "TP2 PP8 EP64 skewed case": 8 stages of 5 + 6 x 8 + 8 layers (61), SP as
+    # Megatron-Core requires with MoE and TP; refused at the example's batch (76,197,120 ops
+    # for 512 ranks that differ), timed at 16 micro-batches
+    "deepseek-v3 1024 H100 tp2 pp8 ep64 skew 1, global batch 1024": (
+        "deepseek-v3-1024-h100.toml",
+        ["--set", "model.routing_skew=1", "--set", "parallel.tp=2", "--set", "parallel.sp=true",
+         "--set", "parallel.pp=8", "--set", "parallel.pp_first_layers=5",
+         "--set", "parallel.pp_last_layers=8", "--set", "parallel.global_batch=1024"]),
 }
 ROWS = {
     "folding T5 Mixtral-8x22B 16K tp2 cp4 pp8 (128 H100)": "Mixtral-8x22B MCore, 128 GPUs, 16K",
