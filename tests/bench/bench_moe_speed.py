@@ -7,7 +7,9 @@ start-up, config, plan, replay, memory model, as a user sees it; and its CPU sec
 system, which a loaded host changes less). Prints the medians over the runs, or the one-line
 refusal where parasim refuses the case (the op cap). Targets: the
 1024-H100 example <= 10 s balanced, <= 30 s with `model.routing_skew = 1`. `--only` runs the
-cases whose name holds the text.
+cases whose name holds the text. `--phases` prints instead, per case, the median process seconds
+of each phase (import, config, partition, plan, durations, lowering, steps, loop, memory,
+summary, output: `simulate_phases.py`), each run a fresh process too.
 
 The MoE Parallel Folding paper's Table 5 rows (context parallelism with MoE,
 `moe_rows_folding.py`, as `bench_moe_recipes.py --table folding-t5` simulates them) are timed
@@ -32,6 +34,7 @@ from typing import Any
 
 from moe_rows_folding import FOLDING_ROWS
 
+PHASES = Path(__file__).with_name("simulate_phases.py")
 EXAMPLES = Path(__file__).resolve().parents[2] / "sim" / "examples"
 CASES = {
     "deepseek-v3 1024 H100 (example, balanced)": ("deepseek-v3-1024-h100.toml", []),
@@ -43,6 +46,14 @@ CASES = {
     "deepseek-v3 1024 H100 skew 1, global batch 1024": (
         "deepseek-v3-1024-h100.toml",
         ["--set", "model.routing_skew=1", "--set", "parallel.global_batch=1024"]),
+    # issue 33's "TP2 PP8 EP64 skewed case": 8 stages of 5 + 6 x 8 + 8 layers (61), SP as
+    # Megatron-Core requires with MoE and TP; refused at the example's batch (76,197,120 ops
+    # for 512 ranks that differ), timed at 16 micro-batches
+    "deepseek-v3 1024 H100 tp2 pp8 ep64 skew 1, global batch 1024": (
+        "deepseek-v3-1024-h100.toml",
+        ["--set", "model.routing_skew=1", "--set", "parallel.tp=2", "--set", "parallel.sp=true",
+         "--set", "parallel.pp=8", "--set", "parallel.pp_first_layers=5",
+         "--set", "parallel.pp_last_layers=8", "--set", "parallel.global_batch=1024"]),
 }
 ROWS = {
     "folding T5 Mixtral-8x22B 16K tp2 cp4 pp8 (128 H100)": "Mixtral-8x22B MCore, 128 GPUs, 16K",
@@ -87,15 +98,35 @@ def run_once(config: str, extra: list[str]) -> tuple[float, float, str | None]:
     return wall, cpu, None
 
 
+def phases_once(config: str, extra: list[str]) -> dict[str, Any]:
+    """Process seconds per phase of one simulate process (`simulate_phases.py`)."""
+    done = subprocess.run([sys.executable, str(PHASES), str(EXAMPLES / config), *extra],
+                          capture_output=True, text=True, check=True)
+    return dict(json.loads(done.stdout))
+
+
+def phases_line(runs: list[dict[str, Any]]) -> str:
+    """The median of each phase over `runs`, and the refusal where there is one."""
+    names = [k for k in runs[0] if k != "refused"]
+    line = " ".join(f"{k} {statistics.median(r[k] for r in runs):.2f}" for k in names)
+    return f"{line}; refused: {runs[0]['refused']}" if "refused" in runs[0] else line
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--only", default="", help="run the cases whose name holds this")
+    parser.add_argument("--phases", action="store_true",
+                        help="process seconds per phase (medians) instead of the whole run's")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder:
         cases = {**CASES, **row_configs(Path(folder))}
         for name, (config, extra) in cases.items():
             if args.only not in name:
+                continue
+            if args.phases:
+                line = phases_line([phases_once(config, extra) for _ in range(args.repeat)])
+                print(f"{name:52s} median of {args.repeat}: {line}", flush=True)
                 continue
             runs = [run_once(config, extra) for _ in range(args.repeat)]
             refusal = runs[0][2]
