@@ -11,15 +11,16 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from sim.calibrate.links import _Design, _Row
+from sim.calibrate.links import _Design, _Row, fit_links
+from sim.calibrate.observe import CommSample
 from sim.collectives import Algorithm
 from sim.config import experiment_from_dict
 from sim.settings import parse_settings
 from sim.simulate import predict
 from sim.whatif import load_captured, target_experiment, whatif
-from sim.whatif.links import probe_samples
+from sim.whatif.links import _held, probe_samples
 from tests.sim.whatif_job import LOCAL as JOB
-from topology.override import with_links
+from topology.override import link_figures, with_links
 from traces.errors import ConfigError
 from traces.io import save
 from traces.ops import OpKind, Trace
@@ -108,3 +109,25 @@ def test_a_size_stands_for_the_mean_of_its_calls(tmp_path):
         figures.append(links.figures)
     assert figures[0].keys() == figures[1].keys() == {"loopback"}
     assert figures[0]["loopback"] == pytest.approx(figures[1]["loopback"], rel=1e-9)
+
+
+def test_latency_held_the_call_and_the_bytes_are_fitted_to_the_sizes():
+    """One group's all-reduces pay latency and call cost alike, once per call: where the
+    full fit names all three figures unidentified, whatif holds the latency at the
+    cluster's and fits the call cost and the bandwidth to the sizes' means, which the probe
+    pins down (`sim.whatif.links._held`); from probe times made by the lowering itself it
+    gives the figures back. One size pins down no more than the bandwidth."""
+    exp = experiment_from_dict(tomllib.loads(JOB))
+    base = {kind: (bw, lat, 0.0) for kind, (bw, lat) in link_figures(exp.cluster).items()}
+    truth = (FIGURES[0], base["loopback"][1], FIGURES[2])
+    samples = [CommSample(OpKind.ALL_REDUCE, (0, 1), float(s), t)
+               for s, t in zip(SIZES, _probe_times(truth)) for _ in range(3)]
+    fit = fit_links(samples, exp.cluster, base=base)
+    held = _held(fit, samples, exp.cluster, base, hold_call=False)
+    assert held is not None
+    (link,) = held.links
+    assert (link.bandwidth_Bps, link.latency_s, link.call_s) == pytest.approx(truth, rel=1e-9)
+    assert link.call_unidentified is None and link.bandwidth_unidentified is None
+    assert _held(fit, samples[:1], exp.cluster, base, hold_call=False) is None
+    only_bytes = _held(fit, samples[:1], exp.cluster, base, hold_call=True)
+    assert only_bytes is not None and only_bytes.links[0].call_s == 0.0
