@@ -10,10 +10,12 @@ shared CPU host: milliseconds). `sim.calibrate.links.fit_links` fits each link c
 bandwidth and per-call cost to the capture's `sim.calibrate.observe` samples and to the
 all-reduces `parasim run` times at four sizes after its steps (`executor.probe`, the
 header's `host_probe`: `probe_samples`), which pin the call apart from the bytes. Where the
-samples pin no figure down at all (a capture without the probe: a DP one holds one gradient
-all-reduce, one message size for three figures), the split between per-call and per-byte
-cost is a guess, and the guess taken is the cluster's latency and call cost with the
-bandwidth fitted to what was measured: a per-call cost of milliseconds, read off one large
+fit pins no figure down at all, the latency stays the cluster's: one group's all-reduces (the
+probe's) pay latency and call cost alike, once per call, so no sizes tell the two apart, but
+several sizes pin their sum apart from the bytes, and the call cost and the bandwidth are
+fitted to the sizes' means (`_held`). Where only one size was measured (a capture without
+the probe: a DP one holds one gradient all-reduce), the call cost stays the cluster's too and
+only the bandwidth is fitted: a per-call cost of milliseconds, read off one large
 all-reduce, charged to each of a TP job's hundreds of small ones would multiply its step
 (the bench's DP 2 -> TP 2 pair: +215%). The figures left unpinned are listed.
 """
