@@ -30,13 +30,14 @@ PROBE_CALLS = 32
 """Timed all-reduces per size. On a host whose cores are time-shared a call either costs
 its own few hundred µs or, where a gloo thread it wakes finds both cores busy, waits for the
 next scheduler tick (4 ms at this host's CONFIG_HZ=250, `/proc/config.gz`): bimodal, in
-probes of 100-200 calls here (7 Dec 2026) 15-45% of them slow. A TP step's sum is its count
+probes of 100-200 calls here (7 Dec 2026) 3-90% of them slow, by what ran before the call
+(docs/whatif.md, "Where a TP 2 step's time goes"). A TP step's sum is its count
 times the mean, and three calls cannot tell a mean of 0.3 ms from one of 1.5 ms."""
 BURST_SECONDS = 1e-3
 """The compute before each timed call, as a TP rank computes between its all-reduces (the
 tiny GPT's TP 2 step here: ~86 ms of kernels over 81 all-reduces, ~1 ms apart). Right after a
 barrier the same 64 KiB call averaged 0.44 ms over 200 calls, after 1 ms of compute 0.83-1.6
-ms, as in the TP 2 step itself (1.07-1.33 ms after its last rank arrived, 4 captures)."""
+ms, as in the TP 2 step itself (1.06-1.33 ms after its last rank arrived, 5 of 6 captures)."""
 
 
 def probe_links(device: torch.device) -> list[tuple[int, float]]:
