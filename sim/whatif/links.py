@@ -10,10 +10,12 @@ shared CPU host: milliseconds). `sim.calibrate.links.fit_links` fits each link c
 bandwidth and per-call cost to the capture's `sim.calibrate.observe` samples and to the
 all-reduces `parasim run` times at four sizes after its steps (`executor.probe`, the
 header's `host_probe`: `probe_samples`), which pin the call apart from the bytes. Where the
-samples pin no figure down at all (a capture without the probe: a DP one holds one gradient
-all-reduce, one message size for three figures), the split between per-call and per-byte
-cost is a guess, and the guess taken is the cluster's latency and call cost with the
-bandwidth fitted to what was measured: a per-call cost of milliseconds, read off one large
+fit pins no figure down at all, the latency stays the cluster's: one group's all-reduces (the
+probe's) pay latency and call cost alike, once per call, so no sizes tell the two apart, but
+several sizes pin their sum apart from the bytes, and the call cost and the bandwidth are
+fitted to the sizes' means (`_held`). Where only one size was measured (a capture without
+the probe: a DP one holds one gradient all-reduce), the call cost stays the cluster's too and
+only the bandwidth is fitted: a per-call cost of milliseconds, read off one large
 all-reduce, charged to each of a TP job's hundreds of small ones would multiply its step
 (the bench's DP 2 -> TP 2 pair: +215%). The figures left unpinned are listed.
 """
@@ -77,7 +79,8 @@ def learn_links(traces: Sequence[Trace], cluster: Cluster) -> LearnedLinks | Non
         return None
     if all(e.latency_unidentified and e.bandwidth_unidentified and e.call_unidentified
            for e in fit.links):
-        fit = _bytes_only(fit, samples, cluster, base)
+        fit = _held(fit, samples, cluster, base, hold_call=False) or \
+            _held(fit, samples, cluster, base, hold_call=True) or fit
     figures, unidentified = {}, []
     for e in fit.links:
         values = (e.bandwidth_Bps, e.latency_s, e.call_s)
@@ -114,25 +117,41 @@ def _sample(row: object) -> bool:
         isinstance(v, int | float) and not isinstance(v, bool) and v > 0 for v in row)
 
 
-def _bytes_only(fit: LinkFit, samples: Sequence[CommSample], cluster: Cluster,
-                base: dict[str, tuple[float, float, float]]) -> LinkFit:
-    """`fit` with each class's latency and call cost at `base` and its bandwidth the least
-    squares fit to the samples (the times are linear in 1/bandwidth: `_Design.matrix`)."""
+def _held(fit: LinkFit, samples: Sequence[CommSample], cluster: Cluster,
+          base: dict[str, tuple[float, float, float]], hold_call: bool) -> LinkFit | None:
+    """`fit` with each class's latency held at `base` and the rest least squares fitted to
+    the samples' means (the times are linear in 1/bandwidth and the call cost:
+    `_Design.matrix`): the per-call cost and the bandwidth, or (`hold_call`) the bandwidth
+    alone, its call cost held too. None where the samples do not pin the free figures down
+    (fewer distinct sizes than figures) or a figure comes out unphysical.
+
+    Why not give up on the call cost: one group's all-reduces pay latency and call cost
+    alike, once per call, so no set of sizes on it tells the two apart and the full fit calls
+    all three figures unidentified; the probe's sizes still pin their sum apart from the
+    bytes, and that sum is what a TP step's many small calls pay (docs/whatif.md)."""
     rows = _rows(samples)
     design = _Design(cluster, rows, Algorithm.AUTO)
     c, a = design.matrix()
     k = len(design.kinds)
-    held = np.array([base.get(kind, (0.0, 0.0, 0.0))[1] for kind in design.kinds]
-                    + [base.get(kind, (0.0, 0.0, 0.0))[2] for kind in design.kinds])
-    rest = np.array([r.seconds for r in rows]) - c - np.hstack([a[:, :k], a[:, 2 * k:]]) @ held
-    inverse = np.linalg.lstsq(a[:, k:2 * k], rest, rcond=None)[0]
+    figures = [base.get(kind, (0.0, 0.0, 0.0)) for kind in design.kinds]
+    latency = np.array([f[1] for f in figures])
+    call = np.array([f[2] for f in figures])
+    free = a[:, k:2 * k] if hold_call else a[:, k:]
+    rest = np.array([r.seconds for r in rows]) - c - a[:, :k] @ latency
+    if hold_call:
+        rest = rest - a[:, 2 * k:] @ call
+    if np.linalg.matrix_rank(free) < free.shape[1]:
+        return None
+    solved = np.linalg.lstsq(free, rest, rcond=None)[0]
+    if not (np.all(solved[:k] > 0) and np.all(solved[k:] >= 0)):
+        return None
     links = []
     for e in fit.links:
         if e.kind not in design.kinds:
             continue
         j = design.kinds.index(e.kind)
-        if not inverse[j] > 0:
-            return fit  # the base figures alone already exceed the measured times
-        links.append(replace(e, latency_s=held[j], call_s=held[k + j],
-                             bandwidth_Bps=1.0 / inverse[j]))
+        links.append(replace(e, latency_s=latency[j], bandwidth_Bps=1.0 / solved[j],
+                             bandwidth_unidentified=None,
+                             call_s=call[j] if hold_call else solved[k + j],
+                             call_unidentified=e.call_unidentified if hold_call else None))
     return replace(fit, links=tuple(links))

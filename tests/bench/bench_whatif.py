@@ -1,6 +1,6 @@
 """Benchmark: `parasim whatif` from one real gloo capture against the target run for real.
 
-    python tests/bench/bench_whatif.py [--repeats 3] [--steps 3] [--baseline DIR]
+    python tests/bench/bench_whatif.py [--repeats 3] [--steps 3] [--baseline DIR] [--only TEXT]
 
 For each (captured layout -> target layout) pair of the tiny GPT on this host's CPU ranks
 (gloo), `--repeats` times: record the captured job (`parasim run`, one step), predict the
@@ -155,10 +155,12 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--baseline", type=Path, help="another parasim checkout (e.g. an "
                         "older commit's) whose default whatif is printed beside, as before")
+    parser.add_argument("--only", action="append", metavar="TEXT", help="run only the "
+                        "pairs whose name contains TEXT (repeatable; the control always runs)")
     args = parser.parse_args()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for name, captured, target in PAIRS:
+        for name, captured, target in _selected(args.only):
             rows.append((name, _pair(Path(tmp), captured, target, args.repeats, args.steps,
                                      args.baseline)))
             _print_row(*rows[-1])
@@ -173,6 +175,11 @@ def main() -> None:
           + f"; simulate {plain:.1f}%; noise floor "
           f"{100 * statistics.median(r['noise'] for _, r in rows):.1f}%; the control's error "
           f"{100 * rows[0][1]['errors'][STATISTICS[0]]:+.1f}%")
+
+
+def _selected(only: list[str] | None) -> list[tuple[str, dict[str, int], dict[str, int]]]:
+    """The control and the pairs whose name contains one of `only` (all: None)."""
+    return [PAIRS[0]] + [p for p in PAIRS[1:] if only is None or any(t in p[0] for t in only)]
 
 
 def _print_row(name: str, r: dict) -> None:

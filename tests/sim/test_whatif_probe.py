@@ -11,15 +11,16 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from sim.calibrate.links import _Design, _Row
+from sim.calibrate.links import _Design, _Row, fit_links
+from sim.calibrate.observe import CommSample
 from sim.collectives import Algorithm
 from sim.config import experiment_from_dict
 from sim.settings import parse_settings
 from sim.simulate import predict
 from sim.whatif import load_captured, target_experiment, whatif
-from sim.whatif.links import probe_samples
+from sim.whatif.links import _held, probe_samples
 from tests.sim.whatif_job import LOCAL as JOB
-from topology.override import with_links
+from topology.override import link_figures, with_links
 from traces.errors import ConfigError
 from traces.io import save
 from traces.ops import OpKind, Trace
@@ -41,18 +42,18 @@ def _probe_times(figures: tuple[float, float, float]) -> list[float]:
     return [float(t) for t in c + a @ np.array([lat, 1 / bw, call])]
 
 
-def _capture(tmp_path, probe: bool) -> str:
+def _capture(tmp_path, probe: bool, samples: list[list[float]] | None = None) -> str:
     """A DP 2 step simulated on a host whose loopback has `FIGURES`, saved as a run's, with
-    (`probe`) the all-reduces a probe would time on it."""
+    (`probe`) the all-reduces a probe would time on it (`samples`, where given)."""
     exp = experiment_from_dict(tomllib.loads(JOB))
     bw, lat, call = FIGURES
     slow = with_links(exp.cluster, {"loopback": (bw, lat)}, calls={"loopback": call})
     _, times = predict(replace(exp, cluster=slow), fold=False)
     timed = times.timed_trace()
-    table = {"collective": "all_reduce", "dtype": "fp32", "ranks": 2,
-             "samples": [[s, t] for s, t in zip(SIZES, _probe_times(FIGURES))]}
+    rows = samples or [[s, t] for s, t in zip(SIZES, _probe_times(FIGURES))]
+    table = {"collective": "all_reduce", "dtype": "fp32", "ranks": 2, "samples": rows}
     meta = replace(timed.meta, complete=True, host_probe=table if probe else None)
-    path = tmp_path / f"dp2-{probe}.json"
+    path = tmp_path / f"dp2-{probe}-{len(rows)}.json"
     save(Trace(timed.ops, meta), path)
     return str(path)
 
@@ -87,3 +88,46 @@ def test_a_malformed_probe_is_one_line(tmp_path):
                                                    "samples": [[4, -1.0]]})
     with pytest.raises(ConfigError, match=r"^trace: meta.host_probe: not an all-reduce probe"):
         probe_samples(Trace(captured.first.ops, bad))
+
+
+def test_a_size_stands_for_the_mean_of_its_calls(tmp_path):
+    """The probe's calls are bimodal on a time-shared host: most cost their own time, some
+    wait a scheduler tick more (4 ms at CONFIG_HZ=250; `executor.probe.PROBE_CALLS`). A TP
+    step pays the mean per call, and the fit sees exactly that: 32 calls of a size, 8 of them
+    a tick late, fit the figures one call at their mean fits."""
+    tick = 4e-3
+    calls = [[s, t + (tick if i % 4 == 0 else 0.0)]
+             for s, t in zip(SIZES, _probe_times(FIGURES)) for i in range(32)]
+    means = [[s, t + tick / 4] for s, t in zip(SIZES, _probe_times(FIGURES))]
+    figures = []
+    for samples in (calls, means):
+        captured = load_captured([_capture(tmp_path, probe=True, samples=samples)])
+        target = target_experiment(captured, settings=parse_settings(["parallel.dp=1",
+                                                                      "parallel.tp=2"]))
+        links = whatif(captured, target).links
+        assert links is not None
+        figures.append(links.figures)
+    assert figures[0].keys() == figures[1].keys() == {"loopback"}
+    assert figures[0]["loopback"] == pytest.approx(figures[1]["loopback"], rel=1e-9)
+
+
+def test_latency_held_the_call_and_the_bytes_are_fitted_to_the_sizes():
+    """One group's all-reduces pay latency and call cost alike, once per call: where the
+    full fit names all three figures unidentified, whatif holds the latency at the
+    cluster's and fits the call cost and the bandwidth to the sizes' means, which the probe
+    pins down (`sim.whatif.links._held`); from probe times made by the lowering itself it
+    gives the figures back. One size pins down no more than the bandwidth."""
+    exp = experiment_from_dict(tomllib.loads(JOB))
+    base = {kind: (bw, lat, 0.0) for kind, (bw, lat) in link_figures(exp.cluster).items()}
+    truth = (FIGURES[0], base["loopback"][1], FIGURES[2])
+    samples = [CommSample(OpKind.ALL_REDUCE, (0, 1), float(s), t)
+               for s, t in zip(SIZES, _probe_times(truth)) for _ in range(3)]
+    fit = fit_links(samples, exp.cluster, base=base)
+    held = _held(fit, samples, exp.cluster, base, hold_call=False)
+    assert held is not None
+    (link,) = held.links
+    assert (link.bandwidth_Bps, link.latency_s, link.call_s) == pytest.approx(truth, rel=1e-9)
+    assert link.call_unidentified is None and link.bandwidth_unidentified is None
+    assert _held(fit, samples[:1], exp.cluster, base, hold_call=False) is None
+    only_bytes = _held(fit, samples[:1], exp.cluster, base, hold_call=True)
+    assert only_bytes is not None and only_bytes.links[0].call_s == 0.0

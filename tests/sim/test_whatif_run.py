@@ -13,7 +13,7 @@ import pytest
 
 pytest.importorskip("torch")  # the executor records the capture
 
-from executor.probe import PROBE_BYTES, PROBE_REPEATS
+from executor.probe import PROBE_BYTES, PROBE_CALLS
 from sim.cli import main
 from sim.config import example_path
 from sim.settings import parse_settings
@@ -66,9 +66,9 @@ def test_dp2_keeps_the_norms_medians_and_scales_the_gemms(capsys, run_dir):
             if op.kind is OpKind.COMPUTE and shape_key(op) == shape_key(ln2)]
     timing = book.time(ln2)
     assert timing.source is Source.MEASURED and timing.seconds == statistics.median(seen)
-    # the run's link probe (4 sizes x 3 calls) and its TP all-reduces time the new ones by
+    # the run's link probe (4 sizes x 32 calls) and its TP all-reduces time the new ones by
     # default; --links cluster keeps the cluster's figures
-    assert len(probe_samples(captured.first)) == len(PROBE_BYTES) * PROBE_REPEATS
+    assert len(probe_samples(captured.first)) == len(PROBE_BYTES) * PROBE_CALLS
     assert 0 < captured.first.meta.host_probe["cpu_share"] <= 1  # of a core, per rank
     assert out["links_fitted_to_capture"]["samples"] >= len(PROBE_BYTES)
     plain = run_json(capsys, "whatif", run_dir, "--set", "parallel.tp=1", "--set",
