@@ -28,6 +28,7 @@ from sim.collectives.protocols import (
     SPEEDS_INTRA,
 )
 from topology.cluster import Cluster
+from topology.server import ServerSpec
 from traces.errors import ConfigError
 
 
@@ -274,7 +275,7 @@ def system_for(cluster: Cluster, group: tuple[int, ...], *, sharp: bool | None =
     return NcclSystem(num_nodes=len(per_node), gpus_per_node=len(group) // len(per_node),
                       compute_capability=cc,
                       nvlinks=nvlinks,
-                      nics_per_node=mnnvl_nics(cluster, group) if mnnvl else server.nics,
+                      nics_per_node=mnnvl_nics(cluster, server, group) if mnnvl else server.nics,
                       nic_Bps=server.nic_Bps,
                       cpu_vendor=cpu_vendor or host_cpu(cluster.accelerator.name),
                       sharp=bool(getattr(cluster.fabric, "sharp", False)) if sharp is None
@@ -290,7 +291,7 @@ def host_cpu(accelerator_name: str) -> str:
     return "amd" if "A100" in name else "intel"
 
 
-def mnnvl_nics(cluster: Cluster, group: tuple[int, ...]) -> int:
+def mnnvl_nics(cluster: Cluster, server: ServerSpec, group: tuple[int, ...]) -> int:
     """NICs of one MNNVL node: those of the trays that hold the group's ranks in its rack.
 
     Each rank's topology lists its own host's NICs and NCCL fuses only the clique's ranks
@@ -300,7 +301,6 @@ def mnnvl_nics(cluster: Cluster, group: tuple[int, ...]) -> int:
     AllGather3). Inside one rack they move nothing: NCCL trims the NICs away when the system
     holds every rank (src/graph/paths.cc `ncclTopoTrimSystem`).
     """
-    server = cluster.fabric.server  # type: ignore[attr-defined]
     per_tray = server.nics * NVL72_TRAY_GPUS // NVL72_GPUS
     trays: dict[int, set[int]] = {}
     for rank in group:
