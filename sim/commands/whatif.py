@@ -101,6 +101,7 @@ def summary_json(r: WhatifResult, seconds: float | None = None) -> dict[str, Any
     }
     if r.links is not None:
         out["links_fitted_to_capture"] = links_json(r.links)
+        out["communication_ops_by_source"] = dict(sorted(r.communication_by_source.items()))
     if r.time_shared != 1.0:
         out["host_work_time_shared"] = r.time_shared
     if r.straggle_s:
@@ -116,7 +117,10 @@ def links_json(links: LearnedLinks) -> dict[str, Any]:
     return {"samples": links.samples, "rms_error": links.rms_error,
             "unidentified": list(links.unidentified),
             "links": {k: {"bandwidth_Bps": bw, "latency_s": lat, "call_s": call}
-                      for k, (bw, lat, call) in sorted(links.figures.items())}}
+                      for k, (bw, lat, call) in sorted(links.figures.items())},
+            "measured_probe": None if links.probe is None else {
+                "ranks": links.probe.ranks, "links": sorted(links.probe.links),
+                "all_reduce_mean_s": {str(int(b)): t for b, t in links.probe.means}}}
 
 
 def summary_text(r: WhatifResult) -> str:
@@ -135,6 +139,13 @@ def summary_text(r: WhatifResult) -> str:
                             sorted(r.links.figures.items()))
         lines.append(f"  {'links (capture fit)':<24}{figures} ({r.links.samples} measured; "
                      f"not pinned down: {', '.join(r.links.unidentified) or 'none'})")
+        if r.links.probe is not None:
+            sizes = ", ".join(f"{int(b)} B {t * 1e3:.3g} ms" for b, t in r.links.probe.means)
+            lines.append(f"  {'measured (probe)':<24}all-reduce over {r.links.probe.ranks} "
+                         f"ranks ({', '.join(sorted(r.links.probe.links))}): {sizes}")
+        if r.communication_by_source:
+            by = ", ".join(f"{n} {s}" for s, n in sorted(r.communication_by_source.items()))
+            lines.append(f"  {'communication ops':<24}{by}")
     if r.time_shared != 1.0:
         lines.append(f"  {'host cores shared':<24}kernels and host gaps x{r.time_shared:.3g} "
                      f"(the target's ranks per core over the capture's)")

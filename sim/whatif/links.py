@@ -18,11 +18,19 @@ the probe: a DP one holds one gradient all-reduce), the call cost stays the clus
 only the bandwidth is fitted: a per-call cost of milliseconds, read off one large
 all-reduce, charged to each of a TP job's hundreds of small ones would multiply its step
 (the bench's DP 2 -> TP 2 pair: +215%). The figures left unpinned are listed.
+
+Where the target runs an all-reduce the probe measured exactly (the same size, over as many
+ranks on the same link classes as the probe's world group), it takes that size's mean from
+the probe, not the fitted figures (`ProbeMeans`), as the kernel book times a shape the capture
+ran: a gloo call on a time-shared host is bimodal, its own time or a scheduler tick more, and
+the tick's chance grows with the bytes (docs/whatif.md, "Where a TP 2 step's time goes"),
+which latency + bytes / bandwidth cannot express.
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -34,7 +42,56 @@ from sim.collectives import Algorithm
 from topology.cluster import Cluster
 from topology.override import call_costs, link_figures, with_links
 from traces.errors import ConfigError
-from traces.ops import OpKind, Trace
+from traces.ops import Op, OpKind, Trace
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeMeans:
+    """The probe's all-reduces, each size's mean over all its calls (`executor.probe`: the
+    expected cost of a call, what a step of many pays per call)."""
+
+    ranks: int
+    """The probe's world: its group is ranks 0..ranks-1 of the capture's cluster."""
+    links: frozenset[str]
+    """The link classes that group's members reach each other over (`group_links`)."""
+    means: tuple[tuple[float, float], ...]
+    """(bytes, mean seconds) per probed size, ascending."""
+
+    def seconds(self, op: Op, cluster: Cluster) -> float | None:
+        """The measured mean for `op` on `cluster` where the probe ran it exactly: an
+        all-reduce of a probed size over a group of the probe's size whose members reach each
+        other over the probe's link classes; None (the fit times it) otherwise."""
+        if op.kind is not OpKind.ALL_REDUCE or len(op.group) != self.ranks:
+            return None
+        mean = dict(self.means).get(float(op.size_bytes))
+        if mean is None or group_links(cluster, op.group) != self.links:
+            return None
+        return mean
+
+
+def group_links(cluster: Cluster, group: Sequence[int]) -> frozenset[str]:
+    """The link classes on the routes between every two members of `group`."""
+    return frozenset(cluster.link_kind[link] for a in group for b in group if a != b
+                     for link in cluster.route(a, b))
+
+
+def probe_means(traces: Sequence[Trace], cluster: Cluster) -> ProbeMeans | None:
+    """Each probed size's mean over the calls of every capture's probe (`probe_samples`;
+    repeated captures are pooled, as their kernels are); None where no capture was probed,
+    or their probes' worlds differ or do not fit on `cluster`."""
+    probes = [t.meta.host_probe for t in traces if t.meta.host_probe is not None]
+    worlds = {p.get("ranks") for p in probes}
+    if not probes or len(worlds) != 1:
+        return None
+    (ranks,) = worlds
+    if not isinstance(ranks, int) or not 2 <= ranks <= cluster.num_devices:
+        return None
+    calls: dict[float, list[float]] = {}
+    for t in traces:
+        for s in probe_samples(t):
+            calls.setdefault(s.size_bytes, []).append(s.seconds)
+    means = tuple((size, statistics.fmean(times)) for size, times in sorted(calls.items()))
+    return ProbeMeans(ranks, group_links(cluster, range(ranks)), means)
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +108,9 @@ class LearnedLinks:
     """Figures the samples did not pin down ("loopback bandwidth", ...)."""
     rms_error: float
     """The fit's relative RMS residual over the samples."""
+    probe: ProbeMeans | None = None
+    """The probe's sizes, measured: they time the target's all-reduces of those sizes on
+    the probe's kind of group (`ProbeMeans.seconds`)."""
 
     def applies_to(self, cluster: Cluster) -> bool:
         """The target runs on the capture's kind of cluster: the same accelerator, and every
@@ -93,7 +153,7 @@ def learn_links(traces: Sequence[Trace], cluster: Cluster) -> LearnedLinks | Non
     if not figures:
         return None
     return LearnedLinks(figures, cluster.accelerator.name, len(fit.residuals),
-                        tuple(unidentified), fit.rms_error)
+                        tuple(unidentified), fit.rms_error, probe_means(traces, cluster))
 
 
 def probe_samples(trace: Trace) -> list[CommSample]:

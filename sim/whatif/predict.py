@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from sim.config import Experiment
 from sim.engine.replay import StepTimes, host_gaps, replay
@@ -91,6 +91,10 @@ class WhatifResult:
     """`Statistic.SHARE`: the busiest new rank's CPU work over its share of a core (0: none);
     the step is no shorter."""
 
+    communication_by_source: dict[str, int] = field(default_factory=dict)
+    """Where capture links time the target: the new ranks' communication ops by where their
+    time came from (`PROBED`, `FITTED`); empty otherwise."""
+
     @property
     def step_time_s(self) -> float:
         return max(self.times.step_time_s, self.cpu_bound_s)
@@ -125,6 +129,7 @@ def whatif(captured: Captured, exp: Experiment, fallback: Profile | None = None,
     timed: dict[int, tuple[Op, ...]] = {}
     gaps: dict[int, list[float]] = {}
     timings: list[Timing] = []
+    comm: Counter[str] = Counter()
     for rank, ops in plan.ops.items():
         if rank in kept:
             timed[rank], gaps[rank] = first.ops[rank], list(gaps_of[rank])
@@ -140,6 +145,8 @@ def whatif(captured: Captured, exp: Experiment, fallback: Profile | None = None,
                 out.append(replace(op, start=0.0, end=t.seconds * share))
                 rank_gaps.append(t.gap_s * share)
             else:
+                op, source = _communication(op, links, exp.cluster, kept)
+                comm[source] += 1
                 out.append(op)
                 rank_gaps.append(book.gap(op) * share)
         timed[rank], gaps[rank] = tuple(out), rank_gaps
@@ -174,7 +181,31 @@ def whatif(captured: Captured, exp: Experiment, fallback: Profile | None = None,
                         captured_step_s=_span(first),
                         captured_on=capture_cluster.accelerator.name, statistic=statistic,
                         links=links, time_shared=shared, straggle=straggle,
-                        straggle_s=waits, cpu_bound_s=bound)
+                        straggle_s=waits, cpu_bound_s=bound,
+                        communication_by_source=dict(comm) if links is not None else {})
+
+
+PROBED = "measured (probe)"
+"""A new rank's all-reduce the capture's probe ran exactly: it takes the probe's mean."""
+FITTED = "fitted"
+"""A new rank's communication timed by the link figures (the fit's, or the cluster's)."""
+
+
+def _communication(op: Op, links: LearnedLinks | None, cluster: Cluster, kept: set[int]
+                   ) -> tuple[Op, str]:
+    """A new rank's communication op and where its time comes from: an all-reduce the
+    capture's probe ran exactly (`sim.whatif.links.ProbeMeans.seconds`) keeps the probe's
+    mean as a measured duration (unsized and timed: the lowering's measured path,
+    `sim.engine.lowering`, from the moment its last member arrives, as the probe timed it);
+    everything else, and a collective a kept rank (its op as captured) is a member of, is
+    simulated on the links. `FITTED` only means the links time it."""
+    probe = links.probe if links is not None else None
+    if probe is None or not op.group or kept.intersection(op.group):
+        return op, FITTED
+    seconds = probe.seconds(op, cluster)
+    if seconds is None:
+        return op, FITTED
+    return replace(op, size_bytes=0.0, start=0.0, end=seconds), PROBED
 
 
 def _time_sharing(exp: Experiment, capture_cluster: Cluster, statistic: Statistic) -> bool:

@@ -5,7 +5,9 @@ call apart from the cost of its bytes."""
 
 from __future__ import annotations
 
+import statistics
 import tomllib
+from collections import Counter
 from dataclasses import replace
 
 import numpy as np
@@ -18,7 +20,8 @@ from sim.config import experiment_from_dict
 from sim.settings import parse_settings
 from sim.simulate import predict
 from sim.whatif import load_captured, target_experiment, whatif
-from sim.whatif.links import _held, probe_samples
+from sim.whatif.links import _held, group_links, probe_samples
+from sim.whatif.predict import FITTED, PROBED, _communication
 from tests.sim.whatif_job import LOCAL as JOB
 from topology.override import link_figures, with_links
 from traces.errors import ConfigError
@@ -131,3 +134,70 @@ def test_latency_held_the_call_and_the_bytes_are_fitted_to_the_sizes():
     assert _held(fit, samples[:1], exp.cluster, base, hold_call=False) is None
     only_bytes = _held(fit, samples[:1], exp.cluster, base, hold_call=True)
     assert only_bytes is not None and only_bytes.links[0].call_s == 0.0
+
+
+TP_SIZES = (4, 16384, 2**20, 4 * 2**20)
+"""The probe at the test job's TP 2 activation all-reduce (16 KiB) in place of 64 KiB."""
+
+
+def _tp2_from_probed(tmp_path):
+    """DP 2 -> TP 2 from a capture whose probe ran the TP step's 4 B and 16 KiB
+    all-reduces, each size's calls bimodal (every fourth a 4 ms scheduler tick late)."""
+    tick = 4e-3
+    rows = [[s, t + (tick if i % 4 == 0 else 0.0)]
+            for s, t in zip(TP_SIZES, (2e-4, 3e-4, 2e-3, 6e-3)) for i in range(8)]
+    captured = load_captured([_capture(tmp_path, probe=True, samples=rows)])
+    target = target_experiment(captured, settings=parse_settings(["parallel.dp=1",
+                                                                  "parallel.tp=2"]))
+    means = {s: statistics.fmean(t for b, t in rows if b == s) for s in TP_SIZES}
+    return captured, target, means
+
+
+def test_an_all_reduce_the_probe_ran_takes_its_mean(tmp_path):
+    """The TP group is the probe's world (2 ranks, loopback): its 16 KiB and 4 B all-reduces
+    take the probe's mean for the size exactly, from their last member's arrival; its 256 B
+    and 512 B ones (no probed size) are simulated on the fitted links."""
+    captured, target, means = _tp2_from_probed(tmp_path)
+    result = whatif(captured, target)
+    assert result.links is not None and result.links.probe is not None
+    assert result.links.probe.means == tuple(sorted((float(s), m) for s, m in means.items()))
+    assert result.communication_by_source == {PROBED: 2 * 41, FITTED: 2 * 8}
+    plan, seen = result.times.plan, Counter()
+    for i, op in enumerate(plan.ops[0]):
+        if op.kind is not OpKind.ALL_REDUCE:
+            continue
+        began = max(result.times.starts[r][i] for r in (0, 1))  # both run the same ops
+        took = result.times.ends[0][i] - began
+        if op.size_bytes == 0.0:
+            seen[op.end] += 1
+            assert took == pytest.approx(op.end, rel=1e-12, abs=1e-15)
+        else:
+            assert op.size_bytes in (256, 512)
+    assert seen == {means[4]: 1, means[16384]: 40}
+
+
+def test_other_sizes_and_groups_keep_the_fit(tmp_path):
+    """An all-reduce of a size the probe did not run, a group of another size than the
+    probe's world, another collective, and a group a rank kept as captured is in, stay
+    sized: the links time them."""
+    captured, target, means = _tp2_from_probed(tmp_path)
+    links = whatif(captured, target).links
+    assert links is not None and links.probe is not None
+    probe, cluster = links.probe, target.cluster
+    op = next(o for o in captured.first.ops[0] if o.kind is OpKind.ALL_REDUCE)
+    probed = replace(op, group=(0, 1), size_bytes=16384.0, start=None, end=None)
+    assert probe.seconds(probed, cluster) == means[16384]
+    assert _communication(probed, links, cluster, set()) == \
+        (replace(probed, size_bytes=0.0, start=0.0, end=means[16384]), PROBED)
+    for other in (replace(probed, size_bytes=16385.0), replace(probed, size_bytes=512.0),
+                  replace(probed, kind=OpKind.ALL_GATHER)):
+        assert probe.seconds(other, cluster) is None
+        assert _communication(other, links, cluster, set()) == (other, FITTED)
+    assert _communication(probed, links, cluster, {1}) == (probed, FITTED)
+    four = JOB.replace("gpus_per_node = 2", "gpus_per_node = 4").replace("dp = 2", "dp = 4")
+    wide = experiment_from_dict(tomllib.loads(four))
+    three = replace(probed, group=(0, 1, 2))
+    assert group_links(wide.cluster, (0, 1, 2)) == probe.links  # the same loopback
+    assert probe.seconds(three, wide.cluster) is None
+    assert _communication(three, links, wide.cluster, set()) == (three, FITTED)
+    assert probe.seconds(probed, wide.cluster) == means[16384]
