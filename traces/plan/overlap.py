@@ -239,7 +239,7 @@ def _produce(op: Op, site: TpSite, group: tuple[int, ...], size: float,
     n = len(group)
     copies: list[int] = []  # the entry number (k + 1) of each copy
     for k in range(n):
-        wait = own_wait(n) if k == n - 1 else (k - 2 if k >= 2 else None)
+        wait = produce_wait(k, n)
         entries.append((_gemm(op, GemmPart.FPROP, k, n, 0, weight),
                         (copies[wait],) if wait is not None else ()))
         if k < n - 1:
@@ -252,6 +252,14 @@ def _produce(op: Op, site: TpSite, group: tuple[int, ...], size: float,
                    dtype="bf16" if op.dtype in QUANTIZED else op.dtype)
     entries.append((total, (copies[-1],)))
     return Template(tuple(entries))
+
+
+def produce_wait(k: int, tp: int) -> int | None:
+    """The copy (0-based) GEMM chunk `k` of a produce region waits for: copy k - 2, whose p2p
+    buffer it writes, and the last chunk `own_wait`'s (None: no wait)."""
+    if k == tp - 1:
+        return own_wait(tp)
+    return k - 2 if k >= 2 else None
 
 
 def own_wait(tp: int) -> int | None:
@@ -392,13 +400,12 @@ def region_seconds(ops: Sequence[Op], seconds: Callable[[Op], float]) -> float:
 
 def _produce_seconds(gemms: Sequence[float], copies: Sequence[float]) -> float:
     """A produce region's length (`_produce`'s dependencies): t GEMM chunks, the first t - 1
-    each followed by its copy on the copy stream; GEMM k waits for copy k - 2, the last for
-    `own_wait`'s."""
+    each followed by its copy on the copy stream; GEMM k waits for `produce_wait`'s copy."""
     t = len(gemms)
     gemm_end = copy_end = 0.0
     ends: list[float] = []  # each copy's end
     for k, g in enumerate(gemms):
-        wait = own_wait(t) if k == t - 1 else (k - 2 if k >= 2 else None)
+        wait = produce_wait(k, t)
         gemm_end = max(gemm_end, ends[wait] if wait is not None else 0.0) + g
         if k < t - 1:
             copy_end = max(copy_end, gemm_end) + copies[k]

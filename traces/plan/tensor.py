@@ -171,8 +171,10 @@ def add_tensor_parallel(ctx: RankContext, program: Program) -> Program:
     sizes = {"tp": model.activation_bytes(b), "ce_max": b * s * FP32,
              "ce_sum": 2 * b * s * FP32,
              "tp_latent": b * s * down_width(model) * model.dtype_bytes}
-    fp8_gather = model.fp8 and fp8_recipe(model).sp_gather
-    sizes["tp_fp8"] = b * s * model.hidden * fp8_recipe(model).q_act if fp8_gather else sizes["tp"]
+    rec = fp8_recipe(model)
+    fp8_gather = model.fp8 and rec.sp_gather
+    sizes["tp_fp8"] = b * s * model.hidden * rec.q_act if fp8_gather else sizes["tp"]
+    quantized = (rec.q_act, rec.q_weight)  # bytes an FP8/FP4 input and weight element take
     group = layout.group(ctx.rank, Axis.TP)
     regather = regathers(model)  # Megatron/TE's gather again in backward, or DTensor's none
     # (kernel, phase) -> the fields of the collectives before and after it, or (None, sites)
@@ -200,7 +202,7 @@ def add_tensor_parallel(ctx: RankContext, program: Program) -> Program:
             recipe = _recipe(signature, where)
             known.append((signature, recipe))
         out.append(_splice(nodes, recipe, templates, group, (sizes["tp"], sizes["tp_fp8"]),
-                           asynctp, (fp8_recipe(model).q_act, fp8_recipe(model).q_weight)))
+                           asynctp, quantized))
     return out
 
 
